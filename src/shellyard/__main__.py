@@ -1,0 +1,3 @@
+from shellyard.interfaces.cli import main
+
+main()

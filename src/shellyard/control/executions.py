@@ -1,0 +1,445 @@
+"""Durable executions (E1–E12, W1): accept, take the writer, start on the runner, watch,
+finalize, release, dispatch the next queued writer."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from shellyard.control.output import capped_output, safe_decode
+from shellyard.control.runners import LOCAL_RUNNER_ID, RunnerRegistry
+from shellyard.errors import (
+    InvalidInput,
+    NotFound,
+    RunnerUnavailable,
+    ShellyardError,
+    WorkspaceBusy,
+)
+from shellyard.model import (
+    ExecutionState,
+    ExecutionView,
+    LogsResult,
+    RunShellRequest,
+    RunShellResult,
+)
+from shellyard.paths import normalize_relative
+from shellyard.runner.protocol import (
+    MAX_READ_CHUNK,
+    LogStream,
+    RunnerExecState,
+    RunnerExecution,
+    StartRequest,
+)
+from shellyard.store import Store
+from shellyard.store.store import new_id
+
+log = logging.getLogger(__name__)
+
+#: E9: after this many consecutive retryable status-query failures the state is unknown.
+MAX_QUERY_FAILURES = 5
+#: Long-poll length of one runner ``wait`` call.
+WAIT_SLICE_S = 20.0
+
+
+class ExecutionService:
+    def __init__(self, store: Store, runners: RunnerRegistry) -> None:
+        self.store = store
+        self.runners = runners
+        self._finished: dict[str, asyncio.Event] = {}
+        self._watchers: dict[str, asyncio.Task[None]] = {}
+        self._closing = False
+        self.retry_base_s = 0.5
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def startup(self) -> None:
+        """E11: re-attach to every execution the previous control plane left active."""
+        for row in await self.store.active_executions():
+            if row["state"] == ExecutionState.running:
+                self._watch(row)
+            else:
+                await self._dispatch(str(row["workspace_id"]))
+
+    async def aclose(self) -> None:
+        self._closing = True
+        for task in list(self._watchers.values()):
+            task.cancel()
+        for task in list(self._watchers.values()):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._watchers.clear()
+
+    # ------------------------------------------------------------------ submit
+
+    async def run_shell(
+        self, request: RunShellRequest, agent_id: str | None = None
+    ) -> RunShellResult:
+        agent = await self._agent(agent_id)
+        if request.idempotency_key is not None:
+            existing = await self.store.find_idempotent(str(agent["id"]), request.idempotency_key)
+            if existing is not None:  # E10: the same execution, never a second process
+                return await self._respond(existing, request)
+        runner_id = request.runner_id or LOCAL_RUNNER_ID
+        runner = self.runners.get(runner_id)
+        if request.environment_id is not None:
+            raise NotFound(
+                f"environment {request.environment_id!r} does not exist; create one with "
+                "environment_create"
+            )
+        workspace, created = await self.store.workspace_for(str(agent["id"]), runner_id)
+        if created or workspace["head_seq"] == 0:
+            await runner.ensure_workspace(str(workspace["id"]))
+        if request.script_path is not None:
+            path = normalize_relative(request.script_path)
+            entry = await runner.stat_path(str(workspace["id"]), None, path)
+            if entry is None or entry.kind != "file":
+                raise NotFound(
+                    f"script_path {request.script_path!r} is not a file in the workspace's "
+                    "committed files; create it first (e.g. with a command) or check the path"
+                )
+        values: dict[str, Any] = {
+            "id": new_id("ex"),
+            "agent_id": agent["id"],
+            "workspace_id": workspace["id"],
+            "runner_id": runner_id,
+            "environment_id": request.environment_id,
+            "command": request.command,
+            "script_path": request.script_path,
+            "background": request.background,
+            "idempotency_key": request.idempotency_key,
+        }
+        try:
+            row, holder = await self.store.submit_execution(values, queue=request.queue)
+        except Exception:
+            if request.idempotency_key is not None:  # a concurrent retry won the race
+                existing = await self.store.find_idempotent(
+                    str(agent["id"]), request.idempotency_key
+                )
+                if existing is not None:
+                    return await self._respond(existing, request)
+            raise
+        if holder is not None and not request.queue:
+            raise WorkspaceBusy(
+                f"workspace {workspace['id']} is busy: {holder} holds its writer. Wait for it "
+                "(execution_status), cancel it (execution_cancel), pass queue: true to run "
+                "after it, or use another workspace",
+                holder=holder,
+            )
+        self._finished[str(row["id"])] = asyncio.Event()
+        if holder is None:
+            row = await self._launch(row)
+        return await self._respond(row, request)
+
+    async def _launch(self, row: Mapping[str, Any]) -> Mapping[str, Any]:
+        """Start a record that holds its workspace's writer. Safe to repeat (E10)."""
+        execution_id = str(row["id"])
+        runner = self.runners.get(str(row["runner_id"]))
+        try:
+            result = await runner.start(
+                StartRequest(
+                    execution_id=execution_id,
+                    workspace_id=str(row["workspace_id"]),
+                    command=row["command"],
+                    script_path=row["script_path"],
+                )
+            )
+        except RunnerUnavailable as exc:
+            await self.store.update_execution(
+                execution_id, state="unknown", error=str(exc), was_unknown=True
+            )
+            return await self._finalized(row)
+        except ShellyardError as exc:
+            await self._end(row, ExecutionState.failed, error=exc.message)
+            return await self._finalized(row)
+        await self.store.update_execution(
+            execution_id, state="running", started_at=result.started_at or time.time()
+        )
+        fresh = await self._finalized(row)
+        self._watch(fresh)
+        return fresh
+
+    async def _finalized(self, row: Mapping[str, Any]) -> Mapping[str, Any]:
+        fresh = await self.store.get_execution(str(row["id"]))
+        assert fresh is not None
+        return fresh
+
+    # ------------------------------------------------------------------ watch
+
+    def _watch(self, row: Mapping[str, Any]) -> None:
+        execution_id = str(row["id"])
+        if execution_id in self._watchers or self._closing:
+            return
+        self._finished.setdefault(execution_id, asyncio.Event())
+        task = asyncio.create_task(self._watch_loop(row), name=f"watch-{execution_id}")
+        self._watchers[execution_id] = task
+        task.add_done_callback(lambda _t: self._watchers.pop(execution_id, None))
+
+    async def _watch_loop(self, row: Mapping[str, Any]) -> None:
+        execution_id = str(row["id"])
+        runner = self.runners.get(str(row["runner_id"]))
+        failures = int(row["query_failures"] or 0)
+        while True:
+            try:
+                result = await runner.wait(execution_id, WAIT_SLICE_S)
+            except RunnerUnavailable as exc:
+                failures += 1
+                unknown = failures >= MAX_QUERY_FAILURES
+                values: dict[str, Any] = {"query_failures": failures}
+                if unknown:
+                    values.update(state="unknown", was_unknown=True, error=str(exc))
+                await self.store.update_execution(
+                    execution_id, from_states=("running", "unknown"), **values
+                )
+                if unknown:
+                    self._signal(execution_id)
+                # E9: keep asking about the same id (never resubmit), backing off.
+                await asyncio.sleep(min(30.0, self.retry_base_s * 2 ** min(failures, 6)))
+                continue
+            if failures:
+                failures = 0
+                await self.store.update_execution(
+                    execution_id, from_states=("running", "unknown"), query_failures=0
+                )
+            if result.state == RunnerExecState.running:
+                continue
+            await self._complete(row, result)
+            return
+
+    async def _complete(self, row: Mapping[str, Any], result: RunnerExecution) -> None:
+        if result.state == RunnerExecState.lost:
+            state, error = ExecutionState.unknown, result.error
+        elif result.cancelled:
+            state, error = ExecutionState.cancelled, None
+        elif result.exit_code is None:
+            state, error = ExecutionState.failed, result.error
+        else:
+            state, error = ExecutionState.completed, result.error
+        snapshot = result.snapshot
+        if snapshot is not None:
+            await self.store.record_snapshot(
+                snapshot.workspace_id,
+                snapshot.seq,
+                snapshot.root_hash,
+                snapshot.files,
+                snapshot.bytes,
+                "execution",
+                str(row["id"]),
+            )
+        await self._end(
+            row,
+            state,
+            error=error,
+            exit_code=result.exit_code if state == ExecutionState.completed else None,
+            snapshot_seq=snapshot.seq if snapshot else None,
+            finished_at=result.finished_at or time.time(),
+        )
+
+    async def _end(self, row: Mapping[str, Any], state: ExecutionState, **values: Any) -> None:
+        """Make the record terminal, release the writer, post the notice, run the next."""
+        execution_id = str(row["id"])
+        values.setdefault("finished_at", time.time())
+        updated = await self.store.update_execution(
+            execution_id,
+            from_states=("queued", "running", "unknown"),
+            state=state.value,
+            **values,
+        )
+        if updated:
+            fresh = await self._finalized(row)
+            await self.store.add_notice(
+                str(row["agent_id"]),
+                "execution",
+                execution_id,
+                f"execution {execution_id} {state.value}"
+                + (
+                    f" with exit code {fresh['exit_code']}"
+                    if fresh["exit_code"] is not None
+                    else ""
+                ),
+                {"state": state.value, "exit_code": fresh["exit_code"]},
+            )
+        await self.store.release_writer(str(row["workspace_id"]), execution_id)
+        self._signal(execution_id)
+        await self._dispatch(str(row["workspace_id"]))
+
+    def _signal(self, execution_id: str) -> None:
+        event = self._finished.pop(execution_id, None)
+        if event is not None:
+            event.set()
+
+    async def _dispatch(self, workspace_id: str) -> None:
+        """W1 queue: hand the writer to the oldest queued execution, in submission order."""
+        while True:
+            row = await self.store.next_queued(workspace_id)
+            if row is None:
+                return
+            workspace = await self.store.get_workspace(workspace_id)
+            assert workspace is not None
+            if workspace["writer_id"] not in (None, row["id"]):
+                return
+            if workspace["writer_id"] is None and not await self.store.take_writer(
+                workspace_id, "execution", str(row["id"])
+            ):
+                return
+            launched = await self._launch(row)
+            if launched["state"] == ExecutionState.running:
+                return
+
+    # ------------------------------------------------------------------ respond
+
+    async def _respond(self, row: Mapping[str, Any], request: RunShellRequest) -> RunShellResult:
+        execution_id = str(row["id"])
+        if not request.background and not ExecutionState(row["state"]).terminal:
+            event = self._finished.setdefault(execution_id, asyncio.Event())
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(event.wait(), timeout=request.wait_ms / 1000)
+            row = await self._finalized(row)
+        view = _view(row)
+        result = RunShellResult(**view.model_dump())
+        if request.background or view.state in (ExecutionState.queued,):
+            return result
+        if view.state.terminal:
+            # N3: the caller sees the finished result now, so its notice is read.
+            await self.store.mark_notice_read("execution", execution_id)
+        runner = self.runners.get(view.runner_id)
+        with contextlib.suppress(ShellyardError):
+            result.stdout, result.stderr, result.output_truncated = await capped_output(
+                runner, execution_id, request.max_output_length
+            )
+        return result
+
+    # ------------------------------------------------------------------ queries
+
+    async def status(self, execution_id: str, agent_id: str | None = None) -> ExecutionView:
+        row = await self._owned(execution_id, agent_id)
+        view = _view(row)
+        if view.state.terminal:
+            await self.store.mark_notice_read("execution", execution_id)
+        return view
+
+    async def wait(
+        self, execution_id: str, timeout_s: float, agent_id: str | None = None
+    ) -> ExecutionView:
+        row = await self._owned(execution_id, agent_id)
+        if not ExecutionState(row["state"]).terminal:
+            event = self._finished.setdefault(execution_id, asyncio.Event())
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(event.wait(), timeout=max(0.0, timeout_s))
+        return await self.status(execution_id, agent_id)
+
+    async def logs(
+        self,
+        execution_id: str,
+        stream: str = "stdout",
+        offset: int = 0,
+        limit: int = 65536,
+        tail: int | None = None,
+        agent_id: str | None = None,
+    ) -> LogsResult:
+        if stream not in ("stdout", "stderr"):
+            raise InvalidInput(f"stream must be 'stdout' or 'stderr', not {stream!r}")
+        if offset < 0 or limit < 0 or (tail is not None and tail < 0):
+            raise InvalidInput("offset, limit and tail must be zero or positive")
+        row = await self._owned(execution_id, agent_id)
+        log_stream: LogStream = "stdout" if stream == "stdout" else "stderr"
+        runner = self.runners.get(str(row["runner_id"]))
+        if row["state"] == ExecutionState.queued or row["started_at"] is None:
+            return LogsResult(
+                execution_id=execution_id,
+                stream=log_stream,
+                data="",
+                offset=0,
+                next_offset=0,
+                size=0,
+                complete=ExecutionState(row["state"]).terminal,
+                state=ExecutionState(row["state"]),
+            )
+        if tail is not None:
+            size = await runner.log_size(execution_id, log_stream)
+            offset = max(0, size - tail)
+            limit = min(tail, MAX_READ_CHUNK)
+        chunk = await runner.read_log(execution_id, log_stream, offset, min(limit, MAX_READ_CHUNK))
+        text, used = safe_decode(chunk.data)
+        state = ExecutionState(row["state"])
+        if state.terminal:
+            await self.store.mark_notice_read("execution", execution_id)
+        return LogsResult(
+            execution_id=execution_id,
+            stream=log_stream,
+            data=text,
+            offset=chunk.offset,
+            next_offset=chunk.offset + used,
+            size=chunk.size,
+            complete=chunk.complete and used == len(chunk.data),
+            state=state,
+        )
+
+    async def cancel(
+        self, execution_id: str, agent_id: str | None = None, wait_s: float = 0.0
+    ) -> ExecutionView:
+        """E7: a finished execution comes back unchanged; a running one gets SIGTERM, then the
+        whole sandbox is killed after the grace period; ``cancelled`` only once committed."""
+        row = await self._owned(execution_id, agent_id)
+        state = ExecutionState(row["state"])
+        if state.terminal:
+            return _view(row)
+        await self.store.update_execution(execution_id, cancel_requested=True)
+        if state == ExecutionState.queued and row["started_at"] is None:
+            workspace = await self.store.get_workspace(str(row["workspace_id"]))
+            if workspace is None or workspace["writer_id"] != execution_id:
+                await self._end(row, ExecutionState.cancelled)
+                return await self.status(execution_id, agent_id)
+        runner = self.runners.get(str(row["runner_id"]))
+        await runner.cancel(execution_id)
+        if wait_s > 0:
+            return await self.wait(execution_id, wait_s, agent_id)
+        return _view(await self._finalized(row))
+
+    async def list(self, agent_id: str | None = None, limit: int = 100) -> list[ExecutionView]:
+        agent = await self._agent(agent_id)
+        return [_view(r) for r in await self.store.list_executions(str(agent["id"]), limit)]
+
+    async def _owned(self, execution_id: str, agent_id: str | None) -> Mapping[str, Any]:
+        row = await self.store.get_execution(execution_id)
+        agent = await self._agent(agent_id)
+        # Another agent's execution is reported exactly like a missing one: no data leaks.
+        if row is None or row["agent_id"] != agent["id"]:
+            raise NotFound(
+                f"no execution {execution_id!r}; list yours with 'shellyard status' or check the id"
+            )
+        return row
+
+    async def _agent(self, agent_id: str | None) -> Mapping[str, Any]:
+        if agent_id is None:
+            return (await self.store.default_owner())[1]
+        agent = await self.store.get_agent(agent_id)
+        if agent is None:
+            raise NotFound(f"no agent {agent_id!r}")
+        return agent
+
+
+def _view(row: Mapping[str, Any]) -> ExecutionView:
+    return ExecutionView(
+        execution_id=row["id"],
+        state=ExecutionState(row["state"]),
+        exit_code=row["exit_code"],
+        environment_id=row["environment_id"],
+        environment_revision=row["environment_revision"],
+        agent_id=row["agent_id"],
+        workspace_id=row["workspace_id"],
+        runner_id=row["runner_id"],
+        command=row["command"],
+        script_path=row["script_path"],
+        background=bool(row["background"]),
+        error=row["error"],
+        snapshot_seq=row["snapshot_seq"],
+        was_unknown=bool(row["was_unknown"]),
+        cancel_requested=bool(row["cancel_requested"]),
+        created_at=row["created_at"],
+        started_at=row["started_at"],
+        finished_at=row["finished_at"],
+    )

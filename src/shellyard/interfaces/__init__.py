@@ -1,0 +1,1 @@
+"""Interfaces: REST (api), MCP (mcp), the Python client (client), the CLI (cli)."""

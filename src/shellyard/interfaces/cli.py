@@ -1,0 +1,291 @@
+"""The ``shellyard`` command line. Verbs other than ``serve`` and ``runner serve`` are clients
+of the home's control plane and start it in the background when it is not running.
+
+Exit codes (for scripts): a completed command's own exit code; 130 cancelled; 124 unknown
+outcome; 125 could not start; 2 bad input or another shellyard error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shlex
+import sys
+from pathlib import Path
+from typing import Annotated, Any, NoReturn
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from shellyard.config import Settings, default_home
+from shellyard.errors import ShellyardError
+from shellyard.model import ExecutionState, ExecutionView
+
+app = typer.Typer(
+    name="shellyard",
+    help=(
+        "A durable, sandboxed shell for AI agents. Every command runs as a fresh process in a "
+        "bubblewrap sandbox inside a workspace, becomes a durable execution record, and ends "
+        "with a snapshot of the workspace's files."
+    ),
+    no_args_is_help=True,
+    add_completion=False,
+)
+runner_app = typer.Typer(help="Runner daemons on this or other hosts.", no_args_is_help=True)
+app.add_typer(runner_app, name="runner")
+
+err = Console(stderr=True)
+out = Console()
+
+HomeOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--home",
+        help="State folder (default $SHELLYARD_HOME, ~/.shellyard, or "
+        "/var/lib/shellyard for root).",
+    ),
+]
+JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of text.")]
+
+EXIT_BY_STATE = {
+    ExecutionState.cancelled: 130,
+    ExecutionState.unknown: 124,
+    ExecutionState.failed: 125,
+}
+
+
+def _fail(exc: ShellyardError) -> NoReturn:
+    err.print(f"[red]error[/red] ({exc.code}): {exc.message}", highlight=False)
+    raise typer.Exit(2)
+
+
+def _client(home: Path | None) -> Any:
+    from shellyard.interfaces.client import Client
+
+    return Client.for_home(home or default_home())
+
+
+def _print_view(view: ExecutionView, as_json: bool) -> None:
+    if as_json:
+        out.print_json(view.model_dump_json())
+        return
+    table = Table(show_header=False, box=None)
+    for key in (
+        "execution_id",
+        "state",
+        "exit_code",
+        "workspace_id",
+        "runner_id",
+        "command",
+        "script_path",
+        "error",
+        "snapshot_seq",
+        "environment_revision",
+    ):
+        value = getattr(view, key)
+        if value is not None:
+            table.add_row(key, str(value))
+    out.print(table)
+
+
+@app.command()
+def serve(
+    home: HomeOption = None,
+    database_url: Annotated[
+        str | None, typer.Option(help="postgresql://… instead of SQLite.")
+    ] = None,
+    host: str = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="0 picks a free port (written to server.json).")] = 0,
+    network: Annotated[str | None, typer.Option(help="Local runner network: on or off.")] = None,
+) -> None:
+    """Run the control plane for a home in the foreground."""
+    from shellyard.interfaces.server import serve as run_server
+
+    settings = Settings.from_env(home=home.absolute() if home else None, database_url=database_url)
+    if network is not None:
+        settings.local_policy = settings.local_policy.model_copy(update={"network": network})
+    try:
+        run_server(settings, host, port)
+    except ShellyardError as exc:
+        _fail(exc)
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def run(
+    ctx: typer.Context,
+    home: HomeOption = None,
+    script: Annotated[str | None, typer.Option("--script", help="Run a workspace file.")] = None,
+    runner_id: Annotated[str | None, typer.Option("--runner")] = None,
+    wait_ms: Annotated[int, typer.Option(help="Response budget before following logs.")] = 30_000,
+    background: Annotated[bool, typer.Option("--background", "-b")] = False,
+    queue: Annotated[bool, typer.Option(help="Wait in line if the workspace is busy.")] = False,
+    as_json: JsonOption = False,
+) -> None:
+    """Run one command: shellyard run -- CMD [ARGS...]"""
+    words = list(ctx.args)
+    command = words[0] if len(words) == 1 else shlex.join(words) if words else None
+    if (command is None) == (script is None):
+        err.print("give a command after '--' (shellyard run -- ls -la) or --script PATH")
+        raise typer.Exit(2)
+    try:
+        client = _client(home)
+        result = client.run(
+            command,
+            script_path=script,
+            runner_id=runner_id,
+            wait_ms=wait_ms,
+            background=background,
+            queue=queue,
+        )
+        if as_json:
+            out.print_json(result.model_dump_json())
+            raise typer.Exit(0)
+        if background:
+            out.print(result.execution_id)
+            raise typer.Exit(0)
+        if result.state.terminal:
+            sys.stdout.write(result.stdout)
+            sys.stderr.write(result.stderr)
+            final = result
+        else:
+            for text in client.follow(result.execution_id, "stdout"):
+                sys.stdout.write(text)
+                sys.stdout.flush()
+            for text in client.follow(result.execution_id, "stderr"):
+                sys.stderr.write(text)
+            final = client.wait(result.execution_id, 30)
+    except ShellyardError as exc:
+        _fail(exc)
+    if final.error:
+        err.print(f"shellyard: {final.state.value}: {final.error}", highlight=False)
+    raise typer.Exit(
+        final.exit_code if final.exit_code is not None else EXIT_BY_STATE.get(final.state, 1)
+    )
+
+
+@app.command()
+def status(
+    execution_id: Annotated[str | None, typer.Argument()] = None,
+    home: HomeOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Show one execution, or list recent ones."""
+    try:
+        client = _client(home)
+        if execution_id is not None:
+            _print_view(client.status(execution_id), as_json)
+            return
+        views = client.list()
+    except ShellyardError as exc:
+        _fail(exc)
+    if as_json:
+        out.print_json(json.dumps([v.model_dump(mode="json") for v in views]))
+        return
+    table = Table("execution", "state", "exit", "command")
+    for view in views:
+        table.add_row(
+            view.execution_id,
+            view.state.value,
+            str(view.exit_code or ""),
+            view.command or view.script_path or "",
+        )
+    out.print(table)
+
+
+@app.command()
+def logs(
+    execution_id: str,
+    home: HomeOption = None,
+    stream: Annotated[str, typer.Option(help="stdout or stderr")] = "stdout",
+    offset: int = 0,
+    limit: int = 65536,
+    tail: Annotated[int | None, typer.Option(help="Only the last N bytes.")] = None,
+    follow: Annotated[bool, typer.Option("--follow", "-f")] = False,
+    as_json: JsonOption = False,
+) -> None:
+    """Print an execution's log; --follow keeps printing until it ends."""
+    try:
+        client = _client(home)
+        if follow:
+            for text in client.follow(execution_id, stream, offset):
+                sys.stdout.write(text)
+                sys.stdout.flush()
+            return
+        chunk = client.logs(execution_id, stream, offset, limit, tail)
+    except ShellyardError as exc:
+        _fail(exc)
+    if as_json:
+        out.print_json(chunk.model_dump_json())
+    else:
+        sys.stdout.write(chunk.data)
+
+
+@app.command()
+def cancel(
+    execution_id: str,
+    home: HomeOption = None,
+    wait_s: Annotated[float, typer.Option(help="Wait this long for the final state.")] = 15.0,
+    as_json: JsonOption = False,
+) -> None:
+    """Cancel an execution (SIGTERM, then the whole sandbox after the grace period)."""
+    try:
+        _print_view(_client(home).cancel(execution_id, wait_s), as_json)
+    except ShellyardError as exc:
+        _fail(exc)
+
+
+@app.command()
+def mcp(home: HomeOption = None) -> None:
+    """Serve MCP over stdio (what an agent host launches)."""
+    from shellyard.interfaces.mcp import serve_stdio
+
+    try:
+        asyncio.run(serve_stdio(home or default_home()))
+    except ShellyardError as exc:
+        _fail(exc)
+
+
+@runner_app.command("serve")
+def runner_serve(
+    root: Annotated[Path, typer.Option(help="The runner's folder (workspaces, logs, snapshots).")],
+    host: str = "127.0.0.1",
+    port: int = 8765,
+    token_file: Annotated[Path | None, typer.Option(help="Default: ROOT/token")] = None,
+    network: Annotated[str, typer.Option(help="on or off")] = "on",
+) -> None:
+    """Run a runner daemon: the Runner protocol over HTTP, token-authenticated."""
+    from shellyard.runner.daemon import run_runner_daemon
+
+    try:
+        run_runner_daemon(root.absolute(), host, port, token_file, network)
+    except ShellyardError as exc:
+        _fail(exc)
+
+
+@runner_app.command("add")
+def runner_add(
+    runner_id: str,
+    address: str,
+    token: Annotated[str, typer.Option(help="The daemon's token (its ROOT/token file).")],
+    home: HomeOption = None,
+) -> None:
+    """Register a runner daemon reached directly over HTTP."""
+    import httpx
+
+    from shellyard.interfaces.home import ensure_server
+
+    info = ensure_server(home or default_home())
+    response = httpx.post(
+        f"{info.url}/v1/runners",
+        headers={"Authorization": f"Bearer {info.token}"},
+        json={"runner_id": runner_id, "address": address, "token": token},
+    )
+    if response.status_code >= 400:
+        err.print(response.text)
+        raise typer.Exit(2)
+    out.print(f"registered {runner_id} at {address}")
+
+
+def main() -> None:
+    app()

@@ -1,0 +1,124 @@
+"""Request and result models shared by every interface (REST, MCP, SDK, CLI)."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from shellyard.errors import InvalidInput
+
+DEFAULT_WAIT_MS = 10_000
+MAX_WAIT_MS = 30_000
+DEFAULT_MAX_OUTPUT = 30_000
+
+
+class ExecutionState(StrEnum):
+    queued = "queued"
+    running = "running"
+    completed = "completed"
+    cancelled = "cancelled"
+    failed = "failed"
+    unknown = "unknown"
+
+    @property
+    def terminal(self) -> bool:
+        return self not in (ExecutionState.queued, ExecutionState.running)
+
+
+class RunShellRequest(BaseModel):
+    """E1. Exactly one of ``command`` or ``script_path``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    command: str | None = None
+    script_path: str | None = None
+    runner_id: str | None = None
+    environment_id: str | None = None
+    wait_ms: int = DEFAULT_WAIT_MS
+    background: bool = False
+    max_output_length: int = Field(default=DEFAULT_MAX_OUTPUT, ge=0, le=10_000_000)
+    idempotency_key: str | None = Field(default=None, min_length=1, max_length=128)
+    queue: bool = False
+
+    @model_validator(mode="after")
+    def _check(self) -> RunShellRequest:
+        if (self.command is None) == (self.script_path is None):
+            raise ValueError(
+                "give exactly one of 'command' (shell text) or 'script_path' "
+                "(a file in the workspace)"
+            )
+        if not 0 <= self.wait_ms <= MAX_WAIT_MS:
+            # E1: out of range is an error, never a clamp.
+            raise ValueError(
+                f"wait_ms must be between 0 and {MAX_WAIT_MS} (it is a response budget, not a "
+                f"timeout; got {self.wait_ms}). For longer work pass background: true and poll "
+                "execution_status"
+            )
+        if self.command is not None and "\x00" in self.command:
+            raise ValueError("command contains a NUL byte")
+        return self
+
+
+def parse_run_shell(data: dict[str, object]) -> RunShellRequest:
+    """Validate and turn pydantic's errors into one clear InvalidInput."""
+    from pydantic import ValidationError
+
+    try:
+        return RunShellRequest.model_validate(data)
+    except ValidationError as exc:
+        raise InvalidInput(validation_message(exc)) from None
+
+
+def validation_message(exc: Exception) -> str:
+    from pydantic import ValidationError
+
+    if not isinstance(exc, ValidationError):
+        return str(exc)
+    parts = []
+    for error in exc.errors():
+        where = ".".join(str(p) for p in error.get("loc", ()))
+        message = str(error.get("msg", "invalid")).removeprefix("Value error, ")
+        parts.append(f"{where}: {message}" if where else message)
+    return "; ".join(parts)
+
+
+class ExecutionView(BaseModel):
+    """What ``execution_status`` (and ``run_shell``) report about one execution."""
+
+    execution_id: str
+    state: ExecutionState
+    exit_code: int | None
+    environment_id: str | None = None
+    environment_revision: int | None = None
+    agent_id: str
+    workspace_id: str
+    runner_id: str
+    command: str | None = None
+    script_path: str | None = None
+    background: bool = False
+    error: str | None = None
+    snapshot_seq: int | None = None
+    was_unknown: bool = False
+    cancel_requested: bool = False
+    created_at: float
+    started_at: float | None = None
+    finished_at: float | None = None
+
+
+class RunShellResult(ExecutionView):
+    stdout: str = ""
+    stderr: str = ""
+    output_truncated: bool = False
+
+
+class LogsResult(BaseModel):
+    execution_id: str
+    stream: Literal["stdout", "stderr"]
+    data: str
+    offset: int
+    next_offset: int
+    size: int
+    complete: bool
+    state: ExecutionState

@@ -1,0 +1,83 @@
+"""Workspace-relative paths (W6): one normaliser used wherever a path comes in.
+
+Every path a caller hands to shellyard is relative to a workspace root. ``normalize_relative``
+turns it into a canonical POSIX relative path (``""`` is the root) or refuses it with a
+``PathRefused`` error that says what was wrong and what to pass instead. It works on the text
+only; whether a path crosses a symbolic link is checked where the filesystem is touched.
+"""
+
+from __future__ import annotations
+
+from shellyard.errors import PathRefused
+
+#: Longest single path component, in bytes (NAME_MAX on Linux).
+MAX_COMPONENT_BYTES = 255
+#: Longest whole path, in bytes (PATH_MAX on Linux).
+MAX_PATH_BYTES = 4096
+
+_EXAMPLE = "pass a path relative to the workspace root, such as 'src/main.py' ('' is the root)"
+
+
+def _encode(text: str, original: str) -> bytes:
+    try:
+        return text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        raise PathRefused(
+            f"path {original!r} is not valid text (it holds an unpaired surrogate); {_EXAMPLE}",
+            path=original,
+        ) from None
+
+
+def normalize_relative(path: str) -> str:
+    """Return ``path`` as a normalised relative POSIX path; ``""`` means the workspace root.
+
+    ``"."``, ``""``, ``"./"`` → ``""``; ``"a//b/./c/"`` → ``"a/b/c"``; ``"a/../b"`` → ``"b"``.
+    Refused (``PathRefused``): absolute paths, ``..`` that climbs above the root, NUL bytes,
+    a component longer than 255 bytes, a path longer than 4096 bytes, non-text input.
+    """
+    if not isinstance(path, str):
+        raise PathRefused(
+            f"path must be a string, got {type(path).__name__}; {_EXAMPLE}", path=repr(path)
+        )
+    if "\0" in path:
+        raise PathRefused(
+            f"path {path!r} contains a NUL byte, which no file name can hold; {_EXAMPLE}",
+            path=path,
+        )
+    if len(_encode(path, path)) > MAX_PATH_BYTES:
+        raise PathRefused(
+            f"path is {len(_encode(path, path))} bytes long; the limit is {MAX_PATH_BYTES} "
+            f"bytes; pass a shorter relative path",
+            path=path[:200],
+        )
+    if path.startswith("/"):
+        raise PathRefused(
+            f"path {path!r} is absolute; paths are relative to the workspace root, "
+            f"so pass {path.lstrip('/')!r} for the same place inside the workspace",
+            path=path,
+        )
+    parts: list[str] = []
+    for component in path.split("/"):
+        if component in ("", "."):
+            continue
+        if component == "..":
+            if not parts:
+                raise PathRefused(
+                    f"path {path!r} uses '..' to leave the workspace root; "
+                    f"{_EXAMPLE}, staying inside the workspace",
+                    path=path,
+                )
+            parts.pop()
+            continue
+        size = len(_encode(component, path))
+        if size > MAX_COMPONENT_BYTES:
+            raise PathRefused(
+                f"path {path!r} has a component of {size} bytes; a file or folder name may be "
+                f"at most {MAX_COMPONENT_BYTES} bytes; pass a path with shorter names",
+                path=path[:300],
+            )
+        parts.append(component)
+    return "/".join(parts)
+
+
+__all__ = ["MAX_COMPONENT_BYTES", "MAX_PATH_BYTES", "normalize_relative"]

@@ -1,0 +1,1 @@
+"""Runners: places where commands run. One protocol, local and remote implementations."""

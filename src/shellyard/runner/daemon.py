@@ -1,0 +1,424 @@
+"""The runner daemon: the Runner protocol served over HTTP (R1, the SWE-ReX pattern).
+
+One POST endpoint per protocol method, ``/v1/<method>``, with a pydantic body. Every
+endpoint needs ``Authorization: Bearer <token>``. A ``ShellyardError`` raised by the runner
+crosses the wire as ``error.to_dict()`` with its ``http_status``, so ``RemoteRunner`` raises
+the same class again. Byte payloads (``read_log``, ``read_file``) travel as the raw body, their
+chunk metadata in ``X-Shellyard-*`` headers: a 1 MiB chunk is not inflated by base64 in JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hmac
+import logging
+import os
+import secrets
+import socket
+import stat
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Literal, cast
+
+import uvicorn
+from fastapi import Depends, FastAPI, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from shellyard.errors import InvalidInput, ShellyardError, Unauthorized
+from shellyard.runner.protocol import (
+    LogStream,
+    PathEntry,
+    Runner,
+    RunnerExecution,
+    RunnerInfo,
+    SandboxPolicy,
+    SnapshotInfo,
+    StartRequest,
+)
+
+logger = logging.getLogger(__name__)
+
+#: The server answers a ``wait`` after at most this long; the client loops for longer waits.
+WAIT_CAP_S = 30.0
+API_PREFIX = "/v1"
+TOKEN_FILE_NAME = "token"
+#: Response headers of the byte endpoints.
+H_OFFSET = "X-Shellyard-Offset"
+H_NEXT_OFFSET = "X-Shellyard-Next-Offset"
+H_SIZE = "X-Shellyard-Size"
+H_COMPLETE = "X-Shellyard-Complete"
+#: Printed (stderr) once the runner is started and the socket accepts requests.
+READY_PREFIX = "shellyard runner daemon ready on "
+
+
+# --- wire messages (the request bodies; responses are the protocol's own models) ---
+
+
+class ExecutionRef(BaseModel):
+    execution_id: str
+
+
+class WaitRequest(BaseModel):
+    execution_id: str
+    timeout_s: float = Field(allow_inf_nan=False)
+
+
+class WorkspaceRef(BaseModel):
+    workspace_id: str
+
+
+class LogRef(BaseModel):
+    execution_id: str
+    #: Any text: the runner itself refuses an unknown stream, with the same error as locally.
+    stream: str
+
+
+class LogReadRequest(LogRef):
+    offset: int
+    limit: int
+
+
+class LogSize(BaseModel):
+    size: int
+
+
+class PathRef(BaseModel):
+    workspace_id: str
+    seq: int | None = None
+    path: str
+
+
+class FileReadRequest(PathRef):
+    offset: int
+    limit: int
+
+
+# --- token ---
+
+
+def load_or_create_token(path: Path) -> str:
+    """Return the token stored in ``path``, creating it (0600, random) when it is missing."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        mode = path.stat().st_mode
+        if mode & (stat.S_IRWXG | stat.S_IRWXO):
+            logger.warning(
+                "runner token file is readable by others; run chmod 600 on it",
+                extra={"action": "token_mode", "path": str(path), "mode": oct(mode)},
+            )
+        token = path.read_text(encoding="utf-8").strip()
+        if not token:
+            raise InvalidInput(
+                f"the runner token file {path} is empty: delete it to have a new token made, "
+                "or write a token into it"
+            ) from None
+        return token
+    token = secrets.token_urlsafe(32)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(token + "\n")
+    logger.info("created runner token file", extra={"action": "token_created", "path": str(path)})
+    return token
+
+
+# --- the app ---
+
+
+def _error_response(error: ShellyardError, status: int | None = None) -> JSONResponse:
+    headers = {"WWW-Authenticate": "Bearer"} if isinstance(error, Unauthorized) else None
+    return JSONResponse(
+        jsonable_encoder(error.to_dict()),
+        status_code=status or error.http_status,
+        headers=headers,
+    )
+
+
+def _bearer_check(token: str) -> Callable[[Request], None]:
+    expected = token.encode("utf-8")
+
+    def check(request: Request) -> None:
+        header = request.headers.get("authorization", "")
+        scheme, _, given = header.partition(" ")
+        if scheme.lower() != "bearer" or not given:
+            raise Unauthorized(
+                "this runner daemon needs 'Authorization: Bearer <token>'; the token is in the "
+                "daemon's token file (<root>/token on the runner host unless set otherwise)"
+            )
+        # Constant-time compare so the token cannot be guessed byte by byte from timings.
+        if not hmac.compare_digest(given.strip().encode("utf-8"), expected):
+            raise Unauthorized(
+                "wrong bearer token for this runner daemon; use the token from its token "
+                "file (<root>/token on the runner host unless set otherwise)"
+            )
+
+    return check
+
+
+def _bytes_response(
+    data: bytes, offset: int, next_offset: int, size: int, complete: bool | None = None
+) -> Response:
+    headers = {H_OFFSET: str(offset), H_NEXT_OFFSET: str(next_offset), H_SIZE: str(size)}
+    if complete is not None:
+        headers[H_COMPLETE] = "true" if complete else "false"
+    return Response(content=data, media_type="application/octet-stream", headers=headers)
+
+
+def create_runner_app(
+    runner: Runner,
+    token: str,
+    *,
+    on_startup: Callable[[], Awaitable[object]] | None = None,
+    close_runner: bool = False,
+    ready_url: str | None = None,
+) -> FastAPI:
+    """Serve ``runner`` over HTTP, one endpoint per protocol method.
+
+    ``on_startup`` runs in the server's event loop before the first request (start a
+    LocalRunner there, so its tasks live in that loop); ``close_runner`` makes shutdown call
+    ``runner.aclose()``. ``ready_url`` is announced on stderr once started.
+    """
+    if not token:
+        raise InvalidInput("the runner daemon needs a non-empty token")
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if on_startup is not None:
+            await on_startup()
+        if ready_url is not None:
+            # A line a parent process can wait for (tests, SSH runners): the port is bound
+            # and the runner is started.
+            print(READY_PREFIX + ready_url, file=sys.stderr, flush=True)
+        try:
+            yield
+        finally:
+            if close_runner:
+                await runner.aclose()
+
+    app = FastAPI(
+        title="shellyard runner daemon",
+        lifespan=lifespan,
+        dependencies=[Depends(_bearer_check(token))],
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+    )
+
+    async def on_shellyard_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, ShellyardError)
+        return _error_response(exc)
+
+    async def on_validation_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, RequestValidationError)
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e.get('loc', ()))}: {e.get('msg')}" for e in exc.errors()
+        )
+        return _error_response(InvalidInput(f"bad request to the runner daemon: {problems}"))
+
+    async def on_http_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, StarletteHTTPException)
+        msg = (
+            f"the runner daemon answered {exc.status_code} ({exc.detail}) to "
+            f"{request.method} {request.url.path}; do client and daemon versions match?"
+        )
+        return _error_response(ShellyardError(msg), exc.status_code)
+
+    async def on_unexpected(request: Request, exc: Exception) -> Response:
+        # Starlette re-raises after this answer, so uvicorn logs the traceback.
+        error = ShellyardError(f"runner daemon failed: {type(exc).__name__}: {exc}")
+        return _error_response(error)
+
+    app.add_exception_handler(ShellyardError, on_shellyard_error)
+    app.add_exception_handler(RequestValidationError, on_validation_error)
+    app.add_exception_handler(StarletteHTTPException, on_http_error)
+    app.add_exception_handler(Exception, on_unexpected)
+
+    p = API_PREFIX
+
+    @app.post(f"{p}/info")
+    async def info() -> RunnerInfo:
+        return await runner.info()
+
+    @app.post(f"{p}/ensure_workspace")
+    async def ensure_workspace(body: WorkspaceRef) -> SnapshotInfo:
+        return await runner.ensure_workspace(body.workspace_id)
+
+    @app.post(f"{p}/start")
+    async def start(body: StartRequest) -> RunnerExecution:
+        return await runner.start(body)
+
+    @app.post(f"{p}/status")
+    async def status(body: ExecutionRef) -> RunnerExecution:
+        return await runner.status(body.execution_id)
+
+    @app.post(f"{p}/wait")
+    async def wait(body: WaitRequest) -> RunnerExecution:
+        # A long poll, capped so no proxy or client read timeout has to outlast it.
+        return await runner.wait(body.execution_id, min(body.timeout_s, WAIT_CAP_S))
+
+    @app.post(f"{p}/cancel")
+    async def cancel(body: ExecutionRef) -> RunnerExecution:
+        return await runner.cancel(body.execution_id)
+
+    @app.post(f"{p}/read_log")
+    async def read_log(body: LogReadRequest) -> Response:
+        stream = cast(LogStream, body.stream)
+        c = await runner.read_log(body.execution_id, stream, body.offset, body.limit)
+        return _bytes_response(c.data, c.offset, c.next_offset, c.size, c.complete)
+
+    @app.post(f"{p}/log_size")
+    async def log_size(body: LogRef) -> LogSize:
+        return LogSize(size=await runner.log_size(body.execution_id, cast(LogStream, body.stream)))
+
+    @app.post(f"{p}/commit")
+    async def commit(body: WorkspaceRef) -> SnapshotInfo:
+        return await runner.commit(body.workspace_id)
+
+    @app.post(f"{p}/head")
+    async def head(body: WorkspaceRef) -> SnapshotInfo:
+        return await runner.head(body.workspace_id)
+
+    @app.post(f"{p}/stat_path")
+    async def stat_path(body: PathRef) -> PathEntry | None:
+        return await runner.stat_path(body.workspace_id, body.seq, body.path)
+
+    @app.post(f"{p}/read_file")
+    async def read_file(body: FileReadRequest) -> Response:
+        c = await runner.read_file(body.workspace_id, body.seq, body.path, body.offset, body.limit)
+        return _bytes_response(c.data, c.offset, c.next_offset, c.size)
+
+    return app
+
+
+# --- serving a LocalRunner ---
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """Bind and listen first, so port 0 gives a known free port before the server starts."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+        sock.listen(2048)
+    except OSError:
+        sock.close()
+        raise
+    sock.set_inheritable(True)
+    return sock
+
+
+def socket_url(sock: socket.socket) -> str:
+    host, port = sock.getsockname()[:2]
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def make_runner_server(
+    root: Path,
+    policy: SandboxPolicy,
+    token: str,
+    sock: socket.socket,
+    *,
+    log_level: str = "info",
+) -> uvicorn.Server:
+    """A uvicorn server around a new ``LocalRunner(root, policy)``, ready to ``serve([sock])``.
+
+    The runner is started in the server's event loop (lifespan) and closed on shutdown.
+    """
+    from shellyard.runner.local import LocalRunner  # the heavy part; only the daemon needs it
+
+    runner = LocalRunner(root, policy)
+    app = create_runner_app(
+        runner,
+        token,
+        on_startup=runner.startup,
+        close_runner=True,
+        ready_url=socket_url(sock),
+    )
+    config = uvicorn.Config(
+        app,
+        log_level=log_level,
+        access_log=False,
+        # Longer than the client's keep-alive expiry, so the client never reuses a
+        # connection the server is closing at the same moment.
+        timeout_keep_alive=75,
+        timeout_graceful_shutdown=10,
+        lifespan="on",
+    )
+    return uvicorn.Server(config)
+
+
+def serve_runner(
+    root: Path,
+    policy: SandboxPolicy,
+    host: str = "127.0.0.1",
+    port: int = 8765,
+    token: str | None = None,
+    *,
+    log_level: str = "info",
+) -> None:
+    """Run a runner daemon for ``root`` until SIGINT/SIGTERM (blocking).
+
+    ``token`` None reads ``<root>/token``, creating it on first start.
+    """
+    root.mkdir(parents=True, exist_ok=True)
+    if token is None:
+        token = load_or_create_token(root / TOKEN_FILE_NAME)
+    sock = bind_socket(host, port)
+    server = make_runner_server(root, policy, token, sock, log_level=log_level)
+    try:
+        asyncio.run(server.serve(sockets=[sock]))
+    finally:
+        sock.close()
+
+
+def run_runner_daemon(
+    root: Path,
+    host: str,
+    port: int,
+    token_file: Path | None,
+    network: str,
+) -> None:
+    """What ``shellyard runner serve`` calls: serve ``root`` with the token from ``token_file``
+    (default ``<root>/token``, created on first start) and the given network policy."""
+    if network not in ("on", "off"):
+        raise InvalidInput(f"network must be 'on' or 'off', not {network!r}")
+    net: Literal["on", "off"] = "on" if network == "on" else "off"
+    root.mkdir(parents=True, exist_ok=True)
+    token = load_or_create_token(token_file or root / TOKEN_FILE_NAME)
+    serve_runner(root, SandboxPolicy(network=net), host, port, token)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """``python -m shellyard.runner.daemon``: a bare entry point (tests, SSH runners).
+
+    ``--policy-json`` gives the whole SandboxPolicy; otherwise ``--network`` sets it.
+    """
+    ap = argparse.ArgumentParser(prog="python -m shellyard.runner.daemon")
+    ap.add_argument("--root", type=Path, required=True)
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, default=8765)
+    ap.add_argument("--token-file", type=Path, default=None)
+    ap.add_argument("--network", choices=("on", "off"), default="on")
+    ap.add_argument("--policy-json", default=None)
+    ap.add_argument("--log-level", default="info")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper())
+    root: Path = args.root
+    root.mkdir(parents=True, exist_ok=True)
+    if args.policy_json is not None:
+        policy = SandboxPolicy.model_validate_json(args.policy_json)
+    else:
+        policy = SandboxPolicy(network=args.network)
+    token = load_or_create_token(args.token_file or root / TOKEN_FILE_NAME)
+    serve_runner(root, policy, args.host, args.port, token, log_level=args.log_level)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,524 @@
+"""LocalRunner: runs executions in bubblewrap sandboxes on this host (R1, R2, E7, E8, E11).
+
+The fast durable path (DESIGN.md "How an execution runs"): bwrap is spawned detached in its
+own session with stdout/stderr opened straight onto log files and ``--json-status-fd`` onto a
+status file. No pipes and no per-execution Python process: if this process dies, the sandbox
+keeps running, logging and finally records its exit code; ``startup()`` re-attaches.
+
+On disk, under ``root``::
+
+    workspaces/<workspace_id>/      the live tree, owned by the sandbox uid
+    executions/<execution_id>/      meta.json, stdout, stderr, status, cancel, result.json
+    snapshots/                      SnapshotStore (content-addressed objects + manifests)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import shlex
+import signal
+import stat
+import subprocess
+import time
+from collections.abc import Coroutine
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from shellyard import __version__
+from shellyard.errors import InvalidInput, NotFound, PathRefused, SandboxUnavailable, WorkspaceBusy
+from shellyard.paths import normalize_relative
+from shellyard.runner import processes, sandbox
+from shellyard.runner.protocol import (
+    MAX_READ_CHUNK,
+    FileChunk,
+    LogChunk,
+    LogStream,
+    PathEntry,
+    RunnerExecState,
+    RunnerExecution,
+    RunnerInfo,
+    SandboxPolicy,
+    SnapshotInfo,
+    StartRequest,
+)
+from shellyard.runner.snapshots import SnapshotStore
+
+log = logging.getLogger(__name__)
+
+INTERPRETER_BY_SUFFIX = {".py": ["python3"], ".R": ["Rscript"], ".r": ["Rscript"], ".sh": ["bash"]}
+
+
+@dataclass
+class _Live:
+    """What this process knows about one execution it watches."""
+
+    workspace_id: str
+    directory: Path
+    pid: int
+    start_time: int
+    started_at: float
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+    result: RunnerExecution | None = None
+    popen: subprocess.Popen[bytes] | None = None
+    pidfd: int | None = None
+    cancel_task: asyncio.Task[None] | None = None
+
+
+def _write_json_atomic(path: Path, data: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(data)
+    os.replace(tmp, path)
+
+
+class LocalRunner:
+    """The Runner protocol on this host. Call ``startup()`` before use, ``aclose()`` after."""
+
+    def __init__(
+        self,
+        root: Path,
+        policy: SandboxPolicy | None = None,
+        *,
+        hidden: list[Path] | None = None,
+    ) -> None:
+        self.root = root.absolute()
+        self.policy = policy or SandboxPolicy()
+        self._workspaces = self.root / "workspaces"
+        self._executions = self.root / "executions"
+        self._snapshots = SnapshotStore(self.root / "snapshots")
+        self._hidden = [self.root, *(hidden or [])]
+        self._ids = sandbox.sandbox_ids(self.policy)
+        self._live: dict[str, _Live] = {}
+        self._busy_workspaces: dict[str, str] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._bwrap = ""
+
+    # ----------------------------------------------------------------- lifecycle
+
+    async def startup(self) -> None:
+        self._bwrap = sandbox.find_bwrap()
+        for directory in (self.root, self._workspaces, self._executions):
+            directory.mkdir(parents=True, exist_ok=True)
+            # Traversable but not listable: bwrap, already running as the sandbox uid,
+            # must reach the workspace to bind it; nothing inside can list the others.
+            directory.chmod(0o711)
+        self._check_traversable(self._workspaces)
+        await self._recover()
+
+    def _check_traversable(self, directory: Path) -> None:
+        if self._ids is None:
+            return
+        for ancestor in [directory, *directory.parents]:
+            mode = ancestor.stat().st_mode
+            if not mode & stat.S_IXOTH:
+                raise SandboxUnavailable(
+                    f"the sandbox user (uid {self._ids[0]}) cannot reach {directory}: "
+                    f"{ancestor} is not searchable by others (mode {oct(mode & 0o777)}). "
+                    f"Choose a SHELLYARD_HOME outside it (as root the default is "
+                    f"/var/lib/shellyard) or run 'chmod o+x {ancestor}'"
+                )
+
+    async def aclose(self) -> None:
+        """Stop watching; the sandboxes themselves keep running (E11)."""
+        loop = asyncio.get_running_loop()
+        for live in self._live.values():
+            if live.pidfd is not None:
+                loop.remove_reader(live.pidfd)
+                os.close(live.pidfd)
+                live.pidfd = None
+            if live.cancel_task is not None:
+                live.cancel_task.cancel()
+        for task in list(self._tasks):
+            task.cancel()
+        self._live.clear()
+
+    async def info(self) -> RunnerInfo:
+        uid = self._ids[0] if self._ids else os.geteuid()
+        return RunnerInfo(
+            runner_version=__version__,
+            sandbox="bubblewrap",
+            network=self.policy.network,
+            sandbox_uid=uid,
+        )
+
+    # ----------------------------------------------------------------- workspaces
+
+    def workspace_path(self, workspace_id: str) -> Path:
+        _check_id(workspace_id, "workspace id")
+        return self._workspaces / workspace_id
+
+    async def ensure_workspace(self, workspace_id: str) -> SnapshotInfo:
+        tree = self.workspace_path(workspace_id)
+        if not tree.exists():
+            tree.mkdir(mode=0o700)
+            if self._ids is not None:
+                os.chown(tree, *self._ids)
+        return await asyncio.to_thread(self._snapshots.ensure_workspace, workspace_id)
+
+    async def commit(self, workspace_id: str) -> SnapshotInfo:
+        if workspace_id in self._busy_workspaces:
+            raise WorkspaceBusy(
+                f"workspace {workspace_id} is in use by execution "
+                f"{self._busy_workspaces[workspace_id]}; its snapshot is committed when it ends",
+                holder=self._busy_workspaces[workspace_id],
+            )
+        return await self._commit(workspace_id)
+
+    async def _commit(self, workspace_id: str) -> SnapshotInfo:
+        tree = self.workspace_path(workspace_id)
+        return await asyncio.to_thread(self._snapshots.commit, workspace_id, tree)
+
+    async def head(self, workspace_id: str) -> SnapshotInfo:
+        self._require_workspace(workspace_id)
+        return await asyncio.to_thread(self._snapshots.head, workspace_id)
+
+    async def stat_path(self, workspace_id: str, seq: int | None, path: str) -> PathEntry | None:
+        self._require_workspace(workspace_id)
+        return await asyncio.to_thread(self._snapshots.stat, workspace_id, seq, path)
+
+    async def read_file(
+        self, workspace_id: str, seq: int | None, path: str, offset: int, limit: int
+    ) -> FileChunk:
+        self._require_workspace(workspace_id)
+        return await asyncio.to_thread(self._snapshots.read, workspace_id, seq, path, offset, limit)
+
+    def _require_workspace(self, workspace_id: str) -> None:
+        if not self.workspace_path(workspace_id).is_dir():
+            raise NotFound(f"workspace {workspace_id} does not exist on this runner")
+
+    # ----------------------------------------------------------------- executions
+
+    async def start(self, request: StartRequest) -> RunnerExecution:
+        _check_id(request.execution_id, "execution id")
+        directory = self._executions / request.execution_id
+        if directory.exists():  # E10: a retried start never spawns a second process
+            return await self.status(request.execution_id)
+        if (request.command is None) == (request.script_path is None):
+            raise InvalidInput("give exactly one of command or script_path")
+        tree = self.workspace_path(request.workspace_id)
+        if not tree.is_dir():
+            raise NotFound(f"workspace {request.workspace_id} does not exist on this runner")
+        holder = self._busy_workspaces.get(request.workspace_id)
+        if holder is not None:
+            raise WorkspaceBusy(
+                f"workspace {request.workspace_id} is in use by execution {holder}",
+                holder=holder,
+            )
+        command = (
+            ["bash", "-c", request.command]
+            if request.command is not None
+            else _script_argv(tree, request.script_path or "")
+        )
+        directory.mkdir()
+        live = self._spawn(request, directory, tree, command)
+        self._live[request.execution_id] = live
+        self._busy_workspaces[request.workspace_id] = request.execution_id
+        self._watch(request.execution_id, live)
+        return self._running(request.execution_id, live)
+
+    def _spawn(
+        self, request: StartRequest, directory: Path, tree: Path, command: list[str]
+    ) -> _Live:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC
+        out_fd = os.open(directory / "stdout", flags, 0o600)
+        err_fd = os.open(directory / "stderr", flags, 0o600)
+        status_fd = os.open(directory / "status", flags, 0o600)
+        try:
+            argv = sandbox.bwrap_argv(
+                bwrap=self._bwrap,
+                policy=self.policy,
+                workspace=tree,
+                hidden=self._hidden,
+                status_fd=status_fd,
+                command=command,
+            )
+            env = sandbox.sandbox_env(
+                tree,
+                {
+                    **request.env,
+                    "SHELLYARD_EXECUTION_ID": request.execution_id,
+                    "SHELLYARD_WORKSPACE_ID": request.workspace_id,
+                },
+            )
+            uid, gid = self._ids if self._ids is not None else (None, None)
+            started_at = time.time()
+            popen = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=out_fd,
+                stderr=err_fd,
+                pass_fds=(status_fd,),
+                env=env,
+                cwd="/",
+                start_new_session=True,
+                user=uid,
+                group=gid,
+                extra_groups=[] if uid is not None else None,
+            )
+        finally:
+            os.close(out_fd)
+            os.close(err_fd)
+            os.close(status_fd)
+        pid_start = processes.start_time(popen.pid) or 0
+        meta = {
+            "execution_id": request.execution_id,
+            "workspace_id": request.workspace_id,
+            "pid": popen.pid,
+            "start_time": pid_start,
+            "started_at": started_at,
+        }
+        _write_json_atomic(directory / "meta.json", json.dumps(meta))
+        return _Live(
+            workspace_id=request.workspace_id,
+            directory=directory,
+            pid=popen.pid,
+            start_time=pid_start,
+            started_at=started_at,
+            popen=popen,
+        )
+
+    def _watch(self, execution_id: str, live: _Live) -> None:
+        """Wake on the pidfd when bwrap exits; no thread and no poll loop per execution."""
+        try:
+            live.pidfd = os.pidfd_open(live.pid)
+        except ProcessLookupError:
+            self._spawn_task(self._finish(execution_id, live))
+            return
+        loop = asyncio.get_running_loop()
+
+        def on_exit() -> None:
+            if live.pidfd is not None:
+                loop.remove_reader(live.pidfd)
+                os.close(live.pidfd)
+                live.pidfd = None
+            self._spawn_task(self._finish(execution_id, live))
+
+        loop.add_reader(live.pidfd, on_exit)
+
+    def _spawn_task(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _finish(self, execution_id: str, live: _Live) -> None:
+        """E8: the main process is gone. Make sure nothing of the sandbox is left, commit the
+        workspace, then (and only then) write the final result."""
+        returncode = live.popen.poll() if live.popen is not None else None
+        if returncode is None:
+            processes.reap_if_child(live.pid)
+        status = processes.read_bwrap_status(live.directory / "status")
+        init_pid = status.get("child-pid")
+        if isinstance(init_pid, int):
+            # Normally already gone: when a pid namespace's init exits the kernel kills the
+            # rest. This covers a bwrap monitor that died while its namespace lived on.
+            processes.signal_process(init_pid, signal.SIGKILL)
+        exit_code = status.get("exit-code")
+        cancelled = (live.directory / "cancel").exists()
+        error = None
+        if not isinstance(exit_code, int):
+            exit_code = None
+            if returncode is not None and not cancelled:
+                error = _bwrap_error(live.directory, returncode)
+        try:
+            snapshot: SnapshotInfo | None = await self._commit(live.workspace_id)
+        except Exception as exc:  # a commit failure must still finish the record
+            log.exception("snapshot commit failed", extra={"execution_id": execution_id})
+            snapshot = None
+            error = f"snapshot commit failed: {exc}"
+        state = RunnerExecState.finished
+        if exit_code is None and not cancelled and error is None:
+            state = RunnerExecState.lost
+            error = "the sandbox ended without recording an exit code"
+        result = RunnerExecution(
+            execution_id=execution_id,
+            workspace_id=live.workspace_id,
+            state=state,
+            exit_code=exit_code,
+            cancelled=cancelled,
+            snapshot=snapshot,
+            started_at=live.started_at,
+            finished_at=time.time(),
+            error=error,
+        )
+        _write_json_atomic(live.directory / "result.json", result.model_dump_json())
+        live.result = result
+        if live.cancel_task is not None:
+            live.cancel_task.cancel()
+        if self._busy_workspaces.get(live.workspace_id) == execution_id:
+            del self._busy_workspaces[live.workspace_id]
+        live.done.set()
+
+    def _running(self, execution_id: str, live: _Live) -> RunnerExecution:
+        return RunnerExecution(
+            execution_id=execution_id,
+            workspace_id=live.workspace_id,
+            state=RunnerExecState.running,
+            cancelled=(live.directory / "cancel").exists(),
+            started_at=live.started_at,
+        )
+
+    async def status(self, execution_id: str) -> RunnerExecution:
+        live = self._live.get(execution_id)
+        if live is not None:
+            return live.result or self._running(execution_id, live)
+        _check_id(execution_id, "execution id")
+        result_file = self._executions / execution_id / "result.json"
+        if result_file.exists():
+            return RunnerExecution.model_validate_json(result_file.read_text())
+        return RunnerExecution(
+            execution_id=execution_id,
+            workspace_id="",
+            state=RunnerExecState.lost,
+            error="this runner holds no trace of the execution",
+        )
+
+    async def wait(self, execution_id: str, timeout_s: float) -> RunnerExecution:
+        live = self._live.get(execution_id)
+        if live is not None and live.result is None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(live.done.wait(), timeout=max(0.0, timeout_s))
+        return await self.status(execution_id)
+
+    async def cancel(self, execution_id: str) -> RunnerExecution:
+        """E7: SIGTERM the command's process group; after the grace period kill the whole
+        pid namespace. The result turns final only after every process is gone and the
+        snapshot is committed (``_finish``)."""
+        live = self._live.get(execution_id)
+        if live is None or live.result is not None:
+            return await self.status(execution_id)
+        cancel_file = live.directory / "cancel"
+        if not cancel_file.exists():
+            cancel_file.write_text(str(time.time()))
+        if live.cancel_task is None:
+            live.cancel_task = asyncio.ensure_future(self._cancel(live, time.time()))
+        return self._running(execution_id, live)
+
+    async def _cancel(self, live: _Live, requested_at: float) -> None:
+        status = processes.read_bwrap_status(live.directory / "status")
+        init_pid = status.get("child-pid")
+        if not isinstance(init_pid, int):
+            # bwrap has not finished its setup yet; give it a moment to report.
+            await asyncio.sleep(0.05)
+            status = processes.read_bwrap_status(live.directory / "status")
+            init_pid = status.get("child-pid")
+        if isinstance(init_pid, int):
+            for command_pid in processes.children(init_pid):
+                processes.signal_group(command_pid, signal.SIGTERM)
+        remaining = self.policy.cancel_grace_s - (time.time() - requested_at)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(live.done.wait(), timeout=max(0.0, remaining))
+        if live.result is None:
+            if isinstance(init_pid, int):
+                processes.signal_process(init_pid, signal.SIGKILL)
+            else:
+                processes.signal_group(live.pid, signal.SIGKILL)
+
+    # ----------------------------------------------------------------- logs
+
+    def _log_path(self, execution_id: str, stream: LogStream) -> Path:
+        _check_id(execution_id, "execution id")
+        if stream not in ("stdout", "stderr"):
+            raise InvalidInput(f"unknown log stream {stream!r}; use 'stdout' or 'stderr'")
+        path = self._executions / execution_id / stream
+        if not path.exists():
+            raise NotFound(f"no logs for execution {execution_id} on this runner")
+        return path
+
+    async def log_size(self, execution_id: str, stream: LogStream) -> int:
+        return self._log_path(execution_id, stream).stat().st_size
+
+    async def read_log(
+        self, execution_id: str, stream: LogStream, offset: int, limit: int
+    ) -> LogChunk:
+        if offset < 0 or limit < 0:
+            raise InvalidInput("offset and limit must be zero or positive")
+        path = self._log_path(execution_id, stream)
+        finished = (await self.status(execution_id)).state != RunnerExecState.running
+        with path.open("rb") as handle:
+            size = os.fstat(handle.fileno()).st_size
+            start = min(offset, size)
+            handle.seek(start)
+            data = handle.read(min(limit, MAX_READ_CHUNK))
+        next_offset = start + len(data)
+        return LogChunk(
+            data=data,
+            offset=start,
+            next_offset=next_offset,
+            size=size,
+            complete=finished and next_offset >= size,
+        )
+
+    # ----------------------------------------------------------------- recovery
+
+    async def _recover(self) -> None:
+        """E11: re-attach to sandboxes that outlived the previous runner process."""
+        for directory in sorted(self._executions.iterdir()):
+            if (directory / "result.json").exists():
+                continue
+            meta_file = directory / "meta.json"
+            if not meta_file.exists():
+                # Crashed between mkdir and spawn bookkeeping: nothing of ours can be running
+                # under a known pid; kill a namespace bwrap may already have reported.
+                status = processes.read_bwrap_status(directory / "status")
+                if isinstance(status.get("child-pid"), int):
+                    processes.signal_process(status["child-pid"], signal.SIGKILL)
+                continue
+            meta = json.loads(meta_file.read_text())
+            live = _Live(
+                workspace_id=meta["workspace_id"],
+                directory=directory,
+                pid=meta["pid"],
+                start_time=meta["start_time"],
+                started_at=meta["started_at"],
+            )
+            execution_id = directory.name
+            self._live[execution_id] = live
+            self._busy_workspaces[live.workspace_id] = execution_id
+            if processes.is_same_process(live.pid, live.start_time):
+                self._watch(execution_id, live)
+                if (directory / "cancel").exists():
+                    requested = float((directory / "cancel").read_text() or time.time())
+                    live.cancel_task = asyncio.ensure_future(self._cancel(live, requested))
+            else:
+                self._spawn_task(self._finish(execution_id, live))
+
+
+def _check_id(value: str, what: str) -> None:
+    if not value or not all(ch.isalnum() or ch in "-_" for ch in value) or len(value) > 128:
+        raise InvalidInput(f"invalid {what} {value!r}: use letters, digits, '-' and '_'")
+
+
+def _script_argv(tree: Path, script_path: str) -> list[str]:
+    """E1: run a workspace file by its shebang, else by its extension."""
+    relative = normalize_relative(script_path)
+    if not relative:
+        raise InvalidInput("script_path names the workspace root; give a file inside it")
+    current = tree
+    for part in relative.split("/"):
+        current = current / part
+        if current.is_symlink():
+            raise PathRefused(
+                f"script_path {script_path!r} crosses a symbolic link; give the real path"
+            )
+    if not current.is_file():
+        raise NotFound(f"script {script_path!r} does not exist in the workspace")
+    with current.open("rb") as handle:
+        first = handle.readline(512)
+    if first.startswith(b"#!"):
+        return [*shlex.split(first[2:].decode("utf-8", "replace").strip()), str(current)]
+    interpreter = INTERPRETER_BY_SUFFIX.get(current.suffix, ["bash"])
+    return [*interpreter, str(current)]
+
+
+def _bwrap_error(directory: Path, returncode: int) -> str:
+    """bwrap exited without starting the command: its own message is on stderr."""
+    try:
+        with (directory / "stderr").open("rb") as handle:
+            message = handle.read(2000).decode("utf-8", "replace").strip()
+    except OSError:
+        message = ""
+    return f"the sandbox could not start (bwrap exit {returncode}): {message or 'no message'}"
