@@ -4,6 +4,7 @@ LocalRunner, driven through the real client (R1, E9, E10, E6 over the wire)."""
 from __future__ import annotations
 
 import asyncio
+import inspect
 import os
 import shutil
 import stat
@@ -76,7 +77,7 @@ async def test_token_refused_and_accepted(daemon: RunnerDaemon) -> None:
     assert load_or_create_token(token_file) == daemon.token  # created once, then reused
 
     async with httpx.AsyncClient(base_url=daemon.url) as raw:
-        for headers in ({}, {"Authorization": "Basic abc"}, {"Authorization": "Bearer "}):
+        for headers in ({}, {"Authorization": "Basic abc"}, {"Authorization": "Bearer"}):
             r = await raw.post("/v1/info", headers=headers)
             assert r.status_code == 401
             assert r.json()["code"] == "unauthorized"
@@ -165,7 +166,7 @@ async def test_start_wait_and_idempotent_start(daemon: RunnerDaemon) -> None:
     done = await runner.wait("e1", 60)
     assert time.monotonic() - t0 < 10
     assert done.state == RunnerExecState.finished and done.exit_code == 3
-    assert done.snapshot_seq is not None
+    assert done.snapshot is not None
     assert await runner.status("e1") == done
 
 
@@ -301,3 +302,22 @@ async def test_token_file_written_before_first_start(runner_root: Path) -> None:
     path.write_text("")
     with pytest.raises(InvalidInput, match="empty"):
         load_or_create_token(path)
+
+
+def test_every_protocol_method_has_an_endpoint_and_a_client_method() -> None:
+    """R1: the daemon and the client follow the protocol one method to one endpoint, so a
+    method added to ``Runner`` without them fails here."""
+    from shellyard.runner.daemon import API_PREFIX, create_runner_app
+
+    methods = {
+        name
+        for name, value in vars(Runner).items()
+        if inspect.iscoroutinefunction(value) and not name.startswith("_")
+    }
+    app = create_runner_app(RemoteRunner("http://unused", "t"), "t")
+    routes = {getattr(route, "path", "") for route in app.routes}
+    assert {f"{API_PREFIX}/{name}" for name in methods - {"aclose"}} <= routes
+    for name in methods:
+        remote = inspect.signature(getattr(RemoteRunner, name))
+        assert remote == inspect.signature(getattr(Runner, name)), name
+    assert isinstance(RemoteRunner("http://unused", "t"), Runner)

@@ -1,0 +1,123 @@
+"""Shared fixtures: a real control plane on a fresh home, with a real bubblewrap sandbox.
+
+Execution tests take the ``yard`` fixture, which runs them twice: against the in-process
+LocalRunner (runner id ``local``) and against a runner daemon on loopback registered as a
+``direct`` runner (R1: the control plane cannot tell them apart).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from runner_daemon_fixture import RunnerDaemon, start_daemon
+
+from shellyard.config import Settings
+from shellyard.control.service import ControlPlane
+from shellyard.model import RunShellRequest, RunShellResult
+from shellyard.runner.protocol import SandboxPolicy
+
+
+def make_home() -> Path:
+    """A home the sandbox uid can traverse: tmp_path lives under a 0700 folder."""
+    path = Path(tempfile.mkdtemp(prefix="shellyard-test-", dir="/tmp"))
+    path.chmod(0o711)
+    return path
+
+
+@pytest.fixture
+def home() -> Iterator[Path]:
+    path = make_home()
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@dataclass
+class Yard:
+    """A running control plane plus the runner id the test's executions go to."""
+
+    plane: ControlPlane
+    runner_id: str
+    home: Path
+    daemon: RunnerDaemon | None = None
+
+    async def run(self, command: str | None = None, **options: Any) -> RunShellResult:
+        options.setdefault("runner_id", self.runner_id)
+        request = RunShellRequest(command=command, **options)
+        return await self.plane.executions.run_shell(request)
+
+    @property
+    def runner(self) -> Any:
+        return self.plane.runners.get(self.runner_id)
+
+    async def read_file(self, workspace_id: str, seq: int | None, path: str) -> bytes:
+        chunk = await self.runner.read_file(workspace_id, seq, path, 0, 1 << 20)
+        return bytes(chunk.data)
+
+
+async def open_yard(
+    home: Path, kind: str, policy: SandboxPolicy | None = None
+) -> tuple[ControlPlane, str, RunnerDaemon | None]:
+    policy = policy or SandboxPolicy()
+    settings = Settings(home=home / "home", local_policy=policy)
+    plane = ControlPlane(settings)
+    await plane.start()
+    plane.executions.retry_base_s = 0.05
+    if kind == "local":
+        return plane, "local", None
+    daemon = await start_daemon(home / "remote-runner", policy)
+    await plane.runners.add_direct("remote", daemon.url, daemon.token)
+    return plane, "remote", daemon
+
+
+@pytest.fixture(params=["local", "direct"])
+async def yard_factory(request: pytest.FixtureRequest, home: Path) -> AsyncIterator[Any]:
+    opened: list[tuple[ControlPlane, RunnerDaemon | None]] = []
+
+    async def factory(policy: SandboxPolicy | None = None) -> Yard:
+        sub = home / f"y{len(opened)}"
+        sub.mkdir(mode=0o711)
+        plane, runner_id, daemon = await open_yard(sub, request.param, policy)
+        opened.append((plane, daemon))
+        return Yard(plane, runner_id, sub, daemon)
+
+    yield factory
+    for plane, daemon in opened:
+        await plane.aclose()
+        if daemon is not None:
+            await daemon.stop()
+
+
+@pytest.fixture
+async def yard(yard_factory: Any) -> Yard:
+    result: Yard = await yard_factory()
+    return result
+
+
+def processes_of(execution_id: str) -> list[int]:
+    """Host pids of every process that belongs to an execution (found by its environment)."""
+    needle = f"SHELLYARD_EXECUTION_ID={execution_id}".encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as handle:
+                if needle in handle.read().split(b"\0"):
+                    found.append(int(entry))
+        except OSError:
+            continue
+    return found
+
+
+def host_uid(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("Uid:"):
+            return int(line.split()[1])
+    raise AssertionError(f"no Uid line for {pid}")
