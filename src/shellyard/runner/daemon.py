@@ -302,7 +302,9 @@ def create_runner_app(
 def bind_socket(host: str, port: int) -> socket.socket:
     """Bind and listen first, so port 0 gives a known free port before the server starts."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # proto must say TCP: asyncio sets TCP_NODELAY only on sockets whose proto is
+    # IPPROTO_TCP, and without it Nagle plus delayed ACKs add ~40 ms to every answer.
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))

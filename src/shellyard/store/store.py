@@ -157,6 +157,24 @@ class Store:
         assert agent is not None
         return existing, agent
 
+    async def create_agent(self, session_id: str, parent_id: str | None = None) -> Row:
+        """A child agent (or another agent of a session); the full lifecycle is a later issue."""
+        agent_id = new_id("agt")
+        async with self._tx() as conn:
+            await conn.execute(
+                agents.insert().values(
+                    id=agent_id,
+                    session_id=session_id,
+                    parent_id=parent_id,
+                    state="idle",
+                    gate="open",
+                    created_at=time.time(),
+                )
+            )
+        row = await self.get_agent(agent_id)
+        assert row is not None
+        return row
+
     async def get_agent(self, agent_id: str) -> Row | None:
         return await self._one(sa.select(agents).where(agents.c.id == agent_id))
 
