@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from runner_daemon_fixture import RunnerDaemon, start_daemon
 
+from runner_daemon_fixture import RunnerDaemon, start_daemon
 from shellyard.config import Settings
 from shellyard.control.service import ControlPlane
 from shellyard.model import RunShellRequest, RunShellResult

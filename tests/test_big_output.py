@@ -11,8 +11,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import make_home
 
+from conftest import make_home
 from shellyard.interfaces.client import Client
 from shellyard.interfaces.home import ensure_server, is_served
 from shellyard.model import ExecutionState
@@ -58,8 +58,10 @@ def served() -> Iterator[Path]:
 def test_one_gib_of_output_bounded_memory_and_paged_logs(served: Path) -> None:
     client = Client.for_home(served)
     sampler = RssSampler(ensure_server(served).pid)
-    result = client.run(f"yes abcdefghijklmnopqrstuvwxyz012345678901234567890123456789 | head -c {GIB}",
-                        wait_ms=30000)
+    result = client.run(
+        f"yes abcdefghijklmnopqrstuvwxyz012345678901234567890123456789 | head -c {GIB}",
+        wait_ms=30000,
+    )
     view = client.wait(result.execution_id, 120) if not result.state.terminal else result
     assert view.state == ExecutionState.completed and view.exit_code == 0
     assert result.state != ExecutionState.completed or (

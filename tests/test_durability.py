@@ -11,9 +11,9 @@ import time
 from pathlib import Path
 
 import pytest
+
 from conftest import make_home, open_yard, processes_of
 from runner_daemon_fixture import start_daemon
-
 from shellyard.interfaces.client import Client
 from shellyard.interfaces.home import ensure_server, is_served
 from shellyard.model import ExecutionState, RunShellRequest
@@ -60,7 +60,9 @@ async def test_kill9_control_plane_while_executions_run(served_home: Path, runne
     # A second writer in the same workspace queues behind the first (W1) and must run
     # exactly once across the crash too.
     bg = client.run(
-        "sleep 1; echo bg >> runs.txt; echo bg-out; exit 5", background=True, queue=True,
+        "sleep 1; echo bg >> runs.txt; echo bg-out; exit 5",
+        background=True,
+        queue=True,
         runner_id=runner_id,
     )
     kill_server(home)

@@ -8,8 +8,8 @@ import asyncio
 import time
 
 import pytest
-from conftest import Yard, processes_of
 
+from conftest import Yard, processes_of
 from shellyard.errors import InvalidInput, NotFound, WorkspaceBusy
 from shellyard.model import ExecutionState, RunShellRequest, parse_run_shell
 
@@ -78,7 +78,7 @@ async def test_cancel_kills_double_forked_daemon_ignoring_sigterm(yard: Yard) ->
     process is gone and the snapshot is committed."""
     script = (
         "echo before > marker.txt; "
-        "bash -c 'setsid bash -c \"trap \\\"\\\" TERM; while true; do sleep 0.2; done\" &' ; "
+        'bash -c \'setsid bash -c "trap \\"\\" TERM; while true; do sleep 0.2; done" &\' ; '
         "trap '' TERM; while true; do sleep 0.2; done"
     )
     result = await yard.run(script, wait_ms=1000)
@@ -177,7 +177,7 @@ async def test_bad_input_is_refused_clearly_and_records_nothing(yard: Yard) -> N
         parse_run_shell({"command": "true", "wait_ms": 30001})
     with pytest.raises(InvalidInput, match="wait_ms"):
         parse_run_shell({"command": "true", "wait_ms": -1})
-    with pytest.raises(NotFound, match="script_path 'missing.py' is not a file"):
+    with pytest.raises(NotFound, match=r"script_path 'missing\.py' is not a file"):
         await yard.run(script_path="missing.py")
     with pytest.raises(InvalidInput, match="absolute"):
         await yard.run(script_path="/etc/passwd")

@@ -7,7 +7,9 @@ import asyncio
 import inspect
 import os
 import shutil
+import signal
 import stat
+import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -25,7 +27,7 @@ from shellyard.errors import (
     Unauthorized,
     WorkspaceBusy,
 )
-from shellyard.runner.daemon import load_or_create_token
+from shellyard.runner.daemon import READY_PREFIX, load_or_create_token
 from shellyard.runner.protocol import (
     MAX_READ_CHUNK,
     Runner,
@@ -321,3 +323,36 @@ def test_every_protocol_method_has_an_endpoint_and_a_client_method() -> None:
         remote = inspect.signature(getattr(RemoteRunner, name))
         assert remote == inspect.signature(getattr(Runner, name)), name
     assert isinstance(RemoteRunner("http://unused", "t"), Runner)
+
+
+async def test_run_runner_daemon_cli_hook(runner_root: Path) -> None:
+    """What ``shellyard runner serve`` calls: token file created where asked, network policy
+    applied, SIGTERM stops it cleanly."""
+    token_file = runner_root.parent / "elsewhere" / "runner.token"
+    token_file.parent.mkdir()
+    code = (
+        "from pathlib import Path; from shellyard.runner.daemon import run_runner_daemon; "
+        f"run_runner_daemon(Path({str(runner_root)!r}), '127.0.0.1', 0, "
+        f"Path({str(token_file)!r}), 'off')"
+    )
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", code, stderr=asyncio.subprocess.PIPE
+    )
+    assert process.stderr is not None
+    try:
+        url = ""
+        while not url:
+            line = (await asyncio.wait_for(process.stderr.readline(), 30)).decode()
+            assert line, "the daemon ended before it was ready"
+            if line.startswith(READY_PREFIX):
+                url = line[len(READY_PREFIX) :].strip()
+        assert stat.S_IMODE(token_file.stat().st_mode) == 0o600
+        assert not (runner_root / "token").exists()
+        async with RemoteRunner(url, token_file.read_text().strip()) as runner:
+            assert (await runner.info()).network == "off"
+    finally:
+        process.terminate()
+        _, rest = await asyncio.wait_for(process.communicate(), 30)
+    # uvicorn shuts down gracefully (the LocalRunner closed), then re-raises the signal.
+    assert b"Application shutdown complete" in rest
+    assert process.returncode in (0, -signal.SIGTERM)

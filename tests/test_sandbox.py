@@ -10,8 +10,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from conftest import Yard, host_uid, processes_of
 
+from conftest import Yard, host_uid, processes_of
 from shellyard.model import ExecutionState
 from shellyard.runner.protocol import SandboxPolicy
 
@@ -57,7 +57,9 @@ async def test_home_and_other_workspaces_are_invisible(yard: Yard) -> None:
     assert sections[5].split() == [mine.workspace_id]
 
 
-async def test_environment_is_built_from_scratch(yard: Yard, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_environment_is_built_from_scratch(
+    yard: Yard, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Nothing of the service's environment leaks in; HOME is the workspace root."""
     monkeypatch.setenv("SHELLYARD_LEAK_CANARY", "secret-value")
     result = await yard.run("env")
@@ -67,8 +69,19 @@ async def test_environment_is_built_from_scratch(yard: Yard, monkeypatch: pytest
     assert env["HOME"] == env["PWD"]
     assert env["HOME"].endswith(result.workspace_id)
     assert set(env) <= {
-        "PATH", "HOME", "PWD", "LANG", "LC_ALL", "TERM", "TMPDIR", "SHELL", "SHLVL", "_",
-        "SHELLYARD_EXECUTION_ID", "SHELLYARD_WORKSPACE_ID", "OLDPWD",
+        "PATH",
+        "HOME",
+        "PWD",
+        "LANG",
+        "LC_ALL",
+        "TERM",
+        "TMPDIR",
+        "SHELL",
+        "SHLVL",
+        "_",
+        "SHELLYARD_EXECUTION_ID",
+        "SHELLYARD_WORKSPACE_ID",
+        "OLDPWD",
     }
 
 
@@ -93,7 +106,9 @@ async def test_never_host_root_and_proc_sys_refused(yard: Yard) -> None:
 
 async def test_fork_bomb_hits_the_process_limit_and_service_survives(yard_factory: Any) -> None:
     yard: Yard = await yard_factory(SandboxPolicy(max_processes=64))
-    bomb = await yard.run("bomb() { bomb | bomb & }; bomb; sleep 2; echo survived-inside", wait_ms=0)
+    bomb = await yard.run(
+        "bomb() { bomb | bomb & }; bomb; sleep 2; echo survived-inside", wait_ms=0
+    )
     await asyncio.sleep(2)
     view = await yard.plane.executions.cancel(bomb.execution_id, wait_s=30)
     assert view.state in (ExecutionState.cancelled, ExecutionState.completed)
@@ -130,9 +145,7 @@ def loopback_server() -> Iterator[int]:
 async def test_network_off_cannot_reach_a_loopback_server(
     yard_factory: Any, loopback_server: int
 ) -> None:
-    probe = (
-        f"exec 3<>/dev/tcp/127.0.0.1/{loopback_server} && head -n1 <&3 || echo CONNECT-FAILED"
-    )
+    probe = f"exec 3<>/dev/tcp/127.0.0.1/{loopback_server} && head -n1 <&3 || echo CONNECT-FAILED"
     online: Yard = await yard_factory(SandboxPolicy(network="on"))
     assert (await online.run(probe)).stdout == "hello-from-host\n"
     offline: Yard = await yard_factory(SandboxPolicy(network="off"))

@@ -104,10 +104,8 @@ async def test_idempotency_key_is_unique_per_agent(store: Store) -> None:
     await store.submit_execution(values, queue=True)
     found = await store.find_idempotent(str(values["agent_id"]), "call-7")
     assert found is not None and found["id"] == values["id"]
-    with pytest.raises(Exception, match="(?i)unique|duplicate"):
-        await store.submit_execution(
-            await _execution(store, idempotency_key="call-7"), queue=True
-        )
+    with pytest.raises(Exception, match=r"(?i)unique|duplicate"):
+        await store.submit_execution(await _execution(store, idempotency_key="call-7"), queue=True)
 
 
 async def test_terminal_record_is_never_rewritten(store: Store) -> None:
@@ -156,8 +154,12 @@ async def test_control_plane_on_postgresql(home: Path, pg_schema: str) -> None:
 
     settings = Settings(home=home / "pg-home", database_url=POSTGRES_URL, database_schema=pg_schema)
     async with ControlPlane.running(settings) as plane:
-        first = await plane.executions.run_shell(RunShellRequest(command="sleep 0.5; echo a >> f", background=True))
-        second = await plane.executions.run_shell(RunShellRequest(command="echo b >> f; cat f", queue=True))
+        first = await plane.executions.run_shell(
+            RunShellRequest(command="sleep 0.5; echo a >> f", background=True)
+        )
+        second = await plane.executions.run_shell(
+            RunShellRequest(command="echo b >> f; cat f", queue=True)
+        )
         assert second.state == ExecutionState.completed
         assert second.stdout == "a\nb\n"
         assert (await plane.executions.status(first.execution_id)).exit_code == 0

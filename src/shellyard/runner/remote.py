@@ -114,6 +114,13 @@ class RemoteRunner:
             try:
                 response = await self._client.post(f"/{method}", **kwargs)
                 break
+            except (httpx.UnsupportedProtocol, httpx.LocalProtocolError) as e:
+                # Our own request cannot be sent (a bad URL or token): not worth retrying.
+                raise InvalidInput(
+                    f"cannot send {method} to the runner at {self.base_url}: {e}; "
+                    "check the runner's address and token",
+                    method=method,
+                ) from e
             except httpx.TimeoutException as e:
                 raise RunnerUnavailable(
                     f"runner at {self.base_url} did not answer {method} in time ({e!r}); "

@@ -3,34 +3,38 @@
 Layout under the store root::
 
     objects/<2 hex>/<62 hex>        file contents named by sha256, written once, mode 0o444
-    objects/tmp/                    temp files, renamed into place when complete
+    objects/tmp/                    temp files, renamed into place once complete
     workspaces/<id>/manifests/<seq> one manifest per snapshot (header + canonical body)
     workspaces/<id>/HEAD            current seq, replaced atomically (temp + rename)
-    workspaces/<id>/statcache       path -> (mtime_ns, ctime_ns, size, inode, sha256)
-    workspaces/<id>/clock           touched at the start of each walk (racy-clean clock)
-    workspaces/<id>/lock            flock'd during a commit (with a per-workspace thread lock)
+    workspaces/<id>/statcache       per folder: entry names and stat (mode, mtime_ns, ctime_ns,
+                                    size, inode) as last seen, with the manifest entries built
+    workspaces/<id>/clock           touched before each walk: the racy-clean clock
+    workspaces/<id>/lock            flock'd during a commit (plus a per-workspace thread lock)
 
-Encoding: manifests and the stat cache are columns (NUL-joined paths, little-endian int
-arrays, raw 32-byte digests) because bench/bench_snapshots.py --formats measured them about
-5x faster to encode and decode than JSON lines or marshal'd tuples for 10,000 entries.
+Encoding: manifests and the stat cache are columns of bytes (NUL-joined paths, packed
+little-endian integers, raw 32-byte digests) kept per folder, because bench_snapshots.py
+--formats measured them far cheaper to write and load than JSON lines or marshal'd tuples,
+and a folder whose stat bytes are unchanged reuses its manifest section with no per-file work.
 
 Manifest body (``root_hash`` is its sha256)::
 
-    "<QQQ" n, len(paths blob), len(targets blob)
-    kinds   n bytes (b"f" file, b"d" directory, b"l" symlink), entries in canonical order:
-            depth first, names sorted within each directory
-    modes   n x uint32 (permission bits), sizes n x int64 (bytes; link text length)
-    paths   NUL-joined UTF-8 (surrogateescape), digests n x 32 bytes (zeros unless a file),
+    "<QQQ" n, len(paths), len(targets)
+    kinds   n bytes: b"f" file, b"d" folder, b"l" symlink
+    modes   n x uint32 (permission bits)      sizes n x int64 (bytes; length of link text)
+    paths   NUL-joined UTF-8 (surrogateescape) digests n x 32 bytes (zeros unless a file)
     targets NUL-joined symlink texts ("" unless a symlink)
 
-A commit walks the tree with ``os.scandir`` on directory file descriptors and ``O_NOFOLLOW``
-opens, so a symlink (or a file swapped for one mid-walk) is recorded as a link and never
-read through. Files whose stat (mtime_ns, ctime_ns, size, inode) matches the stat cache are
-not read again, unless racily clean: their mtime or ctime is not strictly older than the
-clock file's mtime taken before the previous walk began (git's rule, with the clock read
-before the walk instead of after, which is stricter). Changed files are read once, hashed
-and copied (never hard-linked) into the store; many changed files are spread over a thread
-pool (hashlib and file I/O release the GIL).
+Entries are grouped by folder (folders in sorted path order, "" first), names sorted within
+each folder, so the same tree always gives the same bytes and the same ``root_hash``.
+
+A commit walks the tree with ``os.scandir`` on folder descriptors and ``O_NOFOLLOW`` opens,
+so a symlink (or a file swapped for one mid-walk) is recorded as a link and never read
+through. A folder whose names and stat bytes equal the cache, and whose files were all
+changed strictly before the previous walk's clock (git's racy-clean rule, with the clock read
+before the walk rather than after, which is stricter), is taken as is. In other folders only
+files whose stat differs (or is racy) are read: once, hashing while copying into the store
+(never hard-linking). Big files are hashed on a small thread pool; small files are not, as
+the GIL and directory-lock hand-offs made two threads slower than one on them (measured).
 """
 
 from __future__ import annotations
@@ -48,10 +52,11 @@ import struct
 import sys
 import threading
 import time
+from array import array
 from collections import OrderedDict
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import BinaryIO
 
@@ -61,14 +66,21 @@ from shellyard.runner.protocol import MAX_READ_CHUNK, FileChunk, PathEntry, Snap
 
 log = logging.getLogger(__name__)
 
-_MANIFEST_MAGIC = b"SYMF"
-_STATCACHE_MAGIC = b"SYSC"
 _FORMAT_VERSION = 1
-# magic, version, created_at, files, bytes, root digest
+_MANIFEST_MAGIC = b"SYMF"
+#: magic, version, created_at, files, bytes, root digest
 _MANIFEST_HEADER = struct.Struct("<4sIdqq32s")
+#: n, len(paths blob), len(targets blob)
 _BODY_HEADER = struct.Struct("<QQQ")
-# magic, version, clock_ns, n, len(paths blob)
-_STATCACHE_HEADER = struct.Struct("<4sIqQQ")
+_STATCACHE_MAGIC = b"SYSC"
+#: magic, version, clock_ns, number of folder records
+_STATCACHE_HEADER = struct.Struct("<4sIqQ")
+#: per folder record: len(path), len(scan names), len(scan stats), max_time, len(subdirs),
+#: n, files, bytes, len(paths), len(targets)
+_RECORD_FIELDS = 10
+#: one scanned entry: mode, mtime_ns, ctime_ns, size, inode
+_SCAN = struct.Struct("<Iqqqq")
+_SCAN_SIZE = _SCAN.size
 
 _KIND_FILE = ord("f")
 _KIND_DIR = ord("d")
@@ -79,17 +91,18 @@ _NO_DIGEST = bytes(32)
 #: Files smaller than this are read with one read(); larger ones are streamed in chunks.
 _SMALL_FILE = 1 << 20
 _STREAM_CHUNK = 1 << 20
-#: Fewer changed files than this are hashed in the committing thread.
-_PARALLEL_MIN_FILES = 48
-#: Directory descriptors kept open for pending hashing work before it is flushed.
-_MAX_OPEN_DIRS = 256
+#: Files at least this big are hashed and copied on the thread pool.
+_POOL_MIN_SIZE = 4 << 20
+#: Folder descriptors kept open for pool work before the walk waits for it.
+_MAX_PENDING_DIRS = 64
 
 #: errno values meaning "this entry vanished or changed type while we looked at it":
 #: ELOOP (became a symlink, O_NOFOLLOW), EINVAL (readlink of a non-link), ENXIO (became a
-#: socket/fifo), ENOENT, ENOTDIR.
+#: socket), ENOENT, ENOTDIR.
 _VANISHED = frozenset({errno.ELOOP, errno.EINVAL, errno.ENXIO, errno.ENOENT, errno.ENOTDIR})
 
 _WORKSPACE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+_SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 _LITTLE = sys.byteorder == "little"
 
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
@@ -100,27 +113,19 @@ _OPEN_FILE = os.O_RDONLY | _O_NOFOLLOW | _O_NONBLOCK | _O_CLOEXEC
 _OPEN_DIR = os.O_RDONLY | _O_DIRECTORY | _O_NOFOLLOW | _O_CLOEXEC
 _OPEN_TMP = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_CLOEXEC
 
-# path -> (mtime_ns, ctime_ns, size, inode, sha256 digest)
-_CacheEntry = tuple[int, int, int, int, bytes]
-_StatCache = dict[str, _CacheEntry]
+_Sig = tuple[int, int, int, int]
+#: (digest, bytes read, stat before reading) or None when the file is gone / not a file.
+_Stored = tuple[bytes, int, os.stat_result] | None
 
 
-def _name(entry: os.DirEntry[str]) -> str:
-    return entry.name
-
-
-def _int_array(typecode: str, values: list[int]) -> bytes:
-    from array import array
-
+def _pack_ints(typecode: str, values: list[int]) -> bytes:
     arr = array(typecode, values)
     if not _LITTLE:
         arr.byteswap()
     return arr.tobytes()
 
 
-def _int_list(typecode: str, data: bytes | memoryview) -> list[int]:
-    from array import array
-
+def _unpack_ints(typecode: str, data: bytes | memoryview) -> list[int]:
     arr = array(typecode)
     arr.frombytes(data)
     if not _LITTLE:
@@ -128,24 +133,31 @@ def _int_list(typecode: str, data: bytes | memoryview) -> list[int]:
     return arr.tolist()
 
 
+def _encode(text: str) -> bytes:
+    return text.encode("utf-8", "surrogateescape")
+
+
+def _decode(data: bytes | memoryview) -> str:
+    return bytes(data).decode("utf-8", "surrogateescape")
+
+
 def _split(blob: bytes | memoryview, n: int) -> list[str]:
     if n == 0:
         return []
-    parts = bytes(blob).decode("utf-8", "surrogateescape").split("\0")
+    parts = _decode(blob).split("\0")
     if len(parts) != n:
         raise ValueError(f"expected {n} names, found {len(parts)}")
     return parts
 
 
-def _join(names: list[str]) -> bytes:
-    return "\0".join(names).encode("utf-8", "surrogateescape")
-
-
 def _write_all(fd: int, data: bytes | memoryview) -> None:
     view = memoryview(data)
     while view:
-        written = os.write(fd, view)
-        view = view[written:]
+        view = view[os.write(fd, view) :]
+
+
+def _sig(st: os.stat_result) -> _Sig:
+    return (st.st_ino, st.st_mtime_ns, st.st_ctime_ns, st.st_size)
 
 
 def _process_umask() -> int | None:
@@ -162,22 +174,119 @@ def _process_umask() -> int | None:
 
 @dataclass
 class CommitStats:
-    """What the last commit of a workspace did (for tests, logs and benchmarks)."""
+    """What one commit did (for tests, logs and benchmarks)."""
 
     workspace_id: str
     seq: int = 0
     new: bool = False
     entries: int = 0
+    dirs_scanned: int = 0
+    #: Folders whose names and stat bytes matched the cache (no per-file work).
+    dirs_reused: int = 0
     files_seen: int = 0
     files_hashed: int = 0
     bytes_hashed: int = 0
-    cache_hits: int = 0
+    #: Files re-read only because they were racily clean.
     racy: int = 0
-    #: Files that vanished or changed type while the commit walked the tree.
+    #: Entries that vanished or changed type while the commit walked the tree.
     skipped: int = 0
     #: Files the store could not read (permission denied); left out of the snapshot.
     unreadable: list[str] = field(default_factory=list)
     elapsed_s: float = 0.0
+
+    @property
+    def cache_hits(self) -> int:
+        return self.files_seen - self.files_hashed
+
+
+@dataclass(frozen=True, slots=True)
+class _DirRecord:
+    """One folder as last walked: what it looked like (scan) and its manifest section."""
+
+    path: str
+    #: Entry names NUL-joined and their packed stats (``_SCAN``), in scandir order.
+    scan_names: str
+    scan_stats: bytes
+    #: Latest mtime/ctime of its files and links; racy while >= the cache's clock.
+    max_time: int
+    subdirs: tuple[str, ...]
+    n: int
+    files: int
+    total: int
+    paths: bytes
+    kinds: bytes
+    modes: bytes
+    sizes: bytes
+    digests: bytes
+    targets: bytes
+
+
+class _DirBuilder:
+    """A folder's manifest section being rebuilt; digests of big files may still be pending."""
+
+    __slots__ = (
+        "digests",
+        "kinds",
+        "max_time",
+        "modes",
+        "names",
+        "path",
+        "pending",
+        "scan_names",
+        "scan_stats",
+        "sizes",
+        "subdirs",
+        "targets",
+    )
+
+    def __init__(self, path: str, scan_names: str, scan_stats: bytes) -> None:
+        self.path = path
+        self.scan_names = scan_names
+        self.scan_stats = scan_stats
+        self.names: list[str] = []
+        self.kinds = bytearray()
+        self.modes: list[int] = []
+        self.sizes: list[int] = []
+        self.digests: list[bytes] = []
+        self.targets: list[str] = []
+        self.subdirs: list[str] = []
+        self.max_time = -(1 << 63)
+        self.pending: list[tuple[int, Future[_Stored]]] = []
+
+    def finish(self, dropped: set[int]) -> _DirRecord:
+        keep = [i for i in range(len(self.names)) if i not in dropped]
+        if dropped:
+            # an entry went missing while we read it: make the next walk look again
+            scan_stats = b""
+            names = [self.names[i] for i in keep]
+            kinds = bytes(self.kinds[i] for i in keep)
+            modes = [self.modes[i] for i in keep]
+            sizes = [self.sizes[i] for i in keep]
+            digests = [self.digests[i] for i in keep]
+            targets = [self.targets[i] for i in keep]
+        else:
+            scan_stats = self.scan_stats
+            names, kinds, modes = self.names, bytes(self.kinds), self.modes
+            sizes, digests, targets = self.sizes, self.digests, self.targets
+        prefix = self.path + "/" if self.path else ""
+        files = kinds.count(_KIND_FILE)
+        total = sum(s for s, k in zip(sizes, kinds, strict=True) if k == _KIND_FILE)
+        return _DirRecord(
+            path=self.path,
+            scan_names=self.scan_names,
+            scan_stats=scan_stats,
+            max_time=self.max_time,
+            subdirs=tuple(self.subdirs),
+            n=len(names),
+            files=files,
+            total=total,
+            paths=_encode("\0".join([prefix + name for name in names])),
+            kinds=kinds,
+            modes=_pack_ints("I", modes),
+            sizes=_pack_ints("q", sizes),
+            digests=b"".join(digests),
+            targets=_encode("\0".join(targets)),
+        )
 
 
 class _Manifest:
@@ -225,31 +334,11 @@ class _Manifest:
 class _WorkspaceState:
     """What a commit needs from disk, kept in memory between commits of a workspace."""
 
-    head_seq: int
     head_info: SnapshotInfo
-    head_sig: tuple[int, int, int, int]
-    cache: _StatCache
+    head_sig: _Sig
+    dirs: dict[str, _DirRecord]
     clock_ns: int
-    cache_sig: tuple[int, int, int, int] | None
-
-
-@dataclass
-class _Walk:
-    paths: list[str] = field(default_factory=list)
-    kinds: bytearray = field(default_factory=bytearray)
-    modes: list[int] = field(default_factory=list)
-    sizes: list[int] = field(default_factory=list)
-    digests: list[bytes] = field(default_factory=list)
-    targets: list[str] = field(default_factory=list)
-    cache: _StatCache = field(default_factory=dict)
-    # (entry index, directory fd, name) of files to read
-    todo: list[tuple[int, int, str]] = field(default_factory=list)
-    dirty: bool = False
-    dropped: set[int] = field(default_factory=set)
-
-
-def _sig(st: os.stat_result) -> tuple[int, int, int, int]:
-    return (st.st_ino, st.st_mtime_ns, st.st_ctime_ns, st.st_size)
+    cache_sig: _Sig | None
 
 
 class SnapshotStore:
@@ -276,12 +365,12 @@ class SnapshotStore:
         if not (self._objects / "ff").is_dir():
             for i in range(256):
                 (self._objects / f"{i:02x}").mkdir(exist_ok=True)
-        self._objects_str = str(self._objects) + "/"
+        self._objects_str = f"{self._objects}/"
         self._tmp_prefix = f"{self._tmp}/{os.getpid()}-{id(self):x}-"
         self._tmp_counter = itertools.count()
         umask = _process_umask()
         self._fchmod_objects = umask is None or bool(umask & 0o444)
-        self._workers = workers if workers is not None else min(4, 2 * (os.cpu_count() or 1))
+        self._workers = workers if workers is not None else min(4, os.cpu_count() or 1)
         self._pool: ThreadPoolExecutor | None = None
         self._guard = threading.Lock()
         self._locks: dict[str, threading.Lock] = {}
@@ -302,8 +391,8 @@ class SnapshotStore:
             return self._load_state(workspace_id, wdir).head_info
 
     def commit(self, workspace_id: str, tree: Path) -> SnapshotInfo:
-        """Snapshot ``tree`` as the workspace's next seq, or return the head (``new=False``)
-        when the tree equals it (W3)."""
+        """Snapshot ``tree`` as the workspace's next seq (W3), or return the head with
+        ``new=False`` when the tree equals it."""
         started = time.perf_counter()
         wdir = self._wdir(workspace_id)
         stats = CommitStats(workspace_id=workspace_id)
@@ -314,20 +403,20 @@ class SnapshotStore:
             except OSError as exc:
                 raise NotFound(
                     f"workspace folder {str(tree)!r} cannot be opened ({exc.strerror}); "
-                    f"the workspace must exist before it is committed",
+                    f"create the workspace before committing it",
                     workspace_id=workspace_id,
                 ) from None
             try:
                 clock_ns = self._tick(wdir)
-                walk = self._walk(root_fd, state, stats)
+                dirs, changed = self._walk(root_fd, state, stats)
             finally:
                 os.close(root_fd)
-            body, files, total = self._encode_manifest(walk)
+            body, files, total = self._encode_manifest(dirs)
             digest = hashlib.sha256(body).digest()
             if digest.hex() == state.head_info.root_hash:
                 info = state.head_info.model_copy(update={"new": False})
             else:
-                seq = state.head_seq + 1
+                seq = state.head_info.seq + 1
                 info = SnapshotInfo(
                     workspace_id=workspace_id,
                     seq=seq,
@@ -340,19 +429,18 @@ class SnapshotStore:
                 header = _MANIFEST_HEADER.pack(
                     _MANIFEST_MAGIC, _FORMAT_VERSION, info.created_at, files, total, digest
                 )
-                self._atomic_write(wdir / "manifests" / str(seq), header + body)
+                self._atomic_write(wdir / "manifests" / str(seq), header, body)
                 self._atomic_write(wdir / "HEAD", f"{seq}\n".encode())
-                state.head_seq = seq
                 state.head_info = info.model_copy(update={"new": False})
                 state.head_sig = _sig(os.stat(wdir / "HEAD"))
-            if walk.dirty or len(walk.cache) != len(state.cache):
-                self._write_statcache(wdir, walk.cache, clock_ns)
-                state.cache = walk.cache
+            if changed or len(dirs) != len(state.dirs):
+                self._write_statcache(wdir, dirs, clock_ns)
+                state.dirs = dirs
                 state.clock_ns = clock_ns
                 state.cache_sig = _sig(os.stat(wdir / "statcache"))
             stats.seq = info.seq
             stats.new = info.new
-            stats.entries = len(walk.paths)
+            stats.entries = sum(r.n for r in dirs.values())
             stats.elapsed_s = time.perf_counter() - started
             self._stats[workspace_id] = stats
             self.last_commit_stats = stats
@@ -361,19 +449,15 @@ class SnapshotStore:
     def head(self, workspace_id: str) -> SnapshotInfo:
         """The workspace's latest committed snapshot."""
         wdir = self._existing_wdir(workspace_id)
-        seq = self._read_head(wdir, workspace_id)
-        return self._read_info(workspace_id, wdir, seq)
+        return self._read_info(workspace_id, wdir, self._read_head(wdir, workspace_id))
 
     def list_snapshots(self, workspace_id: str) -> list[SnapshotInfo]:
         """Every retained snapshot of the workspace, oldest first (W5)."""
         wdir = self._existing_wdir(workspace_id)
-        head = self._read_head(wdir, workspace_id)
         infos: list[SnapshotInfo] = []
-        for seq in range(head + 1):
-            try:
+        for seq in range(self._read_head(wdir, workspace_id) + 1):
+            with contextlib.suppress(NotFound):
                 infos.append(self._read_info(workspace_id, wdir, seq))
-            except NotFound:
-                continue
         return infos
 
     def commit_stats(self, workspace_id: str) -> CommitStats | None:
@@ -381,18 +465,19 @@ class SnapshotStore:
         return self._stats.get(workspace_id)
 
     def manifest(self, workspace_id: str, seq: int | None = None) -> dict[str, PathEntry]:
-        """Every entry of a snapshot (files, directories, symlinks), by path; no root entry."""
+        """Every entry of a snapshot (files, folders, symlinks) by path; the root is implicit."""
         m = self._manifest(workspace_id, seq)
         return {m.paths[i]: m.entry(i) for i in range(len(m.paths))}
 
     def iter_entries(self, workspace_id: str, seq: int | None = None) -> Iterator[PathEntry]:
-        """The entries of a snapshot in canonical order (depth first, names sorted)."""
+        """The entries of a snapshot in canonical order (by folder, names sorted)."""
         m = self._manifest(workspace_id, seq)
         for i in range(len(m.paths)):
             yield m.entry(i)
 
     def stat(self, workspace_id: str, seq: int | None, path: str) -> PathEntry | None:
-        """The entry at ``path`` in snapshot ``seq`` (None: head); None when absent."""
+        """The entry at ``path`` in snapshot ``seq`` (None: head), or None when absent.
+        ``""`` is the root folder."""
         rel = normalize_relative(path)
         m = self._manifest(workspace_id, seq)
         if rel == "":
@@ -403,7 +488,8 @@ class SnapshotStore:
     def read(
         self, workspace_id: str, seq: int | None, path: str, offset: int, limit: int
     ) -> FileChunk:
-        """Read up to ``limit`` bytes (at most ``MAX_READ_CHUNK``) of a file at ``offset``."""
+        """Up to ``limit`` bytes (at most ``MAX_READ_CHUNK``) of a file at ``offset``, from
+        snapshot ``seq`` (None: head). Page on with ``next_offset`` until it equals ``size``."""
         if offset < 0 or limit < 0:
             raise InvalidInput(
                 f"offset ({offset}) and limit ({limit}) must be zero or more",
@@ -422,8 +508,8 @@ class SnapshotStore:
             )
         if i is None:
             raise NotFound(
-                f"no file {rel!r} in {where}; check the path (relative to the workspace root) "
-                f"or list the snapshot to see what it holds",
+                f"no file {rel!r} in {where}; check the path (relative to the workspace "
+                f"root) or list the snapshot to see what it holds",
                 path=rel,
                 seq=m.info.seq,
             )
@@ -434,9 +520,8 @@ class SnapshotStore:
                 path=rel,
             )
         size = m.sizes[i]
-        limit = min(limit, MAX_READ_CHUNK)
         start = min(offset, size)
-        want = min(limit, size - start)
+        want = min(limit, MAX_READ_CHUNK, size - start)
         data = b""
         if want > 0:
             fd = os.open(self._object_path(m.digests[32 * i : 32 * i + 32].hex()), os.O_RDONLY)
@@ -447,11 +532,11 @@ class SnapshotStore:
         return FileChunk(data=data, offset=start, next_offset=start + len(data), size=size)
 
     def open_object(self, sha256: str) -> BinaryIO:
-        """Open a stored object (by hex sha256) for streaming reads."""
-        if not re.fullmatch(r"[0-9a-f]{64}", sha256):
+        """Open a stored object (by hex sha256) for streaming reads; the caller closes it."""
+        if not isinstance(sha256, str) or not _SHA256_HEX.fullmatch(sha256):
             raise InvalidInput(
-                f"{sha256!r} is not a sha256 object name; pass 64 lowercase hex digits",
-                sha256=sha256,
+                f"{sha256!r} is not an object name; pass a sha256 as 64 lowercase hex digits",
+                sha256=str(sha256),
             )
         try:
             return open(self._object_path(sha256), "rb")
@@ -490,8 +575,11 @@ class SnapshotStore:
         with self._guard:
             lock = self._locks.setdefault(workspace_id, threading.Lock())
         with lock:
-            (wdir / "manifests").mkdir(parents=True, exist_ok=True)
-            fd = os.open(wdir / "lock", os.O_RDWR | os.O_CREAT | _O_CLOEXEC, 0o644)
+            try:
+                fd = os.open(wdir / "lock", os.O_RDWR | os.O_CREAT | _O_CLOEXEC, 0o644)
+            except FileNotFoundError:
+                (wdir / "manifests").mkdir(parents=True, exist_ok=True)
+                fd = os.open(wdir / "lock", os.O_RDWR | os.O_CREAT | _O_CLOEXEC, 0o644)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX)
                 yield
@@ -513,7 +601,7 @@ class SnapshotStore:
                 raw = f.read(_MANIFEST_HEADER.size)
         except FileNotFoundError:
             raise NotFound(
-                f"snapshot {seq} of workspace {workspace_id!r} does not exist",
+                f"snapshot {seq} of workspace {workspace_id!r} is not retained",
                 workspace_id=workspace_id,
                 seq=seq,
             ) from None
@@ -522,7 +610,7 @@ class SnapshotStore:
     def _decode_header(self, workspace_id: str, seq: int, raw: bytes) -> SnapshotInfo:
         magic, version, created_at, files, total, digest = _MANIFEST_HEADER.unpack_from(raw)
         if magic != _MANIFEST_MAGIC or version != _FORMAT_VERSION:
-            raise ValueError(f"manifest {seq} of {workspace_id!r} has an unknown format")
+            raise ValueError(f"manifest {seq} of workspace {workspace_id!r} has an unknown format")
         return SnapshotInfo(
             workspace_id=workspace_id,
             seq=seq,
@@ -534,15 +622,15 @@ class SnapshotStore:
         )
 
     def _load_state(self, workspace_id: str, wdir: Path) -> _WorkspaceState:
-        """The workspace's head and stat cache (memoised; checked against the files'
-        stat so another store instance's commits are seen). Creates seq 0 if missing."""
+        """The workspace's head and stat cache, creating snapshot 0 if missing. Memoised, and
+        checked against the files' stat so commits by another store instance are seen."""
         try:
             head_sig = _sig(os.stat(wdir / "HEAD"))
         except FileNotFoundError:
-            self._create_empty(workspace_id, wdir)
+            self._create_empty(wdir)
             head_sig = _sig(os.stat(wdir / "HEAD"))
         try:
-            cache_sig: tuple[int, int, int, int] | None = _sig(os.stat(wdir / "statcache"))
+            cache_sig: _Sig | None = _sig(os.stat(wdir / "statcache"))
         except FileNotFoundError:
             cache_sig = None
         with self._guard:
@@ -551,36 +639,35 @@ class SnapshotStore:
                 self._states.move_to_end(workspace_id)
         if state is not None and state.head_sig == head_sig and state.cache_sig == cache_sig:
             return state
-        seq = self._read_head(wdir, workspace_id)
-        info = self._read_info(workspace_id, wdir, seq)
-        cache, clock_ns = self._read_statcache(wdir)
-        state = _WorkspaceState(seq, info, head_sig, cache, clock_ns, cache_sig)
+        info = self._read_info(workspace_id, wdir, self._read_head(wdir, workspace_id))
+        dirs, clock_ns = self._read_statcache(wdir)
+        state = _WorkspaceState(info, head_sig, dirs, clock_ns, cache_sig)
         with self._guard:
             self._states[workspace_id] = state
-            self._states.move_to_end(workspace_id)
             while len(self._states) > self._cached_workspaces:
                 self._states.popitem(last=False)
         return state
 
-    def _create_empty(self, workspace_id: str, wdir: Path) -> None:
-        body = self._encode_manifest(_Walk())[0]
+    def _create_empty(self, wdir: Path) -> None:
+        body = self._encode_manifest({})[0]
         digest = hashlib.sha256(body).digest()
         header = _MANIFEST_HEADER.pack(_MANIFEST_MAGIC, _FORMAT_VERSION, time.time(), 0, 0, digest)
-        self._atomic_write(wdir / "manifests" / "0", header + body)
+        self._atomic_write(wdir / "manifests" / "0", header, body)
         self._atomic_write(wdir / "HEAD", b"0\n")
 
-    def _atomic_write(self, path: Path, data: bytes) -> None:
+    def _atomic_write(self, path: Path, *parts: bytes) -> None:
         tmp = f"{path}.tmp-{os.getpid()}-{threading.get_ident()}"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _O_CLOEXEC, 0o644)
         try:
-            _write_all(fd, data)
+            for part in parts:
+                _write_all(fd, part)
         finally:
             os.close(fd)
         os.replace(tmp, path)
 
     def _tick(self, wdir: Path) -> int:
-        """A filesystem timestamp taken now: files changed from here on have mtime/ctime
-        at or after it."""
+        """A filesystem timestamp taken now: whatever changes from here on gets an mtime and
+        a ctime at or after it."""
         clock = wdir / "clock"
         try:
             os.utime(clock)
@@ -590,223 +677,324 @@ class SnapshotStore:
 
     # ------------------------------------------------------------------ stat cache
 
-    def _write_statcache(self, wdir: Path, cache: _StatCache, clock_ns: int) -> None:
-        paths = list(cache)
-        values = list(cache.values())
-        names = _join(paths)
-        parts = [
-            _STATCACHE_HEADER.pack(
-                _STATCACHE_MAGIC, _FORMAT_VERSION, clock_ns, len(paths), len(names)
-            ),
-            names,
-            _int_array("q", [v[0] for v in values]),
-            _int_array("q", [v[1] for v in values]),
-            _int_array("q", [v[2] for v in values]),
-            _int_array("Q", [v[3] for v in values]),
-            b"".join([v[4] for v in values]),
-        ]
-        self._atomic_write(wdir / "statcache", b"".join(parts))
+    def _write_statcache(self, wdir: Path, dirs: dict[str, _DirRecord], clock_ns: int) -> None:
+        table: list[int] = []
+        blobs: list[bytes] = []
+        for r in dirs.values():
+            path = _encode(r.path)
+            names = _encode(r.scan_names)
+            subdirs = _encode("\0".join(r.subdirs))
+            table += (
+                len(path),
+                len(names),
+                len(r.scan_stats),
+                r.max_time,
+                len(subdirs),
+                r.n,
+                r.files,
+                r.total,
+                len(r.paths),
+                len(r.targets),
+            )
+            blobs += (path, names, r.scan_stats, subdirs, r.paths, r.kinds, r.modes, r.sizes)
+            blobs += (r.digests, r.targets)
+        header = _STATCACHE_HEADER.pack(_STATCACHE_MAGIC, _FORMAT_VERSION, clock_ns, len(dirs))
+        self._atomic_write(wdir / "statcache", header, _pack_ints("q", table), b"".join(blobs))
 
-    def _read_statcache(self, wdir: Path) -> tuple[_StatCache, int]:
+    def _read_statcache(self, wdir: Path) -> tuple[dict[str, _DirRecord], int]:
         try:
             raw = (wdir / "statcache").read_bytes()
         except FileNotFoundError:
             return {}, 0
         try:
-            magic, version, clock_ns, n, plen = _STATCACHE_HEADER.unpack_from(raw)
+            magic, version, clock_ns, count = _STATCACHE_HEADER.unpack_from(raw)
             if magic != _STATCACHE_MAGIC or version != _FORMAT_VERSION:
                 raise ValueError("unknown stat cache format")
-            view = memoryview(raw)
             off = _STATCACHE_HEADER.size
-            paths = _split(view[off : off + plen], n)
-            off += plen
-            cols = []
-            for code in ("q", "q", "q", "Q"):
-                cols.append(_int_list(code, view[off : off + 8 * n]))
-                off += 8 * n
-            digests = [raw[j : j + 32] for j in range(off, off + 32 * n, 32)]
-            if off + 32 * n != len(raw):
-                raise ValueError("stat cache has the wrong length")
-            return dict(zip(paths, zip(*cols, digests, strict=True), strict=True)), clock_ns
-        except (ValueError, struct.error) as exc:
+            table = _unpack_ints("q", raw[off : off + 8 * _RECORD_FIELDS * count])
+            off += 8 * _RECORD_FIELDS * count
+            dirs: dict[str, _DirRecord] = {}
+
+            def take(size: int) -> bytes:
+                nonlocal off
+                if size < 0 or off + size > len(raw):
+                    raise ValueError("stat cache is truncated")
+                off += size
+                return raw[off - size : off]
+
+            for k in range(count):
+                plen, snlen, sslen, max_time, sdlen, n, files, total, pslen, tlen = table[
+                    _RECORD_FIELDS * k : _RECORD_FIELDS * (k + 1)
+                ]
+                path = _decode(take(plen))
+                scan_names = _decode(take(snlen))
+                scan_stats = take(sslen)
+                subdirs = _decode(take(sdlen))
+                dirs[path] = _DirRecord(
+                    path=path,
+                    scan_names=scan_names,
+                    scan_stats=scan_stats,
+                    max_time=max_time,
+                    subdirs=tuple(subdirs.split("\0")) if subdirs else (),
+                    n=n,
+                    files=files,
+                    total=total,
+                    paths=take(pslen),
+                    kinds=take(n),
+                    modes=take(4 * n),
+                    sizes=take(8 * n),
+                    digests=take(32 * n),
+                    targets=take(tlen),
+                )
+            if off != len(raw):
+                raise ValueError("stat cache has trailing bytes")
+            return dirs, clock_ns
+        except (ValueError, struct.error, UnicodeDecodeError) as exc:
             # The cache only saves work; a bad one means every file is read again.
             log.warning("ignoring unreadable stat cache %s: %s", wdir / "statcache", exc)
             return {}, 0
 
-    # ------------------------------------------------------------------ walking and hashing
+    # ------------------------------------------------------------------ walking
 
-    def _walk(self, root_fd: int, state: _WorkspaceState, stats: CommitStats) -> _Walk:
-        walk = _Walk()
-        paths = walk.paths
-        kinds = walk.kinds
-        modes = walk.modes
-        sizes = walk.sizes
-        digests = walk.digests
-        targets = walk.targets
-        new_cache = walk.cache
-        todo = walk.todo
-        old_get = state.cache.get
-        clock_ns = state.clock_ns
-        s_isreg = stat_mod.S_ISREG
-        open_fds: list[int] = []
-        hits = 0
-        racy = 0
-        files = 0
+    def _walk(
+        self, root_fd: int, state: _WorkspaceState, stats: CommitStats
+    ) -> tuple[dict[str, _DirRecord], bool]:
+        """Walk the tree; return its folder records and whether any differs from the cache."""
+        old = state.dirs
+        clock = state.clock_ns
+        pack = _SCAN.pack
+        out: dict[str, _DirRecord | _DirBuilder] = {}
+        waiting: list[int] = []  # folder fds kept open for pool work
+        changed = False
+        reused = 0
+        stack: list[tuple[int, str]] = [(root_fd, "")]
         try:
-            stack: list[tuple[int, str, Iterator[os.DirEntry[str]]]] = [
-                (root_fd, "", iter(sorted(os.scandir(root_fd), key=_name)))
-            ]
             while stack:
-                dfd, prefix, entries = stack[-1]
-                for entry in entries:
-                    name = entry.name
-                    path = prefix + name
-                    try:
-                        if entry.is_file(follow_symlinks=False):
-                            st = entry.stat(follow_symlinks=False)
-                            if not s_isreg(st.st_mode):
-                                continue
-                            files += 1
-                            c = old_get(path)
-                            if (
-                                c is not None
-                                and c[0] == st.st_mtime_ns
-                                and c[1] == st.st_ctime_ns
-                                and c[2] == st.st_size
-                                and c[3] == st.st_ino
-                            ):
-                                if c[0] < clock_ns and c[1] < clock_ns:
-                                    hits += 1
-                                    new_cache[path] = c
-                                    digests.append(c[4])
-                                    sizes.append(c[2])
-                                else:
-                                    racy += 1
-                                    todo.append((len(paths), dfd, name))
-                                    digests.append(_NO_DIGEST)
-                                    sizes.append(0)
-                            else:
-                                todo.append((len(paths), dfd, name))
-                                digests.append(_NO_DIGEST)
-                                sizes.append(0)
-                            paths.append(path)
-                            kinds.append(_KIND_FILE)
-                            modes.append(st.st_mode & 0o7777)
-                            targets.append("")
-                        elif entry.is_dir(follow_symlinks=False):
-                            cfd = os.open(name, _OPEN_DIR, dir_fd=dfd)
-                            open_fds.append(cfd)
-                            st = os.fstat(cfd)
-                            children = sorted(os.scandir(cfd), key=_name)
-                            paths.append(path)
-                            kinds.append(_KIND_DIR)
-                            modes.append(st.st_mode & 0o7777)
-                            sizes.append(0)
-                            digests.append(_NO_DIGEST)
-                            targets.append("")
-                            stack.append((cfd, path + "/", iter(children)))
-                            break
-                        elif entry.is_symlink():
-                            target = os.readlink(name, dir_fd=dfd)
-                            paths.append(path)
-                            kinds.append(_KIND_LINK)
-                            modes.append(0o777)
-                            sizes.append(len(target.encode("utf-8", "surrogateescape")))
-                            digests.append(_NO_DIGEST)
-                            targets.append(target)
-                        # sockets, fifos, devices: not part of a snapshot
-                    except (FileNotFoundError, NotADirectoryError):
-                        stats.skipped += 1  # vanished or changed type mid-walk
-                    except OSError as exc:
-                        if exc.errno in _VANISHED:
-                            stats.skipped += 1
-                        else:
-                            raise
-                else:
-                    stack.pop()
-                    if dfd == root_fd:
-                        continue
-                    if not todo:
-                        open_fds.remove(dfd)
-                        os.close(dfd)
-                    elif len(open_fds) >= _MAX_OPEN_DIRS:
-                        # bound open directory descriptors: hash what is pending, then close
-                        # every descriptor no longer on the stack
-                        self._hash_pending(walk, stats)
-                        keep = {fd for fd, _, _ in stack}
-                        for fd in open_fds:
-                            if fd not in keep:
-                                os.close(fd)
-                        open_fds = [fd for fd in open_fds if fd in keep]
-            self._hash_pending(walk, stats)
-        finally:
-            for fd in open_fds:
-                os.close(fd)
-        stats.files_seen = files
-        stats.cache_hits = hits
-        stats.racy = racy
-        if walk.dropped:
-            self._drop(walk)
-        if stats.files_hashed or walk.dropped:
-            walk.dirty = True
-        return walk
-
-    def _drop(self, walk: _Walk) -> None:
-        keep = [i for i in range(len(walk.paths)) if i not in walk.dropped]
-        walk.paths = [walk.paths[i] for i in keep]
-        walk.kinds = bytearray(walk.kinds[i] for i in keep)
-        walk.modes = [walk.modes[i] for i in keep]
-        walk.sizes = [walk.sizes[i] for i in keep]
-        walk.digests = [walk.digests[i] for i in keep]
-        walk.targets = [walk.targets[i] for i in keep]
-        walk.dropped = set()
-
-    def _hash_pending(self, walk: _Walk, stats: CommitStats) -> None:
-        todo = walk.todo
-        if not todo:
-            return
-        walk.todo = []
-        results: list[tuple[bytes, int, os.stat_result] | BaseException | None] = [None] * len(todo)
-        items = iter(range(len(todo)))
-
-        def work() -> None:
-            store = self._store_file
-            for k in items:  # a shared iterator: threads take the next file as they free up
-                _, dfd, name = todo[k]
+                fd, dpath = stack.pop()
                 try:
-                    results[k] = store(dfd, name)
-                except BaseException as exc:
-                    results[k] = exc
+                    entries = list(os.scandir(fd))
+                    try:
+                        sts = [e.stat(follow_symlinks=False) for e in entries]
+                    except OSError:
+                        entries, sts = self._stat_each(entries, stats)
+                    names = [e.name for e in entries]
+                    scan_names = "\0".join(names)
+                    scan_stats = b"".join(
+                        [
+                            pack(s.st_mode, s.st_mtime_ns, s.st_ctime_ns, s.st_size, s.st_ino)
+                            for s in sts
+                        ]
+                    )
+                    rec = old.get(dpath)
+                    subdirs: tuple[str, ...] | list[str]
+                    if (
+                        rec is not None
+                        and rec.max_time < clock
+                        and rec.scan_stats == scan_stats
+                        and rec.scan_names == scan_names
+                    ):
+                        out[dpath] = rec
+                        subdirs = rec.subdirs
+                        reused += 1
+                    else:
+                        builder = self._rebuild(
+                            fd, dpath, names, sts, scan_names, scan_stats, rec, clock, stats
+                        )
+                        out[dpath] = builder
+                        subdirs = builder.subdirs
+                        changed = True
+                        if builder.pending:
+                            waiting.append(fd)
+                    prefix = dpath + "/" if dpath else ""
+                    for name in subdirs:
+                        try:
+                            child = os.open(name, _OPEN_DIR, dir_fd=fd)
+                        except OSError as exc:
+                            if exc.errno not in _VANISHED:
+                                raise
+                            # gone or no longer a folder: recorded as an empty folder this
+                            # time; the parent is looked at again next time
+                            stats.skipped += 1
+                            parent = out[dpath]
+                            if isinstance(parent, _DirBuilder):
+                                parent.scan_stats = b""
+                            else:
+                                out[dpath] = replace(parent, scan_stats=b"")
+                            changed = True
+                            continue
+                        stack.append((child, prefix + name))
+                finally:
+                    if fd != root_fd and (not waiting or waiting[-1] != fd):
+                        os.close(fd)
+                if len(waiting) >= _MAX_PENDING_DIRS:
+                    self._settle(out, stats)
+                    for wfd in waiting:
+                        if wfd != root_fd:
+                            os.close(wfd)
+                    waiting.clear()
+            self._settle(out, stats)
+        finally:
+            for wfd in waiting:
+                if wfd != root_fd:
+                    os.close(wfd)
+            for sfd, _ in stack:  # left over only when something went wrong
+                if sfd != root_fd:
+                    os.close(sfd)
+        stats.dirs_scanned = len(out)
+        stats.dirs_reused = reused
+        dirs: dict[str, _DirRecord] = {}
+        for dpath in sorted(out):
+            r = out[dpath]
+            dirs[dpath] = r.finish(set()) if isinstance(r, _DirBuilder) else r
+            stats.files_seen += dirs[dpath].files
+        return dirs, changed
 
-        if len(todo) >= _PARALLEL_MIN_FILES and self._workers > 1:
-            pool = self._get_pool()
-            futures = [pool.submit(work) for _ in range(self._workers)]
-            for future in futures:
-                future.result()
-        else:
-            work()
-        for (i, _dfd, _name), result in zip(todo, results, strict=True):
-            path = walk.paths[i]
-            if result is None:
-                walk.dropped.add(i)
+    def _stat_each(
+        self, entries: list[os.DirEntry[str]], stats: CommitStats
+    ) -> tuple[list[os.DirEntry[str]], list[os.stat_result]]:
+        """Stat entries one by one, leaving out those that vanished meanwhile."""
+        kept: list[os.DirEntry[str]] = []
+        sts: list[os.stat_result] = []
+        for e in entries:
+            try:
+                sts.append(e.stat(follow_symlinks=False))
+            except OSError as exc:
+                if exc.errno not in _VANISHED:
+                    raise
                 stats.skipped += 1
-            elif isinstance(result, PermissionError):
-                walk.dropped.add(i)
-                stats.unreadable.append(path)
-                log.warning("snapshot leaves out %s: %s", path, result)
-            elif isinstance(result, (FileNotFoundError, NotADirectoryError)):
-                walk.dropped.add(i)
-                stats.skipped += 1
-            elif isinstance(result, BaseException):
-                raise result
-            else:
-                digest, size, st = result
-                walk.digests[i] = digest
-                walk.sizes[i] = size
-                walk.modes[i] = st.st_mode & 0o7777
-                walk.cache[path] = (st.st_mtime_ns, st.st_ctime_ns, size, st.st_ino, digest)
+                continue
+            kept.append(e)
+        return kept, sts
+
+    def _rebuild(
+        self,
+        fd: int,
+        dpath: str,
+        names: list[str],
+        sts: list[os.stat_result],
+        scan_names: str,
+        scan_stats: bytes,
+        old: _DirRecord | None,
+        clock: int,
+        stats: CommitStats,
+    ) -> _DirBuilder:
+        """Build a folder's section entry by entry, reading only files whose stat changed."""
+        prev_scan: dict[str, bytes] = {}
+        prev_file: dict[str, tuple[bytes, int]] = {}
+        if old is not None:
+            if old.scan_names:
+                prev_scan = {
+                    name: old.scan_stats[_SCAN_SIZE * i : _SCAN_SIZE * (i + 1)]
+                    for i, name in enumerate(old.scan_names.split("\0"))
+                }
+            cut = len(_encode(old.path)) + 1 if old.path else 0
+            old_sizes = _unpack_ints("q", old.sizes)
+            for i, full in enumerate(old.paths.split(b"\0") if old.n else ()):
+                if old.kinds[i] == _KIND_FILE:
+                    prev_file[_decode(full[cut:])] = (
+                        old.digests[32 * i : 32 * i + 32],
+                        old_sizes[i],
+                    )
+        b = _DirBuilder(dpath, scan_names, scan_stats)
+        s_isreg, s_isdir, s_islnk = stat_mod.S_ISREG, stat_mod.S_ISDIR, stat_mod.S_ISLNK
+        for i in sorted(range(len(names)), key=names.__getitem__):
+            name = names[i]
+            st = sts[i]
+            mode = st.st_mode
+            if s_isreg(mode):
+                latest = max(st.st_mtime_ns, st.st_ctime_ns)
+                if latest > b.max_time:
+                    b.max_time = latest
+                prev = prev_file.get(name)
+                same = (
+                    prev is not None
+                    and prev_scan.get(name) == scan_stats[_SCAN_SIZE * i : _SCAN_SIZE * (i + 1)]
+                )
+                if same and latest < clock:
+                    assert prev is not None
+                    digest, size = prev
+                else:
+                    if same:
+                        stats.racy += 1
+                    if st.st_size >= _POOL_MIN_SIZE and self._workers > 1:
+                        b.pending.append(
+                            (len(b.names), self._get_pool().submit(self._store_file, fd, name))
+                        )
+                        digest, size = _NO_DIGEST, 0
+                    else:
+                        try:
+                            stored = self._store_file(fd, name)
+                        except PermissionError as exc:
+                            stats.unreadable.append(f"{b.path}/{name}" if b.path else name)
+                            log.warning("snapshot leaves out %s: %s", name, exc)
+                            continue
+                        if stored is None:
+                            stats.skipped += 1
+                            continue
+                        digest, size = stored[0], stored[1]
+                        stats.files_hashed += 1
+                        stats.bytes_hashed += size
+                b.names.append(name)
+                b.kinds.append(_KIND_FILE)
+                b.modes.append(mode & 0o7777)
+                b.sizes.append(size)
+                b.digests.append(digest)
+                b.targets.append("")
+            elif s_isdir(mode):
+                b.names.append(name)
+                b.kinds.append(_KIND_DIR)
+                b.modes.append(mode & 0o7777)
+                b.sizes.append(0)
+                b.digests.append(_NO_DIGEST)
+                b.targets.append("")
+                b.subdirs.append(name)
+            elif s_islnk(mode):
+                try:
+                    target = os.readlink(name, dir_fd=fd)
+                except OSError as exc:
+                    if exc.errno not in _VANISHED:
+                        raise
+                    stats.skipped += 1
+                    continue
+                latest = max(st.st_mtime_ns, st.st_ctime_ns)
+                if latest > b.max_time:
+                    b.max_time = latest
+                b.names.append(name)
+                b.kinds.append(_KIND_LINK)
+                b.modes.append(0o777)
+                b.sizes.append(len(_encode(target)))
+                b.digests.append(_NO_DIGEST)
+                b.targets.append(target)
+            # sockets, fifos and devices are not part of a snapshot
+        return b
+
+    def _settle(self, out: dict[str, _DirRecord | _DirBuilder], stats: CommitStats) -> None:
+        """Wait for pool work and turn the builders that had some into records."""
+        for dpath, b in list(out.items()):
+            if not isinstance(b, _DirBuilder) or not b.pending:
+                continue
+            dropped: set[int] = set()
+            for i, future in b.pending:
+                try:
+                    stored = future.result()
+                except PermissionError as exc:
+                    full = f"{b.path}/{b.names[i]}" if b.path else b.names[i]
+                    stats.unreadable.append(full)
+                    log.warning("snapshot leaves out %s: %s", full, exc)
+                    dropped.add(i)
+                    continue
+                if stored is None:
+                    stats.skipped += 1
+                    dropped.add(i)
+                    continue
+                b.digests[i] = stored[0]
+                b.sizes[i] = stored[1]
                 stats.files_hashed += 1
-                stats.bytes_hashed += size
+                stats.bytes_hashed += stored[1]
+            b.pending = []
+            out[dpath] = b.finish(dropped)
+
+    # ------------------------------------------------------------------ objects
 
     def _get_pool(self) -> ThreadPoolExecutor:
         with self._guard:
@@ -816,9 +1004,9 @@ class SnapshotStore:
                 )
             return self._pool
 
-    def _store_file(self, dfd: int, name: str) -> tuple[bytes, int, os.stat_result] | None:
-        """Read one workspace file (never through a symlink), store it as an object and
-        return (digest, size, stat before reading); None if it is no longer a regular file."""
+    def _store_file(self, dfd: int, name: str) -> _Stored:
+        """Read one workspace file (never through a symlink) into the store; return
+        (digest, bytes read, stat before reading), or None if it is no longer a file."""
         try:
             fd = os.open(name, _OPEN_FILE, dir_fd=dfd)
         except OSError as exc:
@@ -900,38 +1088,35 @@ class SnapshotStore:
 
     # ------------------------------------------------------------------ manifests
 
-    def _encode_manifest(self, walk: _Walk) -> tuple[bytes, int, int]:
-        """(body, files, bytes) for the walked tree."""
-        paths = _join(walk.paths)
-        targets = _join(walk.targets)
-        kinds = bytes(walk.kinds)
-        sizes = walk.sizes
-        files = kinds.count(_KIND_FILE)
-        total = sum(s for s, k in zip(sizes, kinds, strict=True) if k == _KIND_FILE)
+    def _encode_manifest(self, dirs: dict[str, _DirRecord]) -> tuple[bytes, int, int]:
+        """(body, files, bytes) of the tree made of ``dirs`` (already in canonical order)."""
+        recs = [r for r in dirs.values() if r.n]
+        paths = b"\0".join([r.paths for r in recs])
+        targets = b"\0".join([r.targets for r in recs])
         body = b"".join(
-            (
-                _BODY_HEADER.pack(len(walk.paths), len(paths), len(targets)),
-                kinds,
-                _int_array("I", walk.modes),
-                _int_array("q", sizes),
+            [
+                _BODY_HEADER.pack(sum(r.n for r in recs), len(paths), len(targets)),
+                *[r.kinds for r in recs],
+                *[r.modes for r in recs],
+                *[r.sizes for r in recs],
                 paths,
-                b"".join(walk.digests),
+                *[r.digests for r in recs],
                 targets,
-            )
+            ]
         )
-        return body, files, total
+        return body, sum(r.files for r in recs), sum(r.total for r in recs)
 
     def _manifest(self, workspace_id: str, seq: int | None) -> _Manifest:
         wdir = self._existing_wdir(workspace_id)
         head = self._read_head(wdir, workspace_id)
         if seq is None:
             seq = head
-        elif not isinstance(seq, int) or seq < 0 or seq > head:
+        elif isinstance(seq, bool) or not isinstance(seq, int) or seq < 0 or seq > head:
             raise NotFound(
-                f"snapshot {seq} of workspace {workspace_id!r} does not exist; "
-                f"snapshots run from 0 to {head}",
+                f"snapshot {seq!r} of workspace {workspace_id!r} does not exist; its "
+                f"snapshots are numbered 0 to {head}",
                 workspace_id=workspace_id,
-                seq=seq,
+                seq=str(seq),
             )
         key = (workspace_id, seq)
         with self._guard:
@@ -943,7 +1128,7 @@ class SnapshotStore:
             raw = (wdir / "manifests" / str(seq)).read_bytes()
         except FileNotFoundError:
             raise NotFound(
-                f"snapshot {seq} of workspace {workspace_id!r} is no longer retained",
+                f"snapshot {seq} of workspace {workspace_id!r} is not retained",
                 workspace_id=workspace_id,
                 seq=seq,
             ) from None
@@ -962,17 +1147,17 @@ class SnapshotStore:
         off += _BODY_HEADER.size
         kinds = raw[off : off + n]
         off += n
-        modes = _int_list("I", view[off : off + 4 * n])
+        modes = _unpack_ints("I", view[off : off + 4 * n])
         off += 4 * n
-        sizes = _int_list("q", view[off : off + 8 * n])
+        sizes = _unpack_ints("q", view[off : off + 8 * n])
         off += 8 * n
         paths = _split(view[off : off + plen], n)
         off += plen
         digests = raw[off : off + 32 * n]
         off += 32 * n
-        targets = _split(view[off : off + tlen], n) if n else []
+        targets = _split(view[off : off + tlen], n)
         if off + tlen != len(raw):
-            raise ValueError(f"manifest {seq} of {workspace_id!r} has the wrong length")
+            raise ValueError(f"manifest {seq} of workspace {workspace_id!r} has the wrong length")
         return _Manifest(info, paths, kinds, modes, sizes, digests, targets)
 
 

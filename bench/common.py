@@ -1,0 +1,419 @@
+"""Helpers shared by the benchmarks: fresh homes, percentiles, the bare-bwrap baseline,
+a server process for a home, RSS sampling and the result format.
+
+Every benchmark module prints (and with ``--out`` writes) one JSON document::
+
+    {"name": ..., "title": ..., "command": "...", "metrics": [metric, ...], "details": {...}}
+
+where a metric compares one figure with its baseline measured in the same run::
+
+    {"id", "label", "value", "unit", "baseline_label", "baseline_value", "ratio",
+     "target", "limit", "kind": "ratio_max" | "ratio_min" | "abs_max" | "info", "pass"}
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+PYTHON = sys.executable
+MIB = 1 << 20
+
+#: A workspace of 100 small files (benchmark 1).
+SEED_100_FILES = 'for i in $(seq 1 100); do echo "small file $i" > "f$i.txt"; done'
+
+
+# ----------------------------------------------------------------------------- homes
+
+
+def make_home(prefix: str = "shellyard-bench-") -> Path:
+    """A home the sandbox uid can traverse (a 0700 parent would lock it out)."""
+    path = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+    path.chmod(0o711)
+    return path
+
+
+def remove_home(path: Path) -> None:
+    shutil.rmtree(path, ignore_errors=True)
+
+
+# ----------------------------------------------------------------------------- statistics
+
+
+def quantile(sorted_values: Sequence[float], q: float) -> float:
+    """Linear interpolation between closest ranks (numpy's default)."""
+    if not sorted_values:
+        return float("nan")
+    pos = (len(sorted_values) - 1) * q
+    low = int(pos)
+    high = min(low + 1, len(sorted_values) - 1)
+    return sorted_values[low] + (sorted_values[high] - sorted_values[low]) * (pos - low)
+
+
+def summary_ms(samples_s: Sequence[float]) -> dict[str, float]:
+    """p50/p95/p99/mean/min/max of durations given in seconds, in milliseconds."""
+    values = sorted(s * 1000 for s in samples_s)
+    if not values:
+        return {"n": 0}
+    return {
+        "n": len(values),
+        "p50": round(quantile(values, 0.50), 3),
+        "p95": round(quantile(values, 0.95), 3),
+        "p99": round(quantile(values, 0.99), 3),
+        "mean": round(sum(values) / len(values), 3),
+        "min": round(values[0], 3),
+        "max": round(values[-1], 3),
+    }
+
+
+def metric(
+    id: str,
+    label: str,
+    value: float,
+    unit: str,
+    *,
+    target: str,
+    kind: str,
+    limit: float | None = None,
+    baseline_label: str | None = None,
+    baseline_value: float | None = None,
+) -> dict[str, Any]:
+    """One row of a result table. ``kind``: ratio_max (value/baseline ≤ limit), ratio_min
+    (value/baseline ≥ limit), abs_max (value ≤ limit) or info (no target)."""
+    ratio = None
+    if baseline_value:
+        ratio = value / baseline_value
+    passed: bool | None = None
+    if kind == "ratio_max" and ratio is not None and limit is not None:
+        passed = ratio <= limit
+    elif kind == "ratio_min" and ratio is not None and limit is not None:
+        passed = ratio >= limit
+    elif kind == "abs_max" and limit is not None:
+        passed = value <= limit
+    return {
+        "id": id,
+        "label": label,
+        "value": round(value, 3),
+        "unit": unit,
+        "baseline_label": baseline_label,
+        "baseline_value": round(baseline_value, 3) if baseline_value is not None else None,
+        "ratio": round(ratio, 3) if ratio is not None else None,
+        "target": target,
+        "limit": limit,
+        "kind": kind,
+        "pass": passed,
+    }
+
+
+# ----------------------------------------------------------------------------- bare bwrap
+
+
+class BareBwrap:
+    """The baseline: bwrap spawned exactly as ``LocalRunner._spawn`` spawns it (same argv from
+    ``sandbox.bwrap_argv``: prlimit, --unshare-all, the same mounts and hidden folders, a
+    status fd; stdout/stderr opened onto files; a new session; as the sandbox uid when we are
+    root), but with no control plane around it: spawn, then block in waitpid."""
+
+    def __init__(self, root: Path) -> None:
+        from shellyard.runner import sandbox
+        from shellyard.runner.protocol import SandboxPolicy
+
+        self.policy = SandboxPolicy()
+        self.ids = sandbox.sandbox_ids(self.policy)
+        self.bwrap = sandbox.find_bwrap()
+        # The same layout as a home: <home>/runners/local/workspaces/<ws>, both hidden.
+        self.home = root
+        runner_root = root / "runners" / "local"
+        self.workspace = runner_root / "workspaces" / "ws_bare"
+        self.logs = root / "bare-logs"
+        for directory in (runner_root, runner_root / "workspaces"):
+            directory.mkdir(parents=True, exist_ok=True)
+            directory.chmod(0o711)
+        self.workspace.mkdir(mode=0o700, exist_ok=True)
+        self.logs.mkdir(exist_ok=True)
+        if self.ids is not None:
+            os.chown(self.workspace, *self.ids)
+        self.hidden = [runner_root, root]
+        self._sandbox = sandbox
+
+    def argv(self, command: Sequence[str], status_fd: int) -> list[str]:
+        return self._sandbox.bwrap_argv(
+            bwrap=self.bwrap,
+            policy=self.policy,
+            workspace=self.workspace,
+            hidden=self.hidden,
+            status_fd=status_fd,
+            command=list(command),
+        )
+
+    def spawn(
+        self, command: Sequence[str] = ("true",), stdout: Path | None = None, tag: str = "0"
+    ) -> subprocess.Popen[bytes]:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
+        out_fd = os.open(stdout or self.logs / f"stdout-{tag}", flags, 0o600)
+        err_fd = os.open(self.logs / f"stderr-{tag}", flags, 0o600)
+        status_fd = os.open(self.logs / f"status-{tag}", flags, 0o600)
+        try:
+            env = self._sandbox.sandbox_env(
+                self.workspace,
+                {"SHELLYARD_EXECUTION_ID": "bare", "SHELLYARD_WORKSPACE_ID": "ws_bare"},
+            )
+            uid, gid = self.ids if self.ids is not None else (None, None)
+            return subprocess.Popen(
+                self.argv(command, status_fd),
+                stdin=subprocess.DEVNULL,
+                stdout=out_fd,
+                stderr=err_fd,
+                pass_fds=(status_fd,),
+                env=env,
+                cwd="/",
+                start_new_session=True,
+                user=uid,
+                group=gid,
+                extra_groups=[] if uid is not None else None,
+            )
+        finally:
+            os.close(out_fd)
+            os.close(err_fd)
+            os.close(status_fd)
+
+    def run(
+        self, command: Sequence[str] = ("true",), stdout: Path | None = None, tag: str = "0"
+    ) -> float:
+        """Seconds from spawn to exit seen."""
+        start = time.perf_counter()
+        code = self.spawn(command, stdout, tag).wait()
+        elapsed = time.perf_counter() - start
+        if code != 0:
+            raise RuntimeError(f"bare bwrap {command} exited {code}: {self.stderr(tag)}")
+        return elapsed
+
+    def stderr(self, tag: str = "0") -> str:
+        return (self.logs / f"stderr-{tag}").read_text(errors="replace")[:500]
+
+
+def bare_true() -> float:
+    start = time.perf_counter()
+    subprocess.run(["true"], check=True)
+    return time.perf_counter() - start
+
+
+# ----------------------------------------------------------------------------- servers
+
+
+def start_server(home: Path, env: dict[str, str] | None = None) -> int:
+    """``shellyard serve`` for ``home`` as its own process (so its RSS is its own); the pid."""
+    from shellyard.interfaces.home import ensure_server
+
+    saved = {key: os.environ.get(key) for key in (env or {})}
+    os.environ.update(env or {})
+    try:
+        return ensure_server(home).pid
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def stop_server(home: Path, timeout_s: float = 20.0) -> None:
+    from shellyard.interfaces.home import is_served, read_info
+
+    info = read_info(home)
+    if info is None or not is_served(home):
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(info.pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and is_served(home):
+        time.sleep(0.05)
+    if is_served(home):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(info.pid, signal.SIGKILL)
+
+
+def rss_bytes(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/status") as handle:
+            for line in handle:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+class RssSampler:
+    """Samples a process's resident set every ``interval_s`` on a thread; keeps the peak."""
+
+    def __init__(self, pid: int, interval_s: float = 0.02) -> None:
+        self.pid, self.interval_s = pid, interval_s
+        self.peak = rss_bytes(pid)
+        self.samples = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.peak = max(self.peak, rss_bytes(self.pid))
+            self.samples += 1
+
+    def stop(self) -> int:
+        self._stop.set()
+        self._thread.join()
+        return self.peak
+
+
+def sandbox_processes(execution_ids: set[str] | None = None) -> list[int]:
+    """Host pids whose environment carries SHELLYARD_EXECUTION_ID (of the given ids, or any)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as handle:
+                environ = handle.read()
+        except OSError:
+            continue
+        for item in environ.split(b"\0"):
+            if item.startswith(b"SHELLYARD_EXECUTION_ID="):
+                value = item.split(b"=", 1)[1].decode(errors="replace")
+                if execution_ids is None or value in execution_ids:
+                    found.append(int(entry))
+                break
+    return found
+
+
+# ----------------------------------------------------------------------------- profiling
+
+
+class PySpy:
+    """``py-spy record`` on a process for the length of a ``with`` block (when installed)."""
+
+    def __init__(self, pid: int, out: Path | None, rate: int = 200) -> None:
+        self.pid, self.out, self.rate = pid, out, rate
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def __enter__(self) -> PySpy:
+        exe = shutil.which("py-spy") or str(Path(PYTHON).parent / "py-spy")
+        if self.out is None or not Path(exe).exists():
+            return self
+        self.out.parent.mkdir(parents=True, exist_ok=True)
+        self.proc = subprocess.Popen(
+            [exe, "record", "--pid", str(self.pid), "--rate", str(self.rate), "--format", "raw",
+             "--nonblocking", "--output", str(self.out)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        time.sleep(0.3)
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        if self.proc is not None:
+            self.proc.send_signal(signal.SIGINT)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=20)
+            if self.proc.poll() is None:
+                self.proc.kill()
+
+
+def summarize_collapsed(path: Path, top: int = 12) -> dict[str, Any]:
+    """Own-time and inclusive-time shares of functions in a py-spy raw (collapsed) profile,
+    with idle samples (the event loop waiting in select/epoll) counted apart."""
+    if not path.exists():
+        return {}
+    own: dict[str, int] = {}
+    inclusive: dict[str, int] = {}
+    total = idle = 0
+    for line in path.read_text(errors="replace").splitlines():
+        stack, _, count_text = line.rpartition(" ")
+        if not stack or not count_text.isdigit():
+            continue
+        count = int(count_text)
+        frames = stack.split(";")
+        total += count
+        leaf = frames[-1]
+        if any(word in leaf for word in ("select (selectors", "poll (selectors", "_worker (")) or (
+            "wait (threading" in leaf
+        ):
+            idle += count
+            continue
+        own[_frame(leaf)] = own.get(_frame(leaf), 0) + count
+        for name in {_frame(f) for f in frames}:
+            inclusive[name] = inclusive.get(name, 0) + count
+    busy = max(1, total - idle)
+
+    def ranked(table: dict[str, int]) -> list[list[Any]]:
+        rows = sorted(table.items(), key=lambda kv: -kv[1])[:top]
+        return [[name, round(100 * count / busy, 1)] for name, count in rows]
+
+    return {
+        "samples": total,
+        "busy_samples": total - idle,
+        "own_pct_of_busy": ranked(own),
+        "inclusive_pct_of_busy": ranked(
+            {k: v for k, v in inclusive.items() if "shellyard" in k or "sqlalchemy" in k}
+        ),
+    }
+
+
+def _frame(frame: str) -> str:
+    """'func (path/to/module.py:123)' → 'module.py:func'."""
+    name, _, where = frame.partition(" (")
+    where = where.rstrip(")")
+    file = where.rsplit(":", 1)[0]
+    marker = "/site-packages/"
+    if marker in file:
+        file = file.split(marker, 1)[1]
+    elif "/src/" in file:
+        file = file.split("/src/", 1)[1]
+    else:
+        file = os.path.basename(file)
+    return f"{file}:{name}"
+
+
+# ----------------------------------------------------------------------------- CLI
+
+
+def cli(
+    name: str, run: Callable[[argparse.Namespace], dict[str, Any]], describe: str
+) -> None:
+    parser = argparse.ArgumentParser(description=describe)
+    parser.add_argument("--quick", action="store_true", help="fewer samples, shorter phases")
+    parser.add_argument("--out", type=Path, help="also write the JSON result here")
+    parser.add_argument(
+        "--profile", type=Path, help="folder for profiles (py-spy / cProfile) of the service"
+    )
+    args = parser.parse_args()
+    result = run(args)
+    result.setdefault("name", name)
+    text = json.dumps(result, indent=2)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text + "\n")
+    print(text)
+
+
+@contextlib.contextmanager
+def timed() -> Iterator[list[float]]:
+    box: list[float] = []
+    start = time.perf_counter()
+    try:
+        yield box
+    finally:
+        box.append(time.perf_counter() - start)
