@@ -328,6 +328,7 @@ def make_runner_server(
     sock: socket.socket,
     *,
     log_level: str = "info",
+    hidden: list[Path] | None = None,
 ) -> uvicorn.Server:
     """A uvicorn server around a new ``LocalRunner(root, policy)``, ready to ``serve([sock])``.
 
@@ -335,7 +336,7 @@ def make_runner_server(
     """
     from shellyard.runner.local import LocalRunner  # the heavy part; only the daemon needs it
 
-    runner = LocalRunner(root, policy)
+    runner = LocalRunner(root, policy, hidden=hidden)
     app = create_runner_app(
         runner,
         token,
@@ -364,16 +365,18 @@ def serve_runner(
     token: str | None = None,
     *,
     log_level: str = "info",
+    hidden: list[Path] | None = None,
 ) -> None:
     """Run a runner daemon for ``root`` until SIGINT/SIGTERM (blocking).
 
-    ``token`` None reads ``<root>/token``, creating it on first start.
+    ``token`` None reads ``<root>/token``, creating it on first start. ``hidden`` paths
+    (beside ``root``, always hidden) are invisible inside every sandbox.
     """
     root.mkdir(parents=True, exist_ok=True)
     if token is None:
         token = load_or_create_token(root / TOKEN_FILE_NAME)
     sock = bind_socket(host, port)
-    server = make_runner_server(root, policy, token, sock, log_level=log_level)
+    server = make_runner_server(root, policy, token, sock, log_level=log_level, hidden=hidden)
     try:
         asyncio.run(server.serve(sockets=[sock]))
     finally:
@@ -393,8 +396,11 @@ def run_runner_daemon(
         raise InvalidInput(f"network must be 'on' or 'off', not {network!r}")
     net: Literal["on", "off"] = "on" if network == "on" else "off"
     root.mkdir(parents=True, exist_ok=True)
-    token = load_or_create_token(token_file or root / TOKEN_FILE_NAME)
-    serve_runner(root, SandboxPolicy(network=net), host, port, token)
+    token_path = (token_file or root / TOKEN_FILE_NAME).absolute()
+    token = load_or_create_token(token_path)
+    # A token file outside the root would otherwise be readable by a sandbox running as the
+    # daemon's own (non-root) user.
+    serve_runner(root, SandboxPolicy(network=net), host, port, token, hidden=[token_path])
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -99,7 +99,10 @@ def bwrap_argv(
         "/run",
     ]
     for path in hidden:
-        argv += ["--tmpfs", str(path)]
+        if path.is_dir():
+            argv += ["--tmpfs", str(path)]
+        elif path.exists():  # a file (a token): an empty file in its place
+            argv += ["--ro-bind", "/dev/null", str(path)]
     for path in read_only_binds:
         argv += ["--ro-bind", str(path), str(path)]
     argv += [
