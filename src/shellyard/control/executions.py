@@ -51,6 +51,9 @@ class ExecutionService:
         self.runners = runners
         self._finished: dict[str, asyncio.Event] = {}
         self._watchers: dict[str, asyncio.Task[None]] = {}
+        self._foreground: dict[str, int] = {}
+        self._default_agent: str | None = None
+        self._workspaces: dict[tuple[str, str], str] = {}
         self._closing = False
         self.retry_base_s = 0.5
 
@@ -78,9 +81,9 @@ class ExecutionService:
     async def run_shell(
         self, request: RunShellRequest, agent_id: str | None = None
     ) -> RunShellResult:
-        agent = await self._agent(agent_id)
+        owner = await self._agent_id(agent_id)
         if request.idempotency_key is not None:
-            existing = await self.store.find_idempotent(str(agent["id"]), request.idempotency_key)
+            existing = await self.store.find_idempotent(owner, request.idempotency_key)
             if existing is not None:  # E10: the same execution, never a second process
                 return await self._respond(existing, request)
         runner_id = request.runner_id or LOCAL_RUNNER_ID
@@ -90,12 +93,10 @@ class ExecutionService:
                 f"environment {request.environment_id!r} does not exist; create one with "
                 "environment_create"
             )
-        workspace, created = await self.store.workspace_for(str(agent["id"]), runner_id)
-        if created or workspace["head_seq"] == 0:
-            await runner.ensure_workspace(str(workspace["id"]))
+        workspace_id = await self._workspace(owner, runner_id)
         if request.script_path is not None:
             path = normalize_relative(request.script_path)
-            entry = await runner.stat_path(str(workspace["id"]), None, path)
+            entry = await runner.stat_path(workspace_id, None, path)
             if entry is None or entry.kind != "file":
                 raise NotFound(
                     f"script_path {request.script_path!r} is not a file in the workspace's "
@@ -103,8 +104,8 @@ class ExecutionService:
                 )
         values: dict[str, Any] = {
             "id": new_id("ex"),
-            "agent_id": agent["id"],
-            "workspace_id": workspace["id"],
+            "agent_id": owner,
+            "workspace_id": workspace_id,
             "runner_id": runner_id,
             "environment_id": request.environment_id,
             "command": request.command,
@@ -116,15 +117,13 @@ class ExecutionService:
             row, holder = await self.store.submit_execution(values, queue=request.queue)
         except Exception:
             if request.idempotency_key is not None:  # a concurrent retry won the race
-                existing = await self.store.find_idempotent(
-                    str(agent["id"]), request.idempotency_key
-                )
+                existing = await self.store.find_idempotent(owner, request.idempotency_key)
                 if existing is not None:
                     return await self._respond(existing, request)
             raise
         if holder is not None and not request.queue:
             raise WorkspaceBusy(
-                f"workspace {workspace['id']} is busy: {holder} holds its writer. Wait for it "
+                f"workspace {workspace_id} is busy: {holder} holds its writer. Wait for it "
                 "(execution_status), cancel it (execution_cancel), pass queue: true to run "
                 "after it, or use another workspace",
                 holder=holder,
@@ -155,11 +154,10 @@ class ExecutionService:
         except ShellyardError as exc:
             await self._end(row, ExecutionState.failed, error=exc.message)
             return await self._finalized(row)
-        await self.store.update_execution(
-            execution_id, state="running", started_at=result.started_at or time.time()
-        )
-        fresh = await self._finalized(row)
-        self._watch(fresh)
+        fresh = await self.store.start_execution(execution_id, result.started_at or time.time())
+        assert fresh is not None
+        if fresh["state"] == ExecutionState.running:
+            self._watch(fresh)
         return fresh
 
     async def _finalized(self, row: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -219,7 +217,7 @@ class ExecutionService:
         else:
             state, error = ExecutionState.completed, result.error
         snapshot = result.snapshot
-        if snapshot is not None:
+        if snapshot is not None and snapshot.new:
             await self.store.record_snapshot(
                 snapshot.workspace_id,
                 snapshot.seq,
@@ -239,32 +237,25 @@ class ExecutionService:
         )
 
     async def _end(self, row: Mapping[str, Any], state: ExecutionState, **values: Any) -> None:
-        """Make the record terminal, release the writer, post the notice, run the next."""
+        """Make the record terminal, post its notice, release the writer (one transaction),
+        then wake waiters and run the next queued writer."""
         execution_id = str(row["id"])
         values.setdefault("finished_at", time.time())
-        updated = await self.store.update_execution(
-            execution_id,
-            from_states=("queued", "running", "unknown"),
-            state=state.value,
-            **values,
+        exit_code = values.get("exit_code")
+        summary = f"execution {execution_id} {state.value}" + (
+            f" with exit code {exit_code}" if exit_code is not None else ""
         )
-        if updated:
-            fresh = await self._finalized(row)
-            await self.store.add_notice(
-                str(row["agent_id"]),
-                "execution",
-                execution_id,
-                f"execution {execution_id} {state.value}"
-                + (
-                    f" with exit code {fresh['exit_code']}"
-                    if fresh["exit_code"] is not None
-                    else ""
-                ),
-                {"state": state.value, "exit_code": fresh["exit_code"]},
-            )
-        await self.store.release_writer(str(row["workspace_id"]), execution_id)
+        _final, queued = await self.store.finish_execution(
+            row,
+            {"state": state.value, **values},
+            summary,
+            # N3: a foreground caller is waiting and sees the result now.
+            notice_read=self._foreground.get(execution_id, 0) > 0,
+            from_states=("queued", "running", "unknown"),
+        )
         self._signal(execution_id)
-        await self._dispatch(str(row["workspace_id"]))
+        if queued is not None:
+            await self._dispatch(str(row["workspace_id"]))
 
     def _signal(self, execution_id: str) -> None:
         event = self._finished.pop(execution_id, None)
@@ -295,8 +286,14 @@ class ExecutionService:
         execution_id = str(row["id"])
         if not request.background and not ExecutionState(row["state"]).terminal:
             event = self._finished.setdefault(execution_id, asyncio.Event())
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(event.wait(), timeout=request.wait_ms / 1000)
+            self._foreground[execution_id] = self._foreground.get(execution_id, 0) + 1
+            try:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(event.wait(), timeout=request.wait_ms / 1000)
+            finally:
+                self._foreground[execution_id] -= 1
+                if not self._foreground[execution_id]:
+                    del self._foreground[execution_id]
             row = await self._finalized(row)
         view = _view(row)
         result = RunShellResult(**view.model_dump())
@@ -400,26 +397,39 @@ class ExecutionService:
         return _view(await self._finalized(row))
 
     async def list(self, agent_id: str | None = None, limit: int = 100) -> list[ExecutionView]:
-        agent = await self._agent(agent_id)
-        return [_view(r) for r in await self.store.list_executions(str(agent["id"]), limit)]
+        owner = await self._agent_id(agent_id)
+        return [_view(r) for r in await self.store.list_executions(owner, limit)]
 
     async def _owned(self, execution_id: str, agent_id: str | None) -> Mapping[str, Any]:
         row = await self.store.get_execution(execution_id)
-        agent = await self._agent(agent_id)
+        owner = await self._agent_id(agent_id)
         # Another agent's execution is reported exactly like a missing one: no data leaks.
-        if row is None or row["agent_id"] != agent["id"]:
+        if row is None or row["agent_id"] != owner:
             raise NotFound(
                 f"no execution {execution_id!r}; list yours with 'shellyard status' or check the id"
             )
         return row
 
-    async def _agent(self, agent_id: str | None) -> Mapping[str, Any]:
+    async def _agent_id(self, agent_id: str | None) -> str:
         if agent_id is None:
-            return (await self.store.default_owner())[1]
-        agent = await self.store.get_agent(agent_id)
-        if agent is None:
+            if self._default_agent is None:
+                self._default_agent = str((await self.store.default_owner())[1]["id"])
+            return self._default_agent
+        if await self.store.get_agent(agent_id) is None:
             raise NotFound(f"no agent {agent_id!r}")
-        return agent
+        return agent_id
+
+    async def _workspace(self, agent_id: str, runner_id: str) -> str:
+        """The agent's workspace on the runner, created on first use (records and runner)."""
+        key = (agent_id, runner_id)
+        workspace_id = self._workspaces.get(key)
+        if workspace_id is None:
+            row, _created = await self.store.workspace_for(agent_id, runner_id)
+            workspace_id = str(row["id"])
+            # Idempotent; once per process so a runner that lost the folder gets it back.
+            await self.runners.get(runner_id).ensure_workspace(workspace_id)
+            self._workspaces[key] = workspace_id
+        return workspace_id
 
 
 def _view(row: Mapping[str, Any]) -> ExecutionView:
