@@ -562,7 +562,8 @@ def _migrate(conn: Connection, schema_name: str | None) -> None:
     config = Config()
     config.set_main_option("script_location", str(Path(schema.__file__).parent / "migrations"))
     config.attributes["connection"] = conn
-    command.upgrade(config, "head")
+    # "heads": feature branches of the schema may each add a revision on top of 0001.
+    command.upgrade(config, "heads")
 
 
 def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
