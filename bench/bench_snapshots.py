@@ -191,58 +191,67 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         env = git_env(work)
         files = sorted(str(p.relative_to(tree)) for p in tree.rglob("*") if p.is_file())
 
-        # (a) first commit, interleaved
+        # (a) first commit, interleaved (who goes first alternates); nothing is deleted
+        # until the end, so no round pays for the previous round's deletions
         ours_first: list[float] = []
         git_first: list[float] = []
-        store: SnapshotStore | None = None
+        stores: list[SnapshotStore] = []
         for r in range(args.repeats):
             gtree = work / f"git{r}"
             shutil.copytree(tree, gtree, symlinks=True)
-            os.sync()
-            git_first.append(
-                run_git(
-                    gtree,
-                    env,
-                    ["init", "-q"],
-                    ["add", "-A"],
-                    ["commit", "-qm", "x"],
-                )
-            )
-            if r < args.repeats - 1:
-                shutil.rmtree(gtree)
-            os.sync()
             store = SnapshotStore(work / f"store{r}")
-            candidate = store
-            ours_first.append(timed(lambda s=candidate: s.commit("ws", tree)))  # type: ignore[misc]
-            if r < args.repeats - 1:
-                store.close()
-                shutil.rmtree(work / f"store{r}")
-        assert store is not None
+            stores.append(store)
+            steps: list[tuple[list[float], Callable[[], object]]] = [
+                (
+                    git_first,
+                    lambda g=gtree: run_git(
+                        g, env, ["init", "-q"], ["add", "-A"], ["commit", "-qm", "x"]
+                    ),  # type: ignore[misc]
+                ),
+                (ours_first, lambda s=store: s.commit("ws", tree)),  # type: ignore[misc]
+            ]
+            for into, step in steps if r % 2 == 0 else steps[::-1]:
+                os.sync()
+                into.append(timed(step))
+        store = stores[-1]
+        for extra in stores[:-1]:
+            extra.close()
         gtree = work / f"git{args.repeats - 1}"
-        os.sync()
 
-        # (b) one changed file, interleaved; a different file each round, same in both trees
+        # (b) one changed file, interleaved; a different file each round, same in all trees.
+        # warm: the long-lived store (as the runner holds it); cold: a new store object on
+        # the same root, as after a runner restart (cache loaded from disk, no scan helper
+        # up yet); no_helper: a long-lived store that scans in the committing thread only.
+        plain_tree = work / "plain-tree"
+        shutil.copytree(tree, plain_tree, symlinks=True)
+        plain = SnapshotStore(work / "plain-store", scan_helper=False)
+        plain.commit("ws", plain_tree)
+        os.sync()
+        time.sleep(0.1)
         rng = random.Random(11)
         ours_inc: list[float] = []
         ours_cold: list[float] = []
+        ours_plain: list[float] = []
         git_inc: list[float] = []
         hashed: list[int] = []
         for r in range(args.repeats * 2):
             rel = rng.choice(files)
-            touch_one(gtree, rel, r)
+            for t in (gtree, tree, plain_tree):
+                touch_one(t, rel, r)
+            time.sleep(0.01)
             git_inc.append(run_git(gtree, env, ["add", "-A"], ["commit", "-qm", "y"]))
-            touch_one(tree, rel, r)
             if r % 2 == 0:
-                warm = store
-                ours_inc.append(timed(lambda s=warm: s.commit("ws", tree)))  # type: ignore[misc]
+                ours_inc.append(timed(lambda: store.commit("ws", tree)))
                 stats = store.last_commit_stats
                 hashed.append(stats.files_hashed if stats else -1)
             else:
-                cold = SnapshotStore(store.root)
+                cold = SnapshotStore(store.root, scan_helper=False)
                 ours_cold.append(timed(lambda s=cold: s.commit("ws", tree)))  # type: ignore[misc]
                 cold.close()
                 store.commit("ws", tree)  # untimed: the long-lived store picks up the new head
+            ours_plain.append(timed(lambda: plain.commit("ws", plain_tree)))
         store.close()
+        plain.close()
 
         result: dict[str, Any] = {
             "tree": {"files": len(files), "bytes": total, "dirs": args.dirs},
@@ -260,15 +269,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "one_file_changed": {
                 "ours_ms": median_ms(ours_inc),
                 "ours_cold_ms": median_ms(ours_cold),
+                "ours_no_helper_ms": median_ms(ours_plain),
                 "git_ms": median_ms(git_inc),
                 "ratio": round(statistics.median(ours_inc) / statistics.median(git_inc), 3),
-                "ratio_cold": round(
-                    statistics.median(ours_cold) / statistics.median(git_inc), 3
+                "ratio_cold": round(statistics.median(ours_cold) / statistics.median(git_inc), 3),
+                "ratio_no_helper": round(
+                    statistics.median(ours_plain) / statistics.median(git_inc), 3
                 ),
                 "target": 0.75,
                 "files_hashed": hashed,
                 "ours_all_ms": [round(x * 1e3, 1) for x in ours_inc],
                 "ours_cold_all_ms": [round(x * 1e3, 1) for x in ours_cold],
+                "ours_no_helper_all_ms": [round(x * 1e3, 1) for x in ours_plain],
                 "git_all_ms": [round(x * 1e3, 1) for x in git_inc],
             },
         }

@@ -135,6 +135,7 @@ class LocalRunner:
         for task in list(self._tasks):
             task.cancel()
         self._live.clear()
+        await asyncio.to_thread(self._snapshots.close)
 
     async def info(self) -> RunnerInfo:
         uid = self._ids[0] if self._ids else os.geteuid()
