@@ -153,6 +153,8 @@ class BareBwrap:
         return self._sandbox.bwrap_argv(
             bwrap=self.bwrap,
             policy=self.policy,
+            # The baseline drops privileges through Popen(user=...), as DESIGN.md measured.
+            ids=None,
             workspace=self.workspace,
             hidden=self.hidden,
             status_fd=status_fd,
@@ -279,9 +281,28 @@ class RssSampler:
         return self.peak
 
 
-def sandbox_processes(execution_ids: set[str] | None = None) -> list[int]:
-    """Host pids whose environment carries SHELLYARD_EXECUTION_ID (of the given ids, or any)."""
+def child_pids_matching(text: str) -> list[int]:
+    """Pids of this process's children whose command line contains ``text``."""
     found = []
+    for task in os.listdir("/proc/self/task"):
+        try:
+            children = Path(f"/proc/self/task/{task}/children").read_text().split()
+        except OSError:
+            continue
+        for child in children:
+            try:
+                cmdline = Path(f"/proc/{child}/cmdline").read_bytes().replace(b"\0", b" ")
+            except OSError:
+                continue
+            if text.encode() in cmdline:
+                found.append(int(child))
+    return found
+
+
+def sandbox_processes(execution_ids: set[str] | None = None) -> dict[int, str]:
+    """Host pid → execution id of every process whose environment carries
+    SHELLYARD_EXECUTION_ID (restricted to ``execution_ids`` when given)."""
+    found: dict[int, str] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -294,32 +315,53 @@ def sandbox_processes(execution_ids: set[str] | None = None) -> list[int]:
             if item.startswith(b"SHELLYARD_EXECUTION_ID="):
                 value = item.split(b"=", 1)[1].decode(errors="replace")
                 if execution_ids is None or value in execution_ids:
-                    found.append(int(entry))
+                    found[int(entry)] = value
                 break
     return found
+
+
+def bench_sandbox_processes() -> dict[int, str]:
+    """Sandbox processes of this suite's homes only (other work on the machine, such as a
+    test-suite running beside it, has sandboxes too): those whose working folder or command
+    line lies under a ``/tmp/shellyard-bench-*`` home."""
+    mine: dict[int, str] = {}
+    for pid, execution_id in sandbox_processes().items():
+        try:
+            where = os.readlink(f"/proc/{pid}/cwd")
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            continue
+        if "/shellyard-bench-" in where or "/shellyard-bench-" in cmdline:
+            mine[pid] = execution_id
+    return mine
 
 
 # ----------------------------------------------------------------------------- profiling
 
 
 class PySpy:
-    """``py-spy record`` on a process for the length of a ``with`` block (when installed)."""
+    """``py-spy record`` on a process for the length of a ``with`` block (when installed).
 
-    def __init__(self, pid: int, out: Path | None, rate: int = 200) -> None:
+    Samples every thread including idle ones (``--idle --threads``), so the summary can say
+    what the event-loop (main) thread did with its wall time: waiting in epoll (idle), or
+    inside which function, running Python or blocked in a system call (fork, SQLite, file
+    I/O) -- either way the loop can serve nothing else meanwhile."""
+
+    def __init__(self, pid: int, out: Path | None, rate: int = 250) -> None:
         self.pid, self.out, self.rate = pid, out, rate
         self.proc: subprocess.Popen[bytes] | None = None
 
     def __enter__(self) -> PySpy:
         exe = shutil.which("py-spy") or str(Path(PYTHON).parent / "py-spy")
-        if self.out is None or not Path(exe).exists():
+        if self.out is None or not self.pid or not Path(exe).exists():
             return self
         self.out.parent.mkdir(parents=True, exist_ok=True)
         self.proc = subprocess.Popen(
             [exe, "record", "--pid", str(self.pid), "--rate", str(self.rate), "--format", "raw",
-             "--nonblocking", "--output", str(self.out)],
+             "--idle", "--threads", "--nonblocking", "--output", str(self.out)],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
-        )
+        )  # fmt: skip
         time.sleep(0.3)
         return self
 
@@ -332,43 +374,94 @@ class PySpy:
                 self.proc.kill()
 
 
+INTERESTING = (
+    "shellyard/", "sqlalchemy/", "aiosqlite/", "fastapi/", "starlette/", "uvicorn/",
+    "pydantic/", "mcp/", "httpx/", "httpcore/", "subprocess.py:",
+)  # fmt: skip
+
+
+#: Functions whose inclusive share every summary reports (when seen), for the hot-spot tables.
+KEY_FUNCTIONS = (
+    "shellyard/store/store.py:Store._run",
+    "sqlalchemy/engine/default.py:DefaultDialect.do_execute",
+    "sqlalchemy/engine/default.py:DefaultDialect.do_commit",
+    "shellyard/runner/local.py:LocalRunner._spawn",
+    "subprocess.py:Popen._execute_child",
+    "shellyard/runner/local.py:_write_json_atomic",
+    "shellyard/runner/local.py:LocalRunner._finish",
+    "shellyard/control/executions.py:ExecutionService._respond",
+    "shellyard/control/output.py:capped_output",
+)
+
+
 def summarize_collapsed(path: Path, top: int = 12) -> dict[str, Any]:
-    """Own-time and inclusive-time shares of functions in a py-spy raw (collapsed) profile,
-    with idle samples (the event loop waiting in select/epoll) counted apart."""
+    """The event-loop (main) thread's wall time from a ``PySpy`` profile: the share idle in
+    epoll, and per function the share spent in it, own (leaf frame) and inclusive (anywhere
+    on the stack; shellyard, library and subprocess frames). In the inclusive list a
+    pass-through caller (one whose samples are >= 90% those of a deeper function, like a
+    middleware stack) is shown only by that deeper function, and frames found in every busy
+    sample are left out."""
     if not path.exists():
         return {}
     own: dict[str, int] = {}
     inclusive: dict[str, int] = {}
+    lines_of: dict[str, set[int]] = {}
+    depth_of: dict[str, int] = {}
     total = idle = 0
-    for line in path.read_text(errors="replace").splitlines():
+    for number, line in enumerate(path.read_text(errors="replace").splitlines()):
         stack, _, count_text = line.rpartition(" ")
         if not stack or not count_text.isdigit():
             continue
-        count = int(count_text)
         frames = stack.split(";")
+        if not frames[0].startswith("thread (") or not frames[0].endswith("MainThread"):
+            continue
+        if "PySpy.__enter__" in stack:
+            continue  # the profiler's own start-up pause
+        count = int(count_text)
         total += count
-        leaf = frames[-1]
-        if any(word in leaf for word in ("select (selectors", "poll (selectors", "_worker (")) or (
-            "wait (threading" in leaf
-        ):
+        names = [_frame(f) for f in frames[1:]]
+        if not names:
+            continue
+        if names[-1].endswith(("EpollSelector.select", "select.epoll.poll")):
             idle += count
             continue
-        own[_frame(leaf)] = own.get(_frame(leaf), 0) + count
-        for name in {_frame(f) for f in frames}:
+        own[names[-1]] = own.get(names[-1], 0) + count
+        for depth, name in enumerate(names):
+            if name in lines_of and number in lines_of[name]:
+                continue  # recursion: count a sample once per function
+            lines_of.setdefault(name, set()).add(number)
             inclusive[name] = inclusive.get(name, 0) + count
-    busy = max(1, total - idle)
+            depth_of[name] = max(depth_of.get(name, 0), depth)
+    total = max(1, total)
+    busy = total - idle
+    candidates = [n for n in inclusive if n.startswith(INTERESTING) and inclusive[n] < busy]
+    kept = {}
+    for name in candidates:
+        # A pass-through caller: some deeper function accounts for >= 90% of its samples.
+        passthrough = any(
+            depth_of[other] > depth_of[name]
+            and inclusive[other] >= 0.9 * inclusive[name]
+            and lines_of[other] <= lines_of[name]
+            for other in candidates
+            if other != name
+        )
+        if not passthrough:
+            kept[name] = inclusive[name]
 
-    def ranked(table: dict[str, int]) -> list[list[Any]]:
-        rows = sorted(table.items(), key=lambda kv: -kv[1])[:top]
-        return [[name, round(100 * count / busy, 1)] for name, count in rows]
+    def ranked(table: dict[str, int], limit: int = top) -> list[list[Any]]:
+        rows = sorted(table.items(), key=lambda kv: -kv[1])[:limit]
+        return [[name, round(100 * count / total, 1)] for name, count in rows]
 
     return {
-        "samples": total,
-        "busy_samples": total - idle,
-        "own_pct_of_busy": ranked(own),
-        "inclusive_pct_of_busy": ranked(
-            {k: v for k, v in inclusive.items() if "shellyard" in k or "sqlalchemy" in k}
-        ),
+        "main_thread_samples": total,
+        "loop_idle_pct": round(100 * idle / total, 1),
+        "own_pct": ranked(own),
+        "inclusive_pct": ranked(kept, top * 3),
+        "key_pct": {
+            name: round(100 * inclusive[name] / total, 1)
+            for name in KEY_FUNCTIONS
+            if name in inclusive
+        },
     }
 
 
@@ -377,22 +470,16 @@ def _frame(frame: str) -> str:
     name, _, where = frame.partition(" (")
     where = where.rstrip(")")
     file = where.rsplit(":", 1)[0]
-    marker = "/site-packages/"
-    if marker in file:
-        file = file.split(marker, 1)[1]
-    elif "/src/" in file:
-        file = file.split("/src/", 1)[1]
-    else:
-        file = os.path.basename(file)
+    for marker in ("/site-packages/", "/src/"):
+        if marker in file:
+            file = file.split(marker, 1)[1]
     return f"{file}:{name}"
 
 
 # ----------------------------------------------------------------------------- CLI
 
 
-def cli(
-    name: str, run: Callable[[argparse.Namespace], dict[str, Any]], describe: str
-) -> None:
+def cli(name: str, run: Callable[[argparse.Namespace], dict[str, Any]], describe: str) -> None:
     parser = argparse.ArgumentParser(description=describe)
     parser.add_argument("--quick", action="store_true", help="fewer samples, shorter phases")
     parser.add_argument("--out", type=Path, help="also write the JSON result here")
@@ -417,3 +504,57 @@ def timed() -> Iterator[list[float]]:
         yield box
     finally:
         box.append(time.perf_counter() - start)
+
+
+# ----------------------------------------------------------------------------- phase timing
+
+
+class PhaseTimer:
+    """Wall time spent inside chosen async methods of live objects (patched on the instance),
+    so a benchmark can split a round trip into its parts. Nested calls of the same group are
+    counted once, in the outermost one."""
+
+    def __init__(self) -> None:
+        import contextvars
+
+        self.totals: dict[str, float] = {}
+        self.calls: dict[str, int] = {}
+        # Per task (asyncio copies the context into each task), so concurrent calls count.
+        self._depth: contextvars.ContextVar[dict[str, int]] = contextvars.ContextVar("depth")
+
+    def patch(self, obj: Any, group: str, names: Sequence[str] | None = None) -> None:
+        import inspect
+
+        if names is None:
+            names = [
+                name
+                for name, value in inspect.getmembers(type(obj))
+                if not name.startswith("__") and inspect.iscoroutinefunction(value)
+            ]
+        for name in names:
+            original = getattr(obj, name)
+            setattr(obj, name, self._wrap(f"{group}.{name}", group, original))
+
+    def _wrap(self, key: str, group: str, original: Callable[..., Any]) -> Callable[..., Any]:
+        async def timed_call(*args: Any, **kwargs: Any) -> Any:
+            depth = self._depth.get({})
+            outer = depth.get(group, 0) == 0
+            token = self._depth.set({**depth, group: depth.get(group, 0) + 1})
+            start = time.perf_counter()
+            try:
+                return await original(*args, **kwargs)
+            finally:
+                self._depth.reset(token)
+                if outer:
+                    self.totals[key] = self.totals.get(key, 0.0) + time.perf_counter() - start
+                    self.calls[key] = self.calls.get(key, 0) + 1
+
+        return timed_call
+
+    def report(self, runs: int) -> list[list[Any]]:
+        """[name, ms per run, calls per run], largest first."""
+        rows = sorted(self.totals.items(), key=lambda kv: -kv[1])
+        return [
+            [name, round(1000 * total / runs, 3), round(self.calls[name] / runs, 2)]
+            for name, total in rows
+        ]

@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 import os
 import secrets
-import socket
 
 import uvicorn
 
@@ -14,19 +13,17 @@ from shellyard.config import Settings
 from shellyard.control.service import ControlPlane
 from shellyard.interfaces.api import create_app
 from shellyard.interfaces.home import INFO_NAME, ServerInfo, lock_home, write_info
+from shellyard.listen import bind_socket, socket_url
 
 
 def serve(settings: Settings, host: str = "127.0.0.1", port: int = 0) -> None:
     """Run the control plane in this process until SIGINT/SIGTERM."""
     settings.home.mkdir(parents=True, exist_ok=True)
     lock_fd = lock_home(settings.home)
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    bound_port = sock.getsockname()[1]
+    sock = bind_socket(host, port)
     token = secrets.token_urlsafe(32)
     plane = ControlPlane(settings)
-    info = ServerInfo(pid=os.getpid(), url=f"http://{host}:{bound_port}", token=token)
+    info = ServerInfo(pid=os.getpid(), url=socket_url(sock), token=token)
 
     async def on_start() -> None:
         await plane.start()

@@ -232,6 +232,7 @@ class LocalRunner:
             argv = sandbox.bwrap_argv(
                 bwrap=self._bwrap,
                 policy=self.policy,
+                ids=self._ids,
                 workspace=tree,
                 hidden=self._hidden,
                 status_fd=status_fd,
@@ -245,7 +246,6 @@ class LocalRunner:
                     "SHELLYARD_WORKSPACE_ID": request.workspace_id,
                 },
             )
-            uid, gid = self._ids if self._ids is not None else (None, None)
             started_at = time.time()
             popen = subprocess.Popen(
                 argv,
@@ -256,9 +256,6 @@ class LocalRunner:
                 env=env,
                 cwd="/",
                 start_new_session=True,
-                user=uid,
-                group=gid,
-                extra_groups=[] if uid is not None else None,
             )
         finally:
             os.close(out_fd)

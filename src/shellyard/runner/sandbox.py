@@ -52,11 +52,22 @@ def sandbox_ids(policy: SandboxPolicy) -> tuple[int, int] | None:
     return uid, gid
 
 
+def drop_privileges_prefix(ids: tuple[int, int] | None) -> list[str]:
+    """``setpriv`` switches to the sandbox uid/gid and clears supplementary groups before
+    bwrap starts. An exec instead of Popen's ``user=``/``group=``: those make CPython fork
+    the whole service (measured ~2.6 ms blocking the event loop in a 90 MiB process) where
+    a plain spawn uses vfork (~0.3 ms)."""
+    if ids is None:
+        return []
+    setpriv = shutil.which("setpriv") or "/usr/bin/setpriv"
+    return [setpriv, f"--reuid={ids[0]}", f"--regid={ids[1]}", "--clear-groups"]
+
+
 def rlimit_prefix(policy: SandboxPolicy) -> list[str]:
     """``prlimit`` sets the limits on bwrap itself, inherited by everything inside.
 
     An external exec instead of ``preexec_fn``: preexec_fn forbids vfork and is unsafe with
-    threads running (aiosqlite, uvicorn)."""
+    threads running (uvicorn, the snapshot store's pool)."""
     prlimit = shutil.which("prlimit") or "/usr/bin/prlimit"
     args = [
         prlimit,
@@ -73,13 +84,14 @@ def bwrap_argv(
     *,
     bwrap: str,
     policy: SandboxPolicy,
+    ids: tuple[int, int] | None,
     workspace: Path,
     hidden: Sequence[Path],
     status_fd: int,
     command: Sequence[str],
     read_only_binds: Sequence[Path] = (),
 ) -> list[str]:
-    argv = [*rlimit_prefix(policy), bwrap, "--unshare-all"]
+    argv = [*drop_privileges_prefix(ids), *rlimit_prefix(policy), bwrap, "--unshare-all"]
     if policy.network == "on":
         argv.append("--share-net")
     argv += [

@@ -1,0 +1,191 @@
+"""Benchmark 2: completed executions per second over 10 s across 16 workspaces (16 agents of
+one session, one loop per agent calling ``run_shell(true)`` on an in-process ControlPlane;
+the rate counts executions finishing inside a 10 s window after 1 s of ramp-up),
+beside the bare bwrap spawn rate measured in the same run, sequential and with 2 in parallel
+(half of each before the product's phase and half after, so drift falls on both sides).
+Target: ≥ 40% of the better bare bwrap rate.
+
+    .venv/bin/python bench/bench_throughput.py [--quick] [--out PATH] [--profile DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from common import (
+    BareBwrap,
+    PhaseTimer,
+    PySpy,
+    cli,
+    make_home,
+    metric,
+    remove_home,
+    summarize_collapsed,
+    summary_ms,
+)
+from shellyard.config import Settings
+from shellyard.control.service import ControlPlane
+from shellyard.model import RunShellRequest
+
+COMMAND = "python bench/bench_throughput.py"
+AGENTS = 16
+
+
+def bare_rate(bare: BareBwrap, parallel: int, duration_s: float) -> tuple[int, float]:
+    """(spawns completed, seconds) with ``parallel`` threads each spawning back to back."""
+    counts = [0] * parallel
+    deadline = time.perf_counter() + duration_s
+
+    def loop(index: int) -> None:
+        while time.perf_counter() < deadline:
+            bare.run(tag=str(index))
+            counts[index] += 1
+
+    start = time.perf_counter()
+    threads = [threading.Thread(target=loop, args=(i,)) for i in range(parallel)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return sum(counts), time.perf_counter() - start
+
+
+async def product_rate(
+    plane: ControlPlane, agent_ids: list[str], duration_s: float, ramp_s: float = 1.0
+) -> tuple[int, int, float, list[float]]:
+    """(completed, other outcomes, seconds, latencies) in a steady-state window: every agent
+    loops from ``ramp_s`` before the window until its end, and only executions that finish
+    inside the window count, so neither the ramp-up nor the drain of the last calls in
+    flight dilutes the rate."""
+    request = RunShellRequest(command="true")
+    finished: list[tuple[float, bool, float]] = []  # (finished at, completed, latency)
+    start = time.perf_counter() + ramp_s
+    end = start + duration_s
+
+    async def loop(agent_id: str) -> None:
+        while time.perf_counter() < end:
+            begun = time.perf_counter()
+            result = await plane.executions.run_shell(request, agent_id)
+            now = time.perf_counter()
+            ok = result.state == "completed" and result.exit_code == 0
+            finished.append((now, ok, now - begun))
+
+    await asyncio.gather(*(loop(a) for a in agent_ids))
+    window = [f for f in finished if start <= f[0] < end]
+    completed = sum(1 for f in window if f[1])
+    return completed, len(window) - completed, duration_s, [f[2] for f in window]
+
+
+async def measure(args: argparse.Namespace) -> dict[str, Any]:
+    duration = 4.0 if args.quick else 10.0
+    bare_phase = 1.0 if args.quick else 2.5  # per half, per mode
+    home, bare_home = make_home(), make_home()
+    plane = ControlPlane(Settings(home=home / "home"))
+    await plane.start()
+    bare = BareBwrap(bare_home)
+    profiles: dict[str, Any] = {}
+    try:
+        assert plane.store is not None
+        session, _main = await plane.store.default_owner()
+        agent_ids = [
+            str((await plane.store.create_agent(str(session["id"])))["id"]) for _ in range(AGENTS)
+        ]
+        # Warm up: every agent's workspace exists and has run once; bwrap's pages are hot.
+        await asyncio.gather(
+            *(plane.executions.run_shell(RunShellRequest(command="true"), a) for a in agent_ids)
+        )
+        await product_rate(plane, agent_ids, 0.5, ramp_s=0.5)
+        bare_rate(bare, 1, 0.5)
+
+        seq_a = bare_rate(bare, 1, bare_phase)
+        par_a = bare_rate(bare, 2, bare_phase)
+        done, other, elapsed, latencies = await product_rate(plane, agent_ids, duration)
+        par_b = bare_rate(bare, 2, bare_phase)
+        seq_b = bare_rate(bare, 1, bare_phase)
+        if args.profile:
+            profiles = await profile(args.profile, plane, agent_ids)
+    finally:
+        await plane.aclose()
+        remove_home(home)
+        remove_home(bare_home)
+
+    seq = (seq_a[0] + seq_b[0]) / (seq_a[1] + seq_b[1])
+    par = (par_a[0] + par_b[0]) / (par_a[1] + par_b[1])
+    best = max(seq, par)
+    best_label = "bare bwrap, 2 in parallel" if par >= seq else "bare bwrap, sequential"
+    rate = done / elapsed
+    metrics = [
+        metric(
+            "throughput.rate", f"run_shell(true), {AGENTS} agents, completed/s", rate, "/s",
+            baseline_label=f"{best_label} (the better), /s", baseline_value=best,
+            target="≥ 40% of the bare bwrap rate", kind="ratio_min", limit=0.40,
+        ),
+        metric(
+            "throughput.bwrap_seq", "bare bwrap … true, sequential, /s", seq, "/s",
+            target="— (baseline)", kind="info",
+        ),
+        metric(
+            "throughput.bwrap_par", "bare bwrap … true, 2 in parallel, /s", par, "/s",
+            target="— (baseline)", kind="info",
+        ),
+    ]  # fmt: skip
+    return {
+        "name": "throughput",
+        "title": f"2. Throughput: completed executions per second, {AGENTS} workspaces",
+        "command": COMMAND + (" --quick" if args.quick else ""),
+        "metrics": metrics,
+        "details": {
+            "duration_s": round(elapsed, 3),
+            "completed": done,
+            "not_completed": other,
+            "agents": AGENTS,
+            "per_call_latency_ms": summary_ms(latencies),
+            "bare_bwrap": {
+                "sequential": {"before": seq_a, "after": seq_b, "rate": round(seq, 2)},
+                "parallel_2": {"before": par_a, "after": par_b, "rate": round(par, 2)},
+            },
+        },
+        "profiles": profiles,
+    }
+
+
+async def profile(folder: Path, plane: ControlPlane, agent_ids: list[str]) -> dict[str, Any]:
+    """py-spy of this process's event-loop thread while the 16 loops run, plus the wall time
+    each execution spends per phase (summed over concurrent executions)."""
+    import os
+
+    folder.mkdir(parents=True, exist_ok=True)
+    raw = folder / "throughput_plane.txt"
+    with PySpy(os.getpid(), raw):
+        done, _other, wall, _lat = await product_rate(plane, agent_ids, 4.0, ramp_s=0.5)
+    timer = PhaseTimer()
+    assert plane.store is not None
+    timer.patch(plane.store, "store")
+    runner = plane.runners.get("local")
+    timer.patch(runner, "runner", ["start", "wait", "read_log", "log_size"])
+    timer.patch(runner, "snapshot", ["_commit"])
+    done2, _o, wall2, _l = await product_rate(plane, agent_ids, 3.0, ramp_s=0.5)
+    return {
+        "plane_pyspy": summarize_collapsed(raw),
+        "rate_while_profiled": round(done / wall, 2),
+        "phases_per_execution": {
+            "rate": round(done2 / wall2, 2),
+            # Per execution started (every one was timed, ramp and drain included).
+            "rows": timer.report(max(1, timer.calls.get("runner.start", done2))),
+            "note": "ms per execution (concurrent executions overlap, so rows can sum to "
+            "more than wall/executions)",
+        },
+    }
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    return asyncio.run(measure(args))
+
+
+if __name__ == "__main__":
+    cli("throughput", run, __doc__ or "")
