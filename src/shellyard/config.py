@@ -9,9 +9,10 @@ so root's default is ``/var/lib/shellyard`` (see docs/decisions.md).
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
+from shellyard.errors import InvalidInput
 from shellyard.runner.protocol import SandboxPolicy
 
 
@@ -25,12 +26,46 @@ def default_home() -> Path:
 
 
 @dataclass
+class NotificationSettings:
+    """Wakes and timers (N2–N7). Each field can be set with ``SHELLYARD_<FIELD>`` (upper case)."""
+
+    #: Webhook delivery: attempts in all, first retry delay (doubles each time, capped), timeout.
+    webhook_max_attempts: int = 8
+    webhook_retry_base_s: float = 1.0
+    webhook_retry_max_s: float = 60.0
+    webhook_timeout_s: float = 10.0
+    #: ``at`` may lie this far in the past (request latency, clock skew); earlier is refused.
+    timer_past_grace_s: float = 10.0
+    #: A timer fired this long after its time by the running scheduler is marked late too.
+    timer_late_after_s: float = 60.0
+    #: The scheduler looks at the database at least this often, so timers another control
+    #: plane (sharing PostgreSQL) created are seen; its own are scheduled at once.
+    timer_poll_s: float = 30.0
+
+
+@dataclass
+class RetentionSettings:
+    """Snapshot retention and garbage collection (W5; docs/files-and-transfers.md).
+
+    Each workspace keeps its last ``keep_last`` snapshots and every snapshot a record names
+    (an execution's commit, a transfer's source or target, an artifact); the rest are pruned
+    every ``interval_s`` (0: only when asked), then objects no retained snapshot names and
+    older than ``grace_s`` are deleted."""
+
+    keep_last: int = 100
+    interval_s: float = 3600.0
+    grace_s: float = 600.0
+
+
+@dataclass
 class Settings:
     home: Path = field(default_factory=default_home)
     database_url: str | None = None
     #: PostgreSQL only: a schema of its own (tests use a fresh one per run).
     database_schema: str | None = None
     local_policy: SandboxPolicy = field(default_factory=SandboxPolicy)
+    notifications: NotificationSettings = field(default_factory=NotificationSettings)
+    retention: RetentionSettings = field(default_factory=RetentionSettings)
 
     @classmethod
     def from_env(cls, **overrides: object) -> Settings:
@@ -41,6 +76,17 @@ class Settings:
         network = os.environ.get("SHELLYARD_NETWORK")
         if network in ("on", "off"):
             settings.local_policy = settings.local_policy.model_copy(update={"network": network})
+        for item in fields(NotificationSettings):
+            variable = f"SHELLYARD_{item.name.upper()}"
+            raw = os.environ.get(variable)
+            if raw:
+                kind = type(getattr(settings.notifications, item.name))
+                try:
+                    setattr(settings.notifications, item.name, kind(raw))
+                except ValueError:
+                    raise InvalidInput(
+                        f"{variable} must be a {kind.__name__}, not {raw!r}"
+                    ) from None
         for key, value in overrides.items():
             if value is not None:
                 setattr(settings, key, value)

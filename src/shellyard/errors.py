@@ -42,6 +42,20 @@ class WorkspaceBusy(ShellyardError):
     http_status = 409
 
 
+class Conflict(ShellyardError):
+    """The object is in a state that does not allow the operation (a stopped session, ...)."""
+
+    code = "conflict"
+    http_status = 409
+
+
+class OutOfRoom(ShellyardError):
+    """The runner's filesystem (or the workspace's quota) has no room for the data."""
+
+    code = "out_of_room"
+    http_status = 507
+
+
 class PathRefused(InvalidInput):
     """W6: a path that is absolute, escapes the root, or crosses a symlink."""
 
@@ -79,7 +93,9 @@ ERRORS_BY_CODE: dict[str, type[ShellyardError]] = {
         InvalidInput,
         NotFound,
         WorkspaceBusy,
+        Conflict,
         PathRefused,
+        OutOfRoom,
         RunnerUnavailable,
         SandboxUnavailable,
         Unauthorized,

@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from shellyard.control.output import capped_output, safe_decode
@@ -56,6 +56,9 @@ class ExecutionService:
         self._workspaces: dict[tuple[str, str], str] = {}
         self._closing = False
         self.retry_base_s = 0.5
+        #: Called with the terminal record and whether its notice was read at once (N3), after
+        #: the record is final: wakes (N2) and reminders naming the execution (N6) hook in here.
+        self.on_finished: list[Callable[[Mapping[str, Any], bool], Awaitable[None]]] = []
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -245,15 +248,22 @@ class ExecutionService:
         summary = f"execution {execution_id} {state.value}" + (
             f" with exit code {exit_code}" if exit_code is not None else ""
         )
-        _final, queued = await self.store.finish_execution(
+        # N3: a foreground caller is waiting and sees the result now.
+        notice_read = self._foreground.get(execution_id, 0) > 0
+        final, queued = await self.store.finish_execution(
             row,
             {"state": state.value, **values},
             summary,
-            # N3: a foreground caller is waiting and sees the result now.
-            notice_read=self._foreground.get(execution_id, 0) > 0,
+            notice_read=notice_read,
             from_states=("queued", "running", "unknown"),
         )
         self._signal(execution_id)
+        for observer in self.on_finished:
+            try:
+                if final is not None:
+                    await observer(final, notice_read)
+            except Exception:
+                log.exception("an on_finished observer failed for %s", execution_id)
         if queued is not None:
             await self._dispatch(str(row["workspace_id"]))
 
@@ -261,6 +271,11 @@ class ExecutionService:
         event = self._finished.pop(execution_id, None)
         if event is not None:
             event.set()
+
+    async def writer_released(self, workspace_id: str) -> None:
+        """Another kind of writer (a file operation, a transfer) released the workspace:
+        start the executions queued behind it (W1)."""
+        await self._dispatch(workspace_id)
 
     async def _dispatch(self, workspace_id: str) -> None:
         """W1 queue: hand the writer to the oldest queued execution, in submission order."""

@@ -7,10 +7,19 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from shellyard.config import Settings
+from shellyard.control.access import WorkspaceAccess
+from shellyard.control.artifacts import ArtifactService
 from shellyard.control.executions import ExecutionService
+from shellyard.control.files import FileService
+from shellyard.control.inbox import InboxService
 from shellyard.control.runners import RunnerRegistry
+from shellyard.control.sessions import SessionService
+from shellyard.control.timers import TimerService
+from shellyard.control.transfers import TransferService
+from shellyard.control.wakes import WakeService
 from shellyard.runner.local import LocalRunner
 from shellyard.store import Store
+from shellyard.store.files import FileRecords
 
 
 class ControlPlane:
@@ -19,6 +28,8 @@ class ControlPlane:
         self.store: Store | None = None
         self._runners: RunnerRegistry | None = None
         self._executions: ExecutionService | None = None
+        self._notify: tuple[SessionService, InboxService, WakeService, TimerService] | None = None
+        self._files: tuple[FileService, TransferService, ArtifactService] | None = None
 
     @property
     def executions(self) -> ExecutionService:
@@ -29,6 +40,44 @@ class ControlPlane:
     def runners(self) -> RunnerRegistry:
         assert self._runners is not None, "ControlPlane.start() was not called"
         return self._runners
+
+    # Sessions, agents and the host's turn protocol; the inbox; wakes and their channels
+    # (add_callback for in-process hosts); timers (N1–N11).
+    @property
+    def sessions(self) -> SessionService:
+        assert self._notify is not None, "ControlPlane.start() was not called"
+        return self._notify[0]
+
+    @property
+    def inbox(self) -> InboxService:
+        assert self._notify is not None, "ControlPlane.start() was not called"
+        return self._notify[1]
+
+    @property
+    def wakes(self) -> WakeService:
+        assert self._notify is not None, "ControlPlane.start() was not called"
+        return self._notify[2]
+
+    @property
+    def timers(self) -> TimerService:
+        assert self._notify is not None, "ControlPlane.start() was not called"
+        return self._notify[3]
+
+    # Workspace files and snapshot history, transfers, artifacts (W1–W6, T1–T5).
+    @property
+    def files(self) -> FileService:
+        assert self._files is not None, "ControlPlane.start() was not called"
+        return self._files[0]
+
+    @property
+    def transfers(self) -> TransferService:
+        assert self._files is not None, "ControlPlane.start() was not called"
+        return self._files[1]
+
+    @property
+    def artifacts(self) -> ArtifactService:
+        assert self._files is not None, "ControlPlane.start() was not called"
+        return self._files[2]
 
     async def start(self) -> None:
         settings = self.settings
@@ -45,9 +94,34 @@ class ControlPlane:
         await self._runners.load_registered()
         await self.store.default_owner()
         self._executions = ExecutionService(self.store, self._runners)
+        wakes = WakeService(self.store, settings.notifications)
+        sessions = SessionService(self.store, wakes)
+        timers = TimerService(sessions, wakes, settings.notifications)
+        self._notify = (sessions, InboxService(sessions), wakes, timers)
+        self._executions.on_finished += [wakes.execution_finished, timers.execution_finished]
+        self.store.notice_listeners.append(wakes.notify)
         await self._executions.startup()
+        records = FileRecords(self.store)
+        access = WorkspaceAccess(self.store, records, self._runners, self._executions)
+        self._files = (
+            FileService(self.store, records, access, settings.retention),
+            TransferService(self.store, records, access),
+            ArtifactService(records, access),
+        )
+        await self.files.startup()
+        await self.transfers.startup()
+        # After the executions re-attached: a reminder and a completion that both happened
+        # while the service was down are ordered by their recorded times (N6, N7).
+        await wakes.start()
+        await timers.start()
 
     async def aclose(self) -> None:
+        if self._files is not None:
+            await self.transfers.aclose()
+            await self.files.aclose()
+        if self._notify is not None:
+            await self.timers.aclose()
+            await self.wakes.aclose()
         if self._executions is not None:
             await self._executions.aclose()
         if self._runners is not None:

@@ -1,4 +1,5 @@
-"""REST API of the control plane (the first slice: executions and runners)."""
+"""REST API of the control plane: executions and runners here; sessions, agents, the inbox,
+wakes and timers in ``api_sessions``."""
 
 from __future__ import annotations
 
@@ -135,4 +136,12 @@ def create_app(
             for r in await plane.store.list_runners()
         ]
 
+    # Sessions, agents, inbox, wakes, timers (imported here: that module uses AgentHeader).
+    from shellyard.interfaces.api_sessions import sessions_router
+
+    app.include_router(sessions_router(plane), dependencies=auth)
+    # Files, snapshot history, retention, transfers, artifacts.
+    from shellyard.interfaces.api_files import files_router
+
+    app.include_router(files_router(plane), dependencies=auth)
     return app

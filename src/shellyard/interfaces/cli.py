@@ -187,7 +187,7 @@ def status(
         table.add_row(
             view.execution_id,
             view.state.value,
-            str(view.exit_code or ""),
+            "" if view.exit_code is None else str(view.exit_code),
             view.command or view.script_path or "",
         )
     out.print(table)
@@ -236,12 +236,22 @@ def cancel(
 
 
 @app.command()
-def mcp(home: HomeOption = None) -> None:
+def mcp(
+    home: HomeOption = None,
+    agent: Annotated[
+        str | None,
+        typer.Option(
+            "--agent",
+            envvar="SHELLYARD_AGENT",
+            help="Serve the tools for this agent (default: the default session's main agent).",
+        ),
+    ] = None,
+) -> None:
     """Serve MCP over stdio (what an agent host launches)."""
     from shellyard.interfaces.mcp import serve_stdio
 
     try:
-        asyncio.run(serve_stdio(home or default_home()))
+        asyncio.run(serve_stdio(home or default_home(), agent))
     except ShellyardError as exc:
         _fail(exc)
 
@@ -285,6 +295,17 @@ def runner_add(
         err.print(response.text)
         raise typer.Exit(2)
     out.print(f"registered {runner_id} at {address}")
+
+
+# session, agent, timer, webhook and inbox verbs; at the end: that module imports this one.
+from shellyard.interfaces.cli_sessions import register  # noqa: E402
+
+register(app)
+
+# files, transfer and artifact verbs (that module imports this one too).
+from shellyard.interfaces.cli_files import register as register_files  # noqa: E402
+
+register_files(app)
 
 
 def main() -> None:

@@ -17,6 +17,8 @@ import httpx
 from pydantic import BaseModel, TypeAdapter
 
 from shellyard.errors import RunnerUnavailable, ShellyardError, error_from_dict
+from shellyard.interfaces.client_files import AsyncFileClient, FileClient
+from shellyard.interfaces.client_sessions import AsyncSessionCalls, SessionCalls
 from shellyard.model import ExecutionView, LogsResult, RunShellResult
 
 T = TypeVar("T")
@@ -81,8 +83,9 @@ def _body(call: _Call[Any]) -> Any:
     return call.body.model_dump(mode="json") if isinstance(call.body, BaseModel) else call.body
 
 
-class Client:
-    """Synchronous client. ``Client.for_home()`` finds (or starts) the home's server."""
+class Client(SessionCalls, FileClient):
+    """Synchronous client. ``Client.for_home()`` finds (or starts) the home's server. Sessions,
+    agents, the inbox, wakes and timers come from ``SessionCalls``."""
 
     def __init__(self, url: str, token: str, *, agent_id: str | None = None) -> None:
         self._http = httpx.Client(base_url=url, headers=_headers(token, agent_id), timeout=30)
@@ -175,7 +178,7 @@ class Client:
         self.close()
 
 
-class AsyncClient:
+class AsyncClient(AsyncSessionCalls, AsyncFileClient):
     """Asynchronous client with the same operations as ``Client``."""
 
     def __init__(self, url: str, token: str, *, agent_id: str | None = None) -> None:

@@ -5,13 +5,16 @@ client of the home's control plane (started on demand)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 
 from shellyard.errors import ShellyardError
 from shellyard.model import ExecutionView, LogsResult, RunShellResult
+
+if TYPE_CHECKING:
+    from shellyard.interfaces.mcp_timers import ShellyardBackend
 
 INSTRUCTIONS = """\
 shellyard runs each command as a fresh process in a sandbox inside your workspace.
@@ -20,6 +23,8 @@ run_shell waits at most wait_ms (a response budget, not a timeout) and then retu
 execution id with state 'running'; poll it with execution_status / execution_logs, stop it
 with execution_cancel. Only execution_cancel stops a job. Install packages with
 environment_install, not with pip inside a command (the environment is mounted read-only).
+When a background execution finishes or a reminder (timer_create) fires, a notice lands in
+your inbox (inbox_list) and, if you are idle, starts a new turn.
 """
 
 
@@ -42,7 +47,7 @@ def _tool_error(exc: ShellyardError) -> ToolError:
     return ToolError(f"{exc.code}: {exc.message}")
 
 
-def build_server(backend: ExecutionBackend) -> MCPServer:
+def build_server(backend: ShellyardBackend) -> MCPServer:
     server = MCPServer(name="shellyard", instructions=INSTRUCTIONS)
 
     @server.tool(
@@ -120,15 +125,24 @@ def build_server(backend: ExecutionBackend) -> MCPServer:
         except ShellyardError as exc:
             raise _tool_error(exc) from None
 
+    from shellyard.interfaces.mcp_timers import add_timer_tools  # it imports this module
+
+    add_timer_tools(server, backend)
+    # Files, snapshots, transfers, artifacts: when the backend serves them (AsyncClient does).
+    from shellyard.interfaces.mcp_files import FilesBackend, add_file_tools
+
+    if isinstance(backend, FilesBackend):
+        add_file_tools(server, backend)
     return server
 
 
-async def serve_stdio(home: Path) -> None:
+async def serve_stdio(home: Path, agent_id: str | None = None) -> None:
+    """Serve the tools for ``agent_id`` (the default session's main agent when None)."""
     from shellyard.interfaces.client import AsyncClient
     from shellyard.interfaces.home import ensure_server
 
     info = ensure_server(home)
-    client = AsyncClient(info.url, info.token)
+    client = AsyncClient(info.url, info.token, agent_id=agent_id)
     try:
         await build_server(client).run_stdio_async()
     finally:

@@ -35,7 +35,10 @@ def serve(settings: Settings, host: str = "127.0.0.1", port: int = 0) -> None:
         await plane.aclose()
 
     app = create_app(plane, token, lifespan_hooks=(on_start, on_stop))
-    config = uvicorn.Config(app, log_level="warning", lifespan="on", access_log=False)
+    # Open wake streams (server-sent events) never end on their own: give them a few seconds.
+    config = uvicorn.Config(
+        app, log_level="warning", lifespan="on", access_log=False, timeout_graceful_shutdown=3
+    )
     server = uvicorn.Server(config)
     try:
         asyncio.run(server.serve(sockets=[sock]))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import hmac
+import json
 import logging
 import os
 import secrets
@@ -21,21 +22,30 @@ import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Literal, cast
+from typing import Literal, TypeVar, cast
 
 import uvicorn
 from fastapi import Depends, FastAPI, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, Field
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import BaseModel, Field, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from shellyard.errors import InvalidInput, ShellyardError, Unauthorized
 from shellyard.listen import bind_socket, socket_url
 from shellyard.runner.protocol import (
+    ApplyEntry,
+    ApplyResult,
+    ByteStream,
+    DiffResult,
+    DirListing,
+    EditResult,
+    GcResult,
     LogStream,
+    ObjectResult,
     PathEntry,
+    PruneResult,
     Runner,
     RunnerExecution,
     RunnerInfo,
@@ -45,6 +55,7 @@ from shellyard.runner.protocol import (
 )
 
 logger = logging.getLogger(__name__)
+M = TypeVar("M", bound=BaseModel)
 
 #: The server answers a ``wait`` after at most this long; the client loops for longer waits.
 WAIT_CAP_S = 30.0
@@ -55,6 +66,9 @@ H_OFFSET = "X-Shellyard-Offset"
 H_NEXT_OFFSET = "X-Shellyard-Next-Offset"
 H_SIZE = "X-Shellyard-Size"
 H_COMPLETE = "X-Shellyard-Complete"
+#: Request header of the upload endpoints (their body is the raw byte stream): the other
+#: arguments as ASCII JSON.
+H_ARGS = "X-Shellyard-Args"
 #: Printed (stderr) once the runner is started and the socket accepts requests.
 READY_PREFIX = "shellyard runner daemon ready on "
 
@@ -99,6 +113,85 @@ class PathRef(BaseModel):
 class FileReadRequest(PathRef):
     offset: int
     limit: int
+
+
+class ListDirRequest(BaseModel):
+    workspace_id: str
+    seq: int | None = None
+    path: str = ""
+    recursive: bool = False
+    after: str | None = None
+    limit: int = 1000
+
+
+class DiffRequest(BaseModel):
+    workspace_id: str
+    from_seq: int
+    to_seq: int | None = None
+    path: str = ""
+    after: str | None = None
+    limit: int = 1000
+
+
+class ReadStreamRequest(PathRef):
+    offset: int = 0
+    length: int | None = None
+
+
+class WriteFileArgs(BaseModel):
+    workspace_id: str
+    path: str
+    mode: int | None = None
+
+
+class WriteTarArgs(BaseModel):
+    workspace_id: str
+    path: str = ""
+
+
+class DeleteRequest(BaseModel):
+    workspace_id: str
+    path: str
+    recursive: bool = False
+
+
+class MoveRequest(BaseModel):
+    workspace_id: str
+    source: str
+    destination: str
+    overwrite: bool = False
+
+
+class RestoreRequest(BaseModel):
+    workspace_id: str
+    seq: int
+    path: str = ""
+
+
+class ObjectList(BaseModel):
+    sha256s: list[str]
+
+
+class ObjectResults(BaseModel):
+    results: list[ObjectResult]
+
+
+class SnapshotList(BaseModel):
+    snapshots: list[SnapshotInfo]
+
+
+class ApplyRequest(BaseModel):
+    workspace_id: str
+    entries: list[ApplyEntry]
+
+
+class PruneRequest(BaseModel):
+    workspace_id: str
+    keep: list[int]
+
+
+class GcRequest(BaseModel):
+    grace_s: float = Field(ge=0, allow_inf_nan=False)
 
 
 # --- token ---
@@ -169,6 +262,18 @@ def _bytes_response(
     if complete is not None:
         headers[H_COMPLETE] = "true" if complete else "false"
     return Response(content=data, media_type="application/octet-stream", headers=headers)
+
+
+def _upload_args(request: Request, model: type[M]) -> M:
+    """The arguments of an upload endpoint, from its ``X-Shellyard-Args`` header."""
+    try:
+        return model.model_validate(json.loads(request.headers.get(H_ARGS, "{}")))
+    except (ValueError, ValidationError) as exc:
+        raise InvalidInput(f"bad {H_ARGS} header for {request.url.path}: {exc}") from None
+
+
+def _stream_response(stream: ByteStream) -> StreamingResponse:
+    return StreamingResponse(stream, media_type="application/octet-stream")
 
 
 def create_runner_app(
@@ -293,6 +398,83 @@ def create_runner_app(
     async def read_file(body: FileReadRequest) -> Response:
         c = await runner.read_file(body.workspace_id, body.seq, body.path, body.offset, body.limit)
         return _bytes_response(c.data, c.offset, c.next_offset, c.size)
+
+    # --- files, history, transfers: byte streams are raw bodies, both ways ---
+
+    @app.post(f"{p}/list_snapshots")
+    async def list_snapshots(body: WorkspaceRef) -> SnapshotList:
+        return SnapshotList(snapshots=await runner.list_snapshots(body.workspace_id))
+
+    @app.post(f"{p}/list_dir")
+    async def list_dir(body: ListDirRequest) -> DirListing:
+        return await runner.list_dir(
+            body.workspace_id, body.seq, body.path, body.recursive, body.after, body.limit
+        )
+
+    @app.post(f"{p}/diff")
+    async def diff(body: DiffRequest) -> DiffResult:
+        return await runner.diff(
+            body.workspace_id, body.from_seq, body.to_seq, body.path, body.after, body.limit
+        )
+
+    @app.post(f"{p}/read_stream")
+    async def read_stream(body: ReadStreamRequest) -> StreamingResponse:
+        stream = await runner.read_stream(
+            body.workspace_id, body.seq, body.path, body.offset, body.length
+        )
+        return _stream_response(stream)
+
+    @app.post(f"{p}/export_tar")
+    async def export_tar(body: PathRef) -> StreamingResponse:
+        return _stream_response(await runner.export_tar(body.workspace_id, body.seq, body.path))
+
+    @app.post(f"{p}/write_file")
+    async def write_file(request: Request) -> EditResult:
+        args = _upload_args(request, WriteFileArgs)
+        return await runner.write_file(args.workspace_id, args.path, request.stream(), args.mode)
+
+    @app.post(f"{p}/write_tar")
+    async def write_tar(request: Request) -> EditResult:
+        args = _upload_args(request, WriteTarArgs)
+        return await runner.write_tar(args.workspace_id, args.path, request.stream())
+
+    @app.post(f"{p}/delete_path")
+    async def delete_path(body: DeleteRequest) -> EditResult:
+        return await runner.delete_path(body.workspace_id, body.path, body.recursive)
+
+    @app.post(f"{p}/move_path")
+    async def move_path(body: MoveRequest) -> EditResult:
+        return await runner.move_path(
+            body.workspace_id, body.source, body.destination, body.overwrite
+        )
+
+    @app.post(f"{p}/restore")
+    async def restore(body: RestoreRequest) -> EditResult:
+        return await runner.restore(body.workspace_id, body.seq, body.path)
+
+    @app.post(f"{p}/missing_objects")
+    async def missing_objects(body: ObjectList) -> ObjectList:
+        return ObjectList(sha256s=await runner.missing_objects(body.sha256s))
+
+    @app.post(f"{p}/export_objects")
+    async def export_objects(body: ObjectList) -> StreamingResponse:
+        return _stream_response(await runner.export_objects(body.sha256s))
+
+    @app.post(f"{p}/import_objects")
+    async def import_objects(request: Request) -> ObjectResults:
+        return ObjectResults(results=await runner.import_objects(request.stream()))
+
+    @app.post(f"{p}/apply_entries")
+    async def apply_entries(body: ApplyRequest) -> ApplyResult:
+        return await runner.apply_entries(body.workspace_id, body.entries)
+
+    @app.post(f"{p}/prune_snapshots")
+    async def prune_snapshots(body: PruneRequest) -> PruneResult:
+        return await runner.prune_snapshots(body.workspace_id, body.keep)
+
+    @app.post(f"{p}/collect_garbage")
+    async def collect_garbage(body: GcRequest) -> GcResult:
+        return await runner.collect_garbage(body.grace_s)
 
     return app
 

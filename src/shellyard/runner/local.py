@@ -16,29 +16,49 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import json
 import logging
 import os
+import queue
 import shlex
 import signal
 import stat
 import subprocess
 import time
-from collections.abc import Coroutine
+from collections.abc import AsyncIterator, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from shellyard import __version__
-from shellyard.errors import InvalidInput, NotFound, PathRefused, SandboxUnavailable, WorkspaceBusy
+from shellyard.errors import (
+    InvalidInput,
+    NotFound,
+    OutOfRoom,
+    PathRefused,
+    SandboxUnavailable,
+    WorkspaceBusy,
+)
 from shellyard.paths import normalize_relative
-from shellyard.runner import processes, sandbox
+from shellyard.runner import history, objects, processes, sandbox
+from shellyard.runner.edits import Editor
+from shellyard.runner.objects import PackImporter, StoreLock, aiter_thread
 from shellyard.runner.protocol import (
     MAX_READ_CHUNK,
+    ApplyEntry,
+    ApplyResult,
+    ByteStream,
+    DiffResult,
+    DirListing,
+    EditResult,
     FileChunk,
+    GcResult,
     LogChunk,
     LogStream,
+    ObjectResult,
     PathEntry,
+    PruneResult,
     RunnerExecState,
     RunnerExecution,
     RunnerInfo,
@@ -90,6 +110,16 @@ class LocalRunner:
         self._workspaces = self.root / "workspaces"
         self._executions = self.root / "executions"
         self._snapshots = SnapshotStore(self.root / "snapshots")
+        self._store_lock = StoreLock(self.root / "snapshots")
+        self._editor = Editor(
+            self._snapshots,
+            self._store_lock,
+            self.root / "staging",
+            sandbox.sandbox_ids(self.policy),
+            self.workspace_path,
+        )
+        #: Workspaces in the middle of a file operation (write, move, restore, batch, ...).
+        self._editing: set[str] = set()
         self._hidden = [self.root, *(hidden or [])]
         self._ids = sandbox.sandbox_ids(self.policy)
         self._live: dict[str, _Live] = {}
@@ -107,6 +137,7 @@ class LocalRunner:
             # must reach the workspace to bind it; nothing inside can list the others.
             directory.chmod(0o711)
         self._check_traversable(self._workspaces)
+        await asyncio.to_thread(self._editor.startup)
         await self._recover()
 
     def _check_traversable(self, directory: Path) -> None:
@@ -170,8 +201,8 @@ class LocalRunner:
         return await self._commit(workspace_id)
 
     async def _commit(self, workspace_id: str) -> SnapshotInfo:
-        tree = self.workspace_path(workspace_id)
-        return await asyncio.to_thread(self._snapshots.commit, workspace_id, tree)
+        # under the store's shared lock: a garbage collection never runs mid-commit
+        return await asyncio.to_thread(self._editor.commit, workspace_id)
 
     async def head(self, workspace_id: str) -> SnapshotInfo:
         self._require_workspace(workspace_id)
@@ -179,7 +210,7 @@ class LocalRunner:
 
     async def stat_path(self, workspace_id: str, seq: int | None, path: str) -> PathEntry | None:
         self._require_workspace(workspace_id)
-        return await asyncio.to_thread(self._snapshots.stat, workspace_id, seq, path)
+        return await asyncio.to_thread(history.stat, self._snapshots, workspace_id, seq, path)
 
     async def read_file(
         self, workspace_id: str, seq: int | None, path: str, offset: int, limit: int
@@ -190,6 +221,179 @@ class LocalRunner:
     def _require_workspace(self, workspace_id: str) -> None:
         if not self.workspace_path(workspace_id).is_dir():
             raise NotFound(f"workspace {workspace_id} does not exist on this runner")
+
+    # ----------------------------------------------------------------- files and history
+    # Reads come from committed snapshots only (W2); writer operations end with a commit
+    # (W1, W3). The logic lives in history.py, edits.py and objects.py.
+
+    async def list_snapshots(self, workspace_id: str) -> list[SnapshotInfo]:
+        self._require_workspace(workspace_id)
+        return await asyncio.to_thread(self._snapshots.list_snapshots, workspace_id)
+
+    async def list_dir(
+        self,
+        workspace_id: str,
+        seq: int | None,
+        path: str,
+        recursive: bool,
+        after: str | None,
+        limit: int,
+    ) -> DirListing:
+        self._require_workspace(workspace_id)
+        return await asyncio.to_thread(
+            history.list_dir, self._snapshots, workspace_id, seq, path, recursive, after, limit
+        )
+
+    async def diff(
+        self,
+        workspace_id: str,
+        from_seq: int,
+        to_seq: int | None,
+        path: str,
+        after: str | None,
+        limit: int,
+    ) -> DiffResult:
+        self._require_workspace(workspace_id)
+        return await asyncio.to_thread(
+            history.diff, self._snapshots, workspace_id, from_seq, to_seq, path, after, limit
+        )
+
+    async def read_stream(
+        self, workspace_id: str, seq: int | None, path: str, offset: int, length: int | None
+    ) -> ByteStream:
+        self._require_workspace(workspace_id)
+        if offset < 0 or (length is not None and length < 0):
+            raise InvalidInput(f"offset ({offset}) and length ({length}) must be zero or more")
+        handle, entry = await asyncio.to_thread(
+            history.open_file, self._snapshots, workspace_id, seq, path
+        )
+        start = min(offset, entry.size)
+        end = entry.size if length is None else min(entry.size, start + length)
+        return aiter_thread(history.read_chunks(handle, start, end))
+
+    async def export_tar(self, workspace_id: str, seq: int | None, path: str) -> ByteStream:
+        self._require_workspace(workspace_id)
+
+        def check() -> int:
+            m = history.manifest(self._snapshots, workspace_id, seq)
+            history.lookup(m, path)
+            return m.info.seq
+
+        fixed = await asyncio.to_thread(check)
+        return aiter_thread(history.tar_chunks(self._snapshots, workspace_id, fixed, path))
+
+    @contextlib.asynccontextmanager
+    async def _writing(self, workspace_id: str) -> AsyncIterator[None]:
+        """One writer operation at a time on the workspace, never beside an execution."""
+        self._require_workspace(workspace_id)
+        holder = self._busy_workspaces.get(workspace_id)
+        if holder is not None:
+            raise WorkspaceBusy(
+                f"workspace {workspace_id} is in use by execution {holder}; its files change "
+                f"only when it ends",
+                holder=holder,
+            )
+        if workspace_id in self._editing:
+            raise WorkspaceBusy(
+                f"workspace {workspace_id} is in the middle of another file operation",
+                holder="file operation",
+            )
+        self._editing.add(workspace_id)
+        try:
+            yield
+        except FileNotFoundError as exc:
+            # the live tree changed under the operation (nothing but a writer should touch it)
+            raise NotFound(
+                f"a file or folder of workspace {workspace_id} vanished during the operation "
+                f"({exc.strerror}: {exc.filename!r}); nothing was written outside it; try again"
+            ) from None
+        except OSError as exc:
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise OutOfRoom(
+                    f"workspace {workspace_id}'s filesystem is out of room ({exc.strerror}); "
+                    f"free space or write less"
+                ) from None
+            raise
+        finally:
+            self._editing.discard(workspace_id)
+
+    async def write_file(
+        self, workspace_id: str, path: str, data: ByteStream, mode: int | None
+    ) -> EditResult:
+        async with self._writing(workspace_id):
+            upload = await asyncio.to_thread(self._editor.begin_write, workspace_id, path, mode)
+            try:
+                async for chunk in _coalesce(data):
+                    await asyncio.to_thread(upload.write, chunk)
+            except BaseException:
+                await asyncio.to_thread(upload.abort)
+                raise
+            return await asyncio.to_thread(upload.finish)
+
+    async def write_tar(self, workspace_id: str, path: str, data: ByteStream) -> EditResult:
+        async with self._writing(workspace_id):
+            chunks: queue.Queue[bytes | None] = queue.Queue(maxsize=8)
+            unpacking = asyncio.ensure_future(
+                asyncio.to_thread(self._editor.unpack, workspace_id, path, chunks)
+            )
+            try:
+                async for chunk in _coalesce(data):
+                    await asyncio.to_thread(chunks.put, chunk)
+            finally:
+                await asyncio.to_thread(chunks.put, None)
+            return await unpacking
+
+    async def delete_path(self, workspace_id: str, path: str, recursive: bool) -> EditResult:
+        async with self._writing(workspace_id):
+            return await asyncio.to_thread(self._editor.delete, workspace_id, path, recursive)
+
+    async def move_path(
+        self, workspace_id: str, source: str, destination: str, overwrite: bool
+    ) -> EditResult:
+        async with self._writing(workspace_id):
+            return await asyncio.to_thread(
+                self._editor.move, workspace_id, source, destination, overwrite
+            )
+
+    async def restore(self, workspace_id: str, seq: int, path: str) -> EditResult:
+        async with self._writing(workspace_id):
+            return await asyncio.to_thread(self._editor.restore, workspace_id, seq, path)
+
+    async def missing_objects(self, sha256s: list[str]) -> list[str]:
+        return await asyncio.to_thread(objects.missing, self._snapshots, list(sha256s))
+
+    async def export_objects(self, sha256s: list[str]) -> ByteStream:
+        for sha in sha256s:
+            objects.check_sha(sha)
+        return aiter_thread(objects.pack_chunks(self._snapshots, list(sha256s)))
+
+    async def import_objects(self, data: ByteStream) -> list[ObjectResult]:
+        importer = PackImporter(self._snapshots)
+        try:
+            async for chunk in _coalesce(data):
+                await asyncio.to_thread(importer.feed, chunk)
+        except ValueError as exc:
+            importer.close()
+            raise InvalidInput(f"bad object pack: {exc}") from None
+        return importer.close()
+
+    async def apply_entries(self, workspace_id: str, entries: list[ApplyEntry]) -> ApplyResult:
+        async with self._writing(workspace_id):
+            outcomes, result = await asyncio.to_thread(
+                self._editor.apply, workspace_id, list(entries)
+            )
+        return ApplyResult(outcomes=outcomes, snapshot=result.snapshot)
+
+    async def prune_snapshots(self, workspace_id: str, keep: list[int]) -> PruneResult:
+        self._require_workspace(workspace_id)
+        return await asyncio.to_thread(history.prune, self._snapshots, workspace_id, list(keep))
+
+    async def collect_garbage(self, grace_s: float) -> GcResult:
+        if not grace_s >= 0:
+            raise InvalidInput(f"grace_s must be zero or more, not {grace_s!r}")
+        return await asyncio.to_thread(
+            objects.collect_garbage, self._snapshots, self._store_lock, grace_s
+        )
 
     # ----------------------------------------------------------------- executions
 
@@ -208,6 +412,11 @@ class LocalRunner:
             raise WorkspaceBusy(
                 f"workspace {request.workspace_id} is in use by execution {holder}",
                 holder=holder,
+            )
+        if request.workspace_id in self._editing:
+            raise WorkspaceBusy(
+                f"workspace {request.workspace_id} is in the middle of a file operation",
+                holder="file operation",
             )
         command = (
             ["bash", "-c", request.command]
@@ -483,6 +692,22 @@ class LocalRunner:
                     live.cancel_task = asyncio.ensure_future(self._cancel(live, requested))
             else:
                 self._spawn_task(self._finish(execution_id, live))
+
+
+async def _coalesce(data: ByteStream, size: int = 1 << 20) -> AsyncIterator[bytes]:
+    """Regroup a stream's chunks (HTTP bodies arrive in small pieces) into about ``size``
+    bytes each, so each worker-thread hop moves a useful amount."""
+    buf = bytearray()
+    async for chunk in data:
+        if not buf and len(chunk) >= size:
+            yield bytes(chunk)
+            continue
+        buf += chunk
+        if len(buf) >= size:
+            yield bytes(buf)
+            buf.clear()
+    if buf:
+        yield bytes(buf)
 
 
 def _check_id(value: str, what: str) -> None:

@@ -7,6 +7,7 @@ interchangeable. Messages are pydantic models so they cross HTTP unchanged.
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from enum import StrEnum
 from typing import Literal, Protocol, runtime_checkable
 
@@ -98,6 +99,104 @@ class FileChunk(BaseModel):
     size: int
 
 
+# --- files, history, transfers (W1–W6, T1–T5) ---
+
+#: A byte stream in bounded chunks (uploads, downloads, object packs); never one big bytes.
+ByteStream = AsyncIterator[bytes]
+#: Most entries one ``list_dir`` or ``diff`` page holds; callers page on with ``after``.
+MAX_PAGE = 10_000
+
+
+class DirListing(BaseModel):
+    """Entries below ``path`` in snapshot ``seq``, in the manifest's order (by folder, names
+    sorted). ``next_after``: pass it as ``after`` for the next page; None on the last one."""
+
+    workspace_id: str
+    seq: int
+    path: str
+    entries: list[PathEntry]
+    next_after: str | None = None
+
+
+class DiffEntry(BaseModel):
+    path: str
+    change: Literal["added", "removed", "changed"]
+    kind: Literal["file", "dir", "symlink"]
+    old_kind: Literal["file", "dir", "symlink"] | None = None
+    old_size: int | None = None
+    new_size: int | None = None
+    old_sha256: str | None = None
+    new_sha256: str | None = None
+
+
+class DiffResult(BaseModel):
+    workspace_id: str
+    from_seq: int
+    to_seq: int
+    changes: list[DiffEntry]
+    next_after: str | None = None
+
+
+class EditResult(BaseModel):
+    """What a writer operation on the runner did: the snapshot it ended with (W1, W3) and
+    the entries it wrote or removed."""
+
+    snapshot: SnapshotInfo
+    written: list[PathEntry] = Field(default_factory=list)
+    removed: list[str] = Field(default_factory=list)
+
+
+class ApplyEntry(BaseModel):
+    """One entry of a transfer batch, as the target should hold it. A file's bytes are the
+    object ``sha256``, which must be in the target runner's store (``import_objects``)."""
+
+    path: str
+    kind: Literal["file", "dir", "symlink"]
+    mode: int = 0o644
+    size: int = 0
+    sha256: str | None = None
+    target: str | None = None
+
+
+TransferOutcome = Literal["copied", "unchanged", "skipped", "failed"]
+
+
+class ApplyOutcome(BaseModel):
+    path: str
+    outcome: TransferOutcome
+    reason: str | None = None
+
+
+class ApplyResult(BaseModel):
+    outcomes: list[ApplyOutcome]
+    #: The commit that published the batch (T3: a file counts once it is in a snapshot).
+    snapshot: SnapshotInfo
+
+
+class ObjectResult(BaseModel):
+    """How importing one object went: ``ok`` (stored or already there) or ``error``."""
+
+    sha256: str
+    ok: bool
+    size: int = 0
+    existed: bool = False
+    error: str | None = None
+
+
+class PruneResult(BaseModel):
+    workspace_id: str
+    removed: list[int]
+    retained: list[int]
+
+
+class GcResult(BaseModel):
+    objects_seen: int
+    objects_removed: int
+    bytes_removed: int
+    #: Unreferenced objects younger than the grace period, kept for a writer in flight.
+    objects_young: int
+
+
 class RunnerInfo(BaseModel):
     runner_version: str
     sandbox: str
@@ -139,5 +238,70 @@ class Runner(Protocol):
     async def read_file(
         self, workspace_id: str, seq: int | None, path: str, offset: int, limit: int
     ) -> FileChunk: ...
+
+    # --- files and history (W2, W5, W6): reads of committed snapshots only ---
+
+    async def list_snapshots(self, workspace_id: str) -> list[SnapshotInfo]: ...
+
+    async def list_dir(
+        self,
+        workspace_id: str,
+        seq: int | None,
+        path: str,
+        recursive: bool,
+        after: str | None,
+        limit: int,
+    ) -> DirListing: ...
+
+    async def diff(
+        self,
+        workspace_id: str,
+        from_seq: int,
+        to_seq: int | None,
+        path: str,
+        after: str | None,
+        limit: int,
+    ) -> DiffResult: ...
+
+    async def read_stream(
+        self, workspace_id: str, seq: int | None, path: str, offset: int, length: int | None
+    ) -> ByteStream:
+        """The file's bytes from ``offset`` (``length`` None: to the end), streamed; errors
+        (missing file, a folder, a link) are raised before the first chunk."""
+        ...
+
+    async def export_tar(self, workspace_id: str, seq: int | None, path: str) -> ByteStream: ...
+
+    # --- writer operations (W1, W3): each ends with a commit; the caller holds the writer ---
+
+    async def write_file(
+        self, workspace_id: str, path: str, data: ByteStream, mode: int | None
+    ) -> EditResult: ...
+
+    async def write_tar(self, workspace_id: str, path: str, data: ByteStream) -> EditResult: ...
+
+    async def delete_path(self, workspace_id: str, path: str, recursive: bool) -> EditResult: ...
+
+    async def move_path(
+        self, workspace_id: str, source: str, destination: str, overwrite: bool
+    ) -> EditResult: ...
+
+    async def restore(self, workspace_id: str, seq: int, path: str) -> EditResult: ...
+
+    # --- transfers (T2–T4): objects move between runners, then a batch is applied ---
+
+    async def missing_objects(self, sha256s: list[str]) -> list[str]: ...
+
+    async def export_objects(self, sha256s: list[str]) -> ByteStream: ...
+
+    async def import_objects(self, data: ByteStream) -> list[ObjectResult]: ...
+
+    async def apply_entries(self, workspace_id: str, entries: list[ApplyEntry]) -> ApplyResult: ...
+
+    # --- retention ---
+
+    async def prune_snapshots(self, workspace_id: str, keep: list[int]) -> PruneResult: ...
+
+    async def collect_garbage(self, grace_s: float) -> GcResult: ...
 
     async def aclose(self) -> None: ...

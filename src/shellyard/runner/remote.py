@@ -9,7 +9,9 @@ treats as retryable (E9); it never resubmits on its own behalf except as describ
 
 from __future__ import annotations
 
+import json
 import time
+from collections.abc import AsyncIterator
 from typing import Any, TypeVar
 
 import httpx
@@ -18,25 +20,49 @@ from pydantic import BaseModel, ValidationError
 from shellyard.errors import InvalidInput, RunnerUnavailable, ShellyardError, error_from_dict
 from shellyard.runner.daemon import (
     API_PREFIX,
+    H_ARGS,
     H_COMPLETE,
     H_NEXT_OFFSET,
     H_OFFSET,
     H_SIZE,
     WAIT_CAP_S,
+    ApplyRequest,
+    DeleteRequest,
+    DiffRequest,
     ExecutionRef,
     FileReadRequest,
+    GcRequest,
+    ListDirRequest,
     LogReadRequest,
     LogRef,
     LogSize,
+    MoveRequest,
+    ObjectList,
+    ObjectResults,
     PathRef,
+    PruneRequest,
+    ReadStreamRequest,
+    RestoreRequest,
+    SnapshotList,
     WaitRequest,
     WorkspaceRef,
+    WriteFileArgs,
+    WriteTarArgs,
 )
 from shellyard.runner.protocol import (
+    ApplyEntry,
+    ApplyResult,
+    ByteStream,
+    DiffResult,
+    DirListing,
+    EditResult,
     FileChunk,
+    GcResult,
     LogChunk,
     LogStream,
+    ObjectResult,
     PathEntry,
+    PruneResult,
     RunnerExecState,
     RunnerExecution,
     RunnerInfo,
@@ -266,6 +292,189 @@ class RemoteRunner:
             next_offset=int(h[H_NEXT_OFFSET]),
             size=int(h[H_SIZE]),
         )
+
+    # --- byte streams (files, tar archives, object packs): never held whole in memory ---
+
+    async def _open_stream(self, method: str, body: BaseModel) -> ByteStream:
+        """POST ``body``; return the answer's bytes as a stream. An error answer is raised
+        here, before the first chunk."""
+        request = self._client.build_request(
+            "POST",
+            f"/{method}",
+            content=body.model_dump_json().encode(),
+            headers={"Content-Type": "application/json"},
+            timeout=self._slow,
+        )
+        try:
+            response = await self._client.send(request, stream=True)
+        except httpx.TransportError as e:
+            raise RunnerUnavailable(
+                f"runner at {self.base_url} cannot be reached for {method} ({e!r}); ask again "
+                "later",
+                method=method,
+            ) from e
+        if response.status_code >= 400:
+            await response.aread()
+            await response.aclose()
+            raise self._error(method, response)
+        return self._iter_response(method, response)
+
+    async def _iter_response(self, method: str, response: httpx.Response) -> AsyncIterator[bytes]:
+        try:
+            async for chunk in response.aiter_raw():
+                yield chunk
+        except httpx.TransportError as e:
+            raise RunnerUnavailable(
+                f"the {method} stream from the runner at {self.base_url} broke ({e!r}); what "
+                "arrived is incomplete, ask again",
+                method=method,
+            ) from e
+        finally:
+            await response.aclose()
+
+    async def _upload(self, method: str, args: BaseModel, data: ByteStream, model: type[M]) -> M:
+        """POST ``data`` as the raw body (streamed), the other arguments in a header. Never
+        retried: a stream cannot be sent twice."""
+        headers = {
+            H_ARGS: json.dumps(args.model_dump(mode="json")),
+            "Content-Type": "application/octet-stream",
+        }
+        try:
+            response = await self._client.post(
+                f"/{method}", content=data, headers=headers, timeout=self._slow
+            )
+        except httpx.TransportError as e:
+            raise RunnerUnavailable(
+                f"runner at {self.base_url} did not take the {method} upload ({e!r}); ask "
+                "again later",
+                method=method,
+            ) from e
+        if response.status_code >= 400:
+            raise self._error(method, response)
+        try:
+            return model.model_validate_json(response.content)
+        except ValidationError as e:
+            raise ShellyardError(
+                f"runner at {self.base_url} sent a malformed {method} answer: {e}"
+            ) from e
+
+    # --- files and history ---
+
+    async def list_snapshots(self, workspace_id: str) -> list[SnapshotInfo]:
+        body = _body(WorkspaceRef, workspace_id=workspace_id)
+        return (await self._call("list_snapshots", body, SnapshotList)).snapshots
+
+    async def list_dir(
+        self,
+        workspace_id: str,
+        seq: int | None,
+        path: str,
+        recursive: bool,
+        after: str | None,
+        limit: int,
+    ) -> DirListing:
+        body = _body(
+            ListDirRequest,
+            workspace_id=workspace_id,
+            seq=seq,
+            path=path,
+            recursive=recursive,
+            after=after,
+            limit=limit,
+        )
+        return await self._call("list_dir", body, DirListing)
+
+    async def diff(
+        self,
+        workspace_id: str,
+        from_seq: int,
+        to_seq: int | None,
+        path: str,
+        after: str | None,
+        limit: int,
+    ) -> DiffResult:
+        body = _body(
+            DiffRequest,
+            workspace_id=workspace_id,
+            from_seq=from_seq,
+            to_seq=to_seq,
+            path=path,
+            after=after,
+            limit=limit,
+        )
+        return await self._call("diff", body, DiffResult)
+
+    async def read_stream(
+        self, workspace_id: str, seq: int | None, path: str, offset: int, length: int | None
+    ) -> ByteStream:
+        body = _body(
+            ReadStreamRequest,
+            workspace_id=workspace_id,
+            seq=seq,
+            path=path,
+            offset=offset,
+            length=length,
+        )
+        return await self._open_stream("read_stream", body)
+
+    async def export_tar(self, workspace_id: str, seq: int | None, path: str) -> ByteStream:
+        body = _body(PathRef, workspace_id=workspace_id, seq=seq, path=path)
+        return await self._open_stream("export_tar", body)
+
+    async def write_file(
+        self, workspace_id: str, path: str, data: ByteStream, mode: int | None
+    ) -> EditResult:
+        args = _body(WriteFileArgs, workspace_id=workspace_id, path=path, mode=mode)
+        return await self._upload("write_file", args, data, EditResult)
+
+    async def write_tar(self, workspace_id: str, path: str, data: ByteStream) -> EditResult:
+        args = _body(WriteTarArgs, workspace_id=workspace_id, path=path)
+        return await self._upload("write_tar", args, data, EditResult)
+
+    async def delete_path(self, workspace_id: str, path: str, recursive: bool) -> EditResult:
+        body = _body(DeleteRequest, workspace_id=workspace_id, path=path, recursive=recursive)
+        return await self._call("delete_path", body, EditResult, self._slow)
+
+    async def move_path(
+        self, workspace_id: str, source: str, destination: str, overwrite: bool
+    ) -> EditResult:
+        body = _body(
+            MoveRequest,
+            workspace_id=workspace_id,
+            source=source,
+            destination=destination,
+            overwrite=overwrite,
+        )
+        return await self._call("move_path", body, EditResult, self._slow)
+
+    async def restore(self, workspace_id: str, seq: int, path: str) -> EditResult:
+        body = _body(RestoreRequest, workspace_id=workspace_id, seq=seq, path=path)
+        return await self._call("restore", body, EditResult, self._slow)
+
+    # --- transfers ---
+
+    async def missing_objects(self, sha256s: list[str]) -> list[str]:
+        body = _body(ObjectList, sha256s=sha256s)
+        return (await self._call("missing_objects", body, ObjectList)).sha256s
+
+    async def export_objects(self, sha256s: list[str]) -> ByteStream:
+        return await self._open_stream("export_objects", _body(ObjectList, sha256s=sha256s))
+
+    async def import_objects(self, data: ByteStream) -> list[ObjectResult]:
+        args = _body(WorkspaceRef, workspace_id="-")  # no arguments besides the stream
+        return (await self._upload("import_objects", args, data, ObjectResults)).results
+
+    async def apply_entries(self, workspace_id: str, entries: list[ApplyEntry]) -> ApplyResult:
+        body = _body(ApplyRequest, workspace_id=workspace_id, entries=entries)
+        return await self._call("apply_entries", body, ApplyResult, self._slow)
+
+    async def prune_snapshots(self, workspace_id: str, keep: list[int]) -> PruneResult:
+        body = _body(PruneRequest, workspace_id=workspace_id, keep=keep)
+        return await self._call("prune_snapshots", body, PruneResult, self._slow)
+
+    async def collect_garbage(self, grace_s: float) -> GcResult:
+        body = _body(GcRequest, grace_s=grace_s)
+        return await self._call("collect_garbage", body, GcResult, self._slow)
 
     async def aclose(self) -> None:
         await self._client.aclose()

@@ -144,6 +144,8 @@ _OPEN_DIR = os.O_RDONLY | _O_DIRECTORY | _O_NOFOLLOW | _O_CLOEXEC
 _OPEN_TMP = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_CLOEXEC
 
 _Sig = tuple[int, int, int, int]
+#: Commit hints: relative path → (sha256 digest, (mtime_ns, ctime_ns, size, inode)).
+Hints = dict[str, tuple[bytes, tuple[int, int, int, int]]]
 #: (digest, bytes read, stat before reading) or None when the file is gone / not a file.
 _Stored = tuple[bytes, int, os.stat_result] | None
 #: A folder as scanned: (device, inode, names NUL-joined, packed stats).
@@ -552,6 +554,8 @@ class CommitStats:
     bytes_hashed: int = 0
     #: Files re-read only because they were racily clean.
     racy: int = 0
+    #: Files taken from the caller's hints (written from store objects), not read.
+    files_known: int = 0
     #: Entries that vanished or changed type while the commit walked the tree.
     skipped: int = 0
     #: Files the store could not read (permission denied); left out of the snapshot.
@@ -835,9 +839,14 @@ class SnapshotStore:
         with self._workspace_lock(workspace_id, wdir):
             return self._load_state(workspace_id, wdir).head_info
 
-    def commit(self, workspace_id: str, tree: Path) -> SnapshotInfo:
+    def commit(self, workspace_id: str, tree: Path, hints: Hints | None = None) -> SnapshotInfo:
         """Snapshot ``tree`` as the workspace's next seq (W3), or return the head with
-        ``new=False`` when the tree equals it."""
+        ``new=False`` when the tree equals it.
+
+        ``hints`` (path → digest and the file's stat as (mtime_ns, ctime_ns, size, inode))
+        names files the caller has just written from objects already in this store: a file
+        whose stat still matches is taken with that digest instead of being read again (a
+        transfer or a restore that copied it out of the store knows its content)."""
         started = time.perf_counter()
         wdir = self._wdir(workspace_id)
         stats = CommitStats(workspace_id=workspace_id)
@@ -853,7 +862,7 @@ class SnapshotStore:
                 ) from None
             try:
                 clock = self._tick(wdir)
-                dirs = self._walk(root_fd, state.dirs, clock, stats)
+                dirs = self._walk(root_fd, state.dirs, clock, stats, hints)
             finally:
                 os.close(root_fd)
             body, files, total = self._encode_manifest(dirs)
@@ -1254,7 +1263,12 @@ class SnapshotStore:
         return out
 
     def _walk(
-        self, root_fd: int, old: dict[str, _DirRecord], clock: int, stats: CommitStats
+        self,
+        root_fd: int,
+        old: dict[str, _DirRecord],
+        clock: int,
+        stats: CommitStats,
+        hints: Hints | None = None,
     ) -> dict[str, _DirRecord]:
         """Walk the tree; return its folder records in canonical (sorted path) order."""
         prescans = self._prescan(root_fd, old, stats)
@@ -1291,7 +1305,7 @@ class SnapshotStore:
                         reused += 1
                     else:
                         builder = self._rebuild(
-                            fd, dpath, scan_names, scan_stats, rec, clock, stats
+                            fd, dpath, scan_names, scan_stats, rec, clock, stats, hints
                         )
                         out[dpath] = builder
                         subdirs = builder.subdirs
@@ -1353,9 +1367,10 @@ class SnapshotStore:
         old: _DirRecord | None,
         clock: int,
         stats: CommitStats,
+        hints: Hints | None = None,
     ) -> _DirBuilder:
         """Build a folder's section entry by entry, reading only files whose stat changed
-        or is racily clean."""
+        or is racily clean (and not named by a matching hint)."""
         prev_scan: dict[str, bytes] = {}
         prev_file: dict[str, tuple[bytes, int]] = {}
         old_clock = 0
@@ -1380,7 +1395,7 @@ class SnapshotStore:
         s_isreg, s_isdir, s_islnk = stat_mod.S_ISREG, stat_mod.S_ISDIR, stat_mod.S_ISLNK
         for i in sorted(range(len(names)), key=names.__getitem__):
             name = names[i]
-            mode, mtime, ctime, st_size, _ino = sts[i]
+            mode, mtime, ctime, st_size, ino = sts[i]
             if s_isreg(mode):
                 latest = max(mtime, ctime)
                 if latest > b.max_time:
@@ -1390,8 +1405,12 @@ class SnapshotStore:
                     prev is not None
                     and prev_scan.get(name) == scan_stats[_SCAN_SIZE * i : _SCAN_SIZE * (i + 1)]
                 )
+                hint = hints.get(f"{dpath}/{name}" if dpath else name) if hints else None
                 if prev is not None and same and latest < old_clock:
                     digest, size = prev
+                elif hint is not None and hint[1] == (mtime, ctime, st_size, ino):
+                    digest, size = hint[0], st_size
+                    stats.files_known += 1
                 else:
                     if same:
                         stats.racy += 1
@@ -1649,4 +1668,4 @@ class SnapshotStore:
         return _Manifest(info, paths, kinds, modes, sizes, digests, targets)
 
 
-__all__ = ["CommitStats", "SnapshotStore"]
+__all__ = ["CommitStats", "Hints", "SnapshotStore"]

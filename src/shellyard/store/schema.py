@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from sqlalchemy import (
     JSON,
+    BigInteger,
     Boolean,
     Column,
     Float,
@@ -107,6 +108,8 @@ snapshots = Table(
     Column("files", Integer, nullable=False),
     Column("bytes", Integer, nullable=False),
     Column("created_at", Float, nullable=False),
+    # Retention: set when the runner deleted this snapshot's manifest (revision 0003_files).
+    Column("pruned_at", Float, nullable=True),
 )
 
 notices = Table(
@@ -121,6 +124,182 @@ notices = Table(
     Column("created_at", Float, nullable=False),
     Column("read_at", Float, nullable=True),
     Column("woke_at", Float, nullable=True),
+    # The wake that delivered it (N2), set with woke_at: each notice is woken at most once.
+    Column("wake_id", String(64), nullable=True),
     UniqueConstraint("kind", "subject_id", name="uq_notice_subject"),
 )
 Index("ix_notices_agent_unread", notices.c.agent_id, notices.c.read_at)
+
+# ---------------------------------------------------------------------- sessions, wakes, timers
+# (N1–N11; revision 0002_sessions)
+
+#: Every lifecycle change of a session or one of its agents (N8–N11), in order.
+session_events = Table(
+    "session_events",
+    metadata,
+    Column("seq", Integer, primary_key=True, autoincrement=True),
+    Column("session_id", String(64), ForeignKey("sessions.id"), nullable=False),
+    Column("agent_id", String(64), nullable=True),
+    Column("kind", String(32), nullable=False),
+    Column("detail", JSON, nullable=True),
+    Column("created_at", Float, nullable=False),
+)
+Index("ix_session_events_session", session_events.c.session_id, session_events.c.seq)
+
+#: One-time reminders (N5–N7). ``state``: pending, then fired or cancelled, never back.
+timers = Table(
+    "timers",
+    metadata,
+    Column("id", String(64), primary_key=True),
+    Column("agent_id", String(64), ForeignKey("agents.id"), nullable=False),
+    Column("session_id", String(64), ForeignKey("sessions.id"), nullable=False),
+    Column("text", Text, nullable=False),
+    # What the caller gave: {"after_ms": n} or {"at": "..."}; fire_at is the UTC instant.
+    Column("spec", JSON, nullable=False),
+    Column("fire_at", Float, nullable=False),
+    Column("execution_id", String(64), nullable=True),
+    Column("state", String(16), nullable=False),
+    Column("late", Boolean, nullable=False, default=False),
+    Column("cancel_reason", Text, nullable=True),
+    Column("created_at", Float, nullable=False),
+    Column("fired_at", Float, nullable=True),
+    Column("cancelled_at", Float, nullable=True),
+)
+Index("ix_timers_state_fire_at", timers.c.state, timers.c.fire_at)
+Index("ix_timers_agent", timers.c.agent_id)
+Index("ix_timers_execution", timers.c.execution_id)
+
+#: Webhook channels for wakes; ``session_id`` None means every session.
+webhooks = Table(
+    "webhooks",
+    metadata,
+    Column("id", String(64), primary_key=True),
+    Column("session_id", String(64), ForeignKey("sessions.id"), nullable=True),
+    Column("url", Text, nullable=False),
+    Column("secret", Text, nullable=False),
+    Column("active", Boolean, nullable=False, default=True),
+    Column("created_at", Float, nullable=False),
+)
+
+#: Emitted wakes (N2). ``seq`` orders them (the SSE event id); ``payload`` is the exact body
+#: every channel gets, so a retry or a replay sends the same bytes.
+wakes = Table(
+    "wakes",
+    metadata,
+    Column("seq", Integer, primary_key=True, autoincrement=True),
+    Column("id", String(64), nullable=False, unique=True),
+    Column("session_id", String(64), ForeignKey("sessions.id"), nullable=False),
+    Column("agent_id", String(64), ForeignKey("agents.id"), nullable=False),
+    Column("reason", String(16), nullable=False),
+    Column("payload", JSON, nullable=False),
+    Column("created_at", Float, nullable=False),
+)
+Index("ix_wakes_session", wakes.c.session_id, wakes.c.seq)
+
+#: One webhook delivery of one wake: pending (retried with backoff), delivered or failed.
+wake_deliveries = Table(
+    "wake_deliveries",
+    metadata,
+    Column("id", String(64), primary_key=True),
+    Column("wake_id", String(64), ForeignKey("wakes.id"), nullable=False),
+    Column("webhook_id", String(64), ForeignKey("webhooks.id"), nullable=False),
+    Column("state", String(16), nullable=False),
+    Column("attempts", Integer, nullable=False, default=0),
+    Column("next_attempt_at", Float, nullable=True),
+    Column("delivered_at", Float, nullable=True),
+    Column("last_error", Text, nullable=True),
+    UniqueConstraint("wake_id", "webhook_id", name="uq_delivery_wake_webhook"),
+)
+Index("ix_wake_deliveries_state", wake_deliveries.c.state)
+
+#: Every HTTP attempt of a delivery; ``finished_at`` stays null when the control plane died
+#: during the attempt (marked interrupted on the next start).
+delivery_attempts = Table(
+    "delivery_attempts",
+    metadata,
+    Column("seq", Integer, primary_key=True, autoincrement=True),
+    Column("delivery_id", String(64), ForeignKey("wake_deliveries.id"), nullable=False),
+    Column("number", Integer, nullable=False),
+    Column("started_at", Float, nullable=False),
+    Column("finished_at", Float, nullable=True),
+    Column("status_code", Integer, nullable=True),
+    Column("error", Text, nullable=True),
+)
+Index("ix_delivery_attempts_delivery", delivery_attempts.c.delivery_id)
+
+# ---------------------------------------------------------------------- transfers, artifacts
+# (T1–T5; revision 0003_files)
+
+#: An explicit copy from a source workspace's committed snapshot into a target (T2, T3).
+#: ``state``: queued, running, then completed, partial, failed or cancelled. The counters
+#: count files committed into the target (T3: bytes copied prove nothing).
+transfers = Table(
+    "transfers",
+    metadata,
+    Column("id", String(64), primary_key=True),
+    Column("agent_id", String(64), ForeignKey("agents.id"), nullable=False),
+    Column("source_workspace_id", String(64), ForeignKey("workspaces.id"), nullable=False),
+    Column("source_seq", Integer, nullable=True),
+    Column("target_workspace_id", String(64), ForeignKey("workspaces.id"), nullable=False),
+    Column("target_folder", Text, nullable=False),
+    Column("paths", JSON, nullable=False),
+    Column("options", JSON, nullable=False),
+    Column("state", String(16), nullable=False),
+    Column("error", Text, nullable=True),
+    Column("files_total", Integer, nullable=False, default=0),
+    Column("bytes_total", BigInteger, nullable=False, default=0),
+    Column("files_copied", Integer, nullable=False, default=0),
+    Column("files_unchanged", Integer, nullable=False, default=0),
+    Column("files_skipped", Integer, nullable=False, default=0),
+    Column("files_failed", Integer, nullable=False, default=0),
+    Column("bytes_done", BigInteger, nullable=False, default=0),
+    # Bytes of objects streamed from the source runner to the target (0 on one runner: the
+    # two workspaces share the content-addressed store).
+    Column("bytes_sent", BigInteger, nullable=False, default=0),
+    Column("batches", Integer, nullable=False, default=0),
+    Column("target_seq", Integer, nullable=True),
+    Column("cancel_requested", Boolean, nullable=False, default=False),
+    Column("created_at", Float, nullable=False),
+    Column("started_at", Float, nullable=True),
+    Column("finished_at", Float, nullable=True),
+)
+Index("ix_transfers_agent", transfers.c.agent_id, transfers.c.created_at)
+Index("ix_transfers_state", transfers.c.state)
+
+#: One entry of a transfer and its outcome: pending, then copied, unchanged, skipped or failed
+#: (with the reason); ``target_seq`` is the target snapshot that published it.
+transfer_files = Table(
+    "transfer_files",
+    metadata,
+    Column("transfer_id", String(64), ForeignKey("transfers.id"), primary_key=True),
+    Column("idx", Integer, primary_key=True),
+    Column("source_path", Text, nullable=False),
+    Column("target_path", Text, nullable=False),
+    Column("kind", String(8), nullable=False),
+    Column("mode", Integer, nullable=False, default=0o644),
+    Column("size", BigInteger, nullable=False, default=0),
+    Column("sha256", String(64), nullable=True),
+    Column("link_target", Text, nullable=True),
+    Column("outcome", String(16), nullable=False),
+    Column("reason", Text, nullable=True),
+    Column("target_seq", Integer, nullable=True),
+)
+Index("ix_transfer_files_outcome", transfer_files.c.transfer_id, transfer_files.c.outcome)
+
+#: A file an agent declared as a deliverable (T5): always a file of a committed snapshot of
+#: its own workspace on the local runner; that snapshot is kept by retention.
+artifacts = Table(
+    "artifacts",
+    metadata,
+    Column("id", String(64), primary_key=True),
+    Column("agent_id", String(64), ForeignKey("agents.id"), nullable=False),
+    Column("workspace_id", String(64), ForeignKey("workspaces.id"), nullable=False),
+    Column("runner_id", String(64), nullable=False),
+    Column("seq", Integer, nullable=False),
+    Column("path", Text, nullable=False),
+    Column("name", String(255), nullable=False),
+    Column("sha256", String(64), nullable=False),
+    Column("size", BigInteger, nullable=False),
+    Column("created_at", Float, nullable=False),
+    UniqueConstraint("agent_id", "name", name="uq_artifact_agent_name"),
+)

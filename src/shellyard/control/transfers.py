@@ -1,0 +1,590 @@
+"""Transfers (T1–T4): explicit copies from a source workspace's committed snapshot into a target
+workspace, on the same runner or across runners, through one code path.
+
+``start`` records the source's latest committed snapshot on the transfer (T2), expands the
+paths (files, folders, globs) against that snapshot into one row per entry, and takes the
+target's writer (refused naming the holder, or queued). A background task then copies in
+batches (by count and by bytes). Per batch:
+
+1. ``missing_objects`` on the target runner: which contents it lacks. Between two workspaces
+   of one runner the answer is "none" — they share the content-addressed store, so no byte
+   moves through the control plane.
+2. ``export_objects`` on the source runner streamed into ``import_objects`` on the target (one
+   stream per batch, bounded chunks; each object verified against its sha256).
+3. ``apply_entries`` on the target: the batch is written into the live tree and committed, and
+   per entry the runner answers ``copied``, ``unchanged``, ``skipped`` or ``failed`` + reason.
+
+Only then are the outcomes recorded, with the target snapshot that holds them (T3: a file
+counts once it is committed). A cancel or a failure stops between batches and keeps every
+committed batch. The final state is ``completed``, ``partial``, ``failed`` or ``cancelled``; a
+finished transfer posts a notice to its owner (N1). Transfers survive a restart of the control
+plane: an unfinished one resumes with its pending files.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fnmatch
+import logging
+import time
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+from shellyard.control.access import WorkspaceAccess
+from shellyard.errors import InvalidInput, NotFound, ShellyardError
+from shellyard.files_model import (
+    TransferFilesView,
+    TransferFileView,
+    TransferRequest,
+    TransferView,
+    WorkspaceView,
+)
+from shellyard.model import validation_message
+from shellyard.paths import normalize_relative
+from shellyard.runner.protocol import MAX_PAGE, ApplyEntry, ByteStream, PathEntry, Runner
+from shellyard.store import Store
+from shellyard.store.files import TERMINAL_TRANSFER_STATES, FileRecords
+from shellyard.store.store import new_id
+
+log = logging.getLogger(__name__)
+Row = Mapping[str, Any]
+
+#: Most entries one transfer may name (each gets a row with its outcome).
+MAX_TRANSFER_ENTRIES = 2_000_000
+_GLOB = frozenset("*?[")
+
+
+class _Cancelled(Exception):
+    """Raised inside an object stream to stop it when the transfer is cancelled."""
+
+
+class TransferService:
+    def __init__(self, store: Store, records: FileRecords, access: WorkspaceAccess) -> None:
+        self.store = store
+        self.records = records
+        self.access = access
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._cancel: dict[str, asyncio.Event] = {}
+        self._in_flight: dict[str, int] = {}
+        self._sent: dict[str, int] = {}
+        self._closing = False
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def startup(self) -> None:
+        """Resume the transfers a previous control plane left queued or running."""
+        for row in await self.records.active_transfers():
+            self._launch(str(row["id"]))
+
+    async def aclose(self) -> None:
+        self._closing = True
+        tasks = list(self._tasks.values())
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._tasks.clear()
+
+    # ------------------------------------------------------------------ T1
+
+    async def discover(self, agent_id: str | None = None) -> list[WorkspaceView]:
+        return await self.access.discover(await self.access.agent(agent_id))
+
+    # ------------------------------------------------------------------ T2
+
+    async def start(
+        self, request: TransferRequest | Mapping[str, Any], agent_id: str | None = None
+    ) -> TransferView:
+        if not isinstance(request, TransferRequest):
+            request = _parse(request)
+        agent = await self.access.agent(agent_id)
+        src, _r1, src_runner = await self.access.workspace(
+            agent, request.source_workspace_id, use="transfer"
+        )
+        dst, _r2, _dst_runner = await self.access.workspace(
+            agent, request.target_workspace_id, use="transfer"
+        )
+        target_folder = normalize_relative(request.target_folder)
+        patterns = [
+            normalize_relative(p) if not _is_glob(p) else _glob_text(p) for p in request.paths
+        ]
+        source_seq = (await src_runner.head(str(src["id"]))).seq
+        files = await _plan(src_runner, str(src["id"]), source_seq, patterns, target_folder)
+        transfer_id = new_id("tr")
+        dst_id = str(dst["id"])
+        cancel = asyncio.Event()
+        # T2: the target's writer is held for the whole copy; refused (naming the holder) or
+        # queued, like an execution.
+        if request.queue:
+            holds = await self.store.take_writer(dst_id, "transfer", transfer_id)
+        else:
+            holds = await self.access.take_writer(dst_id, "transfer", transfer_id, queue=False)
+        options = request.model_dump(
+            include={"queue", "batch_files", "batch_bytes", "max_bytes_per_s"}
+        )
+        values = {
+            "id": transfer_id,
+            "agent_id": str(agent["id"]),
+            "source_workspace_id": str(src["id"]),
+            "source_seq": source_seq,
+            "target_workspace_id": dst_id,
+            "target_folder": target_folder,
+            "paths": list(request.paths),
+            "options": options,
+            "state": "running" if holds else "queued",
+            "files_total": len(files),
+            "bytes_total": sum(int(f["size"]) for f in files if f["kind"] == "file"),
+            "files_copied": 0,
+            "files_unchanged": 0,
+            "files_skipped": 0,
+            "files_failed": 0,
+            "bytes_done": 0,
+            "bytes_sent": 0,
+            "batches": 0,
+            "cancel_requested": False,
+            "created_at": time.time(),
+            "started_at": time.time() if holds else None,
+        }
+        try:
+            row = await self.records.create_transfer(values, files)
+        except BaseException:
+            if holds:
+                await self.access.release_writer(dst_id, transfer_id)
+            raise
+        self._cancel[transfer_id] = cancel
+        self._launch(transfer_id)
+        return self._view(row)
+
+    def _launch(self, transfer_id: str) -> None:
+        if self._closing or transfer_id in self._tasks:
+            return
+        self._cancel.setdefault(transfer_id, asyncio.Event())
+        task = asyncio.create_task(self._run(transfer_id), name=f"transfer-{transfer_id}")
+        self._tasks[transfer_id] = task
+        task.add_done_callback(lambda _t: self._tasks.pop(transfer_id, None))
+
+    # ------------------------------------------------------------------ the copy
+
+    async def _run(self, transfer_id: str) -> None:
+        row = await self.records.get_transfer(transfer_id)
+        if row is None or row["state"] in TERMINAL_TRANSFER_STATES:
+            return
+        cancel = self._cancel[transfer_id]
+        if row["cancel_requested"]:
+            cancel.set()
+        target = str(row["target_workspace_id"])
+        try:
+            if not await self.access.take_writer(
+                target, "transfer", transfer_id, queue=True, cancelled=cancel
+            ):
+                await self._finish(row, "cancelled", None)
+                return
+            if row["state"] == "queued":
+                await self.records.update_transfer(
+                    transfer_id, state="running", started_at=time.time()
+                )
+            error = await self._copy(row, cancel)
+            await self._finish(row, "cancelled" if cancel.is_set() else None, error)
+        except asyncio.CancelledError:
+            raise  # the control plane is closing: the transfer resumes on the next start
+        except Exception as exc:
+            log.exception("transfer %s failed", transfer_id)
+            await self._finish(row, None, f"{type(exc).__name__}: {exc}")
+        finally:
+            self._in_flight.pop(transfer_id, None)
+
+    async def _copy(self, row: Row, cancel: asyncio.Event) -> str | None:
+        """Copy the pending files batch by batch; the error that stopped it, if any."""
+        transfer_id = str(row["id"])
+        options = dict(row["options"] or {})
+        batch_files = int(options.get("batch_files") or 1000)
+        batch_bytes = int(options.get("batch_bytes") or 256 << 20)
+        rate = options.get("max_bytes_per_s")
+        src = await self.store.get_workspace(str(row["source_workspace_id"]))
+        dst = await self.store.get_workspace(str(row["target_workspace_id"]))
+        assert src is not None and dst is not None
+        src_runner = self.access.runners.get(str(src["runner_id"]))
+        dst_runner = self.access.runners.get(str(dst["runner_id"]))
+        await self.access.ensure(dst)
+        started = time.monotonic()
+        moved = 0
+        after = -1
+        while not cancel.is_set():
+            rows = await self.records.pending_files(transfer_id, after, batch_files)
+            if not rows:
+                return None
+            batch: list[Row] = []
+            size = 0
+            for r in rows:
+                if batch and size + int(r["size"]) > batch_bytes:
+                    break
+                batch.append(r)
+                size += int(r["size"]) if r["kind"] == "file" else 0
+            after = int(batch[-1]["idx"])
+            try:
+                outcomes, snapshot = await self._batch(
+                    transfer_id,
+                    batch,
+                    src_runner,
+                    str(src["id"]),
+                    dst_runner,
+                    str(dst["id"]),
+                    cancel,
+                )
+            except _Cancelled:
+                return None
+            except ShellyardError as exc:
+                if cancel.is_set():
+                    return None
+                self._sent.pop(transfer_id, None)
+                reason = f"the batch could not be copied: {exc.message}"
+                await self.records.record_outcomes(
+                    transfer_id, [(int(r["idx"]), "failed", reason, None) for r in batch], None
+                )
+                return exc.message
+            finally:
+                self._in_flight[transfer_id] = 0
+            sent = self._sent.pop(transfer_id, 0)
+            await self.records.record_outcomes(transfer_id, outcomes, snapshot, sent)
+            moved += size
+            if rate:
+                lag = moved / float(rate) - (time.monotonic() - started)
+                if lag > 0:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(cancel.wait(), lag)
+        return None
+
+    async def _batch(
+        self,
+        transfer_id: str,
+        rows: list[Row],
+        src_runner: Runner,
+        src_ws: str,
+        dst_runner: Runner,
+        dst_ws: str,
+        cancel: asyncio.Event,
+    ) -> tuple[list[tuple[int, str, str | None, int | None]], dict[str, Any] | None]:
+        """Copy one batch; (outcomes, the target snapshot as a dict with ``sent`` bytes)."""
+        shas = list(dict.fromkeys(str(r["sha256"]) for r in rows if r["kind"] == "file"))
+        lacking = await dst_runner.missing_objects(shas) if shas else []
+        bad: dict[str, str] = {}
+        if lacking:
+            pack = await src_runner.export_objects(lacking)
+            results = await dst_runner.import_objects(self._watch(transfer_id, pack, cancel))
+            if cancel.is_set():
+                raise _Cancelled
+            self._sent[transfer_id] = sum(r.size for r in results if r.ok)
+            got = {r.sha256: r for r in results}
+            for sha in lacking:
+                result = got.get(sha)
+                if result is None or not result.ok:
+                    bad[sha] = (result.error or "failed") if result else "it never arrived"
+        if cancel.is_set():
+            raise _Cancelled
+        entries = [
+            ApplyEntry(
+                path=str(r["target_path"]),
+                kind=r["kind"],
+                mode=int(r["mode"]),
+                size=int(r["size"]),
+                sha256=r["sha256"],
+                target=r["link_target"],
+            )
+            for r in rows
+            if not (r["kind"] == "file" and r["sha256"] in bad)
+        ]
+        outcome_of: dict[str, tuple[str, str | None]] = {}
+        snapshot: dict[str, Any] | None = None
+        seq: int | None = None
+        if entries:
+            applied = await dst_runner.apply_entries(dst_ws, entries)
+            snapshot = applied.snapshot.model_dump()
+            seq = applied.snapshot.seq
+            outcome_of = {o.path: (o.outcome, o.reason) for o in applied.outcomes}
+        outcomes: list[tuple[int, str, str | None, int | None]] = []
+        for r in rows:
+            if r["kind"] == "file" and r["sha256"] in bad:
+                why = f"could not copy its content from the source: {bad[str(r['sha256'])]}"
+                outcomes.append((int(r["idx"]), "failed", why, None))
+                continue
+            outcome, reason = outcome_of.get(
+                str(r["target_path"]), ("failed", "the target runner did not report it")
+            )
+            committed = outcome in ("copied", "unchanged")
+            outcomes.append((int(r["idx"]), outcome, reason, seq if committed else None))
+        return outcomes, snapshot
+
+    async def _watch(
+        self, transfer_id: str, stream: ByteStream, cancel: asyncio.Event
+    ) -> AsyncIterator[bytes]:
+        """Count the bytes of an object stream (progress) and stop it on cancel."""
+        self._in_flight[transfer_id] = 0
+        async for chunk in stream:
+            if cancel.is_set():
+                close = getattr(stream, "aclose", None)
+                if close is not None:
+                    await close()
+                raise _Cancelled
+            self._in_flight[transfer_id] = self._in_flight.get(transfer_id, 0) + len(chunk)
+            yield chunk
+
+    async def _finish(self, row: Row, forced: str | None, error: str | None) -> None:
+        transfer_id = str(row["id"])
+        fresh = await self.records.get_transfer(transfer_id)
+        assert fresh is not None
+        done = int(fresh["files_copied"]) + int(fresh["files_unchanged"])
+        if forced is not None:
+            state = forced
+        elif error is not None or int(fresh["files_failed"]):
+            state = "partial" if done else "failed"
+        else:
+            state = "completed"
+        reason = (
+            "the transfer was cancelled before this file was copied"
+            if state == "cancelled"
+            else f"not copied: the transfer stopped ({error})"
+        )
+        final = await self.records.finish_transfer(transfer_id, state, error, reason)
+        self._cancel.pop(transfer_id, None)
+        await self.access.writer_released(str(row["target_workspace_id"]))
+        if final is None:
+            return
+        if state != "cancelled":  # the owner asked for a cancel: it knows (N3's spirit)
+            summary = (
+                f"transfer {transfer_id} {state}: {final['files_copied']} copied, "
+                f"{final['files_unchanged']} unchanged, {final['files_skipped']} skipped, "
+                f"{final['files_failed']} failed into workspace {final['target_workspace_id']}"
+                + (f" (snapshot {final['target_seq']})" if final["target_seq"] is not None else "")
+            )
+            await self.store.add_notice(str(final["agent_id"]), "transfer", transfer_id, summary)
+
+    # ------------------------------------------------------------------ T3
+
+    async def _owned(self, transfer_id: str, agent_id: str | None) -> Row:
+        agent = await self.access.agent(agent_id)
+        row = await self.records.get_transfer(transfer_id)
+        if row is None or row["agent_id"] != agent["id"]:
+            raise NotFound(
+                f"no transfer {transfer_id!r}; list yours with workspace_transfer action 'list'"
+            )
+        return row
+
+    async def query(self, transfer_id: str, agent_id: str | None = None) -> TransferView:
+        return self._view(await self._owned(transfer_id, agent_id))
+
+    async def list(self, agent_id: str | None = None, limit: int = 100) -> list[TransferView]:
+        agent = await self.access.agent(agent_id)
+        return [self._view(r) for r in await self.records.list_transfers(str(agent["id"]), limit)]
+
+    async def files(
+        self,
+        transfer_id: str,
+        outcome: str | None = None,
+        offset: int = 0,
+        limit: int = 1000,
+        agent_id: str | None = None,
+    ) -> TransferFilesView:
+        if outcome not in (None, "pending", "copied", "unchanged", "skipped", "failed"):
+            raise InvalidInput(
+                f"outcome must be one of pending, copied, unchanged, skipped, failed; not "
+                f"{outcome!r}"
+            )
+        if offset < 0 or not 1 <= limit <= MAX_PAGE:
+            raise InvalidInput(f"offset must be 0 or more and limit between 1 and {MAX_PAGE}")
+        await self._owned(transfer_id, agent_id)
+        rows = await self.records.transfer_files(transfer_id, outcome, offset, limit + 1)
+        views = [
+            TransferFileView(
+                source_path=r["source_path"],
+                target_path=r["target_path"],
+                kind=r["kind"],
+                size=int(r["size"]),
+                sha256=r["sha256"],
+                outcome=r["outcome"],
+                reason=r["reason"],
+                target_seq=r["target_seq"],
+            )
+            for r in rows[:limit]
+        ]
+        return TransferFilesView(
+            transfer_id=transfer_id,
+            files=views,
+            next_offset=offset + limit if len(rows) > limit else None,
+        )
+
+    async def wait(
+        self, transfer_id: str, timeout_s: float, agent_id: str | None = None
+    ) -> TransferView:
+        """The transfer once it is terminal, or as it is when ``timeout_s`` runs out."""
+        row = await self._owned(transfer_id, agent_id)
+        task = self._tasks.get(transfer_id)
+        if task is not None and row["state"] not in TERMINAL_TRANSFER_STATES:
+            with contextlib.suppress(TimeoutError, asyncio.CancelledError):
+                await asyncio.wait_for(asyncio.shield(task), max(0.0, timeout_s))
+        return await self.query(transfer_id, agent_id)
+
+    async def cancel(
+        self, transfer_id: str, agent_id: str | None = None, wait_s: float = 0.0
+    ) -> TransferView:
+        """Stop after the batch being copied; every committed file stays (T3)."""
+        row = await self._owned(transfer_id, agent_id)
+        if row["state"] in TERMINAL_TRANSFER_STATES:
+            return self._view(row)
+        await self.records.update_transfer(transfer_id, cancel_requested=True)
+        event = self._cancel.get(transfer_id)
+        if event is not None:
+            event.set()
+        if transfer_id not in self._tasks:
+            await self._finish(row, "cancelled", None)
+        if wait_s > 0:
+            return await self.wait(transfer_id, wait_s, agent_id)
+        return await self.query(transfer_id, agent_id)
+
+    def _view(self, row: Row) -> TransferView:
+        return TransferView(
+            transfer_id=row["id"],
+            state=row["state"],
+            agent_id=row["agent_id"],
+            source_workspace_id=row["source_workspace_id"],
+            source_seq=row["source_seq"],
+            target_workspace_id=row["target_workspace_id"],
+            target_folder=row["target_folder"],
+            paths=list(row["paths"] or []),
+            files_total=int(row["files_total"]),
+            bytes_total=int(row["bytes_total"]),
+            files_copied=int(row["files_copied"]),
+            files_unchanged=int(row["files_unchanged"]),
+            files_skipped=int(row["files_skipped"]),
+            files_failed=int(row["files_failed"]),
+            bytes_done=int(row["bytes_done"]),
+            bytes_in_flight=self._in_flight.get(str(row["id"]), 0),
+            bytes_sent=int(row["bytes_sent"] or 0),
+            batches=int(row["batches"]),
+            target_seq=row["target_seq"],
+            error=row["error"],
+            cancel_requested=bool(row["cancel_requested"]),
+            created_at=row["created_at"],
+            started_at=row["started_at"],
+            finished_at=row["finished_at"],
+        )
+
+
+# ---------------------------------------------------------------------- planning
+
+
+def _parse(data: Mapping[str, Any]) -> TransferRequest:
+    from pydantic import ValidationError
+
+    try:
+        return TransferRequest.model_validate(dict(data))
+    except ValidationError as exc:
+        raise InvalidInput(validation_message(exc)) from None
+
+
+def _is_glob(path: str) -> bool:
+    return any(ch in _GLOB for ch in path)
+
+
+def _glob_text(pattern: str) -> str:
+    """Check a glob's text like a path (relative, no escape, no NUL)."""
+    rel = normalize_relative(pattern)
+    if not rel:
+        raise InvalidInput(f"glob {pattern!r} matches nothing; give a pattern such as 'data/*.csv'")
+    return rel
+
+
+def _match(parts: list[str], names: list[str]) -> bool:
+    """Whether path components ``names`` match pattern components ``parts`` (``**`` matches
+    any number of folders, the rest as ``fnmatch`` within one component)."""
+    if not parts:
+        return not names
+    head, rest = parts[0], parts[1:]
+    if head == "**":
+        return any(_match(rest, names[k:]) for k in range(len(names) + 1))
+    return bool(names) and fnmatch.fnmatchcase(names[0], head) and _match(rest, names[1:])
+
+
+async def _walk(runner: Runner, ws: str, seq: int, path: str) -> AsyncIterator[PathEntry]:
+    after: str | None = None
+    while True:
+        page = await runner.list_dir(ws, seq, path, True, after, MAX_PAGE)
+        for entry in page.entries:
+            if entry.path != path:
+                yield entry
+        if page.next_after is None:
+            return
+        after = page.next_after
+
+
+async def _plan(
+    runner: Runner, ws: str, seq: int, patterns: list[str], target_folder: str
+) -> list[dict[str, Any]]:
+    """One row per entry to copy, in source order, each with its target path."""
+    out: dict[str, dict[str, Any]] = {}
+
+    def add(entry: PathEntry, base: str) -> None:
+        sub = entry.path[len(base) + 1 :] if base else entry.path
+        target = f"{target_folder}/{sub}" if target_folder else sub
+        if target in out:
+            return  # named twice (or by two patterns): copied once
+        if len(out) >= MAX_TRANSFER_ENTRIES:
+            raise InvalidInput(
+                f"the transfer names more than {MAX_TRANSFER_ENTRIES} entries; split it"
+            )
+        out[target] = {
+            "idx": len(out),
+            "source_path": entry.path,
+            "target_path": target,
+            "kind": entry.kind,
+            "mode": entry.mode,
+            "size": entry.size if entry.kind == "file" else 0,
+            "sha256": entry.sha256,
+            "link_target": entry.target,
+        }
+
+    for pattern in patterns:
+        if not _is_glob(pattern):
+            entry = await runner.stat_path(ws, seq, pattern)
+            if entry is None:
+                raise NotFound(
+                    f"no {pattern!r} in snapshot {seq} of workspace {ws} (its latest committed "
+                    f"snapshot); check the path or list the folder",
+                    path=pattern,
+                )
+            base = pattern.rpartition("/")[0]
+            if pattern:
+                add(entry, base)
+            if entry.kind == "dir":
+                async for child in _walk(runner, ws, seq, pattern):
+                    add(child, base)
+            continue
+        parts = pattern.split("/")
+        first = next(i for i, part in enumerate(parts) if _is_glob(part))
+        base = "/".join(parts[:first])
+        head = await runner.stat_path(ws, seq, base) if base else None
+        if base and (head is None or head.kind != "dir"):
+            raise NotFound(
+                f"glob {pattern!r} matches nothing: {base!r} is not a folder in snapshot {seq}",
+                path=pattern,
+            )
+        matched_dirs: set[str] = set()
+        found = False
+        async for entry in _walk(runner, ws, seq, base):
+            names = entry.path.split("/")
+            inside = any("/".join(names[:k]) in matched_dirs for k in range(1, len(names)))
+            if inside or _match(parts, names):
+                found = True
+                add(entry, base)
+                if entry.kind == "dir":
+                    matched_dirs.add(entry.path)
+        if not found:
+            raise NotFound(
+                f"glob {pattern!r} matches nothing in snapshot {seq} of workspace {ws}",
+                path=pattern,
+            )
+    return list(out.values())
+
+
+__all__ = ["TransferService"]

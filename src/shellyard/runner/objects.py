@@ -1,0 +1,382 @@
+"""Objects of a runner's snapshot store on the move (T2–T4) and their garbage collection.
+
+**Packs.** A transfer between runners sends the objects the target lacks as one stream per
+batch, never one request per file and never a whole file in memory::
+
+    b"SYPACK1\\n"
+    then per object: "<32sBQ" (sha256 digest, status, size), then ``size`` bytes
+        status 0: the object follows; 1: the source has no such object (size 0)
+    then the end frame: 32 zero bytes, status 2, size 0
+
+The exporter reads each object in bounded chunks; the importer writes each into a temp file
+while hashing it and renames it into place only when the digest matches, so a corrupt or
+truncated stream never puts a wrong object in the store. Per object the importer reports
+``ok`` or why not (missing at the source, corrupt, out of room, the stream ended early).
+
+**Garbage collection.** An object is garbage when no retained manifest of any workspace of
+the store names it. ``collect_garbage`` marks every digest of every manifest and deletes the
+rest, under the store's exclusive lock; commits and transfer batches hold the shared lock from
+their first object to their manifest, so an object is never removed between the moment a writer
+decides to reuse it and the moment its manifest names it. Objects imported for a batch not
+applied yet are protected by a grace period on their mtime (``missing_objects`` and imports
+touch the objects they count on), so GC is safe while readers and writers run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import fcntl
+import hashlib
+import os
+import re
+import struct
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+from shellyard.runner.protocol import GcResult, ObjectResult
+from shellyard.runner.snapshots import SnapshotStore
+
+PACK_MAGIC = b"SYPACK1\n"
+_FRAME = struct.Struct("<32sBQ")
+_OK, _MISSING, _END = 0, 1, 2
+#: Chunks the exporter yields (and the importer's largest write) are about this big.
+PACK_CHUNK = 1 << 20
+_SHA = re.compile(r"[0-9a-f]{64}")
+
+# manifest layout (see snapshots.py): header "<4sIdqq32s", then body "<QQQ" n, plen, tlen,
+# kinds n, modes 4n, sizes 8n, paths plen, digests 32n, targets tlen
+_MANIFEST_HEADER_SIZE = struct.calcsize("<4sIdqq32s")
+_BODY = struct.Struct("<QQQ")
+
+
+def check_sha(value: str) -> str:
+    from shellyard.errors import InvalidInput
+
+    if not isinstance(value, str) or not _SHA.fullmatch(value):
+        raise InvalidInput(
+            f"{value!r} is not an object name; pass a sha256 as 64 lowercase hex digits"
+        )
+    return value
+
+
+# ---------------------------------------------------------------------- the store lock
+
+
+class StoreLock:
+    """Shared by writers (commits, transfer batches, restores), exclusive for GC: an
+    ``flock`` on ``<store>/gc.lock``, a fresh descriptor per holder so threads of one process
+    exclude each other as processes do."""
+
+    def __init__(self, store_root: Path) -> None:
+        self.path = store_root / "gc.lock"
+
+    @contextlib.contextmanager
+    def hold(self, exclusive: bool = False) -> Iterator[None]:
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+            yield
+        finally:
+            os.close(fd)
+
+
+# ---------------------------------------------------------------------- export
+
+
+def object_path(store: SnapshotStore, sha256: str) -> str:
+    return store._object_path(sha256)
+
+
+def missing(store: SnapshotStore, sha256s: list[str]) -> list[str]:
+    """The objects of ``sha256s`` this store lacks. Those it has are touched, so a GC in the
+    next grace period keeps them for the batch that counts on them."""
+    out: list[str] = []
+    for sha in dict.fromkeys(sha256s):
+        path = object_path(store, check_sha(sha))
+        try:
+            os.utime(path)
+        except FileNotFoundError:
+            out.append(sha)
+    return out
+
+
+def pack_chunks(store: SnapshotStore, sha256s: list[str]) -> Iterator[bytes]:
+    """The pack of ``sha256s`` in chunks of about ``PACK_CHUNK`` bytes (a sync generator;
+    ``aiter_thread`` runs it off the event loop)."""
+    buf = bytearray(PACK_MAGIC)
+    for sha in sha256s:
+        digest = bytes.fromhex(check_sha(sha))
+        try:
+            fd = os.open(object_path(store, sha), os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            buf += _FRAME.pack(digest, _MISSING, 0)
+            continue
+        try:
+            size = os.fstat(fd).st_size
+            buf += _FRAME.pack(digest, _OK, size)
+            sent = 0
+            while sent < size:
+                room = max(PACK_CHUNK - len(buf), 64 << 10)
+                data = os.pread(fd, min(room, size - sent), sent)
+                if not data:
+                    # the object shrank under us: the stream cannot keep its promise
+                    raise OSError(errno.EIO, f"object {sha} ended after {sent} of {size} bytes")
+                buf += data
+                sent += len(data)
+                if len(buf) >= PACK_CHUNK:
+                    yield bytes(buf)
+                    buf.clear()
+        finally:
+            os.close(fd)
+    buf += _FRAME.pack(bytes(32), _END, 0)
+    yield bytes(buf)
+
+
+async def aiter_thread(chunks: Iterator[bytes]) -> AsyncIterator[bytes]:
+    """Run a blocking chunk generator on a worker thread, one chunk per hop."""
+    done = object()
+    try:
+        while True:
+            chunk = await asyncio.to_thread(next, chunks, done)
+            if chunk is done:
+                return
+            assert isinstance(chunk, bytes)
+            yield chunk
+    finally:
+        close = getattr(chunks, "close", None)
+        if close is not None:
+            close()
+
+
+# ---------------------------------------------------------------------- import
+
+
+class PackImporter:
+    """Parses a pack fed in arbitrary chunks (``feed`` runs on a worker thread) and stores
+    each object once its digest is verified."""
+
+    def __init__(self, store: SnapshotStore) -> None:
+        self._store = store
+        self._buf = bytearray()
+        self._magic = False
+        self._ended = False
+        self.results: list[ObjectResult] = []
+        # the object being received
+        self._digest: bytes | None = None
+        self._remaining = 0
+        self._size = 0
+        self._hasher: hashlib._Hash | None = None
+        self._tmp: str | None = None
+        self._fd: int | None = None
+        self._error: str | None = None
+
+    def feed(self, chunk: bytes) -> None:
+        if self._ended:
+            if chunk:
+                raise ValueError("data after the end of the object pack")
+            return
+        self._buf += chunk
+        while True:
+            if not self._magic:
+                if len(self._buf) < len(PACK_MAGIC):
+                    return
+                if bytes(self._buf[: len(PACK_MAGIC)]) != PACK_MAGIC:
+                    raise ValueError("this is not an object pack (bad magic)")
+                del self._buf[: len(PACK_MAGIC)]
+                self._magic = True
+            if self._digest is None:
+                if len(self._buf) < _FRAME.size:
+                    return
+                digest, status, size = _FRAME.unpack_from(self._buf)
+                del self._buf[: _FRAME.size]
+                if status == _END:
+                    self._ended = True
+                    return
+                if status == _MISSING:
+                    self.results.append(
+                        ObjectResult(
+                            sha256=digest.hex(),
+                            ok=False,
+                            error="the source runner has no such object (its store lost it)",
+                        )
+                    )
+                    continue
+                self._begin(digest, size)
+                if size == 0:
+                    self._finish()
+                continue
+            take = min(len(self._buf), self._remaining)
+            if take == 0:
+                return
+            self._write(memoryview(self._buf)[:take])
+            del self._buf[:take]
+            self._remaining -= take
+            if self._remaining == 0:
+                self._finish()
+
+    def _begin(self, digest: bytes, size: int) -> None:
+        self._digest, self._size, self._remaining = digest, size, size
+        self._hasher = hashlib.sha256()
+        self._error = None
+        self._tmp, self._fd = None, None
+        if os.path.exists(object_path(self._store, digest.hex())):
+            return  # already here: the bytes are only hashed (and checked), not stored
+        try:
+            self._tmp, self._fd = self._store._new_tmp()
+        except OSError as exc:
+            self._fail(exc)
+
+    def _write(self, data: memoryview) -> None:
+        assert self._hasher is not None
+        self._hasher.update(data)
+        if self._fd is None or self._error is not None:
+            return
+        try:
+            while data:
+                data = data[os.write(self._fd, data) :]
+        except OSError as exc:
+            self._fail(exc)
+
+    def _fail(self, exc: OSError) -> None:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            self._error = f"the target runner is out of room ({exc.strerror})"
+        else:
+            self._error = f"the target runner could not store it: {exc.strerror or exc}"
+        self._drop_tmp()
+
+    def _drop_tmp(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+        if self._tmp is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self._tmp)
+            self._tmp = None
+
+    def _finish(self) -> None:
+        assert self._digest is not None and self._hasher is not None
+        sha = self._digest.hex()
+        existed = self._tmp is None and self._error is None
+        if self._hasher.digest() != self._digest:
+            self._drop_tmp()
+            self.results.append(
+                ObjectResult(
+                    sha256=sha,
+                    ok=False,
+                    size=self._size,
+                    error="its bytes do not match its sha256: the source copy is corrupt",
+                )
+            )
+        elif self._error is not None:
+            self.results.append(
+                ObjectResult(sha256=sha, ok=False, size=self._size, error=self._error)
+            )
+        else:
+            final = object_path(self._store, sha)
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
+                assert self._tmp is not None
+                if os.path.exists(final):
+                    os.unlink(self._tmp)
+                    existed = True
+                else:
+                    os.rename(self._tmp, final)
+                self._tmp = None
+            with contextlib.suppress(FileNotFoundError):
+                os.utime(final)  # fresh mtime: a GC's grace period protects it until applied
+            self.results.append(ObjectResult(sha256=sha, ok=True, size=self._size, existed=existed))
+        self._digest = None
+        self._hasher = None
+
+    def close(self) -> list[ObjectResult]:
+        """The results; an object cut off by the end of the stream is reported failed."""
+        if self._digest is not None:
+            self._drop_tmp()
+            self.results.append(
+                ObjectResult(
+                    sha256=self._digest.hex(),
+                    ok=False,
+                    size=self._size,
+                    error="the stream from the source ended in the middle of this object",
+                )
+            )
+            self._digest = None
+        return self.results
+
+    @property
+    def ended(self) -> bool:
+        return self._ended
+
+
+# ---------------------------------------------------------------------- garbage collection
+
+
+def manifest_digests(raw: bytes) -> Iterator[bytes]:
+    """The file digests a manifest names (its header and layout are snapshots.py's)."""
+    off = _MANIFEST_HEADER_SIZE
+    n, plen, _tlen = _BODY.unpack_from(raw, off)
+    off += _BODY.size
+    kinds = raw[off : off + n]
+    off += n + 12 * n + plen
+    for i in range(n):
+        if kinds[i] == ord("f"):
+            yield raw[off + 32 * i : off + 32 * i + 32]
+
+
+def collect_garbage(store: SnapshotStore, lock: StoreLock, grace_s: float) -> GcResult:
+    """Delete the objects no retained manifest names and older than ``grace_s``."""
+    seen = removed = freed = young = 0
+    with lock.hold(exclusive=True):
+        marked: set[bytes] = set()
+        workspaces = store.root / "workspaces"
+        for wdir in workspaces.iterdir() if workspaces.is_dir() else ():
+            manifests = wdir / "manifests"
+            if not manifests.is_dir():
+                continue
+            for entry in os.scandir(manifests):
+                if not entry.name.isdigit():
+                    continue
+                with contextlib.suppress(FileNotFoundError):
+                    marked.update(manifest_digests(Path(entry.path).read_bytes()))
+        cutoff = time.time() - grace_s
+        objects = store.root / "objects"
+        for prefix in sorted(os.listdir(objects)):
+            if len(prefix) != 2:
+                continue  # objects/tmp
+            for entry in os.scandir(objects / prefix):
+                seen += 1
+                try:
+                    digest = bytes.fromhex(prefix + entry.name)
+                except ValueError:
+                    continue
+                if digest in marked:
+                    continue
+                try:
+                    st = entry.stat(follow_symlinks=False)
+                except FileNotFoundError:
+                    continue
+                if st.st_mtime > cutoff:
+                    young += 1
+                    continue
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(entry.path)
+                    removed += 1
+                    freed += st.st_size
+    return GcResult(
+        objects_seen=seen, objects_removed=removed, bytes_removed=freed, objects_young=young
+    )
+
+
+__all__ = [
+    "PACK_MAGIC",
+    "PackImporter",
+    "StoreLock",
+    "aiter_thread",
+    "collect_garbage",
+    "missing",
+    "pack_chunks",
+]

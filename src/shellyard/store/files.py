@@ -1,0 +1,326 @@
+"""Records of files, history, transfers and artifacts (W5, T1–T5), over the same ``Store``:
+each operation is a synchronous function of a ``Connection`` run as one transaction by
+``Store._run``, like the store's own."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from shellyard.store.schema import (
+    agents,
+    artifacts,
+    executions,
+    snapshots,
+    transfer_files,
+    transfers,
+    workspaces,
+)
+from shellyard.store.store import (
+    Row,
+    Store,
+    _fetch_one,
+    _record_snapshot,
+    _release_writer,
+)
+
+ACTIVE_TRANSFER_STATES = ("queued", "running")
+TERMINAL_TRANSFER_STATES = ("completed", "partial", "failed", "cancelled")
+
+
+class FileRecords:
+    """The control plane's records for files, transfers and artifacts."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    # ------------------------------------------------------------------ workspaces, agents
+
+    async def workspaces_of(self, agent_ids: Sequence[str]) -> list[Row]:
+        return await self.store._all(
+            sa.select(workspaces)
+            .where(workspaces.c.agent_id.in_(list(agent_ids)))
+            .order_by(workspaces.c.created_at)
+        )
+
+    async def children(self, agent_id: str) -> list[Row]:
+        return await self.store._all(
+            sa.select(agents).where(agents.c.parent_id == agent_id).order_by(agents.c.created_at)
+        )
+
+    async def writer_of(self, workspace_id: str) -> tuple[str | None, str | None]:
+        row = await self.store.get_workspace(workspace_id)
+        if row is None:
+            return None, None
+        return row["writer_kind"], row["writer_id"]
+
+    # ------------------------------------------------------------------ history
+
+    async def snapshot_rows(self, workspace_id: str) -> list[Row]:
+        return await self.store.list_snapshots(workspace_id)
+
+    async def referenced_seqs(self, workspace_id: str) -> set[int]:
+        """Snapshots of the workspace that a record names: an execution's commit, a
+        transfer's source or last target snapshot, an artifact (retention keeps them)."""
+        return await self.store._run(_referenced_seqs, workspace_id)
+
+    async def mark_pruned(self, workspace_id: str, seqs: Sequence[int]) -> None:
+        await self.store._run(_mark_pruned, workspace_id, list(seqs))
+
+    # ------------------------------------------------------------------ transfers
+
+    async def create_transfer(self, values: dict[str, Any], files: list[dict[str, Any]]) -> Row:
+        return await self.store._run(_create_transfer, values, files)
+
+    async def get_transfer(self, transfer_id: str) -> Row | None:
+        return await self.store._one(sa.select(transfers).where(transfers.c.id == transfer_id))
+
+    async def list_transfers(self, agent_id: str, limit: int = 100) -> list[Row]:
+        return await self.store._all(
+            sa.select(transfers)
+            .where(transfers.c.agent_id == agent_id)
+            .order_by(transfers.c.created_at.desc())
+            .limit(limit)
+        )
+
+    async def active_transfers(self) -> list[Row]:
+        return await self.store._all(
+            sa.select(transfers)
+            .where(transfers.c.state.in_(ACTIVE_TRANSFER_STATES))
+            .order_by(transfers.c.created_at)
+        )
+
+    async def update_transfer(
+        self,
+        transfer_id: str,
+        *,
+        from_states: Sequence[str] = ACTIVE_TRANSFER_STATES,
+        **values: Any,
+    ) -> bool:
+        return await self.store._run(_update_transfer, transfer_id, tuple(from_states), values)
+
+    async def pending_files(self, transfer_id: str, after_idx: int, limit: int) -> list[Row]:
+        return await self.store._all(
+            sa.select(transfer_files)
+            .where(
+                transfer_files.c.transfer_id == transfer_id,
+                transfer_files.c.outcome == "pending",
+                transfer_files.c.idx > after_idx,
+            )
+            .order_by(transfer_files.c.idx)
+            .limit(limit)
+        )
+
+    async def transfer_files(
+        self, transfer_id: str, outcome: str | None, offset: int, limit: int
+    ) -> list[Row]:
+        stmt = sa.select(transfer_files).where(transfer_files.c.transfer_id == transfer_id)
+        if outcome is not None:
+            stmt = stmt.where(transfer_files.c.outcome == outcome)
+        return await self.store._all(
+            stmt.order_by(transfer_files.c.idx).offset(offset).limit(limit)
+        )
+
+    async def record_outcomes(
+        self,
+        transfer_id: str,
+        outcomes: list[tuple[int, str, str | None, int | None]],
+        snapshot: dict[str, Any] | None,
+        sent: int = 0,
+    ) -> Row:
+        """A batch is published: its files' outcomes (idx, outcome, reason, target seq), the
+        transfer's counters, and the target snapshot that holds them, in one transaction."""
+        return await self.store._run(_record_outcomes, transfer_id, outcomes, snapshot, sent)
+
+    async def finish_transfer(
+        self, transfer_id: str, state: str, error: str | None, pending_reason: str
+    ) -> Row | None:
+        """Make the transfer terminal (files never reached get ``skipped`` with
+        ``pending_reason``) and release the target's writer; one transaction. None when it
+        was terminal already."""
+        return await self.store._run(_finish_transfer, transfer_id, state, error, pending_reason)
+
+    # ------------------------------------------------------------------ artifacts
+
+    async def create_artifact(self, values: dict[str, Any]) -> Row:
+        return await self.store._run(_create_artifact, values)
+
+    async def get_artifact(self, artifact_id: str) -> Row | None:
+        return await self.store._one(sa.select(artifacts).where(artifacts.c.id == artifact_id))
+
+    async def find_artifact(self, agent_id: str, name: str) -> Row | None:
+        return await self.store._one(
+            sa.select(artifacts).where(artifacts.c.agent_id == agent_id, artifacts.c.name == name)
+        )
+
+    async def list_artifacts(self, agent_id: str) -> list[Row]:
+        return await self.store._all(
+            sa.select(artifacts)
+            .where(artifacts.c.agent_id == agent_id)
+            .order_by(artifacts.c.created_at)
+        )
+
+
+# ---------------------------------------------------------------------- operations
+
+
+def _referenced_seqs(conn: Connection, workspace_id: str) -> set[int]:
+    seqs: set[int] = set()
+    for stmt in (
+        sa.select(executions.c.snapshot_seq).where(executions.c.workspace_id == workspace_id),
+        sa.select(transfers.c.source_seq).where(transfers.c.source_workspace_id == workspace_id),
+        sa.select(transfers.c.target_seq).where(transfers.c.target_workspace_id == workspace_id),
+        sa.select(artifacts.c.seq).where(artifacts.c.workspace_id == workspace_id),
+    ):
+        seqs.update(int(v) for v in conn.execute(stmt.distinct()).scalars() if v is not None)
+    return seqs
+
+
+def _mark_pruned(conn: Connection, workspace_id: str, seqs: list[int]) -> None:
+    if seqs:
+        conn.execute(
+            snapshots.update()
+            .where(
+                snapshots.c.workspace_id == workspace_id,
+                snapshots.c.seq.in_(seqs),
+                snapshots.c.pruned_at.is_(None),
+            )
+            .values(pruned_at=time.time())
+        )
+
+
+def _create_transfer(conn: Connection, values: dict[str, Any], files: list[dict[str, Any]]) -> Row:
+    conn.execute(transfers.insert().values(**values))
+    if files:
+        conn.execute(
+            transfer_files.insert(),
+            [{"transfer_id": values["id"], "outcome": "pending", **f} for f in files],
+        )
+    row = _fetch_one(conn, sa.select(transfers).where(transfers.c.id == values["id"]))
+    assert row is not None
+    return row
+
+
+def _update_transfer(
+    conn: Connection, transfer_id: str, from_states: tuple[str, ...], values: dict[str, Any]
+) -> bool:
+    result = conn.execute(
+        transfers.update()
+        .where(transfers.c.id == transfer_id, transfers.c.state.in_(from_states))
+        .values(**values)
+    )
+    return bool(result.rowcount)
+
+
+_COUNTER = {
+    "copied": "files_copied",
+    "unchanged": "files_unchanged",
+    "skipped": "files_skipped",
+    "failed": "files_failed",
+}
+
+
+def _record_outcomes(
+    conn: Connection,
+    transfer_id: str,
+    outcomes: list[tuple[int, str, str | None, int | None]],
+    snapshot: dict[str, Any] | None,
+    sent: int,
+) -> Row:
+    if outcomes:
+        conn.execute(
+            transfer_files.update()
+            .where(
+                transfer_files.c.transfer_id == sa.bindparam("t_id"),
+                transfer_files.c.idx == sa.bindparam("t_idx"),
+            )
+            .values(
+                outcome=sa.bindparam("t_outcome"),
+                reason=sa.bindparam("t_reason"),
+                target_seq=sa.bindparam("t_seq"),
+            ),
+            [
+                {"t_id": transfer_id, "t_idx": i, "t_outcome": o, "t_reason": r, "t_seq": s}
+                for i, o, r, s in outcomes
+            ],
+        )
+    counts: dict[str, Any] = {}
+    for _i, outcome, _r, _s in outcomes:
+        column = _COUNTER[outcome]
+        counts[column] = counts.get(column, 0) + 1
+    done_bytes = 0
+    if outcomes:
+        sizes = conn.execute(
+            sa.select(sa.func.coalesce(sa.func.sum(transfer_files.c.size), 0)).where(
+                transfer_files.c.transfer_id == transfer_id,
+                transfer_files.c.idx.in_(
+                    [i for i, o, _r, _s in outcomes if o in ("copied", "unchanged")]
+                ),
+            )
+        ).scalar_one()
+        done_bytes = int(sizes)
+    values: dict[str, Any] = {
+        column: getattr(transfers.c, column) + n for column, n in counts.items()
+    }
+    values["bytes_done"] = transfers.c.bytes_done + done_bytes
+    values["bytes_sent"] = transfers.c.bytes_sent + sent
+    values["batches"] = transfers.c.batches + 1
+    if snapshot is not None:
+        current = conn.execute(
+            sa.select(transfers.c.target_seq).where(transfers.c.id == transfer_id)
+        ).scalar_one_or_none()
+        values["target_seq"] = max(int(current or 0), int(snapshot["seq"]))
+        if snapshot.get("new"):
+            _record_snapshot(
+                conn,
+                snapshot["workspace_id"],
+                snapshot["seq"],
+                snapshot["root_hash"],
+                snapshot["files"],
+                snapshot["bytes"],
+                "transfer",
+                transfer_id,
+            )
+    conn.execute(transfers.update().where(transfers.c.id == transfer_id).values(**values))
+    row = _fetch_one(conn, sa.select(transfers).where(transfers.c.id == transfer_id))
+    assert row is not None
+    return row
+
+
+def _finish_transfer(
+    conn: Connection, transfer_id: str, state: str, error: str | None, pending_reason: str
+) -> Row | None:
+    row = _fetch_one(conn, sa.select(transfers).where(transfers.c.id == transfer_id))
+    if row is None or row["state"] in TERMINAL_TRANSFER_STATES:
+        return None
+    left = conn.execute(
+        transfer_files.update()
+        .where(transfer_files.c.transfer_id == transfer_id, transfer_files.c.outcome == "pending")
+        .values(outcome="skipped", reason=pending_reason)
+    ).rowcount
+    conn.execute(
+        transfers.update()
+        .where(transfers.c.id == transfer_id)
+        .values(
+            state=state,
+            error=error,
+            finished_at=time.time(),
+            files_skipped=transfers.c.files_skipped + (left or 0),
+        )
+    )
+    _release_writer(conn, str(row["target_workspace_id"]), transfer_id)
+    return _fetch_one(conn, sa.select(transfers).where(transfers.c.id == transfer_id))
+
+
+def _create_artifact(conn: Connection, values: dict[str, Any]) -> Row:
+    conn.execute(artifacts.insert().values(**values))
+    row = _fetch_one(conn, sa.select(artifacts).where(artifacts.c.id == values["id"]))
+    assert row is not None
+    return row
+
+
+__all__ = ["ACTIVE_TRANSFER_STATES", "TERMINAL_TRANSFER_STATES", "FileRecords"]
