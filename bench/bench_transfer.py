@@ -134,7 +134,7 @@ def start_daemon(root: Path) -> tuple[subprocess.Popen[bytes], str, str]:
 
 
 def measure_transfer(args: argparse.Namespace) -> dict[str, Any]:
-    repeats = 2 if args.quick else 3
+    repeats = 2 if args.quick else 5
     home = make_home()
     daemon: subprocess.Popen[bytes] | None = None
     try:

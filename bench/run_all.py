@@ -36,6 +36,7 @@ SUITE = [
     ("snapshots", "bench_snapshots.py", 600),
     ("output", "bench_output.py", 300),
     ("many", "bench_many.py", 600),
+    ("transfer", "bench_transfer.py", 900),
 ]
 
 
@@ -284,6 +285,7 @@ def render_bench(b: dict[str, Any]) -> list[str]:
         "snapshots": details_snapshots,
         "output": details_output,
         "many": details_many,
+        "transfer": details_transfer,
     }.get(b["name"])
     if renderer:
         out += renderer(d)
@@ -372,6 +374,42 @@ def details_output(d: dict[str, Any]) -> list[str]:
         f"- bare bwrap, stdout redirected to a file (s): {d.get('bare_bwrap_redirect_s')}",
         "",
     ]
+
+
+def details_transfer(d: dict[str, Any]) -> list[str]:
+    t, reads, rest = d.get("transfer", {}), d.get("reads", {}), d.get("rest_reads", {})
+    remote = t.get("remote") or {}
+    out = [
+        f"Tree: {t.get('files')} files, {t.get('bytes')} bytes (10,000 small files in 100 "
+        "folders, 4 large ones), made by a command in the source workspace. Each repetition "
+        "copies it into a fresh workspace of a child agent on the same runner "
+        f"(`Client.transfer_start` to `completed`, {t.get('batches')} batches, "
+        f"{t.get('bytes_sent')} bytes sent between runners: the store's objects are shared), "
+        "and `cp -a` copies it on the same filesystem; they alternate which goes first, "
+        "`sync` before each, the copies deleted after each.",
+        "",
+        f"- transfer (s): {t.get('ours_s')}",
+        f"- cp -a (s): {t.get('cp_s')}",
+        f"- server RSS: idle {t.get('server_idle_rss_mib')} MiB, peak during the transfers "
+        f"{t.get('server_peak_rss_mib')} MiB",
+    ]
+    if remote:
+        out.append(
+            f"- to a runner daemon on loopback: {remote.get('seconds')} s, "
+            f"{remote.get('bytes_sent')} bytes streamed in {remote.get('batches')} batches; "
+            f"server peak RSS {remote.get('server_peak_rss_mib')} MiB, daemon RSS after "
+            f"{remote.get('daemon_rss_after_mib')} MiB"
+        )
+    out += [
+        f"- reading 1 GiB in-process (s): {reads.get('api_s')}; `cat` (s): {reads.get('cat_s')}",
+        f"- over REST (s): {rest.get('rest_s')}; `cat` in the same rounds (s): {rest.get('cat_s')}",
+        "",
+        "The REST read (info) is limited by HTTP/1.1 handled in Python at both ends (uvicorn's "
+        "h11 and httpx), not by the store: in-process the same read runs near `cat`'s speed "
+        "(docs/decisions.md).",
+        "",
+    ]
+    return out
 
 
 def details_many(d: dict[str, Any]) -> list[str]:

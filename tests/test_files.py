@@ -224,6 +224,18 @@ async def test_uploads_stream_files_and_folders_all_or_nothing(yard: Yard) -> No
     ranged = await plane.files.open("big/up.bin", runner_id=runner_id, offset=5, length=7)
     assert b"".join([c async for c in ranged.chunks]) == data[5:12]
 
+    async def broken() -> AsyncIterator[bytes]:
+        yield b"x" * 1000
+        raise RuntimeError("the client went away")
+
+    with pytest.raises(RuntimeError, match="went away"):
+        await plane.files.write("fail/deep/x.bin", broken(), runner_id=runner_id)
+    assert (await plane.files.history(runner_id=runner_id)).head_seq == edit.snapshot_seq
+    if yard.daemon is None:  # the live tree: no temp file, no folder made on the way
+        left = await run(plane, "ls -A; ls -A fail 2>&1 || true", runner_id)
+        listing = (await plane.executions.logs(left.execution_id)).data
+        assert "fail" not in listing.split() and "partial" not in listing
+
     def archive(members: list[tuple[str, bytes | None, str | None]]) -> bytes:
         buf = io.BytesIO()
         with tarfile.open(fileobj=buf, mode="w") as tar:

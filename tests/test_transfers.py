@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-from collections.abc import AsyncIterator
+import secrets
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -238,6 +239,44 @@ async def test_t2_target_busy_refused_or_queued(yard: Yard) -> None:
     assert done.started_at >= ended.finished_at - 0.5
 
 
+async def test_t3_transfer_resumes_after_a_control_plane_restart(home: Path) -> None:
+    """A transfer in progress when the control plane stops keeps its writer and its pending
+    files; the next control plane on the same home resumes it to the end, and the files the
+    first one committed are not copied twice (their outcome comes back ``unchanged``)."""
+    plane, _runner_id, _daemon = await open_yard(home, "local")
+    try:
+        made = await run(plane, MAKE_FILES.format(folder="r", count=300, size=1000), "local")
+        child, target = await child_workspace(plane, "local")
+        started = await plane.transfers.start(
+            {
+                "source_workspace_id": made.workspace_id,
+                "paths": ["r"],
+                "target_workspace_id": target,
+                "batch_files": 30,
+                "max_bytes_per_s": 60_000,  # 300 kB in ~5 s
+            }
+        )
+        for _ in range(500):
+            view = await plane.transfers.query(started.transfer_id)
+            if view.files_copied >= 30:
+                break
+            await asyncio.sleep(0.01)
+    finally:
+        await plane.aclose()
+    assert 0 < view.files_copied < 301
+    again, _runner_id, _daemon = await open_yard(home, "local")
+    try:
+        row = await again.files.records.get_transfer(started.transfer_id)
+        assert row is not None and row["state"] == "running"
+        done = await settle(again, started.transfer_id)
+        assert done.state == "completed"
+        assert done.files_copied + done.files_unchanged == 301
+        assert len(await tree(again, target)) == 301
+        await again.files.write("after.txt", b"ok", workspace_id=target, agent_id=str(child["id"]))
+    finally:
+        await again.aclose()
+
+
 # ---------------------------------------------------------------------- T4, T5: across runners
 
 
@@ -382,3 +421,52 @@ async def test_t1_permissions_other_session_invisible_family_allowed(yard: Yard)
         await plane.files.write(
             "x.txt", b"x", workspace_id=mine.workspace_id, agent_id=str(child["id"])
         )
+
+
+# ---------------------------------------------------------------------- PostgreSQL
+
+
+@pytest.fixture
+def pg_schema() -> Iterator[str]:
+    """A fresh schema on the PostgreSQL server of this machine (skipped when there is none)."""
+    import psycopg
+
+    from test_store import POSTGRES_URL, postgres_available
+
+    if not postgres_available():
+        pytest.skip("no PostgreSQL server reachable at 127.0.0.1:5432 on this machine")
+    name = f"t_{secrets.token_hex(6)}"
+    yield name
+    with psycopg.connect(POSTGRES_URL, autocommit=True) as conn:
+        conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
+
+
+async def test_files_transfers_artifacts_on_postgresql(home: Path, pg_schema: str) -> None:
+    """The same records on PostgreSQL (--database-url): an edit, a transfer with its per-file
+    outcomes and notice, history, retention, an artifact."""
+    from shellyard.config import Settings
+    from test_store import POSTGRES_URL
+
+    settings = Settings(home=home / "pg-home", database_url=POSTGRES_URL, database_schema=pg_schema)
+    async with ControlPlane.running(settings) as plane:
+        edit = await plane.files.write("a/x.txt", b"x" * 3000)
+        ws = edit.workspace_id
+        started = await plane.transfers.start(
+            {
+                "source_workspace_id": ws,
+                "paths": ["a"],
+                "target_workspace_id": ws,
+                "target_folder": "b",
+            }
+        )
+        done = await settle(plane, started.transfer_id)
+        assert (done.state, done.files_copied, done.bytes_done) == ("completed", 2, 3000)
+        assert {f.outcome for f in (await outcomes(plane, started.transfer_id)).values()} == {
+            "copied"
+        }
+        history = await plane.files.history()
+        assert [s.made_by_kind for s in history.snapshots] == ["created", "edit", "transfer"]
+        result = await plane.files.collect(keep_last=1, grace_s=0)
+        assert [p.removed for p in result.pruned] == [[0]]  # the edit's seq: the transfer's source
+        art = await plane.artifacts.declare("b/a/x.txt")
+        assert art.size == 3000 and (await plane.artifacts.list())[0].artifact_id == art.artifact_id

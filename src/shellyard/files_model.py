@@ -20,9 +20,11 @@ from shellyard.runner.protocol import (
 )
 
 #: Default and largest batch of a transfer: files committed together into the target (T3).
-DEFAULT_BATCH_FILES = 1000
+#: Each batch costs a commit (a walk of the whole target tree) and a few records, so the
+#: defaults keep a 10,000-file tree to 5 batches; pass smaller ones for finer progress.
+DEFAULT_BATCH_FILES = 2000
 MAX_BATCH_FILES = 100_000
-DEFAULT_BATCH_BYTES = 256 << 20
+DEFAULT_BATCH_BYTES = 1 << 30
 #: Largest text ``file_read`` returns in one call; page with ``next_offset``.
 MAX_TEXT_READ = 1 << 20
 

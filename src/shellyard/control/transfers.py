@@ -34,6 +34,8 @@ from typing import Any
 from shellyard.control.access import WorkspaceAccess
 from shellyard.errors import InvalidInput, NotFound, ShellyardError
 from shellyard.files_model import (
+    DEFAULT_BATCH_BYTES,
+    DEFAULT_BATCH_FILES,
     TransferFilesView,
     TransferFileView,
     TransferRequest,
@@ -52,6 +54,10 @@ Row = Mapping[str, Any]
 
 #: Most entries one transfer may name (each gets a row with its outcome).
 MAX_TRANSFER_ENTRIES = 2_000_000
+#: Pending rows read from the database at once (cut into batches in memory).
+_PAGE_ROWS = 5000
+#: Entries one listing page of the source holds while a transfer is planned.
+_PLAN_PAGE = 2000
 _GLOB = frozenset("*?[")
 
 
@@ -67,7 +73,6 @@ class TransferService:
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._cancel: dict[str, asyncio.Event] = {}
         self._in_flight: dict[str, int] = {}
-        self._sent: dict[str, int] = {}
         self._closing = False
 
     # ------------------------------------------------------------------ lifecycle
@@ -199,8 +204,8 @@ class TransferService:
         """Copy the pending files batch by batch; the error that stopped it, if any."""
         transfer_id = str(row["id"])
         options = dict(row["options"] or {})
-        batch_files = int(options.get("batch_files") or 1000)
-        batch_bytes = int(options.get("batch_bytes") or 256 << 20)
+        batch_files = int(options.get("batch_files") or DEFAULT_BATCH_FILES)
+        batch_bytes = int(options.get("batch_bytes") or DEFAULT_BATCH_BYTES)
         rate = options.get("max_bytes_per_s")
         src = await self.store.get_workspace(str(row["source_workspace_id"]))
         dst = await self.store.get_workspace(str(row["target_workspace_id"]))
@@ -211,50 +216,74 @@ class TransferService:
         started = time.monotonic()
         moved = 0
         after = -1
-        while not cancel.is_set():
-            rows = await self.records.pending_files(transfer_id, after, batch_files)
-            if not rows:
-                return None
-            batch: list[Row] = []
-            size = 0
-            for r in rows:
-                if batch and size + int(r["size"]) > batch_bytes:
-                    break
-                batch.append(r)
-                size += int(r["size"]) if r["kind"] == "file" else 0
-            after = int(batch[-1]["idx"])
-            try:
-                outcomes, snapshot = await self._batch(
-                    transfer_id,
-                    batch,
-                    src_runner,
-                    str(src["id"]),
-                    dst_runner,
-                    str(dst["id"]),
-                    cancel,
+        rows: list[Row] = []
+        # a batch's outcomes are recorded while the runner copies the next batch
+        recording: asyncio.Future[Any] | None = None
+        try:
+            while not cancel.is_set():
+                if not rows:  # pending rows come a page at a time, several batches' worth
+                    rows = await self.records.pending_files(
+                        transfer_id, after, max(batch_files, _PAGE_ROWS)
+                    )
+                    if not rows:
+                        return None
+                batch: list[Row] = []
+                size = 0
+                for r in rows[:batch_files]:
+                    if batch and size + int(r["size"]) > batch_bytes:
+                        break
+                    batch.append(r)
+                    size += int(r["size"]) if r["kind"] == "file" else 0
+                rows = rows[len(batch) :]
+                after = int(batch[-1]["idx"])
+                work = asyncio.ensure_future(
+                    self._batch(
+                        transfer_id,
+                        batch,
+                        src_runner,
+                        str(src["id"]),
+                        dst_runner,
+                        str(dst["id"]),
+                        cancel,
+                    )
                 )
-            except _Cancelled:
-                return None
-            except ShellyardError as exc:
-                if cancel.is_set():
+                try:
+                    if recording is not None:
+                        previous, recording = recording, None
+                        await previous
+                    outcomes, snapshot, sent = await work
+                except _Cancelled:
                     return None
-                self._sent.pop(transfer_id, None)
-                reason = f"the batch could not be copied: {exc.message}"
-                await self.records.record_outcomes(
-                    transfer_id, [(int(r["idx"]), "failed", reason, None) for r in batch], None
+                except ShellyardError as exc:
+                    if cancel.is_set():
+                        return None
+                    reason = f"the batch could not be copied: {exc.message}"
+                    failed: list[tuple[int, str, str | None, int | None]] = [
+                        (int(r["idx"]), "failed", reason, None) for r in batch
+                    ]
+                    await self.records.record_outcomes(transfer_id, failed, None)
+                    return exc.message
+                finally:
+                    if not work.done():
+                        work.cancel()
+                        with contextlib.suppress(BaseException):
+                            await work
+                    self._in_flight[transfer_id] = 0
+                sizes = {int(r["idx"]): int(r["size"]) for r in batch}
+                done = sum(sizes[i] for i, o, _r, _s in outcomes if o in ("copied", "unchanged"))
+                recording = asyncio.ensure_future(
+                    self.records.record_outcomes(transfer_id, outcomes, snapshot, sent, done)
                 )
-                return exc.message
-            finally:
-                self._in_flight[transfer_id] = 0
-            sent = self._sent.pop(transfer_id, 0)
-            await self.records.record_outcomes(transfer_id, outcomes, snapshot, sent)
-            moved += size
-            if rate:
-                lag = moved / float(rate) - (time.monotonic() - started)
-                if lag > 0:
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(cancel.wait(), lag)
-        return None
+                moved += size
+                if rate:
+                    lag = moved / float(rate) - (time.monotonic() - started)
+                    if lag > 0:
+                        with contextlib.suppress(TimeoutError):
+                            await asyncio.wait_for(cancel.wait(), lag)
+            return None
+        finally:
+            if recording is not None:
+                await recording
 
     async def _batch(
         self,
@@ -265,17 +294,19 @@ class TransferService:
         dst_runner: Runner,
         dst_ws: str,
         cancel: asyncio.Event,
-    ) -> tuple[list[tuple[int, str, str | None, int | None]], dict[str, Any] | None]:
-        """Copy one batch; (outcomes, the target snapshot as a dict with ``sent`` bytes)."""
+    ) -> tuple[list[tuple[int, str, str | None, int | None]], dict[str, Any] | None, int]:
+        """Copy one batch: (outcomes, the target snapshot as a dict, bytes sent between
+        runners)."""
         shas = list(dict.fromkeys(str(r["sha256"]) for r in rows if r["kind"] == "file"))
         lacking = await dst_runner.missing_objects(shas) if shas else []
         bad: dict[str, str] = {}
+        sent = 0
         if lacking:
             pack = await src_runner.export_objects(lacking)
             results = await dst_runner.import_objects(self._watch(transfer_id, pack, cancel))
             if cancel.is_set():
                 raise _Cancelled
-            self._sent[transfer_id] = sum(r.size for r in results if r.ok)
+            sent = sum(r.size for r in results if r.ok)
             got = {r.sha256: r for r in results}
             for sha in lacking:
                 result = got.get(sha)
@@ -284,7 +315,7 @@ class TransferService:
         if cancel.is_set():
             raise _Cancelled
         entries = [
-            ApplyEntry(
+            ApplyEntry.model_construct(  # rows we wrote from a validated plan
                 path=str(r["target_path"]),
                 kind=r["kind"],
                 mode=int(r["mode"]),
@@ -314,7 +345,7 @@ class TransferService:
             )
             committed = outcome in ("copied", "unchanged")
             outcomes.append((int(r["idx"]), outcome, reason, seq if committed else None))
-        return outcomes, snapshot
+        return outcomes, snapshot, sent
 
     async def _watch(
         self, transfer_id: str, stream: ByteStream, cancel: asyncio.Event
@@ -509,7 +540,7 @@ def _match(parts: list[str], names: list[str]) -> bool:
 async def _walk(runner: Runner, ws: str, seq: int, path: str) -> AsyncIterator[PathEntry]:
     after: str | None = None
     while True:
-        page = await runner.list_dir(ws, seq, path, True, after, MAX_PAGE)
+        page = await runner.list_dir(ws, seq, path, True, after, _PLAN_PAGE)
         for entry in page.entries:
             if entry.path != path:
                 yield entry

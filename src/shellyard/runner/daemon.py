@@ -168,6 +168,10 @@ class RestoreRequest(BaseModel):
     path: str = ""
 
 
+class NoArgs(BaseModel):
+    """The arguments of an upload that has none besides its body."""
+
+
 class ObjectList(BaseModel):
     sha256s: list[str]
 

@@ -76,6 +76,13 @@ class Editor:
         if self._staging.exists():
             shutil.rmtree(self._staging, ignore_errors=True)
         self._staging.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self._staging_fd = os.open(self._staging, fsops.O_DIR)
+        self._staging_dev = os.fstat(self._staging_fd).st_dev
+
+    def close(self) -> None:
+        fd, self._staging_fd = getattr(self, "_staging_fd", -1), -1
+        if fd >= 0:
+            os.close(fd)
 
     # ------------------------------------------------------------------ commit
 
@@ -109,10 +116,8 @@ class Editor:
     def _temp_for(self, parent_fd: int) -> tuple[int, str]:
         """(folder descriptor, name) for a new temp file that can be renamed into
         ``parent_fd``: the staging folder when on the same filesystem, else the parent."""
-        staging_fd = os.open(self._staging, fsops.O_DIR)
-        if os.fstat(staging_fd).st_dev == os.fstat(parent_fd).st_dev:
-            return staging_fd, fsops.temp_name()
-        os.close(staging_fd)
+        if os.fstat(parent_fd).st_dev == self._staging_dev:
+            return os.dup(self._staging_fd), fsops.temp_name()
         return os.dup(parent_fd), fsops.temp_name()
 
     def _place(self, temp_dir: int, temp: str, parent_fd: int, name: str) -> os.stat_result:
@@ -171,7 +176,7 @@ class Editor:
         os.chmod(name, mode & fsops.PERMISSION_BITS, dir_fd=parent_fd, follow_symlinks=False)
         fsops.chown_at(parent_fd, name, self._owner)
 
-    def _from_object(self, sha256: str) -> Callable[[int], None]:
+    def _from_object(self, sha256: str, size: int | None = None) -> Callable[[int], None]:
         def fill(fd: int) -> None:
             try:
                 src = os.open(self._store._object_path(sha256), os.O_RDONLY | os.O_CLOEXEC)
@@ -180,7 +185,7 @@ class Editor:
                     f"object {sha256} is not in this runner's snapshot store", sha256=sha256
                 ) from None
             try:
-                fsops.copy_fd(src, fd)
+                fsops.copy_fd(src, fd, size)
             finally:
                 os.close(src)
 
@@ -228,7 +233,7 @@ class Editor:
                 f"cannot move {src!r} to {dst!r}: a folder cannot move into itself",
                 path=src,
             )
-        head = history.manifest(self._store, workspace_id, None)
+        head = history.head_manifest(self._store, workspace_id)
         with self._lock.hold(), fsops.open_root(self._tree_of(workspace_id)) as root:
             with fsops.resolve(root, src) as a:
                 st = fsops.lstat_at(a.dir_fd, a.name)
@@ -283,7 +288,7 @@ class Editor:
         rel = normalize_relative(path)
         with self._lock.hold():
             old = history.manifest(self._store, workspace_id, seq)
-            head = history.manifest(self._store, workspace_id, None)
+            head = history.head_manifest(self._store, workspace_id)
             if rel:
                 history.check_links(old, rel)
                 if rel not in old.index() and rel not in head.index():
@@ -354,7 +359,9 @@ class Editor:
             self._new_link(where.dir_fd, where.name, entry.target or "")
             return
         assert entry.sha256 is not None
-        st = self._new_file(where.dir_fd, where.name, entry.mode, self._from_object(entry.sha256))
+        st = self._new_file(
+            where.dir_fd, where.name, entry.mode, self._from_object(entry.sha256, entry.size)
+        )
         done.hints[entry.path] = (bytes.fromhex(entry.sha256), fsops.sig_of(st))
         done.written.append(entry)
 
@@ -370,7 +377,7 @@ class Editor:
         outcomes: list[ApplyOutcome] = []
         done = _Done()
         with self._lock.hold():
-            head = history.manifest(self._store, workspace_id, None)
+            head = history.head_manifest(self._store, workspace_id)
             index = head.index()
             with (
                 fsops.open_root(self._tree_of(workspace_id)) as root,
@@ -430,7 +437,9 @@ class Editor:
             self._new_link(where.dir_fd, where.name, entry.target or "")
             return "copied", None
         assert entry.sha256 is not None
-        st = self._new_file(where.dir_fd, where.name, mode, self._from_object(entry.sha256))
+        st = self._new_file(
+            where.dir_fd, where.name, mode, self._from_object(entry.sha256, entry.size)
+        )
         done.hints[rel] = (bytes.fromhex(entry.sha256), fsops.sig_of(st))
         return "copied", None
 
@@ -591,11 +600,15 @@ class FileUpload:
             raise InvalidInput("path names the workspace root; give a file path such as 'a.txt'")
         self._stack = contextlib.ExitStack()
         try:
-            root = self._stack.enter_context(fsops.open_root(editor._tree_of(workspace_id)))
-            self._where = self._stack.enter_context(
-                fsops.resolve(root, self.rel, create_parents=True, owner=editor._owner)
-            )
-            existing = fsops.lstat_at(self._where.dir_fd, self._where.name)
+            self._root = self._stack.enter_context(fsops.open_root(editor._tree_of(workspace_id)))
+            # folders on the way are made only when the upload is complete (finish), so a
+            # failed upload leaves nothing behind; the temp goes where the rename will work
+            try:
+                where = self._stack.enter_context(fsops.resolve(self._root, self.rel))
+            except NotFound:
+                near, existing = self._root, None
+            else:
+                near, existing = where.dir_fd, fsops.lstat_at(where.dir_fd, where.name)
             if existing is not None and not stat_mod.S_ISREG(existing.st_mode):
                 raise InvalidInput(
                     f"{self.rel!r} is a {_kind(existing)}; delete it first or write elsewhere",
@@ -604,7 +617,7 @@ class FileUpload:
             if mode is None:
                 mode = existing.st_mode if existing is not None else fsops.FILE_MODE
             self.mode = mode & fsops.PERMISSION_BITS
-            self._temp_dir, self._temp = editor._temp_for(self._where.dir_fd)
+            self._temp_dir, self._temp = editor._temp_for(near)
             self._stack.callback(os.close, self._temp_dir)
             self._fd = os.open(self._temp, fsops.O_NEW, 0o600, dir_fd=self._temp_dir)
         except BaseException:
@@ -636,10 +649,19 @@ class FileUpload:
                 os.fchown(self._fd, *self._editor._owner)
             os.close(self._fd)
             self._fd = -1
-            with self._editor._lock.hold():
-                self._editor._place(
-                    self._temp_dir, self._temp, self._where.dir_fd, self._where.name
-                )
+            with (
+                self._editor._lock.hold(),
+                fsops.resolve(
+                    self._root, self.rel, create_parents=True, owner=self._editor._owner
+                ) as where,
+            ):
+                try:
+                    self._editor._place(self._temp_dir, self._temp, where.dir_fd, where.name)
+                except OSError as exc:
+                    if exc.errno != errno.EXDEV:  # the folder is another mount: copy it over
+                        raise
+                    self._editor._copy_over(self._temp_dir, self._temp, where.dir_fd, where.name)
+                    os.unlink(self._temp, dir_fd=self._temp_dir)
                 entry = PathEntry(
                     path=self.rel,
                     kind="file",

@@ -37,6 +37,8 @@ FILE_MODE = 0o644
 #: Permission bits a written file or folder may carry (no setuid, setgid or sticky).
 PERMISSION_BITS = 0o777
 COPY_CHUNK = 8 << 20
+#: Files up to this size are copied with one read and one write.
+SMALL_COPY = 1 << 20
 
 #: (uid, gid) that new entries are given (the sandbox's), or None to keep the runner's.
 Owner = tuple[int, int] | None
@@ -253,8 +255,16 @@ def copy_fd(src: int, dst: int, size: int | None = None) -> int:
     EDQUOT."""
     copied = 0
     try:
+        if size is not None and size <= SMALL_COPY:
+            # one read and one write: cheaper than copy_file_range for small files (measured)
+            data = os.pread(src, size + 1, 0)
+            if len(data) == size:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(dst, view) :]
+                return size
         try:
-            while True:
+            while size is None or copied < size:
                 n = os.copy_file_range(src, dst, COPY_CHUNK, copied, copied)
                 if n == 0:
                     break

@@ -166,6 +166,7 @@ class LocalRunner:
         for task in list(self._tasks):
             task.cancel()
         self._live.clear()
+        self._editor.close()
         await asyncio.to_thread(self._snapshots.close)
 
     async def info(self) -> RunnerInfo:

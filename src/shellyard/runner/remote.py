@@ -37,6 +37,7 @@ from shellyard.runner.daemon import (
     LogRef,
     LogSize,
     MoveRequest,
+    NoArgs,
     ObjectList,
     ObjectResults,
     PathRef,
@@ -461,8 +462,7 @@ class RemoteRunner:
         return await self._open_stream("export_objects", _body(ObjectList, sha256s=sha256s))
 
     async def import_objects(self, data: ByteStream) -> list[ObjectResult]:
-        args = _body(WorkspaceRef, workspace_id="-")  # no arguments besides the stream
-        return (await self._upload("import_objects", args, data, ObjectResults)).results
+        return (await self._upload("import_objects", NoArgs(), data, ObjectResults)).results
 
     async def apply_entries(self, workspace_id: str, entries: list[ApplyEntry]) -> ApplyResult:
         body = _body(ApplyRequest, workspace_id=workspace_id, entries=entries)

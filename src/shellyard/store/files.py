@@ -131,10 +131,13 @@ class FileRecords:
         outcomes: list[tuple[int, str, str | None, int | None]],
         snapshot: dict[str, Any] | None,
         sent: int = 0,
+        done_bytes: int = 0,
     ) -> Row:
         """A batch is published: its files' outcomes (idx, outcome, reason, target seq), the
         transfer's counters, and the target snapshot that holds them, in one transaction."""
-        return await self.store._run(_record_outcomes, transfer_id, outcomes, snapshot, sent)
+        return await self.store._run(
+            _record_outcomes, transfer_id, outcomes, snapshot, sent, done_bytes
+        )
 
     async def finish_transfer(
         self, transfer_id: str, state: str, error: str | None, pending_reason: str
@@ -230,39 +233,26 @@ def _record_outcomes(
     outcomes: list[tuple[int, str, str | None, int | None]],
     snapshot: dict[str, Any] | None,
     sent: int,
+    done_bytes: int,
 ) -> Row:
-    if outcomes:
-        conn.execute(
-            transfer_files.update()
-            .where(
-                transfer_files.c.transfer_id == sa.bindparam("t_id"),
-                transfer_files.c.idx == sa.bindparam("t_idx"),
+    # one UPDATE per distinct (outcome, reason, seq): a batch is mostly "copied" at one seq
+    groups: dict[tuple[str, str | None, int | None], list[int]] = {}
+    for i, o, r, s in outcomes:
+        groups.setdefault((o, r, s), []).append(i)
+    for (outcome, reason, seq), idxs in groups.items():
+        for start in range(0, len(idxs), 5000):
+            conn.execute(
+                transfer_files.update()
+                .where(
+                    transfer_files.c.transfer_id == transfer_id,
+                    transfer_files.c.idx.in_(idxs[start : start + 5000]),
+                )
+                .values(outcome=outcome, reason=reason, target_seq=seq)
             )
-            .values(
-                outcome=sa.bindparam("t_outcome"),
-                reason=sa.bindparam("t_reason"),
-                target_seq=sa.bindparam("t_seq"),
-            ),
-            [
-                {"t_id": transfer_id, "t_idx": i, "t_outcome": o, "t_reason": r, "t_seq": s}
-                for i, o, r, s in outcomes
-            ],
-        )
     counts: dict[str, Any] = {}
     for _i, outcome, _r, _s in outcomes:
         column = _COUNTER[outcome]
         counts[column] = counts.get(column, 0) + 1
-    done_bytes = 0
-    if outcomes:
-        sizes = conn.execute(
-            sa.select(sa.func.coalesce(sa.func.sum(transfer_files.c.size), 0)).where(
-                transfer_files.c.transfer_id == transfer_id,
-                transfer_files.c.idx.in_(
-                    [i for i, o, _r, _s in outcomes if o in ("copied", "unchanged")]
-                ),
-            )
-        ).scalar_one()
-        done_bytes = int(sizes)
     values: dict[str, Any] = {
         column: getattr(transfers.c, column) + n for column, n in counts.items()
     }
