@@ -42,7 +42,7 @@ class ExecutionBackend(Protocol):
     async def cancel(self, execution_id: str, wait_s: float = 0.0) -> ExecutionView: ...
 
 
-def _tool_error(exc: ShellyardError) -> ToolError:
+def tool_error(exc: ShellyardError) -> ToolError:
     # A plain exception reaches the client only as "Error executing tool X" (mcp 2.x).
     return ToolError(f"{exc.code}: {exc.message}")
 
@@ -83,7 +83,7 @@ def build_server(backend: ShellyardBackend) -> MCPServer:
                 queue=queue,
             )
         except ShellyardError as exc:
-            raise _tool_error(exc) from None
+            raise tool_error(exc) from None
         return result.model_dump(mode="json")
 
     @server.tool(description="State, exit code and environment revision of an execution.")
@@ -91,7 +91,7 @@ def build_server(backend: ShellyardBackend) -> MCPServer:
         try:
             return (await backend.status(execution_id)).model_dump(mode="json")
         except ShellyardError as exc:
-            raise _tool_error(exc) from None
+            raise tool_error(exc) from None
 
     @server.tool(
         description=(
@@ -110,7 +110,7 @@ def build_server(backend: ShellyardBackend) -> MCPServer:
         try:
             chunk = await backend.logs(execution_id, stream, offset, limit, tail)
         except ShellyardError as exc:
-            raise _tool_error(exc) from None
+            raise tool_error(exc) from None
         return chunk.model_dump(mode="json")
 
     @server.tool(
@@ -123,7 +123,7 @@ def build_server(backend: ShellyardBackend) -> MCPServer:
         try:
             return (await backend.cancel(execution_id, wait_s)).model_dump(mode="json")
         except ShellyardError as exc:
-            raise _tool_error(exc) from None
+            raise tool_error(exc) from None
 
     from shellyard.interfaces.mcp_timers import add_timer_tools  # it imports this module
 

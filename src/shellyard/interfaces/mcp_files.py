@@ -26,6 +26,7 @@ from shellyard.files_model import (
     TransferView,
     WorkspaceView,
 )
+from shellyard.interfaces.mcp import tool_error
 
 
 @runtime_checkable
@@ -114,10 +115,6 @@ class FilesBackend(Protocol):
 TRANSFER_ACTIONS = ("discover", "start", "list", "query", "cancel")
 
 
-def _error(exc: ShellyardError) -> ToolError:
-    return ToolError(f"{exc.code}: {exc.message}")
-
-
 def _need(value: Any, name: str, action: str) -> Any:
     if value is None or value == [] or value == "":
         raise ToolError(f"invalid_input: action '{action}' needs {name}")
@@ -190,7 +187,7 @@ def add_file_tools(server: MCPServer, backend: FilesBackend) -> None:
             view["files_next_offset"] = files.next_offset
             return view
         except ShellyardError as exc:
-            raise _error(exc) from None
+            raise tool_error(exc) from None
 
     @server.tool(
         description=(
@@ -220,7 +217,7 @@ def add_file_tools(server: MCPServer, backend: FilesBackend) -> None:
                 limit=limit,
             )
         except ShellyardError as exc:
-            raise _error(exc) from None
+            raise tool_error(exc) from None
         return listing.model_dump(mode="json")
 
     @server.tool(
@@ -248,7 +245,7 @@ def add_file_tools(server: MCPServer, backend: FilesBackend) -> None:
                 limit=limit,
             )
         except ShellyardError as exc:
-            raise _error(exc) from None
+            raise tool_error(exc) from None
         return text.model_dump(mode="json")
 
     @server.tool(
@@ -290,7 +287,7 @@ def add_file_tools(server: MCPServer, backend: FilesBackend) -> None:
                 queue=queue,
             )
         except ShellyardError as exc:
-            raise _error(exc) from None
+            raise tool_error(exc) from None
         return edit.model_dump(mode="json")
 
     @server.tool(
@@ -312,7 +309,7 @@ def add_file_tools(server: MCPServer, backend: FilesBackend) -> None:
                 mode="json"
             )
         except ShellyardError as exc:
-            raise _error(exc) from None
+            raise tool_error(exc) from None
 
     @server.tool(
         description=(
@@ -332,7 +329,7 @@ def add_file_tools(server: MCPServer, backend: FilesBackend) -> None:
         try:
             moved = await backend.move(source, destination, overwrite=overwrite, **where)
         except ShellyardError as exc:
-            raise _error(exc) from None
+            raise tool_error(exc) from None
         return moved.model_dump(mode="json")
 
     @server.tool(
@@ -347,7 +344,7 @@ def add_file_tools(server: MCPServer, backend: FilesBackend) -> None:
         try:
             history = await backend.history(workspace_id=workspace_id, runner_id=runner_id)
         except ShellyardError as exc:
-            raise _error(exc) from None
+            raise tool_error(exc) from None
         return history.model_dump(mode="json")
 
     @server.tool(
@@ -376,7 +373,7 @@ def add_file_tools(server: MCPServer, backend: FilesBackend) -> None:
                 limit=limit,
             )
         except ShellyardError as exc:
-            raise _error(exc) from None
+            raise tool_error(exc) from None
         return diff.model_dump(mode="json")
 
     @server.tool(
@@ -397,7 +394,7 @@ def add_file_tools(server: MCPServer, backend: FilesBackend) -> None:
         try:
             return (await backend.restore(seq, path, **where)).model_dump(mode="json")
         except ShellyardError as exc:
-            raise _error(exc) from None
+            raise tool_error(exc) from None
 
     @server.tool(
         description=(
@@ -416,7 +413,7 @@ def add_file_tools(server: MCPServer, backend: FilesBackend) -> None:
         try:
             art = await backend.artifact_declare(path, name, workspace_id=workspace_id, seq=seq)
         except ShellyardError as exc:
-            raise _error(exc) from None
+            raise tool_error(exc) from None
         return art.model_dump(mode="json")
 
     @server.tool(description="Your declared artifacts (name, path, snapshot, sha256, size).")
@@ -424,7 +421,7 @@ def add_file_tools(server: MCPServer, backend: FilesBackend) -> None:
         try:
             listed = await backend.artifacts()
         except ShellyardError as exc:
-            raise _error(exc) from None
+            raise tool_error(exc) from None
         return {"artifacts": [a.model_dump(mode="json") for a in listed]}
 
 

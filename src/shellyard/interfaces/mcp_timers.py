@@ -8,8 +8,7 @@ from typing import Any, Protocol
 from mcp.server.mcpserver import MCPServer
 
 from shellyard.errors import ShellyardError
-from shellyard.interfaces.mcp import ExecutionBackend
-from shellyard.interfaces.mcp import _tool_error as tool_error
+from shellyard.interfaces.mcp import ExecutionBackend, tool_error
 from shellyard.session_model import NoticeView, TimerView
 
 
