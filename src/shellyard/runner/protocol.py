@@ -47,6 +47,8 @@ class StartRequest(BaseModel):
     command: str | None = None
     script_path: str | None = None
     env: dict[str, str] = Field(default_factory=dict)
+    #: Mount this environment's prefix read-only and set its variables (V4).
+    environment_id: str | None = None
 
 
 class SnapshotInfo(BaseModel):
@@ -304,4 +306,108 @@ class Runner(Protocol):
 
     async def collect_garbage(self, grace_s: float) -> GcResult: ...
 
+    # --- managed environments (V1–V8) ---
+
+    async def environment_change(self, request: EnvironmentChangeRequest) -> EnvironmentChange:
+        """Start a change (returns at once, state ``running``), or return the change with
+        this id as it stands (E10-like idempotency). Refused (Conflict) while another change
+        of the same environment runs or an execution using it is running on this runner."""
+        ...
+
+    async def environment_change_status(self, change_id: str) -> EnvironmentChange: ...
+
+    async def environment_change_wait(
+        self, change_id: str, timeout_s: float
+    ) -> EnvironmentChange: ...
+
+    async def environment_info(self, environment_id: str) -> EnvironmentInfo: ...
+
     async def aclose(self) -> None: ...
+
+
+# --- managed environments (V1–V8) ---
+#
+# The control plane names environments and changes; the runner owns the prefix on its disk.
+# A change (create, install, uninstall) is started with ``environment_change`` (idempotent by
+# ``change_id``, like ``start`` for executions) and followed with ``environment_change_status``
+# / ``environment_change_wait``. A change that fails, or that a crash interrupted, leaves the
+# prefix as it was before the change (V8); one that succeeded reports the full package state.
+
+EnvLanguage = Literal["python", "r"]
+EnvManager = Literal["conda", "pip", "cran", "bioconductor"]
+EnvAction = Literal["create", "install", "uninstall"]
+
+
+class PackageRecord(BaseModel):
+    """One installed package as its manager knows it (V2)."""
+
+    #: ``base`` for what ``create`` put in (the interpreter, pip/uv, R itself).
+    manager: Literal["base", "conda", "pip", "cran", "bioconductor"]
+    name: str
+    version: str
+    #: Where it came from: channel URL, index URL or folder, repository URL, or the runner
+    #: path of an interpreter it was made from.
+    source: str | None = None
+    build: str | None = None
+    sha256: str | None = None
+
+
+class EnvironmentChangeRequest(BaseModel):
+    change_id: str
+    environment_id: str
+    action: EnvAction
+    #: ``create`` only.
+    language: EnvLanguage | None = None
+    #: ``install`` / ``uninstall`` only.
+    manager: EnvManager | None = None
+    specs: list[str] = Field(default_factory=list)
+    #: conda: channel names or URLs (``file://`` folders included).
+    channels: list[str] = Field(default_factory=list)
+    #: pip: ``index_url`` replaces the default index; ``find_links`` adds folders/URLs of wheels.
+    index_url: str | None = None
+    extra_index_urls: list[str] = Field(default_factory=list)
+    find_links: list[str] = Field(default_factory=list)
+    #: cran / bioconductor: repository URLs (``file://`` folders included).
+    repos: list[str] = Field(default_factory=list)
+
+
+class EnvChangeState(StrEnum):
+    running = "running"
+    succeeded = "succeeded"
+    failed = "failed"
+    #: The runner holds no trace of this change id.
+    lost = "lost"
+
+
+#: Why a change failed, so the control plane can answer with the right error (V8).
+EnvErrorKind = Literal[
+    "invalid_spec", "not_found", "unreachable", "conflict", "failed", "interrupted"
+]
+
+
+class EnvironmentChange(BaseModel):
+    change_id: str
+    environment_id: str
+    action: EnvAction
+    state: EnvChangeState
+    #: The latest progress line ("solving", "downloading 3/10", …) for a progress display.
+    progress: str | None = None
+    #: After success: the full package state of the prefix, every manager (V2).
+    packages: list[PackageRecord] = Field(default_factory=list)
+    error: str | None = None
+    error_kind: EnvErrorKind | None = None
+    started_at: float | None = None
+    finished_at: float | None = None
+
+
+class EnvironmentInfo(BaseModel):
+    """Where an environment lives on its runner and what a command in it gets (V4)."""
+
+    environment_id: str
+    language: EnvLanguage
+    prefix: str
+    #: Variables set for executions using it (PATH first entries, CONDA_PREFIX, VIRTUAL_ENV,
+    #: R_LIBS …); PATH here is only the prefix's part, put before the sandbox's PATH.
+    env: dict[str, str] = Field(default_factory=dict)
+    #: A change is running on it now (the runner refuses to start executions on it then).
+    changing: bool = False
