@@ -96,6 +96,22 @@ async def test_cancel_kills_double_forked_daemon_ignoring_sigterm(yard: Yard) ->
     assert again == view  # E7: a finished execution comes back unchanged
 
 
+async def test_cancel_sends_sigterm_to_the_command_first(yard: Yard) -> None:
+    """E7: the command gets SIGTERM and may clean up before anything is killed: its
+    handler's file is in the committed snapshot."""
+    script = (
+        "trap 'echo cleaned > cleanup.txt; exit 0' TERM; "
+        "echo ready; while true; do sleep 0.1; done"
+    )
+    result = await yard.run(script, wait_ms=1000)
+    assert result.state == ExecutionState.running
+    view = await yard.plane.executions.cancel(result.execution_id, wait_s=20)
+    assert view.state == ExecutionState.cancelled
+    assert view.snapshot_seq is not None
+    saved = await yard.read_file(view.workspace_id, view.snapshot_seq, "cleanup.txt")
+    assert saved == b"cleaned\n"
+
+
 async def test_second_writer_refused_naming_holder_then_queued(yard: Yard) -> None:
     """W1: a second writer is refused with the holder named; with queue it runs after."""
     first = await yard.run("sleep 1.5; echo one >> order.txt", background=True)

@@ -41,6 +41,9 @@ from shellyard.runner.protocol import (
     DiffResult,
     DirListing,
     EditResult,
+    EnvironmentChange,
+    EnvironmentChangeRequest,
+    EnvironmentInfo,
     GcResult,
     LogStream,
     ObjectResult,
@@ -196,6 +199,19 @@ class PruneRequest(BaseModel):
 
 class GcRequest(BaseModel):
     grace_s: float = Field(ge=0, allow_inf_nan=False)
+
+
+class ChangeRef(BaseModel):
+    change_id: str
+
+
+class ChangeWaitRequest(BaseModel):
+    change_id: str
+    timeout_s: float = Field(allow_inf_nan=False)
+
+
+class EnvironmentRef(BaseModel):
+    environment_id: str
 
 
 # --- token ---
@@ -479,6 +495,26 @@ def create_runner_app(
     @app.post(f"{p}/collect_garbage")
     async def collect_garbage(body: GcRequest) -> GcResult:
         return await runner.collect_garbage(body.grace_s)
+
+    # --- managed environments (V1–V8) ---
+
+    @app.post(f"{p}/environment_change")
+    async def environment_change(body: EnvironmentChangeRequest) -> EnvironmentChange:
+        return await runner.environment_change(body)
+
+    @app.post(f"{p}/environment_change_status")
+    async def environment_change_status(body: ChangeRef) -> EnvironmentChange:
+        return await runner.environment_change_status(body.change_id)
+
+    @app.post(f"{p}/environment_change_wait")
+    async def environment_change_wait(body: ChangeWaitRequest) -> EnvironmentChange:
+        # A long poll, capped like ``wait``.
+        timeout_s = min(body.timeout_s, WAIT_CAP_S)
+        return await runner.environment_change_wait(body.change_id, timeout_s)
+
+    @app.post(f"{p}/environment_info")
+    async def environment_info(body: EnvironmentRef) -> EnvironmentInfo:
+        return await runner.environment_info(body.environment_id)
 
     return app
 

@@ -43,6 +43,7 @@ from shellyard.errors import (
 from shellyard.paths import normalize_relative
 from shellyard.runner import history, objects, processes, sandbox
 from shellyard.runner.edits import Editor
+from shellyard.runner.environments import EnvironmentStore
 from shellyard.runner.objects import PackImporter, StoreLock, aiter_thread
 from shellyard.runner.protocol import (
     MAX_READ_CHUNK,
@@ -52,6 +53,9 @@ from shellyard.runner.protocol import (
     DiffResult,
     DirListing,
     EditResult,
+    EnvironmentChange,
+    EnvironmentChangeRequest,
+    EnvironmentInfo,
     FileChunk,
     GcResult,
     LogChunk,
@@ -87,6 +91,8 @@ class _Live:
     popen: subprocess.Popen[bytes] | None = None
     pidfd: int | None = None
     cancel_task: asyncio.Task[None] | None = None
+    #: The managed environment mounted into the sandbox (V4), if any.
+    environment_id: str | None = None
 
 
 def _write_json_atomic(path: Path, data: str) -> None:
@@ -126,6 +132,14 @@ class LocalRunner:
         self._busy_workspaces: dict[str, str] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._bwrap = ""
+        #: environment id → running executions that mount it (a change waits for none, V5)
+        self._environment_users: dict[str, set[str]] = {}
+        self._environments = EnvironmentStore(
+            self.root / "environments",
+            self.policy,
+            hidden=self._hidden,
+            users=lambda env_id: sorted(self._environment_users.get(env_id, ())),
+        )
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -138,6 +152,7 @@ class LocalRunner:
             directory.chmod(0o711)
         self._check_traversable(self._workspaces)
         await asyncio.to_thread(self._editor.startup)
+        await self._environments.startup(self._bwrap)
         await self._recover()
 
     def _check_traversable(self, directory: Path) -> None:
@@ -166,6 +181,7 @@ class LocalRunner:
         for task in list(self._tasks):
             task.cancel()
         self._live.clear()
+        await self._environments.aclose()
         self._editor.close()
         await asyncio.to_thread(self._snapshots.close)
 
@@ -424,15 +440,26 @@ class LocalRunner:
             if request.command is not None
             else _script_argv(tree, request.script_path or "")
         )
+        mount = (
+            self._environments.mount(request.environment_id)
+            if request.environment_id is not None
+            else None
+        )
         directory.mkdir()
-        live = self._spawn(request, directory, tree, command)
+        live = self._spawn(request, directory, tree, command, mount)
         self._live[request.execution_id] = live
         self._busy_workspaces[request.workspace_id] = request.execution_id
+        self._use_environment(live.environment_id, request.execution_id)
         self._watch(request.execution_id, live)
         return self._running(request.execution_id, live)
 
     def _spawn(
-        self, request: StartRequest, directory: Path, tree: Path, command: list[str]
+        self,
+        request: StartRequest,
+        directory: Path,
+        tree: Path,
+        command: list[str],
+        mount: tuple[Path, dict[str, str]] | None = None,
     ) -> _Live:
         flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC
         out_fd = os.open(directory / "stdout", flags, 0o600)
@@ -447,10 +474,12 @@ class LocalRunner:
                 hidden=self._hidden,
                 status_fd=status_fd,
                 command=command,
+                read_only_binds=[mount[0]] if mount is not None else (),
             )
             env = sandbox.sandbox_env(
                 tree,
                 {
+                    **_environment_variables(mount),
                     **request.env,
                     "SHELLYARD_EXECUTION_ID": request.execution_id,
                     "SHELLYARD_WORKSPACE_ID": request.workspace_id,
@@ -478,6 +507,7 @@ class LocalRunner:
             "pid": popen.pid,
             "start_time": pid_start,
             "started_at": started_at,
+            "environment_id": request.environment_id,
         }
         _write_json_atomic(directory / "meta.json", json.dumps(meta))
         return _Live(
@@ -487,6 +517,7 @@ class LocalRunner:
             start_time=pid_start,
             started_at=started_at,
             popen=popen,
+            environment_id=request.environment_id,
         )
 
     def _watch(self, execution_id: str, live: _Live) -> None:
@@ -521,9 +552,11 @@ class LocalRunner:
         status = processes.read_bwrap_status(live.directory / "status")
         init_pid = status.get("child-pid")
         if isinstance(init_pid, int):
-            # Normally already gone: when a pid namespace's init exits the kernel kills the
-            # rest. This covers a bwrap monitor that died while its namespace lived on.
-            processes.signal_process(init_pid, signal.SIGKILL)
+            # bwrap's monitor exits when the command does, while the namespace's init may live
+            # on with leftovers (E8). Killing the init kills the rest; wait until it is gone.
+            marker = f"SHELLYARD_EXECUTION_ID={execution_id}".encode()
+            if not await processes.kill_and_wait(init_pid, marker):
+                log.warning("the sandbox of %s did not end after SIGKILL", execution_id)
         exit_code = status.get("exit-code")
         cancelled = (live.directory / "cancel").exists()
         error = None
@@ -558,6 +591,11 @@ class LocalRunner:
             live.cancel_task.cancel()
         if self._busy_workspaces.get(live.workspace_id) == execution_id:
             del self._busy_workspaces[live.workspace_id]
+        if live.environment_id is not None:
+            users = self._environment_users.get(live.environment_id, set())
+            users.discard(execution_id)
+            if not users:
+                self._environment_users.pop(live.environment_id, None)
         live.done.set()
 
     def _running(self, execution_id: str, live: _Live) -> RunnerExecution:
@@ -614,6 +652,10 @@ class LocalRunner:
             status = processes.read_bwrap_status(live.directory / "status")
             init_pid = status.get("child-pid")
         if isinstance(init_pid, int):
+            # bwrap --new-session calls setsid() in the namespace's init, so the command runs
+            # in the init's process group (measured: pgid == child-pid). The init ignores
+            # SIGTERM from outside; a child that made its own session gets its own signal.
+            processes.signal_group(init_pid, signal.SIGTERM)
             for command_pid in processes.children(init_pid):
                 processes.signal_group(command_pid, signal.SIGTERM)
         remaining = self.policy.cancel_grace_s - (time.time() - requested_at)
@@ -624,6 +666,24 @@ class LocalRunner:
                 processes.signal_process(init_pid, signal.SIGKILL)
             else:
                 processes.signal_group(live.pid, signal.SIGKILL)
+
+    # ----------------------------------------------------------------- environments (V1–V8)
+
+    def _use_environment(self, environment_id: str | None, execution_id: str) -> None:
+        if environment_id is not None:
+            self._environment_users.setdefault(environment_id, set()).add(execution_id)
+
+    async def environment_change(self, request: EnvironmentChangeRequest) -> EnvironmentChange:
+        return await self._environments.change(request)
+
+    async def environment_change_status(self, change_id: str) -> EnvironmentChange:
+        return await self._environments.status(change_id)
+
+    async def environment_change_wait(self, change_id: str, timeout_s: float) -> EnvironmentChange:
+        return await self._environments.wait(change_id, timeout_s)
+
+    async def environment_info(self, environment_id: str) -> EnvironmentInfo:
+        return await self._environments.info(environment_id)
 
     # ----------------------------------------------------------------- logs
 
@@ -682,10 +742,12 @@ class LocalRunner:
                 pid=meta["pid"],
                 start_time=meta["start_time"],
                 started_at=meta["started_at"],
+                environment_id=meta.get("environment_id"),
             )
             execution_id = directory.name
             self._live[execution_id] = live
             self._busy_workspaces[live.workspace_id] = execution_id
+            self._use_environment(live.environment_id, execution_id)
             if processes.is_same_process(live.pid, live.start_time):
                 self._watch(execution_id, live)
                 if (directory / "cancel").exists():
@@ -736,6 +798,15 @@ def _script_argv(tree: Path, script_path: str) -> list[str]:
         return [*shlex.split(first[2:].decode("utf-8", "replace").strip()), str(current)]
     interpreter = INTERPRETER_BY_SUFFIX.get(current.suffix, ["bash"])
     return [*interpreter, str(current)]
+
+
+def _environment_variables(mount: tuple[Path, dict[str, str]] | None) -> dict[str, str]:
+    """The environment's variables for the sandbox (V4): its PATH entries go first."""
+    if mount is None:
+        return {}
+    variables = dict(mount[1])
+    variables["PATH"] = f"{variables['PATH']}:{sandbox.SANDBOX_PATH}"
+    return variables
 
 
 def _bwrap_error(directory: Path, returncode: int) -> str:

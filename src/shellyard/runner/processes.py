@@ -3,6 +3,7 @@ compares the recorded start time (field 22 of /proc/PID/stat) with the current o
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -75,3 +76,41 @@ def reap_if_child(pid: int) -> int | None:
     if reaped == 0:
         return None
     return os.waitstatus_to_exitcode(status)
+
+
+async def kill_and_wait(pid: int, marker: bytes, timeout_s: float = 30.0) -> bool:
+    """SIGKILL ``pid`` if it is still the process whose environment holds ``marker`` (a pid
+    may have been reused), then wait until it has exited. For a pid namespace's init that
+    means every process of the namespace is gone: the kernel kills them all and the init's
+    exit waits until they are. The kill alone returns at once, while the namespace's
+    processes may still be alive for a while on a busy host. False on timeout."""
+    try:
+        pidfd = os.pidfd_open(pid)
+    except (ProcessLookupError, PermissionError):
+        return True
+    try:
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes()
+        except OSError:
+            return True  # already gone (or a zombie: its namespace is empty)
+        if marker not in environ.split(b"\0"):
+            return True  # the pid now names another process
+        with contextlib.suppress(ProcessLookupError):
+            signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+        loop = asyncio.get_running_loop()
+        exited = loop.create_future()
+
+        def on_exit() -> None:
+            if not exited.done():
+                exited.set_result(None)
+
+        loop.add_reader(pidfd, on_exit)
+        try:
+            await asyncio.wait_for(exited, timeout_s)
+        except TimeoutError:
+            return False
+        finally:
+            loop.remove_reader(pidfd)
+        return True
+    finally:
+        os.close(pidfd)

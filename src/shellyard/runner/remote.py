@@ -27,8 +27,11 @@ from shellyard.runner.daemon import (
     H_SIZE,
     WAIT_CAP_S,
     ApplyRequest,
+    ChangeRef,
+    ChangeWaitRequest,
     DeleteRequest,
     DiffRequest,
+    EnvironmentRef,
     ExecutionRef,
     FileReadRequest,
     GcRequest,
@@ -57,6 +60,10 @@ from shellyard.runner.protocol import (
     DiffResult,
     DirListing,
     EditResult,
+    EnvChangeState,
+    EnvironmentChange,
+    EnvironmentChangeRequest,
+    EnvironmentInfo,
     FileChunk,
     GcResult,
     LogChunk,
@@ -475,6 +482,30 @@ class RemoteRunner:
     async def collect_garbage(self, grace_s: float) -> GcResult:
         body = _body(GcRequest, grace_s=grace_s)
         return await self._call("collect_garbage", body, GcResult, self._slow)
+
+    # --- managed environments (V1–V8) ---
+
+    async def environment_change(self, request: EnvironmentChangeRequest) -> EnvironmentChange:
+        return await self._call("environment_change", request, EnvironmentChange, self._slow)
+
+    async def environment_change_status(self, change_id: str) -> EnvironmentChange:
+        body = _body(ChangeRef, change_id=change_id)
+        return await self._call("environment_change_status", body, EnvironmentChange)
+
+    async def environment_change_wait(self, change_id: str, timeout_s: float) -> EnvironmentChange:
+        """Long-poll until the change has ended or ``timeout_s`` has passed (as ``wait``)."""
+        deadline = time.monotonic() + max(0.0, timeout_s)
+        while True:
+            poll_s = min(max(0.0, deadline - time.monotonic()), WAIT_CAP_S)
+            body = _body(ChangeWaitRequest, change_id=change_id, timeout_s=poll_s)
+            timeout = httpx.Timeout(poll_s + WAIT_MARGIN_S, connect=10.0)
+            record = await self._call("environment_change_wait", body, EnvironmentChange, timeout)
+            if record.state != EnvChangeState.running or time.monotonic() >= deadline:
+                return record
+
+    async def environment_info(self, environment_id: str) -> EnvironmentInfo:
+        body = _body(EnvironmentRef, environment_id=environment_id)
+        return await self._call("environment_info", body, EnvironmentInfo)
 
     async def aclose(self) -> None:
         await self._client.aclose()

@@ -147,3 +147,67 @@ def sandbox_env(workspace: Path, extra: dict[str, str]) -> dict[str, str]:
     }
     env.update(extra)
     return env
+
+
+def tool_argv(
+    *,
+    bwrap: str,
+    network: bool,
+    hidden: Sequence[Path],
+    writable: Sequence[Path],
+    read_only: Sequence[Path],
+    chdir: Path,
+    command: Sequence[str],
+) -> list[str]:
+    """The bubblewrap command line for a package tool (uv, Rscript) changing an environment.
+
+    Unlike an execution the tool runs as the runner's own user, for it writes the prefix that
+    executions only read; so every capability is dropped (root without capabilities cannot
+    write what it does not own, nor mount, nor trace). ``--die-with-parent``: a tool must not
+    outlive the change that started it, and after a crash of the runner the kernel kills it
+    before the rollback runs. ``/`` is read-only, the runner's home is covered by a tmpfs and
+    only ``writable`` (the prefix, the caches, the change's scratch) and ``read_only`` (local
+    channels, wheel folders, repositories) are bound back. The umask is set for the tool
+    because whatever it creates must be readable by the sandbox uid of executions."""
+    argv = [bwrap, "--unshare-all"]
+    if network:
+        argv.append("--share-net")
+    argv += [
+        "--die-with-parent",
+        "--new-session",
+        "--cap-drop",
+        "ALL",
+        "--ro-bind",
+        "/",
+        "/",
+        "--dev",
+        "/dev",
+        "--proc",
+        "/proc",
+        "--tmpfs",
+        "/tmp",
+        "--tmpfs",
+        "/var/tmp",
+        "--tmpfs",
+        "/run",
+    ]
+    for path in hidden:
+        if path.is_dir():
+            argv += ["--tmpfs", str(path)]
+        elif path.exists():
+            argv += ["--ro-bind", "/dev/null", str(path)]
+    for path in read_only:
+        argv += ["--ro-bind", str(path), str(path)]
+    for path in writable:
+        argv += ["--bind", str(path), str(path)]
+    argv += [
+        "--chdir",
+        str(chdir),
+        "--",
+        "/bin/sh",
+        "-c",
+        'umask 022 && exec "$@"',
+        "shellyard-tool",
+        *command,
+    ]
+    return argv
