@@ -147,6 +147,28 @@ async def test_wake_matrix(plane: ControlPlane, source: str, owner: str) -> None
     assert [w.wake_id for w in recorded] == [w.wake_id for w in host.wakes]
 
 
+@pytest.mark.parametrize("how", ["wait", "cancel_with_wait"])
+async def test_a_result_seen_through_wait_or_cancel_wakes_nobody(
+    plane: ControlPlane, how: str
+) -> None:
+    """N3: a caller blocked in execution wait (or a cancel that waits) when the execution
+    ends sees its result, so the notice is read at once and no turn starts, even when idle."""
+    host = await Host.open(plane)
+    command = "sleep 0.4; echo done" if how == "wait" else "sleep 30"
+    subject = (await host.run(command, background=True)).execution_id
+    if how == "wait":
+        view = await plane.executions.wait(subject, 20, host.main)
+        assert view.state == ExecutionState.completed
+    else:
+        view = await plane.executions.cancel(subject, host.main, wait_s=20)
+        assert view.state == ExecutionState.cancelled
+    await host.wait_notice(subject)
+    await settle()
+    notice = await host.notice(subject)
+    assert notice is not None and notice.read_at is not None
+    assert host.woken_for(subject) == []
+
+
 async def _settled_timer(plane: ControlPlane, agent: str, timer_id: str) -> TimerState | None:
     timer = await plane.timers.get(agent, timer_id)
     return None if timer.state == TimerState.pending else timer.state

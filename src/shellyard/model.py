@@ -92,6 +92,8 @@ class ExecutionView(BaseModel):
     exit_code: int | None
     environment_id: str | None = None
     environment_revision: int | None = None
+    #: V5: while queued behind an environment change, that change's id.
+    waiting_for: str | None = None
     agent_id: str
     workspace_id: str
     runner_id: str

@@ -8,7 +8,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from shellyard.control.output import capped_output, safe_decode
 from shellyard.control.runners import LOCAL_RUNNER_ID, RunnerRegistry
@@ -37,6 +37,9 @@ from shellyard.runner.protocol import (
 from shellyard.store import Store
 from shellyard.store.store import new_id
 
+if TYPE_CHECKING:
+    from shellyard.control.environments import EnvironmentService
+
 log = logging.getLogger(__name__)
 
 #: E9: after this many consecutive retryable status-query failures the state is unknown.
@@ -59,6 +62,8 @@ class ExecutionService:
         #: Called with the terminal record and whether its notice was read at once (N3), after
         #: the record is final: wakes (N2) and reminders naming the execution (N6) hook in here.
         self.on_finished: list[Callable[[Mapping[str, Any], bool], Awaitable[None]]] = []
+        #: Managed environments (V4–V6): validation and the start gate; set by that service.
+        self.environments: EnvironmentService | None = None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -90,12 +95,17 @@ class ExecutionService:
             if existing is not None:  # E10: the same execution, never a second process
                 return await self._respond(existing, request)
         runner_id = request.runner_id or LOCAL_RUNNER_ID
-        runner = self.runners.get(runner_id)
         if request.environment_id is not None:
-            raise NotFound(
-                f"environment {request.environment_id!r} does not exist; create one with "
-                "environment_create"
+            if self.environments is None:
+                raise NotFound(
+                    f"environment {request.environment_id!r} does not exist; create one with "
+                    "environment_create"
+                )
+            # Exists, same session; runs on the environment's runner (V4).
+            runner_id = await self.environments.check_usable(
+                request.environment_id, owner, request.runner_id
             )
+        runner = self.runners.get(runner_id)
         workspace_id = await self._workspace(owner, runner_id)
         if request.script_path is not None:
             path = normalize_relative(request.script_path)
@@ -140,6 +150,21 @@ class ExecutionService:
         """Start a record that holds its workspace's writer. Safe to repeat (E10)."""
         execution_id = str(row["id"])
         runner = self.runners.get(str(row["runner_id"]))
+        environment_id = row["environment_id"]
+        if environment_id is not None and row["environment_revision"] is None:
+            environments = self.environments
+            assert environments is not None  # it validated the environment_id
+            # V5/V6 gate: queued behind a pending change, or the latest revision resolved.
+            verdict, row = await environments.records.gate(execution_id, str(environment_id))
+            if row["state"] != ExecutionState.queued or verdict == "wait":
+                return row
+            if verdict == "failed":
+                await self._end(
+                    row,
+                    ExecutionState.failed,
+                    error=f"environment {environment_id} could not be created; create another",
+                )
+                return await self._finalized(row)
         try:
             result = await runner.start(
                 StartRequest(
@@ -147,6 +172,7 @@ class ExecutionService:
                     workspace_id=str(row["workspace_id"]),
                     command=row["command"],
                     script_path=row["script_path"],
+                    environment_id=environment_id,
                 )
             )
         except RunnerUnavailable as exc:
@@ -292,7 +318,8 @@ class ExecutionService:
             ):
                 return
             launched = await self._launch(row)
-            if launched["state"] == ExecutionState.running:
+            # Running, or queued behind an environment change (it keeps the writer).
+            if launched["state"] in (ExecutionState.running, ExecutionState.queued):
                 return
 
     # ------------------------------------------------------------------ respond
@@ -300,15 +327,7 @@ class ExecutionService:
     async def _respond(self, row: Mapping[str, Any], request: RunShellRequest) -> RunShellResult:
         execution_id = str(row["id"])
         if not request.background and not ExecutionState(row["state"]).terminal:
-            event = self._finished.setdefault(execution_id, asyncio.Event())
-            self._foreground[execution_id] = self._foreground.get(execution_id, 0) + 1
-            try:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(event.wait(), timeout=request.wait_ms / 1000)
-            finally:
-                self._foreground[execution_id] -= 1
-                if not self._foreground[execution_id]:
-                    del self._foreground[execution_id]
+            await self._wait_watched(execution_id, request.wait_ms / 1000)
             row = await self._finalized(row)
         view = _view(row)
         result = RunShellResult(**view.model_dump())
@@ -338,10 +357,21 @@ class ExecutionService:
     ) -> ExecutionView:
         row = await self._owned(execution_id, agent_id)
         if not ExecutionState(row["state"]).terminal:
-            event = self._finished.setdefault(execution_id, asyncio.Event())
+            await self._wait_watched(execution_id, timeout_s)
+        return await self.status(execution_id, agent_id)
+
+    async def _wait_watched(self, execution_id: str, timeout_s: float) -> None:
+        """Wait for the end with a caller watching: a result that arrives during the wait is
+        seen by that caller, so its notice is posted already read and wakes nobody (N3)."""
+        event = self._finished.setdefault(execution_id, asyncio.Event())
+        self._foreground[execution_id] = self._foreground.get(execution_id, 0) + 1
+        try:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(event.wait(), timeout=max(0.0, timeout_s))
-        return await self.status(execution_id, agent_id)
+        finally:
+            self._foreground[execution_id] -= 1
+            if not self._foreground[execution_id]:
+                del self._foreground[execution_id]
 
     async def logs(
         self,
@@ -402,7 +432,9 @@ class ExecutionService:
         await self.store.update_execution(execution_id, cancel_requested=True)
         if state == ExecutionState.queued and row["started_at"] is None:
             workspace = await self.store.get_workspace(str(row["workspace_id"]))
-            if workspace is None or workspace["writer_id"] != execution_id:
+            # Queued behind an environment change (V5): it holds the writer but never started.
+            gated = row["waiting_for"] is not None
+            if workspace is None or workspace["writer_id"] != execution_id or gated:
                 await self._end(row, ExecutionState.cancelled)
                 return await self.status(execution_id, agent_id)
         runner = self.runners.get(str(row["runner_id"]))
@@ -454,6 +486,7 @@ def _view(row: Mapping[str, Any]) -> ExecutionView:
         exit_code=row["exit_code"],
         environment_id=row["environment_id"],
         environment_revision=row["environment_revision"],
+        waiting_for=row.get("waiting_for"),
         agent_id=row["agent_id"],
         workspace_id=row["workspace_id"],
         runner_id=row["runner_id"],

@@ -1,0 +1,181 @@
+"""Benchmark 7: installing packages into a fresh environment (V2) through shellyard, beside
+calling rattler and uv directly, in the same run.
+
+The same package set goes into a fresh prefix each round, interleaved:
+
+- shellyard: ``ControlPlane.environments.install`` (in-process control plane, local runner):
+  a conda install from a local channel, then a pip install of real PyPI packages, each timed
+  from the call until the new revision is recorded. That includes the waiting rule's records
+  (V5), the journal and the commit that makes a failed change roll back (V8), the tools'
+  sandbox, and reading the package state for the revision.
+- direct: ``rattler.solve`` + ``rattler.install`` into an empty prefix, then ``uv pip install
+  --python <venv>`` into a venv made the way shellyard makes one.
+
+Both sides have warm caches (an untimed first round fills them): the figure is what a change
+costs on top of the package managers' own work. Target: ≤ 1.2× the direct time.
+
+The conda channel is built here (the tests' channel builder: real ``.tar.bz2`` packages indexed
+with ``rattler.index``; no conda-forge on this network): 40 packages of 50 files each.
+
+    .venv/bin/python bench/bench_env.py [--quick] [--out PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from common import REPO, cli, make_home, metric, remove_home
+
+sys.path.insert(0, str(REPO / "tests"))
+
+from uv import find_uv_bin
+
+from conda_channel import CondaPackage, PackageFile, build_test_channel
+from shellyard.config import Settings
+from shellyard.control.service import ControlPlane
+from shellyard.environments_model import (
+    EnvironmentChangeBody,
+    EnvironmentCreateRequest,
+)
+
+COMMAND = "python bench/bench_env.py"
+UV = find_uv_bin()
+#: Real packages from PyPI (reachable here): a typical small dependency tree.
+PIP_SPECS = ["requests==2.32.3", "rich==13.9.4"]
+CONDA_PACKAGES = 40
+FILES_PER_PACKAGE = 50
+
+
+def bench_packages() -> list[CondaPackage]:
+    packages = []
+    for i in range(CONDA_PACKAGES):
+        files = {
+            f"share/bench-{i}/file-{j}.txt": PackageFile((f"package {i} file {j}\n" * 40).encode())
+            for j in range(FILES_PER_PACKAGE)
+        }
+        depends = [f"bench-{i - 1}"] if i else []
+        packages.append(CondaPackage(f"bench-{i}", "1.0", files, depends=depends))
+    return packages
+
+
+def conda_specs() -> list[str]:
+    return [f"bench-{CONDA_PACKAGES - 1}"]  # pulls in the whole chain
+
+
+async def direct_round(channel: Path, work: Path, python: str, uv_cache: Path) -> float:
+    """rattler + uv straight into a fresh prefix; returns seconds for the two installs."""
+    import rattler
+    from rattler import Channel, Gateway, MatchSpec, Platform, VirtualPackage
+
+    prefix = work / f"direct-{time.monotonic_ns()}"
+    subprocess.run(
+        [UV, "venv", "--quiet", "--seed", "--python", python, str(prefix)],
+        check=True,
+        env={**os.environ, "UV_CACHE_DIR": str(uv_cache)},
+    )
+    started = time.perf_counter()
+    gateway = Gateway(cache_dir=work / "rattler-cache" / "repodata")
+    records = await rattler.solve(
+        [Channel(channel.as_uri())],
+        [MatchSpec(s) for s in conda_specs()],
+        gateway=gateway,
+        platforms=[Platform.current(), Platform("noarch")],
+        virtual_packages=[v.into_generic() for v in VirtualPackage.detect()],
+    )
+    await rattler.install(
+        records,
+        target_prefix=prefix,
+        cache_dir=work / "rattler-cache" / "pkgs",
+        execute_link_scripts=False,
+        show_progress=False,
+    )
+    subprocess.run(
+        [UV, "pip", "install", "--quiet", "--python", str(prefix / "bin" / "python"), *PIP_SPECS],
+        check=True,
+        env={**os.environ, "UV_CACHE_DIR": str(uv_cache)},
+    )
+    elapsed = time.perf_counter() - started
+    shutil.rmtree(prefix, ignore_errors=True)
+    return elapsed
+
+
+async def shellyard_round(plane: ControlPlane, channel: Path, n: int) -> float:
+    env = await plane.environments.create(
+        EnvironmentCreateRequest(name=f"bench-{n}", language="python", wait_ms=30_000)
+    )
+    assert env.state == "ready", env
+    started = time.perf_counter()
+    for body in (
+        EnvironmentChangeBody(
+            manager="conda", specs=conda_specs(), channels=[channel.as_uri()], wait_ms=30_000
+        ),
+        EnvironmentChangeBody(manager="pip", specs=PIP_SPECS, wait_ms=30_000),
+    ):
+        change = await plane.environments.install(env.environment_id, body)
+        while change.state not in ("succeeded", "failed"):
+            change = await plane.environments.wait(change.change_id, 30)
+        assert change.state == "succeeded", change
+    return time.perf_counter() - started
+
+
+async def measure(args: argparse.Namespace) -> dict[str, Any]:
+    rounds = 3 if args.quick else 7
+    home = make_home()
+    work = make_home("shellyard-bench-env-")
+    try:
+        channel = await build_test_channel(work / "channel", bench_packages())
+        from shellyard.runner.env_create import find_python
+
+        python = str(find_python())
+        uv_cache = work / "uv-cache"
+        direct: list[float] = []
+        through: list[float] = []
+        async with ControlPlane.running(Settings(home=home / "home")) as plane:
+            await shellyard_round(plane, channel, -1)  # warm the runner's caches
+            await direct_round(channel, work, python, uv_cache)  # warm the direct caches
+            for n in range(rounds):
+                direct.append(await direct_round(channel, work, python, uv_cache))
+                through.append(await shellyard_round(plane, channel, n))
+        d, s = statistics.median(direct), statistics.median(through)
+        return {
+            "title": "Installing packages into a fresh environment",
+            "command": COMMAND,
+            "metrics": [
+                metric(
+                    "env_install",
+                    f"conda ({CONDA_PACKAGES} packages × {FILES_PER_PACKAGE} files, local "
+                    f"channel) + pip ({', '.join(PIP_SPECS)}), median of {rounds}",
+                    s * 1000,
+                    "ms",
+                    target="≤ 1.2× direct rattler + uv",
+                    kind="ratio_max",
+                    limit=1.2,
+                    baseline_label="rattler.solve/install + uv pip install, same run",
+                    baseline_value=d * 1000,
+                )
+            ],
+            "details": {
+                "direct_s": [round(x, 4) for x in direct],
+                "shellyard_s": [round(x, 4) for x in through],
+            },
+        }
+    finally:
+        remove_home(home)
+        remove_home(work)
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    return asyncio.run(measure(args))
+
+
+if __name__ == "__main__":
+    cli("env", run, __doc__ or "")

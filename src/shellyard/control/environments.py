@@ -1,0 +1,557 @@
+"""Managed environments (V1–V8): records, revisions and the waiting rule.
+
+A change (create, install, uninstall) is recorded ``waiting``; a driver task claims it when
+nothing holds the environment (the claim is one locked transaction in the store, so the rule
+holds across control-plane processes), sends it to the runner (idempotent by change id), and
+watches it like executions are watched, retrying a runner that cannot be asked (E9-style). A
+change that succeeds records revision N+1 and the environment's new revision together; one
+that fails records its error and no revision. When a change ends, the executions queued
+behind it are dispatched."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from shellyard.control.executions import ExecutionService
+from shellyard.control.runners import LOCAL_RUNNER_ID, RunnerRegistry
+from shellyard.environments_model import (
+    ChangeView,
+    EnvironmentChangeBody,
+    EnvironmentCreateRequest,
+    EnvironmentView,
+    RevisionSummary,
+    RevisionView,
+)
+from shellyard.errors import (
+    ChangeFailed,
+    Conflict,
+    InvalidInput,
+    NotFound,
+    RunnerUnavailable,
+    ShellyardError,
+    SourceUnreachable,
+)
+from shellyard.runner.protocol import (
+    EnvChangeState,
+    EnvironmentChange,
+    EnvironmentChangeRequest,
+    PackageRecord,
+)
+from shellyard.store import Store
+from shellyard.store.environments import PENDING_CHANGE_STATES, EnvironmentRecords
+from shellyard.store.store import Row, new_id
+
+log = logging.getLogger(__name__)
+
+#: How often a waiting change re-checks the database: an execution that ends in another
+#: control-plane process cannot signal this one.
+WAITING_POLL_S = 1.0
+#: Long-poll length of one runner ``environment_change_wait`` call. The runner answers early
+#: only when the change ends, so this is also how often the recorded progress line refreshes.
+WAIT_SLICE_S = 1.0
+
+
+class EnvironmentService:
+    def __init__(self, store: Store, runners: RunnerRegistry, executions: ExecutionService):
+        self.store = store
+        self.records = EnvironmentRecords(store)
+        self.runners = runners
+        self.executions = executions
+        self.retry_base_s = 0.5
+        self._drivers: dict[str, asyncio.Task[None]] = {}
+        #: Set when something that may unblock an environment's waiting change happened.
+        self._wakeups: dict[str, asyncio.Event] = {}
+        #: Set when a change ended (for callers waiting on it in this process).
+        self._ended: dict[str, asyncio.Event] = {}
+        self._closing = False
+        executions.on_finished.append(self._execution_finished)
+        executions.environments = self
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def startup(self) -> None:
+        """Re-attach to changes the previous control plane left running (asking the runner),
+        and re-evaluate the waiting ones."""
+        for change in await self.records.pending_changes():
+            self._drive(change, reattach=change["state"] == "running")
+
+    async def aclose(self) -> None:
+        self._closing = True
+        tasks = list(self._drivers.values())
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._drivers.clear()
+
+    # ------------------------------------------------------------------ requests
+
+    async def create(
+        self, request: EnvironmentCreateRequest, agent_id: str | None = None
+    ) -> EnvironmentView:
+        """V1: record the environment and its ``create`` change, start it, and wait up to
+        ``wait_ms`` for it (then return it as it stands; its change id follows it)."""
+        agent = await self._agent(agent_id)
+        runner_id = request.runner_id or LOCAL_RUNNER_ID
+        self.runners.get(runner_id)  # NotFound naming the registered runners
+        environment_id = new_id("env")
+        change_id = new_id("chg")
+        _env, change = await self.records.create(
+            {
+                "id": environment_id,
+                "session_id": agent["session_id"],
+                "created_by": agent["id"],
+                "runner_id": runner_id,
+                "name": request.name,
+                "language": request.language,
+            },
+            {
+                "id": change_id,
+                "environment_id": environment_id,
+                "agent_id": agent["id"],
+                "action": "create",
+                "options": {"language": request.language},
+            },
+        )
+        self._drive(change)
+        change = await self._await_change(change_id, request.wait_ms)
+        if change["state"] == "failed":
+            raise _error_for(change, await self._required_env(environment_id))
+        view = await self._view(await self._required_env(environment_id))
+        view.change_id = change_id
+        return view
+
+    async def install(
+        self, environment_id: str, body: EnvironmentChangeBody, agent_id: str | None = None
+    ) -> ChangeView:
+        return await self._change("install", environment_id, body, agent_id)
+
+    async def uninstall(
+        self, environment_id: str, body: EnvironmentChangeBody, agent_id: str | None = None
+    ) -> ChangeView:
+        return await self._change("uninstall", environment_id, body, agent_id)
+
+    async def _change(
+        self,
+        action: str,
+        environment_id: str,
+        body: EnvironmentChangeBody,
+        agent_id: str | None,
+    ) -> ChangeView:
+        """V2, V5, V8: record the change (waiting), start its driver, wait up to
+        ``wait_ms``. A change that failed within that time raises the mapped error."""
+        agent = await self._agent(agent_id)
+        env = await self._owned(environment_id, agent)
+        if env["state"] == "failed":
+            raise Conflict(
+                f"environment {environment_id} could not be created ({env['error']}); create "
+                "another one"
+            )
+        change_id = new_id("chg")
+        change = await self.records.add_change(
+            {
+                "id": change_id,
+                "environment_id": environment_id,
+                "agent_id": agent["id"],
+                "action": action,
+                "manager": body.manager,
+                "specs": body.specs,
+                "options": body.options(),
+            }
+        )
+        self._drive(change)
+        change = await self._await_change(change_id, body.wait_ms)
+        if change["state"] == "failed":
+            raise _error_for(change, env)
+        return _change_view(change)
+
+    # ------------------------------------------------------------------ queries
+
+    async def list_environments(
+        self, agent_id: str | None = None, runner_id: str | None = None
+    ) -> list[EnvironmentView]:
+        agent = await self._agent(agent_id)
+        rows = await self.records.of_session(str(agent["session_id"]), runner_id)
+        return [_env_view(r) for r in rows]
+
+    async def show(self, environment_id: str, agent_id: str | None = None) -> EnvironmentView:
+        """The environment with a summary of its revisions and its pending changes."""
+        env = await self._owned(environment_id, await self._agent(agent_id))
+        view = await self._view(env)
+        view.revisions = [
+            RevisionSummary(
+                revision=int(r["revision"]),
+                change_id=str(r["change_id"]),
+                action=str(r["request"].get("action", "")),
+                manager=r["request"].get("manager"),
+                specs=list(r["request"].get("specs", [])),
+                packages=len(r["packages"]),
+                created_at=float(r["created_at"]),
+            )
+            for r in await self.records.revisions(environment_id)
+        ]
+        if env["state"] == "ready":
+            with contextlib.suppress(ShellyardError):
+                info = await self.runners.get(str(env["runner_id"])).environment_info(
+                    environment_id
+                )
+                view.prefix = info.prefix
+        return view
+
+    async def revisions(
+        self, environment_id: str, agent_id: str | None = None, revision: int | None = None
+    ) -> list[RevisionView]:
+        """V2: every revision (or one) with its full package list and request."""
+        await self._owned(environment_id, await self._agent(agent_id))
+        rows = await self.records.revisions(environment_id)
+        if revision is not None:
+            rows = [r for r in rows if int(r["revision"]) == revision]
+            if not rows:
+                raise NotFound(
+                    f"environment {environment_id} has no revision {revision}; "
+                    "list them with environment_show"
+                )
+        return [_revision_view(r) for r in rows]
+
+    async def change_status(self, change_id: str, agent_id: str | None = None) -> ChangeView:
+        change = await self.records.get_change(change_id)
+        agent = await self._agent(agent_id)
+        if change is None:
+            raise _no_change(change_id)
+        try:
+            await self._owned(str(change["environment_id"]), agent)
+        except NotFound:
+            raise _no_change(change_id) from None
+        return _change_view(change)
+
+    async def wait(
+        self, change_id: str, timeout_s: float, agent_id: str | None = None
+    ) -> ChangeView:
+        await self.change_status(change_id, agent_id)
+        await self._await_change(change_id, int(max(0.0, timeout_s) * 1000))
+        return await self.change_status(change_id, agent_id)
+
+    # ------------------------------------------------------------------ executions (V4–V6)
+
+    async def check_usable(self, environment_id: str, agent_id: str, runner_id: str | None) -> str:
+        """Validate ``run_shell``'s ``environment_id`` before anything is recorded; returns
+        the runner the execution must run on (the environment's, when none was named)."""
+        agent = await self._agent(agent_id)
+        env = await self._owned(environment_id, agent)
+        if env["state"] == "failed":
+            raise Conflict(
+                f"environment {environment_id} could not be created ({env['error']}); create "
+                "another one with environment_create"
+            )
+        home = str(env["runner_id"])
+        if runner_id is not None and runner_id != home:
+            raise InvalidInput(
+                f"environment {environment_id} ({env['name']}) lives on runner {home!r}; pass "
+                f"runner_id {home!r}, or create an environment on {runner_id!r} with "
+                "environment_create"
+            )
+        return home
+
+    async def _execution_finished(self, row: Mapping[str, Any], _read: bool) -> None:
+        environment_id = row.get("environment_id")
+        if environment_id:
+            self._wake(str(environment_id))
+
+    # ------------------------------------------------------------------ the driver
+
+    def _drive(self, change: Row, *, reattach: bool = False) -> None:
+        change_id = str(change["id"])
+        if change_id in self._drivers or self._closing:
+            return
+        self._ended.setdefault(change_id, asyncio.Event())
+        task = asyncio.create_task(self._run(change, reattach), name=f"env-change-{change_id}")
+        self._drivers[change_id] = task
+        task.add_done_callback(lambda _t: self._drivers.pop(change_id, None))
+
+    async def _run(self, change: Row, reattach: bool) -> None:
+        change_id = str(change["id"])
+        environment_id = str(change["environment_id"])
+        failures = 0
+        try:
+            while True:
+                try:
+                    await self._to_the_end(change_id, environment_id, reattach)
+                    break
+                except asyncio.CancelledError:
+                    raise
+                except Exception:
+                    # A database or runner hiccup must not strand the change (and the
+                    # executions queued behind it) until the next restart: start over from
+                    # the record, asking the runner if it was already sent.
+                    failures += 1
+                    log.exception("environment change %s: retrying after an error", change_id)
+                    await asyncio.sleep(min(30.0, self.retry_base_s * 2 ** min(failures, 6)))
+                    reattach = True
+        finally:
+            event = self._ended.pop(change_id, None)
+            if event is not None:
+                event.set()
+        self._wake(environment_id)  # the next change of the environment may go now
+        if not self._closing:
+            for workspace_id in await self.records.gated_workspaces(environment_id):
+                await self.executions._dispatch(workspace_id)
+
+    async def _to_the_end(self, change_id: str, environment_id: str, reattach: bool) -> None:
+        """Claim (or re-attach to) the change and see it through the runner to its end;
+        return at once if it already ended (in another control plane)."""
+        while True:
+            if reattach:
+                change = await self.records.get_change(change_id)
+                assert change is not None
+                if change["state"] == "waiting":
+                    reattach = False
+                    continue
+            else:
+                change = await self._claim_when_free(change_id, environment_id)
+            if change["state"] != "running":
+                return
+            if await self._on_runner(change, reattach) is not None:
+                return
+            reattach = False  # the runner refused it for now: wait again
+            await self._sleep_or_wake(environment_id, WAITING_POLL_S)
+
+    async def _claim_when_free(self, change_id: str, environment_id: str) -> Row:
+        while True:
+            change = await self.records.claim(change_id)
+            if change["state"] != "waiting":
+                return change
+            await self._sleep_or_wake(environment_id, WAITING_POLL_S)
+
+    async def _on_runner(self, change: Row, reattach: bool) -> Row | None:
+        """Send the claimed change to the runner and watch it to its end; record the end.
+        Returns the ended record, or None when the runner refused it for now (Conflict)."""
+        change_id = str(change["id"])
+        env = await self._required_env(str(change["environment_id"]))
+        runner = self.runners.get(str(env["runner_id"]))
+        request = _runner_request(change, env)
+        sent = False
+        failures = 0
+        progress = change["progress"]
+        while True:
+            try:
+                if reattach and not sent:
+                    result = await runner.environment_change_status(change_id)
+                    sent = True
+                elif not sent:
+                    result = await runner.environment_change(request)
+                    sent = True
+                else:
+                    result = await runner.environment_change_wait(change_id, WAIT_SLICE_S)
+            except RunnerUnavailable as exc:
+                failures += 1
+                await self.records.set_progress(
+                    change_id, f"runner {env['runner_id']} cannot be asked ({exc}); retrying"
+                )
+                # Same change id every time: the runner never starts it twice.
+                await asyncio.sleep(min(30.0, self.retry_base_s * 2 ** min(failures, 6)))
+                continue
+            except Conflict as exc:
+                await self.records.unclaim(change_id, f"waiting: {exc.message}")
+                return None
+            except ShellyardError as exc:
+                return await self.records.finish(
+                    change_id,
+                    packages=None,
+                    error=exc.message,
+                    error_kind="invalid_spec" if isinstance(exc, InvalidInput) else "failed",
+                )
+            failures = 0
+            if result.state == EnvChangeState.running:
+                if result.progress != progress:
+                    progress = result.progress
+                    await self.records.set_progress(change_id, progress)
+                continue
+            return await self._record_end(change_id, result)
+
+    async def _record_end(self, change_id: str, result: EnvironmentChange) -> Row:
+        if result.state == EnvChangeState.succeeded:
+            return await self.records.finish(
+                change_id,
+                packages=[p.model_dump(mode="json") for p in result.packages],
+                finished_at=result.finished_at,
+            )
+        if result.state == EnvChangeState.lost:
+            error, kind = (
+                "interrupted: the runner holds no trace of this change (it restarted, or the "
+                "control plane stopped before sending it); the environment is unchanged",
+                "interrupted",
+            )
+        else:
+            error, kind = result.error or "the change failed", result.error_kind or "failed"
+        return await self.records.finish(
+            change_id, packages=None, error=error, error_kind=kind, finished_at=result.finished_at
+        )
+
+    # ------------------------------------------------------------------ helpers
+
+    def _wake(self, environment_id: str) -> None:
+        event = self._wakeups.pop(environment_id, None)
+        if event is not None:
+            event.set()
+
+    async def _sleep_or_wake(self, environment_id: str, timeout_s: float) -> None:
+        event = self._wakeups.setdefault(environment_id, asyncio.Event())
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(event.wait(), timeout=timeout_s)
+
+    async def _await_change(self, change_id: str, wait_ms: int) -> Row:
+        event = self._ended.get(change_id)
+        if event is not None and wait_ms > 0:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(event.wait(), timeout=wait_ms / 1000)
+        change = await self.records.get_change(change_id)
+        assert change is not None
+        if change["state"] in PENDING_CHANGE_STATES and event is None and wait_ms > 0:
+            # Driven by another process: poll the record for the rest of the budget.
+            deadline = time.monotonic() + wait_ms / 1000
+            while change["state"] in PENDING_CHANGE_STATES and time.monotonic() < deadline:
+                await asyncio.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
+                change = await self.records.get_change(change_id)
+                assert change is not None
+        return change
+
+    async def _agent(self, agent_id: str | None) -> Row:
+        owner = await self.executions._agent_id(agent_id)
+        agent = await self.store.get_agent(owner)
+        assert agent is not None
+        return agent
+
+    async def _owned(self, environment_id: str, agent: Row) -> Row:
+        env = await self.records.get(environment_id)
+        # Another session's environment is reported exactly like a missing one.
+        if env is None or env["session_id"] != agent["session_id"]:
+            raise NotFound(
+                f"no environment {environment_id!r}; list yours with environment_list, or "
+                "create one with environment_create"
+            )
+        return env
+
+    async def _required_env(self, environment_id: str) -> Row:
+        env = await self.records.get(environment_id)
+        assert env is not None, environment_id
+        return env
+
+    async def _view(self, env: Row) -> EnvironmentView:
+        view = _env_view(env)
+        view.pending_changes = [
+            _change_view(c)
+            for c in await self.records.changes(str(env["id"]), PENDING_CHANGE_STATES)
+        ]
+        return view
+
+
+def _no_change(change_id: str) -> NotFound:
+    return NotFound(
+        f"no environment change {change_id!r}; environment_show lists an environment's "
+        "pending changes"
+    )
+
+
+def _runner_request(change: Row, env: Row) -> EnvironmentChangeRequest:
+    options = dict(change["options"] or {})
+    return EnvironmentChangeRequest(
+        change_id=str(change["id"]),
+        environment_id=str(env["id"]),
+        action=change["action"],
+        language=env["language"] if change["action"] == "create" else None,
+        manager=change["manager"],
+        specs=list(change["specs"] or []),
+        channels=list(options.get("channels") or []),
+        index_url=options.get("index_url"),
+        extra_index_urls=list(options.get("extra_index_urls") or []),
+        find_links=list(options.get("find_links") or []),
+        repos=list(options.get("repos") or []),
+    )
+
+
+def _error_for(change: Row, env: Row) -> ShellyardError:
+    """V8: the error a failed change raises: what went wrong (the runner's words), that the
+    environment is unchanged, and what to do."""
+    kind = change["error_kind"] or "failed"
+    what = (
+        change["action"]
+        if change["manager"] is None
+        else (f"{change['action']} with {change['manager']}")
+    )
+    unchanged = (
+        "the environment was not created"
+        if change["action"] == "create"
+        else f"environment {env['id']} is unchanged (still revision {env['revision']})"
+    )
+    message = f"{what} failed (change {change['id']}): {change['error']}; {unchanged}"
+    details = {"change_id": change["id"], "environment_id": env["id"], "error_kind": kind}
+    if kind == "invalid_spec":
+        return InvalidInput(f"{message}. Fix the package spec and try again", **details)
+    if kind == "not_found":
+        return NotFound(
+            f"{message}. Check the package name and the channels / index / repos searched",
+            **details,
+        )
+    if kind == "unreachable":
+        return SourceUnreachable(
+            f"{message}. Check the channel / index / repository URL and that the runner "
+            "can reach it, then try again",
+            **details,
+        )
+    if kind == "interrupted":
+        return ChangeFailed(f"{message}. Nothing was applied; run the change again", **details)
+    return ChangeFailed(
+        f"{message}. Read the error above, adjust the specs, and try again", **details
+    )
+
+
+def _change_view(row: Row) -> ChangeView:
+    return ChangeView(
+        change_id=row["id"],
+        environment_id=row["environment_id"],
+        action=row["action"],
+        manager=row["manager"],
+        specs=list(row["specs"] or []),
+        options={k: v for k, v in dict(row["options"] or {}).items() if v},
+        state=row["state"],
+        waiting_for=list(row["waiting_for"] or []),
+        progress=row["progress"],
+        error=row["error"],
+        error_kind=row["error_kind"],
+        revision=row["revision"],
+        created_at=row["created_at"],
+        started_at=row["started_at"],
+        finished_at=row["finished_at"],
+    )
+
+
+def _env_view(row: Row) -> EnvironmentView:
+    return EnvironmentView(
+        environment_id=row["id"],
+        name=row["name"],
+        language=row["language"],
+        runner_id=row["runner_id"],
+        session_id=row["session_id"],
+        created_by=row["created_by"],
+        state=row["state"],
+        revision=row["revision"],
+        error=row["error"],
+        created_at=row["created_at"],
+    )
+
+
+def _revision_view(row: Row) -> RevisionView:
+    return RevisionView(
+        environment_id=row["environment_id"],
+        revision=row["revision"],
+        packages=[PackageRecord.model_validate(p) for p in row["packages"]],
+        request=dict(row["request"]),
+        change_id=row["change_id"],
+        created_at=row["created_at"],
+    )

@@ -1,0 +1,398 @@
+"""Records of managed environments, their revisions and changes (V1–V8), over the same
+``Store``: each operation is a synchronous function of a ``Connection`` run as one transaction
+by ``Store._run``.
+
+The waiting rule (V5) is decided here, in the database, so that it holds across processes
+(two control planes on one PostgreSQL, or a restart): every transaction that records a
+change, claims one, finishes one, or lets an execution resolve its revision first locks the
+environment's row (``SELECT … FOR UPDATE`` on PostgreSQL; SQLite runs one write transaction
+at a time anyway), so the gate and the claim never interleave."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+from sqlalchemy.exc import IntegrityError
+
+from shellyard.errors import Conflict
+from shellyard.store.schema import (
+    environment_changes,
+    environment_revisions,
+    environments,
+    executions,
+)
+from shellyard.store.store import Row, Store, _fetch_one
+
+PENDING_CHANGE_STATES = ("waiting", "running")
+
+
+class EnvironmentRecords:
+    """The control plane's records of environments."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    # ------------------------------------------------------------------ environments
+
+    async def create(self, environment: dict[str, Any], change: dict[str, Any]) -> tuple[Row, Row]:
+        """Record a new environment (``creating``) and its ``create`` change (``waiting``).
+        A name already used by the session on that runner is a Conflict."""
+        try:
+            return await self.store._run(_create, environment, change)
+        except IntegrityError:
+            raise _name_taken(environment) from None
+
+    async def get(self, environment_id: str) -> Row | None:
+        return await self.store._one(
+            sa.select(environments).where(environments.c.id == environment_id)
+        )
+
+    async def of_session(self, session_id: str, runner_id: str | None = None) -> list[Row]:
+        stmt = sa.select(environments).where(environments.c.session_id == session_id)
+        if runner_id is not None:
+            stmt = stmt.where(environments.c.runner_id == runner_id)
+        return await self.store._all(stmt.order_by(environments.c.created_at))
+
+    # ------------------------------------------------------------------ revisions
+
+    async def revisions(self, environment_id: str) -> list[Row]:
+        return await self.store._all(
+            sa.select(environment_revisions)
+            .where(environment_revisions.c.environment_id == environment_id)
+            .order_by(environment_revisions.c.revision)
+        )
+
+    async def revision(self, environment_id: str, number: int) -> Row | None:
+        return await self.store._one(
+            sa.select(environment_revisions).where(
+                environment_revisions.c.environment_id == environment_id,
+                environment_revisions.c.revision == number,
+            )
+        )
+
+    # ------------------------------------------------------------------ changes
+
+    async def add_change(self, change: dict[str, Any]) -> Row:
+        """Record an install or uninstall as ``waiting`` (it is claimed separately)."""
+        return await self.store._run(_add_change, change)
+
+    async def get_change(self, change_id: str) -> Row | None:
+        return await self.store._one(
+            sa.select(environment_changes).where(environment_changes.c.id == change_id)
+        )
+
+    async def changes(
+        self, environment_id: str, states: tuple[str, ...] | None = None
+    ) -> list[Row]:
+        stmt = sa.select(environment_changes).where(
+            environment_changes.c.environment_id == environment_id
+        )
+        if states is not None:
+            stmt = stmt.where(environment_changes.c.state.in_(states))
+        return await self.store._all(stmt.order_by(environment_changes.c.seq))
+
+    async def pending_changes(self) -> list[Row]:
+        """Every change not yet ended, of every environment (start-up re-attaches to them)."""
+        return await self.store._all(
+            sa.select(environment_changes)
+            .where(environment_changes.c.state.in_(PENDING_CHANGE_STATES))
+            .order_by(environment_changes.c.created_at, environment_changes.c.seq)
+        )
+
+    async def claim(self, change_id: str) -> Row:
+        """V5: move a waiting change to ``running`` when nothing holds its environment (no
+        earlier change pending, no execution using it); else record what it waits for."""
+        return await self.store._run(_claim, change_id)
+
+    async def unclaim(self, change_id: str, reason: str) -> Row:
+        """The runner refused to start the change (an execution still runs there): wait again."""
+        return await self.store._run(_unclaim, change_id, reason)
+
+    async def set_progress(self, change_id: str, progress: str | None) -> None:
+        await self.store._run(_set_progress, change_id, progress)
+
+    async def finish(
+        self,
+        change_id: str,
+        *,
+        packages: list[dict[str, Any]] | None,
+        error: str | None = None,
+        error_kind: str | None = None,
+        finished_at: float | None = None,
+    ) -> Row:
+        """End a running change: with ``packages`` it succeeded and revision N+1 is recorded
+        with the environment's new revision (one transaction); without, it failed and no
+        revision is recorded. A change already ended is returned unchanged."""
+        return await self.store._run(
+            _finish, change_id, packages, error, error_kind, finished_at or time.time()
+        )
+
+    # ------------------------------------------------------------------ executions (V5, V6)
+
+    async def gate(self, execution_id: str, environment_id: str) -> tuple[str, Row]:
+        """Decide whether an execution may start on its environment now (V5, V6).
+
+        ``("go", record)``: it recorded the environment's current revision and holds the
+        environment until it ends. ``("wait", record)``: a change is pending; the record names
+        it in ``waiting_for`` and stays queued. ``("failed", record)``: the environment cannot
+        be used (its creation failed); ``waiting_for`` is cleared and the caller fails it."""
+        return await self.store._run(_gate, execution_id, environment_id)
+
+    async def gated_workspaces(self, environment_id: str) -> list[str]:
+        """Workspaces with a queued execution on the environment that has not resolved its
+        revision yet: dispatch them when a change ends."""
+        rows = await self.store._all(
+            sa.select(executions.c.workspace_id)
+            .where(
+                executions.c.environment_id == environment_id,
+                executions.c.state == "queued",
+                executions.c.environment_revision.is_(None),
+            )
+            .distinct()
+        )
+        return [str(r["workspace_id"]) for r in rows]
+
+
+# ---------------------------------------------------------------------- operations
+
+
+def _name_taken(environment: dict[str, Any]) -> Conflict:
+    return Conflict(
+        f"an environment named {environment['name']!r} already exists in this session on "
+        f"runner {environment['runner_id']!r}; use it (environment_list shows its id) or "
+        "pick another name"
+    )
+
+
+def _lock(conn: Connection, environment_id: str) -> Row | None:
+    # FOR UPDATE serialises every V5 decision on one environment across processes
+    # (PostgreSQL); SQLite ignores it and runs write transactions one at a time.
+    return _fetch_one(
+        conn,
+        sa.select(environments).where(environments.c.id == environment_id).with_for_update(),
+    )
+
+
+def _next_seq(conn: Connection, environment_id: str) -> int:
+    current = conn.execute(
+        sa.select(sa.func.coalesce(sa.func.max(environment_changes.c.seq), 0)).where(
+            environment_changes.c.environment_id == environment_id
+        )
+    ).scalar_one()
+    return int(current) + 1
+
+
+def _create(
+    conn: Connection, environment: dict[str, Any], change: dict[str, Any]
+) -> tuple[Row, Row]:
+    taken = conn.execute(
+        sa.select(environments.c.id).where(
+            environments.c.session_id == environment["session_id"],
+            environments.c.runner_id == environment["runner_id"],
+            environments.c.name == environment["name"],
+        )
+    ).first()
+    if taken is not None:
+        raise _name_taken(environment)
+    now = time.time()
+    conn.execute(
+        environments.insert().values(**environment, revision=0, state="creating", created_at=now)
+    )
+    env = _fetch_one(conn, sa.select(environments).where(environments.c.id == environment["id"]))
+    assert env is not None
+    return env, _insert_change(conn, change, now)
+
+
+def _insert_change(conn: Connection, change: dict[str, Any], now: float) -> Row:
+    values = {
+        "specs": [],
+        "options": {},
+        **change,
+        "seq": _next_seq(conn, change["environment_id"]),
+        "state": "waiting",
+        "waiting_for": [],
+        "created_at": now,
+    }
+    conn.execute(environment_changes.insert().values(**values))
+    row = _fetch_one(
+        conn, sa.select(environment_changes).where(environment_changes.c.id == change["id"])
+    )
+    assert row is not None
+    return row
+
+
+def _add_change(conn: Connection, change: dict[str, Any]) -> Row:
+    env = _lock(conn, change["environment_id"])
+    assert env is not None
+    return _insert_change(conn, change, time.time())
+
+
+def _holders(conn: Connection, environment_id: str) -> list[str]:
+    """Executions that use the environment's current prefix: running ones; those whose
+    outcome is unknown because the runner cannot be asked right now (their watcher keeps
+    asking, E9); and queued ones that already resolved their revision but have not started."""
+    rows = conn.execute(
+        sa.select(executions.c.id)
+        .where(
+            executions.c.environment_id == environment_id,
+            sa.or_(
+                executions.c.state == "running",
+                sa.and_(
+                    executions.c.state == "unknown",
+                    executions.c.finished_at.is_(None),
+                    executions.c.query_failures > 0,
+                ),
+                sa.and_(
+                    executions.c.state == "queued",
+                    executions.c.environment_revision.is_not(None),
+                ),
+            ),
+        )
+        .order_by(executions.c.seq)
+    ).all()
+    return [str(r[0]) for r in rows]
+
+
+def _get_change(conn: Connection, change_id: str) -> Row:
+    row = _fetch_one(
+        conn, sa.select(environment_changes).where(environment_changes.c.id == change_id)
+    )
+    assert row is not None, change_id
+    return row
+
+
+def _claim(conn: Connection, change_id: str) -> Row:
+    change = _get_change(conn, change_id)
+    environment_id = str(change["environment_id"])
+    _lock(conn, environment_id)
+    change = _get_change(conn, change_id)  # re-read under the lock
+    if change["state"] != "waiting":
+        return change
+    earlier = conn.execute(
+        sa.select(environment_changes.c.id)
+        .where(
+            environment_changes.c.environment_id == environment_id,
+            environment_changes.c.state.in_(PENDING_CHANGE_STATES),
+            environment_changes.c.seq < change["seq"],
+        )
+        .order_by(environment_changes.c.seq)
+    ).all()
+    waiting_for = [str(r[0]) for r in earlier] + _holders(conn, environment_id)
+    values: dict[str, Any] = {"waiting_for": waiting_for}
+    if not waiting_for:
+        values.update(state="running", started_at=time.time(), progress="starting")
+    conn.execute(
+        environment_changes.update().where(environment_changes.c.id == change_id).values(**values)
+    )
+    return _get_change(conn, change_id)
+
+
+def _unclaim(conn: Connection, change_id: str, reason: str) -> Row:
+    conn.execute(
+        environment_changes.update()
+        .where(environment_changes.c.id == change_id, environment_changes.c.state == "running")
+        .values(state="waiting", started_at=None, progress=reason)
+    )
+    return _get_change(conn, change_id)
+
+
+def _set_progress(conn: Connection, change_id: str, progress: str | None) -> None:
+    conn.execute(
+        environment_changes.update()
+        .where(environment_changes.c.id == change_id, environment_changes.c.state == "running")
+        .values(progress=progress)
+    )
+
+
+def _request_of(change: Row) -> dict[str, Any]:
+    request: dict[str, Any] = {"action": change["action"]}
+    if change["manager"] is not None:
+        request["manager"] = change["manager"]
+    if change["specs"]:
+        request["specs"] = list(change["specs"])
+    request.update({k: v for k, v in dict(change["options"] or {}).items() if v})
+    return request
+
+
+def _finish(
+    conn: Connection,
+    change_id: str,
+    packages: list[dict[str, Any]] | None,
+    error: str | None,
+    error_kind: str | None,
+    finished_at: float,
+) -> Row:
+    change = _get_change(conn, change_id)
+    environment_id = str(change["environment_id"])
+    env = _lock(conn, environment_id)
+    assert env is not None
+    change = _get_change(conn, change_id)
+    if change["state"] not in PENDING_CHANGE_STATES:
+        return change
+    values: dict[str, Any] = {"finished_at": finished_at, "waiting_for": [], "progress": None}
+    if packages is not None:
+        number = int(env["revision"]) + 1
+        conn.execute(
+            environment_revisions.insert().values(
+                environment_id=environment_id,
+                revision=number,
+                packages=packages,
+                request=_request_of(change),
+                change_id=change_id,
+                created_at=finished_at,
+            )
+        )
+        env_values: dict[str, Any] = {"revision": number}
+        if env["state"] == "creating":
+            env_values["state"] = "ready"
+        conn.execute(
+            environments.update().where(environments.c.id == environment_id).values(**env_values)
+        )
+        values.update(state="succeeded", revision=number)
+    else:
+        values.update(state="failed", error=error, error_kind=error_kind)
+        if change["action"] == "create":
+            conn.execute(
+                environments.update()
+                .where(environments.c.id == environment_id)
+                .values(state="failed", error=error)
+            )
+    conn.execute(
+        environment_changes.update().where(environment_changes.c.id == change_id).values(**values)
+    )
+    return _get_change(conn, change_id)
+
+
+def _gate(conn: Connection, execution_id: str, environment_id: str) -> tuple[str, Row]:
+    env = _lock(conn, environment_id)
+    pending = conn.execute(
+        sa.select(environment_changes.c.id)
+        .where(
+            environment_changes.c.environment_id == environment_id,
+            environment_changes.c.state.in_(PENDING_CHANGE_STATES),
+        )
+        .order_by(environment_changes.c.seq)
+        .limit(1)
+    ).first()
+    values: dict[str, Any] = {"waiting_for": None}
+    if env is None or env["state"] == "failed":
+        verdict = "failed"
+    elif pending is not None:
+        verdict, values["waiting_for"] = "wait", str(pending[0])
+    else:
+        # V6: the latest revision, resolved when it starts; from now on it holds the prefix.
+        verdict, values["environment_revision"] = "go", int(env["revision"])
+    conn.execute(
+        executions.update()
+        .where(executions.c.id == execution_id, executions.c.state == "queued")
+        .values(**values)
+    )
+    row = _fetch_one(conn, sa.select(executions).where(executions.c.id == execution_id))
+    assert row is not None
+    return verdict, row
+
+
+__all__ = ["PENDING_CHANGE_STATES", "EnvironmentRecords"]
