@@ -76,9 +76,32 @@ class SandboxUnavailable(ShellyardError):
     http_status = 503
 
 
+class SourceUnreachable(ShellyardError):
+    """V8: an environment change could not reach its channel, index or repository."""
+
+    code = "source_unreachable"
+    http_status = 502
+
+
+class ChangeFailed(ShellyardError):
+    """V8: an environment change failed for another reason (a package that does not build,
+    conflicting requirements, an interruption); the environment is unchanged."""
+
+    code = "change_failed"
+    http_status = 422
+
+
 class Unauthorized(ShellyardError):
     code = "unauthorized"
     http_status = 401
+
+
+class Forbidden(ShellyardError):
+    """The token is valid but its scope does not allow the operation (admin-only, or another
+    agent than the token's)."""
+
+    code = "forbidden"
+    http_status = 403
 
 
 class HomeInUse(ShellyardError):
@@ -98,7 +121,10 @@ ERRORS_BY_CODE: dict[str, type[ShellyardError]] = {
         OutOfRoom,
         RunnerUnavailable,
         SandboxUnavailable,
+        SourceUnreachable,
+        ChangeFailed,
         Unauthorized,
+        Forbidden,
         HomeInUse,
     )
 }

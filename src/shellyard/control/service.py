@@ -9,12 +9,14 @@ from contextlib import asynccontextmanager
 from shellyard.config import Settings
 from shellyard.control.access import WorkspaceAccess
 from shellyard.control.artifacts import ArtifactService
+from shellyard.control.environments import EnvironmentService
 from shellyard.control.executions import ExecutionService
 from shellyard.control.files import FileService
 from shellyard.control.inbox import InboxService
 from shellyard.control.runners import RunnerRegistry
 from shellyard.control.sessions import SessionService
 from shellyard.control.timers import TimerService
+from shellyard.control.tokens import TokenService
 from shellyard.control.transfers import TransferService
 from shellyard.control.wakes import WakeService
 from shellyard.runner.local import LocalRunner
@@ -30,11 +32,19 @@ class ControlPlane:
         self._executions: ExecutionService | None = None
         self._notify: tuple[SessionService, InboxService, WakeService, TimerService] | None = None
         self._files: tuple[FileService, TransferService, ArtifactService] | None = None
+        self._environments: EnvironmentService | None = None
+        self._tokens: TokenService | None = None
 
     @property
     def executions(self) -> ExecutionService:
         assert self._executions is not None, "ControlPlane.start() was not called"
         return self._executions
+
+    # Managed environments: records, revisions, the waiting rule (V1–V8).
+    @property
+    def environments(self) -> EnvironmentService:
+        assert self._environments is not None, "ControlPlane.start() was not called"
+        return self._environments
 
     @property
     def runners(self) -> RunnerRegistry:
@@ -79,6 +89,12 @@ class ControlPlane:
         assert self._files is not None, "ControlPlane.start() was not called"
         return self._files[2]
 
+    # Bearer tokens and the principal of a request (admin, session, agent).
+    @property
+    def tokens(self) -> TokenService:
+        assert self._tokens is not None, "ControlPlane.start() was not called"
+        return self._tokens
+
     async def start(self) -> None:
         settings = self.settings
         settings.home.mkdir(parents=True, exist_ok=True)
@@ -86,6 +102,7 @@ class ControlPlane:
             settings.effective_database_url, schema_name=settings.database_schema
         )
         self._runners = RunnerRegistry(self.store)
+        self._tokens = TokenService(self.store)
         local = LocalRunner(
             settings.local_runner_root, settings.local_policy, hidden=[settings.home]
         )
@@ -94,6 +111,7 @@ class ControlPlane:
         await self._runners.load_registered()
         await self.store.default_owner()
         self._executions = ExecutionService(self.store, self._runners)
+        self._environments = EnvironmentService(self.store, self._runners, self._executions)
         wakes = WakeService(self.store, settings.notifications)
         sessions = SessionService(self.store, wakes)
         timers = TimerService(sessions, wakes, settings.notifications)
@@ -101,6 +119,7 @@ class ControlPlane:
         self._executions.on_finished += [wakes.execution_finished, timers.execution_finished]
         self.store.notice_listeners.append(wakes.notify)
         await self._executions.startup()
+        await self._environments.startup()
         records = FileRecords(self.store)
         access = WorkspaceAccess(self.store, records, self._runners, self._executions)
         self._files = (
@@ -122,6 +141,8 @@ class ControlPlane:
         if self._notify is not None:
             await self.timers.aclose()
             await self.wakes.aclose()
+        if self._environments is not None:
+            await self._environments.aclose()
         if self._executions is not None:
             await self._executions.aclose()
         if self._runners is not None:

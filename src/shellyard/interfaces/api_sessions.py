@@ -14,8 +14,9 @@ from fastapi.sse import EventSourceResponse, ServerSentEvent
 from pydantic import BaseModel, ValidationError
 
 from shellyard.control.service import ControlPlane
-from shellyard.errors import InvalidInput
-from shellyard.interfaces.api import AgentHeader
+from shellyard.errors import InvalidInput, NotFound
+from shellyard.interfaces.api_docs import JSON_ERROR_RESPONSES, body_doc
+from shellyard.interfaces.auth import AgentHeader, PrincipalDep, admin_only
 from shellyard.model import validation_message
 from shellyard.session_model import (
     AgentView,
@@ -48,19 +49,22 @@ def parse(model: type[M], body: dict[str, Any]) -> M:
 def sessions_router(plane: ControlPlane) -> APIRouter:
     router = APIRouter()
 
-    async def known_session(session_id: str) -> str:
+    async def known_session(session_id: str, who: PrincipalDep) -> str:
+        plane.tokens.check_session(who, session_id)
         await plane.sessions.session_row(session_id)  # NotFound before a stream starts
         return session_id
 
     # ------------------------------------------------------------------ sessions
 
-    @router.post("/v1/sessions")
+    @router.post("/v1/sessions", dependencies=[Depends(admin_only)])
     async def create_session() -> SessionView:
         return await plane.sessions.create()
 
     @router.get("/v1/sessions")
-    async def list_sessions() -> list[SessionView]:
-        return await plane.sessions.list_sessions()
+    async def list_sessions(who: PrincipalDep) -> list[SessionView]:
+        """Admin: every session; a session or agent token: its own."""
+        found = await plane.sessions.list_sessions()
+        return [s for s in found if who.is_admin or s.session_id == who.session_id]
 
     @router.get("/v1/sessions/{session_id}")
     async def get_session(session_id: str) -> SessionView:
@@ -97,7 +101,11 @@ def sessions_router(plane: ControlPlane) -> APIRouter:
     ) -> list[WakeView]:
         return await plane.wakes.list_wakes(session_id, after)
 
-    @router.get("/v1/sessions/{session_id}/wakes/stream", response_class=EventSourceResponse)
+    @router.get(
+        "/v1/sessions/{session_id}/wakes/stream",
+        response_class=EventSourceResponse,
+        responses=JSON_ERROR_RESPONSES,  # errors are JSON, not events
+    )
     async def stream_wakes(
         session_id: Annotated[str, Depends(known_session)],
         after: Annotated[int | None, Query(ge=0)] = None,
@@ -146,14 +154,14 @@ def sessions_router(plane: ControlPlane) -> APIRouter:
     async def inbox_summary(agent: AgentHeader = None) -> InboxSummary:
         return await plane.inbox.summary(agent)
 
-    @router.post("/v1/inbox/read")
+    @router.post("/v1/inbox/read", openapi_extra=body_doc(MarkReadRequest))
     async def inbox_read(body: dict[str, Any], agent: AgentHeader = None) -> MarkReadResult:
         request = parse(MarkReadRequest, body)
         return MarkReadResult(marked=await plane.inbox.mark_read(agent, request.notice_ids))
 
     # ------------------------------------------------------------------ timers
 
-    @router.post("/v1/timers")
+    @router.post("/v1/timers", openapi_extra=body_doc(TimerCreateRequest))
     async def timer_create(body: dict[str, Any], agent: AgentHeader = None) -> TimerView:
         return await plane.timers.create(agent, parse(TimerCreateRequest, body))
 
@@ -171,16 +179,27 @@ def sessions_router(plane: ControlPlane) -> APIRouter:
 
     # ------------------------------------------------------------------ webhooks
 
-    @router.post("/v1/webhooks")
-    async def add_webhook(body: dict[str, Any]) -> WebhookView:
-        return await plane.wakes.add_webhook(parse(WebhookRequest, body))
+    # A session or agent token registers webhooks for its own session only (default: it).
+
+    @router.post("/v1/webhooks", openapi_extra=body_doc(WebhookRequest))
+    async def add_webhook(body: dict[str, Any], who: PrincipalDep) -> WebhookView:
+        request = parse(WebhookRequest, body)
+        if not who.is_admin:
+            request.session_id = request.session_id or who.session_id
+            plane.tokens.check_session(who, str(request.session_id))
+        return await plane.wakes.add_webhook(request)
 
     @router.get("/v1/webhooks")
-    async def list_webhooks() -> list[WebhookView]:
-        return await plane.wakes.list_webhooks()
+    async def list_webhooks(who: PrincipalDep) -> list[WebhookView]:
+        found = await plane.wakes.list_webhooks()
+        return [w for w in found if who.is_admin or w.session_id == who.session_id]
 
     @router.delete("/v1/webhooks/{webhook_id}")
-    async def remove_webhook(webhook_id: str) -> WebhookView:
+    async def remove_webhook(webhook_id: str, who: PrincipalDep) -> WebhookView:
+        if not who.is_admin:
+            mine = {w.webhook_id for w in await list_webhooks(who)}
+            if webhook_id not in mine:
+                raise NotFound(f"no webhook {webhook_id!r}; list them with GET /v1/webhooks")
         return await plane.wakes.remove_webhook(webhook_id)
 
     @router.get("/v1/wakes/{wake_id}/deliveries")

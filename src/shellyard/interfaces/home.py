@@ -2,7 +2,8 @@
 
 One process serves a home. It holds an exclusive ``flock`` on ``<home>/server.lock`` for its
 whole life (the kernel drops it if the process dies, even by kill -9, so a stale file never
-blocks a restart) and publishes ``<home>/server.json`` (pid, url, token; mode 0600). Clients
+blocks a restart) and publishes ``<home>/server.json`` (pid, url, and where the admin token is:
+``<home>/admin.token``, mode 0600; see docs/security.md). Clients
 (CLI verbs, ``shellyard mcp``) read it and start the server in the background when nobody
 holds the lock, the way a language server or container daemon is started on demand.
 This module stays light (no server imports) because every CLI verb loads it.
@@ -33,7 +34,10 @@ LOG_NAME = "server.log"
 class ServerInfo:
     pid: int
     url: str
+    #: The admin token ("" when the server runs with --no-auth).
     token: str
+    #: The file the token is kept in; server.json names it instead of holding the secret.
+    token_file: str | None = None
 
 
 def lock_home(home: Path) -> int:
@@ -68,7 +72,11 @@ def is_served(home: Path) -> bool:
 def read_info(home: Path) -> ServerInfo | None:
     try:
         data = json.loads((home / INFO_NAME).read_text())
-        return ServerInfo(pid=int(data["pid"]), url=str(data["url"]), token=str(data["token"]))
+        token_file = data.get("token_file")
+        token = Path(token_file).read_text().strip() if token_file else str(data["token"])
+        return ServerInfo(
+            pid=int(data["pid"]), url=str(data["url"]), token=token, token_file=token_file
+        )
     except (OSError, ValueError, KeyError):
         return None
 
@@ -77,7 +85,12 @@ def write_info(home: Path, info: ServerInfo) -> None:
     tmp = home / (INFO_NAME + ".tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as handle:
-        json.dump({"pid": info.pid, "url": info.url, "token": info.token}, handle)
+        data: dict[str, object] = {"pid": info.pid, "url": info.url}
+        if info.token_file:
+            data["token_file"] = info.token_file
+        else:
+            data["token"] = info.token
+        json.dump(data, handle)
     os.replace(tmp, home / INFO_NAME)
 
 

@@ -18,13 +18,18 @@ if TYPE_CHECKING:
 
 INSTRUCTIONS = """\
 shellyard runs each command as a fresh process in a sandbox inside your workspace.
-Nothing carries over between commands (no cwd, no exported variables). A foreground
-run_shell waits at most wait_ms (a response budget, not a timeout) and then returns the
-execution id with state 'running'; poll it with execution_status / execution_logs, stop it
-with execution_cancel. Only execution_cancel stops a job. Install packages with
-environment_install, not with pip inside a command (the environment is mounted read-only).
-When a background execution finishes or a reminder (timer_create) fires, a notice lands in
-your inbox (inbox_list) and, if you are idle, starts a new turn.
+Nothing carries over between commands (no cwd, no exported variables): cd and export inside
+the same command, or write a script. A foreground run_shell waits at most wait_ms (a
+response budget, not a timeout) and then returns the execution id with state 'running'; the
+command keeps running. Poll it with execution_status, read its output with execution_logs
+(continue from next_offset), stop it with execution_cancel. Only execution_cancel stops a
+job. Long jobs and servers: background=true. Install packages with environment_create /
+environment_install and pass environment_id to run_shell, not with pip inside a command (the
+environment is mounted read-only). Files on another runner or in a child's workspace reach
+you with workspace_transfer; only then can you declare them with artifact_declare.
+When a background execution or a transfer finishes or a reminder (timer_create) fires, a
+notice lands in your inbox (inbox_list) and, if you are idle, starts a new turn: no need to
+poll in a loop while you wait.
 """
 
 
@@ -52,11 +57,17 @@ def build_server(backend: ShellyardBackend) -> MCPServer:
 
     @server.tool(
         description=(
-            "Run a shell command (bash -c) or a workspace script in the sandbox, at the "
-            "workspace root. Give exactly one of command or script_path. wait_ms (0..30000, "
-            "default 10000) is how long to wait for the result before returning the running "
-            "execution's id; background=true returns at once. To add packages use "
-            "environment_install: the environment is read-only inside commands."
+            "Run a shell command (bash -c) or a workspace script (.py, .R, .sh or a shebang) in "
+            "the sandbox, as a fresh process at the workspace root: no cwd or variables carry "
+            "over from earlier commands. Give exactly one of command or script_path. wait_ms "
+            "(0..30000, default 10000) is a budget for this answer, not a timeout: if the "
+            "command is still going, you get its execution_id with state 'running' and it "
+            "keeps running; follow it with execution_status and execution_logs, stop it with "
+            "execution_cancel. background=true returns at once (a notice tells you when it "
+            "ends). Output is capped at max_output_length characters (head and tail kept); "
+            "execution_logs has everything. To add packages use environment_install and pass "
+            "environment_id: the environment is read-only inside commands, so pip install in "
+            "a command fails. A busy workspace is refused at once unless queue=true."
         )
     )
     async def run_shell(
@@ -86,7 +97,13 @@ def build_server(backend: ShellyardBackend) -> MCPServer:
             raise tool_error(exc) from None
         return result.model_dump(mode="json")
 
-    @server.tool(description="State, exit code and environment revision of an execution.")
+    @server.tool(
+        description=(
+            "State of an execution (queued, running, then completed, cancelled, failed or "
+            "unknown), its exit_code (null until completed) and the environment revision it "
+            "used. Starts nothing and never waits; to see output use execution_logs."
+        )
+    )
     async def execution_status(execution_id: str) -> dict[str, Any]:
         try:
             return (await backend.status(execution_id)).model_dump(mode="json")
@@ -96,8 +113,9 @@ def build_server(backend: ShellyardBackend) -> MCPServer:
     @server.tool(
         description=(
             "Read an execution's log (stream 'stdout' or 'stderr') from byte offset, at most "
-            "limit bytes, or the last tail bytes. Continue from next_offset; complete=true "
-            "means the execution ended and everything was read."
+            "limit bytes, or the last tail bytes, while it runs or after. Continue from "
+            "next_offset; complete=true means the execution ended and everything was read. "
+            "Prefer this over re-running a command to see its output."
         )
     )
     async def execution_logs(
@@ -115,8 +133,10 @@ def build_server(backend: ShellyardBackend) -> MCPServer:
 
     @server.tool(
         description=(
-            "Cancel a running execution: SIGTERM, then the whole sandbox is killed after a "
-            "grace period. Returns the record; a finished execution is returned unchanged."
+            "Cancel an execution: SIGTERM to its processes, then the whole sandbox is killed "
+            "after a grace period; the only way a job stops before it ends. Waits up to wait_s "
+            "for state 'cancelled' (files written so far are kept in a snapshot). A finished "
+            "execution is returned unchanged."
         )
     )
     async def execution_cancel(execution_id: str, wait_s: float = 10.0) -> dict[str, Any]:
@@ -133,16 +153,22 @@ def build_server(backend: ShellyardBackend) -> MCPServer:
 
     if isinstance(backend, FilesBackend):
         add_file_tools(server, backend)
+    # Managed environments: environment_create / _install / _uninstall / _list / _show.
+    from shellyard.interfaces.mcp_environments import EnvironmentsBackend, add_environment_tools
+
+    if isinstance(backend, EnvironmentsBackend):
+        add_environment_tools(server, backend)
     return server
 
 
-async def serve_stdio(home: Path, agent_id: str | None = None) -> None:
-    """Serve the tools for ``agent_id`` (the default session's main agent when None)."""
+async def serve_stdio(home: Path, agent_id: str | None = None, token: str | None = None) -> None:
+    """Serve the tools for ``agent_id`` (the default session's main agent when None), with
+    ``token`` (a session or agent token) or else the home's admin token."""
     from shellyard.interfaces.client import AsyncClient
     from shellyard.interfaces.home import ensure_server
 
     info = ensure_server(home)
-    client = AsyncClient(info.url, info.token, agent_id=agent_id)
+    client = AsyncClient(info.url, token or info.token, agent_id=agent_id)
     try:
         await build_server(client).run_stdio_async()
     finally:

@@ -77,6 +77,8 @@ executions = Table(
     Column("runner_id", String(64), ForeignKey("runners.id"), nullable=False),
     Column("environment_id", String(64), nullable=True),
     Column("environment_revision", Integer, nullable=True),
+    # V5: the environment change a queued execution waits for (revision 0004_environments).
+    Column("waiting_for", String(64), nullable=True),
     Column("command", Text, nullable=True),
     Column("script_path", Text, nullable=True),
     Column("background", Boolean, nullable=False),
@@ -303,3 +305,80 @@ artifacts = Table(
     Column("created_at", Float, nullable=False),
     UniqueConstraint("agent_id", "name", name="uq_artifact_agent_name"),
 )
+
+#: Bearer tokens of the REST API and /mcp: only the sha256 of each secret is kept. ``kind`` is
+#: admin (everything), session (the agents of ``session_id``) or agent (``agent_id`` only).
+tokens = Table(
+    "tokens",
+    metadata,
+    Column("id", String(64), primary_key=True),
+    Column("kind", String(16), nullable=False),
+    Column("secret_sha256", String(64), nullable=False, unique=True),
+    Column("session_id", String(64), ForeignKey("sessions.id"), nullable=True),
+    Column("agent_id", String(64), ForeignKey("agents.id"), nullable=True),
+    Column("created_by", String(64), nullable=True),
+    Column("created_at", Float, nullable=False),
+    Column("revoked_at", Float, nullable=True),
+)
+
+# --- managed environments (V1–V8, revision 0004_environments) ---
+
+#: A managed prefix on one runner, owned by a session (every agent of it may use it).
+environments = Table(
+    "environments",
+    metadata,
+    Column("id", String(64), primary_key=True),
+    Column("session_id", String(64), ForeignKey("sessions.id"), nullable=False),
+    Column("created_by", String(64), ForeignKey("agents.id"), nullable=False),
+    Column("runner_id", String(64), ForeignKey("runners.id"), nullable=False),
+    Column("name", String(64), nullable=False),
+    Column("language", String(16), nullable=False),
+    # The latest revision; 0 until ``create`` succeeded.
+    Column("revision", Integer, nullable=False, default=0),
+    # creating, ready, failed (a failed ``create``).
+    Column("state", String(16), nullable=False),
+    Column("error", Text, nullable=True),
+    Column("created_at", Float, nullable=False),
+    UniqueConstraint("session_id", "runner_id", "name", name="uq_environment_name"),
+)
+
+environment_revisions = Table(
+    "environment_revisions",
+    metadata,
+    Column("environment_id", String(64), ForeignKey("environments.id"), primary_key=True),
+    Column("revision", Integer, primary_key=True),
+    Column("packages", JSON, nullable=False),
+    Column("request", JSON, nullable=False),
+    Column("change_id", String(64), nullable=False),
+    Column("created_at", Float, nullable=False),
+)
+
+environment_changes = Table(
+    "environment_changes",
+    metadata,
+    Column("id", String(64), primary_key=True),
+    Column("environment_id", String(64), ForeignKey("environments.id"), nullable=False),
+    # Order of the changes of one environment (they run one at a time, oldest first).
+    Column("seq", Integer, nullable=False),
+    Column("agent_id", String(64), ForeignKey("agents.id"), nullable=False),
+    Column("action", String(16), nullable=False),
+    Column("manager", String(16), nullable=True),
+    Column("specs", JSON, nullable=False),
+    Column("options", JSON, nullable=False),
+    # waiting, running, succeeded, failed
+    Column("state", String(16), nullable=False),
+    Column("waiting_for", JSON, nullable=False),
+    Column("error", Text, nullable=True),
+    Column("error_kind", String(16), nullable=True),
+    Column("revision", Integer, nullable=True),
+    Column("progress", Text, nullable=True),
+    Column("created_at", Float, nullable=False),
+    Column("started_at", Float, nullable=True),
+    Column("finished_at", Float, nullable=True),
+)
+Index(
+    "ix_environment_changes_env_state",
+    environment_changes.c.environment_id,
+    environment_changes.c.state,
+)
+Index("ix_executions_environment_state", executions.c.environment_id, executions.c.state)
