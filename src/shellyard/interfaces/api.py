@@ -3,33 +3,45 @@ wakes and timers in ``api_sessions``."""
 
 from __future__ import annotations
 
-import hmac
+import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Annotated
 
-from fastapi import Depends, FastAPI, Header, Query, Request
+from fastapi import Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from shellyard import __version__
 from shellyard.control.service import ControlPlane
 from shellyard.errors import InvalidInput, ShellyardError, Unauthorized
+from shellyard.interfaces.api_docs import (
+    ERROR_RESPONSES,
+    HealthView,
+    body_doc,
+    document_bodies,
+)
+from shellyard.interfaces.auth import AgentHeader, admin_only, principal
 from shellyard.model import (
     ExecutionView,
     LogsResult,
+    RunShellRequest,
     RunShellResult,
     parse_run_shell,
 )
 
-AgentHeader = Annotated[str | None, Header(alias="X-Shellyard-Agent")]
+_HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 401: "unauthorized"}
 
 
 class DirectRunnerRequest(BaseModel):
-    runner_id: str
-    address: str
-    token: str
+    runner_id: str = Field(
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$",
+        description="a name of your choice: letters, digits, '_', '.', '-'",
+    )
+    address: str = Field(pattern=r"^https?://[!-~]+$", description="the daemon's http(s) URL")
+    token: str = Field(pattern=r"^[!-~]+$", description="the daemon's token (its ROOT/token)")
 
 
 class RunnerView(BaseModel):
@@ -40,35 +52,45 @@ class RunnerView(BaseModel):
 
 def create_app(
     plane: ControlPlane,
-    token: str,
     *,
+    auth_required: bool = True,
     lifespan_hooks: tuple[Callable[[], Awaitable[None]], Callable[[], Awaitable[None]]]
     | None = None,
 ) -> FastAPI:
+    """The REST API (and MCP over streamable HTTP at /mcp) over ``plane``. Every route but
+    /health needs a bearer token (``auth_required=False``: the loopback-only --no-auth mode)."""
+    from shellyard.interfaces.mcp_http import McpHttp, mount_mcp
+
+    mcp_app: McpHttp | None = None
+
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         if lifespan_hooks:
             await lifespan_hooks[0]()
         try:
-            yield
+            async with mcp_app.lifespan() if mcp_app else contextlib.nullcontext():
+                yield
         finally:
             if lifespan_hooks:
                 await lifespan_hooks[1]()
 
-    app = FastAPI(title="shellyard", version=__version__, lifespan=lifespan)
-
-    async def authenticate(authorization: Annotated[str | None, Header()] = None) -> None:
-        presented = (authorization or "").removeprefix("Bearer ").strip()
-        if not hmac.compare_digest(presented.encode(), token.encode()):
-            raise Unauthorized(
-                "missing or wrong bearer token; the token is in the home's server.json"
-            )
-
-    auth = [Depends(authenticate)]
+    app = FastAPI(
+        title="shellyard",
+        version=__version__,
+        lifespan=lifespan,
+        responses=ERROR_RESPONSES,
+        description="A durable, sandboxed shell for AI agents. Every route but /health needs "
+        "'Authorization: Bearer TOKEN'. Errors are {\"error\": {code, message, details}}.",
+    )
+    app.state.plane = plane
+    app.state.auth_required = auth_required
+    auth = [Depends(principal)]
+    admin = [Depends(admin_only)]
 
     @app.exception_handler(ShellyardError)
     async def _shellyard_error(_request: Request, exc: ShellyardError) -> JSONResponse:
-        return JSONResponse({"error": exc.to_dict()}, status_code=exc.http_status)
+        headers = {"WWW-Authenticate": "Bearer"} if isinstance(exc, Unauthorized) else None
+        return JSONResponse({"error": exc.to_dict()}, status_code=exc.http_status, headers=headers)
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -78,11 +100,20 @@ def create_app(
         error = InvalidInput("; ".join(parts))
         return JSONResponse({"error": error.to_dict()}, status_code=400)
 
-    @app.get("/health")
-    async def health() -> dict[str, str]:
-        return {"status": "ok", "version": __version__}
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        # Starlette's own answers (unparsable body, unknown route, wrong method) in the same
+        # error shape as every other error of the API.
+        code = _HTTP_CODES.get(exc.status_code, "invalid_input")
+        message = f"{exc.detail} ({request.method} {request.url.path})"
+        body = {"error": {"code": code, "message": message, "details": {}}}
+        return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
 
-    @app.post("/v1/executions", dependencies=auth)
+    @app.get("/health")
+    async def health() -> HealthView:
+        return HealthView(status="ok", version=__version__)
+
+    @app.post("/v1/executions", dependencies=auth, openapi_extra=body_doc(RunShellRequest))
     async def run_shell(body: dict[str, object], agent: AgentHeader = None) -> RunShellResult:
         return await plane.executions.run_shell(parse_run_shell(body), agent)
 
@@ -123,7 +154,7 @@ def create_app(
     ) -> ExecutionView:
         return await plane.executions.cancel(execution_id, agent, wait_s)
 
-    @app.post("/v1/runners", dependencies=auth)
+    @app.post("/v1/runners", dependencies=admin)
     async def register_runner(body: DirectRunnerRequest) -> RunnerView:
         await plane.runners.add_direct(body.runner_id, body.address, body.token)
         return RunnerView(runner_id=body.runner_id, kind="direct", address=body.address)
@@ -136,7 +167,7 @@ def create_app(
             for r in await plane.store.list_runners()
         ]
 
-    # Sessions, agents, inbox, wakes, timers (imported here: that module uses AgentHeader).
+    # Sessions, agents, inbox, wakes, timers.
     from shellyard.interfaces.api_sessions import sessions_router
 
     app.include_router(sessions_router(plane), dependencies=auth)
@@ -144,4 +175,14 @@ def create_app(
     from shellyard.interfaces.api_files import files_router
 
     app.include_router(files_router(plane), dependencies=auth)
+    # Managed environments, their revisions and changes.
+    from shellyard.interfaces.api_environments import environments_router
+
+    app.include_router(environments_router(plane), dependencies=auth)
+    from shellyard.interfaces.api_tokens import tokens_router
+
+    app.include_router(tokens_router(plane), dependencies=auth)
+    # MCP over streamable HTTP, the same tools as stdio, bound to each request's token.
+    mcp_app = mount_mcp(app)
+    document_bodies(app)
     return app

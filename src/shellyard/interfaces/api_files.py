@@ -9,7 +9,7 @@ body. Neither side ever holds a whole file in memory."""
 from collections.abc import AsyncIterator
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Header, Query, Request
+from fastapi import APIRouter, Depends, Header, Query, Request
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -30,8 +30,9 @@ from shellyard.files_model import (
     TransferView,
     WorkspaceView,
 )
-from shellyard.interfaces.api import AgentHeader
+from shellyard.interfaces.api_docs import BINARY_RESPONSE, TAR_RESPONSE, body_doc
 from shellyard.interfaces.api_sessions import parse
+from shellyard.interfaces.auth import AgentHeader, admin_only
 
 H_SEQ = "X-Shellyard-Seq"
 H_SHA = "X-Shellyard-Sha256"
@@ -168,7 +169,7 @@ def files_router(plane: ControlPlane) -> APIRouter:
             path, workspace_id=workspace_id, runner_id=runner_id, seq=seq, agent_id=agent
         )
 
-    @router.get("/v1/files/content", response_class=StreamingResponse)
+    @router.get("/v1/files/content", response_class=StreamingResponse, responses=BINARY_RESPONSE)
     async def read_content(
         path: str,
         workspace_id: Workspace = None,
@@ -209,7 +210,7 @@ def files_router(plane: ControlPlane) -> APIRouter:
             agent_id=agent,
         )
 
-    @router.get("/v1/files/archive", response_class=StreamingResponse)
+    @router.get("/v1/files/archive", response_class=StreamingResponse, responses=TAR_RESPONSE)
     async def download_archive(
         path: str = "",
         workspace_id: Workspace = None,
@@ -298,7 +299,7 @@ def files_router(plane: ControlPlane) -> APIRouter:
             agent_id=agent,
         )
 
-    @router.post("/v1/files/delete")
+    @router.post("/v1/files/delete", openapi_extra=body_doc(DeleteRequest))
     async def delete(body: dict[str, Any], agent: AgentHeader = None) -> EditView:
         r = parse(DeleteRequest, body)
         return await plane.files.delete(
@@ -311,7 +312,7 @@ def files_router(plane: ControlPlane) -> APIRouter:
             agent_id=agent,
         )
 
-    @router.post("/v1/files/move")
+    @router.post("/v1/files/move", openapi_extra=body_doc(MoveRequest))
     async def move(body: dict[str, Any], agent: AgentHeader = None) -> EditView:
         r = parse(MoveRequest, body)
         return await plane.files.move(
@@ -325,7 +326,7 @@ def files_router(plane: ControlPlane) -> APIRouter:
             agent_id=agent,
         )
 
-    @router.post("/v1/files/restore")
+    @router.post("/v1/files/restore", openapi_extra=body_doc(RestoreRequest))
     async def restore(body: dict[str, Any], agent: AgentHeader = None) -> EditView:
         r = parse(RestoreRequest, body)
         return await plane.files.restore(
@@ -338,14 +339,18 @@ def files_router(plane: ControlPlane) -> APIRouter:
             agent_id=agent,
         )
 
-    @router.post("/v1/retention")
+    @router.post(
+        "/v1/retention",
+        dependencies=[Depends(admin_only)],
+        openapi_extra=body_doc(RetentionRequest),
+    )
     async def retention(body: dict[str, Any]) -> RetentionView:
         r = parse(RetentionRequest, body)
         return await plane.files.collect(r.keep_last, r.grace_s)
 
     # ------------------------------------------------------------------ transfers (T1–T4)
 
-    @router.post("/v1/transfers")
+    @router.post("/v1/transfers", openapi_extra=body_doc(TransferRequest))
     async def start_transfer(body: dict[str, Any], agent: AgentHeader = None) -> TransferView:
         return await plane.transfers.start(parse(TransferRequest, body), agent)
 
@@ -387,7 +392,7 @@ def files_router(plane: ControlPlane) -> APIRouter:
 
     # ------------------------------------------------------------------ artifacts (T5)
 
-    @router.post("/v1/artifacts")
+    @router.post("/v1/artifacts", openapi_extra=body_doc(ArtifactRequest))
     async def declare_artifact(body: dict[str, Any], agent: AgentHeader = None) -> ArtifactView:
         r = parse(ArtifactRequest, body)
         return await plane.artifacts.declare(
@@ -402,7 +407,11 @@ def files_router(plane: ControlPlane) -> APIRouter:
     async def get_artifact(artifact_id: str, agent: AgentHeader = None) -> ArtifactView:
         return await plane.artifacts.get(artifact_id, agent)
 
-    @router.get("/v1/artifacts/{artifact_id}/content", response_class=StreamingResponse)
+    @router.get(
+        "/v1/artifacts/{artifact_id}/content",
+        response_class=StreamingResponse,
+        responses=BINARY_RESPONSE,
+    )
     async def artifact_content(artifact_id: str, agent: AgentHeader = None) -> StreamingResponse:
         stream = await plane.artifacts.open(artifact_id, agent)
         return _file_response(stream, False, "application/octet-stream")

@@ -1,8 +1,10 @@
 """The ``shellyard`` command line. Verbs other than ``serve`` and ``runner serve`` are clients
 of the home's control plane and start it in the background when it is not running.
 
-Exit codes (for scripts): a completed command's own exit code; 130 cancelled; 124 unknown
-outcome; 125 could not start; 2 bad input or another shellyard error.
+Exit codes (for scripts, listed in ``shellyard --help`` and docs/cli.md): 0 done; 1 the operation
+ran and failed; 2 refused (bad input or usage, not found, not allowed now); 75 try again later
+(workspace busy, runner unreachable). ``run`` exits with the command's own code instead; 124
+outcome unknown, 125 could not start, 130 cancelled.
 """
 
 from __future__ import annotations
@@ -19,16 +21,15 @@ from rich.console import Console
 from rich.table import Table
 
 from shellyard.config import Settings, default_home
-from shellyard.errors import ShellyardError
+from shellyard.errors import RunnerUnavailable, ShellyardError, WorkspaceBusy
+from shellyard.interfaces.cli_help import EXIT_REFUSED, EXIT_RETRY, SUMMARY, arrange, epilog
 from shellyard.model import ExecutionState, ExecutionView
 
 app = typer.Typer(
     name="shellyard",
-    help=(
-        "A durable, sandboxed shell for AI agents. Every command runs as a fresh process in a "
-        "bubblewrap sandbox inside a workspace, becomes a durable execution record, and ends "
-        "with a snapshot of the workspace's files."
-    ),
+    help=SUMMARY,
+    epilog=epilog(),
+    rich_markup_mode="rich",
     no_args_is_help=True,
     add_completion=False,
 )
@@ -55,9 +56,14 @@ EXIT_BY_STATE = {
 }
 
 
+def exit_code_of(exc: ShellyardError) -> int:
+    """75 when trying again later can work (a busy workspace, an unreachable runner), else 2."""
+    return EXIT_RETRY if isinstance(exc, RunnerUnavailable | WorkspaceBusy) else EXIT_REFUSED
+
+
 def _fail(exc: ShellyardError) -> NoReturn:
     err.print(f"[red]error[/red] ({exc.code}): {exc.message}", highlight=False)
-    raise typer.Exit(2)
+    raise typer.Exit(exit_code_of(exc))
 
 
 def _client(home: Path | None) -> Any:
@@ -81,7 +87,9 @@ def _print_view(view: ExecutionView, as_json: bool) -> None:
         "script_path",
         "error",
         "snapshot_seq",
+        "environment_id",
         "environment_revision",
+        "waiting_for",
     ):
         value = getattr(view, key)
         if value is not None:
@@ -95,18 +103,33 @@ def serve(
     database_url: Annotated[
         str | None, typer.Option(help="postgresql://… instead of SQLite.")
     ] = None,
-    host: str = "127.0.0.1",
+    host: Annotated[
+        str,
+        typer.Option(
+            help="Address to listen on. Loopback by default; any other address needs tokens "
+            "(the default), see 'shellyard token'."
+        ),
+    ] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="0 picks a free port (written to server.json).")] = 0,
     network: Annotated[str | None, typer.Option(help="Local runner network: on or off.")] = None,
+    no_auth: Annotated[
+        bool,
+        typer.Option(
+            "--no-auth",
+            help="Development only: accept requests without a bearer token. Allowed only on a "
+            "loopback --host.",
+        ),
+    ] = False,
 ) -> None:
-    """Run the control plane for a home in the foreground."""
+    """Run the control plane for a home in the foreground: the REST API, MCP over streamable
+    HTTP at /mcp, timers and wakes. The admin token is kept in <home>/admin.token (0600)."""
     from shellyard.interfaces.server import serve as run_server
 
     settings = Settings.from_env(home=home.absolute() if home else None, database_url=database_url)
     if network is not None:
         settings.local_policy = settings.local_policy.model_copy(update={"network": network})
     try:
-        run_server(settings, host, port)
+        run_server(settings, host, port, auth=not no_auth)
     except ShellyardError as exc:
         _fail(exc)
 
@@ -117,12 +140,21 @@ def run(
     home: HomeOption = None,
     script: Annotated[str | None, typer.Option("--script", help="Run a workspace file.")] = None,
     runner_id: Annotated[str | None, typer.Option("--runner")] = None,
+    env: Annotated[
+        str | None, typer.Option("--env", help="Run in this environment (id or name).")
+    ] = None,
     wait_ms: Annotated[int, typer.Option(help="Response budget before following logs.")] = 30_000,
-    background: Annotated[bool, typer.Option("--background", "-b")] = False,
+    background: Annotated[
+        bool, typer.Option("--background", "-b", help="Print the execution id and return.")
+    ] = False,
+    follow: Annotated[
+        bool, typer.Option("--follow", "-f", help="Stream the output live from the start.")
+    ] = False,
     queue: Annotated[bool, typer.Option(help="Wait in line if the workspace is busy.")] = False,
     as_json: JsonOption = False,
 ) -> None:
-    """Run one command: shellyard run -- CMD [ARGS...]"""
+    """Run one command: shellyard run -- CMD [ARGS...]. Prints its output (after --wait-ms, or
+    live with --follow) and exits with its exit code."""
     words = list(ctx.args)
     command = words[0] if len(words) == 1 else shlex.join(words) if words else None
     if (command is None) == (script is None):
@@ -130,11 +162,16 @@ def run(
         raise typer.Exit(2)
     try:
         client = _client(home)
+        if env is not None:
+            from shellyard.interfaces.cli_environments import _resolve
+
+            env = _resolve(client, env)
         result = client.run(
             command,
             script_path=script,
             runner_id=runner_id,
-            wait_ms=wait_ms,
+            environment_id=env,
+            wait_ms=0 if follow else wait_ms,
             background=background,
             queue=queue,
         )
@@ -246,12 +283,21 @@ def mcp(
             help="Serve the tools for this agent (default: the default session's main agent).",
         ),
     ] = None,
+    token: Annotated[
+        str | None,
+        typer.Option(
+            "--token",
+            envvar="SHELLYARD_TOKEN",
+            help="A session or agent token to act with (default: the home's admin token).",
+        ),
+    ] = None,
 ) -> None:
-    """Serve MCP over stdio (what an agent host launches)."""
+    """Serve MCP over stdio (what an agent host launches). The same tools are served over
+    streamable HTTP at /mcp of 'shellyard serve'."""
     from shellyard.interfaces.mcp import serve_stdio
 
     try:
-        asyncio.run(serve_stdio(home or default_home(), agent))
+        asyncio.run(serve_stdio(home or default_home(), agent, token))
     except ShellyardError as exc:
         _fail(exc)
 
@@ -279,22 +325,33 @@ def runner_add(
     address: str,
     token: Annotated[str, typer.Option(help="The daemon's token (its ROOT/token file).")],
     home: HomeOption = None,
+    as_json: JsonOption = False,
 ) -> None:
-    """Register a runner daemon reached directly over HTTP."""
-    import httpx
+    """Register a runner daemon reached directly over HTTP (admin)."""
+    try:
+        view = _client(home).add_runner(runner_id, address, token)
+    except ShellyardError as exc:
+        _fail(exc)
+    if as_json:
+        out.print_json(view.model_dump_json())
+    else:
+        out.print(f"registered {view.runner_id} at {view.address}", highlight=False)
 
-    from shellyard.interfaces.home import ensure_server
 
-    info = ensure_server(home or default_home())
-    response = httpx.post(
-        f"{info.url}/v1/runners",
-        headers={"Authorization": f"Bearer {info.token}"},
-        json={"runner_id": runner_id, "address": address, "token": token},
-    )
-    if response.status_code >= 400:
-        err.print(response.text)
-        raise typer.Exit(2)
-    out.print(f"registered {runner_id} at {address}")
+@runner_app.command("list")
+def runner_list(home: HomeOption = None, as_json: JsonOption = False) -> None:
+    """The runners executions can go to ('local' and registered daemons)."""
+    try:
+        views = _client(home).runners()
+    except ShellyardError as exc:
+        _fail(exc)
+    if as_json:
+        out.print_json(json.dumps([v.model_dump(mode="json") for v in views]))
+        return
+    table = Table("runner", "kind", "address")
+    for view in views:
+        table.add_row(view.runner_id, view.kind, view.address or "")
+    out.print(table)
 
 
 # session, agent, timer, webhook and inbox verbs; at the end: that module imports this one.
@@ -306,6 +363,20 @@ register(app)
 from shellyard.interfaces.cli_files import register as register_files  # noqa: E402
 
 register_files(app)
+# shell-call: a shell_call item on stdin, its shell_call_output item on stdout (S1).
+from shellyard.interfaces.cli_shell_call import register as register_shell_call  # noqa: E402
+
+register_shell_call(app)
+from shellyard.interfaces.cli_tokens import register as register_tokens  # noqa: E402
+
+register_tokens(app)
+# env verbs (that module imports this one too).
+from shellyard.interfaces.cli_environments import register as register_env  # noqa: E402
+
+register_env(app)
+
+# Every verb is registered: group them for --help.
+arrange(app)
 
 
 def main() -> None:

@@ -31,6 +31,7 @@ from rich.table import Table
 from shellyard.config import default_home
 from shellyard.errors import InvalidInput, ShellyardError
 from shellyard.interfaces.cli import HomeOption, JsonOption, _fail, err, out
+from shellyard.interfaces.cli_help import EXIT_FAILED
 
 files_app = typer.Typer(
     help=(
@@ -166,10 +167,21 @@ def files_cat(
     seq: SeqOption = None,
     home: HomeOption = None,
     agent: AgentOption = None,
+    as_json: Annotated[
+        bool,
+        typer.Option(
+            "--json", help="Print one page (up to --length or 1 MiB) as JSON: text or base64."
+        ),
+    ] = False,
 ) -> None:
     """Write a file's committed bytes to stdout (streamed)."""
 
     def cat(client: Any) -> None:
+        if as_json:
+            limit = min(length or 1 << 20, 1 << 20)
+            where = _where(workspace, runner)
+            _json(client.read_text(path, seq=seq, offset=offset, limit=limit, **where))
+            return
         for chunk in client.iter_file(
             path, seq=seq, offset=offset, length=length, **_where(workspace, runner)
         ):
@@ -188,10 +200,13 @@ def files_get(
     seq: SeqOption = None,
     home: HomeOption = None,
     agent: AgentOption = None,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print what was written as JSON on stdout.")
+    ] = False,
 ) -> None:
     """Download a file, or a folder (unpacked into DEST, or kept as a tar if DEST ends .tar)."""
 
-    def get(client: Any) -> str:
+    def get(client: Any) -> dict[str, Any]:
         entry = client.stat(path, seq=seq, **_where(workspace, runner))
         name = entry.path.rsplit("/", 1)[-1] or "workspace"
         target = dest or Path(name)
@@ -202,7 +217,7 @@ def files_get(
                 with open(target, "wb") as handle:
                     for chunk in _counted(chunks, progress, task):
                         handle.write(chunk)
-                return f"{target} ({entry.size} bytes)"
+                return {"path": str(target), "kind": "file", "size": entry.size}
             task = progress.add_task(f"get {name}/", total=None)
             chunks = _counted(
                 client.iter_archive(path, seq=seq, **_where(workspace, runner)), progress, task
@@ -211,7 +226,7 @@ def files_get(
                 with open(target, "wb") as handle:
                     for chunk in chunks:
                         handle.write(chunk)
-                return str(target)
+                return {"path": str(target), "kind": "tar"}
             target.mkdir(parents=True, exist_ok=True)
             with tarfile.open(fileobj=_IterReader(chunks), mode="r|") as tar:  # type: ignore[call-overload]
                 for member in tar:
@@ -221,10 +236,9 @@ def files_get(
                         continue
                     member.name = inner
                     tar.extract(member, target, filter="data")
-            return str(target)
+            return {"path": str(target), "kind": "dir"}
 
-    written = _run(home, agent, get)
-    err.print(f"wrote {written}", highlight=False)
+    _wrote(_run(home, agent, get), as_json)
 
 
 @files_app.command("history")
@@ -467,19 +481,24 @@ def transfer_start(
 
     def start(client: Any) -> Any:
         view = client.transfer_start(source, paths, to, folder, queue=queue_, **options)
-        if not wait:
-            return view
-        with _progress() as progress:
-            task = progress.add_task(f"transfer {view.transfer_id}", total=view.bytes_total)
-            while not view.terminal:
-                view = client.transfer_wait(view.transfer_id, 1.0)
-                progress.update(task, completed=view.bytes_done + view.bytes_in_flight)
-        return view
+        return _follow_transfer(client, view) if wait else view
 
     view = _run(home, agent, start)
     _show_transfer(view, as_json)
     if wait and view.state != "completed":
-        raise typer.Exit(1)
+        raise typer.Exit(EXIT_FAILED)
+
+
+def _follow_transfer(client: Any, view: Any) -> Any:
+    """Wait for a transfer to end, with a progress bar of its bytes on a terminal."""
+    with _progress() as progress:
+        task = progress.add_task(f"transfer {view.transfer_id}", total=view.bytes_total)
+        while not view.terminal:
+            view = client.transfer_wait(view.transfer_id, 1.0)
+            progress.update(
+                task, total=view.bytes_total, completed=view.bytes_done + view.bytes_in_flight
+            )
+    return view
 
 
 @transfer_app.command("list")
@@ -502,10 +521,21 @@ def transfer_status(
     transfer_id: str,
     home: HomeOption = None,
     agent: AgentOption = None,
+    follow: Annotated[
+        bool, typer.Option("--follow", "-f", help="Follow it to the end with a progress bar.")
+    ] = False,
     as_json: JsonOption = False,
 ) -> None:
-    """One transfer: state and progress."""
-    _show_transfer(_run(home, agent, lambda c: c.transfer(transfer_id)), as_json)
+    """One transfer: state and progress. With --follow, exit 1 unless it completed."""
+
+    def status(client: Any) -> Any:
+        view = client.transfer(transfer_id)
+        return _follow_transfer(client, view) if follow else view
+
+    view = _run(home, agent, status)
+    _show_transfer(view, as_json)
+    if follow and view.state != "completed":
+        raise typer.Exit(EXIT_FAILED)
 
 
 @transfer_app.command("files")
@@ -594,19 +624,30 @@ def artifact_get(
     dest: Annotated[Path | None, typer.Argument(help="Default: its name.")] = None,
     home: HomeOption = None,
     agent: AgentOption = None,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print what was written as JSON on stdout.")
+    ] = False,
 ) -> None:
     """Download an artifact's bytes."""
 
-    def get(client: Any) -> str:
+    def get(client: Any) -> dict[str, Any]:
         view = client.artifact(artifact_id)
         target = dest or Path(view.name)
         with _progress() as progress, open(target, "wb") as handle:
             task = progress.add_task(f"get {view.name}", total=view.size)
             for chunk in _counted(client.iter_artifact(artifact_id), progress, task):
                 handle.write(chunk)
-        return f"{target} ({view.size} bytes)"
+        return {"path": str(target), "kind": "file", "size": view.size}
 
-    err.print(f"wrote {_run(home, agent, get)}", highlight=False)
+    _wrote(_run(home, agent, get), as_json)
+
+
+def _wrote(written: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        out.print_json(json.dumps(written))
+        return
+    size = f" ({written['size']} bytes)" if "size" in written else ""
+    err.print(f"wrote {written['path']}{size}", highlight=False)
 
 
 # ---------------------------------------------------------------------- helpers

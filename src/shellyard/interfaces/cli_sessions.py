@@ -163,6 +163,9 @@ def session_wakes(
     home: HomeOption = None,
     follow: Annotated[bool, typer.Option("--follow", "-f", help="Stream new wakes.")] = False,
     after: Annotated[int, typer.Option(help="Only wakes after this seq.")] = 0,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Accepted for consistency: wakes are JSON lines.")
+    ] = True,
 ) -> None:
     """The session's wakes as JSON lines; --follow keeps streaming them (server-sent events)."""
 

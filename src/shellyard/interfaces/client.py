@@ -1,243 +1,261 @@
-"""Python clients of the control plane's REST API: ``Client`` (sync) and ``AsyncClient``.
+"""Python SDK of the control plane's REST API: ``Client`` (sync) and ``AsyncClient``.
 
-Each operation is described once (``_Call``: method, path, params, body, result model); the two
-classes differ only in how they send it. Errors come back as the same ``ShellyardError`` class
-the server raised.
+Each JSON operation is described once, as an ``Op`` (``client_base``): executions and runners
+here, sessions/agents/inbox/timers/wakes in ``client_sessions``, files/history/transfers/
+artifacts in ``client_files``. The two classes differ only in how they send; byte streams and
+log following are written per client around shared logic. Errors come back as the same
+``ShellyardError`` class the server raised.
+
+    from shellyard import Client
+    with Client.for_home() as client:
+        run = client.run("make test", background=True)
+        for chunk in client.follow_logs(run.execution_id):
+            sys.stdout.buffer.write(chunk)
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import Any, Self
 
-import httpx
 from pydantic import BaseModel, TypeAdapter
 
-from shellyard.errors import RunnerUnavailable, ShellyardError, error_from_dict
-from shellyard.interfaces.client_files import AsyncFileClient, FileClient
-from shellyard.interfaces.client_sessions import AsyncSessionCalls, SessionCalls
+from shellyard.interfaces.client_base import (
+    WAIT_SLACK_S,
+    AsyncSender,
+    Op,
+    SyncSender,
+    _Call,
+    call,
+)
+from shellyard.interfaces.client_environments import EnvironmentOps
+from shellyard.interfaces.client_tokens import TokenOps
+from shellyard.interfaces.client_files import (
+    AsyncFileStreams,
+    FileDownloads,
+    FileOps,
+    FileStreams,
+)
+from shellyard.interfaces.client_sessions import AsyncSessionStreams, SessionOps, SessionStreams
 from shellyard.model import ExecutionView, LogsResult, RunShellResult
 
-T = TypeVar("T")
-
-#: Extra seconds on top of a server-side wait before the HTTP read gives up.
-WAIT_SLACK_S = 15.0
+__all__ = ["WAIT_SLACK_S", "AsyncClient", "Client", "RunnerView", "_Call"]
 
 
-@dataclass
-class _Call(Generic[T]):
-    method: str
-    path: str
-    result: TypeAdapter[T]
-    params: dict[str, Any] = field(default_factory=dict)
-    body: Any = None
-    timeout_s: float = 30.0
+class RunnerView(BaseModel):
+    """A runner the control plane sends executions to (``local`` or a ``direct`` daemon)."""
+
+    runner_id: str
+    kind: str
+    address: str | None
 
 
 _RUN = TypeAdapter(RunShellResult)
 _VIEW = TypeAdapter(ExecutionView)
 _VIEWS = TypeAdapter(list[ExecutionView])
 _LOGS = TypeAdapter(LogsResult)
+_RUNNER = TypeAdapter(RunnerView)
+_RUNNERS = TypeAdapter(list[RunnerView])
 
 
-def _run_call(**request: Any) -> _Call[RunShellResult]:
-    body = {k: v for k, v in request.items() if v is not None}
+def _run(command: str | None = None, **options: Any) -> _Call[RunShellResult]:
+    """E1: run one command (or ``script_path=``); returns within ``wait_ms`` (default 10 s)
+    with the result, or with ``state`` still running and an ``execution_id`` to follow."""
+    body = {k: v for k, v in {"command": command, **options}.items() if v is not None}
     wait_s = float(body.get("wait_ms", 10_000)) / 1000
-    return _Call("POST", "/v1/executions", _RUN, body=body, timeout_s=wait_s + WAIT_SLACK_S)
+    return call("POST", "/v1/executions", _RUN, body=body, timeout_s=wait_s + WAIT_SLACK_S)
 
 
-def _logs_call(
-    execution_id: str, stream: str, offset: int, limit: int, tail: int | None
+def _status(execution_id: str) -> _Call[ExecutionView]:
+    return call("GET", f"/v1/executions/{execution_id}", _VIEW)
+
+
+def _wait(execution_id: str, timeout_s: float = 10.0) -> _Call[ExecutionView]:
+    """Wait up to ``timeout_s`` (at most 30) for the execution to end; its view either way."""
+    path = f"/v1/executions/{execution_id}/wait"
+    return call("GET", path, _VIEW, {"timeout_s": timeout_s}, timeout_s=timeout_s + WAIT_SLACK_S)
+
+
+def _logs(
+    execution_id: str,
+    stream: str = "stdout",
+    offset: int = 0,
+    limit: int = 65536,
+    tail: int | None = None,
 ) -> _Call[LogsResult]:
-    params: dict[str, Any] = {"stream": stream, "offset": offset, "limit": limit}
-    if tail is not None:
-        params["tail"] = tail
-    return _Call("GET", f"/v1/executions/{execution_id}/logs", _LOGS, params=params)
+    """One page of a log: ``data`` from ``offset``, ``next_offset`` to ask next, ``complete``
+    once the execution ended and everything was read."""
+    params = {"stream": stream, "offset": offset, "limit": limit, "tail": tail}
+    return call("GET", f"/v1/executions/{execution_id}/logs", _LOGS, params)
 
 
-def _decode(response: httpx.Response, call: _Call[T]) -> T:
-    if response.status_code >= 400:
-        try:
-            error = response.json()["error"]
-        except (ValueError, KeyError, TypeError):
-            if response.status_code >= 500:
-                raise RunnerUnavailable(
-                    f"the control plane answered {response.status_code}: {response.text[:200]}"
-                ) from None
-            raise ShellyardError(f"HTTP {response.status_code}: {response.text[:200]}") from None
-        raise error_from_dict(error)
-    return call.result.validate_python(response.json())
+def _cancel(execution_id: str, wait_s: float = 0.0) -> _Call[ExecutionView]:
+    """E7: SIGTERM, then the whole sandbox after the grace period; ``wait_s`` for the end."""
+    path = f"/v1/executions/{execution_id}/cancel"
+    return call("POST", path, _VIEW, {"wait_s": wait_s}, timeout_s=wait_s + WAIT_SLACK_S)
 
 
-def _headers(token: str, agent_id: str | None) -> dict[str, str]:
-    headers = {"Authorization": f"Bearer {token}"}
-    if agent_id:
-        headers["X-Shellyard-Agent"] = agent_id
-    return headers
+def _list(limit: int = 100) -> _Call[list[ExecutionView]]:
+    return call("GET", "/v1/executions", _VIEWS, {"limit": limit})
 
 
-def _body(call: _Call[Any]) -> Any:
-    return call.body.model_dump(mode="json") if isinstance(call.body, BaseModel) else call.body
+def _add_runner(runner_id: str, address: str, token: str) -> _Call[RunnerView]:
+    """Register a runner daemon reached directly over HTTP (its ROOT/token file's token)."""
+    body = {"runner_id": runner_id, "address": address, "token": token}
+    return call("POST", "/v1/runners", _RUNNER, body=body)
 
 
-class Client(SessionCalls, FileClient):
-    """Synchronous client. ``Client.for_home()`` finds (or starts) the home's server. Sessions,
-    agents, the inbox, wakes and timers come from ``SessionCalls``."""
+class ExecutionOps:
+    """Executions and runners."""
 
-    def __init__(self, url: str, token: str, *, agent_id: str | None = None) -> None:
-        self._http = httpx.Client(base_url=url, headers=_headers(token, agent_id), timeout=30)
+    run = Op(_run)
+    status = Op(_status)
+    wait = Op(_wait)
+    logs = Op(_logs)
+    cancel = Op(_cancel)
+    list = Op(_list)
+    runners = Op(lambda: call("GET", "/v1/runners", _RUNNERS))
+    add_runner = Op(_add_runner)
+
+
+@dataclass
+class _LogFollower:
+    """Where a log follower is and what it asks next. Caught up on a running execution, it
+    waits on the execution (which returns at once when it ends) for a pause that grows from
+    ``first_pause_s`` to ``poll_s`` and drops back as soon as data flows again."""
+
+    execution_id: str
+    stream: str
+    offset: int
+    chunk: int
+    poll_s: float
+    first_pause_s: float = 0.02
+    pause_s: float = 0.0
+    done: bool = False
+
+    def page(self) -> _Call[LogsResult]:
+        return _logs(self.execution_id, self.stream, self.offset, self.chunk)
+
+    def take(self, page: LogsResult) -> str:
+        """The page's text; afterwards ``done`` says stop, ``pause_s`` how long to wait."""
+        self.offset = page.next_offset
+        self.done = page.complete or (not page.data and page.state.terminal)
+        if page.data:
+            self.pause_s = 0.0
+        else:
+            self.pause_s = min(self.poll_s, max(self.first_pause_s, self.pause_s * 2))
+        return page.data
+
+    def wait(self) -> _Call[ExecutionView]:
+        return _wait(self.execution_id, self.pause_s)
+
+
+def _home_server(home: Path | None) -> tuple[str, str]:
+    from shellyard.config import default_home
+    from shellyard.interfaces.home import ensure_server
+
+    info = ensure_server(home or default_home())
+    return info.url, info.token
+
+
+class Client(
+    ExecutionOps,
+    SessionOps,
+    FileOps,
+    FileDownloads,
+    EnvironmentOps,
+    TokenOps,
+    SessionStreams,
+    FileStreams,
+    SyncSender,
+):
+    """Synchronous client. ``Client.for_home()`` finds (or starts) the home's server; or give
+    ``Client(url, token)``. ``agent_id=`` (or ``as_agent``) acts for one agent."""
 
     @classmethod
-    def for_home(cls, home: Path | None = None, *, agent_id: str | None = None) -> Client:
-        from shellyard.config import default_home
-        from shellyard.interfaces.home import ensure_server
+    def for_home(cls, home: Path | None = None, *, agent_id: str | None = None) -> Self:
+        url, token = _home_server(home)
+        return cls(url, token, agent_id=agent_id)
 
-        info = ensure_server(home or default_home())
-        return cls(info.url, info.token, agent_id=agent_id)
+    def _follow(
+        self, execution_id: str, stream: str, offset: int, chunk: int, poll_s: float
+    ) -> Iterator[str]:
+        follower = _LogFollower(execution_id, stream, offset, chunk, poll_s)
+        while not follower.done:
+            text = follower.take(self._send(follower.page()))
+            if text:
+                yield text
+            elif not follower.done:
+                self._send(follower.wait())
 
-    def _send(self, call: _Call[T]) -> T:
-        try:
-            response = self._http.request(
-                call.method,
-                call.path,
-                params=call.params,
-                json=_body(call),
-                timeout=call.timeout_s,
-            )
-        except httpx.TransportError as exc:
-            raise RunnerUnavailable(f"cannot reach the control plane: {exc}") from exc
-        return _decode(response, call)
-
-    def run(self, command: str | None = None, **options: Any) -> RunShellResult:
-        return self._send(_run_call(command=command, **options))
-
-    def status(self, execution_id: str) -> ExecutionView:
-        return self._send(_Call("GET", f"/v1/executions/{execution_id}", _VIEW))
-
-    def wait(self, execution_id: str, timeout_s: float = 10.0) -> ExecutionView:
-        return self._send(
-            _Call(
-                "GET",
-                f"/v1/executions/{execution_id}/wait",
-                _VIEW,
-                params={"timeout_s": timeout_s},
-                timeout_s=timeout_s + WAIT_SLACK_S,
-            )
-        )
-
-    def logs(
+    def follow_logs(
         self,
         execution_id: str,
         stream: str = "stdout",
+        *,
         offset: int = 0,
-        limit: int = 65536,
-        tail: int | None = None,
-    ) -> LogsResult:
-        return self._send(_logs_call(execution_id, stream, offset, limit, tail))
+        chunk: int = 65536,
+        poll_s: float = 0.5,
+    ) -> Iterator[bytes]:
+        """The log's bytes from ``offset`` as they are written, in pieces of at most ``chunk``
+        bytes, until the execution ends and all was read. Memory stays bounded by ``chunk``:
+        nothing is kept once yielded. (Bytes that are not UTF-8 arrive as U+FFFD.)"""
+        for text in self._follow(execution_id, stream, offset, chunk, poll_s):
+            yield text.encode()
 
     def follow(
         self, execution_id: str, stream: str = "stdout", offset: int = 0, poll_s: float = 0.2
     ) -> Iterator[str]:
-        """Yield log text as it is written until the execution ends (bounded memory)."""
-        while True:
-            chunk = self.logs(execution_id, stream, offset)
-            if chunk.data:
-                yield chunk.data
-            offset = chunk.next_offset
-            if chunk.complete:
-                return
-            if not chunk.data:
-                if chunk.state.terminal:
-                    return
-                time.sleep(poll_s)
-
-    def cancel(self, execution_id: str, wait_s: float = 0.0) -> ExecutionView:
-        return self._send(
-            _Call(
-                "POST",
-                f"/v1/executions/{execution_id}/cancel",
-                _VIEW,
-                params={"wait_s": wait_s},
-                timeout_s=wait_s + WAIT_SLACK_S,
-            )
-        )
-
-    def list(self, limit: int = 100) -> list[ExecutionView]:
-        return self._send(_Call("GET", "/v1/executions", _VIEWS, params={"limit": limit}))
-
-    def close(self) -> None:
-        self._http.close()
-
-    def __enter__(self) -> Client:
-        return self
-
-    def __exit__(self, *_exc: object) -> None:
-        self.close()
+        """``follow_logs`` as text."""
+        return self._follow(execution_id, stream, offset, 65536, poll_s)
 
 
-class AsyncClient(AsyncSessionCalls, AsyncFileClient):
-    """Asynchronous client with the same operations as ``Client``."""
+class AsyncClient(
+    ExecutionOps,
+    SessionOps,
+    FileOps,
+    FileDownloads,
+    EnvironmentOps,
+    TokenOps,
+    AsyncSessionStreams,
+    AsyncFileStreams,
+    AsyncSender,
+):
+    """Asynchronous client with the same operations as ``Client`` (each awaited); log
+    following and downloads are ``async for`` iterators."""
 
-    def __init__(self, url: str, token: str, *, agent_id: str | None = None) -> None:
-        self._http = httpx.AsyncClient(base_url=url, headers=_headers(token, agent_id), timeout=30)
+    @classmethod
+    def for_home(cls, home: Path | None = None, *, agent_id: str | None = None) -> Self:
+        url, token = _home_server(home)
+        return cls(url, token, agent_id=agent_id)
 
-    async def _send(self, call: _Call[T]) -> T:
-        try:
-            response = await self._http.request(
-                call.method,
-                call.path,
-                params=call.params,
-                json=_body(call),
-                timeout=call.timeout_s,
-            )
-        except httpx.TransportError as exc:
-            raise RunnerUnavailable(f"cannot reach the control plane: {exc}") from exc
-        return _decode(response, call)
+    async def _follow(
+        self, execution_id: str, stream: str, offset: int, chunk: int, poll_s: float
+    ) -> AsyncIterator[str]:
+        follower = _LogFollower(execution_id, stream, offset, chunk, poll_s)
+        while not follower.done:
+            text = follower.take(await self._send(follower.page()))
+            if text:
+                yield text
+            elif not follower.done:
+                await self._send(follower.wait())
 
-    async def run(self, command: str | None = None, **options: Any) -> RunShellResult:
-        return await self._send(_run_call(command=command, **options))
-
-    async def status(self, execution_id: str) -> ExecutionView:
-        return await self._send(_Call("GET", f"/v1/executions/{execution_id}", _VIEW))
-
-    async def logs(
+    async def follow_logs(
         self,
         execution_id: str,
         stream: str = "stdout",
+        *,
         offset: int = 0,
-        limit: int = 65536,
-        tail: int | None = None,
-    ) -> LogsResult:
-        return await self._send(_logs_call(execution_id, stream, offset, limit, tail))
+        chunk: int = 65536,
+        poll_s: float = 0.5,
+    ) -> AsyncIterator[bytes]:
+        """See ``Client.follow_logs``."""
+        async for text in self._follow(execution_id, stream, offset, chunk, poll_s):
+            yield text.encode()
 
-    async def follow(
+    def follow(
         self, execution_id: str, stream: str = "stdout", offset: int = 0, poll_s: float = 0.2
     ) -> AsyncIterator[str]:
-        import asyncio
-
-        while True:
-            chunk = await self.logs(execution_id, stream, offset)
-            if chunk.data:
-                yield chunk.data
-            offset = chunk.next_offset
-            if chunk.complete or (not chunk.data and chunk.state.terminal):
-                return
-            if not chunk.data:
-                await asyncio.sleep(poll_s)
-
-    async def cancel(self, execution_id: str, wait_s: float = 0.0) -> ExecutionView:
-        return await self._send(
-            _Call(
-                "POST",
-                f"/v1/executions/{execution_id}/cancel",
-                _VIEW,
-                params={"wait_s": wait_s},
-                timeout_s=wait_s + WAIT_SLACK_S,
-            )
-        )
-
-    async def aclose(self) -> None:
-        await self._http.aclose()
+        return self._follow(execution_id, stream, offset, 65536, poll_s)

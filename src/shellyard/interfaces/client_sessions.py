@@ -1,18 +1,19 @@
-"""Client operations of sessions, agents, the inbox, wakes and timers, mixed into ``Client`` and
-``AsyncClient``. Each operation is described once (a ``_Call`` built by ``Calls``); the two
-mixins only send it. Agent-level operations (inbox, timers) act for the client's agent
-(``agent_id=`` or ``as_agent``); host operations name their session or agent explicitly."""
+"""Client operations of sessions, agents, the inbox, wakes and timers, shared by ``Client`` and
+``AsyncClient``. Each JSON operation is an ``Op`` (described once, sent by either client); only
+the wake stream (server-sent events) is written per client. Agent-level operations (inbox,
+timers) act for the client's agent (``agent_id=`` or ``as_agent``); host operations name their
+session or agent explicitly."""
 
 from __future__ import annotations
 
-import copy
 import json
 from collections.abc import AsyncIterator, Iterable, Iterator
-from typing import TYPE_CHECKING, Any, Self, TypeVar
+from typing import Any
 
 import httpx
 from pydantic import TypeAdapter
 
+from shellyard.interfaces.client_base import AsyncSender, Op, SyncSender, _Call, call, raise_for
 from shellyard.session_model import (
     AgentView,
     DeliveryView,
@@ -26,11 +27,6 @@ from shellyard.session_model import (
     WakeView,
     WebhookView,
 )
-
-if TYPE_CHECKING:
-    from shellyard.interfaces.client import _Call
-
-T = TypeVar("T")
 
 _SESSION = TypeAdapter(SessionView)
 _SESSIONS = TypeAdapter(list[SessionView])
@@ -48,62 +44,134 @@ _DELIVERIES = TypeAdapter(list[DeliveryView])
 _WAKES = TypeAdapter(list[WakeView])
 
 
-def _call(
-    method: str,
-    path: str,
-    result: TypeAdapter[T],
-    params: dict[str, Any] | None = None,
-    body: Any = None,
-) -> _Call[T]:
-    from shellyard.interfaces.client import _Call  # client.py imports this module
+def _session_action(action: str) -> Op[[str], SessionView]:
+    def build(session_id: str) -> _Call[SessionView]:
+        return call("POST", f"/v1/sessions/{session_id}/{action}", _SESSION)
 
-    return _Call(method, path, result, params=params or {}, body=body)
+    return Op(build)
 
 
-def _present(body: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in body.items() if v is not None}
+def _resume_action(action: str, doc: str) -> Op[[str], ResumeResult]:
+    def build(session_id: str) -> _Call[ResumeResult]:
+        return call("POST", f"/v1/sessions/{session_id}/{action}", _RESUME)
+
+    build.__doc__ = doc
+    return Op(build)
 
 
-class Calls:
-    """The REST call of each operation."""
+def _agent_action(action: str) -> Op[[str], AgentView]:
+    def build(agent_id: str) -> _Call[AgentView]:
+        return call("POST", f"/v1/agents/{agent_id}/{action}", _AGENT)
 
-    @staticmethod
-    def session(session_id: str, action: str = "") -> _Call[SessionView]:
-        method = "POST" if action else "GET"
-        return _call(method, f"/v1/sessions/{session_id}{action and '/' + action}", _SESSION)
+    return Op(build)
 
-    @staticmethod
-    def resume(session_id: str, action: str) -> _Call[ResumeResult]:
-        return _call("POST", f"/v1/sessions/{session_id}/{action}", _RESUME)
 
-    @staticmethod
-    def agent(agent_id: str, action: str = "") -> _Call[AgentView]:
-        method = "POST" if action else "GET"
-        return _call(method, f"/v1/agents/{agent_id}{action and '/' + action}", _AGENT)
+def _get_session(session_id: str) -> _Call[SessionView]:
+    return call("GET", f"/v1/sessions/{session_id}", _SESSION)
 
-    @staticmethod
-    def timer_create(
-        text: str, after_ms: int | None, at: str | None, execution_id: str | None
-    ) -> _Call[TimerView]:
-        body = {"text": text, "after_ms": after_ms, "at": at, "execution_id": execution_id}
-        return _call("POST", "/v1/timers", _TIMER, body=_present(body))
 
-    @staticmethod
-    def timer_list(state: str | None) -> _Call[list[TimerView]]:
-        return _call("GET", "/v1/timers", _TIMERS, params={"state": state} if state else None)
+def _session_events(session_id: str) -> _Call[list[SessionEventView]]:
+    return call("GET", f"/v1/sessions/{session_id}/events", _EVENTS)
 
-    @staticmethod
-    def inbox(unread_only: bool) -> _Call[list[NoticeView]]:
-        return _call("GET", "/v1/inbox", _NOTICES, params={"unread_only": unread_only})
 
-    @staticmethod
-    def mark_read(notice_ids: list[str] | None) -> _Call[MarkReadResult]:
-        return _call("POST", "/v1/inbox/read", _MARKED, body={"notice_ids": notice_ids})
+def _get_agent(agent_id: str) -> _Call[AgentView]:
+    return call("GET", f"/v1/agents/{agent_id}", _AGENT)
 
-    @staticmethod
-    def add_webhook(url: str, secret: str | None, session_id: str | None) -> _Call[WebhookView]:
-        body = {"url": url, "secret": secret, "session_id": session_id}
-        return _call("POST", "/v1/webhooks", _WEBHOOK, body=_present(body))
+
+def _inbox(unread_only: bool = False) -> _Call[list[NoticeView]]:
+    return call("GET", "/v1/inbox", _NOTICES, {"unread_only": unread_only})
+
+
+def _mark_read(notice_ids: list[str] | None = None) -> _Call[MarkReadResult]:
+    """Mark notices read (all of the agent's without ids); the result counts them."""
+    return call("POST", "/v1/inbox/read", _MARKED, body={"notice_ids": notice_ids})
+
+
+def _timer_create(
+    text: str, after_ms: int | None = None, at: str | None = None, execution_id: str | None = None
+) -> _Call[TimerView]:
+    """A one-time reminder: after ``after_ms``, at ``at`` (ISO 8601 with a zone), or when an
+    execution ends (``execution_id``)."""
+    body = {"text": text, "after_ms": after_ms, "at": at, "execution_id": execution_id}
+    return call("POST", "/v1/timers", _TIMER, body={k: v for k, v in body.items() if v is not None})
+
+
+def _timer_list(state: str | None = None) -> _Call[list[TimerView]]:
+    return call("GET", "/v1/timers", _TIMERS, {"state": state})
+
+
+def _timer_get(timer_id: str) -> _Call[TimerView]:
+    return call("GET", f"/v1/timers/{timer_id}", _TIMER)
+
+
+def _timer_cancel(timer_id: str) -> _Call[TimerView]:
+    return call("POST", f"/v1/timers/{timer_id}/cancel", _TIMER)
+
+
+def _add_webhook(
+    url: str, secret: str | None = None, session_id: str | None = None
+) -> _Call[WebhookView]:
+    body = {"url": url, "secret": secret, "session_id": session_id}
+    return call(
+        "POST", "/v1/webhooks", _WEBHOOK, body={k: v for k, v in body.items() if v is not None}
+    )
+
+
+def _remove_webhook(webhook_id: str) -> _Call[WebhookView]:
+    return call("DELETE", f"/v1/webhooks/{webhook_id}", _WEBHOOK)
+
+
+def _wake_deliveries(wake_id: str) -> _Call[list[DeliveryView]]:
+    return call("GET", f"/v1/wakes/{wake_id}/deliveries", _DELIVERIES)
+
+
+def _wakes(session_id: str, after: int = 0) -> _Call[list[WakeView]]:
+    return call("GET", f"/v1/sessions/{session_id}/wakes", _WAKES, {"after": after})
+
+
+class SessionOps:
+    """Sessions, agents, the host's turn protocol, the inbox, timers and webhooks."""
+
+    # sessions
+    create_session = Op(lambda: call("POST", "/v1/sessions", _SESSION))
+    sessions = Op(lambda: call("GET", "/v1/sessions", _SESSIONS))
+    session = Op(_get_session)
+    stop_session = _session_action("stop")
+    archive_session = _session_action("archive")
+    restore_session = _session_action("restore")
+    resume_session = _resume_action("resume", "Resume a stopped session.")
+    user_request = _resume_action(
+        "requests",
+        "N9: a new user request: resumes a stopped session, begins the main agent's turn, "
+        "and returns the summary of its unread notices.",
+    )
+    session_events = Op(_session_events)
+
+    # agents
+    agent = Op(_get_agent)
+    create_child = _agent_action("children")
+    turn_begin = _agent_action("turn/begin")
+    turn_end = _agent_action("turn/end")
+    stop_agent = _agent_action("stop")
+    resume_agent = _agent_action("resume")
+
+    # inbox
+    inbox = Op(_inbox)
+    inbox_summary = Op(lambda: call("GET", "/v1/inbox/summary", _SUMMARY))
+    mark_notices_read = Op(_mark_read)
+
+    # timers
+    timer_create = Op(_timer_create)
+    timer_list = Op(_timer_list)
+    timer_get = Op(_timer_get)
+    timer_cancel = Op(_timer_cancel)
+
+    # wakes
+    add_webhook = Op(_add_webhook)
+    webhooks = Op(lambda: call("GET", "/v1/webhooks", _WEBHOOKS))
+    remove_webhook = Op(_remove_webhook)
+    wake_deliveries = Op(_wake_deliveries)
+    wakes = Op(_wakes)
 
 
 def parse_sse(lines: Iterable[str]) -> Iterator[dict[str, str]]:
@@ -126,215 +194,48 @@ def _wake(event: dict[str, str]) -> WakeView | None:
     return WakeView.model_validate(json.loads(event["data"]))
 
 
-def _stream_params(after: int | None) -> dict[str, Any]:
-    return {} if after is None else {"after": after}
+def _stream_args(session_id: str, after: int | None) -> dict[str, Any]:
+    return {
+        "method": "GET",
+        "url": f"/v1/sessions/{session_id}/wakes/stream",
+        "params": {} if after is None else {"after": after},
+        "timeout": httpx.Timeout(30.0, read=None),
+    }
 
 
-class SessionCalls:
-    """Sessions, agents, inbox, wakes and timers for the synchronous ``Client``."""
-
-    _http: httpx.Client
-
-    def _send(self, call: _Call[T]) -> T:
-        raise NotImplementedError
-
-    def as_agent(self, agent_id: str) -> Self:
-        """The same server, acting for ``agent_id`` (inbox, timers, executions)."""
-        clone = copy.copy(self)
-        clone._http = httpx.Client(
-            base_url=self._http.base_url,
-            headers={**self._http.headers, "X-Shellyard-Agent": agent_id},
-            timeout=self._http.timeout,
-        )
-        return clone
-
-    # sessions
-    def create_session(self) -> SessionView:
-        return self._send(_call("POST", "/v1/sessions", _SESSION))
-
-    def sessions(self) -> list[SessionView]:
-        return self._send(_call("GET", "/v1/sessions", _SESSIONS))
-
-    def session(self, session_id: str) -> SessionView:
-        return self._send(Calls.session(session_id))
-
-    def stop_session(self, session_id: str) -> SessionView:
-        return self._send(Calls.session(session_id, "stop"))
-
-    def archive_session(self, session_id: str) -> SessionView:
-        return self._send(Calls.session(session_id, "archive"))
-
-    def restore_session(self, session_id: str) -> SessionView:
-        return self._send(Calls.session(session_id, "restore"))
-
-    def resume_session(self, session_id: str) -> ResumeResult:
-        return self._send(Calls.resume(session_id, "resume"))
-
-    def user_request(self, session_id: str) -> ResumeResult:
-        """N9: a new user request: resumes a stopped session, begins the main agent's turn,
-        and returns the summary of its unread notices."""
-        return self._send(Calls.resume(session_id, "requests"))
-
-    def session_events(self, session_id: str) -> list[SessionEventView]:
-        return self._send(_call("GET", f"/v1/sessions/{session_id}/events", _EVENTS))
-
-    # agents
-    def agent(self, agent_id: str) -> AgentView:
-        return self._send(Calls.agent(agent_id))
-
-    def create_child(self, parent_id: str) -> AgentView:
-        return self._send(Calls.agent(parent_id, "children"))
-
-    def turn_begin(self, agent_id: str) -> AgentView:
-        return self._send(Calls.agent(agent_id, "turn/begin"))
-
-    def turn_end(self, agent_id: str) -> AgentView:
-        return self._send(Calls.agent(agent_id, "turn/end"))
-
-    def stop_agent(self, agent_id: str) -> AgentView:
-        return self._send(Calls.agent(agent_id, "stop"))
-
-    def resume_agent(self, agent_id: str) -> AgentView:
-        return self._send(Calls.agent(agent_id, "resume"))
-
-    # inbox
-    def inbox(self, unread_only: bool = False) -> list[NoticeView]:
-        return self._send(Calls.inbox(unread_only))
-
-    def inbox_summary(self) -> InboxSummary:
-        return self._send(_call("GET", "/v1/inbox/summary", _SUMMARY))
+class SessionStreams(SyncSender):
+    """The wake stream and ``mark_read`` for the synchronous ``Client``."""
 
     def mark_read(self, notice_ids: list[str] | None = None) -> int:
-        return self._send(Calls.mark_read(notice_ids)).marked
-
-    # timers
-    def timer_create(
-        self,
-        text: str,
-        after_ms: int | None = None,
-        at: str | None = None,
-        execution_id: str | None = None,
-    ) -> TimerView:
-        return self._send(Calls.timer_create(text, after_ms, at, execution_id))
-
-    def timer_list(self, state: str | None = None) -> list[TimerView]:
-        return self._send(Calls.timer_list(state))
-
-    def timer_get(self, timer_id: str) -> TimerView:
-        return self._send(_call("GET", f"/v1/timers/{timer_id}", _TIMER))
-
-    def timer_cancel(self, timer_id: str) -> TimerView:
-        return self._send(_call("POST", f"/v1/timers/{timer_id}/cancel", _TIMER))
-
-    # wakes
-    def add_webhook(
-        self, url: str, secret: str | None = None, session_id: str | None = None
-    ) -> WebhookView:
-        return self._send(Calls.add_webhook(url, secret, session_id))
-
-    def webhooks(self) -> list[WebhookView]:
-        return self._send(_call("GET", "/v1/webhooks", _WEBHOOKS))
-
-    def remove_webhook(self, webhook_id: str) -> WebhookView:
-        return self._send(_call("DELETE", f"/v1/webhooks/{webhook_id}", _WEBHOOK))
-
-    def wake_deliveries(self, wake_id: str) -> list[DeliveryView]:
-        return self._send(_call("GET", f"/v1/wakes/{wake_id}/deliveries", _DELIVERIES))
-
-    def wakes(self, session_id: str, after: int = 0) -> list[WakeView]:
-        return self._send(
-            _call("GET", f"/v1/sessions/{session_id}/wakes", _WAKES, params={"after": after})
-        )
+        """Mark notices read (all of the agent's without ids); returns how many."""
+        return self._send(_mark_read(notice_ids)).marked
 
     def wake_stream(self, session_id: str, after: int | None = None) -> Iterator[WakeView]:
         """The session's wakes as they happen (server-sent events); ``after`` a seq first
         replays the recorded ones after it. Runs until the server or the caller closes it."""
-        from shellyard.interfaces.client import _decode
-
-        path = f"/v1/sessions/{session_id}/wakes/stream"
-        timeout = httpx.Timeout(30.0, read=None)
-        with self._http.stream("GET", path, params=_stream_params(after), timeout=timeout) as r:
-            if r.status_code >= 400:
-                r.read()
-                _decode(r, _call("GET", path, _WAKES))
-            for event in parse_sse(r.iter_lines()):
+        with self._http.stream(**_stream_args(session_id, after)) as response:
+            if response.status_code >= 400:
+                raise_for(response.status_code, response.read())
+            for event in parse_sse(response.iter_lines()):
                 wake = _wake(event)
                 if wake is not None:
                     yield wake
 
 
-class AsyncSessionCalls:
-    """For ``AsyncClient``: what an agent's tools and a host's loop use (sessions, turns,
-    inbox, timers, the wake stream)."""
-
-    _http: httpx.AsyncClient
-
-    async def _send(self, call: _Call[T]) -> T:
-        raise NotImplementedError
-
-    def as_agent(self, agent_id: str) -> Self:
-        clone = copy.copy(self)
-        clone._http = httpx.AsyncClient(
-            base_url=self._http.base_url,
-            headers={**self._http.headers, "X-Shellyard-Agent": agent_id},
-            timeout=self._http.timeout,
-        )
-        return clone
-
-    async def create_session(self) -> SessionView:
-        return await self._send(_call("POST", "/v1/sessions", _SESSION))
-
-    async def session(self, session_id: str) -> SessionView:
-        return await self._send(Calls.session(session_id))
-
-    async def stop_session(self, session_id: str) -> SessionView:
-        return await self._send(Calls.session(session_id, "stop"))
-
-    async def user_request(self, session_id: str) -> ResumeResult:
-        return await self._send(Calls.resume(session_id, "requests"))
-
-    async def turn_begin(self, agent_id: str) -> AgentView:
-        return await self._send(Calls.agent(agent_id, "turn/begin"))
-
-    async def turn_end(self, agent_id: str) -> AgentView:
-        return await self._send(Calls.agent(agent_id, "turn/end"))
-
-    async def inbox(self, unread_only: bool = False) -> list[NoticeView]:
-        return await self._send(Calls.inbox(unread_only))
+class AsyncSessionStreams(AsyncSender):
+    """The same for ``AsyncClient``."""
 
     async def mark_read(self, notice_ids: list[str] | None = None) -> int:
-        return (await self._send(Calls.mark_read(notice_ids))).marked
-
-    async def timer_create(
-        self,
-        text: str,
-        after_ms: int | None = None,
-        at: str | None = None,
-        execution_id: str | None = None,
-    ) -> TimerView:
-        return await self._send(Calls.timer_create(text, after_ms, at, execution_id))
-
-    async def timer_list(self, state: str | None = None) -> list[TimerView]:
-        return await self._send(Calls.timer_list(state))
-
-    async def timer_cancel(self, timer_id: str) -> TimerView:
-        return await self._send(_call("POST", f"/v1/timers/{timer_id}/cancel", _TIMER))
+        return (await self._send(_mark_read(notice_ids))).marked
 
     async def wake_stream(
         self, session_id: str, after: int | None = None
     ) -> AsyncIterator[WakeView]:
-        from shellyard.interfaces.client import _decode
-
-        path = f"/v1/sessions/{session_id}/wakes/stream"
-        timeout = httpx.Timeout(30.0, read=None)
-        async with self._http.stream(
-            "GET", path, params=_stream_params(after), timeout=timeout
-        ) as r:
-            if r.status_code >= 400:
-                await r.aread()
-                _decode(r, _call("GET", path, _WAKES))
+        async with self._http.stream(**_stream_args(session_id, after)) as response:
+            if response.status_code >= 400:
+                raise_for(response.status_code, await response.aread())
             buffer: list[str] = []
-            async for line in r.aiter_lines():
+            async for line in response.aiter_lines():
                 buffer.append(line)
                 if line == "":
                     for event in parse_sse(buffer):

@@ -457,7 +457,13 @@ class Editor:
         stage.mkdir(mode=0o700)
         reader = _QueueReader(chunks)
         try:
-            members = self._unpack_to(stage, dest, reader)
+            try:
+                members = self._unpack_to(stage, dest, reader)
+            except tarfile.TarError as exc:
+                raise InvalidInput(
+                    f"the upload is not a readable tar archive ({exc}); send a tar stream "
+                    "(for example `tar -c -C FOLDER .`) as the body; nothing was unpacked"
+                ) from None
             with self._lock.hold(), fsops.open_root(self._tree_of(workspace_id)) as root:
                 done = _Done()
                 with (

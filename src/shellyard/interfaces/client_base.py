@@ -1,0 +1,269 @@
+"""What ``Client`` and ``AsyncClient`` share: the description of one REST call (``_Call``), the
+``Op`` descriptor that turns a description into a method of both clients, and the two senders.
+
+An operation is written once, as a function from the caller's arguments to a ``_Call``::
+
+    class ExecutionOps:
+        status = Op(_status)          # def _status(execution_id: str) -> _Call[ExecutionView]
+
+On a ``Client`` the attribute is a method returning ``ExecutionView``; on an ``AsyncClient``,
+one returning an awaitable of it. The two clients differ only in how they send.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import json
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Generic, ParamSpec, Self, TypeVar, overload
+
+import httpx
+from pydantic import BaseModel, TypeAdapter
+
+from shellyard.errors import RunnerUnavailable, ShellyardError, error_from_dict
+
+T = TypeVar("T")
+P = ParamSpec("P")
+
+#: Extra seconds on top of a server-side wait before the HTTP read gives up.
+WAIT_SLACK_S = 15.0
+#: Downloads, uploads and writer operations may move gigabytes or wait for the writer.
+SLOW_TIMEOUT_S = 3600.0
+AGENT_HEADER = "X-Shellyard-Agent"
+
+
+@dataclass
+class _Call(Generic[T]):
+    method: str
+    path: str
+    result: TypeAdapter[T]
+    params: dict[str, Any] = field(default_factory=dict)
+    body: Any = None
+    timeout_s: float = 30.0
+
+
+def call(
+    method: str,
+    path: str,
+    result: TypeAdapter[T],
+    params: dict[str, Any] | None = None,
+    body: Any = None,
+    timeout_s: float = 30.0,
+) -> _Call[T]:
+    """A ``_Call`` whose ``None`` query parameters are left out (the server's default applies)."""
+    present = {k: v for k, v in (params or {}).items() if v is not None}
+    return _Call(method, path, result, params=present, body=body, timeout_s=timeout_s)
+
+
+def raise_for(status: int, body: bytes | str) -> None:
+    """Raise the ``ShellyardError`` the server described, or a plain one for a foreign answer."""
+    if status < 400:
+        return
+    try:
+        error = json.loads(body)["error"]
+    except (ValueError, KeyError, TypeError):
+        text = body[:200]
+        if status >= 500:
+            raise RunnerUnavailable(f"the control plane answered {status}: {text!r}") from None
+        raise ShellyardError(f"HTTP {status}: {text!r}") from None
+    raise error_from_dict(error)
+
+
+def decode(response: httpx.Response, request: _Call[T]) -> T:
+    raise_for(response.status_code, response.content)
+    return request.result.validate_json(response.content)
+
+
+def headers(token: str, agent_id: str | None) -> dict[str, str]:
+    result = {"Authorization": f"Bearer {token}"}
+    if agent_id:
+        result[AGENT_HEADER] = agent_id
+    return result
+
+
+def _request(request: _Call[Any]) -> dict[str, Any]:
+    body = request.body
+    return {
+        "method": request.method,
+        "url": request.path,
+        "params": request.params,
+        "json": body.model_dump(mode="json") if isinstance(body, BaseModel) else body,
+        "timeout": request.timeout_s,
+    }
+
+
+def _unreachable(exc: httpx.TransportError) -> RunnerUnavailable:
+    return RunnerUnavailable(
+        f"cannot reach the control plane ({exc}); is `shellyard serve` running? retry"
+    )
+
+
+def broken(what: str, exc: httpx.TransportError) -> RunnerUnavailable:
+    return RunnerUnavailable(f"the {what} to or from the control plane broke ({exc}); retry")
+
+
+class SyncSender:
+    """Sends a ``_Call`` with a blocking ``httpx.Client``."""
+
+    def __init__(self, url: str, token: str, *, agent_id: str | None = None) -> None:
+        self._http = httpx.Client(base_url=url, headers=headers(token, agent_id), timeout=30)
+
+    def _send(self, request: _Call[T]) -> T:
+        try:
+            response = self._http.request(**_request(request))
+        except httpx.TransportError as exc:
+            raise _unreachable(exc) from exc
+        return decode(response, request)
+
+    def _download(self, request: dict[str, Any]) -> Iterator[bytes]:
+        try:
+            with self._http.stream("GET", **request, timeout=SLOW_TIMEOUT_S) as response:
+                if response.status_code >= 400:
+                    raise_for(response.status_code, response.read())
+                # as the bytes arrive: re-chunking them costs a copy per byte (measured)
+                yield from response.iter_raw()
+        except httpx.TransportError as exc:
+            raise broken("download", exc) from exc
+
+    def as_agent(self, agent_id: str) -> Self:
+        """The same server, acting for ``agent_id`` (inbox, timers, executions, files)."""
+        clone = copy.copy(self)
+        clone._http = httpx.Client(
+            base_url=self._http.base_url,
+            headers={**self._http.headers, AGENT_HEADER: agent_id},
+            timeout=self._http.timeout,
+        )
+        return clone
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+
+class AsyncSender:
+    """Sends a ``_Call`` with an ``httpx.AsyncClient``."""
+
+    def __init__(self, url: str, token: str, *, agent_id: str | None = None) -> None:
+        self._http = httpx.AsyncClient(base_url=url, headers=headers(token, agent_id), timeout=30)
+
+    async def _send(self, request: _Call[T]) -> T:
+        try:
+            response = await self._http.request(**_request(request))
+        except httpx.TransportError as exc:
+            raise _unreachable(exc) from exc
+        return decode(response, request)
+
+    async def _download(self, request: dict[str, Any]) -> AsyncIterator[bytes]:
+        try:
+            async with self._http.stream("GET", **request, timeout=SLOW_TIMEOUT_S) as response:
+                if response.status_code >= 400:
+                    raise_for(response.status_code, await response.aread())
+                async for chunk in response.aiter_raw():
+                    yield chunk
+        except httpx.TransportError as exc:
+            raise broken("download", exc) from exc
+
+    def as_agent(self, agent_id: str) -> Self:
+        clone = copy.copy(self)
+        clone._http = httpx.AsyncClient(
+            base_url=self._http.base_url,
+            headers={**self._http.headers, AGENT_HEADER: agent_id},
+            timeout=self._http.timeout,
+        )
+        return clone
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *_exc: object) -> None:
+        await self.aclose()
+
+
+class Op(Generic[P, T]):
+    """One operation of both clients, described once by ``build`` (arguments → ``_Call``)."""
+
+    def __init__(self, build: Callable[P, _Call[T]]) -> None:
+        self.build = build
+        self.__doc__ = build.__doc__
+
+    @overload
+    def __get__(self, obj: None, owner: type[Any]) -> Self: ...
+
+    @overload
+    def __get__(self, obj: SyncSender, owner: type[Any] | None = None) -> Callable[P, T]: ...
+
+    @overload
+    def __get__(
+        self, obj: AsyncSender, owner: type[Any] | None = None
+    ) -> Callable[P, Coroutine[Any, Any, T]]: ...
+
+    def __get__(self, obj: Any, owner: type[Any] | None = None) -> Any:
+        if obj is None:
+            return self
+        build = self.build
+
+        @functools.wraps(build)
+        def bound(*args: Any, **kwargs: Any) -> Any:
+            return obj._send(build(*args, **kwargs))
+
+        return bound
+
+
+class Download(Generic[P]):
+    """A byte download of both clients, described once by ``build`` (arguments → the GET's
+    ``url``, ``params`` and ``headers``): an iterator of chunks on a ``Client``, an async
+    iterator on an ``AsyncClient``. Nothing is read whole into memory."""
+
+    def __init__(self, build: Callable[P, dict[str, Any]]) -> None:
+        self.build = build
+        self.__doc__ = build.__doc__
+
+    @overload
+    def __get__(self, obj: None, owner: type[Any]) -> Self: ...
+
+    @overload
+    def __get__(
+        self, obj: SyncSender, owner: type[Any] | None = None
+    ) -> Callable[P, Iterator[bytes]]: ...
+
+    @overload
+    def __get__(
+        self, obj: AsyncSender, owner: type[Any] | None = None
+    ) -> Callable[P, AsyncIterator[bytes]]: ...
+
+    def __get__(self, obj: Any, owner: type[Any] | None = None) -> Any:
+        if obj is None:
+            return self
+        build = self.build
+
+        @functools.wraps(build)
+        def bound(*args: Any, **kwargs: Any) -> Any:
+            return obj._download(build(*args, **kwargs))
+
+        return bound
+
+
+__all__ = [
+    "SLOW_TIMEOUT_S",
+    "WAIT_SLACK_S",
+    "AsyncSender",
+    "Download",
+    "Op",
+    "SyncSender",
+    "_Call",
+    "broken",
+    "call",
+    "decode",
+    "headers",
+    "raise_for",
+]
