@@ -8,6 +8,7 @@ LocalRunner (runner id ``local``) and against a runner daemon on loopback regist
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import tempfile
 from collections.abc import AsyncIterator, Iterator
@@ -22,6 +23,7 @@ from shellyard.config import Settings
 from shellyard.control.service import ControlPlane
 from shellyard.model import RunShellRequest, RunShellResult
 from shellyard.runner.protocol import SandboxPolicy
+from shellyard.store import Store
 
 
 def make_home() -> Path:
@@ -121,3 +123,43 @@ def host_uid(pid: int) -> int:
         if line.startswith("Uid:"):
             return int(line.split()[1])
     raise AssertionError(f"no Uid line for {pid}")
+
+
+# ---------------------------------------------------------------------- PostgreSQL
+
+POSTGRES_URL = "postgresql://postgres@127.0.0.1:5432/test"
+
+
+def postgres_available() -> bool:
+    import psycopg
+
+    try:
+        psycopg.connect(POSTGRES_URL, connect_timeout=3).close()
+    except psycopg.Error:
+        return False
+    return True
+
+
+@pytest.fixture
+def pg_schema() -> Iterator[str]:
+    """A fresh schema on the PostgreSQL server of this machine (skipped when there is none)."""
+    import psycopg
+
+    if not postgres_available():
+        pytest.skip("no PostgreSQL server reachable at 127.0.0.1:5432 on this machine")
+    name = f"t_{secrets.token_hex(6)}"
+    yield name
+    with psycopg.connect(POSTGRES_URL, autocommit=True) as conn:
+        conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+async def store(request: pytest.FixtureRequest, home: Path) -> AsyncIterator[Store]:
+    """The Store on SQLite and on PostgreSQL (a fresh schema), through one schema."""
+    if request.param == "sqlite":
+        opened = await Store.open(f"sqlite:///{home / 'store.db'}")
+    else:
+        schema = request.getfixturevalue("pg_schema")
+        opened = await Store.open(POSTGRES_URL, schema_name=schema)
+    yield opened
+    await opened.close()

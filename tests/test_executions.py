@@ -100,8 +100,7 @@ async def test_cancel_sends_sigterm_to_the_command_first(yard: Yard) -> None:
     """E7: the command gets SIGTERM and may clean up before anything is killed: its
     handler's file is in the committed snapshot."""
     script = (
-        "trap 'echo cleaned > cleanup.txt; exit 0' TERM; "
-        "echo ready; while true; do sleep 0.1; done"
+        "trap 'echo cleaned > cleanup.txt; exit 0' TERM; echo ready; while true; do sleep 0.1; done"
     )
     result = await yard.run(script, wait_ms=1000)
     assert result.state == ExecutionState.running

@@ -17,7 +17,6 @@ from sqlalchemy.engine import Connection
 from shellyard.control.wakes import wake_payload
 from shellyard.store import Store
 from shellyard.store.schema import metadata
-from test_store import pg_schema, store  # noqa: F401 - fixtures
 
 Row = dict[str, Any]
 
@@ -26,11 +25,11 @@ def _diff(conn: Connection) -> list[Any]:
     return list(compare_metadata(MigrationContext.configure(conn), metadata))
 
 
-async def test_migration_0002_matches_the_schema(store: Store) -> None:  # noqa: F811
+async def test_migration_0002_matches_the_schema(store: Store) -> None:
     assert await store._run(_diff) == []
 
 
-async def _timer(store: Store, agent: Row, **extra: Any) -> Row:  # noqa: F811 - not the fixture
+async def _timer(store: Store, agent: Row, **extra: Any) -> Row:
     now = time.time()
     return await store.create_timer(
         {
@@ -48,7 +47,7 @@ async def _timer(store: Store, agent: Row, **extra: Any) -> Row:  # noqa: F811 -
     )
 
 
-async def test_a_notice_is_claimed_by_one_wake_even_when_wakes_race(store: Store) -> None:  # noqa: F811
+async def test_a_notice_is_claimed_by_one_wake_even_when_wakes_race(store: Store) -> None:
     """N2: concurrent wakes of one agent (two control planes) emit one wake; a later wake
     carries only notices no wake claimed; a busy agent is not woken."""
     _session, agent = await store.create_session()
@@ -76,7 +75,7 @@ async def test_a_notice_is_claimed_by_one_wake_even_when_wakes_race(store: Store
 
 
 async def test_no_wake_without_a_listening_channel_or_with_a_closed_gate(
-    store: Store,  # noqa: F811
+    store: Store,
 ) -> None:
     _session, agent = await store.create_session()
     agent_id, session_id = str(agent["id"]), str(agent["session_id"])
@@ -94,7 +93,7 @@ async def test_no_wake_without_a_listening_channel_or_with_a_closed_gate(
     assert await store.emit_wake(agent_id, "turn_end", None, wake_payload) is None
 
 
-async def test_a_timer_fires_once_even_when_claims_race(store: Store) -> None:  # noqa: F811
+async def test_a_timer_fires_once_even_when_claims_race(store: Store) -> None:
     """N7: concurrent fire attempts (control planes racing) post one reminder notice."""
     _session, agent = await store.create_session()
     timer = await _timer(store, agent)
@@ -106,7 +105,7 @@ async def test_a_timer_fires_once_even_when_claims_race(store: Store) -> None:  
     assert [(n["kind"], n["summary"]) for n in notices] == [("reminder", "reminder (late): t")]
 
 
-async def test_cancelled_timers_never_fire(store: Store) -> None:  # noqa: F811
+async def test_cancelled_timers_never_fire(store: Store) -> None:
     """N8, N11: stopping the session cancels pending timers; nothing brings them back."""
     _session, agent = await store.create_session()
     timer = await _timer(store, agent)
@@ -120,7 +119,7 @@ async def test_cancelled_timers_never_fire(store: Store) -> None:  # noqa: F811
 
 
 @pytest.mark.parametrize("finished_first", [True, False])
-async def test_n6_by_recorded_times(store: Store, finished_first: bool) -> None:  # noqa: F811
+async def test_n6_by_recorded_times(store: Store, finished_first: bool) -> None:
     """N6 when both happened while the plane was down: the reminder is cancelled only if the
     execution finished before the reminder was due; otherwise it fires (late)."""
     _session, agent = await store.create_session()

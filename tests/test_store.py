@@ -4,48 +4,15 @@ terminal records never rewritten (W3), monotonic snapshot heads, notices (N1).""
 
 from __future__ import annotations
 
-import secrets
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import psycopg
 import pytest
 
+from conftest import POSTGRES_URL
 from shellyard.model import ExecutionState, RunShellRequest
 from shellyard.store import Store
 from shellyard.store.store import new_id
-
-POSTGRES_URL = "postgresql://postgres@127.0.0.1:5432/test"
-
-
-def postgres_available() -> bool:
-    try:
-        psycopg.connect(POSTGRES_URL, connect_timeout=3).close()
-    except psycopg.Error:
-        return False
-    return True
-
-
-@pytest.fixture
-def pg_schema() -> AsyncIterator[str]:
-    if not postgres_available():
-        pytest.skip("no PostgreSQL server reachable at 127.0.0.1:5432 on this machine")
-    name = f"t_{secrets.token_hex(6)}"
-    yield name
-    with psycopg.connect(POSTGRES_URL, autocommit=True) as conn:
-        conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-async def store(request: pytest.FixtureRequest, home: Path) -> AsyncIterator[Store]:
-    if request.param == "sqlite":
-        opened = await Store.open(f"sqlite:///{home / 'store.db'}")
-    else:
-        schema = request.getfixturevalue("pg_schema")
-        opened = await Store.open(POSTGRES_URL, schema_name=schema)
-    yield opened
-    await opened.close()
 
 
 async def _execution(store: Store, **extra: Any) -> dict[str, Any]:

@@ -16,12 +16,12 @@ from zoneinfo import ZoneInfo
 import pytest
 from pydantic import ValidationError
 
+from conftest import POSTGRES_URL
 from notify_helpers import FAST, Host, running_plane, settle, until
 from shellyard.control.service import ControlPlane
 from shellyard.control.timers import parse_at, parse_when
 from shellyard.errors import Conflict, InvalidInput, NotFound
 from shellyard.session_model import TimerCreateRequest, TimerState, TimerView
-from test_store import POSTGRES_URL, pg_schema  # noqa: F401 - a fixture
 
 
 @pytest.fixture

@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import secrets
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -426,26 +425,11 @@ async def test_t1_permissions_other_session_invisible_family_allowed(yard: Yard)
 # ---------------------------------------------------------------------- PostgreSQL
 
 
-@pytest.fixture
-def pg_schema() -> Iterator[str]:
-    """A fresh schema on the PostgreSQL server of this machine (skipped when there is none)."""
-    import psycopg
-
-    from test_store import POSTGRES_URL, postgres_available
-
-    if not postgres_available():
-        pytest.skip("no PostgreSQL server reachable at 127.0.0.1:5432 on this machine")
-    name = f"t_{secrets.token_hex(6)}"
-    yield name
-    with psycopg.connect(POSTGRES_URL, autocommit=True) as conn:
-        conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
-
-
 async def test_files_transfers_artifacts_on_postgresql(home: Path, pg_schema: str) -> None:
     """The same records on PostgreSQL (--database-url): an edit, a transfer with its per-file
     outcomes and notice, history, retention, an artifact."""
+    from conftest import POSTGRES_URL
     from shellyard.config import Settings
-    from test_store import POSTGRES_URL
 
     settings = Settings(home=home / "pg-home", database_url=POSTGRES_URL, database_schema=pg_schema)
     async with ControlPlane.running(settings) as plane:

@@ -31,7 +31,6 @@ from shellyard.interfaces.client_base import (
     call,
 )
 from shellyard.interfaces.client_environments import EnvironmentOps
-from shellyard.interfaces.client_tokens import TokenOps
 from shellyard.interfaces.client_files import (
     AsyncFileStreams,
     FileDownloads,
@@ -39,6 +38,7 @@ from shellyard.interfaces.client_files import (
     FileStreams,
 )
 from shellyard.interfaces.client_sessions import AsyncSessionStreams, SessionOps, SessionStreams
+from shellyard.interfaces.client_tokens import TokenOps
 from shellyard.model import ExecutionView, LogsResult, RunShellResult
 
 __all__ = ["WAIT_SLACK_S", "AsyncClient", "Client", "RunnerView", "_Call"]

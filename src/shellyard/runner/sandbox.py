@@ -80,6 +80,21 @@ def rlimit_prefix(policy: SandboxPolicy) -> list[str]:
     return args
 
 
+def host_view(hidden: Sequence[Path]) -> list[str]:
+    """The host as every sandbox sees it: ``/`` read-only, its own ``/dev`` and ``/proc``,
+    private ``/tmp``, ``/var/tmp`` and ``/run``, and the ``hidden`` folders covered by an
+    empty tmpfs (a hidden file, such as a token, by an empty file)."""
+    argv = ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
+    for private in ("/tmp", "/var/tmp", "/run"):
+        argv += ["--tmpfs", private]
+    for path in hidden:
+        if path.is_dir():
+            argv += ["--tmpfs", str(path)]
+        elif path.exists():
+            argv += ["--ro-bind", "/dev/null", str(path)]
+    return argv
+
+
 def bwrap_argv(
     *,
     bwrap: str,
@@ -94,27 +109,7 @@ def bwrap_argv(
     argv = [*drop_privileges_prefix(ids), *rlimit_prefix(policy), bwrap, "--unshare-all"]
     if policy.network == "on":
         argv.append("--share-net")
-    argv += [
-        "--new-session",
-        "--ro-bind",
-        "/",
-        "/",
-        "--dev",
-        "/dev",
-        "--proc",
-        "/proc",
-        "--tmpfs",
-        "/tmp",
-        "--tmpfs",
-        "/var/tmp",
-        "--tmpfs",
-        "/run",
-    ]
-    for path in hidden:
-        if path.is_dir():
-            argv += ["--tmpfs", str(path)]
-        elif path.exists():  # a file (a token): an empty file in its place
-            argv += ["--ro-bind", "/dev/null", str(path)]
+    argv += ["--new-session", *host_view(hidden)]
     for path in read_only_binds:
         argv += ["--ro-bind", str(path), str(path)]
     argv += [
@@ -172,30 +167,7 @@ def tool_argv(
     argv = [bwrap, "--unshare-all"]
     if network:
         argv.append("--share-net")
-    argv += [
-        "--die-with-parent",
-        "--new-session",
-        "--cap-drop",
-        "ALL",
-        "--ro-bind",
-        "/",
-        "/",
-        "--dev",
-        "/dev",
-        "--proc",
-        "/proc",
-        "--tmpfs",
-        "/tmp",
-        "--tmpfs",
-        "/var/tmp",
-        "--tmpfs",
-        "/run",
-    ]
-    for path in hidden:
-        if path.is_dir():
-            argv += ["--tmpfs", str(path)]
-        elif path.exists():
-            argv += ["--ro-bind", "/dev/null", str(path)]
+    argv += ["--die-with-parent", "--new-session", "--cap-drop", "ALL", *host_view(hidden)]
     for path in read_only:
         argv += ["--ro-bind", str(path), str(path)]
     for path in writable:
