@@ -10,6 +10,9 @@ from __future__ import annotations
 import os
 import secrets
 import shutil
+import signal
+import subprocess
+import sys
 import tempfile
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -163,3 +166,31 @@ async def store(request: pytest.FixtureRequest, home: Path) -> AsyncIterator[Sto
         opened = await Store.open(POSTGRES_URL, schema_name=schema)
     yield opened
     await opened.close()
+
+
+# ---------------------------------------------------------------------- a served home
+
+
+@pytest.fixture
+def served_home() -> Iterator[Path]:
+    """A fresh home for tests that go through ``shellyard serve`` (started on demand by the
+    CLI or ``Client.for_home``); that server is stopped afterwards."""
+    from shellyard.interfaces.home import is_served, read_info
+
+    home = make_home()
+    yield home
+    info = read_info(home)
+    if info is not None and is_served(home):
+        os.kill(info.pid, signal.SIGTERM)
+
+
+def sy(home: Path, *args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    """Run the ``shellyard`` CLI on ``home`` as a user would, with text output."""
+    return subprocess.run(
+        [sys.executable, "-m", "shellyard", *args],
+        env={**os.environ, "SHELLYARD_HOME": str(home), "COLUMNS": "200"},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )

@@ -4,75 +4,48 @@ demand; exit codes scripts can use; one server per home."""
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-
-from conftest import make_home
-from shellyard.interfaces.home import is_served, read_info
+from conftest import sy
+from shellyard.interfaces.home import is_served
 
 
-@pytest.fixture
-def cli_home() -> Iterator[Path]:
-    home = make_home()
-    yield home
-    info = read_info(home)
-    if info is not None and is_served(home):
-        os.kill(info.pid, signal.SIGTERM)
-
-
-def sy(home: Path, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "shellyard", *args],
-        env={**os.environ, "SHELLYARD_HOME": str(home), "COLUMNS": "200"},
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        stdin=subprocess.DEVNULL,
-    )
-
-
-def test_run_status_logs_cancel(cli_home: Path) -> None:
-    done = sy(cli_home, "run", "--", "echo hi; echo oops >&2; exit 4")
+def test_run_status_logs_cancel(served_home: Path) -> None:
+    done = sy(served_home, "run", "--", "echo hi; echo oops >&2; exit 4")
     assert done.returncode == 4, done.stderr
     assert done.stdout == "hi\n" and done.stderr == "oops\n"
-    assert is_served(cli_home)  # started on demand
+    assert is_served(served_home)  # started on demand
 
-    words = sy(cli_home, "run", "--", "printf", "%s|", "a b", "c")
+    words = sy(served_home, "run", "--", "printf", "%s|", "a b", "c")
     assert words.stdout == "a b|c|"  # several words are quoted, not re-split
 
-    bg = sy(cli_home, "run", "--background", "--", "for i in 1 2 3; do echo $i; sleep 0.2; done")
+    bg = sy(served_home, "run", "--background", "--", "for i in 1 2 3; do echo $i; sleep 0.2; done")
     execution_id = bg.stdout.strip()
     assert bg.returncode == 0 and execution_id.startswith("ex_")
-    followed = sy(cli_home, "logs", "--follow", execution_id)
+    followed = sy(served_home, "logs", "--follow", execution_id)
     assert followed.stdout == "1\n2\n3\n"
-    status = sy(cli_home, "status", execution_id, "--json")
+    status = sy(served_home, "status", execution_id, "--json")
     view = json.loads(status.stdout)
     assert view["state"] == "completed" and view["exit_code"] == 0
 
-    long = sy(cli_home, "run", "--background", "--", "sleep 600").stdout.strip()
-    cancelled = sy(cli_home, "cancel", long, "--json")
+    long = sy(served_home, "run", "--background", "--", "sleep 600").stdout.strip()
+    cancelled = sy(served_home, "cancel", long, "--json")
     assert json.loads(cancelled.stdout)["state"] == "cancelled"
-    listing = sy(cli_home, "status", "--json")
+    listing = sy(served_home, "status", "--json")
     assert {v["execution_id"] for v in json.loads(listing.stdout)} >= {execution_id, long}
 
 
-def test_bad_input_exit_code_two_with_a_clear_message(cli_home: Path) -> None:
-    nothing = sy(cli_home, "run")
+def test_bad_input_exit_code_two_with_a_clear_message(served_home: Path) -> None:
+    nothing = sy(served_home, "run")
     assert nothing.returncode == 2 and "give a command after '--'" in nothing.stderr
-    unknown = sy(cli_home, "status", "ex_missing")
+    unknown = sy(served_home, "status", "ex_missing")
     assert unknown.returncode == 2 and "no execution 'ex_missing'" in unknown.stderr
-    missing = sy(cli_home, "run", "--script", "nope.sh")
+    missing = sy(served_home, "run", "--script", "nope.sh")
     assert missing.returncode == 2 and "nope.sh" in missing.stderr
 
 
-def test_one_server_per_home(cli_home: Path) -> None:
-    assert sy(cli_home, "run", "--", "true").returncode == 0
-    second = sy(cli_home, "serve", "--home", str(cli_home), timeout=30)
+def test_one_server_per_home(served_home: Path) -> None:
+    assert sy(served_home, "run", "--", "true").returncode == 0
+    second = sy(served_home, "serve", "--home", str(served_home), timeout=30)
     assert second.returncode == 2
     assert "already served by process" in second.stderr

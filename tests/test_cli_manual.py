@@ -8,43 +8,20 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import click
-import pytest
 import typer.main
 
-from conftest import make_home
+from conftest import sy
 from shellyard.interfaces.cli import app
 from shellyard.interfaces.cli_help import EXIT_REFUSED, EXIT_RETRY
-from shellyard.interfaces.home import is_served, read_info
 
 #: Verbs that print no result to parse: servers, and shell-call (JSON by contract).
 NO_JSON = {"serve", "mcp", "runner serve", "shell-call"}
-
-
-@pytest.fixture
-def cli_home() -> Iterator[Path]:
-    home = make_home()
-    yield home
-    info = read_info(home)
-    if info is not None and is_served(home):
-        os.kill(info.pid, signal.SIGTERM)
-
-
-def sy(home: Path, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "shellyard", *args],
-        env={**os.environ, "SHELLYARD_HOME": str(home), "COLUMNS": "120"},
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        stdin=subprocess.DEVNULL,
-    )
 
 
 def _verbs(command: click.Command, prefix: str = "") -> Iterator[tuple[str, click.Command]]:
@@ -89,10 +66,10 @@ def test_every_verb_that_prints_a_result_takes_json() -> None:
     assert missing == []
 
 
-def test_exit_codes_and_json_across_verbs(cli_home: Path, tmp_path: Path) -> None:
+def test_exit_codes_and_json_across_verbs(served_home: Path, tmp_path: Path) -> None:
     """0 done (with --json output that parses), 2 refused (bad input, unknown ids, wrong
     state), 75 busy, the command's own code from run; run --follow streams to the end."""
-    home = cli_home
+    home = served_home
     followed = sy(home, "run", "--follow", "--", "for i in 1 2 3; do echo $i; done; exit 3")
     assert followed.returncode == 3 and followed.stdout == "1\n2\n3\n", followed.stderr
 

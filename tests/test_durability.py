@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import make_home, open_yard, processes_of
+from conftest import open_yard, processes_of
 from runner_daemon_fixture import start_daemon
 from shellyard.interfaces.client import Client
 from shellyard.interfaces.home import ensure_server, is_served
@@ -27,16 +27,6 @@ def kill_server(home: Path) -> None:
     while is_served(home) and time.monotonic() < deadline:
         time.sleep(0.02)
     assert not is_served(home)
-
-
-@pytest.fixture
-def served_home() -> Path:
-    home = make_home()
-    yield home
-    info = ensure_server(home) if is_served(home) else None
-    if info is not None:
-        os.kill(info.pid, signal.SIGTERM)
-    shutil.rmtree(home, ignore_errors=True)
 
 
 @pytest.mark.parametrize("runner", ["local", "direct"])

@@ -10,14 +10,13 @@ import asyncio
 import os
 import signal
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from conda_channel import build_test_channel
-from conftest import Yard, make_home, open_yard
+from conftest import Yard, open_yard
 from cran_repo import build_test_repo, r_available
 from env_fixtures import make_slow_sdist, make_wheel, prefix_hash
 from shellyard.environments_model import (
@@ -387,17 +386,6 @@ async def test_environment_is_bound_to_its_runner_and_session(home: Path) -> Non
 
 
 # ---------------------------------------------------------------------- kill -9 mid-install
-
-
-@pytest.fixture
-def served_home() -> Iterator[Path]:
-    from shellyard.interfaces.home import is_served, read_info
-
-    home = make_home()
-    yield home
-    info = read_info(home)
-    if info is not None and is_served(home):
-        os.kill(info.pid, signal.SIGTERM)
 
 
 async def test_kill9_mid_install_leaves_the_old_revision(served_home: Path) -> None:

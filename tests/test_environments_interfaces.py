@@ -7,10 +7,8 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,22 +17,13 @@ from mcp.client.session import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 
 from conda_channel import build_test_channel, build_test_channel_sync
-from conftest import make_home
+from conftest import sy
 from shellyard import AsyncClient, Client
 from shellyard.environments_model import ChangeView, EnvironmentView, RevisionView
 from shellyard.errors import Conflict, InvalidInput, NotFound
-from shellyard.interfaces.home import ensure_server, is_served, read_info
+from shellyard.interfaces.home import ensure_server
 
 pytestmark = pytest.mark.timeout(300)
-
-
-@pytest.fixture
-def served_home() -> Iterator[Path]:
-    home = make_home()
-    yield home
-    info = read_info(home)
-    if info is not None and is_served(home):
-        os.kill(info.pid, signal.SIGTERM)
 
 
 async def call(session: ClientSession, tool: str, **arguments: Any) -> dict[str, Any]:
@@ -191,17 +180,6 @@ async def test_sdk_rest_round_trip(served_home: Path) -> None:
         assert removed.state == "succeeded" and removed.revision == 3
 
 
-def sy(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "shellyard", *args],
-        env={**os.environ, "SHELLYARD_HOME": str(home), "COLUMNS": "200"},
-        capture_output=True,
-        text=True,
-        timeout=180,
-        stdin=subprocess.DEVNULL,
-    )
-
-
 def ok_json(result: subprocess.CompletedProcess[str]) -> Any:
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout)
@@ -217,10 +195,31 @@ def test_cli_env_verbs(served_home: Path) -> None:
     environment_id = created["environment_id"]
 
     installed = ok_json(
-        sy(home, "env", "install", "cli", "conda", "shellyard-hello==1.0", "-c", channel, "--json")
+        sy(
+            home,
+            "env",
+            "install",
+            "cli",
+            "conda",
+            "shellyard-hello==1.0",
+            "-c",
+            channel,
+            "--json",
+            timeout=180,
+        )
     )
     assert installed["state"] == "succeeded" and installed["revision"] == 2
-    text = sy(home, "env", "install", environment_id, "conda", "shellyard-words", "-c", channel)
+    text = sy(
+        home,
+        "env",
+        "install",
+        environment_id,
+        "conda",
+        "shellyard-words",
+        "-c",
+        channel,
+        timeout=180,
+    )
     assert text.returncode == 0, text.stderr
     assert "now at revision 3" in text.stdout
 
@@ -244,7 +243,9 @@ def test_cli_env_verbs(served_home: Path) -> None:
     removed = ok_json(sy(home, "env", "uninstall", "cli", "conda", "shellyard-words", "--json"))
     assert removed["revision"] == 4
 
-    failed = sy(home, "env", "install", "cli", "conda", "shellyard-nope", "-c", channel)
+    failed = sy(
+        home, "env", "install", "cli", "conda", "shellyard-nope", "-c", channel, timeout=180
+    )
     assert failed.returncode == 1, failed.stderr
     assert "unchanged (still revision 4)" in failed.stderr
     bad = sy(home, "env", "install", "cli", "brew", "x")

@@ -10,7 +10,6 @@ import hashlib
 import io
 import json
 import os
-import signal
 import subprocess
 import sys
 import tarfile
@@ -22,21 +21,10 @@ import pytest
 from mcp.client.session import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 
-from conftest import make_home
 from shellyard.errors import NotFound, PathRefused
 from shellyard.interfaces.client import Client
-from shellyard.interfaces.home import is_served, read_info
 
 pytestmark = pytest.mark.timeout(240)
-
-
-@pytest.fixture
-def served_home() -> Iterator[Path]:
-    home = make_home()
-    yield home
-    info = read_info(home)
-    if info is not None and is_served(home):
-        os.kill(info.pid, signal.SIGTERM)
 
 
 def sy(home: Path, *args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[bytes]:

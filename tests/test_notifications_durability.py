@@ -13,7 +13,7 @@ import pytest
 
 from shellyard.interfaces.client import Client
 from shellyard.session_model import TimerState
-from test_durability import kill_server, served_home  # noqa: F401 - a fixture
+from test_durability import kill_server
 from webhook_receiver import WebhookReceiver
 
 
@@ -35,7 +35,7 @@ def wait_until(check: object, timeout_s: float = 30.0) -> object:
 
 
 def test_kill9_timer_due_while_down_fires_once_late_and_its_wake_is_delivered_once(
-    served_home: Path,  # noqa: F811
+    served_home: Path,
     receiver: WebhookReceiver,
 ) -> None:
     """N7: a timer due in 1 s; the control plane is killed with SIGKILL at once and started
@@ -75,7 +75,7 @@ def _fired(client: Client, timer_id: str) -> object:
 
 
 def test_kill9_while_a_wake_is_being_delivered_delivers_it_once(
-    served_home: Path,  # noqa: F811
+    served_home: Path,
     receiver: WebhookReceiver,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -6,21 +6,17 @@ so the test process's peak memory is the client's alone."""
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from conftest import make_home
 from shellyard import AsyncClient, Client
 from shellyard.errors import InvalidInput, NotFound, Unauthorized
 from shellyard.files_model import DirListing, EditView
 from shellyard.interfaces.client import RunnerView
-from shellyard.interfaces.home import is_served, read_info
+from shellyard.interfaces.home import read_info
 from shellyard.model import ExecutionState, ExecutionView, LogsResult
 from shellyard.session_model import SessionView, TimerView
 
@@ -33,15 +29,6 @@ PRODUCER = f"for i in $(seq {BURSTS}); do yes | head -c {BURST}; sleep 0.1; done
 #: frees), which alone was measured at 48 MiB of peak growth after other tests had run.
 RSS_GROWTH_LIMIT = 64 << 20
 PATTERN = b"y\n" * (1 << 20)
-
-
-@pytest.fixture
-def served_home() -> Iterator[Path]:
-    home = make_home()
-    yield home
-    info = read_info(home)
-    if info is not None and is_served(home):
-        os.kill(info.pid, signal.SIGTERM)
 
 
 def _reset_peak_rss() -> None:

@@ -18,11 +18,11 @@ import pytest
 from mcp.client.session import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 
+from conftest import sy
 from shellyard.errors import Conflict, InvalidInput, NotFound
 from shellyard.interfaces.client import AsyncClient, Client
 from shellyard.interfaces.home import is_served, read_info
 from shellyard.session_model import WakeView
-from test_cli import cli_home, sy  # noqa: F401 - a fixture
 
 
 async def call(session: ClientSession, tool: str, **arguments: Any) -> dict[str, Any]:
@@ -177,11 +177,11 @@ async def test_a_host_drives_a_session_through_mcp_rest_and_sse(served: Path) ->
     await async_host.aclose()
 
 
-def test_cli_session_agent_timer_webhook_and_inbox_verbs(cli_home: Path) -> None:  # noqa: F811
+def test_cli_session_agent_timer_webhook_and_inbox_verbs(served_home: Path) -> None:
     """The CLI verbs with --json (and a clear exit 2 for bad input)."""
 
     def js(*args: str) -> Any:
-        done = sy(cli_home, *args, "--json")
+        done = sy(served_home, *args, "--json")
         assert done.returncode == 0, done.stderr
         return json.loads(done.stdout)
 
@@ -197,7 +197,7 @@ def test_cli_session_agent_timer_webhook_and_inbox_verbs(cli_home: Path) -> None
     timer = js("timer", "create", "hello", "--after-ms", "60000", "--agent", main)
     assert [t["timer_id"] for t in js("timer", "list", "--agent", main)] == [timer["timer_id"]]
     assert js("timer", "cancel", timer["timer_id"], "--agent", main)["state"] == "cancelled"
-    naive = sy(cli_home, "timer", "create", "x", "--at", "2030-01-01T09:00:00")
+    naive = sy(served_home, "timer", "create", "x", "--at", "2030-01-01T09:00:00")
     assert naive.returncode == 2 and "has no offset or zone" in naive.stderr
 
     hook = js("webhook", "add", "http://127.0.0.1:9/hook", "--session", sid)
@@ -205,18 +205,18 @@ def test_cli_session_agent_timer_webhook_and_inbox_verbs(cli_home: Path) -> None
     assert [h["webhook_id"] for h in js("webhook", "list")] == [hook["webhook_id"]]
     assert js("webhook", "remove", hook["webhook_id"])["active"] is False
 
-    done = sy(cli_home, "run", "--", "echo hi")  # the default session's main agent
+    done = sy(served_home, "run", "--", "echo hi")  # the default session's main agent
     assert done.returncode == 0
     notices = js("inbox")
     assert len(notices) == 1 and notices[0]["read_at"] is not None  # seen in the foreground
-    summary = sy(cli_home, "inbox", "--summary")
+    summary = sy(served_home, "inbox", "--summary")
     assert summary.stdout.strip() == "No unread notices."
 
     assert js("session", "stop", sid)["state"] == "stopped"
     request = js("session", "request", sid)
     assert request["resumed"] is True and request["summary"]["unread"] == 0
     assert js("session", "archive", sid)["state"] == "archived"
-    refused_request = sy(cli_home, "session", "request", sid)
+    refused_request = sy(served_home, "session", "request", sid)
     assert refused_request.returncode == 2 and "restore it first" in refused_request.stderr
     assert js("session", "restore", sid)["state"] == "stopped"
     kinds = [e["kind"] for e in js("session", "events", sid)]
