@@ -87,7 +87,12 @@ class SandboxedTools:
     ) -> tuple[int, str]:
         if self.stopped:
             return -signal.SIGKILL, "the change was stopped before this tool could start"
-        read_only = [p for p in dict.fromkeys(binds or []) if p.exists()]
+        wanted = list(binds or [])
+        if os.path.isabs(argv[0]):
+            # The tool itself may live where the sandbox shows a tmpfs (uv inside a checkout
+            # under /tmp, or under the hidden home): bind its file back at its own path.
+            wanted.append(Path(argv[0]))
+        read_only = [p for p in dict.fromkeys(wanted) if p.exists()]
         command = sandbox.tool_argv(
             bwrap=self._bwrap,
             network=self._network and network,
