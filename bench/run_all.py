@@ -37,6 +37,7 @@ SUITE = [
     ("output", "bench_output.py", 300),
     ("many", "bench_many.py", 600),
     ("transfer", "bench_transfer.py", 900),
+    ("env", "bench_env.py", 900),
 ]
 
 

@@ -3,7 +3,6 @@ wakes and timers in ``api_sessions``."""
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Annotated
@@ -59,18 +58,19 @@ def create_app(
 ) -> FastAPI:
     """The REST API (and MCP over streamable HTTP at /mcp) over ``plane``. Every route but
     /health needs a bearer token (``auth_required=False``: the loopback-only --no-auth mode)."""
-    from shellyard.interfaces.mcp_http import McpHttp, mount_mcp
+    from shellyard.interfaces.mcp_mount import LazyMcp, mount_mcp
 
-    mcp_app: McpHttp | None = None
+    mcp_app: LazyMcp | None = None
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         if lifespan_hooks:
             await lifespan_hooks[0]()
         try:
-            async with mcp_app.lifespan() if mcp_app else contextlib.nullcontext():
-                yield
+            yield
         finally:
+            if mcp_app is not None:
+                await mcp_app.aclose()
             if lifespan_hooks:
                 await lifespan_hooks[1]()
 

@@ -23,14 +23,13 @@ from mcp.server.mcpserver import MCPServer
 from mcp.server.transport_security import TransportSecuritySettings
 from starlette.requests import Request
 from starlette.responses import JSONResponse
-from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from shellyard.errors import ShellyardError, Unauthorized
 from shellyard.interfaces.auth import acting_agent, principal
 from shellyard.interfaces.client import AsyncClient
+from shellyard.interfaces.mcp_mount import MCP_PATH
 
-MCP_PATH = "/mcp"
 #: Headers of the /mcp request being served, forwarded on every in-process REST call.
 _forwarded: ContextVar[dict[str, str] | None] = ContextVar("shellyard_mcp_headers", default=None)
 _FORWARD = ("authorization", "x-shellyard-agent")
@@ -103,10 +102,4 @@ class McpHttp:
             _forwarded.reset(reset)
 
 
-def mount_mcp(app: FastAPI) -> McpHttp:
-    endpoint = McpHttp(app)
-    app.router.routes.append(Route(MCP_PATH, endpoint=endpoint, methods=["GET", "POST", "DELETE"]))
-    return endpoint
-
-
-__all__ = ["MCP_PATH", "McpHttp", "mount_mcp"]
+__all__ = ["McpHttp"]
