@@ -13,10 +13,12 @@ import asyncio
 import json
 import shlex
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
 import typer
+from pydantic import BaseModel
 from rich.console import Console
 from rich.table import Table
 
@@ -38,6 +40,35 @@ app.add_typer(runner_app, name="runner")
 
 err = Console(stderr=True)
 out = Console()
+
+
+def print_json(result: BaseModel | Sequence[BaseModel]) -> None:
+    """One model, or a list of them, as JSON on stdout (every verb's ``--json``)."""
+    if isinstance(result, BaseModel):
+        out.print_json(result.model_dump_json())
+    else:
+        out.print_json(json.dumps([r.model_dump(mode="json") for r in result]))
+
+
+def show(result: BaseModel | Sequence[BaseModel], as_json: bool, columns: Sequence[str]) -> None:
+    """``--json``, or a human table: one model as key/value rows, a list with a row each."""
+    if as_json:
+        print_json(result)
+        return
+    if isinstance(result, BaseModel):
+        table = Table(show_header=False, box=None)
+        for key in columns:
+            value = getattr(result, key)
+            if value is not None:
+                table.add_row(key, str(value.value if hasattr(value, "value") else value))
+        out.print(table)
+        return
+    table = Table(*columns)
+    for row in result:
+        values = (getattr(row, key) for key in columns)
+        table.add_row(*("" if v is None else str(getattr(v, "value", v)) for v in values))
+    out.print(table)
+
 
 HomeOption = Annotated[
     Path | None,

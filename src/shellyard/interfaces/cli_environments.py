@@ -14,13 +14,13 @@ from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
 import typer
-from pydantic import BaseModel
 from rich.table import Table
 
 from shellyard.config import default_home
 from shellyard.environments_model import ChangeView, EnvironmentView
 from shellyard.errors import ShellyardError
 from shellyard.interfaces.cli import HomeOption, JsonOption, _fail, err, out
+from shellyard.interfaces.cli import print_json as _json
 
 env_app = typer.Typer(
     help=(
@@ -64,13 +64,6 @@ def _run(home: Path | None, agent: str | None, action: Callable[[Any], Any]) -> 
 def _change_failed(exc: ShellyardError) -> NoReturn:
     err.print(f"[red]change failed[/red] ({exc.code}): {exc.message}", highlight=False)
     raise typer.Exit(1)
-
-
-def _json(result: BaseModel | Sequence[BaseModel]) -> None:
-    if isinstance(result, BaseModel):
-        out.print_json(result.model_dump_json())
-    else:
-        out.print_json(json.dumps([r.model_dump(mode="json") for r in result]))
 
 
 def _resolve(client: Any, ref: str) -> str:

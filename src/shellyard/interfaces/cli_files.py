@@ -12,12 +12,11 @@ import sys
 import tarfile
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import IO, Annotated, Any
 
 import typer
-from pydantic import BaseModel
 from rich.progress import (
     BarColumn,
     DownloadColumn,
@@ -30,7 +29,8 @@ from rich.table import Table
 
 from shellyard.config import default_home
 from shellyard.errors import InvalidInput, ShellyardError
-from shellyard.interfaces.cli import HomeOption, JsonOption, _fail, err, out
+from shellyard.interfaces.cli import HomeOption, JsonOption, _fail, err, out, show
+from shellyard.interfaces.cli import print_json as _json
 from shellyard.interfaces.cli_help import EXIT_FAILED
 
 files_app = typer.Typer(
@@ -82,13 +82,6 @@ def _run(home: Path | None, agent: str | None, action: Callable[[Any], Any]) -> 
 
 def _where(workspace: str | None, runner: str | None) -> dict[str, Any]:
     return {"workspace_id": workspace, "runner_id": runner}
-
-
-def _json(result: BaseModel | Sequence[BaseModel]) -> None:
-    if isinstance(result, BaseModel):
-        out.print_json(result.model_dump_json())
-    else:
-        out.print_json(json.dumps([r.model_dump(mode="json") for r in result]))
 
 
 def _progress() -> Progress:
@@ -507,13 +500,7 @@ def transfer_list(
 ) -> None:
     """Your transfers, newest first."""
     views = _run(home, agent, lambda c: c.transfers())
-    if as_json:
-        _json(views)
-        return
-    table = Table(*TRANSFER_COLUMNS, box=None)
-    for v in views:
-        table.add_row(*(str(getattr(v, k)) for k in TRANSFER_COLUMNS))
-    out.print(table)
+    show(views, as_json, TRANSFER_COLUMNS)
 
 
 @transfer_app.command("status")
@@ -609,13 +596,7 @@ def artifact_list(
 ) -> None:
     """Your artifacts."""
     views = _run(home, agent, lambda c: c.artifacts())
-    if as_json:
-        _json(views)
-        return
-    table = Table(*ARTIFACT_COLUMNS, box=None)
-    for v in views:
-        table.add_row(*(str(getattr(v, k)) for k in ARTIFACT_COLUMNS))
-    out.print(table)
+    show(views, as_json, ARTIFACT_COLUMNS)
 
 
 @artifact_app.command("get")

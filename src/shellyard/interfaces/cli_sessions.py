@@ -4,18 +4,16 @@ takes ``--json``. ``cli.py`` imports this module at its end and calls ``register
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from pydantic import BaseModel
-from rich.table import Table
 
 from shellyard.config import default_home
 from shellyard.errors import ShellyardError
 from shellyard.interfaces.cli import HomeOption, JsonOption, _fail, err, out
+from shellyard.interfaces.cli import show as _show
 from shellyard.session_model import ResumeResult
 
 session_app = typer.Typer(
@@ -54,28 +52,6 @@ def _run(home: Path | None, agent: str | None, action: Callable[[Any], Any]) -> 
             return action(client)
     except ShellyardError as exc:
         _fail(exc)
-
-
-def _show(result: BaseModel | Sequence[BaseModel], as_json: bool, columns: Sequence[str]) -> None:
-    if as_json:
-        if isinstance(result, BaseModel):
-            out.print_json(result.model_dump_json())
-        else:
-            out.print_json(json.dumps([r.model_dump(mode="json") for r in result]))
-        return
-    if isinstance(result, BaseModel):
-        table = Table(show_header=False, box=None)
-        for key in columns:
-            value = getattr(result, key)
-            if value is not None:
-                table.add_row(key, str(value.value if hasattr(value, "value") else value))
-        out.print(table)
-        return
-    table = Table(*columns)
-    for row in result:
-        values = (getattr(row, key) for key in columns)
-        table.add_row(*("" if v is None else str(getattr(v, "value", v)) for v in values))
-    out.print(table)
 
 
 SESSION_COLUMNS = ("session_id", "state", "main_agent_id", "is_default")
