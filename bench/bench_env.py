@@ -37,15 +37,15 @@ from common import REPO, cli, make_home, metric, remove_home
 
 sys.path.insert(0, str(REPO / "tests"))
 
+from conda_channel import CondaPackage, PackageFile, build_test_channel
 from uv import find_uv_bin
 
-from conda_channel import CondaPackage, PackageFile, build_test_channel
 from shellyard.config import Settings
-from shellyard.control.service import ControlPlane
-from shellyard.environments_model import (
+from shellyard.contract.environments import (
     EnvironmentChangeBody,
     EnvironmentCreateRequest,
 )
+from shellyard.control.service import ControlPlane
 
 COMMAND = "python bench/bench_env.py"
 UV = find_uv_bin()

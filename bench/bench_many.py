@@ -39,7 +39,7 @@ from common import (
     summary_ms,
 )
 from shellyard.config import Settings
-from shellyard.interfaces.home import read_info
+from shellyard.home import read_info
 from shellyard.store import Store
 
 COMMAND = "python bench/bench_many.py"

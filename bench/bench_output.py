@@ -29,7 +29,7 @@ from common import (
     stop_server,
     summarize_collapsed,
 )
-from shellyard.interfaces.client import Client
+from shellyard.sdk.client import Client
 
 COMMAND = "python bench/bench_output.py"
 GIB = 1 << 30

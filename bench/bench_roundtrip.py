@@ -39,10 +39,10 @@ from common import (
     summary_ms,
 )
 from shellyard.config import Settings
+from shellyard.contract.executions import RunShellRequest
 from shellyard.control.service import ControlPlane
-from shellyard.interfaces.client import AsyncClient
-from shellyard.interfaces.home import read_info
-from shellyard.model import RunShellRequest
+from shellyard.home import read_info
+from shellyard.sdk.client import AsyncClient
 
 COMMAND = "python bench/bench_roundtrip.py"
 

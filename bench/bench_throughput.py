@@ -29,8 +29,8 @@ from common import (
     summary_ms,
 )
 from shellyard.config import Settings
+from shellyard.contract.executions import RunShellRequest
 from shellyard.control.service import ControlPlane
-from shellyard.model import RunShellRequest
 
 COMMAND = "python bench/bench_throughput.py"
 AGENTS = 16

@@ -43,7 +43,7 @@ from common import (
     start_server,
     stop_server,
 )
-from shellyard.interfaces.client import Client
+from shellyard.sdk.client import Client
 
 COMMAND = "python bench/bench_transfer.py"
 GIB = 1 << 30
@@ -214,8 +214,8 @@ def measure_transfer(args: argparse.Namespace) -> dict[str, Any]:
 async def measure_reads(args: argparse.Namespace) -> dict[str, Any]:
     """The in-process API beside ``cat``, interleaved, on a home of its own."""
     from shellyard.config import Settings
+    from shellyard.contract.executions import RunShellRequest
     from shellyard.control.service import ControlPlane
-    from shellyard.model import RunShellRequest
 
     repeats = 3 if args.quick else 7
     home = make_home()

@@ -218,7 +218,7 @@ def bare_true() -> float:
 
 def start_server(home: Path, env: dict[str, str] | None = None) -> int:
     """``shellyard serve`` for ``home`` as its own process (so its RSS is its own); the pid."""
-    from shellyard.interfaces.home import ensure_server
+    from shellyard.home import ensure_server
 
     saved = {key: os.environ.get(key) for key in (env or {})}
     os.environ.update(env or {})
@@ -233,7 +233,7 @@ def start_server(home: Path, env: dict[str, str] | None = None) -> int:
 
 
 def stop_server(home: Path, timeout_s: float = 20.0) -> None:
-    from shellyard.interfaces.home import is_served, read_info
+    from shellyard.home import is_served, read_info
 
     info = read_info(home)
     if info is None or not is_served(home):

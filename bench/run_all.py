@@ -468,7 +468,7 @@ def details_many(d: dict[str, Any]) -> list[str]:
 #: written (commit 99b2a51, 2026-11-30). The figures under each one are this run's own.
 DIAGNOSES = {
     "nagle": (
-        "**TCP_NODELAY is off on the server's connections.** `interfaces/server.py:serve` "
+        "**TCP_NODELAY is off on the server's connections.** `api/server.py:serve` "
         "creates its listening socket with `socket.socket(AF_INET)`, so its `proto` is 0, "
         "and asyncio sets `TCP_NODELAY` only on sockets whose `proto == IPPROTO_TCP` "
         "(`asyncio.base_events._set_nodelay`). uvicorn writes a response's head and body "

@@ -20,11 +20,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from runner_daemon_fixture import RunnerDaemon, start_daemon
+
 from shellyard.config import Settings
+from shellyard.contract.executions import RunShellRequest, RunShellResult
 from shellyard.control.service import ControlPlane
-from shellyard.model import RunShellRequest, RunShellResult
 from shellyard.runner.protocol import SandboxPolicy
 from shellyard.store import Store
 
@@ -175,7 +175,7 @@ async def store(request: pytest.FixtureRequest, home: Path) -> AsyncIterator[Sto
 def served_home() -> Iterator[Path]:
     """A fresh home for tests that go through ``shellyard serve`` (started on demand by the
     CLI or ``Client.for_home``); that server is stopped afterwards."""
-    from shellyard.interfaces.home import is_served, read_info
+    from shellyard.home import is_served, read_info
 
     home = make_home()
     yield home

@@ -14,12 +14,12 @@ __version__ = "0.1.0"
 __all__ = ["AsyncClient", "Client", "__version__"]
 
 if TYPE_CHECKING:
-    from shellyard.interfaces.client import AsyncClient, Client
+    from shellyard.sdk.client import AsyncClient, Client
 
 
 def __getattr__(name: str) -> Any:
     if name in ("Client", "AsyncClient"):
-        from shellyard.interfaces import client
+        from shellyard.sdk import client
 
         return getattr(client, name)
     raise AttributeError(f"module 'shellyard' has no attribute {name!r}")

@@ -1,3 +1,3 @@
-from shellyard.interfaces.cli import main
+from shellyard.cli.app import main
 
 main()

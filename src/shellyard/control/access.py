@@ -17,10 +17,10 @@ import time
 from collections.abc import Mapping
 from typing import Any, Literal
 
+from shellyard.contract.files import Relation, WorkspaceView
 from shellyard.control.executions import ExecutionService
 from shellyard.control.runners import LOCAL_RUNNER_ID, RunnerRegistry
 from shellyard.errors import InvalidInput, NotFound, WorkspaceBusy
-from shellyard.files_model import Relation, WorkspaceView
 from shellyard.runner.protocol import Runner
 from shellyard.store import Store
 from shellyard.store.files import FileRecords

@@ -10,11 +10,11 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from shellyard.contract.files import ArtifactView
 from shellyard.control.access import WorkspaceAccess
 from shellyard.control.files import FileStream
 from shellyard.control.runners import LOCAL_RUNNER_ID
 from shellyard.errors import InvalidInput, NotFound
-from shellyard.files_model import ArtifactView
 from shellyard.paths import normalize_relative
 from shellyard.store.files import FileRecords
 from shellyard.store.store import new_id

@@ -17,9 +17,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from shellyard.control.executions import ExecutionService
-from shellyard.control.runners import LOCAL_RUNNER_ID, RunnerRegistry
-from shellyard.environments_model import (
+from shellyard.contract.environments import (
     ChangeView,
     EnvironmentChangeBody,
     EnvironmentCreateRequest,
@@ -27,6 +25,8 @@ from shellyard.environments_model import (
     RevisionSummary,
     RevisionView,
 )
+from shellyard.control.executions import ExecutionService
+from shellyard.control.runners import LOCAL_RUNNER_ID, RunnerRegistry
 from shellyard.errors import (
     ChangeFailed,
     Conflict,

@@ -10,6 +10,13 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from shellyard.contract.executions import (
+    ExecutionState,
+    ExecutionView,
+    LogsResult,
+    RunShellRequest,
+    RunShellResult,
+)
 from shellyard.control.output import capped_output, safe_decode
 from shellyard.control.runners import LOCAL_RUNNER_ID, RunnerRegistry
 from shellyard.errors import (
@@ -18,13 +25,6 @@ from shellyard.errors import (
     RunnerUnavailable,
     ShellyardError,
     WorkspaceBusy,
-)
-from shellyard.model import (
-    ExecutionState,
-    ExecutionView,
-    LogsResult,
-    RunShellRequest,
-    RunShellResult,
 )
 from shellyard.paths import normalize_relative
 from shellyard.runner.protocol import (

@@ -14,10 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from shellyard.config import RetentionSettings
-from shellyard.control.access import WorkspaceAccess
-from shellyard.control.output import safe_decode
-from shellyard.errors import InvalidInput, NotFound, RunnerUnavailable, ShellyardError
-from shellyard.files_model import (
+from shellyard.contract.files import (
     MAX_TEXT_READ,
     EditView,
     FileText,
@@ -26,6 +23,9 @@ from shellyard.files_model import (
     SnapshotView,
     WorkspaceView,
 )
+from shellyard.control.access import WorkspaceAccess
+from shellyard.control.output import safe_decode
+from shellyard.errors import InvalidInput, NotFound, RunnerUnavailable, ShellyardError
 from shellyard.runner.protocol import (
     ByteStream,
     DiffResult,

@@ -8,8 +8,8 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from shellyard.contract.sessions import InboxSummary, NoticeView
 from shellyard.control.wakes import notice_view
-from shellyard.session_model import InboxSummary, NoticeView
 
 if TYPE_CHECKING:
     from shellyard.control.sessions import SessionService

@@ -12,16 +12,16 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from shellyard.control.inbox import summarize
-from shellyard.control.wakes import WakeService, wake_payload
-from shellyard.errors import Conflict, NotFound
-from shellyard.session_model import (
+from shellyard.contract.sessions import (
     AgentView,
     ResumeResult,
     SessionEventView,
     SessionState,
     SessionView,
 )
+from shellyard.control.inbox import summarize
+from shellyard.control.wakes import WakeService, wake_payload
+from shellyard.errors import Conflict, NotFound
 from shellyard.store import Store
 
 Row = Mapping[str, Any]

@@ -20,10 +20,10 @@ from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from shellyard.config import NotificationSettings
+from shellyard.contract.sessions import SessionState, TimerCreateRequest, TimerState, TimerView
 from shellyard.control.sessions import SessionService
 from shellyard.control.wakes import WakeService
 from shellyard.errors import Conflict, InvalidInput, NotFound
-from shellyard.session_model import SessionState, TimerCreateRequest, TimerState, TimerView
 from shellyard.store.store import FINISHED_STATES, new_id
 
 log = logging.getLogger(__name__)

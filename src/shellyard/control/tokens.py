@@ -26,11 +26,11 @@ import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
+from shellyard.contract.tokens import TokenCreated, TokenCreateRequest, TokenKind, TokenView
 from shellyard.errors import Forbidden, InvalidInput, NotFound, Unauthorized
 from shellyard.store import Store
 from shellyard.store.store import Row
 from shellyard.store.tokens import TokenRecords
-from shellyard.tokens_model import TokenCreated, TokenCreateRequest, TokenKind, TokenView
 
 ADMIN_TOKEN_NAME = "admin.token"
 #: Secrets start with this, so a leaked one is recognisable (secret scanners, logs).

@@ -31,9 +31,8 @@ import time
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
-from shellyard.control.access import WorkspaceAccess
-from shellyard.errors import InvalidInput, NotFound, ShellyardError
-from shellyard.files_model import (
+from shellyard.contract.executions import validation_message
+from shellyard.contract.files import (
     DEFAULT_BATCH_BYTES,
     DEFAULT_BATCH_FILES,
     TransferFilesView,
@@ -42,7 +41,8 @@ from shellyard.files_model import (
     TransferView,
     WorkspaceView,
 )
-from shellyard.model import validation_message
+from shellyard.control.access import WorkspaceAccess
+from shellyard.errors import InvalidInput, NotFound, ShellyardError
 from shellyard.paths import normalize_relative
 from shellyard.runner.protocol import MAX_PAGE, ApplyEntry, ByteStream, PathEntry, Runner
 from shellyard.store import Store

@@ -26,8 +26,7 @@ from typing import Any
 import httpx
 
 from shellyard.config import NotificationSettings
-from shellyard.errors import NotFound
-from shellyard.session_model import (
+from shellyard.contract.sessions import (
     DeliveryAttemptView,
     DeliveryView,
     NoticeView,
@@ -35,6 +34,7 @@ from shellyard.session_model import (
     WebhookRequest,
     WebhookView,
 )
+from shellyard.errors import NotFound
 from shellyard.store import Store
 from shellyard.store.store import new_id
 

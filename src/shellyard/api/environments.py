@@ -1,0 +1,82 @@
+"""REST endpoints of managed environments (V1–V8). ``create_app`` mounts them behind the same
+authentication as the other routers; every call acts for the agent named in
+``X-Shellyard-Agent`` (the default session's main agent without it), and sees the environments
+of that agent's session only."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query
+
+from shellyard.api.auth import AgentHeader
+from shellyard.api.docs import body_doc
+from shellyard.contract.environments import (
+    ChangeView,
+    EnvironmentChangeBody,
+    EnvironmentCreateRequest,
+    EnvironmentView,
+    RevisionView,
+    parse_body,
+)
+from shellyard.control.service import ControlPlane
+
+
+def environments_router(plane: ControlPlane) -> APIRouter:
+    router = APIRouter()
+
+    @router.post("/v1/environments", openapi_extra=body_doc(EnvironmentCreateRequest))
+    async def environment_create(
+        body: dict[str, Any], agent: AgentHeader = None
+    ) -> EnvironmentView:
+        return await plane.environments.create(parse_body(EnvironmentCreateRequest, body), agent)
+
+    @router.get("/v1/environments")
+    async def environment_list(
+        runner_id: str | None = None, agent: AgentHeader = None
+    ) -> list[EnvironmentView]:
+        return await plane.environments.list_environments(agent, runner_id)
+
+    @router.get("/v1/environments/{environment_id}")
+    async def environment_show(environment_id: str, agent: AgentHeader = None) -> EnvironmentView:
+        return await plane.environments.show(environment_id, agent)
+
+    @router.get("/v1/environments/{environment_id}/revisions")
+    async def environment_revisions(
+        environment_id: str,
+        revision: Annotated[int | None, Query(ge=0)] = None,
+        agent: AgentHeader = None,
+    ) -> list[RevisionView]:
+        return await plane.environments.revisions(environment_id, agent, revision)
+
+    @router.post(
+        "/v1/environments/{environment_id}/install",
+        openapi_extra=body_doc(EnvironmentChangeBody),
+    )
+    async def environment_install(
+        environment_id: str, body: dict[str, Any], agent: AgentHeader = None
+    ) -> ChangeView:
+        change = parse_body(EnvironmentChangeBody, body)
+        return await plane.environments.install(environment_id, change, agent)
+
+    @router.post(
+        "/v1/environments/{environment_id}/uninstall",
+        openapi_extra=body_doc(EnvironmentChangeBody),
+    )
+    async def environment_uninstall(
+        environment_id: str, body: dict[str, Any], agent: AgentHeader = None
+    ) -> ChangeView:
+        change = parse_body(EnvironmentChangeBody, body)
+        return await plane.environments.uninstall(environment_id, change, agent)
+
+    @router.get("/v1/environment-changes/{change_id}")
+    async def environment_change_status(
+        change_id: str,
+        wait_s: Annotated[float, Query(ge=0, le=30)] = 0,
+        agent: AgentHeader = None,
+    ) -> ChangeView:
+        if wait_s > 0:
+            return await plane.environments.wait(change_id, wait_s, agent)
+        return await plane.environments.change_status(change_id, agent)
+
+    return router

@@ -1,0 +1,422 @@
+"""REST endpoints of workspace files, snapshot history, retention, transfers and artifacts
+(W1–W6, T1–T5). ``create_app`` mounts them behind the same bearer token; every call acts for
+the agent named in ``X-Shellyard-Agent`` (the default session's main agent without it).
+
+Bytes travel raw, both ways, streamed: a file download (``GET /v1/files/content``, with
+``Range: bytes=a-b`` support) and a folder download as a tar stream, an upload as the request
+body. Neither side ever holds a whole file in memory."""
+
+from collections.abc import AsyncIterator
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Depends, Header, Query, Request
+from fastapi.responses import StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from shellyard.api.auth import AgentHeader, admin_only
+from shellyard.api.docs import BINARY_RESPONSE, TAR_RESPONSE, body_doc
+from shellyard.api.sessions import parse
+from shellyard.contract.files import (
+    ArtifactView,
+    DiffResult,
+    DirListing,
+    EditView,
+    FileText,
+    HistoryView,
+    PathEntry,
+    RetentionView,
+    TransferFilesView,
+    TransferRequest,
+    TransferView,
+    WorkspaceView,
+)
+from shellyard.control.files import FileStream
+from shellyard.control.service import ControlPlane
+from shellyard.errors import InvalidInput
+
+H_SEQ = "X-Shellyard-Seq"
+H_SHA = "X-Shellyard-Sha256"
+H_SIZE = "X-Shellyard-Size"
+
+Workspace = Annotated[str | None, Query(description="a workspace id (default: your own)")]
+RunnerQ = Annotated[str | None, Query(description="your workspace on this runner (default local)")]
+Seq = Annotated[int | None, Query(ge=0, description="a snapshot number (default: the head)")]
+
+
+class DeleteRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    path: str
+    recursive: bool = False
+    workspace_id: str | None = None
+    runner_id: str | None = None
+    queue: bool = False
+    wait_s: float | None = Field(default=None, ge=0, le=3600)
+
+
+class MoveRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    source: str
+    destination: str
+    overwrite: bool = False
+    workspace_id: str | None = None
+    runner_id: str | None = None
+    queue: bool = False
+    wait_s: float | None = Field(default=None, ge=0, le=3600)
+
+
+class RestoreRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    seq: int = Field(ge=0)
+    path: str = ""
+    workspace_id: str | None = None
+    runner_id: str | None = None
+    queue: bool = False
+    wait_s: float | None = Field(default=None, ge=0, le=3600)
+
+
+class RetentionRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    keep_last: int | None = Field(default=None, ge=1)
+    grace_s: float | None = Field(default=None, ge=0)
+
+
+class ArtifactRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    path: str
+    name: str | None = None
+    workspace_id: str | None = None
+    seq: int | None = Field(default=None, ge=0)
+
+
+def _range(header: str | None) -> tuple[int, int | None]:
+    """(offset, length) of a ``Range: bytes=a-b`` or ``bytes=a-`` header."""
+    if not header:
+        return 0, None
+    unit, _, spec = header.partition("=")
+    start, dash, end = spec.strip().partition("-")
+    if unit.strip() != "bytes" or not dash or not start.isdigit() or "," in spec:
+        raise InvalidInput(
+            f"unsupported Range {header!r}: give one range 'bytes=START-END' or 'bytes=START-'"
+        )
+    if end and (not end.isdigit() or int(end) < int(start)):
+        raise InvalidInput(f"bad Range {header!r}: END must be a number at least START")
+    return int(start), (int(end) - int(start) + 1) if end else None
+
+
+def _file_response(stream: FileStream, ranged: bool, media: str) -> StreamingResponse:
+    headers = {
+        H_SEQ: str(stream.seq),
+        H_SIZE: str(stream.entry.size),
+        "Content-Length": str(stream.length),
+        "Accept-Ranges": "bytes",
+    }
+    if stream.entry.sha256:
+        headers[H_SHA] = stream.entry.sha256
+    status = 200
+    if ranged:
+        status = 206
+        last = stream.offset + stream.length - 1
+        headers["Content-Range"] = f"bytes {stream.offset}-{last}/{stream.entry.size}"
+    return StreamingResponse(stream.chunks, status_code=status, media_type=media, headers=headers)
+
+
+async def _body(request: Request) -> AsyncIterator[bytes]:
+    async for chunk in request.stream():
+        if chunk:
+            yield chunk
+
+
+def files_router(plane: ControlPlane) -> APIRouter:
+    router = APIRouter()
+
+    # ------------------------------------------------------------------ reads (W2, W5)
+
+    @router.get("/v1/workspaces")
+    async def workspaces(agent: AgentHeader = None) -> list[WorkspaceView]:
+        return await plane.files.workspaces(agent)
+
+    @router.get("/v1/files")
+    async def list_files(
+        path: str = "",
+        workspace_id: Workspace = None,
+        runner_id: RunnerQ = None,
+        seq: Seq = None,
+        recursive: bool = False,
+        after: str | None = None,
+        limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
+        agent: AgentHeader = None,
+    ) -> DirListing:
+        return await plane.files.list(
+            path,
+            workspace_id=workspace_id,
+            runner_id=runner_id,
+            seq=seq,
+            recursive=recursive,
+            after=after,
+            limit=limit,
+            agent_id=agent,
+        )
+
+    @router.get("/v1/files/stat")
+    async def stat(
+        path: str,
+        workspace_id: Workspace = None,
+        runner_id: RunnerQ = None,
+        seq: Seq = None,
+        agent: AgentHeader = None,
+    ) -> PathEntry:
+        return await plane.files.stat(
+            path, workspace_id=workspace_id, runner_id=runner_id, seq=seq, agent_id=agent
+        )
+
+    @router.get("/v1/files/content", response_class=StreamingResponse, responses=BINARY_RESPONSE)
+    async def read_content(
+        path: str,
+        workspace_id: Workspace = None,
+        runner_id: RunnerQ = None,
+        seq: Seq = None,
+        range_header: Annotated[str | None, Header(alias="Range")] = None,
+        agent: AgentHeader = None,
+    ) -> StreamingResponse:
+        offset, length = _range(range_header)
+        stream = await plane.files.open(
+            path,
+            workspace_id=workspace_id,
+            runner_id=runner_id,
+            seq=seq,
+            offset=offset,
+            length=length,
+            agent_id=agent,
+        )
+        return _file_response(stream, range_header is not None, "application/octet-stream")
+
+    @router.get("/v1/files/text")
+    async def read_text(
+        path: str,
+        workspace_id: Workspace = None,
+        runner_id: RunnerQ = None,
+        seq: Seq = None,
+        offset: Annotated[int, Query(ge=0)] = 0,
+        limit: Annotated[int, Query(ge=1, le=1 << 20)] = 65536,
+        agent: AgentHeader = None,
+    ) -> FileText:
+        return await plane.files.read_text(
+            path,
+            workspace_id=workspace_id,
+            runner_id=runner_id,
+            seq=seq,
+            offset=offset,
+            limit=limit,
+            agent_id=agent,
+        )
+
+    @router.get("/v1/files/archive", response_class=StreamingResponse, responses=TAR_RESPONSE)
+    async def download_archive(
+        path: str = "",
+        workspace_id: Workspace = None,
+        runner_id: RunnerQ = None,
+        seq: Seq = None,
+        agent: AgentHeader = None,
+    ) -> StreamingResponse:
+        archive = await plane.files.archive(
+            path, workspace_id=workspace_id, runner_id=runner_id, seq=seq, agent_id=agent
+        )
+        return StreamingResponse(
+            archive.chunks, media_type="application/x-tar", headers={H_SEQ: str(archive.seq)}
+        )
+
+    @router.get("/v1/files/history")
+    async def history(
+        workspace_id: Workspace = None, runner_id: RunnerQ = None, agent: AgentHeader = None
+    ) -> HistoryView:
+        return await plane.files.history(
+            workspace_id=workspace_id, runner_id=runner_id, agent_id=agent
+        )
+
+    @router.get("/v1/files/diff")
+    async def diff(
+        from_seq: Annotated[int, Query(ge=0)],
+        to_seq: Seq = None,
+        path: str = "",
+        workspace_id: Workspace = None,
+        runner_id: RunnerQ = None,
+        after: str | None = None,
+        limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
+        agent: AgentHeader = None,
+    ) -> DiffResult:
+        return await plane.files.diff(
+            from_seq,
+            to_seq,
+            path,
+            workspace_id=workspace_id,
+            runner_id=runner_id,
+            after=after,
+            limit=limit,
+            agent_id=agent,
+        )
+
+    # ------------------------------------------------------------------ writes (W1, W3)
+
+    @router.put("/v1/files/content")
+    async def write_content(
+        request: Request,
+        path: str,
+        workspace_id: Workspace = None,
+        runner_id: RunnerQ = None,
+        mode: Annotated[int | None, Query(ge=0, le=0o777)] = None,
+        queue: bool = False,
+        wait_s: Annotated[float | None, Query(ge=0, le=3600)] = None,
+        agent: AgentHeader = None,
+    ) -> EditView:
+        return await plane.files.write(
+            path,
+            _body(request),
+            workspace_id=workspace_id,
+            runner_id=runner_id,
+            mode=mode,
+            queue=queue,
+            wait_s=wait_s,
+            agent_id=agent,
+        )
+
+    @router.post("/v1/files/archive")
+    async def upload_archive(
+        request: Request,
+        path: str = "",
+        workspace_id: Workspace = None,
+        runner_id: RunnerQ = None,
+        queue: bool = False,
+        wait_s: Annotated[float | None, Query(ge=0, le=3600)] = None,
+        agent: AgentHeader = None,
+    ) -> EditView:
+        return await plane.files.upload_archive(
+            _body(request),
+            path,
+            workspace_id=workspace_id,
+            runner_id=runner_id,
+            queue=queue,
+            wait_s=wait_s,
+            agent_id=agent,
+        )
+
+    @router.post("/v1/files/delete", openapi_extra=body_doc(DeleteRequest))
+    async def delete(body: dict[str, Any], agent: AgentHeader = None) -> EditView:
+        r = parse(DeleteRequest, body)
+        return await plane.files.delete(
+            r.path,
+            recursive=r.recursive,
+            workspace_id=r.workspace_id,
+            runner_id=r.runner_id,
+            queue=r.queue,
+            wait_s=r.wait_s,
+            agent_id=agent,
+        )
+
+    @router.post("/v1/files/move", openapi_extra=body_doc(MoveRequest))
+    async def move(body: dict[str, Any], agent: AgentHeader = None) -> EditView:
+        r = parse(MoveRequest, body)
+        return await plane.files.move(
+            r.source,
+            r.destination,
+            overwrite=r.overwrite,
+            workspace_id=r.workspace_id,
+            runner_id=r.runner_id,
+            queue=r.queue,
+            wait_s=r.wait_s,
+            agent_id=agent,
+        )
+
+    @router.post("/v1/files/restore", openapi_extra=body_doc(RestoreRequest))
+    async def restore(body: dict[str, Any], agent: AgentHeader = None) -> EditView:
+        r = parse(RestoreRequest, body)
+        return await plane.files.restore(
+            r.seq,
+            r.path,
+            workspace_id=r.workspace_id,
+            runner_id=r.runner_id,
+            queue=r.queue,
+            wait_s=r.wait_s,
+            agent_id=agent,
+        )
+
+    @router.post(
+        "/v1/retention",
+        dependencies=[Depends(admin_only)],
+        openapi_extra=body_doc(RetentionRequest),
+    )
+    async def retention(body: dict[str, Any]) -> RetentionView:
+        r = parse(RetentionRequest, body)
+        return await plane.files.collect(r.keep_last, r.grace_s)
+
+    # ------------------------------------------------------------------ transfers (T1–T4)
+
+    @router.post("/v1/transfers", openapi_extra=body_doc(TransferRequest))
+    async def start_transfer(body: dict[str, Any], agent: AgentHeader = None) -> TransferView:
+        return await plane.transfers.start(parse(TransferRequest, body), agent)
+
+    @router.get("/v1/transfers")
+    async def list_transfers(
+        limit: Annotated[int, Query(ge=1, le=1000)] = 100, agent: AgentHeader = None
+    ) -> list[TransferView]:
+        return await plane.transfers.list(agent, limit)
+
+    @router.get("/v1/transfers/{transfer_id}")
+    async def query_transfer(transfer_id: str, agent: AgentHeader = None) -> TransferView:
+        return await plane.transfers.query(transfer_id, agent)
+
+    @router.get("/v1/transfers/{transfer_id}/wait")
+    async def wait_transfer(
+        transfer_id: str,
+        timeout_s: Annotated[float, Query(ge=0, le=30)] = 10,
+        agent: AgentHeader = None,
+    ) -> TransferView:
+        return await plane.transfers.wait(transfer_id, timeout_s, agent)
+
+    @router.get("/v1/transfers/{transfer_id}/files")
+    async def transfer_files(
+        transfer_id: str,
+        outcome: Literal["pending", "copied", "unchanged", "skipped", "failed"] | None = None,
+        offset: Annotated[int, Query(ge=0)] = 0,
+        limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
+        agent: AgentHeader = None,
+    ) -> TransferFilesView:
+        return await plane.transfers.files(transfer_id, outcome, offset, limit, agent)
+
+    @router.post("/v1/transfers/{transfer_id}/cancel")
+    async def cancel_transfer(
+        transfer_id: str,
+        wait_s: Annotated[float, Query(ge=0, le=60)] = 0,
+        agent: AgentHeader = None,
+    ) -> TransferView:
+        return await plane.transfers.cancel(transfer_id, agent, wait_s)
+
+    # ------------------------------------------------------------------ artifacts (T5)
+
+    @router.post("/v1/artifacts", openapi_extra=body_doc(ArtifactRequest))
+    async def declare_artifact(body: dict[str, Any], agent: AgentHeader = None) -> ArtifactView:
+        r = parse(ArtifactRequest, body)
+        return await plane.artifacts.declare(
+            r.path, name=r.name, workspace_id=r.workspace_id, seq=r.seq, agent_id=agent
+        )
+
+    @router.get("/v1/artifacts")
+    async def list_artifacts(agent: AgentHeader = None) -> list[ArtifactView]:
+        return await plane.artifacts.list(agent)
+
+    @router.get("/v1/artifacts/{artifact_id}")
+    async def get_artifact(artifact_id: str, agent: AgentHeader = None) -> ArtifactView:
+        return await plane.artifacts.get(artifact_id, agent)
+
+    @router.get(
+        "/v1/artifacts/{artifact_id}/content",
+        response_class=StreamingResponse,
+        responses=BINARY_RESPONSE,
+    )
+    async def artifact_content(artifact_id: str, agent: AgentHeader = None) -> StreamingResponse:
+        stream = await plane.artifacts.open(artifact_id, agent)
+        return _file_response(stream, False, "application/octet-stream")
+
+    return router
+
+
+__all__ = ["files_router"]

@@ -1,0 +1,34 @@
+"""REST endpoints of bearer tokens: make one (its secret is in this answer only), list them
+(never with secrets), revoke one (refused from the next request on)."""
+
+from typing import Any
+
+from fastapi import APIRouter
+
+from shellyard.api.auth import PrincipalDep
+from shellyard.api.docs import body_doc
+from shellyard.api.sessions import parse
+from shellyard.contract.tokens import TokenCreated, TokenCreateRequest, TokenView
+from shellyard.control.service import ControlPlane
+
+
+def tokens_router(plane: ControlPlane) -> APIRouter:
+    router = APIRouter()
+
+    @router.post("/v1/tokens", openapi_extra=body_doc(TokenCreateRequest))
+    async def create_token(body: dict[str, Any], who: PrincipalDep) -> TokenCreated:
+        """Admin: any kind. A session token: agent tokens for its own agents."""
+        return await plane.tokens.create(who, parse(TokenCreateRequest, body))
+
+    @router.get("/v1/tokens")
+    async def list_tokens(who: PrincipalDep) -> list[TokenView]:
+        return await plane.tokens.list(who)
+
+    @router.delete("/v1/tokens/{token_id}")
+    async def revoke_token(token_id: str, who: PrincipalDep) -> TokenView:
+        return await plane.tokens.revoke(who, token_id)
+
+    return router
+
+
+__all__ = ["tokens_router"]

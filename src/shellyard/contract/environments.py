@@ -1,0 +1,215 @@
+"""Request and result models of managed environments (V1–V8), shared by every interface
+(REST, MCP, SDK, CLI) like ``contract.executions``. Package records are the
+Runner protocol's own ``PackageRecord``: they cross from the runner to the caller unchanged."""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from shellyard.contract.executions import DEFAULT_WAIT_MS, MAX_WAIT_MS, validation_message
+from shellyard.errors import InvalidInput
+from shellyard.runner.protocol import PackageRecord
+
+MANAGERS = ("conda", "pip", "cran", "bioconductor")
+LANGUAGES = ("python", "r")
+#: Which request options each manager reads; any other one given is refused, not ignored.
+MANAGER_OPTIONS: dict[str, tuple[str, ...]] = {
+    "conda": ("channels",),
+    "pip": ("index_url", "extra_index_urls", "find_links"),
+    "cran": ("repos",),
+    "bioconductor": ("repos",),
+}
+OPTION_NAMES = ("channels", "index_url", "extra_index_urls", "find_links", "repos")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+
+EnvironmentState = Literal["creating", "ready", "failed"]
+ChangeState = Literal["waiting", "running", "succeeded", "failed"]
+
+
+def _check_wait(value: int) -> int:
+    if not 0 <= value <= MAX_WAIT_MS:
+        # Like run_shell (E1): out of range is an error, never a clamp.
+        raise ValueError(
+            f"wait_ms must be between 0 and {MAX_WAIT_MS} (how long to wait for the change "
+            f"before returning its status; got {value}). Poll environment_change_status for "
+            "longer changes"
+        )
+    return value
+
+
+class EnvironmentCreateRequest(BaseModel):
+    """V1: a managed prefix named ``name`` on a runner, for ``language``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    language: str = "python"
+    runner_id: str | None = None
+    wait_ms: int = DEFAULT_WAIT_MS
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if not _NAME.match(value):
+            raise ValueError(
+                f"environment name {value!r} must be 1-64 characters: letters, digits, '.', "
+                "'_' or '-', starting with a letter or digit"
+            )
+        return value
+
+    @field_validator("language")
+    @classmethod
+    def _language(cls, value: str) -> str:
+        if value not in LANGUAGES:
+            raise ValueError(f"language must be 'python' or 'r', not {value!r}")
+        return value
+
+    @field_validator("wait_ms")
+    @classmethod
+    def _wait(cls, value: int) -> int:
+        return _check_wait(value)
+
+
+class EnvironmentChangeBody(BaseModel):
+    """V2: an install or uninstall with one manager. Options apply to their manager only:
+    ``channels`` (conda), ``index_url`` / ``extra_index_urls`` / ``find_links`` (pip),
+    ``repos`` (cran, bioconductor)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    manager: str
+    specs: list[str]
+    channels: list[str] = Field(default_factory=list)
+    index_url: str | None = None
+    extra_index_urls: list[str] = Field(default_factory=list)
+    find_links: list[str] = Field(default_factory=list)
+    repos: list[str] = Field(default_factory=list)
+    wait_ms: int = DEFAULT_WAIT_MS
+
+    @field_validator("wait_ms")
+    @classmethod
+    def _wait(cls, value: int) -> int:
+        return _check_wait(value)
+
+    @model_validator(mode="after")
+    def _check(self) -> EnvironmentChangeBody:
+        if self.manager not in MANAGERS:
+            raise ValueError(f"unknown manager {self.manager!r}: use one of {', '.join(MANAGERS)}")
+        specs = [s.strip() for s in self.specs]
+        if not specs or any(not s for s in specs):
+            raise ValueError(
+                "specs must list at least one package spec, none empty (e.g. ['numpy>=1.26'] "
+                "for pip, ['python=3.11'] for conda, ['jsonlite'] for cran)"
+            )
+        for spec in specs:
+            if any(c in spec for c in "\x00\n\r"):
+                raise ValueError(f"package spec {spec!r} contains a control character")
+        self.specs = specs
+        allowed = MANAGER_OPTIONS[self.manager]
+        given = [name for name in OPTION_NAMES if getattr(self, name)]
+        wrong = [name for name in given if name not in allowed]
+        if wrong:
+            raise ValueError(
+                f"{', '.join(wrong)} does not apply to manager {self.manager!r} (it reads "
+                f"{', '.join(allowed)}); drop it or use the manager it belongs to"
+            )
+        return self
+
+    def options(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in MANAGER_OPTIONS[self.manager]}
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def parse_body(model: type[M], data: Any) -> M:
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise InvalidInput(validation_message(exc)) from None
+
+
+class ChangeView(BaseModel):
+    """One change of an environment (create, install, uninstall) and where it stands (V5)."""
+
+    change_id: str
+    environment_id: str
+    action: Literal["create", "install", "uninstall"]
+    manager: str | None = None
+    specs: list[str] = Field(default_factory=list)
+    options: dict[str, Any] = Field(default_factory=dict)
+    state: ChangeState
+    #: V5: what a waiting change waits for: executions using the environment, or earlier
+    #: changes of it.
+    waiting_for: list[str] = Field(default_factory=list)
+    #: The runner's latest progress line while it runs ("solving", "linking 3/10", …).
+    progress: str | None = None
+    error: str | None = None
+    error_kind: str | None = None
+    #: The revision this change recorded (succeeded only).
+    revision: int | None = None
+    created_at: float
+    started_at: float | None = None
+    finished_at: float | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.state in ("succeeded", "failed")
+
+
+class RevisionSummary(BaseModel):
+    revision: int
+    change_id: str
+    action: str
+    manager: str | None = None
+    specs: list[str] = Field(default_factory=list)
+    packages: int
+    created_at: float
+
+
+class RevisionView(BaseModel):
+    """V2: the package state after a change, per manager, and the request that made it."""
+
+    environment_id: str
+    revision: int
+    packages: list[PackageRecord]
+    request: dict[str, Any]
+    change_id: str
+    created_at: float
+
+
+class EnvironmentView(BaseModel):
+    environment_id: str
+    name: str
+    language: str
+    runner_id: str
+    session_id: str
+    created_by: str
+    state: EnvironmentState
+    #: The latest revision (0 while it is being created).
+    revision: int
+    error: str | None = None
+    created_at: float
+    #: Changes not ended yet, oldest first (``show`` and ``create``).
+    pending_changes: list[ChangeView] = Field(default_factory=list)
+    #: ``show`` only.
+    revisions: list[RevisionSummary] | None = None
+    #: ``create`` only: its change, to follow with environment_change_status.
+    change_id: str | None = None
+    #: Where the prefix is mounted inside commands (``show`` only, when the runner answers).
+    prefix: str | None = None
+
+
+__all__ = [
+    "MANAGERS",
+    "ChangeView",
+    "EnvironmentChangeBody",
+    "EnvironmentCreateRequest",
+    "EnvironmentView",
+    "RevisionSummary",
+    "RevisionView",
+    "parse_body",
+]

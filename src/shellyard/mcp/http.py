@@ -1,0 +1,105 @@
+"""MCP over streamable HTTP at ``/mcp`` on the control plane's server (§3).
+
+The tools are the stdio server's (``build_server``) over the same backend class, the REST
+client, whose calls go in-process to this app (``httpx.ASGITransport``, no socket). Each call
+carries the ``Authorization`` and ``X-Shellyard-Agent`` headers of the /mcp request it serves
+(a context variable set by the gate below; the mcp SDK 2.x hands every message's sender
+context to the tool handler). So a tool acts exactly as that token may act over REST: the same
+scope checks, in one place, and a revoked token fails on its next tool call.
+
+The gate refuses a request without a valid token (401) or with an agent the token may not act
+as (403) before the MCP transport sees it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from contextvars import ContextVar
+
+import httpx
+from fastapi import FastAPI
+from mcp.server.mcpserver import MCPServer
+from mcp.server.transport_security import TransportSecuritySettings
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.types import Receive, Scope, Send
+
+from shellyard.api.auth import acting_agent, principal
+from shellyard.errors import ShellyardError, Unauthorized
+from shellyard.mcp.mount import MCP_PATH
+from shellyard.sdk.client import AsyncClient
+
+#: Headers of the /mcp request being served, forwarded on every in-process REST call.
+_forwarded: ContextVar[dict[str, str] | None] = ContextVar("shellyard_mcp_headers", default=None)
+_FORWARD = ("authorization", "x-shellyard-agent")
+
+
+class _ForwardingTransport(httpx.AsyncBaseTransport):
+    def __init__(self, inner: httpx.AsyncBaseTransport) -> None:
+        self.inner = inner
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        for name, value in (_forwarded.get() or {}).items():
+            request.headers[name] = value
+        return await self.inner.handle_async_request(request)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+class InProcessClient(AsyncClient):
+    """The REST client over this app itself, with the current /mcp request's credentials."""
+
+    def __init__(self, app: FastAPI) -> None:
+        # A loopback base URL: a --no-auth server answers only loopback Host names.
+        self._http = httpx.AsyncClient(
+            base_url="http://127.0.0.1",
+            transport=_ForwardingTransport(httpx.ASGITransport(app=app)),
+            timeout=30,
+        )
+
+
+class McpHttp:
+    """The /mcp endpoint: the gate, the MCP server and its session manager's lifespan."""
+
+    def __init__(self, app: FastAPI) -> None:
+        from shellyard.mcp.server import build_server
+
+        self.client = InProcessClient(app)
+        self.server: MCPServer = build_server(self.client)
+        # DNS-rebinding protection is the token's job (and the --no-auth Host check's).
+        self.server.streamable_http_app(
+            streamable_http_path=MCP_PATH,
+            transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False),
+        )
+
+    @contextlib.asynccontextmanager
+    async def lifespan(self) -> AsyncIterator[None]:
+        try:
+            async with self.server.session_manager.run():
+                yield
+        finally:
+            await self.client.aclose()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        request = Request(scope, receive)
+        try:
+            who = await principal(request, request.headers.get("authorization"))
+            await acting_agent(request, who, request.headers.get("x-shellyard-agent"))
+        except ShellyardError as exc:
+            headers = {"WWW-Authenticate": "Bearer"} if isinstance(exc, Unauthorized) else None
+            response = JSONResponse(
+                {"error": exc.to_dict()}, status_code=exc.http_status, headers=headers
+            )
+            await response(scope, receive, send)
+            return
+        headers = {name: request.headers[name] for name in _FORWARD if name in request.headers}
+        reset = _forwarded.set(headers)
+        try:
+            await self.server.session_manager.handle_request(scope, receive, send)
+        finally:
+            _forwarded.reset(reset)
+
+
+__all__ = ["McpHttp"]

@@ -1,0 +1,261 @@
+"""Python SDK of the control plane's REST API: ``Client`` (sync) and ``AsyncClient``.
+
+Each JSON operation is described once, as an ``Op`` (``client_base``): executions and runners
+here, sessions/agents/inbox/timers/wakes in ``client_sessions``, files/history/transfers/
+artifacts in ``client_files``. The two classes differ only in how they send; byte streams and
+log following are written per client around shared logic. Errors come back as the same
+``ShellyardError`` class the server raised.
+
+    from shellyard import Client
+    with Client.for_home() as client:
+        run = client.run("make test", background=True)
+        for chunk in client.follow_logs(run.execution_id):
+            sys.stdout.buffer.write(chunk)
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Self
+
+from pydantic import BaseModel, TypeAdapter
+
+from shellyard.contract.executions import ExecutionView, LogsResult, RunShellResult
+from shellyard.sdk.base import (
+    WAIT_SLACK_S,
+    AsyncSender,
+    Op,
+    SyncSender,
+    _Call,
+    call,
+)
+from shellyard.sdk.environments import EnvironmentOps
+from shellyard.sdk.files import (
+    AsyncFileStreams,
+    FileDownloads,
+    FileOps,
+    FileStreams,
+)
+from shellyard.sdk.sessions import AsyncSessionStreams, SessionOps, SessionStreams
+from shellyard.sdk.tokens import TokenOps
+
+__all__ = ["WAIT_SLACK_S", "AsyncClient", "Client", "RunnerView", "_Call"]
+
+
+class RunnerView(BaseModel):
+    """A runner the control plane sends executions to (``local`` or a ``direct`` daemon)."""
+
+    runner_id: str
+    kind: str
+    address: str | None
+
+
+_RUN = TypeAdapter(RunShellResult)
+_VIEW = TypeAdapter(ExecutionView)
+_VIEWS = TypeAdapter(list[ExecutionView])
+_LOGS = TypeAdapter(LogsResult)
+_RUNNER = TypeAdapter(RunnerView)
+_RUNNERS = TypeAdapter(list[RunnerView])
+
+
+def _run(command: str | None = None, **options: Any) -> _Call[RunShellResult]:
+    """E1: run one command (or ``script_path=``); returns within ``wait_ms`` (default 10 s)
+    with the result, or with ``state`` still running and an ``execution_id`` to follow."""
+    body = {k: v for k, v in {"command": command, **options}.items() if v is not None}
+    wait_s = float(body.get("wait_ms", 10_000)) / 1000
+    return call("POST", "/v1/executions", _RUN, body=body, timeout_s=wait_s + WAIT_SLACK_S)
+
+
+def _status(execution_id: str) -> _Call[ExecutionView]:
+    return call("GET", f"/v1/executions/{execution_id}", _VIEW)
+
+
+def _wait(execution_id: str, timeout_s: float = 10.0) -> _Call[ExecutionView]:
+    """Wait up to ``timeout_s`` (at most 30) for the execution to end; its view either way."""
+    path = f"/v1/executions/{execution_id}/wait"
+    return call("GET", path, _VIEW, {"timeout_s": timeout_s}, timeout_s=timeout_s + WAIT_SLACK_S)
+
+
+def _logs(
+    execution_id: str,
+    stream: str = "stdout",
+    offset: int = 0,
+    limit: int = 65536,
+    tail: int | None = None,
+) -> _Call[LogsResult]:
+    """One page of a log: ``data`` from ``offset``, ``next_offset`` to ask next, ``complete``
+    once the execution ended and everything was read."""
+    params = {"stream": stream, "offset": offset, "limit": limit, "tail": tail}
+    return call("GET", f"/v1/executions/{execution_id}/logs", _LOGS, params)
+
+
+def _cancel(execution_id: str, wait_s: float = 0.0) -> _Call[ExecutionView]:
+    """E7: SIGTERM, then the whole sandbox after the grace period; ``wait_s`` for the end."""
+    path = f"/v1/executions/{execution_id}/cancel"
+    return call("POST", path, _VIEW, {"wait_s": wait_s}, timeout_s=wait_s + WAIT_SLACK_S)
+
+
+def _list(limit: int = 100) -> _Call[list[ExecutionView]]:
+    return call("GET", "/v1/executions", _VIEWS, {"limit": limit})
+
+
+def _add_runner(runner_id: str, address: str, token: str) -> _Call[RunnerView]:
+    """Register a runner daemon reached directly over HTTP (its ROOT/token file's token)."""
+    body = {"runner_id": runner_id, "address": address, "token": token}
+    return call("POST", "/v1/runners", _RUNNER, body=body)
+
+
+class ExecutionOps:
+    """Executions and runners."""
+
+    run = Op(_run)
+    status = Op(_status)
+    wait = Op(_wait)
+    logs = Op(_logs)
+    cancel = Op(_cancel)
+    list = Op(_list)
+    runners = Op(lambda: call("GET", "/v1/runners", _RUNNERS))
+    add_runner = Op(_add_runner)
+
+
+@dataclass
+class _LogFollower:
+    """Where a log follower is and what it asks next. Caught up on a running execution, it
+    waits on the execution (which returns at once when it ends) for a pause that grows from
+    ``first_pause_s`` to ``poll_s`` and drops back as soon as data flows again."""
+
+    execution_id: str
+    stream: str
+    offset: int
+    chunk: int
+    poll_s: float
+    first_pause_s: float = 0.02
+    pause_s: float = 0.0
+    done: bool = False
+
+    def page(self) -> _Call[LogsResult]:
+        return _logs(self.execution_id, self.stream, self.offset, self.chunk)
+
+    def take(self, page: LogsResult) -> str:
+        """The page's text; afterwards ``done`` says stop, ``pause_s`` how long to wait."""
+        self.offset = page.next_offset
+        self.done = page.complete or (not page.data and page.state.terminal)
+        if page.data:
+            self.pause_s = 0.0
+        else:
+            self.pause_s = min(self.poll_s, max(self.first_pause_s, self.pause_s * 2))
+        return page.data
+
+    def wait(self) -> _Call[ExecutionView]:
+        return _wait(self.execution_id, self.pause_s)
+
+
+def _home_server(home: Path | None) -> tuple[str, str]:
+    from shellyard.config import default_home
+    from shellyard.home import ensure_server
+
+    info = ensure_server(home or default_home())
+    return info.url, info.token
+
+
+class Client(
+    ExecutionOps,
+    SessionOps,
+    FileOps,
+    FileDownloads,
+    EnvironmentOps,
+    TokenOps,
+    SessionStreams,
+    FileStreams,
+    SyncSender,
+):
+    """Synchronous client. ``Client.for_home()`` finds (or starts) the home's server; or give
+    ``Client(url, token)``. ``agent_id=`` (or ``as_agent``) acts for one agent."""
+
+    @classmethod
+    def for_home(cls, home: Path | None = None, *, agent_id: str | None = None) -> Self:
+        url, token = _home_server(home)
+        return cls(url, token, agent_id=agent_id)
+
+    def _follow(
+        self, execution_id: str, stream: str, offset: int, chunk: int, poll_s: float
+    ) -> Iterator[str]:
+        follower = _LogFollower(execution_id, stream, offset, chunk, poll_s)
+        while not follower.done:
+            text = follower.take(self._send(follower.page()))
+            if text:
+                yield text
+            elif not follower.done:
+                self._send(follower.wait())
+
+    def follow_logs(
+        self,
+        execution_id: str,
+        stream: str = "stdout",
+        *,
+        offset: int = 0,
+        chunk: int = 65536,
+        poll_s: float = 0.5,
+    ) -> Iterator[bytes]:
+        """The log's bytes from ``offset`` as they are written, in pieces of at most ``chunk``
+        bytes, until the execution ends and all was read. Memory stays bounded by ``chunk``:
+        nothing is kept once yielded. (Bytes that are not UTF-8 arrive as U+FFFD.)"""
+        for text in self._follow(execution_id, stream, offset, chunk, poll_s):
+            yield text.encode()
+
+    def follow(
+        self, execution_id: str, stream: str = "stdout", offset: int = 0, poll_s: float = 0.2
+    ) -> Iterator[str]:
+        """``follow_logs`` as text."""
+        return self._follow(execution_id, stream, offset, 65536, poll_s)
+
+
+class AsyncClient(
+    ExecutionOps,
+    SessionOps,
+    FileOps,
+    FileDownloads,
+    EnvironmentOps,
+    TokenOps,
+    AsyncSessionStreams,
+    AsyncFileStreams,
+    AsyncSender,
+):
+    """Asynchronous client with the same operations as ``Client`` (each awaited); log
+    following and downloads are ``async for`` iterators."""
+
+    @classmethod
+    def for_home(cls, home: Path | None = None, *, agent_id: str | None = None) -> Self:
+        url, token = _home_server(home)
+        return cls(url, token, agent_id=agent_id)
+
+    async def _follow(
+        self, execution_id: str, stream: str, offset: int, chunk: int, poll_s: float
+    ) -> AsyncIterator[str]:
+        follower = _LogFollower(execution_id, stream, offset, chunk, poll_s)
+        while not follower.done:
+            text = follower.take(await self._send(follower.page()))
+            if text:
+                yield text
+            elif not follower.done:
+                await self._send(follower.wait())
+
+    async def follow_logs(
+        self,
+        execution_id: str,
+        stream: str = "stdout",
+        *,
+        offset: int = 0,
+        chunk: int = 65536,
+        poll_s: float = 0.5,
+    ) -> AsyncIterator[bytes]:
+        """See ``Client.follow_logs``."""
+        async for text in self._follow(execution_id, stream, offset, chunk, poll_s):
+            yield text.encode()
+
+    def follow(
+        self, execution_id: str, stream: str = "stdout", offset: int = 0, poll_s: float = 0.2
+    ) -> AsyncIterator[str]:
+        return self._follow(execution_id, stream, offset, 65536, poll_s)

@@ -1,0 +1,245 @@
+"""Client operations of sessions, agents, the inbox, wakes and timers, shared by ``Client`` and
+``AsyncClient``. Each JSON operation is an ``Op`` (described once, sent by either client); only
+the wake stream (server-sent events) is written per client. Agent-level operations (inbox,
+timers) act for the client's agent (``agent_id=`` or ``as_agent``); host operations name their
+session or agent explicitly."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Iterable, Iterator
+from typing import Any
+
+import httpx
+from pydantic import TypeAdapter
+
+from shellyard.contract.sessions import (
+    AgentView,
+    DeliveryView,
+    InboxSummary,
+    MarkReadResult,
+    NoticeView,
+    ResumeResult,
+    SessionEventView,
+    SessionView,
+    TimerView,
+    WakeView,
+    WebhookView,
+)
+from shellyard.sdk.base import AsyncSender, Op, SyncSender, _Call, call, raise_for
+
+_SESSION = TypeAdapter(SessionView)
+_SESSIONS = TypeAdapter(list[SessionView])
+_RESUME = TypeAdapter(ResumeResult)
+_EVENTS = TypeAdapter(list[SessionEventView])
+_AGENT = TypeAdapter(AgentView)
+_NOTICES = TypeAdapter(list[NoticeView])
+_SUMMARY = TypeAdapter(InboxSummary)
+_MARKED = TypeAdapter(MarkReadResult)
+_TIMER = TypeAdapter(TimerView)
+_TIMERS = TypeAdapter(list[TimerView])
+_WEBHOOK = TypeAdapter(WebhookView)
+_WEBHOOKS = TypeAdapter(list[WebhookView])
+_DELIVERIES = TypeAdapter(list[DeliveryView])
+_WAKES = TypeAdapter(list[WakeView])
+
+
+def _session_action(action: str) -> Op[[str], SessionView]:
+    def build(session_id: str) -> _Call[SessionView]:
+        return call("POST", f"/v1/sessions/{session_id}/{action}", _SESSION)
+
+    return Op(build)
+
+
+def _resume_action(action: str, doc: str) -> Op[[str], ResumeResult]:
+    def build(session_id: str) -> _Call[ResumeResult]:
+        return call("POST", f"/v1/sessions/{session_id}/{action}", _RESUME)
+
+    build.__doc__ = doc
+    return Op(build)
+
+
+def _agent_action(action: str) -> Op[[str], AgentView]:
+    def build(agent_id: str) -> _Call[AgentView]:
+        return call("POST", f"/v1/agents/{agent_id}/{action}", _AGENT)
+
+    return Op(build)
+
+
+def _get_session(session_id: str) -> _Call[SessionView]:
+    return call("GET", f"/v1/sessions/{session_id}", _SESSION)
+
+
+def _session_events(session_id: str) -> _Call[list[SessionEventView]]:
+    return call("GET", f"/v1/sessions/{session_id}/events", _EVENTS)
+
+
+def _get_agent(agent_id: str) -> _Call[AgentView]:
+    return call("GET", f"/v1/agents/{agent_id}", _AGENT)
+
+
+def _inbox(unread_only: bool = False) -> _Call[list[NoticeView]]:
+    return call("GET", "/v1/inbox", _NOTICES, {"unread_only": unread_only})
+
+
+def _mark_read(notice_ids: list[str] | None = None) -> _Call[MarkReadResult]:
+    """Mark notices read (all of the agent's without ids); the result counts them."""
+    return call("POST", "/v1/inbox/read", _MARKED, body={"notice_ids": notice_ids})
+
+
+def _timer_create(
+    text: str, after_ms: int | None = None, at: str | None = None, execution_id: str | None = None
+) -> _Call[TimerView]:
+    """A one-time reminder: after ``after_ms``, at ``at`` (ISO 8601 with a zone), or when an
+    execution ends (``execution_id``)."""
+    body = {"text": text, "after_ms": after_ms, "at": at, "execution_id": execution_id}
+    return call("POST", "/v1/timers", _TIMER, body={k: v for k, v in body.items() if v is not None})
+
+
+def _timer_list(state: str | None = None) -> _Call[list[TimerView]]:
+    return call("GET", "/v1/timers", _TIMERS, {"state": state})
+
+
+def _timer_get(timer_id: str) -> _Call[TimerView]:
+    return call("GET", f"/v1/timers/{timer_id}", _TIMER)
+
+
+def _timer_cancel(timer_id: str) -> _Call[TimerView]:
+    return call("POST", f"/v1/timers/{timer_id}/cancel", _TIMER)
+
+
+def _add_webhook(
+    url: str, secret: str | None = None, session_id: str | None = None
+) -> _Call[WebhookView]:
+    body = {"url": url, "secret": secret, "session_id": session_id}
+    return call(
+        "POST", "/v1/webhooks", _WEBHOOK, body={k: v for k, v in body.items() if v is not None}
+    )
+
+
+def _remove_webhook(webhook_id: str) -> _Call[WebhookView]:
+    return call("DELETE", f"/v1/webhooks/{webhook_id}", _WEBHOOK)
+
+
+def _wake_deliveries(wake_id: str) -> _Call[list[DeliveryView]]:
+    return call("GET", f"/v1/wakes/{wake_id}/deliveries", _DELIVERIES)
+
+
+def _wakes(session_id: str, after: int = 0) -> _Call[list[WakeView]]:
+    return call("GET", f"/v1/sessions/{session_id}/wakes", _WAKES, {"after": after})
+
+
+class SessionOps:
+    """Sessions, agents, the host's turn protocol, the inbox, timers and webhooks."""
+
+    # sessions
+    create_session = Op(lambda: call("POST", "/v1/sessions", _SESSION))
+    sessions = Op(lambda: call("GET", "/v1/sessions", _SESSIONS))
+    session = Op(_get_session)
+    stop_session = _session_action("stop")
+    archive_session = _session_action("archive")
+    restore_session = _session_action("restore")
+    resume_session = _resume_action("resume", "Resume a stopped session.")
+    user_request = _resume_action(
+        "requests",
+        "N9: a new user request: resumes a stopped session, begins the main agent's turn, "
+        "and returns the summary of its unread notices.",
+    )
+    session_events = Op(_session_events)
+
+    # agents
+    agent = Op(_get_agent)
+    create_child = _agent_action("children")
+    turn_begin = _agent_action("turn/begin")
+    turn_end = _agent_action("turn/end")
+    stop_agent = _agent_action("stop")
+    resume_agent = _agent_action("resume")
+
+    # inbox
+    inbox = Op(_inbox)
+    inbox_summary = Op(lambda: call("GET", "/v1/inbox/summary", _SUMMARY))
+    mark_notices_read = Op(_mark_read)
+
+    # timers
+    timer_create = Op(_timer_create)
+    timer_list = Op(_timer_list)
+    timer_get = Op(_timer_get)
+    timer_cancel = Op(_timer_cancel)
+
+    # wakes
+    add_webhook = Op(_add_webhook)
+    webhooks = Op(lambda: call("GET", "/v1/webhooks", _WEBHOOKS))
+    remove_webhook = Op(_remove_webhook)
+    wake_deliveries = Op(_wake_deliveries)
+    wakes = Op(_wakes)
+
+
+def parse_sse(lines: Iterable[str]) -> Iterator[dict[str, str]]:
+    """Server-sent events (``event``, ``id``, ``data``) from a stream's lines."""
+    event: dict[str, str] = {}
+    for line in lines:
+        if not line:
+            if "data" in event:
+                yield event
+            event = {}
+        elif not line.startswith(":"):
+            key, _, value = line.partition(":")
+            value = value.removeprefix(" ")
+            event[key] = event[key] + "\n" + value if key == "data" and key in event else value
+
+
+def _wake(event: dict[str, str]) -> WakeView | None:
+    if event.get("event") != "wake":
+        return None
+    return WakeView.model_validate(json.loads(event["data"]))
+
+
+def _stream_args(session_id: str, after: int | None) -> dict[str, Any]:
+    return {
+        "method": "GET",
+        "url": f"/v1/sessions/{session_id}/wakes/stream",
+        "params": {} if after is None else {"after": after},
+        "timeout": httpx.Timeout(30.0, read=None),
+    }
+
+
+class SessionStreams(SyncSender):
+    """The wake stream and ``mark_read`` for the synchronous ``Client``."""
+
+    def mark_read(self, notice_ids: list[str] | None = None) -> int:
+        """Mark notices read (all of the agent's without ids); returns how many."""
+        return self._send(_mark_read(notice_ids)).marked
+
+    def wake_stream(self, session_id: str, after: int | None = None) -> Iterator[WakeView]:
+        """The session's wakes as they happen (server-sent events); ``after`` a seq first
+        replays the recorded ones after it. Runs until the server or the caller closes it."""
+        with self._http.stream(**_stream_args(session_id, after)) as response:
+            if response.status_code >= 400:
+                raise_for(response.status_code, response.read())
+            for event in parse_sse(response.iter_lines()):
+                wake = _wake(event)
+                if wake is not None:
+                    yield wake
+
+
+class AsyncSessionStreams(AsyncSender):
+    """The same for ``AsyncClient``."""
+
+    async def mark_read(self, notice_ids: list[str] | None = None) -> int:
+        return (await self._send(_mark_read(notice_ids))).marked
+
+    async def wake_stream(
+        self, session_id: str, after: int | None = None
+    ) -> AsyncIterator[WakeView]:
+        async with self._http.stream(**_stream_args(session_id, after)) as response:
+            if response.status_code >= 400:
+                raise_for(response.status_code, await response.aread())
+            buffer: list[str] = []
+            async for line in response.aiter_lines():
+                buffer.append(line)
+                if line == "":
+                    for event in parse_sse(buffer):
+                        wake = _wake(event)
+                        if wake is not None:
+                            yield wake
+                    buffer = []
