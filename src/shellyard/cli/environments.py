@@ -16,8 +16,8 @@ from typing import Annotated, Any, NoReturn
 import typer
 from rich.table import Table
 
-from shellyard.cli.app import HomeOption, JsonOption, _fail, err, out
-from shellyard.cli.app import print_json as _json
+from shellyard.cli.common import HomeOption, JsonOption, err, fail, out
+from shellyard.cli.common import print_json as _json
 from shellyard.config import default_home
 from shellyard.contract.environments import ChangeView, EnvironmentView
 from shellyard.errors import ShellyardError
@@ -58,7 +58,7 @@ def _run(home: Path | None, agent: str | None, action: Callable[[Any], Any]) -> 
     except ShellyardError as exc:
         if exc.details.get("change_id"):
             _change_failed(exc)
-        _fail(exc)
+        fail(exc)
 
 
 def _change_failed(exc: ShellyardError) -> NoReturn:

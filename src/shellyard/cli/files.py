@@ -27,8 +27,8 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from shellyard.cli.app import HomeOption, JsonOption, _fail, err, out, show
-from shellyard.cli.app import print_json as _json
+from shellyard.cli.common import HomeOption, JsonOption, err, fail, out, show
+from shellyard.cli.common import print_json as _json
 from shellyard.cli.manual import EXIT_FAILED
 from shellyard.config import default_home
 from shellyard.errors import InvalidInput, ShellyardError
@@ -77,7 +77,7 @@ def _run(home: Path | None, agent: str | None, action: Callable[[Any], Any]) -> 
         with Client.for_home(home or default_home(), agent_id=agent) as client:
             return action(client)
     except ShellyardError as exc:
-        _fail(exc)
+        fail(exc)
 
 
 def _where(workspace: str | None, runner: str | None) -> dict[str, Any]:
@@ -316,7 +316,7 @@ def files_put(
     try:
         bits = int(mode, 8) if mode is not None else None
     except ValueError:
-        _fail(InvalidInput(f"--mode must be octal permission bits such as 644, not {mode!r}"))
+        fail(InvalidInput(f"--mode must be octal permission bits such as 644, not {mode!r}"))
     where = {**_where(workspace, runner), "queue": queue_}
 
     def put(client: Any) -> Any:

@@ -10,8 +10,8 @@ from typing import Annotated, Any
 
 import typer
 
-from shellyard.cli.app import HomeOption, JsonOption, _fail, err, out
-from shellyard.cli.app import show as _show
+from shellyard.cli.common import HomeOption, JsonOption, err, fail, out
+from shellyard.cli.common import show as _show
 from shellyard.config import default_home
 from shellyard.contract.sessions import ResumeResult
 from shellyard.errors import ShellyardError
@@ -51,7 +51,7 @@ def _run(home: Path | None, agent: str | None, action: Callable[[Any], Any]) -> 
         with Client.for_home(home or default_home(), agent_id=agent) as client:
             return action(client)
     except ShellyardError as exc:
-        _fail(exc)
+        fail(exc)
 
 
 SESSION_COLUMNS = ("session_id", "state", "main_agent_id", "is_default")

@@ -11,7 +11,7 @@ from typing import Annotated, Any, NoReturn
 
 import typer
 
-from shellyard.cli.app import HomeOption  # cli.py registers this module at its end
+from shellyard.cli.common import HomeOption
 from shellyard.config import default_home
 from shellyard.errors import InvalidInput, ShellyardError
 

@@ -13,7 +13,7 @@ import httpx
 import typer
 from rich.table import Table
 
-from shellyard.cli.app import HomeOption, JsonOption, _fail, out
+from shellyard.cli.common import HomeOption, JsonOption, fail, out
 from shellyard.config import default_home
 from shellyard.errors import ShellyardError, error_from_dict
 
@@ -47,9 +47,9 @@ def _request(home: Path | None, method: str, path: str, body: Any = None) -> Any
             raise error_from_dict(data.get("error") or {"message": response.text})
         return data
     except ShellyardError as exc:
-        _fail(exc)
+        fail(exc)
     except (httpx.HTTPError, ValueError) as exc:
-        _fail(ShellyardError(f"cannot talk to the control plane: {exc}"))
+        fail(ShellyardError(f"cannot talk to the control plane: {exc}"))
 
 
 def _table(rows: list[dict[str, Any]]) -> None:
