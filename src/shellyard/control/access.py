@@ -43,21 +43,13 @@ class WorkspaceAccess:
         self.records = records
         self.runners = runners
         self.executions = executions
-        self._default_agent: str | None = None
         self._ensured: set[str] = set()
         self._released = asyncio.Condition()
 
     # ------------------------------------------------------------------ agents
 
     async def agent(self, agent_id: str | None) -> Row:
-        if agent_id is None:
-            if self._default_agent is None:
-                self._default_agent = str((await self.store.default_owner())[1]["id"])
-            agent_id = self._default_agent
-        row = await self.store.get_agent(agent_id)
-        if row is None:
-            raise NotFound(f"no agent {agent_id!r}")
-        return row
+        return await self.executions.agents.row(agent_id)
 
     # ------------------------------------------------------------------ workspaces
 

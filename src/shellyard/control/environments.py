@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from shellyard.contract.environments import (
@@ -25,7 +25,7 @@ from shellyard.contract.environments import (
     RevisionSummary,
     RevisionView,
 )
-from shellyard.control.executions import ExecutionService
+from shellyard.control.agents import AgentResolver
 from shellyard.control.runners import LOCAL_RUNNER_ID, RunnerRegistry
 from shellyard.errors import (
     ChangeFailed,
@@ -57,11 +57,20 @@ WAIT_SLICE_S = 1.0
 
 
 class EnvironmentService:
-    def __init__(self, store: Store, runners: RunnerRegistry, executions: ExecutionService):
+    def __init__(
+        self,
+        store: Store,
+        runners: RunnerRegistry,
+        agents: AgentResolver,
+        dispatch: Callable[[str], Awaitable[None]],
+    ) -> None:
         self.store = store
         self.records = EnvironmentRecords(store)
         self.runners = runners
-        self.executions = executions
+        self.agents = agents
+        #: Starts the executions queued on a workspace (the execution service's dispatch):
+        #: called when a change ended and executions gated on it may go.
+        self._dispatch = dispatch
         self.retry_base_s = 0.5
         self._drivers: dict[str, asyncio.Task[None]] = {}
         #: Set when something that may unblock an environment's waiting change happened.
@@ -69,8 +78,6 @@ class EnvironmentService:
         #: Set when a change ended (for callers waiting on it in this process).
         self._ended: dict[str, asyncio.Event] = {}
         self._closing = False
-        executions.on_finished.append(self._execution_finished)
-        executions.environments = self
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -258,7 +265,13 @@ class EnvironmentService:
             )
         return home
 
-    async def _execution_finished(self, row: Mapping[str, Any], _read: bool) -> None:
+    async def gate(self, execution_id: str, environment_id: str) -> tuple[str, Row]:
+        """V5/V6: may a queued execution start on its environment now (see the records)."""
+        return await self.records.gate(execution_id, environment_id)
+
+    async def execution_finished(self, row: Mapping[str, Any], _read: bool) -> None:
+        """An execution ended (an ``on_finished`` observer): a change waiting for the
+        environment's users may go now."""
         environment_id = row.get("environment_id")
         if environment_id:
             self._wake(str(environment_id))
@@ -300,7 +313,7 @@ class EnvironmentService:
         self._wake(environment_id)  # the next change of the environment may go now
         if not self._closing:
             for workspace_id in await self.records.gated_workspaces(environment_id):
-                await self.executions._dispatch(workspace_id)
+                await self._dispatch(workspace_id)
 
     async def _to_the_end(self, change_id: str, environment_id: str, reattach: bool) -> None:
         """Claim (or re-attach to) the change and see it through the runner to its end;
@@ -422,10 +435,7 @@ class EnvironmentService:
         return change
 
     async def _agent(self, agent_id: str | None) -> Row:
-        owner = await self.executions._agent_id(agent_id)
-        agent = await self.store.get_agent(owner)
-        assert agent is not None
-        return agent
+        return await self.agents.row(agent_id)
 
     async def _owned(self, environment_id: str, agent: Row) -> Row:
         env = await self.records.get(environment_id)

@@ -8,7 +8,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from shellyard.contract.executions import (
     ExecutionState,
@@ -17,6 +17,7 @@ from shellyard.contract.executions import (
     RunShellRequest,
     RunShellResult,
 )
+from shellyard.control.agents import AgentResolver
 from shellyard.control.output import capped_output, safe_decode
 from shellyard.control.runners import LOCAL_RUNNER_ID, RunnerRegistry
 from shellyard.errors import (
@@ -37,9 +38,6 @@ from shellyard.runner.protocol import (
 from shellyard.store import Store
 from shellyard.store.store import new_id
 
-if TYPE_CHECKING:
-    from shellyard.control.environments import EnvironmentService
-
 log = logging.getLogger(__name__)
 
 #: E9: after this many consecutive retryable status-query failures the state is unknown.
@@ -48,22 +46,36 @@ MAX_QUERY_FAILURES = 5
 WAIT_SLICE_S = 20.0
 
 
+class EnvironmentGate(Protocol):
+    """What executions need of managed environments (V4–V6); the control plane plugs the
+    environment service in (``ExecutionService.environments``), so this module never imports it."""
+
+    async def check_usable(self, environment_id: str, agent_id: str, runner_id: str | None) -> str:
+        """The runner the environment lives on, after checking the agent may use it (V4)."""
+        ...
+
+    async def gate(self, execution_id: str, environment_id: str) -> tuple[str, Mapping[str, Any]]:
+        """V5/V6: ``go``, ``wait`` or ``failed`` for a queued execution, and its fresh record."""
+        ...
+
+
 class ExecutionService:
-    def __init__(self, store: Store, runners: RunnerRegistry) -> None:
+    def __init__(self, store: Store, runners: RunnerRegistry, agents: AgentResolver) -> None:
         self.store = store
         self.runners = runners
+        self.agents = agents
         self._finished: dict[str, asyncio.Event] = {}
         self._watchers: dict[str, asyncio.Task[None]] = {}
         self._foreground: dict[str, int] = {}
-        self._default_agent: str | None = None
         self._workspaces: dict[tuple[str, str], str] = {}
         self._closing = False
         self.retry_base_s = 0.5
         #: Called with the terminal record and whether its notice was read at once (N3), after
         #: the record is final: wakes (N2) and reminders naming the execution (N6) hook in here.
         self.on_finished: list[Callable[[Mapping[str, Any], bool], Awaitable[None]]] = []
-        #: Managed environments (V4–V6): validation and the start gate; set by that service.
-        self.environments: EnvironmentService | None = None
+        #: Managed environments (V4–V6): validation and the start gate; plugged in by the
+        #: control plane (service.py). None: an environment_id is reported as missing.
+        self.environments: EnvironmentGate | None = None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -73,7 +85,7 @@ class ExecutionService:
             if row["state"] == ExecutionState.running:
                 self._watch(row)
             else:
-                await self._dispatch(str(row["workspace_id"]))
+                await self.dispatch(str(row["workspace_id"]))
 
     async def aclose(self) -> None:
         self._closing = True
@@ -89,7 +101,7 @@ class ExecutionService:
     async def run_shell(
         self, request: RunShellRequest, agent_id: str | None = None
     ) -> RunShellResult:
-        owner = await self._agent_id(agent_id)
+        owner = await self.agents.id(agent_id)
         if request.idempotency_key is not None:
             existing = await self.store.find_idempotent(owner, request.idempotency_key)
             if existing is not None:  # E10: the same execution, never a second process
@@ -155,7 +167,7 @@ class ExecutionService:
             environments = self.environments
             assert environments is not None  # it validated the environment_id
             # V5/V6 gate: queued behind a pending change, or the latest revision resolved.
-            verdict, row = await environments.records.gate(execution_id, str(environment_id))
+            verdict, row = await environments.gate(execution_id, str(environment_id))
             if row["state"] != ExecutionState.queued or verdict == "wait":
                 return row
             if verdict == "failed":
@@ -291,7 +303,7 @@ class ExecutionService:
             except Exception:
                 log.exception("an on_finished observer failed for %s", execution_id)
         if queued is not None:
-            await self._dispatch(str(row["workspace_id"]))
+            await self.dispatch(str(row["workspace_id"]))
 
     def _signal(self, execution_id: str) -> None:
         event = self._finished.pop(execution_id, None)
@@ -301,9 +313,9 @@ class ExecutionService:
     async def writer_released(self, workspace_id: str) -> None:
         """Another kind of writer (a file operation, a transfer) released the workspace:
         start the executions queued behind it (W1)."""
-        await self._dispatch(workspace_id)
+        await self.dispatch(workspace_id)
 
-    async def _dispatch(self, workspace_id: str) -> None:
+    async def dispatch(self, workspace_id: str) -> None:
         """W1 queue: hand the writer to the oldest queued execution, in submission order."""
         while True:
             row = await self.store.next_queued(workspace_id)
@@ -444,27 +456,18 @@ class ExecutionService:
         return _view(await self._finalized(row))
 
     async def list(self, agent_id: str | None = None, limit: int = 100) -> list[ExecutionView]:
-        owner = await self._agent_id(agent_id)
+        owner = await self.agents.id(agent_id)
         return [_view(r) for r in await self.store.list_executions(owner, limit)]
 
     async def _owned(self, execution_id: str, agent_id: str | None) -> Mapping[str, Any]:
         row = await self.store.get_execution(execution_id)
-        owner = await self._agent_id(agent_id)
+        owner = await self.agents.id(agent_id)
         # Another agent's execution is reported exactly like a missing one: no data leaks.
         if row is None or row["agent_id"] != owner:
             raise NotFound(
                 f"no execution {execution_id!r}; list yours with 'shellyard status' or check the id"
             )
         return row
-
-    async def _agent_id(self, agent_id: str | None) -> str:
-        if agent_id is None:
-            if self._default_agent is None:
-                self._default_agent = str((await self.store.default_owner())[1]["id"])
-            return self._default_agent
-        if await self.store.get_agent(agent_id) is None:
-            raise NotFound(f"no agent {agent_id!r}")
-        return agent_id
 
     async def _workspace(self, agent_id: str, runner_id: str) -> str:
         """The agent's workspace on the runner, created on first use (records and runner)."""

@@ -6,13 +6,12 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from shellyard.contract.sessions import InboxSummary, NoticeView
+from shellyard.control.agents import AgentResolver
 from shellyard.control.wakes import notice_view
-
-if TYPE_CHECKING:
-    from shellyard.control.sessions import SessionService
+from shellyard.store import Store
 
 #: At most this many notices are listed in a summary (the count covers all of them).
 SUMMARY_LIMIT = 50
@@ -37,22 +36,22 @@ def summarize(agent_id: str, unread: Sequence[Mapping[str, Any]]) -> InboxSummar
 
 
 class InboxService:
-    def __init__(self, sessions: SessionService) -> None:
-        self.sessions = sessions
-        self.store = sessions.store
+    def __init__(self, store: Store, agents: AgentResolver) -> None:
+        self.store = store
+        self.agents = agents
 
     async def notices(self, agent_id: str | None, unread_only: bool = False) -> list[NoticeView]:
-        agent = await self.sessions.agent_row(agent_id)
+        agent = await self.agents.row(agent_id)
         rows = await self.store.list_notices(str(agent["id"]), unread_only)
         return [notice_view(r) for r in rows]
 
     async def summary(self, agent_id: str | None) -> InboxSummary:
-        agent = await self.sessions.agent_row(agent_id)
+        agent = await self.agents.row(agent_id)
         unread = await self.store.list_notices(str(agent["id"]), unread_only=True)
         return summarize(str(agent["id"]), unread)
 
     async def mark_read(self, agent_id: str | None, notice_ids: Sequence[str] | None) -> int:
         """Mark notices read (every unread one when ``notice_ids`` is None); returns how many
         changed. Ids of other agents' notices are ignored like missing ones."""
-        agent = await self.sessions.agent_row(agent_id)
+        agent = await self.agents.row(agent_id)
         return await self.store.mark_notices_read(str(agent["id"]), notice_ids)

@@ -8,6 +8,7 @@ from contextlib import asynccontextmanager
 
 from shellyard.config import Settings
 from shellyard.control.access import WorkspaceAccess
+from shellyard.control.agents import AgentResolver
 from shellyard.control.artifacts import ArtifactService
 from shellyard.control.environments import EnvironmentService
 from shellyard.control.executions import ExecutionService
@@ -109,13 +110,20 @@ class ControlPlane:
         await local.startup()
         await self._runners.add_local(local)
         await self._runners.load_registered()
-        await self.store.default_owner()
-        self._executions = ExecutionService(self.store, self._runners)
-        self._environments = EnvironmentService(self.store, self._runners, self._executions)
+        agents = AgentResolver(self.store)
+        await agents.default_id()  # the default session exists before any door asks
+        self._executions = ExecutionService(self.store, self._runners, agents)
+        # Environments gate executions (V4–V6) and dispatch the ones queued behind a change;
+        # plugged in here so that neither service imports the other.
+        self._environments = EnvironmentService(
+            self.store, self._runners, agents, self._executions.dispatch
+        )
+        self._executions.environments = self._environments
+        self._executions.on_finished.append(self._environments.execution_finished)
         wakes = WakeService(self.store, settings.notifications)
-        sessions = SessionService(self.store, wakes)
+        sessions = SessionService(self.store, wakes, agents)
         timers = TimerService(sessions, wakes, settings.notifications)
-        self._notify = (sessions, InboxService(sessions), wakes, timers)
+        self._notify = (sessions, InboxService(self.store, agents), wakes, timers)
         self._executions.on_finished += [wakes.execution_finished, timers.execution_finished]
         self.store.notice_listeners.append(wakes.notify)
         await self._executions.startup()

@@ -19,6 +19,7 @@ from shellyard.contract.sessions import (
     SessionState,
     SessionView,
 )
+from shellyard.control.agents import AgentResolver
 from shellyard.control.inbox import summarize
 from shellyard.control.wakes import WakeService, wake_payload
 from shellyard.errors import Conflict, NotFound
@@ -28,23 +29,16 @@ Row = Mapping[str, Any]
 
 
 class SessionService:
-    def __init__(self, store: Store, wakes: WakeService) -> None:
+    def __init__(self, store: Store, wakes: WakeService, agents: AgentResolver) -> None:
         self.store = store
         self.wakes = wakes
-        self._default_agent: str | None = None
+        self.agents = agents
 
     # ------------------------------------------------------------------ lookups
 
     async def agent_row(self, agent_id: str | None) -> Row:
         """The agent (the default session's main agent when None), or NotFound."""
-        if agent_id is None:
-            if self._default_agent is None:
-                self._default_agent = str((await self.store.default_owner())[1]["id"])
-            agent_id = self._default_agent
-        row = await self.store.get_agent(agent_id)
-        if row is None:
-            raise NotFound(f"no agent {agent_id!r}; 'shellyard session show ID' lists a session's")
-        return row
+        return await self.agents.row(agent_id)
 
     async def session_row(self, session_id: str) -> Row:
         row = await self.store.get_session(session_id)

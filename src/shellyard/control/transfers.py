@@ -31,7 +31,6 @@ import time
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
-from shellyard.contract.executions import validation_message
 from shellyard.contract.files import (
     DEFAULT_BATCH_BYTES,
     DEFAULT_BATCH_FILES,
@@ -41,6 +40,7 @@ from shellyard.contract.files import (
     TransferView,
     WorkspaceView,
 )
+from shellyard.contract.validation import validation_message
 from shellyard.control.access import WorkspaceAccess
 from shellyard.errors import InvalidInput, NotFound, ShellyardError
 from shellyard.paths import normalize_relative
