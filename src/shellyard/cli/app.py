@@ -98,9 +98,27 @@ def mcp(
 
 
 # Every verb module registers its verbs on the app; none of them imports this module.
-from shellyard.cli import environments, files, sessions, shell_call, tokens  # noqa: E402
+from shellyard.cli import (  # noqa: E402
+    artifacts,
+    environments,
+    files,
+    sessions,
+    shell_call,
+    tokens,
+    transfers,
+)
 
-for module in (executions, runners, sessions, files, shell_call, tokens, environments):
+for module in (
+    executions,
+    runners,
+    sessions,
+    files,
+    transfers,
+    artifacts,
+    shell_call,
+    tokens,
+    environments,
+):
     module.register(app)
 
 # Every verb is registered: group them for --help.

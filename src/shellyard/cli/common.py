@@ -1,12 +1,13 @@
-"""What every verb module of the CLI shares: the consoles, the common options, printing a
-result as a table or JSON, and turning a ShellyardError into the documented exit code."""
+"""What every verb module of the CLI shares: the consoles, the common options, calling the
+home's server, progress bars, printing a result as a table or JSON, and turning a
+ShellyardError into the documented exit code."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 from pydantic import BaseModel
@@ -19,6 +20,8 @@ from shellyard.contract.executions import ExecutionState, ExecutionView
 from shellyard.errors import RunnerUnavailable, ShellyardError, WorkspaceBusy
 
 if TYPE_CHECKING:
+    from rich.progress import Progress, TaskID
+
     from shellyard.sdk.client import Client
 
 err = Console(stderr=True)
@@ -62,6 +65,19 @@ HomeOption = Annotated[
     ),
 ]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of text.")]
+AgentOption = Annotated[
+    str | None,
+    typer.Option("--agent", envvar="SHELLYARD_AGENT", help="Act for this agent."),
+]
+WorkspaceOption = Annotated[
+    str | None, typer.Option("--workspace", "-w", help="A workspace id (default: yours).")
+]
+SeqOption = Annotated[
+    int | None, typer.Option("--seq", help="A snapshot number (default: the latest).")
+]
+QueueOption = Annotated[
+    bool, typer.Option("--queue", help="Wait for the workspace's writer instead of failing.")
+]
 
 EXIT_BY_STATE = {
     ExecutionState.cancelled: 130,
@@ -84,6 +100,57 @@ def client_for(home: Path | None) -> Client:
     from shellyard.sdk.client import Client
 
     return Client.for_home(home or default_home())
+
+
+def run_as(home: Path | None, agent: str | None, action: Callable[[Any], Any]) -> Any:
+    """Call the home's server (started on demand) as ``agent``; a shellyard error exits with
+    its documented code and text."""
+    from shellyard.sdk.client import Client
+
+    try:
+        with Client.for_home(home or default_home(), agent_id=agent) as client:
+            return action(client)
+    except ShellyardError as exc:
+        fail(exc)
+
+
+def progress_bar() -> Progress:
+    """A byte progress bar on stderr, shown only on a terminal (uploads, downloads, transfers)."""
+    from rich.progress import (
+        BarColumn,
+        DownloadColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+        TransferSpeedColumn,
+    )
+
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        TimeRemainingColumn(),
+        console=err,
+        transient=True,
+        disable=not err.is_terminal,
+    )
+
+
+def counted(chunks: Iterable[bytes], progress: Progress, task: TaskID) -> Iterator[bytes]:
+    """Pass chunks through, advancing the progress bar's task by their sizes."""
+    for chunk in chunks:
+        progress.update(task, advance=len(chunk))
+        yield chunk
+
+
+def wrote(written: dict[str, Any], as_json: bool) -> None:
+    """Report a download: JSON on stdout, or one line on stderr (stdout may be the data)."""
+    if as_json:
+        out.print_json(json.dumps(written))
+        return
+    size = f" ({written['size']} bytes)" if "size" in written else ""
+    err.print(f"wrote {written['path']}{size}", highlight=False)
 
 
 def print_view(view: ExecutionView, as_json: bool) -> None:

@@ -3,7 +3,7 @@ show|revisions|status``. Each takes ``--json``; ``install`` and ``uninstall`` sh
 with the change's state, what it waits for and the runner's progress until it ends.
 
 Exit codes: 0 done; 1 the change failed (the environment is unchanged); 2 bad input or another
-shellyard error (the same as the other verbs). ``cli.py`` calls ``register``."""
+shellyard error (the same as the other verbs). ``cli/app.py`` calls ``register``."""
 
 from __future__ import annotations
 

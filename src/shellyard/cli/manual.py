@@ -1,5 +1,5 @@
 """The manual part of ``shellyard --help``: the product in a few lines, the verbs in groups,
-an example per common task, and the exit codes. ``cli.py`` applies it once every module has
+an example per common task, and the exit codes. ``cli/app.py`` applies it once every module has
 registered its verbs (``arrange``), so verbs added by other modules land in their group too."""
 
 from __future__ import annotations

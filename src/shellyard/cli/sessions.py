@@ -1,20 +1,16 @@
 """CLI verbs of sessions, agents, timers, webhooks and the inbox: ``shellyard session …``,
 ``shellyard agent …``, ``shellyard timer …``, ``shellyard webhook …``, ``shellyard inbox``. Each
-takes ``--json``. ``cli.py`` imports this module at its end and calls ``register``."""
+takes ``--json``. ``cli/app.py`` calls ``register``."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
-from shellyard.cli.common import HomeOption, JsonOption, err, fail, out
+from shellyard.cli.common import HomeOption, JsonOption, err, out, run_as
 from shellyard.cli.common import show as _show
-from shellyard.config import default_home
 from shellyard.contract.sessions import ResumeResult
-from shellyard.errors import ShellyardError
 
 session_app = typer.Typer(
     help="Sessions: create, stop, archive, restore, resume, user requests.", no_args_is_help=True
@@ -43,17 +39,6 @@ def register(app: typer.Typer) -> None:
     app.command("inbox")(inbox)
 
 
-def _run(home: Path | None, agent: str | None, action: Callable[[Any], Any]) -> Any:
-    """Call the home's server (started on demand); a shellyard error exits 2 with its text."""
-    from shellyard.sdk.client import Client
-
-    try:
-        with Client.for_home(home or default_home(), agent_id=agent) as client:
-            return action(client)
-    except ShellyardError as exc:
-        fail(exc)
-
-
 SESSION_COLUMNS = ("session_id", "state", "main_agent_id", "is_default")
 AGENT_COLUMNS = ("agent_id", "session_id", "parent_id", "is_main", "state", "gate")
 TIMER_COLUMNS = ("timer_id", "state", "fire_at_utc", "late", "text", "execution_id")
@@ -75,19 +60,19 @@ def _show_resume(result: ResumeResult, as_json: bool) -> None:
 @session_app.command("create")
 def session_create(home: HomeOption = None, as_json: JsonOption = False) -> None:
     """Create a session with its main agent."""
-    _show(_run(home, None, lambda c: c.create_session()), as_json, SESSION_COLUMNS)
+    _show(run_as(home, None, lambda c: c.create_session()), as_json, SESSION_COLUMNS)
 
 
 @session_app.command("list")
 def session_list(home: HomeOption = None, as_json: JsonOption = False) -> None:
     """List the sessions."""
-    _show(_run(home, None, lambda c: c.sessions()), as_json, SESSION_COLUMNS)
+    _show(run_as(home, None, lambda c: c.sessions()), as_json, SESSION_COLUMNS)
 
 
 @session_app.command("show")
 def session_show(session_id: str, home: HomeOption = None, as_json: JsonOption = False) -> None:
     """A session and its agents."""
-    session = _run(home, None, lambda c: c.session(session_id))
+    session = run_as(home, None, lambda c: c.session(session_id))
     if as_json:
         out.print_json(session.model_dump_json())
         return
@@ -98,38 +83,38 @@ def session_show(session_id: str, home: HomeOption = None, as_json: JsonOption =
 @session_app.command("stop")
 def session_stop(session_id: str, home: HomeOption = None, as_json: JsonOption = False) -> None:
     """Stop: close the session's wake gate and cancel its pending timers."""
-    _show(_run(home, None, lambda c: c.stop_session(session_id)), as_json, SESSION_COLUMNS)
+    _show(run_as(home, None, lambda c: c.stop_session(session_id)), as_json, SESSION_COLUMNS)
 
 
 @session_app.command("archive")
 def session_archive(session_id: str, home: HomeOption = None, as_json: JsonOption = False) -> None:
     """Archive: like stop; it must be restored before it can resume."""
-    _show(_run(home, None, lambda c: c.archive_session(session_id)), as_json, SESSION_COLUMNS)
+    _show(run_as(home, None, lambda c: c.archive_session(session_id)), as_json, SESSION_COLUMNS)
 
 
 @session_app.command("restore")
 def session_restore(session_id: str, home: HomeOption = None, as_json: JsonOption = False) -> None:
     """Restore an archived session (it stays stopped; cancelled timers stay cancelled)."""
-    _show(_run(home, None, lambda c: c.restore_session(session_id)), as_json, SESSION_COLUMNS)
+    _show(run_as(home, None, lambda c: c.restore_session(session_id)), as_json, SESSION_COLUMNS)
 
 
 @session_app.command("resume")
 def session_resume(session_id: str, home: HomeOption = None, as_json: JsonOption = False) -> None:
     """Resume a stopped session; prints the main agent's unread notices."""
-    _show_resume(_run(home, None, lambda c: c.resume_session(session_id)), as_json)
+    _show_resume(run_as(home, None, lambda c: c.resume_session(session_id)), as_json)
 
 
 @session_app.command("request")
 def session_request(session_id: str, home: HomeOption = None, as_json: JsonOption = False) -> None:
     """A new user request: resumes a stopped session, begins the main agent's turn and prints
     the summary of its unread notices (they wake nobody afterwards)."""
-    _show_resume(_run(home, None, lambda c: c.user_request(session_id)), as_json)
+    _show_resume(run_as(home, None, lambda c: c.user_request(session_id)), as_json)
 
 
 @session_app.command("events")
 def session_events(session_id: str, home: HomeOption = None, as_json: JsonOption = False) -> None:
     """The session's recorded lifecycle events."""
-    events = _run(home, None, lambda c: c.session_events(session_id))
+    events = run_as(home, None, lambda c: c.session_events(session_id))
     _show(events, as_json, ("seq", "kind", "agent_id", "detail"))
 
 
@@ -150,7 +135,7 @@ def session_wakes(
         for wake in wakes:
             print(wake.model_dump_json(), flush=True)
 
-    _run(home, None, show)
+    run_as(home, None, show)
 
 
 # ---------------------------------------------------------------------- agent
@@ -159,7 +144,7 @@ def session_wakes(
 @agent_app.command("show")
 def agent_show(agent_id: str, home: HomeOption = None, as_json: JsonOption = False) -> None:
     """An agent: session, parent, state (idle/busy) and wake gate."""
-    _show(_run(home, None, lambda c: c.agent(agent_id)), as_json, AGENT_COLUMNS)
+    _show(run_as(home, None, lambda c: c.agent(agent_id)), as_json, AGENT_COLUMNS)
 
 
 @agent_app.command("create-child")
@@ -167,31 +152,31 @@ def agent_create_child(
     parent_id: str, home: HomeOption = None, as_json: JsonOption = False
 ) -> None:
     """Create a child agent under PARENT_ID (its own workspace root, its own wakes)."""
-    _show(_run(home, None, lambda c: c.create_child(parent_id)), as_json, AGENT_COLUMNS)
+    _show(run_as(home, None, lambda c: c.create_child(parent_id)), as_json, AGENT_COLUMNS)
 
 
 @agent_app.command("turn-begin")
 def agent_turn_begin(agent_id: str, home: HomeOption = None, as_json: JsonOption = False) -> None:
     """The host starts a turn: the agent is busy; notices wait for the turn's end."""
-    _show(_run(home, None, lambda c: c.turn_begin(agent_id)), as_json, AGENT_COLUMNS)
+    _show(run_as(home, None, lambda c: c.turn_begin(agent_id)), as_json, AGENT_COLUMNS)
 
 
 @agent_app.command("turn-end")
 def agent_turn_end(agent_id: str, home: HomeOption = None, as_json: JsonOption = False) -> None:
     """The turn is over: the agent is idle; waiting notices wake it now."""
-    _show(_run(home, None, lambda c: c.turn_end(agent_id)), as_json, AGENT_COLUMNS)
+    _show(run_as(home, None, lambda c: c.turn_end(agent_id)), as_json, AGENT_COLUMNS)
 
 
 @agent_app.command("stop")
 def agent_stop(agent_id: str, home: HomeOption = None, as_json: JsonOption = False) -> None:
     """Stop an agent: close its wake gate (its notices are kept)."""
-    _show(_run(home, None, lambda c: c.stop_agent(agent_id)), as_json, AGENT_COLUMNS)
+    _show(run_as(home, None, lambda c: c.stop_agent(agent_id)), as_json, AGENT_COLUMNS)
 
 
 @agent_app.command("resume")
 def agent_resume(agent_id: str, home: HomeOption = None, as_json: JsonOption = False) -> None:
     """Resume a stopped agent (its session must be active)."""
-    _show(_run(home, None, lambda c: c.resume_agent(agent_id)), as_json, AGENT_COLUMNS)
+    _show(run_as(home, None, lambda c: c.resume_agent(agent_id)), as_json, AGENT_COLUMNS)
 
 
 # ---------------------------------------------------------------------- timer
@@ -213,7 +198,7 @@ def timer_create(
     as_json: JsonOption = False,
 ) -> None:
     """Set a one-time reminder (exactly one of --after-ms or --at)."""
-    timer = _run(home, agent, lambda c: c.timer_create(text, after_ms, at, execution_id))
+    timer = run_as(home, agent, lambda c: c.timer_create(text, after_ms, at, execution_id))
     _show(timer, as_json, TIMER_COLUMNS)
 
 
@@ -225,7 +210,7 @@ def timer_list(
     as_json: JsonOption = False,
 ) -> None:
     """The agent's timers."""
-    _show(_run(home, agent, lambda c: c.timer_list(state)), as_json, TIMER_COLUMNS)
+    _show(run_as(home, agent, lambda c: c.timer_list(state)), as_json, TIMER_COLUMNS)
 
 
 @timer_app.command("cancel")
@@ -233,7 +218,7 @@ def timer_cancel(
     timer_id: str, home: HomeOption = None, agent: AgentOption = None, as_json: JsonOption = False
 ) -> None:
     """Cancel a pending timer (a fired or cancelled one is shown unchanged)."""
-    _show(_run(home, agent, lambda c: c.timer_cancel(timer_id)), as_json, TIMER_COLUMNS)
+    _show(run_as(home, agent, lambda c: c.timer_cancel(timer_id)), as_json, TIMER_COLUMNS)
 
 
 # ---------------------------------------------------------------------- webhook
@@ -250,27 +235,27 @@ def webhook_add(
     as_json: JsonOption = False,
 ) -> None:
     """Register a webhook; prints its secret once (signatures: X-Shellyard-Signature)."""
-    hook = _run(home, None, lambda c: c.add_webhook(url, secret, session_id))
+    hook = run_as(home, None, lambda c: c.add_webhook(url, secret, session_id))
     _show(hook, as_json, ("webhook_id", "url", "session_id", "secret"))
 
 
 @webhook_app.command("list")
 def webhook_list(home: HomeOption = None, as_json: JsonOption = False) -> None:
     """The active webhooks."""
-    _show(_run(home, None, lambda c: c.webhooks()), as_json, ("webhook_id", "url", "session_id"))
+    _show(run_as(home, None, lambda c: c.webhooks()), as_json, ("webhook_id", "url", "session_id"))
 
 
 @webhook_app.command("remove")
 def webhook_remove(webhook_id: str, home: HomeOption = None, as_json: JsonOption = False) -> None:
     """Stop sending wakes to a webhook (its delivery records stay)."""
-    hook = _run(home, None, lambda c: c.remove_webhook(webhook_id))
+    hook = run_as(home, None, lambda c: c.remove_webhook(webhook_id))
     _show(hook, as_json, ("webhook_id", "url", "active"))
 
 
 @webhook_app.command("deliveries")
 def webhook_deliveries(wake_id: str, home: HomeOption = None, as_json: JsonOption = False) -> None:
     """A wake's webhook deliveries and their attempts."""
-    found = _run(home, None, lambda c: c.wake_deliveries(wake_id))
+    found = run_as(home, None, lambda c: c.wake_deliveries(wake_id))
     _show(found, as_json, ("delivery_id", "webhook_id", "state", "attempts", "last_error"))
 
 
@@ -292,16 +277,16 @@ def inbox(
         err.print("give --summary or --mark-read, not both")
         raise typer.Exit(2)
     if summary:
-        result = _run(home, agent, lambda c: c.inbox_summary())
+        result = run_as(home, agent, lambda c: c.inbox_summary())
         if as_json:
             out.print_json(result.model_dump_json())
         else:
             out.print(result.text, highlight=False)
         return
-    notices = _run(home, agent, lambda c: c.inbox(unread))
+    notices = run_as(home, agent, lambda c: c.inbox(unread))
     _show(notices, as_json, NOTICE_COLUMNS)
     if mark_read and notices:
         ids = [n.notice_id for n in notices]
-        marked = _run(home, agent, lambda c: c.mark_read(ids))
+        marked = run_as(home, agent, lambda c: c.mark_read(ids))
         if not as_json:
             out.print(f"{marked} marked read")

@@ -1,6 +1,6 @@
 """``shellyard token create|list|revoke``: bearer tokens scoped to a session or one agent
 (docs/security.md). Runs with the home's admin token, or the token in ``$SHELLYARD_TOKEN``
-(a session token may make agent tokens for its own agents). ``cli.py`` calls ``register``."""
+(a session token may make agent tokens for its own agents). ``cli/app.py`` calls ``register``."""
 
 from __future__ import annotations
 
