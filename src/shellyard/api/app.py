@@ -28,8 +28,9 @@ from shellyard.contract.executions import (
     RunShellResult,
     parse_run_shell,
 )
+from shellyard.contract.validation import invalid_input
 from shellyard.control.service import ControlPlane
-from shellyard.errors import InvalidInput, ShellyardError, Unauthorized
+from shellyard.errors import RunnerUnavailable, ShellyardError, Unauthorized
 
 _HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 401: "unauthorized"}
 
@@ -94,10 +95,7 @@ def create_app(
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:
-        parts = [
-            f"{'.'.join(str(p) for p in e.get('loc', ()))}: {e.get('msg')}" for e in exc.errors()
-        ]
-        error = InvalidInput("; ".join(parts))
+        error = invalid_input(exc)
         return JSONResponse({"error": error.to_dict()}, status_code=400)
 
     @app.exception_handler(StarletteHTTPException)
@@ -161,10 +159,14 @@ def create_app(
 
     @app.get("/v1/runners", dependencies=auth)
     async def list_runners() -> list[RunnerView]:
-        assert plane.store is not None
+        store = plane.store
+        if store is None:  # a request in the instant before start() or after aclose()
+            raise RunnerUnavailable(
+                "the control plane is starting or shutting down; try again in a moment"
+            )
         return [
             RunnerView(runner_id=r["id"], kind=r["kind"], address=r["address"])
-            for r in await plane.store.list_runners()
+            for r in await store.list_runners()
         ]
 
     # Sessions, agents, inbox, wakes, timers.

@@ -15,7 +15,6 @@ from pydantic import BaseModel, ValidationError
 
 from shellyard.api.auth import AgentHeader, PrincipalDep, admin_only
 from shellyard.api.docs import JSON_ERROR_RESPONSES, body_doc
-from shellyard.contract.executions import validation_message
 from shellyard.contract.sessions import (
     AgentView,
     DeliveryView,
@@ -32,6 +31,7 @@ from shellyard.contract.sessions import (
     WebhookRequest,
     WebhookView,
 )
+from shellyard.contract.validation import validation_message
 from shellyard.control.service import ControlPlane
 from shellyard.errors import InvalidInput, NotFound
 

@@ -9,7 +9,8 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from shellyard.contract.executions import DEFAULT_WAIT_MS, MAX_WAIT_MS, validation_message
+from shellyard.contract.executions import DEFAULT_WAIT_MS, MAX_WAIT_MS
+from shellyard.contract.validation import validation_message
 from shellyard.errors import InvalidInput
 from shellyard.runner.protocol import PackageRecord
 

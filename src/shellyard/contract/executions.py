@@ -7,6 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from shellyard.contract.validation import validation_message
 from shellyard.errors import InvalidInput
 
 DEFAULT_WAIT_MS = 10_000
@@ -69,19 +70,6 @@ def parse_run_shell(data: dict[str, object]) -> RunShellRequest:
         return RunShellRequest.model_validate(data)
     except ValidationError as exc:
         raise InvalidInput(validation_message(exc)) from None
-
-
-def validation_message(exc: Exception) -> str:
-    from pydantic import ValidationError
-
-    if not isinstance(exc, ValidationError):
-        return str(exc)
-    parts = []
-    for error in exc.errors():
-        where = ".".join(str(p) for p in error.get("loc", ()))
-        message = str(error.get("msg", "invalid")).removeprefix("Value error, ")
-        parts.append(f"{where}: {message}" if where else message)
-    return "; ".join(parts)
 
 
 class ExecutionView(BaseModel):
