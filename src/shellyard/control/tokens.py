@@ -1,4 +1,4 @@
-"""Bearer tokens and the principal a request acts as (DESIGN.md §3, docs/security.md).
+"""Bearer tokens and the principal a request acts as (docs/contract.md, docs/security.md).
 
 Three kinds of token:
 

@@ -1,0 +1,268 @@
+"""The shape of the package, as docs/architecture.md draws it: no import circle inside
+``src/shellyard`` and no import across the layers the document forbids.
+
+Every ``import`` counts, at any depth: module level, inside a function, and under
+``if TYPE_CHECKING:`` (a type-only import is still a tie of design: it makes the two modules one
+unit to understand). Edges into a package's ``__init__`` are left out of the circle search
+only: ``shellyard/__init__.py`` re-exports the SDK lazily for ``from shellyard import Client``,
+which is a facade, not a dependency of design.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parents[2] / "src"
+PACKAGE = "shellyard"
+
+#: Which layer may import which (besides itself). A layer is a folder of ``src/shellyard`` or
+#: one of its top-level modules. The same table is drawn in docs/architecture.md.
+ALLOWED: dict[str, set[str]] = {
+    "errors": set(),
+    "listen": set(),
+    "paths": {"errors"},
+    "contract": {"errors"},
+    "config": {"errors", "contract"},
+    "home": {"errors", "config"},
+    "store": {"errors", "paths"},
+    "runner": {"errors", "paths", "listen"},
+    "control": {"errors", "paths", "contract", "config", "store", "runner"},
+    "api": {"errors", "paths", "contract", "config", "home", "listen", "control"},
+    # Client-side doors: the public models, the errors and the SDK; where the home's server is.
+    "sdk": {"errors", "contract", "config", "home"},
+    "shell_call": {"errors", "contract", "config", "home", "sdk"},
+    "mcp": {"errors", "contract", "config", "home", "sdk"},
+    "cli": {"errors", "contract", "config", "home", "sdk", "shell_call"},
+    "__main__": {"cli"},
+    "__init__": {"sdk"},
+}
+
+#: Narrow passages between layers, by module, each named in docs/architecture.md.
+PASSAGES: set[tuple[str, str]] = {
+    # control/ speaks to runners through runner/protocol.py; only the wiring builds concrete
+    # runners: the control plane its LocalRunner, the registry a RemoteRunner per daemon.
+    ("control.service", "runner.local"),
+    ("control.runners", "runner.remote"),
+    # MCP over streamable HTTP is served by the REST app: it mounts the MCP door's HTTP half,
+    # which takes each request's principal from the REST app's auth.
+    ("api.app", "mcp.mount"),
+    ("mcp.mount", "mcp.http"),
+    ("mcp.http", "api.auth"),
+}
+
+#: The CLI is also the program that runs the servers: ``serve``, ``mcp`` and ``runner serve``
+#: import their entry module inside the verb's function (never at module level), and use only
+#: that entry point.
+LAUNCHES: set[tuple[str, str]] = {
+    ("cli.app", "api.server"),
+    ("cli.app", "mcp.server"),
+    ("cli.runners", "runner.daemon"),
+}
+
+#: Imports that break the rules today and are being removed (issue 10: the public models and
+#: the settings still take their runner types from the runner's wire module). The test fails
+#: when one of them is gone, so that this list only shrinks: delete the line then.
+KNOWN_EXCEPTIONS: set[tuple[str, str]] = {
+    ("config", "runner.protocol"),
+    ("contract.environments", "runner.protocol"),
+    ("contract.files", "runner.protocol"),
+}
+
+#: Circles being removed right now (issue 10: the MCP tool modules share helpers through
+#: mcp/server.py, and the HTTP mount and its app name each other). Same rule: when one is gone
+#: the test says so, and the line goes.
+KNOWN_CIRCLES: list[list[str]] = [
+    ["mcp.environments", "mcp.files", "mcp.server", "mcp.timers"],
+    ["mcp.http", "mcp.mount"],
+]
+
+
+@dataclass(frozen=True)
+class Edge:
+    source: str  # module name without the package prefix, e.g. "control.service"
+    target: str
+    line: int
+    in_function: bool
+
+
+@cache
+def _modules() -> dict[str, Path]:
+    found: dict[str, Path] = {}
+    for path in sorted((SRC / PACKAGE).rglob("*.py")):
+        if "migrations" in path.parts:  # Alembic's scripts, loaded by Alembic, not imported
+            continue
+        parts = list(path.relative_to(SRC / PACKAGE).with_suffix("").parts)
+        if parts[-1] == "__init__" and len(parts) > 1:
+            parts = parts[:-1]
+        found[".".join(parts)] = path
+    return found
+
+
+def _is_package(path: Path) -> bool:
+    return path.name == "__init__.py"
+
+
+def _function_lines(tree: ast.AST) -> set[int]:
+    lines: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            for sub in ast.walk(node):
+                if isinstance(sub, ast.Import | ast.ImportFrom):
+                    lines.add(sub.lineno)
+    return lines
+
+
+@cache
+def _all_edges() -> list[Edge]:
+    return list(_walk(_modules()))
+
+
+def _walk(modules: dict[str, Path]) -> Iterator[Edge]:
+    for name, path in modules.items():
+        tree = ast.parse(path.read_text(), str(path))
+        in_function = _function_lines(tree)
+        for node in ast.walk(tree):
+            targets: list[str] = []
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    anchor = f"{PACKAGE}.{name}".split(".")
+                    if not _is_package(path):
+                        anchor = anchor[:-1]
+                    anchor = anchor[: len(anchor) - (node.level - 1)]
+                    base = ".".join([*anchor, base] if base else anchor)
+                targets = [base, *(f"{base}.{alias.name}" for alias in node.names)]
+            for target in targets:
+                if target != PACKAGE and not target.startswith(f"{PACKAGE}."):
+                    continue
+                short = target.removeprefix(PACKAGE).removeprefix(".") or "__init__"
+                if short in modules and short != name:
+                    yield Edge(name, short, node.lineno, node.lineno in in_function)
+
+
+def _layer(module: str) -> str:
+    return module.split(".")[0]
+
+
+def _broken(edge: Edge) -> bool:
+    source, target = _layer(edge.source), _layer(edge.target)
+    if source == target or target == "__init__":  # ``from shellyard import __version__``
+        return False
+    if target not in ALLOWED[source]:
+        return True
+    # control/ sees runner/ only through its protocol (and the PASSAGES above).
+    return source == "control" and target == "runner" and edge.target != "runner.protocol"
+
+
+def _allowed_anyway(edge: Edge) -> bool:
+    pair = (edge.source, edge.target)
+    return pair in PASSAGES or (pair in LAUNCHES and edge.in_function)
+
+
+def test_every_layer_of_the_tree_has_a_rule() -> None:
+    layers = {_layer(m) for m in _modules()}
+    assert layers == set(ALLOWED), (
+        "a folder or top-level module without a rule in ALLOWED (and docs/architecture.md): "
+        f"{sorted(layers ^ set(ALLOWED))}"
+    )
+
+
+def test_no_import_crosses_the_layers() -> None:
+    modules = _modules()
+    broken = sorted(
+        f"{modules[e.source].relative_to(SRC)}:{e.line} imports shellyard.{e.target}"
+        for e in _all_edges()
+        if _broken(e) and not _allowed_anyway(e) and (e.source, e.target) not in KNOWN_EXCEPTIONS
+    )
+    assert not broken, (
+        "imports that break the layering of docs/architecture.md (move the shared piece down a "
+        "layer, or pass it in from the wiring):\n" + "\n".join(broken)
+    )
+
+
+def test_known_exceptions_still_exist() -> None:
+    pairs = {(e.source, e.target) for e in _all_edges()}
+    gone = sorted(KNOWN_EXCEPTIONS - pairs)
+    assert not gone, f"no longer imported, delete from KNOWN_EXCEPTIONS: {gone}"
+
+
+def test_launched_servers_are_imported_only_where_they_run() -> None:
+    eager = [
+        f"{e.source} imports {e.target} at module level (import it inside the verb)"
+        for e in _all_edges()
+        if (e.source, e.target) in LAUNCHES and not e.in_function
+    ]
+    assert not eager, "\n".join(eager)
+
+
+def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    on_stack: set[str] = set()
+    stack: list[str] = []
+    found: list[list[str]] = []
+    counter = 0
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work: list[tuple[str, Iterator[str]]] = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = counter
+        counter += 1
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = counter
+                    counter += 1
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                parent = work[-1][0]
+                low[parent] = min(low[parent], low[node])
+            if low[node] == index[node]:
+                component: list[str] = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def test_no_import_circle() -> None:
+    modules = _modules()
+    graph: dict[str, set[str]] = {m: set() for m in modules}
+    for edge in _all_edges():
+        if not _is_package(modules[edge.target]):
+            graph[edge.source].add(edge.target)
+    circles = _circles(graph)
+    new = [c for c in circles if c not in KNOWN_CIRCLES]
+    assert not new, "import circles (type-only imports count):\n" + "\n".join(
+        " <-> ".join(c) for c in new
+    )
+    gone = [c for c in KNOWN_CIRCLES if c not in circles]
+    assert not gone, f"circles no longer there, delete from KNOWN_CIRCLES: {gone}"
+
+
+def test_the_circle_search_finds_a_circle() -> None:
+    """The guard itself: a made-up graph with one circle and one chain."""
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": set()}
+    assert _circles(graph) == [["a", "b", "c"]]
