@@ -11,18 +11,22 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field, fields
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from shellyard.errors import InvalidInput
-from shellyard.runner.protocol import SandboxPolicy
+
+# Every client (CLI verb, SDK, MCP) asks for the default home: it lives in the light home.py.
+from shellyard.home import default_home as default_home
+
+if TYPE_CHECKING:
+    from shellyard.runner.protocol import SandboxPolicy
 
 
-def default_home() -> Path:
-    env = os.environ.get("SHELLYARD_HOME")
-    if env:
-        return Path(env).expanduser().absolute()
-    if os.geteuid() == 0:
-        return Path("/var/lib/shellyard")
-    return Path.home() / ".shellyard"
+def _default_policy() -> SandboxPolicy:
+    # Imported when settings are made (the server), not when a client imports this module.
+    from shellyard.runner.protocol import SandboxPolicy
+
+    return SandboxPolicy()
 
 
 @dataclass
@@ -63,7 +67,7 @@ class Settings:
     database_url: str | None = None
     #: PostgreSQL only: a schema of its own (tests use a fresh one per run).
     database_schema: str | None = None
-    local_policy: SandboxPolicy = field(default_factory=SandboxPolicy)
+    local_policy: SandboxPolicy = field(default_factory=_default_policy)
     notifications: NotificationSettings = field(default_factory=NotificationSettings)
     retention: RetentionSettings = field(default_factory=RetentionSettings)
 

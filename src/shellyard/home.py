@@ -6,6 +6,12 @@ blocks a restart) and publishes ``<home>/server.json`` (pid, url, and where the 
 ``<home>/admin.token``, mode 0600; see docs/security.md). Clients
 (CLI verbs, ``shellyard mcp``) read it and start the server in the background when nobody
 holds the lock, the way a language server or container daemon is started on demand.
+
+A server started here reports how its start ended on a pipe (``--ready-fd``): one JSON line,
+``{"ready": true}`` once it serves, or the error it stopped on. So a failed start (a bad
+database URL, a port in use, a missing bwrap, an unusable home) reaches the caller the moment
+the server gives up, with the server's own message, instead of after the whole timeout; and a
+server that dies without a word is noticed by the pipe's end of file.
 This module stays light (no server imports) because every CLI verb loads it.
 """
 
@@ -15,15 +21,27 @@ import contextlib
 import fcntl
 import json
 import os
+import select
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-import httpx
+from shellyard.errors import ERRORS_BY_CODE, HomeInUse, InvalidInput, ShellyardError
 
-from shellyard.errors import HomeInUse, ShellyardError
+
+def default_home() -> Path:
+    """``$SHELLYARD_HOME``, else ``~/.shellyard``, or ``/var/lib/shellyard`` for root (whose
+    home folder is 0700 by convention; see docs/decisions.md)."""
+    env = os.environ.get("SHELLYARD_HOME")
+    if env:
+        return Path(env).expanduser().absolute()
+    if os.geteuid() == 0:
+        return Path("/var/lib/shellyard")
+    return Path.home() / ".shellyard"
+
 
 LOCK_NAME = "server.lock"
 INFO_NAME = "server.json"
@@ -94,31 +112,181 @@ def write_info(home: Path, info: ServerInfo) -> None:
     os.replace(tmp, home / INFO_NAME)
 
 
+class StartReport:
+    """The server's side of the start pipe: says once whether the start worked, then closes."""
+
+    def __init__(self, fd: int | None) -> None:
+        self._fd = fd
+        if fd is not None:
+            os.set_inheritable(fd, False)  # never held open by sandboxes or helpers
+
+    def ready(self) -> None:
+        self._send({"ready": True})
+
+    def failed(self, exc: BaseException) -> None:
+        if isinstance(exc, ShellyardError):
+            error = {"code": exc.code, "message": exc.message}
+        else:
+            error = {"code": ShellyardError.code, "message": describe(exc)}
+        self._send({"error": error})
+
+    def _send(self, report: dict[str, Any]) -> None:
+        fd, self._fd = self._fd, None
+        if fd is None:
+            return
+        try:
+            os.write(fd, (json.dumps(report) + "\n").encode())
+        except OSError:  # the caller gave up waiting (its end is closed): nothing to tell
+            pass
+        finally:
+            os.close(fd)
+
+
+def describe(exc: BaseException) -> str:
+    """One line for an error that is not a ShellyardError (an OSError, a driver's error)."""
+    if isinstance(exc, OSError) and exc.strerror:
+        where = f" ({exc.filename})" if exc.filename else ""
+        return f"{exc.strerror}{where}"
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+
+
+def _usable(home: Path) -> None:
+    """Create the home if needed; an unusable one is a clear error, not a traceback."""
+    try:
+        home.mkdir(parents=True, exist_ok=True)
+        if not os.access(home, os.R_OK | os.W_OK | os.X_OK):
+            raise PermissionError(13, "Permission denied", str(home))
+    except OSError as exc:
+        raise InvalidInput(
+            f"cannot use {home} as the shellyard home: {describe(exc)}. Set SHELLYARD_HOME "
+            "(or --home) to a folder you can read and write"
+        ) from None
+
+
+#: How long a client waits for a server it started (``SHELLYARD_START_TIMEOUT_S``). A failed
+#: start is reported as soon as the server gives up; this bounds only a start that hangs.
+DEFAULT_START_TIMEOUT_S = 30.0
+
+
 def ensure_server(
-    home: Path, *, timeout_s: float = 30.0, extra_args: list[str] | None = None
+    home: Path, *, timeout_s: float | None = None, extra_args: list[str] | None = None
 ) -> ServerInfo:
-    """The running server's address, starting ``shellyard serve`` in the background if needed."""
-    home.mkdir(parents=True, exist_ok=True)
-    if not is_served(home):
-        log = open(home / LOG_NAME, "ab")  # noqa: SIM115 - handed to the child
-        subprocess.Popen(
-            [sys.executable, "-m", "shellyard", "serve", "--home", str(home), *(extra_args or [])],
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=log,
-            start_new_session=True,
-            env={**os.environ, "SHELLYARD_HOME": str(home)},
-        )
-        log.close()
+    """The running server's address, starting ``shellyard serve`` in the background if needed.
+
+    A start that fails raises at once the error the server stopped on (its class and message);
+    another process starting the same home at the same moment is waited for, not an error."""
+    if timeout_s is None:
+        raw = os.environ.get("SHELLYARD_START_TIMEOUT_S")
+        try:
+            timeout_s = float(raw) if raw else DEFAULT_START_TIMEOUT_S
+        except ValueError:
+            raise InvalidInput(
+                f"SHELLYARD_START_TIMEOUT_S must be a number of seconds, not {raw!r}"
+            ) from None
+    _usable(home)
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    if not is_served(home):
+        _start(home, extra_args or [], deadline)
+    while True:
         info = read_info(home)
-        if info is not None and is_served(home):
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{info.url}/health", timeout=2).status_code == 200:
-                    return info
+        if info is not None and is_served(home) and _healthy(info):
+            return info
+        if time.monotonic() >= deadline:
+            raise ShellyardError(
+                f"the shellyard server for {home} did not come up within {timeout_s:.0f} s"
+                f"{_last_log_line(home)}; see {home / LOG_NAME}"
+            )
         time.sleep(0.05)
-    raise ShellyardError(
-        f"the shellyard server for {home} did not come up within {timeout_s:.0f} s; "
-        f"see {home / LOG_NAME}"
-    )
+
+
+def _healthy(info: ServerInfo) -> bool:
+    """``GET /health`` answers 200. With the standard library: the server is plain HTTP on
+    loopback, and httpx would cost every CLI verb its import and an SSL context (measured,
+    docs/benchmarks.md)."""
+    import http.client
+    from urllib.parse import urlsplit
+
+    where = urlsplit(info.url)
+    connection = http.client.HTTPConnection(where.hostname or "", where.port, timeout=2)
+    try:
+        connection.request("GET", "/health")
+        return connection.getresponse().status == 200
+    except (OSError, http.client.HTTPException):
+        return False
+    finally:
+        connection.close()
+
+
+def _start(home: Path, extra_args: list[str], deadline: float) -> None:
+    """Start ``shellyard serve`` detached and wait for its start report (or its death)."""
+    read_end, write_end = os.pipe()
+    try:
+        try:
+            log: Any = open(home / LOG_NAME, "ab")  # noqa: SIM115 - handed to the child
+        except OSError:
+            log = subprocess.DEVNULL  # the server reports on the pipe all the same
+        args = ["serve", "--home", str(home), "--ready-fd", str(write_end), *extra_args]
+        try:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "shellyard", *args],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                start_new_session=True,
+                pass_fds=(write_end,),
+                env={**os.environ, "SHELLYARD_HOME": str(home)},
+            )
+        finally:
+            if log is not subprocess.DEVNULL:
+                log.close()
+            os.close(write_end)
+        report = _read_report(read_end, deadline)
+    finally:
+        os.close(read_end)
+    if report is None:  # the pipe ended without a word: the process is gone
+        if time.monotonic() >= deadline:
+            return  # still starting after the whole timeout: the caller reports that
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(timeout=2)
+        status = process.returncode
+        raise ShellyardError(
+            f"the shellyard server for {home} exited (status {status}) before it was ready"
+            f"{_last_log_line(home)}; see {home / LOG_NAME}"
+        )
+    error = report.get("error")
+    if isinstance(error, dict):
+        cls = ERRORS_BY_CODE.get(str(error.get("code")), ShellyardError)
+        if cls is HomeInUse:  # another client started it a moment earlier: use that one
+            return
+        raise cls(f"the shellyard server for {home} could not start: {error.get('message')}")
+
+
+def _read_report(fd: int, deadline: float) -> dict[str, Any] | None:
+    """The one JSON line of the start pipe, or None at its end of file (or at the deadline)."""
+    data = b""
+    while b"\n" not in data:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0 or not select.select([fd], [], [], remaining)[0]:
+            return None
+        chunk = os.read(fd, 4096)
+        if not chunk:
+            return None
+        data += chunk
+    try:
+        report = json.loads(data.split(b"\n", 1)[0])
+    except ValueError:
+        return None
+    return report if isinstance(report, dict) else None
+
+
+def _last_log_line(home: Path) -> str:
+    """``: <the log's last line>`` to say why, when the log can be read."""
+    try:
+        with open(home / LOG_NAME, "rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            handle.seek(max(0, handle.tell() - 4096))
+            lines = [line for line in handle.read().decode(errors="replace").splitlines() if line]
+    except OSError:
+        return ""
+    return f": {lines[-1].strip()}" if lines else ""

@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import ipaddress
 import os
+from collections.abc import Callable
 
 import uvicorn
 
@@ -45,20 +46,40 @@ def check_bind(host: str, auth: bool) -> None:
 
 
 def serve(
-    settings: Settings, host: str = DEFAULT_HOST, port: int = 0, *, auth: bool = True
+    settings: Settings,
+    host: str = DEFAULT_HOST,
+    port: int = 0,
+    *,
+    auth: bool = True,
+    on_ready: Callable[[], None] | None = None,
+    log_level: str = "warning",
 ) -> None:
-    """Run the control plane in this process until SIGINT/SIGTERM."""
+    """Run the control plane in this process until SIGINT/SIGTERM. ``on_ready`` is called once
+    requests can be served; a start that fails raises what it failed on (also when it failed
+    inside the app's start-up, which uvicorn would only log)."""
     check_bind(host, auth)
     settings.home.mkdir(parents=True, exist_ok=True)
     lock_fd = lock_home(settings.home)
-    sock = bind_socket(host, port)
+    try:
+        sock = bind_socket(host, port)
+    except OSError as exc:
+        os.close(lock_fd)
+        raise InvalidInput(
+            f"cannot listen on {host}:{port}: {exc.strerror}. Pick another --port (0 picks a "
+            "free one) or stop what uses it"
+        ) from None
     plane = ControlPlane(settings)
+    failed: list[BaseException] = []
 
     async def on_start() -> None:
-        await plane.start()
-        # The admin token exists from the first start on, even with --no-auth, so that
-        # restarting with tokens on needs no extra step.
-        token = await plane.tokens.ensure_admin_file(settings.home)
+        try:
+            await plane.start()
+            # The admin token exists from the first start on, even with --no-auth, so that
+            # restarting with tokens on needs no extra step.
+            token = await plane.tokens.ensure_admin_file(settings.home)
+        except BaseException as exc:
+            failed.append(exc)
+            raise
         info = ServerInfo(
             pid=os.getpid(),
             url=socket_url(sock),
@@ -66,6 +87,8 @@ def serve(
             token_file=str(settings.home / ADMIN_TOKEN_NAME) if auth else None,
         )
         write_info(settings.home, info)  # published only once requests can be served
+        if on_ready is not None:
+            on_ready()
 
     async def on_stop() -> None:
         with contextlib.suppress(FileNotFoundError):
@@ -75,10 +98,15 @@ def serve(
     app = create_app(plane, auth_required=auth, lifespan_hooks=(on_start, on_stop))
     # Open wake streams (server-sent events) never end on their own: give them a few seconds.
     config = uvicorn.Config(
-        app, log_level="warning", lifespan="on", access_log=False, timeout_graceful_shutdown=3
+        app, log_level=log_level, lifespan="on", access_log=False, timeout_graceful_shutdown=3
     )
     server = uvicorn.Server(config)
     try:
         asyncio.run(server.serve(sockets=[sock]))
+    except SystemExit:
+        if not failed:  # uvicorn exits (status 3) after logging a failed start-up: say why
+            raise
     finally:
         os.close(lock_fd)
+    if failed:
+        raise failed[0]

@@ -9,16 +9,25 @@ outcome unknown, 125 could not start, 130 cancelled.
 
 from __future__ import annotations
 
-import asyncio
+import os
+import sys
+import traceback
+import types
 from typing import Annotated
 
 import typer
 
 from shellyard.cli import executions, runners
-from shellyard.cli.common import HomeOption, fail
+from shellyard.cli.common import (
+    HomeOption,
+    LogLevelOption,
+    configure_logging,
+    fail,
+    refuse_initialize,
+)
 from shellyard.cli.manual import SUMMARY, arrange, epilog
-from shellyard.config import Settings, default_home
 from shellyard.errors import ShellyardError
+from shellyard.home import default_home
 
 app = typer.Typer(
     name="shellyard",
@@ -43,7 +52,10 @@ def serve(
             "(the default), see 'shellyard token'."
         ),
     ] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="0 picks a free port (written to server.json).")] = 0,
+    port: Annotated[
+        int,
+        typer.Option(envvar="SHELLYARD_PORT", help="0 picks a free port (written to server.json)."),
+    ] = 0,
     network: Annotated[str | None, typer.Option(help="Local runner network: on or off.")] = None,
     no_auth: Annotated[
         bool,
@@ -53,18 +65,49 @@ def serve(
             "loopback --host.",
         ),
     ] = False,
+    log_level: LogLevelOption = "warning",
+    ready_fd: Annotated[
+        int | None,
+        typer.Option("--ready-fd", hidden=True, help="Report the start's outcome on this fd."),
+    ] = None,
 ) -> None:
     """Run the control plane for a home in the foreground: the REST API, MCP over streamable
     HTTP at /mcp, timers and wakes. The admin token is kept in <home>/admin.token (0600)."""
-    from shellyard.api.server import serve as run_server
+    from shellyard.home import LOCK_NAME, StartReport, lock_home
 
-    settings = Settings.from_env(home=home.absolute() if home else None, database_url=database_url)
-    if network is not None:
-        settings.local_policy = settings.local_policy.model_copy(update={"network": network})
+    # Whoever started this server in the background (home.ensure_server) waits on this pipe
+    # for "ready" or the error the start stopped on. The error is written to stderr (the
+    # server's log) first, so the log has the reason by the time the caller reports it.
+    report = StartReport(ready_fd)
+    where = (home.absolute() if home else None) or default_home()
     try:
-        run_server(settings, host, port, auth=not no_auth)
+        configure_logging(log_level)
+        if (where / LOCK_NAME).exists():  # served already: say so before the heavy imports
+            os.close(lock_home(where))
+        from shellyard.api.server import serve as run_server
+        from shellyard.config import Settings
+
+        settings = Settings.from_env(home=where, database_url=database_url)
+        if network is not None:
+            settings.local_policy = settings.local_policy.model_copy(update={"network": network})
+        run_server(
+            settings,
+            host,
+            port,
+            auth=not no_auth,
+            on_ready=report.ready,
+            log_level=log_level.lower(),
+        )
     except ShellyardError as exc:
-        fail(exc)
+        try:
+            fail(exc)
+        finally:
+            report.failed(exc)
+    except Exception as exc:
+        traceback.print_exc()
+        sys.stderr.flush()
+        report.failed(exc)
+        raise typer.Exit(1) from None
 
 
 @app.command()
@@ -86,13 +129,28 @@ def mcp(
             help="A session or agent token to act with (default: the home's admin token).",
         ),
     ] = None,
+    log_level: LogLevelOption = "warning",
 ) -> None:
     """Serve MCP over stdio (what an agent host launches). The same tools are served over
     streamable HTTP at /mcp of 'shellyard serve'."""
+    from shellyard.home import ensure_server
+
+    # Agent hosts keep a server's stderr in their logs: only warnings and errors by default.
+    configure_logging(log_level)
+    where = home or default_home()
+    try:
+        ensure_server(where)
+    except ShellyardError as exc:
+        # The host is waiting for MCP's initialize answer: answer it with the error (hosts
+        # show that), then say it on stderr too and exit.
+        refuse_initialize(f"{exc.code}: {exc.message}")
+        fail(exc)
+    import asyncio
+
     from shellyard.mcp.server import serve_stdio
 
     try:
-        asyncio.run(serve_stdio(home or default_home(), agent, token))
+        asyncio.run(serve_stdio(where, agent, token))
     except ShellyardError as exc:
         fail(exc)
 
@@ -108,7 +166,7 @@ from shellyard.cli import (  # noqa: E402
     transfers,
 )
 
-for module in (
+VERB_MODULES = (
     executions,
     runners,
     sessions,
@@ -118,12 +176,46 @@ for module in (
     shell_call,
     tokens,
     environments,
-):
+)
+for module in VERB_MODULES:
     module.register(app)
 
 # Every verb is registered: group them for --help.
 arrange(app)
 
 
+def _verbs_of(module: types.ModuleType) -> set[str]:
+    """The top-level words a verb module registers (commands and command groups)."""
+    scratch = typer.Typer()
+    module.register(scratch)
+    names = {
+        c.name or (c.callback.__name__ if c.callback else "") for c in scratch.registered_commands
+    }
+    names |= {g.name or "" for g in scratch.registered_groups}
+    return {name.replace("_", "-") for name in names if name}
+
+
 def main() -> None:
-    app()
+    """Run the CLI. Typer builds every command's parameters when it starts (about a sixth of
+    ``shellyard run -- true``, measured in docs/benchmarks.md), so a verb of a verb module runs
+    in an app that holds only that module; help, ``serve``, ``mcp`` and anything unknown go
+    to the whole app."""
+    word = sys.argv[1] if len(sys.argv) > 1 else ""
+    owner = next((m for m in VERB_MODULES if word in _verbs_of(m)), None)
+    if owner is None or word.startswith("-"):
+        app()
+        return
+    single = typer.Typer(
+        name="shellyard",
+        help=SUMMARY,
+        rich_markup_mode="rich",
+        no_args_is_help=True,
+        add_completion=False,
+    )
+
+    @single.callback()
+    def _group() -> None:  # a callback keeps the verb a subcommand, as in the whole app
+        pass
+
+    owner.register(single)
+    single()

@@ -5,31 +5,64 @@ ShellyardError into the documented exit code."""
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
-from pydantic import BaseModel
-from rich.console import Console
-from rich.table import Table
 
 from shellyard.cli.manual import EXIT_REFUSED, EXIT_RETRY
-from shellyard.config import default_home
-from shellyard.contract.executions import ExecutionState, ExecutionView
-from shellyard.errors import RunnerUnavailable, ShellyardError, WorkspaceBusy
+from shellyard.errors import InvalidInput, RunnerUnavailable, ShellyardError, WorkspaceBusy
 
 if TYPE_CHECKING:
+    from pydantic import BaseModel
+    from rich.console import Console
     from rich.progress import Progress, TaskID
+    from rich.table import Table
 
+    from shellyard.contract.executions import ExecutionView
     from shellyard.sdk.client import Client
 
-err = Console(stderr=True)
-out = Console()
+# Start-up time is part of every verb (issue 13: ``shellyard run -- true`` within 150 ms), so
+# this module and every verb module import nothing heavy at module level: rich, pydantic,
+# httpx and the public models are imported where a verb first needs them.
+
+
+class _LazyConsole:
+    """A rich Console made on first use (importing rich costs more than most verbs' work)."""
+
+    def __init__(self, stderr: bool) -> None:
+        self._stderr = stderr
+        self._console: Console | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        if self._console is None:
+            from rich.console import Console
+
+            self._console = Console(stderr=self._stderr)
+        return getattr(self._console, name)
+
+
+if TYPE_CHECKING:
+    err: Console
+    out: Console
+else:
+    err = _LazyConsole(stderr=True)
+    out = _LazyConsole(stderr=False)
+
+
+def new_table(*columns: str, **options: Any) -> Table:
+    """A rich Table (rich is imported on first use)."""
+    from rich.table import Table
+
+    return Table(*columns, **options)
 
 
 def print_json(result: BaseModel | Sequence[BaseModel]) -> None:
     """One model, or a list of them, as JSON on stdout (every verb's ``--json``)."""
+    from pydantic import BaseModel
+
     if isinstance(result, BaseModel):
         out.print_json(result.model_dump_json())
     else:
@@ -38,18 +71,20 @@ def print_json(result: BaseModel | Sequence[BaseModel]) -> None:
 
 def show(result: BaseModel | Sequence[BaseModel], as_json: bool, columns: Sequence[str]) -> None:
     """``--json``, or a human table: one model as key/value rows, a list with a row each."""
+    from pydantic import BaseModel
+
     if as_json:
         print_json(result)
         return
     if isinstance(result, BaseModel):
-        table = Table(show_header=False, box=None)
+        table = new_table(show_header=False, box=None)
         for key in columns:
             value = getattr(result, key)
             if value is not None:
                 table.add_row(key, str(value.value if hasattr(value, "value") else value))
         out.print(table)
         return
-    table = Table(*columns)
+    table = new_table(*columns)
     for row in result:
         values = (getattr(row, key) for key in columns)
         table.add_row(*("" if v is None else str(getattr(v, "value", v)) for v in values))
@@ -79,11 +114,8 @@ QueueOption = Annotated[
     bool, typer.Option("--queue", help="Wait for the workspace's writer instead of failing.")
 ]
 
-EXIT_BY_STATE = {
-    ExecutionState.cancelled: 130,
-    ExecutionState.unknown: 124,
-    ExecutionState.failed: 125,
-}
+#: Exit codes of ``run`` by terminal state (the states are string enums: keyed by value).
+EXIT_BY_STATE = {"cancelled": 130, "unknown": 124, "failed": 125}
 
 
 def exit_code_of(exc: ShellyardError) -> int:
@@ -92,19 +124,90 @@ def exit_code_of(exc: ShellyardError) -> int:
 
 
 def fail(exc: ShellyardError) -> NoReturn:
-    err.print(f"[red]error[/red] ({exc.code}): {exc.message}", highlight=False)
+    """Say the error on stderr, one line (not wrapped: logs and scripts read it), and exit
+    with its code. Plain text, red on a terminal: no rich import on the way out."""
+    label = "\x1b[31merror\x1b[0m" if sys.stderr.isatty() else "error"
+    sys.stderr.write(f"{label} ({exc.code}): {exc.message}\n")
+    sys.stderr.flush()
     raise typer.Exit(exit_code_of(exc))
 
 
 def client_for(home: Path | None) -> Client:
+    from shellyard.home import default_home
     from shellyard.sdk.client import Client
 
     return Client.for_home(home or default_home())
 
 
+LogLevelOption = Annotated[
+    str,
+    typer.Option(
+        "--log-level",
+        envvar="SHELLYARD_LOG_LEVEL",
+        help="What is logged to stderr: warning (the default: warnings and errors), info, "
+        "debug or error.",
+    ),
+]
+_LEVELS = ("debug", "info", "warning", "error", "critical")
+
+
+def configure_logging(level: str) -> None:
+    """Plain log lines on stderr at ``level``. Set before any library does it its own way: the
+    mcp SDK would otherwise install a rich handler at INFO (three lines per tool call)."""
+    import logging
+
+    if level.lower() not in _LEVELS:
+        fail(InvalidInput(f"--log-level must be one of {', '.join(_LEVELS)}, not {level!r}"))
+    logging.basicConfig(
+        level=level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+        force=True,
+    )
+
+
+def refuse_initialize(message: str, wait_s: float = 10.0) -> None:
+    """Answer an MCP host's ``initialize`` request (JSON-RPC over stdio) with an error, so the
+    host shows why this server cannot serve. Returns at once when stdin is a terminal, and
+    after ``wait_s`` if no request came."""
+    import os
+    import select
+    import time
+
+    stdin = sys.stdin.buffer
+    if sys.stdin.isatty():
+        return
+    deadline = time.monotonic() + wait_s
+    fd = stdin.fileno()
+    pending = b""
+    while time.monotonic() < deadline:
+        if not select.select([fd], [], [], deadline - time.monotonic())[0]:
+            return
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            return
+        pending += chunk
+        while b"\n" in pending:
+            line, pending = pending.split(b"\n", 1)
+            try:
+                request = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(request, dict) and request.get("method") == "initialize":
+                answer = {
+                    "jsonrpc": "2.0",
+                    "id": request.get("id"),
+                    "error": {"code": -32603, "message": message},
+                }
+                sys.stdout.write(json.dumps(answer) + "\n")
+                sys.stdout.flush()
+                return
+
+
 def run_as(home: Path | None, agent: str | None, action: Callable[[Any], Any]) -> Any:
     """Call the home's server (started on demand) as ``agent``; a shellyard error exits with
     its documented code and text."""
+    from shellyard.home import default_home
     from shellyard.sdk.client import Client
 
     try:
@@ -157,7 +260,7 @@ def print_view(view: ExecutionView, as_json: bool) -> None:
     if as_json:
         out.print_json(view.model_dump_json())
         return
-    table = Table(show_header=False, box=None)
+    table = new_table(show_header=False, box=None)
     for key in (
         "execution_id",
         "state",

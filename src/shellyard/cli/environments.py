@@ -11,15 +11,12 @@ import json
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
-from rich.table import Table
 
-from shellyard.cli.common import HomeOption, JsonOption, err, fail, out
+from shellyard.cli.common import HomeOption, JsonOption, err, fail, new_table, out
 from shellyard.cli.common import print_json as _json
-from shellyard.config import default_home
-from shellyard.contract.environments import ChangeView, EnvironmentView
 from shellyard.errors import ShellyardError
 
 env_app = typer.Typer(
@@ -29,6 +26,11 @@ env_app = typer.Typer(
     ),
     no_args_is_help=True,
 )
+
+if TYPE_CHECKING:
+    from rich.table import Table
+
+    from shellyard.contract.environments import ChangeView, EnvironmentView
 
 AgentOption = Annotated[
     str | None,
@@ -50,6 +52,7 @@ def register(app: typer.Typer) -> None:
 
 
 def _run(home: Path | None, agent: str | None, action: Callable[[Any], Any]) -> Any:
+    from shellyard.home import default_home
     from shellyard.sdk.client import Client
 
     try:
@@ -136,7 +139,7 @@ def _finish_change(change: ChangeView, as_json: bool) -> None:
 
 
 def _env_table(views: Sequence[EnvironmentView]) -> Table:
-    table = Table("environment_id", "name", "language", "runner", "state", "revision")
+    table = new_table("environment_id", "name", "language", "runner", "state", "revision")
     for view in views:
         table.add_row(
             view.environment_id,
@@ -287,7 +290,7 @@ def env_show(
     out.print(_env_table([view]))
     if view.prefix:
         out.print(f"prefix: {view.prefix}", highlight=False)
-    revisions = Table("revision", "change", "request", "packages")
+    revisions = new_table("revision", "change", "request", "packages")
     for rev in view.revisions or []:
         request = " ".join(filter(None, [rev.action, rev.manager, *rev.specs]))
         revisions.add_row(str(rev.revision), rev.change_id, request, str(rev.packages))
@@ -318,7 +321,7 @@ def env_revisions(
             f"[bold]revision {view.revision}[/bold] ({view.change_id}): {json.dumps(view.request)}",
             highlight=False,
         )
-        table = Table("manager", "name", "version", "source")
+        table = new_table("manager", "name", "version", "source")
         for pkg in view.packages:
             table.add_row(pkg.manager, pkg.name, pkg.version, pkg.source or "")
         out.print(table)

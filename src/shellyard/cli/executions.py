@@ -5,10 +5,9 @@ from __future__ import annotations
 import json
 import shlex
 import sys
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.table import Table
 
 from shellyard.cli.common import (
     EXIT_BY_STATE,
@@ -16,12 +15,15 @@ from shellyard.cli.common import (
     JsonOption,
     err,
     fail,
+    new_table,
     out,
     print_view,
 )
 from shellyard.cli.common import client_for as _client
-from shellyard.contract.executions import ExecutionView
 from shellyard.errors import ShellyardError
+
+if TYPE_CHECKING:
+    from shellyard.contract.executions import ExecutionView
 
 
 def register(app: typer.Typer) -> None:
@@ -113,7 +115,7 @@ def status(
     if as_json:
         out.print_json(json.dumps([v.model_dump(mode="json") for v in views]))
         return
-    table = Table("execution", "state", "exit", "command")
+    table = new_table("execution", "state", "exit", "command")
     for view in views:
         table.add_row(
             view.execution_id,

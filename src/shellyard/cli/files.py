@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import IO, Annotated, Any
 
 import typer
-from rich.table import Table
 
 from shellyard.cli.common import (
     AgentOption,
@@ -27,6 +26,7 @@ from shellyard.cli.common import (
     counted,
     err,
     fail,
+    new_table,
     out,
     print_json,
     progress_bar,
@@ -96,7 +96,7 @@ def files_ls(
     if as_json:
         print_json(entries)
         return
-    table = Table("path", "kind", "size", "mode", box=None)
+    table = new_table("path", "kind", "size", "mode", box=None)
     for e in entries:
         name = e.path + ("/" if e.kind == "dir" else f" -> {e.target}" if e.target else "")
         table.add_row(name, e.kind, str(e.size) if e.kind == "file" else "", oct(e.mode))
@@ -200,7 +200,7 @@ def files_history(
     if as_json:
         print_json(history)
         return
-    table = Table("seq", "made by", "files", "bytes", "created", "retained", box=None)
+    table = new_table("seq", "made by", "files", "bytes", "created", "retained", box=None)
     for s in history.snapshots:
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(s.created_at or 0))
         made = f"{s.made_by_kind} {s.made_by_id or ''}".strip()

@@ -7,9 +7,8 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.table import Table
 
-from shellyard.cli.common import HomeOption, JsonOption, fail, out
+from shellyard.cli.common import HomeOption, JsonOption, fail, new_table, out
 from shellyard.cli.common import client_for as _client
 from shellyard.errors import ShellyardError
 
@@ -66,7 +65,7 @@ def runner_list(home: HomeOption = None, as_json: JsonOption = False) -> None:
     if as_json:
         out.print_json(json.dumps([v.model_dump(mode="json") for v in views]))
         return
-    table = Table("runner", "kind", "address")
+    table = new_table("runner", "kind", "address")
     for view in views:
         table.add_row(view.runner_id, view.kind, view.address or "")
     out.print(table)

@@ -4,13 +4,12 @@ takes ``--json``. ``cli/app.py`` calls ``register``."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from shellyard.cli.common import HomeOption, JsonOption, err, out, run_as
 from shellyard.cli.common import show as _show
-from shellyard.contract.sessions import ResumeResult
 
 session_app = typer.Typer(
     help="Sessions: create, stop, archive, restore, resume, user requests.", no_args_is_help=True
@@ -18,6 +17,9 @@ session_app = typer.Typer(
 agent_app = typer.Typer(
     help="Agents: child agents, the host's turn protocol, stop and resume.", no_args_is_help=True
 )
+
+if TYPE_CHECKING:
+    from shellyard.contract.sessions import ResumeResult
 timer_app = typer.Typer(help="One-time reminders.", no_args_is_help=True)
 webhook_app = typer.Typer(help="Webhooks that receive wakes.", no_args_is_help=True)
 

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import sys
 from pathlib import Path
@@ -12,8 +11,8 @@ from typing import Annotated, Any, NoReturn
 import typer
 
 from shellyard.cli.common import HomeOption
-from shellyard.config import default_home
 from shellyard.errors import InvalidInput, ShellyardError
+from shellyard.home import default_home
 
 #: One item is small; anything longer is not a shell_call item.
 MAX_ITEM_CHARS = 16 * 1024 * 1024
@@ -69,6 +68,8 @@ def shell_call(
                 f"stdin is not JSON ({exc}); give one shell_call item as a JSON object"
             ) from None
         item = parse_shell_call(data)
+        import asyncio
+
         result = asyncio.run(_run(item, home or default_home(), agent))
     except ShellyardError as exc:
         _refuse(exc)

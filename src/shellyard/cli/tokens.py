@@ -9,13 +9,11 @@ import os
 from pathlib import Path
 from typing import Annotated, Any
 
-import httpx
 import typer
-from rich.table import Table
 
-from shellyard.cli.common import HomeOption, JsonOption, fail, out
-from shellyard.config import default_home
+from shellyard.cli.common import HomeOption, JsonOption, fail, new_table, out
 from shellyard.errors import ShellyardError, error_from_dict
+from shellyard.home import default_home
 
 token_app = typer.Typer(
     help="Bearer tokens: the admin token is in <home>/admin.token; make tokens that reach one "
@@ -30,6 +28,8 @@ def register(app: typer.Typer) -> None:
 
 
 def _request(home: Path | None, method: str, path: str, body: Any = None) -> Any:
+    import httpx
+
     from shellyard.home import ensure_server
 
     try:
@@ -53,7 +53,7 @@ def _request(home: Path | None, method: str, path: str, body: Any = None) -> Any
 
 
 def _table(rows: list[dict[str, Any]]) -> None:
-    table = Table(*COLUMNS)
+    table = new_table(*COLUMNS)
     for row in rows:
         table.add_row(*("" if row.get(k) is None else str(row[k]) for k in COLUMNS))
     out.print(table)

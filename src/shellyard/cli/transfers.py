@@ -7,13 +7,13 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 import typer
-from rich.table import Table
 
 from shellyard.cli.common import (
     AgentOption,
     HomeOption,
     JsonOption,
     QueueOption,
+    new_table,
     out,
     print_json,
     progress_bar,
@@ -49,7 +49,7 @@ def _show_transfer(view: Any, as_json: bool) -> None:
     if as_json:
         print_json(view)
         return
-    table = Table(show_header=False, box=None)
+    table = new_table(show_header=False, box=None)
     for key in (*TRANSFER_COLUMNS, "source_workspace_id", "source_seq", "target_workspace_id"):
         value = getattr(view, key)
         if value is not None:
@@ -68,7 +68,7 @@ def transfer_discover(
     if as_json:
         print_json(views)
         return
-    table = Table("workspace", "runner", "agent", "relation", "head", "writer", box=None)
+    table = new_table("workspace", "runner", "agent", "relation", "head", "writer", box=None)
     for v in views:
         table.add_row(
             v.workspace_id, v.runner_id, v.agent_id, v.relation, str(v.head_seq), v.writer or ""

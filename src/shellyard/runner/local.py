@@ -23,7 +23,6 @@ import os
 import queue
 import shlex
 import signal
-import stat
 import subprocess
 import time
 from collections.abc import AsyncIterator, Coroutine
@@ -37,11 +36,10 @@ from shellyard.errors import (
     NotFound,
     OutOfRoom,
     PathRefused,
-    SandboxUnavailable,
     WorkspaceBusy,
 )
 from shellyard.paths import normalize_relative
-from shellyard.runner import history, objects, processes, sandbox
+from shellyard.runner import history, objects, processes, reach, sandbox
 from shellyard.runner.edits import Editor
 from shellyard.runner.environments import EnvironmentStore
 from shellyard.runner.objects import PackImporter, StoreLock, aiter_thread
@@ -156,17 +154,10 @@ class LocalRunner:
         await self._recover()
 
     def _check_traversable(self, directory: Path) -> None:
-        if self._ids is None:
+        if self._ids is None:  # not root: the sandbox runs as this user, who reaches it
             return
-        for ancestor in [directory, *directory.parents]:
-            mode = ancestor.stat().st_mode
-            if not mode & stat.S_IXOTH:
-                raise SandboxUnavailable(
-                    f"the sandbox user (uid {self._ids[0]}) cannot reach {directory}: "
-                    f"{ancestor} is not searchable by others (mode {oct(mode & 0o777)}). "
-                    f"Choose a SHELLYARD_HOME outside it (as root the default is "
-                    f"/var/lib/shellyard) or run 'chmod o+x {ancestor}'"
-                )
+        # A private home (0700) works: the sandbox uid alone gets search through it (reach.py).
+        reach.make_reachable(directory, *self._ids)
 
     async def aclose(self) -> None:
         """Stop watching; the sandboxes themselves keep running (E11)."""
