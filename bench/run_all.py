@@ -38,6 +38,7 @@ SUITE = [
     ("many", "bench_many.py", 600),
     ("transfer", "bench_transfer.py", 900),
     ("env", "bench_env.py", 900),
+    ("cli_startup", "bench_cli_startup.py", 600),
 ]
 
 
