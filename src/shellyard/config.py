@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from shellyard.errors import InvalidInput
-from shellyard.runner.protocol import SandboxPolicy
+from shellyard.runner.policy import SandboxPolicy, policy_from_env
 
 
 def default_home() -> Path:
@@ -73,9 +73,7 @@ class Settings:
         url = os.environ.get("SHELLYARD_DATABASE_URL")
         if url:
             settings.database_url = url
-        network = os.environ.get("SHELLYARD_NETWORK")
-        if network in ("on", "off"):
-            settings.local_policy = settings.local_policy.model_copy(update={"network": network})
+        settings.local_policy = policy_from_env(settings.local_policy)
         for item in fields(NotificationSettings):
             variable = f"SHELLYARD_{item.name.upper()}"
             raw = os.environ.get(variable)

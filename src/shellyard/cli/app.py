@@ -18,7 +18,8 @@ from shellyard.cli import executions, runners
 from shellyard.cli.common import HomeOption, fail
 from shellyard.cli.manual import SUMMARY, arrange, epilog
 from shellyard.config import Settings, default_home
-from shellyard.errors import ShellyardError
+from shellyard.errors import InvalidInput, ShellyardError
+from shellyard.runner import policy
 
 app = typer.Typer(
     name="shellyard",
@@ -44,7 +45,9 @@ def serve(
         ),
     ] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="0 picks a free port (written to server.json).")] = 0,
-    network: Annotated[str | None, typer.Option(help="Local runner network: on or off.")] = None,
+    network: Annotated[
+        str | None, typer.Option(help="Local runner network: off (default), egress or host.")
+    ] = None,
     no_auth: Annotated[
         bool,
         typer.Option(
@@ -59,12 +62,22 @@ def serve(
     from shellyard.api.server import serve as run_server
 
     settings = Settings.from_env(home=home.absolute() if home else None, database_url=database_url)
-    if network is not None:
-        settings.local_policy = settings.local_policy.model_copy(update={"network": network})
     try:
+        if network is not None:
+            settings.local_policy = settings.local_policy.model_copy(
+                update={"network": policy.parse_network(network, "--network")}
+            )
+        if settings.local_policy.network == "host":
+            typer.echo(
+                "warning: network 'host': commands share this host's network, its loopback "
+                "services included (see docs/security.md)",
+                err=True,
+            )
         run_server(settings, host, port, auth=not no_auth)
     except ShellyardError as exc:
         fail(exc)
+    except ValueError as exc:
+        fail(InvalidInput(str(exc)))
 
 
 @app.command()
