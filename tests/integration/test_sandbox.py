@@ -184,8 +184,7 @@ async def test_kernel_surfaces_are_denied_by_seccomp(yard: Yard) -> None:
     ordinary sockets work."""
     await yard.run("true")  # make the workspace
     probe = await yard.run(
-        f"cat > probe.c <<'SRC'\n{SYSCALL_PROBE}\nSRC\n"
-        "gcc -o probe probe.c && ./probe"
+        f"cat > probe.c <<'SRC'\n{SYSCALL_PROBE}\nSRC\ngcc -o probe probe.c && ./probe"
     )
     assert probe.exit_code == 0, probe.stderr
     outcome = dict(line.split() for line in probe.stdout.splitlines())
@@ -200,7 +199,8 @@ async def test_no_nested_namespaces_and_no_capabilities(yard: Yard) -> None:
     result = await yard.run(
         "unshare -U true; echo unshare=$?; unshare -Ur id 2>/dev/null; echo unshare_r=$?; "
         "python3 -c 'import ctypes; libc = ctypes.CDLL(None, use_errno=True); "
-        "print(\"py\", libc.unshare(0x10000000), ctypes.get_errno())'; grep -E '^Cap(Eff|Prm|Inh|Bnd|Amb)' /proc/self/status"
+        'print("py", libc.unshare(0x10000000), ctypes.get_errno())\'; '
+        "grep -E '^Cap(Eff|Prm|Inh|Bnd|Amb)' /proc/self/status"
     )
     lines = result.stdout.splitlines()
     assert lines[0] != "unshare=0" and lines[1] != "unshare_r=0"

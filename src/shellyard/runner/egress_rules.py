@@ -113,11 +113,11 @@ def normalize(address: IPAddress) -> IPAddress:
 def blocked_reason(address: IPAddress, own: frozenset[IPAddress]) -> str | None:
     """Why the proxy refuses to connect to ``address``, or None when it may."""
     plain = normalize(address)
-    if plain in own or address in own:
-        return "it is one of the runner's own addresses"
     for network in BLOCKED_NETWORKS:
         if plain.version == network.version and plain in network:
             return f"it is in {network}, which no sandbox may reach"
+    if plain in own or address in own:
+        return "it is one of the runner's own addresses"
     return None
 
 

@@ -172,7 +172,6 @@ class LocalRunner:
                     f"/var/lib/shellyard) or run 'chmod o+x {ancestor}'"
                 )
 
-
     async def aclose(self) -> None:
         """Stop watching; the sandboxes themselves keep running (E11)."""
         self._runs.close()
@@ -181,7 +180,6 @@ class LocalRunner:
             await self._proxy.close()
         self._editor.close()
         await asyncio.to_thread(self._snapshots.close)
-
 
     async def info(self) -> RunnerInfo:
         uid = self._ids[0] if self._ids else os.geteuid()
@@ -492,5 +490,3 @@ async def _coalesce(data: ByteStream, size: int = 1 << 20) -> AsyncIterator[byte
             buf.clear()
     if buf:
         yield bytes(buf)
-
-

@@ -250,7 +250,7 @@ def network_argv(mode: NetworkMode, egress_socket: Path | None) -> list[str]:
 _EGRESS_WRAPPER = (
     "({socat} TCP-LISTEN:{port},bind=127.0.0.1,reuseaddr,fork UNIX-CONNECT:{sock} "
     "</dev/null >/dev/null 2>&1 &); "
-    "n=0; ok=; while [ -z \"$ok\" ] && [ $n -lt 20000 ]; do "
+    'n=0; ok=; while [ -z "$ok" ] && [ $n -lt 20000 ]; do '
     "while read -r _ l _ st _; do "
     'if [ "$l" = 0100007F:{hexport} ] && [ "$st" = 0A ]; then ok=1; break; fi; '
     "done </proc/net/tcp; n=$((n+1)); done; "

@@ -236,11 +236,9 @@ class Supervisor:
             else:
                 processes.signal_group(live.pid, signal.SIGKILL)
 
-
     def _use_environment(self, environment_id: str | None, execution_id: str) -> None:
         if environment_id is not None:
             self.environment_users.setdefault(environment_id, set()).add(execution_id)
-
 
     def _log_path(self, execution_id: str, stream: LogStream) -> Path:
         check_id(execution_id, "execution id")
@@ -274,7 +272,6 @@ class Supervisor:
             size=size,
             complete=finished and next_offset >= size,
         )
-
 
     async def recover(self) -> None:
         """E11: re-attach to sandboxes that outlived the previous runner process."""
@@ -310,6 +307,7 @@ class Supervisor:
                     live.cancel_task = asyncio.ensure_future(self._cancel(live, requested))
             else:
                 self._spawn_task(self._finish(execution_id, live))
+
 
 def check_id(value: str, what: str) -> None:
     if not value or not all(ch.isalnum() or ch in "-_" for ch in value) or len(value) > 128:
