@@ -26,6 +26,8 @@ log = logging.getLogger(__name__)
 
 #: Largest request head the proxy reads before it answers 431.
 MAX_HEAD = 16 << 10
+#: How long a client may take to send its request head.
+HEAD_TIMEOUT_S = 30.0
 #: How long a connection attempt to an upstream may take.
 CONNECT_TIMEOUT_S = 15.0
 #: The runner's own addresses are read again at most this often (interfaces change).
@@ -96,10 +98,12 @@ class EgressProxy:
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            head = await reader.readuntil(b"\r\n\r\n")
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), HEAD_TIMEOUT_S)
         except asyncio.LimitOverrunError:
             await _answer(writer, 431, "request head too large")
             return
+        except TimeoutError:
+            return  # a client that never finishes its request holds nothing for long
         lines = head.decode("latin-1").split("\r\n")
         parts = lines[0].split(" ")
         if len(parts) != 3:
