@@ -25,8 +25,10 @@ from typing import Any
 import pytest
 from env_fixtures import make_wheel
 
-from conftest import Yard
+from conftest import Yard, make_home
+from shellyard.runner.local import LocalRunner
 from shellyard.runner.policy import SandboxPolicy
+from shellyard.runner.protocol import EnvChangeState, EnvironmentChange, EnvironmentChangeRequest
 
 HOST_SIDE = "203.0.113.1"  # this host's end of the veth: one of the runner's own addresses
 TEST_HOST = "203.0.113.2"  # the test host inside its namespace
@@ -285,3 +287,60 @@ async def test_pip_installs_from_an_index_through_egress(
     err = await yard.plane.executions.logs(started.execution_id, "stderr")
     assert view.exit_code == 0, err.data
     assert out.data.strip().splitlines()[-1] == "3.0", err.data
+
+
+@needs_netns
+@needs_socat
+async def test_package_tools_get_the_same_filtered_egress(
+    test_host: NetnsHost, loopback_server: int
+) -> None:
+    """R2 with V2: on a runner whose commands have no network (the default), the package
+    tools keep theirs through the same filter: pip (uv in the tool sandbox) installs from an
+    index on the allow-listed test host; an index on a runner address is refused by the proxy
+    and the host's loopback is out of reach."""
+    make_wheel(test_host.folder / "files", "sy-delta", "4.0")
+    project = test_host.folder / "simple" / "sy-delta"
+    project.mkdir(parents=True)
+    (project / "index.html").write_text(
+        '<a href="../../files/sy_delta-4.0-py3-none-any.whl">sy_delta-4.0-py3-none-any.whl</a>'
+    )
+    home = make_home()
+    own = f"{HOST_SIDE}:{test_host.own_port}"  # a runner address: refused though allow-listed
+    allow = [f"{TEST_HOST}:{test_host.port}", own]
+    runner = LocalRunner(home / "runner", SandboxPolicy(egress_allow=allow))
+    await runner.startup()
+    try:
+        assert runner.policy.network == "off" and runner.policy.tools_network == "egress"
+
+        async def change(**fields: object) -> EnvironmentChange:
+            request = EnvironmentChangeRequest.model_validate(fields)
+            await runner.environment_change(request)
+            return await runner.environment_change_wait(request.change_id, 600)
+
+        created = await change(
+            change_id="c", environment_id="e", action="create", language="python"
+        )
+        assert created.state == EnvChangeState.succeeded, created.error
+        done = await change(
+            change_id="i", environment_id="e", action="install", manager="pip",
+            specs=["sy-delta"], index_url=f"{test_host.url()}/simple",
+        )  # fmt: skip
+        assert done.state == EnvChangeState.succeeded, done.error
+        assert {p.name: p.version for p in done.packages if p.manager == "pip"}["sy-delta"] == (
+            "4.0"
+        )
+        refused = await change(
+            change_id="j", environment_id="e", action="install", manager="pip",
+            specs=["sy-other"], index_url=f"http://{own}/simple",
+        )  # fmt: skip
+        assert refused.state == EnvChangeState.failed
+        assert "403" in (refused.error or ""), refused.error
+        # and the host's loopback is not even a route: the tool's namespace has its own
+        loopback = await change(
+            change_id="k", environment_id="e", action="install", manager="pip",
+            specs=["sy-other"], index_url=f"http://127.0.0.1:{loopback_server}/simple",
+        )  # fmt: skip
+        assert (loopback.state, loopback.error_kind) == (EnvChangeState.failed, "unreachable")
+    finally:
+        await runner.aclose()
+        shutil.rmtree(home, ignore_errors=True)
