@@ -122,24 +122,35 @@ def metric(
 
 
 class BareBwrap:
-    """The baseline: bwrap spawned exactly as ``LocalRunner._spawn`` spawns it (same argv from
-    ``sandbox.bwrap_argv``: prlimit, --unshare-all, the same mounts and hidden folders, a
-    status fd; stdout/stderr opened onto files; a new session; as the sandbox uid when we are
-    root), but with no control plane around it: spawn, then block in waitpid."""
+    """The baseline: bwrap spawned exactly as the runner's ``Sandboxes.spawn`` spawns it (same
+    argv from ``sandbox.bwrap_argv``: prlimit, --unshare-all, --cap-drop ALL,
+    --disable-userns, the same allow-listed host view, the seccomp filter, a status fd;
+    stdout/stderr opened onto files; a new session; as the sandbox uid when we are root), but
+    with no control plane around it: spawn, then block in waitpid. ``seccomp`` False and
+    ``network`` change one flag at a time, so their cost per spawn can be measured."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(
+        self,
+        root: Path,
+        *,
+        seccomp: bool = True,
+        network: str = "off",
+        egress_socket: Path | None = None,
+    ) -> None:
         from shellyard.runner import sandbox
         from shellyard.runner.protocol import SandboxPolicy
+        from shellyard.runner.seccomp import SeccompProfile
 
-        self.policy = SandboxPolicy()
+        self.policy = SandboxPolicy.model_validate({"network": network})
         self.ids = sandbox.sandbox_ids(self.policy)
         self.bwrap = sandbox.find_bwrap()
         # The same layout as a home: <home>/runners/local/workspaces/<ws>, both hidden.
         self.home = root
         runner_root = root / "runners" / "local"
         self.workspace = runner_root / "workspaces" / "ws_bare"
-        self.logs = root / "bare-logs"
-        for directory in (runner_root, runner_root / "workspaces"):
+        self.logs = root / f"bare-logs-{network}-{int(seccomp)}"
+        box = runner_root / "sandbox"
+        for directory in (runner_root, runner_root / "workspaces", box):
             directory.mkdir(parents=True, exist_ok=True)
             directory.chmod(0o711)
         self.workspace.mkdir(mode=0o700, exist_ok=True)
@@ -147,18 +158,27 @@ class BareBwrap:
         if self.ids is not None:
             os.chown(self.workspace, *self.ids)
         self.hidden = [runner_root, root]
+        self.view = sandbox.HostView.build((), self.hidden, box / "empty")
+        self.seccomp: SeccompProfile | None = None
+        if seccomp:
+            self.seccomp = SeccompProfile(box / "seccomp.bpf")
+            self.seccomp.write()
+        self.disable_userns = sandbox.bwrap_supports(self.bwrap, "--disable-userns")
+        self.egress_socket = egress_socket
         self._sandbox = sandbox
 
-    def argv(self, command: Sequence[str], status_fd: int) -> list[str]:
+    def argv(self, command: Sequence[str], status_fd: int, seccomp_fd: int | None) -> list[str]:
         return self._sandbox.bwrap_argv(
             bwrap=self.bwrap,
             policy=self.policy,
             # The baseline drops privileges through Popen(user=...), as DESIGN.md measured.
             ids=None,
+            view=self.view,
+            hardening=self._sandbox.Hardening(seccomp_fd, self.disable_userns),
             workspace=self.workspace,
-            hidden=self.hidden,
             status_fd=status_fd,
             command=list(command),
+            egress_socket=self.egress_socket,
         )
 
     def spawn(
@@ -168,18 +188,24 @@ class BareBwrap:
         out_fd = os.open(stdout or self.logs / f"stdout-{tag}", flags, 0o600)
         err_fd = os.open(self.logs / f"stderr-{tag}", flags, 0o600)
         status_fd = os.open(self.logs / f"status-{tag}", flags, 0o600)
+        seccomp_fd = self.seccomp.open() if self.seccomp is not None else None
         try:
             env = self._sandbox.sandbox_env(
-                self.workspace,
-                {"SHELLYARD_EXECUTION_ID": "bare", "SHELLYARD_WORKSPACE_ID": "ws_bare"},
+                self._sandbox.WORKSPACE,
+                {
+                    **self._sandbox.proxy_variables(self.policy.network),
+                    "SHELLYARD_EXECUTION_ID": "bare",
+                    "SHELLYARD_WORKSPACE_ID": "ws_bare",
+                },
             )
             uid, gid = self.ids if self.ids is not None else (None, None)
+            fds = (status_fd,) if seccomp_fd is None else (status_fd, seccomp_fd)
             return subprocess.Popen(
-                self.argv(command, status_fd),
+                self.argv(command, status_fd, seccomp_fd),
                 stdin=subprocess.DEVNULL,
                 stdout=out_fd,
                 stderr=err_fd,
-                pass_fds=(status_fd,),
+                pass_fds=fds,
                 env=env,
                 cwd="/",
                 start_new_session=True,
@@ -191,6 +217,8 @@ class BareBwrap:
             os.close(out_fd)
             os.close(err_fd)
             os.close(status_fd)
+            if seccomp_fd is not None:
+                os.close(seccomp_fd)
 
     def run(
         self, command: Sequence[str] = ("true",), stdout: Path | None = None, tag: str = "0"

@@ -39,6 +39,7 @@ SUITE = [
     ("transfer", "bench_transfer.py", 900),
     ("env", "bench_env.py", 900),
     ("cli_startup", "bench_cli_startup.py", 600),
+    ("sandbox", "bench_sandbox.py", 300),
 ]
 
 
@@ -243,8 +244,9 @@ def render(report: dict[str, Any]) -> str:
         "in the same run and the same process: interleaved sample by sample (round trip, "
         "snapshots, output) or before and after (throughput). Warm-up rounds come first and "
         "are not counted. The bare-bwrap baseline spawns bubblewrap with the exact argv the "
-        "runner builds (`sandbox.bwrap_argv`: `prlimit`, `--unshare-all`, the same mounts, "
-        "hidden folders and `--json-status-fd`), in a new session, as the sandbox uid 61000, "
+        "runner builds (`sandbox.bwrap_argv`: `prlimit`, `--unshare-all`, `--cap-drop ALL`, "
+        "`--disable-userns`, the seccomp filter, the same allow-listed host view and "
+        "`--json-status-fd`), in a new session, as the sandbox uid 61000, "
         "with stdout/stderr/status opened onto files, then blocks in `waitpid`: the floor the "
         "product's path is judged against."
     )
@@ -288,12 +290,39 @@ def render_bench(b: dict[str, Any]) -> list[str]:
         "output": details_output,
         "many": details_many,
         "transfer": details_transfer,
+        "sandbox": details_sandbox,
     }.get(b["name"])
     if renderer:
         out += renderer(d)
     for warning in b.get("warnings", []):
         out += [f"> Warning: {warning}", ""]
     return out
+
+
+def details_sandbox(d: dict[str, Any]) -> list[str]:
+    names = {
+        "default": "default policy (network off, seccomp, --cap-drop ALL, allow-listed view)",
+        "no_seccomp": "the same without --seccomp",
+        "host": "the same with --share-net (network host)",
+        "egress": "network egress (the in-sandbox socat relay started and waited for)",
+        "before": "the argv before issue 11 (/ read-only, host network, no seccomp)",
+    }
+    rows = [
+        "| bare `bwrap … true` | n | p50 ms | p95 ms | mean ms |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for key, label in names.items():
+        st = d.get("spawn_ms", {}).get(key, {})
+        cells = [label, *(str(st.get(k)) for k in ("n", "p50", "p95", "mean"))]
+        rows.append("| " + " | ".join(cells) + " |")
+    paired = d.get("paired_ms", {})
+    rows += [
+        "",
+        f"Median per-round differences (ms): seccomp {paired.get('seccomp')}, network off vs "
+        f"host {paired.get('network_off')}, egress relay vs off {paired.get('egress')}, "
+        f"default vs the pre-issue-11 argv {paired.get('before')}.",
+    ]
+    return [*rows, ""]
 
 
 def details_roundtrip(d: dict[str, Any]) -> list[str]:

@@ -19,12 +19,12 @@ from shellyard.errors import InvalidInput
 from shellyard.home import default_home as default_home
 
 if TYPE_CHECKING:
-    from shellyard.runner.protocol import SandboxPolicy
+    from shellyard.runner.policy import SandboxPolicy
 
 
 def _default_policy() -> SandboxPolicy:
     # Imported when settings are made (the server), not when a client imports this module.
-    from shellyard.runner.protocol import SandboxPolicy
+    from shellyard.runner.policy import SandboxPolicy
 
     return SandboxPolicy()
 
@@ -73,13 +73,13 @@ class Settings:
 
     @classmethod
     def from_env(cls, **overrides: object) -> Settings:
+        from shellyard.runner.policy import policy_from_env
+
         settings = cls()
         url = os.environ.get("SHELLYARD_DATABASE_URL")
         if url:
             settings.database_url = url
-        network = os.environ.get("SHELLYARD_NETWORK")
-        if network in ("on", "off"):
-            settings.local_policy = settings.local_policy.model_copy(update={"network": network})
+        settings.local_policy = policy_from_env(settings.local_policy)
         for item in fields(NotificationSettings):
             variable = f"SHELLYARD_{item.name.upper()}"
             raw = os.environ.get(variable)

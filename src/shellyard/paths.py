@@ -51,9 +51,15 @@ def normalize_relative(path: str) -> str:
             path=path[:200],
         )
     if path.startswith("/"):
+        # Commands see the workspace at /workspace: /workspace/x is the relative path x.
+        inside = (
+            path.removeprefix("/workspace").lstrip("/")
+            if (path == "/workspace" or path.startswith("/workspace/"))
+            else path.lstrip("/")
+        )
         raise PathRefused(
-            f"path {path!r} is absolute; paths are relative to the workspace root, "
-            f"so pass {path.lstrip('/')!r} for the same place inside the workspace",
+            f"path {path!r} is absolute; paths are relative to the workspace root (/workspace "
+            f"inside commands), so pass {inside!r} for the same place inside the workspace",
             path=path,
         )
     parts: list[str] = []

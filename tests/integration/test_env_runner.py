@@ -134,10 +134,10 @@ async def test_create_python_records_the_base_and_pip_packages(runner: LocalRunn
 
 
 async def test_offline_runner_creates_and_installs_from_local_wheels(root: Path) -> None:
-    """R2 with V1/V2: on a runner whose policy has the network off, tools get no network
-    either; create falls back to the interpreter's bundled pip (ensurepip) and local wheels
-    still install."""
-    runner = LocalRunner(root, SandboxPolicy(network="off"))
+    """R2 with V1/V2: on a runner whose policy takes the tools' network away too
+    (tool_network off; by default tools keep a filtered egress), create falls back to the
+    interpreter's bundled pip (ensurepip) and local wheels still install."""
+    runner = LocalRunner(root, SandboxPolicy(network="off", tool_network="off"))
     await runner.startup()
     try:
         done = await create_python(runner)

@@ -26,7 +26,7 @@ from shellyard.cli.common import (
     refuse_initialize,
 )
 from shellyard.cli.manual import SUMMARY, arrange, epilog
-from shellyard.errors import ShellyardError
+from shellyard.errors import InvalidInput, ShellyardError
 from shellyard.home import default_home
 
 app = typer.Typer(
@@ -56,7 +56,9 @@ def serve(
         int,
         typer.Option(envvar="SHELLYARD_PORT", help="0 picks a free port (written to server.json)."),
     ] = 0,
-    network: Annotated[str | None, typer.Option(help="Local runner network: on or off.")] = None,
+    network: Annotated[
+        str | None, typer.Option(help="Local runner network: off (default), egress or host.")
+    ] = None,
     no_auth: Annotated[
         bool,
         typer.Option(
@@ -86,10 +88,19 @@ def serve(
             os.close(lock_home(where))
         from shellyard.api.server import serve as run_server
         from shellyard.config import Settings
+        from shellyard.runner import policy
 
         settings = Settings.from_env(home=where, database_url=database_url)
         if network is not None:
-            settings.local_policy = settings.local_policy.model_copy(update={"network": network})
+            settings.local_policy = settings.local_policy.model_copy(
+                update={"network": policy.parse_network(network, "--network")}
+            )
+        if settings.local_policy.network == "host":
+            typer.echo(
+                "warning: network 'host': commands share this host's network, its loopback "
+                "services included (see docs/security.md)",
+                err=True,
+            )
         run_server(
             settings,
             host,
@@ -98,6 +109,12 @@ def serve(
             on_ready=report.ready,
             log_level=log_level.lower(),
         )
+    except ValueError as exc:
+        error = InvalidInput(str(exc))
+        try:
+            fail(error)
+        finally:
+            report.failed(error)
     except ShellyardError as exc:
         try:
             fail(exc)

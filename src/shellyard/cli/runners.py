@@ -25,13 +25,16 @@ def runner_serve(
     host: str = "127.0.0.1",
     port: int = 8765,
     token_file: Annotated[Path | None, typer.Option(help="Default: ROOT/token")] = None,
-    network: Annotated[str, typer.Option(help="on or off")] = "on",
+    network: Annotated[str, typer.Option(help="off (default), egress or host")] = "off",
+    host_path: Annotated[
+        list[str] | None, typer.Option(help="A host path shown read-only in every sandbox.")
+    ] = None,
 ) -> None:
     """Run a runner daemon: the Runner protocol over HTTP, token-authenticated."""
     from shellyard.runner.daemon import run_runner_daemon
 
     try:
-        run_runner_daemon(root.absolute(), host, port, token_file, network)
+        run_runner_daemon(root.absolute(), host, port, token_file, network, host_path or [])
     except ShellyardError as exc:
         fail(exc)
 

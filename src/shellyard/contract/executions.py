@@ -72,6 +72,15 @@ def parse_run_shell(data: dict[str, object]) -> RunShellRequest:
         raise InvalidInput(validation_message(exc)) from None
 
 
+class ExecutionPolicyView(BaseModel):
+    """The sandbox policy an execution ran under (R2): its network mode, a digest of the
+    egress allow-list and exceptions (egress only), the seccomp profile's version."""
+
+    network: str
+    egress_digest: str | None = None
+    seccomp_profile: str
+
+
 class ExecutionView(BaseModel):
     """What ``execution_status`` (and ``run_shell``) report about one execution."""
 
@@ -95,6 +104,8 @@ class ExecutionView(BaseModel):
     created_at: float
     started_at: float | None = None
     finished_at: float | None = None
+    #: Recorded when the execution ends; None while it runs and for older records.
+    policy: ExecutionPolicyView | None = None
 
 
 class RunShellResult(ExecutionView):

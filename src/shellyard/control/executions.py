@@ -11,6 +11,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol
 
 from shellyard.contract.executions import (
+    ExecutionPolicyView,
     ExecutionState,
     ExecutionView,
     LogsResult,
@@ -275,6 +276,7 @@ class ExecutionService:
             exit_code=result.exit_code if state == ExecutionState.completed else None,
             snapshot_seq=snapshot.seq if snapshot else None,
             finished_at=result.finished_at or time.time(),
+            sandbox_policy=result.policy.model_dump_json() if result.policy else None,
         )
 
     async def _end(self, row: Mapping[str, Any], state: ExecutionState, **values: Any) -> None:
@@ -503,4 +505,9 @@ def _view(row: Mapping[str, Any]) -> ExecutionView:
         created_at=row["created_at"],
         started_at=row["started_at"],
         finished_at=row["finished_at"],
+        policy=(
+            ExecutionPolicyView.model_validate_json(row["sandbox_policy"])
+            if row.get("sandbox_policy")
+            else None
+        ),
     )

@@ -58,7 +58,7 @@ def build_server(backend: ShellyardBackend) -> MCPServer:
     @server.tool(
         description=(
             "Run a shell command (bash -c) or a workspace script (.py, .R, .sh or a shebang) in "
-            "the sandbox, as a fresh process at the workspace root: no cwd or variables carry "
+            "the sandbox, as a fresh process in /workspace (its HOME): no cwd or variables carry "
             "over from earlier commands. Give exactly one of command or script_path. wait_ms "
             "(0..30000, default 10000) is a budget for this answer, not a timeout: if the "
             "command is still going, you get its execution_id with state 'running' and it "

@@ -22,7 +22,7 @@ import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Literal, TypeVar, cast
+from typing import TypeVar, cast
 
 import uvicorn
 from fastapi import Depends, FastAPI, Request
@@ -34,6 +34,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from shellyard.errors import InvalidInput, ShellyardError, Unauthorized
 from shellyard.listen import bind_socket, socket_url
+from shellyard.runner.policy import parse_network, policy_from_env
 from shellyard.runner.protocol import (
     ApplyEntry,
     ApplyResult,
@@ -590,18 +591,28 @@ def run_runner_daemon(
     port: int,
     token_file: Path | None,
     network: str,
+    host_paths: Sequence[str] = (),
 ) -> None:
     """What ``shellyard runner serve`` calls: serve ``root`` with the token from ``token_file``
-    (default ``<root>/token``, created on first start) and the given network policy."""
-    if network not in ("on", "off"):
-        raise InvalidInput(f"network must be 'on' or 'off', not {network!r}")
-    net: Literal["on", "off"] = "on" if network == "on" else "off"
+    (default ``<root>/token``, created on first start), the given network mode (off, egress,
+    host) and read-only host paths, beside those of ``SHELLYARD_HOST_PATHS``."""
+    try:
+        mode = parse_network(network, "--network")
+    except ValueError as exc:
+        raise InvalidInput(str(exc)) from None
+    policy = policy_from_env(SandboxPolicy()).model_copy(update={"network": mode})
+    if host_paths:
+        policy = SandboxPolicy.model_validate(
+            {**policy.model_dump(), "host_paths": [*policy.host_paths, *host_paths]}
+        )
+    if mode == "host":
+        logger.warning("network 'host': commands share this host's network, loopback included")
     root.mkdir(parents=True, exist_ok=True)
     token_path = (token_file or root / TOKEN_FILE_NAME).absolute()
     token = load_or_create_token(token_path)
     # A token file outside the root would otherwise be readable by a sandbox running as the
     # daemon's own (non-root) user.
-    serve_runner(root, SandboxPolicy(network=net), host, port, token, hidden=[token_path])
+    serve_runner(root, policy, host, port, token, hidden=[token_path])
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -614,7 +625,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=8765)
     ap.add_argument("--token-file", type=Path, default=None)
-    ap.add_argument("--network", choices=("on", "off"), default="on")
+    ap.add_argument("--network", choices=("off", "egress", "host", "on"), default="off")
+    ap.add_argument("--host-path", action="append", default=[])
     ap.add_argument("--policy-json", default=None)
     ap.add_argument("--log-level", default="info")
     args = ap.parse_args(argv)
@@ -624,7 +636,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.policy_json is not None:
         policy = SandboxPolicy.model_validate_json(args.policy_json)
     else:
-        policy = SandboxPolicy(network=args.network)
+        policy = SandboxPolicy(
+            network=parse_network(args.network, "--network"), host_paths=list(args.host_path)
+        )
     token = load_or_create_token(args.token_file or root / TOKEN_FILE_NAME)
     serve_runner(root, policy, args.host, args.port, token, log_level=args.log_level)
 

@@ -20,6 +20,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from shellyard.runner import processes, sandbox
+from shellyard.runner.policy import NetworkMode
+from shellyard.runner.spawn import Sandboxes
 
 #: How much of a tool's output the manager sees (its whole output is in the log file).
 TAIL_BYTES = 4096
@@ -52,9 +54,7 @@ class SandboxedTools:
     def __init__(
         self,
         *,
-        bwrap: str,
-        network: bool,
-        hidden: list[Path],
+        sandboxes: Sandboxes,
         prefix: Path,
         cache: Path,
         scratch: Path,
@@ -63,9 +63,7 @@ class SandboxedTools:
         on_spawn: SpawnHook,
         timeout_s: float,
     ) -> None:
-        self._bwrap = bwrap
-        self._network = network
-        self._hidden = hidden
+        self._sandboxes = sandboxes
         self._prefix = prefix
         self._cache = cache
         self._scratch = scratch
@@ -92,20 +90,39 @@ class SandboxedTools:
             # The tool itself may live where the sandbox shows a tmpfs (uv inside a checkout
             # under /tmp, or under the hidden home): bind its file back at its own path.
             wanted.append(Path(argv[0]))
+        # A private CA the operator points tools at must be visible to them.
+        for variable in ("SSL_CERT_FILE", "SSL_CERT_DIR"):
+            value = os.environ.get(variable)
+            if value and os.path.isabs(value):
+                wanted.append(Path(value))
         read_only = [p for p in dict.fromkeys(wanted) if p.exists()]
-        command = sandbox.tool_argv(
-            bwrap=self._bwrap,
-            network=self._network and network,
-            hidden=self._hidden,
-            writable=[self._prefix, self._cache, self._scratch],
-            read_only=read_only,
-            chdir=self._scratch,
-            command=argv,
-        )
+        box = self._sandboxes
+        mode: NetworkMode = box.policy.tools_network if network else "off"
+        seccomp_fd = box.seccomp.open()
+        try:
+            command = sandbox.tool_argv(
+                bwrap=box.bwrap,
+                network=mode,
+                view=box.view,
+                hardening=sandbox.Hardening(seccomp_fd, box.disable_userns),
+                writable=[self._prefix, self._cache, self._scratch],
+                read_only=read_only,
+                chdir=self._scratch,
+                command=argv,
+                egress_socket=box.egress_socket,
+                socat=box.socat,
+            )
+        except BaseException:
+            os.close(seccomp_fd)
+            raise
+        passed = {k: v for k in PASSED_VARIABLES if (v := os.environ.get(k)) is not None}
+        if mode == "egress":
+            # the runner's own proxy settings mean nothing inside: the sandbox's relay is the way
+            passed = {k: v for k, v in passed.items() if "proxy" not in k.lower()}
         tool_env = {
-            **sandbox.sandbox_env(self._scratch, {}),
+            **sandbox.sandbox_env(str(self._scratch), sandbox.proxy_variables(mode)),
             "PATH": f"{self._prefix}/bin:{sandbox.SANDBOX_PATH}",
-            **{k: v for k in PASSED_VARIABLES if (v := os.environ.get(k)) is not None},
+            **passed,
             **self._base_env,
             **(env or {}),
         }
@@ -123,9 +140,11 @@ class SandboxedTools:
                 stderr=log_fd,
                 env=tool_env,
                 cwd="/",
+                pass_fds=(seccomp_fd,),
             )
         finally:
             os.close(log_fd)
+            os.close(seccomp_fd)
         self._live.add(popen)
         try:
             self._on_spawn(popen.pid, processes.start_time(popen.pid) or 0)

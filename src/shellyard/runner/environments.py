@@ -55,6 +55,7 @@ from shellyard.runner.protocol import (
     SandboxPolicy,
 )
 from shellyard.runner.snapshots import SnapshotStore
+from shellyard.runner.spawn import Sandboxes
 
 log = logging.getLogger(__name__)
 
@@ -94,13 +95,13 @@ class EnvironmentStore:
         root: Path,
         policy: SandboxPolicy,
         *,
-        hidden: list[Path],
+        sandboxes: Sandboxes,
         users: Callable[[str], list[str]],
         tool_timeout_s: float = DEFAULT_TOOL_TIMEOUT_S,
     ) -> None:
         self.root = root
         self.policy = policy
-        self._hidden = hidden
+        self._sandboxes = sandboxes
         self._users = users
         self._tool_timeout_s = tool_timeout_s
         self._changes = root / "changes"
@@ -353,9 +354,7 @@ class EnvironmentStore:
                     f"using this runner's folder?"
                 )
             tools = SandboxedTools(
-                bwrap=self._bwrap,
-                network=self.policy.network == "on",
-                hidden=self._hidden,
+                sandboxes=self._sandboxes,
                 prefix=prefix,
                 cache=self._cache,
                 scratch=scratch,

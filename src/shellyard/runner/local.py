@@ -1,15 +1,16 @@
 """LocalRunner: runs executions in bubblewrap sandboxes on this host (R1, R2, E7, E8, E11).
 
-The fast durable path (DESIGN.md "How an execution runs"): bwrap is spawned detached in its
-own session with stdout/stderr opened straight onto log files and ``--json-status-fd`` onto a
-status file. No pipes and no per-execution Python process: if this process dies, the sandbox
-keeps running, logging and finally records its exit code; ``startup()`` re-attaches.
+This module is the Runner protocol's face: start-up, workspaces, files and history. The jobs
+behind it live beside it: ``spawn.py`` (one sandbox's command line and files),
+``supervise.py`` (watching, cancel, logs, re-attach), ``sandbox.py``/``seccomp.py``/
+``egress.py`` (the sandbox itself), ``edits.py``/``history.py``/``objects.py`` (files).
 
 On disk, under ``root``::
 
     workspaces/<workspace_id>/      the live tree, owned by the sandbox uid
     executions/<execution_id>/      meta.json, stdout, stderr, status, cancel, result.json
     snapshots/                      SnapshotStore (content-addressed objects + manifests)
+    sandbox/                        the seccomp filter, the egress proxy's socket
 """
 
 from __future__ import annotations
@@ -17,34 +18,26 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
-import json
-import logging
 import os
 import queue
-import shlex
-import signal
-import subprocess
-import time
-from collections.abc import AsyncIterator, Coroutine
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 from shellyard import __version__
 from shellyard.errors import (
     InvalidInput,
     NotFound,
     OutOfRoom,
-    PathRefused,
+    SandboxUnavailable,
     WorkspaceBusy,
 )
-from shellyard.paths import normalize_relative
-from shellyard.runner import history, objects, processes, reach, sandbox
+from shellyard.runner import history, objects, reach, sandbox
 from shellyard.runner.edits import Editor
+from shellyard.runner.egress import EgressProxy
+from shellyard.runner.egress_rules import EgressRules
 from shellyard.runner.environments import EnvironmentStore
 from shellyard.runner.objects import PackImporter, StoreLock, aiter_thread
 from shellyard.runner.protocol import (
-    MAX_READ_CHUNK,
     ApplyEntry,
     ApplyResult,
     ByteStream,
@@ -61,42 +54,19 @@ from shellyard.runner.protocol import (
     ObjectResult,
     PathEntry,
     PruneResult,
-    RunnerExecState,
     RunnerExecution,
     RunnerInfo,
     SandboxPolicy,
     SnapshotInfo,
     StartRequest,
 )
+from shellyard.runner.seccomp import SeccompProfile
 from shellyard.runner.snapshots import SnapshotStore
+from shellyard.runner.spawn import Sandboxes, script_argv
+from shellyard.runner.supervise import Supervisor, check_id
 
-log = logging.getLogger(__name__)
-
-INTERPRETER_BY_SUFFIX = {".py": ["python3"], ".R": ["Rscript"], ".r": ["Rscript"], ".sh": ["bash"]}
-
-
-@dataclass
-class _Live:
-    """What this process knows about one execution it watches."""
-
-    workspace_id: str
-    directory: Path
-    pid: int
-    start_time: int
-    started_at: float
-    done: asyncio.Event = field(default_factory=asyncio.Event)
-    result: RunnerExecution | None = None
-    popen: subprocess.Popen[bytes] | None = None
-    pidfd: int | None = None
-    cancel_task: asyncio.Task[None] | None = None
-    #: The managed environment mounted into the sandbox (V4), if any.
-    environment_id: str | None = None
-
-
-def _write_json_atomic(path: Path, data: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(data)
-    os.replace(tmp, path)
+#: A Unix socket's path holds at most this many bytes (sun_path, with its NUL).
+MAX_SOCKET_PATH = 107
 
 
 class LocalRunner:
@@ -113,6 +83,7 @@ class LocalRunner:
         self.policy = policy or SandboxPolicy()
         self._workspaces = self.root / "workspaces"
         self._executions = self.root / "executions"
+        self._sandbox_dir = self.root / "sandbox"
         self._snapshots = SnapshotStore(self.root / "snapshots")
         self._store_lock = StoreLock(self.root / "snapshots")
         self._editor = Editor(
@@ -126,32 +97,66 @@ class LocalRunner:
         self._editing: set[str] = set()
         self._hidden = [self.root, *(hidden or [])]
         self._ids = sandbox.sandbox_ids(self.policy)
-        self._live: dict[str, _Live] = {}
-        self._busy_workspaces: dict[str, str] = {}
-        self._tasks: set[asyncio.Task[None]] = set()
-        self._bwrap = ""
-        #: environment id → running executions that mount it (a change waits for none, V5)
-        self._environment_users: dict[str, set[str]] = {}
+        self._proxy: EgressProxy | None = None
+        self._sandboxes = Sandboxes(
+            policy=self.policy,
+            ids=self._ids,
+            bwrap="",
+            view=sandbox.HostView((), ()),
+            seccomp=SeccompProfile(self._sandbox_dir / "seccomp.bpf"),
+            disable_userns=False,
+        )
+        self._runs = Supervisor(
+            self._executions, self._sandboxes, self._commit, self.policy.cancel_grace_s
+        )
         self._environments = EnvironmentStore(
             self.root / "environments",
             self.policy,
-            hidden=self._hidden,
-            users=lambda env_id: sorted(self._environment_users.get(env_id, ())),
+            sandboxes=self._sandboxes,
+            users=lambda env_id: sorted(self._runs.environment_users.get(env_id, ())),
         )
 
     # ----------------------------------------------------------------- lifecycle
 
     async def startup(self) -> None:
-        self._bwrap = sandbox.find_bwrap()
-        for directory in (self.root, self._workspaces, self._executions):
+        for directory in (self.root, self._workspaces, self._executions, self._sandbox_dir):
             directory.mkdir(parents=True, exist_ok=True)
             # Traversable but not listable: bwrap, already running as the sandbox uid,
             # must reach the workspace to bind it; nothing inside can list the others.
             directory.chmod(0o711)
         self._check_traversable(self._workspaces)
+        await self._prepare_sandboxes()
         await asyncio.to_thread(self._editor.startup)
-        await self._environments.startup(self._bwrap)
-        await self._recover()
+        await self._environments.startup(self._sandboxes.bwrap)
+        await self._runs.recover()
+
+    async def _prepare_sandboxes(self) -> None:
+        """Find and build once what every spawn reuses: bwrap and what it supports, the host
+        view, the seccomp filter (no execution starts without it), the egress proxy."""
+        box = self._sandboxes
+        box.bwrap = sandbox.find_bwrap()
+        box.disable_userns = await asyncio.to_thread(
+            sandbox.bwrap_supports, box.bwrap, "--disable-userns"
+        )
+        box.view = await asyncio.to_thread(
+            sandbox.HostView.build,
+            self.policy.host_paths,
+            self._hidden,
+            self._sandbox_dir / "empty",
+        )
+        await asyncio.to_thread(box.seccomp.write)
+        if "egress" in (self.policy.network, self.policy.tools_network):
+            box.socat = sandbox.find_socat()
+            path = self._sandbox_dir / "egress.sock"
+            if len(str(path).encode()) > MAX_SOCKET_PATH:
+                raise SandboxUnavailable(
+                    f"the egress proxy's socket path {path} is longer than a Unix socket "
+                    f"allows ({MAX_SOCKET_PATH} bytes); choose a shorter runner root or home"
+                )
+            rules = EgressRules.build(self.policy.egress_allow, self.policy.egress_exceptions)
+            self._proxy = EgressProxy(path, rules)
+            await self._proxy.start()
+            box.egress_socket = path
 
     def _check_traversable(self, directory: Path) -> None:
         if self._ids is None:  # not root: the sandbox runs as this user, who reaches it
@@ -161,18 +166,10 @@ class LocalRunner:
 
     async def aclose(self) -> None:
         """Stop watching; the sandboxes themselves keep running (E11)."""
-        loop = asyncio.get_running_loop()
-        for live in self._live.values():
-            if live.pidfd is not None:
-                loop.remove_reader(live.pidfd)
-                os.close(live.pidfd)
-                live.pidfd = None
-            if live.cancel_task is not None:
-                live.cancel_task.cancel()
-        for task in list(self._tasks):
-            task.cancel()
-        self._live.clear()
+        self._runs.close()
         await self._environments.aclose()
+        if self._proxy is not None:
+            await self._proxy.close()
         self._editor.close()
         await asyncio.to_thread(self._snapshots.close)
 
@@ -188,7 +185,7 @@ class LocalRunner:
     # ----------------------------------------------------------------- workspaces
 
     def workspace_path(self, workspace_id: str) -> Path:
-        _check_id(workspace_id, "workspace id")
+        check_id(workspace_id, "workspace id")
         return self._workspaces / workspace_id
 
     async def ensure_workspace(self, workspace_id: str) -> SnapshotInfo:
@@ -200,11 +197,12 @@ class LocalRunner:
         return await asyncio.to_thread(self._snapshots.ensure_workspace, workspace_id)
 
     async def commit(self, workspace_id: str) -> SnapshotInfo:
-        if workspace_id in self._busy_workspaces:
+        holder = self._runs.busy_workspaces.get(workspace_id)
+        if holder is not None:
             raise WorkspaceBusy(
-                f"workspace {workspace_id} is in use by execution "
-                f"{self._busy_workspaces[workspace_id]}; its snapshot is committed when it ends",
-                holder=self._busy_workspaces[workspace_id],
+                f"workspace {workspace_id} is in use by execution {holder}; its snapshot is "
+                f"committed when it ends",
+                holder=holder,
             )
         return await self._commit(workspace_id)
 
@@ -294,7 +292,7 @@ class LocalRunner:
     async def _writing(self, workspace_id: str) -> AsyncIterator[None]:
         """One writer operation at a time on the workspace, never beside an execution."""
         self._require_workspace(workspace_id)
-        holder = self._busy_workspaces.get(workspace_id)
+        holder = self._runs.busy_workspaces.get(workspace_id)
         if holder is not None:
             raise WorkspaceBusy(
                 f"workspace {workspace_id} is in use by execution {holder}; its files change "
@@ -406,16 +404,16 @@ class LocalRunner:
     # ----------------------------------------------------------------- executions
 
     async def start(self, request: StartRequest) -> RunnerExecution:
-        _check_id(request.execution_id, "execution id")
-        directory = self._executions / request.execution_id
-        if directory.exists():  # E10: a retried start never spawns a second process
+        check_id(request.execution_id, "execution id")
+        if (self._executions / request.execution_id).exists():
+            # E10: a retried start never spawns a second process
             return await self.status(request.execution_id)
         if (request.command is None) == (request.script_path is None):
             raise InvalidInput("give exactly one of command or script_path")
         tree = self.workspace_path(request.workspace_id)
         if not tree.is_dir():
             raise NotFound(f"workspace {request.workspace_id} does not exist on this runner")
-        holder = self._busy_workspaces.get(request.workspace_id)
+        holder = self._runs.busy_workspaces.get(request.workspace_id)
         if holder is not None:
             raise WorkspaceBusy(
                 f"workspace {request.workspace_id} is in use by execution {holder}",
@@ -429,240 +427,33 @@ class LocalRunner:
         command = (
             ["bash", "-c", request.command]
             if request.command is not None
-            else _script_argv(tree, request.script_path or "")
+            else script_argv(tree, request.script_path or "")
         )
         mount = (
             self._environments.mount(request.environment_id)
             if request.environment_id is not None
             else None
         )
-        directory.mkdir()
-        live = self._spawn(request, directory, tree, command, mount)
-        self._live[request.execution_id] = live
-        self._busy_workspaces[request.workspace_id] = request.execution_id
-        self._use_environment(live.environment_id, request.execution_id)
-        self._watch(request.execution_id, live)
-        return self._running(request.execution_id, live)
-
-    def _spawn(
-        self,
-        request: StartRequest,
-        directory: Path,
-        tree: Path,
-        command: list[str],
-        mount: tuple[Path, dict[str, str]] | None = None,
-    ) -> _Live:
-        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC
-        out_fd = os.open(directory / "stdout", flags, 0o600)
-        err_fd = os.open(directory / "stderr", flags, 0o600)
-        status_fd = os.open(directory / "status", flags, 0o600)
-        try:
-            argv = sandbox.bwrap_argv(
-                bwrap=self._bwrap,
-                policy=self.policy,
-                ids=self._ids,
-                workspace=tree,
-                hidden=self._hidden,
-                status_fd=status_fd,
-                command=command,
-                read_only_binds=[mount[0]] if mount is not None else (),
-            )
-            env = sandbox.sandbox_env(
-                tree,
-                {
-                    **_environment_variables(mount),
-                    **request.env,
-                    "SHELLYARD_EXECUTION_ID": request.execution_id,
-                    "SHELLYARD_WORKSPACE_ID": request.workspace_id,
-                },
-            )
-            started_at = time.time()
-            popen = subprocess.Popen(
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=out_fd,
-                stderr=err_fd,
-                pass_fds=(status_fd,),
-                env=env,
-                cwd="/",
-                start_new_session=True,
-            )
-        finally:
-            os.close(out_fd)
-            os.close(err_fd)
-            os.close(status_fd)
-        pid_start = processes.start_time(popen.pid) or 0
-        meta = {
-            "execution_id": request.execution_id,
-            "workspace_id": request.workspace_id,
-            "pid": popen.pid,
-            "start_time": pid_start,
-            "started_at": started_at,
-            "environment_id": request.environment_id,
-        }
-        _write_json_atomic(directory / "meta.json", json.dumps(meta))
-        return _Live(
-            workspace_id=request.workspace_id,
-            directory=directory,
-            pid=popen.pid,
-            start_time=pid_start,
-            started_at=started_at,
-            popen=popen,
-            environment_id=request.environment_id,
-        )
-
-    def _watch(self, execution_id: str, live: _Live) -> None:
-        """Wake on the pidfd when bwrap exits; no thread and no poll loop per execution."""
-        try:
-            live.pidfd = os.pidfd_open(live.pid)
-        except ProcessLookupError:
-            self._spawn_task(self._finish(execution_id, live))
-            return
-        loop = asyncio.get_running_loop()
-
-        def on_exit() -> None:
-            if live.pidfd is not None:
-                loop.remove_reader(live.pidfd)
-                os.close(live.pidfd)
-                live.pidfd = None
-            self._spawn_task(self._finish(execution_id, live))
-
-        loop.add_reader(live.pidfd, on_exit)
-
-    def _spawn_task(self, coro: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.ensure_future(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    async def _finish(self, execution_id: str, live: _Live) -> None:
-        """E8: the main process is gone. Make sure nothing of the sandbox is left, commit the
-        workspace, then (and only then) write the final result."""
-        returncode = live.popen.poll() if live.popen is not None else None
-        if returncode is None:
-            processes.reap_if_child(live.pid)
-        status = processes.read_bwrap_status(live.directory / "status")
-        init_pid = status.get("child-pid")
-        if isinstance(init_pid, int):
-            # bwrap's monitor exits when the command does, while the namespace's init may live
-            # on with leftovers (E8). Killing the init kills the rest; wait until it is gone.
-            marker = f"SHELLYARD_EXECUTION_ID={execution_id}".encode()
-            if not await processes.kill_and_wait(init_pid, marker):
-                log.warning("the sandbox of %s did not end after SIGKILL", execution_id)
-        exit_code = status.get("exit-code")
-        cancelled = (live.directory / "cancel").exists()
-        error = None
-        if not isinstance(exit_code, int):
-            exit_code = None
-            if returncode is not None and not cancelled:
-                error = _bwrap_error(live.directory, returncode)
-        try:
-            snapshot: SnapshotInfo | None = await self._commit(live.workspace_id)
-        except Exception as exc:  # a commit failure must still finish the record
-            log.exception("snapshot commit failed", extra={"execution_id": execution_id})
-            snapshot = None
-            error = f"snapshot commit failed: {exc}"
-        state = RunnerExecState.finished
-        if exit_code is None and not cancelled and error is None:
-            state = RunnerExecState.lost
-            error = "the sandbox ended without recording an exit code"
-        result = RunnerExecution(
-            execution_id=execution_id,
-            workspace_id=live.workspace_id,
-            state=state,
-            exit_code=exit_code,
-            cancelled=cancelled,
-            snapshot=snapshot,
-            started_at=live.started_at,
-            finished_at=time.time(),
-            error=error,
-        )
-        _write_json_atomic(live.directory / "result.json", result.model_dump_json())
-        live.result = result
-        if live.cancel_task is not None:
-            live.cancel_task.cancel()
-        if self._busy_workspaces.get(live.workspace_id) == execution_id:
-            del self._busy_workspaces[live.workspace_id]
-        if live.environment_id is not None:
-            users = self._environment_users.get(live.environment_id, set())
-            users.discard(execution_id)
-            if not users:
-                self._environment_users.pop(live.environment_id, None)
-        live.done.set()
-
-    def _running(self, execution_id: str, live: _Live) -> RunnerExecution:
-        return RunnerExecution(
-            execution_id=execution_id,
-            workspace_id=live.workspace_id,
-            state=RunnerExecState.running,
-            cancelled=(live.directory / "cancel").exists(),
-            started_at=live.started_at,
-        )
+        return self._runs.launch(request, tree, command, mount)
 
     async def status(self, execution_id: str) -> RunnerExecution:
-        live = self._live.get(execution_id)
-        if live is not None:
-            return live.result or self._running(execution_id, live)
-        _check_id(execution_id, "execution id")
-        result_file = self._executions / execution_id / "result.json"
-        if result_file.exists():
-            return RunnerExecution.model_validate_json(result_file.read_text())
-        return RunnerExecution(
-            execution_id=execution_id,
-            workspace_id="",
-            state=RunnerExecState.lost,
-            error="this runner holds no trace of the execution",
-        )
+        return await self._runs.status(execution_id)
 
     async def wait(self, execution_id: str, timeout_s: float) -> RunnerExecution:
-        live = self._live.get(execution_id)
-        if live is not None and live.result is None:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(live.done.wait(), timeout=max(0.0, timeout_s))
-        return await self.status(execution_id)
+        return await self._runs.wait(execution_id, timeout_s)
 
     async def cancel(self, execution_id: str) -> RunnerExecution:
-        """E7: SIGTERM the command's process group; after the grace period kill the whole
-        pid namespace. The result turns final only after every process is gone and the
-        snapshot is committed (``_finish``)."""
-        live = self._live.get(execution_id)
-        if live is None or live.result is not None:
-            return await self.status(execution_id)
-        cancel_file = live.directory / "cancel"
-        if not cancel_file.exists():
-            cancel_file.write_text(str(time.time()))
-        if live.cancel_task is None:
-            live.cancel_task = asyncio.ensure_future(self._cancel(live, time.time()))
-        return self._running(execution_id, live)
+        return await self._runs.cancel(execution_id)
 
-    async def _cancel(self, live: _Live, requested_at: float) -> None:
-        status = processes.read_bwrap_status(live.directory / "status")
-        init_pid = status.get("child-pid")
-        if not isinstance(init_pid, int):
-            # bwrap has not finished its setup yet; give it a moment to report.
-            await asyncio.sleep(0.05)
-            status = processes.read_bwrap_status(live.directory / "status")
-            init_pid = status.get("child-pid")
-        if isinstance(init_pid, int):
-            # bwrap --new-session calls setsid() in the namespace's init, so the command runs
-            # in the init's process group (measured: pgid == child-pid). The init ignores
-            # SIGTERM from outside; a child that made its own session gets its own signal.
-            processes.signal_group(init_pid, signal.SIGTERM)
-            for command_pid in processes.children(init_pid):
-                processes.signal_group(command_pid, signal.SIGTERM)
-        remaining = self.policy.cancel_grace_s - (time.time() - requested_at)
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(live.done.wait(), timeout=max(0.0, remaining))
-        if live.result is None:
-            if isinstance(init_pid, int):
-                processes.signal_process(init_pid, signal.SIGKILL)
-            else:
-                processes.signal_group(live.pid, signal.SIGKILL)
+    async def log_size(self, execution_id: str, stream: LogStream) -> int:
+        return await self._runs.log_size(execution_id, stream)
+
+    async def read_log(
+        self, execution_id: str, stream: LogStream, offset: int, limit: int
+    ) -> LogChunk:
+        return await self._runs.read_log(execution_id, stream, offset, limit)
 
     # ----------------------------------------------------------------- environments (V1–V8)
-
-    def _use_environment(self, environment_id: str | None, execution_id: str) -> None:
-        if environment_id is not None:
-            self._environment_users.setdefault(environment_id, set()).add(execution_id)
 
     async def environment_change(self, request: EnvironmentChangeRequest) -> EnvironmentChange:
         return await self._environments.change(request)
@@ -675,77 +466,6 @@ class LocalRunner:
 
     async def environment_info(self, environment_id: str) -> EnvironmentInfo:
         return await self._environments.info(environment_id)
-
-    # ----------------------------------------------------------------- logs
-
-    def _log_path(self, execution_id: str, stream: LogStream) -> Path:
-        _check_id(execution_id, "execution id")
-        if stream not in ("stdout", "stderr"):
-            raise InvalidInput(f"unknown log stream {stream!r}; use 'stdout' or 'stderr'")
-        path = self._executions / execution_id / stream
-        if not path.exists():
-            raise NotFound(f"no logs for execution {execution_id} on this runner")
-        return path
-
-    async def log_size(self, execution_id: str, stream: LogStream) -> int:
-        return self._log_path(execution_id, stream).stat().st_size
-
-    async def read_log(
-        self, execution_id: str, stream: LogStream, offset: int, limit: int
-    ) -> LogChunk:
-        if offset < 0 or limit < 0:
-            raise InvalidInput("offset and limit must be zero or positive")
-        path = self._log_path(execution_id, stream)
-        finished = (await self.status(execution_id)).state != RunnerExecState.running
-        with path.open("rb") as handle:
-            size = os.fstat(handle.fileno()).st_size
-            start = min(offset, size)
-            handle.seek(start)
-            data = handle.read(min(limit, MAX_READ_CHUNK))
-        next_offset = start + len(data)
-        return LogChunk(
-            data=data,
-            offset=start,
-            next_offset=next_offset,
-            size=size,
-            complete=finished and next_offset >= size,
-        )
-
-    # ----------------------------------------------------------------- recovery
-
-    async def _recover(self) -> None:
-        """E11: re-attach to sandboxes that outlived the previous runner process."""
-        for directory in sorted(self._executions.iterdir()):
-            if (directory / "result.json").exists():
-                continue
-            meta_file = directory / "meta.json"
-            if not meta_file.exists():
-                # Crashed between mkdir and spawn bookkeeping: nothing of ours can be running
-                # under a known pid; kill a namespace bwrap may already have reported.
-                status = processes.read_bwrap_status(directory / "status")
-                if isinstance(status.get("child-pid"), int):
-                    processes.signal_process(status["child-pid"], signal.SIGKILL)
-                continue
-            meta = json.loads(meta_file.read_text())
-            live = _Live(
-                workspace_id=meta["workspace_id"],
-                directory=directory,
-                pid=meta["pid"],
-                start_time=meta["start_time"],
-                started_at=meta["started_at"],
-                environment_id=meta.get("environment_id"),
-            )
-            execution_id = directory.name
-            self._live[execution_id] = live
-            self._busy_workspaces[live.workspace_id] = execution_id
-            self._use_environment(live.environment_id, execution_id)
-            if processes.is_same_process(live.pid, live.start_time):
-                self._watch(execution_id, live)
-                if (directory / "cancel").exists():
-                    requested = float((directory / "cancel").read_text() or time.time())
-                    live.cancel_task = asyncio.ensure_future(self._cancel(live, requested))
-            else:
-                self._spawn_task(self._finish(execution_id, live))
 
 
 async def _coalesce(data: ByteStream, size: int = 1 << 20) -> AsyncIterator[bytes]:
@@ -762,49 +482,3 @@ async def _coalesce(data: ByteStream, size: int = 1 << 20) -> AsyncIterator[byte
             buf.clear()
     if buf:
         yield bytes(buf)
-
-
-def _check_id(value: str, what: str) -> None:
-    if not value or not all(ch.isalnum() or ch in "-_" for ch in value) or len(value) > 128:
-        raise InvalidInput(f"invalid {what} {value!r}: use letters, digits, '-' and '_'")
-
-
-def _script_argv(tree: Path, script_path: str) -> list[str]:
-    """E1: run a workspace file by its shebang, else by its extension."""
-    relative = normalize_relative(script_path)
-    if not relative:
-        raise InvalidInput("script_path names the workspace root; give a file inside it")
-    current = tree
-    for part in relative.split("/"):
-        current = current / part
-        if current.is_symlink():
-            raise PathRefused(
-                f"script_path {script_path!r} crosses a symbolic link; give the real path"
-            )
-    if not current.is_file():
-        raise NotFound(f"script {script_path!r} does not exist in the workspace")
-    with current.open("rb") as handle:
-        first = handle.readline(512)
-    if first.startswith(b"#!"):
-        return [*shlex.split(first[2:].decode("utf-8", "replace").strip()), str(current)]
-    interpreter = INTERPRETER_BY_SUFFIX.get(current.suffix, ["bash"])
-    return [*interpreter, str(current)]
-
-
-def _environment_variables(mount: tuple[Path, dict[str, str]] | None) -> dict[str, str]:
-    """The environment's variables for the sandbox (V4): its PATH entries go first."""
-    if mount is None:
-        return {}
-    variables = dict(mount[1])
-    variables["PATH"] = f"{variables['PATH']}:{sandbox.SANDBOX_PATH}"
-    return variables
-
-
-def _bwrap_error(directory: Path, returncode: int) -> str:
-    """bwrap exited without starting the command: its own message is on stderr."""
-    try:
-        with (directory / "stderr").open("rb") as handle:
-            message = handle.read(2000).decode("utf-8", "replace").strip()
-    except OSError:
-        message = ""
-    return f"the sandbox could not start (bwrap exit {returncode}): {message or 'no message'}"

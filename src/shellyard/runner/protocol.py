@@ -13,6 +13,10 @@ from typing import Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, Field
 
+# Re-exported: the policy lives in policy.py (config.py reads it without the runner wire).
+from shellyard.runner.policy import ExecutionPolicy, NetworkMode
+from shellyard.runner.policy import SandboxPolicy as SandboxPolicy
+
 LogStream = Literal["stdout", "stderr"]
 
 #: Largest chunk one log or file read returns; callers page with ``next_offset``.
@@ -25,20 +29,6 @@ class RunnerExecState(StrEnum):
     finished = "finished"
     #: The runner holds no trace of a live or finished sandbox for this id.
     lost = "lost"
-
-
-class SandboxPolicy(BaseModel):
-    """Per-runner sandbox settings (R2)."""
-
-    network: Literal["on", "off"] = "on"
-    max_processes: int = Field(default=4096, ge=16)
-    max_open_files: int = Field(default=4096, ge=64)
-    max_file_size_bytes: int = Field(default=64 << 30, ge=1 << 20)
-    max_memory_bytes: int | None = Field(default=None, ge=64 << 20)
-    #: uid/gid the sandbox runs as when the runner is root; None picks the default.
-    sandbox_uid: int | None = None
-    sandbox_gid: int | None = None
-    cancel_grace_s: float = Field(default=5.0, ge=0.0, le=300.0)
 
 
 class StartRequest(BaseModel):
@@ -73,6 +63,8 @@ class RunnerExecution(BaseModel):
     started_at: float | None = None
     finished_at: float | None = None
     error: str | None = None
+    #: The sandbox policy it runs under (network mode, allow-list digest, seccomp profile).
+    policy: ExecutionPolicy | None = None
 
 
 class LogChunk(BaseModel):
@@ -202,7 +194,7 @@ class GcResult(BaseModel):
 class RunnerInfo(BaseModel):
     runner_version: str
     sandbox: str
-    network: Literal["on", "off"]
+    network: NetworkMode
     sandbox_uid: int
 
 

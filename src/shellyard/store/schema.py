@@ -94,6 +94,8 @@ executions = Table(
     Column("created_at", Float, nullable=False),
     Column("started_at", Float, nullable=True),
     Column("finished_at", Float, nullable=True),
+    # JSON of the sandbox policy it ran under (migration 0006).
+    Column("sandbox_policy", Text, nullable=True),
     UniqueConstraint("agent_id", "idempotency_key", name="uq_execution_idempotency"),
 )
 Index("ix_executions_state", executions.c.state)

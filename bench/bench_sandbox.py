@@ -1,0 +1,162 @@
+"""Benchmark: what the sandbox's defenses cost per spawn (issue 11).
+
+Bare ``bwrap … true`` spawns, no control plane, interleaved one of each per round so the
+machine's noise falls on all alike:
+
+- ``default``: the runner's argv under the default policy (network off, seccomp, --cap-drop
+  ALL, --disable-userns, the allow-listed host view);
+- ``no_seccomp``: the same without ``--seccomp`` (the filter's cost is the difference);
+- ``host``: the same with ``--share-net`` (the cost of network ``off``, a namespace of its
+  own, is the difference);
+- ``egress``: network ``egress``: the in-sandbox relay (socat) started and waited for;
+- ``before``: the argv before issue 11 (``/`` bound read-only whole, host network, no seccomp,
+  no --cap-drop), for reference.
+
+Targets: the seccomp filter and the network mode ``off`` each cost ≤ 0.5 ms per spawn (the
+median of the per-round differences).
+
+    .venv/bin/python bench/bench_sandbox.py [--quick] [--out PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from common import BareBwrap, make_home, metric, remove_home, summary_ms
+
+COMMAND = "python bench/bench_sandbox.py"
+
+
+class BeforeIssue11(BareBwrap):
+    """The argv the runner built before issue 11, for reference."""
+
+    def argv(self, command: Sequence[str], status_fd: int, seccomp_fd: int | None) -> list[str]:
+        sandbox = self._sandbox
+        argv = [*sandbox.rlimit_prefix(self.policy), self.bwrap, "--unshare-all", "--share-net"]
+        argv += ["--new-session", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
+        for private in ("/tmp", "/var/tmp", "/run"):
+            argv += ["--tmpfs", private]
+        for path in self.hidden:
+            argv += ["--tmpfs", str(path)]
+        ws = str(self.workspace)
+        argv += ["--bind", ws, ws, "--chdir", ws, "--hostname", "shellyard"]
+        return [*argv, "--json-status-fd", str(status_fd), "--", *command]
+
+
+def measure(args: argparse.Namespace) -> dict[str, Any]:
+    rounds = 60 if args.quick else 300
+    warmup = 10 if args.quick else 30
+    home = make_home()
+    sock_path = home / "egress.sock"
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(str(sock_path))
+    sock_path.chmod(0o666)
+    try:
+        variants: dict[str, BareBwrap] = {
+            "default": BareBwrap(home),
+            "no_seccomp": BareBwrap(home, seccomp=False),
+            "host": BareBwrap(home, network="host"),
+            "egress": BareBwrap(home, network="egress", egress_socket=sock_path),
+            "before": BeforeIssue11(home, seccomp=False, network="host"),
+        }
+        samples: dict[str, list[float]] = {name: [] for name in variants}
+        names = list(variants)
+        for _ in range(warmup):
+            for name in names:
+                variants[name].run(tag=name)
+        for index in range(rounds):
+            shift = index % len(names)
+            for name in names[shift:] + names[:shift]:
+                samples[name].append(variants[name].run(tag=name))
+    finally:
+        listener.close()
+        remove_home(home)
+    stats = {name: summary_ms(values) for name, values in samples.items()}
+    p50 = {name: stats[name]["p50"] for name in stats}
+
+    def paired(a: str, b: str) -> float:
+        """Median of the per-round differences a − b (ms): each round spawns every variant
+        back to back, so the machine's slow drifts cancel out of each difference."""
+        diffs = sorted((x - y) * 1000 for x, y in zip(samples[a], samples[b], strict=True))
+        return round(diffs[len(diffs) // 2], 3)
+
+    deltas = {
+        "seccomp": paired("default", "no_seccomp"),
+        "network_off": paired("default", "host"),
+        "egress": paired("egress", "default"),
+        "before": paired("default", "before"),
+    }
+    metrics = [
+        metric(
+            "sandbox.seccomp_cost_ms",
+            "seccomp filter: median per-round spawn difference, with it − without it",
+            deltas["seccomp"],
+            "ms",
+            target="≤ 0.5 ms",
+            kind="abs_max",
+            limit=0.5,
+            baseline_label="bare bwrap without --seccomp (p50 ms)",
+            baseline_value=p50["no_seccomp"],
+        ),
+        metric(
+            "sandbox.network_off_cost_ms",
+            "network off: median per-round spawn difference, own namespace − --share-net",
+            deltas["network_off"],
+            "ms",
+            target="≤ 0.5 ms",
+            kind="abs_max",
+            limit=0.5,
+            baseline_label="bare bwrap with --share-net (p50 ms)",
+            baseline_value=p50["host"],
+        ),
+        metric(
+            "sandbox.egress_cost_ms",
+            "network egress: median per-round spawn difference, the relay − network off",
+            deltas["egress"],
+            "ms",
+            target="reported (only egress runners pay it)",
+            kind="info",
+            baseline_label="bare bwrap, default policy (p50 ms)",
+            baseline_value=p50["default"],
+        ),
+        metric(
+            "sandbox.default_vs_before",
+            "default policy spawn, p50 ms (ratio: ÷ the pre-issue-11 argv)",
+            p50["default"],
+            "ms",
+            target="reported",
+            kind="info",
+            baseline_label="pre-issue-11 argv (p50 ms)",
+            baseline_value=p50["before"],
+        ),
+    ]
+    return {
+        "name": "sandbox",
+        "title": "Sandbox defenses per spawn",
+        "command": COMMAND,
+        "metrics": metrics,
+        "details": {"spawn_ms": stats, "paired_ms": deltas, "rounds": rounds, "at": time.time()},
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--profile", type=Path, default=None)  # accepted like the others
+    args = parser.parse_args()
+    result = measure(args)
+    text = json.dumps(result, indent=2)
+    if args.out is not None:
+        args.out.write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

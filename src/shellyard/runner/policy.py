@@ -1,0 +1,164 @@
+"""The sandbox policy of one runner (R2): what its commands may reach.
+
+A module of its own, importing nothing of the runner wire, so ``config.py`` (the settings
+every door reads) can name it without depending on the runner's protocol. The threat model
+and the reason for each setting are in docs/security.md.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field, field_validator, model_validator
+
+from shellyard.errors import InvalidInput
+from shellyard.runner.egress_rules import parse_exception, parse_pattern
+
+#: ``off``: own network namespace, loopback only. ``egress``: outbound TCP through the runner's
+#: filtering proxy only. ``host``: the host's network, shared (explicit choice only).
+NetworkMode = Literal["off", "egress", "host"]
+NETWORK_MODES: tuple[NetworkMode, ...] = ("off", "egress", "host")
+
+#: Bumped whenever the seccomp rules change, so every execution record names the rules it ran
+#: under (``runner/seccomp.py``).
+SECCOMP_PROFILE = "shellyard-seccomp-1"
+
+
+def parse_network(value: str, where: str) -> NetworkMode:
+    """``value`` as a network mode, or a clear error naming ``where`` it came from. ``on`` (the
+    setting's old spelling) means ``host``."""
+    if value == "on":
+        return "host"
+    for mode in NETWORK_MODES:
+        if value == mode:
+            return mode
+    raise ValueError(
+        f"{where} must be one of off, egress or host, not {value!r} "
+        f"(off: no network; egress: filtered outbound TCP; host: the host's network, unfiltered)"
+    )
+
+
+class SandboxPolicy(BaseModel):
+    """Per-runner sandbox settings (R2)."""
+
+    network: NetworkMode = "off"
+    #: ``egress`` only: the domains a command may reach (``example.org``, ``*.example.org``,
+    #: ``example.org:8443``; without a port 80 and 443). Empty: every public address.
+    egress_allow: list[str] = Field(default_factory=list)
+    #: ``host:port`` pairs reachable through the proxy even when private or loopback (an
+    #: operator's package mirror, say). Exact matches only.
+    egress_exceptions: list[str] = Field(default_factory=list)
+    #: The package tools' network (V1/V2). None: ``host`` on a ``host`` runner, otherwise
+    #: ``egress`` with the same filter (a tool must download, an execution need not).
+    tool_network: NetworkMode | None = None
+    #: Host folders or files shown read-only in every sandbox beside the built-in view.
+    host_paths: list[str] = Field(default_factory=list)
+    max_processes: int = Field(default=4096, ge=16)
+    max_open_files: int = Field(default=4096, ge=64)
+    max_file_size_bytes: int = Field(default=64 << 30, ge=1 << 20)
+    max_memory_bytes: int | None = Field(default=None, ge=64 << 20)
+    #: uid/gid the sandbox runs as when the runner is root; None picks the default.
+    sandbox_uid: int | None = None
+    sandbox_gid: int | None = None
+    cancel_grace_s: float = Field(default=5.0, ge=0.0, le=300.0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _old_spelling(cls, data: Any) -> Any:
+        # A daemon started with the old ``--policy-json '{"network": "on"}'`` keeps working.
+        if isinstance(data, dict):
+            for key in ("network", "tool_network"):
+                if data.get(key) == "on":
+                    data = {**data, key: "host"}
+        return data
+
+    @field_validator("egress_allow")
+    @classmethod
+    def _check_patterns(cls, patterns: list[str]) -> list[str]:
+        for pattern in patterns:
+            parse_pattern(pattern)
+        return patterns
+
+    @field_validator("egress_exceptions")
+    @classmethod
+    def _check_exceptions(cls, pairs: list[str]) -> list[str]:
+        for pair in pairs:
+            parse_exception(pair)
+        return pairs
+
+    @field_validator("host_paths")
+    @classmethod
+    def _check_host_paths(cls, paths: list[str]) -> list[str]:
+        for path in paths:
+            if not path.startswith("/") or ".." in path.split("/"):
+                raise ValueError(
+                    f"host path {path!r} must be absolute and without '..' (for example /opt/tools)"
+                )
+        return paths
+
+    @property
+    def tools_network(self) -> NetworkMode:
+        if self.tool_network is not None:
+            return self.tool_network
+        return "host" if self.network == "host" else "egress"
+
+    def egress_digest(self) -> str:
+        """A short digest of what the network filter lets through (the allow-list and the
+        exceptions), recorded with every execution so a record names the rules it ran under."""
+        doc = json.dumps(
+            {"allow": sorted(self.egress_allow), "exceptions": sorted(self.egress_exceptions)},
+            sort_keys=True,
+        )
+        return hashlib.sha256(doc.encode()).hexdigest()[:16]
+
+
+class ExecutionPolicy(BaseModel):
+    """The policy one execution ran under, recorded with it (meta.json, result.json, the
+    control plane's record) and shown by ``execution_status``."""
+
+    network: NetworkMode
+    #: ``egress_digest()`` of the runner's allow-list and exceptions (None unless egress).
+    egress_digest: str | None = None
+    seccomp_profile: str = SECCOMP_PROFILE
+
+
+def _env_list(variable: str, separator: str) -> list[str] | None:
+    raw = os.environ.get(variable)
+    if raw is None or not raw.strip():
+        return None
+    return [part.strip() for part in raw.split(separator) if part.strip()]
+
+
+def policy_from_env(policy: SandboxPolicy) -> SandboxPolicy:
+    """The local runner's sandbox settings from the environment (docs/security.md):
+    ``SHELLYARD_NETWORK`` (off, egress, host), ``SHELLYARD_TOOL_NETWORK``,
+    ``SHELLYARD_EGRESS_ALLOW`` and ``SHELLYARD_EGRESS_EXCEPTIONS`` (comma-separated),
+    ``SHELLYARD_HOST_PATHS`` (colon-separated absolute paths)."""
+    update: dict[str, object] = {}
+    try:
+        for variable, key in (
+            ("SHELLYARD_NETWORK", "network"),
+            ("SHELLYARD_TOOL_NETWORK", "tool_network"),
+        ):
+            raw = os.environ.get(variable)
+            if raw:
+                update[key] = parse_network(raw.strip(), variable)
+    except ValueError as exc:
+        raise InvalidInput(str(exc)) from None
+    for variable, key, separator in (
+        ("SHELLYARD_EGRESS_ALLOW", "egress_allow", ","),
+        ("SHELLYARD_EGRESS_EXCEPTIONS", "egress_exceptions", ","),
+        ("SHELLYARD_HOST_PATHS", "host_paths", ":"),
+    ):
+        values = _env_list(variable, separator)
+        if values is not None:
+            update[key] = values
+    if not update:
+        return policy
+    try:
+        return SandboxPolicy.model_validate({**policy.model_dump(), **update})
+    except ValueError as exc:
+        raise InvalidInput(f"the sandbox settings in the environment are invalid: {exc}") from None
