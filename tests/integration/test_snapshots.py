@@ -25,7 +25,7 @@ import pytest
 
 from shellyard.errors import InvalidInput, NotFound, PathRefused
 from shellyard.runner.protocol import MAX_READ_CHUNK
-from shellyard.runner.snapshots import SnapshotStore
+from shellyard.runner.snapshots.store import SnapshotStore
 
 WS = "ws-1"
 
@@ -440,7 +440,7 @@ def test_w3_unreadable_entries_are_reported_not_fatal() -> None:
         base.chmod(0o755)
         script = (
             "import json, sys; from pathlib import Path; "
-            "from shellyard.runner.snapshots import SnapshotStore; "
+            "from shellyard.runner.snapshots.store import SnapshotStore; "
             "s = SnapshotStore(Path(sys.argv[1]) / 'store', scan_helper=False); "
             "info = s.commit('w', Path(sys.argv[1]) / 'tree'); "
             "print(json.dumps([info.files, sorted(s.manifest('w')), "

@@ -35,7 +35,7 @@ from shellyard.runner.protocol import (
     StartRequest,
 )
 from shellyard.store import Store
-from shellyard.store.store import new_id
+from shellyard.store.db import new_id
 
 if TYPE_CHECKING:
     from shellyard.control.environments import EnvironmentService

@@ -42,7 +42,7 @@ from shellyard.errors import (
 )
 from shellyard.paths import normalize_relative
 from shellyard.runner import history, objects, processes, sandbox
-from shellyard.runner.edits import Editor
+from shellyard.runner.edits.editor import Editor
 from shellyard.runner.environments import EnvironmentStore
 from shellyard.runner.objects import PackImporter, StoreLock, aiter_thread
 from shellyard.runner.protocol import (
@@ -70,7 +70,7 @@ from shellyard.runner.protocol import (
     SnapshotInfo,
     StartRequest,
 )
-from shellyard.runner.snapshots import SnapshotStore
+from shellyard.runner.snapshots.store import SnapshotStore
 
 log = logging.getLogger(__name__)
 
