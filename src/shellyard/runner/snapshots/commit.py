@@ -20,10 +20,12 @@ from __future__ import annotations
 import logging
 import os
 import stat as stat_mod
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 from shellyard.runner.snapshots.blobs import ObjectStore, Stored
+from shellyard.runner.snapshots.changes import Changes, Tracking
 from shellyard.runner.snapshots.format import (
     KIND_DIR,
     KIND_FILE,
@@ -77,6 +79,8 @@ class CommitStats:
     skipped: int = 0
     #: Files the store could not read (permission denied); left out of the snapshot.
     unreadable: list[str] = field(default_factory=list)
+    #: Whether the commit scanned only the folders its change hints named (changes.py).
+    change_hints: bool = False
     elapsed_s: float = 0.0
 
     @property
@@ -202,13 +206,109 @@ class TreeWalker:
         clock: int,
         stats: CommitStats,
         hints: Hints | None = None,
+        track: Tracking | None = None,
     ) -> dict[str, DirRecord]:
-        """Walk the tree; return its folder records in canonical (sorted path) order."""
-        prescans = self._prescan(root_fd, old, stats)
+        """Walk the tree; return its folder records in canonical (sorted path) order.
+
+        With ``track`` every folder is watched before it is scanned, and when its
+        ``changes`` are known only the folders they name are scanned (and the folders new
+        or moved since, in full); every other record is kept as it is."""
+        if track is not None and track.changes is not None:
+            return self._walk_changes(root_fd, old, clock, stats, hints, track, track.changes)
+        # a prescan happens before the watches, so it could miss a change made in between
+        prescans = self._prescan(root_fd, old, stats) if track is None else {}
+        if track is not None:
+            track.linked = set()  # every folder is scanned: learnt again
+        out = self._visit([(root_fd, "")], root_fd, old, clock, stats, hints, track, prescans, None)
+        dirs: dict[str, DirRecord] = {}
+        for dpath in sorted(out):
+            dirs[dpath] = out[dpath]
+            stats.files_seen += out[dpath].files
+        if track is not None:
+            track.racy = {p for p, r in dirs.items() if r.max_time >= r.clock}
+        return dirs
+
+    def _walk_changes(
+        self,
+        root_fd: int,
+        old: dict[str, DirRecord],
+        clock: int,
+        stats: CommitStats,
+        hints: Hints | None,
+        track: Tracking,
+        changes: Changes,
+    ) -> dict[str, DirRecord]:
+        """Scan only the changed folders (and the racily clean ones of the last commit);
+        walk the subtrees created or moved in full; keep every other record."""
+        stats.change_hints = True
+        forced = changes.subtrees
+        dirty = changes.dirs | track.racy
+
+        def covered(path: str, roots: set[str]) -> bool:
+            while True:
+                if path in roots:
+                    return True
+                if not path:
+                    return False
+                path = path.rpartition("/")[0]
+
+        def descend(path: str) -> bool:
+            return path not in old or path in dirty or covered(path, forced)
+
+        # a changed folder whose parent is scanned too is reached from it; the others are
+        # opened by path, one component at a time without following links
+        starts: list[tuple[int, str]] = []
+        opener = DirOpener(root_fd)
+        try:
+            for path in sorted(dirty | forced):
+                if path:
+                    parent = path.rpartition("/")[0]
+                    if parent in dirty or covered(parent, forced):
+                        continue
+                fd = opener.open(path)
+                if fd is not None:
+                    starts.append((fd, path))
+        finally:
+            opener.close()
+        out = self._visit(starts, root_fd, old, clock, stats, hints, track, {}, descend)
+        # records below a folder that is gone or was walked anew are dropped, unless the
+        # walk made them again
+        drops = set(forced)
+        for dpath, rec in out.items():
+            before = old.get(dpath)
+            if before is not None and before.subdirs != rec.subdirs:
+                prefix = dpath + "/" if dpath else ""
+                drops.update(prefix + name for name in set(before.subdirs) - set(rec.subdirs))
+        dirs: dict[str, DirRecord] = {}
+        for dpath, rec in old.items():
+            if drops and covered(dpath, drops) and dpath not in out:
+                continue
+            dirs[dpath] = out.get(dpath, rec)
+        if any(dpath not in dirs for dpath in out):  # new folders: sort them in
+            dirs.update(out)
+            dirs = dict(sorted(dirs.items()))
+        stats.files_seen = sum(r.files for r in dirs.values())
+        track.racy = {p for p, r in out.items() if r.max_time >= r.clock}
+        track.linked = {p for p in track.linked if p in dirs}
+        return dirs
+
+    def _visit(
+        self,
+        stack: list[tuple[int, str]],
+        root_fd: int,
+        old: dict[str, DirRecord],
+        clock: int,
+        stats: CommitStats,
+        hints: Hints | None,
+        track: Tracking | None,
+        prescans: dict[str, Scan],
+        descend: Callable[[str], bool] | None,
+    ) -> dict[str, DirRecord]:
+        """Scan the folders on ``stack`` (descriptors this call closes, except ``root_fd``)
+        and their subfolders (those ``descend`` accepts, or all); their records by path."""
         out: dict[str, DirRecord | _DirBuilder] = {}
         waiting: list[int] = []  # folder fds kept open for pool work
         reused = 0
-        stack: list[tuple[int, str]] = [(root_fd, "")]
         try:
             while stack:
                 fd, dpath = stack.pop()
@@ -221,8 +321,14 @@ class TreeWalker:
                         else:
                             stats.dirs_prescanned += 1
                     if pre is None:
-                        scan_names, scan_stats, skipped = scan_fd(fd)
+                        if track is not None:
+                            track.watch(fd, dpath)  # before the scan: no change slips between
+                        scan_names, scan_stats, skipped, linked = scan_fd(fd, track is not None)
                         stats.skipped += skipped
+                        if linked and track is not None:
+                            track.linked.add(dpath)
+                        elif track is not None:
+                            track.linked.discard(dpath)
                     else:
                         scan_names, scan_stats = pre[2], pre[3]
                     rec = old.get(dpath)
@@ -246,6 +352,8 @@ class TreeWalker:
                             waiting.append(fd)
                     prefix = dpath + "/" if dpath else ""
                     for name in subdirs:
+                        if descend is not None and not descend(prefix + name):
+                            continue  # unchanged: its record (and those below) stay
                         # a folder that cannot be entered is recorded empty this time: gone
                         # or no longer a folder (its parent's scan will differ next time),
                         # or not readable by the store
@@ -282,14 +390,9 @@ class TreeWalker:
             for sfd, _ in stack:  # left over only when something went wrong
                 if sfd != root_fd:
                     os.close(sfd)
-        stats.dirs_scanned = len(out)
-        stats.dirs_reused = reused
-        dirs: dict[str, DirRecord] = {}
-        for dpath in sorted(out):
-            r = out[dpath]
-            dirs[dpath] = r.finish(set()) if isinstance(r, _DirBuilder) else r
-            stats.files_seen += dirs[dpath].files
-        return dirs
+        stats.dirs_scanned += len(out)
+        stats.dirs_reused += reused
+        return {p: r.finish(set()) if isinstance(r, _DirBuilder) else r for p, r in out.items()}
 
     def _rebuild(
         self,

@@ -18,6 +18,7 @@ import os
 import select
 import signal
 import socket
+import stat as stat_mod
 import struct
 import subprocess
 import sys
@@ -48,9 +49,10 @@ OPEN_DIR = os.O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC
 Scan = tuple[int, int, str, bytes]
 
 
-def scan_fd(fd: int) -> tuple[str, bytes, int]:
+def scan_fd(fd: int, links: bool = False) -> tuple[str, bytes, int, bool]:
     """List a folder and lstat its entries: (names NUL-joined, packed stats, entries that
-    vanished meanwhile). Order is scandir's (stable while the folder is unchanged)."""
+    vanished meanwhile, and with ``links`` whether a file in it has more than one name).
+    Order is scandir's (stable while the folder is unchanged)."""
     entries = list(os.scandir(fd))
     skipped = 0
     try:
@@ -73,6 +75,7 @@ def scan_fd(fd: int) -> tuple[str, bytes, int]:
         "\0".join([e.name for e in entries]),
         b"".join([pack(s.st_mode, s.st_mtime_ns, s.st_ctime_ns, s.st_size, s.st_ino) for s in sts]),
         skipped,
+        links and any(s.st_nlink > 1 and stat_mod.S_ISREG(s.st_mode) for s in sts),
     )
 
 
@@ -91,6 +94,16 @@ class DirOpener:
             self._fds[path] = fd
         return fd
 
+    def open(self, path: str) -> int | None:
+        """A new descriptor of the folder at ``path`` (the caller closes it); None if it
+        cannot be reached (gone, not a folder, or a link on the way)."""
+        if len(self._fds) > 256:  # bound open descriptors; ancestors are reopened on demand
+            self.close()
+        try:
+            return os.dup(self._reach(path))
+        except OSError:
+            return None
+
     def scan(self, path: str) -> Scan | None:
         """(device, inode, names, stats) of the folder at ``path``; None if unreachable."""
         if len(self._fds) > 256:  # bound open descriptors; ancestors are reopened on demand
@@ -98,7 +111,7 @@ class DirOpener:
         try:
             fd = self._reach(path)
             st = os.fstat(fd)
-            names, stats, _ = scan_fd(fd)
+            names, stats, _, _ = scan_fd(fd)
         except OSError:
             return None  # left for the committing thread to look at
         return (st.st_dev, st.st_ino, names, stats)

@@ -15,7 +15,7 @@ import logging
 import os
 import struct
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from shellyard.runner.protocol import SnapshotInfo
@@ -70,6 +70,11 @@ class WorkspaceState:
     #: Size of the statcache base file and of its log (to decide when to fold the log).
     base_size: int = 0
     log_size: int = 0
+    #: For change hints (changes.py), known only after a commit of this process: folders
+    #: racily clean in the last walk (None: unknown, walk everything), folders holding
+    #: hard-linked files.
+    racy: set[str] | None = None
+    linked: set[str] = field(default_factory=set)
 
 
 def encode_records(records: Iterable[DirRecord]) -> tuple[int, bytes]:

@@ -24,6 +24,7 @@ import hashlib
 import logging
 import os
 import re
+import sys
 import threading
 import time
 from collections import OrderedDict
@@ -35,6 +36,7 @@ from shellyard.errors import InvalidInput, NotFound
 from shellyard.paths import normalize_relative
 from shellyard.runner.protocol import MAX_READ_CHUNK, FileChunk, PathEntry, SnapshotInfo
 from shellyard.runner.snapshots.blobs import ObjectStore
+from shellyard.runner.snapshots.changes import ChangeTracker, Tracking
 from shellyard.runner.snapshots.commit import HELPER_MIN_ENTRIES, CommitStats, Hints, TreeWalker
 from shellyard.runner.snapshots.format import (
     KIND_DIR,
@@ -66,7 +68,8 @@ class SnapshotStore:
 
     Synchronous and thread-safe; the runner calls it through ``asyncio.to_thread``. Commits of
     one workspace are serialised (a thread lock plus ``flock``), so snapshot numbers only grow.
-    ``workers``: threads hashing big files; ``scan_helper``: scan big trees in two processes.
+    ``workers``: threads hashing big files; ``scan_helper``: scan big trees in two processes;
+    ``change_hints``: scan only what inotify saw change (changes.py; default on Linux).
     """
 
     def __init__(
@@ -75,6 +78,7 @@ class SnapshotStore:
         *,
         workers: int | None = None,
         scan_helper: bool | None = None,
+        change_hints: bool | None = None,
         cached_workspaces: int = 32,
         cached_manifests: int = 16,
     ) -> None:
@@ -88,6 +92,9 @@ class SnapshotStore:
         if scan_helper is None:
             scan_helper = cpus > 1
         self._helper = ScanHelper() if scan_helper else None
+        if change_hints is None:
+            change_hints = sys.platform == "linux"
+        self._tracker = ChangeTracker() if change_hints else None
         self._walker = TreeWalker(self.blobs, self._helper)
         self._guard = threading.Lock()
         self._locks: dict[str, threading.Lock] = {}
@@ -113,7 +120,11 @@ class SnapshotStore:
         ``hints`` (path → digest and the file's stat as (mtime_ns, ctime_ns, size, inode))
         names files the caller has just written from objects already in this store: a file
         whose stat still matches is taken with that digest instead of being read again (a
-        transfer or a restore that copied it out of the store knows its content)."""
+        transfer or a restore that copied it out of the store knows its content).
+
+        With change hints on, only the folders changed since this store's last commit of
+        the workspace are scanned, when that is known without a gap (changes.py); else,
+        and always when the stat cache was reloaded from disk, the whole tree is walked."""
         started = time.perf_counter()
         wdir = self._wdir(workspace_id)
         stats = CommitStats(workspace_id=workspace_id)
@@ -127,43 +138,67 @@ class SnapshotStore:
                     f"create the workspace before committing it",
                     workspace_id=workspace_id,
                 ) from None
+            track = self._tracker.begin(workspace_id, str(tree)) if self._tracker else None
+            racy, state.racy = state.racy, None  # unknown until this commit is complete
+            if track is not None:
+                if racy is None or state.linked:
+                    track.changes = None  # not known well enough: walk everything
+                else:
+                    track.racy, track.linked = racy, set(state.linked)
             try:
+                changes = track.changes if track is not None else None
+                if changes is not None and not (changes.dirs or changes.subtrees or racy):
+                    stats.change_hints = True  # nothing changed since the head was made
+                    return self._done(state, stats, track, racy or set(), started)
                 clock = self._tick(wdir)
-                dirs = self._walker.walk(root_fd, state.dirs, clock, stats, hints)
+                dirs = self._walker.walk(root_fd, state.dirs, clock, stats, hints, track)
             finally:
                 os.close(root_fd)
             body, files, total = encode_manifest(dirs)
             digest = hashlib.sha256(body).digest()
-            if digest.hex() == state.head_info.root_hash:
-                info = state.head_info.model_copy(update={"new": False})
-            else:
+            if digest.hex() != state.head_info.root_hash:
                 seq = state.head_info.seq + 1
-                info = SnapshotInfo(
+                created_at = time.time()
+                header = pack_header(created_at, files, total, digest)
+                atomic_write(wdir / "manifests" / str(seq), header, body)
+                atomic_write(wdir / "HEAD", f"{seq}\n".encode())
+                state.head_info = SnapshotInfo(
                     workspace_id=workspace_id,
                     seq=seq,
                     root_hash=digest.hex(),
                     files=files,
                     bytes=total,
-                    created_at=time.time(),
-                    new=True,
+                    created_at=created_at,
+                    new=False,
                 )
-                header = pack_header(info.created_at, files, total, digest)
-                atomic_write(wdir / "manifests" / str(seq), header, body)
-                atomic_write(wdir / "HEAD", f"{seq}\n".encode())
-                state.head_info = info.model_copy(update={"new": False})
                 state.head_sig = file_sig(wdir / "HEAD")
+                stats.new = True
             try:
                 save_statcache(wdir, state, dirs)
             except OSError as exc:  # only costs re-reading files next time
                 log.warning("could not save the stat cache of %s: %s", workspace_id, exc)
-            stats.seq = info.seq
-            stats.new = info.new
+                track = None  # the records in memory are not the head's: walk next time
             stats.entries = sum(r.n for r in dirs.values())
             if self._helper is not None and stats.entries >= HELPER_MIN_ENTRIES:
                 self._helper.start_soon()  # for the next commits of this big tree
-            stats.elapsed_s = time.perf_counter() - started
-            self.last_commit_stats = stats
-            return info
+            return self._done(state, stats, track, track.racy if track else set(), started)
+
+    def _done(
+        self,
+        state: WorkspaceState,
+        stats: CommitStats,
+        track: Tracking | None,
+        racy: set[str],
+        started: float,
+    ) -> SnapshotInfo:
+        """Finish a commit: what the next one may rely on, its stats, the head it made."""
+        if track is not None and self._tracker is not None:
+            state.racy, state.linked = racy, track.linked
+            self._tracker.finish(track)
+        stats.seq = state.head_info.seq
+        stats.elapsed_s = time.perf_counter() - started
+        self.last_commit_stats = stats
+        return state.head_info.model_copy(update={"new": stats.new})
 
     def head(self, workspace_id: str) -> SnapshotInfo:
         """The workspace's latest committed snapshot."""
@@ -249,6 +284,8 @@ class SnapshotStore:
         self.blobs.close()
         if self._helper is not None:
             self._helper.close()
+        if self._tracker is not None:
+            self._tracker.close()  # the next commit of each workspace walks it whole
 
     # ------------------------------------------------------------------ workspace metadata
 
