@@ -10,8 +10,10 @@ each with change hints (a long-lived ``SnapshotStore``, as the runner holds it) 
 (the same store with ``change_hints=False``: the full stat walk, in one process as on a
 one-core host), and ``git status --porcelain`` on the same tree with
 ``core.untrackedCache=true`` (its index and untracked cache warm; the one-file case after
-the same append; its repository beside the tree, not in it). Medians of --repeats, in ms, and the
-ratios to the smallest size go to stdout as JSON (and to --out).
+the same append; its repository beside the tree, not in it). Then, through the local
+runner (bubblewrap spawn, wait, commit with hints): ``true`` and a one-file change as
+executions. Medians of --repeats, in ms, and the ratios to the smallest size go to stdout as
+JSON (and to --out).
 
     python bench/bench_change_hints.py [--sizes 100,10000,50000,200000] [--repeats 15]
                                        [--dir /dev/shm] [--out results.json]
@@ -23,6 +25,7 @@ loaded disk takes minutes; git and the store see the same filesystem either way)
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import shutil
@@ -35,6 +38,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from shellyard.runner.local import LocalRunner
+from shellyard.runner.protocol import StartRequest
 from shellyard.runner.snapshots.store import SnapshotStore
 
 WS = "bench"
@@ -137,6 +142,39 @@ def bench_size(base: Path, files: int, repeats: int) -> dict[str, Any]:
     return out
 
 
+async def bench_runner(base: Path, files: int, repeats: int) -> dict[str, Any]:
+    """``run_shell("true")`` and a one-file change through the local runner (bubblewrap
+    spawn, wait, commit with change hints): what an execution costs the runner."""
+    runner = LocalRunner(base / f"runner-{files}")
+    await runner.startup()
+    samples: dict[str, list[float]] = {"runner_true": [], "runner_one_file": []}
+    count = 0
+
+    async def run(command: str) -> float:
+        nonlocal count
+        count += 1
+        started = time.perf_counter()
+        await runner.start(StartRequest(execution_id=f"x{count}", workspace_id=WS, command=command))
+        result = await runner.wait(f"x{count}", 120)
+        assert result.snapshot is not None, result.error
+        return (time.perf_counter() - started) * 1000
+
+    try:
+        await runner.ensure_workspace(WS)
+        tree = runner.workspace_path(WS)
+        shutil.rmtree(tree)
+        make_tree(tree, files)
+        os.chmod(tree, 0o777)  # the sandbox user writes into it, as into a real workspace
+        for _ in range(2):
+            await run("true")  # the first commit walks and sets the watches up
+        for r in range(repeats):
+            samples["runner_true"].append(await run("true"))
+            samples["runner_one_file"].append(await run(f"echo {r} >> p0000/d0/f0.txt"))
+    finally:
+        await runner.aclose()
+    return {f"{k}_ms": round(statistics.median(v), 2) for k, v in samples.items()}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--sizes", default="100,10000,50000,200000")
@@ -146,16 +184,26 @@ def main() -> int:
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     base = Path(tempfile.mkdtemp(prefix="shellyard-bench-hints-", dir=args.dir))
+    base.chmod(0o711)  # the runner's sandbox user must reach its workspaces
     rows = []
     try:
         for size in [int(s) for s in args.sizes.split(",")]:
-            rows.append(bench_size(base, size, args.repeats))
+            row = bench_size(base, size, args.repeats)
+            row.update(asyncio.run(bench_runner(base, size, args.repeats)))
+            rows.append(row)
             print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
     finally:
         shutil.rmtree(base, ignore_errors=True)
     smallest = rows[0]
     for row in rows:
-        for key in ("true_hints", "one_file_hints", "true_walk", "one_file_walk"):
+        for key in (
+            "true_hints",
+            "one_file_hints",
+            "true_walk",
+            "one_file_walk",
+            "runner_true",
+            "runner_one_file",
+        ):
             row[f"{key}_vs_smallest"] = round(row[f"{key}_ms"] / smallest[f"{key}_ms"], 2)
     result = {
         "repeats": args.repeats,

@@ -116,11 +116,14 @@ def test_w3_hinted_commits_of_a_50000_file_tree_equal_full_walks(base: Path) -> 
             assert info.new and info.seq == seq + 1, what
             seq = info.seq
             check_exact(store, reference, tree)
-        # a command that changes nothing: the head as it is, no folder scanned
-        run(tree, "true")
-        assert not store.commit(WS, tree).new
-        stats = store.last_commit_stats
-        assert stats is not None and stats.change_hints and stats.dirs_scanned == 0
+        # a command that changes nothing: the head as it is; the folders the last commit
+        # found racily clean are scanned once more (W3), then none at all
+        time.sleep(0.05)  # past the timestamp tick of the last change
+        for scanned in (30, 0):
+            run(tree, "true")
+            assert not store.commit(WS, tree).new
+            stats = store.last_commit_stats
+            assert stats is not None and stats.change_hints and stats.dirs_scanned <= scanned
         check_exact(store, reference, tree)
     finally:
         store.close()

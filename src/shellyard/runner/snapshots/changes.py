@@ -24,6 +24,7 @@ import logging
 import os
 import struct
 import threading
+import weakref
 from dataclasses import dataclass, field
 
 log = logging.getLogger(__name__)
@@ -87,6 +88,8 @@ class Tracking:
     #: Folders holding a file with more than one name: a change through another name makes no
     #: event here, so while any is known the next commits walk the whole tree.
     linked: set[str] = field(default_factory=set)
+    #: Set by a hinted walk: the tree it found gives the head's manifest, entry for entry.
+    same_tree: bool = False
 
     def watch(self, fd: int, path: str) -> None:
         """Watch the folder open as ``fd`` (at ``path``): call before scanning it."""
@@ -175,7 +178,7 @@ class ChangeTracker:
             self._wds.clear()
             self._spaces.clear()
             if fd >= 0:
-                os.close(fd)
+                self._finalizer()  # closes it, once
 
     # ------------------------------------------------------------------ events
 
@@ -194,6 +197,8 @@ class ChangeTracker:
             )
             return False
         self._fd = fd
+        # a store dropped without close() must not keep an inotify instance (128 per user)
+        self._finalizer = weakref.finalize(self, os.close, fd)
         return True
 
     def _drain(self) -> None:

@@ -154,6 +154,18 @@ class _DirBuilder:
         )
 
 
+def _same_section(a: DirRecord, b: DirRecord) -> bool:
+    """Whether two records of a folder give the same manifest section."""
+    return (a.paths, a.kinds, a.modes, a.sizes, a.digests, a.targets) == (
+        b.paths,
+        b.kinds,
+        b.modes,
+        b.sizes,
+        b.digests,
+        b.targets,
+    )
+
+
 class TreeWalker:
     """Walks workspace trees for commits: scans folders (with the scan helper on big trees),
     reuses what the stat cache vouches for, and stores the files that changed."""
@@ -288,6 +300,11 @@ class TreeWalker:
             dirs.update(out)
             dirs = dict(sorted(dirs.items()))
         stats.files_seen = sum(r.files for r in dirs.values())
+        # the manifest is the head's when every folder scanned again holds the same entries
+        # (a racily clean folder scanned again, a file touched back): no need to encode it
+        track.same_tree = len(dirs) == len(old) and all(
+            (before := old.get(p)) is not None and _same_section(before, r) for p, r in out.items()
+        )
         track.racy = {p for p, r in out.items() if r.max_time >= r.clock}
         track.linked = {p for p in track.linked if p in dirs}
         return dirs

@@ -1,13 +1,15 @@
 """Listing folders for a commit: one folder at a time on descriptors, and the scan helper.
 
-Large trees (3,000 entries and more) are scanned by two processes at once: a long-lived
-helper process lists folders from the first (in cached order) and streams each one back,
-while the committing thread scans from the last, until they meet; so on a busy host the
-commit just does more of the work itself, and never waits for the helper for more than one
-folder (threads cannot overlap per-entry lstat calls: the GIL). The helper only lists and
-lstats folders it reaches from the workspace descriptor it is sent, one component at a time
-without following links; the committing thread checks each folder's identity (device,
-inode) before using a prescan, and scans by itself whenever the helper is not up or fails.
+Large trees (3,000 entries and more) walked in full without change hints (changes.py; a
+prescan would happen before the walk sets its watches up) are scanned by two processes at
+once: a long-lived helper process lists folders from the first (in cached order) and streams
+each one back, while the committing thread scans from the last, until they meet; so on a busy
+host the commit just does more of the work itself, and never waits for the helper for more
+than one folder (threads cannot overlap per-entry lstat calls: the GIL). The helper only
+lists and lstats folders it reaches from the workspace descriptor it is sent, one component
+at a time without following links; the committing thread checks each folder's identity
+(device, inode) before using a prescan, and scans by itself whenever the helper is not up or
+fails.
 """
 
 from __future__ import annotations

@@ -154,8 +154,11 @@ class SnapshotStore:
                 dirs = self._walker.walk(root_fd, state.dirs, clock, stats, hints, track)
             finally:
                 os.close(root_fd)
-            body, files, total = encode_manifest(dirs)
-            digest = hashlib.sha256(body).digest()
+            if track is not None and track.same_tree:
+                body, files, total, digest = b"", 0, 0, bytes.fromhex(state.head_info.root_hash)
+            else:
+                body, files, total = encode_manifest(dirs)
+                digest = hashlib.sha256(body).digest()
             if digest.hex() != state.head_info.root_hash:
                 seq = state.head_info.seq + 1
                 created_at = time.time()
@@ -179,8 +182,8 @@ class SnapshotStore:
                 log.warning("could not save the stat cache of %s: %s", workspace_id, exc)
                 track = None  # the records in memory are not the head's: walk next time
             stats.entries = sum(r.n for r in dirs.values())
-            if self._helper is not None and stats.entries >= HELPER_MIN_ENTRIES:
-                self._helper.start_soon()  # for the next commits of this big tree
+            if self._helper is not None and track is None and stats.entries >= HELPER_MIN_ENTRIES:
+                self._helper.start_soon()  # for the next full walks of this big tree
             return self._done(state, stats, track, track.racy if track else set(), started)
 
     def _done(
