@@ -18,7 +18,7 @@ ratios go to stdout as JSON, and to --out when given.
                                     [--repeats 5] [--out results.json] [--formats]
 
 ``--formats`` also times candidate encodings of a 10,000-entry manifest (the numbers behind
-the choice written in shellyard/runner/snapshots.py's docstring).
+the choice written in shellyard/runner/snapshots/format.py's docstring).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from shellyard.runner.snapshots import SnapshotStore
+from shellyard.runner.snapshots.store import SnapshotStore
 
 WORDS = (
     b"lorem ipsum dolor sit amet consectetur adipiscing elit sed do eiusmod tempor "

@@ -410,7 +410,7 @@ INTERESTING = (
 
 #: Functions whose inclusive share every summary reports (when seen), for the hot-spot tables.
 KEY_FUNCTIONS = (
-    "shellyard/store/store.py:Store._run",
+    "shellyard/store/db.py:Database.run",
     "sqlalchemy/engine/default.py:DefaultDialect.do_execute",
     "sqlalchemy/engine/default.py:DefaultDialect.do_commit",
     "shellyard/runner/local.py:LocalRunner._spawn",

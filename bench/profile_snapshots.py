@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from bench_snapshots import make_tree, touch_one
-from shellyard.runner.snapshots import SnapshotStore
+from shellyard.runner.snapshots.store import SnapshotStore
 
 
 def short(file: str) -> str:

@@ -541,7 +541,7 @@ DIAGNOSES = {
 
 #: Components of an execution's loop time (py-spy function → what it is).
 KEY_LABELS = {
-    "shellyard/store/store.py:Store._run": "store transactions (all)",
+    "shellyard/store/db.py:Database.run": "store transactions (all)",
     "sqlalchemy/engine/default.py:DefaultDialect.do_execute": "… of which sqlite3 execute",
     "sqlalchemy/engine/default.py:DefaultDialect.do_commit": "… of which sqlite3 commit",
     "shellyard/runner/local.py:LocalRunner._spawn": "spawn (all)",

@@ -22,7 +22,7 @@ from runner_daemon_fixture import running_daemon, start_daemon
 
 from conftest import make_home
 from shellyard.errors import Conflict, InvalidInput, NotFound, ShellyardError
-from shellyard.runner.edits import Editor
+from shellyard.runner.edits.editor import Editor
 from shellyard.runner.local import LocalRunner
 from shellyard.runner.protocol import (
     EnvChangeState,

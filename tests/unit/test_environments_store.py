@@ -14,8 +14,8 @@ import pytest
 from conftest import POSTGRES_URL
 from shellyard.errors import Conflict
 from shellyard.store import Store
+from shellyard.store.db import new_id
 from shellyard.store.environments import EnvironmentRecords
-from shellyard.store.store import new_id
 
 Row = dict[str, Any]
 

@@ -26,7 +26,7 @@ def _diff(conn: Connection) -> list[Any]:
 
 
 async def test_migration_0002_matches_the_schema(store: Store) -> None:
-    assert await store._run(_diff) == []
+    assert await store.run(_diff) == []
 
 
 async def _timer(store: Store, agent: Row, **extra: Any) -> Row:

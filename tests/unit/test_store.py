@@ -12,7 +12,7 @@ import pytest
 from conftest import POSTGRES_URL
 from shellyard.contract.executions import ExecutionState, RunShellRequest
 from shellyard.store import Store
-from shellyard.store.store import new_id
+from shellyard.store.db import new_id
 
 
 async def _execution(store: Store, **extra: Any) -> dict[str, Any]:

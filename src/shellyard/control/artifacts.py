@@ -16,8 +16,8 @@ from shellyard.control.files import FileStream
 from shellyard.control.runners import LOCAL_RUNNER_ID
 from shellyard.errors import InvalidInput, NotFound
 from shellyard.paths import normalize_relative
+from shellyard.store.db import new_id
 from shellyard.store.files import FileRecords
-from shellyard.store.store import new_id
 
 Row = Mapping[str, Any]
 

@@ -43,8 +43,8 @@ from shellyard.runner.protocol import (
     PackageRecord,
 )
 from shellyard.store import Store
+from shellyard.store.db import Row, new_id
 from shellyard.store.environments import PENDING_CHANGE_STATES, EnvironmentRecords
-from shellyard.store.store import Row, new_id
 
 log = logging.getLogger(__name__)
 

@@ -37,7 +37,7 @@ from shellyard.runner.protocol import (
     StartRequest,
 )
 from shellyard.store import Store
-from shellyard.store.store import new_id
+from shellyard.store.db import new_id
 
 log = logging.getLogger(__name__)
 

@@ -37,8 +37,8 @@ from shellyard.runner.protocol import (
     Runner,
 )
 from shellyard.store import Store
+from shellyard.store.db import new_id
 from shellyard.store.files import FileRecords
-from shellyard.store.store import new_id
 
 log = logging.getLogger(__name__)
 Row = Mapping[str, Any]
@@ -471,7 +471,7 @@ class FileService:
         pruned: list[PruneResult] = []
         collected: dict[str, GcResult] = {}
         errors: dict[str, str] = {}
-        rows = await self.store._all(_all_workspaces())
+        rows = await self.store.all(_all_workspaces())
         for row in rows:
             ws, runner_id = str(row["id"]), str(row["runner_id"])
             if runner_id in errors:

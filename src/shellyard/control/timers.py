@@ -24,7 +24,8 @@ from shellyard.contract.sessions import SessionState, TimerCreateRequest, TimerS
 from shellyard.control.sessions import SessionService
 from shellyard.control.wakes import WakeService
 from shellyard.errors import Conflict, InvalidInput, NotFound
-from shellyard.store.store import FINISHED_STATES, new_id
+from shellyard.store.db import new_id
+from shellyard.store.executions import FINISHED_STATES
 
 log = logging.getLogger(__name__)
 

@@ -29,7 +29,7 @@ from pathlib import Path
 from shellyard.contract.tokens import TokenCreated, TokenCreateRequest, TokenKind, TokenView
 from shellyard.errors import Forbidden, InvalidInput, NotFound, Unauthorized
 from shellyard.store import Store
-from shellyard.store.store import Row
+from shellyard.store.db import Row
 from shellyard.store.tokens import TokenRecords
 
 ADMIN_TOKEN_NAME = "admin.token"

@@ -46,8 +46,8 @@ from shellyard.errors import InvalidInput, NotFound, ShellyardError
 from shellyard.paths import normalize_relative
 from shellyard.runner.protocol import MAX_PAGE, ApplyEntry, ByteStream, PathEntry, Runner
 from shellyard.store import Store
+from shellyard.store.db import new_id
 from shellyard.store.files import TERMINAL_TRANSFER_STATES, FileRecords
-from shellyard.store.store import new_id
 
 log = logging.getLogger(__name__)
 Row = Mapping[str, Any]

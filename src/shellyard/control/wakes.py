@@ -36,7 +36,7 @@ from shellyard.contract.sessions import (
 )
 from shellyard.errors import NotFound
 from shellyard.store import Store
-from shellyard.store.store import new_id
+from shellyard.store.db import new_id
 
 log = logging.getLogger(__name__)
 

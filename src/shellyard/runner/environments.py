@@ -40,7 +40,7 @@ from typing import Any
 
 from shellyard.errors import Conflict, InvalidInput, NotFound, ShellyardError
 from shellyard.runner import env_create, history, objects
-from shellyard.runner.edits import Editor
+from shellyard.runner.edits.editor import Editor
 from shellyard.runner.env_managers import MANAGERS
 from shellyard.runner.env_managers.base import ManagerContext, ManagerError
 from shellyard.runner.env_tools import SandboxedTools, kill_recorded
@@ -54,7 +54,7 @@ from shellyard.runner.protocol import (
     PackageRecord,
     SandboxPolicy,
 )
-from shellyard.runner.snapshots import SnapshotStore
+from shellyard.runner.snapshots.store import SnapshotStore
 from shellyard.runner.spawn import Sandboxes
 
 log = logging.getLogger(__name__)

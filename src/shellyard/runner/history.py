@@ -26,9 +26,15 @@ from shellyard.runner.protocol import (
     PathEntry,
     PruneResult,
 )
-from shellyard.runner.snapshots import SnapshotStore, _Manifest
+from shellyard.runner.snapshots.format import (
+    KIND_DIR,
+    KIND_FILE,
+    KIND_LINK,
+    Manifest,
+    decode_manifest,
+)
+from shellyard.runner.snapshots.store import SnapshotStore
 
-_KIND_FILE, _KIND_DIR, _KIND_LINK = ord("f"), ord("d"), ord("l")
 #: Chunks a streamed read or a tar download yields: 4 MiB, because each chunk costs a hop to
 #: a worker thread and back (1 MiB chunks read a 1 GiB file at ~0.55x the speed of ``cat``,
 #: 4 MiB chunks at ~0.8x; measured by bench/bench_transfer.py's read benchmark).
@@ -36,11 +42,11 @@ STREAM_CHUNK = 4 << 20
 _TAR_BLOCK = 512
 
 
-def manifest(store: SnapshotStore, workspace_id: str, seq: int | None) -> _Manifest:
+def manifest(store: SnapshotStore, workspace_id: str, seq: int | None) -> Manifest:
     return store._manifest(workspace_id, seq)
 
 
-def head_manifest(store: SnapshotStore, workspace_id: str) -> _Manifest:
+def head_manifest(store: SnapshotStore, workspace_id: str) -> Manifest:
     """The head's manifest for a writer that looks at it once, without entering the store's
     cache of decoded manifests: a transfer of 10,000 files in 10 batches would otherwise
     leave 10 decoded heads (~3 MB each) in it (measured)."""
@@ -54,17 +60,17 @@ def head_manifest(store: SnapshotStore, workspace_id: str) -> _Manifest:
         raw = (wdir / "manifests" / str(seq)).read_bytes()
     except FileNotFoundError:
         return store._manifest(workspace_id, seq)  # raises the store's own clear error
-    return store._decode_manifest(workspace_id, seq, raw)
+    return decode_manifest(workspace_id, seq, raw)
 
 
 _KIND_NAMES: dict[int, Literal["file", "dir", "symlink"]] = {
-    _KIND_FILE: "file",
-    _KIND_DIR: "dir",
-    _KIND_LINK: "symlink",
+    KIND_FILE: "file",
+    KIND_DIR: "dir",
+    KIND_LINK: "symlink",
 }
 
 
-def fast_entry(m: _Manifest, i: int) -> PathEntry:
+def fast_entry(m: Manifest, i: int) -> PathEntry:
     """``m.entry(i)`` without pydantic's validation (the manifest is ours and well formed):
     a listing of 10,000 entries is one of a transfer's costs (measured ~3x cheaper)."""
     kind = m.kinds[i]
@@ -73,12 +79,12 @@ def fast_entry(m: _Manifest, i: int) -> PathEntry:
         kind=_KIND_NAMES[kind],
         size=m.sizes[i],
         mode=m.modes[i],
-        sha256=m.digests[32 * i : 32 * i + 32].hex() if kind == _KIND_FILE else None,
-        target=m.targets[i] if kind == _KIND_LINK else None,
+        sha256=m.digests[32 * i : 32 * i + 32].hex() if kind == KIND_FILE else None,
+        target=m.targets[i] if kind == KIND_LINK else None,
     )
 
 
-def check_links(m: _Manifest, rel: str) -> None:
+def check_links(m: Manifest, rel: str) -> None:
     """Refuse ``rel`` when one of its folders is a symbolic link in the snapshot (W6)."""
     if "/" not in rel:
         return
@@ -89,11 +95,11 @@ def check_links(m: _Manifest, rel: str) -> None:
         i = index.get(prefix)
         if i is None:
             return
-        if m.kinds[i] == _KIND_LINK:
+        if m.kinds[i] == KIND_LINK:
             raise link_refused(rel, prefix, m.targets[i])
 
 
-def lookup(m: _Manifest, path: str) -> tuple[str, int | None]:
+def lookup(m: Manifest, path: str) -> tuple[str, int | None]:
     """(normalised path, manifest index or None for the root); NotFound when absent."""
     rel = normalize_relative(path)
     if not rel:
@@ -140,7 +146,7 @@ def list_dir(
     limit = _page_limit(limit)
     m = manifest(store, workspace_id, seq)
     rel, i = lookup(m, path)
-    if i is not None and m.kinds[i] != _KIND_DIR:
+    if i is not None and m.kinds[i] != KIND_DIR:
         # a file or a link: its listing is itself, as ls does
         return DirListing(workspace_id=workspace_id, seq=m.info.seq, path=rel, entries=[m.entry(i)])
     start = 0
@@ -212,7 +218,7 @@ def diff(
     )
 
 
-def _change(a: _Manifest, x: int | None, b: _Manifest, y: int | None, p: str) -> DiffEntry | None:
+def _change(a: Manifest, x: int | None, b: Manifest, y: int | None, p: str) -> DiffEntry | None:
     if x is None:
         assert y is not None
         new = b.entry(y)
@@ -252,13 +258,13 @@ def open_file(
     m = manifest(store, workspace_id, seq)
     rel, i = lookup(m, path)
     where = f"snapshot {m.info.seq} of workspace {workspace_id!r}"
-    if i is None or m.kinds[i] == _KIND_DIR:
+    if i is None or m.kinds[i] == KIND_DIR:
         raise InvalidInput(
             f"{rel or '(the root)'!r} is a folder in {where}; read a file inside it, list the "
             f"folder, or download it as a tar archive",
             path=rel,
         )
-    if m.kinds[i] == _KIND_LINK:
+    if m.kinds[i] == KIND_LINK:
         raise InvalidInput(
             f"{rel!r} is a symbolic link to {m.targets[i]!r} in {where}; links are not "
             f"followed, read the file it points to by its own path",
@@ -303,7 +309,7 @@ def tar_chunks(
     base = rel.rsplit("/", 1)[-1] if rel else ""
     cut = len(rel) + 1 if rel else 0
     mtime = int(m.info.created_at)
-    if i is not None and m.kinds[i] != _KIND_DIR:
+    if i is not None and m.kinds[i] != KIND_DIR:
         members: list[int] = [i]
         cut = len(rel) - len(base)
         base = ""

@@ -32,7 +32,7 @@ from shellyard.errors import (
     WorkspaceBusy,
 )
 from shellyard.runner import history, objects, reach, sandbox
-from shellyard.runner.edits import Editor
+from shellyard.runner.edits.editor import Editor
 from shellyard.runner.egress import EgressProxy
 from shellyard.runner.egress_rules import EgressRules
 from shellyard.runner.environments import EnvironmentStore
@@ -61,7 +61,7 @@ from shellyard.runner.protocol import (
     StartRequest,
 )
 from shellyard.runner.seccomp import SeccompProfile
-from shellyard.runner.snapshots import SnapshotStore
+from shellyard.runner.snapshots.store import SnapshotStore
 from shellyard.runner.spawn import Sandboxes, script_argv
 from shellyard.runner.supervise import Supervisor, check_id
 

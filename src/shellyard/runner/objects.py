@@ -37,7 +37,7 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 from shellyard.runner.protocol import GcResult, ObjectResult
-from shellyard.runner.snapshots import SnapshotStore
+from shellyard.runner.snapshots.store import SnapshotStore
 
 PACK_MAGIC = b"SYPACK1\n"
 _FRAME = struct.Struct("<32sBQ")
@@ -46,7 +46,7 @@ _OK, _MISSING, _END = 0, 1, 2
 PACK_CHUNK = 1 << 20
 _SHA = re.compile(r"[0-9a-f]{64}")
 
-# manifest layout (see snapshots.py): header "<4sIdqq32s", then body "<QQQ" n, plen, tlen,
+# manifest layout (see snapshots/format.py): header "<4sIdqq32s", then body "<QQQ" n, plen, tlen,
 # kinds n, modes 4n, sizes 8n, paths plen, digests 32n, targets tlen
 _MANIFEST_HEADER_SIZE = struct.calcsize("<4sIdqq32s")
 _BODY = struct.Struct("<QQQ")
@@ -87,7 +87,7 @@ class StoreLock:
 
 
 def object_path(store: SnapshotStore, sha256: str) -> str:
-    return store._object_path(sha256)
+    return store.blobs.object_path(sha256)
 
 
 def missing(store: SnapshotStore, sha256s: list[str]) -> list[str]:
@@ -225,7 +225,7 @@ class PackImporter:
         if os.path.exists(object_path(self._store, digest.hex())):
             return  # already here: the bytes are only hashed (and checked), not stored
         try:
-            self._tmp, self._fd = self._store._new_tmp()
+            self._tmp, self._fd = self._store.blobs.new_tmp()
         except OSError as exc:
             self._fail(exc)
 
@@ -316,7 +316,7 @@ class PackImporter:
 
 
 def manifest_digests(raw: bytes) -> Iterator[bytes]:
-    """The file digests a manifest names (its header and layout are snapshots.py's)."""
+    """The file digests a manifest names (its header and layout are snapshots/format.py's)."""
     off = _MANIFEST_HEADER_SIZE
     n, plen, _tlen = _BODY.unpack_from(raw, off)
     off += _BODY.size

@@ -1,6 +1,6 @@
 """Records of managed environments, their revisions and changes (V1–V8), over the same
 ``Store``: each operation is a synchronous function of a ``Connection`` run as one transaction
-by ``Store._run``.
+by ``Database.run``.
 
 The waiting rule (V5) is decided here, in the database, so that it holds across processes
 (two control planes on one PostgreSQL, or a restart): every transaction that records a
@@ -18,13 +18,14 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 
 from shellyard.errors import Conflict
+from shellyard.store.db import Row, fetch_one
 from shellyard.store.schema import (
     environment_changes,
     environment_revisions,
     environments,
     executions,
 )
-from shellyard.store.store import Row, Store, _fetch_one
+from shellyard.store.store import Store
 
 PENDING_CHANGE_STATES = ("waiting", "running")
 
@@ -41,12 +42,12 @@ class EnvironmentRecords:
         """Record a new environment (``creating``) and its ``create`` change (``waiting``).
         A name already used by the session on that runner is a Conflict."""
         try:
-            return await self.store._run(_create, environment, change)
+            return await self.store.run(_create, environment, change)
         except IntegrityError:
             raise _name_taken(environment) from None
 
     async def get(self, environment_id: str) -> Row | None:
-        return await self.store._one(
+        return await self.store.one(
             sa.select(environments).where(environments.c.id == environment_id)
         )
 
@@ -54,19 +55,19 @@ class EnvironmentRecords:
         stmt = sa.select(environments).where(environments.c.session_id == session_id)
         if runner_id is not None:
             stmt = stmt.where(environments.c.runner_id == runner_id)
-        return await self.store._all(stmt.order_by(environments.c.created_at))
+        return await self.store.all(stmt.order_by(environments.c.created_at))
 
     # ------------------------------------------------------------------ revisions
 
     async def revisions(self, environment_id: str) -> list[Row]:
-        return await self.store._all(
+        return await self.store.all(
             sa.select(environment_revisions)
             .where(environment_revisions.c.environment_id == environment_id)
             .order_by(environment_revisions.c.revision)
         )
 
     async def revision(self, environment_id: str, number: int) -> Row | None:
-        return await self.store._one(
+        return await self.store.one(
             sa.select(environment_revisions).where(
                 environment_revisions.c.environment_id == environment_id,
                 environment_revisions.c.revision == number,
@@ -77,10 +78,10 @@ class EnvironmentRecords:
 
     async def add_change(self, change: dict[str, Any]) -> Row:
         """Record an install or uninstall as ``waiting`` (it is claimed separately)."""
-        return await self.store._run(_add_change, change)
+        return await self.store.run(_add_change, change)
 
     async def get_change(self, change_id: str) -> Row | None:
-        return await self.store._one(
+        return await self.store.one(
             sa.select(environment_changes).where(environment_changes.c.id == change_id)
         )
 
@@ -92,11 +93,11 @@ class EnvironmentRecords:
         )
         if states is not None:
             stmt = stmt.where(environment_changes.c.state.in_(states))
-        return await self.store._all(stmt.order_by(environment_changes.c.seq))
+        return await self.store.all(stmt.order_by(environment_changes.c.seq))
 
     async def pending_changes(self) -> list[Row]:
         """Every change not yet ended, of every environment (start-up re-attaches to them)."""
-        return await self.store._all(
+        return await self.store.all(
             sa.select(environment_changes)
             .where(environment_changes.c.state.in_(PENDING_CHANGE_STATES))
             .order_by(environment_changes.c.created_at, environment_changes.c.seq)
@@ -105,14 +106,14 @@ class EnvironmentRecords:
     async def claim(self, change_id: str) -> Row:
         """V5: move a waiting change to ``running`` when nothing holds its environment (no
         earlier change pending, no execution using it); else record what it waits for."""
-        return await self.store._run(_claim, change_id)
+        return await self.store.run(_claim, change_id)
 
     async def unclaim(self, change_id: str, reason: str) -> Row:
         """The runner refused to start the change (an execution still runs there): wait again."""
-        return await self.store._run(_unclaim, change_id, reason)
+        return await self.store.run(_unclaim, change_id, reason)
 
     async def set_progress(self, change_id: str, progress: str | None) -> None:
-        await self.store._run(_set_progress, change_id, progress)
+        await self.store.run(_set_progress, change_id, progress)
 
     async def finish(
         self,
@@ -126,7 +127,7 @@ class EnvironmentRecords:
         """End a running change: with ``packages`` it succeeded and revision N+1 is recorded
         with the environment's new revision (one transaction); without, it failed and no
         revision is recorded. A change already ended is returned unchanged."""
-        return await self.store._run(
+        return await self.store.run(
             _finish, change_id, packages, error, error_kind, finished_at or time.time()
         )
 
@@ -139,12 +140,12 @@ class EnvironmentRecords:
         environment until it ends. ``("wait", record)``: a change is pending; the record names
         it in ``waiting_for`` and stays queued. ``("failed", record)``: the environment cannot
         be used (its creation failed); ``waiting_for`` is cleared and the caller fails it."""
-        return await self.store._run(_gate, execution_id, environment_id)
+        return await self.store.run(_gate, execution_id, environment_id)
 
     async def gated_workspaces(self, environment_id: str) -> list[str]:
         """Workspaces with a queued execution on the environment that has not resolved its
         revision yet: dispatch them when a change ends."""
-        rows = await self.store._all(
+        rows = await self.store.all(
             sa.select(executions.c.workspace_id)
             .where(
                 executions.c.environment_id == environment_id,
@@ -170,7 +171,7 @@ def _name_taken(environment: dict[str, Any]) -> Conflict:
 def _lock(conn: Connection, environment_id: str) -> Row | None:
     # FOR UPDATE serialises every V5 decision on one environment across processes
     # (PostgreSQL); SQLite ignores it and runs write transactions one at a time.
-    return _fetch_one(
+    return fetch_one(
         conn,
         sa.select(environments).where(environments.c.id == environment_id).with_for_update(),
     )
@@ -201,7 +202,7 @@ def _create(
     conn.execute(
         environments.insert().values(**environment, revision=0, state="creating", created_at=now)
     )
-    env = _fetch_one(conn, sa.select(environments).where(environments.c.id == environment["id"]))
+    env = fetch_one(conn, sa.select(environments).where(environments.c.id == environment["id"]))
     assert env is not None
     return env, _insert_change(conn, change, now)
 
@@ -217,7 +218,7 @@ def _insert_change(conn: Connection, change: dict[str, Any], now: float) -> Row:
         "created_at": now,
     }
     conn.execute(environment_changes.insert().values(**values))
-    row = _fetch_one(
+    row = fetch_one(
         conn, sa.select(environment_changes).where(environment_changes.c.id == change["id"])
     )
     assert row is not None
@@ -257,7 +258,7 @@ def _holders(conn: Connection, environment_id: str) -> list[str]:
 
 
 def _get_change(conn: Connection, change_id: str) -> Row:
-    row = _fetch_one(
+    row = fetch_one(
         conn, sa.select(environment_changes).where(environment_changes.c.id == change_id)
     )
     assert row is not None, change_id
@@ -390,7 +391,7 @@ def _gate(conn: Connection, execution_id: str, environment_id: str) -> tuple[str
         .where(executions.c.id == execution_id, executions.c.state == "queued")
         .values(**values)
     )
-    row = _fetch_one(conn, sa.select(executions).where(executions.c.id == execution_id))
+    row = fetch_one(conn, sa.select(executions).where(executions.c.id == execution_id))
     assert row is not None
     return verdict, row
 

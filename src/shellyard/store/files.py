@@ -1,6 +1,6 @@
 """Records of files, history, transfers and artifacts (W5, T1–T5), over the same ``Store``:
 each operation is a synchronous function of a ``Connection`` run as one transaction by
-``Store._run``, like the store's own."""
+``Database.run``, like the store's own."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from shellyard.store.db import Row, fetch_one
 from shellyard.store.schema import (
     agents,
     artifacts,
@@ -20,13 +21,8 @@ from shellyard.store.schema import (
     transfers,
     workspaces,
 )
-from shellyard.store.store import (
-    Row,
-    Store,
-    _fetch_one,
-    _record_snapshot,
-    _release_writer,
-)
+from shellyard.store.store import Store
+from shellyard.store.workspaces import record_snapshot, release_writer
 
 ACTIVE_TRANSFER_STATES = ("queued", "running")
 TERMINAL_TRANSFER_STATES = ("completed", "partial", "failed", "cancelled")
@@ -41,14 +37,14 @@ class FileRecords:
     # ------------------------------------------------------------------ workspaces, agents
 
     async def workspaces_of(self, agent_ids: Sequence[str]) -> list[Row]:
-        return await self.store._all(
+        return await self.store.all(
             sa.select(workspaces)
             .where(workspaces.c.agent_id.in_(list(agent_ids)))
             .order_by(workspaces.c.created_at)
         )
 
     async def children(self, agent_id: str) -> list[Row]:
-        return await self.store._all(
+        return await self.store.all(
             sa.select(agents).where(agents.c.parent_id == agent_id).order_by(agents.c.created_at)
         )
 
@@ -66,21 +62,21 @@ class FileRecords:
     async def referenced_seqs(self, workspace_id: str) -> set[int]:
         """Snapshots of the workspace that a record names: an execution's commit, a
         transfer's source or last target snapshot, an artifact (retention keeps them)."""
-        return await self.store._run(_referenced_seqs, workspace_id)
+        return await self.store.run(_referenced_seqs, workspace_id)
 
     async def mark_pruned(self, workspace_id: str, seqs: Sequence[int]) -> None:
-        await self.store._run(_mark_pruned, workspace_id, list(seqs))
+        await self.store.run(_mark_pruned, workspace_id, list(seqs))
 
     # ------------------------------------------------------------------ transfers
 
     async def create_transfer(self, values: dict[str, Any], files: list[dict[str, Any]]) -> Row:
-        return await self.store._run(_create_transfer, values, files)
+        return await self.store.run(_create_transfer, values, files)
 
     async def get_transfer(self, transfer_id: str) -> Row | None:
-        return await self.store._one(sa.select(transfers).where(transfers.c.id == transfer_id))
+        return await self.store.one(sa.select(transfers).where(transfers.c.id == transfer_id))
 
     async def list_transfers(self, agent_id: str, limit: int = 100) -> list[Row]:
-        return await self.store._all(
+        return await self.store.all(
             sa.select(transfers)
             .where(transfers.c.agent_id == agent_id)
             .order_by(transfers.c.created_at.desc())
@@ -88,7 +84,7 @@ class FileRecords:
         )
 
     async def active_transfers(self) -> list[Row]:
-        return await self.store._all(
+        return await self.store.all(
             sa.select(transfers)
             .where(transfers.c.state.in_(ACTIVE_TRANSFER_STATES))
             .order_by(transfers.c.created_at)
@@ -101,10 +97,10 @@ class FileRecords:
         from_states: Sequence[str] = ACTIVE_TRANSFER_STATES,
         **values: Any,
     ) -> bool:
-        return await self.store._run(_update_transfer, transfer_id, tuple(from_states), values)
+        return await self.store.run(_update_transfer, transfer_id, tuple(from_states), values)
 
     async def pending_files(self, transfer_id: str, after_idx: int, limit: int) -> list[Row]:
-        return await self.store._all(
+        return await self.store.all(
             sa.select(transfer_files)
             .where(
                 transfer_files.c.transfer_id == transfer_id,
@@ -121,9 +117,7 @@ class FileRecords:
         stmt = sa.select(transfer_files).where(transfer_files.c.transfer_id == transfer_id)
         if outcome is not None:
             stmt = stmt.where(transfer_files.c.outcome == outcome)
-        return await self.store._all(
-            stmt.order_by(transfer_files.c.idx).offset(offset).limit(limit)
-        )
+        return await self.store.all(stmt.order_by(transfer_files.c.idx).offset(offset).limit(limit))
 
     async def record_outcomes(
         self,
@@ -135,7 +129,7 @@ class FileRecords:
     ) -> Row:
         """A batch is published: its files' outcomes (idx, outcome, reason, target seq), the
         transfer's counters, and the target snapshot that holds them, in one transaction."""
-        return await self.store._run(
+        return await self.store.run(
             _record_outcomes, transfer_id, outcomes, snapshot, sent, done_bytes
         )
 
@@ -145,23 +139,23 @@ class FileRecords:
         """Make the transfer terminal (files never reached get ``skipped`` with
         ``pending_reason``) and release the target's writer; one transaction. None when it
         was terminal already."""
-        return await self.store._run(_finish_transfer, transfer_id, state, error, pending_reason)
+        return await self.store.run(_finish_transfer, transfer_id, state, error, pending_reason)
 
     # ------------------------------------------------------------------ artifacts
 
     async def create_artifact(self, values: dict[str, Any]) -> Row:
-        return await self.store._run(_create_artifact, values)
+        return await self.store.run(_create_artifact, values)
 
     async def get_artifact(self, artifact_id: str) -> Row | None:
-        return await self.store._one(sa.select(artifacts).where(artifacts.c.id == artifact_id))
+        return await self.store.one(sa.select(artifacts).where(artifacts.c.id == artifact_id))
 
     async def find_artifact(self, agent_id: str, name: str) -> Row | None:
-        return await self.store._one(
+        return await self.store.one(
             sa.select(artifacts).where(artifacts.c.agent_id == agent_id, artifacts.c.name == name)
         )
 
     async def list_artifacts(self, agent_id: str) -> list[Row]:
-        return await self.store._all(
+        return await self.store.all(
             sa.select(artifacts)
             .where(artifacts.c.agent_id == agent_id)
             .order_by(artifacts.c.created_at)
@@ -203,7 +197,7 @@ def _create_transfer(conn: Connection, values: dict[str, Any], files: list[dict[
             transfer_files.insert(),
             [{"transfer_id": values["id"], "outcome": "pending", **f} for f in files],
         )
-    row = _fetch_one(conn, sa.select(transfers).where(transfers.c.id == values["id"]))
+    row = fetch_one(conn, sa.select(transfers).where(transfers.c.id == values["id"]))
     assert row is not None
     return row
 
@@ -265,7 +259,7 @@ def _record_outcomes(
         ).scalar_one_or_none()
         values["target_seq"] = max(int(current or 0), int(snapshot["seq"]))
         if snapshot.get("new"):
-            _record_snapshot(
+            record_snapshot(
                 conn,
                 snapshot["workspace_id"],
                 snapshot["seq"],
@@ -276,7 +270,7 @@ def _record_outcomes(
                 transfer_id,
             )
     conn.execute(transfers.update().where(transfers.c.id == transfer_id).values(**values))
-    row = _fetch_one(conn, sa.select(transfers).where(transfers.c.id == transfer_id))
+    row = fetch_one(conn, sa.select(transfers).where(transfers.c.id == transfer_id))
     assert row is not None
     return row
 
@@ -284,7 +278,7 @@ def _record_outcomes(
 def _finish_transfer(
     conn: Connection, transfer_id: str, state: str, error: str | None, pending_reason: str
 ) -> Row | None:
-    row = _fetch_one(conn, sa.select(transfers).where(transfers.c.id == transfer_id))
+    row = fetch_one(conn, sa.select(transfers).where(transfers.c.id == transfer_id))
     if row is None or row["state"] in TERMINAL_TRANSFER_STATES:
         return None
     left = conn.execute(
@@ -302,13 +296,13 @@ def _finish_transfer(
             files_skipped=transfers.c.files_skipped + (left or 0),
         )
     )
-    _release_writer(conn, str(row["target_workspace_id"]), transfer_id)
-    return _fetch_one(conn, sa.select(transfers).where(transfers.c.id == transfer_id))
+    release_writer(conn, str(row["target_workspace_id"]), transfer_id)
+    return fetch_one(conn, sa.select(transfers).where(transfers.c.id == transfer_id))
 
 
 def _create_artifact(conn: Connection, values: dict[str, Any]) -> Row:
     conn.execute(artifacts.insert().values(**values))
-    row = _fetch_one(conn, sa.select(artifacts).where(artifacts.c.id == values["id"]))
+    row = fetch_one(conn, sa.select(artifacts).where(artifacts.c.id == values["id"]))
     assert row is not None
     return row
 

@@ -8,8 +8,9 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from shellyard.store.db import Row, new_id
 from shellyard.store.schema import tokens, wakes
-from shellyard.store.store import Row, Store, new_id
+from shellyard.store.store import Store
 
 
 class TokenRecords:
@@ -35,16 +36,16 @@ class TokenRecords:
             "created_at": time.time(),
             "revoked_at": None,
         }
-        await self.store._run(_insert, values)
+        await self.store.run(_insert, values)
         return values
 
     async def by_hash(self, secret_sha256: str) -> Row | None:
-        return await self.store._one(
+        return await self.store.one(
             sa.select(tokens).where(tokens.c.secret_sha256 == secret_sha256)
         )
 
     async def get(self, token_id: str) -> Row | None:
-        return await self.store._one(sa.select(tokens).where(tokens.c.id == token_id))
+        return await self.store.one(sa.select(tokens).where(tokens.c.id == token_id))
 
     async def list(self, session_id: str | None = None) -> list[Row]:
         """Every token, or those scoped to ``session_id`` (session and agent tokens both
@@ -52,14 +53,14 @@ class TokenRecords:
         stmt = sa.select(tokens).order_by(tokens.c.created_at)
         if session_id is not None:
             stmt = stmt.where(tokens.c.session_id == session_id)
-        return await self.store._all(stmt)
+        return await self.store.all(stmt)
 
     async def session_of_wake(self, wake_id: str) -> str | None:
-        row = await self.store._one(sa.select(wakes.c.session_id).where(wakes.c.id == wake_id))
+        row = await self.store.one(sa.select(wakes.c.session_id).where(wakes.c.id == wake_id))
         return None if row is None else str(row["session_id"])
 
     async def revoke(self, token_id: str) -> Row | None:
-        await self.store._run(_revoke, token_id, time.time())
+        await self.store.run(_revoke, token_id, time.time())
         return await self.get(token_id)
 
 

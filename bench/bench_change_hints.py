@@ -1,0 +1,223 @@
+"""Benchmark: what a commit costs with change hints, by tree size, beside ``git status``.
+
+For each size (files in folders of 100, ten folders per parent) it builds a tree, commits it
+once, then times, interleaved in one run so all see the same machine:
+
+* ``true``: a commit after a command that changed nothing;
+* ``one file``: a commit after a command appended to one file;
+
+each with change hints (a long-lived ``SnapshotStore``, as the runner holds it) and without
+(the same store with ``change_hints=False``: the full stat walk, in one process as on a
+one-core host), and ``git status --porcelain`` on the same tree with
+``core.untrackedCache=true`` (its index and untracked cache warm; the one-file case after
+the same append; its repository beside the tree, not in it). Then, through the local
+runner (bubblewrap spawn, wait, commit with hints): ``true`` and a one-file change as
+executions. Medians of --repeats, in ms, and the ratios to the smallest size go to stdout as
+JSON (and to --out).
+
+    python bench/bench_change_hints.py [--sizes 100,10000,50000,200000] [--repeats 15]
+                                       [--dir /dev/shm] [--out results.json]
+
+The trees go under --dir (tmpfs by default when there is one: building 200,000 files on a
+loaded disk takes minutes; git and the store see the same filesystem either way).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from shellyard.runner.local import LocalRunner
+from shellyard.runner.protocol import StartRequest
+from shellyard.runner.snapshots.store import SnapshotStore
+
+WS = "bench"
+
+
+def make_tree(root: Path, files: int) -> None:
+    root.mkdir(parents=True)
+    per_dir = 100
+    rfd = os.open(root, os.O_RDONLY)
+    try:
+        for d in range((files + per_dir - 1) // per_dir):
+            parent = f"p{d // 10:04d}"
+            if d % 10 == 0:
+                os.mkdir(parent, dir_fd=rfd)
+            path = f"{parent}/d{d % 10}"
+            os.mkdir(path, dir_fd=rfd)
+            dfd = os.open(path, os.O_RDONLY, dir_fd=rfd)
+            try:
+                for k in range(min(per_dir, files - d * per_dir)):
+                    fd = os.open(f"f{k}.txt", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=dfd)
+                    os.write(fd, b"file %d %d\n" % (d, k))
+                    os.close(fd)
+            finally:
+                os.close(dfd)
+    finally:
+        os.close(rfd)
+
+
+def git(tree: Path, *args: str) -> None:
+    """git on ``tree`` with its repository beside it (``tree.git``), so that git's own
+    writes (index refreshes, objects) are not changes of the tree being snapshotted."""
+    env = {
+        **os.environ,
+        "GIT_CONFIG_GLOBAL": "/dev/null",
+        "GIT_CONFIG_NOSYSTEM": "1",
+        "GIT_AUTHOR_NAME": "b",
+        "GIT_AUTHOR_EMAIL": "b@b",
+        "GIT_COMMITTER_NAME": "b",
+        "GIT_COMMITTER_EMAIL": "b@b",
+    }
+    where = [f"--git-dir={tree}.git", f"--work-tree={tree}"]
+    subprocess.run(["git", *where, *args], check=True, env=env, capture_output=True)
+
+
+def timed(fn: Callable[[], object]) -> float:
+    started = time.perf_counter()
+    fn()
+    return (time.perf_counter() - started) * 1000
+
+
+def bench_size(base: Path, files: int, repeats: int) -> dict[str, Any]:
+    tree = base / f"tree-{files}"
+    make_tree(tree, files)
+    subprocess.run(["git", "init", "-q", "--bare", f"{tree}.git"], check=True)
+    git(tree, "config", "core.bare", "false")
+    git(tree, "config", "core.untrackedCache", "true")
+    git(tree, "config", "gc.auto", "0")
+    git(tree, "add", "-A")
+    git(tree, "commit", "-qm", "x")
+    hinted = SnapshotStore(base / f"hinted-{files}", scan_helper=False)
+    walked = SnapshotStore(base / f"walked-{files}", scan_helper=False, change_hints=False)
+    target = tree / "p0000" / "d0" / "f0.txt"
+    samples: dict[str, list[float]] = {
+        k: []
+        for k in (
+            "true_hints",
+            "true_walk",
+            "true_git",
+            "one_file_hints",
+            "one_file_walk",
+            "one_file_git",
+        )
+    }
+    try:
+        for store in (hinted, walked):
+            store.commit(WS, tree)
+            store.commit(WS, tree)  # the first commit set the watches up; this one uses them
+        git(tree, "status", "--porcelain")  # fill the untracked cache
+        for r in range(repeats):
+            samples["true_hints"].append(timed(lambda: hinted.commit(WS, tree)))
+            samples["true_walk"].append(timed(lambda: walked.commit(WS, tree)))
+            samples["true_git"].append(timed(lambda: git(tree, "status", "--porcelain")))
+            with open(target, "ab") as f:
+                f.write(b"change %d\n" % r)
+            samples["one_file_hints"].append(timed(lambda: hinted.commit(WS, tree)))
+            stats = hinted.last_commit_stats
+            assert stats is not None and stats.change_hints and stats.files_hashed == 1
+            samples["one_file_walk"].append(timed(lambda: walked.commit(WS, tree)))
+            samples["one_file_git"].append(timed(lambda: git(tree, "status", "--porcelain")))
+            git(tree, "add", "-A")  # git's side of "the change is recorded", untimed
+            git(tree, "commit", "-qm", f"r{r}")
+    finally:
+        hinted.close()
+        walked.close()
+        shutil.rmtree(tree, ignore_errors=True)
+        shutil.rmtree(f"{tree}.git", ignore_errors=True)
+    out: dict[str, Any] = {"files": files}
+    for key, values in samples.items():
+        out[f"{key}_ms"] = round(statistics.median(values), 2)
+    return out
+
+
+async def bench_runner(base: Path, files: int, repeats: int) -> dict[str, Any]:
+    """``run_shell("true")`` and a one-file change through the local runner (bubblewrap
+    spawn, wait, commit with change hints): what an execution costs the runner."""
+    runner = LocalRunner(base / f"runner-{files}")
+    await runner.startup()
+    samples: dict[str, list[float]] = {"runner_true": [], "runner_one_file": []}
+    count = 0
+
+    async def run(command: str) -> float:
+        nonlocal count
+        count += 1
+        started = time.perf_counter()
+        await runner.start(StartRequest(execution_id=f"x{count}", workspace_id=WS, command=command))
+        result = await runner.wait(f"x{count}", 120)
+        assert result.snapshot is not None, result.error
+        return (time.perf_counter() - started) * 1000
+
+    try:
+        await runner.ensure_workspace(WS)
+        tree = runner.workspace_path(WS)
+        shutil.rmtree(tree)
+        make_tree(tree, files)
+        os.chmod(tree, 0o777)  # the sandbox user writes into it, as into a real workspace
+        for _ in range(2):
+            await run("true")  # the first commit walks and sets the watches up
+        for r in range(repeats):
+            samples["runner_true"].append(await run("true"))
+            samples["runner_one_file"].append(await run(f"echo {r} >> p0000/d0/f0.txt"))
+    finally:
+        await runner.aclose()
+    return {f"{k}_ms": round(statistics.median(v), 2) for k, v in samples.items()}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--sizes", default="100,10000,50000,200000")
+    parser.add_argument("--repeats", type=int, default=15)
+    default_dir = "/dev/shm" if os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
+    parser.add_argument("--dir", type=Path, default=Path(default_dir))
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    base = Path(tempfile.mkdtemp(prefix="shellyard-bench-hints-", dir=args.dir))
+    base.chmod(0o711)  # the runner's sandbox user must reach its workspaces
+    rows = []
+    try:
+        for size in [int(s) for s in args.sizes.split(",")]:
+            row = bench_size(base, size, args.repeats)
+            row.update(asyncio.run(bench_runner(base, size, args.repeats)))
+            rows.append(row)
+            print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    smallest = rows[0]
+    for row in rows:
+        for key in (
+            "true_hints",
+            "one_file_hints",
+            "true_walk",
+            "one_file_walk",
+            "runner_true",
+            "runner_one_file",
+        ):
+            row[f"{key}_vs_smallest"] = round(row[f"{key}_ms"] / smallest[f"{key}_ms"], 2)
+    result = {
+        "repeats": args.repeats,
+        "dir": str(args.dir),
+        "cpus": os.cpu_count(),
+        "python": sys.version.split()[0],
+        "rows": rows,
+    }
+    text = json.dumps(result, indent=2)
+    print(text)
+    if args.out:
+        args.out.write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,340 @@
+"""Writer operations on a workspace's live tree (W1, W3, W6, T2, T3): write a file, unpack a
+tar upload, delete, move, restore a snapshot, apply a transfer batch. Each ends with a commit,
+so its result is a snapshot; the control plane holds the workspace's writer around it.
+
+Every path goes through ``fsops`` (no symbolic link is ever followed); new content is placed
+as ``placing`` describes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import queue
+import shutil
+import stat as stat_mod
+import tarfile
+
+from shellyard.errors import InvalidInput, NotFound, ShellyardError
+from shellyard.paths import normalize_relative
+from shellyard.runner import fsops, history
+from shellyard.runner.edits.placing import Done, Placer, kind_name, reason_of
+from shellyard.runner.edits.tar import QueueReader, check_conflicts, unpack_to
+from shellyard.runner.edits.upload import FileUpload
+from shellyard.runner.fsops import Folders
+from shellyard.runner.protocol import ApplyEntry, ApplyOutcome, EditResult, PathEntry
+from shellyard.runner.snapshots.format import KIND_FILE, KIND_LINK, Manifest
+
+
+class Editor(Placer):
+    """The writer operations of one runner. Synchronous (the runner calls it on a worker
+    thread); the caller guarantees one writer per workspace."""
+
+    def begin_write(self, workspace_id: str, path: str, mode: int | None) -> FileUpload:
+        return FileUpload(self, workspace_id, path, mode)
+
+    # ------------------------------------------------------------------ delete, move
+
+    def delete(self, workspace_id: str, path: str, recursive: bool) -> EditResult:
+        rel = normalize_relative(path)
+        if not rel:
+            raise InvalidInput(
+                "deleting the workspace root is not allowed; delete the files and folders inside it"
+            )
+        with (
+            self.lock.hold(),
+            fsops.open_root(self.tree_of(workspace_id)) as root,
+            fsops.resolve(root, rel) as where,
+        ):
+            st = fsops.lstat_at(where.dir_fd, where.name)
+            if st is None:
+                raise NotFound(f"no {rel!r} in the workspace to delete", path=rel)
+            if stat_mod.S_ISDIR(st.st_mode) and not recursive:
+                with contextlib.suppress(OSError):
+                    os.rmdir(where.name, dir_fd=where.dir_fd)
+                    return self.commit_edit(workspace_id, Done(removed=[rel]))
+                raise InvalidInput(
+                    f"{rel!r} is a folder that is not empty; pass recursive=true to delete it "
+                    f"with everything inside",
+                    path=rel,
+                )
+            fsops.remove_at(where.dir_fd, where.name)
+            return self.commit_edit(workspace_id, Done(removed=[rel]))
+
+    def move(self, workspace_id: str, source: str, destination: str, overwrite: bool) -> EditResult:
+        src, dst = normalize_relative(source), normalize_relative(destination)
+        if not src or not dst:
+            raise InvalidInput("the workspace root cannot be moved or replaced; name a path in it")
+        if dst == src or dst.startswith(src + "/"):
+            raise InvalidInput(
+                f"cannot move {src!r} to {dst!r}: a folder cannot move into itself",
+                path=src,
+            )
+        head = history.head_manifest(self.store, workspace_id)
+        with self.lock.hold(), fsops.open_root(self.tree_of(workspace_id)) as root:
+            with fsops.resolve(root, src) as a:
+                st = fsops.lstat_at(a.dir_fd, a.name)
+                if st is None:
+                    raise NotFound(f"no {src!r} in the workspace to move", path=src)
+                with fsops.resolve(root, dst, create_parents=True, owner=self.owner) as b:
+                    existing = fsops.lstat_at(b.dir_fd, b.name)
+                    if existing is not None:
+                        if not overwrite:
+                            raise InvalidInput(
+                                f"{dst!r} already exists; pass overwrite=true to replace it",
+                                path=dst,
+                            )
+                        fsops.remove_at(b.dir_fd, b.name)
+                    os.rename(a.name, b.name, src_dir_fd=a.dir_fd, dst_dir_fd=b.dir_fd)
+                    done = Done(removed=[src])
+                    self._hint_moved(head, src, dst, b.dir_fd, b.name, done)
+            return self.commit_edit(workspace_id, done)
+
+    def _hint_moved(
+        self, head: Manifest, src: str, dst: str, dir_fd: int, name: str, done: Done
+    ) -> None:
+        """Hints for the files a move carried: their content is the head's at the old path."""
+        m = head
+        assert isinstance(m, Manifest)
+        index = m.index()
+
+        def visit(fd: int, entry: str, old: str, new: str) -> None:
+            st = fsops.lstat_at(fd, entry)
+            if st is None:
+                return
+            if stat_mod.S_ISREG(st.st_mode):
+                i = index.get(old)
+                if i is not None and m.kinds[i] == KIND_FILE and m.sizes[i] == st.st_size:
+                    done.hints[new] = (m.digests[32 * i : 32 * i + 32], fsops.sig_of(st))
+                    done.written.append(m.entry(i).model_copy(update={"path": new}))
+            elif stat_mod.S_ISDIR(st.st_mode):
+                sub = os.open(entry, fsops.O_DIR, dir_fd=fd)
+                try:
+                    for child in os.listdir(sub):
+                        visit(sub, child, f"{old}/{child}", f"{new}/{child}")
+                finally:
+                    os.close(sub)
+
+        visit(dir_fd, name, src, dst)
+
+    # ------------------------------------------------------------------ restore
+
+    def restore(self, workspace_id: str, seq: int, path: str) -> EditResult:
+        """Make the workspace (or the folder or file ``path``) what it was in snapshot
+        ``seq``, then commit: a new snapshot; nothing of history is deleted (W5)."""
+        rel = normalize_relative(path)
+        with self.lock.hold():
+            old = history.manifest(self.store, workspace_id, seq)
+            head = history.head_manifest(self.store, workspace_id)
+            if rel:
+                history.check_links(old, rel)
+                if rel not in old.index() and rel not in head.index():
+                    raise NotFound(
+                        f"{rel!r} is neither in snapshot {seq} nor in the head; nothing to restore",
+                        path=rel,
+                    )
+            prefix = rel + "/" if rel else ""
+
+            def under(p: str) -> bool:
+                return not rel or p == rel or p.startswith(prefix)
+
+            want = {p: i for p, i in old.index().items() if under(p)}
+            have = {p: i for p, i in head.index().items() if under(p)}
+            done = Done()
+            with (
+                fsops.open_root(self.tree_of(workspace_id)) as root,
+                Folders(root, create=True, owner=self.owner) as folders,
+            ):
+                # what goes away: absent from the old snapshot, or of another kind there
+                doomed = sorted(
+                    p
+                    for p, i in have.items()
+                    if p not in want or old.kinds[want[p]] != head.kinds[i]
+                )
+                gone: list[str] = []
+                for p in doomed:
+                    if any(p.startswith(g + "/") for g in gone[-1:]):
+                        continue
+                    where = folders.resolve(p)
+                    folders.forget(p)
+                    fsops.remove_at(where.dir_fd, where.name)
+                    gone.append(p)
+                    done.removed.append(p)
+                for p in sorted(want):
+                    i = want[p]
+                    j = have.get(p)
+                    same = (
+                        j is not None
+                        and head.kinds[j] == old.kinds[i]
+                        and head.digests[32 * j : 32 * j + 32] == old.digests[32 * i : 32 * i + 32]
+                        and head.modes[j] == old.modes[i]
+                        and head.targets[j] == old.targets[i]
+                        and p not in gone
+                    )
+                    if same:
+                        continue
+                    self._materialize(folders, old, i, done)
+            return self.commit_edit(workspace_id, done)
+
+    def _materialize(self, folders: Folders, m: Manifest, i: int, done: Done) -> None:
+        """Write entry ``i`` of manifest ``m`` into the live tree (over what is there)."""
+        entry = m.entry(i)
+        where = folders.resolve(entry.path)
+        existing = fsops.lstat_at(where.dir_fd, where.name)
+        if entry.kind == "dir":
+            if existing is not None and stat_mod.S_ISDIR(existing.st_mode):
+                os.chmod(where.name, entry.mode, dir_fd=where.dir_fd, follow_symlinks=False)
+                return
+            if existing is not None:
+                fsops.remove_at(where.dir_fd, where.name)
+            self._new_dir(where.dir_fd, where.name, entry.mode)
+            return
+        if existing is not None and stat_mod.S_ISDIR(existing.st_mode):
+            folders.forget(entry.path)
+            fsops.remove_at(where.dir_fd, where.name)
+        if entry.kind == "symlink":
+            self._new_link(where.dir_fd, where.name, entry.target or "")
+            return
+        assert entry.sha256 is not None
+        st = self._new_file(
+            where.dir_fd, where.name, entry.mode, self._from_object(entry.sha256, entry.size)
+        )
+        done.hints[entry.path] = (bytes.fromhex(entry.sha256), fsops.sig_of(st))
+        done.written.append(entry)
+
+    # ------------------------------------------------------------------ transfer batches
+
+    def apply(
+        self, workspace_id: str, entries: list[ApplyEntry]
+    ) -> tuple[list[ApplyOutcome], EditResult]:
+        """Write a transfer batch into the live tree and commit it (T3): per entry
+        ``copied``, ``unchanged`` (already so in the head), ``skipped`` (a symbolic link that
+        would point outside the workspace) or ``failed`` with the reason. A failure of one
+        entry never stops the others; the commit publishes every entry that was written."""
+        outcomes: list[ApplyOutcome] = []
+        done = Done()
+        with self.lock.hold():
+            head = history.head_manifest(self.store, workspace_id)
+            index = head.index()
+            with (
+                fsops.open_root(self.tree_of(workspace_id)) as root,
+                Folders(root, create=True, owner=self.owner) as folders,
+            ):
+                for entry in sorted(entries, key=lambda e: e.path):
+                    try:
+                        outcome, reason = self._apply_one(folders, head, index, entry, done)
+                    except (ShellyardError, OSError) as exc:
+                        outcome, reason = "failed", reason_of(exc)
+                    outcomes.append(ApplyOutcome(path=entry.path, outcome=outcome, reason=reason))
+            result = self.commit_edit(workspace_id, done)
+        return outcomes, result
+
+    def _apply_one(
+        self,
+        folders: Folders,
+        head: Manifest,
+        index: dict[str, int],
+        entry: ApplyEntry,
+        done: Done,
+    ) -> tuple[str, str | None]:
+        rel = normalize_relative(entry.path)
+        if not rel:
+            return ("unchanged", None) if entry.kind == "dir" else ("failed", "empty path")
+        mode = entry.mode & fsops.PERMISSION_BITS
+        i = index.get(rel)
+        if entry.kind == "symlink":
+            target = entry.target or ""
+            if fsops.escapes(rel, target):
+                return "skipped", f"symbolic link to {target!r} would point outside the workspace"
+            if i is not None and head.kinds[i] == KIND_LINK and head.targets[i] == target:
+                return "unchanged", None
+        elif entry.kind == "file":
+            if entry.sha256 is None:
+                return "failed", "no content named for the file"
+            digest = bytes.fromhex(entry.sha256)
+            if (
+                i is not None
+                and head.kinds[i] == KIND_FILE
+                and head.digests[32 * i : 32 * i + 32] == digest
+                and head.modes[i] & fsops.PERMISSION_BITS == mode
+            ):
+                return "unchanged", None
+        where = folders.resolve(rel)
+        existing = fsops.lstat_at(where.dir_fd, where.name)
+        if entry.kind == "dir":
+            if existing is None:
+                self._new_dir(where.dir_fd, where.name, mode)
+                return "copied", None
+            if stat_mod.S_ISDIR(existing.st_mode):
+                return "unchanged", None
+            return "failed", f"a {kind_name(existing)} is in the way at {rel!r}"
+        if existing is not None and not stat_mod.S_ISREG(existing.st_mode):
+            return "failed", f"a {kind_name(existing)} is in the way at {rel!r}"
+        if entry.kind == "symlink":
+            self._new_link(where.dir_fd, where.name, entry.target or "")
+            return "copied", None
+        assert entry.sha256 is not None
+        st = self._new_file(
+            where.dir_fd, where.name, mode, self._from_object(entry.sha256, entry.size)
+        )
+        done.hints[rel] = (bytes.fromhex(entry.sha256), fsops.sig_of(st))
+        return "copied", None
+
+    # ------------------------------------------------------------------ tar uploads
+
+    def unpack(self, workspace_id: str, path: str, chunks: queue.Queue[bytes | None]) -> EditResult:
+        """Unpack a tar stream (fed through ``chunks``; None ends it) below ``path``.
+
+        Two phases, so a bad archive changes nothing: everything is unpacked into a private
+        staging tree first (members named absolute or with ``..``, symbolic links pointing
+        outside, hard links and devices refuse the whole upload), then moved into place.
+        """
+        dest = normalize_relative(path)
+        stage = self._staging / fsops.temp_name(".tar")
+        stage.mkdir(mode=0o700)
+        reader = QueueReader(chunks)
+        try:
+            try:
+                members = unpack_to(stage, dest, reader, self.owner)
+            except tarfile.TarError as exc:
+                raise InvalidInput(
+                    f"the upload is not a readable tar archive ({exc}); send a tar stream "
+                    "(for example `tar -c -C FOLDER .`) as the body; nothing was unpacked"
+                ) from None
+            with self.lock.hold(), fsops.open_root(self.tree_of(workspace_id)) as root:
+                done = Done()
+                with (
+                    fsops.open_root(stage) as stage_fd,
+                    Folders(stage_fd) as staged,
+                    Folders(root, create=True, owner=self.owner) as folders,
+                ):
+                    check_conflicts(root, dest, members)
+                    for name, kind, mode in members:
+                        full = f"{dest}/{name}" if dest else name
+                        where = folders.resolve(full)
+                        existing = fsops.lstat_at(where.dir_fd, where.name)
+                        if kind == "dir":
+                            if existing is None:
+                                self._new_dir(where.dir_fd, where.name, mode)
+                            continue
+                        src = staged.resolve(name)
+                        if existing is not None:
+                            fsops.remove_at(where.dir_fd, where.name)
+                        try:
+                            st = self.place(src.dir_fd, src.name, where.dir_fd, where.name)
+                        except OSError as exc:
+                            if exc.errno != errno.EXDEV:
+                                raise
+                            st = self.copy_over(src.dir_fd, src.name, where.dir_fd, where.name)
+                        if kind == "file":
+                            done.written.append(
+                                PathEntry(path=full, kind="file", size=st.st_size, mode=mode)
+                            )
+                return self.commit_edit(workspace_id, done)
+        finally:
+            reader.drain()
+            shutil.rmtree(stage, ignore_errors=True)
+
+
+__all__ = ["Editor", "FileUpload"]

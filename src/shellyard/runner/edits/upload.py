@@ -1,0 +1,113 @@
+"""One streamed file write into a workspace (T2): chunks into a temp file, renamed into
+place and committed when complete, so a failed upload leaves nothing behind."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import os
+import stat as stat_mod
+
+from shellyard.errors import InvalidInput, NotFound, OutOfRoom
+from shellyard.paths import normalize_relative
+from shellyard.runner import fsops
+from shellyard.runner.edits.placing import Done, Placer, kind_name
+from shellyard.runner.protocol import EditResult, PathEntry
+
+
+class FileUpload:
+    """One streamed file write: ``write`` chunks, then ``finish`` (renames it into place and
+    commits) or ``abort``. Runs on worker threads; the bytes are hashed as they come."""
+
+    def __init__(self, editor: Placer, workspace_id: str, path: str, mode: int | None) -> None:
+        self._editor = editor
+        self._workspace_id = workspace_id
+        self.rel = normalize_relative(path)
+        if not self.rel:
+            raise InvalidInput("path names the workspace root; give a file path such as 'a.txt'")
+        self._stack = contextlib.ExitStack()
+        try:
+            self._root = self._stack.enter_context(fsops.open_root(editor.tree_of(workspace_id)))
+            # folders on the way are made only when the upload is complete (finish), so a
+            # failed upload leaves nothing behind; the temp goes where the rename will work
+            try:
+                where = self._stack.enter_context(fsops.resolve(self._root, self.rel))
+            except NotFound:
+                near, existing = self._root, None
+            else:
+                near, existing = where.dir_fd, fsops.lstat_at(where.dir_fd, where.name)
+            if existing is not None and not stat_mod.S_ISREG(existing.st_mode):
+                raise InvalidInput(
+                    f"{self.rel!r} is a {kind_name(existing)}; delete it first or write elsewhere",
+                    path=self.rel,
+                )
+            if mode is None:
+                mode = existing.st_mode if existing is not None else fsops.FILE_MODE
+            self.mode = mode & fsops.PERMISSION_BITS
+            self._temp_dir, self._temp = editor.temp_for(near)
+            self._stack.callback(os.close, self._temp_dir)
+            self._fd = os.open(self._temp, fsops.O_NEW, 0o600, dir_fd=self._temp_dir)
+        except BaseException:
+            self._stack.close()
+            raise
+        self._hasher = hashlib.sha256()
+        self.size = 0
+
+    def write(self, chunk: bytes) -> None:
+        view = memoryview(chunk)
+        try:
+            while view:
+                view = view[os.write(self._fd, view) :]
+        except OSError as exc:
+            if fsops.out_of_room(exc):
+                raise OutOfRoom(
+                    f"the workspace's filesystem is out of room ({exc.strerror}) after "
+                    f"{self.size} bytes of {self.rel!r}; nothing was changed; free space or "
+                    f"upload less"
+                ) from None
+            raise
+        self._hasher.update(chunk)
+        self.size += len(chunk)
+
+    def finish(self) -> EditResult:
+        try:
+            os.fchmod(self._fd, self.mode)
+            if self._editor.owner is not None:
+                os.fchown(self._fd, *self._editor.owner)
+            os.close(self._fd)
+            self._fd = -1
+            with (
+                self._editor.lock.hold(),
+                fsops.resolve(
+                    self._root, self.rel, create_parents=True, owner=self._editor.owner
+                ) as where,
+            ):
+                try:
+                    self._editor.place(self._temp_dir, self._temp, where.dir_fd, where.name)
+                except OSError as exc:
+                    if exc.errno != errno.EXDEV:  # the folder is another mount: copy it over
+                        raise
+                    self._editor.copy_over(self._temp_dir, self._temp, where.dir_fd, where.name)
+                    os.unlink(self._temp, dir_fd=self._temp_dir)
+                entry = PathEntry(
+                    path=self.rel,
+                    kind="file",
+                    size=self.size,
+                    mode=self.mode,
+                    sha256=self._hasher.hexdigest(),
+                )
+                return self._editor.commit_edit(self._workspace_id, Done(written=[entry]))
+        except BaseException:
+            self.abort()
+            raise
+        finally:
+            self._stack.close()
+
+    def abort(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+        with contextlib.suppress(OSError):
+            os.unlink(self._temp, dir_fd=self._temp_dir)
+        self._stack.close()

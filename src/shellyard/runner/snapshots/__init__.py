@@ -1,0 +1,1 @@
+"""Content-addressed snapshots of workspaces; ``store.SnapshotStore`` is the entry point."""

@@ -1,0 +1,186 @@
+"""The object store: file contents named by their sha256, written once, mode 0o444.
+
+Objects are never hard-linked to workspace files: a command could change a linked file's
+bytes, and a snapshot's objects must stay immutable. Each is written to a temp file under
+``objects/tmp/`` and renamed into place once complete, so a reader never sees half of one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import itertools
+import os
+import re
+import stat as stat_mod
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import BinaryIO
+
+from shellyard.errors import InvalidInput, NotFound
+from shellyard.runner.snapshots.format import O_CLOEXEC, write_all
+from shellyard.runner.snapshots.scan import OPEN_FILE, VANISHED
+
+#: Files smaller than this are read with one read(); larger ones are streamed in chunks.
+_SMALL_FILE = 1 << 20
+_STREAM_CHUNK = 1 << 20
+OPEN_TMP = os.O_WRONLY | os.O_CREAT | os.O_EXCL | O_CLOEXEC
+_SHA256_HEX = re.compile(r"[0-9a-f]{64}")
+
+#: (digest, bytes read, stat before reading) or None when the file is gone / not a file.
+Stored = tuple[bytes, int, os.stat_result] | None
+
+
+def _process_umask() -> int | None:
+    """The umask, read without changing it (Linux /proc); None if unknown."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+class ObjectStore:
+    """``objects/`` of a snapshot store; ``workers`` threads hash and copy big files."""
+
+    def __init__(self, objects: Path, workers: int) -> None:
+        self._objects = objects
+        self._tmp = objects / "tmp"
+        self._tmp.mkdir(parents=True, exist_ok=True)
+        if not (objects / "ff").is_dir():
+            for i in range(256):
+                (objects / f"{i:02x}").mkdir(exist_ok=True)
+        self._objects_str = f"{objects}/"
+        self._tmp_prefix = f"{self._tmp}/{os.getpid()}-{id(self):x}-"
+        self._remove_stale_tmp()
+        self._tmp_counter = itertools.count()
+        umask = _process_umask()
+        self._fchmod_objects = umask is None or bool(umask & 0o444)
+        self.workers = workers
+        self._guard = threading.Lock()
+        self._pool: ThreadPoolExecutor | None = None
+
+    def close(self) -> None:
+        """Stop the hashing threads (they restart on demand)."""
+        with self._guard:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True)
+
+    def _remove_stale_tmp(self, older_than_s: float = 3600.0) -> None:
+        """Temp objects left by a crash (a live writer touches its own within seconds)."""
+        cutoff = time.time() - older_than_s
+        with contextlib.suppress(OSError), os.scandir(self._tmp) as entries:
+            for entry in entries:
+                with contextlib.suppress(OSError):
+                    if entry.stat(follow_symlinks=False).st_mtime < cutoff:
+                        os.unlink(entry.path)
+
+    def pool(self) -> ThreadPoolExecutor:
+        with self._guard:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(
+                    max_workers=self.workers, thread_name_prefix="snapshot-hash"
+                )
+            return self._pool
+
+    def store_file(self, dfd: int, name: str) -> Stored:
+        """Read one workspace file (never through a symlink) into the store; return
+        (digest, bytes read, stat before reading), or None if it is no longer a file."""
+        try:
+            fd = os.open(name, OPEN_FILE, dir_fd=dfd)
+        except OSError as exc:
+            if exc.errno in VANISHED:
+                return None
+            raise
+        try:
+            st = os.fstat(fd)
+            if not stat_mod.S_ISREG(st.st_mode):
+                return None
+            if st.st_size < _SMALL_FILE:
+                data = os.read(fd, st.st_size + 1)
+                if len(data) <= st.st_size:
+                    digest = hashlib.sha256(data).digest()
+                    self._put_small(digest, data)
+                    return digest, len(data), st
+                return self._put_stream(fd, data, st)
+            return self._put_stream(fd, b"", st)
+        finally:
+            os.close(fd)
+
+    def object_path(self, hexdigest: str) -> str:
+        return f"{self._objects_str}{hexdigest[:2]}/{hexdigest[2:]}"
+
+    def new_tmp(self) -> tuple[str, int]:
+        tmp = f"{self._tmp_prefix}{next(self._tmp_counter)}"
+        fd = os.open(tmp, OPEN_TMP, 0o444)
+        if self._fchmod_objects:
+            os.fchmod(fd, 0o444)
+        return tmp, fd
+
+    def _put_small(self, digest: bytes, data: bytes) -> None:
+        final = self.object_path(digest.hex())
+        if os.path.exists(final):
+            return
+        tmp, fd = self.new_tmp()
+        try:
+            write_all(fd, data)
+        except BaseException:
+            os.close(fd)
+            os.unlink(tmp)
+            raise
+        os.close(fd)
+        os.rename(tmp, final)
+
+    def _put_stream(
+        self, fd: int, head: bytes, st: os.stat_result
+    ) -> tuple[bytes, int, os.stat_result]:
+        """Copy a big file into a temp object while hashing it, in bounded memory."""
+        hasher = hashlib.sha256(head)
+        tmp, out = self.new_tmp()
+        try:
+            try:
+                write_all(out, head)
+                size = len(head)
+                buf = bytearray(_STREAM_CHUNK)
+                view = memoryview(buf)
+                while True:
+                    n = os.readv(fd, [buf])
+                    if n == 0:
+                        break
+                    chunk = view[:n]
+                    hasher.update(chunk)
+                    write_all(out, chunk)
+                    size += n
+            finally:
+                os.close(out)
+            digest = hasher.digest()
+            final = self.object_path(digest.hex())
+            if os.path.exists(final):
+                os.unlink(tmp)
+            else:
+                os.rename(tmp, final)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            raise
+        return digest, size, st
+
+    # ------------------------------------------------------------------ manifests
+
+    def open_object(self, sha256: str) -> BinaryIO:
+        """Open a stored object (by hex sha256) for streaming reads; the caller closes it."""
+        if not isinstance(sha256, str) or not _SHA256_HEX.fullmatch(sha256):
+            raise InvalidInput(
+                f"{sha256!r} is not an object name; pass a sha256 as 64 lowercase hex digits",
+                sha256=str(sha256),
+            )
+        try:
+            return open(self.object_path(sha256), "rb")
+        except FileNotFoundError:
+            raise NotFound(f"no object {sha256} in the snapshot store", sha256=sha256) from None

@@ -1,0 +1,433 @@
+"""Content-addressed snapshots of workspaces (W2, W3, W5, W6; DESIGN.md "Snapshots").
+
+Layout under the store root::
+
+    objects/<2 hex>/<62 hex>        file contents named by sha256, written once, mode 0o444
+    objects/tmp/                    temp files, renamed into place once complete
+    workspaces/<id>/manifests/<seq> one manifest per snapshot (header + canonical body)
+    workspaces/<id>/HEAD            current seq, replaced atomically (temp + rename)
+    workspaces/<id>/statcache       stat cache: one record per folder (statcache.py)
+    workspaces/<id>/statcache.log   records changed since statcache was last rewritten
+    workspaces/<id>/clock           touched before each walk: the racy-clean clock
+    workspaces/<id>/lock            flock'd during a commit (plus a per-workspace thread lock)
+
+The jobs live beside this module: ``format`` (the bytes of manifests and folder records),
+``statcache`` (the stat cache on disk), ``scan`` (listing folders, the scan helper process),
+``commit`` (the walk that decides what to read), ``blobs`` (the object store).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import logging
+import os
+import re
+import sys
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Iterator
+from pathlib import Path
+from typing import BinaryIO
+
+from shellyard.errors import InvalidInput, NotFound
+from shellyard.paths import normalize_relative
+from shellyard.runner.protocol import MAX_READ_CHUNK, FileChunk, PathEntry, SnapshotInfo
+from shellyard.runner.snapshots.blobs import ObjectStore
+from shellyard.runner.snapshots.changes import ChangeTracker, Tracking
+from shellyard.runner.snapshots.commit import HELPER_MIN_ENTRIES, CommitStats, Hints, TreeWalker
+from shellyard.runner.snapshots.format import (
+    KIND_DIR,
+    KIND_LINK,
+    MANIFEST_HEADER,
+    O_CLOEXEC,
+    Manifest,
+    atomic_write,
+    decode_header,
+    decode_manifest,
+    encode_manifest,
+    pack_header,
+)
+from shellyard.runner.snapshots.scan import O_DIRECTORY, ScanHelper
+from shellyard.runner.snapshots.statcache import (
+    WorkspaceState,
+    file_sig,
+    load_statcache,
+    save_statcache,
+)
+
+log = logging.getLogger(__name__)
+
+_WORKSPACE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
+class SnapshotStore:
+    """Commits workspace trees into immutable, numbered snapshots and reads them back.
+
+    Synchronous and thread-safe; the runner calls it through ``asyncio.to_thread``. Commits of
+    one workspace are serialised (a thread lock plus ``flock``), so snapshot numbers only grow.
+    ``workers``: threads hashing big files; ``scan_helper``: scan big trees in two processes;
+    ``change_hints``: scan only what inotify saw change (changes.py; default on Linux).
+    """
+
+    def __init__(
+        self,
+        root: Path,
+        *,
+        workers: int | None = None,
+        scan_helper: bool | None = None,
+        change_hints: bool | None = None,
+        cached_workspaces: int = 32,
+        cached_manifests: int = 16,
+    ) -> None:
+        self.root = Path(root)
+        self._workspaces = self.root / "workspaces"
+        self._workspaces.mkdir(parents=True, exist_ok=True)
+        cpus = os.cpu_count() or 1
+        self.blobs = ObjectStore(
+            self.root / "objects", workers if workers is not None else min(4, cpus)
+        )
+        if scan_helper is None:
+            scan_helper = cpus > 1
+        self._helper = ScanHelper() if scan_helper else None
+        if change_hints is None:
+            change_hints = sys.platform == "linux"
+        self._tracker = ChangeTracker() if change_hints else None
+        self._walker = TreeWalker(self.blobs, self._helper)
+        self._guard = threading.Lock()
+        self._locks: dict[str, threading.Lock] = {}
+        self._states: OrderedDict[str, WorkspaceState] = OrderedDict()
+        self._cached_workspaces = cached_workspaces
+        self._manifests: OrderedDict[tuple[str, int], Manifest] = OrderedDict()
+        self._cached_manifests = cached_manifests
+        #: Stats of the most recent commit in this store (any workspace).
+        self.last_commit_stats: CommitStats | None = None
+
+    # ------------------------------------------------------------------ public API
+
+    def ensure_workspace(self, workspace_id: str) -> SnapshotInfo:
+        """Create the workspace's metadata with the empty snapshot 0 if missing; return head."""
+        wdir = self._wdir(workspace_id)
+        with self._workspace_lock(workspace_id, wdir):
+            return self._load_state(workspace_id, wdir).head_info
+
+    def commit(self, workspace_id: str, tree: Path, hints: Hints | None = None) -> SnapshotInfo:
+        """Snapshot ``tree`` as the workspace's next seq (W3), or return the head with
+        ``new=False`` when the tree equals it.
+
+        ``hints`` (path → digest and the file's stat as (mtime_ns, ctime_ns, size, inode))
+        names files the caller has just written from objects already in this store: a file
+        whose stat still matches is taken with that digest instead of being read again (a
+        transfer or a restore that copied it out of the store knows its content).
+
+        With change hints on, only the folders changed since this store's last commit of
+        the workspace are scanned, when that is known without a gap (changes.py); else,
+        and always when the stat cache was reloaded from disk, the whole tree is walked."""
+        started = time.perf_counter()
+        wdir = self._wdir(workspace_id)
+        stats = CommitStats(workspace_id=workspace_id)
+        with self._workspace_lock(workspace_id, wdir):
+            state = self._load_state(workspace_id, wdir)
+            try:
+                root_fd = os.open(tree, os.O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+            except OSError as exc:
+                raise NotFound(
+                    f"workspace folder {str(tree)!r} cannot be opened ({exc.strerror}); "
+                    f"create the workspace before committing it",
+                    workspace_id=workspace_id,
+                ) from None
+            track = self._tracker.begin(workspace_id, str(tree)) if self._tracker else None
+            racy, state.racy = state.racy, None  # unknown until this commit is complete
+            if track is not None:
+                if racy is None or state.linked:
+                    track.changes = None  # not known well enough: walk everything
+                else:
+                    track.racy, track.linked = racy, set(state.linked)
+            try:
+                changes = track.changes if track is not None else None
+                if changes is not None and not (changes.dirs or changes.subtrees or racy):
+                    stats.change_hints = True  # nothing changed since the head was made
+                    return self._done(state, stats, track, racy or set(), started)
+                clock = self._tick(wdir)
+                dirs = self._walker.walk(root_fd, state.dirs, clock, stats, hints, track)
+            finally:
+                os.close(root_fd)
+            if track is not None and track.same_tree:
+                body, files, total, digest = b"", 0, 0, bytes.fromhex(state.head_info.root_hash)
+            else:
+                body, files, total = encode_manifest(dirs)
+                digest = hashlib.sha256(body).digest()
+            if digest.hex() != state.head_info.root_hash:
+                seq = state.head_info.seq + 1
+                created_at = time.time()
+                header = pack_header(created_at, files, total, digest)
+                atomic_write(wdir / "manifests" / str(seq), header, body)
+                atomic_write(wdir / "HEAD", f"{seq}\n".encode())
+                state.head_info = SnapshotInfo(
+                    workspace_id=workspace_id,
+                    seq=seq,
+                    root_hash=digest.hex(),
+                    files=files,
+                    bytes=total,
+                    created_at=created_at,
+                    new=False,
+                )
+                state.head_sig = file_sig(wdir / "HEAD")
+                stats.new = True
+            try:
+                save_statcache(wdir, state, dirs)
+            except OSError as exc:  # only costs re-reading files next time
+                log.warning("could not save the stat cache of %s: %s", workspace_id, exc)
+                track = None  # the records in memory are not the head's: walk next time
+            stats.entries = sum(r.n for r in dirs.values())
+            if self._helper is not None and track is None and stats.entries >= HELPER_MIN_ENTRIES:
+                self._helper.start_soon()  # for the next full walks of this big tree
+            return self._done(state, stats, track, track.racy if track else set(), started)
+
+    def _done(
+        self,
+        state: WorkspaceState,
+        stats: CommitStats,
+        track: Tracking | None,
+        racy: set[str],
+        started: float,
+    ) -> SnapshotInfo:
+        """Finish a commit: what the next one may rely on, its stats, the head it made."""
+        if track is not None and self._tracker is not None:
+            state.racy, state.linked = racy, track.linked
+            self._tracker.finish(track)
+        stats.seq = state.head_info.seq
+        stats.elapsed_s = time.perf_counter() - started
+        self.last_commit_stats = stats
+        return state.head_info.model_copy(update={"new": stats.new})
+
+    def head(self, workspace_id: str) -> SnapshotInfo:
+        """The workspace's latest committed snapshot."""
+        wdir = self._existing_wdir(workspace_id)
+        return self._read_info(workspace_id, wdir, self._read_head(wdir, workspace_id))
+
+    def list_snapshots(self, workspace_id: str) -> list[SnapshotInfo]:
+        """Every retained snapshot of the workspace, oldest first (W5)."""
+        wdir = self._existing_wdir(workspace_id)
+        infos: list[SnapshotInfo] = []
+        for seq in range(self._read_head(wdir, workspace_id) + 1):
+            with contextlib.suppress(NotFound):
+                infos.append(self._read_info(workspace_id, wdir, seq))
+        return infos
+
+    def manifest(self, workspace_id: str, seq: int | None = None) -> dict[str, PathEntry]:
+        """Every entry of a snapshot (files, folders, symlinks) by path; the root is implicit."""
+        m = self._manifest(workspace_id, seq)
+        return {m.paths[i]: m.entry(i) for i in range(len(m.paths))}
+
+    def stat(self, workspace_id: str, seq: int | None, path: str) -> PathEntry | None:
+        """The entry at ``path`` in snapshot ``seq`` (None: head), or None when absent.
+        ``""`` is the root folder."""
+        rel = normalize_relative(path)
+        m = self._manifest(workspace_id, seq)
+        if rel == "":
+            return PathEntry(path="", kind="dir", size=0, mode=0o755)
+        i = m.index().get(rel)
+        return None if i is None else m.entry(i)
+
+    def read(
+        self, workspace_id: str, seq: int | None, path: str, offset: int, limit: int
+    ) -> FileChunk:
+        """Up to ``limit`` bytes (at most ``MAX_READ_CHUNK``) of a file at ``offset``, from
+        snapshot ``seq`` (None: head). Page on with ``next_offset`` until it equals ``size``."""
+        if offset < 0 or limit < 0:
+            raise InvalidInput(
+                f"offset ({offset}) and limit ({limit}) must be zero or more",
+                offset=offset,
+                limit=limit,
+            )
+        rel = normalize_relative(path)
+        m = self._manifest(workspace_id, seq)
+        where = f"snapshot {m.info.seq} of workspace {workspace_id!r}"
+        i = m.index().get(rel) if rel else None
+        if rel == "" or (i is not None and m.kinds[i] == KIND_DIR):
+            raise InvalidInput(
+                f"{rel or '(the root)'!r} is a folder in {where}; read a file inside it, "
+                f"or list the folder instead",
+                path=rel,
+            )
+        if i is None:
+            raise NotFound(
+                f"no file {rel!r} in {where}; check the path (relative to the workspace "
+                f"root) or list the snapshot to see what it holds",
+                path=rel,
+                seq=m.info.seq,
+            )
+        if m.kinds[i] == KIND_LINK:
+            raise InvalidInput(
+                f"{rel!r} is a symbolic link to {m.targets[i]!r} in {where}; links are not "
+                f"followed, read the file it points to by its own path",
+                path=rel,
+            )
+        size = m.sizes[i]
+        start = min(offset, size)
+        want = min(limit, MAX_READ_CHUNK, size - start)
+        data = b""
+        if want > 0:
+            fd = os.open(self.blobs.object_path(m.digests[32 * i : 32 * i + 32].hex()), os.O_RDONLY)
+            try:
+                data = os.pread(fd, want, start)
+            finally:
+                os.close(fd)
+        return FileChunk(data=data, offset=start, next_offset=start + len(data), size=size)
+
+    def open_object(self, sha256: str) -> BinaryIO:
+        """Open a stored object (by hex sha256) for streaming reads; the caller closes it."""
+        return self.blobs.open_object(sha256)
+
+    def close(self) -> None:
+        """Stop the hashing threads and the scan helper (both restart on demand)."""
+        self.blobs.close()
+        if self._helper is not None:
+            self._helper.close()
+        if self._tracker is not None:
+            self._tracker.close()  # the next commit of each workspace walks it whole
+
+    # ------------------------------------------------------------------ workspace metadata
+
+    def _wdir(self, workspace_id: str) -> Path:
+        if not isinstance(workspace_id, str) or not _WORKSPACE_ID.fullmatch(workspace_id):
+            raise InvalidInput(
+                f"workspace id {workspace_id!r} is not valid; use 1-128 letters, digits, "
+                f"'.', '_' or '-', starting with a letter or digit",
+                workspace_id=str(workspace_id),
+            )
+        return self._workspaces / workspace_id
+
+    def _existing_wdir(self, workspace_id: str) -> Path:
+        wdir = self._wdir(workspace_id)
+        if not (wdir / "HEAD").exists():
+            raise NotFound(
+                f"workspace {workspace_id!r} has no snapshots in this store; create it first",
+                workspace_id=workspace_id,
+            )
+        return wdir
+
+    @contextlib.contextmanager
+    def _workspace_lock(self, workspace_id: str, wdir: Path) -> Iterator[None]:
+        with self._guard:
+            lock = self._locks.setdefault(workspace_id, threading.Lock())
+        with lock:
+            try:
+                fd = os.open(wdir / "lock", os.O_RDWR | os.O_CREAT | O_CLOEXEC, 0o644)
+            except FileNotFoundError:
+                (wdir / "manifests").mkdir(parents=True, exist_ok=True)
+                fd = os.open(wdir / "lock", os.O_RDWR | os.O_CREAT | O_CLOEXEC, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                yield
+            finally:
+                os.close(fd)
+
+    def _read_head(self, wdir: Path, workspace_id: str) -> int:
+        try:
+            return int((wdir / "HEAD").read_bytes())
+        except FileNotFoundError:
+            raise NotFound(
+                f"workspace {workspace_id!r} has no snapshots in this store; create it first",
+                workspace_id=workspace_id,
+            ) from None
+
+    def _read_info(self, workspace_id: str, wdir: Path, seq: int) -> SnapshotInfo:
+        try:
+            with open(wdir / "manifests" / str(seq), "rb") as f:
+                raw = f.read(MANIFEST_HEADER.size)
+        except FileNotFoundError:
+            raise NotFound(
+                f"snapshot {seq} of workspace {workspace_id!r} is not retained",
+                workspace_id=workspace_id,
+                seq=seq,
+            ) from None
+        return decode_header(workspace_id, seq, raw)
+
+    def _load_state(self, workspace_id: str, wdir: Path) -> WorkspaceState:
+        """The workspace's head and stat cache, creating snapshot 0 if missing. Memoised, and
+        checked against the files' stat so commits by another store instance are seen."""
+        head_sig = file_sig(wdir / "HEAD")
+        if head_sig is None:
+            self._create_empty(wdir)
+            head_sig = file_sig(wdir / "HEAD")
+        cache_sig = (file_sig(wdir / "statcache"), file_sig(wdir / "statcache.log"))
+        with self._guard:
+            state = self._states.get(workspace_id)
+            if state is not None:
+                self._states.move_to_end(workspace_id)
+        if state is not None and state.head_sig == head_sig and state.cache_sig == cache_sig:
+            return state
+        info = self._read_info(workspace_id, wdir, self._read_head(wdir, workspace_id))
+        state = WorkspaceState(info, head_sig, {}, cache_sig)
+        load_statcache(wdir, state)
+        with self._guard:
+            self._states[workspace_id] = state
+            while len(self._states) > self._cached_workspaces:
+                self._states.popitem(last=False)
+        return state
+
+    def _create_empty(self, wdir: Path) -> None:
+        """Snapshot 0, the empty tree; or, if manifests exist without a HEAD (it was lost),
+        a HEAD at the latest of them, so numbers never go back."""
+        (wdir / "manifests").mkdir(parents=True, exist_ok=True)
+        seqs = [int(n) for n in os.listdir(wdir / "manifests") if n.isdigit()]
+        if seqs:
+            atomic_write(wdir / "HEAD", f"{max(seqs)}\n".encode())
+            return
+        body = encode_manifest({})[0]
+        digest = hashlib.sha256(body).digest()
+        header = pack_header(time.time(), 0, 0, digest)
+        atomic_write(wdir / "manifests" / "0", header, body)
+        atomic_write(wdir / "HEAD", b"0\n")
+
+    def _tick(self, wdir: Path) -> int:
+        """A filesystem timestamp taken now: whatever changes from here on gets an mtime and
+        a ctime at or after it."""
+        clock = wdir / "clock"
+        try:
+            os.utime(clock)
+        except FileNotFoundError:
+            clock.touch()
+        return os.stat(clock).st_mtime_ns
+
+    # ------------------------------------------------------------------ manifests
+
+    def _manifest(self, workspace_id: str, seq: int | None) -> Manifest:
+        wdir = self._existing_wdir(workspace_id)
+        head = self._read_head(wdir, workspace_id)
+        if seq is None:
+            seq = head
+        elif isinstance(seq, bool) or not isinstance(seq, int) or seq < 0 or seq > head:
+            raise NotFound(
+                f"snapshot {seq!r} of workspace {workspace_id!r} does not exist; its "
+                f"snapshots are numbered 0 to {head}",
+                workspace_id=workspace_id,
+                seq=str(seq),
+            )
+        key = (workspace_id, seq)
+        with self._guard:
+            cached = self._manifests.get(key)
+            if cached is not None:
+                self._manifests.move_to_end(key)
+                return cached
+        try:
+            raw = (wdir / "manifests" / str(seq)).read_bytes()
+        except FileNotFoundError:
+            raise NotFound(
+                f"snapshot {seq} of workspace {workspace_id!r} is not retained",
+                workspace_id=workspace_id,
+                seq=seq,
+            ) from None
+        m = decode_manifest(workspace_id, seq, raw)
+        with self._guard:
+            self._manifests[key] = m
+            while len(self._manifests) > self._cached_manifests:
+                self._manifests.popitem(last=False)
+        return m
+
+
+__all__ = ["CommitStats", "Hints", "SnapshotStore"]

@@ -1,0 +1,191 @@
+"""Execution records (E1–E8): submitted with the workspace writer taken, finished once."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from shellyard.store.db import Database, Row, fetch_one
+from shellyard.store.notices import add_notice
+from shellyard.store.schema import (
+    executions,
+    workspaces,
+)
+from shellyard.store.workspaces import release_writer, take_writer
+
+TERMINAL_STATES = ("completed", "cancelled", "failed", "unknown")
+ACTIVE_STATES = ("queued", "running")
+
+
+#: Terminal states in which the command is known to have ended (not ``unknown``): N6.
+FINISHED_STATES = ("completed", "cancelled", "failed")
+
+
+class ExecutionRecords(Database):
+    """Executions of commands."""
+
+    async def submit_execution(
+        self, values: dict[str, Any], *, queue: bool
+    ) -> tuple[Row, str | None]:
+        """Insert the record and take the workspace writer in one transaction (W1).
+
+        Returns (record, holder). When the writer is held and ``queue`` is false nothing is
+        recorded and the holder's id comes back; with ``queue`` the record stays ``queued``.
+        """
+        try:
+            return await self.run(_submit, values, queue)
+        except _Refused as refused:
+            return values, refused.holder
+
+    async def get_execution(self, execution_id: str) -> Row | None:
+        return await self.one(sa.select(executions).where(executions.c.id == execution_id))
+
+    async def find_idempotent(self, agent_id: str, key: str) -> Row | None:
+        return await self.one(
+            sa.select(executions).where(
+                executions.c.agent_id == agent_id, executions.c.idempotency_key == key
+            )
+        )
+
+    async def update_execution(
+        self, execution_id: str, *, from_states: Sequence[str] = ACTIVE_STATES, **values: Any
+    ) -> bool:
+        """Update only while the record is in ``from_states``: a terminal record is never
+        rewritten by a late update (W3, E7 "returns its terminal record unchanged")."""
+        return await self.run(_update_execution, execution_id, tuple(from_states), values)
+
+    async def start_execution(self, execution_id: str, started_at: float) -> Row | None:
+        """Mark a record running and return it, in one transaction."""
+        return await self.run(_start_execution, execution_id, started_at)
+
+    async def finish_execution(
+        self,
+        row: Row,
+        values: dict[str, Any],
+        notice_summary: str,
+        notice_read: bool,
+        from_states: Sequence[str],
+    ) -> tuple[Row | None, Row | None]:
+        """Make a record terminal, post its notice, release its writer and find the next
+        queued writer of its workspace: one transaction. Returns (final record or None when
+        it was already terminal, next queued record)."""
+        return await self.run(
+            _finish_execution, row, values, notice_summary, notice_read, tuple(from_states)
+        )
+
+    async def next_queued(self, workspace_id: str) -> Row | None:
+        return await self.run(_next_queued, workspace_id)
+
+    async def active_executions(self) -> list[Row]:
+        return await self.all(
+            sa.select(executions)
+            .where(executions.c.state.in_(ACTIVE_STATES))
+            .order_by(executions.c.seq)
+        )
+
+    async def list_executions(self, agent_id: str | None = None, limit: int = 100) -> list[Row]:
+        stmt = sa.select(executions).order_by(executions.c.seq.desc()).limit(limit)
+        if agent_id is not None:
+            stmt = stmt.where(executions.c.agent_id == agent_id)
+        return await self.all(stmt)
+
+
+# ---------------------------------------------------------------------- operations
+# Each runs inside one transaction on ``conn``.
+
+
+class _Refused(Exception):
+    def __init__(self, holder: str) -> None:
+        super().__init__(holder)
+        self.holder = holder
+
+
+def _submit(conn: Connection, values: dict[str, Any], queue: bool) -> tuple[Row, str | None]:
+    next_seq = conn.execute(
+        sa.select(sa.func.coalesce(sa.func.max(executions.c.seq), 0))
+    ).scalar_one()
+    values = {**values, "seq": next_seq + 1, "state": "queued", "created_at": time.time()}
+    conn.execute(executions.insert().values(**values))
+    queued_ahead = conn.execute(
+        sa.select(executions.c.id)
+        .where(
+            executions.c.workspace_id == values["workspace_id"],
+            executions.c.state == "queued",
+            executions.c.id != values["id"],
+        )
+        .limit(1)
+    ).first()
+    taken = queued_ahead is None and take_writer(
+        conn, values["workspace_id"], "execution", values["id"]
+    )
+    holder = None
+    if not taken:
+        holder = (
+            conn.execute(
+                sa.select(workspaces.c.writer_id).where(workspaces.c.id == values["workspace_id"])
+            ).scalar_one_or_none()
+            or "a queued writer"
+        )
+        if not queue:
+            raise _Refused(holder)  # rolls the insert back: nothing recorded half-way
+    row = fetch_one(conn, sa.select(executions).where(executions.c.id == values["id"]))
+    assert row is not None
+    return row, holder
+
+
+def _update_execution(
+    conn: Connection, execution_id: str, from_states: tuple[str, ...], values: dict[str, Any]
+) -> bool:
+    result = conn.execute(
+        executions.update()
+        .where(executions.c.id == execution_id, executions.c.state.in_(from_states))
+        .values(**values)
+    )
+    return bool(result.rowcount)
+
+
+def _start_execution(conn: Connection, execution_id: str, started_at: float) -> Row | None:
+    _update_execution(
+        conn, execution_id, ACTIVE_STATES, {"state": "running", "started_at": started_at}
+    )
+    return fetch_one(conn, sa.select(executions).where(executions.c.id == execution_id))
+
+
+def _next_queued(conn: Connection, workspace_id: str) -> Row | None:
+    return fetch_one(
+        conn,
+        sa.select(executions)
+        .where(executions.c.workspace_id == workspace_id, executions.c.state == "queued")
+        .order_by(executions.c.seq)
+        .limit(1),
+    )
+
+
+def _finish_execution(
+    conn: Connection,
+    row: Row,
+    values: dict[str, Any],
+    notice_summary: str,
+    notice_read: bool,
+    from_states: tuple[str, ...],
+) -> tuple[Row | None, Row | None]:
+    execution_id, workspace_id = str(row["id"]), str(row["workspace_id"])
+    final = None
+    if _update_execution(conn, execution_id, from_states, values):
+        final = fetch_one(conn, sa.select(executions).where(executions.c.id == execution_id))
+        assert final is not None
+        add_notice(
+            conn,
+            str(row["agent_id"]),
+            "execution",
+            execution_id,
+            notice_summary,
+            {"state": final["state"], "exit_code": final["exit_code"]},
+            time.time() if notice_read else None,
+        )
+    release_writer(conn, workspace_id, execution_id)
+    return final, _next_queued(conn, workspace_id)

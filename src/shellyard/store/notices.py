@@ -1,0 +1,99 @@
+"""Notices (N1): one per (kind, subject), read or unread; posting one wakes listeners."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from shellyard.store.db import Database, Row, new_id
+from shellyard.store.schema import (
+    notices,
+)
+
+
+class NoticeRecords(Database):
+    """Notices of agents."""
+
+    #: Called with the agent id after ``add_notice`` posted a notice (wakes hook in, N2).
+    notice_listeners: list[Callable[[str], Awaitable[Any]]]
+
+    async def add_notice(
+        self,
+        agent_id: str,
+        kind: str,
+        subject_id: str,
+        summary: str,
+        payload: dict[str, Any] | None = None,
+    ) -> None:
+        """N1: one notice per (kind, subject); a repeated post is a no-op."""
+        await self.run(add_notice, agent_id, kind, subject_id, summary, payload, None)
+        for listener in self.notice_listeners:
+            await listener(agent_id)
+
+    async def mark_notice_read(self, kind: str, subject_id: str) -> None:
+        await self.run(_mark_notice_read, kind, subject_id)
+
+    async def list_notices(self, agent_id: str, unread_only: bool = False) -> list[Row]:
+        stmt = sa.select(notices).where(notices.c.agent_id == agent_id)
+        if unread_only:
+            stmt = stmt.where(notices.c.read_at.is_(None))
+        return await self.all(stmt.order_by(notices.c.created_at))
+
+    async def mark_notices_read(self, agent_id: str, notice_ids: Sequence[str] | None) -> int:
+        """Mark the agent's unread notices read (all of them when ``notice_ids`` is None)."""
+        return await self.run(_mark_notices_read, agent_id, notice_ids)
+
+
+# ---------------------------------------------------------------------- operations
+# Each runs inside one transaction on ``conn``.
+
+
+def add_notice(
+    conn: Connection,
+    agent_id: str,
+    kind: str,
+    subject_id: str,
+    summary: str,
+    payload: dict[str, Any] | None,
+    read_at: float | None,
+) -> None:
+    exists = conn.execute(
+        sa.select(notices.c.id).where(notices.c.kind == kind, notices.c.subject_id == subject_id)
+    ).first()
+    if exists is not None:
+        return
+    conn.execute(
+        notices.insert().values(
+            id=new_id("ntc"),
+            agent_id=agent_id,
+            kind=kind,
+            subject_id=subject_id,
+            summary=summary,
+            payload=payload,
+            created_at=time.time(),
+            read_at=read_at,
+        )
+    )
+
+
+def _mark_notice_read(conn: Connection, kind: str, subject_id: str) -> None:
+    conn.execute(
+        notices.update()
+        .where(
+            notices.c.kind == kind,
+            notices.c.subject_id == subject_id,
+            notices.c.read_at.is_(None),
+        )
+        .values(read_at=time.time())
+    )
+
+
+def _mark_notices_read(conn: Connection, agent_id: str, notice_ids: Sequence[str] | None) -> int:
+    stmt = notices.update().where(notices.c.agent_id == agent_id, notices.c.read_at.is_(None))
+    if notice_ids is not None:
+        stmt = stmt.where(notices.c.id.in_(list(notice_ids)))
+    return int(conn.execute(stmt.values(read_at=time.time())).rowcount)

@@ -1,0 +1,102 @@
+"""Sessions' default owner, agents and runners: who a record belongs to and where it runs."""
+
+from __future__ import annotations
+
+import time
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from shellyard.store.db import Database, Row, fetch_one, new_id
+from shellyard.store.schema import (
+    agents,
+    runners,
+    sessions,
+)
+
+
+class OwnerRecords(Database):
+    """The default session and agent, agents, runners."""
+
+    async def default_owner(self) -> tuple[Row, Row]:
+        """The default session and its main agent, created on first use."""
+        return await self.run(_default_owner)
+
+    async def create_agent(self, session_id: str, parent_id: str | None = None) -> Row:
+        """A child agent (or another agent of a session); the full lifecycle is a later issue."""
+        return await self.run(insert_agent, session_id, parent_id)
+
+    async def get_agent(self, agent_id: str) -> Row | None:
+        return await self.one(sa.select(agents).where(agents.c.id == agent_id))
+
+    async def upsert_runner(
+        self, runner_id: str, kind: str, address: str | None, token: str | None
+    ) -> Row:
+        return await self.run(_upsert_runner, runner_id, kind, address, token)
+
+    async def list_runners(self) -> list[Row]:
+        return await self.all(sa.select(runners).order_by(runners.c.created_at))
+
+
+# ---------------------------------------------------------------------- operations
+# Each runs inside one transaction on ``conn``.
+
+
+def _default_owner(conn: Connection) -> tuple[Row, Row]:
+    session = fetch_one(conn, sa.select(sessions).where(sessions.c.is_default.is_(True)))
+    if session is None:
+        now = time.time()
+        session_id, agent_id = new_id("ses"), new_id("agt")
+        conn.execute(
+            sessions.insert().values(
+                id=session_id,
+                state="active",
+                main_agent_id=agent_id,
+                is_default=True,
+                created_at=now,
+            )
+        )
+        conn.execute(
+            agents.insert().values(
+                id=agent_id,
+                session_id=session_id,
+                parent_id=None,
+                state="idle",
+                gate="open",
+                created_at=now,
+            )
+        )
+        session = fetch_one(conn, sa.select(sessions).where(sessions.c.id == session_id))
+    assert session is not None
+    agent = fetch_one(conn, sa.select(agents).where(agents.c.id == session["main_agent_id"]))
+    assert agent is not None
+    return session, agent
+
+
+def insert_agent(conn: Connection, session_id: str, parent_id: str | None) -> Row:
+    agent_id = new_id("agt")
+    conn.execute(
+        agents.insert().values(
+            id=agent_id,
+            session_id=session_id,
+            parent_id=parent_id,
+            state="idle",
+            gate="open",
+            created_at=time.time(),
+        )
+    )
+    row = fetch_one(conn, sa.select(agents).where(agents.c.id == agent_id))
+    assert row is not None
+    return row
+
+
+def _upsert_runner(
+    conn: Connection, runner_id: str, kind: str, address: str | None, token: str | None
+) -> Row:
+    values = {"kind": kind, "address": address, "token": token, "state": "active"}
+    updated = conn.execute(runners.update().where(runners.c.id == runner_id).values(**values))
+    if not updated.rowcount:
+        conn.execute(runners.insert().values(id=runner_id, created_at=time.time(), **values))
+    row = fetch_one(conn, sa.select(runners).where(runners.c.id == runner_id))
+    assert row is not None
+    return row

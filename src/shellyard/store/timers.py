@@ -1,0 +1,136 @@
+"""Timers (N5–N7): reminders that fire exactly once, or are cancelled with their execution."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from shellyard.store.db import Database, Row, fetch_all, fetch_one, insert_returning
+from shellyard.store.executions import FINISHED_STATES
+from shellyard.store.notices import add_notice
+from shellyard.store.schema import (
+    executions,
+    timers,
+)
+
+
+class TimerRecords(Database):
+    """Timers and their reminders."""
+
+    async def create_timer(self, values: dict[str, Any]) -> Row:
+        return await self.run(insert_returning, timers, values)
+
+    async def get_timer(self, timer_id: str) -> Row | None:
+        return await self.one(sa.select(timers).where(timers.c.id == timer_id))
+
+    async def list_timers(self, agent_id: str, state: str | None = None) -> list[Row]:
+        stmt = sa.select(timers).where(timers.c.agent_id == agent_id)
+        if state is not None:
+            stmt = stmt.where(timers.c.state == state)
+        return await self.all(stmt.order_by(timers.c.fire_at, timers.c.id))
+
+    async def cancel_timers(
+        self, reason: str, *, timer_id: str | None = None, execution: Row | None = None
+    ) -> list[Row]:
+        """Cancel pending timers: one by id, or those naming a finished execution that had not
+        come due when it finished (N6). Fired or cancelled timers never change."""
+        return await self.run(_cancel_timers, reason, timer_id, execution)
+
+    async def pending_timer_executions(self) -> set[str]:
+        rows = await self.all(
+            sa.select(timers.c.execution_id).where(
+                timers.c.state == "pending", timers.c.execution_id.is_not(None)
+            )
+        )
+        return {str(r["execution_id"]) for r in rows}
+
+    async def due_timers(self, now: float) -> tuple[list[str], float | None]:
+        """(ids of pending timers due at ``now`` in fire order, fire_at of the next one)."""
+        return await self.run(_due_timers, now)
+
+    async def fire_timer(self, timer_id: str, late_if_due_before: float) -> tuple[Row | None, bool]:
+        """N7 exactly once: claim the pending timer (pending → fired) and post its reminder
+        notice in one transaction; it is late if it was due before ``late_if_due_before``. A
+        timer naming an execution that finished before the timer came due is cancelled
+        instead (N6). Returns (timer after, whether it fired)."""
+        return await self.run(_fire_timer, timer_id, late_if_due_before)
+
+
+# ---------------------------------------------------------------------- operations
+# Each runs inside one transaction on ``conn``.
+
+
+def _cancel_timers(
+    conn: Connection, reason: str, timer_id: str | None, execution: Row | None
+) -> list[Row]:
+    stmt = timers.update().where(timers.c.state == "pending")
+    if timer_id is not None:
+        stmt = stmt.where(timers.c.id == timer_id)
+        where = timers.c.id == timer_id
+    else:
+        assert execution is not None
+        # N6: only the timers that had not come due when the execution finished; one that
+        # came due first (the service was down) still fires, late.
+        finished_at = execution["finished_at"] or time.time()
+        where = timers.c.execution_id == execution["id"]
+        stmt = stmt.where(where, timers.c.fire_at > finished_at)
+    conn.execute(stmt.values(state="cancelled", cancel_reason=reason, cancelled_at=time.time()))
+    return fetch_all(conn, sa.select(timers).where(where))
+
+
+def _due_timers(conn: Connection, now: float) -> tuple[list[str], float | None]:
+    due = conn.execute(
+        sa.select(timers.c.id)
+        .where(timers.c.state == "pending", timers.c.fire_at <= now)
+        .order_by(timers.c.fire_at, timers.c.created_at)
+    ).all()
+    upcoming = conn.execute(
+        sa.select(sa.func.min(timers.c.fire_at)).where(
+            timers.c.state == "pending", timers.c.fire_at > now
+        )
+    ).scalar()
+    return [str(r[0]) for r in due], upcoming
+
+
+def _fire_timer(
+    conn: Connection, timer_id: str, late_if_due_before: float
+) -> tuple[Row | None, bool]:
+    now = time.time()
+    timer = fetch_one(conn, sa.select(timers).where(timers.c.id == timer_id))
+    if timer is None or timer["state"] != "pending":
+        return timer, False
+    if timer["execution_id"] is not None:
+        execution = fetch_one(
+            conn, sa.select(executions).where(executions.c.id == timer["execution_id"])
+        )
+        finished_at = execution["finished_at"] if execution is not None else None
+        if (
+            execution is not None
+            and execution["state"] in FINISHED_STATES
+            and (finished_at is None or finished_at < timer["fire_at"])
+        ):
+            reason = f"execution {timer['execution_id']} finished before the reminder was due"
+            _cancel_timers(conn, reason, timer_id, None)
+            return fetch_one(conn, sa.select(timers).where(timers.c.id == timer_id)), False
+    late = bool(timer["fire_at"] < late_if_due_before)
+    claimed = conn.execute(
+        timers.update()
+        .where(timers.c.id == timer_id, timers.c.state == "pending")
+        .values(state="fired", fired_at=now, late=late)
+    )
+    if not claimed.rowcount:  # another control plane fired it first
+        return fetch_one(conn, sa.select(timers).where(timers.c.id == timer_id)), False
+    payload = {
+        "timer_id": timer_id,
+        "text": timer["text"],
+        "fire_at": timer["fire_at"],
+        "fired_at": now,
+        "late": late,
+        "execution_id": timer["execution_id"],
+    }
+    summary = f"reminder{' (late)' if late else ''}: {timer['text']}"
+    add_notice(conn, str(timer["agent_id"]), "reminder", timer_id, summary, payload, None)
+    return fetch_one(conn, sa.select(timers).where(timers.c.id == timer_id)), True

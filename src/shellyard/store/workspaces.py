@@ -1,0 +1,131 @@
+"""Workspaces: one per (agent, runner), its writer (W1) and its recorded snapshots (W3)."""
+
+from __future__ import annotations
+
+import time
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from shellyard.store.db import Database, Row, fetch_one, new_id
+from shellyard.store.schema import (
+    snapshots,
+    workspaces,
+)
+
+
+class WorkspaceRecords(Database):
+    """Workspaces, their writer, their snapshots."""
+
+    async def workspace_for(self, agent_id: str, runner_id: str) -> tuple[Row, bool]:
+        """The (agent, runner) workspace, created on first use. Returns (row, created)."""
+        return await self.run(_workspace_for, agent_id, runner_id)
+
+    async def get_workspace(self, workspace_id: str) -> Row | None:
+        return await self.one(sa.select(workspaces).where(workspaces.c.id == workspace_id))
+
+    async def release_writer(self, workspace_id: str, holder_id: str) -> bool:
+        return await self.run(release_writer, workspace_id, holder_id)
+
+    async def take_writer(self, workspace_id: str, kind: str, holder_id: str) -> bool:
+        return await self.run(take_writer, workspace_id, kind, holder_id)
+
+    async def record_snapshot(
+        self,
+        workspace_id: str,
+        seq: int,
+        root_hash: str,
+        files: int,
+        size: int,
+        made_by_kind: str,
+        made_by_id: str | None,
+    ) -> None:
+        """W3: the head only moves forward; a late update never moves it back."""
+        await self.run(
+            record_snapshot, workspace_id, seq, root_hash, files, size, made_by_kind, made_by_id
+        )
+
+    async def list_snapshots(self, workspace_id: str) -> list[Row]:
+        return await self.all(
+            sa.select(snapshots)
+            .where(snapshots.c.workspace_id == workspace_id)
+            .order_by(snapshots.c.seq)
+        )
+
+
+# ---------------------------------------------------------------------- operations
+# Each runs inside one transaction on ``conn``.
+
+
+def _workspace_for(conn: Connection, agent_id: str, runner_id: str) -> tuple[Row, bool]:
+    stmt = sa.select(workspaces).where(
+        workspaces.c.agent_id == agent_id, workspaces.c.runner_id == runner_id
+    )
+    row = fetch_one(conn, stmt)
+    if row is not None:
+        return row, False
+    conn.execute(
+        workspaces.insert().values(
+            id=new_id("ws"),
+            agent_id=agent_id,
+            runner_id=runner_id,
+            head_seq=0,
+            created_at=time.time(),
+        )
+    )
+    row = fetch_one(conn, stmt)
+    assert row is not None
+    return row, True
+
+
+def take_writer(conn: Connection, workspace_id: str, kind: str, holder: str) -> bool:
+    result = conn.execute(
+        workspaces.update()
+        .where(workspaces.c.id == workspace_id, workspaces.c.writer_id.is_(None))
+        .values(writer_kind=kind, writer_id=holder)
+    )
+    return bool(result.rowcount)
+
+
+def release_writer(conn: Connection, workspace_id: str, holder_id: str) -> bool:
+    result = conn.execute(
+        workspaces.update()
+        .where(workspaces.c.id == workspace_id, workspaces.c.writer_id == holder_id)
+        .values(writer_kind=None, writer_id=None)
+    )
+    return bool(result.rowcount)
+
+
+def record_snapshot(
+    conn: Connection,
+    workspace_id: str,
+    seq: int,
+    root_hash: str,
+    files: int,
+    size: int,
+    made_by_kind: str,
+    made_by_id: str | None,
+) -> None:
+    exists = conn.execute(
+        sa.select(snapshots.c.seq).where(
+            snapshots.c.workspace_id == workspace_id, snapshots.c.seq == seq
+        )
+    ).first()
+    if exists is None:
+        conn.execute(
+            snapshots.insert().values(
+                workspace_id=workspace_id,
+                seq=seq,
+                root_hash=root_hash,
+                made_by_kind=made_by_kind,
+                made_by_id=made_by_id,
+                files=files,
+                bytes=size,
+                created_at=time.time(),
+            )
+        )
+    conn.execute(
+        workspaces.update()
+        .where(workspaces.c.id == workspace_id, workspaces.c.head_seq < seq)
+        .values(head_seq=seq)
+    )
