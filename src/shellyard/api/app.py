@@ -10,7 +10,6 @@ from typing import Annotated
 from fastapi import Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from shellyard import __version__
@@ -28,25 +27,18 @@ from shellyard.contract.executions import (
     RunShellResult,
     parse_run_shell,
 )
+from shellyard.contract.runners import DirectRunnerRequest, RunnerView
 from shellyard.control.service import ControlPlane
-from shellyard.errors import InvalidInput, ShellyardError, Unauthorized
+from shellyard.errors import (
+    ERRORS_BY_CODE,
+    InvalidInput,
+    ShellyardError,
+    Unauthorized,
+    encode_error,
+    validation_message,
+)
 
 _HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 401: "unauthorized"}
-
-
-class DirectRunnerRequest(BaseModel):
-    runner_id: str = Field(
-        pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$",
-        description="a name of your choice: letters, digits, '_', '.', '-'",
-    )
-    address: str = Field(pattern=r"^https?://[!-~]+$", description="the daemon's http(s) URL")
-    token: str = Field(pattern=r"^[!-~]+$", description="the daemon's token (its ROOT/token)")
-
-
-class RunnerView(BaseModel):
-    runner_id: str
-    kind: str
-    address: str | None
 
 
 def create_app(
@@ -90,15 +82,12 @@ def create_app(
     @app.exception_handler(ShellyardError)
     async def _shellyard_error(_request: Request, exc: ShellyardError) -> JSONResponse:
         headers = {"WWW-Authenticate": "Bearer"} if isinstance(exc, Unauthorized) else None
-        return JSONResponse({"error": exc.to_dict()}, status_code=exc.http_status, headers=headers)
+        return JSONResponse(encode_error(exc), status_code=exc.http_status, headers=headers)
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:
-        parts = [
-            f"{'.'.join(str(p) for p in e.get('loc', ()))}: {e.get('msg')}" for e in exc.errors()
-        ]
-        error = InvalidInput("; ".join(parts))
-        return JSONResponse({"error": error.to_dict()}, status_code=400)
+        error = InvalidInput(validation_message(exc.errors()))
+        return JSONResponse(encode_error(error), status_code=400)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -106,8 +95,8 @@ def create_app(
         # error shape as every other error of the API.
         code = _HTTP_CODES.get(exc.status_code, "invalid_input")
         message = f"{exc.detail} ({request.method} {request.url.path})"
-        body = {"error": {"code": code, "message": message, "details": {}}}
-        return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
+        error = ERRORS_BY_CODE.get(code, ShellyardError)(message)
+        return JSONResponse(encode_error(error), status_code=exc.status_code, headers=exc.headers)
 
     @app.get("/health")
     async def health() -> HealthView:

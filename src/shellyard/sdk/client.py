@@ -20,9 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Self
 
-from pydantic import BaseModel, TypeAdapter
+from pydantic import TypeAdapter
 
 from shellyard.contract.executions import ExecutionView, LogsResult, RunShellResult
+from shellyard.contract.runners import RunnerView
 from shellyard.sdk.base import (
     WAIT_SLACK_S,
     AsyncSender,
@@ -42,14 +43,6 @@ from shellyard.sdk.sessions import AsyncSessionStreams, SessionOps, SessionStrea
 from shellyard.sdk.tokens import TokenOps
 
 __all__ = ["WAIT_SLACK_S", "AsyncClient", "Client", "RunnerView", "_Call"]
-
-
-class RunnerView(BaseModel):
-    """A runner the control plane sends executions to (``local`` or a ``direct`` daemon)."""
-
-    runner_id: str
-    kind: str
-    address: str | None
 
 
 _RUN = TypeAdapter(RunShellResult)
