@@ -13,7 +13,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from shellyard import __version__
-from shellyard.api.auth import AgentHeader, admin_only, principal
+from shellyard.api.auth import AgentHeader, principal
 from shellyard.api.docs import (
     ERROR_RESPONSES,
     HealthView,
@@ -27,7 +27,6 @@ from shellyard.contract.executions import (
     RunShellResult,
     parse_run_shell,
 )
-from shellyard.contract.runners import DirectRunnerRequest, RunnerView
 from shellyard.control.service import ControlPlane
 from shellyard.errors import (
     ERRORS_BY_CODE,
@@ -77,7 +76,6 @@ def create_app(
     app.state.plane = plane
     app.state.auth_required = auth_required
     auth = [Depends(principal)]
-    admin = [Depends(admin_only)]
 
     @app.exception_handler(ShellyardError)
     async def _shellyard_error(_request: Request, exc: ShellyardError) -> JSONResponse:
@@ -143,19 +141,10 @@ def create_app(
     ) -> ExecutionView:
         return await plane.executions.cancel(execution_id, agent, wait_s)
 
-    @app.post("/v1/runners", dependencies=admin)
-    async def register_runner(body: DirectRunnerRequest) -> RunnerView:
-        await plane.runners.add_direct(body.runner_id, body.address, body.token)
-        return RunnerView(runner_id=body.runner_id, kind="direct", address=body.address)
+    # Runners: registration, health, removal.
+    from shellyard.api.runners import runners_router
 
-    @app.get("/v1/runners", dependencies=auth)
-    async def list_runners() -> list[RunnerView]:
-        assert plane.store is not None
-        return [
-            RunnerView(runner_id=r["id"], kind=r["kind"], address=r["address"])
-            for r in await plane.store.list_runners()
-        ]
-
+    app.include_router(runners_router(plane), dependencies=auth)
     # Sessions, agents, inbox, wakes, timers.
     from shellyard.api.sessions import sessions_router
 

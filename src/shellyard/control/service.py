@@ -109,6 +109,7 @@ class ControlPlane:
         await local.startup()
         await self._runners.add_local(local)
         await self._runners.load_registered()
+        self._runners.start_heartbeats()
         await self.store.default_owner()
         self._executions = ExecutionService(self.store, self._runners)
         self._environments = EnvironmentService(self.store, self._runners, self._executions)

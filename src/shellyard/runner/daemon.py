@@ -58,6 +58,7 @@ __all__ = [
     "READY_PREFIX",
     "TOKEN_FILE_NAME",
     "bind_socket",
+    "bind_unix_socket",
     "create_runner_app",
     "load_or_create_token",
     "main",
@@ -143,6 +144,7 @@ def _endpoint(
     runner: Runner, op: Operation, verifier: Verifier
 ) -> Callable[[Request], Awaitable[Response]]:
     method = getattr(runner, op.name)
+    policy = getattr(runner, "policy", None)
 
     async def endpoint(request: Request) -> Response:
         # The signature is checked before the body is read (R4).
@@ -160,7 +162,11 @@ def _endpoint(
         if isinstance(body, LongPoll):
             # Capped so no proxy or client read timeout has to outlast it; the client loops.
             kwargs["timeout_s"] = min(body.timeout_s, WAIT_CAP_S)
-        return _answer(op, await method(**kwargs))
+        result = await method(**kwargs)
+        if op.name == "info" and result.limits is None and isinstance(policy, SandboxPolicy):
+            # What ``runner show`` reports as the runner's limits.
+            result = result.model_copy(update={"limits": policy})
+        return _answer(op, result)
 
     endpoint.__name__ = op.name
     return endpoint
@@ -242,10 +248,12 @@ def make_runner_server(
     *,
     log_level: str = "info",
     hidden: list[Path] | None = None,
+    tls: tuple[Path, Path] | None = None,
 ) -> uvicorn.Server:
     """A uvicorn server around a new ``LocalRunner(root, policy)``, ready to ``serve([sock])``.
 
     The runner is started in the server's event loop (lifespan) and closed on shutdown.
+    ``tls``: (certificate, key) PEM files; the daemon then speaks HTTPS (R4 off loopback).
     """
     from shellyard.runner.local import LocalRunner  # the heavy part; only the daemon needs it
 
@@ -255,10 +263,12 @@ def make_runner_server(
         token,
         on_startup=runner.startup,
         close_runner=True,
-        ready_url=socket_url(sock),
+        ready_url=_url(sock).replace("http://", "https://") if tls else _url(sock),
     )
     config = uvicorn.Config(
         app,
+        ssl_certfile=str(tls[0]) if tls else None,
+        ssl_keyfile=str(tls[1]) if tls else None,
         log_level=log_level,
         access_log=False,
         # Longer than the client's keep-alive expiry, so the client never reuses a
@@ -270,6 +280,32 @@ def make_runner_server(
     return uvicorn.Server(config)
 
 
+def bind_unix_socket(path: Path) -> socket.socket:
+    """Listen on a Unix socket at ``path`` (0600: only the daemon's user may connect; the SSH
+    server, logged in as that user, forwards to it). A stale socket file is replaced."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.is_socket():
+        path.unlink()
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old_umask = os.umask(0o177)
+    try:
+        sock.bind(str(path))
+    except OSError:
+        sock.close()
+        raise
+    finally:
+        os.umask(old_umask)
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+def _url(sock: socket.socket) -> str:
+    if sock.family == socket.AF_UNIX:
+        return f"unix:{sock.getsockname()}"
+    return socket_url(sock)
+
+
 def serve_runner(
     root: Path,
     policy: SandboxPolicy,
@@ -279,6 +315,8 @@ def serve_runner(
     *,
     log_level: str = "info",
     hidden: list[Path] | None = None,
+    unix_socket: Path | None = None,
+    tls: tuple[Path, Path] | None = None,
 ) -> None:
     """Run a runner daemon for ``root`` until SIGINT/SIGTERM (blocking).
 
@@ -288,8 +326,10 @@ def serve_runner(
     root.mkdir(parents=True, exist_ok=True)
     if token is None:
         token = load_or_create_token(root / TOKEN_FILE_NAME)
-    sock = bind_socket(host, port)
-    server = make_runner_server(root, policy, token, sock, log_level=log_level, hidden=hidden)
+    sock = bind_unix_socket(unix_socket) if unix_socket else bind_socket(host, port)
+    server = make_runner_server(
+        root, policy, token, sock, log_level=log_level, hidden=hidden, tls=tls
+    )
     try:
         asyncio.run(server.serve(sockets=[sock]))
     finally:
@@ -302,6 +342,8 @@ def run_runner_daemon(
     port: int,
     token_file: Path | None,
     network: str,
+    unix_socket: Path | None = None,
+    tls: tuple[Path, Path] | None = None,
 ) -> None:
     """What ``shellyard runner serve`` calls: serve ``root`` with the token from ``token_file``
     (default ``<root>/token``, created on first start) and the given network policy."""
@@ -313,7 +355,16 @@ def run_runner_daemon(
     token = load_or_create_token(token_path)
     # A token file outside the root would otherwise be readable by a sandbox running as the
     # daemon's own (non-root) user.
-    serve_runner(root, SandboxPolicy(network=net), host, port, token, hidden=[token_path])
+    serve_runner(
+        root,
+        SandboxPolicy(network=net),
+        host,
+        port,
+        token,
+        hidden=[token_path, *(tls or ())],
+        unix_socket=unix_socket,
+        tls=tls,
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -325,6 +376,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--root", type=Path, required=True)
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=8765)
+    ap.add_argument("--socket", type=Path, default=None, help="listen on this Unix socket")
+    ap.add_argument("--tls-cert", type=Path, default=None)
+    ap.add_argument("--tls-key", type=Path, default=None)
     ap.add_argument("--token-file", type=Path, default=None)
     ap.add_argument("--network", choices=("on", "off"), default="on")
     ap.add_argument("--policy-json", default=None)
@@ -338,7 +392,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     else:
         policy = SandboxPolicy(network=args.network)
     token = load_or_create_token(args.token_file or root / TOKEN_FILE_NAME)
-    serve_runner(root, policy, args.host, args.port, token, log_level=args.log_level)
+    serve_runner(
+        root,
+        policy,
+        args.host,
+        args.port,
+        token,
+        log_level=args.log_level,
+        unix_socket=args.socket,
+        tls=(args.tls_cert, args.tls_key) if args.tls_cert else None,
+    )
 
 
 if __name__ == "__main__":

@@ -77,7 +77,8 @@ class RemoteRunner:
     calls whose work grows with the workspace or the cancel grace period (``slow`` in the
     operation table). One ``httpx.AsyncClient`` with keep-alive serves every call; ``aclose``
     closes it.
-    ``transport`` replaces httpx's TCP transport (a Unix socket, a mock in tests).
+    ``transport`` replaces httpx's TCP transport (an SSH tunnel, a mock in tests); ``label``
+    names the runner in messages.
     """
 
     def __init__(
@@ -88,8 +89,11 @@ class RemoteRunner:
         timeout_s: float = 30,
         slow_timeout_s: float = 600,
         transport: httpx.AsyncBaseTransport | None = None,
+        label: str | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
+        #: How messages name the runner (an ssh runner's base_url is only its tunnel's end).
+        self.label = label or self.base_url
         # The key signs every request (R4); it is never sent.
         self._key = token.encode("utf-8")
         self._slow = httpx.Timeout(slow_timeout_s, connect=min(timeout_s, 10.0))
@@ -103,7 +107,7 @@ class RemoteRunner:
         )
 
     def __repr__(self) -> str:
-        return f"RemoteRunner({self.base_url!r})"
+        return f"RemoteRunner({self.label!r})"
 
     # --- transport ---
 
@@ -145,7 +149,7 @@ class RemoteRunner:
             result = op.response.model_validate_json(response.content)
         except ValidationError as e:
             raise ShellyardError(
-                f"runner at {self.base_url} sent a malformed {op.name} answer: {e}"
+                f"runner at {self.label} sent a malformed {op.name} answer: {e}"
             ) from e
         return getattr(result, op.unwrap) if op.unwrap is not None else result
 
@@ -159,7 +163,7 @@ class RemoteRunner:
             return op.response.model_validate(fields)
         except (KeyError, ValidationError) as e:
             raise ShellyardError(
-                f"runner at {self.base_url} sent a malformed {op.name} answer: {e!r}"
+                f"runner at {self.label} sent a malformed {op.name} answer: {e!r}"
             ) from e
 
     def _signed(self, method: str, content: bytes) -> dict[str, str]:
@@ -188,20 +192,20 @@ class RemoteRunner:
             except (httpx.UnsupportedProtocol, httpx.LocalProtocolError) as e:
                 # Our own request cannot be sent (a bad URL or token): not worth retrying.
                 raise InvalidInput(
-                    f"cannot send {method} to the runner at {self.base_url}: {e}; "
+                    f"cannot send {method} to the runner at {self.label}: {e}; "
                     "check the runner's address and token",
                     method=method,
                 ) from e
             except httpx.TimeoutException as e:
                 raise RunnerUnavailable(
-                    f"runner at {self.base_url} did not answer {method} in time ({e!r}); "
+                    f"runner at {self.label} did not answer {method} in time ({e!r}); "
                     "what runs there keeps running; ask again later",
                     method=method,
                 ) from e
             except httpx.TransportError as e:
                 if attempt == 2:
                     raise RunnerUnavailable(
-                        f"runner at {self.base_url} cannot be reached for {method} ({e!r}); "
+                        f"runner at {self.label} cannot be reached for {method} ({e!r}); "
                         "what runs there keeps running; ask again later",
                         method=method,
                     ) from e
@@ -217,13 +221,13 @@ class RemoteRunner:
         if response.status_code >= 500:
             # A proxy, tunnel or crashed worker; not the daemon speaking: retryable (E9).
             return RunnerUnavailable(
-                f"runner at {self.base_url} answered HTTP {response.status_code} to {method}: "
+                f"runner at {self.label} answered HTTP {response.status_code} to {method}: "
                 f"{text!r}; ask again later",
                 method=method,
                 http_status=response.status_code,
             )
         return ShellyardError(
-            f"runner at {self.base_url} answered HTTP {response.status_code} to {method}: {text!r}",
+            f"runner at {self.label} answered HTTP {response.status_code} to {method}: {text!r}",
             method=method,
             http_status=response.status_code,
         )
@@ -243,8 +247,7 @@ class RemoteRunner:
             response = await self._client.send(request, stream=True)
         except httpx.TransportError as e:
             raise RunnerUnavailable(
-                f"runner at {self.base_url} cannot be reached for {method} ({e!r}); ask again "
-                "later",
+                f"runner at {self.label} cannot be reached for {method} ({e!r}); ask again later",
                 method=method,
             ) from e
         if response.status_code >= 400:
@@ -259,7 +262,7 @@ class RemoteRunner:
                 yield chunk
         except httpx.TransportError as e:
             raise RunnerUnavailable(
-                f"the {method} stream from the runner at {self.base_url} broke ({e!r}); what "
+                f"the {method} stream from the runner at {self.label} broke ({e!r}); what "
                 "arrived is incomplete, ask again",
                 method=method,
             ) from e
@@ -281,8 +284,7 @@ class RemoteRunner:
             )
         except httpx.TransportError as e:
             raise RunnerUnavailable(
-                f"runner at {self.base_url} did not take the {method} upload ({e!r}); ask "
-                "again later",
+                f"runner at {self.label} did not take the {method} upload ({e!r}); ask again later",
                 method=method,
             ) from e
         if response.status_code >= 400:
