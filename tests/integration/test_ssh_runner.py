@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
+from netns_fixture import make_netns, netns_or_skip
 from runner_daemon_fixture import RunnerDaemon, start_daemon
 from sshd_fixture import SshServer, fingerprint, keygen, sshd_or_skip, start_sshd
 
@@ -307,3 +308,69 @@ async def test_direct_runner_off_loopback_needs_tls_and_pins_its_certificate(bas
             await daemon.stop()
     finally:
         await plane.aclose()
+
+
+# --- R3 with real separation: the runner host in a network namespace, its route cut ---
+
+
+@pytest.mark.parametrize("kind", ["direct", "ssh"])
+async def test_route_cut_then_reconciled(base: Path, kind: str) -> None:
+    """R3, E9: the runner host is a network namespace of its own (veth, 10.200.x.0/30);
+    its route is taken down while an execution runs there, then brought back: unknown
+    after 5 failed queries, nothing resubmitted, reconciled with ``was_unknown``."""
+    netns_or_skip()
+    if kind == "ssh":
+        sshd_or_skip()
+    if shutil.which("openssl") is None:
+        pytest.skip("the openssl command is not installed on this machine")
+    host = make_netns()
+    plane, _, _ = await open_yard(base, "local", POLICY)
+    sshd: SshServer | None = None
+    daemon: RunnerDaemon | None = None
+    try:
+        prefix = tuple(host.prefix)
+        if kind == "ssh":
+            sshd = await start_sshd(base / "sshd", host.ns_ip, prefix)
+            daemon = await start_daemon(
+                base / "far", POLICY, subprocess=True, ssh=sshd, prefix=prefix
+            )
+            await plane.runners.add_ssh(
+                "far", daemon.address, daemon.token, sshd.identity, sshd.known_hosts
+            )
+        else:
+            tls = self_signed(base, "runner")
+            daemon = await start_daemon(
+                base / "far", POLICY, subprocess=True, tls=tls, prefix=prefix, host=host.ns_ip
+            )
+            from shellyard.contract.runners import RunnerAddRequest
+
+            await plane.runners.add(
+                RunnerAddRequest(runner_id="far", address=daemon.url, token=daemon.token)
+            )
+        started = await plane.executions.run_shell(
+            RunShellRequest(
+                command="sleep 4; echo survived > proof.txt; echo done",
+                runner_id="far",
+                background=True,
+            )
+        )
+        host.cut()
+        await wait_state(plane, started.execution_id, ExecutionState.unknown, 120)
+        await asyncio.sleep(4)  # it finishes over there while the route is down
+        host.mend()
+        await wait_state(plane, started.execution_id, ExecutionState.completed, 120)
+        final = await plane.executions.status(started.execution_id)
+        assert final.was_unknown and final.exit_code == 0
+        assert (await plane.executions.logs(started.execution_id)).data == "done\n"
+        assert final.snapshot_seq is not None
+        far = plane.runners.get("far")
+        chunk = await far.read_file(final.workspace_id, final.snapshot_seq, "proof.txt", 0, 100)
+        assert chunk.data == b"survived\n"
+        assert len(await plane.executions.list(None, 100)) == 1  # nothing resubmitted
+    finally:
+        await plane.aclose()
+        if daemon is not None:
+            await daemon.stop()
+        if sshd is not None:
+            sshd.stop()
+        host.delete()

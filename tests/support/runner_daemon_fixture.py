@@ -73,6 +73,9 @@ class RunnerDaemon:
     #: (certificate, key) the daemon serves HTTPS with (subprocess mode); ``restart`` uses
     #: the current value, so a test can swap the certificate.
     tls: tuple[Path, Path] | None = None
+    #: Subprocess mode: the command prefix it runs under (``ip netns exec NS``) and its host.
+    prefix: tuple[str, ...] = ()
+    host: str = "127.0.0.1"
 
     def client(self, token: str | None = None, timeout_s: float = 30) -> RemoteRunner:
         """Another RemoteRunner on this daemon, e.g. with a wrong token; caller closes it."""
@@ -123,10 +126,18 @@ class RunnerDaemon:
         if self.process is not None and self.process.poll() is None:
             raise RuntimeError("the daemon is still running; kill() or stop() it first")
         if self.ssh is not None:
-            self.process = await _spawn(self.root, self.policy, 0, self.output, _socket(self.root))
+            self.process = await _spawn(
+                self.root, self.policy, 0, self.output, _socket(self.root), prefix=self.prefix
+            )
         else:
             self.process = await _spawn(
-                self.root, self.policy, self.port, self.output, tls=self.tls
+                self.root,
+                self.policy,
+                self.port,
+                self.output,
+                tls=self.tls,
+                prefix=self.prefix,
+                host=self.host,
             )
 
 
@@ -139,6 +150,8 @@ async def start_daemon(
     runner: Runner | None = None,
     ssh: SshServer | None = None,
     tls: tuple[Path, Path] | None = None,
+    prefix: tuple[str, ...] = (),
+    host: str = "127.0.0.1",
 ) -> RunnerDaemon:
     """Start a daemon serving ``root`` and return it with a connected RemoteRunner.
 
@@ -154,14 +167,24 @@ async def start_daemon(
             raise ValueError("subprocess mode serves a LocalRunner with <root>/token")
         token = load_or_create_token(root / TOKEN_FILE_NAME)
         output: list[str] = []
-        process = await _spawn(root, policy, 0, output, unix, tls=tls)
+        process = await _spawn(root, policy, 0, output, unix, tls=tls, prefix=prefix, host=host)
         url = _url_from_output(output)
         if tls is not None:
             client = RemoteRunner(url, token, transport=pinned_transport(tls[0].read_text()))
         else:
             client = _ssh_client(ssh, url, token) if ssh else RemoteRunner(url, token)
         return RunnerDaemon(
-            url, token, root, policy, client, process=process, output=output, ssh=ssh, tls=tls
+            url,
+            token,
+            root,
+            policy,
+            client,
+            process=process,
+            output=output,
+            ssh=ssh,
+            tls=tls,
+            prefix=prefix,
+            host=host,
         )
     if token is None:
         token = load_or_create_token(root / TOKEN_FILE_NAME)
@@ -259,11 +282,14 @@ async def _spawn(
     unix: Path | None = None,
     *,
     tls: tuple[Path, Path] | None = None,
+    prefix: tuple[str, ...] = (),
+    host: str = "127.0.0.1",
 ) -> sp.Popen[bytes]:
     argv = [
+        *prefix,
         sys.executable, "-m", "shellyard.runner.daemon",
         "--root", str(root),
-        "--host", "127.0.0.1",
+        "--host", host,
         "--port", str(port),
         "--token-file", str(root / TOKEN_FILE_NAME),
         "--policy-json", policy.model_dump_json(),

@@ -61,6 +61,9 @@ class SshServer:
     host_key: Path
     identity: Path
     user: str
+    host: str = "127.0.0.1"
+    #: The command prefix sshd runs under (``ip netns exec NS``).
+    prefix: tuple[str, ...] = ()
     process: sp.Popen[bytes] | None = None
     log: list[str] = field(default_factory=list)
 
@@ -70,17 +73,17 @@ class SshServer:
         path = self.folder / "known_hosts"
         if not path.exists():
             kind, blob = self.host_key.with_suffix(".pub").read_text().split()[:2]
-            path.write_text(f"[127.0.0.1]:{self.port} {kind} {blob}\n")
+            path.write_text(f"[{self.host}]:{self.port} {kind} {blob}\n")
         return path
 
     def address(self, far_end: str) -> str:
         """``ssh://USER@127.0.0.1:PORT`` + ``far_end`` (``/path.sock`` or ``?port=N``)."""
-        return f"ssh://{self.user}@127.0.0.1:{self.port}{far_end}"
+        return f"ssh://{self.user}@{self.host}:{self.port}{far_end}"
 
     async def start(self) -> None:
         # The privilege-separation folder sshd insists on (absent until the system sshd ran).
         Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
-        argv = [SSHD, "-D", "-e", "-f", str(self.folder / "sshd_config")]
+        argv = [*self.prefix, SSHD, "-D", "-e", "-f", str(self.folder / "sshd_config")]
         self.process = sp.Popen(argv, stdin=sp.DEVNULL, stdout=sp.DEVNULL, stderr=sp.PIPE)
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
@@ -88,7 +91,7 @@ class SshServer:
                 err = self.process.stderr.read().decode() if self.process.stderr else ""
                 raise RuntimeError(f"sshd did not start: {err}")
             try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=1) as s:
+                with socket.create_connection((self.host, self.port), timeout=1) as s:
                     if s.recv(4).startswith(b"SSH-"):
                         return
             except OSError:
@@ -127,18 +130,21 @@ def _descendants(root: int) -> list[int]:
     return found
 
 
-async def start_sshd(folder: Path) -> SshServer:
-    """Generate keys and a config in ``folder`` and start sshd on a free loopback port."""
+async def start_sshd(
+    folder: Path, host: str = "127.0.0.1", prefix: tuple[str, ...] = ()
+) -> SshServer:
+    """Generate keys and a config in ``folder`` and start sshd on a free port of ``host``
+    (loopback; or a network namespace's address, run under ``prefix``)."""
     folder.mkdir(parents=True, exist_ok=True)
     host_key = keygen(folder / "host_ed25519")
     identity = keygen(folder / "user_ed25519")
     (folder / "authorized_keys").write_text(identity.with_suffix(".pub").read_text())
-    port = _free_port()
+    port = _free_port() if not prefix else 2222  # a namespace of its own: the port is free
     (folder / "sshd_config").write_text(
         "\n".join(
             [
                 f"Port {port}",
-                "ListenAddress 127.0.0.1",
+                f"ListenAddress {host}",
                 f"HostKey {host_key}",
                 f"PidFile {folder / 'sshd.pid'}",
                 f"AuthorizedKeysFile {folder / 'authorized_keys'}",
@@ -155,6 +161,6 @@ async def start_sshd(folder: Path) -> SshServer:
             ]
         )
     )
-    server = SshServer(folder, port, host_key, identity, getpass.getuser())
+    server = SshServer(folder, port, host_key, identity, getpass.getuser(), host, prefix)
     await server.start()
     return server

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import TypeAdapter
 
-from shellyard.contract.runners import RunnerAddRequest, RunnerView
+from shellyard.contract.runners import RunnerView
 from shellyard.sdk.base import Op, _Call, call
 
 _RUNNER = TypeAdapter(RunnerView)
@@ -25,15 +25,18 @@ def _add_runner(
 ) -> _Call[RunnerView]:
     """Register a runner daemon (admin): ``http(s)://`` direct or ``ssh://`` (with
     ``identity`` and ``known_hosts`` files on the control plane's host); ``token`` is its key."""
-    body = RunnerAddRequest(
-        runner_id=runner_id,
-        address=address,
-        token=token,
-        identity=identity,
-        known_hosts=known_hosts,
-        accept_new=accept_new,
-        tls_fingerprint=tls_fingerprint,
-    )
+    # Sent as given: the server validates it (contract.runners.RunnerAddRequest) and answers a clear
+    # invalid_input, the same for every door.
+    fields = {
+        "runner_id": runner_id,
+        "address": address,
+        "token": token,
+        "identity": identity,
+        "known_hosts": known_hosts,
+        "accept_new": accept_new,
+        "tls_fingerprint": tls_fingerprint,
+    }
+    body = {k: v for k, v in fields.items() if v is not None}
     return call("POST", "/v1/runners", _RUNNER, body=body, timeout_s=ADD_TIMEOUT_S)
 
 
