@@ -374,3 +374,58 @@ async def test_route_cut_then_reconciled(base: Path, kind: str) -> None:
         if sshd is not None:
             sshd.stop()
         host.delete()
+
+
+# --- the doors: CLI verbs (through REST and the SDK) and the MCP runner view ---
+
+
+async def test_runner_verbs_through_cli_and_mcp(served_home: Path, base: Path) -> None:
+    """``runner add ssh://…`` refuses an unknown host key with its fingerprint, takes it with
+    --accept-new; ``runner list`` / ``show`` and MCP's ``runner_list`` give the health view;
+    ``runner remove`` forgets it."""
+    import json
+
+    from conftest import sy
+    from shellyard.cli.manual import EXIT_REFUSED
+    from shellyard.home import read_info
+    from shellyard.mcp.server import build_server
+    from shellyard.sdk.client import AsyncClient
+
+    sshd_or_skip()
+    server = await start_sshd(base / "sshd")
+    daemon = await start_daemon(base / "edge", POLICY, ssh=server)
+    try:
+        known = base / "operator_known_hosts"
+        add = ["runner", "add", "edge", daemon.address, "--token", daemon.token]
+        add += ["--identity", str(server.identity), "--known-hosts", str(known)]
+        refused = await asyncio.to_thread(sy, served_home, *add)
+        assert refused.returncode == EXIT_REFUSED, refused.stderr
+        assert fingerprint(server.host_key.with_suffix(".pub")) in refused.stderr
+        done = await asyncio.to_thread(sy, served_home, *add, "--accept-new")
+        assert done.returncode == 0, done.stderr
+        assert "registered edge" in done.stdout
+
+        listed = await asyncio.to_thread(sy, served_home, "runner", "list", "--json")
+        views = {v["runner_id"]: v for v in json.loads(listed.stdout)}
+        assert views["edge"]["kind"] == "ssh" and views["edge"]["state"] == "up"
+        shown = await asyncio.to_thread(sy, served_home, "runner", "show", "edge")
+        assert "bubblewrap" in shown.stdout and "cancel_grace_s" in shown.stdout
+
+        info = read_info(served_home)
+        assert info is not None
+        client = AsyncClient(info.url, info.token)
+        try:
+            result = await build_server(client).call_tool("runner_list", {})
+            assert not getattr(result, "is_error", False)
+            text = json.dumps(getattr(result, "structured_content", None) or str(result))
+            assert '"edge"' in text and '"up"' in text
+        finally:
+            await client.aclose()
+
+        removed = await asyncio.to_thread(sy, served_home, "runner", "remove", "edge")
+        assert removed.returncode == 0, removed.stderr
+        listed = await asyncio.to_thread(sy, served_home, "runner", "list", "--json")
+        assert [v["runner_id"] for v in json.loads(listed.stdout)] == ["local"]
+    finally:
+        await daemon.stop()
+        server.stop()
