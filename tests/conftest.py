@@ -2,7 +2,9 @@
 
 Execution tests take the ``yard`` fixture, which runs them twice: against the in-process
 LocalRunner (runner id ``local``) and against a runner daemon on loopback registered as a
-``direct`` runner (R1: the control plane cannot tell them apart).
+``direct`` runner (R1: the control plane cannot tell them apart). A module or test marked
+``@pytest.mark.runner_kinds("local", "direct", "ssh")`` runs against an ``ssh`` runner too:
+the same daemon behind a real sshd started for the test (sshd_fixture).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Any
 
 import pytest
 from runner_daemon_fixture import RunnerDaemon, start_daemon
+from sshd_fixture import sshd_or_skip, start_sshd
 
 from shellyard.config import Settings
 from shellyard.contract.executions import RunShellRequest, RunShellResult
@@ -76,12 +79,28 @@ async def open_yard(
     plane.executions.retry_base_s = 0.05
     if kind == "local":
         return plane, "local", None
+    if kind == "ssh":
+        sshd_or_skip()
+        ssh = await start_sshd(home / "sshd")
+        daemon = await start_daemon(home / "remote-runner", policy, ssh=ssh)
+        identity, known_hosts = ssh.identity, ssh.known_hosts
+        await plane.runners.add_ssh("remote", daemon.address, daemon.token, identity, known_hosts)
+        return plane, "remote", daemon
     daemon = await start_daemon(home / "remote-runner", policy)
     await plane.runners.add_direct("remote", daemon.url, daemon.token)
     return plane, "remote", daemon
 
 
-@pytest.fixture(params=["local", "direct"])
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """``yard_factory`` runs against ``local`` and ``direct``, plus the kinds a
+    ``runner_kinds`` marker names."""
+    if "yard_factory" in metafunc.fixturenames:
+        marker = metafunc.definition.get_closest_marker("runner_kinds")
+        kinds = marker.args if marker else ("local", "direct")
+        metafunc.parametrize("yard_factory", kinds, indirect=True)
+
+
+@pytest.fixture
 async def yard_factory(request: pytest.FixtureRequest, home: Path) -> AsyncIterator[Any]:
     opened: list[tuple[ControlPlane, RunnerDaemon | None]] = []
 
@@ -97,6 +116,8 @@ async def yard_factory(request: pytest.FixtureRequest, home: Path) -> AsyncItera
         await plane.aclose()
         if daemon is not None:
             await daemon.stop()
+            if daemon.ssh is not None:
+                daemon.ssh.stop()
 
 
 @pytest.fixture

@@ -1,12 +1,15 @@
 """Errors that cross every boundary (runner HTTP, REST, MCP) with their kind intact.
 
 Each error has a stable ``code`` so a remote side can raise the same class again
-(the SWE-ReX pattern): the runner daemon serialises ``{code, message}``, the client
-looks the code up in ``ERRORS_BY_CODE``.
+(the SWE-ReX pattern). Every door (REST, the SDK's decoding) and the runner wire use ONE
+envelope, ``{"error": {"code", "message", "details"}}``, written by ``encode_error`` and read
+by ``decode_error``; the code is looked up in ``ERRORS_BY_CODE``.
 """
 
 from __future__ import annotations
 
+import json
+from collections.abc import Iterable, Mapping
 from typing import Any, ClassVar
 
 
@@ -104,6 +107,13 @@ class Forbidden(ShellyardError):
     http_status = 403
 
 
+class MethodNotAllowed(ShellyardError):
+    """An HTTP method the route does not take (the REST app's own 405 answers)."""
+
+    code = "method_not_allowed"
+    http_status = 405
+
+
 class HomeInUse(ShellyardError):
     code = "home_in_use"
     http_status = 409
@@ -126,6 +136,7 @@ ERRORS_BY_CODE: dict[str, type[ShellyardError]] = {
         Unauthorized,
         Forbidden,
         HomeInUse,
+        MethodNotAllowed,
     )
 }
 
@@ -133,3 +144,58 @@ ERRORS_BY_CODE: dict[str, type[ShellyardError]] = {
 def error_from_dict(data: dict[str, Any]) -> ShellyardError:
     cls = ERRORS_BY_CODE.get(str(data.get("code")), ShellyardError)
     return cls(str(data.get("message", "unknown error")), **dict(data.get("details") or {}))
+
+
+def encode_error(error: ShellyardError) -> dict[str, Any]:
+    """The one error envelope: ``{"error": {"code", "message", "details"}}``.
+
+    ``details`` is passed as given; a sender whose details may hold non-JSON values (paths,
+    models) runs the envelope through its JSON encoder."""
+    return {"error": error.to_dict()}
+
+
+def decode_error(body: bytes | str | Mapping[str, Any]) -> ShellyardError | None:
+    """The error an envelope describes, or None when ``body`` is not an envelope (a proxy's
+    HTML page, a foreign server): the caller then reports the HTTP status itself."""
+    data: object = body
+    if isinstance(body, bytes | str):
+        try:
+            data = json.loads(body)
+        except ValueError:
+            return None
+    inner = data.get("error") if isinstance(data, Mapping) else None
+    if not isinstance(inner, Mapping) or "code" not in inner or "message" not in inner:
+        return None
+    details = inner.get("details")
+    return error_from_dict({**inner, "details": details if isinstance(details, Mapping) else {}})
+
+
+def problems_text(errors: Iterable[Mapping[str, Any]]) -> str:
+    """``loc: msg`` for each of pydantic's (or FastAPI's) error dicts, joined with ``; ``,
+    without pydantic's ``Value error,`` prefix, so a message written by one of our validators
+    reads the same over the runner wire, REST, MCP, the SDK and the CLI."""
+    parts = []
+    for error in errors:
+        where = ".".join(str(p) for p in error.get("loc", ()))
+        message = str(error.get("msg", "invalid")).removeprefix("Value error, ")
+        parts.append(f"{where}: {message}" if where else message)
+    return "; ".join(parts) or "invalid request"
+
+
+def validation_message(exc: Exception | Iterable[Mapping[str, Any]]) -> str:
+    """The one description of a malformed request: a pydantic ``ValidationError``'s or
+    FastAPI's ``RequestValidationError``'s errors (or such a list itself) in one line, or the
+    exception's own text when it carries no error list."""
+    if not isinstance(exc, Exception):
+        return problems_text(exc)
+    errors = getattr(exc, "errors", None)
+    if callable(errors):
+        listed = errors()
+        if isinstance(listed, list | tuple):
+            return problems_text(listed)
+    return str(exc)
+
+
+def invalid_input(exc: Exception) -> InvalidInput:
+    """The InvalidInput every door reports for a request that failed validation."""
+    return InvalidInput(validation_message(exc))

@@ -299,6 +299,7 @@ async def test_bad_changes_give_clear_errors_and_change_nothing(yard: Yard, home
     assert view.revision == 2 and view.pending_changes == []
 
 
+@pytest.mark.runner_kinds("local", "direct", "ssh")  # R1: a representative subset
 async def test_refused_before_anything_is_recorded(yard: Yard) -> None:
     """Unknown manager, empty specs, options of another manager, unknown environment: clear
     errors, no change recorded."""
@@ -325,6 +326,7 @@ async def test_refused_before_anything_is_recorded(yard: Yard) -> None:
     assert [c["action"] for c in changes] == ["create"]
 
 
+@pytest.mark.runner_kinds("local", "direct", "ssh")  # R1: a representative subset
 async def test_prefix_is_read_only_inside_commands(yard: Yard) -> None:
     """V4, V7: the prefix is mounted read-only with its variables set; writing into it, or
     `pip install` in a command, fails as it normally would; the prefix is unchanged."""

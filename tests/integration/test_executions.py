@@ -13,6 +13,9 @@ from conftest import Yard, processes_of
 from shellyard.contract.executions import ExecutionState, RunShellRequest, parse_run_shell
 from shellyard.errors import InvalidInput, NotFound, WorkspaceBusy
 
+# R1: the same suite against local, direct and ssh runners.
+pytestmark = pytest.mark.runner_kinds("local", "direct", "ssh")
+
 
 async def settle(yard: Yard, execution_id: str, timeout_s: float = 30) -> object:
     view = await yard.plane.executions.wait(execution_id, timeout_s)

@@ -37,6 +37,7 @@ from shellyard.runner.protocol import (
     StartRequest,
 )
 from shellyard.runner.remote import RemoteRunner
+from shellyard.runner.signing import body_digest, signed_headers
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -70,21 +71,31 @@ async def run_to_end(
     return record
 
 
-# --- authentication ---
+# --- authentication: signed requests (R4) ---
 
 
-async def test_token_refused_and_accepted(daemon: RunnerDaemon) -> None:
+def signed(
+    daemon: RunnerDaemon, path: str, body: bytes, now: float | None = None
+) -> dict[str, str]:
+    """Headers that sign a raw request to ``daemon`` the way RemoteRunner does."""
+    headers = signed_headers(daemon.token.encode(), "POST", path, body_digest(body), now=now)
+    return {**headers, "Content-Type": "application/json"}
+
+
+async def test_unsigned_and_wrongly_signed_requests_refused(daemon: RunnerDaemon) -> None:
+    """R4: only requests signed with the runner's key pass; the key is never sent."""
     token_file = daemon.root / "token"
     assert stat.S_IMODE(token_file.stat().st_mode) == 0o600
     assert load_or_create_token(token_file) == daemon.token  # created once, then reused
 
     async with httpx.AsyncClient(base_url=daemon.url) as raw:
-        for headers in ({}, {"Authorization": "Basic abc"}, {"Authorization": "Bearer"}):
+        bearer = {"Authorization": f"Bearer {daemon.token}"}  # the old scheme: the key in clear
+        for headers in ({}, {"Authorization": "Basic abc"}, bearer):
             r = await raw.post("/v1/info", headers=headers)
             assert r.status_code == 401
-            assert r.json()["code"] == "unauthorized"
-            assert "Authorization: Bearer" in r.json()["message"]
-            assert r.headers["www-authenticate"] == "Bearer"
+            assert r.json()["error"]["code"] == "unauthorized"
+            assert "signed requests" in r.json()["error"]["message"]
+            assert r.headers["www-authenticate"] == "Shellyard-HMAC-SHA256"
         # Every endpoint is guarded, before its body is even looked at.
         for method in ("read_log", "read_file", "start", "wait", "cancel", "commit"):
             assert (await raw.post(f"/v1/{method}", json={})).status_code == 401
@@ -94,7 +105,7 @@ async def test_token_refused_and_accepted(daemon: RunnerDaemon) -> None:
 
     wrong = daemon.client(token=daemon.token + "x")
     try:
-        with pytest.raises(Unauthorized, match="wrong bearer token"):
+        with pytest.raises(Unauthorized, match="bad signature"):
             await wrong.status("e1")
     finally:
         await wrong.aclose()
@@ -102,6 +113,46 @@ async def test_token_refused_and_accepted(daemon: RunnerDaemon) -> None:
     info = await daemon.runner.info()
     assert info.sandbox == "bubblewrap"
     assert info.network == "off"
+
+
+async def test_replayed_stale_and_altered_requests_refused(daemon: RunnerDaemon) -> None:
+    """R4: a replayed signed request, a stale timestamp and a body changed in flight are each
+    refused; the same request signed afresh passes."""
+    await daemon.runner.ensure_workspace("ws")
+    body = b'{"execution_id": "e1"}'
+    async with httpx.AsyncClient(base_url=daemon.url) as raw:
+        headers = signed(daemon, "/v1/status", body)
+        first = await raw.post("/v1/status", content=body, headers=headers)
+        assert first.status_code == 200 and first.json()["state"] == "lost"
+        again = await raw.post("/v1/status", content=body, headers=headers)
+        assert again.status_code == 401 and "replayed" in again.json()["error"]["message"]
+
+        old = signed(daemon, "/v1/status", body, now=time.time() - 31)
+        stale = await raw.post("/v1/status", content=body, headers=old)
+        assert stale.status_code == 401 and "stale" in stale.json()["error"]["message"]
+        ahead = signed(daemon, "/v1/status", body, now=time.time() + 31)
+        assert (await raw.post("/v1/status", content=body, headers=ahead)).status_code == 401
+
+        # The body changed on the way, its signed digest kept: refused, nothing runs.
+        start = b'{"execution_id": "x", "workspace_id": "ws", "command": "true"}'
+        evil = b'{"execution_id": "x", "workspace_id": "ws", "command": "touch pwned"}'
+        altered = await raw.post(
+            "/v1/start", content=evil, headers=signed(daemon, "/v1/start", start)
+        )
+        assert altered.status_code == 401
+        assert "not the one that was signed" in altered.json()["error"]["message"]
+        # ...and with a digest of the new body but the old signature: a bad signature.
+        forged = {
+            **signed(daemon, "/v1/start", start),
+            "X-Shellyard-Content-SHA256": body_digest(evil),
+        }
+        r = await raw.post("/v1/start", content=evil, headers=forged)
+        assert r.status_code == 401 and "bad signature" in r.json()["error"]["message"]
+        # A signature is for one path: moved to another endpoint it does not verify.
+        moved = signed(daemon, "/v1/status", start)
+        assert (await raw.post("/v1/start", content=start, headers=moved)).status_code == 401
+    assert (await daemon.runner.status("x")).state == RunnerExecState.lost
+    assert await daemon.runner.stat_path("ws", None, "pwned") is None
 
 
 # --- errors cross intact ---
@@ -135,15 +186,15 @@ async def test_errors_cross_the_wire_as_the_same_class(daemon: RunnerDaemon) -> 
 
 
 async def test_bad_request_body_is_invalid_input(daemon: RunnerDaemon) -> None:
-    headers = {"Authorization": f"Bearer {daemon.token}"}
-    async with httpx.AsyncClient(base_url=daemon.url, headers=headers) as raw:
-        r = await raw.post("/v1/read_log", json={"execution_id": "e", "offset": "x"})
+    async with httpx.AsyncClient(base_url=daemon.url) as raw:
+        bad = b'{"execution_id": "e", "offset": "x"}'
+        r = await raw.post("/v1/read_log", content=bad, headers=signed(daemon, "/v1/read_log", bad))
         assert r.status_code == 400
-        body = r.json()
+        body = r.json()["error"]  # the one envelope of every door (shellyard.errors)
         assert body["code"] == "invalid_input"
         assert "offset" in body["message"] and "stream" in body["message"]
         r = await raw.post("/v1/no_such_method", json={})
-        assert r.status_code == 404 and "versions match" in r.json()["message"]
+        assert r.status_code == 404 and "versions match" in r.json()["error"]["message"]
     with pytest.raises(InvalidInput, match="unknown log stream"):
         await daemon.runner.read_log("e", "stdin", 0, 1)  # type: ignore[arg-type]
 

@@ -27,7 +27,8 @@ from shellyard.control.service import ControlPlane
 from shellyard.errors import InvalidInput, NotFound, WorkspaceBusy
 from shellyard.runner.protocol import SandboxPolicy
 
-pytestmark = pytest.mark.timeout(240)
+# R1, T4: the same suite against local, direct and ssh runners.
+pytestmark = [pytest.mark.timeout(240), pytest.mark.runner_kinds("local", "direct", "ssh")]
 
 MAKE_FILES = """python3 - <<'PY'
 import os

@@ -15,6 +15,9 @@ Two modes:
   and token, for fault tests (E9, R3).
 
 The port is bound before the server starts (port 0), so there is no free-port race.
+
+``ssh=SshServer`` (sshd_fixture): the daemon listens on a Unix socket instead and ``runner`` is
+an ssh runner reaching it through that sshd (R1: the same RemoteRunner path as direct).
 """
 
 from __future__ import annotations
@@ -32,17 +35,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import uvicorn
+from sshd_fixture import SshServer
 
 from shellyard.runner.daemon import (
     READY_PREFIX,
     TOKEN_FILE_NAME,
     bind_socket,
+    bind_unix_socket,
     create_runner_app,
     load_or_create_token,
     socket_url,
 )
 from shellyard.runner.protocol import Runner, SandboxPolicy
 from shellyard.runner.remote import RemoteRunner
+from shellyard.runner.ssh import ssh_runner
+from shellyard.runner.tls import pinned_transport
 
 START_TIMEOUT_S = 30.0
 
@@ -61,10 +68,28 @@ class RunnerDaemon:
     process: sp.Popen[bytes] | None = None
     #: The subprocess's stderr lines (debugging help when a test fails).
     output: list[str] = field(default_factory=list)
+    #: The sshd in front of the daemon (ssh mode); ``url`` is then ``unix:<socket>``.
+    ssh: SshServer | None = None
+    #: (certificate, key) the daemon serves HTTPS with (subprocess mode); ``restart`` uses
+    #: the current value, so a test can swap the certificate.
+    tls: tuple[Path, Path] | None = None
+    #: Subprocess mode: the command prefix it runs under (``ip netns exec NS``) and its host.
+    prefix: tuple[str, ...] = ()
+    host: str = "127.0.0.1"
 
     def client(self, token: str | None = None, timeout_s: float = 30) -> RemoteRunner:
         """Another RemoteRunner on this daemon, e.g. with a wrong token; caller closes it."""
-        return RemoteRunner(self.url, self.token if token is None else token, timeout_s=timeout_s)
+        key = self.token if token is None else token
+        if self.ssh is not None:
+            return _ssh_client(self.ssh, self.url, key, timeout_s=timeout_s)
+        return RemoteRunner(self.url, key, timeout_s=timeout_s)
+
+    @property
+    def address(self) -> str:
+        """What ``runner add`` takes: the http URL, or the ssh:// address in ssh mode."""
+        if self.ssh is not None:
+            return self.ssh.address(self.url.removeprefix("unix:"))
+        return self.url
 
     @property
     def port(self) -> int:
@@ -100,7 +125,20 @@ class RunnerDaemon:
         ``runner`` stays usable: it reconnects on its next call."""
         if self.process is not None and self.process.poll() is None:
             raise RuntimeError("the daemon is still running; kill() or stop() it first")
-        self.process = await _spawn(self.root, self.policy, self.port, self.output)
+        if self.ssh is not None:
+            self.process = await _spawn(
+                self.root, self.policy, 0, self.output, _socket(self.root), prefix=self.prefix
+            )
+        else:
+            self.process = await _spawn(
+                self.root,
+                self.policy,
+                self.port,
+                self.output,
+                tls=self.tls,
+                prefix=self.prefix,
+                host=self.host,
+            )
 
 
 async def start_daemon(
@@ -110,23 +148,43 @@ async def start_daemon(
     token: str | None = None,
     subprocess: bool = False,
     runner: Runner | None = None,
+    ssh: SshServer | None = None,
+    tls: tuple[Path, Path] | None = None,
+    prefix: tuple[str, ...] = (),
+    host: str = "127.0.0.1",
 ) -> RunnerDaemon:
     """Start a daemon serving ``root`` and return it with a connected RemoteRunner.
 
     ``token`` None uses ``<root>/token`` (created on first start, as the real daemon does).
     ``runner`` (thread mode only) serves that object instead of a new ``LocalRunner``.
+    ``ssh``: the daemon listens on a Unix socket reached through that sshd.
     """
     policy = policy or SandboxPolicy()
     root.mkdir(parents=True, exist_ok=True)
+    unix = _socket(root) if ssh is not None else None
     if subprocess:
         if runner is not None or token is not None:
             raise ValueError("subprocess mode serves a LocalRunner with <root>/token")
         token = load_or_create_token(root / TOKEN_FILE_NAME)
         output: list[str] = []
-        process = await _spawn(root, policy, 0, output)
+        process = await _spawn(root, policy, 0, output, unix, tls=tls, prefix=prefix, host=host)
         url = _url_from_output(output)
+        if tls is not None:
+            client = RemoteRunner(url, token, transport=pinned_transport(tls[0].read_text()))
+        else:
+            client = _ssh_client(ssh, url, token) if ssh else RemoteRunner(url, token)
         return RunnerDaemon(
-            url, token, root, policy, RemoteRunner(url, token), process=process, output=output
+            url,
+            token,
+            root,
+            policy,
+            client,
+            process=process,
+            output=output,
+            ssh=ssh,
+            tls=tls,
+            prefix=prefix,
+            host=host,
         )
     if token is None:
         token = load_or_create_token(root / TOKEN_FILE_NAME)
@@ -134,10 +192,18 @@ async def start_daemon(
         from shellyard.runner.local import LocalRunner
 
         runner = LocalRunner(root, policy)
-    server, thread, url = await _serve_in_thread(runner, token)
-    return RunnerDaemon(
-        url, token, root, policy, RemoteRunner(url, token), _thread=thread, _server=server
-    )
+    server, thread, url = await _serve_in_thread(runner, token, unix)
+    client = _ssh_client(ssh, url, token) if ssh else RemoteRunner(url, token)
+    return RunnerDaemon(url, token, root, policy, client, _thread=thread, _server=server, ssh=ssh)
+
+
+def _socket(root: Path) -> Path:
+    return root.parent / f"{root.name}.sock"
+
+
+def _ssh_client(ssh: SshServer, url: str, token: str, **options: object) -> RemoteRunner:
+    address = ssh.address(url.removeprefix("unix:"))
+    return ssh_runner(address, token, ssh.identity, ssh.known_hosts, **options)
 
 
 @asynccontextmanager
@@ -148,8 +214,11 @@ async def running_daemon(
     token: str | None = None,
     subprocess: bool = False,
     runner: Runner | None = None,
+    ssh: SshServer | None = None,
 ) -> AsyncIterator[RunnerDaemon]:
-    daemon = await start_daemon(root, policy, token=token, subprocess=subprocess, runner=runner)
+    daemon = await start_daemon(
+        root, policy, token=token, subprocess=subprocess, runner=runner, ssh=ssh
+    )
     try:
         yield daemon
     finally:
@@ -160,10 +229,10 @@ async def running_daemon(
 
 
 async def _serve_in_thread(
-    runner: Runner, token: str
+    runner: Runner, token: str, unix: Path | None = None
 ) -> tuple[uvicorn.Server, threading.Thread, str]:
-    sock = bind_socket("127.0.0.1", 0)
-    url = socket_url(sock)
+    sock = bind_unix_socket(unix) if unix else bind_socket("127.0.0.1", 0)
+    url = f"unix:{unix}" if unix else socket_url(sock)
     startup_error: list[BaseException] = []
     hook: Callable[[], object] | None = getattr(runner, "startup", None)
 
@@ -206,16 +275,27 @@ async def _serve_in_thread(
 
 
 async def _spawn(
-    root: Path, policy: SandboxPolicy, port: int, output: list[str]
+    root: Path,
+    policy: SandboxPolicy,
+    port: int,
+    output: list[str],
+    unix: Path | None = None,
+    *,
+    tls: tuple[Path, Path] | None = None,
+    prefix: tuple[str, ...] = (),
+    host: str = "127.0.0.1",
 ) -> sp.Popen[bytes]:
     argv = [
+        *prefix,
         sys.executable, "-m", "shellyard.runner.daemon",
         "--root", str(root),
-        "--host", "127.0.0.1",
+        "--host", host,
         "--port", str(port),
         "--token-file", str(root / TOKEN_FILE_NAME),
         "--policy-json", policy.model_dump_json(),
         "--log-level", "warning",
+        *(["--socket", str(unix)] if unix else []),
+        *(["--tls-cert", str(tls[0]), "--tls-key", str(tls[1])] if tls else []),
     ]  # fmt: skip
     process = sp.Popen(argv, stdin=sp.DEVNULL, stdout=sp.DEVNULL, stderr=sp.PIPE)
     ready = threading.Event()

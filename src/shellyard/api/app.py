@@ -10,11 +10,10 @@ from typing import Annotated
 from fastapi import Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from shellyard import __version__
-from shellyard.api.auth import AgentHeader, admin_only, principal
+from shellyard.api.auth import AgentHeader, principal
 from shellyard.api.docs import (
     ERROR_RESPONSES,
     HealthView,
@@ -28,26 +27,16 @@ from shellyard.contract.executions import (
     RunShellResult,
     parse_run_shell,
 )
-from shellyard.contract.validation import invalid_input
 from shellyard.control.service import ControlPlane
-from shellyard.errors import RunnerUnavailable, ShellyardError, Unauthorized
+from shellyard.errors import (
+    ERRORS_BY_CODE,
+    ShellyardError,
+    Unauthorized,
+    encode_error,
+    invalid_input,
+)
 
 _HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 401: "unauthorized"}
-
-
-class DirectRunnerRequest(BaseModel):
-    runner_id: str = Field(
-        pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$",
-        description="a name of your choice: letters, digits, '_', '.', '-'",
-    )
-    address: str = Field(pattern=r"^https?://[!-~]+$", description="the daemon's http(s) URL")
-    token: str = Field(pattern=r"^[!-~]+$", description="the daemon's token (its ROOT/token)")
-
-
-class RunnerView(BaseModel):
-    runner_id: str
-    kind: str
-    address: str | None
 
 
 def create_app(
@@ -86,17 +75,16 @@ def create_app(
     app.state.plane = plane
     app.state.auth_required = auth_required
     auth = [Depends(principal)]
-    admin = [Depends(admin_only)]
 
     @app.exception_handler(ShellyardError)
     async def _shellyard_error(_request: Request, exc: ShellyardError) -> JSONResponse:
         headers = {"WWW-Authenticate": "Bearer"} if isinstance(exc, Unauthorized) else None
-        return JSONResponse({"error": exc.to_dict()}, status_code=exc.http_status, headers=headers)
+        return JSONResponse(encode_error(exc), status_code=exc.http_status, headers=headers)
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:
         error = invalid_input(exc)
-        return JSONResponse({"error": error.to_dict()}, status_code=400)
+        return JSONResponse(encode_error(error), status_code=400)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -104,8 +92,8 @@ def create_app(
         # error shape as every other error of the API.
         code = _HTTP_CODES.get(exc.status_code, "invalid_input")
         message = f"{exc.detail} ({request.method} {request.url.path})"
-        body = {"error": {"code": code, "message": message, "details": {}}}
-        return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
+        error = ERRORS_BY_CODE.get(code, ShellyardError)(message)
+        return JSONResponse(encode_error(error), status_code=exc.status_code, headers=exc.headers)
 
     @app.get("/health")
     async def health() -> HealthView:
@@ -152,23 +140,10 @@ def create_app(
     ) -> ExecutionView:
         return await plane.executions.cancel(execution_id, agent, wait_s)
 
-    @app.post("/v1/runners", dependencies=admin)
-    async def register_runner(body: DirectRunnerRequest) -> RunnerView:
-        await plane.runners.add_direct(body.runner_id, body.address, body.token)
-        return RunnerView(runner_id=body.runner_id, kind="direct", address=body.address)
+    # Runners: registration, health, removal.
+    from shellyard.api.runners import runners_router
 
-    @app.get("/v1/runners", dependencies=auth)
-    async def list_runners() -> list[RunnerView]:
-        store = plane.store
-        if store is None:  # a request in the instant before start() or after aclose()
-            raise RunnerUnavailable(
-                "the control plane is starting or shutting down; try again in a moment"
-            )
-        return [
-            RunnerView(runner_id=r["id"], kind=r["kind"], address=r["address"])
-            for r in await store.list_runners()
-        ]
-
+    app.include_router(runners_router(plane), dependencies=auth)
     # Sessions, agents, inbox, wakes, timers.
     from shellyard.api.sessions import sessions_router
 

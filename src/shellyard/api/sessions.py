@@ -31,9 +31,8 @@ from shellyard.contract.sessions import (
     WebhookRequest,
     WebhookView,
 )
-from shellyard.contract.validation import validation_message
 from shellyard.control.service import ControlPlane
-from shellyard.errors import InvalidInput, NotFound
+from shellyard.errors import InvalidInput, NotFound, validation_message
 
 M = TypeVar("M", bound=BaseModel)
 

@@ -1,8 +1,9 @@
-"""Runner verbs: serve a runner daemon, register one, list them."""
+"""Runner verbs: serve a runner daemon, register one, list, show and remove them."""
 
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Annotated
 
@@ -10,7 +11,8 @@ import typer
 
 from shellyard.cli.common import HomeOption, JsonOption, fail, new_table, out
 from shellyard.cli.common import client_for as _client
-from shellyard.errors import ShellyardError
+from shellyard.contract.runners import RunnerView
+from shellyard.errors import InvalidInput, NotFound, ShellyardError
 
 runner_app = typer.Typer(help="Runner daemons on this or other hosts.", no_args_is_help=True)
 
@@ -29,12 +31,26 @@ def runner_serve(
     host_path: Annotated[
         list[str] | None, typer.Option(help="A host path shown read-only in every sandbox.")
     ] = None,
+    socket: Annotated[
+        Path | None,
+        typer.Option(help="Listen on this Unix socket (for ssh runners) instead of HOST:PORT."),
+    ] = None,
+    tls_cert: Annotated[
+        Path | None, typer.Option(help="Serve HTTPS with this PEM certificate (off loopback).")
+    ] = None,
+    tls_key: Annotated[Path | None, typer.Option(help="The certificate's PEM key.")] = None,
 ) -> None:
-    """Run a runner daemon: the Runner protocol over HTTP, token-authenticated."""
+    """Run a runner daemon: the Runner protocol over HTTP, every request signed with its key."""
     from shellyard.runner.daemon import run_runner_daemon
 
     try:
-        run_runner_daemon(root.absolute(), host, port, token_file, network, host_path or [])
+        if (tls_cert is None) != (tls_key is None):
+            raise InvalidInput("--tls-cert and --tls-key go together; give both or neither")
+        unix = socket.absolute() if socket else None
+        tls = (tls_cert.absolute(), tls_key.absolute()) if tls_cert and tls_key else None
+        run_runner_daemon(
+            root.absolute(), host, port, token_file, network, host_path or [], unix, tls
+        )
     except ShellyardError as exc:
         fail(exc)
 
@@ -42,25 +58,59 @@ def runner_serve(
 @runner_app.command("add")
 def runner_add(
     runner_id: str,
-    address: str,
-    token: Annotated[str, typer.Option(help="The daemon's token (its ROOT/token file).")],
+    address: Annotated[
+        str,
+        typer.Argument(
+            help="http://127.0.0.1:PORT, https://HOST:PORT (certificate pinned), or "
+            "ssh://USER@HOST[:PORT]/SOCKET (or ssh://USER@HOST[:PORT]?port=N)"
+        ),
+    ],
+    token: Annotated[str, typer.Option(help="The daemon's key (its ROOT/token file).")],
+    identity: Annotated[
+        Path | None, typer.Option(help="ssh: the private key to log in with.")
+    ] = None,
+    known_hosts: Annotated[
+        Path | None, typer.Option(help="ssh: the known-hosts file holding the host's key.")
+    ] = None,
+    accept_new: Annotated[
+        bool, typer.Option(help="ssh: record an unknown host key instead of refusing it.")
+    ] = False,
+    tls_fingerprint: Annotated[
+        str | None, typer.Option(help="https: the certificate's SHA-256 to expect.")
+    ] = None,
     home: HomeOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Register a runner daemon reached directly over HTTP (admin)."""
+    """Register a runner daemon, direct or through SSH (admin); it is asked once first."""
     try:
-        view = _client(home).add_runner(runner_id, address, token)
+        view = _client(home).add_runner(
+            runner_id,
+            address,
+            token,
+            identity=str(identity.absolute()) if identity else None,
+            known_hosts=str(known_hosts.absolute()) if known_hosts else None,
+            accept_new=accept_new,
+            tls_fingerprint=tls_fingerprint,
+        )
     except ShellyardError as exc:
         fail(exc)
     if as_json:
         out.print_json(view.model_dump_json())
     else:
-        out.print(f"registered {view.runner_id} at {view.address}", highlight=False)
+        pin = f" ({view.fingerprint})" if view.fingerprint else ""
+        out.print(f"registered {view.runner_id} at {view.address}{pin}", highlight=False)
+
+
+def _state(view: RunnerView) -> str:
+    if view.state == "unreachable" and view.unreachable_since is not None:
+        since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(view.unreachable_since))
+        return f"unreachable since {since}"
+    return view.state
 
 
 @runner_app.command("list")
 def runner_list(home: HomeOption = None, as_json: JsonOption = False) -> None:
-    """The runners executions can go to ('local' and registered daemons)."""
+    """The runners executions can go to ('local' and registered daemons), with their state."""
     try:
         views = _client(home).runners()
     except ShellyardError as exc:
@@ -68,7 +118,58 @@ def runner_list(home: HomeOption = None, as_json: JsonOption = False) -> None:
     if as_json:
         out.print_json(json.dumps([v.model_dump(mode="json") for v in views]))
         return
-    table = new_table("runner", "kind", "address")
+    table = new_table("runner", "kind", "address", "state", "version", "network", "running")
     for view in views:
-        table.add_row(view.runner_id, view.kind, view.address or "")
+        table.add_row(
+            view.runner_id,
+            view.kind,
+            view.address or "",
+            _state(view),
+            view.version or "",
+            view.network or "",
+            str(view.running_executions),
+        )
     out.print(table)
+
+
+@runner_app.command("show")
+def runner_show(runner_id: str, home: HomeOption = None, as_json: JsonOption = False) -> None:
+    """One runner: state, version, sandbox capabilities, limits, running executions."""
+    try:
+        views = [v for v in _client(home).runners() if v.runner_id == runner_id]
+        if not views:
+            raise NotFound(f"no runner {runner_id!r}; `shellyard runner list` shows them")
+    except ShellyardError as exc:
+        fail(exc)
+    view = views[0]
+    if as_json:
+        out.print_json(view.model_dump_json())
+        return
+    lines = [
+        ("runner", view.runner_id),
+        ("kind", view.kind),
+        ("address", view.address or ""),
+        ("state", _state(view)),
+        ("last error", view.last_error or ""),
+        ("version", view.version or ""),
+        ("sandbox", view.sandbox or ""),
+        ("network", view.network or ""),
+        ("running executions", str(view.running_executions)),
+        ("pinned key", view.fingerprint or ""),
+    ]
+    lines += [(f"limit {k}", str(v)) for k, v in (view.limits or {}).items()]
+    for name, value in lines:
+        out.print(f"{name:>20}  {value}", highlight=False)
+
+
+@runner_app.command("remove")
+def runner_remove(runner_id: str, home: HomeOption = None, as_json: JsonOption = False) -> None:
+    """Forget a runner (admin); refused while executions run there."""
+    try:
+        view = _client(home).remove_runner(runner_id)
+    except ShellyardError as exc:
+        fail(exc)
+    if as_json:
+        out.print_json(view.model_dump_json())
+    else:
+        out.print(f"removed {view.runner_id}", highlight=False)

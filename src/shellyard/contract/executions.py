@@ -7,8 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from shellyard.contract.validation import validation_message
-from shellyard.errors import InvalidInput
+from shellyard.errors import InvalidInput, validation_message
 
 DEFAULT_WAIT_MS = 10_000
 MAX_WAIT_MS = 30_000

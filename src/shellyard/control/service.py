@@ -110,6 +110,7 @@ class ControlPlane:
         await local.startup()
         await self._runners.add_local(local)
         await self._runners.load_registered()
+        self._runners.start_heartbeats()
         agents = AgentResolver(self.store)
         await agents.default_id()  # the default session exists before any door asks
         self._executions = ExecutionService(self.store, self._runners, agents)

@@ -40,9 +40,8 @@ from shellyard.contract.files import (
     TransferView,
     WorkspaceView,
 )
-from shellyard.contract.validation import validation_message
 from shellyard.control.access import WorkspaceAccess
-from shellyard.errors import InvalidInput, NotFound, ShellyardError
+from shellyard.errors import InvalidInput, NotFound, ShellyardError, validation_message
 from shellyard.paths import normalize_relative
 from shellyard.runner.protocol import MAX_PAGE, ApplyEntry, ByteStream, PathEntry, Runner
 from shellyard.store import Store

@@ -145,6 +145,23 @@ def build_server(backend: ShellyardBackend) -> MCPServer:
         except ShellyardError as exc:
             raise tool_error(exc) from None
 
+    # Runners and their health, when the backend serves them (AsyncClient does).
+    if hasattr(backend, "runners"):
+
+        @server.tool(
+            description=(
+                "The runners run_shell's runner_id may name: each one's state (up, or "
+                "unreachable since when), version, sandbox (network policy), limits and "
+                "running executions."
+            )
+        )
+        async def runner_list() -> dict[str, Any]:
+            try:
+                views = await backend.runners()
+            except ShellyardError as exc:
+                raise tool_error(exc) from None
+            return {"runners": [view.model_dump(mode="json") for view in views]}
+
     from shellyard.mcp.timers import add_timer_tools  # it imports this module
 
     add_timer_tools(server, backend)

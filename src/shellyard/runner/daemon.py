@@ -1,18 +1,17 @@
 """The runner daemon: the Runner protocol served over HTTP (R1, the SWE-ReX pattern).
 
-One POST endpoint per protocol method, ``/v1/<method>``, with a pydantic body. Every
-endpoint needs ``Authorization: Bearer <token>``. A ``ShellyardError`` raised by the runner
-crosses the wire as ``error.to_dict()`` with its ``http_status``, so ``RemoteRunner`` raises
-the same class again. Byte payloads (``read_log``, ``read_file``) travel as the raw body, their
-chunk metadata in ``X-Shellyard-*`` headers: a 1 MiB chunk is not inflated by base64 in JSON.
+Its routes are derived from the one operation table in ``runner/wire.py`` (``POST
+/v1/<method>``), which ``RemoteRunner`` derives its calls from too. Every request must be
+signed with the runner's key, the daemon's token (runner/signing.py, R4): the key itself
+never crosses the wire. A ``ShellyardError`` raised by the runner crosses the wire
+in the one error envelope of ``shellyard.errors`` with its ``http_status``, so
+``RemoteRunner`` raises the same class again.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import hmac
-import json
 import logging
 import os
 import secrets
@@ -22,197 +21,57 @@ import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import TypeVar, cast
+from typing import Any
 
 import uvicorn
-from fastapi import Depends, FastAPI, Request
+from fastapi import FastAPI, Request
 from fastapi.encoders import jsonable_encoder
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from shellyard.errors import InvalidInput, ShellyardError, Unauthorized
+from shellyard.errors import (
+    InvalidInput,
+    ShellyardError,
+    Unauthorized,
+    encode_error,
+    validation_message,
+)
 from shellyard.listen import bind_socket, socket_url
 from shellyard.runner.policy import parse_network, policy_from_env
-from shellyard.runner.protocol import (
-    ApplyEntry,
-    ApplyResult,
-    ByteStream,
-    DiffResult,
-    DirListing,
-    EditResult,
-    EnvironmentChange,
-    EnvironmentChangeRequest,
-    EnvironmentInfo,
-    GcResult,
-    LogStream,
-    ObjectResult,
-    PathEntry,
-    PruneResult,
-    Runner,
-    RunnerExecution,
-    RunnerInfo,
-    SandboxPolicy,
-    SnapshotInfo,
-    StartRequest,
+from shellyard.runner.protocol import Runner, SandboxPolicy
+from shellyard.runner.signing import SCHEME, Verifier
+from shellyard.runner.wire import (
+    API_PREFIX,
+    H_ARGS,
+    OPERATIONS,
+    WAIT_CAP_S,
+    LongPoll,
+    Operation,
+    arguments,
+    chunk_header,
 )
 
 logger = logging.getLogger(__name__)
-M = TypeVar("M", bound=BaseModel)
 
-#: The server answers a ``wait`` after at most this long; the client loops for longer waits.
-WAIT_CAP_S = 30.0
-API_PREFIX = "/v1"
+__all__ = [
+    "API_PREFIX",
+    "READY_PREFIX",
+    "TOKEN_FILE_NAME",
+    "bind_socket",
+    "bind_unix_socket",
+    "create_runner_app",
+    "load_or_create_token",
+    "main",
+    "make_runner_server",
+    "run_runner_daemon",
+    "serve_runner",
+    "socket_url",
+]
+
 TOKEN_FILE_NAME = "token"
-#: Response headers of the byte endpoints.
-H_OFFSET = "X-Shellyard-Offset"
-H_NEXT_OFFSET = "X-Shellyard-Next-Offset"
-H_SIZE = "X-Shellyard-Size"
-H_COMPLETE = "X-Shellyard-Complete"
-#: Request header of the upload endpoints (their body is the raw byte stream): the other
-#: arguments as ASCII JSON.
-H_ARGS = "X-Shellyard-Args"
 #: Printed (stderr) once the runner is started and the socket accepts requests.
 READY_PREFIX = "shellyard runner daemon ready on "
-
-
-# --- wire messages (the request bodies; responses are the protocol's own models) ---
-
-
-class ExecutionRef(BaseModel):
-    execution_id: str
-
-
-class WaitRequest(BaseModel):
-    execution_id: str
-    timeout_s: float = Field(allow_inf_nan=False)
-
-
-class WorkspaceRef(BaseModel):
-    workspace_id: str
-
-
-class LogRef(BaseModel):
-    execution_id: str
-    #: Any text: the runner itself refuses an unknown stream, with the same error as locally.
-    stream: str
-
-
-class LogReadRequest(LogRef):
-    offset: int
-    limit: int
-
-
-class LogSize(BaseModel):
-    size: int
-
-
-class PathRef(BaseModel):
-    workspace_id: str
-    seq: int | None = None
-    path: str
-
-
-class FileReadRequest(PathRef):
-    offset: int
-    limit: int
-
-
-class ListDirRequest(BaseModel):
-    workspace_id: str
-    seq: int | None = None
-    path: str = ""
-    recursive: bool = False
-    after: str | None = None
-    limit: int = 1000
-
-
-class DiffRequest(BaseModel):
-    workspace_id: str
-    from_seq: int
-    to_seq: int | None = None
-    path: str = ""
-    after: str | None = None
-    limit: int = 1000
-
-
-class ReadStreamRequest(PathRef):
-    offset: int = 0
-    length: int | None = None
-
-
-class WriteFileArgs(BaseModel):
-    workspace_id: str
-    path: str
-    mode: int | None = None
-
-
-class WriteTarArgs(BaseModel):
-    workspace_id: str
-    path: str = ""
-
-
-class DeleteRequest(BaseModel):
-    workspace_id: str
-    path: str
-    recursive: bool = False
-
-
-class MoveRequest(BaseModel):
-    workspace_id: str
-    source: str
-    destination: str
-    overwrite: bool = False
-
-
-class RestoreRequest(BaseModel):
-    workspace_id: str
-    seq: int
-    path: str = ""
-
-
-class NoArgs(BaseModel):
-    """The arguments of an upload that has none besides its body."""
-
-
-class ObjectList(BaseModel):
-    sha256s: list[str]
-
-
-class ObjectResults(BaseModel):
-    results: list[ObjectResult]
-
-
-class SnapshotList(BaseModel):
-    snapshots: list[SnapshotInfo]
-
-
-class ApplyRequest(BaseModel):
-    workspace_id: str
-    entries: list[ApplyEntry]
-
-
-class PruneRequest(BaseModel):
-    workspace_id: str
-    keep: list[int]
-
-
-class GcRequest(BaseModel):
-    grace_s: float = Field(ge=0, allow_inf_nan=False)
-
-
-class ChangeRef(BaseModel):
-    change_id: str
-
-
-class ChangeWaitRequest(BaseModel):
-    change_id: str
-    timeout_s: float = Field(allow_inf_nan=False)
-
-
-class EnvironmentRef(BaseModel):
-    environment_id: str
 
 
 # --- token ---
@@ -247,54 +106,71 @@ def load_or_create_token(path: Path) -> str:
 
 
 def _error_response(error: ShellyardError, status: int | None = None) -> JSONResponse:
-    headers = {"WWW-Authenticate": "Bearer"} if isinstance(error, Unauthorized) else None
+    headers = {"WWW-Authenticate": SCHEME} if isinstance(error, Unauthorized) else None
     return JSONResponse(
-        jsonable_encoder(error.to_dict()),
+        jsonable_encoder(encode_error(error)),
         status_code=status or error.http_status,
         headers=headers,
     )
 
 
-def _bearer_check(token: str) -> Callable[[Request], None]:
-    expected = token.encode("utf-8")
-
-    def check(request: Request) -> None:
-        header = request.headers.get("authorization", "")
-        scheme, _, given = header.partition(" ")
-        if scheme.lower() != "bearer" or not given:
-            raise Unauthorized(
-                "this runner daemon needs 'Authorization: Bearer <token>'; the token is in the "
-                "daemon's token file (<root>/token on the runner host unless set otherwise)"
-            )
-        # Constant-time compare so the token cannot be guessed byte by byte from timings.
-        if not hmac.compare_digest(given.strip().encode("utf-8"), expected):
-            raise Unauthorized(
-                "wrong bearer token for this runner daemon; use the token from its token "
-                "file (<root>/token on the runner host unless set otherwise)"
-            )
-
-    return check
-
-
-def _bytes_response(
-    data: bytes, offset: int, next_offset: int, size: int, complete: bool | None = None
-) -> Response:
-    headers = {H_OFFSET: str(offset), H_NEXT_OFFSET: str(next_offset), H_SIZE: str(size)}
-    if complete is not None:
-        headers[H_COMPLETE] = "true" if complete else "false"
-    return Response(content=data, media_type="application/octet-stream", headers=headers)
-
-
-def _upload_args(request: Request, model: type[M]) -> M:
-    """The arguments of an upload endpoint, from its ``X-Shellyard-Args`` header."""
+def _parse(op: Operation, raw: bytes | str, source: str) -> BaseModel:
     try:
-        return model.model_validate(json.loads(request.headers.get(H_ARGS, "{}")))
-    except (ValueError, ValidationError) as exc:
-        raise InvalidInput(f"bad {H_ARGS} header for {request.url.path}: {exc}") from None
+        return op.request.model_validate_json(raw or b"{}")
+    except ValidationError as exc:
+        problems = validation_message(exc.errors())
+        raise InvalidInput(f"bad {source} for {op.path}: {problems}") from None
 
 
-def _stream_response(stream: ByteStream) -> StreamingResponse:
-    return StreamingResponse(stream, media_type="application/octet-stream")
+def _answer(op: Operation, result: Any) -> Response:
+    """The HTTP answer of ``op`` for the Runner method's ``result``."""
+    if op.kind == "download":
+        return StreamingResponse(result, media_type="application/octet-stream")
+    if op.kind == "chunk":
+        headers = {
+            chunk_header(name): (str(value).lower() if isinstance(value, bool) else str(value))
+            for name, value in result
+            if name != "data"
+        }
+        return Response(result.data, media_type="application/octet-stream", headers=headers)
+    if result is None and op.nullable:
+        return Response(b"null", media_type="application/json")
+    if op.unwrap is not None:
+        assert op.response is not None  # the table gives every unwrapped answer a model
+        result = op.response(**{op.unwrap: result})
+    return Response(result.model_dump_json(), media_type="application/json")
+
+
+def _endpoint(
+    runner: Runner, op: Operation, verifier: Verifier
+) -> Callable[[Request], Awaitable[Response]]:
+    method = getattr(runner, op.name)
+    policy = getattr(runner, "policy", None)
+
+    async def endpoint(request: Request) -> Response:
+        # The signature is checked before the body is read (R4).
+        signed = verifier.check_headers(request.method, op.path, request.headers)
+        if op.kind == "upload":
+            verifier.check_body(signed, None)
+            body = _parse(op, request.headers.get(H_ARGS, "{}"), f"{H_ARGS} header")
+            kwargs = arguments(op, body)
+            kwargs["data"] = request.stream()
+        else:
+            raw = await request.body()
+            verifier.check_body(signed, raw)
+            body = _parse(op, raw, "request to the runner daemon")
+            kwargs = arguments(op, body)
+        if isinstance(body, LongPoll):
+            # Capped so no proxy or client read timeout has to outlast it; the client loops.
+            kwargs["timeout_s"] = min(body.timeout_s, WAIT_CAP_S)
+        result = await method(**kwargs)
+        if op.name == "info" and result.limits is None and isinstance(policy, SandboxPolicy):
+            # What ``runner show`` reports as the runner's limits.
+            result = result.model_copy(update={"limits": policy})
+        return _answer(op, result)
+
+    endpoint.__name__ = op.name
+    return endpoint
 
 
 def create_runner_app(
@@ -305,7 +181,7 @@ def create_runner_app(
     close_runner: bool = False,
     ready_url: str | None = None,
 ) -> FastAPI:
-    """Serve ``runner`` over HTTP, one endpoint per protocol method.
+    """Serve ``runner`` over HTTP, one endpoint per operation of ``wire.OPERATIONS``.
 
     ``on_startup`` runs in the server's event loop before the first request (start a
     LocalRunner there, so its tasks live in that loop); ``close_runner`` makes shutdown call
@@ -313,6 +189,7 @@ def create_runner_app(
     """
     if not token:
         raise InvalidInput("the runner daemon needs a non-empty token")
+    verifier = Verifier(token.encode("utf-8"))
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -331,7 +208,6 @@ def create_runner_app(
     app = FastAPI(
         title="shellyard runner daemon",
         lifespan=lifespan,
-        dependencies=[Depends(_bearer_check(token))],
         docs_url=None,
         redoc_url=None,
         openapi_url=None,
@@ -340,13 +216,6 @@ def create_runner_app(
     async def on_shellyard_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, ShellyardError)
         return _error_response(exc)
-
-    async def on_validation_error(request: Request, exc: Exception) -> Response:
-        assert isinstance(exc, RequestValidationError)
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in e.get('loc', ()))}: {e.get('msg')}" for e in exc.errors()
-        )
-        return _error_response(InvalidInput(f"bad request to the runner daemon: {problems}"))
 
     async def on_http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, StarletteHTTPException)
@@ -362,161 +231,10 @@ def create_runner_app(
         return _error_response(error)
 
     app.add_exception_handler(ShellyardError, on_shellyard_error)
-    app.add_exception_handler(RequestValidationError, on_validation_error)
     app.add_exception_handler(StarletteHTTPException, on_http_error)
     app.add_exception_handler(Exception, on_unexpected)
-
-    p = API_PREFIX
-
-    @app.post(f"{p}/info")
-    async def info() -> RunnerInfo:
-        return await runner.info()
-
-    @app.post(f"{p}/ensure_workspace")
-    async def ensure_workspace(body: WorkspaceRef) -> SnapshotInfo:
-        return await runner.ensure_workspace(body.workspace_id)
-
-    @app.post(f"{p}/start")
-    async def start(body: StartRequest) -> RunnerExecution:
-        return await runner.start(body)
-
-    @app.post(f"{p}/status")
-    async def status(body: ExecutionRef) -> RunnerExecution:
-        return await runner.status(body.execution_id)
-
-    @app.post(f"{p}/wait")
-    async def wait(body: WaitRequest) -> RunnerExecution:
-        # A long poll, capped so no proxy or client read timeout has to outlast it.
-        return await runner.wait(body.execution_id, min(body.timeout_s, WAIT_CAP_S))
-
-    @app.post(f"{p}/cancel")
-    async def cancel(body: ExecutionRef) -> RunnerExecution:
-        return await runner.cancel(body.execution_id)
-
-    @app.post(f"{p}/read_log")
-    async def read_log(body: LogReadRequest) -> Response:
-        stream = cast(LogStream, body.stream)
-        c = await runner.read_log(body.execution_id, stream, body.offset, body.limit)
-        return _bytes_response(c.data, c.offset, c.next_offset, c.size, c.complete)
-
-    @app.post(f"{p}/log_size")
-    async def log_size(body: LogRef) -> LogSize:
-        return LogSize(size=await runner.log_size(body.execution_id, cast(LogStream, body.stream)))
-
-    @app.post(f"{p}/commit")
-    async def commit(body: WorkspaceRef) -> SnapshotInfo:
-        return await runner.commit(body.workspace_id)
-
-    @app.post(f"{p}/head")
-    async def head(body: WorkspaceRef) -> SnapshotInfo:
-        return await runner.head(body.workspace_id)
-
-    @app.post(f"{p}/stat_path")
-    async def stat_path(body: PathRef) -> PathEntry | None:
-        return await runner.stat_path(body.workspace_id, body.seq, body.path)
-
-    @app.post(f"{p}/read_file")
-    async def read_file(body: FileReadRequest) -> Response:
-        c = await runner.read_file(body.workspace_id, body.seq, body.path, body.offset, body.limit)
-        return _bytes_response(c.data, c.offset, c.next_offset, c.size)
-
-    # --- files, history, transfers: byte streams are raw bodies, both ways ---
-
-    @app.post(f"{p}/list_snapshots")
-    async def list_snapshots(body: WorkspaceRef) -> SnapshotList:
-        return SnapshotList(snapshots=await runner.list_snapshots(body.workspace_id))
-
-    @app.post(f"{p}/list_dir")
-    async def list_dir(body: ListDirRequest) -> DirListing:
-        return await runner.list_dir(
-            body.workspace_id, body.seq, body.path, body.recursive, body.after, body.limit
-        )
-
-    @app.post(f"{p}/diff")
-    async def diff(body: DiffRequest) -> DiffResult:
-        return await runner.diff(
-            body.workspace_id, body.from_seq, body.to_seq, body.path, body.after, body.limit
-        )
-
-    @app.post(f"{p}/read_stream")
-    async def read_stream(body: ReadStreamRequest) -> StreamingResponse:
-        stream = await runner.read_stream(
-            body.workspace_id, body.seq, body.path, body.offset, body.length
-        )
-        return _stream_response(stream)
-
-    @app.post(f"{p}/export_tar")
-    async def export_tar(body: PathRef) -> StreamingResponse:
-        return _stream_response(await runner.export_tar(body.workspace_id, body.seq, body.path))
-
-    @app.post(f"{p}/write_file")
-    async def write_file(request: Request) -> EditResult:
-        args = _upload_args(request, WriteFileArgs)
-        return await runner.write_file(args.workspace_id, args.path, request.stream(), args.mode)
-
-    @app.post(f"{p}/write_tar")
-    async def write_tar(request: Request) -> EditResult:
-        args = _upload_args(request, WriteTarArgs)
-        return await runner.write_tar(args.workspace_id, args.path, request.stream())
-
-    @app.post(f"{p}/delete_path")
-    async def delete_path(body: DeleteRequest) -> EditResult:
-        return await runner.delete_path(body.workspace_id, body.path, body.recursive)
-
-    @app.post(f"{p}/move_path")
-    async def move_path(body: MoveRequest) -> EditResult:
-        return await runner.move_path(
-            body.workspace_id, body.source, body.destination, body.overwrite
-        )
-
-    @app.post(f"{p}/restore")
-    async def restore(body: RestoreRequest) -> EditResult:
-        return await runner.restore(body.workspace_id, body.seq, body.path)
-
-    @app.post(f"{p}/missing_objects")
-    async def missing_objects(body: ObjectList) -> ObjectList:
-        return ObjectList(sha256s=await runner.missing_objects(body.sha256s))
-
-    @app.post(f"{p}/export_objects")
-    async def export_objects(body: ObjectList) -> StreamingResponse:
-        return _stream_response(await runner.export_objects(body.sha256s))
-
-    @app.post(f"{p}/import_objects")
-    async def import_objects(request: Request) -> ObjectResults:
-        return ObjectResults(results=await runner.import_objects(request.stream()))
-
-    @app.post(f"{p}/apply_entries")
-    async def apply_entries(body: ApplyRequest) -> ApplyResult:
-        return await runner.apply_entries(body.workspace_id, body.entries)
-
-    @app.post(f"{p}/prune_snapshots")
-    async def prune_snapshots(body: PruneRequest) -> PruneResult:
-        return await runner.prune_snapshots(body.workspace_id, body.keep)
-
-    @app.post(f"{p}/collect_garbage")
-    async def collect_garbage(body: GcRequest) -> GcResult:
-        return await runner.collect_garbage(body.grace_s)
-
-    # --- managed environments (V1–V8) ---
-
-    @app.post(f"{p}/environment_change")
-    async def environment_change(body: EnvironmentChangeRequest) -> EnvironmentChange:
-        return await runner.environment_change(body)
-
-    @app.post(f"{p}/environment_change_status")
-    async def environment_change_status(body: ChangeRef) -> EnvironmentChange:
-        return await runner.environment_change_status(body.change_id)
-
-    @app.post(f"{p}/environment_change_wait")
-    async def environment_change_wait(body: ChangeWaitRequest) -> EnvironmentChange:
-        # A long poll, capped like ``wait``.
-        timeout_s = min(body.timeout_s, WAIT_CAP_S)
-        return await runner.environment_change_wait(body.change_id, timeout_s)
-
-    @app.post(f"{p}/environment_info")
-    async def environment_info(body: EnvironmentRef) -> EnvironmentInfo:
-        return await runner.environment_info(body.environment_id)
-
+    for op in OPERATIONS.values():
+        app.add_api_route(op.path, _endpoint(runner, op, verifier), methods=["POST"])
     return app
 
 
@@ -531,10 +249,12 @@ def make_runner_server(
     *,
     log_level: str = "info",
     hidden: list[Path] | None = None,
+    tls: tuple[Path, Path] | None = None,
 ) -> uvicorn.Server:
     """A uvicorn server around a new ``LocalRunner(root, policy)``, ready to ``serve([sock])``.
 
     The runner is started in the server's event loop (lifespan) and closed on shutdown.
+    ``tls``: (certificate, key) PEM files; the daemon then speaks HTTPS (R4 off loopback).
     """
     from shellyard.runner.local import LocalRunner  # the heavy part; only the daemon needs it
 
@@ -544,10 +264,12 @@ def make_runner_server(
         token,
         on_startup=runner.startup,
         close_runner=True,
-        ready_url=socket_url(sock),
+        ready_url=_url(sock).replace("http://", "https://") if tls else _url(sock),
     )
     config = uvicorn.Config(
         app,
+        ssl_certfile=str(tls[0]) if tls else None,
+        ssl_keyfile=str(tls[1]) if tls else None,
         log_level=log_level,
         access_log=False,
         # Longer than the client's keep-alive expiry, so the client never reuses a
@@ -559,6 +281,32 @@ def make_runner_server(
     return uvicorn.Server(config)
 
 
+def bind_unix_socket(path: Path) -> socket.socket:
+    """Listen on a Unix socket at ``path`` (0600: only the daemon's user may connect; the SSH
+    server, logged in as that user, forwards to it). A stale socket file is replaced."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.is_socket():
+        path.unlink()
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old_umask = os.umask(0o177)
+    try:
+        sock.bind(str(path))
+    except OSError:
+        sock.close()
+        raise
+    finally:
+        os.umask(old_umask)
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+def _url(sock: socket.socket) -> str:
+    if sock.family == socket.AF_UNIX:
+        return f"unix:{sock.getsockname()}"
+    return socket_url(sock)
+
+
 def serve_runner(
     root: Path,
     policy: SandboxPolicy,
@@ -568,6 +316,8 @@ def serve_runner(
     *,
     log_level: str = "info",
     hidden: list[Path] | None = None,
+    unix_socket: Path | None = None,
+    tls: tuple[Path, Path] | None = None,
 ) -> None:
     """Run a runner daemon for ``root`` until SIGINT/SIGTERM (blocking).
 
@@ -577,8 +327,10 @@ def serve_runner(
     root.mkdir(parents=True, exist_ok=True)
     if token is None:
         token = load_or_create_token(root / TOKEN_FILE_NAME)
-    sock = bind_socket(host, port)
-    server = make_runner_server(root, policy, token, sock, log_level=log_level, hidden=hidden)
+    sock = bind_unix_socket(unix_socket) if unix_socket else bind_socket(host, port)
+    server = make_runner_server(
+        root, policy, token, sock, log_level=log_level, hidden=hidden, tls=tls
+    )
     try:
         asyncio.run(server.serve(sockets=[sock]))
     finally:
@@ -592,6 +344,8 @@ def run_runner_daemon(
     token_file: Path | None,
     network: str,
     host_paths: Sequence[str] = (),
+    unix_socket: Path | None = None,
+    tls: tuple[Path, Path] | None = None,
 ) -> None:
     """What ``shellyard runner serve`` calls: serve ``root`` with the token from ``token_file``
     (default ``<root>/token``, created on first start), the given network mode (off, egress,
@@ -612,7 +366,16 @@ def run_runner_daemon(
     token = load_or_create_token(token_path)
     # A token file outside the root would otherwise be readable by a sandbox running as the
     # daemon's own (non-root) user.
-    serve_runner(root, policy, host, port, token, hidden=[token_path])
+    serve_runner(
+        root,
+        policy,
+        host,
+        port,
+        token,
+        hidden=[token_path, *(tls or ())],
+        unix_socket=unix_socket,
+        tls=tls,
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -624,6 +387,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--root", type=Path, required=True)
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=8765)
+    ap.add_argument("--socket", type=Path, default=None, help="listen on this Unix socket")
+    ap.add_argument("--tls-cert", type=Path, default=None)
+    ap.add_argument("--tls-key", type=Path, default=None)
     ap.add_argument("--token-file", type=Path, default=None)
     ap.add_argument("--network", choices=("off", "egress", "host", "on"), default="off")
     ap.add_argument("--host-path", action="append", default=[])
@@ -640,7 +406,16 @@ def main(argv: Sequence[str] | None = None) -> None:
             network=parse_network(args.network, "--network"), host_paths=list(args.host_path)
         )
     token = load_or_create_token(args.token_file or root / TOKEN_FILE_NAME)
-    serve_runner(root, policy, args.host, args.port, token, log_level=args.log_level)
+    serve_runner(
+        root,
+        policy,
+        args.host,
+        args.port,
+        token,
+        log_level=args.log_level,
+        unix_socket=args.socket,
+        tls=(args.tls_cert, args.tls_key) if args.tls_cert else None,
+    )
 
 
 if __name__ == "__main__":

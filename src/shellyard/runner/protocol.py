@@ -196,6 +196,8 @@ class RunnerInfo(BaseModel):
     sandbox: str
     network: NetworkMode
     sandbox_uid: int
+    #: The sandbox policy it applies (filled by the runner daemon for ``runner show``).
+    limits: SandboxPolicy | None = None
 
 
 @runtime_checkable

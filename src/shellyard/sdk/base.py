@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import copy
 import functools
-import json
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Generic, ParamSpec, Self, TypeVar, overload
@@ -22,7 +21,7 @@ from typing import Any, Generic, ParamSpec, Self, TypeVar, overload
 import httpx
 from pydantic import BaseModel, TypeAdapter
 
-from shellyard.errors import RunnerUnavailable, ShellyardError, error_from_dict
+from shellyard.errors import RunnerUnavailable, ShellyardError, decode_error
 
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -61,14 +60,13 @@ def raise_for(status: int, body: bytes | str) -> None:
     """Raise the ``ShellyardError`` the server described, or a plain one for a foreign answer."""
     if status < 400:
         return
-    try:
-        error = json.loads(body)["error"]
-    except (ValueError, KeyError, TypeError):
+    error = decode_error(body)
+    if error is None:
         text = body[:200]
         if status >= 500:
             raise RunnerUnavailable(f"the control plane answered {status}: {text!r}") from None
         raise ShellyardError(f"HTTP {status}: {text!r}") from None
-    raise error_from_dict(error)
+    raise error
 
 
 def decode(response: httpx.Response, request: _Call[T]) -> T:

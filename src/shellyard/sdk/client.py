@@ -20,9 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Self
 
-from pydantic import BaseModel, TypeAdapter
+from pydantic import TypeAdapter
 
 from shellyard.contract.executions import ExecutionView, LogsResult, RunShellResult
+from shellyard.contract.runners import RunnerView
 from shellyard.sdk.base import (
     WAIT_SLACK_S,
     AsyncSender,
@@ -38,26 +39,17 @@ from shellyard.sdk.files import (
     FileOps,
     FileStreams,
 )
+from shellyard.sdk.runners import RunnerOps
 from shellyard.sdk.sessions import AsyncSessionStreams, SessionOps, SessionStreams
 from shellyard.sdk.tokens import TokenOps
 
 __all__ = ["WAIT_SLACK_S", "AsyncClient", "Client", "RunnerView", "_Call"]
 
 
-class RunnerView(BaseModel):
-    """A runner the control plane sends executions to (``local`` or a ``direct`` daemon)."""
-
-    runner_id: str
-    kind: str
-    address: str | None
-
-
 _RUN = TypeAdapter(RunShellResult)
 _VIEW = TypeAdapter(ExecutionView)
 _VIEWS = TypeAdapter(list[ExecutionView])
 _LOGS = TypeAdapter(LogsResult)
-_RUNNER = TypeAdapter(RunnerView)
-_RUNNERS = TypeAdapter(list[RunnerView])
 
 
 def _run(command: str | None = None, **options: Any) -> _Call[RunShellResult]:
@@ -101,14 +93,8 @@ def _list(limit: int = 100) -> _Call[list[ExecutionView]]:
     return call("GET", "/v1/executions", _VIEWS, {"limit": limit})
 
 
-def _add_runner(runner_id: str, address: str, token: str) -> _Call[RunnerView]:
-    """Register a runner daemon reached directly over HTTP (its ROOT/token file's token)."""
-    body = {"runner_id": runner_id, "address": address, "token": token}
-    return call("POST", "/v1/runners", _RUNNER, body=body)
-
-
 class ExecutionOps:
-    """Executions and runners."""
+    """Executions."""
 
     run = Op(_run)
     status = Op(_status)
@@ -116,8 +102,6 @@ class ExecutionOps:
     logs = Op(_logs)
     cancel = Op(_cancel)
     list = Op(_list)
-    runners = Op(lambda: call("GET", "/v1/runners", _RUNNERS))
-    add_runner = Op(_add_runner)
 
 
 @dataclass
@@ -162,6 +146,7 @@ def _home_server(home: Path | None) -> tuple[str, str]:
 
 class Client(
     ExecutionOps,
+    RunnerOps,
     SessionOps,
     FileOps,
     FileDownloads,
@@ -214,6 +199,7 @@ class Client(
 
 class AsyncClient(
     ExecutionOps,
+    RunnerOps,
     SessionOps,
     FileOps,
     FileDownloads,

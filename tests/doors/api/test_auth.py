@@ -51,6 +51,7 @@ SCOPED_IDS = {
 #: Only the admin token may call these (403 for every other token).
 ADMIN_ONLY = {
     ("POST", "/v1/runners"),
+    ("POST", "/v1/runners/remove"),
     ("POST", "/v1/sessions"),
     ("POST", "/v1/retention"),
 }

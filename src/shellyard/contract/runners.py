@@ -1,0 +1,65 @@
+"""What the runner operations take and return: the one ``RunnerView`` of REST, the SDK, the
+CLI and MCP, and the one request that registers a runner (docs/runners.md)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+RunnerState = Literal["up", "unreachable", "unknown"]
+
+
+class RunnerAddRequest(BaseModel):
+    """Register a runner daemon: ``direct`` (http:// on loopback, https:// elsewhere, its
+    certificate pinned) or ``ssh`` (ssh://USER@HOST[:PORT]/SOCKET or ...?port=N)."""
+
+    runner_id: str = Field(
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$",
+        description="a name of your choice: letters, digits, '_', '.', '-'",
+    )
+    address: str = Field(
+        pattern=r"^(https?|ssh)://[!-~]+$",
+        description="http(s)://HOST:PORT of a direct daemon, or ssh://USER@HOST[:PORT]/SOCKET",
+    )
+    token: str = Field(
+        pattern=r"^[!-~]+$",
+        description="the daemon's key (its ROOT/token file); it signs requests, never sent",
+    )
+    identity: str | None = Field(
+        default=None, description="ssh: the private key file, on the control plane's host"
+    )
+    known_hosts: str | None = Field(
+        default=None, description="ssh: the known-hosts file that holds the host's key"
+    )
+    accept_new: bool = Field(
+        default=False, description="ssh: add an unknown host key to known_hosts instead of refusing"
+    )
+    tls_fingerprint: str | None = Field(
+        default=None,
+        pattern=r"^(SHA256:|sha256:)?[0-9A-Fa-f:]{64,95}$",
+        description="https: the daemon certificate's SHA-256; omitted, the one presented is pinned",
+    )
+
+
+class RunnerView(BaseModel):
+    """A runner the control plane sends executions to (``local`` or a registered daemon)."""
+
+    runner_id: str
+    kind: str
+    address: str | None
+    #: ``up`` answered its last heartbeat; ``unreachable`` since ``unreachable_since``;
+    #: ``unknown`` not asked yet.
+    state: RunnerState = "unknown"
+    unreachable_since: float | None = None
+    last_seen: float | None = None
+    last_error: str | None = None
+    version: str | None = None
+    #: Sandbox capabilities: the sandbox kind and the network policy of its commands.
+    sandbox: str | None = None
+    network: str | None = None
+    #: The sandbox limits (rlimits, grace period) the runner applies, when it reports them.
+    limits: dict[str, Any] | None = None
+    running_executions: int = 0
+    #: The pinned identity: an ssh host key's or a TLS certificate's SHA-256.
+    fingerprint: str | None = None
