@@ -98,10 +98,14 @@ def mcp(
 
 
 # Every verb module registers its verbs on the app; none of them imports this module.
+from shellyard.cli import backup as backup_verbs  # noqa: E402
 from shellyard.cli import environments, files, sessions, shell_call, tokens  # noqa: E402
+from shellyard.cli import gc as gc_verb  # noqa: E402
 
 for module in (executions, runners, sessions, files, shell_call, tokens, environments):
     module.register(app)
+for operations in (gc_verb, backup_verbs):  # docs/operations.md
+    operations.register(app)
 
 # Every verb is registered: group them for --help.
 arrange(app)

@@ -107,6 +107,8 @@ class ExecutionView(BaseModel):
     created_at: float
     started_at: float | None = None
     finished_at: float | None = None
+    #: Set when retention deleted the execution's logs (docs/operations.md).
+    logs_pruned_at: float | None = None
 
 
 class RunShellResult(ExecutionView):
@@ -124,3 +126,6 @@ class LogsResult(BaseModel):
     size: int
     complete: bool
     state: ExecutionState
+    #: Set when retention deleted the execution's logs (docs/operations.md): ``data`` is empty
+    #: and stays so; the record itself still reads.
+    logs_pruned_at: float | None = None

@@ -45,6 +45,8 @@ from shellyard.runner.protocol import (
     EnvironmentChangeRequest,
     EnvironmentInfo,
     GcResult,
+    LogPruneRequest,
+    LogPruneResult,
     LogStream,
     ObjectResult,
     PathEntry,
@@ -495,6 +497,10 @@ def create_runner_app(
     @app.post(f"{p}/collect_garbage")
     async def collect_garbage(body: GcRequest) -> GcResult:
         return await runner.collect_garbage(body.grace_s)
+
+    @app.post(f"{p}/prune_logs")
+    async def prune_logs(body: LogPruneRequest) -> LogPruneResult:
+        return await runner.prune_logs(body)
 
     # --- managed environments (V1–V8) ---
 

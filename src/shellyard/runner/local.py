@@ -41,7 +41,7 @@ from shellyard.errors import (
     WorkspaceBusy,
 )
 from shellyard.paths import normalize_relative
-from shellyard.runner import history, objects, processes, sandbox
+from shellyard.runner import history, objects, processes, retention, sandbox
 from shellyard.runner.edits import Editor
 from shellyard.runner.environments import EnvironmentStore
 from shellyard.runner.objects import PackImporter, StoreLock, aiter_thread
@@ -59,6 +59,8 @@ from shellyard.runner.protocol import (
     FileChunk,
     GcResult,
     LogChunk,
+    LogPruneRequest,
+    LogPruneResult,
     LogStream,
     ObjectResult,
     PathEntry,
@@ -412,6 +414,13 @@ class LocalRunner:
             objects.collect_garbage, self._snapshots, self._store_lock, grace_s
         )
 
+    async def prune_logs(self, request: LogPruneRequest) -> LogPruneResult:
+        for execution_id in request.execution_ids:
+            _check_id(execution_id, "execution id")
+        # Never one the runner still watches: only finished folders (result.json) go.
+        ids = [e for e in request.execution_ids if e not in self._live]
+        return await asyncio.to_thread(retention.prune_logs, self._executions, ids, request.forget)
+
     # ----------------------------------------------------------------- executions
 
     async def start(self, request: StartRequest) -> RunnerExecution:
@@ -596,7 +605,11 @@ class LocalRunner:
             users.discard(execution_id)
             if not users:
                 self._environment_users.pop(live.environment_id, None)
+        live.popen = None
         live.done.set()
+        # result.json answers from now on: a finished execution holds no memory here.
+        if self._live.get(execution_id) is live:
+            del self._live[execution_id]
 
     def _running(self, execution_id: str, live: _Live) -> RunnerExecution:
         return RunnerExecution(
@@ -693,6 +706,8 @@ class LocalRunner:
             raise InvalidInput(f"unknown log stream {stream!r}; use 'stdout' or 'stderr'")
         path = self._executions / execution_id / stream
         if not path.exists():
+            if (self._executions / execution_id / "result.json").exists():
+                raise NotFound(f"the logs of execution {execution_id} were deleted by retention")
             raise NotFound(f"no logs for execution {execution_id} on this runner")
         return path
 

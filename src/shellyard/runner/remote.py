@@ -67,6 +67,8 @@ from shellyard.runner.protocol import (
     FileChunk,
     GcResult,
     LogChunk,
+    LogPruneRequest,
+    LogPruneResult,
     LogStream,
     ObjectResult,
     PathEntry,
@@ -482,6 +484,9 @@ class RemoteRunner:
     async def collect_garbage(self, grace_s: float) -> GcResult:
         body = _body(GcRequest, grace_s=grace_s)
         return await self._call("collect_garbage", body, GcResult, self._slow)
+
+    async def prune_logs(self, request: LogPruneRequest) -> LogPruneResult:
+        return await self._call("prune_logs", request, LogPruneResult, self._slow)
 
     # --- managed environments (V1–V8) ---
 

@@ -94,9 +94,12 @@ executions = Table(
     Column("created_at", Float, nullable=False),
     Column("started_at", Float, nullable=True),
     Column("finished_at", Float, nullable=True),
+    # Retention: set when the runner deleted this execution's logs (revision 0006_retention).
+    Column("logs_pruned_at", Float, nullable=True),
     UniqueConstraint("agent_id", "idempotency_key", name="uq_execution_idempotency"),
 )
 Index("ix_executions_state", executions.c.state)
+Index("ix_executions_finished_at", executions.c.finished_at)
 Index("ix_executions_workspace_state", executions.c.workspace_id, executions.c.state)
 
 snapshots = Table(
