@@ -215,15 +215,19 @@ class RetentionService:
         held = (await runner.prune_logs(LogPruneRequest())).bytes_held or 0
         while policy.log_budget_bytes is not None and held > policy.log_budget_bytes:
             ids = await self.records.log_candidates(runner_id, None, None, BATCH)
-            freed = await self._prune_logs(runner_id, ids, report) if ids else None
+            excess = held - policy.log_budget_bytes
+            freed = await self._prune_logs(runner_id, ids, report, excess) if ids else None
             if not freed:
                 break
             held -= freed
         report.runner_log_bytes[runner_id] = held
 
-    async def _prune_logs(self, runner_id: str, ids: list[str], report: GcReport) -> int | None:
+    async def _prune_logs(
+        self, runner_id: str, ids: list[str], report: GcReport, free_bytes: int | None = None
+    ) -> int | None:
         """Bytes freed (None: the runner pruned none of them)."""
-        result = await self.runners.get(runner_id).prune_logs(LogPruneRequest(execution_ids=ids))
+        request = LogPruneRequest(execution_ids=ids, free_bytes=free_bytes)
+        result = await self.runners.get(runner_id).prune_logs(request)
         await self.records.mark_logs_pruned(result.pruned)
         report.logs_pruned += len(result.pruned)
         report.log_bytes_freed += result.bytes_freed

@@ -419,7 +419,9 @@ class LocalRunner:
             _check_id(execution_id, "execution id")
         # Never one the runner still watches: only finished folders (result.json) go.
         ids = [e for e in request.execution_ids if e not in self._live]
-        return await asyncio.to_thread(retention.prune_logs, self._executions, ids, request.forget)
+        return await asyncio.to_thread(
+            retention.prune_logs, self._executions, ids, request.forget, request.free_bytes
+        )
 
     # ----------------------------------------------------------------- executions
 

@@ -208,6 +208,9 @@ class LogPruneRequest(BaseModel):
 
     execution_ids: list[str] = Field(default_factory=list, max_length=10_000)
     forget: bool = False
+    #: Stop once this many bytes are freed (the ids are pruned in the order given, oldest
+    #: first: a size budget), None: prune them all.
+    free_bytes: int | None = Field(default=None, ge=0)
 
 
 class LogPruneResult(BaseModel):

@@ -11,11 +11,16 @@ from pathlib import Path
 from shellyard.runner.protocol import LogPruneResult
 
 
-def prune_logs(root: Path, execution_ids: list[str], forget: bool) -> LogPruneResult:
+def prune_logs(
+    root: Path, execution_ids: list[str], forget: bool, free_bytes: int | None = None
+) -> LogPruneResult:
     """Delete finished executions' logs and status files (all of the folder when
-    ``forget``); with no ids, measure what every folder holds."""
+    ``forget``), in order, until ``free_bytes`` are freed; with no ids, measure what every
+    folder holds."""
     result = LogPruneResult()
     for execution_id in execution_ids:
+        if free_bytes is not None and result.bytes_freed >= free_bytes:
+            break
         directory = root / execution_id
         if directory.exists() and not (directory / "result.json").is_file():
             continue  # not finished here: never pruned

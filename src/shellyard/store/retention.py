@@ -156,11 +156,14 @@ class RetentionRecords:
         if engine is None:
             return {}
         with engine.connect() as conn:
-            before = _sqlite_pages(conn)
-            conn.exec_driver_sql("PRAGMA incremental_vacuum").fetchall()
-            conn.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
-            after = _sqlite_pages(conn)
-            conn.commit()
+            driver = conn.connection.dbapi_connection
+            assert driver is not None
+            before = driver.execute("PRAGMA page_count").fetchone()[0]
+            # It frees one page per step, and execute() steps once (measured: 1 of 5,152);
+            # executescript steps it to the end.
+            driver.executescript("PRAGMA incremental_vacuum;")
+            driver.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+            after = driver.execute("PRAGMA page_count").fetchone()[0]
         return {"pages_before": before, "pages_after": after}
 
     async def prepare(self) -> bool:
@@ -180,10 +183,6 @@ class RetentionRecords:
             assert driver is not None
             driver.execute("VACUUM")  # outside any transaction, as VACUUM requires
         return True
-
-
-def _sqlite_pages(conn: Connection) -> int:
-    return int(conn.exec_driver_sql("PRAGMA page_count").scalar() or 0)
 
 
 def _mark_logs_pruned(conn: Connection, execution_ids: list[str]) -> None:
