@@ -31,7 +31,7 @@ def prune_logs(
             if entry.name == "result.json" and not forget:
                 continue
             with contextlib.suppress(FileNotFoundError):
-                result.bytes_freed += entry.lstat().st_size
+                result.bytes_freed += _disk_bytes(entry.lstat())
                 entry.unlink()
         if forget:
             with contextlib.suppress(OSError):
@@ -42,6 +42,12 @@ def prune_logs(
         with os.scandir(root) as folders:
             for folder in folders:
                 with contextlib.suppress(OSError), os.scandir(folder.path) as files:
-                    held += sum(f.stat(follow_symlinks=False).st_size for f in files)
+                    held += sum(_disk_bytes(f.stat(follow_symlinks=False)) for f in files)
         result.bytes_held = held
     return result
+
+
+def _disk_bytes(info: os.stat_result) -> int:
+    """What a file takes on disk (whole blocks): five small files of a finished execution
+    take about 20 KiB, 20 times their byte length (measured)."""
+    return int(info.st_blocks) * 512

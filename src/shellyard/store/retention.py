@@ -7,6 +7,7 @@ runs SQLite statements directly, see store.py) serves requests between two batch
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -149,21 +150,34 @@ class RetentionRecords:
             return None
         return Path(engine.url.database)
 
-    async def reclaim(self) -> dict[str, int]:
+    async def reclaim(self, pages_per_step: int = 2048) -> dict[str, int]:
         """SQLite: give freed pages back to the file system (incremental vacuum, then a WAL
-        checkpoint that truncates the log). PostgreSQL's autovacuum does this itself."""
+        checkpoint that truncates the log). PostgreSQL's autovacuum does this itself.
+
+        In steps of ``pages_per_step`` (8 MiB) with the event loop free in between: SQLite
+        runs on the loop's thread, and freeing 70 MiB in one statement took 2.5 s (measured)."""
         engine = self.store._sync
         if engine is None:
             return {}
-        with engine.connect() as conn:
-            driver = conn.connection.dbapi_connection
-            assert driver is not None
-            before = driver.execute("PRAGMA page_count").fetchone()[0]
-            # It frees one page per step, and execute() steps once (measured: 1 of 5,152);
-            # executescript steps it to the end.
-            driver.executescript("PRAGMA incremental_vacuum;")
-            driver.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
-            after = driver.execute("PRAGMA page_count").fetchone()[0]
+        before = after = 0
+        while True:
+            with engine.connect() as conn:
+                driver = conn.connection.dbapi_connection
+                assert driver is not None
+                pages, free = (
+                    driver.execute("PRAGMA page_count").fetchone()[0],
+                    driver.execute("PRAGMA freelist_count").fetchone()[0],
+                )
+                before = before or pages
+                after = pages
+                if not free:
+                    driver.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+                    break
+                # It frees one page per step and execute() steps once (measured: 1 of 5,152);
+                # executescript steps it to the end.
+                driver.executescript(f"PRAGMA incremental_vacuum({int(pages_per_step)});")
+                driver.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+            await asyncio.sleep(0)
         return {"pages_before": before, "pages_after": after}
 
     async def prepare(self) -> bool:
