@@ -166,3 +166,40 @@ def test_backup_and_restore_verbs(served_home: Path, home: Path) -> None:
         info = read_info(fresh)
         if info is not None and is_served(fresh):
             os.kill(info.pid, signal.SIGTERM)
+
+
+async def test_backup_and_restore_on_postgresql(home: Path, pg_schema: str) -> None:
+    """The same on PostgreSQL: ``pg_dump`` from an exported snapshot, ``pg_restore`` into an
+    empty database; the restored home serves every record with its logs and snapshot."""
+    import psycopg
+
+    from conftest import POSTGRES_URL
+
+    source = Settings(home=home / "a", database_url=POSTGRES_URL, database_schema=pg_schema)
+    async with ControlPlane.running(source) as plane:
+        done = [
+            await plane.executions.run_shell(RunShellRequest(command=f"echo {i} > p.txt; echo {i}"))
+            for i in range(3)
+        ]
+        report = await asyncio.to_thread(backup, source, home / "copy")
+    assert report.database == "postgresql" and report.executions == 3
+    database = f"restore_{pg_schema}"
+    with psycopg.connect(POSTGRES_URL, autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{database}"')
+    try:
+        url = POSTGRES_URL.rsplit("/", 1)[0] + f"/{database}"
+        target = Settings(home=home / "b", database_url=url, database_schema=pg_schema)
+        restore(target, home / "copy")
+        async with ControlPlane.running(target) as restored:
+            local = restored.runners.get("local")
+            for i, result in enumerate(done):
+                view = await restored.executions.status(result.execution_id)
+                assert view.state == "completed" and view.snapshot_seq == result.snapshot_seq
+                assert (await restored.executions.logs(result.execution_id)).data == f"{i}\n"
+                chunk = await local.read_file(
+                    result.workspace_id, result.snapshot_seq, "p.txt", 0, 9
+                )
+                assert bytes(chunk.data) == f"{i}\n".encode()
+    finally:
+        with psycopg.connect(POSTGRES_URL, autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
