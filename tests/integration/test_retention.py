@@ -206,3 +206,28 @@ def test_shellyard_gc_through_a_served_home(served_home: Path) -> None:
     assert logs.returncode == 0 and logs.stdout == ""
     text = sy(served_home, "gc")
     assert text.returncode == 0 and "pruned the logs of 0 executions" in text.stdout
+
+
+async def test_retention_on_postgresql_and_on_its_schedule(home: Path, pg_schema: str) -> None:
+    """The same queries on PostgreSQL, run by the service's own schedule (``interval_s``):
+    logs, then records past their age go without anyone calling gc."""
+    from conftest import POSTGRES_URL
+
+    policy = RetentionSettings(interval_s=0.5, log_days=0, record_days=None, event_days=0)
+    settings = Settings(
+        home=home / "home", database_url=POSTGRES_URL, database_schema=pg_schema, retention=policy
+    )
+    async with ControlPlane.running(settings) as plane:
+        made = [await plane.executions.run_shell(_request(f"echo {i}")) for i in range(2)]
+        for _ in range(100):
+            views = [await plane.executions.status(m.execution_id) for m in made]
+            if all(v.logs_pruned_at is not None for v in views):
+                break
+            await asyncio.sleep(0.1)
+        assert all(v.logs_pruned_at is not None for v in views), views
+        assert plane.retention is not None
+        report = await plane.retention.run(_no_snapshots(record_days=0))
+        assert report.records_deleted == 2 and report.database_bytes_after is None
+        for result in made:
+            with pytest.raises(Exception, match="no execution"):
+                await plane.executions.status(result.execution_id)

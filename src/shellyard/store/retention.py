@@ -47,11 +47,15 @@ class Cutoffs:
         cls, log_days: float, record_days: float, event_days: float, archived_days: float
     ) -> Cutoffs:
         now = time.time()
+
+        def before(days: float) -> float:
+            return max(0.0, now - days * 86400)  # infinite days: nothing is older than 1970
+
         return cls(
-            logs=now - log_days * 86400,
-            records=now - record_days * 86400,
-            events=now - event_days * 86400,
-            archived=now - archived_days * 86400,
+            logs=before(log_days),
+            records=before(record_days),
+            events=before(event_days),
+            archived=before(archived_days),
         )
 
 
