@@ -59,6 +59,17 @@ class RetentionSettings:
     keep_last: int = 100
     interval_s: float = 3600.0
     grace_s: float = 600.0
+    #: Execution logs and status files (docs/operations.md), every ``interval_s`` too: kept
+    #: this many days after the end and within this many bytes per runner (oldest go first);
+    #: None: no such limit. Never those an artifact, an unread notice or a reminder needs.
+    log_days: float | None = 30.0
+    log_budget_bytes: int | None = 10 << 30
+    #: Finished execution records (with their notice and runner folder).
+    record_days: float | None = 90.0
+    #: Session events, settled wakes with their deliveries, read notices, past timers.
+    event_days: float | None = 30.0
+    #: All of that of an archived session goes after this many days (archived sessions first).
+    archived_days: float | None = 7.0
 
 
 @dataclass

@@ -159,6 +159,9 @@ def create_app(
     from shellyard.api.tokens import tokens_router
 
     app.include_router(tokens_router(plane), dependencies=auth)
+    from shellyard.api.maintenance import maintenance_router  # gc, debug sizes (admin)
+
+    app.include_router(maintenance_router(plane), dependencies=auth)
     # MCP over streamable HTTP, the same tools as stdio, bound to each request's token.
     mcp_app = mount_mcp(app)
     document_bodies(app)

@@ -175,8 +175,10 @@ def mcp(
 # Every verb module registers its verbs on the app; none of them imports this module.
 from shellyard.cli import (  # noqa: E402
     artifacts,
+    backup,
     environments,
     files,
+    gc,
     sessions,
     shell_call,
     tokens,
@@ -193,6 +195,8 @@ VERB_MODULES = (
     shell_call,
     tokens,
     environments,
+    gc,  # docs/operations.md
+    backup,
 )
 for module in VERB_MODULES:
     module.register(app)

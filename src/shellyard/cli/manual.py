@@ -80,6 +80,9 @@ PANELS = {
     "mcp": "Serving",
     "runner": "Serving",
     "token": "Serving",
+    "gc": "Serving",
+    "backup": "Serving",
+    "restore": "Serving",
 }
 
 

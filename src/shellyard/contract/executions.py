@@ -105,6 +105,8 @@ class ExecutionView(BaseModel):
     finished_at: float | None = None
     #: Recorded when the execution ends; None while it runs and for older records.
     policy: ExecutionPolicyView | None = None
+    #: Set when retention deleted the execution's logs (docs/operations.md).
+    logs_pruned_at: float | None = None
 
 
 class RunShellResult(ExecutionView):
@@ -122,3 +124,6 @@ class LogsResult(BaseModel):
     size: int
     complete: bool
     state: ExecutionState
+    #: Set when retention deleted the execution's logs (docs/operations.md): ``data`` is empty
+    #: and stays so; the record itself still reads.
+    logs_pruned_at: float | None = None

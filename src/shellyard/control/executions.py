@@ -45,6 +45,8 @@ log = logging.getLogger(__name__)
 MAX_QUERY_FAILURES = 5
 #: Long-poll length of one runner ``wait`` call.
 WAIT_SLICE_S = 20.0
+#: (agent, runner) → workspace ids remembered; the oldest is forgotten beyond this.
+WORKSPACE_CACHE = 4096
 
 
 class EnvironmentGate(Protocol):
@@ -154,7 +156,6 @@ class ExecutionService:
                 "after it, or use another workspace",
                 holder=holder,
             )
-        self._finished[str(row["id"])] = asyncio.Event()
         if holder is None:
             row = await self._launch(row)
         return await self._respond(row, request)
@@ -213,7 +214,6 @@ class ExecutionService:
         execution_id = str(row["id"])
         if execution_id in self._watchers or self._closing:
             return
-        self._finished.setdefault(execution_id, asyncio.Event())
         task = asyncio.create_task(self._watch_loop(row), name=f"watch-{execution_id}")
         self._watchers[execution_id] = task
         task.add_done_callback(lambda _t: self._watchers.pop(execution_id, None))
@@ -377,15 +377,22 @@ class ExecutionService:
     async def _wait_watched(self, execution_id: str, timeout_s: float) -> None:
         """Wait for the end with a caller watching: a result that arrives during the wait is
         seen by that caller, so its notice is posted already read and wakes nobody (N3)."""
+        # The event lives only while someone waits for it (never past the execution's end):
+        # registered first, then the record read again, so an end committed in between is
+        # seen either by ``_signal`` or by that read.
         event = self._finished.setdefault(execution_id, asyncio.Event())
         self._foreground[execution_id] = self._foreground.get(execution_id, 0) + 1
         try:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(event.wait(), timeout=max(0.0, timeout_s))
+            fresh = await self.store.get_execution(execution_id)
+            if fresh is not None and not ExecutionState(fresh["state"]).terminal:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(event.wait(), timeout=max(0.0, timeout_s))
         finally:
             self._foreground[execution_id] -= 1
             if not self._foreground[execution_id]:
                 del self._foreground[execution_id]
+                if self._finished.get(execution_id) is event:
+                    del self._finished[execution_id]
 
     async def logs(
         self,
@@ -403,6 +410,20 @@ class ExecutionService:
         row = await self._owned(execution_id, agent_id)
         log_stream: LogStream = "stdout" if stream == "stdout" else "stderr"
         runner = self.runners.get(str(row["runner_id"]))
+        pruned_at = row.get("logs_pruned_at")
+        if pruned_at is not None:
+            # Retention deleted them (docs/operations.md): say so instead of failing the read.
+            return LogsResult(
+                execution_id=execution_id,
+                stream=log_stream,
+                data="",
+                offset=0,
+                next_offset=0,
+                size=0,
+                complete=True,
+                state=ExecutionState(row["state"]),
+                logs_pruned_at=pruned_at,
+            )
         if row["state"] == ExecutionState.queued or row["started_at"] is None:
             return LogsResult(
                 execution_id=execution_id,
@@ -480,6 +501,8 @@ class ExecutionService:
             workspace_id = str(row["id"])
             # Idempotent; once per process so a runner that lost the folder gets it back.
             await self.runners.get(runner_id).ensure_workspace(workspace_id)
+            if len(self._workspaces) >= WORKSPACE_CACHE:  # agents come and go for months
+                del self._workspaces[next(iter(self._workspaces))]
             self._workspaces[key] = workspace_id
         return workspace_id
 
@@ -510,4 +533,5 @@ def _view(row: Mapping[str, Any]) -> ExecutionView:
             if row.get("sandbox_policy")
             else None
         ),
+        logs_pruned_at=row.get("logs_pruned_at"),
     )

@@ -14,6 +14,7 @@ from shellyard.control.environments import EnvironmentService
 from shellyard.control.executions import ExecutionService
 from shellyard.control.files import FileService
 from shellyard.control.inbox import InboxService
+from shellyard.control.retention import RetentionService
 from shellyard.control.runners import RunnerRegistry
 from shellyard.control.sessions import SessionService
 from shellyard.control.timers import TimerService
@@ -23,6 +24,7 @@ from shellyard.control.wakes import WakeService
 from shellyard.runner.local import LocalRunner
 from shellyard.store import Store
 from shellyard.store.files import FileRecords
+from shellyard.store.retention import RetentionRecords
 
 
 class ControlPlane:
@@ -35,6 +37,7 @@ class ControlPlane:
         self._files: tuple[FileService, TransferService, ArtifactService] | None = None
         self._environments: EnvironmentService | None = None
         self._tokens: TokenService | None = None
+        self.retention: RetentionService | None = None
 
     @property
     def executions(self) -> ExecutionService:
@@ -102,6 +105,7 @@ class ControlPlane:
         self.store = await Store.open(
             settings.effective_database_url, schema_name=settings.database_schema
         )
+        await RetentionRecords(self.store).prepare()  # SQLite: incremental vacuum on
         self._runners = RunnerRegistry(self.store)
         self._tokens = TokenService(self.store)
         local = LocalRunner(
@@ -138,12 +142,18 @@ class ControlPlane:
         )
         await self.files.startup()
         await self.transfers.startup()
+        self.retention = RetentionService(
+            self.store, self._runners, settings.retention, settings.home, self.files
+        )
+        await self.retention.start()
         # After the executions re-attached: a reminder and a completion that both happened
         # while the service was down are ordered by their recorded times (N6, N7).
         await wakes.start()
         await timers.start()
 
     async def aclose(self) -> None:
+        if self.retention is not None:
+            await self.retention.aclose()
         if self._files is not None:
             await self.transfers.aclose()
             await self.files.aclose()

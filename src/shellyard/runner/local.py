@@ -31,7 +31,7 @@ from shellyard.errors import (
     SandboxUnavailable,
     WorkspaceBusy,
 )
-from shellyard.runner import history, objects, reach, sandbox
+from shellyard.runner import history, objects, reach, retention, sandbox
 from shellyard.runner.edits.editor import Editor
 from shellyard.runner.egress import EgressProxy
 from shellyard.runner.egress_rules import EgressRules
@@ -50,6 +50,8 @@ from shellyard.runner.protocol import (
     FileChunk,
     GcResult,
     LogChunk,
+    LogPruneRequest,
+    LogPruneResult,
     LogStream,
     ObjectResult,
     PathEntry,
@@ -399,6 +401,15 @@ class LocalRunner:
             raise InvalidInput(f"grace_s must be zero or more, not {grace_s!r}")
         return await asyncio.to_thread(
             objects.collect_garbage, self._snapshots, self._store_lock, grace_s
+        )
+
+    async def prune_logs(self, request: LogPruneRequest) -> LogPruneResult:
+        for execution_id in request.execution_ids:
+            check_id(execution_id, "execution id")
+        # Never one the runner still watches: only finished folders (result.json) go.
+        ids = [e for e in request.execution_ids if not self._runs.watches(e)]
+        return await asyncio.to_thread(
+            retention.prune_logs, self._executions, ids, request.forget, request.free_bytes
         )
 
     # ----------------------------------------------------------------- executions

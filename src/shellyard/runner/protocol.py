@@ -191,6 +191,28 @@ class GcResult(BaseModel):
     objects_young: int
 
 
+class LogPruneRequest(BaseModel):
+    """Retention of execution folders (docs/operations.md). The control plane chooses the
+    executions (it knows which records, artifacts and notices still need them); the runner
+    deletes only finished ones. ``forget`` removes the whole folder (the record is gone too);
+    otherwise the small ``result.json`` stays, so a retried start still never runs twice
+    (E10). No ids: only measure."""
+
+    execution_ids: list[str] = Field(default_factory=list, max_length=10_000)
+    forget: bool = False
+    #: Stop once this many bytes are freed (the ids are pruned in the order given, oldest
+    #: first: a size budget), None: prune them all.
+    free_bytes: int | None = Field(default=None, ge=0)
+
+
+class LogPruneResult(BaseModel):
+    #: Executions whose logs (and status files) are gone now.
+    pruned: list[str] = Field(default_factory=list)
+    bytes_freed: int = 0
+    #: Bytes all execution folders hold; measured only when no ids were given.
+    bytes_held: int | None = None
+
+
 class RunnerInfo(BaseModel):
     runner_version: str
     sandbox: str
@@ -299,6 +321,8 @@ class Runner(Protocol):
     async def prune_snapshots(self, workspace_id: str, keep: list[int]) -> PruneResult: ...
 
     async def collect_garbage(self, grace_s: float) -> GcResult: ...
+
+    async def prune_logs(self, request: LogPruneRequest) -> LogPruneResult: ...
 
     # --- managed environments (V1–V8) ---
 

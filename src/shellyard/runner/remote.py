@@ -33,6 +33,8 @@ from shellyard.runner.protocol import (
     FileChunk,
     GcResult,
     LogChunk,
+    LogPruneRequest,
+    LogPruneResult,
     LogStream,
     ObjectResult,
     PathEntry,
@@ -496,6 +498,9 @@ class RemoteRunner:
 
     async def collect_garbage(self, grace_s: float) -> GcResult:
         return cast(GcResult, await self._invoke("collect_garbage", grace_s=grace_s))
+
+    async def prune_logs(self, request: LogPruneRequest) -> LogPruneResult:
+        return cast(LogPruneResult, await self._invoke("prune_logs", request=request))
 
     # --- managed environments (V1–V8) ---
 

@@ -164,7 +164,11 @@ class Supervisor:
             users.discard(execution_id)
             if not users:
                 self.environment_users.pop(live.environment_id, None)
+        live.popen = None
         live.done.set()
+        # result.json answers from now on: a finished execution holds no memory here.
+        if self._live.get(execution_id) is live:
+            del self._live[execution_id]
 
     def _running(self, execution_id: str, live: LiveExecution) -> RunnerExecution:
         return RunnerExecution(
@@ -175,6 +179,10 @@ class Supervisor:
             started_at=live.started_at,
             policy=live.policy,
         )
+
+    def watches(self, execution_id: str) -> bool:
+        """Whether this execution is still live here (its folder must stay)."""
+        return execution_id in self._live
 
     async def status(self, execution_id: str) -> RunnerExecution:
         live = self._live.get(execution_id)
@@ -246,6 +254,8 @@ class Supervisor:
             raise InvalidInput(f"unknown log stream {stream!r}; use 'stdout' or 'stderr'")
         path = self._executions / execution_id / stream
         if not path.exists():
+            if (self._executions / execution_id / "result.json").exists():
+                raise NotFound(f"the logs of execution {execution_id} were deleted by retention")
             raise NotFound(f"no logs for execution {execution_id} on this runner")
         return path
 

@@ -37,6 +37,8 @@ from shellyard.runner.protocol import (
     FileChunk,
     GcResult,
     LogChunk,
+    LogPruneRequest,
+    LogPruneResult,
     ObjectResult,
     PathEntry,
     PruneResult,
@@ -274,6 +276,7 @@ OPERATIONS: dict[str, Operation] = _table(
     Operation("apply_entries", ApplyRequest, ApplyResult, slow=True),
     Operation("prune_snapshots", PruneRequest, PruneResult, slow=True),
     Operation("collect_garbage", GcRequest, GcResult, slow=True),
+    Operation("prune_logs", LogPruneRequest, LogPruneResult, whole=True, slow=True),
     # managed environments (V1–V8)
     Operation(
         "environment_change", EnvironmentChangeRequest, EnvironmentChange, whole=True, slow=True

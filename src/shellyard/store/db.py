@@ -146,6 +146,9 @@ def _migrate(conn: Connection, schema_name: str | None) -> None:
 
 def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
     cursor = dbapi_connection.cursor()
+    # Freed pages can go back to the file system (store/retention.py); effective only before
+    # the first table exists: an older file is converted once at start-up.
+    cursor.execute("PRAGMA auto_vacuum=INCREMENTAL")
     # WAL: readers never block the writer; NORMAL: a commit survives a process crash
     # (kill -9) without an fsync per transaction; only power loss can drop the last ones.
     cursor.execute("PRAGMA journal_mode=WAL")

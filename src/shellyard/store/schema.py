@@ -96,9 +96,12 @@ executions = Table(
     Column("finished_at", Float, nullable=True),
     # JSON of the sandbox policy it ran under (migration 0006).
     Column("sandbox_policy", Text, nullable=True),
+    # Retention: set when the runner deleted this execution's logs (revision 0006_retention).
+    Column("logs_pruned_at", Float, nullable=True),
     UniqueConstraint("agent_id", "idempotency_key", name="uq_execution_idempotency"),
 )
 Index("ix_executions_state", executions.c.state)
+Index("ix_executions_finished_at", executions.c.finished_at)
 Index("ix_executions_workspace_state", executions.c.workspace_id, executions.c.state)
 
 snapshots = Table(

@@ -54,6 +54,8 @@ ADMIN_ONLY = {
     ("POST", "/v1/runners/remove"),
     ("POST", "/v1/sessions"),
     ("POST", "/v1/retention"),
+    ("POST", "/v1/gc"),
+    ("GET", "/v1/debug/sizes"),
 }
 #: Operations that name no object: A's answer must not mention any of B's ids.
 NO_ID = {

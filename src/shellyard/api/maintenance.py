@@ -1,0 +1,37 @@
+"""REST endpoints for operators (admin tokens only): run retention now (``shellyard gc``),
+and the sizes of the structures that must stay flat while the service runs for months."""
+
+from typing import Any
+
+from fastapi import APIRouter, Depends
+
+from shellyard.api.auth import admin_only
+from shellyard.api.docs import body_doc
+from shellyard.api.sessions import parse
+from shellyard.control.retention import GcReport, GcRequest, structure_sizes
+from shellyard.control.service import ControlPlane
+from shellyard.runner.local import LocalRunner
+
+
+def maintenance_router(plane: ControlPlane) -> APIRouter:
+    router = APIRouter(dependencies=[Depends(admin_only)])
+
+    @router.post("/v1/gc", openapi_extra=body_doc(GcRequest))
+    async def gc(body: dict[str, Any]) -> GcReport:
+        """Apply the retention policy now (docs/operations.md); fields override it once."""
+        assert plane.retention is not None
+        return await plane.retention.run(parse(GcRequest, body))
+
+    @router.get("/v1/debug/sizes")
+    async def sizes() -> dict[str, int]:
+        """Sizes of per-execution structures, asyncio tasks, open fds, RSS of the server."""
+        local = next(
+            (r for r in map(plane.runners.get, plane.runners.ids()) if isinstance(r, LocalRunner)),
+            None,
+        )
+        return structure_sizes(plane, local)
+
+    return router
+
+
+__all__ = ["maintenance_router"]

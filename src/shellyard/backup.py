@@ -1,0 +1,310 @@
+"""``shellyard backup DEST`` and ``shellyard restore SRC`` (docs/operations.md).
+
+A backup is a folder: the database (an SQLite online-backup copy, or a ``pg_dump`` custom
+archive), the local runner's folder (snapshot manifests first, then the objects, execution
+folders, live workspace trees, environments) and ``backup.json``. It is taken while the home
+serves and restores to a state where every record the database copy holds has what it names:
+
+- the database is copied first, in one consistent read (SQLite's backup API in one step; for
+  PostgreSQL ``pg_dump`` from a snapshot exported by a transaction that also lists the
+  executions), so everything a finished record names already exists when the files are copied;
+- a retention pass cannot delete anything meanwhile (``maintenance.lock``), nor a garbage
+  collection any object (the snapshot store's ``gc.lock``, held shared);
+- an execution the copy shows unfinished gets a ``result.json`` saying it was running when the
+  backup was taken (so the restored control plane records it ``unknown`` instead of
+  re-attaching to a process of the original home); one the copy does not know is left out.
+
+Remote runners keep their folders on their own hosts: back those up there (docs/operations.md).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import sqlite3
+import stat
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from shellyard import __version__
+from shellyard.config import Settings
+from shellyard.control.retention import maintenance_lock
+from shellyard.errors import Conflict, InvalidInput, ShellyardError
+from shellyard.home import is_served
+from shellyard.runner.objects import StoreLock
+from shellyard.runner.protocol import RunnerExecState, RunnerExecution
+from shellyard.store.executions import TERMINAL_STATES
+
+MANIFEST = "backup.json"
+SQLITE_NAME = "shellyard.db"
+PG_NAME = "database.pgdump"
+RUNNER_DIR = Path("runners") / "local"
+#: Copy order inside the runner folder (manifests before the objects they name), with the
+#: names never copied there: locks, temp files, scratch space, and the caches rebuilt by the
+#: first commit (a stat cache is only valid for the inodes it was made from). Live workspace
+#: trees are copied whole: any name may be an agent's file.
+ORDER: tuple[tuple[str, frozenset[str]], ...] = (
+    ("snapshots/workspaces", frozenset({"lock", "statcache", "statcache.log", "clock"})),
+    ("snapshots/objects", frozenset({"tmp"})),
+    ("executions", frozenset()),
+    ("workspaces", frozenset()),
+    ("environments", frozenset({"staging"})),
+)
+LOST_ERROR = "the execution was running when the backup was taken; its outcome is not in it"
+
+
+class BackupReport(BaseModel):
+    destination: str
+    database: str
+    executions: int
+    unfinished: int
+    files: int
+    bytes: int
+    duration_s: float
+
+
+class RestoreReport(BaseModel):
+    home: str
+    database: str
+    files: int
+    bytes: int
+
+
+class _Counter:
+    def __init__(self) -> None:
+        self.files = 0
+        self.bytes = 0
+
+
+# ---------------------------------------------------------------------- backup
+
+
+def backup(settings: Settings, destination: Path) -> BackupReport:
+    """Copy ``settings.home`` (served or not) into the new folder ``destination``."""
+    started = time.monotonic()
+    home = settings.home
+    if not (home / SQLITE_NAME).exists() and settings.database_url is None:
+        raise InvalidInput(f"{home} holds no shellyard database; check --home")
+    destination = destination.absolute()
+    if destination.exists() and any(destination.iterdir()):
+        raise InvalidInput(f"{destination} is not empty; give a new folder for the backup")
+    if destination.is_relative_to(home):
+        raise InvalidInput(f"{destination} is inside the home {home}; put the backup elsewhere")
+    destination.mkdir(mode=0o700, parents=True, exist_ok=True)
+    counter = _Counter()
+    with maintenance_lock(home, wait=True):
+        if settings.database_url is None:
+            kind = "sqlite"
+            states = _sqlite_backup(home / SQLITE_NAME, destination / SQLITE_NAME)
+        else:
+            kind = "postgresql"
+            states = _pg_backup(settings, destination / PG_NAME)
+        root = settings.local_runner_root
+        if root.exists():
+            snapshots = root / "snapshots"
+            snapshots.mkdir(exist_ok=True)
+            # Shared like a commit: a garbage collection (exclusive) waits until the copy ends.
+            with StoreLock(snapshots).hold():
+                _copy_runner(root, destination / RUNNER_DIR, states, counter)
+        token = home / "admin.token"
+        if token.exists():
+            shutil.copy2(token, destination / "admin.token")
+    unfinished = sum(1 for state in states.values() if state not in TERMINAL_STATES)
+    manifest = {
+        "format": 1,
+        "shellyard_version": __version__,
+        "created_at": time.time(),
+        "database": kind,
+        "database_schema": settings.database_schema,
+        "executions": len(states),
+        "unfinished": unfinished,
+    }
+    (destination / MANIFEST).write_text(json.dumps(manifest, indent=2))
+    return BackupReport(
+        destination=str(destination),
+        database=kind,
+        executions=len(states),
+        unfinished=unfinished,
+        files=counter.files,
+        bytes=counter.bytes,
+        duration_s=round(time.monotonic() - started, 3),
+    )
+
+
+def _sqlite_backup(source: Path, target: Path) -> dict[str, str]:
+    """SQLite's online backup in one step (a consistent read; writers go on meanwhile in
+    WAL mode), then the executions' states as the copy has them."""
+    src = sqlite3.connect(f"file:{source}?mode=ro", uri=True, timeout=30)
+    dst = sqlite3.connect(target)
+    try:
+        src.backup(dst)  # pages=-1: all pages at once, from one read transaction
+        dst.commit()
+        return dict(dst.execute("SELECT id, state FROM executions").fetchall())
+    finally:
+        dst.close()
+        src.close()
+
+
+def _pg_backup(settings: Settings, target: Path) -> dict[str, str]:
+    """``pg_dump`` from a snapshot exported by the transaction that lists the executions, so
+    both see the same database."""
+    import psycopg
+
+    url = settings.effective_database_url.replace("postgresql+psycopg://", "postgresql://")
+    if shutil.which("pg_dump") is None:
+        raise ShellyardError("pg_dump is not installed; install the PostgreSQL client tools")
+    with psycopg.connect(url, autocommit=False) as conn:
+        conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+        row = conn.execute("SELECT pg_export_snapshot()").fetchone()
+        assert row is not None
+        schema = settings.database_schema
+        table = f'"{schema}".executions' if schema else "executions"
+        states = {str(i): str(s) for i, s in conn.execute(f"SELECT id, state FROM {table}")}
+        argv = ["pg_dump", "--format=custom", f"--snapshot={row[0]}", f"--file={target}"]
+        if schema:
+            argv.append(f"--schema={schema}")
+        done = subprocess.run([*argv, url], capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            raise ShellyardError(f"pg_dump failed: {done.stderr.strip()[:2000]}")
+    return states
+
+
+def _copy_runner(root: Path, target: Path, states: dict[str, str], counter: _Counter) -> None:
+    target.mkdir(parents=True, exist_ok=True)
+    _copy_meta(root, target)
+    for part, skipped in ORDER:
+        source = root / part
+        if not source.exists():
+            continue
+        (target / part).parent.mkdir(parents=True, exist_ok=True)
+        if part != "executions":
+            _copy_tree(source, target / part, counter, skipped)
+            continue
+        (target / part).mkdir(exist_ok=True)
+        _copy_meta(source, target / part)
+        for entry in os.scandir(source):
+            state = states.get(entry.name)
+            if state is None or not entry.is_dir(follow_symlinks=False):
+                continue  # started after the database copy: not in this backup
+            _copy_tree(Path(entry.path), target / part / entry.name, counter)
+            if state not in TERMINAL_STATES:
+                _write_lost(target / part / entry.name, entry.name)
+
+
+def _write_lost(directory: Path, execution_id: str) -> None:
+    meta_file = directory / "meta.json"
+    workspace_id = ""
+    with contextlib.suppress(OSError, ValueError, KeyError):
+        workspace_id = str(json.loads(meta_file.read_text())["workspace_id"])
+    result = RunnerExecution(
+        execution_id=execution_id,
+        workspace_id=workspace_id,
+        state=RunnerExecState.lost,
+        finished_at=time.time(),
+        error=LOST_ERROR,
+    )
+    (directory / "result.json").write_text(result.model_dump_json())
+
+
+# ---------------------------------------------------------------------- restore
+
+
+def restore(settings: Settings, source: Path) -> RestoreReport:
+    """Restore a backup folder into ``settings.home``, which must be empty and not served
+    (and, for PostgreSQL, its database or schema empty)."""
+    source = source.absolute()
+    try:
+        manifest = json.loads((source / MANIFEST).read_text())
+    except (OSError, ValueError):
+        raise InvalidInput(f"{source} is not a shellyard backup (no readable {MANIFEST})") from None
+    home = settings.home
+    if home.exists() and is_served(home):
+        raise Conflict(f"{home} is being served; stop it and restore into an empty home")
+    if home.exists() and any(p.name != "maintenance.lock" for p in home.iterdir()):
+        raise InvalidInput(f"{home} is not empty; restore into a new, empty home")
+    home.mkdir(parents=True, exist_ok=True)
+    counter = _Counter()
+    kind = str(manifest.get("database"))
+    if kind == "sqlite":
+        if settings.database_url is not None:
+            raise InvalidInput("this backup holds an SQLite database; restore without a URL")
+        shutil.copy2(source / SQLITE_NAME, home / SQLITE_NAME)
+    elif kind == "postgresql":
+        if settings.database_url is None:
+            raise InvalidInput("this backup holds a PostgreSQL dump; give --database-url")
+        url = settings.effective_database_url.replace("postgresql+psycopg://", "postgresql://")
+        done = subprocess.run(
+            ["pg_restore", "--no-owner", f"--dbname={url}", str(source / PG_NAME)],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if done.returncode != 0:
+            raise ShellyardError(f"pg_restore failed: {done.stderr.strip()[:2000]}")
+    else:
+        raise InvalidInput(f"unknown database kind {kind!r} in {source / MANIFEST}")
+    if (source / RUNNER_DIR).exists():
+        _copy_tree(source / RUNNER_DIR, settings.local_runner_root, counter)
+    if (source / "admin.token").exists():
+        shutil.copy2(source / "admin.token", home / "admin.token")
+    return RestoreReport(home=str(home), database=kind, files=counter.files, bytes=counter.bytes)
+
+
+# ---------------------------------------------------------------------- copying
+
+
+def _copy_tree(
+    source: Path, target: Path, counter: _Counter, skipped: frozenset[str] = frozenset()
+) -> None:
+    """Files, folders and symbolic links (never followed) with modes, times and owners;
+    streamed by the kernel (no file is read into memory); what vanishes meanwhile is left out,
+    and so are entries named in ``skipped`` (at any depth)."""
+    with contextlib.suppress(FileExistsError):
+        target.mkdir(parents=True)
+    for entry in _entries(source):
+        if entry.name in skipped:
+            continue
+        path = Path(entry.path)
+        destination = target / entry.name
+        try:
+            info = entry.stat(follow_symlinks=False)
+            if stat.S_ISLNK(info.st_mode):
+                os.symlink(os.readlink(path), destination)
+            elif stat.S_ISDIR(info.st_mode):
+                _copy_tree(path, destination, counter, skipped)
+            elif stat.S_ISREG(info.st_mode):
+                shutil.copy2(path, destination, follow_symlinks=False)
+                counter.files += 1
+                counter.bytes += info.st_size
+            else:
+                continue  # sockets, fifos, devices: nothing a snapshot holds
+            with contextlib.suppress(PermissionError):
+                os.chown(destination, info.st_uid, info.st_gid, follow_symlinks=False)
+        except FileNotFoundError:
+            continue
+    _copy_meta(source, target)
+
+
+def _copy_meta(source: Path, target: Path) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        info = source.stat()
+        shutil.copystat(source, target)
+        with contextlib.suppress(PermissionError):
+            os.chown(target, info.st_uid, info.st_gid)
+
+
+def _entries(folder: Path) -> Iterator[os.DirEntry[str]]:
+    try:
+        with os.scandir(folder) as entries:
+            yield from entries
+    except FileNotFoundError:
+        return
+
+
+__all__ = ["BackupReport", "RestoreReport", "backup", "restore"]

@@ -1,0 +1,303 @@
+"""Retention of what grows without end (docs/operations.md): execution logs and status files on
+every runner (by age and within a size budget), old execution records, session events, wakes
+and their deliveries, read notices and past timers (archived sessions first); then the SQLite
+file gives the space back (incremental vacuum). ``shellyard gc`` runs it on demand (with the
+snapshot retention of FileService), the service every ``interval_s``.
+
+What is never pruned: anything of an execution that is not finished, whose notice is unread,
+whose snapshot an artifact names, or that a pending reminder waits for. The runner's files go
+through the Runner protocol (``prune_logs``); the control plane never opens them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import logging
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from pydantic import BaseModel, Field
+
+from shellyard.config import RetentionSettings
+from shellyard.contract.files import RetentionView
+from shellyard.control.runners import RunnerRegistry
+from shellyard.errors import Conflict, ShellyardError
+from shellyard.runner.protocol import LogPruneRequest
+from shellyard.store import Store
+from shellyard.store.retention import Cutoffs, RetentionRecords
+
+if TYPE_CHECKING:
+    from shellyard.control.files import FileService
+
+log = logging.getLogger(__name__)
+
+#: Rows (or executions) per transaction or runner call: short enough that requests are served
+#: between two batches.
+BATCH = 500
+#: Held (flock) by a retention pass and by a backup, so a backup never copies a half-pruned
+#: home and a pass never deletes what a backup is copying.
+MAINTENANCE_LOCK = "maintenance.lock"
+#: A day, for the policy's ``*_days`` fields.
+DAY_S = 86400.0
+
+
+class GcRequest(BaseModel):
+    """Overrides of the configured policy for one on-demand pass (None: the configured
+    value). Days may be fractions; 0 prunes everything finished that nothing needs."""
+
+    log_days: float | None = Field(default=None, ge=0)
+    log_budget_bytes: int | None = Field(default=None, ge=0)
+    record_days: float | None = Field(default=None, ge=0)
+    event_days: float | None = Field(default=None, ge=0)
+    archived_days: float | None = Field(default=None, ge=0)
+    #: Also prune snapshots and collect unreferenced objects (FileService.collect).
+    snapshots: bool = True
+
+
+class GcReport(BaseModel):
+    logs_pruned: int = 0
+    log_bytes_freed: int = 0
+    records_deleted: int = 0
+    #: Rows deleted per kind: wakes (with their deliveries), session_events, notices, timers.
+    events_deleted: dict[str, int] = Field(default_factory=dict)
+    #: Bytes of execution folders per runner after the pass.
+    runner_log_bytes: dict[str, int] = Field(default_factory=dict)
+    #: SQLite: the database file (with its WAL) before and after; None on PostgreSQL.
+    database_bytes_before: int | None = None
+    database_bytes_after: int | None = None
+    snapshots: RetentionView | None = None
+    #: Runners that could not be reached (their part waits for the next pass).
+    errors: dict[str, str] = Field(default_factory=dict)
+    duration_s: float = 0.0
+
+
+@contextlib.contextmanager
+def maintenance_lock(home: Path, *, wait: bool) -> Iterator[None]:
+    """Exclusive ``flock`` on ``<home>/maintenance.lock``; with ``wait=False`` a holder makes
+    it raise Conflict at once."""
+    home.mkdir(parents=True, exist_ok=True)
+    fd = os.open(home / MAINTENANCE_LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        except BlockingIOError:
+            raise Conflict(
+                f"a backup or another retention pass holds {home / MAINTENANCE_LOCK}; "
+                "try again when it is done"
+            ) from None
+        yield
+    finally:
+        os.close(fd)
+
+
+class RetentionService:
+    def __init__(
+        self,
+        store: Store,
+        runners: RunnerRegistry,
+        settings: RetentionSettings,
+        home: Path,
+        files: FileService | None = None,
+    ) -> None:
+        self.store = store
+        self.records = RetentionRecords(store)
+        self.runners = runners
+        self.settings = settings
+        self.home = home
+        self.files = files
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        if self.settings.interval_s > 0:
+            self._task = asyncio.create_task(self._loop(), name="retention")
+
+    async def aclose(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+            self._task = None
+
+    async def _loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.interval_s)
+            try:
+                # Snapshots have their own schedule (FileService, same interval).
+                await self.run(GcRequest(snapshots=False))
+            except Conflict as exc:
+                log.info("retention pass skipped: %s", exc.message)
+            except Exception:
+                log.exception("retention pass failed")
+
+    # ------------------------------------------------------------------ one pass
+
+    async def run(self, request: GcRequest | None = None) -> GcReport:
+        request = request or GcRequest()
+        policy = self._policy(request)
+        started = time.monotonic()
+        report = GcReport(database_bytes_before=self._database_bytes())
+        with maintenance_lock(self.home, wait=False):
+            for runner_id in self.runners.ids():
+                try:
+                    await self._runner_pass(runner_id, policy, report)
+                except ShellyardError as exc:
+                    report.errors[runner_id] = exc.message
+            if policy.event_days is not None:
+                await self._events(policy, report)
+            if request.snapshots and self.files is not None:
+                report.snapshots = await self.files.collect()
+            await self.records.reclaim()
+        report.database_bytes_after = self._database_bytes()
+        report.duration_s = round(time.monotonic() - started, 3)
+        log.info(
+            "retention: %d logs pruned (%d bytes), %d records, events %s",
+            report.logs_pruned,
+            report.log_bytes_freed,
+            report.records_deleted,
+            report.events_deleted,
+            extra={"action": "retention"},
+        )
+        return report
+
+    def _policy(self, request: GcRequest) -> RetentionSettings:
+        overrides = {
+            name: getattr(request, name)
+            for name in ("log_days", "log_budget_bytes", "record_days", "event_days")
+            if getattr(request, name) is not None
+        }
+        if request.archived_days is not None:
+            overrides["archived_days"] = request.archived_days
+        return replace(self.settings, **overrides)
+
+    def _cutoffs(self, policy: RetentionSettings) -> Cutoffs:
+        never = float("inf")
+
+        def days(value: float | None) -> float:
+            return never if value is None else value
+
+        # ``archived_days`` only ever shortens the others for archived sessions.
+        archived = days(policy.archived_days)
+        return Cutoffs.from_days(
+            days(policy.log_days),
+            days(policy.record_days),
+            days(policy.event_days),
+            archived,
+        )
+
+    async def _runner_pass(
+        self, runner_id: str, policy: RetentionSettings, report: GcReport
+    ) -> None:
+        runner = self.runners.get(runner_id)
+        cutoffs = self._cutoffs(policy)
+        archived = cutoffs.archived
+        # Old records first: their whole folder goes, then the record and its notice.
+        while policy.record_days is not None or policy.archived_days is not None:
+            ids = await self.records.record_candidates(runner_id, cutoffs.records, archived, BATCH)
+            if not ids:
+                break
+            result = await runner.prune_logs(LogPruneRequest(execution_ids=ids, forget=True))
+            report.records_deleted += await self.records.delete_executions(result.pruned)
+            report.log_bytes_freed += result.bytes_freed
+            if not result.pruned:
+                break  # the runner still runs them (it lost track of none): next pass
+        # Then logs past their age.
+        while True:
+            ids = await self.records.log_candidates(runner_id, cutoffs.logs, archived, BATCH)
+            if not ids or not await self._prune_logs(runner_id, ids, report):
+                break
+        # Then the size budget, oldest first.
+        held = (await runner.prune_logs(LogPruneRequest())).bytes_held or 0
+        while policy.log_budget_bytes is not None and held > policy.log_budget_bytes:
+            ids = await self.records.log_candidates(runner_id, None, None, BATCH)
+            excess = held - policy.log_budget_bytes
+            freed = await self._prune_logs(runner_id, ids, report, excess) if ids else None
+            if not freed:
+                break
+            held -= freed
+        report.runner_log_bytes[runner_id] = held
+
+    async def _prune_logs(
+        self, runner_id: str, ids: list[str], report: GcReport, free_bytes: int | None = None
+    ) -> int | None:
+        """Bytes freed (None: the runner pruned none of them)."""
+        request = LogPruneRequest(execution_ids=ids, free_bytes=free_bytes)
+        result = await self.runners.get(runner_id).prune_logs(request)
+        await self.records.mark_logs_pruned(result.pruned)
+        report.logs_pruned += len(result.pruned)
+        report.log_bytes_freed += result.bytes_freed
+        return result.bytes_freed if result.pruned else None
+
+    async def _events(self, policy: RetentionSettings, report: GcReport) -> None:
+        cutoffs = self._cutoffs(policy)
+        while True:
+            counts = await self.records.prune_events(cutoffs, BATCH)
+            for kind, count in counts.items():
+                report.events_deleted[kind] = report.events_deleted.get(kind, 0) + count
+            if not any(counts.values()):
+                return
+            await asyncio.sleep(0)  # let requests in between two batches
+
+    def _database_bytes(self) -> int | None:
+        path = self.records.database_path()
+        if path is None:
+            return None
+        return sum(
+            p.stat().st_size for p in (path, path.with_name(path.name + "-wal")) if p.exists()
+        )
+
+
+__all__ = ["GcReport", "GcRequest", "RetentionService", "maintenance_lock"]
+
+
+#: The per-object structures of the control plane and the local runner that must stay flat
+#: over months (issue 18): (label, owner attribute path). Sizes are read defensively so a
+#: renamed attribute shows as -1 instead of breaking the report.
+TRACKED = (
+    ("executions.finished_events", ("executions", "_finished")),
+    ("executions.watchers", ("executions", "_watchers")),
+    ("executions.foreground", ("executions", "_foreground")),
+    ("executions.workspace_cache", ("executions", "_workspaces")),
+    ("wakes.subscribers", ("wakes", "_subscribers")),
+    ("wakes.tasks", ("wakes", "_tasks")),
+    ("wakes.deliveries", ("wakes", "_deliveries")),
+    ("timers.watched", ("timers", "_watched")),
+    ("transfers.tasks", ("transfers", "_tasks")),
+    ("transfers.cancel", ("transfers", "_cancel")),
+    ("transfers.in_flight", ("transfers", "_in_flight")),
+    ("environments.drivers", ("environments", "_drivers")),
+    ("environments.wakeups", ("environments", "_wakeups")),
+    ("environments.ended", ("environments", "_ended")),
+)
+LOCAL_TRACKED = (
+    ("local.live", "_runs._live"),
+    ("local.tasks", "_runs._tasks"),
+    ("local.busy_workspaces", "_runs.busy_workspaces"),
+    ("local.environment_users", "_runs.environment_users"),
+)
+
+
+def structure_sizes(plane: object, local_runner: object | None) -> dict[str, int]:
+    """Sizes of the tracked structures, the asyncio task count and this process's open fds
+    and RSS (for the admin debug endpoint, the soak test and bench/bench_soak.py)."""
+    sizes: dict[str, int] = {}
+    for label, (service, attribute) in TRACKED:
+        owner = getattr(plane, service, None)
+        value = getattr(owner, attribute, None)
+        sizes[label] = len(value) if hasattr(value, "__len__") else -1  # type: ignore[arg-type]
+    for label, path in LOCAL_TRACKED:
+        value: object = local_runner
+        for attribute in path.split("."):
+            value = getattr(value, attribute, None)
+        sizes[label] = len(value) if hasattr(value, "__len__") else -1  # type: ignore[arg-type]
+    sizes["asyncio_tasks"] = len(asyncio.all_tasks())
+    sizes["open_fds"] = len(os.listdir("/proc/self/fd"))
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        pages = int(Path("/proc/self/statm").read_text().split()[1])
+        sizes["rss_bytes"] = pages * os.sysconf("SC_PAGE_SIZE")
+    return sizes
