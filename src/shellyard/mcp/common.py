@@ -108,7 +108,9 @@ def _parameter(name: str, field: FieldInfo, default: Any) -> inspect.Parameter:
         validation_alias=field.validation_alias,
         examples=field.examples,
     )
-    annotation: Any = Annotated.__class_getitem__((field.annotation, *field.metadata, info))  # type: ignore[attr-defined]
+    # Annotated[(T, *metadata)] is Annotated[T, m1, m2, ...], built from values at run time.
+    metadata: tuple[Any, ...] = (field.annotation, *field.metadata, info)
+    annotation: Any = Annotated[metadata]
     return inspect.Parameter(
         name, inspect.Parameter.KEYWORD_ONLY, annotation=annotation, default=default
     )

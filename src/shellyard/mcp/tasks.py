@@ -80,11 +80,10 @@ def declares_tasks(ctx: ServerRequestContext[Any, Any]) -> bool:
         return False
     meta = ctx.meta or {}
     capabilities = meta.get(CLIENT_CAPABILITIES_META_KEY)
-    if isinstance(capabilities, dict):
-        extensions = capabilities.get("extensions")
-        return isinstance(extensions, dict) and TASKS in extensions
-    declared = ctx.session.client_capabilities
-    return bool(declared and declared.extensions and TASKS in declared.extensions)
+    if not isinstance(capabilities, dict):
+        return False
+    extensions = capabilities.get("extensions")
+    return isinstance(extensions, dict) and TASKS in extensions
 
 
 def tool_result(data: dict[str, Any]) -> dict[str, Any]:

@@ -16,6 +16,7 @@ from typing import Any
 
 import pydantic_core
 import pytest
+from conda_channel import build_test_channel
 from mcp.client import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
@@ -158,3 +159,58 @@ async def test_a_task_survives_kill9_and_restart_of_the_server(
         assert result.structured_content is not None
         assert result.structured_content["stdout"] == "survived\n"
         assert result.structured_content["exit_code"] == 0
+
+
+async def test_environment_changes_and_transfer_starts_become_tasks(
+    served: tuple[Path, ServerInfo],
+) -> None:
+    """V2/V3 and T1: an install or uninstall still under way and a started transfer come
+    back as tasks named by the change's and the transfer's ids, completed with the result
+    environment_change_status / workspace_transfer query would give."""
+    home, info = served
+    channel = await build_test_channel(home / "channel")
+    async with client(info, tasks=True) as session:
+        created = await session.call_tool(
+            "environment_create", {"name": "tasks", "wait_ms": 30_000}
+        )
+        assert created.structured_content is not None
+        environment_id = created.structured_content["environment_id"]
+        for tool, revision in (("environment_install", 2), ("environment_uninstall", 3)):
+            arguments: dict[str, Any] = {
+                "environment_id": environment_id,
+                "manager": "conda",
+                "specs": ["shellyard-hello" + ("==1.0" if revision == 2 else "")],
+                "wait_ms": 0,
+            }
+            if tool == "environment_install":
+                arguments["channels"] = [channel.as_uri()]
+            change = await session.session.call_tool(tool, arguments, allow_claimed=True)
+            assert isinstance(change, CreateTaskResult), change
+            assert change.task_id.startswith("chg_") and change.status == "working"
+            done = await wait_terminal(session.session, change.task_id, timeout_s=180)
+            assert done["status"] == "completed", done
+            view = done["result"]["structuredContent"]
+            assert view["change_id"] == change.task_id
+            assert view["state"] == "succeeded" and view["revision"] == revision
+
+        await session.call_tool("file_write", {"path": "data/one.txt", "content": "1\n"})
+        found = await session.call_tool("workspace_transfer", {"action": "discover"})
+        assert found.structured_content is not None
+        own = found.structured_content["workspaces"][0]["workspace_id"]
+        start = {
+            "action": "start",
+            "source_workspace_id": own,
+            "paths": ["data"],
+            "target_workspace_id": own,
+            "target_folder": "copy",
+            "queue": True,
+        }
+        started = await session.session.call_tool("workspace_transfer", start, allow_claimed=True)
+        assert isinstance(started, CreateTaskResult), started
+        assert started.task_id.startswith("tr_")
+        done = await wait_terminal(session.session, started.task_id, timeout_s=60)
+        assert done["status"] == "completed", done
+        transfer = done["result"]["structuredContent"]
+        assert transfer["transfer_id"] == started.task_id and transfer["state"] == "completed"
+        listed = await session.call_tool("workspace_transfer", {"action": "list"})
+        assert isinstance(listed, CallToolResult), "only 'start' may become a task"
