@@ -21,6 +21,9 @@ from shellyard.api.docs import (
     document_bodies,
 )
 from shellyard.contract.executions import (
+    DEFAULT_LOG_LIMIT,
+    DEFAULT_MAX_OUTPUT,
+    MAX_CANCEL_WAIT_S,
     ExecutionView,
     LogsResult,
     RunShellRequest,
@@ -121,12 +124,20 @@ def create_app(
     ) -> ExecutionView:
         return await plane.executions.wait(execution_id, timeout_s, agent)
 
+    @app.get("/v1/executions/{execution_id}/result", dependencies=auth)
+    async def execution_result(
+        execution_id: str,
+        max_output_length: Annotated[int, Query(ge=0, le=10_000_000)] = DEFAULT_MAX_OUTPUT,
+        agent: AgentHeader = None,
+    ) -> RunShellResult:
+        return await plane.executions.result(execution_id, max_output_length, agent)
+
     @app.get("/v1/executions/{execution_id}/logs", dependencies=auth)
     async def execution_logs(
         execution_id: str,
         stream: str = "stdout",
         offset: Annotated[int, Query(ge=0)] = 0,
-        limit: Annotated[int, Query(ge=0)] = 65536,
+        limit: Annotated[int, Query(ge=0)] = DEFAULT_LOG_LIMIT,
         tail: Annotated[int | None, Query(ge=0)] = None,
         agent: AgentHeader = None,
     ) -> LogsResult:
@@ -135,7 +146,7 @@ def create_app(
     @app.post("/v1/executions/{execution_id}/cancel", dependencies=auth)
     async def execution_cancel(
         execution_id: str,
-        wait_s: Annotated[float, Query(ge=0, le=60)] = 0,
+        wait_s: Annotated[float, Query(ge=0, le=MAX_CANCEL_WAIT_S)] = 0,
         agent: AgentHeader = None,
     ) -> ExecutionView:
         return await plane.executions.cancel(execution_id, agent, wait_s)

@@ -17,14 +17,27 @@ from shellyard.api.auth import AgentHeader, admin_only
 from shellyard.api.docs import BINARY_RESPONSE, TAR_RESPONSE, body_doc
 from shellyard.api.sessions import parse
 from shellyard.contract.files import (
+    DEFAULT_DIFF_LIMIT,
+    DEFAULT_LIST_LIMIT,
+    DEFAULT_OUTCOME_PAGE,
+    DEFAULT_TEXT_READ,
+    DEFAULT_TRANSFER_PAGE,
+    MAX_LIST_LIMIT,
+    MAX_TEXT_READ,
+    MAX_TRANSFER_PAGE,
+    MAX_WRITER_WAIT_S,
+    ArtifactDeclareRequest,
     ArtifactView,
     DiffResult,
     DirListing,
     EditView,
+    FileDeleteRequest,
+    FileMoveRequest,
     FileText,
     HistoryView,
     PathEntry,
     RetentionView,
+    SnapshotRestoreRequest,
     TransferFilesView,
     TransferRequest,
     TransferView,
@@ -43,49 +56,10 @@ RunnerQ = Annotated[str | None, Query(description="your workspace on this runner
 Seq = Annotated[int | None, Query(ge=0, description="a snapshot number (default: the head)")]
 
 
-class DeleteRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    path: str
-    recursive: bool = False
-    workspace_id: str | None = None
-    runner_id: str | None = None
-    queue: bool = False
-    wait_s: float | None = Field(default=None, ge=0, le=3600)
-
-
-class MoveRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    source: str
-    destination: str
-    overwrite: bool = False
-    workspace_id: str | None = None
-    runner_id: str | None = None
-    queue: bool = False
-    wait_s: float | None = Field(default=None, ge=0, le=3600)
-
-
-class RestoreRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    seq: int = Field(ge=0)
-    path: str = ""
-    workspace_id: str | None = None
-    runner_id: str | None = None
-    queue: bool = False
-    wait_s: float | None = Field(default=None, ge=0, le=3600)
-
-
 class RetentionRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     keep_last: int | None = Field(default=None, ge=1)
     grace_s: float | None = Field(default=None, ge=0)
-
-
-class ArtifactRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    path: str
-    name: str | None = None
-    workspace_id: str | None = None
-    seq: int | None = Field(default=None, ge=0)
 
 
 def _range(header: str | None) -> tuple[int, int | None]:
@@ -143,7 +117,7 @@ def files_router(plane: ControlPlane) -> APIRouter:
         seq: Seq = None,
         recursive: bool = False,
         after: str | None = None,
-        limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
+        limit: Annotated[int, Query(ge=1, le=MAX_LIST_LIMIT)] = DEFAULT_LIST_LIMIT,
         agent: AgentHeader = None,
     ) -> DirListing:
         return await plane.files.list(
@@ -197,7 +171,7 @@ def files_router(plane: ControlPlane) -> APIRouter:
         runner_id: RunnerQ = None,
         seq: Seq = None,
         offset: Annotated[int, Query(ge=0)] = 0,
-        limit: Annotated[int, Query(ge=1, le=1 << 20)] = 65536,
+        limit: Annotated[int, Query(ge=1, le=MAX_TEXT_READ)] = DEFAULT_TEXT_READ,
         agent: AgentHeader = None,
     ) -> FileText:
         return await plane.files.read_text(
@@ -241,7 +215,7 @@ def files_router(plane: ControlPlane) -> APIRouter:
         workspace_id: Workspace = None,
         runner_id: RunnerQ = None,
         after: str | None = None,
-        limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
+        limit: Annotated[int, Query(ge=1, le=MAX_LIST_LIMIT)] = DEFAULT_DIFF_LIMIT,
         agent: AgentHeader = None,
     ) -> DiffResult:
         return await plane.files.diff(
@@ -265,7 +239,7 @@ def files_router(plane: ControlPlane) -> APIRouter:
         runner_id: RunnerQ = None,
         mode: Annotated[int | None, Query(ge=0, le=0o777)] = None,
         queue: bool = False,
-        wait_s: Annotated[float | None, Query(ge=0, le=3600)] = None,
+        wait_s: Annotated[float | None, Query(ge=0, le=MAX_WRITER_WAIT_S)] = None,
         agent: AgentHeader = None,
     ) -> EditView:
         return await plane.files.write(
@@ -286,7 +260,7 @@ def files_router(plane: ControlPlane) -> APIRouter:
         workspace_id: Workspace = None,
         runner_id: RunnerQ = None,
         queue: bool = False,
-        wait_s: Annotated[float | None, Query(ge=0, le=3600)] = None,
+        wait_s: Annotated[float | None, Query(ge=0, le=MAX_WRITER_WAIT_S)] = None,
         agent: AgentHeader = None,
     ) -> EditView:
         return await plane.files.upload_archive(
@@ -299,9 +273,9 @@ def files_router(plane: ControlPlane) -> APIRouter:
             agent_id=agent,
         )
 
-    @router.post("/v1/files/delete", openapi_extra=body_doc(DeleteRequest))
+    @router.post("/v1/files/delete", openapi_extra=body_doc(FileDeleteRequest))
     async def delete(body: dict[str, Any], agent: AgentHeader = None) -> EditView:
-        r = parse(DeleteRequest, body)
+        r = parse(FileDeleteRequest, body)
         return await plane.files.delete(
             r.path,
             recursive=r.recursive,
@@ -312,9 +286,9 @@ def files_router(plane: ControlPlane) -> APIRouter:
             agent_id=agent,
         )
 
-    @router.post("/v1/files/move", openapi_extra=body_doc(MoveRequest))
+    @router.post("/v1/files/move", openapi_extra=body_doc(FileMoveRequest))
     async def move(body: dict[str, Any], agent: AgentHeader = None) -> EditView:
-        r = parse(MoveRequest, body)
+        r = parse(FileMoveRequest, body)
         return await plane.files.move(
             r.source,
             r.destination,
@@ -326,9 +300,9 @@ def files_router(plane: ControlPlane) -> APIRouter:
             agent_id=agent,
         )
 
-    @router.post("/v1/files/restore", openapi_extra=body_doc(RestoreRequest))
+    @router.post("/v1/files/restore", openapi_extra=body_doc(SnapshotRestoreRequest))
     async def restore(body: dict[str, Any], agent: AgentHeader = None) -> EditView:
-        r = parse(RestoreRequest, body)
+        r = parse(SnapshotRestoreRequest, body)
         return await plane.files.restore(
             r.seq,
             r.path,
@@ -356,7 +330,8 @@ def files_router(plane: ControlPlane) -> APIRouter:
 
     @router.get("/v1/transfers")
     async def list_transfers(
-        limit: Annotated[int, Query(ge=1, le=1000)] = 100, agent: AgentHeader = None
+        limit: Annotated[int, Query(ge=1, le=MAX_TRANSFER_PAGE)] = DEFAULT_TRANSFER_PAGE,
+        agent: AgentHeader = None,
     ) -> list[TransferView]:
         return await plane.transfers.list(agent, limit)
 
@@ -377,7 +352,7 @@ def files_router(plane: ControlPlane) -> APIRouter:
         transfer_id: str,
         outcome: Literal["pending", "copied", "unchanged", "skipped", "failed"] | None = None,
         offset: Annotated[int, Query(ge=0)] = 0,
-        limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
+        limit: Annotated[int, Query(ge=1, le=MAX_LIST_LIMIT)] = DEFAULT_OUTCOME_PAGE,
         agent: AgentHeader = None,
     ) -> TransferFilesView:
         return await plane.transfers.files(transfer_id, outcome, offset, limit, agent)
@@ -392,9 +367,9 @@ def files_router(plane: ControlPlane) -> APIRouter:
 
     # ------------------------------------------------------------------ artifacts (T5)
 
-    @router.post("/v1/artifacts", openapi_extra=body_doc(ArtifactRequest))
+    @router.post("/v1/artifacts", openapi_extra=body_doc(ArtifactDeclareRequest))
     async def declare_artifact(body: dict[str, Any], agent: AgentHeader = None) -> ArtifactView:
-        r = parse(ArtifactRequest, body)
+        r = parse(ArtifactDeclareRequest, body)
         return await plane.artifacts.declare(
             r.path, name=r.name, workspace_id=r.workspace_id, seq=r.seq, agent_id=agent
         )

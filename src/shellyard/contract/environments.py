@@ -122,6 +122,44 @@ class EnvironmentChangeBody(BaseModel):
         return {name: getattr(self, name) for name in MANAGER_OPTIONS[self.manager]}
 
 
+#: The longest environment_change_status wait (seconds).
+MAX_CHANGE_WAIT_S = 30.0
+_ENVIRONMENT_ID = Field(description="an environment id (env_...) from environment_create")
+
+
+class EnvironmentChangeRequest(EnvironmentChangeBody):
+    """V2/V3 as one call: the environment (a path parameter over REST) and the change."""
+
+    environment_id: str = _ENVIRONMENT_ID
+
+
+class EnvironmentListRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    runner_id: str | None = Field(default=None, description="only environments on this runner")
+
+
+class EnvironmentShowRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    environment_id: str = _ENVIRONMENT_ID
+
+
+class EnvironmentRevisionsRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    environment_id: str = _ENVIRONMENT_ID
+    revision: int | None = Field(default=None, ge=0, description="only this revision")
+
+
+class ChangeStatusRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    change_id: str = Field(description="a change id (ch_...) from an environment change")
+    wait_s: float = Field(
+        default=0.0,
+        ge=0,
+        le=MAX_CHANGE_WAIT_S,
+        description=f"wait up to this long (0..{MAX_CHANGE_WAIT_S:g} s) for the change to end",
+    )
+
+
 M = TypeVar("M", bound=BaseModel)
 
 
@@ -205,9 +243,14 @@ class EnvironmentView(BaseModel):
 
 __all__ = [
     "MANAGERS",
+    "ChangeStatusRequest",
     "ChangeView",
     "EnvironmentChangeBody",
+    "EnvironmentChangeRequest",
     "EnvironmentCreateRequest",
+    "EnvironmentListRequest",
+    "EnvironmentRevisionsRequest",
+    "EnvironmentShowRequest",
     "EnvironmentView",
     "RevisionSummary",
     "RevisionView",

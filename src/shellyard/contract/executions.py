@@ -5,13 +5,19 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
 
 from shellyard.errors import InvalidInput, validation_message
 
 DEFAULT_WAIT_MS = 10_000
 MAX_WAIT_MS = 30_000
 DEFAULT_MAX_OUTPUT = 30_000
+#: A page of ``execution_logs`` (bytes) and the longest ``execution_cancel`` wait (seconds).
+DEFAULT_LOG_LIMIT = 65536
+MAX_CANCEL_WAIT_S = 60.0
+#: REST and the SDK return from a cancel at once by default (a program polls); the MCP tool
+#: waits this long by default, because a model that asked to stop a job wants to see it stop.
+AGENT_CANCEL_WAIT_S = 10.0
 
 
 class ExecutionState(StrEnum):
@@ -32,15 +38,36 @@ class RunShellRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    command: str | None = None
-    script_path: str | None = None
-    runner_id: str | None = None
-    environment_id: str | None = None
-    wait_ms: int = DEFAULT_WAIT_MS
-    background: bool = False
-    max_output_length: int = Field(default=DEFAULT_MAX_OUTPUT, ge=0, le=10_000_000)
-    idempotency_key: str | None = Field(default=None, min_length=1, max_length=128)
-    queue: bool = False
+    command: str | None = Field(default=None, description="shell text, run by bash -c")
+    script_path: str | None = Field(
+        default=None,
+        # E1: the seed's spelling is accepted too.
+        validation_alias=AliasChoices("script_path", "scriptPath"),
+        description="a script in the workspace (.py, .R, .sh or a shebang line) to run",
+    )
+    runner_id: str | None = Field(default=None, description="the runner (default local)")
+    environment_id: str | None = Field(
+        default=None, description="a managed environment to run in (read-only, bin first)"
+    )
+    # The range is checked below, not with ge/le, so the error says what wait_ms means.
+    wait_ms: int = Field(
+        default=DEFAULT_WAIT_MS,
+        description=f"how long this answer may wait, 0..{MAX_WAIT_MS} ms (not a timeout)",
+    )
+    background: bool = Field(default=False, description="return at once; a notice tells the end")
+    max_output_length: int = Field(
+        default=DEFAULT_MAX_OUTPUT,
+        ge=0,
+        le=10_000_000,
+        description="characters of stdout/stderr returned inline (head and tail kept)",
+    )
+    idempotency_key: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=128,
+        description="the same key returns the first execution instead of running again",
+    )
+    queue: bool = Field(default=False, description="wait in line when the workspace is busy")
 
     @model_validator(mode="after")
     def _check(self) -> RunShellRequest:
@@ -127,3 +154,40 @@ class LogsResult(BaseModel):
     #: Set when retention deleted the execution's logs (docs/operations.md): ``data`` is empty
     #: and stays so; the record itself still reads.
     logs_pruned_at: float | None = None
+
+
+_EXECUTION_ID = Field(description="an execution id (ex_...) from run_shell")
+
+
+class ExecutionStatusRequest(BaseModel):
+    """E5: the state of one execution."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    execution_id: str = _EXECUTION_ID
+
+
+class ExecutionLogsRequest(BaseModel):
+    """E6: one page of an execution's log, from a byte offset or its tail."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    execution_id: str = _EXECUTION_ID
+    stream: Literal["stdout", "stderr"] = Field(default="stdout", description="which log")
+    offset: int = Field(default=0, ge=0, description="byte offset to read from")
+    limit: int = Field(default=DEFAULT_LOG_LIMIT, ge=0, description="at most this many bytes")
+    tail: int | None = Field(default=None, ge=0, description="the last tail bytes instead")
+
+
+class ExecutionCancelRequest(BaseModel):
+    """E7: SIGTERM, then the whole sandbox after the grace period."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    execution_id: str = _EXECUTION_ID
+    wait_s: float = Field(
+        default=0.0,
+        ge=0,
+        le=MAX_CANCEL_WAIT_S,
+        description=f"wait up to this long (0..{MAX_CANCEL_WAIT_S:g} s) for state 'cancelled'",
+    )

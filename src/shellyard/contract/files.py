@@ -27,6 +27,19 @@ MAX_BATCH_FILES = 100_000
 DEFAULT_BATCH_BYTES = 1 << 30
 #: Largest text ``file_read`` returns in one call; page with ``next_offset``.
 MAX_TEXT_READ = 1 << 20
+DEFAULT_TEXT_READ = 65536
+#: Pages of folder listings and diffs: one default and one bound for every door.
+DEFAULT_LIST_LIMIT = 1000
+MAX_LIST_LIMIT = 10_000
+DEFAULT_DIFF_LIMIT = 1000
+#: The MCP file_list pages by 200 entries: a listing lands in a model's context, where a
+#: thousand entries crowd out the work; programs (REST, SDK) take the larger page.
+AGENT_LIST_LIMIT = 200
+#: Pages of transfer lists and per-file outcomes.
+DEFAULT_TRANSFER_PAGE = 100
+MAX_TRANSFER_PAGE = 1000
+DEFAULT_OUTCOME_PAGE = 1000
+MAX_WRITER_WAIT_S = 3600
 
 TransferState = Literal["queued", "running", "completed", "partial", "failed", "cancelled"]
 Relation = Literal["own", "parent", "child"]
@@ -121,6 +134,156 @@ class TransferRequest(BaseModel):
         return value
 
 
+_WORKSPACE = Field(
+    default=None, description="a workspace id (default: your own; see workspace_transfer discover)"
+)
+_RUNNER = Field(default=None, description="your workspace on this runner (default local)")
+_SEQ = Field(default=None, ge=0, description="a snapshot number (default: the latest)")
+_QUEUE = Field(default=False, description="wait for the workspace's writer instead of refusing")
+_WAIT = Field(
+    default=None, ge=0, le=MAX_WRITER_WAIT_S, description="with queue, wait at most this long (s)"
+)
+
+
+class FileListRequest(BaseModel):
+    """W2: a folder of a committed snapshot."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    path: str = Field(default="", description="a folder of the workspace ('' is its root)")
+    workspace_id: str | None = _WORKSPACE
+    runner_id: str | None = _RUNNER
+    seq: int | None = _SEQ
+    recursive: bool = Field(default=False, description="list everything below path")
+    after: str | None = Field(default=None, description="continue after this path (next_after)")
+    limit: int = Field(default=DEFAULT_LIST_LIMIT, ge=1, le=MAX_LIST_LIMIT, description="entries")
+
+
+class FileReadRequest(BaseModel):
+    """W2: bytes of a file of a committed snapshot, as text (or base64)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    path: str = Field(description="a file of the workspace")
+    workspace_id: str | None = _WORKSPACE
+    runner_id: str | None = _RUNNER
+    seq: int | None = _SEQ
+    offset: int = Field(default=0, ge=0, description="byte offset to read from")
+    limit: int = Field(
+        default=DEFAULT_TEXT_READ, ge=1, le=MAX_TEXT_READ, description="at most this many bytes"
+    )
+
+
+class FileWriteRequest(BaseModel):
+    """W3: create or replace a file with inline content (the MCP spelling of an upload)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    path: str = Field(description="the file to write; folders on the way are made")
+    content: str = Field(description="the file's content, in encoding")
+    encoding: str = Field(default="utf-8", description="'utf-8' or 'base64'")
+    mode: int | None = Field(default=None, ge=0, le=0o777, description="permission bits")
+    workspace_id: str | None = _WORKSPACE
+    runner_id: str | None = _RUNNER
+    queue: bool = _QUEUE
+
+
+class FileDeleteRequest(BaseModel):
+    """W3: delete a file, a link or (recursive) a folder."""
+
+    model_config = ConfigDict(extra="forbid")
+    path: str = Field(description="what to delete")
+    recursive: bool = Field(default=False, description="needed to delete a folder")
+    workspace_id: str | None = _WORKSPACE
+    runner_id: str | None = _RUNNER
+    queue: bool = _QUEUE
+    wait_s: float | None = _WAIT
+
+
+class FileMoveRequest(BaseModel):
+    """W3: move or rename a file or folder."""
+
+    model_config = ConfigDict(extra="forbid")
+    source: str = Field(description="the path to move")
+    destination: str = Field(description="its new path")
+    overwrite: bool = Field(default=False, description="replace an existing destination")
+    workspace_id: str | None = _WORKSPACE
+    runner_id: str | None = _RUNNER
+    queue: bool = _QUEUE
+    wait_s: float | None = _WAIT
+
+
+class SnapshotListRequest(BaseModel):
+    """W5: the snapshot history of a workspace."""
+
+    model_config = ConfigDict(extra="forbid")
+    workspace_id: str | None = _WORKSPACE
+    runner_id: str | None = _RUNNER
+
+
+class SnapshotDiffRequest(BaseModel):
+    """W5: what changed between two snapshots."""
+
+    model_config = ConfigDict(extra="forbid")
+    from_seq: int = Field(ge=0, description="the older snapshot")
+    to_seq: int | None = Field(default=None, ge=0, description="the newer (default: the latest)")
+    path: str = Field(default="", description="only below this folder")
+    workspace_id: str | None = _WORKSPACE
+    runner_id: str | None = _RUNNER
+    after: str | None = Field(default=None, description="continue after this path")
+    limit: int = Field(default=DEFAULT_DIFF_LIMIT, ge=1, le=MAX_LIST_LIMIT, description="entries")
+
+
+class SnapshotRestoreRequest(BaseModel):
+    """W6: restore the workspace (or path in it) to a snapshot, as a new snapshot."""
+
+    model_config = ConfigDict(extra="forbid")
+    seq: int = Field(ge=0, description="the snapshot to restore")
+    path: str = Field(default="", description="only this file or folder ('' is everything)")
+    workspace_id: str | None = _WORKSPACE
+    runner_id: str | None = _RUNNER
+    queue: bool = _QUEUE
+    wait_s: float | None = _WAIT
+
+
+class ArtifactDeclareRequest(BaseModel):
+    """A file of a committed snapshot of the caller's own local workspace, as a deliverable."""
+
+    model_config = ConfigDict(extra="forbid")
+    path: str = Field(description="the file")
+    name: str | None = Field(default=None, description="its artifact name (default: the path)")
+    workspace_id: str | None = _WORKSPACE
+    seq: int | None = _SEQ
+
+
+class WorkspaceTransferRequest(BaseModel):
+    """T1-T5 through one MCP tool: ``action`` picks discover, start, list, query or cancel;
+    each action reads the fields it names (``start`` the fields of TransferRequest)."""
+
+    model_config = ConfigDict(extra="forbid")
+    action: str = Field(description="discover, start, list, query or cancel")
+    source_workspace_id: str | None = Field(default=None, description="start: copy from")
+    paths: list[str] | None = Field(
+        default=None, description="start: files, folders or globs such as 'data/*.csv'"
+    )
+    target_workspace_id: str | None = Field(default=None, description="start: copy into")
+    target_folder: str = Field(default="", description="start: a folder of the target")
+    transfer_id: str | None = Field(default=None, description="query, cancel: the transfer")
+    queue: bool = Field(default=False, description="start: wait if the target is busy")
+    batch_files: int | None = Field(
+        default=None, ge=1, le=MAX_BATCH_FILES, description="start: files per committed batch"
+    )
+    batch_bytes: int | None = Field(
+        default=None, ge=1, description="start: bytes per committed batch"
+    )
+    outcome: str | None = Field(default=None, description="query: only files with this outcome")
+    offset: int = Field(default=0, ge=0, description="query: first per-file outcome")
+    limit: int = Field(
+        default=DEFAULT_TRANSFER_PAGE, description="list, query: page size (1..1000)"
+    )
+    wait_s: float = Field(default=0.0, ge=0, le=60, description="cancel: wait for the end")
+
+
 class TransferView(BaseModel):
     transfer_id: str
     state: TransferState
@@ -201,19 +364,29 @@ class RetentionView(BaseModel):
 
 
 __all__ = [
+    "ArtifactDeclareRequest",
     "ArtifactView",
     "DiffEntry",
     "DiffResult",
     "DirListing",
     "EditView",
+    "FileDeleteRequest",
+    "FileListRequest",
+    "FileMoveRequest",
+    "FileReadRequest",
     "FileText",
+    "FileWriteRequest",
     "HistoryView",
     "PathEntry",
     "RetentionView",
+    "SnapshotDiffRequest",
+    "SnapshotListRequest",
+    "SnapshotRestoreRequest",
     "SnapshotView",
     "TransferFileView",
     "TransferFilesView",
     "TransferRequest",
     "TransferView",
+    "WorkspaceTransferRequest",
     "WorkspaceView",
 ]

@@ -88,8 +88,9 @@ class ResumeResult(BaseModel):
 class MarkReadRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    #: The notices to mark read; None marks every unread notice of the agent.
-    notice_ids: list[str] | None = None
+    notice_ids: list[str] | None = Field(
+        default=None, description="the notices to mark read (default: every unread one)"
+    )
 
 
 class MarkReadResult(BaseModel):
@@ -168,10 +169,15 @@ class TimerCreateRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    text: str = Field(min_length=1, max_length=10_000)
-    after_ms: int | None = None
-    at: str | None = None
-    execution_id: str | None = None
+    text: str = Field(min_length=1, max_length=10_000, description="what the reminder says")
+    after_ms: int | None = Field(default=None, description="fire this many ms from now")
+    at: str | None = Field(
+        default=None,
+        description="fire at this ISO-8601 time with an offset (or ...[Area/City] zone)",
+    )
+    execution_id: str | None = Field(
+        default=None, description="cancel the reminder if this execution finishes first"
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -184,6 +190,23 @@ class TimerCreateRequest(BaseModel):
                     "one timer with after_ms or at, and a new one when it has fired"
                 )
         return data
+
+
+class TimerListRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    state: str | None = Field(default=None, description="only pending, fired or cancelled ones")
+
+
+class TimerCancelRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    timer_id: str = Field(description="a timer id (tm_...) from timer_create")
+
+
+class InboxListRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    # The MCP tool shows unread notices by default (what an agent acts on); REST's
+    # GET /v1/inbox lists all unless asked, as it did before this model existed.
+    unread_only: bool = Field(default=True, description="only notices not yet marked read")
 
 
 class TimerView(BaseModel):

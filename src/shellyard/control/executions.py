@@ -374,6 +374,17 @@ class ExecutionService:
             await self._wait_watched(execution_id, timeout_s)
         return await self.status(execution_id, agent_id)
 
+    async def result(
+        self, execution_id: str, max_output_length: int, agent_id: str | None = None
+    ) -> RunShellResult:
+        """What run_shell answers about an execution now, without waiting (the MCP tasks
+        extension's completed result)."""
+        row = await self._owned(execution_id, agent_id)
+        now = RunShellRequest.model_construct(
+            background=False, wait_ms=0, max_output_length=max_output_length
+        )
+        return await self._respond(row, now)
+
     async def _wait_watched(self, execution_id: str, timeout_s: float) -> None:
         """Wait for the end with a caller watching: a result that arrives during the wait is
         seen by that caller, so its notice is posted already read and wakes nobody (N3)."""

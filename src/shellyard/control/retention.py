@@ -291,10 +291,10 @@ def structure_sizes(plane: object, local_runner: object | None) -> dict[str, int
         value = getattr(owner, attribute, None)
         sizes[label] = len(value) if hasattr(value, "__len__") else -1  # type: ignore[arg-type]
     for label, path in LOCAL_TRACKED:
-        value: object = local_runner
+        found: object = local_runner
         for attribute in path.split("."):
-            value = getattr(value, attribute, None)
-        sizes[label] = len(value) if hasattr(value, "__len__") else -1  # type: ignore[arg-type]
+            found = getattr(found, attribute, None)
+        sizes[label] = len(found) if hasattr(found, "__len__") else -1
     sizes["asyncio_tasks"] = len(asyncio.all_tasks())
     sizes["open_fds"] = len(os.listdir("/proc/self/fd"))
     with contextlib.suppress(OSError, ValueError, IndexError):

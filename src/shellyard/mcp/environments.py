@@ -7,11 +7,22 @@ from __future__ import annotations
 
 from typing import Any, Protocol, runtime_checkable
 
-from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver import Context
+from mcp.server.mcpserver.tools import Tool
+from pydantic import BaseModel
 
-from shellyard.contract.environments import ChangeView, EnvironmentView, RevisionView
-from shellyard.errors import ShellyardError
-from shellyard.mcp.server import tool_error
+from shellyard.contract.environments import (
+    ChangeStatusRequest,
+    ChangeView,
+    EnvironmentChangeRequest,
+    EnvironmentCreateRequest,
+    EnvironmentListRequest,
+    EnvironmentRevisionsRequest,
+    EnvironmentShowRequest,
+    EnvironmentView,
+    RevisionView,
+)
+from shellyard.mcp.common import READ, hints, model_tool
 
 
 @runtime_checkable
@@ -62,146 +73,173 @@ _WAITING = (
 )
 
 
-def _change_result(change: ChangeView) -> dict[str, Any]:
-    return change.model_dump(mode="json")
+class EnvironmentList(BaseModel):
+    environments: list[EnvironmentView]
 
 
-def add_environment_tools(server: MCPServer, backend: EnvironmentsBackend) -> None:
-    @server.tool(
-        description=(
-            "Create a managed package environment: a prefix on a runner (default local) with "
-            "the language's tools, language 'python' (an interpreter with pip/uv) or 'r' (R "
-            "with its library in the prefix). Returns environment_id and revision (1 once "
-            "created; 0 and state 'creating' if it takes longer than wait_ms, then follow "
-            "change_id with environment_change_status). Add packages with "
-            "environment_install, then pass environment_id to run_shell: commands see the "
-            "environment read-only, with its bin first on PATH."
+class RevisionList(BaseModel):
+    revisions: list[RevisionView]
+
+
+#: An uninstall names packages only: the index and channel options are install's.
+_INSTALL_ONLY = ("channels", "index_url", "extra_index_urls", "find_links", "repos")
+
+
+def environment_tools(backend: EnvironmentsBackend) -> list[Tool]:
+    async def environment_create(request: EnvironmentCreateRequest, ctx: Context) -> dict[str, Any]:
+        view = await backend.environment_create(
+            request.name, request.language, request.runner_id, request.wait_ms
         )
-    )
-    async def environment_create(
-        name: str,
-        language: str = "python",
-        runner_id: str | None = None,
-        wait_ms: int = 10_000,
-    ) -> dict[str, Any]:
-        try:
-            view = await backend.environment_create(name, language, runner_id, wait_ms)
-        except ShellyardError as exc:
-            raise tool_error(exc) from None
         return view.model_dump(mode="json")
 
-    @server.tool(
-        description=(
-            "Install packages into an environment. This is the ONLY way to add packages: "
-            "inside run_shell the environment is read-only, so 'pip install', "
-            "'conda install' or 'install.packages' in a command fail. manager: 'conda' "
-            "(specs like 'python=3.11', 'numpy>=1.26'; channels), 'pip' (specs like "
-            "'requests==2.32.3'; index_url, extra_index_urls, find_links), 'cran' or "
-            "'bioconductor' (R package names; repos). All managers work in the same "
-            "environment, e.g. conda adds R or Python and then pip or cran add to it. Each "
-            "change that succeeds records a new revision (its number is in 'revision'). " + _WAITING
-        )
-    )
     async def environment_install(
-        environment_id: str,
-        manager: str,
-        specs: list[str],
-        channels: list[str] | None = None,
-        index_url: str | None = None,
-        extra_index_urls: list[str] | None = None,
-        find_links: list[str] | None = None,
-        repos: list[str] | None = None,
-        wait_ms: int = 10_000,
+        request: EnvironmentChangeRequest, ctx: Context
     ) -> dict[str, Any]:
-        try:
-            change = await backend.environment_install(
-                environment_id,
-                manager,
-                specs,
-                channels=channels,
-                index_url=index_url,
-                extra_index_urls=extra_index_urls,
-                find_links=find_links,
-                repos=repos,
-                wait_ms=wait_ms,
-            )
-        except ShellyardError as exc:
-            raise tool_error(exc) from None
-        return _change_result(change)
-
-    @server.tool(
-        description=(
-            "Remove packages (by name) from an environment with the manager that installed "
-            "them ('conda', 'pip', 'cran', 'bioconductor'). Records a new revision. " + _WAITING
+        change = await backend.environment_install(
+            request.environment_id,
+            request.manager,
+            request.specs,
+            channels=request.channels or None,
+            index_url=request.index_url,
+            extra_index_urls=request.extra_index_urls or None,
+            find_links=request.find_links or None,
+            repos=request.repos or None,
+            wait_ms=request.wait_ms,
         )
-    )
+        return change.model_dump(mode="json")
+
     async def environment_uninstall(
-        environment_id: str, manager: str, specs: list[str], wait_ms: int = 10_000
+        request: EnvironmentChangeRequest, ctx: Context
     ) -> dict[str, Any]:
-        try:
-            change = await backend.environment_uninstall(
-                environment_id, manager, specs, wait_ms=wait_ms
-            )
-        except ShellyardError as exc:
-            raise tool_error(exc) from None
-        return _change_result(change)
-
-    @server.tool(
-        description=(
-            "The environments of your session: environment_id, name, language, runner_id, "
-            "state (creating, ready, failed) and latest revision."
+        change = await backend.environment_uninstall(
+            request.environment_id, request.manager, request.specs, wait_ms=request.wait_ms
         )
-    )
-    async def environment_list(runner_id: str | None = None) -> dict[str, Any]:
-        try:
-            views = await backend.environment_list(runner_id)
-        except ShellyardError as exc:
-            raise tool_error(exc) from None
+        return change.model_dump(mode="json")
+
+    async def environment_list(request: EnvironmentListRequest, ctx: Context) -> dict[str, Any]:
+        views = await backend.environment_list(request.runner_id)
         return {"environments": [v.model_dump(mode="json") for v in views]}
 
-    @server.tool(
-        description=(
-            "One environment: its latest revision, a summary of every revision (what each "
-            "change installed or removed), pending changes with what they wait for, and the "
-            "prefix path commands see."
-        )
-    )
-    async def environment_show(environment_id: str) -> dict[str, Any]:
-        try:
-            view = await backend.environment_show(environment_id)
-        except ShellyardError as exc:
-            raise tool_error(exc) from None
-        return view.model_dump(mode="json")
+    async def environment_show(request: EnvironmentShowRequest, ctx: Context) -> dict[str, Any]:
+        return (await backend.environment_show(request.environment_id)).model_dump(mode="json")
 
-    @server.tool(
-        description=(
-            "The full package list of an environment's revisions (every manager: name, "
-            "version, source) and the request that made each; revision picks one."
-        )
-    )
     async def environment_revisions(
-        environment_id: str, revision: int | None = None
+        request: EnvironmentRevisionsRequest, ctx: Context
     ) -> dict[str, Any]:
-        try:
-            views = await backend.environment_revisions(environment_id, revision)
-        except ShellyardError as exc:
-            raise tool_error(exc) from None
+        views = await backend.environment_revisions(request.environment_id, request.revision)
         return {"revisions": [v.model_dump(mode="json") for v in views]}
 
-    @server.tool(
-        description=(
-            "Status of an environment change (from environment_install / _uninstall / "
-            "_create): state waiting (waiting_for lists what it waits for), running (progress "
-            "says what it does), succeeded (revision is the new revision) or failed (error "
-            "says why; the environment is unchanged). wait_s (0..30) waits for the end first."
-        )
-    )
-    async def environment_change_status(change_id: str, wait_s: float = 0.0) -> dict[str, Any]:
-        try:
-            change = await backend.environment_change_status(change_id, wait_s)
-        except ShellyardError as exc:
-            raise tool_error(exc) from None
-        return _change_result(change)
+    async def environment_change_status(
+        request: ChangeStatusRequest, ctx: Context
+    ) -> dict[str, Any]:
+        change = await backend.environment_change_status(request.change_id, request.wait_s)
+        return change.model_dump(mode="json")
+
+    # Installing reaches package indexes and channels: open world, whatever the sandbox.
+    change = hints(open_world=True)
+    return [
+        model_tool(
+            "environment_create",
+            EnvironmentCreateRequest,
+            environment_create,
+            title="Create a package environment",
+            description=(
+                "Create a managed package environment: a prefix on a runner (default local) "
+                "with the language's tools, language 'python' (an interpreter with pip/uv) or "
+                "'r' (R with its library in the prefix). Returns environment_id and revision (1 "
+                "once created; 0 and state 'creating' if it takes longer than wait_ms, then "
+                "follow change_id with environment_change_status). Add packages with "
+                "environment_install, then pass environment_id to run_shell: commands see the "
+                "environment read-only, with its bin first on PATH."
+            ),
+            annotations=change,
+            output=EnvironmentView,
+        ),
+        model_tool(
+            "environment_install",
+            EnvironmentChangeRequest,
+            environment_install,
+            title="Install packages",
+            description=(
+                "Install packages into an environment. This is the ONLY way to add packages: "
+                "inside run_shell the environment is read-only, so 'pip install', "
+                "'conda install' or 'install.packages' in a command fail. manager: 'conda' "
+                "(specs like 'python=3.11', 'numpy>=1.26'; channels), 'pip' (specs like "
+                "'requests==2.32.3'; index_url, extra_index_urls, find_links), 'cran' or "
+                "'bioconductor' (R package names; repos). All managers work in the same "
+                "environment, e.g. conda adds R or Python and then pip or cran add to it. Each "
+                "change that succeeds records a new revision (its number is in 'revision'). "
+                + _WAITING
+            ),
+            annotations=change,
+            output=ChangeView,
+        ),
+        model_tool(
+            "environment_uninstall",
+            EnvironmentChangeRequest,
+            environment_uninstall,
+            title="Uninstall packages",
+            description=(
+                "Remove packages (by name) from an environment with the manager that installed "
+                "them ('conda', 'pip', 'cran', 'bioconductor'). Records a new revision. " + _WAITING
+            ),
+            annotations=hints(destructive=True),
+            output=ChangeView,
+            exclude=_INSTALL_ONLY,
+        ),
+        model_tool(
+            "environment_list",
+            EnvironmentListRequest,
+            environment_list,
+            title="List environments",
+            description=(
+                "The environments of your session: environment_id, name, language, runner_id, "
+                "state (creating, ready, failed) and latest revision."
+            ),
+            annotations=READ,
+            output=EnvironmentList,
+        ),
+        model_tool(
+            "environment_show",
+            EnvironmentShowRequest,
+            environment_show,
+            title="Show an environment",
+            description=(
+                "One environment: its latest revision, a summary of every revision (what each "
+                "change installed or removed), pending changes with what they wait for, and the "
+                "prefix path commands see."
+            ),
+            annotations=READ,
+            output=EnvironmentView,
+        ),
+        model_tool(
+            "environment_revisions",
+            EnvironmentRevisionsRequest,
+            environment_revisions,
+            title="Environment revisions",
+            description=(
+                "The full package list of an environment's revisions (every manager: name, "
+                "version, source) and the request that made each; revision picks one."
+            ),
+            annotations=READ,
+            output=RevisionList,
+        ),
+        model_tool(
+            "environment_change_status",
+            ChangeStatusRequest,
+            environment_change_status,
+            title="Environment change status",
+            description=(
+                "Status of an environment change (from environment_install / _uninstall / "
+                "_create): state waiting (waiting_for lists what it waits for), running "
+                "(progress says what it does), succeeded (revision is the new revision) or "
+                "failed (error says why; the environment is unchanged). wait_s (0..30) waits "
+                "for the end first."
+            ),
+            annotations=READ,
+            output=ChangeView,
+        ),
+    ]
 
 
-__all__ = ["EnvironmentsBackend", "add_environment_tools"]
+__all__ = ["EnvironmentsBackend", "environment_tools"]

@@ -11,22 +11,41 @@ import binascii
 from collections.abc import AsyncIterable
 from typing import Any, Protocol, runtime_checkable
 
-from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver import Context
 from mcp.server.mcpserver.exceptions import ToolError
+from mcp.server.mcpserver.tools import Tool
+from pydantic import BaseModel
 
 from shellyard.contract.files import (
+    AGENT_LIST_LIMIT,
+    DEFAULT_DIFF_LIMIT,
+    DEFAULT_LIST_LIMIT,
+    DEFAULT_OUTCOME_PAGE,
+    DEFAULT_TEXT_READ,
+    DEFAULT_TRANSFER_PAGE,
+    MAX_TRANSFER_PAGE,
+    ArtifactDeclareRequest,
     ArtifactView,
     DiffResult,
     DirListing,
     EditView,
+    FileDeleteRequest,
+    FileListRequest,
+    FileMoveRequest,
+    FileReadRequest,
     FileText,
+    FileWriteRequest,
     HistoryView,
+    SnapshotDiffRequest,
+    SnapshotListRequest,
+    SnapshotRestoreRequest,
     TransferFilesView,
+    TransferFileView,
     TransferView,
+    WorkspaceTransferRequest,
     WorkspaceView,
 )
-from shellyard.errors import ShellyardError
-from shellyard.mcp.server import tool_error
+from shellyard.mcp.common import READ, hints, model_tool
 
 
 @runtime_checkable
@@ -43,7 +62,7 @@ class FilesBackend(Protocol):
         seq: int | None = None,
         recursive: bool = False,
         after: str | None = None,
-        limit: int = 1000,
+        limit: int = DEFAULT_LIST_LIMIT,
     ) -> DirListing: ...
     async def read_text(
         self,
@@ -53,7 +72,7 @@ class FilesBackend(Protocol):
         runner_id: str | None = None,
         seq: int | None = None,
         offset: int = 0,
-        limit: int = 65536,
+        limit: int = DEFAULT_TEXT_READ,
     ) -> FileText: ...
     async def write_file(
         self,
@@ -83,7 +102,7 @@ class FilesBackend(Protocol):
         workspace_id: str | None = None,
         runner_id: str | None = None,
         after: str | None = None,
-        limit: int = 1000,
+        limit: int = DEFAULT_DIFF_LIMIT,
     ) -> DiffResult: ...
     async def transfer_start(
         self,
@@ -95,10 +114,14 @@ class FilesBackend(Protocol):
         queue: bool = False,
         **options: Any,
     ) -> TransferView: ...
-    async def transfers(self, limit: int = 100) -> list[TransferView]: ...
+    async def transfers(self, limit: int = DEFAULT_TRANSFER_PAGE) -> list[TransferView]: ...
     async def transfer(self, transfer_id: str) -> TransferView: ...
     async def transfer_files(
-        self, transfer_id: str, outcome: str | None = None, offset: int = 0, limit: int = 1000
+        self,
+        transfer_id: str,
+        outcome: str | None = None,
+        offset: int = 0,
+        limit: int = DEFAULT_OUTCOME_PAGE,
     ) -> TransferFilesView: ...
     async def transfer_cancel(self, transfer_id: str, wait_s: float = 0.0) -> TransferView: ...
     async def artifact_declare(
@@ -115,314 +138,336 @@ class FilesBackend(Protocol):
 TRANSFER_ACTIONS = ("discover", "start", "list", "query", "cancel")
 
 
+class WorkspaceList(BaseModel):
+    workspaces: list[WorkspaceView]
+
+
+class TransferList(BaseModel):
+    transfers: list[TransferView]
+
+
+class TransferQuery(TransferView):
+    files: list[TransferFileView]
+    files_next_offset: int | None
+
+
+class ArtifactList(BaseModel):
+    artifacts: list[ArtifactView]
+
+
 def _need(value: Any, name: str, action: str) -> Any:
     if value is None or value == [] or value == "":
         raise ToolError(f"invalid_input: action '{action}' needs {name}")
     return value
 
 
-def add_file_tools(server: MCPServer, backend: FilesBackend) -> None:
-    @server.tool(
-        description=(
-            "Copy files between workspaces you may use: your own on every runner, your "
-            "parent's and your children's. action: 'discover' lists those workspace ids; "
-            "'start' copies paths (files, folders, globs such as 'data/*.csv' or 'src/**/*.py') "
-            "of source_workspace_id's latest committed snapshot into target_folder of "
-            "target_workspace_id (queue=true waits if the target is busy) and returns "
-            "transfer_id at once; 'list' your transfers; 'query' one (state, progress, and "
-            "per-file outcomes: copied, unchanged, skipped, failed with the reason; outcome= "
-            "filters them); 'cancel' stops it after the batch in flight — files already "
-            "committed stay. Copying never declares an artifact (use artifact_declare). "
-            "When it ends you get a notice."
-        )
-    )
-    async def workspace_transfer(
-        action: str,
-        source_workspace_id: str | None = None,
-        paths: list[str] | None = None,
-        target_workspace_id: str | None = None,
-        target_folder: str = "",
-        transfer_id: str | None = None,
-        queue: bool = False,
-        batch_files: int | None = None,
-        batch_bytes: int | None = None,
-        outcome: str | None = None,
-        offset: int = 0,
-        limit: int = 100,
-        wait_s: float = 0.0,
-    ) -> dict[str, Any]:
-        if action not in TRANSFER_ACTIONS:
-            raise ToolError(
-                f"invalid_input: action must be one of {', '.join(TRANSFER_ACTIONS)}, "
-                f"not {action!r}"
-            )
-        try:
-            if action == "discover":
-                views = await backend.workspaces()
-                return {"workspaces": [v.model_dump(mode="json") for v in views]}
-            if action == "start":
-                options = {
-                    k: v
-                    for k, v in (("batch_files", batch_files), ("batch_bytes", batch_bytes))
-                    if v is not None
-                }
-                started = await backend.transfer_start(
-                    _need(source_workspace_id, "source_workspace_id", action),
-                    _need(paths, "paths (a list of files, folders or globs)", action),
-                    _need(target_workspace_id, "target_workspace_id", action),
-                    target_folder,
-                    queue=queue,
-                    **options,
-                )
-                return started.model_dump(mode="json")
-            if action == "list":
-                listed = await backend.transfers(max(1, min(limit, 1000)))
-                return {"transfers": [v.model_dump(mode="json") for v in listed]}
-            tid = _need(transfer_id, "transfer_id", action)
-            if action == "cancel":
-                return (await backend.transfer_cancel(tid, wait_s)).model_dump(mode="json")
-            view = (await backend.transfer(tid)).model_dump(mode="json")
-            files = await backend.transfer_files(tid, outcome, offset, max(1, min(limit, 1000)))
-            view["files"] = [f.model_dump(mode="json") for f in files.files]
-            view["files_next_offset"] = files.next_offset
-            return view
-        except ShellyardError as exc:
-            raise tool_error(exc) from None
+def _page(limit: int) -> int:
+    return max(1, min(limit, MAX_TRANSFER_PAGE))
 
-    @server.tool(
-        description=(
-            "List a folder of your workspace (or a workspace_id from workspace_transfer "
-            "discover) as committed: the latest snapshot, or seq. recursive=true lists "
-            "everything below; page on with after=next_after. Entries: path, kind (file, dir, "
-            "symlink), size, mode, sha256, link target."
+
+def _where(request: Any) -> dict[str, Any]:
+    where = {"workspace_id": request.workspace_id, "runner_id": request.runner_id}
+    where["queue"] = request.queue
+    if request.wait_s is not None:
+        where["wait_s"] = request.wait_s
+    return where
+
+
+async def transfer(backend: FilesBackend, request: WorkspaceTransferRequest) -> dict[str, Any]:
+    """One workspace_transfer call (the tasks extension calls it for 'start' too)."""
+    action = request.action
+    if action not in TRANSFER_ACTIONS:
+        raise ToolError(
+            f"invalid_input: action must be one of {', '.join(TRANSFER_ACTIONS)}, not {action!r}"
         )
-    )
-    async def file_list(
-        path: str = "",
-        workspace_id: str | None = None,
-        runner_id: str | None = None,
-        seq: int | None = None,
-        recursive: bool = False,
-        after: str | None = None,
-        limit: int = 200,
-    ) -> dict[str, Any]:
-        try:
-            listing = await backend.list_files(
-                path,
-                workspace_id=workspace_id,
-                runner_id=runner_id,
-                seq=seq,
-                recursive=recursive,
-                after=after,
-                limit=limit,
-            )
-        except ShellyardError as exc:
-            raise tool_error(exc) from None
+    if action == "discover":
+        views = await backend.workspaces()
+        return {"workspaces": [v.model_dump(mode="json") for v in views]}
+    if action == "start":
+        options = {
+            k: v
+            for k, v in (("batch_files", request.batch_files), ("batch_bytes", request.batch_bytes))
+            if v is not None
+        }
+        started = await backend.transfer_start(
+            _need(request.source_workspace_id, "source_workspace_id", action),
+            _need(request.paths, "paths (a list of files, folders or globs)", action),
+            _need(request.target_workspace_id, "target_workspace_id", action),
+            request.target_folder,
+            queue=request.queue,
+            **options,
+        )
+        return started.model_dump(mode="json")
+    if action == "list":
+        listed = await backend.transfers(_page(request.limit))
+        return {"transfers": [v.model_dump(mode="json") for v in listed]}
+    tid = _need(request.transfer_id, "transfer_id", action)
+    if action == "cancel":
+        return (await backend.transfer_cancel(tid, request.wait_s)).model_dump(mode="json")
+    view = (await backend.transfer(tid)).model_dump(mode="json")
+    files = await backend.transfer_files(tid, request.outcome, request.offset, _page(request.limit))
+    view["files"] = [f.model_dump(mode="json") for f in files.files]
+    view["files_next_offset"] = files.next_offset
+    return view
+
+
+def file_tools(backend: FilesBackend) -> list[Tool]:
+    async def workspace_transfer(request: WorkspaceTransferRequest, ctx: Context) -> dict[str, Any]:
+        return await transfer(backend, request)
+
+    async def file_list(request: FileListRequest, ctx: Context) -> dict[str, Any]:
+        listing = await backend.list_files(
+            request.path,
+            workspace_id=request.workspace_id,
+            runner_id=request.runner_id,
+            seq=request.seq,
+            recursive=request.recursive,
+            after=request.after,
+            limit=request.limit,
+        )
         return listing.model_dump(mode="json")
 
-    @server.tool(
-        description=(
-            "Read a file of a committed snapshot (latest, or seq): up to limit bytes from "
-            "offset, as UTF-8 text (or base64 when it is not text). Continue from next_offset "
-            "until complete. A running command's unfinished writes are never visible."
+    async def file_read(request: FileReadRequest, ctx: Context) -> dict[str, Any]:
+        text = await backend.read_text(
+            request.path,
+            workspace_id=request.workspace_id,
+            runner_id=request.runner_id,
+            seq=request.seq,
+            offset=request.offset,
+            limit=request.limit,
         )
-    )
-    async def file_read(
-        path: str,
-        workspace_id: str | None = None,
-        runner_id: str | None = None,
-        seq: int | None = None,
-        offset: int = 0,
-        limit: int = 65536,
-    ) -> dict[str, Any]:
-        try:
-            text = await backend.read_text(
-                path,
-                workspace_id=workspace_id,
-                runner_id=runner_id,
-                seq=seq,
-                offset=offset,
-                limit=limit,
-            )
-        except ShellyardError as exc:
-            raise tool_error(exc) from None
         return text.model_dump(mode="json")
 
-    @server.tool(
-        description=(
-            "Write (create or replace) a file in your workspace with content (encoding 'utf-8' "
-            "or 'base64'); folders on the way are made. It takes the workspace's writer like a "
-            "command: refused while a command runs there unless queue=true. Ends with a new "
-            "snapshot (snapshot_seq)."
-        )
-    )
-    async def file_write(
-        path: str,
-        content: str,
-        encoding: str = "utf-8",
-        mode: int | None = None,
-        workspace_id: str | None = None,
-        runner_id: str | None = None,
-        queue: bool = False,
-    ) -> dict[str, Any]:
+    async def file_write(request: FileWriteRequest, ctx: Context) -> dict[str, Any]:
+        encoding = request.encoding
         if encoding not in ("utf-8", "base64"):
             raise ToolError(
                 f"invalid_input: encoding must be 'utf-8' or 'base64', not {encoding!r}"
             )
         try:
             data = (
-                base64.b64decode(content, validate=True)
+                base64.b64decode(request.content, validate=True)
                 if encoding == "base64"
-                else content.encode("utf-8")
+                else request.content.encode("utf-8")
             )
         except (binascii.Error, UnicodeEncodeError) as exc:
             raise ToolError(f"invalid_input: content is not valid {encoding}: {exc}") from None
-        try:
-            edit = await backend.write_file(
-                path,
-                data,
-                workspace_id=workspace_id,
-                runner_id=runner_id,
-                mode=mode,
-                queue=queue,
-            )
-        except ShellyardError as exc:
-            raise tool_error(exc) from None
+        edit = await backend.write_file(
+            request.path,
+            data,
+            workspace_id=request.workspace_id,
+            runner_id=request.runner_id,
+            mode=request.mode,
+            queue=request.queue,
+        )
         return edit.model_dump(mode="json")
 
-    @server.tool(
-        description=(
-            "Delete a file or link (a folder needs recursive=true) in your workspace; a writer "
-            "operation ending with a snapshot. History keeps the old snapshots."
-        )
-    )
-    async def file_delete(
-        path: str,
-        recursive: bool = False,
-        workspace_id: str | None = None,
-        runner_id: str | None = None,
-        queue: bool = False,
-    ) -> dict[str, Any]:
-        where = {"workspace_id": workspace_id, "runner_id": runner_id, "queue": queue}
-        try:
-            return (await backend.delete(path, recursive=recursive, **where)).model_dump(
-                mode="json"
-            )
-        except ShellyardError as exc:
-            raise tool_error(exc) from None
+    async def file_delete(request: FileDeleteRequest, ctx: Context) -> dict[str, Any]:
+        edit = await backend.delete(request.path, recursive=request.recursive, **_where(request))
+        return edit.model_dump(mode="json")
 
-    @server.tool(
-        description=(
-            "Move or rename a file or folder in your workspace (overwrite=true replaces the "
-            "destination); a writer operation ending with a snapshot."
+    async def file_move(request: FileMoveRequest, ctx: Context) -> dict[str, Any]:
+        moved = await backend.move(
+            request.source, request.destination, overwrite=request.overwrite, **_where(request)
         )
-    )
-    async def file_move(
-        source: str,
-        destination: str,
-        overwrite: bool = False,
-        workspace_id: str | None = None,
-        runner_id: str | None = None,
-        queue: bool = False,
-    ) -> dict[str, Any]:
-        where = {"workspace_id": workspace_id, "runner_id": runner_id, "queue": queue}
-        try:
-            moved = await backend.move(source, destination, overwrite=overwrite, **where)
-        except ShellyardError as exc:
-            raise tool_error(exc) from None
         return moved.model_dump(mode="json")
 
-    @server.tool(
-        description=(
-            "The snapshot history of a workspace: every snapshot (seq) with what made it "
-            "(execution, edit, transfer, restore and its id) and whether it is still retained."
+    async def snapshot_list(request: SnapshotListRequest, ctx: Context) -> dict[str, Any]:
+        history = await backend.history(
+            workspace_id=request.workspace_id, runner_id=request.runner_id
         )
-    )
-    async def snapshot_list(
-        workspace_id: str | None = None, runner_id: str | None = None
-    ) -> dict[str, Any]:
-        try:
-            history = await backend.history(workspace_id=workspace_id, runner_id=runner_id)
-        except ShellyardError as exc:
-            raise tool_error(exc) from None
         return history.model_dump(mode="json")
 
-    @server.tool(
-        description=(
-            "What changed between two snapshots (to_seq default: the latest), below path: "
-            "added, removed and changed entries with their sizes. Page on with after."
+    async def snapshot_diff(request: SnapshotDiffRequest, ctx: Context) -> dict[str, Any]:
+        diff = await backend.diff(
+            request.from_seq,
+            request.to_seq,
+            request.path,
+            workspace_id=request.workspace_id,
+            runner_id=request.runner_id,
+            after=request.after,
+            limit=request.limit,
         )
-    )
-    async def snapshot_diff(
-        from_seq: int,
-        to_seq: int | None = None,
-        path: str = "",
-        workspace_id: str | None = None,
-        runner_id: str | None = None,
-        after: str | None = None,
-        limit: int = 500,
-    ) -> dict[str, Any]:
-        try:
-            diff = await backend.diff(
-                from_seq,
-                to_seq,
-                path,
-                workspace_id=workspace_id,
-                runner_id=runner_id,
-                after=after,
-                limit=limit,
-            )
-        except ShellyardError as exc:
-            raise tool_error(exc) from None
         return diff.model_dump(mode="json")
 
-    @server.tool(
-        description=(
-            "Restore your workspace (or just path in it) to snapshot seq. A writer operation "
-            "that makes a new snapshot; nothing is deleted from history, so it can be undone "
-            "by restoring again."
-        )
-    )
-    async def snapshot_restore(
-        seq: int,
-        path: str = "",
-        workspace_id: str | None = None,
-        runner_id: str | None = None,
-        queue: bool = False,
-    ) -> dict[str, Any]:
-        where = {"workspace_id": workspace_id, "runner_id": runner_id, "queue": queue}
-        try:
-            return (await backend.restore(seq, path, **where)).model_dump(mode="json")
-        except ShellyardError as exc:
-            raise tool_error(exc) from None
+    async def snapshot_restore(request: SnapshotRestoreRequest, ctx: Context) -> dict[str, Any]:
+        edit = await backend.restore(request.seq, request.path, **_where(request))
+        return edit.model_dump(mode="json")
 
-    @server.tool(
-        description=(
-            "Declare a file as a deliverable artifact: a file of a committed snapshot (latest, "
-            "or seq) of your own workspace on the local runner. A file on another runner must "
-            "be copied back first with workspace_transfer. Returns name, path, snapshot, "
-            "sha256 and size."
+    async def artifact_declare(request: ArtifactDeclareRequest, ctx: Context) -> dict[str, Any]:
+        art = await backend.artifact_declare(
+            request.path, request.name, workspace_id=request.workspace_id, seq=request.seq
         )
-    )
-    async def artifact_declare(
-        path: str,
-        name: str | None = None,
-        workspace_id: str | None = None,
-        seq: int | None = None,
-    ) -> dict[str, Any]:
-        try:
-            art = await backend.artifact_declare(path, name, workspace_id=workspace_id, seq=seq)
-        except ShellyardError as exc:
-            raise tool_error(exc) from None
         return art.model_dump(mode="json")
 
-    @server.tool(description="Your declared artifacts (name, path, snapshot, sha256, size).")
-    async def artifact_list() -> dict[str, Any]:
-        try:
-            listed = await backend.artifacts()
-        except ShellyardError as exc:
-            raise tool_error(exc) from None
+    async def artifact_list(request: None, ctx: Context) -> dict[str, Any]:
+        listed = await backend.artifacts()
         return {"artifacts": [a.model_dump(mode="json") for a in listed]}
 
+    writer = hints()
+    tools = [
+        model_tool(
+            "workspace_transfer",
+            WorkspaceTransferRequest,
+            workspace_transfer,
+            title="Copy files between workspaces",
+            description=(
+                "Copy files between workspaces you may use: your own on every runner, your "
+                "parent's and your children's. action: 'discover' lists those workspace ids; "
+                "'start' copies paths (files, folders, globs such as 'data/*.csv' or "
+                "'src/**/*.py') of source_workspace_id's latest committed snapshot into "
+                "target_folder of target_workspace_id (queue=true waits if the target is busy) "
+                "and returns transfer_id at once; 'list' your transfers; 'query' one (state, "
+                "progress, and per-file outcomes: copied, unchanged, skipped, failed with the "
+                "reason; outcome= filters them); 'cancel' stops it after the batch in flight — "
+                "files already committed stay. Copying never declares an artifact (use "
+                "artifact_declare). When it ends you get a notice."
+            ),
+            # 'start' writes into the target (never deletes: files already there stay).
+            annotations=writer,
+        ),
+        model_tool(
+            "file_list",
+            FileListRequest,
+            file_list,
+            title="List files",
+            description=(
+                "List a folder of your workspace (or a workspace_id from workspace_transfer "
+                "discover) as committed: the latest snapshot, or seq. recursive=true lists "
+                "everything below; page on with after=next_after. Entries: path, kind (file, "
+                "dir, symlink), size, mode, sha256, link target."
+            ),
+            annotations=READ,
+            output=DirListing,
+            defaults={"limit": AGENT_LIST_LIMIT},
+        ),
+        model_tool(
+            "file_read",
+            FileReadRequest,
+            file_read,
+            title="Read a file",
+            description=(
+                "Read a file of a committed snapshot (latest, or seq): up to limit bytes from "
+                "offset, as UTF-8 text (or base64 when it is not text). Continue from "
+                "next_offset until complete. A running command's unfinished writes are never "
+                "visible."
+            ),
+            annotations=READ,
+            output=FileText,
+        ),
+        model_tool(
+            "file_write",
+            FileWriteRequest,
+            file_write,
+            title="Write a file",
+            description=(
+                "Write (create or replace) a file in your workspace with content (encoding "
+                "'utf-8' or 'base64'); folders on the way are made. It takes the workspace's "
+                "writer like a command: refused while a command runs there unless queue=true. "
+                "Ends with a new snapshot (snapshot_seq)."
+            ),
+            # Writing the same content twice leaves the same files (a second snapshot at most).
+            annotations=hints(idempotent=True),
+            output=EditView,
+        ),
+        model_tool(
+            "file_delete",
+            FileDeleteRequest,
+            file_delete,
+            title="Delete a file",
+            description=(
+                "Delete a file or link (a folder needs recursive=true) in your workspace; a "
+                "writer operation ending with a snapshot. History keeps the old snapshots."
+            ),
+            annotations=hints(destructive=True, idempotent=True),
+            output=EditView,
+        ),
+        model_tool(
+            "file_move",
+            FileMoveRequest,
+            file_move,
+            title="Move a file",
+            description=(
+                "Move or rename a file or folder in your workspace (overwrite=true replaces the "
+                "destination); a writer operation ending with a snapshot."
+            ),
+            annotations=writer,
+            output=EditView,
+        ),
+        model_tool(
+            "snapshot_list",
+            SnapshotListRequest,
+            snapshot_list,
+            title="Snapshot history",
+            description=(
+                "The snapshot history of a workspace: every snapshot (seq) with what made it "
+                "(execution, edit, transfer, restore and its id) and whether it is still "
+                "retained."
+            ),
+            annotations=READ,
+            output=HistoryView,
+        ),
+        model_tool(
+            "snapshot_diff",
+            SnapshotDiffRequest,
+            snapshot_diff,
+            title="Compare snapshots",
+            description=(
+                "What changed between two snapshots (to_seq default: the latest), below path: "
+                "added, removed and changed entries with their sizes. Page on with after."
+            ),
+            annotations=READ,
+            output=DiffResult,
+        ),
+        model_tool(
+            "snapshot_restore",
+            SnapshotRestoreRequest,
+            snapshot_restore,
+            title="Restore a snapshot",
+            description=(
+                "Restore your workspace (or just path in it) to snapshot seq. A writer "
+                "operation that makes a new snapshot; nothing is deleted from history, so it "
+                "can be undone by restoring again."
+            ),
+            annotations=hints(destructive=True, idempotent=True),
+            output=EditView,
+        ),
+        model_tool(
+            "artifact_declare",
+            ArtifactDeclareRequest,
+            artifact_declare,
+            title="Declare an artifact",
+            description=(
+                "Declare a file as a deliverable artifact: a file of a committed snapshot "
+                "(latest, or seq) of your own workspace on the local runner. A file on another "
+                "runner must be copied back first with workspace_transfer. Returns name, path, "
+                "snapshot, sha256 and size."
+            ),
+            annotations=hints(idempotent=True),
+            output=ArtifactView,
+        ),
+        model_tool(
+            "artifact_list",
+            None,
+            artifact_list,
+            title="List artifacts",
+            description="Your declared artifacts (name, path, snapshot, sha256, size).",
+            annotations=READ,
+            output=ArtifactList,
+        ),
+    ]
+    tools[0].fn_metadata.output_schema = transfer_output_schema()
+    return tools
 
-__all__ = ["FilesBackend", "add_file_tools"]
+
+def transfer_output_schema() -> dict[str, Any]:
+    """workspace_transfer's outputSchema: one of its actions' results."""
+    from pydantic import TypeAdapter
+
+    union = TypeAdapter(WorkspaceList | TransferList | TransferQuery | TransferView)
+    schema = union.json_schema(mode="serialization")
+    # MCP wants an object at the root: every arm is one.
+    return {"type": "object", **schema}
+
+
+__all__ = ["FilesBackend", "file_tools", "transfer"]

@@ -1,4 +1,5 @@
-"""MCP over streamable HTTP at ``/mcp`` on the control plane's server (§3).
+"""MCP over streamable HTTP at ``/mcp`` (the path ``mcp.mount`` gives) on the control
+plane's server (§3).
 
 The tools are the stdio server's (``build_server``) over the same backend class, the REST
 client, whose calls go in-process to this app (``httpx.ASGITransport``, no socket). Each call
@@ -16,6 +17,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator
 from contextvars import ContextVar
+from typing import Literal
 
 import httpx
 from fastapi import FastAPI
@@ -27,7 +29,6 @@ from starlette.types import Receive, Scope, Send
 
 from shellyard.api.auth import acting_agent, principal
 from shellyard.errors import ShellyardError, Unauthorized
-from shellyard.mcp.mount import MCP_PATH
 from shellyard.sdk.client import AsyncClient
 
 #: Headers of the /mcp request being served, forwarded on every in-process REST call.
@@ -63,14 +64,18 @@ class InProcessClient(AsyncClient):
 class McpHttp:
     """The /mcp endpoint: the gate, the MCP server and its session manager's lifespan."""
 
-    def __init__(self, app: FastAPI) -> None:
+    def __init__(self, app: FastAPI, path: str) -> None:
         from shellyard.mcp.server import build_server
 
         self.client = InProcessClient(app)
-        self.server: MCPServer = build_server(self.client)
+        plane = getattr(app.state, "plane", None)
+        network: Literal["on", "off"] = (
+            plane.settings.local_policy.network if plane is not None else "on"
+        )
+        self.server: MCPServer = build_server(self.client, network=network)
         # DNS-rebinding protection is the token's job (and the --no-auth Host check's).
         self.server.streamable_http_app(
-            streamable_http_path=MCP_PATH,
+            streamable_http_path=path,
             transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False),
         )
 

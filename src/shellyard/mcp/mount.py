@@ -24,8 +24,9 @@ MCP_PATH = "/mcp"
 
 
 class LazyMcp:
-    def __init__(self, app: FastAPI) -> None:
+    def __init__(self, app: FastAPI, path: str = MCP_PATH) -> None:
         self._app = app
+        self.path = path
         self._endpoint: McpHttp | None = None
         self._lock = asyncio.Lock()
         self._stop = asyncio.Event()
@@ -37,7 +38,7 @@ class LazyMcp:
                 return self._endpoint
             from shellyard.mcp.http import McpHttp
 
-            endpoint = McpHttp(self._app)
+            endpoint = McpHttp(self._app, self.path)
             ready = asyncio.Event()
 
             async def serve() -> None:
@@ -64,9 +65,9 @@ class LazyMcp:
             await self._task
 
 
-def mount_mcp(app: FastAPI) -> LazyMcp:
-    endpoint = LazyMcp(app)
-    app.router.routes.append(Route(MCP_PATH, endpoint=endpoint, methods=["GET", "POST", "DELETE"]))
+def mount_mcp(app: FastAPI, path: str = MCP_PATH) -> LazyMcp:
+    endpoint = LazyMcp(app, path)
+    app.router.routes.append(Route(path, endpoint=endpoint, methods=["GET", "POST", "DELETE"]))
     return endpoint
 
 

@@ -3,97 +3,122 @@
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any
 
-from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver import Context
+from mcp.server.mcpserver.tools import Tool
+from pydantic import BaseModel
 
-from shellyard.contract.sessions import NoticeView, TimerView
-from shellyard.errors import ShellyardError
-from shellyard.mcp.server import ExecutionBackend, tool_error
-
-
-class TimerBackend(Protocol):
-    async def timer_create(
-        self,
-        text: str,
-        after_ms: int | None = None,
-        at: str | None = None,
-        execution_id: str | None = None,
-    ) -> TimerView: ...
-    async def timer_list(self, state: str | None = None) -> list[TimerView]: ...
-    async def timer_cancel(self, timer_id: str) -> TimerView: ...
-    async def inbox(self, unread_only: bool = False) -> list[NoticeView]: ...
-    async def mark_read(self, notice_ids: list[str] | None = None) -> int: ...
+from shellyard.contract.sessions import (
+    InboxListRequest,
+    MarkReadRequest,
+    NoticeView,
+    TimerCancelRequest,
+    TimerCreateRequest,
+    TimerListRequest,
+    TimerView,
+)
+from shellyard.mcp.common import READ, TimerBackend, hints, model_tool
 
 
-class ShellyardBackend(ExecutionBackend, TimerBackend, Protocol):
-    """What the MCP server calls (``AsyncClient`` is one)."""
+class TimerList(BaseModel):
+    timers: list[TimerView]
 
 
-def add_timer_tools(server: MCPServer, backend: TimerBackend) -> None:
-    @server.tool(
-        description=(
-            "Set a one-time reminder: its text comes back to you as a notice (and wakes you if "
-            "you are idle) at the time given by exactly one of after_ms (milliseconds from now) "
-            "or at (ISO-8601 with an offset, e.g. 2030-06-01T09:00:00+02:00 or ...Z, or a local "
-            "time with an IANA zone, e.g. 2030-06-01T09:00:00[Europe/Paris]). A naive time, "
-            "or anything recurring (cron, intervals), is refused. With execution_id the reminder "
-            "is cancelled if that execution finishes first. It runs nothing."
+class NoticeList(BaseModel):
+    notices: list[NoticeView]
+    unread: int
+
+
+class Marked(BaseModel):
+    marked: int
+
+
+def timer_tools(backend: TimerBackend) -> list[Tool]:
+    async def timer_create(request: TimerCreateRequest, ctx: Context) -> dict[str, Any]:
+        timer = await backend.timer_create(
+            request.text, request.after_ms, request.at, request.execution_id
         )
-    )
-    async def timer_create(
-        text: str,
-        after_ms: int | None = None,
-        at: str | None = None,
-        execution_id: str | None = None,
-    ) -> dict[str, Any]:
-        try:
-            timer = await backend.timer_create(text, after_ms, at, execution_id)
-        except ShellyardError as exc:
-            raise tool_error(exc) from None
         return timer.model_dump(mode="json")
 
-    @server.tool(
-        description=(
-            "Your timers with their state (pending, fired, cancelled) and fire time in UTC; "
-            "state filters them."
-        )
-    )
-    async def timer_list(state: str | None = None) -> dict[str, Any]:
-        try:
-            timers = await backend.timer_list(state)
-        except ShellyardError as exc:
-            raise tool_error(exc) from None
+    async def timer_list(request: TimerListRequest, ctx: Context) -> dict[str, Any]:
+        timers = await backend.timer_list(request.state)
         return {"timers": [t.model_dump(mode="json") for t in timers]}
 
-    @server.tool(
-        description="Cancel a pending timer. A fired or cancelled one is returned unchanged."
-    )
-    async def timer_cancel(timer_id: str) -> dict[str, Any]:
-        try:
-            return (await backend.timer_cancel(timer_id)).model_dump(mode="json")
-        except ShellyardError as exc:
-            raise tool_error(exc) from None
+    async def timer_cancel(request: TimerCancelRequest, ctx: Context) -> dict[str, Any]:
+        return (await backend.timer_cancel(request.timer_id)).model_dump(mode="json")
 
-    @server.tool(
-        description=(
-            "Your inbox: notices of finished background executions, transfers and fired "
-            "reminders (unread ones by default). Mark what you handled with inbox_mark_read."
-        )
-    )
-    async def inbox_list(unread_only: bool = True) -> dict[str, Any]:
-        try:
-            notices = await backend.inbox(unread_only)
-        except ShellyardError as exc:
-            raise tool_error(exc) from None
+    async def inbox_list(request: InboxListRequest, ctx: Context) -> dict[str, Any]:
+        notices = await backend.inbox(request.unread_only)
         return {
             "notices": [n.model_dump(mode="json") for n in notices],
             "unread": sum(1 for n in notices if n.read_at is None),
         }
 
-    @server.tool(description="Mark inbox notices read: the given notice_ids, or every unread one.")
-    async def inbox_mark_read(notice_ids: list[str] | None = None) -> dict[str, Any]:
-        try:
-            return {"marked": await backend.mark_read(notice_ids)}
-        except ShellyardError as exc:
-            raise tool_error(exc) from None
+    async def inbox_mark_read(request: MarkReadRequest, ctx: Context) -> dict[str, Any]:
+        return {"marked": await backend.mark_read(request.notice_ids)}
+
+    return [
+        model_tool(
+            "timer_create",
+            TimerCreateRequest,
+            timer_create,
+            title="Set a reminder",
+            description=(
+                "Set a one-time reminder: its text comes back to you as a notice (and wakes you "
+                "if you are idle) at the time given by exactly one of after_ms (milliseconds "
+                "from now) or at (ISO-8601 with an offset, e.g. 2030-06-01T09:00:00+02:00 or "
+                "...Z, or a local time with an IANA zone, e.g. "
+                "2030-06-01T09:00:00[Europe/Paris]). A naive time, or anything recurring (cron, "
+                "intervals), is refused. With execution_id the reminder is cancelled if that "
+                "execution finishes first. It runs nothing."
+            ),
+            annotations=hints(),
+            output=TimerView,
+        ),
+        model_tool(
+            "timer_list",
+            TimerListRequest,
+            timer_list,
+            title="List reminders",
+            description=(
+                "Your timers with their state (pending, fired, cancelled) and fire time in UTC; "
+                "state filters them."
+            ),
+            annotations=READ,
+            output=TimerList,
+        ),
+        model_tool(
+            "timer_cancel",
+            TimerCancelRequest,
+            timer_cancel,
+            title="Cancel a reminder",
+            description="Cancel a pending timer. A fired or cancelled one is returned unchanged.",
+            annotations=hints(destructive=True, idempotent=True),
+            output=TimerView,
+        ),
+        model_tool(
+            "inbox_list",
+            InboxListRequest,
+            inbox_list,
+            title="Read your inbox",
+            description=(
+                "Your inbox: notices of finished background executions, transfers and fired "
+                "reminders (unread ones by default). Mark what you handled with inbox_mark_read."
+            ),
+            annotations=READ,
+            output=NoticeList,
+        ),
+        model_tool(
+            "inbox_mark_read",
+            MarkReadRequest,
+            inbox_mark_read,
+            title="Mark notices read",
+            description="Mark inbox notices read: the given notice_ids, or every unread one.",
+            annotations=hints(idempotent=True),
+            output=Marked,
+        ),
+    ]
+
+
+__all__ = ["timer_tools"]

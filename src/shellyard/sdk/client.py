@@ -22,7 +22,14 @@ from typing import Any, Self
 
 from pydantic import TypeAdapter
 
-from shellyard.contract.executions import ExecutionView, LogsResult, RunShellResult
+from shellyard.contract.executions import (
+    DEFAULT_LOG_LIMIT,
+    DEFAULT_MAX_OUTPUT,
+    DEFAULT_WAIT_MS,
+    ExecutionView,
+    LogsResult,
+    RunShellResult,
+)
 from shellyard.contract.runners import RunnerView
 from shellyard.sdk.base import (
     WAIT_SLACK_S,
@@ -56,7 +63,7 @@ def _run(command: str | None = None, **options: Any) -> _Call[RunShellResult]:
     """E1: run one command (or ``script_path=``); returns within ``wait_ms`` (default 10 s)
     with the result, or with ``state`` still running and an ``execution_id`` to follow."""
     body = {k: v for k, v in {"command": command, **options}.items() if v is not None}
-    wait_s = float(body.get("wait_ms", 10_000)) / 1000
+    wait_s = float(body.get("wait_ms", DEFAULT_WAIT_MS)) / 1000
     return call("POST", "/v1/executions", _RUN, body=body, timeout_s=wait_s + WAIT_SLACK_S)
 
 
@@ -74,13 +81,21 @@ def _logs(
     execution_id: str,
     stream: str = "stdout",
     offset: int = 0,
-    limit: int = 65536,
+    limit: int = DEFAULT_LOG_LIMIT,
     tail: int | None = None,
 ) -> _Call[LogsResult]:
     """One page of a log: ``data`` from ``offset``, ``next_offset`` to ask next, ``complete``
     once the execution ended and everything was read."""
     params = {"stream": stream, "offset": offset, "limit": limit, "tail": tail}
     return call("GET", f"/v1/executions/{execution_id}/logs", _LOGS, params)
+
+
+def _result(
+    execution_id: str, max_output_length: int = DEFAULT_MAX_OUTPUT
+) -> _Call[RunShellResult]:
+    """What run_shell answers about the execution now (inline output capped), never waiting."""
+    params = {"max_output_length": max_output_length}
+    return call("GET", f"/v1/executions/{execution_id}/result", _RUN, params)
 
 
 def _cancel(execution_id: str, wait_s: float = 0.0) -> _Call[ExecutionView]:
@@ -100,6 +115,7 @@ class ExecutionOps:
     status = Op(_status)
     wait = Op(_wait)
     logs = Op(_logs)
+    run_result = Op(_result)
     cancel = Op(_cancel)
     list = Op(_list)
 

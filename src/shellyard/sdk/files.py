@@ -14,6 +14,11 @@ import httpx
 from pydantic import TypeAdapter
 
 from shellyard.contract.files import (
+    DEFAULT_DIFF_LIMIT,
+    DEFAULT_LIST_LIMIT,
+    DEFAULT_OUTCOME_PAGE,
+    DEFAULT_TEXT_READ,
+    DEFAULT_TRANSFER_PAGE,
     ArtifactView,
     DiffResult,
     DirListing,
@@ -103,7 +108,7 @@ def _list_files(
     seq: int | None = None,
     recursive: bool = False,
     after: str | None = None,
-    limit: int = 1000,
+    limit: int = DEFAULT_LIST_LIMIT,
 ) -> _Call[DirListing]:
     """W2: a folder of a committed snapshot (the head by default), paged with ``after``."""
     params = {
@@ -135,7 +140,7 @@ def _read_text(
     runner_id: str | None = None,
     seq: int | None = None,
     offset: int = 0,
-    limit: int = 65536,
+    limit: int = DEFAULT_TEXT_READ,
 ) -> _Call[FileText]:
     params = {
         "path": path,
@@ -160,7 +165,7 @@ def _diff(
     workspace_id: str | None = None,
     runner_id: str | None = None,
     after: str | None = None,
-    limit: int = 1000,
+    limit: int = DEFAULT_DIFF_LIMIT,
 ) -> _Call[DiffResult]:
     params = {
         "from_seq": from_seq,
@@ -221,7 +226,7 @@ def _transfer_start(
     return call("POST", "/v1/transfers", _TRANSFER, body=_present(body), timeout_s=120.0)
 
 
-def _transfers(limit: int = 100) -> _Call[list[TransferView]]:
+def _transfers(limit: int = DEFAULT_TRANSFER_PAGE) -> _Call[list[TransferView]]:
     return call("GET", "/v1/transfers", _TRANSFERS, {"limit": limit})
 
 
@@ -238,7 +243,7 @@ def _transfer_wait(transfer_id: str, timeout_s: float = 10.0) -> _Call[TransferV
 
 
 def _transfer_files(
-    transfer_id: str, outcome: str | None = None, offset: int = 0, limit: int = 1000
+    transfer_id: str, outcome: str | None = None, offset: int = 0, limit: int = DEFAULT_OUTCOME_PAGE
 ) -> _Call[TransferFilesView]:
     params = {"outcome": outcome, "offset": offset, "limit": limit}
     return call("GET", f"/v1/transfers/{transfer_id}/files", _TFILES, params)
