@@ -315,13 +315,14 @@ def details_sandbox(d: dict[str, Any]) -> list[str]:
         st = d.get("spawn_ms", {}).get(key, {})
         cells = [label, *(str(st.get(k)) for k in ("n", "p50", "p95", "mean"))]
         rows.append("| " + " | ".join(cells) + " |")
-    paired = d.get("paired_ms", {})
-    rows += [
-        "",
-        f"Median per-round differences (ms): seccomp {paired.get('seccomp')}, network off vs "
-        f"host {paired.get('network_off')}, egress relay vs off {paired.get('egress')}, "
-        f"default vs the pre-issue-11 argv {paired.get('before')}.",
-    ]
+    for title, key in (("wall time", "paired_ms"), ("CPU time", "paired_cpu_ms")):
+        paired = d.get(key, {})
+        rows += [
+            "",
+            f"Median per-round differences of {title} (ms): seccomp {paired.get('seccomp')}, "
+            f"network off vs host {paired.get('network_off')}, egress relay vs off "
+            f"{paired.get('egress')}, default vs the pre-issue-11 argv {paired.get('before')}.",
+        ]
     return [*rows, ""]
 
 

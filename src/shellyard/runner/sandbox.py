@@ -195,6 +195,10 @@ class HostView:
         visible.append(Path("/etc"))
         for part in SYS_PARTS:
             argv += ["--ro-bind-try", part, part]
+        argv += ["--dev", "/dev", "--proc", "/proc"]
+        for private in ("/tmp", "/var/tmp", "/run"):
+            argv += ["--tmpfs", private]
+        # After the private folders, so an operator's path under /tmp or /run is not covered.
         for raw in host_paths:
             path = Path(raw)
             if not path.exists():
@@ -204,9 +208,6 @@ class HostView:
                 )
             argv += ["--ro-bind", raw, raw]
             visible.append(path)
-        argv += ["--dev", "/dev", "--proc", "/proc"]
-        for private in ("/tmp", "/var/tmp", "/run"):
-            argv += ["--tmpfs", private]
         # Secrets of /etc, and the runner's own folders (its home, token files) wherever an
         # operator path or /usr would show them.
         covered = [*_etc_secrets(), *(Path(p).absolute() for p in hidden)]
