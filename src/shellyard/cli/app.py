@@ -99,8 +99,9 @@ def mcp(
 
 # Every verb module registers its verbs on the app; none of them imports this module.
 from shellyard.cli import environments, files, sessions, shell_call, tokens  # noqa: E402
+from shellyard.cli import ui as ui_verb  # noqa: E402
 
-for module in (executions, runners, sessions, files, shell_call, tokens, environments):
+for module in (executions, runners, sessions, files, shell_call, tokens, environments, ui_verb):
     module.register(app)
 
 # Every verb is registered: group them for --help.
