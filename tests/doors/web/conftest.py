@@ -12,14 +12,26 @@ from playwright.async_api import Browser, BrowserContext, Page, async_playwright
 from web_helpers import CHROMIUM, CHROMIUM_ARGS, Served, free_port, make_home
 
 
-@pytest.fixture
-def served() -> Iterator[Served]:
+def _serve() -> Iterator[Served]:
     home = make_home()
     server = Served(home, free_port())
     server.start()
     yield server
     server.stop()
     shutil.rmtree(home, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def served() -> Iterator[Served]:
+    """One server per test module (it takes seconds to start on a loaded machine); every test
+    makes sessions of its own, so tests do not see each other's records."""
+    yield from _serve()
+
+
+@pytest.fixture
+def own_served() -> Iterator[Served]:
+    """A server of the test's own, for a test that stops and restarts it."""
+    yield from _serve()
 
 
 @pytest.fixture

@@ -81,7 +81,8 @@ async def test_mcp_execution_state_change_and_reminder_show_live(
     await expect(panel.locator("#notice-list")).to_contain_text("look at it", timeout=LIVE_MS)
 
 
-async def test_page_reconnects_after_a_server_restart(served: Served, page: Page) -> None:
+async def test_page_reconnects_after_a_server_restart(own_served: Served, page: Page) -> None:
+    served = own_served
     session = new_session(served)
     agent = session["main_agent_id"]
     first = run(served, agent, "echo before")

@@ -228,7 +228,8 @@ export class ActivityPanel {
 
   transferItem(t) {
     const id = t.transfer_id;
-    const committed = t.files_copied + t.files_unchanged + t.files_skipped + t.files_failed;
+    // T3: a file counts once it is in a committed target snapshot (copied, or already there).
+    const committed = t.files_copied + t.files_unchanged;
     const files = h("div", { class: "transfer-files", id: `files-${id}` });
     const active = ACTIVE_TRANSFER.includes(t.state);
     return h("li", { class: "item", "data-transfer": id },
