@@ -252,7 +252,7 @@ export class ActivityPanel {
     box.replaceChildren(h("ul", { class: "plain files-list" }, ...page.files.map((f) => h("li", {},
       h("span", { class: `badge badge-${f.outcome}` }, f.outcome), " ", h("code", {}, f.source_path), " → ",
       h("code", {}, f.target_path), ` · ${bytes(f.size)}`, f.reason ? h("span", { class: "error" }, ` (${f.reason})`) : null))),
-    page.next_offset !== null ? h("p", { class: "muted" }, "First 200 files shown.") : null);
+    ...(page.next_offset !== null ? [h("p", { class: "muted" }, "First 200 files shown.")] : []));
   }
 
   async cancelTransfer(t, button) {

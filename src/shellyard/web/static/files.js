@@ -188,7 +188,7 @@ export class FilePanel {
       ...parts.map((part, i) => [
         h("span", { "aria-hidden": "true" }, " / "),
         h("button", { type: "button", class: "link", onclick: () => this.open(parts.slice(0, i + 1).join("/")) }, part),
-      ]),
+      ]).flat(),
     );
     this.folderLink.setAttribute("href", href(`/v1/sessions/${sid}/files/archive`, { workspace_id: ws, seq, path: this.path }));
     this.folderLink.setAttribute("aria-label", `Download folder /${this.path} as tar`);
@@ -221,12 +221,14 @@ export class FilePanel {
       query: { workspace_id: this.workspace.workspace_id, seq, path: entry.path, limit: PREVIEW_BYTES },
     });
     const title = h("h4", { id: "preview-title" }, `${entry.path} @ #${seq} — ${bytes(text.size)}`);
-    if (text.encoding !== "utf-8") {
+    // Not text: not UTF-8, or a NUL byte in its first 8000 characters (git's rule).
+    if (text.encoding !== "utf-8" || text.data.slice(0, 8000).includes("\u0000")) {
       this.preview.replaceChildren(title, h("p", { class: "muted" }, "Not text (binary): use its download link."));
       return;
     }
     const more = text.complete ? null : h("p", { class: "muted" }, `First ${bytes(text.next_offset)} shown; download the file for all of it.`);
-    this.preview.replaceChildren(title, h("pre", { class: "text", tabindex: "0", "aria-labelledby": "preview-title" }, text.data), more);
+    const pre = h("pre", { class: "text", tabindex: "0", "aria-labelledby": "preview-title" }, text.data);
+    this.preview.replaceChildren(...[title, pre, more].filter(Boolean));
   }
 
   async showDiff() {
