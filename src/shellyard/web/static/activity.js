@@ -151,16 +151,16 @@ export class ActivityPanel {
       h("button", { type: "button", "data-focus": "logs", "aria-label": `View logs of ${id}`, onclick: () => this.openLogs(e) }, "View logs"),
       active ? h("button", { type: "button", class: "danger", "data-focus": "cancel", "aria-label": `Cancel execution ${id}`, onclick: (ev) => this.cancelExecution(e, ev.target) }, "Cancel execution") : null);
     return h("tr", { class: `state-${e.state}`, "data-execution": id },
-      h("td", {}, h("code", {}, id), e.background ? h("div", { class: "muted" }, "background") : null),
-      h("td", {}, `${e.runner_id} · ${agentName(this.session, e.agent_id)}`),
-      h("td", {}, badge(e.state), e.cancel_requested && active ? h("div", { class: "muted" }, "cancel requested") : null,
+      h("td", { "data-label": "Execution" }, h("code", {}, id), e.background ? h("div", { class: "muted" }, "background") : null),
+      h("td", { "data-label": "Runner · agent" }, `${e.runner_id} · ${agentName(this.session, e.agent_id)}`),
+      h("td", { "data-label": "State" }, badge(e.state), e.cancel_requested && active ? h("div", { class: "muted" }, "cancel requested") : null,
         e.was_unknown ? h("div", { class: "muted" }, "was unknown") : null,
         e.error ? h("div", { class: "error" }, e.error) : null),
-      h("td", {}, what),
-      h("td", { class: "num" }, e.exit_code === null || e.exit_code === undefined ? "—" : String(e.exit_code)),
-      h("td", {}, times),
-      h("td", {}, e.environment_id ? `${e.environment_id} r${e.environment_revision ?? "?"}` : "—"),
-      h("td", {}, actions));
+      h("td", { "data-label": "Command or script" }, what),
+      h("td", { class: "num", "data-label": "Exit" }, e.exit_code === null || e.exit_code === undefined ? "—" : String(e.exit_code)),
+      h("td", { "data-label": "Times" }, times),
+      h("td", { "data-label": "Env. revision" }, e.environment_id ? `${e.environment_id} r${e.environment_revision ?? "?"}` : "—"),
+      h("td", { "data-label": "Actions" }, actions));
   }
 
   async cancelExecution(e, button) {

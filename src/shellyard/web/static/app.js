@@ -144,7 +144,7 @@ async function openSession(sessionId, prefetched = null) {
   panel.replaceChildren(
     head,
     h("p", { id: "panel-error", class: "error", role: "alert" }),
-    h("div", { class: "columns" }, files.el, activity.el),
+    h("div", { class: "columns" }, activity.el, files.el),
   );
   state.current = { session, files, activity, stream: null, retry: null };
   for (const button of document.querySelectorAll("#session-list .session")) {
@@ -251,5 +251,11 @@ async function start() {
   }
   await loggedIn(me, wanted);
 }
+
+// A login link opened in a tab that shows the page already changes only the fragment: start
+// again so that its code is used.
+window.addEventListener("hashchange", () => {
+  if (fragment().get("login")) location.reload();
+});
 
 start().catch(showError);
