@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator
 from typing import Annotated
 from urllib.parse import quote
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Depends, Query
 from fastapi.responses import StreamingResponse
 from fastapi.sse import EventSourceResponse, ServerSentEvent
 
@@ -55,6 +55,11 @@ def panel_router(plane: ControlPlane) -> APIRouter:
         if not service:
             service.append(PanelService(plane))
         return service[0]
+
+    async def known_session(session_id: str, who: PrincipalDep) -> str:
+        """A dependency, so that an unknown session is a JSON 404 before a stream starts."""
+        await panel().agents(who, session_id)
+        return session_id
 
     @router.get("/v1/panel/sessions")
     async def sessions(who: PrincipalDep) -> list[SessionView]:
@@ -151,10 +156,11 @@ def panel_router(plane: ControlPlane) -> APIRouter:
         response_class=EventSourceResponse,
         responses=JSON_ERROR_RESPONSES,  # errors are JSON, not events
     )
-    async def panel_stream(session_id: str, who: PrincipalDep) -> AsyncIterator[ServerSentEvent]:
+    async def panel_stream(
+        session_id: Annotated[str, Depends(known_session)], who: PrincipalDep
+    ) -> AsyncIterator[ServerSentEvent]:
         """Server-sent events: ``change`` with the parts of the panel that changed. The first
         event of every connection names them all (so a reconnect reads everything again)."""
-        await panel().agents(who, session_id)  # NotFound as JSON before the stream starts
         async for change in panel().changes(who, session_id):
             yield ServerSentEvent(
                 data=change.model_dump(mode="json"), event="change", retry=RETRY_MS
