@@ -10,6 +10,8 @@ import asyncio
 from playwright.async_api import Page, expect
 from web_helpers import Served, new_session, run
 
+pytest_plugins = ["web_fixtures"]
+
 # Controls without an accessible name: a button/link's text or aria-label, a field's label.
 UNLABELLED = """() => [...document.querySelectorAll('button, a[href], select, input, textarea')]
     .filter((el) => el.offsetParent !== null)

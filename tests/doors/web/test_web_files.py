@@ -11,6 +11,8 @@ from pathlib import Path
 from playwright.async_api import Page, expect
 from web_helpers import Served, new_session, run
 
+pytest_plugins = ["web_fixtures"]
+
 
 async def test_browse_preview_download_history_diff_artifacts(
     served: Served, page: Page, tmp_path: Path

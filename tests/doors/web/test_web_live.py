@@ -15,6 +15,8 @@ from mcp.shared._httpx_utils import create_mcp_http_client
 from playwright.async_api import Page, expect
 from web_helpers import Served, new_session, run
 
+pytest_plugins = ["web_fixtures"]
+
 LIVE_MS = 2000
 
 

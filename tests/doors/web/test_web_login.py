@@ -12,6 +12,8 @@ import httpx
 from playwright.async_api import BrowserContext, Page, expect
 from web_helpers import Served, new_session
 
+pytest_plugins = ["web_fixtures"]
+
 
 def ui_url(served: Served, *args: str) -> str:
     """The URL ``shellyard ui --print-url`` prints, run as a user would."""

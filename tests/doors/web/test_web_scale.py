@@ -18,6 +18,8 @@ from web_helpers import Served, new_session, run
 from shellyard.store import Store
 from shellyard.store.schema import executions
 
+pytest_plugins = ["web_fixtures"]
+
 COUNT = 10_000
 FIRST_PAINT_MS = 1000
 

@@ -13,6 +13,8 @@ from pathlib import Path
 from playwright.async_api import Browser, Page, expect
 from web_helpers import Served, new_session, run
 
+pytest_plugins = ["web_fixtures"]
+
 WIDE = {"width": 1280, "height": 800}
 NARROW = {"width": 390, "height": 844}
 

@@ -1,4 +1,6 @@
-"""Fixtures of the web page's tests (issue 14): a served home and Debian's Chromium driven by
+"""Fixtures of the web page's tests (issue 14), loaded by each test module with
+``pytest_plugins = ["web_fixtures"]`` (a conftest.py here would shadow tests/conftest.py,
+which other tests import as ``conftest``): a served home and Debian's Chromium driven by
 Playwright (launched from /usr/bin/chromium; never 'playwright install', which downloads)."""
 
 from __future__ import annotations
