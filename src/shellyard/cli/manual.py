@@ -80,6 +80,7 @@ PANELS = {
     "mcp": "Serving",
     "runner": "Serving",
     "token": "Serving",
+    "ui": "Serving",
 }
 
 

@@ -6,6 +6,7 @@ code in the URL's fragment; the page trades it for its login cookie. ``cli/app.p
 
 from __future__ import annotations
 
+import json
 import os
 import webbrowser
 from typing import Annotated
@@ -13,7 +14,7 @@ from typing import Annotated
 import httpx
 import typer
 
-from shellyard.cli.common import HomeOption, err, fail, out
+from shellyard.cli.common import HomeOption, JsonOption, err, fail, out
 from shellyard.config import default_home
 from shellyard.errors import ShellyardError, error_from_dict
 
@@ -31,6 +32,7 @@ def ui(
         bool,
         typer.Option("--print-url", help="Print the login URL instead of opening a browser."),
     ] = False,
+    as_json: JsonOption = False,
 ) -> None:
     """Open the web page (the session file panel, live) logged in with a one-time code: the
     link works once, for two minutes, with the reach of your token ($SHELLYARD_TOKEN or the
@@ -40,6 +42,7 @@ def ui(
     try:
         info = ensure_server(home or default_home())
         token = os.environ.get("SHELLYARD_TOKEN") or info.token
+        expires_at = None
         if not token:  # a --no-auth server: the page needs no login
             url = f"{info.url}/ui/" + (f"#session={session}" if session else "")
         else:
@@ -53,10 +56,14 @@ def ui(
             if response.status_code >= 400:
                 raise error_from_dict(data.get("error") or {"message": response.text})
             url = f"{info.url}{data['path']}"
+            expires_at = data["expires_at"]
     except ShellyardError as exc:
         fail(exc)
     except (httpx.HTTPError, ValueError) as exc:
         fail(ShellyardError(f"cannot talk to the control plane: {exc}"))
+    if as_json:  # like --print-url, for scripts
+        out.print_json(json.dumps({"url": url, "expires_at": expires_at}))
+        return
     if print_url or not webbrowser.open(url):
         if not print_url:
             err.print("No browser could be opened here: open this URL (it works once):")
