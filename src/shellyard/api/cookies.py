@@ -23,6 +23,8 @@ from shellyard.control.service import ControlPlane
 from shellyard.control.tokens import Principal, hash_secret
 from shellyard.errors import Forbidden, Unauthorized
 
+#: The cookie's name is this plus the server's port: browsers keep cookies per host, not per
+#: port, so two servers on one host would otherwise overwrite each other's login.
 COOKIE_NAME = "shellyard_login"
 CSRF_HEADER = "X-Shellyard-CSRF"
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
@@ -37,7 +39,12 @@ def cookie_secret(request: Request) -> str | None:
     """The login cookie's secret, if the request carries one on a route that takes it."""
     if not request.url.path.startswith("/v1/"):
         return None
-    return request.cookies.get(COOKIE_NAME) or None
+    return request.cookies.get(cookie_name(request)) or None
+
+
+def cookie_name(request: Request) -> str:
+    port = request.url.port or (443 if request.url.scheme == "https" else 80)
+    return f"{COOKIE_NAME}_{port}"
 
 
 async def cookie_principal(request: Request, plane: ControlPlane, secret: str) -> Principal:
@@ -69,4 +76,11 @@ async def cookie_principal(request: Request, plane: ControlPlane, secret: str) -
     return who
 
 
-__all__ = ["COOKIE_NAME", "CSRF_HEADER", "cookie_principal", "cookie_secret", "csrf_of"]
+__all__ = [
+    "COOKIE_NAME",
+    "CSRF_HEADER",
+    "cookie_name",
+    "cookie_principal",
+    "cookie_secret",
+    "csrf_of",
+]

@@ -20,7 +20,7 @@ from fastapi import APIRouter, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from shellyard.api.auth import PrincipalDep, principal
-from shellyard.api.cookies import COOKIE_NAME, CSRF_HEADER, cookie_secret, csrf_of
+from shellyard.api.cookies import CSRF_HEADER, cookie_name, cookie_secret, csrf_of
 from shellyard.api.docs import body_doc
 from shellyard.api.sessions import parse
 from shellyard.control.service import ControlPlane
@@ -146,7 +146,7 @@ def login_router(plane: ControlPlane) -> APIRouter:
             created_by=who.token_id,
         )
         response.set_cookie(
-            COOKIE_NAME,
+            cookie_name(request),
             secret,
             max_age=COOKIE_MAX_AGE_S,
             path="/",
@@ -177,7 +177,7 @@ def login_router(plane: ControlPlane) -> APIRouter:
         if row is None:
             raise NotFound("the login cookie's token is gone already")
         await plane.tokens.records.revoke(str(row["id"]))
-        response.delete_cookie(COOKIE_NAME, path="/", httponly=True, samesite="strict")
+        response.delete_cookie(cookie_name(request), path="/", httponly=True, samesite="strict")
         return _view(who, "cookie")
 
     return router

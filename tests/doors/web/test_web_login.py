@@ -64,7 +64,7 @@ async def test_shellyard_ui_logs_in_once_with_the_tokens_reach(
     await expect(page.locator("#who")).to_contain_text("admin")
     assert "login=" not in page.url
     cookies = await context.cookies()
-    [cookie] = [c for c in cookies if c["name"] == "shellyard_login"]
+    [cookie] = [c for c in cookies if c["name"] == f"shellyard_login_{served.port}"]
     assert cookie["httpOnly"] and cookie["sameSite"] == "Strict"
     assert await page.evaluate("document.cookie") == ""  # no script can read it
     # The admin login lists every session, newest first.
