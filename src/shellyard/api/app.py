@@ -173,6 +173,15 @@ def create_app(
     from shellyard.api.maintenance import maintenance_router  # gc, debug sizes (admin)
 
     app.include_router(maintenance_router(plane), dependencies=auth)
+
+    # The web page: its login, its session-wide reads, its static assets (issue 14).
+    from shellyard.api.login import login_router
+    from shellyard.api.panel import panel_router
+    from shellyard.web import mount_web
+
+    app.include_router(login_router(plane))
+    app.include_router(panel_router(plane), dependencies=auth)
+    mount_web(app)
     # MCP over streamable HTTP, the same tools as stdio, bound to each request's token.
     mcp_app = mount_mcp(app)
     document_bodies(app)

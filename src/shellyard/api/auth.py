@@ -17,6 +17,7 @@ from typing import Annotated
 
 from fastapi import Depends, Header, Request
 
+from shellyard.api.cookies import cookie_principal, cookie_secret
 from shellyard.control.service import ControlPlane
 from shellyard.control.tokens import UNAUTHENTICATED_ADMIN, Principal
 from shellyard.errors import Forbidden
@@ -51,7 +52,11 @@ async def principal(
         scheme, _, secret = (authorization or "").partition(" ")
         if scheme.lower() != "bearer":
             secret = ""
-        who = await plane.tokens.authenticate(secret.strip())
+        cookie = None if secret.strip() else cookie_secret(request)
+        if cookie is not None:  # the web page's login (api/cookies.py); a bearer token wins
+            who = await cookie_principal(request, plane, cookie)
+        else:
+            who = await plane.tokens.authenticate(secret.strip())
     await _check_path(plane, who, request.path_params)
     return who
 

@@ -183,6 +183,7 @@ from shellyard.cli import (  # noqa: E402
     shell_call,
     tokens,
     transfers,
+    ui,
 )
 
 VERB_MODULES = (
@@ -197,6 +198,7 @@ VERB_MODULES = (
     environments,
     gc,  # docs/operations.md
     backup,
+    ui,
 )
 for module in VERB_MODULES:
     module.register(app)

@@ -83,6 +83,7 @@ PANELS = {
     "gc": "Serving",
     "backup": "Serving",
     "restore": "Serving",
+    "ui": "Serving",
 }
 
 

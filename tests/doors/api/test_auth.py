@@ -75,11 +75,16 @@ NO_ID = {
     ("GET", "/v1/tokens"),
     ("POST", "/v1/environments"),
     ("GET", "/v1/environments"),
+    ("GET", "/v1/panel/sessions"),
+    ("POST", "/v1/auth/login"),
+    ("GET", "/v1/auth/me"),
+    ("POST", "/v1/auth/logout"),
 }
 #: Required query parameters that are not ids.
 QUERY = {"path": "f.txt", "from_seq": "0"}
 #: The request body of each operation that names objects in its body (``{ids}`` filled in).
 BODIES: dict[tuple[str, str], dict[str, Any]] = {
+    ("POST", "/v1/auth/codes"): {"session_id": "{session_id}"},
     ("POST", "/v1/timers"): {"text": "t", "after_ms": 600_000, "execution_id": "{execution_id}"},
     ("POST", "/v1/webhooks"): {"url": "http://127.0.0.1:9/hook", "session_id": "{session_id}"},
     ("POST", "/v1/files/delete"): {"path": "d.txt", "workspace_id": "{workspace_id}"},
@@ -124,7 +129,10 @@ def _tar() -> bytes:
 RAW_BODIES = {("PUT", "/v1/files/content"): b"new", ("POST", "/v1/files/archive"): _tar()}
 #: The owner is not called here: the answer is an endless stream (its scope check runs
 #: before the stream starts, so A's refusal is still checked).
-OWNER_SKIPPED = {("GET", "/v1/sessions/{session_id}/wakes/stream")}
+OWNER_SKIPPED = {
+    ("GET", "/v1/sessions/{session_id}/wakes/stream"),
+    ("GET", "/v1/sessions/{session_id}/panel/stream"),
+}
 
 
 def bearer(token: str, agent: str | None = None) -> dict[str, str]:

@@ -1,0 +1,357 @@
+// The "Executions and reminders" region of the session file panel: executions (paged on the
+// server, newest first) with View logs and Cancel execution, transfers with their per-file
+// outcomes and Cancel transfer, reminders with Cancel reminder, child agents with Resume, and
+// the inbox notices with their read marks.
+
+import { api } from "./api.js";
+import { badge, bytes, h, keyedList, when } from "./dom.js";
+
+const PAGE = 50;
+const ACTIVE = ["queued", "running", "unknown"];
+const ACTIVE_TRANSFER = ["queued", "running"];
+const LOG_POLL_MS = 500;
+
+function agentName(session, agentId) {
+  return agentId === session.main_agent_id ? "main" : agentId;
+}
+
+export class ActivityPanel {
+  constructor(session, onError) {
+    this.session = session;
+    this.agents = session.agents || [];
+    this.onError = onError;
+    this.executions = [];
+    this.nextBefore = null;
+    this.logs = null; // {execution, stop}
+    this.build();
+  }
+
+  build() {
+    const section = (id, title, ...content) => h(
+      "section", { class: "sub", "aria-labelledby": id }, h("h4", { id }, title), ...content,
+    );
+    this.counts = h("p", { class: "counts", id: "execution-counts", "aria-live": "polite" });
+    this.execRows = h("tbody", { id: "execution-rows" });
+    this.more = h("button", { type: "button", id: "older", hidden: true, onclick: () => this.loadOlder() }, "Load older executions");
+    this.logView = h("div", { class: "logs", id: "log-view", hidden: true });
+    this.transferRows = h("ul", { class: "plain", id: "transfer-list" });
+    this.timerRows = h("ul", { class: "plain", id: "timer-list" });
+    this.agentRows = h("ul", { class: "plain", id: "agent-list" });
+    this.noticeRows = h("ul", { class: "plain", id: "notice-list" });
+    this.el = h(
+      "section",
+      { class: "card activity", role: "region", "aria-label": "Executions and reminders" },
+      h("h3", {}, "Executions & reminders"),
+      section(
+        "executions-title", "Executions",
+        this.counts,
+        h("div", { class: "scroll", tabindex: "0", role: "group", "aria-label": "Executions table" },
+          h("table", { class: "grid", id: "execution-table" },
+            h("thead", {}, h("tr", {},
+              ...["Execution", "Runner · agent", "State", "Command or script", "Exit", "Times", "Env. revision", "Actions"]
+                .map((t) => h("th", { scope: "col" }, t)))),
+            this.execRows)),
+        this.more,
+        this.logView,
+      ),
+      section("transfers-title", "Transfers", this.transferRows),
+      section("timers-title", "Reminders", this.timerRows),
+      section("agents-title", "Child agents", this.agentRows),
+      section("notices-title", "Inbox notices", this.noticeRows),
+    );
+  }
+
+  async load(withExecutions = true) {
+    await Promise.all([
+      withExecutions ? this.loadExecutions() : null,
+      this.loadTransfers(),
+      this.loadTimers(),
+      this.loadNotices(),
+    ]);
+    this.renderAgents();
+  }
+
+  async refresh(parts, session) {
+    if (session) {
+      this.session = session;
+      this.agents = session.agents || [];
+    }
+    const jobs = [];
+    if (parts.includes("executions")) jobs.push(this.loadExecutions());
+    if (parts.includes("transfers")) jobs.push(this.loadTransfers());
+    if (parts.includes("timers")) jobs.push(this.loadTimers());
+    if (parts.includes("notices")) jobs.push(this.loadNotices());
+    await Promise.all(jobs);
+    if (parts.includes("agents") || parts.includes("session")) this.renderAgents();
+  }
+
+  // ---------------------------------------------------------------- executions
+
+  async loadExecutions(prefetched = null) {
+    // The newest page again (as many rows as are shown, up to 500); older rows stay.
+    const limit = Math.min(500, Math.max(PAGE, this.executions.length));
+    const page = prefetched ? await prefetched
+      : await api(`/v1/sessions/${this.session.session_id}/executions`, { query: { limit } });
+    const fresh = new Map(page.executions.map((e) => [e.execution_id, e]));
+    const oldest = page.executions.length ? page.executions[page.executions.length - 1] : null;
+    // Rows shown from older pages (or slid out of the newest page) stay below it.
+    const older = this.executions.filter((e) => !fresh.has(e.execution_id) && oldest && e.created_at <= oldest.created_at);
+    this.executions = [...page.executions, ...older];
+    if (!older.length) this.nextBefore = page.next_before_seq;
+    this.showCounts(page);
+    this.renderExecutions();
+    // The first page on screen: what a 10,000-execution session must show within 1 s.
+    if (!performance.getEntriesByName("shellyard-executions-shown").length) {
+      performance.mark("shellyard-executions-shown");
+    }
+    if (this.logs) {
+      const current = fresh.get(this.logs.execution.execution_id);
+      if (current) this.logs.execution = current;
+    }
+  }
+
+  async loadOlder() {
+    if (this.nextBefore === null) return;
+    const page = await api(`/v1/sessions/${this.session.session_id}/executions`, {
+      query: { limit: PAGE, before_seq: this.nextBefore },
+    });
+    this.executions = [...this.executions, ...page.executions];
+    this.nextBefore = page.next_before_seq;
+    this.showCounts(page);
+    this.renderExecutions();
+  }
+
+  showCounts(page) {
+    const active = ACTIVE.reduce((n, s) => n + (page.counts[s] || 0), 0);
+    const shown = Object.entries(page.counts).filter(([, n]) => n).map(([s, n]) => `${n} ${s}`).join(", ");
+    this.counts.textContent = `${page.total} executions (${active} active${shown ? `: ${shown}` : ""}); showing ${this.executions.length}, newest first.`;
+  }
+
+  renderExecutions() {
+    this.more.hidden = this.nextBefore === null;
+    if (!this.executions.length) {
+      this.execRows.replaceChildren(h("tr", {}, h("td", { colspan: "8", class: "muted" }, "No execution yet.")));
+      return;
+    }
+    if (this.execRows.firstElementChild && !this.execRows.firstElementChild.dataset.key) this.execRows.replaceChildren();
+    keyedList(this.execRows, this.executions, (e) => e.execution_id, (e) => this.executionRow(e));
+  }
+
+  executionRow(e) {
+    const id = e.execution_id;
+    const active = ACTIVE.includes(e.state);
+    const what = e.command !== null && e.command !== undefined
+      ? h("code", { class: "command" }, e.command)
+      : h("span", {}, "script ", h("code", {}, e.script_path));
+    const times = h("div", { class: "times" },
+      h("div", {}, "created ", when(e.created_at)),
+      e.started_at ? h("div", {}, "started ", when(e.started_at)) : null,
+      e.finished_at ? h("div", {}, "finished ", when(e.finished_at)) : null);
+    const actions = h("div", { class: "actions" },
+      h("button", { type: "button", "data-focus": "logs", "aria-label": `View logs of ${id}`, onclick: () => this.openLogs(e) }, "View logs"),
+      active ? h("button", { type: "button", class: "danger", "data-focus": "cancel", "aria-label": `Cancel execution ${id}`, onclick: (ev) => this.cancelExecution(e, ev.target) }, "Cancel execution") : null);
+    return h("tr", { class: `state-${e.state}`, "data-execution": id },
+      h("td", { "data-label": "Execution" }, h("code", {}, id), e.background ? h("div", { class: "muted" }, "background") : null),
+      h("td", { "data-label": "Runner · agent" }, `${e.runner_id} · ${agentName(this.session, e.agent_id)}`),
+      h("td", { "data-label": "State" }, badge(e.state), e.cancel_requested && active ? h("div", { class: "muted" }, "cancel requested") : null,
+        e.was_unknown ? h("div", { class: "muted" }, "was unknown") : null,
+        e.error ? h("div", { class: "error" }, e.error) : null),
+      h("td", { "data-label": "Command or script" }, what),
+      h("td", { class: "num", "data-label": "Exit" }, e.exit_code === null || e.exit_code === undefined ? "—" : String(e.exit_code)),
+      h("td", { "data-label": "Times" }, times),
+      h("td", { "data-label": "Env. revision" }, e.environment_id ? `${e.environment_id} r${e.environment_revision ?? "?"}` : "—"),
+      h("td", { "data-label": "Actions" }, actions));
+  }
+
+  async cancelExecution(e, button) {
+    button.disabled = true;
+    try {
+      await api(`/v1/executions/${e.execution_id}/cancel`, { method: "POST", agent: e.agent_id });
+      await this.loadExecutions();
+    } catch (err) {
+      button.disabled = false;
+      this.onError(err);
+    }
+  }
+
+  // ---------------------------------------------------------------- logs
+
+  openLogs(e) {
+    if (this.logs) this.logs.stop();
+    const out = h("pre", { class: "text", id: "log-stdout", tabindex: "0", "aria-label": "stdout" });
+    const err = h("pre", { class: "text", id: "log-stderr", tabindex: "0", "aria-label": "stderr" });
+    const status = h("p", { id: "log-status", role: "status" });
+    const close = h("button", { type: "button", "aria-label": "Close logs", onclick: () => this.closeLogs() }, "Close logs");
+    this.logView.replaceChildren(
+      h("h5", { id: "log-title" }, "Logs of ", h("code", {}, e.execution_id), " ", close),
+      status, h("h6", {}, "stdout"), out, h("h6", {}, "stderr"), err);
+    this.logView.hidden = false;
+    let stopped = false;
+    const offsets = { stdout: 0, stderr: 0 };
+    const logs = { execution: e, stop: () => { stopped = true; } };
+    this.logs = logs;
+    const step = async () => {
+      if (stopped) return;
+      let complete = true;
+      let state = logs.execution.state;
+      for (const [stream, pre] of [["stdout", out], ["stderr", err]]) {
+        const part = await api(`/v1/executions/${e.execution_id}/logs`, {
+          agent: e.agent_id, query: { stream, offset: offsets[stream], limit: 65536 },
+        });
+        if (stopped) return;
+        if (part.data) pre.append(part.data);
+        offsets[stream] = part.next_offset;
+        complete = complete && part.complete;
+        state = part.state;
+      }
+      const following = !complete || ACTIVE.includes(state);
+      status.textContent = following ? `${state}: following the output…` : `${state}: all output shown.`;
+      if (following) setTimeout(() => step().catch(this.onError), LOG_POLL_MS);
+    };
+    step().catch(this.onError);
+    close.focus();
+  }
+
+  closeLogs() {
+    if (this.logs) this.logs.stop();
+    this.logs = null;
+    this.logView.hidden = true;
+    this.logView.replaceChildren();
+  }
+
+  // ---------------------------------------------------------------- transfers
+
+  async loadTransfers() {
+    const found = await api(`/v1/sessions/${this.session.session_id}/transfers`);
+    if (!found.length) {
+      this.transferRows.replaceChildren(h("li", { class: "muted" }, "No transfer."));
+      return;
+    }
+    if (this.transferRows.firstElementChild && !this.transferRows.firstElementChild.dataset.key) this.transferRows.replaceChildren();
+    keyedList(this.transferRows, found, (t) => t.transfer_id, (t) => this.transferItem(t));
+  }
+
+  transferItem(t) {
+    const id = t.transfer_id;
+    // T3: a file counts once it is in a committed target snapshot (copied, or already there).
+    const committed = t.files_copied + t.files_unchanged;
+    const files = h("div", { class: "transfer-files", id: `files-${id}` });
+    const active = ACTIVE_TRANSFER.includes(t.state);
+    return h("li", { class: "item", "data-transfer": id },
+      h("div", {}, h("code", {}, id), " ", badge(t.state)),
+      h("div", {}, h("code", {}, t.source_workspace_id), t.source_seq !== null ? ` @ #${t.source_seq}` : "", " → ",
+        h("code", {}, t.target_workspace_id), ` /${t.target_folder}`),
+      h("div", { class: "progress-text" }, `${committed}/${t.files_total} files committed`,
+        ` (${t.files_copied} copied, ${t.files_unchanged} unchanged, ${t.files_skipped} skipped, ${t.files_failed} failed)`,
+        ` · ${bytes(t.bytes_done)} of ${bytes(t.bytes_total)}`),
+      h("progress", { max: String(Math.max(1, t.files_total)), value: String(committed), "aria-label": `Files committed of transfer ${id}` }),
+      t.error ? h("div", { class: "error" }, t.error) : null,
+      h("div", { class: "actions" },
+        h("button", { type: "button", "data-focus": "files", "aria-label": `Show files of transfer ${id}`, onclick: () => this.showTransferFiles(t, files) }, "Show files"),
+        active ? h("button", { type: "button", class: "danger", "data-focus": "cancel", "aria-label": `Cancel transfer ${id}`, onclick: (ev) => this.cancelTransfer(t, ev.target) }, "Cancel transfer") : null),
+      files);
+  }
+
+  async showTransferFiles(t, box) {
+    const page = await api(`/v1/transfers/${t.transfer_id}/files`, { agent: t.agent_id, query: { limit: 200 } });
+    box.replaceChildren(h("ul", { class: "plain files-list" }, ...page.files.map((f) => h("li", {},
+      h("span", { class: `badge badge-${f.outcome}` }, f.outcome), " ", h("code", {}, f.source_path), " → ",
+      h("code", {}, f.target_path), ` · ${bytes(f.size)}`, f.reason ? h("span", { class: "error" }, ` (${f.reason})`) : null))),
+    ...(page.next_offset !== null ? [h("p", { class: "muted" }, "First 200 files shown.")] : []));
+  }
+
+  async cancelTransfer(t, button) {
+    button.disabled = true;
+    try {
+      await api(`/v1/transfers/${t.transfer_id}/cancel`, { method: "POST", agent: t.agent_id });
+      await this.loadTransfers();
+    } catch (err) {
+      button.disabled = false;
+      this.onError(err);
+    }
+  }
+
+  // ---------------------------------------------------------------- reminders
+
+  async loadTimers() {
+    const found = await api(`/v1/sessions/${this.session.session_id}/timers`);
+    if (!found.length) {
+      this.timerRows.replaceChildren(h("li", { class: "muted" }, "No reminder."));
+      return;
+    }
+    if (this.timerRows.firstElementChild && !this.timerRows.firstElementChild.dataset.key) this.timerRows.replaceChildren();
+    keyedList(this.timerRows, found, (t) => t.timer_id, (t) => {
+      const spec = Object.entries(t.spec).map(([k, v]) => `${k}: ${v}`).join(", ");
+      return h("li", { class: "item", "data-timer": t.timer_id },
+        h("div", {}, h("strong", {}, t.text)),
+        h("div", {}, badge(t.state), t.late ? " late" : "", " due ", when(t.fire_at), h("span", { class: "muted" }, ` (asked as ${spec})`)),
+        t.execution_id ? h("div", {}, "names execution ", h("code", {}, t.execution_id)) : null,
+        t.cancel_reason ? h("div", { class: "muted" }, t.cancel_reason) : null,
+        t.state === "pending" ? h("div", { class: "actions" }, h("button", {
+          type: "button", class: "danger", "data-focus": "cancel", "aria-label": `Cancel reminder ${t.timer_id}`,
+          onclick: (ev) => this.cancelTimer(t, ev.target),
+        }, "Cancel reminder")) : null);
+    });
+  }
+
+  async cancelTimer(t, button) {
+    button.disabled = true;
+    try {
+      await api(`/v1/timers/${t.timer_id}/cancel`, { method: "POST", agent: t.agent_id });
+      await this.loadTimers();
+    } catch (err) {
+      button.disabled = false;
+      this.onError(err);
+    }
+  }
+
+  // ---------------------------------------------------------------- agents, notices
+
+  renderAgents() {
+    const children = this.agents.filter((a) => !a.is_main);
+    if (!children.length) {
+      this.agentRows.replaceChildren(h("li", { class: "muted" }, "No child agent."));
+      return;
+    }
+    if (this.agentRows.firstElementChild && !this.agentRows.firstElementChild.dataset.key) this.agentRows.replaceChildren();
+    keyedList(this.agentRows, children, (a) => a.agent_id, (a) => {
+      const message = h("p", { class: "error", role: "alert", id: `resume-error-${a.agent_id}` });
+      return h("li", { class: "item", "data-agent": a.agent_id },
+        h("code", {}, a.agent_id), " ", badge(a.state), " ",
+        h("span", { class: `badge badge-gate-${a.gate}` }, a.gate === "closed" ? "stopped" : "gate open"),
+        a.parent_id && a.parent_id !== this.session.main_agent_id ? h("span", { class: "muted" }, ` child of ${a.parent_id}`) : null,
+        a.gate === "closed" ? h("div", { class: "actions" }, h("button", {
+          type: "button", "data-focus": "resume", "aria-label": `Resume agent ${a.agent_id}`,
+          onclick: (ev) => this.resume(a, ev.target, message),
+        }, "Resume")) : null,
+        message);
+    });
+  }
+
+  async resume(agent, button, message) {
+    button.disabled = true;
+    message.textContent = "";
+    try {
+      const fresh = await api(`/v1/agents/${agent.agent_id}/resume`, { method: "POST" });
+      this.agents = this.agents.map((a) => (a.agent_id === fresh.agent_id ? fresh : a));
+      this.renderAgents();
+    } catch (err) {
+      button.disabled = false;
+      message.textContent = `The server refused: ${err.message}`;
+    }
+  }
+
+  async loadNotices() {
+    const found = await api(`/v1/sessions/${this.session.session_id}/notices`);
+    if (!found.length) {
+      this.noticeRows.replaceChildren(h("li", { class: "muted" }, "No notice."));
+      return;
+    }
+    if (this.noticeRows.firstElementChild && !this.noticeRows.firstElementChild.dataset.key) this.noticeRows.replaceChildren();
+    keyedList(this.noticeRows, found, (n) => n.notice_id, (n) => h(
+      "li", { class: `item notice ${n.read_at ? "read" : "unread"}`, "data-notice": n.notice_id },
+      h("span", { class: `badge ${n.read_at ? "badge-read" : "badge-unread"}` }, n.read_at ? "read" : "unread"), " ",
+      h("span", { class: "muted" }, `${n.kind} · ${agentName(this.session, n.agent_id)} · `), when(n.created_at),
+      h("div", {}, n.summary)));
+  }
+}

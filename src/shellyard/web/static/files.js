@@ -1,0 +1,272 @@
+// The file part of the session file panel: a workspace's committed snapshots (W2): folders,
+// a text preview, downloads of a file or a folder (tar), the snapshot picker (history with
+// what made each snapshot), the diff of two snapshots, and the session's artifacts.
+
+import { api, href } from "./api.js";
+import { bytes, h, keyedList, when } from "./dom.js";
+
+const PREVIEW_BYTES = 65536;
+
+function baseName(path) {
+  const parts = path.split("/").filter(Boolean);
+  return parts.length ? parts[parts.length - 1] : "/";
+}
+
+export class FilePanel {
+  constructor(session, onError) {
+    this.session = session;
+    this.onError = onError;
+    this.workspaces = [];
+    this.workspace = null; // a WorkspaceView
+    this.history = null; // a HistoryView
+    this.seq = null; // null: follow the head
+    this.path = "";
+    this.build();
+  }
+
+  build() {
+    const sid = this.session.session_id;
+    this.wsSelect = h("select", { id: "ws-select", onchange: () => this.pickWorkspace() });
+    this.seqSelect = h("select", { id: "seq-select", onchange: () => this.pickSeq() });
+    this.crumbs = h("nav", { class: "crumbs", "aria-label": "Folder path" });
+    this.rows = h("tbody");
+    this.preview = h("div", { class: "preview", id: "preview", "aria-live": "polite" });
+    this.folderLink = h("a", { class: "button", id: "download-folder" }, "Download folder (tar)");
+    this.fromSelect = h("select", { id: "diff-from" });
+    this.toSelect = h("select", { id: "diff-to" });
+    this.diffOut = h("div", { class: "diff", id: "diff-result", "aria-live": "polite" });
+    this.artifactRows = h("ul", { class: "plain", id: "artifact-list" });
+    this.el = h(
+      "section",
+      { class: "card files", "aria-labelledby": `files-title-${sid}` },
+      h("h3", { id: `files-title-${sid}` }, "Files"),
+      h(
+        "div",
+        { class: "controls" },
+        h("label", { for: "ws-select" }, "Workspace"),
+        this.wsSelect,
+        h("label", { for: "seq-select" }, "Snapshot"),
+        this.seqSelect,
+        this.folderLink,
+      ),
+      this.crumbs,
+      h(
+        "div",
+        { class: "scroll", tabindex: "0", role: "group", "aria-label": "Folder contents" },
+        h(
+          "table",
+          { class: "grid", id: "file-table" },
+          h("thead", {}, h("tr", {}, h("th", {}, "Name"), h("th", {}, "Size"), h("th", {}, "Download"))),
+          this.rows,
+        ),
+      ),
+      this.preview,
+      h("h4", {}, "Compare snapshots"),
+      h(
+        "form",
+        { class: "controls", onsubmit: (event) => { event.preventDefault(); this.showDiff(); } },
+        h("label", { for: "diff-from" }, "From snapshot"),
+        this.fromSelect,
+        h("label", { for: "diff-to" }, "To snapshot"),
+        this.toSelect,
+        h("button", { type: "submit" }, "Show diff"),
+      ),
+      this.diffOut,
+      h("h4", {}, "Artifacts"),
+      this.artifactRows,
+    );
+  }
+
+  agent() {
+    return this.workspace ? this.workspace.agent_id : undefined;
+  }
+
+  async load() {
+    await Promise.all([this.loadWorkspaces(), this.loadArtifacts()]);
+  }
+
+  async refresh(parts) {
+    if (parts.includes("files") || parts.includes("agents")) await this.loadWorkspaces();
+    if (parts.includes("artifacts")) await this.loadArtifacts();
+  }
+
+  async loadWorkspaces() {
+    const sid = this.session.session_id;
+    this.workspaces = await api(`/v1/sessions/${sid}/workspaces`);
+    const keep = this.workspace && this.workspaces.find((w) => w.workspace_id === this.workspace.workspace_id);
+    const main = this.workspaces.find((w) => w.agent_id === this.session.main_agent_id && w.runner_id === "local");
+    const previousHead = this.workspace ? this.workspace.head_seq : null;
+    this.workspace = keep || main || this.workspaces[0] || null;
+    this.wsSelect.replaceChildren(
+      ...this.workspaces.map((w) => {
+        const who = w.agent_id === this.session.main_agent_id ? "main agent" : `agent ${w.agent_id}`;
+        return h("option", { value: w.workspace_id, selected: w === this.workspace },
+          `${w.workspace_id} · ${w.runner_id} · ${who}`);
+      }),
+    );
+    if (!this.workspace) {
+      this.rows.replaceChildren(h("tr", {}, h("td", { colspan: "3", class: "muted" }, "No workspace yet.")));
+      return;
+    }
+    if (!keep || previousHead !== this.workspace.head_seq || !this.history) {
+      await this.loadHistory();
+      if (this.seq === null) await this.loadListing();
+    }
+  }
+
+  async loadHistory() {
+    this.history = await api("/v1/files/history", {
+      agent: this.agent(),
+      query: { workspace_id: this.workspace.workspace_id },
+    });
+    const snaps = [...this.history.snapshots].reverse();
+    const label = (s) => {
+      const made = s.made_by_id ? `${s.made_by_kind} ${s.made_by_id}` : s.made_by_kind;
+      const time = s.created_at ? new Date(s.created_at * 1000).toLocaleString() : "";
+      const head = s.seq === this.history.head_seq ? " (head)" : "";
+      const pruned = s.retained ? "" : " — pruned";
+      return `#${s.seq}${head} — ${made}${time ? ` — ${time}` : ""}${pruned}`;
+    };
+    const options = (selected) => snaps.map((s) => h("option", {
+      value: String(s.seq), selected: s.seq === selected, disabled: !s.retained,
+    }, label(s)));
+    this.seqSelect.replaceChildren(
+      h("option", { value: "", selected: this.seq === null }, `Head (follows new snapshots, now #${this.history.head_seq})`),
+      ...options(this.seq),
+    );
+    const to = this.history.head_seq;
+    const from = snaps.length > 1 ? snaps[1].seq : to;
+    this.toSelect.replaceChildren(...options(Number(this.toSelect.value || to)));
+    this.fromSelect.replaceChildren(...options(Number(this.fromSelect.value || from)));
+  }
+
+  currentSeq() {
+    return this.seq === null ? this.history.head_seq : this.seq;
+  }
+
+  pickWorkspace() {
+    this.workspace = this.workspaces.find((w) => w.workspace_id === this.wsSelect.value) || null;
+    this.seq = null;
+    this.path = "";
+    this.fromSelect.value = "";
+    this.toSelect.value = "";
+    this.loadHistory().then(() => this.loadListing()).catch(this.onError);
+  }
+
+  pickSeq() {
+    this.seq = this.seqSelect.value === "" ? null : Number(this.seqSelect.value);
+    this.loadListing().catch(this.onError);
+  }
+
+  open(path) {
+    this.path = path;
+    this.preview.replaceChildren();
+    this.loadListing().catch(this.onError);
+  }
+
+  async loadListing() {
+    if (!this.workspace || !this.history) return;
+    const seq = this.currentSeq();
+    const ws = this.workspace.workspace_id;
+    const sid = this.session.session_id;
+    let listing;
+    try {
+      listing = await api("/v1/files", {
+        agent: this.agent(),
+        query: { workspace_id: ws, seq, path: this.path, limit: 1000 },
+      });
+    } catch (err) {
+      if (this.path && err.status === 404) { // the folder is gone in this snapshot
+        this.path = "";
+        return this.loadListing();
+      }
+      throw err;
+    }
+    const parts = this.path.split("/").filter(Boolean);
+    this.crumbs.replaceChildren(
+      h("button", { type: "button", class: "link", "aria-label": "Workspace root", onclick: () => this.open("") }, "/"),
+      ...parts.map((part, i) => [
+        h("span", { "aria-hidden": "true" }, " / "),
+        h("button", { type: "button", class: "link", onclick: () => this.open(parts.slice(0, i + 1).join("/")) }, part),
+      ]).flat(),
+    );
+    this.folderLink.setAttribute("href", href(`/v1/sessions/${sid}/files/archive`, { workspace_id: ws, seq, path: this.path }));
+    this.folderLink.setAttribute("aria-label", `Download folder /${this.path} as tar`);
+    const entries = [...listing.entries].sort((a, b) => (a.kind === "dir") === (b.kind === "dir")
+      ? a.path.localeCompare(b.path) : a.kind === "dir" ? -1 : 1);
+    if (!entries.length) {
+      this.rows.replaceChildren(h("tr", {}, h("td", { colspan: "3", class: "muted" }, "This folder is empty.")));
+      return;
+    }
+    keyedList(this.rows, entries.map((e) => ({ ...e, seq })), (e) => e.path, (e) => {
+      const name = baseName(e.path);
+      const isDir = e.kind === "dir";
+      const open = isDir
+        ? h("button", { type: "button", class: "link", "aria-label": `Open folder ${name}`, "data-focus": "open", onclick: () => this.open(e.path) }, `${name}/`)
+        : h("button", { type: "button", class: "link", "aria-label": `Preview ${name}`, "data-focus": "open", onclick: () => this.showPreview(e) },
+          e.kind === "symlink" ? `${name} → ${e.target}` : name);
+      const link = isDir
+        ? h("a", { href: href(`/v1/sessions/${sid}/files/archive`, { workspace_id: ws, seq, path: e.path }), "aria-label": `Download folder ${name} as tar` }, "tar")
+        : e.kind === "file"
+          ? h("a", { href: href(`/v1/sessions/${sid}/files/content`, { workspace_id: ws, seq, path: e.path }), "aria-label": `Download ${name}` }, "download")
+          : "";
+      return h("tr", {}, h("td", {}, open), h("td", {}, isDir ? "" : bytes(e.size)), h("td", {}, link));
+    });
+  }
+
+  async showPreview(entry) {
+    const seq = this.currentSeq();
+    const text = await api("/v1/files/text", {
+      agent: this.agent(),
+      query: { workspace_id: this.workspace.workspace_id, seq, path: entry.path, limit: PREVIEW_BYTES },
+    });
+    const title = h("h4", { id: "preview-title" }, `${entry.path} @ #${seq} — ${bytes(text.size)}`);
+    // Not text: not UTF-8, or a NUL byte in its first 8000 characters (git's rule).
+    if (text.encoding !== "utf-8" || text.data.slice(0, 8000).includes("\u0000")) {
+      this.preview.replaceChildren(title, h("p", { class: "muted" }, "Not text (binary): use its download link."));
+      return;
+    }
+    const more = text.complete ? null : h("p", { class: "muted" }, `First ${bytes(text.next_offset)} shown; download the file for all of it.`);
+    const pre = h("pre", { class: "text", tabindex: "0", "aria-labelledby": "preview-title" }, text.data);
+    this.preview.replaceChildren(...[title, pre, more].filter(Boolean));
+  }
+
+  async showDiff() {
+    const from = Number(this.fromSelect.value);
+    const to = Number(this.toSelect.value);
+    const diff = await api("/v1/files/diff", {
+      agent: this.agent(),
+      query: { workspace_id: this.workspace.workspace_id, from_seq: from, to_seq: to, limit: 1000 },
+    });
+    const title = h("h5", { id: "diff-title" }, `Changes from #${diff.from_seq} to #${diff.to_seq}: ${diff.changes.length}${diff.next_after ? "+" : ""}`);
+    if (!diff.changes.length) {
+      this.diffOut.replaceChildren(title, h("p", { class: "muted" }, "No change."));
+      return;
+    }
+    this.diffOut.replaceChildren(
+      title,
+      h("ul", { class: "plain", "aria-labelledby": "diff-title" }, ...diff.changes.map((c) => h(
+        "li", { class: `change-${c.change}` },
+        h("span", { class: `badge badge-${c.change}` }, c.change), " ",
+        h("code", {}, c.path), c.kind === "dir" ? "/" : "",
+        " ", h("span", { class: "muted" }, c.change === "changed"
+          ? `${bytes(c.old_size)} → ${bytes(c.new_size)}`
+          : bytes(c.change === "added" ? c.new_size : c.old_size)),
+      ))),
+    );
+  }
+
+  async loadArtifacts() {
+    const sid = this.session.session_id;
+    const found = await api(`/v1/sessions/${sid}/artifacts`);
+    if (!found.length) {
+      this.artifactRows.replaceChildren(h("li", { class: "muted" }, "No artifact declared."));
+      return;
+    }
+    keyedList(this.artifactRows, found, (a) => a.artifact_id, (a) => h(
+      "li", {},
+      h("a", { href: href(`/v1/sessions/${sid}/artifacts/${a.artifact_id}/content`), "aria-label": `Download artifact ${a.name}` }, a.name),
+      " ", h("span", { class: "muted" }, `${a.path} @ #${a.seq} · ${bytes(a.size)} · `), when(a.created_at),
+    ));
+  }
+}

@@ -1,0 +1,126 @@
+"""Helpers of the web page's tests (issue 14): a real ``shellyard serve`` on a fixed port (so
+that a restart keeps the page's origin), how Debian's Chromium is launched, and admin calls
+of the REST API that set the scene."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from shellyard.home import read_info
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+
+def make_home() -> Path:
+    """A home the sandbox uid can traverse (as tests/conftest.py makes them)."""
+    path = Path(tempfile.mkdtemp(prefix="shellyard-web-", dir="/tmp"))
+    path.chmod(0o711)
+    return path
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@dataclass
+class Served:
+    """A ``shellyard serve`` subprocess on ``port`` of ``home``."""
+
+    home: Path
+    port: int
+    process: subprocess.Popen[bytes] | None = None
+    token: str = ""
+    log: Path = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.log = self.home / "serve.log"
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        with self.log.open("ab") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "shellyard", "serve", "--port", str(self.port)],
+                env={**os.environ, "SHELLYARD_HOME": str(self.home)},
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+            )
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            info = read_info(self.home)
+            if info is not None and info.pid == self.process.pid:
+                self.token = info.token
+                return
+            if self.process.poll() is not None:
+                break
+            time.sleep(0.05)
+        raise AssertionError(f"shellyard serve did not start:\n{self.log.read_text()}")
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(20)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(5)
+        self.process = None
+
+    def admin(self, agent: str | None = None) -> httpx.Client:
+        headers = {"Authorization": f"Bearer {self.token}"}
+        if agent:
+            headers["X-Shellyard-Agent"] = agent
+        return httpx.Client(base_url=self.url, headers=headers, timeout=60)
+
+    def call(self, method: str, path: str, agent: str | None = None, **kw: Any) -> Any:
+        with self.admin(agent) as client:
+            response = client.request(method, path, **kw)
+        assert response.status_code < 400, f"{method} {path}: {response.text}"
+        return response.json()
+
+    def login_url(self, session_id: str | None = None, token: str | None = None) -> str:
+        """What ``shellyard ui --print-url`` prints (the CLI test checks that it does)."""
+        body = {"session_id": session_id} if session_id else {}
+        headers = {"Authorization": f"Bearer {token or self.token}"}
+        response = httpx.post(f"{self.url}/v1/auth/codes", json=body, headers=headers)
+        assert response.status_code == 200, response.text
+        return f"{self.url}{response.json()['path']}"
+
+
+def new_session(served: Served) -> dict[str, Any]:
+    session: dict[str, Any] = served.call("POST", "/v1/sessions")
+    return session
+
+
+def run(served: Served, agent: str, command: str, **options: Any) -> dict[str, Any]:
+    result: dict[str, Any] = served.call(
+        "POST", "/v1/executions", agent, json={"command": command, **options}
+    )
+    return result
