@@ -18,7 +18,7 @@ import sqlalchemy as sa
 from conftest import Yard, sy
 from shellyard.config import RetentionSettings, Settings
 from shellyard.contract.executions import ExecutionState
-from shellyard.control.retention import GcRequest
+from shellyard.contract.maintenance import GcRequest
 from shellyard.control.service import ControlPlane
 from shellyard.runner.protocol import LogPruneRequest
 from shellyard.store.schema import executions, session_events

@@ -8,9 +8,10 @@ from fastapi import APIRouter, Depends
 from shellyard.api.auth import admin_only
 from shellyard.api.docs import body_doc
 from shellyard.api.sessions import parse
-from shellyard.control.retention import GcReport, GcRequest, structure_sizes
+from shellyard.contract.maintenance import GcReport, GcRequest
+from shellyard.control.retention import structure_sizes
 from shellyard.control.service import ControlPlane
-from shellyard.runner.local import LocalRunner
+from shellyard.errors import RunnerUnavailable
 
 
 def maintenance_router(plane: ControlPlane) -> APIRouter:
@@ -19,17 +20,16 @@ def maintenance_router(plane: ControlPlane) -> APIRouter:
     @router.post("/v1/gc", openapi_extra=body_doc(GcRequest))
     async def gc(body: dict[str, Any]) -> GcReport:
         """Apply the retention policy now (docs/operations.md); fields override it once."""
-        assert plane.retention is not None
+        if plane.retention is None:  # a request in the instant before start() or after aclose()
+            raise RunnerUnavailable(
+                "the control plane is starting or shutting down; try again in a moment"
+            )
         return await plane.retention.run(parse(GcRequest, body))
 
     @router.get("/v1/debug/sizes")
     async def sizes() -> dict[str, int]:
         """Sizes of per-execution structures, asyncio tasks, open fds, RSS of the server."""
-        local = next(
-            (r for r in map(plane.runners.get, plane.runners.ids()) if isinstance(r, LocalRunner)),
-            None,
-        )
-        return structure_sizes(plane, local)
+        return structure_sizes(plane, plane.runners.get("local"))
 
     return router
 

@@ -88,12 +88,12 @@ def serve(
             os.close(lock_home(where))
         from shellyard.api.server import serve as run_server
         from shellyard.config import Settings
-        from shellyard.runner import policy
+        from shellyard.runner.policy import parse_network
 
         settings = Settings.from_env(home=where, database_url=database_url)
         if network is not None:
             settings.local_policy = settings.local_policy.model_copy(
-                update={"network": policy.parse_network(network, "--network")}
+                update={"network": parse_network(network, "--network")}
             )
         if settings.local_policy.network == "host":
             typer.echo(

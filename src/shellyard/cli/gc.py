@@ -35,7 +35,7 @@ def gc(
     database gives the space back. The server also runs it every interval."""
     from pydantic import TypeAdapter
 
-    from shellyard.control.retention import GcReport, GcRequest
+    from shellyard.contract.maintenance import GcReport, GcRequest
     from shellyard.sdk.base import call
 
     request = GcRequest(
