@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from shellyard.errors import InvalidInput
+from shellyard.runner.limits import policy_from_env
 from shellyard.runner.protocol import SandboxPolicy
 
 
@@ -76,6 +77,8 @@ class Settings:
         network = os.environ.get("SHELLYARD_NETWORK")
         if network in ("on", "off"):
             settings.local_policy = settings.local_policy.model_copy(update={"network": network})
+        # limits (issue 12): SHELLYARD_WORKSPACE_QUOTA, _LOG_LIMIT, _FREE_SPACE_RESERVE, _CPU_LIMIT
+        settings.local_policy = policy_from_env(settings.local_policy, os.environ)
         for item in fields(NotificationSettings):
             variable = f"SHELLYARD_{item.name.upper()}"
             raw = os.environ.get(variable)

@@ -16,7 +16,7 @@ from rich.table import Table
 from shellyard.cli.manual import EXIT_REFUSED, EXIT_RETRY
 from shellyard.config import default_home
 from shellyard.contract.executions import ExecutionState, ExecutionView
-from shellyard.errors import RunnerUnavailable, ShellyardError, WorkspaceBusy
+from shellyard.errors import LowOnSpace, RunnerUnavailable, ShellyardError, WorkspaceBusy
 
 if TYPE_CHECKING:
     from shellyard.sdk.client import Client
@@ -71,8 +71,10 @@ EXIT_BY_STATE = {
 
 
 def exit_code_of(exc: ShellyardError) -> int:
-    """75 when trying again later can work (a busy workspace, an unreachable runner), else 2."""
-    return EXIT_RETRY if isinstance(exc, RunnerUnavailable | WorkspaceBusy) else EXIT_REFUSED
+    """75 when trying again later can work (a busy workspace, an unreachable runner, a runner
+    below its free-space reserve), else 2."""
+    retry = isinstance(exc, RunnerUnavailable | WorkspaceBusy | LowOnSpace)
+    return EXIT_RETRY if retry else EXIT_REFUSED
 
 
 def fail(exc: ShellyardError) -> NoReturn:

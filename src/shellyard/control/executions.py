@@ -414,7 +414,8 @@ class ExecutionService:
             stream=log_stream,
             data=text,
             offset=chunk.offset,
-            next_offset=chunk.offset + used,
+            # a whole chunk: the runner's next offset (past a cut log's dropped range, issue 12)
+            next_offset=chunk.next_offset if used == len(chunk.data) else chunk.offset + used,
             size=chunk.size,
             complete=chunk.complete and used == len(chunk.data),
             state=state,

@@ -617,6 +617,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--network", choices=("on", "off"), default="on")
     ap.add_argument("--policy-json", default=None)
     ap.add_argument("--log-level", default="info")
+    # limits (issue 12); also read from SHELLYARD_WORKSPACE_QUOTA etc. (docs/limits.md)
+    ap.add_argument("--workspace-quota", default=None, help="bytes or K/M/G/T; 0: none")
+    ap.add_argument("--log-limit", default=None, help="bytes kept per log stream; 0: all")
+    ap.add_argument("--free-space-reserve", default=None, help="bytes or N%% of the volume")
+    ap.add_argument("--cpu-limit", default=None, help="CPU seconds per process; 0: none")
     args = ap.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper())
     root: Path = args.root
@@ -625,8 +630,23 @@ def main(argv: Sequence[str] | None = None) -> None:
         policy = SandboxPolicy.model_validate_json(args.policy_json)
     else:
         policy = SandboxPolicy(network=args.network)
+    policy = limits_options(policy, args)  # limits (issue 12)
     token = load_or_create_token(args.token_file or root / TOKEN_FILE_NAME)
     serve_runner(root, policy, args.host, args.port, token, log_level=args.log_level)
+
+
+def limits_options(policy: SandboxPolicy, args: argparse.Namespace) -> SandboxPolicy:
+    """The environment's limits, then the command line's (which win)."""
+    from shellyard.runner import limits
+
+    options = {
+        limits.ENV_QUOTA: args.workspace_quota,
+        limits.ENV_LOG_LIMIT: args.log_limit,
+        limits.ENV_RESERVE: args.free_space_reserve,
+        limits.ENV_CPU: args.cpu_limit,
+    }
+    policy = limits.policy_from_env(policy, os.environ)
+    return limits.policy_from_env(policy, {k: v for k, v in options.items() if v is not None})
 
 
 if __name__ == "__main__":

@@ -44,6 +44,8 @@ from shellyard.paths import normalize_relative
 from shellyard.runner import history, objects, processes, sandbox
 from shellyard.runner.edits import Editor
 from shellyard.runner.environments import EnvironmentStore
+from shellyard.runner.guard import Guard as LimitsGuard  # limits (issue 12)
+from shellyard.runner.logcap import read as read_capped_log  # limits (issue 12)
 from shellyard.runner.objects import PackImporter, StoreLock, aiter_thread
 from shellyard.runner.protocol import (
     MAX_READ_CHUNK,
@@ -71,6 +73,7 @@ from shellyard.runner.protocol import (
     StartRequest,
 )
 from shellyard.runner.snapshots import SnapshotStore
+from shellyard.runner.space import require_room  # limits (issue 12)
 
 log = logging.getLogger(__name__)
 
@@ -140,6 +143,8 @@ class LocalRunner:
             hidden=self._hidden,
             users=lambda env_id: sorted(self._environment_users.get(env_id, ())),
         )
+        # limits (issue 12): workspace quota and log cap while commands run (guard.py)
+        self._guard = LimitsGuard(self.root, self.policy, lambda ws: self._snapshots.head(ws).bytes)
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -181,6 +186,7 @@ class LocalRunner:
         for task in list(self._tasks):
             task.cancel()
         self._live.clear()
+        await self._guard.aclose()  # limits (issue 12)
         await self._environments.aclose()
         self._editor.close()
         await asyncio.to_thread(self._snapshots.close)
@@ -192,6 +198,7 @@ class LocalRunner:
             sandbox="bubblewrap",
             network=self.policy.network,
             sandbox_uid=uid,
+            limits=self._guard.limits_view(),  # limits (issue 12)
         )
 
     # ----------------------------------------------------------------- workspaces
@@ -300,9 +307,11 @@ class LocalRunner:
         return aiter_thread(history.tar_chunks(self._snapshots, workspace_id, fixed, path))
 
     @contextlib.asynccontextmanager
-    async def _writing(self, workspace_id: str) -> AsyncIterator[None]:
+    async def _writing(self, workspace_id: str, frees: bool = False) -> AsyncIterator[None]:
         """One writer operation at a time on the workspace, never beside an execution."""
         self._require_workspace(workspace_id)
+        if not frees:  # limits (issue 12): a delete may run below the reserve, it frees space
+            require_room(self.root, self.policy, f"a change to workspace {workspace_id}")
         holder = self._busy_workspaces.get(workspace_id)
         if holder is not None:
             raise WorkspaceBusy(
@@ -361,7 +370,7 @@ class LocalRunner:
             return await unpacking
 
     async def delete_path(self, workspace_id: str, path: str, recursive: bool) -> EditResult:
-        async with self._writing(workspace_id):
+        async with self._writing(workspace_id, frees=True):
             return await asyncio.to_thread(self._editor.delete, workspace_id, path, recursive)
 
     async def move_path(
@@ -445,12 +454,14 @@ class LocalRunner:
             if request.environment_id is not None
             else None
         )
+        require_room(self.root, self.policy, "a new execution")  # limits (issue 12)
         directory.mkdir()
         live = self._spawn(request, directory, tree, command, mount)
         self._live[request.execution_id] = live
         self._busy_workspaces[request.workspace_id] = request.execution_id
         self._use_environment(live.environment_id, request.execution_id)
         self._watch(request.execution_id, live)
+        self._guard.watch(request.execution_id, request.workspace_id, directory, tree, live.pid)
         return self._running(request.execution_id, live)
 
     def _spawn(
@@ -574,6 +585,8 @@ class LocalRunner:
         if exit_code is None and not cancelled and error is None:
             state = RunnerExecState.lost
             error = "the sandbox ended without recording an exit code"
+        ending = self._guard.finish(execution_id, live.directory, exit_code)  # limits (issue 12)
+        error = "; ".join([*([error] if error else []), *ending.notes]) or None
         result = RunnerExecution(
             execution_id=execution_id,
             workspace_id=live.workspace_id,
@@ -584,6 +597,8 @@ class LocalRunner:
             started_at=live.started_at,
             finished_at=time.time(),
             error=error,
+            limit=ending.limit,
+            logs_cut=ending.logs_cut,
         )
         _write_json_atomic(live.directory / "result.json", result.model_dump_json())
         live.result = result
@@ -706,12 +721,8 @@ class LocalRunner:
             raise InvalidInput("offset and limit must be zero or positive")
         path = self._log_path(execution_id, stream)
         finished = (await self.status(execution_id)).state != RunnerExecState.running
-        with path.open("rb") as handle:
-            size = os.fstat(handle.fileno()).st_size
-            start = min(offset, size)
-            handle.seek(start)
-            data = handle.read(min(limit, MAX_READ_CHUNK))
-        next_offset = start + len(data)
+        # limits (issue 12): a cut log reads as head, marker, tail (logcap.py)
+        data, start, next_offset, size = read_capped_log(path, offset, min(limit, MAX_READ_CHUNK))
         return LogChunk(
             data=data,
             offset=start,
@@ -750,6 +761,8 @@ class LocalRunner:
             self._use_environment(live.environment_id, execution_id)
             if processes.is_same_process(live.pid, live.start_time):
                 self._watch(execution_id, live)
+                tree = self.workspace_path(live.workspace_id)  # limits (issue 12)
+                self._guard.watch(execution_id, live.workspace_id, directory, tree, live.pid)
                 if (directory / "cancel").exists():
                     requested = float((directory / "cancel").read_text() or time.time())
                     live.cancel_task = asyncio.ensure_future(self._cancel(live, requested))

@@ -39,6 +39,19 @@ class SandboxPolicy(BaseModel):
     sandbox_uid: int | None = None
     sandbox_gid: int | None = None
     cancel_grace_s: float = Field(default=5.0, ge=0.0, le=300.0)
+    # --- limits that keep one workspace from hurting the host (docs/limits.md) ---
+    #: Bytes the live tree of one workspace may hold while a command runs; 0: no quota.
+    workspace_quota_bytes: int = Field(default=10 << 30, ge=0)
+    #: Bytes retained per log stream (head and a rolling tail); 0: keep everything.
+    log_limit_bytes: int = Field(default=1 << 30, ge=0)
+    #: Free space the runner's volume keeps; None: the larger of 2 GiB and
+    #: ``free_space_reserve_percent`` of the volume. 0: no reserve.
+    free_space_reserve_bytes: int | None = Field(default=None, ge=0)
+    free_space_reserve_percent: float = Field(default=5.0, ge=0.0, le=90.0)
+    #: RLIMIT_CPU of each sandbox process, in seconds of CPU time; None: unlimited.
+    max_cpu_seconds: int | None = Field(default=None, ge=1)
+    #: How often running commands' disk use and logs are looked at.
+    limit_check_interval_s: float = Field(default=0.1, gt=0.0, le=10.0)
 
 
 class StartRequest(BaseModel):
@@ -73,6 +86,11 @@ class RunnerExecution(BaseModel):
     started_at: float | None = None
     finished_at: float | None = None
     error: str | None = None
+    #: The limit that ended the command, where the kernel or the runner tells: ``quota``,
+    #: ``cpu`` (SIGXCPU), ``file_size`` (SIGXFSZ), ``memory`` (a cgroup's OOM kill).
+    limit: str | None = None
+    #: Bytes dropped from each log stream by the retained-log cap (only streams that were cut).
+    logs_cut: dict[str, int] = Field(default_factory=dict)
 
 
 class LogChunk(BaseModel):
@@ -199,11 +217,34 @@ class GcResult(BaseModel):
     objects_young: int
 
 
+class RunnerLimits(BaseModel):
+    """Effective limits of a runner, as ``runner show`` and the runner views report them."""
+
+    #: 0: none. Enforced by watching the tree while a command runs (``quota_mechanism``).
+    workspace_quota_bytes: int
+    quota_mechanism: str
+    #: Documented overshoot: a command is stopped within about this much above the quota.
+    quota_margin_bytes: int
+    log_limit_bytes: int
+    free_space_reserve_bytes: int
+    free_space_bytes: int
+    max_cpu_seconds: int | None
+    max_memory_bytes: int | None
+    max_file_size_bytes: int
+    max_processes: int
+    max_open_files: int
+    #: ``rlimits`` or ``cgroup v2`` (only where a delegated hierarchy was found).
+    enforcement: str
+    cgroup: str | None = None
+
+
 class RunnerInfo(BaseModel):
     runner_version: str
     sandbox: str
     network: Literal["on", "off"]
     sandbox_uid: int
+    #: The effective limits and how each is enforced (docs/limits.md); None from old runners.
+    limits: RunnerLimits | None = None
 
 
 @runtime_checkable
