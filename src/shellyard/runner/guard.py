@@ -31,7 +31,7 @@ from pathlib import Path
 
 from shellyard.runner import logcap, processes, quota, space
 from shellyard.runner.limits import ended_by, format_size, probe_cgroup_v2, runner_limits
-from shellyard.runner.protocol import RunnerLimits, SandboxPolicy
+from shellyard.runner.protocol import RunnerLimits, SandboxPolicy, SnapshotInfo
 
 log = logging.getLogger(__name__)
 
@@ -45,8 +45,10 @@ LOG_SLACK = 64 << 10
 LIMIT_FILE = "limit.json"
 STREAMS = ("stdout", "stderr")
 
-#: The workspace's committed usage (its head snapshot's bytes); runs on the walk thread.
-BaselineOf = Callable[[str], int | None]
+#: The workspace's head snapshot (its committed usage); called on the walk thread.
+BaselineOf = Callable[[str], SnapshotInfo]
+#: What one file or folder may hold beyond its size in blocks (the snapshot counts sizes).
+BLOCK_SLACK = 4096
 
 
 @dataclass
@@ -76,6 +78,14 @@ class Ending:
     limit: str | None = None
     notes: list[str] = field(default_factory=list)
     logs_cut: dict[str, int] = field(default_factory=dict)
+
+    def error(self, previous: str | None, exit_code: int | None) -> str | None:
+        """The record's ``error``: the runner's own (if any) and then what the limits say.
+        A sandbox the quota killed before bwrap reported an exit code looks like one that
+        could not start; that message is replaced by the quota's."""
+        if self.limit == "quota" and exit_code is None:
+            previous = None
+        return "; ".join([*([previous] if previous else []), *self.notes]) or None
 
 
 class Guard:
@@ -248,8 +258,12 @@ class Guard:
         usage, _entries = quota.tree_usage(w.tree)
         baseline = w.baseline
         if baseline is None:
+            # The committed tree in the walk's measure: sizes plus a block per file for the
+            # rounding up to blocks and a MiB for folders (a command may run in a workspace
+            # already over quota, and delete, but not grow it).
             try:
-                baseline = self._baseline_of(w.workspace_id)
+                head = self._baseline_of(w.workspace_id)
+                baseline = head.bytes + head.files * BLOCK_SLACK + (1 << 20)
             except Exception:
                 baseline = 0
         return usage, time.monotonic() - started, baseline

@@ -144,7 +144,7 @@ class LocalRunner:
             users=lambda env_id: sorted(self._environment_users.get(env_id, ())),
         )
         # limits (issue 12): workspace quota and log cap while commands run (guard.py)
-        self._guard = LimitsGuard(self.root, self.policy, lambda ws: self._snapshots.head(ws).bytes)
+        self._guard = LimitsGuard(self.root, self.policy, self._snapshots.head)
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -586,7 +586,7 @@ class LocalRunner:
             state = RunnerExecState.lost
             error = "the sandbox ended without recording an exit code"
         ending = self._guard.finish(execution_id, live.directory, exit_code)  # limits (issue 12)
-        error = "; ".join([*([error] if error else []), *ending.notes]) or None
+        error = ending.error(error, exit_code)
         result = RunnerExecution(
             execution_id=execution_id,
             workspace_id=live.workspace_id,
