@@ -36,7 +36,7 @@ from shellyard.runner.protocol import RunnerLimits, SandboxPolicy, SnapshotInfo
 log = logging.getLogger(__name__)
 
 #: Longest time between two looks at a running command's tree and logs (see module doc).
-PERIODIC_S = 5.0
+PERIODIC_S = 10.0
 #: Walks of one tree are spaced at least this many times their own duration apart, so a
 #: large tree costs at most ~1/WALK_SPACING of a core however fast the volume grows.
 WALK_SPACING = 4.0
@@ -100,6 +100,12 @@ class Guard:
         #: Found once: a delegated cgroup v2 folder (none on hosts with only cgroup v1).
         self._cgroup = probe_cgroup_v2()
         self._log_mark = 0
+        #: workspace id → its usage when its last command ended (see ``watch``).
+        self._known: dict[str, int] = {}
+        #: Seconds this watcher spent (ticks, walks, watch/finish): what the limits cost.
+        self.spent_s = 0.0
+        #: Bytes the volume may grow before some watched log could be over the limit.
+        self._log_headroom = LOG_SLACK
         self._logs_at = 0.0
         #: Largest write rate seen between a walk and the next (for ``margin_bytes``).
         self.fastest_growth = 0.0
@@ -113,16 +119,42 @@ class Guard:
     ) -> None:
         if not self.active:
             return
+        started = time.perf_counter()
         w = _Watched(execution_id, workspace_id, directory, tree, pid)
         for stream in STREAMS:
             w.cuts[stream] = logcap.load_cut(directory / stream)
+        known = self._known.get(workspace_id)
+        if known is not None and self.policy.workspace_quota_bytes > 0:
+            # Measured when the last command here ended, and nothing else wrote since
+            # (``forget``): no walk until the volume grows enough to matter.
+            w.usage = w.baseline = known
+            w.volume_mark = space.used_bytes(self.root)
+            w.walked_at = time.monotonic()
         self._watched[execution_id] = w
+        with contextlib.suppress(OSError):
+            if any((directory / stream).stat().st_size for stream in STREAMS):
+                self._logs_at = 0.0  # re-attached with logs already long: look at once
         if self._task is None or self._task.done():
             self._task = asyncio.ensure_future(self._run())
+        self.spent_s += time.perf_counter() - started
 
-    def finish(self, execution_id: str, directory: Path, exit_code: int | None) -> Ending:
-        """The sandbox is gone: last cut of its logs; what ended it. Stops watching it."""
+    def forget(self, workspace_id: str) -> None:
+        """A writer operation changes the tree: its usage must be measured again."""
+        self._known.pop(workspace_id, None)
+
+    def finish(
+        self,
+        execution_id: str,
+        directory: Path,
+        exit_code: int | None,
+        snapshot: SnapshotInfo | None,
+    ) -> Ending:
+        """The sandbox is gone and its tree committed (``snapshot``): last cut of its logs;
+        what ended it. Stops watching it."""
+        started = time.perf_counter()
         w = self._watched.pop(execution_id, None)
+        if snapshot is not None:
+            self._known[snapshot.workspace_id] = _measure(snapshot)
         ending = Ending()
         limit = self.policy.log_limit_bytes
         for stream in STREAMS:
@@ -152,6 +184,7 @@ class Guard:
             if by_rlimit is not None:
                 ending.limit = by_rlimit[0]
                 ending.notes.insert(0, by_rlimit[1])
+        self.spent_s += time.perf_counter() - started
         return ending
 
     def margin_bytes(self) -> int:
@@ -187,21 +220,24 @@ class Guard:
         interval = self.policy.limit_check_interval_s
         while self._watched:
             await asyncio.sleep(interval)
+            started = time.perf_counter()
             try:
                 self._tick()
             except Exception:  # a failed look must not end the watching of every execution
                 log.exception("the limits watcher failed a tick")
+            self.spent_s += time.perf_counter() - started
 
     def _tick(self) -> None:
         now = time.monotonic()
         used = space.used_bytes(self.root)
-        logs_due = (
-            used - self._log_mark >= self._log_headroom() or now - self._logs_at >= PERIODIC_S
-        )
-        if self.policy.log_limit_bytes > 0 and logs_due:
+        limit = self.policy.log_limit_bytes
+        logs_due = used - self._log_mark >= self._log_headroom or now - self._logs_at >= PERIODIC_S
+        if limit > 0 and logs_due:
             self._log_mark, self._logs_at = used, now
+            headroom = limit
             for w in list(self._watched.values()):
-                self._cut_logs(w)
+                headroom = min(headroom, self._cut_logs(w))
+            self._log_headroom = max(headroom, LOG_SLACK)
         quota_bytes = self.policy.workspace_quota_bytes
         if quota_bytes <= 0:
             return
@@ -218,30 +254,21 @@ class Guard:
             if due:
                 self._start_walk(w, used)
 
-    def _log_headroom(self) -> int:
+    def _cut_logs(self, w: _Watched) -> int:
+        """Cut the execution's logs that are over the limit; return the smallest headroom
+        (bytes one of them may still grow before it must be cut again)."""
         limit = self.policy.log_limit_bytes
         headroom = limit
-        for w in self._watched.values():
-            for stream in STREAMS:
-                try:
-                    size = (w.directory / stream).stat().st_size
-                except OSError:
-                    continue
-                cut = w.cuts.get(stream)
-                kept = size - (cut.dropped if cut is not None else 0)
-                headroom = min(headroom, limit - kept)
-        return max(headroom, LOG_SLACK)
-
-    def _cut_logs(self, w: _Watched) -> None:
         for stream in STREAMS:
             path = w.directory / stream
             try:
                 size = path.stat().st_size
-                w.cuts[stream] = logcap.trim(
-                    path, self.policy.log_limit_bytes, size, w.cuts[stream]
-                )
+                cut = w.cuts[stream] = logcap.trim(path, limit, size, w.cuts[stream])
             except OSError as exc:
                 log.warning("cannot cut %s: %s", path, exc)
+                continue
+            headroom = min(headroom, limit - (size - (cut.dropped if cut is not None else 0)))
+        return headroom
 
     # ------------------------------------------------------------------ the quota
 
@@ -262,8 +289,7 @@ class Guard:
             # rounding up to blocks and a MiB for folders (a command may run in a workspace
             # already over quota, and delete, but not grow it).
             try:
-                head = self._baseline_of(w.workspace_id)
-                baseline = head.bytes + head.files * BLOCK_SLACK + (1 << 20)
+                baseline = _measure(self._baseline_of(w.workspace_id))
             except Exception:
                 baseline = 0
         return usage, time.monotonic() - started, baseline
@@ -283,6 +309,7 @@ class Guard:
         if w.usage is not None and now > w.walked_at:
             self.fastest_growth = max(self.fastest_growth, (usage - w.usage) / (now - w.walked_at))
         w.usage, w.walk_cost, w.walked_at, w.volume_mark = usage, cost, now, used
+        self.spent_s += cost
         w.baseline = baseline
         allowance = max(self.policy.workspace_quota_bytes, baseline or 0)
         if usage > allowance and not w.stopped:
@@ -310,6 +337,12 @@ class Guard:
             await processes.kill_and_wait(init_pid, marker)
         else:
             processes.signal_group(w.pid, signal.SIGKILL)
+
+
+def _measure(snapshot: SnapshotInfo) -> int:
+    """A committed tree in the walk's measure, rounded up: its sizes plus a block per file
+    (the walk counts blocks) and a MiB for its folders."""
+    return snapshot.bytes + snapshot.files * BLOCK_SLACK + (1 << 20)
 
 
 def _read_breach(directory: Path) -> dict[str, int] | None:

@@ -312,6 +312,7 @@ class LocalRunner:
         self._require_workspace(workspace_id)
         if not frees:  # limits (issue 12): a delete may run below the reserve, it frees space
             require_room(self.root, self.policy, f"a change to workspace {workspace_id}")
+        self._guard.forget(workspace_id)  # limits (issue 12): its usage must be measured again
         holder = self._busy_workspaces.get(workspace_id)
         if holder is not None:
             raise WorkspaceBusy(
@@ -585,7 +586,7 @@ class LocalRunner:
         if exit_code is None and not cancelled and error is None:
             state = RunnerExecState.lost
             error = "the sandbox ended without recording an exit code"
-        ending = self._guard.finish(execution_id, live.directory, exit_code)  # limits (issue 12)
+        ending = self._guard.finish(execution_id, live.directory, exit_code, snapshot)  # limits
         error = ending.error(error, exit_code)
         result = RunnerExecution(
             execution_id=execution_id,
