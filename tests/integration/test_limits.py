@@ -25,7 +25,12 @@ from shellyard.contract.executions import ExecutionState, RunShellRequest
 from shellyard.errors import InvalidInput, LowOnSpace
 from shellyard.runner import logcap
 from shellyard.runner.daemon import limits_options
-from shellyard.runner.protocol import RunnerExecution, SandboxPolicy
+from shellyard.runner.protocol import (
+    RunnerExecState,
+    RunnerExecution,
+    SandboxPolicy,
+    StartRequest,
+)
 
 MB = 1_000_000
 MIB = 1 << 20
@@ -282,3 +287,30 @@ def test_limits_come_from_the_environment_and_the_daemon_options(
     monkeypatch.setenv("SHELLYARD_WORKSPACE_QUOTA", "lots")
     with pytest.raises(InvalidInput, match="SHELLYARD_WORKSPACE_QUOTA must be a number of bytes"):
         Settings.from_env()
+
+
+async def test_a_restarted_daemon_keeps_watching_the_quota_and_the_logs(home: Path) -> None:
+    """R2, E11: the runner daemon is killed while a command runs and started again; the new
+    daemon re-attaches, stops the command at the quota and cuts its log, and the record says
+    both."""
+    from runner_daemon_fixture import running_daemon
+
+    policy = SandboxPolicy(workspace_quota_bytes=50 * MB, log_limit_bytes=MIB)
+    command = "head -c 3000000 /dev/zero | tr '\\0' x; sleep 6; head -c 400000000 /dev/zero > big"
+    async with running_daemon(home / "runner", policy, subprocess=True) as daemon:
+        runner = daemon.runner
+        await runner.ensure_workspace("ws")
+        await runner.start(StartRequest(execution_id="e1", workspace_id="ws", command=command))
+        await asyncio.sleep(0.3)
+        daemon.kill()
+        await daemon.restart()
+        record = await runner.wait("e1", 60)
+        while record.state == RunnerExecState.running:
+            record = await runner.wait("e1", 60)
+        assert record.state == RunnerExecState.finished and record.exit_code == 137
+        assert record.limit == "quota" and record.error is not None
+        assert "workspace quota of 47.7 MiB" in record.error
+        assert record.logs_cut["stdout"] > MIB
+        assert record.snapshot is not None
+        big = await runner.stat_path("ws", record.snapshot.seq, "big")
+        assert big is not None and big.size < 400 * MB

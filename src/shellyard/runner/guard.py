@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import json
 import logging
 import os
@@ -100,6 +101,7 @@ class Guard:
         #: Found once: a delegated cgroup v2 folder (none on hosts with only cgroup v1).
         self._cgroup = probe_cgroup_v2()
         self._log_mark = 0
+        self._cut_failed = False
         #: workspace id → its usage when its last command ended (see ``watch``).
         self._known: dict[str, int] = {}
         #: Seconds this watcher spent (ticks, walks, watch/finish): what the limits cost.
@@ -265,7 +267,10 @@ class Guard:
                 size = path.stat().st_size
                 cut = w.cuts[stream] = logcap.trim(path, limit, size, w.cuts[stream])
             except OSError as exc:
-                log.warning("cannot cut %s: %s", path, exc)
+                unsupported = exc.errno in (errno.EOPNOTSUPP, errno.ENOSYS)
+                if not (unsupported and self._cut_failed):  # say it once, not every tick
+                    log.warning("cannot cut %s (the log is kept whole): %s", path, exc)
+                self._cut_failed = self._cut_failed or unsupported
                 continue
             headroom = min(headroom, limit - (size - (cut.dropped if cut is not None else 0)))
         return headroom

@@ -79,17 +79,26 @@ def trim(log: Path, limit: int, size: int, previous: Cut | None) -> Cut | None:
     if end <= start:
         return previous
     cut = Cut(head=head, end=end)
-    tmp = cut_path(log).with_suffix(".tmp")
-    tmp.write_text(json.dumps({"head": cut.head, "end": cut.end, "limit": limit}))
-    os.replace(tmp, cut_path(log))
+    _record(log, cut, limit)  # before the punch: a reader never takes the hole for output
     fd = os.open(log, os.O_WRONLY | os.O_CLOEXEC)
     try:
         if _fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, start, end - start) != 0:
             err = ctypes.get_errno()
+            # Nothing was dropped: the record must not hide bytes that are still there.
+            _record(log, previous, limit)
             raise OSError(err, f"cannot punch a hole into {log}: {os.strerror(err)}")
     finally:
         os.close(fd)
     return cut
+
+
+def _record(log: Path, cut: Cut | None, limit: int) -> None:
+    if cut is None:
+        cut_path(log).unlink(missing_ok=True)
+        return
+    tmp = cut_path(log).with_suffix(".tmp")
+    tmp.write_text(json.dumps({"head": cut.head, "end": cut.end, "limit": limit}))
+    os.replace(tmp, cut_path(log))
 
 
 def read(log: Path, offset: int, limit: int) -> tuple[bytes, int, int, int]:
