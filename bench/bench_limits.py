@@ -178,7 +178,7 @@ def walk_cost(folder: Path) -> dict[str, float]:
 async def measure(args: argparse.Namespace) -> dict[str, Any]:
     homes = {name: make_home() for name in ("on", "off", "cut", "q1", "q2", "walk")}
     try:
-        tp = await throughput(homes, 1.5 if args.quick else 3.0, 1 if args.quick else 2)
+        tp = await throughput(homes, 1.5 if args.quick else 2.0, 1 if args.quick else 4)
         out = await big_output(homes, 1 if args.quick else 2)
         small = await overshoot(homes["q1"], 50_000_000, 400_000_000)
         large = await overshoot(homes["q2"], GIB, 3_000_000_000)

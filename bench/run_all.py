@@ -38,6 +38,7 @@ SUITE = [
     ("many", "bench_many.py", 600),
     ("transfer", "bench_transfer.py", 900),
     ("env", "bench_env.py", 900),
+    ("limits", "bench_limits.py", 600),
 ]
 
 
