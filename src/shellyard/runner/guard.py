@@ -24,6 +24,7 @@ import json
 import logging
 import os
 import signal
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -97,6 +98,10 @@ class Guard:
         self._watched: dict[str, _Watched] = {}
         self._task: asyncio.Task[None] | None = None
         self._walker: ThreadPoolExecutor | None = None
+        self._cutter: ThreadPoolExecutor | None = None
+        self._cutting = False
+        #: Held by whoever cuts a log (the cutter thread, or ``finish`` on the loop).
+        self._cut_lock = threading.Lock()
         self._kills: set[asyncio.Future[None]] = set()
         #: Found once: a delegated cgroup v2 folder (none on hosts with only cgroup v1).
         self._cgroup = probe_cgroup_v2()
@@ -154,17 +159,19 @@ class Guard:
         """The sandbox is gone and its tree committed (``snapshot``): last cut of its logs;
         what ended it. Stops watching it."""
         started = time.perf_counter()
-        w = self._watched.pop(execution_id, None)
+        self._watched.pop(execution_id, None)
         if snapshot is not None:
             self._known[snapshot.workspace_id] = _measure(snapshot)
         ending = Ending()
         limit = self.policy.log_limit_bytes
         for stream in STREAMS:
             path = directory / stream
-            cut = w.cuts.get(stream) if w is not None else logcap.load_cut(path)
-            if limit > 0:
-                with contextlib.suppress(OSError):
-                    cut = logcap.trim(path, limit, path.stat().st_size, cut)
+            # After a cut in flight on the cutter thread (the lock), from the record on disk.
+            with self._cut_lock:
+                cut = logcap.load_cut(path)
+                if limit > 0:
+                    with contextlib.suppress(OSError):
+                        cut = logcap.trim(path, limit, path.stat().st_size, cut)
             if cut is not None:
                 ending.logs_cut[stream] = cut.dropped
                 ending.notes.append(
@@ -213,8 +220,9 @@ class Guard:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-        if self._walker is not None:
-            self._walker.shutdown(wait=False, cancel_futures=True)
+        for pool in (self._walker, self._cutter):
+            if pool is not None:
+                pool.shutdown(wait=False, cancel_futures=True)
         self._watched.clear()
 
     # ------------------------------------------------------------------ the tick
@@ -235,12 +243,17 @@ class Guard:
         used = space.used_bytes(self.root)
         limit = self.policy.log_limit_bytes
         logs_due = used - self._log_mark >= self._log_headroom or now - self._logs_at >= PERIODIC_S
-        if limit > 0 and logs_due:
+        if limit > 0 and logs_due and not self._cutting:
+            # Off the event loop: punching 100 MB out of a file took ~100 ms here (the blocks
+            # are freed, and discarded on a volume mounted with ``discard``).
             self._log_mark, self._logs_at = used, now
-            headroom = limit
-            for w in list(self._watched.values()):
-                headroom = min(headroom, self._cut_logs(w))
-            self._log_headroom = max(headroom, LOG_SLACK)
+            if self._cutter is None:
+                self._cutter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="log-cut")
+            self._cutting = True
+            future = asyncio.get_running_loop().run_in_executor(
+                self._cutter, self._cut_all, list(self._watched.values())
+            )
+            future.add_done_callback(self._cut_done)
         quota_bytes = self.policy.workspace_quota_bytes
         if quota_bytes <= 0:
             return
@@ -257,23 +270,51 @@ class Guard:
             if due:
                 self._start_walk(w, used)
 
+    def _cut_all(self, watched: list[_Watched]) -> tuple[int, float]:
+        started = time.perf_counter()
+        headroom = self.policy.log_limit_bytes
+        with self._cut_lock:
+            for w in watched:
+                if w.execution_id in self._watched:
+                    headroom = min(headroom, self._cut_logs(w))
+        return headroom, time.perf_counter() - started
+
+    def _cut_done(self, future: asyncio.Future[tuple[int, float]]) -> None:
+        self._cutting = False
+        if future.cancelled():
+            return
+        try:
+            headroom, cost = future.result()
+        except Exception:
+            log.exception("cutting logs failed")
+            return
+        self._log_headroom = max(headroom, LOG_SLACK)
+        self.spent_s += cost
+
     def _cut_logs(self, w: _Watched) -> int:
         """Cut the execution's logs that are over the limit; return the smallest headroom
         (bytes one of them may still grow before it must be cut again)."""
         limit = self.policy.log_limit_bytes
-        headroom = limit
+        # While the command runs a log may pass the limit by an eighth before it is cut:
+        # fewer, larger punches (measured: cutting on every tick cost 22% of the loop's time
+        # for 1 GiB under a 64 MiB limit). The cut when it ends is exact.
+        slack = max(LOG_SLACK, limit // 8)
+        headroom = limit + slack
         for stream in STREAMS:
             path = w.directory / stream
             try:
                 size = path.stat().st_size
-                cut = w.cuts[stream] = logcap.trim(path, limit, size, w.cuts[stream])
+                cut = w.cuts[stream]
+                if size - (cut.dropped if cut is not None else 0) > limit + slack:
+                    cut = w.cuts[stream] = logcap.trim(path, limit, size, cut)
             except OSError as exc:
                 unsupported = exc.errno in (errno.EOPNOTSUPP, errno.ENOSYS)
                 if not (unsupported and self._cut_failed):  # say it once, not every tick
                     log.warning("cannot cut %s (the log is kept whole): %s", path, exc)
                 self._cut_failed = self._cut_failed or unsupported
                 continue
-            headroom = min(headroom, limit - (size - (cut.dropped if cut is not None else 0)))
+            kept = size - (cut.dropped if cut is not None else 0)
+            headroom = min(headroom, limit + slack - kept)
         return headroom
 
     # ------------------------------------------------------------------ the quota
