@@ -40,6 +40,7 @@ SUITE = [
     ("env", "bench_env.py", 900),
     ("cli_startup", "bench_cli_startup.py", 600),
     ("sandbox", "bench_sandbox.py", 300),
+    ("limits", "bench_limits.py", 600),
 ]
 
 

@@ -59,6 +59,14 @@ class OutOfRoom(ShellyardError):
     http_status = 507
 
 
+class LowOnSpace(ShellyardError):
+    """The runner's volume is below its free-space reserve: new executions and writer
+    operations are refused until space is freed, so the store never hits ENOSPC. Retryable."""
+
+    code = "low_on_space"
+    http_status = 503
+
+
 class PathRefused(InvalidInput):
     """W6: a path that is absolute, escapes the root, or crosses a symlink."""
 
@@ -129,6 +137,7 @@ ERRORS_BY_CODE: dict[str, type[ShellyardError]] = {
         Conflict,
         PathRefused,
         OutOfRoom,
+        LowOnSpace,
         RunnerUnavailable,
         SandboxUnavailable,
         SourceUnreachable,

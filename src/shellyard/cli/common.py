@@ -13,7 +13,13 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 import typer
 
 from shellyard.cli.manual import EXIT_REFUSED, EXIT_RETRY
-from shellyard.errors import InvalidInput, RunnerUnavailable, ShellyardError, WorkspaceBusy
+from shellyard.errors import (
+    InvalidInput,
+    LowOnSpace,
+    RunnerUnavailable,
+    ShellyardError,
+    WorkspaceBusy,
+)
 
 if TYPE_CHECKING:
     from pydantic import BaseModel
@@ -119,8 +125,10 @@ EXIT_BY_STATE = {"cancelled": 130, "unknown": 124, "failed": 125}
 
 
 def exit_code_of(exc: ShellyardError) -> int:
-    """75 when trying again later can work (a busy workspace, an unreachable runner), else 2."""
-    return EXIT_RETRY if isinstance(exc, RunnerUnavailable | WorkspaceBusy) else EXIT_REFUSED
+    """75 when trying again later can work (a busy workspace, an unreachable runner, a runner
+    below its free-space reserve), else 2."""
+    retry = isinstance(exc, RunnerUnavailable | WorkspaceBusy | LowOnSpace)
+    return EXIT_RETRY if retry else EXIT_REFUSED
 
 
 def fail(exc: ShellyardError) -> NoReturn:

@@ -23,6 +23,7 @@ from shellyard.control.output import capped_output, safe_decode
 from shellyard.control.runners import LOCAL_RUNNER_ID, RunnerRegistry
 from shellyard.errors import (
     InvalidInput,
+    LowOnSpace,
     NotFound,
     RunnerUnavailable,
     ShellyardError,
@@ -157,11 +158,14 @@ class ExecutionService:
                 holder=holder,
             )
         if holder is None:
-            row = await self._launch(row)
+            row = await self._launch(row, refuse=True)
         return await self._respond(row, request)
 
-    async def _launch(self, row: Mapping[str, Any]) -> Mapping[str, Any]:
-        """Start a record that holds its workspace's writer. Safe to repeat (E10)."""
+    async def _launch(self, row: Mapping[str, Any], refuse: bool = False) -> Mapping[str, Any]:
+        """Start a record that holds its workspace's writer. Safe to repeat (E10).
+
+        ``refuse``: a runner below its free-space reserve raises to the submitter (retry
+        later; CLI exit 75) after the record is made failed with the same message."""
         execution_id = str(row["id"])
         runner = self.runners.get(str(row["runner_id"]))
         environment_id = row["environment_id"]
@@ -196,6 +200,8 @@ class ExecutionService:
             return await self._finalized(row)
         except ShellyardError as exc:
             await self._end(row, ExecutionState.failed, error=exc.message)
+            if refuse and isinstance(exc, LowOnSpace):  # limits (issue 12)
+                raise
             return await self._finalized(row)
         fresh = await self.store.start_execution(execution_id, result.started_at or time.time())
         assert fresh is not None
@@ -460,7 +466,8 @@ class ExecutionService:
             stream=log_stream,
             data=text,
             offset=chunk.offset,
-            next_offset=chunk.offset + used,
+            # a whole chunk: the runner's next offset (past a cut log's dropped range, issue 12)
+            next_offset=chunk.next_offset if used == len(chunk.data) else chunk.offset + used,
             size=chunk.size,
             complete=chunk.complete and used == len(chunk.data),
             state=state,

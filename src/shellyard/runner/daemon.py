@@ -38,6 +38,7 @@ from shellyard.errors import (
     validation_message,
 )
 from shellyard.listen import bind_socket, socket_url
+from shellyard.runner.limits import limits_from_env
 from shellyard.runner.policy import parse_network, policy_from_env
 from shellyard.runner.protocol import Runner, SandboxPolicy
 from shellyard.runner.signing import SCHEME, Verifier
@@ -145,7 +146,6 @@ def _endpoint(
     runner: Runner, op: Operation, verifier: Verifier
 ) -> Callable[[Request], Awaitable[Response]]:
     method = getattr(runner, op.name)
-    policy = getattr(runner, "policy", None)
 
     async def endpoint(request: Request) -> Response:
         # The signature is checked before the body is read (R4).
@@ -164,9 +164,6 @@ def _endpoint(
             # Capped so no proxy or client read timeout has to outlast it; the client loops.
             kwargs["timeout_s"] = min(body.timeout_s, WAIT_CAP_S)
         result = await method(**kwargs)
-        if op.name == "info" and result.limits is None and isinstance(policy, SandboxPolicy):
-            # What ``runner show`` reports as the runner's limits.
-            result = result.model_copy(update={"limits": policy})
         return _answer(op, result)
 
     endpoint.__name__ = op.name
@@ -355,6 +352,7 @@ def run_runner_daemon(
     except ValueError as exc:
         raise InvalidInput(str(exc)) from None
     policy = policy_from_env(SandboxPolicy()).model_copy(update={"network": mode})
+    policy = limits_from_env(policy, os.environ)  # limits (issue 12): docs/limits.md
     if host_paths:
         policy = SandboxPolicy.model_validate(
             {**policy.model_dump(), "host_paths": [*policy.host_paths, *host_paths]}
@@ -395,6 +393,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--host-path", action="append", default=[])
     ap.add_argument("--policy-json", default=None)
     ap.add_argument("--log-level", default="info")
+    # limits (issue 12); also read from SHELLYARD_WORKSPACE_QUOTA etc. (docs/limits.md)
+    ap.add_argument("--workspace-quota", default=None, help="bytes or K/M/G/T; 0: none")
+    ap.add_argument("--log-limit", default=None, help="bytes kept per log stream; 0: all")
+    ap.add_argument("--free-space-reserve", default=None, help="bytes or N%% of the volume")
+    ap.add_argument("--cpu-limit", default=None, help="CPU seconds per process; 0: none")
     args = ap.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper())
     root: Path = args.root
@@ -405,6 +408,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         policy = SandboxPolicy(
             network=parse_network(args.network, "--network"), host_paths=list(args.host_path)
         )
+    policy = limits_options(policy, args)  # limits (issue 12)
     token = load_or_create_token(args.token_file or root / TOKEN_FILE_NAME)
     serve_runner(
         root,
@@ -416,6 +420,20 @@ def main(argv: Sequence[str] | None = None) -> None:
         unix_socket=args.socket,
         tls=(args.tls_cert, args.tls_key) if args.tls_cert else None,
     )
+
+
+def limits_options(policy: SandboxPolicy, args: argparse.Namespace) -> SandboxPolicy:
+    """The environment's limits, then the command line's (which win)."""
+    from shellyard.runner import limits
+
+    options = {
+        limits.ENV_QUOTA: args.workspace_quota,
+        limits.ENV_LOG_LIMIT: args.log_limit,
+        limits.ENV_RESERVE: args.free_space_reserve,
+        limits.ENV_CPU: args.cpu_limit,
+    }
+    policy = limits_from_env(policy, os.environ)
+    return limits_from_env(policy, {k: v for k, v in options.items() if v is not None})
 
 
 if __name__ == "__main__":

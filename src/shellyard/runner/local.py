@@ -36,6 +36,7 @@ from shellyard.runner.edits.editor import Editor
 from shellyard.runner.egress import EgressProxy
 from shellyard.runner.egress_rules import EgressRules
 from shellyard.runner.environments import EnvironmentStore
+from shellyard.runner.guard import Guard as LimitsGuard  # limits (issue 12)
 from shellyard.runner.objects import PackImporter, StoreLock, aiter_thread
 from shellyard.runner.protocol import (
     ApplyEntry,
@@ -64,6 +65,7 @@ from shellyard.runner.protocol import (
 )
 from shellyard.runner.seccomp import SeccompProfile
 from shellyard.runner.snapshots.store import SnapshotStore
+from shellyard.runner.space import require_room  # limits (issue 12)
 from shellyard.runner.spawn import Sandboxes, script_argv
 from shellyard.runner.supervise import Supervisor, check_id
 
@@ -108,8 +110,15 @@ class LocalRunner:
             seccomp=SeccompProfile(self._sandbox_dir / "seccomp.bpf"),
             disable_userns=False,
         )
+        # limits (issue 12): workspace quota and log cap while commands run (guard.py)
+        self._guard = LimitsGuard(self.root, self.policy, self._snapshots.head)
         self._runs = Supervisor(
-            self._executions, self._sandboxes, self._commit, self.policy.cancel_grace_s
+            self._executions,
+            self._sandboxes,
+            self._commit,
+            self.policy.cancel_grace_s,
+            self._guard,
+            self.workspace_path,
         )
         self._environments = EnvironmentStore(
             self.root / "environments",
@@ -169,6 +178,7 @@ class LocalRunner:
     async def aclose(self) -> None:
         """Stop watching; the sandboxes themselves keep running (E11)."""
         self._runs.close()
+        await self._guard.aclose()  # limits (issue 12)
         await self._environments.aclose()
         if self._proxy is not None:
             await self._proxy.close()
@@ -182,6 +192,7 @@ class LocalRunner:
             sandbox="bubblewrap",
             network=self.policy.network,
             sandbox_uid=uid,
+            limits=self._guard.limits_view(),  # limits (issue 12)
         )
 
     # ----------------------------------------------------------------- workspaces
@@ -291,9 +302,12 @@ class LocalRunner:
         return aiter_thread(history.tar_chunks(self._snapshots, workspace_id, fixed, path))
 
     @contextlib.asynccontextmanager
-    async def _writing(self, workspace_id: str) -> AsyncIterator[None]:
+    async def _writing(self, workspace_id: str, frees: bool = False) -> AsyncIterator[None]:
         """One writer operation at a time on the workspace, never beside an execution."""
         self._require_workspace(workspace_id)
+        if not frees:  # limits (issue 12): a delete may run below the reserve, it frees space
+            require_room(self.root, self.policy, f"a change to workspace {workspace_id}")
+        self._guard.forget(workspace_id)  # limits (issue 12): its usage must be measured again
         holder = self._runs.busy_workspaces.get(workspace_id)
         if holder is not None:
             raise WorkspaceBusy(
@@ -352,7 +366,7 @@ class LocalRunner:
             return await unpacking
 
     async def delete_path(self, workspace_id: str, path: str, recursive: bool) -> EditResult:
-        async with self._writing(workspace_id):
+        async with self._writing(workspace_id, frees=True):
             return await asyncio.to_thread(self._editor.delete, workspace_id, path, recursive)
 
     async def move_path(
@@ -445,6 +459,7 @@ class LocalRunner:
             if request.environment_id is not None
             else None
         )
+        require_room(self.root, self.policy, "a new execution")  # limits (issue 12)
         return self._runs.launch(request, tree, command, mount)
 
     async def status(self, execution_id: str) -> RunnerExecution:

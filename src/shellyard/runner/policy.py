@@ -64,6 +64,19 @@ class SandboxPolicy(BaseModel):
     sandbox_uid: int | None = None
     sandbox_gid: int | None = None
     cancel_grace_s: float = Field(default=5.0, ge=0.0, le=300.0)
+    # --- limits that keep one workspace from hurting the host (docs/limits.md) ---
+    #: Bytes the live tree of one workspace may hold while a command runs; 0: no quota.
+    workspace_quota_bytes: int = Field(default=10 << 30, ge=0)
+    #: Bytes retained per log stream (head and a rolling tail); 0: keep everything.
+    log_limit_bytes: int = Field(default=1 << 30, ge=0)
+    #: Free space the runner's volume keeps; None: the larger of 2 GiB and
+    #: ``free_space_reserve_percent`` of the volume. 0: no reserve.
+    free_space_reserve_bytes: int | None = Field(default=None, ge=0)
+    free_space_reserve_percent: float = Field(default=5.0, ge=0.0, le=90.0)
+    #: RLIMIT_CPU of each sandbox process, in seconds of CPU time; None: unlimited.
+    max_cpu_seconds: int | None = Field(default=None, ge=1)
+    #: How often running commands' disk use and logs are looked at.
+    limit_check_interval_s: float = Field(default=0.1, gt=0.0, le=10.0)
 
     @model_validator(mode="before")
     @classmethod

@@ -65,6 +65,11 @@ class RunnerExecution(BaseModel):
     error: str | None = None
     #: The sandbox policy it runs under (network mode, allow-list digest, seccomp profile).
     policy: ExecutionPolicy | None = None
+    #: The limit that ended the command, where the kernel or the runner tells: ``quota``,
+    #: ``cpu`` (SIGXCPU), ``file_size`` (SIGXFSZ), ``memory`` (a cgroup's OOM kill).
+    limit: str | None = None
+    #: Bytes dropped from each log stream by the retained-log cap (only streams that were cut).
+    logs_cut: dict[str, int] = Field(default_factory=dict)
 
 
 class LogChunk(BaseModel):
@@ -213,13 +218,34 @@ class LogPruneResult(BaseModel):
     bytes_held: int | None = None
 
 
+class RunnerLimits(BaseModel):
+    """Effective limits of a runner, as ``runner show`` and the runner views report them."""
+
+    #: 0: none. Enforced by watching the tree while a command runs (``quota_mechanism``).
+    workspace_quota_bytes: int
+    quota_mechanism: str
+    #: Documented overshoot: a command is stopped within about this much above the quota.
+    quota_margin_bytes: int
+    log_limit_bytes: int
+    free_space_reserve_bytes: int
+    free_space_bytes: int
+    max_cpu_seconds: int | None
+    max_memory_bytes: int | None
+    max_file_size_bytes: int
+    max_processes: int
+    max_open_files: int
+    #: ``rlimits`` or ``cgroup v2`` (only where a delegated hierarchy was found).
+    enforcement: str
+    cgroup: str | None = None
+
+
 class RunnerInfo(BaseModel):
     runner_version: str
     sandbox: str
     network: NetworkMode
     sandbox_uid: int
-    #: The sandbox policy it applies (filled by the runner daemon for ``runner show``).
-    limits: SandboxPolicy | None = None
+    #: The effective limits and how each is enforced (docs/limits.md); None from old runners.
+    limits: RunnerLimits | None = None
 
 
 @runtime_checkable

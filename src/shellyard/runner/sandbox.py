@@ -26,6 +26,7 @@ from pathlib import Path
 
 from shellyard.errors import SandboxUnavailable
 from shellyard.runner.egress import SANDBOX_PORT, SANDBOX_SOCKET
+from shellyard.runner.limits import cpu_rlimit_arg
 from shellyard.runner.policy import NetworkMode, SandboxPolicy
 
 #: Used when the service runs as root and no uid is configured: a uid no system account uses,
@@ -130,6 +131,7 @@ def rlimit_prefix(policy: SandboxPolicy) -> list[str]:
     ]
     if policy.max_memory_bytes is not None:
         args.append(f"--as={policy.max_memory_bytes}")
+    args += cpu_rlimit_arg(policy)  # limits (issue 12): CPU time, soft then hard
     return args
 
 

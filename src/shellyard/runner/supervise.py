@@ -21,6 +21,8 @@ from typing import Any
 
 from shellyard.errors import InvalidInput, NotFound
 from shellyard.runner import processes
+from shellyard.runner.guard import Guard  # limits (issue 12)
+from shellyard.runner.logcap import read as read_capped_log  # limits (issue 12)
 from shellyard.runner.policy import ExecutionPolicy
 from shellyard.runner.protocol import (
     MAX_READ_CHUNK,
@@ -45,8 +47,13 @@ class Supervisor:
         sandboxes: Sandboxes,
         commit: Callable[[str], Awaitable[SnapshotInfo]],
         cancel_grace_s: float,
+        guard: Guard,
+        workspace_path: Callable[[str], Path],
     ) -> None:
         self._executions = executions
+        #: limits (issue 12): the workspace quota and the log cap while a command runs
+        self._guard = guard
+        self._workspace_path = workspace_path
         self.sandboxes = sandboxes
         self._commit = commit
         self._cancel_grace_s = cancel_grace_s
@@ -71,6 +78,7 @@ class Supervisor:
         self.busy_workspaces[request.workspace_id] = request.execution_id
         self._use_environment(live.environment_id, request.execution_id)
         self._watch(request.execution_id, live)
+        self._guard.watch(request.execution_id, request.workspace_id, directory, tree, live.pid)
         return self._running(request.execution_id, live)
 
     def close(self) -> None:
@@ -141,6 +149,8 @@ class Supervisor:
         if exit_code is None and not cancelled and error is None:
             state = RunnerExecState.lost
             error = "the sandbox ended without recording an exit code"
+        ending = self._guard.finish(execution_id, live.directory, exit_code, snapshot)  # limits
+        error = ending.error(error, exit_code)
         result = RunnerExecution(
             execution_id=execution_id,
             workspace_id=live.workspace_id,
@@ -152,6 +162,8 @@ class Supervisor:
             finished_at=time.time(),
             error=error,
             policy=live.policy,
+            limit=ending.limit,
+            logs_cut=ending.logs_cut,
         )
         write_json_atomic(live.directory / "result.json", result.model_dump_json())
         live.result = result
@@ -269,12 +281,8 @@ class Supervisor:
             raise InvalidInput("offset and limit must be zero or positive")
         path = self._log_path(execution_id, stream)
         finished = (await self.status(execution_id)).state != RunnerExecState.running
-        with path.open("rb") as handle:
-            size = os.fstat(handle.fileno()).st_size
-            start = min(offset, size)
-            handle.seek(start)
-            data = handle.read(min(limit, MAX_READ_CHUNK))
-        next_offset = start + len(data)
+        # limits (issue 12): a cut log reads as head, marker, tail (logcap.py)
+        data, start, next_offset, size = read_capped_log(path, offset, min(limit, MAX_READ_CHUNK))
         return LogChunk(
             data=data,
             offset=start,
@@ -312,6 +320,8 @@ class Supervisor:
             self._use_environment(live.environment_id, execution_id)
             if processes.is_same_process(live.pid, live.start_time):
                 self._watch(execution_id, live)
+                tree = self._workspace_path(live.workspace_id)  # limits (issue 12)
+                self._guard.watch(execution_id, live.workspace_id, directory, tree, live.pid)
                 if (directory / "cancel").exists():
                     requested = float((directory / "cancel").read_text() or time.time())
                     live.cancel_task = asyncio.ensure_future(self._cancel(live, requested))
