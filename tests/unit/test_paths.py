@@ -88,5 +88,5 @@ def test_w6_undecodable_file_names_round_trip() -> None:
 def test_w6_a_sandbox_path_suggests_its_workspace_relative_form() -> None:
     """R2: commands see the workspace at /workspace; a file path copied from a command's
     output is refused with the relative path that names the same file."""
-    with pytest.raises(PathRefused, match="pass 'src/main.py'"):
+    with pytest.raises(PathRefused, match=r"pass 'src/main\.py'"):
         normalize_relative("/workspace/src/main.py")
