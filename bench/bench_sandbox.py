@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import socket
 import time
 from collections.abc import Sequence
@@ -31,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from common import BareBwrap, make_home, metric, remove_home, summary_ms
+from shellyard.runner import processes
 
 COMMAND = "python bench/bench_sandbox.py"
 
@@ -60,9 +62,26 @@ def timed_spawn(bare: BareBwrap, tag: str) -> tuple[float, float]:
     _pid, status, usage = os.wait4(popen.pid, 0)
     wall = time.perf_counter() - start
     popen.returncode = os.waitstatus_to_exitcode(status)
+    end_namespace(bare.logs / f"status-{tag}")
     if popen.returncode != 0:
         raise RuntimeError(f"bare bwrap ({tag}) exited {popen.returncode}: {bare.stderr(tag)}")
     return wall, usage.ru_utime + usage.ru_stime
+
+
+def end_namespace(status_file: Path) -> None:
+    """What the runner does when a sandbox's command ends (E8): bwrap's monitor has exited,
+    but the namespace's init lives on while anything inside does (the egress relay always
+    does), so SIGKILL the init and wait until it is gone."""
+    init_pid = processes.read_bwrap_status(status_file).get("child-pid")
+    if not isinstance(init_pid, int):
+        return
+    started = processes.start_time(init_pid)
+    if started is None:
+        return
+    processes.signal_process(init_pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while processes.is_same_process(init_pid, started) and time.monotonic() < deadline:
+        time.sleep(0.001)
 
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
