@@ -129,7 +129,10 @@ async def test_never_host_root_and_proc_sys_refused(yard: Yard) -> None:
 
 
 async def test_fork_bomb_hits_the_process_limit_and_service_survives(yard_factory: Any) -> None:
-    yard: Yard = await yard_factory(SandboxPolicy(max_processes=64))
+    # RLIMIT_NPROC counts every process of the sandbox uid on the host: a uid of its own keeps
+    # other sandboxes (a parallel test, another runner) out of this runner's 64.
+    policy = SandboxPolicy(max_processes=64, sandbox_uid=61064, sandbox_gid=61064)
+    yard: Yard = await yard_factory(policy)
     bomb = await yard.run(
         "bomb() { bomb | bomb & }; bomb; sleep 2; echo survived-inside", wait_ms=0
     )

@@ -26,7 +26,7 @@ from shellyard.runner.ssh import SshTarget, check_host_key, probe, ssh_runner
 
 pytestmark = pytest.mark.timeout(240)
 
-POLICY = SandboxPolicy(network="off", cancel_grace_s=1.0)
+POLICY = SandboxPolicy(network="off", cancel_grace_s=1.0, workspace_quota_bytes=3 << 30)
 
 
 @pytest.fixture
@@ -155,7 +155,7 @@ async def test_registration_checks_the_key_and_health_is_reported(
             "off",
         )
         assert view.version and view.last_seen and view.running_executions == 1
-        assert view.limits is not None and view.limits["cancel_grace_s"] == 1.0
+        assert view.limits is not None and view.limits["workspace_quota_bytes"] == 3 << 30
         assert view.fingerprint == fingerprint(sshd.host_key.with_suffix(".pub"))
         with pytest.raises(Conflict, match="1 execution"):
             await plane.runners.remove("far")
@@ -409,7 +409,7 @@ async def test_runner_verbs_through_cli_and_mcp(served_home: Path, base: Path) -
         views = {v["runner_id"]: v for v in json.loads(listed.stdout)}
         assert views["edge"]["kind"] == "ssh" and views["edge"]["state"] == "up"
         shown = await asyncio.to_thread(sy, served_home, "runner", "show", "edge")
-        assert "bubblewrap" in shown.stdout and "cancel_grace_s" in shown.stdout
+        assert "bubblewrap" in shown.stdout and "workspace_quota_bytes" in shown.stdout
 
         info = read_info(served_home)
         assert info is not None

@@ -56,6 +56,7 @@ PASSAGES: set[tuple[str, str]] = {
     ("control.runners", "runner.tls"),
     # The settings name the local runner's policy: a model of its own, not the runner wire.
     ("config", "runner.policy"),
+    ("config", "runner.limits"),
     # MCP over streamable HTTP is served by the REST app: it mounts the MCP door's HTTP half,
     # which takes each request's principal from the REST app's auth.
     ("api.app", "mcp.mount"),

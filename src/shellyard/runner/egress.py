@@ -58,9 +58,16 @@ class EgressProxy:
         self.socket_path.parent.chmod(0o711)
         with contextlib.suppress(FileNotFoundError):
             self.socket_path.unlink()
-        self._server = await asyncio.start_unix_server(
-            self._serve, path=str(self.socket_path), limit=MAX_HEAD
-        )
+        # A Unix socket's path holds at most 107 bytes, and a home (a pytest tmp_path, a deep
+        # checkout) easily makes a longer one: bind through the folder's descriptor instead, a
+        # short path the kernel resolves to the same place. bwrap binds the long path as usual.
+        folder = os.open(self.socket_path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            self._server = await asyncio.start_unix_server(
+                self._serve, path=f"/proc/self/fd/{folder}/{self.socket_path.name}", limit=MAX_HEAD
+            )
+        finally:
+            os.close(folder)
         # Any local user may connect: what it gets is what a sandbox gets, filtered.
         os.chmod(self.socket_path, 0o666)
 

@@ -28,7 +28,6 @@ from shellyard.errors import (
     InvalidInput,
     NotFound,
     OutOfRoom,
-    SandboxUnavailable,
     WorkspaceBusy,
 )
 from shellyard.runner import history, objects, reach, retention, sandbox
@@ -68,9 +67,6 @@ from shellyard.runner.snapshots.store import SnapshotStore
 from shellyard.runner.space import require_room  # limits (issue 12)
 from shellyard.runner.spawn import Sandboxes, script_argv
 from shellyard.runner.supervise import Supervisor, check_id
-
-#: A Unix socket's path holds at most this many bytes (sun_path, with its NUL).
-MAX_SOCKET_PATH = 107
 
 
 class LocalRunner:
@@ -159,11 +155,6 @@ class LocalRunner:
         if "egress" in (self.policy.network, self.policy.tools_network):
             box.socat = sandbox.find_socat()
             path = self._sandbox_dir / "egress.sock"
-            if len(str(path).encode()) > MAX_SOCKET_PATH:
-                raise SandboxUnavailable(
-                    f"the egress proxy's socket path {path} is longer than a Unix socket "
-                    f"allows ({MAX_SOCKET_PATH} bytes); choose a shorter runner root or home"
-                )
             rules = EgressRules.build(self.policy.egress_allow, self.policy.egress_exceptions)
             self._proxy = EgressProxy(path, rules)
             await self._proxy.start()

@@ -39,6 +39,7 @@ READ_ONLY = {
     "environment_show",
     "environment_revisions",
     "environment_change_status",
+    "runner_list",
 }
 DESTRUCTIVE = {
     "execution_cancel",
@@ -53,8 +54,9 @@ IDEMPOTENT = (
     | (DESTRUCTIVE - {"environment_uninstall"})
     | {"inbox_mark_read", "file_write", "artifact_declare"}
 )
-#: Reach beyond shellyard: a command when the runner has network, a package index.
-OPEN_WORLD = {"run_shell", "environment_create", "environment_install"}
+#: Reach beyond shellyard: a package index; a command only when the runner has network, and
+#: the served home's runner has the default, ``off`` (docs/security.md).
+OPEN_WORLD = {"environment_create", "environment_install"}
 
 
 @pytest.fixture
@@ -132,6 +134,8 @@ async def exercise(session: ClientSession, door: str) -> set[str]:
     await call("timer_cancel", timer_id=timer["timer_id"])
     await call("inbox_list", unread_only=False)
     await call("inbox_mark_read")
+    runners = await call("runner_list")
+    assert "local" in [r["runner_id"] for r in runners["runners"]]
 
     wrote = await call("file_write", path="a/one.txt", content="one\n", queue=True)
     await call("file_write", path="run.sh", content="echo from-script\n", queue=True)

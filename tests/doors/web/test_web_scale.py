@@ -32,7 +32,7 @@ async def add_executions(served: Served, agent: str, workspace_id: str, count: i
     store = await Store.open(f"sqlite:///{served.home / 'shellyard.db'}")
     try:
         first = int(
-            await store._run(
+            await store.run(
                 lambda conn: conn.execute(sa.select(sa.func.max(executions.c.seq))).scalar() or 0
             )
         )
@@ -58,7 +58,7 @@ async def add_executions(served: Served, agent: str, workspace_id: str, count: i
             }
             for i in range(count)
         ]
-        await store._run(_insert, rows)
+        await store.run(_insert, rows)
     finally:
         await store.close()
 
