@@ -144,3 +144,38 @@ async def test_default_none_is_todays_behaviour(
     assert result.exit_code == 0
     assert "python-base" not in result.stdout
     assert result.environment_id is None and result.note is None
+
+
+async def test_upgrade_makes_a_new_revision_beside_the_old() -> None:
+    """A base never changes in place: ``--upgrade`` builds revision N+1 beside N (whose files
+    and record stay), then moves ``current``. Uses a root of its own (a copy of the session's
+    record is not enough: a venv is not relocatable)."""
+    root = Path(tempfile.mkdtemp(prefix="shellyard-bases-up-", dir="/tmp"))
+    root.chmod(0o755)
+    try:
+        first, built = await bases.prepare(bases.PYTHON_BASE, root=root)
+        assert built and first.revision == 1
+        record = (root / "python-base" / "1.json").read_bytes()
+        second, built = await bases.prepare(bases.PYTHON_BASE, root=root, upgrade=True)
+        assert built and second.revision == 2
+        assert bases.current(bases.PYTHON_BASE, root) == second
+        assert (root / "python-base" / "1.json").read_bytes() == record
+        assert (first.prefix / "bin" / "python").exists()
+        assert second.prefix != first.prefix
+    finally:
+        bases._make_writable(root)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+async def test_an_unknown_default_is_a_clear_error(
+    yard_factory: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An operator's typo in SHELLYARD_DEFAULT_ENVIRONMENT fails the command with a message
+    naming the bases and the value for no default."""
+    monkeypatch.setenv("SHELLYARD_DEFAULT_ENVIRONMENT", "pyhton-base")
+    yard = await yard_factory()
+    result = await yard.run("echo hi")
+    assert result.state == ExecutionState.failed
+    assert result.error is not None
+    assert "pyhton-base" in result.error and "python-base" in result.error
+    assert "SHELLYARD_DEFAULT_ENVIRONMENT=none" in result.error
