@@ -31,6 +31,10 @@ from shellyard.control.service import ControlPlane
 from shellyard.runner.protocol import SandboxPolicy
 from shellyard.store import Store
 
+# Issue 20: the suites run with no base environment prepared (the behaviour before bases)
+# unless a test prepares one in a folder of its own; a base built on this machine stays out.
+os.environ["SHELLYARD_BASES"] = tempfile.mkdtemp(prefix="shellyard-no-bases-")
+
 
 def make_home() -> Path:
     """A home the sandbox uid can traverse: tmp_path lives under a 0700 folder."""

@@ -8,6 +8,7 @@ shellyard error (the same as the other verbs). ``cli/app.py`` calls ``register``
 from __future__ import annotations
 
 import json
+import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -344,3 +345,43 @@ def env_status(
         _finish_change(change, as_json)
 
     _run(home, agent, status)
+
+
+@env_app.command("prepare")
+def env_prepare(
+    upgrade: Annotated[
+        bool,
+        typer.Option("--upgrade", help="Build a new revision even when one is prepared."),
+    ] = False,
+    name: Annotated[str, typer.Option("--name", help="The base to build.")] = "python-base",
+    as_json: JsonOption = False,
+) -> None:
+    """Build the runner host's base environment (issue 20) once: a read-only python-base
+    (numpy, pandas, scipy, matplotlib) shared by every home here, the default of commands
+    without --env. Run it on the runner's host; quick when already built."""
+    import asyncio
+
+    from shellyard.runner import bases
+
+    def progress(line: str) -> None:
+        if not as_json:
+            sys.stderr.write(f"  {line}\n")
+            sys.stderr.flush()
+
+    try:
+        base, built = asyncio.run(bases.prepare(name, upgrade=upgrade, progress=progress))
+    except ShellyardError as exc:
+        fail(exc)
+    record = {
+        "name": base.name,
+        "revision": base.revision,
+        "prefix": str(base.prefix),
+        "built": built,
+        "packages": base.packages,
+    }
+    if as_json:
+        out.print_json(json.dumps(record))
+        return
+    verb = "built" if built else "already prepared:"
+    # plain write: rich wraps long paths, and scripts read this line
+    sys.stdout.write(f"{base.name} {verb} revision {base.revision} at {base.prefix}\n")

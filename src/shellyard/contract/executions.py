@@ -140,6 +140,9 @@ class RunShellResult(ExecutionView):
     stdout: str = ""
     stderr: str = ""
     output_truncated: bool = False
+    #: Something the caller should know about how the command ran, e.g. that no default
+    #: environment is prepared on the runner and the command that prepares it (issue 20).
+    note: str | None = None
 
 
 class LogsResult(BaseModel):

@@ -80,6 +80,9 @@ class ExecutionService:
         #: Managed environments (V4–V6): validation and the start gate; plugged in by the
         #: control plane (service.py). None: an environment_id is reported as missing.
         self.environments: EnvironmentGate | None = None
+        #: execution id → the runner's note from its start (no default base, issue 20),
+        #: handed to the run_shell answer once
+        self._notes: dict[str, str] = {}
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -203,6 +206,17 @@ class ExecutionService:
             if refuse and isinstance(exc, LowOnSpace):  # limits (issue 12)
                 raise
             return await self._finalized(row)
+        if result.base_environment is not None and environment_id is None:
+            # The runner's default base (issue 20): the record says what it ran in (V6).
+            await self.store.update_execution(
+                execution_id,
+                environment_id=result.base_environment,
+                environment_revision=result.base_revision,
+            )
+        if result.note is not None and refuse:
+            # ``refuse`` is the run_shell path, whose answer pops the note (a queued start
+            # has nobody to hand it to, so nothing is kept for it)
+            self._notes[execution_id] = result.note
         fresh = await self.store.start_execution(execution_id, result.started_at or time.time())
         assert fresh is not None
         if fresh["state"] == ExecutionState.running:
@@ -350,7 +364,7 @@ class ExecutionService:
             await self._wait_watched(execution_id, request.wait_ms / 1000)
             row = await self._finalized(row)
         view = _view(row)
-        result = RunShellResult(**view.model_dump())
+        result = RunShellResult(**view.model_dump(), note=self._notes.pop(execution_id, None))
         if request.background or view.state in (ExecutionState.queued,):
             return result
         if view.state.terminal:

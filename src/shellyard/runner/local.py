@@ -30,7 +30,7 @@ from shellyard.errors import (
     OutOfRoom,
     WorkspaceBusy,
 )
-from shellyard.runner import history, objects, reach, retention, sandbox
+from shellyard.runner import bases, history, objects, reach, retention, sandbox
 from shellyard.runner.edits.editor import Editor
 from shellyard.runner.egress import EgressProxy
 from shellyard.runner.egress_rules import EgressRules
@@ -450,8 +450,12 @@ class LocalRunner:
             if request.environment_id is not None
             else None
         )
+        used: dict[str, object] = {}
+        if request.environment_id is None:
+            used, mount = _default_base()
         require_room(self.root, self.policy, "a new execution")  # limits (issue 12)
-        return self._runs.launch(request, tree, command, mount)
+        started = self._runs.launch(request, tree, command, mount)
+        return started.model_copy(update=used) if used else started
 
     async def status(self, execution_id: str) -> RunnerExecution:
         return await self._runs.status(execution_id)
@@ -499,3 +503,16 @@ async def _coalesce(data: ByteStream, size: int = 1 << 20) -> AsyncIterator[byte
             buf.clear()
     if buf:
         yield bytes(buf)
+
+
+def _default_base() -> tuple[dict[str, object], tuple[Path, dict[str, str]] | None]:
+    """The runner's default environment for a command without one (issue 20): what the
+    result reports, and the mount; never a build (a first command does not wait)."""
+    name = bases.default_name()
+    if name is None:
+        return {}, None
+    found = bases.mount(name)
+    if found is None:
+        return {"note": bases.prepare_hint(name)}, None
+    base, mount = found
+    return {"base_environment": base.name, "base_revision": base.revision}, mount

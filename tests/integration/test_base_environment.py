@@ -1,0 +1,181 @@
+"""The runner host's base environment (issue 20; V4, V6, V7): a command without
+``environment_id`` runs in the prepared ``python-base`` (numpy, pandas, scipy, matplotlib on a
+Python with pip and uv), its record and ``execution_status`` name the base and its revision,
+the prefix stays read-only, a home made after the build uses it at once, and before any base
+is prepared a command runs as before with a note that says how to prepare it.
+
+The base is built ONCE per test session in a folder of its own (it downloads ~100 MB of
+wheels): the ``python_base`` fixture."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from shellyard.contract.executions import ExecutionState
+from shellyard.runner import bases
+
+pytestmark = pytest.mark.timeout(600)
+
+STACK = "import numpy, pandas, scipy, matplotlib; print(numpy.__version__, pandas.__version__)"
+
+
+@pytest.fixture(scope="session")
+def python_base() -> Iterator[bases.BaseRevision]:
+    root = Path(tempfile.mkdtemp(prefix="shellyard-bases-", dir="/tmp"))
+    root.chmod(0o755)  # the sandbox uid walks to the prefix to bind it
+    base, built = asyncio.run(bases.prepare(bases.PYTHON_BASE, root=root))
+    assert built and base.revision == 1
+    yield base
+    bases._make_writable(root)
+    shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def use_base(python_base: bases.BaseRevision, monkeypatch: pytest.MonkeyPatch) -> Path:
+    root = python_base.prefix.parents[2]
+    monkeypatch.setenv("SHELLYARD_BASES", str(root))
+    monkeypatch.delenv("SHELLYARD_DEFAULT_ENVIRONMENT", raising=False)
+    return root
+
+
+async def test_default_base_has_the_scientific_stack(
+    yard_factory: Any, use_base: Path, python_base: bases.BaseRevision
+) -> None:
+    """Issue 20 + V6: no environment_id, and the seed's stack imports; the record and
+    execution_status show python-base and its revision; python, pip, uv on PATH."""
+    yard = await yard_factory()
+    result = await yard.run(f'python -c "{STACK}" && pip --version && uv --version && which python')
+    assert result.state == ExecutionState.completed, (result.stdout, result.stderr)
+    assert result.exit_code == 0
+    assert result.stdout.splitlines()[0].split()[0] == python_base.packages["numpy"]
+    assert result.stdout.strip().endswith(f"{python_base.prefix}/bin/python")
+    assert result.environment_id == "python-base"
+    assert result.environment_revision == python_base.revision
+    assert result.note is None
+    status = await yard.plane.executions.status(result.execution_id)
+    assert (status.environment_id, status.environment_revision) == ("python-base", 1)
+
+
+async def test_pip_inside_hits_the_read_only_base(
+    yard_factory: Any, use_base: Path, python_base: bases.BaseRevision
+) -> None:
+    """V7: pip inside a command fails on the read-only prefix as it normally would; the base
+    (its files and its revision record) is unchanged."""
+    yard = await yard_factory()
+    record = (python_base.prefix.parents[1] / "1.json").read_bytes()
+    tzdata = sorted(python_base.prefix.glob("lib/python*/site-packages/tzdata"))
+    assert tzdata, "tzdata (a pandas dependency) should be in the base"
+    result = await yard.run("pip uninstall -y tzdata; echo rc=$?; touch $VIRTUAL_ENV/x")
+    assert result.exit_code != 0  # touch into the prefix fails
+    assert "rc=0" not in result.stdout, result.stdout
+    assert "Read-only file system" in result.stderr + result.stdout
+    assert tzdata[0].is_dir()
+    assert not (python_base.prefix / "x").exists()
+    assert (python_base.prefix.parents[1] / "1.json").read_bytes() == record
+    assert bases.current("python-base", use_base) == python_base
+
+
+async def test_a_home_made_after_the_build_uses_it_at_once(
+    yard_factory: Any, use_base: Path, python_base: bases.BaseRevision
+) -> None:
+    """Issue 20: a base is built once per runner host; a new home's first command uses it,
+    and preparing again builds nothing (the revision list stays one)."""
+    first = await yard_factory()
+    second = await yard_factory()  # another home on the same host
+    assert first.home != second.home
+    result = await second.run(f'python -c "{STACK}"')
+    assert result.exit_code == 0, result.stderr
+    assert (result.environment_id, result.environment_revision) == ("python-base", 1)
+    again, built = await bases.prepare(bases.PYTHON_BASE, root=use_base)
+    assert not built and again == python_base
+    assert sorted(p.name for p in (use_base / "python-base").glob("*.json")) == ["1.json"]
+
+
+def test_cli_prepare_is_quick_when_built(use_base: Path) -> None:
+    """``shellyard env prepare`` on a prepared host says so and builds nothing."""
+    done = subprocess.run(
+        [sys.executable, "-m", "shellyard", "env", "prepare", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "SHELLYARD_BASES": str(use_base)},
+    )
+    assert done.returncode == 0, done.stderr
+    answer = json.loads(done.stdout)
+    assert answer["built"] is False and answer["revision"] == 1
+    assert answer["packages"]["numpy"]
+
+
+async def test_without_a_prepared_base_a_command_runs_and_says_how(
+    yard_factory: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 20: before the base is prepared a command never waits for a build: it runs with
+    the host's tools (today's behaviour) and its result names the command that prepares it."""
+    empty = Path(tempfile.mkdtemp(prefix="shellyard-bases-none-", dir="/tmp"))
+    monkeypatch.setenv("SHELLYARD_BASES", str(empty))
+    monkeypatch.delenv("SHELLYARD_DEFAULT_ENVIRONMENT", raising=False)
+    yard = await yard_factory()
+    result = await yard.run("echo hello")
+    assert (result.exit_code, result.stdout) == (0, "hello\n")
+    assert result.environment_id is None and result.environment_revision is None
+    assert result.note is not None and "shellyard env prepare" in result.note
+    assert list(empty.iterdir()) == []  # nothing was built
+    shutil.rmtree(empty)
+
+
+async def test_default_none_is_todays_behaviour(
+    yard_factory: Any, use_base: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SHELLYARD_DEFAULT_ENVIRONMENT=none: no base even though one is prepared, no note."""
+    monkeypatch.setenv("SHELLYARD_DEFAULT_ENVIRONMENT", "none")
+    yard = await yard_factory()
+    result = await yard.run("command -v python || echo no-python")
+    assert result.exit_code == 0
+    assert "python-base" not in result.stdout
+    assert result.environment_id is None and result.note is None
+
+
+async def test_upgrade_makes_a_new_revision_beside_the_old() -> None:
+    """A base never changes in place: ``--upgrade`` builds revision N+1 beside N (whose files
+    and record stay), then moves ``current``. Uses a root of its own (a copy of the session's
+    record is not enough: a venv is not relocatable)."""
+    root = Path(tempfile.mkdtemp(prefix="shellyard-bases-up-", dir="/tmp"))
+    root.chmod(0o755)
+    try:
+        first, built = await bases.prepare(bases.PYTHON_BASE, root=root)
+        assert built and first.revision == 1
+        record = (root / "python-base" / "1.json").read_bytes()
+        second, built = await bases.prepare(bases.PYTHON_BASE, root=root, upgrade=True)
+        assert built and second.revision == 2
+        assert bases.current(bases.PYTHON_BASE, root) == second
+        assert (root / "python-base" / "1.json").read_bytes() == record
+        assert (first.prefix / "bin" / "python").exists()
+        assert second.prefix != first.prefix
+    finally:
+        bases._make_writable(root)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+async def test_an_unknown_default_is_a_clear_error(
+    yard_factory: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An operator's typo in SHELLYARD_DEFAULT_ENVIRONMENT fails the command with a message
+    naming the bases and the value for no default."""
+    monkeypatch.setenv("SHELLYARD_DEFAULT_ENVIRONMENT", "pyhton-base")
+    yard = await yard_factory()
+    result = await yard.run("echo hi")
+    assert result.state == ExecutionState.failed
+    assert result.error is not None
+    assert "pyhton-base" in result.error and "python-base" in result.error
+    assert "SHELLYARD_DEFAULT_ENVIRONMENT=none" in result.error
