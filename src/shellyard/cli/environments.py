@@ -361,7 +361,7 @@ def env_prepare(
     without --env. Run it on the runner's host; quick when already built."""
     import asyncio
 
-    from shellyard.runner import bases
+    from shellyard.runner.bases import prepare
 
     def progress(line: str) -> None:
         if not as_json:
@@ -369,7 +369,7 @@ def env_prepare(
             sys.stderr.flush()
 
     try:
-        base, built = asyncio.run(bases.prepare(name, upgrade=upgrade, progress=progress))
+        base, built = asyncio.run(prepare(name, upgrade=upgrade, progress=progress))
     except ShellyardError as exc:
         fail(exc)
     record = {

@@ -10,8 +10,8 @@ from typing import Any, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from shellyard.contract.executions import DEFAULT_WAIT_MS, MAX_WAIT_MS
+from shellyard.contract.packages import PackageRecord
 from shellyard.errors import InvalidInput, validation_message
-from shellyard.runner.protocol import PackageRecord
 
 MANAGERS = ("conda", "pip", "cran", "bioconductor")
 LANGUAGES = ("python", "r")

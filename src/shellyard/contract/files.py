@@ -9,7 +9,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from shellyard.runner.protocol import (
+from shellyard.contract.snapshots import (
     DiffEntry,
     DiffResult,
     DirListing,

@@ -13,6 +13,16 @@ from typing import Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, Field
 
+# Re-exported: results that cross from the runner to the caller unchanged are public models.
+from shellyard.contract.packages import PackageRecord as PackageRecord
+from shellyard.contract.snapshots import DiffEntry as DiffEntry
+from shellyard.contract.snapshots import DiffResult as DiffResult
+from shellyard.contract.snapshots import DirListing as DirListing
+from shellyard.contract.snapshots import GcResult as GcResult
+from shellyard.contract.snapshots import PathEntry as PathEntry
+from shellyard.contract.snapshots import PruneResult as PruneResult
+from shellyard.contract.snapshots import TransferOutcome as TransferOutcome
+
 # Re-exported: the policy lives in policy.py (config.py reads it without the runner wire).
 from shellyard.runner.policy import ExecutionPolicy, NetworkMode
 from shellyard.runner.policy import SandboxPolicy as SandboxPolicy
@@ -87,15 +97,6 @@ class LogChunk(BaseModel):
     complete: bool
 
 
-class PathEntry(BaseModel):
-    path: str
-    kind: Literal["file", "dir", "symlink"]
-    size: int
-    mode: int
-    sha256: str | None = None
-    target: str | None = None
-
-
 class FileChunk(BaseModel):
     data: bytes
     offset: int
@@ -109,36 +110,6 @@ class FileChunk(BaseModel):
 ByteStream = AsyncIterator[bytes]
 #: Most entries one ``list_dir`` or ``diff`` page holds; callers page on with ``after``.
 MAX_PAGE = 10_000
-
-
-class DirListing(BaseModel):
-    """Entries below ``path`` in snapshot ``seq``, in the manifest's order (by folder, names
-    sorted). ``next_after``: pass it as ``after`` for the next page; None on the last one."""
-
-    workspace_id: str
-    seq: int
-    path: str
-    entries: list[PathEntry]
-    next_after: str | None = None
-
-
-class DiffEntry(BaseModel):
-    path: str
-    change: Literal["added", "removed", "changed"]
-    kind: Literal["file", "dir", "symlink"]
-    old_kind: Literal["file", "dir", "symlink"] | None = None
-    old_size: int | None = None
-    new_size: int | None = None
-    old_sha256: str | None = None
-    new_sha256: str | None = None
-
-
-class DiffResult(BaseModel):
-    workspace_id: str
-    from_seq: int
-    to_seq: int
-    changes: list[DiffEntry]
-    next_after: str | None = None
 
 
 class EditResult(BaseModel):
@@ -162,9 +133,6 @@ class ApplyEntry(BaseModel):
     target: str | None = None
 
 
-TransferOutcome = Literal["copied", "unchanged", "skipped", "failed"]
-
-
 class ApplyOutcome(BaseModel):
     path: str
     outcome: TransferOutcome
@@ -185,20 +153,6 @@ class ObjectResult(BaseModel):
     size: int = 0
     existed: bool = False
     error: str | None = None
-
-
-class PruneResult(BaseModel):
-    workspace_id: str
-    removed: list[int]
-    retained: list[int]
-
-
-class GcResult(BaseModel):
-    objects_seen: int
-    objects_removed: int
-    bytes_removed: int
-    #: Unreferenced objects younger than the grace period, kept for a writer in flight.
-    objects_young: int
 
 
 class LogPruneRequest(BaseModel):
@@ -385,20 +339,6 @@ class Runner(Protocol):
 EnvLanguage = Literal["python", "r"]
 EnvManager = Literal["conda", "pip", "cran", "bioconductor"]
 EnvAction = Literal["create", "install", "uninstall"]
-
-
-class PackageRecord(BaseModel):
-    """One installed package as its manager knows it (V2)."""
-
-    #: ``base`` for what ``create`` put in (the interpreter, pip/uv, R itself).
-    manager: Literal["base", "conda", "pip", "cran", "bioconductor"]
-    name: str
-    version: str
-    #: Where it came from: channel URL, index URL or folder, repository URL, or the runner
-    #: path of an interpreter it was made from.
-    source: str | None = None
-    build: str | None = None
-    sha256: str | None = None
 
 
 class EnvironmentChangeRequest(BaseModel):

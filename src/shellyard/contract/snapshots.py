@@ -1,0 +1,65 @@
+"""What a runner answers about a workspace's committed files, and hands to the caller
+unchanged: path entries, folder listings, diffs of two snapshots, transfer outcomes, retention
+results (W2, W5, T2). The runner protocol re-exports them."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel
+
+
+class PathEntry(BaseModel):
+    path: str
+    kind: Literal["file", "dir", "symlink"]
+    size: int
+    mode: int
+    sha256: str | None = None
+    target: str | None = None
+
+
+class DirListing(BaseModel):
+    """Entries below ``path`` in snapshot ``seq``, in the manifest's order (by folder, names
+    sorted). ``next_after``: pass it as ``after`` for the next page; None on the last one."""
+
+    workspace_id: str
+    seq: int
+    path: str
+    entries: list[PathEntry]
+    next_after: str | None = None
+
+
+class DiffEntry(BaseModel):
+    path: str
+    change: Literal["added", "removed", "changed"]
+    kind: Literal["file", "dir", "symlink"]
+    old_kind: Literal["file", "dir", "symlink"] | None = None
+    old_size: int | None = None
+    new_size: int | None = None
+    old_sha256: str | None = None
+    new_sha256: str | None = None
+
+
+class DiffResult(BaseModel):
+    workspace_id: str
+    from_seq: int
+    to_seq: int
+    changes: list[DiffEntry]
+    next_after: str | None = None
+
+
+TransferOutcome = Literal["copied", "unchanged", "skipped", "failed"]
+
+
+class PruneResult(BaseModel):
+    workspace_id: str
+    removed: list[int]
+    retained: list[int]
+
+
+class GcResult(BaseModel):
+    objects_seen: int
+    objects_removed: int
+    bytes_removed: int
+    #: Unreferenced objects younger than the grace period, kept for a writer in flight.
+    objects_young: int
