@@ -171,7 +171,7 @@ class BareBwrap:
         return self._sandbox.bwrap_argv(
             bwrap=self.bwrap,
             policy=self.policy,
-            # The baseline drops privileges through Popen(user=...), as DESIGN.md measured.
+            # The baseline drops privileges through Popen(user=...), (docs/decisions.md).
             ids=None,
             view=self.view,
             hardening=self._sandbox.Hardening(seccomp_fd, self.disable_userns),

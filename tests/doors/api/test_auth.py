@@ -1,4 +1,4 @@
-"""Security (issue 6 item 2, DESIGN.md §3, T1): tokens, scopes, loopback rule.
+"""Security (issue 6 item 2, docs/contract.md "Interfaces", T1): tokens, scopes, loopback rule.
 
 The scope test walks EVERY operation of the OpenAPI document: each one that names an object
 (in its path, query or body) is called with objects of session B, by session A's tokens

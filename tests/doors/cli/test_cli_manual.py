@@ -34,7 +34,7 @@ def _verbs(command: click.Command, prefix: str = "") -> Iterator[tuple[str, clic
 
 
 def test_help_reads_like_a_manual() -> None:
-    """DESIGN §3 verbs, grouped; an example per common task; the exit codes."""
+    """The CLI verbs (docs/contract.md), grouped; an example per common task; the exit codes."""
     done = subprocess.run(
         [sys.executable, "-m", "shellyard", "--help"],
         env={**os.environ, "COLUMNS": "120"},

@@ -1,4 +1,4 @@
-"""Issue 14 item 3, DESIGN.md §3 "Web page": Cancel execution (E7), Cancel transfer (T3),
+"""Issue 14 item 3, docs/contract.md "Interfaces": Cancel execution (E7), Cancel transfer (T3),
 Cancel reminder (N5) and Resume (N10) each act from the page and the record changes; the
 server's refusal of a Resume while the session is stopped is shown. Every control has a name
 and the actions are reachable with the keyboard. Real Chromium."""

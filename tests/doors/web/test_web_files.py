@@ -1,4 +1,4 @@
-"""Issue 14 item 2, DESIGN.md W2/W5/T5: the session file panel shows the head snapshot's files
+"""Issue 14 item 2, W2/W5/T5: the session file panel shows the head snapshot's files
 (folders, a text preview, downloads of a file and of a folder as tar), the snapshot picker
 (history with what made each snapshot), the diff of two snapshots, and artifacts; it follows
 the head live. Real Chromium."""

@@ -1,4 +1,4 @@
-"""Issue 14 item 4 and DESIGN.md §3 "Web page": the "Executions and reminders" region updates
+"""Issue 14 item 4 and docs/contract.md "Interfaces": the "Executions and reminders" region updates
 live over the server's event stream — an execution started through MCP (the official ``mcp``
 SDK's client over streamable HTTP), its state change and a fired reminder (N1, N5) show within
 2 s without a reload, and the page reconnects after the server restarts (E11: the records are

@@ -1,4 +1,4 @@
-"""Issue 14 (the web page's login), DESIGN.md §3 "Web page": ``shellyard ui`` logs a browser in
+"""Issue 14 (the web page's login), docs/contract.md: ``shellyard ui`` logs a browser in
 with a one-time code; the cookie has the reach of the token it came from; without a login the
 page shows nothing of any session; actions with the cookie are CSRF-safe. Real Chromium."""
 

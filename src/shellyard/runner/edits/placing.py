@@ -8,7 +8,7 @@ half-written behind.
 Files copied out of the snapshot store (restore, transfer batches) are passed to the commit as
 hints (their digest and stat), so the commit does not read them again: a transfer costs one
 copy of the bytes, like ``cp``. They are copied, never hard-linked: the store's objects must
-stay immutable whatever a command later does to the workspace's files (DESIGN "Snapshots").
+stay immutable whatever a command later does to the workspace's files (docs/contract.md).
 """
 
 from __future__ import annotations

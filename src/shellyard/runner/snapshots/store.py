@@ -1,4 +1,4 @@
-"""Content-addressed snapshots of workspaces (W2, W3, W5, W6; DESIGN.md "Snapshots").
+"""Content-addressed snapshots of workspaces (W2, W3, W5, W6; docs/contract.md).
 
 Layout under the store root::
 
