@@ -119,6 +119,7 @@ class LocalRunner:
             self.policy.cancel_grace_s,
             self._guard,
             self.workspace_path,
+            self._snapshots,
         )
         self._environments = EnvironmentStore(
             self.root / "environments",
@@ -438,13 +439,14 @@ class LocalRunner:
         tree = self.workspace_path(request.workspace_id)
         if not tree.is_dir():
             raise NotFound(f"workspace {request.workspace_id} does not exist on this runner")
+        # issue 17: a read-only execution runs beside the writer, on the committed snapshot
         holder = self._runs.busy_workspaces.get(request.workspace_id)
-        if holder is not None:
+        if holder is not None and not request.read_only:
             raise WorkspaceBusy(
                 f"workspace {request.workspace_id} is in use by execution {holder}",
                 holder=holder,
             )
-        if request.workspace_id in self._editing:
+        if request.workspace_id in self._editing and not request.read_only:
             raise WorkspaceBusy(
                 f"workspace {request.workspace_id} is in the middle of a file operation",
                 holder="file operation",

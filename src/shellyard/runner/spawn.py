@@ -46,6 +46,8 @@ class LiveExecution:
     environment_id: str | None = None
     #: The policy it was started under (None for a record of an older runner).
     policy: ExecutionPolicy | None = None
+    #: issue 17: a reader beside the writer: no writer held, no commit at the end.
+    read_only: bool = False
 
 
 def write_json_atomic(path: Path, data: str) -> None:
@@ -102,6 +104,7 @@ class Sandboxes:
                 read_only_binds=[mount[0]] if mount is not None else (),
                 egress_socket=self.egress_socket,
                 socat=self.socat,
+                workspace_read_only=request.read_only,
             )
             env = sandbox.sandbox_env(
                 sandbox.WORKSPACE,
@@ -137,6 +140,7 @@ class Sandboxes:
             "started_at": started_at,
             "environment_id": request.environment_id,
             "policy": policy.model_dump(),
+            "read_only": request.read_only,
         }
         write_json_atomic(directory / "meta.json", json.dumps(meta))
         return LiveExecution(
@@ -148,6 +152,7 @@ class Sandboxes:
             popen=popen,
             environment_id=request.environment_id,
             policy=policy,
+            read_only=request.read_only,
         )
 
 
