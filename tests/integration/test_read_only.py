@@ -8,11 +8,27 @@ read-only at /workspace, and makes no snapshot; everything else is as for any ex
 from __future__ import annotations
 
 import asyncio
+import os
+import shutil
+import signal
+import socket
 import time
+from pathlib import Path
+
+import pytest
+from runner_daemon_fixture import start_daemon
 
 from conftest import Yard
-from shellyard.contract.executions import ExecutionState, RunShellResult
+from shellyard.contract.executions import ExecutionState, RunShellRequest, RunShellResult
 from shellyard.errors import WorkspaceBusy
+from shellyard.home import ensure_server, is_served
+from shellyard.runner.protocol import SandboxPolicy
+from shellyard.sdk.client import Client
+
+needs_shared_network = pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("nsenter") is None,
+    reason="a network namespace per workspace needs root and util-linux's nsenter",
+)
 
 
 async def _wait_for_log(yard: Yard, execution_id: str, text: str, timeout_s: float = 30) -> None:
@@ -121,3 +137,139 @@ async def test_readers_run_beside_each_other(yard: Yard) -> None:
         assert writer.state == ExecutionState.completed and writer.snapshot_seq is not None
     finally:
         await yard.plane.executions.cancel(first.execution_id, wait_s=30)
+
+
+# --------------------------------------------------------------------- one network per workspace
+
+PORT = 8765
+
+#: Fetch a path from the workspace's server on localhost, retrying until it listens.
+FETCH = (
+    "import sys, time, urllib.request\n"
+    "for _ in range(200):\n"
+    "    try:\n"
+    "        print(urllib.request.urlopen(sys.argv[1], timeout=2).read().decode(), end='')\n"
+    "        sys.exit(0)\n"
+    "    except OSError as exc:\n"
+    "        err = exc\n"
+    "        time.sleep(0.05)\n"
+    "print('unreachable:', err, file=sys.stderr); sys.exit(3)\n"
+)
+
+
+def _fetch(path: str, attempts_script: str = FETCH) -> str:
+    return f"python3 -c \"$(cat <<'PY'\n{attempts_script}PY\n)\" http://127.0.0.1:{PORT}/{path}"
+
+
+async def _server(yard: Yard) -> RunShellResult:
+    """A background http.server holding the writer; it serves a file written after the last
+    commit, so only the server (not the reader's own view) can give it."""
+    server = await yard.run(
+        f"echo served-live > live.txt; echo listening; "
+        f"exec python3 -m http.server {PORT} --bind 127.0.0.1 --directory /workspace",
+        background=True,
+    )
+    await _wait_for_log(yard, server.execution_id, "listening")
+    return server
+
+
+@needs_shared_network
+async def test_reader_reaches_the_background_server_on_localhost(yard: Yard) -> None:
+    """Issue 17: the server holds the writer; a read-only execution in the same workspace
+    fetches a file from it at localhost:PORT (one network per workspace); its own view holds
+    only the committed files (W2)."""
+    server = await _server(yard)
+    try:
+        reader = await yard.run(
+            _fetch("live.txt") + "; test -e live.txt && echo view-has-it || echo view-lacks-it",
+            read_only=True,
+            wait_ms=30_000,
+        )
+        assert reader.state == ExecutionState.completed, reader.stderr
+        assert reader.stdout == "served-live\nview-lacks-it\n", reader.stderr
+        assert reader.workspace_id == server.workspace_id
+        # the namespace outlives a reader: a second one reaches the server too
+        again = await yard.run(_fetch("live.txt"), read_only=True, wait_ms=30_000)
+        assert again.stdout == "served-live\n", again.stderr
+    finally:
+        await yard.plane.executions.cancel(server.execution_id, wait_s=30)
+
+
+@needs_shared_network
+async def test_other_workspace_and_host_cannot_reach_the_server(yard: Yard) -> None:
+    """Issue 17: another agent's workspace on the same runner, and the host's loopback, do not
+    reach the server of this workspace."""
+    server = await _server(yard)
+    try:
+        ok = await yard.run(_fetch("live.txt"), read_only=True, wait_ms=30_000)
+        assert ok.stdout == "served-live\n", ok.stderr  # it does listen
+        other_session = await yard.plane.sessions.create()
+        quick = FETCH.replace("range(200)", "range(3)")
+        other = await yard.plane.executions.run_shell(
+            RunShellRequest(command=_fetch("live.txt", quick), runner_id=yard.runner_id),
+            other_session.main_agent_id,
+        )
+        assert other.workspace_id != server.workspace_id
+        assert other.state == ExecutionState.completed
+        assert other.exit_code == 3 and "unreachable" in other.stderr
+        with socket.socket() as probe:
+            probe.settimeout(2)
+            assert probe.connect_ex(("127.0.0.1", PORT)) != 0
+    finally:
+        await yard.plane.executions.cancel(server.execution_id, wait_s=30)
+
+
+def _kill_server(home: Path) -> None:
+    """SIGKILL the ``shellyard serve`` of ``home`` (the control plane, with its local runner)."""
+    info = ensure_server(home)
+    os.kill(info.pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while is_served(home) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not is_served(home)
+
+
+@needs_shared_network
+@pytest.mark.parametrize("runner", ["local", "direct"])
+async def test_kill9_control_plane_keeps_server_reader_and_network(
+    served_home: Path, runner: str
+) -> None:
+    """Issue 17, E11: kill -9 of the control plane while a server and a read-only client run;
+    both are re-attached, the client ends with the server's answer, and the shared network
+    still works for a new reader afterwards (for ``local`` the runner restarts too)."""
+    home = served_home
+    daemon = None
+    runner_id = None
+    if runner == "direct":
+        daemon = await start_daemon(home / "daemon", SandboxPolicy(), subprocess=True)
+        runner_id = "remote"
+    client = Client.for_home(home)
+    if daemon is not None:
+        client._http.post(  # the REST registration the CLI's 'runner add' uses
+            "/v1/runners",
+            json={"runner_id": "remote", "address": daemon.url, "token": daemon.token},
+        ).raise_for_status()
+    server = client.run(
+        f"echo served-live > live.txt; "
+        f"exec python3 -m http.server {PORT} --bind 127.0.0.1 --directory /workspace",
+        background=True,
+        runner_id=runner_id,
+    )
+    reader = client.run(
+        "sleep 3; " + _fetch("live.txt"), read_only=True, background=True, runner_id=runner_id
+    )
+    _kill_server(home)
+    await asyncio.sleep(1)
+    client = Client.for_home(home)  # a new control plane on the same home
+    try:
+        view = client.wait(reader.execution_id, 30)
+        assert view.state == ExecutionState.completed and view.exit_code == 0
+        assert client.logs(reader.execution_id).data == "served-live\n"
+        assert client.status(server.execution_id).state == ExecutionState.running
+        again = client.run(_fetch("live.txt"), read_only=True, wait_ms=30_000, runner_id=runner_id)
+        assert again.state == ExecutionState.completed and again.stdout == "served-live\n"
+    finally:
+        client.cancel(server.execution_id)
+        assert client.wait(server.execution_id, 30).state == ExecutionState.cancelled
+        if daemon is not None:
+            await daemon.stop()

@@ -48,8 +48,9 @@ RUN_SHELL_DESCRIPTION = (
     "a command fails. A busy workspace is refused at once unless queue=true. To use a "
     "server (python3 -m http.server 8000, npm run dev, a database), start it with "
     "background=true, then run its clients with read_only=true: a read-only command runs "
-    "beside the server (which holds the workspace) on the last committed files, read-only "
-    "(writes outside /tmp fail), and makes no snapshot."
+    "beside the server (which holds the workspace), reaches it at localhost:PORT (the "
+    "executions of one workspace share a private network), sees the last committed files "
+    "read-only (writes outside /tmp fail) and makes no snapshot."
 )
 
 

@@ -31,12 +31,13 @@ from shellyard.errors import (
     SandboxUnavailable,
     WorkspaceBusy,
 )
-from shellyard.runner import history, objects, reach, retention, sandbox
+from shellyard.runner import history, netns, objects, reach, retention, sandbox
 from shellyard.runner.edits.editor import Editor
 from shellyard.runner.egress import EgressProxy
 from shellyard.runner.egress_rules import EgressRules
 from shellyard.runner.environments import EnvironmentStore
 from shellyard.runner.guard import Guard as LimitsGuard  # limits (issue 12)
+from shellyard.runner.netns import WorkspaceNetworks
 from shellyard.runner.objects import PackImporter, StoreLock, aiter_thread
 from shellyard.runner.protocol import (
     ApplyEntry,
@@ -141,6 +142,8 @@ class LocalRunner:
         await asyncio.to_thread(self._editor.startup)
         await self._environments.startup(self._sandboxes.bwrap)
         await self._runs.recover()
+        if self._sandboxes.networks is not None:  # issue 17: none of a finished workspace
+            await asyncio.to_thread(self._sandboxes.networks.forget_unused)
 
     async def _prepare_sandboxes(self) -> None:
         """Find and build once what every spawn reuses: bwrap and what it supports, the host
@@ -157,6 +160,9 @@ class LocalRunner:
             self._sandbox_dir / "empty",
         )
         await asyncio.to_thread(box.seccomp.write)
+        if netns.supported(self.policy.network):  # issue 17: one network per workspace
+            box.networks = WorkspaceNetworks(self._sandbox_dir / "netns")
+            box.networks.startup()
         if "egress" in (self.policy.network, self.policy.tools_network):
             box.socat = sandbox.find_socat()
             path = self._sandbox_dir / "egress.sock"

@@ -299,12 +299,15 @@ def bwrap_argv(
     egress_socket: Path | None = None,
     socat: str | None = None,
     workspace_read_only: bool = False,
+    shared_network: bool = False,
 ) -> list[str]:
     if policy.network == "egress":
         command = egress_command(socat or find_socat(), command)
     argv = [*drop_privileges_prefix(ids), *rlimit_prefix(policy), bwrap, "--unshare-all"]
     argv += ["--new-session", *hardening.argv(), *view.argv]
     argv += network_argv(policy.network, egress_socket)
+    if shared_network:  # issue 17: bwrap runs inside the workspace's namespace (netns.py)
+        argv.append("--share-net")
     for path in read_only_binds:
         # V4: an environment's prefix keeps its own path (its scripts name it), read-only.
         argv += ["--ro-bind", str(path), str(path)]

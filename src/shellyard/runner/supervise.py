@@ -188,6 +188,9 @@ class Supervisor:
             users.discard(execution_id)
             if not users:
                 self.environment_users.pop(live.environment_id, None)
+        networks = self.sandboxes.networks
+        if live.shared_network and networks is not None:  # issue 17: the last one takes it
+            networks.release(live.workspace_id, execution_id)
         live.popen = None
         live.done.set()
         # result.json answers from now on: a finished execution holds no memory here.
@@ -326,8 +329,13 @@ class Supervisor:
                 environment_id=meta.get("environment_id"),
                 policy=ExecutionPolicy.model_validate(meta["policy"]) if "policy" in meta else None,
                 read_only=bool(meta.get("read_only", False)),
+                shared_network=bool(meta.get("shared_network", False)),
             )
             execution_id = directory.name
+            networks = self.sandboxes.networks
+            if live.shared_network and networks is not None:
+                # E11: a re-attached execution keeps its namespace (still mounted on its file)
+                networks.acquire(live.workspace_id, execution_id)
             self._live[execution_id] = live
             if not live.read_only:
                 self.busy_workspaces[live.workspace_id] = execution_id
