@@ -8,6 +8,7 @@ read-only at /workspace, and makes no snapshot; everything else is as for any ex
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shutil
 import signal
@@ -18,7 +19,7 @@ from pathlib import Path
 import pytest
 from runner_daemon_fixture import start_daemon
 
-from conftest import Yard
+from conftest import Yard, sy
 from shellyard.contract.executions import ExecutionState, RunShellRequest, RunShellResult
 from shellyard.errors import WorkspaceBusy
 from shellyard.home import ensure_server, is_served
@@ -273,3 +274,21 @@ async def test_kill9_control_plane_keeps_server_reader_and_network(
         assert client.wait(server.execution_id, 30).state == ExecutionState.cancelled
         if daemon is not None:
             await daemon.stop()
+
+
+def test_cli_read_only_runs_beside_a_background_writer(served_home: Path) -> None:
+    """Issue 17: ``shellyard run --read-only`` runs while a background writer holds the
+    workspace (a plain ``run`` is refused, exit 75), reads the committed files and cannot
+    write them."""
+    assert sy(served_home, "run", "--", "echo committed > data.txt").returncode == 0
+    writer = sy(served_home, "run", "--background", "--", "sleep 600").stdout.strip()
+    try:
+        refused = sy(served_home, "run", "--", "true")
+        assert refused.returncode == 75 and writer in refused.stderr
+        reader = sy(served_home, "run", "--read-only", "--", "cat data.txt; touch x")
+        assert reader.returncode == 1, reader.stderr
+        assert reader.stdout == "committed\n" and "Read-only file system" in reader.stderr
+        view = json.loads(sy(served_home, "run", "--read-only", "--json", "--", "true").stdout)
+        assert view["read_only"] is True and view["snapshot_seq"] is None
+    finally:
+        sy(served_home, "cancel", writer)
