@@ -48,6 +48,14 @@ def run(
         bool, typer.Option("--follow", "-f", help="Stream the output live from the start.")
     ] = False,
     queue: Annotated[bool, typer.Option(help="Wait in line if the workspace is busy.")] = False,
+    read_only: Annotated[
+        bool,
+        typer.Option(
+            "--read-only",
+            help="Run beside the workspace's writer (a background server) on its committed "
+            "files, read-only; no snapshot.",
+        ),
+    ] = False,
     as_json: JsonOption = False,
 ) -> None:
     """Run one command: shellyard run -- CMD [ARGS...]. Prints its output (after --wait-ms, or
@@ -71,6 +79,7 @@ def run(
             wait_ms=0 if follow else wait_ms,
             background=background,
             queue=queue,
+            read_only=read_only,
         )
         if as_json:
             out.print_json(result.model_dump_json())

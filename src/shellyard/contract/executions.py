@@ -68,6 +68,13 @@ class RunShellRequest(BaseModel):
         description="the same key returns the first execution instead of running again",
     )
     queue: bool = Field(default=False, description="wait in line when the workspace is busy")
+    read_only: bool = Field(
+        default=False,
+        description=(
+            "run beside the workspace's writer (e.g. a client of a background server): sees "
+            "the last committed snapshot read-only, takes no writer, makes no snapshot"
+        ),
+    )
 
     @model_validator(mode="after")
     def _check(self) -> RunShellRequest:
@@ -134,6 +141,8 @@ class ExecutionView(BaseModel):
     policy: ExecutionPolicyView | None = None
     #: Set when retention deleted the execution's logs (docs/operations.md).
     logs_pruned_at: float | None = None
+    #: issue 17: it ran beside the writer on the committed snapshot (no snapshot of its own).
+    read_only: bool = False
 
 
 class RunShellResult(ExecutionView):

@@ -1,5 +1,6 @@
 """Durable executions (E1–E12, W1): accept, take the writer, start on the runner, watch,
-finalize, release, dispatch the next queued writer."""
+finalize, release, dispatch the next queued writer. A read-only execution (issue 17) takes
+no writer and waits for none: it starts at once beside the writer, on the committed snapshot."""
 
 from __future__ import annotations
 
@@ -144,6 +145,7 @@ class ExecutionService:
             "script_path": request.script_path,
             "background": request.background,
             "idempotency_key": request.idempotency_key,
+            "read_only": request.read_only,
         }
         try:
             row, holder = await self.store.submit_execution(values, queue=request.queue)
@@ -194,6 +196,7 @@ class ExecutionService:
                     command=row["command"],
                     script_path=row["script_path"],
                     environment_id=environment_id,
+                    read_only=bool(row["read_only"]),
                 )
             )
         except RunnerUnavailable as exc:
@@ -338,7 +341,10 @@ class ExecutionService:
         await self.dispatch(workspace_id)
 
     async def dispatch(self, workspace_id: str) -> None:
-        """W1 queue: hand the writer to the oldest queued execution, in submission order."""
+        """W1 queue: hand the writer to the oldest queued execution, in submission order.
+        Read-only ones not started yet need no writer: they start first (issue 17)."""
+        for reader in await self.store.queued_readers(workspace_id):
+            await self._launch(reader)
         while True:
             row = await self.store.next_queued(workspace_id)
             if row is None:
@@ -566,4 +572,5 @@ def _view(row: Mapping[str, Any]) -> ExecutionView:
             else None
         ),
         logs_pruned_at=row.get("logs_pruned_at"),
+        read_only=bool(row.get("read_only")),
     )

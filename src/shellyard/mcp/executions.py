@@ -45,7 +45,12 @@ RUN_SHELL_DESCRIPTION = (
     "ends). Output is capped at max_output_length characters (head and tail kept); "
     "execution_logs has everything. To add packages use environment_install and pass "
     "environment_id: the environment is read-only inside commands, so pip install in "
-    "a command fails. A busy workspace is refused at once unless queue=true."
+    "a command fails. A busy workspace is refused at once unless queue=true. To use a "
+    "server (python3 -m http.server 8000, npm run dev, a database), start it with "
+    "background=true, then run its clients with read_only=true: a read-only command runs "
+    "beside the server (which holds the workspace), reaches it at localhost:PORT (the "
+    "executions of one workspace share a private network), sees the last committed files "
+    "read-only (writes outside /tmp fail) and makes no snapshot."
 )
 
 

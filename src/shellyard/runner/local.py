@@ -30,12 +30,13 @@ from shellyard.errors import (
     OutOfRoom,
     WorkspaceBusy,
 )
-from shellyard.runner import bases, history, objects, reach, retention, sandbox
+from shellyard.runner import bases, history, netns, objects, reach, retention, sandbox
 from shellyard.runner.edits.editor import Editor
 from shellyard.runner.egress import EgressProxy
 from shellyard.runner.egress_rules import EgressRules
 from shellyard.runner.environments import EnvironmentStore
 from shellyard.runner.guard import Guard as LimitsGuard  # limits (issue 12)
+from shellyard.runner.netns import WorkspaceNetworks
 from shellyard.runner.objects import PackImporter, StoreLock, aiter_thread
 from shellyard.runner.protocol import (
     ApplyEntry,
@@ -115,6 +116,7 @@ class LocalRunner:
             self.policy.cancel_grace_s,
             self._guard,
             self.workspace_path,
+            self._snapshots,
         )
         self._environments = EnvironmentStore(
             self.root / "environments",
@@ -136,6 +138,8 @@ class LocalRunner:
         await asyncio.to_thread(self._editor.startup)
         await self._environments.startup(self._sandboxes.bwrap)
         await self._runs.recover()
+        if self._sandboxes.networks is not None:  # issue 17: none of a finished workspace
+            await asyncio.to_thread(self._sandboxes.networks.forget_unused)
 
     async def _prepare_sandboxes(self) -> None:
         """Find and build once what every spawn reuses: bwrap and what it supports, the host
@@ -152,6 +156,9 @@ class LocalRunner:
             self._sandbox_dir / "empty",
         )
         await asyncio.to_thread(box.seccomp.write)
+        if netns.supported(self.policy.network):  # issue 17: one network per workspace
+            box.networks = WorkspaceNetworks(self._sandbox_dir / "netns")
+            box.networks.startup()
         if "egress" in (self.policy.network, self.policy.tools_network):
             box.socat = sandbox.find_socat()
             path = self._sandbox_dir / "egress.sock"
@@ -429,13 +436,14 @@ class LocalRunner:
         tree = self.workspace_path(request.workspace_id)
         if not tree.is_dir():
             raise NotFound(f"workspace {request.workspace_id} does not exist on this runner")
+        # issue 17: a read-only execution runs beside the writer, on the committed snapshot
         holder = self._runs.busy_workspaces.get(request.workspace_id)
-        if holder is not None:
+        if holder is not None and not request.read_only:
             raise WorkspaceBusy(
                 f"workspace {request.workspace_id} is in use by execution {holder}",
                 holder=holder,
             )
-        if request.workspace_id in self._editing:
+        if request.workspace_id in self._editing and not request.read_only:
             raise WorkspaceBusy(
                 f"workspace {request.workspace_id} is in the middle of a file operation",
                 holder="file operation",

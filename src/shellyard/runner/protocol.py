@@ -49,6 +49,8 @@ class StartRequest(BaseModel):
     env: dict[str, str] = Field(default_factory=dict)
     #: Mount this environment's prefix read-only and set its variables (V4).
     environment_id: str | None = None
+    #: issue 17: run beside the writer on the last committed snapshot, bound read-only.
+    read_only: bool = False
 
 
 class SnapshotInfo(BaseModel):

@@ -298,17 +298,22 @@ def bwrap_argv(
     read_only_binds: Sequence[Path] = (),
     egress_socket: Path | None = None,
     socat: str | None = None,
+    workspace_read_only: bool = False,
+    shared_network: bool = False,
 ) -> list[str]:
     if policy.network == "egress":
         command = egress_command(socat or find_socat(), command)
     argv = [*drop_privileges_prefix(ids), *rlimit_prefix(policy), bwrap, "--unshare-all"]
     argv += ["--new-session", *hardening.argv(), *view.argv]
     argv += network_argv(policy.network, egress_socket)
+    if shared_network:  # issue 17: bwrap runs inside the workspace's namespace (netns.py)
+        argv.append("--share-net")
     for path in read_only_binds:
         # V4: an environment's prefix keeps its own path (its scripts name it), read-only.
         argv += ["--ro-bind", str(path), str(path)]
     argv += [
-        "--bind",
+        # issue 17: a read-only execution's committed view (readview.py) takes no writes
+        "--ro-bind" if workspace_read_only else "--bind",
         str(workspace),
         WORKSPACE,
         # The new root is bwrap's tmpfs: read-only once every mount point is made, so nothing

@@ -20,7 +20,8 @@ from pathlib import Path
 
 from shellyard.errors import InvalidInput, NotFound, PathRefused
 from shellyard.paths import normalize_relative
-from shellyard.runner import processes, sandbox
+from shellyard.runner import netns, processes, sandbox
+from shellyard.runner.netns import WorkspaceNetworks
 from shellyard.runner.policy import ExecutionPolicy, SandboxPolicy
 from shellyard.runner.protocol import RunnerExecution, StartRequest
 from shellyard.runner.seccomp import SeccompProfile
@@ -46,6 +47,10 @@ class LiveExecution:
     environment_id: str | None = None
     #: The policy it was started under (None for a record of an older runner).
     policy: ExecutionPolicy | None = None
+    #: issue 17: a reader beside the writer: no writer held, no commit at the end.
+    read_only: bool = False
+    #: issue 17: it joined its workspace's shared network namespace (netns.py).
+    shared_network: bool = False
 
 
 def write_json_atomic(path: Path, data: str) -> None:
@@ -67,6 +72,8 @@ class Sandboxes:
     disable_userns: bool
     egress_socket: Path | None = None
     socat: str | None = None
+    #: issue 17: one network namespace per workspace, when this runner can (netns.py).
+    networks: WorkspaceNetworks | None = None
 
     def execution_policy(self) -> ExecutionPolicy:
         network = self.policy.network
@@ -89,7 +96,11 @@ class Sandboxes:
         status_fd = os.open(directory / "status", flags, 0o600)
         seccomp_fd = self.seccomp.open()
         policy = self.execution_policy()
+        networks = self.networks
+        shared = None
         try:
+            if networks is not None:
+                shared = networks.acquire(request.workspace_id, request.execution_id)
             argv = sandbox.bwrap_argv(
                 bwrap=self.bwrap,
                 policy=self.policy,
@@ -102,7 +113,11 @@ class Sandboxes:
                 read_only_binds=[mount[0]] if mount is not None else (),
                 egress_socket=self.egress_socket,
                 socat=self.socat,
+                workspace_read_only=request.read_only,
+                shared_network=shared is not None,
             )
+            if shared is not None:
+                argv = [*netns.prefix(shared), *argv]
             env = sandbox.sandbox_env(
                 sandbox.WORKSPACE,
                 {
@@ -124,6 +139,10 @@ class Sandboxes:
                 cwd="/",
                 start_new_session=True,
             )
+        except BaseException:
+            if networks is not None and shared is not None:
+                networks.release(request.workspace_id, request.execution_id)
+            raise
         finally:
             for fd in (out_fd, err_fd, status_fd, seccomp_fd):
                 with contextlib.suppress(OSError):
@@ -137,6 +156,8 @@ class Sandboxes:
             "started_at": started_at,
             "environment_id": request.environment_id,
             "policy": policy.model_dump(),
+            "read_only": request.read_only,
+            "shared_network": shared is not None,
         }
         write_json_atomic(directory / "meta.json", json.dumps(meta))
         return LiveExecution(
@@ -148,6 +169,8 @@ class Sandboxes:
             popen=popen,
             environment_id=request.environment_id,
             policy=policy,
+            read_only=request.read_only,
+            shared_network=shared is not None,
         )
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from shellyard.errors import InvalidInput, NotFound
-from shellyard.runner import processes
+from shellyard.runner import processes, readview
 from shellyard.runner.guard import Guard  # limits (issue 12)
 from shellyard.runner.logcap import read as read_capped_log  # limits (issue 12)
 from shellyard.runner.policy import ExecutionPolicy
@@ -33,6 +33,7 @@ from shellyard.runner.protocol import (
     SnapshotInfo,
     StartRequest,
 )
+from shellyard.runner.snapshots.store import SnapshotStore
 from shellyard.runner.spawn import LiveExecution, Sandboxes, bwrap_error, write_json_atomic
 
 log = logging.getLogger(__name__)
@@ -49,8 +50,11 @@ class Supervisor:
         cancel_grace_s: float,
         guard: Guard,
         workspace_path: Callable[[str], Path],
+        snapshots: SnapshotStore,
     ) -> None:
         self._executions = executions
+        #: issue 17: where a read-only execution's committed view comes from
+        self._snapshots = snapshots
         #: limits (issue 12): the workspace quota and the log cap while a command runs
         self._guard = guard
         self._workspace_path = workspace_path
@@ -73,9 +77,13 @@ class Supervisor:
     ) -> RunnerExecution:
         directory = self._executions / request.execution_id
         directory.mkdir()
+        if request.read_only:  # issue 17: the committed view, never the live tree (W2)
+            tree = directory / readview.VIEW
+            readview.materialise(self._snapshots, request.workspace_id, tree)
         live = self.sandboxes.spawn(request, directory, tree, command, mount)
         self._live[request.execution_id] = live
-        self.busy_workspaces[request.workspace_id] = request.execution_id
+        if not request.read_only:
+            self.busy_workspaces[request.workspace_id] = request.execution_id
         self._use_environment(live.environment_id, request.execution_id)
         self._watch(request.execution_id, live)
         self._guard.watch(request.execution_id, request.workspace_id, directory, tree, live.pid)
@@ -139,8 +147,12 @@ class Supervisor:
             exit_code = None
             if returncode is not None and not cancelled:
                 error = bwrap_error(live.directory, returncode)
+        snapshot: SnapshotInfo | None = None
         try:
-            snapshot: SnapshotInfo | None = await self._commit(live.workspace_id)
+            if live.read_only:  # issue 17: a reader makes no snapshot; its view goes
+                await asyncio.to_thread(readview.remove, live.directory / readview.VIEW)
+            else:
+                snapshot = await self._commit(live.workspace_id)
         except Exception as exc:  # a commit failure must still finish the record
             log.exception("snapshot commit failed", extra={"execution_id": execution_id})
             snapshot = None
@@ -176,6 +188,9 @@ class Supervisor:
             users.discard(execution_id)
             if not users:
                 self.environment_users.pop(live.environment_id, None)
+        networks = self.sandboxes.networks
+        if live.shared_network and networks is not None:  # issue 17: the last one takes it
+            networks.release(live.workspace_id, execution_id)
         live.popen = None
         live.done.set()
         # result.json answers from now on: a finished execution holds no memory here.
@@ -313,14 +328,23 @@ class Supervisor:
                 started_at=meta["started_at"],
                 environment_id=meta.get("environment_id"),
                 policy=ExecutionPolicy.model_validate(meta["policy"]) if "policy" in meta else None,
+                read_only=bool(meta.get("read_only", False)),
+                shared_network=bool(meta.get("shared_network", False)),
             )
             execution_id = directory.name
+            networks = self.sandboxes.networks
+            if live.shared_network and networks is not None:
+                # E11: a re-attached execution keeps its namespace (still mounted on its file)
+                networks.acquire(live.workspace_id, execution_id)
             self._live[execution_id] = live
-            self.busy_workspaces[live.workspace_id] = execution_id
+            if not live.read_only:
+                self.busy_workspaces[live.workspace_id] = execution_id
             self._use_environment(live.environment_id, execution_id)
             if processes.is_same_process(live.pid, live.start_time):
                 self._watch(execution_id, live)
                 tree = self._workspace_path(live.workspace_id)  # limits (issue 12)
+                if live.read_only:
+                    tree = directory / readview.VIEW
                 self._guard.watch(execution_id, live.workspace_id, directory, tree, live.pid)
                 if (directory / "cancel").exists():
                     requested = float((directory / "cancel").read_text() or time.time())

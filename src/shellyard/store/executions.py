@@ -1,4 +1,5 @@
-"""Execution records (E1–E8): submitted with the workspace writer taken, finished once."""
+"""Execution records (E1–E8): submitted with the workspace writer taken (a read-only one
+without it, issue 17), finished once."""
 
 from __future__ import annotations
 
@@ -35,6 +36,7 @@ class ExecutionRecords(Database):
 
         Returns (record, holder). When the writer is held and ``queue`` is false nothing is
         recorded and the holder's id comes back; with ``queue`` the record stays ``queued``.
+        A read-only record (``values["read_only"]``) neither takes nor waits for the writer.
         """
         try:
             return await self.run(_submit, values, queue)
@@ -80,6 +82,19 @@ class ExecutionRecords(Database):
     async def next_queued(self, workspace_id: str) -> Row | None:
         return await self.run(_next_queued, workspace_id)
 
+    async def queued_readers(self, workspace_id: str) -> list[Row]:
+        """Read-only records not started yet (behind an environment change, V5, or left by
+        a crash between submit and start): they wait for no writer (issue 17)."""
+        return await self.all(
+            sa.select(executions)
+            .where(
+                executions.c.workspace_id == workspace_id,
+                executions.c.state == "queued",
+                executions.c.read_only,
+            )
+            .order_by(executions.c.seq)
+        )
+
     async def active_executions(self) -> list[Row]:
         return await self.all(
             sa.select(executions)
@@ -110,12 +125,17 @@ def _submit(conn: Connection, values: dict[str, Any], queue: bool) -> tuple[Row,
     ).scalar_one()
     values = {**values, "seq": next_seq + 1, "state": "queued", "created_at": time.time()}
     conn.execute(executions.insert().values(**values))
+    if values.get("read_only"):  # issue 17: a reader beside the writer takes nothing
+        row = fetch_one(conn, sa.select(executions).where(executions.c.id == values["id"]))
+        assert row is not None
+        return row, None
     queued_ahead = conn.execute(
         sa.select(executions.c.id)
         .where(
             executions.c.workspace_id == values["workspace_id"],
             executions.c.state == "queued",
             executions.c.id != values["id"],
+            sa.not_(executions.c.read_only),
         )
         .limit(1)
     ).first()
@@ -159,7 +179,11 @@ def _next_queued(conn: Connection, workspace_id: str) -> Row | None:
     return fetch_one(
         conn,
         sa.select(executions)
-        .where(executions.c.workspace_id == workspace_id, executions.c.state == "queued")
+        .where(
+            executions.c.workspace_id == workspace_id,
+            executions.c.state == "queued",
+            sa.not_(executions.c.read_only),  # a reader never waits for the writer
+        )
         .order_by(executions.c.seq)
         .limit(1),
     )

@@ -98,6 +98,8 @@ executions = Table(
     Column("sandbox_policy", Text, nullable=True),
     # Retention: set when the runner deleted this execution's logs (revision 0006_retention).
     Column("logs_pruned_at", Float, nullable=True),
+    # issue 17: a reader beside the writer, on the committed snapshot (revision 0007_read_only).
+    Column("read_only", Boolean, nullable=False, default=False),
     UniqueConstraint("agent_id", "idempotency_key", name="uq_execution_idempotency"),
 )
 Index("ix_executions_state", executions.c.state)

@@ -1,0 +1,153 @@
+"""One private network namespace per workspace (issue 17): every execution of a workspace, its
+writer and its read-only ones, joins the same namespace, so a background server is reached
+from a reader at ``localhost:PORT``; no other workspace and not the host can reach it.
+
+bwrap 0.8 cannot join an existing namespace, so the runner (root) makes one per workspace
+with ``unshare --net=FILE`` (the namespace is bind-mounted on a file under the runner's root:
+it survives a restart of the runner process, E11, and needs no holder process), brings its
+loopback up, and starts bwrap under ``nsenter --net=FILE`` with ``--share-net``: every other
+flag of the sandbox stays. The namespace goes when the workspace's last live execution ends.
+Not root (``nsenter`` needs CAP_SYS_ADMIN), or network ``host``/``egress``: each execution
+keeps the namespace bwrap gives it (docs/decisions.md).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import fcntl
+import logging
+import os
+import shutil
+import socket
+import struct
+import subprocess
+import threading
+from pathlib import Path
+
+from shellyard.errors import SandboxUnavailable
+
+log = logging.getLogger(__name__)
+
+SIOCGIFFLAGS = 0x8913
+SIOCSIFFLAGS = 0x8914
+IFF_UP = 0x1
+CLONE_NEWNET = 0x40000000
+
+
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+
+
+def supported(network: str) -> bool:
+    """Whether this runner gives workspaces a shared namespace under ``network``."""
+    return network == "off" and os.geteuid() == 0 and shutil.which("nsenter") is not None
+
+
+class WorkspaceNetworks:
+    """The namespaces of one runner's workspaces, under ``directory``, and who uses each."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self._users: dict[str, set[str]] = {}
+
+    def startup(self) -> None:
+        self.directory.mkdir(mode=0o700, exist_ok=True)
+
+    def path(self, workspace_id: str) -> Path:
+        return self.directory / workspace_id
+
+    def acquire(self, workspace_id: str, execution_id: str) -> Path:
+        """The workspace's namespace file, made on first use (or again after a reboot)."""
+        path = self.path(workspace_id)
+        if not _mounted(path):
+            _create(path)
+        self._users.setdefault(workspace_id, set()).add(execution_id)
+        return path
+
+    def release(self, workspace_id: str, execution_id: str) -> None:
+        """``execution_id`` ended; the last one of the workspace takes the namespace along."""
+        users = self._users.get(workspace_id, set())
+        users.discard(execution_id)
+        if users:
+            return
+        self._users.pop(workspace_id, None)
+        _remove(self.path(workspace_id))
+
+    def forget_unused(self) -> None:
+        """After re-attaching (E11): namespaces left by workspaces with no live execution."""
+        if not self.directory.is_dir():
+            return
+        for path in self.directory.iterdir():
+            if path.name not in self._users:
+                _remove(path)
+
+
+def prefix(path: Path) -> list[str]:
+    """Put in front of a spawn's argv (before the privilege drop: nsenter needs root)."""
+    nsenter = shutil.which("nsenter") or "/usr/bin/nsenter"
+    return [nsenter, f"--net={path}", "--"]
+
+
+def _mounted(path: Path) -> bool:
+    """A namespace file is a mount of nsfs: its device differs from its folder's."""
+    try:
+        return os.stat(path).st_dev != os.stat(path.parent).st_dev
+    except FileNotFoundError:
+        return False
+
+
+def _create(path: Path) -> None:
+    path.touch(mode=0o600, exist_ok=True)
+    unshare = shutil.which("unshare") or "/usr/bin/unshare"
+    done = subprocess.run(
+        [unshare, f"--net={path}", "true"], capture_output=True, text=True, check=False
+    )
+    if done.returncode != 0:
+        raise SandboxUnavailable(
+            f"could not make the workspace's network namespace ({unshare} --net): "
+            f"{done.stderr.strip() or 'no message'}"
+        )
+    _loopback_up(path)
+
+
+def _loopback_up(path: Path) -> None:
+    """``lo`` starts down in a new namespace. Brought up from a thread that joins it (a
+    thread's network namespace is its own; the thread ends right after), so no ``ip``
+    binary is needed."""
+    failure: list[BaseException] = []
+
+    def work() -> None:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            # os.setns is Python 3.12+; the libc call is the same syscall
+            if _libc().setns(fd, CLONE_NEWNET) != 0:
+                err = ctypes.get_errno()
+                raise OSError(err, os.strerror(err))
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+                request = struct.pack("16sH14x", b"lo", 0)
+                flags = struct.unpack("16sH", fcntl.ioctl(sock, SIOCGIFFLAGS, request)[:18])[1]
+                fcntl.ioctl(sock, SIOCSIFFLAGS, struct.pack("16sH14x", b"lo", flags | IFF_UP))
+        except OSError as exc:
+            failure.append(exc)
+        finally:
+            os.close(fd)
+
+    thread = threading.Thread(target=work, name="netns-lo")
+    thread.start()
+    thread.join()
+    if failure:
+        _remove(path)
+        raise SandboxUnavailable(
+            f"could not bring up the workspace network's loopback: {failure[0]}"
+        )
+
+
+def _remove(path: Path) -> None:
+    if _mounted(path):
+        umount = shutil.which("umount") or "/usr/bin/umount"
+        done = subprocess.run([umount, str(path)], capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            log.warning("could not unmount %s: %s", path, done.stderr.strip())
+            return
+    path.unlink(missing_ok=True)
