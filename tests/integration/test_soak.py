@@ -103,6 +103,17 @@ async def _quiet(plane: ControlPlane) -> dict[str, int]:
     return structure_sizes(plane, local)
 
 
+async def _steady_tasks(plane: ControlPlane) -> int:
+    """The asyncio task count without the short-lived ones (a heartbeat, a timer pass) that
+    happen to run at one instant: a leaked task is there in every sample."""
+    local = plane.runners.get("local")
+    samples = []
+    for _ in range(40):
+        samples.append(structure_sizes(plane, local)["asyncio_tasks"])
+        await asyncio.sleep(0.05)
+    return min(samples)
+
+
 async def test_soak_structures_stay_flat(home: Path) -> None:
     """E11/N1 over many executions: after the first tenth and at the end, with nothing
     running, every per-object structure is empty and the task and fd counts did not grow."""
@@ -127,7 +138,9 @@ async def test_soak_structures_stay_flat(home: Path) -> None:
                 await _extras(plane, agents, source_ws, round_)
             if round_ == rounds // 10:
                 warm = await _quiet(plane)
+                warm["asyncio_tasks"] = await _steady_tasks(plane)
         end = await _quiet(plane)
+        end["asyncio_tasks"] = await _steady_tasks(plane)
         elapsed = time.monotonic() - started
         print(f"\nsoak: {rounds * AGENTS} executions in {elapsed:.0f} s; warm {warm}; end {end}")
         for name in PER_OBJECT:

@@ -486,7 +486,7 @@ def test_admin_token_file_made_by_serve_with_umask_zero(home: Path) -> None:
         os.kill(pid, 15)
 
 
-def test_no_auth_is_refused_off_loopback() -> None:
+def test_no_auth_is_refused_off_loopback(tmp_path: Path) -> None:
     """--host 0.0.0.0 --no-auth is refused with why and what to do; loopback is allowed."""
     with pytest.raises(InvalidInput, match="only on a loopback address"):
         check_bind("0.0.0.0", auth=False)
@@ -494,7 +494,11 @@ def test_no_auth_is_refused_off_loopback() -> None:
     check_bind("::1", auth=False)
     check_bind("0.0.0.0", auth=True)
     done = subprocess.run(
-        [sys.executable, "-m", "shellyard", "serve", "--host", "0.0.0.0", "--no-auth"],
+        # A home of its own: the default home may be served already (a user's, the demo's).
+        [
+            *(sys.executable, "-m", "shellyard", "serve", "--home", str(tmp_path / "home")),
+            *("--host", "0.0.0.0", "--no-auth"),
+        ],
         capture_output=True,
         text=True,
         timeout=60,
