@@ -7,6 +7,8 @@ Revises: 0001
 import sqlalchemy as sa
 from alembic import op
 
+# The file was 0006_retention.py beside 0006_execution_policy.py; renamed so no two files share a
+# prefix. The revision id stays: databases record it in alembic_version.
 revision = "0006_retention"
 # A branch of its own on 0001 (which has the executions table), like 0002 to 0005.
 down_revision = "0001"
