@@ -4,6 +4,12 @@ OpenSSH sshd on loopback), beside SWE-ReX's ``RemoteRuntime.execute(true)`` on l
 (swe-rex from PyPI in a venv this benchmark builds; its server has no sandbox and keeps no
 record). Target (issue 15): each ≤ 2.5× SWE-ReX.
 
+A fourth path, ``direct, start answers at once``, is the same direct daemon registered again
+with ``start_wait_s = 0``: the protocol's flow before the one-round-trip ``start`` (start,
+wait, a log size per stream), measured in the same run for the before/after comparison.
+A fifth, ``local``, is the same ``run_shell(true)`` on the control plane's in-process local
+runner: the sandbox and the commit without any wire, the floor a remote runner stands on.
+
 All three are measured interleaved, one sample of each per round in a rotating order, so the
 machine's noise falls on all of them alike. The SWE-ReX client runs in a child process of
 its venv and times each call itself; this process tells it when (one line per call).
@@ -141,11 +147,15 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     swerex = SweRex(swerex_python())
     try:
         await plane.runners.add_direct("direct", direct.url, direct.token)
+        await plane.runners.add_direct("direct0", direct.url, direct.token)
+        plane.runners.get("direct0").start_wait_s = 0.0  # type: ignore[attr-defined]
         await plane.runners.add_ssh(
             "ssh", over_ssh.address, over_ssh.token, sshd.identity, sshd.known_hosts
         )
         paths: dict[str, Any] = {
             "direct": lambda: run_once(plane, "direct"),
+            "direct0": lambda: run_once(plane, "direct0"),
+            "local": lambda: run_once(plane, "local"),
             "ssh": lambda: run_once(plane, "ssh"),
             "swerex": lambda: asyncio.to_thread(swerex.once),
         }
@@ -186,6 +196,26 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
             target="≤ 2.5× SWE-ReX remote p50",
             kind="ratio_max",
             limit=2.5,
+            baseline_label="SWE-ReX RemoteRuntime.execute(true), loopback, p50",
+            baseline_value=base,
+        ),
+        metric(
+            "runner_direct_nowait_p50",
+            "run_shell(true) on a direct runner, start answering at once (the old flow), p50",
+            stats["direct0"]["p50"],
+            "ms",
+            target="— (info: before the one-round-trip start)",
+            kind="info",
+            baseline_label="SWE-ReX RemoteRuntime.execute(true), loopback, p50",
+            baseline_value=base,
+        ),
+        metric(
+            "runner_local_p50",
+            "run_shell(true) on the in-process local runner (no wire), p50",
+            stats["local"]["p50"],
+            "ms",
+            target="— (info: the sandbox and commit alone)",
+            kind="info",
             baseline_label="SWE-ReX RemoteRuntime.execute(true), loopback, p50",
             baseline_value=base,
         ),

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import resource
 import shutil
 import signal
 import subprocess
@@ -84,8 +85,49 @@ def finish(client: Client, result: Any) -> Any:
     return view
 
 
+def meminfo_mib() -> dict[str, float]:
+    """Dirty and Writeback pages of the whole machine, MiB (/proc/meminfo)."""
+    found: dict[str, float] = {}
+    with open("/proc/meminfo") as f:
+        for line in f:
+            name, _, rest = line.partition(":")
+            if name in ("Dirty", "Writeback"):
+                found[name.lower()] = round(int(rest.split()[0]) / 1024, 1)
+    return found
+
+
+#: One dict per timed sample: what, how long, and the machine's dirty pages around it.
+SAMPLES: list[dict[str, Any]] = []
+
+
+def cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) a process has used so far, its threads included."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+#: The server's pid, whose CPU time each transfer sample reports.
+SERVER: list[int] = []
+
+
+def _sample(kind: str, seconds: float, before: dict[str, float], cpu: float) -> None:
+    SAMPLES.append(
+        {
+            "kind": kind,
+            "seconds": round(seconds, 3),
+            "cpu_s": round(cpu, 3),
+            "load1": round(os.getloadavg()[0], 2),
+            "dirty_before_mib": before.get("dirty"),
+            "writeback_before_mib": before.get("writeback"),
+            "dirty_after_mib": meminfo_mib().get("dirty"),
+        }
+    )
+
+
 def transfer_once(client: Client, source_ws: str, target_ws: str) -> tuple[float, Any]:
     os.sync()
+    before = meminfo_mib()
+    cpu = cpu_s(SERVER[0]) if SERVER else 0.0
     start = time.perf_counter()
     view = client.transfer_start(source_ws, ["tree"], target_ws)
     while not view.terminal:
@@ -93,16 +135,25 @@ def transfer_once(client: Client, source_ws: str, target_ws: str) -> tuple[float
     elapsed = time.perf_counter() - start
     if view.state != "completed":
         raise RuntimeError(f"transfer ended {view.state}: {view.error}")
+    _sample("transfer", elapsed, before, cpu_s(SERVER[0]) - cpu if SERVER else 0.0)
     return elapsed, view
 
 
-def cp_once(source: Path, scratch: Path) -> float:
+def cp_once(source: Path, scratch: Path, keep: bool = False) -> float:
+    """``cp -a`` of ``source``; the copy is deleted afterwards unless ``keep`` (then the
+    caller deletes ``scratch / "cp-copy"``)."""
     target = scratch / "cp-copy"
     os.sync()
+    before = meminfo_mib()
     start = time.perf_counter()
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     subprocess.run(["cp", "-a", str(source), str(target)], check=True)
     elapsed = time.perf_counter() - start
-    shutil.rmtree(target)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = after.ru_utime + after.ru_stime - usage.ru_utime - usage.ru_stime
+    _sample("cp", elapsed, before, cpu)
+    if not keep:
+        shutil.rmtree(target)
     return elapsed
 
 
@@ -134,11 +185,12 @@ def start_daemon(root: Path) -> tuple[subprocess.Popen[bytes], str, str]:
 
 
 def measure_transfer(args: argparse.Namespace) -> dict[str, Any]:
-    repeats = 2 if args.quick else 5
+    repeats = args.repeats or (2 if args.quick else 5)
     home = make_home()
     daemon: subprocess.Popen[bytes] | None = None
     try:
         pid = start_server(home)
+        SERVER[:] = [pid]
         idle = rss_bytes(pid)
         client = Client.for_home(home)
         made = finish(client, client.run(MAKE_TREE, wait_ms=30_000))
@@ -156,19 +208,24 @@ def measure_transfer(args: argparse.Namespace) -> dict[str, Any]:
         last: Any = None
         for index in range(repeats):
             target = child_workspace(client, parent_id)
+            # Both copies are deleted after the pair, never between its two samples: on this
+            # disk (ext4 mounted with ``discard``) a sample that follows the deletion of a
+            # 1 GiB tree runs up to 2× slower (measured), so deleting cp's copy right after
+            # it, as this benchmark once did, always handicapped the sample after cp.
             if index % 2 == 0:
-                cps.append(cp_once(source_tree, scratch))
+                cps.append(cp_once(source_tree, scratch, keep=True))
                 elapsed, last = transfer_once(client, source_ws, target)
                 ours.append(elapsed)
             else:
                 elapsed, last = transfer_once(client, source_ws, target)
                 ours.append(elapsed)
-                cps.append(cp_once(source_tree, scratch))
-            # outside the timing: drop the copy (its objects are the source's anyway)
+                cps.append(cp_once(source_tree, scratch, keep=True))
+            # outside the timing: drop the copies (the transfer's objects are the source's)
+            shutil.rmtree(scratch / "cp-copy")
             shutil.rmtree(home / "runners" / "local" / "workspaces" / target / "tree")
         peak = sampler.stop()
         remote: dict[str, Any] = {}
-        if not args.quick:
+        if not args.quick and not args.transfer_only:
             daemon, url, token = start_daemon(home.parent / f"{home.name}-daemon")
             response = client._http.post(
                 "/v1/runners", json={"runner_id": "loopback", "address": url, "token": token}
@@ -208,6 +265,7 @@ def measure_transfer(args: argparse.Namespace) -> dict[str, Any]:
         "server_idle_rss_mib": round(idle / MIB, 1),
         "server_peak_rss_mib": round(peak / MIB, 1),
         "remote": remote,
+        "samples": list(SAMPLES),
     }
 
 
@@ -293,6 +351,8 @@ def measure_rest_reads(args: argparse.Namespace) -> dict[str, Any]:
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     transfer = measure_transfer(args)
+    if args.transfer_only:
+        return {"name": "transfer", "command": COMMAND + " --transfer-only", "transfer": transfer}
     reads = asyncio.run(measure_reads(args))
     rest = measure_rest_reads(args)
     med = lambda xs: xs[len(xs) // 2]  # noqa: E731
@@ -342,7 +402,16 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def transfer_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--transfer-only", action="store_true", help="only the same-runner transfer beside cp -a"
+    )
+    parser.add_argument(
+        "--repeats", type=int, default=0, help="transfer/cp -a pairs (default 5, --quick 2)"
+    )
+
+
 if __name__ == "__main__":
     os.environ.pop("SHELLYARD_HOME", None)
     sys.setrecursionlimit(10_000)
-    cli("transfer", measure, __doc__ or "")
+    cli("transfer", measure, __doc__ or "", transfer_options)

@@ -507,13 +507,21 @@ def _frame(frame: str) -> str:
 # ----------------------------------------------------------------------------- CLI
 
 
-def cli(name: str, run: Callable[[argparse.Namespace], dict[str, Any]], describe: str) -> None:
+def cli(
+    name: str,
+    run: Callable[[argparse.Namespace], dict[str, Any]],
+    describe: str,
+    options: Callable[[argparse.ArgumentParser], None] | None = None,
+) -> None:
+    """``options`` adds a benchmark's own command-line options."""
     parser = argparse.ArgumentParser(description=describe)
     parser.add_argument("--quick", action="store_true", help="fewer samples, shorter phases")
     parser.add_argument("--out", type=Path, help="also write the JSON result here")
     parser.add_argument(
         "--profile", type=Path, help="folder for profiles (py-spy / cProfile) of the service"
     )
+    if options is not None:
+        options(parser)
     args = parser.parse_args()
     result = run(args)
     result.setdefault("name", name)

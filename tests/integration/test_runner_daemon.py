@@ -205,7 +205,7 @@ async def test_bad_request_body_is_invalid_input(daemon: RunnerDaemon) -> None:
 async def test_start_wait_and_idempotent_start(daemon: RunnerDaemon) -> None:
     runner = daemon.runner
     await runner.ensure_workspace("ws")
-    request = StartRequest(execution_id="e1", workspace_id="ws", command="sleep 0.5; exit 3")
+    request = StartRequest(execution_id="e1", workspace_id="ws", command="sleep 2; exit 3")
     first = await runner.start(request)
     assert first.state == RunnerExecState.running
     # E10: the same id again returns the same execution, no second process.

@@ -155,7 +155,7 @@ async def test_registration_checks_the_key_and_health_is_reported(
             "off",
         )
         assert view.version and view.last_seen and view.running_executions == 1
-        assert view.limits is not None and view.limits["workspace_quota_bytes"] == 3 << 30
+        assert view.limits is not None and view.limits.workspace_quota_bytes == 3 << 30
         assert view.fingerprint == fingerprint(sshd.host_key.with_suffix(".pub"))
         with pytest.raises(Conflict, match="1 execution"):
             await plane.runners.remove("far")

@@ -7,7 +7,12 @@ from fastapi import APIRouter, Depends
 from pydantic import BaseModel, Field
 
 from shellyard.api.auth import admin_only
-from shellyard.contract.runners import RunnerAddRequest, RunnerView
+from shellyard.contract.runners import (
+    RunnerAddRequest,
+    RunnerBootstrapRequest,
+    RunnerBootstrapResult,
+    RunnerView,
+)
 from shellyard.control.service import ControlPlane
 
 
@@ -36,6 +41,11 @@ def runners_router(plane: ControlPlane) -> APIRouter:
         view = await plane.runners.view(body.runner_id)
         await plane.runners.remove(body.runner_id)
         return view
+
+    @router.post("/v1/runners/bootstrap", dependencies=admin)
+    async def bootstrap_runner(body: RunnerBootstrapRequest) -> RunnerBootstrapResult:
+        """Start (idempotently) a runner daemon on a host over SSH and register it."""
+        return await plane.runners.bootstrap(body)
 
     return router
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 from typing import Annotated
@@ -101,6 +102,64 @@ def runner_add(
         out.print(f"registered {view.runner_id} at {view.address}{pin}", highlight=False)
 
 
+@runner_app.command("bootstrap")
+def runner_bootstrap(
+    address: Annotated[
+        str,
+        typer.Argument(
+            help="ssh://USER@HOST[:PORT] (socket ROOT/runner.sock), or "
+            "ssh://USER@HOST[:PORT]/SOCKET"
+        ),
+    ],
+    identity: Annotated[Path, typer.Option(help="The private key to log in with.")],
+    known_hosts: Annotated[
+        Path, typer.Option(help="The known-hosts file holding (or to hold) the host's key.")
+    ],
+    name: Annotated[
+        str | None, typer.Option(help="The runner's id (default: the host's name).")
+    ] = None,
+    accept_new: Annotated[
+        bool, typer.Option(help="Record an unknown host key instead of refusing it.")
+    ] = False,
+    root: Annotated[
+        str | None, typer.Option(help="The daemon's folder there (default ~/.shellyard/runner).")
+    ] = None,
+    command: Annotated[
+        str | None, typer.Option(help="shellyard's program there (default: shellyard on PATH).")
+    ] = None,
+    network: Annotated[str | None, typer.Option(help="off (default), egress or host")] = None,
+    home: HomeOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Start a runner daemon on a host over SSH (if it is not running there) and register
+    it (admin). Safe to repeat."""
+    from urllib.parse import urlsplit
+
+    runner_id = name or re.sub(r"[^A-Za-z0-9_.-]", "-", urlsplit(address).hostname or "")
+    try:
+        done = _client(home).bootstrap_runner(
+            runner_id,
+            address,
+            identity=str(identity.absolute()),
+            known_hosts=str(known_hosts.absolute()),
+            accept_new=accept_new,
+            root=root,
+            command=command,
+            network=network,
+        )
+    except ShellyardError as exc:
+        fail(exc)
+    if as_json:
+        out.print_json(done.model_dump_json())
+    else:
+        view = done.runner
+        out.print(
+            f"daemon {done.daemon} on {done.socket}; registered {view.runner_id} at "
+            f"{view.address} ({view.fingerprint}), {view.state}",
+            highlight=False,
+        )
+
+
 def _state(view: RunnerView) -> str:
     if view.state == "unreachable" and view.unreachable_since is not None:
         since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(view.unreachable_since))
@@ -157,7 +216,8 @@ def runner_show(runner_id: str, home: HomeOption = None, as_json: JsonOption = F
         ("running executions", str(view.running_executions)),
         ("pinned key", view.fingerprint or ""),
     ]
-    lines += [(f"limit {k}", str(v)) for k, v in (view.limits or {}).items()]
+    if view.limits is not None:
+        lines += [(f"limit {k}", str(v)) for k, v in view.limits.model_dump().items()]
     for name, value in lines:
         out.print(f"{name:>20}  {value}", highlight=False)
 

@@ -3,7 +3,7 @@ CLI and MCP, and the one request that registers a runner (docs/runners.md)."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, Field
 
@@ -42,6 +42,60 @@ class RunnerAddRequest(BaseModel):
     )
 
 
+class RunnerBootstrapRequest(BaseModel):
+    """Start (idempotently) a runner daemon on a host over SSH, as the SSH user, listening on
+    a Unix socket, then register it as an ``ssh`` runner (docs/runners.md)."""
+
+    runner_id: str = Field(
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$",
+        description="a name of your choice: letters, digits, '_', '.', '-'",
+    )
+    address: str = Field(
+        pattern=r"^ssh://[!-~]+$",
+        description="ssh://USER@HOST[:PORT], or ssh://USER@HOST[:PORT]/SOCKET to choose the socket",
+    )
+    identity: str = Field(description="the private key file, on the control plane's host")
+    known_hosts: str = Field(description="the known-hosts file that holds the host's key")
+    accept_new: bool = Field(
+        default=False, description="add an unknown host key to known_hosts instead of refusing"
+    )
+    root: str = Field(
+        default="~/.shellyard/runner",
+        pattern=r"^[!-~][ -~]*$",
+        description="the daemon's folder on the far host (workspaces, logs, its key)",
+    )
+    command: str = Field(
+        default="shellyard",
+        pattern=r"^[!-~]+$",
+        description="the shellyard program on the far host (a name on its PATH, or a path)",
+    )
+    network: Literal["off", "egress", "host"] = Field(
+        default="off", description="the network policy of the daemon's commands"
+    )
+
+
+class RunnerLimits(BaseModel):
+    """Effective limits of a runner (docs/limits.md), as its ``info`` reports them and
+    ``runner show`` and the runner views give them."""
+
+    #: 0: none. Enforced by watching the tree while a command runs (``quota_mechanism``).
+    workspace_quota_bytes: int
+    quota_mechanism: str
+    #: Documented overshoot: a command is stopped within about this much above the quota.
+    quota_margin_bytes: int
+    log_limit_bytes: int
+    free_space_reserve_bytes: int
+    free_space_bytes: int
+    max_cpu_seconds: int | None
+    max_memory_bytes: int | None
+    max_file_size_bytes: int
+    max_processes: int
+    max_open_files: int
+    #: ``rlimits`` or ``cgroup v2`` (only where a delegated hierarchy was found).
+    enforcement: str
+    cgroup: str | None = None
+
+
 class RunnerView(BaseModel):
     """A runner the control plane sends executions to (``local`` or a registered daemon)."""
 
@@ -59,7 +113,16 @@ class RunnerView(BaseModel):
     sandbox: str | None = None
     network: str | None = None
     #: The sandbox limits (rlimits, grace period) the runner applies, when it reports them.
-    limits: dict[str, Any] | None = None
+    limits: RunnerLimits | None = None
     running_executions: int = 0
     #: The pinned identity: an ssh host key's or a TLS certificate's SHA-256.
     fingerprint: str | None = None
+
+
+class RunnerBootstrapResult(BaseModel):
+    """What ``runner bootstrap`` did: the daemon ``started`` now or found ``running``, its
+    socket on the far host, and the registered runner."""
+
+    daemon: Literal["started", "running"]
+    socket: str
+    runner: RunnerView

@@ -23,7 +23,13 @@ from urllib.parse import urlsplit
 
 from pydantic import ValidationError
 
-from shellyard.contract.runners import RunnerAddRequest, RunnerState, RunnerView
+from shellyard.contract.runners import (
+    RunnerAddRequest,
+    RunnerBootstrapRequest,
+    RunnerBootstrapResult,
+    RunnerState,
+    RunnerView,
+)
 from shellyard.errors import Conflict, InvalidInput, NotFound, ShellyardError, validation_message
 from shellyard.runner.protocol import Runner, RunnerInfo
 from shellyard.store import Store
@@ -130,19 +136,76 @@ class RunnerRegistry:
         self._health[runner_id] = Health("up", None, time.time(), None, info)
         return await self.view(runner_id)
 
+    async def bootstrap(self, request: RunnerBootstrapRequest) -> RunnerBootstrapResult:
+        """Start the daemon on the far host over SSH unless it runs there already, then
+        register it (again only if its address or key changed). Safe to repeat."""
+        from shellyard.runner.ssh import SshTarget, check_host_key, start_daemon
+
+        if request.runner_id == LOCAL_RUNNER_ID:
+            raise InvalidInput(f"runner id {request.runner_id!r} is reserved; pick another")
+        target = SshTarget.parse(request.address, far_end=False)
+        identity, known_hosts = _ssh_files(request.identity, request.known_hosts)
+        known = self._kinds.get(request.runner_id)
+        if known is not None:
+            # Refused before the host is touched: one daemon per root, so starting another
+            # one there would take the registered runner's place.
+            was = SshTarget.parse(known[1] or "", far_end=False) if known[0] == "ssh" else None
+            if (
+                was is None
+                or (was.user, was.host, was.port)
+                != (
+                    target.user,
+                    target.host,
+                    target.port,
+                )
+                or (target.socket is not None and target.socket != was.socket)
+            ):
+                raise Conflict(
+                    f"runner {request.runner_id!r} is registered at {known[1]}; remove it "
+                    "first or bootstrap under another name"
+                )
+        await check_host_key(target, known_hosts, request.accept_new)
+        started = await start_daemon(
+            target,
+            identity,
+            known_hosts,
+            root=request.root,
+            command=request.command,
+            network=request.network,
+        )
+        address = f"ssh://{target.user}@{target.host}:{target.port}{started.socket}"
+        if known is not None and known[1] != address:
+            raise Conflict(
+                f"runner {request.runner_id!r} is registered at {known[1]}, not {address}; "
+                "remove it first or bootstrap under another name"
+            )
+        if known is None or (await self._key_of(request.runner_id)) != started.key:
+            await self.add(
+                _request(
+                    runner_id=request.runner_id,
+                    address=address,
+                    token=started.key,
+                    identity=str(identity),
+                    known_hosts=str(known_hosts),
+                )
+            )
+        return RunnerBootstrapResult(
+            daemon="started" if started.state == "started" else "running",
+            socket=started.socket,
+            runner=await self.view(request.runner_id),
+        )
+
+    async def _key_of(self, runner_id: str) -> str | None:
+        for row in await self._store.list_runners():
+            if row["id"] == runner_id:
+                return str(_secrets(row["token"]).get("key") or "") or None
+        return None
+
     async def _ssh_secrets(self, request: RunnerAddRequest) -> dict[str, Any]:
         from shellyard.runner.ssh import SshTarget, check_host_key, probe
 
         target = SshTarget.parse(request.address)
-        if not request.identity or not request.known_hosts:
-            raise InvalidInput(
-                "an ssh runner needs --identity FILE (the private key to log in with) and "
-                "--known-hosts FILE (where its host key is, or is to be, recorded)"
-            )
-        identity = Path(request.identity).absolute()
-        known_hosts = Path(request.known_hosts).absolute()
-        if not identity.is_file():
-            raise InvalidInput(f"identity file {identity} does not exist on this host")
+        identity, known_hosts = _ssh_files(request.identity, request.known_hosts)
         fingerprint = await check_host_key(target, known_hosts, request.accept_new)
         await probe(target, identity, known_hosts)
         return {
@@ -269,7 +332,7 @@ class RunnerRegistry:
             kind, address, pin = self._kinds[runner_id]
             health = self._health.get(runner_id, Health())
             info = health.info
-            limits = info.limits.model_dump(mode="json") if info and info.limits else None
+            limits = info.limits if info else None
             result.append(
                 RunnerView(
                     runner_id=runner_id,
@@ -298,6 +361,18 @@ class RunnerRegistry:
         for runner in self._runners.values():
             await runner.aclose()
         self._runners.clear()
+
+
+def _ssh_files(identity: str | None, known_hosts: str | None) -> tuple[Path, Path]:
+    if not identity or not known_hosts:
+        raise InvalidInput(
+            "an ssh runner needs --identity FILE (the private key to log in with) and "
+            "--known-hosts FILE (where its host key is, or is to be, recorded)"
+        )
+    identity_file = Path(identity).absolute()
+    if not identity_file.is_file():
+        raise InvalidInput(f"identity file {identity_file} does not exist on this host")
+    return identity_file, Path(known_hosts).absolute()
 
 
 def _request(**fields: Any) -> RunnerAddRequest:

@@ -16,7 +16,13 @@ batches (by count and by bytes). Per batch:
 
 Only then are the outcomes recorded, with the target snapshot that holds them (T3: a file
 counts once it is committed). A cancel or a failure stops between batches and keeps every
-committed batch. The final state is ``completed``, ``partial``, ``failed`` or ``cancelled``; a
+committed batch. A runner that cannot be reached mid-batch (R3: its daemon killed, the SSH
+connection dropped, the route cut) makes the batch be tried again with backoff, as E9 retries
+a status query: every step is idempotent (objects already imported are not sent again, an
+entry already committed answers ``unchanged``), so a short drop costs only time. After
+``BATCH_ATTEMPTS`` consecutive failures the batch's files fail with the runner's error and the
+files not reached yet are ``skipped``; starting the same transfer again once the runner is back
+copies the rest. The final state is ``completed``, ``partial``, ``failed`` or ``cancelled``; a
 finished transfer posts a notice to its owner (N1). Transfers survive a restart of the control
 plane: an unfinished one resumes with its pending files.
 """
@@ -41,7 +47,13 @@ from shellyard.contract.files import (
     WorkspaceView,
 )
 from shellyard.control.access import WorkspaceAccess
-from shellyard.errors import InvalidInput, NotFound, ShellyardError, validation_message
+from shellyard.errors import (
+    InvalidInput,
+    NotFound,
+    RunnerUnavailable,
+    ShellyardError,
+    validation_message,
+)
 from shellyard.paths import normalize_relative
 from shellyard.runner.protocol import MAX_PAGE, ApplyEntry, ByteStream, PathEntry, Runner
 from shellyard.store import Store
@@ -58,6 +70,8 @@ _PAGE_ROWS = 5000
 #: Entries one listing page of the source holds while a transfer is planned.
 _PLAN_PAGE = 2000
 _GLOB = frozenset("*?[")
+#: Consecutive tries of one batch while a runner cannot be reached (E9's five failures).
+BATCH_ATTEMPTS = 5
 
 
 class _Cancelled(Exception):
@@ -73,6 +87,8 @@ class TransferService:
         self._cancel: dict[str, asyncio.Event] = {}
         self._in_flight: dict[str, int] = {}
         self._closing = False
+        #: First backoff between tries of a batch when a runner cannot be reached (doubles).
+        self.retry_base_s = 0.5
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -236,7 +252,7 @@ class TransferService:
                 rows = rows[len(batch) :]
                 after = int(batch[-1]["idx"])
                 work = asyncio.ensure_future(
-                    self._batch(
+                    self._batch_tried(
                         transfer_id,
                         batch,
                         src_runner,
@@ -284,6 +300,43 @@ class TransferService:
             if recording is not None:
                 await recording
 
+    async def _batch_tried(
+        self,
+        transfer_id: str,
+        rows: list[Row],
+        src_runner: Runner,
+        src_ws: str,
+        dst_runner: Runner,
+        dst_ws: str,
+        cancel: asyncio.Event,
+    ) -> tuple[list[tuple[int, str, str | None, int | None]], dict[str, Any] | None, int]:
+        """``_batch``, tried again with backoff while a runner cannot be reached (R3)."""
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                return await self._batch(
+                    transfer_id, rows, src_runner, src_ws, dst_runner, dst_ws, cancel
+                )
+            except RunnerUnavailable as exc:
+                if attempt == BATCH_ATTEMPTS or cancel.is_set():
+                    raise RunnerUnavailable(
+                        f"{exc.message} (tried {attempt} times); start the transfer again "
+                        "once the runner is back: what is committed counts as unchanged"
+                    ) from exc
+                log.warning(
+                    "transfer %s: batch try %d failed, trying again: %s",
+                    transfer_id,
+                    attempt,
+                    exc.message,
+                )
+                self._in_flight[transfer_id] = 0
+                with contextlib.suppress(TimeoutError):
+                    delay = min(30.0, self.retry_base_s * 2 ** (attempt - 1))
+                    await asyncio.wait_for(cancel.wait(), delay)
+                if cancel.is_set():
+                    raise _Cancelled from exc
+
     async def _batch(
         self,
         transfer_id: str,
@@ -302,7 +355,15 @@ class TransferService:
         sent = 0
         if lacking:
             pack = await src_runner.export_objects(lacking)
-            results = await dst_runner.import_objects(self._watch(transfer_id, pack, cancel))
+            try:
+                results = await dst_runner.import_objects(self._watch(transfer_id, pack, cancel))
+            finally:
+                # A target that failed mid-stream leaves the source's stream open otherwise
+                # (its HTTP response, or the local store's reader thread).
+                close = getattr(pack, "aclose", None)
+                if close is not None:
+                    with contextlib.suppress(Exception):
+                        await close()
             if cancel.is_set():
                 raise _Cancelled
             sent = sum(r.size for r in results if r.ok)

@@ -40,15 +40,25 @@ from shellyard.errors import (
 from shellyard.listen import bind_socket, socket_url
 from shellyard.runner.limits import limits_from_env
 from shellyard.runner.policy import parse_network, policy_from_env
-from shellyard.runner.protocol import Runner, SandboxPolicy
+from shellyard.runner.protocol import (
+    Runner,
+    RunnerExecState,
+    RunnerExecution,
+    SandboxPolicy,
+    StartRequest,
+)
 from shellyard.runner.signing import SCHEME, Verifier
 from shellyard.runner.wire import (
     API_PREFIX,
     H_ARGS,
     OPERATIONS,
+    START_WAIT_CAP_S,
     WAIT_CAP_S,
+    LogHead,
     LongPoll,
     Operation,
+    StartAnswer,
+    StartWait,
     arguments,
     chunk_header,
 )
@@ -142,10 +152,39 @@ def _answer(op: Operation, result: Any) -> Response:
     return Response(result.model_dump_json(), media_type="application/json")
 
 
+async def start_and_wait(runner: Runner, request: StartWait) -> StartAnswer:
+    """``start``, then wait up to ``wait_s`` for the end; an execution that ended is answered
+    with its log sizes and first ``log_bytes`` of each log, so a quick command costs the
+    client one round trip instead of start, wait and a log read per stream."""
+    plain = StartRequest.model_validate(request.model_dump(include=set(StartRequest.model_fields)))
+    record: RunnerExecution = await runner.start(plain)
+    budget = min(request.wait_s, START_WAIT_CAP_S)
+    if budget > 0 and record.state == RunnerExecState.running:
+        record = await runner.wait(record.execution_id, budget)
+    answer = StartAnswer.model_construct(**dict(record))  # a validated record, extended
+    if budget > 0 and record.state != RunnerExecState.running:
+        logs: list[LogHead] = []
+        for stream in ("stdout", "stderr"):
+            size = await runner.log_size(record.execution_id, stream)
+            data = b""
+            if size and request.log_bytes:
+                head = await runner.read_log(
+                    record.execution_id, stream, 0, min(size, request.log_bytes)
+                )
+                data = head.data
+            logs.append(LogHead.model_construct(stream=stream, size=size, data=data))
+        answer.logs = logs
+    return answer
+
+
 def _endpoint(
     runner: Runner, op: Operation, verifier: Verifier
 ) -> Callable[[Request], Awaitable[Response]]:
-    method = getattr(runner, op.name)
+    method: Callable[..., Awaitable[Any]] = getattr(runner, op.name)
+    if op.name == "start":
+
+        async def method(request: StartWait) -> StartAnswer:
+            return await start_and_wait(runner, request)
 
     async def endpoint(request: Request) -> Response:
         # The signature is checked before the body is read (R4).

@@ -395,6 +395,9 @@ class LocalRunner:
         except ValueError as exc:
             importer.close()
             raise InvalidInput(f"bad object pack: {exc}") from None
+        except BaseException:
+            importer.close()  # a stream cut mid-object (R3): no temp file or descriptor left
+            raise
         return importer.close()
 
     async def apply_entries(self, workspace_id: str, entries: list[ApplyEntry]) -> ApplyResult:

@@ -15,6 +15,7 @@ from pydantic import BaseModel, Field
 
 # Re-exported: results that cross from the runner to the caller unchanged are public models.
 from shellyard.contract.packages import PackageRecord as PackageRecord
+from shellyard.contract.runners import RunnerLimits as RunnerLimits
 from shellyard.contract.snapshots import DiffEntry as DiffEntry
 from shellyard.contract.snapshots import DiffResult as DiffResult
 from shellyard.contract.snapshots import DirListing as DirListing
@@ -177,27 +178,6 @@ class LogPruneResult(BaseModel):
     bytes_freed: int = 0
     #: Bytes all execution folders hold; measured only when no ids were given.
     bytes_held: int | None = None
-
-
-class RunnerLimits(BaseModel):
-    """Effective limits of a runner, as ``runner show`` and the runner views report them."""
-
-    #: 0: none. Enforced by watching the tree while a command runs (``quota_mechanism``).
-    workspace_quota_bytes: int
-    quota_mechanism: str
-    #: Documented overshoot: a command is stopped within about this much above the quota.
-    quota_margin_bytes: int
-    log_limit_bytes: int
-    free_space_reserve_bytes: int
-    free_space_bytes: int
-    max_cpu_seconds: int | None
-    max_memory_bytes: int | None
-    max_file_size_bytes: int
-    max_processes: int
-    max_open_files: int
-    #: ``rlimits`` or ``cgroup v2`` (only where a delegated hierarchy was found).
-    enforcement: str
-    cgroup: str | None = None
 
 
 class RunnerInfo(BaseModel):

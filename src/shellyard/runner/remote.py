@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import json
 import time
+from collections import OrderedDict
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
 import httpx
@@ -39,6 +41,7 @@ from shellyard.runner.protocol import (
     ObjectResult,
     PathEntry,
     PruneResult,
+    RunnerExecState,
     RunnerExecution,
     RunnerInfo,
     SnapshotInfo,
@@ -52,6 +55,8 @@ from shellyard.runner.wire import (
     WAIT_CAP_S,
     LongPoll,
     Operation,
+    StartAnswer,
+    StartWait,
     chunk_header,
 )
 
@@ -68,6 +73,28 @@ def _body(model: type[M], **fields: Any) -> M:
 
 #: Added to a long poll's duration to get the HTTP read timeout of that request.
 WAIT_MARGIN_S = 10.0
+#: How long ``start`` lets the daemon wait for the command to end before it answers, and the
+#: bytes of each log it sends along then: a command that ends sooner costs one round trip
+#: (start, status and its logs together). A longer one costs this much more before ``start``
+#: answers (a background start too), and is then watched as before.
+START_WAIT_S = 0.5
+START_LOG_BYTES = 64 << 10
+#: Finished executions whose ``start`` answer is kept to answer ``wait``, ``status``,
+#: ``log_size`` and ``read_log`` without a round trip (a finished record never changes; its
+#: logs only by ``prune_logs``, which forgets them here). Bounded: at most this many, each
+#: holding at most ``2 * START_LOG_BYTES`` of logs, for at most ``ENDED_KEEP_S``.
+ENDED_KEEP = 64
+ENDED_KEEP_S = 120.0
+
+
+@dataclass
+class _Ended:
+    """An execution that ended within its ``start``: its record and the heads of its logs."""
+
+    record: RunnerExecution
+    #: stream → (size, first bytes)
+    logs: dict[str, tuple[int, bytes]]
+    at: float
 
 
 class RemoteRunner:
@@ -92,8 +119,12 @@ class RemoteRunner:
         slow_timeout_s: float = 600,
         transport: httpx.AsyncBaseTransport | None = None,
         label: str | None = None,
+        start_wait_s: float = START_WAIT_S,
     ) -> None:
         self.base_url = base_url.rstrip("/")
+        #: 0 turns the one-round-trip start off (the daemon answers ``start`` at once).
+        self.start_wait_s = start_wait_s
+        self._ended: OrderedDict[str, _Ended] = OrderedDict()
         #: How messages name the runner (an ssh runner's base_url is only its tunnel's end).
         self.label = label or self.base_url
         # The key signs every request (R4); it is never sent.
@@ -302,13 +333,52 @@ class RemoteRunner:
         return cast(SnapshotInfo, await self._invoke("ensure_workspace", workspace_id=workspace_id))
 
     async def start(self, request: StartRequest) -> RunnerExecution:
-        return cast(RunnerExecution, await self._invoke("start", request=request))
+        """Start, letting the daemon wait ``start_wait_s`` for the end (one round trip for a
+        quick command); an answer with ``logs`` is kept for the calls that follow."""
+        op = OPERATIONS["start"]
+        body = StartWait.model_construct(  # a validated StartRequest, extended
+            **dict(request),
+            wait_s=self.start_wait_s,
+            log_bytes=START_LOG_BYTES if self.start_wait_s > 0 else 0,
+        )
+        answer = cast(StartAnswer, self._decode(op, await self._post(op.name, body, self._slow)))
+        record = RunnerExecution.model_construct(
+            **{name: getattr(answer, name) for name in RunnerExecution.model_fields}
+        )
+        if answer.logs is not None and record.state != RunnerExecState.running:
+            # A log cut by the retained-log cap reads as head, marker and tail at offsets the
+            # runner maps: those reads go to the runner.
+            logs = {} if record.logs_cut else {h.stream: (h.size, h.data) for h in answer.logs}
+            self._keep(record, logs)
+        return record
+
+    def _keep(self, record: RunnerExecution, logs: dict[str, tuple[int, bytes]]) -> None:
+        now = time.monotonic()
+        self._ended[record.execution_id] = _Ended(record, logs, now)
+        self._ended.move_to_end(record.execution_id)
+        while len(self._ended) > ENDED_KEEP:
+            self._ended.popitem(last=False)
+        while now - next(iter(self._ended.values())).at > ENDED_KEEP_S:
+            self._ended.popitem(last=False)  # the newest is never old: the loop ends
+
+    def _kept(self, execution_id: str) -> _Ended | None:
+        ended = self._ended.get(execution_id)
+        if ended is not None and time.monotonic() - ended.at > ENDED_KEEP_S:
+            del self._ended[execution_id]
+            return None
+        return ended
 
     async def status(self, execution_id: str) -> RunnerExecution:
+        ended = self._kept(execution_id)
+        if ended is not None:
+            return ended.record
         return cast(RunnerExecution, await self._invoke("status", execution_id=execution_id))
 
     async def wait(self, execution_id: str, timeout_s: float) -> RunnerExecution:
         """Long-poll until the execution is no longer running or ``timeout_s`` has passed."""
+        ended = self._kept(execution_id)
+        if ended is not None:
+            return ended.record
         return cast(
             RunnerExecution,
             await self._invoke("wait", execution_id=execution_id, timeout_s=timeout_s),
@@ -320,6 +390,19 @@ class RemoteRunner:
     async def read_log(
         self, execution_id: str, stream: LogStream, offset: int, limit: int
     ) -> LogChunk:
+        ended = self._kept(execution_id)
+        if ended is not None and stream in ended.logs and offset >= 0 and limit > 0:
+            size, head = ended.logs[stream]
+            end = min(size, offset + limit)
+            if end <= len(head):  # the span is in the head the start answer carried
+                data = head[offset:end] if offset < end else b""
+                return LogChunk(
+                    data=data,
+                    offset=offset,
+                    next_offset=offset + len(data),
+                    size=size,
+                    complete=offset + len(data) >= size,
+                )
         return cast(
             LogChunk,
             await self._invoke(
@@ -328,6 +411,9 @@ class RemoteRunner:
         )
 
     async def log_size(self, execution_id: str, stream: LogStream) -> int:
+        ended = self._kept(execution_id)
+        if ended is not None and stream in ended.logs:
+            return ended.logs[stream][0]
         return cast(int, await self._invoke("log_size", execution_id=execution_id, stream=stream))
 
     async def commit(self, workspace_id: str) -> SnapshotInfo:
@@ -500,6 +586,8 @@ class RemoteRunner:
         return cast(GcResult, await self._invoke("collect_garbage", grace_s=grace_s))
 
     async def prune_logs(self, request: LogPruneRequest) -> LogPruneResult:
+        for execution_id in request.execution_ids:
+            self._ended.pop(execution_id, None)  # its logs change now
         return cast(LogPruneResult, await self._invoke("prune_logs", request=request))
 
     # --- managed environments (V1–V8) ---

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import shlex
 import shutil
 import tempfile
 import time
@@ -49,7 +50,8 @@ class SshTarget:
     remote_port: int | None
 
     @classmethod
-    def parse(cls, address: str) -> SshTarget:
+    def parse(cls, address: str, far_end: bool = True) -> SshTarget:
+        """``far_end`` False: the socket (or port) may be left out (``runner bootstrap``)."""
         parts = urlsplit(address)
         example = "ssh://USER@HOST[:PORT]/path/to/runner.sock or ssh://USER@HOST[:PORT]?port=8765"
         if parts.scheme != "ssh" or not parts.hostname or not parts.username:
@@ -66,7 +68,9 @@ class SshTarget:
                 raise InvalidInput(f"bad far-end port {value!r} in {address!r}; write {example}")
             remote_port = int(value)
         socket = parts.path if parts.path not in ("", "/") else None
-        if (socket is None) == (remote_port is None):
+        if (socket is not None and remote_port is not None) or (
+            far_end and socket is None and remote_port is None
+        ):
             raise InvalidInput(
                 f"ssh runner address {address!r} must name the daemon's Unix socket (a path) "
                 f"or its loopback port (?port=N), one of the two; write {example}"
@@ -183,9 +187,10 @@ class SshTunnel:
             self._failures = 0
             self.last_error = None
 
-    async def _connect(self) -> None:
-        await self._drop()
-        conn = await asyncio.wait_for(
+    async def open_connection(self) -> asyncssh.SSHClientConnection:
+        """A new SSH connection with this tunnel's checks (host key, user key); the caller
+        closes it."""
+        return await asyncio.wait_for(
             asyncssh.connect(
                 self.target.host,
                 self.target.port,
@@ -199,6 +204,10 @@ class SshTunnel:
             ),
             CONNECT_TIMEOUT_S,
         )
+
+    async def _connect(self) -> None:
+        await self._drop()
+        conn = await self.open_connection()
         try:
             Path(self.local_path).unlink(missing_ok=True)
             if self.target.socket is not None:
@@ -263,6 +272,120 @@ def ssh_runner(
     return RemoteRunner(
         "http://ssh-runner", key, transport=transport, label=target.label, **options
     )
+
+
+# --- bootstrap: start the daemon on the far host over SSH ---
+
+#: Where ``runner bootstrap`` puts the daemon's folder on the far host when not told.
+BOOTSTRAP_ROOT = "~/.shellyard/runner"
+BOOTSTRAP_TIMEOUT_S = 60.0
+
+# Run by ``sh -s`` as the SSH user. Idempotent: a daemon whose pid file names a live process
+# and whose socket exists is left alone; otherwise one is started in a session of its own
+# (it outlives the SSH session), and the script waits for its socket. It prints the socket's
+# absolute path and the daemon's key (its token file, made by the daemon at first start);
+# the key crosses only this SSH channel.
+_BOOTSTRAP = r"""
+set -eu
+root=$1; sock=$2; cmd=$3; network=$4
+case $root in "~"|"~/"*) root=$HOME${root#"~"} ;; esac
+[ -n "$sock" ] || sock=$root/runner.sock
+case $sock in "~"|"~/"*) sock=$HOME${sock#"~"} ;; esac
+# (the daemon sets the root's mode itself: traversable by the sandbox uid, not listable)
+mkdir -p "$root"
+pidfile=$root/daemon.pid
+# A live process, not a zombie nobody reaped (a killed daemon's parent is init, or nothing).
+alive() {
+  [ -f "$pidfile" ] && pid=$(cat "$pidfile") && kill -0 "$pid" 2>/dev/null || return 1
+  case $(ps -o stat= -p "$pid" 2>/dev/null) in Z*) return 1 ;; esac
+}
+if alive && [ -S "$sock" ]; then
+  state=running
+else
+  if alive; then kill "$(cat "$pidfile")" 2>/dev/null || true; sleep 1; fi
+  rm -f "$sock"
+  command -v "$cmd" >/dev/null 2>&1 || {
+    echo "no $cmd on the far host's PATH; install shellyard there or pass --command" >&2
+    exit 3; }
+  log=$root/daemon.log
+  nohup setsid "$cmd" runner serve --root "$root" --socket "$sock" --network "$network" \
+    >>"$log" 2>&1 </dev/null &
+  echo $! >"$pidfile"
+  i=0
+  until [ -S "$sock" ] && [ -s "$root/token" ]; do
+    if ! alive || [ $i -ge 300 ]; then
+      echo "the runner daemon did not start; the end of $root/daemon.log:" >&2
+      tail -n 20 "$root/daemon.log" >&2; exit 3
+    fi
+    i=$((i + 1)); sleep 0.1
+  done
+  state=started
+fi
+printf 'state=%s
+socket=%s
+token=%s
+' "$state" "$sock" "$(cat "$root/token")"
+"""
+
+
+@dataclass(frozen=True)
+class Bootstrapped:
+    """What ``start_daemon`` found or did on the far host."""
+
+    #: ``started`` now, or already ``running``.
+    state: str
+    #: The daemon's socket (absolute path on the far host).
+    socket: str
+    key: str
+
+
+async def start_daemon(
+    target: SshTarget,
+    identity: Path,
+    known_hosts: Path,
+    *,
+    root: str = BOOTSTRAP_ROOT,
+    command: str = "shellyard",
+    network: str = "off",
+) -> Bootstrapped:
+    """Start (idempotently) ``COMMAND runner serve --socket`` on the far host as the SSH user,
+    listening on ``target.socket`` (default ``ROOT/runner.sock``); its socket and key."""
+    if target.remote_port is not None:
+        raise InvalidInput(
+            "runner bootstrap starts a daemon on a Unix socket: give ssh://USER@HOST[:PORT] "
+            "or ssh://USER@HOST[:PORT]/SOCKET, not ?port=N"
+        )
+    tunnel = SshTunnel(target, identity, known_hosts)
+    try:
+        try:
+            conn = await tunnel.open_connection()
+        except (OSError, asyncssh.Error, TimeoutError) as e:
+            raise _refusal(target, e) from e
+        async with conn:
+            args = " ".join(shlex.quote(a) for a in (root, target.socket or "", command, network))
+            try:
+                done = await asyncio.wait_for(
+                    conn.run(f"sh -s -- {args}", input=_BOOTSTRAP, check=False),
+                    BOOTSTRAP_TIMEOUT_S,
+                )
+            except (OSError, asyncssh.Error, TimeoutError) as e:
+                raise RunnerUnavailable(
+                    f"starting the runner daemon on {target.label} failed ({e!r}); try again"
+                ) from e
+    finally:
+        await tunnel.aclose()
+    out, err = str(done.stdout or ""), str(done.stderr or "").strip()
+    if done.exit_status != 0:
+        raise ShellyardError(
+            f"could not start the runner daemon on {target.host} as {target.user} (exit "
+            f"{done.exit_status}): {err or out.strip() or 'no message'}"
+        )
+    fields = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+    if not fields.get("token") or not fields.get("socket", "").startswith("/"):
+        raise ShellyardError(
+            f"the bootstrap on {target.host} answered something unexpected: {out[:300]!r}"
+        )
+    return Bootstrapped(fields.get("state", "started"), fields["socket"], fields["token"])
 
 
 async def probe(target: SshTarget, identity: Path, known_hosts: Path) -> None:

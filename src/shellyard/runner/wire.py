@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import Base64Bytes, BaseModel, Field
 
 from shellyard.runner.protocol import (
     ApplyEntry,
@@ -196,6 +196,42 @@ class EnvironmentRef(BaseModel):
     environment_id: str
 
 
+# --- the start op: a short long poll, so a quick command costs one round trip ---
+
+#: The daemon waits at most this long in ``start`` for the command to end (``wait_s``).
+START_WAIT_CAP_S = 5.0
+#: Most bytes of each log stream a ``start`` answer carries (``log_bytes``).
+START_LOG_CAP = 1 << 20
+
+
+class StartWait(StartRequest):
+    """``start`` on the wire: the StartRequest, plus how long the daemon may wait for the
+    command to end (``wait_s``, capped at ``START_WAIT_CAP_S``) and how many bytes of each log
+    it then sends along (``log_bytes``). Both default to 0, the old behaviour; a daemon older
+    than these fields ignores them (pydantic drops unknown fields) and answers at once, without
+    ``logs``, so old and new ends interoperate."""
+
+    wait_s: float = Field(default=0.0, ge=0, allow_inf_nan=False)
+    log_bytes: int = Field(default=0, ge=0, le=START_LOG_CAP)
+
+
+class LogHead(BaseModel):
+    """A finished execution's log stream: its size and its first bytes (all of it when
+    ``len(data) == size``)."""
+
+    stream: str
+    size: int
+    #: Base64 in JSON; the raw bytes in Python (build it with ``model_construct``).
+    data: Base64Bytes = b""
+
+
+class StartAnswer(RunnerExecution):
+    """``start``'s answer: the record; ``logs`` (stdout, stderr) only when it ended within
+    ``wait_s`` and the daemon knows the fields."""
+
+    logs: list[LogHead] | None = None
+
+
 # --- response wrappers: a method that returns a list or a number answers an object ---
 
 
@@ -248,7 +284,7 @@ def _table(*ops: Operation) -> dict[str, Operation]:
 OPERATIONS: dict[str, Operation] = _table(
     Operation("info", NoArgs, RunnerInfo),
     Operation("ensure_workspace", WorkspaceRef, SnapshotInfo, slow=True),
-    Operation("start", StartRequest, RunnerExecution, whole=True, slow=True),
+    Operation("start", StartWait, StartAnswer, whole=True, slow=True),
     Operation("status", ExecutionRef, RunnerExecution),
     Operation("wait", WaitRequest, RunnerExecution),
     Operation("cancel", ExecutionRef, RunnerExecution, slow=True),
