@@ -43,6 +43,10 @@ PYTHON_BASE_PACKAGES = ("numpy", "pandas", "scipy", "matplotlib")
 KNOWN = (PYTHON_BASE,)
 #: ``SHELLYARD_DEFAULT_ENVIRONMENT`` value meaning "no default" (the behaviour before bases).
 NONE = "none"
+#: On a root runner a finished base belongs to this uid/gid (nobody): the package tools run as
+#: root with every capability dropped, so they can neither write nor chmod a base file that an
+#: environment made ``--from`` the base shares by hard link (runner/env_derive.py).
+BASE_OWNER = 65534
 
 Progress = Callable[[str], None]
 
@@ -253,11 +257,14 @@ def _make_traversable(root: Path) -> None:
 
 
 def _make_read_only(top: Path) -> None:
+    owner = os.geteuid() == 0
     for folder, dirs, files in os.walk(top):
         for entry in files:
             path = os.path.join(folder, entry)
             mode = os.lstat(path).st_mode
             if stat.S_ISREG(mode):
+                if owner:
+                    os.chown(path, BASE_OWNER, BASE_OWNER)
                 os.chmod(path, 0o555 if mode & stat.S_IXUSR else 0o444)
         for entry in dirs:
             path = os.path.join(folder, entry)
