@@ -267,3 +267,48 @@ async def test_from_an_unprepared_base_is_refused(
         )
     assert "shellyard env prepare" in caught.value.message
     shutil.rmtree(empty)
+
+
+@pytest.fixture(scope="session")
+def r_base(python_base: bases.BaseRevision) -> bases.BaseRevision:
+    """r-base beside the session's python-base (same bases folder), built once."""
+    if shutil.which("Rscript") is None or shutil.which("apt-get") is None:
+        pytest.skip("no R (r-base-core) or apt on this machine: r-base is built from them")
+    root = python_base.prefix.parents[2]
+    try:
+        base, _built = asyncio.run(bases.prepare(bases.R_BASE, root=root))
+    except Exception as exc:  # only the archive's reachability is a machine capability
+        if "reaches the Debian archive" in str(exc) and "apt-get download" in str(exc):
+            pytest.skip(f"the Debian archive is not reachable from this machine: {exc}")
+        raise
+    return base
+
+
+async def test_default_runs_rscript_with_tidyverse_from_r_base(
+    yard_factory: Any, use_base: Path, r_base: bases.BaseRevision
+) -> None:
+    """Issue 20: a fresh home runs the seed's ``Rscript`` examples without environment_id:
+    R.version.string, and tidyverse and data.table load from r-base's library (the default
+    python-base brings its companion along); python's stack is still there, the record names
+    python-base, and R's library is read-only (V7)."""
+    assert {"tidyverse", "data.table", "r"} <= set(r_base.packages)
+    yard = await yard_factory()
+    result = await yard.run("Rscript -e 'cat(R.version.string)'")
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout.startswith("R version ")
+    assert (result.environment_id, result.environment_revision) == ("python-base", 1)
+    loads = await yard.run(
+        "TZ=UTC Rscript -e 'suppressPackageStartupMessages({library(data.table); "
+        "library(tidyverse)}); cat(as.character(packageVersion(\"data.table\")), "
+        "dirname(find.package(\"tidyverse\")))' && python -c 'import numpy'"
+    )
+    assert loads.exit_code == 0, loads.stderr
+    version, library = loads.stdout.split()
+    assert version == r_base.packages["data.table"]
+    assert library == str(r_base.prefix / "lib/R/library")
+    write = await yard.run(
+        "Rscript -e 'install.packages(\"x\", repos=NULL)' ; touch \"$R_LIBS/x\""
+    )
+    assert write.exit_code != 0
+    assert "Read-only file system" in write.stderr + write.stdout
+    assert not (r_base.prefix / "lib/R/library/x").exists()

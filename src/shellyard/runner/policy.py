@@ -191,7 +191,15 @@ def policy_from_env(policy: SandboxPolicy) -> SandboxPolicy:
     # issue 20: the package sources environment changes may use (comma- or space-separated)
     sources = os.environ.get("SHELLYARD_ALLOWED_SOURCES")
     if sources is not None:
-        update["allowed_sources"] = sources.replace(",", " ").split()
+        from shellyard.contract.sources import SourceError, check_channel
+
+        entries = sources.replace(",", " ").split()
+        update["allowed_sources"] = entries
+        for entry in entries:
+            try:  # here, not in the model: its error would echo the value (credentials)
+                check_channel(entry, "SHELLYARD_ALLOWED_SOURCES entry")
+            except SourceError as exc:
+                raise InvalidInput(str(exc)) from None
     offline = os.environ.get("SHELLYARD_PACKAGES_OFFLINE", "").strip().lower()
     if offline:
         update["packages_offline"] = offline in ("1", "true", "yes", "on")
