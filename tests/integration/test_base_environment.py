@@ -299,16 +299,14 @@ async def test_default_runs_rscript_with_tidyverse_from_r_base(
     assert (result.environment_id, result.environment_revision) == ("python-base", 1)
     loads = await yard.run(
         "TZ=UTC Rscript -e 'suppressPackageStartupMessages({library(data.table); "
-        "library(tidyverse)}); cat(as.character(packageVersion(\"data.table\")), "
+        'library(tidyverse)}); cat(as.character(packageVersion("data.table")), '
         "dirname(find.package(\"tidyverse\")))' && python -c 'import numpy'"
     )
     assert loads.exit_code == 0, loads.stderr
     version, library = loads.stdout.split()
     assert version == r_base.packages["data.table"]
     assert library == str(r_base.prefix / "lib/R/library")
-    write = await yard.run(
-        "Rscript -e 'install.packages(\"x\", repos=NULL)' ; touch \"$R_LIBS/x\""
-    )
+    write = await yard.run('Rscript -e \'install.packages("x", repos=NULL)\' ; touch "$R_LIBS/x"')
     assert write.exit_code != 0
     assert "Read-only file system" in write.stderr + write.stdout
     assert not (r_base.prefix / "lib/R/library/x").exists()

@@ -265,7 +265,9 @@ async def test_failed_changes_leave_the_prefix_byte_for_byte(
     make_slow_sdist(folder, "sy-slow", "1.0", prefix, "fail")
     before = prefix_hash(prefix)
     for i, (specs, sources, action, kind) in enumerate(FAILURES):
-        options = local_only(folder) if sources == "local" else {"index_url": "https://127.0.0.1:9/"}
+        options = (
+            local_only(folder) if sources == "local" else {"index_url": "https://127.0.0.1:9/"}
+        )
         done = await change(
             runner, change_id=f"bad{i}", environment_id="env1", action=action,
             manager="pip", specs=specs, **options,

@@ -172,4 +172,3 @@ async def _run(
             f"run `shellyard env prepare --name r-base` again"
         )
     return text
-
