@@ -35,7 +35,7 @@ from typing import Any
 
 from common import REPO, cli, make_home, metric, remove_home
 
-sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(REPO / "tests" / "support"))
 
 from conda_channel import CondaPackage, PackageFile, build_test_channel
 from uv import find_uv_bin

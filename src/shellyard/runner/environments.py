@@ -62,7 +62,7 @@ log = logging.getLogger(__name__)
 ENV_FILE = "env.json"
 JOURNAL_FILE = "journal.json"
 #: Names under the environments folder that are not environments.
-RESERVED = frozenset({"changes", "cache", "store", "staging", "wheels"})
+RESERVED = frozenset({"changes", "cache", "store", "staging", "wheels", "verified"})
 #: A change's tools are killed after this long (a hung download must not hold the prefix).
 DEFAULT_TOOL_TIMEOUT_S = 3600.0
 #: How long ``aclose`` lets running changes roll back before abandoning them to recovery.
@@ -395,6 +395,7 @@ class EnvironmentStore:
                 run_tool=tools,
                 origins=running.origins,
                 wheels=self._wheels,
+                verified=self.root / "verified",
             )
             if request.action == "create":
                 if prefix.exists():  # what an earlier failed create of this id left

@@ -49,6 +49,8 @@ class ManagerContext:
     #: The content-addressed store local wheels are copied into before they are installed
     #: (``<sha256>`` files), so a revision names bytes that cannot change under it.
     wheels: Path | None = None
+    #: Path lists of conda archives already checked, by sha256, out of every tool's reach.
+    verified: Path | None = None
 
 
 class ToolRunner(Protocol):
