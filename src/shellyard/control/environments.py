@@ -385,7 +385,7 @@ class EnvironmentService:
                     change_id,
                     packages=None,
                     error=exc.message,
-                    error_kind="invalid_spec" if isinstance(exc, InvalidInput) else "failed",
+                    error_kind=_kind_of(exc),
                 )
             failures = 0
             if result.state == EnvChangeState.running:
@@ -493,6 +493,15 @@ def _runner_request(change: Row, env: Row) -> EnvironmentChangeRequest:
         repos=list(options.get("repos") or []),
         workspace_id=options.get("workspace_id"),
     )
+
+
+def _kind_of(exc: ShellyardError) -> str:
+    """A runner's synchronous refusal as a change's error kind (V8)."""
+    if isinstance(exc, InvalidInput):
+        return "invalid_spec"
+    if isinstance(exc, NotFound):  # e.g. create --from a base not prepared there
+        return "not_found"
+    return "failed"
 
 
 def _names_the_workspace(body: EnvironmentChangeBody) -> bool:
