@@ -58,6 +58,7 @@ def test_a_listed_url_allows_what_is_below_it_only(tmp_path: Path) -> None:
     _check(rule, tmp_path, **ok, index_url="https://m.example/simple/")
     _check(rule, tmp_path, **ok)  # the default index, PyPI, is listed
     _check(rule, tmp_path, manager="conda", specs=["x"], channels=["conda-forge"])
+    _check(rule, tmp_path, manager="conda", specs=["x"], channels=["conda-forge/label/dev"])
     for index in ("https://m.example/simple-evil", "https://other.example/simple"):
         with pytest.raises(InvalidInput) as caught:
             _check(rule, tmp_path, **ok, index_url=index)

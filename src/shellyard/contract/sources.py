@@ -22,7 +22,10 @@ ALIASES = {
 }
 #: conda channel names resolve below this URL (rattler's default channel alias).
 CONDA_CHANNEL_ALIAS = "https://conda.anaconda.org"
-_CHANNEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+#: A conda channel name, labels included (``conda-forge``, ``conda-forge/label/dev``).
+_CHANNEL_NAME = re.compile(
+    r"^[A-Za-z0-9][A-Za-z0-9_-]*(\.[A-Za-z0-9_-]+)*(/[A-Za-z0-9][A-Za-z0-9._-]*)*$"
+)
 
 
 class SourceError(ValueError):
@@ -100,10 +103,14 @@ def local_path(text: str) -> str:
     return unquote(urlsplit(text).path)
 
 
+def is_channel_name(text: str) -> bool:
+    return len(text) <= 200 and ".." not in text and bool(_CHANNEL_NAME.match(text))
+
+
 def check_channel(value: str, what: str = "conda channel") -> str:
     """A conda channel: a name (``conda-forge``) or a source URL / folder."""
     text = value.strip()
-    if _CHANNEL_NAME.match(text):
+    if is_channel_name(text):
         return text
     return check_url(text, what, allow_http=True)
 

@@ -29,6 +29,7 @@ from shellyard.contract.sources import (
     SourceError,
     check_spec,
     check_url,
+    is_channel_name,
     is_local,
     local_path,
 )
@@ -76,7 +77,7 @@ def parse(entries: list[str] | None, offline: bool = False) -> Allowed:
         if entry.lower() in ALIASES:
             urls.append(ALIASES[entry.lower()])
             continue
-        if "/" not in entry and ":" not in entry:
+        if is_channel_name(entry):
             urls.append(f"{CONDA_CHANNEL_ALIAS}/{entry}")  # a conda channel name
             continue
         try:
@@ -170,7 +171,7 @@ class _Checker:
 
     def one(self, value: str, what: str) -> str:
         text = value.strip()
-        if self.manager == "conda" and "/" not in text and ":" not in text:
+        if self.manager == "conda" and is_channel_name(text):
             self.remote(f"{CONDA_CHANNEL_ALIAS}/{text}", f"{what} {text!r}")
             return text
         text = check_url(text, what, allow_http=True)
