@@ -182,7 +182,15 @@ async def test_workspace_wheel_is_copied_into_the_store_with_its_sha256(home: Pa
                                          action="install", manager="pip", specs=["sy-local"],
                                          index_url="none", find_links=[str(dist)])
             )  # fmt: skip
-        assert "runner's own folder" in caught.value.message
+        assert "the runner's own folder" in caught.value.message
+        # nor a folder around it (bound into the tool's sandbox, it would show all of it)
+        with pytest.raises(InvalidInput) as caught:
+            await runner.environment_change(
+                EnvironmentChangeRequest(change_id="around", environment_id="env1",
+                                         action="install", manager="pip", specs=["sy-local"],
+                                         index_url="none", find_links=[str(home)])
+            )  # fmt: skip
+        assert "in or around the runner's own folder" in caught.value.message
         # and /workspace/… without a workspace cannot be resolved
         with pytest.raises(InvalidInput) as caught:
             await runner.environment_change(

@@ -221,10 +221,12 @@ class _Checker:
                 raise SourceError(f"{what} {path!r} leads out of the workspace (a symbolic link)")
             return str(real)
         real = Path(os.path.realpath(path))
-        if real == self.root or self.root in real.parents:
+        if real == self.root or self.root in real.parents or real in self.root.parents:
+            # inside: another session's files; around it: a folder bound into the tool's
+            # sandbox would show the runner's whole folder
             raise SourceError(
-                f"{what} {path!r} lies in the runner's own folder (other sessions' workspaces, "
-                f"its records); give files of your workspace as {WORKSPACE}/…"
+                f"{what} {path!r} lies in or around the runner's own folder (other sessions' "
+                f"workspaces, its records); give files of your workspace as {WORKSPACE}/…"
             )
         folders = self.rule.folders
         if folders is not None and not any(real == f or f in real.parents for f in folders):

@@ -49,6 +49,7 @@ def stash_folder(folder: Path, store: Path, into: Path) -> dict[str, str]:
     """Every package file directly in ``folder`` (links to files included), stashed into
     ``into``; returns {file name: sha256}."""
     hashes: dict[str, str] = {}
+    into.mkdir(mode=0o700, parents=True, exist_ok=True)  # uv reads it even when empty
     for entry in sorted(folder.iterdir()):
         if entry.name.endswith(PACKAGE_SUFFIXES) and entry.is_file():
             _link, sha = stash(entry, store, into)
