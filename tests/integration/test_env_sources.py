@@ -12,6 +12,7 @@ import hashlib
 import shutil
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from env_fixtures import make_wheel, prefix_hash
@@ -235,3 +236,31 @@ def test_the_request_model_refuses_injection_and_bad_urls(
         parse_body(EnvironmentChangeBody, body)  # what REST, MCP and the SDK's server call
     assert words in caught.value.message, caught.value.message
     assert "secret" not in caught.value.message
+
+
+async def test_the_control_plane_reports_a_refused_source_and_records_no_revision(
+    yard_factory: Any,
+) -> None:
+    """V8 through the control plane (local and direct runners): a runner whose operator
+    allows only a mirror refuses an install that would fall back on PyPI; the caller gets
+    invalid_input naming the allowed sources, the change is recorded failed, and the
+    environment keeps its revision list."""
+    from shellyard.contract.environments import EnvironmentCreateRequest
+
+    yard = await yard_factory(SandboxPolicy(allowed_sources=["https://mirror.example.org/simple"]))
+    plane = yard.plane
+    env = await plane.environments.create(
+        EnvironmentCreateRequest(name="src", runner_id=yard.runner_id, wait_ms=30_000)
+    )
+    assert env.state == "ready", env.error
+    with pytest.raises(InvalidInput) as caught:
+        await plane.environments.install(
+            env.environment_id,
+            EnvironmentChangeBody(manager="pip", specs=["six"], wait_ms=30_000),
+        )
+    message = caught.value.message
+    assert "not among this runner's allowed package sources" in message, message
+    assert "https://mirror.example.org/simple" in message and "still revision 1" in message
+    failed = await plane.environments.change_status(caught.value.details["change_id"])
+    assert (failed.state, failed.revision) == ("failed", None)
+    assert [r.revision for r in await plane.environments.revisions(env.environment_id)] == [1]
