@@ -35,7 +35,7 @@ from typing import Any
 
 from common import REPO, cli, make_home, metric, remove_home
 
-sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(REPO / "tests" / "support"))
 
 from conda_channel import CondaPackage, PackageFile, build_test_channel
 from uv import find_uv_bin
@@ -51,6 +51,8 @@ COMMAND = "python bench/bench_env.py"
 UV = find_uv_bin()
 #: Real packages from PyPI (reachable here): a typical small dependency tree.
 PIP_SPECS = ["requests==2.32.3", "rich==13.9.4"]
+#: Per-phase seconds of every round (conda, pip on each side), for the profile in the doc.
+PHASES: dict[str, list[float]] = {}
 CONDA_PACKAGES = 40
 FILES_PER_PACKAGE = 50
 
@@ -98,12 +100,14 @@ async def direct_round(channel: Path, work: Path, python: str, uv_cache: Path) -
         execute_link_scripts=False,
         show_progress=False,
     )
+    PHASES.setdefault("direct_conda_s", []).append(time.perf_counter() - started)
     subprocess.run(
         [UV, "pip", "install", "--quiet", "--python", str(prefix / "bin" / "python"), *PIP_SPECS],
         check=True,
         env={**os.environ, "UV_CACHE_DIR": str(uv_cache)},
     )
     elapsed = time.perf_counter() - started
+    PHASES.setdefault("direct_pip_s", []).append(elapsed - PHASES["direct_conda_s"][-1])
     shutil.rmtree(prefix, ignore_errors=True)
     return elapsed
 
@@ -120,10 +124,12 @@ async def shellyard_round(plane: ControlPlane, channel: Path, n: int) -> float:
         ),
         EnvironmentChangeBody(manager="pip", specs=PIP_SPECS, wait_ms=30_000),
     ):
+        phase = time.perf_counter()
         change = await plane.environments.install(env.environment_id, body)
         while change.state not in ("succeeded", "failed"):
             change = await plane.environments.wait(change.change_id, 30)
         assert change.state == "succeeded", change
+        PHASES.setdefault(f"shellyard_{body.manager}_s", []).append(time.perf_counter() - phase)
     return time.perf_counter() - started
 
 
@@ -146,6 +152,8 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
                 direct.append(await direct_round(channel, work, python, uv_cache))
                 through.append(await shellyard_round(plane, channel, n))
         d, s = statistics.median(direct), statistics.median(through)
+        for values in PHASES.values():
+            del values[: len(values) - rounds]  # the warm-up rounds are not counted
         return {
             "title": "Installing packages into a fresh environment",
             "command": COMMAND,
@@ -166,6 +174,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
             "details": {
                 "direct_s": [round(x, 4) for x in direct],
                 "shellyard_s": [round(x, 4) for x in through],
+                **{k: [round(x, 4) for x in v] for k, v in sorted(PHASES.items())},
             },
         }
     finally:

@@ -179,3 +179,134 @@ async def test_an_unknown_default_is_a_clear_error(
     assert result.error is not None
     assert "pyhton-base" in result.error and "python-base" in result.error
     assert "SHELLYARD_DEFAULT_ENVIRONMENT=none" in result.error
+
+
+def _base_state(base: bases.BaseRevision) -> tuple[str, list[str]]:
+    """The base's tree hash (paths, kinds, modes, contents, link targets) and revision list."""
+    from env_fixtures import prefix_hash
+
+    records = sorted(p.name for p in base.prefix.parents[1].glob("*.json"))
+    return prefix_hash(base.prefix), records
+
+
+async def test_environment_from_python_base_changes_never_reach_the_base(
+    yard_factory: Any, use_base: Path, python_base: bases.BaseRevision, tmp_path: Path
+) -> None:
+    """Issue 20 item 3 (V1, V2, V8): ``environment_create --from python-base`` starts with the
+    base's packages (numpy imports at once, revision 1 records them and where they came
+    from), its files share the base's bytes (hard links on a root runner), pip installs
+    another package into it and uninstalls a base package from it, and the base's tree hash
+    and revision list are exactly what they were."""
+    from env_fixtures import make_wheel
+
+    from shellyard.contract.environments import EnvironmentChangeBody, EnvironmentCreateRequest
+
+    before = _base_state(python_base)
+    yard = await yard_factory()
+    env = await yard.plane.environments.create(
+        EnvironmentCreateRequest(
+            name="sci", base="python-base", runner_id=yard.runner_id, wait_ms=30_000
+        )
+    )
+    assert (env.state, env.revision) == ("ready", 1), env.error
+    first = (await yard.plane.environments.revisions(env.environment_id, revision=1))[0]
+    pip = {p.name: p for p in first.packages if p.manager == "pip"}
+    assert pip["numpy"].version == python_base.packages["numpy"]
+    assert pip["numpy"].source == "python-base revision 1"
+    assert any(p.manager == "base" and p.name == "python-base" for p in first.packages)
+    prefix = Path((await yard.plane.environments.show(env.environment_id)).prefix or "")
+    numpy_init = next(prefix.glob("lib/python*/site-packages/numpy/__init__.py"))
+    base_init = next(python_base.prefix.glob("lib/python*/site-packages/numpy/__init__.py"))
+    if os.geteuid() == 0:  # a root runner links (the base belongs to another uid)
+        assert numpy_init.stat().st_ino == base_init.stat().st_ino
+    wheels = tmp_path / "wheels"
+    make_wheel(wheels, "sy-extra", "1.0")
+    wheels.chmod(0o755)
+    installed = await yard.plane.environments.install(
+        env.environment_id,
+        EnvironmentChangeBody(
+            manager="pip", specs=["sy-extra"], find_links=[str(wheels)], wait_ms=30_000
+        ),
+    )
+    assert installed.state == "succeeded", installed.error
+    removed = await yard.plane.environments.uninstall(
+        env.environment_id, EnvironmentChangeBody(manager="pip", specs=["tzdata"], wait_ms=30_000)
+    )
+    assert removed.state == "succeeded", removed.error
+    result = await yard.run(
+        "python -c 'import numpy, sy_extra; print(numpy.__file__, sy_extra.VERSION)'",
+        environment_id=env.environment_id,
+    )
+    assert result.exit_code == 0, result.stderr
+    where, version = result.stdout.split()
+    assert where.startswith(str(prefix)) and version == "1.0"
+    assert (result.environment_id, result.environment_revision) == (env.environment_id, 3)
+    assert not list(prefix.glob("lib/python*/site-packages/tzdata"))
+    assert _base_state(python_base) == before
+    # the base itself still runs the stack, tzdata included
+    plain = await yard.run("python -c 'import tzdata, pandas'")
+    assert (plain.exit_code, plain.environment_id) == (0, "python-base"), plain.stderr
+
+
+async def test_from_an_unprepared_base_is_refused(
+    yard_factory: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 20: --from python-base before the base is prepared fails with the command that
+    prepares it; no environment is usable."""
+    from shellyard.contract.environments import EnvironmentCreateRequest
+    from shellyard.errors import ShellyardError
+
+    empty = Path(tempfile.mkdtemp(prefix="shellyard-bases-none-", dir="/tmp"))
+    monkeypatch.setenv("SHELLYARD_BASES", str(empty))
+    yard = await yard_factory()
+    with pytest.raises(ShellyardError) as caught:
+        await yard.plane.environments.create(
+            EnvironmentCreateRequest(
+                name="sci", base="python-base", runner_id=yard.runner_id, wait_ms=30_000
+            )
+        )
+    assert "shellyard env prepare" in caught.value.message
+    shutil.rmtree(empty)
+
+
+@pytest.fixture(scope="session")
+def r_base(python_base: bases.BaseRevision) -> bases.BaseRevision:
+    """r-base beside the session's python-base (same bases folder), built once."""
+    if shutil.which("Rscript") is None or shutil.which("apt-get") is None:
+        pytest.skip("no R (r-base-core) or apt on this machine: r-base is built from them")
+    root = python_base.prefix.parents[2]
+    try:
+        base, _built = asyncio.run(bases.prepare(bases.R_BASE, root=root))
+    except Exception as exc:  # only the archive's reachability is a machine capability
+        if "reaches the Debian archive" in str(exc) and "apt-get download" in str(exc):
+            pytest.skip(f"the Debian archive is not reachable from this machine: {exc}")
+        raise
+    return base
+
+
+async def test_default_runs_rscript_with_tidyverse_from_r_base(
+    yard_factory: Any, use_base: Path, r_base: bases.BaseRevision
+) -> None:
+    """Issue 20: a fresh home runs the seed's ``Rscript`` examples without environment_id:
+    R.version.string, and tidyverse and data.table load from r-base's library (the default
+    python-base brings its companion along); python's stack is still there, the record names
+    python-base, and R's library is read-only (V7)."""
+    assert {"tidyverse", "data.table", "r"} <= set(r_base.packages)
+    yard = await yard_factory()
+    result = await yard.run("Rscript -e 'cat(R.version.string)'")
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout.startswith("R version ")
+    assert (result.environment_id, result.environment_revision) == ("python-base", 1)
+    loads = await yard.run(
+        "TZ=UTC Rscript -e 'suppressPackageStartupMessages({library(data.table); "
+        'library(tidyverse)}); cat(as.character(packageVersion("data.table")), '
+        "dirname(find.package(\"tidyverse\")))' && python -c 'import numpy'"
+    )
+    assert loads.exit_code == 0, loads.stderr
+    version, library = loads.stdout.split()
+    assert version == r_base.packages["data.table"]
+    assert library == str(r_base.prefix / "lib/R/library")
+    write = await yard.run('Rscript -e \'install.packages("x", repos=NULL)\' ; touch "$R_LIBS/x"')
+    assert write.exit_code != 0
+    assert "Read-only file system" in write.stderr + write.stdout
+    assert not (r_base.prefix / "lib/R/library/x").exists()

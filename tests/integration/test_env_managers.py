@@ -208,9 +208,9 @@ async def test_conda_errors_have_the_right_kind(env: Env, channel: str) -> None:
     )
     assert error.kind == "unreachable" and "file:///nonexistent" in error.message
     error = await env.failure(
-        "conda", "install", "shellyard-hello", channels=["http://127.0.0.1:9/x"]
+        "conda", "install", "shellyard-hello", channels=["https://127.0.0.1:9/x"]
     )
-    assert error.kind == "unreachable" and "http://127.0.0.1:9/x" in error.message
+    assert error.kind == "unreachable" and "https://127.0.0.1:9/x" in error.message
     assert "check the channel url" in error.message.lower()
     error = await env.failure(
         "conda", "install", "shellyard-greeter", "shellyard-hello <2", channels=[channel]
@@ -299,7 +299,7 @@ async def test_cran_errors_have_the_right_kind(env: Env, repo: str) -> None:
     assert error.kind == "invalid_spec" and "name==version" in error.message
     error = await env.failure("cran", "install", "shellyardhello", repos=["file:///nonexistent"])
     assert error.kind == "unreachable" and "file:///nonexistent" in error.message
-    error = await env.failure("cran", "install", "shellyardhello", repos=["http://127.0.0.1:9/x"])
+    error = await env.failure("cran", "install", "shellyardhello", repos=["https://127.0.0.1:9/x"])
     assert error.kind == "unreachable" and "127.0.0.1:9/x" in error.message
     error = await env.failure("cran", "install", "shellyardbroken", repos=[repo])
     assert error.kind == "failed" and "shellyardbroken refuses to install" in error.message

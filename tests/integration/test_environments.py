@@ -261,7 +261,7 @@ async def test_bad_changes_give_clear_errors_and_change_nothing(yard: Yard, home
             {
                 "manager": "conda",
                 "specs": ["shellyard-hello"],
-                "channels": ["http://127.0.0.1:9/nothing"],
+                "channels": ["https://127.0.0.1:9/nothing"],
             },
             SourceUnreachable,
         ),
@@ -269,8 +269,9 @@ async def test_bad_changes_give_clear_errors_and_change_nothing(yard: Yard, home
             {
                 "manager": "pip",
                 "specs": ["shellyard-no-such-wheel"],
-                "find_links": [str(home)],
-                "index_url": "http://127.0.0.1:9/simple",
+                # a folder of its own: one around the runner's folder is refused (issue 20)
+                "find_links": [str(home / "channel")],
+                "index_url": "https://127.0.0.1:9/simple",
             },
             SourceUnreachable,
         ),

@@ -307,7 +307,10 @@ async def test_package_tools_get_the_same_filtered_egress(
     home = make_home()
     own = f"{HOST_SIDE}:{test_host.own_port}"  # a runner address: refused though allow-listed
     allow = [f"{TEST_HOST}:{test_host.port}", own]
-    runner = LocalRunner(home / "runner", SandboxPolicy(egress_allow=allow))
+    # plain-http indexes: only those the operator names (issue 20's allowed sources)
+    http = [test_host.url(), f"http://{own}", f"http://127.0.0.1:{loopback_server}"]
+    policy = SandboxPolicy(egress_allow=allow, allowed_sources=http)
+    runner = LocalRunner(home / "runner", policy)
     await runner.startup()
     try:
         assert runner.policy.network == "off" and runner.policy.tools_network == "egress"

@@ -165,11 +165,17 @@ def env_create(
     home: HomeOption = None,
     agent: AgentOption = None,
     as_json: JsonOption = False,
+    from_base: Annotated[
+        str | None,
+        typer.Option("--from", help="Start with a prepared base's packages (python-base)."),
+    ] = None,
 ) -> None:
     """Create an environment (revision 1 once its tools are in)."""
 
     def create(client: Any) -> None:
-        view = client.environment_create(name, language, runner, wait_ms=1000 if wait else 0)
+        view = client.environment_create(
+            name, language, runner, wait_ms=1000 if wait else 0, base=from_base
+        )
         if wait and view.state == "creating" and view.change_id:
             first = client.environment_change_status(view.change_id)
             _follow(client, first, as_json)

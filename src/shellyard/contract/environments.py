@@ -11,10 +11,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from shellyard.contract.executions import DEFAULT_WAIT_MS, MAX_WAIT_MS
 from shellyard.contract.packages import PackageRecord
+from shellyard.contract.sources import SourceError, check_channel, check_spec, check_url
 from shellyard.errors import InvalidInput, validation_message
 
 MANAGERS = ("conda", "pip", "cran", "bioconductor")
 LANGUAGES = ("python", "r")
+#: The bases ``environment_create`` can start from (``base``).
+BASES = ("python-base",)
 #: Which request options each manager reads; any other one given is refused, not ignored.
 MANAGER_OPTIONS: dict[str, tuple[str, ...]] = {
     "conda": ("channels",),
@@ -22,6 +25,8 @@ MANAGER_OPTIONS: dict[str, tuple[str, ...]] = {
     "cran": ("repos",),
     "bioconductor": ("repos",),
 }
+#: ``index_url`` values meaning "no index at all" (pip's ``--no-index``).
+NO_INDEX = frozenset({"none", "no-index"})
 OPTION_NAMES = ("channels", "index_url", "extra_index_urls", "find_links", "repos")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
@@ -49,6 +54,9 @@ class EnvironmentCreateRequest(BaseModel):
     language: str = "python"
     runner_id: str | None = None
     wait_ms: int = DEFAULT_WAIT_MS
+    #: Start from this base environment's packages (``python-base``; issue 20): hard links of
+    #: the runner's prepared base, so creating is quick; changes never touch the base.
+    base: str | None = None
 
     @field_validator("name")
     @classmethod
@@ -71,6 +79,18 @@ class EnvironmentCreateRequest(BaseModel):
     @classmethod
     def _wait(cls, value: int) -> int:
         return _check_wait(value)
+
+    @model_validator(mode="after")
+    def _check_base(self) -> EnvironmentCreateRequest:
+        if self.base is not None:
+            if self.base not in BASES:
+                raise ValueError(
+                    f"base {self.base!r} is not a base environment one can start from; use "
+                    f"{', '.join(BASES)}"
+                )
+            if self.language != "python":
+                raise ValueError(f"{self.base} is a python base: leave language 'python'")
+        return self
 
 
 class EnvironmentChangeBody(BaseModel):
@@ -108,6 +128,10 @@ class EnvironmentChangeBody(BaseModel):
             if any(c in spec for c in "\x00\n\r"):
                 raise ValueError(f"package spec {spec!r} contains a control character")
         self.specs = specs
+        try:
+            self._check_sources()
+        except SourceError as exc:
+            raise ValueError(str(exc)) from None
         allowed = MANAGER_OPTIONS[self.manager]
         given = [name for name in OPTION_NAMES if getattr(self, name)]
         wrong = [name for name in given if name not in allowed]
@@ -117,6 +141,21 @@ class EnvironmentChangeBody(BaseModel):
                 f"{', '.join(allowed)}); drop it or use the manager it belongs to"
             )
         return self
+
+    def _check_sources(self) -> None:
+        """Issue 20: the syntax of every source and spec (the runner applies its allow-list
+        on top). ``http://`` passes here: only the runner knows whether its operator allowed
+        that mirror."""
+        for spec in self.specs:
+            check_spec(self.manager, spec)
+        self.channels = [check_channel(c) for c in self.channels]
+        if self.index_url is not None and self.index_url.strip().lower() not in NO_INDEX:
+            self.index_url = check_url(self.index_url, "index_url", allow_http=True)
+        self.extra_index_urls = [
+            check_url(u, "extra_index_urls", allow_http=True) for u in self.extra_index_urls
+        ]
+        self.find_links = [check_url(u, "find_links", allow_http=True) for u in self.find_links]
+        self.repos = [check_url(u, "repos", allow_http=True) for u in self.repos]
 
     def options(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in MANAGER_OPTIONS[self.manager]}

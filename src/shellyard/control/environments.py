@@ -123,7 +123,7 @@ class EnvironmentService:
                 "environment_id": environment_id,
                 "agent_id": agent["id"],
                 "action": "create",
-                "options": {"language": request.language},
+                "options": {"language": request.language, "base": request.base},
             },
         )
         self._drive(change)
@@ -161,6 +161,14 @@ class EnvironmentService:
                 "another one"
             )
         change_id = new_id("chg")
+        options = body.options()
+        if _names_the_workspace(body):
+            # Local sources under /workspace/ are the caller's workspace on the environment's
+            # runner (as inside its commands); the runner resolves them against this id.
+            workspace, _created = await self.store.workspace_for(
+                str(agent["id"]), str(env["runner_id"])
+            )
+            options["workspace_id"] = str(workspace["id"])
         change = await self.records.add_change(
             {
                 "id": change_id,
@@ -169,7 +177,7 @@ class EnvironmentService:
                 "action": action,
                 "manager": body.manager,
                 "specs": body.specs,
-                "options": body.options(),
+                "options": options,
             }
         )
         self._drive(change)
@@ -377,7 +385,7 @@ class EnvironmentService:
                     change_id,
                     packages=None,
                     error=exc.message,
-                    error_kind="invalid_spec" if isinstance(exc, InvalidInput) else "failed",
+                    error_kind=_kind_of(exc),
                 )
             failures = 0
             if result.state == EnvChangeState.running:
@@ -475,6 +483,7 @@ def _runner_request(change: Row, env: Row) -> EnvironmentChangeRequest:
         environment_id=str(env["id"]),
         action=change["action"],
         language=env["language"] if change["action"] == "create" else None,
+        base=options.get("base") if change["action"] == "create" else None,
         manager=change["manager"],
         specs=list(change["specs"] or []),
         channels=list(options.get("channels") or []),
@@ -482,7 +491,22 @@ def _runner_request(change: Row, env: Row) -> EnvironmentChangeRequest:
         extra_index_urls=list(options.get("extra_index_urls") or []),
         find_links=list(options.get("find_links") or []),
         repos=list(options.get("repos") or []),
+        workspace_id=options.get("workspace_id"),
     )
+
+
+def _kind_of(exc: ShellyardError) -> str:
+    """A runner's synchronous refusal as a change's error kind (V8)."""
+    if isinstance(exc, InvalidInput):
+        return "invalid_spec"
+    if isinstance(exc, NotFound):  # e.g. create --from a base not prepared there
+        return "not_found"
+    return "failed"
+
+
+def _names_the_workspace(body: EnvironmentChangeBody) -> bool:
+    values = [*body.specs, *body.find_links, *body.channels, *body.repos, body.index_url or ""]
+    return any("/workspace" in value for value in values)
 
 
 def _error_for(change: Row, env: Row) -> ShellyardError:

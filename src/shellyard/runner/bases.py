@@ -37,12 +37,18 @@ from shellyard.runner.env_create import find_python, prefix_variables
 from shellyard.runner.env_managers.pip import DEFAULT_INDEX, uv_binary
 
 PYTHON_BASE = "python-base"
+#: R with tidyverse and data.table (runner/env_rbase.py); the default's companion.
+R_BASE = "r-base"
 #: What ``python-base`` holds beyond the interpreter, pip and uv (the seed's scientific stack).
 PYTHON_BASE_PACKAGES = ("numpy", "pandas", "scipy", "matplotlib")
 #: The bases this runner can build.
-KNOWN = (PYTHON_BASE,)
+KNOWN = (PYTHON_BASE, R_BASE)
 #: ``SHELLYARD_DEFAULT_ENVIRONMENT`` value meaning "no default" (the behaviour before bases).
 NONE = "none"
+#: On a root runner a finished base belongs to this uid/gid (nobody): the package tools run as
+#: root with every capability dropped, so they can neither write nor chmod a base file that an
+#: environment made ``--from`` the base shares by hard link (runner/env_derive.py).
+BASE_OWNER = 65534
 
 Progress = Callable[[str], None]
 
@@ -109,11 +115,23 @@ def current(name: str, root: Path | None = None) -> BaseRevision | None:
 
 def mount(name: str) -> tuple[BaseRevision, tuple[Path, dict[str, str]]] | None:
     """For an execution about to start: the base's revision, the prefix to bind read-only
-    and its variables (V4), or None while the base is not prepared."""
+    and its variables (V4), or None while the base is not prepared.
+
+    ``python-base`` brings ``r-base`` along when that is prepared too (its companion: the
+    seed's ``Rscript analysis.R`` then finds tidyverse without an environment_id): both
+    prefixes are seen through one read-only bind of the bases folder, python's ``bin`` first
+    on PATH, R's library in ``R_LIBS``. The record names python-base and its revision."""
     base = current(name)
     if base is None or not base.prefix.is_dir():
         return None
-    return base, (base.prefix, prefix_variables(base.prefix))
+    variables = prefix_variables(base.prefix)
+    companion = current(R_BASE) if name == PYTHON_BASE else None
+    if companion is None or not companion.prefix.is_dir():
+        return base, (base.prefix, variables)
+    r_variables = prefix_variables(companion.prefix)
+    merged = {**r_variables, **variables, "PATH": f"{variables['PATH']}:{r_variables['PATH']}"}
+    # the bases folder is the prefixes' common parent: public, read-only (its uv cache is 0700)
+    return base, (base.prefix.parents[2], merged)
 
 
 async def prepare(
@@ -144,7 +162,14 @@ async def prepare(
             shutil.rmtree(target)
         target.mkdir(mode=0o755)
         try:
-            packages = await _build_python(target / "prefix", root / "cache" / "uv", progress)
+            if name == R_BASE:
+                from shellyard.runner import env_rbase
+
+                packages = await env_rbase.build(target / "prefix", root / "cache", progress)
+                source = env_rbase.SOURCE
+            else:
+                packages = await _build_python(target / "prefix", root / "cache" / "uv", progress)
+                source = DEFAULT_INDEX
         except BaseException:
             with contextlib.suppress(OSError):
                 shutil.rmtree(target)
@@ -155,7 +180,7 @@ async def prepare(
             "name": name,
             "revision": revision,
             "packages": packages,
-            "source": DEFAULT_INDEX,
+            "source": source,
             "created_at": time.time(),
         }
         _write_atomic(folder / f"{revision}.json", json.dumps(record, indent=1, sort_keys=True))
@@ -253,11 +278,14 @@ def _make_traversable(root: Path) -> None:
 
 
 def _make_read_only(top: Path) -> None:
+    owner = os.geteuid() == 0
     for folder, dirs, files in os.walk(top):
         for entry in files:
             path = os.path.join(folder, entry)
             mode = os.lstat(path).st_mode
             if stat.S_ISREG(mode):
+                if owner:
+                    os.chown(path, BASE_OWNER, BASE_OWNER)
                 os.chmod(path, 0o555 if mode & stat.S_IXUSR else 0o444)
         for entry in dirs:
             path = os.path.join(folder, entry)

@@ -437,6 +437,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--log-limit", default=None, help="bytes kept per log stream; 0: all")
     ap.add_argument("--free-space-reserve", default=None, help="bytes or N%% of the volume")
     ap.add_argument("--cpu-limit", default=None, help="CPU seconds per process; 0: none")
+    # package sources (issue 20); also SHELLYARD_ALLOWED_SOURCES (docs/environments.md)
+    ap.add_argument("--allowed-source", action="append", default=None, help="repeatable")
+    ap.add_argument("--packages-offline", action="store_true", help="local sources only")
     args = ap.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper())
     root: Path = args.root
@@ -448,6 +451,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             network=parse_network(args.network, "--network"), host_paths=list(args.host_path)
         )
     policy = limits_options(policy, args)  # limits (issue 12)
+    policy = sources_options(policy, args)  # package sources (issue 20)
     token = load_or_create_token(args.token_file or root / TOKEN_FILE_NAME)
     serve_runner(
         root,
@@ -473,6 +477,24 @@ def limits_options(policy: SandboxPolicy, args: argparse.Namespace) -> SandboxPo
     }
     policy = limits_from_env(policy, os.environ)
     return limits_from_env(policy, {k: v for k, v in options.items() if v is not None})
+
+
+def sources_options(policy: SandboxPolicy, args: argparse.Namespace) -> SandboxPolicy:
+    """The environment's package sources (SHELLYARD_ALLOWED_SOURCES,
+    SHELLYARD_PACKAGES_OFFLINE), then the command line's (which win)."""
+    update: dict[str, object] = {}
+    sources = os.environ.get("SHELLYARD_ALLOWED_SOURCES")
+    if sources is not None:
+        update["allowed_sources"] = sources.replace(",", " ").split()
+    if os.environ.get("SHELLYARD_PACKAGES_OFFLINE", "").strip().lower() in ("1", "true", "yes"):
+        update["packages_offline"] = True
+    if args.allowed_source is not None:
+        update["allowed_sources"] = list(args.allowed_source)
+    if args.packages_offline:
+        update["packages_offline"] = True
+    if not update:
+        return policy
+    return SandboxPolicy.model_validate({**policy.model_dump(), **update})
 
 
 if __name__ == "__main__":

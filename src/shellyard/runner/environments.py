@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from shellyard.errors import Conflict, InvalidInput, NotFound, ShellyardError
-from shellyard.runner import env_create, history, objects
+from shellyard.runner import env_create, env_derive, env_sources, history, objects
 from shellyard.runner.edits.editor import Editor
 from shellyard.runner.env_managers import MANAGERS
 from shellyard.runner.env_managers.base import ManagerContext, ManagerError
@@ -62,7 +62,7 @@ log = logging.getLogger(__name__)
 ENV_FILE = "env.json"
 JOURNAL_FILE = "journal.json"
 #: Names under the environments folder that are not environments.
-RESERVED = frozenset({"changes", "cache", "store", "staging"})
+RESERVED = frozenset({"changes", "cache", "store", "staging", "wheels", "verified"})
 #: A change's tools are killed after this long (a hung download must not hold the prefix).
 DEFAULT_TOOL_TIMEOUT_S = 3600.0
 #: How long ``aclose`` lets running changes roll back before abandoning them to recovery.
@@ -84,6 +84,8 @@ class _Running:
     done: asyncio.Event = field(default_factory=asyncio.Event)
     tools: SandboxedTools | None = None
     task: asyncio.Task[None] | None = None
+    #: local sources as resolved → as the request named them (env_sources.Checked)
+    origins: dict[str, str] = field(default_factory=dict)
 
 
 class EnvironmentStore:
@@ -98,14 +100,19 @@ class EnvironmentStore:
         sandboxes: Sandboxes,
         users: Callable[[str], list[str]],
         tool_timeout_s: float = DEFAULT_TOOL_TIMEOUT_S,
+        workspace_path: Callable[[str], Path] | None = None,
     ) -> None:
         self.root = root
+        self._workspace_path = workspace_path
+        self._sources = env_sources.parse(policy.allowed_sources, policy.packages_offline)
         self.policy = policy
         self._sandboxes = sandboxes
         self._users = users
         self._tool_timeout_s = tool_timeout_s
         self._changes = root / "changes"
         self._cache = root / "cache"
+        #: local wheels and sdists an install used, by sha256 (env_managers/wheels.py)
+        self._wheels = root / "wheels"
         self._store = SnapshotStore(root / "store")
         self._lock = StoreLock(root / "store")
         self._editor = Editor(self._store, self._lock, root / "staging", None, self.prefix)
@@ -176,7 +183,8 @@ class EnvironmentStore:
                     f"environment {known.environment_id}; use a new change id"
                 )
             return known
-        self._validate(request)
+        checked = self._validate(request)
+        request = checked.request
         holder = self._by_env.get(request.environment_id)
         if holder is not None:
             raise Conflict(
@@ -206,7 +214,7 @@ class EnvironmentStore:
             started_at=time.time(),
         )
         self._save_record(record)
-        running = _Running(request=request, record=record)
+        running = _Running(request=request, record=record, origins=checked.origins)
         self._running[request.change_id] = running
         self._by_env[request.environment_id] = request.change_id
         running.task = asyncio.ensure_future(self._run(running))
@@ -265,7 +273,7 @@ class EnvironmentStore:
 
     # ----------------------------------------------------------------- checks and records
 
-    def _validate(self, request: EnvironmentChangeRequest) -> None:
+    def _validate(self, request: EnvironmentChangeRequest) -> env_sources.Checked:
         env_id = request.environment_id
         if request.action == "create":
             if request.language not in ("python", "r"):
@@ -277,7 +285,15 @@ class EnvironmentStore:
                     f"environment {env_id} already exists on this runner; install into it, "
                     f"or create another environment id"
                 )
-            return
+            if request.base is not None:
+                if request.language != "python":
+                    raise InvalidInput(f"{request.base} is a python base; create with language "
+                                       f"'python' to start from it")  # fmt: skip
+                try:
+                    env_derive.resolve(request.base)
+                except ManagerError as exc:
+                    raise NotFound(exc.message) from None
+            return env_sources.Checked(request)
         if not self.exists(env_id):
             raise NotFound(
                 f"environment {env_id} does not exist on this runner; create it first",
@@ -289,6 +305,13 @@ class EnvironmentStore:
             )
         if not request.specs:
             raise InvalidInput(f"{request.action} needs at least one package spec")
+        workspace = None
+        if request.workspace_id is not None and self._workspace_path is not None:
+            workspace = self._workspace_path(request.workspace_id)
+        # issue 20: the operator's allowed sources, before anything is written (V8)
+        return env_sources.check_request(
+            self._sources, request, runner_root=self.root.parent, workspace=workspace
+        )
 
     def _known(self, change_id: str) -> EnvironmentChange | None:
         running = self._running.get(change_id)
@@ -370,6 +393,9 @@ class EnvironmentStore:
                 cache=self._cache,
                 progress=progress,
                 run_tool=tools,
+                origins=running.origins,
+                wheels=self._wheels,
+                verified=self.root / "verified",
             )
             if request.action == "create":
                 if prefix.exists():  # what an earlier failed create of this id left
@@ -378,7 +404,10 @@ class EnvironmentStore:
                 journal_written = True
                 prefix.mkdir(mode=0o755)
                 prefix.chmod(0o755)
-                base = await env_create.create(ctx, request)
+                if request.base is not None:
+                    base = await env_derive.create(ctx, request.base)
+                else:
+                    base = await env_create.create(ctx, request)
             else:
                 settling = self._settling.pop(env_id, None)
                 if settling is not None:
@@ -400,6 +429,7 @@ class EnvironmentStore:
                 meta = {
                     "environment_id": env_id,
                     "language": request.language,
+                    "from_base": request.base,
                     "created_at": time.time(),
                     "created_by": request.change_id,
                     "base": [p.model_dump(mode="json") for p in base],

@@ -123,6 +123,7 @@ class LocalRunner:
             self.policy,
             sandboxes=self._sandboxes,
             users=lambda env_id: sorted(self._runs.environment_users.get(env_id, ())),
+            workspace_path=self.workspace_path,
         )
 
     # ----------------------------------------------------------------- lifecycle

@@ -77,6 +77,13 @@ class SandboxPolicy(BaseModel):
     max_cpu_seconds: int | None = Field(default=None, ge=1)
     #: How often running commands' disk use and logs are looked at.
     limit_check_interval_s: float = Field(default=0.1, gt=0.0, le=10.0)
+    # --- package sources (issue 20, docs/environments.md "Package sources") ---
+    #: The channels, indexes and repositories environment changes may use (``pypi``, ``cran``,
+    #: ``bioconductor``, conda channel names, https:// URL prefixes, local folders). None: any
+    #: https:// source and any local folder outside the runner's own.
+    allowed_sources: list[str] | None = None
+    #: Local package sources only (pip ``--no-index``, no CRAN or Bioconductor).
+    packages_offline: bool = False
 
     @model_validator(mode="before")
     @classmethod
@@ -111,6 +118,18 @@ class SandboxPolicy(BaseModel):
                     f"host path {path!r} must be absolute and without '..' (for example /opt/tools)"
                 )
         return paths
+
+    @field_validator("allowed_sources")
+    @classmethod
+    def _check_sources(cls, entries: list[str] | None) -> list[str] | None:
+        from shellyard.contract.sources import SourceError, check_channel
+
+        for entry in entries or []:
+            try:
+                check_channel(entry, "allowed source")
+            except SourceError as exc:
+                raise ValueError(str(exc)) from None
+        return entries
 
     @property
     def tools_network(self) -> NetworkMode:
@@ -169,6 +188,21 @@ def policy_from_env(policy: SandboxPolicy) -> SandboxPolicy:
         values = _env_list(variable, separator)
         if values is not None:
             update[key] = values
+    # issue 20: the package sources environment changes may use (comma- or space-separated)
+    sources = os.environ.get("SHELLYARD_ALLOWED_SOURCES")
+    if sources is not None:
+        from shellyard.contract.sources import SourceError, check_channel
+
+        entries = sources.replace(",", " ").split()
+        update["allowed_sources"] = entries
+        for entry in entries:
+            try:  # here, not in the model: its error would echo the value (credentials)
+                check_channel(entry, "SHELLYARD_ALLOWED_SOURCES entry")
+            except SourceError as exc:
+                raise InvalidInput(str(exc)) from None
+    offline = os.environ.get("SHELLYARD_PACKAGES_OFFLINE", "").strip().lower()
+    if offline:
+        update["packages_offline"] = offline in ("1", "true", "yes", "on")
     if not update:
         return policy
     try:

@@ -329,6 +329,8 @@ class EnvironmentChangeRequest(BaseModel):
     action: EnvAction
     #: ``create`` only.
     language: EnvLanguage | None = None
+    #: ``create`` only: start from this base environment (``python-base``; issue 20).
+    base: str | None = None
     #: ``install`` / ``uninstall`` only.
     manager: EnvManager | None = None
     specs: list[str] = Field(default_factory=list)
@@ -340,6 +342,9 @@ class EnvironmentChangeRequest(BaseModel):
     find_links: list[str] = Field(default_factory=list)
     #: cran / bioconductor: repository URLs (``file://`` folders included).
     repos: list[str] = Field(default_factory=list)
+    #: The caller's workspace on this runner: local sources under ``/workspace/`` name it
+    #: (issue 20; the control plane sets it for the agent that asked).
+    workspace_id: str | None = None
 
 
 class EnvChangeState(StrEnum):

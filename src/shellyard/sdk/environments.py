@@ -25,11 +25,19 @@ def _create(
     language: str = "python",
     runner_id: str | None = None,
     wait_ms: int = DEFAULT_WAIT_MS,
+    base: str | None = None,
 ) -> _Call[EnvironmentView]:
     """V1: a managed prefix for ``language`` (``python`` or ``r``) on a runner (default
     local), at revision 1 once created. Waits up to ``wait_ms`` (at most 30 000) for that;
-    a longer creation comes back ``creating`` with its ``change_id`` to follow."""
-    body = {"name": name, "language": language, "runner_id": runner_id, "wait_ms": wait_ms}
+    a longer creation comes back ``creating`` with its ``change_id`` to follow. ``base``
+    (``python-base``): start with that prepared base's packages (issue 20)."""
+    body = {
+        "name": name,
+        "language": language,
+        "runner_id": runner_id,
+        "wait_ms": wait_ms,
+        "base": base,
+    }
     return call(
         "POST",
         "/v1/environments",

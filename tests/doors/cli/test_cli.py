@@ -49,3 +49,41 @@ def test_one_server_per_home(served_home: Path) -> None:
     second = sy(served_home, "serve", "--home", str(served_home), timeout=30)
     assert second.returncode == 2
     assert "already served by process" in second.stderr
+
+
+def test_run_on_a_terminal_prints_how_to_prepare_the_base(served_home: Path) -> None:
+    """Issue 20: while no base is prepared (the suites' SHELLYARD_BASES is empty), ``shellyard
+    run`` on a terminal says the command ran with the host's tools and how to prepare the
+    base; with stderr not a terminal (a script) stderr stays the command's own."""
+    import os
+    import pty
+    import subprocess
+    import sys
+
+    piped = sy(served_home, "run", "--", "echo hi")
+    assert (piped.returncode, piped.stdout, piped.stderr) == (0, "hi\n", "")
+    as_json = json.loads(sy(served_home, "run", "--json", "--", "true").stdout)
+    assert "shellyard env prepare" in as_json["note"]
+    leader, follower = pty.openpty()
+    done = subprocess.run(
+        [sys.executable, "-m", "shellyard", "run", "--", "echo hi"],
+        env={**os.environ, "SHELLYARD_HOME": str(served_home), "COLUMNS": "400"},
+        stdout=subprocess.PIPE,
+        stderr=follower,
+        stdin=subprocess.DEVNULL,
+        timeout=120,
+    )
+    os.close(follower)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:  # EIO once the follower side is closed and drained
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(leader)
+    shown = b"".join(chunks).decode()
+    assert done.returncode == 0 and done.stdout == b"hi\n"
+    assert "shellyard: note:" in shown and "shellyard env prepare" in shown, shown

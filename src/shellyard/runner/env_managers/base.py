@@ -43,6 +43,14 @@ class ManagerContext:
     run_tool: ToolRunner
     #: Variables describing the prefix (VIRTUAL_ENV, CONDA_PREFIX, R_LIBS …).
     env: dict[str, str] = field(default_factory=dict)
+    #: Local sources as the runner resolved them → as the request named them (the name a
+    #: revision records; ``/workspace/…`` stays ``/workspace/…``).
+    origins: dict[str, str] = field(default_factory=dict)
+    #: The content-addressed store local wheels are copied into before they are installed
+    #: (``<sha256>`` files), so a revision names bytes that cannot change under it.
+    wheels: Path | None = None
+    #: Path lists of conda archives already checked, by sha256, out of every tool's reach.
+    verified: Path | None = None
 
 
 class ToolRunner(Protocol):

@@ -26,6 +26,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
+from shellyard.runner.env_managers import wheels
 from shellyard.runner.env_managers.base import ManagerContext, ManagerError
 from shellyard.runner.protocol import EnvironmentChangeRequest, PackageRecord
 
@@ -96,6 +97,9 @@ class PipManager:
         for requirement in requirements:
             if requirement.url:
                 sources.add_location(requirement.url, what=f"the URL of {requirement.name}")
+        if ctx.wheels is not None:
+            ctx.progress("copying local packages into the environment store")
+            requirements = sources.stash(ctx, ctx.wheels, requirements)
         before = {(d.name, d.version) for d in _dists(ctx.prefix)}
         argv = [str(uv_binary()), "pip", "install", "--no-config", "--python", str(python)]
         argv += sources.options()
@@ -189,6 +193,12 @@ class _Sources:
         self.find_links: list[str] = []
         self.local: list[Path] = []
         self.remote = False
+        #: find_links folder (as uv sees it) → what the request called it
+        self.names: dict[str, str] = {}
+        #: stashed find_links folder → {file name: sha256}
+        self.hashes: dict[str, dict[str, str]] = {}
+        #: distribution name → origin, for ``name @ file://…`` installs from the store
+        self.direct: dict[str, dict[str, str | None]] = {}
 
     @classmethod
     def of(cls, request: EnvironmentChangeRequest) -> _Sources:
@@ -231,6 +241,41 @@ class _Sources:
         self.local.append(path if path.is_dir() else path.parent)
         return text
 
+    def stash(
+        self, ctx: ManagerContext, store: Path, requirements: list[Requirement]
+    ) -> list[Requirement]:
+        """Local find_links folders and ``file://`` requirements read through the content-
+        addressed store (``wheels.py``); returns the requirements pointing at the copies."""
+        stashed: set[Path] = set()
+        for i, link in enumerate(self.find_links):
+            folder = _local_folder(link)
+            if folder is None or not folder.is_dir():
+                continue
+            into = ctx.scratch / f"links-{i}"
+            self.hashes[str(into)] = wheels.stash_folder(folder, store, into)
+            self.names[str(into)] = ctx.origins.get(link, link)
+            self.find_links[i] = str(into)
+            stashed.add(folder)
+        out: list[Requirement] = []
+        for requirement in requirements:
+            path = _local_folder(requirement.url) if requirement.url else None
+            if path is None or not path.is_file():
+                out.append(requirement)
+                continue
+            copy, sha = wheels.stash(path, store, ctx.scratch / "files")
+            stashed.add(path.parent)
+            assert requirement.url is not None
+            self.direct[canonicalize_name(requirement.name)] = {
+                "source": ctx.origins.get(str(path), requirement.url),
+                "sha256": sha,
+            }
+            extras = f"[{','.join(sorted(requirement.extras))}]" if requirement.extras else ""
+            marker = f" ; {requirement.marker}" if requirement.marker else ""
+            out.append(Requirement(f"{requirement.name}{extras} @ {copy.as_uri()}{marker}"))
+        # the tool reads the copies in its scratch folder, not the caller's files
+        self.local = [p for p in self.local if p not in stashed]
+        return out
+
     def options(self) -> list[str]:
         argv = ["--no-index"] if self.index is None else ["--index-url", self.index]
         for url in self.extra:
@@ -240,6 +285,8 @@ class _Sources:
         return argv
 
     def origin_of(self, dist: _Dist) -> dict[str, str | None]:
+        if dist.name in self.direct:
+            return self.direct[dist.name]
         direct = _direct_url(dist.path)
         if direct:
             return direct
@@ -249,10 +296,13 @@ class _Sources:
                 continue
             wheel = _matching_wheel(folder, dist)
             if wheel is not None:
-                return {"source": link, "sha256": _sha256(wheel)}
+                known = self.hashes.get(link, {}).get(wheel.name)
+                name = self.names.get(link, link)
+                return {"source": name, "sha256": known or _sha256(wheel)}
         indexes = ([self.index] if self.index else []) + self.extra
         if not indexes and self.find_links:
-            return {"source": " ".join(self.find_links), "sha256": None}
+            named = (self.names.get(link, link) for link in self.find_links)
+            return {"source": " ".join(named), "sha256": None}
         return {"source": " ".join(indexes) or None, "sha256": None}
 
 

@@ -1,0 +1,67 @@
+"""The operator's package sources (issue 20): read from SHELLYARD_ALLOWED_SOURCES /
+SHELLYARD_PACKAGES_OFFLINE and the runner daemon's options, checked when read (a bad entry
+is a clear error at start, not a surprise at the first install), and matched by prefix at a
+path boundary."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+
+from shellyard.errors import InvalidInput
+from shellyard.runner import env_sources
+from shellyard.runner.daemon import sources_options
+from shellyard.runner.policy import SandboxPolicy, policy_from_env
+from shellyard.runner.protocol import EnvironmentChangeRequest
+
+
+def test_environment_variables_set_the_policy(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SHELLYARD_ALLOWED_SOURCES", "pypi, conda-forge https://m.example/simple")
+    monkeypatch.setenv("SHELLYARD_PACKAGES_OFFLINE", "1")
+    policy = policy_from_env(SandboxPolicy())
+    assert policy.allowed_sources == ["pypi", "conda-forge", "https://m.example/simple"]
+    assert policy.packages_offline is True
+
+
+def test_a_bad_entry_is_refused_when_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SHELLYARD_ALLOWED_SOURCES", "https://user:pw@m.example/simple")
+    with pytest.raises(InvalidInput) as caught:
+        policy_from_env(SandboxPolicy())
+    assert "credentials" in caught.value.message and "pw" not in caught.value.message
+
+
+def test_daemon_options_win_over_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SHELLYARD_ALLOWED_SOURCES", "pypi")
+    args = argparse.Namespace(allowed_source=["/srv/wheels"], packages_offline=True)
+    policy = sources_options(SandboxPolicy(), args)
+    assert (policy.allowed_sources, policy.packages_offline) == (["/srv/wheels"], True)
+    unset = sources_options(
+        SandboxPolicy(), argparse.Namespace(allowed_source=None, packages_offline=False)
+    )
+    assert unset.allowed_sources == ["pypi"]
+
+
+def _check(rule: env_sources.Allowed, root: Path, **fields: object) -> None:
+    request = EnvironmentChangeRequest.model_validate(
+        {"change_id": "c", "environment_id": "e", "action": "install", **fields}
+    )
+    env_sources.check_request(rule, request, runner_root=root, workspace=None)
+
+
+def test_a_listed_url_allows_what_is_below_it_only(tmp_path: Path) -> None:
+    """``https://m.example/simple`` allows ``…/simple/`` and below, not ``…/simple-evil`` nor
+    another host; ``pypi`` is PyPI's index; a channel name is conda.anaconda.org/<name>."""
+    rule = env_sources.parse(["https://m.example/simple", "pypi", "conda-forge"])
+    ok = {"manager": "pip", "specs": ["x"]}
+    _check(rule, tmp_path, **ok, index_url="https://m.example/simple/")
+    _check(rule, tmp_path, **ok)  # the default index, PyPI, is listed
+    _check(rule, tmp_path, manager="conda", specs=["x"], channels=["conda-forge"])
+    _check(rule, tmp_path, manager="conda", specs=["x"], channels=["conda-forge/label/dev"])
+    for index in ("https://m.example/simple-evil", "https://other.example/simple"):
+        with pytest.raises(InvalidInput) as caught:
+            _check(rule, tmp_path, **ok, index_url=index)
+        assert "not among this runner's allowed package sources" in caught.value.message
+    with pytest.raises(InvalidInput):
+        _check(rule, tmp_path, manager="conda", specs=["x"], channels=["bioconda"])
