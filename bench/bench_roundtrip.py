@@ -8,7 +8,8 @@ small files, through the Python API (an in-process ControlPlane), REST (``AsyncC
   stdio, running ``true`` in a folder of 100 small files;
 - the minimal sandbox spawn ``bwrap --ro-bind / / --dev /dev --proc /proc --unshare-all true``;
 - the product-argv spawn: bwrap with the runner's exact argv (prlimit, hidden folders,
-  seccomp, status fd, sandbox uid), no control plane around it;
+  seccomp, status fd, sandbox uid), no control plane around it (and without the ``nsenter``
+  into the workspace's network namespace that the runner puts in front, issue 17);
 
 and a bare ``true``. All are measured interleaved (one of each per round, in a rotating
 order) so the machine's noise falls on all of them alike. Targets (issue 13): MCP p50 ≤ 2.0×
@@ -34,6 +35,7 @@ from common import (
     PYTHON,
     SEED_100_FILES,
     BareBwrap,
+    PEER_MCP_SERVER,
     MinimalBwrap,
     PhaseTimer,
     PySpy,
@@ -226,6 +228,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         "command": COMMAND + (" --quick" if args.quick else ""),
         "metrics": metrics,
         "details": {
+            "peer": PEER_MCP_SERVER,
             "rounds": rounds,
             "warmup_rounds": warmup,
             "latency_ms": stats,
