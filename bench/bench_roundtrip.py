@@ -32,10 +32,10 @@ from mcp.client.session import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 
 from common import (
+    PEER_MCP_SERVER,
     PYTHON,
     SEED_100_FILES,
     BareBwrap,
-    PEER_MCP_SERVER,
     MinimalBwrap,
     PhaseTimer,
     PySpy,
