@@ -1,10 +1,19 @@
 """Benchmark 1: round trip of a foreground ``run_shell`` of ``true`` in a workspace of 100
-small files, through the Python API (an in-process ControlPlane) and through MCP stdio (the
-official ``mcp`` client spawning ``python -m shellyard mcp``, itself a client of a control-plane
-server process), beside a bare ``bwrap … true`` spawn and a bare ``true`` spawn.
+small files, through the Python API (an in-process ControlPlane), REST (``AsyncClient`` to a
+``shellyard serve`` process) and MCP stdio (the official ``mcp`` client spawning
+``python -m shellyard mcp``, itself a client of that server), beside three baselines:
 
-All four are measured interleaved (one of each per round, in a rotating order) so the
-machine's noise falls on all of them alike. Targets: API p50 ≤ 3× bare bwrap p50; MCP p50 ≤ 4×.
+- the peer: mcp-shell-server 1.1.14 from PyPI (no sandbox, no record, no snapshot) in a venv
+  this benchmark builds with uv (``common.peer_server_venv``), driven by the same client over
+  stdio, running ``true`` in a folder of 100 small files;
+- the minimal sandbox spawn ``bwrap --ro-bind / / --dev /dev --proc /proc --unshare-all true``;
+- the product-argv spawn: bwrap with the runner's exact argv (prlimit, hidden folders,
+  seccomp, status fd, sandbox uid), no control plane around it (and without the ``nsenter``
+  into the workspace's network namespace that the runner puts in front, issue 17);
+
+and a bare ``true``. All are measured interleaved (one of each per round, in a rotating
+order) so the machine's noise falls on all of them alike. Targets (issue 13): MCP p50 ≤ 2.0×
+the peer and ≤ 2.0× the minimal spawn; REST ≤ 1.6× and the API ≤ 1.4× the minimal spawn.
 
     .venv/bin/python bench/bench_roundtrip.py [--quick] [--out PATH] [--profile DIR]
 """
@@ -23,9 +32,11 @@ from mcp.client.session import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 
 from common import (
+    PEER_MCP_SERVER,
     PYTHON,
     SEED_100_FILES,
     BareBwrap,
+    MinimalBwrap,
     PhaseTimer,
     PySpy,
     bare_true,
@@ -33,6 +44,7 @@ from common import (
     cli,
     make_home,
     metric,
+    peer_server_venv,
     remove_home,
     stop_server,
     summarize_collapsed,
@@ -71,6 +83,17 @@ async def mcp_once(session: ClientSession) -> float:
     return elapsed
 
 
+async def peer_once(session: ClientSession, folder: Path) -> float:
+    start = time.perf_counter()
+    result = await session.call_tool(
+        "shell_execute", {"command": ["true"], "directory": str(folder)}
+    )
+    elapsed = time.perf_counter() - start
+    if result.is_error:
+        raise RuntimeError(f"mcp-shell-server true failed: {result.content}")
+    return elapsed
+
+
 async def rest_once(client: AsyncClient) -> float:
     start = time.perf_counter()
     result = await client.run("true")
@@ -83,20 +106,39 @@ async def rest_once(client: AsyncClient) -> float:
 async def measure(args: argparse.Namespace) -> dict[str, Any]:
     rounds = 60 if args.quick else 200
     warmup = 10 if args.quick else 30
+    peer_script = peer_server_venv()
     api_home, mcp_home, bare_home = make_home(), make_home(), make_home()
+    peer_folder = bare_home / "peer-workspace"
+    peer_folder.mkdir()
+    for index in range(1, 101):
+        (peer_folder / f"f{index}.txt").write_text(f"small file {index}\n")
     plane = ControlPlane(Settings(home=api_home / "home"))
     await plane.start()
     bare = BareBwrap(bare_home)
+    minimal = MinimalBwrap()
     params = StdioServerParameters(
         command=PYTHON,
         args=["-m", "shellyard", "mcp", "--home", str(mcp_home)],
         env={**os.environ, "SHELLYARD_HOME": str(mcp_home)},
     )
-    samples: dict[str, list[float]] = {"true": [], "bwrap": [], "api": [], "mcp": [], "rest": []}
+    peer_params = StdioServerParameters(
+        command=str(peer_script), args=[], env={**os.environ, "ALLOW_COMMANDS": "true"}
+    )
+    samples: dict[str, list[float]] = {
+        name: [] for name in ("true", "minimal", "bwrap", "api", "rest", "mcp", "peer")
+    }
     profiles: dict[str, Any] = {}
+    # The peer logs every call at INFO (its default): kept, but out of our output.
+    peer_log = (bare_home / "peer-stderr.log").open("w")
     try:
-        async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
+        async with (
+            stdio_client(params) as (read, write),
+            ClientSession(read, write) as session,
+            stdio_client(peer_params, errlog=peer_log) as (peer_read, peer_write),
+            ClientSession(peer_read, peer_write) as peer,
+        ):
             await session.initialize()
+            await peer.initialize()
             # Both workspaces get the same 100 small files before anything is timed.
             seeded = await plane.executions.run_shell(RunShellRequest(command=SEED_100_FILES))
             assert seeded.exit_code == 0, seeded
@@ -107,10 +149,12 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
             rest = AsyncClient(info.url, info.token)
             runners: dict[str, Any] = {
                 "true": lambda: in_loop(bare_true),
+                "minimal": lambda: in_loop(minimal.run),
                 "bwrap": lambda: in_loop(bare.run),
                 "api": lambda: api_once(plane),
                 "mcp": lambda: mcp_once(session),
                 "rest": lambda: rest_once(rest),
+                "peer": lambda: peer_once(peer, peer_folder),
             }
             names = list(runners)
             for _ in range(warmup):
@@ -124,6 +168,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
                 profiles = await profile(args.profile, plane, session, info.pid)
             await rest.aclose()
     finally:
+        peer_log.close()
         await plane.aclose()
         stop_server(mcp_home)
         for home in (api_home, mcp_home, bare_home):
@@ -138,77 +183,52 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         )
         for name, values in samples.items()
     }
-    bw = stats["bwrap"]
+    floor, peer_p50 = stats["minimal"]["p50"], stats["peer"]["p50"]
+    minimal_label = "minimal bwrap --unshare-all true, p50"
+    peer_label = "mcp-shell-server 1.1.14 (same client, stdio), p50"
+
+    def row(
+        id: str,
+        label: str,
+        key: str,
+        base_label: str,
+        base: float,
+        limit: float | None,
+        quantile: str = "p50",
+    ) -> dict[str, Any]:
+        return metric(
+            id, label, stats[key][quantile], "ms", baseline_label=base_label,
+            baseline_value=base, target=f"≤ {limit}× the baseline" if limit else "—",
+            kind="ratio_max" if limit else "info", limit=limit,
+        )  # fmt: skip
+
     metrics = [
-        metric(
-            "roundtrip.api.p50",
-            "Python API run_shell(true), p50",
-            stats["api"]["p50"],
-            "ms",
-            baseline_label="bare bwrap … true, p50",
-            baseline_value=bw["p50"],
-            target="≤ 3× bare bwrap p50",
-            kind="ratio_max",
-            limit=3.0,
-        ),
-        metric(
-            "roundtrip.api.p95",
-            "Python API run_shell(true), p95",
-            stats["api"]["p95"],
-            "ms",
-            baseline_label="bare bwrap … true, p95",
-            baseline_value=bw["p95"],
-            target="—",
-            kind="info",
-        ),
-        metric(
-            "roundtrip.mcp.p50",
-            "MCP stdio run_shell(true), p50",
-            stats["mcp"]["p50"],
-            "ms",
-            baseline_label="bare bwrap … true, p50",
-            baseline_value=bw["p50"],
-            target="≤ 4× bare bwrap p50",
-            kind="ratio_max",
-            limit=4.0,
-        ),
-        metric(
-            "roundtrip.mcp.p95",
-            "MCP stdio run_shell(true), p95",
-            stats["mcp"]["p95"],
-            "ms",
-            baseline_label="bare bwrap … true, p95",
-            baseline_value=bw["p95"],
-            target="—",
-            kind="info",
-        ),
-        metric(
-            "roundtrip.rest.p50",
-            "REST (AsyncClient → server) run(true), p50",
-            stats["rest"]["p50"],
-            "ms",
-            baseline_label="bare bwrap … true, p50",
-            baseline_value=bw["p50"],
-            target="— (for the MCP breakdown)",
-            kind="info",
-        ),
-        metric(
-            "roundtrip.bwrap.p50",
-            "bare bwrap … true, p50",
-            bw["p50"],
-            "ms",
-            baseline_label="bare true (subprocess), p50",
-            baseline_value=stats["true"]["p50"],
-            target="— (baseline)",
-            kind="info",
-        ),
-    ]
+        row("roundtrip.mcp.p50", "MCP stdio run_shell(true), p50", "mcp", peer_label,
+            peer_p50, 2.0),
+        row("roundtrip.mcp.minimal.p50", "MCP stdio run_shell(true), p50", "mcp",
+            minimal_label, floor, 2.0),
+        row("roundtrip.rest.p50", "REST (AsyncClient → server) run(true), p50", "rest",
+            minimal_label, floor, 1.6),
+        row("roundtrip.api.p50", "Python API run_shell(true), p50", "api", minimal_label,
+            floor, 1.4),
+        row("roundtrip.mcp.p95", "MCP stdio run_shell(true), p95", "mcp",
+            "mcp-shell-server 1.1.14, p95", stats["peer"]["p95"], None, "p95"),
+        row("roundtrip.api.p95", "Python API run_shell(true), p95", "api",
+            "minimal bwrap, p95", stats["minimal"]["p95"], None, "p95"),
+        row("roundtrip.bwrap.p50", "product-argv bwrap … true (no control plane), p50",
+            "bwrap", minimal_label, floor, None),
+        row("roundtrip.api.bwrap.p50", "Python API run_shell(true), p50", "api",
+            "product-argv bwrap … true, p50", stats["bwrap"]["p50"], None),
+        row("roundtrip.minimal.p50", "minimal bwrap --unshare-all true, p50", "minimal",
+            "bare true (subprocess), p50", stats["true"]["p50"], None),
+    ]  # fmt: skip
     return {
         "name": "roundtrip",
         "title": "1. Round trip of a foreground run_shell(true), workspace of 100 small files",
         "command": COMMAND + (" --quick" if args.quick else ""),
         "metrics": metrics,
         "details": {
+            "peer": PEER_MCP_SERVER,
             "rounds": rounds,
             "warmup_rounds": warmup,
             "latency_ms": stats,

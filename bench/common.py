@@ -241,6 +241,61 @@ def bare_true() -> float:
     return time.perf_counter() - start
 
 
+#: The minimal sandbox spawn (issue 13): a new namespace of every kind, the host read-only,
+#: nothing else -- no prlimit, no setpriv, no hidden folders, no seccomp, no status fd.
+MINIMAL_BWRAP = (
+    "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--unshare-all", "true",
+)  # fmt: skip
+
+
+class MinimalBwrap:
+    """``bwrap --ro-bind / / --dev /dev --proc /proc --unshare-all true``, spawned and waited
+    for: the physical floor of a sandboxed ``true`` on this machine."""
+
+    def __init__(self) -> None:
+        from shellyard.runner import sandbox
+
+        self.argv = [sandbox.find_bwrap(), *MINIMAL_BWRAP]
+
+    def run(self) -> float:
+        start = time.perf_counter()
+        code = subprocess.run(self.argv, stdin=subprocess.DEVNULL, check=False).returncode
+        elapsed = time.perf_counter() - start
+        if code != 0:
+            raise RuntimeError(f"minimal bwrap exited {code}")
+        return elapsed
+
+
+# ----------------------------------------------------------------------------- peer MCP server
+
+#: The unsandboxed peer the round trip is judged against, pinned.
+PEER_MCP_SERVER = "mcp-shell-server==1.1.14"
+
+
+def peer_cache() -> Path:
+    """Where the peer's venv is built: $XDG_CACHE_HOME/shellyard-bench, else bench/results."""
+    base = os.environ.get("XDG_CACHE_HOME")
+    root = Path(base) / "shellyard-bench" if base else REPO / "bench" / "results" / "cache"
+    return root / PEER_MCP_SERVER.replace("==", "-")
+
+
+def peer_server_venv() -> Path:
+    """A venv holding ``PEER_MCP_SERVER``, built with uv on first use and reused once an
+    install has completed (a marker file says so); the path of its ``mcp-shell-server``."""
+    venv = peer_cache()
+    script, done = venv / "bin" / "mcp-shell-server", venv / ".installed"
+    if script.exists() and done.exists():
+        return script
+    uv = shutil.which("uv") or str(Path(PYTHON).parent / "uv")
+    shutil.rmtree(venv, ignore_errors=True)
+    venv.parent.mkdir(parents=True, exist_ok=True)
+    subprocess.run([uv, "venv", "-q", "--python", PYTHON, str(venv)], check=True)
+    python = str(venv / "bin" / "python")
+    subprocess.run([uv, "pip", "install", "-q", "--python", python, PEER_MCP_SERVER], check=True)
+    done.write_text(PEER_MCP_SERVER + "\n")
+    return script
+
+
 # ----------------------------------------------------------------------------- servers
 
 

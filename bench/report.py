@@ -196,7 +196,9 @@ def details_sandbox(d: dict[str, Any]) -> list[str]:
 def details_roundtrip(d: dict[str, Any]) -> list[str]:
     names = {
         "true": "bare `true` (subprocess.run)",
-        "bwrap": "bare `bwrap … true` (sandbox argv, uid 61000)",
+        "minimal": "minimal `bwrap --ro-bind / / --dev /dev --proc /proc --unshare-all true`",
+        "bwrap": "product-argv `bwrap … true` (sandbox argv, uid 61000, no control plane)",
+        "peer": "mcp-shell-server 1.1.14 (PyPI, no sandbox), same `mcp` client over stdio",
         "api": "Python API: in-process `ControlPlane.executions.run_shell`",
         "rest": "REST: `AsyncClient.run` → `shellyard serve`",
         "mcp": "MCP stdio: `ClientSession.call_tool` → `shellyard mcp` → `shellyard serve`",

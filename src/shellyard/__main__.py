@@ -1,3 +1,3 @@
-from shellyard.cli.app import main
+from shellyard.cli.entry import main
 
 main()

@@ -12,14 +12,10 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 
-from shellyard.cli.manual import EXIT_REFUSED, EXIT_RETRY
-from shellyard.errors import (
-    InvalidInput,
-    LowOnSpace,
-    RunnerUnavailable,
-    ShellyardError,
-    WorkspaceBusy,
-)
+from shellyard.cli.exits import EXIT_BY_STATE as EXIT_BY_STATE
+from shellyard.cli.exits import exit_code_of as exit_code_of
+from shellyard.cli.exits import say_error
+from shellyard.errors import InvalidInput, ShellyardError
 
 if TYPE_CHECKING:
     from pydantic import BaseModel
@@ -120,24 +116,10 @@ QueueOption = Annotated[
     bool, typer.Option("--queue", help="Wait for the workspace's writer instead of failing.")
 ]
 
-#: Exit codes of ``run`` by terminal state (the states are string enums: keyed by value).
-EXIT_BY_STATE = {"cancelled": 130, "unknown": 124, "failed": 125}
-
-
-def exit_code_of(exc: ShellyardError) -> int:
-    """75 when trying again later can work (a busy workspace, an unreachable runner, a runner
-    below its free-space reserve), else 2."""
-    retry = isinstance(exc, RunnerUnavailable | WorkspaceBusy | LowOnSpace)
-    return EXIT_RETRY if retry else EXIT_REFUSED
-
 
 def fail(exc: ShellyardError) -> NoReturn:
-    """Say the error on stderr, one line (not wrapped: logs and scripts read it), and exit
-    with its code. Plain text, red on a terminal: no rich import on the way out."""
-    label = "\x1b[31merror\x1b[0m" if sys.stderr.isatty() else "error"
-    sys.stderr.write(f"{label} ({exc.code}): {exc.message}\n")
-    sys.stderr.flush()
-    raise typer.Exit(exit_code_of(exc))
+    """Say the error on stderr (``exits.say_error``) and exit with its code."""
+    raise typer.Exit(say_error(exc))
 
 
 def client_for(home: Path | None) -> Client:

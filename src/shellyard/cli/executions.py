@@ -23,7 +23,8 @@ from shellyard.cli.common import client_for as _client
 from shellyard.errors import ShellyardError
 
 if TYPE_CHECKING:
-    from shellyard.contract.executions import ExecutionView
+    from shellyard.contract.executions import ExecutionView, RunShellResult
+    from shellyard.sdk.client import Client
 
 
 def register(app: typer.Typer) -> None:
@@ -92,24 +93,29 @@ def run(
         if background:
             out.print(result.execution_id)
             raise typer.Exit(0)
-        if result.state.terminal:
-            sys.stdout.write(result.stdout)
-            sys.stderr.write(result.stderr)
-            final: ExecutionView = result
-        else:
-            for text in client.follow(result.execution_id, "stdout"):
-                sys.stdout.write(text)
-                sys.stdout.flush()
-            for text in client.follow(result.execution_id, "stderr"):
-                sys.stderr.write(text)
-            final = client.wait(result.execution_id, 30)
+        code = finish_run(client, result)
     except ShellyardError as exc:
         fail(exc)
+    raise typer.Exit(code)
+
+
+def finish_run(client: Client, result: RunShellResult) -> int:
+    """Print a foreground run's output (following it live if it is still going) and its
+    error line; the exit code ``run`` ends with. Shared with the fast path (``cli.entry``)."""
+    if result.state.terminal:
+        sys.stdout.write(result.stdout)
+        sys.stderr.write(result.stderr)
+        final: ExecutionView = result
+    else:
+        for text in client.follow(result.execution_id, "stdout"):
+            sys.stdout.write(text)
+            sys.stdout.flush()
+        for text in client.follow(result.execution_id, "stderr"):
+            sys.stderr.write(text)
+        final = client.wait(result.execution_id, 30)
     if final.error:
         err.print(f"shellyard: {final.state.value}: {final.error}", highlight=False)
-    raise typer.Exit(
-        final.exit_code if final.exit_code is not None else EXIT_BY_STATE.get(final.state, 1)
-    )
+    return final.exit_code if final.exit_code is not None else EXIT_BY_STATE.get(final.state, 1)
 
 
 def status(

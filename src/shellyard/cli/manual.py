@@ -6,6 +6,12 @@ from __future__ import annotations
 
 import typer
 
+# The exit codes every verb uses live in ``exits`` (the typer-free fast path needs them).
+from shellyard.cli.exits import EXIT_FAILED as EXIT_FAILED
+from shellyard.cli.exits import EXIT_OK as EXIT_OK
+from shellyard.cli.exits import EXIT_REFUSED as EXIT_REFUSED
+from shellyard.cli.exits import EXIT_RETRY as EXIT_RETRY
+
 SUMMARY = (
     "shellyard: a durable, sandboxed shell for AI agents.\n\n"
     "Every command runs as a fresh process in a bubblewrap sandbox inside a workspace, becomes "
@@ -14,12 +20,6 @@ SUMMARY = (
     "'serve' and 'runner serve' is its client and starts it in the background when needed. "
     "Every verb that prints a result takes --json."
 )
-
-#: Exit codes every verb uses (``run`` passes the command's own code through instead of 0/1).
-EXIT_OK = 0
-EXIT_FAILED = 1
-EXIT_REFUSED = 2
-EXIT_RETRY = 75
 
 _EXAMPLES = (
     ("Run a command, print its output, exit with its code", "shellyard run -- make test"),

@@ -6,14 +6,16 @@ import json
 import re
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from shellyard.cli.common import HomeOption, JsonOption, fail, new_table, out
 from shellyard.cli.common import client_for as _client
-from shellyard.contract.runners import RunnerView
 from shellyard.errors import InvalidInput, NotFound, ShellyardError
+
+if TYPE_CHECKING:  # the models are built on import: not at start-up (issue 13)
+    from shellyard.contract.runners import RunnerView
 
 runner_app = typer.Typer(help="Runner daemons on this or other hosts.", no_args_is_help=True)
 

@@ -11,7 +11,6 @@ import os
 import webbrowser
 from typing import Annotated
 
-import httpx
 import typer
 
 from shellyard.cli.common import HomeOption, JsonOption, err, fail, out
@@ -37,6 +36,8 @@ def ui(
     """Open the web page (the session file panel, live) logged in with a one-time code: the
     link works once, for two minutes, with the reach of your token ($SHELLYARD_TOKEN or the
     home's admin token)."""
+    import httpx  # here, not at import: start-up time is every verb's (issue 13)
+
     from shellyard.home import ensure_server
 
     try:

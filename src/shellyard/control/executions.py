@@ -84,6 +84,9 @@ class ExecutionService:
         #: execution id → the runner's note from its start (no default base, issue 20),
         #: handed to the run_shell answer once
         self._notes: dict[str, str] = {}
+        #: execution id → its final record, kept while a foreground caller waits for it, so
+        #: the caller answers without reading it again (issue 13: transactions per run)
+        self._ended: dict[str, Mapping[str, Any]] = {}
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -209,18 +212,21 @@ class ExecutionService:
             if refuse and isinstance(exc, LowOnSpace):  # limits (issue 12)
                 raise
             return await self._finalized(row)
+        started: dict[str, Any] = {}
         if result.base_environment is not None and environment_id is None:
-            # The runner's default base (issue 20): the record says what it ran in (V6).
-            await self.store.update_execution(
-                execution_id,
-                environment_id=result.base_environment,
-                environment_revision=result.base_revision,
-            )
+            # The runner's default base (issue 20): the record says what it ran in (V6),
+            # written with the start (one transaction fewer per execution, issue 13).
+            started = {
+                "environment_id": result.base_environment,
+                "environment_revision": result.base_revision,
+            }
         if result.note is not None and refuse:
             # ``refuse`` is the run_shell path, whose answer pops the note (a queued start
             # has nobody to hand it to, so nothing is kept for it)
             self._notes[execution_id] = result.note
-        fresh = await self.store.start_execution(execution_id, result.started_at or time.time())
+        fresh = await self.store.start_execution(
+            execution_id, result.started_at or time.time(), started
+        )
         assert fresh is not None
         if fresh["state"] == ExecutionState.running:
             self._watch(fresh)
@@ -320,6 +326,8 @@ class ExecutionService:
             notice_read=notice_read,
             from_states=("queued", "running", "unknown"),
         )
+        if final is not None and notice_read and execution_id in self._finished:
+            self._ended[execution_id] = final  # with its notice posted read
         self._signal(execution_id)
         for observer in self.on_finished:
             try:
@@ -366,15 +374,17 @@ class ExecutionService:
 
     async def _respond(self, row: Mapping[str, Any], request: RunShellRequest) -> RunShellResult:
         execution_id = str(row["id"])
+        seen_ending = None
         if not request.background and not ExecutionState(row["state"]).terminal:
-            await self._wait_watched(execution_id, request.wait_ms / 1000)
-            row = await self._finalized(row)
+            seen_ending = await self._wait_watched(execution_id, request.wait_ms / 1000)
+            row = seen_ending or await self._finalized(row)
         view = _view(row)
         result = RunShellResult(**view.model_dump(), note=self._notes.pop(execution_id, None))
         if request.background or view.state in (ExecutionState.queued,):
             return result
-        if view.state.terminal:
-            # N3: the caller sees the finished result now, so its notice is read.
+        if view.state.terminal and seen_ending is None:
+            # N3: the caller sees the finished result now, so its notice is read (one that
+            # ended while this caller waited was posted read already: ``_end``).
             await self.store.mark_notice_read("execution", execution_id)
         runner = self.runners.get(view.runner_id)
         with contextlib.suppress(ShellyardError):
@@ -411,9 +421,10 @@ class ExecutionService:
         )
         return await self._respond(row, now)
 
-    async def _wait_watched(self, execution_id: str, timeout_s: float) -> None:
+    async def _wait_watched(self, execution_id: str, timeout_s: float) -> Mapping[str, Any] | None:
         """Wait for the end with a caller watching: a result that arrives during the wait is
-        seen by that caller, so its notice is posted already read and wakes nobody (N3)."""
+        seen by that caller, so its notice is posted already read and wakes nobody (N3).
+        The final record when this process ended it during the wait, else None."""
         # The event lives only while someone waits for it (never past the execution's end):
         # registered first, then the record read again, so an end committed in between is
         # seen either by ``_signal`` or by that read.
@@ -424,10 +435,13 @@ class ExecutionService:
             if fresh is not None and not ExecutionState(fresh["state"]).terminal:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(event.wait(), timeout=max(0.0, timeout_s))
+                return self._ended.get(execution_id)
+            return None
         finally:
             self._foreground[execution_id] -= 1
             if not self._foreground[execution_id]:
                 del self._foreground[execution_id]
+                self._ended.pop(execution_id, None)
                 if self._finished.get(execution_id) is event:
                     del self._finished[execution_id]
 

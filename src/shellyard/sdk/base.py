@@ -21,7 +21,8 @@ from typing import Any, Generic, ParamSpec, Self, TypeVar, overload
 import httpx
 from pydantic import BaseModel, TypeAdapter
 
-from shellyard.errors import RunnerUnavailable, ShellyardError, decode_error
+from shellyard.errors import RunnerUnavailable
+from shellyard.sdk.status import raise_for, unreachable
 
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -56,19 +57,6 @@ def call(
     return _Call(method, path, result, params=present, body=body, timeout_s=timeout_s)
 
 
-def raise_for(status: int, body: bytes | str) -> None:
-    """Raise the ``ShellyardError`` the server described, or a plain one for a foreign answer."""
-    if status < 400:
-        return
-    error = decode_error(body)
-    if error is None:
-        text = body[:200]
-        if status >= 500:
-            raise RunnerUnavailable(f"the control plane answered {status}: {text!r}") from None
-        raise ShellyardError(f"HTTP {status}: {text!r}") from None
-    raise error
-
-
 def decode(response: httpx.Response, request: _Call[T]) -> T:
     raise_for(response.status_code, response.content)
     return request.result.validate_json(response.content)
@@ -93,9 +81,7 @@ def _request(request: _Call[Any]) -> dict[str, Any]:
 
 
 def _unreachable(exc: httpx.TransportError) -> RunnerUnavailable:
-    return RunnerUnavailable(
-        f"cannot reach the control plane ({exc}); is `shellyard serve` running? retry"
-    )
+    return unreachable(exc)
 
 
 def broken(what: str, exc: httpx.TransportError) -> RunnerUnavailable:

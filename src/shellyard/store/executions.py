@@ -60,9 +60,12 @@ class ExecutionRecords(Database):
         rewritten by a late update (W3, E7 "returns its terminal record unchanged")."""
         return await self.run(_update_execution, execution_id, tuple(from_states), values)
 
-    async def start_execution(self, execution_id: str, started_at: float) -> Row | None:
-        """Mark a record running and return it, in one transaction."""
-        return await self.run(_start_execution, execution_id, started_at)
+    async def start_execution(
+        self, execution_id: str, started_at: float, values: dict[str, Any] | None = None
+    ) -> Row | None:
+        """Mark a record running (with ``values`` written too) and return it, in one
+        transaction."""
+        return await self.run(_start_execution, execution_id, started_at, values or {})
 
     async def finish_execution(
         self,
@@ -168,9 +171,11 @@ def _update_execution(
     return bool(result.rowcount)
 
 
-def _start_execution(conn: Connection, execution_id: str, started_at: float) -> Row | None:
+def _start_execution(
+    conn: Connection, execution_id: str, started_at: float, values: dict[str, Any]
+) -> Row | None:
     _update_execution(
-        conn, execution_id, ACTIVE_STATES, {"state": "running", "started_at": started_at}
+        conn, execution_id, ACTIVE_STATES, {**values, "state": "running", "started_at": started_at}
     )
     return fetch_one(conn, sa.select(executions).where(executions.c.id == execution_id))
 

@@ -1,0 +1,242 @@
+"""The ``shellyard`` console script. The most common call, ``shellyard run -- CMD`` with at
+most ``--home``, ``--wait-ms``, ``--queue`` and ``--read-only`` before the ``--``, is answered
+here with the standard library alone: one POST to the home's server and the result's output
+and exit code. Issue 13 asks 150 ms for it; typer, pydantic and httpx cost several times that
+before the first byte is sent (docs/benchmarks.md). Everything else, and a run still going
+when its answer comes, goes to the typer app (``cli.app``), which behaves the same.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+#: Flags of ``run`` the fast path understands (anything else goes to typer).
+_VALUED = ("--home", "--wait-ms")
+_SWITCHES = {"--queue": "queue", "--read-only": "read_only"}
+#: The default of ``shellyard run --wait-ms`` (cli/executions.py) and the SDK's read slack.
+_WAIT_MS = 30_000
+_WAIT_SLACK_S = 15.0
+
+
+def parse_run(argv: list[str]) -> tuple[Path | None, dict[str, Any]] | None:
+    """(home, request body) of ``run [flags] -- WORDS`` when the fast path covers it, else
+    None. ``argv`` is without the program name."""
+    if len(argv) < 3 or argv[0] != "run" or "--" not in argv:
+        return None
+    split = argv.index("--")
+    flags, words = argv[1:split], argv[split + 1 :]
+    if not words:
+        return None
+    home: Path | None = None
+    body: dict[str, Any] = {"wait_ms": _WAIT_MS, "background": False, "queue": False,
+                            "read_only": False}  # fmt: skip
+    index = 0
+    while index < len(flags):
+        flag, equals, value = flags[index].partition("=")
+        if flag in _VALUED:
+            if equals and not value:
+                return None
+            if not equals:
+                index += 1
+                if index >= len(flags):
+                    return None
+                value = flags[index]
+            if flag == "--home":
+                home = Path(value)
+            elif value.lstrip("-").isdigit():
+                body["wait_ms"] = int(value)
+            else:
+                return None  # typer words the usage error
+        elif flag in _SWITCHES and not equals:
+            body[_SWITCHES[flag]] = True
+        else:
+            return None
+        index += 1
+    body["command"] = words[0] if len(words) == 1 else shlex.join(words)
+    return home, body
+
+
+def quick_run(argv: list[str]) -> int | None:
+    """The exit code of a ``run`` answered here, or None for the typer app."""
+    parsed = parse_run(argv)
+    if parsed is None:
+        return None
+    home, body = parsed
+    from shellyard.cli.exits import EXIT_BY_STATE, say_error
+    from shellyard.errors import ShellyardError
+    from shellyard.home import default_home, ensure_server, is_served, read_info
+
+    where = home or default_home()
+    try:
+        # A served home is asked at once (ensure_server would first GET /health); refused:
+        # the server is gone or going, so nothing ran; start it the usual way and ask again.
+        info = read_info(where) if is_served(where) else None
+        try:
+            if info is None:
+                raise _Refused("not served")
+            data = _post(info.url, info.token, "/v1/executions", body)
+        except _Refused:
+            info = ensure_server(where)
+            try:
+                data = _post(info.url, info.token, "/v1/executions", body)
+            except _Refused as exc:
+                from shellyard.sdk.status import unreachable
+
+                raise unreachable(exc) from exc
+        if data["state"] not in ("completed", "cancelled", "failed", "unknown"):
+            return _follow(home, data)  # still going after --wait-ms: the SDK follows it
+    except ShellyardError as exc:
+        return say_error(exc)
+    except KeyboardInterrupt:
+        sys.stderr.write("\nAborted!\n")  # what click says
+        return 1
+    sys.stdout.write(data.get("stdout") or "")
+    sys.stderr.write(data.get("stderr") or "")
+    if data.get("error"):
+        from shellyard.cli.common import err
+
+        err.print(f"shellyard: {data['state']}: {data['error']}", highlight=False)
+    code = data.get("exit_code")
+    return int(code) if code is not None else EXIT_BY_STATE.get(data["state"], 1)
+
+
+def _post(url: str, token: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    """One JSON POST to the server; its decoded answer. Plain HTTP/1.1 on loopback over a
+    socket: ``http.client`` imports ``email`` and ``ssl`` (a fifth of this path's time)."""
+    from urllib.parse import urlsplit
+
+    from shellyard.sdk.status import raise_for
+
+    where = urlsplit(url)
+    payload = json.dumps(body).encode()
+    head = (
+        f"POST {where.path.rstrip('/')}{path} HTTP/1.1\r\nHost: {where.netloc}\r\n"
+        f"Authorization: Bearer {token}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(payload)}\r\nConnection: close\r\n\r\n"
+    )
+    timeout = body["wait_ms"] / 1000 + _WAIT_SLACK_S
+    status, content = _exchange(where.hostname or "", where.port or 80, head.encode() + payload,
+                                timeout)  # fmt: skip
+    raise_for(status, content)
+    answer: dict[str, Any] = json.loads(content)
+    return answer
+
+
+class _Refused(Exception):
+    """Nothing listens at the address (the request was not sent)."""
+
+
+def _exchange(host: str, port: int, request: bytes, timeout: float) -> tuple[int, bytes]:
+    """Send ``request``, read the whole answer (the server closes: ``Connection: close``);
+    (status, body). Errors are the SDK's: unreachable, or a broken answer."""
+    import socket
+
+    from shellyard.sdk.status import unreachable
+
+    try:
+        sock = socket.create_connection((host, port), timeout=timeout)
+    except ConnectionRefusedError as exc:
+        raise _Refused(str(exc)) from exc
+    except OSError as exc:
+        raise unreachable(exc) from exc
+    chunks = []
+    try:
+        with sock:
+            sock.sendall(request)
+            while True:
+                chunk = sock.recv(1 << 16)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+    except OSError as exc:
+        raise unreachable(exc) from exc
+    return _parse_answer(b"".join(chunks))
+
+
+def _parse_answer(raw: bytes) -> tuple[int, bytes]:
+    from shellyard.errors import RunnerUnavailable
+
+    head, separator, body = raw.partition(b"\r\n\r\n")
+    lines = head.split(b"\r\n")
+    parts = lines[0].split(b" ", 2)
+    if not separator or len(parts) < 2 or not parts[1].isdigit():
+        raise RunnerUnavailable(f"the control plane's answer was cut or not HTTP: {raw[:80]!r}")
+    headers = {}
+    for line in lines[1:]:
+        name, _, value = line.partition(b":")
+        headers[name.strip().lower()] = value.strip().lower()
+    if headers.get(b"transfer-encoding") == b"chunked":
+        body = _unchunk(body)
+    return int(parts[1]), body
+
+
+def _unchunk(data: bytes) -> bytes:
+    out, position = bytearray(), 0
+    while True:
+        end = data.index(b"\r\n", position)
+        size = int(data[position:end].split(b";")[0], 16)
+        if size == 0:
+            return bytes(out)
+        out += data[end + 2 : end + 2 + size]
+        position = end + 2 + size + 2
+
+
+def _follow(home: Path | None, data: dict[str, Any]) -> int:
+    from shellyard.cli.executions import finish_run
+    from shellyard.contract.executions import RunShellResult
+    from shellyard.home import default_home
+    from shellyard.sdk.client import Client
+
+    with Client.for_home(home or default_home()) as client:
+        return finish_run(client, RunShellResult.model_validate(data))
+
+
+class _Deferred(type):
+    """A stand-in class for ``module.name`` (``__module__``/``__qualname__``): calling it or
+    reading an attribute imports the real one. typer's help module imports rich's Markdown
+    and Traceback at its top (40% of its import, measured) and uses them only for markdown
+    help and for a crash's traceback."""
+
+    def _real(cls) -> Any:
+        import importlib
+
+        module = cls.__module__
+        if getattr(sys.modules.get(module), "__deferred__", False):
+            del sys.modules[module]
+        return getattr(importlib.import_module(module), cls.__qualname__)
+
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        return cls._real()(*args, **kwargs)
+
+    def __getattr__(cls, attr: str) -> Any:
+        return getattr(cls._real(), attr)
+
+
+def defer_rich_extras() -> None:
+    """Put stand-ins for ``rich.markdown`` and ``rich.traceback`` in place (when nothing has
+    imported them yet) for a help page: it needs neither."""
+    import types
+
+    for module, name in (("rich.markdown", "Markdown"), ("rich.traceback", "Traceback")):
+        if module in sys.modules:
+            continue
+        stand_in = types.ModuleType(module)
+        stand_in.__deferred__ = True  # type: ignore[attr-defined]
+        setattr(stand_in, name, _Deferred(name, (), {"__module__": module, "__qualname__": name}))
+        sys.modules[module] = stand_in
+
+
+def main() -> None:
+    code = quick_run(sys.argv[1:])
+    if code is not None:
+        sys.stdout.flush()
+        sys.exit(code)
+    if len(sys.argv) < 2 or "--help" in sys.argv[1:]:
+        defer_rich_extras()
+    from shellyard.cli.app import main as app_main
+
+    app_main()
