@@ -71,6 +71,30 @@ def print_json(result: BaseModel | Sequence[BaseModel]) -> None:
         out.print_json(json.dumps([r.model_dump(mode="json") for r in result]))
 
 
+def paged(fetch: Callable[[str | None], Any], items: str) -> Iterator[Any]:
+    """Every item of a paged listing (``fetch(after)`` returns a page with ``items`` and
+    ``next_after``), with one page in memory at a time: a tree of a million files lists in
+    the memory of a thousand."""
+    after: str | None = None
+    while True:
+        page = fetch(after)
+        yield from getattr(page, items)
+        if page.next_after is None:
+            return
+        after = page.next_after
+
+
+def print_json_lines(results: Iterable[BaseModel]) -> None:
+    """A JSON array written item by item, so a long listing is never held whole."""
+    first = True
+    sys.stdout.write("[")
+    for result in results:
+        sys.stdout.write(("\n  " if first else ",\n  ") + result.model_dump_json())
+        first = False
+    sys.stdout.write("\n]\n" if not first else "]\n")
+    sys.stdout.flush()
+
+
 def show(result: BaseModel | Sequence[BaseModel], as_json: bool, columns: Sequence[str]) -> None:
     """``--json``, or a human table: one model as key/value rows, a list with a row each."""
     from pydantic import BaseModel

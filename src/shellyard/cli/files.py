@@ -28,7 +28,9 @@ from shellyard.cli.common import (
     fail,
     new_table,
     out,
+    paged,
     print_json,
+    print_json_lines,
     progress_bar,
     run_as,
     wrote,
@@ -80,27 +82,25 @@ def files_ls(
 ) -> None:
     """List a folder as committed (every page of it)."""
 
-    def listing(client: Any) -> list[Any]:
-        entries: list[Any] = []
-        after = None
-        while True:
-            page = client.list_files(
+    def listing(client: Any) -> None:
+        entries = paged(
+            lambda after: client.list_files(
                 path, recursive=recursive, seq=seq, after=after, **_where(workspace, runner)
+            ),
+            "entries",
+        )
+        if as_json:
+            print_json_lines(entries)
+            return
+        # line by line, not one table: a table would hold every entry to size its columns
+        for e in entries:
+            name = e.path + ("/" if e.kind == "dir" else f" -> {e.target}" if e.target else "")
+            size = str(e.size) if e.kind == "file" else ""
+            out.print(
+                f"{oct(e.mode):>7} {e.kind:<7} {size:>12}  {name}", highlight=False, markup=False
             )
-            entries += page.entries
-            if page.next_after is None:
-                return entries
-            after = page.next_after
 
-    entries = run_as(home, agent, listing)
-    if as_json:
-        print_json(entries)
-        return
-    table = new_table("path", "kind", "size", "mode", box=None)
-    for e in entries:
-        name = e.path + ("/" if e.kind == "dir" else f" -> {e.target}" if e.target else "")
-        table.add_row(name, e.kind, str(e.size) if e.kind == "file" else "", oct(e.mode))
-    out.print(table)
+    run_as(home, agent, listing)
 
 
 @files_app.command("cat")
@@ -224,29 +224,31 @@ def files_diff(
 ) -> None:
     """What changed between two snapshots."""
 
-    def diff(client: Any) -> list[Any]:
-        changes: list[Any] = []
-        after = None
-        while True:
-            page = client.diff(from_seq, to_seq, path, after=after, **_where(workspace, runner))
-            changes += page.changes
-            if page.next_after is None:
-                return changes
-            after = page.next_after
+    def diff(client: Any) -> None:
+        changes = paged(
+            lambda after: client.diff(
+                from_seq, to_seq, path, after=after, **_where(workspace, runner)
+            ),
+            "changes",
+        )
+        if as_json:
+            print_json_lines(changes)
+            return
+        for c in changes:
+            print_change(c)
 
-    changes = run_as(home, agent, diff)
-    if as_json:
-        print_json(changes)
-        return
+    run_as(home, agent, diff)
+
+
+def print_change(c: Any) -> None:
     sign = {"added": "+", "removed": "-", "changed": "~"}
-    for c in changes:
-        detail = c.kind
-        if c.kind == "file" or c.old_kind == "file":
-            old = "" if c.old_size is None else f"{c.old_size} B"
-            new = "" if c.new_size is None else f"{c.new_size} B"
-            changed = f", {old or '-'} -> {new or '-'}"
-            detail += changed if c.change == "changed" else f", {old or new}"
-        out.print(f"{sign[c.change]} {c.path}  ({detail})", highlight=False)
+    detail = c.kind
+    if c.kind == "file" or c.old_kind == "file":
+        old = "" if c.old_size is None else f"{c.old_size} B"
+        new = "" if c.new_size is None else f"{c.new_size} B"
+        changed = f", {old or '-'} -> {new or '-'}"
+        detail += changed if c.change == "changed" else f", {old or new}"
+    out.print(f"{sign[c.change]} {c.path}  ({detail})", highlight=False, markup=False)
 
 
 # ---------------------------------------------------------------------- files: writes
