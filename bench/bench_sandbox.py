@@ -10,7 +10,11 @@ machine's noise falls on all alike:
   own, is the difference);
 - ``egress``: network ``egress``: the in-sandbox relay (socat) started and waited for;
 - ``before``: the argv before issue 11 (``/`` bound read-only whole, host network, no seccomp,
-  no --cap-drop), for reference.
+  no --cap-drop), for reference;
+- ``minimal``: issue 13's floor, ``bwrap --ro-bind / / --dev /dev --proc /proc --unshare-all
+  true`` as root, and ``minimal_uid``: the same as the sandbox uid (bwrap then makes a user
+  namespace): what the default policy costs over the floor splits into dropping root
+  (``minimal_uid`` − ``minimal``) and the policy itself (``default`` − ``minimal_uid``).
 
 Targets: the seccomp filter and the network mode ``off`` each cost ≤ 0.5 ms per spawn: the
 median of the per-round differences of CPU time (the whole process tree's, from wait4), which a
@@ -51,6 +55,19 @@ class BeforeIssue11(BareBwrap):
         ws = str(self.workspace)
         argv += ["--bind", ws, ws, "--chdir", ws, "--hostname", "shellyard"]
         return [*argv, "--json-status-fd", str(status_fd), "--", *command]
+
+
+class Minimal(BareBwrap):
+    """Issue 13's floor: the minimal spawn, as root (``as_root``) or as the sandbox uid."""
+
+    def __init__(self, root: Path, *, as_root: bool) -> None:
+        super().__init__(root, seccomp=False)
+        if as_root:
+            self.ids = None
+
+    def argv(self, command: Sequence[str], status_fd: int, seccomp_fd: int | None) -> list[str]:
+        argv = [self.bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
+        return [*argv, "--unshare-all", "--json-status-fd", str(status_fd), "--", *command]
 
 
 def timed_spawn(bare: BareBwrap, tag: str) -> tuple[float, float]:
@@ -99,6 +116,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             "host": BareBwrap(home, network="host"),
             "egress": BareBwrap(home, network="egress", egress_socket=sock_path),
             "before": BeforeIssue11(home, seccomp=False, network="host"),
+            "minimal": Minimal(home, as_root=True),
+            "minimal_uid": Minimal(home, as_root=False),
         }
         samples: dict[str, list[float]] = {name: [] for name in variants}
         cpu: dict[str, list[float]] = {name: [] for name in variants}
@@ -129,6 +148,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "network_off": ("default", "host"),
         "egress": ("egress", "default"),
         "before": ("default", "before"),
+        "drop_root": ("minimal_uid", "minimal"),
+        "policy": ("default", "minimal_uid"),
     }
     deltas = {key: paired(a, b, samples) for key, (a, b) in pairs.items()}
     cpu_deltas = {key: paired(a, b, cpu) for key, (a, b) in pairs.items()}
@@ -195,6 +216,34 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             kind="info",
             baseline_label="pre-issue-11 argv (p50 ms)",
             baseline_value=p50["before"],
+        ),
+        metric(
+            "sandbox.default_vs_minimal",
+            "default policy spawn, p50 ms (ratio: ÷ the minimal bwrap spawn as root)",
+            p50["default"],
+            "ms",
+            target="reported (issue 13's floor)",
+            kind="info",
+            baseline_label="minimal bwrap as root (p50 ms)",
+            baseline_value=p50["minimal"],
+        ),
+        metric(
+            "sandbox.drop_root_ms",
+            "dropping root: wall per spawn, median per-round difference minimal as the "
+            "sandbox uid − as root",
+            deltas["drop_root"],
+            "ms",
+            target="reported",
+            kind="info",
+        ),
+        metric(
+            "sandbox.policy_ms",
+            "the policy (view, hidden files, seccomp, rlimits): wall per spawn, median "
+            "per-round difference default − minimal as the sandbox uid",
+            deltas["policy"],
+            "ms",
+            target="reported",
+            kind="info",
         ),
     ]
     return {

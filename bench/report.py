@@ -173,6 +173,8 @@ def details_sandbox(d: dict[str, Any]) -> list[str]:
         "host": "the same with --share-net (network host)",
         "egress": "network egress (the in-sandbox socat relay started and waited for)",
         "before": "the argv before issue 11 (/ read-only, host network, no seccomp)",
+        "minimal": "minimal `bwrap --ro-bind / / --dev /dev --proc /proc --unshare-all` as root",
+        "minimal_uid": "the same minimal spawn as the sandbox uid (a user namespace)",
     }
     rows = [
         "| bare `bwrap … true` | n | p50 ms | p95 ms | mean ms |",
@@ -188,7 +190,9 @@ def details_sandbox(d: dict[str, Any]) -> list[str]:
             "",
             f"Median per-round differences of {title} (ms): seccomp {paired.get('seccomp')}, "
             f"network off vs host {paired.get('network_off')}, egress relay vs off "
-            f"{paired.get('egress')}, default vs the pre-issue-11 argv {paired.get('before')}.",
+            f"{paired.get('egress')}, default vs the pre-issue-11 argv {paired.get('before')}, "
+            f"dropping root {paired.get('drop_root')}, the policy over the minimal spawn as "
+            f"the sandbox uid {paired.get('policy')}.",
         ]
     return [*rows, ""]
 
