@@ -17,6 +17,7 @@ from shellyard.mcp.common import ShellyardBackend
 from shellyard.mcp.environments import EnvironmentsBackend, environment_tools
 from shellyard.mcp.executions import execution_tools
 from shellyard.mcp.files import FilesBackend, file_tools
+from shellyard.mcp.ports import PortsBackend, port_tools
 from shellyard.mcp.resources import add_resources
 from shellyard.mcp.runners import RunnersBackend, runner_tools
 from shellyard.mcp.tasks import TasksExtension
@@ -51,6 +52,8 @@ def build_server(backend: ShellyardBackend, *, network: str = "off") -> MCPServe
         tools += environment_tools(backend)
     if isinstance(backend, RunnersBackend):
         tools += runner_tools(backend)
+    if isinstance(backend, PortsBackend):  # issue 17: ports for the host
+        tools += port_tools(backend)
     server = MCPServer(
         name="shellyard",
         instructions=INSTRUCTIONS,

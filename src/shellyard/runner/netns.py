@@ -7,7 +7,8 @@ with ``unshare --net=FILE`` (the namespace is bind-mounted on a file under the r
 it survives a restart of the runner process, E11, and needs no holder process), brings its
 loopback up, and starts bwrap under ``nsenter --net=FILE`` with ``--share-net``: every other
 flag of the sandbox stays. The namespace goes when the workspace's last live execution ends.
-Not root (``nsenter`` needs CAP_SYS_ADMIN), or network ``host``/``egress``: each execution
+Under ``egress`` the relay to the proxy lives with the namespace (runner/ports.py), not in
+each sandbox. Not root (``nsenter`` needs CAP_SYS_ADMIN), or network ``host``: each execution
 keeps the namespace bwrap gives it (docs/decisions.md).
 """
 
@@ -23,6 +24,7 @@ import socket
 import struct
 import subprocess
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 from shellyard.errors import SandboxUnavailable
@@ -41,7 +43,9 @@ def _libc() -> ctypes.CDLL:
 
 def supported(network: str) -> bool:
     """Whether this runner gives workspaces a shared namespace under ``network``."""
-    return network == "off" and os.geteuid() == 0 and shutil.which("nsenter") is not None
+    return (
+        network in ("off", "egress") and os.geteuid() == 0 and shutil.which("nsenter") is not None
+    )
 
 
 class WorkspaceNetworks:
@@ -50,6 +54,11 @@ class WorkspaceNetworks:
     def __init__(self, directory: Path) -> None:
         self.directory = directory
         self._users: dict[str, set[str]] = {}
+        #: Called with (workspace, namespace file) when a workspace's first user arrives
+        #: (made now, or found mounted after a restart), and with the workspace before its
+        #: namespace goes: the relays that live with it (runner/ports.py).
+        self.on_ready: list[Callable[[str, Path], None]] = []
+        self.on_gone: list[Callable[[str], None]] = []
 
     def startup(self) -> None:
         self.directory.mkdir(mode=0o700, exist_ok=True)
@@ -62,8 +71,21 @@ class WorkspaceNetworks:
         path = self.path(workspace_id)
         if not _mounted(path):
             _create(path)
-        self._users.setdefault(workspace_id, set()).add(execution_id)
+        users = self._users.setdefault(workspace_id, set())
+        first = not users
+        users.add(execution_id)
+        if first:
+            try:
+                for hook in self.on_ready:
+                    hook(workspace_id, path)
+            except BaseException:
+                self.release(workspace_id, execution_id)
+                raise
         return path
+
+    def in_use(self, workspace_id: str) -> Path | None:
+        """The workspace's namespace while it has a live execution, else None."""
+        return self.path(workspace_id) if self._users.get(workspace_id) else None
 
     def release(self, workspace_id: str, execution_id: str) -> None:
         """``execution_id`` ended; the last one of the workspace takes the namespace along."""
@@ -72,7 +94,15 @@ class WorkspaceNetworks:
         if users:
             return
         self._users.pop(workspace_id, None)
+        self._gone(workspace_id)
         _remove(self.path(workspace_id))
+
+    def _gone(self, workspace_id: str) -> None:
+        for hook in self.on_gone:
+            try:
+                hook(workspace_id)
+            except Exception:  # a relay that will not stop must not keep the namespace
+                log.exception("could not stop the relays of %s", workspace_id)
 
     def forget_unused(self) -> None:
         """After re-attaching (E11): namespaces left by workspaces with no live execution."""
@@ -80,6 +110,7 @@ class WorkspaceNetworks:
             return
         for path in self.directory.iterdir():
             if path.name not in self._users:
+                self._gone(path.name)
                 _remove(path)
 
 
@@ -87,6 +118,40 @@ def prefix(path: Path) -> list[str]:
     """Put in front of a spawn's argv (before the privilege drop: nsenter needs root)."""
     nsenter = shutil.which("nsenter") or "/usr/bin/nsenter"
     return [nsenter, f"--net={path}", "--"]
+
+
+def socket_in(path: Path, family: socket.AddressFamily = socket.AF_INET) -> socket.socket:
+    """A socket of the namespace at ``path``: a socket belongs to the namespace of the thread
+    that made it, so a short thread joins the namespace, makes it and ends (the caller's own
+    threads never change namespace)."""
+    made: list[socket.socket] = []
+    failure: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            _join(path)
+            made.append(socket.socket(family, socket.SOCK_STREAM))
+        except OSError as exc:
+            failure.append(exc)
+
+    thread = threading.Thread(target=work, name="netns-socket")
+    thread.start()
+    thread.join()
+    if failure:
+        raise SandboxUnavailable(f"could not make a socket in the workspace network: {failure[0]}")
+    return made[0]
+
+
+def _join(path: Path) -> None:
+    """Move the calling thread into the namespace at ``path``."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        # os.setns is Python 3.12+; the libc call is the same syscall
+        if _libc().setns(fd, CLONE_NEWNET) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, os.strerror(err))
+    finally:
+        os.close(fd)
 
 
 def _mounted(path: Path) -> bool:
@@ -118,20 +183,14 @@ def _loopback_up(path: Path) -> None:
     failure: list[BaseException] = []
 
     def work() -> None:
-        fd = os.open(path, os.O_RDONLY)
         try:
-            # os.setns is Python 3.12+; the libc call is the same syscall
-            if _libc().setns(fd, CLONE_NEWNET) != 0:
-                err = ctypes.get_errno()
-                raise OSError(err, os.strerror(err))
+            _join(path)
             with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
                 request = struct.pack("16sH14x", b"lo", 0)
                 flags = struct.unpack("16sH", fcntl.ioctl(sock, SIOCGIFFLAGS, request)[:18])[1]
                 fcntl.ioctl(sock, SIOCSIFFLAGS, struct.pack("16sH14x", b"lo", flags | IFF_UP))
         except OSError as exc:
             failure.append(exc)
-        finally:
-            os.close(fd)
 
     thread = threading.Thread(target=work, name="netns-lo")
     thread.start()
