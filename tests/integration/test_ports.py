@@ -361,3 +361,38 @@ def test_cli_port_open_list_close(served_home: Path) -> None:
         assert _refused(int(url.stdout.strip().rsplit(":", 1)[1].rstrip("/")))
     finally:
         sy(served_home, "cancel", server)
+
+
+# ------------------------------------------------------------------ shared read views
+
+
+async def test_readers_share_one_view_per_snapshot(yard: Yard) -> None:
+    """Issue 17 benchmark fix, W2: concurrent readers of one committed snapshot see the same
+    view (one folder, the same inode at /workspace), a reader after a writer that changed
+    nothing reuses it, a reader after a change sees the new files, and no view is left
+    behind but the head's (local runner: its views/ folder)."""
+    await yard.run(
+        "mkdir -p d && echo one > d/a.txt && printf '#!/bin/sh\\necho ran\\n' > x.sh "
+        "&& chmod +x x.sh"
+    )
+    first = await yard.run(
+        "stat -c %i /workspace; echo up; sleep 60", read_only=True, background=True
+    )
+    await _wait_for_log(yard, first.execution_id, "up")
+    try:
+        second = await yard.run("stat -c %i /workspace; cat d/a.txt; ./x.sh", read_only=True)
+        inode = second.stdout.splitlines()[0]
+        assert second.stdout == f"{inode}\none\nran\n", second.stderr
+        logs = await yard.plane.executions.logs(first.execution_id)
+        assert logs.data.splitlines()[0] == inode  # the same folder, bound twice
+    finally:
+        await yard.plane.executions.cancel(first.execution_id, wait_s=30)
+    assert (await yard.run("true")).state == ExecutionState.completed  # nothing changed
+    third = await yard.run("stat -c %i /workspace", read_only=True)
+    assert third.stdout == f"{inode}\n"
+    await yard.run("echo two > d/a.txt")
+    fourth = await yard.run("cat d/a.txt", read_only=True)
+    assert fourth.stdout == "two\n"
+    if yard.runner_id == "local":
+        views = yard.plane.settings.local_runner_root / "views"
+        assert len(list(views.iterdir())) == 1  # the head's only

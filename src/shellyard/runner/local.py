@@ -140,7 +140,9 @@ class LocalRunner:
         await self._prepare_sandboxes()
         await asyncio.to_thread(self._editor.startup)
         await self._environments.startup(self._sandboxes.bwrap)
+        await asyncio.to_thread(self._runs.views.startup)
         await self._runs.recover()
+        await asyncio.to_thread(self._runs.views.forget_unused)  # issue 17: none in use
         if self._sandboxes.networks is not None:  # issue 17: none of a finished workspace
             await asyncio.to_thread(self._sandboxes.networks.forget_unused)
         if self._relays is not None:

@@ -55,6 +55,8 @@ class Supervisor:
         self._executions = executions
         #: issue 17: where a read-only execution's committed view comes from
         self._snapshots = snapshots
+        #: issue 17: views shared by the readers of one snapshot content (readview.py)
+        self.views = readview.ReadViews(executions.parent / "views", snapshots)
         #: limits (issue 12): the workspace quota and the log cap while a command runs
         self._guard = guard
         self._workspace_path = workspace_path
@@ -78,8 +80,8 @@ class Supervisor:
         directory = self._executions / request.execution_id
         directory.mkdir()
         if request.read_only:  # issue 17: the committed view, never the live tree (W2)
-            tree = directory / readview.VIEW
-            readview.materialise(self._snapshots, request.workspace_id, tree)
+            link = directory / readview.VIEW
+            tree = self.views.acquire(request.workspace_id, request.execution_id, link)
         live = self.sandboxes.spawn(request, directory, tree, command, mount)
         self._live[request.execution_id] = live
         if not request.read_only:
@@ -150,7 +152,8 @@ class Supervisor:
         snapshot: SnapshotInfo | None = None
         try:
             if live.read_only:  # issue 17: a reader makes no snapshot; its view goes
-                await asyncio.to_thread(readview.remove, live.directory / readview.VIEW)
+                link = live.directory / readview.VIEW
+                await asyncio.to_thread(self.views.release, link, execution_id)
             else:
                 snapshot = await self._commit(live.workspace_id)
         except Exception as exc:  # a commit failure must still finish the record
@@ -340,11 +343,16 @@ class Supervisor:
             if not live.read_only:
                 self.busy_workspaces[live.workspace_id] = execution_id
             self._use_environment(live.environment_id, execution_id)
+            view = (
+                self.views.adopt(directory / readview.VIEW, execution_id)
+                if live.read_only
+                else None
+            )
             if processes.is_same_process(live.pid, live.start_time):
                 self._watch(execution_id, live)
                 tree = self._workspace_path(live.workspace_id)  # limits (issue 12)
                 if live.read_only:
-                    tree = directory / readview.VIEW
+                    tree = view or directory / readview.VIEW
                 self._guard.watch(execution_id, live.workspace_id, directory, tree, live.pid)
                 if (directory / "cancel").exists():
                     requested = float((directory / "cancel").read_text() or time.time())
