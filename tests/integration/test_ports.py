@@ -47,7 +47,9 @@ async def _wait_for_log(yard: Yard, execution_id: str, text: str, timeout_s: flo
         logs = await yard.plane.executions.logs(execution_id)
         if text in logs.data:
             return
-        assert not logs.state.terminal, f"{execution_id} ended before printing {text!r}"
+        if logs.state.terminal:
+            view = await yard.plane.executions.status(execution_id)
+            raise AssertionError(f"{execution_id} ended before printing {text!r}: {view}")
         await asyncio.sleep(0.05)
     raise AssertionError(f"{execution_id} did not print {text!r} within {timeout_s} s")
 
@@ -396,3 +398,75 @@ async def test_readers_share_one_view_per_snapshot(yard: Yard) -> None:
     if yard.runner_id == "local":
         views = yard.plane.settings.local_runner_root / "views"
         assert len(list(views.iterdir())) == 1  # the head's only
+
+
+# ------------------------------------------------------------------ a runner that is not root
+
+NOBODY = 65534
+
+
+def _chown_tree(root: Path, uid: int) -> None:
+    for folder, dirs, files in os.walk(root):
+        os.chown(folder, uid, uid)
+        for name in files:
+            os.chown(os.path.join(folder, name), uid, uid)
+
+
+@pytest.mark.skipif(shutil.which("setpriv") is None, reason="needs setpriv to run as nobody")
+@pytest.mark.runner_kinds("local")  # the control plane's own runner plays no part
+@pytest.mark.parametrize("network", ["off", "egress"])
+async def test_unprivileged_runner_shares_the_network(
+    yard_factory: Any, network: str, host_server: int
+) -> None:
+    """Issue 17 item 2: a runner daemon that is not root (here: nobody) gives a workspace one
+    network too (a holder process in a user namespace of its own, netns_holder.py): a reader
+    reaches the background server at localhost, another workspace does not, the host reaches
+    it through a forward only, and under egress both still reach the outside through the
+    proxy. When the last execution ends the holder and the forward are gone."""
+    from runner_daemon_fixture import load_or_create_token
+
+    yard: Yard = await yard_factory()  # the control plane (root); its runner is the daemon
+    root = yard.home / "nobody-runner"
+    root.mkdir(mode=0o755)
+    load_or_create_token(root / "token")
+    _chown_tree(root, NOBODY)
+    policy = SandboxPolicy(network=network, egress_exceptions=[f"127.0.0.1:{host_server}"])
+    as_nobody = ("setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups")
+    daemon = await start_daemon(root, policy, subprocess=True, prefix=as_nobody)
+    try:
+        await yard.plane.runners.add_direct("nobody", daemon.url, daemon.token)
+        yard = Yard(yard.plane, "nobody", yard.home)
+        server = await _server(yard)
+        try:
+            proxied = (
+                PROXIED.format(url=f"http://127.0.0.1:{host_server}/")
+                if network == "egress"
+                else "echo from-host"
+            )
+            reader = await yard.run(
+                LOCAL.format(port=PORT, path="live.txt") + "; id -u; " + proxied,
+                read_only=True,
+                wait_ms=30_000,
+            )
+            assert reader.stdout == f"served-live\n{NOBODY}\nfrom-host\n", reader.stderr
+            assert _refused(PORT)
+            view = await yard.plane.ports.open(PORT, workspace_id=server.workspace_id)
+            assert _get(view.url + "live.txt") == "served-live\n"
+            other = await yard.plane.sessions.create()
+            probe = await yard.plane.executions.run_shell(
+                RunShellRequest(
+                    command=f"exec 3<>/dev/tcp/127.0.0.1/{PORT} && echo REACHED || echo NO",
+                    runner_id="nobody",
+                ),
+                other.main_agent_id,
+            )
+            assert probe.stdout == "NO\n"
+            holders = list((root / "sandbox" / "netns").glob("*.json"))
+            assert [h.stem for h in holders] == [server.workspace_id]
+        finally:
+            await yard.plane.executions.cancel(server.execution_id, wait_s=30)
+        assert await yard.plane.ports.list(workspace_id=server.workspace_id) == []
+        assert _refused(view.host_port)
+        assert list((root / "sandbox" / "netns").glob("*.json")) == []
+    finally:
+        await daemon.stop()

@@ -163,9 +163,6 @@ class LocalRunner:
             self._sandbox_dir / "empty",
         )
         await asyncio.to_thread(box.seccomp.write)
-        if netns.supported(self.policy.network):  # issue 17: one network per workspace
-            box.networks = WorkspaceNetworks(self._sandbox_dir / "netns")
-            box.networks.startup()
         if "egress" in (self.policy.network, self.policy.tools_network):
             box.socat = sandbox.find_socat()
             path = self._sandbox_dir / "egress.sock"
@@ -173,8 +170,12 @@ class LocalRunner:
             self._proxy = EgressProxy(path, rules)
             await self._proxy.start()
             box.egress_socket = path
-        if box.networks is not None:  # issue 17: ports for the host, the egress relay
+        # issue 17: one network per workspace (a probe of user namespaces when not root)
+        if await asyncio.to_thread(netns.supported, self.policy.network):
             egress = box.egress_socket if self.policy.network == "egress" else None
+            box.networks = WorkspaceNetworks(self._sandbox_dir / "netns", egress)
+            box.networks.startup()
+            # ports for the host, and (as root) the egress relay of each namespace
             self._relays = Relays(self._sandbox_dir / "relays", box.networks, egress)
             self._relays.startup()
 
@@ -514,7 +515,8 @@ class LocalRunner:
                 + (
                     ": a server already listens on the host's own network"
                     if self.policy.network == "host"
-                    else ", or the runner is not root: docs/decisions.md"
+                    else ", and this host lets the runner's user make no network namespace: "
+                    "docs/decisions.md"
                 )
                 + ")"
             )

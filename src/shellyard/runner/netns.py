@@ -28,6 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from shellyard.errors import SandboxUnavailable
+from shellyard.runner import netns_holder
 
 log = logging.getLogger(__name__)
 
@@ -42,17 +43,22 @@ def _libc() -> ctypes.CDLL:
 
 
 def supported(network: str) -> bool:
-    """Whether this runner gives workspaces a shared namespace under ``network``."""
-    return (
-        network in ("off", "egress") and os.geteuid() == 0 and shutil.which("nsenter") is not None
-    )
+    """Whether this runner gives workspaces a shared namespace under ``network``: as root
+    with a namespace bind-mounted on a file, otherwise held by a process (netns_holder.py)."""
+    if network not in ("off", "egress") or shutil.which("nsenter") is None:
+        return False
+    return os.geteuid() == 0 or netns_holder.available()
 
 
 class WorkspaceNetworks:
     """The namespaces of one runner's workspaces, under ``directory``, and who uses each."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, egress_socket: Path | None = None) -> None:
         self.directory = directory
+        #: Not root: each namespace is held by a process (netns_holder.py), which also runs
+        #: the egress relay when ``egress_socket`` is given.
+        self.held = os.geteuid() != 0
+        self.egress_socket = egress_socket
         self._users: dict[str, set[str]] = {}
         #: Called with (workspace, namespace file) when a workspace's first user arrives
         #: (made now, or found mounted after a restart), and with the workspace before its
@@ -68,9 +74,13 @@ class WorkspaceNetworks:
 
     def acquire(self, workspace_id: str, execution_id: str) -> Path:
         """The workspace's namespace file, made on first use (or again after a reboot)."""
-        path = self.path(workspace_id)
-        if not _mounted(path):
-            _create(path)
+        if self.held:
+            record = self._record(workspace_id)
+            path = netns_holder.find(record) or netns_holder.start(record, self.egress_socket)
+        else:
+            path = self.path(workspace_id)
+            if not _mounted(path):
+                _create(path)
         users = self._users.setdefault(workspace_id, set())
         first = not users
         users.add(execution_id)
@@ -85,7 +95,14 @@ class WorkspaceNetworks:
 
     def in_use(self, workspace_id: str) -> Path | None:
         """The workspace's namespace while it has a live execution, else None."""
-        return self.path(workspace_id) if self._users.get(workspace_id) else None
+        if not self._users.get(workspace_id):
+            return None
+        return (
+            netns_holder.find(self._record(workspace_id)) if self.held else self.path(workspace_id)
+        )
+
+    def _record(self, workspace_id: str) -> Path:
+        return self.directory / f"{workspace_id}.json"
 
     def release(self, workspace_id: str, execution_id: str) -> None:
         """``execution_id`` ended; the last one of the workspace takes the namespace along."""
@@ -95,7 +112,13 @@ class WorkspaceNetworks:
             return
         self._users.pop(workspace_id, None)
         self._gone(workspace_id)
-        _remove(self.path(workspace_id))
+        self._drop(workspace_id)
+
+    def _drop(self, workspace_id: str) -> None:
+        if self.held:
+            netns_holder.stop(self._record(workspace_id))
+        else:
+            _remove(self.path(workspace_id))
 
     def _gone(self, workspace_id: str) -> None:
         for hook in self.on_gone:
@@ -109,14 +132,20 @@ class WorkspaceNetworks:
         if not self.directory.is_dir():
             return
         for path in self.directory.iterdir():
-            if path.name not in self._users:
-                self._gone(path.name)
-                _remove(path)
+            workspace_id = path.stem if self.held else path.name
+            if (path.suffix == ".json") == self.held and workspace_id not in self._users:
+                self._gone(workspace_id)
+                self._drop(workspace_id)
 
 
 def prefix(path: Path) -> list[str]:
-    """Put in front of a spawn's argv (before the privilege drop: nsenter needs root)."""
+    """Put in front of a spawn's argv (before the privilege drop: nsenter needs root). A
+    holder's namespace (``/proc/PID/ns/net``) is entered with the user namespace that owns
+    it, keeping the runner's uid and groups."""
     nsenter = shutil.which("nsenter") or "/usr/bin/nsenter"
+    if path.parts[:2] == ("/", "proc"):
+        user = path.with_name("user")
+        return [nsenter, f"--user={user}", f"--net={path}", "--preserve-credentials", "--"]
     return [nsenter, f"--net={path}", "--"]
 
 

@@ -31,7 +31,7 @@ from typing import Any
 
 from shellyard.contract.ports import PortView
 from shellyard.errors import InvalidInput, NotFound, SandboxUnavailable
-from shellyard.runner import netns, processes
+from shellyard.runner import netns, netns_holder, processes
 from shellyard.runner.egress import SANDBOX_PORT
 from shellyard.runner.netns import WorkspaceNetworks
 
@@ -151,8 +151,8 @@ class Relays:
 
     def _ready(self, workspace_id: str, path: Path) -> None:
         """The namespace has its first execution: under egress, make sure its relay runs."""
-        if self.egress_socket is None:
-            return
+        if self.egress_socket is None or self.networks.held:
+            return  # a holder runs its own egress relay (netns_holder.py)
         with self._lock:
             if self._alive(workspace_id, EGRESS) is not None:
                 return  # still running from before a restart of the runner
@@ -183,7 +183,8 @@ class Relays:
         extra: dict[str, Any],
     ) -> dict[str, Any]:
         fd = listener.fileno()
-        argv = [sys.executable, "-I", str(RELAY), "--listen-fd", str(fd), *target]
+        python = (netns_holder.interpreter() if self.networks.held else None) or sys.executable
+        argv = [python, "-I", str(RELAY), "--listen-fd", str(fd), *target]
         if inside is not None:  # it connects from inside the workspace's network
             argv = [*netns.prefix(inside), *argv]
         popen = subprocess.Popen(
