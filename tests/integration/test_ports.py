@@ -406,7 +406,7 @@ NOBODY = 65534
 
 
 def _chown_tree(root: Path, uid: int) -> None:
-    for folder, dirs, files in os.walk(root):
+    for folder, _dirs, files in os.walk(root):
         os.chown(folder, uid, uid)
         for name in files:
             os.chown(os.path.join(folder, name), uid, uid)
