@@ -54,17 +54,25 @@ def port_tools(backend: PortsBackend) -> list[Tool]:
             return opened.model_dump(mode="json")
         return (await backend.close_port(request.port, **where)).model_dump(mode="json")
 
-    return [
-        model_tool(
-            "workspace_port",
-            PortRequest,
-            workspace_port,
-            title="Forward a port to the host",
-            description=DESCRIPTION,
-            # It opens a way in to a server of yours (on loopback only), nothing is deleted.
-            annotations=hints(idempotent=True),
-        )
-    ]
+    tool = model_tool(
+        "workspace_port",
+        PortRequest,
+        workspace_port,
+        title="Forward a port to the host",
+        description=DESCRIPTION,
+        # It opens a way in to a server of yours (on loopback only), nothing is deleted.
+        annotations=hints(idempotent=True),
+    )
+    tool.fn_metadata.output_schema = port_output_schema()
+    return [tool]
+
+
+def port_output_schema() -> dict[str, Any]:
+    """workspace_port's outputSchema: a forward (open, close) or the list of them."""
+    from pydantic import TypeAdapter
+
+    schema = TypeAdapter(PortView | PortList).json_schema(mode="serialization")
+    return {"type": "object", **schema}  # MCP wants an object at the root: both arms are
 
 
 __all__ = ["PortsBackend", "port_tools"]
