@@ -470,3 +470,57 @@ async def test_unprivileged_runner_shares_the_network(
         assert list((root / "sandbox" / "netns").glob("*.json")) == []
     finally:
         await daemon.stop()
+
+
+@pytest.mark.runner_kinds("local")  # the daemon is started here, as root or as nobody
+@pytest.mark.parametrize("user", ["root", "nobody"])
+async def test_kill9_of_the_runner_daemon_keeps_network_and_forward(
+    yard_factory: Any, user: str
+) -> None:
+    """Issue 17, E11 on a runner daemon: kill -9 of the daemon itself while a server and a
+    read-only client run; restarted on the same folder, it re-attaches both, the client ends
+    with the server's answer, a new reader still reaches the server on localhost (the same
+    namespace: mounted on a file as root, held by its holder process as nobody), and the
+    forward kept answering throughout; the last execution's end takes both away."""
+    yard: Yard = await yard_factory()
+    root = yard.home / f"{user}-runner"
+    prefix: tuple[str, ...] = ()
+    if user == "nobody":
+        if shutil.which("setpriv") is None:
+            pytest.skip("needs setpriv to run the daemon as nobody")
+        from runner_daemon_fixture import load_or_create_token
+
+        root.mkdir(mode=0o755)
+        load_or_create_token(root / "token")
+        _chown_tree(root, NOBODY)
+        prefix = ("setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups")
+    daemon = await start_daemon(root, SandboxPolicy(), subprocess=True, prefix=prefix)
+    try:
+        await yard.plane.runners.add_direct("far", daemon.url, daemon.token)
+        yard = Yard(yard.plane, "far", yard.home)
+        server = await _server(yard)
+        reader = await yard.run(
+            "sleep 3; " + LOCAL.format(port=PORT, path="live.txt"),
+            read_only=True,
+            background=True,
+        )
+        view = await yard.plane.ports.open(PORT, workspace_id=server.workspace_id)
+        assert _get(view.url + "live.txt") == "served-live\n"
+        daemon.kill()
+        assert _get(view.url + "live.txt") == "served-live\n"  # the relay is its own process
+        await daemon.restart()
+        done = await yard.plane.executions.wait(reader.execution_id, 30)
+        assert done.state == ExecutionState.completed and done.exit_code == 0
+        logs = await yard.plane.executions.logs(reader.execution_id)
+        assert logs.data == "served-live\n"
+        again = await yard.run(
+            LOCAL.format(port=PORT, path="live.txt"), read_only=True, wait_ms=30_000
+        )
+        assert again.stdout == "served-live\n", again.stderr
+        listed = await yard.plane.ports.list(workspace_id=server.workspace_id)
+        assert [p.host_port for p in listed] == [view.host_port]
+        await yard.plane.executions.cancel(server.execution_id, wait_s=30)
+        assert await yard.plane.ports.list(workspace_id=server.workspace_id) == []
+        assert _refused(view.host_port)
+    finally:
+        await daemon.stop()
