@@ -30,6 +30,7 @@ from shellyard.contract.executions import ExecutionState, RunShellRequest, RunSh
 from shellyard.contract.ports import PortView
 from shellyard.errors import InvalidInput, NotFound
 from shellyard.home import ensure_server, is_served
+from shellyard.runner import readview
 from shellyard.runner.protocol import SandboxPolicy
 from shellyard.sdk.client import Client
 
@@ -368,7 +369,9 @@ def test_cli_port_open_list_close(served_home: Path) -> None:
 # ------------------------------------------------------------------ shared read views
 
 
-async def test_readers_share_one_view_per_snapshot(yard: Yard) -> None:
+async def test_readers_share_one_view_per_snapshot(
+    yard: Yard, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Issue 17 benchmark fix, W2: concurrent readers of one committed snapshot see the same
     view (one folder, the same inode at /workspace), a reader after a writer that changed
     nothing reuses it, a reader after a change sees the new files, and no view is left
@@ -392,9 +395,36 @@ async def test_readers_share_one_view_per_snapshot(yard: Yard) -> None:
     assert (await yard.run("true")).state == ExecutionState.completed  # nothing changed
     third = await yard.run("stat -c %i /workspace", read_only=True)
     assert third.stdout == f"{inode}\n"
+    built: list[int] = []  # local runner (in this process): count the full builds
+    real_materialise = readview.materialise
+
+    def counted(*args: Any, **kwargs: Any) -> int:
+        built.append(1)
+        return real_materialise(*args, **kwargs)
+
+    monkeypatch.setattr(readview, "materialise", counted)
     await yard.run("echo two > d/a.txt")
     fourth = await yard.run("cat d/a.txt", read_only=True)
     assert fourth.stdout == "two\n"
+    # The next head's view is the unused one patched: a folder turned into a file, a file
+    # into a folder, an executable no longer executable, a symlink, a removal, an addition.
+    await yard.run(
+        "rm -r d && echo file > d && mkdir x2 && mv x.sh x2/ && chmod -x x2/x.sh && "
+        "ln -s x2/x.sh link && mkdir -p e/f && : > e/f/empty"
+    )
+    patched = await yard.run(
+        "find . | sort; cat d; test -x x2/x.sh && echo exec || echo plain; readlink link; "
+        "stat -c %s e/f/empty; touch d 2>/dev/null || echo read-only",
+        read_only=True,
+    )
+    assert patched.stdout == (
+        ".\n./d\n./e\n./e/f\n./e/f/empty\n./link\n./x2\n./x2/x.sh\n"
+        "file\nplain\nx2/x.sh\n0\nread-only\n"
+    ), patched.stderr
+    again = await yard.run("cat x2/x.sh d", read_only=True)
+    assert again.stdout == "#!/bin/sh\necho ran\nfile\n"
+    if yard.runner_id == "local":
+        assert built == []  # every later head's view was the previous one, patched
     if yard.runner_id == "local":
         views = yard.plane.settings.local_runner_root / "views"
         assert len(list(views.iterdir())) == 1  # the head's only

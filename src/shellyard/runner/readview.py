@@ -8,21 +8,26 @@ view costs one ``link`` per file and no copied bytes; an executable file is copi
 because an object's inode is shared and carries no execute bit.
 
 Views are shared (``ReadViews``): one per (workspace, snapshot content) under the runner's
-``views/`` folder, named by the snapshot's root hash, so concurrent readers of the same head,
+``views/`` folder, named ``WORKSPACE.ROOT_HASH.SEQ``, so concurrent readers of the same head,
 and later readers while it stays the head (a writer that changed nothing commits the same
 root), reuse it instead of building one each. Each reader's execution folder holds a
 symlink ``view`` to the one it uses (how a restarted runner re-counts its users, E11). A view
-goes when its last reader ends and it is no longer the head's content.
+goes when its last reader ends and it is no longer the head's content; one kept unused is
+patched into the next head's view (only the paths that differ are unlinked or placed).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import threading
 from pathlib import Path
 
+from shellyard.runner.protocol import PathEntry, SnapshotInfo
 from shellyard.runner.snapshots.store import SnapshotStore
+
+log = logging.getLogger(__name__)
 
 #: The folder of an execution's folder that holds its view.
 VIEW = "view"
@@ -37,21 +42,66 @@ def materialise(
         seq = store.head(workspace_id).seq
     destination.mkdir(mode=0o755)
     for path, entry in sorted(store.manifest(workspace_id, seq).items()):
-        target = destination / path
-        if entry.kind == "dir":
-            target.mkdir(mode=0o755)
-        elif entry.kind == "symlink":
-            os.symlink(entry.target or "", target)
-        elif entry.sha256 is None or entry.size == 0:
-            target.touch(mode=0o555 if entry.mode & 0o111 else 0o444)
-        else:
-            source = store.blobs.object_path(entry.sha256)
-            if entry.mode & 0o111:
-                shutil.copyfile(source, target)
-                target.chmod(0o555)
-            else:
-                os.link(source, target)
+        _place(store, destination / path, entry)
     return seq
+
+
+def patch(store: SnapshotStore, workspace_id: str, view: Path, old_seq: int, seq: int) -> None:
+    """Turn the view of snapshot ``old_seq`` at ``view`` into one of ``seq``: only what
+    differs is unlinked or placed (a commit usually changes a few files of many)."""
+    old = store.manifest(workspace_id, old_seq)
+    new = store.manifest(workspace_id, seq)
+    for path in sorted(old, reverse=True):  # children before their folders
+        before = old[path]
+        after = new.get(path)
+        if after is not None and _same(before, after):
+            continue
+        target = view / path
+        if before.kind == "dir":
+            shutil.rmtree(target, ignore_errors=True)
+        else:
+            target.unlink(missing_ok=True)
+    for path, entry in sorted(new.items()):
+        was = old.get(path)
+        if was is not None and _same(was, entry):
+            continue
+        _place(store, view / path, entry)
+
+
+def _same(a: PathEntry, b: PathEntry) -> bool:
+    if a.kind != b.kind:
+        return False
+    if a.kind == "dir":
+        return True
+    return (a.sha256, a.size, a.target, a.mode & 0o111) == (
+        b.sha256,
+        b.size,
+        b.target,
+        b.mode & 0o111,
+    )
+
+
+def _place(store: SnapshotStore, target: Path, entry: PathEntry) -> None:
+    if entry.kind == "dir":
+        target.mkdir(mode=0o755)
+    elif entry.kind == "symlink":
+        os.symlink(entry.target or "", target)
+    elif entry.sha256 is None or entry.size == 0:
+        target.touch(mode=0o555 if entry.mode & 0o111 else 0o444)
+    else:
+        source = store.blobs.object_path(entry.sha256)
+        if entry.mode & 0o111:
+            shutil.copyfile(source, target)
+            target.chmod(0o555)
+        else:
+            os.link(source, target)
+
+
+def _name(view: Path) -> tuple[str, str, int]:
+    """(workspace, root hash, seq) of a view's folder name ``WORKSPACE.ROOT.SEQ``."""
+    workspace_id, _, rest = view.name.partition(".")
+    root_hash, _, seq = rest.partition(".")
+    return workspace_id, root_hash, int(seq) if seq.isdigit() else -1
 
 
 def remove(destination: Path) -> None:
@@ -80,17 +130,35 @@ class ReadViews:
         ``link`` (in the execution's folder) pointing at it."""
         with self._lock:
             head = self.store.head(workspace_id)
-            view = self.directory / f"{workspace_id}.{head.root_hash}"
-            if not view.is_dir():
-                for stale in self.directory.glob(f"{workspace_id}.*"):
-                    if stale not in self._users:  # an older head's, kept after its readers
-                        remove(stale)
-                building = self.directory / f".{workspace_id}.{head.root_hash}.{execution_id}"
-                materialise(self.store, workspace_id, building, head.seq)
-                os.rename(building, view)
+            views = sorted(self.directory.glob(f"{workspace_id}.*"))
+            found = [v for v in views if _name(v)[1] == head.root_hash]
+            view = found[0] if found else self._build(workspace_id, head, views, execution_id)
             self._users.setdefault(view, set()).add(execution_id)
             os.symlink(view, link)
             return view
+
+    def _build(
+        self, workspace_id: str, head: SnapshotInfo, views: list[Path], execution_id: str
+    ) -> Path:
+        """The head's view: an unused older one patched when there is one, else built."""
+        view = self.directory / f"{workspace_id}.{head.root_hash}.{head.seq}"
+        building = self.directory / f".{workspace_id}.{execution_id}"
+        stale = [v for v in views if v not in self._users]  # older heads', kept after use
+        for extra in stale[1:]:
+            remove(extra)
+        built = False
+        if stale:
+            os.rename(stale[0], building)
+            try:
+                patch(self.store, workspace_id, building, _name(stale[0])[2], head.seq)
+                built = True
+            except Exception:  # its snapshot was pruned, or the view was damaged: rebuild
+                log.warning("rebuilding the view of %s", workspace_id, exc_info=True)
+                remove(building)
+        if not built:
+            materialise(self.store, workspace_id, building, head.seq)
+        os.rename(building, view)
+        return view
 
     def adopt(self, link: Path, execution_id: str) -> Path | None:
         """A re-attached reader (E11): count it as a user of the view its link names."""
@@ -116,7 +184,7 @@ class ReadViews:
             if users:
                 return
             self._users.pop(view, None)
-            workspace_id, _, root_hash = view.name.partition(".")
+            workspace_id, root_hash, _seq = _name(view)
             try:
                 current = self.store.head(workspace_id).root_hash
             except Exception:  # the workspace is gone: so is its view
