@@ -554,3 +554,24 @@ async def test_kill9_of_the_runner_daemon_keeps_network_and_forward(
         assert _refused(view.host_port)
     finally:
         await daemon.stop()
+
+
+async def test_a_reader_keeps_its_view_while_the_head_moves(yard: Yard) -> None:
+    """W2 with shared views: a long reader keeps seeing the snapshot it started on while a
+    writer commits a change; a reader after the change sees the new files; when the long
+    reader ends its old view goes (local runner: only the head's view is left)."""
+    await yard.run("echo old > f.txt")
+    long = await yard.run(
+        "cat f.txt; echo started; sleep 2; cat f.txt", read_only=True, background=True
+    )
+    await _wait_for_log(yard, long.execution_id, "started")
+    await yard.run("echo new > f.txt")
+    fresh = await yard.run("cat f.txt", read_only=True)
+    assert fresh.stdout == "new\n"
+    done = await yard.plane.executions.wait(long.execution_id, 30)
+    assert done.state == ExecutionState.completed
+    assert (await yard.plane.executions.logs(long.execution_id)).data == "old\nstarted\nold\n"
+    if yard.runner_id == "local":
+        views = sorted((yard.plane.settings.local_runner_root / "views").iterdir())
+        head = await yard.runner.head(long.workspace_id)
+        assert [v.name.split(".")[1] for v in views] == [head.root_hash]

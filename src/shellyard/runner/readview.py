@@ -12,8 +12,10 @@ Views are shared (``ReadViews``): one per (workspace, snapshot content) under th
 and later readers while it stays the head (a writer that changed nothing commits the same
 root), reuse it instead of building one each. Each reader's execution folder holds a
 symlink ``view`` to the one it uses (how a restarted runner re-counts its users, E11). A view
-goes when its last reader ends and it is no longer the head's content; one kept unused is
-patched into the next head's view (only the paths that differ are unlinked or placed).
+goes when its last reader ends and it is neither the head's content nor the workspace's only
+view; one kept unused is patched into the next head's view (only the paths that differ are
+unlinked or placed), so a workspace keeps at most one unused view (links, no copied bytes
+but its executables').
 """
 
 from __future__ import annotations
@@ -119,6 +121,8 @@ class ReadViews:
         self.store = store
         self._users: dict[Path, set[str]] = {}
         self._lock = threading.Lock()
+        #: Views taken out of use under the lock, removed after it
+        self._pending: list[Path] = []
 
     def startup(self) -> None:
         self.directory.mkdir(exist_ok=True)
@@ -135,7 +139,10 @@ class ReadViews:
             view = found[0] if found else self._build(workspace_id, head, views, execution_id)
             self._users.setdefault(view, set()).add(execution_id)
             os.symlink(view, link)
-            return view
+            pending, self._pending = self._pending, []
+        for trash in pending:
+            remove(trash)
+        return view
 
     def _build(
         self, workspace_id: str, head: SnapshotInfo, views: list[Path], execution_id: str
@@ -145,7 +152,7 @@ class ReadViews:
         building = self.directory / f".{workspace_id}.{execution_id}"
         stale = [v for v in views if v not in self._users]  # older heads', kept after use
         for extra in stale[1:]:
-            remove(extra)
+            self._pending.append(self._trash(extra, execution_id))
         built = False
         if stale:
             os.rename(stale[0], building)
@@ -171,7 +178,8 @@ class ReadViews:
         return view
 
     def release(self, link: Path, execution_id: str) -> None:
-        """The reader ended: its view goes when unused and no longer the head's content."""
+        """The reader ended. Its view stays while it is the head's content or the only view
+        of the workspace (the base the next head's view is patched from); otherwise it goes."""
         try:
             view = Path(os.readlink(link))
         except OSError:
@@ -185,12 +193,21 @@ class ReadViews:
                 return
             self._users.pop(view, None)
             workspace_id, root_hash, _seq = _name(view)
+            others = [v for v in self.directory.glob(f"{workspace_id}.*") if v != view]
             try:
                 current = self.store.head(workspace_id).root_hash
             except Exception:  # the workspace is gone: so is its view
-                current = None
-            if current != root_hash:
-                remove(view)
+                current, others = None, [view]
+            if current == root_hash or not others:
+                return
+            trash = self._trash(view, execution_id)
+        remove(trash)  # outside the lock: a big view takes a while, readers need not wait
+
+    def _trash(self, view: Path, tag: str) -> Path:
+        """Take ``view`` out of use at once (a rename); the caller removes it."""
+        trash = self.directory / f".trash.{view.name}.{tag}"
+        os.rename(view, trash)
+        return trash
 
     def forget_unused(self) -> None:
         """After re-attaching: views no reader uses (and half-built ones) go; the next reader

@@ -82,7 +82,12 @@ class Supervisor:
         if request.read_only:  # issue 17: the committed view, never the live tree (W2)
             link = directory / readview.VIEW
             tree = self.views.acquire(request.workspace_id, request.execution_id, link)
-        live = self.sandboxes.spawn(request, directory, tree, command, mount)
+        try:
+            live = self.sandboxes.spawn(request, directory, tree, command, mount)
+        except BaseException:
+            if request.read_only:  # it never ran: it uses the view no longer
+                self.views.release(directory / readview.VIEW, request.execution_id)
+            raise
         self._live[request.execution_id] = live
         if not request.read_only:
             self.busy_workspaces[request.workspace_id] = request.execution_id
