@@ -106,6 +106,7 @@ def _listening_addresses(port: int) -> list[str]:
     return found
 
 
+@pytest.mark.runner_kinds("local", "direct", "ssh")
 async def test_forwarded_port_reaches_the_server_until_closed(yard: Yard) -> None:
     """Issue 17 item 3: the host cannot reach the workspace's server without a forward; with
     one it fetches a file from it; the forward listens on loopback only, is listed, and is
