@@ -44,7 +44,11 @@ def _where(workspace: str | None, runner: str | None) -> dict[str, Any]:
 def port(
     words: Annotated[
         list[str],
-        typer.Argument(help="WS PORT (open), list [WS], or close WS PORT", show_default=False),
+        typer.Argument(
+            help="WS PORT (open), list [WS], or close WS PORT",
+            metavar="WS PORT | list [WS] | close WS PORT",
+            show_default=False,
+        ),
     ],
     host_port: Annotated[
         int, typer.Option(help="open: the loopback port on the runner's host (0: any free one)")
