@@ -30,14 +30,15 @@ the same command, or write a script. A foreground run_shell waits at most wait_m
 response budget, not a timeout) and then returns the execution id with state 'running'; the
 command keeps running. Poll it with execution_status, read its output with execution_logs
 (continue from next_offset), stop it with execution_cancel. Only execution_cancel stops a
-job. Long jobs and servers: background=true; a server's clients (curl, tests): read_only=true
-in the same workspace, at localhost:PORT; a person's browser: workspace_port. Install packages with environment_create /
+job. Long jobs and servers: background=true. Install packages with environment_create /
 environment_install and pass environment_id to run_shell, not with pip inside a command (the
 environment is mounted read-only). Files on another runner or in a child's workspace reach
 you with workspace_transfer; only then can you declare them with artifact_declare.
 When a background execution or a transfer finishes or a reminder (timer_create) fires, a
 notice lands in your inbox (inbox_list) and, if you are idle, starts a new turn: no need to
 poll in a loop while you wait.
+A server's clients (curl, tests) run with read_only=true in the same workspace, beside the
+server, and reach it at localhost:PORT; a person's browser on the runner's host: workspace_port.
 """
 
 
