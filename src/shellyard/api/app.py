@@ -173,6 +173,9 @@ def create_app(
     from shellyard.api.maintenance import maintenance_router  # gc, debug sizes (admin)
 
     app.include_router(maintenance_router(plane), dependencies=auth)
+    from shellyard.api.ports import ports_router  # ports for the host (issue 17)
+
+    app.include_router(ports_router(plane), dependencies=auth)
 
     # The web page: its login, its session-wide reads, its static assets (issue 14).
     from shellyard.api.login import login_router

@@ -179,6 +179,7 @@ from shellyard.cli import (  # noqa: E402
     environments,
     files,
     gc,
+    ports,
     sessions,
     shell_call,
     tokens,
@@ -199,6 +200,7 @@ VERB_MODULES = (
     gc,  # docs/operations.md
     backup,
     ui,
+    ports,  # issue 17: ports for the host
 )
 for module in VERB_MODULES:
     module.register(app)

@@ -67,6 +67,7 @@ PANELS = {
     "logs": "Commands",
     "cancel": "Commands",
     "shell-call": "Commands",
+    "port": "Commands",
     "files": "Files and transfers",
     "transfer": "Files and transfers",
     "artifact": "Files and transfers",

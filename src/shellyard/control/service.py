@@ -14,6 +14,7 @@ from shellyard.control.environments import EnvironmentService
 from shellyard.control.executions import ExecutionService
 from shellyard.control.files import FileService
 from shellyard.control.inbox import InboxService
+from shellyard.control.ports import PortService
 from shellyard.control.retention import RetentionService
 from shellyard.control.runners import RunnerRegistry
 from shellyard.control.sessions import SessionService
@@ -38,6 +39,7 @@ class ControlPlane:
         self._environments: EnvironmentService | None = None
         self._tokens: TokenService | None = None
         self.retention: RetentionService | None = None
+        self._ports: PortService | None = None
 
     @property
     def executions(self) -> ExecutionService:
@@ -99,6 +101,12 @@ class ControlPlane:
         assert self._tokens is not None, "ControlPlane.start() was not called"
         return self._tokens
 
+    # Ports of the runner's host forwarded into a workspace's network (issue 17).
+    @property
+    def ports(self) -> PortService:
+        assert self._ports is not None, "ControlPlane.start() was not called"
+        return self._ports
+
     async def start(self) -> None:
         settings = self.settings
         settings.home.mkdir(parents=True, exist_ok=True)
@@ -140,6 +148,7 @@ class ControlPlane:
             TransferService(self.store, records, access),
             ArtifactService(records, access),
         )
+        self._ports = PortService(access)
         await self.files.startup()
         await self.transfers.startup()
         self.retention = RetentionService(

@@ -50,7 +50,8 @@ RUN_SHELL_DESCRIPTION = (
     "background=true, then run its clients with read_only=true: a read-only command runs "
     "beside the server (which holds the workspace), reaches it at localhost:PORT (the "
     "executions of one workspace share a private network), sees the last committed files "
-    "read-only (writes outside /tmp fail) and makes no snapshot."
+    "read-only (writes outside /tmp fail) and makes no snapshot. For a person's browser on "
+    "the runner's host, forward the port with workspace_port."
 )
 
 

@@ -17,6 +17,7 @@ from shellyard.mcp.common import ShellyardBackend
 from shellyard.mcp.environments import EnvironmentsBackend, environment_tools
 from shellyard.mcp.executions import execution_tools
 from shellyard.mcp.files import FilesBackend, file_tools
+from shellyard.mcp.ports import PortsBackend, port_tools
 from shellyard.mcp.resources import add_resources
 from shellyard.mcp.runners import RunnersBackend, runner_tools
 from shellyard.mcp.tasks import TasksExtension
@@ -36,6 +37,8 @@ you with workspace_transfer; only then can you declare them with artifact_declar
 When a background execution or a transfer finishes or a reminder (timer_create) fires, a
 notice lands in your inbox (inbox_list) and, if you are idle, starts a new turn: no need to
 poll in a loop while you wait.
+A server's clients (curl, tests) run with read_only=true in the same workspace, beside the
+server, and reach it at localhost:PORT; a person's browser on the runner's host: workspace_port.
 """
 
 
@@ -51,6 +54,8 @@ def build_server(backend: ShellyardBackend, *, network: str = "off") -> MCPServe
         tools += environment_tools(backend)
     if isinstance(backend, RunnersBackend):
         tools += runner_tools(backend)
+    if isinstance(backend, PortsBackend):  # issue 17: ports for the host
+        tools += port_tools(backend)
     server = MCPServer(
         name="shellyard",
         instructions=INSTRUCTIONS,

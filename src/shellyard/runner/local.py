@@ -38,6 +38,7 @@ from shellyard.runner.environments import EnvironmentStore
 from shellyard.runner.guard import Guard as LimitsGuard  # limits (issue 12)
 from shellyard.runner.netns import WorkspaceNetworks
 from shellyard.runner.objects import PackImporter, StoreLock, aiter_thread
+from shellyard.runner.ports import Relays
 from shellyard.runner.protocol import (
     ApplyEntry,
     ApplyResult,
@@ -56,6 +57,7 @@ from shellyard.runner.protocol import (
     LogStream,
     ObjectResult,
     PathEntry,
+    PortView,
     PruneResult,
     RunnerExecution,
     RunnerInfo,
@@ -99,6 +101,7 @@ class LocalRunner:
         self._hidden = [self.root, *(hidden or [])]
         self._ids = sandbox.sandbox_ids(self.policy)
         self._proxy: EgressProxy | None = None
+        self._relays: Relays | None = None  # issue 17: forwarded ports, egress relays
         self._sandboxes = Sandboxes(
             policy=self.policy,
             ids=self._ids,
@@ -138,9 +141,13 @@ class LocalRunner:
         await self._prepare_sandboxes()
         await asyncio.to_thread(self._editor.startup)
         await self._environments.startup(self._sandboxes.bwrap)
+        await asyncio.to_thread(self._runs.views.startup)
         await self._runs.recover()
+        await asyncio.to_thread(self._runs.views.forget_unused)  # issue 17: none in use
         if self._sandboxes.networks is not None:  # issue 17: none of a finished workspace
             await asyncio.to_thread(self._sandboxes.networks.forget_unused)
+        if self._relays is not None:
+            await asyncio.to_thread(self._relays.forget_unused)
 
     async def _prepare_sandboxes(self) -> None:
         """Find and build once what every spawn reuses: bwrap and what it supports, the host
@@ -157,9 +164,6 @@ class LocalRunner:
             self._sandbox_dir / "empty",
         )
         await asyncio.to_thread(box.seccomp.write)
-        if netns.supported(self.policy.network):  # issue 17: one network per workspace
-            box.networks = WorkspaceNetworks(self._sandbox_dir / "netns")
-            box.networks.startup()
         if "egress" in (self.policy.network, self.policy.tools_network):
             box.socat = sandbox.find_socat()
             path = self._sandbox_dir / "egress.sock"
@@ -167,6 +171,14 @@ class LocalRunner:
             self._proxy = EgressProxy(path, rules)
             await self._proxy.start()
             box.egress_socket = path
+        # issue 17: one network per workspace (a probe of user namespaces when not root)
+        if await asyncio.to_thread(netns.supported, self.policy.network):
+            egress = box.egress_socket if self.policy.network == "egress" else None
+            box.networks = WorkspaceNetworks(self._sandbox_dir / "netns", egress)
+            box.networks.startup()
+            # ports for the host, and (as root) the egress relay of each namespace
+            self._relays = Relays(self._sandbox_dir / "relays", box.networks, egress)
+            self._relays.startup()
 
     def _check_traversable(self, directory: Path) -> None:
         if self._ids is None:  # not root: the sandbox runs as this user, who reaches it
@@ -496,6 +508,35 @@ class LocalRunner:
 
     async def environment_change_wait(self, change_id: str, timeout_s: float) -> EnvironmentChange:
         return await self._environments.wait(change_id, timeout_s)
+
+    # ----------------------------------------------------------------- ports (issue 17)
+
+    def _port_relays(self) -> Relays:
+        if self._relays is None:
+            raise InvalidInput(
+                f"this runner gives workspaces no network of their own to forward into "
+                f"(network {self.policy.network!r}"
+                + (
+                    ": a server already listens on the host's own network"
+                    if self.policy.network == "host"
+                    else ", and this host lets the runner's user make no network namespace: "
+                    "docs/decisions.md"
+                )
+                + ")"
+            )
+        return self._relays
+
+    async def open_port(self, workspace_id: str, port: int, host_port: int) -> PortView:
+        self._require_workspace(workspace_id)
+        return await asyncio.to_thread(self._port_relays().open, workspace_id, port, host_port)
+
+    async def list_ports(self, workspace_id: str | None) -> list[PortView]:
+        if self._relays is None:
+            return []
+        return await asyncio.to_thread(self._relays.forwards, workspace_id)
+
+    async def close_port(self, workspace_id: str, port: int) -> PortView:
+        return await asyncio.to_thread(self._port_relays().close, workspace_id, port)
 
     async def environment_info(self, environment_id: str) -> EnvironmentInfo:
         return await self._environments.info(environment_id)

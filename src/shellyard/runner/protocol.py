@@ -15,6 +15,7 @@ from pydantic import BaseModel, Field
 
 # Re-exported: results that cross from the runner to the caller unchanged are public models.
 from shellyard.contract.packages import PackageRecord as PackageRecord
+from shellyard.contract.ports import PortView as PortView
 from shellyard.contract.runners import RunnerLimits as RunnerLimits
 from shellyard.contract.snapshots import DiffEntry as DiffEntry
 from shellyard.contract.snapshots import DiffResult as DiffResult
@@ -306,6 +307,17 @@ class Runner(Protocol):
     ) -> EnvironmentChange: ...
 
     async def environment_info(self, environment_id: str) -> EnvironmentInfo: ...
+
+    # --- ports for the host (issue 17; runner/ports.py) ---
+
+    async def open_port(self, workspace_id: str, port: int, host_port: int) -> PortView:
+        """Forward a loopback port of the runner's host (``host_port``, 0: a free one) to
+        ``port`` in the workspace's network; refused while it has no running execution."""
+        ...
+
+    async def list_ports(self, workspace_id: str | None) -> list[PortView]: ...
+
+    async def close_port(self, workspace_id: str, port: int) -> PortView: ...
 
     async def aclose(self) -> None: ...
 

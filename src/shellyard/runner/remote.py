@@ -40,6 +40,7 @@ from shellyard.runner.protocol import (
     LogStream,
     ObjectResult,
     PathEntry,
+    PortView,
     PruneResult,
     RunnerExecState,
     RunnerExecution,
@@ -610,6 +611,23 @@ class RemoteRunner:
     async def environment_info(self, environment_id: str) -> EnvironmentInfo:
         return cast(
             EnvironmentInfo, await self._invoke("environment_info", environment_id=environment_id)
+        )
+
+    # issue 17: the daemon forwards a loopback port of its own host (docs/runners.md)
+    async def open_port(self, workspace_id: str, port: int, host_port: int) -> PortView:
+        return cast(
+            PortView,
+            await self._invoke(
+                "open_port", workspace_id=workspace_id, port=port, host_port=host_port
+            ),
+        )
+
+    async def list_ports(self, workspace_id: str | None) -> list[PortView]:
+        return cast(list[PortView], await self._invoke("list_ports", workspace_id=workspace_id))
+
+    async def close_port(self, workspace_id: str, port: int) -> PortView:
+        return cast(
+            PortView, await self._invoke("close_port", workspace_id=workspace_id, port=port)
         )
 
     async def aclose(self) -> None:

@@ -301,7 +301,8 @@ def bwrap_argv(
     workspace_read_only: bool = False,
     shared_network: bool = False,
 ) -> list[str]:
-    if policy.network == "egress":
+    if policy.network == "egress" and not shared_network:
+        # issue 17: a shared namespace has its relay already (runner/ports.py)
         command = egress_command(socat or find_socat(), command)
     argv = [*drop_privileges_prefix(ids), *rlimit_prefix(policy), bwrap, "--unshare-all"]
     argv += ["--new-session", *hardening.argv(), *view.argv]

@@ -44,6 +44,19 @@ log = logging.getLogger(__name__)
 NETWORK_LINGER_S = 30.0
 
 
+def network_linger_s() -> float:
+    """``NETWORK_LINGER_S``, or ``SHELLYARD_NETWORK_LINGER_S`` (0: let go at once, as a test
+    that counts namespaces wants; an operator who wants none left behind)."""
+    value = os.environ.get("SHELLYARD_NETWORK_LINGER_S")
+    try:
+        return NETWORK_LINGER_S if value is None else max(0.0, float(value))
+    except ValueError:
+        log.warning(
+            "SHELLYARD_NETWORK_LINGER_S=%r is not a number; using %s", value, NETWORK_LINGER_S
+        )
+        return NETWORK_LINGER_S
+
+
 class Supervisor:
     """The executions of one runner. ``commit`` snapshots a workspace after its sandbox."""
 
@@ -60,6 +73,8 @@ class Supervisor:
         self._executions = executions
         #: issue 17: where a read-only execution's committed view comes from
         self._snapshots = snapshots
+        #: issue 17: views shared by the readers of one snapshot content (readview.py)
+        self.views = readview.ReadViews(executions.parent / "views", snapshots)
         #: limits (issue 12): the workspace quota and the log cap while a command runs
         self._guard = guard
         self._workspace_path = workspace_path
@@ -85,9 +100,14 @@ class Supervisor:
         directory = self._executions / request.execution_id
         directory.mkdir()
         if request.read_only:  # issue 17: the committed view, never the live tree (W2)
-            tree = directory / readview.VIEW
-            readview.materialise(self._snapshots, request.workspace_id, tree)
-        live = self.sandboxes.spawn(request, directory, tree, command, mount)
+            link = directory / readview.VIEW
+            tree = self.views.acquire(request.workspace_id, request.execution_id, link)
+        try:
+            live = self.sandboxes.spawn(request, directory, tree, command, mount)
+        except BaseException:
+            if request.read_only:  # it never ran: it uses the view no longer
+                self.views.release(directory / readview.VIEW, request.execution_id)
+            raise
         self._live[request.execution_id] = live
         if not request.read_only:
             self.busy_workspaces[request.workspace_id] = request.execution_id
@@ -161,7 +181,8 @@ class Supervisor:
         snapshot: SnapshotInfo | None = None
         try:
             if live.read_only:  # issue 17: a reader makes no snapshot; its view goes
-                await asyncio.to_thread(readview.remove, live.directory / readview.VIEW)
+                link = live.directory / readview.VIEW
+                await asyncio.to_thread(self.views.release, link, execution_id)
             else:
                 snapshot = await self._commit(live.workspace_id)
         except Exception as exc:  # a commit failure must still finish the record
@@ -200,11 +221,12 @@ class Supervisor:
             if not users:
                 self.environment_users.pop(live.environment_id, None)
         if live.shared_network and self.sandboxes.networks is not None:
+            self.sandboxes.networks.ended(live.workspace_id, execution_id)
             # issue 17: the last one takes it along, NETWORK_LINGER_S later, so the next
             # command of the workspace joins it instead of making a new one. Nothing of the
             # sandbox is left in it (killed above); only its loopback stays up meanwhile.
             handle = asyncio.get_running_loop().call_later(
-                NETWORK_LINGER_S, self._release_network, live.workspace_id, execution_id
+                network_linger_s(), self._release_network, live.workspace_id, execution_id
             )
             self._lingering[execution_id] = (live.workspace_id, handle)
         live.popen = None
@@ -365,11 +387,16 @@ class Supervisor:
             if not live.read_only:
                 self.busy_workspaces[live.workspace_id] = execution_id
             self._use_environment(live.environment_id, execution_id)
+            view = (
+                self.views.adopt(directory / readview.VIEW, execution_id)
+                if live.read_only
+                else None
+            )
             if processes.is_same_process(live.pid, live.start_time):
                 self._watch(execution_id, live)
                 tree = self._workspace_path(live.workspace_id)  # limits (issue 12)
                 if live.read_only:
-                    tree = directory / readview.VIEW
+                    tree = view or directory / readview.VIEW
                 self._guard.watch(execution_id, live.workspace_id, directory, tree, live.pid)
                 if (directory / "cancel").exists():
                     requested = float((directory / "cancel").read_text() or time.time())

@@ -41,6 +41,7 @@ from shellyard.runner.protocol import (
     LogPruneResult,
     ObjectResult,
     PathEntry,
+    PortView,
     PruneResult,
     RunnerExecution,
     RunnerInfo,
@@ -232,6 +233,21 @@ class StartAnswer(RunnerExecution):
     logs: list[LogHead] | None = None
 
 
+class PortOpenArgs(BaseModel):
+    workspace_id: str
+    port: int
+    host_port: int = 0
+
+
+class PortRef(BaseModel):
+    workspace_id: str
+    port: int
+
+
+class PortsOf(BaseModel):
+    workspace_id: str | None = None
+
+
 # --- response wrappers: a method that returns a list or a number answers an object ---
 
 
@@ -245,6 +261,10 @@ class ObjectResults(BaseModel):
 
 class SnapshotList(BaseModel):
     snapshots: list[SnapshotInfo]
+
+
+class PortViews(BaseModel):
+    ports: list[PortView]
 
 
 # --- the table ---
@@ -320,6 +340,10 @@ OPERATIONS: dict[str, Operation] = _table(
     Operation("environment_change_status", ChangeRef, EnvironmentChange),
     Operation("environment_change_wait", ChangeWaitRequest, EnvironmentChange),
     Operation("environment_info", EnvironmentRef, EnvironmentInfo),
+    # ports for the host (issue 17): the daemon forwards a loopback port of its own host
+    Operation("open_port", PortOpenArgs, PortView),
+    Operation("list_ports", PortsOf, PortViews, unwrap="ports"),
+    Operation("close_port", PortRef, PortView),
 )
 
 

@@ -46,6 +46,7 @@ from shellyard.sdk.files import (
     FileOps,
     FileStreams,
 )
+from shellyard.sdk.ports import PortOps
 from shellyard.sdk.runners import RunnerOps
 from shellyard.sdk.sessions import AsyncSessionStreams, SessionOps, SessionStreams
 from shellyard.sdk.tokens import TokenOps
@@ -168,6 +169,7 @@ class Client(
     FileDownloads,
     EnvironmentOps,
     TokenOps,
+    PortOps,
     SessionStreams,
     FileStreams,
     SyncSender,
@@ -221,6 +223,7 @@ class AsyncClient(
     FileDownloads,
     EnvironmentOps,
     TokenOps,
+    PortOps,
     AsyncSessionStreams,
     AsyncFileStreams,
     AsyncSender,

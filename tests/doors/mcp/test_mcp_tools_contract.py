@@ -52,7 +52,7 @@ DESTRUCTIVE = {
 IDEMPOTENT = (
     READ_ONLY
     | (DESTRUCTIVE - {"environment_uninstall"})
-    | {"inbox_mark_read", "file_write", "artifact_declare"}
+    | {"inbox_mark_read", "file_write", "artifact_declare", "workspace_port"}
 )
 #: Reach beyond shellyard: a package index; a command only when the runner has network, and
 #: the served home's runner has the default, ``off`` (docs/security.md).
@@ -166,6 +166,20 @@ async def exercise(session: ClientSession, door: str) -> set[str]:
     await call("workspace_transfer", action="list")
     await call("workspace_transfer", action="query", transfer_id=started["transfer_id"])
     await call("workspace_transfer", action="cancel", transfer_id=started["transfer_id"])
+
+    # issue 17: a forward from the host to a server in the workspace, listed and closed
+    server = await call(
+        "run_shell",
+        command="exec python3 -m http.server 8799 --bind 127.0.0.1",
+        background=True,
+        queue=True,
+    )
+    view = await call("workspace_port", action="open", port=8799)
+    assert view["url"] == f"http://127.0.0.1:{view['host_port']}/"
+    listed = await call("workspace_port", action="list")
+    assert [p["port"] for p in listed["ports"]] == [8799]
+    await call("workspace_port", action="close", port=8799)
+    await call("execution_cancel", execution_id=server["execution_id"], wait_s=20)
 
     env = await call("environment_create", name=f"contract-{door}", wait_ms=30_000)
     await call("environment_list")
