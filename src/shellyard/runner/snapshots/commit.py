@@ -84,6 +84,11 @@ class CommitStats:
     unreadable: list[str] = field(default_factory=list)
     #: Whether the commit scanned only the folders its change hints named (changes.py).
     change_hints: bool = False
+    #: Folder trees written (the folders that changed and their ancestors), and bytes
+    #: written to the stat cache (a log frame of the records that changed, or now and
+    #: then the whole cache folded).
+    trees_written: int = 0
+    cache_bytes: int = 0
     elapsed_s: float = 0.0
 
     @property

@@ -186,12 +186,12 @@ def apply_delta(
 
 def save_statcache(
     wdir: Path, state: WorkspaceState, changed: dict[str, DirRecord], removed: set[str]
-) -> None:
+) -> int:
     """Record the folders whose record changed (``state.dirs`` already holds them):
     appended to the log, or the whole cache rewritten when the log has grown past a share
-    of it."""
+    of it. The bytes written."""
     if not changed and not removed:
-        return
+        return 0
     count, records = encode_records(changed.values())
     gone = encode_text("\0".join(sorted(removed)))
     payload = struct.pack("<QQQ", len(removed), len(gone), count) + gone + records
@@ -206,6 +206,7 @@ def save_statcache(
         finally:
             os.close(fd)
         state.log_size += frame_size
+        written = frame_size
     else:
         count, records = encode_records(state.dirs.values())
         header = _STATCACHE_HEADER.pack(_STATCACHE_MAGIC, _STATCACHE_VERSION, count)
@@ -214,7 +215,9 @@ def save_statcache(
             os.unlink(wdir / "statcache.log")
         state.base_size = len(header) + len(records)
         state.log_size = 0
+        written = state.base_size
     state.cache_sig = (file_sig(wdir / "statcache"), file_sig(wdir / "statcache.log"))
+    return written
 
 
 def load_statcache(wdir: Path, state: WorkspaceState) -> None:

@@ -175,11 +175,11 @@ class SnapshotStore:
             # of every tree (the cache may come from before this format), a hinted one writes
             # the trees it sealed anew
             for digest, blob in walked.blobs.items():
-                write_tree(wdir, digest, blob)
+                stats.trees_written += write_tree(wdir, digest, blob)
             if not stats.change_hints:
                 for rec in [*walked.changed.values(), *state.dirs.values()]:
                     if rec.digest not in walked.blobs and not tree_path(wdir, rec.digest).exists():
-                        write_tree(wdir, rec.digest, encode_tree(rec))
+                        stats.trees_written += write_tree(wdir, rec.digest, encode_tree(rec))
             if root.digest.hex() != state.head_info.root_hash:
                 seq = state.head_info.seq + 1
                 created_at = time.time()
@@ -199,7 +199,7 @@ class SnapshotStore:
                 stats.new = True
             apply_delta(state, walked.changed, walked.removed)
             try:
-                save_statcache(wdir, state, walked.changed, walked.removed)
+                stats.cache_bytes = save_statcache(wdir, state, walked.changed, walked.removed)
             except OSError as exc:  # only costs re-reading files next time
                 log.warning("could not save the stat cache of %s: %s", workspace_id, exc)
                 track = None  # the records on disk are not the head's: walk next time
@@ -343,6 +343,11 @@ class SnapshotStore:
                 f"workspace {workspace_id!r} has no snapshots in this store; create it first",
                 workspace_id=workspace_id,
             )
+        if workspace_id not in self._migrated:  # once per workspace and process
+            if flat_manifests(wdir):
+                with self._workspace_lock(workspace_id, wdir):
+                    migrate_workspace(wdir, workspace_id)
+            self._migrated.add(workspace_id)
         return wdir
 
     @contextlib.contextmanager
