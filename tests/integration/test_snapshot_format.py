@@ -211,7 +211,7 @@ def test_w5_listing_and_diff_order_follow_paths_across_tricky_names(tmp_path: Pa
     try:
         store.commit(WS, tree)
         listing = history.list_dir(store, WS, None, "", True, None, 1000)
-        flat = store._manifest(WS, None)
+        flat = store.view(WS).flat()
         assert [e.path for e in listing.entries] == flat.paths
         paged, after = [], None
         while True:

@@ -27,7 +27,7 @@ from shellyard.runner.protocol import (
     PathEntry,
     PruneResult,
 )
-from shellyard.runner.snapshots.format import KIND_DIR, KIND_LINK, Manifest, Tree
+from shellyard.runner.snapshots.format import KIND_DIR, KIND_LINK, Tree
 from shellyard.runner.snapshots.store import SnapshotStore
 from shellyard.runner.snapshots.trees import SnapshotView, sweep
 
@@ -44,12 +44,6 @@ Found = tuple[Tree, int]
 def manifest(store: SnapshotStore, workspace_id: str, seq: int | None) -> SnapshotView:
     """Snapshot ``seq`` (None: the head), read folder by folder through its trees."""
     return store.view(workspace_id, seq)
-
-
-def head_manifest(store: SnapshotStore, workspace_id: str) -> Manifest:
-    """The head as flat columns, for a writer that goes through all of it once (a restore
-    of the whole tree), without entering the store's cache of flat manifests."""
-    return store.view(workspace_id).flat()
 
 
 def check_links(v: SnapshotView, rel: str) -> None:
@@ -147,7 +141,7 @@ def list_dir(
     )
 
 
-def _same(a: Found, b: Found) -> bool:
+def same(a: Found, b: Found) -> bool:
     """Whether two entries are equal for a diff (kind, content, mode, link text)."""
     (ta, i), (tb, j) = a, b
     if ta.kinds[i] != tb.kinds[j] or ta.modes[i] != tb.modes[j]:
@@ -157,7 +151,7 @@ def _same(a: Found, b: Found) -> bool:
     return ta.digest(i) == tb.digest(j) and ta.targets[i] == tb.targets[j]
 
 
-def _pairs(
+def pairs(
     va: SnapshotView | None, vb: SnapshotView, rel: str
 ) -> Iterator[tuple[str, Found | None, Found | None]]:
     """The entries at and below ``rel`` of either snapshot (``va`` None: none), paired by
@@ -217,7 +211,7 @@ def diff(
     mark = normalize_relative(after) if after else None
     changes: list[DiffEntry] = []
     next_after = None
-    for p, x, y in _pairs(va, vb, rel):
+    for p, x, y in pairs(va, vb, rel):
         if mark is not None and p <= mark:
             continue
         change = _change(x, y, p)
@@ -253,7 +247,7 @@ def _change(x: Found | None, y: Found | None, p: str) -> DiffEntry | None:
             old_size=old.size,
             old_sha256=old.sha256,
         )
-    if _same(x, y):
+    if same(x, y):
         return None
     new = y[0].entry(y[1], p)
     return DiffEntry(
@@ -335,7 +329,7 @@ def tar_chunks(
         base = ""
     else:
         # in path order, a folder's trees read as the walk reaches it
-        members = (b[0].entry(b[1], p) for p, _, b in _pairs(None, v, rel) if b and p != rel)
+        members = (b[0].entry(b[1], p) for p, _, b in pairs(None, v, rel) if b and p != rel)
     buf = bytearray()
     if base:
         info = tarfile.TarInfo(base)
@@ -398,9 +392,6 @@ def prune(store: SnapshotStore, workspace_id: str, keep: list[int]) -> PruneResu
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(wdir / "manifests" / str(seq))
             removed.append(seq)
-        with store._guard:
-            for seq in removed:
-                store._manifests.pop((workspace_id, seq), None)
         if removed:
             sweep(wdir, store.trees)  # the folder trees no retained snapshot reaches
     return PruneResult(workspace_id=workspace_id, removed=removed, retained=retained)
@@ -413,8 +404,10 @@ __all__ = [
     "lookup",
     "manifest",
     "open_file",
+    "pairs",
     "prune",
     "read_chunks",
+    "same",
     "stat",
     "tar_chunks",
 ]

@@ -24,7 +24,7 @@ from shellyard.runner.edits.tar import QueueReader, check_conflicts, unpack_to
 from shellyard.runner.edits.upload import FileUpload
 from shellyard.runner.fsops import Folders
 from shellyard.runner.protocol import ApplyEntry, ApplyOutcome, EditResult, PathEntry
-from shellyard.runner.snapshots.format import KIND_FILE, KIND_LINK, Manifest
+from shellyard.runner.snapshots.format import KIND_FILE, KIND_LINK
 from shellyard.runner.snapshots.trees import SnapshotView
 
 
@@ -127,63 +127,54 @@ class Editor(Placer):
         ``seq``, then commit: a new snapshot; nothing of history is deleted (W5)."""
         rel = normalize_relative(path)
         with self.lock.hold():
-            old_view = history.manifest(self.store, workspace_id, seq)
+            old = history.manifest(self.store, workspace_id, seq)
+            head = self.store.view(workspace_id)
             if rel:
-                history.check_links(old_view, rel)
-            # only the part being restored is listed, and a folder equal in both is skipped
-            old = old_view.flat(rel)
-            head = self.store.view(workspace_id).flat(rel)
-            if rel and rel not in old.index() and rel not in head.index():
-                raise NotFound(
-                    f"{rel!r} is neither in snapshot {seq} nor in the head; nothing to restore",
-                    path=rel,
-                )
-            prefix = rel + "/" if rel else ""
-
-            def under(p: str) -> bool:
-                return not rel or p == rel or p.startswith(prefix)
-
-            want = {p: i for p, i in old.index().items() if under(p)}
-            have = {p: i for p, i in head.index().items() if under(p)}
+                history.check_links(old, rel)
+                if old.find(rel) is None and head.find(rel) is None:
+                    raise NotFound(
+                        f"{rel!r} is neither in snapshot {seq} nor in the head; nothing to restore",
+                        path=rel,
+                    )
             done = Done()
+            gone: set[str] = set()
+
+            def below_gone(p: str) -> bool:
+                while "/" in p:
+                    p = p.rpartition("/")[0]
+                    if p in gone:
+                        return True
+                return False
+
             with (
                 fsops.open_root(self.tree_of(workspace_id)) as root,
                 Folders(root, create=True, owner=self.owner) as folders,
             ):
-                # what goes away: absent from the old snapshot, or of another kind there
-                doomed = sorted(
-                    p
-                    for p, i in have.items()
-                    if p not in want or old.kinds[want[p]] != head.kinds[i]
-                )
-                gone: list[str] = []
-                for p in doomed:
-                    if any(p.startswith(g + "/") for g in gone[-1:]):
+                # head and old entry by entry in path order (a folder before what is in it),
+                # never entering a folder whose tree is the same in both
+                for p, now, then in history.pairs(head, old, rel):
+                    if below_gone(p):
+                        if then is not None:
+                            self._materialize(folders, then[0].entry(then[1], p), done)
                         continue
-                    where = folders.resolve(p)
-                    folders.forget(p)
-                    fsops.remove_at(where.dir_fd, where.name)
-                    gone.append(p)
-                    done.removed.append(p)
-                for p in sorted(want):
-                    i = want[p]
-                    j = have.get(p)
-                    same = (
-                        j is not None
-                        and head.kinds[j] == old.kinds[i]
-                        and head.digests[32 * j : 32 * j + 32] == old.digests[32 * i : 32 * i + 32]
-                        and head.modes[j] == old.modes[i]
-                        and head.targets[j] == old.targets[i]
-                        and p not in gone
-                    )
-                    if same:
+                    if now is not None and (
+                        then is None or now[0].kinds[now[1]] != then[0].kinds[then[1]]
+                    ):
+                        # absent from the old snapshot, or of another kind there: it goes
+                        where = folders.resolve(p)
+                        folders.forget(p)
+                        fsops.remove_at(where.dir_fd, where.name)
+                        gone.add(p)
+                        done.removed.append(p)
+                    if then is None or (
+                        now is not None and p not in gone and history.same(now, then)
+                    ):
                         continue
-                    self._materialize(folders, old, i, done)
+                    self._materialize(folders, then[0].entry(then[1], p), done)
             return self.commit_edit(workspace_id, done)
 
-    def _materialize(self, folders: Folders, m: Manifest, i: int, done: Done) -> None:
-        """Write entry ``i`` of manifest ``m`` into the live tree (over what is there)."""
-        entry = m.entry(i)
+    def _materialize(self, folders: Folders, entry: PathEntry, done: Done) -> None:
+        """Write ``entry`` (of an older snapshot) into the live tree (over what is there)."""
         where = folders.resolve(entry.path)
         existing = fsops.lstat_at(where.dir_fd, where.name)
         if entry.kind == "dir":

@@ -44,9 +44,7 @@ from shellyard.runner.snapshots.format import (
     KIND_DIR,
     KIND_LINK,
     MANIFEST_HEADER,
-    MANIFEST_VERSION_FLAT,
     O_CLOEXEC,
-    Manifest,
     atomic_write,
     decode_header,
     encode_tree,
@@ -93,7 +91,6 @@ class SnapshotStore:
         scan_helper: bool | None = None,
         change_hints: bool | None = None,
         cached_workspaces: int = 32,
-        cached_manifests: int = 16,
     ) -> None:
         self.root = Path(root)
         self._workspaces = self.root / "workspaces"
@@ -113,8 +110,6 @@ class SnapshotStore:
         self._locks: dict[str, threading.Lock] = {}
         self._states: OrderedDict[str, WorkspaceState] = OrderedDict()
         self._cached_workspaces = cached_workspaces
-        self._manifests: OrderedDict[tuple[str, int], Manifest] = OrderedDict()
-        self._cached_manifests = cached_manifests
         self.trees = TreeCache()
         #: Workspaces known to hold no format 1 manifest (migrate.py), in this process.
         self._migrated: set[str] = set()
@@ -452,37 +447,10 @@ class SnapshotStore:
         return wdir, seq
 
     def view(self, workspace_id: str, seq: int | None = None) -> SnapshotView:
-        """Snapshot ``seq`` (None: the head), read through its folder trees on demand."""
+        """Snapshot ``seq`` (None: the head), read through its folder trees on demand (the
+        workspace's format 1 manifests were converted by ``_existing_wdir``)."""
         wdir, seq = self._seq(workspace_id, seq)
-        info = self._read_info(workspace_id, wdir, seq)
-        if self._is_flat(wdir, seq):
-            with self._workspace_lock(workspace_id, wdir):
-                migrate_workspace(wdir, workspace_id)
-                self._migrated.add(workspace_id)
-            info = self._read_info(workspace_id, wdir, seq)
-        return SnapshotView(info, wdir, self.trees)
-
-    def _is_flat(self, wdir: Path, seq: int) -> bool:
-        with open(wdir / "manifests" / str(seq), "rb") as f:
-            raw = f.read(MANIFEST_HEADER.size)
-        return int(MANIFEST_HEADER.unpack(raw)[1]) == MANIFEST_VERSION_FLAT
-
-    def _manifest(self, workspace_id: str, seq: int | None) -> Manifest:
-        """The whole snapshot as flat columns (cached): for readers that go through all of
-        it; those that look at a few paths use ``view``."""
-        _, seq = self._seq(workspace_id, seq)
-        key = (workspace_id, seq)
-        with self._guard:
-            cached = self._manifests.get(key)
-            if cached is not None:
-                self._manifests.move_to_end(key)
-                return cached
-        m = self.view(workspace_id, seq).flat()
-        with self._guard:
-            self._manifests[key] = m
-            while len(self._manifests) > self._cached_manifests:
-                self._manifests.popitem(last=False)
-        return m
+        return SnapshotView(self._read_info(workspace_id, wdir, seq), wdir, self.trees)
 
 
 __all__ = ["CommitStats", "Hints", "SnapshotStore"]

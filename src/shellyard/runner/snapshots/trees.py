@@ -23,6 +23,7 @@ from collections import OrderedDict
 from collections.abc import Iterator
 from pathlib import Path
 
+from shellyard.errors import NotFound
 from shellyard.runner.protocol import PathEntry, SnapshotInfo
 from shellyard.runner.snapshots.format import (
     EMPTY_TREE,
@@ -35,8 +36,9 @@ from shellyard.runner.snapshots.format import (
     atomic_write,
 )
 
-#: Decoded trees kept per store, by total entries (a tree of 100 entries is ~15 KB decoded).
-_CACHE_ENTRIES = 200_000
+#: Decoded trees kept per store, by their entries (a tree of 100 entries is ~15 KB decoded,
+#: so this bounds the cache near 15 MB).
+_CACHE_ENTRIES = 100_000
 
 
 def tree_path(wdir: Path, digest: bytes) -> Path:
@@ -77,10 +79,13 @@ class TreeCache:
         try:
             raw = tree_path(wdir, digest).read_bytes()
         except FileNotFoundError:
-            if digest == EMPTY_DIGEST:
-                raw = EMPTY_TREE
-            else:
-                raise
+            if digest != EMPTY_DIGEST:
+                raise NotFound(
+                    f"folder tree {digest.hex()} of workspace {wdir.name!r} is gone: the "
+                    f"snapshot being read was pruned meanwhile; read a retained snapshot",
+                    workspace_id=wdir.name,
+                ) from None
+            raw = EMPTY_TREE
         tree = Tree(raw)
         with self._lock:
             if key not in self._trees:
@@ -232,7 +237,7 @@ def reachable(wdir: Path, roots: list[bytes], cache: TreeCache) -> tuple[set[byt
         trees.add(digest)
         try:
             tree = cache.get(wdir, digest)
-        except FileNotFoundError:
+        except NotFound:
             continue
         for i, kind in enumerate(tree.kinds):
             if kind == KIND_DIR:
