@@ -182,10 +182,16 @@ def seal(
     changed: dict[str, DirRecord],
     old: dict[str, DirRecord],
     removed: set[str],
+    full: bool = False,
 ) -> dict[bytes, bytes]:
     """Give the folders ``paths`` and their ancestors their tree digests and subtree totals,
     deepest first, from the records of the new tree (``changed`` over ``old`` less
-    ``removed``); records that come out different go into ``changed``. The new blobs."""
+    ``removed``); records that come out different go into ``changed``. The new blobs.
+
+    A record kept from ``old`` (already sealed) has only the entries of its subfolders that
+    were sealed again updated, so a wide ancestor (a root of 200 folders) costs its changed
+    children, not all of them; ``full`` recomputes every record from all its children (a full
+    walk: records loaded from disk may predate their children's)."""
 
     def lookup(path: str) -> DirRecord | None:
         rec = changed.get(path)
@@ -194,25 +200,38 @@ def seal(
         return rec
 
     todo: set[str] = set()
+    kids: dict[str, set[str]] = {}
     for path in paths:
         while path not in todo:
             todo.add(path)
             if not path:
                 break
-            path = _parent(path)
+            parent, _, name = path.rpartition("/")
+            kids.setdefault(parent, set()).add(name)
+            path = parent
     blobs: dict[bytes, bytes] = {}
     for path in sorted(todo, key=lambda p: p.count("/") + 1 if p else 0, reverse=True):
         rec = lookup(path)
         if rec is None:
             continue  # gone: its parent no longer lists it
-        files, total, entries = rec.files, rec.total, rec.n
-        column = bytearray(rec.digests)
         prefix = path + "/" if path else ""
-        subdirs = iter(rec.subdirs)
-        for i, kind in enumerate(rec.kinds):
-            if kind != KIND_DIR:
-                continue
-            child = lookup(prefix + next(subdirs))
+        column = bytearray(rec.digests)
+        dirs = [i for i, kind in enumerate(rec.kinds) if kind == KIND_DIR]
+        if full or rec.digest == NO_DIGEST:
+            files, total, entries = rec.files, rec.total, rec.n
+            update = list(zip(dirs, rec.subdirs, strict=True))
+        else:  # sealed before: its totals and other subfolders' digests stand
+            files, total, entries = rec.sub_files, rec.sub_total, rec.sub_entries
+            names = kids.get(path, set())
+            update = [(i, name) for i, name in zip(dirs, rec.subdirs, strict=True) if name in names]
+            for _, name in update:
+                before = old.get(prefix + name)
+                if before is not None:
+                    files -= before.sub_files
+                    total -= before.sub_total
+                    entries -= before.sub_entries
+        for i, name in update:
+            child = lookup(prefix + name)
             if child is None:  # it could not be entered: recorded empty (see _visit)
                 column[32 * i : 32 * i + 32] = EMPTY_DIGEST
                 continue
@@ -307,7 +326,7 @@ class TreeWalker:
         changed = {p: r for p, r in out.items() if old.get(p) is not r}
         removed = {p for p in old if p not in out}
         # every folder is sealed again: records loaded from disk may predate their children
-        blobs = seal(out, changed, old, removed)
+        blobs = seal(out, changed, old, removed, full=True)
         if track is not None:
             track.racy = {p for p, r in out.items() if r.max_time >= r.clock}
         root = changed.get("") or old[""]
