@@ -216,14 +216,21 @@ def seal(
             continue  # gone: its parent no longer lists it
         prefix = path + "/" if path else ""
         column = bytearray(rec.digests)
-        dirs = [i for i, kind in enumerate(rec.kinds) if kind == KIND_DIR]
         if full or rec.digest == NO_DIGEST:
             files, total, entries = rec.files, rec.total, rec.n
+            dirs = [i for i, kind in enumerate(rec.kinds) if kind == KIND_DIR]
             update = list(zip(dirs, rec.subdirs, strict=True))
         else:  # sealed before: its totals and other subfolders' digests stand
             files, total, entries = rec.sub_files, rec.sub_total, rec.sub_entries
-            names = kids.get(path, set())
-            update = [(i, name) for i, name in zip(dirs, rec.subdirs, strict=True) if name in names]
+            # each changed child's index found in the names blob (a C-level search), not by
+            # going through every entry
+            hay = b"\0" + rec.names + b"\0"
+            update = []
+            for name in kids.get(path, ()):
+                at = hay.find(b"\0" + encode_text(name) + b"\0")
+                i = hay.count(b"\0", 0, at) if at >= 0 else -1
+                if i >= 0 and rec.kinds[i] == KIND_DIR:
+                    update.append((i, name))
             for _, name in update:
                 before = old.get(prefix + name)
                 if before is not None:
