@@ -21,7 +21,9 @@ from typing import Any
 import pytest
 
 from shellyard.runner import history, objects
-from shellyard.runner.snapshots.format import MANIFEST_HEADER, MANIFEST_VERSION
+from shellyard.runner.protocol import SnapshotInfo
+from shellyard.runner.snapshots.format import MANIFEST_HEADER, MANIFEST_VERSION, NO_DIGEST
+from shellyard.runner.snapshots.statcache import WorkspaceState, load_statcache
 from shellyard.runner.snapshots.store import SnapshotStore
 
 DATA = Path(__file__).parent / "data"
@@ -68,6 +70,35 @@ def test_w5_format1_store_is_converted_on_open_with_every_snapshot_unchanged(
         assert store.view(WS, 3).root.hex() == infos[3].root_hash
     finally:
         store.close()
+
+
+def test_w3_format1_stat_cache_is_read_with_names_cut_from_paths(
+    old_store: tuple[Path, Path, dict[str, Any]],
+) -> None:
+    """The stat cache of the version before (full paths per entry, no tree digests) loads as
+    records of entry names, unsealed, so the first full walk seals every folder."""
+    root, _tree, expected = old_store
+    wdir = root / "workspaces" / WS
+    state = WorkspaceState(
+        SnapshotInfo(workspace_id=WS, seq=3, root_hash="0" * 64, files=0, bytes=0, created_at=0.0),
+        None,
+        {},
+        (None, None),
+    )
+    load_statcache(wdir, state)
+    entries = expected["3"]["entries"]
+    assert set(state.dirs) == {""} | {p for p, e in entries.items() if e["kind"] == "dir"}
+    for path, rec in state.dirs.items():
+        names = rec.names.decode().split("\0") if rec.n else []
+        prefix = path + "/" if path else ""
+        want = sorted(
+            p[len(prefix) :]
+            for p in entries
+            if p.startswith(prefix) and "/" not in p[len(prefix) :]
+        )
+        assert names == want, path
+        assert rec.digest == NO_DIGEST
+    assert state.base_size == 0  # rewritten whole by the next save, in the new version
 
 
 def test_w3_unchanged_tree_after_the_conversion_makes_no_new_snapshot(
