@@ -216,9 +216,10 @@ class Tree:
 
 
 class Manifest:
-    """A decoded manifest: parallel columns plus a lazily built path index."""
+    """A decoded format 1 manifest (parallel columns, every entry's full path): what the
+    migration converts."""
 
-    __slots__ = ("_index", "digests", "info", "kinds", "modes", "paths", "sizes", "targets")
+    __slots__ = ("digests", "info", "kinds", "modes", "paths", "sizes", "targets")
 
     def __init__(
         self,
@@ -237,23 +238,6 @@ class Manifest:
         self.sizes = sizes
         self.digests = digests
         self.targets = targets
-        self._index: dict[str, int] | None = None
-
-    def index(self) -> dict[str, int]:
-        if self._index is None:
-            self._index = dict(zip(self.paths, range(len(self.paths)), strict=True))
-        return self._index
-
-    def entry(self, i: int) -> PathEntry:
-        kind = self.kinds[i]
-        return PathEntry(
-            path=self.paths[i],
-            kind=KIND_NAMES[kind],
-            size=self.sizes[i],
-            mode=self.modes[i],
-            sha256=self.digests[32 * i : 32 * i + 32].hex() if kind == KIND_FILE else None,
-            target=self.targets[i] if kind == KIND_LINK else None,
-        )
 
 
 def pack_header(created_at: float, files: int, total: int, digest: bytes) -> bytes:

@@ -31,7 +31,6 @@ from shellyard.runner.snapshots.format import (
     KIND_FILE,
     MANIFEST_HEADER,
     MANIFEST_VERSION_FLAT,
-    Manifest,
     Tree,
     atomic_write,
 )
@@ -190,39 +189,6 @@ class SnapshotView:
         for folder, tree in self.folders(path):
             for i, name in enumerate(tree.names):
                 yield tree.entry(i, _join(folder, name))
-
-    def flat(self, path: str = "") -> Manifest:
-        """The entry at ``path`` and every entry below it (the whole snapshot for "") as flat
-        columns in format 1's shape, for readers that go through all of them."""
-        paths: list[str] = []
-        kinds = bytearray()
-        modes: list[int] = []
-        sizes: list[int] = []
-        digests: list[bytes] = []
-        targets: list[str] = []
-        if path:
-            found = self.find(path)
-            if found is None:
-                return Manifest(self.info, [], b"", [], [], b"", [])
-            tree, i = found
-            paths.append(path)
-            kinds.append(tree.kinds[i])
-            modes.append(tree.modes[i])
-            sizes.append(tree.sizes[i])
-            digests.append(tree.digest(i) if tree.kinds[i] == KIND_FILE else bytes(32))
-            targets.append(tree.targets[i])
-        for folder, tree in self.folders(path):
-            paths += [_join(folder, name) for name in tree.names]
-            kinds += tree.kinds
-            modes += tree.modes
-            sizes += tree.sizes
-            column = bytearray(tree.digests)
-            for i, kind in enumerate(tree.kinds):
-                if kind == KIND_DIR:  # format 1 named no digest for a folder
-                    column[32 * i : 32 * i + 32] = bytes(32)
-            digests.append(bytes(column))
-            targets += tree.targets
-        return Manifest(self.info, paths, bytes(kinds), modes, sizes, b"".join(digests), targets)
 
 
 def reachable(wdir: Path, roots: list[bytes], cache: TreeCache) -> tuple[set[bytes], set[bytes]]:
