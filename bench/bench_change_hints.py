@@ -1,7 +1,8 @@
 """Benchmark: what a commit costs with change hints, by tree size, beside ``git status``.
 
 For each size (files in folders of 100, ten folders per parent) it builds a tree, commits it
-once, then times, interleaved in one run so all see the same machine:
+once, then times, in rounds interleaved across the sizes (every size set up first, the order
+rotated each round) so all see the same machine:
 
 * ``true``: a commit after a command that changed nothing;
 * ``one file``: a commit after a command appended to one file;
@@ -12,8 +13,9 @@ one-core host), and ``git status --porcelain`` on the same tree with
 ``core.untrackedCache=true`` (its index and untracked cache warm; the one-file case after
 the same append; its repository beside the tree, not in it). Then, through the local
 runner (bubblewrap spawn, wait, commit with hints): ``true`` and a one-file change as
-executions. Medians of --repeats, in ms, and the ratios to the smallest size go to stdout as
-JSON (and to --out).
+executions. Medians of --repeats, in ms (and the folder trees a one-file commit wrote), and
+the ratios to the smallest size go to stdout as JSON (and to --out). All sizes are on disk at
+once: ~5 GB of tmpfs with the default sizes.
 
     python bench/bench_change_hints.py [--sizes 100,10000,50000,200000] [--repeats 15]
                                        [--dir /dev/shm] [--out results.json]
@@ -90,89 +92,120 @@ def timed(fn: Callable[[], object]) -> float:
     return (time.perf_counter() - started) * 1000
 
 
-def bench_size(base: Path, files: int, repeats: int) -> dict[str, Any]:
-    tree = base / f"tree-{files}"
-    make_tree(tree, files)
-    subprocess.run(["git", "init", "-q", "--bare", f"{tree}.git"], check=True)
-    git(tree, "config", "core.bare", "false")
-    git(tree, "config", "core.untrackedCache", "true")
-    git(tree, "config", "gc.auto", "0")
-    git(tree, "add", "-A")
-    git(tree, "commit", "-qm", "x")
-    hinted = SnapshotStore(base / f"hinted-{files}", scan_helper=False)
-    walked = SnapshotStore(base / f"walked-{files}", scan_helper=False, change_hints=False)
-    target = tree / "p0000" / "d0" / "f0.txt"
-    samples: dict[str, list[float]] = {
-        k: []
-        for k in (
-            "true_hints",
-            "true_walk",
-            "true_git",
-            "one_file_hints",
-            "one_file_walk",
-            "one_file_git",
-        )
-    }
-    try:
-        for store in (hinted, walked):
-            store.commit(WS, tree)
-            store.commit(WS, tree)  # the first commit set the watches up; this one uses them
-        git(tree, "status", "--porcelain")  # fill the untracked cache
-        for r in range(repeats):
-            samples["true_hints"].append(timed(lambda: hinted.commit(WS, tree)))
-            samples["true_walk"].append(timed(lambda: walked.commit(WS, tree)))
-            samples["true_git"].append(timed(lambda: git(tree, "status", "--porcelain")))
-            with open(target, "ab") as f:
-                f.write(b"change %d\n" % r)
-            samples["one_file_hints"].append(timed(lambda: hinted.commit(WS, tree)))
-            stats = hinted.last_commit_stats
-            assert stats is not None and stats.change_hints and stats.files_hashed == 1
-            samples["one_file_walk"].append(timed(lambda: walked.commit(WS, tree)))
-            samples["one_file_git"].append(timed(lambda: git(tree, "status", "--porcelain")))
-            git(tree, "add", "-A")  # git's side of "the change is recorded", untimed
-            git(tree, "commit", "-qm", f"r{r}")
-    finally:
-        hinted.close()
-        walked.close()
-        shutil.rmtree(tree, ignore_errors=True)
-        shutil.rmtree(f"{tree}.git", ignore_errors=True)
-    out: dict[str, Any] = {"files": files}
-    for key, values in samples.items():
-        out[f"{key}_ms"] = round(statistics.median(values), 2)
-    return out
+class Size:
+    """One tree size: its tree and git repository, the two stores, a runner; samples."""
 
+    def __init__(self, base: Path, files: int) -> None:
+        self.files = files
+        self.tree = base / f"tree-{files}"
+        make_tree(self.tree, files)
+        subprocess.run(["git", "init", "-q", "--bare", f"{self.tree}.git"], check=True)
+        git(self.tree, "config", "core.bare", "false")
+        git(self.tree, "config", "core.untrackedCache", "true")
+        git(self.tree, "config", "gc.auto", "0")
+        git(self.tree, "add", "-A")
+        git(self.tree, "commit", "-qm", "x")
+        self.hinted = SnapshotStore(base / f"hinted-{files}", scan_helper=False)
+        self.walked = SnapshotStore(base / f"walked-{files}", scan_helper=False, change_hints=False)
+        self.target = self.tree / "p0000" / "d0" / "f0.txt"
+        for store in (self.hinted, self.walked):
+            store.commit(WS, self.tree)
+            store.commit(WS, self.tree)  # the first commit set the watches up; this one uses them
+        git(self.tree, "status", "--porcelain")  # fill the untracked cache
+        self.runner = LocalRunner(base / f"runner-{files}")
+        self.runner_tree: Path | None = None
+        self.count = 0
+        self.samples: dict[str, list[float]] = {}
 
-async def bench_runner(base: Path, files: int, repeats: int) -> dict[str, Any]:
-    """``run_shell("true")`` and a one-file change through the local runner (bubblewrap
-    spawn, wait, commit with change hints): what an execution costs the runner."""
-    runner = LocalRunner(base / f"runner-{files}")
-    await runner.startup()
-    samples: dict[str, list[float]] = {"runner_true": [], "runner_one_file": []}
-    count = 0
+    def add(self, key: str, ms: float) -> None:
+        self.samples.setdefault(key, []).append(ms)
 
-    async def run(command: str) -> float:
-        nonlocal count
-        count += 1
+    def hinted_round(self, r: int) -> None:
+        """The store with hints: a commit after nothing changed, then after a one-file change."""
+        tree, hinted = self.tree, self.hinted
+        self.add("true_hints", timed(lambda: hinted.commit(WS, tree)))
+        with open(self.target, "ab") as f:
+            f.write(b"change %d\n" % r)
+        self.add("one_file_hints", timed(lambda: hinted.commit(WS, tree)))
+        stats = hinted.last_commit_stats
+        assert stats is not None and stats.change_hints and stats.files_hashed == 1
+        self.add("trees_written", stats.trees_written)
+
+    def walked_round(self, r: int) -> None:
+        """The full walk and git: each first after the same one-file change, then after
+        nothing changed."""
+        tree, walked = self.tree, self.walked
+        self.add("one_file_walk", timed(lambda: walked.commit(WS, tree)))
+        self.add("one_file_git", timed(lambda: git(tree, "status", "--porcelain")))
+        git(tree, "add", "-A")  # git's side of "the change is recorded", untimed
+        git(tree, "commit", "-qm", f"r{r}")
+        self.add("true_walk", timed(lambda: walked.commit(WS, tree)))
+        self.add("true_git", timed(lambda: git(tree, "status", "--porcelain")))
+
+    async def run(self, command: str) -> float:
+        self.count += 1
         started = time.perf_counter()
-        await runner.start(StartRequest(execution_id=f"x{count}", workspace_id=WS, command=command))
-        result = await runner.wait(f"x{count}", 120)
+        name = f"x{self.count}"
+        await self.runner.start(StartRequest(execution_id=name, workspace_id=WS, command=command))
+        result = await self.runner.wait(name, 120)
         assert result.snapshot is not None, result.error
         return (time.perf_counter() - started) * 1000
 
-    try:
-        await runner.ensure_workspace(WS)
-        tree = runner.workspace_path(WS)
+    async def runner_setup(self) -> None:
+        """``run_shell("true")`` and a one-file change through the local runner (bubblewrap
+        spawn, wait, commit with change hints): what an execution costs the runner."""
+        await self.runner.startup()
+        await self.runner.ensure_workspace(WS)
+        tree = self.runner.workspace_path(WS)
         shutil.rmtree(tree)
-        make_tree(tree, files)
+        make_tree(tree, self.files)
         os.chmod(tree, 0o777)  # the sandbox user writes into it, as into a real workspace
         for _ in range(2):
-            await run("true")  # the first commit walks and sets the watches up
+            await self.run("true")  # the first commit walks and sets the watches up
+
+    async def runner_round(self, r: int) -> None:
+        self.add("runner_true", await self.run("true"))
+        self.add("runner_one_file", await self.run(f"echo {r} >> p0000/d0/f0.txt"))
+
+    def close(self) -> None:
+        self.hinted.close()
+        self.walked.close()
+
+    def row(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"files": self.files}
+        for key, values in self.samples.items():
+            out[f"{key}_ms" if key != "trees_written" else key] = round(
+                statistics.median(values), 2
+            )
+        return out
+
+
+async def bench_all(base: Path, sizes: list[int], repeats: int) -> list[dict[str, Any]]:
+    """Every size set up first, then the rounds interleaved across sizes (the order rotated
+    each round), so a change of the machine's load falls on every size alike."""
+    all_sizes: list[Size] = []
+    try:
+        for files in sizes:
+            all_sizes.append(Size(base, files))
+            print(f"set up {files} files", file=sys.stderr, flush=True)
+        for size in all_sizes:
+            await size.runner_setup()
         for r in range(repeats):
-            samples["runner_true"].append(await run("true"))
-            samples["runner_one_file"].append(await run(f"echo {r} >> p0000/d0/f0.txt"))
+            order = all_sizes[r % len(all_sizes) :] + all_sizes[: r % len(all_sizes)]
+            # the hinted commits of every size first, so none follows a full walk or a git
+            # status of a big tree (which leave the caches cold: ~1.4x, measured)
+            for size in order:
+                size.hinted_round(r)
+            for size in order:
+                size.walked_round(r)
+            for size in order:
+                await size.runner_round(r)
+            print(f"round {r + 1}/{repeats}", file=sys.stderr, flush=True)
     finally:
-        await runner.aclose()
-    return {f"{k}_ms": round(statistics.median(v), 2) for k, v in samples.items()}
+        for size in all_sizes:
+            size.close()
+            await size.runner.aclose()
+    return [size.row() for size in all_sizes]
 
 
 def main() -> int:
@@ -185,13 +218,9 @@ def main() -> int:
     args = parser.parse_args()
     base = Path(tempfile.mkdtemp(prefix="shellyard-bench-hints-", dir=args.dir))
     base.chmod(0o711)  # the runner's sandbox user must reach its workspaces
-    rows = []
     try:
-        for size in [int(s) for s in args.sizes.split(",")]:
-            row = bench_size(base, size, args.repeats)
-            row.update(asyncio.run(bench_runner(base, size, args.repeats)))
-            rows.append(row)
-            print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
+        sizes = [int(s) for s in args.sizes.split(",")]
+        rows = asyncio.run(bench_all(base, sizes, args.repeats))
     finally:
         shutil.rmtree(base, ignore_errors=True)
     smallest = rows[0]

@@ -2,7 +2,11 @@
 ``bench_snapshots.py`` (10,000 files, ~40 MB): ``run_all.py`` runs it when a snapshot target is
 missed, to say where a commit's time goes. cProfile, since a commit is synchronous code.
 
-    .venv/bin/python bench/profile_snapshots.py [--out PATH] [--commits 20]
+``--hinted-files N`` profiles instead the commits of ``bench_change_hints.py``: a tree of N
+small files (folders of 100) on tmpfs, a store with change hints, one file appended to before
+each commit (what a one-file command costs with hints on).
+
+    .venv/bin/python bench/profile_snapshots.py [--out PATH] [--commits 20] [--hinted-files N]
 """
 
 from __future__ import annotations
@@ -30,7 +34,34 @@ def short(file: str) -> str:
     return file
 
 
-def profile(commits: int) -> dict[str, Any]:
+def profile_hinted(files: int, commits: int) -> cProfile.Profile:
+    from bench_change_hints import make_tree as make_small_tree
+
+    shm = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
+    work = Path(tempfile.mkdtemp(prefix="shellyard-bench-snapprof-", dir=shm))
+    profiler = cProfile.Profile()
+    try:
+        tree = work / "tree"
+        make_small_tree(tree, files)
+        store = SnapshotStore(work / "store", scan_helper=False)
+        store.commit("ws", tree)
+        store.commit("ws", tree)  # the first commit set the watches up
+        target = tree / "p0000" / "d0" / "f0.txt"
+        for round_no in range(commits):
+            with open(target, "ab") as f:
+                f.write(b"change %d\n" % round_no)
+            profiler.enable()
+            store.commit("ws", tree)
+            profiler.disable()
+        store.close()
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return profiler
+
+
+def profile(commits: int, hinted_files: int | None = None) -> dict[str, Any]:
+    if hinted_files:
+        return summary(profile_hinted(hinted_files, commits), commits, [])
     work = Path(tempfile.mkdtemp(prefix="shellyard-bench-snapprof-"))
     try:
         tree = work / "tree"
@@ -55,6 +86,10 @@ def profile(commits: int) -> dict[str, Any]:
         store.close()
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    return summary(profiler, commits, times)
+
+
+def summary(profiler: cProfile.Profile, commits: int, times: list[float]) -> dict[str, Any]:
     stats = pstats.Stats(profiler)
     entries = stats.stats  # type: ignore[attr-defined]
     total = sum(tt for (_cc, _nc, tt, _ct, _callers) in entries.values())
@@ -69,9 +104,12 @@ def profile(commits: int) -> dict[str, Any]:
     own = sorted(rows, key=lambda r: -r[1])[:14]
     cumulative = sorted((r for r in rows if "shellyard" in r[0]), key=lambda r: -r[2])[:14]
     times.sort()
+    total_s = sum(ct for name, _, ct in rows if name.endswith("store.py:commit"))
     return {
         "commits": commits,
-        "commit_ms_p50_profiled": round(1000 * times[len(times) // 2], 2),
+        "commit_ms_p50_profiled": round(1000 * times[len(times) // 2], 2)
+        if times
+        else round(1000 * total_s / commits, 2),
         "own_pct": [[name, round(100 * tt / total, 1)] for name, tt, _ in own],
         "cumulative_pct": [[name, round(100 * ct / total, 1)] for name, _, ct in cumulative],
     }
@@ -81,8 +119,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", type=Path)
     parser.add_argument("--commits", type=int, default=20)
+    parser.add_argument("--hinted-files", type=int)
     args = parser.parse_args()
-    result = profile(args.commits)
+    result = profile(args.commits, args.hinted_files)
     text = json.dumps(result, indent=2)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)

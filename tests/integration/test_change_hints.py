@@ -17,6 +17,11 @@ from pathlib import Path
 
 import pytest
 
+from shellyard.runner import history
+from shellyard.runner.edits.editor import Editor
+from shellyard.runner.objects import StoreLock
+from shellyard.runner.protocol import ApplyEntry
+from shellyard.runner.snapshots.format import MANIFEST_HEADER
 from shellyard.runner.snapshots.store import SnapshotStore
 
 WS = "ws-1"
@@ -91,6 +96,7 @@ def test_w3_hinted_commits_of_a_50000_file_tree_equal_full_walks(base: Path) -> 
         assert stats is not None and not stats.change_hints  # nothing watched before: walk
         assert first.files == 50_000
         check_exact(store, reference, tree)
+        cache_size = (base / "store" / "workspaces" / WS / "statcache").stat().st_size
         steps = [
             ("changes one file", "echo more >> d07/s3/f42.txt"),
             ("adds one", "echo new > d11/s0/added.txt"),
@@ -113,6 +119,12 @@ def test_w3_hinted_commits_of_a_50000_file_tree_equal_full_walks(base: Path) -> 
             assert stats is not None
             assert stats.change_hints, f"the commit after a command that {what} walked the tree"
             assert stats.dirs_scanned <= 30, f"{what}: scanned {stats.dirs_scanned} folders"
+            # format 2: the trees of the changed folders and their ancestors, a manifest of
+            # one header, a stat cache log frame of the changed records (not 500 folders')
+            assert 1 <= stats.trees_written <= 12, f"{what}: {stats.trees_written} trees"
+            manifest = base / "store" / "workspaces" / WS / "manifests" / str(info.seq)
+            assert manifest.stat().st_size == MANIFEST_HEADER.size
+            assert stats.cache_bytes < cache_size // 20, f"{what}: {stats.cache_bytes} bytes"
             assert info.new and info.seq == seq + 1, what
             seq = info.seq
             check_exact(store, reference, tree)
@@ -126,6 +138,74 @@ def test_w3_hinted_commits_of_a_50000_file_tree_equal_full_walks(base: Path) -> 
             assert stats is not None and stats.change_hints and stats.dirs_scanned <= scanned
         check_exact(store, reference, tree)
     finally:
+        store.close()
+        reference.close()
+
+
+def test_w3_writer_operations_on_a_50000_file_tree_commit_what_they_touched(base: Path) -> None:
+    """File writes, deletes, moves, restores of one file and transfer batches (W1, W5, T3)
+    in a 50,000-file workspace: each commit scans a few folders, writes a few trees, and is
+    exactly what a full walk of the same tree makes."""
+    tree = base / "tree"
+    make_tree(tree, 50, 10, 100)
+    store = SnapshotStore(base / "store", scan_helper=False)
+    reference = SnapshotStore(base / "reference", scan_helper=False, change_hints=False)
+    editor = Editor(store, StoreLock(base / "store"), base / "staging", None, lambda _ws: tree)
+    editor.startup()
+    try:
+        first = editor.commit(WS)
+        editor.commit(WS)  # the first commit set the watches up
+
+        def write(path: str, data: bytes) -> None:
+            upload = editor.begin_write(WS, path, None)
+            upload.write(data)
+            upload.finish()
+
+        old = store.stat(WS, None, "d03/s3/f3.txt")
+        assert old is not None and old.sha256 is not None
+        digest = old.sha256
+        operations = [
+            ("writes a file", lambda: write("d01/s1/f1.txt", b"written\n")),
+            ("writes a new file", lambda: write("d02/new/n.txt", b"new\n")),
+            ("deletes a file", lambda: editor.delete(WS, "d03/s3/f3.txt", False)),
+            ("moves a folder", lambda: editor.move(WS, "d04/s4", "d05/s4-moved", False)),
+            ("restores one file", lambda: editor.restore(WS, first.seq, "d03/s3/f3.txt")),
+            ("restores a folder", lambda: editor.restore(WS, first.seq, "d01/s1")),
+            (
+                "applies a transfer batch",
+                lambda: editor.apply(
+                    WS,
+                    [
+                        ApplyEntry(
+                            path="d06/s6/copy.txt",
+                            kind="file",
+                            mode=0o644,
+                            size=old.size,
+                            sha256=digest,
+                        ),
+                        ApplyEntry(
+                            path="d07/s7/f7.txt",
+                            kind="file",
+                            mode=0o600,
+                            size=old.size,
+                            sha256=digest,
+                        ),
+                    ],
+                ),
+            ),
+        ]
+        for what, operation in operations:
+            operation()
+            stats = store.last_commit_stats
+            assert stats is not None and stats.change_hints, f"the commit after {what} walked"
+            assert stats.dirs_scanned <= 12, f"{what}: scanned {stats.dirs_scanned} folders"
+            assert stats.trees_written <= 12, f"{what}: {stats.trees_written} trees"
+            check_exact(store, reference, tree)
+        assert store.stat(WS, None, "d03/s3/f3.txt") == old
+        diff = history.diff(store, WS, first.seq, None, "", None, 1000)
+        assert {c.path for c in diff.changes} >= {"d02/new/n.txt", "d04/s4", "d05/s4-moved"}
+    finally:
+        editor.close()
         store.close()
         reference.close()
 
@@ -176,6 +256,11 @@ def test_w3_event_overflow_falls_back_to_a_full_walk(base: Path) -> None:
 RUNNER = """
 import subprocess, sys, time
 from pathlib import Path
+from shellyard.runner import history
+from shellyard.runner.edits.editor import Editor
+from shellyard.runner.objects import StoreLock
+from shellyard.runner.protocol import ApplyEntry
+from shellyard.runner.snapshots.format import MANIFEST_HEADER
 from shellyard.runner.snapshots.store import SnapshotStore
 store = SnapshotStore(Path(sys.argv[1]), scan_helper=False)
 tree = Path(sys.argv[2])

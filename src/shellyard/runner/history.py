@@ -10,10 +10,11 @@ recorded in the snapshot is refused (``PathRefused`` naming the link) rather tha
 from __future__ import annotations
 
 import contextlib
+import heapq
 import os
 import tarfile
 from collections.abc import Iterator
-from typing import BinaryIO, Literal
+from typing import BinaryIO
 
 from shellyard.errors import InvalidInput, NotFound
 from shellyard.paths import normalize_relative
@@ -26,14 +27,9 @@ from shellyard.runner.protocol import (
     PathEntry,
     PruneResult,
 )
-from shellyard.runner.snapshots.format import (
-    KIND_DIR,
-    KIND_FILE,
-    KIND_LINK,
-    Manifest,
-    decode_manifest,
-)
+from shellyard.runner.snapshots.format import KIND_DIR, KIND_LINK, Tree
 from shellyard.runner.snapshots.store import SnapshotStore
+from shellyard.runner.snapshots.trees import SnapshotView, sweep
 
 #: Chunks a streamed read or a tar download yields: 4 MiB, because each chunk costs a hop to
 #: a worker thread and back (1 MiB chunks read a 1 GiB file at ~0.55x the speed of ``cat``,
@@ -41,96 +37,60 @@ from shellyard.runner.snapshots.store import SnapshotStore
 STREAM_CHUNK = 4 << 20
 _TAR_BLOCK = 512
 
-
-def manifest(store: SnapshotStore, workspace_id: str, seq: int | None) -> Manifest:
-    return store._manifest(workspace_id, seq)
-
-
-def head_manifest(store: SnapshotStore, workspace_id: str) -> Manifest:
-    """The head's manifest for a writer that looks at it once, without entering the store's
-    cache of decoded manifests: a transfer of 10,000 files in 10 batches would otherwise
-    leave 10 decoded heads (~3 MB each) in it (measured)."""
-    wdir = store._existing_wdir(workspace_id)
-    seq = store._read_head(wdir, workspace_id)
-    with store._guard:
-        cached = store._manifests.get((workspace_id, seq))
-    if cached is not None:
-        return cached
-    try:
-        raw = (wdir / "manifests" / str(seq)).read_bytes()
-    except FileNotFoundError:
-        return store._manifest(workspace_id, seq)  # raises the store's own clear error
-    return decode_manifest(workspace_id, seq, raw)
+#: An entry of a snapshot: the tree of its folder and its index there.
+Found = tuple[Tree, int]
 
 
-_KIND_NAMES: dict[int, Literal["file", "dir", "symlink"]] = {
-    KIND_FILE: "file",
-    KIND_DIR: "dir",
-    KIND_LINK: "symlink",
-}
+def manifest(store: SnapshotStore, workspace_id: str, seq: int | None) -> SnapshotView:
+    """Snapshot ``seq`` (None: the head), read folder by folder through its trees."""
+    return store.view(workspace_id, seq)
 
 
-def fast_entry(m: Manifest, i: int) -> PathEntry:
-    """``m.entry(i)`` without pydantic's validation (the manifest is ours and well formed):
-    a listing of 10,000 entries is one of a transfer's costs (measured ~3x cheaper)."""
-    kind = m.kinds[i]
-    return PathEntry.model_construct(
-        path=m.paths[i],
-        kind=_KIND_NAMES[kind],
-        size=m.sizes[i],
-        mode=m.modes[i],
-        sha256=m.digests[32 * i : 32 * i + 32].hex() if kind == KIND_FILE else None,
-        target=m.targets[i] if kind == KIND_LINK else None,
-    )
-
-
-def check_links(m: Manifest, rel: str) -> None:
+def check_links(v: SnapshotView, rel: str) -> None:
     """Refuse ``rel`` when one of its folders is a symbolic link in the snapshot (W6)."""
     if "/" not in rel:
         return
-    index = m.index()
-    parts = rel.split("/")
-    for depth in range(1, len(parts)):
-        prefix = "/".join(parts[:depth])
-        i = index.get(prefix)
-        if i is None:
-            return
-        if m.kinds[i] == KIND_LINK:
-            raise link_refused(rel, prefix, m.targets[i])
+    link = v.first_link(rel)
+    if link is not None:
+        raise link_refused(rel, link[0], link[1])
 
 
-def lookup(m: Manifest, path: str) -> tuple[str, int | None]:
-    """(normalised path, manifest index or None for the root); NotFound when absent."""
+def lookup(v: SnapshotView, path: str) -> tuple[str, Found | None]:
+    """(normalised path, its entry or None for the root); NotFound when absent."""
     rel = normalize_relative(path)
     if not rel:
         return rel, None
-    i = m.index().get(rel)
-    if i is None:
-        check_links(m, rel)
+    found = v.find(rel)
+    if found is None:
+        check_links(v, rel)
         raise NotFound(
-            f"no {rel!r} in snapshot {m.info.seq} of workspace {m.info.workspace_id!r}; check "
+            f"no {rel!r} in snapshot {v.info.seq} of workspace {v.info.workspace_id!r}; check "
             f"the path (relative to the workspace root) or list the folder above it",
             path=rel,
-            seq=m.info.seq,
+            seq=v.info.seq,
         )
-    return rel, i
+    return rel, found
 
 
 def stat(store: SnapshotStore, workspace_id: str, seq: int | None, path: str) -> PathEntry | None:
-    m = manifest(store, workspace_id, seq)
+    v = manifest(store, workspace_id, seq)
     try:
-        _rel, i = lookup(m, path)
+        rel, found = lookup(v, path)
     except NotFound:
         return None
-    if i is None:
+    if found is None:
         return PathEntry(path="", kind="dir", size=0, mode=0o755)
-    return m.entry(i)
+    return PathEntry.model_validate(found[0].entry(found[1], rel).model_dump())
 
 
 def _page_limit(limit: int) -> int:
     if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_PAGE:
         raise InvalidInput(f"limit must be between 1 and {MAX_PAGE}, not {limit!r}")
     return limit
+
+
+def _join(folder: str, name: str) -> str:
+    return f"{folder}/{name}" if folder else name
 
 
 def list_dir(
@@ -142,37 +102,94 @@ def list_dir(
     after: str | None,
     limit: int,
 ) -> DirListing:
-    """The entries below ``path`` (all of them when ``recursive``), one page at a time."""
+    """The entries below ``path`` (all of them when ``recursive``), one page at a time, in
+    the order of the folders' paths then of names within each; read a folder at a time."""
     limit = _page_limit(limit)
-    m = manifest(store, workspace_id, seq)
-    rel, i = lookup(m, path)
-    if i is not None and m.kinds[i] != KIND_DIR:
+    v = manifest(store, workspace_id, seq)
+    rel, found = lookup(v, path)
+    if found is not None and found[0].kinds[found[1]] != KIND_DIR:
         # a file or a link: its listing is itself, as ls does
-        return DirListing(workspace_id=workspace_id, seq=m.info.seq, path=rel, entries=[m.entry(i)])
-    start = 0
+        entry = found[0].entry(found[1], rel)
+        return DirListing(workspace_id=workspace_id, seq=v.info.seq, path=rel, entries=[entry])
+    mark: tuple[str, str] | None = None
     if after:
-        j = m.index().get(normalize_relative(after))
-        if j is None:
+        where = normalize_relative(after)
+        if not where or v.find(where) is None:
             raise InvalidInput(
-                f"'after' {after!r} is not an entry of snapshot {m.info.seq}; pass the "
+                f"'after' {after!r} is not an entry of snapshot {v.info.seq}; pass the "
                 f"next_after of the previous page"
             )
-        start = j + 1
-    prefix = rel + "/" if rel else ""
-    cut = len(prefix)
+        parent, _, name = where.rpartition("/")
+        mark = (parent, name)
     entries: list[PathEntry] = []
     next_after = None
-    for k in range(start, len(m.paths)):
-        p = m.paths[k]
-        if not p.startswith(prefix) or (not recursive and "/" in p[cut:]):
+    folders = v.folders(rel) if recursive else iter([(rel, v.tree(v.folder_digest(rel) or b""))])
+    for folder, tree in folders:
+        if mark is not None and folder < mark[0]:
             continue
-        if len(entries) == limit:
-            next_after = entries[-1].path
+        for i, name in enumerate(tree.names):
+            if mark is not None and (folder, name) <= mark:
+                continue
+            if len(entries) == limit:
+                next_after = entries[-1].path
+                break
+            entries.append(tree.entry(i, _join(folder, name)))
+        if next_after is not None:
             break
-        entries.append(fast_entry(m, k))
     return DirListing(
-        workspace_id=workspace_id, seq=m.info.seq, path=rel, entries=entries, next_after=next_after
+        workspace_id=workspace_id, seq=v.info.seq, path=rel, entries=entries, next_after=next_after
     )
+
+
+def same(a: Found, b: Found) -> bool:
+    """Whether two entries are equal for a diff (kind, content, mode, link text)."""
+    (ta, i), (tb, j) = a, b
+    if ta.kinds[i] != tb.kinds[j] or ta.modes[i] != tb.modes[j]:
+        return False
+    if ta.kinds[i] == KIND_DIR:
+        return True  # a folder's own entry changes with its mode only
+    return ta.digest(i) == tb.digest(j) and ta.targets[i] == tb.targets[j]
+
+
+def pairs(
+    va: SnapshotView | None, vb: SnapshotView, rel: str
+) -> Iterator[tuple[str, Found | None, Found | None]]:
+    """The entries at and below ``rel`` of either snapshot (``va`` None: none), paired by
+    path, in path order; a folder equal in both (same tree digest) is not entered. A heap
+    of the entries still to give: every path below a folder sorts after the folder's."""
+    heap: list[tuple[str, Found | None, Found | None]] = []
+
+    def expand(folder: str, da: bytes | None, db: bytes | None) -> None:
+        if da is not None and da == db:
+            return
+        ta = va.tree(da) if va is not None and da is not None else None
+        tb = vb.tree(db) if db is not None else None
+        names = set(ta.names if ta else ()) | set(tb.names if tb else ())
+        for name in names:
+            x = ta.find(name) if ta else None
+            y = tb.find(name) if tb else None
+            heapq.heappush(
+                heap,
+                (
+                    _join(folder, name),
+                    (ta, x) if ta is not None and x is not None else None,
+                    (tb, y) if tb is not None and y is not None else None,
+                ),
+            )
+
+    if rel:
+        a, b = va.find(rel) if va is not None else None, vb.find(rel)
+        if a is not None or b is not None:
+            heap.append((rel, a, b))
+    else:
+        expand("", va.root if va is not None else None, vb.root)
+    while heap:
+        path, a, b = heapq.heappop(heap)
+        yield path, a, b
+        da = a[0].digest(a[1]) if a is not None and a[0].kinds[a[1]] == KIND_DIR else None
+        db = b[0].digest(b[1]) if b is not None and b[0].kinds[b[1]] == KIND_DIR else None
+        if da is not None or db is not None:
+            expand(path, da, db)
 
 
 def diff(
@@ -185,24 +202,19 @@ def diff(
     limit: int,
 ) -> DiffResult:
     """What changed from snapshot ``from_seq`` to ``to_seq`` (None: the head), below
-    ``path``: added, removed and changed entries in path order, one page at a time."""
+    ``path``: added, removed and changed entries in path order, one page at a time. Only
+    folders whose trees differ are read."""
     limit = _page_limit(limit)
-    a = manifest(store, workspace_id, from_seq)
-    b = manifest(store, workspace_id, to_seq)
+    va = manifest(store, workspace_id, from_seq)
+    vb = manifest(store, workspace_id, to_seq)
     rel = normalize_relative(path)
-    prefix = rel + "/" if rel else ""
-    ia, ib = a.index(), b.index()
-    names = sorted(p for p in set(ia) | set(ib) if not rel or p == rel or p.startswith(prefix))
-    start = 0
-    if after:
-        import bisect
-
-        start = bisect.bisect_right(names, normalize_relative(after))
+    mark = normalize_relative(after) if after else None
     changes: list[DiffEntry] = []
     next_after = None
-    for p in names[start:]:
-        x, y = ia.get(p), ib.get(p)
-        change = _change(a, x, b, y, p)
+    for p, x, y in pairs(va, vb, rel):
+        if mark is not None and p <= mark:
+            continue
+        change = _change(x, y, p)
         if change is None:
             continue
         if len(changes) == limit:
@@ -211,21 +223,21 @@ def diff(
         changes.append(change)
     return DiffResult(
         workspace_id=workspace_id,
-        from_seq=a.info.seq,
-        to_seq=b.info.seq,
+        from_seq=va.info.seq,
+        to_seq=vb.info.seq,
         changes=changes,
         next_after=next_after,
     )
 
 
-def _change(a: Manifest, x: int | None, b: Manifest, y: int | None, p: str) -> DiffEntry | None:
+def _change(x: Found | None, y: Found | None, p: str) -> DiffEntry | None:
     if x is None:
         assert y is not None
-        new = b.entry(y)
+        new = y[0].entry(y[1], p)
         return DiffEntry(
             path=p, change="added", kind=new.kind, new_size=new.size, new_sha256=new.sha256
         )
-    old = a.entry(x)
+    old = x[0].entry(x[1], p)
     if y is None:
         return DiffEntry(
             path=p,
@@ -235,9 +247,9 @@ def _change(a: Manifest, x: int | None, b: Manifest, y: int | None, p: str) -> D
             old_size=old.size,
             old_sha256=old.sha256,
         )
-    new = b.entry(y)
-    if (old.kind, old.sha256, old.mode, old.target) == (new.kind, new.sha256, new.mode, new.target):
+    if same(x, y):
         return None
+    new = y[0].entry(y[1], p)
     return DiffEntry(
         path=p,
         change="changed",
@@ -255,22 +267,23 @@ def open_file(
 ) -> tuple[BinaryIO, PathEntry]:
     """Open a file of a snapshot for reading: (its object, its entry). Folders and links are
     refused with a message that says what to do instead."""
-    m = manifest(store, workspace_id, seq)
-    rel, i = lookup(m, path)
-    where = f"snapshot {m.info.seq} of workspace {workspace_id!r}"
-    if i is None or m.kinds[i] == KIND_DIR:
+    v = manifest(store, workspace_id, seq)
+    rel, found = lookup(v, path)
+    where = f"snapshot {v.info.seq} of workspace {workspace_id!r}"
+    if found is None or found[0].kinds[found[1]] == KIND_DIR:
         raise InvalidInput(
             f"{rel or '(the root)'!r} is a folder in {where}; read a file inside it, list the "
             f"folder, or download it as a tar archive",
             path=rel,
         )
-    if m.kinds[i] == KIND_LINK:
+    tree, i = found
+    if tree.kinds[i] == KIND_LINK:
         raise InvalidInput(
-            f"{rel!r} is a symbolic link to {m.targets[i]!r} in {where}; links are not "
+            f"{rel!r} is a symbolic link to {tree.targets[i]!r} in {where}; links are not "
             f"followed, read the file it points to by its own path",
             path=rel,
         )
-    entry = m.entry(i)
+    entry = PathEntry.model_validate(tree.entry(i, rel).model_dump())
     assert entry.sha256 is not None
     try:
         handle = store.open_object(entry.sha256)
@@ -304,26 +317,25 @@ def tar_chunks(
     """A POSIX (pax) tar of ``path`` in a snapshot, produced in bounded chunks. Members are
     named below the folder's own name (``src/…`` for ``src``; no prefix for the root);
     symbolic links are members of their own, never followed."""
-    m = manifest(store, workspace_id, seq)
-    rel, i = lookup(m, path)
+    v = manifest(store, workspace_id, seq)
+    rel, found = lookup(v, path)
     base = rel.rsplit("/", 1)[-1] if rel else ""
     cut = len(rel) + 1 if rel else 0
-    mtime = int(m.info.created_at)
-    if i is not None and m.kinds[i] != KIND_DIR:
-        members: list[int] = [i]
+    mtime = int(v.info.created_at)
+    members: Iterator[PathEntry]
+    if found is not None and found[0].kinds[found[1]] != KIND_DIR:
+        members = iter([found[0].entry(found[1], rel)])
         cut = len(rel) - len(base)
         base = ""
     else:
-        prefix = rel + "/" if rel else ""
-        members = [k for k, p in enumerate(m.paths) if p.startswith(prefix)]
-        members.sort(key=m.paths.__getitem__)
+        # in path order, a folder's trees read as the walk reaches it
+        members = (b[0].entry(b[1], p) for p, _, b in pairs(None, v, rel) if b and p != rel)
     buf = bytearray()
     if base:
         info = tarfile.TarInfo(base)
         info.type, info.mode, info.mtime = tarfile.DIRTYPE, 0o755, mtime
         buf += _header(info)
-    for k in members:
-        entry = m.entry(k)
+    for entry in members:
         name = entry.path[cut:]
         info = tarfile.TarInfo(f"{base}/{name}" if base else name)
         info.mode, info.mtime = entry.mode, mtime
@@ -380,9 +392,8 @@ def prune(store: SnapshotStore, workspace_id: str, keep: list[int]) -> PruneResu
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(wdir / "manifests" / str(seq))
             removed.append(seq)
-        with store._guard:
-            for seq in removed:
-                store._manifests.pop((workspace_id, seq), None)
+        if removed:
+            sweep(wdir, store.trees)  # the folder trees no retained snapshot reaches
     return PruneResult(workspace_id=workspace_id, removed=removed, retained=retained)
 
 
@@ -393,8 +404,10 @@ __all__ = [
     "lookup",
     "manifest",
     "open_file",
+    "pairs",
     "prune",
     "read_chunks",
+    "same",
     "stat",
     "tar_chunks",
 ]

@@ -46,11 +46,6 @@ _OK, _MISSING, _END = 0, 1, 2
 PACK_CHUNK = 1 << 20
 _SHA = re.compile(r"[0-9a-f]{64}")
 
-# manifest layout (see snapshots/format.py): header "<4sIdqq32s", then body "<QQQ" n, plen, tlen,
-# kinds n, modes 4n, sizes 8n, paths plen, digests 32n, targets tlen
-_MANIFEST_HEADER_SIZE = struct.calcsize("<4sIdqq32s")
-_BODY = struct.Struct("<QQQ")
-
 
 def check_sha(value: str) -> str:
     from shellyard.errors import InvalidInput
@@ -315,18 +310,6 @@ class PackImporter:
 # ---------------------------------------------------------------------- garbage collection
 
 
-def manifest_digests(raw: bytes) -> Iterator[bytes]:
-    """The file digests a manifest names (its header and layout are snapshots/format.py's)."""
-    off = _MANIFEST_HEADER_SIZE
-    n, plen, _tlen = _BODY.unpack_from(raw, off)
-    off += _BODY.size
-    kinds = raw[off : off + n]
-    off += n + 12 * n + plen
-    for i in range(n):
-        if kinds[i] == ord("f"):
-            yield raw[off + 32 * i : off + 32 * i + 32]
-
-
 def collect_garbage(store: SnapshotStore, lock: StoreLock, grace_s: float) -> GcResult:
     """Delete the objects no retained manifest names and older than ``grace_s``."""
     seen = removed = freed = young = 0
@@ -334,14 +317,7 @@ def collect_garbage(store: SnapshotStore, lock: StoreLock, grace_s: float) -> Gc
         marked: set[bytes] = set()
         workspaces = store.root / "workspaces"
         for wdir in workspaces.iterdir() if workspaces.is_dir() else ():
-            manifests = wdir / "manifests"
-            if not manifests.is_dir():
-                continue
-            for entry in os.scandir(manifests):
-                if not entry.name.isdigit():
-                    continue
-                with contextlib.suppress(FileNotFoundError):
-                    marked.update(manifest_digests(Path(entry.path).read_bytes()))
+            marked.update(store.retained_digests(wdir.name))
         cutoff = time.time() - grace_s
         objects = store.root / "objects"
         for prefix in sorted(os.listdir(objects)):

@@ -24,7 +24,8 @@ from shellyard.runner.edits.tar import QueueReader, check_conflicts, unpack_to
 from shellyard.runner.edits.upload import FileUpload
 from shellyard.runner.fsops import Folders
 from shellyard.runner.protocol import ApplyEntry, ApplyOutcome, EditResult, PathEntry
-from shellyard.runner.snapshots.format import KIND_FILE, KIND_LINK, Manifest
+from shellyard.runner.snapshots.format import KIND_FILE, KIND_LINK
+from shellyard.runner.snapshots.trees import SnapshotView
 
 
 class Editor(Placer):
@@ -71,7 +72,7 @@ class Editor(Placer):
                 f"cannot move {src!r} to {dst!r}: a folder cannot move into itself",
                 path=src,
             )
-        head = history.head_manifest(self.store, workspace_id)
+        head = self.store.view(workspace_id)
         with self.lock.hold(), fsops.open_root(self.tree_of(workspace_id)) as root:
             with fsops.resolve(root, src) as a:
                 st = fsops.lstat_at(a.dir_fd, a.name)
@@ -92,22 +93,23 @@ class Editor(Placer):
             return self.commit_edit(workspace_id, done)
 
     def _hint_moved(
-        self, head: Manifest, src: str, dst: str, dir_fd: int, name: str, done: Done
+        self, head: SnapshotView, src: str, dst: str, dir_fd: int, name: str, done: Done
     ) -> None:
-        """Hints for the files a move carried: their content is the head's at the old path."""
-        m = head
-        assert isinstance(m, Manifest)
-        index = m.index()
+        """Hints for the files a move carried: their content is the head's at the old path
+        (looked up folder by folder in the head's trees, not in a listing of all of it)."""
 
         def visit(fd: int, entry: str, old: str, new: str) -> None:
             st = fsops.lstat_at(fd, entry)
             if st is None:
                 return
             if stat_mod.S_ISREG(st.st_mode):
-                i = index.get(old)
-                if i is not None and m.kinds[i] == KIND_FILE and m.sizes[i] == st.st_size:
-                    done.hints[new] = (m.digests[32 * i : 32 * i + 32], fsops.sig_of(st))
-                    done.written.append(m.entry(i).model_copy(update={"path": new}))
+                found = head.find(old)
+                if found is None:
+                    return
+                tree, i = found
+                if tree.kinds[i] == KIND_FILE and tree.sizes[i] == st.st_size:
+                    done.hints[new] = (tree.digest(i), fsops.sig_of(st))
+                    done.written.append(PathEntry.model_validate(tree.entry(i, new).model_dump()))
             elif stat_mod.S_ISDIR(st.st_mode):
                 sub = os.open(entry, fsops.O_DIR, dir_fd=fd)
                 try:
@@ -126,60 +128,53 @@ class Editor(Placer):
         rel = normalize_relative(path)
         with self.lock.hold():
             old = history.manifest(self.store, workspace_id, seq)
-            head = history.head_manifest(self.store, workspace_id)
+            head = self.store.view(workspace_id)
             if rel:
                 history.check_links(old, rel)
-                if rel not in old.index() and rel not in head.index():
+                if old.find(rel) is None and head.find(rel) is None:
                     raise NotFound(
                         f"{rel!r} is neither in snapshot {seq} nor in the head; nothing to restore",
                         path=rel,
                     )
-            prefix = rel + "/" if rel else ""
-
-            def under(p: str) -> bool:
-                return not rel or p == rel or p.startswith(prefix)
-
-            want = {p: i for p, i in old.index().items() if under(p)}
-            have = {p: i for p, i in head.index().items() if under(p)}
             done = Done()
+            gone: set[str] = set()
+
+            def below_gone(p: str) -> bool:
+                while "/" in p:
+                    p = p.rpartition("/")[0]
+                    if p in gone:
+                        return True
+                return False
+
             with (
                 fsops.open_root(self.tree_of(workspace_id)) as root,
                 Folders(root, create=True, owner=self.owner) as folders,
             ):
-                # what goes away: absent from the old snapshot, or of another kind there
-                doomed = sorted(
-                    p
-                    for p, i in have.items()
-                    if p not in want or old.kinds[want[p]] != head.kinds[i]
-                )
-                gone: list[str] = []
-                for p in doomed:
-                    if any(p.startswith(g + "/") for g in gone[-1:]):
+                # head and old entry by entry in path order (a folder before what is in it),
+                # never entering a folder whose tree is the same in both
+                for p, now, then in history.pairs(head, old, rel):
+                    if below_gone(p):
+                        if then is not None:
+                            self._materialize(folders, then[0].entry(then[1], p), done)
                         continue
-                    where = folders.resolve(p)
-                    folders.forget(p)
-                    fsops.remove_at(where.dir_fd, where.name)
-                    gone.append(p)
-                    done.removed.append(p)
-                for p in sorted(want):
-                    i = want[p]
-                    j = have.get(p)
-                    same = (
-                        j is not None
-                        and head.kinds[j] == old.kinds[i]
-                        and head.digests[32 * j : 32 * j + 32] == old.digests[32 * i : 32 * i + 32]
-                        and head.modes[j] == old.modes[i]
-                        and head.targets[j] == old.targets[i]
-                        and p not in gone
-                    )
-                    if same:
+                    if now is not None and (
+                        then is None or now[0].kinds[now[1]] != then[0].kinds[then[1]]
+                    ):
+                        # absent from the old snapshot, or of another kind there: it goes
+                        where = folders.resolve(p)
+                        folders.forget(p)
+                        fsops.remove_at(where.dir_fd, where.name)
+                        gone.add(p)
+                        done.removed.append(p)
+                    if then is None or (
+                        now is not None and p not in gone and history.same(now, then)
+                    ):
                         continue
-                    self._materialize(folders, old, i, done)
+                    self._materialize(folders, then[0].entry(then[1], p), done)
             return self.commit_edit(workspace_id, done)
 
-    def _materialize(self, folders: Folders, m: Manifest, i: int, done: Done) -> None:
-        """Write entry ``i`` of manifest ``m`` into the live tree (over what is there)."""
-        entry = m.entry(i)
+    def _materialize(self, folders: Folders, entry: PathEntry, done: Done) -> None:
+        """Write ``entry`` (of an older snapshot) into the live tree (over what is there)."""
         where = folders.resolve(entry.path)
         existing = fsops.lstat_at(where.dir_fd, where.name)
         if entry.kind == "dir":
@@ -215,15 +210,14 @@ class Editor(Placer):
         outcomes: list[ApplyOutcome] = []
         done = Done()
         with self.lock.hold():
-            head = history.head_manifest(self.store, workspace_id)
-            index = head.index()
+            head = self.store.view(workspace_id)
             with (
                 fsops.open_root(self.tree_of(workspace_id)) as root,
                 Folders(root, create=True, owner=self.owner) as folders,
             ):
                 for entry in sorted(entries, key=lambda e: e.path):
                     try:
-                        outcome, reason = self._apply_one(folders, head, index, entry, done)
+                        outcome, reason = self._apply_one(folders, head, entry, done)
                     except (ShellyardError, OSError) as exc:
                         outcome, reason = "failed", reason_of(exc)
                     outcomes.append(ApplyOutcome(path=entry.path, outcome=outcome, reason=reason))
@@ -233,8 +227,7 @@ class Editor(Placer):
     def _apply_one(
         self,
         folders: Folders,
-        head: Manifest,
-        index: dict[str, int],
+        head: SnapshotView,
         entry: ApplyEntry,
         done: Done,
     ) -> tuple[str, str | None]:
@@ -242,22 +235,26 @@ class Editor(Placer):
         if not rel:
             return ("unchanged", None) if entry.kind == "dir" else ("failed", "empty path")
         mode = entry.mode & fsops.PERMISSION_BITS
-        i = index.get(rel)
+        found = head.find(rel)
         if entry.kind == "symlink":
             target = entry.target or ""
             if fsops.escapes(rel, target):
                 return "skipped", f"symbolic link to {target!r} would point outside the workspace"
-            if i is not None and head.kinds[i] == KIND_LINK and head.targets[i] == target:
+            if (
+                found is not None
+                and found[0].kinds[found[1]] == KIND_LINK
+                and found[0].targets[found[1]] == target
+            ):
                 return "unchanged", None
         elif entry.kind == "file":
             if entry.sha256 is None:
                 return "failed", "no content named for the file"
             digest = bytes.fromhex(entry.sha256)
             if (
-                i is not None
-                and head.kinds[i] == KIND_FILE
-                and head.digests[32 * i : 32 * i + 32] == digest
-                and head.modes[i] & fsops.PERMISSION_BITS == mode
+                found is not None
+                and found[0].kinds[found[1]] == KIND_FILE
+                and found[0].digest(found[1]) == digest
+                and found[0].modes[found[1]] & fsops.PERMISSION_BITS == mode
             ):
                 return "unchanged", None
         where = folders.resolve(rel)

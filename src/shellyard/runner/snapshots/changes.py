@@ -88,8 +88,6 @@ class Tracking:
     #: Folders holding a file with more than one name: a change through another name makes no
     #: event here, so while any is known the next commits walk the whole tree.
     linked: set[str] = field(default_factory=set)
-    #: Set by a hinted walk: the tree it found gives the head's manifest, entry for entry.
-    same_tree: bool = False
 
     def watch(self, fd: int, path: str) -> None:
         """Watch the folder open as ``fd`` (at ``path``): call before scanning it."""

@@ -17,12 +17,13 @@ and:
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import stat as stat_mod
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from shellyard.runner.snapshots.blobs import ObjectStore, Stored
 from shellyard.runner.snapshots.changes import Changes, Tracking
@@ -36,10 +37,12 @@ from shellyard.runner.snapshots.format import (
     DirRecord,
     decode_text,
     encode_text,
+    encode_tree,
     pack_ints,
     unpack_ints,
 )
 from shellyard.runner.snapshots.scan import OPEN_DIR, VANISHED, DirOpener, Scan, ScanHelper, scan_fd
+from shellyard.runner.snapshots.trees import EMPTY_DIGEST
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +84,11 @@ class CommitStats:
     unreadable: list[str] = field(default_factory=list)
     #: Whether the commit scanned only the folders its change hints named (changes.py).
     change_hints: bool = False
+    #: Folder trees written (the folders that changed and their ancestors), and bytes
+    #: written to the stat cache (a log frame of the records that changed, or now and
+    #: then the whole cache folded).
+    trees_written: int = 0
+    cache_bytes: int = 0
     elapsed_s: float = 0.0
 
     @property
@@ -134,7 +142,6 @@ class _DirBuilder:
             sizes = [sizes[i] for i in keep]
             digests = [digests[i] for i in keep]
             targets = [targets[i] for i in keep]
-        prefix = self.path + "/" if self.path else ""
         return DirRecord(
             path=self.path,
             scan_names=self.scan_names,
@@ -145,7 +152,7 @@ class _DirBuilder:
             n=len(names),
             files=kinds.count(KIND_FILE),
             total=sum(s for s, k in zip(sizes, kinds, strict=True) if k == KIND_FILE),
-            paths=encode_text("\0".join([prefix + name for name in names])),
+            names=encode_text("\0".join(names)),
             kinds=kinds,
             modes=pack_ints("I", modes),
             sizes=pack_ints("q", sizes),
@@ -154,16 +161,106 @@ class _DirBuilder:
         )
 
 
-def _same_section(a: DirRecord, b: DirRecord) -> bool:
-    """Whether two records of a folder give the same manifest section."""
-    return (a.paths, a.kinds, a.modes, a.sizes, a.digests, a.targets) == (
-        b.paths,
-        b.kinds,
-        b.modes,
-        b.sizes,
-        b.digests,
-        b.targets,
-    )
+@dataclass
+class Walked:
+    """What a walk found, as a change to the records it started from: the records made or
+    sealed anew (by path), the paths whose records are gone, and the new root record."""
+
+    changed: dict[str, DirRecord]
+    removed: set[str]
+    root: DirRecord
+    #: Tree blobs of the records sealed anew, by digest (to store).
+    blobs: dict[bytes, bytes]
+
+
+def _parent(path: str) -> str:
+    return path.rpartition("/")[0]
+
+
+def seal(
+    paths: Iterable[str],
+    changed: dict[str, DirRecord],
+    old: dict[str, DirRecord],
+    removed: set[str],
+    full: bool = False,
+) -> dict[bytes, bytes]:
+    """Give the folders ``paths`` and their ancestors their tree digests and subtree totals,
+    deepest first, from the records of the new tree (``changed`` over ``old`` less
+    ``removed``); records that come out different go into ``changed``. The new blobs.
+
+    A record kept from ``old`` (already sealed) has only the entries of its subfolders that
+    were sealed again updated, so a wide ancestor (a root of 200 folders) costs its changed
+    children, not all of them; ``full`` recomputes every record from all its children (a full
+    walk: records loaded from disk may predate their children's)."""
+
+    def lookup(path: str) -> DirRecord | None:
+        rec = changed.get(path)
+        if rec is None and path not in removed:
+            rec = old.get(path)
+        return rec
+
+    todo: set[str] = set()
+    kids: dict[str, set[str]] = {}
+    for path in paths:
+        while path not in todo:
+            todo.add(path)
+            if not path:
+                break
+            parent, _, name = path.rpartition("/")
+            kids.setdefault(parent, set()).add(name)
+            path = parent
+    blobs: dict[bytes, bytes] = {}
+    for path in sorted(todo, key=lambda p: p.count("/") + 1 if p else 0, reverse=True):
+        rec = lookup(path)
+        if rec is None:
+            continue  # gone: its parent no longer lists it
+        prefix = path + "/" if path else ""
+        column = bytearray(rec.digests)
+        if full or rec.digest == NO_DIGEST:
+            files, total, entries = rec.files, rec.total, rec.n
+            dirs = [i for i, kind in enumerate(rec.kinds) if kind == KIND_DIR]
+            update = list(zip(dirs, rec.subdirs, strict=True))
+        else:  # sealed before: its totals and other subfolders' digests stand
+            files, total, entries = rec.sub_files, rec.sub_total, rec.sub_entries
+            # each changed child's index found in the names blob (a C-level search), not by
+            # going through every entry
+            hay = b"\0" + rec.names + b"\0"
+            update = []
+            for name in kids.get(path, ()):
+                at = hay.find(b"\0" + encode_text(name) + b"\0")
+                i = hay.count(b"\0", 0, at) if at >= 0 else -1
+                if i >= 0 and rec.kinds[i] == KIND_DIR:
+                    update.append((i, name))
+            for _, name in update:
+                before = old.get(prefix + name)
+                if before is not None:
+                    files -= before.sub_files
+                    total -= before.sub_total
+                    entries -= before.sub_entries
+        for i, name in update:
+            child = lookup(prefix + name)
+            if child is None:  # it could not be entered: recorded empty (see _visit)
+                column[32 * i : 32 * i + 32] = EMPTY_DIGEST
+                continue
+            column[32 * i : 32 * i + 32] = child.digest
+            files += child.sub_files
+            total += child.sub_total
+            entries += child.sub_entries
+        digests = bytes(column)
+        if (digests, files, total, entries) == (
+            rec.digests,
+            rec.sub_files,
+            rec.sub_total,
+            rec.sub_entries,
+        ) and rec.digest != NO_DIGEST:
+            continue
+        rec = replace(rec, digests=digests, sub_files=files, sub_total=total, sub_entries=entries)
+        blob = encode_tree(rec)
+        digest = hashlib.sha256(blob).digest()
+        rec = replace(rec, digest=digest)
+        blobs[digest] = blob
+        changed[path] = rec
+    return blobs
 
 
 class TreeWalker:
@@ -219,12 +316,13 @@ class TreeWalker:
         stats: CommitStats,
         hints: Hints | None = None,
         track: Tracking | None = None,
-    ) -> dict[str, DirRecord]:
-        """Walk the tree; return its folder records in canonical (sorted path) order.
+    ) -> Walked:
+        """Walk the tree; what it found as a change to the records ``old`` (not modified).
 
         With ``track`` every folder is watched before it is scanned, and when its
         ``changes`` are known only the folders they name are scanned (and the folders new
-        or moved since, in full); every other record is kept as it is."""
+        or moved since, in full); every other record is kept as it is, and only the
+        changed folders and their ancestors are sealed again."""
         if track is not None and track.changes is not None:
             return self._walk_changes(root_fd, old, clock, stats, hints, track, track.changes)
         # a prescan happens before the watches, so it could miss a change made in between
@@ -232,13 +330,15 @@ class TreeWalker:
         if track is not None:
             track.linked = set()  # every folder is scanned: learnt again
         out = self._visit([(root_fd, "")], root_fd, old, clock, stats, hints, track, prescans, None)
-        dirs: dict[str, DirRecord] = {}
-        for dpath in sorted(out):
-            dirs[dpath] = out[dpath]
-            stats.files_seen += out[dpath].files
+        changed = {p: r for p, r in out.items() if old.get(p) is not r}
+        removed = {p for p in old if p not in out}
+        # every folder is sealed again: records loaded from disk may predate their children
+        blobs = seal(out, changed, old, removed, full=True)
         if track is not None:
-            track.racy = {p for p, r in dirs.items() if r.max_time >= r.clock}
-        return dirs
+            track.racy = {p for p, r in out.items() if r.max_time >= r.clock}
+        root = changed.get("") or old[""]
+        stats.files_seen = root.sub_files
+        return Walked(changed, removed, root, blobs)
 
     def _walk_changes(
         self,
@@ -249,7 +349,7 @@ class TreeWalker:
         hints: Hints | None,
         track: Tracking,
         changes: Changes,
-    ) -> dict[str, DirRecord]:
+    ) -> Walked:
         """Scan only the changed folders (and the racily clean ones of the last commit);
         walk the subtrees created or moved in full; keep every other record."""
         stats.change_hints = True
@@ -262,7 +362,7 @@ class TreeWalker:
                     return True
                 if not path:
                     return False
-                path = path.rpartition("/")[0]
+                path = _parent(path)
 
         def descend(path: str) -> bool:
             return path not in old or path in dirty or covered(path, forced)
@@ -274,7 +374,7 @@ class TreeWalker:
         try:
             for path in sorted(dirty | forced):
                 if path:
-                    parent = path.rpartition("/")[0]
+                    parent = _parent(path)
                     if parent in dirty or covered(parent, forced):
                         continue
                 fd = opener.open(path)
@@ -283,31 +383,32 @@ class TreeWalker:
         finally:
             opener.close()
         out = self._visit(starts, root_fd, old, clock, stats, hints, track, {}, descend)
-        # records below a folder that is gone or was walked anew are dropped, unless the
-        # walk made them again
-        drops = set(forced)
+        # records at or below a folder that is gone or was walked anew go, unless the walk
+        # made them again: found through the old records' subfolders, not a scan of them all
+        roots = set(forced)
         for dpath, rec in out.items():
             before = old.get(dpath)
             if before is not None and before.subdirs != rec.subdirs:
                 prefix = dpath + "/" if dpath else ""
-                drops.update(prefix + name for name in set(before.subdirs) - set(rec.subdirs))
-        dirs: dict[str, DirRecord] = {}
-        for dpath, rec in old.items():
-            if drops and covered(dpath, drops) and dpath not in out:
+                roots.update(prefix + name for name in set(before.subdirs) - set(rec.subdirs))
+        removed: set[str] = set()
+        stack = [p for p in roots if p in old]
+        while stack:
+            path = stack.pop()
+            before = old.get(path)
+            if before is None or path in removed:
                 continue
-            dirs[dpath] = out.get(dpath, rec)
-        if any(dpath not in dirs for dpath in out):  # new folders: sort them in
-            dirs.update(out)
-            dirs = dict(sorted(dirs.items()))
-        stats.files_seen = sum(r.files for r in dirs.values())
-        # the manifest is the head's when every folder scanned again holds the same entries
-        # (a racily clean folder scanned again, a file touched back): no need to encode it
-        track.same_tree = len(dirs) == len(old) and all(
-            (before := old.get(p)) is not None and _same_section(before, r) for p, r in out.items()
-        )
+            if path not in out:
+                removed.add(path)
+            prefix = path + "/" if path else ""
+            stack += [prefix + name for name in before.subdirs]
+        changed = {p: r for p, r in out.items() if old.get(p) is not r}
+        blobs = seal([*out, *(_parent(p) for p in roots if p)], changed, old, removed)
+        root = changed.get("") or old[""]
+        stats.files_seen = root.sub_files
         track.racy = {p for p, r in out.items() if r.max_time >= r.clock}
-        track.linked = {p for p in track.linked if p in dirs}
-        return dirs
+        track.linked = {p for p in track.linked if p not in removed}
+        return Walked(changed, removed, root, blobs)
 
     def _visit(
         self,
@@ -434,11 +535,10 @@ class TreeWalker:
                     name: old.scan_stats[SCAN_SIZE * i : SCAN_SIZE * (i + 1)]
                     for i, name in enumerate(old.scan_names.split("\0"))
                 }
-            cut = len(encode_text(old.path)) + 1 if old.path else 0
             old_sizes = unpack_ints("q", old.sizes)
-            for i, full in enumerate(old.paths.split(b"\0") if old.n else ()):
+            for i, raw in enumerate(old.names.split(b"\0") if old.n else ()):
                 if old.kinds[i] == KIND_FILE:
-                    prev_file[decode_text(full[cut:])] = (
+                    prev_file[decode_text(raw)] = (
                         old.digests[32 * i : 32 * i + 32],
                         old_sizes[i],
                     )

@@ -1,19 +1,28 @@
-"""The bytes of a snapshot: manifests, folder records, and the encodings they share.
+"""The bytes of a snapshot: manifests, folder trees, folder records, the encodings they share.
 
 Encoding: byte columns per folder (NUL-joined names, packed ints, raw digests), because
 ``bench/bench_snapshots.py --formats`` timed them ~3x faster than marshal and ~40x faster than
 JSON lines for 10,000 entries, and an unchanged folder reuses its bytes with no per-file work.
 
-Manifest body (``root_hash`` is its sha256)::
+Format 2 (this one) is a tree of trees, like git's: each folder is one **tree** blob, stored
+once under its sha256 (``trees.py``), naming its entries and, for each subfolder, the digest
+of the subfolder's tree. A manifest is just a header naming the root tree, so a commit writes
+the trees of the folders that changed and of their ancestors, never the whole listing, and an
+unchanged folder is reused by its digest. Tree blob::
 
-    "<QQQ" n, len(paths), len(targets)
+    "<QQQqqq" n, len(names), len(targets), files, bytes, entries (all three of the subtree)
     kinds   n bytes: b"f" file, b"d" folder, b"l" symlink
     modes   n x uint32 (permission bits)      sizes n x int64 (bytes; length of link text)
-    paths   NUL-joined UTF-8 (surrogateescape) digests n x 32 bytes (zeros unless a file)
+    names   NUL-joined UTF-8 (surrogateescape), sorted
+    digests n x 32 bytes: a file's content, a folder's tree, zeros for a link
     targets NUL-joined symlink texts ("" unless a symlink)
 
-Entries are grouped by folder (folders in sorted path order, "" first), names sorted within
-each folder, so the same tree always gives the same bytes and the same ``root_hash``.
+The same tree always gives the same bytes, so ``root_hash`` (the root tree's digest) is equal
+for equal trees. Format 1 (one flat listing of every entry per manifest, ``root_hash`` its
+sha256) is still decoded here so ``migrate.py`` can convert stores written by older versions::
+
+    header, then "<QQQ" n, len(paths), len(targets); kinds; modes; sizes; paths (full, grouped
+    by folder in sorted path order, names sorted within); digests; targets
 """
 
 from __future__ import annotations
@@ -26,15 +35,20 @@ from array import array
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from shellyard.runner.protocol import PathEntry, SnapshotInfo
 
-MANIFEST_VERSION = 1
+MANIFEST_VERSION = 2
+#: The flat format of earlier versions (read for the migration only).
+MANIFEST_VERSION_FLAT = 1
 MANIFEST_MAGIC = b"SYMF"
-#: magic, version, created_at, files, bytes, root digest
+#: magic, version, created_at, files, bytes, root digest (format 2: of the root tree)
 MANIFEST_HEADER = struct.Struct("<4sIdqq32s")
-#: n, len(paths blob), len(targets blob)
+#: format 1 body: n, len(paths blob), len(targets blob)
 _BODY_HEADER = struct.Struct("<QQQ")
+#: tree: n, len(names blob), len(targets blob), files, bytes, entries of the subtree
+TREE_HEADER = struct.Struct("<QQQqqq")
 #: one scanned entry: mode, mtime_ns, ctime_ns, size, inode
 SCAN = struct.Struct("<IqqqQ")
 SCAN_SIZE = SCAN.size
@@ -42,7 +56,11 @@ SCAN_SIZE = SCAN.size
 KIND_FILE = ord("f")
 KIND_DIR = ord("d")
 KIND_LINK = ord("l")
-KIND_NAMES = {KIND_FILE: "file", KIND_DIR: "dir", KIND_LINK: "symlink"}
+KIND_NAMES: dict[int, Literal["file", "dir", "symlink"]] = {
+    KIND_FILE: "file",
+    KIND_DIR: "dir",
+    KIND_LINK: "symlink",
+}
 NO_DIGEST = bytes(32)
 
 _LITTLE = sys.byteorder == "little"
@@ -112,20 +130,96 @@ class DirRecord:
     clock: int
     subdirs: tuple[str, ...]
     n: int
+    #: Files and their bytes in this folder alone.
     files: int
     total: int
-    paths: bytes
+    #: The folder's tree columns (module docstring); a subfolder's digest is filled in by
+    #: ``seal`` (commit.py), zeros until then.
+    names: bytes
     kinds: bytes
     modes: bytes
     sizes: bytes
     digests: bytes
     targets: bytes
+    #: The tree's digest and the subtree's totals, once sealed (else zeros).
+    digest: bytes = NO_DIGEST
+    sub_files: int = 0
+    sub_total: int = 0
+    sub_entries: int = 0
+
+
+def encode_tree(r: DirRecord) -> bytes:
+    """The tree blob of a sealed record (its digest is this blob's sha256)."""
+    header = TREE_HEADER.pack(
+        r.n, len(r.names), len(r.targets), r.sub_files, r.sub_total, r.sub_entries
+    )
+    return b"".join((header, r.kinds, r.modes, r.sizes, r.names, r.digests, r.targets))
+
+
+EMPTY_TREE = TREE_HEADER.pack(0, 0, 0, 0, 0, 0)
+
+
+class Tree:
+    """A decoded tree blob: one folder's entries (by name, sorted) and its subtree totals."""
+
+    __slots__ = (
+        "_index",
+        "digests",
+        "entries",
+        "files",
+        "kinds",
+        "modes",
+        "names",
+        "sizes",
+        "targets",
+        "total",
+    )
+
+    def __init__(self, raw: bytes) -> None:
+        n, nlen, tlen, self.files, self.total, self.entries = TREE_HEADER.unpack_from(raw)
+        view = memoryview(raw)
+        off = TREE_HEADER.size
+        self.kinds = raw[off : off + n]
+        off += n
+        self.modes = unpack_ints("I", view[off : off + 4 * n])
+        off += 4 * n
+        self.sizes = unpack_ints("q", view[off : off + 8 * n])
+        off += 8 * n
+        self.names = split_names(view[off : off + nlen], n)
+        off += nlen
+        self.digests = raw[off : off + 32 * n]
+        off += 32 * n
+        self.targets = split_names(view[off : off + tlen], n)
+        if off + tlen != len(raw) or len(self.kinds) != n or len(self.digests) != 32 * n:
+            raise ValueError("tree has the wrong length")
+        self._index: dict[str, int] | None = None
+
+    def find(self, name: str) -> int | None:
+        if self._index is None:
+            self._index = {name: i for i, name in enumerate(self.names)}
+        return self._index.get(name)
+
+    def digest(self, i: int) -> bytes:
+        return self.digests[32 * i : 32 * i + 32]
+
+    def entry(self, i: int, path: str) -> PathEntry:
+        """Entry ``i`` as a ``PathEntry`` named ``path`` (no validation: the tree is ours)."""
+        kind = self.kinds[i]
+        return PathEntry.model_construct(
+            path=path,
+            kind=KIND_NAMES[kind],
+            size=self.sizes[i],
+            mode=self.modes[i],
+            sha256=self.digest(i).hex() if kind == KIND_FILE else None,
+            target=self.targets[i] if kind == KIND_LINK else None,
+        )
 
 
 class Manifest:
-    """A decoded manifest: parallel columns plus a lazily built path index."""
+    """A decoded format 1 manifest (parallel columns, every entry's full path): what the
+    migration converts."""
 
-    __slots__ = ("_index", "digests", "info", "kinds", "modes", "paths", "sizes", "targets")
+    __slots__ = ("digests", "info", "kinds", "modes", "paths", "sizes", "targets")
 
     def __init__(
         self,
@@ -144,42 +238,6 @@ class Manifest:
         self.sizes = sizes
         self.digests = digests
         self.targets = targets
-        self._index: dict[str, int] | None = None
-
-    def index(self) -> dict[str, int]:
-        if self._index is None:
-            self._index = dict(zip(self.paths, range(len(self.paths)), strict=True))
-        return self._index
-
-    def entry(self, i: int) -> PathEntry:
-        kind = self.kinds[i]
-        return PathEntry(
-            path=self.paths[i],
-            kind=KIND_NAMES[kind],
-            size=self.sizes[i],
-            mode=self.modes[i],
-            sha256=self.digests[32 * i : 32 * i + 32].hex() if kind == KIND_FILE else None,
-            target=self.targets[i] if kind == KIND_LINK else None,
-        )
-
-
-def encode_manifest(dirs: dict[str, DirRecord]) -> tuple[bytes, int, int]:
-    """(body, files, bytes) of the tree made of ``dirs`` (already in canonical order)."""
-    recs = [r for r in dirs.values() if r.n]
-    paths = b"\0".join([r.paths for r in recs])
-    targets = b"\0".join([r.targets for r in recs])
-    body = b"".join(
-        [
-            _BODY_HEADER.pack(sum(r.n for r in recs), len(paths), len(targets)),
-            *[r.kinds for r in recs],
-            *[r.modes for r in recs],
-            *[r.sizes for r in recs],
-            paths,
-            *[r.digests for r in recs],
-            targets,
-        ]
-    )
-    return body, sum(r.files for r in recs), sum(r.total for r in recs)
 
 
 def pack_header(created_at: float, files: int, total: int, digest: bytes) -> bytes:
@@ -188,7 +246,7 @@ def pack_header(created_at: float, files: int, total: int, digest: bytes) -> byt
 
 def decode_header(workspace_id: str, seq: int, raw: bytes) -> SnapshotInfo:
     magic, version, created_at, files, total, digest = MANIFEST_HEADER.unpack_from(raw)
-    if magic != MANIFEST_MAGIC or version != MANIFEST_VERSION:
+    if magic != MANIFEST_MAGIC or version not in (MANIFEST_VERSION, MANIFEST_VERSION_FLAT):
         raise ValueError(f"manifest {seq} of workspace {workspace_id!r} has an unknown format")
     return SnapshotInfo(
         workspace_id=workspace_id,
@@ -201,7 +259,12 @@ def decode_header(workspace_id: str, seq: int, raw: bytes) -> SnapshotInfo:
     )
 
 
-def decode_manifest(workspace_id: str, seq: int, raw: bytes) -> Manifest:
+def manifest_version(raw: bytes) -> int:
+    return int(MANIFEST_HEADER.unpack_from(raw)[1])
+
+
+def decode_flat_manifest(workspace_id: str, seq: int, raw: bytes) -> Manifest:
+    """A format 1 manifest (flat: every entry's full path), for the migration."""
     info = decode_header(workspace_id, seq, raw)
     view = memoryview(raw)
     off = MANIFEST_HEADER.size

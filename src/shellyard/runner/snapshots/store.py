@@ -4,7 +4,8 @@ Layout under the store root::
 
     objects/<2 hex>/<62 hex>        file contents named by sha256, written once, mode 0o444
     objects/tmp/                    temp files, renamed into place once complete
-    workspaces/<id>/manifests/<seq> one manifest per snapshot (header + canonical body)
+    workspaces/<id>/manifests/<seq> one manifest per snapshot: a header naming its root tree
+    workspaces/<id>/trees/          the folder trees of its snapshots, by digest (trees.py)
     workspaces/<id>/HEAD            current seq, replaced atomically (temp + rename)
     workspaces/<id>/statcache       stat cache: one record per folder (statcache.py)
     workspaces/<id>/statcache.log   records changed since statcache was last rewritten
@@ -13,14 +14,14 @@ Layout under the store root::
 
 The jobs live beside this module: ``format`` (the bytes of manifests and folder records),
 ``statcache`` (the stat cache on disk), ``scan`` (listing folders, the scan helper process),
-``commit`` (the walk that decides what to read), ``blobs`` (the object store).
+``commit`` (the walk that decides what to read), ``blobs`` (the object store), ``trees``
+(folder trees, and snapshots read through them), ``migrate`` (format 1 stores converted).
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
-import hashlib
 import logging
 import os
 import re
@@ -39,23 +40,33 @@ from shellyard.runner.snapshots.blobs import ObjectStore
 from shellyard.runner.snapshots.changes import ChangeTracker, Tracking
 from shellyard.runner.snapshots.commit import HELPER_MIN_ENTRIES, CommitStats, Hints, TreeWalker
 from shellyard.runner.snapshots.format import (
+    EMPTY_TREE,
     KIND_DIR,
     KIND_LINK,
     MANIFEST_HEADER,
     O_CLOEXEC,
-    Manifest,
     atomic_write,
     decode_header,
-    decode_manifest,
-    encode_manifest,
+    encode_tree,
     pack_header,
 )
+from shellyard.runner.snapshots.migrate import flat_manifests, migrate_workspace
 from shellyard.runner.snapshots.scan import O_DIRECTORY, ScanHelper
 from shellyard.runner.snapshots.statcache import (
     WorkspaceState,
+    apply_delta,
     file_sig,
     load_statcache,
     save_statcache,
+)
+from shellyard.runner.snapshots.trees import (
+    EMPTY_DIGEST,
+    SnapshotView,
+    TreeCache,
+    manifest_roots,
+    reachable,
+    tree_path,
+    write_tree,
 )
 
 log = logging.getLogger(__name__)
@@ -80,7 +91,6 @@ class SnapshotStore:
         scan_helper: bool | None = None,
         change_hints: bool | None = None,
         cached_workspaces: int = 32,
-        cached_manifests: int = 16,
     ) -> None:
         self.root = Path(root)
         self._workspaces = self.root / "workspaces"
@@ -100,8 +110,9 @@ class SnapshotStore:
         self._locks: dict[str, threading.Lock] = {}
         self._states: OrderedDict[str, WorkspaceState] = OrderedDict()
         self._cached_workspaces = cached_workspaces
-        self._manifests: OrderedDict[tuple[str, int], Manifest] = OrderedDict()
-        self._cached_manifests = cached_manifests
+        self.trees = TreeCache()
+        #: Workspaces known to hold no format 1 manifest (migrate.py), in this process.
+        self._migrated: set[str] = set()
         #: Stats of the most recent commit in this store (any workspace).
         self.last_commit_stats: CommitStats | None = None
 
@@ -151,37 +162,43 @@ class SnapshotStore:
                     stats.change_hints = True  # nothing changed since the head was made
                     return self._done(state, stats, track, racy or set(), started)
                 clock = self._tick(wdir)
-                dirs = self._walker.walk(root_fd, state.dirs, clock, stats, hints, track)
+                walked = self._walker.walk(root_fd, state.dirs, clock, stats, hints, track)
             finally:
                 os.close(root_fd)
-            if track is not None and track.same_tree:
-                body, files, total, digest = b"", 0, 0, bytes.fromhex(state.head_info.root_hash)
-            else:
-                body, files, total = encode_manifest(dirs)
-                digest = hashlib.sha256(body).digest()
-            if digest.hex() != state.head_info.root_hash:
+            root = walked.root
+            # trees first, so a manifest never names a missing one; a full walk makes sure
+            # of every tree (the cache may come from before this format), a hinted one writes
+            # the trees it sealed anew
+            for digest, blob in walked.blobs.items():
+                stats.trees_written += write_tree(wdir, digest, blob)
+            if not stats.change_hints:
+                for rec in [*walked.changed.values(), *state.dirs.values()]:
+                    if rec.digest not in walked.blobs and not tree_path(wdir, rec.digest).exists():
+                        stats.trees_written += write_tree(wdir, rec.digest, encode_tree(rec))
+            if root.digest.hex() != state.head_info.root_hash:
                 seq = state.head_info.seq + 1
                 created_at = time.time()
-                header = pack_header(created_at, files, total, digest)
-                atomic_write(wdir / "manifests" / str(seq), header, body)
+                header = pack_header(created_at, root.sub_files, root.sub_total, root.digest)
+                atomic_write(wdir / "manifests" / str(seq), header)
                 atomic_write(wdir / "HEAD", f"{seq}\n".encode())
                 state.head_info = SnapshotInfo(
                     workspace_id=workspace_id,
                     seq=seq,
-                    root_hash=digest.hex(),
-                    files=files,
-                    bytes=total,
+                    root_hash=root.digest.hex(),
+                    files=root.sub_files,
+                    bytes=root.sub_total,
                     created_at=created_at,
                     new=False,
                 )
                 state.head_sig = file_sig(wdir / "HEAD")
                 stats.new = True
+            apply_delta(state, walked.changed, walked.removed)
             try:
-                save_statcache(wdir, state, dirs)
+                stats.cache_bytes = save_statcache(wdir, state, walked.changed, walked.removed)
             except OSError as exc:  # only costs re-reading files next time
                 log.warning("could not save the stat cache of %s: %s", workspace_id, exc)
-                track = None  # the records in memory are not the head's: walk next time
-            stats.entries = sum(r.n for r in dirs.values())
+                track = None  # the records on disk are not the head's: walk next time
+            stats.entries = root.sub_entries
             if self._helper is not None and track is None and stats.entries >= HELPER_MIN_ENTRIES:
                 self._helper.start_soon()  # for the next full walks of this big tree
             return self._done(state, stats, track, track.racy if track else set(), started)
@@ -218,19 +235,21 @@ class SnapshotStore:
         return infos
 
     def manifest(self, workspace_id: str, seq: int | None = None) -> dict[str, PathEntry]:
-        """Every entry of a snapshot (files, folders, symlinks) by path; the root is implicit."""
-        m = self._manifest(workspace_id, seq)
-        return {m.paths[i]: m.entry(i) for i in range(len(m.paths))}
+        """Every entry of a snapshot (files, folders, symlinks) by path; the root is implicit.
+        (It holds the whole snapshot: ``view`` reads one folder at a time.)"""
+        return {
+            e.path: PathEntry.model_validate(e.model_dump())
+            for e in self.view(workspace_id, seq).entries()
+        }
 
     def stat(self, workspace_id: str, seq: int | None, path: str) -> PathEntry | None:
         """The entry at ``path`` in snapshot ``seq`` (None: head), or None when absent.
         ``""`` is the root folder."""
         rel = normalize_relative(path)
-        m = self._manifest(workspace_id, seq)
+        v = self.view(workspace_id, seq)
         if rel == "":
             return PathEntry(path="", kind="dir", size=0, mode=0o755)
-        i = m.index().get(rel)
-        return None if i is None else m.entry(i)
+        return v.entry(rel)
 
     def read(
         self, workspace_id: str, seq: int | None, path: str, offset: int, limit: int
@@ -244,39 +263,50 @@ class SnapshotStore:
                 limit=limit,
             )
         rel = normalize_relative(path)
-        m = self._manifest(workspace_id, seq)
-        where = f"snapshot {m.info.seq} of workspace {workspace_id!r}"
-        i = m.index().get(rel) if rel else None
-        if rel == "" or (i is not None and m.kinds[i] == KIND_DIR):
+        v = self.view(workspace_id, seq)
+        where = f"snapshot {v.info.seq} of workspace {workspace_id!r}"
+        found = v.find(rel) if rel else None
+        if rel == "" or (found is not None and found[0].kinds[found[1]] == KIND_DIR):
             raise InvalidInput(
                 f"{rel or '(the root)'!r} is a folder in {where}; read a file inside it, "
                 f"or list the folder instead",
                 path=rel,
             )
-        if i is None:
+        if found is None:
             raise NotFound(
                 f"no file {rel!r} in {where}; check the path (relative to the workspace "
                 f"root) or list the snapshot to see what it holds",
                 path=rel,
-                seq=m.info.seq,
+                seq=v.info.seq,
             )
-        if m.kinds[i] == KIND_LINK:
+        tree, i = found
+        if tree.kinds[i] == KIND_LINK:
             raise InvalidInput(
-                f"{rel!r} is a symbolic link to {m.targets[i]!r} in {where}; links are not "
+                f"{rel!r} is a symbolic link to {tree.targets[i]!r} in {where}; links are not "
                 f"followed, read the file it points to by its own path",
                 path=rel,
             )
-        size = m.sizes[i]
+        size = tree.sizes[i]
         start = min(offset, size)
         want = min(limit, MAX_READ_CHUNK, size - start)
         data = b""
         if want > 0:
-            fd = os.open(self.blobs.object_path(m.digests[32 * i : 32 * i + 32].hex()), os.O_RDONLY)
+            fd = os.open(self.blobs.object_path(tree.digest(i).hex()), os.O_RDONLY)
             try:
                 data = os.pread(fd, want, start)
             finally:
                 os.close(fd)
         return FileChunk(data=data, offset=start, next_offset=start + len(data), size=size)
+
+    def retained_digests(self, workspace_id: str) -> set[bytes]:
+        """The file digests the workspace's retained snapshots name (for garbage
+        collection), walking each distinct folder tree once; format 1 manifests left are
+        converted first."""
+        wdir = self._wdir(workspace_id)
+        if flat_manifests(wdir):
+            with self._workspace_lock(workspace_id, wdir):
+                migrate_workspace(wdir, workspace_id)
+        return reachable(wdir, [d for _, d in manifest_roots(wdir)], self.trees)[1]
 
     def open_object(self, sha256: str) -> BinaryIO:
         """Open a stored object (by hex sha256) for streaming reads; the caller closes it."""
@@ -308,6 +338,11 @@ class SnapshotStore:
                 f"workspace {workspace_id!r} has no snapshots in this store; create it first",
                 workspace_id=workspace_id,
             )
+        if workspace_id not in self._migrated:  # once per workspace and process
+            if flat_manifests(wdir):
+                with self._workspace_lock(workspace_id, wdir):
+                    migrate_workspace(wdir, workspace_id)
+            self._migrated.add(workspace_id)
         return wdir
 
     @contextlib.contextmanager
@@ -354,6 +389,9 @@ class SnapshotStore:
         if head_sig is None:
             self._create_empty(wdir)
             head_sig = file_sig(wdir / "HEAD")
+        if workspace_id not in self._migrated:
+            migrate_workspace(wdir, workspace_id)
+            self._migrated.add(workspace_id)
         cache_sig = (file_sig(wdir / "statcache"), file_sig(wdir / "statcache.log"))
         with self._guard:
             state = self._states.get(workspace_id)
@@ -378,10 +416,8 @@ class SnapshotStore:
         if seqs:
             atomic_write(wdir / "HEAD", f"{max(seqs)}\n".encode())
             return
-        body = encode_manifest({})[0]
-        digest = hashlib.sha256(body).digest()
-        header = pack_header(time.time(), 0, 0, digest)
-        atomic_write(wdir / "manifests" / "0", header, body)
+        write_tree(wdir, EMPTY_DIGEST, EMPTY_TREE)
+        atomic_write(wdir / "manifests" / "0", pack_header(time.time(), 0, 0, EMPTY_DIGEST))
         atomic_write(wdir / "HEAD", b"0\n")
 
     def _tick(self, wdir: Path) -> int:
@@ -396,38 +432,25 @@ class SnapshotStore:
 
     # ------------------------------------------------------------------ manifests
 
-    def _manifest(self, workspace_id: str, seq: int | None) -> Manifest:
+    def _seq(self, workspace_id: str, seq: int | None) -> tuple[Path, int]:
         wdir = self._existing_wdir(workspace_id)
         head = self._read_head(wdir, workspace_id)
         if seq is None:
-            seq = head
-        elif isinstance(seq, bool) or not isinstance(seq, int) or seq < 0 or seq > head:
+            return wdir, head
+        if isinstance(seq, bool) or not isinstance(seq, int) or seq < 0 or seq > head:
             raise NotFound(
                 f"snapshot {seq!r} of workspace {workspace_id!r} does not exist; its "
                 f"snapshots are numbered 0 to {head}",
                 workspace_id=workspace_id,
                 seq=str(seq),
             )
-        key = (workspace_id, seq)
-        with self._guard:
-            cached = self._manifests.get(key)
-            if cached is not None:
-                self._manifests.move_to_end(key)
-                return cached
-        try:
-            raw = (wdir / "manifests" / str(seq)).read_bytes()
-        except FileNotFoundError:
-            raise NotFound(
-                f"snapshot {seq} of workspace {workspace_id!r} is not retained",
-                workspace_id=workspace_id,
-                seq=seq,
-            ) from None
-        m = decode_manifest(workspace_id, seq, raw)
-        with self._guard:
-            self._manifests[key] = m
-            while len(self._manifests) > self._cached_manifests:
-                self._manifests.popitem(last=False)
-        return m
+        return wdir, seq
+
+    def view(self, workspace_id: str, seq: int | None = None) -> SnapshotView:
+        """Snapshot ``seq`` (None: the head), read through its folder trees on demand (the
+        workspace's format 1 manifests were converted by ``_existing_wdir``)."""
+        wdir, seq = self._seq(workspace_id, seq)
+        return SnapshotView(self._read_info(workspace_id, wdir, seq), wdir, self.trees)
 
 
 __all__ = ["CommitStats", "Hints", "SnapshotStore"]
