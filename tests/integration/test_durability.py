@@ -125,3 +125,34 @@ async def test_unknown_when_the_runner_lost_the_execution(home: Path) -> None:
         assert after.stdout == "once\n"
     finally:
         await plane.aclose()
+
+
+async def test_unknown_turns_running_again_while_the_sandbox_still_runs(home: Path) -> None:
+    """E9/R3: an execution that turned unknown during an outage is reported running again as
+    soon as its runner answers (not only when it ends), keeps ``was_unknown``, and can be
+    cancelled as usual."""
+    plane, _, _ = await open_yard(home, "local")
+    daemon = await start_daemon(home / "daemon", SandboxPolicy(), subprocess=True)
+    try:
+        await plane.runners.add_direct("remote", daemon.url, daemon.token)
+        started = await plane.executions.run_shell(
+            RunShellRequest(command="sleep 60", runner_id="remote", background=True)
+        )
+        daemon.kill()
+        view = await plane.executions.wait(started.execution_id, 30)
+        assert view.state == ExecutionState.unknown
+        await daemon.restart()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            view = await plane.executions.status(started.execution_id)
+            if view.state != ExecutionState.unknown:
+                break
+            await asyncio.sleep(0.1)
+        assert view.state == ExecutionState.running, view
+        assert view.was_unknown and view.error is None
+        cancelled = await plane.executions.cancel(started.execution_id, wait_s=30)
+        assert cancelled.state == ExecutionState.cancelled
+        assert cancelled.was_unknown
+    finally:
+        await plane.aclose()
+        await daemon.stop()

@@ -269,10 +269,18 @@ class ExecutionService:
                 await asyncio.sleep(min(30.0, self.retry_base_s * 2 ** min(failures, 6)))
                 continue
             if failures:
+                # R3: the runner answers again. A record that turned unknown is running
+                # again while its sandbox still runs (was_unknown keeps the trace).
+                back = failures >= MAX_QUERY_FAILURES
                 failures = 0
                 await self.store.update_execution(
-                    execution_id, from_states=("running", "unknown"), query_failures=0
+                    execution_id,
+                    from_states=("running", "unknown"),
+                    query_failures=0,
+                    **({"state": "running", "error": None} if back else {}),
                 )
+                if back:
+                    self._signal(execution_id)
             if result.state == RunnerExecState.running:
                 continue
             await self._complete(row, result)
