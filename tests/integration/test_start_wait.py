@@ -78,6 +78,32 @@ async def test_a_quick_command_costs_one_round_trip(remote_yard: ControlPlane) -
     assert sent == ["start", "read_file"]
 
 
+async def test_a_background_start_does_not_wait_for_the_end(remote_yard: ControlPlane) -> None:
+    """Nobody waits for a background execution's end, so its ``start`` asks the daemon for no
+    long poll (``wait_s`` 0): the submit answers as soon as the sandbox is spawned."""
+    plane = remote_yard
+    far = plane.runners.get("remote")
+    assert isinstance(far, RemoteRunner)
+    bodies: list[Any] = []
+    post = far._post
+
+    async def recorded(method: str, body: Any = None, *args: Any, **kwargs: Any) -> Any:
+        if method == "start":
+            bodies.append(body)
+        return await post(method, body, *args, **kwargs)
+
+    far._post = recorded  # type: ignore[method-assign]
+    await plane.executions.run_shell(RunShellRequest(command="true", runner_id="remote"))
+    started = await plane.executions.run_shell(
+        RunShellRequest(command="sleep 0.3", runner_id="remote", background=True)
+    )
+    assert started.state == ExecutionState.running
+    waits = [(b.wait_s, b.log_bytes) for b in bodies]
+    assert waits == [(far.start_wait_s, START_LOG_BYTES), (0.0, 0)]
+    done = await plane.executions.wait(started.execution_id, 30)
+    assert done.state == ExecutionState.completed and done.exit_code == 0
+
+
 async def test_a_long_command_and_a_long_log_go_to_the_runner(remote_yard: ControlPlane) -> None:
     """A command longer than the budget: ``start`` answers ``running`` and the execution is
     watched (``wait``); a log longer than the head the answer carries is read from the

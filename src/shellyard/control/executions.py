@@ -200,6 +200,8 @@ class ExecutionService:
                     script_path=row["script_path"],
                     environment_id=environment_id,
                     read_only=bool(row["read_only"]),
+                    # a queued record is started by its predecessor's end: nobody waits there
+                    detached=bool(row["background"]) or not refuse,
                 )
             )
         except RunnerUnavailable as exc:

@@ -53,6 +53,9 @@ class StartRequest(BaseModel):
     environment_id: str | None = None
     #: issue 17: run beside the writer on the last committed snapshot, bound read-only.
     read_only: bool = False
+    #: Nobody waits for this start's end (a background execution, a queued one started by
+    #: the previous one's end): a remote runner answers at once instead of long-polling.
+    detached: bool = False
 
 
 class SnapshotInfo(BaseModel):

@@ -337,10 +337,11 @@ class RemoteRunner:
         """Start, letting the daemon wait ``start_wait_s`` for the end (one round trip for a
         quick command); an answer with ``logs`` is kept for the calls that follow."""
         op = OPERATIONS["start"]
+        wait_s = 0.0 if request.detached else self.start_wait_s
         body = StartWait.model_construct(  # a validated StartRequest, extended
             **dict(request),
-            wait_s=self.start_wait_s,
-            log_bytes=START_LOG_BYTES if self.start_wait_s > 0 else 0,
+            wait_s=wait_s,
+            log_bytes=START_LOG_BYTES if wait_s > 0 else 0,
         )
         answer = cast(StartAnswer, self._decode(op, await self._post(op.name, body, self._slow)))
         record = RunnerExecution.model_construct(
