@@ -40,9 +40,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from common import metric
 from shellyard.runner.local import LocalRunner
 from shellyard.runner.protocol import StartRequest
 from shellyard.runner.snapshots.store import SnapshotStore
+
+COMMAND = "python bench/bench_change_hints.py"
 
 WS = "bench"
 
@@ -215,12 +218,15 @@ def main() -> int:
     default_dir = "/dev/shm" if os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
     parser.add_argument("--dir", type=Path, default=Path(default_dir))
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--quick", action="store_true", help="fewer rounds (the suite's smoke run)")
+    parser.add_argument("--profile", type=Path, help="accepted for bench/run_all.py; unused")
     args = parser.parse_args()
+    repeats = min(args.repeats, 7) if args.quick else args.repeats
     base = Path(tempfile.mkdtemp(prefix="shellyard-bench-hints-", dir=args.dir))
     base.chmod(0o711)  # the runner's sandbox user must reach its workspaces
     try:
         sizes = [int(s) for s in args.sizes.split(",")]
-        rows = asyncio.run(bench_all(base, sizes, args.repeats))
+        rows = asyncio.run(bench_all(base, sizes, repeats))
     finally:
         shutil.rmtree(base, ignore_errors=True)
     smallest = rows[0]
@@ -234,16 +240,44 @@ def main() -> int:
             "runner_one_file",
         ):
             row[f"{key}_vs_smallest"] = round(row[f"{key}_ms"] / smallest[f"{key}_ms"], 2)
+    largest = rows[-1]
+    labels = {
+        "one_file_hints": "commit after a one-file change",
+        "true_hints": "commit after `true`",
+        "runner_one_file": "one-file change through the local runner",
+        "runner_true": "`true` through the local runner",
+    }
+    metrics = [
+        metric(
+            f"change_hints.{key}",
+            f"{label}, {largest['files']:,} files, p50 ms",
+            largest[f"{key}_ms"],
+            "ms",
+            baseline_label=f"the same at {smallest['files']:,} files, p50 ms",
+            baseline_value=smallest[f"{key}_ms"],
+            target="≤ 1.3× the smallest tree",
+            kind="ratio_max",
+            limit=1.3,
+        )
+        for key, label in labels.items()
+    ]
     result = {
-        "repeats": args.repeats,
-        "dir": str(args.dir),
-        "cpus": os.cpu_count(),
-        "python": sys.version.split()[0],
-        "rows": rows,
+        "name": "change_hints",
+        "title": "Commit cost by workspace size, with change hints (issue 21)",
+        "command": COMMAND + (" --quick" if args.quick else ""),
+        "metrics": metrics,
+        "details": {
+            "repeats": repeats,
+            "dir": str(args.dir),
+            "cpus": os.cpu_count(),
+            "python": sys.version.split()[0],
+            "rows": rows,
+        },
     }
     text = json.dumps(result, indent=2)
     print(text)
     if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(text + "\n")
     return 0
 

@@ -5,7 +5,7 @@ per file, built once, runner/readview.py), so the ratio is measured at two works
 and so is a *cold* reader: the first one after a writer changed a file, which builds the
 view of the new head.
 
-    .venv/bin/python bench/bench_read_only.py [--rounds N]
+    .venv/bin/python bench/bench_read_only.py [--quick] [--out PATH]
 """
 
 from __future__ import annotations
@@ -13,9 +13,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import statistics
+import sys
 import time
+from typing import Any
 
-from common import make_home, remove_home
+from common import cli, make_home, metric, remove_home
 from shellyard.config import Settings
 from shellyard.contract.executions import RunShellRequest
 from shellyard.control.service import ControlPlane
@@ -30,7 +32,11 @@ async def round_trip(plane: ControlPlane, read_only: bool) -> float:
     return time.perf_counter() - started
 
 
-async def main(rounds: int) -> None:
+COMMAND = "python bench/bench_read_only.py"
+
+
+async def measure_sizes(rounds: int) -> dict[str, dict[str, float]]:
+    sizes: dict[str, dict[str, float]] = {}
     home = make_home()
     try:
         plane = ControlPlane(Settings(home=home / "home"))
@@ -49,26 +55,63 @@ async def main(rounds: int) -> None:
                     change = RunShellRequest(command=f"echo {i} > t/f1", wait_ms=30_000)
                     await plane.executions.run_shell(change)
                     cold.append(await round_trip(plane, True))
-                writer = statistics.median(times[False])
-                reader = statistics.median(times[True])
-                first = statistics.median(cold)
                 # Each round's reader over its own writer: load that drifts across the run (a
                 # shared machine) cancels out of each pair.
                 paired = statistics.median(
                     r / w for r, w in zip(times[True], times[False], strict=True)
                 )
-                print(
-                    f"files={files} writer {writer * 1000:.1f} ms reader {reader * 1000:.1f} ms "
-                    f"ratio {reader / writer:.2f} (paired {paired:.2f}); cold reader "
-                    f"{first * 1000:.1f} ms ratio {first / writer:.2f}"
-                )
+                sizes[str(files)] = {
+                    "writer_ms": round(statistics.median(times[False]) * 1000, 2),
+                    "reader_ms": round(statistics.median(times[True]) * 1000, 2),
+                    "cold_reader_ms": round(statistics.median(cold) * 1000, 2),
+                    "paired_ratio": round(paired, 3),
+                }
+                print(files, sizes[str(files)], file=sys.stderr, flush=True)
         finally:
             await plane.aclose()
     finally:
         remove_home(home)
+    return sizes
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    rounds = 10 if args.quick else 30
+    sizes = asyncio.run(measure_sizes(rounds))
+    metrics = []
+    for files, row in sizes.items():
+        metrics.append(
+            metric(
+                f"read_only.warm_{files}",
+                f"read-only run_shell(true) beside a writer, {files} files, p50 ms",
+                row["reader_ms"],
+                "ms",
+                baseline_label="writer run_shell(true), same rounds, p50 ms",
+                baseline_value=row["writer_ms"],
+                target="≤ 1.0× the writer",
+                kind="ratio_max",
+                limit=1.0,
+            )
+        )
+        metrics.append(
+            metric(
+                f"read_only.cold_{files}",
+                f"first reader after a writer changed a file, {files} files, p50 ms",
+                row["cold_reader_ms"],
+                "ms",
+                baseline_label="writer run_shell(true), p50 ms",
+                baseline_value=row["writer_ms"],
+                target="— (info: builds the new head's view)",
+                kind="info",
+            )
+        )
+    return {
+        "name": "read_only",
+        "title": "Read-only executions beside a writer (issue 17)",
+        "command": COMMAND + (" --quick" if args.quick else ""),
+        "metrics": metrics,
+        "details": {"rounds": rounds, "sizes": sizes},
+    }
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--rounds", type=int, default=20)
-    asyncio.run(main(parser.parse_args().rounds))
+    cli("read_only", run, __doc__ or "")
