@@ -433,32 +433,19 @@ DIAGNOSES["snapshots"] = (
 )
 
 DIAGNOSES["transfer_disk"] = (
-    "**New files wait for the disk; this change did not slow it.** A py-spy profile of the "
-    "server during the third transfer of a run (`-r 200 --threads`, 2026-11-30 08:32) has "
-    "65% of the two transfer threads' samples in `os.open(O_CREAT|O_EXCL)` of a new temp "
-    "file (`runner/edits.py:Editor._new_file`), not in copying or hashing: ext4 makes new "
-    "inodes wait while the previous gigabyte is written back. The slowdown grows transfer "
-    "after transfer (three in a row, same minutes, same machine: 1.56 / 4.72 / 5.04 s on this "
-    "commit, 2.84 / 5.66 / 6.06 s on the previous one, 62ca1ea), so it is the disk's state "
-    "and not the environments/interfaces change; the same benchmark met its target earlier "
-    "today (3.29 s against 3.72 s for `cp -a`). `cp -a` is faster now (0.6–1.1 s) than then "
-    "(3.7 s) under the same `os.sync()` before each sample, which this analysis does not "
-    "explain yet."
+    "**Inode creation on this shared virtual disk, then per-file Python work.** Measured "
+    "several times in one run, both the transfer and `cp -a` vary 5–10× with the machine's "
+    "load; py-spy puts 45% of the batch-writing thread in `open(O_CREAT)` of a new file, and "
+    "what the transfer adds over `cp -a` is per-file work in Python (~28%) and the commits "
+    "(~7%); not the page cache, fsync or hashing. The full analysis is under the transfer "
+    "benchmark's section (bench/notes/transfer.md)."
 )
 DIAGNOSES["env_overhead"] = (
-    "**What a change costs on top of the managers.** Per phase (warm caches, quiet "
-    "machine): conda 0.11–0.15 s against rattler's own 0.08–0.09 s — every new package's "
-    "`info/paths.json` is read from its archive before linking, because py-rattler 0.28 "
-    "panics (ends the process) on an absolute path there and follows `..`; pip 0.43–0.45 s "
-    "against uv's own 0.27 s — uv runs with `UV_LINK_MODE=copy`, and copy mode alone costs "
-    "uv +100–200 ms on this package set measured outside any sandbox "
-    "(`uv pip install` of the same specs into a fresh venv: 256–276 ms hardlink, 378–454 ms "
-    "copy). Hard links are impossible there: the tool sandbox mounts the shared cache and "
-    "the prefix separately (link() across mounts is EXDEV), and binding a common parent "
-    "would let one session's sdist build write another session's prefix. The pip change "
-    "also waits ~50 ms for the conda change's commit of the prefix, the base a failed "
-    "change rolls back to (V8). In the full suite this benchmark runs right after the "
-    "transfer benchmark's writes and is slower still."
+    "**Each change waits for the previous change's snapshot commit (the rollback base, V8), "
+    "and uv copies instead of hard-linking** (the cache and the prefix are separate mounts of "
+    "the tool sandbox, so link() is EXDEV). The conda safety check no longer costs: archives' "
+    "path lists are kept by sha256. The profile and what was tried are under the environment "
+    "benchmark's section (bench/notes/env.md)."
 )
 
 CAUSES = {
