@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from conftest import Yard, open_yard
-from shellyard.cli.common import EXIT_RETRY, exit_code_of
+from shellyard.cli.exits import EXIT_RETRY, exit_code_of
 from shellyard.config import Settings
 from shellyard.contract.executions import ExecutionState, RunShellRequest
 from shellyard.errors import InvalidInput, LowOnSpace

@@ -152,6 +152,10 @@ def _answer(op: Operation, result: Any) -> Response:
     return Response(result.model_dump_json(), media_type="application/json")
 
 
+#: RunnerExecution fields only ``start`` sets; a later status or wait leaves them empty.
+START_ONLY = ("base_environment", "base_revision", "note")
+
+
 async def start_and_wait(runner: Runner, request: StartWait) -> StartAnswer:
     """``start``, then wait up to ``wait_s`` for the end; an execution that ended is answered
     with its log sizes and first ``log_bytes`` of each log, so a quick command costs the
@@ -160,7 +164,11 @@ async def start_and_wait(runner: Runner, request: StartWait) -> StartAnswer:
     record: RunnerExecution = await runner.start(plain)
     budget = min(request.wait_s, START_WAIT_CAP_S)
     if budget > 0 and record.state == RunnerExecState.running:
+        started = record
         record = await runner.wait(record.execution_id, budget)
+        # What only start answers (the default base environment used, or the note that it
+        # ran without one: issue 20) stays in the answer when the record is the ended one.
+        record = record.model_copy(update={name: getattr(started, name) for name in START_ONLY})
     answer = StartAnswer.model_construct(**dict(record))  # a validated record, extended
     if budget > 0 and record.state != RunnerExecState.running:
         logs: list[LogHead] = []
