@@ -52,6 +52,7 @@ SCOPED_IDS = {
 ADMIN_ONLY = {
     ("POST", "/v1/runners"),
     ("POST", "/v1/runners/remove"),
+    ("POST", "/v1/runners/bootstrap"),
     ("POST", "/v1/sessions"),
     ("POST", "/v1/retention"),
     ("POST", "/v1/gc"),
@@ -101,6 +102,8 @@ BODIES: dict[tuple[str, str], dict[str, Any]] = {
         "target_folder": "copied",
     },
     ("POST", "/v1/artifacts"): {"path": "f.txt", "workspace_id": "{workspace_id}"},
+    ("POST", "/v1/ports"): {"port": 8000, "workspace_id": "{workspace_id}"},
+    ("POST", "/v1/ports/close"): {"port": 8000, "workspace_id": "{workspace_id}"},
     ("POST", "/v1/tokens"): {"kind": "agent", "agent_id": "{agent_id}"},
     # wait_ms 0: B's change is only recorded (the environment is a bare record, see below).
     ("POST", "/v1/environments/{environment_id}/install"): {
@@ -132,6 +135,9 @@ RAW_BODIES = {("PUT", "/v1/files/content"): b"new", ("POST", "/v1/files/archive"
 OWNER_SKIPPED = {
     ("GET", "/v1/sessions/{session_id}/wakes/stream"),
     ("GET", "/v1/sessions/{session_id}/panel/stream"),
+    # B forwards no port here, so its own close is not_found (of the forward, not of the
+    # workspace); the owner's open, list and close are tests/integration/test_ports.py's
+    ("POST", "/v1/ports/close"),
 }
 
 
