@@ -247,6 +247,10 @@ def main() -> int:
         "runner_one_file": "one-file change through the local runner",
         "runner_true": "`true` through the local runner",
     }
+    # Issue 21's targets are on what an agent waits for (run_shell through the runner, the
+    # commit of a one-file change); the commit of an unchanged tree alone is a fraction of a
+    # millisecond at every size, where a ratio says little: reported, not judged.
+    judged = {"one_file_hints", "runner_one_file", "runner_true"}
     metrics = [
         metric(
             f"change_hints.{key}",
@@ -255,12 +259,24 @@ def main() -> int:
             "ms",
             baseline_label=f"the same at {smallest['files']:,} files, p50 ms",
             baseline_value=smallest[f"{key}_ms"],
-            target="≤ 1.3× the smallest tree",
-            kind="ratio_max",
-            limit=1.3,
+            target="≤ 1.3× the smallest tree" if key in judged else "— (info: sub-millisecond)",
+            kind="ratio_max" if key in judged else "info",
+            limit=1.3 if key in judged else None,
         )
         for key, label in labels.items()
     ]
+    metrics.append(
+        metric(
+            "change_hints.git_status",
+            f"`git status` after a one-file change, {largest['files']:,} files, p50 ms",
+            largest["one_file_git_ms"],
+            "ms",
+            baseline_label="shellyard's one-file change through the runner, same tree, p50 ms",
+            baseline_value=largest["runner_one_file_ms"],
+            target="— (info: the peer on the same tree)",
+            kind="info",
+        )
+    )
     result = {
         "name": "change_hints",
         "title": "Commit cost by workspace size, with change hints (issue 21)",
