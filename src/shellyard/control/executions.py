@@ -64,6 +64,21 @@ class EnvironmentGate(Protocol):
         ...
 
 
+class WatchLeases(Protocol):
+    """Who watches an execution when several replicas share the database (issue 16); the
+    control plane plugs its lease keeper in (``ExecutionService.leases``)."""
+
+    async def acquire(self, kind: str, subject_id: str, runner_id: str) -> bool:
+        """True when this replica holds the lease now (it then watches and finalizes)."""
+        ...
+
+    async def release(self, kind: str, subject_id: str) -> None: ...
+
+
+#: The lease kind of an execution's watch.
+LEASE_KIND = "execution"
+
+
 class ExecutionService:
     def __init__(self, store: Store, runners: RunnerRegistry, agents: AgentResolver) -> None:
         self.store = store
@@ -84,16 +99,55 @@ class ExecutionService:
         #: execution id → the runner's note from its start (no default base, issue 20),
         #: handed to the run_shell answer once
         self._notes: dict[str, str] = {}
+        #: Leases (issue 16): None runs as one replica (every execution is ours).
+        self.leases: WatchLeases | None = None
+        #: Called with an execution id whose waiters were woken here (its end, or unknown):
+        #: the cross-replica fan-out tells the other replicas' waiters (control/fanout.py).
+        self.on_signal: Callable[[str], None] | None = None
+        #: Called with ("spawn" | "commit", seconds): the runner's start call, and from the
+        #: process's exit to its final record (the sandbox's end and the snapshot commit).
+        self.on_timing: Callable[[str, float], None] | None = None
 
     # ------------------------------------------------------------------ lifecycle
 
     async def startup(self) -> None:
-        """E11: re-attach to every execution the previous control plane left active."""
+        """E11: re-attach to every execution the previous control plane left active. With
+        leases the lease keeper's start-up claims them and calls ``adopt`` for each."""
+        if self.leases is not None:
+            return
         for row in await self.store.active_executions():
             if row["state"] == ExecutionState.running:
                 self._watch(row)
             else:
                 await self.dispatch(str(row["workspace_id"]))
+
+    async def adopt(self, execution_id: str) -> None:
+        """This replica took over the execution's lease (its holder died, issue 16): watch it
+        as a restart would (E11), or hand its workspace on when it is already final."""
+        row = await self.store.get_execution(execution_id)
+        if row is None:
+            await self._release(execution_id)
+            return
+        state = ExecutionState(row["state"])
+        if state in (ExecutionState.running, ExecutionState.unknown):
+            self._watch(row, leased=True)
+            return
+        await self.dispatch(str(row["workspace_id"]))
+        if not self._watching(execution_id):
+            await self._release(execution_id)
+
+    def forget(self, execution_id: str) -> None:
+        """Another replica took the lease: stop watching (it finalizes)."""
+        task = self._watchers.pop(execution_id, None)
+        if task is not None:
+            task.cancel()
+
+    def _watching(self, execution_id: str) -> bool:
+        return execution_id in self._watchers
+
+    async def _release(self, execution_id: str) -> None:
+        if self.leases is not None:
+            await self.leases.release(LEASE_KIND, execution_id)
 
     async def aclose(self) -> None:
         self._closing = True
@@ -173,6 +227,18 @@ class ExecutionService:
         later; CLI exit 75) after the record is made failed with the same message."""
         execution_id = str(row["id"])
         runner = self.runners.get(str(row["runner_id"]))
+        if self.leases is not None:
+            # One replica starts and watches it; another replica's dispatch of the same
+            # queue loses here and leaves it alone.
+            if not await self.leases.acquire(LEASE_KIND, execution_id, str(row["runner_id"])):
+                return await self._finalized(row)
+            row = await self._finalized(row)
+            if row["state"] != ExecutionState.queued:  # started or ended meanwhile
+                if row["state"] == ExecutionState.running:
+                    self._watch(row, leased=True)
+                else:
+                    await self._release(execution_id)
+                return row
         environment_id = row["environment_id"]
         if environment_id is not None and row["environment_revision"] is None:
             environments = self.environments
@@ -180,6 +246,9 @@ class ExecutionService:
             # V5/V6 gate: queued behind a pending change, or the latest revision resolved.
             verdict, row = await environments.gate(execution_id, str(environment_id))
             if row["state"] != ExecutionState.queued or verdict == "wait":
+                # Waiting for an environment change: its end dispatches it, no watch needed.
+                if row["state"] == ExecutionState.queued:
+                    await self._release(execution_id)
                 return row
             if verdict == "failed":
                 await self._end(
@@ -188,6 +257,7 @@ class ExecutionService:
                     error=f"environment {environment_id} could not be created; create another",
                 )
                 return await self._finalized(row)
+        spawn_began = time.monotonic()
         try:
             result = await runner.start(
                 StartRequest(
@@ -209,6 +279,8 @@ class ExecutionService:
             if refuse and isinstance(exc, LowOnSpace):  # limits (issue 12)
                 raise
             return await self._finalized(row)
+        if self.on_timing is not None:
+            self.on_timing("spawn", time.monotonic() - spawn_began)
         if result.base_environment is not None and environment_id is None:
             # The runner's default base (issue 20): the record says what it ran in (V6).
             await self.store.update_execution(
@@ -223,7 +295,7 @@ class ExecutionService:
         fresh = await self.store.start_execution(execution_id, result.started_at or time.time())
         assert fresh is not None
         if fresh["state"] == ExecutionState.running:
-            self._watch(fresh)
+            self._watch(fresh, leased=True)
         return fresh
 
     async def _finalized(self, row: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -233,13 +305,21 @@ class ExecutionService:
 
     # ------------------------------------------------------------------ watch
 
-    def _watch(self, row: Mapping[str, Any]) -> None:
+    def _watch(self, row: Mapping[str, Any], leased: bool = False) -> None:
+        """Watch a running execution until its end; ``leased``: this replica holds its lease
+        (or there are no leases), so nobody else watches it."""
         execution_id = str(row["id"])
         if execution_id in self._watchers or self._closing:
             return
+        assert leased or self.leases is None, "watching an execution without its lease"
         task = asyncio.create_task(self._watch_loop(row), name=f"watch-{execution_id}")
         self._watchers[execution_id] = task
-        task.add_done_callback(lambda _t: self._watchers.pop(execution_id, None))
+
+        def done(finished: asyncio.Task[None]) -> None:
+            if self._watchers.get(execution_id) is finished:
+                del self._watchers[execution_id]
+
+        task.add_done_callback(done)
 
     async def _watch_loop(self, row: Mapping[str, Any]) -> None:
         execution_id = str(row["id"])
@@ -301,6 +381,8 @@ class ExecutionService:
             finished_at=result.finished_at or time.time(),
             sandbox_policy=result.policy.model_dump_json() if result.policy else None,
         )
+        if self.on_timing is not None and result.finished_at:
+            self.on_timing("commit", max(0.0, time.time() - result.finished_at))
 
     async def _end(self, row: Mapping[str, Any], state: ExecutionState, **values: Any) -> None:
         """Make the record terminal, post its notice, release the writer (one transaction),
@@ -329,8 +411,21 @@ class ExecutionService:
                 log.exception("an on_finished observer failed for %s", execution_id)
         if queued is not None:
             await self.dispatch(str(row["workspace_id"]))
+        # Last: a replica dying before this line leaves the lease to expire, and whoever
+        # takes it over hands the workspace on (``adopt``).
+        await self._release(execution_id)
 
     def _signal(self, execution_id: str) -> None:
+        self.signal(execution_id)
+        if self.on_signal is not None:
+            self.on_signal(execution_id)
+
+    def waited(self) -> list[str]:
+        """The executions someone waits for on this replica."""
+        return list(self._finished)
+
+    def signal(self, execution_id: str) -> None:
+        """Wake this replica's waiters of the execution (they read its record again)."""
         event = self._finished.pop(execution_id, None)
         if event is not None:
             event.set()

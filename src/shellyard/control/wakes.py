@@ -120,6 +120,12 @@ class WakeService:
         self._deliveries: dict[str, asyncio.Task[None]] = {}
         self._http: httpx.AsyncClient | None = None
         self._closing = False
+        #: Replicas (issue 16, control/fanout.py): told of each wake emitted here, and of each
+        #: agent this replica was asked to wake, so the replicas serving its channels try too.
+        self.on_emitted: Callable[[WakeView], None] | None = None
+        self.on_notify: Callable[[str, str], None] | None = None
+        self.on_webhooks: Callable[[], None] | None = None
+        self.emitted = 0
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -148,9 +154,14 @@ class WakeService:
 
     # ------------------------------------------------------------------ emitting
 
-    async def notify(self, agent_id: str, reason: str = "notice") -> WakeView | None:
+    async def notify(
+        self, agent_id: str, reason: str = "notice", *, relayed: bool = False
+    ) -> WakeView | None:
         """Emit a wake for the agent if it is idle, its gates are open, a channel listens and
-        it has notices no wake delivered yet."""
+        it has notices no wake delivered yet. ``relayed``: another replica asked (it is not
+        told again)."""
+        if not relayed and self.on_notify is not None and not self._closing:
+            self.on_notify(agent_id, reason)
         if self._closing or not (self._webhooks or self._callbacks or self._subscribers):
             return None  # nobody could hear it: the notices wait, unwoken
         live: frozenset[str] | None = frozenset(self._subscribers) | {
@@ -163,6 +174,9 @@ class WakeService:
             return None
         row, delivery_ids = emitted
         wake = wake_view(row)
+        self.emitted += 1
+        if self.on_emitted is not None:
+            self.on_emitted(wake)
         log.info(
             "wake %s for agent %s (%d notices)",
             wake.wake_id,
@@ -180,12 +194,34 @@ class WakeService:
         return wake
 
     async def kick_session(self, session_id: str, reason: str) -> None:
+        # A channel of this replica appeared: only it can be newly heard, so no fan-out.
         for agent in await self.store.list_agents(session_id):
-            await self.notify(str(agent["id"]), reason)
+            await self.notify(str(agent["id"]), reason, relayed=True)
 
     async def kick_all(self, reason: str) -> None:
         for agent_id in await self.store.agents_to_wake():
-            await self.notify(agent_id, reason)
+            await self.notify(agent_id, reason, relayed=True)
+
+    async def relay(self, session_id: str, seq: int) -> None:
+        """A wake another replica emitted: hand it to this replica's streams and callbacks
+        of its session (webhooks were the emitter's to deliver)."""
+        if session_id not in self._subscribers and not any(
+            sid in (None, session_id) for sid, _cb in self._callbacks
+        ):
+            return
+        rows = await self.store.list_wakes(session_id, seq - 1, limit=1)
+        if not rows or rows[0]["seq"] != seq:
+            return
+        wake = wake_view(rows[0])
+        for queue in self._subscribers.get(session_id, ()):
+            queue.put_nowait(wake)
+        for sid, callback in list(self._callbacks):
+            if sid in (None, session_id):
+                self._spawn(self._call(callback, wake))
+
+    async def refresh_webhooks(self) -> None:
+        """Another replica added or removed a webhook."""
+        self._webhooks = bool(await self.store.list_webhooks())
 
     async def execution_finished(self, row: Mapping[str, Any], notice_read: bool) -> None:
         """ExecutionService observer: an unread completion notice may wake its owner (N3)."""
@@ -261,6 +297,8 @@ class WakeService:
             }
         )
         self._webhooks = True
+        if self.on_webhooks is not None:  # other replicas: there is a channel now
+            self.on_webhooks()
         if request.session_id is None:
             await self.kick_all("channel")
         else:
@@ -275,6 +313,8 @@ class WakeService:
         if row is None:
             raise NotFound(f"no webhook {webhook_id!r}; list them with GET /v1/webhooks")
         self._webhooks = bool(await self.store.list_webhooks())
+        if self.on_webhooks is not None:
+            self.on_webhooks()
         return _webhook_view(row)
 
     async def deliveries(self, wake_id: str) -> list[DeliveryView]:

@@ -1,0 +1,58 @@
+"""Wiring of several replicas on one database (issue 16): the lease keeper and the fan-out
+plugged into the execution and wake services, which know neither (their hooks are plain
+callables). Built by ``service.py``; on SQLite the keeper only records leases and the fan-out
+publishes nothing, so one replica behaves as before."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from shellyard.control.executions import LEASE_KIND, ExecutionService
+from shellyard.control.fanout import Fanout
+from shellyard.control.leases import LeaseKeeper
+from shellyard.control.metrics import Metrics
+from shellyard.control.wakes import WakeService
+
+
+def wire(
+    executions: ExecutionService,
+    wakes: WakeService,
+    keeper: LeaseKeeper,
+    fanout: Fanout,
+    metrics: Metrics,
+) -> None:
+    executions.leases = keeper
+    keeper.adopters[LEASE_KIND] = executions.adopt
+    keeper.on_lost[LEASE_KIND] = executions.forget
+    keeper.dispatch = executions.dispatch
+    executions.on_timing = metrics.observe
+    if not fanout.enabled:
+        return
+
+    executions.on_signal = lambda execution_id: fanout.publish("x", e=execution_id)
+    wakes.on_notify = lambda agent_id, reason: fanout.publish("n", a=agent_id, why=reason)
+    wakes.on_emitted = lambda wake: fanout.publish("w", s=wake.session_id, q=wake.seq)
+    wakes.on_webhooks = lambda: fanout.publish("h")
+
+    async def ended(message: dict[str, Any]) -> None:
+        executions.signal(str(message["e"]))
+
+    async def notify(message: dict[str, Any]) -> None:
+        await wakes.notify(str(message["a"]), str(message.get("why") or "notice"), relayed=True)
+
+    async def emitted(message: dict[str, Any]) -> None:
+        await wakes.relay(str(message["s"]), int(message["q"]))
+
+    async def webhooks(_message: dict[str, Any]) -> None:
+        await wakes.refresh_webhooks()
+
+    async def resync() -> None:
+        # Messages may have been lost while the listener was away: every waiter reads its
+        # record again, and every agent a channel of this replica can hear is tried.
+        for execution_id in list(executions.waited()):
+            executions.signal(execution_id)
+        await wakes.refresh_webhooks()
+        await wakes.kick_all("channel")
+
+    fanout.handlers.update(x=ended, n=notify, w=emitted, h=webhooks)
+    fanout.on_resync.append(resync)
