@@ -173,6 +173,10 @@ def create_app(
     from shellyard.api.maintenance import maintenance_router  # gc, debug sizes (admin)
 
     app.include_router(maintenance_router(plane), dependencies=auth)
+    # Operations (issue 16): /healthz and /readyz open to probes, /metrics with the admin token.
+    from shellyard.api.ops import ops_router
+
+    app.include_router(ops_router(plane))
 
     # The web page: its login, its session-wide reads, its static assets (issue 14).
     from shellyard.api.login import login_router

@@ -128,6 +128,8 @@ class ExecutionService:
         if row is None:
             await self._release(execution_id)
             return
+        if str(row["runner_id"]) not in self.runners.ids():  # registered on another replica
+            await self.runners.load_registered()
         state = ExecutionState(row["state"])
         if state in (ExecutionState.running, ExecutionState.unknown):
             self._watch(row, leased=True)
@@ -179,6 +181,8 @@ class ExecutionService:
             runner_id = await self.environments.check_usable(
                 request.environment_id, owner, request.runner_id
             )
+        if runner_id not in self.runners.ids():  # perhaps registered on another replica
+            await self.runners.load_registered()
         runner = self.runners.get(runner_id)
         workspace_id = await self._workspace(owner, runner_id)
         if request.script_path is not None:
@@ -294,6 +298,7 @@ class ExecutionService:
             self._notes[execution_id] = result.note
         fresh = await self.store.start_execution(execution_id, result.started_at or time.time())
         assert fresh is not None
+        await self._log(fresh)
         if fresh["state"] == ExecutionState.running:
             self._watch(fresh, leased=True)
         return fresh
@@ -403,6 +408,8 @@ class ExecutionService:
             from_states=("queued", "running", "unknown"),
         )
         self._signal(execution_id)
+        if final is not None:
+            await self._log(final)
         for observer in self.on_finished:
             try:
                 if final is not None:
@@ -414,6 +421,23 @@ class ExecutionService:
         # Last: a replica dying before this line leaves the lease to expire, and whoever
         # takes it over hands the workspace on (``adopt``).
         await self._release(execution_id)
+
+    async def _log(self, row: Mapping[str, Any]) -> None:
+        """A structured line of a state change (``serve --log-format json``), with the ids
+        an operator follows an execution by; its session costs a read, so only when logged."""
+        if not log.isEnabledFor(logging.INFO):
+            return
+        agent = await self.store.get_agent(str(row["agent_id"]))
+        fields = {
+            "action": "execution_" + str(row["state"]),
+            "execution_id": row["id"],
+            "session_id": agent["session_id"] if agent else None,
+            "agent_id": row["agent_id"],
+            "runner_id": row["runner_id"],
+            "workspace_id": row["workspace_id"],
+            "exit_code": row["exit_code"],
+        }
+        log.info("execution %s %s", row["id"], row["state"], extra=fields)
 
     def _signal(self, execution_id: str) -> None:
         self.signal(execution_id)

@@ -30,6 +30,7 @@ def wire(
         return
 
     executions.on_signal = lambda execution_id: fanout.publish("x", e=execution_id)
+    executions.runners.on_change = lambda: fanout.publish("r")
     wakes.on_notify = lambda agent_id, reason: fanout.publish("n", a=agent_id, why=reason)
     wakes.on_emitted = lambda wake: fanout.publish("w", s=wake.session_id, q=wake.seq)
     wakes.on_webhooks = lambda: fanout.publish("h")
@@ -46,6 +47,9 @@ def wire(
     async def webhooks(_message: dict[str, Any]) -> None:
         await wakes.refresh_webhooks()
 
+    async def runners(_message: dict[str, Any]) -> None:
+        await executions.runners.reload()
+
     async def resync() -> None:
         # Messages may have been lost while the listener was away: every waiter reads its
         # record again, and every agent a channel of this replica can hear is tried.
@@ -53,6 +57,7 @@ def wire(
             executions.signal(execution_id)
         await wakes.refresh_webhooks()
         await wakes.kick_all("channel")
+        await executions.runners.reload()
 
-    fanout.handlers.update(x=ended, n=notify, w=emitted, h=webhooks)
+    fanout.handlers.update(x=ended, n=notify, w=emitted, h=webhooks, r=runners)
     fanout.on_resync.append(resync)

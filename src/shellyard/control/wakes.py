@@ -182,7 +182,12 @@ class WakeService:
             wake.wake_id,
             agent_id,
             len(wake.notices),
-            extra={"action": "wake", "wake_id": wake.wake_id, "agent_id": agent_id},
+            extra={
+                "action": "wake",
+                "wake_id": wake.wake_id,
+                "agent_id": agent_id,
+                "session_id": wake.session_id,
+            },
         )
         for queue in self._subscribers.get(wake.session_id, ()):
             queue.put_nowait(wake)
