@@ -38,8 +38,9 @@ def ops_router(plane: ControlPlane) -> APIRouter:
         code's head and the local runner answers."""
         checks = await _readiness(plane)
         ready = all(check["ok"] for check in checks.values())
+        replica = plane.leases.replica_id if plane.leases else None
         return JSONResponse(
-            {"status": "ready" if ready else "not ready", "checks": checks},
+            {"status": "ready" if ready else "not ready", "replica": replica, "checks": checks},
             status_code=200 if ready else 503,
         )
 
