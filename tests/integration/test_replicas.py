@@ -26,10 +26,10 @@ from replicas_fixture import (
     start_replicas,
     stop_all,
 )
-from conftest import make_home
 from runner_daemon_fixture import RunnerDaemon, start_daemon
 from webhook_receiver import WebhookReceiver
 
+from conftest import make_home
 from shellyard.runner.protocol import SandboxPolicy
 
 pytestmark = pytest.mark.timeout(900)
@@ -171,3 +171,233 @@ async def test_sse_on_one_replica_sees_an_end_another_watched(root: Path) -> Non
         finally:
             stop_all(replicas)
             await daemon.stop()
+
+
+#: The issue asks for 300; SHELLYARD_REPLICA_EXECUTIONS lowers it for a quick run.
+EXECUTIONS = int(os.environ.get("SHELLYARD_REPLICA_EXECUTIONS", "300"))
+SESSIONS = 6
+TIMERS = 12
+
+
+class Fleet:
+    """The test's host: submits through the replicas round-robin (another one when a replica
+    is down: the idempotency key makes the retry the same execution, E10) and answers wakes."""
+
+    def __init__(self, replicas: list[Replica], http: httpx.AsyncClient) -> None:
+        self.replicas = replicas
+        self.http = http
+
+    async def call(
+        self, start: int, method: str, path: str, agent: str | None = None, **kw: Any
+    ) -> httpx.Response:
+        headers = {"X-Shellyard-Agent": agent} if agent else {}
+        deadline = time.monotonic() + 180
+        attempt = 0
+        while True:
+            replica = self.replicas[(start + attempt) % len(self.replicas)]
+            attempt += 1
+            if not replica.url:
+                await asyncio.sleep(0.05)
+                continue
+            try:
+                answer = await self.http.request(method, replica.url + path, headers=headers, **kw)
+            except httpx.TransportError:
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.1)
+                continue
+            if answer.status_code >= 500 and time.monotonic() < deadline:
+                await asyncio.sleep(0.1)
+                continue
+            return answer
+
+
+async def test_three_replicas_two_runners_kill9_one_twice(root: Path) -> None:
+    """Issue 16 item 1 (E11 across replicas, N2, N7, E10): 3 replicas, 2 runner daemons,
+    EXECUTIONS executions (a third background) and TIMERS timers submitted round-robin while
+    one replica is killed -9 and restarted twice. Every execution completes exactly once with
+    its exit code, every background completion is in exactly one wake, every timer fires once
+    and is in exactly one wake, nothing stays non-terminal, no lease is left."""
+    receiver = WebhookReceiver().start()
+    async with fresh_database() as url:
+        daemons = [
+            await start_daemon(root / f"daemon{i}", SandboxPolicy(), subprocess=True)
+            for i in range(2)
+        ]
+        env = replica_env(
+            SHELLYARD_LEASE_TTL_S=LEASE_TTL_S,
+            SHELLYARD_TIMER_POLL_S="1",
+            SHELLYARD_WEBHOOK_RETRY_BASE_S="0.2",
+            SHELLYARD_WEBHOOK_RETRY_MAX_S="1",
+        )
+        replicas = await start_replicas(url, 3, env)
+        began = time.monotonic()
+        limits = httpx.Limits(max_connections=64)
+        async with httpx.AsyncClient(timeout=60, limits=limits) as http:
+            fleet = Fleet(replicas, http)
+            try:
+                await register(replicas[0], daemons)
+                sessions = [
+                    (await fleet.call(0, "POST", "/v1/sessions")).json() for _ in range(SESSIONS)
+                ]
+                agents = [s["main_agent_id"] for s in sessions]
+                hook = await fleet.call(0, "POST", "/v1/webhooks", json={"url": receiver.url})
+                assert hook.status_code == 200, hook.text
+                await asyncio.sleep(0.3)  # every replica heard of the runners and the webhook
+                results = await _storm(fleet, agents, url, receiver)
+            finally:
+                elapsed = time.monotonic() - began
+                stop_all(replicas)
+                for daemon in daemons:
+                    await daemon.stop()
+                receiver.stop()
+        print(f"{EXECUTIONS} executions, {TIMERS} timers, 2 kills: {elapsed:.1f} s;", results)
+
+
+async def _storm(
+    fleet: Fleet, agents: list[str], url: str, receiver: WebhookReceiver
+) -> dict[str, Any]:
+    victim = fleet.replicas[1]
+    submitted: dict[int, str] = {}
+    progress = asyncio.Event()
+    rng = random.Random(16)
+
+    def plan(i: int) -> tuple[str, str, bool]:
+        agent = agents[i % len(agents)]
+        runner = f"r{(i // len(agents)) % 2}"
+        return agent, runner, i % 3 == 0
+
+    async def submit(i: int) -> None:
+        agent, runner, background = plan(i)
+        sleep = rng.choice(["", "sleep 0.2; ", "sleep 0.5; "])
+        body = {
+            "command": f"{sleep}echo {i} >> runs.txt; exit {i % 7}",
+            "runner_id": runner,
+            "background": background,
+            "queue": True,
+            "wait_ms": 2000,
+            "idempotency_key": f"storm-{i}",
+        }
+        answer = await fleet.call(i, "POST", "/v1/executions", agent, json=body)
+        assert answer.status_code == 200, answer.text
+        submitted[i] = answer.json()["execution_id"]
+        progress.set()
+
+    timers: list[str] = []
+    every = max(1, EXECUTIONS // TIMERS)
+
+    async def timer(j: int) -> None:
+        body = {"text": f"t{j}", "after_ms": rng.randint(300, 4000)}
+        answer = await fleet.call(j, "POST", "/v1/timers", agents[j % len(agents)], json=body)
+        assert answer.status_code == 200, answer.text
+        timers.append(answer.json()["timer_id"])
+
+    async def chaos() -> None:
+        for third in (1, 2):
+            while len(submitted) < EXECUTIONS * third // 3:
+                progress.clear()
+                await progress.wait()
+            victim.kill()
+            victim.url = ""
+            await asyncio.sleep(0.5)
+            await victim.start()
+
+    woken: dict[str, set[str]] = {}  # wake id → the notices' subjects
+    deliveries: dict[str, int] = {}
+
+    async def host() -> None:
+        seen = 0
+        while True:
+            while seen < len(receiver.received):
+                wake = receiver.received[seen].json
+                seen += 1
+                deliveries[wake["wake_id"]] = deliveries.get(wake["wake_id"], 0) + 1
+                if wake["wake_id"] in woken:
+                    continue  # a copy (same wake id): the host drops it
+                woken[wake["wake_id"]] = {n["subject_id"] for n in wake["notices"]}
+                agent = wake["agent_id"]
+                await fleet.call(seen, "POST", f"/v1/agents/{agent}/turn/end", agent)
+            await asyncio.sleep(0.05)
+
+    host_task = asyncio.create_task(host())
+    chaos_task = asyncio.create_task(chaos())
+    gate = asyncio.Semaphore(12)
+
+    async def bounded(i: int) -> None:
+        async with gate:
+            await submit(i)
+            if i % every == 0 and i // every < TIMERS:
+                await timer(i // every)
+
+    began = time.monotonic()
+    await asyncio.gather(*(bounded(i) for i in range(EXECUTIONS)))
+    await chaos_task
+    print(f"submitted in {time.monotonic() - began:.1f} s")
+    assert len(submitted) == EXECUTIONS and len(timers) == TIMERS
+
+    # Every execution ends, completed with its own exit code (E11 through two takeovers).
+    views: dict[int, dict[str, Any]] = {}
+    for i, execution_id in submitted.items():
+        agent, _runner, _bg = plan(i)
+        deadline = time.monotonic() + 120
+        while True:
+            answer = await fleet.call(
+                i, "GET", f"/v1/executions/{execution_id}/wait", agent, params={"timeout_s": 10}
+            )
+            view = answer.json()
+            if view["state"] in TERMINAL or time.monotonic() > deadline:
+                break
+        views[i] = view
+    print(f"all ended after {time.monotonic() - began:.1f} s")
+    wrong = {i: (v["state"], v["exit_code"]) for i, v in views.items() if v["exit_code"] != i % 7}
+    assert not wrong, f"not completed with its exit code: {wrong}"
+    assert {v["state"] for v in views.values()} == {"completed"}
+
+    # Exactly once: each command appended its number once to its workspace's runs.txt.
+    counts: dict[int, int] = {}
+    for agent in agents:
+        for runner in ("r0", "r1"):
+            body = {"command": "cat runs.txt", "runner_id": runner, "queue": True}
+            ran = (await fleet.call(0, "POST", "/v1/executions", agent, json=body)).json()
+            assert ran["state"] == "completed", ran
+            for line in ran["stdout"].split():
+                counts[int(line)] = counts.get(int(line), 0) + 1
+    assert counts == {i: 1 for i in range(EXECUTIONS)}, {i: n for i, n in counts.items() if n != 1}
+
+    # Every background completion wakes its agent once; every timer fires once.
+    background = {submitted[i] for i in range(EXECUTIONS) if plan(i)[2]}
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        heard = set().union(*woken.values()) if woken else set()
+        if background | set(timers) <= heard:
+            break
+        await asyncio.sleep(0.2)
+    host_task.cancel()
+    print(f"all woken after {time.monotonic() - began:.1f} s")
+    subjects = [s for wake in woken.values() for s in wake]
+    twice = {s for s in subjects if subjects.count(s) > 1}
+    assert not twice, f"notices in two different wakes: {twice}"
+    missing = (background | set(timers)) - set(subjects)
+    assert not missing, (
+        f"never woken: {missing}",
+        query(url, "SELECT * FROM notices WHERE subject_id = ANY(%s)", list(missing)),
+        query(url, "SELECT * FROM timers WHERE id = ANY(%s)", list(missing)),
+        query(url, "SELECT id, state, gate FROM agents"),
+    )
+    fired = query(url, "SELECT id, state FROM timers")
+    assert sorted(fired) == sorted((t, "fired") for t in timers)
+
+    # Nothing left behind: no live record, no lease.
+    live = query(url, "SELECT id, state FROM executions WHERE state IN ('queued', 'running')")
+    assert not live, live
+    deadline = time.monotonic() + 10
+    while query(url, "SELECT count(*) FROM leases WHERE kind = 'execution'") != [(0,)]:
+        assert time.monotonic() < deadline, query(url, "SELECT * FROM leases")
+        await asyncio.sleep(0.2)
+    takeovers = query(url, "SELECT count(*) FROM executions WHERE was_unknown")
+    copies = sum(n - 1 for n in deliveries.values())
+    return {
+        "wakes": len(woken),
+        "webhook copies (same wake id)": copies,
+        "was_unknown": takeovers[0][0],
+    }

@@ -35,6 +35,9 @@ DEFAULT_TTL_S = 10.0
 #: Leases claimed per round (the rest wait a round: a dead replica's work spreads out).
 CLAIM_BATCH = 200
 
+#: Rounds between sweeps (a round is a third of the lease time).
+SWEEP_EVERY = 3
+
 Adopter = Callable[[str], Awaitable[None]]
 
 
@@ -78,8 +81,12 @@ class LeaseKeeper:
         self.adopters: dict[str, Adopter] = {}
         #: kind → called with a subject whose lease another replica took.
         self.on_lost: dict[str, Callable[[str], None]] = {}
-        #: kind → called with a workspace whose queue nobody hands on.
+        #: Called with a workspace whose queue nobody hands on.
         self.dispatch: Callable[[str], Awaitable[None]] | None = None
+        #: Called every few rounds (PostgreSQL): a replica that died between recording
+        #: something and acting on it (a notice and its wake) left work no lease names.
+        self.sweep: Callable[[], Awaitable[None]] | None = None
+        self._rounds = 0
         self._held: set[tuple[str, str]] = set()
         self._loop: asyncio.Task[None] | None = None
         self.takeovers = 0
@@ -124,6 +131,9 @@ class LeaseKeeper:
             try:
                 await self.renew()
                 await self.claim_round(startup=False)
+                self._rounds += 1
+                if self.sweep is not None and self._rounds % SWEEP_EVERY == 0:
+                    await self.sweep()
             except asyncio.CancelledError:
                 raise
             except Exception:

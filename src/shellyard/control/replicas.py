@@ -11,7 +11,7 @@ from shellyard.control.executions import LEASE_KIND, ExecutionService
 from shellyard.control.fanout import Fanout
 from shellyard.control.leases import LeaseKeeper
 from shellyard.control.metrics import Metrics
-from shellyard.control.wakes import WakeService
+from shellyard.control.wakes import DELIVERY_LEASE, WakeService
 
 
 def wire(
@@ -26,6 +26,16 @@ def wire(
     keeper.on_lost[LEASE_KIND] = executions.forget
     keeper.dispatch = executions.dispatch
     executions.on_timing = metrics.observe
+    wakes.leases = keeper
+    keeper.adopters[DELIVERY_LEASE] = wakes.adopt_delivery
+    keeper.on_lost[DELIVERY_LEASE] = wakes.forget_delivery
+
+    async def sweep() -> None:
+        # Notices a dead replica recorded but did not get to wake for (N2): a restart would
+        # have woken them (``WakeService.start``); with replicas the survivors do.
+        await wakes.kick_all("channel")
+
+    keeper.sweep = sweep
     if not fanout.enabled:
         return
 

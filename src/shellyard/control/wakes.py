@@ -21,7 +21,7 @@ import logging
 import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 
@@ -106,6 +106,18 @@ def wake_view(row: Mapping[str, Any]) -> WakeView:
     return WakeView.model_validate({**row["payload"], "seq": row["seq"]})
 
 
+class DeliveryLeases(Protocol):
+    """One replica delivers each webhook delivery (issue 16): plugged in by the control plane."""
+
+    async def acquire(self, kind: str, subject_id: str, runner_id: str) -> bool: ...
+
+    async def release(self, kind: str, subject_id: str) -> None: ...
+
+
+#: The lease kind of a webhook delivery.
+DELIVERY_LEASE = "delivery"
+
+
 class WakeService:
     """Emits wakes and delivers them. ``notify(agent_id)`` is safe to call any time: it emits
     only when the rules allow and there is something new."""
@@ -125,6 +137,8 @@ class WakeService:
         self.on_emitted: Callable[[WakeView], None] | None = None
         self.on_notify: Callable[[str, str], None] | None = None
         self.on_webhooks: Callable[[], None] | None = None
+        #: None: one replica, every pending delivery is ours to resume.
+        self.leases: DeliveryLeases | None = None
         self.emitted = 0
 
     # ------------------------------------------------------------------ lifecycle
@@ -361,6 +375,16 @@ class WakeService:
         except Exception:
             log.exception("a wake callback raised for %s", wake.wake_id)
 
+    async def adopt_delivery(self, delivery_id: str) -> None:
+        """This replica took over the delivery's lease (its replica died): resume it."""
+        self._deliver_later(delivery_id)
+
+    def forget_delivery(self, delivery_id: str) -> None:
+        """Another replica took the delivery's lease over: it delivers, this one stops."""
+        task = self._deliveries.pop(delivery_id, None)
+        if task is not None:
+            task.cancel()
+
     def _deliver_later(self, delivery_id: str) -> None:
         if self._closing or delivery_id in self._deliveries:
             return
@@ -371,6 +395,21 @@ class WakeService:
     async def _deliver(self, delivery_id: str) -> None:
         """POST the wake until a 2xx answer or the attempts run out; the same body and wake id
         every time, so a receiver that saw an attempt whose answer was lost can drop the copy."""
+        if self.leases is not None:
+            if not await self.leases.acquire(DELIVERY_LEASE, delivery_id, ""):
+                return  # another live replica delivers it
+            try:
+                await self._attempts(delivery_id)
+            except asyncio.CancelledError:
+                raise  # stopping: the lease is handed over, not released
+            except BaseException:
+                await self.leases.release(DELIVERY_LEASE, delivery_id)
+                raise
+            await self.leases.release(DELIVERY_LEASE, delivery_id)
+            return
+        await self._attempts(delivery_id)
+
+    async def _attempts(self, delivery_id: str) -> None:
         settings = self.settings
         assert self._http is not None
         while True:
