@@ -166,4 +166,9 @@ def stop_all(replicas: Sequence[Replica]) -> None:
 
     for replica in replicas:
         replica.stop()
+        # What went wrong inside a replica, in the test's output (its home goes now).
+        for log in sorted(replica.home.glob("serve-*.log")):
+            for line in log.read_text(errors="replace").splitlines():
+                if '"level": "error"' in line or "Traceback" in line:
+                    print(f"{replica.name} {log.name}: {line[:3000]}")
         shutil.rmtree(replica.home, ignore_errors=True)

@@ -230,12 +230,25 @@ class ExecutionService:
         ``refuse``: a runner below its free-space reserve raises to the submitter (retry
         later; CLI exit 75) after the record is made failed with the same message."""
         execution_id = str(row["id"])
-        runner = self.runners.get(str(row["runner_id"]))
         if self.leases is not None:
             # One replica starts and watches it; another replica's dispatch of the same
             # queue loses here and leaves it alone.
             if not await self.leases.acquire(LEASE_KIND, execution_id, str(row["runner_id"])):
                 return await self._finalized(row)
+            try:
+                return await self._launch_leased(row, refuse)
+            except BaseException:
+                # Not started after all (the database failed us, or we are stopping): let
+                # go, so a round of the lease keeper (here or on a replica) starts it.
+                if not self._watching(execution_id):
+                    await asyncio.shield(self._release(execution_id))
+                raise
+        return await self._launch_leased(row, refuse)
+
+    async def _launch_leased(self, row: Mapping[str, Any], refuse: bool) -> Mapping[str, Any]:
+        execution_id = str(row["id"])
+        runner = self.runners.get(str(row["runner_id"]))
+        if self.leases is not None:
             row = await self._finalized(row)
             if row["state"] != ExecutionState.queued:  # started or ended meanwhile
                 if row["state"] == ExecutionState.running:

@@ -193,7 +193,9 @@ class LeaseKeeper:
             try:
                 await adopter(subject_id)
             except Exception:
+                # Let go: the next round (here or on another replica) tries again.
                 log.exception("re-attaching %s %s failed", kind, subject_id)
+                await self.release(kind, subject_id)
         if self.dispatch is not None and (self.shared or startup):
             local = None if startup else self.local_runner_id
             grace = 0.0 if (startup and not self.shared) else self.ttl_s
