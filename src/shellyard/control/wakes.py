@@ -376,8 +376,10 @@ class WakeService:
             log.exception("a wake callback raised for %s", wake.wake_id)
 
     async def adopt_delivery(self, delivery_id: str) -> None:
-        """This replica took over the delivery's lease (its replica died): resume it."""
-        self._deliver_later(delivery_id)
+        """This replica took over the delivery's lease (its replica died): resume it (or,
+        before ``start``, leave it to ``start``, which resumes every pending delivery)."""
+        if self._http is not None:
+            self._deliver_later(delivery_id)
 
     def forget_delivery(self, delivery_id: str) -> None:
         """Another replica took the delivery's lease over: it delivers, this one stops."""
