@@ -382,20 +382,25 @@ async def _storm(
     twice = {s for s in subjects if subjects.count(s) > 1}
     assert not twice, f"notices in two different wakes: {twice}"
     missing = (background | recorded) - set(subjects)
-    assert not missing, (
-        f"never woken: {missing}",
-        query(url, "SELECT * FROM notices WHERE subject_id = ANY(%s)", list(missing)),
-        query(url, "SELECT * FROM timers WHERE id = ANY(%s)", list(missing)),
-        query(url, "SELECT id, state, gate FROM agents"),
-        query(
-            url,
-            "SELECT w.id, w.agent_id, w.created_at, d.state, d.attempts, d.last_error, l.holder"
-            " FROM wakes w JOIN agents a ON a.id = w.agent_id AND a.state = 'busy'"
-            " LEFT JOIN wake_deliveries d ON d.wake_id = w.id"
-            " LEFT JOIN leases l ON l.subject_id = d.id ORDER BY w.seq DESC LIMIT 3",
-        ),
-        sorted(woken),
-    )
+    if missing:
+        print(
+            "DIAGNOSTICS",
+            (
+                f"never woken: {missing}",
+                query(url, "SELECT * FROM notices WHERE subject_id = ANY(%s)", list(missing)),
+                query(url, "SELECT * FROM timers WHERE id = ANY(%s)", list(missing)),
+                query(url, "SELECT id, state, gate FROM agents"),
+                query(
+                    url,
+                    "SELECT w.id, w.agent_id, d.state, d.attempts, d.last_error, l.holder"
+                    " FROM wakes w JOIN agents a ON a.id = w.agent_id AND a.state = 'busy'"
+                    " LEFT JOIN wake_deliveries d ON d.wake_id = w.id"
+                    " LEFT JOIN leases l ON l.subject_id = d.id ORDER BY w.seq DESC LIMIT 3",
+                ),
+                sorted(woken),
+            ),
+        )
+    assert not missing, f"never woken: {missing}"
     fired = query(url, "SELECT id, state FROM timers")
     assert sorted(fired) == sorted((t, "fired") for t in recorded)
 

@@ -20,6 +20,7 @@ from shellyard.contract.executions import (
     RunShellResult,
 )
 from shellyard.control.agents import AgentResolver
+from shellyard.control.execution_log import log_state
 from shellyard.control.output import capped_output, safe_decode
 from shellyard.control.runners import LOCAL_RUNNER_ID, RunnerRegistry
 from shellyard.errors import (
@@ -75,8 +76,7 @@ class WatchLeases(Protocol):
     async def release(self, kind: str, subject_id: str) -> None: ...
 
 
-#: The lease kind of an execution's watch.
-LEASE_KIND = "execution"
+LEASE_KIND = "execution"  # the lease kind of an execution's watch
 
 
 class ExecutionService:
@@ -135,7 +135,7 @@ class ExecutionService:
             self._watch(row, leased=True)
             return
         await self.dispatch(str(row["workspace_id"]))
-        if not self._watching(execution_id):
+        if execution_id not in self._watchers:
             await self._release(execution_id)
 
     def forget(self, execution_id: str) -> None:
@@ -143,9 +143,6 @@ class ExecutionService:
         task = self._watchers.pop(execution_id, None)
         if task is not None:
             task.cancel()
-
-    def _watching(self, execution_id: str) -> bool:
-        return execution_id in self._watchers
 
     async def _release(self, execution_id: str) -> None:
         if self.leases is not None:
@@ -240,7 +237,7 @@ class ExecutionService:
             except BaseException:
                 # Not started after all (the database failed us, or we are stopping): let
                 # go, so a round of the lease keeper (here or on a replica) starts it.
-                if not self._watching(execution_id):
+                if execution_id not in self._watchers:
                     await asyncio.shield(self._release(execution_id))
                 raise
         return await self._launch_leased(row, refuse)
@@ -311,7 +308,7 @@ class ExecutionService:
             self._notes[execution_id] = result.note
         fresh = await self.store.start_execution(execution_id, result.started_at or time.time())
         assert fresh is not None
-        await self._log(fresh)
+        await log_state(self.store, fresh)
         if fresh["state"] == ExecutionState.running:
             self._watch(fresh, leased=True)
         return fresh
@@ -330,7 +327,7 @@ class ExecutionService:
         if execution_id in self._watchers or self._closing:
             return
         assert leased or self.leases is None, "watching an execution without its lease"
-        task = asyncio.create_task(self._watch_loop(row), name=f"watch-{execution_id}")
+        task = asyncio.create_task(self._watch_guarded(row), name=f"watch-{execution_id}")
         self._watchers[execution_id] = task
 
         def done(finished: asyncio.Task[None]) -> None:
@@ -338,6 +335,17 @@ class ExecutionService:
                 del self._watchers[execution_id]
 
         task.add_done_callback(done)
+
+    async def _watch_guarded(self, row: Mapping[str, Any]) -> None:
+        """A watcher that fails (the database went away mid-finalize) lets its lease go, so a
+        lease round re-attaches (here or elsewhere) instead of the execution staying open."""
+        try:
+            await self._watch_loop(row)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("watching %s failed; its lease is let go", row["id"])
+            await self._release(str(row["id"]))
 
     async def _watch_loop(self, row: Mapping[str, Any]) -> None:
         execution_id = str(row["id"])
@@ -422,7 +430,7 @@ class ExecutionService:
         )
         self._signal(execution_id)
         if final is not None:
-            await self._log(final)
+            await log_state(self.store, final)
         for observer in self.on_finished:
             try:
                 if final is not None:
@@ -434,23 +442,6 @@ class ExecutionService:
         # Last: a replica dying before this line leaves the lease to expire, and whoever
         # takes it over hands the workspace on (``adopt``).
         await self._release(execution_id)
-
-    async def _log(self, row: Mapping[str, Any]) -> None:
-        """A structured line of a state change (``serve --log-format json``), with the ids
-        an operator follows an execution by; its session costs a read, so only when logged."""
-        if not log.isEnabledFor(logging.INFO):
-            return
-        agent = await self.store.get_agent(str(row["agent_id"]))
-        fields = {
-            "action": "execution_" + str(row["state"]),
-            "execution_id": row["id"],
-            "session_id": agent["session_id"] if agent else None,
-            "agent_id": row["agent_id"],
-            "runner_id": row["runner_id"],
-            "workspace_id": row["workspace_id"],
-            "exit_code": row["exit_code"],
-        }
-        log.info("execution %s %s", row["id"], row["state"], extra=fields)
 
     def _signal(self, execution_id: str) -> None:
         self.signal(execution_id)

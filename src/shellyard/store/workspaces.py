@@ -110,24 +110,22 @@ def record_snapshot(
     made_by_kind: str,
     made_by_id: str | None,
 ) -> None:
-    exists = conn.execute(
-        sa.select(snapshots.c.seq).where(
-            snapshots.c.workspace_id == workspace_id, snapshots.c.seq == seq
+    # ON CONFLICT: the same commit recorded twice at once (two replicas finalizing one
+    # execution after a lease takeover, issue 16) is one row.
+    conn.execute(
+        upsert(conn, snapshots)
+        .values(
+            workspace_id=workspace_id,
+            seq=seq,
+            root_hash=root_hash,
+            made_by_kind=made_by_kind,
+            made_by_id=made_by_id,
+            files=files,
+            bytes=size,
+            created_at=time.time(),
         )
-    ).first()
-    if exists is None:
-        conn.execute(
-            snapshots.insert().values(
-                workspace_id=workspace_id,
-                seq=seq,
-                root_hash=root_hash,
-                made_by_kind=made_by_kind,
-                made_by_id=made_by_id,
-                files=files,
-                bytes=size,
-                created_at=time.time(),
-            )
-        )
+        .on_conflict_do_nothing(index_elements=[snapshots.c.workspace_id, snapshots.c.seq])
+    )
     conn.execute(
         workspaces.update()
         .where(workspaces.c.id == workspace_id, workspaces.c.head_seq < seq)
