@@ -165,6 +165,15 @@ async def test_sse_on_one_replica_sees_an_end_another_watched(root: Path) -> Non
                 with contextlib.suppress(asyncio.CancelledError, httpx.HTTPError):
                     await listener
                 print("latency from the end to (SSE wake on A, wait on A) [s]:", latencies)
+                # serve --log-format json: B's line of the end names the execution, its
+                # session and its runner.
+                lines = [json.loads(x) for x in b.log.read_text().splitlines() if x.startswith("{")]
+                ends = [x for x in lines if x.get("execution_id") == execution_id]
+                assert {x["action"] for x in ends} >= {"execution_running", "execution_completed"}
+                assert all(
+                    x["session_id"] == session["session_id"] and x["runner_id"] == "r0"
+                    for x in ends
+                ), ends
                 # The figure: within 1 s (the fan-out itself takes milliseconds; the
                 # rest is the runner's snapshot commit and the record's transaction).
                 assert all(sse < 1.0 and wait < 1.0 for sse, wait in latencies), latencies

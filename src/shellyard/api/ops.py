@@ -10,7 +10,7 @@ import time
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Response
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, PlainTextResponse
 
 from shellyard.api.auth import principal
 from shellyard.control.metrics import Readings
@@ -32,7 +32,14 @@ def ops_router(plane: ControlPlane) -> APIRouter:
         """The process is up and serves requests (a liveness probe: nothing else is asked)."""
         return {"status": "ok"}
 
-    @router.get("/readyz", tags=["operations"])
+    @router.get(
+        "/readyz",
+        tags=["operations"],
+        responses={
+            200: {"description": "ready: every check passed"},
+            503: {"description": "not ready: the failed checks, each with its error"},
+        },
+    )
     async def readyz() -> JSONResponse:
         """503 with the failed checks until the database answers, its migrations are at the
         code's head and the local runner answers."""
@@ -44,7 +51,7 @@ def ops_router(plane: ControlPlane) -> APIRouter:
             status_code=200 if ready else 503,
         )
 
-    @router.get("/metrics", tags=["operations"])
+    @router.get("/metrics", tags=["operations"], response_class=PlainTextResponse)
     async def metrics(who: Annotated[Principal, Depends(principal)]) -> Response:
         """Prometheus text format: executions by state, queue depth, spawn and commit latency
         histograms, leases held, runner health, wakes emitted and webhook deliveries."""

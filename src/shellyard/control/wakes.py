@@ -169,13 +169,16 @@ class WakeService:
     # ------------------------------------------------------------------ emitting
 
     async def notify(
-        self, agent_id: str, reason: str = "notice", *, relayed: bool = False
+        self, agent_id: str, reason: str = "notice", *, relayed: bool = False, publish: bool = True
     ) -> WakeView | None:
         """Emit a wake for the agent if it is idle, its gates are open, a channel listens and
-        it has notices no wake delivered yet. ``relayed``: another replica asked (it is not
-        told again)."""
-        if not relayed and self.on_notify is not None and not self._closing:
+        it has notices no wake delivered yet. ``relayed``: another replica asked (for the
+        streams and callbacks here; it emitted for webhooks itself). ``publish``: tell the
+        other replicas (not when only a channel of this replica is new)."""
+        if publish and not relayed and self.on_notify is not None and not self._closing:
             self.on_notify(agent_id, reason)
+        if relayed and not (self._callbacks or self._subscribers):
+            return None  # webhooks were the asking replica's to emit for
         if self._closing or not (self._webhooks or self._callbacks or self._subscribers):
             return None  # nobody could hear it: the notices wait, unwoken
         live: frozenset[str] | None = frozenset(self._subscribers) | {
@@ -215,11 +218,11 @@ class WakeService:
     async def kick_session(self, session_id: str, reason: str) -> None:
         # A channel of this replica appeared: only it can be newly heard, so no fan-out.
         for agent in await self.store.list_agents(session_id):
-            await self.notify(str(agent["id"]), reason, relayed=True)
+            await self.notify(str(agent["id"]), reason, publish=False)
 
     async def kick_all(self, reason: str) -> None:
         for agent_id in await self.store.agents_to_wake():
-            await self.notify(agent_id, reason, relayed=True)
+            await self.notify(agent_id, reason, publish=False)
 
     async def relay(self, session_id: str, seq: int) -> None:
         """A wake another replica emitted: hand it to this replica's streams and callbacks
