@@ -11,8 +11,10 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Response
 from fastapi.responses import JSONResponse, PlainTextResponse
+from pydantic import BaseModel
 
 from shellyard.api.auth import principal
+from shellyard.api.docs import JSON_ERROR_RESPONSES
 from shellyard.control.metrics import Readings
 from shellyard.control.runners import LOCAL_RUNNER_ID
 from shellyard.control.service import ControlPlane
@@ -24,6 +26,18 @@ CHECK_TIMEOUT_S = 5.0
 PROMETHEUS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
+class CheckView(BaseModel):
+    ok: bool
+    error: str | None = None
+    seconds: float
+
+
+class ReadyView(BaseModel):
+    status: str
+    replica: str | None
+    checks: dict[str, CheckView]
+
+
 def ops_router(plane: ControlPlane) -> APIRouter:
     router = APIRouter()
 
@@ -32,17 +46,11 @@ def ops_router(plane: ControlPlane) -> APIRouter:
         """The process is up and serves requests (a liveness probe: nothing else is asked)."""
         return {"status": "ok"}
 
-    @router.get(
-        "/readyz",
-        tags=["operations"],
-        responses={
-            200: {"description": "ready: every check passed"},
-            503: {"description": "not ready: the failed checks, each with its error"},
-        },
-    )
+    @router.get("/readyz", tags=["operations"], response_model=ReadyView)
     async def readyz() -> JSONResponse:
-        """503 with the failed checks until the database answers, its migrations are at the
-        code's head and the local runner answers."""
+        """200 when the database answers, its migrations are at the code's head and the
+        local runner answers; until then 503 with the same body (``status`` "not ready",
+        each check's ``ok`` and ``error``), not the error envelope."""
         checks = await _readiness(plane)
         ready = all(check["ok"] for check in checks.values())
         replica = plane.leases.replica_id if plane.leases else None
@@ -51,7 +59,15 @@ def ops_router(plane: ControlPlane) -> APIRouter:
             status_code=200 if ready else 503,
         )
 
-    @router.get("/metrics", tags=["operations"], response_class=PlainTextResponse)
+    @router.get(
+        "/metrics",
+        tags=["operations"],
+        response_class=PlainTextResponse,
+        responses={
+            **JSON_ERROR_RESPONSES,
+            200: {"content": {"text/plain": {"schema": {"type": "string"}}}},
+        },
+    )
     async def metrics(who: Annotated[Principal, Depends(principal)]) -> Response:
         """Prometheus text format: executions by state, queue depth, spawn and commit latency
         histograms, leases held, runner health, wakes emitted and webhook deliveries."""
