@@ -149,6 +149,8 @@ async def _load(
         "status_p99_ms": quantile(ordered, 0.99),
         "status_samples": len(ordered),
         "cpu_share": {k: round(v / window, 2) for k, v in cpu.items()},
+        "cpu_ms_per_execution": {k: round(v * 1000 / max(done, 1), 1) for k, v in cpu.items()},
+        "load_average": round(os.getloadavg()[0], 2),
     }
 
 
@@ -164,16 +166,17 @@ async def main(seconds: float, workers: int) -> None:
             await daemon.stop()
         remove_home(root)
     base = results[0]["executions_per_s"]
-    print("| replicas | executions/s | × 1 replica | status p50 | status p99 | CPU cores used "
-          "(replicas / runner daemons / PostgreSQL) |")  # fmt: skip
-    print("|---|---|---|---|---|---|")
+    print("| replicas | executions/s | × 1 replica | status p50 | status p99 | CPU ms per "
+          "execution (replicas / runner daemons / PostgreSQL) | load average |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|")
     for r in results:
-        cpu = r["cpu_share"]
+        cpu = r["cpu_ms_per_execution"]
         print(
             f"| {r['replicas']} | {r['executions_per_s']:.1f} | "
             f"{r['executions_per_s'] / base:.2f} | {r['status_p50_ms']:.1f} ms | "
             f"{r['status_p99_ms']:.1f} ms ({r['status_samples']} samples) | "
-            f"{cpu['replicas']} / {cpu['runner daemons']} / {cpu['postgresql']} |"
+            f"{cpu['replicas']} / {cpu['runner daemons']} / {cpu['postgresql']} | "
+            f"{r['load_average']} |"
         )
 
 

@@ -108,7 +108,9 @@ async def test_concurrent_first_use_creates_one_default_owner(root: Path) -> Non
 
 async def test_sse_on_one_replica_sees_an_end_another_watched(root: Path) -> None:
     """Issue 16 item 2, N2: a wake stream on replica A and an ``execution wait`` on A both see
-    the end of an execution that replica B started and watched, within 1 s of its end."""
+    the end of an execution that replica B started and watched, within 1 s of its end. The
+    waited one belongs to another session: a caller who sees a result reads its notice (N3),
+    which would race the wake of the same notice."""
     async with fresh_database() as url:
         daemon = await start_daemon(root / "daemon", SandboxPolicy(), subprocess=True)
         replicas = await start_replicas(url, 2, replica_env(SHELLYARD_LEASE_TTL_S=LEASE_TTL_S))
@@ -118,6 +120,7 @@ async def test_sse_on_one_replica_sees_an_end_another_watched(root: Path) -> Non
             async with a.client() as ca, b.client() as cb:
                 session = (await ca.post("/v1/sessions")).json()
                 agent = session["main_agent_id"]
+                waiter = (await ca.post("/v1/sessions")).json()["main_agent_id"]
                 events: asyncio.Queue[tuple[float, dict[str, Any]]] = asyncio.Queue()
 
                 async def listen() -> None:
@@ -130,31 +133,40 @@ async def test_sse_on_one_replica_sees_an_end_another_watched(root: Path) -> Non
                 listener = asyncio.create_task(listen())
                 await asyncio.sleep(0.5)  # the stream is open: the session has a channel
                 latencies = []
+                body = {"command": "sleep 1; exit 3", "runner_id": "r0", "background": True}
                 for round_ in range(3):
-                    started = await cb.post(
-                        "/v1/executions",
-                        json={"command": "sleep 1; exit 3", "runner_id": "r0", "background": True},
-                        headers={"X-Shellyard-Agent": agent},
+                    ids = []
+                    for who in (agent, waiter):
+                        started = await cb.post(
+                            "/v1/executions", json=body, headers={"X-Shellyard-Agent": who}
+                        )
+                        assert started.status_code == 200, started.text
+                        ids.append(started.json()["execution_id"])
+                    execution_id, waited_id = ids
+                    holders = query(
+                        url, "SELECT DISTINCT holder FROM leases WHERE subject_id = ANY(%s)", ids
                     )
-                    assert started.status_code == 200, started.text
-                    execution_id = started.json()["execution_id"]
-                    holder = query(
-                        url, "SELECT holder FROM leases WHERE subject_id = %s", execution_id
-                    )
-                    assert holder == [(b.replica_id,)], "B started it, so B watches it"
+                    assert holders == [(b.replica_id,)], "B started them, so B watches them"
                     waited = await ca.get(
-                        f"/v1/executions/{execution_id}/wait",
+                        f"/v1/executions/{waited_id}/wait",
                         params={"timeout_s": 20},
-                        headers={"X-Shellyard-Agent": agent},
+                        headers={"X-Shellyard-Agent": waiter},
                     )
                     wait_returned = time.time()
                     view = waited.json()
                     assert view["state"] == "completed" and view["exit_code"] == 3, view
                     arrived, wake = await asyncio.wait_for(events.get(), 20)
                     assert [n["subject_id"] for n in wake["notices"]] == [execution_id]
-                    finished_at = float(view["finished_at"])
+                    assert wake["notices"][0]["payload"] == {"state": "completed", "exit_code": 3}
+                    ended = query(
+                        url, "SELECT id, finished_at FROM executions WHERE id = ANY(%s)", ids
+                    )
+                    finished = {str(i): float(str(f)) for i, f in ended}
                     latencies.append(
-                        (round(arrived - finished_at, 3), round(wait_returned - finished_at, 3))
+                        (
+                            round(arrived - finished[execution_id], 3),
+                            round(wait_returned - finished[waited_id], 3),
+                        )
                     )
                     done = await ca.post(
                         f"/v1/agents/{agent}/turn/end", headers={"X-Shellyard-Agent": agent}
