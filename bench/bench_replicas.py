@@ -33,6 +33,8 @@ from runner_daemon_fixture import RunnerDaemon, start_daemon
 from shellyard.runner.protocol import SandboxPolicy
 
 TICKS = os.sysconf("SC_CLK_TCK")
+#: --profile FILE: py-spy's collapsed stacks of the single replica's measured window.
+PROFILE: str | None = None
 
 
 def cpu_seconds(pid: int) -> float:
@@ -135,10 +137,19 @@ async def _load(
             "postgresql": postgres_pids(),
         }
         cpu0 = {p: cpu_seconds(p) for v in pids.values() for p in v}
+        spy = None
+        if PROFILE and len(replicas) == 1:  # where a replica's CPU goes (collapsed stacks)
+            spy = await asyncio.create_subprocess_exec(
+                str(Path(sys.executable).parent / "py-spy"), "record", "--format", "raw",
+                "-o", PROFILE, "-d", str(int(seconds)), "-p", str(pids["replicas"][0]),
+                stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
+            )  # fmt: skip
         began = time.monotonic()
         stop_at = began + seconds
         await asyncio.gather(prober(), *(worker(w) for w in range(workers)))
         window = time.monotonic() - began
+        if spy is not None:
+            await spy.wait()
         pids["postgresql"] = postgres_pids()  # backends of connections opened meanwhile too
         cpu = {k: sum(cpu_seconds(p) - cpu0.get(p, 0.0) for p in v) for k, v in pids.items()}
     ordered = sorted(status_ms)
@@ -184,5 +195,7 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--workers", type=int, default=16)
+    parser.add_argument("--profile", default=None)
     options = parser.parse_args()
+    PROFILE = options.profile
     asyncio.run(main(options.seconds, options.workers))
