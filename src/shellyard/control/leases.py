@@ -116,6 +116,9 @@ class LeaseKeeper:
     def held(self, kind: str | None = None) -> int:
         return sum(1 for k, _s in self._held if kind is None or k == kind)
 
+    def subjects(self, kind: str) -> list[str]:
+        return [s for k, s in self._held if k == kind]
+
     # ------------------------------------------------------------------ the loop
 
     async def startup(self) -> None:

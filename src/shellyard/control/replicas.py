@@ -31,9 +31,15 @@ def wire(
     keeper.on_lost[DELIVERY_LEASE] = wakes.forget_delivery
 
     async def sweep() -> None:
-        # Notices a dead replica recorded but did not get to wake for (N2): a restart would
-        # have woken them (``WakeService.start``); with replicas the survivors do.
+        # Notices a dead replica recorded but did not get to wake for (N2), and deliveries it
+        # recorded but did not get to lease: a restart would have resumed them
+        # (``WakeService.start``); with replicas the survivors do. Deliveries this replica
+        # holds with no task running (adopted while it was starting) are resumed too.
         await wakes.kick_all("channel")
+        for delivery_id in keeper.subjects(DELIVERY_LEASE):
+            await wakes.adopt_delivery(delivery_id)
+        for delivery_id in await keeper.store.unleased_deliveries(keeper.ttl_s):
+            await wakes.adopt_delivery(delivery_id)
 
     keeper.sweep = sweep
     if not fanout.enabled:

@@ -14,10 +14,11 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from shellyard.store.db import Database, Row, fetch_all, upsert
-from shellyard.store.schema import executions, leases, workspaces
+from shellyard.store.schema import executions, leases, wake_deliveries, wakes, workspaces
 
 #: The kinds of work a lease can name.
 EXECUTION = "execution"
+DELIVERY = "delivery"
 
 
 class LeaseRecords(Database):
@@ -71,6 +72,26 @@ class LeaseRecords(Database):
         to hand it on died in between): someone has to dispatch them. ``local_runner``: its
         workspaces are left out (only their own home can run them)."""
         return await self.run(_stalled, grace_s, local_runner)
+
+    async def unleased_deliveries(self, grace_s: float) -> list[str]:
+        """Pending webhook deliveries no replica holds, older than ``grace_s``: their replica
+        died between recording the wake and taking the delivery's lease."""
+        unleased = ~sa.exists(
+            sa.select(leases.c.subject_id).where(
+                leases.c.kind == DELIVERY, leases.c.subject_id == wake_deliveries.c.id
+            )
+        )
+        rows = await self.all(
+            sa.select(wake_deliveries.c.id)
+            .join(wakes, wakes.c.id == wake_deliveries.c.wake_id)
+            .where(
+                wake_deliveries.c.state == "pending",
+                wakes.c.created_at < time.time() - grace_s,
+                unleased,
+            )
+            .limit(1000)
+        )
+        return [str(r["id"]) for r in rows]
 
     async def lease_counts(self, holder: str) -> dict[str, int]:
         rows = await self.all(
