@@ -434,6 +434,14 @@ async def _storm(
         await asyncio.sleep(0.2)
     takeovers = query(url, "SELECT count(*) FROM executions WHERE was_unknown")
     copies = sum(n - 1 for n in deliveries.values())
+    # A copy of a wake (same wake id, which the host drops) is only ever a recorded retry:
+    # an attempt a kill cut before its answer was recorded, sent again by the new holder.
+    for wake_id, n in deliveries.items():
+        if n > 1:
+            attempts = query(
+                url, "SELECT attempts FROM wake_deliveries WHERE wake_id = %s", wake_id
+            )
+            assert attempts and int(str(attempts[0][0])) >= n, (wake_id, n, attempts)
     return {
         "wakes": len(woken),
         "webhook copies (same wake id)": copies,

@@ -251,6 +251,8 @@ class ExecutionService:
                 if row["state"] == ExecutionState.running:
                     self._watch(row, leased=True)
                 else:
+                    # Ended on another replica after this dispatch took the writer for it.
+                    await self.store.release_writer(str(row["workspace_id"]), execution_id)
                     await self._release(execution_id)
                 return row
         environment_id = row["environment_id"]
