@@ -101,11 +101,10 @@ class ExecutionService:
         self._notes: dict[str, str] = {}
         #: Leases (issue 16): None runs as one replica (every execution is ours).
         self.leases: WatchLeases | None = None
-        #: Called with an execution id whose waiters were woken here (its end, or unknown):
-        #: the cross-replica fan-out tells the other replicas' waiters (control/fanout.py).
+        #: Called with an execution id whose waiters were woken here: the fan-out tells
+        #: the other replicas' waiters too (control/fanout.py).
         self.on_signal: Callable[[str], None] | None = None
-        #: Called with ("spawn" | "commit", seconds): the runner's start call, and from the
-        #: process's exit to its final record (the sandbox's end and the snapshot commit).
+        #: Called with ("spawn" | "commit", seconds): the start call; exit to final record.
         self.on_timing: Callable[[str, float], None] | None = None
 
     # ------------------------------------------------------------------ lifecycle
