@@ -177,6 +177,11 @@ def create_app(
 
     app.include_router(ports_router(plane), dependencies=auth)
 
+    # Operations (issue 16): /healthz and /readyz open to probes, /metrics with the admin token.
+    from shellyard.api.ops import ops_router
+
+    app.include_router(ops_router(plane))
+
     # The web page: its login, its session-wide reads, its static assets (issue 14).
     from shellyard.api.login import login_router
     from shellyard.api.panel import panel_router

@@ -53,6 +53,7 @@ def serve(
     auth: bool = True,
     on_ready: Callable[[], None] | None = None,
     log_level: str = "warning",
+    json_logs: bool = False,
 ) -> None:
     """Run the control plane in this process until SIGINT/SIGTERM. ``on_ready`` is called once
     requests can be served; a start that fails raises what it failed on (also when it failed
@@ -98,7 +99,13 @@ def serve(
     app = create_app(plane, auth_required=auth, lifespan_hooks=(on_start, on_stop))
     # Open wake streams (server-sent events) never end on their own: give them a few seconds.
     config = uvicorn.Config(
-        app, log_level=log_level, lifespan="on", access_log=False, timeout_graceful_shutdown=3
+        app,
+        log_level=log_level,
+        lifespan="on",
+        access_log=False,
+        timeout_graceful_shutdown=3,
+        # JSON logs (issue 16): uvicorn's lines go through the root's JSON handler too.
+        log_config=None if json_logs else uvicorn.config.LOGGING_CONFIG,
     )
     server = uvicorn.Server(config)
     try:

@@ -72,6 +72,15 @@ def serve(
         int | None,
         typer.Option("--ready-fd", hidden=True, help="Report the start's outcome on this fd."),
     ] = None,
+    log_format: Annotated[
+        str,
+        typer.Option(
+            "--log-format",
+            envvar="SHELLYARD_LOG_FORMAT",
+            help="text (default) or json: one JSON object per line, with execution, session "
+            "and runner ids where known (docs/operations.md).",
+        ),
+    ] = "text",
 ) -> None:
     """Run the control plane for a home in the foreground: the REST API, MCP over streamable
     HTTP at /mcp, timers and wakes. The admin token is kept in <home>/admin.token (0600)."""
@@ -84,6 +93,12 @@ def serve(
     where = (home.absolute() if home else None) or default_home()
     try:
         configure_logging(log_level)
+        if log_format not in ("text", "json"):
+            raise InvalidInput(f"--log-format must be text or json, not {log_format!r}")
+        if log_format == "json":
+            from shellyard.cli.logjson import configure_json_logging
+
+            configure_json_logging(log_level)
         if (where / LOCK_NAME).exists():  # served already: say so before the heavy imports
             os.close(lock_home(where))
         from shellyard.api.server import serve as run_server
@@ -108,6 +123,7 @@ def serve(
             auth=not no_auth,
             on_ready=report.ready,
             log_level=log_level.lower(),
+            json_logs=log_format == "json",
         )
     except ValueError as exc:
         error = InvalidInput(str(exc))

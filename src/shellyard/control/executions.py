@@ -9,7 +9,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, Protocol
+from typing import Any
 
 from shellyard.contract.executions import (
     ExecutionPolicyView,
@@ -20,6 +20,9 @@ from shellyard.contract.executions import (
     RunShellResult,
 )
 from shellyard.control.agents import AgentResolver
+from shellyard.control.execution_hooks import LEASE_KIND as LEASE_KIND
+from shellyard.control.execution_hooks import EnvironmentGate, WatchLeases
+from shellyard.control.execution_log import log_state
 from shellyard.control.output import capped_output, safe_decode
 from shellyard.control.runners import LOCAL_RUNNER_ID, RunnerRegistry
 from shellyard.errors import (
@@ -51,19 +54,6 @@ WAIT_SLICE_S = 20.0
 WORKSPACE_CACHE = 4096
 
 
-class EnvironmentGate(Protocol):
-    """What executions need of managed environments (V4–V6); the control plane plugs the
-    environment service in (``ExecutionService.environments``), so this module never imports it."""
-
-    async def check_usable(self, environment_id: str, agent_id: str, runner_id: str | None) -> str:
-        """The runner the environment lives on, after checking the agent may use it (V4)."""
-        ...
-
-    async def gate(self, execution_id: str, environment_id: str) -> tuple[str, Mapping[str, Any]]:
-        """V5/V6: ``go``, ``wait`` or ``failed`` for a queued execution, and its fresh record."""
-        ...
-
-
 class ExecutionService:
     def __init__(self, store: Store, runners: RunnerRegistry, agents: AgentResolver) -> None:
         self.store = store
@@ -87,16 +77,53 @@ class ExecutionService:
         #: execution id → its final record, kept while a foreground caller waits for it, so
         #: the caller answers without reading it again (issue 13: transactions per run)
         self._ended: dict[str, Mapping[str, Any]] = {}
+        #: Leases (issue 16): None runs as one replica (every execution is ours).
+        self.leases: WatchLeases | None = None
+        #: Called with an execution id whose waiters were woken here: the fan-out tells
+        #: the other replicas' waiters too (control/fanout.py).
+        self.on_signal: Callable[[str], None] | None = None
+        #: Called with ("spawn" | "commit", seconds): the start call; exit to final record.
+        self.on_timing: Callable[[str, float], None] | None = None
 
     # ------------------------------------------------------------------ lifecycle
 
     async def startup(self) -> None:
-        """E11: re-attach to every execution the previous control plane left active."""
+        """E11: re-attach to every execution the previous control plane left active. With
+        leases the lease keeper's start-up claims them and calls ``adopt`` for each."""
+        if self.leases is not None:
+            return
         for row in await self.store.active_executions():
             if row["state"] == ExecutionState.running:
                 self._watch(row)
             else:
                 await self.dispatch(str(row["workspace_id"]))
+
+    async def adopt(self, execution_id: str) -> None:
+        """This replica took over the execution's lease (its holder died, issue 16): watch it
+        as a restart would (E11), or hand its workspace on when it is already final."""
+        row = await self.store.get_execution(execution_id)
+        if row is None:
+            await self._release(execution_id)
+            return
+        if str(row["runner_id"]) not in self.runners.ids():  # registered on another replica
+            await self.runners.load_registered()
+        state = ExecutionState(row["state"])
+        if state in (ExecutionState.running, ExecutionState.unknown):
+            self._watch(row, leased=True)
+            return
+        await self.dispatch(str(row["workspace_id"]))
+        if execution_id not in self._watchers:
+            await self._release(execution_id)
+
+    def forget(self, execution_id: str) -> None:
+        """Another replica took the lease: stop watching (it finalizes)."""
+        task = self._watchers.pop(execution_id, None)
+        if task is not None:
+            task.cancel()
+
+    async def _release(self, execution_id: str) -> None:
+        if self.leases is not None:
+            await self.leases.release(LEASE_KIND, execution_id)
 
     async def aclose(self) -> None:
         self._closing = True
@@ -128,6 +155,8 @@ class ExecutionService:
             runner_id = await self.environments.check_usable(
                 request.environment_id, owner, request.runner_id
             )
+        if runner_id not in self.runners.ids():  # perhaps registered on another replica
+            await self.runners.load_registered()
         runner = self.runners.get(runner_id)
         workspace_id = await self._workspace(owner, runner_id)
         if request.script_path is not None:
@@ -175,7 +204,34 @@ class ExecutionService:
         ``refuse``: a runner below its free-space reserve raises to the submitter (retry
         later; CLI exit 75) after the record is made failed with the same message."""
         execution_id = str(row["id"])
+        if self.leases is not None:
+            # One replica starts and watches it; another replica's dispatch of the same
+            # queue loses here and leaves it alone.
+            if not await self.leases.acquire(LEASE_KIND, execution_id, str(row["runner_id"])):
+                return await self._finalized(row)
+            try:
+                return await self._launch_leased(row, refuse)
+            except BaseException:
+                # Not started after all (the database failed us, or we are stopping): let
+                # go, so a round of the lease keeper (here or on a replica) starts it.
+                if execution_id not in self._watchers:
+                    await asyncio.shield(self._release(execution_id))
+                raise
+        return await self._launch_leased(row, refuse)
+
+    async def _launch_leased(self, row: Mapping[str, Any], refuse: bool) -> Mapping[str, Any]:
+        execution_id = str(row["id"])
         runner = self.runners.get(str(row["runner_id"]))
+        if self.leases is not None:
+            row = await self._finalized(row)
+            if row["state"] != ExecutionState.queued:  # started or ended meanwhile
+                if row["state"] == ExecutionState.running:
+                    self._watch(row, leased=True)
+                else:
+                    # Ended on another replica after this dispatch took the writer for it.
+                    await self.store.release_writer(str(row["workspace_id"]), execution_id)
+                    await self._release(execution_id)
+                return row
         environment_id = row["environment_id"]
         if environment_id is not None and row["environment_revision"] is None:
             environments = self.environments
@@ -183,6 +239,9 @@ class ExecutionService:
             # V5/V6 gate: queued behind a pending change, or the latest revision resolved.
             verdict, row = await environments.gate(execution_id, str(environment_id))
             if row["state"] != ExecutionState.queued or verdict == "wait":
+                # Waiting for an environment change: its end dispatches it, no watch needed.
+                if row["state"] == ExecutionState.queued:
+                    await self._release(execution_id)
                 return row
             if verdict == "failed":
                 await self._end(
@@ -191,6 +250,7 @@ class ExecutionService:
                     error=f"environment {environment_id} could not be created; create another",
                 )
                 return await self._finalized(row)
+        spawn_began = time.monotonic()
         try:
             result = await runner.start(
                 StartRequest(
@@ -215,6 +275,8 @@ class ExecutionService:
                 raise
             return await self._finalized(row)
         started: dict[str, Any] = {}
+        if self.on_timing is not None:
+            self.on_timing("spawn", time.monotonic() - spawn_began)
         if result.base_environment is not None and environment_id is None:
             # The runner's default base (issue 20): the record says what it ran in (V6),
             # written with the start (one transaction fewer per execution, issue 13).
@@ -230,8 +292,9 @@ class ExecutionService:
             execution_id, result.started_at or time.time(), started
         )
         assert fresh is not None
+        await log_state(self.store, fresh)
         if fresh["state"] == ExecutionState.running:
-            self._watch(fresh)
+            self._watch(fresh, leased=True)
         return fresh
 
     async def _finalized(self, row: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -241,13 +304,32 @@ class ExecutionService:
 
     # ------------------------------------------------------------------ watch
 
-    def _watch(self, row: Mapping[str, Any]) -> None:
+    def _watch(self, row: Mapping[str, Any], leased: bool = False) -> None:
+        """Watch a running execution until its end; ``leased``: this replica holds its lease
+        (or there are no leases), so nobody else watches it."""
         execution_id = str(row["id"])
         if execution_id in self._watchers or self._closing:
             return
-        task = asyncio.create_task(self._watch_loop(row), name=f"watch-{execution_id}")
+        assert leased or self.leases is None, "watching an execution without its lease"
+        task = asyncio.create_task(self._watch_guarded(row), name=f"watch-{execution_id}")
         self._watchers[execution_id] = task
-        task.add_done_callback(lambda _t: self._watchers.pop(execution_id, None))
+
+        def done(finished: asyncio.Task[None]) -> None:
+            if self._watchers.get(execution_id) is finished:
+                del self._watchers[execution_id]
+
+        task.add_done_callback(done)
+
+    async def _watch_guarded(self, row: Mapping[str, Any]) -> None:
+        """A watcher that fails (the database went away mid-finalize) lets its lease go, so a
+        lease round re-attaches (here or elsewhere) instead of the execution staying open."""
+        try:
+            await self._watch_loop(row)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("watching %s failed; its lease is let go", row["id"])
+            await self._release(str(row["id"]))
 
     async def _watch_loop(self, row: Mapping[str, Any]) -> None:
         execution_id = str(row["id"])
@@ -317,6 +399,8 @@ class ExecutionService:
             finished_at=result.finished_at or time.time(),
             sandbox_policy=result.policy.model_dump_json() if result.policy else None,
         )
+        if self.on_timing is not None and result.finished_at:
+            self.on_timing("commit", max(0.0, time.time() - result.finished_at))
 
     async def _end(self, row: Mapping[str, Any], state: ExecutionState, **values: Any) -> None:
         """Make the record terminal, post its notice, release the writer (one transaction),
@@ -339,6 +423,8 @@ class ExecutionService:
         if final is not None and notice_read and execution_id in self._finished:
             self._ended[execution_id] = final  # with its notice posted read
         self._signal(execution_id)
+        if final is not None:
+            await log_state(self.store, final)
         for observer in self.on_finished:
             try:
                 if final is not None:
@@ -347,8 +433,21 @@ class ExecutionService:
                 log.exception("an on_finished observer failed for %s", execution_id)
         if queued is not None:
             await self.dispatch(str(row["workspace_id"]))
+        # Last: a replica dying before this line leaves the lease to expire, and whoever
+        # takes it over hands the workspace on (``adopt``).
+        await self._release(execution_id)
 
     def _signal(self, execution_id: str) -> None:
+        self.signal(execution_id)
+        if self.on_signal is not None:
+            self.on_signal(execution_id)
+
+    def waited(self) -> list[str]:
+        """The executions someone waits for on this replica."""
+        return list(self._finished)
+
+    def signal(self, execution_id: str) -> None:
+        """Wake this replica's waiters of the execution (they read its record again)."""
         event = self._finished.pop(execution_id, None)
         if event is not None:
             event.set()

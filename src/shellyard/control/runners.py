@@ -16,6 +16,7 @@ import ipaddress
 import json
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -79,6 +80,8 @@ class RunnerRegistry:
         self._health: dict[str, Health] = {}
         self.heartbeat_s = heartbeat_s
         self._beating: asyncio.Task[None] | None = None
+        #: Called after a runner was added or removed here: other replicas reload (issue 16).
+        self.on_change: Callable[[], None] | None = None
 
     async def add_local(self, runner: Runner) -> None:
         await self._store.upsert_runner(LOCAL_RUNNER_ID, "local", None, None)
@@ -134,6 +137,8 @@ class RunnerRegistry:
             await old.aclose()
         self._put(runner_id, runner, kind, request.address, secrets.get("fingerprint"))
         self._health[runner_id] = Health("up", None, time.time(), None, info)
+        if self.on_change is not None:
+            self.on_change()
         return await self.view(runner_id)
 
     async def bootstrap(self, request: RunnerBootstrapRequest) -> RunnerBootstrapResult:
@@ -248,6 +253,8 @@ class RunnerRegistry:
         self._kinds.pop(runner_id, None)
         self._health.pop(runner_id, None)
         await runner.aclose()
+        if self.on_change is not None:
+            self.on_change()
 
     async def load_registered(self) -> None:
         """Reconnect to every direct and ssh runner recorded in the store."""
@@ -257,6 +264,18 @@ class RunnerRegistry:
                 secrets = _secrets(row["token"])
                 runner = _connect(kind, str(row["address"]), secrets)
                 self._put(runner_id, runner, kind, row["address"], secrets.get("fingerprint"))
+
+    async def reload(self) -> None:
+        """Another replica added or removed a runner (issue 16): follow the records."""
+        rows = {str(row["id"]): row for row in await self._store.list_runners()}
+        for runner_id in [r for r in self._runners if r != LOCAL_RUNNER_ID]:
+            row = rows.get(runner_id)
+            kind, address, _pin = self._kinds.get(runner_id, ("", None, None))
+            if row is None or row["kind"] != kind or row["address"] != address:
+                self._kinds.pop(runner_id, None)
+                self._health.pop(runner_id, None)
+                await self._runners.pop(runner_id).aclose()
+        await self.load_registered()
 
     def _put(
         self, runner_id: str, runner: Runner, kind: str, address: str | None, pin: str | None

@@ -3,6 +3,7 @@ Interfaces (REST, MCP, CLI, SDK) call it; it never does I/O details itself."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -12,11 +13,15 @@ from shellyard.control.agents import AgentResolver
 from shellyard.control.artifacts import ArtifactService
 from shellyard.control.environments import EnvironmentService
 from shellyard.control.executions import ExecutionService
+from shellyard.control.fanout import Fanout
 from shellyard.control.files import FileService
 from shellyard.control.inbox import InboxService
+from shellyard.control.leases import LeaseKeeper, home_scope, ttl_from_env
+from shellyard.control.metrics import Metrics
 from shellyard.control.ports import PortService
+from shellyard.control.replicas import wire
 from shellyard.control.retention import RetentionService
-from shellyard.control.runners import RunnerRegistry
+from shellyard.control.runners import LOCAL_RUNNER_ID, RunnerRegistry
 from shellyard.control.sessions import SessionService
 from shellyard.control.timers import TimerService
 from shellyard.control.tokens import TokenService
@@ -40,6 +45,10 @@ class ControlPlane:
         self._tokens: TokenService | None = None
         self.retention: RetentionService | None = None
         self._ports: PortService | None = None
+        # Replicas on one database (issue 16): leases, fan-out, and what /metrics reads.
+        self.leases: LeaseKeeper | None = None
+        self.fanout: Fanout | None = None
+        self.metrics = Metrics()
 
     @property
     def executions(self) -> ExecutionService:
@@ -139,7 +148,18 @@ class ControlPlane:
         self._notify = (sessions, InboxService(self.store, agents), wakes, timers)
         self._executions.on_finished += [wakes.execution_finished, timers.execution_finished]
         self.store.notice_listeners.append(wakes.notify)
+        self.leases = LeaseKeeper(
+            self.store,
+            home_scope(str(settings.local_runner_root)),
+            LOCAL_RUNNER_ID,
+            ttl_s=ttl_from_env(os.environ),
+        )
+        url = None if self.store.is_sqlite else settings.effective_database_url
+        self.fanout = Fanout(url, settings.database_schema, self.leases.replica_id)
+        wire(self._executions, wakes, self.leases, self.fanout, self.metrics)
+        await self.fanout.start()
         await self._executions.startup()
+        await self.leases.startup()
         await self._environments.startup()
         records = FileRecords(self.store)
         access = WorkspaceAccess(self.store, records, self._runners, self._executions)
@@ -173,6 +193,10 @@ class ControlPlane:
             await self._environments.aclose()
         if self._executions is not None:
             await self._executions.aclose()
+        if self.leases is not None:  # after the watchers stopped: hand their leases over
+            await self.leases.aclose()
+        if self.fanout is not None:
+            await self.fanout.aclose()
         if self._runners is not None:
             await self._runners.aclose()
         if self.store is not None:

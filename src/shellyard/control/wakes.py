@@ -21,7 +21,7 @@ import logging
 import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 
@@ -106,6 +106,18 @@ def wake_view(row: Mapping[str, Any]) -> WakeView:
     return WakeView.model_validate({**row["payload"], "seq": row["seq"]})
 
 
+class DeliveryLeases(Protocol):
+    """One replica delivers each webhook delivery (issue 16): plugged in by the control plane."""
+
+    async def acquire(self, kind: str, subject_id: str, runner_id: str) -> bool: ...
+
+    async def release(self, kind: str, subject_id: str) -> None: ...
+
+
+#: The lease kind of a webhook delivery.
+DELIVERY_LEASE = "delivery"
+
+
 class WakeService:
     """Emits wakes and delivers them. ``notify(agent_id)`` is safe to call any time: it emits
     only when the rules allow and there is something new."""
@@ -120,6 +132,14 @@ class WakeService:
         self._deliveries: dict[str, asyncio.Task[None]] = {}
         self._http: httpx.AsyncClient | None = None
         self._closing = False
+        #: Replicas (issue 16, control/fanout.py): told of each wake emitted here, and of each
+        #: agent this replica was asked to wake, so the replicas serving its channels try too.
+        self.on_emitted: Callable[[WakeView], None] | None = None
+        self.on_notify: Callable[[str, str], None] | None = None
+        self.on_webhooks: Callable[[], None] | None = None
+        #: None: one replica, every pending delivery is ours to resume.
+        self.leases: DeliveryLeases | None = None
+        self.emitted = 0
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -148,9 +168,17 @@ class WakeService:
 
     # ------------------------------------------------------------------ emitting
 
-    async def notify(self, agent_id: str, reason: str = "notice") -> WakeView | None:
+    async def notify(
+        self, agent_id: str, reason: str = "notice", *, relayed: bool = False, publish: bool = True
+    ) -> WakeView | None:
         """Emit a wake for the agent if it is idle, its gates are open, a channel listens and
-        it has notices no wake delivered yet."""
+        it has notices no wake delivered yet. ``relayed``: another replica asked (for the
+        streams and callbacks here; it emitted for webhooks itself). ``publish``: tell the
+        other replicas (not when only a channel of this replica is new)."""
+        if publish and not relayed and self.on_notify is not None and not self._closing:
+            self.on_notify(agent_id, reason)
+        if relayed and not (self._callbacks or self._subscribers):
+            return None  # webhooks were the asking replica's to emit for
         if self._closing or not (self._webhooks or self._callbacks or self._subscribers):
             return None  # nobody could hear it: the notices wait, unwoken
         live: frozenset[str] | None = frozenset(self._subscribers) | {
@@ -163,12 +191,20 @@ class WakeService:
             return None
         row, delivery_ids = emitted
         wake = wake_view(row)
+        self.emitted += 1
+        if self.on_emitted is not None:
+            self.on_emitted(wake)
         log.info(
             "wake %s for agent %s (%d notices)",
             wake.wake_id,
             agent_id,
             len(wake.notices),
-            extra={"action": "wake", "wake_id": wake.wake_id, "agent_id": agent_id},
+            extra={
+                "action": "wake",
+                "wake_id": wake.wake_id,
+                "agent_id": agent_id,
+                "session_id": wake.session_id,
+            },
         )
         for queue in self._subscribers.get(wake.session_id, ()):
             queue.put_nowait(wake)
@@ -180,12 +216,34 @@ class WakeService:
         return wake
 
     async def kick_session(self, session_id: str, reason: str) -> None:
+        # A channel of this replica appeared: only it can be newly heard, so no fan-out.
         for agent in await self.store.list_agents(session_id):
-            await self.notify(str(agent["id"]), reason)
+            await self.notify(str(agent["id"]), reason, publish=False)
 
     async def kick_all(self, reason: str) -> None:
         for agent_id in await self.store.agents_to_wake():
-            await self.notify(agent_id, reason)
+            await self.notify(agent_id, reason, publish=False)
+
+    async def relay(self, session_id: str, seq: int) -> None:
+        """A wake another replica emitted: hand it to this replica's streams and callbacks
+        of its session (webhooks were the emitter's to deliver)."""
+        if session_id not in self._subscribers and not any(
+            sid in (None, session_id) for sid, _cb in self._callbacks
+        ):
+            return
+        rows = await self.store.list_wakes(session_id, seq - 1, limit=1)
+        if not rows or rows[0]["seq"] != seq:
+            return
+        wake = wake_view(rows[0])
+        for queue in self._subscribers.get(session_id, ()):
+            queue.put_nowait(wake)
+        for sid, callback in list(self._callbacks):
+            if sid in (None, session_id):
+                self._spawn(self._call(callback, wake))
+
+    async def refresh_webhooks(self) -> None:
+        """Another replica added or removed a webhook."""
+        self._webhooks = bool(await self.store.list_webhooks())
 
     async def execution_finished(self, row: Mapping[str, Any], notice_read: bool) -> None:
         """ExecutionService observer: an unread completion notice may wake its owner (N3)."""
@@ -261,6 +319,8 @@ class WakeService:
             }
         )
         self._webhooks = True
+        if self.on_webhooks is not None:  # other replicas: there is a channel now
+            self.on_webhooks()
         if request.session_id is None:
             await self.kick_all("channel")
         else:
@@ -275,6 +335,8 @@ class WakeService:
         if row is None:
             raise NotFound(f"no webhook {webhook_id!r}; list them with GET /v1/webhooks")
         self._webhooks = bool(await self.store.list_webhooks())
+        if self.on_webhooks is not None:
+            self.on_webhooks()
         return _webhook_view(row)
 
     async def deliveries(self, wake_id: str) -> list[DeliveryView]:
@@ -316,6 +378,18 @@ class WakeService:
         except Exception:
             log.exception("a wake callback raised for %s", wake.wake_id)
 
+    async def adopt_delivery(self, delivery_id: str) -> None:
+        """This replica took over the delivery's lease (its replica died): resume it (or,
+        before ``start``, leave it to ``start``, which resumes every pending delivery)."""
+        if self._http is not None:
+            self._deliver_later(delivery_id)
+
+    def forget_delivery(self, delivery_id: str) -> None:
+        """Another replica took the delivery's lease over: it delivers, this one stops."""
+        task = self._deliveries.pop(delivery_id, None)
+        if task is not None:
+            task.cancel()
+
     def _deliver_later(self, delivery_id: str) -> None:
         if self._closing or delivery_id in self._deliveries:
             return
@@ -326,6 +400,21 @@ class WakeService:
     async def _deliver(self, delivery_id: str) -> None:
         """POST the wake until a 2xx answer or the attempts run out; the same body and wake id
         every time, so a receiver that saw an attempt whose answer was lost can drop the copy."""
+        if self.leases is not None:
+            if not await self.leases.acquire(DELIVERY_LEASE, delivery_id, ""):
+                return  # another live replica delivers it
+            try:
+                await self._attempts(delivery_id)
+            except asyncio.CancelledError:
+                raise  # stopping: the lease is handed over, not released
+            except BaseException:
+                await self.leases.release(DELIVERY_LEASE, delivery_id)
+                raise
+            await self.leases.release(DELIVERY_LEASE, delivery_id)
+            return
+        await self._attempts(delivery_id)
+
+    async def _attempts(self, delivery_id: str) -> None:
         settings = self.settings
         assert self._http is not None
         while True:

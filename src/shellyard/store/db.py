@@ -26,6 +26,7 @@ import sqlalchemy as sa
 from alembic import command
 from alembic.config import Config
 from sqlalchemy import event
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
@@ -134,7 +135,22 @@ def insert_returning(conn: Connection, table: sa.Table, values: dict[str, Any]) 
     return row
 
 
+def upsert(conn: Connection, table: sa.Table) -> Any:
+    """The dialect's INSERT for ``table``, which knows ON CONFLICT (both databases do)."""
+    if conn.dialect.name == "sqlite":
+        return sqlite.insert(table)
+    return postgresql.insert(table)
+
+
+#: The PostgreSQL advisory lock that serialises migrations of replicas starting at once.
+MIGRATION_LOCK = 0x5E11_9A2D
+
+
 def _migrate(conn: Connection, schema_name: str | None) -> None:
+    if conn.dialect.name != "sqlite":
+        # Replicas starting together on a fresh database (issue 16): one migrates, the others
+        # wait for its commit and then find every head applied. Held until this transaction ends.
+        conn.execute(sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK})
     if schema_name and conn.dialect.name != "sqlite":
         conn.execute(sa.text(f'CREATE SCHEMA IF NOT EXISTS "{schema_name}"'))
     config = Config()

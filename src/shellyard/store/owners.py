@@ -7,7 +7,7 @@ import time
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from shellyard.store.db import Database, Row, fetch_one, new_id
+from shellyard.store.db import Database, Row, fetch_one, new_id, upsert
 from shellyard.store.schema import (
     agents,
     runners,
@@ -19,8 +19,13 @@ class OwnerRecords(Database):
     """The default session and agent, agents, runners."""
 
     async def default_owner(self) -> tuple[Row, Row]:
-        """The default session and its main agent, created on first use."""
-        return await self.run(_default_owner)
+        """The default session and its main agent, created on first use. Replicas creating it
+        at once (issue 16): the unique index on ``is_default`` lets one insert win; the others'
+        transactions fail and read the winner's."""
+        try:
+            return await self.run(_default_owner)
+        except sa.exc.IntegrityError:
+            return await self.run(_default_owner)
 
     async def create_agent(self, session_id: str, parent_id: str | None = None) -> Row:
         """A child agent (or another agent of a session); the full lifecycle is a later issue."""
@@ -94,9 +99,12 @@ def _upsert_runner(
     conn: Connection, runner_id: str, kind: str, address: str | None, token: str | None
 ) -> Row:
     values = {"kind": kind, "address": address, "token": token, "state": "active"}
-    updated = conn.execute(runners.update().where(runners.c.id == runner_id).values(**values))
-    if not updated.rowcount:
-        conn.execute(runners.insert().values(id=runner_id, created_at=time.time(), **values))
+    # One statement (issue 16): replicas registering the same runner at once never collide.
+    conn.execute(
+        upsert(conn, runners)
+        .values(id=runner_id, created_at=time.time(), **values)
+        .on_conflict_do_update(index_elements=[runners.c.id], set_=values)
+    )
     row = fetch_one(conn, sa.select(runners).where(runners.c.id == runner_id))
     assert row is not None
     return row

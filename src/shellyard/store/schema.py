@@ -389,3 +389,32 @@ Index(
     environment_changes.c.state,
 )
 Index("ix_executions_environment_state", executions.c.environment_id, executions.c.state)
+
+# --- replicas (issue 16, revision 0009_leases) ---
+
+#: Who watches a piece of ongoing work (a non-terminal execution, ...): one replica at a time,
+#: until ``expires_at`` (renewed while it is alive). ``scope``: None for work any replica can
+#: take over (shared runners); the home's local-runner scope for work only that home's server
+#: can reach (its in-process local runner).
+leases = Table(
+    "leases",
+    metadata,
+    Column("kind", String(16), primary_key=True),
+    Column("subject_id", String(64), primary_key=True),
+    Column("holder", String(64), nullable=False),
+    Column("scope", String(255), nullable=True),
+    Column("expires_at", Float, nullable=False),
+    Column("acquired_at", Float, nullable=False),
+    #: How many times another replica took it over (a trace of each E11 across replicas).
+    Column("takeovers", Integer, nullable=False, default=0),
+)
+Index("ix_leases_expires", leases.c.expires_at)
+Index("ix_leases_holder", leases.c.holder)
+#: One default session, however many replicas start on a fresh database at once.
+Index(
+    "uq_sessions_one_default",
+    sessions.c.is_default,
+    unique=True,
+    postgresql_where=sessions.c.is_default,
+    sqlite_where=sessions.c.is_default,
+)

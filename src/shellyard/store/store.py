@@ -10,7 +10,9 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from shellyard.store.executions import ExecutionRecords
+from shellyard.store.leases import LeaseRecords
 from shellyard.store.notices import NoticeRecords
+from shellyard.store.ops import OpsRecords
 from shellyard.store.owners import OwnerRecords
 from shellyard.store.sessions import SessionRecords
 from shellyard.store.timers import TimerRecords
@@ -26,6 +28,8 @@ class Store(
     SessionRecords,
     WakeRecords,
     TimerRecords,
+    LeaseRecords,
+    OpsRecords,
 ):
     """The control plane's records; ``Store.open(url)`` connects and migrates."""
 

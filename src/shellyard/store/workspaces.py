@@ -7,7 +7,7 @@ import time
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from shellyard.store.db import Database, Row, fetch_one, new_id
+from shellyard.store.db import Database, Row, fetch_one, new_id, upsert
 from shellyard.store.schema import (
     snapshots,
     workspaces,
@@ -64,18 +64,22 @@ def _workspace_for(conn: Connection, agent_id: str, runner_id: str) -> tuple[Row
     row = fetch_one(conn, stmt)
     if row is not None:
         return row, False
+    workspace_id = new_id("ws")
+    # ON CONFLICT (issue 16): two replicas making the same workspace at once get one row.
     conn.execute(
-        workspaces.insert().values(
-            id=new_id("ws"),
+        upsert(conn, workspaces)
+        .values(
+            id=workspace_id,
             agent_id=agent_id,
             runner_id=runner_id,
             head_seq=0,
             created_at=time.time(),
         )
+        .on_conflict_do_nothing(index_elements=[workspaces.c.agent_id, workspaces.c.runner_id])
     )
     row = fetch_one(conn, stmt)
     assert row is not None
-    return row, True
+    return row, row["id"] == workspace_id
 
 
 def take_writer(conn: Connection, workspace_id: str, kind: str, holder: str) -> bool:
@@ -106,24 +110,22 @@ def record_snapshot(
     made_by_kind: str,
     made_by_id: str | None,
 ) -> None:
-    exists = conn.execute(
-        sa.select(snapshots.c.seq).where(
-            snapshots.c.workspace_id == workspace_id, snapshots.c.seq == seq
+    # ON CONFLICT: the same commit recorded twice at once (two replicas finalizing one
+    # execution after a lease takeover, issue 16) is one row.
+    conn.execute(
+        upsert(conn, snapshots)
+        .values(
+            workspace_id=workspace_id,
+            seq=seq,
+            root_hash=root_hash,
+            made_by_kind=made_by_kind,
+            made_by_id=made_by_id,
+            files=files,
+            bytes=size,
+            created_at=time.time(),
         )
-    ).first()
-    if exists is None:
-        conn.execute(
-            snapshots.insert().values(
-                workspace_id=workspace_id,
-                seq=seq,
-                root_hash=root_hash,
-                made_by_kind=made_by_kind,
-                made_by_id=made_by_id,
-                files=files,
-                bytes=size,
-                created_at=time.time(),
-            )
-        )
+        .on_conflict_do_nothing(index_elements=[snapshots.c.workspace_id, snapshots.c.seq])
+    )
     conn.execute(
         workspaces.update()
         .where(workspaces.c.id == workspace_id, workspaces.c.head_seq < seq)

@@ -1,0 +1,278 @@
+"""Leases (issue 16): which control-plane replica watches each piece of ongoing work.
+
+A lease row names its holder (a replica id, one per ``serve`` process) and an expiry the holder
+keeps pushing forward. Another replica takes a lease only once it has expired: on PostgreSQL
+the claim reads the expired rows ``FOR UPDATE SKIP LOCKED``, so two replicas claiming at the
+same moment split them and never both take one. SQLite has one replica; its claims are
+trivially its own."""
+
+from __future__ import annotations
+
+import time
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from shellyard.store.db import Database, Row, fetch_all, upsert
+from shellyard.store.schema import executions, leases, wake_deliveries, wakes, workspaces
+
+#: The kinds of work a lease can name.
+EXECUTION = "execution"
+DELIVERY = "delivery"
+
+
+class LeaseRecords(Database):
+    """Lease rows: acquire, renew, release, claim the expired ones."""
+
+    async def acquire_lease(
+        self, kind: str, subject_id: str, holder: str, scope: str | None, ttl_s: float
+    ) -> bool:
+        """Take the lease unless another holder's is still alive; True when it is ours."""
+        return await self.run(_acquire, kind, subject_id, holder, scope, ttl_s)
+
+    async def renew_leases(self, holder: str, ttl_s: float) -> set[tuple[str, str]]:
+        """Push every lease of ``holder`` forward; returns the (kind, subject) it still holds."""
+        return await self.run(_renew, holder, ttl_s)
+
+    async def release_lease(self, kind: str, subject_id: str, holder: str) -> None:
+        await self.run(_release, kind, subject_id, holder)
+
+    async def hand_over_leases(self, holder: str) -> None:
+        """A replica stopping cleanly: its leases expire now, so another takes them at once."""
+        await self.run(_hand_over, holder)
+
+    async def claim_leases(
+        self, holder: str, scope: str | None, ttl_s: float, limit: int, *, mode: str
+    ) -> list[Row]:
+        """Take up to ``limit`` leases of shared work or of ``scope``. ``mode``: ``expired``
+        (their holder stopped renewing), ``start`` (also the live ones of ``scope``: only one
+        process serves a home, so another id holding them is a previous, dead, process of
+        this home), ``all`` (SQLite's start-up: there is no other replica)."""
+        return await self.run(_claim, holder, scope, ttl_s, limit, mode)
+
+    async def claim_orphans(
+        self,
+        holder: str,
+        scope: str | None,
+        ttl_s: float,
+        grace_s: float,
+        local_runner: str,
+        *,
+        gated: bool,
+    ) -> list[str]:
+        """Executions that run (or hold their workspace's writer while queued) with no lease
+        at all, older than ``grace_s``: left by a release before leases, or by a crash between
+        taking the writer and the lease. Shared-runner ones always; ``local_runner`` ones
+        only with ``scope`` (a home's start-up, as before leases). ``gated``: also those that
+        hold the writer while they wait for an environment change (V5)."""
+        return await self.run(_orphans, holder, scope, ttl_s, grace_s, local_runner, gated)
+
+    async def stalled_workspaces(self, grace_s: float, local_runner: str | None) -> list[str]:
+        """Workspaces with queued writers and no writer for ``grace_s`` (the replica that was
+        to hand it on died in between): someone has to dispatch them. ``local_runner``: its
+        workspaces are left out (only their own home can run them)."""
+        return await self.run(_stalled, grace_s, local_runner)
+
+    async def unleased_deliveries(self, grace_s: float) -> list[str]:
+        """Pending webhook deliveries no replica holds, older than ``grace_s``: their replica
+        died between recording the wake and taking the delivery's lease."""
+        unleased = ~sa.exists(
+            sa.select(leases.c.subject_id).where(
+                leases.c.kind == DELIVERY, leases.c.subject_id == wake_deliveries.c.id
+            )
+        )
+        rows = await self.all(
+            sa.select(wake_deliveries.c.id)
+            .join(wakes, wakes.c.id == wake_deliveries.c.wake_id)
+            .where(
+                wake_deliveries.c.state == "pending",
+                wakes.c.created_at < time.time() - grace_s,
+                unleased,
+            )
+            .limit(1000)
+        )
+        return [str(r["id"]) for r in rows]
+
+    async def lease_counts(self, holder: str) -> dict[str, int]:
+        rows = await self.all(
+            sa.select(leases.c.kind, sa.func.count().label("n"))
+            .where(leases.c.holder == holder)
+            .group_by(leases.c.kind)
+        )
+        return {str(r["kind"]): int(r["n"]) for r in rows}
+
+
+# ---------------------------------------------------------------------- operations
+# Each runs inside one transaction on ``conn``.
+
+
+def _acquire(
+    conn: Connection, kind: str, subject_id: str, holder: str, scope: str | None, ttl_s: float
+) -> bool:
+    now = time.time()
+    values = {
+        "holder": holder,
+        "scope": scope,
+        "expires_at": now + ttl_s,
+        "acquired_at": now,
+    }
+    stmt = upsert(conn, leases).values(kind=kind, subject_id=subject_id, takeovers=0, **values)
+    stmt = stmt.on_conflict_do_update(
+        index_elements=[leases.c.kind, leases.c.subject_id],
+        set_={
+            **values,
+            "takeovers": leases.c.takeovers + sa.case((leases.c.holder == holder, 0), else_=1),
+        },
+        where=sa.or_(leases.c.holder == holder, leases.c.expires_at < now),
+    )
+    conn.execute(stmt)
+    got = conn.execute(
+        sa.select(leases.c.holder).where(leases.c.kind == kind, leases.c.subject_id == subject_id)
+    ).scalar_one_or_none()
+    return got == holder
+
+
+def _renew(conn: Connection, holder: str, ttl_s: float) -> set[tuple[str, str]]:
+    conn.execute(
+        leases.update().where(leases.c.holder == holder).values(expires_at=time.time() + ttl_s)
+    )
+    rows = conn.execute(
+        sa.select(leases.c.kind, leases.c.subject_id).where(leases.c.holder == holder)
+    ).all()
+    return {(str(r[0]), str(r[1])) for r in rows}
+
+
+def _release(conn: Connection, kind: str, subject_id: str, holder: str) -> None:
+    conn.execute(
+        leases.delete().where(
+            leases.c.kind == kind, leases.c.subject_id == subject_id, leases.c.holder == holder
+        )
+    )
+
+
+def _hand_over(conn: Connection, holder: str) -> None:
+    conn.execute(leases.update().where(leases.c.holder == holder).values(expires_at=0.0))
+
+
+def _claim(
+    conn: Connection, holder: str, scope: str | None, ttl_s: float, limit: int, mode: str
+) -> list[Row]:
+    now = time.time()
+    takeable: sa.ColumnElement[bool] = leases.c.expires_at < now
+    if mode == "start" and scope is not None:
+        takeable = sa.or_(takeable, leases.c.scope == scope)
+    reachable: sa.ColumnElement[bool] = leases.c.scope.is_(None)
+    if scope is not None:
+        reachable = sa.or_(reachable, leases.c.scope == scope)
+    if mode == "all":
+        takeable = reachable = sa.true()
+    stmt = (
+        sa.select(leases)
+        .where(takeable, reachable, leases.c.holder != holder)
+        .order_by(leases.c.expires_at)
+        .limit(limit)
+    )
+    if conn.dialect.name != "sqlite":
+        # Rows another replica is claiming right now are skipped, not waited for: each
+        # expired lease goes to exactly one of the replicas claiming at once.
+        stmt = stmt.with_for_update(skip_locked=True)
+    rows = fetch_all(conn, stmt)
+    for row in rows:
+        conn.execute(
+            leases.update()
+            .where(leases.c.kind == row["kind"], leases.c.subject_id == row["subject_id"])
+            .values(
+                holder=holder,
+                expires_at=now + ttl_s,
+                acquired_at=now,
+                takeovers=leases.c.takeovers + 1,
+            )
+        )
+    return rows
+
+
+def _orphans(
+    conn: Connection,
+    holder: str,
+    scope: str | None,
+    ttl_s: float,
+    grace_s: float,
+    local_runner: str,
+    gated: bool,
+) -> list[str]:
+    now = time.time()
+    unleased = ~sa.exists(
+        sa.select(leases.c.subject_id).where(
+            leases.c.kind == EXECUTION, leases.c.subject_id == executions.c.id
+        )
+    )
+    running = sa.and_(
+        executions.c.state == "running",
+        sa.func.coalesce(executions.c.started_at, executions.c.created_at) < now - grace_s,
+    )
+    writer_queued = sa.and_(
+        executions.c.state == "queued",
+        sa.true() if gated else executions.c.waiting_for.is_(None),
+        executions.c.created_at < now - grace_s,
+        sa.exists(
+            sa.select(workspaces.c.id).where(
+                workspaces.c.id == executions.c.workspace_id,
+                workspaces.c.writer_id == executions.c.id,
+            )
+        ),
+    )
+    stmt = sa.select(executions.c.id, executions.c.runner_id).where(
+        unleased, sa.or_(running, writer_queued)
+    )
+    if scope is None:
+        stmt = stmt.where(executions.c.runner_id != local_runner)
+    claimed = []
+    for row in conn.execute(stmt.order_by(executions.c.seq).limit(1000)).all():
+        execution_id, runner_id = str(row[0]), str(row[1])
+        lease_scope = scope if runner_id == local_runner else None
+        conn.execute(
+            upsert(conn, leases)
+            .values(
+                kind=EXECUTION,
+                subject_id=execution_id,
+                holder=holder,
+                scope=lease_scope,
+                expires_at=now + ttl_s,
+                acquired_at=now,
+                takeovers=1,
+            )
+            .on_conflict_do_nothing(index_elements=[leases.c.kind, leases.c.subject_id])
+        )
+        got = conn.execute(
+            sa.select(leases.c.holder).where(
+                leases.c.kind == EXECUTION, leases.c.subject_id == execution_id
+            )
+        ).scalar_one_or_none()
+        if got == holder:
+            claimed.append(execution_id)
+    return claimed
+
+
+def _stalled(conn: Connection, grace_s: float, local_runner: str | None) -> list[str]:
+    unleased = ~sa.exists(
+        sa.select(leases.c.subject_id).where(
+            leases.c.kind == EXECUTION, leases.c.subject_id == executions.c.id
+        )
+    )
+    stmt = (
+        sa.select(executions.c.workspace_id)
+        .distinct()
+        .join(workspaces, workspaces.c.id == executions.c.workspace_id)
+        .where(
+            executions.c.state == "queued",
+            executions.c.created_at < time.time() - grace_s,
+            sa.or_(
+                sa.and_(sa.not_(executions.c.read_only), workspaces.c.writer_id.is_(None)),
+                # a reader not started yet waits for nobody (issue 17)
+                sa.and_(executions.c.read_only, executions.c.waiting_for.is_(None), unleased),
+            ),
+        )
+    )
+    if local_runner is not None:
+        stmt = stmt.where(executions.c.runner_id != local_runner)
+    return [str(r[0]) for r in conn.execute(stmt).all()]

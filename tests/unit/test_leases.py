@@ -1,0 +1,92 @@
+"""Lease records (issue 16, store/leases.py) on SQLite and PostgreSQL: a live lease is its
+holder's alone, an expired one is taken over (and counted), two replicas claiming at once
+split the expired leases between them (PostgreSQL: FOR UPDATE SKIP LOCKED)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from conftest import POSTGRES_URL
+from shellyard.store import Store
+
+
+async def test_a_live_lease_is_its_holders_alone(store: Store) -> None:
+    assert await store.acquire_lease("execution", "ex_1", "rep_a", None, 60)
+    assert not await store.acquire_lease("execution", "ex_1", "rep_b", None, 60)
+    assert await store.acquire_lease("execution", "ex_1", "rep_a", None, 60)  # again: ours
+    assert await store.renew_leases("rep_a", 60) == {("execution", "ex_1")}
+    assert await store.renew_leases("rep_b", 60) == set()
+    # Nothing to claim: it is alive.
+    assert await store.claim_leases("rep_b", None, 60, 10, mode="expired") == []
+    await store.release_lease("execution", "ex_1", "rep_b")  # not b's: nothing happens
+    assert not await store.acquire_lease("execution", "ex_1", "rep_b", None, 60)
+    await store.release_lease("execution", "ex_1", "rep_a")
+    assert await store.acquire_lease("execution", "ex_1", "rep_b", None, 60)
+
+
+async def test_an_expired_lease_is_taken_over_and_counted(store: Store) -> None:
+    assert await store.acquire_lease("execution", "ex_2", "rep_a", None, 0.05)
+    await asyncio.sleep(0.1)  # rep_a stopped renewing
+    claimed = await store.claim_leases("rep_b", None, 60, 10, mode="expired")
+    assert [(r["subject_id"], r["holder"]) for r in claimed] == [("ex_2", "rep_a")]
+    assert await store.renew_leases("rep_a", 60) == set()  # a's renewal finds it gone
+    assert await store.renew_leases("rep_b", 60) == {("execution", "ex_2")}
+    assert not await store.acquire_lease("execution", "ex_2", "rep_a", None, 60)
+    assert (await store.lease_counts("rep_b")) == {"execution": 1}
+
+
+async def test_a_homes_scope_is_claimed_only_by_that_home(store: Store) -> None:
+    """Local-runner work: only its home's (restarted) server takes it, at once on start."""
+    assert await store.acquire_lease("execution", "ex_3", "rep_old", "local:h:/a", 60)
+    other = await store.claim_leases("rep_x", "local:h:/b", 60, 10, mode="start")
+    assert other == []
+    assert await store.claim_leases("rep_x", "local:h:/b", 60, 10, mode="expired") == []
+    again = await store.claim_leases("rep_new", "local:h:/a", 60, 10, mode="start")
+    assert [r["subject_id"] for r in again] == ["ex_3"]
+
+
+async def test_two_replicas_claiming_at_once_split_the_expired_leases(
+    pg_schema: str,
+) -> None:
+    """PostgreSQL: SKIP LOCKED hands each expired lease to exactly one claimer."""
+    stores = [await Store.open(POSTGRES_URL, schema_name=pg_schema) for _ in range(3)]
+    try:
+        for i in range(200):
+            assert await stores[0].acquire_lease("execution", f"ex_{i}", "dead", None, 0.01)
+        await asyncio.sleep(0.05)
+        claims = await asyncio.gather(
+            *(
+                s.claim_leases(f"rep_{n}", None, 60, 50, mode="expired")
+                for n, s in enumerate(stores)
+                for _ in range(3)
+            )
+        )
+        taken = [r["subject_id"] for rows in claims for r in rows]
+        assert len(taken) == len(set(taken)), "a lease was claimed twice"
+        remaining = await stores[0].claim_leases("rep_last", None, 60, 500, mode="expired")
+        assert sorted(taken + [r["subject_id"] for r in remaining]) == sorted(
+            f"ex_{i}" for i in range(200)
+        )
+    finally:
+        for s in stores:
+            await s.close()
+
+
+@pytest.mark.parametrize("attempts", [3])
+async def test_the_default_owner_is_made_once_by_concurrent_stores(
+    pg_schema: str, attempts: int
+) -> None:
+    """Issue 16 item 3: stores opening one fresh schema at once (migrations under the advisory
+    lock) and asking for the default owner together get the same session and agent."""
+    stores = await asyncio.gather(
+        *(Store.open(POSTGRES_URL, schema_name=pg_schema) for _ in range(attempts))
+    )
+    try:
+        owners = await asyncio.gather(*(s.default_owner() for s in stores for _ in range(4)))
+        assert len({session["id"] for session, _agent in owners}) == 1
+        assert len({agent["id"] for _session, agent in owners}) == 1
+    finally:
+        for s in stores:
+            await s.close()
