@@ -190,6 +190,24 @@ def adapt_snapshots(raw: dict[str, Any], args: argparse.Namespace) -> dict[str, 
 # ----------------------------------------------------------------------------- main
 
 
+def with_placeholders(report: dict[str, Any]) -> dict[str, Any]:
+    """The report with a section for every benchmark of the suite, so one that has not run in
+    the suite yet still shows how to run it (and its hand-written notes)."""
+    ran = {b["name"] for b in report["benchmarks"]}
+    missing = [
+        {
+            "name": name,
+            "title": name.replace("_", " ").capitalize(),
+            "command": f"python bench/{script}",
+            "error": "not measured by bench/run_all.py yet: run it alone (command above)",
+            "metrics": [],
+        }
+        for name, script, _ in SUITE
+        if name not in ran
+    ]
+    return replace_benchmarks(dict(report), missing)
+
+
 def replace_benchmarks(report: dict[str, Any], fresh: list[dict[str, Any]]) -> dict[str, Any]:
     """``report`` with ``fresh`` results in place of the same names, in the suite's order."""
     by_name = {b["name"]: b for b in report["benchmarks"]}
@@ -214,7 +232,9 @@ def main() -> None:
     )
     args = parser.parse_args()
     if args.render_only:
-        args.doc.write_text(render(json.loads((RESULTS / "latest.json").read_text())))
+        args.doc.write_text(
+            render(with_placeholders(json.loads((RESULTS / "latest.json").read_text())))
+        )
         print(f"[run_all] wrote {args.doc} from {RESULTS / 'latest.json'}")
         return
 
@@ -257,7 +277,7 @@ def main() -> None:
         # last full run, and every section carries its own date and commit.
         report = replace_benchmarks(json.loads(latest.read_text()), benchmarks)
     latest.write_text(json.dumps(report, indent=2) + "\n")
-    args.doc.write_text(render(report))
+    args.doc.write_text(render(with_placeholders(report)))
     print(f"[run_all] wrote {latest} and {args.doc} ({round(time.perf_counter() - started, 1)} s)")
     misses = [m["id"] for b in benchmarks for m in b.get("metrics", []) if m["pass"] is False]
     if misses:
