@@ -9,7 +9,7 @@ own workspace through the replicas round-robin; beside them one prober asks
 CPU seconds of the replicas, the runner daemons (with their sandboxes) and PostgreSQL over
 the window say what limits the figure.
 
-    .venv/bin/python bench/bench_replicas.py [--seconds 20] [--workers 16]
+    .venv/bin/python bench/bench_replicas.py [--quick] [--profile FOLDER] [--out PATH]
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from typing import Any
 
 import httpx
 
-from common import make_home, quantile, remove_home
+from common import cli, make_home, metric, quantile, remove_home
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "support"))
 from replicas_fixture import Replica, fresh_database, replica_env, start_replicas, stop_all
@@ -165,37 +165,60 @@ async def _load(
     }
 
 
-async def main(seconds: float, workers: int) -> None:
+async def measure_all(seconds: float, workers: int) -> list[dict[str, Any]]:
     root = make_home()
     daemons = [
         await start_daemon(root / f"daemon{i}", SandboxPolicy(), subprocess=True) for i in range(2)
     ]
     try:
-        results = [await measure(n, daemons, seconds, workers) for n in (1, 2, 3)]
+        return [await measure(n, daemons, seconds, workers) for n in (1, 2, 3)]
     finally:
         for daemon in daemons:
             await daemon.stop()
         remove_home(root)
-    base = results[0]["executions_per_s"]
-    print("| replicas | executions/s | × 1 replica | status p50 | status p99 | CPU ms per "
-          "execution (replicas / runner daemons / PostgreSQL) | load average |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|")
-    for r in results:
-        cpu = r["cpu_ms_per_execution"]
-        print(
-            f"| {r['replicas']} | {r['executions_per_s']:.1f} | "
-            f"{r['executions_per_s'] / base:.2f} | {r['status_p50_ms']:.1f} ms | "
-            f"{r['status_p99_ms']:.1f} ms ({r['status_samples']} samples) | "
-            f"{cpu['replicas']} / {cpu['runner daemons']} / {cpu['postgresql']} | "
-            f"{r['load_average']} |"
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    global PROFILE
+    if args.profile:  # a folder of profiles: py-spy's collapsed stacks of the 1-replica window
+        args.profile.mkdir(parents=True, exist_ok=True)
+        PROFILE = str(args.profile / "replicas-collapsed.txt")
+    seconds = 8.0 if args.quick else 20.0
+    results = asyncio.run(measure_all(seconds, 16))
+    one = results[0]
+    metrics = []
+    for r in results[1:]:
+        metrics.append(
+            metric(
+                f"replicas.rate_{r['replicas']}",
+                f"completed executions/s, {r['replicas']} replicas, 16 clients",
+                r["executions_per_s"],
+                "/s",
+                baseline_label="the same with 1 replica, /s",
+                baseline_value=one["executions_per_s"],
+                target="— (info: the scaling on this machine)",
+                kind="info",
+            )
         )
+    for r in results:
+        metrics.append(
+            metric(
+                f"replicas.status_p99_{r['replicas']}",
+                f"execution_status p99 under that load, {r['replicas']} replicas, ms",
+                r["status_p99_ms"],
+                "ms",
+                target="— (info)",
+                kind="info",
+            )
+        )
+    return {
+        "name": "replicas",
+        "title": "Replicas on one PostgreSQL: executions per second and status p99 (issue 16)",
+        "command": "python bench/bench_replicas.py" + (" --quick" if args.quick else ""),
+        "metrics": metrics,
+        "details": {"seconds": seconds, "workers": 16, "results": results},
+    }
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--seconds", type=float, default=20.0)
-    parser.add_argument("--workers", type=int, default=16)
-    parser.add_argument("--profile", default=None)
-    options = parser.parse_args()
-    PROFILE = options.profile
-    asyncio.run(main(options.seconds, options.workers))
+    cli("replicas", run, __doc__ or "")

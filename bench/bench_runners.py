@@ -221,6 +221,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         ),
     ]
     return {
+        "title": "Runners on other hosts: run_shell(true) on direct and ssh runners beside SWE-ReX",
         "command": COMMAND,
         "rounds": rounds,
         "warmup": warmup,

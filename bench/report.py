@@ -94,12 +94,13 @@ def render(report: dict[str, Any]) -> str:
         "This machine has 2 cores and is noisy, so every ratio is against a baseline measured "
         "in the same run and the same process: interleaved sample by sample (round trip, "
         "snapshots, output) or before and after (throughput). Warm-up rounds come first and "
-        "are not counted. The bare-bwrap baseline spawns bubblewrap with the exact argv the "
-        "runner builds (`sandbox.bwrap_argv`: `prlimit`, `--unshare-all`, `--cap-drop ALL`, "
-        "`--disable-userns`, the seccomp filter, the same allow-listed host view and "
-        "`--json-status-fd`), in a new session, as the sandbox uid 61000, "
-        "with stdout/stderr/status opened onto files, then blocks in `waitpid`: the floor the "
-        "product's path is judged against."
+        "are not counted. Two bubblewrap baselines: the *minimal* spawn (`bwrap --ro-bind / / "
+        "--dev /dev --proc /proc --unshare-all true`, as root) and the *product-argv* spawn "
+        "(the exact argv the runner builds, `sandbox.bwrap_argv`: `prlimit`, `--unshare-all`, "
+        "`--cap-drop ALL`, `--disable-userns`, the seccomp filter, the allow-listed host view, "
+        "`--json-status-fd`, as the sandbox uid 61000, no control plane): the first is issue "
+        "13's floor, the second the floor of this sandbox policy (section 1's notes say why "
+        "they differ)."
     )
     add("")
     add("## Summary")
@@ -514,7 +515,13 @@ def diagnose(
         causes = CAUSES.get(m["id"], [])
         for cause in causes:
             out += [DIAGNOSES[cause], ""]
-        if not causes:
+        if not causes and (NOTES / f"{bench['name']}.md").exists():
+            out += [
+                f"What limits it is written under the benchmark's own section "
+                f"(`bench/notes/{bench['name']}.md`).",
+                "",
+            ]
+        elif not causes:
             out += ["No diagnosis was written for this miss yet; see the profiles below.", ""]
         out += evidence(m["id"], bench, by_name)
     return out
