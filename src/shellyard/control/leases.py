@@ -145,8 +145,15 @@ class LeaseKeeper:
                 log.exception("lease round failed", extra={"action": "lease_round"})
 
     async def renew(self) -> None:
+        # Only what was held before the renewal can have been lost by it: a lease acquired
+        # while the renewal's transaction ran is not in its answer, and dropping it would stop
+        # its work while its row stays ours, renewed by every later round and never taken over
+        # (a delivery left pending with no attempt; found by the replicas' kill -9 storm).
+        before = set(self._held)
         still = await self.store.renew_leases(self.replica_id, self.ttl_s)
-        for kind, subject_id in self._held - still:
+        for kind, subject_id in before - still:
+            if (kind, subject_id) not in self._held:
+                continue  # released meanwhile
             self._held.discard((kind, subject_id))
             log.warning(
                 "lease of %s %s was taken over by another replica",
