@@ -90,3 +90,26 @@ async def test_the_default_owner_is_made_once_by_concurrent_stores(
     finally:
         for s in stores:
             await s.close()
+
+
+async def test_a_lease_acquired_during_a_renewal_is_not_dropped(store: Store) -> None:
+    """E11 across replicas: a renewal's answer lists what was held when it ran; a lease taken
+    while it ran is not in it and must stay held (dropping it stopped its work while its row
+    stayed ours, renewed for ever and never taken over)."""
+    from shellyard.control.leases import LeaseKeeper
+
+    keeper = LeaseKeeper(store, "home_a", "local", ttl_s=60)
+    lost: list[str] = []
+    keeper.on_lost["delivery"] = lost.append
+    assert await keeper.acquire("delivery", "dlv_old", "")
+    renew = store.renew_leases
+
+    async def renewal_meanwhile(holder: str, ttl_s: float) -> set[tuple[str, str]]:
+        answer = await renew(holder, ttl_s)  # what was held when the renewal ran
+        assert await keeper.acquire("delivery", "dlv_new", "")  # taken while it ran
+        return answer
+
+    store.renew_leases = renewal_meanwhile  # type: ignore[method-assign]
+    await keeper.renew()
+    assert lost == []
+    assert sorted(keeper.subjects("delivery")) == ["dlv_new", "dlv_old"]
