@@ -97,7 +97,8 @@ def make_slow_sdist(
     """An sdist whose in-tree build backend, when uv builds it inside the tool sandbox,
     damages ``prefix`` the way a half-done install would (adds a file, rewrites one, removes
     one, changes a mode), writes ``<prefix>/.build-started`` and then ``behaviour``:
-    ``hang`` (sleeps; the test kills the runner) or ``fail`` (exits non-zero).
+    ``hang`` (sleeps; the test kills the runner), ``fail`` (exits non-zero) or
+    ``sleep-fail:SECONDS`` (fails after that long: a change that outlives its driver).
 
     ``.build-started`` holds JSON: the build's view of the sandbox — ``seen`` (which of the
     ``probe`` paths exist there), ``cap_eff`` (its effective capabilities), ``uid``."""
@@ -152,6 +153,9 @@ def make_slow_sdist(
             _damage()
             if {behaviour!r} == "fail":
                 sys.exit("the slow package refuses to build")
+            if {behaviour!r}.startswith("sleep-fail:"):
+                time.sleep(float({behaviour!r}.split(":")[1]))
+                sys.exit("the slow package gave up building")
             time.sleep(600)
             sys.exit("woke up")
         """

@@ -6,7 +6,12 @@ holds across control-plane processes), sends it to the runner (idempotent by cha
 watches it like executions are watched, retrying a runner that cannot be asked (E9-style). A
 change that succeeds records revision N+1 and the environment's new revision together; one
 that fails records its error and no revision. When a change ends, the executions queued
-behind it are dispatched."""
+behind it are dispatched.
+
+With several replicas on one database (issue 16) a change is driven by the one replica holding
+its lease (``leases``); a replica that dies leaves the lease to expire and another adopts the
+change: it asks the runner about it by its id (the runner never starts a change twice) and sees
+it to its end, as a restart does. Waits on other replicas read the record."""
 
 from __future__ import annotations
 
@@ -26,6 +31,7 @@ from shellyard.contract.environments import (
     RevisionView,
 )
 from shellyard.control.agents import AgentResolver
+from shellyard.control.execution_hooks import WatchLeases
 from shellyard.control.runners import LOCAL_RUNNER_ID, RunnerRegistry
 from shellyard.errors import (
     ChangeFailed,
@@ -45,6 +51,7 @@ from shellyard.runner.protocol import (
 from shellyard.store import Store
 from shellyard.store.db import Row, new_id
 from shellyard.store.environments import PENDING_CHANGE_STATES, EnvironmentRecords
+from shellyard.store.leases import CHANGE
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +85,8 @@ class EnvironmentService:
         #: Set when a change ended (for callers waiting on it in this process).
         self._ended: dict[str, asyncio.Event] = {}
         self._closing = False
+        #: Which replica drives each change (issue 16); None: this process is the only one.
+        self.leases: WatchLeases | None = None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -86,6 +95,36 @@ class EnvironmentService:
         and re-evaluate the waiting ones."""
         for change in await self.records.pending_changes():
             self._drive(change, reattach=change["state"] == "running")
+
+    async def adopt(self, change_id: str) -> None:
+        """This replica took over the change's lease (its driver died): drive it on."""
+        change = await self.records.get_change(change_id)
+        if change is None or change["state"] not in PENDING_CHANGE_STATES:
+            await self._release(change_id)
+            return
+        await self.runners.load_registered()  # its runner may be another replica's add
+        self._drive(change, reattach=change["state"] == "running")
+
+    def forget(self, change_id: str) -> None:
+        """Another replica took the lease: stop driving here; the new holder asks the runner."""
+        task = self._drivers.pop(change_id, None)
+        if task is not None:
+            task.cancel()
+
+    async def unleased(self, grace_s: float) -> list[str]:
+        """Pending changes nobody drives for ``grace_s`` (their replica died between
+        recording and leasing them), on shared runners."""
+        return await self.store.unleased_changes(grace_s, LOCAL_RUNNER_ID)
+
+    async def _lease(self, change_id: str, environment_id: str) -> bool:
+        if self.leases is None:
+            return True
+        env = await self._required_env(environment_id)
+        return await self.leases.acquire(CHANGE, change_id, str(env["runner_id"]))
+
+    async def _release(self, change_id: str) -> None:
+        if self.leases is not None:
+            await self.leases.release(CHANGE, change_id)
 
     async def aclose(self) -> None:
         self._closing = True
@@ -293,12 +332,21 @@ class EnvironmentService:
         self._ended.setdefault(change_id, asyncio.Event())
         task = asyncio.create_task(self._run(change, reattach), name=f"env-change-{change_id}")
         self._drivers[change_id] = task
-        task.add_done_callback(lambda _t: self._drivers.pop(change_id, None))
+        # Only this task's entry: after a lost lease a later adoption may have a new one.
+        task.add_done_callback(
+            lambda t: self._drivers.pop(change_id) if self._drivers.get(change_id) is t else None
+        )
 
     async def _run(self, change: Row, reattach: bool) -> None:
         change_id = str(change["id"])
         environment_id = str(change["environment_id"])
         failures = 0
+        if not await self._lease(change_id, environment_id):
+            # Another live replica drives it: waits here poll the record (_await_change).
+            event = self._ended.pop(change_id, None)
+            if event is not None:
+                event.set()
+            return
         try:
             while True:
                 try:
@@ -318,6 +366,8 @@ class EnvironmentService:
             event = self._ended.pop(change_id, None)
             if event is not None:
                 event.set()
+        # Ended (the loop only leaves by its end; a stop or a lost lease cancels the task).
+        await self._release(change_id)
         self._wake(environment_id)  # the next change of the environment may go now
         if not self._closing:
             for workspace_id in await self.records.gated_workspaces(environment_id):
@@ -427,15 +477,16 @@ class EnvironmentService:
             await asyncio.wait_for(event.wait(), timeout=timeout_s)
 
     async def _await_change(self, change_id: str, wait_ms: int) -> Row:
+        deadline = time.monotonic() + wait_ms / 1000
         event = self._ended.get(change_id)
         if event is not None and wait_ms > 0:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(event.wait(), timeout=wait_ms / 1000)
         change = await self.records.get_change(change_id)
         assert change is not None
-        if change["state"] in PENDING_CHANGE_STATES and event is None and wait_ms > 0:
-            # Driven by another process: poll the record for the rest of the budget.
-            deadline = time.monotonic() + wait_ms / 1000
+        if change["state"] in PENDING_CHANGE_STATES and wait_ms > 0:
+            # Driven by another process (another replica, or this one's driver stopped when
+            # another took its lease over): poll the record for the rest of the budget.
             while change["state"] in PENDING_CHANGE_STATES and time.monotonic() < deadline:
                 await asyncio.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
                 change = await self.records.get_change(change_id)

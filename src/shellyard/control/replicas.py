@@ -7,16 +7,21 @@ from __future__ import annotations
 
 from typing import Any
 
+from shellyard.control.environments import EnvironmentService
 from shellyard.control.executions import LEASE_KIND, ExecutionService
 from shellyard.control.fanout import Fanout
 from shellyard.control.leases import LeaseKeeper
 from shellyard.control.metrics import Metrics
+from shellyard.control.transfers import TransferService
 from shellyard.control.wakes import DELIVERY_LEASE, WakeService
+from shellyard.store.leases import CHANGE, TRANSFER
 
 
 def wire(
     executions: ExecutionService,
     wakes: WakeService,
+    transfers: TransferService,
+    environments: EnvironmentService,
     keeper: LeaseKeeper,
     fanout: Fanout,
     metrics: Metrics,
@@ -29,6 +34,14 @@ def wire(
     wakes.leases = keeper
     keeper.adopters[DELIVERY_LEASE] = wakes.adopt_delivery
     keeper.on_lost[DELIVERY_LEASE] = wakes.forget_delivery
+    # Transfers and environment changes: one replica copies / drives each; the others adopt
+    # it when that one dies (each resumes from its record, as after a restart).
+    transfers.leases = keeper
+    keeper.adopters[TRANSFER] = transfers.adopt
+    keeper.on_lost[TRANSFER] = transfers.forget
+    environments.leases = keeper
+    keeper.adopters[CHANGE] = environments.adopt
+    keeper.on_lost[CHANGE] = environments.forget
 
     async def sweep() -> None:
         # Notices a dead replica recorded but did not get to wake for (N2), and deliveries it
@@ -40,6 +53,12 @@ def wire(
             await wakes.adopt_delivery(delivery_id)
         for delivery_id in await keeper.store.unleased_deliveries(keeper.ttl_s):
             await wakes.adopt_delivery(delivery_id)
+        # Recorded by a replica that died before leasing them (both lease first; this
+        # catches what an older release or a failed lease write left).
+        for transfer_id in await transfers.unleased(keeper.ttl_s):
+            await transfers.adopt(transfer_id)
+        for change_id in await environments.unleased(keeper.ttl_s):
+            await environments.adopt(change_id)
 
     keeper.sweep = sweep
     if not fanout.enabled:
@@ -50,6 +69,7 @@ def wire(
     wakes.on_notify = lambda agent_id, reason: fanout.publish("n", a=agent_id, why=reason)
     wakes.on_emitted = lambda wake: fanout.publish("w", s=wake.session_id, q=wake.seq)
     wakes.on_webhooks = lambda: fanout.publish("h")
+    transfers.on_signal = lambda transfer_id: fanout.publish("t", t=transfer_id)
 
     async def ended(message: dict[str, Any]) -> None:
         executions.signal(str(message["e"]))
@@ -66,14 +86,19 @@ def wire(
     async def runners(_message: dict[str, Any]) -> None:
         await executions.runners.reload()
 
+    async def transfer(message: dict[str, Any]) -> None:
+        transfers.signal(str(message["t"]))
+
     async def resync() -> None:
         # Messages may have been lost while the listener was away: every waiter reads its
         # record again, and every agent a channel of this replica can hear is tried.
         for execution_id in list(executions.waited()):
             executions.signal(execution_id)
+        for transfer_id in transfers.watched():
+            transfers.signal(transfer_id)
         await wakes.refresh_webhooks()
         await wakes.kick_all("channel")
         await executions.runners.reload()
 
-    fanout.handlers.update(x=ended, n=notify, w=emitted, h=webhooks, r=runners)
+    fanout.handlers.update(x=ended, n=notify, w=emitted, h=webhooks, r=runners, t=transfer)
     fanout.on_resync.append(resync)

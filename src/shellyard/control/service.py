@@ -154,13 +154,6 @@ class ControlPlane:
             LOCAL_RUNNER_ID,
             ttl_s=ttl_from_env(os.environ),
         )
-        url = None if self.store.is_sqlite else settings.effective_database_url
-        self.fanout = Fanout(url, settings.database_schema, self.leases.replica_id)
-        wire(self._executions, wakes, self.leases, self.fanout, self.metrics)
-        await self.fanout.start()
-        await self._executions.startup()
-        await self.leases.startup()
-        await self._environments.startup()
         records = FileRecords(self.store)
         access = WorkspaceAccess(self.store, records, self._runners, self._executions)
         self._files = (
@@ -169,6 +162,23 @@ class ControlPlane:
             ArtifactService(records, access),
         )
         self._ports = PortService(access)
+        url = None if self.store.is_sqlite else settings.effective_database_url
+        self.fanout = Fanout(url, settings.database_schema, self.leases.replica_id)
+        wire(
+            self._executions,
+            wakes,
+            self.transfers,
+            self._environments,
+            self.leases,
+            self.fanout,
+            self.metrics,
+        )
+        await self.fanout.start()
+        await self._executions.startup()
+        # Every service that adopts leased work is built: the keeper's first round hands
+        # them what this home's previous process and dead replicas left.
+        await self.leases.startup()
+        await self._environments.startup()
         await self.files.startup()
         await self.transfers.startup()
         self.retention = RetentionService(

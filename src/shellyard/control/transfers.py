@@ -25,6 +25,13 @@ files not reached yet are ``skipped``; starting the same transfer again once the
 copies the rest. The final state is ``completed``, ``partial``, ``failed`` or ``cancelled``; a
 finished transfer posts a notice to its owner (N1). Transfers survive a restart of the control
 plane: an unfinished one resumes with its pending files.
+
+With several replicas on one database (issue 16) each unfinished transfer is copied by the one
+replica holding its lease (``leases``, plugged in by control/replicas.py): a replica that dies
+leaves its lease to expire and another adopts the transfer, which resumes with its pending files
+exactly as after a restart. A cancel or a wait on another replica goes through the record: the
+cancel request is a column the holder reads between batches (and a fan-out message makes it
+stop mid-batch), a wait re-reads the record until it is terminal, woken by the fan-out.
 """
 
 from __future__ import annotations
@@ -34,7 +41,7 @@ import contextlib
 import fnmatch
 import logging
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 from shellyard.contract.files import (
@@ -47,6 +54,8 @@ from shellyard.contract.files import (
     WorkspaceView,
 )
 from shellyard.control.access import WorkspaceAccess
+from shellyard.control.execution_hooks import WatchLeases
+from shellyard.control.runners import LOCAL_RUNNER_ID
 from shellyard.errors import (
     InvalidInput,
     NotFound,
@@ -59,6 +68,7 @@ from shellyard.runner.protocol import MAX_PAGE, ApplyEntry, ByteStream, PathEntr
 from shellyard.store import Store
 from shellyard.store.db import new_id
 from shellyard.store.files import TERMINAL_TRANSFER_STATES, FileRecords
+from shellyard.store.leases import TRANSFER
 
 log = logging.getLogger(__name__)
 Row = Mapping[str, Any]
@@ -72,6 +82,9 @@ _PLAN_PAGE = 2000
 _GLOB = frozenset("*?[")
 #: Consecutive tries of one batch while a runner cannot be reached (E9's five failures).
 BATCH_ATTEMPTS = 5
+#: How often a wait for a transfer another replica copies reads its record again (besides
+#: being woken by the fan-out when it ends).
+_FOREIGN_POLL_S = 1.0
 
 
 class _Cancelled(Exception):
@@ -89,13 +102,85 @@ class TransferService:
         self._closing = False
         #: First backoff between tries of a batch when a runner cannot be reached (doubles).
         self.retry_base_s = 0.5
+        #: Which replica copies each transfer (issue 16); None: this process is the only one.
+        self.leases: WatchLeases | None = None
+        #: Called with a transfer id that ended, or whose cancel was asked here while another
+        #: replica copies it: the fan-out tells the other replicas (control/replicas.py).
+        self.on_signal: Callable[[str], None] | None = None
+        #: transfer id → set when it ends (or a cancel arrives), for waits on this replica.
+        self._changed: dict[str, asyncio.Event] = {}
 
     # ------------------------------------------------------------------ lifecycle
 
     async def startup(self) -> None:
-        """Resume the transfers a previous control plane left queued or running."""
+        """Resume the transfers a previous control plane left queued or running (with
+        replicas: those whose lease this one gets; the others' holders are alive)."""
         for row in await self.records.active_transfers():
             self._launch(str(row["id"]))
+
+    async def adopt(self, transfer_id: str) -> None:
+        """This replica took over the transfer's lease (its holder died): resume it."""
+        await self.access.runners.load_registered()  # its runners may be another's adds
+        self._launch(transfer_id)
+
+    def forget(self, transfer_id: str) -> None:
+        """Another replica took the lease (this one stalled past its expiry): stop copying
+        here without finishing; the new holder resumes with the pending files."""
+        task = self._tasks.pop(transfer_id, None)
+        if task is not None:
+            task.cancel()
+
+    async def unleased(self, grace_s: float) -> list[str]:
+        """Active transfers no replica holds a lease on for ``grace_s`` (their replica died
+        between recording and leasing them), leaving out the in-process runner's (only its
+        own home reaches them)."""
+        return await self.store.unleased_transfers(grace_s, LOCAL_RUNNER_ID)
+
+    def watched(self) -> list[str]:
+        """Transfers waited for or copied here (a fan-out gap may have hidden their news)."""
+        return list({*self._changed, *self._tasks})
+
+    def signal(self, transfer_id: str) -> None:
+        """The transfer ended or a cancel was asked (here or on another replica)."""
+        event = self._changed.pop(transfer_id, None)
+        if event is not None:
+            event.set()
+        if transfer_id in self._tasks:
+            # A cancel recorded elsewhere: the copy reads the request and stops (T3 keeps
+            # every committed batch).
+            asyncio.get_running_loop().create_task(self._cancel_if_asked(transfer_id))
+
+    async def _cancel_if_asked(self, transfer_id: str) -> None:
+        with contextlib.suppress(Exception):
+            row = await self.records.get_transfer(transfer_id)
+            event = self._cancel.get(transfer_id)
+            if row is not None and row["cancel_requested"] and event is not None:
+                event.set()
+
+    def _publish(self, transfer_id: str) -> None:
+        self.signal(transfer_id)
+        if self.on_signal is not None:
+            self.on_signal(transfer_id)
+
+    async def _lease(self, transfer_id: str, source_runner: str, target_runner: str) -> bool:
+        """Take the transfer's lease; its scope is the home's when either end is the
+        in-process runner (no other replica reaches that)."""
+        if self.leases is None:
+            return True
+        local = LOCAL_RUNNER_ID in (source_runner, target_runner)
+        return await self.leases.acquire(
+            TRANSFER, transfer_id, LOCAL_RUNNER_ID if local else target_runner
+        )
+
+    async def _lease_for(self, row: Row) -> bool:
+        source = await self.store.get_workspace(str(row["source_workspace_id"]))
+        target = await self.store.get_workspace(str(row["target_workspace_id"]))
+        assert source is not None and target is not None
+        return await self._lease(str(row["id"]), str(source["runner_id"]), str(target["runner_id"]))
+
+    async def _release(self, transfer_id: str) -> None:
+        if self.leases is not None:
+            await self.leases.release(TRANSFER, transfer_id)
 
     async def aclose(self) -> None:
         self._closing = True
@@ -135,6 +220,9 @@ class TransferService:
         transfer_id = new_id("tr")
         dst_id = str(dst["id"])
         cancel = asyncio.Event()
+        # Leased before it is recorded: a replica dying in between leaves a lease that
+        # expires, never a transfer nobody copies.
+        await self._lease(transfer_id, str(src["runner_id"]), str(dst["runner_id"]))
         # T2: the target's writer is held for the whole copy; refused (naming the holder) or
         # queued, like an execution.
         if request.queue:
@@ -172,6 +260,7 @@ class TransferService:
         except BaseException:
             if holds:
                 await self.access.release_writer(dst_id, transfer_id)
+            await self._release(transfer_id)
             raise
         self._cancel[transfer_id] = cancel
         self._launch(transfer_id)
@@ -183,14 +272,21 @@ class TransferService:
         self._cancel.setdefault(transfer_id, asyncio.Event())
         task = asyncio.create_task(self._run(transfer_id), name=f"transfer-{transfer_id}")
         self._tasks[transfer_id] = task
-        task.add_done_callback(lambda _t: self._tasks.pop(transfer_id, None))
+        # Only this task's entry: after a lost lease a later adoption may have a new one.
+        task.add_done_callback(
+            lambda t: self._tasks.pop(transfer_id) if self._tasks.get(transfer_id) is t else None
+        )
 
     # ------------------------------------------------------------------ the copy
 
     async def _run(self, transfer_id: str) -> None:
         row = await self.records.get_transfer(transfer_id)
         if row is None or row["state"] in TERMINAL_TRANSFER_STATES:
+            await self._release(transfer_id)  # an adopted lease of work already done
             return
+        if not await self._lease_for(row):
+            self._cancel.pop(transfer_id, None)
+            return  # another live replica copies it
         cancel = self._cancel[transfer_id]
         if row["cancel_requested"]:
             cancel.set()
@@ -208,7 +304,9 @@ class TransferService:
             error = await self._copy(row, cancel)
             await self._finish(row, "cancelled" if cancel.is_set() else None, error)
         except asyncio.CancelledError:
-            raise  # the control plane is closing: the transfer resumes on the next start
+            # The control plane is closing (the transfer resumes on the next start, or on
+            # the replica that takes the lease over), or another replica took the lease.
+            raise
         except Exception as exc:
             log.exception("transfer %s failed", transfer_id)
             await self._finish(row, None, f"{type(exc).__name__}: {exc}")
@@ -242,6 +340,8 @@ class TransferService:
                     )
                     if not rows:
                         return None
+                if await self._cancel_recorded(transfer_id, cancel):
+                    return None
                 batch: list[Row] = []
                 size = 0
                 for r in rows[:batch_files]:
@@ -299,6 +399,16 @@ class TransferService:
         finally:
             if recording is not None:
                 await recording
+
+    async def _cancel_recorded(self, transfer_id: str, cancel: asyncio.Event) -> bool:
+        """A cancel asked on another replica whose fan-out message was lost: the record says
+        so, read once per batch (only with replicas; one process sets ``cancel`` itself)."""
+        if self.leases is None or self.on_signal is None:
+            return cancel.is_set()
+        row = await self.records.get_transfer(transfer_id)
+        if row is not None and row["cancel_requested"]:
+            cancel.set()
+        return cancel.is_set()
 
     async def _batch_tried(
         self,
@@ -440,6 +550,8 @@ class TransferService:
         final = await self.records.finish_transfer(transfer_id, state, error, reason)
         self._cancel.pop(transfer_id, None)
         await self.access.writer_released(str(row["target_workspace_id"]))
+        self._publish(transfer_id)
+        await self._release(transfer_id)
         if final is None:
             return
         if state != "cancelled":  # the owner asked for a cancel: it knows (N3's spirit)
@@ -510,11 +622,23 @@ class TransferService:
     ) -> TransferView:
         """The transfer once it is terminal, or as it is when ``timeout_s`` runs out."""
         row = await self._owned(transfer_id, agent_id)
-        task = self._tasks.get(transfer_id)
-        if task is not None and row["state"] not in TERMINAL_TRANSFER_STATES:
-            with contextlib.suppress(TimeoutError, asyncio.CancelledError):
-                await asyncio.wait_for(asyncio.shield(task), max(0.0, timeout_s))
-        return await self.query(transfer_id, agent_id)
+        deadline = time.monotonic() + max(0.0, timeout_s)
+        while row["state"] not in TERMINAL_TRANSFER_STATES:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            task = self._tasks.get(transfer_id)
+            if task is not None:
+                with contextlib.suppress(TimeoutError, asyncio.CancelledError):
+                    await asyncio.wait_for(asyncio.shield(task), left)
+            else:
+                # Copied by another replica (or about to be adopted): its end arrives by the
+                # fan-out, or this re-read finds it.
+                event = self._changed.setdefault(transfer_id, asyncio.Event())
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(event.wait(), min(left, _FOREIGN_POLL_S))
+            row = await self._owned(transfer_id, agent_id)
+        return self._view(row)
 
     async def cancel(
         self, transfer_id: str, agent_id: str | None = None, wait_s: float = 0.0
@@ -528,7 +652,10 @@ class TransferService:
         if event is not None:
             event.set()
         if transfer_id not in self._tasks:
-            await self._finish(row, "cancelled", None)
+            if await self._lease_for(row):
+                await self._finish(row, "cancelled", None)  # nobody copies it: end it here
+            elif self.on_signal is not None:
+                self.on_signal(transfer_id)  # the replica copying it stops after its batch
         if wait_s > 0:
             return await self.wait(transfer_id, wait_s, agent_id)
         return await self.query(transfer_id, agent_id)

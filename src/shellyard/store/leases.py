@@ -14,11 +14,27 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from shellyard.store.db import Database, Row, fetch_all, upsert
-from shellyard.store.schema import executions, leases, wake_deliveries, wakes, workspaces
+from shellyard.store.schema import (
+    environment_changes,
+    environments,
+    executions,
+    leases,
+    transfers,
+    wake_deliveries,
+    wakes,
+    workspaces,
+)
 
 #: The kinds of work a lease can name.
 EXECUTION = "execution"
 DELIVERY = "delivery"
+TRANSFER = "transfer"
+CHANGE = "change"  # an environment change (V1–V8)
+
+# The unfinished states of those (store/files.py and store/environments.py name them too; both
+# build on the Store this module is part of, so they cannot be imported here).
+_ACTIVE_TRANSFER = ("queued", "running")
+_PENDING_CHANGE = ("waiting", "running")
 
 
 class LeaseRecords(Database):
@@ -76,11 +92,7 @@ class LeaseRecords(Database):
     async def unleased_deliveries(self, grace_s: float) -> list[str]:
         """Pending webhook deliveries no replica holds, older than ``grace_s``: their replica
         died between recording the wake and taking the delivery's lease."""
-        unleased = ~sa.exists(
-            sa.select(leases.c.subject_id).where(
-                leases.c.kind == DELIVERY, leases.c.subject_id == wake_deliveries.c.id
-            )
-        )
+        unleased = _unleased(DELIVERY, wake_deliveries.c.id)
         rows = await self.all(
             sa.select(wake_deliveries.c.id)
             .join(wakes, wakes.c.id == wake_deliveries.c.wake_id)
@@ -93,6 +105,42 @@ class LeaseRecords(Database):
         )
         return [str(r["id"]) for r in rows]
 
+    async def unleased_transfers(self, grace_s: float, local_runner: str) -> list[str]:
+        """Queued or running transfers no replica holds, older than ``grace_s``, between
+        shared runners (a transfer touching ``local_runner`` is only its home's)."""
+        source = workspaces.alias("source")
+        target = workspaces.alias("target")
+        rows = await self.all(
+            sa.select(transfers.c.id)
+            .join(source, source.c.id == transfers.c.source_workspace_id)
+            .join(target, target.c.id == transfers.c.target_workspace_id)
+            .where(
+                transfers.c.state.in_(_ACTIVE_TRANSFER),
+                transfers.c.created_at < time.time() - grace_s,
+                source.c.runner_id != local_runner,
+                target.c.runner_id != local_runner,
+                _unleased(TRANSFER, transfers.c.id),
+            )
+            .limit(1000)
+        )
+        return [str(r["id"]) for r in rows]
+
+    async def unleased_changes(self, grace_s: float, local_runner: str) -> list[str]:
+        """Waiting or running environment changes no replica holds, older than ``grace_s``,
+        on shared runners."""
+        rows = await self.all(
+            sa.select(environment_changes.c.id)
+            .join(environments, environments.c.id == environment_changes.c.environment_id)
+            .where(
+                environment_changes.c.state.in_(_PENDING_CHANGE),
+                environment_changes.c.created_at < time.time() - grace_s,
+                environments.c.runner_id != local_runner,
+                _unleased(CHANGE, environment_changes.c.id),
+            )
+            .limit(1000)
+        )
+        return [str(r["id"]) for r in rows]
+
     async def lease_counts(self, holder: str) -> dict[str, int]:
         rows = await self.all(
             sa.select(leases.c.kind, sa.func.count().label("n"))
@@ -100,6 +148,12 @@ class LeaseRecords(Database):
             .group_by(leases.c.kind)
         )
         return {str(r["kind"]): int(r["n"]) for r in rows}
+
+
+def _unleased(kind: str, subject: sa.ColumnElement[str]) -> sa.ColumnElement[bool]:
+    return ~sa.exists(
+        sa.select(leases.c.subject_id).where(leases.c.kind == kind, leases.c.subject_id == subject)
+    )
 
 
 # ---------------------------------------------------------------------- operations
@@ -201,11 +255,7 @@ def _orphans(
     gated: bool,
 ) -> list[str]:
     now = time.time()
-    unleased = ~sa.exists(
-        sa.select(leases.c.subject_id).where(
-            leases.c.kind == EXECUTION, leases.c.subject_id == executions.c.id
-        )
-    )
+    unleased = _unleased(EXECUTION, executions.c.id)
     running = sa.and_(
         executions.c.state == "running",
         sa.func.coalesce(executions.c.started_at, executions.c.created_at) < now - grace_s,
@@ -254,11 +304,7 @@ def _orphans(
 
 
 def _stalled(conn: Connection, grace_s: float, local_runner: str | None) -> list[str]:
-    unleased = ~sa.exists(
-        sa.select(leases.c.subject_id).where(
-            leases.c.kind == EXECUTION, leases.c.subject_id == executions.c.id
-        )
-    )
+    unleased = _unleased(EXECUTION, executions.c.id)
     stmt = (
         sa.select(executions.c.workspace_id)
         .distinct()

@@ -1,0 +1,323 @@
+"""Transfers and environment changes across control-plane replicas (issue 16, E11 across
+replicas, T3, V5, V8).
+
+Real ``shellyard serve`` replicas on a database made for each test and real runner daemons
+(every replica reaches them). The replica copying a transfer, or driving an environment
+change, is killed -9 half-way: another replica takes its lease over once it expires and sees
+the work through from its record, as a restart of the dead one would. A cancel or a wait
+asked on one replica reaches the transfer another replica copies."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from env_fixtures import make_slow_sdist, make_wheel, prefix_hash
+from replicas_fixture import (
+    Replica,
+    fresh_database,
+    postgres_or_skip,
+    query,
+    replica_env,
+    start_replicas,
+    stop_all,
+)
+from runner_daemon_fixture import RunnerDaemon, start_daemon
+
+from conftest import make_home
+from shellyard.runner.protocol import SandboxPolicy
+
+pytestmark = pytest.mark.timeout(600)
+
+#: Short leases so a killed replica's work is taken over within seconds.
+LEASE_TTL_S = "2"
+TERMINAL_TRANSFER = {"completed", "partial", "failed", "cancelled"}
+
+
+@pytest.fixture(autouse=True)
+def _postgres() -> None:
+    postgres_or_skip()
+
+
+@pytest.fixture
+def root() -> Any:
+    """A folder the sandbox uid can traverse (pytest's tmp_path is 0700)."""
+    import shutil
+
+    path = make_home()
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+class Setup:
+    def __init__(self, url: str, replicas: list[Replica], daemons: list[RunnerDaemon]) -> None:
+        self.url = url
+        self.replicas = replicas
+        self.daemons = daemons
+
+    async def post(self, replica: Replica, path: str, **body: Any) -> dict[str, Any]:
+        async with replica.client() as client:
+            answer = await client.post(path, json=body)
+        assert answer.status_code == 200, answer.text
+        return dict(answer.json())
+
+    async def get(self, replica: Replica, path: str, **params: Any) -> dict[str, Any]:
+        async with replica.client() as client:
+            answer = await client.get(path, params=params)
+        assert answer.status_code == 200, answer.text
+        return dict(answer.json())
+
+    async def run(self, replica: Replica, command: str, runner_id: str) -> dict[str, Any]:
+        result = await self.post(
+            replica, "/v1/executions", command=command, runner_id=runner_id, wait_ms=30_000
+        )
+        assert result["state"] == "completed" and result["exit_code"] == 0, result
+        return result
+
+    async def change_end(self, replica: Replica, change_id: str) -> dict[str, Any]:
+        """The environment change once it ended, asked through ``replica``."""
+        change = await self.get(replica, f"/v1/environment-changes/{change_id}")
+        deadline = time.monotonic() + 180
+        while change["state"] in ("waiting", "running"):
+            assert time.monotonic() < deadline, f"the change never ended: {change}"
+            change = await self.get(replica, f"/v1/environment-changes/{change_id}", wait_s=10)
+        return change
+
+    def took_over(self, replica: Replica, subject_id: str) -> bool:
+        """The replica's log says it took the subject's lease over."""
+        text = "".join(p.read_text(errors="replace") for p in replica.home.glob("serve-*.log"))
+        return any("lease_takeover" in line and subject_id in line for line in text.splitlines())
+
+    def leases_of(self, kind: str) -> int:
+        rows = query(self.url, "SELECT count(*) FROM leases WHERE kind = %s", kind)
+        return int(rows[0][0])  # type: ignore[call-overload]
+
+
+async def _setup(url: str, root: Path) -> Setup:
+    daemons = [
+        await start_daemon(root / f"daemon{i}", SandboxPolicy(), subprocess=True) for i in range(2)
+    ]
+    replicas = await start_replicas(url, 2, replica_env(SHELLYARD_LEASE_TTL_S=LEASE_TTL_S))
+    setup = Setup(url, replicas, daemons)
+    for i, daemon in enumerate(daemons):
+        await setup.post(
+            replicas[0], "/v1/runners", runner_id=f"r{i}", address=daemon.url, token=daemon.token
+        )
+    await asyncio.sleep(0.3)  # the other replica heard of the runners
+    return setup
+
+
+async def _teardown(setup: Setup) -> None:
+    stop_all(setup.replicas)
+    for daemon in setup.daemons:
+        await daemon.stop()
+
+
+async def _source_and_target(setup: Setup, files: int, size: int) -> tuple[str, str, str]:
+    """Workspaces of the default agent on r0 (with ``files`` random files in ``d/``) and r1;
+    and the source's checksums."""
+    a = setup.replicas[0]
+    made = await setup.run(
+        a,
+        f"mkdir d && for i in $(seq 1 {files}); do head -c {size} /dev/urandom > d/f$i; done"
+        " && sha256sum d/* > sums",
+        "r0",
+    )
+    target = await setup.run(a, "true", "r1")
+    sums = await setup.run(a, "cat sums", "r0")
+    return str(made["workspace_id"]), str(target["workspace_id"]), str(sums["stdout"])
+
+
+async def _until(predicate: Any, what: str, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not await predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.1)
+
+
+async def test_a_transfer_whose_replica_dies_is_finished_by_another(root: Path) -> None:
+    """Replica A copies a cross-runner transfer in small, rate-limited batches and is killed
+    -9 after some batches committed. Replica B takes the lease over once it expires and
+    copies the pending files: the transfer completes with every file copied or unchanged
+    (none failed or skipped), the target holds exactly the source's bytes, and no lease is
+    left."""
+    async with fresh_database() as url:
+        setup = await _setup(url, root)
+        a, b = setup.replicas
+        try:
+            source, target, sums = await _source_and_target(setup, 40, 256 * 1024)
+            started = await setup.post(
+                a,
+                "/v1/transfers",
+                source_workspace_id=source,
+                paths=["d"],
+                target_workspace_id=target,
+                target_folder="in",
+                batch_files=2,
+                max_bytes_per_s=1024 * 1024,
+            )
+            transfer_id = started["transfer_id"]
+            assert setup.leases_of("transfer") == 1
+
+            async def some_committed() -> bool:
+                view = await setup.get(a, f"/v1/transfers/{transfer_id}")
+                return int(view["files_copied"]) >= 6
+
+            await _until(some_committed, "A to commit a few batches")
+            a.kill()
+            before = await setup.get(b, f"/v1/transfers/{transfer_id}")
+            assert before["state"] == "running"
+            assert 6 <= before["files_copied"] < before["files_total"], before
+
+            view = before
+            deadline = time.monotonic() + 120
+            while view["state"] not in TERMINAL_TRANSFER:
+                assert time.monotonic() < deadline, f"the transfer never ended: {view}"
+                view = await setup.get(b, f"/v1/transfers/{transfer_id}/wait", timeout_s=10)
+            assert view["state"] == "completed", view
+            assert view["files_failed"] == 0 and view["files_skipped"] == 0, view
+            assert view["files_copied"] + view["files_unchanged"] == view["files_total"]
+            assert setup.took_over(b, transfer_id)
+            assert setup.leases_of("transfer") == 0
+            copied = await setup.run(b, "cd in && sha256sum d/*", "r1")
+            assert copied["stdout"] == sums
+            # A comes back on its home: the finished transfer is not copied again.
+            await a.start()
+            again = await setup.get(a, f"/v1/transfers/{transfer_id}")
+            assert again["state"] == "completed" and again["batches"] == view["batches"]
+        finally:
+            await _teardown(setup)
+
+
+async def test_a_cancel_and_a_wait_on_another_replica_reach_the_copying_one(
+    root: Path,
+) -> None:
+    """A transfer copied by replica A, cancelled through replica B: A stops after its batch
+    (T3: the committed files stay), B's wait sees it cancelled, the target's writer is free
+    again, and the lease is gone."""
+    async with fresh_database() as url:
+        setup = await _setup(url, root)
+        a, b = setup.replicas
+        try:
+            source, target, _sums = await _source_and_target(setup, 30, 256 * 1024)
+            started = await setup.post(
+                a,
+                "/v1/transfers",
+                source_workspace_id=source,
+                paths=["d"],
+                target_workspace_id=target,
+                batch_files=1,
+                max_bytes_per_s=512 * 1024,
+            )
+            transfer_id = started["transfer_id"]
+
+            async def one_committed() -> bool:
+                view = await setup.get(b, f"/v1/transfers/{transfer_id}")
+                return int(view["files_copied"]) >= 2
+
+            await _until(one_committed, "A to commit a batch")
+            view = await setup.post(b, f"/v1/transfers/{transfer_id}/cancel?wait_s=30")
+            assert view["state"] == "cancelled", view
+            assert 2 <= view["files_copied"] < view["files_total"], view
+            assert view["files_skipped"] == view["files_total"] - view["files_copied"]
+            assert not setup.took_over(b, transfer_id)  # A stopped it; B took nothing over
+            assert setup.leases_of("transfer") == 0
+            outcomes = await setup.get(
+                b, f"/v1/transfers/{transfer_id}/files", outcome="copied", limit=1000
+            )
+            copied = sorted(f["target_path"] for f in outcomes["files"] if f["kind"] == "file")
+            assert copied  # the folder is an entry too; files were committed before the cancel
+            listed = await setup.run(b, "cd d && ls", "r1")
+            assert sorted("d/" + name for name in listed["stdout"].split()) == copied
+            # A really stopped: at its rate it would commit about six more files in 3 s.
+            await asyncio.sleep(3)
+            listed = await setup.run(b, "cd d && ls", "r1")
+            assert sorted("d/" + name for name in listed["stdout"].split()) == copied
+            final = await setup.get(a, f"/v1/transfers/{transfer_id}")
+            assert final["files_copied"] == view["files_copied"], final
+        finally:
+            await _teardown(setup)
+
+
+async def test_an_environment_change_whose_replica_dies_is_seen_through(root: Path) -> None:
+    """Replica A drives an install on runner r0 (a package build that changes the prefix and
+    fails after a while) and is killed -9 mid-build. Replica B adopts the change, asks the
+    runner about it by its id and records the runner's real end (the build's failure, not
+    'interrupted'), the prefix is as before (V8), the execution queued behind the change runs
+    on revision 1 (V5), and the environment takes the next change through B."""
+    async with fresh_database() as url:
+        setup = await _setup(url, root)
+        a, b = setup.replicas
+        try:
+            created = await setup.post(
+                a, "/v1/environments", name="main", runner_id="r0", wait_ms=30_000
+            )
+            environment_id = created["environment_id"]
+            made = await setup.change_end(a, created["change_id"])
+            assert made["state"] == "succeeded", made
+            shown = await setup.get(a, f"/v1/environments/{environment_id}")
+            prefix = Path(shown["prefix"])
+            before = prefix_hash(prefix)
+            sdists = root / "sdists"
+            make_slow_sdist(sdists, "shellyard-slow", "1.0", prefix, "sleep-fail:8")
+            started = await setup.post(
+                a,
+                f"/v1/environments/{environment_id}/install",
+                manager="pip",
+                specs=["shellyard-slow==1.0"],
+                find_links=[str(sdists)],
+                index_url="none",
+                wait_ms=0,
+            )
+            change_id = started["change_id"]
+            queued = await setup.post(
+                a,
+                "/v1/executions",
+                command="echo $VIRTUAL_ENV",
+                runner_id="r0",
+                environment_id=environment_id,
+                background=True,
+            )
+
+            async def building() -> bool:
+                return (prefix / ".build-started").exists()
+
+            await _until(building, "the package build to start")
+            a.kill()
+
+            change = await setup.change_end(b, change_id)
+            assert change["state"] == "failed", change
+            assert change["error_kind"] != "interrupted", change
+            assert "gave up building" in (change["error"] or ""), change
+            assert setup.took_over(b, change_id)
+            assert prefix_hash(prefix) == before
+            shown = await setup.get(b, f"/v1/environments/{environment_id}")
+            assert shown["revision"] == 1 and shown["pending_changes"] == []
+
+            async def ran() -> bool:
+                view = await setup.get(b, f"/v1/executions/{queued['execution_id']}")
+                return view["state"] in ("completed", "failed", "cancelled", "unknown")
+
+            await _until(ran, "the queued execution to run")
+            view = await setup.get(b, f"/v1/executions/{queued['execution_id']}")
+            assert view["state"] == "completed" and view["environment_revision"] == 1, view
+
+            wheels = root / "wheels"
+            make_wheel(wheels, "shellyard-good", "1.0")
+            good = await setup.post(
+                b,
+                f"/v1/environments/{environment_id}/install",
+                manager="pip",
+                specs=["shellyard-good==1.0"],
+                find_links=[str(wheels)],
+                index_url="none",
+                wait_ms=30_000,
+            )
+            good = await setup.change_end(b, good["change_id"])
+            assert good["state"] == "succeeded" and good["revision"] == 2, good
+            assert setup.leases_of("change") == 0
+        finally:
+            await _teardown(setup)
