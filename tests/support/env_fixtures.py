@@ -136,8 +136,12 @@ def make_slow_sdist(
                 "cap_eff": cap_eff,
                 "uid": os.getuid(),
             }}
-            with open(os.path.join(PREFIX, ".build-started"), "w") as f:
+            # Whole or not at all: tests read it as soon as it exists.
+            with open(os.path.join(PREFIX, ".build-started.tmp"), "w") as f:
                 json.dump(view, f)
+            os.replace(
+                os.path.join(PREFIX, ".build-started.tmp"), os.path.join(PREFIX, ".build-started")
+            )
 
         def get_requires_for_build_wheel(config_settings=None):
             return []
