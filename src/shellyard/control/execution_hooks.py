@@ -22,8 +22,10 @@ class EnvironmentGate(Protocol):
 
 
 class WatchLeases(Protocol):
-    """Who watches an execution when several replicas share the database (issue 16); the
-    control plane plugs its lease keeper in (``ExecutionService.leases``)."""
+    """Who watches a piece of ongoing work (an execution, a transfer, an environment change)
+    when several replicas share the database (issue 16); the control plane plugs its lease
+    keeper in (``ExecutionService.leases``, ``TransferService.leases``,
+    ``EnvironmentService.leases``)."""
 
     async def acquire(self, kind: str, subject_id: str, runner_id: str) -> bool:
         """True when this replica holds the lease now (it then watches and finalizes)."""
