@@ -138,12 +138,14 @@ async def _until(predicate: Any, what: str, timeout_s: float = 60) -> None:
         await asyncio.sleep(0.1)
 
 
-async def test_a_transfer_whose_replica_dies_is_finished_by_another(root: Path) -> None:
+@pytest.mark.parametrize("lease", ["expired", "missing"])
+async def test_a_transfer_whose_replica_dies_is_finished_by_another(root: Path, lease: str) -> None:
     """Replica A copies a cross-runner transfer in small, rate-limited batches and is killed
     -9 after some batches committed. Replica B takes the lease over once it expires and
     copies the pending files: the transfer completes with every file copied or unchanged
     (none failed or skipped), the target holds exactly the source's bytes, and no lease is
-    left."""
+    left. ``missing``: the lease row is gone too (as an older release, or a failed lease
+    write, leaves a transfer): B's sweep finds the unleased transfer and adopts it."""
     async with fresh_database() as url:
         setup = await _setup(url, root)
         a, b = setup.replicas
@@ -168,6 +170,9 @@ async def test_a_transfer_whose_replica_dies_is_finished_by_another(root: Path) 
 
             await _until(some_committed, "A to commit a few batches")
             a.kill()
+            if lease == "missing":
+                gone = query(url, "DELETE FROM leases WHERE kind = 'transfer' RETURNING subject_id")
+                assert gone == [(transfer_id,)]
             before = await setup.get(b, f"/v1/transfers/{transfer_id}")
             assert before["state"] == "running"
             assert 6 <= before["files_copied"] < before["files_total"], before
@@ -180,7 +185,8 @@ async def test_a_transfer_whose_replica_dies_is_finished_by_another(root: Path) 
             assert view["state"] == "completed", view
             assert view["files_failed"] == 0 and view["files_skipped"] == 0, view
             assert view["files_copied"] + view["files_unchanged"] == view["files_total"]
-            assert setup.took_over(b, transfer_id)
+            if lease == "expired":
+                assert setup.took_over(b, transfer_id)
             assert setup.leases_of("transfer") == 0
             copied = await setup.run(b, "cd in && sha256sum d/*", "r1")
             assert copied["stdout"] == sums
