@@ -5,6 +5,8 @@ key in a temporary folder, never the system's sshd or its keys.
     ...
     server.stop(); await server.start()     # the SSH connection drops, then comes back
 
+A test that needs one server takes the ``sshd`` fixture of shared_fixtures.py by name.
+
 Needs Debian's ``openssh-server`` (``scripts/setup`` installs it when
 ``SHELLYARD_SETUP_TESTS=1``); ``sshd_or_skip()`` skips with that reason when it is missing.
 """
