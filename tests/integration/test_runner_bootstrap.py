@@ -36,7 +36,7 @@ def stop_daemon(root: Path) -> None:
 def request(sshd: SshServer, root: Path, **fields: object) -> RunnerBootstrapRequest:
     values: dict[str, object] = {
         "runner_id": "far",
-        "address": f"ssh://{sshd.user}@{sshd.host}:{sshd.port}",
+        "address": sshd.address(),
         "identity": str(sshd.identity),
         "known_hosts": str(sshd.known_hosts),
         "root": str(root),
@@ -103,7 +103,7 @@ async def test_bootstrap_refusals_say_what_to_do(sshd: SshServer, home: Path) ->
         with pytest.raises(ShellyardError, match="no /nowhere/shellyard on the far host"):
             await plane.runners.bootstrap(request(sshd, root, command="/nowhere/shellyard"))
         with pytest.raises(ShellyardError, match="not \\?port=N"):
-            address = f"ssh://{sshd.user}@{sshd.host}:{sshd.port}?port=8765"
+            address = sshd.address("?port=8765")
             await plane.runners.bootstrap(request(sshd, root, address=address))
         assert plane.runners.ids() == ["local"]
     finally:
@@ -118,7 +118,7 @@ async def test_bootstrap_through_the_cli(served_home: Path, sshd: SshServer, hom
     from conftest import sy
 
     root = home / "cli-root"
-    address = f"ssh://{sshd.user}@{sshd.host}:{sshd.port}"
+    address = sshd.address()
     argv = ["runner", "bootstrap", address, "--name", "edge", "--root", str(root)]
     argv += ["--identity", str(sshd.identity), "--known-hosts", str(sshd.known_hosts)]
     argv += ["--command", SHELLYARD]

@@ -78,8 +78,9 @@ class SshServer:
             path.write_text(f"[{self.host}]:{self.port} {kind} {blob}\n")
         return path
 
-    def address(self, far_end: str) -> str:
-        """``ssh://USER@127.0.0.1:PORT`` + ``far_end`` (``/path.sock`` or ``?port=N``)."""
+    def address(self, far_end: str = "") -> str:
+        """``ssh://USER@127.0.0.1:PORT`` + ``far_end`` (``/path.sock`` or ``?port=N``; none
+        for ``runner bootstrap``, which starts the daemon on a socket of its choosing)."""
         return f"ssh://{self.user}@{self.host}:{self.port}{far_end}"
 
     async def start(self) -> None:
