@@ -31,6 +31,9 @@ from shellyard.control.service import ControlPlane
 from shellyard.runner.protocol import SandboxPolicy
 from shellyard.store import Store
 
+#: The support fixtures every test may take by name, with no import (see that module).
+pytest_plugins = ["shared_fixtures"]
+
 # Issue 20: the suites run with no base environment prepared (the behaviour before bases)
 # unless a test prepares one in a folder of its own; a base built on this machine stays out.
 os.environ["SHELLYARD_BASES"] = tempfile.mkdtemp(prefix="shellyard-no-bases-")

@@ -6,15 +6,12 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import signal
 import sys
-import tempfile
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
-from sshd_fixture import SshServer, fingerprint, sshd_or_skip, start_sshd
+from sshd_fixture import SshServer, fingerprint
 
 from conftest import open_yard
 from shellyard.contract.executions import ExecutionState, RunShellRequest
@@ -28,26 +25,6 @@ pytestmark = pytest.mark.timeout(240)
 SHELLYARD = str(Path(sys.executable).parent / "shellyard")
 
 
-@pytest.fixture
-def base() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="shellyard-bootstrap-"))
-    path.chmod(0o711)
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
-
-
-@pytest.fixture
-async def sshd(base: Path) -> AsyncIterator[SshServer]:
-    sshd_or_skip()
-    server = await start_sshd(base / "sshd")
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
 def stop_daemon(root: Path) -> None:
     """End the daemon the bootstrap started (its pid file), as an operator would."""
     pidfile = root / "daemon.pid"
@@ -59,7 +36,7 @@ def stop_daemon(root: Path) -> None:
 def request(sshd: SshServer, root: Path, **fields: object) -> RunnerBootstrapRequest:
     values: dict[str, object] = {
         "runner_id": "far",
-        "address": f"ssh://{sshd.user}@{sshd.host}:{sshd.port}",
+        "address": sshd.address(),
         "identity": str(sshd.identity),
         "known_hosts": str(sshd.known_hosts),
         "root": str(root),
@@ -69,12 +46,12 @@ def request(sshd: SshServer, root: Path, **fields: object) -> RunnerBootstrapReq
     return RunnerBootstrapRequest.model_validate(values)
 
 
-async def test_bootstrap_starts_once_registers_and_runs(sshd: SshServer, base: Path) -> None:
+async def test_bootstrap_starts_once_registers_and_runs(sshd: SshServer, home: Path) -> None:
     """The first bootstrap starts the daemon and registers it; a second one finds it
     running and changes nothing; commands run there; a daemon that died is started again."""
-    root = base / "far-root"
+    root = home / "far-root"
     plane: ControlPlane
-    plane, _, _ = await open_yard(base, "local")
+    plane, _, _ = await open_yard(home, "local")
     try:
         first = await plane.runners.bootstrap(request(sshd, root))
         assert first.daemon == "started"
@@ -112,21 +89,21 @@ async def test_bootstrap_starts_once_registers_and_runs(sshd: SshServer, base: P
         stop_daemon(root)
 
 
-async def test_bootstrap_refusals_say_what_to_do(sshd: SshServer, base: Path) -> None:
+async def test_bootstrap_refusals_say_what_to_do(sshd: SshServer, home: Path) -> None:
     """An unknown host key is refused with its fingerprint; a missing program on the far
     host names itself; ``?port=`` is refused (the daemon listens on a socket); nothing is
     registered by a refused bootstrap."""
-    root = base / "far-root"
-    plane, _, _ = await open_yard(base, "local")
+    root = home / "far-root"
+    plane, _, _ = await open_yard(home, "local")
     try:
-        empty = base / "empty_known_hosts"
+        empty = home / "empty_known_hosts"
         with pytest.raises(Unauthorized, match="unknown SSH host key") as refused:
             await plane.runners.bootstrap(request(sshd, root, known_hosts=str(empty)))
         assert fingerprint(sshd.host_key.with_suffix(".pub")) in refused.value.message
         with pytest.raises(ShellyardError, match="no /nowhere/shellyard on the far host"):
             await plane.runners.bootstrap(request(sshd, root, command="/nowhere/shellyard"))
         with pytest.raises(ShellyardError, match="not \\?port=N"):
-            address = f"ssh://{sshd.user}@{sshd.host}:{sshd.port}?port=8765"
+            address = sshd.address("?port=8765")
             await plane.runners.bootstrap(request(sshd, root, address=address))
         assert plane.runners.ids() == ["local"]
     finally:
@@ -134,14 +111,14 @@ async def test_bootstrap_refusals_say_what_to_do(sshd: SshServer, base: Path) ->
         stop_daemon(root)
 
 
-async def test_bootstrap_through_the_cli(served_home: Path, sshd: SshServer, base: Path) -> None:
+async def test_bootstrap_through_the_cli(served_home: Path, sshd: SshServer, home: Path) -> None:
     """``shellyard runner bootstrap ssh://…`` (through REST and the SDK), twice."""
     import asyncio
 
     from conftest import sy
 
-    root = base / "cli-root"
-    address = f"ssh://{sshd.user}@{sshd.host}:{sshd.port}"
+    root = home / "cli-root"
+    address = sshd.address()
     argv = ["runner", "bootstrap", address, "--name", "edge", "--root", str(root)]
     argv += ["--identity", str(sshd.identity), "--known-hosts", str(sshd.known_hosts)]
     argv += ["--command", SHELLYARD]

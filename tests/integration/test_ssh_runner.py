@@ -7,9 +7,7 @@ from __future__ import annotations
 import asyncio
 import shutil
 import subprocess as sp
-import tempfile
 import time
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
@@ -29,33 +27,13 @@ pytestmark = pytest.mark.timeout(240)
 POLICY = SandboxPolicy(network="off", cancel_grace_s=1.0, workspace_quota_bytes=3 << 30)
 
 
-@pytest.fixture
-def base() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="shellyard-ssh-test-"))
-    path.chmod(0o711)
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
-
-
-@pytest.fixture
-async def sshd(base: Path) -> AsyncIterator[SshServer]:
-    sshd_or_skip()
-    server = await start_sshd(base / "sshd")
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
 # --- host keys and user keys ---
 
 
-async def test_unknown_host_key_refused_with_its_fingerprint(sshd: SshServer, base: Path) -> None:
+async def test_unknown_host_key_refused_with_its_fingerprint(sshd: SshServer, home: Path) -> None:
     """R4: an unknown host key is refused and named; --accept-new records it once."""
     target = SshTarget.parse(sshd.address("/nowhere.sock"))
-    known = base / "empty_known_hosts"
+    known = home / "empty_known_hosts"
     expected = fingerprint(sshd.host_key.with_suffix(".pub"))
     with pytest.raises(Unauthorized, match="unknown SSH host key") as refused:
         await check_host_key(target, known, accept_new=False)
@@ -68,17 +46,17 @@ async def test_unknown_host_key_refused_with_its_fingerprint(sshd: SshServer, ba
     await probe(target, sshd.identity, known)  # and the connection verifies against it
 
 
-async def test_changed_host_key_and_wrong_user_key_refused(sshd: SshServer, base: Path) -> None:
+async def test_changed_host_key_and_wrong_user_key_refused(sshd: SshServer, home: Path) -> None:
     """R4: a host key other than the recorded one, and a user key the server does not
     know, are both refused (never silently replaced or retried as another key)."""
     target = SshTarget.parse(sshd.address("/nowhere.sock"))
-    other = keygen(base / "other_host").with_suffix(".pub").read_text().split()
-    forged = base / "forged_known_hosts"
+    other = keygen(home / "other_host").with_suffix(".pub").read_text().split()
+    forged = home / "forged_known_hosts"
     forged.write_text(f"[127.0.0.1]:{sshd.port} {other[0]} {other[1]}\n")
     with pytest.raises(Unauthorized, match="not the one in the known-hosts file"):
         await probe(target, sshd.identity, forged)
 
-    stranger = keygen(base / "stranger")
+    stranger = keygen(home / "stranger")
     with pytest.raises(Unauthorized, match="refused user"):
         await probe(target, stranger, sshd.known_hosts)
 
@@ -104,9 +82,9 @@ def test_bad_ssh_addresses_say_how_to_write_them() -> None:
     assert SshTarget.parse("ssh://me@h?port=8765").remote_port == 8765
 
 
-async def test_loopback_port_on_the_far_end(sshd: SshServer, base: Path) -> None:
+async def test_loopback_port_on_the_far_end(sshd: SshServer, home: Path) -> None:
     """The far end may listen on a loopback port instead of a socket (``?port=N``)."""
-    daemon = await start_daemon(base / "r", POLICY)
+    daemon = await start_daemon(home / "r", POLICY)
     try:
         address = sshd.address(f"?port={daemon.port}")
         async with ssh_runner(address, daemon.token, sshd.identity, sshd.known_hosts) as runner:
@@ -130,12 +108,12 @@ async def registered(
 
 
 async def test_registration_checks_the_key_and_health_is_reported(
-    sshd: SshServer, base: Path
+    sshd: SshServer, home: Path
 ) -> None:
     """``runner add`` asks the runner before recording it (a wrong key is refused); the
     runner's view gives state, version, sandbox, limits, running executions; ``remove`` is
     refused while an execution runs there."""
-    plane, daemon = await registered(base, sshd)
+    plane, daemon = await registered(home, sshd)
     try:
         with pytest.raises(Unauthorized, match="bad signature"):
             await plane.runners.add_ssh(
@@ -169,10 +147,10 @@ async def test_registration_checks_the_key_and_health_is_reported(
         await daemon.stop()
 
 
-async def test_dropped_ssh_connection_reconnects(sshd: SshServer, base: Path) -> None:
+async def test_dropped_ssh_connection_reconnects(sshd: SshServer, home: Path) -> None:
     """A dropped connection is made again on the next request; what ran meanwhile kept
     running on the far host."""
-    daemon = await start_daemon(base / "r", POLICY, ssh=sshd)
+    daemon = await start_daemon(home / "r", POLICY, ssh=sshd)
     try:
         runner = daemon.runner
         await runner.ensure_workspace("ws")
@@ -207,12 +185,12 @@ async def wait_state(
 
 
 @pytest.mark.parametrize("cut", ["kill the daemon", "drop the ssh connection"])
-async def test_outage_then_reconciled(sshd: SshServer, base: Path, cut: str) -> None:
+async def test_outage_then_reconciled(sshd: SshServer, home: Path, cut: str) -> None:
     """R3, E9: cut an ssh runner off while an execution runs there: it keeps running,
     status queries fail, after 5 failures it is unknown (nothing resubmitted); when the
     runner is back the record is reconciled, keeps ``was_unknown``, logs and snapshot
     intact."""
-    plane, daemon = await registered(base, sshd, subprocess=True)
+    plane, daemon = await registered(home, sshd, subprocess=True)
     try:
         started = await plane.executions.run_shell(
             RunShellRequest(
@@ -264,18 +242,18 @@ def self_signed(folder: Path, name: str) -> tuple[Path, Path]:
     return cert, key
 
 
-async def test_direct_runner_off_loopback_needs_tls_and_pins_its_certificate(base: Path) -> None:
+async def test_direct_runner_off_loopback_needs_tls_and_pins_its_certificate(home: Path) -> None:
     """R4: plain HTTP is refused off loopback; https:// pins the certificate the daemon
     presents at ``runner add`` (or the one the operator names) and trusts no other."""
     if shutil.which("openssl") is None:
         pytest.skip("the openssl command is not installed on this machine")
-    plane, _, _ = await open_yard(base, "local", POLICY)
+    plane, _, _ = await open_yard(home, "local", POLICY)
     try:
         with pytest.raises(InvalidInput, match="plain HTTP off loopback"):
             await plane.runners.add_direct("far", "http://192.0.2.7:8765", "k")
-        cert, key = self_signed(base, "runner")
-        other_cert, other_key = self_signed(base, "impostor")
-        daemon = await start_daemon(base / "far", POLICY, subprocess=True, tls=(cert, key))
+        cert, key = self_signed(home, "runner")
+        other_cert, other_key = self_signed(home, "impostor")
+        daemon = await start_daemon(home / "far", POLICY, subprocess=True, tls=(cert, key))
         try:
             assert daemon.url.startswith("https://")
             with pytest.raises(Unauthorized, match="not the expected"):
@@ -314,7 +292,7 @@ async def test_direct_runner_off_loopback_needs_tls_and_pins_its_certificate(bas
 
 
 @pytest.mark.parametrize("kind", ["direct", "ssh"])
-async def test_route_cut_then_reconciled(base: Path, kind: str) -> None:
+async def test_route_cut_then_reconciled(home: Path, kind: str) -> None:
     """R3, E9: the runner host is a network namespace of its own (veth, 10.200.x.0/30);
     its route is taken down while an execution runs there, then brought back: unknown
     after 5 failed queries, nothing resubmitted, reconciled with ``was_unknown``."""
@@ -324,23 +302,23 @@ async def test_route_cut_then_reconciled(base: Path, kind: str) -> None:
     if shutil.which("openssl") is None:
         pytest.skip("the openssl command is not installed on this machine")
     host = make_netns()
-    plane, _, _ = await open_yard(base, "local", POLICY)
+    plane, _, _ = await open_yard(home, "local", POLICY)
     sshd: SshServer | None = None
     daemon: RunnerDaemon | None = None
     try:
         prefix = tuple(host.prefix)
         if kind == "ssh":
-            sshd = await start_sshd(base / "sshd", host.ns_ip, prefix)
+            sshd = await start_sshd(home / "sshd", host.ns_ip, prefix)
             daemon = await start_daemon(
-                base / "far", POLICY, subprocess=True, ssh=sshd, prefix=prefix
+                home / "far", POLICY, subprocess=True, ssh=sshd, prefix=prefix
             )
             await plane.runners.add_ssh(
                 "far", daemon.address, daemon.token, sshd.identity, sshd.known_hosts
             )
         else:
-            tls = self_signed(base, "runner")
+            tls = self_signed(home, "runner")
             daemon = await start_daemon(
-                base / "far", POLICY, subprocess=True, tls=tls, prefix=prefix, host=host.ns_ip
+                home / "far", POLICY, subprocess=True, tls=tls, prefix=prefix, host=host.ns_ip
             )
             from shellyard.contract.runners import RunnerAddRequest
 
@@ -379,7 +357,9 @@ async def test_route_cut_then_reconciled(base: Path, kind: str) -> None:
 # --- the doors: CLI verbs (through REST and the SDK) and the MCP runner view ---
 
 
-async def test_runner_verbs_through_cli_and_mcp(served_home: Path, base: Path) -> None:
+async def test_runner_verbs_through_cli_and_mcp(
+    served_home: Path, sshd: SshServer, home: Path
+) -> None:
     """``runner add ssh://…`` refuses an unknown host key with its fingerprint, takes it with
     --accept-new; ``runner list`` / ``show`` and MCP's ``runner_list`` give the health view;
     ``runner remove`` forgets it."""
@@ -391,16 +371,14 @@ async def test_runner_verbs_through_cli_and_mcp(served_home: Path, base: Path) -
     from shellyard.mcp.server import build_server
     from shellyard.sdk.client import AsyncClient
 
-    sshd_or_skip()
-    server = await start_sshd(base / "sshd")
-    daemon = await start_daemon(base / "edge", POLICY, ssh=server)
+    daemon = await start_daemon(home / "edge", POLICY, ssh=sshd)
     try:
-        known = base / "operator_known_hosts"
+        known = home / "operator_known_hosts"
         add = ["runner", "add", "edge", daemon.address, "--token", daemon.token]
-        add += ["--identity", str(server.identity), "--known-hosts", str(known)]
+        add += ["--identity", str(sshd.identity), "--known-hosts", str(known)]
         refused = await asyncio.to_thread(sy, served_home, *add)
         assert refused.returncode == EXIT_REFUSED, refused.stderr
-        assert fingerprint(server.host_key.with_suffix(".pub")) in refused.stderr
+        assert fingerprint(sshd.host_key.with_suffix(".pub")) in refused.stderr
         done = await asyncio.to_thread(sy, served_home, *add, "--accept-new")
         assert done.returncode == 0, done.stderr
         assert "registered edge" in done.stdout
@@ -428,4 +406,3 @@ async def test_runner_verbs_through_cli_and_mcp(served_home: Path, base: Path) -
         assert [v["runner_id"] for v in json.loads(listed.stdout)] == ["local"]
     finally:
         await daemon.stop()
-        server.stop()

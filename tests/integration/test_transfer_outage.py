@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import shutil
-import tempfile
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -34,16 +32,6 @@ for i in range({COUNT}):
     with open(f"data/f{{i:03d}}.bin", "wb") as f:
         f.write(os.urandom({SIZE}))
 PY"""
-
-
-@pytest.fixture
-def base() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="shellyard-transfer-outage-"))
-    path.chmod(0o711)
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 class Far:
@@ -70,16 +58,16 @@ class Far:
 
 @pytest.fixture
 async def far_yard(
-    base: Path, request: pytest.FixtureRequest
+    home: Path, request: pytest.FixtureRequest
 ) -> AsyncIterator[tuple[ControlPlane, Far]]:
     kind = request.param
-    plane, _, _ = await open_yard(base, "local", POLICY)
+    plane, _, _ = await open_yard(home, "local", POLICY)
     plane.transfers.retry_base_s = 0.05
     sshd: SshServer | None = None
     if kind == "ssh":
         sshd_or_skip()
-        sshd = await start_sshd(base / "sshd")
-    daemon = await start_daemon(base / "far", POLICY, subprocess=True, ssh=sshd)
+        sshd = await start_sshd(home / "sshd")
+    daemon = await start_daemon(home / "far", POLICY, subprocess=True, ssh=sshd)
     try:
         if sshd is not None:
             await plane.runners.add_ssh(

@@ -5,6 +5,8 @@ key in a temporary folder, never the system's sshd or its keys.
     ...
     server.stop(); await server.start()     # the SSH connection drops, then comes back
 
+A test that needs one server takes the ``sshd`` fixture of shared_fixtures.py by name.
+
 Needs Debian's ``openssh-server`` (``scripts/setup`` installs it when
 ``SHELLYARD_SETUP_TESTS=1``); ``sshd_or_skip()`` skips with that reason when it is missing.
 """
@@ -76,8 +78,9 @@ class SshServer:
             path.write_text(f"[{self.host}]:{self.port} {kind} {blob}\n")
         return path
 
-    def address(self, far_end: str) -> str:
-        """``ssh://USER@127.0.0.1:PORT`` + ``far_end`` (``/path.sock`` or ``?port=N``)."""
+    def address(self, far_end: str = "") -> str:
+        """``ssh://USER@127.0.0.1:PORT`` + ``far_end`` (``/path.sock`` or ``?port=N``; none
+        for ``runner bootstrap``, which starts the daemon on a socket of its choosing)."""
         return f"ssh://{self.user}@{self.host}:{self.port}{far_end}"
 
     async def start(self) -> None:
