@@ -14,6 +14,8 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from shellyard.store.leases import KINDS as LEASE_KINDS
+
 #: Seconds: a start is a few ms on a warm local runner, a remote one adds a round trip.
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
@@ -80,7 +82,7 @@ class _ReadingsCollector(Collector):
         leases = GaugeMetricFamily(
             "shellyard_leases_held", "Leases of ongoing work this replica holds.", labels=["kind"]
         )
-        for kind in sorted({"execution", *r.leases}):
+        for kind in sorted({*LEASE_KINDS, *r.leases}):  # every kind, 0 when none is held
             leases.add_metric([kind], r.leases.get(kind, 0))
         yield leases
         yield CounterMetricFamily(

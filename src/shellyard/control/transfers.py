@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import fnmatch
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -56,15 +55,15 @@ from shellyard.contract.files import (
 from shellyard.control.access import WorkspaceAccess
 from shellyard.control.execution_hooks import WatchLeases
 from shellyard.control.runners import LOCAL_RUNNER_ID
+from shellyard.control.transfer_plan import glob_text, is_glob, parse_request, plan
 from shellyard.errors import (
     InvalidInput,
     NotFound,
     RunnerUnavailable,
     ShellyardError,
-    validation_message,
 )
 from shellyard.paths import normalize_relative
-from shellyard.runner.protocol import MAX_PAGE, ApplyEntry, ByteStream, PathEntry, Runner
+from shellyard.runner.protocol import MAX_PAGE, ApplyEntry, ByteStream, Runner
 from shellyard.store import Store
 from shellyard.store.db import new_id
 from shellyard.store.files import TERMINAL_TRANSFER_STATES, FileRecords
@@ -73,13 +72,8 @@ from shellyard.store.leases import TRANSFER
 log = logging.getLogger(__name__)
 Row = Mapping[str, Any]
 
-#: Most entries one transfer may name (each gets a row with its outcome).
-MAX_TRANSFER_ENTRIES = 2_000_000
 #: Pending rows read from the database at once (cut into batches in memory).
 _PAGE_ROWS = 5000
-#: Entries one listing page of the source holds while a transfer is planned.
-_PLAN_PAGE = 2000
-_GLOB = frozenset("*?[")
 #: Consecutive tries of one batch while a runner cannot be reached (E9's five failures).
 BATCH_ATTEMPTS = 5
 #: How often a wait for a transfer another replica copies reads its record again (besides
@@ -203,7 +197,7 @@ class TransferService:
         self, request: TransferRequest | Mapping[str, Any], agent_id: str | None = None
     ) -> TransferView:
         if not isinstance(request, TransferRequest):
-            request = _parse(request)
+            request = parse_request(request)
         agent = await self.access.agent(agent_id)
         src, _r1, src_runner = await self.access.workspace(
             agent, request.source_workspace_id, use="transfer"
@@ -213,10 +207,10 @@ class TransferService:
         )
         target_folder = normalize_relative(request.target_folder)
         patterns = [
-            normalize_relative(p) if not _is_glob(p) else _glob_text(p) for p in request.paths
+            normalize_relative(p) if not is_glob(p) else glob_text(p) for p in request.paths
         ]
         source_seq = (await src_runner.head(str(src["id"]))).seq
-        files = await _plan(src_runner, str(src["id"]), source_seq, patterns, target_folder)
+        files = await plan(src_runner, str(src["id"]), source_seq, patterns, target_folder)
         transfer_id = new_id("tr")
         dst_id = str(dst["id"])
         cancel = asyncio.Event()
@@ -687,122 +681,6 @@ class TransferService:
             started_at=row["started_at"],
             finished_at=row["finished_at"],
         )
-
-
-# ---------------------------------------------------------------------- planning
-
-
-def _parse(data: Mapping[str, Any]) -> TransferRequest:
-    from pydantic import ValidationError
-
-    try:
-        return TransferRequest.model_validate(dict(data))
-    except ValidationError as exc:
-        raise InvalidInput(validation_message(exc)) from None
-
-
-def _is_glob(path: str) -> bool:
-    return any(ch in _GLOB for ch in path)
-
-
-def _glob_text(pattern: str) -> str:
-    """Check a glob's text like a path (relative, no escape, no NUL)."""
-    rel = normalize_relative(pattern)
-    if not rel:
-        raise InvalidInput(f"glob {pattern!r} matches nothing; give a pattern such as 'data/*.csv'")
-    return rel
-
-
-def _match(parts: list[str], names: list[str]) -> bool:
-    """Whether path components ``names`` match pattern components ``parts`` (``**`` matches
-    any number of folders, the rest as ``fnmatch`` within one component)."""
-    if not parts:
-        return not names
-    head, rest = parts[0], parts[1:]
-    if head == "**":
-        return any(_match(rest, names[k:]) for k in range(len(names) + 1))
-    return bool(names) and fnmatch.fnmatchcase(names[0], head) and _match(rest, names[1:])
-
-
-async def _walk(runner: Runner, ws: str, seq: int, path: str) -> AsyncIterator[PathEntry]:
-    after: str | None = None
-    while True:
-        page = await runner.list_dir(ws, seq, path, True, after, _PLAN_PAGE)
-        for entry in page.entries:
-            if entry.path != path:
-                yield entry
-        if page.next_after is None:
-            return
-        after = page.next_after
-
-
-async def _plan(
-    runner: Runner, ws: str, seq: int, patterns: list[str], target_folder: str
-) -> list[dict[str, Any]]:
-    """One row per entry to copy, in source order, each with its target path."""
-    out: dict[str, dict[str, Any]] = {}
-
-    def add(entry: PathEntry, base: str) -> None:
-        sub = entry.path[len(base) + 1 :] if base else entry.path
-        target = f"{target_folder}/{sub}" if target_folder else sub
-        if target in out:
-            return  # named twice (or by two patterns): copied once
-        if len(out) >= MAX_TRANSFER_ENTRIES:
-            raise InvalidInput(
-                f"the transfer names more than {MAX_TRANSFER_ENTRIES} entries; split it"
-            )
-        out[target] = {
-            "idx": len(out),
-            "source_path": entry.path,
-            "target_path": target,
-            "kind": entry.kind,
-            "mode": entry.mode,
-            "size": entry.size if entry.kind == "file" else 0,
-            "sha256": entry.sha256,
-            "link_target": entry.target,
-        }
-
-    for pattern in patterns:
-        if not _is_glob(pattern):
-            entry = await runner.stat_path(ws, seq, pattern)
-            if entry is None:
-                raise NotFound(
-                    f"no {pattern!r} in snapshot {seq} of workspace {ws} (its latest committed "
-                    f"snapshot); check the path or list the folder",
-                    path=pattern,
-                )
-            base = pattern.rpartition("/")[0]
-            if pattern:
-                add(entry, base)
-            if entry.kind == "dir":
-                async for child in _walk(runner, ws, seq, pattern):
-                    add(child, base)
-            continue
-        parts = pattern.split("/")
-        first = next(i for i, part in enumerate(parts) if _is_glob(part))
-        base = "/".join(parts[:first])
-        head = await runner.stat_path(ws, seq, base) if base else None
-        if base and (head is None or head.kind != "dir"):
-            raise NotFound(
-                f"glob {pattern!r} matches nothing: {base!r} is not a folder in snapshot {seq}",
-                path=pattern,
-            )
-        matched_dirs: set[str] = set()
-        found = False
-        async for entry in _walk(runner, ws, seq, base):
-            names = entry.path.split("/")
-            inside = any("/".join(names[:k]) in matched_dirs for k in range(1, len(names)))
-            if inside or _match(parts, names):
-                found = True
-                add(entry, base)
-                if entry.kind == "dir":
-                    matched_dirs.add(entry.path)
-        if not found:
-            raise NotFound(
-                f"glob {pattern!r} matches nothing in snapshot {seq} of workspace {ws}",
-                path=pattern,
-            )
-    return list(out.values())
 
 
 __all__ = ["TransferService"]

@@ -30,6 +30,7 @@ EXECUTION = "execution"
 DELIVERY = "delivery"
 TRANSFER = "transfer"
 CHANGE = "change"  # an environment change (V1–V8)
+KINDS = (EXECUTION, DELIVERY, TRANSFER, CHANGE)
 
 # The unfinished states of those (store/files.py and store/environments.py name them too; both
 # build on the Store this module is part of, so they cannot be imported here).
