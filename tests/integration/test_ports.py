@@ -106,6 +106,21 @@ def _listening_addresses(port: int) -> list[str]:
     return found
 
 
+def _relay_uids(port: int) -> list[int]:
+    """The real uids of the relay processes forwarding to ``port`` (from /proc)."""
+    uids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+            status = (proc / "status").read_text()
+        except OSError:
+            continue
+        relay = any(a.endswith(b"relay.py") for a in argv) and b"--tcp-port" in argv
+        if relay and argv[argv.index(b"--tcp-port") + 1] == str(port).encode():
+            uids.append(int(status.split("\nUid:")[1].split()[0]))
+    return uids
+
+
 @pytest.mark.runner_kinds("local", "direct", "ssh")
 async def test_forwarded_port_reaches_the_server_until_closed(yard: Yard) -> None:
     """Issue 17 item 3: the host cannot reach the workspace's server without a forward; with
@@ -121,6 +136,8 @@ async def test_forwarded_port_reaches_the_server_until_closed(yard: Yard) -> Non
         assert view.runner_id == yard.runner_id and view.workspace_id == workspace
         assert _get(view.url + "live.txt") == "served-live\n"
         assert _listening_addresses(view.host_port) == ["0100007F"]  # 127.0.0.1 only
+        if os.geteuid() == 0:  # a root runner's relay keeps no privilege
+            assert set(_relay_uids(PORT)) == {65534}, _relay_uids(PORT)
         again = await ports.open(PORT, workspace_id=workspace)  # the same forward
         assert again.host_port == view.host_port
         with pytest.raises(InvalidInput, match="already forwarded"):

@@ -42,6 +42,8 @@ LOOPBACK = "127.0.0.1"
 #: Forwards one workspace may hold at once (each is a process).
 MAX_PORTS = 16
 EGRESS = "egress"
+#: The user a root runner's forwarding relays drop to.
+NOBODY = 65534
 
 
 class Relays:
@@ -100,7 +102,7 @@ class Relays:
                     workspace_id,
                     _name(port),
                     listener,
-                    ["--tcp-port", str(port)],
+                    ["--tcp-port", str(port), *_unprivileged()],
                     inside=path,
                     extra={"port": port, "host_port": listener.getsockname()[1]},
                 )
@@ -248,6 +250,13 @@ class Relays:
         if not self.directory.is_dir():
             return []
         return sorted(p.name for p in self.directory.iterdir() if p.is_dir())
+
+
+def _unprivileged() -> list[str]:
+    """As root, a forward's relay runs as ``nobody`` once it is in the workspace's network
+    (it only copies bytes to 127.0.0.1 there); the egress relay keeps the runner's user, as
+    it must reach the egress proxy's socket."""
+    return ["--run-as", f"{NOBODY}:{NOBODY}"] if os.geteuid() == 0 else []
 
 
 def _name(port: int) -> str:

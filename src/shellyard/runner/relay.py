@@ -9,6 +9,10 @@ network it should listen in, and for each connection connects to ``--tcp-port`` 
 ``MAX_CONNECTIONS`` at once, so its memory stays bounded (a further client waits in the
 listen backlog).
 
+``--run-as UID:GID`` drops to that user once its sockets are set up (a runner running as root
+starts it): the network a new connection is made in is fixed when it entered it, so copying
+bytes needs no privilege, and a relay that a client could subvert holds none.
+
 ``--hold`` makes it the holder of a workspace network on a runner that is not root
 (netns_holder.py): started by ``unshare --user --net --keep-caps``, it brings the new
 namespace's loopback up, optionally listens on ``--listen-port`` there (the egress relay),
@@ -19,7 +23,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import encodings.idna  # noqa: F401  getaddrinfo needs it, and after --run-as it cannot load
 import fcntl
+import os
 import signal
 import socket
 import struct
@@ -86,6 +92,7 @@ def main() -> None:
     target = parser.add_mutually_exclusive_group()
     target.add_argument("--tcp-port", type=int)
     target.add_argument("--unix")
+    parser.add_argument("--run-as", help="UID:GID to switch to before accepting")
     args = parser.parse_args()
     if args.hold:
         _loopback_up()
@@ -106,6 +113,11 @@ def main() -> None:
             signal.pause()
     if args.tcp_port is None and args.unix is None:
         parser.error("a listener needs --tcp-port or --unix")
+    if args.run_as is not None:
+        uid, gid = (int(part) for part in args.run_as.split(":"))
+        os.setgroups([])
+        os.setgid(gid)
+        os.setuid(uid)
     slots = threading.Semaphore(MAX_CONNECTIONS)
     while True:
         slots.acquire()
