@@ -20,12 +20,14 @@ but its executables').
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
 import threading
 from pathlib import Path
 
+from shellyard.runner import history
 from shellyard.runner.protocol import PathEntry, SnapshotInfo
 from shellyard.runner.snapshots.store import SnapshotStore
 
@@ -43,31 +45,37 @@ def materialise(
     if seq is None:
         seq = store.head(workspace_id).seq
     destination.mkdir(mode=0o755)
-    for path, entry in sorted(store.manifest(workspace_id, seq).items()):
-        _place(store, destination / path, entry)
+    # One folder's tree at a time (a folder's entry comes before what it holds): memory
+    # stays that of the widest folder, however many files the snapshot has.
+    for entry in store.view(workspace_id, seq).entries():
+        _place(store, destination / entry.path, entry)
     return seq
 
 
 def patch(store: SnapshotStore, workspace_id: str, view: Path, old_seq: int, seq: int) -> None:
     """Turn the view of snapshot ``old_seq`` at ``view`` into one of ``seq``: only what
-    differs is unlinked or placed (a commit usually changes a few files of many)."""
-    old = store.manifest(workspace_id, old_seq)
-    new = store.manifest(workspace_id, seq)
-    for path in sorted(old, reverse=True):  # children before their folders
-        before = old[path]
-        after = new.get(path)
-        if after is not None and _same(before, after):
+    differs is unlinked or placed (a commit usually changes a few files of many). The two
+    snapshots are walked together in path order and a folder whose tree is the same in both
+    is not entered, so the cost is that of the change, not of the snapshot."""
+    old = history.manifest(store, workspace_id, old_seq)
+    new = history.manifest(store, workspace_id, seq)
+    for path, x, y in history.pairs(old, new, ""):
+        before = x[0].entry(x[1], path) if x is not None else None
+        after = y[0].entry(y[1], path) if y is not None else None
+        if before is not None and after is not None and _same(before, after):
             continue
         target = view / path
-        if before.kind == "dir":
-            shutil.rmtree(target, ignore_errors=True)
-        else:
-            target.unlink(missing_ok=True)
-    for path, entry in sorted(new.items()):
-        was = old.get(path)
-        if was is not None and _same(was, entry):
-            continue
-        _place(store, view / path, entry)
+        if before is not None and after is not None and before.kind == after.kind == "dir":
+            continue  # a folder in both: only what it holds may differ (visited next)
+        if before is not None:
+            if before.kind == "dir":  # a folder that went, or became a file or a link
+                shutil.rmtree(target, ignore_errors=True)
+            else:
+                # Below a removed folder (visited after it): already gone with it.
+                with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+                    target.unlink()
+        if after is not None:
+            _place(store, target, after)
 
 
 def _same(a: PathEntry, b: PathEntry) -> bool:

@@ -236,6 +236,7 @@ class SnapshotStore:
 
     def manifest(self, workspace_id: str, seq: int | None = None) -> dict[str, PathEntry]:
         """Every entry of a snapshot (files, folders, symlinks) by path; the root is implicit.
+        For tests and small snapshots: the product walks ``view`` instead.
         (It holds the whole snapshot: ``view`` reads one folder at a time.)"""
         return {
             e.path: PathEntry.model_validate(e.model_dump())
