@@ -11,6 +11,7 @@ execution ends.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shutil
 import signal
@@ -518,6 +519,50 @@ async def test_unprivileged_runner_shares_the_network(
             await yard.plane.executions.cancel(server.execution_id, wait_s=30)
         assert await yard.plane.ports.list(workspace_id=server.workspace_id) == []
         assert _refused(view.host_port)
+        assert list((root / "sandbox" / "netns").glob("*.json")) == []
+    finally:
+        await daemon.stop()
+
+
+@pytest.mark.skipif(shutil.which("setpriv") is None, reason="needs setpriv to run as nobody")
+@pytest.mark.runner_kinds("local")  # the control plane's own runner plays no part
+async def test_a_killed_holder_is_replaced_inside_the_same_network(
+    yard_factory: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 17 on a runner that is not root: the process holding a workspace's network is
+    killed -9 while the workspace's server runs. The next command gets a new holder that
+    joined the same namespace (through the running server's sandbox), so it still reaches
+    the server on localhost, and a forward opened afterwards reaches it too; one holder is
+    recorded, and it goes with the last execution."""
+    from runner_daemon_fixture import load_or_create_token
+
+    monkeypatch.setenv("SHELLYARD_NETWORK_LINGER_S", "0")
+    yard: Yard = await yard_factory()
+    root = yard.home / "nobody-runner"
+    root.mkdir(mode=0o755)
+    load_or_create_token(root / "token")
+    _chown_tree(root, NOBODY)
+    as_nobody = ("setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups")
+    daemon = await start_daemon(root, SandboxPolicy(), subprocess=True, prefix=as_nobody)
+    try:
+        await yard.plane.runners.add_direct("nobody", daemon.url, daemon.token)
+        yard = Yard(yard.plane, "nobody", yard.home)
+        server = await _server(yard)
+        try:
+            (record,) = list((root / "sandbox" / "netns").glob("*.json"))
+            first = json.loads(record.read_text())
+            os.kill(int(first["pid"]), signal.SIGKILL)
+            reader = await yard.run(
+                LOCAL.format(port=PORT, path="live.txt"), read_only=True, wait_ms=30_000
+            )
+            assert reader.stdout == "served-live\n", reader.stderr
+            again = json.loads(record.read_text())
+            assert again["pid"] != first["pid"]  # a new holder ...
+            assert again["net"] == first["net"]  # ... of the same namespace
+            view = await yard.plane.ports.open(PORT, workspace_id=server.workspace_id)
+            assert _get(view.url + "live.txt") == "served-live\n"
+        finally:
+            await yard.plane.executions.cancel(server.execution_id, wait_s=30)
         assert list((root / "sandbox" / "netns").glob("*.json")) == []
     finally:
         await daemon.stop()

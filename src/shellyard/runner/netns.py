@@ -84,7 +84,15 @@ class WorkspaceNetworks:
         """The workspace's namespace file, made on first use (or again after a reboot)."""
         if self.held:
             record = self._record(workspace_id)
-            path = netns_holder.find(record) or netns_holder.start(record, self.egress_socket)
+            path = (
+                netns_holder.find(record)
+                # a holder killed under live executions: the same namespace, held again
+                or (
+                    self._users.get(workspace_id)
+                    and netns_holder.rejoin(record, self.egress_socket)
+                )
+                or netns_holder.start(record, self.egress_socket)
+            )
         else:
             path = self.path(workspace_id)
             if not _mounted(path):

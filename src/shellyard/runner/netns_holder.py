@@ -12,8 +12,11 @@ holder's user namespace, so it may enter it. Under ``egress`` the holder itself 
 127.0.0.1:3128 in the namespace and relays to the proxy's socket.
 
 The holder is detached (its own session) and recorded (``DIR/WORKSPACE.json``: pid, start
-time), so it outlives a restart of the runner process (E11) and is stopped when the
-workspace's last execution ends.
+time, and the inodes of its two namespaces), so it outlives a restart of the runner process
+(E11) and is stopped when the workspace's last execution ends. A holder killed while
+executions still run in its namespace (an operator, the OOM killer) is replaced by one that
+joins that same namespace through one of them (``rejoin``): the workspace keeps one network,
+and its next command still reaches its running server.
 """
 
 from __future__ import annotations
@@ -76,12 +79,54 @@ def find(record: Path) -> Path | None:
     return net_path(pid) if processes.is_same_process(pid, started) else None
 
 
-def start(record: Path, egress_socket: Path | None) -> Path:
+def _ns_inode(pid: int | str, kind: str) -> int | None:
+    try:
+        return os.stat(f"/proc/{pid}/ns/{kind}").st_ino
+    except OSError:
+        return None
+
+
+def _member(net: int, user: int) -> int | None:
+    """A live process in the network namespace ``net`` entered with the user namespace
+    ``user`` (a sandbox's bwrap, a forward's relay), found by their inodes."""
+    for entry in os.scandir("/proc"):
+        inside = entry.name.isdigit() and _ns_inode(entry.name, "net") == net
+        if inside and _ns_inode(entry.name, "user") == user:
+            return int(entry.name)
+    return None
+
+
+def rejoin(record: Path, egress_socket: Path | None) -> Path | None:
+    """The recorded holder died while processes still use its namespace: start a holder
+    inside that same namespace, and return it; None when nothing uses it any more."""
+    try:
+        data = json.loads(record.read_text())
+        net, user = int(data["net"]), int(data["user"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    member = _member(net, user)
+    if member is None:
+        return None
+    nsenter = shutil.which("nsenter") or "/usr/bin/nsenter"
+    ns = f"/proc/{member}/ns"
+    join = [nsenter, f"--user={ns}/user", f"--net={ns}/net", "--preserve-credentials", "--"]
+    try:
+        path = start(record, egress_socket, join=join)
+    except SandboxUnavailable:
+        return None  # it ended meanwhile: a new namespace, then
+    if _ns_inode(path.parts[2], "net") != net:  # pragma: no cover - a pid reused meanwhile
+        stop(record)
+        return None
+    return path
+
+
+def start(record: Path, egress_socket: Path | None, join: list[str] | None = None) -> Path:
     """Start a holder (with the egress relay when ``egress_socket``), record it, and return
-    its namespace once its loopback is up."""
+    its namespace once its loopback is up. ``join``: enter existing namespaces (an nsenter
+    prefix) instead of making new ones."""
     unshare = shutil.which("unshare") or "/usr/bin/unshare"
-    argv = [unshare, "--user", "--map-current-user", "--net", "--keep-caps", "--"]
-    argv += [interpreter() or sys.executable, "-I", str(RELAY), "--hold"]
+    argv = join or [unshare, "--user", "--map-current-user", "--net", "--keep-caps", "--"]
+    argv = [*argv, interpreter() or sys.executable, "-I", str(RELAY), "--hold"]
     if egress_socket is not None:
         argv += ["--listen-port", str(SANDBOX_PORT), "--unix", str(egress_socket)]
     log_path = record.with_suffix(".log")
@@ -107,7 +152,8 @@ def start(record: Path, egress_socket: Path | None) -> Path:
             f"could not make the workspace's network (unshare --user --net): {message[-500:]}"
         )
     tmp = record.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"pid": popen.pid, "start_time": started}))
+    namespaces = {kind: _ns_inode(popen.pid, kind) for kind in ("net", "user")}
+    tmp.write_text(json.dumps({"pid": popen.pid, "start_time": started, **namespaces}))
     os.replace(tmp, record)
     return net_path(popen.pid)
 
@@ -126,4 +172,4 @@ def stop(record: Path) -> None:
     record.with_suffix(".log").unlink(missing_ok=True)
 
 
-__all__ = ["available", "find", "interpreter", "net_path", "start", "stop"]
+__all__ = ["available", "find", "interpreter", "net_path", "rejoin", "start", "stop"]

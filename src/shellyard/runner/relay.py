@@ -80,6 +80,8 @@ def _loopback_up() -> None:
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
         request = struct.pack("16sH14x", b"lo", 0)
         flags = struct.unpack("16sH", fcntl.ioctl(sock, 0x8913, request)[:18])[1]
+        if flags & 0x1:
+            return  # up already: a holder that replaces a killed one (it kept no capability)
         fcntl.ioctl(sock, 0x8914, struct.pack("16sH14x", b"lo", flags | 0x1))
 
 
