@@ -11,6 +11,7 @@ from shellyard.control.executions import LEASE_KIND, ExecutionService
 from shellyard.control.fanout import Fanout
 from shellyard.control.leases import LeaseKeeper
 from shellyard.control.metrics import Metrics
+from shellyard.control.timers import TimerService
 from shellyard.control.wakes import DELIVERY_LEASE, WakeService
 
 
@@ -20,6 +21,7 @@ def wire(
     keeper: LeaseKeeper,
     fanout: Fanout,
     metrics: Metrics,
+    timers: TimerService | None = None,
 ) -> None:
     executions.leases = keeper
     keeper.adopters[LEASE_KIND] = executions.adopt
@@ -77,3 +79,31 @@ def wire(
 
     fanout.handlers.update(x=ended, n=notify, w=emitted, h=webhooks, r=runners)
     fanout.on_resync.append(resync)
+    _wire_timers(timers or _timer_service(executions), fanout)
+
+
+def _timer_service(executions: ExecutionService) -> TimerService | None:
+    """The timer service, found among the execution observers service.py plugged in (its N6
+    hook) when it was not handed over."""
+    for observer in executions.on_finished:
+        owner = getattr(observer, "__self__", None)
+        if isinstance(owner, TimerService):
+            return owner
+    return None
+
+
+def _wire_timers(timers: TimerService | None, fanout: Fanout) -> None:
+    # N5–N7 across replicas: every scheduler hears of a timer created or cancelled anywhere.
+    if timers is None:
+        return
+    timers.announce = lambda: fanout.message("t")
+    timers.on_change = lambda: fanout.publish("t")
+
+    async def timer_changed(_message: dict[str, Any]) -> None:
+        timers.changed()
+
+    async def timers_resync() -> None:
+        timers.changed()
+
+    fanout.handlers["t"] = timer_changed
+    fanout.on_resync.append(timers_resync)
