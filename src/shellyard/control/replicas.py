@@ -24,6 +24,7 @@ def wire(
     timers: TimerService | None = None,
 ) -> None:
     executions.leases = keeper
+    executions.waiter_ttl_s = keeper.ttl_s  # a killed waiter stops counting as a lease would
     keeper.adopters[LEASE_KIND] = executions.adopt
     keeper.on_lost[LEASE_KIND] = executions.forget
     keeper.dispatch = executions.dispatch
