@@ -42,8 +42,9 @@ class NotificationSettings:
     timer_past_grace_s: float = 10.0
     #: A timer fired this long after its time by the running scheduler is marked late too.
     timer_late_after_s: float = 60.0
-    #: The scheduler looks at the database at least this often, so timers another control
-    #: plane (sharing PostgreSQL) created are seen; its own are scheduled at once.
+    #: The scheduler looks at the database at least this often: a safety net, since its own
+    #: timers are scheduled at once and those another replica (sharing PostgreSQL) created are
+    #: announced by the fan-out.
     timer_poll_s: float = 30.0
 
 

@@ -84,6 +84,9 @@ class ExecutionService:
         self.on_signal: Callable[[str], None] | None = None
         #: Called with ("spawn" | "commit", seconds): the start call; exit to final record.
         self.on_timing: Callable[[str, float], None] | None = None
+        #: How long a foreground wait recorded for another replica's finalizer counts without
+        #: being renewed (N3 across replicas): the lease time (control/replicas.py).
+        self.waiter_ttl_s = 10.0
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -413,7 +416,9 @@ class ExecutionService:
         )
         # N3: a foreground caller is waiting and sees the result now.
         notice_read = self._foreground.get(execution_id, 0) > 0
-        final, queued = await self.store.finish_execution(
+        # Across replicas: a caller on another replica may wait too; the transaction reads
+        # its row and says whether the notice was posted read.
+        final, queued, notice_read = await self.store.finish_execution(
             row,
             {"state": state.value, **values},
             summary,
@@ -539,11 +544,18 @@ class ExecutionService:
         # seen either by ``_signal`` or by that read.
         event = self._finished.setdefault(execution_id, asyncio.Event())
         self._foreground[execution_id] = self._foreground.get(execution_id, 0) + 1
+        waiter: str | None = None
         try:
+            if self._finalized_elsewhere(execution_id):
+                # Another replica watches it, so its finalizer cannot see ``_foreground``: a
+                # row tells it (read in its finishing transaction, store/executions.py).
+                waiter = new_id("fgw")
+                await self.store.add_foreground_wait(
+                    execution_id, waiter, time.time() + self.waiter_ttl_s
+                )
             fresh = await self.store.get_execution(execution_id)
             if fresh is not None and not ExecutionState(fresh["state"]).terminal:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(event.wait(), timeout=max(0.0, timeout_s))
+                await self._wait_event(event, execution_id, waiter, timeout_s)
                 return self._ended.get(execution_id)
             return None
         finally:
@@ -553,6 +565,41 @@ class ExecutionService:
                 self._ended.pop(execution_id, None)
                 if self._finished.get(execution_id) is event:
                     del self._finished[execution_id]
+            if waiter is not None:
+                # Before the caller's final read of the record: a finalizer that saw the row
+                # (and posted the notice read) holds it locked until it commits, so this
+                # returns after that commit and the read shows the end (N3). Shielded: a
+                # caller that went away still removes its row.
+                await asyncio.shield(self.store.drop_foreground_wait(execution_id, waiter))
+
+    def _finalized_elsewhere(self, execution_id: str) -> bool:
+        """Whether another replica may finalize the execution (PostgreSQL replicas: this one
+        does not watch it). SQLite is one replica, whose waits cost no write."""
+        return (
+            self.leases is not None
+            and not self.store.is_sqlite
+            and execution_id not in self._watchers
+        )
+
+    async def _wait_event(
+        self, event: asyncio.Event, execution_id: str, waiter: str | None, timeout_s: float
+    ) -> None:
+        """Wait for the end's signal up to ``timeout_s``; a recorded wait (``waiter``) is
+        renewed every third of its lifetime meanwhile."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + max(0.0, timeout_s)
+        while True:
+            remaining = deadline - loop.time()
+            step = remaining if waiter is None else min(remaining, self.waiter_ttl_s / 3)
+            try:
+                await asyncio.wait_for(event.wait(), timeout=max(0.0, step))
+                return
+            except TimeoutError:
+                if waiter is None or step >= remaining:
+                    return
+            expires_at = time.time() + self.waiter_ttl_s
+            if not await self.store.renew_foreground_wait(execution_id, waiter, expires_at):
+                return  # its finalizer took the row: it ended (even if its signal was lost)
 
     async def logs(
         self,

@@ -12,7 +12,9 @@ through their own, in-process, mechanisms:
   the notices in one transaction, so exactly one replica emits it;
 - ``w`` a wake was emitted: replicas with streams or callbacks of that session hand it to them
   (each replica delivers to its own channels only: nothing twice);
-- ``h`` the webhooks changed: replicas re-read whether any is active.
+- ``h`` the webhooks changed: replicas re-read whether any is active;
+- ``t`` a timer was created (sent by its insert's transaction) or cancelled: every scheduler
+  reads the next due time again, so a timer fires on time even if its replica died.
 
 NOTIFY is not durable: a replica that was away (its listening connection dropped) resyncs by
 re-reading (``on_resync``). SQLite is one replica: nothing is published.
@@ -89,13 +91,20 @@ class Fanout:
 
     def publish(self, kind: str, **fields: Any) -> None:
         """Queue a message for the other replicas; never blocks (a sender task sends it)."""
+        message = self.message(kind, **fields)
+        if message is not None:
+            self._outbox.put_nowait(message[1])
+
+    def message(self, kind: str, **fields: Any) -> tuple[str, str] | None:
+        """(channel, payload) of a message for a store transaction to send with
+        ``pg_notify``: it leaves at that commit, and only then (None: SQLite, or too large)."""
         if self.url is None:
-            return
+            return None
         payload = json.dumps({"k": kind, "r": self.replica_id, **fields}, separators=(",", ":"))
         if len(payload) > MAX_PAYLOAD:
             log.warning("fan-out message too large, dropped: %s…", payload[:200])
-            return
-        self._outbox.put_nowait(payload)
+            return None
+        return self.channel, payload
 
     async def _send(self) -> None:
         import psycopg

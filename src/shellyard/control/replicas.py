@@ -12,6 +12,7 @@ from shellyard.control.executions import LEASE_KIND, ExecutionService
 from shellyard.control.fanout import Fanout
 from shellyard.control.leases import LeaseKeeper
 from shellyard.control.metrics import Metrics
+from shellyard.control.timers import TimerService
 from shellyard.control.transfers import TransferService
 from shellyard.control.wakes import DELIVERY_LEASE, WakeService
 from shellyard.store.leases import CHANGE, TRANSFER
@@ -25,8 +26,10 @@ def wire(
     keeper: LeaseKeeper,
     fanout: Fanout,
     metrics: Metrics,
+    timers: TimerService,
 ) -> None:
     executions.leases = keeper
+    executions.waiter_ttl_s = keeper.ttl_s  # a killed waiter stops counting as a lease would
     keeper.adopters[LEASE_KIND] = executions.adopt
     keeper.on_lost[LEASE_KIND] = executions.forget
     keeper.dispatch = executions.dispatch
@@ -69,7 +72,7 @@ def wire(
     wakes.on_notify = lambda agent_id, reason: fanout.publish("n", a=agent_id, why=reason)
     wakes.on_emitted = lambda wake: fanout.publish("w", s=wake.session_id, q=wake.seq)
     wakes.on_webhooks = lambda: fanout.publish("h")
-    transfers.on_signal = lambda transfer_id: fanout.publish("t", t=transfer_id)
+    transfers.on_signal = lambda transfer_id: fanout.publish("f", t=transfer_id)
 
     async def ended(message: dict[str, Any]) -> None:
         executions.signal(str(message["e"]))
@@ -100,5 +103,21 @@ def wire(
         await wakes.kick_all("channel")
         await executions.runners.reload()
 
-    fanout.handlers.update(x=ended, n=notify, w=emitted, h=webhooks, r=runners, t=transfer)
+    fanout.handlers.update(x=ended, n=notify, w=emitted, h=webhooks, r=runners, f=transfer)
     fanout.on_resync.append(resync)
+    _wire_timers(timers, fanout)
+
+
+def _wire_timers(timers: TimerService, fanout: Fanout) -> None:
+    # N5–N7 across replicas: every scheduler hears of a timer created or cancelled anywhere.
+    timers.announce = lambda: fanout.message("t")
+    timers.on_change = lambda: fanout.publish("t")
+
+    async def timer_changed(_message: dict[str, Any]) -> None:
+        timers.changed()
+
+    async def timers_resync() -> None:
+        timers.changed()
+
+    fanout.handlers["t"] = timer_changed
+    fanout.on_resync.append(timers_resync)

@@ -172,6 +172,7 @@ class ControlPlane:
             self.leases,
             self.fanout,
             self.metrics,
+            timers,
         )
         await self.fanout.start()
         await self._executions.startup()

@@ -5,6 +5,14 @@ as a reminder notice. It runs nothing and takes no writer.
 Exactly once, across restarts and control planes: firing claims the timer with a conditional
 update (pending → fired) in the same transaction that inserts its notice. On start every timer
 that came due while the service was down fires once, marked late.
+
+Several replicas (issue 16): every replica runs a scheduler. A timer's creation is announced
+to the others (a fan-out message sent by its transaction, control/replicas.py), so each one
+sleeps until its due time and the timer fires on time even when the replica that took it died;
+the conditional update keeps it once. N6 cannot rely on a set of watched executions filled at
+creation there (another replica may finalize the execution): on PostgreSQL every execution's
+end asks the store (one indexed update), and a creation re-reads its execution after commit,
+so an end racing the creation is seen by one of the two.
 """
 
 from __future__ import annotations
@@ -14,7 +22,7 @@ import contextlib
 import logging
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -204,14 +212,23 @@ class TimerService:
         self._changed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         #: Executions some pending timer names (spares every other execution's end a query).
+        #: SQLite only, where this process creates every timer; PostgreSQL replicas ask the
+        #: store at each end instead (``execution_finished``).
         self._watched: set[str] = set()
+        self.shared = not self.store.is_sqlite
+        #: Fan-out (control/replicas.py): ``announce`` gives the (channel, payload) of the
+        #: message a creation's transaction sends (so it leaves iff the timer exists);
+        #: ``on_change`` publishes one after a cancellation.
+        self.announce: Callable[[], tuple[str, str] | None] | None = None
+        self.on_change: Callable[[], None] | None = None
 
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
         """N7: fire, once and marked late, every timer that came due while nobody ran them;
         then schedule the rest."""
-        self._watched = await self.store.pending_timer_executions()
+        if not self.shared:
+            self._watched = await self.store.pending_timer_executions()
         started = time.time()
         due, _next = await self.store.due_timers(started)
         await self._fire(due, late_if_due_before=started)
@@ -264,10 +281,18 @@ class TimerService:
                     cancel_reason=f"execution {execution['id']} had already finished "
                     f"({execution['state']}) when the timer was created",
                 )
-            else:
+            elif not self.shared:
                 self._watched.add(request.execution_id)
-        row = await self.store.create_timer(values)
+        announce = self.announce() if self.announce is not None else None
+        row = await self.store.create_timer(values, announce=announce)
         self._changed.set()
+        if row["state"] == TimerState.pending and request.execution_id is not None:
+            # N6: the execution may have ended between the read above and the insert; its
+            # end's check did not see this timer then, so this read sees the end.
+            execution = await self.store.get_execution(request.execution_id)
+            if execution is not None and execution["state"] in FINISHED_STATES:
+                await self._cancel_for(execution)
+                row = await self.store.get_timer(str(row["id"])) or row
         return timer_view(row)
 
     async def list_timers(self, agent_id: str | None, state: str | None = None) -> list[TimerView]:
@@ -284,19 +309,32 @@ class TimerService:
         row = await self._owned(agent_id, timer_id)
         if row["state"] == TimerState.pending:
             await self.store.cancel_timers("cancelled by timer_cancel", timer_id=timer_id)
-            self._changed.set()
+            self._cancelled()
         return await self.get(agent_id, timer_id)
 
     async def execution_finished(self, row: Mapping[str, Any], _notice_read: bool) -> None:
         """ExecutionService observer (N6): the reminders naming this execution that had not
-        come due are cancelled."""
+        come due are cancelled. On PostgreSQL the timer may have been created through another
+        replica (and its fan-out message lost): the store is asked at every end."""
         execution_id = str(row["id"])
-        if execution_id in self._watched:
+        if self.shared or execution_id in self._watched:
             self._watched.discard(execution_id)
-            await self.store.cancel_timers(
-                f"execution {execution_id} finished before the reminder was due", execution=row
-            )
-            self._changed.set()
+            await self._cancel_for(row)
+
+    def changed(self) -> None:
+        """Another replica created or cancelled a timer, or messages may have been missed
+        (fan-out resync): read the next due time again."""
+        self._changed.set()
+
+    async def _cancel_for(self, execution: Mapping[str, Any]) -> None:
+        reason = f"execution {execution['id']} finished before the reminder was due"
+        if await self.store.cancel_execution_timers(execution, reason):
+            self._cancelled()
+
+    def _cancelled(self) -> None:
+        self._changed.set()
+        if self.on_change is not None:
+            self.on_change()
 
     async def _owned(self, agent_id: str | None, timer_id: str) -> Mapping[str, Any]:
         agent = await self.sessions.agent_row(agent_id)

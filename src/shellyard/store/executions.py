@@ -14,6 +14,7 @@ from shellyard.store.db import Database, Row, fetch_one
 from shellyard.store.notices import add_notice
 from shellyard.store.schema import (
     executions,
+    foreground_waits,
     workspaces,
 )
 from shellyard.store.workspaces import release_writer, take_writer
@@ -74,13 +75,37 @@ class ExecutionRecords(Database):
         notice_summary: str,
         notice_read: bool,
         from_states: Sequence[str],
-    ) -> tuple[Row | None, Row | None]:
+    ) -> tuple[Row | None, Row | None, bool]:
         """Make a record terminal, post its notice, release its writer and find the next
-        queued writer of its workspace: one transaction. Returns (final record or None when
-        it was already terminal, next queued record)."""
+        queued writer of its workspace: one transaction. The notice is posted read when
+        ``notice_read`` (a caller of this replica waits) or, on PostgreSQL, when a live
+        foreground wait of another replica names the execution (N3). Returns (final record
+        or None when it was already terminal, next queued record, whether the notice was
+        posted read)."""
         return await self.run(
             _finish_execution, row, values, notice_summary, notice_read, tuple(from_states)
         )
+
+    # N3 across replicas: a foreground caller on a replica that does not watch the execution.
+
+    async def add_foreground_wait(
+        self, execution_id: str, waiter_id: str, expires_at: float
+    ) -> None:
+        """Record a caller waiting for the execution (PostgreSQL only: SQLite is one
+        replica, whose finalizer knows its own waiters)."""
+        await self.run(_add_foreground_wait, execution_id, waiter_id, expires_at)
+
+    async def renew_foreground_wait(
+        self, execution_id: str, waiter_id: str, expires_at: float
+    ) -> bool:
+        """Push the wait's expiry forward; False: its row is gone (the finalizer took it,
+        so the execution ended)."""
+        return await self.run(_renew_foreground_wait, execution_id, waiter_id, expires_at)
+
+    async def drop_foreground_wait(self, execution_id: str, waiter_id: str) -> None:
+        """The wait is over. Blocks while a finalizer that saw the row has not committed, so
+        the caller's next read of the record sees what that finalizer wrote."""
+        await self.run(_drop_foreground_wait, execution_id, waiter_id)
 
     async def next_queued(self, workspace_id: str) -> Row | None:
         return await self.run(_next_queued, workspace_id)
@@ -201,12 +226,28 @@ def _finish_execution(
     notice_summary: str,
     notice_read: bool,
     from_states: tuple[str, ...],
-) -> tuple[Row | None, Row | None]:
+) -> tuple[Row | None, Row | None, bool]:
     execution_id, workspace_id = str(row["id"]), str(row["workspace_id"])
     final = None
     if _update_execution(conn, execution_id, from_states, values):
         final = fetch_one(conn, sa.select(executions).where(executions.c.id == execution_id))
         assert final is not None
+        if conn.dialect.name != "sqlite":  # one replica on SQLite: no row is ever written
+            # N3 across replicas: the DELETE locks the rows it takes until this commits, so
+            # a waiter that removes its row meanwhile waits for the commit, and then reads
+            # the terminal record: a notice posted read is always seen by its caller. Rows
+            # of a killed waiter (expired) count for nothing but go too.
+            now = time.time()
+            expiries = (
+                conn.execute(
+                    foreground_waits.delete()
+                    .where(foreground_waits.c.execution_id == execution_id)
+                    .returning(foreground_waits.c.expires_at)
+                )
+                .scalars()
+                .all()
+            )
+            notice_read = any(e > now for e in expiries) or notice_read
         add_notice(
             conn,
             str(row["agent_id"]),
@@ -217,4 +258,48 @@ def _finish_execution(
             time.time() if notice_read else None,
         )
     release_writer(conn, workspace_id, execution_id)
-    return final, _next_queued(conn, workspace_id)
+    return final, _next_queued(conn, workspace_id), final is not None and notice_read
+
+
+#: Rows expired this long ago are cleared by the next wait's insert (left by a replica killed
+#: between its insert and its delete while the execution had already ended: no finalizer
+#: comes for them).
+FOREGROUND_WAIT_GC_S = 3600.0
+
+
+def _add_foreground_wait(
+    conn: Connection, execution_id: str, waiter_id: str, expires_at: float
+) -> None:
+    conn.execute(
+        foreground_waits.delete().where(
+            foreground_waits.c.expires_at < time.time() - FOREGROUND_WAIT_GC_S
+        )
+    )
+    conn.execute(
+        foreground_waits.insert().values(
+            execution_id=execution_id, waiter_id=waiter_id, expires_at=expires_at
+        )
+    )
+
+
+def _renew_foreground_wait(
+    conn: Connection, execution_id: str, waiter_id: str, expires_at: float
+) -> bool:
+    renewed = conn.execute(
+        foreground_waits.update()
+        .where(
+            foreground_waits.c.execution_id == execution_id,
+            foreground_waits.c.waiter_id == waiter_id,
+        )
+        .values(expires_at=expires_at)
+    )
+    return bool(renewed.rowcount)
+
+
+def _drop_foreground_wait(conn: Connection, execution_id: str, waiter_id: str) -> None:
+    conn.execute(
+        foreground_waits.delete().where(
+            foreground_waits.c.execution_id == execution_id,
+            foreground_waits.c.waiter_id == waiter_id,
+        )
+    )

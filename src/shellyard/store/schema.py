@@ -418,3 +418,17 @@ Index(
     postgresql_where=sessions.c.is_default,
     sqlite_where=sessions.c.is_default,
 )
+
+#: Foreground callers waiting for an execution another replica watches (N3 across replicas,
+#: revision 0010_foreground_waits): the finalizer posts the notice read when a live row names
+#: the execution, and deletes the rows in the same transaction. Written only on PostgreSQL, by
+#: a replica that does not watch the execution; ``expires_at`` is pushed forward while the
+#: caller waits, so a killed replica's row stops counting within one lease time.
+foreground_waits = Table(
+    "foreground_waits",
+    metadata,
+    Column("execution_id", String(64), primary_key=True),
+    Column("waiter_id", String(64), primary_key=True),
+    Column("expires_at", Float, nullable=False),
+)
+Index("ix_foreground_waits_expires", foreground_waits.c.expires_at)

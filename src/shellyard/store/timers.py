@@ -20,8 +20,12 @@ from shellyard.store.schema import (
 class TimerRecords(Database):
     """Timers and their reminders."""
 
-    async def create_timer(self, values: dict[str, Any]) -> Row:
-        return await self.run(insert_returning, timers, values)
+    async def create_timer(
+        self, values: dict[str, Any], *, announce: tuple[str, str] | None = None
+    ) -> Row:
+        """Insert a timer; ``announce`` (PostgreSQL): a (channel, payload) NOTIFY sent by the
+        same transaction, so the other replicas hear of exactly the timers that exist."""
+        return await self.run(_create_timer, values, announce)
 
     async def get_timer(self, timer_id: str) -> Row | None:
         return await self.one(sa.select(timers).where(timers.c.id == timer_id))
@@ -38,6 +42,11 @@ class TimerRecords(Database):
         """Cancel pending timers: one by id, or those naming a finished execution that had not
         come due when it finished (N6). Fired or cancelled timers never change."""
         return await self.run(_cancel_timers, reason, timer_id, execution)
+
+    async def cancel_execution_timers(self, execution: Row, reason: str) -> int:
+        """N6 at an execution's end, in one statement (it runs at every end on PostgreSQL):
+        the pending timers naming it that had not come due. Returns how many."""
+        return await self.run(_cancel_execution_timers, execution, reason)
 
     async def pending_timer_executions(self) -> set[str]:
         rows = await self.all(
@@ -63,22 +72,44 @@ class TimerRecords(Database):
 # Each runs inside one transaction on ``conn``.
 
 
+def _create_timer(
+    conn: Connection, values: dict[str, Any], announce: tuple[str, str] | None
+) -> Row:
+    row = insert_returning(conn, timers, values)
+    if announce is not None:
+        conn.execute(sa.select(sa.func.pg_notify(*announce)))
+    return row
+
+
+def _cancel_execution_timers(conn: Connection, execution: Row, reason: str) -> int:
+    # N6: only the timers that had not come due when the execution finished; one that came
+    # due first (the service was down) still fires, late.
+    finished_at = execution["finished_at"] or time.time()
+    cancelled = conn.execute(
+        timers.update()
+        .where(
+            timers.c.execution_id == execution["id"],
+            timers.c.state == "pending",
+            timers.c.fire_at > finished_at,
+        )
+        .values(state="cancelled", cancel_reason=reason, cancelled_at=time.time())
+    )
+    return int(cancelled.rowcount)
+
+
 def _cancel_timers(
     conn: Connection, reason: str, timer_id: str | None, execution: Row | None
 ) -> list[Row]:
-    stmt = timers.update().where(timers.c.state == "pending")
-    if timer_id is not None:
-        stmt = stmt.where(timers.c.id == timer_id)
-        where = timers.c.id == timer_id
-    else:
+    if timer_id is None:
         assert execution is not None
-        # N6: only the timers that had not come due when the execution finished; one that
-        # came due first (the service was down) still fires, late.
-        finished_at = execution["finished_at"] or time.time()
-        where = timers.c.execution_id == execution["id"]
-        stmt = stmt.where(where, timers.c.fire_at > finished_at)
-    conn.execute(stmt.values(state="cancelled", cancel_reason=reason, cancelled_at=time.time()))
-    return fetch_all(conn, sa.select(timers).where(where))
+        _cancel_execution_timers(conn, execution, reason)
+        return fetch_all(conn, sa.select(timers).where(timers.c.execution_id == execution["id"]))
+    conn.execute(
+        timers.update()
+        .where(timers.c.state == "pending", timers.c.id == timer_id)
+        .values(state="cancelled", cancel_reason=reason, cancelled_at=time.time())
+    )
+    return fetch_all(conn, sa.select(timers).where(timers.c.id == timer_id))
 
 
 def _due_timers(conn: Connection, now: float) -> tuple[list[str], float | None]:

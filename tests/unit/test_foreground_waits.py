@@ -1,0 +1,133 @@
+"""N3 across replicas in the store (store/executions.py): a recorded foreground wait makes the
+finishing transaction post the notice read; an expired one counts for nothing; a waiter that
+removes its row while a finalizer that saw it has not committed waits for that commit, so its
+next read shows the end. On SQLite no row is ever read or written."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from typing import Any
+
+import psycopg
+import sqlalchemy as sa
+
+from conftest import POSTGRES_URL
+from shellyard.store import Store
+from shellyard.store.db import new_id
+from shellyard.store.executions import _finish_execution
+
+
+async def _running(store: Store) -> dict[str, Any]:
+    _session, agent = await store.default_owner()
+    await store.upsert_runner("local", "local", None, None)
+    workspace, _ = await store.workspace_for(str(agent["id"]), "local")
+    values = {
+        "id": new_id("ex"),
+        "agent_id": agent["id"],
+        "workspace_id": workspace["id"],
+        "runner_id": "local",
+        "command": "true",
+        "background": True,
+    }
+    row, _holder = await store.submit_execution(values, queue=True)  # behind another: fine
+    assert await store.update_execution(str(row["id"]), state="running")
+    fresh = await store.get_execution(str(row["id"]))
+    assert fresh is not None
+    return fresh
+
+
+async def _finish(store: Store, row: dict[str, Any]) -> bool:
+    final, _queued, read = await store.finish_execution(
+        row, {"state": "completed", "exit_code": 0, "finished_at": time.time()}, "done", False,
+        ("running",),
+    )  # fmt: skip
+    assert final is not None
+    return read
+
+
+async def _read_at(store: Store, row: dict[str, Any]) -> Any:
+    notices = await store.list_notices(str(row["agent_id"]))
+    (notice,) = [n for n in notices if n["subject_id"] == row["id"]]
+    return notice["read_at"]
+
+
+async def test_a_live_wait_posts_the_notice_read_an_expired_one_does_not(store: Store) -> None:
+    now = time.time()
+    seen, unseen, alone = [await _running(store) for _ in range(3)]
+    if store.is_sqlite:
+        # One replica: its finalizer knows its own waiters; the table is not even read.
+        await store.add_foreground_wait(str(seen["id"]), "w1", now + 60)
+        assert not await _finish(store, seen)
+        assert await _read_at(store, seen) is None
+        return
+    await store.add_foreground_wait(str(seen["id"]), "w1", now + 60)
+    await store.add_foreground_wait(str(unseen["id"]), "w2", now - 1)  # its replica died
+    assert await _finish(store, seen)
+    assert not await _finish(store, unseen)
+    assert not await _finish(store, alone)
+    assert await _read_at(store, seen) is not None
+    assert await _read_at(store, unseen) is None
+    assert await _read_at(store, alone) is None
+    # The finalizer took both rows, the live one and the expired one.
+    assert not await store.renew_foreground_wait(str(seen["id"]), "w1", now + 60)
+    assert not await store.renew_foreground_wait(str(unseen["id"]), "w2", now + 60)
+
+
+async def test_a_waiter_leaving_waits_for_the_finalizer_that_saw_it(pg_schema: str) -> None:
+    """The ordering N3 needs: the finalizer's transaction saw the row and has not committed;
+    the waiter's delete waits for that commit, and the read after it shows the terminal record
+    (so a notice posted read is always one its caller saw)."""
+    store = await Store.open(POSTGRES_URL, schema_name=pg_schema)
+    engine = sa.create_engine(
+        POSTGRES_URL.replace("postgresql://", "postgresql+psycopg://"),
+        connect_args={"options": f"-csearch_path={pg_schema}"},
+    )
+    try:
+        row = await _running(store)
+        execution_id = str(row["id"])
+        await store.add_foreground_wait(execution_id, "w1", time.time() + 60)
+        saw_it, commit = threading.Event(), threading.Event()
+        answer: list[bool] = []
+
+        def finalizer() -> None:
+            with engine.begin() as conn:
+                values = {"state": "completed", "exit_code": 0, "finished_at": time.time()}
+                _final, _queued, read = _finish_execution(
+                    conn, row, values, "done", False, ("running",)
+                )
+                answer.append(read)
+                saw_it.set()
+                assert commit.wait(30)
+
+        finishing = asyncio.create_task(asyncio.to_thread(finalizer))
+        assert await asyncio.to_thread(saw_it.wait, 30)
+        leaving = asyncio.create_task(store.drop_foreground_wait(execution_id, "w1"))
+        # The waiter's delete is blocked on the finalizer's row lock (seen by PostgreSQL).
+        deadline = time.monotonic() + 20
+        while not _a_delete_waits_on_a_lock():
+            assert time.monotonic() < deadline, "the waiter's delete never waited"
+            assert not leaving.done()
+            await asyncio.sleep(0.05)
+        assert not leaving.done()
+        commit.set()
+        await finishing
+        await leaving
+        final = await store.get_execution(execution_id)
+        assert final is not None and final["state"] == "completed"
+        assert answer == [True]
+        assert await _read_at(store, row) is not None
+    finally:
+        engine.dispose()
+        await store.close()
+
+
+def _a_delete_waits_on_a_lock() -> bool:
+    with psycopg.connect(POSTGRES_URL, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+            " AND query ILIKE %s",
+            ("%DELETE FROM foreground_waits%",),
+        ).fetchall()
+    return bool(rows[0][0])
