@@ -20,56 +20,30 @@ import pytest
 from replicas_fixture import (
     Replica,
     fresh_database,
-    postgres_or_skip,
     query,
+    register,
     replica_env,
     start_replicas,
     stop_all,
 )
-from runner_daemon_fixture import RunnerDaemon, start_daemon
+from runner_daemon_fixture import start_daemon
 from webhook_receiver import WebhookReceiver
 
-from conftest import make_home
 from shellyard.runner.protocol import SandboxPolicy
 
-pytestmark = pytest.mark.timeout(900)
+pytestmark = [pytest.mark.timeout(900), pytest.mark.usefixtures("postgres")]
 
 TERMINAL = {"completed", "cancelled", "failed", "unknown"}
 #: Short leases so a killed replica's work is taken over within seconds.
 LEASE_TTL_S = "2"
 
 
-@pytest.fixture(autouse=True)
-def _postgres() -> None:
-    postgres_or_skip()
-
-
-async def register(replica: Replica, daemons: list[RunnerDaemon]) -> None:
-    async with replica.client() as client:
-        for i, daemon in enumerate(daemons):
-            answer = await client.post(
-                "/v1/runners",
-                json={"runner_id": f"r{i}", "address": daemon.url, "token": daemon.token},
-            )
-            assert answer.status_code == 200, answer.text
-
-
-@pytest.fixture
-def root() -> Any:
-    """A folder the sandbox uid can traverse (pytest's tmp_path is 0700)."""
-    import shutil
-
-    path = make_home()
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
-async def test_concurrent_first_use_creates_one_default_owner(root: Path) -> None:
+async def test_concurrent_first_use_creates_one_default_owner(home: Path) -> None:
     """Issue 16 item 3: three replicas starting together on a fresh database migrate once and
     make one default session and agent; the same workspace and the same runner registered from
     all three at once are one record each."""
     async with fresh_database() as url:
-        daemon = await start_daemon(root / "daemon", SandboxPolicy(), subprocess=True)
+        daemon = await start_daemon(home / "daemon", SandboxPolicy(), subprocess=True)
         replicas = await start_replicas(url, 3, replica_env(SHELLYARD_LEASE_TTL_S=LEASE_TTL_S))
         try:
             assert query(url, "SELECT count(*) FROM sessions WHERE is_default") == [(1,)]
@@ -106,13 +80,13 @@ async def test_concurrent_first_use_creates_one_default_owner(root: Path) -> Non
             await daemon.stop()
 
 
-async def test_sse_on_one_replica_sees_an_end_another_watched(root: Path) -> None:
+async def test_sse_on_one_replica_sees_an_end_another_watched(home: Path) -> None:
     """Issue 16 item 2, N2: a wake stream on replica A and an ``execution wait`` on A both see
     the end of an execution that replica B started and watched, within 1 s of its end. The
     waited one belongs to another session: a caller who sees a result reads its notice (N3),
     which would race the wake of the same notice."""
     async with fresh_database() as url:
-        daemon = await start_daemon(root / "daemon", SandboxPolicy(), subprocess=True)
+        daemon = await start_daemon(home / "daemon", SandboxPolicy(), subprocess=True)
         replicas = await start_replicas(url, 2, replica_env(SHELLYARD_LEASE_TTL_S=LEASE_TTL_S))
         a, b = replicas
         try:
@@ -233,7 +207,7 @@ class Fleet:
             return answer
 
 
-async def test_three_replicas_two_runners_kill9_one_twice(root: Path) -> None:
+async def test_three_replicas_two_runners_kill9_one_twice(home: Path) -> None:
     """Issue 16 item 1 (E11 across replicas, N2, N7, E10): 3 replicas, 2 runner daemons,
     EXECUTIONS executions (a third background) and TIMERS timers submitted round-robin while
     one replica is killed -9 and restarted twice. Every execution completes exactly once with
@@ -242,7 +216,7 @@ async def test_three_replicas_two_runners_kill9_one_twice(root: Path) -> None:
     receiver = WebhookReceiver().start()
     async with fresh_database() as url:
         daemons = [
-            await start_daemon(root / f"daemon{i}", SandboxPolicy(), subprocess=True)
+            await start_daemon(home / f"daemon{i}", SandboxPolicy(), subprocess=True)
             for i in range(2)
         ]
         env = replica_env(

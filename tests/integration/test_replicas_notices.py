@@ -20,8 +20,8 @@ import pytest
 from replicas_fixture import (
     Replica,
     fresh_database,
-    postgres_or_skip,
     query,
+    register,
     replica_env,
     start_replicas,
     stop_all,
@@ -29,10 +29,9 @@ from replicas_fixture import (
 from runner_daemon_fixture import RunnerDaemon, start_daemon
 from webhook_receiver import WebhookReceiver
 
-from conftest import make_home
 from shellyard.runner.protocol import SandboxPolicy
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.timeout(600), pytest.mark.usefixtures("postgres")]
 
 #: Short leases (a killed replica's work and rows stop counting within seconds) and a poll long
 #: enough that it cannot be what schedules a timer on time.
@@ -40,34 +39,14 @@ ENV = {"SHELLYARD_LEASE_TTL_S": "2", "SHELLYARD_TIMER_POLL_S": "60"}
 POLL_S = 60.0
 
 
-@pytest.fixture(autouse=True)
-def _postgres() -> None:
-    postgres_or_skip()
-
-
-@pytest.fixture
-def root() -> Any:
-    """A folder the sandbox uid can traverse (pytest's tmp_path is 0700)."""
-    import shutil
-
-    path = make_home()
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
 @contextlib.asynccontextmanager
-async def cluster(root: Path, count: int) -> AsyncIterator[tuple[str, list[Replica], Any]]:
+async def cluster(home: Path, count: int) -> AsyncIterator[tuple[str, list[Replica], Any]]:
     """``count`` replicas on a fresh database with one runner daemon registered as ``r0``."""
     async with fresh_database() as url:
-        daemon: RunnerDaemon = await start_daemon(root / "daemon", SandboxPolicy(), subprocess=True)
+        daemon: RunnerDaemon = await start_daemon(home / "daemon", SandboxPolicy(), subprocess=True)
         replicas = await start_replicas(url, count, replica_env(**ENV))
         try:
-            async with replicas[0].client() as client:
-                answer = await client.post(
-                    "/v1/runners",
-                    json={"runner_id": "r0", "address": daemon.url, "token": daemon.token},
-                )
-                assert answer.status_code == 200, answer.text
+            await register(replicas[0], [daemon])
             yield url, replicas, daemon
         finally:
             stop_all(replicas)
@@ -114,10 +93,10 @@ def timer_row(url: str, timer_id: str) -> tuple[Any, ...]:
     return rows[0]
 
 
-async def test_a_timer_fires_on_time_when_the_replica_that_took_it_is_killed(root: Path) -> None:
+async def test_a_timer_fires_on_time_when_the_replica_that_took_it_is_killed(home: Path) -> None:
     """N7 across replicas: a timer created through A, A killed -9 right after; B or C fires it
     once, on time (its creation was announced to their schedulers), not at their next poll."""
-    async with cluster(root, 3) as (url, replicas, _daemon):
+    async with cluster(home, 3) as (url, replicas, _daemon):
         a = replicas[0]
         agent = await new_agent(a)
         async with a.client() as client:
@@ -142,12 +121,12 @@ async def test_a_timer_fires_on_time_when_the_replica_that_took_it_is_killed(roo
 
 
 async def test_a_reminder_is_cancelled_when_another_replica_finalizes_its_execution(
-    root: Path,
+    home: Path,
 ) -> None:
     """N6 across replicas: the execution runs through B (B watches and finalizes it), the
     reminder naming it is created through A; when B finalizes it first the reminder is
     cancelled at once, long before it would have been due, and never fires."""
-    async with cluster(root, 2) as (url, replicas, _daemon):
+    async with cluster(home, 2) as (url, replicas, _daemon):
         a, b = replicas
         agent = await new_agent(a)
         execution_id = await start_background(b, agent, "sleep 2")
@@ -228,13 +207,13 @@ def notice_row(url: str, execution_id: str) -> tuple[Any, ...]:
     return rows[0]
 
 
-async def test_a_wait_on_one_replica_reads_the_notice_another_replica_posts(root: Path) -> None:
+async def test_a_wait_on_one_replica_reads_the_notice_another_replica_posts(home: Path) -> None:
     """N3 across replicas: a background execution started through B (B watches and finalizes
     it); ``execution wait`` through A sees it end, so its notice is posted read and wakes
     nobody. The control: the same execution with nobody waiting wakes its agent."""
     receiver = WebhookReceiver().start()
     try:
-        async with cluster(root, 2) as (url, replicas, _daemon):
+        async with cluster(home, 2) as (url, replicas, _daemon):
             a, b = replicas
             agent = await new_agent(a)
             async with a.client() as client:
@@ -267,13 +246,13 @@ async def test_a_wait_on_one_replica_reads_the_notice_another_replica_posts(root
         receiver.stop()
 
 
-async def test_a_killed_waiter_stops_suppressing_the_wake(root: Path) -> None:
+async def test_a_killed_waiter_stops_suppressing_the_wake(home: Path) -> None:
     """N3 across replicas, the safe side: the replica where a caller waits is killed -9 during
     the wait; its recorded wait expires (it is no longer renewed) within a lease time, so the
     end, later, wakes the agent: nobody saw it."""
     receiver = WebhookReceiver().start()
     try:
-        async with cluster(root, 3) as (url, replicas, _daemon):
+        async with cluster(home, 3) as (url, replicas, _daemon):
             a, b, c = replicas
             agent = await new_agent(c)
             async with c.client() as client:

@@ -19,37 +19,21 @@ from env_fixtures import make_slow_sdist, make_wheel, prefix_hash
 from replicas_fixture import (
     Replica,
     fresh_database,
-    postgres_or_skip,
     query,
+    register,
     replica_env,
     start_replicas,
     stop_all,
 )
 from runner_daemon_fixture import RunnerDaemon, start_daemon
 
-from conftest import make_home
 from shellyard.runner.protocol import SandboxPolicy
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.timeout(600), pytest.mark.usefixtures("postgres")]
 
 #: Short leases so a killed replica's work is taken over within seconds.
 LEASE_TTL_S = "2"
 TERMINAL_TRANSFER = {"completed", "partial", "failed", "cancelled"}
-
-
-@pytest.fixture(autouse=True)
-def _postgres() -> None:
-    postgres_or_skip()
-
-
-@pytest.fixture
-def root() -> Any:
-    """A folder the sandbox uid can traverse (pytest's tmp_path is 0700)."""
-    import shutil
-
-    path = make_home()
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 class Setup:
@@ -96,16 +80,13 @@ class Setup:
         return int(rows[0][0])  # type: ignore[call-overload]
 
 
-async def _setup(url: str, root: Path) -> Setup:
+async def _setup(url: str, home: Path) -> Setup:
     daemons = [
-        await start_daemon(root / f"daemon{i}", SandboxPolicy(), subprocess=True) for i in range(2)
+        await start_daemon(home / f"daemon{i}", SandboxPolicy(), subprocess=True) for i in range(2)
     ]
     replicas = await start_replicas(url, 2, replica_env(SHELLYARD_LEASE_TTL_S=LEASE_TTL_S))
     setup = Setup(url, replicas, daemons)
-    for i, daemon in enumerate(daemons):
-        await setup.post(
-            replicas[0], "/v1/runners", runner_id=f"r{i}", address=daemon.url, token=daemon.token
-        )
+    await register(replicas[0], daemons)
     await asyncio.sleep(0.3)  # the other replica heard of the runners
     return setup
 
@@ -139,7 +120,7 @@ async def _until(predicate: Any, what: str, timeout_s: float = 60) -> None:
 
 
 @pytest.mark.parametrize("lease", ["expired", "missing"])
-async def test_a_transfer_whose_replica_dies_is_finished_by_another(root: Path, lease: str) -> None:
+async def test_a_transfer_whose_replica_dies_is_finished_by_another(home: Path, lease: str) -> None:
     """Replica A copies a cross-runner transfer in small, rate-limited batches and is killed
     -9 after some batches committed. Replica B takes the lease over once it expires and
     copies the pending files: the transfer completes with every file copied or unchanged
@@ -147,7 +128,7 @@ async def test_a_transfer_whose_replica_dies_is_finished_by_another(root: Path, 
     left. ``missing``: the lease row is gone too (as an older release, or a failed lease
     write, leaves a transfer): B's sweep finds the unleased transfer and adopts it."""
     async with fresh_database() as url:
-        setup = await _setup(url, root)
+        setup = await _setup(url, home)
         a, b = setup.replicas
         try:
             source, target, sums = await _source_and_target(setup, 40, 256 * 1024)
@@ -199,13 +180,13 @@ async def test_a_transfer_whose_replica_dies_is_finished_by_another(root: Path, 
 
 
 async def test_a_cancel_and_a_wait_on_another_replica_reach_the_copying_one(
-    root: Path,
+    home: Path,
 ) -> None:
     """A transfer copied by replica A, cancelled through replica B: A stops after its batch
     (T3: the committed files stay), B's wait sees it cancelled, the target's writer is free
     again, and the lease is gone."""
     async with fresh_database() as url:
-        setup = await _setup(url, root)
+        setup = await _setup(url, home)
         a, b = setup.replicas
         try:
             source, target, _sums = await _source_and_target(setup, 30, 256 * 1024)
@@ -248,14 +229,14 @@ async def test_a_cancel_and_a_wait_on_another_replica_reach_the_copying_one(
             await _teardown(setup)
 
 
-async def test_an_environment_change_whose_replica_dies_is_seen_through(root: Path) -> None:
+async def test_an_environment_change_whose_replica_dies_is_seen_through(home: Path) -> None:
     """Replica A drives an install on runner r0 (a package build that changes the prefix and
     fails after a while) and is killed -9 mid-build. Replica B adopts the change, asks the
     runner about it by its id and records the runner's real end (the build's failure, not
     'interrupted'), the prefix is as before (V8), the execution queued behind the change runs
     on revision 1 (V5), and the environment takes the next change through B."""
     async with fresh_database() as url:
-        setup = await _setup(url, root)
+        setup = await _setup(url, home)
         a, b = setup.replicas
         try:
             created = await setup.post(
@@ -267,7 +248,7 @@ async def test_an_environment_change_whose_replica_dies_is_seen_through(root: Pa
             shown = await setup.get(a, f"/v1/environments/{environment_id}")
             prefix = Path(shown["prefix"])
             before = prefix_hash(prefix)
-            sdists = root / "sdists"
+            sdists = home / "sdists"
             make_slow_sdist(sdists, "shellyard-slow", "1.0", prefix, "sleep-fail:8")
             started = await setup.post(
                 a,
@@ -311,7 +292,7 @@ async def test_an_environment_change_whose_replica_dies_is_seen_through(root: Pa
             view = await setup.get(b, f"/v1/executions/{queued['execution_id']}")
             assert view["state"] == "completed" and view["environment_revision"] == 1, view
 
-            wheels = root / "wheels"
+            wheels = home / "wheels"
             make_wheel(wheels, "shellyard-good", "1.0")
             good = await setup.post(
                 b,

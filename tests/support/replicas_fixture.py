@@ -23,6 +23,7 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -139,6 +140,18 @@ class Replica:
 
     def client(self, timeout_s: float = 60) -> httpx.AsyncClient:
         return httpx.AsyncClient(base_url=self.url, timeout=timeout_s)
+
+
+async def register(replica: Replica, daemons: Sequence[Any]) -> None:
+    """Register runner daemons (``runner_daemon_fixture.RunnerDaemon``) through ``replica``
+    as ``direct`` runners ``r0``, ``r1``, …; every replica hears of them."""
+    async with replica.client() as client:
+        for i, daemon in enumerate(daemons):
+            answer = await client.post(
+                "/v1/runners",
+                json={"runner_id": f"r{i}", "address": daemon.url, "token": daemon.token},
+            )
+            assert answer.status_code == 200, answer.text
 
 
 def replica_env(**extra: str) -> dict[str, str]:

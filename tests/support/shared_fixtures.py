@@ -26,3 +26,12 @@ async def sshd(home: Path) -> AsyncIterator[SshServer]:
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture
+def postgres() -> None:
+    """The machine's PostgreSQL at 127.0.0.1:5432; the test is skipped where none runs
+    (replica tests: ``pytestmark = pytest.mark.usefixtures("postgres")``)."""
+    from replicas_fixture import postgres_or_skip
+
+    postgres_or_skip()
