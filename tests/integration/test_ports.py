@@ -461,6 +461,17 @@ def _chown_tree(root: Path, uid: int) -> None:
             os.chown(os.path.join(folder, name), uid, uid)
 
 
+def _nobody_root(root: Path) -> tuple[str, ...]:
+    """Make ``root`` a runner folder (with its token) owned by nobody; the prefix that starts
+    the daemon as nobody."""
+    from runner_daemon_fixture import load_or_create_token
+
+    root.mkdir(mode=0o755)
+    load_or_create_token(root / "token")
+    _chown_tree(root, NOBODY)
+    return ("setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups")
+
+
 @pytest.mark.skipif(shutil.which("setpriv") is None, reason="needs setpriv to run as nobody")
 @pytest.mark.runner_kinds("local")  # the control plane's own runner plays no part
 @pytest.mark.parametrize("network", ["off", "egress"])
@@ -472,18 +483,13 @@ async def test_unprivileged_runner_shares_the_network(
     reaches the background server at localhost, another workspace does not, the host reaches
     it through a forward only, and under egress both still reach the outside through the
     proxy. When the last execution ends the holder and the forward are gone."""
-    from runner_daemon_fixture import load_or_create_token
-
     # Namespaces are counted below: the daemon lets each go when its last execution ends
     # instead of keeping it NETWORK_LINGER_S for the next command.
     monkeypatch.setenv("SHELLYARD_NETWORK_LINGER_S", "0")
     yard: Yard = await yard_factory()  # the control plane (root); its runner is the daemon
     root = yard.home / "nobody-runner"
-    root.mkdir(mode=0o755)
-    load_or_create_token(root / "token")
-    _chown_tree(root, NOBODY)
+    as_nobody = _nobody_root(root)
     policy = SandboxPolicy(network=network, egress_exceptions=[f"127.0.0.1:{host_server}"])
-    as_nobody = ("setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups")
     daemon = await start_daemon(root, policy, subprocess=True, prefix=as_nobody)
     try:
         await yard.plane.runners.add_direct("nobody", daemon.url, daemon.token)
@@ -534,15 +540,10 @@ async def test_a_killed_holder_is_replaced_inside_the_same_network(
     joined the same namespace (through the running server's sandbox), so it still reaches
     the server on localhost, and a forward opened afterwards reaches it too; one holder is
     recorded, and it goes with the last execution."""
-    from runner_daemon_fixture import load_or_create_token
-
     monkeypatch.setenv("SHELLYARD_NETWORK_LINGER_S", "0")
     yard: Yard = await yard_factory()
     root = yard.home / "nobody-runner"
-    root.mkdir(mode=0o755)
-    load_or_create_token(root / "token")
-    _chown_tree(root, NOBODY)
-    as_nobody = ("setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups")
+    as_nobody = _nobody_root(root)
     daemon = await start_daemon(root, SandboxPolicy(), subprocess=True, prefix=as_nobody)
     try:
         await yard.plane.runners.add_direct("nobody", daemon.url, daemon.token)
@@ -587,12 +588,7 @@ async def test_kill9_of_the_runner_daemon_keeps_network_and_forward(
     if user == "nobody":
         if shutil.which("setpriv") is None:
             pytest.skip("needs setpriv to run the daemon as nobody")
-        from runner_daemon_fixture import load_or_create_token
-
-        root.mkdir(mode=0o755)
-        load_or_create_token(root / "token")
-        _chown_tree(root, NOBODY)
-        prefix = ("setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups")
+        prefix = _nobody_root(root)
     daemon = await start_daemon(root, SandboxPolicy(), subprocess=True, prefix=prefix)
     try:
         await yard.plane.runners.add_direct("far", daemon.url, daemon.token)
