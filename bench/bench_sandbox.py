@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from common import BareBwrap, make_home, metric, remove_home, summary_ms
-from shellyard.runner import processes
+from shellyard.runner import launch, processes
 
 COMMAND = "python bench/bench_sandbox.py"
 
@@ -44,9 +44,13 @@ COMMAND = "python bench/bench_sandbox.py"
 class BeforeIssue11(BareBwrap):
     """The argv the runner built before issue 11, for reference."""
 
+    drops_itself = False
+
     def argv(self, command: Sequence[str], status_fd: int, seccomp_fd: int | None) -> list[str]:
         sandbox = self._sandbox
-        argv = [*sandbox.rlimit_prefix(self.policy), self.bwrap, "--unshare-all", "--share-net"]
+        limits = sandbox.sandbox_limits(self.policy)
+        front = launch.prefix(None, network=None, ids=None, limits=limits)  # prlimit
+        argv = [*front, self.bwrap, "--unshare-all", "--share-net"]
         argv += ["--new-session", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
         for private in ("/tmp", "/var/tmp", "/run"):
             argv += ["--tmpfs", private]
@@ -60,6 +64,8 @@ class BeforeIssue11(BareBwrap):
 class Minimal(BareBwrap):
     """Issue 13's floor: the minimal spawn, as root (``as_root``) or as the sandbox uid."""
 
+    drops_itself = False
+
     def __init__(self, root: Path, *, as_root: bool) -> None:
         super().__init__(root, seccomp=False)
         if as_root:
@@ -68,6 +74,12 @@ class Minimal(BareBwrap):
     def argv(self, command: Sequence[str], status_fd: int, seccomp_fd: int | None) -> list[str]:
         argv = [self.bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
         return [*argv, "--unshare-all", "--json-status-fd", str(status_fd), "--", *command]
+
+
+def _with_chain(bare: BareBwrap) -> BareBwrap:
+    """The default argv with nsenter/setpriv/prlimit in front instead of the launcher."""
+    bare.launcher = None
+    return bare
 
 
 def timed_spawn(bare: BareBwrap, tag: str) -> tuple[float, float]:
@@ -112,6 +124,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     try:
         variants: dict[str, BareBwrap] = {
             "default": BareBwrap(home),
+            "chain": _with_chain(BareBwrap(home)),
             "no_seccomp": BareBwrap(home, seccomp=False),
             "host": BareBwrap(home, network="host"),
             "egress": BareBwrap(home, network="egress", egress_socket=sock_path),
@@ -150,6 +163,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "before": ("default", "before"),
         "drop_root": ("minimal_uid", "minimal"),
         "policy": ("default", "minimal_uid"),
+        "chain": ("chain", "default"),
     }
     deltas = {key: paired(a, b, samples) for key, (a, b) in pairs.items()}
     cpu_deltas = {key: paired(a, b, cpu) for key, (a, b) in pairs.items()}
@@ -206,6 +220,17 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             kind="info",
             baseline_label="bare bwrap, default policy (p50 ms)",
             baseline_value=p50["default"],
+        ),
+        metric(
+            "sandbox.launcher_saving_ms",
+            "launch.c in front of bwrap instead of setpriv + prlimit: wall time saved per "
+            "spawn, median per-round difference",
+            deltas["chain"],
+            "ms",
+            target="reported",
+            kind="info",
+            baseline_label="default policy spawn through the chain (p50 ms)",
+            baseline_value=p50["chain"],
         ),
         metric(
             "sandbox.default_vs_before",

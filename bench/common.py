@@ -137,7 +137,7 @@ class BareBwrap:
         network: str = "off",
         egress_socket: Path | None = None,
     ) -> None:
-        from shellyard.runner import sandbox
+        from shellyard.runner import launch, sandbox
         from shellyard.runner.protocol import SandboxPolicy
         from shellyard.runner.seccomp import SeccompProfile
 
@@ -166,13 +166,18 @@ class BareBwrap:
         self.disable_userns = sandbox.bwrap_supports(self.bwrap, "--disable-userns")
         self.egress_socket = egress_socket
         self._sandbox = sandbox
+        self.launcher = launch.build(box / "bin")  # the runner's own (launch.py)
+
+    #: Whether ``argv`` drops to the sandbox uid itself (the product's launcher does); the
+    #: hand-made argvs of the subclasses are dropped through Popen(user=...).
+    drops_itself = True
 
     def argv(self, command: Sequence[str], status_fd: int, seccomp_fd: int | None) -> list[str]:
         return self._sandbox.bwrap_argv(
             bwrap=self.bwrap,
             policy=self.policy,
-            # The baseline drops privileges through Popen(user=...), (docs/decisions.md).
-            ids=None,
+            ids=self.ids,  # dropped by the launcher in front of bwrap, as the runner does
+            launcher=self.launcher,
             view=self.view,
             hardening=self._sandbox.Hardening(seccomp_fd, self.disable_userns),
             workspace=self.workspace,
@@ -198,7 +203,8 @@ class BareBwrap:
                     "SHELLYARD_WORKSPACE_ID": "ws_bare",
                 },
             )
-            uid, gid = self.ids if self.ids is not None else (None, None)
+            dropped = self.ids is not None and not self.drops_itself
+            uid, gid = self.ids if dropped and self.ids is not None else (None, None)
             fds = (status_fd,) if seccomp_fd is None else (status_fd, seccomp_fd)
             return subprocess.Popen(
                 self.argv(command, status_fd, seccomp_fd),

@@ -9,6 +9,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from conftest import Yard, host_uid, processes_of
 from shellyard.contract.executions import ExecutionState
 from shellyard.runner.protocol import SandboxPolicy
@@ -229,3 +231,45 @@ async def test_ordinary_work_still_runs(yard: Yard) -> None:
     if shutil.which("Rscript"):
         r = await yard.run("Rscript -e 'cat(sum(1:10), \"\\n\")'")
         assert r.stdout.strip() == "55", r.stderr
+
+
+@pytest.mark.runner_kinds("local")
+async def test_the_launcher_and_the_chain_give_the_same_sandbox(
+    yard_factory: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What runs in front of bwrap (runner/launch.py): the built launcher and the
+    nsenter/setpriv/prlimit chain it replaces (``SHELLYARD_LAUNCHER=chain``, or no C
+    compiler) give a command the same user, groups, capabilities, limits and network: the
+    workspace's namespace, which a background server shares with the next command."""
+    probe = (
+        "id -u; id -g; grep -E '^(Groups|CapEff|CapBnd):' /proc/self/status; "
+        "ulimit -Sn; ulimit -Hn; ulimit -Su; ulimit -Hu; ulimit -Sf; ulimit -St; ulimit -Ht; "
+        "for i in $(seq 100); do curl -sf http://127.0.0.1:8767/ >/dev/null && break; "
+        "sleep 0.05; done && echo reached"
+    )
+    policy = SandboxPolicy(max_open_files=777, max_processes=555, max_cpu_seconds=120)
+    seen = {}
+    for mode in ("launcher", "chain"):
+        if mode == "chain":
+            monkeypatch.setenv("SHELLYARD_LAUNCHER", "chain")
+        yard: Yard = await yard_factory(policy)
+        bin_dir = runner_root(yard) / "sandbox" / "bin"
+        built = sorted(p.name for p in bin_dir.glob("shellyard-launch-*"))
+        assert bool(built) == (mode == "launcher"), built
+        server = await yard.run(
+            "exec python3 -m http.server 8767 --bind 127.0.0.1", background=True
+        )
+        try:
+            result = await yard.run(probe, read_only=True, wait_ms=30_000)
+            assert result.exit_code == 0, result.stderr
+            seen[mode] = result.stdout
+        finally:
+            await yard.plane.executions.cancel(server.execution_id, wait_s=30)
+    assert seen["launcher"] == seen["chain"]
+    lines = seen["launcher"].splitlines()
+    if os.geteuid() == 0:
+        assert lines[0] != "0" and lines[1] != "0"  # never the host's root
+    assert lines[2].split() == ["Groups:"]  # no supplementary group
+    blocks = str(policy.max_file_size_bytes // 1024)  # ulimit -f counts 1 KiB blocks
+    assert lines[5:12] == ["777", "777", "555", "555", blocks, "120", "121"]
+    assert lines[-1] == "reached"

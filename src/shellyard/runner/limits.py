@@ -3,7 +3,7 @@
 The enforcement lives beside: ``guard.py`` watches running commands (workspace quota and
 retained-log cap), ``logcap.py`` cuts and reads logs, ``quota.py`` measures a tree,
 ``space.py`` keeps the free-space reserve. rlimits (processes, memory, file size, open files,
-CPU time) are set on bwrap by ``sandbox.rlimit_prefix``.
+CPU time) are set on bwrap by ``sandbox.sandbox_limits`` (through ``launch.py``).
 """
 
 from __future__ import annotations
@@ -93,12 +93,12 @@ def parse_cpu(raw: str, what: str) -> int | None:
     return seconds or None
 
 
-def cpu_rlimit_arg(policy: SandboxPolicy) -> list[str]:
-    """prlimit's CPU-time argument: soft at the limit (SIGXCPU), hard one second later."""
+def cpu_limit(policy: SandboxPolicy) -> tuple[int, int] | None:
+    """The CPU-time rlimit (soft, hard): soft at the limit (SIGXCPU), hard one second later."""
     if policy.max_cpu_seconds is None:
-        return []
+        return None
     soft = policy.max_cpu_seconds
-    return [f"--cpu={soft}:{soft + CPU_HARD_GRACE_S}"]
+    return soft, soft + CPU_HARD_GRACE_S
 
 
 def ended_by(exit_code: int | None, policy: SandboxPolicy) -> tuple[str, str] | None:

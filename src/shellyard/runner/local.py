@@ -30,7 +30,7 @@ from shellyard.errors import (
     OutOfRoom,
     WorkspaceBusy,
 )
-from shellyard.runner import bases, history, netns, objects, reach, retention, sandbox
+from shellyard.runner import bases, history, launch, netns, objects, reach, retention, sandbox
 from shellyard.runner.edits.editor import Editor
 from shellyard.runner.egress import EgressProxy
 from shellyard.runner.egress_rules import EgressRules
@@ -164,6 +164,7 @@ class LocalRunner:
             self._sandbox_dir / "empty",
         )
         await asyncio.to_thread(box.seccomp.write)
+        box.launcher = await asyncio.to_thread(launch.build, self._sandbox_dir / "bin")
         if "egress" in (self.policy.network, self.policy.tools_network):
             box.socat = sandbox.find_socat()
             path = self._sandbox_dir / "egress.sock"

@@ -17,6 +17,7 @@ Only builds argv and the environment; spawning and watching live in ``spawn.py``
 from __future__ import annotations
 
 import os
+import resource
 import shutil
 import stat
 import subprocess
@@ -25,8 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from shellyard.errors import SandboxUnavailable
+from shellyard.runner import launch
 from shellyard.runner.egress import SANDBOX_PORT, SANDBOX_SOCKET
-from shellyard.runner.limits import cpu_rlimit_arg
+from shellyard.runner.limits import cpu_limit
 from shellyard.runner.policy import NetworkMode, SandboxPolicy
 
 #: Used when the service runs as root and no uid is configured: a uid no system account uses,
@@ -106,33 +108,22 @@ def sandbox_ids(policy: SandboxPolicy) -> tuple[int, int] | None:
     return uid, gid
 
 
-def drop_privileges_prefix(ids: tuple[int, int] | None) -> list[str]:
-    """``setpriv`` switches to the sandbox uid/gid and clears supplementary groups before
-    bwrap starts. An exec instead of Popen's ``user=``/``group=``: those make CPython fork
-    the whole service (measured ~2.6 ms blocking the event loop in a 90 MiB process) where
-    a plain spawn uses vfork (~0.3 ms)."""
-    if ids is None:
-        return []
-    setpriv = shutil.which("setpriv") or "/usr/bin/setpriv"
-    return [setpriv, f"--reuid={ids[0]}", f"--regid={ids[1]}", "--clear-groups"]
-
-
-def rlimit_prefix(policy: SandboxPolicy) -> list[str]:
-    """``prlimit`` sets the limits on bwrap itself, inherited by everything inside.
-
-    An external exec instead of ``preexec_fn``: preexec_fn forbids vfork and is unsafe with
-    threads running (uvicorn, the snapshot store's pool)."""
-    prlimit = shutil.which("prlimit") or "/usr/bin/prlimit"
-    args = [
-        prlimit,
-        f"--nproc={policy.max_processes}",
-        f"--nofile={policy.max_open_files}",
-        f"--fsize={policy.max_file_size_bytes}",
+def sandbox_limits(policy: SandboxPolicy) -> list[launch.Limit]:
+    """The limits set on bwrap itself, inherited by everything inside (``launch.py`` sets
+    them after the privilege drop, as ``prlimit`` did)."""
+    limits = [
+        launch.Limit(resource.RLIMIT_NPROC, policy.max_processes, policy.max_processes),
+        launch.Limit(resource.RLIMIT_NOFILE, policy.max_open_files, policy.max_open_files),
+        launch.Limit(resource.RLIMIT_FSIZE, policy.max_file_size_bytes, policy.max_file_size_bytes),
     ]
     if policy.max_memory_bytes is not None:
-        args.append(f"--as={policy.max_memory_bytes}")
-    args += cpu_rlimit_arg(policy)  # limits (issue 12): CPU time, soft then hard
-    return args
+        limits.append(
+            launch.Limit(resource.RLIMIT_AS, policy.max_memory_bytes, policy.max_memory_bytes)
+        )
+    cpu = cpu_limit(policy)  # limits (issue 12): CPU time, soft then hard
+    if cpu is not None:
+        limits.append(launch.Limit(resource.RLIMIT_CPU, *cpu))
+    return limits
 
 
 def _etc_secrets() -> list[Path]:
@@ -300,11 +291,15 @@ def bwrap_argv(
     socat: str | None = None,
     workspace_read_only: bool = False,
     shared_network: bool = False,
+    network: Path | None = None,
+    launcher: Path | None = None,
 ) -> list[str]:
     if policy.network == "egress" and not shared_network:
         # issue 17: a shared namespace has its relay already (runner/ports.py)
         command = egress_command(socat or find_socat(), command)
-    argv = [*drop_privileges_prefix(ids), *rlimit_prefix(policy), bwrap, "--unshare-all"]
+    shared_network = shared_network or network is not None
+    front = launch.prefix(launcher, network=network, ids=ids, limits=sandbox_limits(policy))
+    argv = [*front, bwrap, "--unshare-all"]
     argv += ["--new-session", *hardening.argv(), *view.argv]
     argv += network_argv(policy.network, egress_socket)
     if shared_network:  # issue 17: bwrap runs inside the workspace's namespace (netns.py)

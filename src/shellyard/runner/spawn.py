@@ -20,7 +20,7 @@ from pathlib import Path
 
 from shellyard.errors import InvalidInput, NotFound, PathRefused
 from shellyard.paths import normalize_relative
-from shellyard.runner import netns, processes, sandbox
+from shellyard.runner import processes, sandbox
 from shellyard.runner.netns import WorkspaceNetworks
 from shellyard.runner.policy import ExecutionPolicy, SandboxPolicy
 from shellyard.runner.protocol import RunnerExecution, StartRequest
@@ -74,6 +74,9 @@ class Sandboxes:
     socat: str | None = None
     #: issue 17: one network namespace per workspace, when this runner can (netns.py).
     networks: WorkspaceNetworks | None = None
+    #: What enters the network, drops privileges and sets limits in one exec (launch.py);
+    #: None: the nsenter/setpriv/prlimit chain.
+    launcher: Path | None = None
 
     def execution_policy(self) -> ExecutionPolicy:
         network = self.policy.network
@@ -114,10 +117,9 @@ class Sandboxes:
                 egress_socket=self.egress_socket,
                 socat=self.socat,
                 workspace_read_only=request.read_only,
-                shared_network=shared is not None,
+                network=shared,
+                launcher=self.launcher,
             )
-            if shared is not None:
-                argv = [*netns.prefix(shared), *argv]
             env = sandbox.sandbox_env(
                 sandbox.WORKSPACE,
                 {
