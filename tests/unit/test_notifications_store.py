@@ -10,6 +10,7 @@ import time
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy.engine import Connection
@@ -141,3 +142,43 @@ async def test_n6_by_recorded_times(store: Store, finished_first: bool) -> None:
     row, fired = await store.fire_timer(str(timer["id"]), now)
     assert fired == (not finished_first)
     assert row is not None and row["state"] == ("cancelled" if finished_first else "fired")
+
+
+async def test_a_notice_read_after_the_wake_looked_is_not_claimed(store: Store) -> None:
+    """N3 against a race: a wake reads the unread notices, then the owner sees the result (its
+    notice is marked read) before the wake claims them: the claim skips it, and with nothing
+    left no wake is recorded."""
+    from shellyard.store.db import fetch_all, fetch_one
+    from shellyard.store.schema import agents, notices, sessions
+    from shellyard.store.wakes import record_wake
+
+    _session, agent = await store.create_session()
+    agent_id = str(agent["id"])
+    await store.add_notice(agent_id, "execution", "ex_seen", "seen done")
+    await store.add_notice(agent_id, "execution", "ex_unseen", "unseen done")
+
+    def looked(conn: Connection) -> tuple[Row, Row, list[Row]]:
+        agent_row = fetch_one(conn, sa.select(agents).where(agents.c.id == agent_id))
+        assert agent_row is not None
+        session = fetch_one(
+            conn, sa.select(sessions).where(sessions.c.id == agent_row["session_id"])
+        )
+        assert session is not None
+        pending = fetch_all(conn, sa.select(notices).where(notices.c.agent_id == agent_id))
+        return dict(session), dict(agent_row), [dict(n) for n in pending]
+
+    session, agent_row, pending = await store.run(looked)
+    await store.mark_notice_read("execution", "ex_seen")  # between the look and the claim
+    recorded = await store.run(
+        lambda conn: record_wake(conn, "notice", session, agent_row, pending, wake_payload)
+    )
+    assert recorded is not None
+    _wake, claimed = recorded
+    assert [n["subject_id"] for n in claimed] == ["ex_unseen"]
+    await store.mark_notice_read("execution", "ex_unseen")
+    assert (
+        await store.run(
+            lambda conn: record_wake(conn, "notice", session, agent_row, pending, wake_payload)
+        )
+        is None
+    )

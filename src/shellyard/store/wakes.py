@@ -133,7 +133,9 @@ def record_wake(
     ids = [str(n["id"]) for n in pending]
     conn.execute(
         notices.update()
-        .where(notices.c.id.in_(ids), notices.c.woke_at.is_(None))
+        # read_at again: a notice marked read (N3: its owner saw the result) after ``pending``
+        # was read wakes nobody; on PostgreSQL the UPDATE re-checks the row it waited for.
+        .where(notices.c.id.in_(ids), notices.c.woke_at.is_(None), notices.c.read_at.is_(None))
         .values(woke_at=now, wake_id=wake_id)
     )
     claimed = fetch_all(
