@@ -107,8 +107,9 @@ def _listening_addresses(port: int) -> list[str]:
     return found
 
 
-def _relay_uids(port: int) -> list[int]:
-    """The real uids of the relay processes forwarding to ``port`` (from /proc)."""
+def _relay_uids(port: int | None) -> list[int]:
+    """The real uids of the relay processes forwarding to ``port`` (from /proc); None: the
+    egress relays (to the proxy's socket)."""
     uids = []
     for proc in Path("/proc").iterdir():
         try:
@@ -116,8 +117,13 @@ def _relay_uids(port: int) -> list[int]:
             status = (proc / "status").read_text()
         except OSError:
             continue
-        relay = any(a.endswith(b"relay.py") for a in argv) and b"--tcp-port" in argv
-        if relay and argv[argv.index(b"--tcp-port") + 1] == str(port).encode():
+        if not any(a.endswith(b"relay.py") for a in argv) or b"--hold" in argv:
+            continue
+        if port is None:
+            wanted = b"--unix" in argv
+        else:
+            wanted = b"--tcp-port" in argv and argv[argv.index(b"--tcp-port") + 1] == b"%d" % port
+        if wanted:
             uids.append(int(status.split("\nUid:")[1].split()[0]))
     return uids
 
@@ -287,6 +293,8 @@ async def test_shared_network_under_egress(yard_factory: Any, host_server: int) 
         assert writer_client.stdout == "from-host\n"
         view = await yard.plane.ports.open(PORT, workspace_id=server.workspace_id)
         assert _get(view.url + "live.txt") == "served-live\n"
+        if os.geteuid() == 0:  # a root runner's egress relay keeps no privilege either
+            assert set(_relay_uids(None)) == {65534}, _relay_uids(None)
     finally:
         await yard.plane.executions.cancel(server.execution_id, wait_s=30)
     # A fresh namespace (the last execution ended) gets a fresh relay.

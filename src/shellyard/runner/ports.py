@@ -176,7 +176,7 @@ class Relays:
                     workspace_id,
                     EGRESS,
                     listener,
-                    ["--unix", str(self.egress_socket)],
+                    ["--unix", str(self.egress_socket), *_unprivileged()],
                     inside=None,
                     extra={},
                 )
@@ -253,9 +253,9 @@ class Relays:
 
 
 def _unprivileged() -> list[str]:
-    """As root, a forward's relay runs as ``nobody`` once it is in the workspace's network
-    (it only copies bytes to 127.0.0.1 there); the egress relay keeps the runner's user, as
-    it must reach the egress proxy's socket."""
+    """As root, a relay runs as ``nobody`` once its sockets are set up: it only copies bytes
+    (a forward's to 127.0.0.1 of the network it entered, the egress relay's to the proxy's
+    socket, open to every user, reached through its folder opened before the drop)."""
     return ["--run-as", f"{NOBODY}:{NOBODY}"] if os.geteuid() == 0 else []
 
 

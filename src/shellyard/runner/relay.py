@@ -52,7 +52,7 @@ def _connect(args: argparse.Namespace) -> socket.socket:
     if args.unix is not None:
         upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         upstream.settimeout(CONNECT_TIMEOUT_S)
-        upstream.connect(args.unix)
+        upstream.connect(args.unix_path)
     else:
         upstream = socket.create_connection(("127.0.0.1", args.tcp_port), CONNECT_TIMEOUT_S)
     upstream.settimeout(None)
@@ -115,7 +115,15 @@ def main() -> None:
             signal.pause()
     if args.tcp_port is None and args.unix is None:
         parser.error("a listener needs --tcp-port or --unix")
+    args.unix_path = args.unix
     if args.run_as is not None:
+        if args.unix is not None:
+            # The socket's folder, opened now: after the drop its path from / may not be
+            # traversable (the runner's home), but a path through this descriptor checks only
+            # the folder itself and the socket (both open to every user).
+            folder, _, name = args.unix.rpartition("/")
+            held = os.open(folder or "/", os.O_PATH | os.O_DIRECTORY)
+            args.unix_path = f"/proc/self/fd/{held}/{name}"
         uid, gid = (int(part) for part in args.run_as.split(":"))
         os.setgroups([])
         os.setgid(gid)
