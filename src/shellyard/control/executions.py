@@ -12,7 +12,6 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from shellyard.contract.executions import (
-    ExecutionPolicyView,
     ExecutionState,
     ExecutionView,
     LogsResult,
@@ -23,6 +22,8 @@ from shellyard.control.agents import AgentResolver
 from shellyard.control.execution_hooks import LEASE_KIND as LEASE_KIND
 from shellyard.control.execution_hooks import EnvironmentGate, WatchLeases
 from shellyard.control.execution_log import log_state
+from shellyard.control.execution_view import execution_view
+from shellyard.control.foreground import ForegroundWaits
 from shellyard.control.output import capped_output, safe_decode
 from shellyard.control.runners import LOCAL_RUNNER_ID, RunnerRegistry
 from shellyard.errors import (
@@ -84,9 +85,8 @@ class ExecutionService:
         self.on_signal: Callable[[str], None] | None = None
         #: Called with ("spawn" | "commit", seconds): the start call; exit to final record.
         self.on_timing: Callable[[str, float], None] | None = None
-        #: How long a foreground wait recorded for another replica's finalizer counts without
-        #: being renewed (N3 across replicas): the lease time (control/replicas.py).
-        self.waiter_ttl_s = 10.0
+        #: Foreground waits recorded for another replica's finalizer (N3 across replicas).
+        self.foreground_waits = ForegroundWaits(store)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -492,7 +492,7 @@ class ExecutionService:
         if not request.background and not ExecutionState(row["state"]).terminal:
             seen_ending = await self._wait_watched(execution_id, request.wait_ms / 1000)
             row = seen_ending or await self._finalized(row)
-        view = _view(row)
+        view = execution_view(row)
         result = RunShellResult(**view.model_dump(), note=self._notes.pop(execution_id, None))
         if request.background or view.state in (ExecutionState.queued,):
             return result
@@ -511,7 +511,7 @@ class ExecutionService:
 
     async def status(self, execution_id: str, agent_id: str | None = None) -> ExecutionView:
         row = await self._owned(execution_id, agent_id)
-        view = _view(row)
+        view = execution_view(row)
         if view.state.terminal:
             await self.store.mark_notice_read("execution", execution_id)
         return view
@@ -549,13 +549,10 @@ class ExecutionService:
             if self._finalized_elsewhere(execution_id):
                 # Another replica watches it, so its finalizer cannot see ``_foreground``: a
                 # row tells it (read in its finishing transaction, store/executions.py).
-                waiter = new_id("fgw")
-                await self.store.add_foreground_wait(
-                    execution_id, waiter, time.time() + self.waiter_ttl_s
-                )
+                waiter = await self.foreground_waits.begin(execution_id)
             fresh = await self.store.get_execution(execution_id)
             if fresh is not None and not ExecutionState(fresh["state"]).terminal:
-                await self._wait_event(event, execution_id, waiter, timeout_s)
+                await self.foreground_waits.wait(event, execution_id, waiter, timeout_s)
                 return self._ended.get(execution_id)
             return None
         finally:
@@ -565,12 +562,8 @@ class ExecutionService:
                 self._ended.pop(execution_id, None)
                 if self._finished.get(execution_id) is event:
                     del self._finished[execution_id]
-            if waiter is not None:
-                # Before the caller's final read of the record: a finalizer that saw the row
-                # (and posted the notice read) holds it locked until it commits, so this
-                # returns after that commit and the read shows the end (N3). Shielded: a
-                # caller that went away still removes its row.
-                await asyncio.shield(self.store.drop_foreground_wait(execution_id, waiter))
+            if waiter is not None:  # before the caller's final read (control/foreground.py)
+                await self.foreground_waits.end(execution_id, waiter)
 
     def _finalized_elsewhere(self, execution_id: str) -> bool:
         """Whether another replica may finalize the execution (PostgreSQL replicas: this one
@@ -580,26 +573,6 @@ class ExecutionService:
             and not self.store.is_sqlite
             and execution_id not in self._watchers
         )
-
-    async def _wait_event(
-        self, event: asyncio.Event, execution_id: str, waiter: str | None, timeout_s: float
-    ) -> None:
-        """Wait for the end's signal up to ``timeout_s``; a recorded wait (``waiter``) is
-        renewed every third of its lifetime meanwhile."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + max(0.0, timeout_s)
-        while True:
-            remaining = deadline - loop.time()
-            step = remaining if waiter is None else min(remaining, self.waiter_ttl_s / 3)
-            try:
-                await asyncio.wait_for(event.wait(), timeout=max(0.0, step))
-                return
-            except TimeoutError:
-                if waiter is None or step >= remaining:
-                    return
-            expires_at = time.time() + self.waiter_ttl_s
-            if not await self.store.renew_foreground_wait(execution_id, waiter, expires_at):
-                return  # its finalizer took the row: it ended (even if its signal was lost)
 
     async def logs(
         self,
@@ -618,37 +591,22 @@ class ExecutionService:
         log_stream: LogStream = "stdout" if stream == "stdout" else "stderr"
         runner = self.runners.get(str(row["runner_id"]))
         pruned_at = row.get("logs_pruned_at")
+        state = ExecutionState(row["state"])
+        nothing = LogsResult.model_construct(
+            execution_id=execution_id, stream=log_stream, data="", offset=0, next_offset=0,
+            size=0, complete=True, state=state, logs_pruned_at=pruned_at,
+        )  # fmt: skip
         if pruned_at is not None:
             # Retention deleted them (docs/operations.md): say so instead of failing the read.
-            return LogsResult(
-                execution_id=execution_id,
-                stream=log_stream,
-                data="",
-                offset=0,
-                next_offset=0,
-                size=0,
-                complete=True,
-                state=ExecutionState(row["state"]),
-                logs_pruned_at=pruned_at,
-            )
-        if row["state"] == ExecutionState.queued or row["started_at"] is None:
-            return LogsResult(
-                execution_id=execution_id,
-                stream=log_stream,
-                data="",
-                offset=0,
-                next_offset=0,
-                size=0,
-                complete=ExecutionState(row["state"]).terminal,
-                state=ExecutionState(row["state"]),
-            )
+            return nothing
+        if state == ExecutionState.queued or row["started_at"] is None:
+            return nothing.model_copy(update={"complete": state.terminal})
         if tail is not None:
             size = await runner.log_size(execution_id, log_stream)
             offset = max(0, size - tail)
             limit = min(tail, MAX_READ_CHUNK)
         chunk = await runner.read_log(execution_id, log_stream, offset, min(limit, MAX_READ_CHUNK))
         text, used = safe_decode(chunk.data)
-        state = ExecutionState(row["state"])
         if state.terminal:
             await self.store.mark_notice_read("execution", execution_id)
         return LogsResult(
@@ -671,7 +629,7 @@ class ExecutionService:
         row = await self._owned(execution_id, agent_id)
         state = ExecutionState(row["state"])
         if state.terminal:
-            return _view(row)
+            return execution_view(row)
         await self.store.update_execution(execution_id, cancel_requested=True)
         if state == ExecutionState.queued and row["started_at"] is None:
             workspace = await self.store.get_workspace(str(row["workspace_id"]))
@@ -684,11 +642,11 @@ class ExecutionService:
         await runner.cancel(execution_id)
         if wait_s > 0:
             return await self.wait(execution_id, wait_s, agent_id)
-        return _view(await self._finalized(row))
+        return execution_view(await self._finalized(row))
 
     async def list(self, agent_id: str | None = None, limit: int = 100) -> list[ExecutionView]:
         owner = await self.agents.id(agent_id)
-        return [_view(r) for r in await self.store.list_executions(owner, limit)]
+        return [execution_view(r) for r in await self.store.list_executions(owner, limit)]
 
     async def _owned(self, execution_id: str, agent_id: str | None) -> Mapping[str, Any]:
         row = await self.store.get_execution(execution_id)
@@ -713,34 +671,3 @@ class ExecutionService:
                 del self._workspaces[next(iter(self._workspaces))]
             self._workspaces[key] = workspace_id
         return workspace_id
-
-
-def _view(row: Mapping[str, Any]) -> ExecutionView:
-    return ExecutionView(
-        execution_id=row["id"],
-        state=ExecutionState(row["state"]),
-        exit_code=row["exit_code"],
-        environment_id=row["environment_id"],
-        environment_revision=row["environment_revision"],
-        waiting_for=row.get("waiting_for"),
-        agent_id=row["agent_id"],
-        workspace_id=row["workspace_id"],
-        runner_id=row["runner_id"],
-        command=row["command"],
-        script_path=row["script_path"],
-        background=bool(row["background"]),
-        error=row["error"],
-        snapshot_seq=row["snapshot_seq"],
-        was_unknown=bool(row["was_unknown"]),
-        cancel_requested=bool(row["cancel_requested"]),
-        created_at=row["created_at"],
-        started_at=row["started_at"],
-        finished_at=row["finished_at"],
-        policy=(
-            ExecutionPolicyView.model_validate_json(row["sandbox_policy"])
-            if row.get("sandbox_policy")
-            else None
-        ),
-        logs_pruned_at=row.get("logs_pruned_at"),
-        read_only=bool(row.get("read_only")),
-    )

@@ -23,7 +23,7 @@ from shellyard.contract.sessions import NoticeView, SessionView, TimerView
 
 # The services' own row-to-view mappings, so the panel reports exactly what they report.
 from shellyard.control.artifacts import _view as artifact_view
-from shellyard.control.executions import _view as execution_view
+from shellyard.control.execution_view import execution_view
 from shellyard.control.sessions import _agent_view
 from shellyard.control.timers import timer_view
 from shellyard.control.tokens import Principal

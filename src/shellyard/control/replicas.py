@@ -29,7 +29,7 @@ def wire(
     timers: TimerService,
 ) -> None:
     executions.leases = keeper
-    executions.waiter_ttl_s = keeper.ttl_s  # a killed waiter stops counting as a lease would
+    executions.foreground_waits.ttl_s = keeper.ttl_s  # a killed waiter counts as long as a lease
     keeper.adopters[LEASE_KIND] = executions.adopt
     keeper.on_lost[LEASE_KIND] = executions.forget
     keeper.dispatch = executions.dispatch

@@ -1,0 +1,41 @@
+"""An execution record as the contract shows it (``ExecutionView``): one conversion for the
+execution service and the panel."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from shellyard.contract.executions import ExecutionPolicyView, ExecutionState, ExecutionView
+
+
+def execution_view(row: Mapping[str, Any]) -> ExecutionView:
+    """The contract's view of an execution record (every door shows this)."""
+    return ExecutionView(
+        execution_id=row["id"],
+        state=ExecutionState(row["state"]),
+        exit_code=row["exit_code"],
+        environment_id=row["environment_id"],
+        environment_revision=row["environment_revision"],
+        waiting_for=row.get("waiting_for"),
+        agent_id=row["agent_id"],
+        workspace_id=row["workspace_id"],
+        runner_id=row["runner_id"],
+        command=row["command"],
+        script_path=row["script_path"],
+        background=bool(row["background"]),
+        error=row["error"],
+        snapshot_seq=row["snapshot_seq"],
+        was_unknown=bool(row["was_unknown"]),
+        cancel_requested=bool(row["cancel_requested"]),
+        created_at=row["created_at"],
+        started_at=row["started_at"],
+        finished_at=row["finished_at"],
+        policy=(
+            ExecutionPolicyView.model_validate_json(row["sandbox_policy"])
+            if row.get("sandbox_policy")
+            else None
+        ),
+        logs_pruned_at=row.get("logs_pruned_at"),
+        read_only=bool(row.get("read_only")),
+    )
