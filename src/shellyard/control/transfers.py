@@ -135,10 +135,8 @@ class TransferService:
         return list({*self._changed, *self._tasks})
 
     def signal(self, transfer_id: str) -> None:
-        """The transfer ended or a cancel was asked (here or on another replica)."""
-        event = self._changed.pop(transfer_id, None)
-        if event is not None:
-            event.set()
+        """Another replica says the transfer ended or a cancel was asked."""
+        self._wake_waiters(transfer_id)
         if transfer_id in self._tasks:
             # A cancel recorded elsewhere: the copy reads the request and stops (T3 keeps
             # every committed batch).
@@ -151,8 +149,15 @@ class TransferService:
             if row is not None and row["cancel_requested"] and event is not None:
                 event.set()
 
+    def _wake_waiters(self, transfer_id: str) -> None:
+        event = self._changed.pop(transfer_id, None)
+        if event is not None:
+            event.set()
+
     def _publish(self, transfer_id: str) -> None:
-        self.signal(transfer_id)
+        """It ended here: this replica's waits, and the other replicas', read it again (no
+        cancel check: the copy that would read it is the one ending)."""
+        self._wake_waiters(transfer_id)
         if self.on_signal is not None:
             self.on_signal(transfer_id)
 
