@@ -85,7 +85,7 @@ class Settings:
 
     @classmethod
     def from_env(cls, **overrides: object) -> Settings:
-        from shellyard.runner.limits import limits_from_env
+        from shellyard.runner.limits.settings import limits_from_env
         from shellyard.runner.policy import policy_from_env
 
         settings = cls()

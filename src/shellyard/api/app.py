@@ -30,7 +30,7 @@ from shellyard.contract.executions import (
     RunShellResult,
     parse_run_shell,
 )
-from shellyard.control.service import ControlPlane
+from shellyard.control.plane import ControlPlane
 from shellyard.errors import (
     ERRORS_BY_CODE,
     ShellyardError,
@@ -183,9 +183,9 @@ def create_app(
     app.include_router(ops_router(plane))
 
     # The web page: its login, its session-wide reads, its static assets (issue 14).
-    from shellyard.api.login import login_router
-    from shellyard.api.panel import panel_router
     from shellyard.web import mount_web
+    from shellyard.web.login import login_router
+    from shellyard.web.panel import panel_router
 
     app.include_router(login_router(plane))
     app.include_router(panel_router(plane), dependencies=auth)

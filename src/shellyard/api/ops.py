@@ -16,8 +16,8 @@ from pydantic import BaseModel
 from shellyard.api.auth import principal
 from shellyard.api.docs import JSON_ERROR_RESPONSES
 from shellyard.control.metrics import Readings
+from shellyard.control.plane import ControlPlane
 from shellyard.control.runners import LOCAL_RUNNER_ID
-from shellyard.control.service import ControlPlane
 from shellyard.control.tokens import Principal
 from shellyard.errors import Forbidden
 

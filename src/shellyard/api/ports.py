@@ -9,7 +9,7 @@ from fastapi import APIRouter, Query
 
 from shellyard.api.auth import AgentHeader
 from shellyard.contract.ports import PortCloseRequest, PortOpenRequest, PortView
-from shellyard.control.service import ControlPlane
+from shellyard.control.plane import ControlPlane
 
 
 def ports_router(plane: ControlPlane) -> APIRouter:

@@ -16,7 +16,7 @@ import uvicorn
 
 from shellyard.api.app import create_app
 from shellyard.config import Settings
-from shellyard.control.service import ControlPlane
+from shellyard.control.plane import ControlPlane
 from shellyard.control.tokens import ADMIN_TOKEN_NAME
 from shellyard.errors import InvalidInput
 from shellyard.home import INFO_NAME, ServerInfo, lock_home, write_info

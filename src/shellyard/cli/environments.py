@@ -367,7 +367,7 @@ def env_prepare(
     without --env. Run it on the runner's host; quick when already built."""
     import asyncio
 
-    from shellyard.runner.bases import prepare
+    from shellyard.runner.environments.bases import prepare
 
     def progress(line: str) -> None:
         if not as_json:

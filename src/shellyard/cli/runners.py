@@ -44,7 +44,7 @@ def runner_serve(
     tls_key: Annotated[Path | None, typer.Option(help="The certificate's PEM key.")] = None,
 ) -> None:
     """Run a runner daemon: the Runner protocol over HTTP, every request signed with its key."""
-    from shellyard.runner.daemon import run_runner_daemon
+    from shellyard.runner.transport.daemon import run_runner_daemon
 
     try:
         if (tls_cert is None) != (tls_key is None):

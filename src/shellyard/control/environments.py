@@ -31,7 +31,7 @@ from shellyard.contract.environments import (
     RevisionView,
 )
 from shellyard.control.agents import AgentResolver
-from shellyard.control.execution_hooks import WatchLeases
+from shellyard.control.executions.hooks import WatchLeases
 from shellyard.control.runners import LOCAL_RUNNER_ID, RunnerRegistry
 from shellyard.errors import (
     ChangeFailed,

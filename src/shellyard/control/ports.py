@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from shellyard.contract.ports import PortView
-from shellyard.control.access import WorkspaceAccess
+from shellyard.control.files.access import WorkspaceAccess
 from shellyard.errors import InvalidInput
 from shellyard.runner.protocol import Runner
 

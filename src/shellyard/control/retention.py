@@ -31,7 +31,7 @@ from shellyard.store import Store
 from shellyard.store.retention import Cutoffs, RetentionRecords
 
 if TYPE_CHECKING:
-    from shellyard.control.files import FileService
+    from shellyard.control.files.service import FileService
 
 log = logging.getLogger(__name__)
 

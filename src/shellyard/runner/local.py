@@ -30,15 +30,17 @@ from shellyard.errors import (
     OutOfRoom,
     WorkspaceBusy,
 )
-from shellyard.runner import bases, history, launch, netns, objects, reach, retention, sandbox
 from shellyard.runner.edits.editor import Editor
-from shellyard.runner.egress import EgressProxy
-from shellyard.runner.egress_rules import EgressRules
-from shellyard.runner.environments import EnvironmentStore
-from shellyard.runner.guard import Guard as LimitsGuard  # limits (issue 12)
-from shellyard.runner.netns import WorkspaceNetworks
-from shellyard.runner.objects import PackImporter, StoreLock, aiter_thread
-from shellyard.runner.ports import Relays
+from shellyard.runner.environments import bases
+from shellyard.runner.environments.store import EnvironmentStore
+from shellyard.runner.limits import retention
+from shellyard.runner.limits.reserve import require_room  # limits (issue 12)
+from shellyard.runner.limits.watcher import Guard as LimitsGuard  # limits (issue 12)
+from shellyard.runner.network import netns
+from shellyard.runner.network.egress_proxy import EgressProxy
+from shellyard.runner.network.egress_rules import EgressRules
+from shellyard.runner.network.netns import WorkspaceNetworks
+from shellyard.runner.network.ports import Relays
 from shellyard.runner.protocol import (
     ApplyEntry,
     ApplyResult,
@@ -65,11 +67,14 @@ from shellyard.runner.protocol import (
     SnapshotInfo,
     StartRequest,
 )
-from shellyard.runner.seccomp import SeccompProfile
+from shellyard.runner.sandbox import bwrap as sandbox
+from shellyard.runner.sandbox import folder_access, launch
+from shellyard.runner.sandbox.seccomp import SeccompProfile
+from shellyard.runner.sandbox.spawn import Sandboxes, script_argv
+from shellyard.runner.sandbox.supervise import Supervisor, check_id
+from shellyard.runner.snapshots import history, objects
+from shellyard.runner.snapshots.objects import PackImporter, StoreLock, aiter_thread
 from shellyard.runner.snapshots.store import SnapshotStore
-from shellyard.runner.space import require_room  # limits (issue 12)
-from shellyard.runner.spawn import Sandboxes, script_argv
-from shellyard.runner.supervise import Supervisor, check_id
 
 
 class LocalRunner:
@@ -185,7 +190,7 @@ class LocalRunner:
         if self._ids is None:  # not root: the sandbox runs as this user, who reaches it
             return
         # A private home (0700) works: the sandbox uid alone gets search through it (reach.py).
-        reach.make_reachable(directory, *self._ids)
+        folder_access.make_reachable(directory, *self._ids)
 
     async def aclose(self) -> None:
         """Stop watching; the sandboxes themselves keep running (E11)."""

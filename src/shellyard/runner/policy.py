@@ -15,7 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, field_validator, model_validator
 
 from shellyard.errors import InvalidInput
-from shellyard.runner.egress_rules import parse_exception, parse_pattern
+from shellyard.runner.network.egress_rules import parse_exception, parse_pattern
 
 #: ``off``: own network namespace, loopback only. ``egress``: outbound TCP through the runner's
 #: filtering proxy only. ``host``: the host's network, shared (explicit choice only).
@@ -23,7 +23,7 @@ NetworkMode = Literal["off", "egress", "host"]
 NETWORK_MODES: tuple[NetworkMode, ...] = ("off", "egress", "host")
 
 #: Bumped whenever the seccomp rules change, so every execution record names the rules it ran
-#: under (``runner/seccomp.py``).
+#: under (``runner/sandbox/seccomp.py``).
 SECCOMP_PROFILE = "shellyard-seccomp-1"
 
 

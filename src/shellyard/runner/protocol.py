@@ -311,7 +311,7 @@ class Runner(Protocol):
 
     async def environment_info(self, environment_id: str) -> EnvironmentInfo: ...
 
-    # --- ports for the host (issue 17; runner/ports.py) ---
+    # --- ports for the host (issue 17; runner/network/ports.py) ---
 
     async def open_port(self, workspace_id: str, port: int, host_port: int) -> PortView:
         """Forward a loopback port of the runner's host (``host_port``, 0: a free one) to

@@ -1,0 +1,123 @@
+"""Wiring of several replicas on one database (issue 16): the lease keeper and the fan-out
+plugged into the execution and wake services, which know neither (their hooks are plain
+callables). Built by ``service.py``; on SQLite the keeper only records leases and the fan-out
+publishes nothing, so one replica behaves as before."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from shellyard.control.environments import EnvironmentService
+from shellyard.control.executions.service import LEASE_KIND, ExecutionService
+from shellyard.control.files.transfers import TransferService
+from shellyard.control.metrics import Metrics
+from shellyard.control.notify.timers import TimerService
+from shellyard.control.notify.wakes import DELIVERY_LEASE, WakeService
+from shellyard.control.replicas.fanout import Fanout
+from shellyard.control.replicas.leases import LeaseKeeper
+from shellyard.store.leases import CHANGE, TRANSFER
+
+
+def wire(
+    executions: ExecutionService,
+    wakes: WakeService,
+    transfers: TransferService,
+    environments: EnvironmentService,
+    keeper: LeaseKeeper,
+    fanout: Fanout,
+    metrics: Metrics,
+    timers: TimerService,
+) -> None:
+    executions.leases = keeper
+    executions.foreground_waits.ttl_s = keeper.ttl_s  # a killed waiter counts as long as a lease
+    keeper.adopters[LEASE_KIND] = executions.adopt
+    keeper.on_lost[LEASE_KIND] = executions.forget
+    keeper.dispatch = executions.dispatch
+    executions.on_timing = metrics.observe
+    wakes.leases = keeper
+    keeper.adopters[DELIVERY_LEASE] = wakes.adopt_delivery
+    keeper.on_lost[DELIVERY_LEASE] = wakes.forget_delivery
+    # Transfers and environment changes: one replica copies / drives each; the others adopt
+    # it when that one dies (each resumes from its record, as after a restart).
+    transfers.leases = keeper
+    keeper.adopters[TRANSFER] = transfers.adopt
+    keeper.on_lost[TRANSFER] = transfers.forget
+    environments.leases = keeper
+    keeper.adopters[CHANGE] = environments.adopt
+    keeper.on_lost[CHANGE] = environments.forget
+
+    async def sweep() -> None:
+        # Notices a dead replica recorded but did not get to wake for (N2), and deliveries it
+        # recorded but did not get to lease: a restart would have resumed them
+        # (``WakeService.start``); with replicas the survivors do. Deliveries this replica
+        # holds with no task running (adopted while it was starting) are resumed too.
+        await wakes.kick_all("channel")
+        for delivery_id in keeper.subjects(DELIVERY_LEASE):
+            await wakes.adopt_delivery(delivery_id)
+        for delivery_id in await keeper.store.unleased_deliveries(keeper.ttl_s):
+            await wakes.adopt_delivery(delivery_id)
+        # Recorded by a replica that died before leasing them (both lease first; this
+        # catches what an older release or a failed lease write left).
+        for transfer_id in await transfers.unleased(keeper.ttl_s):
+            await transfers.adopt(transfer_id)
+        for change_id in await environments.unleased(keeper.ttl_s):
+            await environments.adopt(change_id)
+
+    keeper.sweep = sweep
+    if not fanout.enabled:
+        return
+
+    executions.on_signal = lambda execution_id: fanout.publish("x", e=execution_id)
+    executions.runners.on_change = lambda: fanout.publish("r")
+    wakes.on_notify = lambda agent_id, reason: fanout.publish("n", a=agent_id, why=reason)
+    wakes.on_emitted = lambda wake: fanout.publish("w", s=wake.session_id, q=wake.seq)
+    wakes.on_webhooks = lambda: fanout.publish("h")
+    transfers.on_signal = lambda transfer_id: fanout.publish("f", t=transfer_id)
+
+    async def ended(message: dict[str, Any]) -> None:
+        executions.signal(str(message["e"]))
+
+    async def notify(message: dict[str, Any]) -> None:
+        await wakes.notify(str(message["a"]), str(message.get("why") or "notice"), relayed=True)
+
+    async def emitted(message: dict[str, Any]) -> None:
+        await wakes.relay(str(message["s"]), int(message["q"]))
+
+    async def webhooks(_message: dict[str, Any]) -> None:
+        await wakes.refresh_webhooks()
+
+    async def runners(_message: dict[str, Any]) -> None:
+        await executions.runners.reload()
+
+    async def transfer(message: dict[str, Any]) -> None:
+        transfers.signal(str(message["t"]))
+
+    async def resync() -> None:
+        # Messages may have been lost while the listener was away: every waiter reads its
+        # record again, and every agent a channel of this replica can hear is tried.
+        for execution_id in list(executions.waited()):
+            executions.signal(execution_id)
+        for transfer_id in transfers.watched():
+            transfers.signal(transfer_id)
+        await wakes.refresh_webhooks()
+        await wakes.kick_all("channel")
+        await executions.runners.reload()
+
+    fanout.handlers.update(x=ended, n=notify, w=emitted, h=webhooks, r=runners, f=transfer)
+    fanout.on_resync.append(resync)
+    _wire_timers(timers, fanout)
+
+
+def _wire_timers(timers: TimerService, fanout: Fanout) -> None:
+    # N5–N7 across replicas: every scheduler hears of a timer created or cancelled anywhere.
+    timers.announce = lambda: fanout.message("t")
+    timers.on_change = lambda: fanout.publish("t")
+
+    async def timer_changed(_message: dict[str, Any]) -> None:
+        timers.changed()
+
+    async def timers_resync() -> None:
+        timers.changed()
+
+    fanout.handlers["t"] = timer_changed
+    fanout.on_resync.append(timers_resync)
