@@ -1,11 +1,13 @@
 """The ControlPlane: one object that owns the store, the runners and the services on them.
-Interfaces (REST, MCP, CLI, SDK) call it; it never does I/O details itself."""
+The REST app and the web page's routers call it (the other doors go through REST); it never
+does I/O details itself."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 
 from shellyard.config import Settings
 from shellyard.control.agents import AgentResolver
@@ -33,19 +35,38 @@ from shellyard.store.files import FileRecords
 from shellyard.store.retention import RetentionRecords
 
 
+@dataclass(frozen=True)
+class _Notify:
+    """The notification services, made together at start (N1–N11)."""
+
+    sessions: SessionService
+    inbox: InboxService
+    wakes: WakeService
+    timers: TimerService
+
+
+@dataclass(frozen=True)
+class _Files:
+    """The file services, made together at start (W1–W6, T1–T5)."""
+
+    files: FileService
+    transfers: TransferService
+    artifacts: ArtifactService
+
+
 class ControlPlane:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.store: Store | None = None
         self._runners: RunnerRegistry | None = None
         self._executions: ExecutionService | None = None
-        self._notify: tuple[SessionService, InboxService, WakeService, TimerService] | None = None
-        self._files: tuple[FileService, TransferService, ArtifactService] | None = None
+        self._notify: _Notify | None = None
+        self._files: _Files | None = None
         self._environments: EnvironmentService | None = None
         self._tokens: TokenService | None = None
         self.retention: RetentionService | None = None
         self._ports: PortService | None = None
-        # Replicas on one database (issue 16): leases, fan-out, and what /metrics reads.
+        # Replicas on one database (docs/operations.md): leases, fan-out, and what /metrics reads.
         self.leases: LeaseKeeper | None = None
         self.fanout: Fanout | None = None
         self.metrics = Metrics()
@@ -71,38 +92,38 @@ class ControlPlane:
     @property
     def sessions(self) -> SessionService:
         assert self._notify is not None, "ControlPlane.start() was not called"
-        return self._notify[0]
+        return self._notify.sessions
 
     @property
     def inbox(self) -> InboxService:
         assert self._notify is not None, "ControlPlane.start() was not called"
-        return self._notify[1]
+        return self._notify.inbox
 
     @property
     def wakes(self) -> WakeService:
         assert self._notify is not None, "ControlPlane.start() was not called"
-        return self._notify[2]
+        return self._notify.wakes
 
     @property
     def timers(self) -> TimerService:
         assert self._notify is not None, "ControlPlane.start() was not called"
-        return self._notify[3]
+        return self._notify.timers
 
     # Workspace files and snapshot history, transfers, artifacts (W1–W6, T1–T5).
     @property
     def files(self) -> FileService:
         assert self._files is not None, "ControlPlane.start() was not called"
-        return self._files[0]
+        return self._files.files
 
     @property
     def transfers(self) -> TransferService:
         assert self._files is not None, "ControlPlane.start() was not called"
-        return self._files[1]
+        return self._files.transfers
 
     @property
     def artifacts(self) -> ArtifactService:
         assert self._files is not None, "ControlPlane.start() was not called"
-        return self._files[2]
+        return self._files.artifacts
 
     # Bearer tokens and the principal of a request (admin, session, agent).
     @property
@@ -110,7 +131,7 @@ class ControlPlane:
         assert self._tokens is not None, "ControlPlane.start() was not called"
         return self._tokens
 
-    # Ports of the runner's host forwarded into a workspace's network (issue 17).
+    # Ports of the runner's host forwarded into a workspace's network (R5).
     @property
     def ports(self) -> PortService:
         assert self._ports is not None, "ControlPlane.start() was not called"
@@ -145,7 +166,7 @@ class ControlPlane:
         wakes = WakeService(self.store, settings.notifications)
         sessions = SessionService(self.store, wakes, agents)
         timers = TimerService(sessions, wakes, settings.notifications)
-        self._notify = (sessions, InboxService(self.store, agents), wakes, timers)
+        self._notify = _Notify(sessions, InboxService(self.store, agents), wakes, timers)
         self._executions.on_finished += [wakes.execution_finished, timers.execution_finished]
         self.store.notice_listeners.append(wakes.notify)
         self.leases = LeaseKeeper(
@@ -156,7 +177,7 @@ class ControlPlane:
         )
         records = FileRecords(self.store)
         access = WorkspaceAccess(self.store, records, self._runners, self._executions)
-        self._files = (
+        self._files = _Files(
             FileService(self.store, records, access, settings.retention),
             TransferService(self.store, records, access),
             ArtifactService(records, access),

@@ -1,20 +1,28 @@
-"""Cross-replica fan-out (issue 16): PostgreSQL LISTEN/NOTIFY behind the in-process signals.
+"""Cross-replica fan-out (docs/operations.md): PostgreSQL LISTEN/NOTIFY behind the in-process
+signals.
 
 Every replica on one PostgreSQL database listens on one channel (named after the schema, so
 test runs in schemas of their own never hear each other). What one replica does that another
 replica's callers wait for is published there as a small JSON message; the others act on it
 through their own, in-process, mechanisms:
 
-- ``x`` an execution ended (or became unknown): its ``execution wait`` / foreground waiters
-  read the record again (``ExecutionService.signal``);
-- ``n`` an agent may be woken (a notice, a turn's end, a gate opened): a replica that serves a
-  channel of its session (an SSE stream, a callback) tries to emit the wake. Emitting claims
-  the notices in one transaction, so exactly one replica emits it;
-- ``w`` a wake was emitted: replicas with streams or callbacks of that session hand it to them
-  (each replica delivers to its own channels only: nothing twice);
-- ``h`` the webhooks changed: replicas re-read whether any is active;
-- ``t`` a timer was created (sent by its insert's transaction) or cancelled: every scheduler
-  reads the next due time again, so a timer fires on time even if its replica died.
+- ``execution_ended`` (``execution_id``): an execution ended or became unknown: its
+  ``execution wait`` / foreground waiters read the record again (``ExecutionService.signal``);
+- ``agent_may_wake`` (``agent_id``, ``reason``): a notice, a turn's end or an opened gate: a
+  replica that serves a channel of the agent's session (an SSE stream, a callback) tries to
+  emit the wake. Emitting claims the notices in one transaction, so exactly one replica emits;
+- ``wake_emitted`` (``session_id``, ``seq``): replicas with streams or callbacks of that session
+  hand it to them (each replica delivers to its own channels only: nothing twice);
+- ``webhooks_changed``: replicas re-read whether any is active;
+- ``runners_changed``: a runner was added or removed: replicas reload the registry;
+- ``transfer_changed`` (``transfer_id``): a transfer ended or was asked to cancel: its waiters
+  and its copier read the record again;
+- ``timers_changed``: a timer was created (sent by its insert's transaction) or cancelled: every
+  scheduler reads the next due time again, so a timer fires on time even if its replica died.
+
+A message is one JSON object: ``kind``, ``replica`` (the sender, which ignores its own) and the
+fields above. Every replica of one database runs one release (docs/operations.md, "Upgrades"):
+a kind a replica does not know is ignored, and its resync catches up.
 
 NOTIFY is not durable: a replica that was away (its listening connection dropped) resyncs by
 re-reading (``on_resync``). SQLite is one replica: nothing is published.
@@ -27,6 +35,7 @@ import contextlib
 import json
 import logging
 from collections.abc import Awaitable, Callable
+from enum import StrEnum
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -36,6 +45,18 @@ MAX_PAYLOAD = 7900
 RECONNECT_MAX_S = 5.0
 
 Handler = Callable[[dict[str, Any]], Awaitable[None]]
+
+
+class Kind(StrEnum):
+    """What a fan-out message tells the other replicas (each kind is described above)."""
+
+    EXECUTION_ENDED = "execution_ended"
+    AGENT_MAY_WAKE = "agent_may_wake"
+    WAKE_EMITTED = "wake_emitted"
+    WEBHOOKS_CHANGED = "webhooks_changed"
+    RUNNERS_CHANGED = "runners_changed"
+    TRANSFER_CHANGED = "transfer_changed"
+    TIMERS_CHANGED = "timers_changed"
 
 
 def channel_name(schema_name: str | None) -> str:
@@ -57,7 +78,7 @@ class Fanout:
         self.url = libpq_url(database_url) if database_url else None
         self.channel = channel_name(schema_name)
         self.replica_id = replica_id
-        self.handlers: dict[str, Handler] = {}
+        self.handlers: dict[Kind, Handler] = {}
         #: Called after the listening connection came back (messages may have been missed).
         self.on_resync: list[Callable[[], Awaitable[None]]] = []
         self._outbox: asyncio.Queue[str] = asyncio.Queue()
@@ -89,18 +110,20 @@ class Fanout:
                 await task
         self._tasks = []
 
-    def publish(self, kind: str, **fields: Any) -> None:
+    def publish(self, kind: Kind, **fields: Any) -> None:
         """Queue a message for the other replicas; never blocks (a sender task sends it)."""
         message = self.message(kind, **fields)
         if message is not None:
             self._outbox.put_nowait(message[1])
 
-    def message(self, kind: str, **fields: Any) -> tuple[str, str] | None:
+    def message(self, kind: Kind, **fields: Any) -> tuple[str, str] | None:
         """(channel, payload) of a message for a store transaction to send with
         ``pg_notify``: it leaves at that commit, and only then (None: SQLite, or too large)."""
         if self.url is None:
             return None
-        payload = json.dumps({"k": kind, "r": self.replica_id, **fields}, separators=(",", ":"))
+        payload = json.dumps(
+            {"kind": kind.value, "replica": self.replica_id, **fields}, separators=(",", ":")
+        )
         if len(payload) > MAX_PAYLOAD:
             log.warning("fan-out message too large, dropped: %s…", payload[:200])
             return None
@@ -160,9 +183,13 @@ class Fanout:
             message = json.loads(payload)
         except ValueError:
             return
-        if not isinstance(message, dict) or message.get("r") == self.replica_id:
+        if not isinstance(message, dict) or message.get("replica") == self.replica_id:
             return  # our own: already acted on in-process
-        handler = self.handlers.get(str(message.get("k")))
+        try:
+            kind = Kind(str(message.get("kind")))
+        except ValueError:
+            return  # not a kind of this release
+        handler = self.handlers.get(kind)
         if handler is None:
             return
         self.received += 1

@@ -1,6 +1,6 @@
-"""Wiring of several replicas on one database (issue 16): the lease keeper and the fan-out
+"""Wiring of several replicas on one database (docs/operations.md): the lease keeper and the fan-out
 plugged into the execution and wake services, which know neither (their hooks are plain
-callables). Built by ``service.py``; on SQLite the keeper only records leases and the fan-out
+callables). Built by ``control/plane.py``; on SQLite the keeper only records leases and the fan-out
 publishes nothing, so one replica behaves as before."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from shellyard.control.files.transfers import TransferService
 from shellyard.control.metrics import Metrics
 from shellyard.control.notify.timers import TimerService
 from shellyard.control.notify.wakes import DELIVERY_LEASE, WakeService
-from shellyard.control.replicas.fanout import Fanout
+from shellyard.control.replicas.fanout import Fanout, Kind
 from shellyard.control.replicas.leases import LeaseKeeper
 from shellyard.store.leases import CHANGE, TRANSFER
 
@@ -67,21 +67,30 @@ def wire(
     if not fanout.enabled:
         return
 
-    executions.on_signal = lambda execution_id: fanout.publish("x", e=execution_id)
-    executions.runners.on_change = lambda: fanout.publish("r")
-    wakes.on_notify = lambda agent_id, reason: fanout.publish("n", a=agent_id, why=reason)
-    wakes.on_emitted = lambda wake: fanout.publish("w", s=wake.session_id, q=wake.seq)
-    wakes.on_webhooks = lambda: fanout.publish("h")
-    transfers.on_signal = lambda transfer_id: fanout.publish("f", t=transfer_id)
+    executions.on_signal = lambda execution_id: fanout.publish(
+        Kind.EXECUTION_ENDED, execution_id=execution_id
+    )
+    executions.runners.on_change = lambda: fanout.publish(Kind.RUNNERS_CHANGED)
+    wakes.on_notify = lambda agent_id, reason: fanout.publish(
+        Kind.AGENT_MAY_WAKE, agent_id=agent_id, reason=reason
+    )
+    wakes.on_emitted = lambda wake: fanout.publish(
+        Kind.WAKE_EMITTED, session_id=wake.session_id, seq=wake.seq
+    )
+    wakes.on_webhooks = lambda: fanout.publish(Kind.WEBHOOKS_CHANGED)
+    transfers.on_signal = lambda transfer_id: fanout.publish(
+        Kind.TRANSFER_CHANGED, transfer_id=transfer_id
+    )
 
     async def ended(message: dict[str, Any]) -> None:
-        executions.signal(str(message["e"]))
+        executions.signal(str(message["execution_id"]))
 
     async def notify(message: dict[str, Any]) -> None:
-        await wakes.notify(str(message["a"]), str(message.get("why") or "notice"), relayed=True)
+        reason = str(message.get("reason") or "notice")
+        await wakes.notify(str(message["agent_id"]), reason, relayed=True)
 
     async def emitted(message: dict[str, Any]) -> None:
-        await wakes.relay(str(message["s"]), int(message["q"]))
+        await wakes.relay(str(message["session_id"]), int(message["seq"]))
 
     async def webhooks(_message: dict[str, Any]) -> None:
         await wakes.refresh_webhooks()
@@ -90,7 +99,7 @@ def wire(
         await executions.runners.reload()
 
     async def transfer(message: dict[str, Any]) -> None:
-        transfers.signal(str(message["t"]))
+        transfers.signal(str(message["transfer_id"]))
 
     async def resync() -> None:
         # Messages may have been lost while the listener was away: every waiter reads its
@@ -103,15 +112,24 @@ def wire(
         await wakes.kick_all("channel")
         await executions.runners.reload()
 
-    fanout.handlers.update(x=ended, n=notify, w=emitted, h=webhooks, r=runners, f=transfer)
+    fanout.handlers.update(
+        {
+            Kind.EXECUTION_ENDED: ended,
+            Kind.AGENT_MAY_WAKE: notify,
+            Kind.WAKE_EMITTED: emitted,
+            Kind.WEBHOOKS_CHANGED: webhooks,
+            Kind.RUNNERS_CHANGED: runners,
+            Kind.TRANSFER_CHANGED: transfer,
+        }
+    )
     fanout.on_resync.append(resync)
     _wire_timers(timers, fanout)
 
 
 def _wire_timers(timers: TimerService, fanout: Fanout) -> None:
     # N5–N7 across replicas: every scheduler hears of a timer created or cancelled anywhere.
-    timers.announce = lambda: fanout.message("t")
-    timers.on_change = lambda: fanout.publish("t")
+    timers.announce = lambda: fanout.message(Kind.TIMERS_CHANGED)
+    timers.on_change = lambda: fanout.publish(Kind.TIMERS_CHANGED)
 
     async def timer_changed(_message: dict[str, Any]) -> None:
         timers.changed()
@@ -119,5 +137,5 @@ def _wire_timers(timers: TimerService, fanout: Fanout) -> None:
     async def timers_resync() -> None:
         timers.changed()
 
-    fanout.handlers["t"] = timer_changed
+    fanout.handlers[Kind.TIMERS_CHANGED] = timer_changed
     fanout.on_resync.append(timers_resync)
