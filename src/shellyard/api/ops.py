@@ -1,4 +1,4 @@
-"""What an operator watches (issue 16; docs/operations.md): ``/healthz`` (the process serves),
+"""What an operator watches (docs/operations.md): ``/healthz`` (the process serves),
 ``/readyz`` (it can do its work: the database answers, its schema is at the code's head, the
 local runner answers) and ``/metrics`` (Prometheus text format, admin token when tokens are
 on: the counts name runners and the load of every session)."""

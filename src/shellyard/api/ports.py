@@ -1,4 +1,4 @@
-"""REST endpoints of ports for the host (issue 17): open, list and close a forward from a
+"""REST endpoints of ports for the host (R5): open, list and close a forward from a
 loopback port of the runner's host into the acting agent's own workspace network."""
 
 from __future__ import annotations

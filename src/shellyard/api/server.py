@@ -104,7 +104,7 @@ def serve(
         lifespan="on",
         access_log=False,
         timeout_graceful_shutdown=3,
-        # JSON logs (issue 16): uvicorn's lines go through the root's JSON handler too.
+        # JSON logs (docs/operations.md): uvicorn's lines go through the root's JSON handler too.
         log_config=None if json_logs else uvicorn.config.LOGGING_CONFIG,
     )
     server = uvicorn.Server(config)

@@ -14,7 +14,7 @@ from shellyard.cli.common import HomeOption, JsonOption, fail, new_table, out
 from shellyard.cli.common import client_for as _client
 from shellyard.errors import InvalidInput, NotFound, ShellyardError
 
-if TYPE_CHECKING:  # the models are built on import: not at start-up (issue 13)
+if TYPE_CHECKING:  # the models are built on import: not at start-up (docs/benchmarks.md)
     from shellyard.contract.runners import RunnerView
 
 runner_app = typer.Typer(help="Runner daemons on this or other hosts.", no_args_is_help=True)

@@ -1,4 +1,4 @@
-"""Session-wide reads for the web page's session file panel (issue 14), usable by any door.
+"""Session-wide reads for the web page's session file panel (docs/web.md), usable by any door.
 
 The existing services answer for one acting agent; the panel shows a whole session at once:
 the executions of every agent (paged, newest first), their transfers, reminders, notices,

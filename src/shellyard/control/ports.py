@@ -1,4 +1,4 @@
-"""Ports for the host (issue 17): the control plane checks who asks, then asks the
+"""Ports for the host (R5): the control plane checks who asks, then asks the
 workspace's runner to forward a loopback port of its host into the workspace's network.
 
 Only the workspace's own agent opens, lists and closes its forwards (``use='write'``, as

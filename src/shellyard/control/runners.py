@@ -80,7 +80,8 @@ class RunnerRegistry:
         self._health: dict[str, Health] = {}
         self.heartbeat_s = heartbeat_s
         self._beating: asyncio.Task[None] | None = None
-        #: Called after a runner was added or removed here: other replicas reload (issue 16).
+        #: Called after a runner was added or removed here: other replicas reload
+        #: (docs/operations.md).
         self.on_change: Callable[[], None] | None = None
 
     async def add_local(self, runner: Runner) -> None:
@@ -266,7 +267,7 @@ class RunnerRegistry:
                 self._put(runner_id, runner, kind, row["address"], secrets.get("fingerprint"))
 
     async def reload(self) -> None:
-        """Another replica added or removed a runner (issue 16): follow the records."""
+        """Another replica added or removed a runner (docs/operations.md): follow the records."""
         rows = {str(row["id"]): row for row in await self._store.list_runners()}
         for runner_id in [r for r in self._runners if r != LOCAL_RUNNER_ID]:
             row = rows.get(runner_id)

@@ -77,7 +77,7 @@ class SandboxPolicy(BaseModel):
     max_cpu_seconds: int | None = Field(default=None, ge=1)
     #: How often running commands' disk use and logs are looked at.
     limit_check_interval_s: float = Field(default=0.1, gt=0.0, le=10.0)
-    # --- package sources (issue 20, docs/environments.md "Package sources") ---
+    # --- package sources (docs/environments.md "Package sources") ---
     #: The channels, indexes and repositories environment changes may use (``pypi``, ``cran``,
     #: ``bioconductor``, conda channel names, https:// URL prefixes, local folders). None: any
     #: https:// source and any local folder outside the runner's own.
@@ -188,7 +188,8 @@ def policy_from_env(policy: SandboxPolicy) -> SandboxPolicy:
         values = _env_list(variable, separator)
         if values is not None:
             update[key] = values
-    # issue 20: the package sources environment changes may use (comma- or space-separated)
+    # docs/environments.md: the package sources environment changes may use (comma- or
+    # space-separated)
     sources = os.environ.get("SHELLYARD_ALLOWED_SOURCES")
     if sources is not None:
         from shellyard.contract.sources import SourceError, check_channel

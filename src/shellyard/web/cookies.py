@@ -1,4 +1,4 @@
-"""The web page's login cookie (issue 14, docs/web.md, docs/security.md).
+"""The web page's login cookie (docs/web.md, docs/security.md).
 
 ``shellyard ui`` asks the server for a one-time login code with its token; the page trades the
 code for a cookie. The cookie carries the secret of a new token of the same kind and reach as

@@ -1,4 +1,4 @@
-"""REST endpoints of the web page's login (issue 14; how the cookie works: web/cookies.py).
+"""REST endpoints of the web page's login (docs/web.md; how the cookie works: web/cookies.py).
 
 ``POST /v1/auth/codes`` (with a token): a one-time login code, valid for two minutes, with the
 reach of that token. ``POST /v1/auth/login`` trades a code (or a token typed into the page's

@@ -1,4 +1,4 @@
-"""REST endpoints of session-wide reads (issue 14): what the web page's session file panel
+"""REST endpoints of session-wide reads (docs/web.md): what the web page's session file panel
 shows, usable by any client. The per-agent endpoints (``X-Shellyard-Agent``) answer for one
 agent; these answer for every agent of a session the token reaches (an agent token: its own).
 

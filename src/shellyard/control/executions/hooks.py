@@ -23,7 +23,7 @@ class EnvironmentGate(Protocol):
 
 class WatchLeases(Protocol):
     """Who watches a piece of ongoing work (an execution, a transfer, an environment change)
-    when several replicas share the database (issue 16); the control plane plugs its lease
+    when several replicas share the database (docs/operations.md); the control plane plugs its lease
     keeper in (``ExecutionService.leases``, ``TransferService.leases``,
     ``EnvironmentService.leases``)."""
 

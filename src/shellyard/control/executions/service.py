@@ -1,5 +1,5 @@
 """Durable executions (E1–E12, W1): accept, take the writer, start on the runner, watch,
-finalize, release, dispatch the next queued writer. A read-only execution (issue 17) takes
+finalize, release, dispatch the next queued writer. A read-only execution (W2) takes
 no writer and waits for none: it starts at once beside the writer, on the committed snapshot."""
 
 from __future__ import annotations
@@ -70,15 +70,15 @@ class ExecutionService:
         #: the record is final: wakes (N2) and reminders naming the execution (N6) hook in here.
         self.on_finished: list[Callable[[Mapping[str, Any], bool], Awaitable[None]]] = []
         #: Managed environments (V4–V6): validation and the start gate; plugged in by the
-        #: control plane (service.py). None: an environment_id is reported as missing.
+        #: control plane (control/plane.py). None: an environment_id is reported as missing.
         self.environments: EnvironmentGate | None = None
-        #: execution id → the runner's note from its start (no default base, issue 20),
+        #: execution id → the runner's note from its start (no default base, docs/environments.md),
         #: handed to the run_shell answer once
         self._notes: dict[str, str] = {}
         #: execution id → its final record, kept while a foreground caller waits for it, so
-        #: the caller answers without reading it again (issue 13: transactions per run)
+        #: the caller answers without reading it again (docs/benchmarks.md: transactions per run)
         self._ended: dict[str, Mapping[str, Any]] = {}
-        #: Leases (issue 16): None runs as one replica (every execution is ours).
+        #: Leases (docs/operations.md): None runs as one replica (every execution is ours).
         self.leases: WatchLeases | None = None
         #: Called with an execution id whose waiters were woken here: the fan-out tells
         #: the other replicas' waiters too (control/replicas/fanout.py).
@@ -102,8 +102,8 @@ class ExecutionService:
                 await self.dispatch(str(row["workspace_id"]))
 
     async def adopt(self, execution_id: str) -> None:
-        """This replica took over the execution's lease (its holder died, issue 16): watch it
-        as a restart would (E11), or hand its workspace on when it is already final."""
+        """This replica took over the execution's lease (its holder died, docs/operations.md): watch
+        it as a restart would (E11), or hand its workspace on when it is already final."""
         row = await self.store.get_execution(execution_id)
         if row is None:
             await self._release(execution_id)
@@ -274,15 +274,15 @@ class ExecutionService:
             return await self._finalized(row)
         except ShellyardError as exc:
             await self._end(row, ExecutionState.failed, error=exc.message)
-            if refuse and isinstance(exc, LowOnSpace):  # limits (issue 12)
+            if refuse and isinstance(exc, LowOnSpace):  # limits (R2, docs/limits.md)
                 raise
             return await self._finalized(row)
         started: dict[str, Any] = {}
         if self.on_timing is not None:
             self.on_timing("spawn", time.monotonic() - spawn_began)
         if result.base_environment is not None and environment_id is None:
-            # The runner's default base (issue 20): the record says what it ran in (V6),
-            # written with the start (one transaction fewer per execution, issue 13).
+            # The runner's default base (docs/environments.md): the record says what it ran in (V6),
+            # written with the start (one transaction fewer per execution, docs/benchmarks.md).
             started = {
                 "environment_id": result.base_environment,
                 "environment_revision": result.base_revision,
@@ -464,7 +464,7 @@ class ExecutionService:
 
     async def dispatch(self, workspace_id: str) -> None:
         """W1 queue: hand the writer to the oldest queued execution, in submission order.
-        Read-only ones not started yet need no writer: they start first (issue 17)."""
+        Read-only ones not started yet need no writer: they start first (W2)."""
         for reader in await self.store.queued_readers(workspace_id):
             await self._launch(reader)
         while True:
@@ -616,7 +616,8 @@ class ExecutionService:
             stream=log_stream,
             data=text,
             offset=chunk.offset,
-            # a whole chunk: the runner's next offset (past a cut log's dropped range, issue 12)
+            # a whole chunk: the runner's next offset (past a cut log's dropped range, R2,
+            # docs/limits.md)
             next_offset=chunk.next_offset if used == len(chunk.data) else chunk.offset + used,
             size=chunk.size,
             complete=chunk.complete and used == len(chunk.data),

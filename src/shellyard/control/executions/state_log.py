@@ -1,5 +1,5 @@
-"""Structured log lines of executions' state changes (``serve --log-format json``, issue 16):
-the ids an operator follows an execution by, its session among them."""
+"""Structured log lines of executions' state changes (``serve --log-format json``,
+docs/operations.md): the ids an operator follows an execution by, its session among them."""
 
 from __future__ import annotations
 

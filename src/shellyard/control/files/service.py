@@ -1,4 +1,4 @@
-"""Workspace files and snapshot history (W1–W6) for the interfaces, through the Runner
+"""Workspace files and snapshot history (W1–W6) for the doors, through the Runner
 protocol only: reads come from committed snapshots (W2); edits, uploads, deletes, moves and
 restores are writer operations (W1) that end with a commit recorded with what made it (W3, W5).
 Retention prunes old snapshots and collects unreferenced objects."""

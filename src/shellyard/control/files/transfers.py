@@ -26,13 +26,12 @@ copies the rest. The final state is ``completed``, ``partial``, ``failed`` or ``
 finished transfer posts a notice to its owner (N1). Transfers survive a restart of the control
 plane: an unfinished one resumes with its pending files.
 
-With several replicas on one database (issue 16) each unfinished transfer is copied by the one
-replica holding its lease (``leases``, plugged in by control/replicas/wiring.py): a replica that
+With several replicas on one database (docs/operations.md) each unfinished transfer is copied by the
+one replica holding its lease (``leases``, plugged in by control/replicas/wiring.py): a replica that
 dies leaves its lease to expire and another adopts the transfer, which resumes with its pending
 files exactly as after a restart. A cancel or a wait on another replica goes through the record: the
-cancel request is a column the holder reads between batches (and a fan-out message makes it
-stop mid-batch), a wait re-reads the record until it is terminal, woken by the fan-out.
-"""
+cancel request is a column the holder reads between batches (and a fan-out message makes it stop
+mid-batch), a wait re-reads the record until it is terminal, woken by the fan-out."""
 
 from __future__ import annotations
 
@@ -96,7 +95,8 @@ class TransferService:
         self._closing = False
         #: First backoff between tries of a batch when a runner cannot be reached (doubles).
         self.retry_base_s = 0.5
-        #: Which replica copies each transfer (issue 16); None: this process is the only one.
+        #: Which replica copies each transfer (docs/operations.md); None: this process is the only
+        #: one.
         self.leases: WatchLeases | None = None
         #: Called with a transfer id that ended, or whose cancel was asked here while another
         #: replica copies it: the fan-out tells the other replicas (control/replicas/wiring.py).

@@ -6,14 +6,13 @@ Exactly once, across restarts and control planes: firing claims the timer with a
 update (pending → fired) in the same transaction that inserts its notice. On start every timer
 that came due while the service was down fires once, marked late.
 
-Several replicas (issue 16): every replica runs a scheduler. A timer's creation is announced
-to the others (a fan-out message sent by its transaction, control/replicas/wiring.py), so each one
-sleeps until its due time and the timer fires on time even when the replica that took it died;
-the conditional update keeps it once. N6 cannot rely on a set of watched executions filled at
-creation there (another replica may finalize the execution): on PostgreSQL every execution's
-end asks the store (one indexed update), and a creation re-reads its execution after commit,
-so an end racing the creation is seen by one of the two.
-"""
+Several replicas (docs/operations.md): every replica runs a scheduler. A timer's creation is
+announced to the others (a fan-out message sent by its transaction, control/replicas/wiring.py), so
+each one sleeps until its due time and the timer fires on time even when the replica that took it
+died; the conditional update keeps it once. N6 cannot rely on a set of watched executions filled at
+creation there (another replica may finalize the execution): on PostgreSQL every execution's end
+asks the store (one indexed update), and a creation re-reads its execution after commit, so an end
+racing the creation is seen by one of the two."""
 
 from __future__ import annotations
 

@@ -107,7 +107,8 @@ def wake_view(row: Mapping[str, Any]) -> WakeView:
 
 
 class DeliveryLeases(Protocol):
-    """One replica delivers each webhook delivery (issue 16): plugged in by the control plane."""
+    """One replica delivers each webhook delivery (docs/operations.md): plugged in by the control
+    plane."""
 
     async def acquire(self, kind: str, subject_id: str, runner_id: str) -> bool: ...
 
@@ -132,8 +133,9 @@ class WakeService:
         self._deliveries: dict[str, asyncio.Task[None]] = {}
         self._http: httpx.AsyncClient | None = None
         self._closing = False
-        #: Replicas (issue 16, control/replicas/fanout.py): told of each wake emitted here, and of
-        #: each agent this replica was asked to wake, so the replicas serving its channels try too.
+        #: Replicas (docs/operations.md, control/replicas/fanout.py): told of each wake emitted
+        #: here, and of each agent this replica was asked to wake, so the replicas serving its
+        #: channels try too.
         self.on_emitted: Callable[[WakeView], None] | None = None
         self.on_notify: Callable[[str, str], None] | None = None
         self.on_webhooks: Callable[[], None] | None = None

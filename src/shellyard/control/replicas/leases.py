@@ -1,4 +1,4 @@
-"""Leases of ongoing work across control-plane replicas (issue 16, E11 across replicas).
+"""Leases of ongoing work across control-plane replicas (docs/operations.md, E11 across replicas).
 
 Each ``serve`` process is a replica with an id of its own. Before it watches an execution it
 takes that execution's lease (store/leases.py); a loop renews every lease it holds each

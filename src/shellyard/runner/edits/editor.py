@@ -2,9 +2,8 @@
 tar upload, delete, move, restore a snapshot, apply a transfer batch. Each ends with a commit,
 so its result is a snapshot; the control plane holds the workspace's writer around it.
 
-Every path goes through ``fsops`` (no symbolic link is ever followed); new content is placed
-as ``placing`` describes.
-"""
+Every path goes through ``runner/workspace_paths.py`` (no symbolic link is ever followed); new
+content is placed as ``placing`` describes."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""Base environments (issue 20): read-only prefixes built once per runner host and shared by
-every home and workspace there; a command without ``environment_id`` runs in the default one.
+"""Base environments (docs/environments.md): read-only prefixes built once per runner host and
+shared by every home and workspace there; a command without ``environment_id`` runs in the default
+one.
 
 On disk, under :func:`bases_root` (``SHELLYARD_BASES``; ``/var/lib/shellyard/bases`` for root,
 ``~/.cache/shellyard/bases`` otherwise)::

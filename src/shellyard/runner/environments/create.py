@@ -89,7 +89,7 @@ async def _create_python(ctx: ManagerContext) -> list[PackageRecord]:
     uv_env = {
         "UV_CACHE_DIR": str(ctx.cache / "uv"),
         "UV_PYTHON_DOWNLOADS": "never",
-        "UV_LINK_MODE": "copy",  # see env_managers/pip.py
+        "UV_LINK_MODE": "copy",  # see managers/pip.py
     }
     venv = [str(uv), "venv", "--no-config", "--python", str(python)]
     code, tail = await ctx.run_tool([*venv, "--seed", str(prefix)], env=uv_env)

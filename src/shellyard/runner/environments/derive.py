@@ -1,5 +1,5 @@
-"""``environment_create --from python-base`` (issue 20): a named environment that starts with
-a base's packages without copying their bytes.
+"""``environment_create --from python-base`` (docs/environments.md): a named environment that starts
+with a base's packages without copying their bytes.
 
 The new prefix is the base revision's tree with every file **hard-linked** (7,500 files, 344
 MB for python-base: a few hundred ms instead of an install), except what names the base's own

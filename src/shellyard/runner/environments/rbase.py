@@ -1,5 +1,5 @@
-"""Building ``r-base`` (issue 20): the runner's R with tidyverse and data.table in a library
-inside the prefix (``lib/R/library``, where a ``language: r`` environment keeps its own).
+"""Building ``r-base`` (docs/environments.md): the runner's R with tidyverse and data.table in a
+library inside the prefix (``lib/R/library``, where a ``language: r`` environment keeps its own).
 
 Which sources give what, measured on this runner's network (docs/environments.md "r-base"):
 CRAN, Bioconductor, Posit's package manager and conda-forge are not reachable; PyPI and the

@@ -1,4 +1,4 @@
-"""The package sources an operator allows on a runner (issue 20).
+"""The package sources an operator allows on a runner (docs/environments.md).
 
 ``SHELLYARD_ALLOWED_SOURCES`` (or the runner daemon's ``--allowed-source``) lists them:
 ``pypi``, ``cran``, ``bioconductor`` (their public defaults), a conda channel name

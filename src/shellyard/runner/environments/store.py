@@ -112,7 +112,7 @@ class EnvironmentStore:
         self._tool_timeout_s = tool_timeout_s
         self._changes = root / "changes"
         self._cache = root / "cache"
-        #: local wheels and sdists an install used, by sha256 (env_managers/wheels.py)
+        #: local wheels and sdists an install used, by sha256 (managers/wheels.py)
         self._wheels = root / "wheels"
         self._store = SnapshotStore(root / "store")
         self._lock = StoreLock(root / "store")
@@ -309,7 +309,7 @@ class EnvironmentStore:
         workspace = None
         if request.workspace_id is not None and self._workspace_path is not None:
             workspace = self._workspace_path(request.workspace_id)
-        # issue 20: the operator's allowed sources, before anything is written (V8)
+        # docs/environments.md: the operator's allowed sources, before anything is written (V8)
         return sources.check_request(
             self._sources, request, runner_root=self.root.parent, workspace=workspace
         )

@@ -50,7 +50,7 @@ SpawnHook = Callable[[int, int], None]
 
 
 class SandboxedTools:
-    """The ``run_tool`` of one change (see ``env_managers.base.ToolRunner``)."""
+    """The ``run_tool`` of one change (see ``managers/base.py``'s ``ToolRunner``)."""
 
     def __init__(
         self,

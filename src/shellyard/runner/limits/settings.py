@@ -1,9 +1,10 @@
 """Runner limits (R2; docs/limits.md): settings, how an execution ended, what ``info`` shows.
 
-The enforcement lives beside: ``guard.py`` watches running commands (workspace quota and
+The enforcement lives beside: ``watcher.py`` watches running commands (workspace quota and
 retained-log cap), ``logcap.py`` cuts and reads logs, ``quota.py`` measures a tree,
-``space.py`` keeps the free-space reserve. rlimits (processes, memory, file size, open files,
-CPU time) are set on bwrap by ``sandbox.sandbox_limits`` (through ``launch.py``).
+``reserve.py`` keeps the free-space reserve. rlimits (processes, memory, file size, open files,
+CPU time) are set on bwrap by ``sandbox/bwrap.py``'s ``sandbox_limits`` (through
+``sandbox/launch.py``).
 """
 
 from __future__ import annotations

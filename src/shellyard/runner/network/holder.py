@@ -1,4 +1,4 @@
-"""Workspace networks on a runner that is not root (issue 17; docs/decisions.md).
+"""Workspace networks on a runner that is not root (R2; docs/decisions.md).
 
 Without CAP_SYS_ADMIN the runner cannot bind-mount a namespace on a file (netns.py), and
 ``bwrap --unshare-net`` gives each sandbox a namespace owned by a user namespace of its own

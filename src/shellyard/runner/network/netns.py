@@ -1,4 +1,4 @@
-"""One private network namespace per workspace (issue 17): every execution of a workspace, its
+"""One private network namespace per workspace (R2): every execution of a workspace, its
 writer and its read-only ones, joins the same namespace, so a background server is reached
 from a reader at ``localhost:PORT``; no other workspace and not the host can reach it.
 
@@ -44,7 +44,7 @@ def _libc() -> ctypes.CDLL:
 
 def supported(network: str) -> bool:
     """Whether this runner gives workspaces a shared namespace under ``network``: as root
-    with a namespace bind-mounted on a file, otherwise held by a process (netns_holder.py)."""
+    with a namespace bind-mounted on a file, otherwise held by a process (holder.py)."""
     if network not in ("off", "egress") or shutil.which("nsenter") is None:
         return False
     return os.geteuid() == 0 or holder.available()
@@ -55,7 +55,7 @@ class WorkspaceNetworks:
 
     def __init__(self, directory: Path, egress_socket: Path | None = None) -> None:
         self.directory = directory
-        #: Not root: each namespace is held by a process (netns_holder.py), which also runs
+        #: Not root: each namespace is held by a process (holder.py), which also runs
         #: the egress relay when ``egress_socket`` is given.
         self.held = os.geteuid() != 0
         self.egress_socket = egress_socket
@@ -63,7 +63,7 @@ class WorkspaceNetworks:
         #: they end, the last ones (runner/sandbox/supervise.py), so the next command joins it.
         self._users: dict[str, set[str]] = {}
         #: Of those, the ones still running: a workspace without any has no live server, so
-        #: its forwarded ports go at once (issue 17), whatever the namespace's linger.
+        #: its forwarded ports go at once (R5), whatever the namespace's linger.
         self._live: dict[str, set[str]] = {}
         #: Called with (workspace, namespace file) when a workspace's first user arrives
         #: (made now, or found mounted after a restart), and with the workspace before its

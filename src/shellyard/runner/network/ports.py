@@ -1,4 +1,4 @@
-"""The relays that live with a workspace's network namespace (issue 17; netns.py):
+"""The relays that live with a workspace's network namespace (R2; netns.py):
 
 - a **forwarded port**: a listening socket on the runner host's loopback (never another
   address), relayed into the workspace's namespace to ``127.0.0.1:PORT``, for a person's
@@ -164,7 +164,7 @@ class Relays:
     def _ready(self, workspace_id: str, path: Path) -> None:
         """The namespace has its first execution: under egress, make sure its relay runs."""
         if self.egress_socket is None or self.networks.held:
-            return  # a holder runs its own egress relay (netns_holder.py)
+            return  # a holder runs its own egress relay (holder.py)
         with self._lock:
             if self._alive(workspace_id, EGRESS) is not None:
                 return  # still running from before a restart of the runner

@@ -14,7 +14,7 @@ starts it): the network a new connection is made in is fixed when it entered it,
 bytes needs no privilege, and a relay that a client could subvert holds none.
 
 ``--hold`` makes it the holder of a workspace network on a runner that is not root
-(netns_holder.py): started by ``unshare --user --net --keep-caps``, it brings the new
+(holder.py): started by ``unshare --user --net --keep-caps``, it brings the new
 namespace's loopback up, optionally listens on ``--listen-port`` there (the egress relay),
 prints ``ready`` and stays, so sandboxes can join the namespace through its /proc entry.
 """

@@ -120,7 +120,7 @@ def sandbox_limits(policy: SandboxPolicy) -> list[launch.Limit]:
         limits.append(
             launch.Limit(resource.RLIMIT_AS, policy.max_memory_bytes, policy.max_memory_bytes)
         )
-    cpu = cpu_limit(policy)  # limits (issue 12): CPU time, soft then hard
+    cpu = cpu_limit(policy)  # limits (R2, docs/limits.md): CPU time, soft then hard
     if cpu is not None:
         limits.append(launch.Limit(resource.RLIMIT_CPU, *cpu))
     return limits
@@ -295,20 +295,20 @@ def bwrap_argv(
     launcher: Path | None = None,
 ) -> list[str]:
     if policy.network == "egress" and not shared_network:
-        # issue 17: a shared namespace has its relay already (runner/network/ports.py)
+        # R5: a shared namespace has its relay already (runner/network/ports.py)
         command = egress_command(socat or find_socat(), command)
     shared_network = shared_network or network is not None
     front = launch.prefix(launcher, network=network, ids=ids, limits=sandbox_limits(policy))
     argv = [*front, bwrap, "--unshare-all"]
     argv += ["--new-session", *hardening.argv(), *view.argv]
     argv += network_argv(policy.network, egress_socket)
-    if shared_network:  # issue 17: bwrap runs inside the workspace's namespace (netns.py)
+    if shared_network:  # R2: bwrap runs inside the workspace's namespace (netns.py)
         argv.append("--share-net")
     for path in read_only_binds:
         # V4: an environment's prefix keeps its own path (its scripts name it), read-only.
         argv += ["--ro-bind", str(path), str(path)]
     argv += [
-        # issue 17: a read-only execution's committed view (readview.py) takes no writes
+        # W2: a read-only execution's committed view (snapshots/views.py) takes no writes
         "--ro-bind" if workspace_read_only else "--bind",
         str(workspace),
         WORKSPACE,

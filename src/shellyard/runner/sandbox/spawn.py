@@ -48,9 +48,9 @@ class LiveExecution:
     environment_id: str | None = None
     #: The policy it was started under (None for a record of an older runner).
     policy: ExecutionPolicy | None = None
-    #: issue 17: a reader beside the writer: no writer held, no commit at the end.
+    #: W2: a reader beside the writer: no writer held, no commit at the end.
     read_only: bool = False
-    #: issue 17: it joined its workspace's shared network namespace (netns.py).
+    #: R2: it joined its workspace's shared network namespace (netns.py).
     shared_network: bool = False
 
 
@@ -73,7 +73,7 @@ class Sandboxes:
     disable_userns: bool
     egress_socket: Path | None = None
     socat: str | None = None
-    #: issue 17: one network namespace per workspace, when this runner can (netns.py).
+    #: R2: one network namespace per workspace, when this runner can (netns.py).
     networks: WorkspaceNetworks | None = None
     #: What enters the network, drops privileges and sets limits in one exec (launch.py);
     #: None: the nsenter/setpriv/prlimit chain.

@@ -21,8 +21,8 @@ from typing import Any
 
 from shellyard.errors import InvalidInput, NotFound
 from shellyard.runner import processes
-from shellyard.runner.limits.logcap import read as read_capped_log  # limits (issue 12)
-from shellyard.runner.limits.watcher import Guard  # limits (issue 12)
+from shellyard.runner.limits.logcap import read as read_capped_log  # limits (R2, docs/limits.md)
+from shellyard.runner.limits.watcher import Guard  # limits (R2, docs/limits.md)
 from shellyard.runner.policy import ExecutionPolicy
 from shellyard.runner.protocol import (
     MAX_READ_CHUNK,
@@ -39,7 +39,7 @@ from shellyard.runner.snapshots.store import SnapshotStore
 
 log = logging.getLogger(__name__)
 
-#: How long a workspace's network namespace outlives its last execution (issue 13): making
+#: How long a workspace's network namespace outlives its last execution (docs/benchmarks.md): making
 #: one (``unshare``, loopback up) and removing it (``umount``) cost ~9 ms per execution when
 #: an agent runs commands one after another, more than the whole sandbox spawn.
 NETWORK_LINGER_S = 30.0
@@ -72,11 +72,11 @@ class Supervisor:
         snapshots: SnapshotStore,
     ) -> None:
         self._executions = executions
-        #: issue 17: where a read-only execution's committed view comes from
+        #: W2: where a read-only execution's committed view comes from
         self._snapshots = snapshots
-        #: issue 17: views shared by the readers of one snapshot content (readview.py)
+        #: W2: views shared by the readers of one snapshot content (snapshots/views.py)
         self.views = views.ReadViews(executions.parent / "views", snapshots)
-        #: limits (issue 12): the workspace quota and the log cap while a command runs
+        #: limits (R2, docs/limits.md): the workspace quota and the log cap while a command runs
         self._guard = guard
         self._workspace_path = workspace_path
         self.sandboxes = sandboxes
@@ -100,7 +100,7 @@ class Supervisor:
     ) -> RunnerExecution:
         directory = self._executions / request.execution_id
         directory.mkdir()
-        if request.read_only:  # issue 17: the committed view, never the live tree (W2)
+        if request.read_only:  # the committed view, never the live tree (W2)
             link = directory / views.VIEW
             tree = self.views.acquire(request.workspace_id, request.execution_id, link)
         try:
@@ -181,7 +181,7 @@ class Supervisor:
                 error = bwrap_error(live.directory, returncode)
         snapshot: SnapshotInfo | None = None
         try:
-            if live.read_only:  # issue 17: a reader makes no snapshot; its view goes
+            if live.read_only:  # W2: a reader makes no snapshot; its view goes
                 link = live.directory / views.VIEW
                 await asyncio.to_thread(self.views.release, link, execution_id)
             else:
@@ -223,7 +223,7 @@ class Supervisor:
                 self.environment_users.pop(live.environment_id, None)
         if live.shared_network and self.sandboxes.networks is not None:
             self.sandboxes.networks.ended(live.workspace_id, execution_id)
-            # issue 17: the last one takes it along, NETWORK_LINGER_S later, so the next
+            # R2: the last one takes it along, NETWORK_LINGER_S later, so the next
             # command of the workspace joins it instead of making a new one. Nothing of the
             # sandbox is left in it (killed above); only its loopback stays up meanwhile.
             handle = asyncio.get_running_loop().call_later(
@@ -344,7 +344,7 @@ class Supervisor:
             raise InvalidInput("offset and limit must be zero or positive")
         path = self._log_path(execution_id, stream)
         finished = (await self.status(execution_id)).state != RunnerExecState.running
-        # limits (issue 12): a cut log reads as head, marker, tail (logcap.py)
+        # limits (R2, docs/limits.md): a cut log reads as head, marker, tail (logcap.py)
         data, start, next_offset, size = read_capped_log(path, offset, min(limit, MAX_READ_CHUNK))
         return LogChunk(
             data=data,
@@ -393,7 +393,7 @@ class Supervisor:
             )
             if processes.is_same_process(live.pid, live.start_time):
                 self._watch(execution_id, live)
-                tree = self._workspace_path(live.workspace_id)  # limits (issue 12)
+                tree = self._workspace_path(live.workspace_id)  # limits (R2, docs/limits.md)
                 if live.read_only:
                     tree = view or directory / views.VIEW
                 self._guard.watch(execution_id, live.workspace_id, directory, tree, live.pid)

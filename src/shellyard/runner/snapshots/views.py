@@ -1,4 +1,4 @@
-"""The committed view a read-only execution sees (W2; issue 17; docs/decisions.md).
+"""The committed view a read-only execution sees (W2; docs/decisions.md).
 
 A read-only execution runs beside the workspace's writer, so it must not see the writer's
 half-written files: it gets the workspace's last committed snapshot, materialised into its

@@ -614,7 +614,7 @@ class RemoteRunner:
             EnvironmentInfo, await self._invoke("environment_info", environment_id=environment_id)
         )
 
-    # issue 17: the daemon forwards a loopback port of its own host (docs/runners.md)
+    # R5: the daemon forwards a loopback port of its own host (docs/runners.md)
     async def open_port(self, workspace_id: str, port: int, host_port: int) -> PortView:
         return cast(
             PortView,

@@ -167,7 +167,8 @@ async def start_and_wait(runner: Runner, request: StartWait) -> StartAnswer:
         started = record
         record = await runner.wait(record.execution_id, budget)
         # What only start answers (the default base environment used, or the note that it
-        # ran without one: issue 20) stays in the answer when the record is the ended one.
+        # ran without one: docs/environments.md) stays in the answer when the record is the ended
+        # one.
         record = record.model_copy(update={name: getattr(started, name) for name in START_ONLY})
     answer = StartAnswer.model_construct(**dict(record))  # a validated record, extended
     if budget > 0 and record.state != RunnerExecState.running:
@@ -399,7 +400,7 @@ def run_runner_daemon(
     except ValueError as exc:
         raise InvalidInput(str(exc)) from None
     policy = policy_from_env(SandboxPolicy()).model_copy(update={"network": mode})
-    policy = limits_from_env(policy, os.environ)  # limits (issue 12): docs/limits.md
+    policy = limits_from_env(policy, os.environ)  # limits (R2): docs/limits.md
     if host_paths:
         policy = SandboxPolicy.model_validate(
             {**policy.model_dump(), "host_paths": [*policy.host_paths, *host_paths]}
@@ -440,12 +441,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--host-path", action="append", default=[])
     ap.add_argument("--policy-json", default=None)
     ap.add_argument("--log-level", default="info")
-    # limits (issue 12); also read from SHELLYARD_WORKSPACE_QUOTA etc. (docs/limits.md)
+    # limits (R2); also read from SHELLYARD_WORKSPACE_QUOTA etc. (docs/limits.md)
     ap.add_argument("--workspace-quota", default=None, help="bytes or K/M/G/T; 0: none")
     ap.add_argument("--log-limit", default=None, help="bytes kept per log stream; 0: all")
     ap.add_argument("--free-space-reserve", default=None, help="bytes or N%% of the volume")
     ap.add_argument("--cpu-limit", default=None, help="CPU seconds per process; 0: none")
-    # package sources (issue 20); also SHELLYARD_ALLOWED_SOURCES (docs/environments.md)
+    # package sources; also SHELLYARD_ALLOWED_SOURCES (docs/environments.md)
     ap.add_argument("--allowed-source", action="append", default=None, help="repeatable")
     ap.add_argument("--packages-offline", action="store_true", help="local sources only")
     args = ap.parse_args(argv)
@@ -458,8 +459,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         policy = SandboxPolicy(
             network=parse_network(args.network, "--network"), host_paths=list(args.host_path)
         )
-    policy = limits_options(policy, args)  # limits (issue 12)
-    policy = sources_options(policy, args)  # package sources (issue 20)
+    policy = limits_options(policy, args)  # limits (R2, docs/limits.md)
+    policy = sources_options(policy, args)  # package sources (docs/environments.md)
     token = load_or_create_token(args.token_file or root / TOKEN_FILE_NAME)
     serve_runner(
         root,

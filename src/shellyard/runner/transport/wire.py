@@ -340,7 +340,7 @@ OPERATIONS: dict[str, Operation] = _table(
     Operation("environment_change_status", ChangeRef, EnvironmentChange),
     Operation("environment_change_wait", ChangeWaitRequest, EnvironmentChange),
     Operation("environment_info", EnvironmentRef, EnvironmentInfo),
-    # ports for the host (issue 17): the daemon forwards a loopback port of its own host
+    # ports for the host (R5): the daemon forwards a loopback port of its own host
     Operation("open_port", PortOpenArgs, PortView),
     Operation("list_ports", PortsOf, PortViews, unwrap="ports"),
     Operation("close_port", PortRef, PortView),

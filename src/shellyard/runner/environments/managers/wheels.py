@@ -1,5 +1,5 @@
 """Local package files (wheels, sdists) copied into the environments' content-addressed store
-before pip installs them (issue 20).
+before pip installs them (docs/environments.md).
 
 A file named by ``find_links`` or ``name @ file://…`` may be in the caller's workspace, where
 it can change or vanish right after the install. So it is read once, streamed into
