@@ -33,6 +33,14 @@ class InvalidInput(ShellyardError):
     http_status = 400
 
 
+class TooLarge(InvalidInput):
+    """A request past a documented bound (body size, entries, page, sessions): the message
+    names the bound and what to do (docs/security.md "Limits at each door")."""
+
+    code = "too_large"
+    http_status = 413
+
+
 class NotFound(ShellyardError):
     code = "not_found"
     http_status = 404
@@ -136,6 +144,7 @@ ERRORS_BY_CODE: dict[str, type[ShellyardError]] = {
         WorkspaceBusy,
         Conflict,
         PathRefused,
+        TooLarge,
         OutOfRoom,
         LowOnSpace,
         RunnerUnavailable,

@@ -32,6 +32,7 @@ from shellyard.errors import (
 )
 from shellyard.runner import bases, history, launch, netns, objects, reach, retention, sandbox
 from shellyard.runner.edits.editor import Editor
+from shellyard.runner.edits.tarscan import TarLimits
 from shellyard.runner.egress import EgressProxy
 from shellyard.runner.egress_rules import EgressRules
 from shellyard.runner.environments import EnvironmentStore
@@ -368,7 +369,14 @@ class LocalRunner:
         async with self._writing(workspace_id):
             chunks: queue.Queue[bytes | None] = queue.Queue(maxsize=8)
             unpacking = asyncio.ensure_future(
-                asyncio.to_thread(self._editor.unpack, workspace_id, path, chunks)
+                asyncio.to_thread(
+                    self._editor.unpack,
+                    workspace_id,
+                    path,
+                    chunks,
+                    # an upload never expands past the workspace quota (R2, tarscan.py)
+                    TarLimits(max_bytes=self.policy.workspace_quota_bytes),
+                )
             )
             try:
                 async for chunk in _coalesce(data):

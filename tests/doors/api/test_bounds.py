@@ -1,0 +1,209 @@
+"""Limits at each door (docs/security.md "Limits at each door"; R2, T1): an attack through one
+door must not stall the other clients or grow the server's memory without bound.
+
+A real server (its own process, a fresh home) is attacked by one session's token while a
+second client probes ``/healthz``; the probe's worst latency and the server's peak resident
+size (``VmHWM`` of /proc) are read during the attack. Each attack is refused with a message
+that says what was wrong."""
+
+from __future__ import annotations
+
+import bz2
+import io
+import os
+import signal
+import tarfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import pytest
+
+from conftest import make_home
+from shellyard.home import ensure_server, read_info
+
+#: The other client's worst answer time while an attack runs (the probe is a trivial route).
+PROBE_BOUND_S = 2.0
+
+
+@dataclass
+class Served:
+    url: str
+    pid: int
+    admin: dict[str, str]
+    session: dict[str, str]
+
+
+@pytest.fixture(scope="module")
+def served() -> Iterator[Served]:
+    home = make_home()
+    info = ensure_server(home)
+    admin = {"Authorization": f"Bearer {info.token}"}
+    made = httpx.post(f"{info.url}/v1/sessions", headers=admin, timeout=60).json()
+    token = httpx.post(
+        f"{info.url}/v1/tokens",
+        json={"kind": "session", "session_id": made["session_id"]},
+        headers=admin,
+        timeout=60,
+    ).json()["token"]
+    yield Served(info.url, info.pid, admin, {"Authorization": f"Bearer {token}"})
+    current = read_info(home)
+    pid = current.pid if current is not None else info.pid
+    try:
+        os.kill(pid, signal.SIGTERM)
+        for _ in range(100):
+            os.kill(pid, 0)
+            time.sleep(0.1)
+        os.kill(pid, signal.SIGKILL)  # a server stuck under the GIL ignores SIGTERM
+    except ProcessLookupError:
+        pass
+
+
+def peak_rss(pid: int) -> int:
+    """The process's peak resident size in bytes (VmHWM)."""
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no VmHWM")
+
+
+def during(served: Served, attack: Callable[[], httpx.Response]) -> tuple[httpx.Response, float]:
+    """Run ``attack`` in a thread while the main thread probes /healthz; (its answer, the
+    probe's worst latency)."""
+    result: list[httpx.Response] = []
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            result.append(attack())
+        except BaseException as exc:  # reported below
+            failed.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    worst = 0.0
+    with httpx.Client(base_url=served.url, timeout=120) as probe:
+        while thread.is_alive():
+            started = time.monotonic()
+            assert probe.get("/healthz").status_code == 200
+            worst = max(worst, time.monotonic() - started)
+            time.sleep(0.1)
+    thread.join()
+    if failed:
+        raise failed[0]
+    return result[0], worst
+
+
+def upload(served: Served, body: bytes) -> Callable[[], httpx.Response]:
+    def send() -> httpx.Response:
+        return httpx.post(
+            f"{served.url}/v1/files/archive",
+            params={"path": "up"},
+            content=body,
+            headers=served.session,
+            timeout=600,
+        )
+
+    return send
+
+
+def meta_header(kind: bytes, payload_size: int) -> bytes:
+    info = tarfile.TarInfo("././@LongLink" if kind in (b"L", b"K") else "././@PaxHeader")
+    info.type, info.size = kind, payload_size
+    return info.tobuf(format=tarfile.USTAR_FORMAT)
+
+
+def one_file(name: str = "a.txt") -> bytes:
+    info = tarfile.TarInfo(name)
+    info.size = 1
+    return info.tobuf(format=tarfile.USTAR_FORMAT) + b"x" + bytes(511) + bytes(1024)
+
+
+def error_of(response: httpx.Response) -> dict[str, Any]:
+    error: dict[str, Any] = response.json()["error"]
+    return error
+
+
+def test_pax_header_of_digits_stalls_no_one(served: Served) -> None:
+    """CVE-2024-6232: a pax header of 64,000 digits (a few hundred bytes compressed) made
+    tarfile's regular expressions run for seconds holding the GIL; the scan refuses it
+    before tarfile sees it, and /healthz answers meanwhile."""
+    payload = b"1" * 64_000
+    tar = meta_header(b"x", len(payload)) + payload + bytes(-len(payload) % 512) + one_file()
+    body = bz2.compress(tar)
+    assert len(body) < 1000
+    response, worst = during(served, upload(served, body))
+    assert response.status_code == 400, response.text
+    assert "digits" in error_of(response)["message"]
+    assert worst < PROBE_BOUND_S, f"/healthz took {worst:.1f} s during the upload"
+
+
+def test_long_name_header_of_a_large_declared_size_is_not_read_into_memory(
+    served: Served,
+) -> None:
+    """A GNU long-name header declaring 400 MB (zeros, a few hundred bytes compressed) was
+    read whole into memory; it is refused at its header and the peak RSS stays put."""
+    declared = 400 << 20
+    compressor = bz2.BZ2Compressor()
+    parts = [compressor.compress(meta_header(b"L", declared))]
+    zeros = bytes(1 << 20)
+    for _ in range(declared >> 20):
+        parts.append(compressor.compress(zeros))
+    parts.append(compressor.compress(one_file()))
+    parts.append(compressor.flush())
+    body = b"".join(parts)
+    assert len(body) < 4 << 20
+    before = peak_rss(served.pid)
+    response, worst = during(served, upload(served, body))
+    grown = peak_rss(served.pid) - before
+    assert response.status_code == 400, response.text
+    assert "extended header" in error_of(response)["message"]
+    assert grown < 100 << 20, f"the server's peak RSS grew by {grown >> 20} MB"
+    assert worst < PROBE_BOUND_S
+
+
+def test_a_pax_header_past_the_bound_is_refused(served: Served) -> None:
+    payload = b"20 comment=" + b"a" * 8 + b"\n"
+    big = meta_header(b"x", 10 << 20)
+    response = upload(served, big + payload)()
+    assert response.status_code == 400 and "extended header" in error_of(response)["message"]
+
+
+def test_an_upload_past_the_quota_is_refused_at_its_header(served: Served) -> None:
+    """A member declaring more than the workspace quota (10 GiB by default) is refused before
+    any byte of it is written (413 too_large); nothing is unpacked."""
+    info = tarfile.TarInfo("huge.bin")
+    info.size = 11 << 30
+    header = info.tobuf(format=tarfile.GNU_FORMAT)
+    response = upload(served, bz2.compress(header + bytes(1 << 20)))()
+    assert response.status_code == 413, response.text
+    assert error_of(response)["code"] == "too_large"
+    listing = httpx.get(
+        f"{served.url}/v1/files", params={"path": ""}, headers=served.session, timeout=60
+    )
+    assert "huge.bin" not in listing.text
+
+
+def test_a_good_archive_still_unpacks(served: Served) -> None:
+    """Every format tarfile writes (ustar, GNU with long names, pax), each compression."""
+    for fmt in (tarfile.USTAR_FORMAT, tarfile.GNU_FORMAT, tarfile.PAX_FORMAT):
+        for mode in ("w", "w:gz", "w:bz2", "w:xz"):
+            buf = io.BytesIO()
+            with tarfile.open(fileobj=buf, mode=mode, format=fmt) as tar:  # type: ignore[call-overload]
+                long_name = "d/" + "n" * 150 + ".txt" if fmt != tarfile.USTAR_FORMAT else "d/n.txt"
+                info = tarfile.TarInfo(long_name)
+                info.size = 3
+                tar.addfile(info, io.BytesIO(b"abc"))
+            response = upload(served, buf.getvalue())()
+            assert response.status_code == 200, (fmt, mode, response.text)
+            got = httpx.get(
+                f"{served.url}/v1/files/content",
+                params={"path": f"up/{long_name}"},
+                headers=served.session,
+                timeout=60,
+            )
+            assert got.content == b"abc", (fmt, mode)
