@@ -207,3 +207,35 @@ def test_a_good_archive_still_unpacks(served: Served) -> None:
                 timeout=60,
             )
             assert got.content == b"abc", (fmt, mode)
+
+
+def test_a_glob_of_repeated_double_stars_stalls_no_one(served: Served) -> None:
+    """``**`` 14 times over a 14-deep folder, matching nothing: the recursive matcher ran for
+    a minute on the event loop; now it answers at once (not found) and /healthz meanwhile."""
+    deep = "/".join(f"d{i}" for i in range(14))
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        info = tarfile.TarInfo(f"{deep}/f.txt")
+        info.size = 1
+        tar.addfile(info, io.BytesIO(b"f"))
+    assert upload(served, buf.getvalue())().status_code == 200
+    ws = httpx.get(f"{served.url}/v1/workspaces", headers=served.session, timeout=60).json()
+    workspace = ws[0]["workspace_id"]
+
+    def transfer() -> httpx.Response:
+        return httpx.post(
+            f"{served.url}/v1/transfers",
+            json={
+                "source_workspace_id": workspace,
+                "paths": ["up/" + "**/" * 14 + "nothing"],
+                "target_workspace_id": workspace,
+                "target_folder": "copy",
+            },
+            headers=served.session,
+            timeout=600,
+        )
+
+    response, worst = during(served, transfer)
+    assert response.status_code == 404, response.text
+    assert "matches nothing" in error_of(response)["message"]
+    assert worst < PROBE_BOUND_S, f"/healthz took {worst:.1f} s during the transfer"
