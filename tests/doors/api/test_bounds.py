@@ -239,3 +239,79 @@ def test_a_glob_of_repeated_double_stars_stalls_no_one(served: Served) -> None:
     assert response.status_code == 404, response.text
     assert "matches nothing" in error_of(response)["message"]
     assert worst < PROBE_BOUND_S, f"/healthz took {worst:.1f} s during the transfer"
+
+
+def raw_post(served: Served, path: str, total: int, headers: dict[str, str]) -> tuple[str, int]:
+    """POST ``total`` bytes of JSON-ish body over a plain socket, stopping as soon as the
+    server answers; (the status line and headers, bytes of body sent by then)."""
+    import select
+    import socket
+    from urllib.parse import urlsplit
+
+    where = urlsplit(served.url)
+    sock = socket.create_connection((where.hostname, where.port), timeout=60)
+    head = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+    sock.sendall(
+        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {total}\r\n{head}\r\n".encode()
+    )
+    chunk = b"[" + b"1," * (1 << 19)
+    sent = 0
+    answer = b""
+    try:
+        while sent < total:
+            readable, _, _ = select.select([sock], [], [], 0)
+            if readable:
+                break
+            piece = chunk[: min(len(chunk), total - sent)]
+            try:
+                sock.sendall(piece)
+            except (BrokenPipeError, ConnectionResetError):
+                break
+            sent += len(piece)
+        sock.settimeout(120)
+        while b"\r\n\r\n" not in answer:
+            data = sock.recv(65536)
+            if not data:
+                break
+            answer += data
+    finally:
+        sock.close()
+    return answer.split(b"\r\n\r\n", 1)[0].decode(), sent
+
+
+def test_a_large_body_without_a_token_is_refused_before_it_is_read(served: Served) -> None:
+    """256 MiB of JSON with no token: answered 401 before the body is read (the client
+    has sent only a small part when the answer comes), and the peak RSS stays put."""
+    total = 256 << 20
+    before = peak_rss(served.pid)
+    status, sent = raw_post(served, "/v1/executions", total, {})
+    grown = peak_rss(served.pid) - before
+    assert status.startswith("HTTP/1.1 401"), status
+    assert sent < total // 2, f"the server read {sent >> 20} MiB before answering"
+    assert grown < 64 << 20, f"the server's peak RSS grew by {grown >> 20} MB"
+
+
+def test_a_json_body_past_its_bound_is_refused(served: Served) -> None:
+    """With a token: a declared length past the bound is refused at once (413), and so is a
+    chunked body (no declared length) once it grows past it."""
+    status, sent = raw_post(served, "/v1/executions", 64 << 20, served.session)
+    assert status.startswith("HTTP/1.1 413"), status
+    assert sent < 32 << 20
+
+    def chunks() -> Iterator[bytes]:
+        for _ in range(32):
+            yield b" " * (1 << 20)
+
+    response = httpx.post(
+        f"{served.url}/v1/executions", content=chunks(), headers=served.session, timeout=120
+    )
+    assert response.status_code == 413, response.text
+    assert error_of(response)["code"] == "too_large"
+    small = httpx.post(
+        f"{served.url}/v1/executions",
+        json={"command": "true"},
+        headers=served.session,
+        timeout=120,
+    )
+    assert small.status_code == 200, small.text
