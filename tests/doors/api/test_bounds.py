@@ -315,3 +315,59 @@ def test_a_json_body_past_its_bound_is_refused(served: Served) -> None:
         timeout=120,
     )
     assert small.status_code == 200, small.text
+
+
+def connect(served: Served) -> Any:
+    import socket
+    from urllib.parse import urlsplit
+
+    where = urlsplit(served.url)
+    return socket.create_connection((where.hostname, where.port), timeout=60)
+
+
+def test_a_client_slow_to_send_its_headers_is_closed(served: Served) -> None:
+    """A byte of headers every second never completes a request: the server closes the
+    socket at its header deadline (10 s), not never."""
+    from shellyard.api.connections import HEADER_TIMEOUT_S
+
+    sock = connect(served)
+    sock.settimeout(1)
+    closed = False
+    try:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+        for _ in range(int(HEADER_TIMEOUT_S * 4)):
+            try:
+                sock.sendall(b"X")
+                if sock.recv(1) == b"":
+                    closed = True
+                    break
+            except TimeoutError:
+                continue
+            except (BrokenPipeError, ConnectionResetError):
+                closed = True
+                break
+    finally:
+        sock.close()
+    assert closed, "the server kept a connection that never finished its headers"
+
+
+def test_connections_from_one_client_are_capped(served: Served) -> None:
+    """Past the cap per client address, new connections are closed at once; once they are
+    gone the client is served again."""
+    from shellyard.api.connections import MAX_CONNECTIONS_PER_CLIENT
+
+    socks = [connect(served) for _ in range(MAX_CONNECTIONS_PER_CLIENT + 20)]
+    try:
+        last = socks[-1]
+        last.settimeout(30)
+        try:
+            last.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            answer = last.recv(100)
+        except (BrokenPipeError, ConnectionResetError):
+            answer = b""
+        assert answer == b"", f"connection past the cap was served: {answer!r}"
+    finally:
+        for sock in socks:
+            sock.close()
+    time.sleep(0.5)
+    assert httpx.get(f"{served.url}/healthz", timeout=30).status_code == 200
