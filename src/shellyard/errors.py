@@ -41,6 +41,14 @@ class TooLarge(InvalidInput):
     http_status = 413
 
 
+class TooMany(ShellyardError):
+    """More of something open at once than one token may hold (MCP sessions): close some or
+    wait for idle ones to expire (docs/security.md "Limits at each door")."""
+
+    code = "too_many"
+    http_status = 429
+
+
 class NotFound(ShellyardError):
     code = "not_found"
     http_status = 404
@@ -145,6 +153,7 @@ ERRORS_BY_CODE: dict[str, type[ShellyardError]] = {
         Conflict,
         PathRefused,
         TooLarge,
+        TooMany,
         OutOfRoom,
         LowOnSpace,
         RunnerUnavailable,

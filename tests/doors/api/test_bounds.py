@@ -371,3 +371,44 @@ def test_connections_from_one_client_are_capped(served: Served) -> None:
             sock.close()
     time.sleep(0.5)
     assert httpx.get(f"{served.url}/healthz", timeout=30).status_code == 200
+
+
+INITIALIZE = {
+    "jsonrpc": "2.0",
+    "id": 1,
+    "method": "initialize",
+    "params": {
+        "protocolVersion": "2025-06-18",
+        "capabilities": {},
+        "clientInfo": {"name": "bounds-test", "version": "1"},
+    },
+}
+MCP_HEADERS = {"Accept": "application/json, text/event-stream"}
+#: mcp/http.py's MAX_SESSIONS_PER_TOKEN, written out so the test also runs without the cap.
+MAX_SESSIONS_PER_TOKEN = 32
+
+
+def test_mcp_sessions_per_token_are_capped(served: Served) -> None:
+    """One token opens sessions and never closes them: past the cap per token a new one is
+    refused (429 too_many, saying what to do); closing one makes room; another token is not
+    affected."""
+    with httpx.Client(base_url=served.url, timeout=60) as client:
+
+        def open_session(auth: dict[str, str]) -> httpx.Response:
+            return client.post("/mcp", json=INITIALIZE, headers={**auth, **MCP_HEADERS})
+
+        opened = []
+        for _ in range(MAX_SESSIONS_PER_TOKEN):
+            response = open_session(served.session)
+            assert response.status_code == 200, response.text
+            opened.append(response.headers["mcp-session-id"])
+        refused = open_session(served.session)
+        assert refused.status_code == 429, refused.text
+        assert error_of(refused)["code"] == "too_many"
+        assert "close one" in error_of(refused)["message"]
+        assert open_session(served.admin).status_code == 200
+        closed = client.delete(
+            "/mcp", headers={**served.session, **MCP_HEADERS, "mcp-session-id": opened[0]}
+        )
+        assert closed.status_code < 300, closed.text
+        assert open_session(served.session).status_code == 200
