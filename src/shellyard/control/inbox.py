@@ -8,7 +8,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from shellyard.contract.sessions import InboxSummary, NoticeView
+from shellyard.contract.sessions import DEFAULT_LIST_PAGE, InboxSummary, NoticeView
 from shellyard.control.agents import AgentResolver
 from shellyard.control.wakes import notice_view
 from shellyard.store import Store
@@ -40,9 +40,19 @@ class InboxService:
         self.store = store
         self.agents = agents
 
-    async def notices(self, agent_id: str | None, unread_only: bool = False) -> list[NoticeView]:
+    async def notices(
+        self,
+        agent_id: str | None,
+        unread_only: bool = False,
+        after: str | None = None,
+        limit: int = DEFAULT_LIST_PAGE,
+    ) -> list[NoticeView]:
+        """One page of the agent's notices, oldest first (a full page: there may be more, from
+        ``after`` = its last id)."""
         agent = await self.agents.row(agent_id)
-        rows = await self.store.list_notices(str(agent["id"]), unread_only)
+        rows = await self.store.list_notices(
+            str(agent["id"]), unread_only, after=after, limit=limit
+        )
         return [notice_view(r) for r in rows]
 
     async def summary(self, agent_id: str | None) -> InboxSummary:

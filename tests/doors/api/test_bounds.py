@@ -412,3 +412,41 @@ def test_mcp_sessions_per_token_are_capped(served: Served) -> None:
         )
         assert closed.status_code < 300, closed.text
         assert open_session(served.session).status_code == 200
+
+
+@pytest.mark.parametrize("route", ["/v1/timers", "/v1/inbox"])
+def test_lists_come_in_pages(served: Served, route: str) -> None:
+    """N1, N5: GET /v1/timers and /v1/inbox answer one page (``limit``, at most 5000); a
+    full page names the next one's start (X-Shellyard-Next-After), and following it gives
+    every item once, in order. The SDK takes the same ``after``."""
+    from shellyard.sdk.client import Client
+
+    with httpx.Client(base_url=served.url, headers=served.session, timeout=60) as client:
+        for i in range(5):
+            made = client.post("/v1/timers", json={"text": f"t{i}", "after_ms": 1 + i})
+            assert made.status_code == 200, made.text
+        if route == "/v1/inbox":  # the timers fire into the inbox
+            for _ in range(300):
+                if len(client.get(route).json()) >= 5:
+                    break
+                time.sleep(0.1)
+        everything = client.get(route).json()
+        key = "timer_id" if route == "/v1/timers" else "notice_id"
+        assert len(everything) >= 5
+        seen: list[str] = []
+        after: str | None = None
+        while True:
+            page = client.get(route, params={"limit": 2, **({"after": after} if after else {})})
+            assert page.status_code == 200, page.text
+            items = page.json()
+            assert len(items) <= 2
+            seen += [item[key] for item in items]
+            after = page.headers.get("x-shellyard-next-after")
+            if after is None:
+                break
+            assert after == items[-1][key]
+        assert seen == [item[key] for item in everything]
+        assert client.get(route, params={"limit": 5001}).status_code == 400
+    sdk = Client(served.url, served.session["Authorization"].split()[1])
+    listing = sdk.timer_list(None, None, 2) if route == "/v1/timers" else sdk.inbox(False, None, 2)
+    assert len(listing) == 2
