@@ -65,6 +65,25 @@ class NoticeRecords(Database):
         stmt = stmt.order_by(notices.c.created_at, notices.c.id)
         return await self.all(stmt if limit is None else stmt.limit(limit))
 
+    async def unread_counts(self, agent_id: str) -> dict[str, int]:
+        """How many unread notices the agent has, by kind (one grouped count, no rows)."""
+        stmt = (
+            sa.select(notices.c.kind, sa.func.count().label("n"))
+            .where(notices.c.agent_id == agent_id, notices.c.read_at.is_(None))
+            .group_by(notices.c.kind)
+        )
+        return {str(row["kind"]): int(row["n"]) for row in await self.all(stmt)}
+
+    async def newest_unread(self, agent_id: str, limit: int) -> list[Row]:
+        """The agent's ``limit`` newest unread notices, oldest first."""
+        stmt = (
+            sa.select(notices)
+            .where(notices.c.agent_id == agent_id, notices.c.read_at.is_(None))
+            .order_by(notices.c.created_at.desc(), notices.c.id.desc())
+            .limit(limit)
+        )
+        return list(reversed(await self.all(stmt)))
+
     async def mark_notices_read(self, agent_id: str, notice_ids: Sequence[str] | None) -> int:
         """Mark the agent's unread notices read (all of them when ``notice_ids`` is None)."""
         return await self.run(_mark_notices_read, agent_id, notice_ids)
