@@ -4,7 +4,7 @@ repeats, and the summary is built from a grouped count and the newest notices on
 
 from __future__ import annotations
 
-from shellyard.control.inbox import SUMMARY_LIMIT, summarize, unread_summary
+from shellyard.control.notify.inbox import SUMMARY_LIMIT, summarize, unread_summary
 from shellyard.store import Store
 
 

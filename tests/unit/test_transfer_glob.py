@@ -9,7 +9,7 @@ import fnmatch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shellyard.control.transfer_plan import _match
+from shellyard.control.files.transfer_plan import _match
 
 
 def reference(parts: list[str], names: list[str]) -> bool:

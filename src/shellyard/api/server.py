@@ -17,7 +17,7 @@ import uvicorn
 from shellyard.api.app import create_app
 from shellyard.api.connections import KEEP_ALIVE_S, MAX_CONCURRENCY, BoundedH11
 from shellyard.config import Settings
-from shellyard.control.service import ControlPlane
+from shellyard.control.plane import ControlPlane
 from shellyard.control.tokens import ADMIN_TOKEN_NAME
 from shellyard.errors import InvalidInput
 from shellyard.home import INFO_NAME, ServerInfo, lock_home, write_info
@@ -111,7 +111,7 @@ def serve(
         timeout_keep_alive=KEEP_ALIVE_S,
         limit_concurrency=MAX_CONCURRENCY,
         h11_max_incomplete_event_size=16 * 1024,  # request line and headers
-        # JSON logs (issue 16): uvicorn's lines go through the root's JSON handler too.
+        # JSON logs (docs/operations.md): uvicorn's lines go through the root's JSON handler too.
         log_config=None if json_logs else uvicorn.config.LOGGING_CONFIG,
     )
     server = uvicorn.Server(config)
