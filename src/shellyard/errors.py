@@ -33,6 +33,22 @@ class InvalidInput(ShellyardError):
     http_status = 400
 
 
+class TooLarge(InvalidInput):
+    """A request past a documented bound (body size, entries, page, sessions): the message
+    names the bound and what to do (docs/security.md "Limits at each door")."""
+
+    code = "too_large"
+    http_status = 413
+
+
+class TooMany(ShellyardError):
+    """More of something open at once than one token may hold (MCP sessions): close some or
+    wait for idle ones to expire (docs/security.md "Limits at each door")."""
+
+    code = "too_many"
+    http_status = 429
+
+
 class NotFound(ShellyardError):
     code = "not_found"
     http_status = 404
@@ -136,6 +152,8 @@ ERRORS_BY_CODE: dict[str, type[ShellyardError]] = {
         WorkspaceBusy,
         Conflict,
         PathRefused,
+        TooLarge,
+        TooMany,
         OutOfRoom,
         LowOnSpace,
         RunnerUnavailable,

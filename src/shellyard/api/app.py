@@ -14,6 +14,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from shellyard import __version__
 from shellyard.api.auth import AgentHeader, principal
+from shellyard.api.bounds import RequestBounds
 from shellyard.api.docs import (
     ERROR_RESPONSES,
     HealthView,
@@ -194,4 +195,6 @@ def create_app(
     # MCP over streamable HTTP, the same tools as stdio, bound to each request's token.
     mcp_app = mount_mcp(app)
     document_bodies(app)
+    # body bounds and authentication before any body is read (docs/security.md)
+    app.add_middleware(RequestBounds)
     return app

@@ -9,13 +9,15 @@ a local function, when the routes are declared."""
 from collections.abc import AsyncIterator
 from typing import Annotated, Any, TypeVar
 
-from fastapi import APIRouter, Depends, Header, Query
+from fastapi import APIRouter, Depends, Header, Query, Response
 from fastapi.sse import EventSourceResponse, ServerSentEvent
 from pydantic import BaseModel, ValidationError
 
 from shellyard.api.auth import AgentHeader, PrincipalDep, admin_only
 from shellyard.api.docs import JSON_ERROR_RESPONSES, body_doc
 from shellyard.contract.sessions import (
+    DEFAULT_LIST_PAGE,
+    MAX_LIST_PAGE,
     AgentView,
     DeliveryView,
     InboxSummary,
@@ -43,6 +45,18 @@ def parse(model: type[M], body: dict[str, Any]) -> M:
         return model.model_validate(body)
     except ValidationError as exc:
         raise InvalidInput(validation_message(exc)) from None
+
+
+#: A list's page size (docs/security.md "Limits at each door").
+PageLimit = Annotated[int, Query(ge=1, le=MAX_LIST_PAGE)]
+PAGE_AFTER = "the last id of the previous page (its X-Shellyard-Next-After), for the next page"
+#: Set on a full page: the id to pass as ``after`` for the next one.
+NEXT_AFTER_HEADER = "X-Shellyard-Next-After"
+
+
+def _next(response: Response, ids: list[str], limit: int) -> None:
+    if len(ids) >= limit:
+        response.headers[NEXT_AFTER_HEADER] = ids[-1]
 
 
 def sessions_router(plane: ControlPlane) -> APIRouter:
@@ -146,8 +160,17 @@ def sessions_router(plane: ControlPlane) -> APIRouter:
     # ------------------------------------------------------------------ inbox
 
     @router.get("/v1/inbox")
-    async def inbox(agent: AgentHeader = None, unread_only: bool = False) -> list[NoticeView]:
-        return await plane.inbox.notices(agent, unread_only)
+    async def inbox(
+        response: Response,
+        agent: AgentHeader = None,
+        unread_only: bool = False,
+        after: Annotated[str | None, Query(description=PAGE_AFTER)] = None,
+        limit: PageLimit = DEFAULT_LIST_PAGE,
+    ) -> list[NoticeView]:
+        """One page, oldest first; a full page may have more: ask again with ``after``."""
+        page = await plane.inbox.notices(agent, unread_only, after, limit)
+        _next(response, [n.notice_id for n in page], limit)
+        return page
 
     @router.get("/v1/inbox/summary")
     async def inbox_summary(agent: AgentHeader = None) -> InboxSummary:
@@ -165,8 +188,17 @@ def sessions_router(plane: ControlPlane) -> APIRouter:
         return await plane.timers.create(agent, parse(TimerCreateRequest, body))
 
     @router.get("/v1/timers")
-    async def timer_list(agent: AgentHeader = None, state: str | None = None) -> list[TimerView]:
-        return await plane.timers.list_timers(agent, state)
+    async def timer_list(
+        response: Response,
+        agent: AgentHeader = None,
+        state: str | None = None,
+        after: Annotated[str | None, Query(description=PAGE_AFTER)] = None,
+        limit: PageLimit = DEFAULT_LIST_PAGE,
+    ) -> list[TimerView]:
+        """One page by firing time; a full page may have more: ask again with ``after``."""
+        page = await plane.timers.list_timers(agent, state, after, limit)
+        _next(response, [t.timer_id for t in page], limit)
+        return page
 
     @router.get("/v1/timers/{timer_id}")
     async def timer_get(timer_id: str, agent: AgentHeader = None) -> TimerView:

@@ -204,15 +204,31 @@ def timer_create(
     _show(timer, as_json, TIMER_COLUMNS)
 
 
+AfterOption = Annotated[
+    str | None, typer.Option("--after", help="Start after this id (the next page).")
+]
+
+
+def _say_more(ids: list[str]) -> None:
+    """A full page: say how to see the next one (on stderr, so --json stays parsable)."""
+    from shellyard.contract.sessions import DEFAULT_LIST_PAGE
+
+    if len(ids) >= DEFAULT_LIST_PAGE:
+        err.print(f"this is one page of {len(ids)}; more may follow: add --after {ids[-1]}")
+
+
 @timer_app.command("list")
 def timer_list(
     home: HomeOption = None,
     agent: AgentOption = None,
     state: Annotated[str | None, typer.Option(help="pending, fired or cancelled")] = None,
+    after: AfterOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """The agent's timers."""
-    _show(run_as(home, agent, lambda c: c.timer_list(state)), as_json, TIMER_COLUMNS)
+    """The agent's timers (one page)."""
+    timers = run_as(home, agent, lambda c: c.timer_list(state, after))
+    _show(timers, as_json, TIMER_COLUMNS)
+    _say_more([t.timer_id for t in timers])
 
 
 @timer_app.command("cancel")
@@ -272,9 +288,11 @@ def inbox(
     mark_read: Annotated[
         bool, typer.Option("--mark-read", help="Mark the listed notices read.")
     ] = False,
+    after: AfterOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """An agent's durable inbox: notices of finished executions, transfers and reminders."""
+    """An agent's durable inbox: notices of finished executions, transfers and reminders
+    (one page)."""
     if summary and mark_read:
         err.print("give --summary or --mark-read, not both")
         raise typer.Exit(2)
@@ -285,8 +303,9 @@ def inbox(
         else:
             out.print(result.text, highlight=False)
         return
-    notices = run_as(home, agent, lambda c: c.inbox(unread))
+    notices = run_as(home, agent, lambda c: c.inbox(unread, after))
     _show(notices, as_json, NOTICE_COLUMNS)
+    _say_more([n.notice_id for n in notices])
     if mark_read and notices:
         ids = [n.notice_id for n in notices]
         marked = run_as(home, agent, lambda c: c.mark_read(ids))

@@ -192,9 +192,16 @@ class TimerCreateRequest(BaseModel):
         return data
 
 
+#: Notices or timers in one page of a list (docs/security.md "Limits at each door").
+DEFAULT_LIST_PAGE = 1000
+MAX_LIST_PAGE = 5000
+_AFTER = "the last id of the previous page (its next_after), for the next page"
+
+
 class TimerListRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     state: str | None = Field(default=None, description="only pending, fired or cancelled ones")
+    after: str | None = Field(default=None, description=_AFTER)
 
 
 class TimerCancelRequest(BaseModel):
@@ -207,6 +214,7 @@ class InboxListRequest(BaseModel):
     # The MCP tool shows unread notices by default (what an agent acts on); REST's
     # GET /v1/inbox lists all unless asked, as it did before this model existed.
     unread_only: bool = Field(default=True, description="only notices not yet marked read")
+    after: str | None = Field(default=None, description=_AFTER)
 
 
 class TimerView(BaseModel):

@@ -9,7 +9,10 @@ context to the tool handler). So a tool acts exactly as that token may act over 
 scope checks, in one place, and a revoked token fails on its next tool call.
 
 The gate refuses a request without a valid token (401) or with an agent the token may not act
-as (403) before the MCP transport sees it.
+as (403) before the MCP transport sees it, and a new session past :data:`MAX_SESSIONS_PER_TOKEN`
+open ones of the same token (429 ``too_many``); a session idle for :data:`SESSION_IDLE_S` is
+closed by the SDK (docs/security.md "Limits at each door"). The SDK's own cap
+(:data:`MAX_SESSIONS`) is for the whole server.
 """
 
 from __future__ import annotations
@@ -25,12 +28,19 @@ from mcp.server.mcpserver import MCPServer
 from mcp.server.transport_security import TransportSecuritySettings
 from starlette.requests import Request
 from starlette.responses import JSONResponse
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from shellyard.api.auth import acting_agent, principal
-from shellyard.errors import ShellyardError, Unauthorized
+from shellyard.errors import ShellyardError, TooMany, Unauthorized, encode_error
 from shellyard.mcp.toolsets import TOOLS_HEADER, parse_toolsets
 from shellyard.sdk.client import AsyncClient
+
+#: Most MCP sessions one token may hold open at once.
+MAX_SESSIONS_PER_TOKEN = 32
+#: Seconds without a request after which a session is closed (the SDK's default is 1800).
+SESSION_IDLE_S = 600.0
+#: Most MCP sessions of the whole server.
+MAX_SESSIONS = 2000
 
 #: Headers of the /mcp request being served, forwarded on every in-process REST call.
 _forwarded: ContextVar[dict[str, str] | None] = ContextVar("shellyard_mcp_headers", default=None)
@@ -81,7 +91,12 @@ class McpHttp:
         self.server.streamable_http_app(
             streamable_http_path=path,
             transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False),
+            session_idle_timeout=SESSION_IDLE_S,
+            max_sessions=MAX_SESSIONS,
         )
+        #: Open sessions of each token (by token id); pruned against the SDK's live ones.
+        self._sessions: dict[str, set[str]] = {}
+        self._opening: dict[str, int] = {}
 
     @contextlib.asynccontextmanager
     async def lifespan(self) -> AsyncIterator[None]:
@@ -109,13 +124,46 @@ class McpHttp:
             await response(scope, receive, send)
             return
         headers = {name: request.headers[name] for name in _FORWARD if name in request.headers}
+        opening = "mcp-session-id" not in request.headers and request.method == "POST"
+        key = who.token_id or ""
+        mine = self._open_sessions(key)
+        if opening and len(mine) + self._opening.get(key, 0) >= MAX_SESSIONS_PER_TOKEN:
+            refused = TooMany(
+                f"this token has {len(mine)} MCP sessions open, the most one token may hold; "
+                f"close one (DELETE /mcp with its Mcp-Session-Id) or wait {SESSION_IDLE_S:.0f} s "
+                f"for an idle one to expire",
+                limit=MAX_SESSIONS_PER_TOKEN,
+            )
+            await JSONResponse(encode_error(refused), status_code=refused.http_status)(
+                scope, receive, send
+            )
+            return
+
+        async def noting(message: Message) -> None:
+            if opening and message["type"] == "http.response.start":
+                for name, value in message.get("headers", []):
+                    if name.lower() == b"mcp-session-id":
+                        mine.add(value.decode("latin-1"))
+            await send(message)
+
         reset = _forwarded.set(headers)
         chosen = _toolsets.set(enabled)
+        if opening:  # counted while it opens, so concurrent openings cannot pass the cap
+            self._opening[key] = self._opening.get(key, 0) + 1
         try:
-            await self.server.session_manager.handle_request(scope, receive, send)
+            await self.server.session_manager.handle_request(scope, receive, noting)
         finally:
             _toolsets.reset(chosen)
             _forwarded.reset(reset)
+            if opening:
+                self._opening[key] -= 1
+
+    def _open_sessions(self, key: str) -> set[str]:
+        """The token's sessions the SDK still holds (closed and expired ones dropped)."""
+        live = self.server.session_manager._server_instances  # the SDK keeps no other view
+        mine = self._sessions.setdefault(key, set())
+        mine.intersection_update(live.keys())
+        return mine
 
 
 __all__ = ["McpHttp"]

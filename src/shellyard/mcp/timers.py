@@ -10,6 +10,7 @@ from mcp.server.mcpserver.tools import Tool
 from pydantic import BaseModel
 
 from shellyard.contract.sessions import (
+    DEFAULT_LIST_PAGE,
     InboxListRequest,
     MarkReadRequest,
     NoticeView,
@@ -34,6 +35,13 @@ class Marked(BaseModel):
     marked: int
 
 
+def _more(ids: list[str]) -> dict[str, Any]:
+    """A full page says where the next one starts (docs/security.md "Limits at each door")."""
+    if len(ids) < DEFAULT_LIST_PAGE:
+        return {}
+    return {"next_after": ids[-1], "more": "this is one page: call again with after=next_after"}
+
+
 def timer_tools(backend: TimerBackend) -> list[Tool]:
     async def timer_create(request: TimerCreateRequest, ctx: Context) -> dict[str, Any]:
         timer = await backend.timer_create(
@@ -42,18 +50,20 @@ def timer_tools(backend: TimerBackend) -> list[Tool]:
         return timer.model_dump(mode="json")
 
     async def timer_list(request: TimerListRequest, ctx: Context) -> dict[str, Any]:
-        timers = await backend.timer_list(request.state)
-        return {"timers": [t.model_dump(mode="json") for t in timers]}
+        timers = await backend.timer_list(request.state, request.after)
+        return {"timers": [t.model_dump(mode="json") for t in timers]} | _more(
+            [t.timer_id for t in timers]
+        )
 
     async def timer_cancel(request: TimerCancelRequest, ctx: Context) -> dict[str, Any]:
         return (await backend.timer_cancel(request.timer_id)).model_dump(mode="json")
 
     async def inbox_list(request: InboxListRequest, ctx: Context) -> dict[str, Any]:
-        notices = await backend.inbox(request.unread_only)
+        notices = await backend.inbox(request.unread_only, request.after)
         return {
             "notices": [n.model_dump(mode="json") for n in notices],
             "unread": sum(1 for n in notices if n.read_at is None),
-        }
+        } | _more([n.notice_id for n in notices])
 
     async def inbox_mark_read(request: MarkReadRequest, ctx: Context) -> dict[str, Any]:
         return {"marked": await backend.mark_read(request.notice_ids)}

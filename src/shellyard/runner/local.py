@@ -32,6 +32,7 @@ from shellyard.errors import (
     WorkspaceBusy,
 )
 from shellyard.runner.edits.editor import Editor
+from shellyard.runner.edits.tarscan import TarLimits
 from shellyard.runner.environments import bases
 from shellyard.runner.environments.store import EnvironmentStore
 from shellyard.runner.limits import retention
@@ -378,7 +379,14 @@ class LocalRunner:
         async with self._writing(workspace_id):
             chunks: queue.Queue[bytes | None] = queue.Queue(maxsize=8)
             unpacking = asyncio.ensure_future(
-                asyncio.to_thread(self._editor.unpack, workspace_id, path, chunks)
+                asyncio.to_thread(
+                    self._editor.unpack,
+                    workspace_id,
+                    path,
+                    chunks,
+                    # an upload never expands past the workspace quota (R2, tarscan.py)
+                    TarLimits(max_bytes=self.policy.workspace_quota_bytes),
+                )
             )
             try:
                 async for chunk in _coalesce(data):

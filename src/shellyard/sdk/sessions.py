@@ -78,8 +78,13 @@ def _get_agent(agent_id: str) -> _Call[AgentView]:
     return call("GET", f"/v1/agents/{agent_id}", _AGENT)
 
 
-def _inbox(unread_only: bool = False) -> _Call[list[NoticeView]]:
-    return call("GET", "/v1/inbox", _NOTICES, {"unread_only": unread_only})
+def _inbox(
+    unread_only: bool = False, after: str | None = None, limit: int | None = None
+) -> _Call[list[NoticeView]]:
+    """One page of notices, oldest first (the server's page: 1000); a full page may have
+    more: call again with ``after`` = its last notice id."""
+    params = {"unread_only": unread_only, "after": after, "limit": limit}
+    return call("GET", "/v1/inbox", _NOTICES, params)
 
 
 def _mark_read(notice_ids: list[str] | None = None) -> _Call[MarkReadResult]:
@@ -96,8 +101,12 @@ def _timer_create(
     return call("POST", "/v1/timers", _TIMER, body={k: v for k, v in body.items() if v is not None})
 
 
-def _timer_list(state: str | None = None) -> _Call[list[TimerView]]:
-    return call("GET", "/v1/timers", _TIMERS, {"state": state})
+def _timer_list(
+    state: str | None = None, after: str | None = None, limit: int | None = None
+) -> _Call[list[TimerView]]:
+    """One page of timers by firing time (1000); a full page may have more: call again with
+    ``after`` = its last timer id."""
+    return call("GET", "/v1/timers", _TIMERS, {"state": state, "after": after, "limit": limit})
 
 
 def _timer_get(timer_id: str) -> _Call[TimerView]:

@@ -37,11 +37,52 @@ class NoticeRecords(Database):
     async def mark_notice_read(self, kind: str, subject_id: str) -> None:
         await self.run(_mark_notice_read, kind, subject_id)
 
-    async def list_notices(self, agent_id: str, unread_only: bool = False) -> list[Row]:
+    async def list_notices(
+        self,
+        agent_id: str,
+        unread_only: bool = False,
+        *,
+        after: str | None = None,
+        limit: int | None = None,
+    ) -> list[Row]:
+        """The agent's notices, oldest first; ``after``: only those past that notice (a page's
+        cursor), ``limit``: at most that many."""
         stmt = sa.select(notices).where(notices.c.agent_id == agent_id)
         if unread_only:
             stmt = stmt.where(notices.c.read_at.is_(None))
-        return await self.all(stmt.order_by(notices.c.created_at))
+        if after is not None:
+            mark = (
+                sa.select(notices.c.created_at)
+                .where(notices.c.id == after, notices.c.agent_id == agent_id)
+                .scalar_subquery()
+            )
+            stmt = stmt.where(
+                sa.or_(
+                    notices.c.created_at > mark,
+                    sa.and_(notices.c.created_at == mark, notices.c.id > after),
+                )
+            )
+        stmt = stmt.order_by(notices.c.created_at, notices.c.id)
+        return await self.all(stmt if limit is None else stmt.limit(limit))
+
+    async def unread_counts(self, agent_id: str) -> dict[str, int]:
+        """How many unread notices the agent has, by kind (one grouped count, no rows)."""
+        stmt = (
+            sa.select(notices.c.kind, sa.func.count().label("n"))
+            .where(notices.c.agent_id == agent_id, notices.c.read_at.is_(None))
+            .group_by(notices.c.kind)
+        )
+        return {str(row["kind"]): int(row["n"]) for row in await self.all(stmt)}
+
+    async def newest_unread(self, agent_id: str, limit: int) -> list[Row]:
+        """The agent's ``limit`` newest unread notices, oldest first."""
+        stmt = (
+            sa.select(notices)
+            .where(notices.c.agent_id == agent_id, notices.c.read_at.is_(None))
+            .order_by(notices.c.created_at.desc(), notices.c.id.desc())
+            .limit(limit)
+        )
+        return list(reversed(await self.all(stmt)))
 
     async def mark_notices_read(self, agent_id: str, notice_ids: Sequence[str] | None) -> int:
         """Mark the agent's unread notices read (all of them when ``notice_ids`` is None)."""

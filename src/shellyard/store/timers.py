@@ -30,11 +30,33 @@ class TimerRecords(Database):
     async def get_timer(self, timer_id: str) -> Row | None:
         return await self.one(sa.select(timers).where(timers.c.id == timer_id))
 
-    async def list_timers(self, agent_id: str, state: str | None = None) -> list[Row]:
+    async def list_timers(
+        self,
+        agent_id: str,
+        state: str | None = None,
+        *,
+        after: str | None = None,
+        limit: int | None = None,
+    ) -> list[Row]:
+        """The agent's timers by firing time; ``after``: only those past that timer (a page's
+        cursor), ``limit``: at most that many."""
         stmt = sa.select(timers).where(timers.c.agent_id == agent_id)
         if state is not None:
             stmt = stmt.where(timers.c.state == state)
-        return await self.all(stmt.order_by(timers.c.fire_at, timers.c.id))
+        if after is not None:
+            mark = (
+                sa.select(timers.c.fire_at)
+                .where(timers.c.id == after, timers.c.agent_id == agent_id)
+                .scalar_subquery()
+            )
+            stmt = stmt.where(
+                sa.or_(
+                    timers.c.fire_at > mark,
+                    sa.and_(timers.c.fire_at == mark, timers.c.id > after),
+                )
+            )
+        stmt = stmt.order_by(timers.c.fire_at, timers.c.id)
+        return await self.all(stmt if limit is None else stmt.limit(limit))
 
     async def cancel_timers(
         self, reason: str, *, timer_id: str | None = None, execution: Row | None = None

@@ -4,6 +4,7 @@ row per entry, each with its target path. control/files/transfers.py copies the 
 
 from __future__ import annotations
 
+import asyncio
 import fnmatch
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
@@ -18,6 +19,8 @@ MAX_TRANSFER_ENTRIES = 2_000_000
 #: Entries one listing page of the source holds while a transfer is planned.
 _PLAN_PAGE = 2000
 _GLOB = frozenset("*?[")
+#: Longest glob text (a path's own bound, PATH_MAX).
+MAX_GLOB_CHARS = 4096
 
 
 def parse_request(data: Mapping[str, Any]) -> TransferRequest:
@@ -34,7 +37,12 @@ def is_glob(path: str) -> bool:
 
 
 def glob_text(pattern: str) -> str:
-    """Check a glob's text like a path (relative, no escape, no NUL)."""
+    """Check a glob's text like a path (relative, no escape, no NUL) and its length."""
+    if len(pattern) > MAX_GLOB_CHARS:
+        raise InvalidInput(
+            f"a glob of {len(pattern)} characters is longer than {MAX_GLOB_CHARS}; "
+            f"name a folder or a shorter pattern"
+        )
     rel = normalize_relative(pattern)
     if not rel:
         raise InvalidInput(f"glob {pattern!r} matches nothing; give a pattern such as 'data/*.csv'")
@@ -43,25 +51,71 @@ def glob_text(pattern: str) -> str:
 
 def _match(parts: list[str], names: list[str]) -> bool:
     """Whether path components ``names`` match pattern components ``parts`` (``**`` matches
-    any number of folders, the rest as ``fnmatch`` within one component)."""
-    if not parts:
-        return not names
-    head, rest = parts[0], parts[1:]
-    if head == "**":
-        return any(_match(rest, names[k:]) for k in range(len(names) + 1))
-    return bool(names) and fnmatch.fnmatchcase(names[0], head) and _match(rest, names[1:])
+    any number of folders, the rest as ``fnmatch`` within one component).
+
+    A simulation of the pattern as an automaton, one state per pattern component: each name
+    moves every live state once, so the cost is at most ``len(parts) * len(names)`` component
+    matches (a recursion over ``**`` took exponential time: docs/security.md "Limits at each
+    door")."""
+    width = len(parts)
+
+    def closure(states: set[int]) -> set[int]:
+        # a ``**`` may match no folder: its state also stands for the next one
+        out = set(states)
+        for i in sorted(states):
+            while i < width and parts[i] == "**":
+                i += 1
+                out.add(i)
+        return out
+
+    states = closure({0})
+    for name in names:
+        moved: set[int] = set()
+        for i in states:
+            if i == width:
+                continue
+            if parts[i] == "**":
+                moved.add(i)
+            elif fnmatch.fnmatchcase(name, parts[i]):
+                moved.add(i + 1)
+        if not moved:
+            return False
+        states = closure(moved)
+    return width in states
 
 
-async def _walk(runner: Runner, ws: str, seq: int, path: str) -> AsyncIterator[PathEntry]:
+async def _pages(runner: Runner, ws: str, seq: int, path: str) -> AsyncIterator[list[PathEntry]]:
     after: str | None = None
     while True:
         page = await runner.list_dir(ws, seq, path, True, after, _PLAN_PAGE)
-        for entry in page.entries:
-            if entry.path != path:
-                yield entry
+        yield [entry for entry in page.entries if entry.path != path]
         if page.next_after is None:
             return
         after = page.next_after
+
+
+async def _walk(runner: Runner, ws: str, seq: int, path: str) -> AsyncIterator[PathEntry]:
+    async for page in _pages(runner, ws, seq, path):
+        for entry in page:
+            yield entry
+
+
+def _matching(parts: list[str], page: list[PathEntry], matched_dirs: set[str]) -> list[PathEntry]:
+    """The entries of ``page`` the glob takes: matched, or inside a matched folder (run on a
+    worker thread, one page at a time, so a long expansion never holds the event loop)."""
+    out = []
+    for entry in page:
+        path = entry.path
+        cut = path.find("/")
+        inside = False
+        while cut > 0 and not inside:
+            inside = path[:cut] in matched_dirs
+            cut = path.find("/", cut + 1)
+        if inside or _match(parts, path.split("/")):
+            out.append(entry)
+            if entry.kind == "dir":
+                matched_dirs.add(path)
+    return out
 
 
 async def plan(
@@ -117,14 +171,10 @@ async def plan(
             )
         matched_dirs: set[str] = set()
         found = False
-        async for entry in _walk(runner, ws, seq, base):
-            names = entry.path.split("/")
-            inside = any("/".join(names[:k]) in matched_dirs for k in range(1, len(names)))
-            if inside or _match(parts, names):
+        async for page in _pages(runner, ws, seq, base):
+            for entry in await asyncio.to_thread(_matching, parts, page, matched_dirs):
                 found = True
                 add(entry, base)
-                if entry.kind == "dir":
-                    matched_dirs.add(entry.path)
         if not found:
             raise NotFound(
                 f"glob {pattern!r} matches nothing in snapshot {seq} of workspace {ws}",

@@ -8,7 +8,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from shellyard.contract.sessions import InboxSummary, NoticeView
+from shellyard.contract.sessions import DEFAULT_LIST_PAGE, InboxSummary, NoticeView
 from shellyard.control.agents import AgentResolver
 from shellyard.control.notify.wakes import notice_view
 from shellyard.store import Store
@@ -20,19 +20,33 @@ SUMMARY_LIMIT = 50
 def summarize(agent_id: str, unread: Sequence[Mapping[str, Any]]) -> InboxSummary:
     """A summary of unread notices (N9), newest last, with a few lines of text for a model."""
     by_kind = dict(Counter(str(n["kind"]) for n in unread))
-    shown = [notice_view(n) for n in list(unread)[-SUMMARY_LIMIT:]]
-    if not unread:
+    return summarize_counts(agent_id, by_kind, list(unread)[-SUMMARY_LIMIT:])
+
+
+def summarize_counts(
+    agent_id: str, by_kind: dict[str, int], newest: Sequence[Mapping[str, Any]]
+) -> InboxSummary:
+    """The summary from the unread counts by kind and the newest unread notices (so the store
+    never hands over every unread row: docs/security.md "Limits at each door")."""
+    total = sum(by_kind.values())
+    shown = [notice_view(n) for n in list(newest)[-SUMMARY_LIMIT:]]
+    if not total:
         text = "No unread notices."
     else:
         kinds = ", ".join(f"{count} {kind}" for kind, count in sorted(by_kind.items()))
-        lines = [f"{len(unread)} unread notice{'s' if len(unread) != 1 else ''} ({kinds}):"]
-        if len(unread) > len(shown):
-            lines.append(f"- ... {len(unread) - len(shown)} older ones not listed")
+        lines = [f"{total} unread notice{'s' if total != 1 else ''} ({kinds}):"]
+        if total > len(shown):
+            lines.append(f"- ... {total - len(shown)} older ones not listed")
         lines += [f"- {n.summary}" for n in shown]
         text = "\n".join(lines)
-    return InboxSummary(
-        agent_id=agent_id, unread=len(unread), by_kind=by_kind, notices=shown, text=text
-    )
+    return InboxSummary(agent_id=agent_id, unread=total, by_kind=by_kind, notices=shown, text=text)
+
+
+async def unread_summary(store: Store, agent_id: str) -> InboxSummary:
+    """The agent's unread summary from a grouped count and one bounded page of rows."""
+    by_kind = await store.unread_counts(agent_id)
+    newest = await store.newest_unread(agent_id, SUMMARY_LIMIT) if by_kind else []
+    return summarize_counts(agent_id, by_kind, newest)
 
 
 class InboxService:
@@ -40,15 +54,24 @@ class InboxService:
         self.store = store
         self.agents = agents
 
-    async def notices(self, agent_id: str | None, unread_only: bool = False) -> list[NoticeView]:
+    async def notices(
+        self,
+        agent_id: str | None,
+        unread_only: bool = False,
+        after: str | None = None,
+        limit: int = DEFAULT_LIST_PAGE,
+    ) -> list[NoticeView]:
+        """One page of the agent's notices, oldest first (a full page: there may be more, from
+        ``after`` = its last id)."""
         agent = await self.agents.row(agent_id)
-        rows = await self.store.list_notices(str(agent["id"]), unread_only)
+        rows = await self.store.list_notices(
+            str(agent["id"]), unread_only, after=after, limit=limit
+        )
         return [notice_view(r) for r in rows]
 
     async def summary(self, agent_id: str | None) -> InboxSummary:
         agent = await self.agents.row(agent_id)
-        unread = await self.store.list_notices(str(agent["id"]), unread_only=True)
-        return summarize(str(agent["id"]), unread)
+        return await unread_summary(self.store, str(agent["id"]))
 
     async def mark_read(self, agent_id: str | None, notice_ids: Sequence[str] | None) -> int:
         """Mark notices read (every unread one when ``notice_ids`` is None); returns how many

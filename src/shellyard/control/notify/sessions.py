@@ -20,7 +20,7 @@ from shellyard.contract.sessions import (
     SessionView,
 )
 from shellyard.control.agents import AgentResolver
-from shellyard.control.notify.inbox import summarize
+from shellyard.control.notify.inbox import summarize, unread_summary
 from shellyard.control.notify.wakes import WakeService, wake_payload
 from shellyard.errors import Conflict, NotFound
 from shellyard.store import Store
@@ -187,12 +187,8 @@ class SessionService:
                 session_id, SessionState.active, "session_resumed", None
             )
             await self.wakes.kick_session(session_id, "resume")
-        unread = await self.store.list_notices(str(session["main_agent_id"]), unread_only=True)
-        return ResumeResult(
-            session=await self.get(session_id),
-            resumed=resumed,
-            summary=summarize(str(session["main_agent_id"]), unread),
-        )
+        summary = await unread_summary(self.store, str(session["main_agent_id"]))
+        return ResumeResult(session=await self.get(session_id), resumed=resumed, summary=summary)
 
     async def user_request(self, session_id: str) -> ResumeResult:
         """N9: a new user request. A stopped session resumes; the main agent's turn begins

@@ -27,7 +27,13 @@ from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from shellyard.config import NotificationSettings
-from shellyard.contract.sessions import SessionState, TimerCreateRequest, TimerState, TimerView
+from shellyard.contract.sessions import (
+    DEFAULT_LIST_PAGE,
+    SessionState,
+    TimerCreateRequest,
+    TimerState,
+    TimerView,
+)
 from shellyard.control.notify.sessions import SessionService
 from shellyard.control.notify.wakes import WakeService
 from shellyard.errors import Conflict, InvalidInput, NotFound
@@ -294,11 +300,20 @@ class TimerService:
                 row = await self.store.get_timer(str(row["id"])) or row
         return timer_view(row)
 
-    async def list_timers(self, agent_id: str | None, state: str | None = None) -> list[TimerView]:
+    async def list_timers(
+        self,
+        agent_id: str | None,
+        state: str | None = None,
+        after: str | None = None,
+        limit: int = DEFAULT_LIST_PAGE,
+    ) -> list[TimerView]:
+        """One page of the agent's timers by firing time (a full page: there may be more,
+        from ``after`` = its last id)."""
         if state is not None and state not in TimerState.__members__:
             raise InvalidInput(f"state must be pending, fired or cancelled, not {state!r}")
         agent = await self.sessions.agent_row(agent_id)
-        return [timer_view(r) for r in await self.store.list_timers(str(agent["id"]), state)]
+        rows = await self.store.list_timers(str(agent["id"]), state, after=after, limit=limit)
+        return [timer_view(r) for r in rows]
 
     async def get(self, agent_id: str | None, timer_id: str) -> TimerView:
         return timer_view(await self._owned(agent_id, timer_id))

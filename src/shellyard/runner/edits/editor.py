@@ -20,6 +20,7 @@ from shellyard.paths import normalize_relative
 from shellyard.runner import workspace_paths
 from shellyard.runner.edits.placing import Done, Placer, kind_name, reason_of
 from shellyard.runner.edits.tar import QueueReader, check_conflicts, unpack_to
+from shellyard.runner.edits.tarscan import TarLimits
 from shellyard.runner.edits.upload import FileUpload
 from shellyard.runner.protocol import ApplyEntry, ApplyOutcome, EditResult, PathEntry
 from shellyard.runner.snapshots import history
@@ -280,7 +281,13 @@ class Editor(Placer):
 
     # ------------------------------------------------------------------ tar uploads
 
-    def unpack(self, workspace_id: str, path: str, chunks: queue.Queue[bytes | None]) -> EditResult:
+    def unpack(
+        self,
+        workspace_id: str,
+        path: str,
+        chunks: queue.Queue[bytes | None],
+        limits: TarLimits | None = None,
+    ) -> EditResult:
         """Unpack a tar stream (fed through ``chunks``; None ends it) below ``path``.
 
         Two phases, so a bad archive changes nothing: everything is unpacked into a private
@@ -293,7 +300,7 @@ class Editor(Placer):
         reader = QueueReader(chunks)
         try:
             try:
-                members = unpack_to(stage, dest, reader, self.owner)
+                members = unpack_to(stage, dest, reader, self.owner, limits)
             except tarfile.TarError as exc:
                 raise InvalidInput(
                     f"the upload is not a readable tar archive ({exc}); send a tar stream "

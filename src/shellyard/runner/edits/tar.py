@@ -14,6 +14,7 @@ from shellyard.errors import InvalidInput, NotFound, OutOfRoom, PathRefused
 from shellyard.paths import normalize_relative
 from shellyard.runner import workspace_paths
 from shellyard.runner.edits.placing import kind_name
+from shellyard.runner.edits.tarscan import BoundedTar, TarLimits
 from shellyard.runner.workspace_paths import Folders, Owner
 
 #: A member to place: (path below the destination, "dir" | "file" | "symlink", mode).
@@ -45,15 +46,18 @@ def check_conflicts(root: int, dest: str, members: list[tuple[str, str, int]]) -
 
 
 def unpack_to(
-    stage: Path, dest: str, reader: QueueReader, owner: Owner
+    stage: Path, dest: str, reader: QueueReader, owner: Owner, limits: TarLimits | None = None
 ) -> list[tuple[str, str, int]]:
     members: list[tuple[str, str, int]] = []
+    # tarfile reads only what the bounded scan let through (tarscan.py, CVE-2024-6232)
+    scanned = BoundedTar(reader, limits or TarLimits())
     with (
-        tarfile.open(fileobj=cast(IO[bytes], reader), mode="r|*") as tar,
+        tarfile.open(fileobj=cast(IO[bytes], scanned), mode="r|") as tar,
         workspace_paths.open_root(stage) as stage_fd,
         Folders(stage_fd, create=True) as folders,
     ):
         for member in tar:
+            vars(tar)["members"].clear()  # read once as a stream: keep no list of them all
             name = normalize_relative(member.name)
             full = f"{dest}/{name}" if dest else name
             if not name:

@@ -1,0 +1,84 @@
+"""The server's HTTP connections, bounded (docs/security.md "Limits at each door").
+
+uvicorn (0.54, h11) closes a keep-alive connection idle after an answer, but not one that
+never finishes sending its request's headers: a client sending a byte every few seconds
+holds its socket forever, and any number of them may be open. This protocol adds:
+
+- a header deadline: a connection whose request headers are not complete
+  :data:`HEADER_TIMEOUT_S` after it opened (or after its previous answer) is closed;
+- a cap per client address: past :data:`MAX_CONNECTIONS_PER_CLIENT` open connections from
+  one address, a new one is closed at once (the server-wide cap is uvicorn's
+  ``limit_concurrency``, answered 503).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import h11
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+#: Seconds a client has to send a request's headers.
+HEADER_TIMEOUT_S = 10.0
+#: Most connections open at once from one client address.
+MAX_CONNECTIONS_PER_CLIENT = 256
+#: Most connections and running requests of the whole server (uvicorn answers 503 past it).
+MAX_CONCURRENCY = 1024
+#: Seconds an idle keep-alive connection stays open after an answer.
+KEEP_ALIVE_S = 5
+
+
+class BoundedH11(H11Protocol):
+    _header_deadline: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        host = self.client[0] if self.client else None
+        if host is not None:
+            same = sum(
+                1
+                for other in self.connections
+                if isinstance(other, H11Protocol) and other.client and other.client[0] == host
+            )
+            if same > MAX_CONNECTIONS_PER_CLIENT:
+                self.logger.warning(
+                    "closing a connection from %s: it has %d open, more than %d",
+                    host,
+                    same - 1,
+                    MAX_CONNECTIONS_PER_CLIENT,
+                )
+                transport.close()
+                return
+        self._arm()
+
+    def _arm(self) -> None:
+        self._disarm()
+        self._header_deadline = self.loop.call_later(HEADER_TIMEOUT_S, self._headers_late)
+
+    def _disarm(self) -> None:
+        if self._header_deadline is not None:
+            self._header_deadline.cancel()
+            self._header_deadline = None
+
+    def _headers_late(self) -> None:
+        self._header_deadline = None
+        if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
+            self.transport.close()  # no complete request headers in time
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if not self.transport.is_closing():
+            self._arm()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+
+__all__ = [
+    "HEADER_TIMEOUT_S",
+    "KEEP_ALIVE_S",
+    "MAX_CONCURRENCY",
+    "MAX_CONNECTIONS_PER_CLIENT",
+    "BoundedH11",
+]
