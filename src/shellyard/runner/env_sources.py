@@ -4,10 +4,12 @@
 ``pypi``, ``cran``, ``bioconductor`` (their public defaults), a conda channel name
 (``conda-forge``), an ``https://`` URL (a mirror: everything below that path), a local folder
 (``/srv/wheels``, ``file:///srv/channel``), or, the operator's explicit exception, one
-``http://`` mirror. Unset, every ``https://`` source and every local folder outside the
-runner's own folder may be used. ``SHELLYARD_PACKAGES_OFFLINE=1`` (``--packages-offline``)
-allows local sources only: pip runs with ``--no-index`` unless an allowed local index is
-named, and CRAN and Bioconductor are refused.
+``http://`` mirror. Unset, every ``https://`` source may be used, and local folders only in
+the caller's workspace (``/workspace/…``); the operator's own direct calls to a runner
+(``for_agent`` false) may also name any folder outside the runner's own folder.
+``SHELLYARD_PACKAGES_OFFLINE=1`` (``--packages-offline``) allows local sources only: pip
+runs with ``--no-index`` unless an allowed local index is named, and CRAN and Bioconductor
+are refused.
 
 A request is checked before anything runs (``EnvironmentStore._validate``): its own sources
 and the defaults it falls back on. Local paths under ``/workspace/`` name the caller's
@@ -112,7 +114,7 @@ def check_request(
     manager = request.manager
     if request.action != "install" or manager is None:
         return Checked(request)
-    checker = _Checker(rule, runner_root.resolve(), workspace, manager)
+    checker = _Checker(rule, runner_root.resolve(), workspace, manager, request.for_agent)
     try:
         for spec in request.specs:
             check_spec(manager, spec)
@@ -129,8 +131,11 @@ def check_request(
 
 
 class _Checker:
-    def __init__(self, rule: Allowed, root: Path, workspace: Path | None, manager: str) -> None:
+    def __init__(
+        self, rule: Allowed, root: Path, workspace: Path | None, manager: str, for_agent: bool
+    ) -> None:
         self.rule = rule
+        self.for_agent = for_agent
         self.root = root
         self.workspace = workspace
         self.manager = manager
@@ -229,6 +234,11 @@ class _Checker:
                 f"workspaces, its records); give files of your workspace as {WORKSPACE}/…"
             )
         folders = self.rule.folders
+        if folders is None and self.for_agent:
+            # An agent names host folders only where the operator allowed them: its own
+            # files are under /workspace/ (docs/environments.md, "Package tools run as the
+            # sandbox uid"); /root, /etc/ssh and the like are nobody's package source.
+            folders = ()
         if folders is not None and not any(real == f or f in real.parents for f in folders):
             listed = ", ".join(str(f) for f in folders) or "none"
             raise SourceError(

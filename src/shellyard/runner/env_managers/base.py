@@ -34,7 +34,8 @@ class ManagerContext:
     prefix: Path
     #: A private scratch folder for this change, removed afterwards.
     scratch: Path
-    #: Shared per-runner package caches (rattler's, uv's, downloads), reused across changes.
+    #: The environment's own package caches (uv's, rattler's), reused by its later changes and
+    #: by no other environment's (docs/environments.md, "Caches").
     cache: Path
     progress: Progress
     #: Runs a tool's process (uv, Rscript) with the prefix writable and the rest of the host
@@ -51,6 +52,9 @@ class ManagerContext:
     wheels: Path | None = None
     #: Path lists of conda archives already checked, by sha256, out of every tool's reach.
     verified: Path | None = None
+    #: What runs a process as the tools' uid (``launch.prefix``; empty on a non-root
+    #: runner): local sources the caller named are read through it, never as root.
+    read_as: list[str] = field(default_factory=list)
 
 
 class ToolRunner(Protocol):
