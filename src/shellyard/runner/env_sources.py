@@ -5,7 +5,8 @@
 (``conda-forge``), an ``https://`` URL (a mirror: everything below that path), a local folder
 (``/srv/wheels``, ``file:///srv/channel``), or, the operator's explicit exception, one
 ``http://`` mirror. Unset, every ``https://`` source may be used, and local folders only in
-the caller's workspace (``/workspace/…``); the operator's own direct calls to a runner
+the caller's workspace (``/workspace/…``) and ``SHELLYARD_AGENT_LOCAL_SOURCES``'s folders;
+the operator's own direct calls to a runner
 (``for_agent`` false) may also name any folder outside the runner's own folder.
 ``SHELLYARD_PACKAGES_OFFLINE=1`` (``--packages-offline``) allows local sources only: pip
 runs with ``--no-index`` unless an allowed local index is named, and CRAN and Bioconductor
@@ -39,6 +40,9 @@ from shellyard.errors import InvalidInput
 from shellyard.runner.protocol import EnvironmentChangeRequest
 
 ALLOWED_VARIABLE = "SHELLYARD_ALLOWED_SOURCES"
+#: Host folders (separated by ``:``) agents may name as local sources beside their workspace
+#: on a runner with no allow-list (with one, its local entries are these).
+AGENT_FOLDERS_VARIABLE = "SHELLYARD_AGENT_LOCAL_SOURCES"
 OFFLINE_VARIABLE = "SHELLYARD_PACKAGES_OFFLINE"
 #: Where commands see their workspace; a local source below it names the caller's workspace.
 WORKSPACE = "/workspace"
@@ -59,6 +63,9 @@ class Allowed:
     urls: tuple[str, ...] | None = None
     folders: tuple[Path, ...] | None = None
     offline: bool = False
+    #: No allow-list: the host folders an agent's request may still name (its workspace
+    #: always); ``AGENT_FOLDERS_VARIABLE``.
+    agent_folders: tuple[Path, ...] = ()
 
     @property
     def restricted(self) -> bool:
@@ -68,7 +75,9 @@ class Allowed:
 def parse(entries: list[str] | None, offline: bool = False) -> Allowed:
     """The operator's list as a rule; a bad entry is an error naming it."""
     if entries is None:
-        return Allowed(offline=offline)
+        raw = os.environ.get(AGENT_FOLDERS_VARIABLE, "")
+        agent = tuple(Path(os.path.realpath(p)) for p in raw.split(":") if p.strip())
+        return Allowed(offline=offline, agent_folders=agent)
     urls: list[str] = []
     folders: list[Path] = []
     for raw in entries:
@@ -238,12 +247,14 @@ class _Checker:
             # An agent names host folders only where the operator allowed them: its own
             # files are under /workspace/ (docs/environments.md, "Package tools run as the
             # sandbox uid"); /root, /etc/ssh and the like are nobody's package source.
-            folders = ()
+            folders = self.rule.agent_folders
         if folders is not None and not any(real == f or f in real.parents for f in folders):
             listed = ", ".join(str(f) for f in folders) or "none"
+            variable = ALLOWED_VARIABLE if self.rule.restricted else AGENT_FOLDERS_VARIABLE
             raise SourceError(
-                f"{what} {path!r} is not in a local folder this runner allows ({listed}); use "
-                f"{WORKSPACE}/… or ask the operator to add it to {ALLOWED_VARIABLE}"
+                f"{what} {path!r} is not in a local folder this runner allows ({listed}); put "
+                f"the packages in your workspace and name them as {WORKSPACE}/…, or ask the "
+                f"operator to add the folder to {variable}"
             )
         return str(real)
 
