@@ -24,7 +24,7 @@ from env_fixtures import make_wheel
 from conftest import Yard
 from shellyard.contract.environments import EnvironmentChangeBody, EnvironmentCreateRequest
 from shellyard.contract.executions import RunShellRequest
-from shellyard.errors import InvalidInput
+from shellyard.errors import ChangeFailed, InvalidInput
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -236,8 +236,10 @@ async def test_a_link_to_the_admin_token_never_yields_its_content(
         except InvalidInput as exc:  # refused before anything ran
             assert "workspace" in exc.message, exc.message
             continue
-        assert change.state == "failed", change
-        assert "symbolic link" in (change.error or "") or "workspace" in (change.error or "")
+        except ChangeFailed as exc:  # refused by the reader
+            assert "symbolic link" in exc.message, exc.message
+            continue
+        raise AssertionError(f"an install through a link succeeded: {change}")
     environments = yard.home / "home"
     for folder, _dirs, files in os.walk(environments):
         for name in files:
@@ -252,24 +254,21 @@ async def test_a_link_to_the_admin_token_never_yields_its_content(
 
 
 async def test_a_poisoned_build_in_session_b_never_reaches_session_a(yard: Yard) -> None:
-    """R2: session A installs sy-shared from an index in its workspace; session B's package
+    """R2: session A installs sy-shared from the operator's mirror; session B's package
     build rewrites every copy of sy_shared it can reach in its uv cache; A's next install of
     sy-shared into a new environment still runs A's own code."""
     alice, bob = await _agent(yard), await _agent(yard)
-    wheel_dir = Path(yard.home / "build")
-    wheel = make_wheel(wheel_dir, "sy-shared", "1.0", {"sy_shared.py": "RESULT = '\"clean\"'\n"})
-    index = (
+    # the operator's mirror (an index every session may use, as PyPI is)
+    index = yard.home / "index"
+    wheel = make_wheel(index / "sy-shared", "sy-shared", "1.0",
+                       {"sy_shared.py": "RESULT = '\"clean\"'\n"})  # fmt: skip
+    (index / "sy-shared" / "index.html").write_text(
         f'<html><body><a href="{wheel.name}">{wheel.name}</a></body></html>'
-    ).encode()
-    await _put(
-        yard, alice,
-        {f"index/sy-shared/{wheel.name}": wheel.read_bytes(), "index/sy-shared/index.html": index,
-         "index/index.html": b'<html><body><a href="sy-shared/">sy-shared</a></body></html>'},
-        {},
-    )  # fmt: skip
+    )
+    (index / "index.html").write_text('<html><body><a href="sy-shared/">x</a></body></html>')
     first = await _create(yard, alice, "a1")
     done = await _install(
-        yard, alice, first, manager="pip", specs=["sy-shared==1.0"], index_url="/workspace/index"
+        yard, alice, first, manager="pip", specs=["sy-shared==1.0"], index_url=str(index)
     )
     assert done.state == "succeeded", done
     assert await _import(yard, alice, first, "sy_shared") == "clean"
@@ -302,7 +301,7 @@ async def test_a_poisoned_build_in_session_b_never_reaches_session_a(yard: Yard)
     second = await _create(yard, alice, "a2")
     done = await _install(
         yard, alice, second, manager="pip", specs=["sy-shared==1.0"],
-        index_url="/workspace/index",
+        index_url=str(index),
     )  # fmt: skip
     assert done.state == "succeeded", done
     assert await _import(yard, alice, second, "sy_shared") == "clean"
