@@ -67,15 +67,18 @@ def give_to_tools(path: Path, ids: tuple[int, int] | None) -> None:
         return
     uid, gid = ids
 
-    def own(entry: str | Path) -> None:
-        st = os.lstat(entry)
+    def own(entry: str | Path, st: os.stat_result) -> None:
         if (st.st_uid, st.st_gid) != (uid, gid) and st.st_uid != BASE_OWNER:
             os.lchown(entry, uid, gid)
 
-    own(path)
-    for folder, dirs, files in os.walk(path):
-        for name in (*dirs, *files):
-            own(os.path.join(folder, name))
+    own(path, os.lstat(path))
+    folders = [str(path)]
+    while folders:
+        with os.scandir(folders.pop()) as entries:
+            for entry in entries:
+                own(entry.path, entry.stat(follow_symlinks=False))
+                if entry.is_dir(follow_symlinks=False):
+                    folders.append(entry.path)
 
 
 class SandboxedTools:
