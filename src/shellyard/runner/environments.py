@@ -425,12 +425,14 @@ class EnvironmentStore:
                 journal_written = True
                 prefix.mkdir(mode=0o755)
                 prefix.chmod(0o755)
+                await asyncio.to_thread(give_to_tools, prefix, ids)
                 if request.base is not None:
                     base = await env_derive.create(ctx, request.base)
-                    await asyncio.to_thread(give_to_tools, prefix, ids)
                 else:
-                    await asyncio.to_thread(give_to_tools, prefix, ids)
                     base = await env_create.create(ctx, request)
+                # what the runner made as root (a derived prefix's folders and copies, the
+                # venv's copy of uv) becomes the tools' too
+                await asyncio.to_thread(give_to_tools, prefix, ids)
             else:
                 settling = self._settling.pop(env_id, None)
                 if settling is not None:
