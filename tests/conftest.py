@@ -37,6 +37,10 @@ pytest_plugins = ["shared_fixtures"]
 # Issue 20: the suites run with no base environment prepared (the behaviour before bases)
 # unless a test prepares one in a folder of its own; a base built on this machine stays out.
 os.environ["SHELLYARD_BASES"] = tempfile.mkdtemp(prefix="shellyard-no-bases-")
+# The local channels, wheel folders and repositories tests build live in their home under
+# /tmp, outside the agent's workspace: the operator's allowance for agents to name them
+# (docs/environments.md; tests of the rule itself unset it).
+os.environ.setdefault("SHELLYARD_AGENT_LOCAL_SOURCES", "/tmp")
 
 
 def make_home() -> Path:

@@ -219,7 +219,9 @@ async def test_environment_from_python_base_changes_never_reach_the_base(
     base_init = next(python_base.prefix.glob("lib/python*/site-packages/numpy/__init__.py"))
     if os.geteuid() == 0:  # a root runner links (the base belongs to another uid)
         assert numpy_init.stat().st_ino == base_init.stat().st_ino
-    wheels = tmp_path / "wheels"
+    # the operator's folder: read as the sandbox uid (docs/environments.md), so not below
+    # pytest's 0700 tmp_path
+    wheels = yard.home / "wheels"
     make_wheel(wheels, "sy-extra", "1.0")
     wheels.chmod(0o755)
     installed = await yard.plane.environments.install(

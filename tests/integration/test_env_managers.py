@@ -363,3 +363,17 @@ async def test_conda_cancel_waits_for_the_link_to_end(env: Env) -> None:
     await asyncio.sleep(0.3)
     assert tree(env.ctx.prefix) == settled
     assert len(list((env.ctx.prefix / "share" / "many").iterdir())) == 3000
+
+
+async def test_conda_refuses_to_link_below_a_symbolic_link_a_build_left(
+    env: Env, channel: str
+) -> None:
+    """R2 with V2: a pip build (the sandbox uid owns the prefix) can leave ``share`` as a link
+    to a folder outside; rattler links as the runner's root, so shellyard-words (which puts
+    share/shellyard-words/words.txt) is refused and nothing is written through the link."""
+    outside = env.root / "outside"
+    outside.mkdir()
+    (env.ctx.prefix / "share").symlink_to(outside)
+    error = await env.failure("conda", "install", "shellyard-words", channels=[channel])
+    assert "below the symbolic link share" in error.message, error.message
+    assert list(outside.iterdir()) == []

@@ -473,7 +473,7 @@ async def test_kill_9_mid_install_leaves_the_old_prefix(root: Path) -> None:
         await _wait_for(prefix / ".build-started")
         assert prefix_hash(prefix) != before
         # the tools of the change run with HOME in its scratch folder
-        needle = f"HOME={root / 'environments' / 'changes' / 'crash' / 'scratch'}".encode()
+        needle = f"HOME={root / 'environments' / 'env1' / 'scratch'}".encode()
         assert _processes_with(needle)
         daemon.kill()
         # --die-with-parent: uv and the build (its pid namespace) are gone with the runner

@@ -544,6 +544,7 @@ def _runner_request(change: Row, env: Row) -> EnvironmentChangeRequest:
         find_links=list(options.get("find_links") or []),
         repos=list(options.get("repos") or []),
         workspace_id=options.get("workspace_id"),
+        for_agent=True,
     )
 
 

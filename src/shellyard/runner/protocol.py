@@ -361,6 +361,10 @@ class EnvironmentChangeRequest(BaseModel):
     #: The caller's workspace on this runner: local sources under ``/workspace/`` name it
     #: (docs/environments.md; the control plane sets it for the agent that asked).
     workspace_id: str | None = None
+    #: Asked on an agent's behalf (the control plane always says so): local sources must then
+    #: lie in the caller's workspace or a folder the operator allows (docs/environments.md,
+    #: "Package tools run as the sandbox uid"); False only for the operator's own direct calls.
+    for_agent: bool = False
 
 
 class EnvChangeState(StrEnum):

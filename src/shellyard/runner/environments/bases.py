@@ -216,6 +216,10 @@ async def _build_python(prefix: Path, cache: Path, progress: Progress) -> dict[s
             str(prefix / "bin" / "python"),
             "--index-url",
             DEFAULT_INDEX,
+            # wheels only: no build backend from the index ever runs as the runner's root
+            # (docs/environments.md, "Package tools run as the sandbox uid")
+            "--only-binary",
+            ":all:",
             "--",
             *PYTHON_BASE_PACKAGES,
         ],

@@ -17,7 +17,7 @@ import stat
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-from shellyard.runner.environments.managers.base import ManagerContext, ManagerError
+from shellyard.runner.environments.managers.base import ManagerContext, ManagerError, tools_folder
 from shellyard.runner.environments.managers.pip import DEFAULT_INDEX, record_origin, uv_binary
 from shellyard.runner.protocol import EnvironmentChangeRequest, PackageRecord
 
@@ -138,7 +138,7 @@ async def _create_r(ctx: ManagerContext) -> list[PackageRecord]:
         )
     rscript = Path(found)
     for folder in (ctx.prefix / "bin", ctx.prefix / R_LIBRARY):
-        folder.mkdir(parents=True, exist_ok=True)
+        tools_folder(folder, ctx.prefix)
     for folder in (
         ctx.prefix / "bin",
         ctx.prefix / "lib",

@@ -4,10 +4,13 @@
 ``pypi``, ``cran``, ``bioconductor`` (their public defaults), a conda channel name
 (``conda-forge``), an ``https://`` URL (a mirror: everything below that path), a local folder
 (``/srv/wheels``, ``file:///srv/channel``), or, the operator's explicit exception, one
-``http://`` mirror. Unset, every ``https://`` source and every local folder outside the
-runner's own folder may be used. ``SHELLYARD_PACKAGES_OFFLINE=1`` (``--packages-offline``)
-allows local sources only: pip runs with ``--no-index`` unless an allowed local index is
-named, and CRAN and Bioconductor are refused.
+``http://`` mirror. Unset, every ``https://`` source may be used, and local folders only in
+the caller's workspace (``/workspace/…``) and ``SHELLYARD_AGENT_LOCAL_SOURCES``'s folders;
+the operator's own direct calls to a runner
+(``for_agent`` false) may also name any folder outside the runner's own folder.
+``SHELLYARD_PACKAGES_OFFLINE=1`` (``--packages-offline``) allows local sources only: pip
+runs with ``--no-index`` unless an allowed local index is named, and CRAN and Bioconductor
+are refused.
 
 A request is checked before anything runs (``EnvironmentStore._validate``): its own sources
 and the defaults it falls back on. Local paths under ``/workspace/`` name the caller's
@@ -37,6 +40,9 @@ from shellyard.errors import InvalidInput
 from shellyard.runner.protocol import EnvironmentChangeRequest
 
 ALLOWED_VARIABLE = "SHELLYARD_ALLOWED_SOURCES"
+#: Host folders (separated by ``:``) agents may name as local sources beside their workspace
+#: on a runner with no allow-list (with one, its local entries are these).
+AGENT_FOLDERS_VARIABLE = "SHELLYARD_AGENT_LOCAL_SOURCES"
 OFFLINE_VARIABLE = "SHELLYARD_PACKAGES_OFFLINE"
 #: Where commands see their workspace; a local source below it names the caller's workspace.
 WORKSPACE = "/workspace"
@@ -57,6 +63,9 @@ class Allowed:
     urls: tuple[str, ...] | None = None
     folders: tuple[Path, ...] | None = None
     offline: bool = False
+    #: No allow-list: the host folders an agent's request may still name (its workspace
+    #: always); ``AGENT_FOLDERS_VARIABLE``.
+    agent_folders: tuple[Path, ...] = ()
 
     @property
     def restricted(self) -> bool:
@@ -66,7 +75,9 @@ class Allowed:
 def parse(entries: list[str] | None, offline: bool = False) -> Allowed:
     """The operator's list as a rule; a bad entry is an error naming it."""
     if entries is None:
-        return Allowed(offline=offline)
+        raw = os.environ.get(AGENT_FOLDERS_VARIABLE, "")
+        agent = tuple(Path(os.path.realpath(p)) for p in raw.split(":") if p.strip())
+        return Allowed(offline=offline, agent_folders=agent)
     urls: list[str] = []
     folders: list[Path] = []
     for raw in entries:
@@ -112,7 +123,7 @@ def check_request(
     manager = request.manager
     if request.action != "install" or manager is None:
         return Checked(request)
-    checker = _Checker(rule, runner_root.resolve(), workspace, manager)
+    checker = _Checker(rule, runner_root.resolve(), workspace, manager, request.for_agent)
     try:
         for spec in request.specs:
             check_spec(manager, spec)
@@ -129,8 +140,11 @@ def check_request(
 
 
 class _Checker:
-    def __init__(self, rule: Allowed, root: Path, workspace: Path | None, manager: str) -> None:
+    def __init__(
+        self, rule: Allowed, root: Path, workspace: Path | None, manager: str, for_agent: bool
+    ) -> None:
         self.rule = rule
+        self.for_agent = for_agent
         self.root = root
         self.workspace = workspace
         self.manager = manager
@@ -229,11 +243,18 @@ class _Checker:
                 f"workspaces, its records); give files of your workspace as {WORKSPACE}/…"
             )
         folders = self.rule.folders
+        if folders is None and self.for_agent:
+            # An agent names host folders only where the operator allowed them: its own
+            # files are under /workspace/ (docs/environments.md, "Package tools run as the
+            # sandbox uid"); /root, /etc/ssh and the like are nobody's package source.
+            folders = self.rule.agent_folders
         if folders is not None and not any(real == f or f in real.parents for f in folders):
             listed = ", ".join(str(f) for f in folders) or "none"
+            variable = ALLOWED_VARIABLE if self.rule.restricted else AGENT_FOLDERS_VARIABLE
             raise SourceError(
-                f"{what} {path!r} is not in a local folder this runner allows ({listed}); use "
-                f"{WORKSPACE}/… or ask the operator to add it to {ALLOWED_VARIABLE}"
+                f"{what} {path!r} is not in a local folder this runner allows ({listed}); put "
+                f"the packages in your workspace and name them as {WORKSPACE}/…, or ask the "
+                f"operator to add the folder to {variable}"
             )
         return str(real)
 

@@ -43,7 +43,12 @@ from shellyard.runner.edits.editor import Editor
 from shellyard.runner.environments import create, derive, sources
 from shellyard.runner.environments.managers import MANAGERS
 from shellyard.runner.environments.managers.base import ManagerContext, ManagerError
-from shellyard.runner.environments.tools import SandboxedTools, kill_recorded
+from shellyard.runner.environments.tools import (
+    SandboxedTools,
+    give_to_tools,
+    kill_recorded,
+    tool_ids,
+)
 from shellyard.runner.protocol import (
     EnvChangeState,
     EnvErrorKind,
@@ -53,6 +58,7 @@ from shellyard.runner.protocol import (
     PackageRecord,
     SandboxPolicy,
 )
+from shellyard.runner.sandbox import launch
 from shellyard.runner.sandbox.spawn import Sandboxes
 from shellyard.runner.snapshots import history, objects
 from shellyard.runner.snapshots.objects import StoreLock
@@ -62,6 +68,15 @@ log = logging.getLogger(__name__)
 
 ENV_FILE = "env.json"
 JOURNAL_FILE = "journal.json"
+#: An environment's own folders beside its prefix: the running change's scratch and the
+#: package caches only its changes use (docs/environments.md, "Caches").
+SCRATCH = "scratch"
+CACHE = "cache"
+#: Present when the last change left every file of the prefix to the tools' uid (or a base):
+#: the next change skips the ownership walk (``give_to_tools``).
+TOOLS_OWN = "tools-own"
+#: Managers whose every write is a tool's (conda links as the runner, in-process).
+TOOLS_ONLY = frozenset({"pip", "cran", "bioconductor"})
 #: Names under the environments folder that are not environments.
 RESERVED = frozenset({"changes", "cache", "store", "staging", "wheels", "verified"})
 #: A change's tools are killed after this long (a hung download must not hold the prefix).
@@ -85,7 +100,7 @@ class _Running:
     done: asyncio.Event = field(default_factory=asyncio.Event)
     tools: SandboxedTools | None = None
     task: asyncio.Task[None] | None = None
-    #: local sources as resolved → as the request named them (env_sources.Checked)
+    #: local sources as resolved → as the request named them (sources.Checked)
     origins: dict[str, str] = field(default_factory=dict)
 
 
@@ -150,8 +165,14 @@ class EnvironmentStore:
         self.root.mkdir(parents=True, exist_ok=True)
         # The sandbox uid walks through to each prefix (0711: no listing of the others).
         self.root.chmod(0o711)
-        for private in (self._changes, self._cache):
+        self._changes.mkdir(mode=0o700, exist_ok=True)
+        # Runner-side stores, root's alone: the snapshots of prefixes and the local packages
+        # installs used (their files are 0444/0400; no other local user reads them).
+        for private in (self.root / "store", self._wheels, self.root / "verified"):
             private.mkdir(mode=0o700, exist_ok=True)
+            private.chmod(0o700)
+        # The cache every change once shared (and wrote): no install reads it any more.
+        await asyncio.to_thread(shutil.rmtree, self._cache, True)
         await asyncio.to_thread(self._editor.startup)
         await asyncio.to_thread(self._recover)
 
@@ -345,7 +366,12 @@ class EnvironmentStore:
         env_dir = self.env_dir(env_id)
         prefix = env_dir / "prefix"
         change_dir = self._changes / request.change_id
-        scratch = change_dir / "scratch"
+        # Beside the prefix, where the tools' uid can reach them (env_dir is 0711), each the
+        # environment's own: one change runs at a time (the lock), and no other environment's
+        # build writes this cache (docs/environments.md, "Caches").
+        scratch = env_dir / SCRATCH
+        cache = env_dir / CACHE
+        ids = tool_ids(self._sandboxes)
         journal: dict[str, Any] = {
             "change_id": request.change_id,
             "request": request.model_dump(mode="json"),
@@ -368,7 +394,6 @@ class EnvironmentStore:
         succeeded = False
         try:
             change_dir.mkdir(mode=0o700, exist_ok=True)
-            scratch.mkdir(mode=0o700, exist_ok=True)
             env_dir.mkdir(mode=0o711, exist_ok=True)
             env_dir.chmod(0o711)
             lock_fd = _try_lock(env_dir)
@@ -377,10 +402,11 @@ class EnvironmentStore:
                     f"another process holds environment {env_id}'s lock; is a second runner "
                     f"using this runner's folder?"
                 )
+            await asyncio.to_thread(_fresh_private, scratch, cache, ids)
             tools = SandboxedTools(
                 sandboxes=self._sandboxes,
                 prefix=prefix,
-                cache=self._cache,
+                cache=cache,
                 scratch=scratch,
                 log_path=change_dir / "log",
                 base_env={},
@@ -391,12 +417,13 @@ class EnvironmentStore:
             ctx = ManagerContext(
                 prefix=prefix,
                 scratch=scratch,
-                cache=self._cache,
+                cache=cache,
                 progress=progress,
                 run_tool=tools,
                 origins=running.origins,
                 wheels=self._wheels,
                 verified=self.root / "verified",
+                read_as=launch.prefix(self._sandboxes.launcher, network=None, ids=ids, limits=()),
             )
             if request.action == "create":
                 if prefix.exists():  # what an earlier failed create of this id left
@@ -405,10 +432,14 @@ class EnvironmentStore:
                 journal_written = True
                 prefix.mkdir(mode=0o755)
                 prefix.chmod(0o755)
+                await asyncio.to_thread(give_to_tools, prefix, ids)
                 if request.base is not None:
                     base = await derive.create(ctx, request.base)
                 else:
                     base = await create.create(ctx, request)
+                # what the runner made as root (a derived prefix's folders and copies, the
+                # venv's copy of uv) becomes the tools' too
+                await asyncio.to_thread(give_to_tools, prefix, ids)
             else:
                 settling = self._settling.pop(env_id, None)
                 if settling is not None:
@@ -422,6 +453,14 @@ class EnvironmentStore:
                 _write_atomic(env_dir / JOURNAL_FILE, json.dumps(journal))
                 journal_written = True
                 base = [PackageRecord(**p) for p in self._meta(env_id).get("base", [])]
+                # what the runner wrote as root (conda's links, a rollback's restores) and
+                # prefixes of older runners become the tools' (none of a base's files); the
+                # marker says the last change left nothing of root's (a walk of a large
+                # prefix is a second on a loaded machine)
+                owned = env_dir / TOOLS_OWN
+                if not owned.exists():
+                    await asyncio.to_thread(give_to_tools, prefix, ids)
+                owned.unlink(missing_ok=True)
                 await MANAGERS[str(request.manager)].apply(ctx, request)
             ctx.env = create.prefix_variables(prefix)
             progress("listing the packages")
@@ -436,6 +475,9 @@ class EnvironmentStore:
                     "base": [p.model_dump(mode="json") for p in base],
                 }
                 _write_atomic(env_dir / ENV_FILE, json.dumps(meta))
+            if request.action == "create" or request.manager in TOOLS_ONLY:
+                # every file of the prefix came from the tools (or a base): nothing to own
+                _write_atomic(env_dir / TOOLS_OWN, "")
             record.packages = packages
             record.state = EnvChangeState.succeeded
             record.progress = "done"
@@ -575,6 +617,7 @@ class EnvironmentStore:
                 # Cut short before its journal was written: the prefix was never touched.
                 self._save_record(_interrupted(record))
             shutil.rmtree(self._changes / record.change_id / "scratch", ignore_errors=True)
+            shutil.rmtree(self.root / record.environment_id / SCRATCH, ignore_errors=True)
 
     def _recover_one(self, env_dir: Path) -> None:
         journal = json.loads((env_dir / JOURNAL_FILE).read_text())
@@ -594,6 +637,16 @@ class EnvironmentStore:
             if record.state == EnvChangeState.running:
                 self._save_record(_interrupted(record))
         (env_dir / JOURNAL_FILE).unlink()
+
+
+def _fresh_private(scratch: Path, cache: Path, ids: tuple[int, int] | None) -> None:
+    """An empty scratch folder and the environment's cache, 0700 and the tools' own."""
+    shutil.rmtree(scratch, ignore_errors=True)
+    scratch.mkdir(mode=0o700)
+    cache.mkdir(mode=0o700, exist_ok=True)
+    for folder in (scratch, cache):
+        folder.chmod(0o700)
+        give_to_tools(folder, ids)
 
 
 def _interrupted(record: EnvironmentChange) -> EnvironmentChange:

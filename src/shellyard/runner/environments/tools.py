@@ -1,8 +1,11 @@
 """Running a package tool (uv, Rscript) for one environment change, sandboxed.
 
 The ``ToolRunner`` a manager gets in its ``ManagerContext``: bubblewrap around the tool with
-the prefix, the caches and the change's scratch folder writable and everything else read-only
-(``sandbox.tool_argv``). Output goes to the change's log file, never through a pipe into this
+the prefix, the environment's own cache and the change's scratch folder writable and
+everything else read-only (``sandbox.tool_argv``). On a root runner the tool runs as the
+sandbox uid (``tool_ids``), never as the host's root: a build backend it runs can read only
+what that uid can, under the executions' seccomp filter (docs/environments.md, "Package tools
+run as the sandbox uid"). Output goes to the change's log file, never through a pipe into this
 process, so a chatty tool costs no memory here; the caller gets the exit code and the log's
 last ~4 KiB. Every tool's pid is reported to ``on_spawn`` before it can change anything, so the
 change journal names what recovery must kill if this process dies.
@@ -20,8 +23,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 from shellyard.runner import processes
+from shellyard.runner.environments.bases import BASE_OWNER
 from shellyard.runner.policy import NetworkMode
 from shellyard.runner.sandbox import bwrap as sandbox
+from shellyard.runner.sandbox import launch
 from shellyard.runner.sandbox.spawn import Sandboxes
 
 #: How much of a tool's output the manager sees (its whole output is in the log file).
@@ -47,6 +52,35 @@ PASSED_VARIABLES = (
 )
 
 SpawnHook = Callable[[int, int], None]
+
+
+def tool_ids(sandboxes: Sandboxes) -> tuple[int, int] | None:
+    """The (uid, gid) every package tool of this runner runs as: the executions' sandbox uid
+    (None: the runner is not root and tools run as its own user). The one place to make it
+    per workspace or per environment."""
+    return sandboxes.ids
+
+
+def give_to_tools(path: Path, ids: tuple[int, int] | None) -> None:
+    """Make ``path`` (a prefix, a cache, a scratch folder) and everything below it belong to
+    the tools' uid, without following a link; a base's hard-linked files (``BASE_OWNER``)
+    stay the base's. Run while no tool runs on it (the environment's lock is held)."""
+    if ids is None:
+        return
+    uid, gid = ids
+
+    def own(entry: str | Path, st: os.stat_result) -> None:
+        if (st.st_uid, st.st_gid) != (uid, gid) and st.st_uid != BASE_OWNER:
+            os.lchown(entry, uid, gid)
+
+    own(path, os.lstat(path))
+    folders = [str(path)]
+    while folders:
+        with os.scandir(folders.pop()) as entries:
+            for entry in entries:
+                own(entry.path, entry.stat(follow_symlinks=False))
+                if entry.is_dir(follow_symlinks=False):
+                    folders.append(entry.path)
 
 
 class SandboxedTools:
@@ -101,6 +135,7 @@ class SandboxedTools:
         mode: NetworkMode = box.policy.tools_network if network else "off"
         seccomp_fd = box.seccomp.open()
         try:
+            front = launch.prefix(box.launcher, network=None, ids=tool_ids(box), limits=())
             command = sandbox.tool_argv(
                 bwrap=box.bwrap,
                 network=mode,
@@ -112,6 +147,7 @@ class SandboxedTools:
                 command=argv,
                 egress_socket=box.egress_socket,
                 socat=box.socat,
+                front=front,
             )
         except BaseException:
             os.close(seccomp_fd)

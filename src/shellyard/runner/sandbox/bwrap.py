@@ -356,18 +356,19 @@ def tool_argv(
     command: Sequence[str],
     egress_socket: Path | None = None,
     socat: str | None = None,
+    front: Sequence[str] = (),
 ) -> list[str]:
     """The bubblewrap command line for a package tool (uv, Rscript) changing an environment.
 
-    Unlike an execution the tool runs as the runner's own user, for it writes the prefix that
-    executions only read; so every capability is dropped (root without capabilities cannot
-    write what it does not own, nor mount, nor trace). ``--die-with-parent``: a tool must not
-    outlive the change that started it, and after a crash of the runner the kernel kills it
-    before the rollback runs. The host view is the executions' one; only ``writable`` (the
-    prefix, the caches, the change's scratch) and ``read_only`` (local channels, wheel
-    folders, repositories) are bound in beside it. The umask is set for the tool because
-    whatever it creates must be readable by the sandbox uid of executions."""
-    argv = [bwrap, "--unshare-all", "--die-with-parent", "--new-session"]
+    ``front``: what drops to the tools' uid before bwrap (``launch.prefix``; on a root runner
+    the sandbox uid, which owns the prefix, the environment's cache and the scratch folder),
+    so a build backend never runs as the host's root; every capability is dropped too.
+    ``--die-with-parent``: a tool must not outlive the change that started it, and after a
+    crash of the runner the kernel kills it before the rollback runs. The host view is the
+    executions' one; only ``writable`` (the prefix, the caches, the change's scratch) and
+    ``read_only`` (local channels, wheel folders, repositories) are bound in beside it. The
+    umask is set for the tool because whatever it creates must be readable by executions."""
+    argv = [*front, bwrap, "--unshare-all", "--die-with-parent", "--new-session"]
     argv += [*hardening.argv(), *view.argv, *network_argv(network, egress_socket)]
     for path in read_only:
         argv += ["--ro-bind", str(path), str(path)]

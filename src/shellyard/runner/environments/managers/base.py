@@ -8,6 +8,7 @@ the prefix back, so a manager never needs to clean up after itself.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,7 +35,8 @@ class ManagerContext:
     prefix: Path
     #: A private scratch folder for this change, removed afterwards.
     scratch: Path
-    #: Shared per-runner package caches (rattler's, uv's, downloads), reused across changes.
+    #: The environment's own package caches (uv's, rattler's), reused by its later changes and
+    #: by no other environment's (docs/environments.md, "Caches").
     cache: Path
     progress: Progress
     #: Runs a tool's process (uv, Rscript) with the prefix writable and the rest of the host
@@ -51,6 +53,23 @@ class ManagerContext:
     wheels: Path | None = None
     #: Path lists of conda archives already checked, by sha256, out of every tool's reach.
     verified: Path | None = None
+    #: What runs a process as the tools' uid (``launch.prefix``; empty on a non-root
+    #: runner): local sources the caller named are read through it, never as root.
+    read_as: list[str] = field(default_factory=list)
+
+
+def tools_folder(path: Path, prefix: Path) -> None:
+    """``mkdir -p path`` inside ``prefix``, each folder it makes owned like the prefix (the
+    tools' uid on a root runner: docs/environments.md), so the tool can write in it."""
+    st = prefix.lstat()
+    missing = []
+    probe = path
+    while probe != prefix and not os.path.lexists(probe):
+        missing.append(probe)
+        probe = probe.parent
+    for folder in reversed(missing):
+        os.mkdir(folder, 0o755)
+        os.lchown(folder, st.st_uid, st.st_gid)
 
 
 class ToolRunner(Protocol):

@@ -101,7 +101,7 @@ class CondaManager:
         known = {r.sha256 for r in installed if r.sha256}
         incoming = [r for r in solved if not r.sha256 or r.sha256 not in known]
         ctx.progress(f"checking {len(incoming)} packages")
-        await check_packages(incoming, installed, ctx.verified)
+        await check_packages(incoming, installed, ctx.verified, ctx.prefix)
         await link(ctx, solved, installed)
 
     async def _uninstall(self, ctx: ManagerContext, request: EnvironmentChangeRequest) -> None:
@@ -267,11 +267,16 @@ def solver_error(detail: str, wanted: set[str]) -> ManagerError:
 
 
 async def check_packages(
-    incoming: list[RepoDataRecord], installed: list[PrefixRecord], verified: Path | None = None
+    incoming: list[RepoDataRecord],
+    installed: list[PrefixRecord],
+    verified: Path | None = None,
+    prefix: Path | None = None,
 ) -> None:
     """Refuse a package whose paths would leave the prefix: absolute, ``..``, or below a
-    symbolic link some package puts in the prefix. ``verified``: where the path lists of local
-    archives already read are kept by sha256 (``package_paths``)."""
+    symbolic link some package puts in the prefix or that is in ``prefix`` already (a pip
+    build runs as the sandbox uid and could leave one, so that rattler, linking as the
+    runner's root, writes through it: docs/environments.md). ``verified``: where the path
+    lists of local archives already read are kept by sha256 (``package_paths``)."""
     client = Client.default_client()
     gate = asyncio.Semaphore(8)
     local = [
@@ -296,6 +301,15 @@ async def check_packages(
     links = {p for entries in listed.values() for p, is_link in entries if is_link}
     for record in installed:
         links.update(str(e.relative_path) for e in record.paths_data.paths if e.path_type.softlink)
+    on_disk: dict[str, bool] = {}
+
+    def linked(parent: str) -> bool:
+        if prefix is None or parent in (".", ""):
+            return False
+        if parent not in on_disk:
+            on_disk[parent] = os.path.islink(prefix / parent)
+        return on_disk[parent]
+
     for name, entries in listed.items():
         for path, _ in entries:
             if not safe_relative(path):
@@ -305,7 +319,7 @@ async def check_packages(
                     "refusing to install it. Use a trusted build of the package.",
                 )
             parents = {str(p) for p in PurePosixPath(path).parents}
-            through = parents & links
+            through = (parents & links) | {p for p in parents if linked(p)}
             if through:
                 raise ManagerError(
                     "failed",

@@ -17,7 +17,7 @@ import shutil
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
-from shellyard.runner.environments.managers.base import ManagerContext, ManagerError
+from shellyard.runner.environments.managers.base import ManagerContext, ManagerError, tools_folder
 from shellyard.runner.protocol import EnvErrorKind, EnvironmentChangeRequest, PackageRecord
 
 #: The prefix's R library, relative to the prefix (the same for an ``r`` environment and for a
@@ -53,7 +53,7 @@ class CranManager:
 
     async def apply(self, ctx: ManagerContext, request: EnvironmentChangeRequest) -> None:
         library = library_path(ctx.prefix)
-        library.mkdir(parents=True, exist_ok=True)
+        tools_folder(library, ctx.prefix)
         if request.action == "uninstall":
             await self._uninstall(ctx, request, library)
         else:

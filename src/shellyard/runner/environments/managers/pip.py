@@ -14,6 +14,8 @@ rolled-back change rolls it back too.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hashlib
 import json
 import os
@@ -99,7 +101,7 @@ class PipManager:
                 sources.add_location(requirement.url, what=f"the URL of {requirement.name}")
         if ctx.wheels is not None:
             ctx.progress("copying local packages into the environment store")
-            requirements = sources.stash(ctx, ctx.wheels, requirements)
+            requirements = await asyncio.to_thread(sources.stash, ctx, ctx.wheels, requirements)
         before = {(d.name, d.version) for d in _dists(ctx.prefix)}
         argv = [str(uv_binary()), "pip", "install", "--no-config", "--python", str(python)]
         argv += sources.options()
@@ -252,17 +254,17 @@ class _Sources:
             if folder is None or not folder.is_dir():
                 continue
             into = ctx.scratch / f"links-{i}"
-            self.hashes[str(into)] = wheels.stash_folder(folder, store, into)
+            self.hashes[str(into)] = wheels.stash_folder(folder, store, into, ctx.read_as)
             self.names[str(into)] = ctx.origins.get(link, link)
             self.find_links[i] = str(into)
             stashed.add(folder)
         out: list[Requirement] = []
         for requirement in requirements:
             path = _local_folder(requirement.url) if requirement.url else None
-            if path is None or not path.is_file():
+            if path is None or path.is_dir() or not os.path.lexists(path):
                 out.append(requirement)
                 continue
-            copy, sha = wheels.stash(path, store, ctx.scratch / "files")
+            copy, sha = wheels.stash(path, store, ctx.scratch / "files", ctx.read_as)
             stashed.add(path.parent)
             assert requirement.url is not None
             self.direct[canonicalize_name(requirement.name)] = {
@@ -369,21 +371,44 @@ def _key(name: str, version: str) -> str:
     return f"{canonicalize_name(name)}=={version}"
 
 
+def _read_in_prefix(path: Path) -> str:
+    """A file the tools' uid may have written, read by the runner without following a link
+    at its last component (a build could have left one to the runner's token there); the
+    folders above it are the prefix's own, made by the runner or the tools."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    with os.fdopen(fd, encoding="utf-8", errors="replace") as handle:
+        if not os.path.samestat(os.fstat(handle.fileno()), os.lstat(path)):
+            raise OSError(f"{path} changed while it was opened")
+        return handle.read()
+
+
 def _load_sources(prefix: Path) -> dict[str, dict[str, str | None]]:
     try:
-        data = json.loads((prefix / SOURCES_FILE).read_text())
+        data = json.loads(_read_in_prefix(prefix / SOURCES_FILE))
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}
 
 
 def _save_sources(prefix: Path, recorded: dict[str, dict[str, str | None]]) -> None:
-    path = prefix / SOURCES_FILE
-    path.parent.mkdir(mode=0o755, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(recorded, sort_keys=True, indent=1))
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
+    """Written by the runner (root) into a prefix the tools' uid owns: through the folder's
+    descriptor, never following a link a build left (``.shellyard`` or the temp file)."""
+    folder = prefix / SOURCES_FILE.parent
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(folder, 0o755)
+    dir_fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        tmp = SOURCES_FILE.name + ".tmp"
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp, dir_fd=dir_fd)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        fd = os.open(tmp, flags, 0o644, dir_fd=dir_fd)
+        with os.fdopen(fd, "w") as handle:
+            handle.write(json.dumps(recorded, sort_keys=True, indent=1))
+            os.fchmod(handle.fileno(), 0o644)
+        os.replace(tmp, SOURCES_FILE.name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    finally:
+        os.close(dir_fd)
 
 
 # ---------------------------------------------------------------------- the prefix
@@ -408,7 +433,7 @@ def _dists(prefix: Path) -> list[_Dist]:
             if name is None:
                 continue
             try:
-                installer = (info / "INSTALLER").read_text().strip()
+                installer = _read_in_prefix(info / "INSTALLER").strip()
             except OSError:
                 installer = ""
             out.append(_Dist(canonicalize_name(name), version, info, installer))
@@ -420,17 +445,17 @@ def _name_version(info: Path) -> tuple[str | None, str]:
     name: str | None = None
     version = ""
     try:
-        with (info / "METADATA").open(encoding="utf-8", errors="replace") as handle:
-            for line in handle:
-                if not line.strip():
-                    break
-                key, _, value = line.partition(":")
-                if key == "Name":
-                    name = value.strip()
-                elif key == "Version":
-                    version = value.strip()
+        text = _read_in_prefix(info / "METADATA")
     except OSError:
         return None, ""
+    for line in text.splitlines():
+        if not line.strip():
+            break
+        key, _, value = line.partition(":")
+        if key == "Name":
+            name = value.strip()
+        elif key == "Version":
+            version = value.strip()
     return name, version
 
 
