@@ -7,6 +7,7 @@ import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+from shellyard import filemodes
 from shellyard.config import Settings
 from shellyard.control.access import WorkspaceAccess
 from shellyard.control.agents import AgentResolver
@@ -27,6 +28,7 @@ from shellyard.control.timers import TimerService
 from shellyard.control.tokens import TokenService
 from shellyard.control.transfers import TransferService
 from shellyard.control.wakes import WakeService
+from shellyard.runner import bases
 from shellyard.runner.local import LocalRunner
 from shellyard.store import Store
 from shellyard.store.files import FileRecords
@@ -118,7 +120,8 @@ class ControlPlane:
 
     async def start(self) -> None:
         settings = self.settings
-        settings.home.mkdir(parents=True, exist_ok=True)
+        # 0700 and the service user's alone (docs/security.md "The home's files")
+        filemodes.secure_home(settings.home, keep=[settings.local_runner_root, bases.bases_root()])
         self.store = await Store.open(
             settings.effective_database_url, schema_name=settings.database_schema
         )

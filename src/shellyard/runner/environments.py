@@ -38,8 +38,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from shellyard import filemodes
 from shellyard.errors import Conflict, InvalidInput, NotFound, ShellyardError
-from shellyard.runner import env_create, env_derive, env_sources, history, objects
+from shellyard.runner import env_create, env_derive, env_sources, history, objects, reach
 from shellyard.runner.edits.editor import Editor
 from shellyard.runner.env_managers import MANAGERS
 from shellyard.runner.env_managers.base import ManagerContext, ManagerError
@@ -146,9 +147,9 @@ class EnvironmentStore:
 
     async def startup(self, bwrap: str) -> None:
         self._bwrap = bwrap
-        self.root.mkdir(parents=True, exist_ok=True)
-        # The sandbox uid walks through to each prefix (0711: no listing of the others).
-        self.root.chmod(0o711)
+        # The sandbox uid walks through to each prefix: the runner adds its search entry
+        # (reach.py); nobody else passes, nobody lists the others (filemodes.py).
+        filemodes.private_dir(self.root)
         for private in (self._changes, self._cache):
             private.mkdir(mode=0o700, exist_ok=True)
         await asyncio.to_thread(self._editor.startup)
@@ -368,8 +369,9 @@ class EnvironmentStore:
         try:
             change_dir.mkdir(mode=0o700, exist_ok=True)
             scratch.mkdir(mode=0o700, exist_ok=True)
-            env_dir.mkdir(mode=0o711, exist_ok=True)
-            env_dir.chmod(0o711)
+            filemodes.private_dir(env_dir)
+            if self._sandboxes.ids is not None:  # bwrap, as the sandbox uid, binds the prefix
+                reach.grant_folder(env_dir, *self._sandboxes.ids)
             lock_fd = _try_lock(env_dir)
             if lock_fd is None:
                 raise ShellyardError(
