@@ -37,7 +37,6 @@ from shellyard.config import Settings
 from shellyard.control.retention import maintenance_lock
 from shellyard.errors import Conflict, InvalidInput, ShellyardError
 from shellyard.home import is_served
-from shellyard.runner.bases import bases_root
 from shellyard.runner.objects import StoreLock
 from shellyard.runner.protocol import RunnerExecState, RunnerExecution
 from shellyard.store.executions import TERMINAL_STATES
@@ -258,7 +257,7 @@ def restore(settings: Settings, source: Path) -> RestoreReport:
     # The same modes as a served home's, even from a backup an older release made: the
     # service user's alone (docs/security.md "The home's files").
     root = settings.local_runner_root
-    filemodes.secure_home(home, keep=[root, bases_root()])
+    filemodes.secure_home(home)
     if root.is_dir():
         filemodes.tighten_once(root, filemodes.runner_spare(root))
     return RestoreReport(home=str(home), database=kind, files=counter.files, bytes=counter.bytes)

@@ -134,13 +134,21 @@ def runner_spare(root: Path) -> Callable[[Path], str | None]:
     return spare
 
 
-def secure_home(home: Path, keep: Iterable[Path] = ()) -> None:
+def secure_home(home: Path) -> None:
     """The home made (0700) or narrowed to its user; a home of an older release tightened
-    once. ``keep``: folders inside it that their own code narrows (a runner's folder, which
-    its runner tightens with ``runner_spare``; the base environments, public by design)."""
+    once: the home, its files (the database, tokens, log) and ``runners/``. Its other folders
+    are not walked: a runner's folder is tightened by its runner (``runner_spare``), the base
+    environments are public by design, and anything else is not shellyard's."""
     private_dir(home)
-    kept = {Path(p).absolute() for p in keep}
-    tighten_once(home, lambda path: "tree" if path in kept else None)
+    home = home.absolute()
+    runners = home / "runners"
+
+    def spare(path: Path) -> str | None:
+        if (path.parent == home and path != runners) or path.parent == runners:
+            return "tree"
+        return None
+
+    tighten_once(home, spare)
 
 
 __all__ = [

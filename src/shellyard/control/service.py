@@ -28,7 +28,6 @@ from shellyard.control.timers import TimerService
 from shellyard.control.tokens import TokenService
 from shellyard.control.transfers import TransferService
 from shellyard.control.wakes import WakeService
-from shellyard.runner import bases
 from shellyard.runner.local import LocalRunner
 from shellyard.store import Store
 from shellyard.store.files import FileRecords
@@ -121,7 +120,7 @@ class ControlPlane:
     async def start(self) -> None:
         settings = self.settings
         # 0700 and the service user's alone (docs/security.md "The home's files")
-        filemodes.secure_home(settings.home, keep=[settings.local_runner_root, bases.bases_root()])
+        filemodes.secure_home(settings.home)
         self.store = await Store.open(
             settings.effective_database_url, schema_name=settings.database_schema
         )
