@@ -119,11 +119,12 @@ def test_another_user_reads_nothing_of_a_served_home(served_home: Path) -> None:
     assert done.returncode == 0 and "the-secret" in done.stdout, done.stderr
 
 
-def shared_modes(home: Path) -> list[str]:
-    """Entries of the home that give anything to group or others, outside what the sandbox
-    must read through its modes (filemodes.runner_spare)."""
+def shared_modes(home: Path, local: Path | None = None) -> list[str]:
+    """Entries of the home (or of a runner daemon's root: ``local`` = ``home``) that give
+    anything to group or others, outside what the sandbox must read through its modes
+    (filemodes.runner_spare)."""
     wide = []
-    local = home / "runners" / "local"
+    local = local or home / "runners" / "local"
     spare = filemodes.runner_spare(local)
     for folder, dirs, files in os.walk(home):
         here = Path(folder)
@@ -153,6 +154,10 @@ async def test_every_file_of_the_home_is_private(yard: Yard) -> None:
     for name in ("shellyard.db", "shellyard.db-wal", "shellyard.db-shm", "admin.token"):
         assert stat.S_IMODE((home / name).stat().st_mode) == 0o600, name
     assert shared_modes(home) == []
+    if yard.daemon is not None:  # a runner daemon's --root: the same modes
+        root = yard.daemon.root
+        assert stat.S_IMODE(root.stat().st_mode) & 0o007 == 0
+        assert shared_modes(root, root) == [], root
 
 
 async def test_a_home_of_an_older_release_is_tightened_once(home: Path) -> None:
