@@ -32,7 +32,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from shellyard import __version__
+from shellyard import __version__, filemodes
 from shellyard.config import Settings
 from shellyard.control.retention import maintenance_lock
 from shellyard.errors import Conflict, InvalidInput, ShellyardError
@@ -141,6 +141,7 @@ def _sqlite_backup(source: Path, target: Path) -> dict[str, str]:
     """SQLite's online backup in one step (a consistent read; writers go on meanwhile in
     WAL mode), then the executions' states as the copy has them."""
     src = sqlite3.connect(f"file:{source}?mode=ro", uri=True, timeout=30)
+    filemodes.create_private(target)  # 0600, like the home's own (filemodes.py)
     dst = sqlite3.connect(target)
     try:
         src.backup(dst)  # pages=-1: all pages at once, from one read transaction
@@ -228,7 +229,7 @@ def restore(settings: Settings, source: Path) -> RestoreReport:
         raise Conflict(f"{home} is being served; stop it and restore into an empty home")
     if home.exists() and any(p.name != "maintenance.lock" for p in home.iterdir()):
         raise InvalidInput(f"{home} is not empty; restore into a new, empty home")
-    home.mkdir(parents=True, exist_ok=True)
+    filemodes.private_dir(home)
     counter = _Counter()
     kind = str(manifest.get("database"))
     if kind == "sqlite":
@@ -253,6 +254,12 @@ def restore(settings: Settings, source: Path) -> RestoreReport:
         _copy_tree(source / RUNNER_DIR, settings.local_runner_root, counter)
     if (source / "admin.token").exists():
         shutil.copy2(source / "admin.token", home / "admin.token")
+    # The same modes as a served home's, even from a backup an older release made: the
+    # service user's alone (docs/security.md "The home's files").
+    root = settings.local_runner_root
+    filemodes.secure_home(home)
+    if root.is_dir():
+        filemodes.tighten_once(root, filemodes.runner_spare(root))
     return RestoreReport(home=str(home), database=kind, files=counter.files, bytes=counter.bytes)
 
 

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from shellyard import filemodes
 from shellyard.errors import ERRORS_BY_CODE, HomeInUse, InvalidInput, ShellyardError
 
 
@@ -154,7 +155,7 @@ def describe(exc: BaseException) -> str:
 def _usable(home: Path) -> None:
     """Create the home if needed; an unusable one is a clear error, not a traceback."""
     try:
-        home.mkdir(parents=True, exist_ok=True)
+        filemodes.private_dir(home)  # 0700: the service user's alone (docs/security.md)
         if not os.access(home, os.R_OK | os.W_OK | os.X_OK):
             raise PermissionError(13, "Permission denied", str(home))
     except OSError as exc:
@@ -223,7 +224,10 @@ def _start(home: Path, extra_args: list[str], deadline: float) -> None:
     read_end, write_end = os.pipe()
     try:
         try:
-            log: Any = open(home / LOG_NAME, "ab")  # noqa: SIM115 - handed to the child
+            # 0600: the server's log names sessions, commands and paths (filemodes.py)
+            log_fd = os.open(home / LOG_NAME, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            filemodes.private_files([home / LOG_NAME])
+            log: Any = os.fdopen(log_fd, "ab")
         except OSError:
             log = subprocess.DEVNULL  # the server reports on the pipe all the same
         args = ["serve", "--home", str(home), "--ready-fd", str(write_end), *extra_args]

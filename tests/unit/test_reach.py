@@ -68,3 +68,31 @@ def test_a_folder_that_cannot_take_an_entry_is_a_clear_refusal() -> None:
     with pytest.raises(SandboxUnavailable, match="could not be added") as refused:
         make_reachable(target, SANDBOX, SANDBOX)
     assert "setfacl -m u:61000:x" in refused.value.message
+
+
+def test_each_uid_gets_its_own_entry_on_one_folder_and_private_dir_keeps_them(
+    tmp_path: Path,
+) -> None:
+    """A uid per workspace: ``grant_folder`` adds one entry per uid to that folder alone (not
+    its parents), and re-making the folder private (filemodes.private_dir, at every start)
+    keeps the entries working: it takes the other bits, never the ACL's mask."""
+    from shellyard import filemodes
+    from shellyard.runner.sandbox.folder_access import grant_folder
+
+    if not _acl_supported(tmp_path):
+        pytest.skip("the file system of the temporary folder keeps no POSIX ACLs")
+    outer = tmp_path / "outer"
+    inner = outer / "inner"
+    filemodes.private_dir(inner)
+    (inner / "f").write_text("x")
+    assert grant_folder(inner, SANDBOX) and grant_folder(inner, OTHER)
+    assert not grant_folder(inner, SANDBOX)  # found again: added once
+    assert can_search(inner, SANDBOX, SANDBOX) and can_search(inner, OTHER, OTHER)
+    assert not can_search(outer, SANDBOX, SANDBOX)  # the parent is not touched
+    filemodes.private_dir(inner)
+    assert can_search(inner, SANDBOX, SANDBOX) and can_search(inner, OTHER, OTHER)
+    assert stat.S_IMODE(inner.stat().st_mode) & 0o007 == 0
+    for uid in (SANDBOX, OTHER):  # the path down to it (tmp_path is below a 0700 folder)
+        make_reachable(outer, uid, uid)
+    assert _stat_as(SANDBOX, inner / "f") and _stat_as(OTHER, inner / "f")
+    assert not _stat_as(65534, inner)

@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 import uvicorn
 
+from shellyard import filemodes
 from shellyard.api.app import create_app
 from shellyard.api.connections import KEEP_ALIVE_S, MAX_CONCURRENCY, BoundedH11
 from shellyard.config import Settings
@@ -60,7 +61,7 @@ def serve(
     requests can be served; a start that fails raises what it failed on (also when it failed
     inside the app's start-up, which uvicorn would only log)."""
     check_bind(host, auth)
-    settings.home.mkdir(parents=True, exist_ok=True)
+    filemodes.private_dir(settings.home)  # docs/security.md "The home's files"
     lock_fd = lock_home(settings.home)
     try:
         sock = bind_socket(host, port)

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
+from shellyard import filemodes
 from shellyard.config import Settings
 from shellyard.control.agents import AgentResolver
 from shellyard.control.environments import EnvironmentService
@@ -139,7 +140,8 @@ class ControlPlane:
 
     async def start(self) -> None:
         settings = self.settings
-        settings.home.mkdir(parents=True, exist_ok=True)
+        # 0700 and the service user's alone (docs/security.md "The home's files")
+        filemodes.secure_home(settings.home)
         self.store = await Store.open(
             settings.effective_database_url, schema_name=settings.database_schema
         )

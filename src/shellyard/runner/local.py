@@ -24,7 +24,7 @@ import queue
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-from shellyard import __version__
+from shellyard import __version__, filemodes
 from shellyard.errors import (
     InvalidInput,
     NotFound,
@@ -38,7 +38,7 @@ from shellyard.runner.environments.store import EnvironmentStore
 from shellyard.runner.limits import retention
 from shellyard.runner.limits.reserve import require_room  # limits (R2, docs/limits.md)
 from shellyard.runner.limits.watcher import Guard as LimitsGuard  # limits (R2, docs/limits.md)
-from shellyard.runner.network import netns
+from shellyard.runner.network import netns, ports
 from shellyard.runner.network.egress_proxy import EgressProxy
 from shellyard.runner.network.egress_rules import EgressRules
 from shellyard.runner.network.netns import WorkspaceNetworks
@@ -140,16 +140,17 @@ class LocalRunner:
     # ----------------------------------------------------------------- lifecycle
 
     async def startup(self) -> None:
+        # The service user's alone (docs/security.md "The home's files"): 0700 folders,
+        # 0600 files; what a runner of an older release made wider is narrowed once.
         for directory in (self.root, self._workspaces, self._executions, self._sandbox_dir):
-            directory.mkdir(parents=True, exist_ok=True)
-            # Traversable but not listable: bwrap, already running as the sandbox uid,
-            # must reach the workspace to bind it; nothing inside can list the others.
-            directory.chmod(0o711)
-        self._check_traversable(self._workspaces)
+            filemodes.private_dir(directory)
+        spare = filemodes.runner_spare(self.root)
+        await asyncio.to_thread(filemodes.tighten_once, self.root, spare)
         await self._prepare_sandboxes()
         await asyncio.to_thread(self._editor.startup)
         await self._environments.startup(self._sandboxes.bwrap)
         await asyncio.to_thread(self._runs.views.startup)
+        self._grant_sandbox_uid()
         await self._runs.recover()
         await asyncio.to_thread(self._runs.views.forget_unused)  # W2: none in use
         if self._sandboxes.networks is not None:  # R2: none of a finished workspace
@@ -165,11 +166,13 @@ class LocalRunner:
         box.disable_userns = await asyncio.to_thread(
             sandbox.bwrap_supports, box.bwrap, "--disable-userns"
         )
+        box.view.close()
         box.view = await asyncio.to_thread(
             sandbox.HostView.build,
             self.policy.host_paths,
             self._hidden,
             self._sandbox_dir / "empty",
+            True,  # bwrap's own empty files: no host path in mountinfo
         )
         await asyncio.to_thread(box.seccomp.write)
         box.launcher = await asyncio.to_thread(launch.build, self._sandbox_dir / "bin")
@@ -189,12 +192,17 @@ class LocalRunner:
             self._relays = Relays(self._sandbox_dir / "relays", box.networks, egress)
             self._relays.startup()
 
-    def _check_traversable(self, directory: Path) -> None:
-        if self._ids is None:  # not root: the sandbox runs as this user, who reaches it
+    def _grant_sandbox_uid(self) -> None:
+        """Search (``--x``, an ACL entry of that uid alone) on the folders bwrap passes as the
+        sandbox uid to bind what it binds: workspaces, read views, environment prefixes, the
+        egress socket. The relays of a root runner, ``nobody`` once set up, reach the socket
+        through its folder (ports.py). Not root: the sandbox runs as this user, who may."""
+        if self._ids is None:
             return
-        # A private home (0700) works: the sandbox uid alone gets search through it
-        # (sandbox/folder_access.py).
-        folder_access.make_reachable(directory, *self._ids)
+        for directory in (self._workspaces, self._runs.views.directory, self._environments.root):
+            folder_access.make_reachable(directory, *self._ids)
+        folder_access.grant_folder(self._sandbox_dir, *self._ids)
+        folder_access.grant_folder(self._sandbox_dir, ports.NOBODY)
 
     async def aclose(self) -> None:
         """Stop watching; the sandboxes themselves keep running (E11)."""
@@ -205,6 +213,7 @@ class LocalRunner:
             await self._proxy.close()
         self._editor.close()
         await asyncio.to_thread(self._snapshots.close)
+        self._sandboxes.view.close()
 
     async def info(self) -> RunnerInfo:
         uid = self._ids[0] if self._ids else os.geteuid()

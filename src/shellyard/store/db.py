@@ -30,6 +30,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
+from shellyard import filemodes
 from shellyard.errors import InvalidInput
 from shellyard.store import schema
 
@@ -76,6 +77,12 @@ class Database:
         tables apart from every other run's."""
         url, is_sqlite = normalize_url(database_url)
         if is_sqlite:
+            # 0600 before SQLite opens it: its -wal and -shm files take the database file's
+            # mode (docs/security.md "The home's files"); older files are narrowed here.
+            path = Path(url.removeprefix("sqlite:///"))
+            if path.parent.is_dir():
+                filemodes.create_private(path)
+                filemodes.private_files(path.with_name(path.name + s) for s in ("", "-wal", "-shm"))
             # One connection: SQLite allows one writer at a time anyway, and a single
             # connection never meets SQLITE_BUSY from its own process.
             engine = sa.create_engine(

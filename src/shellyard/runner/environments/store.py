@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from shellyard import filemodes
 from shellyard.errors import Conflict, InvalidInput, NotFound, ShellyardError
 from shellyard.runner.edits.editor import Editor
 from shellyard.runner.environments import create, derive, sources
@@ -58,7 +59,7 @@ from shellyard.runner.protocol import (
     PackageRecord,
     SandboxPolicy,
 )
-from shellyard.runner.sandbox import launch
+from shellyard.runner.sandbox import folder_access, launch
 from shellyard.runner.sandbox.spawn import Sandboxes
 from shellyard.runner.snapshots import history, objects
 from shellyard.runner.snapshots.objects import StoreLock
@@ -162,9 +163,10 @@ class EnvironmentStore:
 
     async def startup(self, bwrap: str) -> None:
         self._bwrap = bwrap
-        self.root.mkdir(parents=True, exist_ok=True)
-        # The sandbox uid walks through to each prefix (0711: no listing of the others).
-        self.root.chmod(0o711)
+        # The sandbox uid walks through to each prefix: the runner adds its search entry
+        # (sandbox/folder_access.py); nobody else passes, nobody lists the others
+        # (filemodes.py).
+        filemodes.private_dir(self.root)
         self._changes.mkdir(mode=0o700, exist_ok=True)
         # Runner-side stores, root's alone: the snapshots of prefixes and the local packages
         # installs used (their files are 0444/0400; no other local user reads them).
@@ -394,8 +396,9 @@ class EnvironmentStore:
         succeeded = False
         try:
             change_dir.mkdir(mode=0o700, exist_ok=True)
-            env_dir.mkdir(mode=0o711, exist_ok=True)
-            env_dir.chmod(0o711)
+            filemodes.private_dir(env_dir)
+            if self._sandboxes.ids is not None:  # bwrap, as the sandbox uid, binds the prefix
+                folder_access.grant_folder(env_dir, *self._sandboxes.ids)
             lock_fd = _try_lock(env_dir)
             if lock_fd is None:
                 raise ShellyardError(

@@ -177,7 +177,7 @@ class SandboxedTools:
                 stderr=log_fd,
                 env=tool_env,
                 cwd="/",
-                pass_fds=(seccomp_fd,),
+                pass_fds=(seccomp_fd, *box.view.fds),
             )
         finally:
             os.close(log_fd)

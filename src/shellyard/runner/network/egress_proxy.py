@@ -60,7 +60,6 @@ class EgressProxy:
     async def start(self) -> None:
         self.socket_path.parent.mkdir(parents=True, exist_ok=True)
         # Traversable, not listable: bwrap (as the sandbox uid) must reach the socket to bind it.
-        self.socket_path.parent.chmod(0o711)
         with contextlib.suppress(FileNotFoundError):
             self.socket_path.unlink()
         # A Unix socket's path holds at most 107 bytes, and a home (a pytest tmp_path, a deep

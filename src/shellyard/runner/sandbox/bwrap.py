@@ -16,6 +16,7 @@ Only builds argv and the environment; spawning and watching live in ``spawn.py``
 
 from __future__ import annotations
 
+import contextlib
 import os
 import resource
 import shutil
@@ -147,12 +148,19 @@ def _etc_secrets() -> list[Path]:
     return found
 
 
-def _cover(path: Path, empty: Path) -> list[str]:
+def _cover(path: Path, empty: Path, empty_fds: list[int] | None) -> list[str]:
     """A folder by an empty tmpfs, a file by an empty file (not /dev/null: the bind would be
-    a device node on a nodev mount, and reading it fails instead of reading nothing)."""
+    a device node on a nodev mount, and reading it fails instead of reading nothing). With
+    ``empty_fds`` the file is bwrap's own, filled from a descriptor open on /dev/null (bwrap
+    reads and closes one per file), so the mount's root in /proc/self/mountinfo names no host
+    path (docs/security.md "Host paths"); the runner keeps them open for its life."""
     if path.is_dir() and not path.is_symlink():
         return ["--tmpfs", str(path)]
     if path.exists() or path.is_symlink():
+        if empty_fds is not None:
+            fd = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+            empty_fds.append(fd)
+            return ["--perms", "0444", "--ro-bind-data", str(fd), str(path)]
         return ["--ro-bind", str(empty), str(path)]
     return []
 
@@ -168,10 +176,20 @@ class HostView:
 
     argv: tuple[str, ...]
     visible: tuple[Path, ...]
+    #: Descriptors the argv names, to pass to every bwrap started with it.
+    fds: tuple[int, ...] = ()
 
     @classmethod
-    def build(cls, host_paths: Sequence[str], hidden: Sequence[Path], empty: Path) -> HostView:
-        """``empty``: an empty file the sandbox uid can read, bound over hidden files."""
+    def build(
+        cls,
+        host_paths: Sequence[str],
+        hidden: Sequence[Path],
+        empty: Path,
+        own_files: bool = False,
+    ) -> HostView:
+        """``empty``: an empty file the sandbox uid can read, bound over hidden files; with
+        ``own_files`` bwrap makes those files itself (the view's ``fds``, to pass to every
+        bwrap and to close with ``close``)."""
         if not empty.exists():
             empty.write_bytes(b"")
         empty.chmod(0o444)
@@ -204,10 +222,16 @@ class HostView:
         # Secrets of /etc, and the runner's own folders (its home, token files) wherever an
         # operator path or /usr would show them.
         covered = [*_etc_secrets(), *(Path(p).absolute() for p in hidden)]
+        fds: list[int] | None = [] if own_files else None
         for path in covered:
             if _inside(path, visible):
-                argv += _cover(path, empty)
-        return cls(tuple(argv), tuple(visible))
+                argv += _cover(path, empty, fds)
+        return cls(tuple(argv), tuple(visible), tuple(fds or ()))
+
+    def close(self) -> None:
+        for fd in self.fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
 
 @dataclass(frozen=True)
@@ -326,6 +350,26 @@ def bwrap_argv(
         *command,
     ]
     return argv
+
+
+def options_by_fd(argv: list[str], bwrap: str) -> tuple[list[str], int]:
+    """``argv`` with bwrap's options moved into a memfd read by ``--args FD``, and that fd
+    (inheritable only through ``pass_fds``; close it once spawned). A sandbox reads its pid
+    1's command line (/proc/1/cmdline is bwrap's): it then shows ``bwrap --args N --`` and
+    the command, not the host paths of the binds (docs/security.md "Host paths")."""
+    start = argv.index(bwrap) + 1
+    end = argv.index("--", start)
+    fd = os.memfd_create("shellyard-bwrap-args", os.MFD_CLOEXEC)
+    try:
+        data = b"".join(os.fsencode(option) + b"\0" for option in argv[start:end])
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.lseek(fd, 0, os.SEEK_SET)
+    except BaseException:
+        os.close(fd)
+        raise
+    return [*argv[:start], "--args", str(fd), *argv[end:]], fd
 
 
 def sandbox_env(home: str, extra: dict[str, str]) -> dict[str, str]:

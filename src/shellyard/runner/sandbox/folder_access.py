@@ -83,6 +83,17 @@ def grant_search(path: Path, uid: int) -> None:
     os.setxattr(path, _XATTR, blob)
 
 
+def grant_folder(folder: Path, uid: int, gid: int | None = None) -> bool:
+    """``user:<uid>:--x`` on ``folder`` alone (not its ancestors) unless ``uid`` (primary
+    group ``gid``, default ``uid``) may already search it; True when an entry was added. For
+    a folder below one already reached: an environment's, the egress socket's (docs/security.md
+    "The home's files"). Each uid gets its own entry: one per sandbox uid."""
+    if can_search(folder, uid, uid if gid is None else gid):
+        return False
+    grant_search(folder, uid)
+    return True
+
+
 def make_reachable(directory: Path, uid: int, gid: int) -> list[Path]:
     """Let the sandbox uid traverse ``directory`` and each of its ancestors; returns the
     folders that got an ACL entry. Raises SandboxUnavailable, naming the folder and the fix,

@@ -55,8 +55,11 @@ class LiveExecution:
 
 
 def write_json_atomic(path: Path, data: str) -> None:
+    """``path`` replaced by ``data``, mode 0600 (an execution's records are the service's)."""
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(data)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(data)
     os.replace(tmp, path)
 
 
@@ -102,6 +105,7 @@ class Sandboxes:
         policy = self.execution_policy()
         networks = self.networks
         shared = None
+        args_fd: int | None = None
         try:
             if networks is not None:
                 shared = networks.acquire(request.workspace_id, request.execution_id)
@@ -121,6 +125,7 @@ class Sandboxes:
                 network=shared,
                 launcher=self.launcher,
             )
+            argv, args_fd = sandbox.options_by_fd(argv, self.bwrap)
             env = sandbox.sandbox_env(
                 sandbox.WORKSPACE,
                 {
@@ -137,7 +142,7 @@ class Sandboxes:
                 stdin=subprocess.DEVNULL,
                 stdout=out_fd,
                 stderr=err_fd,
-                pass_fds=(status_fd, seccomp_fd),
+                pass_fds=(status_fd, seccomp_fd, args_fd, *self.view.fds),
                 env=env,
                 cwd="/",
                 start_new_session=True,
@@ -147,9 +152,10 @@ class Sandboxes:
                 networks.release(request.workspace_id, request.execution_id)
             raise
         finally:
-            for fd in (out_fd, err_fd, status_fd, seccomp_fd):
-                with contextlib.suppress(OSError):
-                    os.close(fd)
+            for fd in (out_fd, err_fd, status_fd, seccomp_fd, args_fd):
+                if fd is not None:
+                    with contextlib.suppress(OSError):
+                        os.close(fd)
         pid_start = processes.start_time(popen.pid) or 0
         meta = {
             "execution_id": request.execution_id,

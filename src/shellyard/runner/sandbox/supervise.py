@@ -99,7 +99,7 @@ class Supervisor:
         mount: tuple[Path, dict[str, str]] | None,
     ) -> RunnerExecution:
         directory = self._executions / request.execution_id
-        directory.mkdir()
+        directory.mkdir(mode=0o700)  # the service user's alone (filemodes.py)
         if request.read_only:  # the committed view, never the live tree (W2)
             link = directory / views.VIEW
             tree = self.views.acquire(request.workspace_id, request.execution_id, link)

@@ -51,10 +51,11 @@ class ObjectStore:
     def __init__(self, objects: Path, workers: int) -> None:
         self._objects = objects
         self._tmp = objects / "tmp"
-        self._tmp.mkdir(parents=True, exist_ok=True)
+        objects.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self._tmp.mkdir(mode=0o700, exist_ok=True)
         if not (objects / "ff").is_dir():
             for i in range(256):
-                (objects / f"{i:02x}").mkdir(exist_ok=True)
+                (objects / f"{i:02x}").mkdir(mode=0o700, exist_ok=True)
         self._objects_str = f"{objects}/"
         self._tmp_prefix = f"{self._tmp}/{os.getpid()}-{id(self):x}-"
         self._remove_stale_tmp()

@@ -107,7 +107,7 @@ def write_all(fd: int, data: bytes | memoryview) -> None:
 
 def atomic_write(path: Path, *parts: bytes) -> None:
     tmp = f"{path}.tmp-{os.getpid()}-{threading.get_ident()}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | O_CLOEXEC, 0o644)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | O_CLOEXEC, 0o600)
     try:
         for part in parts:
             write_all(fd, part)

@@ -199,7 +199,7 @@ def save_statcache(
     if state.base_size and state.log_size + frame_size <= _LOG_MAX_SHARE * state.base_size:
         frame = _LOG_FRAME.pack(_LOG_MAGIC, len(payload), hashlib.sha256(payload).digest())
         fd = os.open(
-            wdir / "statcache.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT | O_CLOEXEC, 0o644
+            wdir / "statcache.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT | O_CLOEXEC, 0o600
         )
         try:
             write_all(fd, frame + payload)

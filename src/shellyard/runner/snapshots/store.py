@@ -33,6 +33,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
+from shellyard import filemodes
 from shellyard.errors import InvalidInput, NotFound
 from shellyard.paths import normalize_relative
 from shellyard.runner.protocol import MAX_READ_CHUNK, FileChunk, PathEntry, SnapshotInfo
@@ -94,7 +95,10 @@ class SnapshotStore:
     ) -> None:
         self.root = Path(root)
         self._workspaces = self.root / "workspaces"
-        self._workspaces.mkdir(parents=True, exist_ok=True)
+        # The store is the service user's alone (docs/security.md "The home's files"): read
+        # views reach its objects through their own links, never through these folders.
+        filemodes.private_dir(self.root)
+        self._workspaces.mkdir(mode=0o700, exist_ok=True)
         cpus = os.cpu_count() or 1
         self.blobs = ObjectStore(
             self.root / "objects", workers if workers is not None else min(4, cpus)
@@ -352,10 +356,11 @@ class SnapshotStore:
             lock = self._locks.setdefault(workspace_id, threading.Lock())
         with lock:
             try:
-                fd = os.open(wdir / "lock", os.O_RDWR | os.O_CREAT | O_CLOEXEC, 0o644)
+                fd = os.open(wdir / "lock", os.O_RDWR | os.O_CREAT | O_CLOEXEC, 0o600)
             except FileNotFoundError:
-                (wdir / "manifests").mkdir(parents=True, exist_ok=True)
-                fd = os.open(wdir / "lock", os.O_RDWR | os.O_CREAT | O_CLOEXEC, 0o644)
+                wdir.mkdir(mode=0o700, exist_ok=True)
+                (wdir / "manifests").mkdir(mode=0o700, exist_ok=True)
+                fd = os.open(wdir / "lock", os.O_RDWR | os.O_CREAT | O_CLOEXEC, 0o600)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX)
                 yield
@@ -412,7 +417,8 @@ class SnapshotStore:
     def _create_empty(self, wdir: Path) -> None:
         """Snapshot 0, the empty tree; or, if manifests exist without a HEAD (it was lost),
         a HEAD at the latest of them, so numbers never go back."""
-        (wdir / "manifests").mkdir(parents=True, exist_ok=True)
+        wdir.mkdir(mode=0o700, exist_ok=True)
+        (wdir / "manifests").mkdir(mode=0o700, exist_ok=True)
         seqs = [int(n) for n in os.listdir(wdir / "manifests") if n.isdigit()]
         if seqs:
             atomic_write(wdir / "HEAD", f"{max(seqs)}\n".encode())
@@ -428,7 +434,7 @@ class SnapshotStore:
         try:
             os.utime(clock)
         except FileNotFoundError:
-            clock.touch()
+            clock.touch(mode=0o600)
         return os.stat(clock).st_mtime_ns
 
     # ------------------------------------------------------------------ manifests

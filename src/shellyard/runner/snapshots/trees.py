@@ -53,7 +53,8 @@ def write_tree(wdir: Path, digest: bytes, blob: bytes) -> bool:
     try:
         atomic_write(path, blob)
     except FileNotFoundError:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        path.parent.parent.mkdir(mode=0o700, exist_ok=True)
+        path.parent.mkdir(mode=0o700, exist_ok=True)
         atomic_write(path, blob)
     return True
 

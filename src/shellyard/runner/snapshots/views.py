@@ -27,6 +27,7 @@ import shutil
 import threading
 from pathlib import Path
 
+from shellyard import filemodes
 from shellyard.runner.protocol import PathEntry, SnapshotInfo
 from shellyard.runner.snapshots import history
 from shellyard.runner.snapshots.store import SnapshotStore
@@ -133,9 +134,9 @@ class ReadViews:
         self._pending: list[Path] = []
 
     def startup(self) -> None:
-        self.directory.mkdir(exist_ok=True)
-        # bwrap, already the sandbox uid, must reach a view to bind it; nobody lists them.
-        self.directory.chmod(0o711)
+        # bwrap, already the sandbox uid, must reach a view to bind it: the runner adds that
+        # uid's search entry (reach.py); nobody else passes, nobody lists them.
+        filemodes.private_dir(self.directory)
 
     def acquire(self, workspace_id: str, execution_id: str, link: Path) -> Path:
         """The view of the workspace's head for ``execution_id`` (built on first use), and
