@@ -25,14 +25,27 @@ ALLOWED: dict[str, set[str]] = {
     "errors": set(),
     "listen": set(),
     "paths": {"errors"},
+    # The modes of the home's files (0700/0600 and the sandbox uid's ACL entries): light, for
+    # every part that creates files in the home (docs/security.md "The home's files").
+    "filemodes": set(),
     "contract": {"errors"},
     "config": {"errors", "contract", "home"},
-    "home": {"errors"},
-    "store": {"errors", "paths"},
+    "home": {"errors", "filemodes"},
+    "store": {"errors", "paths", "filemodes"},
     # The runner answers with public models where its results reach the caller unchanged.
-    "runner": {"errors", "paths", "listen", "contract"},
-    "control": {"errors", "paths", "contract", "config", "store", "runner"},
-    "api": {"errors", "paths", "contract", "config", "home", "listen", "control", "web"},
+    "runner": {"errors", "paths", "listen", "contract", "filemodes"},
+    "control": {"errors", "paths", "contract", "config", "store", "runner", "filemodes"},
+    "api": {
+        "errors",
+        "paths",
+        "contract",
+        "config",
+        "home",
+        "listen",
+        "control",
+        "web",
+        "filemodes",
+    },
     # The web door: the page's static assets and its server half (login, the page's cookie
     # session, the panel's reads), routers the REST app mounts; api/auth.py reads its cookie.
     "web": {"errors", "paths", "contract", "config", "home", "listen", "control", "api"},
@@ -43,7 +56,7 @@ ALLOWED: dict[str, set[str]] = {
     "cli": {"errors", "contract", "config", "home", "sdk", "shell_call"},
     # Backup and restore of a home: an operator's tool that reads the store and the runner's
     # folders directly (docs/operations.md), launched by the CLI's backup verbs.
-    "backup": {"errors", "config", "home", "control", "store", "runner"},
+    "backup": {"errors", "config", "home", "control", "store", "runner", "filemodes"},
     "__main__": {"cli"},
     "__init__": {"sdk"},
 }
