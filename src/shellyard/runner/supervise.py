@@ -13,13 +13,14 @@ import contextlib
 import json
 import logging
 import os
+import shutil
 import signal
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
-from shellyard.errors import InvalidInput, NotFound
+from shellyard.errors import InvalidInput, NotFound, SpawnFailed
 from shellyard.runner import processes, readview
 from shellyard.runner.guard import Guard  # limits (issue 12)
 from shellyard.runner.logcap import read as read_capped_log  # limits (issue 12)
@@ -104,10 +105,21 @@ class Supervisor:
             tree = self.views.acquire(request.workspace_id, request.execution_id, link)
         try:
             live = self.sandboxes.spawn(request, directory, tree, command, mount)
-        except BaseException:
+        except BaseException as exc:
             if request.read_only:  # it never ran: it uses the view no longer
                 self.views.release(directory / readview.VIEW, request.execution_id)
-            raise
+            if not isinstance(exc, OSError):
+                raise
+            # Never started: the kernel refused the spawn (E2BIG, ENOMEM, EAGAIN ...). The
+            # folder goes (no trace a restart would take for a lost sandbox) and the caller
+            # ends the record ``failed`` with the reason; the writer is never taken here.
+            shutil.rmtree(directory, ignore_errors=True)
+            log.warning("could not spawn %s: %s", request.execution_id, exc)
+            raise SpawnFailed(
+                f"the command could not be started: {exc.strerror or exc} "
+                f"(errno {exc.errno}); nothing ran",
+                errno=exc.errno,
+            ) from None
         self._live[request.execution_id] = live
         if not request.read_only:
             self.busy_workspaces[request.workspace_id] = request.execution_id
