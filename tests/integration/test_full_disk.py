@@ -11,9 +11,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
+from files_helpers import child_workspace, run
 
 from conftest import Yard
+from shellyard.config import Settings
 from shellyard.contract.executions import ExecutionState
+from shellyard.contract.maintenance import GcRequest
+from shellyard.errors import InvalidInput
+from shellyard.store.schema import transfer_files, transfers
 
 MIB = 1 << 20
 
@@ -69,3 +75,58 @@ async def test_a_spawn_the_kernel_refuses_ends_failed_and_frees_the_writer(
     again = await yard.run("echo two")
     assert again.state == ExecutionState.completed and again.stdout == "two\n"
     assert again.workspace_id == first.workspace_id
+
+
+# ---------------------------------------------------------------- T2: bounded transfers
+
+
+async def _count(yard: Yard, table: sa.Table) -> int:
+    store = yard.plane.store
+    assert store is not None
+    row = await store.one(sa.select(sa.func.count().label("n")).select_from(table))
+    assert row is not None
+    return int(row["n"])
+
+
+async def test_a_transfer_over_its_entry_cap_is_refused_with_the_count_and_gc_deletes_old_ones(
+    yard: Yard, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """T2, bounded records: a transfer naming more entries than ``transfer_max_entries`` is
+    refused before any row is written, saying how many it names; finished transfers and their
+    entries go under ``record_days`` like execution records (once their notice is read)."""
+    monkeypatch.setenv("SHELLYARD_TRANSFER_MAX_ENTRIES", "0")
+    with pytest.raises(InvalidInput, match="SHELLYARD_TRANSFER_MAX_ENTRIES must be"):
+        Settings.from_env()
+    monkeypatch.setenv("SHELLYARD_TRANSFER_MAX_ENTRIES", "50")
+    assert Settings.from_env().transfer_max_entries == 50
+    assert Settings().transfer_max_entries == 100_000
+    plane = yard.plane
+    plane.transfers.max_entries = 50
+    made = await run(
+        plane,
+        "mkdir -p many few; for i in $(seq 120); do : > many/f$i; done; "
+        "for i in $(seq 30); do : > few/f$i; done",
+        yard.runner_id,
+    )
+    _child, target = await child_workspace(plane, yard.runner_id)
+    request = {"source_workspace_id": made.workspace_id, "target_workspace_id": target}
+    before = await _count(yard, transfer_files)
+    with pytest.raises(InvalidInput, match=r"names 121 entries, more than the 50") as caught:
+        await plane.transfers.start({**request, "paths": ["many"]})
+    assert caught.value.details["entries"] == 121
+    assert await _count(yard, transfer_files) == before  # nothing recorded
+    done = await plane.transfers.wait(
+        (await plane.transfers.start({**request, "paths": ["few"]})).transfer_id, 120
+    )
+    assert done.state == "completed" and done.files_copied == 31, done  # the folder too
+    assert await _count(yard, transfer_files) == before + 31
+
+    # Its notice is unread: it stays, like an unread execution's record.
+    kept = await plane.retention.run(GcRequest(snapshots=False, record_days=0))
+    assert kept.transfers_deleted == 0
+    assert plane.store is not None
+    await plane.store.mark_notice_read("transfer", done.transfer_id)
+    report = await plane.retention.run(GcRequest(snapshots=False, record_days=0))
+    assert report.transfers_deleted >= 1 and report.transfer_entries_deleted >= 31, report
+    assert await _count(yard, transfers) == 0
+    assert await _count(yard, transfer_files) == 0

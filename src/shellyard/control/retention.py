@@ -116,6 +116,8 @@ class RetentionService:
                     await self._runner_pass(runner_id, policy, report)
                 except ShellyardError as exc:
                     report.errors[runner_id] = exc.message
+            if policy.record_days is not None or policy.archived_days is not None:
+                await self._transfers(policy, report)
             if policy.event_days is not None:
                 await self._events(policy, report)
             if request.snapshots and self.files is not None:
@@ -124,10 +126,11 @@ class RetentionService:
         report.database_bytes_after = self._database_bytes()
         report.duration_s = round(time.monotonic() - started, 3)
         log.info(
-            "retention: %d logs pruned (%d bytes), %d records, events %s",
+            "retention: %d logs pruned (%d bytes), %d records, %d transfers, events %s",
             report.logs_pruned,
             report.log_bytes_freed,
             report.records_deleted,
+            report.transfers_deleted,
             report.events_deleted,
             extra={"action": "retention"},
         )
@@ -200,6 +203,18 @@ class RetentionService:
         report.logs_pruned += len(result.pruned)
         report.log_bytes_freed += result.bytes_freed
         return result.bytes_freed if result.pruned else None
+
+    async def _transfers(self, policy: RetentionSettings, report: GcReport) -> None:
+        """Finished transfers and their entries, under ``record_days`` like execution
+        records (docs/operations.md), in short transactions."""
+        cutoffs = self._cutoffs(policy)
+        while True:
+            done, entries = await self.records.prune_transfers(cutoffs, BATCH // 10)
+            report.transfers_deleted += done
+            report.transfer_entries_deleted += entries
+            if not done and not entries:
+                return
+            await asyncio.sleep(0)  # let requests in between two batches
 
     async def _events(self, policy: RetentionSettings, report: GcReport) -> None:
         cutoffs = self._cutoffs(policy)

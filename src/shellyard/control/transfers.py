@@ -55,7 +55,13 @@ from shellyard.contract.files import (
 from shellyard.control.access import WorkspaceAccess
 from shellyard.control.execution_hooks import WatchLeases
 from shellyard.control.runners import LOCAL_RUNNER_ID
-from shellyard.control.transfer_plan import glob_text, is_glob, parse_request, plan
+from shellyard.control.transfer_plan import (
+    MAX_TRANSFER_ENTRIES,
+    glob_text,
+    is_glob,
+    parse_request,
+    plan,
+)
 from shellyard.errors import (
     InvalidInput,
     NotFound,
@@ -103,6 +109,8 @@ class TransferService:
         self.on_signal: Callable[[str], None] | None = None
         #: transfer id → set when it ends (or a cancel arrives), for waits on this replica.
         self._changed: dict[str, asyncio.Event] = {}
+        #: Most entries one transfer may name (``Settings.transfer_max_entries``).
+        self.max_entries = MAX_TRANSFER_ENTRIES
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -215,7 +223,9 @@ class TransferService:
             normalize_relative(p) if not is_glob(p) else glob_text(p) for p in request.paths
         ]
         source_seq = (await src_runner.head(str(src["id"]))).seq
-        files = await plan(src_runner, str(src["id"]), source_seq, patterns, target_folder)
+        files = await plan(
+            src_runner, str(src["id"]), source_seq, patterns, target_folder, self.max_entries
+        )
         transfer_id = new_id("tr")
         dst_id = str(dst["id"])
         cancel = asyncio.Event()
