@@ -7,6 +7,11 @@ cases mount a real tmpfs as the home (root needed, skipped with the reason other
 
 from __future__ import annotations
 
+import contextlib
+import os
+import subprocess
+import tempfile
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -14,11 +19,12 @@ import pytest
 import sqlalchemy as sa
 from files_helpers import child_workspace, run
 
-from conftest import Yard
+from conftest import Yard, open_yard
 from shellyard.config import Settings
 from shellyard.contract.executions import ExecutionState
 from shellyard.contract.maintenance import GcRequest
-from shellyard.errors import InvalidInput
+from shellyard.errors import InvalidInput, LowOnSpace
+from shellyard.runner.protocol import SandboxPolicy
 from shellyard.store.schema import transfer_files, transfers
 
 MIB = 1 << 20
@@ -130,3 +136,103 @@ async def test_a_transfer_over_its_entry_cap_is_refused_with_the_count_and_gc_de
     assert report.transfers_deleted >= 1 and report.transfer_entries_deleted >= 31, report
     assert await _count(yard, transfers) == 0
     assert await _count(yard, transfer_files) == 0
+
+
+# ---------------------------------------------------------------- R2: a full disk
+
+
+@pytest.fixture
+def small_volume() -> Iterator[Path]:
+    """A 256 MiB tmpfs the test mounts: the whole home (database, runner) lives on it."""
+    path = Path(tempfile.mkdtemp(prefix="shellyard-full-", dir="/tmp"))
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=256m,mode=0711", "tmpfs", str(path)],
+        capture_output=True,
+        text=True,
+    )
+    if done.returncode != 0:
+        path.rmdir()
+        pytest.skip(f"cannot mount a tmpfs here (needs root / CAP_SYS_ADMIN): {done.stderr}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)
+        with contextlib.suppress(OSError):
+            path.rmdir()
+
+
+@pytest.fixture(params=["local", "direct"])
+async def full_yard(request: pytest.FixtureRequest, small_volume: Path) -> AsyncIterator[Yard]:
+    home = small_volume / "y"
+    home.mkdir(mode=0o711)
+    # No quota and no log cap: only the reserve stands between a command and a full volume.
+    policy = SandboxPolicy(
+        free_space_reserve_bytes=64 * MIB, workspace_quota_bytes=0, log_limit_bytes=0
+    )
+    plane, runner_id, daemon = await open_yard(home, request.param, policy)
+    try:
+        yield Yard(plane, runner_id, home, daemon)
+    finally:
+        await plane.aclose()
+        if daemon is not None:
+            await daemon.stop()
+
+
+#: Writes 1 MiB at a time, a little slower than tmpfs can (so the tick of the limits watcher,
+#: 0.1 s, comes between two writes well before the volume is full), without end.
+FILLERS = {
+    "stdout": "while :; do head -c 1048576 /dev/zero; sleep 0.004; done",
+    "file": "while :; do head -c 1048576 /dev/zero; sleep 0.004; done > big; echo after",
+}
+
+
+@pytest.mark.parametrize("into", sorted(FILLERS))
+async def test_a_command_filling_the_volume_is_stopped_with_limit_disk_and_work_resumes(
+    full_yard: Yard, small_volume: Path, into: str
+) -> None:
+    """R2: a command filling the volume through its stdout or a file it writes is stopped
+    while it writes, below the free-space reserve, with ``limit: "disk"`` and a message; the
+    database stays intact and writable; another session's run is refused cleanly (503,
+    retry later) while the volume is below the reserve; status, cancel and gc answer; once
+    the space is freed, work goes on without a restart."""
+    yard = full_yard
+    first = await yard.run("echo before")
+    assert first.state == ExecutionState.completed
+    filler = await yard.run(FILLERS[into], background=True)
+    view = await settle(yard, filler.execution_id)
+    record = await yard.runner.status(filler.execution_id)
+    assert record.limit == "disk", (record, view)
+    assert view.error is not None and "free-space reserve" in view.error, view
+    assert "below its reserve of 64.0 MiB" in view.error
+    logs = await yard.plane.executions.logs(filler.execution_id)
+    assert "after" not in logs.data  # stopped: nothing after the write ran
+    stat = os.statvfs(small_volume)
+    assert stat.f_bavail * stat.f_frsize > 16 * MIB  # stopped well before ENOSPC
+
+    other_session = await yard.plane.sessions.create()
+    other_agent = other_session.main_agent_id
+    from shellyard.contract.executions import RunShellRequest
+
+    def other_run(command: str) -> Any:
+        return yard.plane.executions.run_shell(
+            RunShellRequest(command=command, runner_id=yard.runner_id), other_agent
+        )
+
+    with pytest.raises(LowOnSpace, match="retry later"):
+        await other_run("echo during")
+    again = await yard.plane.executions.cancel(filler.execution_id)
+    assert again.state == view.state  # a finished one: its record unchanged (E7)
+    store = yard.plane.store
+    assert store is not None
+    await store.mark_notice_read("execution", filler.execution_id)
+    report = await yard.plane.retention.run(GcRequest(snapshots=False, log_days=0))
+    assert not report.errors, report
+    if into == "file":
+        deleted = await yard.runner.delete_path(view.workspace_id, "big", False)
+        assert deleted.removed == ["big"]
+    else:
+        assert report.logs_pruned >= 1, report
+    after = await other_run("echo after")
+    assert after.state == ExecutionState.completed and after.stdout == "after\n", after
+    mine = await yard.run("echo mine")
+    assert mine.state == ExecutionState.completed and mine.stdout == "mine\n"

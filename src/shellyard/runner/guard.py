@@ -9,6 +9,14 @@ plus a periodic look (``PERIODIC_S``) for the case where another writer freed sp
 same time. A walk runs on a thread of its own. Why this and not a per-workspace file system
 or project quotas: docs/limits.md.
 
+The free-space reserve while commands run (docs/limits.md "Full disk, long commands and
+bounded records"): the same tick's ``statvfs`` shows the volume's free space; below the
+reserve, the running execution that wrote the most since it started (its logs plus its
+workspace's growth, measured on the walk thread) is stopped with ``limit: "disk"`` when it
+wrote at least ``DISK_OFFENDER_MIN`` of it, one per look, until the volume is above the
+reserve again. The reserve is what keeps the snapshot commit, the records and the
+database writable after such a stop.
+
 A workspace over its quota: the sandbox is killed (its pid namespace's init, like the last
 step of a cancel) and ``limit.json`` written first into the execution's folder, so the
 record names the quota also when the runner restarted in between. The workspace's state is
@@ -30,6 +38,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from shellyard.runner import logcap, processes, quota, space
 from shellyard.runner.limits import ended_by, format_size, probe_cgroup_v2, runner_limits
@@ -45,6 +54,10 @@ WALK_SPACING = 4.0
 #: A log is looked at again once the volume grew by this much beyond the log's headroom.
 LOG_SLACK = 64 << 10
 LIMIT_FILE = "limit.json"
+#: An execution is stopped for the reserve only if it wrote at least this much (or a quarter
+#: of the reserve, if smaller) since it started: a volume another writer filled does not
+#: end a command that wrote a few bytes.
+DISK_OFFENDER_MIN = 64 << 20
 STREAMS = ("stdout", "stderr")
 
 #: The workspace's head snapshot (its committed usage); called on the walk thread.
@@ -71,6 +84,8 @@ class _Watched:
     walking: bool = False
     stopped: bool = False
     cuts: dict[str, logcap.Cut | None] = field(default_factory=dict)
+    #: Bytes its logs held when it was first watched (a re-attached one had some already).
+    logs_at_start: int = 0
 
 
 @dataclass
@@ -85,7 +100,7 @@ class Ending:
         """The record's ``error``: the runner's own (if any) and then what the limits say.
         A sandbox the quota killed before bwrap reported an exit code looks like one that
         could not start; that message is replaced by the quota's."""
-        if self.limit == "quota" and exit_code is None:
+        if self.limit in ("quota", "disk") and exit_code is None:
             previous = None
         return "; ".join([*([previous] if previous else []), *self.notes]) or None
 
@@ -116,10 +131,23 @@ class Guard:
         self._logs_at = 0.0
         #: Largest write rate seen between a walk and the next (for ``margin_bytes``).
         self.fastest_growth = 0.0
+        #: A look at who fills the volume is under way (below the reserve; see module doc).
+        self._disk_looking = False
 
     @property
     def active(self) -> bool:
-        return self.policy.workspace_quota_bytes > 0 or self.policy.log_limit_bytes > 0
+        return (
+            self.policy.workspace_quota_bytes > 0
+            or self.policy.log_limit_bytes > 0
+            or self._reserve() > 0
+        )
+
+    def _reserve(self) -> int:
+        try:
+            _free, total = space.volume(self.root)
+        except OSError:
+            return 0
+        return space.reserve_bytes(self.policy, total)
 
     def watch(
         self, execution_id: str, workspace_id: str, directory: Path, tree: Path, pid: int
@@ -130,6 +158,7 @@ class Guard:
         w = _Watched(execution_id, workspace_id, directory, tree, pid)
         for stream in STREAMS:
             w.cuts[stream] = logcap.load_cut(directory / stream)
+        w.logs_at_start = _logs_held(directory)
         known = self._known.get(workspace_id)
         if known is not None and self.policy.workspace_quota_bytes > 0:
             # Measured when the last command here ended, and nothing else wrote since
@@ -180,7 +209,17 @@ class Guard:
                     f"execution_logs; the command was not affected)"
                 )
         breach = _read_breach(directory)
-        if breach is not None:
+        if breach is not None and breach["limit"] == "disk":
+            ending.limit = "disk"
+            ending.notes.insert(
+                0,
+                f"stopped by the runner's free-space reserve: the volume had "
+                f"{format_size(breach['free'])} free, below its reserve of "
+                f"{format_size(breach['reserve'])}, and this command had written "
+                f"{format_size(breach['reached'])} (logs and workspace), the most of those "
+                f"running. Delete files (a delete is allowed below the reserve) and run again",
+            )
+        elif breach is not None:
             ending.limit = "quota"
             ending.notes.insert(
                 0,
@@ -254,6 +293,11 @@ class Guard:
                 self._cutter, self._cut_all, list(self._watched.values())
             )
             future.add_done_callback(self._cut_done)
+        if not self._disk_looking:
+            free, total = space.volume(self.root)
+            reserve = space.reserve_bytes(self.policy, total)
+            if free < reserve:
+                self._look_for_filler(free, reserve)
         quota_bytes = self.policy.workspace_quota_bytes
         if quota_bytes <= 0:
             return
@@ -317,6 +361,65 @@ class Guard:
             headroom = min(headroom, limit + slack - kept)
         return headroom
 
+    # ------------------------------------------------------------------ the reserve
+
+    def _look_for_filler(self, free: int, reserve: int) -> None:
+        """Below the reserve: measure what each running command wrote (on the walk thread)
+        and stop the one that wrote the most (``_stop_filler``)."""
+        candidates = [w for w in self._watched.values() if not w.stopped]
+        if not candidates:
+            return
+        if self._walker is None:
+            self._walker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="quota-walk")
+        self._disk_looking = True
+        future = asyncio.get_running_loop().run_in_executor(self._walker, self._written, candidates)
+        future.add_done_callback(lambda f: self._stop_filler(f, free, reserve))
+
+    def _written(self, candidates: list[_Watched]) -> list[tuple[int, _Watched]]:
+        found = []
+        for w in candidates:
+            logs = max(0, _logs_held(w.directory) - w.logs_at_start)
+            tree = 0
+            if not w.stopped:
+                usage, _entries = quota.tree_usage(w.tree)
+                baseline = w.baseline
+                if baseline is None:
+                    try:
+                        baseline = _measure(self._baseline_of(w.workspace_id))
+                    except Exception:
+                        baseline = 0
+                tree = max(0, usage - baseline)
+            found.append((logs + tree, w))
+        return found
+
+    def _stop_filler(
+        self, future: asyncio.Future[list[tuple[int, _Watched]]], free: int, reserve: int
+    ) -> None:
+        self._disk_looking = False
+        if future.cancelled():
+            return
+        try:
+            found = future.result()
+        except Exception:
+            log.exception("measuring what the running commands wrote failed")
+            return
+        live = [(n, w) for n, w in found if w.execution_id in self._watched and not w.stopped]
+        if not live:
+            return
+        written, w = max(live, key=lambda item: item[0])
+        if written < min(DISK_OFFENDER_MIN, reserve // 4):
+            log.warning(
+                "the runner's volume has %d bytes free, below its reserve of %d, and no "
+                "running command wrote much of it (the most: %d bytes by %s)",
+                free,
+                reserve,
+                written,
+                w.execution_id,
+            )
+            return
+        record = {"limit": "disk", "free": free, "reserve": reserve, "reached": written}
+        self._stop(w, record)
+
     # ------------------------------------------------------------------ the quota
 
     def _start_walk(self, w: _Watched, used: int) -> None:
@@ -360,18 +463,23 @@ class Guard:
         w.baseline = baseline
         allowance = max(self.policy.workspace_quota_bytes, baseline or 0)
         if usage > allowance and not w.stopped:
-            self._stop(w, usage)
+            quota_bytes = self.policy.workspace_quota_bytes
+            self._stop(w, {"limit": "quota", "quota": quota_bytes, "reached": usage})
 
-    def _stop(self, w: _Watched, usage: int) -> None:
+    def _stop(self, w: _Watched, record: dict[str, object]) -> None:
         w.stopped = True
-        record = {"limit": "quota", "quota": self.policy.workspace_quota_bytes, "reached": usage}
         tmp = w.directory / (LIMIT_FILE + ".tmp")
-        tmp.write_text(json.dumps(record))
-        os.replace(tmp, w.directory / LIMIT_FILE)
-        log.info(
-            "execution %s stopped by the workspace quota (%d bytes reached)",
+        try:
+            tmp.write_text(json.dumps(record))
+            os.replace(tmp, w.directory / LIMIT_FILE)
+        except OSError:  # a full volume: stop it all the same (the record says less)
+            log.exception("cannot record why %s is stopped", w.execution_id)
+        log.warning(
+            "execution %s stopped by the %s limit (%s bytes reached)",
             w.execution_id,
-            usage,
+            record["limit"],
+            record["reached"],
+            extra={"action": "limit", "limit": record["limit"], "execution_id": w.execution_id},
         )
         self._kills.add(task := asyncio.ensure_future(self._kill(w)))
         task.add_done_callback(self._kills.discard)
@@ -392,11 +500,21 @@ def _measure(snapshot: SnapshotInfo) -> int:
     return snapshot.bytes + snapshot.files * BLOCK_SLACK + (1 << 20)
 
 
-def _read_breach(directory: Path) -> dict[str, int] | None:
+def _read_breach(directory: Path) -> dict[str, Any] | None:
     try:
         data = json.loads((directory / LIMIT_FILE).read_text())
     except (OSError, ValueError):
         return None
-    if not isinstance(data, dict) or data.get("limit") != "quota":
+    if not isinstance(data, dict) or data.get("limit") not in ("quota", "disk"):
         return None
-    return {"quota": int(data.get("quota", 0)), "reached": int(data.get("reached", 0))}
+    keys = ("quota", "reached", "free", "reserve")
+    return {"limit": data["limit"], **{key: int(data.get(key, 0)) for key in keys}}
+
+
+def _logs_held(directory: Path) -> int:
+    """Bytes the execution's logs hold on the volume (a cut's hole holds none)."""
+    held = 0
+    for stream in STREAMS:
+        with contextlib.suppress(OSError):
+            held += (directory / stream).stat().st_blocks * 512
+    return held
