@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sqlite3
 import subprocess
 import tempfile
 from collections.abc import AsyncIterator, Iterator
@@ -23,7 +24,7 @@ from conftest import Yard, open_yard
 from shellyard.config import Settings
 from shellyard.contract.executions import ExecutionState
 from shellyard.contract.maintenance import GcRequest
-from shellyard.errors import InvalidInput, LowOnSpace
+from shellyard.errors import InvalidInput, LowOnSpace, StoreFull
 from shellyard.runner.protocol import SandboxPolicy
 from shellyard.store.schema import transfer_files, transfers
 
@@ -236,3 +237,50 @@ async def test_a_command_filling_the_volume_is_stopped_with_limit_disk_and_work_
     assert after.state == ExecutionState.completed and after.stdout == "after\n", after
     mine = await yard.run("echo mine")
     assert mine.state == ExecutionState.completed and mine.stdout == "mine\n"
+
+
+def _fill(volume: Path, name: str) -> Path:
+    """Write a file until the volume is full (ENOSPC): another user of the volume."""
+    path = volume / name
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        for size in (MIB, 4096):  # then the last partial MiB
+            chunk = b"\0" * size
+            with contextlib.suppress(OSError):
+                while True:
+                    os.write(fd, chunk)
+    finally:
+        os.close(fd)
+    return path
+
+
+async def test_a_full_volume_leaves_the_database_writable_then_answers_507_and_recovers(
+    full_yard: Yard, small_volume: Path
+) -> None:
+    """A full volume is an outcome: the room the home keeps for the database is released so
+    its next writes (the record of a session here) still land; once that room is used up
+    too, a write is refused with StoreFull (507, retry later) and nothing is half written;
+    once space is freed, writes go on and the room is taken again at the next gc."""
+    yard = full_yard
+    database = yard.home / "home" / "shellyard.db"
+    reserve = database.with_name("shellyard.db-reserve")
+    assert reserve.stat().st_size == 32 * MIB
+    filler = _fill(small_volume, "filler")
+    session = await yard.plane.sessions.create()  # lands: the reserve file was released
+    assert not reserve.exists()
+    more = _fill(small_volume, "filler2")
+    with pytest.raises(StoreFull, match="volume is full") as caught:
+        for _ in range(10_000):  # the few pages SQLite had left run out
+            await yard.plane.sessions.create()
+    assert caught.value.http_status == 507
+    with pytest.raises((LowOnSpace, StoreFull)):  # 503 or 507, both "retry later"
+        await yard.run("echo during")
+    filler.unlink()
+    more.unlink()
+    with contextlib.closing(sqlite3.connect(database)) as db:
+        assert db.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+    assert (await yard.plane.sessions.get(session.session_id)).session_id == session.session_id
+    await yard.plane.retention.run(GcRequest(snapshots=False))
+    assert reserve.stat().st_size == 32 * MIB
+    after = await yard.run("echo after")
+    assert after.state == ExecutionState.completed and after.stdout == "after\n"

@@ -123,6 +123,8 @@ class RetentionService:
             if request.snapshots and self.files is not None:
                 report.snapshots = await self.files.collect()
             await self.records.reclaim()
+            if self.store.ballast is not None:  # room for a full volume (store/ballast.py)
+                await asyncio.to_thread(self.store.ballast.ensure)
         report.database_bytes_after = self._database_bytes()
         report.duration_s = round(time.monotonic() - started, 3)
         log.info(

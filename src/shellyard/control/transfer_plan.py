@@ -80,11 +80,12 @@ async def plan(
     seq: int,
     patterns: list[str],
     target_folder: str,
-    max_entries: int = MAX_TRANSFER_ENTRIES,
+    max_entries: int | None = None,
 ) -> list[dict[str, Any]]:
     """One row per entry to copy, in source order, each with its target path. More than
-    ``max_entries`` is refused, saying how many it names (counted on, nothing kept, up to
-    ``COUNT_FACTOR`` times the cap)."""
+    ``max_entries`` (default ``MAX_TRANSFER_ENTRIES``) is refused, saying how many it names
+    (counted on, nothing kept, up to ``COUNT_FACTOR`` times the cap)."""
+    cap = MAX_TRANSFER_ENTRIES if max_entries is None else max_entries
     out: dict[str, dict[str, Any]] = {}
     over = 0
 
@@ -92,9 +93,9 @@ async def plan(
         nonlocal over
         sub = entry.path[len(base) + 1 :] if base else entry.path
         target = f"{target_folder}/{sub}" if target_folder else sub
-        if over or len(out) >= max_entries:
+        if over or len(out) >= cap:
             over += 1  # no row kept; an entry named twice may count twice here
-            if max_entries + over >= max_entries * COUNT_FACTOR:
+            if cap + over >= cap * COUNT_FACTOR:
                 raise _TooMany
             return
         if target in out:
@@ -114,13 +115,13 @@ async def plan(
         await _expand(runner, ws, seq, patterns, add)
     if over:
         counted = len(out) + over
-        many = f"at least {counted}" if counted >= max_entries * COUNT_FACTOR else str(counted)
+        many = f"at least {counted}" if counted >= cap * COUNT_FACTOR else str(counted)
         raise InvalidInput(
-            f"the transfer names {many} entries, more than the {max_entries} one transfer "
+            f"the transfer names {many} entries, more than the {cap} one transfer "
             f"may hold (transfer_max_entries); split it into several transfers of fewer "
             f"paths, or copy a folder packed as one file",
             entries=counted,
-            max_entries=max_entries,
+            max_entries=cap,
         )
     return list(out.values())
 

@@ -55,13 +55,7 @@ from shellyard.contract.files import (
 from shellyard.control.access import WorkspaceAccess
 from shellyard.control.execution_hooks import WatchLeases
 from shellyard.control.runners import LOCAL_RUNNER_ID
-from shellyard.control.transfer_plan import (
-    MAX_TRANSFER_ENTRIES,
-    glob_text,
-    is_glob,
-    parse_request,
-    plan,
-)
+from shellyard.control.transfer_plan import glob_text, is_glob, parse_request, plan
 from shellyard.errors import (
     InvalidInput,
     NotFound,
@@ -109,8 +103,9 @@ class TransferService:
         self.on_signal: Callable[[str], None] | None = None
         #: transfer id → set when it ends (or a cancel arrives), for waits on this replica.
         self._changed: dict[str, asyncio.Event] = {}
-        #: Most entries one transfer may name (``Settings.transfer_max_entries``).
-        self.max_entries = MAX_TRANSFER_ENTRIES
+        #: Most entries one transfer may name (``Settings.transfer_max_entries``; None: the
+        #: default of transfer_plan.py).
+        self.max_entries: int | None = None
 
     # ------------------------------------------------------------------ lifecycle
 
