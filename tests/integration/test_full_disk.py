@@ -7,6 +7,7 @@ cases mount a real tmpfs as the home (root needed, skipped with the reason other
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import sqlite3
@@ -284,3 +285,39 @@ async def test_a_full_volume_leaves_the_database_writable_then_answers_507_and_r
     assert reserve.stat().st_size == 32 * MIB
     after = await yard.run("echo after")
     assert after.state == ExecutionState.completed and after.stdout == "after\n"
+
+
+# ---------------------------------------------------------------- bounded logs
+
+
+async def test_the_log_budget_cuts_an_unread_executions_logs_to_head_and_tail(
+    yard_factory: Any,
+) -> None:
+    """Bounded records: an execution nobody read yet (its notice unread) keeps its logs, but
+    not beyond the runner's log budget: a gc over the budget cuts them to their head and
+    tail (1 MiB per stream), marked where the middle was dropped, instead of keeping 20 MB."""
+    yard: Yard = await yard_factory(SandboxPolicy(log_limit_bytes=0))
+    started = await yard.run(
+        "head -c 20000000 /dev/zero | tr '\\0' a; echo; echo END", background=True
+    )
+    store = yard.plane.store
+    assert store is not None
+    for _ in range(1200):
+        row = await store.get_execution(started.execution_id)
+        if row is not None and ExecutionState(row["state"]).terminal:
+            break
+        await asyncio.sleep(0.05)
+    kept = await yard.plane.retention.run(GcRequest(snapshots=False))
+    assert kept.logs_cut == 0  # within the default budget: left whole
+    report = await yard.plane.retention.run(GcRequest(snapshots=False, log_budget_bytes=1))
+    assert report.logs_cut == 1 and report.log_bytes_freed > 15 * 1_000_000, report
+    size = await yard.runner.log_size(started.execution_id, "stdout")
+    assert size == 20_000_000 + 5  # offsets never move
+    head = await yard.runner.read_log(started.execution_id, "stdout", 0, 1 << 20)
+    assert head.data == b"a" * len(head.data) and 0 < len(head.data) <= 1 << 20
+    cut = await yard.runner.read_log(started.execution_id, "stdout", head.next_offset, 200)
+    assert b"were dropped here" in cut.data
+    tail = await yard.runner.read_log(started.execution_id, "stdout", size - 5, 10)
+    assert tail.data == b"\nEND\n"
+    # Still the unread record: its notice is there, its logs were not deleted.
+    assert (await store.get_execution(started.execution_id) or {}).get("logs_pruned_at") is None

@@ -23,6 +23,8 @@ class GcRequest(BaseModel):
 
 class GcReport(BaseModel):
     logs_pruned: int = 0
+    #: Executions whose logs were cut to head and tail (unread ones, over the log budget).
+    logs_cut: int = 0
     log_bytes_freed: int = 0
     records_deleted: int = 0
     #: Finished transfers deleted under ``record_days``, and their entries (per-file rows).

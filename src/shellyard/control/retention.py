@@ -41,6 +41,9 @@ BATCH = 500
 #: Held (flock) by a retention pass and by a backup, so a backup never copies a half-pruned
 #: home and a pass never deletes what a backup is copying.
 MAINTENANCE_LOCK = "maintenance.lock"
+#: What each log stream of an unread execution keeps (head and tail) when the runner is over
+#: its log budget (docs/operations.md).
+UNREAD_KEEP_BYTES = 1 << 20
 #: A day, for the policy's ``*_days`` fields.
 DAY_S = 86400.0
 
@@ -193,6 +196,23 @@ class RetentionService:
             if not freed:
                 break
             held -= freed
+        # Still over: logs an unread notice keeps are cut to their head and tail (never
+        # deleted: the notice's reader still sees how it began and ended).
+        offset = 0
+        while policy.log_budget_bytes is not None and held > policy.log_budget_bytes:
+            ids = await self.records.unread_log_candidates(runner_id, offset, BATCH)
+            if not ids:
+                break
+            offset += len(ids)
+            request = LogPruneRequest(
+                execution_ids=ids,
+                keep_bytes=UNREAD_KEEP_BYTES,
+                free_bytes=held - policy.log_budget_bytes,
+            )
+            result = await runner.prune_logs(request)
+            report.logs_cut += len(result.pruned)
+            report.log_bytes_freed += result.bytes_freed
+            held -= result.bytes_freed
         report.runner_log_bytes[runner_id] = held
 
     async def _prune_logs(

@@ -438,7 +438,12 @@ class LocalRunner:
         # Never one the runner still watches: only finished folders (result.json) go.
         ids = [e for e in request.execution_ids if not self._runs.watches(e)]
         return await asyncio.to_thread(
-            retention.prune_logs, self._executions, ids, request.forget, request.free_bytes
+            retention.prune_logs,
+            self._executions,
+            ids,
+            request.forget,
+            request.free_bytes,
+            request.keep_bytes,
         )
 
     # ----------------------------------------------------------------- executions

@@ -131,6 +131,29 @@ class RetentionRecords:
         )
         return [str(r["id"]) for r in await self.store.all(stmt)]
 
+    async def unread_log_candidates(self, runner_id: str, offset: int, batch: int) -> list[str]:
+        """Finished executions on the runner whose logs an unread notice keeps, oldest
+        first: under a size budget they are cut to head and tail, never deleted."""
+        live_notice = sa.exists().where(
+            notices.c.kind == "execution",
+            notices.c.subject_id == executions.c.id,
+            notices.c.read_at.is_(None),
+        )
+        stmt = (
+            sa.select(executions.c.id)
+            .where(
+                executions.c.runner_id == runner_id,
+                executions.c.state.in_(TERMINAL_STATES),
+                executions.c.finished_at.is_not(None),
+                executions.c.logs_pruned_at.is_(None),
+                live_notice,
+            )
+            .order_by(executions.c.finished_at)
+            .offset(offset)
+            .limit(batch)
+        )
+        return [str(r["id"]) for r in await self.store.all(stmt)]
+
     async def record_candidates(
         self, runner_id: str, cutoff: float, archived: float, batch: int
     ) -> list[str]:
