@@ -321,3 +321,36 @@ async def test_the_log_budget_cuts_an_unread_executions_logs_to_head_and_tail(
     assert tail.data == b"\nEND\n"
     # Still the unread record: its notice is there, its logs were not deleted.
     assert (await store.get_execution(started.execution_id) or {}).get("logs_pruned_at") is None
+
+
+async def test_cancel_on_a_full_volume_ends_the_execution_without_a_restart(
+    full_yard: Yard, small_volume: Path
+) -> None:
+    """E7 on a full volume: the runner's cancel answers and the execution ends ``cancelled``
+    although the runner cannot write its cancel mark or its result file (kept in memory,
+    written once space is back); the control plane's record follows without a restart."""
+    yard = full_yard
+    running = await yard.run("sleep 600", background=True)
+    fillers = [_fill(small_volume, "filler")]
+    await yard.plane.sessions.create()  # its write takes the room kept for the database
+    fillers.append(_fill(small_volume, "filler2"))  # and now nothing is left at all
+    try:
+        await yard.runner.cancel(running.execution_id)
+        record = await yard.runner.wait(running.execution_id, 30)
+        assert record.state == "finished" and record.cancelled, record
+    finally:
+        for path in fillers:
+            path.unlink()
+    if yard.daemon is None:
+        result = (
+            yard.home / "home" / "runners" / "local" / "executions" / running.execution_id
+        ) / "result.json"
+        for _ in range(100):
+            if result.exists():
+                break
+            await asyncio.sleep(0.1)
+        assert result.exists()  # written once the volume had room again
+    view = await settle(yard, running.execution_id)
+    assert view.state == ExecutionState.cancelled, view
+    after = await yard.run("echo after")
+    assert after.state == ExecutionState.completed and after.stdout == "after\n"

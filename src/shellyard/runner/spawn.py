@@ -59,6 +59,8 @@ class LiveExecution:
     read_only: bool = False
     #: issue 17: it joined its workspace's shared network namespace (netns.py).
     shared_network: bool = False
+    #: A cancel was asked here (its ``cancel`` file may be missing on a full volume).
+    cancel_requested: bool = False
 
 
 def write_json_atomic(path: Path, data: str) -> None:
