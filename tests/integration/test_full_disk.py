@@ -354,3 +354,52 @@ async def test_cancel_on_a_full_volume_ends_the_execution_without_a_restart(
     assert view.state == ExecutionState.cancelled, view
     after = await yard.run("echo after")
     assert after.state == ExecutionState.completed and after.stdout == "after\n"
+
+
+def _zeros_tar_gz(size: int) -> bytes:
+    """A tar.gz holding one file of ``size`` zero bytes: a few hundred KB per 400 MB."""
+    import io
+    import tarfile
+
+    class Zeros(io.RawIOBase):
+        def __init__(self) -> None:
+            self.left = size
+
+        def readable(self) -> bool:
+            return True
+
+        def readinto(self, buffer: Any) -> int:
+            n = min(len(buffer), self.left)
+            buffer[:n] = b"\0" * n
+            self.left -= n
+            return n
+
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w:gz", compresslevel=1) as tar:
+        info = tarfile.TarInfo("zeros.bin")
+        info.size = size
+        tar.addfile(info, io.BufferedReader(Zeros(), 1 << 20))
+    return out.getvalue()
+
+
+async def test_an_upload_expanding_past_the_reserve_stops_as_it_writes(
+    full_yard: Yard, small_volume: Path
+) -> None:
+    """R2: a small tar.gz that expands to more than the volume has is stopped while it is
+    unpacked, once the volume falls below its reserve (503, retry later), not at ENOSPC;
+    nothing of it lands in the workspace and its staged bytes are given back."""
+    yard = full_yard
+    first = await yard.run("echo kept > kept.txt")
+    body = _zeros_tar_gz(400 * MIB)
+    assert len(body) < 2 * MIB
+
+    async def upload() -> AsyncIterator[bytes]:
+        yield body
+
+    with pytest.raises(LowOnSpace, match="unpacking an upload refused"):
+        await yard.runner.write_tar(first.workspace_id, "up", upload())
+    stat = os.statvfs(small_volume)
+    assert stat.f_bavail * stat.f_frsize > 64 * MIB  # the staged bytes went
+    assert await yard.runner.stat_path(first.workspace_id, None, "up") is None
+    after = await yard.run("cat kept.txt")
+    assert after.state == ExecutionState.completed and after.stdout == "kept\n"

@@ -96,6 +96,7 @@ class LocalRunner:
             sandbox.sandbox_ids(self.policy),
             self.workspace_path,
         )
+        self._editor.room = lambda: require_room(self.root, self.policy, "unpacking an upload")
         #: Workspaces in the middle of a file operation (write, move, restore, batch, ...).
         self._editing: set[str] = set()
         self._hidden = [self.root, *(hidden or [])]

@@ -293,7 +293,7 @@ class Editor(Placer):
         reader = QueueReader(chunks)
         try:
             try:
-                members = unpack_to(stage, dest, reader, self.owner)
+                members = unpack_to(stage, dest, reader, self.owner, self.room)
             except tarfile.TarError as exc:
                 raise InvalidInput(
                     f"the upload is not a readable tar archive ({exc}); send a tar stream "
