@@ -403,3 +403,22 @@ async def test_an_upload_expanding_past_the_reserve_stops_as_it_writes(
     assert await yard.runner.stat_path(first.workspace_id, None, "up") is None
     after = await yard.run("cat kept.txt")
     assert after.state == ExecutionState.completed and after.stdout == "kept\n"
+
+
+async def test_a_writer_faster_than_the_watcher_still_ends_with_limit_disk(
+    full_yard: Yard, small_volume: Path
+) -> None:
+    """R2: a file written at the volume's full speed may meet ENOSPC before the watcher's
+    next look; either way the record names the disk (``limit: "disk"``), the workspace takes
+    a delete, and work goes on once the file is gone."""
+    yard = full_yard
+    first = await yard.run("echo kept > kept.txt")
+    filler = await yard.run("head -c 1000000000 /dev/zero > big; echo after", wait_ms=30_000)
+    view = await settle(yard, filler.execution_id)
+    record = await yard.runner.status(filler.execution_id)
+    assert record.limit == "disk", (record, view)
+    assert view.error is not None and "free-space reserve" in view.error, view
+    deleted = await yard.runner.delete_path(first.workspace_id, "big", False)
+    assert deleted.removed == ["big"]
+    after = await yard.run("cat kept.txt")
+    assert after.state == ExecutionState.completed and after.stdout == "kept\n"

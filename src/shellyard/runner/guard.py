@@ -160,6 +160,7 @@ class Guard:
             w.cuts[stream] = logcap.load_cut(directory / stream)
         w.logs_at_start = _logs_held(directory)
         known = self._known.get(workspace_id)
+        w.baseline = known  # the committed usage, also for the reserve (``_written``)
         if known is not None and self.policy.workspace_quota_bytes > 0:
             # Measured when the last command here ended, and nothing else wrote since
             # (``forget``): no walk until the volume grows enough to matter.
@@ -188,7 +189,7 @@ class Guard:
         """The sandbox is gone and its tree committed (``snapshot``): last cut of its logs;
         what ended it. Stops watching it."""
         started = time.perf_counter()
-        self._watched.pop(execution_id, None)
+        watched = self._watched.pop(execution_id, None)
         if snapshot is not None:
             self._known[snapshot.workspace_id] = _measure(snapshot)
         ending = Ending()
@@ -232,8 +233,34 @@ class Guard:
             if by_rlimit is not None:
                 ending.limit = by_rlimit[0]
                 ending.notes.insert(0, by_rlimit[1])
+            elif watched is not None and exit_code != 0:
+                self._ended_on_full_volume(watched, snapshot, ending)
         self.spent_s += time.perf_counter() - started
         return ending
+
+    def _ended_on_full_volume(
+        self, w: _Watched, snapshot: SnapshotInfo | None, ending: Ending
+    ) -> None:
+        """A writer faster than a tick can meet ENOSPC before the watcher stops it: when it
+        failed with the volume below its reserve and wrote enough, the record says so."""
+        with contextlib.suppress(OSError):
+            free, total = space.volume(self.root)
+            reserve = space.reserve_bytes(self.policy, total)
+            if free >= reserve:
+                return
+            written = max(0, _logs_held(w.directory) - w.logs_at_start)
+            if snapshot is not None and w.baseline is not None:
+                written += max(0, _measure(snapshot) - w.baseline)
+            if written < min(DISK_OFFENDER_MIN, reserve // 4):
+                return
+            ending.limit = "disk"
+            ending.notes.insert(
+                0,
+                f"ended while the runner's volume was below its free-space reserve "
+                f"({format_size(free)} free, reserve {format_size(reserve)}), after writing "
+                f"{format_size(written)}: a write most likely failed for lack of space. "
+                f"Delete files (a delete is allowed below the reserve) and run again",
+            )
 
     def margin_bytes(self) -> int:
         """The documented overshoot: how far past the quota a command can get before it is
