@@ -22,6 +22,7 @@ import sqlalchemy as sa
 from files_helpers import child_workspace, run
 
 from conftest import Yard, open_yard
+from shellyard.cli.exits import EXIT_RETRY, exit_code_of
 from shellyard.config import Settings
 from shellyard.contract.executions import ExecutionState
 from shellyard.contract.maintenance import GcRequest
@@ -274,6 +275,7 @@ async def test_a_full_volume_leaves_the_database_writable_then_answers_507_and_r
         for _ in range(10_000):  # the few pages SQLite had left run out
             await yard.plane.sessions.create()
     assert caught.value.http_status == 507
+    assert exit_code_of(caught.value) == EXIT_RETRY  # the CLI says: retry later
     with pytest.raises((LowOnSpace, StoreFull)):  # 503 or 507, both "retry later"
         await yard.run("echo during")
     filler.unlink()
