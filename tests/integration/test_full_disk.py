@@ -191,7 +191,7 @@ FILLERS = {
 
 @pytest.mark.parametrize("into", sorted(FILLERS))
 async def test_a_command_filling_the_volume_is_stopped_with_limit_disk_and_work_resumes(
-    full_yard: Yard, small_volume: Path, into: str
+    full_yard: Yard, small_volume: Path, into: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     """R2: a command filling the volume through its stdout or a file it writes is stopped
     while it writes, below the free-space reserve, with ``limit: "disk"`` and a message; the
@@ -211,6 +211,9 @@ async def test_a_command_filling_the_volume_is_stopped_with_limit_disk_and_work_
     assert "after" not in logs.data  # stopped: nothing after the write ran
     stat = os.statvfs(small_volume)
     assert stat.f_bavail * stat.f_frsize > 16 * MIB  # stopped well before ENOSPC
+    if yard.daemon is None:  # the service's log (server.log when served) has the stop
+        stops = [r for r in caplog.records if r.levelname == "WARNING" and "disk" in r.message]
+        assert any(filler.execution_id in r.message for r in stops), caplog.records
 
     other_session = await yard.plane.sessions.create()
     other_agent = other_session.main_agent_id
