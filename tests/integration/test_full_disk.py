@@ -26,6 +26,7 @@ from shellyard.cli.exits import EXIT_RETRY, exit_code_of
 from shellyard.config import Settings
 from shellyard.contract.executions import ExecutionState
 from shellyard.contract.maintenance import GcRequest
+from shellyard.contract.sessions import TimerCreateRequest
 from shellyard.errors import InvalidInput, LowOnSpace, StoreFull
 from shellyard.runner.protocol import SandboxPolicy
 from shellyard.store.schema import transfer_files, transfers
@@ -281,6 +282,10 @@ async def test_a_full_volume_leaves_the_database_writable_then_answers_507_and_r
     assert exit_code_of(caught.value) == EXIT_RETRY  # the CLI says: retry later
     with pytest.raises((LowOnSpace, StoreFull)):  # 503 or 507, both "retry later"
         await yard.run("echo during")
+    with pytest.raises(StoreFull):  # a reminder cannot be recorded: 507, not a 500
+        await yard.plane.timers.create(
+            session.main_agent_id, TimerCreateRequest(text="later", after_ms=60_000)
+        )
     filler.unlink()
     more.unlink()
     with contextlib.closing(sqlite3.connect(database)) as db:
