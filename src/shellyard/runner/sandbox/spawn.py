@@ -32,7 +32,7 @@ from shellyard.runner.sandbox.seccomp import SeccompProfile
 #: argument: the kernel refuses any one argument of execve over MAX_ARG_STRLEN (128 KiB,
 #: E2BIG), and all of them together over a quarter of the stack limit. Well below both.
 LONG_COMMAND_BYTES = 96 << 10
-#: What ``bash -c`` runs instead of a long text: the file bwrap made of it (sandbox.py).
+#: What ``bash -c`` runs instead of a long text: the file bwrap made of it (bwrap.py).
 SOURCE_COMMAND = f". {sandbox.COMMAND_FILE}"
 
 INTERPRETER_BY_SUFFIX = {".py": ["python3"], ".R": ["Rscript"], ".r": ["Rscript"], ".sh": ["bash"]}
