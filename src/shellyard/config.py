@@ -82,6 +82,9 @@ class Settings:
     local_policy: SandboxPolicy = field(default_factory=_default_policy)
     notifications: NotificationSettings = field(default_factory=NotificationSettings)
     retention: RetentionSettings = field(default_factory=RetentionSettings)
+    #: Most entries (files, folders, links) one transfer may name; beyond it the transfer is
+    #: refused with the count (``SHELLYARD_TRANSFER_MAX_ENTRIES``; docs/limits.md).
+    transfer_max_entries: int = 100_000
 
     @classmethod
     def from_env(cls, **overrides: object) -> Settings:
@@ -107,6 +110,17 @@ class Settings:
                     raise InvalidInput(
                         f"{variable} must be a {kind.__name__}, not {raw!r}"
                     ) from None
+        raw_entries = os.environ.get("SHELLYARD_TRANSFER_MAX_ENTRIES")
+        if raw_entries:
+            try:
+                settings.transfer_max_entries = int(raw_entries)
+                if settings.transfer_max_entries < 1:
+                    raise ValueError(raw_entries)
+            except ValueError:
+                raise InvalidInput(
+                    f"SHELLYARD_TRANSFER_MAX_ENTRIES must be a whole number of 1 or more, "
+                    f"not {raw_entries!r}"
+                ) from None
         for key, value in overrides.items():
             if value is not None:
                 setattr(settings, key, value)

@@ -83,6 +83,22 @@ class LowOnSpace(ShellyardError):
     http_status = 503
 
 
+class SpawnFailed(ShellyardError):
+    """The runner could not start the command's process (the kernel refused the spawn:
+    E2BIG, ENOMEM, EAGAIN ...). The execution ends ``failed`` with this message."""
+
+    code = "spawn_failed"
+    http_status = 500
+
+
+class StoreFull(ShellyardError):
+    """The control plane's database could not write: its volume is full (SQLITE_FULL,
+    PostgreSQL's disk_full). Nothing was recorded; retry once space is freed."""
+
+    code = "store_full"
+    http_status = 507
+
+
 class PathRefused(InvalidInput):
     """W6: a path that is absolute, escapes the root, or crosses a symlink."""
 
@@ -156,6 +172,8 @@ ERRORS_BY_CODE: dict[str, type[ShellyardError]] = {
         TooMany,
         OutOfRoom,
         LowOnSpace,
+        SpawnFailed,
+        StoreFull,
         RunnerUnavailable,
         SandboxUnavailable,
         SourceUnreachable,

@@ -5,7 +5,13 @@ from __future__ import annotations
 
 import sys
 
-from shellyard.errors import LowOnSpace, RunnerUnavailable, ShellyardError, WorkspaceBusy
+from shellyard.errors import (
+    LowOnSpace,
+    RunnerUnavailable,
+    ShellyardError,
+    StoreFull,
+    WorkspaceBusy,
+)
 
 #: Exit codes every verb uses (``run`` passes the command's own code through instead of 0/1).
 EXIT_OK = 0
@@ -20,7 +26,7 @@ EXIT_BY_STATE = {"cancelled": 130, "unknown": 124, "failed": 125}
 def exit_code_of(exc: ShellyardError) -> int:
     """75 when trying again later can work (a busy workspace, an unreachable runner, a runner
     below its free-space reserve), else 2."""
-    retry = isinstance(exc, RunnerUnavailable | WorkspaceBusy | LowOnSpace)
+    retry = isinstance(exc, RunnerUnavailable | WorkspaceBusy | LowOnSpace | StoreFull)
     return EXIT_RETRY if retry else EXIT_REFUSED
 
 

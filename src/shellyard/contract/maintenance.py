@@ -23,8 +23,13 @@ class GcRequest(BaseModel):
 
 class GcReport(BaseModel):
     logs_pruned: int = 0
+    #: Executions whose logs were cut to head and tail (unread ones, over the log budget).
+    logs_cut: int = 0
     log_bytes_freed: int = 0
     records_deleted: int = 0
+    #: Finished transfers deleted under ``record_days``, and their entries (per-file rows).
+    transfers_deleted: int = 0
+    transfer_entries_deleted: int = 0
     #: Rows deleted per kind: wakes (with their deliveries), session_events, notices, timers.
     events_deleted: dict[str, int] = Field(default_factory=dict)
     #: Bytes of execution folders per runner after the pass.

@@ -184,6 +184,7 @@ class ControlPlane:
             TransferService(self.store, records, access),
             ArtifactService(records, access),
         )
+        self._files.transfers.max_entries = settings.transfer_max_entries
         self._ports = PortService(access)
         url = None if self.store.is_sqlite else settings.effective_database_url
         self.fanout = Fanout(url, settings.database_schema, self.leases.replica_id)

@@ -41,6 +41,9 @@ BATCH = 500
 #: Held (flock) by a retention pass and by a backup, so a backup never copies a half-pruned
 #: home and a pass never deletes what a backup is copying.
 MAINTENANCE_LOCK = "maintenance.lock"
+#: What each log stream of an unread execution keeps (head and tail) when the runner is over
+#: its log budget (docs/operations.md).
+UNREAD_KEEP_BYTES = 1 << 20
 #: A day, for the policy's ``*_days`` fields.
 DAY_S = 86400.0
 
@@ -116,18 +119,23 @@ class RetentionService:
                     await self._runner_pass(runner_id, policy, report)
                 except ShellyardError as exc:
                     report.errors[runner_id] = exc.message
+            if policy.record_days is not None or policy.archived_days is not None:
+                await self._transfers(policy, report)
             if policy.event_days is not None:
                 await self._events(policy, report)
             if request.snapshots and self.files is not None:
                 report.snapshots = await self.files.collect()
             await self.records.reclaim()
+            if self.store.ballast is not None:  # room for a full volume (store/ballast.py)
+                await asyncio.to_thread(self.store.ballast.ensure)
         report.database_bytes_after = self._database_bytes()
         report.duration_s = round(time.monotonic() - started, 3)
         log.info(
-            "retention: %d logs pruned (%d bytes), %d records, events %s",
+            "retention: %d logs pruned (%d bytes), %d records, %d transfers, events %s",
             report.logs_pruned,
             report.log_bytes_freed,
             report.records_deleted,
+            report.transfers_deleted,
             report.events_deleted,
             extra={"action": "retention"},
         )
@@ -188,6 +196,23 @@ class RetentionService:
             if not freed:
                 break
             held -= freed
+        # Still over: logs an unread notice keeps are cut to their head and tail (never
+        # deleted: the notice's reader still sees how it began and ended).
+        offset = 0
+        while policy.log_budget_bytes is not None and held > policy.log_budget_bytes:
+            ids = await self.records.unread_log_candidates(runner_id, offset, BATCH)
+            if not ids:
+                break
+            offset += len(ids)
+            request = LogPruneRequest(
+                execution_ids=ids,
+                keep_bytes=UNREAD_KEEP_BYTES,
+                free_bytes=held - policy.log_budget_bytes,
+            )
+            result = await runner.prune_logs(request)
+            report.logs_cut += len(result.pruned)
+            report.log_bytes_freed += result.bytes_freed
+            held -= result.bytes_freed
         report.runner_log_bytes[runner_id] = held
 
     async def _prune_logs(
@@ -200,6 +225,18 @@ class RetentionService:
         report.logs_pruned += len(result.pruned)
         report.log_bytes_freed += result.bytes_freed
         return result.bytes_freed if result.pruned else None
+
+    async def _transfers(self, policy: RetentionSettings, report: GcReport) -> None:
+        """Finished transfers and their entries, under ``record_days`` like execution
+        records (docs/operations.md), in short transactions."""
+        cutoffs = self._cutoffs(policy)
+        while True:
+            done, entries = await self.records.prune_transfers(cutoffs, BATCH // 10)
+            report.transfers_deleted += done
+            report.transfer_entries_deleted += entries
+            if not done and not entries:
+                return
+            await asyncio.sleep(0)  # let requests in between two batches
 
     async def _events(self, policy: RetentionSettings, report: GcReport) -> None:
         cutoffs = self._cutoffs(policy)

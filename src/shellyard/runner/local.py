@@ -103,6 +103,7 @@ class LocalRunner:
             sandbox.sandbox_ids(self.policy),
             self.workspace_path,
         )
+        self._editor.room = lambda: require_room(self.root, self.policy, "unpacking an upload")
         #: Workspaces in the middle of a file operation (write, move, restore, batch, ...).
         self._editing: set[str] = set()
         self._hidden = [self.root, *(hidden or [])]
@@ -465,7 +466,12 @@ class LocalRunner:
         # Never one the runner still watches: only finished folders (result.json) go.
         ids = [e for e in request.execution_ids if not self._runs.watches(e)]
         return await asyncio.to_thread(
-            retention.prune_logs, self._executions, ids, request.forget, request.free_bytes
+            retention.prune_logs,
+            self._executions,
+            ids,
+            request.forget,
+            request.free_bytes,
+            request.keep_bytes,
         )
 
     # ----------------------------------------------------------------- executions

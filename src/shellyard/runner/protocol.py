@@ -175,6 +175,9 @@ class LogPruneRequest(BaseModel):
     #: Stop once this many bytes are freed (the ids are pruned in the order given, oldest
     #: first: a size budget), None: prune them all.
     free_bytes: int | None = Field(default=None, ge=0)
+    #: Instead of deleting: cut each log stream down to its head and tail, this many bytes
+    #: kept (runner/limits/logcap.py), for logs an unread notice still needs. None: delete.
+    keep_bytes: int | None = Field(default=None, ge=4096)
 
 
 class LogPruneResult(BaseModel):

@@ -31,8 +31,9 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from shellyard import filemodes
-from shellyard.errors import InvalidInput
+from shellyard.errors import InvalidInput, StoreFull
 from shellyard.store import schema
+from shellyard.store.ballast import Ballast
 
 Row = Mapping[str, Any]
 P = ParamSpec("P")
@@ -70,6 +71,11 @@ class Database:
         self._async = async_engine
         self.schema_name = schema_name
         self.is_sqlite = sync_engine is not None
+        #: Room kept beside a SQLite file for a full volume (store/ballast.py).
+        self.ballast: Ballast | None = None
+        if sync_engine is not None and sync_engine.url.database:
+            database = Path(sync_engine.url.database)
+            self.ballast = Ballast(database.with_name(database.name + "-reserve"))
 
     @classmethod
     async def open(cls, database_url: str, *, schema_name: str | None = None) -> Self:
@@ -97,6 +103,8 @@ class Database:
             async_engine = create_async_engine(url, pool_size=10, max_overflow=20, **options)
             store = cls(async_engine=async_engine, schema_name=schema_name)
         await store.run(_migrate, schema_name)
+        if store.ballast is not None:
+            store.ballast.ensure()
         return store
 
     async def close(self) -> None:
@@ -108,19 +116,56 @@ class Database:
     async def run(
         self, operation: Callable[Concatenate[Connection, P], T], *args: P.args, **kw: P.kwargs
     ) -> T:
-        """Run ``operation(conn, ...)`` as one transaction (rolled back if it raises)."""
+        """Run ``operation(conn, ...)`` as one transaction (rolled back if it raises).
+
+        A full volume (SQLITE_FULL, PostgreSQL's disk_full) raises ``StoreFull`` (507,
+        retry later); on SQLite the room kept for it is released first and the
+        transaction tried once more (store/ballast.py)."""
         if self._sync is not None:
-            with self._sync.begin() as conn:
-                return operation(conn, *args, **kw)
+            try:
+                with self._sync.begin() as conn:
+                    return operation(conn, *args, **kw)
+            except sa.exc.OperationalError as exc:
+                if not _is_full(exc):
+                    raise
+                if self.ballast is None or not self.ballast.release():
+                    raise _store_full(exc) from None
+            try:
+                with self._sync.begin() as conn:
+                    return operation(conn, *args, **kw)
+            except sa.exc.OperationalError as exc:
+                if _is_full(exc):
+                    raise _store_full(exc) from None
+                raise
         assert self._async is not None
-        async with self._async.begin() as aconn:
-            return await aconn.run_sync(lambda conn: operation(conn, *args, **kw))
+        try:
+            async with self._async.begin() as aconn:
+                return await aconn.run_sync(lambda conn: operation(conn, *args, **kw))
+        except sa.exc.OperationalError as exc:
+            if _is_full(exc):
+                raise _store_full(exc) from None
+            raise
 
     async def one(self, stmt: sa.Select[Any]) -> Row | None:
         return await self.run(fetch_one, stmt)
 
     async def all(self, stmt: sa.Select[Any]) -> list[Row]:
         return await self.run(fetch_all, stmt)
+
+
+def _is_full(exc: sa.exc.OperationalError) -> bool:
+    orig = exc.orig
+    if getattr(orig, "sqlite_errorcode", None) == 13:  # SQLITE_FULL
+        return True
+    return getattr(orig, "sqlstate", None) == "53100"  # PostgreSQL disk_full
+
+
+def _store_full(exc: sa.exc.OperationalError) -> StoreFull:
+    return StoreFull(
+        f"the service's database could not write: its volume is full ({exc.orig}). Nothing "
+        f"was recorded; free space (delete files in a workspace, run gc, or grow the "
+        f"volume) and retry"
+    )
 
 
 # ---------------------------------------------------------------------- operations

@@ -277,6 +277,15 @@ class ExecutionService:
             if refuse and isinstance(exc, LowOnSpace):  # limits (R2, docs/limits.md)
                 raise
             return await self._finalized(row)
+        except Exception as exc:
+            # Every input that cannot run gets a terminal record (docs/limits.md "Full
+            # disk ..."): a start the runner failed in an unforeseen way ends ``failed``
+            # with the reason and frees the writer, instead of staying queued behind a 500.
+            log.exception("the runner failed to start %s", execution_id)
+            await self._end(
+                row, ExecutionState.failed, error=f"the runner could not start it: {exc}"
+            )
+            return await self._finalized(row)
         started: dict[str, Any] = {}
         if self.on_timing is not None:
             self.on_timing("spawn", time.monotonic() - spawn_began)

@@ -5,8 +5,9 @@ row per entry, each with its target path. control/files/transfers.py copies the 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fnmatch
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 from shellyard.contract.files import TransferRequest
@@ -14,8 +15,13 @@ from shellyard.errors import InvalidInput, NotFound, validation_message
 from shellyard.paths import normalize_relative
 from shellyard.runner.protocol import PathEntry, Runner
 
-#: Most entries one transfer may name (each gets a row with its outcome).
-MAX_TRANSFER_ENTRIES = 2_000_000
+#: Most entries one transfer may name by default (each gets a row with its outcome; a
+#: million rows made the database 320 MB larger): ``Settings.transfer_max_entries``,
+#: ``SHELLYARD_TRANSFER_MAX_ENTRIES`` (docs/limits.md "Full disk, long commands and bounded
+#: records"). Beyond it the transfer is refused with the count.
+MAX_TRANSFER_ENTRIES = 100_000
+#: A refused transfer's entries are counted on (nothing kept) up to this many times the cap.
+COUNT_FACTOR = 10
 #: Entries one listing page of the source holds while a transfer is planned.
 _PLAN_PAGE = 2000
 _GLOB = frozenset("*?[")
@@ -118,21 +124,36 @@ def _matching(parts: list[str], page: list[PathEntry], matched_dirs: set[str]) -
     return out
 
 
+class _TooMany(Exception):
+    pass
+
+
 async def plan(
-    runner: Runner, ws: str, seq: int, patterns: list[str], target_folder: str
+    runner: Runner,
+    ws: str,
+    seq: int,
+    patterns: list[str],
+    target_folder: str,
+    max_entries: int | None = None,
 ) -> list[dict[str, Any]]:
-    """One row per entry to copy, in source order, each with its target path."""
+    """One row per entry to copy, in source order, each with its target path. More than
+    ``max_entries`` (default ``MAX_TRANSFER_ENTRIES``) is refused, saying how many it names
+    (counted on, nothing kept, up to ``COUNT_FACTOR`` times the cap)."""
+    cap = MAX_TRANSFER_ENTRIES if max_entries is None else max_entries
     out: dict[str, dict[str, Any]] = {}
+    over = 0
 
     def add(entry: PathEntry, base: str) -> None:
+        nonlocal over
         sub = entry.path[len(base) + 1 :] if base else entry.path
         target = f"{target_folder}/{sub}" if target_folder else sub
+        if over or len(out) >= cap:
+            over += 1  # no row kept; an entry named twice may count twice here
+            if cap + over >= cap * COUNT_FACTOR:
+                raise _TooMany
+            return
         if target in out:
             return  # named twice (or by two patterns): copied once
-        if len(out) >= MAX_TRANSFER_ENTRIES:
-            raise InvalidInput(
-                f"the transfer names more than {MAX_TRANSFER_ENTRIES} entries; split it"
-            )
         out[target] = {
             "idx": len(out),
             "source_path": entry.path,
@@ -144,6 +165,28 @@ async def plan(
             "link_target": entry.target,
         }
 
+    with contextlib.suppress(_TooMany):
+        await _expand(runner, ws, seq, patterns, add)
+    if over:
+        counted = len(out) + over
+        many = f"at least {counted}" if counted >= cap * COUNT_FACTOR else str(counted)
+        raise InvalidInput(
+            f"the transfer names {many} entries, more than the {cap} one transfer "
+            f"may hold (transfer_max_entries); split it into several transfers of fewer "
+            f"paths, or copy a folder packed as one file",
+            entries=counted,
+            max_entries=cap,
+        )
+    return list(out.values())
+
+
+async def _expand(
+    runner: Runner,
+    ws: str,
+    seq: int,
+    patterns: list[str],
+    add: Callable[[PathEntry, str], None],
+) -> None:
     for pattern in patterns:
         if not is_glob(pattern):
             entry = await runner.stat_path(ws, seq, pattern)
@@ -180,4 +223,3 @@ async def plan(
                 f"glob {pattern!r} matches nothing in snapshot {seq} of workspace {ws}",
                 path=pattern,
             )
-    return list(out.values())

@@ -103,6 +103,9 @@ class TransferService:
         self.on_signal: Callable[[str], None] | None = None
         #: transfer id → set when it ends (or a cancel arrives), for waits on this replica.
         self._changed: dict[str, asyncio.Event] = {}
+        #: Most entries one transfer may name (``Settings.transfer_max_entries``; None: the
+        #: default of transfer_plan.py).
+        self.max_entries: int | None = None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -215,7 +218,9 @@ class TransferService:
             normalize_relative(p) if not is_glob(p) else glob_text(p) for p in request.paths
         ]
         source_seq = (await src_runner.head(str(src["id"]))).seq
-        files = await plan(src_runner, str(src["id"]), source_seq, patterns, target_folder)
+        files = await plan(
+            src_runner, str(src["id"]), source_seq, patterns, target_folder, self.max_entries
+        )
         transfer_id = new_id("tr")
         dst_id = str(dst["id"])
         cancel = asyncio.Event()

@@ -300,7 +300,7 @@ class Editor(Placer):
         reader = QueueReader(chunks)
         try:
             try:
-                members = unpack_to(stage, dest, reader, self.owner, limits)
+                members = unpack_to(stage, dest, reader, self.owner, limits, self.room)
             except tarfile.TarError as exc:
                 raise InvalidInput(
                     f"the upload is not a readable tar archive ({exc}); send a tar stream "

@@ -58,6 +58,9 @@ class Placer:
         self._staging = staging
         self.owner = owner
         self.tree_of = tree_of
+        #: Raises when the runner's volume is below its reserve (space.require_room), called
+        #: while an upload is unpacked; None: not checked.
+        self.room: Callable[[], None] | None = None
 
     def startup(self) -> None:
         """Make the staging folder, emptying what a crash left in it."""

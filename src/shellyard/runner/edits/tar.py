@@ -7,6 +7,7 @@ import os
 import queue
 import stat as stat_mod
 import tarfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO, cast
 
@@ -45,9 +46,22 @@ def check_conflicts(root: int, dest: str, members: list[tuple[str, str, int]]) -
                 )
 
 
+#: How often (bytes written) an unpack looks at the runner's free-space reserve: a 389 KB
+#: tar.gz can expand to fill a volume between two chunks of its upload.
+ROOM_CHECK_BYTES = 8 << 20
+
+
 def unpack_to(
-    stage: Path, dest: str, reader: QueueReader, owner: Owner, limits: TarLimits | None = None
+    stage: Path,
+    dest: str,
+    reader: QueueReader,
+    owner: Owner,
+    limits: TarLimits | None = None,
+    room: Callable[[], None] | None = None,
 ) -> list[tuple[str, str, int]]:
+    """``room`` raises (LowOnSpace) when the volume fell below its reserve: called every
+    ``ROOM_CHECK_BYTES`` written, so the expansion stops as it writes, not at ENOSPC."""
+    written = [0]
     members: list[tuple[str, str, int]] = []
     # tarfile reads only what the bounded scan let through (tarscan.py, CVE-2024-6232)
     scanned = BoundedTar(reader, limits or TarLimits())
@@ -74,7 +88,7 @@ def unpack_to(
                 workspace_paths.remove_at(where.dir_fd, where.name)
                 fd = os.open(where.name, workspace_paths.O_NEW, 0o600, dir_fd=where.dir_fd)
                 try:
-                    _copy_stream(source, fd)
+                    _copy_stream(source, fd, room, written)
                     os.fchmod(fd, mode)
                     if owner is not None:
                         os.fchown(fd, *owner)
@@ -137,11 +151,17 @@ class QueueReader:
         return True
 
 
-def _copy_stream(source: IO[bytes], fd: int) -> None:
+def _copy_stream(
+    source: IO[bytes], fd: int, room: Callable[[], None] | None, written: list[int]
+) -> None:
     while True:
         data = source.read(1 << 20)
         if not data:
             return
+        written[0] += len(data)
+        if room is not None and written[0] >= ROOM_CHECK_BYTES:
+            written[0] = 0
+            room()
         view = memoryview(data)
         try:
             while view:

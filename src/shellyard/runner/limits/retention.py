@@ -8,15 +8,20 @@ import contextlib
 import os
 from pathlib import Path
 
+from shellyard.runner.limits import logcap
 from shellyard.runner.protocol import LogPruneResult
 
 
 def prune_logs(
-    root: Path, execution_ids: list[str], forget: bool, free_bytes: int | None = None
+    root: Path,
+    execution_ids: list[str],
+    forget: bool,
+    free_bytes: int | None = None,
+    keep_bytes: int | None = None,
 ) -> LogPruneResult:
     """Delete finished executions' logs and status files (all of the folder when
     ``forget``), in order, until ``free_bytes`` are freed; with no ids, measure what every
-    folder holds."""
+    folder holds. ``keep_bytes``: cut each log to its head and tail instead (``_cut``)."""
     result = LogPruneResult()
     for execution_id in execution_ids:
         if free_bytes is not None and result.bytes_freed >= free_bytes:
@@ -24,6 +29,12 @@ def prune_logs(
         directory = root / execution_id
         if directory.exists() and not (directory / "result.json").is_file():
             continue  # not finished here: never pruned
+        if keep_bytes is not None:
+            freed = _cut(directory, keep_bytes)
+            if freed:
+                result.bytes_freed += freed
+                result.pruned.append(execution_id)
+            continue
         if not directory.exists():
             result.pruned.append(execution_id)  # nothing held here (never ran, or gone)
             continue
@@ -45,6 +56,21 @@ def prune_logs(
                     held += sum(_disk_bytes(f.stat(follow_symlinks=False)) for f in files)
         result.bytes_held = held
     return result
+
+
+def _cut(directory: Path, keep_bytes: int) -> int:
+    """Cut a finished execution's logs to head + tail (``keep_bytes`` each, the dropped
+    range marked for readers, as the retained-log cap does while it runs); bytes freed."""
+    freed = 0
+    for stream in ("stdout", "stderr"):
+        path = directory / stream
+        try:
+            before = path.stat()
+            logcap.trim(path, keep_bytes, before.st_size, logcap.load_cut(path))
+            freed += max(0, _disk_bytes(before) - _disk_bytes(path.stat()))
+        except OSError:
+            continue  # missing, or a file system that cannot punch holes: kept whole
+    return freed
 
 
 def _disk_bytes(info: os.stat_result) -> int:

@@ -9,6 +9,14 @@ plus a periodic look (``PERIODIC_S``) for the case where another writer freed sp
 same time. A walk runs on a thread of its own. Why this and not a per-workspace file system
 or project quotas: docs/limits.md.
 
+The free-space reserve while commands run (docs/limits.md "Full disk, long commands and
+bounded records"): the same tick's ``statvfs`` shows the volume's free space; below the
+reserve, the running execution that wrote the most since it started (its logs plus its
+workspace's growth, measured on the walk thread) is stopped with ``limit: "disk"`` when it
+wrote at least ``DISK_OFFENDER_MIN`` of it, one per look, until the volume is above the
+reserve again. The reserve is what keeps the snapshot commit, the records and the
+database writable after such a stop.
+
 A workspace over its quota: the sandbox is killed (its pid namespace's init, like the last
 step of a cancel) and ``limit.json`` written first into the execution's folder, so the
 record names the quota also when the runner restarted in between. The workspace's state is
@@ -30,6 +38,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from shellyard.runner import processes
 from shellyard.runner.limits import logcap, quota, reserve
@@ -46,6 +55,10 @@ WALK_SPACING = 4.0
 #: A log is looked at again once the volume grew by this much beyond the log's headroom.
 LOG_SLACK = 64 << 10
 LIMIT_FILE = "limit.json"
+#: An execution is stopped for the reserve only if it wrote at least this much (or a quarter
+#: of the reserve, if smaller) since it started: a volume another writer filled does not
+#: end a command that wrote a few bytes.
+DISK_OFFENDER_MIN = 64 << 20
 STREAMS = ("stdout", "stderr")
 
 #: The workspace's head snapshot (its committed usage); called on the walk thread.
@@ -72,6 +85,8 @@ class _Watched:
     walking: bool = False
     stopped: bool = False
     cuts: dict[str, logcap.Cut | None] = field(default_factory=dict)
+    #: Bytes its logs held when it was first watched (a re-attached one had some already).
+    logs_at_start: int = 0
 
 
 @dataclass
@@ -86,7 +101,7 @@ class Ending:
         """The record's ``error``: the runner's own (if any) and then what the limits say.
         A sandbox the quota killed before bwrap reported an exit code looks like one that
         could not start; that message is replaced by the quota's."""
-        if self.limit == "quota" and exit_code is None:
+        if self.limit in ("quota", "disk") and exit_code is None:
             previous = None
         return "; ".join([*([previous] if previous else []), *self.notes]) or None
 
@@ -117,10 +132,23 @@ class Guard:
         self._logs_at = 0.0
         #: Largest write rate seen between a walk and the next (for ``margin_bytes``).
         self.fastest_growth = 0.0
+        #: A look at who fills the volume is under way (below the reserve; see module doc).
+        self._disk_looking = False
 
     @property
     def active(self) -> bool:
-        return self.policy.workspace_quota_bytes > 0 or self.policy.log_limit_bytes > 0
+        return (
+            self.policy.workspace_quota_bytes > 0
+            or self.policy.log_limit_bytes > 0
+            or self._reserve() > 0
+        )
+
+    def _reserve(self) -> int:
+        try:
+            _free, total = reserve.volume(self.root)
+        except OSError:
+            return 0
+        return reserve.reserve_bytes(self.policy, total)
 
     def watch(
         self, execution_id: str, workspace_id: str, directory: Path, tree: Path, pid: int
@@ -131,7 +159,9 @@ class Guard:
         w = _Watched(execution_id, workspace_id, directory, tree, pid)
         for stream in STREAMS:
             w.cuts[stream] = logcap.load_cut(directory / stream)
+        w.logs_at_start = _logs_held(directory)
         known = self._known.get(workspace_id)
+        w.baseline = known  # the committed usage, also for the reserve (``_written``)
         if known is not None and self.policy.workspace_quota_bytes > 0:
             # Measured when the last command here ended, and nothing else wrote since
             # (``forget``): no walk until the volume grows enough to matter.
@@ -160,7 +190,7 @@ class Guard:
         """The sandbox is gone and its tree committed (``snapshot``): last cut of its logs;
         what ended it. Stops watching it."""
         started = time.perf_counter()
-        self._watched.pop(execution_id, None)
+        watched = self._watched.pop(execution_id, None)
         if snapshot is not None:
             self._known[snapshot.workspace_id] = _measure(snapshot)
         ending = Ending()
@@ -181,7 +211,17 @@ class Guard:
                     f"execution_logs; the command was not affected)"
                 )
         breach = _read_breach(directory)
-        if breach is not None:
+        if breach is not None and breach["limit"] == "disk":
+            ending.limit = "disk"
+            ending.notes.insert(
+                0,
+                f"stopped by the runner's free-space reserve: the volume had "
+                f"{format_size(breach['free'])} free, below its reserve of "
+                f"{format_size(breach['reserve'])}, and this command had written "
+                f"{format_size(breach['reached'])} (logs and workspace), the most of those "
+                f"running. Delete files (a delete is allowed below the reserve) and run again",
+            )
+        elif breach is not None:
             ending.limit = "quota"
             ending.notes.insert(
                 0,
@@ -194,8 +234,34 @@ class Guard:
             if by_rlimit is not None:
                 ending.limit = by_rlimit[0]
                 ending.notes.insert(0, by_rlimit[1])
+            elif watched is not None and exit_code != 0:
+                self._ended_on_full_volume(watched, snapshot, ending)
         self.spent_s += time.perf_counter() - started
         return ending
+
+    def _ended_on_full_volume(
+        self, w: _Watched, snapshot: SnapshotInfo | None, ending: Ending
+    ) -> None:
+        """A writer faster than a tick can meet ENOSPC before the watcher stops it: when it
+        failed with the volume below its reserve and wrote enough, the record says so."""
+        with contextlib.suppress(OSError):
+            free, total = reserve.volume(self.root)
+            reserve_bytes = reserve.reserve_bytes(self.policy, total)
+            if free >= reserve_bytes:
+                return
+            written = max(0, _logs_held(w.directory) - w.logs_at_start)
+            if snapshot is not None and w.baseline is not None:
+                written += max(0, _measure(snapshot) - w.baseline)
+            if written < min(DISK_OFFENDER_MIN, reserve_bytes // 4):
+                return
+            ending.limit = "disk"
+            ending.notes.insert(
+                0,
+                f"ended while the runner's volume was below its free-space reserve "
+                f"({format_size(free)} free, reserve {format_size(reserve_bytes)}), after writing "
+                f"{format_size(written)}: a write most likely failed for lack of space. "
+                f"Delete files (a delete is allowed below the reserve) and run again",
+            )
 
     def margin_bytes(self) -> int:
         """The documented overshoot: how far past the quota a command can get before it is
@@ -255,6 +321,11 @@ class Guard:
                 self._cutter, self._cut_all, list(self._watched.values())
             )
             future.add_done_callback(self._cut_done)
+        if not self._disk_looking:
+            free, total = reserve.volume(self.root)
+            reserve_bytes = reserve.reserve_bytes(self.policy, total)
+            if free < reserve_bytes:
+                self._look_for_filler(free, reserve_bytes)
         quota_bytes = self.policy.workspace_quota_bytes
         if quota_bytes <= 0:
             return
@@ -318,6 +389,65 @@ class Guard:
             headroom = min(headroom, limit + slack - kept)
         return headroom
 
+    # ------------------------------------------------------------------ the reserve
+
+    def _look_for_filler(self, free: int, reserve_bytes: int) -> None:
+        """Below the reserve: measure what each running command wrote (on the walk thread)
+        and stop the one that wrote the most (``_stop_filler``)."""
+        candidates = [w for w in self._watched.values() if not w.stopped]
+        if not candidates:
+            return
+        if self._walker is None:
+            self._walker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="quota-walk")
+        self._disk_looking = True
+        future = asyncio.get_running_loop().run_in_executor(self._walker, self._written, candidates)
+        future.add_done_callback(lambda f: self._stop_filler(f, free, reserve_bytes))
+
+    def _written(self, candidates: list[_Watched]) -> list[tuple[int, _Watched]]:
+        found = []
+        for w in candidates:
+            logs = max(0, _logs_held(w.directory) - w.logs_at_start)
+            tree = 0
+            if not w.stopped:
+                usage, _entries = quota.tree_usage(w.tree)
+                baseline = w.baseline
+                if baseline is None:
+                    try:
+                        baseline = _measure(self._baseline_of(w.workspace_id))
+                    except Exception:
+                        baseline = 0
+                tree = max(0, usage - baseline)
+            found.append((logs + tree, w))
+        return found
+
+    def _stop_filler(
+        self, future: asyncio.Future[list[tuple[int, _Watched]]], free: int, reserve_bytes: int
+    ) -> None:
+        self._disk_looking = False
+        if future.cancelled():
+            return
+        try:
+            found = future.result()
+        except Exception:
+            log.exception("measuring what the running commands wrote failed")
+            return
+        live = [(n, w) for n, w in found if w.execution_id in self._watched and not w.stopped]
+        if not live:
+            return
+        written, w = max(live, key=lambda item: item[0])
+        if written < min(DISK_OFFENDER_MIN, reserve_bytes // 4):
+            log.warning(
+                "the runner's volume has %d bytes free, below its reserve of %d, and no "
+                "running command wrote much of it (the most: %d bytes by %s)",
+                free,
+                reserve_bytes,
+                written,
+                w.execution_id,
+            )
+            return
+        record = {"limit": "disk", "free": free, "reserve": reserve_bytes, "reached": written}
+        self._stop(w, record)
+
     # ------------------------------------------------------------------ the quota
 
     def _start_walk(self, w: _Watched, used: int) -> None:
@@ -361,18 +491,23 @@ class Guard:
         w.baseline = baseline
         allowance = max(self.policy.workspace_quota_bytes, baseline or 0)
         if usage > allowance and not w.stopped:
-            self._stop(w, usage)
+            quota_bytes = self.policy.workspace_quota_bytes
+            self._stop(w, {"limit": "quota", "quota": quota_bytes, "reached": usage})
 
-    def _stop(self, w: _Watched, usage: int) -> None:
+    def _stop(self, w: _Watched, record: dict[str, object]) -> None:
         w.stopped = True
-        record = {"limit": "quota", "quota": self.policy.workspace_quota_bytes, "reached": usage}
         tmp = w.directory / (LIMIT_FILE + ".tmp")
-        tmp.write_text(json.dumps(record))
-        os.replace(tmp, w.directory / LIMIT_FILE)
-        log.info(
-            "execution %s stopped by the workspace quota (%d bytes reached)",
+        try:
+            tmp.write_text(json.dumps(record))
+            os.replace(tmp, w.directory / LIMIT_FILE)
+        except OSError:  # a full volume: stop it all the same (the record says less)
+            log.exception("cannot record why %s is stopped", w.execution_id)
+        log.warning(
+            "execution %s stopped by the %s limit (%s bytes reached)",
             w.execution_id,
-            usage,
+            record["limit"],
+            record["reached"],
+            extra={"action": "limit", "limit": record["limit"], "execution_id": w.execution_id},
         )
         self._kills.add(task := asyncio.ensure_future(self._kill(w)))
         task.add_done_callback(self._kills.discard)
@@ -393,11 +528,21 @@ def _measure(snapshot: SnapshotInfo) -> int:
     return snapshot.bytes + snapshot.files * BLOCK_SLACK + (1 << 20)
 
 
-def _read_breach(directory: Path) -> dict[str, int] | None:
+def _read_breach(directory: Path) -> dict[str, Any] | None:
     try:
         data = json.loads((directory / LIMIT_FILE).read_text())
     except (OSError, ValueError):
         return None
-    if not isinstance(data, dict) or data.get("limit") != "quota":
+    if not isinstance(data, dict) or data.get("limit") not in ("quota", "disk"):
         return None
-    return {"quota": int(data.get("quota", 0)), "reached": int(data.get("reached", 0))}
+    keys = ("quota", "reached", "free", "reserve")
+    return {"limit": data["limit"], **{key: int(data.get(key, 0)) for key in keys}}
+
+
+def _logs_held(directory: Path) -> int:
+    """Bytes the execution's logs hold on the volume (a cut's hole holds none)."""
+    held = 0
+    for stream in STREAMS:
+        with contextlib.suppress(OSError):
+            held += (directory / stream).stat().st_blocks * 512
+    return held

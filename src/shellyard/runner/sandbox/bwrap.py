@@ -300,6 +300,10 @@ def proxy_variables(mode: NetworkMode) -> dict[str, str]:
     }
 
 
+#: Where a long command's text is inside the sandbox (E1; docs/limits.md "Full disk, ...").
+COMMAND_FILE = "/run/shellyard/command"
+
+
 def bwrap_argv(
     *,
     bwrap: str,
@@ -317,6 +321,7 @@ def bwrap_argv(
     shared_network: bool = False,
     network: Path | None = None,
     launcher: Path | None = None,
+    command_fd: int | None = None,
 ) -> list[str]:
     if policy.network == "egress" and not shared_network:
         # R5: a shared namespace has its relay already (runner/network/ports.py)
@@ -331,6 +336,10 @@ def bwrap_argv(
     for path in read_only_binds:
         # V4: an environment's prefix keeps its own path (its scripts name it), read-only.
         argv += ["--ro-bind", str(path), str(path)]
+    if command_fd is not None:
+        # E1: a command too long for one argument of execve (spawn.py) is read by bwrap from
+        # this descriptor into a read-only file of its own tmpfs; ``command`` sources it.
+        argv += ["--perms", "0444", "--ro-bind-data", str(command_fd), COMMAND_FILE]
     argv += [
         # W2: a read-only execution's committed view (snapshots/views.py) takes no writes
         "--ro-bind" if workspace_read_only else "--bind",

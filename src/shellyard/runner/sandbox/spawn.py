@@ -13,6 +13,7 @@ import contextlib
 import json
 import os
 import shlex
+import signal
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -26,6 +27,13 @@ from shellyard.runner.policy import ExecutionPolicy, SandboxPolicy
 from shellyard.runner.protocol import RunnerExecution, StartRequest
 from shellyard.runner.sandbox import bwrap as sandbox
 from shellyard.runner.sandbox.seccomp import SeccompProfile
+
+#: E1: a ``bash -c`` text longer than this goes to the sandbox as a file instead of an
+#: argument: the kernel refuses any one argument of execve over MAX_ARG_STRLEN (128 KiB,
+#: E2BIG), and all of them together over a quarter of the stack limit. Well below both.
+LONG_COMMAND_BYTES = 96 << 10
+#: What ``bash -c`` runs instead of a long text: the file bwrap made of it (bwrap.py).
+SOURCE_COMMAND = f". {sandbox.COMMAND_FILE}"
 
 INTERPRETER_BY_SUFFIX = {".py": ["python3"], ".R": ["Rscript"], ".r": ["Rscript"], ".sh": ["bash"]}
 
@@ -52,6 +60,8 @@ class LiveExecution:
     read_only: bool = False
     #: R2: it joined its workspace's shared network namespace (netns.py).
     shared_network: bool = False
+    #: A cancel was asked here (its ``cancel`` file may be missing on a full volume).
+    cancel_requested: bool = False
 
 
 def write_json_atomic(path: Path, data: str) -> None:
@@ -102,6 +112,14 @@ class Sandboxes:
         err_fd = os.open(directory / "stderr", flags, 0o600)
         status_fd = os.open(directory / "status", flags, 0o600)
         seccomp_fd = self.seccomp.open()
+        command_fd = None
+        if len(command) == 3 and command[:2] == ["bash", "-c"]:
+            text = command[2].encode("utf-8", "surrogateescape")
+            if len(text) > LONG_COMMAND_BYTES:
+                # Kept beside the logs (what ran); bwrap copies it into the sandbox.
+                (directory / "command").write_bytes(text)
+                command_fd = os.open(directory / "command", os.O_RDONLY | os.O_CLOEXEC)
+                command = ["bash", "-c", SOURCE_COMMAND]
         policy = self.execution_policy()
         networks = self.networks
         shared = None
@@ -124,6 +142,7 @@ class Sandboxes:
                 workspace_read_only=request.read_only,
                 network=shared,
                 launcher=self.launcher,
+                command_fd=command_fd,
             )
             argv, args_fd = sandbox.options_by_fd(argv, self.bwrap)
             env = sandbox.sandbox_env(
@@ -142,7 +161,13 @@ class Sandboxes:
                 stdin=subprocess.DEVNULL,
                 stdout=out_fd,
                 stderr=err_fd,
-                pass_fds=(status_fd, seccomp_fd, args_fd, *self.view.fds),
+                pass_fds=(
+                    status_fd,
+                    seccomp_fd,
+                    args_fd,
+                    *self.view.fds,
+                    *([command_fd] if command_fd else []),
+                ),
                 env=env,
                 cwd="/",
                 start_new_session=True,
@@ -152,7 +177,7 @@ class Sandboxes:
                 networks.release(request.workspace_id, request.execution_id)
             raise
         finally:
-            for fd in (out_fd, err_fd, status_fd, seccomp_fd, args_fd):
+            for fd in (out_fd, err_fd, status_fd, seccomp_fd, args_fd, command_fd):
                 if fd is not None:
                     with contextlib.suppress(OSError):
                         os.close(fd)
@@ -168,7 +193,15 @@ class Sandboxes:
             "read_only": request.read_only,
             "shared_network": shared is not None,
         }
-        write_json_atomic(directory / "meta.json", json.dumps(meta))
+        try:
+            write_json_atomic(directory / "meta.json", json.dumps(meta))
+        except OSError:
+            # No record of it on disk (a full volume): it must not run unwatched.
+            processes.signal_group(popen.pid, signal.SIGKILL)
+            popen.wait()
+            if networks is not None and shared is not None:
+                networks.release(request.workspace_id, request.execution_id)
+            raise
         return LiveExecution(
             workspace_id=request.workspace_id,
             directory=directory,

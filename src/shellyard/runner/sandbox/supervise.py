@@ -13,13 +13,14 @@ import contextlib
 import json
 import logging
 import os
+import shutil
 import signal
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
-from shellyard.errors import InvalidInput, NotFound
+from shellyard.errors import InvalidInput, NotFound, SpawnFailed
 from shellyard.runner import processes
 from shellyard.runner.limits.logcap import read as read_capped_log  # limits (R2, docs/limits.md)
 from shellyard.runner.limits.watcher import Guard  # limits (R2, docs/limits.md)
@@ -43,6 +44,8 @@ log = logging.getLogger(__name__)
 #: one (``unshare``, loopback up) and removing it (``umount``) cost ~9 ms per execution when
 #: an agent runs commands one after another, more than the whole sandbox spawn.
 NETWORK_LINGER_S = 30.0
+#: How often a result the volume had no room for is tried again (``_persist``).
+RESULT_RETRY_S = 1.0
 
 
 def network_linger_s() -> float:
@@ -105,10 +108,21 @@ class Supervisor:
             tree = self.views.acquire(request.workspace_id, request.execution_id, link)
         try:
             live = self.sandboxes.spawn(request, directory, tree, command, mount)
-        except BaseException:
+        except BaseException as exc:
             if request.read_only:  # it never ran: it uses the view no longer
                 self.views.release(directory / views.VIEW, request.execution_id)
-            raise
+            if not isinstance(exc, OSError):
+                raise
+            # Never started: the kernel refused the spawn (E2BIG, ENOMEM, EAGAIN ...). The
+            # folder goes (no trace a restart would take for a lost sandbox) and the caller
+            # ends the record ``failed`` with the reason; the writer is never taken here.
+            shutil.rmtree(directory, ignore_errors=True)
+            log.warning("could not spawn %s: %s", request.execution_id, exc)
+            raise SpawnFailed(
+                f"the command could not be started: {exc.strerror or exc} "
+                f"(errno {exc.errno}); nothing ran",
+                errno=exc.errno,
+            ) from None
         self._live[request.execution_id] = live
         if not request.read_only:
             self.busy_workspaces[request.workspace_id] = request.execution_id
@@ -173,7 +187,7 @@ class Supervisor:
             if not await processes.kill_and_wait(init_pid, marker):
                 log.warning("the sandbox of %s did not end after SIGKILL", execution_id)
         exit_code = status.get("exit-code")
-        cancelled = (live.directory / "cancel").exists()
+        cancelled = live.cancel_requested or (live.directory / "cancel").exists()
         error = None
         if not isinstance(exit_code, int):
             exit_code = None
@@ -210,8 +224,8 @@ class Supervisor:
             limit=ending.limit,
             logs_cut=ending.logs_cut,
         )
-        write_json_atomic(live.directory / "result.json", result.model_dump_json())
         live.result = result
+        durable = self._write_result(live.directory, result)
         if live.cancel_task is not None:
             live.cancel_task.cancel()
         if self.busy_workspaces.get(live.workspace_id) == execution_id:
@@ -233,6 +247,31 @@ class Supervisor:
         live.popen = None
         live.done.set()
         # result.json answers from now on: a finished execution holds no memory here.
+        # Until it is written (a full volume), the result in memory answers (``_persist``).
+        if not durable:
+            self._spawn_task(self._persist(execution_id, live))
+        elif self._live.get(execution_id) is live:
+            del self._live[execution_id]
+
+    def _write_result(self, directory: Path, result: RunnerExecution) -> bool:
+        try:
+            write_json_atomic(directory / "result.json", result.model_dump_json())
+        except OSError as exc:
+            log.error(
+                "cannot write the result of %s (%s); it is kept in memory and written again "
+                "once the volume has room",
+                result.execution_id,
+                exc,
+                extra={"action": "disk_full", "execution_id": result.execution_id},
+            )
+            return False
+        return True
+
+    async def _persist(self, execution_id: str, live: LiveExecution) -> None:
+        """A full volume refused result.json: the record ends all the same (from memory);
+        the file follows as soon as it can be written."""
+        while live.result is not None and not self._write_result(live.directory, live.result):
+            await asyncio.sleep(RESULT_RETRY_S)
         if self._live.get(execution_id) is live:
             del self._live[execution_id]
 
@@ -289,8 +328,12 @@ class Supervisor:
         if live is None or live.result is not None:
             return await self.status(execution_id)
         cancel_file = live.directory / "cancel"
+        live.cancel_requested = True
         if not cancel_file.exists():
-            cancel_file.write_text(str(time.time()))
+            try:
+                cancel_file.write_text(str(time.time()))
+            except OSError as exc:  # a full volume: the cancel goes on, known in memory
+                log.error("cannot record the cancel of %s: %s", execution_id, exc)
         if live.cancel_task is None:
             live.cancel_task = asyncio.ensure_future(self._cancel(live, time.time()))
         return self._running(execution_id, live)
