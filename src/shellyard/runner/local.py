@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import logging
 import os
 import queue
 from collections.abc import AsyncIterator
@@ -30,7 +31,18 @@ from shellyard.errors import (
     OutOfRoom,
     WorkspaceBusy,
 )
-from shellyard.runner import bases, history, launch, netns, objects, reach, retention, sandbox
+from shellyard.runner import (
+    bases,
+    cgroups,
+    history,
+    launch,
+    netns,
+    objects,
+    reach,
+    retention,
+    sandbox,
+    tenants,
+)
 from shellyard.runner.edits.editor import Editor
 from shellyard.runner.egress import EgressProxy
 from shellyard.runner.egress_rules import EgressRules
@@ -71,6 +83,8 @@ from shellyard.runner.space import require_room  # limits (issue 12)
 from shellyard.runner.spawn import Sandboxes, script_argv
 from shellyard.runner.supervise import Supervisor, check_id
 
+log = logging.getLogger(__name__)
+
 
 class LocalRunner:
     """The Runner protocol on this host. Call ``startup()`` before use, ``aclose()`` after."""
@@ -89,17 +103,22 @@ class LocalRunner:
         self._sandbox_dir = self.root / "sandbox"
         self._snapshots = SnapshotStore(self.root / "snapshots")
         self._store_lock = StoreLock(self.root / "snapshots")
+        self._ids = sandbox.sandbox_ids(self.policy)
+        # R2 tenants: a uid per workspace (tenants.py) when root and a range is set
+        uid_range = tenants.parse_range(self.policy.uid_range) if self._ids else None
+        self._uids = tenants.UidMap(self.root / "uids.json", *uid_range) if uid_range else None
+        self._reached: set[int] = set()
         self._editor = Editor(
             self._snapshots,
             self._store_lock,
             self.root / "staging",
-            sandbox.sandbox_ids(self.policy),
+            self._ids,
             self.workspace_path,
+            self._workspace_ids if self._uids is not None else None,
         )
         #: Workspaces in the middle of a file operation (write, move, restore, batch, ...).
         self._editing: set[str] = set()
         self._hidden = [self.root, *(hidden or [])]
-        self._ids = sandbox.sandbox_ids(self.policy)
         self._proxy: EgressProxy | None = None
         self._relays: Relays | None = None  # issue 17: forwarded ports, egress relays
         self._sandboxes = Sandboxes(
@@ -109,6 +128,7 @@ class LocalRunner:
             view=sandbox.HostView((), ()),
             seccomp=SeccompProfile(self._sandbox_dir / "seccomp.bpf"),
             disable_userns=False,
+            workspace_ids=self._workspace_ids if self._uids is not None else None,
         )
         # limits (issue 12): workspace quota and log cap while commands run (guard.py)
         self._guard = LimitsGuard(self.root, self.policy, self._snapshots.head)
@@ -165,6 +185,24 @@ class LocalRunner:
         )
         await asyncio.to_thread(box.seccomp.write)
         box.launcher = await asyncio.to_thread(launch.build, self._sandbox_dir / "bin")
+        # R2 tenants: cgroups per execution inside one per workspace, or rlimits only
+        box.cgroups = await asyncio.to_thread(
+            cgroups.CgroupTree.probe,
+            cgroups.runner_tag(self.root),
+            cgroups.TenantLimits(
+                memory_bytes=self.policy.memory_limit_bytes or cgroups.default_memory_bytes(),
+                processes=self.policy.process_limit,
+                cpu_ceiling=self.policy.cpu_ceiling,
+            ),
+            self.policy.cgroups,
+        )
+        self._guard.cgroups = box.cgroups
+        if self._uids is not None:
+            self._guard.uids = f"one per workspace ({self._uids.first}-{self._uids.last})"
+        elif self._ids is not None:
+            self._guard.uids = f"one uid for every workspace ({self._ids[0]})"
+        else:
+            self._guard.uids = f"this runner's own uid ({os.geteuid()}): not root"
         if "egress" in (self.policy.network, self.policy.tools_network):
             box.socat = sandbox.find_socat()
             path = self._sandbox_dir / "egress.sock"
@@ -209,6 +247,21 @@ class LocalRunner:
 
     # ----------------------------------------------------------------- workspaces
 
+    def _workspace_ids(self, workspace_id: str) -> tuple[int, int]:
+        """R2 tenants: the workspace's own uid (gid the same), its tree given to it on first
+        use (a workspace of an older runner, made as the shared uid, is migrated here)."""
+        assert self._uids is not None
+        uid = self._uids.uid(workspace_id)
+        if uid not in self._reached:
+            reach.make_reachable(self._workspaces, uid, uid)
+            self._reached.add(uid)
+        tree = self.workspace_path(workspace_id)
+        with contextlib.suppress(FileNotFoundError):
+            if tree.stat().st_uid != uid:
+                moved = tenants.chown_tree(tree, uid, uid)
+                log.info("gave workspace %s (%d entries) to its uid %d", workspace_id, moved, uid)
+        return uid, uid
+
     def workspace_path(self, workspace_id: str) -> Path:
         check_id(workspace_id, "workspace id")
         return self._workspaces / workspace_id
@@ -217,7 +270,9 @@ class LocalRunner:
         tree = self.workspace_path(workspace_id)
         if not tree.exists():
             tree.mkdir(mode=0o700)
-            if self._ids is not None:
+            if self._uids is not None:
+                self._workspace_ids(workspace_id)
+            elif self._ids is not None:
                 os.chown(tree, *self._ids)
         return await asyncio.to_thread(self._snapshots.ensure_workspace, workspace_id)
 

@@ -108,15 +108,22 @@ def sandbox_ids(policy: SandboxPolicy) -> tuple[int, int] | None:
     return uid, gid
 
 
-def sandbox_limits(policy: SandboxPolicy) -> list[launch.Limit]:
+def sandbox_limits(policy: SandboxPolicy, cgroups: bool = False) -> list[launch.Limit]:
     """The limits set on bwrap itself, inherited by everything inside (``launch.py`` sets
-    them after the privilege drop, as ``prlimit`` did)."""
-    limits = [
-        launch.Limit(resource.RLIMIT_NPROC, policy.max_processes, policy.max_processes),
+    them after the privilege drop, as ``prlimit`` did). In cgroups (cgroups.py) the
+    workspace's ``pids.max`` bounds its processes and RLIMIT_NPROC, which counts every process
+    of the uid on the host, is left as the runner has it (an unprivileged uid cannot raise
+    it); the cgroup bounds memory, not RLIMIT_AS."""
+    limits = (
+        []
+        if cgroups
+        else [launch.Limit(resource.RLIMIT_NPROC, policy.max_processes, policy.max_processes)]
+    )
+    limits += [
         launch.Limit(resource.RLIMIT_NOFILE, policy.max_open_files, policy.max_open_files),
         launch.Limit(resource.RLIMIT_FSIZE, policy.max_file_size_bytes, policy.max_file_size_bytes),
     ]
-    if policy.max_memory_bytes is not None:
+    if policy.max_memory_bytes is not None and not cgroups:
         limits.append(
             launch.Limit(resource.RLIMIT_AS, policy.max_memory_bytes, policy.max_memory_bytes)
         )
@@ -293,12 +300,19 @@ def bwrap_argv(
     shared_network: bool = False,
     network: Path | None = None,
     launcher: Path | None = None,
+    cgroups: Sequence[str] = (),
 ) -> list[str]:
     if policy.network == "egress" and not shared_network:
         # issue 17: a shared namespace has its relay already (runner/ports.py)
         command = egress_command(socat or find_socat(), command)
     shared_network = shared_network or network is not None
-    front = launch.prefix(launcher, network=network, ids=ids, limits=sandbox_limits(policy))
+    front = launch.prefix(
+        launcher,
+        network=network,
+        ids=ids,
+        limits=sandbox_limits(policy, bool(cgroups)),
+        cgroups=cgroups,
+    )
     argv = [*front, bwrap, "--unshare-all"]
     argv += ["--new-session", *hardening.argv(), *view.argv]
     argv += network_argv(policy.network, egress_socket)

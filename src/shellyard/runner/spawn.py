@@ -15,12 +15,14 @@ import os
 import shlex
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from shellyard.errors import InvalidInput, NotFound, PathRefused
 from shellyard.paths import normalize_relative
-from shellyard.runner import processes, sandbox
+from shellyard.runner import launch, processes, sandbox
+from shellyard.runner.cgroups import CgroupTree
 from shellyard.runner.netns import WorkspaceNetworks
 from shellyard.runner.policy import ExecutionPolicy, SandboxPolicy
 from shellyard.runner.protocol import RunnerExecution, StartRequest
@@ -77,6 +79,16 @@ class Sandboxes:
     #: What enters the network, drops privileges and sets limits in one exec (launch.py);
     #: None: the nsenter/setpriv/prlimit chain.
     launcher: Path | None = None
+    #: R2 tenants: the execution's cgroups inside its workspace's (cgroups.py); None: rlimits.
+    cgroups: CgroupTree | None = None
+    #: R2 tenants: the uid and gid of a workspace (tenants.py); None: ``ids`` for all.
+    workspace_ids: Callable[[str], tuple[int, int]] | None = None
+
+    def ids_of(self, workspace_id: str) -> tuple[int, int] | None:
+        """The host uid and gid the workspace's commands run as (None: this user's)."""
+        if self.ids is None or self.workspace_ids is None:
+            return self.ids
+        return self.workspace_ids(workspace_id)
 
     def execution_policy(self) -> ExecutionPolicy:
         network = self.policy.network
@@ -101,13 +113,16 @@ class Sandboxes:
         policy = self.execution_policy()
         networks = self.networks
         shared = None
+        joins: list[str] = []
         try:
             if networks is not None:
                 shared = networks.acquire(request.workspace_id, request.execution_id)
+            if self.cgroups is not None:
+                joins = self.cgroups.start(request.workspace_id, request.execution_id)
             argv = sandbox.bwrap_argv(
                 bwrap=self.bwrap,
                 policy=self.policy,
-                ids=self.ids,
+                ids=self.ids_of(request.workspace_id),
                 view=self.view,
                 hardening=sandbox.Hardening(seccomp_fd, self.disable_userns),
                 workspace=tree,
@@ -119,6 +134,7 @@ class Sandboxes:
                 workspace_read_only=request.read_only,
                 network=shared,
                 launcher=self.launcher,
+                cgroups=joins,
             )
             env = sandbox.sandbox_env(
                 sandbox.WORKSPACE,
@@ -141,9 +157,13 @@ class Sandboxes:
                 cwd="/",
                 start_new_session=True,
             )
+            if joins and self.launcher is None:
+                launch.join(joins, popen.pid)
         except BaseException:
             if networks is not None and shared is not None:
                 networks.release(request.workspace_id, request.execution_id)
+            if self.cgroups is not None and joins:
+                self.cgroups.remove(request.workspace_id, request.execution_id)
             raise
         finally:
             for fd in (out_fd, err_fd, status_fd, seccomp_fd):

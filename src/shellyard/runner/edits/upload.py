@@ -29,6 +29,7 @@ class FileUpload:
         self._stack = contextlib.ExitStack()
         try:
             self._root = self._stack.enter_context(fsops.open_root(editor.tree_of(workspace_id)))
+            self._owner = editor.owner  # finish may run on another thread
             # folders on the way are made only when the upload is complete (finish), so a
             # failed upload leaves nothing behind; the temp goes where the rename will work
             try:
@@ -73,14 +74,14 @@ class FileUpload:
     def finish(self) -> EditResult:
         try:
             os.fchmod(self._fd, self.mode)
-            if self._editor.owner is not None:
-                os.fchown(self._fd, *self._editor.owner)
+            if self._owner is not None:
+                os.fchown(self._fd, *self._owner)
             os.close(self._fd)
             self._fd = -1
             with (
                 self._editor.lock.hold(),
                 fsops.resolve(
-                    self._root, self.rel, create_parents=True, owner=self._editor.owner
+                    self._root, self.rel, create_parents=True, owner=self._owner
                 ) as where,
             ):
                 try:
