@@ -10,16 +10,16 @@ from __future__ import annotations
 
 import asyncio
 import os
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from conftest import Yard
+from runner_daemon_fixture import running_daemon
 from shellyard.contract.executions import ExecutionState, RunShellRequest
 from shellyard.runner import cgroups
-from shellyard.runner.protocol import SandboxPolicy
+from shellyard.runner.protocol import RunnerExecState, SandboxPolicy, StartRequest
 
 ROOT = os.geteuid() == 0
 #: A range no other test uses: the loads below never count against the shared 61000.
@@ -124,7 +124,8 @@ async def test_default_memory_bound_is_below_the_host_ram(yard_factory: Any) -> 
         limit = int((memory[0] / "memory.limit_in_bytes").read_text())
         assert limit == info.limits.max_memory_bytes < total
     finally:
-        await yard.plane.executions.cancel(run.execution_id)
+        await yard.plane.executions.cancel(run.execution_id, wait_s=30)
+        await yard.plane.executions.wait(run.execution_id, 60)
 
 
 @needs_cgroups
@@ -166,44 +167,103 @@ async def test_each_workspace_has_its_own_uid_and_owns_its_files(yard_factory: A
     assert again.stdout.split() == [str(uid_a), str(uid_a)]
 
 
+def cpu_of_uid(uid: int) -> float:
+    """CPU seconds (user + system) of every live process of ``uid`` on the host."""
+    total = 0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if entry.stat().st_uid != uid:
+                continue
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
+
+
 @needs_cgroups
 async def test_cpu_is_shared_per_workspace(yard_factory: Any) -> None:
-    """R2: A's 8 busy loops, each in a session of its own, leave B's CPU-bound second within
-    2x its idle time (equal weight per workspace). A ratio of two runs back to back, so
-    the machine's other load weighs on both."""
+    """R2: A's 8 busy loops, each in a session of its own, against B's CPU-bound second: A
+    gets no more CPU than B meanwhile (equal weight per workspace, whatever the process
+    count), so B's second is within 2x its idle time on a host that is otherwise idle.
+    Measured as CPU shares, not wall time: the machine's other load weighs on both alike
+    (the wall-time ratio is in bench/bench_tenants.py). Per process, A took 8/9."""
     yard: Yard = await yard_factory(policy(process_limit=64))
-    work = 'python3 -c "import time\nt=time.process_time()\nwhile time.process_time()-t<1: pass"'
-    timed = f's=$(date +%s.%N); {work}; e=$(date +%s.%N); echo "$e - $s" | bc'
-    idle = await other_workspace_run(yard, timed)
+    timed = (
+        "python3 -c 'import time\nw = time.monotonic(); t = time.process_time()\n"
+        "while time.process_time() - t < 1: pass\nprint(time.monotonic() - w)'"
+    )
     busy = await yard.run(
-        "for i in 1 2 3 4 5 6 7 8; do setsid sh -c 'while :; do :; done' & done; sleep 600",
+        "id -u; for i in 1 2 3 4 5 6 7 8; do setsid sh -c 'while :; do :; done' & done; sleep 600",
         background=True,
     )
     try:
-        await asyncio.sleep(2)
+        for _ in range(300):
+            logs = await yard.plane.executions.logs(busy.execution_id, "stdout")
+            if logs.data.strip():
+                break
+            await asyncio.sleep(0.1)
+        uid_a = int(logs.data.split()[0])
+        await asyncio.sleep(1)
+        before = cpu_of_uid(uid_a)
         loaded = await other_workspace_run(yard, timed)
+        a_cpu = cpu_of_uid(uid_a) - before
     finally:
-        await yard.plane.executions.cancel(busy.execution_id)
-    ratio = float(loaded.stdout) / float(idle.stdout)
-    assert ratio < 2.0, (idle.stdout, loaded.stdout)
+        await yard.plane.executions.cancel(busy.execution_id, wait_s=30)
+        await yard.plane.executions.wait(busy.execution_id, 60)
+    assert loaded.exit_code == 0, loaded
+    # B used 1 CPU second in that window; A's share beside it:
+    assert a_cpu < 2.0, (a_cpu, loaded.stdout)
+
+
+def groups_below(root: Path) -> list[Path]:
+    tag = cgroups.runner_tag(root.absolute())
+    own = cgroups.own_groups()
+    found: list[Path] = []
+    for name in cgroups.V1_CONTROLLERS:
+        base = Path(f"/sys/fs/cgroup/{name}{own.get(name, '/')}".rstrip("/")) / tag
+        if base.is_dir():
+            found += [p for p in base.rglob("*") if p.is_dir()]
+    return found
 
 
 @needs_cgroups
-async def test_groups_go_with_their_execution_and_after_a_runner_kill(yard_factory: Any) -> None:
-    """E11, R2: groups are removed at each execution's end; a group whose execution ended
-    while no runner watched it is removed by the restarted runner."""
+async def test_groups_go_with_their_execution(yard_factory: Any) -> None:
+    """R2: an execution's groups are removed at its end (local runner and daemon)."""
     yard: Yard = await yard_factory(policy())
     done = await yard.run("true")
     assert done.exit_code == 0
-    assert not [p for p in groups_of(yard) if p.name == done.execution_id]
-    if yard.daemon is None:
-        pytest.skip("the kill -9 half needs a runner daemon (its own process)")
-    run = await yard.run("sleep 3; echo end", background=True)
-    await asyncio.sleep(1)
-    assert [p for p in groups_of(yard) if p.name == run.execution_id]
-    yard.daemon.kill()
-    time.sleep(4)  # the sandbox ends while no runner watches it
-    await yard.daemon.restart()
-    view = await yard.plane.executions.wait(run.execution_id, 120)
-    assert view.state == ExecutionState.completed, view
-    assert groups_of(yard) == [] or not [p for p in groups_of(yard) if p.name == run.execution_id]
+    assert not [p for p in groups_of(yard) if p.name.startswith("ex_")], groups_of(yard)
+
+
+@needs_cgroups
+async def test_kill9_of_the_runner_leaves_no_group_after_restart(home: Path) -> None:
+    """E11, R2: kill -9 of a runner daemon mid-run: one execution ends while no runner
+    watches (its group is swept at the restart), one outlives the restart (adopted: its
+    usage is still read, its group removed at its end). No group is left behind."""
+    root = home / "runner"
+    async with running_daemon(root, policy(), subprocess=True) as daemon:
+        runner = daemon.runner
+        await runner.ensure_workspace("ws1")
+        await runner.ensure_workspace("ws2")
+        await runner.start(StartRequest(execution_id="e1", workspace_id="ws1", command="sleep 2"))
+        await runner.start(
+            StartRequest(execution_id="e2", workspace_id="ws2", command="sleep 8; echo end")
+        )
+        await asyncio.sleep(0.5)
+        names = {p.name for p in groups_below(root)}
+        assert {"e1", "e2", "ws1", "ws2"} <= names, names
+        daemon.kill()
+        await asyncio.sleep(3)  # e1 ends while nobody watches
+        await daemon.restart()
+        for execution_id in ("e1", "e2"):
+            record = await runner.wait(execution_id, 60)
+            while record.state == RunnerExecState.running:
+                record = await runner.wait(execution_id, 60)
+            assert record.state == RunnerExecState.finished and record.exit_code == 0, record
+        assert record.cpu_seconds is not None  # e2's group was adopted and read at its end
+        left = {p.name for p in groups_below(root)}
+        assert not {"e1", "e2"} & left, left  # the workspaces' groups stay while it runs
+    assert groups_below(root) == [], groups_below(root)  # and go when it stops

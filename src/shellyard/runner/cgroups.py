@@ -239,6 +239,8 @@ class CgroupTree:
         """The workspace's group in every hierarchy, with its process limit and CPU share."""
         if workspace_id in self._workspaces:
             return
+        for base in self.bases.values():  # made again if a close took it
+            base.mkdir(exist_ok=True)
         ceiling = self.limits.cpu_ceiling
         quota = int(ceiling * CFS_PERIOD_US) if ceiling else None
         for name, folder in self._levels(workspace_id).items():
@@ -362,6 +364,14 @@ class CgroupTree:
                         workspace.rmdir()
                         self._workspaces.discard(workspace.name)
         return sorted(set(removed))
+
+    def close(self, live: set[str]) -> None:
+        """The runner stops: groups of running executions stay (they keep running, E11);
+        the rest goes, and the runner's folders when nothing is left in them."""
+        self.sweep(live)
+        for base in self.bases.values():
+            with contextlib.suppress(OSError):
+                base.rmdir()
 
     def groups(self) -> list[Path]:
         """Every group below the runner's folders (tests, and ``runner show``)."""

@@ -116,9 +116,7 @@ def prefix(
         argv += [setpriv, f"--reuid={ids[0]}", f"--regid={ids[1]}", "--clear-groups"]
     if limits:
         argv.append(shutil.which("prlimit") or "/usr/bin/prlimit")
-        argv += [
-            f"--{_PRLIMIT[x.resource]}={_number(x.soft)}:{_number(x.hard)}" for x in limits
-        ]
+        argv += [f"--{_PRLIMIT[x.resource]}={_number(x.soft)}:{_number(x.hard)}" for x in limits]
     return argv
 
 

@@ -359,6 +359,10 @@ class Supervisor:
             complete=finished and next_offset >= size,
         )
 
+    def live_ids(self) -> set[str]:
+        """The executions watched now (their sandboxes run on)."""
+        return set(self._live)
+
     async def recover(self) -> None:
         """E11: re-attach to sandboxes that outlived the previous runner process."""
         for directory in sorted(self._executions.iterdir()):
