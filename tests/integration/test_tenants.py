@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from runner_daemon_fixture import running_daemon
 
 from conftest import Yard
-from runner_daemon_fixture import running_daemon
 from shellyard.contract.executions import ExecutionState, RunShellRequest
 from shellyard.runner import cgroups
 from shellyard.runner.protocol import RunnerExecState, SandboxPolicy, StartRequest
