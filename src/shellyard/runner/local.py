@@ -227,9 +227,10 @@ class LocalRunner:
 
     async def aclose(self) -> None:
         """Stop watching; the sandboxes themselves keep running (E11)."""
+        running = self._runs.live_ids()  # before close forgets them
         self._runs.close()
         if self._sandboxes.cgroups is not None:  # R2 tenants: none left but running ones
-            await asyncio.to_thread(self._sandboxes.cgroups.close, self._runs.live_ids())
+            await asyncio.to_thread(self._sandboxes.cgroups.close, running)
         await self._guard.aclose()  # limits (issue 12)
         await self._environments.aclose()
         if self._proxy is not None:
