@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
+import logging
 import os
 import pwd
 import threading
@@ -22,6 +23,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from shellyard.errors import InvalidInput, SandboxUnavailable
+
+log = logging.getLogger(__name__)
 
 #: 1,000 uids above the shared sandbox uid (61000, sandbox.py) and below the 65534 of
 #: ``nobody``; free on the hosts we know (no account, not in /etc/subuid).
@@ -99,16 +102,41 @@ class UidMap:
                 return mapping[workspace_id]
             taken = set(mapping.values())
             subordinate = _subordinate()
-            for uid in range(self.first, self.last + 1):
-                if uid not in taken and not in_use(uid, subordinate):
-                    mapping[workspace_id] = uid
-                    self._save()
-                    return uid
-        raise SandboxUnavailable(
-            f"every uid of the range {self.first}-{self.last} is given to a workspace or used "
-            f"on this host: widen SHELLYARD_UID_RANGE or delete workspaces that are no longer "
-            f"needed"
-        )
+            free = [
+                uid
+                for uid in range(self.first, self.last + 1)
+                if uid not in taken and not in_use(uid, subordinate)
+            ]
+            if free:
+                uid = free[0]
+            else:
+                # Every uid given: share the least shared one rather than refuse the
+                # workspace (its sandbox still sees only its own tree; the pids cgroup still
+                # bounds its processes). Logged: widen SHELLYARD_UID_RANGE.
+                usable = [
+                    u for u in range(self.first, self.last + 1) if not in_use(u, subordinate)
+                ]
+                if not usable:
+                    raise SandboxUnavailable(
+                        f"every uid of SHELLYARD_UID_RANGE {self.first}-{self.last} is used by "
+                        f"an account of this host: choose a range no account uses"
+                    )
+                counts = {u: 0 for u in usable}
+                for given in mapping.values():
+                    if given in counts:
+                        counts[given] += 1
+                uid = min(usable, key=lambda u: (counts[u], u))
+                log.warning(
+                    "every uid of %d-%d is given: workspace %s shares uid %d; widen "
+                    "SHELLYARD_UID_RANGE",
+                    self.first,
+                    self.last,
+                    workspace_id,
+                    uid,
+                )
+            mapping[workspace_id] = uid
+            self._save()
+            return uid
 
     def release(self, workspace_id: str) -> None:
         """The workspace is gone: its uid may be given again."""
