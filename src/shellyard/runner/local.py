@@ -105,7 +105,7 @@ class LocalRunner:
         self._store_lock = StoreLock(self.root / "snapshots")
         self._ids = sandbox.sandbox_ids(self.policy)
         # R2 tenants: a uid per workspace (tenants.py) when root and a range is set
-        uid_range = tenants.parse_range(self.policy.uid_range) if self._ids else None
+        uid_range = tenants.range_of(self.policy) if self._ids else None
         self._uids = tenants.UidMap(self.root / "uids.json", *uid_range) if uid_range else None
         self._reached: set[int] = set()
         self._editor = Editor(
@@ -191,7 +191,7 @@ class LocalRunner:
             cgroups.runner_tag(self.root),
             cgroups.TenantLimits(
                 memory_bytes=self.policy.memory_limit_bytes or cgroups.default_memory_bytes(),
-                processes=self.policy.process_limit,
+                processes=min(self.policy.process_limit, self.policy.max_processes),
                 cpu_ceiling=self.policy.cpu_ceiling,
             ),
             self.policy.cgroups,

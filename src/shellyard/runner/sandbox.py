@@ -108,16 +108,20 @@ def sandbox_ids(policy: SandboxPolicy) -> tuple[int, int] | None:
     return uid, gid
 
 
-def sandbox_limits(policy: SandboxPolicy, cgroups: bool = False) -> list[launch.Limit]:
+def sandbox_limits(
+    policy: SandboxPolicy, cgroups: bool = False, uid_per_workspace: bool = False
+) -> list[launch.Limit]:
     """The limits set on bwrap itself, inherited by everything inside (``launch.py`` sets
-    them after the privilege drop, as ``prlimit`` did). In cgroups (cgroups.py) the
-    workspace's ``pids.max`` bounds its processes and RLIMIT_NPROC, which counts every process
-    of the uid on the host, is left as the runner has it (an unprivileged uid cannot raise
-    it); the cgroup bounds memory, not RLIMIT_AS."""
+    them after the privilege drop, as ``prlimit`` did). RLIMIT_NPROC counts every process of
+    the uid on the host: with a uid per workspace it is that workspace's; with one uid for all
+    and cgroups it is not set (the workspace's ``pids.max`` bounds its processes, and one
+    workspace must not use up another's; an unprivileged uid could not raise it anyway). In
+    cgroups the cgroup bounds memory, not RLIMIT_AS."""
+    nproc = policy.max_processes  # in cgroups pids.max (≤ this) is met first
     limits = (
-        []
-        if cgroups
-        else [launch.Limit(resource.RLIMIT_NPROC, policy.max_processes, policy.max_processes)]
+        [launch.Limit(resource.RLIMIT_NPROC, nproc, nproc)]
+        if uid_per_workspace or not cgroups
+        else []
     )
     limits += [
         launch.Limit(resource.RLIMIT_NOFILE, policy.max_open_files, policy.max_open_files),
@@ -301,6 +305,7 @@ def bwrap_argv(
     network: Path | None = None,
     launcher: Path | None = None,
     cgroups: Sequence[str] = (),
+    uid_per_workspace: bool = False,
 ) -> list[str]:
     if policy.network == "egress" and not shared_network:
         # issue 17: a shared namespace has its relay already (runner/ports.py)
@@ -310,7 +315,7 @@ def bwrap_argv(
         launcher,
         network=network,
         ids=ids,
-        limits=sandbox_limits(policy, bool(cgroups)),
+        limits=sandbox_limits(policy, bool(cgroups), uid_per_workspace),
         cgroups=cgroups,
     )
     argv = [*front, bwrap, "--unshare-all"]

@@ -135,6 +135,7 @@ class Sandboxes:
                 network=shared,
                 launcher=self.launcher,
                 cgroups=joins,
+                uid_per_workspace=self.workspace_ids is not None,
             )
             env = sandbox.sandbox_env(
                 sandbox.WORKSPACE,

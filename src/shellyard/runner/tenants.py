@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from shellyard.errors import InvalidInput, SandboxUnavailable
+from shellyard.runner.policy import SandboxPolicy
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +46,14 @@ def parse_range(raw: str | None) -> tuple[int, int] | None:
             f"(e.g. 61001-61999), or off, not {raw!r}"
         )
     return int(first), int(last)
+
+
+def range_of(policy: SandboxPolicy) -> tuple[int, int] | None:
+    """The policy's uid range: ``uid_range`` when set; otherwise the default range, unless
+    the operator chose one ``sandbox_uid`` for every workspace (then None)."""
+    if policy.uid_range is None and policy.sandbox_uid is not None:
+        return None
+    return parse_range(policy.uid_range)
 
 
 def _subordinate() -> list[tuple[int, int]]:
