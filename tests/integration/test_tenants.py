@@ -267,3 +267,44 @@ async def test_kill9_of_the_runner_leaves_no_group_after_restart(home: Path) -> 
         left = {p.name for p in groups_below(root)}
         assert not {"e1", "e2"} & left, left  # the workspaces' groups stay while it runs
     assert groups_below(root) == [], groups_below(root)  # and go when it stops
+
+
+@needs_cgroups
+async def test_a_workspace_of_the_shared_uid_is_migrated_to_its_own(tmp_path: Path) -> None:
+    """docs/security.md: a workspace made by a runner with one uid for all (61000 here) is
+    given to its own uid on first use by a runner with a range: its files too, so the command
+    can change what the older command wrote."""
+    from shellyard.runner.local import LocalRunner
+
+    async def run(runner: LocalRunner, execution_id: str, command: str) -> Any:
+        await runner.start(
+            StartRequest(execution_id=execution_id, workspace_id="ws", command=command)
+        )
+        record = await runner.wait(execution_id, 60)
+        while record.state == RunnerExecState.running:
+            record = await runner.wait(execution_id, 60)
+        return record
+
+    root = tmp_path / "runner"
+    old = LocalRunner(root, SandboxPolicy(uid_range="off"))
+    await old.startup()
+    try:
+        await old.ensure_workspace("ws")
+        first = await run(old, "e1", "mkdir d; echo one > d/f")
+        assert first.exit_code == 0, first.error
+    finally:
+        await old.aclose()
+    tree = root / "workspaces" / "ws"
+    assert (tree / "d" / "f").stat().st_uid == 61000
+    new = LocalRunner(root, policy())
+    await new.startup()
+    try:
+        await new.ensure_workspace("ws")
+        second = await run(new, "e2", "echo two >> d/f && id -u > who")
+        assert second.exit_code == 0, second.error
+    finally:
+        await new.aclose()
+    uid = int((tree / "who").read_text())
+    assert 62100 <= uid <= 62199
+    assert (tree / "d" / "f").stat().st_uid == uid and (tree / "d").stat().st_uid == uid
+    assert (tree / "d" / "f").read_text() == "one\ntwo\n"
