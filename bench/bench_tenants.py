@@ -25,8 +25,8 @@ from bench_throughput import AGENTS, product_rate
 from common import cli, make_home, metric, remove_home
 from shellyard.config import Settings
 from shellyard.contract.executions import RunShellRequest
-from shellyard.control.service import ControlPlane
-from shellyard.runner import cgroups
+from shellyard.control.plane import ControlPlane
+from shellyard.runner.limits import cgroups
 from shellyard.runner.protocol import SandboxPolicy
 
 COMMAND = "python bench/bench_tenants.py"

@@ -18,7 +18,7 @@ from mcp.client.stdio import StdioServerParameters, stdio_client
 
 from conftest import sy
 from shellyard.home import is_served, read_info
-from shellyard.runner import cgroups
+from shellyard.runner.limits import cgroups
 from shellyard.sdk.client import Client
 
 HOG = "python3 -c \"b = bytearray(600 << 20); b[::4096] = b'x' * (len(b) // 4096)\""

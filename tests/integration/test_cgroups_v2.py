@@ -1,5 +1,5 @@
-"""The cgroup v2 backend (R2 tenants; runner/cgroups.py) on a private cgroup2 mount in a mount
-namespace of its own (``unshare --mount``), with real processes joining its groups.
+"""The cgroup v2 backend (R2 tenants; runner/limits/cgroups.py) on a private cgroup2 mount in a
+mount namespace of its own (``unshare --mount``), with real processes joining its groups.
 
 On these machines every controller of interest (memory, pids, cpu) is bound to a v1
 hierarchy, so the unified one offers none of them: the groups, joining, CPU accounting
@@ -18,13 +18,13 @@ from pathlib import Path
 
 import pytest
 
-from shellyard.runner import cgroups
+from shellyard.runner.limits import cgroups
 
 SCRIPT = textwrap.dedent(
     """
     import json, os, subprocess, sys, time
     from pathlib import Path
-    from shellyard.runner import cgroups
+    from shellyard.runner.limits import cgroups
 
     mount = Path(sys.argv[1])
     subprocess.run(["mount", "-t", "cgroup2", "none", str(mount)], check=True)

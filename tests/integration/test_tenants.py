@@ -18,7 +18,7 @@ from runner_daemon_fixture import running_daemon
 
 from conftest import Yard
 from shellyard.contract.executions import ExecutionState, RunShellRequest
-from shellyard.runner import cgroups
+from shellyard.runner.limits import cgroups
 from shellyard.runner.protocol import RunnerExecState, SandboxPolicy, StartRequest
 
 ROOT = os.geteuid() == 0

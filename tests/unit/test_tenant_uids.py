@@ -1,5 +1,6 @@
-"""A uid per workspace (R2 tenants; runner/tenants.py, docs/security.md): the map is durable,
-never gives a uid an account of the host has, and degrades to sharing when the range is full."""
+"""A uid per workspace (R2 tenants; runner/sandbox/tenants.py, docs/security.md): the map is
+durable, never gives a uid an account of the host has, and degrades to sharing when the range
+is full."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from shellyard.errors import InvalidInput
-from shellyard.runner import tenants
+from shellyard.runner.sandbox import tenants
 
 
 def test_range_parsing_and_errors() -> None:
