@@ -45,6 +45,7 @@ SUITE = [
     ("cli_startup", "bench_cli_startup.py", 600),
     ("sandbox", "bench_sandbox.py", 300),
     ("limits", "bench_limits.py", 600),
+    ("tenants", "bench_tenants.py", 600),
     ("read_only", "bench_read_only.py", 300),
     ("runners", "bench_runners.py", 600),
     ("replicas", "bench_replicas.py", 900),

@@ -23,6 +23,12 @@ LIMITS = {
     "max_open_files": 1024,
     "enforcement": "rlimits",
     "cgroup": None,
+    # R2 tenants (docs/limits.md "Tenants")
+    "memory_scope": "none (no cgroup)",
+    "process_scope": "per uid (RLIMIT_NPROC)",
+    "cpu_share": "per process (no cgroup)",
+    "cpu_ceiling": None,
+    "uids": "one per workspace (61001-61999)",
 }
 
 

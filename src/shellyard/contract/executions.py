@@ -143,6 +143,12 @@ class ExecutionView(BaseModel):
     logs_pruned_at: float | None = None
     #: W2: it ran beside the writer on the committed snapshot (no snapshot of its own).
     read_only: bool = False
+    #: R2: the limit that ended it (``memory``, ``quota``, ``cpu``, ``file_size`` …), if one
+    #: did; the sentence is in ``error``.
+    limit: str | None = None
+    #: R2 tenants: what its cgroup measured (None without cgroups: docs/limits.md).
+    peak_memory_bytes: int | None = None
+    cpu_seconds: float | None = None
 
 
 class RunShellResult(ExecutionView):

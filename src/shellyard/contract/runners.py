@@ -91,9 +91,17 @@ class RunnerLimits(BaseModel):
     max_file_size_bytes: int
     max_processes: int
     max_open_files: int
-    #: ``rlimits`` or ``cgroup v2`` (only where a delegated hierarchy was found).
+    #: ``cgroup v2``, ``cgroup v1`` or ``rlimits`` (no usable cgroup: docs/limits.md).
     enforcement: str
+    #: The runner's cgroup folders.
     cgroup: str | None = None
+    #: R2 tenants: what ``max_memory_bytes`` and ``max_processes`` apply to, how CPU is
+    #: shared, the CPU ceiling per workspace (cores), how sandbox uids are given.
+    memory_scope: str | None = None
+    process_scope: str | None = None
+    cpu_share: str | None = None
+    cpu_ceiling: float | None = None
+    uids: str | None = None
 
 
 class RunnerView(BaseModel):

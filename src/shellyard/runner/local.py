@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import logging
 import os
 import queue
 from collections.abc import AsyncIterator
@@ -35,7 +36,7 @@ from shellyard.runner.edits.editor import Editor
 from shellyard.runner.edits.tarscan import TarLimits
 from shellyard.runner.environments import bases
 from shellyard.runner.environments.store import EnvironmentStore
-from shellyard.runner.limits import retention
+from shellyard.runner.limits import cgroups, retention
 from shellyard.runner.limits.reserve import require_room  # limits (R2, docs/limits.md)
 from shellyard.runner.limits.watcher import Guard as LimitsGuard  # limits (R2, docs/limits.md)
 from shellyard.runner.network import netns, ports
@@ -70,13 +71,15 @@ from shellyard.runner.protocol import (
     StartRequest,
 )
 from shellyard.runner.sandbox import bwrap as sandbox
-from shellyard.runner.sandbox import folder_access, launch
+from shellyard.runner.sandbox import folder_access, launch, tenants
 from shellyard.runner.sandbox.seccomp import SeccompProfile
 from shellyard.runner.sandbox.spawn import Sandboxes, script_argv
 from shellyard.runner.sandbox.supervise import Supervisor, check_id
 from shellyard.runner.snapshots import history, objects
 from shellyard.runner.snapshots.objects import PackImporter, StoreLock, aiter_thread
 from shellyard.runner.snapshots.store import SnapshotStore
+
+log = logging.getLogger(__name__)
 
 
 class LocalRunner:
@@ -96,18 +99,23 @@ class LocalRunner:
         self._sandbox_dir = self.root / "sandbox"
         self._snapshots = SnapshotStore(self.root / "snapshots")
         self._store_lock = StoreLock(self.root / "snapshots")
+        self._ids = sandbox.sandbox_ids(self.policy)
+        # R2 tenants: a uid per workspace (tenants.py) when root and a range is set
+        uid_range = tenants.range_of(self.policy) if self._ids else None
+        self._uids = tenants.UidMap(self.root / "uids.json", *uid_range) if uid_range else None
+        self._reached: set[int] = set()
         self._editor = Editor(
             self._snapshots,
             self._store_lock,
             self.root / "staging",
-            sandbox.sandbox_ids(self.policy),
+            self._ids,
             self.workspace_path,
+            self._workspace_ids if self._uids is not None else None,
         )
         self._editor.room = lambda: require_room(self.root, self.policy, "unpacking an upload")
         #: Workspaces in the middle of a file operation (write, move, restore, batch, ...).
         self._editing: set[str] = set()
         self._hidden = [self.root, *(hidden or [])]
-        self._ids = sandbox.sandbox_ids(self.policy)
         self._proxy: EgressProxy | None = None
         self._relays: Relays | None = None  # R5: forwarded ports, egress relays
         self._sandboxes = Sandboxes(
@@ -117,6 +125,7 @@ class LocalRunner:
             view=sandbox.HostView((), ()),
             seccomp=SeccompProfile(self._sandbox_dir / "seccomp.bpf"),
             disable_userns=False,
+            workspace_ids=self._workspace_ids if self._uids is not None else None,
         )
         # limits (R2, docs/limits.md): workspace quota and log cap while commands run
         # (limits/watcher.py)
@@ -177,6 +186,24 @@ class LocalRunner:
         )
         await asyncio.to_thread(box.seccomp.write)
         box.launcher = await asyncio.to_thread(launch.build, self._sandbox_dir / "bin")
+        # R2 tenants: cgroups per execution inside one per workspace, or rlimits only
+        box.cgroups = await asyncio.to_thread(
+            cgroups.CgroupTree.probe,
+            cgroups.runner_tag(self.root),
+            cgroups.TenantLimits(
+                memory_bytes=self.policy.memory_limit_bytes or cgroups.default_memory_bytes(),
+                processes=min(self.policy.process_limit, self.policy.max_processes),
+                cpu_ceiling=self.policy.cpu_ceiling,
+            ),
+            self.policy.cgroups,
+        )
+        self._guard.cgroups = box.cgroups
+        if self._uids is not None:
+            self._guard.uids = f"one per workspace ({self._uids.first}-{self._uids.last})"
+        elif self._ids is not None:
+            self._guard.uids = f"one uid for every workspace ({self._ids[0]})"
+        else:
+            self._guard.uids = f"this runner's own uid ({os.geteuid()}): not root"
         if "egress" in (self.policy.network, self.policy.tools_network):
             box.socat = sandbox.find_socat()
             path = self._sandbox_dir / "egress.sock"
@@ -207,7 +234,10 @@ class LocalRunner:
 
     async def aclose(self) -> None:
         """Stop watching; the sandboxes themselves keep running (E11)."""
+        running = self._runs.live_ids()  # before close forgets them
         self._runs.close()
+        if self._sandboxes.cgroups is not None:  # R2 tenants: none left but running ones
+            await asyncio.to_thread(self._sandboxes.cgroups.close, running)
         await self._guard.aclose()  # limits (R2, docs/limits.md)
         await self._environments.aclose()
         if self._proxy is not None:
@@ -228,6 +258,21 @@ class LocalRunner:
 
     # ----------------------------------------------------------------- workspaces
 
+    def _workspace_ids(self, workspace_id: str) -> tuple[int, int]:
+        """R2 tenants: the workspace's own uid (gid the same), its tree given to it on first
+        use (a workspace of an older runner, made as the shared uid, is migrated here)."""
+        assert self._uids is not None
+        uid = self._uids.uid(workspace_id)
+        if uid not in self._reached:
+            folder_access.make_reachable(self._workspaces, uid, uid)
+            self._reached.add(uid)
+        tree = self.workspace_path(workspace_id)
+        with contextlib.suppress(FileNotFoundError):
+            if tree.stat().st_uid != uid:
+                moved = tenants.chown_tree(tree, uid, uid)
+                log.info("gave workspace %s (%d entries) to its uid %d", workspace_id, moved, uid)
+        return uid, uid
+
     def workspace_path(self, workspace_id: str) -> Path:
         check_id(workspace_id, "workspace id")
         return self._workspaces / workspace_id
@@ -236,7 +281,9 @@ class LocalRunner:
         tree = self.workspace_path(workspace_id)
         if not tree.exists():
             tree.mkdir(mode=0o700)
-            if self._ids is not None:
+            if self._uids is not None:
+                self._workspace_ids(workspace_id)
+            elif self._ids is not None:
                 os.chown(tree, *self._ids)
         return await asyncio.to_thread(self._snapshots.ensure_workspace, workspace_id)
 

@@ -75,6 +75,19 @@ class SandboxPolicy(BaseModel):
     free_space_reserve_percent: float = Field(default=5.0, ge=0.0, le=90.0)
     #: RLIMIT_CPU of each sandbox process, in seconds of CPU time; None: unlimited.
     max_cpu_seconds: int | None = Field(default=None, ge=1)
+    # --- tenants (R2; docs/limits.md "Tenants"; runner/limits/cgroups.py, sandbox/tenants.py)
+    #: Memory of one execution's cgroup; None: half the host's RAM (cgroups.py).
+    memory_limit_bytes: int | None = Field(default=None, ge=16 << 20)
+    #: Processes of one workspace (its pids cgroup; the lower of this and max_processes).
+    process_limit: int = Field(default=4096, ge=16)
+    #: CPU ceiling of one workspace in cores; None: none (equal weight still applies).
+    cpu_ceiling: float | None = Field(default=None, gt=0.0)
+    #: Which cgroup backend: ``auto`` (v2, else v1, else rlimits), ``v2``, ``v1``, ``off``.
+    cgroups: Literal["auto", "v2", "v1", "off"] = "auto"
+    #: ``FIRST-LAST``: the host uids workspaces get one each (a root runner; tenants.py).
+    #: None: the default range, unless ``sandbox_uid`` is set (then that one uid for all);
+    #: ``off``: every workspace runs as ``sandbox_uid``.
+    uid_range: str | None = None
     #: How often running commands' disk use and logs are looked at.
     limit_check_interval_s: float = Field(default=0.1, gt=0.0, le=10.0)
     # --- package sources (docs/environments.md "Package sources") ---

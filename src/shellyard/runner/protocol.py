@@ -87,6 +87,9 @@ class RunnerExecution(BaseModel):
     limit: str | None = None
     #: Bytes dropped from each log stream by the retained-log cap (only streams that were cut).
     logs_cut: dict[str, int] = Field(default_factory=dict)
+    #: R2 tenants: what the execution's cgroup measured (None without cgroups).
+    peak_memory_bytes: int | None = None
+    cpu_seconds: float | None = None
     #: Set by ``start`` when a command without ``environment_id`` ran in the runner's default
     #: base environment (docs/environments.md): its name and revision; ``note`` when it ran without
     #: one.

@@ -100,6 +100,11 @@ executions = Table(
     Column("logs_pruned_at", Float, nullable=True),
     # W2: a reader beside the writer, on the committed snapshot (revision 0007_read_only).
     Column("read_only", Boolean, nullable=False, default=False),
+    # R2 tenants (revision 0011_execution_usage): the limit that ended it (``memory``,
+    # ``quota``, ``cpu``, ``file_size`` …) and what its cgroup measured.
+    Column("ended_by_limit", String(16), nullable=True),
+    Column("peak_memory_bytes", BigInteger, nullable=True),
+    Column("cpu_seconds", Float, nullable=True),
     UniqueConstraint("agent_id", "idempotency_key", name="uq_execution_idempotency"),
 )
 Index("ix_executions_state", executions.c.state)

@@ -410,6 +410,9 @@ class ExecutionService:
             snapshot_seq=snapshot.seq if snapshot else None,
             finished_at=result.finished_at or time.time(),
             sandbox_policy=result.policy.model_dump_json() if result.policy else None,
+            ended_by_limit=result.limit,
+            peak_memory_bytes=result.peak_memory_bytes,
+            cpu_seconds=result.cpu_seconds,
         )
         if self.on_timing is not None and result.finished_at:
             self.on_timing("commit", max(0.0, time.time() - result.finished_at))

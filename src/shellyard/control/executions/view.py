@@ -38,4 +38,7 @@ def execution_view(row: Mapping[str, Any]) -> ExecutionView:
         ),
         logs_pruned_at=row.get("logs_pruned_at"),
         read_only=bool(row.get("read_only")),
+        limit=row.get("ended_by_limit"),
+        peak_memory_bytes=row.get("peak_memory_bytes"),
+        cpu_seconds=row.get("cpu_seconds"),
     )

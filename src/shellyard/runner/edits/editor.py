@@ -295,6 +295,7 @@ class Editor(Placer):
         outside, hard links and devices refuse the whole upload), then moved into place.
         """
         dest = normalize_relative(path)
+        self.tree_of(workspace_id)  # R2 tenants: the workspace's owner for this thread
         stage = self._staging / workspace_paths.temp_name(".tar")
         stage.mkdir(mode=0o700)
         reader = QueueReader(chunks)

@@ -17,6 +17,7 @@ import contextlib
 import os
 import shutil
 import stat as stat_mod
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -52,15 +53,30 @@ class Placer:
         staging: Path,
         owner: Owner,
         tree_of: Callable[[str], Path],
+        owner_of: Callable[[str], Owner] | None = None,
     ) -> None:
         self.store = store
         self.lock = lock
         self._staging = staging
-        self.owner = owner
-        self.tree_of = tree_of
-        #: Raises when the runner's volume is below its reserve (space.require_room), called
-        #: while an upload is unpacked; None: not checked.
+        self._owner = owner
+        self._tree_of = tree_of
+        #: R2 tenants: each workspace's own uid (tenants.py); None: ``owner`` for all.
+        self._owner_of = owner_of
+        self._current = threading.local()
+        #: Raises when the runner's volume is below its reserve (limits/reserve.py
+        #: require_room), called while an upload is unpacked; None: not checked.
         self.room: Callable[[], None] | None = None
+
+    def tree_of(self, workspace_id: str) -> Path:
+        """The workspace's tree; also makes its owner the one this thread's operation gives
+        new files (every operation opens its tree first)."""
+        tree = self._tree_of(workspace_id)
+        self._current.owner = self._owner_of(workspace_id) if self._owner_of else self._owner
+        return tree
+
+    @property
+    def owner(self) -> Owner:
+        return getattr(self._current, "owner", self._owner)
 
     def startup(self) -> None:
         """Make the staging folder, emptying what a crash left in it."""

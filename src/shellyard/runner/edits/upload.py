@@ -31,6 +31,7 @@ class FileUpload:
             self._root = self._stack.enter_context(
                 workspace_paths.open_root(editor.tree_of(workspace_id))
             )
+            self._owner = editor.owner  # finish may run on another thread
             # folders on the way are made only when the upload is complete (finish), so a
             # failed upload leaves nothing behind; the temp goes where the rename will work
             try:
@@ -75,14 +76,14 @@ class FileUpload:
     def finish(self) -> EditResult:
         try:
             os.fchmod(self._fd, self.mode)
-            if self._editor.owner is not None:
-                os.fchown(self._fd, *self._editor.owner)
+            if self._owner is not None:
+                os.fchown(self._fd, *self._owner)
             os.close(self._fd)
             self._fd = -1
             with (
                 self._editor.lock.hold(),
                 workspace_paths.resolve(
-                    self._root, self.rel, create_parents=True, owner=self._editor.owner
+                    self._root, self.rel, create_parents=True, owner=self._owner
                 ) as where,
             ):
                 try:

@@ -9,13 +9,12 @@ CPU time) are set on bwrap by ``sandbox/bwrap.py``'s ``sandbox_limits`` (through
 
 from __future__ import annotations
 
-import os
 import re
 import signal
 from collections.abc import Mapping
-from pathlib import Path
 
 from shellyard.errors import InvalidInput
+from shellyard.runner.limits.cgroups import CgroupTree, Usage
 from shellyard.runner.protocol import RunnerLimits, SandboxPolicy
 
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
@@ -31,6 +30,13 @@ ENV_QUOTA = "SHELLYARD_WORKSPACE_QUOTA"
 ENV_LOG_LIMIT = "SHELLYARD_LOG_LIMIT"
 ENV_RESERVE = "SHELLYARD_FREE_SPACE_RESERVE"
 ENV_CPU = "SHELLYARD_CPU_LIMIT"
+#: R2 tenants (cgroups.py): memory per execution, processes and CPU ceiling per workspace,
+#: the backend (auto, v2, v1, off), the uid range of workspaces (tenants.py).
+ENV_MEMORY = "SHELLYARD_MEMORY_LIMIT"
+ENV_PROCESSES = "SHELLYARD_PROCESS_LIMIT"
+ENV_CPU_CEILING = "SHELLYARD_CPU_CEILING"
+ENV_CGROUPS = "SHELLYARD_CGROUPS"
+ENV_UID_RANGE = "SHELLYARD_UID_RANGE"
 
 
 def parse_size(raw: str, what: str) -> int:
@@ -65,7 +71,58 @@ def limits_from_env(policy: SandboxPolicy, environ: Mapping[str, str]) -> Sandbo
         update.update(parse_reserve(raw, ENV_RESERVE))
     if raw := environ.get(ENV_CPU, "").strip():
         update["max_cpu_seconds"] = parse_cpu(raw, ENV_CPU)
+    update.update(tenant_settings(environ))
     return policy.model_copy(update=update) if update else policy
+
+
+def tenant_settings(environ: Mapping[str, str]) -> dict[str, object]:
+    """``SHELLYARD_MEMORY_LIMIT`` (a size per execution), ``SHELLYARD_PROCESS_LIMIT``
+    (processes per workspace), ``SHELLYARD_CPU_CEILING`` (cores per workspace, 0: none),
+    ``SHELLYARD_CGROUPS`` (auto, v2, v1, off) and ``SHELLYARD_UID_RANGE`` (``FIRST-LAST``)."""
+    update: dict[str, object] = {}
+    if raw := environ.get(ENV_MEMORY, "").strip():
+        size = parse_size(raw, ENV_MEMORY)
+        if size < 16 << 20:
+            raise InvalidInput(f"{ENV_MEMORY} must be at least 16M, not {raw!r}")
+        update["memory_limit_bytes"] = size
+    if raw := environ.get(ENV_PROCESSES, "").strip():
+        if not raw.isdigit() or int(raw) < 16:
+            raise InvalidInput(
+                f"{ENV_PROCESSES} must be a whole number of at least 16, not {raw!r}"
+            )
+        update["process_limit"] = int(raw)
+    if raw := environ.get(ENV_CPU_CEILING, "").strip():
+        try:
+            cores = float(raw)
+        except ValueError:
+            cores = -1.0
+        if cores < 0:
+            raise InvalidInput(
+                f"{ENV_CPU_CEILING} must be a number of cores (e.g. 1.5; 0: none), not {raw!r}"
+            )
+        update["cpu_ceiling"] = cores or None
+    if raw := environ.get(ENV_CGROUPS, "").strip():
+        if raw not in ("auto", "v2", "v1", "off"):
+            raise InvalidInput(f"{ENV_CGROUPS} must be auto, v2, v1 or off, not {raw!r}")
+        update["cgroups"] = raw
+    if raw := environ.get(ENV_UID_RANGE, "").strip():
+        update["uid_range"] = raw
+    return update
+
+
+def memory_note(limit: int, usage: Usage) -> str:
+    peak = f" (peak {format_size(usage.peak_memory_bytes)})" if usage.peak_memory_bytes else ""
+    return (
+        f"ended by the memory limit of {format_size(limit)} per execution{peak}: the "
+        f"kernel's OOM killer stopped a process of it ({ENV_MEMORY}; docs/limits.md)"
+    )
+
+
+def processes_note(policy: SandboxPolicy) -> str:
+    return (
+        f"the workspace reached its process limit of {policy.process_limit} "
+        f"({ENV_PROCESSES}): a fork failed with 'Resource temporarily unavailable'"
+    )
 
 
 def parse_reserve(raw: str, what: str) -> dict[str, object]:
@@ -121,33 +178,13 @@ def ended_by(exit_code: int | None, policy: SandboxPolicy) -> tuple[str, str] | 
     return None
 
 
-def probe_cgroup_v2() -> str | None:
-    """The delegated cgroup v2 folder this process may create children in, or None.
-
-    Delegation means: the unified hierarchy is mounted, this process's cgroup (``0::/path``)
-    is writable by us, and its ``cgroup.subtree_control`` can enable memory and pids. A host
-    with only cgroup v1 controllers (or v2 without delegation) gets None: rlimits apply."""
-    try:
-        lines = Path("/proc/self/cgroup").read_text().splitlines()
-    except OSError:
-        return None
-    unified = next((line[3:] for line in lines if line.startswith("0::")), None)
-    if unified is None:
-        return None
-    for mount in ("/sys/fs/cgroup", "/sys/fs/cgroup/unified"):
-        base = Path(mount + unified.rstrip("/"))
-        controllers = base / "cgroup.controllers"
-        try:
-            available = controllers.read_text().split()
-        except OSError:
-            continue
-        if {"memory", "pids"} <= set(available) and os.access(base, os.W_OK):
-            return str(base)
-    return None
-
-
 def runner_limits(
-    policy: SandboxPolicy, reserve: int, free: int, margin: int, cgroup: str | None
+    policy: SandboxPolicy,
+    reserve: int,
+    free: int,
+    margin: int,
+    cgroups: CgroupTree | None,
+    uids: str = "one uid",
 ) -> RunnerLimits:
     return RunnerLimits(
         workspace_quota_bytes=policy.workspace_quota_bytes,
@@ -161,10 +198,23 @@ def runner_limits(
         free_space_reserve_bytes=reserve,
         free_space_bytes=free,
         max_cpu_seconds=policy.max_cpu_seconds,
-        max_memory_bytes=policy.max_memory_bytes,
+        max_memory_bytes=(
+            cgroups.limits.memory_bytes if cgroups is not None else policy.max_memory_bytes
+        ),
         max_file_size_bytes=policy.max_file_size_bytes,
-        max_processes=policy.max_processes,
+        max_processes=cgroups.limits.processes if cgroups is not None else policy.max_processes,
         max_open_files=policy.max_open_files,
-        enforcement="rlimits",
-        cgroup=cgroup,
+        enforcement=f"cgroup {cgroups.mechanism}" if cgroups is not None else "rlimits",
+        cgroup=cgroups.describe() if cgroups is not None else None,
+        memory_scope="per execution (cgroup)"
+        if cgroups is not None
+        else ("per process (RLIMIT_AS)" if policy.max_memory_bytes else "none (no cgroup)"),
+        process_scope="per workspace (pids cgroup)"
+        if cgroups is not None
+        else ("per uid (RLIMIT_NPROC)"),
+        cpu_share=(
+            "equal weight per workspace" if cgroups is not None else "per process (no cgroup)"
+        ),
+        cpu_ceiling=cgroups.limits.cpu_ceiling if cgroups is not None else None,
+        uids=uids,
     )

@@ -42,7 +42,14 @@ from typing import Any
 
 from shellyard.runner import processes
 from shellyard.runner.limits import logcap, quota, reserve
-from shellyard.runner.limits.settings import ended_by, format_size, probe_cgroup_v2, runner_limits
+from shellyard.runner.limits.cgroups import CgroupTree, Usage
+from shellyard.runner.limits.settings import (
+    ended_by,
+    format_size,
+    memory_note,
+    processes_note,
+    runner_limits,
+)
 from shellyard.runner.protocol import RunnerLimits, SandboxPolicy, SnapshotInfo
 
 log = logging.getLogger(__name__)
@@ -119,8 +126,11 @@ class Guard:
         #: Held by whoever cuts a log (the cutter thread, or ``finish`` on the loop).
         self._cut_lock = threading.Lock()
         self._kills: set[asyncio.Future[None]] = set()
-        #: Found once: a delegated cgroup v2 folder (none on hosts with only cgroup v1).
-        self._cgroup = probe_cgroup_v2()
+        #: R2 tenants: the runner's cgroups (set by the runner once probed; None: rlimits).
+        self.cgroups: CgroupTree | None = None
+        #: R2 tenants: how uids are given (``per workspace …`` or the one sandbox uid).
+        self.uids = "one uid"
+
         self._log_mark = 0
         self._cut_failed = False
         #: workspace id → its usage when its last command ended (see ``watch``).
@@ -186,6 +196,7 @@ class Guard:
         directory: Path,
         exit_code: int | None,
         snapshot: SnapshotInfo | None,
+        usage: Usage | None = None,
     ) -> Ending:
         """The sandbox is gone and its tree committed (``snapshot``): last cut of its logs;
         what ended it. Stops watching it."""
@@ -229,6 +240,10 @@ class Guard:
                 f"workspace reached {format_size(breach['reached'])}. What it wrote is "
                 f"committed; delete files to get under the quota (the next command runs)",
             )
+        elif usage is not None and usage.memory_killed:
+            ending.limit = "memory"
+            limit_bytes = self.cgroups.limits.memory_bytes if self.cgroups else 0
+            ending.notes.insert(0, memory_note(limit_bytes, usage))
         else:
             by_rlimit = ended_by(exit_code, self.policy)
             if by_rlimit is not None:
@@ -236,6 +251,8 @@ class Guard:
                 ending.notes.insert(0, by_rlimit[1])
             elif watched is not None and exit_code != 0:
                 self._ended_on_full_volume(watched, snapshot, ending)
+        if usage is not None and usage.processes_hit:
+            ending.notes.append(processes_note(self.policy))
         self.spent_s += time.perf_counter() - started
         return ending
 
@@ -279,7 +296,8 @@ class Guard:
             reserve.reserve_bytes(self.policy, total),
             free,
             self.margin_bytes() if self.policy.workspace_quota_bytes else 0,
-            self._cgroup,
+            self.cgroups,
+            self.uids,
         )
 
     async def aclose(self) -> None:

@@ -109,15 +109,26 @@ def sandbox_ids(policy: SandboxPolicy) -> tuple[int, int] | None:
     return uid, gid
 
 
-def sandbox_limits(policy: SandboxPolicy) -> list[launch.Limit]:
+def sandbox_limits(
+    policy: SandboxPolicy, cgroups: bool = False, uid_per_workspace: bool = False
+) -> list[launch.Limit]:
     """The limits set on bwrap itself, inherited by everything inside (``launch.py`` sets
-    them after the privilege drop, as ``prlimit`` did)."""
-    limits = [
-        launch.Limit(resource.RLIMIT_NPROC, policy.max_processes, policy.max_processes),
+    them after the privilege drop, as ``prlimit`` did). RLIMIT_NPROC counts every process of
+    the uid on the host: with a uid per workspace it is that workspace's; with one uid for all
+    and cgroups it is not set (the workspace's ``pids.max`` bounds its processes, and one
+    workspace must not use up another's; an unprivileged uid could not raise it anyway). In
+    cgroups the cgroup bounds memory, not RLIMIT_AS."""
+    nproc = policy.max_processes  # in cgroups pids.max (≤ this) is met first
+    limits = (
+        [launch.Limit(resource.RLIMIT_NPROC, nproc, nproc)]
+        if uid_per_workspace or not cgroups
+        else []
+    )
+    limits += [
         launch.Limit(resource.RLIMIT_NOFILE, policy.max_open_files, policy.max_open_files),
         launch.Limit(resource.RLIMIT_FSIZE, policy.max_file_size_bytes, policy.max_file_size_bytes),
     ]
-    if policy.max_memory_bytes is not None:
+    if policy.max_memory_bytes is not None and not cgroups:
         limits.append(
             launch.Limit(resource.RLIMIT_AS, policy.max_memory_bytes, policy.max_memory_bytes)
         )
@@ -322,12 +333,20 @@ def bwrap_argv(
     network: Path | None = None,
     launcher: Path | None = None,
     command_fd: int | None = None,
+    cgroups: Sequence[str] = (),
+    uid_per_workspace: bool = False,
 ) -> list[str]:
     if policy.network == "egress" and not shared_network:
         # R5: a shared namespace has its relay already (runner/network/ports.py)
         command = egress_command(socat or find_socat(), command)
     shared_network = shared_network or network is not None
-    front = launch.prefix(launcher, network=network, ids=ids, limits=sandbox_limits(policy))
+    front = launch.prefix(
+        launcher,
+        network=network,
+        ids=ids,
+        limits=sandbox_limits(policy, bool(cgroups), uid_per_workspace),
+        cgroups=cgroups,
+    )
     argv = [*front, bwrap, "--unshare-all"]
     argv += ["--new-session", *hardening.argv(), *view.argv]
     argv += network_argv(policy.network, egress_socket)

@@ -2,10 +2,12 @@
  * compiler): what `nsenter`, `setpriv` and `prlimit` did before bwrap, in one exec instead of
  * three (each exec of those costs ~0.7-1.5 ms per command; measured in docs/benchmarks.md).
  *
- *   shellyard-launch [--userns PATH] [--netns PATH] [--ids UID:GID]
+ *   shellyard-launch [--cgroup PROCS]... [--userns PATH] [--netns PATH] [--ids UID:GID]
  *                    [--rlimit RESOURCE:SOFT:HARD]... -- PROGRAM [ARG]...
  *
- * In this order, as the chain did: enter the user namespace, then the network namespace
+ * First join each cgroup (write "0" into its cgroup.procs, still as the runner: runner/
+ * cgroups.py made the groups), so nothing of the command runs outside them. Then, in this
+ * order, as the chain did: enter the user namespace, then the network namespace
  * (nsenter --user --net); drop to UID:GID with no supplementary groups (setpriv --reuid
  * --regid --clear-groups); set each limit (prlimit); execv PROGRAM (an absolute path).
  * RESOURCE is a number (RLIMIT_*); SOFT and HARD are numbers or "unlimited". Any failure
@@ -23,6 +25,7 @@
 #include <unistd.h>
 
 #define MAX_LIMITS 16
+#define MAX_CGROUPS 8
 
 static void fail(const char *what, const char *arg) {
     fprintf(stderr, "shellyard-launch: %s %s: %s\n", what, arg ? arg : "", strerror(errno));
@@ -58,7 +61,8 @@ int main(int argc, char **argv) {
     const char *userns = NULL, *netns = NULL, *ids = NULL;
     int resources[MAX_LIMITS];
     struct rlimit limits[MAX_LIMITS];
-    int nlimits = 0, i = 1;
+    const char *cgroups[MAX_CGROUPS];
+    int nlimits = 0, ncgroups = 0, i = 1;
     for (; i < argc; i++) {
         if (strcmp(argv[i], "--") == 0) {
             i++;
@@ -66,7 +70,11 @@ int main(int argc, char **argv) {
         }
         if (i + 1 >= argc)
             usage("an option without its value");
-        if (strcmp(argv[i], "--userns") == 0) {
+        if (strcmp(argv[i], "--cgroup") == 0) {
+            if (ncgroups == MAX_CGROUPS)
+                usage("too many --cgroup");
+            cgroups[ncgroups++] = argv[++i];
+        } else if (strcmp(argv[i], "--userns") == 0) {
             userns = argv[++i];
         } else if (strcmp(argv[i], "--netns") == 0) {
             netns = argv[++i];
@@ -96,6 +104,14 @@ int main(int argc, char **argv) {
     }
     if (i >= argc || argv[i][0] != '/')
         usage("no program (an absolute path) after --");
+    for (int k = 0; k < ncgroups; k++) {
+        int fd = open(cgroups[k], O_WRONLY | O_CLOEXEC);
+        if (fd < 0)
+            fail("cannot open", cgroups[k]);
+        if (write(fd, "0", 1) != 1)
+            fail("cannot join the cgroup", cgroups[k]);
+        close(fd);
+    }
     if (userns)
         enter(userns, CLONE_NEWUSER);
     if (netns)

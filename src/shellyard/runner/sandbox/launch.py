@@ -82,13 +82,18 @@ def prefix(
     network: Path | None,
     ids: tuple[int, int] | None,
     limits: Sequence[Limit],
+    cgroups: Sequence[str] = (),
 ) -> list[str]:
     """Put in front of bwrap's argv. ``network``: the workspace's namespace (a file mounted
     by a root runner, or a holder's ``/proc/PID/ns/net``, entered with its user namespace);
-    ``ids``: the sandbox uid and gid (a root runner)."""
+    ``ids``: the sandbox uid and gid (a root runner); ``cgroups``: the ``cgroup.procs`` files
+    of the execution's groups (cgroups.py), joined first. The chain cannot join them itself:
+    the spawner writes bwrap's pid into them right after the spawn (``join``)."""
     userns = network.with_name("user") if network and network.parts[:2] == ("/", "proc") else None
     if launcher is not None:
         argv = [str(launcher)]
+        for procs in cgroups:
+            argv += ["--cgroup", procs]
         if userns is not None:
             argv += ["--userns", str(userns)]
         if network is not None:
@@ -96,7 +101,7 @@ def prefix(
         if ids is not None:
             argv += ["--ids", f"{ids[0]}:{ids[1]}"]
         for limit in limits:
-            argv += ["--rlimit", f"{limit.resource}:{limit.soft}:{limit.hard}"]
+            argv += ["--rlimit", f"{limit.resource}:{_number(limit.soft)}:{_number(limit.hard)}"]
         return [*argv, "--"]
     argv = []
     if network is not None:
@@ -111,5 +116,17 @@ def prefix(
         argv += [setpriv, f"--reuid={ids[0]}", f"--regid={ids[1]}", "--clear-groups"]
     if limits:
         argv.append(shutil.which("prlimit") or "/usr/bin/prlimit")
-        argv += [f"--{_PRLIMIT[x.resource]}={x.soft}:{x.hard}" for x in limits]
+        argv += [f"--{_PRLIMIT[x.resource]}={_number(x.soft)}:{_number(x.hard)}" for x in limits]
     return argv
+
+
+def _number(value: int) -> str:
+    return "unlimited" if value == resource.RLIM_INFINITY else str(value)
+
+
+def join(cgroups: Sequence[str], pid: int) -> None:
+    """The chain's way into the groups: write bwrap's pid into each right after the spawn
+    (a fork in the microseconds before stays outside; the launcher has no such gap)."""
+    for procs in cgroups:
+        with open(procs, "w") as handle:
+            handle.write(str(pid))

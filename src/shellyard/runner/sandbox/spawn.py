@@ -16,16 +16,19 @@ import shlex
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from shellyard.errors import InvalidInput, NotFound, PathRefused
 from shellyard.paths import normalize_relative
 from shellyard.runner import processes
+from shellyard.runner.limits.cgroups import CgroupTree
 from shellyard.runner.network.netns import WorkspaceNetworks
 from shellyard.runner.policy import ExecutionPolicy, SandboxPolicy
 from shellyard.runner.protocol import RunnerExecution, StartRequest
 from shellyard.runner.sandbox import bwrap as sandbox
+from shellyard.runner.sandbox import launch
 from shellyard.runner.sandbox.seccomp import SeccompProfile
 
 #: E1: a ``bash -c`` text longer than this goes to the sandbox as a file instead of an
@@ -91,6 +94,16 @@ class Sandboxes:
     #: What enters the network, drops privileges and sets limits in one exec (launch.py);
     #: None: the nsenter/setpriv/prlimit chain.
     launcher: Path | None = None
+    #: R2 tenants: the execution's cgroups inside its workspace's (cgroups.py); None: rlimits.
+    cgroups: CgroupTree | None = None
+    #: R2 tenants: the uid and gid of a workspace (tenants.py); None: ``ids`` for all.
+    workspace_ids: Callable[[str], tuple[int, int]] | None = None
+
+    def ids_of(self, workspace_id: str) -> tuple[int, int] | None:
+        """The host uid and gid the workspace's commands run as (None: this user's)."""
+        if self.ids is None or self.workspace_ids is None:
+            return self.ids
+        return self.workspace_ids(workspace_id)
 
     def execution_policy(self) -> ExecutionPolicy:
         network = self.policy.network
@@ -124,13 +137,16 @@ class Sandboxes:
         networks = self.networks
         shared = None
         args_fd: int | None = None
+        joins: list[str] = []
         try:
             if networks is not None:
                 shared = networks.acquire(request.workspace_id, request.execution_id)
+            if self.cgroups is not None:
+                joins = self.cgroups.start(request.workspace_id, request.execution_id)
             argv = sandbox.bwrap_argv(
                 bwrap=self.bwrap,
                 policy=self.policy,
-                ids=self.ids,
+                ids=self.ids_of(request.workspace_id),
                 view=self.view,
                 hardening=sandbox.Hardening(seccomp_fd, self.disable_userns),
                 workspace=tree,
@@ -143,6 +159,8 @@ class Sandboxes:
                 network=shared,
                 launcher=self.launcher,
                 command_fd=command_fd,
+                cgroups=joins,
+                uid_per_workspace=self.workspace_ids is not None,
             )
             argv, args_fd = sandbox.options_by_fd(argv, self.bwrap)
             env = sandbox.sandbox_env(
@@ -172,9 +190,13 @@ class Sandboxes:
                 cwd="/",
                 start_new_session=True,
             )
+            if joins and self.launcher is None:
+                launch.join(joins, popen.pid)
         except BaseException:
             if networks is not None and shared is not None:
                 networks.release(request.workspace_id, request.execution_id)
+            if self.cgroups is not None and joins:
+                self.cgroups.remove(request.workspace_id, request.execution_id)
             raise
         finally:
             for fd in (out_fd, err_fd, status_fd, seccomp_fd, args_fd, command_fd):

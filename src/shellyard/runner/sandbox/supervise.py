@@ -186,6 +186,10 @@ class Supervisor:
             marker = f"SHELLYARD_EXECUTION_ID={execution_id}".encode()
             if not await processes.kill_and_wait(init_pid, marker):
                 log.warning("the sandbox of %s did not end after SIGKILL", execution_id)
+        usage = None
+        cgroups = self.sandboxes.cgroups
+        if cgroups is not None:  # R2 tenants: what it used, what ended it; its groups go
+            usage = await asyncio.to_thread(cgroups.finish, live.workspace_id, execution_id)
         exit_code = status.get("exit-code")
         cancelled = live.cancel_requested or (live.directory / "cancel").exists()
         error = None
@@ -208,7 +212,7 @@ class Supervisor:
         if exit_code is None and not cancelled and error is None:
             state = RunnerExecState.lost
             error = "the sandbox ended without recording an exit code"
-        ending = self._guard.finish(execution_id, live.directory, exit_code, snapshot)  # limits
+        ending = self._guard.finish(execution_id, live.directory, exit_code, snapshot, usage)
         error = ending.error(error, exit_code)
         result = RunnerExecution(
             execution_id=execution_id,
@@ -223,6 +227,8 @@ class Supervisor:
             policy=live.policy,
             limit=ending.limit,
             logs_cut=ending.logs_cut,
+            peak_memory_bytes=usage.peak_memory_bytes if usage else None,
+            cpu_seconds=usage.cpu_seconds if usage else None,
         )
         live.result = result
         durable = self._write_result(live.directory, result)
@@ -397,6 +403,10 @@ class Supervisor:
             complete=finished and next_offset >= size,
         )
 
+    def live_ids(self) -> set[str]:
+        """The executions watched now (their sandboxes run on)."""
+        return set(self._live)
+
     async def recover(self) -> None:
         """E11: re-attach to sandboxes that outlived the previous runner process."""
         for directory in sorted(self._executions.iterdir()):
@@ -428,6 +438,8 @@ class Supervisor:
                 # E11: a re-attached execution keeps its namespace (still mounted on its file)
                 networks.acquire(live.workspace_id, execution_id)
             self._live[execution_id] = live
+            if self.sandboxes.cgroups is not None:  # R2 tenants: its groups are still there
+                self.sandboxes.cgroups.adopt(live.workspace_id, execution_id)
             if not live.read_only:
                 self.busy_workspaces[live.workspace_id] = execution_id
             self._use_environment(live.environment_id, execution_id)
@@ -445,6 +457,12 @@ class Supervisor:
                     live.cancel_task = asyncio.ensure_future(self._cancel(live, requested))
             else:
                 self._spawn_task(self._finish(execution_id, live))
+        if self.sandboxes.cgroups is not None:
+            # R2 tenants, E11: groups of executions that ended while no runner watched (or
+            # never started) go; those re-attached above stay until their end.
+            gone = await asyncio.to_thread(self.sandboxes.cgroups.sweep, set(self._live))
+            if gone:
+                log.info("removed the cgroups of %d ended executions", len(gone))
 
 
 def check_id(value: str, what: str) -> None:

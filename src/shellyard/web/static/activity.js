@@ -11,6 +11,18 @@ const ACTIVE = ["queued", "running", "unknown"];
 const ACTIVE_TRANSFER = ["queued", "running"];
 const LOG_POLL_MS = 500;
 
+// R2 tenants: what the execution's cgroup measured (peak memory, CPU seconds).
+function usageLine(e) {
+  const parts = [];
+  if (e.peak_memory_bytes !== null && e.peak_memory_bytes !== undefined) {
+    parts.push(`peak memory ${bytes(e.peak_memory_bytes)}`);
+  }
+  if (e.cpu_seconds !== null && e.cpu_seconds !== undefined) {
+    parts.push(`CPU ${e.cpu_seconds.toFixed(2)} s`);
+  }
+  return parts.length ? h("div", { class: "muted usage" }, parts.join(" · ")) : null;
+}
+
 function agentName(session, agentId) {
   return agentId === session.main_agent_id ? "main" : agentId;
 }
@@ -155,7 +167,9 @@ export class ActivityPanel {
       h("td", { "data-label": "Runner · agent" }, `${e.runner_id} · ${agentName(this.session, e.agent_id)}`),
       h("td", { "data-label": "State" }, badge(e.state), e.cancel_requested && active ? h("div", { class: "muted" }, "cancel requested") : null,
         e.was_unknown ? h("div", { class: "muted" }, "was unknown") : null,
-        e.error ? h("div", { class: "error" }, e.error) : null),
+        e.limit ? h("div", { class: "error", "data-limit": e.limit }, `limit: ${e.limit}`) : null,
+        e.error ? h("div", { class: "error" }, e.error) : null,
+        usageLine(e)),
       h("td", { "data-label": "Command or script" }, what),
       h("td", { class: "num", "data-label": "Exit" }, e.exit_code === null || e.exit_code === undefined ? "—" : String(e.exit_code)),
       h("td", { "data-label": "Times" }, times),

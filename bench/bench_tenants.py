@@ -1,0 +1,193 @@
+"""Benchmark: what tenants cost and what they buy (R2; docs/limits.md "Tenants").
+
+- spawn cost: CPU time of making an execution's cgroups (the workspace's exists) and of
+  reading and removing them at its end, per execution (``CgroupTree.start`` + ``finish``);
+- throughput: run_shell(true) from 16 agents, tenants on (cgroups and a uid per workspace)
+  and off (rlimits, one uid), in alternating windows on two control planes in this process;
+- fairness: B's CPU-bound second (1 s of CPU) while A runs 8 busy loops, each in a session of
+  its own, over B's idle time (wall), and A's CPU over B's in that window; tenants on and off.
+Targets: spawn ≤ 0.5 ms CPU, throughput ≥ 0.95× off, fairness ≤ 2× idle.
+
+    .venv/bin/python bench/bench_tenants.py [--quick] [--out PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+from bench_throughput import AGENTS, product_rate
+from common import cli, make_home, metric, remove_home
+from shellyard.config import Settings
+from shellyard.contract.executions import RunShellRequest
+from shellyard.control.plane import ControlPlane
+from shellyard.runner.limits import cgroups
+from shellyard.runner.protocol import SandboxPolicy
+
+COMMAND = "python bench/bench_tenants.py"
+ON = SandboxPolicy(uid_range="62300-62399")
+OFF = SandboxPolicy(uid_range="off", cgroups="off")
+TIMED = (
+    "python3 -c 'import time\nw = time.monotonic(); t = time.process_time()\n"
+    "while time.process_time() - t < 1: pass\nprint(time.monotonic() - w)'"
+)
+BUSY = "id -u; for i in 1 2 3 4 5 6 7 8; do setsid sh -c 'while :; do :; done' & done; sleep 600"
+
+
+def spawn_cost(samples: int) -> dict[str, Any]:
+    tree = cgroups.CgroupTree.probe(
+        "shellyard-bench-tenants", cgroups.TenantLimits(256 << 20, 64), "auto"
+    )
+    if tree is None:
+        return {"mechanism": "rlimits", "start_ms": None, "finish_ms": None}
+    tree.start("ws", "warm")
+    tree.finish("ws", "warm")
+    starts: list[float] = []
+    finishes: list[float] = []
+    for i in range(samples):
+        c0 = time.process_time()
+        tree.start("ws", f"e{i}")
+        c1 = time.process_time()
+        tree.finish("ws", f"e{i}")
+        c2 = time.process_time()
+        starts.append(c1 - c0)
+        finishes.append(c2 - c1)
+    tree.close(set())
+    return {
+        "mechanism": tree.mechanism,
+        "start_ms": round(1000 * statistics.mean(starts), 4),
+        "finish_ms": round(1000 * statistics.mean(finishes), 4),
+    }
+
+
+async def open_plane(home: Path, policy: SandboxPolicy) -> tuple[ControlPlane, list[str]]:
+    plane = ControlPlane(Settings(home=home / "home", local_policy=policy))
+    await plane.start()
+    assert plane.store is not None
+    session, _main = await plane.store.default_owner()
+    agents = [
+        str((await plane.store.create_agent(str(session["id"])))["id"]) for _ in range(AGENTS)
+    ]
+    await asyncio.gather(
+        *(plane.executions.run_shell(RunShellRequest(command="true"), a) for a in agents)
+    )
+    return plane, agents
+
+
+def cpu_of_uid(uid: int) -> float:
+    total = 0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if entry.stat().st_uid != uid:
+                continue
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+async def fairness(plane: ControlPlane, agents: list[str]) -> dict[str, float]:
+    async def timed(agent: str) -> float:
+        result = await plane.executions.run_shell(
+            RunShellRequest(command=TIMED, wait_ms=30_000), agent
+        )
+        return float(result.stdout)
+
+    idle = await timed(agents[1])
+    busy = await plane.executions.run_shell(
+        RunShellRequest(command=BUSY, background=True), agents[0]
+    )
+    try:
+        uid = None
+        for _ in range(300):
+            logs = await plane.executions.logs(busy.execution_id, "stdout", agent_id=agents[0])
+            if logs.data.strip():
+                uid = int(logs.data.split()[0])
+                break
+            await asyncio.sleep(0.1)
+        await asyncio.sleep(1)
+        before = cpu_of_uid(uid) if uid is not None else 0.0
+        loaded = await timed(agents[1])
+        a_cpu = cpu_of_uid(uid) - before if uid is not None else float("nan")
+    finally:
+        await plane.executions.cancel(busy.execution_id, agent_id=agents[0], wait_s=30)
+        await plane.executions.wait(busy.execution_id, 30, agent_id=agents[0])
+    return {"idle_s": idle, "loaded_s": loaded, "ratio": loaded / idle, "a_cpu_per_b_cpu": a_cpu}
+
+
+async def measure(args: argparse.Namespace) -> dict[str, Any]:
+    spawn = spawn_cost(50 if args.quick else 300)
+    homes = {name: make_home() for name in ("on", "off")}
+    planes: dict[str, tuple[ControlPlane, list[str]]] = {}
+    try:
+        for name, policy in (("on", ON), ("off", OFF)):
+            planes[name] = await open_plane(homes[name], policy)
+        counts = {"on": 0, "off": 0}
+        seconds = {"on": 0.0, "off": 0.0}
+        window = 1.5 if args.quick else 2.0
+        for name in ["on", "off", "off", "on"] * (1 if args.quick else 3):
+            plane, agents = planes[name]
+            done, _other, elapsed, _lat = await product_rate(plane, agents, window, ramp_s=0.5)
+            counts[name] += done
+            seconds[name] += elapsed
+        rates = {name: counts[name] / seconds[name] for name in counts}
+        fair = {name: await fairness(*planes[name]) for name in ("on", "off")}
+    finally:
+        for plane, _agents in planes.values():
+            await plane.aclose()
+        for home in homes.values():
+            remove_home(home)
+    metrics = [
+        metric(
+            "tenants.spawn_cpu", f"cgroup per execution ({spawn['mechanism']}): make, CPU ms",
+            spawn["start_ms"] or 0.0, "ms", target="≤ 0.5 ms", kind="abs_max", limit=0.5,
+        ),
+        metric(
+            "tenants.finish_cpu", "read use and remove the groups at the end, CPU ms",
+            spawn["finish_ms"] or 0.0, "ms", target="— (info)", kind="info",
+        ),
+        metric(
+            "tenants.throughput", "run_shell(true), 16 agents, tenants on (cgroups, uids), /s",
+            rates["on"], "/s", baseline_label="the same, off (rlimits, one uid), /s",
+            baseline_value=rates["off"], target="≥ 0.95× off", kind="ratio_min", limit=0.95,
+        ),
+        metric(
+            "tenants.fairness", "B's CPU second beside A's 8 busy loops / idle, tenants on",
+            fair["on"]["ratio"], "×", target="≤ 2×", kind="abs_max", limit=2.0,
+        ),
+        metric(
+            "tenants.fairness_off", "the same, tenants off (rlimits, one uid)",
+            fair["off"]["ratio"], "×", target="— (info: the finding)", kind="info",
+        ),
+        metric(
+            "tenants.share", "A's CPU / B's CPU in that window, tenants on",
+            fair["on"]["a_cpu_per_b_cpu"], "×", target="— (info: 1 is equal)", kind="info",
+        ),
+        metric(
+            "tenants.share_off", "A's CPU / B's CPU in that window, tenants off",
+            fair["off"]["a_cpu_per_b_cpu"], "×", target="— (info: 8 is per process)", kind="info",
+        ),
+    ]  # fmt: skip
+    return {
+        "name": "tenants",
+        "title": "Tenants: cgroup spawn cost, throughput with limits on and off, CPU fairness",
+        "command": COMMAND + (" --quick" if args.quick else ""),
+        "metrics": metrics,
+        "details": {"spawn": spawn, "throughput_per_s": rates, "fairness": fair},
+    }
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    return asyncio.run(measure(args))
+
+
+if __name__ == "__main__":
+    cli("tenants", run, __doc__ or "")

@@ -1,0 +1,439 @@
+"""Cgroups per execution inside a group per workspace (R2; docs/limits.md "Tenants").
+
+One module, two backends, one tree::
+
+    <this process's own group>/shellyard-<runner tag>/<workspace id>/<execution id>
+
+- **v2**: a delegated unified subtree (the runner's own cgroup when writable, as systemd gives
+  a service with ``Delegate=yes``). One folder per level; controllers enabled through
+  ``cgroup.subtree_control``.
+- **v1**: one folder per level in each of the ``memory``, ``pids``, ``cpu`` and ``cpuacct``
+  hierarchies, each below this process's own group in that hierarchy (never elsewhere).
+
+Limits: memory per execution (``memory.max`` / ``memory.limit_in_bytes``), processes per
+workspace (``pids.max`` on the workspace's group), CPU weight per workspace (every workspace
+group has the same weight, whatever its process count) and an optional CPU ceiling per
+workspace (``cpu.max`` / ``cpu.cfs_quota_us``). The sandbox's launcher writes itself into the
+execution's groups (``cgroup.procs``) before it drops to the sandbox uid and execs bwrap, so
+nothing of the command ever runs outside them. At the end ``finish`` reads what the command
+used (peak memory, CPU seconds), whether the memory limit killed it and whether it hit the
+process limit, then removes the execution's groups. ``sweep`` at start-up removes the groups
+of executions that are gone (after a kill -9 of the runner, E11).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import logging
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+log = logging.getLogger(__name__)
+
+Mechanism = Literal["v2", "v1"]
+V1_CONTROLLERS = ("memory", "pids", "cpu", "cpuacct")
+V2_CONTROLLERS = ("memory", "pids", "cpu")
+#: The weight every workspace group gets (v2 ``cpu.weight`` default; v1 ``cpu.shares``).
+CPU_WEIGHT_V2 = 100
+CPU_SHARES_V1 = 1024
+CFS_PERIOD_US = 100_000
+#: How long ``finish`` waits for a group's last processes to go before it gives up on rmdir.
+REMOVE_WAIT_S = 2.0
+
+
+@dataclass(frozen=True)
+class TenantLimits:
+    """What every group gets. ``memory_bytes`` per execution; ``processes`` and
+    ``cpu_ceiling`` (cores, None: none) per workspace."""
+
+    memory_bytes: int
+    processes: int
+    cpu_ceiling: float | None = None
+
+
+@dataclass
+class Usage:
+    """What an execution's groups say at its end."""
+
+    peak_memory_bytes: int | None = None
+    cpu_seconds: float | None = None
+    #: The memory limit's OOM killer ended a process of it.
+    memory_killed: bool = False
+    #: A fork of the workspace failed at its process limit while it ran.
+    processes_hit: bool = False
+
+
+@dataclass
+class _Started:
+    workspace_id: str
+
+
+def own_groups() -> dict[str, str]:
+    """Controller (or ``""`` for the unified hierarchy) → this process's group path."""
+    found: dict[str, str] = {}
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return found
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        _, controllers, path = parts
+        for name in controllers.split(",") if controllers else [""]:
+            found[name] = path
+    return found
+
+
+def _mounts() -> dict[str, tuple[str, str]]:
+    """Controller (``""``: cgroup2) → (mount point, root of the mount) from mountinfo."""
+    found: dict[str, tuple[str, str]] = {}
+    try:
+        lines = Path("/proc/self/mountinfo").read_text().splitlines()
+    except OSError:
+        return found
+    for line in lines:
+        left, _, right = line.partition(" - ")
+        fields, tail = left.split(), right.split()
+        if len(fields) < 5 or len(tail) < 3:
+            continue
+        fstype, options = tail[0], tail[2].split(",")
+        if fstype == "cgroup2":
+            found.setdefault("", (fields[4], fields[3]))
+        elif fstype == "cgroup":
+            for option in options:
+                if option in V1_CONTROLLERS:
+                    found.setdefault(option, (fields[4], fields[3]))
+    return found
+
+
+def _folder(mount: tuple[str, str], path: str) -> Path:
+    point, root = mount
+    relative = path[len(root) :] if root != "/" and path.startswith(root) else path
+    return Path(point + "/" + relative.strip("/")) if relative.strip("/") else Path(point)
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text()
+    except OSError:
+        return None
+
+
+def _keyed(text: str | None, key: str) -> int:
+    for line in (text or "").splitlines():
+        name, _, value = line.partition(" ")
+        if name == key and value.strip().lstrip("-").isdigit():
+            return int(value)
+    return 0
+
+
+def _write(path: Path, value: str) -> None:
+    with open(path, "w") as handle:
+        handle.write(value)
+
+
+def runner_tag(root: Path) -> str:
+    """The runner's folder name: one per runner home, found again after a restart."""
+    return "shellyard-" + hashlib.sha256(str(root).encode()).hexdigest()[:12]
+
+
+@dataclass
+class CgroupTree:
+    """The runner's groups in one backend. Build with ``probe``."""
+
+    mechanism: Mechanism
+    #: v1: controller → the runner's folder in that hierarchy; v2: ``{"": folder}``.
+    bases: dict[str, Path]
+    limits: TenantLimits
+    #: v2: the controllers enabled below the runner's folder (all of V2_CONTROLLERS on a
+    #: real delegation; fewer on a test hierarchy).
+    controllers: tuple[str, ...] = V2_CONTROLLERS
+    _workspaces: set[str] = field(default_factory=set)
+    _started: dict[str, _Started] = field(default_factory=dict)
+
+    # ------------------------------------------------------------------ set-up
+
+    @classmethod
+    def probe(cls, tag: str, limits: TenantLimits, want: str = "auto") -> CgroupTree | None:
+        """The backend this host offers (``want``: ``auto``, ``v2``, ``v1``, ``off``), its
+        runner folder made; None: rlimits only (no writable hierarchy with the controllers)."""
+        if want == "off":
+            return None
+        mounts, own = _mounts(), own_groups()
+        if want in ("auto", "v2") and "" in mounts and "" in own:
+            base = _folder(mounts[""], own[""])
+            available = (_read(base / "cgroup.controllers") or "").split()
+            if set(V2_CONTROLLERS) <= set(available) and os.access(base, os.W_OK):
+                tree = cls.v2(base, tag, limits, V2_CONTROLLERS)
+                if tree is not None:
+                    return tree
+        if want in ("auto", "v1"):
+            bases: dict[str, Path] = {}
+            for name in V1_CONTROLLERS:
+                if name in mounts and name in own:
+                    folder = _folder(mounts[name], own[name])
+                    if os.access(folder, os.W_OK):
+                        bases[name] = folder
+            if "memory" in bases and "pids" in bases:
+                seen: dict[Path, str] = {}
+                for name in list(bases):  # cpu,cpuacct mounted together: one folder
+                    if bases[name] in seen:
+                        del bases[name]
+                    else:
+                        seen[bases[name]] = name
+                made = {name: folder / tag for name, folder in bases.items()}
+                try:
+                    for folder in made.values():
+                        folder.mkdir(exist_ok=True)
+                except OSError as exc:
+                    log.warning("cgroup v1 present but not usable (%s): rlimits apply", exc)
+                    return None
+                return cls("v1", made, limits)
+        return None
+
+    @classmethod
+    def v2(
+        cls, base: Path, tag: str, limits: TenantLimits, controllers: tuple[str, ...]
+    ) -> CgroupTree | None:
+        """The v2 backend over the delegated folder ``base`` (the runner's own group)."""
+        enable = " ".join(f"+{c}" for c in controllers)
+        try:
+            if controllers:
+                try:
+                    _write(base / "cgroup.subtree_control", enable)
+                except OSError as exc:
+                    if exc.errno != errno.EBUSY:
+                        raise
+                    # "no internal processes": the service itself moves to a leaf first.
+                    leaf = base / "service"
+                    leaf.mkdir(exist_ok=True)
+                    for pid in (_read(base / "cgroup.procs") or "").split():
+                        with contextlib.suppress(OSError):
+                            _write(leaf / "cgroup.procs", pid)
+                    _write(base / "cgroup.subtree_control", enable)
+            folder = base / tag
+            folder.mkdir(exist_ok=True)
+            if controllers:
+                _write(folder / "cgroup.subtree_control", enable)
+        except OSError as exc:
+            log.warning("cgroup v2 at %s not usable (%s)", base, exc)
+            return None
+        return cls("v2", {"": folder}, limits, controllers)
+
+    def describe(self) -> str:
+        return ", ".join(str(p) for p in self.bases.values())
+
+    # ------------------------------------------------------------------ per execution
+
+    def _levels(self, *parts: str) -> dict[str, Path]:
+        return {name: base.joinpath(*parts) for name, base in self.bases.items()}
+
+    def _workspace(self, workspace_id: str) -> None:
+        """The workspace's group in every hierarchy, with its process limit and CPU share."""
+        if workspace_id in self._workspaces:
+            return
+        for base in self.bases.values():  # made again if a close took it
+            base.mkdir(exist_ok=True)
+        ceiling = self.limits.cpu_ceiling
+        quota = int(ceiling * CFS_PERIOD_US) if ceiling else None
+        for name, folder in self._levels(workspace_id).items():
+            folder.mkdir(exist_ok=True)
+            if self.mechanism == "v2":
+                if self.controllers:
+                    _write(
+                        folder / "cgroup.subtree_control",
+                        " ".join(f"+{c}" for c in self.controllers),
+                    )
+                if "pids" in self.controllers:
+                    _write(folder / "pids.max", str(self.limits.processes))
+                if "cpu" in self.controllers:
+                    _write(folder / "cpu.weight", str(CPU_WEIGHT_V2))
+                    _write(folder / "cpu.max", f"{quota or 'max'} {CFS_PERIOD_US}")
+            elif name == "pids":
+                _write(folder / "pids.max", str(self.limits.processes))
+            elif name == "cpu":
+                _write(folder / "cpu.shares", str(CPU_SHARES_V1))
+                if (folder / "cpu.cfs_period_us").exists():
+                    _write(folder / "cpu.cfs_period_us", str(CFS_PERIOD_US))
+                    _write(folder / "cpu.cfs_quota_us", str(quota or -1))
+        self._workspaces.add(workspace_id)
+
+    def start(self, workspace_id: str, execution_id: str) -> list[str]:
+        """Make the execution's groups; the ``cgroup.procs`` files its launcher joins."""
+        self._workspace(workspace_id)
+        joins: list[str] = []
+        memory = str(self.limits.memory_bytes)
+        for name, folder in self._levels(workspace_id, execution_id).items():
+            folder.mkdir(exist_ok=True)
+            if self.mechanism == "v2":
+                if "memory" in self.controllers:
+                    _write(folder / "memory.max", memory)
+                    with contextlib.suppress(OSError):  # no swap to hide in
+                        _write(folder / "memory.swap.max", "0")
+            elif name == "memory":
+                _write(folder / "memory.limit_in_bytes", memory)
+                with contextlib.suppress(OSError):
+                    _write(folder / "memory.memsw.limit_in_bytes", memory)
+            joins.append(str(folder / "cgroup.procs"))
+        self._started[execution_id] = _Started(workspace_id)
+        return joins
+
+    def adopt(self, workspace_id: str, execution_id: str) -> None:
+        """A re-attached execution (E11): its groups exist; know it so ``finish`` reads them."""
+        self._workspaces.add(workspace_id)
+        self._started.setdefault(execution_id, _Started(workspace_id))
+
+    def _pids_max_events(self, workspace_id: str, execution_id: str) -> int:
+        """Forks refused at the process limit, counted where they were tried: v1's
+        ``pids.events`` and v2's ``pids.events.local`` of the execution's group."""
+        if self.mechanism == "v2":
+            if "pids" not in self.controllers:
+                return 0
+            folder = self.bases[""] / workspace_id / execution_id
+            local = _read(folder / "pids.events.local")
+            return _keyed(local if local is not None else _read(folder / "pids.events"), "max")
+        base = self.bases.get("pids")
+        if base is None:
+            return 0
+        return _keyed(_read(base / workspace_id / execution_id / "pids.events"), "max")
+
+    def usage(self, workspace_id: str, execution_id: str) -> Usage:
+        """Peak memory, CPU seconds and what ended it, read from the execution's groups."""
+        usage = Usage()
+        if self.mechanism == "v2":
+            folder = self.bases[""] / workspace_id / execution_id
+            cpu = _keyed(_read(folder / "cpu.stat"), "usage_usec")
+            usage.cpu_seconds = cpu / 1e6 if (folder / "cpu.stat").exists() else None
+            if "memory" in self.controllers:
+                peak = _read(folder / "memory.peak")
+                usage.peak_memory_bytes = int(peak) if peak and peak.strip().isdigit() else None
+                usage.memory_killed = _keyed(_read(folder / "memory.events"), "oom_kill") > 0
+        else:
+            memory = self.bases["memory"] / workspace_id / execution_id
+            peak = _read(memory / "memory.max_usage_in_bytes")
+            usage.peak_memory_bytes = int(peak) if peak and peak.strip().isdigit() else None
+            control = _read(memory / "memory.oom_control")
+            # oom_kill counts the kills (kernels ≥ 4.13); an older one only has failcnt.
+            if control is not None and "oom_kill " in control:
+                usage.memory_killed = _keyed(control, "oom_kill") > 0
+            else:
+                failcnt = _read(memory / "memory.failcnt")
+                usage.memory_killed = bool(failcnt and failcnt.strip() not in ("", "0"))
+            accounting = self.bases.get("cpuacct", self.bases.get("cpu"))
+            if accounting is not None:
+                raw = _read(accounting / workspace_id / execution_id / "cpuacct.usage")
+                if raw and raw.strip().isdigit():
+                    usage.cpu_seconds = int(raw) / 1e9
+        usage.processes_hit = self._pids_max_events(workspace_id, execution_id) > 0
+        return usage
+
+    def finish(self, workspace_id: str, execution_id: str) -> Usage:
+        """The sandbox is gone: read its use, end any process left, remove its groups."""
+        usage = self.usage(workspace_id, execution_id)
+        self.remove(workspace_id, execution_id)
+        return usage
+
+    def remove(self, workspace_id: str, execution_id: str) -> None:
+        self._started.pop(execution_id, None)
+        for folder in self._levels(workspace_id, execution_id).values():
+            _remove(folder, self.mechanism)
+
+    # ------------------------------------------------------------------ restart
+
+    def sweep(self, live: set[str]) -> list[str]:
+        """Remove every execution group not in ``live`` (ended while the runner was down, or
+        never started) and every empty workspace group; returns the removed execution ids."""
+        removed: list[str] = []
+        for base in self.bases.values():
+            for workspace in _children(base):
+                for execution in _children(workspace):
+                    if execution.name in live:
+                        self._workspaces.add(workspace.name)
+                        continue
+                    _remove(execution, self.mechanism)
+                    removed.append(execution.name)
+                if not _children(workspace):
+                    with contextlib.suppress(OSError):
+                        workspace.rmdir()
+                        self._workspaces.discard(workspace.name)
+        return sorted(set(removed))
+
+    def close(self, live: set[str]) -> None:
+        """The runner stops: groups of running executions stay (they keep running, E11);
+        the rest goes, and the runner's folders when nothing is left in them."""
+        self.sweep(live)
+        for base in self.bases.values():
+            with contextlib.suppress(OSError):
+                base.rmdir()
+
+    def groups(self) -> list[Path]:
+        """Every group below the runner's folders (tests, and ``runner show``)."""
+        found: list[Path] = []
+        for base in self.bases.values():
+            for workspace in _children(base):
+                found += [workspace, *_children(workspace)]
+        return found
+
+
+def _children(folder: Path) -> list[Path]:
+    try:
+        return [p for p in folder.iterdir() if p.is_dir()]
+    except OSError:
+        return []
+
+
+def _remove(folder: Path, mechanism: Mechanism) -> None:
+    """rmdir the group, first ending what is still in it (its pids are this group's only)."""
+    if not folder.is_dir():
+        return
+    deadline = time.monotonic() + REMOVE_WAIT_S
+    killed = False
+    while True:
+        try:
+            folder.rmdir()
+            return
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            if exc.errno != errno.EBUSY or time.monotonic() > deadline:
+                log.warning("could not remove the cgroup %s: %s", folder, exc)
+                return
+        if not killed:
+            killed = True
+            if mechanism == "v2" and (folder / "cgroup.kill").exists():
+                with contextlib.suppress(OSError):
+                    _write(folder / "cgroup.kill", "1")
+            else:
+                for pid in (_read(folder / "cgroup.procs") or "").split():
+                    with contextlib.suppress(OSError, ValueError):
+                        os.kill(int(pid), signal.SIGKILL)
+        time.sleep(0.01)
+
+
+def host_memory_bytes() -> int:
+    """The host's RAM, or the runner's own memory cgroup limit when that is lower."""
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    own, mounts = own_groups(), _mounts()
+    candidates = [total]
+    if "memory" in own and "memory" in mounts:
+        raw = _read(_folder(mounts["memory"], own["memory"]) / "memory.limit_in_bytes")
+        if raw and raw.strip().isdigit():
+            candidates.append(int(raw))
+    if "" in own and "" in mounts:
+        raw = _read(_folder(mounts[""], own[""]) / "memory.max")
+        if raw and raw.strip().isdigit():
+            candidates.append(int(raw))
+    return min(candidates)
+
+
+def default_memory_bytes() -> int:
+    """Per execution when ``SHELLYARD_MEMORY_LIMIT`` is unset: half the host's RAM (or of
+    the runner's own memory limit), so one command cannot take the host (docs/limits.md)."""
+    return (host_memory_bytes() // 2) >> 20 << 20  # whole MiB: the kernel keeps pages

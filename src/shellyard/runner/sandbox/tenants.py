@@ -1,0 +1,169 @@
+"""A host uid per workspace (R2; docs/security.md "A uid per workspace").
+
+A root runner gives each workspace its own unprivileged uid (gid the same number) from a
+range (``SHELLYARD_UID_RANGE``, default ``DEFAULT_RANGE``): its files, its processes and its
+per-uid rlimits are its own, so one workspace's processes never count against another's
+(RLIMIT_NPROC counts per uid). The map is kept runner-side in ``<runner home>/uids.json``
+(written atomically under a lock), so it survives restarts and a daemon on another host keeps
+its own consistent map. A uid any account of the host uses (``getpwuid``) or that
+``/etc/subuid`` hands out is never chosen; a uid is given again only after its workspace is
+gone (``release``). A runner that is not root keeps its own single uid (``runner show``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import logging
+import os
+import pwd
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+from shellyard.errors import InvalidInput, SandboxUnavailable
+from shellyard.runner.policy import SandboxPolicy
+
+log = logging.getLogger(__name__)
+
+#: 1,000 uids above the shared sandbox uid (61000, sandbox.py) and below the 65534 of
+#: ``nobody``; free on the hosts we know (no account, not in /etc/subuid).
+DEFAULT_RANGE = (61001, 61999)
+
+
+def parse_range(raw: str | None) -> tuple[int, int] | None:
+    """``FIRST-LAST`` → (first, last); None or ``off`` → None (one uid for every workspace)."""
+    if raw is None:
+        return DEFAULT_RANGE
+    text = raw.strip()
+    if text == "off":
+        return None
+    first, _, last = text.partition("-")
+    if not (first.isdigit() and last.isdigit()) or not 1000 <= int(first) <= int(last) < 65534:
+        raise InvalidInput(
+            f"SHELLYARD_UID_RANGE must be FIRST-LAST, two uids between 1000 and 65533 "
+            f"(e.g. 61001-61999), or off, not {raw!r}"
+        )
+    return int(first), int(last)
+
+
+def range_of(policy: SandboxPolicy) -> tuple[int, int] | None:
+    """The policy's uid range: ``uid_range`` when set; otherwise the default range, unless
+    the operator chose one ``sandbox_uid`` for every workspace (then None)."""
+    if policy.uid_range is None and policy.sandbox_uid is not None:
+        return None
+    return parse_range(policy.uid_range)
+
+
+def _subordinate() -> list[tuple[int, int]]:
+    """The ranges /etc/subuid and /etc/subgid hand to users' namespaces (start, count)."""
+    found: list[tuple[int, int]] = []
+    for name in ("/etc/subuid", "/etc/subgid"):
+        with contextlib.suppress(OSError):
+            for line in Path(name).read_text().splitlines():
+                parts = line.strip().split(":")
+                if len(parts) == 3 and parts[1].isdigit() and parts[2].isdigit():
+                    found.append((int(parts[1]), int(parts[2])))
+    return found
+
+
+def in_use(uid: int, subordinate: list[tuple[int, int]]) -> bool:
+    try:
+        pwd.getpwuid(uid)
+        return True
+    except KeyError:
+        pass
+    return any(start <= uid < start + count for start, count in subordinate)
+
+
+class UidMap:
+    """workspace id → uid, durable in ``path``."""
+
+    def __init__(self, path: Path, first: int, last: int) -> None:
+        self.path = path
+        self.first, self.last = first, last
+        self._lock = threading.Lock()
+        self._map: dict[str, int] = {}
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[dict[str, int]]:
+        with self._lock, open(self.path.with_name(self.path.name + ".lock"), "a") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                self._map = json.loads(self.path.read_text()) if self.path.exists() else {}
+            except (OSError, ValueError):
+                self._map = {}
+            yield self._map
+
+    def _save(self) -> None:
+        tmp = self.path.with_name(self.path.name + f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(self._map, sort_keys=True))
+        os.replace(tmp, self.path)
+
+    def uid(self, workspace_id: str) -> int:
+        """The workspace's uid, given now (the lowest free one) if it has none yet."""
+        known = self._map.get(workspace_id)
+        if known is not None:
+            return known
+        with self._locked() as mapping:
+            if workspace_id in mapping:
+                return mapping[workspace_id]
+            taken = set(mapping.values())
+            subordinate = _subordinate()
+            free = [
+                uid
+                for uid in range(self.first, self.last + 1)
+                if uid not in taken and not in_use(uid, subordinate)
+            ]
+            if free:
+                uid = free[0]
+            else:
+                # Every uid given: share the least shared one rather than refuse the
+                # workspace (its sandbox still sees only its own tree; the pids cgroup still
+                # bounds its processes). Logged: widen SHELLYARD_UID_RANGE.
+                usable = [u for u in range(self.first, self.last + 1) if not in_use(u, subordinate)]
+                if not usable:
+                    raise SandboxUnavailable(
+                        f"every uid of SHELLYARD_UID_RANGE {self.first}-{self.last} is used by "
+                        f"an account of this host: choose a range no account uses"
+                    )
+                counts = {u: 0 for u in usable}
+                for given in mapping.values():
+                    if given in counts:
+                        counts[given] += 1
+                uid = min(usable, key=lambda u: (counts[u], u))
+                log.warning(
+                    "every uid of %d-%d is given: workspace %s shares uid %d; widen "
+                    "SHELLYARD_UID_RANGE",
+                    self.first,
+                    self.last,
+                    workspace_id,
+                    uid,
+                )
+            mapping[workspace_id] = uid
+            self._save()
+            return uid
+
+    def release(self, workspace_id: str) -> None:
+        """The workspace is gone: its uid may be given again."""
+        with self._locked() as mapping:
+            if mapping.pop(workspace_id, None) is not None:
+                self._save()
+
+    def known(self) -> dict[str, int]:
+        with self._locked() as mapping:
+            return dict(mapping)
+
+
+def chown_tree(tree: Path, uid: int, gid: int) -> int:
+    """Give every entry of ``tree`` to ``uid`` (a workspace made before it had its own uid,
+    or by another): links are changed themselves, never followed. Returns the count."""
+    count = 0
+    os.lchown(tree, uid, gid)
+    for folder, dirs, files in os.walk(tree):
+        for name in [*dirs, *files]:
+            with contextlib.suppress(FileNotFoundError):
+                os.lchown(os.path.join(folder, name), uid, gid)
+                count += 1
+    return count

@@ -1,0 +1,310 @@
+"""Tenants on one host (R2; docs/limits.md "Tenants", docs/security.md "A uid per workspace").
+
+A uid per workspace, and memory, processes and CPU bounded per workspace through cgroups
+(v1 on these machines; the v2 backend on the unified hierarchy where one is writable). Every
+yard test runs on the in-process local runner and on a runner daemon (``yard_factory``).
+Each load here runs with its limits in place and in a uid range of its own, so it stays
+bounded and never counts against another sandbox's uid."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+from runner_daemon_fixture import running_daemon
+
+from conftest import Yard
+from shellyard.contract.executions import ExecutionState, RunShellRequest
+from shellyard.runner.limits import cgroups
+from shellyard.runner.protocol import RunnerExecState, SandboxPolicy, StartRequest
+
+ROOT = os.geteuid() == 0
+#: A range no other test uses: the loads below never count against the shared 61000.
+UIDS = "62100-62199"
+
+
+def have_v1() -> bool:
+    own = cgroups.own_groups()
+    return all(
+        name in own and os.access(f"/sys/fs/cgroup/{name}{own[name]}", os.W_OK)
+        for name in ("memory", "pids")
+    )
+
+
+needs_cgroups = pytest.mark.skipif(
+    not (ROOT and have_v1()), reason="needs root and writable cgroup v1 memory and pids"
+)
+
+
+def policy(**update: Any) -> SandboxPolicy:
+    return SandboxPolicy(uid_range=UIDS, **update)
+
+
+def runner_root(yard: Yard) -> Path:
+    if yard.daemon is not None:
+        return Path(yard.daemon.root)
+    from shellyard.config import Settings
+
+    return Settings(home=yard.home / "home").local_runner_root
+
+
+def groups_of(yard: Yard) -> list[Path]:
+    """Every group of the yard's runner below this process's own groups."""
+    tag = cgroups.runner_tag(runner_root(yard).absolute())
+    own = cgroups.own_groups()
+    found: list[Path] = []
+    for name in cgroups.V1_CONTROLLERS:
+        base = Path(f"/sys/fs/cgroup/{name}{own.get(name, '/')}".rstrip("/")) / tag
+        if base.is_dir():
+            found += [p for p in base.rglob("*") if p.is_dir()]
+    return found
+
+
+async def other_workspace_run(yard: Yard, command: str) -> Any:
+    session = await yard.plane.sessions.create()
+    return await yard.plane.executions.run_shell(
+        RunShellRequest(command=command, runner_id=yard.runner_id, wait_ms=30_000),
+        session.main_agent_id,
+    )
+
+
+@needs_cgroups
+async def test_memory_limit_stops_the_command_and_says_memory(yard_factory: Any) -> None:
+    """R2: SHELLYARD_MEMORY_LIMIT=512M: a command touching 1.5 GiB is stopped; the record says
+    ``limit: memory`` with its peak and CPU seconds; B's command beside it runs; the
+    execution's groups are gone after its end."""
+    yard: Yard = await yard_factory(policy(memory_limit_bytes=512 << 20))
+    hog = await yard.run(
+        "python3 -c \"b = bytearray(1536 << 20); b[::4096] = b'x' * (len(b) // 4096); "
+        "print('survived')\"",
+        wait_ms=30_000,
+    )
+    view = await yard.plane.executions.wait(hog.execution_id, 120)
+    assert view.state == ExecutionState.completed, view.error
+    assert "survived" not in (hog.stdout or "")
+    assert view.limit == "memory", view
+    assert view.error is not None and "memory limit of 512.0 MiB" in view.error, view.error
+    assert view.peak_memory_bytes is not None and view.peak_memory_bytes <= 512 << 20
+    assert view.peak_memory_bytes > 256 << 20, view.peak_memory_bytes
+    assert view.cpu_seconds is not None and view.cpu_seconds > 0
+    beside = await other_workspace_run(yard, "echo fine")
+    assert beside.exit_code == 0 and "fine" in beside.stdout
+    assert groups_of(yard) == [] or all(not p.name.startswith("e") for p in groups_of(yard))
+    assert not [p for p in groups_of(yard) if p.name == hog.execution_id]
+
+
+@needs_cgroups
+async def test_default_memory_bound_is_below_the_host_ram(yard_factory: Any) -> None:
+    """R2: with no setting the bound a command sees in its own memory cgroup (bound into the
+    sandbox through /proc/self/cgroup's path on the host) is below the host's RAM, and
+    ``runner show`` names it with the mechanism."""
+    yard: Yard = await yard_factory(policy())
+    info = await yard.runner.info()
+    assert info.limits is not None and info.limits.enforcement == "cgroup v1", info.limits
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    assert info.limits.max_memory_bytes is not None
+    assert 0 < info.limits.max_memory_bytes < total
+    assert info.limits.memory_scope == "per execution (cgroup)"
+    assert info.limits.uids is not None and "per workspace" in info.limits.uids
+    # the command's own memory group (named by its execution id) holds the bound; inside,
+    # the sandbox's cgroup namespace shows that group as its root
+    run = await yard.run("cat /proc/self/cgroup; sleep 30", background=True)
+    try:
+        for _ in range(300):
+            logs = await yard.plane.executions.logs(run.execution_id, "stdout")
+            if logs.data:
+                break
+            await asyncio.sleep(0.1)
+        assert "memory:/\n" in logs.data, logs.data  # its own group is its whole view
+        found = [p for p in groups_of(yard) if p.name == run.execution_id]
+        memory = [p for p in found if (p / "memory.limit_in_bytes").exists()]
+        limit = int((memory[0] / "memory.limit_in_bytes").read_text())
+        assert limit == info.limits.max_memory_bytes < total
+    finally:
+        await yard.plane.executions.cancel(run.execution_id, wait_s=30)
+        await yard.plane.executions.wait(run.execution_id, 60)
+
+
+@needs_cgroups
+async def test_process_limit_holds_one_workspace_and_not_the_other(yard_factory: Any) -> None:
+    """R2: 4,500 processes asked in A's workspace: A's count stays at its limit (forks fail
+    with 'Resource temporarily unavailable', the record notes the limit); B's command runs
+    meanwhile. Before: one uid and RLIMIT_NPROC per uid made B's bwrap fail."""
+    yard: Yard = await yard_factory(policy(process_limit=200))
+    script = (
+        "n=0; for i in $(seq 4500); do sleep 60 & n=$((n+1)); done 2>/dev/null; "
+        "echo started; cat /sys/fs/cgroup/pids/pids.current 2>/dev/null; sleep 5"
+    )
+    fork = await yard.run(script, background=True)
+    await asyncio.sleep(4)
+    pids = [p for p in groups_of(yard) if p.name == fork.execution_id and "pids" in p.parts]
+    assert pids, groups_of(yard)
+    count = int((pids[0].parent / "pids.current").read_text())
+    assert 100 < count <= 200, count  # the workspace's group, at its limit
+    beside = await other_workspace_run(yard, "echo B runs")
+    assert beside.exit_code == 0 and "B runs" in beside.stdout, beside
+    view = await yard.plane.executions.wait(fork.execution_id, 180)
+    assert view.state == ExecutionState.completed, view
+    assert view.error is not None and "process limit of 200" in view.error, view.error
+    logs = await yard.plane.executions.logs(fork.execution_id, "stderr", tail=4000)
+    assert "Resource temporarily unavailable" in logs.data or view.error
+
+
+@needs_cgroups
+async def test_each_workspace_has_its_own_uid_and_owns_its_files(yard_factory: Any) -> None:
+    """R2, docs/security.md: two workspaces run as two uids of the range; each owns its
+    files; the map survives (a second command in A gets A's uid again)."""
+    yard: Yard = await yard_factory(policy())
+    a = await yard.run("id -u; touch mine")
+    again = await yard.run("id -u; stat -c %u mine")
+    b = await other_workspace_run(yard, "id -u")
+    uid_a, uid_b = int(a.stdout.split()[0]), int(b.stdout.split()[0])
+    assert 62100 <= uid_a <= 62199 and 62100 <= uid_b <= 62199
+    assert uid_a != uid_b
+    assert again.stdout.split() == [str(uid_a), str(uid_a)]
+
+
+def cpu_of_uid(uid: int) -> float:
+    """CPU seconds (user + system) of every live process of ``uid`` on the host."""
+    total = 0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if entry.stat().st_uid != uid:
+                continue
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+@needs_cgroups
+async def test_cpu_is_shared_per_workspace(yard_factory: Any) -> None:
+    """R2: A's 8 busy loops, each in a session of its own, against B's CPU-bound second: A
+    gets no more CPU than B meanwhile (equal weight per workspace, whatever the process
+    count), so B's second is within 2x its idle time on a host that is otherwise idle.
+    Measured as CPU shares, not wall time: the machine's other load weighs on both alike
+    (the wall-time ratio is in bench/bench_tenants.py). Per process, A took 8/9."""
+    yard: Yard = await yard_factory(policy(process_limit=64))
+    timed = (
+        "python3 -c 'import time\nw = time.monotonic(); t = time.process_time()\n"
+        "while time.process_time() - t < 1: pass\nprint(time.monotonic() - w)'"
+    )
+    busy = await yard.run(
+        "id -u; for i in 1 2 3 4 5 6 7 8; do setsid sh -c 'while :; do :; done' & done; sleep 600",
+        background=True,
+    )
+    try:
+        for _ in range(300):
+            logs = await yard.plane.executions.logs(busy.execution_id, "stdout")
+            if logs.data.strip():
+                break
+            await asyncio.sleep(0.1)
+        uid_a = int(logs.data.split()[0])
+        await asyncio.sleep(1)
+        before = cpu_of_uid(uid_a)
+        loaded = await other_workspace_run(yard, timed)
+        a_cpu = cpu_of_uid(uid_a) - before
+    finally:
+        await yard.plane.executions.cancel(busy.execution_id, wait_s=30)
+        await yard.plane.executions.wait(busy.execution_id, 60)
+    assert loaded.exit_code == 0, loaded
+    # B used 1 CPU second in that window; A's share beside it:
+    assert a_cpu < 2.0, (a_cpu, loaded.stdout)
+
+
+def groups_below(root: Path) -> list[Path]:
+    tag = cgroups.runner_tag(root.absolute())
+    own = cgroups.own_groups()
+    found: list[Path] = []
+    for name in cgroups.V1_CONTROLLERS:
+        base = Path(f"/sys/fs/cgroup/{name}{own.get(name, '/')}".rstrip("/")) / tag
+        if base.is_dir():
+            found += [p for p in base.rglob("*") if p.is_dir()]
+    return found
+
+
+@needs_cgroups
+async def test_groups_go_with_their_execution(yard_factory: Any) -> None:
+    """R2: an execution's groups are removed at its end (local runner and daemon)."""
+    yard: Yard = await yard_factory(policy())
+    done = await yard.run("true")
+    assert done.exit_code == 0
+    assert not [p for p in groups_of(yard) if p.name.startswith("ex_")], groups_of(yard)
+
+
+@needs_cgroups
+async def test_kill9_of_the_runner_leaves_no_group_after_restart(home: Path) -> None:
+    """E11, R2: kill -9 of a runner daemon mid-run: one execution ends while no runner
+    watches (its group is swept at the restart), one outlives the restart (adopted: its
+    usage is still read, its group removed at its end). No group is left behind."""
+    root = home / "runner"
+    async with running_daemon(root, policy(), subprocess=True) as daemon:
+        runner = daemon.runner
+        await runner.ensure_workspace("ws1")
+        await runner.ensure_workspace("ws2")
+        await runner.start(StartRequest(execution_id="e1", workspace_id="ws1", command="sleep 2"))
+        await runner.start(
+            StartRequest(execution_id="e2", workspace_id="ws2", command="sleep 8; echo end")
+        )
+        await asyncio.sleep(0.5)
+        names = {p.name for p in groups_below(root)}
+        assert {"e1", "e2", "ws1", "ws2"} <= names, names
+        daemon.kill()
+        await asyncio.sleep(3)  # e1 ends while nobody watches
+        await daemon.restart()
+        for execution_id in ("e1", "e2"):
+            record = await runner.wait(execution_id, 60)
+            while record.state == RunnerExecState.running:
+                record = await runner.wait(execution_id, 60)
+            assert record.state == RunnerExecState.finished and record.exit_code == 0, record
+        assert record.cpu_seconds is not None  # e2's group was adopted and read at its end
+        left = {p.name for p in groups_below(root)}
+        assert not {"e1", "e2"} & left, left  # the workspaces' groups stay while it runs
+    assert groups_below(root) == [], groups_below(root)  # and go when it stops
+
+
+@needs_cgroups
+async def test_a_workspace_of_the_shared_uid_is_migrated_to_its_own(tmp_path: Path) -> None:
+    """docs/security.md: a workspace made by a runner with one uid for all (61000 here) is
+    given to its own uid on first use by a runner with a range: its files too, so the command
+    can change what the older command wrote."""
+    from shellyard.runner.local import LocalRunner
+
+    async def run(runner: LocalRunner, execution_id: str, command: str) -> Any:
+        await runner.start(
+            StartRequest(execution_id=execution_id, workspace_id="ws", command=command)
+        )
+        record = await runner.wait(execution_id, 60)
+        while record.state == RunnerExecState.running:
+            record = await runner.wait(execution_id, 60)
+        return record
+
+    root = tmp_path / "runner"
+    old = LocalRunner(root, SandboxPolicy(uid_range="off"))
+    await old.startup()
+    try:
+        await old.ensure_workspace("ws")
+        first = await run(old, "e1", "mkdir d; echo one > d/f")
+        assert first.exit_code == 0, first.error
+    finally:
+        await old.aclose()
+    tree = root / "workspaces" / "ws"
+    assert (tree / "d" / "f").stat().st_uid == 61000
+    new = LocalRunner(root, policy())
+    await new.startup()
+    try:
+        await new.ensure_workspace("ws")
+        second = await run(new, "e2", "echo two >> d/f && id -u > who")
+        assert second.exit_code == 0, second.error
+    finally:
+        await new.aclose()
+    uid = int((tree / "who").read_text())
+    assert 62100 <= uid <= 62199
+    assert (tree / "d" / "f").stat().st_uid == uid and (tree / "d").stat().st_uid == uid
+    assert (tree / "d" / "f").read_text() == "one\ntwo\n"

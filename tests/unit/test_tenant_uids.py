@@ -1,0 +1,61 @@
+"""A uid per workspace (R2 tenants; runner/sandbox/tenants.py, docs/security.md): the map is
+durable, never gives a uid an account of the host has, and degrades to sharing when the range
+is full."""
+
+from __future__ import annotations
+
+import pwd
+from pathlib import Path
+
+import pytest
+
+from shellyard.errors import InvalidInput
+from shellyard.runner.sandbox import tenants
+
+
+def test_range_parsing_and_errors() -> None:
+    assert tenants.parse_range(None) == tenants.DEFAULT_RANGE
+    assert tenants.parse_range("62000-62009") == (62000, 62009)
+    assert tenants.parse_range("off") is None
+    for bad in ("0-10", "62010-62000", "abc", "61000-70000"):
+        with pytest.raises(InvalidInput, match="SHELLYARD_UID_RANGE"):
+            tenants.parse_range(bad)
+
+
+def test_the_default_range_holds_no_account_of_this_host() -> None:
+    first, last = tenants.DEFAULT_RANGE
+    assert not [p.pw_uid for p in pwd.getpwall() if first <= p.pw_uid <= last]
+
+
+def test_map_is_durable_and_skips_accounts(tmp_path: Path) -> None:
+    accounts = sorted(p.pw_uid for p in pwd.getpwall() if 1000 <= p.pw_uid < 65534)
+    if not accounts:
+        pytest.skip("no account with a uid of 1000 or more on this host")
+    taken = accounts[0]
+    uids = tenants.UidMap(tmp_path / "uids.json", taken, taken + 2)
+    a, b = uids.uid("ws_a"), uids.uid("ws_b")
+    assert taken not in (a, b) and a != b
+    again = tenants.UidMap(tmp_path / "uids.json", taken, taken + 2)
+    assert again.uid("ws_a") == a and again.uid("ws_b") == b  # after a restart
+    # full: the third shares the least shared uid instead of being refused
+    c = again.uid("ws_c")
+    assert c in (a, b)
+    uids.release("ws_a")
+    assert "ws_a" not in tenants.UidMap(tmp_path / "uids.json", taken, taken + 2).known()
+
+
+def test_chown_tree_follows_no_link(tmp_path: Path) -> None:
+    if not hasattr(__import__("os"), "lchown") or __import__("os").geteuid() != 0:
+        pytest.skip("changing owners needs root")
+    import os
+
+    outside = tmp_path / "outside"
+    outside.write_text("x")
+    tree = tmp_path / "tree"
+    (tree / "sub").mkdir(parents=True)
+    (tree / "sub" / "f").write_text("y")
+    (tree / "link").symlink_to(outside)
+    tenants.chown_tree(tree, 62999, 62999)
+    assert (tree / "sub" / "f").stat().st_uid == 62999
+    assert os.lstat(tree / "link").st_uid == 62999
+    assert outside.stat().st_uid == 0
