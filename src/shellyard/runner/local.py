@@ -259,19 +259,24 @@ class LocalRunner:
     # ----------------------------------------------------------------- workspaces
 
     def _workspace_ids(self, workspace_id: str) -> tuple[int, int]:
-        """R2 tenants: the workspace's own uid (gid the same), its tree given to it on first
-        use (a workspace of an older runner, made as the shared uid, is migrated here)."""
-        assert self._uids is not None
-        uid = self._uids.uid(workspace_id)
+        """R2 tenants: the workspace's own uid, its tree given to it on first use (a workspace
+        of an older runner, made as the shared uid, is migrated here). Its primary group is
+        the sandbox group every workspace uid shares: the runner's folders on the way to
+        what bwrap binds (workspaces, views, environments, the egress socket) grant that group
+        search, one ACL entry for all of them; each workspace's own tree is 0700, so the
+        shared group opens no workspace to another."""
+        assert self._uids is not None and self._ids is not None
+        uid, group = self._uids.uid(workspace_id), self._ids[1]
         if uid not in self._reached:
-            folder_access.make_reachable(self._workspaces, uid, uid)
+            folder_access.make_reachable(self._workspaces, uid, group)
             self._reached.add(uid)
         tree = self.workspace_path(workspace_id)
         with contextlib.suppress(FileNotFoundError):
-            if tree.stat().st_uid != uid:
-                moved = tenants.chown_tree(tree, uid, uid)
+            info = tree.stat()
+            if info.st_uid != uid or info.st_gid != group:
+                moved = tenants.chown_tree(tree, uid, group)
                 log.info("gave workspace %s (%d entries) to its uid %d", workspace_id, moved, uid)
-        return uid, uid
+        return uid, group
 
     def workspace_path(self, workspace_id: str) -> Path:
         check_id(workspace_id, "workspace id")

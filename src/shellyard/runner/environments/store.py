@@ -426,7 +426,16 @@ class EnvironmentStore:
                 origins=running.origins,
                 wheels=self._wheels,
                 verified=self.root / "verified",
-                read_as=launch.prefix(self._sandboxes.launcher, network=None, ids=ids, limits=()),
+                # Sources the agent named are read as its workspace's uid: no more than the
+                # sandbox of that workspace may read (docs/security.md, the door table).
+                read_as=launch.prefix(
+                    self._sandboxes.launcher,
+                    network=None,
+                    ids=self._sandboxes.ids_of(request.workspace_id)
+                    if request.workspace_id
+                    else ids,
+                    limits=(),
+                ),
             )
             if request.action == "create":
                 if prefix.exists():  # what an earlier failed create of this id left

@@ -30,6 +30,9 @@ _VERSION = 2
 _USER_OBJ, _USER, _GROUP_OBJ, _GROUP, _MASK, _OTHER = 0x01, 0x02, 0x04, 0x08, 0x10, 0x20
 _UNDEFINED_ID = 0xFFFFFFFF
 _SEARCH = 0o1
+#: A uid no folder belongs to and no entry names: ``can_search(path, _ANY_MEMBER, gid)`` asks
+#: whether every uid of primary group ``gid`` may pass.
+_ANY_MEMBER = -1
 _ENTRY = struct.Struct("<HHI")
 
 
@@ -55,22 +58,34 @@ def can_search(path: Path, uid: int, gid: int) -> bool:
         named = next((p for t, p, i in entries if t == _USER and i == uid), None)
         if named is not None:
             return bool(named & mask & _SEARCH)
+        # The group entries that apply (the owning group's and a named one of ``gid``): any
+        # of them granting search is enough.
+        groups = [
+            p
+            for t, p, i in entries
+            if (t == _GROUP and i == gid) or (t == _GROUP_OBJ and info.st_gid == gid)
+        ]
+        if groups:
+            return any(p & mask & _SEARCH for p in groups)
     if info.st_gid == gid:
         return bool(mode & stat.S_IXGRP)
     return bool(mode & stat.S_IXOTH)
 
 
-def grant_search(path: Path, uid: int) -> None:
-    """Add ``user:<uid>:--x`` to the folder's access ACL, keeping every other entry."""
+def grant_search(path: Path, uid: int, gid: int | None = None) -> None:
+    """Add ``user:<uid>:--x`` (and ``group:<gid>:--x`` when given) to the folder's access ACL,
+    keeping every other entry."""
     mode = path.stat().st_mode
     entries = _entries(path) or [
         (_USER_OBJ, (mode >> 6) & 0o7, _UNDEFINED_ID),
         (_GROUP_OBJ, (mode >> 3) & 0o7, _UNDEFINED_ID),
         (_OTHER, mode & 0o7, _UNDEFINED_ID),
     ]
-    kept = [(t, p, i) for t, p, i in entries if not (t == _USER and i == uid) and t != _MASK]
-    named = next((p for t, p, i in entries if t == _USER and i == uid), 0)
-    kept.append((_USER, named | _SEARCH, uid))
+    named_ids = [(_USER, uid)] + ([(_GROUP, gid)] if gid is not None else [])
+    kept = [(t, p, i) for t, p, i in entries if (t, i) not in named_ids and t != _MASK]
+    for tag, ident in named_ids:
+        named = next((p for t, p, i in entries if t == tag and i == ident), 0)
+        kept.append((tag, named | _SEARCH, ident))
     # The mask bounds the named entries and the owning group. Without an ACL the group bits
     # were the owning group's; keep that bound and add search only.
     mask = next((p for t, p, _ in entries if t == _MASK), None)
@@ -88,9 +103,10 @@ def grant_folder(folder: Path, uid: int, gid: int | None = None) -> bool:
     group ``gid``, default ``uid``) may already search it; True when an entry was added. For
     a folder below one already reached: an environment's, the egress socket's (docs/security.md
     "The home's files"). Each uid gets its own entry: one per sandbox uid."""
-    if can_search(folder, uid, uid if gid is None else gid):
+    group = uid if gid is None else gid
+    if can_search(folder, uid, group) and (gid is None or can_search(folder, _ANY_MEMBER, group)):
         return False
-    grant_search(folder, uid)
+    grant_search(folder, uid, gid)
     return True
 
 
@@ -100,10 +116,12 @@ def make_reachable(directory: Path, uid: int, gid: int) -> list[Path]:
     when a folder cannot take one (a file system without ACLs, a read-only mount)."""
     granted: list[Path] = []
     for folder in reversed([directory, *directory.parents]):
-        if can_search(folder, uid, gid):
+        if can_search(folder, uid, gid) and can_search(folder, _ANY_MEMBER, gid):
             continue
         try:
-            grant_search(folder, uid)
+            # The group entry serves every uid whose primary group is ``gid``: the sandbox
+            # group that the uids of all workspaces share (docs/security.md).
+            grant_search(folder, uid, gid)
         except OSError as exc:
             mode = folder.stat().st_mode & 0o777
             raise SandboxUnavailable(

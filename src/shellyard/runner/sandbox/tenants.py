@@ -88,7 +88,10 @@ class UidMap:
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[dict[str, int]]:
-        with self._lock, open(self.path.with_name(self.path.name + ".lock"), "a") as handle:
+        lock = self.path.with_name(self.path.name + ".lock")
+        # The runner's files are its user's alone (filemodes.py): 0600 from the start.
+        fd = os.open(lock, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+        with self._lock, os.fdopen(fd, "a") as handle:
             fcntl.flock(handle, fcntl.LOCK_EX)
             try:
                 self._map = json.loads(self.path.read_text()) if self.path.exists() else {}
@@ -98,7 +101,9 @@ class UidMap:
 
     def _save(self) -> None:
         tmp = self.path.with_name(self.path.name + f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(self._map, sort_keys=True))
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            handle.write(json.dumps(self._map, sort_keys=True))
         os.replace(tmp, self.path)
 
     def uid(self, workspace_id: str) -> int:
