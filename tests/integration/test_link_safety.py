@@ -11,7 +11,7 @@ import io
 import tarfile
 
 import pytest
-from files_helpers import chunks_of, read_all, run, tree
+from files_helpers import child_workspace, chunks_of, read_all, run, tree
 
 from conftest import Yard
 from shellyard.errors import InvalidInput, PathRefused
@@ -78,3 +78,37 @@ async def test_each_refused_tar_upload_changes_nothing(
         await plane.files.upload_archive(chunks_of(archive(members)), "", runner_id=runner_id)
     assert await read_all(plane, "0.txt", runner_id=runner_id) == b"old\n"
     assert (await plane.files.history(runner_id=runner_id)).head_seq == head
+
+
+# ---------------------------------------------------------------------- names not UTF-8
+
+#: A name with a byte that is not UTF-8 (Latin-1 "é"), as a shell makes it.
+BAD_NAME = "caf\\351.txt"
+
+
+async def test_names_that_are_not_utf8_are_listed_moved_and_transferred(yard: Yard) -> None:
+    """docs/files-and-transfers.md, "Names that are not UTF-8": a file whose name holds a
+    byte that is not UTF-8 is listed (its name escaped, flagged), moved and transferred
+    with its bytes kept; never a 500."""
+    plane, runner_id = yard.plane, yard.runner_id
+    made = await run(plane, f"mkdir -p n && printf data > n/$(printf '{BAD_NAME}')", runner_id)
+    listing = await plane.files.list("n", runner_id=runner_id)
+    [entry] = listing.entries
+    assert entry.path == "n/caf\udce9.txt"
+    moved = await plane.files.move("n/caf\udce9.txt", "m/caf\udce9.txt", runner_id=runner_id)
+    assert moved.snapshot_seq > made.snapshot_seq
+    child, target = await child_workspace(plane, runner_id)
+    started = await plane.transfers.start(
+        {
+            "source_workspace_id": made.workspace_id,
+            "paths": ["m"],
+            "target_workspace_id": target,
+            "target_folder": "in",
+        }
+    )
+    view = await plane.transfers.wait(started.transfer_id, 120)
+    assert view.state == "completed", view
+    copied = await read_all(plane, "in/m/caf\udce9.txt", workspace_id=target, agent_id=child["id"])
+    assert copied == b"data"
+    outcomes = await plane.transfers.files(started.transfer_id, limit=100)
+    assert [f.target_path for f in outcomes.files if f.kind == "file"] == ["in/m/caf\udce9.txt"]

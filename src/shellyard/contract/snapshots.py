@@ -6,7 +6,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel
+from pydantic import BaseModel, model_validator
+
+from shellyard.rawnames import not_utf8
 
 
 class PathEntry(BaseModel):
@@ -16,6 +18,16 @@ class PathEntry(BaseModel):
     mode: int
     sha256: str | None = None
     target: str | None = None
+    #: The path (or the link's target) holds bytes that are not UTF-8: in JSON each is the
+    #: escape ``\udcNN`` for byte NN (docs/files-and-transfers.md, "Names that are not
+    #: UTF-8"); send the same string back to name the entry.
+    not_utf8: bool = False
+
+    @model_validator(mode="after")
+    def _flag(self) -> PathEntry:
+        if not self.not_utf8 and (not_utf8(self.path) or not_utf8(self.target or "")):
+            self.not_utf8 = True
+        return self
 
 
 class DirListing(BaseModel):
