@@ -13,10 +13,10 @@ from fastapi import APIRouter, Depends, Header, Query, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from shellyard import rawnames
 from shellyard.api.auth import AgentHeader, admin_only
 from shellyard.api.docs import BINARY_RESPONSE, TAR_RESPONSE, body_doc
 from shellyard.api.sessions import parse
+from shellyard.contract import rawjson
 from shellyard.contract.files import (
     DEFAULT_DIFF_LIMIT,
     DEFAULT_LIST_LIMIT,
@@ -107,7 +107,7 @@ class PathsJSON(JSONResponse):
     where the default answer would fail to encode it and give a 500."""
 
     def render(self, content: Any) -> bytes:
-        return rawnames.dumps_value(content)
+        return rawjson.dumps_value(content)
 
 
 def files_router(plane: ControlPlane) -> APIRouter:

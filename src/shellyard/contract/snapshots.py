@@ -8,7 +8,15 @@ from typing import Literal
 
 from pydantic import BaseModel, model_validator
 
-from shellyard.rawnames import not_utf8
+
+def _not_utf8(text: str) -> bool:
+    """Whether ``text`` holds a byte of a name that is not UTF-8 (a lone surrogate, PEP 383;
+    shellyard.paths.not_utf8, which this layer may not import)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
 
 
 class PathEntry(BaseModel):
@@ -25,7 +33,7 @@ class PathEntry(BaseModel):
 
     @model_validator(mode="after")
     def _flag(self) -> PathEntry:
-        if not self.not_utf8 and (not_utf8(self.path) or not_utf8(self.target or "")):
+        if not self.not_utf8 and (_not_utf8(self.path) or _not_utf8(self.target or "")):
             self.not_utf8 = True
         return self
 

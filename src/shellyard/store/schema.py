@@ -19,7 +19,7 @@ from sqlalchemy import (
     UniqueConstraint,
 )
 
-from shellyard.rawnames import STORED_MARK, escape, not_utf8, unescape
+from shellyard.paths import STORED_MARK, escape, not_utf8, unescape
 
 
 class StoredPath(sa.types.TypeDecorator[str]):
