@@ -260,9 +260,24 @@ class ReadViews:
         return trash
 
     def forget_unused(self) -> None:
-        """After re-attaching: views no reader uses (and half-built ones) go; the next reader
-        builds its head's view again."""
+        """After re-attaching: half-built views and trash go, and of the views no reader
+        uses each workspace keeps its newest (the base the next head's view is patched
+        from: a view's files are copies, so building one whole costs its bytes)."""
         with self._lock:
-            for view in list(self.directory.iterdir()):
-                if view not in self._users:
+            kept: dict[str, Path] = {}
+            for view in sorted(self.directory.iterdir(), key=lambda v: _name(v)[2]):
+                if view in self._users:
+                    continue
+                workspace_id = _name(view)[0]
+                if view.name.startswith(".") or view.is_symlink() or not view.is_dir():
                     remove(view)
+                    continue
+                try:
+                    self.store.head(workspace_id)
+                except Exception:  # the workspace is gone: so is its view
+                    remove(view)
+                    continue
+                older = kept.get(workspace_id)
+                kept[workspace_id] = view
+                if older is not None:
+                    remove(older)

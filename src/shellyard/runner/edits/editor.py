@@ -12,7 +12,6 @@ import contextlib
 import errno
 import os
 import queue
-import shutil
 import stat as stat_mod
 import tarfile
 
@@ -331,7 +330,9 @@ class Editor(Placer):
                 return self.commit_edit(workspace_id, done)
         finally:
             reader.drain()
-            shutil.rmtree(stage, ignore_errors=True)
+            # the staged members (links among them) removed through descriptors, never followed
+            with contextlib.suppress(OSError), fsops.open_root(stage.parent) as parent:
+                fsops.remove_at(parent, stage.name)
 
 
 __all__ = ["Editor", "FileUpload"]
