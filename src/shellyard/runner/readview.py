@@ -83,7 +83,9 @@ def patch(store: SnapshotStore, workspace_id: str, view: Path, old_seq: int, seq
                 continue  # a folder in both: only what it holds may differ (visited next)
             parent, _, name = path.rpartition("/")
             if _below(path, removed):
-                before = None  # already gone with its folder
+                if after is None:
+                    continue  # gone with its folder, whatever now stands at its path
+                before = None
             fd = folders.folder(parent)
             if before is not None:
                 if before.kind == "dir":  # a folder that went, or became a file or a link
