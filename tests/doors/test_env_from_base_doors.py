@@ -22,7 +22,7 @@ from mcp.client.stdio import StdioServerParameters, stdio_client
 from conftest import sy
 from shellyard import Client
 from shellyard.errors import NotFound
-from shellyard.runner import bases
+from shellyard.runner.environments import bases
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -64,7 +64,7 @@ def test_every_door_creates_from_python_base(
     async def over_mcp() -> dict[str, object]:
         params = StdioServerParameters(
             command=sys.executable,
-            args=["-m", "shellyard", "mcp", "--home", str(home)],
+            args=["-m", "shellyard", "mcp", "--tools", "all", "--home", str(home)],
             env={**os.environ, "SHELLYARD_HOME": str(home)},
         )
         async with stdio_client(params) as (read, write), ClientSession(read, write) as session:

@@ -41,7 +41,7 @@ async def test_mcp_stdio_create_install_and_run(served_home: Path) -> None:
     channel = await build_test_channel(home / "channel")
     params = StdioServerParameters(
         command=sys.executable,
-        args=["-m", "shellyard", "mcp", "--home", str(home)],
+        args=["-m", "shellyard", "mcp", "--tools", "all", "--home", str(home)],
         env={**os.environ, "SHELLYARD_HOME": str(home)},
     )
     async with stdio_client(params) as (read, write), ClientSession(read, write) as session:

@@ -178,7 +178,7 @@ async def test_mcp_stdio_file_snapshot_transfer_and_artifact_tools(served_home: 
     artifact_declare/list, and errors as tool errors that say what to do."""
     params = StdioServerParameters(
         command=sys.executable,
-        args=["-m", "shellyard", "mcp", "--home", str(served_home)],
+        args=["-m", "shellyard", "mcp", "--tools", "all", "--home", str(served_home)],
         env={**os.environ, "SHELLYARD_HOME": str(served_home)},
     )
     async with stdio_client(params) as (read, write), ClientSession(read, write) as session:

@@ -86,7 +86,7 @@ async def test_a_host_drives_a_session_through_mcp_rest_and_sse(served: Path) ->
     listener = WakeListener(home, sid)
     params = StdioServerParameters(
         command=sys.executable,
-        args=["-m", "shellyard", "mcp", "--home", str(home), "--agent", main],
+        args=["-m", "shellyard", "mcp", "--tools", "all", "--home", str(home), "--agent", main],
         env={**os.environ, "SHELLYARD_HOME": str(home)},
     )
     async with stdio_client(params) as (read, write), ClientSession(read, write) as tools:

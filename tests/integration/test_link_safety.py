@@ -176,7 +176,7 @@ async def test_restore_replaces_a_swapped_in_link_without_following_it(yard: Yar
 async def test_retention_prunes_logs_without_following_a_link(yard: Yard) -> None:
     """docs/operations.md retention: an execution folder's entry that is a link to a host
     folder (the ``view`` link a reader leaves, or one swapped in) is removed as a link."""
-    from shellyard.runner.retention import prune_logs
+    from shellyard.runner.limits.retention import prune_logs
 
     canary = yard.home / "canary"
     planted = _plant(canary)

@@ -326,9 +326,7 @@ async def test_view_patch_never_follows_a_link_that_replaced_a_folder(yard: Yard
     assert second.stdout == f"{canary}\n{home}\n"
     for rel, data in planted.items():
         assert (canary / rel).read_bytes() == data, rel
-    assert sorted(p.name for p in home.iterdir() if p.name.startswith("shellyard.db")) == (
-        db_files
-    )
+    assert sorted(p.name for p in home.iterdir() if p.name.startswith("shellyard.db")) == (db_files)
     assert (await yard.run("echo still-here")).stdout == "still-here\n"
 
 

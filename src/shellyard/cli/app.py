@@ -162,16 +162,29 @@ def mcp(
             help="A session or agent token to act with (default: the home's admin token).",
         ),
     ] = None,
+    tools: Annotated[
+        str | None,
+        typer.Option(
+            "--tools",
+            envvar="SHELLYARD_MCP_TOOLS",
+            help=(
+                "The toolsets to list, comma-separated: default (the seed's tools and the "
+                "basic file tools), core, files, env, timers, transfers, ports, all."
+            ),
+        ),
+    ] = None,
     log_level: LogLevelOption = "warning",
 ) -> None:
     """Serve MCP over stdio (what an agent host launches). The same tools are served over
-    streamable HTTP at /mcp of 'shellyard serve'."""
+    streamable HTTP at /mcp of 'shellyard serve' (toolsets: /mcp?tools=...)."""
     from shellyard.home import ensure_server
+    from shellyard.mcp.server import parse_toolsets
 
     # Agent hosts keep a server's stderr in their logs: only warnings and errors by default.
     configure_logging(log_level)
     where = home or default_home()
     try:
+        parse_toolsets(tools)
         ensure_server(where)
     except ShellyardError as exc:
         # The host is waiting for MCP's initialize answer: answer it with the error (hosts
@@ -183,7 +196,7 @@ def mcp(
     from shellyard.mcp.server import serve_stdio
 
     try:
-        asyncio.run(serve_stdio(where, agent, token))
+        asyncio.run(serve_stdio(where, agent, token, tools))
     except ShellyardError as exc:
         fail(exc)
 
@@ -216,7 +229,7 @@ VERB_MODULES = (
     gc,  # docs/operations.md
     backup,
     ui,
-    ports,  # issue 17: ports for the host
+    ports,  # R5: ports for the host
 )
 for module in VERB_MODULES:
     module.register(app)

@@ -51,12 +51,12 @@ class EnvironmentCreateRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str
-    language: str = "python"
+    language: str = Field(default="python", json_schema_extra={"enum": list(LANGUAGES)})
     runner_id: str | None = None
     wait_ms: int = DEFAULT_WAIT_MS
-    #: Start from this base environment's packages (``python-base``; issue 20): hard links of
-    #: the runner's prepared base, so creating is quick; changes never touch the base.
-    base: str | None = None
+    #: Start from this base environment's packages (``python-base``; docs/environments.md): hard
+    #: links of the runner's prepared base, so creating is quick; changes never touch the base.
+    base: str | None = Field(default=None, json_schema_extra={"enum": list(BASES)})
 
     @field_validator("name")
     @classmethod
@@ -100,7 +100,9 @@ class EnvironmentChangeBody(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    manager: str
+    # The enum is advertised (a model picks from it); the check stays the validator's own,
+    # whose message names the managers.
+    manager: str = Field(json_schema_extra={"enum": list(MANAGERS)})
     specs: list[str]
     channels: list[str] = Field(default_factory=list)
     index_url: str | None = None

@@ -256,12 +256,19 @@ class ArtifactDeclareRequest(BaseModel):
     seq: int | None = _SEQ
 
 
+#: workspace_transfer's actions (MCP), each reading the fields it names.
+TRANSFER_ACTIONS = ("discover", "start", "list", "query", "cancel")
+
+
 class WorkspaceTransferRequest(BaseModel):
     """T1-T5 through one MCP tool: ``action`` picks discover, start, list, query or cancel;
     each action reads the fields it names (``start`` the fields of TransferRequest)."""
 
     model_config = ConfigDict(extra="forbid")
-    action: str = Field(description="discover, start, list, query or cancel")
+    action: str = Field(
+        description="discover, start, list, query or cancel",
+        json_schema_extra={"enum": list(TRANSFER_ACTIONS)},
+    )
     source_workspace_id: str | None = Field(default=None, description="start: copy from")
     paths: list[str] | None = Field(
         default=None, description="start: files, folders or globs such as 'data/*.csv'"

@@ -12,7 +12,7 @@ from typing import Annotated, Any, Protocol, TypeVar
 from mcp.server.mcpserver import Context
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.server.mcpserver.tools import Tool
-from mcp_types import CallToolResult, ToolAnnotations
+from mcp_types import CallToolResult, TextContent, ToolAnnotations
 from pydantic import BaseModel, Field, ValidationError
 from pydantic.fields import FieldInfo
 
@@ -25,6 +25,7 @@ from shellyard.contract.executions import (
 )
 from shellyard.contract.sessions import NoticeView, TimerView
 from shellyard.errors import InvalidInput, ShellyardError, validation_message
+from shellyard.mcp.compact import StrictTool, compact_schema, result_text
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -106,6 +107,7 @@ def _parameter(name: str, field: FieldInfo, default: Any) -> inspect.Parameter:
         title=field.title,
         validation_alias=field.validation_alias,
         examples=field.examples,
+        json_schema_extra=field.json_schema_extra,
     )
     # Annotated[(T, *metadata)] is Annotated[T, m1, m2, ...], built from values at run time.
     metadata: tuple[Any, ...] = (field.annotation, *field.metadata, info)
@@ -162,7 +164,7 @@ def model_tool(
     async def tool(ctx: Context, **arguments: Any) -> dict[str, Any] | CallToolResult:
         request = parse_request(model, arguments) if model is not None else None
         try:
-            return await handler(request, ctx)
+            return for_model(name, await handler(request, ctx))
         except ShellyardError as exc:
             raise tool_error(exc) from None
 
@@ -172,9 +174,12 @@ def model_tool(
     )
     # The SDK finds the Context parameter through the annotations.
     tool.__annotations__ = {"ctx": Context, "return": dict[str, Any]}
-    made = Tool.from_function(
+    made = StrictTool.from_function(
         tool, name=name, title=title, description=description, annotations=annotations
     )
+    # What a model reads of the tool: the arguments' schema without pydantic's boilerplate,
+    # closed (StrictTool refuses any other argument). Validation is still the model's.
+    made.parameters = compact_schema(made.parameters)
     if output is not None:
         # Advertised as the result model's schema; the SDK still fills structuredContent
         # from the dict exactly as before (its dict[str, Any] output model validates it).
@@ -183,7 +188,23 @@ def model_tool(
 
 
 def output_schema(model: type[BaseModel]) -> dict[str, Any]:
-    return model.model_json_schema(mode="serialization")
+    return compact_schema(model.model_json_schema(mode="serialization"), arguments=False)
+
+
+def for_model(tool: str, result: dict[str, Any] | CallToolResult) -> CallToolResult:
+    """``result`` with its text block written for a model (``compact.result_text``): short,
+    the outcome first; the structured content is the result unchanged."""
+    if isinstance(result, CallToolResult):
+        data = result.structured_content
+        if not isinstance(data, dict) or result.is_error:
+            return result
+        rest = [block for block in result.content if not isinstance(block, TextContent)]
+        text = TextContent(type="text", text=result_text(tool, data))
+        return result.model_copy(update={"content": [text, *rest]})
+    return CallToolResult(
+        content=[TextContent(type="text", text=result_text(tool, result))],
+        structured_content=result,
+    )
 
 
 __all__ = [
@@ -191,6 +212,7 @@ __all__ = [
     "ExecutionBackend",
     "ShellyardBackend",
     "TimerBackend",
+    "for_model",
     "hints",
     "model_signature",
     "model_tool",

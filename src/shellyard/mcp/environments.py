@@ -64,13 +64,11 @@ class EnvironmentsBackend(Protocol):
 
 
 _WAITING = (
-    "A change waits until no running execution uses the environment, and executions asking "
-    "for it meanwhile queue behind it, so no command ever sees a half-updated environment; "
-    "while it waits, state is 'waiting' and waiting_for lists the execution (or earlier "
-    "change) ids it waits for. wait_ms (0..30000, default 10000) is how long to wait for the "
-    "result; a longer change comes back 'waiting' or 'running' with its change_id: poll it "
-    "with environment_change_status. A bad spec, an unknown package or an unreachable "
-    "channel is an error and leaves the environment exactly as it was (no new revision)."
+    "The change waits for running executions that use the environment (state 'waiting', "
+    "waiting_for their ids) and later ones queue behind it: no command sees a half-updated "
+    "environment. wait_ms (0..30000, default 10000) bounds this answer; a longer change "
+    "returns its change_id: poll environment_change_status. A failed change leaves the "
+    "environment as it was (no new revision)."
 )
 
 
@@ -164,15 +162,12 @@ def environment_tools(backend: EnvironmentsBackend) -> list[Tool]:
             environment_install,
             title="Install packages",
             description=(
-                "Install packages into an environment. This is the ONLY way to add packages: "
-                "inside run_shell the environment is read-only, so 'pip install', "
-                "'conda install' or 'install.packages' in a command fail. manager: 'conda' "
-                "(specs like 'python=3.11', 'numpy>=1.26'; channels), 'pip' (specs like "
-                "'requests==2.32.3'; index_url, extra_index_urls, find_links), 'cran' or "
-                "'bioconductor' (R package names; repos). All managers work in the same "
-                "environment, e.g. conda adds R or Python and then pip or cran add to it. Each "
-                "change that succeeds records a new revision (its number is in 'revision'). "
-                + _WAITING
+                "Install packages into an environment: the ONLY way to add packages (inside "
+                "run_shell the environment is read-only, so pip/conda install or "
+                "install.packages fail). manager 'conda' (specs like 'numpy>=1.26'; channels), "
+                "'pip' (specs like 'requests==2.32.3'; index_url, extra_index_urls, "
+                "find_links), 'cran' or 'bioconductor' (R package names; repos); managers mix "
+                "in one environment. Success records a new revision. " + _WAITING
             ),
             annotations=change,
             output=ChangeView,
@@ -184,7 +179,7 @@ def environment_tools(backend: EnvironmentsBackend) -> list[Tool]:
             title="Uninstall packages",
             description=(
                 "Remove packages (by name) from an environment with the manager that installed "
-                "them ('conda', 'pip', 'cran', 'bioconductor'). Records a new revision. " + _WAITING
+                "them. Records a new revision. " + _WAITING
             ),
             annotations=hints(destructive=True),
             output=ChangeView,

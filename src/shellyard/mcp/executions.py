@@ -36,22 +36,17 @@ PROGRESS_SLICE_MS = 1000
 
 RUN_SHELL_DESCRIPTION = (
     "Run a shell command (bash -c) or a workspace script (.py, .R, .sh or a shebang) in "
-    "the sandbox, as a fresh process in /workspace (its HOME): no cwd or variables carry "
-    "over from earlier commands. Give exactly one of command or script_path. wait_ms "
-    "(0..30000, default 10000) is a budget for this answer, not a timeout: if the "
-    "command is still going, you get its execution_id with state 'running' and it "
-    "keeps running; follow it with execution_status and execution_logs, stop it with "
-    "execution_cancel. background=true returns at once (a notice tells you when it "
-    "ends). Output is capped at max_output_length characters (head and tail kept); "
-    "execution_logs has everything. To add packages use environment_install and pass "
-    "environment_id: the environment is read-only inside commands, so pip install in "
-    "a command fails. A busy workspace is refused at once unless queue=true. To use a "
-    "server (python3 -m http.server 8000, npm run dev, a database), start it with "
-    "background=true, then run its clients with read_only=true: a read-only command runs "
-    "beside the server (which holds the workspace), reaches it at localhost:PORT (the "
-    "executions of one workspace share a private network), sees the last committed files "
-    "read-only (writes outside /tmp fail) and makes no snapshot. For a person's browser on "
-    "the runner's host, forward the port with workspace_port."
+    "the sandbox, as a fresh process in /workspace: no cwd or variables carry over from "
+    "earlier commands. Give exactly one of command or script_path. wait_ms (0..30000, "
+    "default 10000) bounds this answer, it is not a timeout: a command still going returns "
+    "its execution_id with state 'running' and keeps running (follow it with "
+    "execution_status / execution_logs, stop it with execution_cancel). background=true "
+    "returns at once; a notice tells you when it ends. Output is capped at "
+    "max_output_length characters (head and tail kept). Packages: environment_install, then "
+    "pass environment_id (the environment is read-only inside commands). A busy workspace "
+    "is refused unless queue=true. A server: start it with background=true, run its clients "
+    "with read_only=true (beside it, reaching localhost:PORT, on the last committed files, "
+    "no snapshot); a person's browser reaches it through workspace_port."
 )
 
 

@@ -24,6 +24,7 @@ from shellyard.contract.files import (
     DEFAULT_TEXT_READ,
     DEFAULT_TRANSFER_PAGE,
     MAX_TRANSFER_PAGE,
+    TRANSFER_ACTIONS,
     ArtifactDeclareRequest,
     ArtifactView,
     DiffResult,
@@ -133,9 +134,6 @@ class FilesBackend(Protocol):
         seq: int | None = None,
     ) -> ArtifactView: ...
     async def artifacts(self) -> list[ArtifactView]: ...
-
-
-TRANSFER_ACTIONS = ("discover", "start", "list", "query", "cancel")
 
 
 class WorkspaceList(BaseModel):

@@ -29,11 +29,15 @@ from starlette.types import Receive, Scope, Send
 
 from shellyard.api.auth import acting_agent, principal
 from shellyard.errors import ShellyardError, Unauthorized
+from shellyard.mcp.toolsets import TOOLS_HEADER, parse_toolsets
 from shellyard.sdk.client import AsyncClient
 
 #: Headers of the /mcp request being served, forwarded on every in-process REST call.
 _forwarded: ContextVar[dict[str, str] | None] = ContextVar("shellyard_mcp_headers", default=None)
 _FORWARD = ("authorization", "x-shellyard-agent")
+#: The toolsets the /mcp request being served asked for (``?tools=`` or the header).
+_DEFAULT_TOOLS = parse_toolsets(None)
+_toolsets: ContextVar[frozenset[str]] = ContextVar("shellyard_mcp_tools", default=_DEFAULT_TOOLS)
 
 
 class _ForwardingTransport(httpx.AsyncBaseTransport):
@@ -72,7 +76,7 @@ class McpHttp:
         network: Literal["on", "off"] = (
             plane.settings.local_policy.network if plane is not None else "on"
         )
-        self.server: MCPServer = build_server(self.client, network=network)
+        self.server: MCPServer = build_server(self.client, network=network, enabled=_toolsets.get)
         # DNS-rebinding protection is the token's job (and the --no-auth Host check's).
         self.server.streamable_http_app(
             streamable_http_path=path,
@@ -92,6 +96,11 @@ class McpHttp:
         try:
             who = await principal(request, request.headers.get("authorization"))
             await acting_agent(request, who, request.headers.get("x-shellyard-agent"))
+            # Every request of a session names the same toolsets: a client keeps its URL
+            # (and its headers) for the whole session.
+            enabled = parse_toolsets(
+                request.query_params.get("tools") or request.headers.get(TOOLS_HEADER)
+            )
         except ShellyardError as exc:
             headers = {"WWW-Authenticate": "Bearer"} if isinstance(exc, Unauthorized) else None
             response = JSONResponse(
@@ -101,9 +110,11 @@ class McpHttp:
             return
         headers = {name: request.headers[name] for name in _FORWARD if name in request.headers}
         reset = _forwarded.set(headers)
+        chosen = _toolsets.set(enabled)
         try:
             await self.server.session_manager.handle_request(scope, receive, send)
         finally:
+            _toolsets.reset(chosen)
             _forwarded.reset(reset)
 
 

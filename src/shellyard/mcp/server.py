@@ -9,9 +9,8 @@ together, with the resource templates (``mcp.resources``) and the tasks extensio
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-
-from mcp.server.mcpserver import MCPServer
 
 from shellyard.mcp.common import ShellyardBackend
 from shellyard.mcp.environments import EnvironmentsBackend, environment_tools
@@ -22,6 +21,7 @@ from shellyard.mcp.resources import add_resources
 from shellyard.mcp.runners import RunnersBackend, runner_tools
 from shellyard.mcp.tasks import TasksExtension
 from shellyard.mcp.timers import timer_tools
+from shellyard.mcp.toolsets import ALL_TOOLS, ToolsetServer, parse_toolsets
 
 INSTRUCTIONS = """\
 shellyard runs each command as a fresh process in a sandbox inside your workspace.
@@ -42,9 +42,18 @@ server, and reach it at localhost:PORT; a person's browser on the runner's host:
 """
 
 
-def build_server(backend: ShellyardBackend, *, network: str = "off") -> MCPServer:
-    """The tools ``backend`` can serve (``AsyncClient`` serves all). ``network`` is the local
-    runner's network mode: run_shell's openWorldHint."""
+__all__ = ["build_server", "local_network", "parse_toolsets", "serve_stdio"]
+
+
+def build_server(
+    backend: ShellyardBackend,
+    *,
+    network: str = "off",
+    enabled: Callable[[], frozenset[str]] = lambda: frozenset(ALL_TOOLS),
+) -> ToolsetServer:
+    """The tools ``backend`` can serve (``AsyncClient`` serves all), listed and called as far
+    as ``enabled()`` names them (``mcp.toolsets``; the doors pass the session's choice).
+    ``network`` is the local runner's network mode: run_shell's openWorldHint."""
     tools = execution_tools(backend, network=network) + timer_tools(backend)
     # Files, snapshots, transfers, artifacts: when the backend serves them (AsyncClient does).
     if isinstance(backend, FilesBackend):
@@ -54,9 +63,10 @@ def build_server(backend: ShellyardBackend, *, network: str = "off") -> MCPServe
         tools += environment_tools(backend)
     if isinstance(backend, RunnersBackend):
         tools += runner_tools(backend)
-    if isinstance(backend, PortsBackend):  # issue 17: ports for the host
+    if isinstance(backend, PortsBackend):  # R5: ports for the host
         tools += port_tools(backend)
-    server = MCPServer(
+    server = ToolsetServer(
+        enabled=enabled,
         name="shellyard",
         instructions=INSTRUCTIONS,
         tools=tools,
@@ -73,15 +83,20 @@ def local_network(home: Path) -> str:
     return Settings.from_env(home=home).local_policy.network
 
 
-async def serve_stdio(home: Path, agent_id: str | None = None, token: str | None = None) -> None:
-    """Serve the tools for ``agent_id`` (the default session's main agent when None), with
-    ``token`` (a session or agent token) or else the home's admin token."""
+async def serve_stdio(
+    home: Path, agent_id: str | None = None, token: str | None = None, tools: str | None = None
+) -> None:
+    """Serve the ``tools`` toolsets (``mcp.toolsets``; None: ``default``) for ``agent_id``
+    (the default session's main agent when None), with ``token`` (a session or agent token)
+    or else the home's admin token."""
     from shellyard.home import ensure_server
     from shellyard.sdk.client import AsyncClient
 
+    enabled = parse_toolsets(tools)
     info = ensure_server(home)
     client = AsyncClient(info.url, token or info.token, agent_id=agent_id)
     try:
-        await build_server(client, network=local_network(home)).run_stdio_async()
+        server = build_server(client, network=local_network(home), enabled=lambda: enabled)
+        await server.run_stdio_async()
     finally:
         await client.aclose()

@@ -29,7 +29,6 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-import pydantic_core
 from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
 from mcp.server.extension import Extension, MethodBinding
 from mcp.server.mcpserver import require_client_extension
@@ -40,13 +39,13 @@ from mcp_types import (
     CallToolRequestParams,
     CallToolResult,
     RequestParams,
-    TextContent,
 )
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import Field
 
 from shellyard.contract.executions import DEFAULT_MAX_OUTPUT, ExecutionState
 from shellyard.errors import NotFound, ShellyardError
+from shellyard.mcp.common import for_model
 from shellyard.mcp.executions import run_result
 
 TASKS = "io.modelcontextprotocol/tasks"
@@ -86,11 +85,10 @@ def declares_tasks(ctx: ServerRequestContext[Any, Any]) -> bool:
     return isinstance(extensions, dict) and TASKS in extensions
 
 
-def tool_result(data: dict[str, Any]) -> dict[str, Any]:
-    """A tool's dict result as the SDK puts it on the wire (text block and structured)."""
-    text = pydantic_core.to_json(data, fallback=str, indent=2).decode()
-    result = CallToolResult(content=[TextContent(type="text", text=text)], structured_content=data)
-    return result.model_dump(by_alias=True, mode="json", exclude_none=True)
+def tool_result(tool: str, data: dict[str, Any] | CallToolResult) -> dict[str, Any]:
+    """``tool``'s result as the tool call puts it on the wire (``for_model``'s text block
+    and the structured result)."""
+    return for_model(tool, data).model_dump(by_alias=True, mode="json", exclude_none=True)
 
 
 def _iso(timestamp: float | None) -> str:
@@ -233,12 +231,7 @@ class TasksExtension(Extension):
         # both are run_shell results, so the task completed (SEP-2663: failed is for
         # protocol errors only).
         result = await self.backend.run_result(task_id, DEFAULT_MAX_OUTPUT)
-        answer = run_result(result)
-        wire = (
-            tool_result(answer)
-            if isinstance(answer, dict)
-            else answer.model_dump(by_alias=True, mode="json", exclude_none=True)
-        )
+        wire = tool_result("run_shell", run_result(result))
         message = f"{state.value}, exit code {view.exit_code}"
         return _task(task_id, "completed", created, updated, message, result=wire)
 
@@ -252,7 +245,8 @@ class TasksExtension(Extension):
             if change.waiting_for:
                 message += " for " + ", ".join(change.waiting_for)
             return _task(task_id, "working", created, updated, message)
-        return _task(task_id, "completed", created, updated, change.state, result=tool_result(data))
+        result = tool_result("environment_install", data)
+        return _task(task_id, "completed", created, updated, change.state, result=result)
 
     async def _transfer(self, task_id: str) -> dict[str, Any]:
         view = await self.backend.transfer(task_id)
@@ -263,7 +257,8 @@ class TasksExtension(Extension):
             return _task(task_id, "working", created, updated, f"{view.state}, {done}")
         if view.state == "cancelled":
             return _task(task_id, "cancelled", created, updated, "cancelled")
-        return _task(task_id, "completed", created, updated, view.state, result=tool_result(data))
+        result = tool_result("workspace_transfer", data)
+        return _task(task_id, "completed", created, updated, view.state, result=result)
 
 
 def _not_found(task_id: str, exc: ShellyardError | None) -> MCPError:

@@ -137,7 +137,7 @@ def check_scenario(seen: dict[str, Any]) -> None:
 async def http_session(url: str, headers: dict[str, str]) -> AsyncIterator[ClientSession]:
     async with (
         create_mcp_http_client(headers=headers) as client,
-        streamable_http_client(f"{url}/mcp", http_client=client) as (read, write),
+        streamable_http_client(f"{url}/mcp?tools=all", http_client=client) as (read, write),
         ClientSession(read, write) as session,
     ):
         await session.initialize()
@@ -147,7 +147,7 @@ async def http_session(url: str, headers: dict[str, str]) -> AsyncIterator[Clien
 def stdio_session(home: Path, token: str) -> AbstractAsyncContextManager[Any]:
     params = StdioServerParameters(
         command=sys.executable,
-        args=["-m", "shellyard", "mcp", "--home", str(home)],
+        args=["-m", "shellyard", "mcp", "--tools", "all", "--home", str(home)],
         env={**os.environ, "SHELLYARD_HOME": str(home), "SHELLYARD_TOKEN": token},
     )
     return stdio_client(params)
@@ -228,14 +228,14 @@ async def test_mcp_http_is_bound_to_the_token(served: tuple[Path, ServerInfo]) -
         with pytest.raises(MCPError):  # the /mcp gate answers 401 before any tool runs
             await session.call_tool("run_shell", {"command": "echo again"})
 
-    assert httpx.post(f"{info.url}/mcp", json={}).status_code == 401
+    assert httpx.post(f"{info.url}/mcp?tools=all", json={}).status_code == 401
     wrong = {"Authorization": "Bearer sy_not-a-token"}
-    assert httpx.post(f"{info.url}/mcp", json={}, headers=wrong).status_code == 401
+    assert httpx.post(f"{info.url}/mcp?tools=all", json={}, headers=wrong).status_code == 401
     # An agent token cannot act as another agent, over /mcp either.
     fresh = agent_token(info, mine["main_agent_id"])["token"]
     elsewhere = new_session(info)["main_agent_id"]
     forbidden = httpx.post(
-        f"{info.url}/mcp",
+        f"{info.url}/mcp?tools=all",
         json={},
         headers={"Authorization": f"Bearer {fresh}", "X-Shellyard-Agent": elsewhere},
     )

@@ -25,7 +25,7 @@ async def call(session: ClientSession, tool: str, **arguments: Any) -> dict[str,
 async def test_mcp_client_runs_polls_reads_logs_and_cancels(home: Path) -> None:
     params = StdioServerParameters(
         command=sys.executable,
-        args=["-m", "shellyard", "mcp", "--home", str(home)],
+        args=["-m", "shellyard", "mcp", "--tools", "all", "--home", str(home)],
         env={**os.environ, "SHELLYARD_HOME": str(home)},
     )
     try:

@@ -74,7 +74,7 @@ async def over_http(info: ServerInfo) -> AsyncIterator[ClientSession]:
     headers = {"Authorization": f"Bearer {info.token}"}
     async with (
         create_mcp_http_client(headers=headers) as client,
-        streamable_http_client(f"{info.url}/mcp", http_client=client) as (read, write),
+        streamable_http_client(f"{info.url}/mcp?tools=all", http_client=client) as (read, write),
         ClientSession(read, write) as session,
     ):
         await session.initialize()
@@ -85,7 +85,7 @@ async def over_http(info: ServerInfo) -> AsyncIterator[ClientSession]:
 async def over_stdio(home: Path, token: str) -> AsyncIterator[ClientSession]:
     params = StdioServerParameters(
         command=sys.executable,
-        args=["-m", "shellyard", "mcp", "--home", str(home)],
+        args=["-m", "shellyard", "mcp", "--tools", "all", "--home", str(home)],
         env={**os.environ, "SHELLYARD_HOME": str(home), "SHELLYARD_TOKEN": token},
     )
     async with stdio_client(params) as (read, write), ClientSession(read, write) as session:

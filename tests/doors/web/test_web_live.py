@@ -38,7 +38,7 @@ async def test_mcp_execution_state_change_and_reminder_show_live(
     headers = {"Authorization": f"Bearer {token}"}
     async with (
         create_mcp_http_client(headers=headers) as client,
-        streamable_http_client(f"{served.url}/mcp", http_client=client) as (read, write),
+        streamable_http_client(f"{served.url}/mcp?tools=all", http_client=client) as (read, write),
         ClientSession(read, write) as mcp,
     ):
         await mcp.initialize()
