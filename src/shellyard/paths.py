@@ -87,3 +87,53 @@ def normalize_relative(path: str) -> str:
 
 
 __all__ = ["MAX_COMPONENT_BYTES", "MAX_PATH_BYTES", "normalize_relative"]
+
+
+# ---------------------------------------------------------------- names that are not UTF-8
+# A Linux name is bytes; it is held as ``str`` the way ``os`` does (PEP 383
+# ``surrogateescape``: each byte that is not part of valid UTF-8 is U+DC80 + byte).
+# docs/files-and-transfers.md, "Names that are not UTF-8".
+
+#: Marks the stored form (``/`` + ``escape(name)``) of a path that is not UTF-8: a leading
+#: ``/`` is never part of a normalised relative path, so the form is unambiguous.
+STORED_MARK = "/"
+
+
+def not_utf8(text: str) -> bool:
+    """Whether ``text`` holds a byte of a name that is not UTF-8 (a lone surrogate)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def escape(text: str) -> str:
+    """``text`` as printable UTF-8: ``\\`` doubled, each raw byte as ``\\xNN``."""
+    out = []
+    for char in text:
+        if char == "\\":
+            out.append("\\\\")
+        elif "\udc80" <= char <= "\udcff":
+            out.append(f"\\x{ord(char) - 0xDC00:02x}")
+        else:
+            out.append(char)
+    return "".join(out)
+
+
+def unescape(text: str) -> str:
+    """The inverse of ``escape``."""
+    out = []
+    i = 0
+    while i < len(text):
+        char = text[i]
+        if char == "\\" and text[i + 1 : i + 2] == "\\":
+            out.append("\\")
+            i += 2
+        elif char == "\\" and text[i + 1 : i + 2] == "x":
+            out.append(chr(0xDC00 + int(text[i + 2 : i + 4], 16)))
+            i += 4
+        else:
+            out.append(char)
+            i += 1
+    return "".join(out)

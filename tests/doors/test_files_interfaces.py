@@ -261,3 +261,52 @@ async def test_mcp_stdio_file_snapshot_transfer_and_artifact_tools(served_home: 
             "workspace_transfer", {"action": "start", "source_workspace_id": ws}
         )
         assert missing.is_error and "needs paths" in missing.content[0].text  # type: ignore[union-attr]
+
+
+def test_rest_lists_moves_and_transfers_names_that_are_not_utf8(served_home: Path) -> None:
+    """docs/files-and-transfers.md, "Names that are not UTF-8", over REST: a name with a
+    byte that is not UTF-8 is listed as the JSON escape ``\\udcNN`` with ``not_utf8`` set,
+    the same string names it for a move, and a transfer copies it; never a 500."""
+    import httpx
+
+    from shellyard.sdk.client import _home_server
+
+    url, token = _home_server(served_home)
+    auth = {"Authorization": f"Bearer {token}"}
+    with httpx.Client(base_url=url, headers=auth, timeout=60) as http:
+        made = http.post(
+            "/v1/executions",
+            json={"command": "mkdir -p n && printf data > n/$(printf 'caf\\351.txt')"},
+        )
+        assert made.status_code == 200, made.text
+        listing = http.get("/v1/files", params={"path": "n"})
+        assert listing.status_code == 200, listing.text
+        assert b'"n/caf\\udce9.txt"' in listing.content
+        [entry] = json.loads(listing.content)["entries"]
+        assert entry["path"] == "n/caf\udce9.txt" and entry["not_utf8"] is True
+        body = json.dumps({"source": entry["path"], "destination": "m/caf\udce9.txt"})
+        moved = http.post(
+            "/v1/files/move", content=body, headers={"Content-Type": "application/json"}
+        )
+        assert moved.status_code == 200, moved.text
+        after = json.loads(http.get("/v1/files", params={"path": "m"}).content)
+        assert [e["path"] for e in after["entries"]] == ["m/caf\udce9.txt"]
+        workspace = made.json()["workspace_id"]
+        started = http.post(
+            "/v1/transfers",
+            json={
+                "source_workspace_id": workspace,
+                "paths": ["m"],
+                "target_workspace_id": workspace,
+                "target_folder": "copy",
+            },
+        )
+        assert started.status_code == 200, started.text
+        transfer_id = started.json()["transfer_id"]
+        done = http.get(f"/v1/transfers/{transfer_id}/wait", params={"timeout_s": 30})
+        assert done.status_code == 200 and done.json()["state"] == "completed", done.text
+        files = http.get(f"/v1/transfers/{transfer_id}/files")
+        assert files.status_code == 200, files.text
+        assert "copy/m/caf\udce9.txt" in [
+            f["target_path"] for f in json.loads(files.content)["files"]
+        ]

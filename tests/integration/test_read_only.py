@@ -292,3 +292,64 @@ def test_cli_read_only_runs_beside_a_background_writer(served_home: Path) -> Non
         assert view["read_only"] is True and view["snapshot_seq"] is None
     finally:
         sy(served_home, "cancel", writer)
+
+
+def _plant(folder: Path) -> dict[str, bytes]:
+    """A host folder a link-swap test aims at: a subfolder with a file, and a file."""
+    (folder / "victim-dir").mkdir(parents=True)
+    (folder / "victim-dir" / "inner").write_bytes(b"inner")
+    (folder / "victim-file").write_bytes(b"victim")
+    return {"victim-dir/inner": b"inner", "victim-file": b"victim"}
+
+
+async def test_view_patch_never_follows_a_link_that_replaced_a_folder(yard: Yard) -> None:
+    """W2, W6 (docs/security.md, "File trees never follow a link"): a folder of the last
+    view replaced by a symbolic link to a host folder, then another reader: patching the
+    kept view removes the old folder's entries before placing the link and never works
+    through it, so the host folder and the control plane's database stay whole."""
+    canary = yard.home / "canary"
+    planted = _plant(canary)
+    home = yard.home / "home"
+    db_files = sorted(p.name for p in home.iterdir() if p.name.startswith("shellyard.db"))
+    assert "shellyard.db" in db_files
+    made = await yard.run(
+        "mkdir -p d/victim-dir e && touch d/victim-file d/victim-dir/inner && "
+        + " ".join(f"touch e/{name};" for name in db_files)
+    )
+    assert made.state == ExecutionState.completed, made.stderr
+    first = await yard.run("ls d e", read_only=True)
+    assert first.state == ExecutionState.completed and "victim-file" in first.stdout
+    swap = await yard.run(f"rm -rf d e && ln -s {canary} d && ln -s {home} e")
+    assert swap.state == ExecutionState.completed, swap.stderr
+    second = await yard.run("readlink d e", read_only=True)
+    assert second.state == ExecutionState.completed, second.stderr
+    assert second.stdout == f"{canary}\n{home}\n"
+    for rel, data in planted.items():
+        assert (canary / rel).read_bytes() == data, rel
+    assert sorted(p.name for p in home.iterdir() if p.name.startswith("shellyard.db")) == (db_files)
+    assert (await yard.run("echo still-here")).stdout == "still-here\n"
+
+
+async def test_read_view_link_counts_are_independent_of_other_workspaces(yard: Yard) -> None:
+    """W2 (docs/security.md, "Read views"): a file of a read view shares no inode with
+    another workspace's view of the same content, so its link count cannot confirm that
+    another session holds a guessed file."""
+    other_session = await yard.plane.sessions.create()
+    script = "printf 'a guessed secret' > f && cp f g && chmod +x g"
+    mine = await yard.run(script)
+    assert mine.state == ExecutionState.completed
+    before = await yard.run("stat -c %h f g", read_only=True)
+    assert before.state == ExecutionState.completed, before.stderr
+    for _ in range(2):  # the other session's view of the same bytes, read by two readers
+        theirs = await yard.plane.executions.run_shell(
+            RunShellRequest(command=script, runner_id=yard.runner_id),
+            other_session.main_agent_id,
+        )
+        assert theirs.workspace_id != mine.workspace_id
+        held = await yard.plane.executions.run_shell(
+            RunShellRequest(command="stat -c %h f g", read_only=True, runner_id=yard.runner_id),
+            other_session.main_agent_id,
+        )
+        assert held.stdout == "1\n1\n", held.stderr
+    after = await yard.run("stat -c %h f g", read_only=True)
+    assert before.stdout == after.stdout == "1\n1\n"

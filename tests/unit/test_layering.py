@@ -116,7 +116,7 @@ ROOMS: dict[str, set[str]] = {
     "runner.snapshots": {"runner.protocol", "runner.workspace_paths"},
     "runner.edits": {"runner.protocol", "runner.snapshots", "runner.workspace_paths"},
     "runner.network": {"runner.processes"},
-    "runner.limits": {"runner.protocol", "runner.processes"},
+    "runner.limits": {"runner.protocol", "runner.processes", "runner.workspace_paths"},
     "runner.sandbox": {
         "runner.limits",
         "runner.network",

@@ -10,12 +10,13 @@ from collections.abc import AsyncIterator
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Header, Query, Request
-from fastapi.responses import StreamingResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from shellyard.api.auth import AgentHeader, admin_only
 from shellyard.api.docs import BINARY_RESPONSE, TAR_RESPONSE, body_doc
 from shellyard.api.sessions import parse
+from shellyard.contract import rawjson
 from shellyard.contract.files import (
     DEFAULT_DIFF_LIMIT,
     DEFAULT_LIST_LIMIT,
@@ -100,8 +101,17 @@ async def _body(request: Request) -> AsyncIterator[bytes]:
             yield chunk
 
 
+class PathsJSON(JSONResponse):
+    """The answers of the file and transfer routes: a name that is not UTF-8 is written as
+    the JSON escape ``\\udcNN`` (docs/files-and-transfers.md, "Names that are not UTF-8")
+    where the default answer would fail to encode it and give a 500."""
+
+    def render(self, content: Any) -> bytes:
+        return rawjson.dumps_value(content)
+
+
 def files_router(plane: ControlPlane) -> APIRouter:
-    router = APIRouter()
+    router = APIRouter(default_response_class=PathsJSON)
 
     # ------------------------------------------------------------------ reads (W2, W5)
 

@@ -6,7 +6,17 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel
+from pydantic import BaseModel, model_validator
+
+
+def _not_utf8(text: str) -> bool:
+    """Whether ``text`` holds a byte of a name that is not UTF-8 (a lone surrogate, PEP 383;
+    shellyard.paths.not_utf8, which this layer may not import)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
 
 
 class PathEntry(BaseModel):
@@ -16,6 +26,16 @@ class PathEntry(BaseModel):
     mode: int
     sha256: str | None = None
     target: str | None = None
+    #: The path (or the link's target) holds bytes that are not UTF-8: in JSON each is the
+    #: escape ``\udcNN`` for byte NN (docs/files-and-transfers.md, "Names that are not
+    #: UTF-8"); send the same string back to name the entry.
+    not_utf8: bool = False
+
+    @model_validator(mode="after")
+    def _flag(self) -> PathEntry:
+        if not self.not_utf8 and (_not_utf8(self.path) or _not_utf8(self.target or "")):
+            self.not_utf8 = True
+        return self
 
 
 class DirListing(BaseModel):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sqlalchemy as sa
 from sqlalchemy import (
     JSON,
     BigInteger,
@@ -17,6 +18,26 @@ from sqlalchemy import (
     Text,
     UniqueConstraint,
 )
+
+from shellyard.paths import STORED_MARK, escape, not_utf8, unescape
+
+
+class StoredPath(sa.types.TypeDecorator[str]):
+    """A workspace path column: names that are not UTF-8 stored as ``/`` + ``escape``."""
+
+    impl = sa.Text
+    cache_ok = True
+
+    def process_bind_param(self, value: str | None, dialect: sa.Dialect) -> str | None:
+        if value is None or not not_utf8(value):
+            return value
+        return STORED_MARK + escape(value)
+
+    def process_result_value(self, value: str | None, dialect: sa.Dialect) -> str | None:
+        if value is None or not value.startswith(STORED_MARK):
+            return value
+        return unescape(value[len(STORED_MARK) :])
+
 
 metadata = MetaData()
 
@@ -287,8 +308,8 @@ transfer_files = Table(
     metadata,
     Column("transfer_id", String(64), ForeignKey("transfers.id"), primary_key=True),
     Column("idx", Integer, primary_key=True),
-    Column("source_path", Text, nullable=False),
-    Column("target_path", Text, nullable=False),
+    Column("source_path", StoredPath, nullable=False),
+    Column("target_path", StoredPath, nullable=False),
     Column("kind", String(8), nullable=False),
     Column("mode", Integer, nullable=False, default=0o644),
     Column("size", BigInteger, nullable=False, default=0),

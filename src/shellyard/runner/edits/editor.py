@@ -11,7 +11,6 @@ import contextlib
 import errno
 import os
 import queue
-import shutil
 import stat as stat_mod
 import tarfile
 
@@ -339,7 +338,9 @@ class Editor(Placer):
                 return self.commit_edit(workspace_id, done)
         finally:
             reader.drain()
-            shutil.rmtree(stage, ignore_errors=True)
+            # the staged members (links among them) removed through descriptors, never followed
+            with contextlib.suppress(OSError), workspace_paths.open_root(stage.parent) as parent:
+                workspace_paths.remove_at(parent, stage.name)
 
 
 __all__ = ["Editor", "FileUpload"]

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import stat as stat_mod
 import threading
 import time
@@ -80,8 +79,9 @@ class Placer:
 
     def startup(self) -> None:
         """Make the staging folder, emptying what a crash left in it."""
-        if self._staging.exists():
-            shutil.rmtree(self._staging, ignore_errors=True)
+        if self._staging.exists():  # through descriptors: a staged link is never followed
+            with workspace_paths.open_root(self._staging.parent) as parent:
+                workspace_paths.remove_at(parent, self._staging.name)
         self._staging.mkdir(mode=0o700, parents=True, exist_ok=True)
         self._staging_fd = os.open(self._staging, workspace_paths.O_DIR)
         self._staging_dev = os.fstat(self._staging_fd).st_dev

@@ -79,7 +79,12 @@ def unpack_to(
             mode = member.mode & workspace_paths.PERMISSION_BITS
             where = folders.resolve(name)
             if member.isdir():
-                if workspace_paths.lstat_at(where.dir_fd, where.name) is None:
+                staged = workspace_paths.lstat_at(where.dir_fd, where.name)
+                if staged is not None and not stat_mod.S_ISDIR(staged.st_mode):
+                    # a later member wins, as with tar -x
+                    workspace_paths.remove_at(where.dir_fd, where.name)
+                    staged = None
+                if staged is None:
                     os.mkdir(where.name, 0o700, dir_fd=where.dir_fd)
                 members.append((name, "dir", mode or workspace_paths.DIR_MODE))
             elif member.isreg():
@@ -113,11 +118,25 @@ def unpack_to(
                     f"folders and symbolic links can be uploaded; nothing was unpacked",
                     path=member.name,
                 )
-    # a member listed twice keeps its last kind; parents come before their children
-    last: dict[str, tuple[str, str, int]] = {}
+    return staged_members(members)
+
+
+def staged_members(members: list[Member]) -> list[Member]:
+    """What the staging tree holds, parents before their children: a member listed twice
+    keeps its last kind, and members below one that a later member made a file or a link
+    went with the folder (as with ``tar -x``). The list is the staged tree's, so moving it
+    into place can meet no link or file of its own making (docs/files-and-transfers.md)."""
+    last: dict[str, Member] = {}
     for member_info in members:
         last[member_info[0]] = member_info
-    return [last[name] for name in sorted(last)]
+    kept: list[Member] = []
+    for name in sorted(last):
+        parent = name.rpartition("/")[0]
+        while parent and (parent not in last or last[parent][1] == "dir"):
+            parent = parent.rpartition("/")[0]
+        if not parent:
+            kept.append(last[name])
+    return kept
 
 
 class QueueReader:

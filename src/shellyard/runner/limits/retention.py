@@ -8,6 +8,7 @@ import contextlib
 import os
 from pathlib import Path
 
+from shellyard.runner import workspace_paths
 from shellyard.runner.limits import logcap
 from shellyard.runner.protocol import LogPruneResult
 
@@ -38,15 +39,26 @@ def prune_logs(
         if not directory.exists():
             result.pruned.append(execution_id)  # nothing held here (never ran, or gone)
             continue
-        for entry in sorted(directory.iterdir(), key=lambda e: e.name == "result.json"):
-            if entry.name == "result.json" and not forget:
-                continue
-            with contextlib.suppress(FileNotFoundError):
-                result.bytes_freed += _disk_bytes(entry.lstat())
-                entry.unlink()
-        if forget:
-            with contextlib.suppress(OSError):
-                directory.rmdir()
+        # Through the folder's descriptor (O_NOFOLLOW): an entry that is a link (a reader's
+        # ``view``) is removed as a link, a folder as a tree, never through a link
+        # (docs/security.md, "File trees never follow a link").
+        with workspace_paths.open_root(root) as root_fd:
+            try:
+                fd = os.open(execution_id, workspace_paths.O_DIR, dir_fd=root_fd)
+            except OSError:
+                continue  # not a real folder: nothing of ours to prune
+            try:
+                for name in sorted(os.listdir(fd), key=lambda n: n == "result.json"):
+                    if name == "result.json" and not forget:
+                        continue
+                    with contextlib.suppress(FileNotFoundError):
+                        result.bytes_freed += _disk_bytes(os.lstat(name, dir_fd=fd))
+                        workspace_paths.remove_at(fd, name)
+            finally:
+                os.close(fd)
+            if forget:
+                with contextlib.suppress(OSError):
+                    os.rmdir(execution_id, dir_fd=root_fd)
         result.pruned.append(execution_id)
     if not execution_ids:
         held = 0

@@ -2,10 +2,13 @@
 
 A read-only execution runs beside the workspace's writer, so it must not see the writer's
 half-written files: it gets the workspace's last committed snapshot, materialised into its
-own execution folder and bound read-only at ``/workspace``. Files are hard links to the
-snapshot store's objects (written once, mode 0444, never changed in place), so building the
-view costs one ``link`` per file and no copied bytes; an executable file is copied instead,
-because an object's inode is shared and carries no execute bit.
+own execution folder and bound read-only at ``/workspace``. Files are the view's own copies
+of the snapshot store's objects (``copy_file_range``: a reflink where the filesystem shares
+blocks), not hard links: an inode shared with the store would be shared with every other
+workspace's view of the same content, and its link count would tell a reader that another
+session holds a file it guessed (docs/security.md, "Read views"). Everything is made and
+removed through folder descriptors opened with ``O_NOFOLLOW`` (runner/workspace_paths.py),
+never a path string.
 
 Views are shared (``ReadViews``): one per (workspace, snapshot content) under the runner's
 ``views/`` folder, named ``WORKSPACE.ROOT_HASH.SEQ``, so concurrent readers of the same head,
@@ -14,8 +17,7 @@ root), reuse it instead of building one each. Each reader's execution folder hol
 symlink ``view`` to the one it uses (how a restarted runner re-counts its users, E11). A view
 goes when its last reader ends and it is neither the head's content nor the workspace's only
 view; one kept unused is patched into the next head's view (only the paths that differ are
-unlinked or placed), so a workspace keeps at most one unused view (links, no copied bytes
-but its executables').
+unlinked or placed), so a workspace keeps at most one unused view.
 """
 
 from __future__ import annotations
@@ -23,16 +25,18 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import shutil
 import threading
 from pathlib import Path
 
 from shellyard import filemodes
+from shellyard.runner import workspace_paths
 from shellyard.runner.protocol import PathEntry, SnapshotInfo
 from shellyard.runner.snapshots import history
 from shellyard.runner.snapshots.store import SnapshotStore
 
 log = logging.getLogger(__name__)
+
+_O_OBJECT = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 #: The folder of an execution's folder that holds its view.
 VIEW = "view"
@@ -42,14 +46,18 @@ def materialise(
     store: SnapshotStore, workspace_id: str, destination: Path, seq: int | None = None
 ) -> int:
     """Build snapshot ``seq`` (the head when None) of ``workspace_id`` at ``destination``;
-    returns its seq."""
+    returns its seq. Every entry is made relative to its folder's descriptor, reached from
+    the view's root with ``O_NOFOLLOW`` (workspace_paths.Folders): a link the view holds is never
+    followed, whatever it names (docs/security.md, "File trees never follow a link")."""
     if seq is None:
         seq = store.head(workspace_id).seq
     destination.mkdir(mode=0o755)
-    # One folder's tree at a time (a folder's entry comes before what it holds): memory
-    # stays that of the widest folder, however many files the snapshot has.
-    for entry in store.view(workspace_id, seq).entries():
-        _place(store, destination / entry.path, entry)
+    with workspace_paths.open_root(destination) as root, workspace_paths.Folders(root) as folders:
+        # One folder's tree at a time (a folder's entry comes before what it holds): memory
+        # stays that of the widest folder, however many files the snapshot has.
+        for entry in store.view(workspace_id, seq).entries():
+            parent, _, name = entry.path.rpartition("/")
+            _place(store, folders.folder(parent), name, entry)
     return seq
 
 
@@ -57,26 +65,51 @@ def patch(store: SnapshotStore, workspace_id: str, view: Path, old_seq: int, seq
     """Turn the view of snapshot ``old_seq`` at ``view`` into one of ``seq``: only what
     differs is unlinked or placed (a commit usually changes a few files of many). The two
     snapshots are walked together in path order and a folder whose tree is the same in both
-    is not entered, so the cost is that of the change, not of the snapshot."""
+    is not entered, so the cost is that of the change, not of the snapshot.
+
+    A folder that went is removed whole, through descriptors, before its replacement is
+    placed, and what it held (the walk visits it next) is skipped: the walk never works
+    below a path it replaced. Every step is relative to a folder descriptor opened with
+    ``O_NOFOLLOW`` from the view's root, so a symbolic link of the new snapshot (placed
+    where a folder was) is never followed: a folder walk that meets one fails and the view
+    is built again (``ReadViews._build``)."""
     old = history.manifest(store, workspace_id, old_seq)
     new = history.manifest(store, workspace_id, seq)
-    for path, x, y in history.pairs(old, new, ""):
-        before = x[0].entry(x[1], path) if x is not None else None
-        after = y[0].entry(y[1], path) if y is not None else None
-        if before is not None and after is not None and _same(before, after):
-            continue
-        target = view / path
-        if before is not None and after is not None and before.kind == after.kind == "dir":
-            continue  # a folder in both: only what it holds may differ (visited next)
-        if before is not None:
-            if before.kind == "dir":  # a folder that went, or became a file or a link
-                shutil.rmtree(target, ignore_errors=True)
-            else:
-                # Below a removed folder (visited after it): already gone with it.
-                with contextlib.suppress(FileNotFoundError, NotADirectoryError):
-                    target.unlink()
-        if after is not None:
-            _place(store, target, after)
+    removed: set[str] = set()  # folders removed whole: what they held went with them
+    with workspace_paths.open_root(view) as root, workspace_paths.Folders(root) as folders:
+        for path, x, y in history.pairs(old, new, ""):
+            before = x[0].entry(x[1], path) if x is not None else None
+            after = y[0].entry(y[1], path) if y is not None else None
+            if before is not None and after is not None and _same(before, after):
+                continue
+            if before is not None and after is not None and before.kind == after.kind == "dir":
+                continue  # a folder in both: only what it holds may differ (visited next)
+            parent, _, name = path.rpartition("/")
+            if _below(path, removed):
+                if after is None:
+                    continue  # gone with its folder, whatever now stands at its path
+                before = None
+            fd = folders.folder(parent)
+            if before is not None:
+                if before.kind == "dir":  # a folder that went, or became a file or a link
+                    folders.forget(path)
+                    workspace_paths.remove_at(fd, name)
+                    removed.add(path)
+                else:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(name, dir_fd=fd)
+            if after is not None:
+                _place(store, fd, name, after)
+
+
+def _below(path: str, folders: set[str]) -> bool:
+    """Whether ``path`` lies below one of ``folders``."""
+    parent = path.rpartition("/")[0]
+    while parent:
+        if parent in folders:
+            return True
+        parent = parent.rpartition("/")[0]
+    return False
 
 
 def _same(a: PathEntry, b: PathEntry) -> bool:
@@ -92,20 +125,29 @@ def _same(a: PathEntry, b: PathEntry) -> bool:
     )
 
 
-def _place(store: SnapshotStore, target: Path, entry: PathEntry) -> None:
+def _place(store: SnapshotStore, dir_fd: int, name: str, entry: PathEntry) -> None:
+    """Make ``entry`` as ``name`` in the folder ``dir_fd`` (never through a link: the new
+    entry is created with ``O_EXCL|O_NOFOLLOW``). A file is this view's own copy of the
+    object, never a hard link to it: a shared inode's link count would tell a reader how
+    many other workspaces' views hold the same content (docs/security.md, "Read views")."""
     if entry.kind == "dir":
-        target.mkdir(mode=0o755)
-    elif entry.kind == "symlink":
-        os.symlink(entry.target or "", target)
-    elif entry.sha256 is None or entry.size == 0:
-        target.touch(mode=0o555 if entry.mode & 0o111 else 0o444)
-    else:
-        source = store.blobs.object_path(entry.sha256)
-        if entry.mode & 0o111:
-            shutil.copyfile(source, target)
-            target.chmod(0o555)
-        else:
-            os.link(source, target)
+        os.mkdir(name, 0o755, dir_fd=dir_fd)
+        return
+    if entry.kind == "symlink":
+        os.symlink(entry.target or "", name, dir_fd=dir_fd)
+        return
+    mode = 0o555 if entry.mode & 0o111 else 0o444
+    out = os.open(name, workspace_paths.O_NEW, mode, dir_fd=dir_fd)
+    try:
+        if entry.sha256 is not None and entry.size:
+            source = os.open(store.blobs.object_path(entry.sha256), _O_OBJECT)
+            try:
+                workspace_paths.copy_fd(source, out, entry.size)
+            finally:
+                os.close(source)
+        os.fchmod(out, mode)
+    finally:
+        os.close(out)
 
 
 def _name(view: Path) -> tuple[str, str, int]:
@@ -116,10 +158,14 @@ def _name(view: Path) -> tuple[str, str, int]:
 
 
 def remove(destination: Path) -> None:
-    """Drop a view (its links only: the objects stay in the store)."""
-    if destination.exists():
-        # The tree is made read-only for the sandbox by the bind, not by modes: rmtree works.
-        shutil.rmtree(destination, ignore_errors=True)
+    """Drop a view (its own copies: the objects stay in the store), through descriptors
+    (workspace_paths.remove_at): a link in the view is removed, never followed. The tree is made
+    read-only for the sandbox by the bind, not by modes, so the runner may remove it."""
+    try:
+        with workspace_paths.open_root(destination.parent) as fd:
+            workspace_paths.remove_at(fd, destination.name)
+    except OSError:  # as rmtree(ignore_errors=True) did: a leftover is swept at startup
+        log.warning("could not remove the view %s", destination, exc_info=True)
 
 
 class ReadViews:
@@ -219,9 +265,24 @@ class ReadViews:
         return trash
 
     def forget_unused(self) -> None:
-        """After re-attaching: views no reader uses (and half-built ones) go; the next reader
-        builds its head's view again."""
+        """After re-attaching: half-built views and trash go, and of the views no reader
+        uses each workspace keeps its newest (the base the next head's view is patched
+        from: a view's files are copies, so building one whole costs its bytes)."""
         with self._lock:
-            for view in list(self.directory.iterdir()):
-                if view not in self._users:
+            kept: dict[str, Path] = {}
+            for view in sorted(self.directory.iterdir(), key=lambda v: _name(v)[2]):
+                if view in self._users:
+                    continue
+                workspace_id = _name(view)[0]
+                if view.name.startswith(".") or view.is_symlink() or not view.is_dir():
                     remove(view)
+                    continue
+                try:
+                    self.store.head(workspace_id)
+                except Exception:  # the workspace is gone: so is its view
+                    remove(view)
+                    continue
+                older = kept.get(workspace_id)
+                kept[workspace_id] = view
+                if older is not None:
+                    remove(older)

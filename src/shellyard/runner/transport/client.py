@@ -21,6 +21,7 @@ from typing import Any, TypeVar, cast
 import httpx
 from pydantic import BaseModel, ValidationError
 
+from shellyard.contract import rawjson
 from shellyard.errors import InvalidInput, RunnerUnavailable, ShellyardError, decode_error
 from shellyard.runner.protocol import (
     ApplyEntry,
@@ -180,7 +181,7 @@ class RemoteRunner:
             return None
         assert op.response is not None  # json and upload operations have an answer model
         try:
-            result = op.response.model_validate_json(response.content)
+            result = rawjson.loads(op.response, response.content)
         except ValidationError as e:
             raise ShellyardError(
                 f"runner at {self.label} sent a malformed {op.name} answer: {e}"
@@ -209,7 +210,7 @@ class RemoteRunner:
     async def _post(
         self, method: str, body: BaseModel | None, timeout: httpx.Timeout | None = None
     ) -> httpx.Response:
-        content = body.model_dump_json().encode() if body is not None else b"{}"
+        content = rawjson.dumps(body) if body is not None else b"{}"
         kwargs: dict[str, Any] = {"content": content}
         if timeout is not None:
             kwargs["timeout"] = timeout
@@ -269,7 +270,7 @@ class RemoteRunner:
     async def _open_stream(self, method: str, body: BaseModel) -> ByteStream:
         """POST ``body``; return the answer's bytes as a stream. An error answer is raised
         here, before the first chunk."""
-        content = body.model_dump_json().encode()
+        content = rawjson.dumps(body)
         request = self._client.build_request(
             "POST",
             f"/{method}",

@@ -30,6 +30,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from shellyard.contract import rawjson
 from shellyard.errors import (
     InvalidInput,
     ShellyardError,
@@ -127,7 +128,7 @@ def _error_response(error: ShellyardError, status: int | None = None) -> JSONRes
 
 def _parse(op: Operation, raw: bytes | str, source: str) -> BaseModel:
     try:
-        return op.request.model_validate_json(raw or b"{}")
+        return rawjson.loads(op.request, raw or b"{}")
     except ValidationError as exc:
         problems = validation_message(exc.errors())
         raise InvalidInput(f"bad {source} for {op.path}: {problems}") from None
@@ -149,7 +150,7 @@ def _answer(op: Operation, result: Any) -> Response:
     if op.unwrap is not None:
         assert op.response is not None  # the table gives every unwrapped answer a model
         result = op.response(**{op.unwrap: result})
-    return Response(result.model_dump_json(), media_type="application/json")
+    return Response(rawjson.dumps(result), media_type="application/json")
 
 
 #: RunnerExecution fields only ``start`` sets; a later status or wait leaves them empty.
