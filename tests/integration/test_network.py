@@ -3,8 +3,11 @@
 ``off`` (the default) gives a command its own loopback only; ``egress`` reaches outside only
 through the runner's filtering proxy; ``host`` shares the host's network. The "internet" of
 these tests is a test host in a network namespace the test makes, joined to this host by a
-veth pair with TEST-NET-3 addresses (203.0.113.0/30) that exist only between the two
-namespaces, so nothing leaves the machine.
+veth pair with two addresses of 198.20.0.0/30 that exist only between the two namespaces, so
+nothing leaves the machine. They must be outside every IANA special-purpose block (the proxy
+refuses documentation and benchmarking addresses like any other special one): 198.20.0.0/30 is
+ordinary unicast just past the benchmarking block 198.18.0.0/15, routed here only to the veth
+for the test's lifetime.
 """
 
 from __future__ import annotations
@@ -30,8 +33,8 @@ from shellyard.runner.local import LocalRunner
 from shellyard.runner.policy import SandboxPolicy
 from shellyard.runner.protocol import EnvChangeState, EnvironmentChange, EnvironmentChangeRequest
 
-HOST_SIDE = "203.0.113.1"  # this host's end of the veth: one of the runner's own addresses
-TEST_HOST = "203.0.113.2"  # the test host inside its namespace
+HOST_SIDE = "198.20.0.1"  # this host's end of the veth: one of the runner's own addresses
+TEST_HOST = "198.20.0.2"  # the test host inside its namespace
 METADATA = "169.254.169.254"
 
 needs_netns = pytest.mark.skipif(
@@ -225,7 +228,7 @@ async def test_egress_reaches_only_allow_listed_public_hosts(
     assert "not on this runner's egress allow-list" in answers[1]
     assert "127.0.0.0/8" in answers[2] and "127.0.0.0/8" in answers[3]
     assert "169.254.0.0/16" in answers[4]
-    assert "runner's own addresses" in answers[5]
+    assert "this host's own addresses" in answers[5]
     for answer in answers[1:]:
         assert "hello" not in answer and "runner-own-address" not in answer
     # Without the proxy there is no way out: the test host by address, directly.
@@ -258,6 +261,41 @@ async def test_egress_without_allow_list_and_operator_exceptions(
     lines = result.stdout.splitlines()
     assert lines[:3] == ["hello-from-test-host", "hello-from-test-host", "hello-from-host"]
     assert "127.0.0.0/8" in result.stdout.split("hello-from-host\n")[1]
+
+
+#: Every special-purpose form the proxy once dialled or misjudged (TEST-NET-1, benchmarking,
+#: the IPv4-compatible and NAT64 spellings of 127.0.0.1), and one of every other block.
+SPECIAL_FORMS = [
+    "127.0.0.1", "0.0.0.0", "10.0.0.1", "100.64.0.1", "169.254.169.254", "172.16.0.1",
+    "192.0.0.9", "192.0.2.1", "192.88.99.1", "192.168.0.1", "198.18.0.1", "198.51.100.1",
+    "203.0.113.1", "224.0.0.1", "240.0.0.1", "255.255.255.255",
+    "[::1]", "[::]", "[::7f00:1]", "[::ffff:127.0.0.1]", "[64:ff9b::7f00:1]",
+    "[64:ff9b::a9fe:a9fe]", "[64:ff9b:1::1]", "[100::1]", "[2001::1]", "[2001:db8::1]",
+    "[2002:7f00:1::1]", "[3fff::1]", "[fc00::1]", "[fe80::1]", "[ff02::1]",
+]  # fmt: skip
+
+
+@needs_socat
+async def test_egress_refuses_every_special_purpose_form(
+    yard_factory: Any, loopback_server: int
+) -> None:
+    """R2 ``egress``: the proxy answers 403 with the block's name for every IANA
+    special-purpose address in every spelling, before any connection (a dial would answer
+    502 or reach the host's listener on 127.0.0.1, whose greeting never appears)."""
+    yard: Yard = await yard_factory(SandboxPolicy(network="egress"))
+    fetches = [
+        f"echo '#'; curl -sS -m 10 --noproxy '' -o /dev/null -w '%{{http_code}} ' "
+        f"http://{address}:{loopback_server}/ 2>&1; "
+        f"curl -s -m 10 --noproxy '' http://{address}:{loopback_server}/ 2>&1"
+        for address in SPECIAL_FORMS
+    ]
+    result = await yard.run("; ".join(fetches))
+    answers = [part.strip() for part in result.stdout.split("#\n")[1:]]
+    assert len(answers) == len(SPECIAL_FORMS), result.stdout
+    for address, answer in zip(SPECIAL_FORMS, answers, strict=True):
+        assert answer.startswith("403 "), (address, answer)
+        assert "which nothing done for an agent may reach" in answer, (address, answer)
+        assert "hello-from-host" not in answer
 
 
 @needs_netns

@@ -24,14 +24,17 @@ PACKAGE = "shellyard"
 ALLOWED: dict[str, set[str]] = {
     "errors": set(),
     "listen": set(),
+    # The address rules shared by the runner's egress proxy and the control plane's webhook
+    # delivery (docs/security.md "Network"): pure, so both sides of the wire may use them.
+    "netrules": set(),
     "paths": {"errors"},
     "contract": {"errors"},
-    "config": {"errors", "contract", "home"},
+    "config": {"errors", "contract", "home", "netrules"},
     "home": {"errors"},
     "store": {"errors", "paths"},
     # The runner answers with public models where its results reach the caller unchanged.
-    "runner": {"errors", "paths", "listen", "contract"},
-    "control": {"errors", "paths", "contract", "config", "store", "runner"},
+    "runner": {"errors", "paths", "listen", "contract", "netrules"},
+    "control": {"errors", "paths", "contract", "config", "store", "runner", "netrules"},
     "api": {"errors", "paths", "contract", "config", "home", "listen", "control", "web"},
     # Client-side doors: the public models, the errors and the SDK; where the home's server is.
     "sdk": {"errors", "contract", "config", "home"},
