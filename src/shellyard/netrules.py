@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import re
 import socket
 import time
 from dataclasses import dataclass
@@ -207,7 +208,24 @@ def parse_exception(text: str, what: str = "egress exception") -> tuple[str, int
     host, port = split_host_port(text.strip(), what)
     if port is None or not host:
         raise ValueError(f"{what} {text!r} must be host:port, e.g. 10.0.0.5:3128")
-    return normal_host(host), port
+    host = normal_host(host)
+    if not _is_address(host) and not _HOST_NAME.fullmatch(host):
+        raise ValueError(
+            f"{what} {text!r} names one host (a name or an address) and one port, no ranges "
+            f"or wildcards, e.g. 10.0.0.5:3128"
+        )
+    return host, port
+
+
+def _is_address(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
+_HOST_NAME = re.compile(r"[a-z0-9_]([a-z0-9_-]*[a-z0-9_])?(\.[a-z0-9_]([a-z0-9_-]*[a-z0-9_])?)*")
 
 
 def normal_host(host: str) -> str:
