@@ -7,7 +7,8 @@ special-purpose address registries, RFC 6890 and its updates, plus multicast), w
 IPv6 spelling carries it (IPv4-mapped ``::ffff:a.b.c.d``, the deprecated IPv4-compatible
 ``::a.b.c.d``, NAT64 ``64:ff9b::a.b.c.d``, 6to4 ``2002:ab:cd::``, Teredo: the embedded IPv4
 address is judged again), or when it is one of this host's own interface addresses (a
-connection to one reaches the host's services bound to 0.0.0.0). Only an operator's exact
+connection to one reaches the host's services bound to 0.0.0.0) or on one of the links those
+addresses are on (the host's LAN and gateway, whatever their addresses). Only an operator's exact
 ``host:port`` exception gets past (the caller checks that, before resolving).
 
 Resolution happens once (``resolve_checked``): the caller connects to exactly the address
@@ -20,8 +21,10 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import json
 import re
 import socket
+import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -127,7 +130,7 @@ def special_reason(address: IPAddress) -> str | None:
     return None
 
 
-def blocked_reason(address: IPAddress, own: frozenset[IPAddress]) -> str | None:
+def blocked_reason(address: IPAddress, own: frozenset[IPAddress] | Own) -> str | None:
     """Why nothing done for an agent may connect to ``address``, or None when it may."""
     reason = special_reason(address)
     if reason is not None:
@@ -138,6 +141,8 @@ def blocked_reason(address: IPAddress, own: frozenset[IPAddress]) -> str | None:
         if inner is not None:
             plain = inner[0]
     if address in own or plain in own:
+        if isinstance(own, Own) and plain not in own.addresses and address not in own.addresses:
+            return "it is on one of this host's own links (its LAN, not the internet)"
         return "it is one of this host's own addresses"
     return None
 
@@ -166,18 +171,61 @@ def own_addresses() -> frozenset[IPAddress]:
     return frozenset(found)
 
 
+def own_links() -> tuple[Network, ...]:
+    """The networks this host's interface addresses are on (address/prefix length, as ``ip
+    addr`` shows them): the runner's own links, whose neighbours and gateway are the host's
+    LAN, not the internet. Routes added to a device without an address on it are not links.
+    Empty when ``ip`` (iproute2) is not there; the own addresses still apply."""
+    try:
+        done = subprocess.run(
+            ["ip", "-j", "addr", "show"], capture_output=True, text=True, timeout=10, check=True
+        )
+        interfaces = json.loads(done.stdout)
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return ()
+    found: set[Network] = set()
+    for interface in interfaces if isinstance(interfaces, list) else ():
+        for info in interface.get("addr_info", ()):
+            try:
+                found.add(
+                    ipaddress.ip_network(f"{info['local']}/{info['prefixlen']}", strict=False)
+                )
+            except (KeyError, ValueError):
+                continue
+    return tuple(sorted(found, key=lambda n: (n.version, n)))
+
+
+@dataclass(frozen=True)
+class Own:
+    """What is the host's own: its addresses and the links they are on."""
+
+    addresses: frozenset[IPAddress]
+    links: tuple[Network, ...] = ()
+
+    def __contains__(self, address: object) -> bool:
+        if address in self.addresses:
+            return True
+        return any(
+            isinstance(address, ipaddress.IPv4Address | ipaddress.IPv6Address)
+            and address.version == link.version
+            and address in link
+            for link in self.links
+        )
+
+
 class OwnAddresses:
-    """``own_addresses()`` read again at most every ``refresh_s`` (interfaces change)."""
+    """The host's addresses and links, read again at most every ``refresh_s`` (interfaces
+    change)."""
 
     def __init__(self, refresh_s: float = 30.0) -> None:
         self.refresh_s = refresh_s
-        self._own: frozenset[IPAddress] = frozenset()
+        self._own = Own(frozenset())
         self._read = -refresh_s - 1.0
 
-    def get(self) -> frozenset[IPAddress]:
+    def get(self) -> Own:
         now = time.monotonic()
         if now - self._read > self.refresh_s:
-            self._own = own_addresses()
+            self._own = Own(own_addresses(), own_links())
             self._read = now
         return self._own
 
@@ -252,7 +300,7 @@ class Resolved:
 
 
 async def resolve_checked(
-    host: str, port: int, own: frozenset[IPAddress], *, exception: bool = False
+    host: str, port: int, own: frozenset[IPAddress] | Own, *, exception: bool = False
 ) -> Resolved:
     """Resolve ``host`` once and sort its addresses into those that may be dialled and those
     refused (``exception``: an operator's exact host:port, every address may). OSError when
@@ -281,11 +329,13 @@ __all__ = [
     "SPECIAL_V4",
     "SPECIAL_V6",
     "IPAddress",
+    "Own",
     "OwnAddresses",
     "Resolved",
     "blocked_reason",
     "normal_host",
     "own_addresses",
+    "own_links",
     "parse_exception",
     "resolve_checked",
     "special_reason",

@@ -3,7 +3,7 @@
 ``off`` (the default) gives a command its own loopback only; ``egress`` reaches outside only
 through the runner's filtering proxy; ``host`` shares the host's network. The "internet" of
 these tests is a test host in a network namespace the test makes, joined to this host by a
-veth pair with two addresses of 198.20.0.0/30 that exist only between the two namespaces, so
+veth pair with addresses of 198.20.0.0/29 that exist only between the two namespaces, so
 nothing leaves the machine. They must be outside every IANA special-purpose block (the proxy
 refuses documentation and benchmarking addresses like any other special one): 198.20.0.0/30 is
 ordinary unicast just past the benchmarking block 198.18.0.0/15, routed here only to the veth
@@ -35,6 +35,8 @@ from shellyard.runner.protocol import EnvChangeState, EnvironmentChange, Environ
 
 HOST_SIDE = "198.20.0.1"  # this host's end of the veth: one of the runner's own addresses
 TEST_HOST = "198.20.0.2"  # the test host inside its namespace
+LINK_SIDE = "198.20.0.5"  # this host's address on a link 198.20.0.4/30 of its own
+LINK_NEIGHBOUR = "198.20.0.6"  # a neighbour on that link: the runner's LAN, refused
 METADATA = "169.254.169.254"
 
 needs_netns = pytest.mark.skipif(
@@ -111,10 +113,16 @@ def test_host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NetnsHost]:
     try:
         _ip("link", "add", host_if, "type", "veth", "peer", "name", peer_if)
         _ip("link", "set", peer_if, "netns", namespace)
-        _ip("addr", "add", f"{HOST_SIDE}/30", "dev", host_if)
+        # The test host is reached by a route, not as a neighbour on a link of this host's
+        # (the proxy refuses the host's own links): /32 addresses and a route each way.
+        _ip("addr", "add", f"{HOST_SIDE}/32", "dev", host_if)
+        # and a link of this host's own, with nobody on it but LINK_NEIGHBOUR's address
+        _ip("addr", "add", f"{LINK_SIDE}/30", "dev", host_if)
         _ip("link", "set", host_if, "up")
-        _ip("-n", namespace, "addr", "add", f"{TEST_HOST}/30", "dev", peer_if)
+        _ip("route", "add", f"{TEST_HOST}/32", "dev", host_if)
+        _ip("-n", namespace, "addr", "add", f"{TEST_HOST}/32", "dev", peer_if)
         _ip("-n", namespace, "link", "set", peer_if, "up")
+        _ip("-n", namespace, "route", "add", f"{HOST_SIDE}/32", "dev", peer_if)
         _ip("-n", namespace, "link", "set", "lo", "up")
         ports = []
         for _ in range(2):
@@ -205,13 +213,15 @@ async def test_egress_reaches_only_allow_listed_public_hosts(
 ) -> None:
     """R2 ``egress``: the allow-listed test host is reached, a port of it not on the list is
     refused; loopback (by address and by name), the metadata address and the runner's own
-    address are refused even when allow-listed; outside the proxy nothing is reachable."""
+    address and a neighbour on the runner's own link are refused even when allow-listed;
+    outside the proxy nothing is reachable."""
     allow = [
         f"{TEST_HOST}:{test_host.port}",
         f"127.0.0.1:{loopback_server}",
         f"localhost:{loopback_server}",
         f"{METADATA}:80",
         f"{HOST_SIDE}:{test_host.own_port}",
+        f"{LINK_NEIGHBOUR}:{test_host.port}",
     ]
     yard: Yard = await yard_factory(SandboxPolicy(network="egress", egress_allow=allow))
     urls = [
@@ -221,6 +231,7 @@ async def test_egress_reaches_only_allow_listed_public_hosts(
         f"http://localhost:{loopback_server}/",
         f"http://{METADATA}/latest/meta-data/",
         f"http://{HOST_SIDE}:{test_host.own_port}/",
+        f"http://{LINK_NEIGHBOUR}:{test_host.port}/",
     ]
     result = await yard.run("; ".join(f"echo '#'; {fetch(url)}" for url in urls))
     answers = [part.strip() for part in result.stdout.split("#\n")[1:]]
@@ -229,6 +240,7 @@ async def test_egress_reaches_only_allow_listed_public_hosts(
     assert "127.0.0.0/8" in answers[2] and "127.0.0.0/8" in answers[3]
     assert "169.254.0.0/16" in answers[4]
     assert "this host's own addresses" in answers[5]
+    assert "this host's own links" in answers[6]
     for answer in answers[1:]:
         assert "hello" not in answer and "runner-own-address" not in answer
     # Without the proxy there is no way out: the test host by address, directly.

@@ -13,9 +13,11 @@ import pytest
 from shellyard.netrules import (
     SPECIAL_V4,
     SPECIAL_V6,
+    Own,
     blocked_reason,
     normal_host,
     own_addresses,
+    own_links,
     parse_exception,
     special_reason,
 )
@@ -99,6 +101,14 @@ def test_own_addresses_are_refused_in_their_spellings() -> None:
     for spelled in ("93.184.216.34", "::ffff:93.184.216.34", "64:ff9b::5db8:d822"):
         assert "own" in (blocked_reason(ipaddress.ip_address(spelled), own) or "")
     assert ipaddress.ip_address("127.0.0.1") in own_addresses()
+
+
+def test_the_hosts_own_links_are_refused() -> None:
+    """The runner's own links (its LAN and gateway), whatever their addresses; not others."""
+    own = Own(frozenset(), (ipaddress.ip_network("93.184.216.0/24"),))
+    assert "own links" in (blocked_reason(ipaddress.ip_address("93.184.216.1"), own) or "")
+    assert blocked_reason(ipaddress.ip_address("93.184.217.1"), own) is None
+    assert ipaddress.ip_network("127.0.0.0/8") in own_links()
 
 
 def test_exceptions_compare_canonical_hosts() -> None:
