@@ -33,10 +33,10 @@ from typing import Any
 from common import cli, make_home, metric, remove_home
 from shellyard.config import Settings
 from shellyard.contract.environments import EnvironmentChangeBody, EnvironmentCreateRequest
-from shellyard.control.service import ControlPlane
-from shellyard.runner import bases
-from shellyard.runner.env_create import find_python
-from shellyard.runner.env_managers.pip import DEFAULT_INDEX, uv_binary
+from shellyard.control.plane import ControlPlane
+from shellyard.runner.environments import bases
+from shellyard.runner.environments.create import find_python
+from shellyard.runner.environments.managers.pip import DEFAULT_INDEX, uv_binary
 
 COMMAND = "python bench/bench_base_env.py"
 

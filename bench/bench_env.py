@@ -45,7 +45,7 @@ from shellyard.contract.environments import (
     EnvironmentChangeBody,
     EnvironmentCreateRequest,
 )
-from shellyard.control.service import ControlPlane
+from shellyard.control.plane import ControlPlane
 
 COMMAND = "python bench/bench_env.py"
 UV = find_uv_bin()
@@ -139,7 +139,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     work = make_home("shellyard-bench-env-")
     try:
         channel = await build_test_channel(work / "channel", bench_packages())
-        from shellyard.runner.env_create import find_python
+        from shellyard.runner.environments.create import find_python
 
         python = str(find_python())
         uv_cache = work / "uv-cache"

@@ -28,9 +28,9 @@ from bench_throughput import AGENTS, product_rate
 from common import MIB, cli, make_home, metric, remove_home
 from shellyard.config import Settings
 from shellyard.contract.executions import RunShellRequest
-from shellyard.control.service import ControlPlane
+from shellyard.control.plane import ControlPlane
+from shellyard.runner.limits.quota import tree_usage
 from shellyard.runner.protocol import SandboxPolicy
-from shellyard.runner.quota import tree_usage
 
 COMMAND = "python bench/bench_limits.py"
 GIB = 1 << 30

@@ -1,7 +1,7 @@
 """Issue 17's benchmark: a read-only ``true`` round trip beside a writer one, same run, same
 workspace, interleaved (writer, reader, reader, writer, …). Target: reader ≤ 1.0× writer
 (no commit to make). Readers share one committed view per snapshot content (one hard link
-per file, built once, runner/readview.py), so the ratio is measured at two workspace sizes,
+per file, built once, runner/snapshots/views.py), so the ratio is measured at two workspace sizes,
 and so is a *cold* reader: the first one after a writer changed a file, which builds the
 view of the new head.
 
@@ -20,7 +20,7 @@ from typing import Any
 from common import cli, make_home, metric, remove_home
 from shellyard.config import Settings
 from shellyard.contract.executions import RunShellRequest
-from shellyard.control.service import ControlPlane
+from shellyard.control.plane import ControlPlane
 
 
 async def round_trip(plane: ControlPlane, read_only: bool) -> float:

@@ -52,7 +52,7 @@ from common import (
 )
 from shellyard.config import Settings
 from shellyard.contract.executions import RunShellRequest
-from shellyard.control.service import ControlPlane
+from shellyard.control.plane import ControlPlane
 from shellyard.home import read_info
 from shellyard.sdk.client import AsyncClient
 

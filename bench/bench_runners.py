@@ -40,7 +40,7 @@ from sshd_fixture import start_sshd
 
 from shellyard.config import Settings
 from shellyard.contract.executions import RunShellRequest
-from shellyard.control.service import ControlPlane
+from shellyard.control.plane import ControlPlane
 from shellyard.runner.protocol import SandboxPolicy
 
 COMMAND = "python bench/bench_runners.py"

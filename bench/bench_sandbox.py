@@ -36,7 +36,8 @@ from pathlib import Path
 from typing import Any
 
 from common import BareBwrap, make_home, metric, remove_home, summary_ms
-from shellyard.runner import launch, processes
+from shellyard.runner import processes
+from shellyard.runner.sandbox import launch
 
 COMMAND = "python bench/bench_sandbox.py"
 

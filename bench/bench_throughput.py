@@ -30,7 +30,7 @@ from common import (
 )
 from shellyard.config import Settings
 from shellyard.contract.executions import RunShellRequest
-from shellyard.control.service import ControlPlane
+from shellyard.control.plane import ControlPlane
 
 COMMAND = "python bench/bench_throughput.py"
 AGENTS = 16

@@ -167,12 +167,16 @@ def child_workspace(client: Client, parent_id: str, runner_id: str = "local") ->
 
 
 def start_daemon(root: Path) -> tuple[subprocess.Popen[bytes], str, str]:
-    from shellyard.runner.daemon import READY_PREFIX, TOKEN_FILE_NAME, load_or_create_token
+    from shellyard.runner.transport.daemon import (
+        READY_PREFIX,
+        TOKEN_FILE_NAME,
+        load_or_create_token,
+    )
 
     root.mkdir(parents=True)
     token = load_or_create_token(root / TOKEN_FILE_NAME)
     process = subprocess.Popen(
-        [PYTHON, "-m", "shellyard.runner.daemon", "--root", str(root), "--port", "0",
+        [PYTHON, "-m", "shellyard.runner.transport.daemon", "--root", str(root), "--port", "0",
          "--log-level", "warning"],
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=REPO,
     )  # fmt: skip
@@ -273,7 +277,7 @@ async def measure_reads(args: argparse.Namespace) -> dict[str, Any]:
     """The in-process API beside ``cat``, interleaved, on a home of its own."""
     from shellyard.config import Settings
     from shellyard.contract.executions import RunShellRequest
-    from shellyard.control.service import ControlPlane
+    from shellyard.control.plane import ControlPlane
 
     repeats = 3 if args.quick else 7
     home = make_home()

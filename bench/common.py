@@ -137,9 +137,10 @@ class BareBwrap:
         network: str = "off",
         egress_socket: Path | None = None,
     ) -> None:
-        from shellyard.runner import launch, sandbox
         from shellyard.runner.protocol import SandboxPolicy
-        from shellyard.runner.seccomp import SeccompProfile
+        from shellyard.runner.sandbox import bwrap as sandbox
+        from shellyard.runner.sandbox import launch
+        from shellyard.runner.sandbox.seccomp import SeccompProfile
 
         self.policy = SandboxPolicy.model_validate({"network": network})
         self.ids = sandbox.sandbox_ids(self.policy)
@@ -259,7 +260,7 @@ class MinimalBwrap:
     for: the physical floor of a sandboxed ``true`` on this machine."""
 
     def __init__(self) -> None:
-        from shellyard.runner import sandbox
+        from shellyard.runner.sandbox import bwrap as sandbox
 
         self.argv = [sandbox.find_bwrap(), *MINIMAL_BWRAP]
 
@@ -478,8 +479,8 @@ KEY_FUNCTIONS = (
     "subprocess.py:Popen._execute_child",
     "shellyard/runner/local.py:_write_json_atomic",
     "shellyard/runner/local.py:LocalRunner._finish",
-    "shellyard/control/executions.py:ExecutionService._respond",
-    "shellyard/control/output.py:capped_output",
+    "shellyard/control/executions/service.py:ExecutionService._respond",
+    "shellyard/control/executions/output.py:capped_output",
 )
 
 

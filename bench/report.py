@@ -423,7 +423,7 @@ KEY_LABELS = {
     "subprocess.py:Popen._execute_child": "… of which fork/exec in Popen",
     "shellyard/runner/local.py:_write_json_atomic": "meta.json / result.json writes",
     "shellyard/runner/local.py:LocalRunner._finish": "finish (status, kill, result)",
-    "shellyard/control/executions.py:ExecutionService._respond": "respond (record, output)",
+    "shellyard/control/executions/service.py:ExecutionService._respond": "respond (record, output)",
 }
 
 DIAGNOSES["snapshots"] = (

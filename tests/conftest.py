@@ -27,7 +27,7 @@ from sshd_fixture import sshd_or_skip, start_sshd
 
 from shellyard.config import Settings
 from shellyard.contract.executions import RunShellRequest, RunShellResult
-from shellyard.control.service import ControlPlane
+from shellyard.control.plane import ControlPlane
 from shellyard.runner.protocol import SandboxPolicy
 from shellyard.store import Store
 

@@ -37,8 +37,8 @@ from shellyard.config import Settings
 from shellyard.control.retention import maintenance_lock
 from shellyard.errors import Conflict, InvalidInput, ShellyardError
 from shellyard.home import is_served
-from shellyard.runner.objects import StoreLock
 from shellyard.runner.protocol import RunnerExecState, RunnerExecution
+from shellyard.runner.snapshots.objects import StoreLock
 from shellyard.store.executions import TERMINAL_STATES
 
 MANIFEST = "backup.json"

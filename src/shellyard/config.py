@@ -89,7 +89,7 @@ class Settings:
 
     @classmethod
     def from_env(cls, **overrides: object) -> Settings:
-        from shellyard.runner.limits import limits_from_env
+        from shellyard.runner.limits.settings import limits_from_env
         from shellyard.runner.policy import policy_from_env
 
         settings = cls()
@@ -97,7 +97,8 @@ class Settings:
         if url:
             settings.database_url = url
         settings.local_policy = policy_from_env(settings.local_policy)
-        # limits (issue 12): SHELLYARD_WORKSPACE_QUOTA, _LOG_LIMIT, _FREE_SPACE_RESERVE, _CPU_LIMIT
+        # limits (R2, docs/limits.md): SHELLYARD_WORKSPACE_QUOTA, _LOG_LIMIT, _FREE_SPACE_RESERVE,
+        # _CPU_LIMIT
         settings.local_policy = limits_from_env(settings.local_policy, os.environ)
         for item in fields(NotificationSettings):
             variable = f"SHELLYARD_{item.name.upper()}"

@@ -22,7 +22,7 @@ from mcp.client.stdio import StdioServerParameters, stdio_client
 from conftest import sy
 from shellyard import Client
 from shellyard.errors import NotFound
-from shellyard.runner import bases
+from shellyard.runner.environments import bases
 
 pytestmark = pytest.mark.timeout(600)
 

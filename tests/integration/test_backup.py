@@ -20,8 +20,8 @@ from conftest import processes_of, sy
 from shellyard.backup import LOST_ERROR, backup, restore
 from shellyard.config import Settings
 from shellyard.contract.executions import ExecutionState, RunShellRequest
+from shellyard.control.plane import ControlPlane
 from shellyard.control.retention import structure_sizes
-from shellyard.control.service import ControlPlane
 from shellyard.errors import InvalidInput
 
 pytestmark = pytest.mark.timeout(300)

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from shellyard.contract.executions import ExecutionState
-from shellyard.runner import bases
+from shellyard.runner.environments import bases
 
 pytestmark = pytest.mark.timeout(600)
 

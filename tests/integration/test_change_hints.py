@@ -17,11 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from shellyard.runner import history
 from shellyard.runner.edits.editor import Editor
-from shellyard.runner.objects import StoreLock
 from shellyard.runner.protocol import ApplyEntry
+from shellyard.runner.snapshots import history
 from shellyard.runner.snapshots.format import MANIFEST_HEADER
+from shellyard.runner.snapshots.objects import StoreLock
 from shellyard.runner.snapshots.store import SnapshotStore
 
 WS = "ws-1"
@@ -256,9 +256,9 @@ def test_w3_event_overflow_falls_back_to_a_full_walk(base: Path) -> None:
 RUNNER = """
 import subprocess, sys, time
 from pathlib import Path
-from shellyard.runner import history
+from shellyard.runner.snapshots import history
 from shellyard.runner.edits.editor import Editor
-from shellyard.runner.objects import StoreLock
+from shellyard.runner.snapshots.objects import StoreLock
 from shellyard.runner.protocol import ApplyEntry
 from shellyard.runner.snapshots.format import MANIFEST_HEADER
 from shellyard.runner.snapshots.store import SnapshotStore

@@ -20,10 +20,10 @@ import pytest
 from conda_channel import CondaPackage, PackageFile, build_test_channel_sync, script
 from cran_repo import build_test_repo, r_available
 
-from shellyard.runner.env_managers import MANAGERS
-from shellyard.runner.env_managers.base import ManagerContext, ManagerError
-from shellyard.runner.env_managers.conda import CondaManager
-from shellyard.runner.env_managers.cran import BioconductorManager, CranManager
+from shellyard.runner.environments.managers import MANAGERS
+from shellyard.runner.environments.managers.base import ManagerContext, ManagerError
+from shellyard.runner.environments.managers.conda import CondaManager
+from shellyard.runner.environments.managers.cran import BioconductorManager, CranManager
 from shellyard.runner.protocol import EnvironmentChangeRequest
 
 needs_r = pytest.mark.skipif(not r_available(), reason="R (Rscript) is not installed here")

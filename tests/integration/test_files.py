@@ -24,7 +24,7 @@ from files_helpers import child_workspace, chunks_of, read_all, run, tree
 from conftest import Yard
 from shellyard.contract.executions import ExecutionState
 from shellyard.errors import InvalidInput, NotFound, PathRefused, WorkspaceBusy
-from shellyard.runner import fsops
+from shellyard.runner import workspace_paths
 from shellyard.runner.local import LocalRunner
 from shellyard.runner.protocol import ApplyEntry
 
@@ -355,10 +355,13 @@ async def test_w6_symlink_swapped_in_between_check_and_use() -> None:
         (tree_root / "d").mkdir()
 
         # deterministic: the check passes, then the folder becomes a link, then the use
-        with fsops.open_root(tree_root) as root, fsops.resolve(root, "d/f") as resolved:
+        with (
+            workspace_paths.open_root(tree_root) as root,
+            workspace_paths.resolve(root, "d/f") as resolved,
+        ):
             os.rename(tree_root / "d", tree_root / "d.moved")
             os.symlink(outside, tree_root / "d")
-            fd = os.open(resolved.name, fsops.O_NEW, 0o600, dir_fd=resolved.dir_fd)
+            fd = os.open(resolved.name, workspace_paths.O_NEW, 0o600, dir_fd=resolved.dir_fd)
             os.close(fd)
         assert (tree_root / "d.moved" / "f").exists() and not list(outside.iterdir())
         os.unlink(tree_root / "d")

@@ -23,14 +23,14 @@ from shellyard.cli.exits import EXIT_RETRY, exit_code_of
 from shellyard.config import Settings
 from shellyard.contract.executions import ExecutionState, RunShellRequest
 from shellyard.errors import InvalidInput, LowOnSpace
-from shellyard.runner import logcap
-from shellyard.runner.daemon import limits_options
+from shellyard.runner.limits import logcap
 from shellyard.runner.protocol import (
     RunnerExecState,
     RunnerExecution,
     SandboxPolicy,
     StartRequest,
 )
+from shellyard.runner.transport.daemon import limits_options
 
 MB = 1_000_000
 MIB = 1 << 20

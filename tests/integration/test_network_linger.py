@@ -13,7 +13,7 @@ import pytest
 
 from shellyard.config import Settings
 from shellyard.contract.executions import ExecutionState, RunShellRequest
-from shellyard.control.service import ControlPlane
+from shellyard.control.plane import ControlPlane
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("nsenter") is None,

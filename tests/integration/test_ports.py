@@ -34,9 +34,9 @@ from shellyard.contract.executions import ExecutionState, RunShellRequest, RunSh
 from shellyard.contract.ports import PortView
 from shellyard.errors import InvalidInput, NotFound
 from shellyard.home import ensure_server, is_served
-from shellyard.runner import readview
-from shellyard.runner.ports import FORWARD_BLOCK, workspace_address
+from shellyard.runner.network.ports import FORWARD_BLOCK, workspace_address
 from shellyard.runner.protocol import SandboxPolicy
+from shellyard.runner.snapshots import views as readview
 from shellyard.sdk.client import Client
 
 pytestmark = pytest.mark.skipif(

@@ -19,7 +19,7 @@ from conftest import Yard, sy
 from shellyard.config import RetentionSettings, Settings
 from shellyard.contract.executions import ExecutionState
 from shellyard.contract.maintenance import GcRequest
-from shellyard.control.service import ControlPlane
+from shellyard.control.plane import ControlPlane
 from shellyard.runner.protocol import LogPruneRequest
 from shellyard.store.schema import executions, session_events
 

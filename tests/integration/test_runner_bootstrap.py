@@ -16,7 +16,7 @@ from sshd_fixture import SshServer, fingerprint
 from conftest import open_yard
 from shellyard.contract.executions import ExecutionState, RunShellRequest
 from shellyard.contract.runners import RunnerBootstrapRequest
-from shellyard.control.service import ControlPlane
+from shellyard.control.plane import ControlPlane
 from shellyard.errors import Conflict, ShellyardError, Unauthorized
 
 pytestmark = pytest.mark.timeout(240)

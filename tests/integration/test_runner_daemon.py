@@ -27,7 +27,6 @@ from shellyard.errors import (
     Unauthorized,
     WorkspaceBusy,
 )
-from shellyard.runner.daemon import READY_PREFIX, load_or_create_token
 from shellyard.runner.protocol import (
     MAX_READ_CHUNK,
     Runner,
@@ -36,8 +35,9 @@ from shellyard.runner.protocol import (
     SandboxPolicy,
     StartRequest,
 )
-from shellyard.runner.remote import RemoteRunner
-from shellyard.runner.signing import body_digest, signed_headers
+from shellyard.runner.transport.client import RemoteRunner
+from shellyard.runner.transport.daemon import READY_PREFIX, load_or_create_token
+from shellyard.runner.transport.signing import body_digest, signed_headers
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -360,7 +360,7 @@ async def test_token_file_written_before_first_start(runner_root: Path) -> None:
 def test_every_protocol_method_has_an_endpoint_and_a_client_method() -> None:
     """R1: the daemon and the client follow the protocol one method to one endpoint, so a
     method added to ``Runner`` without them fails here."""
-    from shellyard.runner.daemon import API_PREFIX, create_runner_app
+    from shellyard.runner.transport.daemon import API_PREFIX, create_runner_app
 
     methods = {
         name
@@ -382,7 +382,8 @@ async def test_run_runner_daemon_cli_hook(runner_root: Path) -> None:
     token_file = runner_root.parent / "elsewhere" / "runner.token"
     token_file.parent.mkdir()
     code = (
-        "from pathlib import Path; from shellyard.runner.daemon import run_runner_daemon; "
+        "from pathlib import Path; "
+        "from shellyard.runner.transport.daemon import run_runner_daemon; "
         f"run_runner_daemon(Path({str(runner_root)!r}), '127.0.0.1', 0, "
         f"Path({str(token_file)!r}), 'off')"
     )

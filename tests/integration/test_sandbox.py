@@ -237,7 +237,7 @@ async def test_ordinary_work_still_runs(yard: Yard) -> None:
 async def test_the_launcher_and_the_chain_give_the_same_sandbox(
     yard_factory: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """What runs in front of bwrap (runner/launch.py): the built launcher and the
+    """What runs in front of bwrap (runner/sandbox/launch.py): the built launcher and the
     nsenter/setpriv/prlimit chain it replaces (``SHELLYARD_LAUNCHER=chain``, or no C
     compiler) give a command the same user, groups, capabilities, limits and network: the
     workspace's namespace, which a background server shares with the next command."""

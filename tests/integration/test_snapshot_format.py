@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 
-from shellyard.runner import history, objects
 from shellyard.runner.protocol import SnapshotInfo
+from shellyard.runner.snapshots import history, objects
 from shellyard.runner.snapshots.format import MANIFEST_HEADER, MANIFEST_VERSION, NO_DIGEST
 from shellyard.runner.snapshots.statcache import WorkspaceState, load_statcache
 from shellyard.runner.snapshots.store import SnapshotStore

@@ -696,7 +696,7 @@ def test_a_patched_read_view_equals_a_fresh_one(store: SnapshotStore, tree: Path
     snapshot would get built from scratch, through every kind of change: files added,
     removed, rewritten, made executable; a folder that became a file, a file that became a
     folder, a link retargeted, a whole subtree gone, an unchanged wide folder kept."""
-    from shellyard.runner import readview
+    from shellyard.runner.snapshots import views
 
     write(tree / "keep" / "same.txt", b"same")
     for i in range(50):
@@ -723,10 +723,10 @@ def test_a_patched_read_view_equals_a_fresh_one(store: SnapshotStore, tree: Path
     assert second.seq > first.seq
 
     patched = tree.parent / "patched"
-    readview.materialise(store, WS, patched, first.seq)
-    readview.patch(store, WS, patched, first.seq, second.seq)
+    views.materialise(store, WS, patched, first.seq)
+    views.patch(store, WS, patched, first.seq, second.seq)
     fresh = tree.parent / "fresh"
-    readview.materialise(store, WS, fresh, second.seq)
+    views.materialise(store, WS, fresh, second.seq)
     assert _view_state(patched) == _view_state(fresh)
     state = _view_state(fresh)
     assert state["dir_to_file"] == ("file", b"now a file", False)
@@ -742,7 +742,7 @@ def test_read_views_are_built_and_patched_in_bounded_memory(
 ) -> None:
     """Building a committed view and patching it walk the snapshot one folder's tree at a
     time: their memory does not grow with the number of files (20,000 here, in 200 folders)."""
-    from shellyard.runner import readview
+    from shellyard.runner.snapshots import views
 
     for d in range(200):
         folder = tree / f"d{d:03}"
@@ -756,10 +756,10 @@ def test_read_views_are_built_and_patched_in_bounded_memory(
     view = tree.parent / "view"
     tracemalloc.start()
     try:
-        readview.materialise(store, WS, view, first.seq)
+        views.materialise(store, WS, view, first.seq)
         _, built = tracemalloc.get_traced_memory()
         tracemalloc.reset_peak()
-        readview.patch(store, WS, view, first.seq, second.seq)
+        views.patch(store, WS, view, first.seq, second.seq)
         _, patched = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()

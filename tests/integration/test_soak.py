@@ -20,8 +20,8 @@ from files_helpers import child_workspace
 from shellyard.config import Settings
 from shellyard.contract.executions import RunShellRequest
 from shellyard.contract.sessions import TimerCreateRequest
+from shellyard.control.plane import ControlPlane
 from shellyard.control.retention import structure_sizes
-from shellyard.control.service import ControlPlane
 
 pytestmark = pytest.mark.timeout(1800)
 

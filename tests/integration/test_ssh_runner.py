@@ -17,10 +17,10 @@ from sshd_fixture import SshServer, fingerprint, keygen, sshd_or_skip, start_ssh
 
 from conftest import open_yard
 from shellyard.contract.executions import ExecutionState, RunShellRequest
-from shellyard.control.service import ControlPlane
+from shellyard.control.plane import ControlPlane
 from shellyard.errors import Conflict, InvalidInput, RunnerUnavailable, Unauthorized
 from shellyard.runner.protocol import RunnerExecState, SandboxPolicy, StartRequest
-from shellyard.runner.ssh import SshTarget, check_host_key, probe, ssh_runner
+from shellyard.runner.transport.ssh import SshTarget, check_host_key, probe, ssh_runner
 
 pytestmark = pytest.mark.timeout(240)
 

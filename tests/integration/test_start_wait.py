@@ -13,10 +13,10 @@ import pytest
 
 from conftest import open_yard
 from shellyard.contract.executions import ExecutionState, RunShellRequest
-from shellyard.control.service import ControlPlane
+from shellyard.control.plane import ControlPlane
 from shellyard.runner.protocol import RunnerExecState, RunnerExecution, StartRequest
-from shellyard.runner.remote import START_LOG_BYTES, RemoteRunner
-from shellyard.runner.wire import StartAnswer, StartWait
+from shellyard.runner.transport.client import START_LOG_BYTES, RemoteRunner
+from shellyard.runner.transport.wire import StartAnswer, StartWait
 
 pytestmark = [pytest.mark.timeout(180)]
 

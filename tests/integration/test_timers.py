@@ -19,8 +19,8 @@ from pydantic import ValidationError
 
 from conftest import POSTGRES_URL
 from shellyard.contract.sessions import TimerCreateRequest, TimerState, TimerView
-from shellyard.control.service import ControlPlane
-from shellyard.control.timers import parse_at, parse_when
+from shellyard.control.notify.timers import parse_at, parse_when
+from shellyard.control.plane import ControlPlane
 from shellyard.errors import Conflict, InvalidInput, NotFound
 
 

@@ -18,7 +18,7 @@ from runner_daemon_fixture import RunnerDaemon, start_daemon
 from sshd_fixture import SshServer, sshd_or_skip, start_sshd
 
 from conftest import open_yard
-from shellyard.control.service import ControlPlane
+from shellyard.control.plane import ControlPlane
 from shellyard.runner.protocol import SandboxPolicy
 
 pytestmark = pytest.mark.timeout(300)

@@ -23,7 +23,7 @@ from files_helpers import (
 from runner_daemon_fixture import RunnerDaemon
 
 from conftest import Yard, open_yard
-from shellyard.control.service import ControlPlane
+from shellyard.control.plane import ControlPlane
 from shellyard.errors import InvalidInput, NotFound, WorkspaceBusy
 from shellyard.runner.protocol import SandboxPolicy
 

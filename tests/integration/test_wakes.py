@@ -25,8 +25,8 @@ from shellyard.contract.sessions import (
     WakeView,
     WebhookRequest,
 )
-from shellyard.control.service import ControlPlane
-from shellyard.control.wakes import verify_signature
+from shellyard.control.notify.wakes import verify_signature
+from shellyard.control.plane import ControlPlane
 from shellyard.errors import Conflict
 
 

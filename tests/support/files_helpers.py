@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from shellyard.contract.executions import ExecutionState, RunShellRequest
-from shellyard.control.service import ControlPlane
+from shellyard.control.plane import ControlPlane
 
 
 async def run(plane: ControlPlane, command: str, runner_id: str = "local", **kw: Any) -> Any:

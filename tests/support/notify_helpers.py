@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 from shellyard.config import NotificationSettings, Settings
 from shellyard.contract.executions import RunShellRequest, RunShellResult
 from shellyard.contract.sessions import NoticeView, SessionView, WakeView
-from shellyard.control.service import ControlPlane
+from shellyard.control.plane import ControlPlane
 
 T = TypeVar("T")
 

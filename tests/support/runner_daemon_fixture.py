@@ -10,9 +10,9 @@ Import from tests (``tests/support`` is on ``sys.path`` under pytest)::
 Two modes:
 - in a thread (default): uvicorn with its own event loop in a daemon thread of the test
   process; fast, and the LocalRunner lives in that loop, not the test's.
-- ``subprocess=True``: ``python -m shellyard.runner.daemon`` as a child process, waited for by
-  its ready line. ``kill()`` SIGKILLs it and ``restart()`` starts it again on the same port
-  and token, for fault tests (E9, R3).
+- ``subprocess=True``: ``python -m shellyard.runner.transport.daemon`` as a child process,
+  waited for by its ready line. ``kill()`` SIGKILLs it and ``restart()`` starts it again on the
+  same port and token, for fault tests (E9, R3).
 
 The port is bound before the server starts (port 0), so there is no free-port race.
 
@@ -37,7 +37,9 @@ from pathlib import Path
 import uvicorn
 from sshd_fixture import SshServer
 
-from shellyard.runner.daemon import (
+from shellyard.runner.protocol import Runner, SandboxPolicy
+from shellyard.runner.transport.client import RemoteRunner
+from shellyard.runner.transport.daemon import (
     READY_PREFIX,
     TOKEN_FILE_NAME,
     bind_socket,
@@ -46,10 +48,8 @@ from shellyard.runner.daemon import (
     load_or_create_token,
     socket_url,
 )
-from shellyard.runner.protocol import Runner, SandboxPolicy
-from shellyard.runner.remote import RemoteRunner
-from shellyard.runner.ssh import ssh_runner
-from shellyard.runner.tls import pinned_transport
+from shellyard.runner.transport.ssh import ssh_runner
+from shellyard.runner.transport.tls import pinned_transport
 
 START_TIMEOUT_S = 30.0
 
@@ -287,7 +287,7 @@ async def _spawn(
 ) -> sp.Popen[bytes]:
     argv = [
         *prefix,
-        sys.executable, "-m", "shellyard.runner.daemon",
+        sys.executable, "-m", "shellyard.runner.transport.daemon",
         "--root", str(root),
         "--host", host,
         "--port", str(port),

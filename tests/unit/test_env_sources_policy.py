@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from shellyard.errors import InvalidInput
-from shellyard.runner import env_sources
-from shellyard.runner.daemon import sources_options
+from shellyard.runner.environments import sources
 from shellyard.runner.policy import SandboxPolicy, policy_from_env
 from shellyard.runner.protocol import EnvironmentChangeRequest
+from shellyard.runner.transport.daemon import sources_options
 
 
 def test_environment_variables_set_the_policy(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -43,17 +43,17 @@ def test_daemon_options_win_over_the_environment(monkeypatch: pytest.MonkeyPatch
     assert unset.allowed_sources == ["pypi"]
 
 
-def _check(rule: env_sources.Allowed, root: Path, **fields: object) -> None:
+def _check(rule: sources.Allowed, root: Path, **fields: object) -> None:
     request = EnvironmentChangeRequest.model_validate(
         {"change_id": "c", "environment_id": "e", "action": "install", **fields}
     )
-    env_sources.check_request(rule, request, runner_root=root, workspace=None)
+    sources.check_request(rule, request, runner_root=root, workspace=None)
 
 
 def test_a_listed_url_allows_what_is_below_it_only(tmp_path: Path) -> None:
     """``https://m.example/simple`` allows ``…/simple/`` and below, not ``…/simple-evil`` nor
     another host; ``pypi`` is PyPI's index; a channel name is conda.anaconda.org/<name>."""
-    rule = env_sources.parse(["https://m.example/simple", "pypi", "conda-forge"])
+    rule = sources.parse(["https://m.example/simple", "pypi", "conda-forge"])
     ok = {"manager": "pip", "specs": ["x"]}
     _check(rule, tmp_path, **ok, index_url="https://m.example/simple/")
     _check(rule, tmp_path, **ok)  # the default index, PyPI, is listed

@@ -238,7 +238,7 @@ async def test_control_plane_environments_on_postgresql(home: Path, pg_schema: s
     from shellyard.config import Settings
     from shellyard.contract.environments import EnvironmentChangeBody, EnvironmentCreateRequest
     from shellyard.contract.executions import RunShellRequest
-    from shellyard.control.service import ControlPlane
+    from shellyard.control.plane import ControlPlane
 
     channel = await build_test_channel(home / "channel")
     settings = Settings(home=home / "pg-home", database_url=POSTGRES_URL, database_schema=pg_schema)
@@ -273,7 +273,7 @@ async def test_two_control_planes_share_the_waiting_rule(home: Path, pg_schema: 
     from shellyard.config import Settings
     from shellyard.contract.environments import EnvironmentChangeBody, EnvironmentCreateRequest
     from shellyard.contract.executions import RunShellRequest
-    from shellyard.control.service import ControlPlane
+    from shellyard.control.plane import ControlPlane
     from shellyard.runner.protocol import SandboxPolicy
 
     channel = await build_test_channel(home / "channel")

@@ -36,13 +36,14 @@ ALLOWED: dict[str, set[str]] = {
     "runner": {"errors", "paths", "listen", "contract", "netrules"},
     "control": {"errors", "paths", "contract", "config", "store", "runner", "netrules"},
     "api": {"errors", "paths", "contract", "config", "home", "listen", "control", "web"},
+    # The web door: the page's static assets and its server half (login, the page's cookie
+    # session, the panel's reads), routers the REST app mounts; api/auth.py reads its cookie.
+    "web": {"errors", "paths", "contract", "config", "home", "listen", "control", "api"},
     # Client-side doors: the public models, the errors and the SDK; where the home's server is.
     "sdk": {"errors", "contract", "config", "home"},
     "shell_call": {"errors", "contract", "config", "home", "sdk"},
     "mcp": {"errors", "contract", "config", "home", "sdk"},
     "cli": {"errors", "contract", "config", "home", "sdk", "shell_call"},
-    # The page's static assets; its data comes from the REST app (api/panel.py, api/login.py).
-    "web": set(),
     # Backup and restore of a home: an operator's tool that reads the store and the runner's
     # folders directly (docs/operations.md), launched by the CLI's backup verbs.
     "backup": {"errors", "config", "home", "control", "store", "runner"},
@@ -54,13 +55,13 @@ ALLOWED: dict[str, set[str]] = {
 PASSAGES: set[tuple[str, str]] = {
     # control/ speaks to runners through runner/protocol.py; only the wiring builds concrete
     # runners: the control plane its LocalRunner, the registry a RemoteRunner per daemon.
-    ("control.service", "runner.local"),
-    ("control.runners", "runner.remote"),
-    ("control.runners", "runner.ssh"),
-    ("control.runners", "runner.tls"),
+    ("control.plane", "runner.local"),
+    ("control.runners", "runner.transport.client"),
+    ("control.runners", "runner.transport.ssh"),
+    ("control.runners", "runner.transport.tls"),
     # The settings name the local runner's policy: a model of its own, not the runner wire.
     ("config", "runner.policy"),
-    ("config", "runner.limits"),
+    ("config", "runner.limits.settings"),
     # MCP over streamable HTTP is served by the REST app: it mounts the MCP door's HTTP half,
     # which takes each request's principal from the REST app's auth.
     ("api.app", "mcp.mount"),
@@ -74,11 +75,11 @@ PASSAGES: set[tuple[str, str]] = {
 LAUNCHES: set[tuple[str, str]] = {
     ("cli.app", "api.server"),
     ("cli.app", "mcp.server"),
-    ("cli.runners", "runner.daemon"),
+    ("cli.runners", "runner.transport.daemon"),
     ("cli.backup", "backup"),
     ("cli.app", "runner.policy"),
     # A base environment is built on the runner's host by that host's CLI (env prepare).
-    ("cli.environments", "runner.bases"),
+    ("cli.environments", "runner.environments.bases"),
 }
 
 #: Imports that break the rules today and are being removed (issue 10: the public models and
@@ -92,9 +93,95 @@ KNOWN_EXCEPTIONS: set[tuple[str, str]] = set()
 KNOWN_CIRCLES: list[list[str]] = []
 
 
+#: The rooms of the two big layers, as docs/architecture.md draws them: a room is a subfolder
+#: (``runner/sandbox/``) or a module at the layer's top (``runner/protocol.py``). Which other
+#: rooms of its layer each may import; imports of other layers follow ALLOWED above.
+ROOMS: dict[str, set[str]] = {
+    # runner/: the protocol and the policy at the bottom, LocalRunner on top, the transport
+    # (daemon and client) above it.
+    "runner.policy": {"runner.network"},  # the egress rules' parsers (network/egress_rules.py)
+    "runner.protocol": {"runner.policy"},
+    "runner.processes": set(),
+    "runner.workspace_paths": set(),
+    "runner.snapshots": {"runner.protocol", "runner.workspace_paths"},
+    "runner.edits": {"runner.protocol", "runner.snapshots", "runner.workspace_paths"},
+    "runner.network": {"runner.processes"},
+    "runner.limits": {"runner.protocol", "runner.processes"},
+    "runner.sandbox": {
+        "runner.limits",
+        "runner.network",
+        "runner.policy",
+        "runner.processes",
+        "runner.protocol",
+        "runner.snapshots",
+    },
+    "runner.environments": {
+        "runner.edits",
+        "runner.policy",
+        "runner.processes",
+        "runner.protocol",
+        "runner.sandbox",
+        "runner.snapshots",
+    },
+    "runner.local": {
+        "runner.edits",
+        "runner.environments",
+        "runner.limits",
+        "runner.network",
+        "runner.processes",
+        "runner.protocol",
+        "runner.sandbox",
+        "runner.snapshots",
+    },
+    "runner.transport": {"runner.limits", "runner.local", "runner.policy", "runner.protocol"},
+    # control/: services that never import each other sideways except as drawn; plane.py
+    # builds and wires them all; replicas/ plugs the lease keeper and the fan-out into them.
+    "control.agents": set(),
+    "control.tokens": set(),
+    "control.metrics": set(),
+    "control.runners": set(),
+    "control.notify": {"control.agents"},
+    "control.executions": {"control.agents", "control.runners"},
+    "control.files": {"control.executions", "control.runners"},
+    "control.environments": {"control.agents", "control.executions", "control.runners"},
+    "control.ports": {"control.files"},
+    "control.retention": {"control.files", "control.runners"},
+    "control.replicas": {
+        "control.environments",
+        "control.executions",
+        "control.files",
+        "control.metrics",
+        "control.notify",
+    },
+    "control.panel": {
+        "control.executions",
+        "control.files",
+        "control.notify",
+        "control.plane",  # type-only: the plane it reads through
+        "control.tokens",
+    },
+    "control.plane": {
+        "control.agents",
+        "control.environments",
+        "control.executions",
+        "control.files",
+        "control.metrics",
+        "control.notify",
+        "control.ports",
+        "control.replicas",
+        "control.retention",
+        "control.runners",
+        "control.tokens",
+    },
+}
+
+#: A folder holds at most this many modules: beyond it, it wants rooms of its own.
+MAX_MODULES_PER_FOLDER = 20
+
+
 @dataclass(frozen=True)
 class Edge:
-    source: str  # module name without the package prefix, e.g. "control.service"
+    source: str  # module name without the package prefix, e.g. "control.plane"
     target: str
     line: int
     in_function: bool
@@ -195,6 +282,58 @@ def test_no_import_crosses_the_layers() -> None:
         "imports that break the layering of docs/architecture.md (move the shared piece down a "
         "layer, or pass it in from the wiring):\n" + "\n".join(broken)
     )
+
+
+def _room(module: str) -> str | None:
+    parts = module.split(".")
+    if parts[0] not in ("runner", "control") or len(parts) < 2:
+        return None
+    return ".".join(parts[:2])
+
+
+def _room_edges() -> set[tuple[str, str]]:
+    pairs: set[tuple[str, str]] = set()
+    for e in _all_edges():
+        source, target = _room(e.source), _room(e.target)
+        if source and target and source != target and _layer(source) == _layer(target):
+            pairs.add((source, target))
+    return pairs
+
+
+def test_every_room_has_a_rule() -> None:
+    rooms = {r for m in _modules() if (r := _room(m))}
+    assert rooms == set(ROOMS), (
+        "a room of runner/ or control/ without a rule in ROOMS (and docs/architecture.md), or a "
+        f"rule for a room that is gone: {sorted(rooms ^ set(ROOMS))}"
+    )
+
+
+def test_rooms_import_only_the_rooms_drawn() -> None:
+    broken = sorted(f"{a} imports {b}" for a, b in _room_edges() if b not in ROOMS[a])
+    assert not broken, (
+        "imports between rooms that docs/architecture.md does not draw (add the arrow there and "
+        "in ROOMS, or move the shared piece down):\n" + "\n".join(broken)
+    )
+
+
+def test_no_circle_between_rooms() -> None:
+    graph: dict[str, set[str]] = {r: set() for r in ROOMS}
+    for a, b in _room_edges():
+        graph[a].add(b)
+    assert not _circles(graph), f"rooms importing each other: {_circles(graph)}"
+
+
+def test_no_folder_holds_more_than_its_share_of_modules() -> None:
+    counts: dict[Path, int] = {}
+    for path in (SRC / PACKAGE).rglob("*.py"):
+        if path.name != "__init__.py" and "migrations" not in path.parts:
+            counts[path.parent] = counts.get(path.parent, 0) + 1
+    crowded = sorted(
+        f"{p.relative_to(SRC)}: {n} modules"
+        for p, n in counts.items()
+        if n > MAX_MODULES_PER_FOLDER
+    )
+    assert not crowded, "folders that want rooms of their own:\n" + "\n".join(crowded)
 
 
 def test_known_exceptions_still_exist() -> None:

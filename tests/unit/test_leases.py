@@ -96,7 +96,7 @@ async def test_a_lease_acquired_during_a_renewal_is_not_dropped(store: Store) ->
     """E11 across replicas: a renewal's answer lists what was held when it ran; a lease taken
     while it ran is not in it and must stay held (dropping it stopped its work while its row
     stayed ours, renewed for ever and never taken over)."""
-    from shellyard.control.leases import LeaseKeeper
+    from shellyard.control.replicas.leases import LeaseKeeper
 
     keeper = LeaseKeeper(store, "home_a", "local", ttl_s=60)
     lost: list[str] = []

@@ -7,8 +7,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from shellyard.runner import logcap
-from shellyard.runner.quota import tree_usage
+from shellyard.runner.limits import logcap
+from shellyard.runner.limits.quota import tree_usage
 
 KIB = 1 << 10
 

@@ -15,7 +15,7 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy.engine import Connection
 
-from shellyard.control.wakes import wake_payload
+from shellyard.control.notify.wakes import wake_payload
 from shellyard.store import Store
 from shellyard.store.schema import metadata
 

@@ -1,5 +1,6 @@
-"""runner/reach.py: a private folder lets the sandbox uid (and nobody else) search it through
-one ACL entry, keeping the entries already there (R2 with a 0700 home, docs/decisions.md)."""
+"""runner/sandbox/folder_access.py: a private folder lets the sandbox uid (and nobody else) search
+it through one ACL entry, keeping the entries already there (R2 with a 0700 home,
+docs/decisions.md)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from shellyard.errors import SandboxUnavailable
-from shellyard.runner.reach import can_search, grant_search, make_reachable
+from shellyard.runner.sandbox.folder_access import can_search, grant_search, make_reachable
 
 SANDBOX, OTHER = 61000, 61001
 

@@ -10,7 +10,7 @@ import pytest
 
 from shellyard.config import Settings
 from shellyard.errors import InvalidInput
-from shellyard.runner.egress_rules import (
+from shellyard.runner.network.egress_rules import (
     EgressRules,
     blocked_reason,
     own_addresses,
@@ -18,7 +18,7 @@ from shellyard.runner.egress_rules import (
     parse_pattern,
 )
 from shellyard.runner.policy import SandboxPolicy
-from shellyard.runner.seccomp import build_filter
+from shellyard.runner.sandbox.seccomp import build_filter
 
 
 def test_allow_list_patterns_match_names_and_ports() -> None:

@@ -1,11 +1,11 @@
-"""The runner protocol's request signatures (R4): runner/signing.py on its own."""
+"""The runner protocol's request signatures (R4): runner/transport/signing.py on its own."""
 
 from __future__ import annotations
 
 import pytest
 
 from shellyard.errors import RunnerUnavailable, Unauthorized
-from shellyard.runner.signing import (
+from shellyard.runner.transport.signing import (
     UNSIGNED_STREAM,
     ReplayCache,
     Verifier,

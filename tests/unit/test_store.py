@@ -117,7 +117,7 @@ async def test_migrations_are_idempotent_on_reopen(home: Path) -> None:
 async def test_control_plane_on_postgresql(home: Path, pg_schema: str) -> None:
     """--database-url postgresql://…: the same executions path on PostgreSQL."""
     from shellyard.config import Settings
-    from shellyard.control.service import ControlPlane
+    from shellyard.control.plane import ControlPlane
 
     settings = Settings(home=home / "pg-home", database_url=POSTGRES_URL, database_schema=pg_schema)
     async with ControlPlane.running(settings) as plane:

@@ -1,13 +1,13 @@
-"""The operator's webhook exceptions (docs/operations.md, control/webhook_policy.py): read from
-``SHELLYARD_WEBHOOK_EXCEPTIONS`` as exact host:port pairs; a malformed one is refused with the
-reason before the server starts."""
+"""The operator's webhook exceptions (docs/operations.md, control/notify/webhook_policy.py):
+read from ``SHELLYARD_WEBHOOK_EXCEPTIONS`` as exact host:port pairs; a malformed one is refused
+with the reason before the server starts."""
 
 from __future__ import annotations
 
 import pytest
 
 from shellyard.config import Settings
-from shellyard.control.webhook_policy import WebhookPolicy
+from shellyard.control.notify.webhook_policy import WebhookPolicy
 from shellyard.errors import InvalidInput
 
 

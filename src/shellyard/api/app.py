@@ -1,5 +1,5 @@
 """REST API of the control plane: executions and runners here; sessions, agents, the inbox,
-wakes and timers in ``api_sessions``."""
+wakes and timers in ``api/sessions.py``; the others in a router module per concept."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ from shellyard.contract.executions import (
     RunShellResult,
     parse_run_shell,
 )
-from shellyard.control.service import ControlPlane
+from shellyard.control.plane import ControlPlane
 from shellyard.errors import (
     ERRORS_BY_CODE,
     ShellyardError,
@@ -173,19 +173,20 @@ def create_app(
     from shellyard.api.maintenance import maintenance_router  # gc, debug sizes (admin)
 
     app.include_router(maintenance_router(plane), dependencies=auth)
-    from shellyard.api.ports import ports_router  # ports for the host (issue 17)
+    from shellyard.api.ports import ports_router  # ports for the host (R5)
 
     app.include_router(ports_router(plane), dependencies=auth)
 
-    # Operations (issue 16): /healthz and /readyz open to probes, /metrics with the admin token.
+    # Operations (docs/operations.md): /healthz and /readyz open to probes, /metrics with the admin
+    # token.
     from shellyard.api.ops import ops_router
 
     app.include_router(ops_router(plane))
 
-    # The web page: its login, its session-wide reads, its static assets (issue 14).
-    from shellyard.api.login import login_router
-    from shellyard.api.panel import panel_router
+    # The web page: its login, its session-wide reads, its static assets (docs/web.md).
     from shellyard.web import mount_web
+    from shellyard.web.login import login_router
+    from shellyard.web.panel import panel_router
 
     app.include_router(login_router(plane))
     app.include_router(panel_router(plane), dependencies=auth)

@@ -17,10 +17,10 @@ from typing import Annotated
 
 from fastapi import Depends, Header, Request
 
-from shellyard.api.cookies import cookie_principal, cookie_secret
-from shellyard.control.service import ControlPlane
+from shellyard.control.plane import ControlPlane
 from shellyard.control.tokens import UNAUTHENTICATED_ADMIN, Principal
 from shellyard.errors import Forbidden
+from shellyard.web.cookies import cookie_principal, cookie_secret
 
 LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost", "::1", "[::1]"})
 
@@ -53,7 +53,7 @@ async def principal(
         if scheme.lower() != "bearer":
             secret = ""
         cookie = None if secret.strip() else cookie_secret(request)
-        if cookie is not None:  # the web page's login (api/cookies.py); a bearer token wins
+        if cookie is not None:  # the web page's login (web/cookies.py); a bearer token wins
             who = await cookie_principal(request, plane, cookie)
         else:
             who = await plane.tokens.authenticate(secret.strip())

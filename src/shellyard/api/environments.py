@@ -19,7 +19,7 @@ from shellyard.contract.environments import (
     RevisionView,
     parse_body,
 )
-from shellyard.control.service import ControlPlane
+from shellyard.control.plane import ControlPlane
 
 
 def environments_router(plane: ControlPlane) -> APIRouter:

@@ -43,8 +43,8 @@ from shellyard.contract.files import (
     TransferView,
     WorkspaceView,
 )
-from shellyard.control.files import FileStream
-from shellyard.control.service import ControlPlane
+from shellyard.control.files.service import FileStream
+from shellyard.control.plane import ControlPlane
 from shellyard.errors import InvalidInput
 
 H_SEQ = "X-Shellyard-Seq"

@@ -9,8 +9,8 @@ from shellyard.api.auth import admin_only
 from shellyard.api.docs import body_doc
 from shellyard.api.sessions import parse
 from shellyard.contract.maintenance import GcReport, GcRequest
+from shellyard.control.plane import ControlPlane
 from shellyard.control.retention import structure_sizes
-from shellyard.control.service import ControlPlane
 from shellyard.errors import RunnerUnavailable
 
 

@@ -1,4 +1,4 @@
-"""What an operator watches (issue 16; docs/operations.md): ``/healthz`` (the process serves),
+"""What an operator watches (docs/operations.md): ``/healthz`` (the process serves),
 ``/readyz`` (it can do its work: the database answers, its schema is at the code's head, the
 local runner answers) and ``/metrics`` (Prometheus text format, admin token when tokens are
 on: the counts name runners and the load of every session)."""
@@ -16,8 +16,8 @@ from pydantic import BaseModel
 from shellyard.api.auth import principal
 from shellyard.api.docs import JSON_ERROR_RESPONSES
 from shellyard.control.metrics import Readings
+from shellyard.control.plane import ControlPlane
 from shellyard.control.runners import LOCAL_RUNNER_ID
-from shellyard.control.service import ControlPlane
 from shellyard.control.tokens import Principal
 from shellyard.errors import Forbidden
 

@@ -1,4 +1,4 @@
-"""REST endpoints of ports for the host (issue 17): open, list and close a forward from a
+"""REST endpoints of ports for the host (R5): open, list and close a forward from a
 loopback port of the runner's host into the acting agent's own workspace network."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from fastapi import APIRouter, Query
 
 from shellyard.api.auth import AgentHeader
 from shellyard.contract.ports import PortCloseRequest, PortOpenRequest, PortView
-from shellyard.control.service import ControlPlane
+from shellyard.control.plane import ControlPlane
 
 
 def ports_router(plane: ControlPlane) -> APIRouter:

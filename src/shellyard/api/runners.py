@@ -13,7 +13,7 @@ from shellyard.contract.runners import (
     RunnerBootstrapResult,
     RunnerView,
 )
-from shellyard.control.service import ControlPlane
+from shellyard.control.plane import ControlPlane
 
 
 class RunnerRemoveRequest(BaseModel):

@@ -16,7 +16,7 @@ import uvicorn
 
 from shellyard.api.app import create_app
 from shellyard.config import Settings
-from shellyard.control.service import ControlPlane
+from shellyard.control.plane import ControlPlane
 from shellyard.control.tokens import ADMIN_TOKEN_NAME
 from shellyard.errors import InvalidInput
 from shellyard.home import INFO_NAME, ServerInfo, lock_home, write_info
@@ -104,7 +104,7 @@ def serve(
         lifespan="on",
         access_log=False,
         timeout_graceful_shutdown=3,
-        # JSON logs (issue 16): uvicorn's lines go through the root's JSON handler too.
+        # JSON logs (docs/operations.md): uvicorn's lines go through the root's JSON handler too.
         log_config=None if json_logs else uvicorn.config.LOGGING_CONFIG,
     )
     server = uvicorn.Server(config)

@@ -31,7 +31,7 @@ from shellyard.contract.sessions import (
     WebhookRequest,
     WebhookView,
 )
-from shellyard.control.service import ControlPlane
+from shellyard.control.plane import ControlPlane
 from shellyard.errors import InvalidInput, NotFound, validation_message
 
 M = TypeVar("M", bound=BaseModel)

@@ -9,7 +9,7 @@ from shellyard.api.auth import PrincipalDep
 from shellyard.api.docs import body_doc
 from shellyard.api.sessions import parse
 from shellyard.contract.tokens import TokenCreated, TokenCreateRequest, TokenView
-from shellyard.control.service import ControlPlane
+from shellyard.control.plane import ControlPlane
 
 
 def tokens_router(plane: ControlPlane) -> APIRouter:

@@ -216,7 +216,7 @@ VERB_MODULES = (
     gc,  # docs/operations.md
     backup,
     ui,
-    ports,  # issue 17: ports for the host
+    ports,  # R5: ports for the host
 )
 for module in VERB_MODULES:
     module.register(app)

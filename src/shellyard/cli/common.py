@@ -26,9 +26,9 @@ if TYPE_CHECKING:
     from shellyard.contract.executions import ExecutionView
     from shellyard.sdk.client import Client
 
-# Start-up time is part of every verb (issue 13: ``shellyard run -- true`` within 150 ms), so
-# this module and every verb module import nothing heavy at module level: rich, pydantic,
-# httpx and the public models are imported where a verb first needs them.
+# Start-up time is part of every verb (docs/benchmarks.md: ``shellyard run -- true`` within 150 ms),
+# so this module and every verb module import nothing heavy at module level: rich, pydantic, httpx
+# and the public models are imported where a verb first needs them.
 
 
 class _LazyConsole:

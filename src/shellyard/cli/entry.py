@@ -88,7 +88,8 @@ def quick_run(argv: list[str]) -> int | None:
 
                 raise unreachable(exc) from exc
         if data.get("note") and sys.stderr.isatty():
-            # issue 20, as in cli/executions.py: no base prepared yet; on a terminal only
+            # docs/environments.md, as in cli/executions.py: no base prepared yet; on a terminal
+            # only
             sys.stderr.write(f"shellyard: note: {data['note']}\n")
         if data["state"] not in ("completed", "cancelled", "failed", "unknown"):
             return _follow(home, data)  # still going after --wait-ms: the SDK follows it

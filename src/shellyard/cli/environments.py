@@ -362,12 +362,12 @@ def env_prepare(
     name: Annotated[str, typer.Option("--name", help="The base to build.")] = "python-base",
     as_json: JsonOption = False,
 ) -> None:
-    """Build the runner host's base environment (issue 20) once: a read-only python-base
+    """Build the runner host's base environment (docs/environments.md) once: a read-only python-base
     (numpy, pandas, scipy, matplotlib) shared by every home here, the default of commands
     without --env. Run it on the runner's host; quick when already built."""
     import asyncio
 
-    from shellyard.runner.bases import prepare
+    from shellyard.runner.environments.bases import prepare
 
     def progress(line: str) -> None:
         if not as_json:

@@ -86,8 +86,8 @@ def run(
             out.print_json(result.model_dump_json())
             raise typer.Exit(0)
         if result.note and sys.stderr.isatty():
-            # issue 20: no base prepared yet, so the command ran with the host's tools only;
-            # the note names the command that prepares one. On a terminal only: a script's
+            # docs/environments.md: no base prepared yet, so the command ran with the host's tools
+            # only; the note names the command that prepares one. On a terminal only: a script's
             # stderr stays the command's own (--json carries the note as a field).
             err.print(f"shellyard: note: {result.note}", highlight=False)
         if background:

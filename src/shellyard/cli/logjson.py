@@ -1,4 +1,4 @@
-"""``serve --log-format json`` (issue 16): one JSON object per line on stderr, for log
+"""``serve --log-format json`` (docs/operations.md): one JSON object per line on stderr, for log
 collectors. Each line has ``ts`` (UTC, ISO 8601), ``level``, ``logger`` and ``message``, and
 every field the code attached to the record (``execution_id``, ``session_id``, ``runner_id``,
 ``agent_id``, ``wake_id``, ``action``, …) where it knows them."""

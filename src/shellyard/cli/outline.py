@@ -1,9 +1,8 @@
-"""The app's outline for its top-level help page (issue 13: ``shellyard --help`` within 200
-ms). typer builds every verb's click parameters before it prints any page, about a third of
-``--help`` (docs/benchmarks.md); the top-level page shows only each verb's and group's name,
-help and panel. The outline is the same app with those, every verb taking no parameters and
-every group no subcommands, so the page is the same, built from a fraction of the work.
-"""
+"""The app's outline for its top-level help page (docs/benchmarks.md: ``shellyard --help`` within
+200 ms). typer builds every verb's click parameters before it prints any page, about a third of
+``--help`` (docs/benchmarks.md); the top-level page shows only each verb's and group's name, help
+and panel. The outline is the same app with those, every verb taking no parameters and every group
+no subcommands, so the page is the same, built from a fraction of the work."""
 
 from __future__ import annotations
 

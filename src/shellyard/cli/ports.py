@@ -1,5 +1,5 @@
 """``shellyard port``: forward a loopback port of the runner's host into a workspace's
-network (issue 17), list the forwards, close one.
+network (R5), list the forwards, close one.
 
     shellyard port WS PORT [--host-port N]    open (prints the url)
     shellyard port list [WS]                  the open forwards

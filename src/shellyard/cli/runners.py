@@ -14,7 +14,7 @@ from shellyard.cli.common import HomeOption, JsonOption, fail, new_table, out
 from shellyard.cli.common import client_for as _client
 from shellyard.errors import InvalidInput, NotFound, ShellyardError
 
-if TYPE_CHECKING:  # the models are built on import: not at start-up (issue 13)
+if TYPE_CHECKING:  # the models are built on import: not at start-up (docs/benchmarks.md)
     from shellyard.contract.runners import RunnerView
 
 runner_app = typer.Typer(help="Runner daemons on this or other hosts.", no_args_is_help=True)
@@ -44,7 +44,7 @@ def runner_serve(
     tls_key: Annotated[Path | None, typer.Option(help="The certificate's PEM key.")] = None,
 ) -> None:
     """Run a runner daemon: the Runner protocol over HTTP, every request signed with its key."""
-    from shellyard.runner.daemon import run_runner_daemon
+    from shellyard.runner.transport.daemon import run_runner_daemon
 
     try:
         if (tls_cert is None) != (tls_key is None):

@@ -1,4 +1,4 @@
-"""``shellyard ui [--session ID] [--print-url]``: log a browser in to the web page (issue 14,
+"""``shellyard ui [--session ID] [--print-url]``: log a browser in to the web page (docs/web.md,
 docs/web.md). Asks the home's server (started on demand) for a one-time login code with the
 reach of the token used (``$SHELLYARD_TOKEN`` or the admin token) and opens the page with the
 code in the URL's fragment; the page trades it for its login cookie. ``cli/app.py`` calls
@@ -36,7 +36,7 @@ def ui(
     """Open the web page (the session file panel, live) logged in with a one-time code: the
     link works once, for two minutes, with the reach of your token ($SHELLYARD_TOKEN or the
     home's admin token)."""
-    import httpx  # here, not at import: start-up time is every verb's (issue 13)
+    import httpx  # here, not at import: start-up time is every verb's (docs/benchmarks.md)
 
     from shellyard.home import ensure_server
 

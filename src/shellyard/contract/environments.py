@@ -54,8 +54,8 @@ class EnvironmentCreateRequest(BaseModel):
     language: str = "python"
     runner_id: str | None = None
     wait_ms: int = DEFAULT_WAIT_MS
-    #: Start from this base environment's packages (``python-base``; issue 20): hard links of
-    #: the runner's prepared base, so creating is quick; changes never touch the base.
+    #: Start from this base environment's packages (``python-base``; docs/environments.md): hard
+    #: links of the runner's prepared base, so creating is quick; changes never touch the base.
     base: str | None = None
 
     @field_validator("name")

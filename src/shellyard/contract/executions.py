@@ -141,7 +141,7 @@ class ExecutionView(BaseModel):
     policy: ExecutionPolicyView | None = None
     #: Set when retention deleted the execution's logs (docs/operations.md).
     logs_pruned_at: float | None = None
-    #: issue 17: it ran beside the writer on the committed snapshot (no snapshot of its own).
+    #: W2: it ran beside the writer on the committed snapshot (no snapshot of its own).
     read_only: bool = False
 
 
@@ -150,7 +150,8 @@ class RunShellResult(ExecutionView):
     stderr: str = ""
     output_truncated: bool = False
     #: Something the caller should know about how the command ran, e.g. that no default
-    #: environment is prepared on the runner and the command that prepares it (issue 20).
+    #: environment is prepared on the runner and the command that prepares it
+    #: (docs/environments.md).
     note: str | None = None
 
 

@@ -1,4 +1,4 @@
-"""Result models of the session-wide reads behind the web page's session file panel (issue 14),
+"""Result models of the session-wide reads behind the web page's session file panel (docs/web.md),
 shared by any door that wants them: executions of every agent of a session, paged newest
 first, and what changed in a session (the live stream's events)."""
 

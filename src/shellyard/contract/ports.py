@@ -1,4 +1,4 @@
-"""Ports for the host (issue 17): a loopback port of the runner's host forwarded to a port
+"""Ports for the host (R5): a loopback port of the runner's host forwarded to a port
 inside a workspace's own network, for a person's browser or a tool on that host. What
 ``workspace_port`` (MCP), ``/v1/ports`` (REST), the SDK and ``shellyard port`` take and return
 (docs/contract.md, "Ports")."""

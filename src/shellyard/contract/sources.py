@@ -1,9 +1,9 @@
-"""Package sources (issue 20): the rules every channel, index, link and repository URL obeys,
-and the package-spec checks that keep an option or a URL from riding in a spec.
+"""Package sources (docs/environments.md): the rules every channel, index, link and repository URL
+obeys, and the package-spec checks that keep an option or a URL from riding in a spec.
 
 Written once here and used twice: by the change request models (so a bad source is refused
 before anything is recorded, V8) and by the runner (which also applies its operator's
-allow-list, ``runner/env_sources.py``, and may be called by a control plane of another
+allow-list, ``runner/environments/sources.py``, and may be called by a control plane of another
 version). Only syntax lives here; whether a source is *allowed* is the runner's decision.
 """
 

@@ -8,9 +8,9 @@ change that succeeds records revision N+1 and the environment's new revision tog
 that fails records its error and no revision. When a change ends, the executions queued
 behind it are dispatched.
 
-With several replicas on one database (issue 16) a change is driven by the one replica holding
-its lease (``leases``); a replica that dies leaves the lease to expire and another adopts the
-change: it asks the runner about it by its id (the runner never starts a change twice) and sees
+With several replicas on one database (docs/operations.md) a change is driven by the one replica
+holding its lease (``leases``); a replica that dies leaves the lease to expire and another adopts
+the change: it asks the runner about it by its id (the runner never starts a change twice) and sees
 it to its end, as a restart does. Waits on other replicas read the record."""
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from shellyard.contract.environments import (
     RevisionView,
 )
 from shellyard.control.agents import AgentResolver
-from shellyard.control.execution_hooks import WatchLeases
+from shellyard.control.executions.hooks import WatchLeases
 from shellyard.control.runners import LOCAL_RUNNER_ID, RunnerRegistry
 from shellyard.errors import (
     ChangeFailed,
@@ -85,7 +85,8 @@ class EnvironmentService:
         #: Set when a change ended (for callers waiting on it in this process).
         self._ended: dict[str, asyncio.Event] = {}
         self._closing = False
-        #: Which replica drives each change (issue 16); None: this process is the only one.
+        #: Which replica drives each change (docs/operations.md); None: this process is the only
+        #: one.
         self.leases: WatchLeases | None = None
 
     # ------------------------------------------------------------------ lifecycle

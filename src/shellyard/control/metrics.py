@@ -1,4 +1,4 @@
-"""Prometheus metrics of one replica (issue 16; docs/operations.md).
+"""Prometheus metrics of one replica (docs/operations.md).
 
 Latencies are histograms observed as they happen; everything else is read when scraped
 (``refresh``), from the database (every replica's executions and deliveries) and from this

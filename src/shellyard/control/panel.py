@@ -1,4 +1,4 @@
-"""Session-wide reads for the web page's session file panel (issue 14), usable by any door.
+"""Session-wide reads for the web page's session file panel (docs/web.md), usable by any door.
 
 The existing services answer for one acting agent; the panel shows a whole session at once:
 the executions of every agent (paged, newest first), their transfers, reminders, notices,
@@ -20,20 +20,20 @@ from shellyard.contract.executions import ExecutionState
 from shellyard.contract.files import ArtifactView, TransferView, WorkspaceView
 from shellyard.contract.panel import MAX_EXECUTION_PAGE, ExecutionPage, PanelChange
 from shellyard.contract.sessions import NoticeView, SessionView, TimerView
+from shellyard.control.executions.view import execution_view
 
 # The services' own row-to-view mappings, so the panel reports exactly what they report.
-from shellyard.control.artifacts import _view as artifact_view
-from shellyard.control.execution_view import execution_view
-from shellyard.control.sessions import _agent_view
-from shellyard.control.timers import timer_view
+from shellyard.control.files.artifacts import _view as artifact_view
+from shellyard.control.notify.sessions import _agent_view
+from shellyard.control.notify.timers import timer_view
+from shellyard.control.notify.wakes import notice_view
 from shellyard.control.tokens import Principal
-from shellyard.control.wakes import notice_view
 from shellyard.errors import InvalidInput, NotFound
 from shellyard.store.db import Row
 from shellyard.store.panel import PanelRecords
 
 if TYPE_CHECKING:
-    from shellyard.control.service import ControlPlane
+    from shellyard.control.plane import ControlPlane
 
 #: How often ``changes`` looks at the record: a change shows within about this long (issue
 #: 14 asks for 2 s). One look costs ~30 ms on SQLite for a 10,000-execution session here.

@@ -1,4 +1,4 @@
-"""Ports for the host (issue 17): the control plane checks who asks, then asks the
+"""Ports for the host (R5): the control plane checks who asks, then asks the
 workspace's runner to forward a loopback port of its host into the workspace's network.
 
 Only the workspace's own agent opens, lists and closes its forwards (``use='write'``, as
@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from shellyard.contract.ports import PortView
-from shellyard.control.access import WorkspaceAccess
+from shellyard.control.files.access import WorkspaceAccess
 from shellyard.errors import InvalidInput
 from shellyard.runner.protocol import Runner
 

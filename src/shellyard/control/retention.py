@@ -31,7 +31,7 @@ from shellyard.store import Store
 from shellyard.store.retention import Cutoffs, RetentionRecords
 
 if TYPE_CHECKING:
-    from shellyard.control.files import FileService
+    from shellyard.control.files.service import FileService
 
 log = logging.getLogger(__name__)
 
@@ -224,7 +224,7 @@ __all__ = ["GcReport", "GcRequest", "RetentionService", "maintenance_lock"]
 
 
 #: The per-object structures of the control plane and the local runner that must stay flat
-#: over months (issue 18): (label, owner attribute path). Sizes are read defensively so a
+#: over months (docs/operations.md): (label, owner attribute path). Sizes are read defensively so a
 #: renamed attribute shows as -1 instead of breaking the report.
 TRACKED = (
     ("executions.finished_events", ("executions", "_finished")),

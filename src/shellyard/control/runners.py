@@ -80,7 +80,8 @@ class RunnerRegistry:
         self._health: dict[str, Health] = {}
         self.heartbeat_s = heartbeat_s
         self._beating: asyncio.Task[None] | None = None
-        #: Called after a runner was added or removed here: other replicas reload (issue 16).
+        #: Called after a runner was added or removed here: other replicas reload
+        #: (docs/operations.md).
         self.on_change: Callable[[], None] | None = None
 
     async def add_local(self, runner: Runner) -> None:
@@ -144,7 +145,7 @@ class RunnerRegistry:
     async def bootstrap(self, request: RunnerBootstrapRequest) -> RunnerBootstrapResult:
         """Start the daemon on the far host over SSH unless it runs there already, then
         register it (again only if its address or key changed). Safe to repeat."""
-        from shellyard.runner.ssh import SshTarget, check_host_key, start_daemon
+        from shellyard.runner.transport.ssh import SshTarget, check_host_key, start_daemon
 
         if request.runner_id == LOCAL_RUNNER_ID:
             raise InvalidInput(f"runner id {request.runner_id!r} is reserved; pick another")
@@ -207,7 +208,7 @@ class RunnerRegistry:
         return None
 
     async def _ssh_secrets(self, request: RunnerAddRequest) -> dict[str, Any]:
-        from shellyard.runner.ssh import SshTarget, check_host_key, probe
+        from shellyard.runner.transport.ssh import SshTarget, check_host_key, probe
 
         target = SshTarget.parse(request.address)
         identity, known_hosts = _ssh_files(request.identity, request.known_hosts)
@@ -223,7 +224,7 @@ class RunnerRegistry:
     async def _direct_secrets(self, request: RunnerAddRequest) -> dict[str, Any]:
         secrets: dict[str, Any] = {"key": request.token}
         if request.address.startswith("https://"):
-            from shellyard.runner.tls import fetch_certificate
+            from shellyard.runner.transport.tls import fetch_certificate
 
             pem, fingerprint = await fetch_certificate(request.address, request.tls_fingerprint)
             secrets.update(tls_cert=pem, fingerprint=fingerprint)
@@ -266,7 +267,7 @@ class RunnerRegistry:
                 self._put(runner_id, runner, kind, row["address"], secrets.get("fingerprint"))
 
     async def reload(self) -> None:
-        """Another replica added or removed a runner (issue 16): follow the records."""
+        """Another replica added or removed a runner (docs/operations.md): follow the records."""
         rows = {str(row["id"]): row for row in await self._store.list_runners()}
         for runner_id in [r for r in self._runners if r != LOCAL_RUNNER_ID]:
             row = rows.get(runner_id)
@@ -403,16 +404,16 @@ def _request(**fields: Any) -> RunnerAddRequest:
 
 def _connect(kind: str, address: str, secrets: dict[str, Any]) -> Runner:
     """The Runner object for a recorded runner; nothing is connected until it is asked."""
-    from shellyard.runner.remote import RemoteRunner
+    from shellyard.runner.transport.client import RemoteRunner
 
     key = str(secrets["key"])
     if kind == "ssh":
-        from shellyard.runner.ssh import ssh_runner
+        from shellyard.runner.transport.ssh import ssh_runner
 
         identity, known_hosts = Path(secrets["identity"]), Path(secrets["known_hosts"])
         return ssh_runner(address, key, identity, known_hosts)
     if secrets.get("tls_cert"):
-        from shellyard.runner.tls import pinned_transport
+        from shellyard.runner.transport.tls import pinned_transport
 
         return RemoteRunner(address, key, transport=pinned_transport(str(secrets["tls_cert"])))
     return RemoteRunner(address, key)

@@ -1,7 +1,7 @@
 """``/mcp`` on the server, built on its first request.
 
 The mcp SDK, the in-process client and the tool server cost about 0.5 s of start-up and
-25 MiB of resident memory (measured: importing ``mcp_http`` takes a fresh interpreter to
+25 MiB of resident memory (measured: importing ``mcp/http.py`` takes a fresh interpreter to
 118 MiB, the REST server alone to 96 MiB). Every CLI verb may start a server on demand, and
 most never serve MCP over HTTP, so the endpoint is made when a request first reaches it.
 The session manager's lifespan runs in a task of its own from then until the server stops,

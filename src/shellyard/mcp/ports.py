@@ -1,4 +1,4 @@
-"""The ``workspace_port`` tool (issue 17): forward a loopback port of the runner's host into
+"""The ``workspace_port`` tool (R5): forward a loopback port of the runner's host into
 your workspace's network so a person's browser on that host reaches your server; list the
 forwards; close one. ``build_server`` adds it when its backend serves ports."""
 

@@ -54,7 +54,7 @@ def build_server(backend: ShellyardBackend, *, network: str = "off") -> MCPServe
         tools += environment_tools(backend)
     if isinstance(backend, RunnersBackend):
         tools += runner_tools(backend)
-    if isinstance(backend, PortsBackend):  # issue 17: ports for the host
+    if isinstance(backend, PortsBackend):  # R5: ports for the host
         tools += port_tools(backend)
     server = MCPServer(
         name="shellyard",

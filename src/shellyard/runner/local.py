@@ -1,9 +1,10 @@
 """LocalRunner: runs executions in bubblewrap sandboxes on this host (R1, R2, E7, E8, E11).
 
 This module is the Runner protocol's face: start-up, workspaces, files and history. The jobs
-behind it live beside it: ``spawn.py`` (one sandbox's command line and files),
-``supervise.py`` (watching, cancel, logs, re-attach), ``sandbox.py``/``seccomp.py``/
-``egress.py`` (the sandbox itself), ``edits.py``/``history.py``/``objects.py`` (files).
+behind it live in the rooms beside it: ``sandbox/`` (``spawn.py``: one sandbox's command line
+and files; ``supervise.py``: watching, cancel, logs, re-attach; ``bwrap.py``, ``seccomp.py``:
+the sandbox itself), ``network/`` (a workspace's network, ports, the egress proxy),
+``limits/``, ``snapshots/`` and ``edits/`` (files), ``environments/``.
 
 On disk, under ``root``::
 
@@ -30,15 +31,17 @@ from shellyard.errors import (
     OutOfRoom,
     WorkspaceBusy,
 )
-from shellyard.runner import bases, history, launch, netns, objects, reach, retention, sandbox
 from shellyard.runner.edits.editor import Editor
-from shellyard.runner.egress import EgressProxy
-from shellyard.runner.egress_rules import EgressRules
-from shellyard.runner.environments import EnvironmentStore
-from shellyard.runner.guard import Guard as LimitsGuard  # limits (issue 12)
-from shellyard.runner.netns import WorkspaceNetworks
-from shellyard.runner.objects import PackImporter, StoreLock, aiter_thread
-from shellyard.runner.ports import Relays
+from shellyard.runner.environments import bases
+from shellyard.runner.environments.store import EnvironmentStore
+from shellyard.runner.limits import retention
+from shellyard.runner.limits.reserve import require_room  # limits (R2, docs/limits.md)
+from shellyard.runner.limits.watcher import Guard as LimitsGuard  # limits (R2, docs/limits.md)
+from shellyard.runner.network import netns
+from shellyard.runner.network.egress_proxy import EgressProxy
+from shellyard.runner.network.egress_rules import EgressRules
+from shellyard.runner.network.netns import WorkspaceNetworks
+from shellyard.runner.network.ports import Relays
 from shellyard.runner.protocol import (
     ApplyEntry,
     ApplyResult,
@@ -65,11 +68,14 @@ from shellyard.runner.protocol import (
     SnapshotInfo,
     StartRequest,
 )
-from shellyard.runner.seccomp import SeccompProfile
+from shellyard.runner.sandbox import bwrap as sandbox
+from shellyard.runner.sandbox import folder_access, launch
+from shellyard.runner.sandbox.seccomp import SeccompProfile
+from shellyard.runner.sandbox.spawn import Sandboxes, script_argv
+from shellyard.runner.sandbox.supervise import Supervisor, check_id
+from shellyard.runner.snapshots import history, objects
+from shellyard.runner.snapshots.objects import PackImporter, StoreLock, aiter_thread
 from shellyard.runner.snapshots.store import SnapshotStore
-from shellyard.runner.space import require_room  # limits (issue 12)
-from shellyard.runner.spawn import Sandboxes, script_argv
-from shellyard.runner.supervise import Supervisor, check_id
 
 
 class LocalRunner:
@@ -101,7 +107,7 @@ class LocalRunner:
         self._hidden = [self.root, *(hidden or [])]
         self._ids = sandbox.sandbox_ids(self.policy)
         self._proxy: EgressProxy | None = None
-        self._relays: Relays | None = None  # issue 17: forwarded ports, egress relays
+        self._relays: Relays | None = None  # R5: forwarded ports, egress relays
         self._sandboxes = Sandboxes(
             policy=self.policy,
             ids=self._ids,
@@ -110,7 +116,8 @@ class LocalRunner:
             seccomp=SeccompProfile(self._sandbox_dir / "seccomp.bpf"),
             disable_userns=False,
         )
-        # limits (issue 12): workspace quota and log cap while commands run (guard.py)
+        # limits (R2, docs/limits.md): workspace quota and log cap while commands run
+        # (limits/watcher.py)
         self._guard = LimitsGuard(self.root, self.policy, self._snapshots.head)
         self._runs = Supervisor(
             self._executions,
@@ -143,8 +150,8 @@ class LocalRunner:
         await self._environments.startup(self._sandboxes.bwrap)
         await asyncio.to_thread(self._runs.views.startup)
         await self._runs.recover()
-        await asyncio.to_thread(self._runs.views.forget_unused)  # issue 17: none in use
-        if self._sandboxes.networks is not None:  # issue 17: none of a finished workspace
+        await asyncio.to_thread(self._runs.views.forget_unused)  # W2: none in use
+        if self._sandboxes.networks is not None:  # R2: none of a finished workspace
             await asyncio.to_thread(self._sandboxes.networks.forget_unused)
         if self._relays is not None:
             await asyncio.to_thread(self._relays.forget_unused)
@@ -172,7 +179,7 @@ class LocalRunner:
             self._proxy = EgressProxy(path, rules)
             await self._proxy.start()
             box.egress_socket = path
-        # issue 17: one network per workspace (a probe of user namespaces when not root)
+        # R2: one network per workspace (a probe of user namespaces when not root)
         if await asyncio.to_thread(netns.supported, self.policy.network):
             egress = box.egress_socket if self.policy.network == "egress" else None
             box.networks = WorkspaceNetworks(self._sandbox_dir / "netns", egress)
@@ -184,13 +191,14 @@ class LocalRunner:
     def _check_traversable(self, directory: Path) -> None:
         if self._ids is None:  # not root: the sandbox runs as this user, who reaches it
             return
-        # A private home (0700) works: the sandbox uid alone gets search through it (reach.py).
-        reach.make_reachable(directory, *self._ids)
+        # A private home (0700) works: the sandbox uid alone gets search through it
+        # (sandbox/folder_access.py).
+        folder_access.make_reachable(directory, *self._ids)
 
     async def aclose(self) -> None:
         """Stop watching; the sandboxes themselves keep running (E11)."""
         self._runs.close()
-        await self._guard.aclose()  # limits (issue 12)
+        await self._guard.aclose()  # limits (R2, docs/limits.md)
         await self._environments.aclose()
         if self._proxy is not None:
             await self._proxy.close()
@@ -204,7 +212,7 @@ class LocalRunner:
             sandbox="bubblewrap",
             network=self.policy.network,
             sandbox_uid=uid,
-            limits=self._guard.limits_view(),  # limits (issue 12)
+            limits=self._guard.limits_view(),  # limits (R2, docs/limits.md)
         )
 
     # ----------------------------------------------------------------- workspaces
@@ -255,7 +263,7 @@ class LocalRunner:
 
     # ----------------------------------------------------------------- files and history
     # Reads come from committed snapshots only (W2); writer operations end with a commit
-    # (W1, W3). The logic lives in history.py, edits.py and objects.py.
+    # (W1, W3). The logic lives in snapshots/history.py, edits/ and snapshots/objects.py.
 
     async def list_snapshots(self, workspace_id: str) -> list[SnapshotInfo]:
         self._require_workspace(workspace_id)
@@ -317,9 +325,11 @@ class LocalRunner:
     async def _writing(self, workspace_id: str, frees: bool = False) -> AsyncIterator[None]:
         """One writer operation at a time on the workspace, never beside an execution."""
         self._require_workspace(workspace_id)
-        if not frees:  # limits (issue 12): a delete may run below the reserve, it frees space
+        # limits (R2, docs/limits.md): a delete may run below the reserve, it frees space
+        if not frees:
             require_room(self.root, self.policy, f"a change to workspace {workspace_id}")
-        self._guard.forget(workspace_id)  # limits (issue 12): its usage must be measured again
+        # limits (R2, docs/limits.md): its usage must be measured again
+        self._guard.forget(workspace_id)
         holder = self._runs.busy_workspaces.get(workspace_id)
         if holder is not None:
             raise WorkspaceBusy(
@@ -453,7 +463,7 @@ class LocalRunner:
         tree = self.workspace_path(request.workspace_id)
         if not tree.is_dir():
             raise NotFound(f"workspace {request.workspace_id} does not exist on this runner")
-        # issue 17: a read-only execution runs beside the writer, on the committed snapshot
+        # W2: a read-only execution runs beside the writer, on the committed snapshot
         holder = self._runs.busy_workspaces.get(request.workspace_id)
         if holder is not None and not request.read_only:
             raise WorkspaceBusy(
@@ -478,7 +488,7 @@ class LocalRunner:
         used: dict[str, object] = {}
         if request.environment_id is None:
             used, mount = _default_base()
-        require_room(self.root, self.policy, "a new execution")  # limits (issue 12)
+        require_room(self.root, self.policy, "a new execution")  # limits (R2, docs/limits.md)
         started = self._runs.launch(request, tree, command, mount)
         return started.model_copy(update=used) if used else started
 
@@ -510,7 +520,7 @@ class LocalRunner:
     async def environment_change_wait(self, change_id: str, timeout_s: float) -> EnvironmentChange:
         return await self._environments.wait(change_id, timeout_s)
 
-    # ----------------------------------------------------------------- ports (issue 17)
+    # ----------------------------------------------------------------- ports (R5)
 
     def _port_relays(self) -> Relays:
         if self._relays is None:
@@ -560,7 +570,7 @@ async def _coalesce(data: ByteStream, size: int = 1 << 20) -> AsyncIterator[byte
 
 
 def _default_base() -> tuple[dict[str, object], tuple[Path, dict[str, str]] | None]:
-    """The runner's default environment for a command without one (issue 20): what the
+    """The runner's default environment for a command without one (docs/environments.md): what the
     result reports, and the mount; never a build (a first command does not wait)."""
     name = bases.default_name()
     if name is None:

@@ -15,7 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, field_validator, model_validator
 
 from shellyard.errors import InvalidInput
-from shellyard.runner.egress_rules import parse_exception, parse_pattern
+from shellyard.runner.network.egress_rules import parse_exception, parse_pattern
 
 #: ``off``: own network namespace, loopback only. ``egress``: outbound TCP through the runner's
 #: filtering proxy only. ``host``: the host's network, shared (explicit choice only).
@@ -23,7 +23,7 @@ NetworkMode = Literal["off", "egress", "host"]
 NETWORK_MODES: tuple[NetworkMode, ...] = ("off", "egress", "host")
 
 #: Bumped whenever the seccomp rules change, so every execution record names the rules it ran
-#: under (``runner/seccomp.py``).
+#: under (``runner/sandbox/seccomp.py``).
 SECCOMP_PROFILE = "shellyard-seccomp-1"
 
 
@@ -77,7 +77,7 @@ class SandboxPolicy(BaseModel):
     max_cpu_seconds: int | None = Field(default=None, ge=1)
     #: How often running commands' disk use and logs are looked at.
     limit_check_interval_s: float = Field(default=0.1, gt=0.0, le=10.0)
-    # --- package sources (issue 20, docs/environments.md "Package sources") ---
+    # --- package sources (docs/environments.md "Package sources") ---
     #: The channels, indexes and repositories environment changes may use (``pypi``, ``cran``,
     #: ``bioconductor``, conda channel names, https:// URL prefixes, local folders). None: any
     #: https:// source and any local folder outside the runner's own.
@@ -188,7 +188,8 @@ def policy_from_env(policy: SandboxPolicy) -> SandboxPolicy:
         values = _env_list(variable, separator)
         if values is not None:
             update[key] = values
-    # issue 20: the package sources environment changes may use (comma- or space-separated)
+    # docs/environments.md: the package sources environment changes may use (comma- or
+    # space-separated)
     sources = os.environ.get("SHELLYARD_ALLOWED_SOURCES")
     if sources is not None:
         from shellyard.contract.sources import SourceError, check_channel

@@ -51,7 +51,7 @@ class StartRequest(BaseModel):
     env: dict[str, str] = Field(default_factory=dict)
     #: Mount this environment's prefix read-only and set its variables (V4).
     environment_id: str | None = None
-    #: issue 17: run beside the writer on the last committed snapshot, bound read-only.
+    #: W2: run beside the writer on the last committed snapshot, bound read-only.
     read_only: bool = False
     #: Nobody waits for this start's end (a background execution, a queued one started by
     #: the previous one's end): a remote runner answers at once instead of long-polling.
@@ -88,7 +88,8 @@ class RunnerExecution(BaseModel):
     #: Bytes dropped from each log stream by the retained-log cap (only streams that were cut).
     logs_cut: dict[str, int] = Field(default_factory=dict)
     #: Set by ``start`` when a command without ``environment_id`` ran in the runner's default
-    #: base environment (issue 20): its name and revision; ``note`` when it ran without one.
+    #: base environment (docs/environments.md): its name and revision; ``note`` when it ran without
+    #: one.
     base_environment: str | None = None
     base_revision: int | None = None
     note: str | None = None
@@ -311,7 +312,7 @@ class Runner(Protocol):
 
     async def environment_info(self, environment_id: str) -> EnvironmentInfo: ...
 
-    # --- ports for the host (issue 17; runner/ports.py) ---
+    # --- ports for the host (R5; runner/network/ports.py) ---
 
     async def open_port(self, workspace_id: str, port: int, host_port: int) -> PortView:
         """Forward a loopback port of the runner's host (``host_port``, 0: a free one) to
@@ -344,7 +345,7 @@ class EnvironmentChangeRequest(BaseModel):
     action: EnvAction
     #: ``create`` only.
     language: EnvLanguage | None = None
-    #: ``create`` only: start from this base environment (``python-base``; issue 20).
+    #: ``create`` only: start from this base environment (``python-base``; docs/environments.md).
     base: str | None = None
     #: ``install`` / ``uninstall`` only.
     manager: EnvManager | None = None
@@ -358,7 +359,7 @@ class EnvironmentChangeRequest(BaseModel):
     #: cran / bioconductor: repository URLs (``file://`` folders included).
     repos: list[str] = Field(default_factory=list)
     #: The caller's workspace on this runner: local sources under ``/workspace/`` name it
-    #: (issue 20; the control plane sets it for the agent that asked).
+    #: (docs/environments.md; the control plane sets it for the agent that asked).
     workspace_id: str | None = None
 
 

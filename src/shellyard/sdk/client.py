@@ -1,10 +1,10 @@
 """Python SDK of the control plane's REST API: ``Client`` (sync) and ``AsyncClient``.
 
-Each JSON operation is described once, as an ``Op`` (``client_base``): executions and runners
-here, sessions/agents/inbox/timers/wakes in ``client_sessions``, files/history/transfers/
-artifacts in ``client_files``. The two classes differ only in how they send; byte streams and
-log following are written per client around shared logic. Errors come back as the same
-``ShellyardError`` class the server raised.
+Each JSON operation is described once, as an ``Op`` (``sdk/base.py``): executions and runners
+here, sessions/agents/inbox/timers/wakes in ``sdk/sessions.py``, files/history/transfers/
+artifacts in ``sdk/files.py``, one module per other concept. The two classes differ only in how they
+send; byte streams and log following are written per client around shared logic. Errors come back as
+the same ``ShellyardError`` class the server raised.
 
     from shellyard import Client
     with Client.for_home() as client:

@@ -30,7 +30,7 @@ def _create(
     """V1: a managed prefix for ``language`` (``python`` or ``r``) on a runner (default
     local), at revision 1 once created. Waits up to ``wait_ms`` (at most 30 000) for that;
     a longer creation comes back ``creating`` with its ``change_id`` to follow. ``base``
-    (``python-base``): start with that prepared base's packages (issue 20)."""
+    (``python-base``): start with that prepared base's packages (docs/environments.md)."""
     body = {
         "name": name,
         "language": language,

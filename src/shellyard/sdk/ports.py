@@ -1,4 +1,4 @@
-"""SDK operations of ports for the host (issue 17): forward a loopback port of the runner's
+"""SDK operations of ports for the host (R5): forward a loopback port of the runner's
 host into your workspace's network, list the forwards, close one."""
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ Each command is a fresh execution in the agent's workspace (E2: nothing carries 
 order. ``timeout_ms`` applies to each command: on expiry the execution is cancelled on the
 caller's behalf (E5), its outcome is ``{type: "timeout"}`` with the output it produced, and the
 remaining commands are not run. ``max_output_length`` caps all output together
-(``shell_call_cap``). Logs are read in pages, so memory stays bounded.
+(``shell_call/cap.py``). Logs are read in pages, so memory stays bounded.
 """
 
 from __future__ import annotations

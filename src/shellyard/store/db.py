@@ -148,8 +148,9 @@ MIGRATION_LOCK = 0x5E11_9A2D
 
 def _migrate(conn: Connection, schema_name: str | None) -> None:
     if conn.dialect.name != "sqlite":
-        # Replicas starting together on a fresh database (issue 16): one migrates, the others
-        # wait for its commit and then find every head applied. Held until this transaction ends.
+        # Replicas starting together on a fresh database (docs/operations.md): one migrates, the
+        # others wait for its commit and then find every head applied. Held until this transaction
+        # ends.
         conn.execute(sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK})
     if schema_name and conn.dialect.name != "sqlite":
         conn.execute(sa.text(f'CREATE SCHEMA IF NOT EXISTS "{schema_name}"'))

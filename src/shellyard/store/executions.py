@@ -1,5 +1,5 @@
 """Execution records (E1–E8): submitted with the workspace writer taken (a read-only one
-without it, issue 17), finished once."""
+without it, W2), finished once."""
 
 from __future__ import annotations
 
@@ -112,7 +112,7 @@ class ExecutionRecords(Database):
 
     async def queued_readers(self, workspace_id: str) -> list[Row]:
         """Read-only records not started yet (behind an environment change, V5, or left by
-        a crash between submit and start): they wait for no writer (issue 17)."""
+        a crash between submit and start): they wait for no writer (W2)."""
         return await self.all(
             sa.select(executions)
             .where(
@@ -153,7 +153,7 @@ def _submit(conn: Connection, values: dict[str, Any], queue: bool) -> tuple[Row,
     ).scalar_one()
     values = {**values, "seq": next_seq + 1, "state": "queued", "created_at": time.time()}
     conn.execute(executions.insert().values(**values))
-    if values.get("read_only"):  # issue 17: a reader beside the writer takes nothing
+    if values.get("read_only"):  # W2: a reader beside the writer takes nothing
         row = fetch_one(conn, sa.select(executions).where(executions.c.id == values["id"]))
         assert row is not None
         return row, None

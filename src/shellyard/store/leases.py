@@ -1,4 +1,4 @@
-"""Leases (issue 16): which control-plane replica watches each piece of ongoing work.
+"""Leases (docs/operations.md): which control-plane replica watches each piece of ongoing work.
 
 A lease row names its holder (a replica id, one per ``serve`` process) and an expiry the holder
 keeps pushing forward. Another replica takes a lease only once it has expired: on PostgreSQL
@@ -315,7 +315,7 @@ def _stalled(conn: Connection, grace_s: float, local_runner: str | None) -> list
             executions.c.created_at < time.time() - grace_s,
             sa.or_(
                 sa.and_(sa.not_(executions.c.read_only), workspaces.c.writer_id.is_(None)),
-                # a reader not started yet waits for nobody (issue 17)
+                # a reader not started yet waits for nobody (W2)
                 sa.and_(executions.c.read_only, executions.c.waiting_for.is_(None), unleased),
             ),
         )

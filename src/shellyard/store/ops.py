@@ -1,4 +1,4 @@
-"""What an operator watches (issue 16): counts for /metrics, and the checks of /readyz."""
+"""What an operator watches (docs/operations.md): counts for /metrics, and the checks of /readyz."""
 
 from __future__ import annotations
 

@@ -20,8 +20,8 @@ class OwnerRecords(Database):
 
     async def default_owner(self) -> tuple[Row, Row]:
         """The default session and its main agent, created on first use. Replicas creating it
-        at once (issue 16): the unique index on ``is_default`` lets one insert win; the others'
-        transactions fail and read the winner's."""
+        at once (docs/operations.md): the unique index on ``is_default`` lets one insert win; the
+        others' transactions fail and read the winner's."""
         try:
             return await self.run(_default_owner)
         except sa.exc.IntegrityError:
@@ -99,7 +99,8 @@ def _upsert_runner(
     conn: Connection, runner_id: str, kind: str, address: str | None, token: str | None
 ) -> Row:
     values = {"kind": kind, "address": address, "token": token, "state": "active"}
-    # One statement (issue 16): replicas registering the same runner at once never collide.
+    # One statement (docs/operations.md): replicas registering the same runner at once never
+    # collide.
     conn.execute(
         upsert(conn, runners)
         .values(id=runner_id, created_at=time.time(), **values)

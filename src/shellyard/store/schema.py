@@ -98,7 +98,7 @@ executions = Table(
     Column("sandbox_policy", Text, nullable=True),
     # Retention: set when the runner deleted this execution's logs (revision 0006_retention).
     Column("logs_pruned_at", Float, nullable=True),
-    # issue 17: a reader beside the writer, on the committed snapshot (revision 0007_read_only).
+    # W2: a reader beside the writer, on the committed snapshot (revision 0007_read_only).
     Column("read_only", Boolean, nullable=False, default=False),
     UniqueConstraint("agent_id", "idempotency_key", name="uq_execution_idempotency"),
 )
@@ -390,7 +390,7 @@ Index(
 )
 Index("ix_executions_environment_state", executions.c.environment_id, executions.c.state)
 
-# --- replicas (issue 16, revision 0009_leases) ---
+# --- replicas (docs/operations.md, revision 0009_leases) ---
 
 #: Who watches a piece of ongoing work (a non-terminal execution, ...): one replica at a time,
 #: until ``expires_at`` (renewed while it is alive). ``scope``: None for work any replica can

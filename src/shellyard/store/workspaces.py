@@ -65,7 +65,7 @@ def _workspace_for(conn: Connection, agent_id: str, runner_id: str) -> tuple[Row
     if row is not None:
         return row, False
     workspace_id = new_id("ws")
-    # ON CONFLICT (issue 16): two replicas making the same workspace at once get one row.
+    # ON CONFLICT (docs/operations.md): two replicas making the same workspace at once get one row.
     conn.execute(
         upsert(conn, workspaces)
         .values(
@@ -111,7 +111,7 @@ def record_snapshot(
     made_by_id: str | None,
 ) -> None:
     # ON CONFLICT: the same commit recorded twice at once (two replicas finalizing one
-    # execution after a lease takeover, issue 16) is one row.
+    # execution after a lease takeover, docs/operations.md) is one row.
     conn.execute(
         upsert(conn, snapshots)
         .values(

@@ -1,4 +1,4 @@
-"""The web page (issue 14): the session file panel and its "Executions and reminders" region,
+"""The web page (docs/web.md): the session file panel and its "Executions and reminders" region,
 a single page of plain ES modules in ``static/`` that calls the REST API (``/v1/...``) with
 the login cookie and follows ``/v1/sessions/{id}/panel/stream`` for live updates. The assets
 ship inside the package; nothing is built at install time or loaded from another site

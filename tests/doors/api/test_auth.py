@@ -28,7 +28,7 @@ from shellyard.api.app import create_app
 from shellyard.api.server import check_bind
 from shellyard.config import Settings
 from shellyard.contract.sessions import WakeView
-from shellyard.control.service import ControlPlane
+from shellyard.control.plane import ControlPlane
 from shellyard.control.tokens import ADMIN_TOKEN_NAME
 from shellyard.errors import InvalidInput
 

@@ -13,7 +13,7 @@ import sqlalchemy as sa
 
 from shellyard.api.app import create_app
 from shellyard.config import Settings
-from shellyard.control.service import ControlPlane
+from shellyard.control.plane import ControlPlane
 
 
 @pytest.fixture

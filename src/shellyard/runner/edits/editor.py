@@ -2,9 +2,8 @@
 tar upload, delete, move, restore a snapshot, apply a transfer batch. Each ends with a commit,
 so its result is a snapshot; the control plane holds the workspace's writer around it.
 
-Every path goes through ``fsops`` (no symbolic link is ever followed); new content is placed
-as ``placing`` describes.
-"""
+Every path goes through ``runner/workspace_paths.py`` (no symbolic link is ever followed); new
+content is placed as ``placing`` describes."""
 
 from __future__ import annotations
 
@@ -18,14 +17,15 @@ import tarfile
 
 from shellyard.errors import InvalidInput, NotFound, ShellyardError
 from shellyard.paths import normalize_relative
-from shellyard.runner import fsops, history
+from shellyard.runner import workspace_paths
 from shellyard.runner.edits.placing import Done, Placer, kind_name, reason_of
 from shellyard.runner.edits.tar import QueueReader, check_conflicts, unpack_to
 from shellyard.runner.edits.upload import FileUpload
-from shellyard.runner.fsops import Folders
 from shellyard.runner.protocol import ApplyEntry, ApplyOutcome, EditResult, PathEntry
+from shellyard.runner.snapshots import history
 from shellyard.runner.snapshots.format import KIND_FILE, KIND_LINK
 from shellyard.runner.snapshots.trees import SnapshotView
+from shellyard.runner.workspace_paths import Folders
 
 
 class Editor(Placer):
@@ -45,10 +45,10 @@ class Editor(Placer):
             )
         with (
             self.lock.hold(),
-            fsops.open_root(self.tree_of(workspace_id)) as root,
-            fsops.resolve(root, rel) as where,
+            workspace_paths.open_root(self.tree_of(workspace_id)) as root,
+            workspace_paths.resolve(root, rel) as where,
         ):
-            st = fsops.lstat_at(where.dir_fd, where.name)
+            st = workspace_paths.lstat_at(where.dir_fd, where.name)
             if st is None:
                 raise NotFound(f"no {rel!r} in the workspace to delete", path=rel)
             if stat_mod.S_ISDIR(st.st_mode) and not recursive:
@@ -60,7 +60,7 @@ class Editor(Placer):
                     f"with everything inside",
                     path=rel,
                 )
-            fsops.remove_at(where.dir_fd, where.name)
+            workspace_paths.remove_at(where.dir_fd, where.name)
             return self.commit_edit(workspace_id, Done(removed=[rel]))
 
     def move(self, workspace_id: str, source: str, destination: str, overwrite: bool) -> EditResult:
@@ -73,20 +73,20 @@ class Editor(Placer):
                 path=src,
             )
         head = self.store.view(workspace_id)
-        with self.lock.hold(), fsops.open_root(self.tree_of(workspace_id)) as root:
-            with fsops.resolve(root, src) as a:
-                st = fsops.lstat_at(a.dir_fd, a.name)
+        with self.lock.hold(), workspace_paths.open_root(self.tree_of(workspace_id)) as root:
+            with workspace_paths.resolve(root, src) as a:
+                st = workspace_paths.lstat_at(a.dir_fd, a.name)
                 if st is None:
                     raise NotFound(f"no {src!r} in the workspace to move", path=src)
-                with fsops.resolve(root, dst, create_parents=True, owner=self.owner) as b:
-                    existing = fsops.lstat_at(b.dir_fd, b.name)
+                with workspace_paths.resolve(root, dst, create_parents=True, owner=self.owner) as b:
+                    existing = workspace_paths.lstat_at(b.dir_fd, b.name)
                     if existing is not None:
                         if not overwrite:
                             raise InvalidInput(
                                 f"{dst!r} already exists; pass overwrite=true to replace it",
                                 path=dst,
                             )
-                        fsops.remove_at(b.dir_fd, b.name)
+                        workspace_paths.remove_at(b.dir_fd, b.name)
                     os.rename(a.name, b.name, src_dir_fd=a.dir_fd, dst_dir_fd=b.dir_fd)
                     done = Done(removed=[src])
                     self._hint_moved(head, src, dst, b.dir_fd, b.name, done)
@@ -99,7 +99,7 @@ class Editor(Placer):
         (looked up folder by folder in the head's trees, not in a listing of all of it)."""
 
         def visit(fd: int, entry: str, old: str, new: str) -> None:
-            st = fsops.lstat_at(fd, entry)
+            st = workspace_paths.lstat_at(fd, entry)
             if st is None:
                 return
             if stat_mod.S_ISREG(st.st_mode):
@@ -108,10 +108,10 @@ class Editor(Placer):
                     return
                 tree, i = found
                 if tree.kinds[i] == KIND_FILE and tree.sizes[i] == st.st_size:
-                    done.hints[new] = (tree.digest(i), fsops.sig_of(st))
+                    done.hints[new] = (tree.digest(i), workspace_paths.sig_of(st))
                     done.written.append(PathEntry.model_validate(tree.entry(i, new).model_dump()))
             elif stat_mod.S_ISDIR(st.st_mode):
-                sub = os.open(entry, fsops.O_DIR, dir_fd=fd)
+                sub = os.open(entry, workspace_paths.O_DIR, dir_fd=fd)
                 try:
                     for child in os.listdir(sub):
                         visit(sub, child, f"{old}/{child}", f"{new}/{child}")
@@ -147,7 +147,7 @@ class Editor(Placer):
                 return False
 
             with (
-                fsops.open_root(self.tree_of(workspace_id)) as root,
+                workspace_paths.open_root(self.tree_of(workspace_id)) as root,
                 Folders(root, create=True, owner=self.owner) as folders,
             ):
                 # head and old entry by entry in path order (a folder before what is in it),
@@ -163,7 +163,7 @@ class Editor(Placer):
                         # absent from the old snapshot, or of another kind there: it goes
                         where = folders.resolve(p)
                         folders.forget(p)
-                        fsops.remove_at(where.dir_fd, where.name)
+                        workspace_paths.remove_at(where.dir_fd, where.name)
                         gone.add(p)
                         done.removed.append(p)
                     if then is None or (
@@ -176,18 +176,18 @@ class Editor(Placer):
     def _materialize(self, folders: Folders, entry: PathEntry, done: Done) -> None:
         """Write ``entry`` (of an older snapshot) into the live tree (over what is there)."""
         where = folders.resolve(entry.path)
-        existing = fsops.lstat_at(where.dir_fd, where.name)
+        existing = workspace_paths.lstat_at(where.dir_fd, where.name)
         if entry.kind == "dir":
             if existing is not None and stat_mod.S_ISDIR(existing.st_mode):
                 os.chmod(where.name, entry.mode, dir_fd=where.dir_fd, follow_symlinks=False)
                 return
             if existing is not None:
-                fsops.remove_at(where.dir_fd, where.name)
+                workspace_paths.remove_at(where.dir_fd, where.name)
             self._new_dir(where.dir_fd, where.name, entry.mode)
             return
         if existing is not None and stat_mod.S_ISDIR(existing.st_mode):
             folders.forget(entry.path)
-            fsops.remove_at(where.dir_fd, where.name)
+            workspace_paths.remove_at(where.dir_fd, where.name)
         if entry.kind == "symlink":
             self._new_link(where.dir_fd, where.name, entry.target or "")
             return
@@ -195,7 +195,7 @@ class Editor(Placer):
         st = self._new_file(
             where.dir_fd, where.name, entry.mode, self._from_object(entry.sha256, entry.size)
         )
-        done.hints[entry.path] = (bytes.fromhex(entry.sha256), fsops.sig_of(st))
+        done.hints[entry.path] = (bytes.fromhex(entry.sha256), workspace_paths.sig_of(st))
         done.written.append(entry)
 
     # ------------------------------------------------------------------ transfer batches
@@ -212,7 +212,7 @@ class Editor(Placer):
         with self.lock.hold():
             head = self.store.view(workspace_id)
             with (
-                fsops.open_root(self.tree_of(workspace_id)) as root,
+                workspace_paths.open_root(self.tree_of(workspace_id)) as root,
                 Folders(root, create=True, owner=self.owner) as folders,
             ):
                 for entry in sorted(entries, key=lambda e: e.path):
@@ -234,11 +234,11 @@ class Editor(Placer):
         rel = normalize_relative(entry.path)
         if not rel:
             return ("unchanged", None) if entry.kind == "dir" else ("failed", "empty path")
-        mode = entry.mode & fsops.PERMISSION_BITS
+        mode = entry.mode & workspace_paths.PERMISSION_BITS
         found = head.find(rel)
         if entry.kind == "symlink":
             target = entry.target or ""
-            if fsops.escapes(rel, target):
+            if workspace_paths.escapes(rel, target):
                 return "skipped", f"symbolic link to {target!r} would point outside the workspace"
             if (
                 found is not None
@@ -254,11 +254,11 @@ class Editor(Placer):
                 found is not None
                 and found[0].kinds[found[1]] == KIND_FILE
                 and found[0].digest(found[1]) == digest
-                and found[0].modes[found[1]] & fsops.PERMISSION_BITS == mode
+                and found[0].modes[found[1]] & workspace_paths.PERMISSION_BITS == mode
             ):
                 return "unchanged", None
         where = folders.resolve(rel)
-        existing = fsops.lstat_at(where.dir_fd, where.name)
+        existing = workspace_paths.lstat_at(where.dir_fd, where.name)
         if entry.kind == "dir":
             if existing is None:
                 self._new_dir(where.dir_fd, where.name, mode)
@@ -275,7 +275,7 @@ class Editor(Placer):
         st = self._new_file(
             where.dir_fd, where.name, mode, self._from_object(entry.sha256, entry.size)
         )
-        done.hints[rel] = (bytes.fromhex(entry.sha256), fsops.sig_of(st))
+        done.hints[rel] = (bytes.fromhex(entry.sha256), workspace_paths.sig_of(st))
         return "copied", None
 
     # ------------------------------------------------------------------ tar uploads
@@ -288,7 +288,7 @@ class Editor(Placer):
         outside, hard links and devices refuse the whole upload), then moved into place.
         """
         dest = normalize_relative(path)
-        stage = self._staging / fsops.temp_name(".tar")
+        stage = self._staging / workspace_paths.temp_name(".tar")
         stage.mkdir(mode=0o700)
         reader = QueueReader(chunks)
         try:
@@ -299,10 +299,10 @@ class Editor(Placer):
                     f"the upload is not a readable tar archive ({exc}); send a tar stream "
                     "(for example `tar -c -C FOLDER .`) as the body; nothing was unpacked"
                 ) from None
-            with self.lock.hold(), fsops.open_root(self.tree_of(workspace_id)) as root:
+            with self.lock.hold(), workspace_paths.open_root(self.tree_of(workspace_id)) as root:
                 done = Done()
                 with (
-                    fsops.open_root(stage) as stage_fd,
+                    workspace_paths.open_root(stage) as stage_fd,
                     Folders(stage_fd) as staged,
                     Folders(root, create=True, owner=self.owner) as folders,
                 ):
@@ -310,14 +310,14 @@ class Editor(Placer):
                     for name, kind, mode in members:
                         full = f"{dest}/{name}" if dest else name
                         where = folders.resolve(full)
-                        existing = fsops.lstat_at(where.dir_fd, where.name)
+                        existing = workspace_paths.lstat_at(where.dir_fd, where.name)
                         if kind == "dir":
                             if existing is None:
                                 self._new_dir(where.dir_fd, where.name, mode)
                             continue
                         src = staged.resolve(name)
                         if existing is not None:
-                            fsops.remove_at(where.dir_fd, where.name)
+                            workspace_paths.remove_at(where.dir_fd, where.name)
                         try:
                             st = self.place(src.dir_fd, src.name, where.dir_fd, where.name)
                         except OSError as exc:

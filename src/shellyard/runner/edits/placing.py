@@ -23,12 +23,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from shellyard.errors import NotFound, OutOfRoom, ShellyardError
-from shellyard.runner import fsops
-from shellyard.runner.fsops import Owner
-from shellyard.runner.objects import StoreLock
+from shellyard.runner import workspace_paths
 from shellyard.runner.protocol import EditResult, PathEntry, SnapshotInfo
 from shellyard.runner.snapshots.commit import Hints
+from shellyard.runner.snapshots.objects import StoreLock
 from shellyard.runner.snapshots.store import SnapshotStore
+from shellyard.runner.workspace_paths import Owner
 
 
 @dataclass
@@ -64,7 +64,7 @@ class Placer:
         if self._staging.exists():
             shutil.rmtree(self._staging, ignore_errors=True)
         self._staging.mkdir(mode=0o700, parents=True, exist_ok=True)
-        self._staging_fd = os.open(self._staging, fsops.O_DIR)
+        self._staging_fd = os.open(self._staging, workspace_paths.O_DIR)
         self._staging_dev = os.fstat(self._staging_fd).st_dev
 
     def close(self) -> None:
@@ -105,8 +105,8 @@ class Placer:
         """(folder descriptor, name) for a new temp file that can be renamed into
         ``parent_fd``: the staging folder when on the same filesystem, else the parent."""
         if os.fstat(parent_fd).st_dev == self._staging_dev:
-            return os.dup(self._staging_fd), fsops.temp_name()
-        return os.dup(parent_fd), fsops.temp_name()
+            return os.dup(self._staging_fd), workspace_paths.temp_name()
+        return os.dup(parent_fd), workspace_paths.temp_name()
 
     def place(self, temp_dir: int, temp: str, parent_fd: int, name: str) -> os.stat_result:
         """Rename a finished temp entry to ``name``; its stat after the rename."""
@@ -124,18 +124,18 @@ class Placer:
         a temp file renamed into place. Out of room raises ``OutOfRoom``; the temp is gone."""
         temp_dir, temp = self.temp_for(parent_fd)
         try:
-            fd = os.open(temp, fsops.O_NEW, 0o600, dir_fd=temp_dir)
+            fd = os.open(temp, workspace_paths.O_NEW, 0o600, dir_fd=temp_dir)
             try:
                 try:
                     fill(fd)
                 except OSError as exc:
-                    if fsops.out_of_room(exc):
+                    if workspace_paths.out_of_room(exc):
                         raise OutOfRoom(
                             f"the workspace's filesystem is out of room ({exc.strerror}); "
                             f"free space or write less"
                         ) from None
                     raise
-                os.fchmod(fd, mode & fsops.PERMISSION_BITS)
+                os.fchmod(fd, mode & workspace_paths.PERMISSION_BITS)
                 if self.owner is not None:
                     os.fchown(fd, *self.owner)
             finally:
@@ -149,10 +149,10 @@ class Placer:
             os.close(temp_dir)
 
     def _new_link(self, parent_fd: int, name: str, target: str) -> None:
-        temp = fsops.temp_name()
+        temp = workspace_paths.temp_name()
         os.symlink(target, temp, dir_fd=parent_fd)
         try:
-            fsops.chown_at(parent_fd, temp, self.owner)
+            workspace_paths.chown_at(parent_fd, temp, self.owner)
             os.rename(temp, name, src_dir_fd=parent_fd, dst_dir_fd=parent_fd)
         except BaseException:
             with contextlib.suppress(OSError):
@@ -160,9 +160,11 @@ class Placer:
             raise
 
     def _new_dir(self, parent_fd: int, name: str, mode: int) -> None:
-        os.mkdir(name, mode & fsops.PERMISSION_BITS, dir_fd=parent_fd)
-        os.chmod(name, mode & fsops.PERMISSION_BITS, dir_fd=parent_fd, follow_symlinks=False)
-        fsops.chown_at(parent_fd, name, self.owner)
+        os.mkdir(name, mode & workspace_paths.PERMISSION_BITS, dir_fd=parent_fd)
+        os.chmod(
+            name, mode & workspace_paths.PERMISSION_BITS, dir_fd=parent_fd, follow_symlinks=False
+        )
+        workspace_paths.chown_at(parent_fd, name, self.owner)
 
     def _from_object(self, sha256: str, size: int | None = None) -> Callable[[int], None]:
         def fill(fd: int) -> None:
@@ -173,7 +175,7 @@ class Placer:
                     f"object {sha256} is not in this runner's snapshot store", sha256=sha256
                 ) from None
             try:
-                fsops.copy_fd(src, fd, size)
+                workspace_paths.copy_fd(src, fd, size)
             finally:
                 os.close(src)
 
@@ -188,9 +190,9 @@ class Placer:
             return os.stat(name, dir_fd=parent_fd, follow_symlinks=False)
 
         def fill(fd: int) -> None:
-            s = os.open(src, fsops.O_FILE, dir_fd=src_dir)
+            s = os.open(src, workspace_paths.O_FILE, dir_fd=src_dir)
             try:
-                fsops.copy_fd(s, fd)
+                workspace_paths.copy_fd(s, fd)
             finally:
                 os.close(s)
 

@@ -12,9 +12,9 @@ from typing import IO, cast
 
 from shellyard.errors import InvalidInput, NotFound, OutOfRoom, PathRefused
 from shellyard.paths import normalize_relative
-from shellyard.runner import fsops
+from shellyard.runner import workspace_paths
 from shellyard.runner.edits.placing import kind_name
-from shellyard.runner.fsops import Folders, Owner
+from shellyard.runner.workspace_paths import Folders, Owner
 
 #: A member to place: (path below the destination, "dir" | "file" | "symlink", mode).
 Member = tuple[str, str, int]
@@ -31,7 +31,7 @@ def check_conflicts(root: int, dest: str, members: list[tuple[str, str, int]]) -
                 where = folders.resolve(full)
             except NotFound:
                 continue  # its folders will be made
-            existing = fsops.lstat_at(where.dir_fd, where.name)
+            existing = workspace_paths.lstat_at(where.dir_fd, where.name)
             if existing is None:
                 continue
             is_dir = stat_mod.S_ISDIR(existing.st_mode)
@@ -50,7 +50,7 @@ def unpack_to(
     members: list[tuple[str, str, int]] = []
     with (
         tarfile.open(fileobj=cast(IO[bytes], reader), mode="r|*") as tar,
-        fsops.open_root(stage) as stage_fd,
+        workspace_paths.open_root(stage) as stage_fd,
         Folders(stage_fd, create=True) as folders,
     ):
         for member in tar:
@@ -58,17 +58,17 @@ def unpack_to(
             full = f"{dest}/{name}" if dest else name
             if not name:
                 continue
-            mode = member.mode & fsops.PERMISSION_BITS
+            mode = member.mode & workspace_paths.PERMISSION_BITS
             where = folders.resolve(name)
             if member.isdir():
-                if fsops.lstat_at(where.dir_fd, where.name) is None:
+                if workspace_paths.lstat_at(where.dir_fd, where.name) is None:
                     os.mkdir(where.name, 0o700, dir_fd=where.dir_fd)
-                members.append((name, "dir", mode or fsops.DIR_MODE))
+                members.append((name, "dir", mode or workspace_paths.DIR_MODE))
             elif member.isreg():
                 source = tar.extractfile(member)
                 assert source is not None
-                fsops.remove_at(where.dir_fd, where.name)
-                fd = os.open(where.name, fsops.O_NEW, 0o600, dir_fd=where.dir_fd)
+                workspace_paths.remove_at(where.dir_fd, where.name)
+                fd = os.open(where.name, workspace_paths.O_NEW, 0o600, dir_fd=where.dir_fd)
                 try:
                     _copy_stream(source, fd)
                     os.fchmod(fd, mode)
@@ -78,15 +78,15 @@ def unpack_to(
                     os.close(fd)
                 members.append((name, "file", mode))
             elif member.issym():
-                if fsops.escapes(full, member.linkname):
+                if workspace_paths.escapes(full, member.linkname):
                     raise PathRefused(
                         f"the archive's symbolic link {member.name!r} points to "
                         f"{member.linkname!r}, outside the workspace; nothing was unpacked",
                         path=member.name,
                     )
-                fsops.remove_at(where.dir_fd, where.name)
+                workspace_paths.remove_at(where.dir_fd, where.name)
                 os.symlink(member.linkname, where.name, dir_fd=where.dir_fd)
-                fsops.chown_at(where.dir_fd, where.name, owner)
+                workspace_paths.chown_at(where.dir_fd, where.name, owner)
                 members.append((name, "symlink", 0o777))
             else:
                 raise InvalidInput(
@@ -143,7 +143,7 @@ def _copy_stream(source: IO[bytes], fd: int) -> None:
             while view:
                 view = view[os.write(fd, view) :]
         except OSError as exc:
-            if fsops.out_of_room(exc):
+            if workspace_paths.out_of_room(exc):
                 raise OutOfRoom(
                     f"the runner is out of room ({exc.strerror}) while unpacking the upload; "
                     f"nothing was changed"

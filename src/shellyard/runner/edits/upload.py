@@ -11,7 +11,7 @@ import stat as stat_mod
 
 from shellyard.errors import InvalidInput, NotFound, OutOfRoom
 from shellyard.paths import normalize_relative
-from shellyard.runner import fsops
+from shellyard.runner import workspace_paths
 from shellyard.runner.edits.placing import Done, Placer, kind_name
 from shellyard.runner.protocol import EditResult, PathEntry
 
@@ -28,26 +28,28 @@ class FileUpload:
             raise InvalidInput("path names the workspace root; give a file path such as 'a.txt'")
         self._stack = contextlib.ExitStack()
         try:
-            self._root = self._stack.enter_context(fsops.open_root(editor.tree_of(workspace_id)))
+            self._root = self._stack.enter_context(
+                workspace_paths.open_root(editor.tree_of(workspace_id))
+            )
             # folders on the way are made only when the upload is complete (finish), so a
             # failed upload leaves nothing behind; the temp goes where the rename will work
             try:
-                where = self._stack.enter_context(fsops.resolve(self._root, self.rel))
+                where = self._stack.enter_context(workspace_paths.resolve(self._root, self.rel))
             except NotFound:
                 near, existing = self._root, None
             else:
-                near, existing = where.dir_fd, fsops.lstat_at(where.dir_fd, where.name)
+                near, existing = where.dir_fd, workspace_paths.lstat_at(where.dir_fd, where.name)
             if existing is not None and not stat_mod.S_ISREG(existing.st_mode):
                 raise InvalidInput(
                     f"{self.rel!r} is a {kind_name(existing)}; delete it first or write elsewhere",
                     path=self.rel,
                 )
             if mode is None:
-                mode = existing.st_mode if existing is not None else fsops.FILE_MODE
-            self.mode = mode & fsops.PERMISSION_BITS
+                mode = existing.st_mode if existing is not None else workspace_paths.FILE_MODE
+            self.mode = mode & workspace_paths.PERMISSION_BITS
             self._temp_dir, self._temp = editor.temp_for(near)
             self._stack.callback(os.close, self._temp_dir)
-            self._fd = os.open(self._temp, fsops.O_NEW, 0o600, dir_fd=self._temp_dir)
+            self._fd = os.open(self._temp, workspace_paths.O_NEW, 0o600, dir_fd=self._temp_dir)
         except BaseException:
             self._stack.close()
             raise
@@ -60,7 +62,7 @@ class FileUpload:
             while view:
                 view = view[os.write(self._fd, view) :]
         except OSError as exc:
-            if fsops.out_of_room(exc):
+            if workspace_paths.out_of_room(exc):
                 raise OutOfRoom(
                     f"the workspace's filesystem is out of room ({exc.strerror}) after "
                     f"{self.size} bytes of {self.rel!r}; nothing was changed; free space or "
@@ -79,7 +81,7 @@ class FileUpload:
             self._fd = -1
             with (
                 self._editor.lock.hold(),
-                fsops.resolve(
+                workspace_paths.resolve(
                     self._root, self.rel, create_parents=True, owner=self._editor.owner
                 ) as where,
             ):

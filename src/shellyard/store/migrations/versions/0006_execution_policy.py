@@ -1,4 +1,4 @@
-"""executions.sandbox_policy: the sandbox policy each execution ran under (issue 11)
+"""executions.sandbox_policy: the sandbox policy each execution ran under (R2)
 
 Revision ID: 0006_execution_policy
 Revises: 0001

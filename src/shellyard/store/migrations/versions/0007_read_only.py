@@ -1,4 +1,4 @@
-"""executions.read_only: readers beside the workspace's writer (issue 17)
+"""executions.read_only: readers beside the workspace's writer (W2)
 
 Revision ID: 0007_read_only
 Revises: 0001

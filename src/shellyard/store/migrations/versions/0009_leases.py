@@ -1,4 +1,4 @@
-"""leases: which replica watches each piece of ongoing work; one default session (issue 16)
+"""leases: which replica watches each piece of ongoing work; one default session (docs/operations.md)
 
 Revision ID: 0009_leases
 Revises: 0001

@@ -1,0 +1,37 @@
+"""What the execution service needs of other services, as protocols: the control plane plugs
+the environment service and the lease keeper in (``ExecutionService.environments`` and
+``.leases``), so control/executions/service.py imports neither."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+
+class EnvironmentGate(Protocol):
+    """What executions need of managed environments (V4–V6); the control plane plugs the
+    environment service in (``ExecutionService.environments``), so this module never imports it."""
+
+    async def check_usable(self, environment_id: str, agent_id: str, runner_id: str | None) -> str:
+        """The runner the environment lives on, after checking the agent may use it (V4)."""
+        ...
+
+    async def gate(self, execution_id: str, environment_id: str) -> tuple[str, Mapping[str, Any]]:
+        """V5/V6: ``go``, ``wait`` or ``failed`` for a queued execution, and its fresh record."""
+        ...
+
+
+class WatchLeases(Protocol):
+    """Who watches a piece of ongoing work (an execution, a transfer, an environment change)
+    when several replicas share the database (docs/operations.md); the control plane plugs its lease
+    keeper in (``ExecutionService.leases``, ``TransferService.leases``,
+    ``EnvironmentService.leases``)."""
+
+    async def acquire(self, kind: str, subject_id: str, runner_id: str) -> bool:
+        """True when this replica holds the lease now (it then watches and finalizes)."""
+        ...
+
+    async def release(self, kind: str, subject_id: str) -> None: ...
+
+
+LEASE_KIND = "execution"  # the lease kind of an execution's watch

@@ -1,0 +1,676 @@
+"""Durable executions (E1–E12, W1): accept, take the writer, start on the runner, watch,
+finalize, release, dispatch the next queued writer. A read-only execution (W2) takes
+no writer and waits for none: it starts at once beside the writer, on the committed snapshot."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+from shellyard.contract.executions import (
+    ExecutionState,
+    ExecutionView,
+    LogsResult,
+    RunShellRequest,
+    RunShellResult,
+)
+from shellyard.control.agents import AgentResolver
+from shellyard.control.executions.foreground import ForegroundWaits
+from shellyard.control.executions.hooks import LEASE_KIND as LEASE_KIND
+from shellyard.control.executions.hooks import EnvironmentGate, WatchLeases
+from shellyard.control.executions.output import capped_output, safe_decode
+from shellyard.control.executions.state_log import log_state
+from shellyard.control.executions.view import execution_view
+from shellyard.control.runners import LOCAL_RUNNER_ID, RunnerRegistry
+from shellyard.errors import (
+    InvalidInput,
+    LowOnSpace,
+    NotFound,
+    RunnerUnavailable,
+    ShellyardError,
+    WorkspaceBusy,
+)
+from shellyard.paths import normalize_relative
+from shellyard.runner.protocol import (
+    MAX_READ_CHUNK,
+    LogStream,
+    RunnerExecState,
+    RunnerExecution,
+    StartRequest,
+)
+from shellyard.store import Store
+from shellyard.store.db import new_id
+
+log = logging.getLogger(__name__)
+
+#: E9: after this many consecutive retryable status-query failures the state is unknown.
+MAX_QUERY_FAILURES = 5
+#: Long-poll length of one runner ``wait`` call.
+WAIT_SLICE_S = 20.0
+#: (agent, runner) → workspace ids remembered; the oldest is forgotten beyond this.
+WORKSPACE_CACHE = 4096
+
+
+class ExecutionService:
+    def __init__(self, store: Store, runners: RunnerRegistry, agents: AgentResolver) -> None:
+        self.store = store
+        self.runners = runners
+        self.agents = agents
+        self._finished: dict[str, asyncio.Event] = {}
+        self._watchers: dict[str, asyncio.Task[None]] = {}
+        self._foreground: dict[str, int] = {}
+        self._workspaces: dict[tuple[str, str], str] = {}
+        self._closing = False
+        self.retry_base_s = 0.5
+        #: Called with the terminal record and whether its notice was read at once (N3), after
+        #: the record is final: wakes (N2) and reminders naming the execution (N6) hook in here.
+        self.on_finished: list[Callable[[Mapping[str, Any], bool], Awaitable[None]]] = []
+        #: Managed environments (V4–V6): validation and the start gate; plugged in by the
+        #: control plane (control/plane.py). None: an environment_id is reported as missing.
+        self.environments: EnvironmentGate | None = None
+        #: execution id → the runner's note from its start (no default base, docs/environments.md),
+        #: handed to the run_shell answer once
+        self._notes: dict[str, str] = {}
+        #: execution id → its final record, kept while a foreground caller waits for it, so
+        #: the caller answers without reading it again (docs/benchmarks.md: transactions per run)
+        self._ended: dict[str, Mapping[str, Any]] = {}
+        #: Leases (docs/operations.md): None runs as one replica (every execution is ours).
+        self.leases: WatchLeases | None = None
+        #: Called with an execution id whose waiters were woken here: the fan-out tells
+        #: the other replicas' waiters too (control/replicas/fanout.py).
+        self.on_signal: Callable[[str], None] | None = None
+        #: Called with ("spawn" | "commit", seconds): the start call; exit to final record.
+        self.on_timing: Callable[[str, float], None] | None = None
+        #: Foreground waits recorded for another replica's finalizer (N3 across replicas).
+        self.foreground_waits = ForegroundWaits(store)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def startup(self) -> None:
+        """E11: re-attach to every execution the previous control plane left active. With
+        leases the lease keeper's start-up claims them and calls ``adopt`` for each."""
+        if self.leases is not None:
+            return
+        for row in await self.store.active_executions():
+            if row["state"] == ExecutionState.running:
+                self._watch(row)
+            else:
+                await self.dispatch(str(row["workspace_id"]))
+
+    async def adopt(self, execution_id: str) -> None:
+        """This replica took over the execution's lease (its holder died, docs/operations.md): watch
+        it as a restart would (E11), or hand its workspace on when it is already final."""
+        row = await self.store.get_execution(execution_id)
+        if row is None:
+            await self._release(execution_id)
+            return
+        if str(row["runner_id"]) not in self.runners.ids():  # registered on another replica
+            await self.runners.load_registered()
+        state = ExecutionState(row["state"])
+        if state in (ExecutionState.running, ExecutionState.unknown):
+            self._watch(row, leased=True)
+            return
+        await self.dispatch(str(row["workspace_id"]))
+        if execution_id not in self._watchers:
+            await self._release(execution_id)
+
+    def forget(self, execution_id: str) -> None:
+        """Another replica took the lease: stop watching (it finalizes)."""
+        task = self._watchers.pop(execution_id, None)
+        if task is not None:
+            task.cancel()
+
+    async def _release(self, execution_id: str) -> None:
+        if self.leases is not None:
+            await self.leases.release(LEASE_KIND, execution_id)
+
+    async def aclose(self) -> None:
+        self._closing = True
+        for task in list(self._watchers.values()):
+            task.cancel()
+        for task in list(self._watchers.values()):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._watchers.clear()
+
+    # ------------------------------------------------------------------ submit
+
+    async def run_shell(
+        self, request: RunShellRequest, agent_id: str | None = None
+    ) -> RunShellResult:
+        owner = await self.agents.id(agent_id)
+        if request.idempotency_key is not None:
+            existing = await self.store.find_idempotent(owner, request.idempotency_key)
+            if existing is not None:  # E10: the same execution, never a second process
+                return await self._respond(existing, request)
+        runner_id = request.runner_id or LOCAL_RUNNER_ID
+        if request.environment_id is not None:
+            if self.environments is None:
+                raise NotFound(
+                    f"environment {request.environment_id!r} does not exist; create one with "
+                    "environment_create"
+                )
+            # Exists, same session; runs on the environment's runner (V4).
+            runner_id = await self.environments.check_usable(
+                request.environment_id, owner, request.runner_id
+            )
+        if runner_id not in self.runners.ids():  # perhaps registered on another replica
+            await self.runners.load_registered()
+        runner = self.runners.get(runner_id)
+        workspace_id = await self._workspace(owner, runner_id)
+        if request.script_path is not None:
+            path = normalize_relative(request.script_path)
+            entry = await runner.stat_path(workspace_id, None, path)
+            if entry is None or entry.kind != "file":
+                raise NotFound(
+                    f"script_path {request.script_path!r} is not a file in the workspace's "
+                    "committed files; create it first (e.g. with a command) or check the path"
+                )
+        values: dict[str, Any] = {
+            "id": new_id("ex"),
+            "agent_id": owner,
+            "workspace_id": workspace_id,
+            "runner_id": runner_id,
+            "environment_id": request.environment_id,
+            "command": request.command,
+            "script_path": request.script_path,
+            "background": request.background,
+            "idempotency_key": request.idempotency_key,
+            "read_only": request.read_only,
+        }
+        try:
+            row, holder = await self.store.submit_execution(values, queue=request.queue)
+        except Exception:
+            if request.idempotency_key is not None:  # a concurrent retry won the race
+                existing = await self.store.find_idempotent(owner, request.idempotency_key)
+                if existing is not None:
+                    return await self._respond(existing, request)
+            raise
+        if holder is not None and not request.queue:
+            raise WorkspaceBusy(
+                f"workspace {workspace_id} is busy: {holder} holds its writer. Wait for it "
+                "(execution_status), cancel it (execution_cancel), pass queue: true to run "
+                "after it, or use another workspace",
+                holder=holder,
+            )
+        if holder is None:
+            row = await self._launch(row, refuse=True)
+        return await self._respond(row, request)
+
+    async def _launch(self, row: Mapping[str, Any], refuse: bool = False) -> Mapping[str, Any]:
+        """Start a record that holds its workspace's writer. Safe to repeat (E10).
+
+        ``refuse``: a runner below its free-space reserve raises to the submitter (retry
+        later; CLI exit 75) after the record is made failed with the same message."""
+        execution_id = str(row["id"])
+        if self.leases is not None:
+            # One replica starts and watches it; another replica's dispatch of the same
+            # queue loses here and leaves it alone.
+            if not await self.leases.acquire(LEASE_KIND, execution_id, str(row["runner_id"])):
+                return await self._finalized(row)
+            try:
+                return await self._launch_leased(row, refuse)
+            except BaseException:
+                # Not started after all (the database failed us, or we are stopping): let
+                # go, so a round of the lease keeper (here or on a replica) starts it.
+                if execution_id not in self._watchers:
+                    await asyncio.shield(self._release(execution_id))
+                raise
+        return await self._launch_leased(row, refuse)
+
+    async def _launch_leased(self, row: Mapping[str, Any], refuse: bool) -> Mapping[str, Any]:
+        execution_id = str(row["id"])
+        runner = self.runners.get(str(row["runner_id"]))
+        if self.leases is not None:
+            row = await self._finalized(row)
+            if row["state"] != ExecutionState.queued:  # started or ended meanwhile
+                if row["state"] == ExecutionState.running:
+                    self._watch(row, leased=True)
+                else:
+                    # Ended on another replica after this dispatch took the writer for it.
+                    await self.store.release_writer(str(row["workspace_id"]), execution_id)
+                    await self._release(execution_id)
+                return row
+        environment_id = row["environment_id"]
+        if environment_id is not None and row["environment_revision"] is None:
+            environments = self.environments
+            assert environments is not None  # it validated the environment_id
+            # V5/V6 gate: queued behind a pending change, or the latest revision resolved.
+            verdict, row = await environments.gate(execution_id, str(environment_id))
+            if row["state"] != ExecutionState.queued or verdict == "wait":
+                # Waiting for an environment change: its end dispatches it, no watch needed.
+                if row["state"] == ExecutionState.queued:
+                    await self._release(execution_id)
+                return row
+            if verdict == "failed":
+                await self._end(
+                    row,
+                    ExecutionState.failed,
+                    error=f"environment {environment_id} could not be created; create another",
+                )
+                return await self._finalized(row)
+        spawn_began = time.monotonic()
+        try:
+            result = await runner.start(
+                StartRequest(
+                    execution_id=execution_id,
+                    workspace_id=str(row["workspace_id"]),
+                    command=row["command"],
+                    script_path=row["script_path"],
+                    environment_id=environment_id,
+                    read_only=bool(row["read_only"]),
+                    # a queued record is started by its predecessor's end: nobody waits there
+                    detached=bool(row["background"]) or not refuse,
+                )
+            )
+        except RunnerUnavailable as exc:
+            await self.store.update_execution(
+                execution_id, state="unknown", error=str(exc), was_unknown=True
+            )
+            return await self._finalized(row)
+        except ShellyardError as exc:
+            await self._end(row, ExecutionState.failed, error=exc.message)
+            if refuse and isinstance(exc, LowOnSpace):  # limits (R2, docs/limits.md)
+                raise
+            return await self._finalized(row)
+        started: dict[str, Any] = {}
+        if self.on_timing is not None:
+            self.on_timing("spawn", time.monotonic() - spawn_began)
+        if result.base_environment is not None and environment_id is None:
+            # The runner's default base (docs/environments.md): the record says what it ran in (V6),
+            # written with the start (one transaction fewer per execution, docs/benchmarks.md).
+            started = {
+                "environment_id": result.base_environment,
+                "environment_revision": result.base_revision,
+            }
+        if result.note is not None and refuse:
+            # ``refuse`` is the run_shell path, whose answer pops the note (a queued start
+            # has nobody to hand it to, so nothing is kept for it)
+            self._notes[execution_id] = result.note
+        fresh = await self.store.start_execution(
+            execution_id, result.started_at or time.time(), started
+        )
+        assert fresh is not None
+        await log_state(self.store, fresh)
+        if fresh["state"] == ExecutionState.running:
+            self._watch(fresh, leased=True)
+        return fresh
+
+    async def _finalized(self, row: Mapping[str, Any]) -> Mapping[str, Any]:
+        fresh = await self.store.get_execution(str(row["id"]))
+        assert fresh is not None
+        return fresh
+
+    # ------------------------------------------------------------------ watch
+
+    def _watch(self, row: Mapping[str, Any], leased: bool = False) -> None:
+        """Watch a running execution until its end; ``leased``: this replica holds its lease
+        (or there are no leases), so nobody else watches it."""
+        execution_id = str(row["id"])
+        if execution_id in self._watchers or self._closing:
+            return
+        assert leased or self.leases is None, "watching an execution without its lease"
+        task = asyncio.create_task(self._watch_guarded(row), name=f"watch-{execution_id}")
+        self._watchers[execution_id] = task
+
+        def done(finished: asyncio.Task[None]) -> None:
+            if self._watchers.get(execution_id) is finished:
+                del self._watchers[execution_id]
+
+        task.add_done_callback(done)
+
+    async def _watch_guarded(self, row: Mapping[str, Any]) -> None:
+        """A watcher that fails (the database went away mid-finalize) lets its lease go, so a
+        lease round re-attaches (here or elsewhere) instead of the execution staying open."""
+        try:
+            await self._watch_loop(row)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("watching %s failed; its lease is let go", row["id"])
+            await self._release(str(row["id"]))
+
+    async def _watch_loop(self, row: Mapping[str, Any]) -> None:
+        execution_id = str(row["id"])
+        runner = self.runners.get(str(row["runner_id"]))
+        failures = int(row["query_failures"] or 0)
+        while True:
+            try:
+                result = await runner.wait(execution_id, WAIT_SLICE_S)
+            except RunnerUnavailable as exc:
+                failures += 1
+                unknown = failures >= MAX_QUERY_FAILURES
+                values: dict[str, Any] = {"query_failures": failures}
+                if unknown:
+                    values.update(state="unknown", was_unknown=True, error=str(exc))
+                await self.store.update_execution(
+                    execution_id, from_states=("running", "unknown"), **values
+                )
+                if unknown:
+                    self._signal(execution_id)
+                # E9: keep asking about the same id (never resubmit), backing off.
+                await asyncio.sleep(min(30.0, self.retry_base_s * 2 ** min(failures, 6)))
+                continue
+            if failures:
+                # R3: the runner answers again. A record that turned unknown is running
+                # again while its sandbox still runs (was_unknown keeps the trace).
+                back = failures >= MAX_QUERY_FAILURES
+                failures = 0
+                await self.store.update_execution(
+                    execution_id,
+                    from_states=("running", "unknown"),
+                    query_failures=0,
+                    **({"state": "running", "error": None} if back else {}),
+                )
+                if back:
+                    self._signal(execution_id)
+            if result.state == RunnerExecState.running:
+                continue
+            await self._complete(row, result)
+            return
+
+    async def _complete(self, row: Mapping[str, Any], result: RunnerExecution) -> None:
+        if result.state == RunnerExecState.lost:
+            state, error = ExecutionState.unknown, result.error
+        elif result.cancelled:
+            state, error = ExecutionState.cancelled, None
+        elif result.exit_code is None:
+            state, error = ExecutionState.failed, result.error
+        else:
+            state, error = ExecutionState.completed, result.error
+        snapshot = result.snapshot
+        if snapshot is not None and snapshot.new:
+            await self.store.record_snapshot(
+                snapshot.workspace_id,
+                snapshot.seq,
+                snapshot.root_hash,
+                snapshot.files,
+                snapshot.bytes,
+                "execution",
+                str(row["id"]),
+            )
+        await self._end(
+            row,
+            state,
+            error=error,
+            exit_code=result.exit_code if state == ExecutionState.completed else None,
+            snapshot_seq=snapshot.seq if snapshot else None,
+            finished_at=result.finished_at or time.time(),
+            sandbox_policy=result.policy.model_dump_json() if result.policy else None,
+        )
+        if self.on_timing is not None and result.finished_at:
+            self.on_timing("commit", max(0.0, time.time() - result.finished_at))
+
+    async def _end(self, row: Mapping[str, Any], state: ExecutionState, **values: Any) -> None:
+        """Make the record terminal, post its notice, release the writer (one transaction),
+        then wake waiters and run the next queued writer."""
+        execution_id = str(row["id"])
+        values.setdefault("finished_at", time.time())
+        exit_code = values.get("exit_code")
+        summary = f"execution {execution_id} {state.value}" + (
+            f" with exit code {exit_code}" if exit_code is not None else ""
+        )
+        # N3: a foreground caller is waiting and sees the result now.
+        notice_read = self._foreground.get(execution_id, 0) > 0
+        # Across replicas: a caller on another replica may wait too; the transaction reads
+        # its row and says whether the notice was posted read.
+        final, queued, notice_read = await self.store.finish_execution(
+            row,
+            {"state": state.value, **values},
+            summary,
+            notice_read=notice_read,
+            from_states=("queued", "running", "unknown"),
+        )
+        if final is not None and notice_read and execution_id in self._finished:
+            self._ended[execution_id] = final  # with its notice posted read
+        self._signal(execution_id)
+        if final is not None:
+            await log_state(self.store, final)
+        for observer in self.on_finished:
+            try:
+                if final is not None:
+                    await observer(final, notice_read)
+            except Exception:
+                log.exception("an on_finished observer failed for %s", execution_id)
+        if queued is not None:
+            await self.dispatch(str(row["workspace_id"]))
+        # Last: a replica dying before this line leaves the lease to expire, and whoever
+        # takes it over hands the workspace on (``adopt``).
+        await self._release(execution_id)
+
+    def _signal(self, execution_id: str) -> None:
+        self.signal(execution_id)
+        if self.on_signal is not None:
+            self.on_signal(execution_id)
+
+    def waited(self) -> list[str]:
+        """The executions someone waits for on this replica."""
+        return list(self._finished)
+
+    def signal(self, execution_id: str) -> None:
+        """Wake this replica's waiters of the execution (they read its record again)."""
+        event = self._finished.pop(execution_id, None)
+        if event is not None:
+            event.set()
+
+    async def writer_released(self, workspace_id: str) -> None:
+        """Another kind of writer (a file operation, a transfer) released the workspace:
+        start the executions queued behind it (W1)."""
+        await self.dispatch(workspace_id)
+
+    async def dispatch(self, workspace_id: str) -> None:
+        """W1 queue: hand the writer to the oldest queued execution, in submission order.
+        Read-only ones not started yet need no writer: they start first (W2)."""
+        for reader in await self.store.queued_readers(workspace_id):
+            await self._launch(reader)
+        while True:
+            row = await self.store.next_queued(workspace_id)
+            if row is None:
+                return
+            workspace = await self.store.get_workspace(workspace_id)
+            assert workspace is not None
+            if workspace["writer_id"] not in (None, row["id"]):
+                return
+            if workspace["writer_id"] is None and not await self.store.take_writer(
+                workspace_id, "execution", str(row["id"])
+            ):
+                return
+            launched = await self._launch(row)
+            # Running, or queued behind an environment change (it keeps the writer).
+            if launched["state"] in (ExecutionState.running, ExecutionState.queued):
+                return
+
+    # ------------------------------------------------------------------ respond
+
+    async def _respond(self, row: Mapping[str, Any], request: RunShellRequest) -> RunShellResult:
+        execution_id = str(row["id"])
+        seen_ending = None
+        if not request.background and not ExecutionState(row["state"]).terminal:
+            seen_ending = await self._wait_watched(execution_id, request.wait_ms / 1000)
+            row = seen_ending or await self._finalized(row)
+        view = execution_view(row)
+        result = RunShellResult(**view.model_dump(), note=self._notes.pop(execution_id, None))
+        if request.background or view.state in (ExecutionState.queued,):
+            return result
+        if view.state.terminal and seen_ending is None:
+            # N3: the caller sees the finished result now, so its notice is read (one that
+            # ended while this caller waited was posted read already: ``_end``).
+            await self.store.mark_notice_read("execution", execution_id)
+        runner = self.runners.get(view.runner_id)
+        with contextlib.suppress(ShellyardError):
+            result.stdout, result.stderr, result.output_truncated = await capped_output(
+                runner, execution_id, request.max_output_length
+            )
+        return result
+
+    # ------------------------------------------------------------------ queries
+
+    async def status(self, execution_id: str, agent_id: str | None = None) -> ExecutionView:
+        row = await self._owned(execution_id, agent_id)
+        view = execution_view(row)
+        if view.state.terminal:
+            await self.store.mark_notice_read("execution", execution_id)
+        return view
+
+    async def wait(
+        self, execution_id: str, timeout_s: float, agent_id: str | None = None
+    ) -> ExecutionView:
+        row = await self._owned(execution_id, agent_id)
+        if not ExecutionState(row["state"]).terminal:
+            await self._wait_watched(execution_id, timeout_s)
+        return await self.status(execution_id, agent_id)
+
+    async def result(
+        self, execution_id: str, max_output_length: int, agent_id: str | None = None
+    ) -> RunShellResult:
+        """What run_shell answers about an execution now, without waiting (the MCP tasks
+        extension's completed result)."""
+        row = await self._owned(execution_id, agent_id)
+        now = RunShellRequest.model_construct(
+            background=False, wait_ms=0, max_output_length=max_output_length
+        )
+        return await self._respond(row, now)
+
+    async def _wait_watched(self, execution_id: str, timeout_s: float) -> Mapping[str, Any] | None:
+        """Wait for the end with a caller watching: a result that arrives during the wait is
+        seen by that caller, so its notice is posted already read and wakes nobody (N3).
+        The final record when this process ended it during the wait, else None."""
+        # The event lives only while someone waits for it (never past the execution's end):
+        # registered first, then the record read again, so an end committed in between is
+        # seen either by ``_signal`` or by that read.
+        event = self._finished.setdefault(execution_id, asyncio.Event())
+        self._foreground[execution_id] = self._foreground.get(execution_id, 0) + 1
+        waiter: str | None = None
+        try:
+            if self._finalized_elsewhere(execution_id):
+                # Another replica watches it, so its finalizer cannot see ``_foreground``: a
+                # row tells it (read in its finishing transaction, store/executions.py).
+                waiter = await self.foreground_waits.begin(execution_id)
+            fresh = await self.store.get_execution(execution_id)
+            if fresh is not None and not ExecutionState(fresh["state"]).terminal:
+                await self.foreground_waits.wait(event, execution_id, waiter, timeout_s)
+                return self._ended.get(execution_id)
+            return None
+        finally:
+            self._foreground[execution_id] -= 1
+            if not self._foreground[execution_id]:
+                del self._foreground[execution_id]
+                self._ended.pop(execution_id, None)
+                if self._finished.get(execution_id) is event:
+                    del self._finished[execution_id]
+            if (
+                waiter is not None
+            ):  # before the caller's final read (control/executions/foreground.py)
+                await self.foreground_waits.end(execution_id, waiter)
+
+    def _finalized_elsewhere(self, execution_id: str) -> bool:
+        """Whether another replica may finalize the execution (PostgreSQL replicas: this one
+        does not watch it). SQLite is one replica, whose waits cost no write."""
+        return (
+            self.leases is not None
+            and not self.store.is_sqlite
+            and execution_id not in self._watchers
+        )
+
+    async def logs(
+        self,
+        execution_id: str,
+        stream: str = "stdout",
+        offset: int = 0,
+        limit: int = 65536,
+        tail: int | None = None,
+        agent_id: str | None = None,
+    ) -> LogsResult:
+        if stream not in ("stdout", "stderr"):
+            raise InvalidInput(f"stream must be 'stdout' or 'stderr', not {stream!r}")
+        if offset < 0 or limit < 0 or (tail is not None and tail < 0):
+            raise InvalidInput("offset, limit and tail must be zero or positive")
+        row = await self._owned(execution_id, agent_id)
+        log_stream: LogStream = "stdout" if stream == "stdout" else "stderr"
+        runner = self.runners.get(str(row["runner_id"]))
+        pruned_at = row.get("logs_pruned_at")
+        state = ExecutionState(row["state"])
+        nothing = LogsResult.model_construct(
+            execution_id=execution_id, stream=log_stream, data="", offset=0, next_offset=0,
+            size=0, complete=True, state=state, logs_pruned_at=pruned_at,
+        )  # fmt: skip
+        if pruned_at is not None:
+            # Retention deleted them (docs/operations.md): say so instead of failing the read.
+            return nothing
+        if state == ExecutionState.queued or row["started_at"] is None:
+            return nothing.model_copy(update={"complete": state.terminal})
+        if tail is not None:
+            size = await runner.log_size(execution_id, log_stream)
+            offset = max(0, size - tail)
+            limit = min(tail, MAX_READ_CHUNK)
+        chunk = await runner.read_log(execution_id, log_stream, offset, min(limit, MAX_READ_CHUNK))
+        text, used = safe_decode(chunk.data)
+        if state.terminal:
+            await self.store.mark_notice_read("execution", execution_id)
+        return LogsResult(
+            execution_id=execution_id,
+            stream=log_stream,
+            data=text,
+            offset=chunk.offset,
+            # a whole chunk: the runner's next offset (past a cut log's dropped range, R2,
+            # docs/limits.md)
+            next_offset=chunk.next_offset if used == len(chunk.data) else chunk.offset + used,
+            size=chunk.size,
+            complete=chunk.complete and used == len(chunk.data),
+            state=state,
+        )
+
+    async def cancel(
+        self, execution_id: str, agent_id: str | None = None, wait_s: float = 0.0
+    ) -> ExecutionView:
+        """E7: a finished execution comes back unchanged; a running one gets SIGTERM, then the
+        whole sandbox is killed after the grace period; ``cancelled`` only once committed."""
+        row = await self._owned(execution_id, agent_id)
+        state = ExecutionState(row["state"])
+        if state.terminal:
+            return execution_view(row)
+        await self.store.update_execution(execution_id, cancel_requested=True)
+        if state == ExecutionState.queued and row["started_at"] is None:
+            workspace = await self.store.get_workspace(str(row["workspace_id"]))
+            # Queued behind an environment change (V5): it holds the writer but never started.
+            gated = row["waiting_for"] is not None
+            if workspace is None or workspace["writer_id"] != execution_id or gated:
+                await self._end(row, ExecutionState.cancelled)
+                return await self.status(execution_id, agent_id)
+        runner = self.runners.get(str(row["runner_id"]))
+        await runner.cancel(execution_id)
+        if wait_s > 0:
+            return await self.wait(execution_id, wait_s, agent_id)
+        return execution_view(await self._finalized(row))
+
+    async def list(self, agent_id: str | None = None, limit: int = 100) -> list[ExecutionView]:
+        owner = await self.agents.id(agent_id)
+        return [execution_view(r) for r in await self.store.list_executions(owner, limit)]
+
+    async def _owned(self, execution_id: str, agent_id: str | None) -> Mapping[str, Any]:
+        row = await self.store.get_execution(execution_id)
+        owner = await self.agents.id(agent_id)
+        # Another agent's execution is reported exactly like a missing one: no data leaks.
+        if row is None or row["agent_id"] != owner:
+            raise NotFound(
+                f"no execution {execution_id!r}; list yours with 'shellyard status' or check the id"
+            )
+        return row
+
+    async def _workspace(self, agent_id: str, runner_id: str) -> str:
+        """The agent's workspace on the runner, created on first use (records and runner)."""
+        key = (agent_id, runner_id)
+        workspace_id = self._workspaces.get(key)
+        if workspace_id is None:
+            row, _created = await self.store.workspace_for(agent_id, runner_id)
+            workspace_id = str(row["id"])
+            # Idempotent; once per process so a runner that lost the folder gets it back.
+            await self.runners.get(runner_id).ensure_workspace(workspace_id)
+            if len(self._workspaces) >= WORKSPACE_CACHE:  # agents come and go for months
+                del self._workspaces[next(iter(self._workspaces))]
+            self._workspaces[key] = workspace_id
+        return workspace_id

@@ -1,0 +1,30 @@
+"""Structured log lines of executions' state changes (``serve --log-format json``,
+docs/operations.md): the ids an operator follows an execution by, its session among them."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from shellyard.store import Store
+
+log = logging.getLogger("shellyard.control.executions")
+
+
+async def log_state(store: Store, row: Mapping[str, Any]) -> None:
+    """One ``info`` line for the record's state; its session costs a read, so only when
+    ``info`` is logged."""
+    if not log.isEnabledFor(logging.INFO):
+        return
+    agent = await store.get_agent(str(row["agent_id"]))
+    fields = {
+        "action": "execution_" + str(row["state"]),
+        "execution_id": row["id"],
+        "session_id": agent["session_id"] if agent else None,
+        "agent_id": row["agent_id"],
+        "runner_id": row["runner_id"],
+        "workspace_id": row["workspace_id"],
+        "exit_code": row["exit_code"],
+    }
+    log.info("execution %s %s", row["id"], row["state"], extra=fields)

@@ -1,0 +1,144 @@
+"""Artifacts (T5): files an agent declares as deliverables. Only a file of a committed snapshot
+of the agent's own workspace on the local runner can be declared; a file on a remote runner
+must be copied back with a transfer first, and a transfer never declares anything. The
+artifact names its snapshot, path, sha256 and size; retention keeps that snapshot, so the
+bytes stay downloadable whatever happens to the workspace afterwards."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from shellyard.contract.files import ArtifactView
+from shellyard.control.files.access import WorkspaceAccess
+from shellyard.control.files.service import FileStream
+from shellyard.control.runners import LOCAL_RUNNER_ID
+from shellyard.errors import InvalidInput, NotFound
+from shellyard.paths import normalize_relative
+from shellyard.store.db import new_id
+from shellyard.store.files import FileRecords
+
+Row = Mapping[str, Any]
+
+
+class ArtifactService:
+    def __init__(self, records: FileRecords, access: WorkspaceAccess) -> None:
+        self.records = records
+        self.access = access
+
+    async def declare(
+        self,
+        path: str,
+        *,
+        name: str | None = None,
+        workspace_id: str | None = None,
+        seq: int | None = None,
+        agent_id: str | None = None,
+    ) -> ArtifactView:
+        agent = await self.access.agent(agent_id)
+        rel = normalize_relative(path)
+        if not rel:
+            raise InvalidInput("path names the workspace root; declare a file, such as 'out.csv'")
+        if workspace_id is None:
+            row, relation, runner = await self.access.workspace(agent, None, LOCAL_RUNNER_ID)
+        else:
+            row, relation, runner = await self.access.workspace(agent, workspace_id)
+        ws = str(row["id"])
+        if row["runner_id"] != LOCAL_RUNNER_ID:
+            local = await self.access.own(agent, LOCAL_RUNNER_ID)
+            raise InvalidInput(
+                f"{rel!r} is in workspace {ws} on runner {row['runner_id']!r}, not on the local "
+                f"runner: only files in your own workspace on the local runner can be declared "
+                f"as artifacts. Copy it back first with workspace_transfer action 'start' "
+                f"(source_workspace_id={ws!r}, paths=[{rel!r}], "
+                f"target_workspace_id={str(local['id'])!r}), then declare the copy",
+                path=rel,
+                workspace_id=ws,
+            )
+        if relation != "own":
+            raise InvalidInput(
+                f"workspace {ws} belongs to your {relation} agent: artifacts are declared only "
+                f"for files in your own workspace; copy the file into yours with a transfer first",
+                workspace_id=ws,
+            )
+        if seq is None:
+            seq = (await runner.head(ws)).seq
+        entry = await runner.stat_path(ws, seq, rel)
+        if entry is None or entry.kind != "file":
+            what = "nothing" if entry is None else f"a {entry.kind}"
+            raise NotFound(
+                f"snapshot {seq} of workspace {ws} has {what} at {rel!r}; an artifact is a file "
+                f"of a committed snapshot (a command's files are committed when it ends)",
+                path=rel,
+            )
+        assert entry.sha256 is not None
+        name = name if name is not None else rel.rsplit("/", 1)[-1]
+        if not name or len(name) > 255 or "\0" in name:
+            raise InvalidInput("an artifact name is 1 to 255 characters, without NUL bytes")
+        if await self.records.find_artifact(str(agent["id"]), name) is not None:
+            raise InvalidInput(
+                f"you already declared an artifact named {name!r}; pass another name",
+                name=name,
+            )
+        created = await self.records.create_artifact(
+            {
+                "id": new_id("art"),
+                "agent_id": str(agent["id"]),
+                "workspace_id": ws,
+                "runner_id": str(row["runner_id"]),
+                "seq": seq,
+                "path": rel,
+                "name": name,
+                "sha256": entry.sha256,
+                "size": entry.size,
+                "created_at": time.time(),
+            }
+        )
+        return _view(created)
+
+    async def list(self, agent_id: str | None = None) -> list[ArtifactView]:
+        agent = await self.access.agent(agent_id)
+        return [_view(r) for r in await self.records.list_artifacts(str(agent["id"]))]
+
+    async def get(self, artifact_id: str, agent_id: str | None = None) -> ArtifactView:
+        return _view(await self._owned(artifact_id, agent_id))
+
+    async def open(
+        self, artifact_id: str, agent_id: str | None = None, offset: int = 0
+    ) -> FileStream:
+        """The artifact's bytes, streamed from the snapshot it was declared at."""
+        row = await self._owned(artifact_id, agent_id)
+        runner = self.access.runners.get(str(row["runner_id"]))
+        ws, seq, path = str(row["workspace_id"]), int(row["seq"]), str(row["path"])
+        entry = await runner.stat_path(ws, seq, path)
+        if entry is None:
+            raise NotFound(f"artifact {artifact_id}'s snapshot {seq} is no longer retained")
+        chunks = await runner.read_stream(ws, seq, path, offset, None)
+        start = min(offset, entry.size)
+        return FileStream(ws, seq, entry, start, entry.size - start, chunks)
+
+    async def _owned(self, artifact_id: str, agent_id: str | None) -> Row:
+        agent = await self.access.agent(agent_id)
+        row = await self.records.get_artifact(artifact_id)
+        if row is None or row["agent_id"] != agent["id"]:
+            raise NotFound(f"no artifact {artifact_id!r}; list yours with artifact_list")
+        return row
+
+
+def _view(row: Row) -> ArtifactView:
+    return ArtifactView(
+        artifact_id=row["id"],
+        name=row["name"],
+        agent_id=row["agent_id"],
+        workspace_id=row["workspace_id"],
+        runner_id=row["runner_id"],
+        seq=int(row["seq"]),
+        path=row["path"],
+        sha256=row["sha256"],
+        size=int(row["size"]),
+        created_at=row["created_at"],
+    )
+
+
+__all__ = ["ArtifactService"]

@@ -1,0 +1,691 @@
+"""Transfers (T1–T4): explicit copies from a source workspace's committed snapshot into a target
+workspace, on the same runner or across runners, through one code path.
+
+``start`` records the source's latest committed snapshot on the transfer (T2), expands the
+paths (files, folders, globs) against that snapshot into one row per entry, and takes the
+target's writer (refused naming the holder, or queued). A background task then copies in
+batches (by count and by bytes). Per batch:
+
+1. ``missing_objects`` on the target runner: which contents it lacks. Between two workspaces
+   of one runner the answer is "none" — they share the content-addressed store, so no byte
+   moves through the control plane.
+2. ``export_objects`` on the source runner streamed into ``import_objects`` on the target (one
+   stream per batch, bounded chunks; each object verified against its sha256).
+3. ``apply_entries`` on the target: the batch is written into the live tree and committed, and
+   per entry the runner answers ``copied``, ``unchanged``, ``skipped`` or ``failed`` + reason.
+
+Only then are the outcomes recorded, with the target snapshot that holds them (T3: a file
+counts once it is committed). A cancel or a failure stops between batches and keeps every
+committed batch. A runner that cannot be reached mid-batch (R3: its daemon killed, the SSH
+connection dropped, the route cut) makes the batch be tried again with backoff, as E9 retries
+a status query: every step is idempotent (objects already imported are not sent again, an
+entry already committed answers ``unchanged``), so a short drop costs only time. After
+``BATCH_ATTEMPTS`` consecutive failures the batch's files fail with the runner's error and the
+files not reached yet are ``skipped``; starting the same transfer again once the runner is back
+copies the rest. The final state is ``completed``, ``partial``, ``failed`` or ``cancelled``; a
+finished transfer posts a notice to its owner (N1). Transfers survive a restart of the control
+plane: an unfinished one resumes with its pending files.
+
+With several replicas on one database (docs/operations.md) each unfinished transfer is copied by the
+one replica holding its lease (``leases``, plugged in by control/replicas/wiring.py): a replica that
+dies leaves its lease to expire and another adopts the transfer, which resumes with its pending
+files exactly as after a restart. A cancel or a wait on another replica goes through the record: the
+cancel request is a column the holder reads between batches (and a fan-out message makes it stop
+mid-batch), a wait re-reads the record until it is terminal, woken by the fan-out."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import Any
+
+from shellyard.contract.files import (
+    DEFAULT_BATCH_BYTES,
+    DEFAULT_BATCH_FILES,
+    TransferFilesView,
+    TransferFileView,
+    TransferRequest,
+    TransferView,
+    WorkspaceView,
+)
+from shellyard.control.executions.hooks import WatchLeases
+from shellyard.control.files.access import WorkspaceAccess
+from shellyard.control.files.transfer_plan import glob_text, is_glob, parse_request, plan
+from shellyard.control.runners import LOCAL_RUNNER_ID
+from shellyard.errors import (
+    InvalidInput,
+    NotFound,
+    RunnerUnavailable,
+    ShellyardError,
+)
+from shellyard.paths import normalize_relative
+from shellyard.runner.protocol import MAX_PAGE, ApplyEntry, ByteStream, Runner
+from shellyard.store import Store
+from shellyard.store.db import new_id
+from shellyard.store.files import TERMINAL_TRANSFER_STATES, FileRecords
+from shellyard.store.leases import TRANSFER
+
+log = logging.getLogger(__name__)
+Row = Mapping[str, Any]
+
+#: Pending rows read from the database at once (cut into batches in memory).
+_PAGE_ROWS = 5000
+#: Consecutive tries of one batch while a runner cannot be reached (E9's five failures).
+BATCH_ATTEMPTS = 5
+#: How often a wait for a transfer another replica copies reads its record again (besides
+#: being woken by the fan-out when it ends).
+_FOREIGN_POLL_S = 1.0
+
+
+class _Cancelled(Exception):
+    """Raised inside an object stream to stop it when the transfer is cancelled."""
+
+
+class TransferService:
+    def __init__(self, store: Store, records: FileRecords, access: WorkspaceAccess) -> None:
+        self.store = store
+        self.records = records
+        self.access = access
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._cancel: dict[str, asyncio.Event] = {}
+        self._in_flight: dict[str, int] = {}
+        self._closing = False
+        #: First backoff between tries of a batch when a runner cannot be reached (doubles).
+        self.retry_base_s = 0.5
+        #: Which replica copies each transfer (docs/operations.md); None: this process is the only
+        #: one.
+        self.leases: WatchLeases | None = None
+        #: Called with a transfer id that ended, or whose cancel was asked here while another
+        #: replica copies it: the fan-out tells the other replicas (control/replicas/wiring.py).
+        self.on_signal: Callable[[str], None] | None = None
+        #: transfer id → set when it ends (or a cancel arrives), for waits on this replica.
+        self._changed: dict[str, asyncio.Event] = {}
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def startup(self) -> None:
+        """Resume the transfers a previous control plane left queued or running (with
+        replicas: those whose lease this one gets; the others' holders are alive)."""
+        for row in await self.records.active_transfers():
+            self._launch(str(row["id"]))
+
+    async def adopt(self, transfer_id: str) -> None:
+        """This replica took over the transfer's lease (its holder died): resume it."""
+        await self.access.runners.load_registered()  # its runners may be another's adds
+        self._launch(transfer_id)
+
+    def forget(self, transfer_id: str) -> None:
+        """Another replica took the lease (this one stalled past its expiry): stop copying
+        here without finishing; the new holder resumes with the pending files."""
+        task = self._tasks.pop(transfer_id, None)
+        if task is not None:
+            task.cancel()
+
+    async def unleased(self, grace_s: float) -> list[str]:
+        """Active transfers no replica holds a lease on for ``grace_s`` (their replica died
+        between recording and leasing them), leaving out the in-process runner's (only its
+        own home reaches them)."""
+        return await self.store.unleased_transfers(grace_s, LOCAL_RUNNER_ID)
+
+    def watched(self) -> list[str]:
+        """Transfers waited for or copied here (a fan-out gap may have hidden their news)."""
+        return list({*self._changed, *self._tasks})
+
+    def signal(self, transfer_id: str) -> None:
+        """Another replica says the transfer ended or a cancel was asked."""
+        self._wake_waiters(transfer_id)
+        if transfer_id in self._tasks:
+            # A cancel recorded elsewhere: the copy reads the request and stops (T3 keeps
+            # every committed batch).
+            asyncio.get_running_loop().create_task(self._cancel_if_asked(transfer_id))
+
+    async def _cancel_if_asked(self, transfer_id: str) -> None:
+        with contextlib.suppress(Exception):
+            row = await self.records.get_transfer(transfer_id)
+            event = self._cancel.get(transfer_id)
+            if row is not None and row["cancel_requested"] and event is not None:
+                event.set()
+
+    def _wake_waiters(self, transfer_id: str) -> None:
+        event = self._changed.pop(transfer_id, None)
+        if event is not None:
+            event.set()
+
+    def _publish(self, transfer_id: str) -> None:
+        """It ended here: this replica's waits, and the other replicas', read it again (no
+        cancel check: the copy that would read it is the one ending)."""
+        self._wake_waiters(transfer_id)
+        if self.on_signal is not None:
+            self.on_signal(transfer_id)
+
+    async def _lease(self, transfer_id: str, source_runner: str, target_runner: str) -> bool:
+        """Take the transfer's lease; its scope is the home's when either end is the
+        in-process runner (no other replica reaches that)."""
+        if self.leases is None:
+            return True
+        local = LOCAL_RUNNER_ID in (source_runner, target_runner)
+        return await self.leases.acquire(
+            TRANSFER, transfer_id, LOCAL_RUNNER_ID if local else target_runner
+        )
+
+    async def _lease_for(self, row: Row) -> bool:
+        source = await self.store.get_workspace(str(row["source_workspace_id"]))
+        target = await self.store.get_workspace(str(row["target_workspace_id"]))
+        assert source is not None and target is not None
+        return await self._lease(str(row["id"]), str(source["runner_id"]), str(target["runner_id"]))
+
+    async def _release(self, transfer_id: str) -> None:
+        if self.leases is not None:
+            await self.leases.release(TRANSFER, transfer_id)
+
+    async def aclose(self) -> None:
+        self._closing = True
+        tasks = list(self._tasks.values())
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._tasks.clear()
+
+    # ------------------------------------------------------------------ T1
+
+    async def discover(self, agent_id: str | None = None) -> list[WorkspaceView]:
+        return await self.access.discover(await self.access.agent(agent_id))
+
+    # ------------------------------------------------------------------ T2
+
+    async def start(
+        self, request: TransferRequest | Mapping[str, Any], agent_id: str | None = None
+    ) -> TransferView:
+        if not isinstance(request, TransferRequest):
+            request = parse_request(request)
+        agent = await self.access.agent(agent_id)
+        src, _r1, src_runner = await self.access.workspace(
+            agent, request.source_workspace_id, use="transfer"
+        )
+        dst, _r2, _dst_runner = await self.access.workspace(
+            agent, request.target_workspace_id, use="transfer"
+        )
+        target_folder = normalize_relative(request.target_folder)
+        patterns = [
+            normalize_relative(p) if not is_glob(p) else glob_text(p) for p in request.paths
+        ]
+        source_seq = (await src_runner.head(str(src["id"]))).seq
+        files = await plan(src_runner, str(src["id"]), source_seq, patterns, target_folder)
+        transfer_id = new_id("tr")
+        dst_id = str(dst["id"])
+        cancel = asyncio.Event()
+        # Leased before it is recorded: a replica dying in between leaves a lease that
+        # expires, never a transfer nobody copies.
+        await self._lease(transfer_id, str(src["runner_id"]), str(dst["runner_id"]))
+        # T2: the target's writer is held for the whole copy; refused (naming the holder) or
+        # queued, like an execution.
+        if request.queue:
+            holds = await self.store.take_writer(dst_id, "transfer", transfer_id)
+        else:
+            holds = await self.access.take_writer(dst_id, "transfer", transfer_id, queue=False)
+        options = request.model_dump(
+            include={"queue", "batch_files", "batch_bytes", "max_bytes_per_s"}
+        )
+        values = {
+            "id": transfer_id,
+            "agent_id": str(agent["id"]),
+            "source_workspace_id": str(src["id"]),
+            "source_seq": source_seq,
+            "target_workspace_id": dst_id,
+            "target_folder": target_folder,
+            "paths": list(request.paths),
+            "options": options,
+            "state": "running" if holds else "queued",
+            "files_total": len(files),
+            "bytes_total": sum(int(f["size"]) for f in files if f["kind"] == "file"),
+            "files_copied": 0,
+            "files_unchanged": 0,
+            "files_skipped": 0,
+            "files_failed": 0,
+            "bytes_done": 0,
+            "bytes_sent": 0,
+            "batches": 0,
+            "cancel_requested": False,
+            "created_at": time.time(),
+            "started_at": time.time() if holds else None,
+        }
+        try:
+            row = await self.records.create_transfer(values, files)
+        except BaseException:
+            if holds:
+                await self.access.release_writer(dst_id, transfer_id)
+            await self._release(transfer_id)
+            raise
+        self._cancel[transfer_id] = cancel
+        self._launch(transfer_id)
+        return self._view(row)
+
+    def _launch(self, transfer_id: str) -> None:
+        if self._closing or transfer_id in self._tasks:
+            return
+        self._cancel.setdefault(transfer_id, asyncio.Event())
+        task = asyncio.create_task(self._run(transfer_id), name=f"transfer-{transfer_id}")
+        self._tasks[transfer_id] = task
+        # Only this task's entry: after a lost lease a later adoption may have a new one.
+        task.add_done_callback(
+            lambda t: self._tasks.pop(transfer_id) if self._tasks.get(transfer_id) is t else None
+        )
+
+    # ------------------------------------------------------------------ the copy
+
+    async def _run(self, transfer_id: str) -> None:
+        row = await self.records.get_transfer(transfer_id)
+        if row is None or row["state"] in TERMINAL_TRANSFER_STATES:
+            await self._release(transfer_id)  # an adopted lease of work already done
+            return
+        if not await self._lease_for(row):
+            self._cancel.pop(transfer_id, None)
+            return  # another live replica copies it
+        cancel = self._cancel[transfer_id]
+        if row["cancel_requested"]:
+            cancel.set()
+        target = str(row["target_workspace_id"])
+        try:
+            if not await self.access.take_writer(
+                target, "transfer", transfer_id, queue=True, cancelled=cancel
+            ):
+                await self._finish(row, "cancelled", None)
+                return
+            if row["state"] == "queued":
+                await self.records.update_transfer(
+                    transfer_id, state="running", started_at=time.time()
+                )
+            error = await self._copy(row, cancel)
+            await self._finish(row, "cancelled" if cancel.is_set() else None, error)
+        except asyncio.CancelledError:
+            # The control plane is closing (the transfer resumes on the next start, or on
+            # the replica that takes the lease over), or another replica took the lease.
+            raise
+        except Exception as exc:
+            log.exception("transfer %s failed", transfer_id)
+            await self._finish(row, None, f"{type(exc).__name__}: {exc}")
+        finally:
+            self._in_flight.pop(transfer_id, None)
+
+    async def _copy(self, row: Row, cancel: asyncio.Event) -> str | None:
+        """Copy the pending files batch by batch; the error that stopped it, if any."""
+        transfer_id = str(row["id"])
+        options = dict(row["options"] or {})
+        batch_files = int(options.get("batch_files") or DEFAULT_BATCH_FILES)
+        batch_bytes = int(options.get("batch_bytes") or DEFAULT_BATCH_BYTES)
+        rate = options.get("max_bytes_per_s")
+        src = await self.store.get_workspace(str(row["source_workspace_id"]))
+        dst = await self.store.get_workspace(str(row["target_workspace_id"]))
+        assert src is not None and dst is not None
+        src_runner = self.access.runners.get(str(src["runner_id"]))
+        dst_runner = self.access.runners.get(str(dst["runner_id"]))
+        await self.access.ensure(dst)
+        started = time.monotonic()
+        moved = 0
+        after = -1
+        rows: list[Row] = []
+        # a batch's outcomes are recorded while the runner copies the next batch
+        recording: asyncio.Future[Any] | None = None
+        try:
+            while not cancel.is_set():
+                if not rows:  # pending rows come a page at a time, several batches' worth
+                    rows = await self.records.pending_files(
+                        transfer_id, after, max(batch_files, _PAGE_ROWS)
+                    )
+                    if not rows:
+                        return None
+                if await self._cancel_recorded(transfer_id, cancel):
+                    return None
+                batch: list[Row] = []
+                size = 0
+                for r in rows[:batch_files]:
+                    if batch and size + int(r["size"]) > batch_bytes:
+                        break
+                    batch.append(r)
+                    size += int(r["size"]) if r["kind"] == "file" else 0
+                rows = rows[len(batch) :]
+                after = int(batch[-1]["idx"])
+                work = asyncio.ensure_future(
+                    self._batch_tried(
+                        transfer_id,
+                        batch,
+                        src_runner,
+                        str(src["id"]),
+                        dst_runner,
+                        str(dst["id"]),
+                        cancel,
+                    )
+                )
+                try:
+                    if recording is not None:
+                        previous, recording = recording, None
+                        await previous
+                    outcomes, snapshot, sent = await work
+                except _Cancelled:
+                    return None
+                except ShellyardError as exc:
+                    if cancel.is_set():
+                        return None
+                    reason = f"the batch could not be copied: {exc.message}"
+                    failed: list[tuple[int, str, str | None, int | None]] = [
+                        (int(r["idx"]), "failed", reason, None) for r in batch
+                    ]
+                    await self.records.record_outcomes(transfer_id, failed, None)
+                    return exc.message
+                finally:
+                    if not work.done():
+                        work.cancel()
+                        with contextlib.suppress(BaseException):
+                            await work
+                    self._in_flight[transfer_id] = 0
+                sizes = {int(r["idx"]): int(r["size"]) for r in batch}
+                done = sum(sizes[i] for i, o, _r, _s in outcomes if o in ("copied", "unchanged"))
+                recording = asyncio.ensure_future(
+                    self.records.record_outcomes(transfer_id, outcomes, snapshot, sent, done)
+                )
+                moved += size
+                if rate:
+                    lag = moved / float(rate) - (time.monotonic() - started)
+                    if lag > 0:
+                        with contextlib.suppress(TimeoutError):
+                            await asyncio.wait_for(cancel.wait(), lag)
+            return None
+        finally:
+            if recording is not None:
+                await recording
+
+    async def _cancel_recorded(self, transfer_id: str, cancel: asyncio.Event) -> bool:
+        """A cancel asked on another replica whose fan-out message was lost: the record says
+        so, read once per batch (only with replicas; one process sets ``cancel`` itself)."""
+        if self.leases is None or self.on_signal is None:
+            return cancel.is_set()
+        row = await self.records.get_transfer(transfer_id)
+        if row is not None and row["cancel_requested"]:
+            cancel.set()
+        return cancel.is_set()
+
+    async def _batch_tried(
+        self,
+        transfer_id: str,
+        rows: list[Row],
+        src_runner: Runner,
+        src_ws: str,
+        dst_runner: Runner,
+        dst_ws: str,
+        cancel: asyncio.Event,
+    ) -> tuple[list[tuple[int, str, str | None, int | None]], dict[str, Any] | None, int]:
+        """``_batch``, tried again with backoff while a runner cannot be reached (R3)."""
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                return await self._batch(
+                    transfer_id, rows, src_runner, src_ws, dst_runner, dst_ws, cancel
+                )
+            except RunnerUnavailable as exc:
+                if attempt == BATCH_ATTEMPTS or cancel.is_set():
+                    raise RunnerUnavailable(
+                        f"{exc.message} (tried {attempt} times); start the transfer again "
+                        "once the runner is back: what is committed counts as unchanged"
+                    ) from exc
+                log.warning(
+                    "transfer %s: batch try %d failed, trying again: %s",
+                    transfer_id,
+                    attempt,
+                    exc.message,
+                )
+                self._in_flight[transfer_id] = 0
+                with contextlib.suppress(TimeoutError):
+                    delay = min(30.0, self.retry_base_s * 2 ** (attempt - 1))
+                    await asyncio.wait_for(cancel.wait(), delay)
+                if cancel.is_set():
+                    raise _Cancelled from exc
+
+    async def _batch(
+        self,
+        transfer_id: str,
+        rows: list[Row],
+        src_runner: Runner,
+        src_ws: str,
+        dst_runner: Runner,
+        dst_ws: str,
+        cancel: asyncio.Event,
+    ) -> tuple[list[tuple[int, str, str | None, int | None]], dict[str, Any] | None, int]:
+        """Copy one batch: (outcomes, the target snapshot as a dict, bytes sent between
+        runners)."""
+        shas = list(dict.fromkeys(str(r["sha256"]) for r in rows if r["kind"] == "file"))
+        lacking = await dst_runner.missing_objects(shas) if shas else []
+        bad: dict[str, str] = {}
+        sent = 0
+        if lacking:
+            pack = await src_runner.export_objects(lacking)
+            try:
+                results = await dst_runner.import_objects(self._watch(transfer_id, pack, cancel))
+            finally:
+                # A target that failed mid-stream leaves the source's stream open otherwise
+                # (its HTTP response, or the local store's reader thread).
+                close = getattr(pack, "aclose", None)
+                if close is not None:
+                    with contextlib.suppress(Exception):
+                        await close()
+            if cancel.is_set():
+                raise _Cancelled
+            sent = sum(r.size for r in results if r.ok)
+            got = {r.sha256: r for r in results}
+            for sha in lacking:
+                result = got.get(sha)
+                if result is None or not result.ok:
+                    bad[sha] = (result.error or "failed") if result else "it never arrived"
+        if cancel.is_set():
+            raise _Cancelled
+        entries = [
+            ApplyEntry.model_construct(  # rows we wrote from a validated plan
+                path=str(r["target_path"]),
+                kind=r["kind"],
+                mode=int(r["mode"]),
+                size=int(r["size"]),
+                sha256=r["sha256"],
+                target=r["link_target"],
+            )
+            for r in rows
+            if not (r["kind"] == "file" and r["sha256"] in bad)
+        ]
+        outcome_of: dict[str, tuple[str, str | None]] = {}
+        snapshot: dict[str, Any] | None = None
+        seq: int | None = None
+        if entries:
+            applied = await dst_runner.apply_entries(dst_ws, entries)
+            snapshot = applied.snapshot.model_dump()
+            seq = applied.snapshot.seq
+            outcome_of = {o.path: (o.outcome, o.reason) for o in applied.outcomes}
+        outcomes: list[tuple[int, str, str | None, int | None]] = []
+        for r in rows:
+            if r["kind"] == "file" and r["sha256"] in bad:
+                why = f"could not copy its content from the source: {bad[str(r['sha256'])]}"
+                outcomes.append((int(r["idx"]), "failed", why, None))
+                continue
+            outcome, reason = outcome_of.get(
+                str(r["target_path"]), ("failed", "the target runner did not report it")
+            )
+            committed = outcome in ("copied", "unchanged")
+            outcomes.append((int(r["idx"]), outcome, reason, seq if committed else None))
+        return outcomes, snapshot, sent
+
+    async def _watch(
+        self, transfer_id: str, stream: ByteStream, cancel: asyncio.Event
+    ) -> AsyncIterator[bytes]:
+        """Count the bytes of an object stream (progress) and stop it on cancel."""
+        self._in_flight[transfer_id] = 0
+        async for chunk in stream:
+            if cancel.is_set():
+                close = getattr(stream, "aclose", None)
+                if close is not None:
+                    await close()
+                raise _Cancelled
+            self._in_flight[transfer_id] = self._in_flight.get(transfer_id, 0) + len(chunk)
+            yield chunk
+
+    async def _finish(self, row: Row, forced: str | None, error: str | None) -> None:
+        transfer_id = str(row["id"])
+        fresh = await self.records.get_transfer(transfer_id)
+        assert fresh is not None
+        done = int(fresh["files_copied"]) + int(fresh["files_unchanged"])
+        if forced is not None:
+            state = forced
+        elif error is not None or int(fresh["files_failed"]):
+            state = "partial" if done else "failed"
+        else:
+            state = "completed"
+        reason = (
+            "the transfer was cancelled before this file was copied"
+            if state == "cancelled"
+            else f"not copied: the transfer stopped ({error})"
+        )
+        final = await self.records.finish_transfer(transfer_id, state, error, reason)
+        self._cancel.pop(transfer_id, None)
+        await self.access.writer_released(str(row["target_workspace_id"]))
+        self._publish(transfer_id)
+        await self._release(transfer_id)
+        if final is None:
+            return
+        if state != "cancelled":  # the owner asked for a cancel: it knows (N3's spirit)
+            summary = (
+                f"transfer {transfer_id} {state}: {final['files_copied']} copied, "
+                f"{final['files_unchanged']} unchanged, {final['files_skipped']} skipped, "
+                f"{final['files_failed']} failed into workspace {final['target_workspace_id']}"
+                + (f" (snapshot {final['target_seq']})" if final["target_seq"] is not None else "")
+            )
+            await self.store.add_notice(str(final["agent_id"]), "transfer", transfer_id, summary)
+
+    # ------------------------------------------------------------------ T3
+
+    async def _owned(self, transfer_id: str, agent_id: str | None) -> Row:
+        agent = await self.access.agent(agent_id)
+        row = await self.records.get_transfer(transfer_id)
+        if row is None or row["agent_id"] != agent["id"]:
+            raise NotFound(
+                f"no transfer {transfer_id!r}; list yours with workspace_transfer action 'list'"
+            )
+        return row
+
+    async def query(self, transfer_id: str, agent_id: str | None = None) -> TransferView:
+        return self._view(await self._owned(transfer_id, agent_id))
+
+    async def list(self, agent_id: str | None = None, limit: int = 100) -> list[TransferView]:
+        agent = await self.access.agent(agent_id)
+        return [self._view(r) for r in await self.records.list_transfers(str(agent["id"]), limit)]
+
+    async def files(
+        self,
+        transfer_id: str,
+        outcome: str | None = None,
+        offset: int = 0,
+        limit: int = 1000,
+        agent_id: str | None = None,
+    ) -> TransferFilesView:
+        if outcome not in (None, "pending", "copied", "unchanged", "skipped", "failed"):
+            raise InvalidInput(
+                f"outcome must be one of pending, copied, unchanged, skipped, failed; not "
+                f"{outcome!r}"
+            )
+        if offset < 0 or not 1 <= limit <= MAX_PAGE:
+            raise InvalidInput(f"offset must be 0 or more and limit between 1 and {MAX_PAGE}")
+        await self._owned(transfer_id, agent_id)
+        rows = await self.records.transfer_files(transfer_id, outcome, offset, limit + 1)
+        views = [
+            TransferFileView(
+                source_path=r["source_path"],
+                target_path=r["target_path"],
+                kind=r["kind"],
+                size=int(r["size"]),
+                sha256=r["sha256"],
+                outcome=r["outcome"],
+                reason=r["reason"],
+                target_seq=r["target_seq"],
+            )
+            for r in rows[:limit]
+        ]
+        return TransferFilesView(
+            transfer_id=transfer_id,
+            files=views,
+            next_offset=offset + limit if len(rows) > limit else None,
+        )
+
+    async def wait(
+        self, transfer_id: str, timeout_s: float, agent_id: str | None = None
+    ) -> TransferView:
+        """The transfer once it is terminal, or as it is when ``timeout_s`` runs out."""
+        row = await self._owned(transfer_id, agent_id)
+        deadline = time.monotonic() + max(0.0, timeout_s)
+        while row["state"] not in TERMINAL_TRANSFER_STATES:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            task = self._tasks.get(transfer_id)
+            if task is not None:
+                with contextlib.suppress(TimeoutError, asyncio.CancelledError):
+                    await asyncio.wait_for(asyncio.shield(task), left)
+            else:
+                # Copied by another replica (or about to be adopted): its end arrives by the
+                # fan-out, or this re-read finds it.
+                event = self._changed.setdefault(transfer_id, asyncio.Event())
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(event.wait(), min(left, _FOREIGN_POLL_S))
+            row = await self._owned(transfer_id, agent_id)
+        return self._view(row)
+
+    async def cancel(
+        self, transfer_id: str, agent_id: str | None = None, wait_s: float = 0.0
+    ) -> TransferView:
+        """Stop after the batch being copied; every committed file stays (T3)."""
+        row = await self._owned(transfer_id, agent_id)
+        if row["state"] in TERMINAL_TRANSFER_STATES:
+            return self._view(row)
+        await self.records.update_transfer(transfer_id, cancel_requested=True)
+        event = self._cancel.get(transfer_id)
+        if event is not None:
+            event.set()
+        if transfer_id not in self._tasks:
+            if await self._lease_for(row):
+                await self._finish(row, "cancelled", None)  # nobody copies it: end it here
+            elif self.on_signal is not None:
+                self.on_signal(transfer_id)  # the replica copying it stops after its batch
+        if wait_s > 0:
+            return await self.wait(transfer_id, wait_s, agent_id)
+        return await self.query(transfer_id, agent_id)
+
+    def _view(self, row: Row) -> TransferView:
+        return TransferView(
+            transfer_id=row["id"],
+            state=row["state"],
+            agent_id=row["agent_id"],
+            source_workspace_id=row["source_workspace_id"],
+            source_seq=row["source_seq"],
+            target_workspace_id=row["target_workspace_id"],
+            target_folder=row["target_folder"],
+            paths=list(row["paths"] or []),
+            files_total=int(row["files_total"]),
+            bytes_total=int(row["bytes_total"]),
+            files_copied=int(row["files_copied"]),
+            files_unchanged=int(row["files_unchanged"]),
+            files_skipped=int(row["files_skipped"]),
+            files_failed=int(row["files_failed"]),
+            bytes_done=int(row["bytes_done"]),
+            bytes_in_flight=self._in_flight.get(str(row["id"]), 0),
+            bytes_sent=int(row["bytes_sent"] or 0),
+            batches=int(row["batches"]),
+            target_seq=row["target_seq"],
+            error=row["error"],
+            cancel_requested=bool(row["cancel_requested"]),
+            created_at=row["created_at"],
+            started_at=row["started_at"],
+            finished_at=row["finished_at"],
+        )
+
+
+__all__ = ["TransferService"]

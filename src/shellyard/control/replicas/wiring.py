@@ -1,0 +1,141 @@
+"""Wiring of several replicas on one database (docs/operations.md): the lease keeper and the fan-out
+plugged into the execution and wake services, which know neither (their hooks are plain
+callables). Built by ``control/plane.py``; on SQLite the keeper only records leases and the fan-out
+publishes nothing, so one replica behaves as before."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from shellyard.control.environments import EnvironmentService
+from shellyard.control.executions.service import LEASE_KIND, ExecutionService
+from shellyard.control.files.transfers import TransferService
+from shellyard.control.metrics import Metrics
+from shellyard.control.notify.timers import TimerService
+from shellyard.control.notify.wakes import DELIVERY_LEASE, WakeService
+from shellyard.control.replicas.fanout import Fanout, Kind
+from shellyard.control.replicas.leases import LeaseKeeper
+from shellyard.store.leases import CHANGE, TRANSFER
+
+
+def wire(
+    executions: ExecutionService,
+    wakes: WakeService,
+    transfers: TransferService,
+    environments: EnvironmentService,
+    keeper: LeaseKeeper,
+    fanout: Fanout,
+    metrics: Metrics,
+    timers: TimerService,
+) -> None:
+    executions.leases = keeper
+    executions.foreground_waits.ttl_s = keeper.ttl_s  # a killed waiter counts as long as a lease
+    keeper.adopters[LEASE_KIND] = executions.adopt
+    keeper.on_lost[LEASE_KIND] = executions.forget
+    keeper.dispatch = executions.dispatch
+    executions.on_timing = metrics.observe
+    wakes.leases = keeper
+    keeper.adopters[DELIVERY_LEASE] = wakes.adopt_delivery
+    keeper.on_lost[DELIVERY_LEASE] = wakes.forget_delivery
+    # Transfers and environment changes: one replica copies / drives each; the others adopt
+    # it when that one dies (each resumes from its record, as after a restart).
+    transfers.leases = keeper
+    keeper.adopters[TRANSFER] = transfers.adopt
+    keeper.on_lost[TRANSFER] = transfers.forget
+    environments.leases = keeper
+    keeper.adopters[CHANGE] = environments.adopt
+    keeper.on_lost[CHANGE] = environments.forget
+
+    async def sweep() -> None:
+        # Notices a dead replica recorded but did not get to wake for (N2), and deliveries it
+        # recorded but did not get to lease: a restart would have resumed them
+        # (``WakeService.start``); with replicas the survivors do. Deliveries this replica
+        # holds with no task running (adopted while it was starting) are resumed too.
+        await wakes.kick_all("channel")
+        for delivery_id in keeper.subjects(DELIVERY_LEASE):
+            await wakes.adopt_delivery(delivery_id)
+        for delivery_id in await keeper.store.unleased_deliveries(keeper.ttl_s):
+            await wakes.adopt_delivery(delivery_id)
+        # Recorded by a replica that died before leasing them (both lease first; this
+        # catches what an older release or a failed lease write left).
+        for transfer_id in await transfers.unleased(keeper.ttl_s):
+            await transfers.adopt(transfer_id)
+        for change_id in await environments.unleased(keeper.ttl_s):
+            await environments.adopt(change_id)
+
+    keeper.sweep = sweep
+    if not fanout.enabled:
+        return
+
+    executions.on_signal = lambda execution_id: fanout.publish(
+        Kind.EXECUTION_ENDED, execution_id=execution_id
+    )
+    executions.runners.on_change = lambda: fanout.publish(Kind.RUNNERS_CHANGED)
+    wakes.on_notify = lambda agent_id, reason: fanout.publish(
+        Kind.AGENT_MAY_WAKE, agent_id=agent_id, reason=reason
+    )
+    wakes.on_emitted = lambda wake: fanout.publish(
+        Kind.WAKE_EMITTED, session_id=wake.session_id, seq=wake.seq
+    )
+    wakes.on_webhooks = lambda: fanout.publish(Kind.WEBHOOKS_CHANGED)
+    transfers.on_signal = lambda transfer_id: fanout.publish(
+        Kind.TRANSFER_CHANGED, transfer_id=transfer_id
+    )
+
+    async def ended(message: dict[str, Any]) -> None:
+        executions.signal(str(message["execution_id"]))
+
+    async def notify(message: dict[str, Any]) -> None:
+        reason = str(message.get("reason") or "notice")
+        await wakes.notify(str(message["agent_id"]), reason, relayed=True)
+
+    async def emitted(message: dict[str, Any]) -> None:
+        await wakes.relay(str(message["session_id"]), int(message["seq"]))
+
+    async def webhooks(_message: dict[str, Any]) -> None:
+        await wakes.refresh_webhooks()
+
+    async def runners(_message: dict[str, Any]) -> None:
+        await executions.runners.reload()
+
+    async def transfer(message: dict[str, Any]) -> None:
+        transfers.signal(str(message["transfer_id"]))
+
+    async def resync() -> None:
+        # Messages may have been lost while the listener was away: every waiter reads its
+        # record again, and every agent a channel of this replica can hear is tried.
+        for execution_id in list(executions.waited()):
+            executions.signal(execution_id)
+        for transfer_id in transfers.watched():
+            transfers.signal(transfer_id)
+        await wakes.refresh_webhooks()
+        await wakes.kick_all("channel")
+        await executions.runners.reload()
+
+    fanout.handlers.update(
+        {
+            Kind.EXECUTION_ENDED: ended,
+            Kind.AGENT_MAY_WAKE: notify,
+            Kind.WAKE_EMITTED: emitted,
+            Kind.WEBHOOKS_CHANGED: webhooks,
+            Kind.RUNNERS_CHANGED: runners,
+            Kind.TRANSFER_CHANGED: transfer,
+        }
+    )
+    fanout.on_resync.append(resync)
+    _wire_timers(timers, fanout)
+
+
+def _wire_timers(timers: TimerService, fanout: Fanout) -> None:
+    # N5–N7 across replicas: every scheduler hears of a timer created or cancelled anywhere.
+    timers.announce = lambda: fanout.message(Kind.TIMERS_CHANGED)
+    timers.on_change = lambda: fanout.publish(Kind.TIMERS_CHANGED)
+
+    async def timer_changed(_message: dict[str, Any]) -> None:
+        timers.changed()
+
+    async def timers_resync() -> None:
+        timers.changed()
+
+    fanout.handlers[Kind.TIMERS_CHANGED] = timer_changed
+    fanout.on_resync.append(timers_resync)

@@ -1,0 +1,78 @@
+"""The interface every package manager implements, and what it is handed.
+
+``runner/environments/store.py`` owns the prefix, the journal and the rollback; a manager only
+changes the prefix it is given and reports the packages it sees there. A manager raises
+``ManagerError`` with a message that says what was wrong and what to do (V8); the caller rolls
+the prefix back, so a manager never needs to clean up after itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from shellyard.runner.protocol import EnvErrorKind, EnvironmentChangeRequest, PackageRecord
+
+#: Called with a short progress line ("solving", "downloading 3/10", "linking") for displays.
+Progress = Callable[[str], None]
+
+
+class ManagerError(Exception):
+    def __init__(self, kind: EnvErrorKind, message: str) -> None:
+        super().__init__(message)
+        self.kind: EnvErrorKind = kind
+        self.message = message
+
+
+@dataclass
+class ManagerContext:
+    """Everything a manager may use for one change."""
+
+    #: The environment's prefix (its path is also where executions see it).
+    prefix: Path
+    #: A private scratch folder for this change, removed afterwards.
+    scratch: Path
+    #: Shared per-runner package caches (rattler's, uv's, downloads), reused across changes.
+    cache: Path
+    progress: Progress
+    #: Runs a tool's process (uv, Rscript) with the prefix writable and the rest of the host
+    #: read-only; ``binds`` adds local folders (file:// channels, wheel folders) read-only.
+    #: Returns (exit code, combined output tail). Set by the environment store.
+    run_tool: ToolRunner
+    #: Variables describing the prefix (VIRTUAL_ENV, CONDA_PREFIX, R_LIBS …).
+    env: dict[str, str] = field(default_factory=dict)
+    #: Local sources as the runner resolved them → as the request named them (the name a
+    #: revision records; ``/workspace/…`` stays ``/workspace/…``).
+    origins: dict[str, str] = field(default_factory=dict)
+    #: The content-addressed store local wheels are copied into before they are installed
+    #: (``<sha256>`` files), so a revision names bytes that cannot change under it.
+    wheels: Path | None = None
+    #: Path lists of conda archives already checked, by sha256, out of every tool's reach.
+    verified: Path | None = None
+
+
+class ToolRunner(Protocol):
+    async def __call__(
+        self,
+        argv: list[str],
+        *,
+        env: dict[str, str] | None = None,
+        binds: list[Path] | None = None,
+        network: bool = True,
+    ) -> tuple[int, str]: ...
+
+
+class PackageManager(Protocol):
+    """One manager, working on a prefix other managers may also have changed (V2)."""
+
+    name: str
+
+    async def apply(self, ctx: ManagerContext, request: EnvironmentChangeRequest) -> None:
+        """Install or uninstall ``request.specs`` into ``ctx.prefix``; raise ManagerError."""
+        ...
+
+    async def packages(self, ctx: ManagerContext) -> list[PackageRecord]:
+        """Every package this manager sees installed in the prefix now."""
+        ...

@@ -1,0 +1,211 @@
+"""Running a package tool (uv, Rscript) for one environment change, sandboxed.
+
+The ``ToolRunner`` a manager gets in its ``ManagerContext``: bubblewrap around the tool with
+the prefix, the caches and the change's scratch folder writable and everything else read-only
+(``sandbox.tool_argv``). Output goes to the change's log file, never through a pipe into this
+process, so a chatty tool costs no memory here; the caller gets the exit code and the log's
+last ~4 KiB. Every tool's pid is reported to ``on_spawn`` before it can change anything, so the
+change journal names what recovery must kill if this process dies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from shellyard.runner import processes
+from shellyard.runner.policy import NetworkMode
+from shellyard.runner.sandbox import bwrap as sandbox
+from shellyard.runner.sandbox.spawn import Sandboxes
+
+#: How much of a tool's output the manager sees (its whole output is in the log file).
+TAIL_BYTES = 4096
+
+#: Variables of the runner's own environment a tool may need to reach an index through this
+#: host's network set-up (a proxy, a private CA) or that tune uv; nothing else leaks in.
+PASSED_VARIABLES = (
+    "HTTP_PROXY",
+    "HTTPS_PROXY",
+    "NO_PROXY",
+    "ALL_PROXY",
+    "http_proxy",
+    "https_proxy",
+    "no_proxy",
+    "all_proxy",
+    "SSL_CERT_FILE",
+    "SSL_CERT_DIR",
+    "UV_HTTP_RETRIES",
+    "UV_HTTP_TIMEOUT",
+    "UV_CONCURRENT_DOWNLOADS",
+    "UV_NATIVE_TLS",
+)
+
+SpawnHook = Callable[[int, int], None]
+
+
+class SandboxedTools:
+    """The ``run_tool`` of one change (see ``managers/base.py``'s ``ToolRunner``)."""
+
+    def __init__(
+        self,
+        *,
+        sandboxes: Sandboxes,
+        prefix: Path,
+        cache: Path,
+        scratch: Path,
+        log_path: Path,
+        base_env: dict[str, str],
+        on_spawn: SpawnHook,
+        timeout_s: float,
+    ) -> None:
+        self._sandboxes = sandboxes
+        self._prefix = prefix
+        self._cache = cache
+        self._scratch = scratch
+        self._log_path = log_path
+        self._base_env = base_env
+        self._on_spawn = on_spawn
+        self._timeout_s = timeout_s
+        self._live: set[subprocess.Popen[bytes]] = set()
+        #: Set once the change is being abandoned: no new tool starts.
+        self.stopped = False
+
+    async def __call__(
+        self,
+        argv: list[str],
+        *,
+        env: dict[str, str] | None = None,
+        binds: list[Path] | None = None,
+        network: bool = True,
+    ) -> tuple[int, str]:
+        if self.stopped:
+            return -signal.SIGKILL, "the change was stopped before this tool could start"
+        wanted = list(binds or [])
+        if os.path.isabs(argv[0]):
+            # The tool itself may live where the sandbox shows a tmpfs (uv inside a checkout
+            # under /tmp, or under the hidden home): bind its file back at its own path.
+            wanted.append(Path(argv[0]))
+        # A private CA the operator points tools at must be visible to them.
+        for variable in ("SSL_CERT_FILE", "SSL_CERT_DIR"):
+            value = os.environ.get(variable)
+            if value and os.path.isabs(value):
+                wanted.append(Path(value))
+        read_only = [p for p in dict.fromkeys(wanted) if p.exists()]
+        box = self._sandboxes
+        mode: NetworkMode = box.policy.tools_network if network else "off"
+        seccomp_fd = box.seccomp.open()
+        try:
+            command = sandbox.tool_argv(
+                bwrap=box.bwrap,
+                network=mode,
+                view=box.view,
+                hardening=sandbox.Hardening(seccomp_fd, box.disable_userns),
+                writable=[self._prefix, self._cache, self._scratch],
+                read_only=read_only,
+                chdir=self._scratch,
+                command=argv,
+                egress_socket=box.egress_socket,
+                socat=box.socat,
+            )
+        except BaseException:
+            os.close(seccomp_fd)
+            raise
+        passed = {k: v for k in PASSED_VARIABLES if (v := os.environ.get(k)) is not None}
+        if mode == "egress":
+            # the runner's own proxy settings mean nothing inside: the sandbox's relay is the way
+            passed = {k: v for k, v in passed.items() if "proxy" not in k.lower()}
+        tool_env = {
+            **sandbox.sandbox_env(str(self._scratch), sandbox.proxy_variables(mode)),
+            "PATH": f"{self._prefix}/bin:{sandbox.SANDBOX_PATH}",
+            **passed,
+            **self._base_env,
+            **(env or {}),
+        }
+        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC
+        log_fd = os.open(self._log_path, flags, 0o600)
+        try:
+            start = os.fstat(log_fd).st_size
+            os.write(log_fd, f"$ {' '.join(argv)}\n".encode("utf-8", "replace"))
+            # Spawned from the event loop's thread: --die-with-parent follows the thread that
+            # forked bwrap, and this one lives as long as the runner.
+            popen = subprocess.Popen(
+                command,
+                stdin=subprocess.DEVNULL,
+                stdout=log_fd,
+                stderr=log_fd,
+                env=tool_env,
+                cwd="/",
+                pass_fds=(seccomp_fd,),
+            )
+        finally:
+            os.close(log_fd)
+            os.close(seccomp_fd)
+        self._live.add(popen)
+        try:
+            self._on_spawn(popen.pid, processes.start_time(popen.pid) or 0)
+            code = await self._wait(popen)
+        finally:
+            if popen.poll() is None:
+                popen.kill()
+                await asyncio.to_thread(popen.wait)
+            self._live.discard(popen)
+        return code, _tail(self._log_path, start)
+
+    async def _wait(self, popen: subprocess.Popen[bytes]) -> int:
+        """Wake on the pidfd when the tool ends; kill it after the change's time limit."""
+        deadline = time.monotonic() + self._timeout_s
+        try:
+            pidfd = os.pidfd_open(popen.pid)
+        except ProcessLookupError:
+            return popen.wait()
+        loop = asyncio.get_running_loop()
+        ended = asyncio.Event()
+        loop.add_reader(pidfd, ended.set)
+        try:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(ended.wait(), max(0.0, deadline - time.monotonic()))
+        finally:
+            loop.remove_reader(pidfd)
+            os.close(pidfd)
+        if popen.poll() is None:
+            with open(self._log_path, "ab") as log:
+                log.write(f"\nshellyard: killed after {self._timeout_s:.0f} s\n".encode())
+            popen.kill()
+        return await asyncio.to_thread(popen.wait)
+
+    def kill_all(self) -> None:
+        """Stop every running tool (their sandboxes die with them) and refuse new ones."""
+        self.stopped = True
+        for popen in list(self._live):
+            with contextlib.suppress(ProcessLookupError):
+                popen.send_signal(signal.SIGKILL)
+
+
+def _tail(path: Path, start: int) -> str:
+    """The last ``TAIL_BYTES`` of what was appended to ``path`` from ``start`` on."""
+    with path.open("rb") as handle:
+        end = os.fstat(handle.fileno()).st_size
+        begin = max(start, end - TAIL_BYTES)
+        handle.seek(begin)
+        data = handle.read(end - begin)
+    text = data.decode("utf-8", "replace")
+    return text if begin == start else "…" + text
+
+
+def kill_recorded(pids: list[list[int]]) -> None:
+    """Recovery: SIGKILL tools a dead runner left behind (normally --die-with-parent already
+    did), each only if its pid still names the same process, and wait until they are gone."""
+    for pid, started in pids:
+        if processes.is_same_process(pid, started):
+            processes.signal_process(pid, signal.SIGKILL)
+    for pid, started in pids:
+        for _ in range(500):
+            if not processes.is_same_process(pid, started):
+                break
+            time.sleep(0.01)

@@ -1,0 +1,268 @@
+"""One private network namespace per workspace (R2): every execution of a workspace, its
+writer and its read-only ones, joins the same namespace, so a background server is reached
+from a reader at ``localhost:PORT``; no other workspace and not the host can reach it.
+
+bwrap 0.8 cannot join an existing namespace, so the runner (root) makes one per workspace
+with ``unshare --net=FILE`` (the namespace is bind-mounted on a file under the runner's root:
+it survives a restart of the runner process, E11, and needs no holder process), brings its
+loopback up, and starts bwrap under ``nsenter --net=FILE`` with ``--share-net``: every other
+flag of the sandbox stays. The namespace goes when the workspace's last live execution ends.
+Under ``egress`` the relay to the proxy lives with the namespace (runner/network/ports.py), not in
+each sandbox. Not root (``nsenter`` needs CAP_SYS_ADMIN), or network ``host``: each execution
+keeps the namespace bwrap gives it (docs/decisions.md).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import fcntl
+import logging
+import os
+import shutil
+import socket
+import struct
+import subprocess
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+from shellyard.errors import SandboxUnavailable
+from shellyard.runner.network import holder
+
+log = logging.getLogger(__name__)
+
+SIOCGIFFLAGS = 0x8913
+SIOCSIFFLAGS = 0x8914
+IFF_UP = 0x1
+CLONE_NEWNET = 0x40000000
+
+
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+
+
+def supported(network: str) -> bool:
+    """Whether this runner gives workspaces a shared namespace under ``network``: as root
+    with a namespace bind-mounted on a file, otherwise held by a process (holder.py)."""
+    if network not in ("off", "egress") or shutil.which("nsenter") is None:
+        return False
+    return os.geteuid() == 0 or holder.available()
+
+
+class WorkspaceNetworks:
+    """The namespaces of one runner's workspaces, under ``directory``, and who uses each."""
+
+    def __init__(self, directory: Path, egress_socket: Path | None = None) -> None:
+        self.directory = directory
+        #: Not root: each namespace is held by a process (holder.py), which also runs
+        #: the egress relay when ``egress_socket`` is given.
+        self.held = os.geteuid() != 0
+        self.egress_socket = egress_socket
+        #: Executions holding each namespace: the live ones and, for NETWORK_LINGER_S after
+        #: they end, the last ones (runner/sandbox/supervise.py), so the next command joins it.
+        self._users: dict[str, set[str]] = {}
+        #: Of those, the ones still running: a workspace without any has no live server, so
+        #: its forwarded ports go at once (R5), whatever the namespace's linger.
+        self._live: dict[str, set[str]] = {}
+        #: Called with (workspace, namespace file) when a workspace's first user arrives
+        #: (made now, or found mounted after a restart), and with the workspace before its
+        #: namespace goes: the relays that live with it (runner/network/ports.py).
+        self.on_ready: list[Callable[[str, Path], None]] = []
+        self.on_gone: list[Callable[[str], None]] = []
+        #: Called with the workspace when its last live execution ended (the namespace may
+        #: linger): the forwarded ports, which must not outlive the workspace's servers.
+        self.on_idle: list[Callable[[str], None]] = []
+
+    def startup(self) -> None:
+        self.directory.mkdir(mode=0o700, exist_ok=True)
+
+    def path(self, workspace_id: str) -> Path:
+        return self.directory / workspace_id
+
+    def acquire(self, workspace_id: str, execution_id: str) -> Path:
+        """The workspace's namespace file, made on first use (or again after a reboot)."""
+        if self.held:
+            record = self._record(workspace_id)
+            path = (
+                holder.find(record)
+                # a holder killed under live executions: the same namespace, held again
+                or (self._users.get(workspace_id) and holder.rejoin(record, self.egress_socket))
+                or holder.start(record, self.egress_socket)
+            )
+        else:
+            path = self.path(workspace_id)
+            if not _mounted(path):
+                _create(path)
+        users = self._users.setdefault(workspace_id, set())
+        first = not users
+        users.add(execution_id)
+        self._live.setdefault(workspace_id, set()).add(execution_id)
+        if first:
+            try:
+                for hook in self.on_ready:
+                    hook(workspace_id, path)
+            except BaseException:
+                self.release(workspace_id, execution_id)
+                raise
+        return path
+
+    def in_use(self, workspace_id: str) -> Path | None:
+        """The workspace's namespace while it has a live execution, else None."""
+        if not self._live.get(workspace_id):
+            return None
+        return holder.find(self._record(workspace_id)) if self.held else self.path(workspace_id)
+
+    def _record(self, workspace_id: str) -> Path:
+        return self.directory / f"{workspace_id}.json"
+
+    def ended(self, workspace_id: str, execution_id: str) -> None:
+        """``execution_id`` ended but keeps the namespace until ``release``; the last live one
+        of the workspace closes its forwarded ports now."""
+        live = self._live.get(workspace_id, set())
+        live.discard(execution_id)
+        if live:
+            return
+        self._live.pop(workspace_id, None)
+        for hook in self.on_idle:
+            try:
+                hook(workspace_id)
+            except Exception:  # a forward that will not close must not fail the finish
+                log.exception("could not close the forwarded ports of %s", workspace_id)
+
+    def release(self, workspace_id: str, execution_id: str) -> None:
+        """``execution_id`` lets go; the last one of the workspace takes the namespace along."""
+        self.ended(workspace_id, execution_id)
+        users = self._users.get(workspace_id, set())
+        users.discard(execution_id)
+        if users:
+            return
+        self._users.pop(workspace_id, None)
+        self._gone(workspace_id)
+        self._drop(workspace_id)
+
+    def _drop(self, workspace_id: str) -> None:
+        if self.held:
+            holder.stop(self._record(workspace_id))
+        else:
+            _remove(self.path(workspace_id))
+
+    def _gone(self, workspace_id: str) -> None:
+        for hook in self.on_gone:
+            try:
+                hook(workspace_id)
+            except Exception:  # a relay that will not stop must not keep the namespace
+                log.exception("could not stop the relays of %s", workspace_id)
+
+    def forget_unused(self) -> None:
+        """After re-attaching (E11): namespaces left by workspaces with no live execution."""
+        if not self.directory.is_dir():
+            return
+        for path in self.directory.iterdir():
+            workspace_id = path.stem if self.held else path.name
+            if (path.suffix == ".json") == self.held and workspace_id not in self._users:
+                self._gone(workspace_id)
+                self._drop(workspace_id)
+
+
+def prefix(path: Path) -> list[str]:
+    """Put in front of a spawn's argv (before the privilege drop: nsenter needs root). A
+    holder's namespace (``/proc/PID/ns/net``) is entered with the user namespace that owns
+    it, keeping the runner's uid and groups."""
+    nsenter = shutil.which("nsenter") or "/usr/bin/nsenter"
+    if path.parts[:2] == ("/", "proc"):
+        user = path.with_name("user")
+        return [nsenter, f"--user={user}", f"--net={path}", "--preserve-credentials", "--"]
+    return [nsenter, f"--net={path}", "--"]
+
+
+def socket_in(path: Path, family: socket.AddressFamily = socket.AF_INET) -> socket.socket:
+    """A socket of the namespace at ``path``: a socket belongs to the namespace of the thread
+    that made it, so a short thread joins the namespace, makes it and ends (the caller's own
+    threads never change namespace)."""
+    made: list[socket.socket] = []
+    failure: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            _join(path)
+            made.append(socket.socket(family, socket.SOCK_STREAM))
+        except OSError as exc:
+            failure.append(exc)
+
+    thread = threading.Thread(target=work, name="netns-socket")
+    thread.start()
+    thread.join()
+    if failure:
+        raise SandboxUnavailable(f"could not make a socket in the workspace network: {failure[0]}")
+    return made[0]
+
+
+def _join(path: Path) -> None:
+    """Move the calling thread into the namespace at ``path``."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        # os.setns is Python 3.12+; the libc call is the same syscall
+        if _libc().setns(fd, CLONE_NEWNET) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, os.strerror(err))
+    finally:
+        os.close(fd)
+
+
+def _mounted(path: Path) -> bool:
+    """A namespace file is a mount of nsfs: its device differs from its folder's."""
+    try:
+        return os.stat(path).st_dev != os.stat(path.parent).st_dev
+    except FileNotFoundError:
+        return False
+
+
+def _create(path: Path) -> None:
+    path.touch(mode=0o600, exist_ok=True)
+    unshare = shutil.which("unshare") or "/usr/bin/unshare"
+    done = subprocess.run(
+        [unshare, f"--net={path}", "true"], capture_output=True, text=True, check=False
+    )
+    if done.returncode != 0:
+        raise SandboxUnavailable(
+            f"could not make the workspace's network namespace ({unshare} --net): "
+            f"{done.stderr.strip() or 'no message'}"
+        )
+    _loopback_up(path)
+
+
+def _loopback_up(path: Path) -> None:
+    """``lo`` starts down in a new namespace. Brought up from a thread that joins it (a
+    thread's network namespace is its own; the thread ends right after), so no ``ip``
+    binary is needed."""
+    failure: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            _join(path)
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+                request = struct.pack("16sH14x", b"lo", 0)
+                flags = struct.unpack("16sH", fcntl.ioctl(sock, SIOCGIFFLAGS, request)[:18])[1]
+                fcntl.ioctl(sock, SIOCSIFFLAGS, struct.pack("16sH14x", b"lo", flags | IFF_UP))
+        except OSError as exc:
+            failure.append(exc)
+
+    thread = threading.Thread(target=work, name="netns-lo")
+    thread.start()
+    thread.join()
+    if failure:
+        _remove(path)
+        raise SandboxUnavailable(
+            f"could not bring up the workspace network's loopback: {failure[0]}"
+        )
+
+
+def _remove(path: Path) -> None:
+    if _mounted(path):
+        umount = shutil.which("umount") or "/usr/bin/umount"
+        done = subprocess.run([umount, str(path)], capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            log.warning("could not unmount %s: %s", path, done.stderr.strip())
+            return
+    path.unlink(missing_ok=True)

@@ -1,0 +1,381 @@
+"""The bubblewrap command line for one execution or package tool (R2; docs/security.md).
+
+Only builds argv and the environment; spawning and watching live in ``spawn.py`` and
+``supervise.py``. Why each choice:
+- no ``--die-with-parent`` for executions: the sandbox must outlive the service (E11);
+- ``--new-session``: the command leads its own session/process group, so cancel can
+  signal the group (E7) and the command cannot inject into a terminal;
+- ``--unshare-all``: own pid namespace (leftovers die with its init, E8), own ipc/uts/cgroup
+  and network namespace (loopback only) unless the policy says ``host``;
+- ``--cap-drop ALL``, ``--disable-userns`` and a seccomp filter (``seccomp.py``): no
+  capability, no nested user namespace, none of the kernel's widest interfaces;
+- the host is shown from an allow-list (``HostView``): ``/usr``, the ``/bin``/``/lib*`` links,
+  ``/etc`` without its secrets, the operator's paths; never ``/home``, ``/root``, ``/srv``…;
+- the workspace is bound at ``/workspace`` on every runner, so the host's layout never shows.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import shutil
+import stat
+import subprocess
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from shellyard.errors import SandboxUnavailable
+from shellyard.runner.limits.settings import cpu_limit
+from shellyard.runner.network.egress_proxy import SANDBOX_PORT, SANDBOX_SOCKET
+from shellyard.runner.policy import NetworkMode, SandboxPolicy
+from shellyard.runner.sandbox import launch
+
+#: Used when the service runs as root and no uid is configured: a uid no system account uses,
+#: so RLIMIT_NPROC counts only sandbox processes and nothing else on the host owns its files.
+DEFAULT_SANDBOX_UID = 61000
+
+SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+#: Where every execution sees its workspace, and its HOME.
+WORKSPACE = "/workspace"
+
+#: The host's top-level entries every program needs; each is bound as the host has it (a
+#: merged-/usr host has /bin → usr/bin links, an older one real folders).
+SYSTEM_ROOTS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+
+#: Files of /etc hidden whatever their mode (a runner that is not root could read some).
+ETC_SECRETS = (
+    "/etc/shadow",
+    "/etc/shadow-",
+    "/etc/gshadow",
+    "/etc/gshadow-",
+    "/etc/sudoers",
+    "/etc/sudoers.d",
+    "/etc/ssl/private",
+    "/etc/security/opasswd",
+    "/etc/krb5.keytab",
+    "/etc/ssh",
+)
+
+#: Read-only parts of /sys programs ask for (CPU counts for BLAS, R's parallel, nproc).
+SYS_PARTS = ("/sys/devices/system/cpu",)
+
+
+def find_bwrap() -> str:
+    path = shutil.which("bwrap")
+    if path is None:
+        raise SandboxUnavailable(
+            "bubblewrap (bwrap) is not installed on this runner; install the Debian package "
+            "'bubblewrap' (apt-get install bubblewrap) and start the runner again"
+        )
+    return path
+
+
+def bwrap_supports(bwrap: str, option: str) -> bool:
+    """Whether this bwrap knows ``option`` (``--disable-userns`` came with 0.8.0)."""
+    try:
+        text = subprocess.run(
+            [bwrap, "--help"], capture_output=True, text=True, timeout=10, check=False
+        ).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return option in text
+
+
+def find_socat() -> str:
+    path = shutil.which("socat", path=SANDBOX_PATH)
+    if path is None:
+        raise SandboxUnavailable(
+            "network mode 'egress' needs socat inside the sandbox (it relays 127.0.0.1:3128 to "
+            "the runner's egress proxy); install the Debian package 'socat' or choose network "
+            "'off'"
+        )
+    return path
+
+
+def sandbox_ids(policy: SandboxPolicy) -> tuple[int, int] | None:
+    """The (uid, gid) to drop to before bwrap starts, or None when we are not root."""
+    if os.geteuid() != 0:
+        return None
+    uid = policy.sandbox_uid if policy.sandbox_uid is not None else DEFAULT_SANDBOX_UID
+    gid = policy.sandbox_gid if policy.sandbox_gid is not None else uid
+    if uid == 0 or gid == 0:
+        raise SandboxUnavailable(
+            "sandbox_uid/sandbox_gid 0 would run commands as the host's root; "
+            "configure an unprivileged uid"
+        )
+    return uid, gid
+
+
+def sandbox_limits(policy: SandboxPolicy) -> list[launch.Limit]:
+    """The limits set on bwrap itself, inherited by everything inside (``launch.py`` sets
+    them after the privilege drop, as ``prlimit`` did)."""
+    limits = [
+        launch.Limit(resource.RLIMIT_NPROC, policy.max_processes, policy.max_processes),
+        launch.Limit(resource.RLIMIT_NOFILE, policy.max_open_files, policy.max_open_files),
+        launch.Limit(resource.RLIMIT_FSIZE, policy.max_file_size_bytes, policy.max_file_size_bytes),
+    ]
+    if policy.max_memory_bytes is not None:
+        limits.append(
+            launch.Limit(resource.RLIMIT_AS, policy.max_memory_bytes, policy.max_memory_bytes)
+        )
+    cpu = cpu_limit(policy)  # limits (R2, docs/limits.md): CPU time, soft then hard
+    if cpu is not None:
+        limits.append(launch.Limit(resource.RLIMIT_CPU, *cpu))
+    return limits
+
+
+def _etc_secrets() -> list[Path]:
+    """What /etc shows nobody else: every entry others cannot read (shadow, ssh host keys,
+    sudoers, service configurations with passwords), plus ``ETC_SECRETS`` whatever the mode.
+    Walked once per runner, not per spawn."""
+    found: list[Path] = [Path(p) for p in ETC_SECRETS if os.path.lexists(p)]
+    for folder, dirs, files in os.walk("/etc"):
+        for name in [*dirs, *files]:
+            path = Path(folder, name)
+            try:
+                mode = path.lstat().st_mode
+            except OSError:
+                continue
+            if stat.S_ISLNK(mode):
+                continue
+            if not mode & stat.S_IROTH and path not in found:
+                found.append(path)
+        # nothing below a hidden folder needs a mount of its own
+        dirs[:] = [d for d in dirs if Path(folder, d) not in found]
+    return found
+
+
+def _cover(path: Path, empty: Path) -> list[str]:
+    """A folder by an empty tmpfs, a file by an empty file (not /dev/null: the bind would be
+    a device node on a nodev mount, and reading it fails instead of reading nothing)."""
+    if path.is_dir() and not path.is_symlink():
+        return ["--tmpfs", str(path)]
+    if path.exists() or path.is_symlink():
+        return ["--ro-bind", str(empty), str(path)]
+    return []
+
+
+def _inside(path: Path, roots: Sequence[Path]) -> bool:
+    return any(path == root or root in path.parents for root in roots)
+
+
+@dataclass(frozen=True)
+class HostView:
+    """The host as every sandbox of a runner sees it, computed once at start-up: the
+    bwrap arguments and the visible host paths (for the error messages and the tests)."""
+
+    argv: tuple[str, ...]
+    visible: tuple[Path, ...]
+
+    @classmethod
+    def build(cls, host_paths: Sequence[str], hidden: Sequence[Path], empty: Path) -> HostView:
+        """``empty``: an empty file the sandbox uid can read, bound over hidden files."""
+        if not empty.exists():
+            empty.write_bytes(b"")
+        empty.chmod(0o444)
+        argv: list[str] = []
+        visible: list[Path] = []
+        for name in SYSTEM_ROOTS:
+            path = Path(name)
+            if path.is_symlink():
+                argv += ["--symlink", os.readlink(path), name]
+            elif path.is_dir():
+                argv += ["--ro-bind", name, name]
+                visible.append(path)
+        argv += ["--ro-bind", "/etc", "/etc"]
+        visible.append(Path("/etc"))
+        for part in SYS_PARTS:
+            argv += ["--ro-bind-try", part, part]
+        argv += ["--dev", "/dev", "--proc", "/proc"]
+        for private in ("/tmp", "/var/tmp", "/run"):
+            argv += ["--tmpfs", private]
+        # After the private folders, so an operator's path under /tmp or /run is not covered.
+        for raw in host_paths:
+            path = Path(raw)
+            if not path.exists():
+                raise SandboxUnavailable(
+                    f"host path {raw} (SHELLYARD_HOST_PATHS or --host-path) does not exist on "
+                    f"this runner; create it or remove it from the setting"
+                )
+            argv += ["--ro-bind", raw, raw]
+            visible.append(path)
+        # Secrets of /etc, and the runner's own folders (its home, token files) wherever an
+        # operator path or /usr would show them.
+        covered = [*_etc_secrets(), *(Path(p).absolute() for p in hidden)]
+        for path in covered:
+            if _inside(path, visible):
+                argv += _cover(path, empty)
+        return cls(tuple(argv), tuple(visible))
+
+
+@dataclass(frozen=True)
+class Hardening:
+    """What every spawn adds for the kernel: the seccomp descriptor's number and whether
+    this bwrap can forbid nested user namespaces itself."""
+
+    seccomp_fd: int | None
+    disable_userns: bool
+
+    def argv(self) -> list[str]:
+        args = ["--cap-drop", "ALL"]
+        if self.disable_userns:
+            args += ["--unshare-user", "--disable-userns"]
+        if self.seccomp_fd is not None:
+            args += ["--seccomp", str(self.seccomp_fd)]
+        return args
+
+
+def network_argv(mode: NetworkMode, egress_socket: Path | None) -> list[str]:
+    """``--unshare-all`` already gave the sandbox its own loopback-only namespace."""
+    if mode == "host":
+        return ["--share-net"]
+    if mode == "egress":
+        if egress_socket is None:
+            raise SandboxUnavailable("network 'egress' needs the runner's egress proxy running")
+        return ["--bind", str(egress_socket), SANDBOX_SOCKET]
+    return []
+
+
+#: Started first in an ``egress`` sandbox: a relay from 127.0.0.1:3128 to the proxy's socket
+#: (detached, so it is the namespace init's child and dies with the namespace), then a wait of
+#: shell built-ins until /proc/net/tcp lists the listener, then the command itself.
+_EGRESS_WRAPPER = (
+    "({socat} TCP-LISTEN:{port},bind=127.0.0.1,reuseaddr,fork UNIX-CONNECT:{sock} "
+    "</dev/null >/dev/null 2>&1 &); "
+    'n=0; ok=; while [ -z "$ok" ] && [ $n -lt 20000 ]; do '
+    "while read -r _ l _ st _; do "
+    'if [ "$l" = 0100007F:{hexport} ] && [ "$st" = 0A ]; then ok=1; break; fi; '
+    "done </proc/net/tcp; n=$((n+1)); done; "
+    '[ -n "$ok" ] || echo "shellyard: the egress relay did not start" >&2; exec "$@"'
+)
+
+
+def egress_command(socat: str, command: Sequence[str]) -> list[str]:
+    script = _EGRESS_WRAPPER.format(
+        socat=socat, port=SANDBOX_PORT, sock=SANDBOX_SOCKET, hexport=f"{SANDBOX_PORT:04X}"
+    )
+    return ["/bin/sh", "-c", script, "shellyard-egress", *command]
+
+
+def proxy_variables(mode: NetworkMode) -> dict[str, str]:
+    """Where an ``egress`` sandbox's programs find the proxy (curl reads the lower-case ones,
+    pip/uv/R either)."""
+    if mode != "egress":
+        return {}
+    url = f"http://127.0.0.1:{SANDBOX_PORT}"
+    local = "localhost,127.0.0.1,::1"
+    return {
+        "HTTP_PROXY": url,
+        "HTTPS_PROXY": url,
+        "http_proxy": url,
+        "https_proxy": url,
+        "NO_PROXY": local,
+        "no_proxy": local,
+    }
+
+
+def bwrap_argv(
+    *,
+    bwrap: str,
+    policy: SandboxPolicy,
+    ids: tuple[int, int] | None,
+    view: HostView,
+    hardening: Hardening,
+    workspace: Path,
+    status_fd: int,
+    command: Sequence[str],
+    read_only_binds: Sequence[Path] = (),
+    egress_socket: Path | None = None,
+    socat: str | None = None,
+    workspace_read_only: bool = False,
+    shared_network: bool = False,
+    network: Path | None = None,
+    launcher: Path | None = None,
+) -> list[str]:
+    if policy.network == "egress" and not shared_network:
+        # R5: a shared namespace has its relay already (runner/network/ports.py)
+        command = egress_command(socat or find_socat(), command)
+    shared_network = shared_network or network is not None
+    front = launch.prefix(launcher, network=network, ids=ids, limits=sandbox_limits(policy))
+    argv = [*front, bwrap, "--unshare-all"]
+    argv += ["--new-session", *hardening.argv(), *view.argv]
+    argv += network_argv(policy.network, egress_socket)
+    if shared_network:  # R2: bwrap runs inside the workspace's namespace (netns.py)
+        argv.append("--share-net")
+    for path in read_only_binds:
+        # V4: an environment's prefix keeps its own path (its scripts name it), read-only.
+        argv += ["--ro-bind", str(path), str(path)]
+    argv += [
+        # W2: a read-only execution's committed view (snapshots/views.py) takes no writes
+        "--ro-bind" if workspace_read_only else "--bind",
+        str(workspace),
+        WORKSPACE,
+        # The new root is bwrap's tmpfs: read-only once every mount point is made, so nothing
+        # but /workspace, /tmp, /var/tmp and /run takes writes.
+        "--remount-ro",
+        "/",
+        "--chdir",
+        WORKSPACE,
+        "--hostname",
+        "shellyard",
+        "--json-status-fd",
+        str(status_fd),
+        "--",
+        *command,
+    ]
+    return argv
+
+
+def sandbox_env(home: str, extra: dict[str, str]) -> dict[str, str]:
+    """Built from scratch: nothing of the service's own environment leaks in (R2)."""
+    env = {
+        "PATH": SANDBOX_PATH,
+        "HOME": home,
+        "PWD": home,
+        "LANG": "C.UTF-8",
+        "LC_ALL": "C.UTF-8",
+        "TERM": "dumb",
+        "TMPDIR": "/tmp",
+        "SHELL": "/bin/bash",
+    }
+    env.update(extra)
+    return env
+
+
+def tool_argv(
+    *,
+    bwrap: str,
+    network: NetworkMode,
+    view: HostView,
+    hardening: Hardening,
+    writable: Sequence[Path],
+    read_only: Sequence[Path],
+    chdir: Path,
+    command: Sequence[str],
+    egress_socket: Path | None = None,
+    socat: str | None = None,
+) -> list[str]:
+    """The bubblewrap command line for a package tool (uv, Rscript) changing an environment.
+
+    Unlike an execution the tool runs as the runner's own user, for it writes the prefix that
+    executions only read; so every capability is dropped (root without capabilities cannot
+    write what it does not own, nor mount, nor trace). ``--die-with-parent``: a tool must not
+    outlive the change that started it, and after a crash of the runner the kernel kills it
+    before the rollback runs. The host view is the executions' one; only ``writable`` (the
+    prefix, the caches, the change's scratch) and ``read_only`` (local channels, wheel
+    folders, repositories) are bound in beside it. The umask is set for the tool because
+    whatever it creates must be readable by the sandbox uid of executions."""
+    argv = [bwrap, "--unshare-all", "--die-with-parent", "--new-session"]
+    argv += [*hardening.argv(), *view.argv, *network_argv(network, egress_socket)]
+    for path in read_only:
+        argv += ["--ro-bind", str(path), str(path)]
+    for path in writable:
+        argv += ["--bind", str(path), str(path)]
+    argv += ["--remount-ro", "/"]
+    inner = ["/bin/sh", "-c", 'umask 022 && exec "$@"', "shellyard-tool", *command]
+    if network == "egress":
+        inner = egress_command(socat or find_socat(), inner)
+    argv += ["--chdir", str(chdir), "--", *inner]
+    return argv

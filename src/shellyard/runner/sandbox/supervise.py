@@ -1,0 +1,409 @@
+"""Watching executions: the pidfd wake-up when a sandbox ends, the final result, cancel,
+logs, and re-attaching after a restart (E7, E8, E10, E11).
+
+``Supervisor`` owns what is known about running executions (which workspace each holds,
+which environment each mounts); ``LocalRunner`` asks it before a file operation or an
+environment change and hands it each new execution to launch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import time
+from collections.abc import Awaitable, Callable, Coroutine
+from pathlib import Path
+from typing import Any
+
+from shellyard.errors import InvalidInput, NotFound
+from shellyard.runner import processes
+from shellyard.runner.limits.logcap import read as read_capped_log  # limits (R2, docs/limits.md)
+from shellyard.runner.limits.watcher import Guard  # limits (R2, docs/limits.md)
+from shellyard.runner.policy import ExecutionPolicy
+from shellyard.runner.protocol import (
+    MAX_READ_CHUNK,
+    LogChunk,
+    LogStream,
+    RunnerExecState,
+    RunnerExecution,
+    SnapshotInfo,
+    StartRequest,
+)
+from shellyard.runner.sandbox.spawn import LiveExecution, Sandboxes, bwrap_error, write_json_atomic
+from shellyard.runner.snapshots import views
+from shellyard.runner.snapshots.store import SnapshotStore
+
+log = logging.getLogger(__name__)
+
+#: How long a workspace's network namespace outlives its last execution (docs/benchmarks.md): making
+#: one (``unshare``, loopback up) and removing it (``umount``) cost ~9 ms per execution when
+#: an agent runs commands one after another, more than the whole sandbox spawn.
+NETWORK_LINGER_S = 30.0
+
+
+def network_linger_s() -> float:
+    """``NETWORK_LINGER_S``, or ``SHELLYARD_NETWORK_LINGER_S`` (0: let go at once, as a test
+    that counts namespaces wants; an operator who wants none left behind)."""
+    value = os.environ.get("SHELLYARD_NETWORK_LINGER_S")
+    try:
+        return NETWORK_LINGER_S if value is None else max(0.0, float(value))
+    except ValueError:
+        log.warning(
+            "SHELLYARD_NETWORK_LINGER_S=%r is not a number; using %s", value, NETWORK_LINGER_S
+        )
+        return NETWORK_LINGER_S
+
+
+class Supervisor:
+    """The executions of one runner. ``commit`` snapshots a workspace after its sandbox."""
+
+    def __init__(
+        self,
+        executions: Path,
+        sandboxes: Sandboxes,
+        commit: Callable[[str], Awaitable[SnapshotInfo]],
+        cancel_grace_s: float,
+        guard: Guard,
+        workspace_path: Callable[[str], Path],
+        snapshots: SnapshotStore,
+    ) -> None:
+        self._executions = executions
+        #: W2: where a read-only execution's committed view comes from
+        self._snapshots = snapshots
+        #: W2: views shared by the readers of one snapshot content (snapshots/views.py)
+        self.views = views.ReadViews(executions.parent / "views", snapshots)
+        #: limits (R2, docs/limits.md): the workspace quota and the log cap while a command runs
+        self._guard = guard
+        self._workspace_path = workspace_path
+        self.sandboxes = sandboxes
+        self._commit = commit
+        self._cancel_grace_s = cancel_grace_s
+        self._live: dict[str, LiveExecution] = {}
+        #: workspace id → the execution holding it
+        self.busy_workspaces: dict[str, str] = {}
+        #: environment id → running executions that mount it (a change waits for none, V5)
+        self.environment_users: dict[str, set[str]] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        #: execution id → the timer that lets go of its share of the workspace's network
+        self._lingering: dict[str, tuple[str, asyncio.TimerHandle]] = {}
+
+    def launch(
+        self,
+        request: StartRequest,
+        tree: Path,
+        command: list[str],
+        mount: tuple[Path, dict[str, str]] | None,
+    ) -> RunnerExecution:
+        directory = self._executions / request.execution_id
+        directory.mkdir()
+        if request.read_only:  # the committed view, never the live tree (W2)
+            link = directory / views.VIEW
+            tree = self.views.acquire(request.workspace_id, request.execution_id, link)
+        try:
+            live = self.sandboxes.spawn(request, directory, tree, command, mount)
+        except BaseException:
+            if request.read_only:  # it never ran: it uses the view no longer
+                self.views.release(directory / views.VIEW, request.execution_id)
+            raise
+        self._live[request.execution_id] = live
+        if not request.read_only:
+            self.busy_workspaces[request.workspace_id] = request.execution_id
+        self._use_environment(live.environment_id, request.execution_id)
+        self._watch(request.execution_id, live)
+        self._guard.watch(request.execution_id, request.workspace_id, directory, tree, live.pid)
+        return self._running(request.execution_id, live)
+
+    def close(self) -> None:
+        """Stop watching; the sandboxes themselves keep running (E11)."""
+        loop = asyncio.get_running_loop()
+        for live in self._live.values():
+            if live.pidfd is not None:
+                loop.remove_reader(live.pidfd)
+                os.close(live.pidfd)
+                live.pidfd = None
+            if live.cancel_task is not None:
+                live.cancel_task.cancel()
+        for task in list(self._tasks):
+            task.cancel()
+        self._live.clear()
+        # Not left mounted past this runner (a home in a temporary folder must be removable).
+        for execution_id, (workspace_id, handle) in list(self._lingering.items()):
+            handle.cancel()
+            self._release_network(workspace_id, execution_id)
+
+    def _watch(self, execution_id: str, live: LiveExecution) -> None:
+        """Wake on the pidfd when bwrap exits; no thread and no poll loop per execution."""
+        try:
+            live.pidfd = os.pidfd_open(live.pid)
+        except ProcessLookupError:
+            self._spawn_task(self._finish(execution_id, live))
+            return
+        loop = asyncio.get_running_loop()
+
+        def on_exit() -> None:
+            if live.pidfd is not None:
+                loop.remove_reader(live.pidfd)
+                os.close(live.pidfd)
+                live.pidfd = None
+            self._spawn_task(self._finish(execution_id, live))
+
+        loop.add_reader(live.pidfd, on_exit)
+
+    def _spawn_task(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _finish(self, execution_id: str, live: LiveExecution) -> None:
+        """E8: the main process is gone. Make sure nothing of the sandbox is left, commit the
+        workspace, then (and only then) write the final result."""
+        returncode = live.popen.poll() if live.popen is not None else None
+        if returncode is None:
+            processes.reap_if_child(live.pid)
+        status = processes.read_bwrap_status(live.directory / "status")
+        init_pid = status.get("child-pid")
+        if isinstance(init_pid, int):
+            # bwrap's monitor exits when the command does, while the namespace's init may live
+            # on with leftovers (E8). Killing the init kills the rest; wait until it is gone.
+            marker = f"SHELLYARD_EXECUTION_ID={execution_id}".encode()
+            if not await processes.kill_and_wait(init_pid, marker):
+                log.warning("the sandbox of %s did not end after SIGKILL", execution_id)
+        exit_code = status.get("exit-code")
+        cancelled = (live.directory / "cancel").exists()
+        error = None
+        if not isinstance(exit_code, int):
+            exit_code = None
+            if returncode is not None and not cancelled:
+                error = bwrap_error(live.directory, returncode)
+        snapshot: SnapshotInfo | None = None
+        try:
+            if live.read_only:  # W2: a reader makes no snapshot; its view goes
+                link = live.directory / views.VIEW
+                await asyncio.to_thread(self.views.release, link, execution_id)
+            else:
+                snapshot = await self._commit(live.workspace_id)
+        except Exception as exc:  # a commit failure must still finish the record
+            log.exception("snapshot commit failed", extra={"execution_id": execution_id})
+            snapshot = None
+            error = f"snapshot commit failed: {exc}"
+        state = RunnerExecState.finished
+        if exit_code is None and not cancelled and error is None:
+            state = RunnerExecState.lost
+            error = "the sandbox ended without recording an exit code"
+        ending = self._guard.finish(execution_id, live.directory, exit_code, snapshot)  # limits
+        error = ending.error(error, exit_code)
+        result = RunnerExecution(
+            execution_id=execution_id,
+            workspace_id=live.workspace_id,
+            state=state,
+            exit_code=exit_code,
+            cancelled=cancelled,
+            snapshot=snapshot,
+            started_at=live.started_at,
+            finished_at=time.time(),
+            error=error,
+            policy=live.policy,
+            limit=ending.limit,
+            logs_cut=ending.logs_cut,
+        )
+        write_json_atomic(live.directory / "result.json", result.model_dump_json())
+        live.result = result
+        if live.cancel_task is not None:
+            live.cancel_task.cancel()
+        if self.busy_workspaces.get(live.workspace_id) == execution_id:
+            del self.busy_workspaces[live.workspace_id]
+        if live.environment_id is not None:
+            users = self.environment_users.get(live.environment_id, set())
+            users.discard(execution_id)
+            if not users:
+                self.environment_users.pop(live.environment_id, None)
+        if live.shared_network and self.sandboxes.networks is not None:
+            self.sandboxes.networks.ended(live.workspace_id, execution_id)
+            # R2: the last one takes it along, NETWORK_LINGER_S later, so the next
+            # command of the workspace joins it instead of making a new one. Nothing of the
+            # sandbox is left in it (killed above); only its loopback stays up meanwhile.
+            handle = asyncio.get_running_loop().call_later(
+                network_linger_s(), self._release_network, live.workspace_id, execution_id
+            )
+            self._lingering[execution_id] = (live.workspace_id, handle)
+        live.popen = None
+        live.done.set()
+        # result.json answers from now on: a finished execution holds no memory here.
+        if self._live.get(execution_id) is live:
+            del self._live[execution_id]
+
+    def _release_network(self, workspace_id: str, execution_id: str) -> None:
+        self._lingering.pop(execution_id, None)
+        networks = self.sandboxes.networks
+        if networks is not None:
+            try:
+                networks.release(workspace_id, execution_id)
+            except OSError:  # a timer callback has no caller to tell; the next start retries
+                log.exception("could not remove the network of workspace %s", workspace_id)
+
+    def _running(self, execution_id: str, live: LiveExecution) -> RunnerExecution:
+        return RunnerExecution(
+            execution_id=execution_id,
+            workspace_id=live.workspace_id,
+            state=RunnerExecState.running,
+            cancelled=(live.directory / "cancel").exists(),
+            started_at=live.started_at,
+            policy=live.policy,
+        )
+
+    def watches(self, execution_id: str) -> bool:
+        """Whether this execution is still live here (its folder must stay)."""
+        return execution_id in self._live
+
+    async def status(self, execution_id: str) -> RunnerExecution:
+        live = self._live.get(execution_id)
+        if live is not None:
+            return live.result or self._running(execution_id, live)
+        check_id(execution_id, "execution id")
+        result_file = self._executions / execution_id / "result.json"
+        if result_file.exists():
+            return RunnerExecution.model_validate_json(result_file.read_text())
+        return RunnerExecution(
+            execution_id=execution_id,
+            workspace_id="",
+            state=RunnerExecState.lost,
+            error="this runner holds no trace of the execution",
+        )
+
+    async def wait(self, execution_id: str, timeout_s: float) -> RunnerExecution:
+        live = self._live.get(execution_id)
+        if live is not None and live.result is None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(live.done.wait(), timeout=max(0.0, timeout_s))
+        return await self.status(execution_id)
+
+    async def cancel(self, execution_id: str) -> RunnerExecution:
+        """E7: SIGTERM the command's process group; after the grace period kill the whole
+        pid namespace. The result turns final only after every process is gone and the
+        snapshot is committed (``_finish``)."""
+        live = self._live.get(execution_id)
+        if live is None or live.result is not None:
+            return await self.status(execution_id)
+        cancel_file = live.directory / "cancel"
+        if not cancel_file.exists():
+            cancel_file.write_text(str(time.time()))
+        if live.cancel_task is None:
+            live.cancel_task = asyncio.ensure_future(self._cancel(live, time.time()))
+        return self._running(execution_id, live)
+
+    async def _cancel(self, live: LiveExecution, requested_at: float) -> None:
+        status = processes.read_bwrap_status(live.directory / "status")
+        init_pid = status.get("child-pid")
+        if not isinstance(init_pid, int):
+            # bwrap has not finished its setup yet; give it a moment to report.
+            await asyncio.sleep(0.05)
+            status = processes.read_bwrap_status(live.directory / "status")
+            init_pid = status.get("child-pid")
+        if isinstance(init_pid, int):
+            # bwrap --new-session calls setsid() in the namespace's init, so the command runs
+            # in the init's process group (measured: pgid == child-pid). The init ignores
+            # SIGTERM from outside; a child that made its own session gets its own signal.
+            processes.signal_group(init_pid, signal.SIGTERM)
+            for command_pid in processes.children(init_pid):
+                processes.signal_group(command_pid, signal.SIGTERM)
+        remaining = self._cancel_grace_s - (time.time() - requested_at)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(live.done.wait(), timeout=max(0.0, remaining))
+        if live.result is None:
+            if isinstance(init_pid, int):
+                processes.signal_process(init_pid, signal.SIGKILL)
+            else:
+                processes.signal_group(live.pid, signal.SIGKILL)
+
+    def _use_environment(self, environment_id: str | None, execution_id: str) -> None:
+        if environment_id is not None:
+            self.environment_users.setdefault(environment_id, set()).add(execution_id)
+
+    def _log_path(self, execution_id: str, stream: LogStream) -> Path:
+        check_id(execution_id, "execution id")
+        if stream not in ("stdout", "stderr"):
+            raise InvalidInput(f"unknown log stream {stream!r}; use 'stdout' or 'stderr'")
+        path = self._executions / execution_id / stream
+        if not path.exists():
+            if (self._executions / execution_id / "result.json").exists():
+                raise NotFound(f"the logs of execution {execution_id} were deleted by retention")
+            raise NotFound(f"no logs for execution {execution_id} on this runner")
+        return path
+
+    async def log_size(self, execution_id: str, stream: LogStream) -> int:
+        return self._log_path(execution_id, stream).stat().st_size
+
+    async def read_log(
+        self, execution_id: str, stream: LogStream, offset: int, limit: int
+    ) -> LogChunk:
+        if offset < 0 or limit < 0:
+            raise InvalidInput("offset and limit must be zero or positive")
+        path = self._log_path(execution_id, stream)
+        finished = (await self.status(execution_id)).state != RunnerExecState.running
+        # limits (R2, docs/limits.md): a cut log reads as head, marker, tail (logcap.py)
+        data, start, next_offset, size = read_capped_log(path, offset, min(limit, MAX_READ_CHUNK))
+        return LogChunk(
+            data=data,
+            offset=start,
+            next_offset=next_offset,
+            size=size,
+            complete=finished and next_offset >= size,
+        )
+
+    async def recover(self) -> None:
+        """E11: re-attach to sandboxes that outlived the previous runner process."""
+        for directory in sorted(self._executions.iterdir()):
+            if (directory / "result.json").exists():
+                continue
+            meta_file = directory / "meta.json"
+            if not meta_file.exists():
+                # Crashed between mkdir and spawn bookkeeping: nothing of ours can be running
+                # under a known pid; kill a namespace bwrap may already have reported.
+                status = processes.read_bwrap_status(directory / "status")
+                if isinstance(status.get("child-pid"), int):
+                    processes.signal_process(status["child-pid"], signal.SIGKILL)
+                continue
+            meta = json.loads(meta_file.read_text())
+            live = LiveExecution(
+                workspace_id=meta["workspace_id"],
+                directory=directory,
+                pid=meta["pid"],
+                start_time=meta["start_time"],
+                started_at=meta["started_at"],
+                environment_id=meta.get("environment_id"),
+                policy=ExecutionPolicy.model_validate(meta["policy"]) if "policy" in meta else None,
+                read_only=bool(meta.get("read_only", False)),
+                shared_network=bool(meta.get("shared_network", False)),
+            )
+            execution_id = directory.name
+            networks = self.sandboxes.networks
+            if live.shared_network and networks is not None:
+                # E11: a re-attached execution keeps its namespace (still mounted on its file)
+                networks.acquire(live.workspace_id, execution_id)
+            self._live[execution_id] = live
+            if not live.read_only:
+                self.busy_workspaces[live.workspace_id] = execution_id
+            self._use_environment(live.environment_id, execution_id)
+            view = (
+                self.views.adopt(directory / views.VIEW, execution_id) if live.read_only else None
+            )
+            if processes.is_same_process(live.pid, live.start_time):
+                self._watch(execution_id, live)
+                tree = self._workspace_path(live.workspace_id)  # limits (R2, docs/limits.md)
+                if live.read_only:
+                    tree = view or directory / views.VIEW
+                self._guard.watch(execution_id, live.workspace_id, directory, tree, live.pid)
+                if (directory / "cancel").exists():
+                    requested = float((directory / "cancel").read_text() or time.time())
+                    live.cancel_task = asyncio.ensure_future(self._cancel(live, requested))
+            else:
+                self._spawn_task(self._finish(execution_id, live))
+
+
+def check_id(value: str, what: str) -> None:
+    if not value or not all(ch.isalnum() or ch in "-_" for ch in value) or len(value) > 128:
+        raise InvalidInput(f"invalid {what} {value!r}: use letters, digits, '-' and '_'")

@@ -1,0 +1,226 @@
+"""The committed view a read-only execution sees (W2; docs/decisions.md).
+
+A read-only execution runs beside the workspace's writer, so it must not see the writer's
+half-written files: it gets the workspace's last committed snapshot, materialised into its
+own execution folder and bound read-only at ``/workspace``. Files are hard links to the
+snapshot store's objects (written once, mode 0444, never changed in place), so building the
+view costs one ``link`` per file and no copied bytes; an executable file is copied instead,
+because an object's inode is shared and carries no execute bit.
+
+Views are shared (``ReadViews``): one per (workspace, snapshot content) under the runner's
+``views/`` folder, named ``WORKSPACE.ROOT_HASH.SEQ``, so concurrent readers of the same head,
+and later readers while it stays the head (a writer that changed nothing commits the same
+root), reuse it instead of building one each. Each reader's execution folder holds a
+symlink ``view`` to the one it uses (how a restarted runner re-counts its users, E11). A view
+goes when its last reader ends and it is neither the head's content nor the workspace's only
+view; one kept unused is patched into the next head's view (only the paths that differ are
+unlinked or placed), so a workspace keeps at most one unused view (links, no copied bytes
+but its executables').
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import threading
+from pathlib import Path
+
+from shellyard.runner.protocol import PathEntry, SnapshotInfo
+from shellyard.runner.snapshots import history
+from shellyard.runner.snapshots.store import SnapshotStore
+
+log = logging.getLogger(__name__)
+
+#: The folder of an execution's folder that holds its view.
+VIEW = "view"
+
+
+def materialise(
+    store: SnapshotStore, workspace_id: str, destination: Path, seq: int | None = None
+) -> int:
+    """Build snapshot ``seq`` (the head when None) of ``workspace_id`` at ``destination``;
+    returns its seq."""
+    if seq is None:
+        seq = store.head(workspace_id).seq
+    destination.mkdir(mode=0o755)
+    # One folder's tree at a time (a folder's entry comes before what it holds): memory
+    # stays that of the widest folder, however many files the snapshot has.
+    for entry in store.view(workspace_id, seq).entries():
+        _place(store, destination / entry.path, entry)
+    return seq
+
+
+def patch(store: SnapshotStore, workspace_id: str, view: Path, old_seq: int, seq: int) -> None:
+    """Turn the view of snapshot ``old_seq`` at ``view`` into one of ``seq``: only what
+    differs is unlinked or placed (a commit usually changes a few files of many). The two
+    snapshots are walked together in path order and a folder whose tree is the same in both
+    is not entered, so the cost is that of the change, not of the snapshot."""
+    old = history.manifest(store, workspace_id, old_seq)
+    new = history.manifest(store, workspace_id, seq)
+    for path, x, y in history.pairs(old, new, ""):
+        before = x[0].entry(x[1], path) if x is not None else None
+        after = y[0].entry(y[1], path) if y is not None else None
+        if before is not None and after is not None and _same(before, after):
+            continue
+        target = view / path
+        if before is not None and after is not None and before.kind == after.kind == "dir":
+            continue  # a folder in both: only what it holds may differ (visited next)
+        if before is not None:
+            if before.kind == "dir":  # a folder that went, or became a file or a link
+                shutil.rmtree(target, ignore_errors=True)
+            else:
+                # Below a removed folder (visited after it): already gone with it.
+                with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+                    target.unlink()
+        if after is not None:
+            _place(store, target, after)
+
+
+def _same(a: PathEntry, b: PathEntry) -> bool:
+    if a.kind != b.kind:
+        return False
+    if a.kind == "dir":
+        return True
+    return (a.sha256, a.size, a.target, a.mode & 0o111) == (
+        b.sha256,
+        b.size,
+        b.target,
+        b.mode & 0o111,
+    )
+
+
+def _place(store: SnapshotStore, target: Path, entry: PathEntry) -> None:
+    if entry.kind == "dir":
+        target.mkdir(mode=0o755)
+    elif entry.kind == "symlink":
+        os.symlink(entry.target or "", target)
+    elif entry.sha256 is None or entry.size == 0:
+        target.touch(mode=0o555 if entry.mode & 0o111 else 0o444)
+    else:
+        source = store.blobs.object_path(entry.sha256)
+        if entry.mode & 0o111:
+            shutil.copyfile(source, target)
+            target.chmod(0o555)
+        else:
+            os.link(source, target)
+
+
+def _name(view: Path) -> tuple[str, str, int]:
+    """(workspace, root hash, seq) of a view's folder name ``WORKSPACE.ROOT.SEQ``."""
+    workspace_id, _, rest = view.name.partition(".")
+    root_hash, _, seq = rest.partition(".")
+    return workspace_id, root_hash, int(seq) if seq.isdigit() else -1
+
+
+def remove(destination: Path) -> None:
+    """Drop a view (its links only: the objects stay in the store)."""
+    if destination.exists():
+        # The tree is made read-only for the sandbox by the bind, not by modes: rmtree works.
+        shutil.rmtree(destination, ignore_errors=True)
+
+
+class ReadViews:
+    """The shared committed views of one runner (``directory``) and which readers use each."""
+
+    def __init__(self, directory: Path, store: SnapshotStore) -> None:
+        self.directory = directory
+        self.store = store
+        self._users: dict[Path, set[str]] = {}
+        self._lock = threading.Lock()
+        #: Views taken out of use under the lock, removed after it
+        self._pending: list[Path] = []
+
+    def startup(self) -> None:
+        self.directory.mkdir(exist_ok=True)
+        # bwrap, already the sandbox uid, must reach a view to bind it; nobody lists them.
+        self.directory.chmod(0o711)
+
+    def acquire(self, workspace_id: str, execution_id: str, link: Path) -> Path:
+        """The view of the workspace's head for ``execution_id`` (built on first use), and
+        ``link`` (in the execution's folder) pointing at it."""
+        with self._lock:
+            head = self.store.head(workspace_id)
+            views = sorted(self.directory.glob(f"{workspace_id}.*"))
+            found = [v for v in views if _name(v)[1] == head.root_hash]
+            view = found[0] if found else self._build(workspace_id, head, views, execution_id)
+            self._users.setdefault(view, set()).add(execution_id)
+            os.symlink(view, link)
+            pending, self._pending = self._pending, []
+        for trash in pending:
+            remove(trash)
+        return view
+
+    def _build(
+        self, workspace_id: str, head: SnapshotInfo, views: list[Path], execution_id: str
+    ) -> Path:
+        """The head's view: an unused older one patched when there is one, else built."""
+        view = self.directory / f"{workspace_id}.{head.root_hash}.{head.seq}"
+        building = self.directory / f".{workspace_id}.{execution_id}"
+        stale = [v for v in views if v not in self._users]  # older heads', kept after use
+        for extra in stale[1:]:
+            self._pending.append(self._trash(extra, execution_id))
+        built = False
+        if stale:
+            os.rename(stale[0], building)
+            try:
+                patch(self.store, workspace_id, building, _name(stale[0])[2], head.seq)
+                built = True
+            except Exception:  # its snapshot was pruned, or the view was damaged: rebuild
+                log.warning("rebuilding the view of %s", workspace_id, exc_info=True)
+                remove(building)
+        if not built:
+            materialise(self.store, workspace_id, building, head.seq)
+        os.rename(building, view)
+        return view
+
+    def adopt(self, link: Path, execution_id: str) -> Path | None:
+        """A re-attached reader (E11): count it as a user of the view its link names."""
+        try:
+            view = Path(os.readlink(link))
+        except OSError:
+            return None  # a reader of an older runner: its view is its own folder
+        with self._lock:
+            self._users.setdefault(view, set()).add(execution_id)
+        return view
+
+    def release(self, link: Path, execution_id: str) -> None:
+        """The reader ended. Its view stays while it is the head's content or the only view
+        of the workspace (the base the next head's view is patched from); otherwise it goes."""
+        try:
+            view = Path(os.readlink(link))
+        except OSError:
+            remove(link)  # an older runner's per-execution view
+            return
+        link.unlink(missing_ok=True)
+        with self._lock:
+            users = self._users.get(view, set())
+            users.discard(execution_id)
+            if users:
+                return
+            self._users.pop(view, None)
+            workspace_id, root_hash, _seq = _name(view)
+            others = [v for v in self.directory.glob(f"{workspace_id}.*") if v != view]
+            try:
+                current = self.store.head(workspace_id).root_hash
+            except Exception:  # the workspace is gone: so is its view
+                current, others = None, [view]
+            if current == root_hash or not others:
+                return
+            trash = self._trash(view, execution_id)
+        remove(trash)  # outside the lock: a big view takes a while, readers need not wait
+
+    def _trash(self, view: Path, tag: str) -> Path:
+        """Take ``view`` out of use at once (a rename); the caller removes it."""
+        trash = self.directory / f".trash.{view.name}.{tag}"
+        os.rename(view, trash)
+        return trash
+
+    def forget_unused(self) -> None:
+        """After re-attaching: views no reader uses (and half-built ones) go; the next reader
+        builds its head's view again."""
+        with self._lock:
+            for view in list(self.directory.iterdir()):
+                if view not in self._users:
+                    remove(view)

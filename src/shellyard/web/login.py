@@ -1,0 +1,197 @@
+"""REST endpoints of the web page's login (docs/web.md; how the cookie works: web/cookies.py).
+
+``POST /v1/auth/codes`` (with a token): a one-time login code, valid for two minutes, with the
+reach of that token. ``POST /v1/auth/login`` trades a code (or a token typed into the page's
+form) for the HttpOnly, SameSite=Strict login cookie, an opaque web session id bound to the
+page's origin (web/cookies.py). ``GET /v1/auth/me`` says who the request acts as (and gives the
+page its CSRF value); ``POST /v1/auth/logout`` ends the web session and clears the cookie.
+
+Codes live in this server process only: a restart voids the unused ones (run ``shellyard ui``
+again); only their sha256 is kept."""
+
+from __future__ import annotations
+
+import secrets
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import APIRouter, Request, Response
+from pydantic import BaseModel, ConfigDict, Field
+
+from shellyard.api.auth import PrincipalDep, principal
+from shellyard.api.docs import body_doc
+from shellyard.api.sessions import parse
+from shellyard.control.plane import ControlPlane
+from shellyard.control.tokens import Principal, hash_secret
+from shellyard.errors import Forbidden, InvalidInput, NotFound, Unauthorized
+from shellyard.web.cookies import (
+    CSRF_HEADER,
+    WEB_SESSION_PREFIX,
+    WEB_SESSION_TTL_S,
+    cookie_name,
+    cookie_secret,
+    csrf_of,
+    page_origin,
+    web_session_hash,
+)
+
+#: How long a login code can be used.
+CODE_TTL_S = 120.0
+#: How long the browser keeps the cookie (the web session behind it ends then too).
+COOKIE_MAX_AGE_S = int(WEB_SESSION_TTL_S)
+#: Unused codes kept at most (oldest dropped): asking for codes cannot grow memory unbounded.
+MAX_PENDING_CODES = 1000
+
+
+class CodeRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    #: The session the page opens first (optional; must be one the token reaches).
+    session_id: str | None = None
+
+
+class CodeView(BaseModel):
+    code: str
+    expires_at: float
+    #: Where to point a browser: the page with the code in its fragment (never sent to a
+    #: server, so it stays out of access logs and Referer headers).
+    path: str
+
+
+class LoginRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    code: str | None = Field(default=None, max_length=200)
+    #: Instead of a code: a token typed into the page's login form.
+    token: str | None = Field(default=None, max_length=500)
+
+
+class LoginView(BaseModel):
+    """Who the page acts as."""
+
+    kind: str
+    session_id: str | None = None
+    agent_id: str | None = None
+    #: How this request was authenticated: ``cookie``, ``bearer`` or ``none`` (--no-auth).
+    via: str
+    #: The value to send in X-Shellyard-CSRF with the cookie (only when ``via`` is cookie).
+    csrf: str | None = None
+
+
+@dataclass(frozen=True)
+class _Pending:
+    who: Principal
+    expires_at: float
+
+
+def _view(who: Principal, via: str, secret: str | None = None) -> LoginView:
+    return LoginView(
+        kind=who.kind,
+        session_id=who.session_id,
+        agent_id=who.agent_id,
+        via=via,
+        csrf=csrf_of(secret) if secret else None,
+    )
+
+
+def login_router(plane: ControlPlane) -> APIRouter:
+    router = APIRouter()
+    pending: dict[str, _Pending] = {}
+
+    def drop_expired(now: float) -> None:
+        for key in [k for k, p in pending.items() if p.expires_at < now]:
+            del pending[key]
+        while len(pending) >= MAX_PENDING_CODES:
+            del pending[next(iter(pending))]
+
+    @router.post("/v1/auth/codes", openapi_extra=body_doc(CodeRequest))
+    async def create_code(body: dict[str, Any], who: PrincipalDep) -> CodeView:
+        """A one-time code for the web page with this token's reach."""
+        request = parse(CodeRequest, body)
+        if who.token_id is None:
+            raise InvalidInput(
+                "this server runs without tokens (--no-auth): open /ui/ directly, no login needed"
+            )
+        if request.session_id is not None:
+            plane.tokens.check_session(who, request.session_id)
+            await plane.sessions.session_row(request.session_id)
+        now = time.time()
+        drop_expired(now)
+        code = secrets.token_urlsafe(24)
+        pending[hash_secret(code)] = _Pending(who, now + CODE_TTL_S)
+        fragment = f"login={code}"
+        if request.session_id:
+            fragment += f"&session={request.session_id}"
+        return CodeView(code=code, expires_at=now + CODE_TTL_S, path=f"/ui/#{fragment}")
+
+    @router.post("/v1/auth/login", openapi_extra=body_doc(LoginRequest))
+    async def login(body: dict[str, Any], request: Request, response: Response) -> LoginView:
+        """Trade a login code (or a token) for the login cookie. Needs the X-Shellyard-CSRF
+        header (any value): a cross-site form cannot send it, so no other site can log a
+        browser in to an account of its choosing."""
+        if not request.headers.get(CSRF_HEADER):
+            raise Forbidden(f"send the {CSRF_HEADER} header (any value) with a login")
+        asked = parse(LoginRequest, body)
+        if (asked.code is None) == (asked.token is None):
+            raise InvalidInput("give exactly one of 'code' (from 'shellyard ui') or 'token'")
+        if asked.code is not None:
+            drop_expired(time.time())
+            found = pending.pop(hash_secret(asked.code.strip()), None)
+            if found is None:
+                raise Unauthorized(
+                    "this login code is unknown, used or expired (codes work once, for two "
+                    "minutes): run 'shellyard ui' for a new one"
+                )
+            who = found.who
+        else:
+            who = await plane.tokens.authenticate((asked.token or "").strip())
+        if who.token_id is None:
+            raise InvalidInput("this server runs without tokens (--no-auth): no login needed")
+        # An opaque web session id, found by a hash bound to this page's origin: not a
+        # bearer token, and no other host or port can use it (web/cookies.py).
+        secret = WEB_SESSION_PREFIX + secrets.token_urlsafe(32)
+        await plane.tokens.records.add(
+            who.kind,
+            web_session_hash(page_origin(request), secret),
+            session_id=who.session_id,
+            agent_id=who.agent_id,
+            created_by=who.token_id,
+        )
+        response.set_cookie(
+            cookie_name(request),
+            secret,
+            max_age=COOKIE_MAX_AGE_S,
+            path="/",
+            httponly=True,
+            samesite="strict",
+            secure=request.url.scheme == "https",
+        )
+        return _view(who, "cookie", secret)
+
+    @router.get("/v1/auth/me")
+    async def me(request: Request) -> LoginView:
+        """Who this request acts as; 401 without a token or cookie."""
+        who = await principal(request, request.headers.get("authorization"))
+        if not request.app.state.auth_required:
+            return _view(who, "none")
+        if request.headers.get("authorization"):
+            return _view(who, "bearer")
+        return _view(who, "cookie", cookie_secret(request))
+
+    @router.post("/v1/auth/logout")
+    async def logout(request: Request, response: Response) -> LoginView:
+        """Revoke the login cookie's token and clear the cookie."""
+        secret = cookie_secret(request)
+        if secret is None or request.headers.get("authorization"):
+            raise InvalidInput("there is no login cookie to log out of")
+        who = await principal(request, None)  # checks the CSRF header
+        row = await plane.tokens.records.by_hash(web_session_hash(page_origin(request), secret))
+        if row is None:
+            raise NotFound("the login cookie's web session is gone already")
+        await plane.tokens.records.revoke(str(row["id"]))
+        response.delete_cookie(cookie_name(request), path="/", httponly=True, samesite="strict")
+        return _view(who, "cookie")
+
+    return router
+
+
+__all__ = ["login_router"]

@@ -1,0 +1,172 @@
+"""REST endpoints of session-wide reads (docs/web.md): what the web page's session file panel
+shows, usable by any client. The per-agent endpoints (``X-Shellyard-Agent``) answer for one
+agent; these answer for every agent of a session the token reaches (an agent token: its own).
+
+- ``GET /v1/panel/sessions``: sessions newest first, with their agents.
+- ``GET /v1/sessions/{id}/executions``: executions, newest first, paged server-side
+  (``before_seq`` cursor), with counts per state.
+- ``.../transfers``, ``.../timers``, ``.../notices``, ``.../artifacts``, ``.../workspaces``.
+- ``.../files/content`` and ``.../files/archive``: a file, or a folder as tar, of a committed
+  snapshot (W2) of a workspace of the session, as a download (``Content-Disposition``), so
+  that a plain link can fetch it.
+- ``.../panel/stream``: server-sent events, one ``change`` event naming the parts that
+  changed (the first names all of them); the page reads those parts again.
+
+No ``from __future__ import annotations``: FastAPI resolves the annotations at declaration."""
+
+from collections.abc import AsyncIterator
+from typing import Annotated
+from urllib.parse import quote
+
+from fastapi import APIRouter, Depends, Query
+from fastapi.responses import StreamingResponse
+from fastapi.sse import EventSourceResponse, ServerSentEvent
+
+from shellyard.api.auth import PrincipalDep
+from shellyard.api.docs import BINARY_RESPONSE, JSON_ERROR_RESPONSES, TAR_RESPONSE
+from shellyard.api.files import _file_response
+from shellyard.contract.files import ArtifactView, TransferView, WorkspaceView
+from shellyard.contract.panel import MAX_EXECUTION_PAGE, ExecutionPage
+from shellyard.contract.sessions import NoticeView, SessionView, TimerView
+from shellyard.control.panel import PanelService
+from shellyard.control.plane import ControlPlane
+from shellyard.errors import NotFound
+
+Limit = Annotated[int, Query(ge=1, le=1000)]
+SeqQ = Annotated[int | None, Query(ge=0, description="a snapshot number (default: the head)")]
+#: How long the browser waits before reconnecting a dropped stream.
+RETRY_MS = 1000
+
+
+def _attachment(name: str) -> str:
+    """A Content-Disposition that survives any file name (RFC 6266 / 5987)."""
+    ascii_name = "".join(
+        c if c.isascii() and c.isprintable() and c not in '"\\' else "_" for c in name
+    )
+    return f"attachment; filename=\"{ascii_name}\"; filename*=UTF-8''{quote(name, safe='')}"
+
+
+def panel_router(plane: ControlPlane) -> APIRouter:
+    router = APIRouter()
+    service: list[PanelService] = []
+
+    def panel() -> PanelService:
+        # Made on first use: the plane's store exists only once the server started.
+        if not service:
+            service.append(PanelService(plane))
+        return service[0]
+
+    async def known_session(session_id: str, who: PrincipalDep) -> str:
+        """A dependency, so that an unknown session is a JSON 404 before a stream starts."""
+        await panel().agents(who, session_id)
+        return session_id
+
+    @router.get("/v1/panel/sessions")
+    async def sessions(who: PrincipalDep) -> list[SessionView]:
+        """Sessions newest first, each with the agents the token reaches."""
+        return await panel().sessions(who)
+
+    @router.get("/v1/sessions/{session_id}/executions")
+    async def executions(
+        session_id: str,
+        who: PrincipalDep,
+        before_seq: Annotated[int | None, Query(ge=0)] = None,
+        limit: Annotated[int, Query(ge=1, le=MAX_EXECUTION_PAGE)] = 50,
+    ) -> ExecutionPage:
+        """Executions of the session's agents, newest first; ``before_seq`` pages on."""
+        return await panel().executions(who, session_id, before_seq, limit)
+
+    @router.get("/v1/sessions/{session_id}/transfers")
+    async def transfers(
+        session_id: str, who: PrincipalDep, limit: Limit = 50
+    ) -> list[TransferView]:
+        return await panel().transfers(who, session_id, limit)
+
+    @router.get("/v1/sessions/{session_id}/timers")
+    async def timers(session_id: str, who: PrincipalDep, limit: Limit = 100) -> list[TimerView]:
+        return await panel().timers(who, session_id, limit)
+
+    @router.get("/v1/sessions/{session_id}/notices")
+    async def notices(session_id: str, who: PrincipalDep, limit: Limit = 100) -> list[NoticeView]:
+        return await panel().notices(who, session_id, limit)
+
+    @router.get("/v1/sessions/{session_id}/artifacts")
+    async def artifacts(
+        session_id: str, who: PrincipalDep, limit: Limit = 200
+    ) -> list[ArtifactView]:
+        return await panel().artifacts(who, session_id, limit)
+
+    @router.get("/v1/sessions/{session_id}/workspaces")
+    async def workspaces(session_id: str, who: PrincipalDep) -> list[WorkspaceView]:
+        return await panel().workspaces(who, session_id)
+
+    @router.get(
+        "/v1/sessions/{session_id}/files/content",
+        response_class=StreamingResponse,
+        responses=BINARY_RESPONSE,
+    )
+    async def download_file(
+        session_id: str, workspace_id: str, path: str, who: PrincipalDep, seq: SeqQ = None
+    ) -> StreamingResponse:
+        """One file of a committed snapshot, as a download."""
+        owner = await panel().owner_of_workspace(who, session_id, workspace_id)
+        stream = await plane.files.open(path, workspace_id=workspace_id, seq=seq, agent_id=owner)
+        response = _file_response(stream, False, "application/octet-stream")
+        response.headers["Content-Disposition"] = _attachment(path.rsplit("/", 1)[-1] or "file")
+        return response
+
+    @router.get(
+        "/v1/sessions/{session_id}/files/archive",
+        response_class=StreamingResponse,
+        responses=TAR_RESPONSE,
+    )
+    async def download_folder(
+        session_id: str, workspace_id: str, who: PrincipalDep, path: str = "", seq: SeqQ = None
+    ) -> StreamingResponse:
+        """A folder of a committed snapshot (default: all of it) as a tar stream."""
+        owner = await panel().owner_of_workspace(who, session_id, workspace_id)
+        archive = await plane.files.archive(
+            path, workspace_id=workspace_id, seq=seq, agent_id=owner
+        )
+        name = (path.strip("/").rsplit("/", 1)[-1] or workspace_id) + f"@{archive.seq}.tar"
+        return StreamingResponse(
+            archive.chunks,
+            media_type="application/x-tar",
+            headers={"Content-Disposition": _attachment(name), "X-Shellyard-Seq": str(archive.seq)},
+        )
+
+    @router.get(
+        "/v1/sessions/{session_id}/artifacts/{artifact_id}/content",
+        response_class=StreamingResponse,
+        responses=BINARY_RESPONSE,
+    )
+    async def download_artifact(
+        session_id: str, artifact_id: str, who: PrincipalDep
+    ) -> StreamingResponse:
+        for artifact in await panel().artifacts(who, session_id, 1000):
+            if artifact.artifact_id == artifact_id:
+                stream = await plane.artifacts.open(artifact_id, artifact.agent_id)
+                response = _file_response(stream, False, "application/octet-stream")
+                response.headers["Content-Disposition"] = _attachment(artifact.name)
+                return response
+        raise NotFound(f"no artifact {artifact_id!r} in session {session_id}")
+
+    @router.get(
+        "/v1/sessions/{session_id}/panel/stream",
+        response_class=EventSourceResponse,
+        responses=JSON_ERROR_RESPONSES,  # errors are JSON, not events
+    )
+    async def panel_stream(
+        session_id: Annotated[str, Depends(known_session)], who: PrincipalDep
+    ) -> AsyncIterator[ServerSentEvent]:
+        """Server-sent events: ``change`` with the parts of the panel that changed. The first
+        event of every connection names them all (so a reconnect reads everything again)."""
+        async for change in panel().changes(who, session_id):
+            yield ServerSentEvent(
+                data=change.model_dump(mode="json"), event="change", retry=RETRY_MS
+            )
+
+    return router
+
+
+__all__ = ["panel_router"]
