@@ -38,6 +38,10 @@ class NotificationSettings:
     webhook_retry_base_s: float = 1.0
     webhook_retry_max_s: float = 60.0
     webhook_timeout_s: float = 10.0
+    #: Exact ``host:port`` destinations a webhook may reach although the address rules refuse
+    #: them (a receiver on this host's loopback or the LAN; docs/operations.md), comma-separated
+    #: in ``SHELLYARD_WEBHOOK_EXCEPTIONS``. Nothing wider: no ranges, no wildcards.
+    webhook_exceptions: list[str] = field(default_factory=list)
     #: ``at`` may lie this far in the past (request latency, clock skew); earlier is refused.
     timer_past_grace_s: float = 10.0
     #: A timer fired this long after its time by the running scheduler is marked late too.
@@ -104,6 +108,10 @@ class Settings:
             raw = os.environ.get(variable)
             if raw:
                 kind = type(getattr(settings.notifications, item.name))
+                if kind is list:
+                    parts = [p.strip() for p in raw.split(",") if p.strip()]
+                    setattr(settings.notifications, item.name, parts)
+                    continue
                 try:
                     setattr(settings.notifications, item.name, kind(raw))
                 except ValueError:

@@ -177,8 +177,12 @@ async def test_a_host_drives_a_session_through_mcp_rest_and_sse(served: Path) ->
     await async_host.aclose()
 
 
-def test_cli_session_agent_timer_webhook_and_inbox_verbs(served_home: Path) -> None:
-    """The CLI verbs with --json (and a clear exit 2 for bad input)."""
+def test_cli_session_agent_timer_webhook_and_inbox_verbs(
+    served_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The CLI verbs with --json (and a clear exit 2 for bad input). The webhook points at the
+    host's loopback: the server (started on demand) allows it by the operator's exception."""
+    monkeypatch.setenv("SHELLYARD_WEBHOOK_EXCEPTIONS", "127.0.0.1:9")
 
     def js(*args: str) -> Any:
         done = sy(served_home, *args, "--json")

@@ -3,8 +3,11 @@
 ``off`` (the default) gives a command its own loopback only; ``egress`` reaches outside only
 through the runner's filtering proxy; ``host`` shares the host's network. The "internet" of
 these tests is a test host in a network namespace the test makes, joined to this host by a
-veth pair with TEST-NET-3 addresses (203.0.113.0/30) that exist only between the two
-namespaces, so nothing leaves the machine.
+veth pair with addresses of 198.20.0.0/29 that exist only between the two namespaces, so
+nothing leaves the machine. They must be outside every IANA special-purpose block (the proxy
+refuses documentation and benchmarking addresses like any other special one): 198.20.0.0/30 is
+ordinary unicast just past the benchmarking block 198.18.0.0/15, routed here only to the veth
+for the test's lifetime.
 """
 
 from __future__ import annotations
@@ -30,8 +33,10 @@ from shellyard.runner.local import LocalRunner
 from shellyard.runner.policy import SandboxPolicy
 from shellyard.runner.protocol import EnvChangeState, EnvironmentChange, EnvironmentChangeRequest
 
-HOST_SIDE = "203.0.113.1"  # this host's end of the veth: one of the runner's own addresses
-TEST_HOST = "203.0.113.2"  # the test host inside its namespace
+HOST_SIDE = "198.20.0.1"  # this host's end of the veth: one of the runner's own addresses
+TEST_HOST = "198.20.0.2"  # the test host inside its namespace
+LINK_SIDE = "198.20.0.5"  # this host's address on a link 198.20.0.4/30 of its own
+LINK_NEIGHBOUR = "198.20.0.6"  # a neighbour on that link: the runner's LAN, refused
 METADATA = "169.254.169.254"
 
 needs_netns = pytest.mark.skipif(
@@ -108,10 +113,16 @@ def test_host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NetnsHost]:
     try:
         _ip("link", "add", host_if, "type", "veth", "peer", "name", peer_if)
         _ip("link", "set", peer_if, "netns", namespace)
-        _ip("addr", "add", f"{HOST_SIDE}/30", "dev", host_if)
+        # The test host is reached by a route, not as a neighbour on a link of this host's
+        # (the proxy refuses the host's own links): /32 addresses and a route each way.
+        _ip("addr", "add", f"{HOST_SIDE}/32", "dev", host_if)
+        # and a link of this host's own, with nobody on it but LINK_NEIGHBOUR's address
+        _ip("addr", "add", f"{LINK_SIDE}/30", "dev", host_if)
         _ip("link", "set", host_if, "up")
-        _ip("-n", namespace, "addr", "add", f"{TEST_HOST}/30", "dev", peer_if)
+        _ip("route", "add", f"{TEST_HOST}/32", "dev", host_if)
+        _ip("-n", namespace, "addr", "add", f"{TEST_HOST}/32", "dev", peer_if)
         _ip("-n", namespace, "link", "set", peer_if, "up")
+        _ip("-n", namespace, "route", "add", f"{HOST_SIDE}/32", "dev", peer_if)
         _ip("-n", namespace, "link", "set", "lo", "up")
         ports = []
         for _ in range(2):
@@ -202,13 +213,15 @@ async def test_egress_reaches_only_allow_listed_public_hosts(
 ) -> None:
     """R2 ``egress``: the allow-listed test host is reached, a port of it not on the list is
     refused; loopback (by address and by name), the metadata address and the runner's own
-    address are refused even when allow-listed; outside the proxy nothing is reachable."""
+    address and a neighbour on the runner's own link are refused even when allow-listed;
+    outside the proxy nothing is reachable."""
     allow = [
         f"{TEST_HOST}:{test_host.port}",
         f"127.0.0.1:{loopback_server}",
         f"localhost:{loopback_server}",
         f"{METADATA}:80",
         f"{HOST_SIDE}:{test_host.own_port}",
+        f"{LINK_NEIGHBOUR}:{test_host.port}",
     ]
     yard: Yard = await yard_factory(SandboxPolicy(network="egress", egress_allow=allow))
     urls = [
@@ -218,6 +231,7 @@ async def test_egress_reaches_only_allow_listed_public_hosts(
         f"http://localhost:{loopback_server}/",
         f"http://{METADATA}/latest/meta-data/",
         f"http://{HOST_SIDE}:{test_host.own_port}/",
+        f"http://{LINK_NEIGHBOUR}:{test_host.port}/",
     ]
     result = await yard.run("; ".join(f"echo '#'; {fetch(url)}" for url in urls))
     answers = [part.strip() for part in result.stdout.split("#\n")[1:]]
@@ -225,7 +239,8 @@ async def test_egress_reaches_only_allow_listed_public_hosts(
     assert "not on this runner's egress allow-list" in answers[1]
     assert "127.0.0.0/8" in answers[2] and "127.0.0.0/8" in answers[3]
     assert "169.254.0.0/16" in answers[4]
-    assert "runner's own addresses" in answers[5]
+    assert "this host's own addresses" in answers[5]
+    assert "this host's own links" in answers[6]
     for answer in answers[1:]:
         assert "hello" not in answer and "runner-own-address" not in answer
     # Without the proxy there is no way out: the test host by address, directly.
@@ -258,6 +273,41 @@ async def test_egress_without_allow_list_and_operator_exceptions(
     lines = result.stdout.splitlines()
     assert lines[:3] == ["hello-from-test-host", "hello-from-test-host", "hello-from-host"]
     assert "127.0.0.0/8" in result.stdout.split("hello-from-host\n")[1]
+
+
+#: Every special-purpose form the proxy once dialled or misjudged (TEST-NET-1, benchmarking,
+#: the IPv4-compatible and NAT64 spellings of 127.0.0.1), and one of every other block.
+SPECIAL_FORMS = [
+    "127.0.0.1", "0.0.0.0", "10.0.0.1", "100.64.0.1", "169.254.169.254", "172.16.0.1",
+    "192.0.0.9", "192.0.2.1", "192.88.99.1", "192.168.0.1", "198.18.0.1", "198.51.100.1",
+    "203.0.113.1", "224.0.0.1", "240.0.0.1", "255.255.255.255",
+    "[::1]", "[::]", "[::7f00:1]", "[::ffff:127.0.0.1]", "[64:ff9b::7f00:1]",
+    "[64:ff9b::a9fe:a9fe]", "[64:ff9b:1::1]", "[100::1]", "[2001::1]", "[2001:db8::1]",
+    "[2002:7f00:1::1]", "[3fff::1]", "[fc00::1]", "[fe80::1]", "[ff02::1]",
+]  # fmt: skip
+
+
+@needs_socat
+async def test_egress_refuses_every_special_purpose_form(
+    yard_factory: Any, loopback_server: int
+) -> None:
+    """R2 ``egress``: the proxy answers 403 with the block's name for every IANA
+    special-purpose address in every spelling, before any connection (a dial would answer
+    502 or reach the host's listener on 127.0.0.1, whose greeting never appears)."""
+    yard: Yard = await yard_factory(SandboxPolicy(network="egress"))
+    fetches = [
+        f"echo '#'; curl -sS -m 10 --noproxy '' -o /dev/null -w '%{{http_code}} ' "
+        f"http://{address}:{loopback_server}/ 2>&1; "
+        f"curl -s -m 10 --noproxy '' http://{address}:{loopback_server}/ 2>&1"
+        for address in SPECIAL_FORMS
+    ]
+    result = await yard.run("; ".join(fetches))
+    answers = [part.strip() for part in result.stdout.split("#\n")[1:]]
+    assert len(answers) == len(SPECIAL_FORMS), result.stdout
+    for address, answer in zip(SPECIAL_FORMS, answers, strict=True):
+        assert answer.startswith("403 "), (address, answer)
+        assert "which nothing done for an agent may reach" in answer, (address, answer)
+        assert "hello-from-host" not in answer
 
 
 @needs_netns

@@ -2,7 +2,8 @@
 and 3), with real sandboxes, network namespaces and relay processes, on the local runner and
 on a runner daemon (the ``yard`` fixture: R1, the control plane cannot tell them apart).
 
-A forward binds 127.0.0.1:HOST_PORT of the runner's host (the daemon's host for a remote
+A forward binds HOST_PORT on a loopback address of the workspace's own (127.X.Y.Z, never
+127.0.0.1, the web page's host) of the runner's host (the daemon's host for a remote
 runner, here the same machine) and relays into the workspace's own network namespace; only
 the workspace's own agent opens it; it is gone when closed or when the workspace's last
 execution ends.
@@ -11,6 +12,7 @@ execution ends.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import json
 import os
 import shutil
@@ -22,6 +24,7 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 from runner_daemon_fixture import start_daemon
@@ -31,6 +34,7 @@ from shellyard.contract.executions import ExecutionState, RunShellRequest, RunSh
 from shellyard.contract.ports import PortView
 from shellyard.errors import InvalidInput, NotFound
 from shellyard.home import ensure_server, is_served
+from shellyard.runner.network.ports import FORWARD_BLOCK, workspace_address
 from shellyard.runner.protocol import SandboxPolicy
 from shellyard.runner.snapshots import views as readview
 from shellyard.sdk.client import Client
@@ -82,17 +86,22 @@ def _get(url: str, attempts: int = 100) -> str:
     raise AssertionError(f"{url} did not answer: {error}")
 
 
-def _refused(port: int) -> bool:
-    """Nothing accepts on 127.0.0.1:port of this host (or it closes at once)."""
+def _refused(port: int, host: str = "127.0.0.1") -> bool:
+    """Nothing accepts on host:port of this host (or it closes at once)."""
     with socket.socket() as probe:
         probe.settimeout(2)
-        if probe.connect_ex(("127.0.0.1", port)) != 0:
+        if probe.connect_ex((host, port)) != 0:
             return True
         probe.sendall(b"GET /live.txt HTTP/1.0\r\n\r\n")
         try:
             return probe.recv(100) == b""
         except OSError:
             return True
+
+
+def _proc_hex(address: str) -> str:
+    """An IPv4 address as /proc/net/tcp spells it (little-endian hex)."""
+    return socket.inet_aton(address)[::-1].hex().upper()
 
 
 def _listening_addresses(port: int) -> list[str]:
@@ -139,10 +148,16 @@ async def test_forwarded_port_reaches_the_server_until_closed(yard: Yard) -> Non
     try:
         assert _refused(PORT)  # the server is in the workspace's network, not the host's
         view = await ports.open(PORT, workspace_id=workspace)
-        assert view.port == PORT and view.host == "127.0.0.1" and view.host_port > 0
+        assert view.port == PORT and view.host_port > 0
+        # The workspace's own loopback address, never the web page's 127.0.0.1 (docs/web.md)
+        assert view.host == workspace_address(workspace) != "127.0.0.1"
+        assert ipaddress.ip_address(view.host) in ipaddress.ip_network(FORWARD_BLOCK)
+        assert view.url == f"http://{view.host}:{view.host_port}/"
+        assert _refused(view.host_port)  # nothing on 127.0.0.1 at that port
         assert view.runner_id == yard.runner_id and view.workspace_id == workspace
         assert _get(view.url + "live.txt") == "served-live\n"
-        assert _listening_addresses(view.host_port) == ["0100007F"]  # 127.0.0.1 only
+        # that loopback address only
+        assert _listening_addresses(view.host_port) == [_proc_hex(view.host)]
         if os.geteuid() == 0:  # a root runner's relay keeps no privilege
             assert set(_relay_uids(PORT)) == {65534}, _relay_uids(PORT)
         again = await ports.open(PORT, workspace_id=workspace)  # the same forward
@@ -153,7 +168,7 @@ async def test_forwarded_port_reaches_the_server_until_closed(yard: Yard) -> Non
         assert [(p.port, p.host_port) for p in listed] == [(PORT, view.host_port)]
         closed = await ports.close(PORT, workspace_id=workspace)
         assert closed.host_port == view.host_port
-        assert _refused(view.host_port)
+        assert _refused(view.host_port, view.host)
         assert await ports.list(workspace_id=workspace) == []
         with pytest.raises(NotFound, match="not forwarded"):
             await ports.close(PORT, workspace_id=workspace)
@@ -178,7 +193,7 @@ async def test_ports_go_with_the_last_execution(yard: Yard) -> None:
     assert [p.port for p in await yard.plane.ports.list(workspace_id=workspace)] == [PORT]
     await yard.plane.executions.cancel(reader.execution_id, wait_s=30)
     assert await yard.plane.ports.list(workspace_id=workspace) == []
-    assert _refused(view.host_port)
+    assert _refused(view.host_port, view.host)
 
 
 async def test_another_agent_can_neither_open_nor_reach_the_forward(yard: Yard) -> None:
@@ -196,7 +211,7 @@ async def test_another_agent_can_neither_open_nor_reach_the_forward(yard: Yard) 
         with pytest.raises(NotFound):
             await yard.plane.ports.list(workspace_id=workspace, agent_id=other.main_agent_id)
         probe = (
-            f"exec 3<>/dev/tcp/127.0.0.1/{view.host_port} && echo REACHED || echo UNREACHABLE; "
+            f"exec 3<>/dev/tcp/{view.host}/{view.host_port} && echo REACHED || echo UNREACHABLE; "
             f"exec 4<>/dev/tcp/127.0.0.1/{PORT} && echo REACHED || echo UNREACHABLE"
         )
         result = await yard.plane.executions.run_shell(
@@ -365,7 +380,7 @@ async def test_kill9_keeps_server_reader_network_and_forward(
         assert client.wait(server.execution_id, 30).state == ExecutionState.cancelled
     try:
         assert client.ports(workspace_id=server.workspace_id) == []
-        assert _refused(view.host_port)
+        assert _refused(view.host_port, view.host)
     finally:
         if daemon is not None:
             await daemon.stop()
@@ -380,7 +395,7 @@ def test_cli_port_open_list_close(served_home: Path) -> None:
         workspace = client.status(server).workspace_id
         url = sy(served_home, "port", workspace, str(PORT))
         assert url.returncode == 0, url.stderr
-        assert url.stdout.startswith("http://127.0.0.1:")
+        assert url.stdout.startswith("http://127.") and "127.0.0.1" not in url.stdout
         assert _get(url.stdout.strip() + "live.txt") == "served-live\n"
         listed = sy(served_home, "port", "list", workspace, "--json")
         assert listed.returncode == 0 and f'"port": {PORT}' in listed.stdout
@@ -388,7 +403,9 @@ def test_cli_port_open_list_close(served_home: Path) -> None:
         assert bad.returncode == 2 and "PORT must be a number" in bad.stderr
         closed = sy(served_home, "port", "close", workspace, str(PORT))
         assert closed.returncode == 0 and "closed" in closed.stdout
-        assert _refused(int(url.stdout.strip().rsplit(":", 1)[1].rstrip("/")))
+        printed = urlsplit(url.stdout.strip())
+        assert printed.hostname is not None and printed.port is not None
+        assert _refused(printed.port, printed.hostname)
     finally:
         sy(served_home, "cancel", server)
 
@@ -532,7 +549,7 @@ async def test_unprivileged_runner_shares_the_network(
         finally:
             await yard.plane.executions.cancel(server.execution_id, wait_s=30)
         assert await yard.plane.ports.list(workspace_id=server.workspace_id) == []
-        assert _refused(view.host_port)
+        assert _refused(view.host_port, view.host)
         assert list((root / "sandbox" / "netns").glob("*.json")) == []
     finally:
         await daemon.stop()
@@ -630,7 +647,7 @@ async def test_kill9_of_the_runner_daemon_keeps_network_and_forward(
         ended = await yard.plane.executions.wait(server.execution_id, 60)
         assert ended.state == ExecutionState.cancelled, ended
         assert await yard.plane.ports.list(workspace_id=server.workspace_id) == []
-        assert _refused(view.host_port)
+        assert _refused(view.host_port, view.host)
     finally:
         await daemon.stop()
 

@@ -207,11 +207,15 @@ def notice_row(url: str, execution_id: str) -> tuple[Any, ...]:
     return rows[0]
 
 
-async def test_a_wait_on_one_replica_reads_the_notice_another_replica_posts(home: Path) -> None:
+async def test_a_wait_on_one_replica_reads_the_notice_another_replica_posts(
+    home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """N3 across replicas: a background execution started through B (B watches and finalizes
     it); ``execution wait`` through A sees it end, so its notice is posted read and wakes
     nobody. The control: the same execution with nobody waiting wakes its agent."""
     receiver = WebhookReceiver().start()
+    # On loopback: webhooks reach it only by the operator's exception (every replica's env).
+    monkeypatch.setenv("SHELLYARD_WEBHOOK_EXCEPTIONS", receiver.exception)
     try:
         async with cluster(home, 2) as (url, replicas, _daemon):
             a, b = replicas
@@ -246,11 +250,15 @@ async def test_a_wait_on_one_replica_reads_the_notice_another_replica_posts(home
         receiver.stop()
 
 
-async def test_a_killed_waiter_stops_suppressing_the_wake(home: Path) -> None:
+async def test_a_killed_waiter_stops_suppressing_the_wake(
+    home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """N3 across replicas, the safe side: the replica where a caller waits is killed -9 during
     the wait; its recorded wait expires (it is no longer renewed) within a lease time, so the
     end, later, wakes the agent: nobody saw it."""
     receiver = WebhookReceiver().start()
+    # On loopback: webhooks reach it only by the operator's exception (every replica's env).
+    monkeypatch.setenv("SHELLYARD_WEBHOOK_EXCEPTIONS", receiver.exception)
     try:
         async with cluster(home, 3) as (url, replicas, _daemon):
             a, b, c = replicas

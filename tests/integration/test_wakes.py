@@ -4,6 +4,7 @@ the wake matrix, children, stopping, archiving, webhooks (a real HTTP receiver).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import time
 from collections.abc import AsyncIterator
@@ -11,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from notify_helpers import Host, running_plane, settle, until
+from notify_helpers import FAST, Host, running_plane, settle, until
 from webhook_receiver import WebhookReceiver
 
 from shellyard.config import NotificationSettings
@@ -349,52 +350,55 @@ async def _notice_of(plane: ControlPlane, agent: str, subject: str) -> NoticeVie
 # ---------------------------------------------------------------------- webhooks
 
 
-async def test_webhook_that_fails_twice_then_succeeds_is_delivered_once(
-    plane: ControlPlane,
-) -> None:
+async def test_webhook_that_fails_twice_then_succeeds_is_delivered_once(home: Path) -> None:
     """N2: a webhook answering 500, 500, 200 gets the same signed wake three times and it is
-    delivered once; every attempt is recorded with its status."""
+    delivered once; every attempt is recorded with its status. The receiver is on loopback,
+    which webhooks reach only through the operator's exact host:port exception."""
     receiver = WebhookReceiver(statuses=[500, 500]).start()
+    notifications = dataclasses.replace(FAST, webhook_exceptions=[receiver.exception])
     try:
-        session = await plane.sessions.create()
-        hook = await plane.wakes.add_webhook(
-            WebhookRequest(url=receiver.url, secret="s" * 32, session_id=session.session_id)
-        )
-        assert hook.secret == "s" * 32
-        done = await plane.executions.run_shell(
-            RunShellRequest(command="echo hi", background=True), session.main_agent_id
-        )
-        wakes = await until(lambda: plane.wakes.list_wakes(session.session_id, 0), what="the wake")
-        (wake,) = wakes
-        deliveries = await until(
-            lambda: _delivered(plane, wake.wake_id), what="the delivery to succeed"
-        )
-        requests = await asyncio.to_thread(receiver.wait_for, 3)
-        assert [r.status for r in requests] == [500, 500, 200]
-        assert len({r.body for r in requests}) == 1  # the same body every time
-        for r in requests:
-            assert r.headers["X-Shellyard-Wake-Id"] == wake.wake_id
-            assert verify_signature(
-                "s" * 32,
-                r.headers["X-Shellyard-Timestamp"],
-                r.body,
-                r.headers["X-Shellyard-Signature"],
+        async with running_plane(home / "home", notifications) as plane:
+            session = await plane.sessions.create()
+            hook = await plane.wakes.add_webhook(
+                WebhookRequest(url=receiver.url, secret="s" * 32, session_id=session.session_id)
             )
-            assert not verify_signature(
-                "t" * 32,
-                r.headers["X-Shellyard-Timestamp"],
-                r.body,
-                r.headers["X-Shellyard-Signature"],
+            assert hook.secret == "s" * 32
+            done = await plane.executions.run_shell(
+                RunShellRequest(command="echo hi", background=True), session.main_agent_id
             )
-        body = json.loads(requests[0].body)
-        assert body["wake_id"] == wake.wake_id and body["agent_id"] == session.main_agent_id
-        assert [n["subject_id"] for n in body["notices"]] == [done.execution_id]
-        (delivery,) = deliveries
-        assert delivery.state == "delivered" and delivery.attempts == 3
-        assert [a.status_code for a in delivery.attempt_log] == [500, 500, 200]
-        assert [a.error for a in delivery.attempt_log] == ["HTTP 500", "HTTP 500", None]
-        await asyncio.sleep(0.3)  # well past the retry delays: nothing more is sent
-        assert len(receiver.received) == 3
+            wakes = await until(
+                lambda: plane.wakes.list_wakes(session.session_id, 0), what="the wake"
+            )
+            (wake,) = wakes
+            deliveries = await until(
+                lambda: _delivered(plane, wake.wake_id), what="the delivery to succeed"
+            )
+            requests = await asyncio.to_thread(receiver.wait_for, 3)
+            assert [r.status for r in requests] == [500, 500, 200]
+            assert len({r.body for r in requests}) == 1  # the same body every time
+            for r in requests:
+                assert r.headers["X-Shellyard-Wake-Id"] == wake.wake_id
+                assert verify_signature(
+                    "s" * 32,
+                    r.headers["X-Shellyard-Timestamp"],
+                    r.body,
+                    r.headers["X-Shellyard-Signature"],
+                )
+                assert not verify_signature(
+                    "t" * 32,
+                    r.headers["X-Shellyard-Timestamp"],
+                    r.body,
+                    r.headers["X-Shellyard-Signature"],
+                )
+            body = json.loads(requests[0].body)
+            assert body["wake_id"] == wake.wake_id and body["agent_id"] == session.main_agent_id
+            assert [n["subject_id"] for n in body["notices"]] == [done.execution_id]
+            (delivery,) = deliveries
+            assert delivery.state == "delivered" and delivery.attempts == 3
+            assert [a.status_code for a in delivery.attempt_log] == [500, 500, 200]
+            assert [a.error for a in delivery.attempt_log] == ["HTTP 500", "HTTP 500", None]
+            await asyncio.sleep(0.3)  # well past the retry delays: nothing more is sent
+            assert len(receiver.received) == 3
     finally:
         receiver.stop()
 
@@ -408,7 +412,10 @@ async def test_webhook_gives_up_after_its_attempts(home: Path) -> None:
     """A webhook that never answers 2xx (here: nothing listens) is marked failed after the
     configured attempts, each recorded with its error."""
     settings = NotificationSettings(
-        webhook_max_attempts=3, webhook_retry_base_s=0.02, webhook_timeout_s=2
+        webhook_max_attempts=3,
+        webhook_retry_base_s=0.02,
+        webhook_timeout_s=2,
+        webhook_exceptions=["127.0.0.1:9"],  # loopback: only by the operator's exception
     )
     async with running_plane(home / "home", settings) as plane:
         session = await plane.sessions.create()

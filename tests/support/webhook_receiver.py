@@ -36,6 +36,13 @@ class WebhookReceiver:
         assert self._server is not None
         return f"http://127.0.0.1:{self._server.server_address[1]}/hook"
 
+    @property
+    def exception(self) -> str:
+        """The operator exception that lets webhooks reach this receiver: it listens on the
+        host's loopback, which the address rules refuse (SHELLYARD_WEBHOOK_EXCEPTIONS)."""
+        assert self._server is not None
+        return f"127.0.0.1:{self._server.server_address[1]}"
+
     def start(self) -> WebhookReceiver:
         receiver = self
 

@@ -24,17 +24,29 @@ PACKAGE = "shellyard"
 ALLOWED: dict[str, set[str]] = {
     "errors": set(),
     "listen": set(),
+    # The address rules shared by the runner's egress proxy and the control plane's webhook
+    # delivery (docs/security.md "Network"): pure, so both sides of the wire may use them.
+    "netrules": set(),
     "paths": {"errors"},
     # The modes of the home's files (0700/0600 and the sandbox uid's ACL entries): light, for
     # every part that creates files in the home (docs/security.md "The home's files").
     "filemodes": set(),
     "contract": {"errors"},
-    "config": {"errors", "contract", "home"},
+    "config": {"errors", "contract", "home", "netrules"},
     "home": {"errors", "filemodes"},
     "store": {"errors", "paths", "filemodes"},
     # The runner answers with public models where its results reach the caller unchanged.
-    "runner": {"errors", "paths", "listen", "contract", "filemodes"},
-    "control": {"errors", "paths", "contract", "config", "store", "runner", "filemodes"},
+    "runner": {"errors", "paths", "listen", "contract", "filemodes", "netrules"},
+    "control": {
+        "errors",
+        "paths",
+        "contract",
+        "config",
+        "store",
+        "runner",
+        "filemodes",
+        "netrules",
+    },
     "api": {
         "errors",
         "paths",

@@ -17,9 +17,10 @@ def ports_router(plane: ControlPlane) -> APIRouter:
 
     @router.post("/v1/ports")
     async def open_port(body: PortOpenRequest, agent: AgentHeader = None) -> PortView:
-        """Forward 127.0.0.1:host_port of the runner's host to ``port`` inside your
-        workspace's network (it needs a running execution: start the server in the
-        background first). Gone when closed or when the workspace's last execution ends."""
+        """Forward host_port on your workspace's own loopback address (127.X.Y.Z) of the
+        runner's host to ``port`` inside your workspace's network (it needs a running
+        execution: start the server in the background first). Gone when closed or when the
+        workspace's last execution ends."""
         return await plane.ports.open(
             body.port,
             body.host_port,

@@ -58,9 +58,9 @@ def port(
     agent: AgentOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Forward 127.0.0.1:HOST_PORT of the runner's host to PORT inside workspace WS (its
-    server runs as a background execution), for a browser on that host. The forward goes
-    when closed or when the workspace's last execution ends."""
+    """Forward HOST_PORT on WS's own loopback address (127.X.Y.Z) of the runner's host to PORT
+    inside workspace WS (its server runs as a background execution), for a browser on that
+    host. The forward goes when closed or when the workspace's last execution ends."""
     action, rest = (words[0], words[1:]) if words[0] in ("list", "close") else ("open", words)
     if action == "list":
         if len(rest) > 1:

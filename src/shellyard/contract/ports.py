@@ -76,7 +76,8 @@ class PortView(BaseModel):
 
     workspace_id: str
     port: int
-    #: Always a loopback address: the forward is never reachable from other machines.
+    #: Always a loopback address, the workspace's own in 127.128.0.0/9 (never 127.0.0.1, where
+    #: the web page is: docs/web.md): the forward is never reachable from other machines.
     host: str = "127.0.0.1"
     host_port: int
     url: str

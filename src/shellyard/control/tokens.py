@@ -112,6 +112,11 @@ class TokenService:
                 f"(<home>/{ADMIN_TOKEN_NAME}) or a session/agent token made by "
                 "'shellyard token create'"
             )
+        return await self.principal_of(row)
+
+    async def principal_of(self, row: Row) -> Principal:
+        """The principal of a live record (a bearer token's, or a web login's: api/cookies.py
+        finds those by a hash of its own, which no bearer secret's hash can equal)."""
         kind: TokenKind = row["kind"]
         if kind == "admin":
             return Principal(kind="admin", token_id=row["id"])

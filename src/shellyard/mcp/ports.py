@@ -33,7 +33,8 @@ class PortsBackend(Protocol):
 
 DESCRIPTION = (
     "Let a person on the runner's host reach a server in your workspace: action 'open' "
-    "forwards 127.0.0.1:host_port of that host (0: any free one) to port inside your "
+    "forwards host_port on your workspace's own loopback address of that host (127.x.y.z; "
+    "0: any free port) to port inside your "
     "workspace's private network and answers the url to open; 'list' shows the open "
     "forwards; 'close' stops one. Start the server first as a background run_shell "
     "(python3 -m http.server 8000, npm run dev); your own clients need no forward: run them "

@@ -25,8 +25,9 @@ def _open_port(
     workspace_id: str | None = None,
     runner_id: str | None = None,
 ) -> _Call[PortView]:
-    """Forward 127.0.0.1:``host_port`` of the runner's host (0: a free one) to ``port`` in
-    the workspace's network; the answer's ``url`` is where a browser on that host opens it."""
+    """Forward ``host_port`` on the workspace's own loopback address (127.X.Y.Z) of the
+    runner's host (0: a free one) to ``port`` in the workspace's network; the answer's ``url``
+    is where a browser on that host opens it."""
     body = {"port": port, "host_port": host_port, **_where(workspace_id, runner_id)}
     return call("POST", "/v1/ports", _PORT, body=body)
 

@@ -2,9 +2,9 @@
 
 ``POST /v1/auth/codes`` (with a token): a one-time login code, valid for two minutes, with the
 reach of that token. ``POST /v1/auth/login`` trades a code (or a token typed into the page's
-form) for the HttpOnly, SameSite=Strict login cookie. ``GET /v1/auth/me`` says who the request
-acts as (and gives the page its CSRF value); ``POST /v1/auth/logout`` revokes the cookie's
-token and clears it.
+form) for the HttpOnly, SameSite=Strict login cookie, an opaque web session id bound to the
+page's origin (web/cookies.py). ``GET /v1/auth/me`` says who the request acts as (and gives the
+page its CSRF value); ``POST /v1/auth/logout`` ends the web session and clears the cookie.
 
 Codes live in this server process only: a restart voids the unused ones (run ``shellyard ui``
 again); only their sha256 is kept."""
@@ -23,14 +23,23 @@ from shellyard.api.auth import PrincipalDep, principal
 from shellyard.api.docs import body_doc
 from shellyard.api.sessions import parse
 from shellyard.control.plane import ControlPlane
-from shellyard.control.tokens import Principal, hash_secret, new_secret
+from shellyard.control.tokens import Principal, hash_secret
 from shellyard.errors import Forbidden, InvalidInput, NotFound, Unauthorized
-from shellyard.web.cookies import CSRF_HEADER, cookie_name, cookie_secret, csrf_of
+from shellyard.web.cookies import (
+    CSRF_HEADER,
+    WEB_SESSION_PREFIX,
+    WEB_SESSION_TTL_S,
+    cookie_name,
+    cookie_secret,
+    csrf_of,
+    page_origin,
+    web_session_hash,
+)
 
 #: How long a login code can be used.
 CODE_TTL_S = 120.0
-#: How long the browser keeps the cookie (the token behind it lasts until revoked).
-COOKIE_MAX_AGE_S = 7 * 24 * 3600
+#: How long the browser keeps the cookie (the web session behind it ends then too).
+COOKIE_MAX_AGE_S = int(WEB_SESSION_TTL_S)
 #: Unused codes kept at most (oldest dropped): asking for codes cannot grow memory unbounded.
 MAX_PENDING_CODES = 1000
 
@@ -137,10 +146,12 @@ def login_router(plane: ControlPlane) -> APIRouter:
             who = await plane.tokens.authenticate((asked.token or "").strip())
         if who.token_id is None:
             raise InvalidInput("this server runs without tokens (--no-auth): no login needed")
-        secret = new_secret()
+        # An opaque web session id, found by a hash bound to this page's origin: not a
+        # bearer token, and no other host or port can use it (web/cookies.py).
+        secret = WEB_SESSION_PREFIX + secrets.token_urlsafe(32)
         await plane.tokens.records.add(
             who.kind,
-            hash_secret(secret),
+            web_session_hash(page_origin(request), secret),
             session_id=who.session_id,
             agent_id=who.agent_id,
             created_by=who.token_id,
@@ -173,9 +184,9 @@ def login_router(plane: ControlPlane) -> APIRouter:
         if secret is None or request.headers.get("authorization"):
             raise InvalidInput("there is no login cookie to log out of")
         who = await principal(request, None)  # checks the CSRF header
-        row = await plane.tokens.records.by_hash(hash_secret(secret))
+        row = await plane.tokens.records.by_hash(web_session_hash(page_origin(request), secret))
         if row is None:
-            raise NotFound("the login cookie's token is gone already")
+            raise NotFound("the login cookie's web session is gone already")
         await plane.tokens.records.revoke(str(row["id"]))
         response.delete_cookie(cookie_name(request), path="/", httponly=True, samesite="strict")
         return _view(who, "cookie")

@@ -175,7 +175,9 @@ async def exercise(session: ClientSession, door: str) -> set[str]:
         queue=True,
     )
     view = await call("workspace_port", action="open", port=8799)
-    assert view["url"] == f"http://127.0.0.1:{view['host_port']}/"
+    # on the workspace's own loopback address, never the web page's 127.0.0.1 (docs/web.md)
+    assert view["url"] == f"http://{view['host']}:{view['host_port']}/"
+    assert view["host"].startswith("127.") and view["host"] != "127.0.0.1"
     listed = await call("workspace_port", action="list")
     assert [p["port"] for p in listed["ports"]] == [8799]
     await call("workspace_port", action="close", port=8799)

@@ -34,6 +34,7 @@ from shellyard.contract.sessions import (
     WebhookRequest,
     WebhookView,
 )
+from shellyard.control.notify.webhook_policy import PolicyRefusal, WebhookPolicy
 from shellyard.errors import NotFound
 from shellyard.store import Store
 from shellyard.store.db import new_id
@@ -126,6 +127,9 @@ class WakeService:
     def __init__(self, store: Store, settings: NotificationSettings) -> None:
         self.store = store
         self.settings = settings
+        #: Where webhooks may point (R6): the egress address rules, checked at registration
+        #: and pinned at every attempt (control/notify/webhook_policy.py).
+        self.policy = WebhookPolicy(settings.webhook_exceptions)
         self._callbacks: list[tuple[str | None, WakeCallback]] = []
         self._subscribers: dict[str, set[asyncio.Queue[WakeView | None]]] = {}
         self._webhooks = False  # any active webhook (spares the hot path a query)
@@ -148,7 +152,14 @@ class WakeService:
     async def start(self) -> None:
         """Resume the webhook deliveries a previous process left pending (each keeps its wake:
         nothing is emitted again), then wake agents whose notices arrived unwoken."""
-        self._http = httpx.AsyncClient(timeout=self.settings.webhook_timeout_s)
+        # No proxy from the environment (it would dial instead of the pinned address), no
+        # redirect followed (it could lead anywhere), no connection kept for another name.
+        self._http = httpx.AsyncClient(
+            timeout=self.settings.webhook_timeout_s,
+            trust_env=False,
+            follow_redirects=False,
+            limits=httpx.Limits(max_keepalive_connections=0),
+        )
         self._webhooks = bool(await self.store.list_webhooks())
         for delivery_id in await self.store.pending_deliveries():
             self._deliver_later(delivery_id)
@@ -309,6 +320,7 @@ class WakeService:
         session_id = request.session_id
         if session_id is not None and await self.store.get_session(session_id) is None:
             raise NotFound(f"no session {session_id!r}; list them with 'shellyard session list'")
+        await self.policy.check_registration(request.url)
         secret = request.secret or secrets.token_urlsafe(32)
         row = await self.store.add_webhook(
             {
@@ -441,9 +453,21 @@ class WakeService:
             }
             status: int | None = None
             error: str | None = None
+            refused = False
             try:
-                response = await self._http.post(str(job["url"]), content=body, headers=headers)
+                # Resolved once, checked, and only that address dialled (no rebinding).
+                target = await self.policy.pin(str(job["url"]))
+                headers["Host"] = target.host
+                extensions = {"sni_hostname": target.server_name} if target.server_name else {}
+                response = await self._http.post(
+                    target.url, content=body, headers=headers, extensions=extensions
+                )
                 status = response.status_code
+            except PolicyRefusal as exc:
+                # Decided before any connection: the record is the same whatever listens.
+                error, refused = str(exc), True
+            except OSError as exc:  # the name does not resolve (now)
+                error = str(exc)
             except httpx.HTTPError as exc:
                 error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
             ok = status is not None and 200 <= status < 300
@@ -451,7 +475,7 @@ class WakeService:
                 error = f"HTTP {status}"
             if ok:
                 state, next_at = "delivered", None
-            elif number >= settings.webhook_max_attempts:
+            elif refused or number >= settings.webhook_max_attempts:
                 state, next_at = "failed", None
             else:
                 backoff = settings.webhook_retry_base_s * 2 ** (number - 1)

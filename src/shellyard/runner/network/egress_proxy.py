@@ -12,20 +12,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ipaddress
 import logging
 import os
 import socket
-import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from shellyard.runner.network.egress_rules import (
-    EgressRules,
-    IPAddress,
-    blocked_reason,
-    own_addresses,
-)
+from shellyard.netrules import OwnAddresses, resolve_checked
+from shellyard.runner.network.egress_rules import EgressRules
 
 log = logging.getLogger(__name__)
 
@@ -53,8 +47,7 @@ class EgressProxy:
         self.socket_path = socket_path
         self.rules = rules
         self._server: asyncio.AbstractServer | None = None
-        self._own: frozenset[IPAddress] = frozenset()
-        self._own_read = 0.0
+        self._own = OwnAddresses(OWN_REFRESH_S)
         self._connections: set[asyncio.Task[None]] = set()
 
     async def start(self) -> None:
@@ -82,13 +75,6 @@ class EgressProxy:
                 task.cancel()
             await self._server.wait_closed()
             self._server = None
-
-    def _own_addresses(self) -> frozenset[IPAddress]:
-        now = time.monotonic()
-        if now - self._own_read > OWN_REFRESH_S:
-            self._own = own_addresses()
-            self._own_read = now
-        return self._own
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
@@ -160,31 +146,21 @@ class EgressProxy:
             if refusal is not None:
                 raise Refused(refusal)
         loop = asyncio.get_running_loop()
-        try:
-            infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-        except socket.gaierror as exc:
-            raise OSError(f"cannot resolve {host}: {exc.strerror}") from None
-        blocked: list[str] = []
+        resolved = await resolve_checked(host, port, self._own.get(), exception=exception)
         failed: list[str] = []
-        own = self._own_addresses()
-        for family, _type, _proto, _name, sockaddr in infos:
-            address = ipaddress.ip_address(sockaddr[0])
-            reason = None if exception else blocked_reason(address, own)
-            if reason is not None:
-                blocked.append(f"{address}: {reason}")
-                continue
+        for family, sockaddr in resolved.allowed:
             sock = socket.socket(family, socket.SOCK_STREAM)
             sock.setblocking(False)
             try:
                 await asyncio.wait_for(loop.sock_connect(sock, sockaddr), CONNECT_TIMEOUT_S)
             except (OSError, TimeoutError) as exc:
                 sock.close()
-                failed.append(f"{address}: {exc}")
+                failed.append(f"{sockaddr[0]}: {exc}")
                 continue
             return await asyncio.open_connection(sock=sock)
-        if blocked and not failed:
-            raise Refused("; ".join(blocked))
-        raise OSError("; ".join(failed + blocked) or f"{host} has no address")
+        if resolved.refused and not failed:
+            raise Refused("; ".join(resolved.refused))
+        raise OSError("; ".join(failed + list(resolved.refused)) or f"{host} has no address")
 
 
 def _authority(target: str, default_port: int) -> tuple[str, int]:

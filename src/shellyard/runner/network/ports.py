@@ -2,7 +2,11 @@
 
 - a **forwarded port**: a listening socket on the runner host's loopback (never another
   address), relayed into the workspace's namespace to ``127.0.0.1:PORT``, for a person's
-  browser; opened and closed explicitly, gone when the workspace's last execution ends;
+  browser; opened and closed explicitly, gone when the workspace's last execution ends. It
+  listens on a loopback address of the workspace's own (``workspace_address``: 127.X.Y.Z in
+  127.128.0.0/9, never 127.0.0.1), so the page a forward serves is another host to a browser
+  than the web page at 127.0.0.1: browsers send cookies to every port of a host, and the web
+  login's cookie must never reach an agent's server (R5; docs/web.md);
 - under network ``egress``, the **egress relay**: ``127.0.0.1:3128`` inside the namespace,
   relayed to the runner's egress proxy socket, started when the namespace gets its first
   execution (a per-sandbox relay would die with the execution that started it).
@@ -17,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import json
 import logging
 import os
@@ -40,6 +45,9 @@ log = logging.getLogger(__name__)
 
 RELAY = Path(__file__).with_name("relay.py")
 LOOPBACK = "127.0.0.1"
+#: The loopback block forwards listen in (Linux routes all of 127/8 to ``lo``); far from
+#: 127.0.0.1 (the web page, other services), 127.0.1.1 (Debian's host name) and 127.0.0.53.
+FORWARD_BLOCK = "127.128.0.0/9"
 #: Forwards one workspace may hold at once (each is a process).
 MAX_PORTS = 16
 EGRESS = "egress"
@@ -97,7 +105,8 @@ class Relays:
                 raise InvalidInput(
                     f"workspace {workspace_id} already forwards {MAX_PORTS} ports; close one first"
                 )
-            listener = _host_listener(host_port)
+            address = workspace_address(workspace_id)
+            listener = _host_listener(address, host_port)
             with listener:
                 record = self._start(
                     workspace_id,
@@ -105,13 +114,18 @@ class Relays:
                     listener,
                     ["--tcp-port", str(port), *_unprivileged()],
                     inside=path,
-                    extra={"port": port, "host_port": listener.getsockname()[1]},
+                    extra={
+                        "port": port,
+                        "host": address,
+                        "host_port": listener.getsockname()[1],
+                    },
                 )
             log.info(
                 "port forwarded",
                 extra={
                     "workspace_id": workspace_id,
                     "port": port,
+                    "host": address,
                     "host_port": record["host_port"],
                 },
             )
@@ -269,17 +283,25 @@ def _check_port(value: int, field: str, low: int) -> None:
         raise InvalidInput(f"{field} must be a TCP port number {low}..65535, not {value}")
 
 
-def _host_listener(host_port: int) -> socket.socket:
+def workspace_address(workspace_id: str) -> str:
+    """The workspace's own loopback address for its forwards: the same on every call (a
+    browser's bookmark keeps working), in ``FORWARD_BLOCK``. Two workspaces may share one by
+    chance (1 in 8 million); what they share is only each other's forwards, never the page."""
+    digest = hashlib.sha256(workspace_id.encode()).digest()
+    return f"127.{128 + digest[0] % 128}.{digest[1]}.{1 + digest[2] % 254}"
+
+
+def _host_listener(address: str, host_port: int) -> socket.socket:
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        listener.bind((LOOPBACK, host_port))
+        listener.bind((address, host_port))
         listener.listen(128)
     except OSError as exc:
         listener.close()
         if exc.errno in (errno.EADDRINUSE, errno.EACCES):
             raise InvalidInput(
-                f"host port {host_port} cannot be used on {LOOPBACK} ({exc.strerror}): pass "
+                f"host port {host_port} cannot be used on {address} ({exc.strerror}): pass "
                 f"another host_port, or 0 for any free one"
             ) from None
         raise
@@ -296,14 +318,15 @@ def _read(file: Path) -> dict[str, Any] | None:
 
 def _view(workspace_id: str, record: dict[str, Any]) -> PortView:
     host_port = int(record["host_port"])
+    host = str(record.get("host", LOOPBACK))  # a forward opened before per-workspace addresses
     return PortView(
         workspace_id=workspace_id,
         port=int(record["port"]),
-        host=LOOPBACK,
+        host=host,
         host_port=host_port,
-        url=f"http://{LOOPBACK}:{host_port}/",
+        url=f"http://{host}:{host_port}/",
         opened_at=float(record["opened_at"]),
     )
 
 
-__all__ = ["MAX_PORTS", "Relays"]
+__all__ = ["FORWARD_BLOCK", "MAX_PORTS", "Relays", "workspace_address"]
