@@ -209,6 +209,7 @@ from shellyard.cli import (  # noqa: E402
     files,
     gc,
     ports,
+    server,
     sessions,
     shell_call,
     tokens,
@@ -229,7 +230,8 @@ VERB_MODULES = (
     gc,  # docs/operations.md
     backup,
     ui,
-    ports,  # issue 17: ports for the host
+    ports,  # ports for the host (docs/runners.md)
+    server,  # the home's background server (docs/cli.md)
 )
 for module in VERB_MODULES:
     module.register(app)
