@@ -47,6 +47,30 @@ def default_home() -> Path:
 LOCK_NAME = "server.lock"
 INFO_NAME = "server.json"
 LOG_NAME = "server.log"
+#: The port the home's server last listened on: a restart takes it again when it is free, so
+#: an agent host's fixed ``http://127.0.0.1:PORT/mcp`` survives a restart (docs/cli.md).
+PORT_NAME = "server.port"
+#: ``SHELLYARD_*`` variables a client reads for itself, not the server's settings.
+CLIENT_ONLY = frozenset(
+    {
+        "SHELLYARD_HOME",
+        "SHELLYARD_TOKEN",
+        "SHELLYARD_AGENT",
+        "SHELLYARD_START_TIMEOUT_S",
+        "SHELLYARD_MCP_TOOLS",
+        "SHELLYARD_LOG_LEVEL",
+    }
+)
+
+
+def server_settings(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The ``SHELLYARD_*`` variables a server started from ``environ`` reads."""
+    source = os.environ if environ is None else environ
+    return {
+        name: value
+        for name, value in sorted(source.items())
+        if name.startswith("SHELLYARD_") and name not in CLIENT_ONLY
+    }
 
 
 @dataclass
@@ -57,6 +81,29 @@ class ServerInfo:
     token: str
     #: The file the token is kept in; server.json names it instead of holding the secret.
     token_file: str | None = None
+    #: The ``SHELLYARD_*`` settings the server was started with (``server_settings``).
+    settings: dict[str, str] | None = None
+
+
+def settings_drift(info: ServerInfo) -> str | None:
+    """What a client should hear when its own settings are not the running server's: the
+    server keeps the ones it started with until it is restarted. None when they agree (or the
+    server did not say)."""
+    if info.settings is None:
+        return None
+    mine = server_settings()
+    names = sorted(set(mine) | set(info.settings))
+    changed = [name for name in names if mine.get(name) != info.settings.get(name)]
+    if not changed:
+        return None
+    shown = ", ".join(
+        f"{name}={info.settings.get(name, '(unset)')} (here: {mine.get(name, '(unset)')})"
+        for name in changed
+    )
+    return (
+        f"the running server (pid {info.pid}) keeps the settings it started with: {shown}; "
+        "run 'shellyard server restart' in this environment to apply yours"
+    )
 
 
 def lock_home(home: Path) -> int:
@@ -93,8 +140,15 @@ def read_info(home: Path) -> ServerInfo | None:
         data = json.loads((home / INFO_NAME).read_text())
         token_file = data.get("token_file")
         token = Path(token_file).read_text().strip() if token_file else str(data["token"])
+        settings = data.get("settings")
         return ServerInfo(
-            pid=int(data["pid"]), url=str(data["url"]), token=token, token_file=token_file
+            pid=int(data["pid"]),
+            url=str(data["url"]),
+            token=token,
+            token_file=token_file,
+            settings={str(k): str(v) for k, v in settings.items()}
+            if isinstance(settings, dict)
+            else None,
         )
     except (OSError, ValueError, KeyError):
         return None
@@ -109,8 +163,24 @@ def write_info(home: Path, info: ServerInfo) -> None:
             data["token_file"] = info.token_file
         else:
             data["token"] = info.token
+        if info.settings is not None:
+            data["settings"] = info.settings
         json.dump(data, handle)
     os.replace(tmp, home / INFO_NAME)
+
+
+def last_port(home: Path) -> int:
+    """The port the home's server listened on last time (0: none recorded)."""
+    try:
+        port = int((home / PORT_NAME).read_text().strip())
+    except (OSError, ValueError):
+        return 0
+    return port if 0 < port < 65536 else 0
+
+
+def remember_port(home: Path, port: int) -> None:
+    with contextlib.suppress(OSError):
+        (home / PORT_NAME).write_text(f"{port}\n")
 
 
 class StartReport:

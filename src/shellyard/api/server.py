@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import ipaddress
 import os
+import socket
 from collections.abc import Callable
 
 import uvicorn
@@ -21,7 +22,15 @@ from shellyard.config import Settings
 from shellyard.control.plane import ControlPlane
 from shellyard.control.tokens import ADMIN_TOKEN_NAME
 from shellyard.errors import InvalidInput
-from shellyard.home import INFO_NAME, ServerInfo, lock_home, write_info
+from shellyard.home import (
+    INFO_NAME,
+    ServerInfo,
+    last_port,
+    lock_home,
+    remember_port,
+    server_settings,
+    write_info,
+)
 from shellyard.listen import bind_socket, socket_url
 
 DEFAULT_HOST = "127.0.0.1"
@@ -47,6 +56,16 @@ def check_bind(host: str, auth: bool) -> None:
         )
 
 
+def _bind(settings: Settings, host: str, port: int) -> socket.socket:
+    """The listening socket: ``port``, or for 0 the port this home's server had last time
+    when it is free (agent hosts keep ``http://127.0.0.1:PORT/mcp`` in their config), else
+    a free one."""
+    if port == 0 and (previous := last_port(settings.home)):
+        with contextlib.suppress(OSError):
+            return bind_socket(host, previous)
+    return bind_socket(host, port)
+
+
 def serve(
     settings: Settings,
     host: str = DEFAULT_HOST,
@@ -64,7 +83,7 @@ def serve(
     filemodes.private_dir(settings.home)  # docs/security.md "The home's files"
     lock_fd = lock_home(settings.home)
     try:
-        sock = bind_socket(host, port)
+        sock = _bind(settings, host, port)
     except OSError as exc:
         os.close(lock_fd)
         raise InvalidInput(
@@ -88,8 +107,10 @@ def serve(
             url=socket_url(sock),
             token=token if auth else "",
             token_file=str(settings.home / ADMIN_TOKEN_NAME) if auth else None,
+            settings=server_settings(),
         )
         write_info(settings.home, info)  # published only once requests can be served
+        remember_port(settings.home, sock.getsockname()[1])
         if on_ready is not None:
             on_ready()
 

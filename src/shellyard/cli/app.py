@@ -209,6 +209,7 @@ from shellyard.cli import (  # noqa: E402
     files,
     gc,
     ports,
+    server,
     sessions,
     shell_call,
     tokens,
@@ -230,6 +231,7 @@ VERB_MODULES = (
     backup,
     ui,
     ports,  # R5: ports for the host
+    server,  # the home's background server (docs/cli.md)
 )
 for module in VERB_MODULES:
     module.register(app)

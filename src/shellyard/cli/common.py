@@ -146,11 +146,22 @@ def fail(exc: ShellyardError) -> NoReturn:
     raise typer.Exit(say_error(exc))
 
 
-def client_for(home: Path | None) -> Client:
-    from shellyard.home import default_home
+def client_for(home: Path | None, agent: str | None = None) -> Client:
+    """The client of the home's server (started if need be), with ``$SHELLYARD_TOKEN`` when
+    set (else the home's admin token), acting for ``agent`` or ``$SHELLYARD_AGENT``. Says on
+    a terminal when this shell's settings are not the ones the server runs with
+    (``shellyard server status`` says it always)."""
+    import os
+
+    from shellyard.home import default_home, ensure_server, settings_drift
     from shellyard.sdk.client import Client
 
-    return Client.for_home(home or default_home())
+    info = ensure_server(home or default_home())
+    drift = settings_drift(info)
+    if drift and sys.stderr.isatty():  # a script's stderr stays the command's own
+        err.print(f"shellyard: note: {drift}", highlight=False)
+    token = os.environ.get("SHELLYARD_TOKEN") or info.token
+    return Client(info.url, token, agent_id=agent or os.environ.get("SHELLYARD_AGENT") or None)
 
 
 LogLevelOption = Annotated[

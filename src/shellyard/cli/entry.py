@@ -9,6 +9,7 @@ when its answer comes, goes to the typer app (``cli.app``), which behaves the sa
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -57,6 +58,8 @@ def parse_run(argv: list[str]) -> tuple[Path | None, dict[str, Any]] | None:
             return None
         index += 1
     body["command"] = words[0] if len(words) == 1 else shlex.join(words)
+    # Ctrl-C before the answer finds the execution by this key (E10, cli/executions.py).
+    body["idempotency_key"] = f"cli-{os.urandom(12).hex()}"
     return home, body
 
 
@@ -68,9 +71,10 @@ def quick_run(argv: list[str]) -> int | None:
     home, body = parsed
     from shellyard.cli.exits import EXIT_BY_STATE, say_error
     from shellyard.errors import ShellyardError
-    from shellyard.home import default_home, ensure_server, is_served, read_info
+    from shellyard.home import default_home, ensure_server, is_served, read_info, settings_drift
 
     where = home or default_home()
+    agent = os.environ.get("SHELLYARD_AGENT") or None
     try:
         # A served home is asked at once (ensure_server would first GET /health); refused:
         # the server is gone or going, so nothing ran; start it the usual way and ask again.
@@ -78,26 +82,30 @@ def quick_run(argv: list[str]) -> int | None:
         try:
             if info is None:
                 raise _Refused("not served")
-            data = _post(info.url, info.token, "/v1/executions", body)
+            token = os.environ.get("SHELLYARD_TOKEN") or info.token
+            data = _post(info.url, token, "/v1/executions", body, agent)
         except _Refused:
             info = ensure_server(where)
+            token = os.environ.get("SHELLYARD_TOKEN") or info.token
             try:
-                data = _post(info.url, info.token, "/v1/executions", body)
+                data = _post(info.url, token, "/v1/executions", body, agent)
             except _Refused as exc:
                 from shellyard.sdk.status import unreachable
 
                 raise unreachable(exc) from exc
+        drift = settings_drift(info)
+        if drift and sys.stderr.isatty():
+            sys.stderr.write(f"shellyard: note: {drift}\n")
         if data.get("note") and sys.stderr.isatty():
             # docs/environments.md, as in cli/executions.py: no base prepared yet; on a terminal
             # only
             sys.stderr.write(f"shellyard: note: {data['note']}\n")
         if data["state"] not in ("completed", "cancelled", "failed", "unknown"):
-            return _follow(home, data)  # still going after --wait-ms: the SDK follows it
+            return _follow(home, data, body)  # still going after --wait-ms: the SDK follows it
     except ShellyardError as exc:
         return say_error(exc)
     except KeyboardInterrupt:
-        sys.stderr.write("\nAborted!\n")  # what click says
-        return 1
+        return _interrupted(where, body)
     sys.stdout.write(data.get("stdout") or "")
     sys.stderr.write(data.get("stderr") or "")
     if data.get("error"):
@@ -108,7 +116,19 @@ def quick_run(argv: list[str]) -> int | None:
     return int(code) if code is not None else EXIT_BY_STATE.get(data["state"], 1)
 
 
-def _post(url: str, token: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
+def _interrupted(home: Path, body: dict[str, Any]) -> int:
+    """Ctrl-C before the answer: cancel what this ``run`` started (cli/executions.py)."""
+    from shellyard.cli.common import client_for
+    from shellyard.cli.executions import interrupted
+
+    options = {k: v for k, v in body.items() if k not in ("command", "wait_ms")}
+    with client_for(home) as client:
+        return interrupted(client, body["command"], options, None)
+
+
+def _post(
+    url: str, token: str, path: str, body: dict[str, Any], agent: str | None = None
+) -> dict[str, Any]:
     """One JSON POST to the server; its decoded answer. Plain HTTP/1.1 on loopback over a
     socket: ``http.client`` imports ``email`` and ``ssl`` (a fifth of this path's time)."""
     from urllib.parse import urlsplit
@@ -120,7 +140,8 @@ def _post(url: str, token: str, path: str, body: dict[str, Any]) -> dict[str, An
     head = (
         f"POST {where.path.rstrip('/')}{path} HTTP/1.1\r\nHost: {where.netloc}\r\n"
         f"Authorization: Bearer {token}\r\nContent-Type: application/json\r\n"
-        f"Content-Length: {len(payload)}\r\nConnection: close\r\n\r\n"
+        + (f"X-Shellyard-Agent: {agent}\r\n" if agent else "")
+        + f"Content-Length: {len(payload)}\r\nConnection: close\r\n\r\n"
     )
     timeout = body["wait_ms"] / 1000 + _WAIT_SLACK_S
     status, content = _exchange(where.hostname or "", where.port or 80, head.encode() + payload,
@@ -189,14 +210,17 @@ def _unchunk(data: bytes) -> bytes:
         position = end + 2 + size + 2
 
 
-def _follow(home: Path | None, data: dict[str, Any]) -> int:
-    from shellyard.cli.executions import finish_run
+def _follow(home: Path | None, data: dict[str, Any], body: dict[str, Any]) -> int:
+    from shellyard.cli.common import client_for
+    from shellyard.cli.executions import finish_run, interrupted
     from shellyard.contract.executions import RunShellResult
-    from shellyard.home import default_home
-    from shellyard.sdk.client import Client
 
-    with Client.for_home(home or default_home()) as client:
-        return finish_run(client, RunShellResult.model_validate(data))
+    with client_for(home) as client:
+        try:
+            return int(finish_run(client, RunShellResult.model_validate(data)))
+        except KeyboardInterrupt:
+            options = {k: v for k, v in body.items() if k not in ("command", "wait_ms")}
+            return interrupted(client, body["command"], options, str(data["execution_id"]))
 
 
 class _Deferred(type):
@@ -234,7 +258,20 @@ def defer_rich_extras() -> None:
         sys.modules[module] = stand_in
 
 
+def version() -> str:
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed
+
+    try:
+        return installed("shellyard")
+    except PackageNotFoundError:  # run from a source tree that is not installed
+        return "unknown"
+
+
 def main() -> None:
+    if sys.argv[1:] in (["--version"], ["-V"]):
+        sys.stdout.write(f"shellyard {version()}\n")
+        sys.exit(0)
     code = quick_run(sys.argv[1:])
     if code is not None:
         sys.stdout.flush()

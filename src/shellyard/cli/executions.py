@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import sys
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+from typer._click.core import Context as ClickContext
+from typer._click.exceptions import NoSuchOption, UsageError
+from typer.core import TyperCommand
 
 from shellyard.cli.common import (
     EXIT_BY_STATE,
+    AgentOption,
     HomeOption,
     JsonOption,
     err,
@@ -27,17 +32,82 @@ if TYPE_CHECKING:
     from shellyard.sdk.client import Client
 
 
+#: How long Ctrl-C waits for the command it cancels to end (E7: SIGTERM, the grace period,
+#: then the whole sandbox).
+INTERRUPT_CANCEL_WAIT_S = 20.0
+#: ``run``'s exit code when its command was cancelled (as a shell's for SIGINT).
+EXIT_CANCELLED = 130
+
+
+class RunCommand(TyperCommand):
+    """``run [OPTIONS] -- COMMAND``: options are read up to the first word of the command (or
+    ``--``); an option ``run`` does not know is refused with the list of those it knows, so a
+    typo never becomes part of the command that runs."""
+
+    def parse_args(self, ctx: ClickContext, args: list[str]) -> list[str]:
+        try:
+            return super().parse_args(ctx, args)
+        except NoSuchOption as exc:
+            known = sorted(
+                name
+                for param in self.params
+                for name in getattr(param, "opts", [])
+                if name.startswith("--")
+            )
+            raise UsageError(
+                f"run has no option {exc.option_name}. Its options: {', '.join(known)}. "
+                "The command goes after '--': shellyard run [OPTIONS] -- COMMAND",
+                ctx,
+            ) from None
+
+
 def register(app: typer.Typer) -> None:
-    app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(run)
+    app.command(
+        cls=RunCommand,
+        context_settings={"allow_extra_args": True, "allow_interspersed_args": False},
+    )(run)
     for verb in (status, logs, cancel):
         app.command()(verb)
+
+
+def new_idempotency_key() -> str:
+    """A key for one foreground ``run``: Ctrl-C before the answer came asks the server for
+    the execution by it (E10), without starting a second one."""
+    return f"cli-{os.urandom(12).hex()}"
+
+
+def interrupted(
+    client: Client, command: str | None, options: dict[str, Any], execution_id: str | None
+) -> int:
+    """Ctrl-C during a foreground ``run``: cancel the execution it started and wait for its
+    end (E7), say how it ended; the exit code ``run`` ends with. A second Ctrl-C leaves it
+    running and says so."""
+    err.print(
+        "\nshellyard: Ctrl-C: cancelling the command (Ctrl-C again leaves it running)",
+        highlight=False,
+    )
+    try:
+        if execution_id is None:
+            # The same key answers for the execution the interrupted call started (E10).
+            execution_id = client.run(command, **{**options, "wait_ms": 0}).execution_id
+        final = client.cancel(execution_id, INTERRUPT_CANCEL_WAIT_S)
+    except KeyboardInterrupt:
+        what = execution_id or "the command"
+        err.print(f"shellyard: left running: {what} ('shellyard cancel ID' stops it)")
+        return EXIT_CANCELLED
+    err.print(f"shellyard: {final.state.value} ({final.execution_id})", highlight=False)
+    if final.exit_code is not None:
+        return final.exit_code
+    return EXIT_BY_STATE.get(final.state, EXIT_CANCELLED)
 
 
 def run(
     ctx: typer.Context,
     home: HomeOption = None,
     script: Annotated[str | None, typer.Option("--script", help="Run a workspace file.")] = None,
-    runner_id: Annotated[str | None, typer.Option("--runner")] = None,
+    runner_id: Annotated[
+        str | None, typer.Option("--runner", help="Run on this runner (default: local).")
+    ] = None,
     env: Annotated[
         str | None, typer.Option("--env", help="Run in this environment (id or name).")
     ] = None,
@@ -57,46 +127,63 @@ def run(
             "files, read-only; no snapshot.",
         ),
     ] = False,
+    agent: AgentOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Run one command: shellyard run -- CMD [ARGS...]. Prints its output (after --wait-ms, or
-    live with --follow) and exits with its exit code."""
+    """Run one command: shellyard run [OPTIONS] -- CMD [ARGS...]. Prints its output (after
+    --wait-ms, or live with --follow) and exits with its exit code. Ctrl-C cancels it;
+    --background leaves it running."""
     words = list(ctx.args)
     command = words[0] if len(words) == 1 else shlex.join(words) if words else None
     if (command is None) == (script is None):
         err.print("give a command after '--' (shellyard run -- ls -la) or --script PATH")
         raise typer.Exit(2)
     try:
-        client = _client(home)
+        client = _client(home, agent)
         if env is not None:
             from shellyard.cli.environments import _resolve
 
             env = _resolve(client, env)
-        result = client.run(
-            command,
-            script_path=script,
-            runner_id=runner_id,
-            environment_id=env,
-            wait_ms=0 if follow else wait_ms,
-            background=background,
-            queue=queue,
-            read_only=read_only,
-        )
+        options: dict[str, Any] = {
+            "script_path": script,
+            "runner_id": runner_id,
+            "environment_id": env,
+            "background": background,
+            "queue": queue,
+            "read_only": read_only,
+            "idempotency_key": None if background else new_idempotency_key(),
+        }
+        try:
+            result = client.run(command, wait_ms=0 if follow else wait_ms, **options)
+        except KeyboardInterrupt:
+            raise typer.Exit(interrupted(client, command, options, None)) from None
         if as_json:
             out.print_json(result.model_dump_json())
             raise typer.Exit(0)
-        if result.note and sys.stderr.isatty():
-            # docs/environments.md: no base prepared yet, so the command ran with the host's tools
-            # only; the note names the command that prepares one. On a terminal only: a script's
-            # stderr stays the command's own (--json carries the note as a field).
-            err.print(f"shellyard: note: {result.note}", highlight=False)
         if background:
+            _note(result)
             out.print(result.execution_id)
             raise typer.Exit(0)
-        code = finish_run(client, result)
+        try:
+            code = _foreground(client, result)
+        except KeyboardInterrupt:
+            code = interrupted(client, command, options, result.execution_id)
     except ShellyardError as exc:
         fail(exc)
     raise typer.Exit(code)
+
+
+def _note(result: RunShellResult) -> None:
+    if result.note and sys.stderr.isatty():
+        # No base prepared yet, so the command ran with the host's tools only; the note names
+        # the command that prepares one. On a terminal only: a script's stderr stays the
+        # command's own (--json carries the note as a field).
+        err.print(f"shellyard: note: {result.note}", highlight=False)
+
+
+def _foreground(client: Client, result: RunShellResult) -> int:
+    _note(result)
+    return finish_run(client, result)
 
 
 def finish_run(client: Client, result: RunShellResult) -> int:
@@ -121,11 +208,12 @@ def finish_run(client: Client, result: RunShellResult) -> int:
 def status(
     execution_id: Annotated[str | None, typer.Argument()] = None,
     home: HomeOption = None,
+    agent: AgentOption = None,
     as_json: JsonOption = False,
 ) -> None:
     """Show one execution, or list recent ones."""
     try:
-        client = _client(home)
+        client = _client(home, agent)
         if execution_id is not None:
             print_view(client.status(execution_id), as_json)
             return
@@ -149,6 +237,7 @@ def status(
 def logs(
     execution_id: str,
     home: HomeOption = None,
+    agent: AgentOption = None,
     stream: Annotated[str, typer.Option(help="stdout or stderr")] = "stdout",
     offset: int = 0,
     limit: int = 65536,
@@ -158,7 +247,7 @@ def logs(
 ) -> None:
     """Print an execution's log; --follow keeps printing until it ends."""
     try:
-        client = _client(home)
+        client = _client(home, agent)
         if follow:
             for text in client.follow(execution_id, stream, offset):
                 sys.stdout.write(text)
@@ -176,11 +265,12 @@ def logs(
 def cancel(
     execution_id: str,
     home: HomeOption = None,
+    agent: AgentOption = None,
     wait_s: Annotated[float, typer.Option(help="Wait this long for the final state.")] = 15.0,
     as_json: JsonOption = False,
 ) -> None:
     """Cancel an execution (SIGTERM, then the whole sandbox after the grace period)."""
     try:
-        print_view(_client(home).cancel(execution_id, wait_s), as_json)
+        print_view(_client(home, agent).cancel(execution_id, wait_s), as_json)
     except ShellyardError as exc:
         fail(exc)

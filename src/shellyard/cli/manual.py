@@ -85,6 +85,7 @@ PANELS = {
     "backup": "Serving",
     "restore": "Serving",
     "ui": "Serving",
+    "server": "Serving",
 }
 
 
