@@ -374,6 +374,7 @@ class EnvironmentStore:
         scratch = env_dir / SCRATCH
         cache = env_dir / CACHE
         ids = tool_ids(self._sandboxes)
+        reader = self._sandboxes.ids_of(request.workspace_id) if request.workspace_id else ids
         journal: dict[str, Any] = {
             "change_id": request.change_id,
             "request": request.model_dump(mode="json"),
@@ -426,15 +427,9 @@ class EnvironmentStore:
                 origins=running.origins,
                 wheels=self._wheels,
                 verified=self.root / "verified",
-                # Sources the agent named are read as its workspace's uid: no more than the
-                # sandbox of that workspace may read (docs/security.md, the door table).
+                # Sources the agent named are read as its workspace's uid (docs/security.md).
                 read_as=launch.prefix(
-                    self._sandboxes.launcher,
-                    network=None,
-                    ids=self._sandboxes.ids_of(request.workspace_id)
-                    if request.workspace_id
-                    else ids,
-                    limits=(),
+                    self._sandboxes.launcher, network=None, ids=reader, limits=()
                 ),
             )
             if request.action == "create":
