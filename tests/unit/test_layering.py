@@ -98,7 +98,7 @@ LAUNCHES: set[tuple[str, str]] = {
     ("cli.app", "api.server"),
     ("cli.app", "mcp.server"),
     ("cli.runners", "runner.transport.daemon"),
-    ("cli.backup", "backup"),
+    ("cli.maintenance", "backup"),
     ("cli.app", "runner.policy"),
     # A base environment is built on the runner's host by that host's CLI (env prepare).
     ("cli.environments", "runner.environments.bases"),

@@ -204,10 +204,9 @@ def mcp(
 # Every verb module registers its verbs on the app; none of them imports this module.
 from shellyard.cli import (  # noqa: E402
     artifacts,
-    backup,
     environments,
     files,
-    gc,
+    maintenance,
     ports,
     server,
     sessions,
@@ -227,8 +226,7 @@ VERB_MODULES = (
     shell_call,
     tokens,
     environments,
-    gc,  # docs/operations.md
-    backup,
+    maintenance,  # gc, backup, restore (docs/operations.md)
     ui,
     ports,  # R5: ports for the host
     server,  # the home's background server (docs/cli.md)
