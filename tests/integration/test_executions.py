@@ -36,11 +36,15 @@ async def test_foreground_result_has_state_exit_code_and_output(yard: Yard) -> N
 
 async def test_each_execution_is_a_fresh_process_at_the_root(yard: Yard) -> None:
     """E2: no working directory, variable or shell state carries over; every execution
-    starts at /workspace, its HOME too (R2)."""
+    starts at /workspace (PWD too); HOME is the workspace's home, /home/agent (R2)."""
     first = await yard.run("mkdir -p sub && cd sub && export CARRIED=yes && pwd")
     assert first.stdout == "/workspace/sub\n"
-    second = await yard.run('pwd; echo "carried=${CARRIED:-}"; echo "home=$HOME"')
-    assert second.stdout.splitlines() == ["/workspace", "carried=", "home=/workspace"]
+    second = await yard.run('pwd; echo "carried=${CARRIED:-}"; echo "home=$HOME pwd=$PWD"')
+    assert second.stdout.splitlines() == [
+        "/workspace",
+        "carried=",
+        "home=/home/agent pwd=/workspace",
+    ]
 
 
 async def test_wait_budget_returns_running_id_and_command_completes(yard: Yard) -> None:

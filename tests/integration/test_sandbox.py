@@ -74,14 +74,17 @@ async def test_host_files_outside_the_allow_list_are_invisible(yard: Yard) -> No
     try:
         probe = await yard.run(
             "; ".join(f"cat {f}/readable.txt 2>/dev/null; ls {f} 2>/dev/null" for f in made)
-            + "; echo ---; ls -A /; echo ---; wc -c < /etc/shadow; ls /etc/ssh 2>&1 | wc -l"
+            + "; echo ---; ls -A /; echo ---; ls -A /home; echo ---; wc -c < /etc/shadow; "
+            "ls /etc/ssh 2>&1 | wc -l"
         )
-        seen, top, secrets = probe.stdout.split("---\n")
+        seen, top, homes, secrets = probe.stdout.split("---\n")
         assert seen == ""
         allowed = {"usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc", "sys"}
-        allowed |= {"dev", "proc", "tmp", "var", "run", "workspace"}
+        allowed |= {"dev", "proc", "tmp", "var", "run", "workspace", "home"}
         assert set(top.split()) <= allowed, top
-        for hidden in ("home", "root", "srv", "mnt", "media", "opt"):
+        # /home holds the workspace's own home alone (docs/contract.md "The home")
+        assert homes.split() == ["agent"], homes
+        for hidden in ("root", "srv", "mnt", "media", "opt"):
             assert hidden not in top.split()
         assert secrets.split() == ["0", "0"]  # /etc/shadow is empty, /etc/ssh an empty tmpfs
     finally:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import sys
 from typing import TYPE_CHECKING, Annotated, Any
@@ -127,17 +128,33 @@ def run(
             "files, read-only; no snapshot.",
         ),
     ] = False,
+    timeout: Annotated[
+        str | None,
+        typer.Option("--timeout", help="Cancel it after this long: 30s, 500ms, 5m, 2h, 1d."),
+    ] = None,
+    timeout_ms: Annotated[
+        int | None, typer.Option("--timeout-ms", help="Cancel it after this many ms.")
+    ] = None,
+    var: Annotated[
+        list[str] | None,
+        typer.Option("--var", help="NAME=VALUE: an extra variable for the command (repeat)."),
+    ] = None,
+    cwd: Annotated[
+        str | None, typer.Option("--cwd", help="Start in this folder of the workspace.")
+    ] = None,
     agent: AgentOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Run one command: shellyard run [OPTIONS] -- CMD [ARGS...]. Prints its output (after
-    --wait-ms, or live with --follow) and exits with its exit code. Ctrl-C cancels it;
-    --background leaves it running."""
+    """Run one command: shellyard run [OPTIONS] -- CMD [ARGS...], or --script PATH -- ARGS...
+    Prints its output (after --wait-ms, or live with --follow) and exits with its exit code.
+    Ctrl-C cancels it; --background leaves it running."""
     words = list(ctx.args)
     command = words[0] if len(words) == 1 else shlex.join(words) if words else None
-    if (command is None) == (script is None):
+    if command is None and script is None:
         err.print("give a command after '--' (shellyard run -- ls -la) or --script PATH")
         raise typer.Exit(2)
+    if script is not None:  # E1: the words after '--' are the script's arguments
+        command = None
     try:
         client = _client(home, agent)
         if env is not None:
@@ -152,6 +169,8 @@ def run(
             "queue": queue,
             "read_only": read_only,
             "idempotency_key": None if background else new_idempotency_key(),
+            **run_options(timeout, timeout_ms, var, cwd),
+            "args": words if script is not None and words else None,
         }
         try:
             result = client.run(command, wait_ms=0 if follow else wait_ms, **options)
@@ -171,6 +190,38 @@ def run(
     except ShellyardError as exc:
         fail(exc)
     raise typer.Exit(code)
+
+
+_UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+
+
+def parse_duration_ms(text: str) -> int:
+    """``30s``, ``500ms``, ``5m``, ``2h``, ``1d`` or a number of seconds, in milliseconds."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*", text)
+    if match is None:
+        raise typer.BadParameter(
+            f"--timeout {text!r} is not a duration; write e.g. 30s, 500ms, 5m, 2h or 1d"
+        )
+    return max(1, round(float(match[1]) * _UNITS_MS[match[2] or "s"]))
+
+
+def run_options(
+    timeout: str | None, timeout_ms: int | None, variables: list[str] | None, cwd: str | None
+) -> dict[str, Any]:
+    """E1's per-command options from ``run``'s flags (the server checks their bounds)."""
+    if timeout is not None and timeout_ms is not None:
+        raise typer.BadParameter("give --timeout or --timeout-ms, not both")
+    env: dict[str, str] = {}
+    for item in variables or ():
+        name, equals, value = item.partition("=")
+        if not equals:
+            raise typer.BadParameter(f"--var {item!r}: write NAME=VALUE")
+        env[name] = value
+    return {
+        "timeout_ms": parse_duration_ms(timeout) if timeout is not None else timeout_ms,
+        "env": env or None,
+        "cwd": cwd,
+    }
 
 
 def _note(result: RunShellResult) -> None:

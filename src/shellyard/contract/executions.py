@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from enum import StrEnum
 from typing import Literal
 
@@ -18,6 +19,45 @@ MAX_CANCEL_WAIT_S = 60.0
 #: REST and the SDK return from a cancel at once by default (a program polls); the MCP tool
 #: waits this long by default, because a model that asked to stop a job wants to see it stop.
 AGENT_CANCEL_WAIT_S = 10.0
+
+#: E1 options (docs/contract.md "Per-command options"): the longest ``timeout_ms`` (7 days),
+#: the most ``env`` names, the longest value, the most ``args`` and their total size.
+MAX_TIMEOUT_MS = 7 * 24 * 3600 * 1000
+MAX_ENV_NAMES = 64
+MAX_ENV_VALUE = 32_768
+MAX_ARGS = 1024
+MAX_ARGS_BYTES = 131_072
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+#: Names the sandbox sets itself (R2, E2): a request's ``env`` never overrides them.
+SANDBOX_NAMES = frozenset(
+    {"HOME", "PWD", "TMPDIR", "SHELL", "XDG_CACHE_HOME", "XDG_CONFIG_HOME", "XDG_DATA_HOME"}
+    | {"XDG_STATE_HOME"}
+)
+PROXY_NAMES = frozenset({"HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "ALL_PROXY"})
+
+
+def check_env(env: dict[str, str]) -> None:
+    """E1 ``env``: valid names, bounded values, none of the sandbox's own."""
+    if len(env) > MAX_ENV_NAMES:
+        raise ValueError(f"env has {len(env)} names; at most {MAX_ENV_NAMES} are accepted")
+    for name, value in env.items():
+        if not ENV_NAME.fullmatch(name) or len(name) > 128:
+            raise ValueError(
+                f"env name {name[:80]!r} is not a variable name: use letters, digits and _ "
+                "(not first a digit), at most 128 characters"
+            )
+        upper = name.upper()
+        if upper in SANDBOX_NAMES or upper in PROXY_NAMES or upper.startswith("SHELLYARD_"):
+            raise ValueError(
+                f"env name {name!r} is set by the sandbox itself (HOME, PWD, TMPDIR, SHELL, "
+                "XDG_*_HOME, SHELLYARD_*, the proxy variables) and cannot be overridden; "
+                "use another name, or set it inside the command"
+            )
+        if "\x00" in value or len(value) > MAX_ENV_VALUE:
+            raise ValueError(
+                f"env {name}: the value must hold no NUL byte and be at most {MAX_ENV_VALUE} "
+                "characters"
+            )
 
 
 class ExecutionState(StrEnum):
@@ -75,6 +115,13 @@ class RunShellRequest(BaseModel):
             "the last committed snapshot read-only, takes no writer, makes no snapshot"
         ),
     )
+    timeout_ms: int | None = Field(
+        default=None, ge=1, le=MAX_TIMEOUT_MS, description="cancel it after this long (ms)"
+    )
+    env: dict[str, str] | None = Field(default=None, description="extra variables")
+    # W6 path rules checked by the control plane (control/executions/options.py).
+    cwd: str | None = Field(default=None, description="start folder, workspace-relative")
+    args: list[str] | None = Field(default=None, description="arguments for script_path")
 
     @model_validator(mode="after")
     def _check(self) -> RunShellRequest:
@@ -92,6 +139,20 @@ class RunShellRequest(BaseModel):
             )
         if self.command is not None and "\x00" in self.command:
             raise ValueError("command contains a NUL byte")
+        if self.env is not None:
+            check_env(self.env)
+        if self.args is not None:
+            if self.script_path is None:
+                raise ValueError(
+                    "args go with script_path only; with command, put the arguments in the "
+                    "shell text"
+                )
+            if len(self.args) > MAX_ARGS or sum(len(a) for a in self.args) > MAX_ARGS_BYTES:
+                raise ValueError(
+                    f"args: at most {MAX_ARGS} arguments and {MAX_ARGS_BYTES} characters"
+                )
+            if any("\x00" in arg for arg in self.args):
+                raise ValueError("args: an argument contains a NUL byte")
         return self
 
 

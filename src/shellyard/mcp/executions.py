@@ -36,17 +36,16 @@ PROGRESS_SLICE_MS = 1000
 
 RUN_SHELL_DESCRIPTION = (
     "Run a shell command (bash -c) or a workspace script (.py, .R, .sh or a shebang) in "
-    "the sandbox, as a fresh process in /workspace: no cwd or variables carry over from "
-    "earlier commands. Give exactly one of command or script_path. wait_ms (0..30000, "
-    "default 10000) bounds this answer, it is not a timeout: a command still going returns "
-    "its execution_id with state 'running' and keeps running (follow it with "
-    "execution_status / execution_logs, stop it with execution_cancel). background=true "
-    "returns at once; a notice tells you when it ends. Output is capped at "
-    "max_output_length characters (head and tail kept). Packages: environment_install, then "
-    "pass environment_id (the environment is read-only inside commands). A busy workspace "
-    "is refused unless queue=true. A server: start it with background=true, run its clients "
-    "with read_only=true (beside it, reaching localhost:PORT, on the last committed files, "
-    "no snapshot); a person's browser reaches it through workspace_port."
+    "the sandbox, as a fresh process in /workspace (or cwd): only files and ~ carry over. "
+    "Give exactly one of command or script_path. wait_ms (0..30000, default 10000) bounds "
+    "this answer, it is not a timeout (timeout_ms is): a command still going returns its "
+    "execution_id with state 'running' and keeps running (follow it with execution_status / "
+    "execution_logs, stop it with execution_cancel). background=true returns at once; a "
+    "notice tells you when it ends. Output is capped at max_output_length characters (head "
+    "and tail kept). Packages: environment_install, then pass environment_id (read-only "
+    "inside commands). A busy workspace is refused unless queue=true. A server: start it "
+    "with background=true, run its clients with read_only=true (beside it, on the last "
+    "committed files, no snapshot); a browser reaches it through workspace_port."
 )
 
 

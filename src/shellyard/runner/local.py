@@ -73,7 +73,7 @@ from shellyard.runner.protocol import (
 from shellyard.runner.sandbox import bwrap as sandbox
 from shellyard.runner.sandbox import folder_access, launch, tenants
 from shellyard.runner.sandbox.seccomp import SeccompProfile
-from shellyard.runner.sandbox.spawn import Sandboxes, script_argv
+from shellyard.runner.sandbox.spawn import Sandboxes, check_start, script_argv
 from shellyard.runner.sandbox.supervise import Supervisor, check_id
 from shellyard.runner.snapshots import history, objects
 from shellyard.runner.snapshots.objects import PackImporter, StoreLock, aiter_thread
@@ -95,6 +95,8 @@ class LocalRunner:
         self.root = root.absolute()
         self.policy = policy or SandboxPolicy()
         self._workspaces = self.root / "workspaces"
+        #: Each workspace's home, bound at /home/agent (docs/contract.md "The home").
+        self._homes = self.root / "homes"
         self._executions = self.root / "executions"
         self._sandbox_dir = self.root / "sandbox"
         self._snapshots = SnapshotStore(self.root / "snapshots")
@@ -126,6 +128,7 @@ class LocalRunner:
             seccomp=SeccompProfile(self._sandbox_dir / "seccomp.bpf"),
             disable_userns=False,
             workspace_ids=self._workspace_ids if self._uids is not None else None,
+            home_of=self.home_path,
         )
         # limits (R2, docs/limits.md): workspace quota and log cap while commands run
         # (limits/watcher.py)
@@ -154,6 +157,7 @@ class LocalRunner:
         # 0600 files; what a runner of an older release made wider is narrowed once.
         for directory in (self.root, self._workspaces, self._executions, self._sandbox_dir):
             filemodes.private_dir(directory)
+        filemodes.private_dir(self._homes)
         spare = filemodes.runner_spare(self.root)
         await asyncio.to_thread(filemodes.tighten_once, self.root, spare)
         await self._prepare_sandboxes()
@@ -227,7 +231,8 @@ class LocalRunner:
         through its folder (ports.py). Not root: the sandbox runs as this user, who may."""
         if self._ids is None:
             return
-        for directory in (self._workspaces, self._runs.views.directory, self._environments.root):
+        roots = (self._workspaces, self._homes, self._runs.views.directory)
+        for directory in (*roots, self._environments.root):
             folder_access.make_reachable(directory, *self._ids)
         folder_access.grant_folder(self._sandbox_dir, *self._ids)
         folder_access.grant_folder(self._sandbox_dir, ports.NOBODY)
@@ -269,14 +274,28 @@ class LocalRunner:
         uid, group = self._uids.uid(workspace_id), self._ids[1]
         if uid not in self._reached:
             folder_access.make_reachable(self._workspaces, uid, group)
+            folder_access.make_reachable(self._homes, uid, group)
             self._reached.add(uid)
-        tree = self.workspace_path(workspace_id)
-        with contextlib.suppress(FileNotFoundError):
-            info = tree.stat()
-            if info.st_uid != uid or info.st_gid != group:
-                moved = tenants.chown_tree(tree, uid, group)
-                log.info("gave workspace %s (%d entries) to its uid %d", workspace_id, moved, uid)
+        for tree in (self.workspace_path(workspace_id), self._homes / workspace_id):
+            with contextlib.suppress(FileNotFoundError):
+                info = tree.stat()
+                if info.st_uid != uid or info.st_gid != group:
+                    moved = tenants.chown_tree(tree, uid, group)
+                    log.info("gave %s (%d entries) to its uid %d", tree, moved, uid)
         return uid, group
+
+    def home_path(self, workspace_id: str) -> Path:
+        """The workspace's home (made on first use, its owner the workspace's like its tree):
+        outside the tree, so no snapshot, diff or transfer holds it; the quota counts it."""
+        check_id(workspace_id, "workspace id")
+        home = self._homes / workspace_id
+        if not home.is_dir():
+            home.mkdir(mode=0o700, exist_ok=True)
+            if self._uids is not None:
+                self._workspace_ids(workspace_id)
+            elif self._ids is not None:
+                os.chown(home, *self._ids)
+        return home
 
     def workspace_path(self, workspace_id: str) -> Path:
         check_id(workspace_id, "workspace id")
@@ -550,10 +569,11 @@ class LocalRunner:
                 f"workspace {request.workspace_id} is in the middle of a file operation",
                 holder="file operation",
             )
+        check_start(tree, request)  # E1 env and cwd
         command = (
             ["bash", "-c", request.command]
             if request.command is not None
-            else script_argv(tree, request.script_path or "")
+            else [*script_argv(tree, request.script_path or ""), *request.args]
         )
         mount = (
             self._environments.mount(request.environment_id)

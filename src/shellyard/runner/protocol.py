@@ -48,7 +48,13 @@ class StartRequest(BaseModel):
     workspace_id: str
     command: str | None = None
     script_path: str | None = None
+    #: E1: the caller's variables, set inside the sandbox after its own (never over HOME,
+    #: PWD, SHELLYARD_* ...: the contract refuses those names).
     env: dict[str, str] = Field(default_factory=dict)
+    #: E1: the start folder, workspace-relative (normalised by the contract); None: the root.
+    cwd: str | None = None
+    #: E1: arguments appended to ``script_path``'s argv, exactly as given.
+    args: list[str] = Field(default_factory=list)
     #: Mount this environment's prefix read-only and set its variables (V4).
     environment_id: str | None = None
     #: W2: run beside the writer on the last committed snapshot, bound read-only.
@@ -410,6 +416,12 @@ class EnvironmentInfo(BaseModel):
     prefix: str
     #: Variables set for executions using it (PATH first entries, CONDA_PREFIX, VIRTUAL_ENV,
     #: R_LIBS …); PATH here is only the prefix's part, put before the sandbox's PATH.
+    #: E1: the caller's variables, set inside the sandbox after its own (never over HOME,
+    #: PWD, SHELLYARD_* ...: the contract refuses those names).
     env: dict[str, str] = Field(default_factory=dict)
+    #: E1: the start folder, workspace-relative (normalised by the contract); None: the root.
+    cwd: str | None = None
+    #: E1: arguments appended to ``script_path``'s argv, exactly as given.
+    args: list[str] = Field(default_factory=list)
     #: A change is running on it now (the runner refuses to start executions on it then).
     changing: bool = False

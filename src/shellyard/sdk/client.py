@@ -61,8 +61,10 @@ _LOGS = TypeAdapter(LogsResult)
 
 
 def _run(command: str | None = None, **options: Any) -> _Call[RunShellResult]:
-    """E1: run one command (or ``script_path=``); returns within ``wait_ms`` (default 10 s)
-    with the result, or with ``state`` still running and an ``execution_id`` to follow."""
+    """E1: run one command (or ``script_path=`` with ``args=[...]``); returns within
+    ``wait_ms`` (default 10 s) with the result, or with ``state`` still running and an
+    ``execution_id`` to follow. ``timeout_ms=`` cancels it after that long (E5), ``env=``
+    adds variables, ``cwd=`` starts it in a folder of the workspace."""
     body = {k: v for k, v in {"command": command, **options}.items() if v is not None}
     wait_s = float(body.get("wait_ms", DEFAULT_WAIT_MS)) / 1000
     return call("POST", "/v1/executions", _RUN, body=body, timeout_s=wait_s + WAIT_SLACK_S)

@@ -126,6 +126,8 @@ executions = Table(
     Column("ended_by_limit", String(16), nullable=True),
     Column("peak_memory_bytes", BigInteger, nullable=True),
     Column("cpu_seconds", Float, nullable=True),
+    # E1 options (revision 0012_run_options): JSON of timeout_ms, env, cwd, args.
+    Column("run_options", Text, nullable=True),
     UniqueConstraint("agent_id", "idempotency_key", name="uq_execution_idempotency"),
 )
 Index("ix_executions_state", executions.c.state)

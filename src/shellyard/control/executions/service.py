@@ -19,6 +19,7 @@ from shellyard.contract.executions import (
     RunShellResult,
 )
 from shellyard.control.agents import AgentResolver
+from shellyard.control.executions import options
 from shellyard.control.executions.foreground import ForegroundWaits
 from shellyard.control.executions.hooks import LEASE_KIND as LEASE_KIND
 from shellyard.control.executions.hooks import EnvironmentGate, WatchLeases
@@ -181,6 +182,7 @@ class ExecutionService:
             "background": request.background,
             "idempotency_key": request.idempotency_key,
             "read_only": request.read_only,
+            "run_options": options.record(request),
         }
         try:
             row, holder = await self.store.submit_execution(values, queue=request.queue)
@@ -263,6 +265,7 @@ class ExecutionService:
                     script_path=row["script_path"],
                     environment_id=environment_id,
                     read_only=bool(row["read_only"]),
+                    **options.start_fields(row),
                     # a queued record is started by its predecessor's end: nobody waits there
                     detached=bool(row["background"]) or not refuse,
                 )
@@ -347,9 +350,14 @@ class ExecutionService:
         execution_id = str(row["id"])
         runner = self.runners.get(str(row["runner_id"]))
         failures = int(row["query_failures"] or 0)
+        deadline, timed_out = options.deadline(row), row["ended_by_limit"] == options.TIMEOUT
         while True:
+            left = WAIT_SLICE_S if deadline is None or timed_out else deadline - time.time()
             try:
-                result = await runner.wait(execution_id, WAIT_SLICE_S)
+                if left <= 0:  # E1 timeout_ms: a cancel on the caller's behalf (E5)
+                    timed_out = await options.expire(self.store, runner, execution_id)
+                    continue
+                result = await runner.wait(execution_id, min(WAIT_SLICE_S, left))
             except RunnerUnavailable as exc:
                 failures += 1
                 unknown = failures >= MAX_QUERY_FAILURES
@@ -379,6 +387,8 @@ class ExecutionService:
                     self._signal(execution_id)
             if result.state == RunnerExecState.running:
                 continue
+            if timed_out and result.cancelled:
+                result = result.model_copy(update={"limit": "timeout", "error": None})
             await self._complete(row, result)
             return
 
@@ -386,7 +396,8 @@ class ExecutionService:
         if result.state == RunnerExecState.lost:
             state, error = ExecutionState.unknown, result.error
         elif result.cancelled:
-            state, error = ExecutionState.cancelled, None
+            timeout = result.limit == options.TIMEOUT
+            state, error = ExecutionState.cancelled, options.error(row) if timeout else None
         elif result.exit_code is None:
             state, error = ExecutionState.failed, result.error
         else:

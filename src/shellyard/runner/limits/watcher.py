@@ -479,6 +479,9 @@ class Guard:
     def _walk(self, w: _Watched) -> tuple[int, float, int | None]:
         started = time.monotonic()
         usage, _entries = quota.tree_usage(w.tree)
+        home = self.root / "homes" / w.workspace_id  # counted in the quota (local.py home)
+        if home.is_dir():
+            usage += quota.tree_usage(home)[0]
         baseline = w.baseline
         if baseline is None:
             # The committed tree in the walk's measure: sizes plus a block per file for the

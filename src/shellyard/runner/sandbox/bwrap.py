@@ -22,7 +22,7 @@ import resource
 import shutil
 import stat
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,8 +38,23 @@ DEFAULT_SANDBOX_UID = 61000
 
 SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
-#: Where every execution sees its workspace, and its HOME.
+#: Where every execution sees its workspace (and starts, E2).
 WORKSPACE = "/workspace"
+#: Where it sees its workspace's home (docs/contract.md "The home"): kept across that
+#: workspace's commands, outside the tree, so in none of its snapshots, diffs or transfers.
+HOME = "/home/agent"
+
+
+def home_variables() -> dict[str, str]:
+    """HOME and the XDG folders a tool writes its caches and settings to, all in HOME."""
+    return {
+        "HOME": HOME,
+        "XDG_CACHE_HOME": f"{HOME}/.cache",
+        "XDG_CONFIG_HOME": f"{HOME}/.config",
+        "XDG_DATA_HOME": f"{HOME}/.local/share",
+        "XDG_STATE_HOME": f"{HOME}/.local/state",
+    }
+
 
 #: The host's top-level entries every program needs; each is bound as the host has it (a
 #: merged-/usr host has /bin → usr/bin links, an older one real folders).
@@ -335,6 +350,9 @@ def bwrap_argv(
     command_fd: int | None = None,
     cgroups: Sequence[str] = (),
     uid_per_workspace: bool = False,
+    chdir: str = WORKSPACE,
+    setenv: Mapping[str, str] | None = None,
+    home: Path | None = None,
 ) -> list[str]:
     if policy.network == "egress" and not shared_network:
         # R5: a shared namespace has its relay already (runner/network/ports.py)
@@ -359,6 +377,12 @@ def bwrap_argv(
         # E1: a command too long for one argument of execve (spawn.py) is read by bwrap from
         # this descriptor into a read-only file of its own tmpfs; ``command`` sources it.
         argv += ["--perms", "0444", "--ro-bind-data", str(command_fd), COMMAND_FILE]
+    if home is not None:  # read-only beside the writer, like the workspace (W2)
+        argv += ["--ro-bind" if workspace_read_only else "--bind", str(home), HOME]
+    for name, value in (setenv or {}).items():
+        # E1 env: set by bwrap inside the sandbox only; the host-side launch chain (nsenter,
+        # setpriv, prlimit) never sees a caller's variable (LD_PRELOAD ...).
+        argv += ["--setenv", name, value]
     argv += [
         # W2: a read-only execution's committed view (snapshots/views.py) takes no writes
         "--ro-bind" if workspace_read_only else "--bind",
@@ -369,7 +393,7 @@ def bwrap_argv(
         "--remount-ro",
         "/",
         "--chdir",
-        WORKSPACE,
+        chdir,
         "--hostname",
         "shellyard",
         "--json-status-fd",

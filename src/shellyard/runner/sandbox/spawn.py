@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from shellyard.contract.executions import check_env
 from shellyard.errors import InvalidInput, NotFound, PathRefused
 from shellyard.paths import normalize_relative
 from shellyard.runner import processes
@@ -98,6 +99,8 @@ class Sandboxes:
     cgroups: CgroupTree | None = None
     #: R2 tenants: the uid and gid of a workspace (tenants.py); None: ``ids`` for all.
     workspace_ids: Callable[[str], tuple[int, int]] | None = None
+    #: The workspace's home folder, made on first use (local.py); None: HOME is /workspace.
+    home_of: Callable[[str], Path] | None = None
 
     def ids_of(self, workspace_id: str) -> tuple[int, int] | None:
         """The host uid and gid the workspace's commands run as (None: this user's)."""
@@ -138,6 +141,7 @@ class Sandboxes:
         shared = None
         args_fd: int | None = None
         joins: list[str] = []
+        home = None if self.home_of is None else self.home_of(request.workspace_id)
         try:
             if networks is not None:
                 shared = networks.acquire(request.workspace_id, request.execution_id)
@@ -161,14 +165,18 @@ class Sandboxes:
                 command_fd=command_fd,
                 cgroups=joins,
                 uid_per_workspace=self.workspace_ids is not None,
+                chdir=inside(request.cwd),
+                setenv=request.env,
+                home=home,
             )
             argv, args_fd = sandbox.options_by_fd(argv, self.bwrap)
             env = sandbox.sandbox_env(
                 sandbox.WORKSPACE,
                 {
+                    **(sandbox.home_variables() if home is not None else {}),
+                    "PWD": inside(request.cwd),
                     **sandbox.proxy_variables(self.policy.network),
                     **environment_variables(mount),
-                    **request.env,
                     "SHELLYARD_EXECUTION_ID": request.execution_id,
                     "SHELLYARD_WORKSPACE_ID": request.workspace_id,
                 },
@@ -260,6 +268,33 @@ def script_argv(tree: Path, script_path: str) -> list[str]:
         return [*shlex.split(first[2:].decode("utf-8", "replace").strip()), inside]
     interpreter = INTERPRETER_BY_SUFFIX.get(current.suffix, ["bash"])
     return [*interpreter, inside]
+
+
+def inside(cwd: str | None) -> str:
+    """E1 ``cwd`` (normalised by the control plane) as the sandbox sees it."""
+    return f"{sandbox.WORKSPACE}/{cwd}" if cwd else sandbox.WORKSPACE
+
+
+def check_start(tree: Path, request: StartRequest) -> None:
+    """E1: ``env`` names none of the sandbox's own, ``cwd`` is a folder of the workspace
+    reached through no link; refused before anything runs (a daemon checks them too)."""
+    try:
+        check_env(request.env)
+    except ValueError as exc:
+        raise InvalidInput(str(exc)) from None
+    if not request.cwd:
+        return
+    relative = normalize_relative(request.cwd)
+    current = tree
+    for part in relative.split("/"):
+        current = current / part
+        if current.is_symlink():
+            raise PathRefused(f"cwd {request.cwd!r} crosses a symbolic link; give the real path")
+    if not current.is_dir():
+        raise NotFound(
+            f"cwd {request.cwd!r} is not a folder of /workspace when the command starts; "
+            "create it first (e.g. mkdir -p in an earlier command) or check the path"
+        )
 
 
 def environment_variables(mount: tuple[Path, dict[str, str]] | None) -> dict[str, str]:
