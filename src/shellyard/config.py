@@ -94,7 +94,9 @@ class Settings:
     def from_env(cls, **overrides: object) -> Settings:
         from shellyard.runner.limits.settings import limits_from_env
         from shellyard.runner.policy import policy_from_env
+        from shellyard.settings_env import check_environment
 
+        check_environment()  # every SHELLYARD_* value, refused at start when wrong
         settings = cls()
         url = os.environ.get("SHELLYARD_DATABASE_URL")
         if url:
