@@ -4,6 +4,7 @@ its own, and ``--tail N`` counts lines."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -78,3 +79,17 @@ def test_tail_counts_lines_read_back_in_bounded_chunks(served_home: Path) -> Non
     assert sy_bytes(served_home, "logs", "--tail", "0", short.execution_id).stdout == b""
     tail = sy_bytes(served_home, "logs", "--tail-bytes", "4", short.execution_id)
     assert tail.stdout == b"hree"
+
+
+def test_ids_are_never_cut_in_tables(served_home: Path) -> None:
+    """A listing on a narrow terminal keeps every id whole (the command column gives way)."""
+    run = sy_bytes(served_home, "run", "--", "echo " + "word " * 40)
+    assert run.returncode == 0
+    listing = subprocess.run(
+        [sys.executable, "-m", "shellyard", "status"],
+        env={**os.environ, "SHELLYARD_HOME": str(served_home), "COLUMNS": "60"},
+        capture_output=True, text=True, timeout=180, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    shown = sy_bytes(served_home, "status", "--json").stdout.decode()
+    ids = [v["execution_id"] for v in json.loads(shown)]
+    assert ids and all(i in listing.stdout for i in ids), listing.stdout
