@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from shellyard import Client
 from shellyard.contract.executions import ExecutionState
 
@@ -93,3 +95,17 @@ def test_ids_are_never_cut_in_tables(served_home: Path) -> None:
     shown = sy_bytes(served_home, "status", "--json").stdout.decode()
     ids = [v["execution_id"] for v in json.loads(shown)]
     assert ids and all(i in listing.stdout for i in ids), listing.stdout
+
+
+def test_r_starts_without_a_time_zone_warning(served_home: Path) -> None:
+    """R asked timedatectl for the zone on every run and warned (no systemd in a sandbox): the
+    sandbox names the host's zone in TZ, so R's stderr stays empty."""
+    import shutil
+
+    if shutil.which("Rscript") is None:
+        pytest.skip("R is not installed on this machine")
+    done = sy_bytes(served_home, "run", "--", "Rscript -e 'cat(Sys.timezone())'; echo \" $TZ\"")
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == b"", done.stderr
+    zone, tz = done.stdout.decode().split()
+    assert zone == tz and zone
