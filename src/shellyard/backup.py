@@ -29,6 +29,7 @@ import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import IO
 
 from pydantic import BaseModel
 
@@ -57,6 +58,10 @@ ORDER: tuple[tuple[str, frozenset[str]], ...] = (
     ("environments", frozenset({"staging"})),
 )
 LOST_ERROR = "the execution was running when the backup was taken; its outcome is not in it"
+#: Files the runner folder shares by hard link with a base environment's prefix (an environment
+#: made ``--from python-base``; docs/environments.md): not copied, one JSON line each
+#: (``path`` in the runner folder, ``source`` in the base, ``size``), linked again on restore.
+BASE_LINKS = "base-links.jsonl"
 
 
 class BackupReport(BaseModel):
@@ -67,6 +72,10 @@ class BackupReport(BaseModel):
     files: int
     bytes: int
     duration_s: float
+    #: Files that were hard links of a file already copied: linked again, not copied.
+    linked: int = 0
+    #: Files shared with a base environment, named in base-links.jsonl instead of copied.
+    base_files: int = 0
 
 
 class RestoreReport(BaseModel):
@@ -74,19 +83,69 @@ class RestoreReport(BaseModel):
     database: str
     files: int
     bytes: int
+    linked: int = 0
 
 
 class _Counter:
-    def __init__(self) -> None:
+    """What a copy wrote, and the hard links it keeps: the first copy of each inode with more
+    than one link, so the others become links of it (an environment made from a base, files an
+    agent linked); ``bases``: a folder whose files are named in ``refs``, not copied."""
+
+    def __init__(self, tree: Path | None = None, bases: Path | None = None) -> None:
         self.files = 0
         self.bytes = 0
+        self.linked = 0
+        self.base_files = 0
+        self.first: dict[tuple[int, int], Path] = {}
+        self.tree = tree
+        self.bases = bases
+        self._base_index: dict[tuple[int, int], Path] | None = None
+        self.refs: IO[str] | None = None
+
+    def base_file(self, key: tuple[int, int]) -> Path | None:
+        """The base file that is this inode, if any (the bases indexed once, linked files only)."""
+        if self.bases is None or self.refs is None:
+            return None
+        if self._base_index is None:
+            self._base_index = {}
+            for folder, _dirs, names in _walk_prefixes(self.bases):
+                for name in names:
+                    with contextlib.suppress(OSError):
+                        info = os.lstat(os.path.join(folder, name))
+                        if stat.S_ISREG(info.st_mode) and info.st_nlink > 1:
+                            self._base_index[(info.st_dev, info.st_ino)] = Path(folder, name)
+        return self._base_index.get(key)
+
+    def copy_file(self, path: Path, destination: Path, info: os.stat_result) -> bool:
+        """Copy one regular file, or link it to its first copy or name its base file; False
+        when nothing was written at ``destination`` (a base reference)."""
+        self.files += 1
+        key = (info.st_dev, info.st_ino)
+        if info.st_nlink > 1:
+            first = self.first.get(key)
+            if first is not None:
+                os.link(first, destination)
+                self.linked += 1
+                return True
+            base = self.base_file(key)
+            if base is not None and self.refs is not None and self.tree is not None:
+                line = {"path": str(destination.relative_to(self.tree)), "source": str(base)}
+                self.refs.write(json.dumps({**line, "size": info.st_size}) + "\n")
+                self.base_files += 1
+                return False
+            self.first[key] = destination
+        shutil.copy2(path, destination, follow_symlinks=False)
+        self.bytes += info.st_size
+        return True
 
 
 # ---------------------------------------------------------------------- backup
 
 
-def backup(settings: Settings, destination: Path) -> BackupReport:
-    """Copy ``settings.home`` (served or not) into the new folder ``destination``."""
+def backup(settings: Settings, destination: Path, *, full: bool = False) -> BackupReport:
+    """Copy ``settings.home`` (served or not) into the new folder ``destination``. Hard links
+    stay links; files shared with a base environment are named, not copied, unless ``full``
+    (docs/operations.md "Backups")."""
     started = time.monotonic()
     home = settings.home
     if not (home / SQLITE_NAME).exists() and settings.database_url is None:
@@ -97,8 +156,9 @@ def backup(settings: Settings, destination: Path) -> BackupReport:
     if destination.is_relative_to(home):
         raise InvalidInput(f"{destination} is inside the home {home}; put the backup elsewhere")
     destination.mkdir(mode=0o700, parents=True, exist_ok=True)
-    counter = _Counter()
-    with maintenance_lock(home, wait=True):
+    counter = _Counter(destination / RUNNER_DIR, None if full else _bases_folder())
+    with maintenance_lock(home, wait=True), open(destination / BASE_LINKS, "w") as refs:
+        counter.refs = refs
         if settings.database_url is None:
             kind = "sqlite"
             states = _sqlite_backup(home / SQLITE_NAME, destination / SQLITE_NAME)
@@ -134,6 +194,8 @@ def backup(settings: Settings, destination: Path) -> BackupReport:
         files=counter.files,
         bytes=counter.bytes,
         duration_s=round(time.monotonic() - started, 3),
+        linked=counter.linked,
+        base_files=counter.base_files,
     )
 
 
@@ -227,6 +289,7 @@ def restore(settings: Settings, source: Path) -> RestoreReport:
     home = settings.home
     if home.exists() and is_served(home):
         raise Conflict(f"{home} is being served; stop it and restore into an empty home")
+    _check_bases(source / BASE_LINKS)
     if home.exists() and any(p.name != "maintenance.lock" for p in home.iterdir()):
         raise InvalidInput(f"{home} is not empty; restore into a new, empty home")
     filemodes.private_dir(home)
@@ -252,6 +315,7 @@ def restore(settings: Settings, source: Path) -> RestoreReport:
         raise InvalidInput(f"unknown database kind {kind!r} in {source / MANIFEST}")
     if (source / RUNNER_DIR).exists():
         _copy_tree(source / RUNNER_DIR, settings.local_runner_root, counter)
+        _link_bases(source / BASE_LINKS, settings.local_runner_root, counter)
     if (source / "admin.token").exists():
         shutil.copy2(source / "admin.token", home / "admin.token")
     # The same modes as a served home's, even from a backup an older release made: the
@@ -260,7 +324,65 @@ def restore(settings: Settings, source: Path) -> RestoreReport:
     filemodes.secure_home(home)
     if root.is_dir():
         filemodes.tighten_once(root, filemodes.runner_spare(root))
-    return RestoreReport(home=str(home), database=kind, files=counter.files, bytes=counter.bytes)
+    return RestoreReport(
+        home=str(home), database=kind, files=counter.files, bytes=counter.bytes,
+        linked=counter.linked,
+    )  # fmt: skip
+
+
+def _walk_prefixes(bases: Path) -> Iterator[tuple[str, list[str], list[str]]]:
+    """The folders of every complete base revision's prefix (``<name>/<revision>/prefix`` with
+    its ``<revision>.json``; never uv's cache, which may be pruned)."""
+    for record in sorted(bases.glob("*/*.json")):
+        prefix = record.with_suffix("") / "prefix"
+        if prefix.is_dir():
+            yield from os.walk(prefix)
+
+
+def _bases_folder() -> Path | None:
+    from shellyard.runner.environments.bases import bases_root
+
+    root = bases_root()
+    return root if root.is_dir() else None
+
+
+def _base_refs(refs: Path) -> Iterator[dict[str, object]]:
+    with contextlib.suppress(FileNotFoundError), open(refs) as lines:
+        for line in lines:
+            if line.strip():
+                yield json.loads(line)
+
+
+def _check_bases(refs: Path) -> None:
+    """Before anything is written: every base file the backup names is on this host, the same
+    size (a base revision never changes in place), or the restore is refused."""
+    for ref in _base_refs(refs):
+        source = Path(str(ref["source"]))
+        try:
+            same = source.stat().st_size == ref["size"]
+        except OSError:
+            same = False
+        if not same:
+            raise InvalidInput(
+                f"this backup shares files with a base environment this host lacks ({source}); "
+                f"prepare the same base revision here (`shellyard env prepare`, SHELLYARD_BASES) "
+                f"or restore a backup made with `shellyard backup --full`"
+            )
+
+
+def _link_bases(refs: Path, root: Path, counter: _Counter) -> None:
+    """Link each file a backup shares with a base to the base's file again (a copy where a
+    link cannot be made: another file system)."""
+    for ref in _base_refs(refs):
+        source, target = Path(str(ref["source"])), root / str(ref["path"])
+        target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.link(source, target)
+            counter.linked += 1
+        except OSError:
+            shutil.copy2(source, target)
+            counter.bytes += target.stat().st_size
+        counter.files += 1
 
 
 # ---------------------------------------------------------------------- copying
@@ -286,9 +408,8 @@ def _copy_tree(
             elif stat.S_ISDIR(info.st_mode):
                 _copy_tree(path, destination, counter, skipped)
             elif stat.S_ISREG(info.st_mode):
-                shutil.copy2(path, destination, follow_symlinks=False)
-                counter.files += 1
-                counter.bytes += info.st_size
+                if not counter.copy_file(path, destination, info):
+                    continue
             else:
                 continue  # sockets, fifos, devices: nothing a snapshot holds
             with contextlib.suppress(PermissionError):

@@ -94,6 +94,7 @@ class Settings:
     def from_env(cls, **overrides: object) -> Settings:
         from shellyard.runner.limits.settings import limits_from_env
         from shellyard.runner.policy import policy_from_env
+        from shellyard.settings_env import check_environment
 
         settings = cls()
         url = os.environ.get("SHELLYARD_DATABASE_URL")
@@ -129,6 +130,9 @@ class Settings:
                     f"SHELLYARD_TRANSFER_MAX_ENTRIES must be a whole number of 1 or more, "
                     f"not {raw_entries!r}"
                 ) from None
+        # Every other SHELLYARD_* value too (the readers above said what was wrong with theirs):
+        # refused at start, never taken for a default (docs/operations.md).
+        check_environment()
         for key, value in overrides.items():
             if value is not None:
                 setattr(settings, key, value)

@@ -203,3 +203,73 @@ async def test_backup_and_restore_on_postgresql(home: Path, pg_schema: str) -> N
     finally:
         with psycopg.connect(POSTGRES_URL, autocommit=True) as admin:
             admin.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
+
+
+def _unique_bytes(root: Path, leave_out: frozenset[tuple[int, int]] = frozenset()) -> int:
+    """Bytes of the regular files under ``root``, each inode once."""
+    seen: dict[tuple[int, int], int] = {}
+    for folder, _dirs, names in os.walk(root):
+        for name in names:
+            info = os.lstat(os.path.join(folder, name))
+            key = (info.st_dev, info.st_ino)
+            if os.path.isfile(os.path.join(folder, name)) and key not in leave_out:
+                seen[key] = info.st_size
+    return sum(seen.values())
+
+
+async def test_backup_keeps_hard_links_and_names_base_files(
+    home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A home holding hard links (an agent's ``ln``; an environment made from a base shares the
+    base's files) backs up at its own size: links stay links, base files are named in
+    base-links.jsonl, not copied; the restore gives the same links, refuses up front where the
+    base is missing, and ``full=True`` makes a backup that needs no base."""
+    bases = home / "bases"
+    prefix = bases / "python-base" / "1" / "prefix"
+    (prefix / "lib").mkdir(parents=True)
+    (bases / "python-base" / "1.json").write_text("{}")
+    base_file = prefix / "lib" / "numpy.so"
+    base_file.write_bytes(os.urandom(4 << 20))
+    monkeypatch.setenv("SHELLYARD_BASES", str(bases))
+    source = Settings(home=home / "a")
+    plane = ControlPlane(source)
+    await plane.start()
+    try:
+        made = await plane.executions.run_shell(
+            RunShellRequest(command="head -c 3000000 /dev/urandom > a.bin && ln a.bin b.bin")
+        )
+        assert made.exit_code == 0, made
+    finally:
+        await plane.aclose()
+    derived = source.local_runner_root / "environments" / "env_from_base" / "prefix" / "lib"
+    derived.mkdir(parents=True)
+    os.link(base_file, derived / "numpy.so")
+    base_inode = frozenset({(base_file.stat().st_dev, base_file.stat().st_ino)})
+    own = _unique_bytes(source.local_runner_root, base_inode)
+
+    report = backup(source, home / "backup")
+    kept = _unique_bytes(home / "backup" / "runners")
+    assert kept <= own + (64 << 10) and kept < own + (3 << 20), (kept, own)
+    assert report.linked >= 1 and report.base_files == 1
+    assert not (
+        home / "backup" / "runners/local/environments/env_from_base/prefix/lib/numpy.so"
+    ).exists()
+
+    target = Settings(home=home / "b")
+    restore(target, home / "backup")
+    workspaces = list((target.local_runner_root / "workspaces").rglob("a.bin"))
+    assert len(workspaces) == 1
+    a, b = workspaces[0], workspaces[0].with_name("b.bin")
+    assert a.stat().st_ino == b.stat().st_ino and a.read_bytes() == b.read_bytes()
+    linked = target.local_runner_root / "environments/env_from_base/prefix/lib/numpy.so"
+    assert linked.stat().st_ino == base_file.stat().st_ino
+
+    full = backup(source, home / "full", full=True)
+    assert full.base_files == 0
+    base_file.unlink()
+    with pytest.raises(InvalidInput, match="backup --full"):
+        restore(Settings(home=home / "c"), home / "backup")
+    assert not (home / "c" / "shellyard.db").exists()  # refused before anything was written
+    restore(Settings(home=home / "d"), home / "full")
+    copied = Settings(home=home / "d").local_runner_root / "environments/env_from_base/prefix/lib"
+    assert (copied / "numpy.so").stat().st_size == 4 << 20

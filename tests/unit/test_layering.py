@@ -23,6 +23,9 @@ PACKAGE = "shellyard"
 #: one of its top-level modules. The same table is drawn in docs/architecture.md.
 ALLOWED: dict[str, set[str]] = {
     "errors": set(),
+    # Every SHELLYARD_* variable, declared and checked once (docs/operations.md): light, for
+    # the CLI's fast path as much as the server and the runner.
+    "settings_env": {"errors"},
     "listen": set(),
     # The address rules shared by the runner's egress proxy and the control plane's webhook
     # delivery (docs/security.md "Network"): pure, so both sides of the wire may use them.
@@ -32,12 +35,13 @@ ALLOWED: dict[str, set[str]] = {
     # every part that creates files in the home (docs/security.md "The home's files").
     "filemodes": set(),
     "contract": {"errors"},
-    "config": {"errors", "contract", "home", "netrules"},
-    "home": {"errors", "filemodes"},
+    "config": {"settings_env", "errors", "contract", "home", "netrules"},
+    "home": {"settings_env", "errors", "filemodes"},
     "store": {"errors", "paths", "filemodes"},
     # The runner answers with public models where its results reach the caller unchanged.
-    "runner": {"errors", "paths", "listen", "contract", "filemodes", "netrules"},
+    "runner": {"settings_env", "errors", "paths", "listen", "contract", "filemodes", "netrules"},
     "control": {
+        "settings_env",
         "errors",
         "paths",
         "contract",
@@ -48,6 +52,7 @@ ALLOWED: dict[str, set[str]] = {
         "netrules",
     },
     "api": {
+        "settings_env",
         "errors",
         "paths",
         "contract",
@@ -60,15 +65,34 @@ ALLOWED: dict[str, set[str]] = {
     },
     # The web door: the page's static assets and its server half (login, the page's cookie
     # session, the panel's reads), routers the REST app mounts; api/auth.py reads its cookie.
-    "web": {"errors", "paths", "contract", "config", "home", "listen", "control", "api"},
+    "web": {
+        "settings_env",
+        "errors",
+        "paths",
+        "contract",
+        "config",
+        "home",
+        "listen",
+        "control",
+        "api",
+    },
     # Client-side doors: the public models, the errors and the SDK; where the home's server is.
-    "sdk": {"errors", "contract", "config", "home"},
-    "shell_call": {"errors", "contract", "config", "home", "sdk"},
-    "mcp": {"errors", "contract", "config", "home", "sdk"},
-    "cli": {"errors", "contract", "config", "home", "sdk", "shell_call"},
+    "sdk": {"settings_env", "errors", "contract", "config", "home"},
+    "shell_call": {"settings_env", "errors", "contract", "config", "home", "sdk"},
+    "mcp": {"settings_env", "errors", "contract", "config", "home", "sdk"},
+    "cli": {"settings_env", "errors", "contract", "config", "home", "sdk", "shell_call"},
     # Backup and restore of a home: an operator's tool that reads the store and the runner's
     # folders directly (docs/operations.md), launched by the CLI's backup verbs.
-    "backup": {"errors", "config", "home", "control", "store", "runner", "filemodes"},
+    "backup": {
+        "settings_env",
+        "errors",
+        "config",
+        "home",
+        "control",
+        "store",
+        "runner",
+        "filemodes",
+    },
     "__main__": {"cli"},
     "__init__": {"sdk"},
 }

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import Annotated
+from typing import Annotated, Literal
 
 from fastapi import Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
@@ -141,8 +141,14 @@ def create_app(
         limit: Annotated[int, Query(ge=0)] = DEFAULT_LOG_LIMIT,
         tail: Annotated[int | None, Query(ge=0)] = None,
         agent: AgentHeader = None,
+        tail_lines: Annotated[int | None, Query(ge=0)] = None,
+        encoding: Literal["utf-8", "base64"] = "utf-8",
     ) -> LogsResult:
-        return await plane.executions.logs(execution_id, stream, offset, limit, tail, agent)
+        # encoding=base64: the exact bytes (the SDK's follow_logs, the CLI; docs/cli.md)
+        return await plane.executions.logs(
+            execution_id, stream, offset, limit, tail, agent, tail_lines=tail_lines,
+            encoding=encoding,
+        )  # fmt: skip
 
     @app.post("/v1/executions/{execution_id}/cancel", dependencies=auth)
     async def execution_cancel(

@@ -5,6 +5,7 @@ ShellyardError into the documented exit code."""
 from __future__ import annotations
 
 import json
+import re
 import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
@@ -54,11 +55,25 @@ else:
     out = _LazyConsole(stderr=False)
 
 
+#: What an id looks like (``ex_``, ``ws_``, ``tr_`` … and hex): never cut in a table.
+_ID = re.compile(r"^[a-z]{1,6}_[0-9A-Za-z]{6,}$")
+
+
 def new_table(*columns: str, **options: Any) -> Table:
-    """A rich Table (rich is imported on first use)."""
+    """A rich Table (rich is imported on first use) whose ids are never cut: a column holding
+    ids is as wide as its longest and never wraps; the other columns give way (docs/cli.md)."""
     from rich.table import Table
 
-    return Table(*columns, **options)
+    class IdTable(Table):
+        def __rich_console__(self, console: Any, options: Any) -> Any:
+            for column in self.columns:
+                ids = [c for c in column._cells if isinstance(c, str) and _ID.match(c)]
+                if ids:
+                    column.no_wrap = True
+                    column.min_width = max(len(c) for c in ids)
+            return super().__rich_console__(console, options)
+
+    return IdTable(*columns, **options)
 
 
 def print_json(result: BaseModel | Sequence[BaseModel]) -> None:

@@ -285,32 +285,108 @@ def status(
     out.print(table)
 
 
+def _sink(stream: str) -> Any:
+    """Where a stream's bytes go: stdout's to stdout, stderr's to stderr, exactly."""
+    return (sys.stdout if stream == "stdout" else sys.stderr).buffer
+
+
+def _print_log(
+    client: Client, execution_id: str, stream: str, offset: int, limit: int | None,
+    tail_lines: int | None, tail_bytes: int | None,
+) -> None:  # fmt: skip
+    """One stream's bytes from ``offset`` (or its last lines or bytes), page by page: at most
+    ``limit`` bytes (None: up to the end it had when asked)."""
+    page = client.logs(
+        execution_id, stream, offset, min(limit or MAX_LOG_PAGE, MAX_LOG_PAGE), tail_bytes,
+        tail_lines=tail_lines, raw=True,
+    )  # fmt: skip
+    end, written = page.size, 0
+    while True:
+        data = page.raw()
+        _sink(stream).write(data)
+        written += len(data)
+        left = MAX_LOG_PAGE if limit is None else limit - written
+        if page.complete or not data or page.next_offset >= end or left <= 0:
+            break
+        page = client.logs(
+            execution_id, stream, page.next_offset, min(left, MAX_LOG_PAGE), raw=True
+        )
+    _sink(stream).flush()
+
+
+def _follow_streams(client: Client, execution_id: str, streams: list[str], offset: int) -> None:
+    """Print each stream's bytes as they are written until the execution ends and all was
+    read; caught up, wait on the execution for a pause that grows to half a second."""
+    offsets = dict.fromkeys(streams, offset)
+    done: set[str] = set()
+    pause = 0.02
+    while len(done) < len(streams):
+        moved = False
+        for stream in streams:
+            if stream in done:
+                continue
+            page = client.logs(execution_id, stream, offsets[stream], MAX_LOG_PAGE, raw=True)
+            data = page.raw()
+            if data:
+                _sink(stream).write(data)
+                _sink(stream).flush()
+                moved = True
+            offsets[stream] = page.next_offset
+            if page.complete or (not data and page.state.terminal):
+                done.add(stream)
+        if moved:
+            pause = 0.02
+        elif len(done) < len(streams):
+            client.wait(execution_id, pause)
+            pause = min(0.5, pause * 2)
+
+
+#: Bytes one page of ``logs`` asks for.
+MAX_LOG_PAGE = 1 << 20
+
+
 def logs(
     execution_id: str,
     home: HomeOption = None,
     agent: AgentOption = None,
-    stream: Annotated[str, typer.Option(help="stdout or stderr")] = "stdout",
-    offset: int = 0,
-    limit: int = 65536,
-    tail: Annotated[int | None, typer.Option(help="Only the last N bytes.")] = None,
-    follow: Annotated[bool, typer.Option("--follow", "-f")] = False,
+    stream: Annotated[
+        str | None,
+        typer.Option(help="Only this stream: stdout or stderr. Without it, both are printed."),
+    ] = None,
+    offset: Annotated[int, typer.Option(help="Start at this byte of each stream.")] = 0,
+    limit: Annotated[int, typer.Option(help="At most this many bytes of each stream.")] = 65536,
+    tail: Annotated[int | None, typer.Option(help="Only the last N lines.")] = None,
+    tail_bytes: Annotated[int | None, typer.Option(help="Only the last N bytes.")] = None,
+    follow: Annotated[
+        bool, typer.Option("--follow", "-f", help="Keep printing until the execution ends.")
+    ] = False,
     as_json: JsonOption = False,
 ) -> None:
-    """Print an execution's log; --follow keeps printing until it ends."""
+    """Print an execution's log, its exact bytes: stdout to stdout and stderr to stderr (or
+    only --stream's). --follow keeps printing until it ends."""
+    if stream not in (None, "stdout", "stderr"):
+        err.print(f"--stream must be stdout or stderr, not {stream!r}")
+        raise typer.Exit(2)
+    streams = [stream] if stream else ["stdout", "stderr"]
     try:
         client = _client(home, agent)
-        if follow:
-            for text in client.follow(execution_id, stream, offset):
-                sys.stdout.write(text)
-                sys.stdout.flush()
+        if as_json:
+            # One page of one stream as the REST answer (text; stdout unless --stream).
+            chunk = client.logs(
+                execution_id, streams[0], offset, limit, tail_bytes, tail_lines=tail
+            )
+            out.print_json(chunk.model_dump_json())
             return
-        chunk = client.logs(execution_id, stream, offset, limit, tail)
+        if follow:
+            _follow_streams(client, execution_id, streams, offset)
+            return
+        whole = tail is not None or tail_bytes is not None
+        for name in streams:
+            _print_log(
+                client, execution_id, name, offset, None if whole else limit, tail, tail_bytes
+            )
     except ShellyardError as exc:
         fail(exc)
-    if as_json:
-        out.print_json(chunk.model_dump_json())
-    else:
-        sys.stdout.write(chunk.data)
 
 
 def cancel(

@@ -44,14 +44,23 @@ def backup(
     home: HomeOption = None,
     database_url: DatabaseOption = None,
     database_schema: SchemaOption = None,
+    full: Annotated[
+        bool,
+        typer.Option(
+            "--full",
+            help="Copy the files environments share with a base too. Without it they are "
+            "named, and restored as links to the base on this host.",
+        ),
+    ] = False,
     as_json: JsonOption = False,
 ) -> None:
     """Copy the home (database, then the local runner's snapshots, logs and workspaces) into
-    DESTINATION, consistently, while it serves. Retention waits until it is done."""
+    DESTINATION, consistently, while it serves. Hard links stay links. Retention waits until
+    it is done."""
     from shellyard.backup import backup as take
 
     try:
-        report = take(_settings(home, database_url, database_schema), destination)
+        report = take(_settings(home, database_url, database_schema), destination, full=full)
     except ShellyardError as exc:
         fail(exc)
     if as_json:
@@ -59,7 +68,8 @@ def backup(
         return
     out.print(
         f"backed up {report.executions} execution records ({report.unfinished} unfinished) and "
-        f"{report.files} files ({report.bytes} bytes) to {report.destination} "
+        f"{report.files} files ({report.bytes} bytes copied, {report.linked} hard links kept, "
+        f"{report.base_files} shared with a base) to {report.destination} "
         f"in {report.duration_s:.1f} s",
         highlight=False,
     )

@@ -234,6 +234,17 @@ class LogsResult(BaseModel):
     #: Set when retention deleted the execution's logs (docs/operations.md): ``data`` is empty
     #: and stays so; the record itself still reads.
     logs_pruned_at: float | None = None
+    #: How ``data`` holds the bytes: ``utf-8`` text (bytes that are not UTF-8 read as U+FFFD),
+    #: or ``base64`` of the exact bytes when asked with ``encoding=base64`` (docs/cli.md).
+    encoding: Literal["utf-8", "base64"] = "utf-8"
+
+    def raw(self) -> bytes:
+        """The page's bytes: exact with ``encoding=base64``, else the text's UTF-8."""
+        if self.encoding == "base64":
+            import base64
+
+            return base64.b64decode(self.data)
+        return self.data.encode()
 
 
 _EXECUTION_ID = Field(description="an execution id (ex_...) from run_shell")

@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
+from shellyard import settings_env
 from shellyard.errors import InvalidInput
 from shellyard.runner.network.egress_rules import parse_exception, parse_pattern
 
@@ -214,7 +215,7 @@ def policy_from_env(policy: SandboxPolicy) -> SandboxPolicy:
                 check_channel(entry, "SHELLYARD_ALLOWED_SOURCES entry")
             except SourceError as exc:
                 raise InvalidInput(str(exc)) from None
-    offline = os.environ.get("SHELLYARD_PACKAGES_OFFLINE", "").strip().lower()
+    offline = (settings_env.get("SHELLYARD_PACKAGES_OFFLINE") or "").lower()
     if offline:
         update["packages_offline"] = offline in ("1", "true", "yes", "on")
     if not update:

@@ -86,10 +86,21 @@ def _logs(
     offset: int = 0,
     limit: int = DEFAULT_LOG_LIMIT,
     tail: int | None = None,
+    *,
+    tail_lines: int | None = None,
+    raw: bool = False,
 ) -> _Call[LogsResult]:
     """One page of a log: ``data`` from ``offset``, ``next_offset`` to ask next, ``complete``
-    once the execution ended and everything was read."""
-    params = {"stream": stream, "offset": offset, "limit": limit, "tail": tail}
+    once the execution ended and everything was read. ``tail``: the last bytes,
+    ``tail_lines``: the last lines; ``raw``: ``data`` is base64 of the exact bytes (read them
+    with ``page.raw()``)."""
+    params: dict[str, object] = {"stream": stream, "offset": offset, "limit": limit}
+    if tail is not None:
+        params["tail"] = tail
+    if tail_lines is not None:
+        params["tail_lines"] = tail_lines
+    if raw:
+        params["encoding"] = "base64"
     return call("GET", f"/v1/executions/{execution_id}/logs", _LOGS, params)
 
 
@@ -137,12 +148,14 @@ class _LogFollower:
     first_pause_s: float = 0.02
     pause_s: float = 0.0
     done: bool = False
+    #: Ask for the exact bytes (base64 on the wire) rather than text.
+    raw: bool = False
 
     def page(self) -> _Call[LogsResult]:
-        return _logs(self.execution_id, self.stream, self.offset, self.chunk)
+        return _logs(self.execution_id, self.stream, self.offset, self.chunk, raw=self.raw)
 
     def take(self, page: LogsResult) -> str:
-        """The page's text; afterwards ``done`` says stop, ``pause_s`` how long to wait."""
+        """The page's data; afterwards ``done`` says stop, ``pause_s`` how long to wait."""
         self.offset = page.next_offset
         self.done = page.complete or (not page.data and page.state.terminal)
         if page.data:
@@ -195,6 +208,17 @@ class Client(
             elif not follower.done:
                 self._send(follower.wait())
 
+    def _follow_raw(
+        self, execution_id: str, stream: str, offset: int, chunk: int, poll_s: float
+    ) -> Iterator[bytes]:
+        follower = _LogFollower(execution_id, stream, offset, chunk, poll_s, raw=True)
+        while not follower.done:
+            page = self._send(follower.page())
+            if follower.take(page):
+                yield page.raw()
+            elif not follower.done:
+                self._send(follower.wait())
+
     def follow_logs(
         self,
         execution_id: str,
@@ -206,9 +230,8 @@ class Client(
     ) -> Iterator[bytes]:
         """The log's bytes from ``offset`` as they are written, in pieces of at most ``chunk``
         bytes, until the execution ends and all was read. Memory stays bounded by ``chunk``:
-        nothing is kept once yielded. (Bytes that are not UTF-8 arrive as U+FFFD.)"""
-        for text in self._follow(execution_id, stream, offset, chunk, poll_s):
-            yield text.encode()
+        nothing is kept once yielded. The bytes are exact (base64 on the wire), UTF-8 or not."""
+        yield from self._follow_raw(execution_id, stream, offset, chunk, poll_s)
 
     def follow(
         self, execution_id: str, stream: str = "stdout", offset: int = 0, poll_s: float = 0.2
@@ -249,6 +272,17 @@ class AsyncClient(
             elif not follower.done:
                 await self._send(follower.wait())
 
+    async def _follow_raw(
+        self, execution_id: str, stream: str, offset: int, chunk: int, poll_s: float
+    ) -> AsyncIterator[bytes]:
+        follower = _LogFollower(execution_id, stream, offset, chunk, poll_s, raw=True)
+        while not follower.done:
+            page = await self._send(follower.page())
+            if follower.take(page):
+                yield page.raw()
+            elif not follower.done:
+                await self._send(follower.wait())
+
     async def follow_logs(
         self,
         execution_id: str,
@@ -259,8 +293,8 @@ class AsyncClient(
         poll_s: float = 0.5,
     ) -> AsyncIterator[bytes]:
         """See ``Client.follow_logs``."""
-        async for text in self._follow(execution_id, stream, offset, chunk, poll_s):
-            yield text.encode()
+        async for data in self._follow_raw(execution_id, stream, offset, chunk, poll_s):
+            yield data
 
     def follow(
         self, execution_id: str, stream: str = "stdout", offset: int = 0, poll_s: float = 0.2

@@ -82,3 +82,46 @@ async def capped_output(runner: Runner, execution_id: str, cap: int) -> tuple[st
     stdout, cut_out = await capped_stream(runner, execution_id, "stdout", sizes[0], out_budget)
     stderr, cut_err = await capped_stream(runner, execution_id, "stderr", sizes[1], err_budget)
     return stdout, stderr, cut_out or cut_err
+
+
+#: How much of a log one step of a line tail reads, going back from the end.
+TAIL_SCAN_CHUNK = 64 << 10
+
+
+def encode_page(data: bytes, encoding: str) -> tuple[str, int]:
+    """A log page as ``(data, bytes used)``: base64 of every byte, or UTF-8 text that stops
+    before an incomplete trailing character (the next page starts there)."""
+    if encoding == "base64":
+        import base64
+
+        return base64.b64encode(data).decode("ascii"), len(data)
+    return safe_decode(data)
+
+
+async def line_tail_offset(
+    runner: Runner, execution_id: str, stream: LogStream, size: int, lines: int
+) -> int:
+    """Where the last ``lines`` lines of a log of ``size`` bytes begin (a final newline ends
+    the last line; it does not start another). Read back from the end ``TAIL_SCAN_CHUNK`` at a
+    time: memory stays bounded whatever the log's length."""
+    if lines <= 0 or size <= 0:
+        return size
+    end, seen, last = size, 0, size - 1
+    while end > 0:
+        start = max(0, end - TAIL_SCAN_CHUNK)
+        chunk = await runner.read_log(execution_id, stream, start, end - start)
+        base = chunk.offset
+        if base >= end or not chunk.data:
+            return base if base < size else size  # the rest was dropped (a cut log, R2)
+        data = chunk.data[: end - base]
+        at = len(data)
+        while True:
+            at = data.rfind(b"\n", 0, at)
+            if at < 0:
+                break
+            if base + at != last:
+                seen += 1
+                if seen == lines:
+                    return base + at + 1
+        end = base
+    return 0

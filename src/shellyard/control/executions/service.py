@@ -23,7 +23,7 @@ from shellyard.control.executions import options
 from shellyard.control.executions.foreground import ForegroundWaits
 from shellyard.control.executions.hooks import LEASE_KIND as LEASE_KIND
 from shellyard.control.executions.hooks import EnvironmentGate, WatchLeases
-from shellyard.control.executions.output import capped_output, safe_decode
+from shellyard.control.executions.output import capped_output, encode_page, line_tail_offset
 from shellyard.control.executions.state_log import log_state
 from shellyard.control.executions.view import execution_view
 from shellyard.control.runners import LOCAL_RUNNER_ID, RunnerRegistry
@@ -607,11 +607,17 @@ class ExecutionService:
         limit: int = 65536,
         tail: int | None = None,
         agent_id: str | None = None,
+        *,
+        tail_lines: int | None = None,
+        encoding: str = "utf-8",
     ) -> LogsResult:
+        """A page of a log; ``tail``: bytes, ``tail_lines``: lines (docs/cli.md "Output")."""
         if stream not in ("stdout", "stderr"):
             raise InvalidInput(f"stream must be 'stdout' or 'stderr', not {stream!r}")
-        if offset < 0 or limit < 0 or (tail is not None and tail < 0):
-            raise InvalidInput("offset, limit and tail must be zero or positive")
+        if encoding not in ("utf-8", "base64"):
+            raise InvalidInput(f"encoding must be 'utf-8' or 'base64', not {encoding!r}")
+        if min(offset, limit, tail or 0, tail_lines or 0) < 0:
+            raise InvalidInput("offset, limit, tail and tail_lines must be zero or positive")
         row = await self._owned(execution_id, agent_id)
         log_stream: LogStream = "stdout" if stream == "stdout" else "stderr"
         runner = self.runners.get(str(row["runner_id"]))
@@ -630,8 +636,12 @@ class ExecutionService:
             size = await runner.log_size(execution_id, log_stream)
             offset = max(0, size - tail)
             limit = min(tail, MAX_READ_CHUNK)
+        elif tail_lines is not None:
+            size = await runner.log_size(execution_id, log_stream)
+            offset = await line_tail_offset(runner, execution_id, log_stream, size, tail_lines)
+            limit = min(size - offset, MAX_READ_CHUNK)
         chunk = await runner.read_log(execution_id, log_stream, offset, min(limit, MAX_READ_CHUNK))
-        text, used = safe_decode(chunk.data)
+        text, used = encode_page(chunk.data, encoding)
         if state.terminal:
             await self.store.mark_notice_read("execution", execution_id)
         return LogsResult(
@@ -645,6 +655,7 @@ class ExecutionService:
             size=chunk.size,
             complete=chunk.complete and used == len(chunk.data),
             state=state,
+            encoding="base64" if encoding == "base64" else "utf-8",
         )
 
     async def cancel(

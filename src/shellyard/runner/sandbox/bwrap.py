@@ -17,6 +17,7 @@ Only builds argv and the environment; spawning and watching live in ``spawn.py``
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import resource
 import shutil
@@ -435,9 +436,26 @@ def sandbox_env(home: str, extra: dict[str, str]) -> dict[str, str]:
         "TERM": "dumb",
         "TMPDIR": "/tmp",
         "SHELL": "/bin/bash",
+        # Without TZ, R asks systemd's timedatectl for the zone on every start and warns
+        # when there is no systemd (as in a sandbox); the host's zone, named (docs/environments.md).
+        "TZ": host_time_zone(),
     }
     env.update(extra)
     return env
+
+
+@functools.cache
+def host_time_zone() -> str:
+    """The host's zone name (``/etc/timezone``, or where ``/etc/localtime`` links), else UTC."""
+    with contextlib.suppress(OSError):
+        name = Path("/etc/timezone").read_text().strip()
+        if name and Path("/usr/share/zoneinfo", name).is_file():
+            return name
+    with contextlib.suppress(OSError):
+        target = os.readlink("/etc/localtime")
+        if "zoneinfo/" in target:
+            return target.split("zoneinfo/", 1)[1]
+    return "UTC"
 
 
 def tool_argv(

@@ -20,6 +20,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from shellyard import settings_env
+
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("launch.c")
@@ -43,7 +45,7 @@ class Limit:
 def build(directory: Path) -> Path | None:
     """The launcher for this host, compiled into ``directory`` on first use (named by the
     source's hash, so an upgrade builds the new one); None: use the chain."""
-    if os.environ.get("SHELLYARD_LAUNCHER") == "chain":
+    if (settings_env.get("SHELLYARD_LAUNCHER") or "auto").lower() == "chain":
         return None
     source = SOURCE.read_bytes()
     target = directory / f"shellyard-launch-{hashlib.sha256(source).hexdigest()[:12]}"

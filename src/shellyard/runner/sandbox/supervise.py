@@ -20,6 +20,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
+from shellyard import settings_env
 from shellyard.errors import InvalidInput, NotFound, SpawnFailed
 from shellyard.runner import processes
 from shellyard.runner.limits.logcap import read as read_capped_log  # limits (R2, docs/limits.md)
@@ -51,7 +52,7 @@ RESULT_RETRY_S = 1.0
 def network_linger_s() -> float:
     """``NETWORK_LINGER_S``, or ``SHELLYARD_NETWORK_LINGER_S`` (0: let go at once, as a test
     that counts namespaces wants; an operator who wants none left behind)."""
-    value = os.environ.get("SHELLYARD_NETWORK_LINGER_S")
+    value = settings_env.get("SHELLYARD_NETWORK_LINGER_S")
     try:
         return NETWORK_LINGER_S if value is None else max(0.0, float(value))
     except ValueError:

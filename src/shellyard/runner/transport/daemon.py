@@ -30,6 +30,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from shellyard import settings_env
 from shellyard.contract import rawjson
 from shellyard.errors import (
     InvalidInput,
@@ -396,6 +397,7 @@ def run_runner_daemon(
     """What ``shellyard runner serve`` calls: serve ``root`` with the token from ``token_file``
     (default ``<root>/token``, created on first start), the given network mode (off, egress,
     host) and read-only host paths, beside those of ``SHELLYARD_HOST_PATHS``."""
+    settings_env.check_environment()  # every SHELLYARD_* value, refused at start when wrong
     try:
         mode = parse_network(network, "--network")
     except ValueError as exc:
@@ -496,7 +498,7 @@ def sources_options(policy: SandboxPolicy, args: argparse.Namespace) -> SandboxP
     sources = os.environ.get("SHELLYARD_ALLOWED_SOURCES")
     if sources is not None:
         update["allowed_sources"] = sources.replace(",", " ").split()
-    if os.environ.get("SHELLYARD_PACKAGES_OFFLINE", "").strip().lower() in ("1", "true", "yes"):
+    if settings_env.flag("SHELLYARD_PACKAGES_OFFLINE"):
         update["packages_offline"] = True
     if args.allowed_source is not None:
         update["allowed_sources"] = list(args.allowed_source)
