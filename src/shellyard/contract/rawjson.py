@@ -48,4 +48,26 @@ def loads(model: type[M], raw: bytes | str) -> M:
         return model.model_validate(value)
 
 
-__all__ = ["dumps", "dumps_value", "loads"]
+__all__ = ["dumps", "dumps_value", "loads", "marked"]
+
+
+def marked(text: str) -> str:
+    """``text`` as a strict UTF-8 wire (MCP) carries it: unchanged when it is UTF-8, else
+    its marked form, ``/`` + each raw byte (PEP 383 U+DC80..U+DCFF) as ``\\xNN`` and each
+    ``\\`` doubled — ``paths.escape``'s form, decoded by ``paths.from_marked`` wherever a
+    path comes in (docs/files-and-transfers.md "Names that are not UTF-8")."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        pass
+    else:
+        return text
+    out = ["/"]
+    for char in text:
+        if char == "\\":
+            out.append("\\\\")
+        elif "\udc80" <= char <= "\udcff":
+            out.append(f"\\x{ord(char) - 0xDC00:02x}")
+        else:
+            out.append(char)
+    return "".join(out)
