@@ -48,7 +48,7 @@ def loads(model: type[M], raw: bytes | str) -> M:
         return model.model_validate(value)
 
 
-__all__ = ["dumps", "dumps_value", "loads", "marked"]
+__all__ = ["dumps", "dumps_value", "loads", "marked", "refuse_surrogates"]
 
 
 def marked(text: str) -> str:
@@ -71,3 +71,36 @@ def marked(text: str) -> str:
         else:
             out.append(char)
     return "".join(out)
+
+
+def _bad_surrogate(text: str, raw_bytes: bool) -> str | None:
+    for char in text:
+        if "\ud800" <= char <= "\udfff" and not (raw_bytes and "\udc80" <= char <= "\udcff"):
+            return char
+    return None
+
+
+def refuse_surrogates(value: Any, *, raw_bytes: bool, where: str = "body") -> None:
+    """Raise InvalidInput for a JSON ``\\uD800``-``\\uDFFF`` escape no text can hold (a
+    lone surrogate); ``raw_bytes``: U+DC80..U+DCFF are a name's raw bytes (PEP 383, docs/
+    files-and-transfers.md "Names that are not UTF-8") and pass. Never a 500 later."""
+    from shellyard.errors import InvalidInput
+
+    stack: list[tuple[str, Any]] = [(where, value)]
+    while stack:
+        at, item = stack.pop()
+        if isinstance(item, str):
+            bad = _bad_surrogate(item, raw_bytes)
+            if bad is not None:
+                raise InvalidInput(
+                    f"{at} holds the escape \\u{ord(bad):04x}, a lone surrogate no text can "
+                    f"hold; send valid UTF-8 text (write a raw byte in a command with printf "
+                    f"'\\NNN')"
+                )
+        elif isinstance(item, dict):
+            for key, child in item.items():
+                stack.append((f"{at}.{key}" if isinstance(key, str) else at, child))
+                if isinstance(key, str):
+                    stack.append((at, key))
+        elif isinstance(item, list):
+            stack.extend((f"{at}[{i}]", child) for i, child in enumerate(item))

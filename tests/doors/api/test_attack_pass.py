@@ -191,3 +191,40 @@ def test_a_file_upload_past_the_quota_answers_413(served: Served) -> None:
     assert "room left under the workspace quota" in answer.json()["error"]["message"]
     assert worst < PROBE_BOUND_S
     assert "big.bin" not in files(served)
+
+
+@pytest.mark.parametrize(
+    ("route", "body"),
+    [
+        ("/v1/files/move", '{"source": "\\ud800", "destination": "c"}'),
+        ("/v1/executions", '{"command": "echo \\ud800"}'),
+        ("/v1/files/delete", '{"path": "a\\udfff"}'),
+    ],
+)
+def test_a_lone_surrogate_in_a_json_body_is_refused_not_a_500(
+    served: Served, route: str, body: str
+) -> None:
+    """A JSON ``\\uD800`` escape (no text can hold it; Python's parser takes it) is refused
+    with 400 saying what to send, not a 500 or a dropped connection; the server stays up."""
+    answer = httpx.post(
+        f"{served.url}{route}",
+        content=body,
+        headers={**served.session, "Content-Type": "application/json"},
+        timeout=60,
+    )
+    assert answer.status_code == 400, answer.text
+    assert "lone surrogate" in answer.json()["error"]["message"]
+    assert httpx.get(f"{served.url}/healthz", timeout=10).status_code == 200
+
+
+def test_an_error_quoting_a_name_that_is_not_utf8_is_not_a_500(served: Served) -> None:
+    """A refusal whose message quotes a name's raw bytes (here: nothing to move) answers
+    its own status with the ``\\udcNN`` escape, not a 500."""
+    answer = httpx.post(
+        f"{served.url}/v1/files/move",
+        content='{"source": "nope/caf\\udce9", "destination": "c"}',
+        headers={**served.session, "Content-Type": "application/json"},
+        timeout=60,
+    )
+    assert answer.status_code == 404, answer.text
+    assert answer.json()["error"]["code"] == "not_found"
