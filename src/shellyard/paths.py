@@ -39,6 +39,11 @@ def normalize_relative(path: str) -> str:
         raise PathRefused(
             f"path must be a string, got {type(path).__name__}; {_EXAMPLE}", path=repr(path)
         )
+    marked = from_marked(path)
+    if marked is not None:
+        # docs/files-and-transfers.md "Names that are not UTF-8": the marked form names
+        # the raw bytes through doors whose wire is strict UTF-8 (MCP, a URL's query)
+        path = marked
     if "\0" in path:
         raise PathRefused(
             f"path {path!r} contains a NUL byte, which no file name can hold; {_EXAMPLE}",
@@ -86,7 +91,7 @@ def normalize_relative(path: str) -> str:
     return "/".join(parts)
 
 
-__all__ = ["MAX_COMPONENT_BYTES", "MAX_PATH_BYTES", "normalize_relative"]
+__all__ = ["MAX_COMPONENT_BYTES", "MAX_PATH_BYTES", "from_marked", "normalize_relative"]
 
 
 # ---------------------------------------------------------------- names that are not UTF-8
@@ -137,3 +142,20 @@ def unescape(text: str) -> str:
             out.append(char)
             i += 1
     return "".join(out)
+
+
+def from_marked(text: str) -> str | None:
+    """The name a marked form (``contract.rawjson.marked``) stands for; None when ``text``
+    is not one: it must start with ``/``, hold a ``\\xNN`` escape, and decode to a name
+    that is not UTF-8 whose escape is exactly ``text`` (so no absolute path or real name is
+    ever taken for one)."""
+    if not text.startswith(STORED_MARK) or "\\x" not in text:
+        return None
+    body = text[len(STORED_MARK) :]
+    try:
+        name = unescape(body)
+    except ValueError:
+        return None
+    if not not_utf8(name) or escape(name) != body:
+        return None
+    return name

@@ -90,3 +90,21 @@ def test_w6_a_sandbox_path_suggests_its_workspace_relative_form() -> None:
     output is refused with the relative path that names the same file."""
     with pytest.raises(PathRefused, match=r"pass 'src/main\.py'"):
         normalize_relative("/workspace/src/main.py")
+
+
+def test_the_marked_form_of_a_name_that_is_not_utf8_round_trips_and_takes_nothing_else() -> None:
+    """docs/files-and-transfers.md "Names that are not UTF-8": ``/`` + escape names the raw
+    bytes through strict UTF-8 doors (MCP, a URL's query); an absolute path, a real name
+    holding ``\\x`` text, or a broken escape keeps its old meaning (refused or itself)."""
+    from shellyard.contract.rawjson import marked
+    from shellyard.paths import PathRefused, escape, from_marked
+
+    for name in ["n/caf\udce9.txt", "a\\b/\udcff\udc80x", "\udc80"]:
+        assert marked(name) == "/" + escape(name)
+        assert from_marked(marked(name)) == name
+        assert normalize_relative(marked(name)) == name
+    assert marked("plain\\x41") == "plain\\x41"
+    for text in ["/etc/x", "/a\\x41", "/a\\x", "/a\\xzz", "/a\\xe9\\", "/a\\\\xe9"]:
+        assert from_marked(text) is None
+        with pytest.raises(PathRefused, match="absolute"):
+            normalize_relative(text)

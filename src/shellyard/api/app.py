@@ -9,7 +9,7 @@ from typing import Annotated, Literal
 
 from fastapi import Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from shellyard import __version__
@@ -21,6 +21,7 @@ from shellyard.api.docs import (
     body_doc,
     document_bodies,
 )
+from shellyard.contract import rawjson
 from shellyard.contract.executions import (
     DEFAULT_LOG_LIMIT,
     DEFAULT_MAX_OUTPUT,
@@ -81,9 +82,16 @@ def create_app(
     auth = [Depends(principal)]
 
     @app.exception_handler(ShellyardError)
-    async def _shellyard_error(_request: Request, exc: ShellyardError) -> JSONResponse:
+    async def _shellyard_error(_request: Request, exc: ShellyardError) -> Response:
         headers = {"WWW-Authenticate": "Bearer"} if isinstance(exc, Unauthorized) else None
-        return JSONResponse(encode_error(exc), status_code=exc.http_status, headers=headers)
+        # a message quoting a name that is not UTF-8 is written with \udcNN escapes, never
+        # a 500 (docs/files-and-transfers.md "Names that are not UTF-8")
+        return Response(
+            rawjson.dumps_value(encode_error(exc)),
+            status_code=exc.http_status,
+            headers=headers,
+            media_type="application/json",
+        )
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:

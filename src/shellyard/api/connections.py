@@ -6,6 +6,9 @@ holds its socket forever, and any number of them may be open. This protocol adds
 
 - a header deadline: a connection whose request headers are not complete
   :data:`HEADER_TIMEOUT_S` after it opened (or after its previous answer) is closed;
+- a body deadline: a request whose body makes no progress for :data:`BODY_IDLE_S` (no byte
+  arrives while the server is ready to read) is closed; the handler sees the client gone
+  and an upload being streamed is dropped (staged, so nothing lands);
 - a cap per client address: past :data:`MAX_CONNECTIONS_PER_CLIENT` open connections from
   one address, a new one is closed at once (the server-wide cap is uvicorn's
   ``limit_concurrency``, answered 503).
@@ -14,12 +17,16 @@ holds its socket forever, and any number of them may be open. This protocol adds
 from __future__ import annotations
 
 import asyncio
+import os
 
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 #: Seconds a client has to send a request's headers.
 HEADER_TIMEOUT_S = 10.0
+#: Seconds a request's body may make no progress while the server waits for it
+#: (``SHELLYARD_BODY_IDLE_S`` overrides it, for tests).
+BODY_IDLE_S = float(os.environ.get("SHELLYARD_BODY_IDLE_S", "30"))
 #: Most connections open at once from one client address.
 MAX_CONNECTIONS_PER_CLIENT = 256
 #: Most connections and running requests of the whole server (uvicorn answers 503 past it).
@@ -30,6 +37,33 @@ KEEP_ALIVE_S = 5
 
 class BoundedH11(H11Protocol):
     _header_deadline: asyncio.TimerHandle | None = None
+    _body_deadline: asyncio.TimerHandle | None = None
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        self._watch_body()
+
+    def _watch_body(self) -> None:
+        """Re-arm the body deadline on each byte of a body still being sent."""
+        if self._body_deadline is not None:
+            self._body_deadline.cancel()
+            self._body_deadline = None
+        if self.conn.their_state is h11.SEND_BODY and not self.transport.is_closing():
+            self._body_deadline = self.loop.call_later(BODY_IDLE_S, self._body_late)
+
+    def _body_late(self) -> None:
+        self._body_deadline = None
+        if self.conn.their_state is not h11.SEND_BODY or self.transport.is_closing():
+            return
+        if self.flow.read_paused:  # the server is not reading: not the client's delay
+            self._body_deadline = self.loop.call_later(BODY_IDLE_S, self._body_late)
+            return
+        self.logger.warning(
+            "closing a connection from %s: its request body made no progress for %g s",
+            self.client[0] if self.client else "?",
+            BODY_IDLE_S,
+        )
+        self.transport.close()
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -72,10 +106,14 @@ class BoundedH11(H11Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        if self._body_deadline is not None:
+            self._body_deadline.cancel()
+            self._body_deadline = None
         super().connection_lost(exc)
 
 
 __all__ = [
+    "BODY_IDLE_S",
     "HEADER_TIMEOUT_S",
     "KEEP_ALIVE_S",
     "MAX_CONCURRENCY",

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ValidationError
 
 from shellyard.api.auth import AgentHeader, PrincipalDep, admin_only
 from shellyard.api.docs import JSON_ERROR_RESPONSES, body_doc
+from shellyard.contract import rawjson
 from shellyard.contract.sessions import (
     DEFAULT_LIST_PAGE,
     MAX_LIST_PAGE,
@@ -40,7 +41,9 @@ M = TypeVar("M", bound=BaseModel)
 
 
 def parse(model: type[M], body: dict[str, Any]) -> M:
-    """Validate a request body into one clear InvalidInput."""
+    """Validate a request body into one clear InvalidInput (a lone surrogate too; a name's
+    raw bytes, U+DC80..U+DCFF, pass: docs/files-and-transfers.md)."""
+    rawjson.refuse_surrogates(body, raw_bytes=True)
     try:
         return model.model_validate(body)
     except ValidationError as exc:

@@ -160,6 +160,9 @@ def parse_run_shell(data: dict[str, object]) -> RunShellRequest:
     """Validate and turn pydantic's errors into one clear InvalidInput."""
     from pydantic import ValidationError
 
+    from shellyard.contract.rawjson import refuse_surrogates
+
+    refuse_surrogates(data, raw_bytes=False)
     try:
         return RunShellRequest.model_validate(data)
     except ValidationError as exc:

@@ -48,4 +48,59 @@ def loads(model: type[M], raw: bytes | str) -> M:
         return model.model_validate(value)
 
 
-__all__ = ["dumps", "dumps_value", "loads"]
+__all__ = ["dumps", "dumps_value", "loads", "marked", "refuse_surrogates"]
+
+
+def marked(text: str) -> str:
+    """``text`` as a strict UTF-8 wire (MCP) carries it: unchanged when it is UTF-8, else
+    its marked form, ``/`` + each raw byte (PEP 383 U+DC80..U+DCFF) as ``\\xNN`` and each
+    ``\\`` doubled — ``paths.escape``'s form, decoded by ``paths.from_marked`` wherever a
+    path comes in (docs/files-and-transfers.md "Names that are not UTF-8")."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        pass
+    else:
+        return text
+    out = ["/"]
+    for char in text:
+        if char == "\\":
+            out.append("\\\\")
+        elif "\udc80" <= char <= "\udcff":
+            out.append(f"\\x{ord(char) - 0xDC00:02x}")
+        else:
+            out.append(char)
+    return "".join(out)
+
+
+def _bad_surrogate(text: str, raw_bytes: bool) -> str | None:
+    for char in text:
+        if "\ud800" <= char <= "\udfff" and not (raw_bytes and "\udc80" <= char <= "\udcff"):
+            return char
+    return None
+
+
+def refuse_surrogates(value: Any, *, raw_bytes: bool, where: str = "body") -> None:
+    """Raise InvalidInput for a JSON ``\\uD800``-``\\uDFFF`` escape no text can hold (a
+    lone surrogate); ``raw_bytes``: U+DC80..U+DCFF are a name's raw bytes (PEP 383, docs/
+    files-and-transfers.md "Names that are not UTF-8") and pass. Never a 500 later."""
+    from shellyard.errors import InvalidInput
+
+    stack: list[tuple[str, Any]] = [(where, value)]
+    while stack:
+        at, item = stack.pop()
+        if isinstance(item, str):
+            bad = _bad_surrogate(item, raw_bytes)
+            if bad is not None:
+                raise InvalidInput(
+                    f"{at} holds the escape \\u{ord(bad):04x}, a lone surrogate no text can "
+                    f"hold; send valid UTF-8 text (write a raw byte in a command with printf "
+                    f"'\\NNN')"
+                )
+        elif isinstance(item, dict):
+            for key, child in item.items():
+                stack.append((f"{at}.{key}" if isinstance(key, str) else at, child))
+                if isinstance(key, str):
+                    stack.append((at, key))
+        elif isinstance(item, list):
+            stack.extend((f"{at}[{i}]", child) for i, child in enumerate(item))

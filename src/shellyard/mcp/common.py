@@ -23,6 +23,7 @@ from shellyard.contract.executions import (
     LogsResult,
     RunShellResult,
 )
+from shellyard.contract.rawjson import marked
 from shellyard.contract.sessions import NoticeView, TimerView
 from shellyard.errors import InvalidInput, ShellyardError, validation_message
 from shellyard.mcp.compact import StrictTool, compact_schema, result_text
@@ -195,9 +196,25 @@ def output_schema(model: type[BaseModel]) -> dict[str, Any]:
     return compact_schema(model.model_json_schema(mode="serialization"), arguments=False)
 
 
+def utf8_only(value: Any) -> Any:
+    """``value`` with every string that is not UTF-8 (a file name's raw bytes, PEP 383) in
+    its marked form ``/`` + escape (docs/files-and-transfers.md "Names that are not UTF-8"):
+    MCP's wire is strict UTF-8 JSON and would refuse it; the marked form names it back."""
+    if isinstance(value, str):
+        return marked(value)
+    if isinstance(value, dict):
+        return {utf8_only(k): utf8_only(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [utf8_only(v) for v in value]
+    return value
+
+
 def for_model(tool: str, result: dict[str, Any] | CallToolResult) -> CallToolResult:
     """``result`` with its text block written for a model (``compact.result_text``): short,
-    the outcome first; the structured content is the result unchanged."""
+    the outcome first; the structured content is the result, names that are not UTF-8 in
+    their marked form (``utf8_only``)."""
+    if isinstance(result, dict):
+        result = utf8_only(result)
     if isinstance(result, CallToolResult):
         data = result.structured_content
         if not isinstance(data, dict) or result.is_error:

@@ -443,11 +443,27 @@ class LocalRunner:
         finally:
             self._editing.discard(workspace_id)
 
+    def _room_left(self, workspace_id: str) -> int | None:
+        """Bytes the workspace may still grow by under its quota (None: no quota). A writer
+        runs only beside no execution and commits its change, so the head snapshot is the
+        tree's size (limits R2, docs/limits.md "Uploads and the quota")."""
+        quota = self.policy.workspace_quota_bytes
+        if not quota:
+            return None
+        try:
+            used = self._snapshots.head(workspace_id).bytes
+        except NotFound:
+            used = 0
+        return max(0, quota - used)
+
     async def write_file(
         self, workspace_id: str, path: str, data: ByteStream, mode: int | None
     ) -> EditResult:
         async with self._writing(workspace_id):
-            upload = await asyncio.to_thread(self._editor.begin_write, workspace_id, path, mode)
+            room = await asyncio.to_thread(self._room_left, workspace_id)
+            upload = await asyncio.to_thread(
+                self._editor.begin_write, workspace_id, path, mode, room
+            )
             try:
                 async for chunk in _coalesce(data):
                     await asyncio.to_thread(upload.write, chunk)
@@ -458,6 +474,7 @@ class LocalRunner:
 
     async def write_tar(self, workspace_id: str, path: str, data: ByteStream) -> EditResult:
         async with self._writing(workspace_id):
+            room = await asyncio.to_thread(self._room_left, workspace_id)
             chunks: queue.Queue[bytes | None] = queue.Queue(maxsize=8)
             unpacking = asyncio.ensure_future(
                 asyncio.to_thread(
@@ -465,8 +482,9 @@ class LocalRunner:
                     workspace_id,
                     path,
                     chunks,
-                    # an upload never expands past the workspace quota (R2, tarscan.py)
-                    TarLimits(max_bytes=self.policy.workspace_quota_bytes),
+                    # an upload never expands past the room left under the workspace quota
+                    # (R2, tarscan.py, docs/limits.md "Uploads and the quota")
+                    TarLimits(max_bytes=room),
                 )
             )
             try:

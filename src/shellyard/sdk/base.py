@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import copy
 import functools
+import json
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Generic, ParamSpec, Self, TypeVar, overload
 
 import httpx
-from pydantic import BaseModel, TypeAdapter
+from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from shellyard.errors import RunnerUnavailable
 from shellyard.sdk.status import raise_for, unreachable
@@ -59,7 +60,23 @@ def call(
 
 def decode(response: httpx.Response, request: _Call[T]) -> T:
     raise_for(response.status_code, response.content)
-    return request.result.validate_json(response.content)
+    return parse(request.result, response.content)
+
+
+def parse(adapter: TypeAdapter[T], raw: bytes) -> T:
+    """``raw`` JSON as ``adapter``'s type; an answer naming a file that is not UTF-8 holds
+    ``\\udcNN`` escapes pydantic's parser refuses (docs/files-and-transfers.md "Names that
+    are not UTF-8"): Python's ``json`` reads those, then the value is validated."""
+    try:
+        return adapter.validate_json(raw)
+    except ValidationError as exc:
+        if not any(e["type"] == "json_invalid" for e in exc.errors()):
+            raise
+        try:
+            value = json.loads(raw)
+        except ValueError:
+            raise exc from None
+        return adapter.validate_python(value)
 
 
 def headers(token: str, agent_id: str | None) -> dict[str, str]:

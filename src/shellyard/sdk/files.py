@@ -41,6 +41,7 @@ from shellyard.sdk.base import (
     _Call,
     broken,
     call,
+    parse,
     raise_for,
 )
 
@@ -372,7 +373,7 @@ class FileStreams(SyncSender):
         except httpx.TransportError as exc:
             raise broken("upload", exc) from exc
         raise_for(response.status_code, response.content)
-        return _EDIT.validate_json(response.content)
+        return parse(_EDIT, response.content)
 
     def write_file(
         self,
@@ -416,7 +417,7 @@ class AsyncFileStreams(AsyncSender):
         except httpx.TransportError as exc:
             raise broken("upload", exc) from exc
         raise_for(response.status_code, response.content)
-        return _EDIT.validate_json(response.content)
+        return parse(_EDIT, response.content)
 
     async def write_file(
         self,

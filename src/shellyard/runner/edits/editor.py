@@ -32,8 +32,12 @@ class Editor(Placer):
     """The writer operations of one runner. Synchronous (the runner calls it on a worker
     thread); the caller guarantees one writer per workspace."""
 
-    def begin_write(self, workspace_id: str, path: str, mode: int | None) -> FileUpload:
-        return FileUpload(self, workspace_id, path, mode)
+    def begin_write(
+        self, workspace_id: str, path: str, mode: int | None, room_left: int | None = None
+    ) -> FileUpload:
+        """``room_left``: bytes the workspace may still grow under its quota (None: no
+        quota); the upload is refused once past it (plus the size of the file it replaces)."""
+        return FileUpload(self, workspace_id, path, mode, room_left)
 
     # ------------------------------------------------------------------ delete, move
 

@@ -20,7 +20,8 @@ as they pass, before ``tarfile`` sees them. It refuses, with what was wrong:
 - more than :data:`MAX_META_CHAIN` such headers in a row (``tarfile`` recurses on each);
 - sparse members and member types ``tarfile`` does not know (their data would be guessed);
 - more members than ``max_entries`` or file contents declared larger in total than
-  ``max_bytes`` (the workspace quota), each before any byte of that member is written.
+  ``max_bytes`` (the room left under the workspace quota), each before any byte of that
+  member is written.
 
 Everything the scan let through is exactly what ``tarfile`` parses: the same header fields,
 the same rule for which members carry data blocks, the same pax ``size`` override. The scan is
@@ -72,9 +73,10 @@ class Source(Protocol):
 
 @dataclass(frozen=True)
 class TarLimits:
-    """``max_bytes``: most bytes of file content (0: no bound); ``max_entries``: members."""
+    """``max_bytes``: most bytes of file content (None: no bound; the room left under the
+    workspace quota, docs/limits.md); ``max_entries``: members."""
 
-    max_bytes: int = 0
+    max_bytes: int | None = None
     max_entries: int = MAX_UPLOAD_ENTRIES
 
 
@@ -326,10 +328,11 @@ class BoundedTar:
                 limit=self._limits.max_entries,
             )
         self._bytes += carries
-        if self._limits.max_bytes and self._bytes > self._limits.max_bytes:
+        if self._limits.max_bytes is not None and self._bytes > self._limits.max_bytes:
             raise TooLarge(
-                f"the upload's files hold more than {self._limits.max_bytes} bytes, the "
-                f"workspace quota; upload less or free room; nothing was unpacked",
+                f"the upload's files hold more than {self._limits.max_bytes} bytes, the room "
+                f"left under the workspace quota; upload less or free room (delete files); "
+                f"nothing was unpacked",
                 limit=self._limits.max_bytes,
             )
         self._data_left = -(-carries // BLOCK) * BLOCK

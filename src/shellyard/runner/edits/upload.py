@@ -9,10 +9,11 @@ import hashlib
 import os
 import stat as stat_mod
 
-from shellyard.errors import InvalidInput, NotFound, OutOfRoom
+from shellyard.errors import InvalidInput, NotFound, OutOfRoom, TooLarge
 from shellyard.paths import normalize_relative
 from shellyard.runner import workspace_paths
 from shellyard.runner.edits.placing import Done, Placer, kind_name
+from shellyard.runner.edits.tar import ROOM_CHECK_BYTES
 from shellyard.runner.protocol import EditResult, PathEntry
 
 
@@ -20,7 +21,14 @@ class FileUpload:
     """One streamed file write: ``write`` chunks, then ``finish`` (renames it into place and
     commits) or ``abort``. Runs on worker threads; the bytes are hashed as they come."""
 
-    def __init__(self, editor: Placer, workspace_id: str, path: str, mode: int | None) -> None:
+    def __init__(
+        self,
+        editor: Placer,
+        workspace_id: str,
+        path: str,
+        mode: int | None,
+        room_left: int | None = None,
+    ) -> None:
         self._editor = editor
         self._workspace_id = workspace_id
         self.rel = normalize_relative(path)
@@ -45,6 +53,13 @@ class FileUpload:
                     f"{self.rel!r} is a {kind_name(existing)}; delete it first or write elsewhere",
                     path=self.rel,
                 )
+            # limits (R2, docs/limits.md "Uploads and the quota"): the bytes it may hold are
+            # the room left under the quota plus those of the file it replaces
+            self.max_bytes = (
+                None
+                if room_left is None
+                else max(0, room_left) + (existing.st_size if existing is not None else 0)
+            )
             if mode is None:
                 mode = existing.st_mode if existing is not None else workspace_paths.FILE_MODE
             self.mode = mode & workspace_paths.PERMISSION_BITS
@@ -56,8 +71,21 @@ class FileUpload:
             raise
         self._hasher = hashlib.sha256()
         self.size = 0
+        self._unchecked = 0  # bytes written since the reserve was last checked
 
     def write(self, chunk: bytes) -> None:
+        if self.max_bytes is not None and self.size + len(chunk) > self.max_bytes:
+            raise TooLarge(
+                f"the upload of {self.rel!r} passed {self.max_bytes} bytes, the room left "
+                f"under the workspace quota; nothing was changed; upload less or free room "
+                f"(delete files)",
+                path=self.rel,
+                limit=self.max_bytes,
+            )
+        self._unchecked += len(chunk)
+        if self._editor.room is not None and self._unchecked >= ROOM_CHECK_BYTES:
+            self._unchecked = 0
+            self._editor.room()  # LowOnSpace below the volume's reserve (docs/limits.md)
         view = memoryview(chunk)
         try:
             while view:
