@@ -276,7 +276,22 @@ class LocalRunner:
             if info.st_uid != uid or info.st_gid != group:
                 moved = tenants.chown_tree(tree, uid, group)
                 log.info("gave workspace %s (%d entries) to its uid %d", workspace_id, moved, uid)
+            self._close_root(workspace_id)
         return uid, group
+
+    def _close_root(self, workspace_id: str) -> None:
+        """R2 tenants: a workspace's root is 0700 at every use and after every execution. Its
+        uid may chmod /workspace from inside (it owns it); left 0755/0777, any other
+        workspace's uid (they share the sandbox group, which may pass every folder above) could
+        read it from the host. Inside the root, the agent's own modes (0664, 0777) stay its own
+        choice: nothing above lets another uid reach them (docs/security.md "Tenants: attack
+        pass (second engineer)")."""
+        if self._ids is None:
+            return
+        with contextlib.suppress(FileNotFoundError):
+            tree = self.workspace_path(workspace_id)
+            if tree.lstat().st_mode & 0o7777 != 0o700:
+                os.chmod(tree, 0o700, follow_symlinks=False)
 
     def workspace_path(self, workspace_id: str) -> Path:
         check_id(workspace_id, "workspace id")
@@ -303,6 +318,7 @@ class LocalRunner:
         return await self._commit(workspace_id)
 
     async def _commit(self, workspace_id: str) -> SnapshotInfo:
+        self._close_root(workspace_id)  # R2 tenants: what the ended command opened
         # under the store's shared lock: a garbage collection never runs mid-commit
         return await asyncio.to_thread(self._editor.commit, workspace_id)
 
