@@ -18,7 +18,6 @@ import pytest
 
 from conftest import Yard
 from shellyard.contract.executions import RunShellRequest
-from shellyard.errors import ChangeFailed
 from shellyard.runner.protocol import RunnerExecState, SandboxPolicy, StartRequest
 
 ROOT = os.geteuid() == 0
@@ -167,38 +166,3 @@ async def test_a_migrated_workspace_root_is_0700_and_its_own(tmp_path: Path) -> 
     assert tree.stat().st_mode & 0o7777 == 0o700
     for path in (tree, tree / "f", tree / "sub", tree / "sub" / "put.txt"):
         assert (path.stat().st_uid, path.stat().st_gid) == (uid, SHARED_GROUP), path
-
-
-@pytest.mark.timeout(300)
-@pytest.mark.runner_kinds("local", "direct")
-async def test_a_build_backend_is_held_by_the_memory_limit(yard_factory: Any) -> None:
-    """R2 with V2: a package build runs the agent's code (an in-tree build backend of an sdist
-    in its workspace); it gets an execution's memory bound (SHELLYARD_MEMORY_LIMIT) and the
-    workspace's groups, instead of the host's whole memory: 768 MiB touched under a 256 MiB
-    limit fails the change, and its log says memory."""
-    from test_env_tool_rights import _agent, _create, _install, _put, _sdist
-
-    from shellyard.runner.limits import cgroups
-
-    own = cgroups.own_groups()
-    if not ("memory" in own and os.access(f"/sys/fs/cgroup/memory{own['memory']}", os.W_OK)):
-        pytest.skip("needs a writable cgroup v1 memory hierarchy")
-    yard: Yard = await yard_factory(SandboxPolicy(uid_range=UIDS, memory_limit_bytes=256 << 20))
-    agent = await _agent(yard)
-    environment_id = await _create(yard, agent, "hog")
-    body = """
-    b = bytearray(768 << 20)
-    b[::4096] = b"x" * (len(b) // 4096)
-    RESULT = "survived"
-    """
-    await _put(yard, agent, {"dist/sy_hog-1.0.tar.gz": _sdist("sy-hog", "1.0", body)}, {})
-    with pytest.raises(ChangeFailed) as failed:
-        await _install(
-            yard, agent, environment_id, manager="pip", specs=["sy-hog"], index_url="none",
-            find_links=["/workspace/dist"],
-        )  # fmt: skip
-    assert "memory limit of 256.0 MiB (SHELLYARD_MEMORY_LIMIT)" in str(failed.value), failed
-    tag = cgroups.runner_tag(runner_root(yard).absolute())
-    base = Path(f"/sys/fs/cgroup/memory{own['memory']}".rstrip("/")) / tag
-    left = [p.name for p in base.rglob("*") if p.is_dir() and "-tool" in p.name]
-    assert left == [], left

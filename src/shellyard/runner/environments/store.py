@@ -415,7 +415,6 @@ class EnvironmentStore:
                 base_env={},
                 on_spawn=on_spawn,
                 timeout_s=self._tool_timeout_s,
-                group=(request.workspace_id or f"environment-{env_id}", request.change_id),
             )
             running.tools = tools
             ctx = ManagerContext(

@@ -97,13 +97,8 @@ class SandboxedTools:
         base_env: dict[str, str],
         on_spawn: SpawnHook,
         timeout_s: float,
-        group: tuple[str, str] | None = None,
     ) -> None:
         self._sandboxes = sandboxes
-        #: R2 tenants: (workspace, change id): each tool runs in a group of its own inside
-        #: the workspace's cgroups, like an execution (docs/limits.md "Tenants").
-        self._group = group
-        self._tools_started = 0
         self._prefix = prefix
         self._cache = cache
         self._scratch = scratch
@@ -139,22 +134,8 @@ class SandboxedTools:
         box = self._sandboxes
         mode: NetworkMode = box.policy.tools_network if network else "off"
         seccomp_fd = box.seccomp.open()
-        # R2 tenants: a build backend is the agent's code: it gets the execution's memory
-        # bound, and its processes count against the workspace's pids.max and CPU weight.
-        joins: list[str] = []
-        where: tuple[str, str] | None = None
-        if box.cgroups is not None and self._group is not None:
-            self._tools_started += 1
-            where = (self._group[0], f"{self._group[1]}-tool{self._tools_started}")
-            try:
-                joins = box.cgroups.start(*where)
-            except BaseException:
-                os.close(seccomp_fd)
-                raise
         try:
-            front = launch.prefix(
-                box.launcher, network=None, ids=tool_ids(box), limits=(), cgroups=joins
-            )
+            front = launch.prefix(box.launcher, network=None, ids=tool_ids(box), limits=())
             command = sandbox.tool_argv(
                 bwrap=box.bwrap,
                 network=mode,
@@ -170,8 +151,6 @@ class SandboxedTools:
             )
         except BaseException:
             os.close(seccomp_fd)
-            if where is not None and box.cgroups is not None:
-                box.cgroups.remove(*where)
             raise
         passed = {k: v for k in PASSED_VARIABLES if (v := os.environ.get(k)) is not None}
         if mode == "egress":
@@ -200,12 +179,6 @@ class SandboxedTools:
                 cwd="/",
                 pass_fds=(seccomp_fd, *box.view.fds),
             )
-            if joins and box.launcher is None:
-                launch.join(joins, popen.pid)
-        except BaseException:
-            if where is not None and box.cgroups is not None:
-                box.cgroups.remove(*where)
-            raise
         finally:
             os.close(log_fd)
             os.close(seccomp_fd)
@@ -218,19 +191,7 @@ class SandboxedTools:
                 popen.kill()
                 await asyncio.to_thread(popen.wait)
             self._live.discard(popen)
-            if where is not None and box.cgroups is not None:
-                self._ended(box.cgroups.finish(*where).memory_killed)
         return code, _tail(self._log_path, start)
-
-    def _ended(self, memory_killed: bool) -> None:
-        """Say in the change's log when the tool met its memory bound (docs/limits.md)."""
-        if memory_killed and self._sandboxes.cgroups is not None:
-            bound = self._sandboxes.cgroups.limits.memory_bytes / (1 << 20)
-            with open(self._log_path, "ab") as log:
-                log.write(
-                    f"\nshellyard: the tool was stopped at its memory limit of {bound:.1f} MiB "
-                    f"(SHELLYARD_MEMORY_LIMIT)\n".encode()
-                )
 
     async def _wait(self, popen: subprocess.Popen[bytes]) -> int:
         """Wake on the pidfd when the tool ends; kill it after the change's time limit."""
