@@ -282,11 +282,11 @@ class LocalRunner:
                 if info.st_uid != uid or info.st_gid != group:
                     moved = tenants.chown_tree(tree, uid, group)
                     log.info("gave %s (%d entries) to its uid %d", tree, moved, uid)
+        self._close_root(workspace_id)
         return uid, group
 
     def home_path(self, workspace_id: str) -> Path:
-        """The workspace's home (made on first use, its owner the workspace's like its tree):
-        outside the tree, so no snapshot, diff or transfer holds it; the quota counts it."""
+        """The workspace's home, owned like its tree, outside it (no snapshot holds it)."""
         check_id(workspace_id, "workspace id")
         home = self._homes / workspace_id
         if not home.is_dir():
@@ -296,6 +296,10 @@ class LocalRunner:
             elif self._ids is not None:
                 os.chown(home, *self._ids)
         return home
+
+    def _close_root(self, workspace_id: str) -> None:
+        if self._ids is not None:  # docs/security.md "Tenants: attack pass"
+            tenants.close_root(self.workspace_path(workspace_id))
 
     def workspace_path(self, workspace_id: str) -> Path:
         check_id(workspace_id, "workspace id")
@@ -322,6 +326,7 @@ class LocalRunner:
         return await self._commit(workspace_id)
 
     async def _commit(self, workspace_id: str) -> SnapshotInfo:
+        self._close_root(workspace_id)  # R2 tenants: what the ended command opened
         # under the store's shared lock: a garbage collection never runs mid-commit
         return await asyncio.to_thread(self._editor.commit, workspace_id)
 

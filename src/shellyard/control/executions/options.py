@@ -12,9 +12,9 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from shellyard.contract.executions import RunShellRequest
+from shellyard.contract.executions import ExecutionState, RunShellRequest
 from shellyard.paths import normalize_relative
-from shellyard.runner.protocol import Runner
+from shellyard.runner.protocol import Runner, RunnerExecState, RunnerExecution
 from shellyard.store import Store
 
 TIMEOUT = "timeout"
@@ -69,3 +69,15 @@ async def expire(store: Store, runner: Runner, execution_id: str) -> bool:
     await store.update_execution(execution_id, cancel_requested=True, ended_by_limit=TIMEOUT)
     await runner.cancel(execution_id)
     return True
+
+
+def outcome(row: Mapping[str, Any], result: RunnerExecution) -> tuple[ExecutionState, str | None]:
+    """The record's terminal state and error for the runner's ``result`` (E7, E9; a cancel of
+    ``timeout_ms`` says so in the error, E5)."""
+    if result.state == RunnerExecState.lost:
+        return ExecutionState.unknown, result.error
+    if result.cancelled:
+        return ExecutionState.cancelled, error(row) if result.limit == TIMEOUT else None
+    if result.exit_code is None:
+        return ExecutionState.failed, result.error
+    return ExecutionState.completed, result.error

@@ -336,8 +336,7 @@ class ExecutionService:
         task.add_done_callback(done)
 
     async def _watch_guarded(self, row: Mapping[str, Any]) -> None:
-        """A watcher that fails (the database went away mid-finalize) lets its lease go, so a
-        lease round re-attaches (here or elsewhere) instead of the execution staying open."""
+        """A watcher that fails (the database went away) lets its lease go: a round re-attaches."""
         try:
             await self._watch_loop(row)
         except asyncio.CancelledError:
@@ -393,15 +392,7 @@ class ExecutionService:
             return
 
     async def _complete(self, row: Mapping[str, Any], result: RunnerExecution) -> None:
-        if result.state == RunnerExecState.lost:
-            state, error = ExecutionState.unknown, result.error
-        elif result.cancelled:
-            timeout = result.limit == options.TIMEOUT
-            state, error = ExecutionState.cancelled, options.error(row) if timeout else None
-        elif result.exit_code is None:
-            state, error = ExecutionState.failed, result.error
-        else:
-            state, error = ExecutionState.completed, result.error
+        state, error = options.outcome(row, result)
         snapshot = result.snapshot
         if snapshot is not None and snapshot.new:
             await self.store.record_snapshot(
@@ -550,8 +541,7 @@ class ExecutionService:
     async def result(
         self, execution_id: str, max_output_length: int, agent_id: str | None = None
     ) -> RunShellResult:
-        """What run_shell answers about an execution now, without waiting (the MCP tasks
-        extension's completed result)."""
+        """What run_shell answers about an execution now, without waiting (MCP tasks)."""
         row = await self._owned(execution_id, agent_id)
         now = RunShellRequest.model_construct(
             background=False, wait_ms=0, max_output_length=max_output_length

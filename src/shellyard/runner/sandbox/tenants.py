@@ -172,3 +172,14 @@ def chown_tree(tree: Path, uid: int, gid: int) -> int:
                 os.lchown(os.path.join(folder, name), uid, gid)
                 count += 1
     return count
+
+
+def close_root(tree: Path) -> None:
+    """R2 tenants: a workspace's root is 0700 at every use and after every execution. Its uid
+    may chmod /workspace from inside (it owns it); left 0755/0777, any other workspace's uid
+    (they share the sandbox group, which may pass every folder above) could read it from the
+    host. Inside the root, the agent's own modes (0664, 0777) stay its own choice: nothing above
+    lets another uid reach them (docs/security.md "Tenants: attack pass (second engineer)")."""
+    with contextlib.suppress(FileNotFoundError):
+        if tree.lstat().st_mode & 0o7777 != 0o700:
+            os.chmod(tree, 0o700, follow_symlinks=False)
