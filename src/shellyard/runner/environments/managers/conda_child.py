@@ -299,8 +299,8 @@ async def check_packages(
 ) -> None:
     """Refuse a package whose paths would leave the prefix: absolute, ``..``, or below a
     symbolic link some package puts in the prefix or that is in ``prefix`` already (a pip
-    build could leave one for rattler to write through: docs/environments.md). ``verified``: where the path
-    lists of local archives already read are kept by sha256 (``package_paths``)."""
+    build could leave one for rattler to write through: docs/environments.md). ``verified``:
+    where the path lists of local archives already read are kept by sha256."""
     client = Client.default_client()
     gate = asyncio.Semaphore(8)
     local = [
