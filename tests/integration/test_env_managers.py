@@ -13,7 +13,7 @@ import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -35,12 +35,27 @@ async def subprocess_tool(
     env: dict[str, str] | None = None,
     binds: list[Path] | None = None,
     network: bool = True,
+    stdin: bytes | None = None,
+    lines: Callable[[str], None] | None = None,
+    mounts: dict[Path, Path] | None = None,
 ) -> tuple[int, str]:
+    # no sandbox here: the tool reads a local channel at its own path, not the runner's copy
     process = await asyncio.create_subprocess_exec(
-        *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
+        *argv,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE if lines else asyncio.subprocess.STDOUT,
     )
-    output, _ = await process.communicate()
-    return process.returncode or 0, output.decode(errors="replace")[-20000:]
+    assert process.stdin is not None and process.stdout is not None
+    process.stdin.write(stdin or b"")
+    process.stdin.close()
+    if lines is None:
+        output, _ = await process.communicate()
+        return process.returncode or 0, output.decode(errors="replace")[-20000:]
+    async for raw in process.stdout:
+        lines(raw.decode(errors="replace"))
+    _, errors = await process.communicate()
+    return process.returncode or 0, errors.decode(errors="replace")[-20000:]
 
 
 class Env:
@@ -136,8 +151,10 @@ async def test_conda_install_links_the_package_and_lists_it(env: Env, channel: s
     )
     assert record.source == channel + "/"
     assert record.sha256 == hashlib.sha256(archive.read_bytes()).hexdigest()
-    assert env.progress[0] == "solving" and env.progress[-1] == "linking 1/1"
-    # rattler wrote only into the prefix and the cache it was given.
+    assert env.progress[:2] == ["copying the local channels", "solving"]
+    assert env.progress[-1] == "linking 1/1"
+    # rattler wrote only into the prefix and the cache it was given (the runner's copy of the
+    # channel is in the scratch).
     assert sorted(p.name for p in env.root.iterdir()) == ["cache", "prefix", "scratch"]
     assert list((env.ctx.cache / "rattler" / "pkgs").glob("shellyard-hello-1.0-0*"))
 

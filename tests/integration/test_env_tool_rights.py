@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conda_channel import CondaPackage, PackageFile, build_test_channel_sync
 from env_fixtures import make_wheel
 
 from conftest import Yard
@@ -301,3 +302,66 @@ async def test_a_poisoned_build_in_session_b_never_reaches_session_a(yard: Yard)
     )  # fmt: skip
     assert done.state == "succeeded", done
     assert await _import(yard, alice, second, "sy_shared") == "clean"
+
+
+async def test_a_conda_install_runs_as_the_sandbox_uid_and_reads_no_root_only_archive(
+    yard: Yard, home: Path
+) -> None:
+    """R2 with V2: rattler runs as the sandbox uid, and a channel in the agent's workspace is
+    read as the workspace's uid (docs/environments.md, "Package tools run as the sandbox
+    uid"). A workspace channel installs, and every file it unpacked belongs to a uid that is
+    not root; a second channel whose package is a link to a root-only archive (0600, its
+    payload a canary) is refused, and the canary's bytes are nowhere in the environments'
+    folders."""
+    built = build_test_channel_sync(
+        home / "conda-built",
+        [
+            CondaPackage("sy-fine", "1.0", {"share/sy-fine/fine.txt": PackageFile(b"fine\n")}),
+            CondaPackage(
+                "sy-secret", "1.0", {"share/sy-secret/secret.txt": PackageFile(CANARY.encode())}
+            ),
+        ],
+    )
+    [secret] = (built / "noarch").glob("sy-secret-*.tar.bz2")
+    canary = home / "canary-package.tar.bz2"
+    canary.write_bytes(secret.read_bytes())
+    canary.chmod(0o600)
+    files: dict[str, bytes] = {}
+    for path in built.rglob("*"):
+        if path.is_file():
+            relative = str(path.relative_to(built))
+            if path != secret:
+                files[f"chan/{relative}"] = path.read_bytes()
+                files[f"evil/{relative}"] = path.read_bytes()
+    agent = await _agent(yard)
+    environment_id = await _create(yard, agent, "condaprobe")
+    await _put(yard, agent, files, {f"evil/noarch/{secret.name}": str(canary)})
+
+    change = await _install(
+        yard, agent, environment_id, manager="conda", specs=["sy-fine"],
+        channels=["/workspace/chan"],
+    )  # fmt: skip
+    assert change.state == "succeeded", change
+    environments = yard.home  # the control plane's home and a direct runner's
+    unpacked = list(environments.rglob("share/sy-fine/fine.txt"))
+    records = list(environments.rglob("conda-meta/sy-fine-*.json"))
+    assert unpacked and records, "the install left no files"
+    for path in [*unpacked, *records]:
+        assert path.lstat().st_uid != 0, f"{path} was written by root"
+
+    with pytest.raises((ChangeFailed, InvalidInput), match="symbolic link"):
+        await _install(
+            yard, agent, environment_id, manager="conda", specs=["sy-secret"],
+            channels=["/workspace/evil"],
+        )  # fmt: skip
+    assert not list(environments.rglob("share/sy-secret")), "the canary was installed"
+    for folder, _dirs, names in os.walk(environments):
+        for name in names:
+            path = Path(folder, name)
+            if path.is_symlink() or not path.is_file():
+                continue
+            try:
+                data = path.read_bytes()
+            except OSError:
+                continue
+            assert CANARY.encode() not in data or path.name.endswith((".db", "-wal")), path

@@ -76,8 +76,8 @@ CACHE = "cache"
 #: Present when the last change left every file of the prefix to the tools' uid (or a base):
 #: the next change skips the ownership walk (``give_to_tools``).
 TOOLS_OWN = "tools-own"
-#: Managers whose every write is a tool's (conda links as the runner, in-process).
-TOOLS_ONLY = frozenset({"pip", "cran", "bioconductor"})
+#: Managers whose every write is a tool's (all: conda's rattler runs in a tool sandbox too).
+TOOLS_ONLY = frozenset({"conda", "pip", "cran", "bioconductor"})
 #: Names under the environments folder that are not environments.
 RESERVED = frozenset({"changes", "cache", "store", "staging", "wheels", "verified"})
 #: A change's tools are killed after this long (a hung download must not hold the prefix).
@@ -460,7 +460,7 @@ class EnvironmentStore:
                 _write_atomic(env_dir / JOURNAL_FILE, json.dumps(journal))
                 journal_written = True
                 base = [PackageRecord(**p) for p in self._meta(env_id).get("base", [])]
-                # what the runner wrote as root (conda's links, a rollback's restores) and
+                # what the runner wrote as root (a rollback's restores, conda of older runners) and
                 # prefixes of older runners become the tools' (none of a base's files); the
                 # marker says the last change left nothing of root's (a walk of a large
                 # prefix is a second on a loaded machine)
@@ -482,8 +482,7 @@ class EnvironmentStore:
                     "base": [p.model_dump(mode="json") for p in base],
                 }
                 _write_atomic(env_dir / ENV_FILE, json.dumps(meta))
-            if request.action == "create" or request.manager in TOOLS_ONLY:
-                # every file of the prefix came from the tools (or a base): nothing to own
+            if request.action == "create" or request.manager in TOOLS_ONLY:  # nothing to own
                 _write_atomic(env_dir / TOOLS_OWN, "")
             record.packages = packages
             record.state = EnvChangeState.succeeded

@@ -52,6 +52,10 @@ PASSED_VARIABLES = (
 )
 
 SpawnHook = Callable[[int, int], None]
+#: Gets each line a tool writes on stdout, when the caller talks with it (conda's child).
+LineHook = Callable[[str], None]
+#: The most a tool may write on stdout to its caller (its records of a prefix's packages).
+MAX_ANSWER = 64 << 20
 
 
 def tool_ids(sandboxes: Sandboxes) -> tuple[int, int] | None:
@@ -117,6 +121,9 @@ class SandboxedTools:
         env: dict[str, str] | None = None,
         binds: list[Path] | None = None,
         network: bool = True,
+        stdin: bytes | None = None,
+        lines: LineHook | None = None,
+        mounts: dict[Path, Path] | None = None,
     ) -> tuple[int, str]:
         if self.stopped:
             return -signal.SIGKILL, "the change was stopped before this tool could start"
@@ -148,6 +155,7 @@ class SandboxedTools:
                 egress_socket=box.egress_socket,
                 socat=box.socat,
                 front=front,
+                mounts=[(copy, shown) for shown, copy in (mounts or {}).items()],
             )
         except BaseException:
             os.close(seccomp_fd)
@@ -172,8 +180,8 @@ class SandboxedTools:
             # forked bwrap, and this one lives as long as the runner.
             popen = subprocess.Popen(
                 command,
-                stdin=subprocess.DEVNULL,
-                stdout=log_fd,
+                stdin=subprocess.DEVNULL if stdin is None else subprocess.PIPE,
+                stdout=log_fd if lines is None else subprocess.PIPE,
                 stderr=log_fd,
                 env=tool_env,
                 cwd="/",
@@ -183,9 +191,16 @@ class SandboxedTools:
             os.close(log_fd)
             os.close(seccomp_fd)
         self._live.add(popen)
+        talk: asyncio.Future[None] | None = None
         try:
             self._on_spawn(popen.pid, processes.start_time(popen.pid) or 0)
+            if stdin is not None or lines is not None:
+                talk = asyncio.ensure_future(
+                    asyncio.to_thread(_talk, popen, stdin, lines, asyncio.get_running_loop())
+                )
             code = await self._wait(popen)
+            if talk is not None:
+                await talk  # the pipes close with the tool
         finally:
             if popen.poll() is None:
                 popen.kill()
@@ -221,6 +236,32 @@ class SandboxedTools:
         for popen in list(self._live):
             with contextlib.suppress(ProcessLookupError):
                 popen.send_signal(signal.SIGKILL)
+
+
+def _talk(
+    popen: subprocess.Popen[bytes],
+    data: bytes | None,
+    lines: LineHook | None,
+    loop: asyncio.AbstractEventLoop,
+) -> None:
+    """Write ``data`` to the tool's stdin and hand each stdout line to ``lines`` (on the
+    loop's thread), at most ``MAX_ANSWER`` bytes: a tool that writes more is killed."""
+    if popen.stdin is not None:
+        with contextlib.suppress(BrokenPipeError):
+            popen.stdin.write(data or b"")
+        with contextlib.suppress(BrokenPipeError):
+            popen.stdin.close()
+    if popen.stdout is None:
+        return
+    read = 0
+    with popen.stdout:
+        for raw in popen.stdout:
+            read += len(raw)
+            if read > MAX_ANSWER:
+                popen.kill()
+                break
+            if lines is not None:
+                loop.call_soon_threadsafe(lines, raw.decode("utf-8", "replace"))
 
 
 def _tail(path: Path, start: int) -> str:

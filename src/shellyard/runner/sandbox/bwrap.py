@@ -471,6 +471,7 @@ def tool_argv(
     egress_socket: Path | None = None,
     socat: str | None = None,
     front: Sequence[str] = (),
+    mounts: Sequence[tuple[Path, Path]] = (),
 ) -> list[str]:
     """The bubblewrap command line for a package tool (uv, Rscript) changing an environment.
 
@@ -481,11 +482,15 @@ def tool_argv(
     crash of the runner the kernel kills it before the rollback runs. The host view is the
     executions' one; only ``writable`` (the prefix, the caches, the change's scratch) and
     ``read_only`` (local channels, wheel folders, repositories) are bound in beside it. The
-    umask is set for the tool because whatever it creates must be readable by executions."""
+    umask is set for the tool because whatever it creates must be readable by executions.
+    ``mounts``: (copy, path) pairs, a copy the runner made shown read-only at ``path`` (a
+    workspace channel read as the workspace's uid, where the tool's uid cannot read)."""
     argv = [*front, bwrap, "--unshare-all", "--die-with-parent", "--new-session"]
     argv += [*hardening.argv(), *view.argv, *network_argv(network, egress_socket)]
     for path in read_only:
         argv += ["--ro-bind", str(path), str(path)]
+    for copy, shown in mounts:
+        argv += ["--ro-bind", str(copy), str(shown)]
     for path in writable:
         argv += ["--bind", str(path), str(path)]
     argv += ["--remount-ro", "/"]

@@ -41,7 +41,10 @@ class ManagerContext:
     progress: Progress
     #: Runs a tool's process (uv, Rscript) with the prefix writable and the rest of the host
     #: read-only; ``binds`` adds local folders (file:// channels, wheel folders) read-only.
-    #: Returns (exit code, combined output tail). Set by the environment store.
+    #: Returns (exit code, combined output tail). Set by the environment store. ``stdin``:
+    #: bytes written to the tool's stdin; ``lines``: gets each line of its stdout, which then
+    #: does not go to the log (how conda's child answers); ``mounts``: {path the tool sees:
+    #: the runner's copy shown there}.
     run_tool: ToolRunner
     #: Variables describing the prefix (VIRTUAL_ENV, CONDA_PREFIX, R_LIBS …).
     env: dict[str, str] = field(default_factory=dict)
@@ -80,6 +83,9 @@ class ToolRunner(Protocol):
         env: dict[str, str] | None = None,
         binds: list[Path] | None = None,
         network: bool = True,
+        stdin: bytes | None = None,
+        lines: Callable[[str], None] | None = None,
+        mounts: dict[Path, Path] | None = None,
     ) -> tuple[int, str]: ...
 
 

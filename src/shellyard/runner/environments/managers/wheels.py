@@ -108,12 +108,17 @@ def stash(source: Path, store: Path, into: Path, front: Sequence[str] = ()) -> t
 
 
 def stash_folder(
-    folder: Path, store: Path, into: Path, front: Sequence[str] = ()
+    folder: Path,
+    store: Path,
+    into: Path,
+    front: Sequence[str] = (),
+    suffixes: Sequence[str] = PACKAGE_SUFFIXES,
 ) -> dict[str, str]:
-    """Every package file directly in ``folder``, stashed into ``into``; returns {file name:
-    sha256}. A symbolic link among them is refused, not followed."""
+    """Every package file directly in ``folder`` (names ending in ``suffixes``), stashed
+    into ``into``; returns {file name: sha256}. A symbolic link among them is refused, not
+    followed."""
     into.mkdir(mode=0o755, parents=True, exist_ok=True)  # uv reads it even when empty
-    files = _read(["folder", str(folder), ",".join(PACKAGE_SUFFIXES)], store, into, front)
+    files = _read(["folder", str(folder), ",".join(suffixes)], store, into, front)
     return {f.name: f.sha256 for f in files}
 
 
