@@ -9,16 +9,14 @@ from __future__ import annotations
 
 import os
 import shutil
-import struct
 import subprocess
-import zlib
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 from playwright.async_api import Browser, Page, expect
-from web_helpers import Served, new_session, run
+from web_helpers import Served, new_session, png, run, upload
 
 pytest_plugins = ["web_fixtures"]
 
@@ -27,27 +25,6 @@ NODE_DIR = Path(os.environ.get("SHELLYARD_TEST_NODE_DIR", Path.home() / ".cache/
 AXE = NODE_DIR / "node_modules" / "axe-core" / "axe.min.js"
 
 LONG_COMMAND = "echo " + "a-rather-long-argument " * 12 + "&& true"
-
-
-def png(width: int, height: int) -> bytes:
-    """A real PNG (RGB, red/blue stripes) made with zlib, as an image library would."""
-    rows = b"".join(
-        b"\x00"
-        + b"".join(b"\xff\x00\x00" if (x // 4) % 2 else b"\x00\x00\xff" for x in range(width))
-        for _ in range(height)
-    )
-
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        body = kind + data
-        return struct.pack(">I", len(data)) + body + struct.pack(">I", zlib.crc32(body))
-
-    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
-    return (
-        b"\x89PNG\r\n\x1a\n"
-        + chunk(b"IHDR", header)
-        + chunk(b"IDAT", zlib.compress(rows))
-        + chunk(b"IEND", b"")
-    )
 
 
 @pytest.fixture(scope="module")
@@ -66,14 +43,6 @@ def axe_source() -> str:
     return AXE.read_text()
 
 
-def upload(served: Served, agent: str, path: str, data: bytes) -> dict[str, Any]:
-    with served.admin(agent) as client:
-        answer = client.put("/v1/files/content", params={"path": path}, content=data)
-    assert answer.status_code == 200, answer.text
-    result: dict[str, Any] = answer.json()
-    return result
-
-
 def scene(served: Served) -> dict[str, Any]:
     """A session with a plot, a CSV, an SVG that tries to script, an HTML file, a text file
     changed between two snapshots, coloured output and a long command."""
@@ -88,6 +57,13 @@ def scene(served: Served) -> dict[str, Any]:
         b'<rect width="20" height="20" fill="green"/></svg>'
     )
     upload(served, agent, "icon.svg", svg)
+    upload(
+        served,
+        agent,
+        "README.md",
+        b"# Title\n\nSome **bold** and `code`.\n\n- one\n- two\n\n"
+        b"<script>document.title='x'</script>\n",
+    )
     upload(served, agent, "page.html", b"<script>parent.document.title='pwned'</script>")
     second = run(served, agent, "printf 'alpha\\ngamma\\nsame\\n' > notes.txt")
     colour = run(
@@ -192,6 +168,19 @@ async def test_a_csv_is_a_table(served: Served, ids: dict[str, Any], page: Page)
     await expect(table.locator("thead th")).to_have_text(["name", "score"])
     await expect(table.locator("tbody tr").first.locator("td")).to_have_text(["Ada, L.", "3"])
     await expect(page.locator("#csv-count")).to_contain_text("2 rows")
+
+
+async def test_markdown_is_rendered_safely(served: Served, ids: dict[str, Any], page: Page) -> None:
+    await open_panel(page, served, ids)
+    await page.get_by_role("button", name="Preview README.md").click()
+    shown = page.locator("#preview .markdown")
+    await expect(shown.locator("h5")).to_have_text("Title")
+    await expect(shown.locator("strong")).to_have_text("bold")
+    await expect(shown.locator("li")).to_have_text(["one", "two"])
+    # Raw HTML is text: visible as written, never an element.
+    await expect(shown).to_contain_text("<script>document.title='x'</script>")
+    assert await shown.locator("script").count() == 0
+    assert await page.title() == "shellyard"
 
 
 async def test_the_diff_shows_the_removed_and_the_added_line(

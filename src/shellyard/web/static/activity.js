@@ -186,12 +186,12 @@ export class ActivityPanel {
     }
     // Badges: what the row's state alone does not say (docs/web.md "Layout").
     const badges = [];
-    if (e.read_only) badges.push(h("span", { class: "badge badge-readonly", title: "ran on a read-only view of the workspace" }, "read-only"));
-    if (e.background) badges.push(h("span", { class: "badge" }, "background"));
-    if (e.waiting_for) badges.push(h("span", { class: "badge badge-queued", title: `queued behind ${e.waiting_for}` }, `behind ${e.waiting_for}`));
-    if (e.limit) badges.push(h("span", { class: "badge badge-limit", "data-limit": e.limit }, `limit: ${e.limit}`));
-    if (e.environment_id) badges.push(h("span", { class: "badge badge-env", title: `environment ${e.environment_id}` }, `env r${e.environment_revision ?? "?"}`));
-    if (e.was_unknown) badges.push(h("span", { class: "badge badge-unknown" }, "was unknown"));
+    if (e.read_only) badges.push(h("span", { class: "flag flag-readonly", title: "ran on a read-only view of the workspace" }, "read-only"));
+    if (e.background) badges.push(h("span", { class: "flag" }, "background"));
+    if (e.waiting_for) badges.push(h("span", { class: "flag flag-queued", title: `queued behind ${e.waiting_for}` }, `behind ${e.waiting_for}`));
+    if (e.limit) badges.push(h("span", { class: "flag flag-limit", "data-limit": e.limit }, `limit: ${e.limit}`));
+    if (e.environment_id) badges.push(h("span", { class: "flag flag-env", title: `environment ${e.environment_id}` }, `env r${e.environment_revision ?? "?"}`));
+    if (e.was_unknown) badges.push(h("span", { class: "flag flag-unknown" }, "was unknown"));
     const times = h("div", { class: "times" },
       h("div", {}, "created ", when(e.created_at)),
       e.finished_at ? h("div", {}, "finished ", when(e.finished_at)) : e.started_at ? h("div", {}, "started ", when(e.started_at)) : null);

@@ -4,6 +4,7 @@
 
 import { api, href } from "./api.js";
 import { bytes, h, keyedList, when } from "./dom.js";
+import { renderMarkdown } from "./markdown.js";
 import { diffLines, diffWords, hunks, parseDelimited } from "./textdiff.js";
 
 const IMAGE = /\.(png|jpe?g|gif|webp|svg)$/i;
@@ -249,6 +250,7 @@ export class FilePanel {
     const more = text.complete ? null : h("p", { class: "muted" }, `First ${bytes(text.next_offset)} shown; download the file for all of it.`);
     let body;
     if (/\.(csv|tsv)$/i.test(name)) body = this.csvTable(text.data, /\.tsv$/i.test(name) ? "\t" : ",", !text.complete);
+    else if (/\.(md|markdown)$/i.test(name)) body = renderMarkdown(text.data);
     else if (/\.json$/i.test(name)) body = h("pre", { class: "text", tabindex: "0", role: "region", "aria-labelledby": "preview-title" }, prettyJson(text.data));
     else body = h("pre", { class: "text", tabindex: "0", role: "region", "aria-labelledby": "preview-title" }, text.data);
     this.preview.replaceChildren(...[title, body, more].filter(Boolean));
