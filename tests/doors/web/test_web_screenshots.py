@@ -105,7 +105,7 @@ async def test_screenshots_of_the_main_views(served: Served, browser: Browser) -
     await expect(region.locator("#timer-list")).to_contain_text("stand-up")
     await shoot(page, "panel")
     await page.get_by_role("button", name="Preview REPORT.md").click()
-    await expect(page.locator("#preview pre")).to_contain_text("All good.")
+    await expect(page.locator("#preview .markdown")).to_contain_text("All good.")
     await page.get_by_role("heading", name="Files").scroll_into_view_if_needed()
     await page.evaluate("() => document.getElementById('ws-select').scrollIntoView()")
     await shoot(page, "files")
