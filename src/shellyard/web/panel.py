@@ -9,6 +9,11 @@ agent; these answer for every agent of a session the token reaches (an agent tok
 - ``.../files/content`` and ``.../files/archive``: a file, or a folder as tar, of a committed
   snapshot (W2) of a workspace of the session, as a download (``Content-Disposition``), so
   that a plain link can fetch it.
+- ``.../files/preview``: a file of a committed snapshot for the page's ``<img>`` (PNG, JPEG,
+  GIF, WebP, SVG) with its own strict type, a sandboxing policy and ``nosniff``; anything
+  else as an attachment, so no workspace file ever runs script at the page's origin.
+- ``.../executions/{eid}/logs/{stream}``: the whole of one stream of an execution as a
+  plain-text download, read page by page (E6 byte offsets; never all in memory).
 - ``.../panel/stream``: server-sent events, one ``change`` event naming the parts that
   changed (the first names all of them); the page reads those parts again.
 
@@ -34,6 +39,19 @@ from shellyard.errors import NotFound
 
 Limit = Annotated[int, Query(ge=1, le=1000)]
 SeqQ = Annotated[int | None, Query(ge=0, description="a snapshot number (default: the head)")]
+#: What the preview route serves inline, by the file name's ending (docs/web.md "Previews").
+PREVIEW_TYPES = {
+    "png": "image/png",
+    "jpg": "image/jpeg",
+    "jpeg": "image/jpeg",
+    "gif": "image/gif",
+    "webp": "image/webp",
+    "svg": "image/svg+xml",
+}
+#: No script, no connection, no frame; SVG may keep its inline styles.
+PREVIEW_CSP = "default-src 'none'; style-src 'unsafe-inline'; sandbox"
+#: A page of a log download (one read of the log at a time).
+LOG_PAGE = 1 << 20
 #: How long the browser waits before reconnecting a dropped stream.
 RETRY_MS = 1000
 
@@ -114,6 +132,61 @@ def panel_router(plane: ControlPlane) -> APIRouter:
         response = _file_response(stream, False, "application/octet-stream")
         response.headers["Content-Disposition"] = _attachment(path.rsplit("/", 1)[-1] or "file")
         return response
+
+    @router.get(
+        "/v1/sessions/{session_id}/files/preview",
+        response_class=StreamingResponse,
+        responses=BINARY_RESPONSE,
+    )
+    async def preview_file(
+        session_id: str, workspace_id: str, path: str, who: PrincipalDep, seq: SeqQ = None
+    ) -> StreamingResponse:
+        """An image of a committed snapshot with its type, for ``<img>``; others as a download.
+        Always sandboxed (``Content-Security-Policy: sandbox``) and never sniffed."""
+        owner = await panel().owner_of_workspace(who, session_id, workspace_id)
+        stream = await plane.files.open(path, workspace_id=workspace_id, seq=seq, agent_id=owner)
+        name = path.rsplit("/", 1)[-1] or "file"
+        media = PREVIEW_TYPES.get(name.rsplit(".", 1)[-1].lower() if "." in name else "")
+        response = _file_response(stream, False, media or "application/octet-stream")
+        response.headers["Content-Security-Policy"] = PREVIEW_CSP
+        response.headers["X-Content-Type-Options"] = "nosniff"
+        response.headers["Cache-Control"] = "private, no-store"
+        if media is None:
+            response.headers["Content-Disposition"] = _attachment(name)
+        return response
+
+    @router.get(
+        "/v1/sessions/{session_id}/executions/{execution_id}/logs/{stream}",
+        response_class=StreamingResponse,
+        responses=BINARY_RESPONSE,
+    )
+    async def download_log(
+        session_id: str, execution_id: str, stream: str, agent_id: str, who: PrincipalDep
+    ) -> StreamingResponse:
+        """One stream of an execution of ``agent_id`` (an agent of the session), as a file."""
+        if agent_id not in await panel().agent_ids(who, session_id):
+            raise NotFound(f"no agent {agent_id!r} in session {session_id}")
+        first = await plane.executions.logs(execution_id, stream, 0, LOG_PAGE, None, agent_id)
+
+        async def pages() -> AsyncIterator[bytes]:
+            part = first
+            while True:
+                if part.data:
+                    yield part.data.encode("utf-8", "surrogateescape")
+                if part.next_offset >= part.size or part.next_offset <= part.offset:
+                    return
+                part = await plane.executions.logs(
+                    execution_id, stream, part.next_offset, LOG_PAGE, None, agent_id
+                )
+
+        return StreamingResponse(
+            pages(),
+            media_type="text/plain; charset=utf-8",
+            headers={
+                "Content-Disposition": _attachment(f"{execution_id}.{stream}.log"),
+                "X-Content-Type-Options": "nosniff",
+            },
+        )
 
     @router.get(
         "/v1/sessions/{session_id}/files/archive",

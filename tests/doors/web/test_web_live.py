@@ -65,7 +65,7 @@ async def test_mcp_execution_state_change_and_reminder_show_live(
     )
     changed = time.monotonic()
     await expect(row.locator(".badge")).to_have_text("completed", timeout=LIVE_MS)
-    await expect(row.locator("td.num")).to_have_text("0")
+    await expect(row.locator(".exit")).to_have_text("exit 0")
     cancel = row.get_by_role("button", name=f"Cancel execution {execution_id}")
     await expect(cancel).to_have_count(0)
     assert time.monotonic() - changed < LIVE_MS / 1000

@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 
 from playwright.async_api import Browser, Page, expect
-from web_helpers import Served, new_session, run
+from web_helpers import Served, new_session, png, run, upload
 
 pytest_plugins = ["web_fixtures"]
 
@@ -32,11 +32,17 @@ def scene(served: Served) -> dict[str, str]:
         "mkdir -p src data && printf 'import sys\\nprint(sys.argv)\\n' > src/app.py"
         " && seq 1 200 > data/numbers.txt && printf '# Report\\n\\nAll good.\\n' > REPORT.md",
     )
+    upload(served, agent, "plot.png", png(320, 180))
+    upload(served, agent, "data/scores.csv", b"name,score,passed\nada,3,yes\nbob,5,no\ncy,4,yes\n")
     run(served, agent, "python3 src/app.py one two; echo 'a warning' >&2")
     run(served, agent, "seq 1 200 | tail -n 100 > data/numbers.txt && echo done > done.txt")
     run(served, agent, "exit 2")
     running = run(
-        served, agent, "for i in $(seq 1 300); do echo tick $i; sleep 1; done", background=True
+        served,
+        agent,
+        "for i in $(seq 1 300); do printf '\\033[32mtick %s\\033[0m \\033[1;31mwarn\\033[0m\\n' $i;"
+        " sleep 1; done",
+        background=True,
     )
     served.call("POST", "/v1/artifacts", agent, json={"path": "REPORT.md", "name": "report"})
     served.call(
@@ -99,7 +105,7 @@ async def test_screenshots_of_the_main_views(served: Served, browser: Browser) -
     await expect(region.locator("#timer-list")).to_contain_text("stand-up")
     await shoot(page, "panel")
     await page.get_by_role("button", name="Preview REPORT.md").click()
-    await expect(page.locator("#preview pre")).to_contain_text("All good.")
+    await expect(page.locator("#preview .markdown")).to_contain_text("All good.")
     await page.get_by_role("heading", name="Files").scroll_into_view_if_needed()
     await page.evaluate("() => document.getElementById('ws-select').scrollIntoView()")
     await shoot(page, "files")
@@ -111,11 +117,29 @@ async def test_screenshots_of_the_main_views(served: Served, browser: Browser) -
     await shoot(page, "logs")
     await page.get_by_role("button", name="Close logs").click()
 
+    await page.get_by_role("button", name="Preview plot.png").click()
+    await page.wait_for_function("() => document.getElementById('preview-image')?.naturalWidth > 0")
+    await page.locator("#preview").scroll_into_view_if_needed()
+    await shoot(page, "preview")
+    await page.get_by_role("button", name="Open folder data").click()
+    await page.get_by_role("button", name="Preview scores.csv").click()
+    await expect(page.locator("#csv-table th").first).to_have_text("name")
+    await page.locator("#preview").scroll_into_view_if_needed()
+    await shoot(page, "csv")
+
     await page.get_by_role("button", name="Show diff").click()
     await expect(page.locator("#diff-result")).to_contain_text("Changes from")
+    await expect(page.locator("#diff-result tr.line-added").first).to_be_visible()
     await page.locator("#diff-result").scroll_into_view_if_needed()
     await shoot(page, "diff")
     await context.close()
+
+    dark = await browser.new_context(viewport=WIDE, color_scheme="dark")
+    night = await dark.new_page()
+    await night.goto(served.login_url(ids["session"]))
+    await expect(night.locator("#execution-rows tr[data-execution]").first).to_be_visible()
+    await shoot(night, "dark")
+    await dark.close()
 
     narrow = await browser.new_context(viewport=NARROW)
     phone = await narrow.new_page()

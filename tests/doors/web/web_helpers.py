@@ -7,10 +7,12 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
 import time
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -123,4 +125,33 @@ def run(served: Served, agent: str, command: str, **options: Any) -> dict[str, A
     result: dict[str, Any] = served.call(
         "POST", "/v1/executions", agent, json={"command": command, **options}
     )
+    return result
+
+
+def png(width: int, height: int) -> bytes:
+    """A real PNG (RGB, red/blue stripes) made with zlib, as an image library would."""
+    rows = b"".join(
+        b"\x00"
+        + b"".join(b"\xff\x00\x00" if (x // 4) % 2 else b"\x00\x00\xff" for x in range(width))
+        for _ in range(height)
+    )
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        body = kind + data
+        return struct.pack(">I", len(data)) + body + struct.pack(">I", zlib.crc32(body))
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", header)
+        + chunk(b"IDAT", zlib.compress(rows))
+        + chunk(b"IEND", b"")
+    )
+
+
+def upload(served: Served, agent: str, path: str, data: bytes) -> dict[str, Any]:
+    with served.admin(agent) as client:
+        answer = client.put("/v1/files/content", params={"path": path}, content=data)
+    assert answer.status_code == 200, answer.text
+    result: dict[str, Any] = answer.json()
     return result

@@ -3,7 +3,8 @@
 // outcomes and Cancel transfer, reminders with Cancel reminder, child agents with Resume, and
 // the inbox notices with their read marks.
 
-import { api } from "./api.js";
+import { api, href } from "./api.js";
+import { AnsiStream } from "./ansi.js";
 import { badge, bytes, h, keyedList, when } from "./dom.js";
 
 const PAGE = 50;
@@ -45,7 +46,9 @@ export class ActivityPanel {
     this.counts = h("p", { class: "counts", id: "execution-counts", "aria-live": "polite" });
     this.execRows = h("tbody", { id: "execution-rows" });
     this.more = h("button", { type: "button", id: "older", hidden: true, onclick: () => this.loadOlder() }, "Load older executions");
-    this.logView = h("div", { class: "logs", id: "log-view", hidden: true });
+    this.logView = h("div", { class: "logs", id: "log-view", role: "region", "aria-labelledby": "log-title" });
+    // The log view's own row, put directly under the execution's row (renderExecutions).
+    this.logRow = h("tr", { class: "log-row", "data-keep": "" }, h("td", { colspan: "5" }, this.logView));
     this.transferRows = h("ul", { class: "plain", id: "transfer-list" });
     this.timerRows = h("ul", { class: "plain", id: "timer-list" });
     this.agentRows = h("ul", { class: "plain", id: "agent-list" });
@@ -59,12 +62,12 @@ export class ActivityPanel {
         this.counts,
         h("div", { class: "scroll", tabindex: "0", role: "group", "aria-label": "Executions table" },
           h("table", { class: "grid", id: "execution-table" },
+            h("colgroup", {}, ...["c-id", "c-state", "c-what", "c-times", "c-actions"].map((c) => h("col", { class: c }))),
             h("thead", {}, h("tr", {},
-              ...["Execution", "Runner · agent", "State", "Command or script", "Exit", "Times", "Env. revision", "Actions"]
+              ...["Execution", "State", "Command or script", "Times", "Actions"]
                 .map((t) => h("th", { scope: "col" }, t)))),
             this.execRows)),
         this.more,
-        this.logView,
       ),
       section("transfers-title", "Transfers", this.transferRows),
       section("timers-title", "Reminders", this.timerRows),
@@ -147,33 +150,66 @@ export class ActivityPanel {
     }
     if (this.execRows.firstElementChild && !this.execRows.firstElementChild.dataset.key) this.execRows.replaceChildren();
     keyedList(this.execRows, this.executions, (e) => e.execution_id, (e) => this.executionRow(e));
+    this.placeLogRow();
+  }
+
+  placeLogRow() {
+    if (!this.logs) return;
+    const row = this.execRows.querySelector(`tr[data-execution="${this.logs.execution.execution_id}"]`);
+    if (row && row.nextElementSibling !== this.logRow) row.after(this.logRow);
+    for (const button of this.execRows.querySelectorAll('[data-focus="logs"]')) {
+      button.setAttribute("aria-expanded", String(button.closest("tr") === row));
+    }
   }
 
   executionRow(e) {
     const id = e.execution_id;
     const active = ACTIVE.includes(e.state);
-    const what = e.command !== null && e.command !== undefined
-      ? h("code", { class: "command" }, e.command)
-      : h("span", {}, "script ", h("code", {}, e.script_path));
+    const full = e.command !== null && e.command !== undefined ? e.command : `script ${e.script_path}`;
+    const firstLine = full.split("\n")[0];
+    const multi = full.includes("\n") || full.length > 60;
+    const what = h("div", { class: "what" },
+      h("code", { class: "command", title: full }, e.command !== null && e.command !== undefined ? firstLine : h("span", {}, "script ", e.script_path)));
+    if (multi) {
+      const fullBox = h("pre", { class: "command-full", id: `cmd-${id}`, hidden: true }, full);
+      const toggle = h("button", {
+        type: "button", class: "link", "aria-expanded": "false", "aria-controls": `cmd-${id}`,
+        "data-focus": "command", "aria-label": `Full command of ${id}`,
+        onclick: () => {
+          const open = fullBox.hidden;
+          fullBox.hidden = !open;
+          toggle.setAttribute("aria-expanded", String(open));
+          toggle.textContent = open ? "less" : "full";
+        },
+      }, "full");
+      what.append(toggle, fullBox);
+    }
+    // Badges: what the row's state alone does not say (docs/web.md "Layout").
+    const badges = [];
+    if (e.read_only) badges.push(h("span", { class: "flag flag-readonly", title: "ran on a read-only view of the workspace" }, "read-only"));
+    if (e.background) badges.push(h("span", { class: "flag" }, "background"));
+    if (e.waiting_for) badges.push(h("span", { class: "flag flag-queued", title: `queued behind ${e.waiting_for}` }, `behind ${e.waiting_for}`));
+    if (e.limit) badges.push(h("span", { class: "flag flag-limit", "data-limit": e.limit }, `limit: ${e.limit}`));
+    if (e.environment_id) badges.push(h("span", { class: "flag flag-env", title: `environment ${e.environment_id}` }, `env r${e.environment_revision ?? "?"}`));
+    if (e.was_unknown) badges.push(h("span", { class: "flag flag-unknown" }, "was unknown"));
     const times = h("div", { class: "times" },
       h("div", {}, "created ", when(e.created_at)),
-      e.started_at ? h("div", {}, "started ", when(e.started_at)) : null,
-      e.finished_at ? h("div", {}, "finished ", when(e.finished_at)) : null);
+      e.finished_at ? h("div", {}, "finished ", when(e.finished_at)) : e.started_at ? h("div", {}, "started ", when(e.started_at)) : null);
+    const open = this.logs && this.logs.execution.execution_id === id;
     const actions = h("div", { class: "actions" },
-      h("button", { type: "button", "data-focus": "logs", "aria-label": `View logs of ${id}`, onclick: () => this.openLogs(e) }, "View logs"),
-      active ? h("button", { type: "button", class: "danger", "data-focus": "cancel", "aria-label": `Cancel execution ${id}`, onclick: (ev) => this.cancelExecution(e, ev.target) }, "Cancel execution") : null);
+      h("button", { type: "button", "data-focus": "logs", "aria-label": `View logs of ${id}`, "aria-expanded": open ? "true" : "false", onclick: () => this.openLogs(e) }, "View logs"),
+      active ? h("button", { type: "button", class: "danger", "data-focus": "cancel", "aria-label": `Cancel execution ${id}`, onclick: (ev) => this.cancelExecution(e, ev.target) }, "Cancel") : null);
+    const exit = e.exit_code === null || e.exit_code === undefined ? null : [" ", h("span", { class: "exit" }, `exit ${e.exit_code}`)];
     return h("tr", { class: `state-${e.state}`, "data-execution": id },
-      h("td", { "data-label": "Execution" }, h("code", {}, id), e.background ? h("div", { class: "muted" }, "background") : null),
-      h("td", { "data-label": "Runner · agent" }, `${e.runner_id} · ${agentName(this.session, e.agent_id)}`),
-      h("td", { "data-label": "State" }, badge(e.state), e.cancel_requested && active ? h("div", { class: "muted" }, "cancel requested") : null,
-        e.was_unknown ? h("div", { class: "muted" }, "was unknown") : null,
-        e.limit ? h("div", { class: "error", "data-limit": e.limit }, `limit: ${e.limit}`) : null,
+      h("td", { "data-label": "Execution" }, h("code", { class: "exec-id" }, id),
+        h("div", { class: "muted small" }, `${e.runner_id} · ${agentName(this.session, e.agent_id)}`),
+        badges.length ? h("div", { class: "badges" }, ...badges) : null),
+      h("td", { "data-label": "State" }, badge(e.state), exit,
+        e.cancel_requested && active ? h("div", { class: "muted" }, "cancel requested") : null,
         e.error ? h("div", { class: "error" }, e.error) : null,
         usageLine(e)),
       h("td", { "data-label": "Command or script" }, what),
-      h("td", { class: "num", "data-label": "Exit" }, e.exit_code === null || e.exit_code === undefined ? "—" : String(e.exit_code)),
       h("td", { "data-label": "Times" }, times),
-      h("td", { "data-label": "Env. revision" }, e.environment_id ? `${e.environment_id} r${e.environment_revision ?? "?"}` : "—"),
       h("td", { "data-label": "Actions" }, actions));
   }
 
@@ -192,32 +228,51 @@ export class ActivityPanel {
 
   openLogs(e) {
     if (this.logs) this.logs.stop();
-    const out = h("pre", { class: "text", id: "log-stdout", tabindex: "0", "aria-label": "stdout" });
-    const err = h("pre", { class: "text", id: "log-stderr", tabindex: "0", "aria-label": "stderr" });
+    const id = e.execution_id;
+    const out = h("pre", { class: "text term", id: "log-stdout", tabindex: "0", role: "log", "aria-label": "stdout" });
+    const err = h("pre", { class: "text term", id: "log-stderr", tabindex: "0", role: "log", "aria-label": "stderr" });
+    const streams = { stdout: new AnsiStream(out), stderr: new AnsiStream(err) };
     const status = h("p", { id: "log-status", role: "status" });
     const close = h("button", { type: "button", "aria-label": "Close logs", onclick: () => this.closeLogs() }, "Close logs");
+    const follow = h("input", { type: "checkbox", id: "log-follow", checked: true });
+    const find = h("input", { type: "search", id: "log-search", placeholder: "Find in log" });
+    const found = h("span", { id: "log-found", class: "muted", "aria-live": "polite" });
+    const search = () => this.searchLog(find.value, [out, err], found);
+    find.addEventListener("input", search);
+    const link = (stream) => h("a", {
+      class: "button", href: href(`/v1/sessions/${this.session.session_id}/executions/${id}/logs/${stream}`, { agent_id: e.agent_id }),
+      "aria-label": `Download ${stream} of ${id} (the whole log)`,
+    }, `Download ${stream}`);
     this.logView.replaceChildren(
-      h("h5", { id: "log-title" }, "Logs of ", h("code", {}, e.execution_id), " ", close),
+      h("div", { class: "log-head" },
+        h("h5", { id: "log-title" }, "Logs of ", h("code", {}, id)),
+        h("label", { class: "inline" }, follow, " Follow"),
+        h("label", { for: "log-search", class: "sr-only" }, "Find in log"), find, found,
+        link("stdout"), link("stderr"), close),
       status, h("h6", {}, "stdout"), out, h("h6", {}, "stderr"), err);
-    this.logView.hidden = false;
     let stopped = false;
     const offsets = { stdout: 0, stderr: 0 };
     const logs = { execution: e, stop: () => { stopped = true; } };
     this.logs = logs;
+    this.renderExecutions();
     const step = async () => {
       if (stopped) return;
       let complete = true;
       let state = logs.execution.state;
       for (const [stream, pre] of [["stdout", out], ["stderr", err]]) {
-        const part = await api(`/v1/executions/${e.execution_id}/logs`, {
+        const part = await api(`/v1/executions/${id}/logs`, {
           agent: e.agent_id, query: { stream, offset: offsets[stream], limit: 65536 },
         });
         if (stopped) return;
-        if (part.data) pre.append(part.data);
+        if (part.data) {
+          streams[stream].write(part.data);
+          if (follow.checked) pre.scrollTop = pre.scrollHeight;
+        }
         offsets[stream] = part.next_offset;
         complete = complete && part.complete;
         state = part.state;
       }
+      if (find.value) search();
       const following = !complete || ACTIVE.includes(state);
       status.textContent = following ? `${state}: following the output…` : `${state}: all output shown.`;
       if (following) setTimeout(() => step().catch(this.onError), LOG_POLL_MS);
@@ -226,11 +281,46 @@ export class ActivityPanel {
     close.focus();
   }
 
+  // Marks every match of ``query`` in the shown output (text nodes split around it).
+  searchLog(query, pres, found) {
+    for (const pre of pres) {
+      for (const mark of [...pre.querySelectorAll("mark")]) mark.replaceWith(...mark.childNodes);
+      pre.normalize();
+    }
+    if (!query) { found.textContent = ""; return; }
+    let count = 0;
+    const needle = query.toLowerCase();
+    for (const pre of pres) {
+      const walker = document.createTreeWalker(pre, NodeFilter.SHOW_TEXT);
+      const nodes = [];
+      while (walker.nextNode()) nodes.push(walker.currentNode);
+      for (let node of nodes) {
+        let at = node.data.toLowerCase().indexOf(needle);
+        while (at >= 0 && count < 1000) {
+          const match = node.splitText(at);
+          node = match.splitText(needle.length);
+          const mark = document.createElement("mark");
+          match.replaceWith(mark);
+          mark.append(match);
+          count += 1;
+          at = node.data.toLowerCase().indexOf(needle);
+        }
+      }
+    }
+    found.textContent = count ? `${count}${count >= 1000 ? "+" : ""} found` : "not found";
+    const first = pres.map((p) => p.querySelector("mark")).find(Boolean);
+    if (first) first.scrollIntoView({ block: "nearest" });
+  }
+
   closeLogs() {
+    const id = this.logs ? this.logs.execution.execution_id : null;
     if (this.logs) this.logs.stop();
     this.logs = null;
-    this.logView.hidden = true;
+    this.logRow.remove();
     this.logView.replaceChildren();
+    this.renderExecutions();
+    const back = id && this.execRows.querySelector(`tr[data-execution="${id}"] [data-focus="logs"]`);
+    if (back) back.focus();
   }
 
   // ---------------------------------------------------------------- transfers

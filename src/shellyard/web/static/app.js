@@ -109,7 +109,6 @@ async function loadSessions() {
         type: "button",
         class: `session${s.current ? " current" : ""}`,
         "aria-current": s.current ? "page" : null,
-        "aria-label": `Session ${s.session_id}, ${s.state}, ${s.agents.length} agents`,
         "data-focus": "open",
         onclick: () => openSession(s.session_id).catch(showError),
       },

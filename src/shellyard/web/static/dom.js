@@ -65,6 +65,7 @@ export function keyedList(container, items, key, render) {
     const id = key(item);
     const sig = JSON.stringify(item);
     let el = old.get(id);
+    let replaces = null;
     if (!el || el.dataset.sig !== sig) {
       const fresh = render(item);
       fresh.dataset.key = id;
@@ -75,21 +76,32 @@ export function keyedList(container, items, key, render) {
           if (again) again.focus();
         });
       }
+      replaces = el || null;
       el = fresh;
     }
-    wanted.push(el);
+    wanted.push([el, replaces]);
   }
-  // Move only what is out of place: untouched rows (and their focus) stay where they are.
-  let cursor = container.firstElementChild;
-  for (const el of wanted) {
+  // Move only what is out of place: untouched rows (and their focus) stay where they are; a
+  // redrawn row takes its old one's place; an element marked data-keep (the log view's row,
+  // placed by its owner) is left where it is.
+  const skipKept = (el) => {
+    let at = el;
+    while (at && at.dataset.keep !== undefined) at = at.nextElementSibling;
+    return at;
+  };
+  let cursor = skipKept(container.firstElementChild);
+  for (const [el, replaces] of wanted) {
     if (el === cursor) {
-      cursor = cursor.nextElementSibling;
+      cursor = skipKept(cursor.nextElementSibling);
+    } else if (replaces && replaces === cursor) {
+      cursor.replaceWith(el);
+      cursor = skipKept(el.nextElementSibling);
     } else {
       container.insertBefore(el, cursor);
     }
   }
   while (cursor) {
-    const next = cursor.nextElementSibling;
+    const next = skipKept(cursor.nextElementSibling);
     cursor.remove();
     cursor = next;
   }

@@ -4,6 +4,13 @@
 
 import { api, href } from "./api.js";
 import { bytes, h, keyedList, when } from "./dom.js";
+import { renderMarkdown } from "./markdown.js";
+import { diffLines, diffWords, hunks, parseDelimited } from "./textdiff.js";
+
+const IMAGE = /\.(png|jpe?g|gif|webp|svg)$/i;
+const CSV_ROWS = 200;
+// Changed text files whose lines the diff shows (each read up to PREVIEW_BYTES per side).
+const DIFF_FILES = 20;
 
 const PREVIEW_BYTES = 65536;
 
@@ -216,44 +223,125 @@ export class FilePanel {
 
   async showPreview(entry) {
     const seq = this.currentSeq();
+    const ws = this.workspace.workspace_id;
+    const sid = this.session.session_id;
+    const name = baseName(entry.path);
+    const title = h("h4", { id: "preview-title" }, `${entry.path} @ #${seq} — ${bytes(entry.size)}`);
+    if (IMAGE.test(name)) {
+      // Served by the preview route with its own type and a sandbox policy (docs/web.md).
+      const img = h("img", {
+        class: "preview-image", id: "preview-image", alt: `${name} at snapshot #${seq}`,
+        src: href(`/v1/sessions/${sid}/files/preview`, { workspace_id: ws, seq, path: entry.path }),
+      });
+      this.preview.replaceChildren(title, img);
+      return;
+    }
     const text = await api("/v1/files/text", {
       agent: this.agent(),
-      query: { workspace_id: this.workspace.workspace_id, seq, path: entry.path, limit: PREVIEW_BYTES },
+      query: { workspace_id: ws, seq, path: entry.path, limit: PREVIEW_BYTES },
     });
-    const title = h("h4", { id: "preview-title" }, `${entry.path} @ #${seq} — ${bytes(text.size)}`);
+    title.textContent = `${entry.path} @ #${seq} — ${bytes(text.size)}`;
     // Not text: not UTF-8, or a NUL byte in its first 8000 characters (git's rule).
     if (text.encoding !== "utf-8" || text.data.slice(0, 8000).includes("\u0000")) {
-      this.preview.replaceChildren(title, h("p", { class: "muted" }, "Not text (binary): use its download link."));
+      this.preview.replaceChildren(title, h("p", { class: "muted" },
+        `Not text (binary, ${bytes(text.size)}): use its download link.`));
       return;
     }
     const more = text.complete ? null : h("p", { class: "muted" }, `First ${bytes(text.next_offset)} shown; download the file for all of it.`);
-    const pre = h("pre", { class: "text", tabindex: "0", "aria-labelledby": "preview-title" }, text.data);
-    this.preview.replaceChildren(...[title, pre, more].filter(Boolean));
+    let body;
+    if (/\.(csv|tsv)$/i.test(name)) body = this.csvTable(text.data, /\.tsv$/i.test(name) ? "\t" : ",", !text.complete);
+    else if (/\.(md|markdown)$/i.test(name)) body = renderMarkdown(text.data);
+    else if (/\.json$/i.test(name)) body = h("pre", { class: "text", tabindex: "0", role: "region", "aria-labelledby": "preview-title" }, prettyJson(text.data));
+    else body = h("pre", { class: "text", tabindex: "0", role: "region", "aria-labelledby": "preview-title" }, text.data);
+    this.preview.replaceChildren(...[title, body, more].filter(Boolean));
+  }
+
+  csvTable(data, sep, cut) {
+    const { rows, truncated } = parseDelimited(data, sep, CSV_ROWS + 1);
+    if (!rows.length) return h("p", { class: "muted" }, "Empty table.");
+    const [head, ...body] = rows;
+    const shown = body.slice(0, CSV_ROWS);
+    const note = truncated || cut || body.length > CSV_ROWS
+      ? `First ${shown.length} rows shown; download the file for all of it.`
+      : `${shown.length} rows.`;
+    return h("div", {},
+      h("p", { class: "muted", id: "csv-count" }, note),
+      h("div", { class: "scroll", tabindex: "0", role: "group", "aria-label": "Table preview" },
+        h("table", { class: "grid csv", id: "csv-table" },
+          h("thead", {}, h("tr", {}, ...head.map((c) => h("th", { scope: "col" }, c)))),
+          h("tbody", {}, ...shown.map((r) => h("tr", {}, ...r.map((c) => h("td", {}, c))))))));
   }
 
   async showDiff() {
     const from = Number(this.fromSelect.value);
     const to = Number(this.toSelect.value);
+    const ws = this.workspace.workspace_id;
     const diff = await api("/v1/files/diff", {
       agent: this.agent(),
-      query: { workspace_id: this.workspace.workspace_id, from_seq: from, to_seq: to, limit: 1000 },
+      query: { workspace_id: ws, from_seq: from, to_seq: to, limit: 1000 },
     });
     const title = h("h5", { id: "diff-title" }, `Changes from #${diff.from_seq} to #${diff.to_seq}: ${diff.changes.length}${diff.next_after ? "+" : ""}`);
     if (!diff.changes.length) {
       this.diffOut.replaceChildren(title, h("p", { class: "muted" }, "No change."));
       return;
     }
-    this.diffOut.replaceChildren(
-      title,
-      h("ul", { class: "plain", "aria-labelledby": "diff-title" }, ...diff.changes.map((c) => h(
-        "li", { class: `change-${c.change}` },
-        h("span", { class: `badge badge-${c.change}` }, c.change), " ",
-        h("code", {}, c.path), c.kind === "dir" ? "/" : "",
-        " ", h("span", { class: "muted" }, c.change === "changed"
-          ? `${bytes(c.old_size)} → ${bytes(c.new_size)}`
-          : bytes(c.change === "added" ? c.new_size : c.old_size)),
-      ))),
-    );
+    const files = diff.changes.filter((c) => c.kind !== "dir");
+    const blocks = await Promise.all(files.map((c, i) => this.changeBlock(c, diff, i < DIFF_FILES)));
+    this.diffOut.replaceChildren(title, h("div", { "aria-labelledby": "diff-title" }, ...blocks));
+  }
+
+  async readSide(path, seq) {
+    const text = await api("/v1/files/text", {
+      agent: this.agent(),
+      query: { workspace_id: this.workspace.workspace_id, seq, path, limit: PREVIEW_BYTES },
+    });
+    const binary = text.encoding !== "utf-8" || text.data.slice(0, 8000).includes("\u0000");
+    return { text: text.data, complete: text.complete, binary, sha256: text.sha256 };
+  }
+
+  async changeBlock(c, diff, withLines) {
+    const sid = this.session.session_id;
+    const ws = this.workspace.workspace_id;
+    const size = c.change === "changed" ? `${bytes(c.old_size)} → ${bytes(c.new_size)}`
+      : bytes(c.change === "added" ? c.new_size : c.old_size);
+    const head = h("div", { class: "change-head" },
+      h("span", { class: `badge badge-${c.change}` }, c.change), " ",
+      h("code", {}, c.path), " ", h("span", { class: "muted" }, size));
+    const block = h("section", { class: `change change-${c.change}`, "aria-label": `${c.change} ${c.path}` }, head);
+    if (IMAGE.test(c.path)) {
+      const img = (seq, label) => h("figure", {}, h("img", {
+        class: "preview-image", alt: `${c.path} at #${seq}`,
+        src: href(`/v1/sessions/${sid}/files/preview`, { workspace_id: ws, seq, path: c.path }),
+      }), h("figcaption", {}, label));
+      block.append(h("div", { class: "side-by-side" },
+        c.change !== "added" ? img(diff.from_seq, `before (#${diff.from_seq})`) : null,
+        c.change !== "removed" ? img(diff.to_seq, `after (#${diff.to_seq})`) : null));
+      return block;
+    }
+    if (!withLines) return block;
+    try {
+      const [before, after] = await Promise.all([
+        c.change === "added" ? { text: "", complete: true, binary: false } : this.readSide(c.path, diff.from_seq),
+        c.change === "removed" ? { text: "", complete: true, binary: false } : this.readSide(c.path, diff.to_seq),
+      ]);
+      if (before.binary || after.binary) {
+        block.append(h("p", { class: "muted" }, `Binary: ${size}`,
+          c.old_sha256 ? ` · sha256 before ${c.old_sha256.slice(0, 16)}…` : "",
+          c.new_sha256 ? ` · after ${c.new_sha256.slice(0, 16)}…` : ""));
+        return block;
+      }
+      const lines = (t) => (t === "" ? [] : t.replace(/\n$/, "").split("\n"));
+      const ops = diffLines(lines(before.text), lines(after.text));
+      if (!ops) {
+        block.append(h("p", { class: "muted" }, "Too many changed lines to show: download both versions."));
+        return block;
+      }
+      block.append(unified(hunks(ops)));
+      if (!before.complete || !after.complete) block.append(h("p", { class: "muted" }, `Lines of the first ${bytes(PREVIEW_BYTES)} of each side compared.`));
+    } catch (err) {
+      block.append(h("p", { class: "error" }, `Lines not shown: ${err.message}`));
+    }
+    return block;
   }
 
   async loadArtifacts() {
@@ -269,4 +357,39 @@ export class FilePanel {
       " ", h("span", { class: "muted" }, `${a.path} @ #${a.seq} · ${bytes(a.size)} · `), when(a.created_at),
     ));
   }
+}
+
+function prettyJson(data) {
+  try {
+    return JSON.stringify(JSON.parse(data), null, 2);
+  } catch {
+    return data; // not whole JSON (cut, or invalid): as it is
+  }
+}
+
+// Unified hunks as a table: old and new line numbers, the sign, the line; the changed words
+// of a removed line followed by an added one marked (<del>/<ins>).
+function unified(list) {
+  const rows = [];
+  for (const hunk of list) {
+    rows.push(h("tr", { class: "hunk" }, h("td", { colspan: "4" }, hunk.header)));
+    const lines = hunk.lines;
+    for (let i = 0; i < lines.length; i += 1) {
+      const l = lines[i];
+      let content = l.text;
+      const pair = l.op === "-" && lines[i + 1] && lines[i + 1].op === "+" ? lines[i + 1]
+        : l.op === "+" && lines[i - 1] && lines[i - 1].op === "-" ? lines[i - 1] : null;
+      if (pair) {
+        const words = l.op === "-" ? diffWords(l.text, pair.text).old : diffWords(pair.text, l.text).new;
+        content = words.map(([t, changed]) => (changed ? h(l.op === "-" ? "del" : "ins", {}, t) : t));
+      }
+      const cls = l.op === "-" ? "line-removed" : l.op === "+" ? "line-added" : "line-same";
+      rows.push(h("tr", { class: cls },
+        h("td", { class: "ln" }, l.old ?? ""), h("td", { class: "ln" }, l.new ?? ""),
+        h("td", { class: "sign", "aria-label": l.op === "-" ? "removed" : l.op === "+" ? "added" : "unchanged" }, l.op === "=" ? " " : l.op),
+        h("td", { class: "code" }, content)));
+    }
+  }
+  return h("div", { class: "scroll", tabindex: "0", role: "group", "aria-label": "Changed lines" },
+    h("table", { class: "unified" }, h("tbody", {}, ...rows)));
 }
