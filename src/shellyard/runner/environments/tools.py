@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import stat
 import subprocess
 import time
 from collections.abc import Callable
@@ -56,6 +57,31 @@ SpawnHook = Callable[[int, int], None]
 LineHook = Callable[[str], None]
 #: The most a tool may write on stdout to its caller (its records of a prefix's packages).
 MAX_ANSWER = 64 << 20
+
+
+def open_without_links(path: Path) -> int:
+    """An ``O_PATH`` descriptor of the folder ``path``, walked from ``/`` one component at a
+    time without following a link (OSError naming the link otherwise). The sources an agent
+    named were checked as real paths (``sources.check_request``); binding this descriptor
+    (``--ro-bind-fd``) rather than the path means a link put there after the check is never
+    followed, by bwrap or anyone (docs/security.md, "Attack pass (second engineer)")."""
+    flags = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open("/", flags | os.O_DIRECTORY)
+    try:
+        for part in path.parts[1:]:
+            if part in ("", ".", ".."):
+                raise OSError(f"{path} is not a plain absolute path")
+            following = os.open(part, flags, dir_fd=fd)
+            os.close(fd)
+            fd = following
+            if stat.S_ISLNK(os.fstat(fd).st_mode):
+                raise OSError(f"{path}: {part} became a symbolic link after the check")
+        if not stat.S_ISDIR(os.fstat(fd).st_mode):
+            raise OSError(f"{path} is no longer a folder")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def tool_ids(sandboxes: Sandboxes) -> tuple[int, int] | None:
@@ -127,7 +153,31 @@ class SandboxedTools:
     ) -> tuple[int, str]:
         if self.stopped:
             return -signal.SIGKILL, "the change was stopped before this tool could start"
-        wanted = list(binds or [])
+        # The sources the request named (checked as real paths): bound through descriptors,
+        # so neither bwrap (which could not search a workspace of another uid anyway) nor
+        # anything else follows a link swapped in since the check.
+        sources: list[tuple[int, Path]] = []
+        try:
+            for path in dict.fromkeys(binds or []):
+                sources.append((open_without_links(path), path))
+        except OSError as exc:
+            for fd, _path in sources:
+                os.close(fd)
+            return 1, f"refused a package source: {exc}; name a folder of your workspace"
+        try:
+            return await self._run(argv, env, network, sources)
+        finally:
+            for fd, _path in sources:
+                os.close(fd)
+
+    async def _run(
+        self,
+        argv: list[str],
+        env: dict[str, str] | None,
+        network: bool,
+        sources: list[tuple[int, Path]],
+    ) -> tuple[int, str]:
+        wanted: list[Path] = []
         if os.path.isabs(argv[0]):
             # The tool itself may live where the sandbox shows a tmpfs (uv inside a checkout
             # under /tmp, or under the hidden home): bind its file back at its own path.
@@ -150,6 +200,7 @@ class SandboxedTools:
                 hardening=sandbox.Hardening(seccomp_fd, box.disable_userns),
                 writable=[self._prefix, self._cache, self._scratch],
                 read_only=read_only,
+                read_only_fds=sources,
                 chdir=self._scratch,
                 command=argv,
                 egress_socket=box.egress_socket,
@@ -185,7 +236,7 @@ class SandboxedTools:
                 stderr=log_fd,
                 env=tool_env,
                 cwd="/",
-                pass_fds=(seccomp_fd, *box.view.fds),
+                pass_fds=(seccomp_fd, *box.view.fds, *(fd for fd, _ in sources)),
             )
         finally:
             os.close(log_fd)

@@ -472,6 +472,7 @@ def tool_argv(
     socat: str | None = None,
     front: Sequence[str] = (),
     mounts: Sequence[tuple[Path, Path]] = (),
+    read_only_fds: Sequence[tuple[int, Path]] = (),
 ) -> list[str]:
     """The bubblewrap command line for a package tool (uv, Rscript) changing an environment.
 
@@ -481,7 +482,8 @@ def tool_argv(
     ``--die-with-parent``: a tool must not outlive the change that started it, and after a
     crash of the runner the kernel kills it before the rollback runs. The host view is the
     executions' one; only ``writable`` (the prefix, the caches, the change's scratch) and
-    ``read_only`` (local channels, wheel folders, repositories) are bound in beside it. The
+    ``read_only`` (the tool itself, a CA) and ``read_only_fds`` (the request's local channels,
+    wheel folders, repositories, as descriptors) are bound in beside it. The
     umask is set for the tool because whatever it creates must be readable by executions.
     ``mounts``: (copy, path) pairs, a copy the runner made shown read-only at ``path`` (a
     workspace channel read as the workspace's uid, where the tool's uid cannot read)."""
@@ -491,6 +493,8 @@ def tool_argv(
         argv += ["--ro-bind", str(path), str(path)]
     for copy, shown in mounts:
         argv += ["--ro-bind", str(copy), str(shown)]
+    for fd, path in read_only_fds:  # the request's sources: a descriptor, never a path walk
+        argv += ["--ro-bind-fd", str(fd), str(path)]
     for path in writable:
         argv += ["--bind", str(path), str(path)]
     argv += ["--remount-ro", "/"]
