@@ -165,7 +165,7 @@ class SandboxedTools:
                 os.close(fd)
             return 1, f"refused a package source: {exc}; name a folder of your workspace"
         try:
-            return await self._run(argv, env, network, sources)
+            return await self._run(argv, env, network, sources, stdin, lines, mounts)
         finally:
             for fd, _path in sources:
                 os.close(fd)
@@ -176,6 +176,9 @@ class SandboxedTools:
         env: dict[str, str] | None,
         network: bool,
         sources: list[tuple[int, Path]],
+        stdin: bytes | None = None,
+        lines: LineHook | None = None,
+        mounts: dict[Path, Path] | None = None,
     ) -> tuple[int, str]:
         wanted: list[Path] = []
         if os.path.isabs(argv[0]):
