@@ -299,12 +299,46 @@ class Resolved:
     refused: tuple[str, ...]
 
 
+#: The package registries the runner's tools use by default (PyPI, conda, CRAN,
+#: Bioconductor). Some networks serve them from an address of a documentation or benchmarking
+#: block (this project's own machines map pypi.org to 203.0.113.80): for these names, and on
+#: port 443 only, those two kinds of block are let through. Loopback, private, link-local,
+#: the host's own addresses and links and every other special block stay refused for them too
+#: (docs/security.md "Network, per mode").
+REGISTRY_HOSTS = frozenset(
+    {
+        "pypi.org",
+        "files.pythonhosted.org",
+        "conda.anaconda.org",
+        "repo.anaconda.com",
+        "cloud.r-project.org",
+        "cran.r-project.org",
+        "bioconductor.org",
+    }
+)
+_REGISTRY_TOLERATED = ("(documentation", "(benchmarking)")
+
+
+def registry_tolerates(host: str, port: int, address: IPAddress) -> bool:
+    """Whether ``address`` of a default package registry may be dialled although special."""
+    if port != 443 or normal_host(host) not in REGISTRY_HOSTS:
+        return False
+    reason = special_reason(address) or ""
+    return any(kind in reason for kind in _REGISTRY_TOLERATED)
+
+
 async def resolve_checked(
-    host: str, port: int, own: frozenset[IPAddress] | Own, *, exception: bool = False
+    host: str,
+    port: int,
+    own: frozenset[IPAddress] | Own,
+    *,
+    exception: bool = False,
+    registries: bool = False,
 ) -> Resolved:
     """Resolve ``host`` once and sort its addresses into those that may be dialled and those
-    refused (``exception``: an operator's exact host:port, every address may). OSError when
-    the name does not resolve."""
+    refused (``exception``: an operator's exact host:port, every address may; ``registries``:
+    a default package registry may sit in a documentation or benchmarking block,
+    ``registry_tolerates``). OSError when the name does not resolve."""
     loop = asyncio.get_running_loop()
     try:
         infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
@@ -317,6 +351,8 @@ async def resolve_checked(
             continue  # not an IP address (AF_INET and AF_INET6 only are asked for by SOCK_STREAM)
         address = ipaddress.ip_address(sockaddr[0])
         reason = None if exception else blocked_reason(address, own)
+        if reason is not None and registries and address not in own:
+            reason = None if registry_tolerates(host, port, address) else reason
         if reason is None:
             allowed.append((socket.AddressFamily(family), sockaddr))
         else:
@@ -326,6 +362,7 @@ async def resolve_checked(
 
 __all__ = [
     "GLOBAL_UNICAST_V6",
+    "REGISTRY_HOSTS",
     "SPECIAL_V4",
     "SPECIAL_V6",
     "IPAddress",
@@ -337,6 +374,7 @@ __all__ = [
     "own_addresses",
     "own_links",
     "parse_exception",
+    "registry_tolerates",
     "resolve_checked",
     "special_reason",
     "split_host_port",

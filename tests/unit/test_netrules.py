@@ -10,6 +10,7 @@ import ipaddress
 
 import pytest
 
+from shellyard import netrules
 from shellyard.netrules import (
     SPECIAL_V4,
     SPECIAL_V6,
@@ -117,3 +118,18 @@ def test_exceptions_compare_canonical_hosts() -> None:
     assert normal_host("Hooks.Example.org.") == "hooks.example.org"
     with pytest.raises(ValueError, match="webhook exception"):
         parse_exception("127.0.0.1", "webhook exception")
+
+
+def test_a_default_registry_may_sit_in_a_documentation_block_and_nothing_else_may() -> None:
+    """This project's machines serve pypi.org from 203.0.113.80 (TEST-NET-3): the default
+    package registries, on port 443 only, may be dialled in a documentation or benchmarking
+    block; any other name there, any other port, and loopback, private or link-local
+    addresses stay refused for them too (docs/security.md)."""
+    doc = ipaddress.ip_address("203.0.113.80")
+    assert netrules.registry_tolerates("pypi.org", 443, doc)
+    assert netrules.registry_tolerates("Files.PythonHosted.org.", 443, doc)
+    assert netrules.registry_tolerates("pypi.org", 443, ipaddress.ip_address("198.18.0.7"))
+    assert not netrules.registry_tolerates("pypi.org", 80, doc)
+    assert not netrules.registry_tolerates("evil.example", 443, doc)
+    for address in ("127.0.0.1", "10.0.0.1", "169.254.169.254", "::1", "100.64.0.1"):
+        assert not netrules.registry_tolerates("pypi.org", 443, ipaddress.ip_address(address))

@@ -146,7 +146,9 @@ class EgressProxy:
             if refusal is not None:
                 raise Refused(refusal)
         loop = asyncio.get_running_loop()
-        resolved = await resolve_checked(host, port, self._own.get(), exception=exception)
+        resolved = await resolve_checked(
+            host, port, self._own.get(), exception=exception, registries=True
+        )
         failed: list[str] = []
         for family, sockaddr in resolved.allowed:
             sock = socket.socket(family, socket.SOCK_STREAM)
