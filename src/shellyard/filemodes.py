@@ -122,13 +122,20 @@ def tighten_once(root: Path, spare: Callable[[Path], str | None]) -> None:
 
 def runner_spare(root: Path) -> Callable[[Path], str | None]:
     """What ``tighten`` leaves as it is in a runner's folder: what the sandbox reads through
-    its modes (workspaces are the agent's own files and modes, environments their manager's,
+    its modes (workspaces and their homes are the agent's own files and modes (each root is
+    closed to 0700 at its next use), environments their manager's,
     read views and the sandbox folder are read by the sandbox uid), and the snapshot objects
     read views link to (0444: the folders above them are 0700)."""
 
     def spare(path: Path) -> str | None:
         parts = path.relative_to(root).parts
-        if len(parts) == 1 and parts[0] in ("workspaces", "environments", "views", "sandbox"):
+        if len(parts) == 1 and parts[0] in (
+            "workspaces",
+            "homes",
+            "environments",
+            "views",
+            "sandbox",
+        ):
             return "tree"
         return "files" if parts[:2] == ("snapshots", "objects") else None
 

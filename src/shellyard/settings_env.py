@@ -115,8 +115,8 @@ VARIABLES: dict[str, Variable] = {
                  "the port it had, else 0", "`serve`'s port.", "server", _whole(0, 65535)),
         # -- the control plane
         Variable("SHELLYARD_DATABASE_URL", "sqlite:///PATH or postgresql+psycopg://…",
-                 "sqlite:///HOME/shellyard.db", "Where the records are.", "server",
-                 lambda raw: raw.startswith(("sqlite", "postgresql"))),
+                 "sqlite:///HOME/shellyard.db",
+                 "Where the records are (its reader words a bad URL itself).", "server"),
         Variable("SHELLYARD_BODY_IDLE_S", f"{_SECONDS}, more than 0", "30",
                  "A request body with no progress for this long is closed (docs/security.md).",
                  "server", _number(0.001)),

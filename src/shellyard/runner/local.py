@@ -300,6 +300,7 @@ class LocalRunner:
     def _close_root(self, workspace_id: str) -> None:
         if self._ids is not None:  # docs/security.md "Tenants: attack pass"
             tenants.close_root(self.workspace_path(workspace_id))
+            tenants.close_root(self._homes / workspace_id)
 
     def workspace_path(self, workspace_id: str) -> Path:
         check_id(workspace_id, "workspace id")

@@ -164,9 +164,20 @@ def panel_router(plane: ControlPlane) -> APIRouter:
         session_id: str, execution_id: str, stream: str, agent_id: str, who: PrincipalDep
     ) -> StreamingResponse:
         """One stream of an execution of ``agent_id`` (an agent of the session), as a file."""
-        if agent_id not in await panel().agent_ids(who, session_id):
+        agents = await panel().agent_ids(who, session_id)
+        if agent_id not in agents:
             raise NotFound(f"no agent {agent_id!r} in session {session_id}")
-        first = await plane.executions.logs(execution_id, stream, 0, LOG_PAGE, None, agent_id)
+        first = None
+        # The execution may be any agent's of the session (the panel shows them all).
+        for owner in (agent_id, *(a for a in agents if a != agent_id)):
+            try:
+                first = await plane.executions.logs(execution_id, stream, 0, LOG_PAGE, None, owner)
+            except NotFound:
+                continue
+            agent_id = owner
+            break
+        if first is None:
+            raise NotFound(f"no execution {execution_id!r} in session {session_id}")
 
         async def pages() -> AsyncIterator[bytes]:
             part = first

@@ -72,7 +72,7 @@ def executions(home: Path, token: str | None = None) -> list[dict[str, Any]]:
 
 def test_an_unknown_option_is_refused_and_nothing_runs(home: Path) -> None:
     before = len(executions(home))
-    for typo in (["--timeout", "5"], ["--backgroud"], ["--agnet", "foo"]):
+    for typo in (["--timeuot", "5"], ["--backgroud"], ["--agnet", "foo"]):
         done = sy(home, "run", *typo, "--", "echo", "hi")
         assert done.returncode == 2, done
         assert f"run has no option {typo[0]}" in done.stderr

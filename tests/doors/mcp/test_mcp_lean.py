@@ -152,10 +152,10 @@ async def refuses_unknown_arguments(session: ClientSession) -> None:
             assert name in text, (tool.name, name, text)
     # The misspelling a model makes: nothing runs.
     result = await session.call_tool(
-        "run_shell", {"command": "touch ran-anyway", "timeout_ms": 5, "bogus_param": 1}
+        "run_shell", {"command": "touch ran-anyway", "timeout_msec": 5, "bogus_param": 1}
     )
     assert result.is_error
-    assert "'bogus_param', 'timeout_ms'" in result.content[0].text  # type: ignore[union-attr]
+    assert "'bogus_param', 'timeout_msec'" in result.content[0].text  # type: ignore[union-attr]
     listing = await session.call_tool("file_list", {})
     assert not listing.is_error
     assert isinstance(listing.structured_content, dict)

@@ -123,8 +123,9 @@ class CondaManager:
         task = asyncio.ensure_future(
             ctx.run_tool(
                 argv,
-                binds=[CHILD, rattler],
-                mounts=mounts,
+                # The child and rattler are the runner's own files, not agent-named sources:
+                # bound by path (the tools' descriptor walk is for what a request names).
+                mounts={**{CHILD: CHILD, rattler: rattler}, **(mounts or {})},
                 network=network,
                 stdin=json.dumps(request).encode(),
                 lines=line,
