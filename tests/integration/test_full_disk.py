@@ -423,7 +423,7 @@ async def test_a_writer_faster_than_the_watcher_still_ends_with_limit_disk(
     a delete, and work goes on once the file is gone."""
     yard = full_yard
     first = await yard.run("echo kept > kept.txt")
-    filler = await yard.run("head -c 1000000000 /dev/zero > big; echo after", wait_ms=30_000)
+    filler = await yard.run("head -c 1000000000 /dev/zero > big", wait_ms=30_000)
     view = await settle(yard, filler.execution_id)
     record = await yard.runner.status(filler.execution_id)
     assert record.limit == "disk", (record, view)

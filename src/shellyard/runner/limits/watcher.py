@@ -269,14 +269,17 @@ class Guard:
             written = max(0, _logs_held(w.directory) - w.logs_at_start)
             if snapshot is not None and w.baseline is not None:
                 written += max(0, _measure(snapshot) - w.baseline)
-            if written < min(DISK_OFFENDER_MIN, reserve_bytes // 4):
+            # No snapshot: the commit itself failed for lack of space, so what the command
+            # wrote cannot be measured, and the full volume is the likely cause of both.
+            if snapshot is not None and written < min(DISK_OFFENDER_MIN, reserve_bytes // 4):
                 return
+            wrote = f"after writing {format_size(written)}" if snapshot else "its files uncommitted"
             ending.limit = "disk"
             ending.notes.insert(
                 0,
                 f"ended while the runner's volume was below its free-space reserve "
-                f"({format_size(free)} free, reserve {format_size(reserve_bytes)}), after writing "
-                f"{format_size(written)}: a write most likely failed for lack of space. "
+                f"({format_size(free)} free, reserve {format_size(reserve_bytes)}), {wrote}: a "
+                f"write most likely failed for lack of space. "
                 f"Delete files (a delete is allowed below the reserve) and run again",
             )
 
