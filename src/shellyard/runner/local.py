@@ -173,8 +173,7 @@ class LocalRunner:
             await asyncio.to_thread(self._relays.forget_unused)
 
     async def _prepare_sandboxes(self) -> None:
-        """Find and build once what every spawn reuses: bwrap and what it supports, the host
-        view, the seccomp filter (no execution starts without it), the egress proxy."""
+        """Build once what every spawn reuses: bwrap, the host view, seccomp, the proxy."""
         box = self._sandboxes
         box.bwrap = sandbox.find_bwrap()
         box.disable_userns = await asyncio.to_thread(
