@@ -11,8 +11,6 @@ import asyncio
 import contextlib
 import os
 import sqlite3
-import subprocess
-import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -20,6 +18,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 from files_helpers import child_workspace, run
+from tmpfs_fixture import mounted_tmpfs
 
 from conftest import Yard, open_yard
 from shellyard.cli.exits import EXIT_RETRY, exit_code_of
@@ -148,21 +147,8 @@ async def test_a_transfer_over_its_entry_cap_is_refused_with_the_count_and_gc_de
 @pytest.fixture
 def small_volume() -> Iterator[Path]:
     """A 256 MiB tmpfs the test mounts: the whole home (database, runner) lives on it."""
-    path = Path(tempfile.mkdtemp(prefix="shellyard-full-", dir="/tmp"))
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=256m,mode=0711", "tmpfs", str(path)],
-        capture_output=True,
-        text=True,
-    )
-    if done.returncode != 0:
-        path.rmdir()
-        pytest.skip(f"cannot mount a tmpfs here (needs root / CAP_SYS_ADMIN): {done.stderr}")
-    try:
+    with mounted_tmpfs("256m", "shellyard-full-") as path:
         yield path
-    finally:
-        subprocess.run(["umount", "-l", str(path)], check=False)
-        with contextlib.suppress(OSError):
-            path.rmdir()
 
 
 @pytest.fixture(params=["local", "direct"])

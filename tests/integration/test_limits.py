@@ -10,13 +10,12 @@ import asyncio
 import contextlib
 import os
 import sqlite3
-import subprocess
-import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from tmpfs_fixture import mounted_tmpfs
 
 from conftest import Yard, open_yard
 from shellyard.cli.exits import EXIT_RETRY, exit_code_of
@@ -189,21 +188,8 @@ async def test_runner_info_shows_the_effective_limits(yard_factory: Any) -> None
 @pytest.fixture
 def small_volume() -> Iterator[Path]:
     """A 192 MiB tmpfs the test owns: the whole home (database, runner) lives on it."""
-    path = Path(tempfile.mkdtemp(prefix="shellyard-small-", dir="/tmp"))
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=192m,mode=0711", "tmpfs", str(path)],
-        capture_output=True,
-        text=True,
-    )
-    if done.returncode != 0:
-        path.rmdir()
-        pytest.skip(f"cannot mount a tmpfs here (needs root / CAP_SYS_ADMIN): {done.stderr}")
-    try:
+    with mounted_tmpfs("192m", "shellyard-small-") as path:
         yield path
-    finally:
-        subprocess.run(["umount", "-l", str(path)], check=False)
-        with contextlib.suppress(OSError):
-            path.rmdir()
 
 
 @pytest.fixture(params=["local", "direct"])

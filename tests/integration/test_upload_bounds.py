@@ -9,16 +9,15 @@ as tests/integration/test_full_disk.py does."""
 
 from __future__ import annotations
 
-import contextlib
 import io
 import os
 import subprocess
 import tarfile
-import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
+from tmpfs_fixture import mounted_tmpfs
 
 from conftest import Yard, open_yard
 from shellyard.errors import InvalidInput, LowOnSpace, TooLarge
@@ -59,21 +58,8 @@ async def no_leftovers(yard: Yard, workspace_id: str) -> list[str]:
 @pytest.fixture
 def small_volume() -> Iterator[Path]:
     """A 256 MiB tmpfs the test mounts: the whole home (database, runner) lives on it."""
-    path = Path(tempfile.mkdtemp(prefix="shellyard-upl-", dir="/tmp"))
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=256m,mode=0711", "tmpfs", str(path)],
-        capture_output=True,
-        text=True,
-    )
-    if done.returncode != 0:
-        path.rmdir()
-        pytest.skip(f"cannot mount a tmpfs here (needs root / CAP_SYS_ADMIN): {done.stderr}")
-    try:
+    with mounted_tmpfs("256m", "shellyard-upl-") as path:
         yield path
-    finally:
-        subprocess.run(["umount", "-l", str(path)], check=False)
-        with contextlib.suppress(OSError):
-            path.rmdir()
 
 
 async def yard_on(
