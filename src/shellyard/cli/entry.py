@@ -1,7 +1,7 @@
 """The ``shellyard`` console script. The most common call, ``shellyard run -- CMD`` with at
 most ``--home``, ``--wait-ms``, ``--queue`` and ``--read-only`` before the ``--``, is answered
 here with the standard library alone: one POST to the home's server and the result's output
-and exit code. Issue 13 asks 150 ms for it; typer, pydantic and httpx cost several times that
+and exit code. docs/cli.md asks 150 ms for it; typer, pydantic and httpx cost several times that
 before the first byte is sent (docs/benchmarks.md). Everything else, and a run still going
 when its answer comes, goes to the typer app (``cli.app``), which behaves the same.
 """

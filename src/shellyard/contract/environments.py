@@ -145,7 +145,7 @@ class EnvironmentChangeBody(BaseModel):
         return self
 
     def _check_sources(self) -> None:
-        """Issue 20: the syntax of every source and spec (the runner applies its allow-list
+        """The syntax of every source and spec (the runner applies its allow-list
         on top). ``http://`` passes here: only the runner knows whether its operator allowed
         that mirror."""
         for spec in self.specs:
