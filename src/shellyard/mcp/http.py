@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator
 from contextvars import ContextVar
-from typing import Literal
 
 import httpx
 from fastapi import FastAPI
@@ -83,9 +82,8 @@ class McpHttp:
 
         self.client = InProcessClient(app)
         plane = getattr(app.state, "plane", None)
-        network: Literal["on", "off"] = (
-            plane.settings.local_policy.network if plane is not None else "on"
-        )
+        # The local runner's mode (off, egress, host): run_shell's openWorldHint.
+        network: str = plane.settings.local_policy.network if plane is not None else "off"
         self.server: MCPServer = build_server(self.client, network=network, enabled=_toolsets.get)
         # DNS-rebinding protection is the token's job (and the --no-auth Host check's).
         self.server.streamable_http_app(
