@@ -3,7 +3,7 @@
 The home is 0700 and what it holds is 0700 (folders) or 0600 (files). The one other uid that
 must pass through it is the sandbox uid (as root), and it gets a POSIX ACL entry
 ``user:<uid>:--x`` on exactly the folders on the way to what bwrap binds
-(runner/sandbox/folder_access.py),
+(sandbox/folder_access.py),
 never a world bit. Below those folders, what the sandbox reads keeps the modes it needs (an
 environment prefix, a read view, the workspace itself); no other local user reaches them,
 because every path to them crosses a folder that is 0700.
@@ -35,7 +35,8 @@ MARKER = ".modes-v1"
 
 def _shared(path: Path, mode: int) -> int:
     """The bits of ``mode`` to take away. On a folder with an ACL the group bits are its mask,
-    which bounds the sandbox uid's ``--x`` entry (reach.py): only the other bits go there."""
+    which bounds the sandbox uid's ``--x`` entry (sandbox/folder_access.py): only the other
+    bits go there."""
     if stat.S_ISDIR(mode):
         try:
             os.getxattr(path, "system.posix_acl_access", follow_symlinks=False)
@@ -48,8 +49,9 @@ def _shared(path: Path, mode: int) -> int:
 
 def private_dir(path: Path) -> None:
     """``path`` made and private to this user, whatever the umask: 0700, or 07x0 where its
-    ACL grants the sandbox uid search (reach.py). Parents it makes are 0700 too (``mkdir
-    -p`` would give them the umask's mode); parents that exist are left as they are."""
+    ACL grants the sandbox uid search (sandbox/folder_access.py). Parents it makes are 0700
+    too (``mkdir -p`` would give them the umask's mode); parents that exist are left as they
+    are."""
     missing = [p for p in (path, *path.parents) if not p.exists()]
     for folder in reversed(missing):
         with contextlib.suppress(FileExistsError):

@@ -115,7 +115,7 @@ class TokenService:
         return await self.principal_of(row)
 
     async def principal_of(self, row: Row) -> Principal:
-        """The principal of a live record (a bearer token's, or a web login's: api/cookies.py
+        """The principal of a live record (a bearer token's, or a web login's: web/cookies.py
         finds those by a hash of its own, which no bearer secret's hash can equal)."""
         kind: TokenKind = row["kind"]
         if kind == "admin":

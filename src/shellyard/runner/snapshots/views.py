@@ -181,7 +181,7 @@ class ReadViews:
 
     def startup(self) -> None:
         # bwrap, already the sandbox uid, must reach a view to bind it: the runner adds that
-        # uid's search entry (reach.py); nobody else passes, nobody lists them.
+        # uid's search entry (sandbox/folder_access.py); nobody else passes, nobody lists them.
         filemodes.private_dir(self.directory)
 
     def acquire(self, workspace_id: str, execution_id: str, link: Path) -> Path:
