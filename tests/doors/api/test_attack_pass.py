@@ -8,68 +8,28 @@ and a workspace quota of 8 MiB so the bounds are reached quickly."""
 
 from __future__ import annotations
 
-import os
-import signal
 import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
 import pytest
-
-from conftest import make_home
-from shellyard.home import ensure_server, read_info
+from served_server import Served, served_server
 
 PROBE_BOUND_S = 2.0
 BODY_IDLE_S = 2.0
 MIB = 1 << 20
 
 
-@dataclass
-class Served:
-    url: str
-    pid: int
-    admin: dict[str, str]
-    session: dict[str, str]
-
-
 @pytest.fixture(scope="module")
 def served() -> Iterator[Served]:
-    home = make_home()
-    saved = {k: os.environ.get(k) for k in ("SHELLYARD_BODY_IDLE_S", "SHELLYARD_WORKSPACE_QUOTA")}
-    os.environ["SHELLYARD_BODY_IDLE_S"] = str(BODY_IDLE_S)
-    os.environ["SHELLYARD_WORKSPACE_QUOTA"] = "8M"
-    try:
-        info = ensure_server(home)
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-    admin = {"Authorization": f"Bearer {info.token}"}
-    made = httpx.post(f"{info.url}/v1/sessions", headers=admin, timeout=60).json()
-    token = httpx.post(
-        f"{info.url}/v1/tokens",
-        json={"kind": "session", "session_id": made["session_id"]},
-        headers=admin,
-        timeout=60,
-    ).json()["token"]
-    yield Served(info.url, info.pid, admin, {"Authorization": f"Bearer {token}"})
-    current = read_info(home)
-    pid = current.pid if current is not None else info.pid
-    try:
-        os.kill(pid, signal.SIGTERM)
-        for _ in range(100):
-            os.kill(pid, 0)
-            time.sleep(0.1)
-        os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+    with served_server(
+        {"SHELLYARD_BODY_IDLE_S": str(BODY_IDLE_S), "SHELLYARD_WORKSPACE_QUOTA": "8M"}
+    ) as server:
+        yield server
 
 
 def during(served: Served, attack: Callable[[], Any]) -> tuple[Any, float]:

@@ -10,56 +10,24 @@ from __future__ import annotations
 
 import bz2
 import io
-import os
-import signal
 import tarfile
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import httpx
 import pytest
-
-from conftest import make_home
-from shellyard.home import ensure_server, read_info
+from served_server import Served, served_server
 
 #: The other client's worst answer time while an attack runs (the probe is a trivial route).
 PROBE_BOUND_S = 2.0
 
 
-@dataclass
-class Served:
-    url: str
-    pid: int
-    admin: dict[str, str]
-    session: dict[str, str]
-
-
 @pytest.fixture(scope="module")
 def served() -> Iterator[Served]:
-    home = make_home()
-    info = ensure_server(home)
-    admin = {"Authorization": f"Bearer {info.token}"}
-    made = httpx.post(f"{info.url}/v1/sessions", headers=admin, timeout=60).json()
-    token = httpx.post(
-        f"{info.url}/v1/tokens",
-        json={"kind": "session", "session_id": made["session_id"]},
-        headers=admin,
-        timeout=60,
-    ).json()["token"]
-    yield Served(info.url, info.pid, admin, {"Authorization": f"Bearer {token}"})
-    current = read_info(home)
-    pid = current.pid if current is not None else info.pid
-    try:
-        os.kill(pid, signal.SIGTERM)
-        for _ in range(100):
-            os.kill(pid, 0)
-            time.sleep(0.1)
-        os.kill(pid, signal.SIGKILL)  # a server stuck under the GIL ignores SIGTERM
-    except ProcessLookupError:
-        pass
+    with served_server() as server:
+        yield server
 
 
 def peak_rss(pid: int) -> int:

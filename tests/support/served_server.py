@@ -1,0 +1,62 @@
+"""A real ``shellyard serve`` of its own (a fresh home, its own process) with an admin and a
+session token, for the door tests that attack a server from outside (docs/security.md)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+
+import httpx
+
+from conftest import make_home
+from shellyard.home import ensure_server, read_info
+
+
+@dataclass
+class Served:
+    url: str
+    pid: int
+    admin: dict[str, str]
+    session: dict[str, str]
+
+
+@contextlib.contextmanager
+def served_server(env: Mapping[str, str] | None = None) -> Iterator[Served]:
+    """The server runs with ``env`` set while it starts (the test process's own environment is
+    put back after); it is stopped at the end, SIGKILL after 10 s for one stuck under the GIL."""
+    home = make_home()
+    saved = {key: os.environ.get(key) for key in env or {}}
+    os.environ.update(env or {})
+    try:
+        info = ensure_server(home)
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+    admin = {"Authorization": f"Bearer {info.token}"}
+    made = httpx.post(f"{info.url}/v1/sessions", headers=admin, timeout=60).json()
+    token = httpx.post(
+        f"{info.url}/v1/tokens",
+        json={"kind": "session", "session_id": made["session_id"]},
+        headers=admin,
+        timeout=60,
+    ).json()["token"]
+    try:
+        yield Served(info.url, info.pid, admin, {"Authorization": f"Bearer {token}"})
+    finally:
+        current = read_info(home)
+        pid = current.pid if current is not None else info.pid
+        try:
+            os.kill(pid, signal.SIGTERM)
+            for _ in range(100):
+                os.kill(pid, 0)
+                time.sleep(0.1)
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
