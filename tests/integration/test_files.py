@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from files_helpers import child_workspace, chunks_of, read_all, run, tree
+from files_helpers import archive, child_workspace, chunks_of, read_all, run, tree
 
 from conftest import Yard
 from shellyard.contract.executions import ExecutionState
@@ -240,22 +240,6 @@ async def test_uploads_stream_files_and_folders_all_or_nothing(yard: Yard) -> No
         left = await run(plane, "ls -A; ls -A fail 2>&1 || true", runner_id)
         listing = (await plane.executions.logs(left.execution_id)).data
         assert "fail" not in listing.split() and "partial" not in listing
-
-    def archive(members: list[tuple[str, bytes | None, str | None]]) -> bytes:
-        buf = io.BytesIO()
-        with tarfile.open(fileobj=buf, mode="w") as tar:
-            for name, content, link in members:
-                info = tarfile.TarInfo(name)
-                if link is not None:
-                    info.type, info.linkname = tarfile.SYMTYPE, link
-                    tar.addfile(info)
-                elif content is None:
-                    info.type = tarfile.DIRTYPE
-                    tar.addfile(info)
-                else:
-                    info.size = len(content)
-                    tar.addfile(info, io.BytesIO(content))
-        return buf.getvalue()
 
     good = archive([("pkg", None, None), ("pkg/a.py", b"a", None), ("pkg/l", None, "a.py")])
     unpacked = await plane.files.upload_archive(chunks_of(good, 100), "vendor", runner_id=runner_id)

@@ -9,37 +9,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import io
 import shutil
-import tarfile
 from pathlib import Path
 
 import pytest
-from files_helpers import child_workspace, chunks_of, read_all, run, runner_root, tree
+from files_helpers import archive, child_workspace, chunks_of, read_all, run, runner_root, tree
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import Yard
 from shellyard.contract.executions import RunShellRequest
 from shellyard.errors import InvalidInput, NotFound, PathRefused
-
-
-def archive(members: list[tuple[str, bytes | None, str | None]]) -> bytes:
-    """A tar of (name, content or None for a folder, link target or None)."""
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as tar:
-        for name, content, link in members:
-            info = tarfile.TarInfo(name)
-            if link is not None:
-                info.type, info.linkname = tarfile.SYMTYPE, link
-                tar.addfile(info)
-            elif content is None:
-                info.type = tarfile.DIRTYPE
-                tar.addfile(info)
-            else:
-                info.size = len(content)
-                tar.addfile(info, io.BytesIO(content))
-    return buf.getvalue()
 
 
 def _plant(folder: Path) -> dict[str, bytes]:
