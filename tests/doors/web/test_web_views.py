@@ -65,6 +65,15 @@ def scene(served: Served) -> dict[str, Any]:
         b"<script>document.title='x'</script>\n",
     )
     upload(served, agent, "page.html", b"<script>parent.document.title='pwned'</script>")
+    upload(
+        served,
+        agent,
+        "analysis.py",
+        b"import math\n\n\ndef area(r):\n    # the circle's\n"
+        b'    return math.pi * r ** 2  # "<img src=x onerror=alert(1)>"\n',
+    )
+    lines = b"".join(b"line %06d of a long log\n" % n for n in range(6000))
+    upload(served, agent, "long.log", lines + b"THE-LAST-LINE\n")
     second = run(served, agent, "printf 'alpha\\ngamma\\nsame\\n' > notes.txt")
     colour = run(
         served,
@@ -168,6 +177,48 @@ async def test_a_csv_is_a_table(served: Served, ids: dict[str, Any], page: Page)
     await expect(table.locator("thead th")).to_have_text(["name", "score"])
     await expect(table.locator("tbody tr").first.locator("td")).to_have_text(["Ada, L.", "3"])
     await expect(page.locator("#csv-count")).to_contain_text("2 rows")
+
+
+async def test_code_is_shown_in_colour(served: Served, ids: dict[str, Any], page: Page) -> None:
+    """A Python file's keywords and comments are coloured (highlight.js by the file's ending),
+    in colours other than plain text; markup in its text stays text."""
+    await open_panel(page, served, ids)
+    await page.get_by_role("button", name="Preview analysis.py").click()
+    code = page.locator("#preview-text code.hljs")
+    await expect(code.locator(".hljs-keyword").first).to_have_text("import")
+    await expect(code.locator(".hljs-comment").first).to_contain_text("the circle's")
+    colours = await code.evaluate(
+        """c => [getComputedStyle(c).color,
+                 getComputedStyle(c.querySelector('.hljs-keyword')).color,
+                 getComputedStyle(c.querySelector('.hljs-comment')).color]"""
+    )
+    assert len(set(colours)) == 3, colours
+    await expect(code).to_contain_text('"<img src=x onerror=alert(1)>"')
+    assert await page.locator("#preview img").count() == 0
+
+
+async def test_a_large_file_is_read_by_ranges(
+    served: Served, ids: dict[str, Any], page: Page
+) -> None:
+    """A 150 KB log: the first 64 KiB, then the next ranges on demand from the same snapshot,
+    until the last line shows and the button goes."""
+    await open_panel(page, served, ids)
+    await page.get_by_role("button", name="Preview long.log").click()
+    text = page.locator("#preview-text")
+    await expect(page.locator("#preview-shown")).to_contain_text("First 64.0 KiB of")
+    await expect(text).to_contain_text("line 000000 of a long log")
+    await expect(text).not_to_contain_text("THE-LAST-LINE")
+    more = page.locator("#preview-more")
+    await more.click()
+    await expect(page.locator("#preview-shown")).to_contain_text("First 128.0 KiB of")
+    await more.click()
+    await expect(text).to_contain_text("THE-LAST-LINE")
+    await expect(page.locator("#preview-shown")).to_contain_text("All ")
+    await expect(more).to_be_hidden()
+    # Each line once: the ranges joined without a gap or an overlap.
+    shown = await text.text_content()
+    assert shown is not None and shown.count("line 002900 of a long log") == 1
+    assert shown.count("\n") == 6001
 
 
 async def test_markdown_is_rendered_safely(served: Served, ids: dict[str, Any], page: Page) -> None:
@@ -328,6 +379,9 @@ async def test_axe_finds_no_serious_violation(
         await page.get_by_role("button", name="Preview table.csv").click()
         await expect(page.locator("#csv-table")).to_be_visible()
         await axe_check(page, axe_source, f"{scheme} CSV preview")
+        await page.get_by_role("button", name="Preview analysis.py").click()
+        await expect(page.locator("#preview-text code.hljs")).to_be_visible()
+        await axe_check(page, axe_source, f"{scheme} code preview")
         await page.get_by_role("button", name="Preview plot.png").click()
         await expect(page.locator("#preview-image")).to_be_visible()
         await axe_check(page, axe_source, f"{scheme} image preview")

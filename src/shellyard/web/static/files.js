@@ -4,6 +4,7 @@
 
 import { api, href } from "./api.js";
 import { bytes, h, keyedList, when } from "./dom.js";
+import { languageOf, showCode } from "./code.js";
 import { renderMarkdown } from "./markdown.js";
 import { diffLines, diffWords, hunks, parseDelimited } from "./textdiff.js";
 
@@ -252,8 +253,50 @@ export class FilePanel {
     if (/\.(csv|tsv)$/i.test(name)) body = this.csvTable(text.data, /\.tsv$/i.test(name) ? "\t" : ",", !text.complete);
     else if (/\.(md|markdown)$/i.test(name)) body = renderMarkdown(text.data);
     else if (/\.json$/i.test(name)) body = h("pre", { class: "text", tabindex: "0", role: "region", "aria-labelledby": "preview-title" }, prettyJson(text.data));
-    else body = h("pre", { class: "text", tabindex: "0", role: "region", "aria-labelledby": "preview-title" }, text.data);
+    else return this.showText(title, text, name, { workspace_id: ws, seq, path: entry.path });
     this.preview.replaceChildren(...[title, body, more].filter(Boolean));
+  }
+
+  // Plain text and code, in colour where the name tells the language; a large file is read
+  // by ranges: the first PREVIEW_BYTES, then the next ones on demand (a button), from the
+  // same committed snapshot.
+  showText(title, first, name, where) {
+    const language = languageOf(name);
+    const pre = h("pre", { class: "text", id: "preview-text", tabindex: "0", role: "region", "aria-labelledby": "preview-title" });
+    const shown = h("p", { class: "muted", id: "preview-shown", role: "status" });
+    const next = h("button", { type: "button", id: "preview-more" }, `Show the next ${bytes(PREVIEW_BYTES)}`);
+    let text = first.data;
+    let part = first;
+    const render = () => {
+      showCode(pre, text, language);
+      shown.textContent = part.complete
+        ? (part.offset > 0 ? `All ${bytes(part.size)} shown.` : "")
+        : `First ${bytes(part.next_offset)} of ${bytes(part.size)} shown.`;
+      next.hidden = part.complete;
+    };
+    next.addEventListener("click", async () => {
+      next.disabled = true;
+      try {
+        const page = await api("/v1/files/text", {
+          agent: this.agent(),
+          query: { ...where, offset: part.next_offset, limit: PREVIEW_BYTES },
+        });
+        if (page.encoding !== "utf-8") {
+          shown.textContent = "The rest is not UTF-8 text: use the file's download link.";
+          next.hidden = true;
+          return;
+        }
+        text += page.data;
+        part = page;
+        render();
+      } catch (err) {
+        this.onError(err);
+      } finally {
+        next.disabled = false;
+      }
+    });
+    render();
+    this.preview.replaceChildren(title, pre, h("div", { class: "preview-range" }, shown, next));
   }
 
   csvTable(data, sep, cut) {
