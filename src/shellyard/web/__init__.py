@@ -21,7 +21,8 @@ STATIC = Path(str(files("shellyard.web") / "static"))
 SECURITY_HEADERS = {
     "Content-Security-Policy": (
         "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
-        "connect-src 'self'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'"
+        "connect-src 'self'; frame-src 'self'; base-uri 'none'; form-action 'self'; "
+        "frame-ancestors 'none'"
     ),
     "X-Frame-Options": "DENY",
     "X-Content-Type-Options": "nosniff",
@@ -30,10 +31,28 @@ SECURITY_HEADERS = {
 }
 
 
+#: The PDF frame (pdfview.html): framed by the panel only, which sandboxes it (an opaque
+#: origin); PDF.js's worker starts from a blob, fonts come as data; nothing reaches the network.
+PDF_FRAME_HEADERS = {
+    **SECURITY_HEADERS,
+    "Content-Security-Policy": (
+        "default-src 'none'; script-src 'self'; worker-src 'self' blob:; style-src 'self'; "
+        "font-src data: blob:; img-src data: blob:; base-uri 'none'; form-action 'none'; "
+        "frame-ancestors 'self'"
+    ),
+    "X-Frame-Options": "SAMEORIGIN",
+}
+#: What the sandboxed frame loads as module scripts: its origin is opaque ("null"), so these
+#: public files are answered for any origin (they hold no data).
+FRAME_MODULES = ("pdfview.js", "vendor/pdfjs/")
+
+
 class _Static(StaticFiles):
     async def get_response(self, path: str, scope: Scope) -> Response:
         response = await super().get_response(path, scope)
-        response.headers.update(SECURITY_HEADERS)
+        response.headers.update(PDF_FRAME_HEADERS if path == "pdfview.html" else SECURITY_HEADERS)
+        if path.startswith(FRAME_MODULES):
+            response.headers["Access-Control-Allow-Origin"] = "*"
         return response
 
 

@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 from playwright.async_api import Browser, Page, expect
-from web_helpers import Served, new_session, png, run, upload
+from web_helpers import Served, new_session, pdf, png, run, upload
 
 pytest_plugins = ["web_fixtures"]
 
@@ -72,6 +72,8 @@ def scene(served: Served) -> dict[str, Any]:
         b"import math\n\n\ndef area(r):\n    # the circle's\n"
         b'    return math.pi * r ** 2  # "<img src=x onerror=alert(1)>"\n',
     )
+    upload(served, agent, "figure.pdf", pdf(3))
+    upload(served, agent, "broken.pdf", b"%PDF-1.4\nnot really a PDF\n")
     lines = b"".join(b"line %06d of a long log\n" % n for n in range(6000))
     upload(served, agent, "long.log", lines + b"THE-LAST-LINE\n")
     second = run(served, agent, "printf 'alpha\\ngamma\\nsame\\n' > notes.txt")
@@ -195,6 +197,40 @@ async def test_code_is_shown_in_colour(served: Served, ids: dict[str, Any], page
     assert len(set(colours)) == 3, colours
     await expect(code).to_contain_text('"<img src=x onerror=alert(1)>"')
     assert await page.locator("#preview img").count() == 0
+
+
+async def test_a_pdf_shows_its_first_page_in_a_sandboxed_frame(
+    served: Served, ids: dict[str, Any], page: Page
+) -> None:
+    """A PDF's first page is drawn (dark pixels of its square on the canvas) by PDF.js in a
+    frame whose origin is opaque: it can read neither the panel, nor the login cookie, nor the
+    API with it. A file that is not a PDF says so."""
+    await open_panel(page, served, ids)
+    await page.get_by_role("button", name="Preview figure.pdf").click()
+    await expect(page.locator("#preview-pdf-note")).to_have_text(
+        "Page 1 of 3; the download link has the whole file.", timeout=30_000
+    )
+    frame = page.frame_locator("#preview-pdf")
+    dark = await frame.locator("canvas").evaluate(
+        """c => { const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
+                  let n = 0; for (let i = 0; i < d.length; i += 4) if (d[i] < 40) n++;
+                  return [c.width, n]; }"""
+    )
+    assert dark[0] > 0 and dark[1] > 1000, dark
+    reach = await frame.locator("canvas").evaluate(
+        """async () => {
+            const tried = {};
+            try { tried.cookie = document.cookie; } catch (e) { tried.cookie = 'denied'; }
+            try { tried.parent = parent.document.title; } catch (e) { tried.parent = 'denied'; }
+            try { tried.api = (await fetch('/v1/sessions', {credentials: 'include'})).status; }
+            catch (e) { tried.api = 'denied'; }
+            return tried;
+        }"""
+    )
+    assert reach["cookie"] == "denied" and reach["parent"] == "denied", reach
+    assert reach["api"] in ("denied", 401), reach
+    await page.get_by_role("button", name="Preview broken.pdf").click()
+    await expect(page.locator("#preview-pdf-note")).to_contain_text("Not shown", timeout=30_000)
 
 
 async def test_a_large_file_is_read_by_ranges(
@@ -382,6 +418,9 @@ async def test_axe_finds_no_serious_violation(
         await page.get_by_role("button", name="Preview analysis.py").click()
         await expect(page.locator("#preview-text code.hljs")).to_be_visible()
         await axe_check(page, axe_source, f"{scheme} code preview")
+        await page.get_by_role("button", name="Preview figure.pdf").click()
+        await expect(page.locator("#preview-pdf-note")).to_contain_text("Page 1 of 3")
+        await axe_check(page, axe_source, f"{scheme} PDF preview")
         await page.get_by_role("button", name="Preview plot.png").click()
         await expect(page.locator("#preview-image")).to_be_visible()
         await axe_check(page, axe_source, f"{scheme} image preview")

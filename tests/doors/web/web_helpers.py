@@ -149,6 +149,33 @@ def png(width: int, height: int) -> bytes:
     )
 
 
+def pdf(pages: int) -> bytes:
+    """A real PDF of ``pages`` A6 pages, each a filled black square (what a plotting library
+    writes, in miniature), with a correct cross-reference table."""
+    objects = [b"<< /Type /Catalog /Pages 2 0 R >>"]
+    kids = " ".join(f"{3 + 2 * n} 0 R" for n in range(pages))
+    objects.append(f"<< /Type /Pages /Kids [{kids}] /Count {pages} >>".encode())
+    square = b"0 0 0 rg 40 40 200 200 re f"
+    for n in range(pages):
+        objects.append(
+            f"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 298 420] /Contents {4 + 2 * n} 0 R >>".encode()
+        )
+        objects.append(b"<< /Length %d >>\nstream\n%s\nendstream" % (len(square), square))
+    out = b"%PDF-1.4\n"
+    offsets = []
+    for number, body in enumerate(objects, 1):
+        offsets.append(len(out))
+        out += b"%d 0 obj\n%s\nendobj\n" % (number, body)
+    xref = len(out)
+    out += b"xref\n0 %d\n0000000000 65535 f \n" % (len(objects) + 1)
+    out += b"".join(b"%010d 00000 n \n" % offset for offset in offsets)
+    out += b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (
+        len(objects) + 1,
+        xref,
+    )
+    return out
+
+
 def upload(served: Served, agent: str, path: str, data: bytes) -> dict[str, Any]:
     with served.admin(agent) as client:
         answer = client.put("/v1/files/content", params={"path": path}, content=data)

@@ -14,6 +14,8 @@ const CSV_ROWS = 200;
 const DIFF_FILES = 20;
 
 const PREVIEW_BYTES = 65536;
+// A PDF's first page is drawn from the whole file, read into the page: up to this size.
+const PDF_BYTES = 32 * 1024 * 1024;
 
 function baseName(path) {
   const parts = path.split("/").filter(Boolean);
@@ -237,6 +239,10 @@ export class FilePanel {
       this.preview.replaceChildren(title, img);
       return;
     }
+    if (/\.pdf$/i.test(name)) {
+      this.showPdf(title, entry, href(`/v1/sessions/${sid}/files/preview`, { workspace_id: ws, seq, path: entry.path }));
+      return;
+    }
     const text = await api("/v1/files/text", {
       agent: this.agent(),
       query: { workspace_id: ws, seq, path: entry.path, limit: PREVIEW_BYTES },
@@ -255,6 +261,50 @@ export class FilePanel {
     else if (/\.json$/i.test(name)) body = h("pre", { class: "text", tabindex: "0", role: "region", "aria-labelledby": "preview-title" }, prettyJson(text.data));
     else return this.showText(title, text, name, { workspace_id: ws, seq, path: entry.path });
     this.preview.replaceChildren(...[title, body, more].filter(Boolean));
+  }
+
+  // A PDF's first page, drawn by PDF.js in a frame sandboxed to an opaque origin
+  // (pdfview.html): the parser runs where it can reach neither the panel nor the API. The
+  // bytes go in by postMessage; the frame answers "drawn" (with the page count) or "error".
+  showPdf(title, entry, source) {
+    if (entry.size > PDF_BYTES) {
+      this.preview.replaceChildren(title, h("p", { class: "muted" },
+        `A PDF of ${bytes(entry.size)}: too large to preview here (${bytes(PDF_BYTES)}); use its download link.`));
+      return;
+    }
+    const frame = h("iframe", {
+      class: "preview-pdf", id: "preview-pdf", sandbox: "allow-scripts",
+      src: "/ui/static/pdfview.html", title: `First page of ${entry.path}`,
+    });
+    const note = h("p", { class: "muted", id: "preview-pdf-note", role: "status" }, "Drawing the first page…");
+    const listen = async (event) => {
+      if (event.source !== frame.contentWindow || !event.data || !event.data.shellyardPdf) return;
+      const said = event.data;
+      if (said.shellyardPdf === "ready") {
+        try {
+          const response = await fetch(source, { credentials: "same-origin" });
+          if (!response.ok) throw new Error(`the file could not be read (${response.status})`);
+          const pdf = await response.arrayBuffer();
+          frame.contentWindow.postMessage({ pdf, width: frame.clientWidth || 600 }, "*", [pdf]);
+        } catch (err) {
+          note.textContent = `Not shown: ${err.message}`;
+        }
+      } else if (said.shellyardPdf === "drawn") {
+        frame.style.height = `${Math.min(said.height, 900) + 8}px`;
+        note.textContent = `Page 1 of ${said.pages}; the download link has the whole file.`;
+      } else {
+        note.textContent = `Not shown (${said.message}): use its download link.`;
+      }
+    };
+    window.addEventListener("message", listen);
+    // Dropped with the preview: a later preview replaces the frame.
+    new MutationObserver((_, observer) => {
+      if (!frame.isConnected) {
+        window.removeEventListener("message", listen);
+        observer.disconnect();
+      }
+    }).observe(this.preview, { childList: true });
+    this.preview.replaceChildren(title, frame, note);
   }
 
   // Plain text and code, in colour where the name tells the language; a large file is read
