@@ -46,6 +46,7 @@ from shellyard.runner.protocol import (
     RunnerExecState,
     RunnerExecution,
     RunnerInfo,
+    ScreenView,
     SnapshotInfo,
     StartRequest,
 )
@@ -389,6 +390,18 @@ class RemoteRunner:
 
     async def cancel(self, execution_id: str) -> RunnerExecution:
         return cast(RunnerExecution, await self._invoke("cancel", execution_id=execution_id))
+
+    # E13: interactive executions
+    async def send_input(self, execution_id: str, data: bytes, eof: bool) -> int:
+        accepted = await self._invoke("send_input", execution_id=execution_id, data=data, eof=eof)
+        return cast(int, accepted)
+
+    async def screen(self, execution_id: str) -> ScreenView:
+        return cast(ScreenView, await self._invoke("screen", execution_id=execution_id))
+
+    async def resize(self, execution_id: str, rows: int, cols: int) -> ScreenView:
+        answer = await self._invoke("resize", execution_id=execution_id, rows=rows, cols=cols)
+        return cast(ScreenView, answer)
 
     async def read_log(
         self, execution_id: str, stream: LogStream, offset: int, limit: int
