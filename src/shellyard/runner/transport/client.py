@@ -56,6 +56,7 @@ from shellyard.runner.transport.wire import (
     H_ARGS,
     OPERATIONS,
     WAIT_CAP_S,
+    InputArgs,
     LongPoll,
     Operation,
     StartAnswer,
@@ -393,8 +394,10 @@ class RemoteRunner:
 
     # E13: interactive executions
     async def send_input(self, execution_id: str, data: bytes, eof: bool) -> int:
-        accepted = await self._invoke("send_input", execution_id=execution_id, data=data, eof=eof)
-        return cast(int, accepted)
+        op = OPERATIONS["send_input"]
+        # raw bytes in Python, base64 in JSON (validating would read them as base64)
+        body = InputArgs.model_construct(execution_id=execution_id, data=data, eof=eof)
+        return cast(int, self._decode(op, await self._post(op.name, body, self._slow)))
 
     async def screen(self, execution_id: str) -> ScreenView:
         return cast(ScreenView, await self._invoke("screen", execution_id=execution_id))
