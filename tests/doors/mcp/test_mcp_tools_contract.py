@@ -28,6 +28,7 @@ from shellyard.home import ServerInfo, ensure_server, is_served, read_info
 READ_ONLY = {
     "execution_status",
     "execution_logs",
+    "execution_screen",
     "timer_list",
     "inbox_list",
     "file_list",

@@ -67,7 +67,10 @@ async def send_input(
         data = request.data(tty)
     except ValueError as exc:
         raise InvalidInput(str(exc)) from None
-    accepted = await runner.send_input(execution_id, data, request.eof)
+    eof = request.eof
+    if tty and eof:  # a terminal has no end of its own: C-d ends a line discipline's input
+        data, eof = data + b"\x04", False
+    accepted = await runner.send_input(execution_id, data, eof)
     return InputResult(accepted_bytes=accepted)
 
 
