@@ -64,7 +64,7 @@ def bare_pty_echo(master: int, token: str) -> float:
 def holder_rss(home: Path, execution_id: str) -> int:
     """RSS of the execution's holder process (its pid file in the execution's folder)."""
     for pid_file in home.rglob(f"executions/{execution_id}/holder.pid"):
-        return rss_bytes(int(pid_file.read_text()))
+        return rss_bytes(int(pid_file.read_text().split()[0]))
     return 0
 
 

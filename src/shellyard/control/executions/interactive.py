@@ -81,6 +81,11 @@ async def screen(runner: Runner, row: Mapping[str, Any]) -> ScreenView:
             f"execution {row['id']} has no terminal: only a command started with tty: true "
             "has a screen; read its output with execution_logs"
         )
+    if row.get("logs_pruned_at") is not None:
+        raise Conflict(
+            f"execution {row['id']} has no screen any more: retention deleted its logs "
+            "(docs/operations.md)"
+        )
     # An ended terminal still shows its last screen (the log is kept).
     return await runner.screen(str(row["id"]))
 

@@ -112,7 +112,8 @@ def start_holder(directory: Path, channel: Channel, pid: int) -> int:
         cwd="/",
         start_new_session=True,
     )  # fmt: skip
-    (directory / HOLDER_PID).write_text(str(holder.pid))
+    # with its start time: a pid reused after a restart is not taken for the holder
+    (directory / HOLDER_PID).write_text(f"{holder.pid} {processes.start_time(holder.pid) or 0}")
     return holder.pid
 
 
@@ -274,13 +275,13 @@ async def drained(directory: Path, timeout_s: float = 1.0) -> None:
     """Wait (bounded) for the holder to end, so a terminal's last output is in the log
     before the execution's end is recorded."""
     try:
-        pid = int((directory / HOLDER_PID).read_text())
+        pid, started = (int(word) for word in (directory / HOLDER_PID).read_text().split())
     except (OSError, ValueError):
         return
     deadline = time.monotonic() + timeout_s
-    while processes.start_time(pid) is not None and time.monotonic() < deadline:
-        processes.reap_if_child(pid)
+    while processes.is_same_process(pid, started) and time.monotonic() < deadline:
         await asyncio.sleep(0.005)
+    processes.reap_if_child(pid)  # ours when this runner started it: no zombie stays
 
 
 def awaiting_input(pid: int, tty: bool) -> bool | None:
