@@ -66,6 +66,7 @@ PANELS = {
     "status": "Commands",
     "logs": "Commands",
     "cancel": "Commands",
+    "input": "Commands",
     "shell-call": "Commands",
     "port": "Commands",
     "files": "Files and transfers",

@@ -46,6 +46,7 @@ from shellyard.sdk.files import (
     FileOps,
     FileStreams,
 )
+from shellyard.sdk.interactive import InteractiveOps
 from shellyard.sdk.ports import PortOps
 from shellyard.sdk.runners import RunnerOps
 from shellyard.sdk.sessions import AsyncSessionStreams, SessionOps, SessionStreams
@@ -178,6 +179,7 @@ def _home_server(home: Path | None) -> tuple[str, str]:
 
 class Client(
     ExecutionOps,
+    InteractiveOps,
     RunnerOps,
     SessionOps,
     FileOps,
@@ -242,6 +244,7 @@ class Client(
 
 class AsyncClient(
     ExecutionOps,
+    InteractiveOps,
     RunnerOps,
     SessionOps,
     FileOps,

@@ -7,10 +7,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from shellyard.contract.executions import ExecutionPolicyView, ExecutionState, ExecutionView
+from shellyard.control.executions import options
 
 
 def execution_view(row: Mapping[str, Any]) -> ExecutionView:
     """The contract's view of an execution record (every door shows this)."""
+    terminal = options.terminal_fields(options.of(row))
     return ExecutionView(
         execution_id=row["id"],
         state=ExecutionState(row["state"]),
@@ -41,4 +43,6 @@ def execution_view(row: Mapping[str, Any]) -> ExecutionView:
         limit=row.get("ended_by_limit"),
         peak_memory_bytes=row.get("peak_memory_bytes"),
         cpu_seconds=row.get("cpu_seconds"),
+        interactive=terminal["interactive"],
+        tty=terminal["tty"],
     )
