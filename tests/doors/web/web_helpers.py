@@ -157,9 +157,8 @@ def pdf(pages: int) -> bytes:
     objects.append(f"<< /Type /Pages /Kids [{kids}] /Count {pages} >>".encode())
     square = b"0 0 0 rg 40 40 200 200 re f"
     for n in range(pages):
-        objects.append(
-            f"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 298 420] /Contents {4 + 2 * n} 0 R >>".encode()
-        )
+        page = f"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 298 420] /Contents {4 + 2 * n} 0 R >>"
+        objects.append(page.encode())
         objects.append(b"<< /Length %d >>\nstream\n%s\nendstream" % (len(square), square))
     out = b"%PDF-1.4\n"
     offsets = []
