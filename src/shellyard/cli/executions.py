@@ -1,12 +1,19 @@
-"""Execution verbs: run, status, logs, cancel (E1–E7 from a terminal)."""
+"""Execution verbs: run, status, logs, cancel (E1–E7 from a terminal) and attach (E13: this
+terminal joined to an execution's pseudo-terminal)."""
 
 from __future__ import annotations
 
+import codecs
 import json
 import os
 import re
+import select
 import shlex
+import signal
 import sys
+import termios
+import threading
+import tty
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -26,7 +33,7 @@ from shellyard.cli.common import (
     print_view,
 )
 from shellyard.cli.common import client_for as _client
-from shellyard.errors import ShellyardError
+from shellyard.errors import InvalidInput, ShellyardError
 
 if TYPE_CHECKING:
     from shellyard.contract.executions import ExecutionView, RunShellResult
@@ -67,7 +74,7 @@ def register(app: typer.Typer) -> None:
         cls=RunCommand,
         context_settings={"allow_extra_args": True, "allow_interspersed_args": False},
     )(run)
-    for verb in (status, logs, cancel):
+    for verb in (status, logs, cancel, attach):
         app.command()(verb)
 
 
@@ -142,12 +149,19 @@ def run(
     cwd: Annotated[
         str | None, typer.Option("--cwd", help="Start in this folder of the workspace.")
     ] = None,
+    on_terminal: Annotated[
+        bool,
+        typer.Option(
+            "--tty", "-t", help="Run it on a terminal and attach to it (Ctrl-] d detaches)."
+        ),
+    ] = False,
     agent: AgentOption = None,
     as_json: JsonOption = False,
 ) -> None:
     """Run one command: shellyard run [OPTIONS] -- CMD [ARGS...], or --script PATH -- ARGS...
     Prints its output (after --wait-ms, or live with --follow) and exits with its exit code.
-    Ctrl-C cancels it; --background leaves it running."""
+    Ctrl-C cancels it; --background leaves it running. --tty runs it on a terminal of this
+    terminal's size and attaches, as 'shellyard attach' does."""
     words = list(ctx.args)
     command = words[0] if len(words) == 1 else shlex.join(words) if words else None
     if command is None and script is None:
@@ -171,7 +185,13 @@ def run(
             "idempotency_key": None if background else new_idempotency_key(),
             **run_options(timeout, timeout_ms, var, cwd),
             "args": words if script is not None and words else None,
+            **(terminal_options() if on_terminal else {}),
         }
+        if on_terminal and not (background or as_json):
+            # Attached from the first byte: keys typed (Ctrl-C too) go to the command.
+            started = client.run(command, **{**options, "wait_ms": 0})
+            code = attach_to(client, _client(home, agent), started.execution_id)
+            raise typer.Exit(code)
         try:
             result = client.run(command, wait_ms=0 if follow else wait_ms, **options)
         except KeyboardInterrupt:
@@ -401,3 +421,168 @@ def cancel(
         print_view(_client(home, agent).cancel(execution_id, wait_s), as_json)
     except ShellyardError as exc:
         fail(exc)
+
+
+# ---------------------------------------------------------------- attach (E13)
+
+#: Ctrl-] then ``d`` detaches (Ctrl-] is telnet's escape; docker's Ctrl-P Ctrl-Q is a key
+#: readline and many REPLs use). Ctrl-] twice sends one Ctrl-].
+DETACH_PREFIX = 0x1D
+DETACH_KEY = ord("d")
+#: How long the output follower waits at most between two reads of a quiet terminal (the
+#: echo of a typed key comes within it).
+ATTACH_POLL_S = 0.05
+
+
+def terminal_options() -> dict[str, Any]:
+    """``tty=true`` and, on a terminal, its size (the server's 24×80 otherwise)."""
+    options: dict[str, Any] = {"tty": True}
+    if os.isatty(sys.stdin.fileno()):
+        size = os.get_terminal_size(sys.stdin.fileno())
+        options.update(tty_rows=size.lines, tty_cols=size.columns)
+    return options
+
+
+def split_detach(data: bytes, armed: bool) -> tuple[bytes, bool, bool]:
+    """What of the typed ``data`` to send, whether the detach key was typed, and whether a
+    Ctrl-] waits for its second key (``armed``, carried from the previous read)."""
+    send = bytearray()
+    for byte in data:
+        if armed:
+            armed = False
+            if byte == DETACH_KEY:
+                return bytes(send), True, False
+            send += (
+                bytes([DETACH_PREFIX]) if byte == DETACH_PREFIX else bytes([DETACH_PREFIX, byte])
+            )
+        elif byte == DETACH_PREFIX:
+            armed = True
+        else:
+            send.append(byte)
+    return bytes(send), False, armed
+
+
+class _Output(threading.Thread):
+    """Writes the terminal's output (the stdout log, exact bytes, from ``offset``) to this
+    terminal until the execution ends and all of it was written. Its own client: the input
+    loop's calls never wait behind a read."""
+
+    def __init__(self, client: Client, execution_id: str, offset: int) -> None:
+        super().__init__(name="attach-output", daemon=True)
+        self.client, self.execution_id, self.offset = client, execution_id, offset
+        self.error: ShellyardError | None = None
+
+    def run(self) -> None:
+        sink = sys.stdout.buffer
+        try:
+            for data in self.client.follow_logs(
+                self.execution_id, offset=self.offset, poll_s=ATTACH_POLL_S
+            ):
+                sink.write(data)
+                sink.flush()
+        except ShellyardError as exc:
+            self.error = exc
+
+
+def _draw_screen(client: Client, execution_id: str) -> int:
+    """Attaching to a terminal already running: draw what it shows now (its earlier output
+    replayed could be megabytes of redraws) and return where its output goes on from."""
+    offset = client.logs(execution_id, "stdout", 0, 1, raw=True).size
+    screen = client.screen(execution_id)
+    sys.stdout.write("\x1b[H\x1b[2J" + "\r\n".join(screen.text.split("\n")))
+    sys.stdout.write(f"\x1b[{screen.cursor.row + 1};{screen.cursor.col + 1}H")
+    sys.stdout.flush()
+    return offset
+
+
+def attach_to(client: Client, reader: Client, execution_id: str, *, replay: bool = True) -> int:
+    """Join this terminal to the execution's: typed bytes go to it, its output comes here, a
+    resize of this terminal resizes it. Returns its exit code once it ends, or 0 when
+    detached (it goes on running). ``replay``: from its first byte (``run --tty``), else from
+    what its screen shows now."""
+    view = client.status(execution_id)
+    if not view.tty:
+        raise InvalidInput(
+            f"{execution_id} has no terminal (it was not run with tty=true): "
+            f"'shellyard logs --follow {execution_id}' shows its output"
+        )
+    stdin = sys.stdin.fileno()
+    on_tty = os.isatty(stdin)
+    resized = threading.Event()
+    saved = termios.tcgetattr(stdin) if on_tty else None
+    offset = 0 if replay or not on_tty else _draw_screen(client, execution_id)
+    output = _Output(reader, execution_id, offset)
+    try:
+        if saved is not None:
+            previous = signal.signal(signal.SIGWINCH, lambda *_: resized.set())
+            resized.set()  # the execution takes this terminal's size from the start
+            tty.setraw(stdin)
+        output.start()
+        detached = _pump_input(client, execution_id, stdin, output, resized)
+    finally:
+        if saved is not None:
+            termios.tcsetattr(stdin, termios.TCSADRAIN, saved)
+            signal.signal(signal.SIGWINCH, previous)
+    if detached:
+        err.print(
+            f"\nshellyard: detached; {execution_id} goes on "
+            f"('shellyard attach {execution_id}' comes back)",
+            highlight=False,
+        )
+        return 0
+    if output.error is not None:
+        raise output.error
+    final = client.wait(execution_id, 30)
+    if final.error:
+        err.print(f"shellyard: {final.state.value}: {final.error}", highlight=False)
+    return final.exit_code if final.exit_code is not None else EXIT_BY_STATE.get(final.state, 1)
+
+
+def _pump_input(
+    client: Client, execution_id: str, stdin: int, output: _Output, resized: threading.Event
+) -> bool:
+    """Send what is typed until the execution ends (False) or the detach key (True)."""
+    decoder = codecs.getincrementaldecoder("utf-8")("replace")
+    armed, reading = False, True
+    while output.is_alive():
+        if resized.is_set():
+            resized.clear()
+            size = os.get_terminal_size(stdin)
+            client.resize(execution_id, rows=size.lines, cols=size.columns)
+        if not reading:
+            output.join(ATTACH_POLL_S)
+            continue
+        ready, _, _ = select.select([stdin], [], [], ATTACH_POLL_S)
+        if not ready:
+            continue
+        data = os.read(stdin, 4096)
+        if not data:  # stdin was a file or pipe, now read: the output goes on to the end
+            reading = False
+            continue
+        send, detach, armed = split_detach(data, armed)
+        text = decoder.decode(send)
+        if text:
+            try:
+                client.input(execution_id, text=text)
+            except ShellyardError:
+                if client.status(execution_id).state.terminal:
+                    continue  # it ended as the key was typed: the output says the rest
+                raise
+        if detach:
+            return True
+    return False
+
+
+def attach(
+    execution_id: str,
+    home: HomeOption = None,
+    agent: AgentOption = None,
+) -> None:
+    """Attach this terminal to an execution run with a terminal (run --tty, tty=true): what
+    you type goes to it, its output comes here. Ctrl-] d detaches and leaves it running;
+    otherwise exits with its exit code when it ends."""
+    try:
+        code = attach_to(_client(home, agent), _client(home, agent), execution_id, replay=False)
+    except ShellyardError as exc:
+        fail(exc)
+    raise typer.Exit(code)
