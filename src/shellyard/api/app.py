@@ -32,6 +32,12 @@ from shellyard.contract.executions import (
     RunShellResult,
     parse_run_shell,
 )
+from shellyard.contract.interactive import (
+    ExecutionInputRequest,
+    InputResult,
+    ScreenView,
+    TerminalSize,
+)
 from shellyard.control.plane import ControlPlane
 from shellyard.errors import (
     ERRORS_BY_CODE,
@@ -165,6 +171,23 @@ def create_app(
         agent: AgentHeader = None,
     ) -> ExecutionView:
         return await plane.executions.cancel(execution_id, agent, wait_s)
+
+    # E13: input to an interactive execution, its terminal's screen and size.
+    @app.post("/v1/executions/{execution_id}/input", dependencies=auth)
+    async def execution_input(
+        execution_id: str, body: ExecutionInputRequest, agent: AgentHeader = None
+    ) -> InputResult:
+        return await plane.executions.send_input(execution_id, body, agent)
+
+    @app.get("/v1/executions/{execution_id}/screen", dependencies=auth)
+    async def execution_screen(execution_id: str, agent: AgentHeader = None) -> ScreenView:
+        return await plane.executions.screen(execution_id, agent)
+
+    @app.post("/v1/executions/{execution_id}/resize", dependencies=auth)
+    async def execution_resize(
+        execution_id: str, body: TerminalSize, agent: AgentHeader = None
+    ) -> ScreenView:
+        return await plane.executions.screen(execution_id, agent, body)
 
     # Runners: registration, health, removal.
     from shellyard.api.runners import runners_router

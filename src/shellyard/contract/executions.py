@@ -8,6 +8,11 @@ from typing import Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
 
+from shellyard.contract.interactive import (
+    DEFAULT_TTY_COLS,
+    DEFAULT_TTY_ROWS,
+    check_terminal_size,
+)
 from shellyard.errors import InvalidInput, validation_message
 
 DEFAULT_WAIT_MS = 10_000
@@ -122,6 +127,11 @@ class RunShellRequest(BaseModel):
     # W6 path rules checked by the control plane (control/executions/options.py).
     cwd: str | None = Field(default=None, description="start folder, workspace-relative")
     args: list[str] | None = Field(default=None, description="arguments for script_path")
+    # E13: input while it runs (execution_input); tty: on a pseudo-terminal (execution_screen).
+    interactive: bool = Field(default=False, description="keep stdin open for execution_input")
+    tty: bool = Field(default=False, description="run on a terminal (implies interactive)")
+    tty_rows: int = Field(default=DEFAULT_TTY_ROWS, description="terminal rows (tty)")
+    tty_cols: int = Field(default=DEFAULT_TTY_COLS, description="terminal columns (tty)")
 
     @model_validator(mode="after")
     def _check(self) -> RunShellRequest:
@@ -153,6 +163,9 @@ class RunShellRequest(BaseModel):
                 )
             if any("\x00" in arg for arg in self.args):
                 raise ValueError("args: an argument contains a NUL byte")
+        check_terminal_size(self.tty_rows, self.tty_cols)
+        if self.tty:
+            self.interactive = True
         return self
 
 
@@ -213,6 +226,12 @@ class ExecutionView(BaseModel):
     #: R2 tenants: what its cgroup measured (None without cgroups: docs/limits.md).
     peak_memory_bytes: int | None = None
     cpu_seconds: float | None = None
+    #: E13: its stdin takes execution_input; ``tty``: on a pseudo-terminal.
+    interactive: bool = False
+    tty: bool = False
+    #: E13: while it runs, whether it is blocked reading its input (None: not detectable,
+    #: not interactive, or ended).
+    awaiting_input: bool | None = None
 
 
 class RunShellResult(ExecutionView):
@@ -227,7 +246,7 @@ class RunShellResult(ExecutionView):
 
 class LogsResult(BaseModel):
     execution_id: str
-    stream: Literal["stdout", "stderr"]
+    stream: Literal["stdout", "stderr", "stdin"]
     data: str
     offset: int
     next_offset: int
@@ -267,7 +286,7 @@ class ExecutionLogsRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     execution_id: str = _EXECUTION_ID
-    stream: Literal["stdout", "stderr"] = Field(default="stdout", description="which log")
+    stream: Literal["stdout", "stderr", "stdin"] = Field(default="stdout", description="which log")
     offset: int = Field(default=0, ge=0, description="byte offset to read from")
     limit: int = Field(default=DEFAULT_LOG_LIMIT, ge=0, description="at most this many bytes")
     tail: int | None = Field(default=None, ge=0, description="the last tail bytes instead")

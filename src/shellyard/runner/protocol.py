@@ -14,6 +14,7 @@ from typing import Literal, Protocol, runtime_checkable
 from pydantic import BaseModel, Field
 
 # Re-exported: results that cross from the runner to the caller unchanged are public models.
+from shellyard.contract.interactive import ScreenView as ScreenView
 from shellyard.contract.packages import PackageRecord as PackageRecord
 from shellyard.contract.ports import PortView as PortView
 from shellyard.contract.runners import RunnerLimits as RunnerLimits
@@ -29,7 +30,8 @@ from shellyard.contract.snapshots import TransferOutcome as TransferOutcome
 from shellyard.runner.policy import ExecutionPolicy, NetworkMode
 from shellyard.runner.policy import SandboxPolicy as SandboxPolicy
 
-LogStream = Literal["stdout", "stderr"]
+#: ``stdin``: what was sent to an interactive execution (E13), kept up to a cap.
+LogStream = Literal["stdout", "stderr", "stdin"]
 
 #: Largest chunk one log or file read returns; callers page with ``next_offset``.
 MAX_READ_CHUNK = 1 << 20
@@ -62,6 +64,11 @@ class StartRequest(BaseModel):
     #: Nobody waits for this start's end (a background execution, a queued one started by
     #: the previous one's end): a remote runner answers at once instead of long-polling.
     detached: bool = False
+    #: E13: stdin stays open for ``send_input``; ``tty``: on a pseudo-terminal of this size.
+    interactive: bool = False
+    tty: bool = False
+    tty_rows: int = 24
+    tty_cols: int = 80
 
 
 class SnapshotInfo(BaseModel):
@@ -102,6 +109,8 @@ class RunnerExecution(BaseModel):
     base_environment: str | None = None
     base_revision: int | None = None
     note: str | None = None
+    #: E13: while it runs, whether it is blocked reading its input (None: cannot tell).
+    awaiting_input: bool | None = None
 
 
 class LogChunk(BaseModel):
@@ -228,6 +237,13 @@ class Runner(Protocol):
     ) -> LogChunk: ...
 
     async def log_size(self, execution_id: str, stream: LogStream) -> int: ...
+
+    # E13: input to an interactive execution, its terminal's screen and size.
+    async def send_input(self, execution_id: str, data: bytes, eof: bool) -> int: ...
+
+    async def screen(self, execution_id: str) -> ScreenView: ...
+
+    async def resize(self, execution_id: str, rows: int, cols: int) -> ScreenView: ...
 
     async def commit(self, workspace_id: str) -> SnapshotInfo: ...
 

@@ -40,6 +40,7 @@ from shellyard.sdk.base import (
     call,
 )
 from shellyard.sdk.environments import EnvironmentOps
+from shellyard.sdk.interactive import InteractiveOps
 from shellyard.sdk.files import (
     AsyncFileStreams,
     FileDownloads,
@@ -178,6 +179,7 @@ def _home_server(home: Path | None) -> tuple[str, str]:
 
 class Client(
     ExecutionOps,
+    InteractiveOps,
     RunnerOps,
     SessionOps,
     FileOps,
@@ -242,6 +244,7 @@ class Client(
 
 class AsyncClient(
     ExecutionOps,
+    InteractiveOps,
     RunnerOps,
     SessionOps,
     FileOps,

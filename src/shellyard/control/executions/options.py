@@ -28,6 +28,9 @@ def record(request: RunShellRequest) -> str | None:
         # W6: "..", absolute paths, NUL refused (PathRefused) before anything is recorded
         "cwd": normalize_relative(request.cwd) or None if request.cwd is not None else None,
         "args": request.args or None,
+        # E13: input while it runs; a terminal of this size
+        "interactive": request.interactive or None,
+        "tty": [request.tty_rows, request.tty_cols] if request.tty else None,
     }
     kept = {name: value for name, value in options.items() if value is not None}
     return json.dumps(kept) if kept else None
@@ -45,7 +48,17 @@ def start_fields(row: Mapping[str, Any]) -> dict[str, Any]:
         "env": options.get("env") or {},
         "cwd": options.get("cwd"),
         "args": options.get("args") or [],
+        **terminal_fields(options),
     }
+
+
+def terminal_fields(options: Mapping[str, Any]) -> dict[str, Any]:
+    """E13: the StartRequest's (and the view's) ``interactive`` and ``tty`` fields."""
+    size = options.get("tty")
+    fields: dict[str, Any] = {"interactive": bool(options.get("interactive")), "tty": bool(size)}
+    if size:
+        fields["tty_rows"], fields["tty_cols"] = int(size[0]), int(size[1])
+    return fields
 
 
 def deadline(row: Mapping[str, Any]) -> float | None:

@@ -18,17 +18,23 @@ from shellyard.contract.executions import (
     RunShellRequest,
     RunShellResult,
 )
+from shellyard.contract.interactive import (
+    ExecutionInputRequest,
+    InputResult,
+    ScreenView,
+    TerminalSize,
+)
 from shellyard.control.agents import AgentResolver
-from shellyard.control.executions import options
+from shellyard.control.executions import interactive, options
 from shellyard.control.executions.foreground import ForegroundWaits
 from shellyard.control.executions.hooks import LEASE_KIND as LEASE_KIND
 from shellyard.control.executions.hooks import EnvironmentGate, WatchLeases
-from shellyard.control.executions.output import capped_output, encode_page, line_tail_offset
+from shellyard.control.executions.logs import check_page, read_page
+from shellyard.control.executions.output import capped_output
 from shellyard.control.executions.state_log import log_state
 from shellyard.control.executions.view import execution_view
 from shellyard.control.runners import LOCAL_RUNNER_ID, RunnerRegistry
 from shellyard.errors import (
-    InvalidInput,
     LowOnSpace,
     NotFound,
     RunnerUnavailable,
@@ -37,8 +43,7 @@ from shellyard.errors import (
 )
 from shellyard.paths import normalize_relative
 from shellyard.runner.protocol import (
-    MAX_READ_CHUNK,
-    LogStream,
+    Runner,
     RunnerExecState,
     RunnerExecution,
     StartRequest,
@@ -504,9 +509,13 @@ class ExecutionService:
         execution_id = str(row["id"])
         seen_ending = None
         if not request.background and not ExecutionState(row["state"]).terminal:
-            seen_ending = await self._wait_watched(execution_id, request.wait_ms / 1000)
+            seen_ending = await self._wait_watched(
+                execution_id, request.wait_ms / 1000, self._prompts(row)
+            )
             row = seen_ending or await self._finalized(row)
         view = execution_view(row)
+        if view.interactive:  # E13: whether it waits for input now
+            view.awaiting_input = await interactive.awaiting_input(self._runner(row), row)
         result = RunShellResult(**view.model_dump(), note=self._notes.pop(execution_id, None))
         if request.background or view.state in (ExecutionState.queued,):
             return result
@@ -526,6 +535,8 @@ class ExecutionService:
     async def status(self, execution_id: str, agent_id: str | None = None) -> ExecutionView:
         row = await self._owned(execution_id, agent_id)
         view = execution_view(row)
+        if view.interactive:  # E13: whether it waits for input now
+            view.awaiting_input = await interactive.awaiting_input(self._runner(row), row)
         if view.state.terminal:
             await self.store.mark_notice_read("execution", execution_id)
         return view
@@ -535,7 +546,7 @@ class ExecutionService:
     ) -> ExecutionView:
         row = await self._owned(execution_id, agent_id)
         if not ExecutionState(row["state"]).terminal:
-            await self._wait_watched(execution_id, timeout_s)
+            await self._wait_watched(execution_id, timeout_s, self._prompts(row))
         return await self.status(execution_id, agent_id)
 
     async def result(
@@ -548,7 +559,17 @@ class ExecutionService:
         )
         return await self._respond(row, now)
 
-    async def _wait_watched(self, execution_id: str, timeout_s: float) -> Mapping[str, Any] | None:
+    def _runner(self, row: Mapping[str, Any]) -> Runner:
+        return self.runners.get(str(row["runner_id"]))
+
+    def _prompts(self, row: Mapping[str, Any]) -> Runner | None:
+        """E13: the runner to ask whether an interactive execution waits for input (a wait
+        ends then)."""
+        return self._runner(row) if options.of(row).get("interactive") else None
+
+    async def _wait_watched(
+        self, execution_id: str, timeout_s: float, prompts: Runner | None = None
+    ) -> Mapping[str, Any] | None:
         """Wait for the end with a caller watching: a result that arrives during the wait is
         seen by that caller, so its notice is posted already read and wakes nobody (N3).
         The final record when this process ended it during the wait, else None."""
@@ -565,7 +586,8 @@ class ExecutionService:
                 waiter = await self.foreground_waits.begin(execution_id)
             fresh = await self.store.get_execution(execution_id)
             if fresh is not None and not ExecutionState(fresh["state"]).terminal:
-                await self.foreground_waits.wait(event, execution_id, waiter, timeout_s)
+                waiting = self.foreground_waits.wait(event, execution_id, waiter, timeout_s)
+                await interactive.until_prompt(waiting, prompts, execution_id)
                 return self._ended.get(execution_id)
             return None
         finally:
@@ -590,63 +612,31 @@ class ExecutionService:
         )
 
     async def logs(
-        self,
-        execution_id: str,
-        stream: str = "stdout",
-        offset: int = 0,
-        limit: int = 65536,
-        tail: int | None = None,
-        agent_id: str | None = None,
-        *,
-        tail_lines: int | None = None,
-        encoding: str = "utf-8",
+        self, execution_id: str, stream: str = "stdout", offset: int = 0, limit: int = 65536,
+        tail: int | None = None, agent_id: str | None = None, **page: Any,
     ) -> LogsResult:
         """A page of a log; ``tail``: bytes, ``tail_lines``: lines (docs/cli.md "Output")."""
-        if stream not in ("stdout", "stderr"):
-            raise InvalidInput(f"stream must be 'stdout' or 'stderr', not {stream!r}")
-        if encoding not in ("utf-8", "base64"):
-            raise InvalidInput(f"encoding must be 'utf-8' or 'base64', not {encoding!r}")
-        if min(offset, limit, tail or 0, tail_lines or 0) < 0:
-            raise InvalidInput("offset, limit, tail and tail_lines must be zero or positive")
+        check_page(stream, offset, limit, tail, **page)
         row = await self._owned(execution_id, agent_id)
-        log_stream: LogStream = "stdout" if stream == "stdout" else "stderr"
         runner = self.runners.get(str(row["runner_id"]))
-        pruned_at = row.get("logs_pruned_at")
-        state = ExecutionState(row["state"])
-        nothing = LogsResult.model_construct(
-            execution_id=execution_id, stream=log_stream, data="", offset=0, next_offset=0,
-            size=0, complete=True, state=state, logs_pruned_at=pruned_at,
-        )  # fmt: skip
-        if pruned_at is not None:
-            # Retention deleted them (docs/operations.md): say so instead of failing the read.
-            return nothing
-        if state == ExecutionState.queued or row["started_at"] is None:
-            return nothing.model_copy(update={"complete": state.terminal})
-        if tail is not None:
-            size = await runner.log_size(execution_id, log_stream)
-            offset = max(0, size - tail)
-            limit = min(tail, MAX_READ_CHUNK)
-        elif tail_lines is not None:
-            size = await runner.log_size(execution_id, log_stream)
-            offset = await line_tail_offset(runner, execution_id, log_stream, size, tail_lines)
-            limit = min(size - offset, MAX_READ_CHUNK)
-        chunk = await runner.read_log(execution_id, log_stream, offset, min(limit, MAX_READ_CHUNK))
-        text, used = encode_page(chunk.data, encoding)
-        if state.terminal:
-            await self.store.mark_notice_read("execution", execution_id)
-        return LogsResult(
-            execution_id=execution_id,
-            stream=log_stream,
-            data=text,
-            offset=chunk.offset,
-            # a whole chunk: the runner's next offset (past a cut log's dropped range, R2,
-            # docs/limits.md)
-            next_offset=chunk.next_offset if used == len(chunk.data) else chunk.offset + used,
-            size=chunk.size,
-            complete=chunk.complete and used == len(chunk.data),
-            state=state,
-            encoding="base64" if encoding == "base64" else "utf-8",
-        )
+        return await read_page(self.store, runner, row, stream, offset, limit, tail, **page)
+
+    # E13: input, screen and size of an interactive execution (control/executions/interactive.py)
+    async def send_input(
+        self, execution_id: str, request: ExecutionInputRequest, agent_id: str | None
+    ) -> InputResult:
+        row = await self._owned(execution_id, agent_id)
+        return await interactive.send_input(self.runners.get(str(row["runner_id"])), row, request)
+
+    async def screen(
+        self, execution_id: str, agent_id: str | None, size: TerminalSize | None = None
+    ) -> ScreenView:
+        """The terminal's screen now; with ``size``, resized first."""
+        row = await self._owned(execution_id, agent_id)
+        runner = self.runners.get(str(row["runner_id"]))
+        if size is not None:
+            return await interactive.resize(runner, row, size)
+        return await interactive.screen(runner, row)
 
     async def cancel(
         self, execution_id: str, agent_id: str | None = None, wait_s: float = 0.0

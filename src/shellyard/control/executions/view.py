@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from shellyard.contract.executions import ExecutionPolicyView, ExecutionState, ExecutionView
+from shellyard.control.executions import options
 
 
 def execution_view(row: Mapping[str, Any]) -> ExecutionView:
@@ -41,4 +42,6 @@ def execution_view(row: Mapping[str, Any]) -> ExecutionView:
         limit=row.get("ended_by_limit"),
         peak_memory_bytes=row.get("peak_memory_bytes"),
         cpu_seconds=row.get("cpu_seconds"),
+        interactive=bool(options.of(row).get("interactive")),
+        tty=bool(options.of(row).get("tty")),
     )

@@ -1,0 +1,125 @@
+"""E13: input to a running interactive execution, its terminal's screen and size.
+
+The runner holds the terminal and the input pipe (runner/sandbox/terminal.py); this room
+checks who may send (the execution's owner, as every execution call: E4) and that the
+execution takes input now, then passes the bytes through the Runner protocol. A wait on an
+interactive execution may also end early when the program waits for input
+(``until_prompt``): an agent learns it should answer instead of sitting out its wait."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Mapping
+from typing import Any, TypeVar
+
+from shellyard.contract.interactive import (
+    ExecutionInputRequest,
+    InputResult,
+    ScreenView,
+    TerminalSize,
+)
+from shellyard.control.executions import options
+from shellyard.errors import Conflict, InvalidInput, ShellyardError
+from shellyard.runner.protocol import Runner, RunnerExecState
+
+#: How often a wait on an interactive execution asks the runner whether it waits for input.
+PROMPT_POLL_S = 0.05
+#: A prompt must be seen this long (two polls) before a wait returns for it: a program
+#: between two reads of its input is not yet waiting for the caller.
+PROMPT_SETTLE_S = 0.1
+
+T = TypeVar("T")
+
+
+def taking_input(row: Mapping[str, Any], execution_id: str, *, tty: bool = False) -> None:
+    """Conflict unless the record is a running interactive execution (a tty one: ``tty``)."""
+    fields = options.terminal_fields(options.of(row))
+    if not fields["interactive"]:
+        raise Conflict(
+            f"execution {execution_id} did not ask for input: only a command started with "
+            "interactive: true (or tty: true) takes execution_input; run it again with one"
+        )
+    if tty and not fields["tty"]:
+        raise Conflict(
+            f"execution {execution_id} has no terminal: start it with tty: true for a screen; "
+            "read its output with execution_logs"
+        )
+    if row["state"] not in ("running", "queued"):
+        raise Conflict(
+            f"execution {execution_id} has ended ({row['state']}): it takes no more input; "
+            "its output stays in execution_logs"
+        )
+    if row["state"] == "queued":
+        raise Conflict(
+            f"execution {execution_id} is queued and has not started: send input once "
+            "execution_status says running"
+        )
+
+
+async def send_input(
+    runner: Runner, row: Mapping[str, Any], request: ExecutionInputRequest
+) -> InputResult:
+    execution_id = str(row["id"])
+    taking_input(row, execution_id)
+    tty = bool(options.of(row).get("tty"))
+    try:
+        data = request.data(tty)
+    except ValueError as exc:
+        raise InvalidInput(str(exc)) from None
+    accepted = await runner.send_input(execution_id, data, request.eof)
+    return InputResult(accepted_bytes=accepted)
+
+
+async def screen(runner: Runner, row: Mapping[str, Any]) -> ScreenView:
+    fields = options.terminal_fields(options.of(row))
+    if not fields["tty"]:
+        raise Conflict(
+            f"execution {row['id']} has no terminal: only a command started with tty: true "
+            "has a screen; read its output with execution_logs"
+        )
+    # An ended terminal still shows its last screen (the log is kept).
+    return await runner.screen(str(row["id"]))
+
+
+async def resize(runner: Runner, row: Mapping[str, Any], size: TerminalSize) -> ScreenView:
+    taking_input(row, str(row["id"]), tty=True)
+    return await runner.resize(str(row["id"]), size.rows, size.cols)
+
+
+async def awaiting_input(runner: Runner, row: Mapping[str, Any]) -> bool | None:
+    """The runner's ``awaiting_input`` for a running interactive record, else None."""
+    if row["state"] != "running" or not options.of(row).get("interactive"):
+        return None
+    with contextlib.suppress(ShellyardError):
+        result = await runner.status(str(row["id"]))
+        if result.state == RunnerExecState.running:
+            return result.awaiting_input
+    return None
+
+
+async def until_prompt(
+    wait: Awaitable[T], runner: Runner | None, execution_id: str
+) -> T | None:
+    """``wait``'s result, or None as soon as the interactive execution waits for input
+    (seen twice, ``PROMPT_SETTLE_S``); ``runner`` None: just ``wait``."""
+    if runner is None:
+        return await wait
+    task = asyncio.ensure_future(wait)
+    try:
+        seen = 0
+        while not task.done():
+            done, _ = await asyncio.wait({task}, timeout=PROMPT_POLL_S)
+            if done:
+                break
+            with contextlib.suppress(ShellyardError):
+                status = await runner.status(execution_id)
+                seen = seen + 1 if status.awaiting_input else 0
+                if seen * PROMPT_POLL_S >= PROMPT_SETTLE_S:
+                    return None
+        return task.result()
+    finally:
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
