@@ -7,9 +7,14 @@ serious or critical violation with it open. Real Chromium, a real sandbox."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
+import zipfile
+from pathlib import Path
 from typing import Any
 
+import httpx
 from playwright.async_api import Page, expect
 from test_web_views import axe_check
 from test_web_views import axe_source as axe_source  # the module's axe-core, installed once
@@ -87,3 +92,25 @@ async def test_a_command_without_a_terminal_has_no_terminal_button(
     await expect(
         row.get_by_role("button", name=f"Open terminal of {done['execution_id']}")
     ).to_have_count(0)
+
+
+def test_the_terminal_widget_is_served_and_ships_in_the_wheel(
+    served: Served, tmp_path: Path
+) -> None:
+    """xterm.js comes from this server (its own CSP on it) and from the built wheel: nothing is
+    fetched from another site at install or run time."""
+    for name, kind in (("xterm.mjs", "javascript"), ("xterm.css", "text/css")):
+        answer = httpx.get(f"{served.url}/ui/static/vendor/xterm/{name}")
+        assert answer.status_code == 200 and kind in answer.headers["content-type"], name
+        assert "script-src 'self'" in answer.headers["content-security-policy"]
+    assert "export{" in httpx.get(f"{served.url}/ui/static/vendor/xterm/xterm.mjs").text
+    root = Path(__file__).resolve().parents[3]
+    subprocess.run(
+        [sys.executable, "-m", "uv", "build", "--wheel", "-q", "-o", str(tmp_path), str(root)],
+        check=True, capture_output=True, timeout=600,
+    )  # fmt: skip
+    (wheel,) = tmp_path.glob("shellyard-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    vendor = "shellyard/web/static/vendor/xterm/"
+    assert {f"{vendor}{n}" for n in ("xterm.mjs", "xterm.css", "LICENSE")} <= names
+    assert "shellyard/web/static/terminal.js" in names

@@ -13,6 +13,7 @@ const ACTIVE = ["queued", "running", "unknown"];
 const FAST_POLL_MS = 50;
 const SLOW_POLL_MS = 500;
 const PAGE = 65536;
+const SEND_MAX = 16384;
 // A longer log is not replayed from its first byte: the screen as it is now is drawn instead.
 const REPLAY_MAX = 1 << 20;
 
@@ -99,8 +100,12 @@ export class ExecutionTerminal {
     if (this.sending) return;
     const flush = async () => {
       while (this.pending && !this.stopped) {
-        const text = this.pending;
-        this.pending = "";
+        // One request stays under the server's 64 KiB a call (a paste goes in parts); a
+        // surrogate pair is never cut.
+        let cut = Math.min(this.pending.length, SEND_MAX);
+        if (cut < this.pending.length && /[\ud800-\udbff]/.test(this.pending[cut - 1])) cut -= 1;
+        const text = this.pending.slice(0, cut);
+        this.pending = this.pending.slice(cut);
         await api(`${this.path}/input`, { method: "POST", agent: this.execution.agent_id, body: { text } });
         this.kick();
       }
