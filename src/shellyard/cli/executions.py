@@ -1,5 +1,5 @@
-"""Execution verbs: run, status, logs, cancel (E1–E7 from a terminal) and attach (E13: this
-terminal joined to an execution's pseudo-terminal)."""
+"""Execution verbs: run, status, logs, cancel (E1–E7 from a terminal); attach, input and
+screen (E13: this terminal joined to an execution's pseudo-terminal, input sent, its screen)."""
 
 from __future__ import annotations
 
@@ -74,8 +74,9 @@ def register(app: typer.Typer) -> None:
         cls=RunCommand,
         context_settings={"allow_extra_args": True, "allow_interspersed_args": False},
     )(run)
-    for verb in (status, logs, cancel, attach):
+    for verb in (status, logs, cancel, attach, screen):
         app.command()(verb)
+    app.command(name="input")(send_input)
 
 
 def new_idempotency_key() -> str:
@@ -586,3 +587,43 @@ def attach(
     except ShellyardError as exc:
         fail(exc)
     raise typer.Exit(code)
+
+
+def send_input(
+    execution_id: str,
+    text: Annotated[str | None, typer.Argument(help="Characters as typed.")] = None,
+    key: Annotated[
+        list[str] | None,
+        typer.Option("--key", "-k", help="A key after the text: Enter, Tab, C-c, Up … (repeat)."),
+    ] = None,
+    eof: Annotated[bool, typer.Option("--eof", help="Then end the input (stdin closed).")] = False,
+    home: HomeOption = None,
+    agent: AgentOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Send input to an interactive execution: TEXT as typed, then each --key, then --eof."""
+    try:
+        sent = _client(home, agent).input(execution_id, text=text, keys=key, eof=eof)
+    except ShellyardError as exc:
+        fail(exc)
+    if as_json:
+        out.print_json(sent.model_dump_json())
+    else:
+        out.print(f"{sent.accepted_bytes} bytes sent", highlight=False)
+
+
+def screen(
+    execution_id: str,
+    home: HomeOption = None,
+    agent: AgentOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Print the terminal of a tty execution as a person would see it now."""
+    try:
+        now = _client(home, agent).screen(execution_id)
+    except ShellyardError as exc:
+        fail(exc)
+    if as_json:
+        out.print_json(now.model_dump_json())
+    else:
+        sys.stdout.write(now.text + "\n")
