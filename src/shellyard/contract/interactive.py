@@ -111,9 +111,7 @@ class ExecutionInputRequest(BaseModel):
     keys: list[str] = Field(
         default_factory=list, max_length=1024, description="tmux key names: Enter, C-c, Up …"
     )
-    eof: bool = Field(
-        default=False, description="end of input: stdin closed (on a terminal: C-d)"
-    )
+    eof: bool = Field(default=False, description="end of input: stdin closed (on a terminal: C-d)")
 
     @model_validator(mode="after")
     def _check(self) -> ExecutionInputRequest:

@@ -74,7 +74,7 @@ from shellyard.runner.sandbox import bwrap as sandbox
 from shellyard.runner.sandbox import folder_access, launch, tenants
 from shellyard.runner.sandbox.seccomp import SeccompProfile
 from shellyard.runner.sandbox.spawn import Sandboxes, check_start, script_argv
-from shellyard.runner.sandbox.supervise import Supervisor, check_id
+from shellyard.runner.sandbox.supervise import Supervisor, TerminalDoor, check_id
 from shellyard.runner.snapshots import history, objects
 from shellyard.runner.snapshots.objects import PackImporter, StoreLock, aiter_thread
 from shellyard.runner.snapshots.store import SnapshotStore
@@ -82,7 +82,7 @@ from shellyard.runner.snapshots.store import SnapshotStore
 log = logging.getLogger(__name__)
 
 
-class LocalRunner:
+class LocalRunner(TerminalDoor):  # E13: send_input, screen, resize
     """The Runner protocol on this host. Call ``startup()`` before use, ``aclose()`` after."""
 
     def __init__(

@@ -40,13 +40,13 @@ from shellyard.sdk.base import (
     call,
 )
 from shellyard.sdk.environments import EnvironmentOps
-from shellyard.sdk.interactive import InteractiveOps
 from shellyard.sdk.files import (
     AsyncFileStreams,
     FileDownloads,
     FileOps,
     FileStreams,
 )
+from shellyard.sdk.interactive import InteractiveOps
 from shellyard.sdk.ports import PortOps
 from shellyard.sdk.runners import RunnerOps
 from shellyard.sdk.sessions import AsyncSessionStreams, SessionOps, SessionStreams

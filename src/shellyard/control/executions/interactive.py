@@ -98,9 +98,7 @@ async def awaiting_input(runner: Runner, row: Mapping[str, Any]) -> bool | None:
     return None
 
 
-async def until_prompt(
-    wait: Awaitable[T], runner: Runner | None, execution_id: str
-) -> T | None:
+async def until_prompt(wait: Awaitable[T], runner: Runner | None, execution_id: str) -> T | None:
     """``wait``'s result, or None as soon as the interactive execution waits for input
     (seen twice, ``PROMPT_SETTLE_S``); ``runner`` None: just ``wait``."""
     if runner is None:

@@ -612,8 +612,14 @@ class ExecutionService:
         )
 
     async def logs(
-        self, execution_id: str, stream: str = "stdout", offset: int = 0, limit: int = 65536,
-        tail: int | None = None, agent_id: str | None = None, **page: Any,
+        self,
+        execution_id: str,
+        stream: str = "stdout",
+        offset: int = 0,
+        limit: int = 65536,
+        tail: int | None = None,
+        agent_id: str | None = None,
+        **page: Any,
     ) -> LogsResult:
         """A page of a log; ``tail``: bytes, ``tail_lines``: lines (docs/cli.md "Output")."""
         check_page(stream, offset, limit, tail, **page)

@@ -29,7 +29,7 @@ from shellyard.runner.network.netns import WorkspaceNetworks
 from shellyard.runner.policy import ExecutionPolicy, SandboxPolicy
 from shellyard.runner.protocol import RunnerExecution, StartRequest
 from shellyard.runner.sandbox import bwrap as sandbox
-from shellyard.runner.sandbox import launch
+from shellyard.runner.sandbox import launch, terminal
 from shellyard.runner.sandbox.seccomp import SeccompProfile
 
 #: E1: a ``bash -c`` text longer than this goes to the sandbox as a file instead of an
@@ -66,6 +66,8 @@ class LiveExecution:
     shared_network: bool = False
     #: A cancel was asked here (its ``cancel`` file may be missing on a full volume).
     cancel_requested: bool = False
+    #: E13: its input's holder: "tty" (a terminal), "pipe" (stdin only), or None.
+    interactive: str | None = None
 
 
 def write_json_atomic(path: Path, data: str) -> None:
@@ -136,6 +138,13 @@ class Sandboxes:
                 (directory / "command").write_bytes(text)
                 command_fd = os.open(directory / "command", os.O_RDONLY | os.O_CLOEXEC)
                 command = ["bash", "-c", SOURCE_COMMAND]
+        channel = None
+        if request.interactive:  # E13: a FIFO, a terminal or pipe, a holder (terminal.py)
+            channel = terminal.open_channel(
+                directory, request.tty, request.tty_rows, request.tty_cols
+            )
+            if request.tty:
+                command = terminal.in_terminal(command)
         policy = self.execution_policy()
         networks = self.networks
         shared = None
@@ -184,9 +193,9 @@ class Sandboxes:
             started_at = time.time()
             popen = subprocess.Popen(
                 argv,
-                stdin=subprocess.DEVNULL,
-                stdout=out_fd,
-                stderr=err_fd,
+                stdin=subprocess.DEVNULL if channel is None else channel.stdin,
+                stdout=out_fd if channel is None or channel.stdout is None else channel.stdout,
+                stderr=err_fd if channel is None or channel.stdout is None else channel.stdout,
                 pass_fds=(
                     status_fd,
                     seccomp_fd,
@@ -200,6 +209,8 @@ class Sandboxes:
             )
             if joins and self.launcher is None:
                 launch.join(joins, popen.pid)
+            if channel is not None:
+                terminal.start_holder(directory, channel, popen.pid)
         except BaseException:
             if networks is not None and shared is not None:
                 networks.release(request.workspace_id, request.execution_id)
@@ -211,6 +222,8 @@ class Sandboxes:
                 if fd is not None:
                     with contextlib.suppress(OSError):
                         os.close(fd)
+            if channel is not None:
+                channel.close()
         pid_start = processes.start_time(popen.pid) or 0
         meta = {
             "execution_id": request.execution_id,
@@ -222,6 +235,7 @@ class Sandboxes:
             "policy": policy.model_dump(),
             "read_only": request.read_only,
             "shared_network": shared is not None,
+            "interactive": channel.mode if channel is not None else None,
         }
         try:
             write_json_atomic(directory / "meta.json", json.dumps(meta))
@@ -243,6 +257,7 @@ class Sandboxes:
             policy=policy,
             read_only=request.read_only,
             shared_network=shared is not None,
+            interactive=channel.mode if channel is not None else None,
         )
 
 

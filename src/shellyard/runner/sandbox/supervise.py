@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from shellyard import settings_env
-from shellyard.errors import InvalidInput, NotFound, SpawnFailed
+from shellyard.contract.interactive import ScreenView, check_terminal_size
+from shellyard.errors import Conflict, InvalidInput, NotFound, SpawnFailed
 from shellyard.runner import processes
 from shellyard.runner.limits.logcap import read as read_capped_log  # limits (R2, docs/limits.md)
 from shellyard.runner.limits.watcher import Guard  # limits (R2, docs/limits.md)
@@ -35,6 +36,7 @@ from shellyard.runner.protocol import (
     SnapshotInfo,
     StartRequest,
 )
+from shellyard.runner.sandbox import terminal
 from shellyard.runner.sandbox.spawn import LiveExecution, Sandboxes, bwrap_error, write_json_atomic
 from shellyard.runner.snapshots import views
 from shellyard.runner.snapshots.store import SnapshotStore
@@ -94,6 +96,8 @@ class Supervisor:
         self._tasks: set[asyncio.Task[None]] = set()
         #: execution id → the timer that lets go of its share of the workspace's network
         self._lingering: dict[str, tuple[str, asyncio.TimerHandle]] = {}
+        #: E13: the emulated screens of tty executions (terminal.py)
+        self.screens = terminal.Screens()
 
     def launch(
         self,
@@ -187,6 +191,8 @@ class Supervisor:
             marker = f"SHELLYARD_EXECUTION_ID={execution_id}".encode()
             if not await processes.kill_and_wait(init_pid, marker):
                 log.warning("the sandbox of %s did not end after SIGKILL", execution_id)
+        if live.interactive == "tty":  # E13: the terminal's last output reaches the log
+            await terminal.drained(live.directory)
         usage = None
         cgroups = self.sandboxes.cgroups
         if cgroups is not None:  # R2 tenants: what it used, what ended it; its groups go
@@ -299,7 +305,20 @@ class Supervisor:
             cancelled=(live.directory / "cancel").exists(),
             started_at=live.started_at,
             policy=live.policy,
+            awaiting_input=(
+                terminal.awaiting_input(live.pid, live.interactive == "tty")
+                if live.interactive
+                else None
+            ),
         )
+
+    def execution_folder(self, execution_id: str) -> Path:
+        """An execution's folder on this runner (NotFound when it holds none)."""
+        check_id(execution_id, "execution id")
+        directory = self._executions / execution_id
+        if not directory.is_dir():
+            raise NotFound(f"no execution {execution_id} on this runner")
+        return directory
 
     def watches(self, execution_id: str) -> bool:
         """Whether this execution is still live here (its folder must stay)."""
@@ -375,9 +394,11 @@ class Supervisor:
 
     def _log_path(self, execution_id: str, stream: LogStream) -> Path:
         check_id(execution_id, "execution id")
-        if stream not in ("stdout", "stderr"):
+        if stream not in ("stdout", "stderr", "stdin"):
             raise InvalidInput(f"unknown log stream {stream!r}; use 'stdout' or 'stderr'")
         path = self._executions / execution_id / stream
+        if not path.exists() and stream == "stdin" and path.with_name("stdout").exists():
+            raise NotFound(f"execution {execution_id} took no input: it was not interactive")
         if not path.exists():
             if (self._executions / execution_id / "result.json").exists():
                 raise NotFound(f"the logs of execution {execution_id} were deleted by retention")
@@ -432,6 +453,7 @@ class Supervisor:
                 policy=ExecutionPolicy.model_validate(meta["policy"]) if "policy" in meta else None,
                 read_only=bool(meta.get("read_only", False)),
                 shared_network=bool(meta.get("shared_network", False)),
+                interactive=meta.get("interactive"),
             )
             execution_id = directory.name
             networks = self.sandboxes.networks
@@ -469,3 +491,27 @@ class Supervisor:
 def check_id(value: str, what: str) -> None:
     if not value or not all(ch.isalnum() or ch in "-_" for ch in value) or len(value) > 128:
         raise InvalidInput(f"invalid {what} {value!r}: use letters, digits, '-' and '_'")
+
+
+class TerminalDoor:
+    """E13, the Runner protocol's interactive calls, answered from a runner's ``_runs``."""
+
+    _runs: Supervisor
+
+    async def send_input(self, execution_id: str, data: bytes, eof: bool) -> int:
+        directory = self._runs.execution_folder(execution_id)
+        return await terminal.send(directory, execution_id, data, eof)
+
+    async def screen(self, execution_id: str) -> ScreenView:
+        directory = self._runs.execution_folder(execution_id)
+        if not (directory / terminal.SIZE).exists():
+            raise Conflict(f"execution {execution_id} has no terminal (it was not tty)")
+        return await asyncio.to_thread(self._runs.screens.view, directory)
+
+    async def resize(self, execution_id: str, rows: int, cols: int) -> ScreenView:
+        check_terminal_size(rows, cols)
+        directory = self._runs.execution_folder(execution_id)
+        if not (directory / terminal.SIZE).exists():
+            raise Conflict(f"execution {execution_id} has no terminal (it was not tty)")
+        terminal.resize(directory, execution_id, rows, cols)
+        return await self.screen(execution_id)

@@ -46,6 +46,7 @@ from shellyard.runner.protocol import (
     RunnerExecState,
     RunnerExecution,
     RunnerInfo,
+    ScreenView,
     SnapshotInfo,
     StartRequest,
 )
@@ -55,6 +56,7 @@ from shellyard.runner.transport.wire import (
     H_ARGS,
     OPERATIONS,
     WAIT_CAP_S,
+    InputArgs,
     LongPoll,
     Operation,
     StartAnswer,
@@ -389,6 +391,20 @@ class RemoteRunner:
 
     async def cancel(self, execution_id: str) -> RunnerExecution:
         return cast(RunnerExecution, await self._invoke("cancel", execution_id=execution_id))
+
+    # E13: interactive executions
+    async def send_input(self, execution_id: str, data: bytes, eof: bool) -> int:
+        op = OPERATIONS["send_input"]
+        # raw bytes in Python, base64 in JSON (validating would read them as base64)
+        body = InputArgs.model_construct(execution_id=execution_id, data=data, eof=eof)
+        return cast(int, self._decode(op, await self._post(op.name, body, self._slow)))
+
+    async def screen(self, execution_id: str) -> ScreenView:
+        return cast(ScreenView, await self._invoke("screen", execution_id=execution_id))
+
+    async def resize(self, execution_id: str, rows: int, cols: int) -> ScreenView:
+        answer = await self._invoke("resize", execution_id=execution_id, rows=rows, cols=cols)
+        return cast(ScreenView, answer)
 
     async def read_log(
         self, execution_id: str, stream: LogStream, offset: int, limit: int

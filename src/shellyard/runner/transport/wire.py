@@ -45,6 +45,7 @@ from shellyard.runner.protocol import (
     PruneResult,
     RunnerExecution,
     RunnerInfo,
+    ScreenView,
     SnapshotInfo,
     StartRequest,
 )
@@ -248,7 +249,25 @@ class PortsOf(BaseModel):
     workspace_id: str | None = None
 
 
+class InputArgs(BaseModel):
+    """E13 ``send_input``: the bytes (base64 in JSON) and the end of input."""
+
+    execution_id: str
+    data: Base64Bytes = b""
+    eof: bool = False
+
+
+class ResizeArgs(BaseModel):
+    execution_id: str
+    rows: int
+    cols: int
+
+
 # --- response wrappers: a method that returns a list or a number answers an object ---
+
+
+class Accepted(BaseModel):
+    accepted: int
 
 
 class LogSize(BaseModel):
@@ -310,6 +329,10 @@ OPERATIONS: dict[str, Operation] = _table(
     Operation("cancel", ExecutionRef, RunnerExecution, slow=True),
     Operation("read_log", LogReadRequest, LogChunk, kind="chunk"),
     Operation("log_size", LogRef, LogSize, unwrap="size"),
+    # E13: interactive executions
+    Operation("send_input", InputArgs, Accepted, unwrap="accepted", slow=True),
+    Operation("screen", ExecutionRef, ScreenView),
+    Operation("resize", ResizeArgs, ScreenView),
     Operation("commit", WorkspaceRef, SnapshotInfo, slow=True),
     Operation("head", WorkspaceRef, SnapshotInfo),
     Operation("stat_path", PathRef, PathEntry, nullable=True),
