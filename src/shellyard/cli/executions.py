@@ -435,13 +435,21 @@ DETACH_KEY = ord("d")
 ATTACH_POLL_S = 0.05
 
 
+def terminal_size(fd: int) -> os.terminal_size | None:
+    """The size of the terminal on ``fd``; None when it is none or says 0×0 (a pseudo-terminal
+    nobody sized), which leaves the execution's as it is."""
+    try:
+        size = os.get_terminal_size(fd)
+    except OSError:
+        return None
+    return size if size.lines > 1 and size.columns > 1 else None
+
+
 def terminal_options() -> dict[str, Any]:
-    """``tty=true`` and, on a terminal, its size (the server's 24×80 otherwise)."""
-    options: dict[str, Any] = {"tty": True}
-    if os.isatty(sys.stdin.fileno()):
-        size = os.get_terminal_size(sys.stdin.fileno())
-        options.update(tty_rows=size.lines, tty_cols=size.columns)
-    return options
+    """``tty=true`` and this terminal's size (the server's 24×80 when it has none)."""
+    size = terminal_size(sys.stdin.fileno())
+    sized = {"tty_rows": size.lines, "tty_cols": size.columns} if size else {}
+    return {"tty": True, **sized}
 
 
 def split_detach(data: bytes, armed: bool) -> tuple[bytes, bool, bool]:
@@ -511,13 +519,13 @@ def attach_to(client: Client, reader: Client, execution_id: str, *, replay: bool
     on_tty = os.isatty(stdin)
     resized = threading.Event()
     saved = termios.tcgetattr(stdin) if on_tty else None
-    offset = 0 if replay or not on_tty else _draw_screen(client, execution_id)
-    output = _Output(reader, execution_id, offset)
     try:
         if saved is not None:
             previous = signal.signal(signal.SIGWINCH, lambda *_: resized.set())
             resized.set()  # the execution takes this terminal's size from the start
             tty.setraw(stdin)
+        offset = 0 if replay or not on_tty else _draw_screen(client, execution_id)
+        output = _Output(reader, execution_id, offset)
         output.start()
         detached = _pump_input(client, execution_id, stdin, output, resized)
     finally:
@@ -548,8 +556,9 @@ def _pump_input(
     while output.is_alive():
         if resized.is_set():
             resized.clear()
-            size = os.get_terminal_size(stdin)
-            client.resize(execution_id, rows=size.lines, cols=size.columns)
+            size = terminal_size(stdin)
+            if size is not None:
+                client.resize(execution_id, rows=size.lines, cols=size.columns)
         if not reading:
             output.join(ATTACH_POLL_S)
             continue

@@ -65,7 +65,7 @@ def test_the_detach_key_leaves_the_command_running(home: Path) -> None:
     until(lambda: ">>>" in rest(home, "GET", f"/v1/executions/{execution_id}/screen")["text"],
           "the prompt on the screen")  # fmt: skip
     term = Terminal([*SHELLYARD, "attach", execution_id], env_for(home))
-    term.read_until(b">>> ")  # the present screen is drawn on attach
+    term.read_until(b"\x1b[2J>>>")  # the present screen is drawn on attach
     term.resize(30, 100)
     until(lambda: rest(home, "GET", f"/v1/executions/{execution_id}/screen")["cols"] == 100,
           "the execution's terminal resized to 100 columns")  # fmt: skip
