@@ -1,5 +1,6 @@
-"""Execution verbs: run, status, logs, cancel (E1–E7 from a terminal); attach, input and
-screen (E13: this terminal joined to an execution's pseudo-terminal, input sent, its screen)."""
+"""Execution verbs: run, status, logs, cancel (E1–E7 from a terminal); attach and screen (E13:
+this terminal joined to an execution's pseudo-terminal, its screen; ``input`` is in
+cli/interactive.py)."""
 
 from __future__ import annotations
 
@@ -76,7 +77,6 @@ def register(app: typer.Typer) -> None:
     )(run)
     for verb in (status, logs, cancel, attach, screen):
         app.command()(verb)
-    app.command(name="input")(send_input)
 
 
 def new_idempotency_key() -> str:
@@ -596,29 +596,6 @@ def attach(
     except ShellyardError as exc:
         fail(exc)
     raise typer.Exit(code)
-
-
-def send_input(
-    execution_id: str,
-    text: Annotated[str | None, typer.Argument(help="Characters as typed.")] = None,
-    key: Annotated[
-        list[str] | None,
-        typer.Option("--key", "-k", help="A key after the text: Enter, Tab, C-c, Up … (repeat)."),
-    ] = None,
-    eof: Annotated[bool, typer.Option("--eof", help="Then end the input (stdin closed).")] = False,
-    home: HomeOption = None,
-    agent: AgentOption = None,
-    as_json: JsonOption = False,
-) -> None:
-    """Send input to an interactive execution: TEXT as typed, then each --key, then --eof."""
-    try:
-        sent = _client(home, agent).input(execution_id, text=text, keys=key, eof=eof)
-    except ShellyardError as exc:
-        fail(exc)
-    if as_json:
-        out.print_json(sent.model_dump_json())
-    else:
-        out.print(f"{sent.accepted_bytes} bytes sent", highlight=False)
 
 
 def screen(

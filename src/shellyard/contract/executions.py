@@ -115,10 +115,7 @@ class RunShellRequest(BaseModel):
     queue: bool = Field(default=False, description="wait in line when the workspace is busy")
     read_only: bool = Field(
         default=False,
-        description=(
-            "run beside the workspace's writer (e.g. a client of a background server): sees "
-            "the last committed snapshot read-only, takes no writer, makes no snapshot"
-        ),
+        description="run beside the writer on the last snapshot, read-only, no snapshot",
     )
     timeout_ms: int | None = Field(
         default=None, ge=1, le=MAX_TIMEOUT_MS, description="cancel it after this long (ms)"
@@ -128,8 +125,8 @@ class RunShellRequest(BaseModel):
     cwd: str | None = Field(default=None, description="start folder, workspace-relative")
     args: list[str] | None = Field(default=None, description="arguments for script_path")
     # E13: input while it runs (execution_input); tty: on a pseudo-terminal (execution_screen).
-    interactive: bool = Field(default=False, description="keep stdin open for execution_input")
-    tty: bool = Field(default=False, description="run on a terminal (implies interactive)")
+    interactive: bool = Field(default=False, description="stdin open for execution_input")
+    tty: bool = Field(default=False, description="on a terminal (implies interactive)")
     tty_rows: int = Field(default=DEFAULT_TTY_ROWS, description="terminal rows (tty)")
     tty_cols: int = Field(default=DEFAULT_TTY_COLS, description="terminal columns (tty)")
 

@@ -107,11 +107,9 @@ class ExecutionInputRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    text: str | None = Field(default=None, description="characters as typed (UTF-8)")
-    keys: list[str] = Field(
-        default_factory=list, max_length=1024, description="tmux key names: Enter, C-c, Up …"
-    )
-    eof: bool = Field(default=False, description="end of input: stdin closed (on a terminal: C-d)")
+    text: str | None = Field(default=None, description="as typed")
+    keys: list[str] = Field(default_factory=list, max_length=1024, description="key names")
+    eof: bool = Field(default=False, description="end of input (on a terminal: C-d)")
 
     @model_validator(mode="after")
     def _check(self) -> ExecutionInputRequest:
@@ -165,3 +163,9 @@ class ScreenView(BaseModel):
     cols: int
     text: str
     cursor: Cursor
+
+
+class ExecutionInputCall(ExecutionInputRequest):
+    """E13 as one call (MCP ``execution_input``): the execution and what to send it."""
+
+    execution_id: str = Field(description="an execution id (ex_...) from run_shell")

@@ -64,11 +64,9 @@ class EnvironmentsBackend(Protocol):
 
 
 _WAITING = (
-    "The change waits for running executions that use the environment (state 'waiting', "
-    "waiting_for their ids) and later ones queue behind it: no command sees a half-updated "
-    "environment. wait_ms (0..30000, default 10000) bounds this answer; a longer change "
-    "returns its change_id: poll environment_change_status. A failed change leaves the "
-    "environment as it was (no new revision)."
+    "It waits for running executions that use the environment (state 'waiting'); later ones "
+    "queue behind it. wait_ms (0..30000) bounds this answer; a longer change returns "
+    "change_id: poll environment_change_status. A failed change changes nothing."
 )
 
 
@@ -143,15 +141,12 @@ def environment_tools(backend: EnvironmentsBackend) -> list[Tool]:
             environment_create,
             title="Create a package environment",
             description=(
-                "Create a managed package environment: a prefix on a runner (default local) "
-                "with the language's tools, language 'python' (an interpreter with pip/uv) or "
-                "'r' (R with its library in the prefix). Returns environment_id and revision (1 "
-                "once created; 0 and state 'creating' if it takes longer than wait_ms, then "
-                "follow change_id with environment_change_status). Add packages with "
-                "environment_install, then pass environment_id to run_shell: commands see the "
-                "environment read-only, with its bin first on PATH. base 'python-base' starts "
-                "it with the runner's prepared scientific stack (numpy, pandas, scipy, "
-                "matplotlib) in well under a second; installing into it never changes the base."
+                "Create a managed package environment on a runner (default local): language "
+                "'python' (pip/uv) or 'r'. Returns environment_id and revision (0 and state "
+                "'creating' past wait_ms: follow change_id with environment_change_status). Add "
+                "packages with environment_install, then pass environment_id to run_shell "
+                "(read-only, its bin first on PATH). base 'python-base': the runner's numpy, "
+                "pandas, scipy, matplotlib in under a second; installs never change the base."
             ),
             annotations=change,
             output=EnvironmentView,

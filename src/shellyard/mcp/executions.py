@@ -35,17 +35,15 @@ from shellyard.mcp.resources import log_links
 PROGRESS_SLICE_MS = 1000
 
 RUN_SHELL_DESCRIPTION = (
-    "Run a shell command (bash -c) or a workspace script (.py, .R, .sh or a shebang) in "
-    "the sandbox, as a fresh process in /workspace (or cwd): only files and ~ carry over. "
-    "Give exactly one of command or script_path. wait_ms (0..30000, default 10000) bounds "
-    "this answer, it is not a timeout (timeout_ms is): a command still going returns its "
-    "execution_id with state 'running' and keeps running (follow it with execution_status / "
-    "execution_logs, stop it with execution_cancel). background=true returns at once; a "
-    "notice tells you when it ends. Output is capped at max_output_length characters (head "
-    "and tail kept). Packages: environment_install, then pass environment_id (read-only "
-    "inside commands). A busy workspace is refused unless queue=true. A server: start it "
-    "with background=true, run its clients with read_only=true (beside it, on the last "
-    "committed files, no snapshot); a browser reaches it through workspace_port."
+    "Run a shell command (bash -c) or a workspace script (.py, .R, .sh, shebang) in the "
+    "sandbox, a fresh process in /workspace (or cwd): only files and ~ carry over. wait_ms "
+    "(0..30000) bounds this answer, not the command (timeout_ms does): one still going "
+    "returns execution_id, state 'running' (execution_status / execution_logs / "
+    "execution_cancel). background=true returns at once; a notice tells the end. Output is "
+    "capped at max_output_length (head and tail kept). Packages: environment_install, then "
+    "environment_id. A busy workspace is refused unless queue=true. A server: background=true, "
+    "its clients read_only=true; a browser reaches it through workspace_port. A program that "
+    "asks (prompt, REPL): interactive=true or tty=true, then execution_input."
 )
 
 
@@ -150,6 +148,8 @@ def execution_tools(backend: ExecutionBackend, *, network: str = "off") -> list[
                 open_world_hint=network != "off",
             ),
             output=RunShellResult,
+            # E13: a terminal's size is 24x80 here (REST, SDK and CLI set it)
+            exclude=("tty_rows", "tty_cols"),
         ),
         model_tool(
             "execution_status",
@@ -157,9 +157,8 @@ def execution_tools(backend: ExecutionBackend, *, network: str = "off") -> list[
             execution_status,
             title="Execution status",
             description=(
-                "State of an execution (queued, running, then completed, cancelled, failed or "
-                "unknown), its exit_code (null until completed) and the environment revision it "
-                "used. Starts nothing and never waits; to see output use execution_logs."
+                "State of an execution (queued, running, completed, cancelled, failed, unknown), "
+                "its exit_code and environment revision. Never waits; output: execution_logs."
             ),
             annotations=READ,
             output=ExecutionViewModel,
@@ -170,10 +169,10 @@ def execution_tools(backend: ExecutionBackend, *, network: str = "off") -> list[
             execution_logs,
             title="Read execution logs",
             description=(
-                "Read an execution's log (stream 'stdout' or 'stderr') from byte offset, at most "
-                "limit bytes, or the last tail bytes, while it runs or after. Continue from "
-                "next_offset; complete=true means the execution ended and everything was read. "
-                "Prefer this over re-running a command to see its output."
+                "Read an execution's log (stdout, stderr, or stdin: what was typed) from byte "
+                "offset, at most limit bytes, or the last tail bytes, while it runs or after. "
+                "Continue from next_offset; complete=true: it ended and all was read. Prefer "
+                "this over re-running a command."
             ),
             annotations=READ,
             output=LogsResult,

@@ -310,16 +310,13 @@ def file_tools(backend: FilesBackend) -> list[Tool]:
             workspace_transfer,
             title="Copy files between workspaces",
             description=(
-                "Copy files between workspaces you may use: your own on every runner, your "
-                "parent's and your children's. action: 'discover' lists those workspace ids; "
-                "'start' copies paths (files, folders, globs such as 'data/*.csv' or "
-                "'src/**/*.py') of source_workspace_id's latest committed snapshot into "
-                "target_folder of target_workspace_id (queue=true waits if the target is busy) "
-                "and returns transfer_id at once; 'list' your transfers; 'query' one (state, "
-                "progress, and per-file outcomes: copied, unchanged, skipped, failed with the "
-                "reason; outcome= filters them); 'cancel' stops it after the batch in flight — "
-                "files already committed stay. Copying never declares an artifact (use "
-                "artifact_declare). When it ends you get a notice."
+                "Copy files between workspaces you may use: yours on every runner, your "
+                "parent's and children's. action: 'discover' lists their ids; 'start' copies "
+                "paths (files, folders, globs like 'src/**/*.py') of source_workspace_id's last "
+                "snapshot into target_folder of target_workspace_id and returns transfer_id at "
+                "once; 'list'; 'query' one (state, progress, per-file outcomes: copied, "
+                "unchanged, skipped, failed; outcome= filters); 'cancel' after the batch in "
+                "flight (committed files stay). A notice tells the end."
             ),
             # 'start' writes into the target (never deletes: files already there stay).
             annotations=writer,

@@ -16,6 +16,7 @@ from shellyard.mcp.common import ShellyardBackend
 from shellyard.mcp.environments import EnvironmentsBackend, environment_tools
 from shellyard.mcp.executions import execution_tools
 from shellyard.mcp.files import FilesBackend, file_tools
+from shellyard.mcp.interactive import InteractiveBackend, interactive_tools
 from shellyard.mcp.ports import PortsBackend, port_tools
 from shellyard.mcp.resources import add_resources
 from shellyard.mcp.runners import RunnersBackend, runner_tools
@@ -65,6 +66,8 @@ def build_server(
         tools += runner_tools(backend)
     if isinstance(backend, PortsBackend):  # R5: ports for the host
         tools += port_tools(backend)
+    if isinstance(backend, InteractiveBackend):  # E13: input and screens
+        tools += interactive_tools(backend)
     server = ToolsetServer(
         enabled=enabled,
         name="shellyard",

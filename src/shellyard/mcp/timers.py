@@ -75,13 +75,11 @@ def timer_tools(backend: TimerBackend) -> list[Tool]:
             timer_create,
             title="Set a reminder",
             description=(
-                "Set a one-time reminder: its text comes back to you as a notice (and wakes you "
-                "if you are idle) at the time given by exactly one of after_ms (milliseconds "
-                "from now) or at (ISO-8601 with an offset, e.g. 2030-06-01T09:00:00+02:00 or "
-                "...Z, or a local time with an IANA zone, e.g. "
-                "2030-06-01T09:00:00[Europe/Paris]). A naive time, or anything recurring (cron, "
-                "intervals), is refused. With execution_id the reminder is cancelled if that "
-                "execution finishes first. It runs nothing."
+                "Set a one-time reminder: its text comes back as a notice (waking you if idle) "
+                "after after_ms, or at `at` (ISO-8601 with an offset, e.g. "
+                "2030-06-01T09:00:00+02:00, or with an IANA zone, e.g. "
+                "2030-06-01T09:00:00[Europe/Paris]); naive or recurring times are refused. "
+                "With execution_id it is cancelled if that execution ends first."
             ),
             annotations=hints(),
             output=TimerView,

@@ -19,7 +19,14 @@ from mcp_types import Tool as MCPTool
 from shellyard.errors import InvalidInput
 
 TOOLSETS: dict[str, tuple[str, ...]] = {
-    "core": ("run_shell", "execution_status", "execution_logs", "execution_cancel"),
+    "core": (
+        "run_shell",
+        "execution_status",
+        "execution_logs",
+        "execution_cancel",
+        "execution_input",
+        "execution_screen",
+    ),
     "files": (
         "file_list",
         "file_read",

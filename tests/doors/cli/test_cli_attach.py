@@ -101,15 +101,16 @@ def test_the_detach_key_is_read_across_reads_and_ctrl_bracket_twice_sends_one() 
 
 
 def test_input_and_screen_without_attaching(home: Path) -> None:
-    """``shellyard screen`` shows a ``read -p`` prompt, ``shellyard input ID yard --key Enter``
-    answers it; ``wc -l`` (interactive, no terminal) fed three lines then ``--eof`` counts 3."""
+    """``shellyard screen`` shows a ``read -p`` prompt, ``shellyard input ID --text yard --key
+    Enter`` answers it; ``wc -l`` (interactive, no terminal) fed three lines then ``--eof``
+    counts 3."""
     asked = rest(
         home, "POST", "/v1/executions",
         json={"command": "read -p 'name? ' n; echo hello-$n", "tty": True, "background": True},
     )["execution_id"]  # fmt: skip
     until(lambda: "name?" in sy(home, "screen", asked).stdout, "the prompt on the screen")
-    sent = sy(home, "input", asked, "yard", "--key", "Enter")
-    assert sent.returncode == 0 and sent.stdout.strip() == "5 bytes sent", sent
+    sent = sy(home, "input", asked, "--text", "yard", "--key", "Enter")
+    assert sent.returncode == 0 and f"sent 5 bytes to {asked}" in sent.stdout, sent
     ended = rest(home, "GET", f"/v1/executions/{asked}/wait", params={"timeout_s": 30})
     assert ended["exit_code"] == 0 and "hello-yard" in sy(home, "screen", asked).stdout
 
@@ -117,10 +118,10 @@ def test_input_and_screen_without_attaching(home: Path) -> None:
         home, "POST", "/v1/executions",
         json={"command": "wc -l", "interactive": True, "background": True},
     )["execution_id"]  # fmt: skip
-    fed = sy(home, "input", counted, "one\ntwo\nthree\n", "--eof", "--json")
+    fed = sy(home, "input", counted, "--text", "one\ntwo\nthree\n", "--eof", "--json")
     assert fed.returncode == 0 and '"accepted_bytes": 14' in fed.stdout, fed
     ended = rest(home, "GET", f"/v1/executions/{counted}/wait", params={"timeout_s": 30})
     assert ended["exit_code"] == 0
     assert sy(home, "logs", counted, "--stream", "stdout").stdout.strip() == "3"
-    late = sy(home, "input", counted, "more")
+    late = sy(home, "input", counted, "--text", "more")
     assert late.returncode == 2, late  # it has ended: refused, with the server's reason
