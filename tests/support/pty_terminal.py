@@ -3,7 +3,6 @@ tests drive ``run``'s Ctrl-C and ``attach`` with."""
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import os
 import pty
@@ -30,20 +29,23 @@ class Terminal:
         os.close(slave)
         self.seen = b""
 
+    def _read(self, wait_s: float) -> bool:
+        """Add what the terminal shows within ``wait_s``; False once it is closed (EOF, EIO)."""
+        if not select.select([self.master], [], [], wait_s)[0]:
+            return True
+        try:
+            chunk = os.read(self.master, 4096)
+        except OSError:
+            return False
+        self.seen += chunk
+        return bool(chunk)
+
     def read_until(self, needle: bytes, timeout_s: float = 120) -> bytes:
         deadline = time.monotonic() + timeout_s
         while needle not in self.seen:
             left = deadline - time.monotonic()
             assert left > 0, f"{needle!r} not seen in {self.seen!r}"
-            ready, _, _ = select.select([self.master], [], [], min(left, 1.0))
-            if ready:
-                try:
-                    chunk = os.read(self.master, 4096)
-                except OSError:
-                    break
-                if not chunk:
-                    break
-                self.seen += chunk
+            assert self._read(min(left, 1.0)), f"closed before {needle!r}: {self.seen!r}"
         return self.seen
 
     def ctrl_c(self) -> None:
@@ -53,19 +55,10 @@ class Terminal:
         deadline = time.monotonic() + timeout_s
         while self.process.poll() is None:
             assert time.monotonic() < deadline, self.seen
-            ready, _, _ = select.select([self.master], [], [], 0.2)
-            if ready:
-                with contextlib.suppress(OSError):
-                    self.seen += os.read(self.master, 4096)
+            self._read(0.2)
         # What it wrote last is still in the terminal's buffer: read it to the end.
-        while select.select([self.master], [], [], 0.5)[0]:
-            try:
-                chunk = os.read(self.master, 4096)
-            except OSError:
-                break
-            if not chunk:
-                break
-            self.seen += chunk
+        while select.select([self.master], [], [], 0.5)[0] and self._read(0):
+            pass
         os.close(self.master)
         return self.process.returncode
 

@@ -32,6 +32,7 @@ from shellyard.cli.common import (
     new_table,
     out,
     print_view,
+    run_as,
 )
 from shellyard.cli.common import client_for as _client
 from shellyard.errors import InvalidInput, ShellyardError
@@ -474,21 +475,34 @@ def split_detach(data: bytes, armed: bool) -> tuple[bytes, bool, bool]:
 class _Output(threading.Thread):
     """Writes the terminal's output (the stdout log, exact bytes, from ``offset``) to this
     terminal until the execution ends and all of it was written. Its own client: the input
-    loop's calls never wait behind a read."""
+    loop's calls never wait behind a read. Caught up, it reads again after a pause that grows
+    from 5 ms to ``ATTACH_POLL_S``; a key sent (``typed``) ends the pause, so its echo comes
+    within a round trip or two."""
 
     def __init__(self, client: Client, execution_id: str, offset: int) -> None:
         super().__init__(name="attach-output", daemon=True)
         self.client, self.execution_id, self.offset = client, execution_id, offset
         self.error: ShellyardError | None = None
+        self.typed = threading.Event()
 
     def run(self) -> None:
-        sink = sys.stdout.buffer
+        sink, pause = sys.stdout.buffer, 0.0
         try:
-            for data in self.client.follow_logs(
-                self.execution_id, offset=self.offset, poll_s=ATTACH_POLL_S
-            ):
-                sink.write(data)
-                sink.flush()
+            while True:
+                page = self.client.logs(
+                    self.execution_id, "stdout", self.offset, MAX_LOG_PAGE, raw=True
+                )
+                data = page.raw()
+                if data:
+                    sink.write(data)
+                    sink.flush()
+                self.offset = page.next_offset
+                if page.complete or (not data and page.state.terminal):
+                    return
+                pause = 0.0 if data else min(ATTACH_POLL_S, max(0.005, pause * 2))
+                if pause and self.typed.wait(pause):
+                    self.typed.clear()
+                    pause = 0.0
         except ShellyardError as exc:
             self.error = exc
 
@@ -574,6 +588,7 @@ def _pump_input(
         if text:
             try:
                 client.input(execution_id, text=text)
+                output.typed.set()
             except ShellyardError:
                 if client.status(execution_id).state.terminal:
                     continue  # it ended as the key was typed: the output says the rest
@@ -605,10 +620,7 @@ def screen(
     as_json: JsonOption = False,
 ) -> None:
     """Print the terminal of a tty execution as a person would see it now."""
-    try:
-        now = _client(home, agent).screen(execution_id)
-    except ShellyardError as exc:
-        fail(exc)
+    now = run_as(home, agent, lambda client: client.screen(execution_id))
     if as_json:
         out.print_json(now.model_dump_json())
     else:
