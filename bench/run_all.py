@@ -47,6 +47,7 @@ SUITE = [
     ("limits", "bench_limits.py", 600),
     ("tenants", "bench_tenants.py", 600),
     ("read_only", "bench_read_only.py", 300),
+    ("interactive", "bench_interactive.py", 300),
     ("runners", "bench_runners.py", 600),
     ("replicas", "bench_replicas.py", 900),
     ("soak", "bench_soak.py", 900),

@@ -157,9 +157,7 @@ def test_terminal_survives_kill9_of_the_control_plane(served_home: Path) -> None
     """E13, E11: the runner's holder keeps the terminal: after a kill -9 of the control plane
     and its restart, input reaches the same process (its pid printed before and after)."""
     client = Client.for_home(served_home)
-    ran = client.run(
-        "echo pid=$$; read a; echo got=$a pid=$$", tty=True, wait_ms=0
-    )
+    ran = client.run("echo pid=$$; read a; echo got=$a pid=$$", tty=True, wait_ms=0)
     deadline = time.monotonic() + 20
     while "pid=" not in client.screen(ran.execution_id).text:
         assert time.monotonic() < deadline

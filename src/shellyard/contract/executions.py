@@ -127,8 +127,8 @@ class RunShellRequest(BaseModel):
     # E13: input while it runs (execution_input); tty: on a pseudo-terminal (execution_screen).
     interactive: bool = Field(default=False, description="stdin open for execution_input")
     tty: bool = Field(default=False, description="on a terminal (implies interactive)")
-    tty_rows: int = Field(default=DEFAULT_TTY_ROWS, description="terminal rows (tty)")
-    tty_cols: int = Field(default=DEFAULT_TTY_COLS, description="terminal columns (tty)")
+    tty_rows: int = Field(default=DEFAULT_TTY_ROWS, description="tty: rows")
+    tty_cols: int = Field(default=DEFAULT_TTY_COLS, description="tty: columns")
 
     @model_validator(mode="after")
     def _check(self) -> RunShellRequest:

@@ -148,8 +148,6 @@ def execution_tools(backend: ExecutionBackend, *, network: str = "off") -> list[
                 open_world_hint=network != "off",
             ),
             output=RunShellResult,
-            # E13: a terminal's size is 24x80 here (REST, SDK and CLI set it)
-            exclude=("tty_rows", "tty_cols"),
         ),
         model_tool(
             "execution_status",
@@ -183,10 +181,9 @@ def execution_tools(backend: ExecutionBackend, *, network: str = "off") -> list[
             execution_cancel,
             title="Cancel an execution",
             description=(
-                "Cancel an execution: SIGTERM to its processes, then the whole sandbox is killed "
-                "after a grace period; the only way a job stops before it ends. Waits up to "
-                "wait_s for state 'cancelled' (files written so far are kept in a snapshot). A "
-                "finished execution is returned unchanged."
+                "Cancel an execution: SIGTERM, then the whole sandbox is killed after a grace "
+                "period. Waits up to wait_s for state 'cancelled' (files written so far are kept "
+                "in a snapshot). A finished execution is returned unchanged."
             ),
             annotations=ToolAnnotations(
                 read_only_hint=False,

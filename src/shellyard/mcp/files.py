@@ -356,10 +356,9 @@ def file_tools(backend: FilesBackend) -> list[Tool]:
             file_write,
             title="Write a file",
             description=(
-                "Write (create or replace) a file in your workspace with content (encoding "
-                "'utf-8' or 'base64'); folders on the way are made. It takes the workspace's "
-                "writer like a command: refused while a command runs there unless queue=true. "
-                "Ends with a new snapshot (snapshot_seq)."
+                "Write (create or replace) a file of your workspace with content (encoding "
+                "'utf-8' or 'base64'), making folders on the way. Takes the writer like a "
+                "command: refused while one runs unless queue=true. Ends with a new snapshot."
             ),
             # Writing the same content twice leaves the same files (a second snapshot at most).
             annotations=hints(idempotent=True),

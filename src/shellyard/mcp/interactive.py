@@ -43,8 +43,7 @@ def interactive_tools(backend: InteractiveBackend) -> list[Tool]:
             title="Type into an execution",
             description=(
                 "Type into a command run with interactive or tty: text, then keys (tmux names: "
-                "Enter, Tab, Up, C-c, C-d ...), then eof=true ends input. awaiting_input in its "
-                "status: it waits for you."
+                "Enter, Tab, Up, C-c, C-d ...), then eof. Its awaiting_input: it waits for you."
             ),
             annotations=ToolAnnotations(
                 read_only_hint=False,

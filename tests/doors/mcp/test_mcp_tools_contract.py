@@ -28,6 +28,7 @@ from shellyard.home import ServerInfo, ensure_server, is_served, read_info
 READ_ONLY = {
     "execution_status",
     "execution_logs",
+    "execution_screen",
     "timer_list",
     "inbox_list",
     "file_list",
@@ -128,6 +129,11 @@ async def exercise(session: ClientSession, door: str) -> set[str]:
     await call("execution_status", execution_id=running["execution_id"])
     await call("execution_logs", execution_id=done["execution_id"])
     await call("execution_cancel", execution_id=running["execution_id"], wait_s=20)
+    # E13: a terminal typed into and looked at
+    term = await call("run_shell", command="cat", tty=True, wait_ms=0)
+    await call("execution_input", execution_id=term["execution_id"], text="x", eof=True)
+    await call("execution_screen", execution_id=term["execution_id"])
+    await call("execution_cancel", execution_id=term["execution_id"], wait_s=20)
 
     timer = await call("timer_create", text="look", after_ms=600_000)
     await call("timer_list")

@@ -67,7 +67,10 @@ async def send_input(
         data = request.data(tty)
     except ValueError as exc:
         raise InvalidInput(str(exc)) from None
-    accepted = await runner.send_input(execution_id, data, request.eof)
+    eof = request.eof
+    if tty and eof:  # a terminal has no end of its own: C-d ends a line discipline's input
+        data, eof = data + b"\x04", False
+    accepted = await runner.send_input(execution_id, data, eof)
     return InputResult(accepted_bytes=accepted)
 
 
@@ -77,6 +80,11 @@ async def screen(runner: Runner, row: Mapping[str, Any]) -> ScreenView:
         raise Conflict(
             f"execution {row['id']} has no terminal: only a command started with tty: true "
             "has a screen; read its output with execution_logs"
+        )
+    if row.get("logs_pruned_at") is not None:
+        raise Conflict(
+            f"execution {row['id']} has no screen any more: retention deleted its logs "
+            "(docs/operations.md)"
         )
     # An ended terminal still shows its last screen (the log is kept).
     return await runner.screen(str(row["id"]))

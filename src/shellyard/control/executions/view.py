@@ -12,6 +12,7 @@ from shellyard.control.executions import options
 
 def execution_view(row: Mapping[str, Any]) -> ExecutionView:
     """The contract's view of an execution record (every door shows this)."""
+    terminal = options.terminal_fields(options.of(row))
     return ExecutionView(
         execution_id=row["id"],
         state=ExecutionState(row["state"]),
@@ -42,6 +43,6 @@ def execution_view(row: Mapping[str, Any]) -> ExecutionView:
         limit=row.get("ended_by_limit"),
         peak_memory_bytes=row.get("peak_memory_bytes"),
         cpu_seconds=row.get("cpu_seconds"),
-        interactive=bool(options.of(row).get("interactive")),
-        tty=bool(options.of(row).get("tty")),
+        interactive=terminal["interactive"],
+        tty=terminal["tty"],
     )

@@ -500,12 +500,14 @@ class TerminalDoor:
 
     async def send_input(self, execution_id: str, data: bytes, eof: bool) -> int:
         directory = self._runs.execution_folder(execution_id)
+        self._runs.screens.typed(directory)
         return await terminal.send(directory, execution_id, data, eof)
 
     async def screen(self, execution_id: str) -> ScreenView:
         directory = self._runs.execution_folder(execution_id)
         if not (directory / terminal.SIZE).exists():
             raise Conflict(f"execution {execution_id} has no terminal (it was not tty)")
+        await self._runs.screens.echoed(directory)
         return await asyncio.to_thread(self._runs.screens.view, directory)
 
     async def resize(self, execution_id: str, rows: int, cols: int) -> ScreenView:

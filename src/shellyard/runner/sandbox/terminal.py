@@ -51,6 +51,8 @@ FRAME_DATA = 4096 - 5
 SEND_WAIT_S = 5.0
 #: The first look at a screen (after a restart) replays at most this much of the log's end.
 REPLAY_BYTES = 1 << 20
+#: A look at the screen this soon after input waits for the terminal's answer to it.
+ECHO_WAIT_S = 0.05
 #: Screens kept in memory (an LRU: a forgotten one is replayed again).
 SCREENS = 64
 #: What a blocked read of a terminal or pipe (or a poll/select on it) shows in wchan.
@@ -110,7 +112,8 @@ def start_holder(directory: Path, channel: Channel, pid: int) -> int:
         cwd="/",
         start_new_session=True,
     )  # fmt: skip
-    (directory / HOLDER_PID).write_text(str(holder.pid))
+    # with its start time: a pid reused after a restart is not taken for the holder
+    (directory / HOLDER_PID).write_text(f"{holder.pid} {processes.start_time(holder.pid) or 0}")
     return holder.pid
 
 
@@ -213,6 +216,31 @@ class Screens:
 
     def __init__(self) -> None:
         self._screens: OrderedDict[Path, _Screen] = OrderedDict()
+        #: terminal → (when input was last sent, the log's size then)
+        self._typed: OrderedDict[Path, tuple[float, int]] = OrderedDict()
+
+    def typed(self, directory: Path) -> None:
+        """Input is being sent: a look soon after waits for the terminal's answer."""
+        with contextlib.suppress(OSError):
+            size = (directory / "stdout").stat().st_size
+            self._typed[directory] = (time.monotonic(), size)
+            self._typed.move_to_end(directory)
+            while len(self._typed) > SCREENS:
+                self._typed.popitem(last=False)
+
+    async def echoed(self, directory: Path) -> None:
+        """Right after input (``ECHO_WAIT_S``), wait (bounded) until the terminal wrote
+        something since: a look then shows what typing did (its echo at least), instead of
+        the screen from just before it."""
+        sent = self._typed.get(directory)
+        if sent is None:
+            return
+        deadline = sent[0] + ECHO_WAIT_S
+        log = directory / "stdout"
+        while time.monotonic() < deadline and log.stat().st_size == sent[1]:
+            await asyncio.sleep(0.001)
+        if time.monotonic() >= deadline or log.stat().st_size != sent[1]:
+            self._typed.pop(directory, None)
 
     def view(self, directory: Path) -> ScreenView:
         rows, cols = read_size(directory)
@@ -247,13 +275,13 @@ async def drained(directory: Path, timeout_s: float = 1.0) -> None:
     """Wait (bounded) for the holder to end, so a terminal's last output is in the log
     before the execution's end is recorded."""
     try:
-        pid = int((directory / HOLDER_PID).read_text())
+        pid, started = (int(word) for word in (directory / HOLDER_PID).read_text().split())
     except (OSError, ValueError):
         return
     deadline = time.monotonic() + timeout_s
-    while processes.start_time(pid) is not None and time.monotonic() < deadline:
-        processes.reap_if_child(pid)
+    while processes.is_same_process(pid, started) and time.monotonic() < deadline:
         await asyncio.sleep(0.005)
+    processes.reap_if_child(pid)  # ours when this runner started it: no zombie stays
 
 
 def awaiting_input(pid: int, tty: bool) -> bool | None:
