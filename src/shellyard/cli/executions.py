@@ -5,6 +5,7 @@ cli/interactive.py)."""
 from __future__ import annotations
 
 import codecs
+import contextlib
 import json
 import os
 import re
@@ -572,7 +573,10 @@ def _pump_input(
             resized.clear()
             size = terminal_size(stdin)
             if size is not None:
-                client.resize(execution_id, rows=size.lines, cols=size.columns)
+                # Refused (still queued, or ended this instant): the attach goes on at the
+                # size it has; the next SIGWINCH tries again.
+                with contextlib.suppress(ShellyardError):
+                    client.resize(execution_id, rows=size.lines, cols=size.columns)
         if not reading:
             output.join(ATTACH_POLL_S)
             continue
