@@ -1,4 +1,4 @@
-"""Execution verbs: run, status, logs, cancel (E1–E7 from a terminal)."""
+"""Execution verbs: run, status, logs, cancel, input (E1–E7, E13 from a terminal)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,9 @@ from shellyard.cli.common import (
     fail,
     new_table,
     out,
+    print_json,
     print_view,
+    run_as,
 )
 from shellyard.cli.common import client_for as _client
 from shellyard.errors import ShellyardError
@@ -69,6 +71,7 @@ def register(app: typer.Typer) -> None:
     )(run)
     for verb in (status, logs, cancel):
         app.command()(verb)
+    app.command("input", no_args_is_help=True)(input_verb)  # E13: type into a running command
 
 
 def new_idempotency_key() -> str:
@@ -401,3 +404,30 @@ def cancel(
         print_view(_client(home, agent).cancel(execution_id, wait_s), as_json)
     except ShellyardError as exc:
         fail(exc)
+
+
+def input_verb(
+    execution_id: Annotated[str, typer.Argument(help="an execution run interactive or tty")],
+    text: Annotated[str | None, typer.Option("--text", help="characters as typed")] = None,
+    keys: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--key",
+            help="a key by its tmux name (Enter, Tab, Escape, Up, BSpace, C-c, C-d, M-x ...), "
+            "sent after the text; repeat for more",
+        ),
+    ] = None,
+    eof: Annotated[
+        bool, typer.Option("--eof", help="then end the input (stdin closed; a terminal: C-d)")
+    ] = False,
+    home: HomeOption = None,
+    agent: AgentOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Send input to a running command started with --interactive or --tty (text, then
+    keys, then end of input); prints how many bytes it took."""
+    result = run_as(home, agent, lambda c: c.input(execution_id, text, keys or [], eof))  # E13
+    if as_json:
+        print_json(result)
+        return
+    out.print(f"sent {result.accepted_bytes} bytes to {execution_id}")
