@@ -290,7 +290,7 @@ def status(
 
 def _sink(stream: str) -> Any:
     """Where a stream's bytes go: stdout's to stdout, stderr's to stderr, exactly."""
-    return (sys.stdout if stream == "stdout" else sys.stderr).buffer
+    return (sys.stderr if stream == "stderr" else sys.stdout).buffer  # stdin: what was typed
 
 
 def _print_log(
@@ -354,7 +354,10 @@ def logs(
     agent: AgentOption = None,
     stream: Annotated[
         str | None,
-        typer.Option(help="Only this stream: stdout or stderr. Without it, both are printed."),
+        typer.Option(
+            help="Only this stream: stdout, stderr or stdin (what was typed, E13). Without it, "
+            "stdout and stderr are printed."
+        ),
     ] = None,
     offset: Annotated[int, typer.Option(help="Start at this byte of each stream.")] = 0,
     limit: Annotated[int, typer.Option(help="At most this many bytes of each stream.")] = 65536,
@@ -367,8 +370,8 @@ def logs(
 ) -> None:
     """Print an execution's log, its exact bytes: stdout to stdout and stderr to stderr (or
     only --stream's). --follow keeps printing until it ends."""
-    if stream not in (None, "stdout", "stderr"):
-        err.print(f"--stream must be stdout or stderr, not {stream!r}")
+    if stream not in (None, "stdout", "stderr", "stdin"):
+        err.print(f"--stream must be stdout, stderr or stdin, not {stream!r}")
         raise typer.Exit(2)
     streams = [stream] if stream else ["stdout", "stderr"]
     try:
