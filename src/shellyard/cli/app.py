@@ -205,7 +205,6 @@ from shellyard.cli import (  # noqa: E402
     artifacts,
     environments,
     files,
-    interactive,
     maintenance,
     ports,
     server,
@@ -229,7 +228,6 @@ VERB_MODULES = (
     maintenance,  # gc, backup, restore (docs/operations.md)
     ui,
     ports,  # R5: ports for the host
-    interactive,  # E13: input to a running command
     server,  # the home's background server (docs/cli.md)
 )
 for module in VERB_MODULES:

@@ -1,6 +1,5 @@
-"""Execution verbs: run, status, logs, cancel (E1–E7 from a terminal); attach and screen (E13:
-this terminal joined to an execution's pseudo-terminal, its screen; ``input`` is in
-cli/interactive.py)."""
+"""Execution verbs: run, status, logs, cancel, input (E1–E7, E13 from a terminal); attach
+and screen (E13: this terminal joined to an execution's pseudo-terminal, its screen now)."""
 
 from __future__ import annotations
 
@@ -32,6 +31,7 @@ from shellyard.cli.common import (
     fail,
     new_table,
     out,
+    print_json,
     print_view,
     run_as,
 )
@@ -79,6 +79,7 @@ def register(app: typer.Typer) -> None:
     )(run)
     for verb in (status, logs, cancel, attach, screen):
         app.command()(verb)
+    app.command("input", no_args_is_help=True)(input_verb)  # E13: type into a running command
 
 
 def new_idempotency_key() -> str:
@@ -310,7 +311,7 @@ def status(
 
 def _sink(stream: str) -> Any:
     """Where a stream's bytes go: stdout's to stdout, stderr's to stderr, exactly."""
-    return (sys.stdout if stream == "stdout" else sys.stderr).buffer
+    return (sys.stderr if stream == "stderr" else sys.stdout).buffer  # stdin: what was typed
 
 
 def _print_log(
@@ -374,7 +375,10 @@ def logs(
     agent: AgentOption = None,
     stream: Annotated[
         str | None,
-        typer.Option(help="Only this stream: stdout or stderr. Without it, both are printed."),
+        typer.Option(
+            help="Only this stream: stdout, stderr or stdin (what was typed, E13). Without it, "
+            "stdout and stderr are printed."
+        ),
     ] = None,
     offset: Annotated[int, typer.Option(help="Start at this byte of each stream.")] = 0,
     limit: Annotated[int, typer.Option(help="At most this many bytes of each stream.")] = 65536,
@@ -387,8 +391,8 @@ def logs(
 ) -> None:
     """Print an execution's log, its exact bytes: stdout to stdout and stderr to stderr (or
     only --stream's). --follow keeps printing until it ends."""
-    if stream not in (None, "stdout", "stderr"):
-        err.print(f"--stream must be stdout or stderr, not {stream!r}")
+    if stream not in (None, "stdout", "stderr", "stdin"):
+        err.print(f"--stream must be stdout, stderr or stdin, not {stream!r}")
         raise typer.Exit(2)
     streams = [stream] if stream else ["stdout", "stderr"]
     try:
@@ -424,6 +428,33 @@ def cancel(
         print_view(_client(home, agent).cancel(execution_id, wait_s), as_json)
     except ShellyardError as exc:
         fail(exc)
+
+
+def input_verb(
+    execution_id: Annotated[str, typer.Argument(help="an execution run interactive or tty")],
+    text: Annotated[str | None, typer.Option("--text", help="characters as typed")] = None,
+    keys: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--key",
+            help="a key by its tmux name (Enter, Tab, Escape, Up, BSpace, C-c, C-d, M-x ...), "
+            "sent after the text; repeat for more",
+        ),
+    ] = None,
+    eof: Annotated[
+        bool, typer.Option("--eof", help="then end the input (stdin closed; a terminal: C-d)")
+    ] = False,
+    home: HomeOption = None,
+    agent: AgentOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Send input to a running command started with --interactive or --tty (text, then
+    keys, then end of input); prints how many bytes it took."""
+    result = run_as(home, agent, lambda c: c.input(execution_id, text, keys or [], eof))  # E13
+    if as_json:
+        print_json(result)
+        return
+    out.print(f"sent {result.accepted_bytes} bytes to {execution_id}")
 
 
 # ---------------------------------------------------------------- attach (E13)
