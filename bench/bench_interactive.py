@@ -76,9 +76,9 @@ async def measure(rounds: int) -> dict[str, Any]:
     master, slave = os.openpty()
     samples: dict[str, list[float]] = {"local": [], "direct": [], "bare": []}
     memory: dict[str, int] = {}
+    terminals: dict[str, str] = {}
     try:
         await plane.runners.add_direct("direct", daemon.url, daemon.token)
-        terminals = {}
         for kind, runner_id in (("local", None), ("direct", "direct")):
             ran = await plane.executions.run_shell(
                 RunShellRequest(command="cat", tty=True, wait_ms=0, runner_id=runner_id)
@@ -97,6 +97,8 @@ async def measure(rounds: int) -> dict[str, Any]:
             )
             await plane.executions.wait(execution_id, 20)
     finally:
+        for execution_id in terminals.values():  # none left waiting for input
+            await plane.executions.cancel(execution_id, wait_s=20)
         os.close(master)
         os.close(slave)
         await plane.aclose()

@@ -48,6 +48,11 @@ def screen_showing(client: Client, execution_id: str, text: str) -> str:
 def served(home: Path) -> Iterator[Client]:
     client = Client.for_home(home)
     yield client
+    agents = [client, *(client.as_agent(s.main_agent_id) for s in client.sessions())]
+    for agent in agents:  # a failed test leaves no program waiting for input
+        for view in agent.list():
+            if not view.state.terminal:
+                agent.cancel(view.execution_id, 20)
     info = read_info(home)
     if info is not None and is_served(home):
         os.kill(info.pid, signal.SIGTERM)
@@ -148,6 +153,8 @@ def test_cli(served: Client, home: Path) -> None:
     assert shown.returncode == 0 and '"accepted_bytes": 4' in shown.stdout, shown
     assert settled(served, fed.execution_id).exit_code == 0
     assert served.logs(fed.execution_id).data.strip() == "2"
+    shown = sy(home, "logs", fed.execution_id, "--stream", "stdin")
+    assert shown.returncode == 0 and shown.stdout == "x\ny\n", shown
     shown = sy(home, "input", fed.execution_id, "--text", "late")
     assert shown.returncode != 0 and "has ended" in shown.stderr, shown
     shown = sy(home, "input", fed.execution_id, "--key", "Nope")

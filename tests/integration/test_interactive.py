@@ -9,7 +9,7 @@ import asyncio
 import os
 import signal
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,17 @@ from shellyard.contract.interactive import ExecutionInputRequest, ScreenView
 from shellyard.errors import Conflict, NotFound
 from shellyard.home import ensure_server, is_served
 from shellyard.sdk.client import Client
+
+
+@pytest.fixture
+async def yard(yard_factory: Any) -> AsyncIterator[Yard]:
+    """conftest's yard, and after the test whatever still runs is cancelled: a failed test
+    leaves no program waiting for input forever (executions outlive their plane, E11)."""
+    made: Yard = await yard_factory()
+    yield made
+    for view in await made.plane.executions.list():
+        if not view.state.terminal:
+            await made.plane.executions.cancel(view.execution_id, wait_s=20)
 
 
 async def send(yard: Yard, execution_id: str, **fields: Any) -> int:

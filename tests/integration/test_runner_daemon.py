@@ -196,7 +196,7 @@ async def test_bad_request_body_is_invalid_input(daemon: RunnerDaemon) -> None:
         r = await raw.post("/v1/no_such_method", json={})
         assert r.status_code == 404 and "versions match" in r.json()["error"]["message"]
     with pytest.raises(InvalidInput, match="unknown log stream"):
-        await daemon.runner.read_log("e", "stdin", 0, 1)  # type: ignore[arg-type]
+        await daemon.runner.read_log("e", "stdall", 0, 1)  # type: ignore[arg-type]
 
 
 # --- executions over the wire ---

@@ -173,9 +173,15 @@ def create_app(
         return await plane.executions.cancel(execution_id, agent, wait_s)
 
     # E13: input to an interactive execution, its terminal's screen and size.
-    @app.post("/v1/executions/{execution_id}/input", dependencies=auth)
+    # The bodies are read after the owner check (E4: another session's execution is missing,
+    # whatever the body says), so they come as dicts, documented by their models.
+    @app.post(
+        "/v1/executions/{execution_id}/input",
+        dependencies=auth,
+        openapi_extra=body_doc(ExecutionInputRequest),
+    )
     async def execution_input(
-        execution_id: str, body: ExecutionInputRequest, agent: AgentHeader = None
+        execution_id: str, body: dict[str, object], agent: AgentHeader = None
     ) -> InputResult:
         return await plane.executions.send_input(execution_id, body, agent)
 
@@ -183,9 +189,13 @@ def create_app(
     async def execution_screen(execution_id: str, agent: AgentHeader = None) -> ScreenView:
         return await plane.executions.screen(execution_id, agent)
 
-    @app.post("/v1/executions/{execution_id}/resize", dependencies=auth)
+    @app.post(
+        "/v1/executions/{execution_id}/resize",
+        dependencies=auth,
+        openapi_extra=body_doc(TerminalSize),
+    )
     async def execution_resize(
-        execution_id: str, body: TerminalSize, agent: AgentHeader = None
+        execution_id: str, body: dict[str, object], agent: AgentHeader = None
     ) -> ScreenView:
         return await plane.executions.screen(execution_id, agent, body)
 

@@ -21,6 +21,7 @@ from shellyard.cli import executions, runners
 from shellyard.cli.common import (
     HomeOption,
     LogLevelOption,
+    configure_json_logging,
     configure_logging,
     fail,
     refuse_initialize,
@@ -96,8 +97,6 @@ def serve(
         if log_format not in ("text", "json"):
             raise InvalidInput(f"--log-format must be text or json, not {log_format!r}")
         if log_format == "json":
-            from shellyard.cli.logjson import configure_json_logging
-
             configure_json_logging(log_level)
         if (where / LOCK_NAME).exists():  # served already: say so before the heavy imports
             os.close(lock_home(where))
@@ -206,7 +205,6 @@ from shellyard.cli import (  # noqa: E402
     artifacts,
     environments,
     files,
-    interactive,
     maintenance,
     ports,
     server,
@@ -230,7 +228,6 @@ VERB_MODULES = (
     maintenance,  # gc, backup, restore (docs/operations.md)
     ui,
     ports,  # R5: ports for the host
-    interactive,  # E13: input to a running command
     server,  # the home's background server (docs/cli.md)
 )
 for module in VERB_MODULES:

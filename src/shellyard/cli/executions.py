@@ -1,12 +1,20 @@
-"""Execution verbs: run, status, logs, cancel (E1–E7 from a terminal)."""
+"""Execution verbs: run, status, logs, cancel, input (E1–E7, E13 from a terminal); attach
+and screen (E13: this terminal joined to an execution's pseudo-terminal, its screen now)."""
 
 from __future__ import annotations
 
+import codecs
+import contextlib
 import json
 import os
 import re
+import select
 import shlex
+import signal
 import sys
+import termios
+import threading
+import tty
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -23,10 +31,12 @@ from shellyard.cli.common import (
     fail,
     new_table,
     out,
+    print_json,
     print_view,
+    run_as,
 )
 from shellyard.cli.common import client_for as _client
-from shellyard.errors import ShellyardError
+from shellyard.errors import InvalidInput, ShellyardError
 
 if TYPE_CHECKING:
     from shellyard.contract.executions import ExecutionView, RunShellResult
@@ -67,8 +77,9 @@ def register(app: typer.Typer) -> None:
         cls=RunCommand,
         context_settings={"allow_extra_args": True, "allow_interspersed_args": False},
     )(run)
-    for verb in (status, logs, cancel):
+    for verb in (status, logs, cancel, attach, screen):
         app.command()(verb)
+    app.command("input", no_args_is_help=True)(input_verb)  # E13: type into a running command
 
 
 def new_idempotency_key() -> str:
@@ -142,12 +153,19 @@ def run(
     cwd: Annotated[
         str | None, typer.Option("--cwd", help="Start in this folder of the workspace.")
     ] = None,
+    on_terminal: Annotated[
+        bool,
+        typer.Option(
+            "--tty", "-t", help="Run it on a terminal and attach to it (Ctrl-] d detaches)."
+        ),
+    ] = False,
     agent: AgentOption = None,
     as_json: JsonOption = False,
 ) -> None:
     """Run one command: shellyard run [OPTIONS] -- CMD [ARGS...], or --script PATH -- ARGS...
     Prints its output (after --wait-ms, or live with --follow) and exits with its exit code.
-    Ctrl-C cancels it; --background leaves it running."""
+    Ctrl-C cancels it; --background leaves it running. --tty runs it on a terminal of this
+    terminal's size and attaches, as 'shellyard attach' does."""
     words = list(ctx.args)
     command = words[0] if len(words) == 1 else shlex.join(words) if words else None
     if command is None and script is None:
@@ -171,7 +189,13 @@ def run(
             "idempotency_key": None if background else new_idempotency_key(),
             **run_options(timeout, timeout_ms, var, cwd),
             "args": words if script is not None and words else None,
+            **(terminal_options() if on_terminal else {}),
         }
+        if on_terminal and not (background or as_json):
+            # Attached from the first byte: keys typed (Ctrl-C too) go to the command.
+            started = client.run(command, **{**options, "wait_ms": 0})
+            code = attach_to(client, _client(home, agent), started.execution_id)
+            raise typer.Exit(code)
         try:
             result = client.run(command, wait_ms=0 if follow else wait_ms, **options)
         except KeyboardInterrupt:
@@ -287,7 +311,7 @@ def status(
 
 def _sink(stream: str) -> Any:
     """Where a stream's bytes go: stdout's to stdout, stderr's to stderr, exactly."""
-    return (sys.stdout if stream == "stdout" else sys.stderr).buffer
+    return (sys.stderr if stream == "stderr" else sys.stdout).buffer  # stdin: what was typed
 
 
 def _print_log(
@@ -351,7 +375,10 @@ def logs(
     agent: AgentOption = None,
     stream: Annotated[
         str | None,
-        typer.Option(help="Only this stream: stdout or stderr. Without it, both are printed."),
+        typer.Option(
+            help="Only this stream: stdout, stderr or stdin (what was typed, E13). Without it, "
+            "stdout and stderr are printed."
+        ),
     ] = None,
     offset: Annotated[int, typer.Option(help="Start at this byte of each stream.")] = 0,
     limit: Annotated[int, typer.Option(help="At most this many bytes of each stream.")] = 65536,
@@ -364,8 +391,8 @@ def logs(
 ) -> None:
     """Print an execution's log, its exact bytes: stdout to stdout and stderr to stderr (or
     only --stream's). --follow keeps printing until it ends."""
-    if stream not in (None, "stdout", "stderr"):
-        err.print(f"--stream must be stdout or stderr, not {stream!r}")
+    if stream not in (None, "stdout", "stderr", "stdin"):
+        err.print(f"--stream must be stdout, stderr or stdin, not {stream!r}")
         raise typer.Exit(2)
     streams = [stream] if stream else ["stdout", "stderr"]
     try:
@@ -401,3 +428,235 @@ def cancel(
         print_view(_client(home, agent).cancel(execution_id, wait_s), as_json)
     except ShellyardError as exc:
         fail(exc)
+
+
+def input_verb(
+    execution_id: Annotated[str, typer.Argument(help="an execution run interactive or tty")],
+    text: Annotated[str | None, typer.Option("--text", help="characters as typed")] = None,
+    keys: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--key",
+            help="a key by its tmux name (Enter, Tab, Escape, Up, BSpace, C-c, C-d, M-x ...), "
+            "sent after the text; repeat for more",
+        ),
+    ] = None,
+    eof: Annotated[
+        bool, typer.Option("--eof", help="then end the input (stdin closed; a terminal: C-d)")
+    ] = False,
+    home: HomeOption = None,
+    agent: AgentOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Send input to a running command started with --interactive or --tty (text, then
+    keys, then end of input); prints how many bytes it took."""
+    result = run_as(home, agent, lambda c: c.input(execution_id, text, keys or [], eof))  # E13
+    if as_json:
+        print_json(result)
+        return
+    out.print(f"sent {result.accepted_bytes} bytes to {execution_id}")
+
+
+# ---------------------------------------------------------------- attach (E13)
+
+#: Ctrl-] then ``d`` detaches (Ctrl-] is telnet's escape; docker's Ctrl-P Ctrl-Q is a key
+#: readline and many REPLs use). Ctrl-] twice sends one Ctrl-].
+DETACH_PREFIX = 0x1D
+DETACH_KEY = ord("d")
+#: How long the output follower waits at most between two reads of a quiet terminal (the
+#: echo of a typed key comes within it).
+ATTACH_POLL_S = 0.05
+
+
+def terminal_size(fd: int) -> os.terminal_size | None:
+    """The size of the terminal on ``fd``; None when it is none or says 0×0 (a pseudo-terminal
+    nobody sized), which leaves the execution's as it is."""
+    try:
+        size = os.get_terminal_size(fd)
+    except OSError:
+        return None
+    return size if size.lines > 1 and size.columns > 1 else None
+
+
+def terminal_options() -> dict[str, Any]:
+    """``tty=true`` and this terminal's size (the server's 24×80 when it has none)."""
+    size = terminal_size(sys.stdin.fileno())
+    sized = {"tty_rows": size.lines, "tty_cols": size.columns} if size else {}
+    return {"tty": True, **sized}
+
+
+def split_detach(data: bytes, armed: bool) -> tuple[bytes, bool, bool]:
+    """What of the typed ``data`` to send, whether the detach key was typed, and whether a
+    Ctrl-] waits for its second key (``armed``, carried from the previous read)."""
+    send = bytearray()
+    for byte in data:
+        if armed:
+            armed = False
+            if byte == DETACH_KEY:
+                return bytes(send), True, False
+            send += (
+                bytes([DETACH_PREFIX]) if byte == DETACH_PREFIX else bytes([DETACH_PREFIX, byte])
+            )
+        elif byte == DETACH_PREFIX:
+            armed = True
+        else:
+            send.append(byte)
+    return bytes(send), False, armed
+
+
+class _Output(threading.Thread):
+    """Writes the terminal's output (the stdout log, exact bytes, from ``offset``) to this
+    terminal until the execution ends and all of it was written. Its own client: the input
+    loop's calls never wait behind a read. Caught up, it reads again after a pause that grows
+    from 5 ms to ``ATTACH_POLL_S``; a key sent (``typed``) ends the pause, so its echo comes
+    within a round trip or two."""
+
+    def __init__(self, client: Client, execution_id: str, offset: int) -> None:
+        super().__init__(name="attach-output", daemon=True)
+        self.client, self.execution_id, self.offset = client, execution_id, offset
+        self.error: ShellyardError | None = None
+        self.typed = threading.Event()
+
+    def run(self) -> None:
+        sink, pause = sys.stdout.buffer, 0.0
+        try:
+            while True:
+                page = self.client.logs(
+                    self.execution_id, "stdout", self.offset, MAX_LOG_PAGE, raw=True
+                )
+                data = page.raw()
+                if data:
+                    sink.write(data)
+                    sink.flush()
+                self.offset = page.next_offset
+                if page.complete or (not data and page.state.terminal):
+                    return
+                pause = 0.0 if data else min(ATTACH_POLL_S, max(0.005, pause * 2))
+                if pause and self.typed.wait(pause):
+                    self.typed.clear()
+                    pause = 0.0
+        except ShellyardError as exc:
+            self.error = exc
+
+
+def _draw_screen(client: Client, execution_id: str) -> int:
+    """Attaching to a terminal already running: draw what it shows now (its earlier output
+    replayed could be megabytes of redraws) and return where its output goes on from."""
+    offset = client.logs(execution_id, "stdout", 0, 1, raw=True).size
+    screen = client.screen(execution_id)
+    sys.stdout.write("\x1b[H\x1b[2J" + "\r\n".join(screen.text.split("\n")))
+    sys.stdout.write(f"\x1b[{screen.cursor.row + 1};{screen.cursor.col + 1}H")
+    sys.stdout.flush()
+    return offset
+
+
+def attach_to(client: Client, reader: Client, execution_id: str, *, replay: bool = True) -> int:
+    """Join this terminal to the execution's: typed bytes go to it, its output comes here, a
+    resize of this terminal resizes it. Returns its exit code once it ends, or 0 when
+    detached (it goes on running). ``replay``: from its first byte (``run --tty``), else from
+    what its screen shows now."""
+    view = client.status(execution_id)
+    if not view.tty:
+        raise InvalidInput(
+            f"{execution_id} has no terminal (it was not run with tty=true): "
+            f"'shellyard logs --follow {execution_id}' shows its output"
+        )
+    stdin = sys.stdin.fileno()
+    on_tty = os.isatty(stdin)
+    resized = threading.Event()
+    saved = termios.tcgetattr(stdin) if on_tty else None
+    try:
+        if saved is not None:
+            previous = signal.signal(signal.SIGWINCH, lambda *_: resized.set())
+            resized.set()  # the execution takes this terminal's size from the start
+            tty.setraw(stdin)
+        offset = 0 if replay or not on_tty else _draw_screen(client, execution_id)
+        output = _Output(reader, execution_id, offset)
+        output.start()
+        detached = _pump_input(client, execution_id, stdin, output, resized)
+    finally:
+        if saved is not None:
+            termios.tcsetattr(stdin, termios.TCSADRAIN, saved)
+            signal.signal(signal.SIGWINCH, previous)
+    if detached:
+        err.print(
+            f"\nshellyard: detached; {execution_id} goes on "
+            f"('shellyard attach {execution_id}' comes back)",
+            highlight=False,
+        )
+        return 0
+    if output.error is not None:
+        raise output.error
+    final = client.wait(execution_id, 30)
+    if final.error:
+        err.print(f"shellyard: {final.state.value}: {final.error}", highlight=False)
+    return final.exit_code if final.exit_code is not None else EXIT_BY_STATE.get(final.state, 1)
+
+
+def _pump_input(
+    client: Client, execution_id: str, stdin: int, output: _Output, resized: threading.Event
+) -> bool:
+    """Send what is typed until the execution ends (False) or the detach key (True)."""
+    decoder = codecs.getincrementaldecoder("utf-8")("replace")
+    armed, reading = False, True
+    while output.is_alive():
+        if resized.is_set():
+            resized.clear()
+            size = terminal_size(stdin)
+            if size is not None:
+                # Refused (still queued, or ended this instant): the attach goes on at the
+                # size it has; the next SIGWINCH tries again.
+                with contextlib.suppress(ShellyardError):
+                    client.resize(execution_id, rows=size.lines, cols=size.columns)
+        if not reading:
+            output.join(ATTACH_POLL_S)
+            continue
+        ready, _, _ = select.select([stdin], [], [], ATTACH_POLL_S)
+        if not ready:
+            continue
+        data = os.read(stdin, 4096)
+        if not data:  # stdin was a file or pipe, now read: the output goes on to the end
+            reading = False
+            continue
+        send, detach, armed = split_detach(data, armed)
+        text = decoder.decode(send)
+        if text:
+            try:
+                client.input(execution_id, text=text)
+                output.typed.set()
+            except ShellyardError:
+                if client.status(execution_id).state.terminal:
+                    continue  # it ended as the key was typed: the output says the rest
+                raise
+        if detach:
+            return True
+    return False
+
+
+def attach(
+    execution_id: str,
+    home: HomeOption = None,
+    agent: AgentOption = None,
+) -> None:
+    """Attach this terminal to an execution run with a terminal (run --tty, tty=true): what
+    you type goes to it, its output comes here. Ctrl-] d detaches and leaves it running;
+    otherwise exits with its exit code when it ends."""
+    try:
+        code = attach_to(_client(home, agent), _client(home, agent), execution_id, replay=False)
+    except ShellyardError as exc:
+        fail(exc)
+    raise typer.Exit(code)
+
+
+def screen(
+    execution_id: str,
+    home: HomeOption = None,
+    agent: AgentOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Print the terminal of a tty execution as a person would see it now."""
+    now = run_as(home, agent, lambda client: client.screen(execution_id))
+    if as_json:
+        out.print_json(now.model_dump_json())
+    else:
+        sys.stdout.write(now.text + "\n")

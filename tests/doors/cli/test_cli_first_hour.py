@@ -7,15 +7,10 @@ Every step is the CLI as a subprocess against a real served home."""
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import os
-import pty
-import select
 import signal
 import subprocess
 import sys
-import termios
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,6 +18,7 @@ from typing import Any
 
 import httpx
 import pytest
+from pty_terminal import Terminal
 
 from conftest import make_home
 from shellyard.home import ensure_server, is_served, read_info
@@ -81,62 +77,6 @@ def test_an_unknown_option_is_refused_and_nothing_runs(home: Path) -> None:
     # Words after the command's first word are the command's own, as with ssh or docker run.
     done = sy(home, "run", "--", "echo", "--backgroud")
     assert done.returncode == 0 and done.stdout == "--backgroud\n"
-
-
-class Terminal:
-    """A command on a pseudo-terminal of its own (its controlling terminal), as a person's."""
-
-    def __init__(self, argv: list[str], env: dict[str, str]) -> None:
-        self.master, slave = pty.openpty()
-
-        def controlling() -> None:
-            os.setsid()
-            fcntl.ioctl(0, termios.TIOCSCTTY, 0)
-
-        self.process = subprocess.Popen(
-            argv, stdin=slave, stdout=slave, stderr=slave, env=env, preexec_fn=controlling
-        )
-        os.close(slave)
-        self.seen = b""
-
-    def read_until(self, needle: bytes, timeout_s: float = 120) -> bytes:
-        deadline = time.monotonic() + timeout_s
-        while needle not in self.seen:
-            left = deadline - time.monotonic()
-            assert left > 0, f"{needle!r} not seen in {self.seen!r}"
-            ready, _, _ = select.select([self.master], [], [], min(left, 1.0))
-            if ready:
-                try:
-                    chunk = os.read(self.master, 4096)
-                except OSError:
-                    break
-                if not chunk:
-                    break
-                self.seen += chunk
-        return self.seen
-
-    def ctrl_c(self) -> None:
-        os.write(self.master, b"\x03")
-
-    def wait(self, timeout_s: float = 120) -> int:
-        deadline = time.monotonic() + timeout_s
-        while self.process.poll() is None:
-            assert time.monotonic() < deadline, self.seen
-            ready, _, _ = select.select([self.master], [], [], 0.2)
-            if ready:
-                with contextlib.suppress(OSError):
-                    self.seen += os.read(self.master, 4096)
-        # What it wrote last is still in the terminal's buffer: read it to the end.
-        while select.select([self.master], [], [], 0.5)[0]:
-            try:
-                chunk = os.read(self.master, 4096)
-            except OSError:
-                break
-            if not chunk:
-                break
-            self.seen += chunk
-        os.close(self.master)
-        return self.process.returncode
 
 
 def running_one(home: Path, marker: str) -> dict[str, Any]:

@@ -20,8 +20,8 @@ from conftest import sy
 from shellyard.cli.app import app
 from shellyard.cli.manual import EXIT_REFUSED, EXIT_RETRY
 
-#: Verbs that print no result to parse: servers, and shell-call (JSON by contract).
-NO_JSON = {"serve", "mcp", "runner serve", "shell-call"}
+#: Verbs that print no result to parse: servers, shell-call (JSON by contract), attach (a terminal).
+NO_JSON = {"serve", "mcp", "runner serve", "shell-call", "attach"}
 
 
 def _verbs(command: click.Command, prefix: str = "") -> Iterator[tuple[str, click.Command]]:

@@ -13,6 +13,7 @@ import contextlib
 from collections.abc import Awaitable, Mapping
 from typing import Any, TypeVar
 
+from shellyard.contract.environments import parse_body
 from shellyard.contract.interactive import (
     ExecutionInputRequest,
     InputResult,
@@ -30,6 +31,9 @@ PROMPT_POLL_S = 0.05
 PROMPT_SETTLE_S = 0.1
 
 T = TypeVar("T")
+#: A request body, read after the owner check (a model already read passes as it is).
+InputBody = ExecutionInputRequest | Mapping[str, object]
+SizeBody = TerminalSize | Mapping[str, object]
 
 
 def taking_input(row: Mapping[str, Any], execution_id: str, *, tty: bool = False) -> None:
@@ -57,10 +61,9 @@ def taking_input(row: Mapping[str, Any], execution_id: str, *, tty: bool = False
         )
 
 
-async def send_input(
-    runner: Runner, row: Mapping[str, Any], request: ExecutionInputRequest
-) -> InputResult:
+async def send_input(runner: Runner, row: Mapping[str, Any], body: InputBody) -> InputResult:
     execution_id = str(row["id"])
+    request = parse_body(ExecutionInputRequest, body)
     taking_input(row, execution_id)
     tty = bool(options.of(row).get("tty"))
     try:
@@ -74,7 +77,12 @@ async def send_input(
     return InputResult(accepted_bytes=accepted)
 
 
-async def screen(runner: Runner, row: Mapping[str, Any]) -> ScreenView:
+async def screen(
+    runner: Runner, row: Mapping[str, Any], size: SizeBody | None = None
+) -> ScreenView:
+    """The screen now; with ``size``, the terminal resized first."""
+    if size is not None:
+        return await resize(runner, row, parse_body(TerminalSize, size))
     fields = options.terminal_fields(options.of(row))
     if not fields["tty"]:
         raise Conflict(

@@ -18,12 +18,7 @@ from shellyard.contract.executions import (
     RunShellRequest,
     RunShellResult,
 )
-from shellyard.contract.interactive import (
-    ExecutionInputRequest,
-    InputResult,
-    ScreenView,
-    TerminalSize,
-)
+from shellyard.contract.interactive import InputResult, ScreenView
 from shellyard.control.agents import AgentResolver
 from shellyard.control.executions import interactive, options
 from shellyard.control.executions.foreground import ForegroundWaits
@@ -629,20 +624,18 @@ class ExecutionService:
 
     # E13: input, screen and size of an interactive execution (control/executions/interactive.py)
     async def send_input(
-        self, execution_id: str, request: ExecutionInputRequest, agent_id: str | None
+        self, execution_id: str, body: interactive.InputBody, agent_id: str | None
     ) -> InputResult:
+        """``body`` is read after the owner check (E4: another's execution is just missing)."""
         row = await self._owned(execution_id, agent_id)
-        return await interactive.send_input(self.runners.get(str(row["runner_id"])), row, request)
+        return await interactive.send_input(self._runner(row), row, body)
 
     async def screen(
-        self, execution_id: str, agent_id: str | None, size: TerminalSize | None = None
+        self, execution_id: str, agent_id: str | None, size: interactive.SizeBody | None = None
     ) -> ScreenView:
         """The terminal's screen now; with ``size``, resized first."""
         row = await self._owned(execution_id, agent_id)
-        runner = self.runners.get(str(row["runner_id"]))
-        if size is not None:
-            return await interactive.resize(runner, row, size)
-        return await interactive.screen(runner, row)
+        return await interactive.screen(self._runner(row), row, size)
 
     async def cancel(
         self, execution_id: str, agent_id: str | None = None, wait_s: float = 0.0

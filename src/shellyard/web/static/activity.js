@@ -1,16 +1,21 @@
 // The "Executions and reminders" region of the session file panel: executions (paged on the
-// server, newest first) with View logs and Cancel execution, transfers with their per-file
+// server, newest first) with View logs, Terminal (tty executions) and Cancel execution, transfers with their per-file
 // outcomes and Cancel transfer, reminders with Cancel reminder, child agents with Resume, and
 // the inbox notices with their read marks.
 
 import { api, href } from "./api.js";
 import { AnsiStream } from "./ansi.js";
 import { badge, bytes, h, keyedList, when } from "./dom.js";
+import { ExecutionTerminal } from "./terminal.js";
 
 const PAGE = 50;
 const ACTIVE = ["queued", "running", "unknown"];
 const ACTIVE_TRANSFER = ["queued", "running"];
 const LOG_POLL_MS = 500;
+// Whether a command waits for input is the runner's live observation, not a change of the
+// record the change stream watches: the rows of active interactive executions ask for it.
+const INPUT_POLL_MS = 2000;
+const INPUT_POLL_ROWS = 20;
 
 // R2 tenants: what the execution's cgroup measured (peak memory, CPU seconds).
 function usageLine(e) {
@@ -35,7 +40,8 @@ export class ActivityPanel {
     this.onError = onError;
     this.executions = [];
     this.nextBefore = null;
-    this.logs = null; // {execution, stop}
+    this.logs = null; // {execution, stop, kind: "logs" | "terminal"}
+    this.inputPoll = null;
     this.build();
   }
 
@@ -115,6 +121,7 @@ export class ActivityPanel {
     if (!older.length) this.nextBefore = page.next_before_seq;
     this.showCounts(page);
     this.renderExecutions();
+    this.watchInput();
     // The first page on screen: what a 10,000-execution session must show within 1 s.
     if (!performance.getEntriesByName("shellyard-executions-shown").length) {
       performance.mark("shellyard-executions-shown");
@@ -157,9 +164,32 @@ export class ActivityPanel {
     if (!this.logs) return;
     const row = this.execRows.querySelector(`tr[data-execution="${this.logs.execution.execution_id}"]`);
     if (row && row.nextElementSibling !== this.logRow) row.after(this.logRow);
-    for (const button of this.execRows.querySelectorAll('[data-focus="logs"]')) {
-      button.setAttribute("aria-expanded", String(button.closest("tr") === row));
+    for (const kind of ["logs", "terminal"]) {
+      for (const button of this.execRows.querySelectorAll(`[data-focus="${kind}"]`)) {
+        button.setAttribute("aria-expanded", String(button.closest("tr") === row && this.logs.kind === kind));
+      }
     }
+  }
+
+  // Every INPUT_POLL_MS while any shown execution is active and interactive: each such row's
+  // view again, and the rows re-rendered when one started or stopped waiting for input.
+  watchInput() {
+    if (this.inputPoll !== null) return;
+    const tick = async () => {
+      this.inputPoll = null;
+      const watched = this.executions.filter((e) => e.interactive && ACTIVE.includes(e.state)).slice(0, INPUT_POLL_ROWS);
+      if (!watched.length || !this.el.isConnected) return;
+      const fresh = await Promise.all(watched.map((e) => api(`/v1/executions/${e.execution_id}`, { agent: e.agent_id }).catch(() => e)));
+      const byId = new Map(fresh.map((e) => [e.execution_id, e]));
+      const changed = watched.some((e) => byId.get(e.execution_id).awaiting_input !== e.awaiting_input
+        || byId.get(e.execution_id).state !== e.state);
+      if (changed) {
+        this.executions = this.executions.map((e) => byId.get(e.execution_id) || e);
+        this.renderExecutions();
+      }
+      this.inputPoll = setTimeout(() => tick().catch(this.onError), INPUT_POLL_MS);
+    };
+    this.inputPoll = setTimeout(() => tick().catch(this.onError), INPUT_POLL_MS);
   }
 
   executionRow(e) {
@@ -192,12 +222,16 @@ export class ActivityPanel {
     if (e.limit) badges.push(h("span", { class: "flag flag-limit", "data-limit": e.limit }, `limit: ${e.limit}`));
     if (e.environment_id) badges.push(h("span", { class: "flag flag-env", title: `environment ${e.environment_id}` }, `env r${e.environment_revision ?? "?"}`));
     if (e.was_unknown) badges.push(h("span", { class: "flag flag-unknown" }, "was unknown"));
+    if (e.tty) badges.push(h("span", { class: "flag", title: "runs on a terminal" }, "terminal"));
+    else if (e.interactive) badges.push(h("span", { class: "flag", title: "its stdin stays open for input" }, "stdin open"));
+    if (e.awaiting_input && active) badges.push(h("span", { class: "flag flag-input", "data-awaiting-input": "", title: "the command is waiting for what you type" }, "waits for input"));
     const times = h("div", { class: "times" },
       h("div", {}, "created ", when(e.created_at)),
       e.finished_at ? h("div", {}, "finished ", when(e.finished_at)) : e.started_at ? h("div", {}, "started ", when(e.started_at)) : null);
-    const open = this.logs && this.logs.execution.execution_id === id;
+    const open = this.logs && this.logs.execution.execution_id === id ? this.logs.kind : null;
     const actions = h("div", { class: "actions" },
-      h("button", { type: "button", "data-focus": "logs", "aria-label": `View logs of ${id}`, "aria-expanded": open ? "true" : "false", onclick: () => this.openLogs(e) }, "View logs"),
+      h("button", { type: "button", "data-focus": "logs", "aria-label": `View logs of ${id}`, "aria-expanded": String(open === "logs"), onclick: () => this.openLogs(e) }, "View logs"),
+      e.tty ? h("button", { type: "button", "data-focus": "terminal", "aria-label": `Open terminal of ${id}`, "aria-expanded": String(open === "terminal"), onclick: () => this.openTerminal(e) }, "Terminal") : null,
       active ? h("button", { type: "button", class: "danger", "data-focus": "cancel", "aria-label": `Cancel execution ${id}`, onclick: (ev) => this.cancelExecution(e, ev.target) }, "Cancel") : null);
     const exit = e.exit_code === null || e.exit_code === undefined ? null : [" ", h("span", { class: "exit" }, `exit ${e.exit_code}`)];
     return h("tr", { class: `state-${e.state}`, "data-execution": id },
@@ -252,7 +286,7 @@ export class ActivityPanel {
       status, h("h6", {}, "stdout"), out, h("h6", {}, "stderr"), err);
     let stopped = false;
     const offsets = { stdout: 0, stderr: 0 };
-    const logs = { execution: e, stop: () => { stopped = true; } };
+    const logs = { execution: e, kind: "logs", stop: () => { stopped = true; } };
     this.logs = logs;
     this.renderExecutions();
     const step = async () => {
@@ -279,6 +313,23 @@ export class ActivityPanel {
     };
     step().catch(this.onError);
     close.focus();
+  }
+
+  // The execution's terminal in the log view's row: its output live, what is typed sent.
+  openTerminal(e) {
+    if (this.logs) this.logs.stop();
+    const id = e.execution_id;
+    const terminal = new ExecutionTerminal(e, (state) => {
+      if (this.logs === logs) logs.execution = { ...logs.execution, state };
+    }, this.onError);
+    const close = h("button", { type: "button", "aria-label": "Close terminal", onclick: () => this.closeLogs() }, "Close terminal");
+    this.logView.replaceChildren(
+      h("div", { class: "log-head" }, h("h5", { id: "log-title" }, "Terminal of ", h("code", {}, id)), close),
+      terminal.el);
+    const logs = { execution: e, kind: "terminal", stop: () => terminal.stop() };
+    this.logs = logs;
+    this.renderExecutions();
+    terminal.start().catch(this.onError);
   }
 
   // Marks every match of ``query`` in the shown output (text nodes split around it).
@@ -314,12 +365,13 @@ export class ActivityPanel {
 
   closeLogs() {
     const id = this.logs ? this.logs.execution.execution_id : null;
+    const kind = this.logs ? this.logs.kind : "logs";
     if (this.logs) this.logs.stop();
     this.logs = null;
     this.logRow.remove();
     this.logView.replaceChildren();
     this.renderExecutions();
-    const back = id && this.execRows.querySelector(`tr[data-execution="${id}"] [data-focus="logs"]`);
+    const back = id && this.execRows.querySelector(`tr[data-execution="${id}"] [data-focus="${kind}"]`);
     if (back) back.focus();
   }
 
