@@ -26,12 +26,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 from shellyard import __version__, filemodes
-from shellyard.errors import (
-    InvalidInput,
-    NotFound,
-    OutOfRoom,
-    WorkspaceBusy,
-)
+from shellyard.errors import InvalidInput, NotFound, OutOfRoom, WorkspaceBusy
 from shellyard.runner.edits.editor import Editor
 from shellyard.runner.edits.tarscan import TarLimits
 from shellyard.runner.environments import bases
@@ -308,6 +303,7 @@ class LocalRunner:
     async def ensure_workspace(self, workspace_id: str) -> SnapshotInfo:
         tree = self.workspace_path(workspace_id)
         if not tree.exists():
+            require_room(self.root, self.policy, "a new workspace")  # not ENOSPC: inodes too
             tree.mkdir(mode=0o700)
             if self._uids is not None:
                 self._workspace_ids(workspace_id)

@@ -1,0 +1,188 @@
+"""Attack pass of session 36 (second engineer) on the fixes of the full disk, the tenants and
+the agent-privileges work (docs/security.md "Attack pass (session 36)"). R2 (the free-space
+reserve, tenants), E1/E7 (every input gets a terminal record), W5 (uploads).
+
+Each test is an attack that succeeded on the tree before this pass and its fix. Real
+bubblewrap sandboxes on the in-process local runner and a runner daemon; the volume is a
+real tmpfs with a small inode table (root needed, skipped with the reason otherwise)."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import subprocess
+import tarfile
+import tempfile
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import Yard, open_yard
+from shellyard.contract.executions import ExecutionState, RunShellRequest
+from shellyard.errors import LowOnSpace
+from shellyard.runner.limits import reserve
+from shellyard.runner.protocol import SandboxPolicy
+
+MIB = 1 << 20
+#: The volume's inode table: the reserve keeps 1024 of them (its floor), a tenth at most.
+INODES = 20_000
+
+
+@contextlib.contextmanager
+def inode_bound_tmpfs() -> Iterator[Path]:
+    """A tmpfs with plenty of bytes (512 MiB) and few inodes: only files can fill it."""
+    path = Path(tempfile.mkdtemp(prefix="shellyard-inodes-", dir="/tmp"))
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size=512m,nr_inodes={INODES},mode=0711", "tmpfs", path],
+        capture_output=True,
+        text=True,
+    )
+    if done.returncode != 0:
+        path.rmdir()
+        pytest.skip(f"cannot mount a tmpfs here (needs root / CAP_SYS_ADMIN): {done.stderr}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)
+        with contextlib.suppress(OSError):
+            path.rmdir()
+
+
+@pytest.fixture
+def inode_volume() -> Iterator[Path]:
+    with inode_bound_tmpfs() as path:
+        yield path
+
+
+@pytest.fixture(params=["local", "direct"])
+async def inode_yard(request: pytest.FixtureRequest, inode_volume: Path) -> AsyncIterator[Yard]:
+    home = inode_volume / "y"
+    home.mkdir(mode=0o711)
+    policy = SandboxPolicy(free_space_reserve_bytes=64 * MIB)
+    plane, runner_id, daemon = await open_yard(home, request.param, policy)
+    try:
+        yield Yard(plane, runner_id, home, daemon)
+    finally:
+        await plane.aclose()
+        if daemon is not None:
+            await daemon.stop()
+
+
+async def _other_session_run(yard: Yard, command: str) -> Any:
+    other = await yard.plane.sessions.create()
+    request = RunShellRequest(command=command, runner_id=yard.runner_id)
+    return await yard.plane.executions.run_shell(request, other.main_agent_id)
+
+
+def _free_inodes(volume: Path) -> int:
+    return os.statvfs(volume).f_favail
+
+
+#: Empty files, 100 at a time with a pause between (a little slower than tmpfs can, so the
+#: watcher's tick comes before the table is empty), without end.
+SLOW_FILLER = (
+    "mkdir d; i=0; while :; do for j in $(seq 100); do : > d/f$i.$j; done; "
+    "i=$((i+1)); sleep 0.03; done"
+)
+#: As fast as bash makes them: the table is empty within a second, before any tick.
+FAST_FILLER = "mkdir d; i=0; while : > d/f$i; do i=$((i+1)); done; echo made $i"
+
+
+async def test_a_command_making_empty_files_is_stopped_by_the_inode_reserve(
+    inode_yard: Yard, inode_volume: Path
+) -> None:
+    """R2 reserve, in inodes: empty files take no bytes, so a byte reserve never saw them.
+    Before: ~19,000 empty files in 0.6 s took every inode of a volume with 490 MiB free;
+    the command's own commit failed (ENOSPC), another session's run failed with a raw
+    ENOSPC (500) making its workspace, and nothing said why. Now the command is stopped with
+    ``limit: "disk"`` naming the inode reserve, its files are committed, another session
+    is refused cleanly (LowOnSpace, 503, retry later), and a delete brings work back."""
+    yard = inode_yard
+    filler = await yard.run(SLOW_FILLER, background=True)
+    view = await yard.plane.executions.wait(filler.execution_id, 120)
+    assert view.state.terminal, view
+    record = await yard.runner.status(filler.execution_id)
+    assert record.limit == "disk", record
+    assert record.error is not None and "free-inode reserve" in record.error, record
+    assert record.snapshot is not None and record.snapshot.files > 10_000, record
+    assert _free_inodes(inode_volume) > 100  # stopped before the table was empty
+    with pytest.raises(LowOnSpace, match="files \\(inodes\\) free, below its reserve"):
+        await _other_session_run(yard, "echo during")
+    removed = await yard.runner.delete_path(filler.workspace_id, "d", True)
+    assert removed.removed == ["d"]
+    after = await _other_session_run(yard, "echo after")
+    assert after.state == ExecutionState.completed and after.stdout == "after\n", after
+    mine = await yard.run("ls | wc -l")
+    assert mine.state == ExecutionState.completed and mine.stdout == "0\n", mine
+
+
+async def test_a_filler_faster_than_the_watcher_ends_with_limit_disk_and_others_get_503(
+    inode_yard: Yard, inode_volume: Path
+) -> None:
+    """R2, E7: a command emptying the inode table before the watcher's next look meets
+    ENOSPC; its commit cannot be made (no inode for it). The record says ``limit: "disk"``
+    and why, another session's new workspace is refused with LowOnSpace (before: a raw
+    OSError from ``mkdir``, a 500), and a delete of the files brings work back without a
+    restart."""
+    yard = inode_yard
+    filler = await yard.run(FAST_FILLER, background=True)  # the runner's first command
+    view = await yard.plane.executions.wait(filler.execution_id, 120)
+    assert view.state.terminal, view
+    record = await yard.runner.status(filler.execution_id)
+    assert record.limit == "disk", record
+    assert record.error is not None and "inode" in record.error, record
+    with pytest.raises(LowOnSpace, match="retry later"):
+        await _other_session_run(yard, "echo during")
+    removed = await yard.runner.delete_path(filler.workspace_id, "d", True)
+    assert removed.removed == ["d"]
+    after = await _other_session_run(yard, "echo after")
+    assert after.state == ExecutionState.completed and after.stdout == "after\n", after
+
+
+def _empty_members_tar(count: int) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        for i in range(count):
+            tar.addfile(tarfile.TarInfo(f"m/f{i}"), io.BytesIO(b""))
+    return buffer.getvalue()
+
+
+async def test_an_upload_of_empty_members_stops_at_the_inode_reserve(
+    inode_yard: Yard, inode_volume: Path
+) -> None:
+    """W5, R2: a tar of 19,500 empty members (within the 100,000-member bound, 0 bytes of
+    content, so no byte check ever ran) used to take the volume's last inodes while it was
+    unpacked. Now the unpack looks at the reserve every 1000 members: it is refused with
+    LowOnSpace, nothing of it lands, and its staged entries are given back."""
+    yard = inode_yard
+    first = await yard.run("echo kept > kept.txt")
+    body = _empty_members_tar(INODES - 500)
+    before = _free_inodes(inode_volume)
+
+    async def upload() -> AsyncIterator[bytes]:
+        for start in range(0, len(body), MIB):
+            yield body[start : start + MIB]
+
+    with pytest.raises(LowOnSpace, match="unpacking an upload refused"):
+        await yard.runner.write_tar(first.workspace_id, "up", upload())
+    assert await yard.runner.stat_path(first.workspace_id, None, "up") is None
+    assert _free_inodes(inode_volume) >= before - 16  # the staged entries went
+    after = await yard.run("cat kept.txt")
+    assert after.state == ExecutionState.completed and after.stdout == "kept\n"
+
+
+def test_the_inode_reserve_is_off_where_the_byte_reserve_is_or_there_is_no_table() -> None:
+    """The inode reserve follows the byte reserve's setting: the percentage of the volume's
+    inodes (at least 1024, at most a tenth), none when the reserve is 0, none on a file
+    system without a fixed inode table (``f_files`` 0: btrfs, an unbounded tmpfs)."""
+    default = SandboxPolicy()
+    assert reserve.inode_reserve(default, 16_777_216) == 838_860  # 5% of this ext4 root
+    assert reserve.inode_reserve(default, INODES) == 1024
+    assert reserve.inode_reserve(default, 5000) == 500
+    assert reserve.inode_reserve(default, 0) == 0
+    assert reserve.inode_reserve(SandboxPolicy(free_space_reserve_bytes=0), 16_777_216) == 0
+    off = SandboxPolicy(free_space_reserve_percent=0)
+    assert reserve.inode_reserve(off, 16_777_216) == 0
