@@ -8,21 +8,26 @@ real tmpfs with a small inode table (root needed, skipped with the reason otherw
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import io
 import os
 import subprocess
 import tarfile
 import tempfile
+import textwrap
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tmpfs_fixture import mounted_tmpfs
+
 from conftest import Yard, open_yard
+from shellyard.contract.environments import EnvironmentChangeBody, EnvironmentCreateRequest
 from shellyard.contract.executions import ExecutionState, RunShellRequest
-from shellyard.errors import LowOnSpace
+from shellyard.errors import ChangeFailed, LowOnSpace
 from shellyard.runner.limits import reserve
 from shellyard.runner.protocol import SandboxPolicy
 
@@ -186,3 +191,106 @@ def test_the_inode_reserve_is_off_where_the_byte_reserve_is_or_there_is_no_table
     assert reserve.inode_reserve(SandboxPolicy(free_space_reserve_bytes=0), 16_777_216) == 0
     off = SandboxPolicy(free_space_reserve_percent=0)
     assert reserve.inode_reserve(off, 16_777_216) == 0
+
+
+# ---------------------------------------------------------------- package builds (R2, V2)
+
+
+@pytest.fixture(params=["local", "direct"])
+async def small_yard(request: pytest.FixtureRequest) -> AsyncIterator[Yard]:
+    """A 384 MiB tmpfs home with a 64 MiB reserve and no quota: only the reserve stands
+    between a build and a full volume."""
+    with mounted_tmpfs("384m", "shellyard-build-fill-") as volume:
+        home = volume / "y"
+        home.mkdir(mode=0o711)
+        policy = SandboxPolicy(free_space_reserve_bytes=64 * MIB, workspace_quota_bytes=0)
+        plane, runner_id, daemon = await open_yard(home, request.param, policy)
+        try:
+            yield Yard(plane, runner_id, home, daemon)
+        finally:
+            await plane.aclose()
+            if daemon is not None:
+                await daemon.stop()
+
+
+#: An in-tree build backend (the agent's code, run by uv in the tools' sandbox) that writes
+#: zeros into its build folder (the environment's cache, on the runner's volume) until ENOSPC.
+FILLING_BACKEND = textwrap.dedent(
+    """
+    import os
+
+    def get_requires_for_build_wheel(config_settings=None):
+        return []
+
+    def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
+        with open("junk", "wb") as f:
+            while True:
+                f.write(b"\\0" * (1 << 20))
+                f.flush()
+    """
+)
+
+
+def _filling_sdist() -> bytes:
+    pyproject = '[build-system]\nrequires = []\nbuild-backend = "backend"\nbackend-path = ["."]\n'
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w:gz") as archive:
+        for name, text in (
+            ("pyproject.toml", pyproject),
+            ("backend.py", FILLING_BACKEND),
+            ("PKG-INFO", "Metadata-Version: 2.1\nName: sy-fill\nVersion: 1.0\n"),
+        ):
+            member = tarfile.TarInfo(f"sy_fill-1.0/{name}")
+            member.size, member.mode = len(text.encode()), 0o644
+            archive.addfile(member, io.BytesIO(text.encode()))
+    return out.getvalue()
+
+
+async def test_a_build_backend_filling_the_volume_is_stopped_at_the_reserve(
+    small_yard: Yard,
+) -> None:
+    """R2 reserve, V2: a package build runs the agent's code, and before this pass nothing
+    held it to the free-space reserve: an sdist's backend wrote into its build folder (the
+    environment's cache) until the runner's volume was full (ENOSPC), which fills it for
+    every session (their writes fail, the database's ballast goes). Now the tool is killed
+    once the volume is below the reserve, the change fails saying so, what the build left in
+    the cache is dropped, and other sessions' work goes on."""
+    yard = small_yard
+    plane = yard.plane
+    session = await plane.sessions.create()
+    agent = session.main_agent_id
+    blob = base64.b64encode(_filling_sdist()).decode()
+    put = await plane.executions.run_shell(
+        RunShellRequest(
+            command=f"mkdir dist && echo {blob} | base64 -d > dist/sy_fill-1.0.tar.gz",
+            runner_id=yard.runner_id,
+            wait_ms=30_000,
+        ),
+        agent,
+    )
+    assert put.exit_code == 0, put
+    created = await plane.environments.create(
+        EnvironmentCreateRequest(
+            name="fill", language="python", runner_id=yard.runner_id, wait_ms=30_000
+        ),
+        agent,
+    )
+    if created.state != "ready":
+        assert created.change_id is not None
+        await plane.environments.wait(created.change_id, 120, agent)
+    body = EnvironmentChangeBody(
+        manager="pip",
+        specs=["sy-fill"],
+        index_url="none",
+        find_links=["/workspace/dist"],
+        wait_ms=30_000,
+    )
+    with pytest.raises(ChangeFailed, match="below its reserve of 64.0 MiB") as failed:
+        change = await plane.environments.install(created.environment_id, body, agent)
+        if not change.done:
+            await plane.environments.wait(change.change_id, 120, agent)
+    assert "package tool" in str(failed.value)
+    stat = os.statvfs(yard.home)
+    assert stat.f_bavail * stat.f_frsize > 128 * MIB, stat  # the build's junk is gone
+    after = await _other_session_run(yard, "echo after")
+    assert after.state == ExecutionState.completed and after.stdout == "after\n", after
