@@ -8,20 +8,23 @@ real tmpfs with a small inode table (root needed, skipped with the reason otherw
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
 import io
 import os
+import shutil
 import subprocess
 import tarfile
 import tempfile
 import textwrap
+import time
+import urllib.request
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-
 from tmpfs_fixture import mounted_tmpfs
 
 from conftest import Yard, open_yard
@@ -285,7 +288,7 @@ async def test_a_build_backend_filling_the_volume_is_stopped_at_the_reserve(
         find_links=["/workspace/dist"],
         wait_ms=30_000,
     )
-    with pytest.raises(ChangeFailed, match="below its reserve of 64.0 MiB") as failed:
+    with pytest.raises(ChangeFailed, match=r"below its reserve of 64\.0 MiB") as failed:
         change = await plane.environments.install(created.environment_id, body, agent)
         if not change.done:
             await plane.environments.wait(change.change_id, 120, agent)
@@ -294,3 +297,72 @@ async def test_a_build_backend_filling_the_volume_is_stopped_at_the_reserve(
     assert stat.f_bavail * stat.f_frsize > 128 * MIB, stat  # the build's junk is gone
     after = await _other_session_run(yard, "echo after")
     assert after.state == ExecutionState.completed and after.stdout == "after\n", after
+
+
+# ---------------------------------------------------------------- forwards (R5) vs local users
+
+FORWARDED = 8767
+
+
+def _relay_pids(port: int) -> list[int]:
+    """Host pids of the relays forwarding to ``port`` of a workspace (from /proc)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        relay = any(a.endswith(b"relay.py") for a in argv) and b"--tcp-port" in argv
+        if relay and argv[argv.index(b"--tcp-port") + 1] == b"%d" % port:
+            found.append(int(proc.name))
+    return found
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("nsenter") is None or shutil.which("setpriv") is None,
+    reason="a root runner's forwards need root, util-linux's nsenter and setpriv",
+)
+async def test_a_local_user_running_as_nobody_cannot_kill_a_forwards_relay(yard: Yard) -> None:
+    """R5 forwards, the local-user threat of docs/security.md: a root runner's relays
+    dropped to ``nobody`` (65534), the uid a host's daemons run as; a process of the same
+    uid may signal them, so any local ``nobody`` process closed every forward (and cut the
+    egress of every sandbox) with one ``kill -9``. Now they run as the sandbox uid, which no
+    account has: the kill is refused and the forward keeps answering."""
+    server = await yard.run(
+        f"echo alive > live.txt; echo listening; exec python3 -m http.server {FORWARDED} "
+        "--bind 127.0.0.1 --directory /workspace",
+        background=True,
+    )
+    try:
+        for _ in range(600):
+            logs = await yard.plane.executions.logs(server.execution_id)
+            if "listening" in logs.data:
+                break
+            await asyncio.sleep(0.05)
+        view = await yard.plane.ports.open(FORWARDED, workspace_id=server.workspace_id)
+        assert _fetch(view.url + "live.txt") == "alive\n"
+        pids = _relay_pids(FORWARDED)
+        assert pids, "no relay found for the forward"
+        as_nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+        for pid in pids:
+            killed = subprocess.run(
+                [*as_nobody, "kill", "-9", str(pid)], capture_output=True, text=True
+            )
+            assert killed.returncode != 0, f"nobody killed relay {pid}"
+            assert "not permitted" in killed.stderr, killed.stderr
+        assert _fetch(view.url + "live.txt") == "alive\n"
+    finally:
+        await yard.plane.executions.cancel(server.execution_id, wait_s=30)
+
+
+def _fetch(url: str) -> str:
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    error: Exception | None = None
+    for _ in range(100):
+        try:
+            with opener.open(url, timeout=5) as answer:
+                return str(answer.read().decode())
+        except OSError as exc:
+            error = exc
+            time.sleep(0.05)
+    raise AssertionError(f"{url} did not answer: {error}")
