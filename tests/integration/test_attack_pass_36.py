@@ -366,3 +366,31 @@ def _fetch(url: str) -> str:
             error = exc
             time.sleep(0.05)
     raise AssertionError(f"{url} did not answer: {error}")
+
+
+# ---------------------------------------------------------------- held: /tmp (R2 memory)
+
+
+async def test_files_in_a_sandboxs_tmp_count_against_its_memory_limit(
+    yard_factory: Any,
+) -> None:
+    """R2: ``/tmp`` is a tmpfs per execution with the kernel's default size and inode count
+    (half the host's RAM, millions of inodes): millions of empty files there would take
+    the host's memory in inodes and dentries. Tried: 2,000,000 empty files under a 128 MiB
+    memory limit; held: the tmpfs's pages and its inodes' kernel memory are charged to the
+    execution's memory cgroup, so it is stopped with ``limit: "memory"`` long before."""
+    yard = await yard_factory(SandboxPolicy(memory_limit_bytes=128 * MIB))
+    limits = (await yard.runner.info()).limits
+    if limits is None or not limits.enforcement.startswith("cgroup"):
+        pytest.skip("no memory cgroup on this runner (rlimits only)")
+    command = (
+        'cd /tmp && python3 -c "\nimport os\nfor d in range(400):\n  os.mkdir(str(d))\n'
+        "  for i in range(5000): open(f'{d}/{i}', 'w').close()\nprint('all made')\n\""
+    )
+    started = await yard.run(command, background=True)
+    view = await yard.plane.executions.wait(started.execution_id, 300)
+    assert view.state.terminal, view
+    record = await yard.runner.status(started.execution_id)
+    assert record.limit == "memory", record
+    logs = await yard.plane.executions.logs(started.execution_id)
+    assert "all made" not in logs.data
