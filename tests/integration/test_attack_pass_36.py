@@ -10,13 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import io
 import os
 import shutil
 import subprocess
 import tarfile
-import tempfile
 import textwrap
 import time
 import urllib.request
@@ -25,9 +23,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tmpfs_fixture import mounted_tmpfs
+from tmpfs_fixture import mounted_tmpfs, yard_on
 
-from conftest import Yard, open_yard
+from conftest import Yard
 from shellyard.contract.environments import EnvironmentChangeBody, EnvironmentCreateRequest
 from shellyard.contract.executions import ExecutionState, RunShellRequest
 from shellyard.errors import ChangeFailed, LowOnSpace
@@ -39,44 +37,18 @@ MIB = 1 << 20
 INODES = 20_000
 
 
-@contextlib.contextmanager
-def inode_bound_tmpfs() -> Iterator[Path]:
-    """A tmpfs with plenty of bytes (512 MiB) and few inodes: only files can fill it."""
-    path = Path(tempfile.mkdtemp(prefix="shellyard-inodes-", dir="/tmp"))
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size=512m,nr_inodes={INODES},mode=0711", "tmpfs", path],
-        capture_output=True,
-        text=True,
-    )
-    if done.returncode != 0:
-        path.rmdir()
-        pytest.skip(f"cannot mount a tmpfs here (needs root / CAP_SYS_ADMIN): {done.stderr}")
-    try:
-        yield path
-    finally:
-        subprocess.run(["umount", "-l", str(path)], check=False)
-        with contextlib.suppress(OSError):
-            path.rmdir()
-
-
 @pytest.fixture
 def inode_volume() -> Iterator[Path]:
-    with inode_bound_tmpfs() as path:
+    """A tmpfs with plenty of bytes (512 MiB) and few inodes: only files can fill it."""
+    with mounted_tmpfs("512m", "shellyard-inodes-", f"nr_inodes={INODES}") as path:
         yield path
 
 
 @pytest.fixture(params=["local", "direct"])
 async def inode_yard(request: pytest.FixtureRequest, inode_volume: Path) -> AsyncIterator[Yard]:
-    home = inode_volume / "y"
-    home.mkdir(mode=0o711)
     policy = SandboxPolicy(free_space_reserve_bytes=64 * MIB)
-    plane, runner_id, daemon = await open_yard(home, request.param, policy)
-    try:
-        yield Yard(plane, runner_id, home, daemon)
-    finally:
-        await plane.aclose()
-        if daemon is not None:
-            await daemon.stop()
+    async with yard_on(inode_volume, request.param, policy) as yard:
+        yield yard
 
 
 async def _other_session_run(yard: Yard, command: str) -> Any:
@@ -203,17 +175,10 @@ def test_the_inode_reserve_is_off_where_the_byte_reserve_is_or_there_is_no_table
 async def small_yard(request: pytest.FixtureRequest) -> AsyncIterator[Yard]:
     """A 384 MiB tmpfs home with a 64 MiB reserve and no quota: only the reserve stands
     between a build and a full volume."""
+    policy = SandboxPolicy(free_space_reserve_bytes=64 * MIB, workspace_quota_bytes=0)
     with mounted_tmpfs("384m", "shellyard-build-fill-") as volume:
-        home = volume / "y"
-        home.mkdir(mode=0o711)
-        policy = SandboxPolicy(free_space_reserve_bytes=64 * MIB, workspace_quota_bytes=0)
-        plane, runner_id, daemon = await open_yard(home, request.param, policy)
-        try:
-            yield Yard(plane, runner_id, home, daemon)
-        finally:
-            await plane.aclose()
-            if daemon is not None:
-                await daemon.stop()
+        async with yard_on(volume, request.param, policy) as yard:
+            yield yard
 
 
 #: An in-tree build backend (the agent's code, run by uv in the tools' sandbox) that writes
