@@ -159,7 +159,7 @@ async def test_forwarded_port_reaches_the_server_until_closed(yard: Yard) -> Non
         # that loopback address only
         assert _listening_addresses(view.host_port) == [_proc_hex(view.host)]
         if os.geteuid() == 0:  # a root runner's relay keeps no privilege
-            assert set(_relay_uids(PORT)) == {65534}, _relay_uids(PORT)
+            assert set(_relay_uids(PORT)) == {61000}, _relay_uids(PORT)  # the sandbox uid
         again = await ports.open(PORT, workspace_id=workspace)  # the same forward
         assert again.host_port == view.host_port
         with pytest.raises(InvalidInput, match="already forwarded"):
@@ -309,7 +309,7 @@ async def test_shared_network_under_egress(yard_factory: Any, host_server: int) 
         view = await yard.plane.ports.open(PORT, workspace_id=server.workspace_id)
         assert _get(view.url + "live.txt") == "served-live\n"
         if os.geteuid() == 0:  # a root runner's egress relay keeps no privilege either
-            assert set(_relay_uids(None)) == {65534}, _relay_uids(None)
+            assert set(_relay_uids(None)) == {61000}, _relay_uids(None)  # the sandbox uid
     finally:
         await yard.plane.executions.cancel(server.execution_id, wait_s=30)
     # A fresh namespace (the last execution ended) gets a fresh relay.

@@ -26,12 +26,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 from shellyard import __version__, filemodes
-from shellyard.errors import (
-    InvalidInput,
-    NotFound,
-    OutOfRoom,
-    WorkspaceBusy,
-)
+from shellyard.errors import InvalidInput, NotFound, OutOfRoom, WorkspaceBusy
 from shellyard.runner.edits.editor import Editor
 from shellyard.runner.edits.tarscan import TarLimits
 from shellyard.runner.environments import bases
@@ -39,7 +34,7 @@ from shellyard.runner.environments.store import EnvironmentStore
 from shellyard.runner.limits import cgroups, retention
 from shellyard.runner.limits.reserve import require_room  # limits (R2, docs/limits.md)
 from shellyard.runner.limits.watcher import Guard as LimitsGuard  # limits (R2, docs/limits.md)
-from shellyard.runner.network import netns, ports
+from shellyard.runner.network import netns
 from shellyard.runner.network.egress_proxy import EgressProxy
 from shellyard.runner.network.egress_rules import EgressRules
 from shellyard.runner.network.netns import WorkspaceNetworks
@@ -220,21 +215,20 @@ class LocalRunner(TerminalDoor):  # E13: send_input, screen, resize
             box.networks = WorkspaceNetworks(self._sandbox_dir / "netns", egress)
             box.networks.startup()
             # ports for the host, and (as root) the egress relay of each namespace
-            self._relays = Relays(self._sandbox_dir / "relays", box.networks, egress)
+            self._relays = Relays(self._sandbox_dir / "relays", box.networks, egress, self._ids)
             self._relays.startup()
 
     def _grant_sandbox_uid(self) -> None:
         """Search (``--x``, an ACL entry of that uid alone) on the folders bwrap passes as the
         sandbox uid to bind what it binds: workspaces, read views, environment prefixes, the
-        egress socket. The relays of a root runner, ``nobody`` once set up, reach the socket
-        through its folder (ports.py). Not root: the sandbox runs as this user, who may."""
+        egress socket. The relays of a root runner, the sandbox uid once set up, reach the
+        socket through its folder (ports.py). Not root: the sandbox runs as this user."""
         if self._ids is None:
             return
         roots = (self._workspaces, self._homes, self._runs.views.directory)
         for directory in (*roots, self._environments.root):
             folder_access.make_reachable(directory, *self._ids)
         folder_access.grant_folder(self._sandbox_dir, *self._ids)
-        folder_access.grant_folder(self._sandbox_dir, ports.NOBODY)
 
     async def aclose(self) -> None:
         """Stop watching; the sandboxes themselves keep running (E11)."""
@@ -308,6 +302,7 @@ class LocalRunner(TerminalDoor):  # E13: send_input, screen, resize
     async def ensure_workspace(self, workspace_id: str) -> SnapshotInfo:
         tree = self.workspace_path(workspace_id)
         if not tree.exists():
+            require_room(self.root, self.policy, "a new workspace")  # not ENOSPC: inodes too
             tree.mkdir(mode=0o700)
             if self._uids is not None:
                 self._workspace_ids(workspace_id)

@@ -42,6 +42,9 @@ CODE_TTL_S = 120.0
 COOKIE_MAX_AGE_S = int(WEB_SESSION_TTL_S)
 #: Unused codes kept at most (oldest dropped): asking for codes cannot grow memory unbounded.
 MAX_PENDING_CODES = 1000
+#: Codes one token may have pending: a token's flood of codes drops its own oldest ones, not
+#: the codes others (the operator's ``shellyard ui``) are about to use.
+MAX_CODES_PER_TOKEN = 10
 
 
 class CodeRequest(BaseModel):
@@ -116,6 +119,9 @@ def login_router(plane: ControlPlane) -> APIRouter:
             await plane.sessions.session_row(request.session_id)
         now = time.time()
         drop_expired(now)
+        mine = [key for key, p in pending.items() if p.who.token_id == who.token_id]
+        for key in mine[: max(0, len(mine) + 1 - MAX_CODES_PER_TOKEN)]:
+            del pending[key]
         code = secrets.token_urlsafe(24)
         pending[hash_secret(code)] = _Pending(who, now + CODE_TTL_S)
         fragment = f"login={code}"

@@ -49,6 +49,8 @@ def check_conflicts(root: int, dest: str, members: list[tuple[str, str, int]]) -
 #: How often (bytes written) an unpack looks at the runner's free-space reserve: a 389 KB
 #: tar.gz can expand to fill a volume between two chunks of its upload.
 ROOM_CHECK_BYTES = 8 << 20
+#: The same in members: an archive of empty files fills the inode table, not the bytes.
+ROOM_CHECK_MEMBERS = 1000
 
 
 def unpack_to(
@@ -60,7 +62,8 @@ def unpack_to(
     room: Callable[[], None] | None = None,
 ) -> list[tuple[str, str, int]]:
     """``room`` raises (LowOnSpace) when the volume fell below its reserve: called every
-    ``ROOM_CHECK_BYTES`` written, so the expansion stops as it writes, not at ENOSPC."""
+    ``ROOM_CHECK_BYTES`` written and every ``ROOM_CHECK_MEMBERS`` members, so the expansion
+    stops as it writes, not at ENOSPC."""
     written = [0]
     members: list[tuple[str, str, int]] = []
     # tarfile reads only what the bounded scan let through (tarscan.py, CVE-2024-6232)
@@ -70,8 +73,10 @@ def unpack_to(
         workspace_paths.open_root(stage) as stage_fd,
         Folders(stage_fd, create=True) as folders,
     ):
-        for member in tar:
+        for count, member in enumerate(tar, 1):
             vars(tar)["members"].clear()  # read once as a stream: keep no list of them all
+            if room is not None and count % ROOM_CHECK_MEMBERS == 0:
+                room()  # empty members take inodes, not bytes (reserve.inode_reserve)
             name = normalize_relative(member.name)
             full = f"{dest}/{name}" if dest else name
             if not name:

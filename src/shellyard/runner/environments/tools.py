@@ -9,6 +9,11 @@ run as the sandbox uid"). Output goes to the change's log file, never through a 
 process, so a chatty tool costs no memory here; the caller gets the exit code and the log's
 last ~4 KiB. Every tool's pid is reported to ``on_spawn`` before it can change anything, so the
 change journal names what recovery must kill if this process dies.
+
+A tool runs the agent's code (a build backend), so it is held to the runner's free-space
+reserve as commands are (docs/limits.md): every ``ROOM_CHECK_S`` while it runs, a volume
+below the reserve (bytes or inodes) kills it, fails the change with the reserve's message and
+empties the environment's cache, where a build's files stay otherwise.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shutil
 import signal
 import stat
 import subprocess
@@ -23,8 +29,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from shellyard.errors import LowOnSpace
 from shellyard.runner import processes
 from shellyard.runner.environments.bases import BASE_OWNER
+from shellyard.runner.limits import reserve
 from shellyard.runner.policy import NetworkMode
 from shellyard.runner.sandbox import bwrap as sandbox
 from shellyard.runner.sandbox import launch
@@ -32,6 +40,8 @@ from shellyard.runner.sandbox.spawn import Sandboxes
 
 #: How much of a tool's output the manager sees (its whole output is in the log file).
 TAIL_BYTES = 4096
+#: How often a running tool's volume is held to the free-space reserve (a ``statvfs``).
+ROOM_CHECK_S = 0.1
 
 #: Variables of the runner's own environment a tool may need to reach an index through this
 #: host's network set-up (a proxy, a private CA) or that tune uv; nothing else leaks in.
@@ -153,6 +163,9 @@ class SandboxedTools:
     ) -> tuple[int, str]:
         if self.stopped:
             return -signal.SIGKILL, "the change was stopped before this tool could start"
+        short = self._below_reserve("starting a package tool")
+        if short is not None:
+            return 1, short
         # The sources the request named (checked as real paths): bound through descriptors,
         # so neither bwrap (which could not search a workspace of another uid anyway) nor
         # anything else follows a link swapped in since the check.
@@ -262,8 +275,19 @@ class SandboxedTools:
             self._live.discard(popen)
         return code, _tail(self._log_path, start)
 
+    def _below_reserve(self, what: str) -> str | None:
+        """The reserve's message when the volume of the prefix is below it, else None."""
+        try:
+            reserve.require_room(self._prefix.parent, self._sandboxes.policy, what)
+        except LowOnSpace as exc:
+            return exc.message
+        except OSError:
+            return None
+        return None
+
     async def _wait(self, popen: subprocess.Popen[bytes]) -> int:
-        """Wake on the pidfd when the tool ends; kill it after the change's time limit."""
+        """Wake on the pidfd when the tool ends; kill it after the change's time limit, or
+        when the volume falls below the free-space reserve (see the module's doc)."""
         deadline = time.monotonic() + self._timeout_s
         try:
             pidfd = os.pidfd_open(popen.pid)
@@ -272,17 +296,38 @@ class SandboxedTools:
         loop = asyncio.get_running_loop()
         ended = asyncio.Event()
         loop.add_reader(pidfd, ended.set)
+        why = f"killed after {self._timeout_s:.0f} s"
+        short = None
         try:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(ended.wait(), max(0.0, deadline - time.monotonic()))
+            while not ended.is_set() and (left := deadline - time.monotonic()) > 0:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(ended.wait(), min(left, ROOM_CHECK_S))
+                if not ended.is_set():
+                    short = self._below_reserve("going on with the package tool")
+                    if short is not None:
+                        why = f"killed: {short}"
+                        break
         finally:
             loop.remove_reader(pidfd)
             os.close(pidfd)
         if popen.poll() is None:
             with open(self._log_path, "ab") as log:
-                log.write(f"\nshellyard: killed after {self._timeout_s:.0f} s\n".encode())
+                log.write(f"\nshellyard: {why}\n".encode())
             popen.kill()
-        return await asyncio.to_thread(popen.wait)
+        code = await asyncio.to_thread(popen.wait)
+        if short is None:
+            # A writer faster than a check (a tmpfs takes GB/s) ends on ENOSPC first.
+            short = self._below_reserve("keeping what the package tool wrote")
+            if short is not None:
+                with open(self._log_path, "ab") as log:
+                    log.write(f"\nshellyard: {short}\n".encode())
+                code = code or 1
+        if short is not None:
+            # What the build left in the cache (an sdist's tree, its outputs) is what filled
+            # the volume: a cache may always be dropped, and no other tool of it starts.
+            self.stopped = True
+            await asyncio.to_thread(shutil.rmtree, self._cache, True)
+        return code
 
     def kill_all(self) -> None:
         """Stop every running tool (their sandboxes die with them) and refuse new ones."""

@@ -15,7 +15,9 @@ reserve, the running execution that wrote the most since it started (its logs pl
 workspace's growth, measured on the walk thread) is stopped with ``limit: "disk"`` when it
 wrote at least ``DISK_OFFENDER_MIN`` of it, one per look, until the volume is above the
 reserve again. The reserve is what keeps the snapshot commit, the records and the
-database writable after such a stop.
+database writable after such a stop. The same holds for the volume's free inodes: below
+their reserve (``reserve.inode_reserve``) the command that made the most files and folders
+since it started is stopped, when it made at least ``INODE_OFFENDER_MIN`` of them.
 
 A workspace over its quota: the sandbox is killed (its pid namespace's init, like the last
 step of a cancel) and ``limit.json`` written first into the execution's folder, so the
@@ -66,6 +68,9 @@ LIMIT_FILE = "limit.json"
 #: of the reserve, if smaller) since it started: a volume another writer filled does not
 #: end a command that wrote a few bytes.
 DISK_OFFENDER_MIN = 64 << 20
+#: The same for inodes: a command is stopped for the inode reserve only if it made at least
+#: this many entries (or a quarter of the reserve, if fewer).
+INODE_OFFENDER_MIN = 10_000
 STREAMS = ("stdout", "stderr")
 
 #: The workspace's head snapshot (its committed usage); called on the walk thread.
@@ -222,7 +227,16 @@ class Guard:
                     f"execution_logs; the command was not affected)"
                 )
         breach = _read_breach(directory)
-        if breach is not None and breach["limit"] == "disk":
+        if breach is not None and breach["limit"] == "disk" and breach["inodes"]:
+            ending.limit = "disk"
+            ending.notes.insert(
+                0,
+                f"stopped by the runner's free-inode reserve: the volume had {breach['free']} "
+                f"files (inodes) free, below its reserve of {breach['reserve']}, and this "
+                f"command had made {breach['reached']} files and folders, the most of those "
+                f"running. Delete files (or pack them into one archive) and run again",
+            )
+        elif breach is not None and breach["limit"] == "disk":
             ending.limit = "disk"
             ending.notes.insert(
                 0,
@@ -249,7 +263,7 @@ class Guard:
             if by_rlimit is not None:
                 ending.limit = by_rlimit[0]
                 ending.notes.insert(0, by_rlimit[1])
-            elif watched is not None and exit_code != 0:
+            elif watched is not None and (exit_code != 0 or snapshot is None):
                 self._ended_on_full_volume(watched, snapshot, ending)
         if usage is not None and usage.processes_hit:
             ending.notes.append(processes_note(self.policy))
@@ -262,6 +276,18 @@ class Guard:
         """A writer faster than a tick can meet ENOSPC before the watcher stops it: when it
         failed with the volume below its reserve and wrote enough, the record says so."""
         with contextlib.suppress(OSError):
+            free_inodes, total_inodes = reserve.inodes(self.root)
+            kept = reserve.inode_reserve(self.policy, total_inodes)
+            if snapshot is None and free_inodes < kept:
+                ending.limit = "disk"
+                ending.notes.insert(
+                    0,
+                    f"ended while the runner's volume was below its reserve of files "
+                    f"({free_inodes} inodes free, reserve {kept}), its files uncommitted: the "
+                    f"volume ran out of inodes. Delete files (a delete is allowed below the "
+                    f"reserve) and run again",
+                )
+                return
             free, total = reserve.volume(self.root)
             reserve_bytes = reserve.reserve_bytes(self.policy, total)
             if free >= reserve_bytes:
@@ -345,7 +371,11 @@ class Guard:
         if not self._disk_looking:
             free, total = reserve.volume(self.root)
             reserve_bytes = reserve.reserve_bytes(self.policy, total)
-            if free < reserve_bytes:
+            free_inodes, total_inodes = reserve.inodes(self.root)
+            kept_inodes = reserve.inode_reserve(self.policy, total_inodes)
+            if free_inodes < kept_inodes:
+                self._look_for_filler(free_inodes, kept_inodes, inodes=True)
+            elif free < reserve_bytes:
                 self._look_for_filler(free, reserve_bytes)
         quota_bytes = self.policy.workspace_quota_bytes
         if quota_bytes <= 0:
@@ -412,17 +442,19 @@ class Guard:
 
     # ------------------------------------------------------------------ the reserve
 
-    def _look_for_filler(self, free: int, reserve_bytes: int) -> None:
+    def _look_for_filler(self, free: int, reserve_bytes: int, inodes: bool = False) -> None:
         """Below the reserve: measure what each running command wrote (on the walk thread)
-        and stop the one that wrote the most (``_stop_filler``)."""
+        and stop the one that wrote the most (``_stop_filler``). ``inodes``: the reserve of
+        inodes, measured in entries made (``free`` and ``reserve_bytes`` count inodes)."""
         candidates = [w for w in self._watched.values() if not w.stopped]
         if not candidates:
             return
         if self._walker is None:
             self._walker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="quota-walk")
         self._disk_looking = True
-        future = asyncio.get_running_loop().run_in_executor(self._walker, self._written, candidates)
-        future.add_done_callback(lambda f: self._stop_filler(f, free, reserve_bytes))
+        measure = self._made if inodes else self._written
+        future = asyncio.get_running_loop().run_in_executor(self._walker, measure, candidates)
+        future.add_done_callback(lambda f: self._stop_filler(f, free, reserve_bytes, inodes))
 
     def _written(self, candidates: list[_Watched]) -> list[tuple[int, _Watched]]:
         found = []
@@ -441,8 +473,28 @@ class Guard:
             found.append((logs + tree, w))
         return found
 
+    def _made(self, candidates: list[_Watched]) -> list[tuple[int, _Watched]]:
+        """Entries each command's tree (and the workspace's home) holds beyond the files of
+        its committed head: an upper bound of the inodes it made (its folders count too)."""
+        found = []
+        for w in candidates:
+            entries = quota.tree_usage(w.tree)[1]
+            home = self.root / "homes" / w.workspace_id
+            if home.is_dir():
+                entries += quota.tree_usage(home)[1]
+            try:
+                committed = self._baseline_of(w.workspace_id).files
+            except Exception:
+                committed = 0
+            found.append((max(0, entries - committed), w))
+        return found
+
     def _stop_filler(
-        self, future: asyncio.Future[list[tuple[int, _Watched]]], free: int, reserve_bytes: int
+        self,
+        future: asyncio.Future[list[tuple[int, _Watched]]],
+        free: int,
+        reserve_bytes: int,
+        inodes: bool = False,
     ) -> None:
         self._disk_looking = False
         if future.cancelled():
@@ -456,17 +508,26 @@ class Guard:
         if not live:
             return
         written, w = max(live, key=lambda item: item[0])
-        if written < min(DISK_OFFENDER_MIN, reserve_bytes // 4):
+        least = INODE_OFFENDER_MIN if inodes else DISK_OFFENDER_MIN
+        unit = "files (inodes)" if inodes else "bytes"
+        if written < min(least, reserve_bytes // 4):
             log.warning(
-                "the runner's volume has %d bytes free, below its reserve of %d, and no "
-                "running command wrote much of it (the most: %d bytes by %s)",
+                "the runner's volume has %d %s free, below its reserve of %d, and no "
+                "running command made much of it (the most: %d by %s)",
                 free,
+                unit,
                 reserve_bytes,
                 written,
                 w.execution_id,
             )
             return
-        record = {"limit": "disk", "free": free, "reserve": reserve_bytes, "reached": written}
+        record: dict[str, object] = {
+            "limit": "disk",
+            "free": free,
+            "reserve": reserve_bytes,
+            "reached": written,
+            "inodes": int(inodes),
+        }
         self._stop(w, record)
 
     # ------------------------------------------------------------------ the quota
@@ -559,7 +620,7 @@ def _read_breach(directory: Path) -> dict[str, Any] | None:
         return None
     if not isinstance(data, dict) or data.get("limit") not in ("quota", "disk"):
         return None
-    keys = ("quota", "reached", "free", "reserve")
+    keys = ("quota", "reached", "free", "reserve", "inodes")
     return {"limit": data["limit"], **{key: int(data.get(key, 0)) for key in keys}}
 
 

@@ -51,17 +51,21 @@ FORWARD_BLOCK = "127.128.0.0/9"
 #: Forwards one workspace may hold at once (each is a process).
 MAX_PORTS = 16
 EGRESS = "egress"
-#: The user a root runner's forwarding relays drop to.
-NOBODY = 65534
 
 
 class Relays:
     """The relay processes of one runner's workspace networks, recorded under ``directory``."""
 
     def __init__(
-        self, directory: Path, networks: WorkspaceNetworks, egress_socket: Path | None
+        self,
+        directory: Path,
+        networks: WorkspaceNetworks,
+        egress_socket: Path | None,
+        run_as: tuple[int, int] | None = None,
     ) -> None:
+        """``run_as``: the uid and gid a root runner's relays drop to (``_unprivileged``)."""
         self.directory = directory
+        self.run_as = run_as
         self.networks = networks
         self.egress_socket = egress_socket
         self._lock = threading.Lock()
@@ -112,7 +116,7 @@ class Relays:
                     workspace_id,
                     _name(port),
                     listener,
-                    ["--tcp-port", str(port), *_unprivileged()],
+                    ["--tcp-port", str(port), *_unprivileged(self.run_as)],
                     inside=path,
                     extra={
                         "port": port,
@@ -191,7 +195,7 @@ class Relays:
                     workspace_id,
                     EGRESS,
                     listener,
-                    ["--unix", str(self.egress_socket), *_unprivileged()],
+                    ["--unix", str(self.egress_socket), *_unprivileged(self.run_as)],
                     inside=None,
                     extra={},
                 )
@@ -267,11 +271,17 @@ class Relays:
         return sorted(p.name for p in self.directory.iterdir() if p.is_dir())
 
 
-def _unprivileged() -> list[str]:
-    """As root, a relay runs as ``nobody`` once its sockets are set up: it only copies bytes
-    (a forward's to 127.0.0.1 of the network it entered, the egress relay's to the proxy's
-    socket, open to every user, reached through its folder opened before the drop)."""
-    return ["--run-as", f"{NOBODY}:{NOBODY}"] if os.geteuid() == 0 else []
+def _unprivileged(run_as: tuple[int, int] | None) -> list[str]:
+    """As root, a relay runs as the shared sandbox uid once its sockets are set up: it only
+    copies bytes (a forward's to 127.0.0.1 of the network it entered, the egress relay's to
+    the proxy's socket, reached through its folder opened before the drop, which the sandbox
+    group may pass). Not ``nobody``: a host's daemons run as nobody, and a process of the
+    same uid may signal the relay (a local user's kill -9 closed every forward and cut every
+    egress sandbox off); no account and no process outside a sandbox's own pid namespace
+    has the sandbox uid."""
+    if os.geteuid() != 0 or run_as is None:
+        return []
+    return ["--run-as", f"{run_as[0]}:{run_as[1]}"]
 
 
 def _name(port: int) -> str:

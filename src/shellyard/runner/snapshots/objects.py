@@ -67,6 +67,10 @@ class StoreLock:
 
     def __init__(self, store_root: Path) -> None:
         self.path = store_root / "gc.lock"
+        # Made now, not at the first commit: a volume whose inodes a command took before that
+        # commit could otherwise make no lock, and no delete could free them (a delete holds it).
+        with contextlib.suppress(OSError):
+            os.close(os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600))
 
     @contextlib.contextmanager
     def hold(self, exclusive: bool = False) -> Iterator[None]:
