@@ -312,14 +312,14 @@ REGISTRY_PORT = 443
 
 
 def parse_registry(text: str) -> tuple[str, int]:
-    """A package registry entry (``pypi.org``, ``mirror.example.org:8443``): one host name,
-    its port 443 unless given; ValueError saying what a valid one looks like."""
+    """A package registry entry (``pypi.org``, ``mirror.example.org:8443``, an address): one
+    host, its port 443 unless given; ValueError saying what a valid one looks like."""
     host, port = split_host_port(text.strip(), "package registry")
     host = normal_host(host)
-    if _is_address(host) or not _HOST_NAME.fullmatch(host):
+    if not host or not (_is_address(host) or _HOST_NAME.fullmatch(host)):
         raise ValueError(
-            f"package registry {text!r} must be one host name with an optional port, no "
-            f"address, wildcard or path, e.g. pypi.org or mirror.example.org:8443"
+            f"package registry {text!r} must be one host (a name or an address) with an "
+            f"optional port, no wildcard or path, e.g. pypi.org or mirror.example.org:8443"
         )
     return host, REGISTRY_PORT if port is None else port
 

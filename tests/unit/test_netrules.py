@@ -137,7 +137,8 @@ def test_a_listed_registry_may_sit_in_a_documentation_block_and_nothing_else_may
     assert not rules.is_registry("mirror.example.org", 443)
     assert not rules.is_registry("evil.example", 8443)
     assert netrules.parse_registry("pypi.org") == ("pypi.org", 443)
-    for bad in ("", "*.example.org", "10.0.0.1", "pypi.org/simple", "pypi.org:0", "a b"):
+    assert netrules.parse_registry("[2001:DB8::5]:8443") == ("2001:db8::5", 8443)
+    for bad in ("", "*.example.org", "pypi.org/simple", "pypi.org:0", "a b"):
         with pytest.raises(ValueError, match="package registry"):
             netrules.parse_registry(bad)
     hint = netrules.registry_hint([f"203.0.113.80: {special_reason(doc)}"])
