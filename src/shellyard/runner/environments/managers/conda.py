@@ -170,7 +170,7 @@ def copy_channels(ctx: ManagerContext, folders: dict[Path, str], store: Path) ->
         for subdir in ("noarch", platform_subdir()):
             try:
                 wheels.stash_folder(
-                    folder / subdir, store, copy / subdir, ctx.read_as, CHANNEL_SUFFIXES, False
+                    folder / subdir, store, copy / subdir, ctx.read_as, CHANNEL_SUFFIXES
                 )
             except ManagerError as exc:
                 if exc.kind != "not_found":

@@ -113,20 +113,16 @@ def stash_folder(
     into: Path,
     front: Sequence[str] = (),
     suffixes: Sequence[str] = PACKAGE_SUFFIXES,
-    keep: bool = True,
 ) -> dict[str, str]:
     """Every package file directly in ``folder`` (names ending in ``suffixes``), stashed
     into ``into``; returns {file name: sha256}. A symbolic link among them is refused, not
-    followed. ``keep=False``: ``store`` is a temporary folder the caller removes, so each
-    file is moved from it into ``into`` instead of being kept there and copied."""
+    followed."""
     into.mkdir(mode=0o755, parents=True, exist_ok=True)  # uv reads it even when empty
-    files = _read(["folder", str(folder), ",".join(suffixes)], store, into, front, keep)
+    files = _read(["folder", str(folder), ",".join(suffixes)], store, into, front)
     return {f.name: f.sha256 for f in files}
 
 
-def _read(
-    args: list[str], store: Path, into: Path, front: Sequence[str], keep: bool = True
-) -> list[Stashed]:
+def _read(args: list[str], store: Path, into: Path, front: Sequence[str]) -> list[Stashed]:
     store.mkdir(mode=0o700, parents=True, exist_ok=True)
     store.chmod(0o700)
     into.mkdir(mode=0o755, parents=True, exist_ok=True)
@@ -150,8 +146,7 @@ def _read(
             if header.get("end"):
                 break
             name = os.path.basename(str(header["name"]))
-            size = int(header["size"])
-            out.append(_store_one(reader.stdout, name, size, store, into, keep))
+            out.append(_store_one(reader.stdout, name, int(header["size"]), store, into))
     finally:
         reader.stdout.close()
         stderr = reader.stderr.read().decode("utf-8", "replace")[-500:]
@@ -178,9 +173,7 @@ def _interpreter(dropped: bool) -> str:
     return sys.executable
 
 
-def _store_one(
-    pipe: IO[bytes], name: str, size: int, store: Path, into: Path, keep: bool = True
-) -> Stashed:
+def _store_one(pipe: IO[bytes], name: str, size: int, store: Path, into: Path) -> Stashed:
     digest = hashlib.sha256()
     temp = store / f".tmp-{os.getpid()}-{name}"
     left = size
@@ -194,20 +187,13 @@ def _store_one(
             writer.write(chunk)
             left -= len(chunk)
     sha = digest.hexdigest()
-    target = into / name
-    if not keep:
-        # the bytes were written once, by this process, into a file no tool has seen: that
-        # file itself becomes the tools' read-only copy (the second write was half the cost
-        # of a local conda channel, docs/benchmarks.md §8)
-        os.chmod(temp, 0o444)
-        os.replace(temp, target)
-        return Stashed(name, sha, target)
     stored = store / sha
     if stored.exists():
         temp.unlink()
     else:
         os.chmod(temp, 0o400)
         os.replace(temp, stored)
+    target = into / name
     # a copy the tool may read (the store stays root's alone), made read-only for it
     temp_copy = into / f".{name}.tmp"
     shutil.copyfile(stored, temp_copy)
