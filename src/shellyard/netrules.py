@@ -26,6 +26,7 @@ import re
 import socket
 import subprocess
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -299,32 +300,44 @@ class Resolved:
     refused: tuple[str, ...]
 
 
-#: The package registries the runner's tools use by default (PyPI, conda, CRAN,
-#: Bioconductor). Some networks serve them from an address of a documentation or benchmarking
-#: block (this project's own machines map pypi.org to 203.0.113.80): for these names, and on
-#: port 443 only, those two kinds of block are let through. Loopback, private, link-local,
-#: the host's own addresses and links and every other special block stay refused for them too
+#: The kinds of special block a package registry (``SHELLYARD_PACKAGE_REGISTRIES``) may be
+#: served from: some networks put a registry behind an address of a documentation or
+#: benchmarking block (this project's own machines map pypi.org to 203.0.113.80). Loopback,
+#: private, link-local, the host's own addresses and links and every other special block stay
+#: refused for a registry too; a private mirror is an exact egress exception instead
 #: (docs/security.md "Network, per mode").
-REGISTRY_HOSTS = frozenset(
-    {
-        "pypi.org",
-        "files.pythonhosted.org",
-        "conda.anaconda.org",
-        "repo.anaconda.com",
-        "cloud.r-project.org",
-        "cran.r-project.org",
-        "bioconductor.org",
-    }
-)
 _REGISTRY_TOLERATED = ("(documentation", "(benchmarking)")
+#: A registry entry without a port means HTTPS.
+REGISTRY_PORT = 443
 
 
-def registry_tolerates(host: str, port: int, address: IPAddress) -> bool:
-    """Whether ``address`` of a default package registry may be dialled although special."""
-    if port != 443 or normal_host(host) not in REGISTRY_HOSTS:
-        return False
+def parse_registry(text: str) -> tuple[str, int]:
+    """A package registry entry (``pypi.org``, ``mirror.example.org:8443``, an address): one
+    host, its port 443 unless given; ValueError saying what a valid one looks like."""
+    host, port = split_host_port(text.strip(), "package registry")
+    host = normal_host(host)
+    if not host or not (_is_address(host) or _HOST_NAME.fullmatch(host)):
+        raise ValueError(
+            f"package registry {text!r} must be one host (a name or an address) with an "
+            f"optional port, no wildcard or path, e.g. pypi.org or mirror.example.org:8443"
+        )
+    return host, REGISTRY_PORT if port is None else port
+
+
+def registry_tolerates(address: IPAddress) -> bool:
+    """Whether ``address`` of a listed package registry may be dialled although special."""
     reason = special_reason(address) or ""
     return any(kind in reason for kind in _REGISTRY_TOLERATED)
+
+
+def registry_hint(refused: Sequence[str]) -> str:
+    """What to tell about a destination refused for sitting in a block a registry may use."""
+    if not any(kind in reason for reason in refused for kind in _REGISTRY_TOLERATED):
+        return ""
+    return (
+        "; if this host is a package registry served from there, name it (host or host:port) "
+        "in the runner's SHELLYARD_PACKAGE_REGISTRIES"
+    )
 
 
 async def resolve_checked(
@@ -333,12 +346,12 @@ async def resolve_checked(
     own: frozenset[IPAddress] | Own,
     *,
     exception: bool = False,
-    registries: bool = False,
+    registry: bool = False,
 ) -> Resolved:
     """Resolve ``host`` once and sort its addresses into those that may be dialled and those
-    refused (``exception``: an operator's exact host:port, every address may; ``registries``:
-    a default package registry may sit in a documentation or benchmarking block,
-    ``registry_tolerates``). OSError when the name does not resolve."""
+    refused (``exception``: an operator's exact host:port, every address may; ``registry``:
+    a listed package registry's host:port, which may sit in a documentation or benchmarking
+    block, ``registry_tolerates``). OSError when the name does not resolve."""
     loop = asyncio.get_running_loop()
     try:
         infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
@@ -351,8 +364,8 @@ async def resolve_checked(
             continue  # not an IP address (AF_INET and AF_INET6 only are asked for by SOCK_STREAM)
         address = ipaddress.ip_address(sockaddr[0])
         reason = None if exception else blocked_reason(address, own)
-        if reason is not None and registries and address not in own:
-            reason = None if registry_tolerates(host, port, address) else reason
+        if reason is not None and registry and address not in own:
+            reason = None if registry_tolerates(address) else reason
         if reason is None:
             allowed.append((socket.AddressFamily(family), sockaddr))
         else:
@@ -362,7 +375,7 @@ async def resolve_checked(
 
 __all__ = [
     "GLOBAL_UNICAST_V6",
-    "REGISTRY_HOSTS",
+    "REGISTRY_PORT",
     "SPECIAL_V4",
     "SPECIAL_V6",
     "IPAddress",
@@ -374,6 +387,8 @@ __all__ = [
     "own_addresses",
     "own_links",
     "parse_exception",
+    "parse_registry",
+    "registry_hint",
     "registry_tolerates",
     "resolve_checked",
     "special_reason",

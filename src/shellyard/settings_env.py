@@ -166,6 +166,10 @@ VARIABLES: dict[str, Variable] = {
         Variable("SHELLYARD_PACKAGES_OFFLINE", ", ".join(_BOOLEAN), "0",
                  "Local package sources only (`--packages-offline`).", "runner",
                  _one_of(*_BOOLEAN)),
+        Variable("SHELLYARD_PACKAGE_REGISTRIES", "host or host:port names, comma-separated "
+                 "(none: no registry)", "the hosts the allowed sources name",
+                 "Package registries the egress proxy may dial in a documentation or "
+                 "benchmarking address block (docs/security.md).", "runner"),
         Variable("SHELLYARD_BASES", "a folder",
                  "/var/lib/shellyard/bases (root), ~/.cache/shellyard/bases",
                  "Where base environments are built, shared by every home of the host.",

@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_env_tool_rights import _agent, _create, _import, _install, _put, _sdist, _sh
+from env_fixtures import backend_sdist
+from test_env_tool_rights import _agent, _create, _import, _install, _put, _sh
 
 from conftest import Yard
 from shellyard.errors import ChangeFailed
@@ -87,7 +88,9 @@ async def test_a_local_index_swapped_for_a_link_after_the_check_binds_nothing_ou
     """
     await _put(yard, agent, {"proj/placeholder": b""}, {})
     # the project, unpacked (a directory requirement is built where it is)
-    await _put(yard, agent, {"sdist.tar.gz": _sdist("sy-swap", "1.0", body), "idx/x": b""}, {})
+    await _put(
+        yard, agent, {"sdist.tar.gz": backend_sdist("sy-swap", "1.0", body), "idx/x": b""}, {}
+    )
     await _sh(yard, agent, "tar -xzf sdist.tar.gz -C proj --strip-components=1")
     workspace = Path((await _sh(yard, agent, "pwd")).strip())
     assert workspace == Path("/workspace")

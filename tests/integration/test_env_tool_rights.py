@@ -10,17 +10,14 @@ name them as ``/workspace/…`` sources.
 from __future__ import annotations
 
 import base64
-import io
 import json
 import os
-import tarfile
-import textwrap
 from pathlib import Path
 from typing import Any
 
 import pytest
 from conda_channel import CondaPackage, PackageFile, build_test_channel_sync
-from env_fixtures import make_wheel
+from env_fixtures import backend_sdist, make_wheel
 
 from conftest import Yard
 from shellyard.contract.environments import EnvironmentChangeBody, EnvironmentCreateRequest
@@ -90,55 +87,6 @@ async def _install(yard: Yard, agent: str, environment_id: str, **body: Any) -> 
     return change
 
 
-def _sdist(name: str, version: str, backend_body: str) -> bytes:
-    """An sdist with an in-tree backend: ``backend_body`` runs in ``build_wheel`` and sets
-    ``RESULT`` (any JSON value), which the built wheel's module ``<name>`` exposes."""
-    dist = name.replace("-", "_")
-    head = "import base64, hashlib, json, os, zipfile\n\ndef _run():\n"
-    run = textwrap.indent(textwrap.dedent(backend_body), "    ") + "    return RESULT\n"
-    tail = textwrap.dedent(
-        f"""
-        def get_requires_for_build_wheel(config_settings=None):
-            return []
-
-        def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
-            result = _run()
-            info = "{dist}-{version}.dist-info"
-            meta = "Metadata-Version: 2.1\\nName: {name}\\nVersion: {version}\\n"
-            wheel_text = "Wheel-Version: 1.0\\nRoot-Is-Purelib: true\\nTag: py3-none-any\\n"
-            files = {{
-                "{dist}.py": ("RESULT = " + repr(json.dumps(result)) + "\\n").encode(),
-                info + "/METADATA": meta.encode(),
-                info + "/WHEEL": wheel_text.encode(),
-            }}
-            def h(b):
-                d = base64.urlsafe_b64encode(hashlib.sha256(b).digest()).rstrip(b"=")
-                return "sha256=" + d.decode()
-            record = "".join(f"{{p}},{{h(b)}},{{len(b)}}\\n" for p, b in files.items())
-            record += info + "/RECORD,,\\n"
-            wheel = "{dist}-{version}-py3-none-any.whl"
-            with zipfile.ZipFile(os.path.join(wheel_directory, wheel), "w") as z:
-                for p, b in files.items():
-                    z.writestr(p, b)
-                z.writestr(info + "/RECORD", record)
-            return wheel
-        """
-    )
-    backend = head + run + tail
-    pyproject = '[build-system]\nrequires = []\nbuild-backend = "backend"\nbackend-path = ["."]\n'
-    pkg_info = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
-    out = io.BytesIO()
-    top = f"{dist}-{version}"
-    with tarfile.open(fileobj=out, mode="w:gz") as archive:
-        for path, text in (("pyproject.toml", pyproject), ("backend.py", backend),
-                           ("PKG-INFO", pkg_info)):  # fmt: skip
-            data = text.encode()
-            member = tarfile.TarInfo(f"{top}/{path}")
-            member.size, member.mode = len(data), 0o644
-            archive.addfile(member, io.BytesIO(data))
-    return out.getvalue()
-
-
 async def _import(yard: Yard, agent: str, environment_id: str, module: str) -> Any:
     result = await yard.plane.executions.run_shell(
         RunShellRequest(
@@ -177,7 +125,9 @@ async def test_a_build_reads_no_root_only_file_and_does_not_run_as_root(
         except OSError as exc:
             RESULT["read"][path] = "error: " + type(exc).__name__
     """
-    await _put(yard, agent, {"dist/sy_probe-1.0.tar.gz": _sdist("sy-probe", "1.0", body)}, {})
+    await _put(
+        yard, agent, {"dist/sy_probe-1.0.tar.gz": backend_sdist("sy-probe", "1.0", body)}, {}
+    )
     change = await _install(
         yard, agent, environment_id, manager="pip", specs=["sy-probe"], index_url="none",
         find_links=["/workspace/dist"],
@@ -287,7 +237,9 @@ async def test_a_poisoned_build_in_session_b_never_reaches_session_a(yard: Yard)
                         pass
     RESULT = hits
     """
-    await _put(yard, bob, {"dist/sy_poison-1.0.tar.gz": _sdist("sy-poison", "1.0", body)}, {})
+    await _put(
+        yard, bob, {"dist/sy_poison-1.0.tar.gz": backend_sdist("sy-poison", "1.0", body)}, {}
+    )
     evil = await _create(yard, bob, "b1")
     done = await _install(
         yard, bob, evil, manager="pip", specs=["sy-poison"], index_url="none",

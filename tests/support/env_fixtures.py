@@ -187,3 +187,52 @@ def make_slow_sdist(
             member.mode = 0o644
             archive.addfile(member, io.BytesIO(data))
     return sdist
+
+
+def backend_sdist(name: str, version: str, backend_body: str) -> bytes:
+    """An sdist with an in-tree backend: ``backend_body`` runs in ``build_wheel`` and sets
+    ``RESULT`` (any JSON value), which the built wheel's module ``<name>`` exposes."""
+    dist = name.replace("-", "_")
+    head = "import base64, hashlib, json, os, zipfile\n\ndef _run():\n"
+    run = textwrap.indent(textwrap.dedent(backend_body), "    ") + "    return RESULT\n"
+    tail = textwrap.dedent(
+        f"""
+        def get_requires_for_build_wheel(config_settings=None):
+            return []
+
+        def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
+            result = _run()
+            info = "{dist}-{version}.dist-info"
+            meta = "Metadata-Version: 2.1\\nName: {name}\\nVersion: {version}\\n"
+            wheel_text = "Wheel-Version: 1.0\\nRoot-Is-Purelib: true\\nTag: py3-none-any\\n"
+            files = {{
+                "{dist}.py": ("RESULT = " + repr(json.dumps(result)) + "\\n").encode(),
+                info + "/METADATA": meta.encode(),
+                info + "/WHEEL": wheel_text.encode(),
+            }}
+            def h(b):
+                d = base64.urlsafe_b64encode(hashlib.sha256(b).digest()).rstrip(b"=")
+                return "sha256=" + d.decode()
+            record = "".join(f"{{p}},{{h(b)}},{{len(b)}}\\n" for p, b in files.items())
+            record += info + "/RECORD,,\\n"
+            wheel = "{dist}-{version}-py3-none-any.whl"
+            with zipfile.ZipFile(os.path.join(wheel_directory, wheel), "w") as z:
+                for p, b in files.items():
+                    z.writestr(p, b)
+                z.writestr(info + "/RECORD", record)
+            return wheel
+        """
+    )
+    backend = head + run + tail
+    pyproject = '[build-system]\nrequires = []\nbuild-backend = "backend"\nbackend-path = ["."]\n'
+    pkg_info = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
+    out = io.BytesIO()
+    top = f"{dist}-{version}"
+    with tarfile.open(fileobj=out, mode="w:gz") as archive:
+        for path, text in (("pyproject.toml", pyproject), ("backend.py", backend),
+                           ("PKG-INFO", pkg_info)):  # fmt: skip
+            data = text.encode()
+            member = tarfile.TarInfo(f"{top}/{path}")
+            member.size, member.mode = len(data), 0o644
+            archive.addfile(member, io.BytesIO(data))
+    return out.getvalue()

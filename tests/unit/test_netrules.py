@@ -22,6 +22,7 @@ from shellyard.netrules import (
     parse_exception,
     special_reason,
 )
+from shellyard.runner.network.egress_rules import EgressRules
 
 #: Each of these was reachable before (the proxy dialled 192.0.2.1 and 198.18.0.1, and took
 #: the IPv4-compatible and NAT64 spellings of 127.0.0.1 for public addresses).
@@ -120,16 +121,26 @@ def test_exceptions_compare_canonical_hosts() -> None:
         parse_exception("127.0.0.1", "webhook exception")
 
 
-def test_a_default_registry_may_sit_in_a_documentation_block_and_nothing_else_may() -> None:
-    """This project's machines serve pypi.org from 203.0.113.80 (TEST-NET-3): the default
-    package registries, on port 443 only, may be dialled in a documentation or benchmarking
-    block; any other name there, any other port, and loopback, private or link-local
-    addresses stay refused for them too (docs/security.md)."""
+def test_a_listed_registry_may_sit_in_a_documentation_block_and_nothing_else_may() -> None:
+    """This project's machines serve pypi.org from 203.0.113.80 (TEST-NET-3): a package
+    registry of the operator's list (SHELLYARD_PACKAGE_REGISTRIES, default the configured
+    sources' hosts) may be dialled in a documentation or benchmarking block, on its port
+    only; any other name or port there, and loopback, private or link-local addresses stay
+    refused for registries too (docs/security.md)."""
     doc = ipaddress.ip_address("203.0.113.80")
-    assert netrules.registry_tolerates("pypi.org", 443, doc)
-    assert netrules.registry_tolerates("Files.PythonHosted.org.", 443, doc)
-    assert netrules.registry_tolerates("pypi.org", 443, ipaddress.ip_address("198.18.0.7"))
-    assert not netrules.registry_tolerates("pypi.org", 80, doc)
-    assert not netrules.registry_tolerates("evil.example", 443, doc)
+    assert netrules.registry_tolerates(doc)
+    assert netrules.registry_tolerates(ipaddress.ip_address("198.18.0.7"))
     for address in ("127.0.0.1", "10.0.0.1", "169.254.169.254", "::1", "100.64.0.1"):
-        assert not netrules.registry_tolerates("pypi.org", 443, ipaddress.ip_address(address))
+        assert not netrules.registry_tolerates(ipaddress.ip_address(address))
+    rules = EgressRules.build([], [], [netrules.parse_registry("Mirror.Example.org:8443")])
+    assert rules.is_registry("mirror.example.org.", 8443)
+    assert not rules.is_registry("mirror.example.org", 443)
+    assert not rules.is_registry("evil.example", 8443)
+    assert netrules.parse_registry("pypi.org") == ("pypi.org", 443)
+    assert netrules.parse_registry("[2001:DB8::5]:8443") == ("2001:db8::5", 8443)
+    for bad in ("", "*.example.org", "pypi.org/simple", "pypi.org:0", "a b"):
+        with pytest.raises(ValueError, match="package registry"):
+            netrules.parse_registry(bad)
+    hint = netrules.registry_hint([f"203.0.113.80: {special_reason(doc)}"])
+    assert "SHELLYARD_PACKAGE_REGISTRIES" in hint
+    assert netrules.registry_hint(["127.0.0.1: loopback"]) == ""

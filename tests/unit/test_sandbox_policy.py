@@ -123,3 +123,40 @@ def test_settings_read_the_sandbox_variables(monkeypatch: pytest.MonkeyPatch) ->
 def test_the_seccomp_program_is_built() -> None:
     program = build_filter()
     assert program and len(program) % 8 == 0  # whole struct sock_filter instructions
+
+
+def test_package_registries_default_to_the_configured_sources(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """R2: without SHELLYARD_PACKAGE_REGISTRIES the registries are the hosts the managers'
+    default sources name (PyPI and its file host, conda's channel alias, CRAN,
+    Bioconductor) on 443; with an allow-list of sources, only what it names; the setting
+    replaces the default, ``none`` empties it, a bad entry is a clear error."""
+    from shellyard.runner.policy import policy_from_env
+
+    monkeypatch.delenv("SHELLYARD_PACKAGE_REGISTRIES", raising=False)
+    monkeypatch.delenv("SHELLYARD_ALLOWED_SOURCES", raising=False)
+    default = dict(SandboxPolicy().registries())
+    assert default == {
+        "pypi.org": 443,
+        "files.pythonhosted.org": 443,
+        "cloud.r-project.org": 443,
+        "bioconductor.org": 443,
+        "conda.anaconda.org": 443,
+    }
+    only = SandboxPolicy(
+        allowed_sources=["https://mirror.example.org:8443/simple", "conda-forge", "/srv/wheels"]
+    )
+    assert only.registries() == [("mirror.example.org", 8443), ("conda.anaconda.org", 443)]
+    monkeypatch.setenv("SHELLYARD_PACKAGE_REGISTRIES", "Pypi.org, mirror.example.org:8443")
+    policy = policy_from_env(SandboxPolicy())
+    assert policy.registries() == [("pypi.org", 443), ("mirror.example.org", 8443)]
+    rules = policy.egress_rules()
+    assert rules.is_registry("pypi.org", 443) and not rules.is_registry("pypi.org", 80)
+    assert not rules.is_registry("files.pythonhosted.org", 443)
+    assert policy.egress_digest() != SandboxPolicy().egress_digest()  # records name the list
+    monkeypatch.setenv("SHELLYARD_PACKAGE_REGISTRIES", "none")
+    assert policy_from_env(SandboxPolicy()).registries() == []
+    monkeypatch.setenv("SHELLYARD_PACKAGE_REGISTRIES", "https://pypi.org/simple")
+    with pytest.raises(InvalidInput, match="SHELLYARD_PACKAGE_REGISTRIES: package registry"):
+        policy_from_env(SandboxPolicy())

@@ -360,11 +360,20 @@ def env_prepare(
         typer.Option("--upgrade", help="Build a new revision even when one is prepared."),
     ] = False,
     name: Annotated[str, typer.Option("--name", help="The base to build.")] = "python-base",
+    find_links: Annotated[
+        list[Path] | None,
+        typer.Option("--find-links", help="A local folder of wheels or sdists (repeat)."),
+    ] = None,
+    with_packages: Annotated[
+        list[str] | None,
+        typer.Option("--with", help="python-base: one more package for the base (repeat)."),
+    ] = None,
     as_json: JsonOption = False,
 ) -> None:
     """Build the runner host's base environment (docs/environments.md) once: a read-only python-base
     (numpy, pandas, scipy, matplotlib) shared by every home here, the default of commands
-    without --env. Run it on the runner's host; quick when already built."""
+    without --env. Run it on the runner's host; quick when already built. The package tools
+    run sandboxed, as the sandbox uid (docs/security.md, "Operator builds")."""
     import asyncio
 
     from shellyard.runner.environments.bases import prepare
@@ -375,7 +384,15 @@ def env_prepare(
             sys.stderr.flush()
 
     try:
-        base, built = asyncio.run(prepare(name, upgrade=upgrade, progress=progress))
+        base, built = asyncio.run(
+            prepare(
+                name,
+                upgrade=upgrade,
+                progress=progress,
+                find_links=[folder.absolute() for folder in find_links or []],
+                extra=with_packages or [],
+            )
+        )
     except ShellyardError as exc:
         fail(exc)
     record = {

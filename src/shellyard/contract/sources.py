@@ -115,6 +115,36 @@ def check_channel(value: str, what: str = "conda channel") -> str:
     return check_url(text, what, allow_http=True)
 
 
+#: Hosts an index serves its files from, besides its own (PyPI's simple pages link there).
+FILE_HOSTS = {"pypi.org": ("files.pythonhosted.org",)}
+
+
+def registry_hosts(allowed: list[str] | None) -> list[str]:
+    """The package registries the configured sources name, as ``host`` or ``host:port``
+    entries of ``SHELLYARD_PACKAGE_REGISTRIES`` (its default): with no allow-list the
+    managers' defaults (PyPI, conda's channel alias, CRAN, Bioconductor), otherwise the hosts
+    of the allowed https:// sources, aliases and conda channel names; local folders name none."""
+    urls: list[str] = []
+    for entry in allowed if allowed is not None else [*ALIASES, "conda-forge"]:
+        text = entry.strip()
+        if text.lower() in ALIASES:
+            urls.append(ALIASES[text.lower()])
+        elif is_channel_name(text):
+            urls.append(CONDA_CHANNEL_ALIAS)
+        elif not is_local(text):
+            urls.append(text)
+    hosts: list[str] = []
+    for url in urls:
+        parts = urlsplit(url)
+        if not parts.hostname:
+            continue
+        port = parts.port or (80 if parts.scheme.lower() == "http" else None)
+        host = parts.hostname.lower()
+        hosts.append(host if port is None else f"{host}:{port}")
+        hosts.extend(FILE_HOSTS.get(host, ()) if port is None else ())
+    return list(dict.fromkeys(hosts))
+
+
 def check_spec(manager: str, spec: str) -> None:
     """Refuse what does not belong in a package spec: options (``--index-url x``, ``-r
     file``), and for conda a URL or a channel where the package name belongs (that would

@@ -36,7 +36,6 @@ from shellyard.runner.limits.reserve import require_room  # limits (R2, docs/lim
 from shellyard.runner.limits.watcher import Guard as LimitsGuard  # limits (R2, docs/limits.md)
 from shellyard.runner.network import netns
 from shellyard.runner.network.egress_proxy import EgressProxy
-from shellyard.runner.network.egress_rules import EgressRules
 from shellyard.runner.network.netns import WorkspaceNetworks
 from shellyard.runner.network.ports import Relays
 from shellyard.runner.protocol import (
@@ -205,8 +204,7 @@ class LocalRunner(TerminalDoor):  # E13: send_input, screen, resize
         if "egress" in (self.policy.network, self.policy.tools_network):
             box.socat = sandbox.find_socat()
             path = self._sandbox_dir / "egress.sock"
-            rules = EgressRules.build(self.policy.egress_allow, self.policy.egress_exceptions)
-            self._proxy = EgressProxy(path, rules)
+            self._proxy = EgressProxy(path, self.policy.egress_rules())
             await self._proxy.start()
             box.egress_socket = path
         # R2: one network per workspace (a probe of user namespaces when not root)

@@ -16,7 +16,8 @@ from pydantic import BaseModel, Field, field_validator, model_validator
 
 from shellyard import settings_env
 from shellyard.errors import InvalidInput
-from shellyard.runner.network.egress_rules import parse_exception, parse_pattern
+from shellyard.netrules import parse_registry
+from shellyard.runner.network.egress_rules import EgressRules, parse_exception, parse_pattern
 
 #: ``off``: own network namespace, loopback only. ``egress``: outbound TCP through the runner's
 #: filtering proxy only. ``host``: the host's network, shared (explicit choice only).
@@ -98,6 +99,11 @@ class SandboxPolicy(BaseModel):
     allowed_sources: list[str] | None = None
     #: Local package sources only (pip ``--no-index``, no CRAN or Bioconductor).
     packages_offline: bool = False
+    #: The package registries (``host`` or ``host:port``, port 443 unless given) the proxy may
+    #: dial although their address is in a documentation or benchmarking block
+    #: (``netrules.registry_tolerates``). None: the hosts the configured sources name
+    #: (``contract.sources.registry_hosts``); every other destination gets the full check.
+    package_registries: list[str] | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -122,6 +128,13 @@ class SandboxPolicy(BaseModel):
         for pair in pairs:
             parse_exception(pair)
         return pairs
+
+    @field_validator("package_registries")
+    @classmethod
+    def _check_registries(cls, entries: list[str] | None) -> list[str] | None:
+        for entry in entries or []:
+            parse_registry(entry)
+        return entries
 
     @field_validator("host_paths")
     @classmethod
@@ -151,11 +164,29 @@ class SandboxPolicy(BaseModel):
             return self.tool_network
         return "host" if self.network == "host" else "egress"
 
+    def registries(self) -> list[tuple[str, int]]:
+        """The package registries as (host, port): the setting, or its default."""
+        if self.package_registries is not None:
+            entries = self.package_registries
+        else:
+            from shellyard.contract.sources import registry_hosts
+
+            entries = registry_hosts(self.allowed_sources)
+        return [parse_registry(entry) for entry in entries]
+
+    def egress_rules(self) -> EgressRules:
+        """What the egress proxy of this policy lets through."""
+        return EgressRules.build(self.egress_allow, self.egress_exceptions, self.registries())
+
     def egress_digest(self) -> str:
         """A short digest of what the network filter lets through (the allow-list and the
         exceptions), recorded with every execution so a record names the rules it ran under."""
         doc = json.dumps(
-            {"allow": sorted(self.egress_allow), "exceptions": sorted(self.egress_exceptions)},
+            {
+                "allow": sorted(self.egress_allow),
+                "exceptions": sorted(self.egress_exceptions),
+                "registries": sorted(f"{h}:{p}" for h, p in self.registries()),
+            },
             sort_keys=True,
         )
         return hashlib.sha256(doc.encode()).hexdigest()[:16]
@@ -215,6 +246,16 @@ def policy_from_env(policy: SandboxPolicy) -> SandboxPolicy:
                 check_channel(entry, "SHELLYARD_ALLOWED_SOURCES entry")
             except SourceError as exc:
                 raise InvalidInput(str(exc)) from None
+    registries = settings_env.get("SHELLYARD_PACKAGE_REGISTRIES")
+    if registries is not None and registries.strip():
+        entries = registries.replace(",", " ").split()
+        entries = [] if entries == ["none"] else entries
+        update["package_registries"] = entries
+        for entry in entries:
+            try:
+                parse_registry(entry)
+            except ValueError as exc:
+                raise InvalidInput(f"SHELLYARD_PACKAGE_REGISTRIES: {exc}") from None
     offline = (settings_env.get("SHELLYARD_PACKAGES_OFFLINE") or "").lower()
     if offline:
         update["packages_offline"] = offline in ("1", "true", "yes", "on")

@@ -11,7 +11,8 @@ On disk, under :func:`bases_root` (``SHELLYARD_BASES``; ``/var/lib/shellyard/bas
                                   the revision is complete
     <name>/current                the revision commands use now (written last, atomically)
     <name>.lock                   flock'd while a build runs (two homes never build twice)
-    cache/uv                      uv's wheel cache, shared by every build
+    cache/uv                      uv's wheel cache, shared by every build (the sandbox uid's
+                                  while a build runs, root's between builds)
 
 A base never changes in place: ``shellyard env prepare --upgrade`` builds revision N+1 beside
 N and then moves ``current``; running commands keep the prefix they mounted. A venv is not
@@ -21,7 +22,6 @@ the leftover of a build cut short (removed by the next build).
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import fcntl
 import json
@@ -29,13 +29,19 @@ import os
 import shutil
 import stat
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from shellyard.errors import InvalidInput, ShellyardError
 from shellyard.runner.environments.create import find_python, prefix_variables
 from shellyard.runner.environments.managers.pip import DEFAULT_INDEX, uv_binary
+from shellyard.runner.environments.operator_tools import (
+    OperatorBuild,
+    check_reachable,
+    sandboxed_build,
+)
+from shellyard.runner.environments.tools import BASE_OWNER
 
 PYTHON_BASE = "python-base"
 #: R with tidyverse and data.table (runner/environments/rbase.py); the default's companion.
@@ -46,10 +52,6 @@ PYTHON_BASE_PACKAGES = ("numpy", "pandas", "scipy", "matplotlib")
 KNOWN = (PYTHON_BASE, R_BASE)
 #: ``SHELLYARD_DEFAULT_ENVIRONMENT`` value meaning "no default" (the behaviour before bases).
 NONE = "none"
-#: On a root runner a finished base belongs to this uid/gid (nobody): the package tools run as
-#: root with every capability dropped, so they can neither write nor chmod a base file that an
-#: environment made ``--from`` the base shares by hard link (runner/environments/derive.py).
-BASE_OWNER = 65534
 
 Progress = Callable[[str], None]
 
@@ -141,10 +143,19 @@ async def prepare(
     upgrade: bool = False,
     root: Path | None = None,
     progress: Progress = lambda _line: None,
+    find_links: Sequence[Path] = (),
+    extra: Sequence[str] = (),
 ) -> tuple[BaseRevision, bool]:
     """Build ``name`` unless it is prepared (``upgrade``: build a new revision anyway).
-    Returns the current revision and whether this call built it."""
+    Returns the current revision and whether this call built it. ``find_links``: local
+    folders of wheels and sdists besides the index, ``extra``: more packages (python-base)."""
     _check_name(name)
+    if extra and name != PYTHON_BASE:
+        raise InvalidInput(f"--with adds Python packages: only to {PYTHON_BASE}, not {name}")
+    for folder in find_links:
+        if not folder.is_absolute() or not folder.is_dir():
+            raise InvalidInput(f"--find-links {folder}: give the absolute path of a folder")
+    check_reachable(list(find_links))
     root = root or bases_root()
     _make_traversable(root)
     with _locked(root / f"{name}.lock"):
@@ -162,17 +173,22 @@ async def prepare(
             _make_writable(target)
             shutil.rmtree(target)
         target.mkdir(mode=0o755)
+        prefix = target / "prefix"
+        log = folder / f"{revision}.log"  # each tool's whole output; the error shows its tail
+        cache = root / "cache" / ("r" if name == R_BASE else "uv")  # the tools' during a build
         try:
-            if name == R_BASE:
-                from shellyard.runner.environments import rbase
+            async with sandboxed_build(prefix, cache, log) as build:
+                if name == R_BASE:
+                    from shellyard.runner.environments import rbase
 
-                packages = await rbase.build(target / "prefix", root / "cache", progress)
-                source = rbase.SOURCE
-            else:
-                packages = await _build_python(target / "prefix", root / "cache" / "uv", progress)
-                source = DEFAULT_INDEX
+                    packages = await rbase.build(build, prefix, progress)
+                    source = rbase.SOURCE
+                else:
+                    packages = await _build_python(build, prefix, progress, find_links, extra)
+                    source = DEFAULT_INDEX
         except BaseException:
             with contextlib.suppress(OSError):
+                _make_writable(target)
                 shutil.rmtree(target)
             raise
         progress("making the prefix read-only")
@@ -191,77 +207,63 @@ async def prepare(
         return built, True
 
 
-async def _build_python(prefix: Path, cache: Path, progress: Progress) -> dict[str, str]:
+async def _build_python(
+    build: OperatorBuild,
+    prefix: Path,
+    progress: Progress,
+    find_links: Sequence[Path] = (),
+    extra: Sequence[str] = (),
+) -> dict[str, str]:
+    """uv, sandboxed (operator_tools.py), makes the venv and installs the stack into it."""
     python = find_python()
     uv = str(uv_binary())
-    cache.mkdir(parents=True, exist_ok=True)
     env = {
-        **os.environ,
-        "UV_CACHE_DIR": str(cache),
+        "UV_CACHE_DIR": str(build.cache),
         "UV_PYTHON_DOWNLOADS": "never",
         # copies, not hard links into the cache: the prefix is made read-only afterwards
         "UV_LINK_MODE": "copy",
     }
     progress(f"making a virtual environment of {python}")
-    await _run([uv, "venv", "--no-config", "--seed", "--python", str(python), str(prefix)], env)
-    shutil.copy2(uv, prefix / "bin" / "uv")
-    progress(f"installing {', '.join(PYTHON_BASE_PACKAGES)} from {DEFAULT_INDEX} with uv")
-    await _run(
-        [
-            uv,
-            "pip",
-            "install",
-            "--no-config",
-            "--python",
-            str(prefix / "bin" / "python"),
-            "--index-url",
-            DEFAULT_INDEX,
-            # wheels only: no build backend from the index ever runs as the runner's root
-            # (docs/environments.md, "Package tools run as the sandbox uid")
-            "--only-binary",
-            ":all:",
-            "--",
-            *PYTHON_BASE_PACKAGES,
-        ],
-        env,
-        progress,
-    )
+    venv = [uv, "venv", "--no-config", "--seed", "--python", str(python), str(prefix)]
+    await _tool(build, venv, env)
+    shutil.copy2(uv, prefix / "bin" / "uv")  # before any package's code ran as the tools' uid
+    os.chmod(prefix / "bin" / "uv", 0o755)
+    wanted = [*PYTHON_BASE_PACKAGES, *extra]
+    progress(f"installing {', '.join(wanted)} from {DEFAULT_INDEX} with uv")
+    links = [arg for folder in find_links for arg in ("--find-links", str(folder))]
+    # The stack as wheels (a build of scipy from source would take an hour); an operator's
+    # extra package may be an sdist, built by its backend in the tools' sandbox.
+    binary = [arg for name in PYTHON_BASE_PACKAGES for arg in ("--only-binary", name)]
+    install = [uv, "pip", "install", "--no-config", "--python", str(prefix / "bin" / "python")]
+    install += ["--index-url", DEFAULT_INDEX, *links, *binary, "--", *wanted]
+    await _tool(build, install, env, list(find_links))
     packages: dict[str, str] = {}
     for dist in sorted(prefix.glob("lib/python*/site-packages/*.dist-info")):
         name, _, version = dist.name[: -len(".dist-info")].partition("-")
         packages[name.lower().replace("_", "-")] = version
-    version = (prefix / "pyvenv.cfg").read_text()
-    for line in version.splitlines():
+    for line in _read_own(prefix / "pyvenv.cfg").splitlines():
         key, _, value = line.partition("=")
         if key.strip() in ("version_info", "version"):
             packages["python"] = value.strip()
     return packages
 
 
-async def _run(argv: list[str], env: dict[str, str], progress: Progress | None = None) -> None:
-    process = await asyncio.create_subprocess_exec(
-        *argv,
-        env=env,
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
-    )
-    assert process.stdout is not None
-    tail: list[str] = []
-    async for raw in process.stdout:  # streamed: only the last lines are kept
-        line = raw.decode("utf-8", "replace").rstrip()
-        tail = [*tail[-19:], line]
-        if progress is not None and line:
-            progress(line)
-    code = await process.wait()
+def _read_own(path: Path) -> str:
+    """A file the tools wrote, read without following a link they may have put there."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    with os.fdopen(fd, encoding="utf-8", errors="replace") as handle:
+        return handle.read(1 << 20)
+
+
+async def _tool(
+    build: OperatorBuild, argv: list[str], env: dict[str, str], binds: list[Path] | None = None
+) -> None:
+    code, tail = await build.run_tool(argv, env=env, binds=binds)
     if code != 0:
         raise ShellyardError(
-            f"building the base failed ({argv[1]} {argv[2]} exited {code}): "
-            + "\n".join(tail)
-            + "\ncheck that the runner reaches "
-            + DEFAULT_INDEX
-            + ", then run "
-            "`shellyard env prepare` again"
+            f"building the base failed ({argv[1]} {argv[2]} exited {code}): {tail.strip()}\n"
+            f"check that the runner reaches {DEFAULT_INDEX}, then run `shellyard env prepare` "
+            f"again"
         )
 
 
@@ -283,20 +285,27 @@ def _make_traversable(root: Path) -> None:
 
 
 def _make_read_only(top: Path) -> None:
+    """Seal a revision the tools built: files to ``BASE_OWNER``, folders and links to root
+    (on a root runner), modes 0444/0555 (no set-id bit survives), walked without following a
+    link; no tool of the build is alive any more (its sandbox died with it)."""
     owner = os.geteuid() == 0
-    for folder, dirs, files in os.walk(top):
-        for entry in files:
-            path = os.path.join(folder, entry)
-            mode = os.lstat(path).st_mode
-            if stat.S_ISREG(mode):
-                if owner:
-                    os.chown(path, BASE_OWNER, BASE_OWNER)
-                os.chmod(path, 0o555 if mode & stat.S_IXUSR else 0o444)
-        for entry in dirs:
-            path = os.path.join(folder, entry)
-            if not os.path.islink(path):
-                os.chmod(path, 0o555)
-    os.chmod(top, 0o555)
+    folders = [str(top)]
+    while folders:
+        folder = folders.pop()
+        with os.scandir(folder) as entries:
+            for entry in entries:
+                mode = entry.stat(follow_symlinks=False).st_mode
+                if stat.S_ISDIR(mode):
+                    folders.append(entry.path)
+                elif stat.S_ISREG(mode):
+                    if owner:
+                        os.lchown(entry.path, BASE_OWNER, BASE_OWNER)
+                    os.chmod(entry.path, 0o555 if mode & stat.S_IXUSR else 0o444)
+                elif owner:
+                    os.lchown(entry.path, 0, 0)  # a link, or what a build left: never followed
+        if owner:
+            os.lchown(folder, 0, 0)
+        os.chmod(folder, 0o555)
 
 
 def _make_writable(top: Path) -> None:

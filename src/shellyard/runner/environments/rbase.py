@@ -11,8 +11,11 @@ and their R library folders moved into the prefix. Debian built them for its own
 load in the host's R; the shared libraries they link are the host's (the build checks that
 both packages load, and fails naming what is missing otherwise).
 
-The builder runs the operator's tools directly, like ``_build_python`` (an operator command
-on the host, not an agent's change).
+Which steps run where (docs/security.md, "Operator builds"): ``apt-cache`` and ``apt-get
+download`` run on the host as the operator (they run no package's code: apt checks every
+``.deb`` against the archive's signed index, and drops to its ``_apt`` user to fetch); the
+unpacking and R, which loads the packages' code, run sandboxed as the tools' uid
+(operator_tools.py), with the downloads read-only and the network off.
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from shellyard.errors import ShellyardError
+from shellyard.runner.environments.operator_tools import OperatorBuild
+from shellyard.runner.environments.tools import give_to_tools
 
 #: What ``r-base`` holds beyond R itself, as R names them.
 R_BASE_PACKAGES = ("tidyverse", "data.table")
@@ -32,14 +37,12 @@ R_BASE_PACKAGES = ("tidyverse", "data.table")
 DEBIAN_PACKAGES = ("r-cran-tidyverse", "r-cran-data.table")
 SOURCE = "the Debian archive (r-cran-* packages, apt-get download)"
 R_LIBRARY = Path("lib/R/library")
-#: The library folders a Debian R package installs into.
-_DEB_LIBRARIES = ("usr/lib/R/site-library", "usr/lib/R/library")
 
 Progress = Callable[[str], None]
 
 
-async def build(prefix: Path, cache: Path, progress: Progress) -> dict[str, str]:
-    """Fill ``prefix``; returns {package: version} (``r`` the interpreter)."""
+async def build(tools: OperatorBuild, prefix: Path, progress: Progress) -> dict[str, str]:
+    """Fill ``prefix`` (empty, the tools'); returns {package: version} (``r`` the interpreter)."""
     rscript = shutil.which("Rscript")
     if rscript is None:
         raise ShellyardError(
@@ -58,48 +61,66 @@ async def build(prefix: Path, cache: Path, progress: Progress) -> dict[str, str]
         found = shutil.which(name)
         if found is not None:
             os.symlink(os.path.realpath(found), prefix / "bin" / name)
+    give_to_tools(prefix, tools.ids)
     progress(f"resolving {', '.join(DEBIAN_PACKAGES)} and their R dependencies with apt-cache")
     wanted = await _closure()
     progress(f"downloading {len(wanted)} Debian R packages with apt-get download")
-    debs = cache / "apt"
-    debs.mkdir(parents=True, exist_ok=True)
+    debs = tools.cache.parent / "apt"  # the operator's: the tools read it, never write it
+    debs.mkdir(mode=0o755, parents=True, exist_ok=True)
+    debs.chmod(0o755)  # the tools read the downloads through a descriptor of this folder
     await _run(["apt-get", "download", "-q", *wanted], cwd=debs)
-    scratch = prefix.parent / "unpack"
-    try:
-        for n, deb in enumerate(_debs(debs, wanted), 1):
-            if n % 20 == 0:
-                progress(f"unpacking {n}/{len(wanted)}")
-            await _run(["dpkg-deb", "-x", str(deb), str(scratch)])
-        for where in _DEB_LIBRARIES:
-            folder = scratch / where
-            if not folder.is_dir():
-                continue
-            for package in sorted(folder.iterdir()):
-                if not (library / package.name).exists():
-                    shutil.move(str(package), library / package.name)
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+    progress(f"unpacking {len(wanted)} packages into the library (sandboxed)")
+    unpack = tools.scratch / "unpack"
+    code, tail = await tools.run_tool(
+        ["/bin/sh", "-c", _UNPACK, "unpack", *(str(deb) for deb in _debs(debs, wanted))],
+        env={"UNPACK": str(unpack), "LIBRARY": str(library)},
+        binds=[debs],
+        network=False,
+    )
+    if code != 0:
+        raise ShellyardError(f"building r-base failed: unpacking exited {code}: {tail.strip()}")
     progress("checking that R loads " + " and ".join(R_BASE_PACKAGES))
     script = (
         "suppressPackageStartupMessages({"
         + "; ".join(f"library({p})" for p in R_BASE_PACKAGES)
         + '}); cat("R_VERSION=", as.character(getRversion()), "\\n", sep="")'
     )
-    out = await _run(
+    code, out = await tools.run_tool(
         [rscript, "-e", script],
-        env={**os.environ, "R_LIBS": str(library), "R_LIBS_USER": str(library), "TZ": "UTC"},
+        env={"R_LIBS": str(library), "R_LIBS_USER": str(library), "TZ": "UTC"},
+        network=False,
     )
-    match = re.search(r"R_VERSION=(\S+)", out)
+    if code != 0:
+        raise ShellyardError(f"building r-base failed: R could not load the packages: {out}")
+    match = re.search(r"R_VERSION=(\d\S*)", out)
     packages = {"r": match.group(1) if match else "unknown"}
     packages.update(library_versions(library))
     return packages
+
+
+#: Unpack each ``.deb`` (the arguments) and move its R packages into ``$LIBRARY`` (the first
+#: of a name wins): run by the tools' uid, so nothing a package holds is written as root.
+_UNPACK = """set -e
+for deb in "$@"; do dpkg-deb -x "$deb" "$UNPACK"; done
+for where in usr/lib/R/site-library usr/lib/R/library; do
+  [ -d "$UNPACK/$where" ] || continue
+  for package in "$UNPACK/$where"/*; do
+    name=${package##*/}
+    [ -e "$LIBRARY/$name" ] || [ -L "$LIBRARY/$name" ] || mv "$package" "$LIBRARY/$name"
+  done
+done
+"""
 
 
 def library_versions(library: Path) -> dict[str, str]:
     """{R package: version} from each ``<library>/<package>/DESCRIPTION``."""
     out: dict[str, str] = {}
     for description in sorted(library.glob("*/DESCRIPTION")):
-        with description.open(encoding="utf-8", errors="replace") as handle:
+        try:  # written by the tools: never follow a link they may have left
+            fd = os.open(description, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            continue
+        with os.fdopen(fd, encoding="utf-8", errors="replace") as handle:
             for line in handle:
                 if line.startswith("Version:"):
                     out[description.parent.name] = line.split(":", 1)[1].strip()

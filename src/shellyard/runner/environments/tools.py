@@ -31,13 +31,16 @@ from pathlib import Path
 
 from shellyard.errors import LowOnSpace
 from shellyard.runner import processes
-from shellyard.runner.environments.bases import BASE_OWNER
 from shellyard.runner.limits import reserve
 from shellyard.runner.policy import NetworkMode
 from shellyard.runner.sandbox import bwrap as sandbox
 from shellyard.runner.sandbox import launch
 from shellyard.runner.sandbox.spawn import Sandboxes
 
+#: On a root runner a finished base's files belong to this uid/gid (nobody), not to the
+#: sandbox uid the package tools run as, so no tool can write or chmod a base file that an
+#: environment made ``--from`` the base shares by hard link (runner/environments/derive.py).
+BASE_OWNER = 65534
 #: How much of a tool's output the manager sees (its whole output is in the log file).
 TAIL_BYTES = 4096
 #: How often a running tool's volume is held to the free-space reserve (a ``statvfs``).

@@ -18,7 +18,7 @@ import socket
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from shellyard.netrules import OwnAddresses, resolve_checked
+from shellyard.netrules import OwnAddresses, registry_hint, resolve_checked
 from shellyard.runner.network.egress_rules import EgressRules
 
 log = logging.getLogger(__name__)
@@ -147,7 +147,11 @@ class EgressProxy:
                 raise Refused(refusal)
         loop = asyncio.get_running_loop()
         resolved = await resolve_checked(
-            host, port, self._own.get(), exception=exception, registries=True
+            host,
+            port,
+            self._own.get(),
+            exception=exception,
+            registry=self.rules.is_registry(host, port),
         )
         failed: list[str] = []
         for family, sockaddr in resolved.allowed:
@@ -161,7 +165,7 @@ class EgressProxy:
                 continue
             return await asyncio.open_connection(sock=sock)
         if resolved.refused and not failed:
-            raise Refused("; ".join(resolved.refused))
+            raise Refused("; ".join(resolved.refused) + registry_hint(resolved.refused))
         raise OSError("; ".join(failed + list(resolved.refused)) or f"{host} has no address")
 
 

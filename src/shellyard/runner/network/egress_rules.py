@@ -63,16 +63,28 @@ class EgressRules:
 
     allow: tuple[Pattern, ...]
     exceptions: frozenset[tuple[str, int]]
+    #: Package registries (host, port): their address may sit in a documentation or
+    #: benchmarking block (``netrules.registry_tolerates``); nothing else is relaxed for them.
+    registries: frozenset[tuple[str, int]] = frozenset()
 
     @classmethod
-    def build(cls, allow: list[str], exceptions: list[str]) -> EgressRules:
+    def build(
+        cls,
+        allow: list[str],
+        exceptions: list[str],
+        registries: list[tuple[str, int]] | None = None,
+    ) -> EgressRules:
         return cls(
             tuple(parse_pattern(p) for p in allow),
             frozenset(parse_exception(e) for e in exceptions),
+            frozenset((normal_host(h), p) for h, p in registries or ()),
         )
 
     def is_exception(self, host: str, port: int) -> bool:
         return (normal_host(host), port) in self.exceptions
+
+    def is_registry(self, host: str, port: int) -> bool:
+        return (normal_host(host), port) in self.registries
 
     def name_refusal(self, host: str, port: int) -> str | None:
         """Why ``host:port`` is not on the allow-list, or None when it is (or there is none)."""
