@@ -26,12 +26,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 from shellyard import __version__, filemodes
-from shellyard.errors import (
-    InvalidInput,
-    NotFound,
-    OutOfRoom,
-    WorkspaceBusy,
-)
+from shellyard.errors import InvalidInput, NotFound, OutOfRoom, WorkspaceBusy
 from shellyard.runner.edits.editor import Editor
 from shellyard.runner.edits.tarscan import TarLimits
 from shellyard.runner.environments import bases
@@ -75,6 +70,7 @@ from shellyard.runner.sandbox import folder_access, launch, tenants
 from shellyard.runner.sandbox.seccomp import SeccompProfile
 from shellyard.runner.sandbox.spawn import Sandboxes, check_start, script_argv
 from shellyard.runner.sandbox.supervise import Supervisor, check_id
+from shellyard.runner.sandbox.warm import SOURCE as WARM
 from shellyard.runner.snapshots import history, objects
 from shellyard.runner.snapshots.objects import PackImporter, StoreLock, aiter_thread
 from shellyard.runner.snapshots.store import SnapshotStore
@@ -189,6 +185,7 @@ class LocalRunner:
         )
         await asyncio.to_thread(box.seccomp.write)
         box.launcher = await asyncio.to_thread(launch.build, self._sandbox_dir / "bin")
+        box.waiter = await asyncio.to_thread(launch.compile_c, self._sandbox_dir / "bin", WARM)
         # R2 tenants: cgroups per execution inside one per workspace, or rlimits only
         box.cgroups = await asyncio.to_thread(
             cgroups.CgroupTree.probe,
@@ -630,6 +627,7 @@ class LocalRunner:
     # ----------------------------------------------------------------- environments (V1–V8)
 
     async def environment_change(self, request: EnvironmentChangeRequest) -> EnvironmentChange:
+        self._runs.warm.discard_environment(request.environment_id)  # V5: none keeps the old
         return await self._environments.change(request)
 
     async def environment_change_status(self, change_id: str) -> EnvironmentChange:

@@ -66,6 +66,14 @@ class LiveExecution:
     shared_network: bool = False
     #: A cancel was asked here (its ``cancel`` file may be missing on a full volume).
     cancel_requested: bool = False
+    #: A warm sandbox's own id (warm.py): its cgroups and its init's marker are named by it.
+    sandbox_id: str | None = None
+
+    def marker(self, execution_id: str) -> bytes:
+        """What the environment of the sandbox's init holds (``kill_and_wait``)."""
+        if self.sandbox_id is not None:
+            return f"SHELLYARD_SANDBOX_ID={self.sandbox_id}".encode()
+        return f"SHELLYARD_EXECUTION_ID={execution_id}".encode()
 
 
 def write_json_atomic(path: Path, data: str) -> None:
@@ -95,6 +103,8 @@ class Sandboxes:
     #: What enters the network, drops privileges and sets limits in one exec (launch.py);
     #: None: the nsenter/setpriv/prlimit chain.
     launcher: Path | None = None
+    #: What a warm sandbox runs first, waiting for its command (warm.c); None: no warm ones.
+    waiter: Path | None = None
     #: R2 tenants: the execution's cgroups inside its workspace's (cgroups.py); None: rlimits.
     cgroups: CgroupTree | None = None
     #: R2 tenants: the uid and gid of a workspace (tenants.py); None: ``ids`` for all.
@@ -115,6 +125,28 @@ class Sandboxes:
             network=network, egress_digest=digest, seccomp_profile=self.seccomp.version
         )
 
+    def command_env(
+        self, request: StartRequest, mount: tuple[Path, dict[str, str]] | None
+    ) -> dict[str, str]:
+        """E1: the environment a command starts with (bwrap's ``--setenv`` of the caller's
+        variables last); a warm sandbox's waiter sets exactly this (warm.py)."""
+        env = self.base_env(request.workspace_id, request.cwd, mount)
+        return {**env, "SHELLYARD_EXECUTION_ID": request.execution_id, **request.env}
+
+    def base_env(
+        self, workspace_id: str, cwd: str | None, mount: tuple[Path, dict[str, str]] | None
+    ) -> dict[str, str]:
+        return sandbox.sandbox_env(
+            sandbox.WORKSPACE,
+            {
+                **(sandbox.home_variables() if self.home_of is not None else {}),
+                "PWD": inside(cwd),
+                **sandbox.proxy_variables(self.policy.network),
+                **environment_variables(mount),
+                "SHELLYARD_WORKSPACE_ID": workspace_id,
+            },
+        )
+
     def spawn(
         self,
         request: StartRequest,
@@ -123,11 +155,6 @@ class Sandboxes:
         command: list[str],
         mount: tuple[Path, dict[str, str]] | None = None,
     ) -> LiveExecution:
-        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC
-        out_fd = os.open(directory / "stdout", flags, 0o600)
-        err_fd = os.open(directory / "stderr", flags, 0o600)
-        status_fd = os.open(directory / "status", flags, 0o600)
-        seccomp_fd = self.seccomp.open()
         command_fd = None
         if len(command) == 3 and command[:2] == ["bash", "-c"]:
             text = command[2].encode("utf-8", "surrogateescape")
@@ -136,21 +163,65 @@ class Sandboxes:
                 (directory / "command").write_bytes(text)
                 command_fd = os.open(directory / "command", os.O_RDONLY | os.O_CLOEXEC)
                 command = ["bash", "-c", SOURCE_COMMAND]
-        policy = self.execution_policy()
+        env = self.base_env(request.workspace_id, request.cwd, mount)
+        env["SHELLYARD_EXECUTION_ID"] = request.execution_id
+        try:
+            started = self.start_bwrap(
+                workspace_id=request.workspace_id,
+                sandbox_id=request.execution_id,
+                directory=directory,
+                tree=tree,
+                command=command,
+                mount=mount,
+                env=env,
+                read_only=request.read_only,
+                chdir=inside(request.cwd),
+                setenv=request.env,
+                command_fd=command_fd,
+            )
+        finally:
+            if command_fd is not None:
+                os.close(command_fd)
+        return self.record(request, directory, started)
+
+    def start_bwrap(
+        self,
+        *,
+        workspace_id: str,
+        sandbox_id: str,
+        directory: Path,
+        tree: Path,
+        command: list[str],
+        mount: tuple[Path, dict[str, str]] | None,
+        env: dict[str, str],
+        read_only: bool = False,
+        chdir: str = sandbox.WORKSPACE,
+        setenv: dict[str, str] | None = None,
+        command_fd: int | None = None,
+        extra_fds: tuple[int, ...] = (),
+    ) -> Started:
+        """bwrap spawned detached with its logs and status in ``directory``; its network
+        share and cgroups are held under ``sandbox_id`` (an execution's id, or a warm
+        sandbox's own, warm.py)."""
+        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC
+        out_fd = os.open(directory / "stdout", flags, 0o600)
+        err_fd = os.open(directory / "stderr", flags, 0o600)
+        status_fd = os.open(directory / "status", flags, 0o600)
+        seccomp_fd = self.seccomp.open()
         networks = self.networks
         shared = None
         args_fd: int | None = None
         joins: list[str] = []
-        home = None if self.home_of is None else self.home_of(request.workspace_id)
+        home = None if self.home_of is None else self.home_of(workspace_id)
         try:
             if networks is not None:
-                shared = networks.acquire(request.workspace_id, request.execution_id)
+                shared = networks.acquire(workspace_id, sandbox_id)
             if self.cgroups is not None:
-                joins = self.cgroups.start(request.workspace_id, request.execution_id)
+                joins = self.cgroups.start(workspace_id, sandbox_id)
             argv = sandbox.bwrap_argv(
                 bwrap=self.bwrap,
                 policy=self.policy,
-                ids=self.ids_of(request.workspace_id),
+                ids=self.ids_of(workspace_id),
                 view=self.view,
                 hardening=sandbox.Hardening(seccomp_fd, self.disable_userns),
                 workspace=tree,
@@ -159,28 +230,17 @@ class Sandboxes:
                 read_only_binds=[mount[0]] if mount is not None else (),
                 egress_socket=self.egress_socket,
                 socat=self.socat,
-                workspace_read_only=request.read_only,
+                workspace_read_only=read_only,
                 network=shared,
                 launcher=self.launcher,
                 command_fd=command_fd,
                 cgroups=joins,
                 uid_per_workspace=self.workspace_ids is not None,
-                chdir=inside(request.cwd),
-                setenv=request.env,
+                chdir=chdir,
+                setenv=setenv,
                 home=home,
             )
             argv, args_fd = sandbox.options_by_fd(argv, self.bwrap)
-            env = sandbox.sandbox_env(
-                sandbox.WORKSPACE,
-                {
-                    **(sandbox.home_variables() if home is not None else {}),
-                    "PWD": inside(request.cwd),
-                    **sandbox.proxy_variables(self.policy.network),
-                    **environment_variables(mount),
-                    "SHELLYARD_EXECUTION_ID": request.execution_id,
-                    "SHELLYARD_WORKSPACE_ID": request.workspace_id,
-                },
-            )
             started_at = time.time()
             popen = subprocess.Popen(
                 argv,
@@ -193,6 +253,7 @@ class Sandboxes:
                     args_fd,
                     *self.view.fds,
                     *([command_fd] if command_fd else []),
+                    *extra_fds,
                 ),
                 env=env,
                 cwd="/",
@@ -202,26 +263,39 @@ class Sandboxes:
                 launch.join(joins, popen.pid)
         except BaseException:
             if networks is not None and shared is not None:
-                networks.release(request.workspace_id, request.execution_id)
+                networks.release(workspace_id, sandbox_id)
             if self.cgroups is not None and joins:
-                self.cgroups.remove(request.workspace_id, request.execution_id)
+                self.cgroups.remove(workspace_id, sandbox_id)
             raise
         finally:
-            for fd in (out_fd, err_fd, status_fd, seccomp_fd, args_fd, command_fd):
+            for fd in (out_fd, err_fd, status_fd, seccomp_fd, args_fd):
                 if fd is not None:
                     with contextlib.suppress(OSError):
                         os.close(fd)
-        pid_start = processes.start_time(popen.pid) or 0
+        start = processes.start_time(popen.pid) or 0
+        return Started(popen, start, started_at, shared)
+
+    def record(
+        self,
+        request: StartRequest,
+        directory: Path,
+        started: Started,
+        sandbox_id: str | None = None,
+    ) -> LiveExecution:
+        """meta.json written (what a restart re-attaches to, E11), the execution known."""
+        policy = self.execution_policy()
+        popen, shared = started.popen, started.network is not None
         meta = {
             "execution_id": request.execution_id,
             "workspace_id": request.workspace_id,
             "pid": popen.pid,
-            "start_time": pid_start,
-            "started_at": started_at,
+            "start_time": started.start_time,
+            "started_at": started.started_at,
             "environment_id": request.environment_id,
             "policy": policy.model_dump(),
             "read_only": request.read_only,
-            "shared_network": shared is not None,
+            "shared_network": shared,
+            **({"sandbox_id": sandbox_id} if sandbox_id else {}),
         }
         try:
             write_json_atomic(directory / "meta.json", json.dumps(meta))
@@ -229,21 +303,32 @@ class Sandboxes:
             # No record of it on disk (a full volume): it must not run unwatched.
             processes.signal_group(popen.pid, signal.SIGKILL)
             popen.wait()
-            if networks is not None and shared is not None:
-                networks.release(request.workspace_id, request.execution_id)
+            if self.networks is not None and shared:
+                self.networks.release(request.workspace_id, request.execution_id)
             raise
         return LiveExecution(
             workspace_id=request.workspace_id,
             directory=directory,
             pid=popen.pid,
-            start_time=pid_start,
-            started_at=started_at,
+            start_time=started.start_time,
+            started_at=started.started_at,
             popen=popen,
             environment_id=request.environment_id,
             policy=policy,
             read_only=request.read_only,
-            shared_network=shared is not None,
+            shared_network=shared,
+            sandbox_id=sandbox_id,
         )
+
+
+@dataclass(frozen=True)
+class Started:
+    """A bwrap just spawned: its process, its start time (pid reuse), the network joined."""
+
+    popen: subprocess.Popen[bytes]
+    start_time: int
+    started_at: float
+    network: Path | None
 
 
 def script_argv(tree: Path, script_path: str) -> list[str]:

@@ -36,6 +36,8 @@ from shellyard.runner.protocol import (
     StartRequest,
 )
 from shellyard.runner.sandbox.spawn import LiveExecution, Sandboxes, bwrap_error, write_json_atomic
+from shellyard.runner.sandbox.warm import WarmPool
+from shellyard.runner.sandbox.warm import reap as reap_warm
 from shellyard.runner.snapshots import views
 from shellyard.runner.snapshots.store import SnapshotStore
 
@@ -94,6 +96,8 @@ class Supervisor:
         self._tasks: set[asyncio.Task[None]] = set()
         #: execution id → the timer that lets go of its share of the workspace's network
         self._lingering: dict[str, tuple[str, asyncio.TimerHandle]] = {}
+        #: the next sandbox of each recently used workspace, made ahead (warm.py)
+        self.warm = WarmPool(executions.parent / "sandbox" / "warm", sandboxes)
 
     def launch(
         self,
@@ -108,7 +112,8 @@ class Supervisor:
             link = directory / views.VIEW
             tree = self.views.acquire(request.workspace_id, request.execution_id, link)
         try:
-            live = self.sandboxes.spawn(request, directory, tree, command, mount)
+            live = self.warm.take(request, directory, tree, command, mount)
+            live = live or self.sandboxes.spawn(request, directory, tree, command, mount)
         except BaseException as exc:
             if request.read_only:  # it never ran: it uses the view no longer
                 self.views.release(directory / views.VIEW, request.execution_id)
@@ -130,10 +135,12 @@ class Supervisor:
         self._use_environment(live.environment_id, request.execution_id)
         self._watch(request.execution_id, live)
         self._guard.watch(request.execution_id, request.workspace_id, directory, tree, live.pid)
+        self.warm.prepare_soon(request, tree, mount)
         return self._running(request.execution_id, live)
 
     def close(self) -> None:
-        """Stop watching; the sandboxes themselves keep running (E11)."""
+        """Stop watching; the sandboxes themselves keep running (E11); no warm one does."""
+        self.warm.close()
         loop = asyncio.get_running_loop()
         for live in self._live.values():
             if live.pidfd is not None:
@@ -181,16 +188,17 @@ class Supervisor:
             processes.reap_if_child(live.pid)
         status = processes.read_bwrap_status(live.directory / "status")
         init_pid = status.get("child-pid")
+        # bwrap's monitor exits when the command does, while the namespace's init may live
+        # on with leftovers (E8). Killing the init kills the rest; wait until it is gone.
         if isinstance(init_pid, int):
-            # bwrap's monitor exits when the command does, while the namespace's init may live
-            # on with leftovers (E8). Killing the init kills the rest; wait until it is gone.
-            marker = f"SHELLYARD_EXECUTION_ID={execution_id}".encode()
+            marker = live.marker(execution_id)
             if not await processes.kill_and_wait(init_pid, marker):
                 log.warning("the sandbox of %s did not end after SIGKILL", execution_id)
         usage = None
         cgroups = self.sandboxes.cgroups
         if cgroups is not None:  # R2 tenants: what it used, what ended it; its groups go
-            usage = await asyncio.to_thread(cgroups.finish, live.workspace_id, execution_id)
+            group = live.sandbox_id or execution_id
+            usage = await asyncio.to_thread(cgroups.finish, live.workspace_id, group)
         exit_code = status.get("exit-code")
         cancelled = live.cancel_requested or (live.directory / "cancel").exists()
         error = None
@@ -214,6 +222,8 @@ class Supervisor:
             state = RunnerExecState.lost
             error = "the sandbox ended without recording an exit code"
         ending = self._guard.finish(execution_id, live.directory, exit_code, snapshot, usage)
+        if ending.limit is not None:  # what the next sandbox was made from has changed
+            self.warm.limit_ended(live.workspace_id)
         error = ending.error(error, exit_code)
         result = RunnerExecution(
             execution_id=execution_id,
@@ -405,11 +415,12 @@ class Supervisor:
         )
 
     def live_ids(self) -> set[str]:
-        """The executions watched now (their sandboxes run on)."""
-        return set(self._live)
+        """The names of the groups of the executions watched now (their sandboxes run on)."""
+        return {live.sandbox_id or execution_id for execution_id, live in self._live.items()}
 
     async def recover(self) -> None:
         """E11: re-attach to sandboxes that outlived the previous runner process."""
+        await asyncio.to_thread(reap_warm, self.warm.directory)  # none waits unwatched
         for directory in sorted(self._executions.iterdir()):
             if (directory / "result.json").exists():
                 continue
@@ -432,6 +443,7 @@ class Supervisor:
                 policy=ExecutionPolicy.model_validate(meta["policy"]) if "policy" in meta else None,
                 read_only=bool(meta.get("read_only", False)),
                 shared_network=bool(meta.get("shared_network", False)),
+                sandbox_id=meta.get("sandbox_id"),
             )
             execution_id = directory.name
             networks = self.sandboxes.networks
@@ -440,7 +452,7 @@ class Supervisor:
                 networks.acquire(live.workspace_id, execution_id)
             self._live[execution_id] = live
             if self.sandboxes.cgroups is not None:  # R2 tenants: its groups are still there
-                self.sandboxes.cgroups.adopt(live.workspace_id, execution_id)
+                self.sandboxes.cgroups.adopt(live.workspace_id, live.sandbox_id or execution_id)
             if not live.read_only:
                 self.busy_workspaces[live.workspace_id] = execution_id
             self._use_environment(live.environment_id, execution_id)
@@ -461,7 +473,7 @@ class Supervisor:
         if self.sandboxes.cgroups is not None:
             # R2 tenants, E11: groups of executions that ended while no runner watched (or
             # never started) go; those re-attached above stay until their end.
-            gone = await asyncio.to_thread(self.sandboxes.cgroups.sweep, set(self._live))
+            gone = await asyncio.to_thread(self.sandboxes.cgroups.sweep, self.live_ids())
             if gone:
                 log.info("removed the cgroups of %d ended executions", len(gone))
 
