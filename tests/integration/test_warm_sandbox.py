@@ -14,7 +14,10 @@ from typing import Any
 
 import pytest
 
-from conftest import open_yard
+from env_fixtures import make_wheel
+
+from conftest import Yard, open_yard
+from shellyard.contract.environments import EnvironmentChangeBody, EnvironmentCreateRequest
 from shellyard.contract.executions import ExecutionState, RunShellRequest
 from shellyard.home import ensure_server, is_served
 from shellyard.runner.protocol import SandboxPolicy
@@ -117,6 +120,47 @@ async def test_a_policy_change_discards_the_warm_sandbox(home: Path) -> None:
         while old in warm_processes().values() and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
         assert old not in warm_processes().values()
+    finally:
+        await plane.aclose()
+
+
+@pytest.mark.timeout(300)
+async def test_an_environment_install_discards_the_warm_sandbox(home: Path) -> None:
+    """V4, V5, E1: a warm sandbox made with an environment's revision 1 is not used after an
+    install made revision 2: the command sees the installed package, in a new sandbox."""
+    plane, _, _ = await open_yard(home, "local")
+    yard = Yard(plane, "local", home)
+    try:
+        runner = plane.runners.get("local")
+        wheels = home / "wheels"
+        make_wheel(wheels, "shellyard-warmwheel", "1.0.0", {"warmwheel.py": "V = 'new'\n"})
+        view = await plane.environments.create(
+            EnvironmentCreateRequest(name="main", language="python", wait_ms=30_000)
+        )
+        assert view.state == "ready", view
+        env_id = view.environment_id
+        probe = "python -c 'import warmwheel; print(warmwheel.V)' 2>/dev/null || echo none"
+        before = await yard.run(probe, environment_id=env_id)
+        assert before.stdout == "none\n"
+        await wait_for_warm(runner, before.workspace_id)
+        change = await plane.environments.install(
+            env_id,
+            EnvironmentChangeBody(
+                manager="pip",
+                specs=["shellyard-warmwheel==1.0.0"],
+                find_links=[str(wheels)],
+                index_url="none",
+                wait_ms=30_000,
+            ),
+        )
+        if not change.done:
+            change = await plane.environments.wait(change.change_id, 120)
+        assert change.state == "succeeded", change
+        assert runner._runs.warm.stats["discarded_environment"] == 1
+        after = await yard.run(probe, environment_id=env_id)
+        assert after.stdout == "new\n" and after.environment_revision == 2
+        assert meta(runner, after.execution_id).get("sandbox_id") is None
+        assert runner._runs.warm.stats["taken"] == 0
     finally:
         await plane.aclose()
 
