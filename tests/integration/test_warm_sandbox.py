@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from env_fixtures import make_wheel
 
 from conftest import Yard, open_yard
