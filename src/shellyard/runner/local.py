@@ -235,6 +235,7 @@ class LocalRunner:
 
     async def aclose(self) -> None:
         """Stop watching; the sandboxes themselves keep running (E11)."""
+        await self._runs.warm.drain()  # none left half made
         running = self._runs.live_ids()  # before close forgets them
         self._runs.close()
         if self._sandboxes.cgroups is not None:  # R2 tenants: none left but running ones

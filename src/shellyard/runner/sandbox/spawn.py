@@ -166,7 +166,7 @@ class Sandboxes:
         env = self.base_env(request.workspace_id, request.cwd, mount)
         env["SHELLYARD_EXECUTION_ID"] = request.execution_id
         try:
-            started = self.start_bwrap(
+            pending = self.prepare_bwrap(
                 workspace_id=request.workspace_id,
                 sandbox_id=request.execution_id,
                 directory=directory,
@@ -179,12 +179,19 @@ class Sandboxes:
                 setenv=request.env,
                 command_fd=command_fd,
             )
+            try:
+                started = pending.spawn()
+            except BaseException:
+                self.abandon(pending)
+                raise
+            finally:
+                pending.close()
         finally:
             if command_fd is not None:
                 os.close(command_fd)
         return self.record(request, directory, started)
 
-    def start_bwrap(
+    def prepare_bwrap(
         self,
         *,
         workspace_id: str,
@@ -199,25 +206,25 @@ class Sandboxes:
         setenv: dict[str, str] | None = None,
         command_fd: int | None = None,
         extra_fds: tuple[int, ...] = (),
-    ) -> Started:
-        """bwrap spawned detached with its logs and status in ``directory``; its network
-        share and cgroups are held under ``sandbox_id`` (an execution's id, or a warm
-        sandbox's own, warm.py)."""
+    ) -> PendingSpawn:
+        """Everything of a spawn but the spawn itself (which touches no shared state, so a
+        warm sandbox's runs in a worker thread): its logs and status opened in ``directory``,
+        the network share and cgroups taken under ``sandbox_id`` (an execution's id, or a
+        warm sandbox's own, warm.py), the command line built."""
         flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC
         out_fd = os.open(directory / "stdout", flags, 0o600)
         err_fd = os.open(directory / "stderr", flags, 0o600)
         status_fd = os.open(directory / "status", flags, 0o600)
         seccomp_fd = self.seccomp.open()
+        pending = PendingSpawn(workspace_id, sandbox_id, [], env, out_fd, err_fd, [status_fd])
+        pending.owned.append(seccomp_fd)
         networks = self.networks
-        shared = None
-        args_fd: int | None = None
-        joins: list[str] = []
         home = None if self.home_of is None else self.home_of(workspace_id)
         try:
             if networks is not None:
-                shared = networks.acquire(workspace_id, sandbox_id)
+                pending.network = networks.acquire(workspace_id, sandbox_id)
             if self.cgroups is not None:
-                joins = self.cgroups.start(workspace_id, sandbox_id)
+                pending.joins = self.cgroups.start(workspace_id, sandbox_id)
             argv = sandbox.bwrap_argv(
                 bwrap=self.bwrap,
                 policy=self.policy,
@@ -231,49 +238,36 @@ class Sandboxes:
                 egress_socket=self.egress_socket,
                 socat=self.socat,
                 workspace_read_only=read_only,
-                network=shared,
+                network=pending.network,
                 launcher=self.launcher,
                 command_fd=command_fd,
-                cgroups=joins,
+                cgroups=pending.joins,
                 uid_per_workspace=self.workspace_ids is not None,
                 chdir=chdir,
                 setenv=setenv,
                 home=home,
             )
-            argv, args_fd = sandbox.options_by_fd(argv, self.bwrap)
-            started_at = time.time()
-            popen = subprocess.Popen(
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=out_fd,
-                stderr=err_fd,
-                pass_fds=(
-                    status_fd,
-                    seccomp_fd,
-                    args_fd,
-                    *self.view.fds,
-                    *([command_fd] if command_fd else []),
-                    *extra_fds,
-                ),
-                env=env,
-                cwd="/",
-                start_new_session=True,
-            )
-            if joins and self.launcher is None:
-                launch.join(joins, popen.pid)
+            pending.argv, args_fd = sandbox.options_by_fd(argv, self.bwrap)
+            pending.owned.append(args_fd)
         except BaseException:
-            if networks is not None and shared is not None:
-                networks.release(workspace_id, sandbox_id)
-            if self.cgroups is not None and joins:
-                self.cgroups.remove(workspace_id, sandbox_id)
+            self.abandon(pending)
+            pending.close()
             raise
-        finally:
-            for fd in (out_fd, err_fd, status_fd, seccomp_fd, args_fd):
-                if fd is not None:
-                    with contextlib.suppress(OSError):
-                        os.close(fd)
-        start = processes.start_time(popen.pid) or 0
-        return Started(popen, start, started_at, shared)
+        pending.inherited = (
+            *pending.owned,
+            *self.view.fds,
+            *([command_fd] if command_fd else []),
+            *extra_fds,
+        )
+        pending.join_after = bool(pending.joins) and self.launcher is None
+        return pending
+
+    def abandon(self, pending: PendingSpawn) -> None:
+        """A spawn that did not happen lets go of what ``prepare_bwrap`` took."""
+        if self.networks is not None and pending.network is not None:
+            self.networks.release(pending.workspace_id, pending.sandbox_id)
+        if self.cgroups is not None and pending.joins:
+            self.cgroups.remove(pending.workspace_id, pending.sandbox_id)
 
     def record(
         self,
@@ -319,6 +313,46 @@ class Sandboxes:
             shared_network=shared,
             sandbox_id=sandbox_id,
         )
+
+
+@dataclass
+class PendingSpawn:
+    """A bwrap about to be spawned (``Sandboxes.prepare_bwrap``); ``close`` once spawned."""
+
+    workspace_id: str
+    sandbox_id: str
+    argv: list[str]
+    env: dict[str, str]
+    out_fd: int
+    err_fd: int
+    #: descriptors opened for this spawn alone (status, seccomp, bwrap's options)
+    owned: list[int]
+    inherited: tuple[int, ...] = ()
+    network: Path | None = None
+    joins: list[str] = field(default_factory=list)
+    #: the chain's way into the cgroups (no launcher): written after the spawn
+    join_after: bool = False
+
+    def spawn(self) -> Started:
+        started_at = time.time()
+        popen = subprocess.Popen(
+            self.argv,
+            stdin=subprocess.DEVNULL,
+            stdout=self.out_fd,
+            stderr=self.err_fd,
+            pass_fds=self.inherited,
+            env=self.env,
+            cwd="/",
+            start_new_session=True,
+        )
+        if self.join_after:
+            launch.join(self.joins, popen.pid)
+        return Started(popen, processes.start_time(popen.pid) or 0, started_at, self.network)
+
+    def close(self) -> None:
+        for fd in (self.out_fd, self.err_fd, *self.owned):
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
 
 @dataclass(frozen=True)

@@ -138,6 +138,9 @@ class WarmPool:
         #: What happened to warm sandboxes: made, taken, and each reason one was discarded.
         self.stats: Counter[str] = Counter()
         self._closed = False
+        #: workspaces whose warm sandbox is being made, and those tasks
+        self._making: set[str] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
 
     # ------------------------------------------------------------------ key
 
@@ -214,34 +217,44 @@ class WarmPool:
     def prepare_soon(
         self, request: StartRequest, tree: Path, mount: tuple[Path, dict[str, str]] | None
     ) -> None:
-        """After a writer's start has answered: the workspace's next sandbox, made ready."""
+        """After a writer's start: the workspace's next sandbox, made in a task whose spawn
+        runs in a worker thread, so the event loop (and the start's answer) never waits."""
+        workspace_id = request.workspace_id
         if self.count <= 0 or request.read_only or self._sandboxes.waiter is None:
             return
-        loop = asyncio.get_running_loop()
-        loop.call_soon(self._prepare, request.workspace_id, request.environment_id, tree, mount)
+        if self._closed or workspace_id in self._ready or workspace_id in self._making:
+            return
+        self._making.add(workspace_id)
+        task = asyncio.ensure_future(
+            self._prepare(workspace_id, request.environment_id, tree, mount)
+        )
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
-    def _prepare(
+    async def _prepare(
         self,
         workspace_id: str,
         environment_id: str | None,
         tree: Path,
         mount: tuple[Path, dict[str, str]] | None,
     ) -> None:
-        if self._closed or workspace_id in self._ready:
-            return
-        if memory_low():
-            self.stats["memory"] += 1
-            self.discard_all("memory")
-            return
-        while len(self._ready) >= self.count:  # the one waiting longest makes room
-            oldest = min(self._ready.values(), key=lambda w: w.made_at)
-            self._ready.pop(oldest.key.workspace_id)
-            self._discard(oldest, "full")
         try:
-            warm = self._spawn(workspace_id, environment_id, tree, mount)
+            if memory_low():
+                self.stats["memory"] += 1
+                self.discard_all("memory")
+                return
+            while self._ready and len(self._ready) >= self.count:  # the longest waiting goes
+                oldest = min(self._ready.values(), key=lambda w: w.made_at)
+                self.discard_workspace(oldest.key.workspace_id, "full")
+            warm = await self._spawn(workspace_id, environment_id, tree, mount)
         except Exception as exc:  # the next command starts cold; nothing else is lost
             log.warning("could not make a warm sandbox for %s: %s", workspace_id, exc)
             self.stats["failed"] += 1
+            return
+        finally:
+            self._making.discard(workspace_id)
+        if self._closed or workspace_id in self._ready:
+            self._discard(warm, "closed")
             return
         warm.timer = asyncio.get_running_loop().call_later(
             self.idle_s, self._idle, workspace_id, warm
@@ -249,7 +262,7 @@ class WarmPool:
         self._ready[workspace_id] = warm
         self.stats["made"] += 1
 
-    def _spawn(
+    async def _spawn(
         self,
         workspace_id: str,
         environment_id: str | None,
@@ -268,7 +281,7 @@ class WarmPool:
         env = box.base_env(workspace_id, None, mount)
         env["SHELLYARD_SANDBOX_ID"] = sandbox_id
         try:
-            started = box.start_bwrap(
+            pending = box.prepare_bwrap(
                 workspace_id=workspace_id,
                 sandbox_id=sandbox_id,
                 directory=directory,
@@ -278,6 +291,13 @@ class WarmPool:
                 env=env,
                 extra_fds=(read_fd, self_fd),
             )
+            try:
+                started = await asyncio.get_running_loop().run_in_executor(None, pending.spawn)
+            except BaseException:
+                box.abandon(pending)
+                raise
+            finally:
+                pending.close()
         except BaseException:
             os.close(write_fd)
             shutil.rmtree(directory, ignore_errors=True)
@@ -352,6 +372,12 @@ class WarmPool:
         if box.networks is not None and warm.started.network is not None:
             box.networks.release(warm.key.workspace_id, warm.sandbox_id)
         shutil.rmtree(warm.directory, ignore_errors=True)
+
+    async def drain(self) -> None:
+        """The runner stops: none is made any more, those being made are done first."""
+        self._closed = True
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
 
     def close(self) -> None:
         """The runner stops: no warm sandbox outlives it."""
