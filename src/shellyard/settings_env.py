@@ -210,6 +210,8 @@ VARIABLES: dict[str, Variable] = {
         # -- set by shellyard inside each command's sandbox, never read from the host
         Variable("SHELLYARD_EXECUTION_ID", "set by shellyard", "the execution's id",
                  "Inside a command: its execution id.", "sandbox"),
+        Variable("SHELLYARD_SANDBOX_ID", "set by shellyard", "warm-…",
+                 "In a warm sandbox's own processes (not the command's): its id.", "sandbox"),
         Variable("SHELLYARD_WORKSPACE_ID", "set by shellyard", "the workspace's id",
                  "Inside a command: its workspace id.", "sandbox"),
     )
