@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 from env_fixtures import make_wheel
+from runner_daemon_fixture import start_daemon
 
 from conftest import Yard, open_yard
 from shellyard.contract.environments import EnvironmentChangeBody, EnvironmentCreateRequest
@@ -249,3 +250,40 @@ async def test_kill9_of_the_control_plane_leaves_no_warm_sandbox(served_home: Pa
     folders = [p.name for p in home.glob("**/sandbox/warm/warm-*")]
     assert not set(folders) & waiting, "a dead runner's warm folders are removed at restart"
     assert client.run("echo next", wait_ms=30000).exit_code == 0  # and new ones are made
+
+
+async def test_kill9_of_the_runner_daemon_leaves_no_warm_sandbox(home: Path) -> None:
+    """E11, R3: a runner daemon killed with SIGKILL while its warm sandbox waits: after the
+    restart nothing of it is left, and the daemon makes and uses new ones."""
+    plane, _, _ = await open_yard(home, "local")
+    daemon = await start_daemon(home / "daemon", SandboxPolicy(), subprocess=True)
+    try:
+        await plane.runners.add_direct("remote", daemon.url, daemon.token)
+        first = await run(plane, "echo one", runner_id="remote")
+        assert first.stdout == "one\n"
+        deadline = time.monotonic() + 10
+        while not warm_processes() and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        waiting = set(warm_processes().values())
+        assert waiting, "the daemon must have a warm sandbox waiting before the kill"
+        daemon.kill()
+        await daemon.restart()
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            left = {pid: sid for pid, sid in warm_processes().items() if sid in waiting}
+            if not left:
+                break
+            await asyncio.sleep(0.05)
+        assert not left, f"warm sandbox processes left after the restart: {left}"
+        assert not [p for p in (home / "daemon").glob("**/sandbox/warm/*") if p.name in waiting]
+        again = await run(plane, "echo two", runner_id="remote")
+        assert again.stdout == "two\n"
+        after = await run(plane, "echo three", runner_id="remote")
+        root = home / "daemon"
+        recorded = json.loads(
+            next(root.glob(f"**/executions/{after.execution_id}/meta.json")).read_text()
+        )
+        assert recorded["sandbox_id"].startswith("warm-")  # the restarted daemon warms again
+    finally:
+        await plane.aclose()
+        await daemon.stop()
