@@ -175,7 +175,7 @@ async def test_quota_breach_discards_the_warm_sandbox(home: Path) -> None:
         await wait_for_warm(runner, first.workspace_id)
         filler = await run(plane, "head -c 8000000 /dev/zero > big; sleep 5")
         assert meta(runner, filler.execution_id)["sandbox_id"].startswith("warm-")
-        assert filler.limit == "quota", filler
+        assert filler.limit == "quota" and filler.exit_code == 137, filler  # killed
         assert runner._runs.warm.stats["discarded_limit"] == 1
         next_one = await run(plane, "rm -f big; echo ok")
         assert next_one.stdout == "ok\n"

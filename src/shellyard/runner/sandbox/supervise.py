@@ -134,7 +134,10 @@ class Supervisor:
             self.busy_workspaces[request.workspace_id] = request.execution_id
         self._use_environment(live.environment_id, request.execution_id)
         self._watch(request.execution_id, live)
-        self._guard.watch(request.execution_id, request.workspace_id, directory, tree, live.pid)
+        marker = live.marker(request.execution_id)
+        self._guard.watch(
+            request.execution_id, request.workspace_id, directory, tree, live.pid, marker
+        )
         self.warm.prepare_soon(request, tree, mount)
         return self._running(request.execution_id, live)
 
@@ -296,6 +299,8 @@ class Supervisor:
         self._lingering.pop(execution_id, None)
         networks = self.sandboxes.networks
         if networks is not None:
+            # R2: a warm sandbox does not keep the namespace past its linger either
+            self.warm.network_lingered(workspace_id, networks.holders(workspace_id))
             try:
                 networks.release(workspace_id, execution_id)
             except OSError:  # a timer callback has no caller to tell; the next start retries
@@ -464,7 +469,10 @@ class Supervisor:
                 tree = self._workspace_path(live.workspace_id)  # limits (R2, docs/limits.md)
                 if live.read_only:
                     tree = view or directory / views.VIEW
-                self._guard.watch(execution_id, live.workspace_id, directory, tree, live.pid)
+                marker = live.marker(execution_id)
+                self._guard.watch(
+                    execution_id, live.workspace_id, directory, tree, live.pid, marker
+                )
                 if (directory / "cancel").exists():
                     requested = float((directory / "cancel").read_text() or time.time())
                     live.cancel_task = asyncio.ensure_future(self._cancel(live, requested))

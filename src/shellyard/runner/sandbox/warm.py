@@ -256,6 +256,11 @@ class WarmPool:
         if self._closed or workspace_id in self._ready:
             self._discard(warm, "closed")
             return
+        networks = self._sandboxes.networks
+        alone = networks is not None and not networks.holders(workspace_id) - {warm.sandbox_id}
+        if alone and warm.started.network is not None:
+            self._discard(warm, "network")  # its network's linger ended meanwhile
+            return
         warm.timer = asyncio.get_running_loop().call_later(
             self.idle_s, self._idle, workspace_id, warm
         )
@@ -318,6 +323,14 @@ class WarmPool:
         self._limit_endings[workspace_id] += 1
         self.discard_workspace(workspace_id, "limit")
 
+    def network_lingered(self, workspace_id: str, holders: set[str]) -> None:
+        """The last execution's share of the workspace's network is let go after its
+        linger: a warm sandbox holding it beside that one alone goes too, so the namespace
+        lives no longer than it did without warm sandboxes (SHELLYARD_NETWORK_LINGER_S)."""
+        warm = self._ready.get(workspace_id)
+        if warm is not None and len(holders - {warm.sandbox_id}) <= 1:
+            self.discard_workspace(workspace_id, "network")
+
     def discard_workspace(self, workspace_id: str, reason: str) -> None:
         warm = self._ready.pop(workspace_id, None)
         if warm is not None:
@@ -344,12 +357,16 @@ class WarmPool:
             warm.write_fd = None
 
     def _discard(self, warm: Warm, reason: str) -> None:
-        """Its pipe closed (the waiter exits, running nothing), its sandbox killed, its
-        groups, network share and folder let go once it is gone."""
+        """Its pipe closed (the waiter exits, running nothing) and its network share let go;
+        its groups and folder once it is gone."""
         self.stats[f"discarded_{reason}"] += 1
         if warm.timer is not None:
             warm.timer.cancel()
         self._close_pipe(warm)
+        box = self._sandboxes
+        if box.networks is not None and warm.started.network is not None:
+            # at once (a namespace counted gone must be); its processes, ending, need no name
+            box.networks.release(warm.key.workspace_id, warm.sandbox_id)
         popen = warm.started.popen
         try:
             loop = asyncio.get_running_loop()
@@ -369,8 +386,6 @@ class WarmPool:
             processes.signal_process(init, signal.SIGKILL)
         if box.cgroups is not None:
             box.cgroups.remove(warm.key.workspace_id, warm.sandbox_id)
-        if box.networks is not None and warm.started.network is not None:
-            box.networks.release(warm.key.workspace_id, warm.sandbox_id)
         shutil.rmtree(warm.directory, ignore_errors=True)
 
     async def drain(self) -> None:
