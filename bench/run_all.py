@@ -34,6 +34,7 @@ DOC = REPO / "docs" / "benchmarks.md"
 #: (name, script, timeout in seconds for the full run), in the document's order
 SUITE = [
     ("roundtrip", "bench_roundtrip.py", 300),
+    ("warm", "bench_warm.py", 900),
     ("throughput", "bench_throughput.py", 300),
     ("snapshots", "bench_snapshots.py", 600),
     ("change_hints", "bench_change_hints.py", 1500),
