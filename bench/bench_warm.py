@@ -20,9 +20,9 @@ from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from bench_roundtrip import api_once, rest_once
 from common import MinimalBwrap, cli, make_home, metric, remove_home, stop_server, summary_ms
 from shellyard.config import Settings
-from shellyard.contract.executions import RunShellRequest
 from shellyard.control.plane import ControlPlane
 from shellyard.home import ensure_server
 from shellyard.runner.local import LocalRunner
@@ -47,24 +47,6 @@ def warm_count(value: str | None) -> Iterator[None]:
             os.environ.pop("SHELLYARD_WARM_SANDBOXES", None)
         else:
             os.environ["SHELLYARD_WARM_SANDBOXES"] = old
-
-
-async def api_once(plane: ControlPlane) -> float:
-    start = time.perf_counter()
-    result = await plane.executions.run_shell(RunShellRequest(command="true"))
-    elapsed = time.perf_counter() - start
-    if result.state != "completed" or result.exit_code != 0:
-        raise RuntimeError(f"API run_shell of true ended {result.state}: {result.error}")
-    return elapsed
-
-
-async def rest_once(client: AsyncClient) -> float:
-    start = time.perf_counter()
-    result = await client.run("true")
-    elapsed = time.perf_counter() - start
-    if result.state != "completed":
-        raise RuntimeError(f"REST run of true ended {result.state}")
-    return elapsed
 
 
 async def minimal_once(minimal: MinimalBwrap) -> float:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -16,10 +15,9 @@ import pytest
 from env_fixtures import make_wheel
 from runner_daemon_fixture import start_daemon
 
-from conftest import Yard, open_yard
+from conftest import Yard, kill_server, open_yard
 from shellyard.contract.environments import EnvironmentChangeBody, EnvironmentCreateRequest
 from shellyard.contract.executions import ExecutionState, RunShellRequest
-from shellyard.home import ensure_server, is_served
 from shellyard.runner.protocol import SandboxPolicy
 from shellyard.sdk.client import Client
 
@@ -206,15 +204,6 @@ async def test_two_workspaces_never_share_a_warm_sandbox(home: Path) -> None:
         assert meta(runner, read_b.execution_id)["sandbox_id"] == warm_b
     finally:
         await plane.aclose()
-
-
-def kill_server(home: Path) -> None:
-    info = ensure_server(home)
-    os.kill(info.pid, signal.SIGKILL)
-    deadline = time.monotonic() + 10
-    while is_served(home) and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert not is_served(home)
 
 
 async def test_kill9_of_the_control_plane_leaves_no_warm_sandbox(served_home: Path) -> None:
