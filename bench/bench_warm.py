@@ -94,7 +94,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
                 await planes[name].start()
         for name, count in (("rest", None), ("rest_cold", "0")):
             with warm_count(count):
-                info = ensure_server(homes[name])
+                info = ensure_server(homes[name], timeout_s=180)  # a loaded machine
             clients[name] = AsyncClient(info.url, info.token)
         for name, count in (("runner", None), ("runner_cold", "0")):
             with warm_count(count):

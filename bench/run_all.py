@@ -34,7 +34,6 @@ DOC = REPO / "docs" / "benchmarks.md"
 #: (name, script, timeout in seconds for the full run), in the document's order
 SUITE = [
     ("roundtrip", "bench_roundtrip.py", 300),
-    ("warm", "bench_warm.py", 900),
     ("throughput", "bench_throughput.py", 300),
     ("snapshots", "bench_snapshots.py", 600),
     ("change_hints", "bench_change_hints.py", 1500),
@@ -51,6 +50,7 @@ SUITE = [
     ("runners", "bench_runners.py", 600),
     ("replicas", "bench_replicas.py", 900),
     ("soak", "bench_soak.py", 900),
+    ("warm", "bench_warm.py", 900),
 ]
 
 #: Always run small in the suite: the full soak takes hours (run it alone for that).

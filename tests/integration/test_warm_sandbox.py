@@ -22,8 +22,9 @@ from shellyard.runner.protocol import SandboxPolicy
 from shellyard.sdk.client import Client
 
 
-def warm_processes() -> dict[int, str]:
-    """Host pid → warm sandbox id of every process still made for a warm sandbox."""
+def warm_processes(*workspaces: str) -> dict[int, str]:
+    """Host pid → warm sandbox id of every process still made for a warm sandbox (of these
+    workspaces only, when named: other tests and benchmarks may run beside)."""
     found: dict[int, str] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -32,9 +33,14 @@ def warm_processes() -> dict[int, str]:
             environ = Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
         except OSError:
             continue
-        for item in environ:
-            if item.startswith(b"SHELLYARD_SANDBOX_ID=warm-"):
-                found[int(entry)] = item.split(b"=", 1)[1].decode()
+        sandbox = [x for x in environ if x.startswith(b"SHELLYARD_SANDBOX_ID=warm-")]
+        owner = {
+            x.split(b"=", 1)[1].decode()
+            for x in environ
+            if x.startswith(b"SHELLYARD_WORKSPACE_ID=")
+        }
+        if sandbox and (not workspaces or owner & set(workspaces)):
+            found[int(entry)] = sandbox[0].split(b"=", 1)[1].decode()
     return found
 
 
@@ -97,7 +103,7 @@ async def test_every_command_is_a_fresh_process_in_a_warm_sandbox(home: Path) ->
         assert f"SHELLYARD_EXECUTION_ID={in_sub.execution_id}" in in_sub.stdout
     finally:
         await plane.aclose()
-    assert not warm_processes()
+    assert not warm_processes(first.workspace_id)
 
 
 async def test_a_policy_change_discards_the_warm_sandbox(home: Path) -> None:
@@ -215,14 +221,14 @@ async def test_kill9_of_the_control_plane_leaves_no_warm_sandbox(served_home: Pa
     first = client.run("echo one", wait_ms=30000)
     assert first.state == ExecutionState.completed
     deadline = time.monotonic() + 10
-    while not warm_processes() and time.monotonic() < deadline:
+    while not warm_processes(first.workspace_id) and time.monotonic() < deadline:
         time.sleep(0.05)
-    waiting = set(warm_processes().values())
+    waiting = set(warm_processes(first.workspace_id).values())
     assert waiting, "a warm sandbox must be waiting before the kill"
     running = client.run("sleep 2; echo survived", wait_ms=200)  # takes the warm one
     assert running.state == ExecutionState.running
     deadline = time.monotonic() + 10
-    while len(set(warm_processes().values())) < 2 and time.monotonic() < deadline:
+    while len(set(warm_processes(first.workspace_id).values())) < 2 and time.monotonic() < deadline:
         time.sleep(0.05)  # the taken one's command runs; the next one waits
     kill_server(home)
     client = Client.for_home(home)  # a new control plane on the same home
@@ -231,7 +237,9 @@ async def test_kill9_of_the_control_plane_leaves_no_warm_sandbox(served_home: Pa
     assert client.logs(running.execution_id).data == "survived\n"
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
-        left = {pid: sid for pid, sid in warm_processes().items() if sid in waiting}
+        left = {
+            pid: sid for pid, sid in warm_processes(first.workspace_id).items() if sid in waiting
+        }
         if not left:
             break
         time.sleep(0.05)
@@ -251,15 +259,19 @@ async def test_kill9_of_the_runner_daemon_leaves_no_warm_sandbox(home: Path) -> 
         first = await run(plane, "echo one", runner_id="remote")
         assert first.stdout == "one\n"
         deadline = time.monotonic() + 10
-        while not warm_processes() and time.monotonic() < deadline:
+        while not warm_processes(first.workspace_id) and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
-        waiting = set(warm_processes().values())
+        waiting = set(warm_processes(first.workspace_id).values())
         assert waiting, "the daemon must have a warm sandbox waiting before the kill"
         daemon.kill()
         await daemon.restart()
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
-            left = {pid: sid for pid, sid in warm_processes().items() if sid in waiting}
+            left = {
+                pid: sid
+                for pid, sid in warm_processes(first.workspace_id).items()
+                if sid in waiting
+            }
             if not left:
                 break
             await asyncio.sleep(0.05)
@@ -276,3 +288,60 @@ async def test_kill9_of_the_runner_daemon_leaves_no_warm_sandbox(home: Path) -> 
     finally:
         await plane.aclose()
         await daemon.stop()
+
+
+async def _local_runner(root: Path) -> Any:
+    from shellyard.runner.local import LocalRunner
+
+    root.mkdir(parents=True)
+    root.chmod(0o711)
+    runner = LocalRunner(root / "runner")
+    await runner.startup()
+    return runner
+
+
+async def _run_direct(runner: Any, workspace_id: str, execution_id: str) -> None:
+    from shellyard.runner.protocol import StartRequest
+
+    await runner.ensure_workspace(workspace_id)
+    request = StartRequest(execution_id=execution_id, workspace_id=workspace_id, command="true")
+    await runner.start(request)
+    assert (await runner.wait(execution_id, 30)).exit_code == 0
+
+
+async def test_idle_full_and_memory_pressure_discard(
+    home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """R2: bounded per runner (SHELLYARD_WARM_SANDBOXES: the one waiting longest makes
+    room), gone after SHELLYARD_WARM_IDLE_S, none made and none kept while the host is short
+    of memory (the threshold raised over the real /proc/meminfo); each discarded one's
+    processes are gone."""
+    from shellyard.runner.sandbox import warm
+
+    monkeypatch.setenv("SHELLYARD_WARM_SANDBOXES", "1")
+    monkeypatch.setenv("SHELLYARD_WARM_IDLE_S", "1.5")
+    runner = await _local_runner(home / "r")
+    pool = runner._runs.warm
+    ws_a, ws_b = f"ws-a-{os.getpid()}-{time.time_ns()}", f"ws-b-{os.getpid()}-{time.time_ns()}"
+    try:
+        await _run_direct(runner, ws_a, "a1")
+        first = await wait_for_warm(runner, ws_a)
+        await _run_direct(runner, ws_b, "b1")
+        await wait_for_warm(runner, ws_b)
+        assert set(pool.waiting()) == {ws_b} and pool.stats["discarded_full"] == 1
+        deadline = time.monotonic() + 10
+        while pool.waiting() and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        assert pool.waiting() == {} and pool.stats["discarded_idle"] == 1
+        monkeypatch.setattr(warm, "MEMORY_LOW_FRACTION", 1.01)  # every host is short now
+        assert warm.memory_low()
+        await _run_direct(runner, ws_a, "a2")
+        await asyncio.sleep(0.5)
+        assert pool.waiting() == {} and pool.stats["memory"] >= 1
+        deadline = time.monotonic() + 10
+        while first in warm_processes().values() and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        assert not warm_processes(ws_a, ws_b)
+    finally:
+        await runner.aclose()
+    assert not warm_processes(ws_a, ws_b)
