@@ -51,6 +51,7 @@ SUITE = [
     ("runners", "bench_runners.py", 600),
     ("replicas", "bench_replicas.py", 900),
     ("soak", "bench_soak.py", 900),
+    ("warm", "bench_warm.py", 900),
 ]
 
 #: Always run small in the suite: the full soak takes hours (run it alone for that).

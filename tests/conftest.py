@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -151,6 +152,19 @@ def processes_of(execution_id: str) -> list[int]:
         except OSError:
             continue
     return found
+
+
+def kill_server(home: Path) -> None:
+    """SIGKILL the ``shellyard serve`` of ``home`` (the control plane, with its local runner)
+    and wait until it is gone."""
+    from shellyard.home import ensure_server, is_served
+
+    info = ensure_server(home)
+    os.kill(info.pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while is_served(home) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not is_served(home)
 
 
 def host_uid(pid: int) -> int:

@@ -201,6 +201,12 @@ VARIABLES: dict[str, Variable] = {
         Variable("SHELLYARD_NETWORK_LINGER_S", f"{_SECONDS}, 0 or more", "30",
                  "How long a workspace's network outlives its last command.", "runner",
                  _number(0)),
+        Variable("SHELLYARD_WARM_SANDBOXES", "a whole number, 0 or more", "8",
+                 "Warm sandboxes a runner keeps ready, one per recently used workspace "
+                 "(docs/operations.md); 0: none.", "runner", _whole(0, 1024)),
+        Variable("SHELLYARD_WARM_IDLE_S", f"{_SECONDS}, more than 0", "60",
+                 "How long a warm sandbox waits for its workspace's next command.", "runner",
+                 _number(0.001)),
         Variable("SHELLYARD_LAUNCHER", "auto, chain", "auto",
                  "The sandbox's launch: auto builds the small C launcher (the chain of "
                  "nsenter, setpriv and prlimit without a compiler); chain always uses the "
@@ -208,6 +214,8 @@ VARIABLES: dict[str, Variable] = {
         # -- set by shellyard inside each command's sandbox, never read from the host
         Variable("SHELLYARD_EXECUTION_ID", "set by shellyard", "the execution's id",
                  "Inside a command: its execution id.", "sandbox"),
+        Variable("SHELLYARD_SANDBOX_ID", "set by shellyard", "warm-…",
+                 "In a warm sandbox's own processes (not the command's): its id.", "sandbox"),
         Variable("SHELLYARD_WORKSPACE_ID", "set by shellyard", "the workspace's id",
                  "Inside a command: its workspace id.", "sandbox"),
     )

@@ -14,20 +14,10 @@ from pathlib import Path
 import pytest
 from runner_daemon_fixture import start_daemon
 
-from conftest import open_yard, processes_of
+from conftest import kill_server, open_yard, processes_of
 from shellyard.contract.executions import ExecutionState, RunShellRequest
-from shellyard.home import ensure_server, is_served
 from shellyard.runner.protocol import SandboxPolicy
 from shellyard.sdk.client import Client
-
-
-def kill_server(home: Path) -> None:
-    info = ensure_server(home)
-    os.kill(info.pid, signal.SIGKILL)
-    deadline = time.monotonic() + 10
-    while is_served(home) and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert not is_served(home)
 
 
 @pytest.mark.parametrize("runner", ["local", "direct"])

@@ -11,7 +11,6 @@ import asyncio
 import json
 import os
 import shutil
-import signal
 import socket
 import time
 from pathlib import Path
@@ -19,10 +18,9 @@ from pathlib import Path
 import pytest
 from runner_daemon_fixture import start_daemon
 
-from conftest import Yard, sy
+from conftest import Yard, kill_server, sy
 from shellyard.contract.executions import ExecutionState, RunShellRequest, RunShellResult
 from shellyard.errors import WorkspaceBusy
-from shellyard.home import ensure_server, is_served
 from shellyard.runner.protocol import SandboxPolicy
 from shellyard.sdk.client import Client
 
@@ -220,16 +218,6 @@ async def test_other_workspace_and_host_cannot_reach_the_server(yard: Yard) -> N
         await yard.plane.executions.cancel(server.execution_id, wait_s=30)
 
 
-def _kill_server(home: Path) -> None:
-    """SIGKILL the ``shellyard serve`` of ``home`` (the control plane, with its local runner)."""
-    info = ensure_server(home)
-    os.kill(info.pid, signal.SIGKILL)
-    deadline = time.monotonic() + 10
-    while is_served(home) and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert not is_served(home)
-
-
 @needs_shared_network
 @pytest.mark.parametrize("runner", ["local", "direct"])
 async def test_kill9_control_plane_keeps_server_reader_and_network(
@@ -259,7 +247,7 @@ async def test_kill9_control_plane_keeps_server_reader_and_network(
     reader = client.run(
         "sleep 3; " + _fetch("live.txt"), read_only=True, background=True, runner_id=runner_id
     )
-    _kill_server(home)
+    kill_server(home)
     await asyncio.sleep(1)
     client = Client.for_home(home)  # a new control plane on the same home
     try:

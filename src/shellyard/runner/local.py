@@ -69,6 +69,7 @@ from shellyard.runner.sandbox import folder_access, launch, tenants
 from shellyard.runner.sandbox.seccomp import SeccompProfile
 from shellyard.runner.sandbox.spawn import Sandboxes, check_start, script_argv
 from shellyard.runner.sandbox.supervise import Supervisor, TerminalDoor, check_id
+from shellyard.runner.sandbox.warm import SOURCE as WARM
 from shellyard.runner.snapshots import history, objects
 from shellyard.runner.snapshots.objects import PackImporter, StoreLock, aiter_thread
 from shellyard.runner.snapshots.store import SnapshotStore
@@ -183,6 +184,7 @@ class LocalRunner(TerminalDoor):  # E13: send_input, screen, resize
         )
         await asyncio.to_thread(box.seccomp.write)
         box.launcher = await asyncio.to_thread(launch.build, self._sandbox_dir / "bin")
+        box.waiter = await asyncio.to_thread(launch.compile_c, self._sandbox_dir / "bin", WARM)
         # R2 tenants: cgroups per execution inside one per workspace, or rlimits only
         box.cgroups = await asyncio.to_thread(
             cgroups.CgroupTree.probe,
@@ -230,6 +232,7 @@ class LocalRunner(TerminalDoor):  # E13: send_input, screen, resize
 
     async def aclose(self) -> None:
         """Stop watching; the sandboxes themselves keep running (E11)."""
+        await self._runs.warm.drain()  # none left half made
         running = self._runs.live_ids()  # before close forgets them
         self._runs.close()
         if self._sandboxes.cgroups is not None:  # R2 tenants: none left but running ones
@@ -623,6 +626,7 @@ class LocalRunner(TerminalDoor):  # E13: send_input, screen, resize
     # ----------------------------------------------------------------- environments (V1–V8)
 
     async def environment_change(self, request: EnvironmentChangeRequest) -> EnvironmentChange:
+        self._runs.warm.discard_environment(request.environment_id)  # V5: none keeps the old
         return await self._environments.change(request)
 
     async def environment_change_status(self, change_id: str) -> EnvironmentChange:

@@ -86,6 +86,7 @@ class _Watched:
     directory: Path
     tree: Path
     pid: int
+    marker: bytes = b""
     #: The workspace's usage when the command started (its head snapshot), once known:
     #: a command may run in a workspace already over quota but not grow it further.
     baseline: int | None = None
@@ -166,12 +167,21 @@ class Guard:
         return reserve.reserve_bytes(self.policy, total)
 
     def watch(
-        self, execution_id: str, workspace_id: str, directory: Path, tree: Path, pid: int
+        self,
+        execution_id: str,
+        workspace_id: str,
+        directory: Path,
+        tree: Path,
+        pid: int,
+        marker: bytes | None = None,
     ) -> None:
+        """``marker``: what the environment of the sandbox's init holds (a warm sandbox's
+        own id, spawn.py ``LiveExecution.marker``); default its execution id."""
         if not self.active:
             return
         started = time.perf_counter()
         w = _Watched(execution_id, workspace_id, directory, tree, pid)
+        w.marker = marker or f"SHELLYARD_EXECUTION_ID={execution_id}".encode()
         for stream in STREAMS:
             w.cuts[stream] = logcap.load_cut(directory / stream)
         w.logs_at_start = _logs_held(directory)
@@ -601,8 +611,7 @@ class Guard:
         status = processes.read_bwrap_status(w.directory / "status")
         init_pid = status.get("child-pid")
         if isinstance(init_pid, int):
-            marker = f"SHELLYARD_EXECUTION_ID={w.execution_id}".encode()
-            await processes.kill_and_wait(init_pid, marker)
+            await processes.kill_and_wait(init_pid, w.marker)
         else:
             processes.signal_group(w.pid, signal.SIGKILL)
 

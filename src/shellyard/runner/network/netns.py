@@ -107,6 +107,10 @@ class WorkspaceNetworks:
                 raise
         return path
 
+    def holders(self, workspace_id: str) -> set[str]:
+        """The ids holding the workspace's namespace (executions, a warm sandbox)."""
+        return set(self._users.get(workspace_id, ()))
+
     def in_use(self, workspace_id: str) -> Path | None:
         """The workspace's namespace while it has a live execution, else None."""
         if not self._live.get(workspace_id):

@@ -47,31 +47,37 @@ def build(directory: Path) -> Path | None:
     source's hash, so an upgrade builds the new one); None: use the chain."""
     if (settings_env.get("SHELLYARD_LAUNCHER") or "auto").lower() == "chain":
         return None
-    source = SOURCE.read_bytes()
-    target = directory / f"shellyard-launch-{hashlib.sha256(source).hexdigest()[:12]}"
+    return compile_c(directory, SOURCE)
+
+
+def compile_c(directory: Path, path: Path) -> Path | None:
+    """``path`` (a C program of this package) built for this host into ``directory`` once;
+    None where no compiler is found or the build fails (logged)."""
+    source = path.read_bytes()
+    target = directory / f"shellyard-{path.stem}-{hashlib.sha256(source).hexdigest()[:12]}"
     if target.is_file() and os.access(target, os.X_OK):
         return target
     compiler = shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
-        log.info("no C compiler: the sandbox's launch uses nsenter, setpriv and prlimit")
+        log.info("no C compiler for %s (docs/operations.md)", path.name)
         return None
     directory.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(target.name + f".{os.getpid()}.tmp")
     try:
         done = subprocess.run(
-            [compiler, "-O2", "-o", str(tmp), str(SOURCE)],
+            [compiler, "-O2", "-o", str(tmp), str(path)],
             capture_output=True,
             text=True,
             timeout=120,
             check=False,
         )
         if done.returncode != 0:
-            log.warning("could not build the sandbox launcher: %s", done.stderr.strip()[-500:])
+            log.warning("could not build %s: %s", path.name, done.stderr.strip()[-500:])
             return None
         tmp.chmod(0o755)
         os.replace(tmp, target)
     except (OSError, subprocess.SubprocessError) as exc:
-        log.warning("could not build the sandbox launcher: %s", exc)
+        log.warning("could not build %s: %s", path.name, exc)
         return None
     finally:
         tmp.unlink(missing_ok=True)

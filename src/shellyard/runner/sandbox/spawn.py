@@ -66,8 +66,16 @@ class LiveExecution:
     shared_network: bool = False
     #: A cancel was asked here (its ``cancel`` file may be missing on a full volume).
     cancel_requested: bool = False
+    #: A warm sandbox's own id (warm.py): its cgroups and its init's marker are named by it.
+    sandbox_id: str | None = None
     #: E13: its input's holder: "tty" (a terminal), "pipe" (stdin only), or None.
     interactive: str | None = None
+
+    def marker(self, execution_id: str) -> bytes:
+        """What the environment of the sandbox's init holds (``kill_and_wait``)."""
+        if self.sandbox_id is not None:
+            return f"SHELLYARD_SANDBOX_ID={self.sandbox_id}".encode()
+        return f"SHELLYARD_EXECUTION_ID={execution_id}".encode()
 
 
 def write_json_atomic(path: Path, data: str) -> None:
@@ -97,6 +105,8 @@ class Sandboxes:
     #: What enters the network, drops privileges and sets limits in one exec (launch.py);
     #: None: the nsenter/setpriv/prlimit chain.
     launcher: Path | None = None
+    #: What a warm sandbox runs first, waiting for its command (warm.c); None: no warm ones.
+    waiter: Path | None = None
     #: R2 tenants: the execution's cgroups inside its workspace's (cgroups.py); None: rlimits.
     cgroups: CgroupTree | None = None
     #: R2 tenants: the uid and gid of a workspace (tenants.py); None: ``ids`` for all.
@@ -117,6 +127,28 @@ class Sandboxes:
             network=network, egress_digest=digest, seccomp_profile=self.seccomp.version
         )
 
+    def command_env(
+        self, request: StartRequest, mount: tuple[Path, dict[str, str]] | None
+    ) -> dict[str, str]:
+        """E1: the environment a command starts with (bwrap's ``--setenv`` of the caller's
+        variables last); a warm sandbox's waiter sets exactly this (warm.py)."""
+        env = self.base_env(request.workspace_id, request.cwd, mount)
+        return {**env, "SHELLYARD_EXECUTION_ID": request.execution_id, **request.env}
+
+    def base_env(
+        self, workspace_id: str, cwd: str | None, mount: tuple[Path, dict[str, str]] | None
+    ) -> dict[str, str]:
+        return sandbox.sandbox_env(
+            sandbox.WORKSPACE,
+            {
+                **(sandbox.home_variables() if self.home_of is not None else {}),
+                "PWD": inside(cwd),
+                **sandbox.proxy_variables(self.policy.network),
+                **environment_variables(mount),
+                "SHELLYARD_WORKSPACE_ID": workspace_id,
+            },
+        )
+
     def spawn(
         self,
         request: StartRequest,
@@ -125,11 +157,6 @@ class Sandboxes:
         command: list[str],
         mount: tuple[Path, dict[str, str]] | None = None,
     ) -> LiveExecution:
-        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC
-        out_fd = os.open(directory / "stdout", flags, 0o600)
-        err_fd = os.open(directory / "stderr", flags, 0o600)
-        status_fd = os.open(directory / "status", flags, 0o600)
-        seccomp_fd = self.seccomp.open()
         command_fd = None
         if len(command) == 3 and command[:2] == ["bash", "-c"]:
             text = command[2].encode("utf-8", "surrogateescape")
@@ -145,21 +172,82 @@ class Sandboxes:
             )
             if request.tty:
                 command = terminal.in_terminal(command)
-        policy = self.execution_policy()
+        env = self.base_env(request.workspace_id, request.cwd, mount)
+        env["SHELLYARD_EXECUTION_ID"] = request.execution_id
+        try:
+            pending = self.prepare_bwrap(
+                workspace_id=request.workspace_id,
+                sandbox_id=request.execution_id,
+                directory=directory,
+                tree=tree,
+                command=command,
+                mount=mount,
+                env=env,
+                read_only=request.read_only,
+                chdir=inside(request.cwd),
+                setenv=request.env,
+                command_fd=command_fd,
+            )
+            if channel is not None:
+                pending.stdin = channel.stdin
+                if channel.stdout is not None:
+                    pending.terminal_out = channel.stdout
+            try:
+                started = pending.spawn()
+                if channel is not None:
+                    terminal.start_holder(directory, channel, started.popen.pid)
+            except BaseException:
+                self.abandon(pending)
+                raise
+            finally:
+                pending.close()
+        finally:
+            if command_fd is not None:
+                os.close(command_fd)
+            if channel is not None:
+                channel.close()
+        return self.record(
+            request, directory, started, interactive=channel.mode if channel else None
+        )
+
+    def prepare_bwrap(
+        self,
+        *,
+        workspace_id: str,
+        sandbox_id: str,
+        directory: Path,
+        tree: Path,
+        command: list[str],
+        mount: tuple[Path, dict[str, str]] | None,
+        env: dict[str, str],
+        read_only: bool = False,
+        chdir: str = sandbox.WORKSPACE,
+        setenv: dict[str, str] | None = None,
+        command_fd: int | None = None,
+        extra_fds: tuple[int, ...] = (),
+    ) -> PendingSpawn:
+        """Everything of a spawn but the spawn itself (which touches no shared state, so a
+        warm sandbox's runs in a worker thread): its logs and status opened in ``directory``,
+        the network share and cgroups taken under ``sandbox_id`` (an execution's id, or a
+        warm sandbox's own, warm.py), the command line built."""
+        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC
+        out_fd = os.open(directory / "stdout", flags, 0o600)
+        err_fd = os.open(directory / "stderr", flags, 0o600)
+        status_fd = os.open(directory / "status", flags, 0o600)
+        seccomp_fd = self.seccomp.open()
+        pending = PendingSpawn(workspace_id, sandbox_id, [], env, out_fd, err_fd, [status_fd])
+        pending.owned.append(seccomp_fd)
         networks = self.networks
-        shared = None
-        args_fd: int | None = None
-        joins: list[str] = []
-        home = None if self.home_of is None else self.home_of(request.workspace_id)
+        home = None if self.home_of is None else self.home_of(workspace_id)
         try:
             if networks is not None:
-                shared = networks.acquire(request.workspace_id, request.execution_id)
+                pending.network = networks.acquire(workspace_id, sandbox_id)
             if self.cgroups is not None:
-                joins = self.cgroups.start(request.workspace_id, request.execution_id)
+                pending.joins = self.cgroups.start(workspace_id, sandbox_id)
             argv = sandbox.bwrap_argv(
                 bwrap=self.bwrap,
                 policy=self.policy,
-                ids=self.ids_of(request.workspace_id),
+                ids=self.ids_of(workspace_id),
                 view=self.view,
                 hardening=sandbox.Hardening(seccomp_fd, self.disable_userns),
                 workspace=tree,
@@ -168,74 +256,61 @@ class Sandboxes:
                 read_only_binds=[mount[0]] if mount is not None else (),
                 egress_socket=self.egress_socket,
                 socat=self.socat,
-                workspace_read_only=request.read_only,
-                network=shared,
+                workspace_read_only=read_only,
+                network=pending.network,
                 launcher=self.launcher,
                 command_fd=command_fd,
-                cgroups=joins,
+                cgroups=pending.joins,
                 uid_per_workspace=self.workspace_ids is not None,
-                chdir=inside(request.cwd),
-                setenv=request.env,
+                chdir=chdir,
+                setenv=setenv,
                 home=home,
             )
-            argv, args_fd = sandbox.options_by_fd(argv, self.bwrap)
-            env = sandbox.sandbox_env(
-                sandbox.WORKSPACE,
-                {
-                    **(sandbox.home_variables() if home is not None else {}),
-                    "PWD": inside(request.cwd),
-                    **sandbox.proxy_variables(self.policy.network),
-                    **environment_variables(mount),
-                    "SHELLYARD_EXECUTION_ID": request.execution_id,
-                    "SHELLYARD_WORKSPACE_ID": request.workspace_id,
-                },
-            )
-            started_at = time.time()
-            popen = subprocess.Popen(
-                argv,
-                stdin=subprocess.DEVNULL if channel is None else channel.stdin,
-                stdout=out_fd if channel is None or channel.stdout is None else channel.stdout,
-                stderr=err_fd if channel is None or channel.stdout is None else channel.stdout,
-                pass_fds=(
-                    status_fd,
-                    seccomp_fd,
-                    args_fd,
-                    *self.view.fds,
-                    *([command_fd] if command_fd else []),
-                ),
-                env=env,
-                cwd="/",
-                start_new_session=True,
-            )
-            if joins and self.launcher is None:
-                launch.join(joins, popen.pid)
-            if channel is not None:
-                terminal.start_holder(directory, channel, popen.pid)
+            pending.argv, args_fd = sandbox.options_by_fd(argv, self.bwrap)
+            pending.owned.append(args_fd)
         except BaseException:
-            if networks is not None and shared is not None:
-                networks.release(request.workspace_id, request.execution_id)
-            if self.cgroups is not None and joins:
-                self.cgroups.remove(request.workspace_id, request.execution_id)
+            self.abandon(pending)
+            pending.close()
             raise
-        finally:
-            for fd in (out_fd, err_fd, status_fd, seccomp_fd, args_fd, command_fd):
-                if fd is not None:
-                    with contextlib.suppress(OSError):
-                        os.close(fd)
-            if channel is not None:
-                channel.close()
-        pid_start = processes.start_time(popen.pid) or 0
+        pending.inherited = (
+            *pending.owned,
+            *self.view.fds,
+            *([command_fd] if command_fd else []),
+            *extra_fds,
+        )
+        pending.join_after = bool(pending.joins) and self.launcher is None
+        return pending
+
+    def abandon(self, pending: PendingSpawn) -> None:
+        """A spawn that did not happen lets go of what ``prepare_bwrap`` took."""
+        if self.networks is not None and pending.network is not None:
+            self.networks.release(pending.workspace_id, pending.sandbox_id)
+        if self.cgroups is not None and pending.joins:
+            self.cgroups.remove(pending.workspace_id, pending.sandbox_id)
+
+    def record(
+        self,
+        request: StartRequest,
+        directory: Path,
+        started: Started,
+        sandbox_id: str | None = None,
+        interactive: str | None = None,
+    ) -> LiveExecution:
+        """meta.json written (what a restart re-attaches to, E11), the execution known."""
+        policy = self.execution_policy()
+        popen, shared = started.popen, started.network is not None
         meta = {
             "execution_id": request.execution_id,
             "workspace_id": request.workspace_id,
             "pid": popen.pid,
-            "start_time": pid_start,
-            "started_at": started_at,
+            "start_time": started.start_time,
+            "started_at": started.started_at,
             "environment_id": request.environment_id,
             "policy": policy.model_dump(),
             "read_only": request.read_only,
-            "shared_network": shared is not None,
-            "interactive": channel.mode if channel is not None else None,
+            "shared_network": shared,
+            "interactive": interactive,
+            **({"sandbox_id": sandbox_id} if sandbox_id else {}),
         }
         try:
             write_json_atomic(directory / "meta.json", json.dumps(meta))
@@ -243,22 +318,77 @@ class Sandboxes:
             # No record of it on disk (a full volume): it must not run unwatched.
             processes.signal_group(popen.pid, signal.SIGKILL)
             popen.wait()
-            if networks is not None and shared is not None:
-                networks.release(request.workspace_id, request.execution_id)
+            if self.networks is not None and shared:
+                self.networks.release(request.workspace_id, request.execution_id)
             raise
         return LiveExecution(
             workspace_id=request.workspace_id,
             directory=directory,
             pid=popen.pid,
-            start_time=pid_start,
-            started_at=started_at,
+            start_time=started.start_time,
+            started_at=started.started_at,
             popen=popen,
             environment_id=request.environment_id,
             policy=policy,
             read_only=request.read_only,
-            shared_network=shared is not None,
-            interactive=channel.mode if channel is not None else None,
+            shared_network=shared,
+            sandbox_id=sandbox_id,
+            interactive=interactive,
         )
+
+
+@dataclass
+class PendingSpawn:
+    """A bwrap about to be spawned (``Sandboxes.prepare_bwrap``); ``close`` once spawned."""
+
+    workspace_id: str
+    sandbox_id: str
+    argv: list[str]
+    env: dict[str, str]
+    out_fd: int
+    err_fd: int
+    #: descriptors opened for this spawn alone (status, seccomp, bwrap's options)
+    owned: list[int]
+    inherited: tuple[int, ...] = ()
+    network: Path | None = None
+    joins: list[str] = field(default_factory=list)
+    #: the chain's way into the cgroups (no launcher): written after the spawn
+    join_after: bool = False
+    #: E13: an interactive execution's stdin (its holder's pipe or the terminal) and the
+    #: terminal it writes to (a tty's output is the terminal's, its holder logs it)
+    stdin: int | None = None
+    terminal_out: int | None = None
+
+    def spawn(self) -> Started:
+        started_at = time.time()
+        popen = subprocess.Popen(
+            self.argv,
+            stdin=subprocess.DEVNULL if self.stdin is None else self.stdin,
+            stdout=self.out_fd if self.terminal_out is None else self.terminal_out,
+            stderr=self.err_fd if self.terminal_out is None else self.terminal_out,
+            pass_fds=self.inherited,
+            env=self.env,
+            cwd="/",
+            start_new_session=True,
+        )
+        if self.join_after:
+            launch.join(self.joins, popen.pid)
+        return Started(popen, processes.start_time(popen.pid) or 0, started_at, self.network)
+
+    def close(self) -> None:
+        for fd in (self.out_fd, self.err_fd, *self.owned):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+@dataclass(frozen=True)
+class Started:
+    """A bwrap just spawned: its process, its start time (pid reuse), the network joined."""
+
+    popen: subprocess.Popen[bytes]
+    start_time: int
+    started_at: float
+    network: Path | None
 
 
 def script_argv(tree: Path, script_path: str) -> list[str]:

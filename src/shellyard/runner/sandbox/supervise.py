@@ -38,6 +38,8 @@ from shellyard.runner.protocol import (
 )
 from shellyard.runner.sandbox import terminal
 from shellyard.runner.sandbox.spawn import LiveExecution, Sandboxes, bwrap_error, write_json_atomic
+from shellyard.runner.sandbox.warm import WarmPool
+from shellyard.runner.sandbox.warm import reap as reap_warm
 from shellyard.runner.snapshots import views
 from shellyard.runner.snapshots.store import SnapshotStore
 
@@ -98,6 +100,8 @@ class Supervisor:
         self._lingering: dict[str, tuple[str, asyncio.TimerHandle]] = {}
         #: E13: the emulated screens of tty executions (terminal.py)
         self.screens = terminal.Screens()
+        #: the next sandbox of each recently used workspace, made ahead (warm.py)
+        self.warm = WarmPool(executions.parent / "sandbox" / "warm", sandboxes)
 
     def launch(
         self,
@@ -112,7 +116,11 @@ class Supervisor:
             link = directory / views.VIEW
             tree = self.views.acquire(request.workspace_id, request.execution_id, link)
         try:
-            live = self.sandboxes.spawn(request, directory, tree, command, mount)
+            # E13: an interactive one's stdin is its holder's, never a warm sandbox's pipe.
+            live = None
+            if not request.interactive:
+                live = self.warm.take(request, directory, tree, command, mount)
+            live = live or self.sandboxes.spawn(request, directory, tree, command, mount)
         except BaseException as exc:
             if request.read_only:  # it never ran: it uses the view no longer
                 self.views.release(directory / views.VIEW, request.execution_id)
@@ -133,11 +141,16 @@ class Supervisor:
             self.busy_workspaces[request.workspace_id] = request.execution_id
         self._use_environment(live.environment_id, request.execution_id)
         self._watch(request.execution_id, live)
-        self._guard.watch(request.execution_id, request.workspace_id, directory, tree, live.pid)
+        marker = live.marker(request.execution_id)
+        self._guard.watch(
+            request.execution_id, request.workspace_id, directory, tree, live.pid, marker
+        )
+        self.warm.prepare_soon(request, tree, mount)
         return self._running(request.execution_id, live)
 
     def close(self) -> None:
-        """Stop watching; the sandboxes themselves keep running (E11)."""
+        """Stop watching; the sandboxes themselves keep running (E11); no warm one does."""
+        self.warm.close()
         loop = asyncio.get_running_loop()
         for live in self._live.values():
             if live.pidfd is not None:
@@ -185,10 +198,10 @@ class Supervisor:
             processes.reap_if_child(live.pid)
         status = processes.read_bwrap_status(live.directory / "status")
         init_pid = status.get("child-pid")
+        # bwrap's monitor exits when the command does, while the namespace's init may live
+        # on with leftovers (E8). Killing the init kills the rest; wait until it is gone.
         if isinstance(init_pid, int):
-            # bwrap's monitor exits when the command does, while the namespace's init may live
-            # on with leftovers (E8). Killing the init kills the rest; wait until it is gone.
-            marker = f"SHELLYARD_EXECUTION_ID={execution_id}".encode()
+            marker = live.marker(execution_id)
             if not await processes.kill_and_wait(init_pid, marker):
                 log.warning("the sandbox of %s did not end after SIGKILL", execution_id)
         if live.interactive == "tty":  # E13: the terminal's last output reaches the log
@@ -196,7 +209,8 @@ class Supervisor:
         usage = None
         cgroups = self.sandboxes.cgroups
         if cgroups is not None:  # R2 tenants: what it used, what ended it; its groups go
-            usage = await asyncio.to_thread(cgroups.finish, live.workspace_id, execution_id)
+            group = live.sandbox_id or execution_id
+            usage = await asyncio.to_thread(cgroups.finish, live.workspace_id, group)
         exit_code = status.get("exit-code")
         cancelled = live.cancel_requested or (live.directory / "cancel").exists()
         error = None
@@ -220,6 +234,8 @@ class Supervisor:
             state = RunnerExecState.lost
             error = "the sandbox ended without recording an exit code"
         ending = self._guard.finish(execution_id, live.directory, exit_code, snapshot, usage)
+        if ending.limit is not None:  # what the next sandbox was made from has changed
+            self.warm.limit_ended(live.workspace_id)
         error = ending.error(error, exit_code)
         result = RunnerExecution(
             execution_id=execution_id,
@@ -292,6 +308,8 @@ class Supervisor:
         self._lingering.pop(execution_id, None)
         networks = self.sandboxes.networks
         if networks is not None:
+            # R2: a warm sandbox does not keep the namespace past its linger either
+            self.warm.network_lingered(workspace_id, networks.holders(workspace_id))
             try:
                 networks.release(workspace_id, execution_id)
             except OSError:  # a timer callback has no caller to tell; the next start retries
@@ -426,11 +444,12 @@ class Supervisor:
         )
 
     def live_ids(self) -> set[str]:
-        """The executions watched now (their sandboxes run on)."""
-        return set(self._live)
+        """The names of the groups of the executions watched now (their sandboxes run on)."""
+        return {live.sandbox_id or execution_id for execution_id, live in self._live.items()}
 
     async def recover(self) -> None:
         """E11: re-attach to sandboxes that outlived the previous runner process."""
+        await asyncio.to_thread(reap_warm, self.warm.directory)  # none waits unwatched
         for directory in sorted(self._executions.iterdir()):
             if (directory / "result.json").exists():
                 continue
@@ -454,6 +473,7 @@ class Supervisor:
                 read_only=bool(meta.get("read_only", False)),
                 shared_network=bool(meta.get("shared_network", False)),
                 interactive=meta.get("interactive"),
+                sandbox_id=meta.get("sandbox_id"),
             )
             execution_id = directory.name
             networks = self.sandboxes.networks
@@ -462,7 +482,7 @@ class Supervisor:
                 networks.acquire(live.workspace_id, execution_id)
             self._live[execution_id] = live
             if self.sandboxes.cgroups is not None:  # R2 tenants: its groups are still there
-                self.sandboxes.cgroups.adopt(live.workspace_id, execution_id)
+                self.sandboxes.cgroups.adopt(live.workspace_id, live.sandbox_id or execution_id)
             if not live.read_only:
                 self.busy_workspaces[live.workspace_id] = execution_id
             self._use_environment(live.environment_id, execution_id)
@@ -474,7 +494,10 @@ class Supervisor:
                 tree = self._workspace_path(live.workspace_id)  # limits (R2, docs/limits.md)
                 if live.read_only:
                     tree = view or directory / views.VIEW
-                self._guard.watch(execution_id, live.workspace_id, directory, tree, live.pid)
+                marker = live.marker(execution_id)
+                self._guard.watch(
+                    execution_id, live.workspace_id, directory, tree, live.pid, marker
+                )
                 if (directory / "cancel").exists():
                     requested = float((directory / "cancel").read_text() or time.time())
                     live.cancel_task = asyncio.ensure_future(self._cancel(live, requested))
@@ -483,7 +506,7 @@ class Supervisor:
         if self.sandboxes.cgroups is not None:
             # R2 tenants, E11: groups of executions that ended while no runner watched (or
             # never started) go; those re-attached above stay until their end.
-            gone = await asyncio.to_thread(self.sandboxes.cgroups.sweep, set(self._live))
+            gone = await asyncio.to_thread(self.sandboxes.cgroups.sweep, self.live_ids())
             if gone:
                 log.info("removed the cgroups of %d ended executions", len(gone))
 

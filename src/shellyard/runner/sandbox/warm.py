@@ -1,0 +1,460 @@
+"""Warm sandboxes: for a workspace that ran recently, one sandbox made ahead of its next
+command (namespaces, mounts, seccomp, limits, cgroups, network: everything but the command),
+its first process (``warm.c``) waiting on a pipe for the command (docs/operations.md "Warm
+sandboxes"; docs/benchmarks.md).
+
+Single use: a command takes it, the waiter chdirs, sets exactly the command's environment
+and execs it, so each command is still a fresh process in a fresh sandbox (E1); the next
+one is made after the start has answered. It is used only while everything it was made from
+is unchanged (its ``Key``: the policy, the uid, the workspace tree and home, the environment's
+prefix and variables, the network namespace, the workspace's limit endings), else discarded;
+also after ``SHELLYARD_WARM_IDLE_S`` and under memory pressure; never by another workspace;
+at most ``SHELLYARD_WARM_SANDBOXES`` per runner.
+
+Only the runner holds the pipe's write end: when the runner dies (kill -9) the waiter reads
+its end and exits without running anything, and the sandbox ends with it; a restart removes
+what is left of its folder (``reap``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from shellyard import settings_env
+from shellyard.runner import processes
+from shellyard.runner.protocol import StartRequest
+from shellyard.runner.sandbox.spawn import (
+    LiveExecution,
+    Sandboxes,
+    Started,
+    inside,
+    write_json_atomic,
+)
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("warm.c")
+MAGIC = b"shellyard-warm-1"
+#: A spec up to this size is written at once whatever the waiter is doing (a pipe holds
+#: 64 KiB): the start never waits on the sandbox. A longer one starts cold.
+PIPE_ROOM = 60 << 10
+DEFAULT_COUNT = 8
+DEFAULT_IDLE_S = 60.0
+#: Below this share of MemAvailable in MemTotal the host is short of memory: no warm
+#: sandbox is made and those waiting go (each holds a few MiB of kernel and bwrap memory).
+MEMORY_LOW_FRACTION = 0.10
+#: Mount identity: a path and its inode, so a tree or prefix replaced under the same name
+#: (a rename) is seen as changed.
+Identity = tuple[str, int, int]
+
+
+def configured_count() -> int:
+    value = settings_env.get("SHELLYARD_WARM_SANDBOXES")
+    try:
+        return DEFAULT_COUNT if value is None else max(0, int(value))
+    except ValueError:
+        log.warning("SHELLYARD_WARM_SANDBOXES=%r is not a whole number; using %d", value, 8)
+        return DEFAULT_COUNT
+
+
+def configured_idle_s() -> float:
+    value = settings_env.get("SHELLYARD_WARM_IDLE_S")
+    try:
+        return DEFAULT_IDLE_S if value is None else max(0.001, float(value))
+    except ValueError:
+        log.warning("SHELLYARD_WARM_IDLE_S=%r is not a number; using %s", value, DEFAULT_IDLE_S)
+        return DEFAULT_IDLE_S
+
+
+def memory_low() -> bool:
+    """Whether the host is short of memory (/proc/meminfo; unknown: not short)."""
+    fields: dict[str, int] = {}
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        for line in Path("/proc/meminfo").read_text().splitlines()[:8]:
+            name, value = line.split(":", 1)
+            fields[name] = int(value.split()[0])
+    total, available = fields.get("MemTotal"), fields.get("MemAvailable")
+    return bool(total and available is not None and available < total * MEMORY_LOW_FRACTION)
+
+
+def _identity(path: Path) -> Identity | None:
+    try:
+        info = path.stat()
+    except OSError:
+        return None
+    return (str(path), info.st_dev, info.st_ino)
+
+
+@dataclass(frozen=True)
+class Key:
+    """Everything a warm sandbox was made from; a command takes it only when all are equal."""
+
+    workspace_id: str
+    ids: tuple[int, int] | None
+    policy: str
+    tree: Identity | None
+    home: Identity | None
+    mount: tuple[Identity | None, tuple[tuple[str, str], ...]] | None
+    limit_endings: int
+
+
+@dataclass
+class Warm:
+    """One warm sandbox, waiting."""
+
+    sandbox_id: str
+    key: Key
+    directory: Path
+    started: Started
+    write_fd: int | None
+    environment_id: str | None
+    made_at: float = field(default_factory=time.monotonic)
+    timer: asyncio.TimerHandle | None = None
+
+
+class WarmPool:
+    """The warm sandboxes of one runner, one per workspace at most."""
+
+    def __init__(self, directory: Path, sandboxes: Sandboxes) -> None:
+        self.directory = directory
+        self._sandboxes = sandboxes
+        self.count = configured_count()
+        self.idle_s = configured_idle_s()
+        self._ready: dict[str, Warm] = {}
+        #: workspace id → executions that ended at a limit (quota, disk, memory ...)
+        self._limit_endings: Counter[str] = Counter()
+        #: What happened to warm sandboxes: made, taken, and each reason one was discarded.
+        self.stats: Counter[str] = Counter()
+        self._closed = False
+        #: workspaces whose warm sandbox is being made, and those tasks
+        self._making: set[str] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    # ------------------------------------------------------------------ key
+
+    def _key(self, workspace_id: str, tree: Path, mount: tuple[Path, dict[str, str]] | None) -> Key:
+        box = self._sandboxes
+        home = None if box.home_of is None else _identity(box.home_of(workspace_id))
+        policy = f"{box.policy.model_dump_json()}|{box.seccomp.version}|{box.launcher}"
+        return Key(
+            workspace_id=workspace_id,
+            ids=box.ids_of(workspace_id),
+            policy=policy,
+            tree=_identity(tree),
+            home=home,
+            mount=None if mount is None else (_identity(mount[0]), tuple(sorted(mount[1].items()))),
+            limit_endings=self._limit_endings[workspace_id],
+        )
+
+    # ------------------------------------------------------------------ take
+
+    def take(
+        self,
+        request: StartRequest,
+        directory: Path,
+        tree: Path,
+        command: list[str],
+        mount: tuple[Path, dict[str, str]] | None,
+    ) -> LiveExecution | None:
+        """The workspace's warm sandbox running ``command`` as ``request``'s execution, its
+        folder become ``directory``; None: none fits (the caller spawns one cold)."""
+        if request.read_only or not self._ready.get(request.workspace_id):
+            return None
+        spec = _spec(self._sandboxes.command_env(request, mount), request.cwd, command)
+        if len(spec) > PIPE_ROOM:
+            return None  # more than the pipe holds (a long text goes as a file): cold
+        warm = self._ready.pop(request.workspace_id)
+        if warm.timer is not None:
+            warm.timer.cancel()
+        if warm.key != self._key(request.workspace_id, tree, mount):
+            self._discard(warm, "changed")
+            return None
+        if warm.started.popen.poll() is not None:
+            self._discard(warm, "ended")
+            return None
+        networks = self._sandboxes.networks
+        shared = warm.started.network
+        # the execution's own share of the namespace, as a cold spawn takes it (R2)
+        joined = (
+            None
+            if networks is None or shared is None
+            else networks.acquire(request.workspace_id, request.execution_id)
+        )
+        if networks is not None and joined != shared:
+            if joined is not None:
+                networks.release(request.workspace_id, request.execution_id)
+            self._discard(warm, "network")
+            return None
+        try:
+            _write_all(warm.write_fd, spec)
+        except OSError:
+            if networks is not None and shared is not None:
+                networks.release(request.workspace_id, request.execution_id)
+            self._discard(warm, "ended")
+            return None
+        self._close_pipe(warm)
+        started = Started(warm.started.popen, warm.started.start_time, time.time(), shared)
+        os.replace(warm.directory, directory)  # its logs and status, open in bwrap, move along
+        if networks is not None and shared is not None:
+            networks.release(request.workspace_id, warm.sandbox_id)
+        self.stats["taken"] += 1
+        return self._sandboxes.record(request, directory, started, warm.sandbox_id)
+
+    # ------------------------------------------------------------------ make
+
+    def prepare_soon(
+        self, request: StartRequest, tree: Path, mount: tuple[Path, dict[str, str]] | None
+    ) -> None:
+        """After a writer's start: the workspace's next sandbox, made in a task whose spawn
+        runs in a worker thread, so the event loop (and the start's answer) never waits."""
+        workspace_id = request.workspace_id
+        if self.count <= 0 or request.read_only or self._sandboxes.waiter is None:
+            return
+        if self._closed or workspace_id in self._ready or workspace_id in self._making:
+            return
+        self._making.add(workspace_id)
+        task = asyncio.ensure_future(
+            self._prepare(workspace_id, request.environment_id, tree, mount)
+        )
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _prepare(
+        self,
+        workspace_id: str,
+        environment_id: str | None,
+        tree: Path,
+        mount: tuple[Path, dict[str, str]] | None,
+    ) -> None:
+        try:
+            if memory_low():
+                self.stats["memory"] += 1
+                self.discard_all("memory")
+                return
+            while self._ready and len(self._ready) >= self.count:  # the longest waiting goes
+                oldest = min(self._ready.values(), key=lambda w: w.made_at)
+                self.discard_workspace(oldest.key.workspace_id, "full")
+            warm = await self._spawn(workspace_id, environment_id, tree, mount)
+        except Exception as exc:  # the next command starts cold; nothing else is lost
+            log.warning("could not make a warm sandbox for %s: %s", workspace_id, exc)
+            self.stats["failed"] += 1
+            return
+        finally:
+            self._making.discard(workspace_id)
+        if self._closed or workspace_id in self._ready:
+            self._discard(warm, "closed")
+            return
+        networks = self._sandboxes.networks
+        alone = networks is not None and not networks.holders(workspace_id) - {warm.sandbox_id}
+        if alone and warm.started.network is not None:
+            self._discard(warm, "network")  # its network's linger ended meanwhile
+            return
+        warm.timer = asyncio.get_running_loop().call_later(
+            self.idle_s, self._idle, workspace_id, warm
+        )
+        self._ready[workspace_id] = warm
+        self.stats["made"] += 1
+
+    async def _spawn(
+        self,
+        workspace_id: str,
+        environment_id: str | None,
+        tree: Path,
+        mount: tuple[Path, dict[str, str]] | None,
+    ) -> Warm:
+        box = self._sandboxes
+        assert box.waiter is not None
+        key = self._key(workspace_id, tree, mount)
+        sandbox_id = f"warm-{secrets.token_hex(8)}"
+        directory = self.directory / sandbox_id
+        self.directory.mkdir(mode=0o700, exist_ok=True)
+        directory.mkdir(mode=0o700)
+        read_fd, write_fd = os.pipe()
+        self_fd = os.open(box.waiter, os.O_RDONLY | os.O_CLOEXEC)
+        env = box.base_env(workspace_id, None, mount)
+        env["SHELLYARD_SANDBOX_ID"] = sandbox_id
+        try:
+            pending = box.prepare_bwrap(
+                workspace_id=workspace_id,
+                sandbox_id=sandbox_id,
+                directory=directory,
+                tree=tree,
+                command=[f"/proc/self/fd/{self_fd}", str(read_fd), str(self_fd)],
+                mount=mount,
+                env=env,
+                extra_fds=(read_fd, self_fd),
+            )
+            try:
+                started = await asyncio.get_running_loop().run_in_executor(None, pending.spawn)
+            except BaseException:
+                box.abandon(pending)
+                raise
+            finally:
+                pending.close()
+        except BaseException:
+            os.close(write_fd)
+            shutil.rmtree(directory, ignore_errors=True)
+            raise
+        finally:
+            os.close(read_fd)
+            os.close(self_fd)
+        record = {"sandbox_id": sandbox_id, "pid": started.popen.pid}
+        write_json_atomic(directory / "warm.json", json.dumps(record))
+        if box.networks is not None and started.network is not None:
+            box.networks.ended(workspace_id, sandbox_id)  # a share, not a live execution
+        return Warm(sandbox_id, key, directory, started, write_fd, environment_id)
+
+    # ------------------------------------------------------------------ discard
+
+    def limit_ended(self, workspace_id: str) -> None:
+        """An execution of the workspace ended at a limit: what was made before goes."""
+        self._limit_endings[workspace_id] += 1
+        self.discard_workspace(workspace_id, "limit")
+
+    def network_lingered(self, workspace_id: str, holders: set[str]) -> None:
+        """The last execution's share of the workspace's network is let go after its
+        linger: a warm sandbox holding it beside that one alone goes too, so the namespace
+        lives no longer than it did without warm sandboxes (SHELLYARD_NETWORK_LINGER_S)."""
+        warm = self._ready.get(workspace_id)
+        if warm is not None and len(holders - {warm.sandbox_id}) <= 1:
+            self.discard_workspace(workspace_id, "network")
+
+    def discard_workspace(self, workspace_id: str, reason: str) -> None:
+        warm = self._ready.pop(workspace_id, None)
+        if warm is not None:
+            self._discard(warm, reason)
+
+    def discard_environment(self, environment_id: str) -> None:
+        """The environment changes (V5): no warm sandbox keeps its old prefix or variables."""
+        for workspace_id, warm in list(self._ready.items()):
+            if warm.environment_id == environment_id:
+                self.discard_workspace(workspace_id, "environment")
+
+    def discard_all(self, reason: str) -> None:
+        for workspace_id in list(self._ready):
+            self.discard_workspace(workspace_id, reason)
+
+    def _idle(self, workspace_id: str, warm: Warm) -> None:
+        if self._ready.get(workspace_id) is warm:
+            self.discard_workspace(workspace_id, "idle")
+
+    def _close_pipe(self, warm: Warm) -> None:
+        if warm.write_fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(warm.write_fd)
+            warm.write_fd = None
+
+    def _discard(self, warm: Warm, reason: str) -> None:
+        """Its pipe closed (the waiter exits, running nothing) and its network share let go;
+        its groups and folder once it is gone."""
+        self.stats[f"discarded_{reason}"] += 1
+        if warm.timer is not None:
+            warm.timer.cancel()
+        self._close_pipe(warm)
+        box = self._sandboxes
+        if box.networks is not None and warm.started.network is not None:
+            # at once (a namespace counted gone must be); its processes, ending, need no name
+            box.networks.release(warm.key.workspace_id, warm.sandbox_id)
+        popen = warm.started.popen
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
+        if loop is None or self._closed:
+            self._let_go(warm, _reap(popen))
+        else:
+            task = loop.run_in_executor(None, _reap, popen)
+            task.add_done_callback(lambda done: self._let_go(warm, done.result()))
+
+    def _let_go(self, warm: Warm, _gone: bool) -> None:
+        box = self._sandboxes
+        status = processes.read_bwrap_status(warm.directory / "status")
+        init = status.get("child-pid")
+        if isinstance(init, int):  # the init's own group, should bwrap have lost it
+            processes.signal_process(init, signal.SIGKILL)
+        if box.cgroups is not None:
+            box.cgroups.remove(warm.key.workspace_id, warm.sandbox_id)
+        shutil.rmtree(warm.directory, ignore_errors=True)
+
+    async def drain(self) -> None:
+        """The runner stops: none is made any more, those being made are done first."""
+        self._closed = True
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    def close(self) -> None:
+        """The runner stops: no warm sandbox outlives it."""
+        self._closed = True
+        self.discard_all("closed")
+
+    def waiting(self) -> dict[str, str]:
+        """workspace id → the id of its warm sandbox (for the tests and the status page)."""
+        return {ws: warm.sandbox_id for ws, warm in self._ready.items()}
+
+
+def reap(directory: Path) -> int:
+    """At start-up (E11): what is left of the warm sandboxes of a runner that died. Their
+    waiters saw the pipe close and ran nothing; any process still there is killed (by its
+    recorded pid, checked against the marker in its environment) and the folders go."""
+    if not directory.is_dir():
+        return 0
+    found = 0
+    for folder in directory.iterdir():
+        found += 1
+        with contextlib.suppress(OSError, ValueError, KeyError):
+            record = json.loads((folder / "warm.json").read_text())
+            marker = f"SHELLYARD_SANDBOX_ID={record['sandbox_id']}".encode()
+            init = processes.read_bwrap_status(folder / "status").get("child-pid")
+            for pid in (record["pid"], init):
+                if isinstance(pid, int) and _has_marker(pid, marker):
+                    processes.signal_process(pid, signal.SIGKILL)
+        shutil.rmtree(folder, ignore_errors=True)
+    return found
+
+
+def _has_marker(pid: int, marker: bytes) -> bool:
+    try:
+        return marker in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return False
+
+
+def _reap(popen: subprocess.Popen[bytes]) -> bool:
+    """The waiter ends on its pipe's end (at once once bwrap has set up); killed if not."""
+    try:
+        popen.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        processes.signal_group(popen.pid, signal.SIGKILL)
+        try:
+            popen.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            return False
+    return True
+
+
+def _spec(env: dict[str, str], cwd: str | None, command: list[str]) -> bytes:
+    """What the waiter reads (warm.c): NUL-separated, ending in ``end``."""
+    fields = [MAGIC, os.fsencode(inside(cwd)), str(len(env)).encode()]
+    fields += [os.fsencode(f"{name}={value}") for name, value in env.items()]
+    fields += [str(len(command)).encode(), *(os.fsencode(part) for part in command), b"end"]
+    return b"\0".join(fields) + b"\0"
+
+
+def _write_all(fd: int | None, data: bytes) -> None:
+    if fd is None:
+        raise OSError("the warm sandbox's pipe is closed")
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]

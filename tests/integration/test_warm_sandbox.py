@@ -1,0 +1,347 @@
+"""Warm sandboxes (runner/sandbox/warm.py): a workspace's next sandbox made ahead, waiting
+before exec. Real bubblewrap throughout; each test proves a warm one was (or was not) used
+by the pool's counters and the execution's meta.json, not only that nothing broke."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from env_fixtures import make_wheel
+from runner_daemon_fixture import start_daemon
+
+from conftest import Yard, kill_server, open_yard
+from shellyard.contract.environments import EnvironmentChangeBody, EnvironmentCreateRequest
+from shellyard.contract.executions import ExecutionState, RunShellRequest
+from shellyard.runner.protocol import SandboxPolicy
+from shellyard.sdk.client import Client
+
+
+def warm_processes(*workspaces: str) -> dict[int, str]:
+    """Host pid → warm sandbox id of every process still made for a warm sandbox (of these
+    workspaces only, when named: other tests and benchmarks may run beside)."""
+    found: dict[int, str] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            environ = Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        sandbox = [x for x in environ if x.startswith(b"SHELLYARD_SANDBOX_ID=warm-")]
+        owner = {
+            x.split(b"=", 1)[1].decode()
+            for x in environ
+            if x.startswith(b"SHELLYARD_WORKSPACE_ID=")
+        }
+        if sandbox and (not workspaces or owner & set(workspaces)):
+            found[int(entry)] = sandbox[0].split(b"=", 1)[1].decode()
+    return found
+
+
+async def wait_for_warm(runner: Any, workspace_id: str, timeout_s: float = 10.0) -> str:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        waiting = runner._runs.warm.waiting()
+        if workspace_id in waiting:
+            return str(waiting[workspace_id])
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"no warm sandbox was made for {workspace_id}")
+
+
+def meta(runner: Any, execution_id: str) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(
+        (runner.root / "executions" / execution_id / "meta.json").read_text()
+    )
+    return data
+
+
+async def run(plane: Any, command: str, agent_id: str | None = None, **options: Any) -> Any:
+    request = RunShellRequest(command=command, **options)
+    return await plane.executions.run_shell(request, agent_id=agent_id)
+
+
+async def test_every_command_is_a_fresh_process_in_a_warm_sandbox(home: Path) -> None:
+    """E1: a command taking a warm sandbox is a fresh process as before: its own start time,
+    no variable or folder of an earlier command, the start folder /workspace (or its cwd),
+    the same environment a cold sandbox gives; E2: its /tmp is its own."""
+    plane, _, _ = await open_yard(home, "local")
+    try:
+        runner = plane.runners.get("local")
+        probe = "echo $$; cut -d' ' -f22 /proc/self/stat; pwd; echo ${LEFT:-unset}; ls /tmp"
+        first = await run(plane, f"export LEFT=1; cd /tmp; touch left-here; {probe}")
+        assert first.exit_code == 0
+        assert meta(runner, first.execution_id).get("sandbox_id") is None  # the first: cold
+        await wait_for_warm(runner, first.workspace_id)
+        second = await run(plane, probe)
+        assert meta(runner, second.execution_id)["sandbox_id"].startswith("warm-")
+        assert runner._runs.warm.stats["taken"] == 1
+        pid1, start1, cwd1, _left1, tmp1 = first.stdout.split("\n", 4)
+        pid2, start2, cwd2, left2, tmp2 = second.stdout.split("\n", 4)
+        assert pid2 == pid1 == "2"  # the command under the namespace's init, as cold
+        assert start2 != start1  # a new process
+        assert (cwd1, cwd2) == ("/tmp", "/workspace")
+        assert left2 == "unset" and "left-here" in tmp1 and tmp2 == ""
+        await wait_for_warm(runner, first.workspace_id)
+        os.makedirs(runner.workspace_path(first.workspace_id) / "sub", exist_ok=True)
+        in_sub = await run(plane, "pwd; env | sort", cwd="sub", env={"MINE": "x y"})
+        assert meta(runner, in_sub.execution_id)["sandbox_id"].startswith("warm-")
+        runner._runs.warm.discard_all("test")
+        cold = await run(plane, "pwd; env | sort", cwd="sub", env={"MINE": "x y"})
+        assert meta(runner, cold.execution_id).get("sandbox_id") is None
+
+        def without_id(text: str) -> list[str]:
+            return [x for x in text.splitlines() if not x.startswith("SHELLYARD_EXECUTION_ID=")]
+
+        assert without_id(in_sub.stdout) == without_id(cold.stdout)
+        assert "MINE=x y" in in_sub.stdout and in_sub.stdout.startswith("/workspace/sub\n")
+        assert f"SHELLYARD_EXECUTION_ID={in_sub.execution_id}" in in_sub.stdout
+    finally:
+        await plane.aclose()
+    assert not warm_processes(first.workspace_id)
+
+
+async def test_a_policy_change_discards_the_warm_sandbox(home: Path) -> None:
+    """R2: a warm sandbox made under the old policy is not used: the command runs under the
+    new limit (its open-file limit, set before bwrap), and the old one is gone."""
+    plane, _, _ = await open_yard(home, "local")
+    try:
+        runner = plane.runners.get("local")
+        first = await run(plane, "ulimit -n")
+        old = await wait_for_warm(runner, first.workspace_id)
+        runner.policy.max_open_files = 321
+        after = await run(plane, "ulimit -n")
+        assert after.stdout == "321\n"
+        assert meta(runner, after.execution_id).get("sandbox_id") is None
+        assert runner._runs.warm.stats["discarded_changed"] == 1
+        assert runner._runs.warm.stats["taken"] == 0
+        deadline = time.monotonic() + 10
+        while old in warm_processes().values() and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        assert old not in warm_processes().values()
+    finally:
+        await plane.aclose()
+
+
+@pytest.mark.timeout(300)
+async def test_an_environment_install_discards_the_warm_sandbox(home: Path) -> None:
+    """V4, V5, E1: a warm sandbox made with an environment's revision 1 is not used after an
+    install made revision 2: the command sees the installed package, in a new sandbox."""
+    plane, _, _ = await open_yard(home, "local")
+    yard = Yard(plane, "local", home)
+    try:
+        runner = plane.runners.get("local")
+        wheels = home / "wheels"
+        make_wheel(wheels, "shellyard-warmwheel", "1.0.0", {"warmwheel.py": "V = 'new'\n"})
+        view = await plane.environments.create(
+            EnvironmentCreateRequest(name="main", language="python", wait_ms=30_000)
+        )
+        assert view.state == "ready", view
+        env_id = view.environment_id
+        probe = "python -c 'import warmwheel; print(warmwheel.V)' 2>/dev/null || echo none"
+        before = await yard.run(probe, environment_id=env_id)
+        assert before.stdout == "none\n"
+        await wait_for_warm(runner, before.workspace_id)
+        change = await plane.environments.install(
+            env_id,
+            EnvironmentChangeBody(
+                manager="pip",
+                specs=["shellyard-warmwheel==1.0.0"],
+                find_links=[str(wheels)],
+                index_url="none",
+                wait_ms=30_000,
+            ),
+        )
+        if not change.done:
+            change = await plane.environments.wait(change.change_id, 120)
+        assert change.state == "succeeded", change
+        assert runner._runs.warm.stats["discarded_environment"] == 1
+        after = await yard.run(probe, environment_id=env_id)
+        assert after.stdout == "new\n" and after.environment_revision == 2
+        assert meta(runner, after.execution_id).get("sandbox_id") is None
+        assert runner._runs.warm.stats["taken"] == 0
+    finally:
+        await plane.aclose()
+
+
+async def test_quota_breach_discards_the_warm_sandbox(home: Path) -> None:
+    """R2 limits: a command stopped by the workspace quota; the warm sandbox made before it
+    is discarded, the next command starts cold."""
+    plane, _, _ = await open_yard(home, "local", SandboxPolicy(workspace_quota_bytes=1 << 20))
+    try:
+        runner = plane.runners.get("local")
+        first = await run(plane, "true")
+        await wait_for_warm(runner, first.workspace_id)
+        filler = await run(plane, "head -c 8000000 /dev/zero > big; sleep 5")
+        assert meta(runner, filler.execution_id)["sandbox_id"].startswith("warm-")
+        assert filler.limit == "quota" and filler.exit_code == 137, filler  # killed
+        assert runner._runs.warm.stats["discarded_limit"] == 1
+        next_one = await run(plane, "rm -f big; echo ok")
+        assert next_one.stdout == "ok\n"
+        assert meta(runner, next_one.execution_id).get("sandbox_id") is None
+    finally:
+        await plane.aclose()
+
+
+async def test_two_workspaces_never_share_a_warm_sandbox(home: Path) -> None:
+    """R2: each workspace's warm sandbox binds its own tree; a command of one workspace
+    never takes the other's (its file is not there), each takes its own."""
+    plane, _, _ = await open_yard(home, "local")
+    try:
+        assert plane.store is not None
+        runner = plane.runners.get("local")
+        a = await run(plane, "echo a > mine.txt")
+        session, _agent = await plane.store.default_owner()
+        other = await plane.store.create_agent(str(session["id"]))
+        b = await run(plane, "echo b > mine.txt", agent_id=str(other["id"]))
+        assert a.workspace_id != b.workspace_id
+        warm_a = await wait_for_warm(runner, a.workspace_id)
+        warm_b = await wait_for_warm(runner, b.workspace_id)
+        assert warm_a != warm_b
+        read_b = await run(plane, "cat mine.txt", agent_id=str(other["id"]))
+        read_a = await run(plane, "cat mine.txt")
+        assert (read_a.stdout, read_b.stdout) == ("a\n", "b\n")
+        assert meta(runner, read_a.execution_id)["sandbox_id"] == warm_a
+        assert meta(runner, read_b.execution_id)["sandbox_id"] == warm_b
+    finally:
+        await plane.aclose()
+
+
+async def test_kill9_of_the_control_plane_leaves_no_warm_sandbox(served_home: Path) -> None:
+    """E11: ``shellyard serve`` killed with SIGKILL while warm sandboxes wait: their waiters
+    see the pipe end and run nothing; after the restart no process of theirs is left and
+    their folders are gone, while a running execution survives and finishes (E11)."""
+    home = served_home
+    client = Client.for_home(home)
+    first = client.run("echo one", wait_ms=30000)
+    assert first.state == ExecutionState.completed
+    deadline = time.monotonic() + 10
+    while not warm_processes(first.workspace_id) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    waiting = set(warm_processes(first.workspace_id).values())
+    assert waiting, "a warm sandbox must be waiting before the kill"
+    running = client.run("sleep 2; echo survived", wait_ms=200)  # takes the warm one
+    assert running.state == ExecutionState.running
+    deadline = time.monotonic() + 10
+    while len(set(warm_processes(first.workspace_id).values())) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)  # the taken one's command runs; the next one waits
+    kill_server(home)
+    client = Client.for_home(home)  # a new control plane on the same home
+    done = client.wait(running.execution_id, 30)
+    assert done.state == ExecutionState.completed and done.exit_code == 0
+    assert client.logs(running.execution_id).data == "survived\n"
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        left = {
+            pid: sid for pid, sid in warm_processes(first.workspace_id).items() if sid in waiting
+        }
+        if not left:
+            break
+        time.sleep(0.05)
+    assert not left, f"warm sandbox processes left after the restart: {left}"
+    folders = [p.name for p in home.glob("**/sandbox/warm/warm-*")]
+    assert not set(folders) & waiting, "a dead runner's warm folders are removed at restart"
+    assert client.run("echo next", wait_ms=30000).exit_code == 0  # and new ones are made
+
+
+async def test_kill9_of_the_runner_daemon_leaves_no_warm_sandbox(home: Path) -> None:
+    """E11, R3: a runner daemon killed with SIGKILL while its warm sandbox waits: after the
+    restart nothing of it is left, and the daemon makes and uses new ones."""
+    plane, _, _ = await open_yard(home, "local")
+    daemon = await start_daemon(home / "daemon", SandboxPolicy(), subprocess=True)
+    try:
+        await plane.runners.add_direct("remote", daemon.url, daemon.token)
+        first = await run(plane, "echo one", runner_id="remote")
+        assert first.stdout == "one\n"
+        deadline = time.monotonic() + 10
+        while not warm_processes(first.workspace_id) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        waiting = set(warm_processes(first.workspace_id).values())
+        assert waiting, "the daemon must have a warm sandbox waiting before the kill"
+        daemon.kill()
+        await daemon.restart()
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            left = {
+                pid: sid
+                for pid, sid in warm_processes(first.workspace_id).items()
+                if sid in waiting
+            }
+            if not left:
+                break
+            await asyncio.sleep(0.05)
+        assert not left, f"warm sandbox processes left after the restart: {left}"
+        assert not [p for p in (home / "daemon").glob("**/sandbox/warm/*") if p.name in waiting]
+        again = await run(plane, "echo two", runner_id="remote")
+        assert again.stdout == "two\n"
+        after = await run(plane, "echo three", runner_id="remote")
+        root = home / "daemon"
+        recorded = json.loads(
+            next(root.glob(f"**/executions/{after.execution_id}/meta.json")).read_text()
+        )
+        assert recorded["sandbox_id"].startswith("warm-")  # the restarted daemon warms again
+    finally:
+        await plane.aclose()
+        await daemon.stop()
+
+
+async def _local_runner(root: Path) -> Any:
+    from shellyard.runner.local import LocalRunner
+
+    root.mkdir(parents=True)
+    root.chmod(0o711)
+    runner = LocalRunner(root / "runner")
+    await runner.startup()
+    return runner
+
+
+async def _run_direct(runner: Any, workspace_id: str, execution_id: str) -> None:
+    from shellyard.runner.protocol import StartRequest
+
+    await runner.ensure_workspace(workspace_id)
+    request = StartRequest(execution_id=execution_id, workspace_id=workspace_id, command="true")
+    await runner.start(request)
+    assert (await runner.wait(execution_id, 30)).exit_code == 0
+
+
+async def test_idle_full_and_memory_pressure_discard(
+    home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """R2: bounded per runner (SHELLYARD_WARM_SANDBOXES: the one waiting longest makes
+    room), gone after SHELLYARD_WARM_IDLE_S, none made and none kept while the host is short
+    of memory (the threshold raised over the real /proc/meminfo); each discarded one's
+    processes are gone."""
+    from shellyard.runner.sandbox import warm
+
+    monkeypatch.setenv("SHELLYARD_WARM_SANDBOXES", "1")
+    monkeypatch.setenv("SHELLYARD_WARM_IDLE_S", "1.5")
+    runner = await _local_runner(home / "r")
+    pool = runner._runs.warm
+    ws_a, ws_b = f"ws-a-{os.getpid()}-{time.time_ns()}", f"ws-b-{os.getpid()}-{time.time_ns()}"
+    try:
+        await _run_direct(runner, ws_a, "a1")
+        first = await wait_for_warm(runner, ws_a)
+        await _run_direct(runner, ws_b, "b1")
+        await wait_for_warm(runner, ws_b)
+        assert set(pool.waiting()) == {ws_b} and pool.stats["discarded_full"] == 1
+        deadline = time.monotonic() + 10
+        while pool.waiting() and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        assert pool.waiting() == {} and pool.stats["discarded_idle"] == 1
+        monkeypatch.setattr(warm, "MEMORY_LOW_FRACTION", 1.01)  # every host is short now
+        assert warm.memory_low()
+        await _run_direct(runner, ws_a, "a2")
+        await asyncio.sleep(0.5)
+        assert pool.waiting() == {} and pool.stats["memory"] >= 1
+        deadline = time.monotonic() + 10
+        while first in warm_processes().values() and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        assert not warm_processes(ws_a, ws_b)
+    finally:
+        await runner.aclose()
+    assert not warm_processes(ws_a, ws_b)
