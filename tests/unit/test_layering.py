@@ -163,6 +163,7 @@ ROOMS: dict[str, set[str]] = {
     },
     "runner.environments": {
         "runner.edits",
+        "runner.limits",  # package tools are held to the free-space reserve
         "runner.network",  # an operator's base build starts its own egress proxy
         "runner.policy",
         "runner.processes",
