@@ -44,6 +44,7 @@ from shellyard.runner.edits.editor import Editor
 from shellyard.runner.environments import create, derive, sources
 from shellyard.runner.environments.managers import MANAGERS
 from shellyard.runner.environments.managers.base import ManagerContext, ManagerError
+from shellyard.runner.environments.tool_groups import ToolGroups
 from shellyard.runner.environments.tools import (
     SandboxedTools,
     give_to_tools,
@@ -416,6 +417,7 @@ class EnvironmentStore:
                 base_env={},
                 on_spawn=on_spawn,
                 timeout_s=self._tool_timeout_s,
+                groups=ToolGroups.of(self._sandboxes.cgroups, request),
             )
             running.tools = tools
             ctx = ManagerContext(
@@ -530,6 +532,8 @@ class EnvironmentStore:
         rollback itself failed (the journal then stays for the next startup)."""
         record = running.record
         kind, message = failure
+        if running.tools is not None:  # R2 tenants: the limit that stopped a tool, first
+            message = running.tools.groups.explain(message)
         if self._closing:
             kind, message = "interrupted", f"{INTERRUPTED} ({message})"
         if running.tools is not None:

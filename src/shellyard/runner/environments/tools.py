@@ -25,6 +25,7 @@ from pathlib import Path
 
 from shellyard.runner import processes
 from shellyard.runner.environments.bases import BASE_OWNER
+from shellyard.runner.environments.tool_groups import ToolGroups
 from shellyard.runner.policy import NetworkMode
 from shellyard.runner.sandbox import bwrap as sandbox
 from shellyard.runner.sandbox import launch
@@ -127,8 +128,11 @@ class SandboxedTools:
         base_env: dict[str, str],
         on_spawn: SpawnHook,
         timeout_s: float,
+        groups: ToolGroups | None = None,
     ) -> None:
         self._sandboxes = sandboxes
+        #: R2 tenants: each tool in a group of its own inside the requesting workspace's.
+        self.groups = groups or ToolGroups(None, "", "")
         self._prefix = prefix
         self._cache = cache
         self._scratch = scratch
@@ -194,8 +198,14 @@ class SandboxedTools:
         box = self._sandboxes
         mode: NetworkMode = box.policy.tools_network if network else "off"
         seccomp_fd = box.seccomp.open()
+        group: str | None = None
         try:
-            front = launch.prefix(box.launcher, network=None, ids=tool_ids(box), limits=())
+            # R2 tenants: a build backend is the agent's code: its processes count against
+            # the workspace's limits from the tool's first instruction (the launcher joins).
+            group, joins = self.groups.start()
+            front = launch.prefix(
+                box.launcher, network=None, ids=tool_ids(box), limits=(), cgroups=joins
+            )
             command = sandbox.tool_argv(
                 bwrap=box.bwrap,
                 network=mode,
@@ -213,6 +223,7 @@ class SandboxedTools:
             )
         except BaseException:
             os.close(seccomp_fd)
+            self.groups.remove(group)
             raise
         passed = {k: v for k in PASSED_VARIABLES if (v := os.environ.get(k)) is not None}
         if mode == "egress":
@@ -241,6 +252,11 @@ class SandboxedTools:
                 cwd="/",
                 pass_fds=(seccomp_fd, *box.view.fds, *(fd for fd, _ in sources)),
             )
+            if joins and box.launcher is None:
+                launch.join(joins, popen.pid)
+        except BaseException:
+            self.groups.remove(group)
+            raise
         finally:
             os.close(log_fd)
             os.close(seccomp_fd)
@@ -260,6 +276,11 @@ class SandboxedTools:
                 popen.kill()
                 await asyncio.to_thread(popen.wait)
             self._live.discard(popen)
+            # only now, the tool gone: its group's use says whether a limit stopped it
+            note = await asyncio.to_thread(self.groups.finish, group)
+            if note is not None:
+                with open(self._log_path, "ab") as log:
+                    log.write(f"\nshellyard: {note}\n".encode())
         return code, _tail(self._log_path, start)
 
     async def _wait(self, popen: subprocess.Popen[bytes]) -> int:

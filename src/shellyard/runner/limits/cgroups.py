@@ -72,6 +72,8 @@ class Usage:
 @dataclass
 class _Started:
     workspace_id: str
+    #: A package tool's group (tool_groups.py): a sweep never ends it while it runs.
+    held: bool = False
 
 
 def own_groups() -> dict[str, str]:
@@ -265,8 +267,9 @@ class CgroupTree:
                     _write(folder / "cpu.cfs_quota_us", str(quota or -1))
         self._workspaces.add(workspace_id)
 
-    def start(self, workspace_id: str, execution_id: str) -> list[str]:
-        """Make the execution's groups; the ``cgroup.procs`` files its launcher joins."""
+    def start(self, workspace_id: str, execution_id: str, *, held: bool = False) -> list[str]:
+        """Make the execution's groups; the ``cgroup.procs`` files its launcher joins.
+        ``held``: a package tool's group, left alone by ``sweep`` until ``finish``."""
         self._workspace(workspace_id)
         joins: list[str] = []
         memory = str(self.limits.memory_bytes)
@@ -282,7 +285,7 @@ class CgroupTree:
                 with contextlib.suppress(OSError):
                     _write(folder / "memory.memsw.limit_in_bytes", memory)
             joins.append(str(folder / "cgroup.procs"))
-        self._started[execution_id] = _Started(workspace_id)
+        self._started[execution_id] = _Started(workspace_id, held)
         return joins
 
     def adopt(self, workspace_id: str, execution_id: str) -> None:
@@ -351,6 +354,7 @@ class CgroupTree:
         """Remove every execution group not in ``live`` (ended while the runner was down, or
         never started) and every empty workspace group; returns the removed execution ids."""
         removed: list[str] = []
+        live = live | {name for name, started in self._started.items() if started.held}
         for base in self.bases.values():
             for workspace in _children(base):
                 for execution in _children(workspace):
