@@ -183,11 +183,14 @@ def cpu_of_uid(uid: int) -> float:
     return total / os.sysconf("SC_CLK_TCK")
 
 
-async def stdout_until(yard: Yard, execution_id: str, marker: str) -> str:
-    """Polls the execution's stdout until ``marker`` is in it (at most 60 s)."""
+async def stdout_until(
+    yard: Yard, execution_id: str, marker: str, agent_id: str | None = None
+) -> str:
+    """Polls the execution's stdout (of ``agent_id``'s execution) until ``marker`` is in it
+    (at most 60 s)."""
     data = ""
     for _ in range(1200):
-        data = (await yard.plane.executions.logs(execution_id, "stdout")).data
+        data = (await yard.plane.executions.logs(execution_id, "stdout", agent_id=agent_id)).data
         if marker in data:
             return data
         await asyncio.sleep(0.05)
@@ -204,8 +207,8 @@ async def test_cpu_is_shared_per_workspace(yard_factory: Any) -> None:
     A would take 8/9 of the cores: 8 CPU seconds beside B's one."""
     yard: Yard = await yard_factory(policy(process_limit=64))
     timed = (
-        "python3 -c 'import time\nprint(\"go\", flush=True); t = time.process_time()\n"
-        "while time.process_time() - t < 1: pass\nprint(\"done\", flush=True)'"
+        'python3 -c \'import time\nprint("go", flush=True); t = time.process_time()\n'
+        'while time.process_time() - t < 1: pass\nprint("done", flush=True)\''
     )
     busy = await yard.run(
         "id -u; for i in 1 2 3 4 5 6 7 8; do setsid sh -c 'while :; do :; done' & done; sleep 600",
@@ -219,11 +222,11 @@ async def test_cpu_is_shared_per_workspace(yard_factory: Any) -> None:
             RunShellRequest(command=timed, runner_id=yard.runner_id, wait_ms=0),
             session.main_agent_id,
         )
-        await stdout_until(yard, loaded.execution_id, "go")
+        await stdout_until(yard, loaded.execution_id, "go", session.main_agent_id)
         before = cpu_of_uid(uid_a)
-        await stdout_until(yard, loaded.execution_id, "done")
+        await stdout_until(yard, loaded.execution_id, "done", session.main_agent_id)
         a_cpu = cpu_of_uid(uid_a) - before
-        ended = await yard.plane.executions.wait(loaded.execution_id, 60)
+        ended = await yard.plane.executions.wait(loaded.execution_id, 60, session.main_agent_id)
     finally:
         await yard.plane.executions.cancel(busy.execution_id, wait_s=30)
         await yard.plane.executions.wait(busy.execution_id, 60)
