@@ -159,6 +159,8 @@ class CgroupTree:
     controllers: tuple[str, ...] = V2_CONTROLLERS
     _workspaces: set[str] = field(default_factory=set)
     _started: dict[str, _Started] = field(default_factory=dict)
+    #: v1: whether ``memory.memsw.limit_in_bytes`` can be written (swap accounting).
+    _memsw: bool = True
 
     # ------------------------------------------------------------------ set-up
 
@@ -274,6 +276,13 @@ class CgroupTree:
         joins: list[str] = []
         memory = str(self.limits.memory_bytes)
         for name, folder in self._levels(workspace_id, execution_id).items():
+            if name == "cpu" and "cpuacct" in self.bases:
+                # v1 with cpu and cpuacct apart: the weight and ceiling are the workspace's
+                # and the execution's CPU seconds are cpuacct's, so the execution joins the
+                # workspace's cpu group itself: no group (per-CPU run queues) made and
+                # removed per execution, one scheduling level less (docs/benchmarks.md §13).
+                joins.append(str(folder.parent / "cgroup.procs"))
+                continue
             folder.mkdir(exist_ok=True)
             if self.mechanism == "v2":
                 if "memory" in self.controllers:
@@ -282,8 +291,11 @@ class CgroupTree:
                         _write(folder / "memory.swap.max", "0")
             elif name == "memory":
                 _write(folder / "memory.limit_in_bytes", memory)
-                with contextlib.suppress(OSError):
-                    _write(folder / "memory.memsw.limit_in_bytes", memory)
+                if self._memsw:
+                    try:
+                        _write(folder / "memory.memsw.limit_in_bytes", memory)
+                    except OSError:  # no swap accounting on this kernel: not tried again
+                        self._memsw = False
             joins.append(str(folder / "cgroup.procs"))
         self._started[execution_id] = _Started(workspace_id, held)
         return joins
