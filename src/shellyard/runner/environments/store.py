@@ -44,7 +44,6 @@ from shellyard.runner.edits.editor import Editor
 from shellyard.runner.environments import create, derive, sources
 from shellyard.runner.environments.managers import MANAGERS
 from shellyard.runner.environments.managers.base import ManagerContext, ManagerError
-from shellyard.runner.environments.tool_groups import ToolGroups
 from shellyard.runner.environments.tools import (
     SandboxedTools,
     give_to_tools,
@@ -62,6 +61,7 @@ from shellyard.runner.protocol import (
 )
 from shellyard.runner.sandbox import folder_access, launch
 from shellyard.runner.sandbox.spawn import Sandboxes
+from shellyard.runner.sandbox.tool_groups import ToolGroups
 from shellyard.runner.snapshots import history, objects
 from shellyard.runner.snapshots.objects import StoreLock
 from shellyard.runner.snapshots.store import SnapshotStore

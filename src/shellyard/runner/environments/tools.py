@@ -25,11 +25,11 @@ from pathlib import Path
 
 from shellyard.runner import processes
 from shellyard.runner.environments.bases import BASE_OWNER
-from shellyard.runner.environments.tool_groups import ToolGroups
 from shellyard.runner.policy import NetworkMode
 from shellyard.runner.sandbox import bwrap as sandbox
 from shellyard.runner.sandbox import launch
 from shellyard.runner.sandbox.spawn import Sandboxes
+from shellyard.runner.sandbox.tool_groups import ToolGroups
 
 #: How much of a tool's output the manager sees (its whole output is in the log file).
 TAIL_BYTES = 4096
