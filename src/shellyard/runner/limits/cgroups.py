@@ -8,7 +8,9 @@ One module, two backends, one tree::
   a service with ``Delegate=yes``). One folder per level; controllers enabled through
   ``cgroup.subtree_control``.
 - **v1**: one folder per level in each of the ``memory``, ``pids``, ``cpu`` and ``cpuacct``
-  hierarchies, each below this process's own group in that hierarchy (never elsewhere).
+  hierarchies, each below this process's own group in that hierarchy (never elsewhere); where
+  ``cpu`` is mounted apart from ``cpuacct`` an execution joins its workspace's ``cpu`` group
+  (weight and ceiling are the workspace's) and has no ``cpu`` folder of its own.
 
 Limits: memory per execution (``memory.max`` / ``memory.limit_in_bytes``), processes per
 workspace (``pids.max`` on the workspace's group), CPU weight per workspace (every workspace
