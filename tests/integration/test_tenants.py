@@ -183,12 +183,14 @@ def cpu_of_uid(uid: int) -> float:
     return total / os.sysconf("SC_CLK_TCK")
 
 
-async def stdout_until(yard: Yard, execution_id: str, marker: str, agent: str | None = None) -> str:
-    """Polls the execution's stdout until ``marker`` is in it (at most 60 s)."""
+async def stdout_until(
+    yard: Yard, execution_id: str, marker: str, agent_id: str | None = None
+) -> str:
+    """Polls the execution's stdout (of ``agent_id``'s execution) until ``marker`` is in it
+    (at most 60 s)."""
     data = ""
     for _ in range(1200):
-        logs = await yard.plane.executions.logs(execution_id, "stdout", agent_id=agent)
-        data = logs.data
+        data = (await yard.plane.executions.logs(execution_id, "stdout", agent_id=agent_id)).data
         if marker in data:
             return data
         await asyncio.sleep(0.05)
@@ -220,12 +222,11 @@ async def test_cpu_is_shared_per_workspace(yard_factory: Any) -> None:
             RunShellRequest(command=timed, runner_id=yard.runner_id, wait_ms=0),
             session.main_agent_id,
         )
-        b_agent = session.main_agent_id
-        await stdout_until(yard, loaded.execution_id, "go", b_agent)
+        await stdout_until(yard, loaded.execution_id, "go", session.main_agent_id)
         before = cpu_of_uid(uid_a)
-        await stdout_until(yard, loaded.execution_id, "done", b_agent)
+        await stdout_until(yard, loaded.execution_id, "done", session.main_agent_id)
         a_cpu = cpu_of_uid(uid_a) - before
-        ended = await yard.plane.executions.wait(loaded.execution_id, 60, b_agent)
+        ended = await yard.plane.executions.wait(loaded.execution_id, 60, session.main_agent_id)
     finally:
         await yard.plane.executions.cancel(busy.execution_id, wait_s=30)
         await yard.plane.executions.wait(busy.execution_id, 60)
@@ -325,3 +326,28 @@ async def test_a_workspace_of_the_shared_uid_is_migrated_to_its_own(tmp_path: Pa
     assert 62100 <= uid <= 62199
     assert (tree / "d" / "f").stat().st_uid == uid and (tree / "d").stat().st_uid == uid
     assert (tree / "d" / "f").read_text() == "one\ntwo\n"
+
+
+@needs_cgroups
+def test_an_execution_joins_its_workspace_s_cpu_group(tmp_path: Path) -> None:
+    """R2 (docs/benchmarks.md §13): with cpu and cpuacct as two v1 hierarchies, an execution
+    joins its workspace's cpu group (weight and ceiling are the workspace's) instead of one
+    made and removed for it; its memory, pids and cpuacct groups are its own and go at its end,
+    and its CPU seconds are still read (from cpuacct)."""
+    tree = cgroups.CgroupTree.probe(
+        f"shellyard-test-cpu-{tmp_path.name[-8:]}", cgroups.TenantLimits(256 << 20, 64), "v1"
+    )
+    assert tree is not None
+    if not ("cpu" in tree.bases and "cpuacct" in tree.bases):
+        pytest.skip("cpu and cpuacct are mounted together here: one group serves both")
+    try:
+        joins = tree.start("ws", "e1")
+        assert str(tree.bases["cpu"] / "ws" / "cgroup.procs") in joins, joins
+        assert not (tree.bases["cpu"] / "ws" / "e1").exists()
+        for name in ("memory", "pids", "cpuacct"):
+            assert str(tree.bases[name] / "ws" / "e1" / "cgroup.procs") in joins, joins
+        usage = tree.finish("ws", "e1")
+        assert usage.cpu_seconds == 0.0, usage
+        assert [p.name for p in tree.groups() if p.name == "e1"] == []
+    finally:
+        tree.close(set())

@@ -61,6 +61,7 @@ from shellyard.runner.protocol import (
 )
 from shellyard.runner.sandbox import folder_access, launch
 from shellyard.runner.sandbox.spawn import Sandboxes
+from shellyard.runner.sandbox.tool_groups import ToolGroups
 from shellyard.runner.snapshots import history, objects
 from shellyard.runner.snapshots.objects import StoreLock
 from shellyard.runner.snapshots.store import SnapshotStore
@@ -416,6 +417,7 @@ class EnvironmentStore:
                 base_env={},
                 on_spawn=on_spawn,
                 timeout_s=self._tool_timeout_s,
+                groups=ToolGroups.of(self._sandboxes.cgroups, request),
             )
             running.tools = tools
             ctx = ManagerContext(
@@ -530,6 +532,8 @@ class EnvironmentStore:
         rollback itself failed (the journal then stays for the next startup)."""
         record = running.record
         kind, message = failure
+        if running.tools is not None:  # R2 tenants: the limit that stopped a tool, first
+            message = running.tools.groups.explain(message)
         if self._closing:
             kind, message = "interrupted", f"{INTERRUPTED} ({message})"
         if running.tools is not None:

@@ -36,6 +36,7 @@ from shellyard.runner.policy import NetworkMode
 from shellyard.runner.sandbox import bwrap as sandbox
 from shellyard.runner.sandbox import launch
 from shellyard.runner.sandbox.spawn import Sandboxes
+from shellyard.runner.sandbox.tool_groups import ToolGroups
 
 #: On a root runner a finished base's files belong to this uid/gid (nobody), not to the
 #: sandbox uid the package tools run as, so no tool can write or chmod a base file that an
@@ -140,8 +141,11 @@ class SandboxedTools:
         base_env: dict[str, str],
         on_spawn: SpawnHook,
         timeout_s: float,
+        groups: ToolGroups | None = None,
     ) -> None:
         self._sandboxes = sandboxes
+        #: R2 tenants: each tool in a group of its own inside the requesting workspace's.
+        self.groups = groups or ToolGroups(None, "", "")
         self._prefix = prefix
         self._cache = cache
         self._scratch = scratch
@@ -210,8 +214,14 @@ class SandboxedTools:
         box = self._sandboxes
         mode: NetworkMode = box.policy.tools_network if network else "off"
         seccomp_fd = box.seccomp.open()
+        group: str | None = None
         try:
-            front = launch.prefix(box.launcher, network=None, ids=tool_ids(box), limits=())
+            # R2 tenants: a build backend is the agent's code: its processes count against
+            # the workspace's limits from the tool's first instruction (the launcher joins).
+            group, joins = self.groups.start()
+            front = launch.prefix(
+                box.launcher, network=None, ids=tool_ids(box), limits=(), cgroups=joins
+            )
             command = sandbox.tool_argv(
                 bwrap=box.bwrap,
                 network=mode,
@@ -229,6 +239,7 @@ class SandboxedTools:
             )
         except BaseException:
             os.close(seccomp_fd)
+            self.groups.remove(group)
             raise
         passed = {k: v for k in PASSED_VARIABLES if (v := os.environ.get(k)) is not None}
         if mode == "egress":
@@ -257,6 +268,11 @@ class SandboxedTools:
                 cwd="/",
                 pass_fds=(seccomp_fd, *box.view.fds, *(fd for fd, _ in sources)),
             )
+            if joins and box.launcher is None:
+                launch.join(joins, popen.pid)
+        except BaseException:
+            self.groups.remove(group)
+            raise
         finally:
             os.close(log_fd)
             os.close(seccomp_fd)
@@ -276,6 +292,11 @@ class SandboxedTools:
                 popen.kill()
                 await asyncio.to_thread(popen.wait)
             self._live.discard(popen)
+            # only now, the tool gone: its group's use says whether a limit stopped it
+            note = await asyncio.to_thread(self.groups.finish, group)
+            if note is not None:
+                with open(self._log_path, "ab") as log:
+                    log.write(f"\nshellyard: {note}\n".encode())
         return code, _tail(self._log_path, start)
 
     def _below_reserve(self, what: str) -> str | None:

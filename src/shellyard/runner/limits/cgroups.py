@@ -8,7 +8,9 @@ One module, two backends, one tree::
   a service with ``Delegate=yes``). One folder per level; controllers enabled through
   ``cgroup.subtree_control``.
 - **v1**: one folder per level in each of the ``memory``, ``pids``, ``cpu`` and ``cpuacct``
-  hierarchies, each below this process's own group in that hierarchy (never elsewhere).
+  hierarchies, each below this process's own group in that hierarchy (never elsewhere); where
+  ``cpu`` is mounted apart from ``cpuacct`` an execution joins its workspace's ``cpu`` group
+  (weight and ceiling are the workspace's) and has no ``cpu`` folder of its own.
 
 Limits: memory per execution (``memory.max`` / ``memory.limit_in_bytes``), processes per
 workspace (``pids.max`` on the workspace's group), CPU weight per workspace (every workspace
@@ -72,6 +74,8 @@ class Usage:
 @dataclass
 class _Started:
     workspace_id: str
+    #: A package tool's group (tool_groups.py): a sweep never ends it while it runs.
+    held: bool = False
 
 
 def own_groups() -> dict[str, str]:
@@ -157,6 +161,8 @@ class CgroupTree:
     controllers: tuple[str, ...] = V2_CONTROLLERS
     _workspaces: set[str] = field(default_factory=set)
     _started: dict[str, _Started] = field(default_factory=dict)
+    #: v1: whether ``memory.memsw.limit_in_bytes`` can be written (swap accounting).
+    _memsw: bool = True
 
     # ------------------------------------------------------------------ set-up
 
@@ -265,12 +271,20 @@ class CgroupTree:
                     _write(folder / "cpu.cfs_quota_us", str(quota or -1))
         self._workspaces.add(workspace_id)
 
-    def start(self, workspace_id: str, execution_id: str) -> list[str]:
-        """Make the execution's groups; the ``cgroup.procs`` files its launcher joins."""
+    def start(self, workspace_id: str, execution_id: str, *, held: bool = False) -> list[str]:
+        """Make the execution's groups; the ``cgroup.procs`` files its launcher joins.
+        ``held``: a package tool's group, left alone by ``sweep`` until ``finish``."""
         self._workspace(workspace_id)
         joins: list[str] = []
         memory = str(self.limits.memory_bytes)
         for name, folder in self._levels(workspace_id, execution_id).items():
+            if name == "cpu" and "cpuacct" in self.bases:
+                # v1 with cpu and cpuacct apart: the weight and ceiling are the workspace's
+                # and the execution's CPU seconds are cpuacct's, so the execution joins the
+                # workspace's cpu group itself: no group (per-CPU run queues) made and
+                # removed per execution, one scheduling level less (docs/benchmarks.md §13).
+                joins.append(str(folder.parent / "cgroup.procs"))
+                continue
             folder.mkdir(exist_ok=True)
             if self.mechanism == "v2":
                 if "memory" in self.controllers:
@@ -279,10 +293,13 @@ class CgroupTree:
                         _write(folder / "memory.swap.max", "0")
             elif name == "memory":
                 _write(folder / "memory.limit_in_bytes", memory)
-                with contextlib.suppress(OSError):
-                    _write(folder / "memory.memsw.limit_in_bytes", memory)
+                if self._memsw:
+                    try:
+                        _write(folder / "memory.memsw.limit_in_bytes", memory)
+                    except OSError:  # no swap accounting on this kernel: not tried again
+                        self._memsw = False
             joins.append(str(folder / "cgroup.procs"))
-        self._started[execution_id] = _Started(workspace_id)
+        self._started[execution_id] = _Started(workspace_id, held)
         return joins
 
     def adopt(self, workspace_id: str, execution_id: str) -> None:
@@ -351,6 +368,7 @@ class CgroupTree:
         """Remove every execution group not in ``live`` (ended while the runner was down, or
         never started) and every empty workspace group; returns the removed execution ids."""
         removed: list[str] = []
+        live = live | {name for name, started in self._started.items() if started.held}
         for base in self.bases.values():
             for workspace in _children(base):
                 for execution in _children(workspace):
