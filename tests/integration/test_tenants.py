@@ -204,8 +204,8 @@ async def test_cpu_is_shared_per_workspace(yard_factory: Any) -> None:
     A would take 8/9 of the cores: 8 CPU seconds beside B's one."""
     yard: Yard = await yard_factory(policy(process_limit=64))
     timed = (
-        "python3 -c 'import time\nprint(\"go\", flush=True); t = time.process_time()\n"
-        "while time.process_time() - t < 1: pass\nprint(\"done\", flush=True)'"
+        'python3 -c \'import time\nprint("go", flush=True); t = time.process_time()\n'
+        'while time.process_time() - t < 1: pass\nprint("done", flush=True)\''
     )
     busy = await yard.run(
         "id -u; for i in 1 2 3 4 5 6 7 8; do setsid sh -c 'while :; do :; done' & done; sleep 600",

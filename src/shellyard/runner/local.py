@@ -45,6 +45,7 @@ from shellyard.runner.network.egress_rules import EgressRules
 from shellyard.runner.network.netns import WorkspaceNetworks
 from shellyard.runner.network.ports import Relays
 from shellyard.runner.protocol import (
+    PROTOCOL_VERSION,
     ApplyEntry,
     ApplyResult,
     ByteStream,
@@ -130,8 +131,7 @@ class LocalRunner:
             workspace_ids=self._workspace_ids if self._uids is not None else None,
             home_of=self.home_path,
         )
-        # limits (R2, docs/limits.md): workspace quota and log cap while commands run
-        # (limits/watcher.py)
+        # limits (R2, docs/limits.md): quota and log cap while commands run (limits/watcher.py)
         self._guard = LimitsGuard(self.root, self.policy, self._snapshots.head)
         self._runs = Supervisor(
             self._executions,
@@ -251,12 +251,12 @@ class LocalRunner:
         self._sandboxes.view.close()
 
     async def info(self) -> RunnerInfo:
-        uid = self._ids[0] if self._ids else os.geteuid()
         return RunnerInfo(
             runner_version=__version__,
+            protocol=PROTOCOL_VERSION,
             sandbox="bubblewrap",
             network=self.policy.network,
-            sandbox_uid=uid,
+            sandbox_uid=self._ids[0] if self._ids else os.geteuid(),
             limits=self._guard.limits_view(),  # limits (R2, docs/limits.md)
         )
 

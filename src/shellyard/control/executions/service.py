@@ -31,6 +31,7 @@ from shellyard.errors import (
     InvalidInput,
     LowOnSpace,
     NotFound,
+    RunnerOutdated,
     RunnerUnavailable,
     ShellyardError,
     WorkspaceBusy,
@@ -277,7 +278,7 @@ class ExecutionService:
             return await self._finalized(row)
         except ShellyardError as exc:
             await self._end(row, ExecutionState.failed, error=exc.message)
-            if refuse and isinstance(exc, LowOnSpace):  # limits (R2, docs/limits.md)
+            if refuse and isinstance(exc, LowOnSpace | RunnerOutdated):  # R2, docs/runners.md
                 raise
             return await self._finalized(row)
         except Exception as exc:
@@ -300,8 +301,7 @@ class ExecutionService:
                 "environment_revision": result.base_revision,
             }
         if result.note is not None and refuse:
-            # ``refuse`` is the run_shell path, whose answer pops the note (a queued start
-            # has nobody to hand it to, so nothing is kept for it)
+            # ``refuse``: the run_shell path, whose answer pops the note (nobody for a queued one)
             self._notes[execution_id] = result.note
         fresh = await self.store.start_execution(
             execution_id, result.started_at or time.time(), started
