@@ -13,14 +13,17 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
 from tmpfs_fixture import mounted_tmpfs
 
+from shellyard.api.connections import MAX_CONNECTIONS_PER_CLIENT
 from shellyard.home import LOG_NAME, ServerInfo, ensure_server, is_served, read_info
 
 pytestmark = pytest.mark.timeout(300)
@@ -66,6 +69,31 @@ def served(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Path, ServerInfo]]
                     break
 
 
+#: What the server logs for each connection past its per-client cap (api/connections.py).
+CAP_LINE = f"more than {MAX_CONNECTIONS_PER_CLIENT}"
+
+
+def _over_the_connection_cap(info: ServerInfo, extra: int = 20) -> None:
+    """Open ``extra`` connections past the per-client cap (each one a warning line of the
+    server's log), see the server close them, then close them all."""
+    address = urlsplit(info.url)
+    opened = []
+    try:
+        for _ in range(MAX_CONNECTIONS_PER_CLIENT + extra):
+            opened.append(socket.create_connection((address.hostname, address.port), timeout=10))
+        time.sleep(0.5)  # the server refuses the late ones as they are accepted
+        closed = 0
+        for connection in opened[-extra:]:
+            connection.settimeout(10)
+            with contextlib.suppress(OSError):
+                if connection.recv(1) == b"":
+                    closed += 1
+        assert closed == extra, f"{closed} of the {extra} connections past the cap were closed"
+    finally:
+        for connection in opened:
+            connection.close()
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -98,8 +126,11 @@ def test_a_full_home_volume_keeps_the_server_answering_and_its_log_recovers(
         code = run.json()["error"]["code"]
         assert code in ("low_on_space", "store_full"), run.text
         refused_runs += 1
-        print("DBG", code, log_file.stat().st_size)
         _fill(filler)  # whatever the service freed (its database's kept room) is taken again
+    # Lines the service logs with no record to write (a client over its connection cap):
+    # each meets the full volume; the server drops them and keeps answering.
+    _over_the_connection_cap(info)
+    assert client.get("/health").status_code == 200
     session = client.post("/v1/sessions", json={})
     assert session.status_code == 507, session.text
     assert session.json()["error"]["code"] == "store_full"
@@ -127,4 +158,6 @@ def test_a_full_home_volume_keeps_the_server_answering_and_its_log_recovers(
             break
         time.sleep(0.1)
     assert f"execution {after.json()['execution_id']} completed" in text, text[-2000:]
+    _over_the_connection_cap(info)
+    assert CAP_LINE in log_file.read_bytes()[logged_at_recovery:].decode("utf-8", "replace")
     assert earlier in log_file.read_text("utf-8", "replace")
