@@ -25,6 +25,7 @@ from shellyard.control.executions.hooks import LEASE_KIND as LEASE_KIND
 from shellyard.control.executions.hooks import EnvironmentGate, WatchLeases
 from shellyard.control.executions.output import capped_output, encode_page, line_tail_offset
 from shellyard.control.executions.state_log import log_state
+from shellyard.control.executions.store_retry import while_store_full
 from shellyard.control.executions.view import execution_view
 from shellyard.control.runners import LOCAL_RUNNER_ID, RunnerRegistry
 from shellyard.errors import (
@@ -211,8 +212,7 @@ class ExecutionService:
         later; CLI exit 75) after the record is made failed with the same message."""
         execution_id = str(row["id"])
         if self.leases is not None:
-            # One replica starts and watches it; another replica's dispatch of the same
-            # queue loses here and leaves it alone.
+            # One replica starts and watches it; another replica's dispatch loses here.
             if not await self.leases.acquire(LEASE_KIND, execution_id, str(row["runner_id"])):
                 return await self._finalized(row)
             try:
@@ -338,7 +338,7 @@ class ExecutionService:
     async def _watch_guarded(self, row: Mapping[str, Any]) -> None:
         """A watcher that fails (the database went away) lets its lease go: a round re-attaches."""
         try:
-            await self._watch_loop(row)
+            await while_store_full(lambda: self._watch_loop(row), f"the end of {row['id']}")
         except asyncio.CancelledError:
             raise
         except Exception:
