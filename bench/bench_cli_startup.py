@@ -2,7 +2,7 @@
 each a fresh process (``python -m shellyard``), p50 of interleaved runs.
 
 Targets: ``run -- true`` p50 ≤ 150 ms, ``--help`` and ``run --help`` ≤ 150 ms. A help page is
-printed from the copy kept the first time it was rendered (cli/helpcache.py): the warm rows
+printed from the copy kept the first time it was rendered (cli/helppage/cache.py): the warm rows
 are that, the "first time" row renders it into an empty cache folder each run. Baselines
 measured in the same rounds: ``python -c pass``, ``git --help`` (another CLI's help page), and
 for ``run`` a minimal client (``MINIMAL_CLIENT``: the

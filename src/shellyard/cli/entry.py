@@ -276,7 +276,7 @@ def main() -> None:
     if code is not None:
         sys.stdout.flush()
         sys.exit(code)
-    from shellyard.cli import helpcache
+    from shellyard.cli.helppage import cache as helpcache
 
     if not helpcache.is_help(sys.argv[1:]):
         from shellyard.cli.app import main as app_main

@@ -1,4 +1,4 @@
-"""Help pages kept once rendered (cli/helpcache.py, docs/benchmarks.md "CLI start-up"): the
+"""Help pages kept once rendered (cli/helppage/cache.py, docs/benchmarks.md "CLI start-up"): the
 kept page is the very page typer prints, printed again only while nothing it depended on
 changed, and never for anything but a help page. Each case is the console script's entry
 (``python -m shellyard``) as a subprocess. Contract: docs/cli.md."""
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from shellyard.cli.helpcache import is_help
+from shellyard.cli.helppage.cache import is_help
 
 
 def _cli(cache: Path, *argv: str, columns: str = "100") -> subprocess.CompletedProcess[str]:
