@@ -282,9 +282,8 @@ class ExecutionService:
                 raise
             return await self._finalized(row)
         except Exception as exc:
-            # Every input that cannot run gets a terminal record (docs/limits.md "Full
-            # disk ..."): a start the runner failed in an unforeseen way ends ``failed``
-            # with the reason and frees the writer, instead of staying queued behind a 500.
+            # Every input that cannot run gets a terminal record (docs/limits.md "Full disk"): an
+            # unforeseen start failure ends ``failed``, frees the writer, never stays queued.
             log.exception("the runner failed to start %s", execution_id)
             await self._end(
                 row, ExecutionState.failed, error=f"the runner could not start it: {exc}"
@@ -303,8 +302,9 @@ class ExecutionService:
         if result.note is not None and refuse:
             # ``refuse``: the run_shell path, whose answer pops the note (nobody for a queued one)
             self._notes[execution_id] = result.note
-        fresh = await self.store.start_execution(
-            execution_id, result.started_at or time.time(), started
+        began = result.started_at or time.time()
+        fresh = await while_store_full(  # it runs: recorded so, once there is room (R2)
+            lambda: self.store.start_execution(execution_id, began, started), execution_id
         )
         assert fresh is not None
         await log_state(self.store, fresh)

@@ -13,23 +13,27 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 from shellyard.errors import StoreFull
 
 log = logging.getLogger("shellyard.control.executions")
+
+T = TypeVar("T")
 
 #: First wait after a refused write, and the longest between two tries.
 FIRST_RETRY_S = 0.5
 MAX_RETRY_S = 10.0
 
 
-async def while_store_full(attempt: Callable[[], Awaitable[None]], what: str) -> None:
-    """Run ``attempt``; while it meets a full database volume, wait and run it again."""
+async def while_store_full(attempt: Callable[[], Awaitable[T]], what: str) -> T:
+    """Run ``attempt``; while it meets a full database volume, wait and run it again. Also
+    for a start the runner made already (its process runs: the record must say so, or the
+    workspace's writer stays held by a record that never started)."""
     delay = FIRST_RETRY_S
     while True:
         try:
-            await attempt()
-            return
+            return await attempt()
         except StoreFull as exc:
             if delay == FIRST_RETRY_S:
                 log.warning(
