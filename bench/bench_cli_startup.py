@@ -1,8 +1,11 @@
 """CLI start-up: ``shellyard --help`` and ``shellyard run -- true`` with the home's server up,
 each a fresh process (``python -m shellyard``), p50 of interleaved runs.
 
-Targets (issue 13): ``run -- true`` p50 ≤ 150 ms and ``--help`` ≤ 200 ms. Baselines measured in
-the same rounds: ``python -c pass``, and for ``run`` a minimal client (``MINIMAL_CLIENT``: the
+Targets: ``run -- true`` p50 ≤ 150 ms, ``--help`` and ``run --help`` ≤ 150 ms. A help page is
+printed from the copy kept the first time it was rendered (cli/helppage/cache.py): the warm rows
+are that, the "first time" row renders it into an empty cache folder each run. Baselines
+measured in the same rounds: ``python -c pass``, ``git --help`` (another CLI's help page), and
+for ``run`` a minimal client (``MINIMAL_CLIENT``: the
 standard library's ``http.client`` posting the same request to the same server and printing
 the answer's output), so the ratio says how much is the CLI's own on a machine whose absolute
 figures move with its load. Bytecode is compiled
@@ -51,6 +54,9 @@ CASES = {
     # ``-m shellyard`` (what the console script runs), so a --baseline-src tree whose
     # entry point differs is measured through its own.
     "shellyard --help": [sys.executable, "-m", "shellyard", "--help"],
+    "shellyard run --help": [sys.executable, "-m", "shellyard", "run", "--help"],
+    "shellyard --help, first time": [sys.executable, "-m", "shellyard", "--help"],
+    "git --help": ["git", "--help"],
     "shellyard run -- true": [sys.executable, "-m", "shellyard", "run", "--", "true"],
 }
 
@@ -72,6 +78,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     rounds = 5 if args.quick else 25
     home = make_home()
     cache = tempfile.mkdtemp(prefix="shellyard-pyc-")
+    help_cache = tempfile.mkdtemp(prefix="shellyard-help-")  # the warm help pages' folder
     trees = {"tree": str(REPO / "src")}
     if args.baseline_src:
         trees["baseline"] = str(Path(args.baseline_src).absolute())
@@ -85,13 +92,18 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         for index in range(rounds + 1):
             for tree, src in trees.items():
                 for case, argv in CASES.items():
-                    took = once(argv, {**env, "PYTHONPATH": src})
+                    fresh = tempfile.mkdtemp(prefix="shellyard-help-") if "first" in case else ""
+                    where = {"XDG_CACHE_HOME": fresh or help_cache}
+                    took = once(argv, {**env, "PYTHONPATH": src, **where})
+                    if fresh:
+                        remove_home(Path(fresh))
                     if index:  # round 0 writes the bytecode cache and warms the page cache
                         samples[tree][case].append(took)
     finally:
         stop_server(home)
         remove_home(home)
         remove_home(Path(cache))
+        remove_home(Path(help_cache))
 
     def p50(tree: str, case: str, which: int) -> float:
         return statistics.median(s[which] for s in samples[tree][case])
@@ -120,7 +132,24 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         metric(
             "cli.help", "shellyard --help, wall p50, ms", p50("tree", "shellyard --help", 0),
             "ms", baseline_label="python -c pass, wall p50, ms", baseline_value=base,
-            target="≤ 200 ms", kind="abs_max", limit=200.0,
+            target="≤ 150 ms", kind="abs_max", limit=150.0,
+        ),
+        metric(
+            "cli.help.run", "shellyard run --help, wall p50, ms",
+            p50("tree", "shellyard run --help", 0), "ms",
+            baseline_label="python -c pass, wall p50, ms", baseline_value=base,
+            target="≤ 150 ms", kind="abs_max", limit=150.0,
+        ),
+        metric(
+            "cli.help.git", "shellyard --help, wall p50, ms", p50("tree", "shellyard --help", 0),
+            "ms", baseline_label="git --help, wall p50, ms",
+            baseline_value=p50("tree", "git --help", 0), target="—", kind="info",
+        ),
+        metric(
+            "cli.help.first", "shellyard --help the first time (no kept page), wall p50, ms",
+            p50("tree", "shellyard --help, first time", 0), "ms",
+            baseline_label="python -c pass, wall p50, ms", baseline_value=base, target="—",
+            kind="info",
         ),
         metric(
             "cli.help.cpu", "shellyard --help, CPU p50, ms", p50("tree", "shellyard --help", 1),

@@ -112,6 +112,14 @@ class RunnerUnavailable(ShellyardError):
     http_status = 503
 
 
+class RunnerOutdated(Conflict):
+    """The runner speaks an older protocol that would drop an option of the request without a
+    word (runner/protocol.py ``PROTOCOL_VERSION``): refused, nothing ran; upgrade the runner
+    or leave the option out."""
+
+    code = "runner_outdated"
+
+
 class SandboxUnavailable(ShellyardError):
     """The sandbox cannot be started on this host (bubblewrap missing, no user namespaces)."""
 
@@ -175,6 +183,7 @@ ERRORS_BY_CODE: dict[str, type[ShellyardError]] = {
         SpawnFailed,
         StoreFull,
         RunnerUnavailable,
+        RunnerOutdated,
         SandboxUnavailable,
         SourceUnreachable,
         ChangeFailed,

@@ -41,11 +41,26 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     401: _error("Missing, unknown or revoked bearer token."),
     403: _error("The token's scope does not allow this operation."),
     404: _error("No such object (or not visible to this token)."),
-    409: _error("The object's state refuses the operation, or the workspace is busy (W1)."),
+    409: _error(
+        "The object's state refuses the operation, the workspace is busy (W1), or the runner "
+        "is too old for an option of the request (runner_outdated: upgrade it)."
+    ),
+    413: _error(
+        "too_large: the request body, or an upload's size or member count, is past its "
+        'documented bound (docs/security.md "Limits at each door"); the message names the '
+        "bound. Send less."
+    ),
     422: _error("The request is well-formed but cannot be carried out (an environment change)."),
     502: _error("An upstream source (package channel or index) could not be reached."),
-    503: _error("A runner or the sandbox is unavailable right now; retry."),
-    507: _error("The runner has no room for the data."),
+    503: _error(
+        "A runner or the sandbox is unavailable right now, or the runner's volume is below "
+        "its free-space reserve (low_on_space); retry later."
+    ),
+    507: _error(
+        "No room: the workspace's quota or the runner's volume cannot hold the data "
+        "(out_of_room), or the database's volume is full (store_full: nothing was recorded; "
+        "retry once space is freed)."
+    ),
 }
 
 #: The same for a route whose success is not JSON (server-sent events): FastAPI would declare

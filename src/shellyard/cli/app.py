@@ -254,7 +254,7 @@ def main() -> None:
     in an app that holds only that module; help, ``serve``, ``mcp`` and anything unknown go
     to the whole app."""
     word = sys.argv[1] if len(sys.argv) > 1 else ""
-    from shellyard.cli.outline import is_top_level_help, outline
+    from shellyard.cli.helppage.outline import is_top_level_help, outline
 
     if is_top_level_help(sys.argv[1:]):  # the same page without building every verb
         outline(app)()

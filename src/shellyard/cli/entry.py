@@ -276,8 +276,20 @@ def main() -> None:
     if code is not None:
         sys.stdout.flush()
         sys.exit(code)
-    if len(sys.argv) < 2 or "--help" in sys.argv[1:]:
-        defer_rich_extras()
+    from shellyard.cli.helppage import cache as helpcache
+
+    if not helpcache.is_help(sys.argv[1:]):
+        from shellyard.cli.app import main as app_main
+
+        if len(sys.argv) < 2:
+            defer_rich_extras()
+        app_main()
+        return
+    kept = helpcache.replay(sys.argv[1:])  # a page printed before, nothing it needs changed
+    if kept is not None:
+        sys.exit(kept)
+    defer_rich_extras()
     from shellyard.cli.app import main as app_main
 
-    app_main()
+    with helpcache.recording(sys.argv[1:]):
+        app_main()

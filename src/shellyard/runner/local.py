@@ -39,6 +39,7 @@ from shellyard.runner.network.egress_proxy import EgressProxy
 from shellyard.runner.network.netns import WorkspaceNetworks
 from shellyard.runner.network.ports import Relays
 from shellyard.runner.protocol import (
+    PROTOCOL_VERSION,
     ApplyEntry,
     ApplyResult,
     ByteStream,
@@ -125,8 +126,7 @@ class LocalRunner(TerminalDoor):  # E13: send_input, screen, resize
             workspace_ids=self._workspace_ids if self._uids is not None else None,
             home_of=self.home_path,
         )
-        # limits (R2, docs/limits.md): workspace quota and log cap while commands run
-        # (limits/watcher.py)
+        # limits (R2, docs/limits.md): quota and log cap while commands run (limits/watcher.py)
         self._guard = LimitsGuard(self.root, self.policy, self._snapshots.head)
         self._runs = Supervisor(
             self._executions,
@@ -246,12 +246,12 @@ class LocalRunner(TerminalDoor):  # E13: send_input, screen, resize
         self._sandboxes.view.close()
 
     async def info(self) -> RunnerInfo:
-        uid = self._ids[0] if self._ids else os.geteuid()
         return RunnerInfo(
             runner_version=__version__,
+            protocol=PROTOCOL_VERSION,
             sandbox="bubblewrap",
             network=self.policy.network,
-            sandbox_uid=uid,
+            sandbox_uid=self._ids[0] if self._ids else os.geteuid(),
             limits=self._guard.limits_view(),  # limits (R2, docs/limits.md)
         )
 

@@ -45,6 +45,14 @@ class RunnerExecState(StrEnum):
     lost = "lost"
 
 
+#: The runner protocol's version, announced by ``info`` (``RunnerInfo.protocol``) and raised
+#: whenever a request gains a field an older runner would drop without a word (pydantic ignores
+#: fields it does not know). 1: no announcement (releases before 2). 2: ``start`` takes ``env``,
+#: ``cwd`` and ``args`` (E1). A control plane refuses a request a runner is too old to honour
+#: (runner/transport/compat.py) instead of running it differently.
+PROTOCOL_VERSION = 2
+
+
 class StartRequest(BaseModel):
     execution_id: str
     workspace_id: str
@@ -208,6 +216,8 @@ class LogPruneResult(BaseModel):
 
 class RunnerInfo(BaseModel):
     runner_version: str
+    #: ``PROTOCOL_VERSION`` of the runner; 1 from runners that do not announce one.
+    protocol: int = 1
     sandbox: str
     network: NetworkMode
     sandbox_uid: int

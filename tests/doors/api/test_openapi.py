@@ -99,14 +99,16 @@ def test_every_operation_matches_the_document(server: tuple[str, dict[str, str]]
 
 def test_document_declares_errors_and_models(server: tuple[str, dict[str, str]]) -> None:
     """Every operation declares a success schema and the error body for 400/401/403/404/409/
-    503; nothing is left to FastAPI's default 422 shape, which this API never sends."""
+    413/503/507 (the request bounds' 413 ``too_large`` and the full disk's 507 ``store_full`` /
+    ``out_of_room`` included, docs/security.md "Limits at each door"), so a generated client
+    knows them; nothing is left to FastAPI's default 422 shape, which this API never sends."""
     url, auth = server
     document = httpx.get(f"{url}/openapi.json", headers=auth).json()
     assert "HTTPValidationError" not in document["components"]["schemas"]
     for path, item in document["paths"].items():
         for method, operation in item.items():
             responses = operation["responses"]
-            for status in ("400", "401", "403", "404", "409", "503"):
+            for status in ("400", "401", "403", "404", "409", "413", "503", "507"):
                 ref = responses[status]["content"]["application/json"]["schema"]["$ref"]
                 assert ref.endswith("/ErrorBody"), (method, path, status)
             ok = responses.get("200") or responses.get("201")

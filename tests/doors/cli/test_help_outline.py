@@ -1,4 +1,4 @@
-"""``shellyard --help`` is printed from the app's outline (cli/outline.py, issue 13): the page
+"""``shellyard --help`` is printed from the app's outline (cli/helppage/outline.py): the page
 must be the very page the whole app prints, at any width, and with no words at all."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 from typer.testing import CliRunner
 
 from shellyard.cli.app import app
-from shellyard.cli.outline import is_top_level_help, outline
+from shellyard.cli.helppage.outline import is_top_level_help, outline
 
 
 @pytest.mark.parametrize("columns", ["60", "100", "200"])

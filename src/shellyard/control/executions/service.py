@@ -27,11 +27,13 @@ from shellyard.control.executions.hooks import EnvironmentGate, WatchLeases
 from shellyard.control.executions.logs import check_page, read_page
 from shellyard.control.executions.output import capped_output
 from shellyard.control.executions.state_log import log_state
+from shellyard.control.executions.store_retry import while_store_full
 from shellyard.control.executions.view import execution_view
 from shellyard.control.runners import LOCAL_RUNNER_ID, RunnerRegistry
 from shellyard.errors import (
     LowOnSpace,
     NotFound,
+    RunnerOutdated,
     RunnerUnavailable,
     ShellyardError,
     WorkspaceBusy,
@@ -210,8 +212,7 @@ class ExecutionService:
         later; CLI exit 75) after the record is made failed with the same message."""
         execution_id = str(row["id"])
         if self.leases is not None:
-            # One replica starts and watches it; another replica's dispatch of the same
-            # queue loses here and leaves it alone.
+            # One replica starts and watches it; another replica's dispatch loses here.
             if not await self.leases.acquire(LEASE_KIND, execution_id, str(row["runner_id"])):
                 return await self._finalized(row)
             try:
@@ -277,13 +278,12 @@ class ExecutionService:
             return await self._finalized(row)
         except ShellyardError as exc:
             await self._end(row, ExecutionState.failed, error=exc.message)
-            if refuse and isinstance(exc, LowOnSpace):  # limits (R2, docs/limits.md)
+            if refuse and isinstance(exc, LowOnSpace | RunnerOutdated):  # R2, docs/runners.md
                 raise
             return await self._finalized(row)
         except Exception as exc:
-            # Every input that cannot run gets a terminal record (docs/limits.md "Full
-            # disk ..."): a start the runner failed in an unforeseen way ends ``failed``
-            # with the reason and frees the writer, instead of staying queued behind a 500.
+            # Every input that cannot run gets a terminal record (docs/limits.md "Full disk"): an
+            # unforeseen start failure ends ``failed``, frees the writer, never stays queued.
             log.exception("the runner failed to start %s", execution_id)
             await self._end(
                 row, ExecutionState.failed, error=f"the runner could not start it: {exc}"
@@ -300,11 +300,11 @@ class ExecutionService:
                 "environment_revision": result.base_revision,
             }
         if result.note is not None and refuse:
-            # ``refuse`` is the run_shell path, whose answer pops the note (a queued start
-            # has nobody to hand it to, so nothing is kept for it)
+            # ``refuse``: the run_shell path, whose answer pops the note (nobody for a queued one)
             self._notes[execution_id] = result.note
-        fresh = await self.store.start_execution(
-            execution_id, result.started_at or time.time(), started
+        began = result.started_at or time.time()
+        fresh = await while_store_full(  # it runs: recorded so, once there is room (R2)
+            lambda: self.store.start_execution(execution_id, began, started), execution_id
         )
         assert fresh is not None
         await log_state(self.store, fresh)
@@ -338,7 +338,7 @@ class ExecutionService:
     async def _watch_guarded(self, row: Mapping[str, Any]) -> None:
         """A watcher that fails (the database went away) lets its lease go: a round re-attaches."""
         try:
-            await self._watch_loop(row)
+            await while_store_full(lambda: self._watch_loop(row), f"the end of {row['id']}")
         except asyncio.CancelledError:
             raise
         except Exception:

@@ -50,6 +50,7 @@ from shellyard.runner.protocol import (
     SnapshotInfo,
     StartRequest,
 )
+from shellyard.runner.transport import compat
 from shellyard.runner.transport.signing import UNSIGNED_STREAM, body_digest, signed_headers
 from shellyard.runner.transport.wire import (
     API_PREFIX,
@@ -133,6 +134,8 @@ class RemoteRunner:
         self.label = label or self.base_url
         # The key signs every request (R4); it is never sent.
         self._key = token.encode("utf-8")
+        #: The daemon's runner protocol, from its last ``info`` answer (None: not asked yet).
+        self._protocol: int | None = None
         self._slow = httpx.Timeout(slow_timeout_s, connect=min(timeout_s, 10.0))
         self._client = httpx.AsyncClient(
             base_url=self.base_url + API_PREFIX,
@@ -331,14 +334,21 @@ class RemoteRunner:
     # --- the Runner protocol: each method names its operation in wire.OPERATIONS ---
 
     async def info(self) -> RunnerInfo:
-        return cast(RunnerInfo, await self._invoke("info"))
+        info = cast(RunnerInfo, await self._invoke("info"))
+        self._protocol = info.protocol  # heartbeats ask it, so an up- or downgrade is seen
+        return info
 
     async def ensure_workspace(self, workspace_id: str) -> SnapshotInfo:
         return cast(SnapshotInfo, await self._invoke("ensure_workspace", workspace_id=workspace_id))
 
     async def start(self, request: StartRequest) -> RunnerExecution:
         """Start, letting the daemon wait ``start_wait_s`` for the end (one round trip for a
-        quick command); an answer with ``logs`` is kept for the calls that follow."""
+        quick command); an answer with ``logs`` is kept for the calls that follow. Options
+        the daemon's protocol would drop are refused (compat.py): asked again first, so a
+        daemon upgraded since its last answer is seen at once."""
+        if compat.unhonoured(request, self._protocol):
+            await self.info()
+            compat.check_start(request, self._protocol, self.label)
         op = OPERATIONS["start"]
         wait_s = 0.0 if request.detached else self.start_wait_s
         body = StartWait.model_construct(  # a validated StartRequest, extended
