@@ -63,8 +63,10 @@ def cpu_split(pid: int) -> tuple[float, float]:
     return (int(fields[11]) + int(fields[12])) / TICKS, (int(fields[13]) + int(fields[14])) / TICKS
 
 
-def postgres_cpu() -> float:
-    """CPU seconds of every postgres process (backends and the server's helpers)."""
+def postgres_cpu(database: str) -> float:
+    """CPU seconds of the PostgreSQL backends serving ``database`` (their command line names
+    it): other work on the machine uses the same server. The server's shared helpers (WAL
+    writer, checkpointer) are left out."""
     total = 0.0
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -72,9 +74,11 @@ def postgres_cpu() -> float:
         try:
             if Path(f"/proc/{entry}/comm").read_text().strip() != "postgres":
                 continue
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().decode(errors="replace")
         except OSError:
             continue
-        total += sum(cpu_split(int(entry)))
+        if f" {database} " in cmdline.replace("\0", " "):
+            total += sum(cpu_split(int(entry)))
     return total
 
 
@@ -168,6 +172,7 @@ async def postgres_daemon(runs: int, profile: Path | None) -> dict[str, Any]:
     daemon = await start_daemon(root / "daemon", SandboxPolicy(), subprocess=True)
     try:
         async with fresh_database() as url:
+            database = url.rsplit("/", 1)[1]
             replicas = await start_replicas(url, 1, replica_env())
             try:
                 replica = replicas[0]
@@ -194,7 +199,7 @@ async def postgres_daemon(runs: int, profile: Path | None) -> dict[str, Any]:
                     rep0, dae0, pg0 = (
                         sum(cpu_split(replica.process.pid)),
                         sum(cpu_split(daemon.process.pid)),
-                        postgres_cpu(),
+                        postgres_cpu(database),
                     )
                     began = time.monotonic()
                     await _runs(once, runs)
@@ -202,7 +207,7 @@ async def postgres_daemon(runs: int, profile: Path | None) -> dict[str, Any]:
                     rep1, dae1, pg1 = (
                         sum(cpu_split(replica.process.pid)),
                         sum(cpu_split(daemon.process.pid)),
-                        postgres_cpu(),
+                        postgres_cpu(database),
                     )
                     summary: dict[str, Any] = {}
                     if profile is not None:

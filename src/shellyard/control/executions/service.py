@@ -23,12 +23,12 @@ from shellyard.control.executions import options
 from shellyard.control.executions.foreground import ForegroundWaits
 from shellyard.control.executions.hooks import LEASE_KIND as LEASE_KIND
 from shellyard.control.executions.hooks import EnvironmentGate, WatchLeases
-from shellyard.control.executions.output import capped_output, encode_page, line_tail_offset
+from shellyard.control.executions.logs import check_page, log_page
+from shellyard.control.executions.output import capped_output
 from shellyard.control.executions.state_log import log_state
-from shellyard.control.executions.view import execution_view
+from shellyard.control.executions.view import execution_view, run_shell_result
 from shellyard.control.runners import LOCAL_RUNNER_ID, RunnerRegistry
 from shellyard.errors import (
-    InvalidInput,
     LowOnSpace,
     NotFound,
     RunnerUnavailable,
@@ -37,8 +37,6 @@ from shellyard.errors import (
 )
 from shellyard.paths import normalize_relative
 from shellyard.runner.protocol import (
-    MAX_READ_CHUNK,
-    LogStream,
     RunnerExecState,
     RunnerExecution,
     StartRequest,
@@ -184,8 +182,12 @@ class ExecutionService:
             "read_only": request.read_only,
             "run_options": options.record(request),
         }
+        # The lease is taken with the record when it starts now (one transaction fewer).
+        terms = self.leases.terms(runner_id) if self.leases is not None else None
         try:
-            row, holder = await self.store.submit_execution(values, queue=request.queue)
+            row, holder = await self.store.submit_execution(
+                values, queue=request.queue, lease=terms
+            )
         except Exception:
             if request.idempotency_key is not None:  # a concurrent retry won the race
                 existing = await self.store.find_idempotent(owner, request.idempotency_key)
@@ -200,34 +202,43 @@ class ExecutionService:
                 holder=holder,
             )
         if holder is None:
-            row = await self._launch(row, refuse=True)
-        return await self._respond(row, request)
+            if self.leases is not None:
+                self.leases.taken(LEASE_KIND, str(row["id"]))
+            row = await self._launch(row, refuse=True, leased=True)
+        return await self._respond(row, request, started=holder is None)
 
-    async def _launch(self, row: Mapping[str, Any], refuse: bool = False) -> Mapping[str, Any]:
+    async def _launch(
+        self, row: Mapping[str, Any], refuse: bool = False, leased: bool = False
+    ) -> Mapping[str, Any]:
         """Start a record that holds its workspace's writer. Safe to repeat (E10).
 
         ``refuse``: a runner below its free-space reserve raises to the submitter (retry
-        later; CLI exit 75) after the record is made failed with the same message."""
+        later; CLI exit 75) after the record is made failed with the same message.
+        ``leased``: ``row`` was just submitted with its lease (nobody else can have moved it)."""
         execution_id = str(row["id"])
-        if self.leases is not None:
-            # One replica starts and watches it; another replica's dispatch of the same
-            # queue loses here and leaves it alone.
-            if not await self.leases.acquire(LEASE_KIND, execution_id, str(row["runner_id"])):
-                return await self._finalized(row)
-            try:
-                return await self._launch_leased(row, refuse)
-            except BaseException:
-                # Not started after all (the database failed us, or we are stopping): let
-                # go, so a round of the lease keeper (here or on a replica) starts it.
-                if execution_id not in self._watchers:
-                    await asyncio.shield(self._release(execution_id))
-                raise
-        return await self._launch_leased(row, refuse)
+        if self.leases is None:
+            return await self._launch_leased(row, refuse, submitted=True)
+        # One replica starts and watches it; another replica's dispatch of the same
+        # queue loses here and leaves it alone.
+        if not leased and not await self.leases.acquire(
+            LEASE_KIND, execution_id, str(row["runner_id"])
+        ):
+            return await self._finalized(row)
+        try:
+            return await self._launch_leased(row, refuse, submitted=leased)
+        except BaseException:
+            # Not started after all (the database failed us, or we are stopping): let
+            # go, so a round of the lease keeper (here or on a replica) starts it.
+            if execution_id not in self._watchers:
+                await asyncio.shield(self._release(execution_id))
+            raise
 
-    async def _launch_leased(self, row: Mapping[str, Any], refuse: bool) -> Mapping[str, Any]:
+    async def _launch_leased(
+        self, row: Mapping[str, Any], refuse: bool, submitted: bool
+    ) -> Mapping[str, Any]:
         execution_id = str(row["id"])
         runner = self.runners.get(str(row["runner_id"]))
-        if self.leases is not None:
+        if not submitted:
             row = await self._finalized(row)
             if row["state"] != ExecutionState.queued:  # started or ended meanwhile
                 if row["state"] == ExecutionState.running:
@@ -431,13 +442,15 @@ class ExecutionService:
         # N3: a foreground caller is waiting and sees the result now.
         notice_read = self._foreground.get(execution_id, 0) > 0
         # Across replicas: a caller on another replica may wait too; the transaction reads
-        # its row and says whether the notice was posted read.
+        # its row and says whether the notice was posted read. The lease goes with it.
+        leases = self.leases
         final, queued, notice_read = await self.store.finish_execution(
             row,
             {"state": state.value, **values},
             summary,
             notice_read=notice_read,
             from_states=("queued", "running", "unknown"),
+            lease_holder=leases.letting_go(LEASE_KIND, execution_id) if leases else None,
         )
         if final is not None and notice_read and execution_id in self._finished:
             self._ended[execution_id] = final  # with its notice posted read
@@ -451,10 +464,9 @@ class ExecutionService:
             except Exception:
                 log.exception("an on_finished observer failed for %s", execution_id)
         if queued is not None:
+            # A replica dying before this line leaves a stalled queue: the lease keeper's
+            # rounds (and a restart's, for the local runner) dispatch it.
             await self.dispatch(str(row["workspace_id"]))
-        # Last: a replica dying before this line leaves the lease to expire, and whoever
-        # takes it over hands the workspace on (``adopt``).
-        await self._release(execution_id)
 
     def _signal(self, execution_id: str) -> None:
         self.signal(execution_id)
@@ -500,14 +512,19 @@ class ExecutionService:
 
     # ------------------------------------------------------------------ respond
 
-    async def _respond(self, row: Mapping[str, Any], request: RunShellRequest) -> RunShellResult:
+    async def _respond(
+        self, row: Mapping[str, Any], request: RunShellRequest, started: bool = False
+    ) -> RunShellResult:
+        """``started``: ``row`` is what this call's start wrote (no await since)."""
         execution_id = str(row["id"])
         seen_ending = None
         if not request.background and not ExecutionState(row["state"]).terminal:
-            seen_ending = await self._wait_watched(execution_id, request.wait_ms / 1000)
+            # Running and watched here since its start: no end can have been signalled yet.
+            current = started and row["state"] == "running" and execution_id in self._watchers
+            seen_ending = await self._wait_watched(execution_id, request.wait_ms / 1000, current)
             row = seen_ending or await self._finalized(row)
-        view = execution_view(row)
-        result = RunShellResult(**view.model_dump(), note=self._notes.pop(execution_id, None))
+        view = result = run_shell_result(row)
+        result.note = self._notes.pop(execution_id, None)
         if request.background or view.state in (ExecutionState.queued,):
             return result
         if view.state.terminal and seen_ending is None:
@@ -548,7 +565,9 @@ class ExecutionService:
         )
         return await self._respond(row, now)
 
-    async def _wait_watched(self, execution_id: str, timeout_s: float) -> Mapping[str, Any] | None:
+    async def _wait_watched(
+        self, execution_id: str, timeout_s: float, current: bool = False
+    ) -> Mapping[str, Any] | None:
         """Wait for the end with a caller watching: a result that arrives during the wait is
         seen by that caller, so its notice is posted already read and wakes nobody (N3).
         The final record when this process ended it during the wait, else None."""
@@ -563,8 +582,8 @@ class ExecutionService:
                 # Another replica watches it, so its finalizer cannot see ``_foreground``: a
                 # row tells it (read in its finishing transaction, store/executions.py).
                 waiter = await self.foreground_waits.begin(execution_id)
-            fresh = await self.store.get_execution(execution_id)
-            if fresh is not None and not ExecutionState(fresh["state"]).terminal:
+            fresh = None if current else await self.store.get_execution(execution_id)
+            if current or (fresh is not None and not ExecutionState(fresh["state"]).terminal):
                 await self.foreground_waits.wait(event, execution_id, waiter, timeout_s)
                 return self._ended.get(execution_id)
             return None
@@ -602,51 +621,15 @@ class ExecutionService:
         encoding: str = "utf-8",
     ) -> LogsResult:
         """A page of a log; ``tail``: bytes, ``tail_lines``: lines (docs/cli.md "Output")."""
-        if stream not in ("stdout", "stderr"):
-            raise InvalidInput(f"stream must be 'stdout' or 'stderr', not {stream!r}")
-        if encoding not in ("utf-8", "base64"):
-            raise InvalidInput(f"encoding must be 'utf-8' or 'base64', not {encoding!r}")
-        if min(offset, limit, tail or 0, tail_lines or 0) < 0:
-            raise InvalidInput("offset, limit, tail and tail_lines must be zero or positive")
+        check_page(stream, encoding, offset, limit, tail, tail_lines)
         row = await self._owned(execution_id, agent_id)
-        log_stream: LogStream = "stdout" if stream == "stdout" else "stderr"
-        runner = self.runners.get(str(row["runner_id"]))
-        pruned_at = row.get("logs_pruned_at")
-        state = ExecutionState(row["state"])
-        nothing = LogsResult.model_construct(
-            execution_id=execution_id, stream=log_stream, data="", offset=0, next_offset=0,
-            size=0, complete=True, state=state, logs_pruned_at=pruned_at,
+        page = await log_page(
+            self.runners.get(str(row["runner_id"])), row, stream, offset, limit, tail,
+            tail_lines, encoding,
         )  # fmt: skip
-        if pruned_at is not None:
-            # Retention deleted them (docs/operations.md): say so instead of failing the read.
-            return nothing
-        if state == ExecutionState.queued or row["started_at"] is None:
-            return nothing.model_copy(update={"complete": state.terminal})
-        if tail is not None:
-            size = await runner.log_size(execution_id, log_stream)
-            offset = max(0, size - tail)
-            limit = min(tail, MAX_READ_CHUNK)
-        elif tail_lines is not None:
-            size = await runner.log_size(execution_id, log_stream)
-            offset = await line_tail_offset(runner, execution_id, log_stream, size, tail_lines)
-            limit = min(size - offset, MAX_READ_CHUNK)
-        chunk = await runner.read_log(execution_id, log_stream, offset, min(limit, MAX_READ_CHUNK))
-        text, used = encode_page(chunk.data, encoding)
-        if state.terminal:
+        if page.state.terminal and page.logs_pruned_at is None and row["started_at"] is not None:
             await self.store.mark_notice_read("execution", execution_id)
-        return LogsResult(
-            execution_id=execution_id,
-            stream=log_stream,
-            data=text,
-            offset=chunk.offset,
-            # a whole chunk: the runner's next offset (past a cut log's dropped range, R2,
-            # docs/limits.md)
-            next_offset=chunk.next_offset if used == len(chunk.data) else chunk.offset + used,
-            size=chunk.size,
-            complete=chunk.complete and used == len(chunk.data),
-            state=state,
-            encoding="base64" if encoding == "base64" else "utf-8",
-        )
+        return page
 
     async def cancel(
         self, execution_id: str, agent_id: str | None = None, wait_s: float = 0.0

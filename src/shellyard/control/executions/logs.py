@@ -1,0 +1,73 @@
+"""A page of an execution's log (E4, docs/cli.md "Output"): by offset, or the last bytes or
+lines, in UTF-8 or base64; what retention deleted or a command never started is said, not
+failed."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from shellyard.contract.executions import ExecutionState, LogsResult
+from shellyard.control.executions.output import encode_page, line_tail_offset
+from shellyard.errors import InvalidInput
+from shellyard.runner.protocol import MAX_READ_CHUNK, LogStream, Runner
+
+
+def check_page(
+    stream: str, encoding: str, offset: int, limit: int, tail: int | None, tail_lines: int | None
+) -> None:
+    if stream not in ("stdout", "stderr"):
+        raise InvalidInput(f"stream must be 'stdout' or 'stderr', not {stream!r}")
+    if encoding not in ("utf-8", "base64"):
+        raise InvalidInput(f"encoding must be 'utf-8' or 'base64', not {encoding!r}")
+    if min(offset, limit, tail or 0, tail_lines or 0) < 0:
+        raise InvalidInput("offset, limit, tail and tail_lines must be zero or positive")
+
+
+async def log_page(
+    runner: Runner,
+    row: Mapping[str, Any],
+    stream: str,
+    offset: int,
+    limit: int,
+    tail: int | None,
+    tail_lines: int | None,
+    encoding: str,
+) -> LogsResult:
+    """The page of the record's log (arguments checked by ``check_page``)."""
+    execution_id = str(row["id"])
+    log_stream: LogStream = "stdout" if stream == "stdout" else "stderr"
+    pruned_at = row.get("logs_pruned_at")
+    state = ExecutionState(row["state"])
+    nothing = LogsResult.model_construct(
+        execution_id=execution_id, stream=log_stream, data="", offset=0, next_offset=0,
+        size=0, complete=True, state=state, logs_pruned_at=pruned_at,
+    )  # fmt: skip
+    if pruned_at is not None:
+        # Retention deleted them (docs/operations.md): say so instead of failing the read.
+        return nothing
+    if state == ExecutionState.queued or row["started_at"] is None:
+        return nothing.model_copy(update={"complete": state.terminal})
+    if tail is not None:
+        size = await runner.log_size(execution_id, log_stream)
+        offset = max(0, size - tail)
+        limit = min(tail, MAX_READ_CHUNK)
+    elif tail_lines is not None:
+        size = await runner.log_size(execution_id, log_stream)
+        offset = await line_tail_offset(runner, execution_id, log_stream, size, tail_lines)
+        limit = min(size - offset, MAX_READ_CHUNK)
+    chunk = await runner.read_log(execution_id, log_stream, offset, min(limit, MAX_READ_CHUNK))
+    text, used = encode_page(chunk.data, encoding)
+    return LogsResult(
+        execution_id=execution_id,
+        stream=log_stream,
+        data=text,
+        offset=chunk.offset,
+        # a whole chunk: the runner's next offset (past a cut log's dropped range, R2,
+        # docs/limits.md)
+        next_offset=chunk.next_offset if used == len(chunk.data) else chunk.offset + used,
+        size=chunk.size,
+        complete=chunk.complete and used == len(chunk.data),
+        state=state,
+        encoding="base64" if encoding == "base64" else "utf-8",
+    )
