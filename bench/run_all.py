@@ -49,6 +49,7 @@ SUITE = [
     ("read_only", "bench_read_only.py", 300),
     ("runners", "bench_runners.py", 600),
     ("replicas", "bench_replicas.py", 900),
+    ("cpu", "bench_cpu.py", 900),
     ("soak", "bench_soak.py", 900),
 ]
 

@@ -11,11 +11,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from runner_daemon_fixture import start_daemon
 from sqlalchemy import event
 from sqlalchemy.engine import Engine
 
 from conftest import POSTGRES_URL
-from runner_daemon_fixture import start_daemon
 from shellyard.config import Settings
 from shellyard.contract.executions import RunShellRequest
 from shellyard.control.plane import ControlPlane
