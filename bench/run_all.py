@@ -50,6 +50,7 @@ SUITE = [
     ("interactive", "bench_interactive.py", 300),
     ("runners", "bench_runners.py", 600),
     ("replicas", "bench_replicas.py", 900),
+    ("cpu", "bench_cpu.py", 900),
     ("soak", "bench_soak.py", 900),
     ("warm", "bench_warm.py", 900),
 ]

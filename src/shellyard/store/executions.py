@@ -10,14 +10,15 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from shellyard.store.db import Database, Row, fetch_one
+from shellyard.store.db import Database, Row
+from shellyard.store.leases import EXECUTION, LeaseTerms, delete_lease, insert_lease
 from shellyard.store.notices import add_notice
 from shellyard.store.schema import (
     executions,
     foreground_waits,
     workspaces,
 )
-from shellyard.store.workspaces import release_writer, take_writer
+from shellyard.store.workspaces import release_writer
 
 TERMINAL_STATES = ("completed", "cancelled", "failed", "unknown")
 ACTIVE_STATES = ("queued", "running")
@@ -31,21 +32,22 @@ class ExecutionRecords(Database):
     """Executions of commands."""
 
     async def submit_execution(
-        self, values: dict[str, Any], *, queue: bool
+        self, values: dict[str, Any], *, queue: bool, lease: LeaseTerms | None = None
     ) -> tuple[Row, str | None]:
         """Insert the record and take the workspace writer in one transaction (W1).
 
         Returns (record, holder). When the writer is held and ``queue`` is false nothing is
         recorded and the holder's id comes back; with ``queue`` the record stays ``queued``.
         A read-only record (``values["read_only"]``) neither takes nor waits for the writer.
+        ``lease``: the execution's lease is taken too when it is to start now (not queued).
         """
         try:
-            return await self.run(_submit, values, queue)
+            return await self.run(_submit, values, queue, lease)
         except _Refused as refused:
             return values, refused.holder
 
     async def get_execution(self, execution_id: str) -> Row | None:
-        return await self.one(sa.select(executions).where(executions.c.id == execution_id))
+        return await self.run(_get, execution_id)
 
     async def find_idempotent(self, agent_id: str, key: str) -> Row | None:
         return await self.one(
@@ -75,16 +77,18 @@ class ExecutionRecords(Database):
         notice_summary: str,
         notice_read: bool,
         from_states: Sequence[str],
+        lease_holder: str | None = None,
     ) -> tuple[Row | None, Row | None, bool]:
         """Make a record terminal, post its notice, release its writer and find the next
         queued writer of its workspace: one transaction. The notice is posted read when
         ``notice_read`` (a caller of this replica waits) or, on PostgreSQL, when a live
         foreground wait of another replica names the execution (N3). Returns (final record
         or None when it was already terminal, next queued record, whether the notice was
-        posted read)."""
+        posted read). ``lease_holder``: that replica's lease of the execution goes too."""
         return await self.run(
-            _finish_execution, row, values, notice_summary, notice_read, tuple(from_states)
-        )
+            _finish_execution,
+            row, values, notice_summary, notice_read, tuple(from_states), lease_holder,
+        )  # fmt: skip
 
     # N3 across replicas: a foreground caller on a replica that does not watch the execution.
 
@@ -147,76 +151,115 @@ class _Refused(Exception):
         self.holder = holder
 
 
-def _submit(conn: Connection, values: dict[str, Any], queue: bool) -> tuple[Row, str | None]:
-    next_seq = conn.execute(
-        sa.select(sa.func.coalesce(sa.func.max(executions.c.seq), 0))
-    ).scalar_one()
-    values = {**values, "seq": next_seq + 1, "state": "queued", "created_at": time.time()}
-    conn.execute(executions.insert().values(**values))
-    if values.get("read_only"):  # W2: a reader beside the writer takes nothing
-        row = fetch_one(conn, sa.select(executions).where(executions.c.id == values["id"]))
-        assert row is not None
-        return row, None
-    queued_ahead = conn.execute(
-        sa.select(executions.c.id)
-        .where(
-            executions.c.workspace_id == values["workspace_id"],
-            executions.c.state == "queued",
-            executions.c.id != values["id"],
-            sa.not_(executions.c.read_only),
-        )
-        .limit(1)
-    ).first()
-    taken = queued_ahead is None and take_writer(
-        conn, values["workspace_id"], "execution", values["id"]
+# Built once (docs/benchmarks.md "CPU per execution"): building a Core statement and its
+# cache key costs about three times its execution on SQLite; these take bind parameters.
+_INSERT = (
+    executions.insert()
+    .values(
+        # Submission order (W1), taken in the insert itself: one statement fewer.
+        seq=sa.select(sa.func.coalesce(sa.func.max(executions.c.seq), 0) + 1).scalar_subquery()
     )
+    .returning(*executions.c)
+)
+_BY_ID = sa.select(executions).where(executions.c.id == sa.bindparam("b_id"))
+_UPDATE = (
+    executions.update()
+    .where(
+        executions.c.id == sa.bindparam("b_id"),
+        executions.c.state.in_(sa.bindparam("b_from", expanding=True)),
+    )
+    .returning(*executions.c)
+)
+# The writer, unless a writer queued before this one waits for it (W1).
+_TAKE_WRITER = (
+    workspaces.update()
+    .where(
+        workspaces.c.id == sa.bindparam("b_workspace"),
+        workspaces.c.writer_id.is_(None),
+        ~sa.exists(
+            sa.select(executions.c.id).where(
+                executions.c.workspace_id == sa.bindparam("b_workspace"),
+                executions.c.state == "queued",
+                executions.c.id != sa.bindparam("b_id"),
+                sa.not_(executions.c.read_only),
+            )
+        ),
+    )
+    .values(writer_kind="execution", writer_id=sa.bindparam("b_id"))
+)
+_WRITER_OF = sa.select(workspaces.c.writer_id).where(workspaces.c.id == sa.bindparam("b_workspace"))
+_NEXT_QUEUED = (
+    sa.select(executions)
+    .where(
+        executions.c.workspace_id == sa.bindparam("b_workspace"),
+        executions.c.state == "queued",
+        sa.not_(executions.c.read_only),  # a reader never waits for the writer
+    )
+    .order_by(executions.c.seq)
+    .limit(1)
+)
+_TAKE_WAITS = (
+    foreground_waits.delete()
+    .where(foreground_waits.c.execution_id == sa.bindparam("b_id"))
+    .returning(foreground_waits.c.expires_at)
+)
+
+
+def _submit(
+    conn: Connection, values: dict[str, Any], queue: bool, lease: LeaseTerms | None
+) -> tuple[Row, str | None]:
+    values = {**values, "state": "queued", "created_at": time.time()}
+    row = dict(conn.execute(_INSERT, values).mappings().one())
     holder = None
-    if not taken:
-        holder = (
-            conn.execute(
-                sa.select(workspaces.c.writer_id).where(workspaces.c.id == values["workspace_id"])
-            ).scalar_one_or_none()
-            or "a queued writer"
-        )
+    # W2: a reader beside the writer takes nothing
+    if (
+        not values.get("read_only")
+        and not conn.execute(
+            _TAKE_WRITER, {"b_workspace": values["workspace_id"], "b_id": values["id"]}
+        ).rowcount
+    ):
+        writer = conn.execute(_WRITER_OF, {"b_workspace": values["workspace_id"]})
+        holder = writer.scalar_one_or_none() or "a queued writer"
         if not queue:
             raise _Refused(holder)  # rolls the insert back: nothing recorded half-way
-    row = fetch_one(conn, sa.select(executions).where(executions.c.id == values["id"]))
-    assert row is not None
+    if lease is not None and holder is None:  # it starts now: whoever submits watches it
+        insert_lease(conn, EXECUTION, values["id"], lease)
     return row, holder
+
+
+def _get(conn: Connection, execution_id: str) -> Row | None:
+    row = conn.execute(_BY_ID, {"b_id": execution_id}).mappings().first()
+    return dict(row) if row is not None else None
 
 
 def _update_execution(
     conn: Connection, execution_id: str, from_states: tuple[str, ...], values: dict[str, Any]
 ) -> bool:
-    result = conn.execute(
-        executions.update()
-        .where(executions.c.id == execution_id, executions.c.state.in_(from_states))
-        .values(**values)
-    )
-    return bool(result.rowcount)
+    return _updated(conn, execution_id, from_states, values) is not None
+
+
+def _updated(
+    conn: Connection, execution_id: str, from_states: tuple[str, ...], values: dict[str, Any]
+) -> Row | None:
+    """The record after the update, or None when it was not in ``from_states``."""
+    params = {**values, "b_id": execution_id, "b_from": list(from_states)}
+    row = conn.execute(_UPDATE, params).mappings().first()
+    return dict(row) if row is not None else None
 
 
 def _start_execution(
     conn: Connection, execution_id: str, started_at: float, values: dict[str, Any]
 ) -> Row | None:
-    _update_execution(
-        conn, execution_id, ACTIVE_STATES, {**values, "state": "running", "started_at": started_at}
-    )
-    return fetch_one(conn, sa.select(executions).where(executions.c.id == execution_id))
+    started = {**values, "state": "running", "started_at": started_at}
+    row = _updated(conn, execution_id, ACTIVE_STATES, started)
+    if row is None:  # ended meanwhile (cancelled): the record as it is
+        row = _get(conn, execution_id)
+    return row
 
 
 def _next_queued(conn: Connection, workspace_id: str) -> Row | None:
-    return fetch_one(
-        conn,
-        sa.select(executions)
-        .where(
-            executions.c.workspace_id == workspace_id,
-            executions.c.state == "queued",
-            sa.not_(executions.c.read_only),  # a reader never waits for the writer
-        )
-        .order_by(executions.c.seq)
-        .limit(1),
-    )
+    row = conn.execute(_NEXT_QUEUED, {"b_workspace": workspace_id}).mappings().first()
+    return dict(row) if row is not None else None
 
 
 def _finish_execution(
@@ -226,27 +269,18 @@ def _finish_execution(
     notice_summary: str,
     notice_read: bool,
     from_states: tuple[str, ...],
+    lease_holder: str | None = None,
 ) -> tuple[Row | None, Row | None, bool]:
     execution_id, workspace_id = str(row["id"]), str(row["workspace_id"])
-    final = None
-    if _update_execution(conn, execution_id, from_states, values):
-        final = fetch_one(conn, sa.select(executions).where(executions.c.id == execution_id))
-        assert final is not None
+    final = _updated(conn, execution_id, from_states, values)
+    if final is not None:
         if conn.dialect.name != "sqlite":  # one replica on SQLite: no row is ever written
             # N3 across replicas: the DELETE locks the rows it takes until this commits, so
             # a waiter that removes its row meanwhile waits for the commit, and then reads
             # the terminal record: a notice posted read is always seen by its caller. Rows
             # of a killed waiter (expired) count for nothing but go too.
             now = time.time()
-            expiries = (
-                conn.execute(
-                    foreground_waits.delete()
-                    .where(foreground_waits.c.execution_id == execution_id)
-                    .returning(foreground_waits.c.expires_at)
-                )
-                .scalars()
-                .all()
-            )
+            expiries = conn.execute(_TAKE_WAITS, {"b_id": execution_id}).scalars().all()
             notice_read = any(e > now for e in expiries) or notice_read
         add_notice(
             conn,
@@ -258,6 +292,10 @@ def _finish_execution(
             time.time() if notice_read else None,
         )
     release_writer(conn, workspace_id, execution_id)
+    if lease_holder is not None:
+        # The record is final: nobody needs to watch it any more (a replica dying before
+        # the queue is handed on leaves a stalled workspace, which a lease round dispatches).
+        delete_lease(conn, EXECUTION, execution_id, lease_holder)
     return final, _next_queued(conn, workspace_id), final is not None and notice_read
 
 

@@ -9,6 +9,7 @@ trivially its own."""
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
@@ -38,6 +39,27 @@ _ACTIVE_TRANSFER = ("queued", "running")
 _PENDING_CHANGE = ("waiting", "running")
 
 
+@dataclass(frozen=True)
+class LeaseTerms:
+    """Who takes a lease and for how long: written with the record it guards, in that
+    record's own transaction (one transaction fewer per execution, docs/benchmarks.md)."""
+
+    holder: str
+    scope: str | None
+    ttl_s: float
+
+
+def insert_lease(conn: Connection, kind: str, subject_id: str, terms: LeaseTerms) -> None:
+    """The lease of a subject made in this transaction (so nobody else can hold one yet)."""
+    now = time.time()
+    conn.execute(
+        leases.insert().values(
+            kind=kind, subject_id=subject_id, holder=terms.holder, scope=terms.scope,
+            expires_at=now + terms.ttl_s, acquired_at=now, takeovers=0,
+        )
+    )  # fmt: skip
+
+
 class LeaseRecords(Database):
     """Lease rows: acquire, renew, release, claim the expired ones."""
 
@@ -52,7 +74,7 @@ class LeaseRecords(Database):
         return await self.run(_renew, holder, ttl_s)
 
     async def release_lease(self, kind: str, subject_id: str, holder: str) -> None:
-        await self.run(_release, kind, subject_id, holder)
+        await self.run(delete_lease, kind, subject_id, holder)
 
     async def hand_over_leases(self, holder: str) -> None:
         """A replica stopping cleanly: its leases expire now, so another takes them at once."""
@@ -197,7 +219,7 @@ def _renew(conn: Connection, holder: str, ttl_s: float) -> set[tuple[str, str]]:
     return {(str(r[0]), str(r[1])) for r in rows}
 
 
-def _release(conn: Connection, kind: str, subject_id: str, holder: str) -> None:
+def delete_lease(conn: Connection, kind: str, subject_id: str, holder: str) -> None:
     conn.execute(
         leases.delete().where(
             leases.c.kind == kind, leases.c.subject_id == subject_id, leases.c.holder == holder

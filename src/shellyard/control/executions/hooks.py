@@ -7,6 +7,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Protocol
 
+from shellyard.store.leases import LeaseTerms
+
 
 class EnvironmentGate(Protocol):
     """What executions need of managed environments (V4–V6); the control plane plugs the
@@ -32,6 +34,13 @@ class WatchLeases(Protocol):
         ...
 
     async def release(self, kind: str, subject_id: str) -> None: ...
+
+    # Leases written in the work's own transactions (one transaction fewer each way):
+    def terms(self, runner_id: str) -> LeaseTerms: ...
+
+    def taken(self, kind: str, subject_id: str) -> None: ...
+
+    def letting_go(self, kind: str, subject_id: str) -> str: ...
 
 
 LEASE_KIND = "execution"  # the lease kind of an execution's watch

@@ -14,21 +14,19 @@ from typing import Any
 from shellyard.contract.executions import (
     ExecutionState,
     ExecutionView,
-    LogsResult,
     RunShellRequest,
     RunShellResult,
 )
-from shellyard.contract.interactive import InputResult, ScreenView
 from shellyard.control.agents import AgentResolver
 from shellyard.control.executions import interactive, options
 from shellyard.control.executions.foreground import ForegroundWaits
 from shellyard.control.executions.hooks import LEASE_KIND as LEASE_KIND
 from shellyard.control.executions.hooks import EnvironmentGate, WatchLeases
-from shellyard.control.executions.logs import check_page, read_page
 from shellyard.control.executions.output import capped_output
+from shellyard.control.executions.reads import OwnedReads
 from shellyard.control.executions.state_log import log_state
 from shellyard.control.executions.store_retry import while_store_full
-from shellyard.control.executions.view import execution_view
+from shellyard.control.executions.view import execution_view, run_shell_result
 from shellyard.control.runners import LOCAL_RUNNER_ID, RunnerRegistry
 from shellyard.errors import (
     LowOnSpace,
@@ -58,7 +56,7 @@ WAIT_SLICE_S = 20.0
 WORKSPACE_CACHE = 4096
 
 
-class ExecutionService:
+class ExecutionService(OwnedReads):
     def __init__(self, store: Store, runners: RunnerRegistry, agents: AgentResolver) -> None:
         self.store = store
         self.runners = runners
@@ -186,8 +184,12 @@ class ExecutionService:
             "read_only": request.read_only,
             "run_options": options.record(request),
         }
+        # The lease is taken with the record when it starts now (one transaction fewer).
+        terms = self.leases.terms(runner_id) if self.leases is not None else None
         try:
-            row, holder = await self.store.submit_execution(values, queue=request.queue)
+            row, holder = await self.store.submit_execution(
+                values, queue=request.queue, lease=terms
+            )
         except Exception:
             if request.idempotency_key is not None:  # a concurrent retry won the race
                 existing = await self.store.find_idempotent(owner, request.idempotency_key)
@@ -202,33 +204,43 @@ class ExecutionService:
                 holder=holder,
             )
         if holder is None:
-            row = await self._launch(row, refuse=True)
-        return await self._respond(row, request)
+            if self.leases is not None:
+                self.leases.taken(LEASE_KIND, str(row["id"]))
+            row = await self._launch(row, refuse=True, leased=True)
+        return await self._respond(row, request, started=holder is None)
 
-    async def _launch(self, row: Mapping[str, Any], refuse: bool = False) -> Mapping[str, Any]:
+    async def _launch(
+        self, row: Mapping[str, Any], refuse: bool = False, leased: bool = False
+    ) -> Mapping[str, Any]:
         """Start a record that holds its workspace's writer. Safe to repeat (E10).
 
         ``refuse``: a runner below its free-space reserve raises to the submitter (retry
-        later; CLI exit 75) after the record is made failed with the same message."""
+        later; CLI exit 75) after the record is made failed with the same message.
+        ``leased``: ``row`` was just submitted with its lease (nobody else can have moved it)."""
         execution_id = str(row["id"])
-        if self.leases is not None:
-            # One replica starts and watches it; another replica's dispatch loses here.
-            if not await self.leases.acquire(LEASE_KIND, execution_id, str(row["runner_id"])):
-                return await self._finalized(row)
-            try:
-                return await self._launch_leased(row, refuse)
-            except BaseException:
-                # Not started after all (the database failed us, or we are stopping): let
-                # go, so a round of the lease keeper (here or on a replica) starts it.
-                if execution_id not in self._watchers:
-                    await asyncio.shield(self._release(execution_id))
-                raise
-        return await self._launch_leased(row, refuse)
+        if self.leases is None:
+            return await self._launch_leased(row, refuse, submitted=True)
+        # One replica starts and watches it; another replica's dispatch of the same
+        # queue loses here and leaves it alone.
+        if not leased and not await self.leases.acquire(
+            LEASE_KIND, execution_id, str(row["runner_id"])
+        ):
+            return await self._finalized(row)
+        try:
+            return await self._launch_leased(row, refuse, submitted=leased)
+        except BaseException:
+            # Not started after all (the database failed us, or we are stopping): let
+            # go, so a round of the lease keeper (here or on a replica) starts it.
+            if execution_id not in self._watchers:
+                await asyncio.shield(self._release(execution_id))
+            raise
 
-    async def _launch_leased(self, row: Mapping[str, Any], refuse: bool) -> Mapping[str, Any]:
+    async def _launch_leased(
+        self, row: Mapping[str, Any], refuse: bool, submitted: bool
+    ) -> Mapping[str, Any]:
         execution_id = str(row["id"])
         runner = self.runners.get(str(row["runner_id"]))
-        if self.leases is not None:
+        if not submitted:
             row = await self._finalized(row)
             if row["state"] != ExecutionState.queued:  # started or ended meanwhile
                 if row["state"] == ExecutionState.running:
@@ -431,13 +443,15 @@ class ExecutionService:
         # N3: a foreground caller is waiting and sees the result now.
         notice_read = self._foreground.get(execution_id, 0) > 0
         # Across replicas: a caller on another replica may wait too; the transaction reads
-        # its row and says whether the notice was posted read.
+        # its row and says whether the notice was posted read. The lease goes with it.
+        leases = self.leases
         final, queued, notice_read = await self.store.finish_execution(
             row,
             {"state": state.value, **values},
             summary,
             notice_read=notice_read,
             from_states=("queued", "running", "unknown"),
+            lease_holder=leases.letting_go(LEASE_KIND, execution_id) if leases else None,
         )
         if final is not None and notice_read and execution_id in self._finished:
             self._ended[execution_id] = final  # with its notice posted read
@@ -451,10 +465,9 @@ class ExecutionService:
             except Exception:
                 log.exception("an on_finished observer failed for %s", execution_id)
         if queued is not None:
+            # A replica dying before this line leaves a stalled queue: the lease keeper's
+            # rounds (and a restart's, for the local runner) dispatch it.
             await self.dispatch(str(row["workspace_id"]))
-        # Last: a replica dying before this line leaves the lease to expire, and whoever
-        # takes it over hands the workspace on (``adopt``).
-        await self._release(execution_id)
 
     def _signal(self, execution_id: str) -> None:
         self.signal(execution_id)
@@ -500,18 +513,23 @@ class ExecutionService:
 
     # ------------------------------------------------------------------ respond
 
-    async def _respond(self, row: Mapping[str, Any], request: RunShellRequest) -> RunShellResult:
+    async def _respond(
+        self, row: Mapping[str, Any], request: RunShellRequest, started: bool = False
+    ) -> RunShellResult:
+        """``started``: ``row`` is what this call's start wrote (no await since)."""
         execution_id = str(row["id"])
         seen_ending = None
         if not request.background and not ExecutionState(row["state"]).terminal:
+            # Running and watched here since its start: no end can have been signalled yet.
+            current = started and row["state"] == "running" and execution_id in self._watchers
             seen_ending = await self._wait_watched(
-                execution_id, request.wait_ms / 1000, self._prompts(row)
+                execution_id, request.wait_ms / 1000, current, self._prompts(row)
             )
             row = seen_ending or await self._finalized(row)
-        view = execution_view(row)
+        view = result = run_shell_result(row)
         if view.interactive:  # E13: whether it waits for input now
             view.awaiting_input = await interactive.awaiting_input(self._runner(row), row)
-        result = RunShellResult(**view.model_dump(), note=self._notes.pop(execution_id, None))
+        result.note = self._notes.pop(execution_id, None)
         if request.background or view.state in (ExecutionState.queued,):
             return result
         if view.state.terminal and seen_ending is None:
@@ -541,7 +559,7 @@ class ExecutionService:
     ) -> ExecutionView:
         row = await self._owned(execution_id, agent_id)
         if not ExecutionState(row["state"]).terminal:
-            await self._wait_watched(execution_id, timeout_s, self._prompts(row))
+            await self._wait_watched(execution_id, timeout_s, prompts=self._prompts(row))
         return await self.status(execution_id, agent_id)
 
     async def result(
@@ -554,16 +572,17 @@ class ExecutionService:
         )
         return await self._respond(row, now)
 
-    def _runner(self, row: Mapping[str, Any]) -> Runner:
-        return self.runners.get(str(row["runner_id"]))
-
     def _prompts(self, row: Mapping[str, Any]) -> Runner | None:
         """E13: the runner to ask whether an interactive execution waits for input (a wait
         ends then)."""
         return self._runner(row) if options.of(row).get("interactive") else None
 
     async def _wait_watched(
-        self, execution_id: str, timeout_s: float, prompts: Runner | None = None
+        self,
+        execution_id: str,
+        timeout_s: float,
+        current: bool = False,
+        prompts: Runner | None = None,
     ) -> Mapping[str, Any] | None:
         """Wait for the end with a caller watching: a result that arrives during the wait is
         seen by that caller, so its notice is posted already read and wakes nobody (N3).
@@ -579,8 +598,8 @@ class ExecutionService:
                 # Another replica watches it, so its finalizer cannot see ``_foreground``: a
                 # row tells it (read in its finishing transaction, store/executions.py).
                 waiter = await self.foreground_waits.begin(execution_id)
-            fresh = await self.store.get_execution(execution_id)
-            if fresh is not None and not ExecutionState(fresh["state"]).terminal:
+            fresh = None if current else await self.store.get_execution(execution_id)
+            if current or (fresh is not None and not ExecutionState(fresh["state"]).terminal):
                 waiting = self.foreground_waits.wait(event, execution_id, waiter, timeout_s)
                 await interactive.until_prompt(waiting, prompts, execution_id)
                 return self._ended.get(execution_id)
@@ -606,37 +625,6 @@ class ExecutionService:
             and execution_id not in self._watchers
         )
 
-    async def logs(
-        self,
-        execution_id: str,
-        stream: str = "stdout",
-        offset: int = 0,
-        limit: int = 65536,
-        tail: int | None = None,
-        agent_id: str | None = None,
-        **page: Any,
-    ) -> LogsResult:
-        """A page of a log; ``tail``: bytes, ``tail_lines``: lines (docs/cli.md "Output")."""
-        check_page(stream, offset, limit, tail, **page)
-        row = await self._owned(execution_id, agent_id)
-        runner = self.runners.get(str(row["runner_id"]))
-        return await read_page(self.store, runner, row, stream, offset, limit, tail, **page)
-
-    # E13: input, screen and size of an interactive execution (control/executions/interactive.py)
-    async def send_input(
-        self, execution_id: str, body: interactive.InputBody, agent_id: str | None
-    ) -> InputResult:
-        """``body`` is read after the owner check (E4: another's execution is just missing)."""
-        row = await self._owned(execution_id, agent_id)
-        return await interactive.send_input(self._runner(row), row, body)
-
-    async def screen(
-        self, execution_id: str, agent_id: str | None, size: interactive.SizeBody | None = None
-    ) -> ScreenView:
-        """The terminal's screen now; with ``size``, resized first."""
-        row = await self._owned(execution_id, agent_id)
-        return await interactive.screen(self._runner(row), row, size)
-
     async def cancel(
         self, execution_id: str, agent_id: str | None = None, wait_s: float = 0.0
     ) -> ExecutionView:
@@ -659,20 +647,6 @@ class ExecutionService:
         if wait_s > 0:
             return await self.wait(execution_id, wait_s, agent_id)
         return execution_view(await self._finalized(row))
-
-    async def list(self, agent_id: str | None = None, limit: int = 100) -> list[ExecutionView]:
-        owner = await self.agents.id(agent_id)
-        return [execution_view(r) for r in await self.store.list_executions(owner, limit)]
-
-    async def _owned(self, execution_id: str, agent_id: str | None) -> Mapping[str, Any]:
-        row = await self.store.get_execution(execution_id)
-        owner = await self.agents.id(agent_id)
-        # Another agent's execution is reported exactly like a missing one: no data leaks.
-        if row is None or row["agent_id"] != owner:
-            raise NotFound(
-                f"no execution {execution_id!r}; list yours with 'shellyard status' or check the id"
-            )
-        return row
 
     async def _workspace(self, agent_id: str, runner_id: str) -> str:
         """The agent's workspace on the runner, created on first use (records and runner)."""

@@ -6,14 +6,29 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from shellyard.contract.executions import ExecutionPolicyView, ExecutionState, ExecutionView
+from shellyard.contract.executions import (
+    ExecutionPolicyView,
+    ExecutionState,
+    ExecutionView,
+    RunShellResult,
+)
 from shellyard.control.executions import options
 
 
 def execution_view(row: Mapping[str, Any]) -> ExecutionView:
     """The contract's view of an execution record (every door shows this)."""
+    return ExecutionView(**_view_fields(row))
+
+
+def run_shell_result(row: Mapping[str, Any]) -> RunShellResult:
+    """The same view as run_shell's answer (output filled in by the caller), validated once
+    from the record instead of built as a view and copied."""
+    return RunShellResult(**_view_fields(row))
+
+
+def _view_fields(row: Mapping[str, Any]) -> dict[str, Any]:
     terminal = options.terminal_fields(options.of(row))
-    return ExecutionView(
+    return dict(
         execution_id=row["id"],
         state=ExecutionState(row["state"]),
         exit_code=row["exit_code"],

@@ -26,7 +26,7 @@ from collections.abc import Awaitable, Callable, Mapping
 
 from shellyard.errors import InvalidInput
 from shellyard.store import Store
-from shellyard.store.leases import EXECUTION
+from shellyard.store.leases import EXECUTION, LeaseTerms
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +107,22 @@ class LeaseKeeper:
         if ok:
             self._held.add((kind, subject_id))
         return ok
+
+    def terms(self, runner_id: str) -> LeaseTerms:
+        """This replica's lease for work on ``runner_id``, to be written in the transaction
+        that makes the work (``taken`` once it committed)."""
+        return LeaseTerms(self.replica_id, self._scope_of(runner_id), self.ttl_s)
+
+    def taken(self, kind: str, subject_id: str) -> None:
+        """A lease written by ``terms`` committed: renew it from now on."""
+        self._held.add((kind, subject_id))
+
+    def letting_go(self, kind: str, subject_id: str) -> str:
+        """Stop renewing a lease the caller deletes in its own transaction (the one that makes
+        the work final); the holder id to delete it by. Dropped before that transaction, so a
+        renewal meanwhile never reports it lost (``renew``)."""
+        self._held.discard((kind, subject_id))
+        return self.replica_id
 
     async def release(self, kind: str, subject_id: str) -> None:
         """The work ended (its record is final): nobody needs to watch it any more."""

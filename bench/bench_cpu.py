@@ -1,0 +1,283 @@
+"""CPU per foreground ``run_shell(true)``: what an operator pays per execution.
+
+Two set-ups, each measured over RUNS sequential foreground runs after a warm-up:
+
+- SQLite + local runner: ``shellyard serve`` as its own process, driven through the SDK
+  (REST). Its own CPU (utime + stime, ``/proc/<pid>/stat``) is the control plane's; its
+  waited-for children's (cutime + cstime) is the sandboxes' launch and run.
+- PostgreSQL + direct runner daemon: one replica (``shellyard serve``) over a runner daemon
+  process; the replica's, the daemon's (with its sandboxes) and every PostgreSQL backend's CPU.
+
+The baseline, same run: a minimal bwrap spawn (``bwrap --ro-bind / / --dev /dev --proc /proc
+--unshare-all true``) spawned and waited for by this process, its children's CPU per spawn.
+``--profile FOLDER``: py-spy's on-CPU samples of the serve process during a second pass
+(SQLite and PostgreSQL), summarized to the top functions (own and inclusive).
+
+    .venv/bin/python bench/bench_cpu.py [--quick] [--profile FOLDER] [--out PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from common import (
+    PYTHON,
+    MinimalBwrap,
+    cli,
+    make_home,
+    metric,
+    remove_home,
+    start_server,
+    stop_server,
+    summarize_collapsed,
+)
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "support"))
+from replicas_fixture import fresh_database, replica_env, start_replicas, stop_all
+from runner_daemon_fixture import start_daemon
+
+from shellyard.home import read_info
+from shellyard.runner.protocol import SandboxPolicy
+from shellyard.sdk.client import AsyncClient
+
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_split(pid: int) -> tuple[float, float]:
+    """(own, waited-for children's) CPU seconds of a process."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0, 0.0
+    return (int(fields[11]) + int(fields[12])) / TICKS, (int(fields[13]) + int(fields[14])) / TICKS
+
+
+def postgres_cpu(database: str) -> float:
+    """CPU seconds of the PostgreSQL backends serving ``database`` (their command line names
+    it): other work on the machine uses the same server. The server's shared helpers (WAL
+    writer, checkpointer) are left out."""
+    total = 0.0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            if Path(f"/proc/{entry}/comm").read_text().strip() != "postgres":
+                continue
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            continue
+        if f" {database} " in cmdline.replace("\0", " "):
+            total += sum(cpu_split(int(entry)))
+    return total
+
+
+def minimal_cpu_ms(runs: int) -> float:
+    """Children's CPU per minimal bwrap spawn, measured here (RUSAGE_CHILDREN)."""
+    minimal = MinimalBwrap()
+    for _ in range(5):
+        minimal.run()
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    for _ in range(runs):
+        minimal.run()
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    used = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return used * 1000 / runs
+
+
+class Spy:
+    """py-spy's on-CPU samples (no --idle) of one process for a ``with`` block."""
+
+    def __init__(self, pid: int, out: Path | None) -> None:
+        self.pid, self.out = pid, out
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def __enter__(self) -> Spy:
+        exe = shutil.which("py-spy") or str(Path(PYTHON).parent / "py-spy")
+        if self.out is None or not Path(exe).exists():
+            return self
+        self.out.parent.mkdir(parents=True, exist_ok=True)
+        self.proc = subprocess.Popen(
+            [exe, "record", "--pid", str(self.pid), "--rate", "500", "--format", "raw",
+             "--threads", "--nonblocking", "--output", str(self.out)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        time.sleep(0.5)
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        if self.proc is not None:
+            self.proc.send_signal(2)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+
+async def _runs(once: Any, runs: int) -> None:
+    for _ in range(runs):
+        await once()
+
+
+async def sqlite_local(runs: int, profile: Path | None) -> dict[str, Any]:
+    home = make_home()
+    try:
+        pid = start_server(home)
+        info = read_info(home)
+        assert info is not None
+        client = AsyncClient(info.url, info.token)
+
+        async def once() -> None:
+            result = await client.run("true")
+            if result.state != "completed":
+                raise RuntimeError(f"run of true ended {result.state}")
+
+        await _runs(once, 30)
+        own0, kids0 = cpu_split(pid)
+        began = time.monotonic()
+        await _runs(once, runs)
+        wall = time.monotonic() - began
+        own1, kids1 = cpu_split(pid)
+        summary: dict[str, Any] = {}
+        if profile is not None:
+            out = profile / "cpu-sqlite-collapsed.txt"
+            with Spy(pid, out):
+                await _runs(once, runs)
+            summary = summarize_collapsed(out, top=15)
+        await client.aclose()
+        return {
+            "runs": runs,
+            "server_ms": (own1 - own0) * 1000 / runs,
+            "children_ms": (kids1 - kids0) * 1000 / runs,
+            "wall_ms": wall * 1000 / runs,
+            "profile": summary,
+        }
+    finally:
+        stop_server(home)
+        remove_home(home)
+
+
+async def postgres_daemon(runs: int, profile: Path | None) -> dict[str, Any]:
+    root = make_home()
+    daemon = await start_daemon(root / "daemon", SandboxPolicy(), subprocess=True)
+    try:
+        async with fresh_database() as url:
+            database = url.rsplit("/", 1)[1]
+            replicas = await start_replicas(url, 1, replica_env())
+            try:
+                replica = replicas[0]
+                assert replica.process is not None and daemon.process is not None
+                async with httpx.AsyncClient(timeout=120) as http:
+                    answer = await http.post(
+                        replica.url + "/v1/runners",
+                        json={"runner_id": "r0", "address": daemon.url, "token": daemon.token},
+                    )
+                    answer.raise_for_status()
+                    agent = (await http.post(replica.url + "/v1/sessions")).json()["main_agent_id"]
+
+                    async def once() -> None:
+                        answer = await http.post(
+                            replica.url + "/v1/executions",
+                            json={"command": "true", "runner_id": "r0", "wait_ms": 30000},
+                            headers={"X-Shellyard-Agent": agent},
+                        )
+                        view = answer.json()
+                        if view.get("state") != "completed":
+                            raise RuntimeError(f"run of true: {view}")
+
+                    await _runs(once, 30)
+                    rep0, dae0, pg0 = (
+                        sum(cpu_split(replica.process.pid)),
+                        sum(cpu_split(daemon.process.pid)),
+                        postgres_cpu(database),
+                    )
+                    began = time.monotonic()
+                    await _runs(once, runs)
+                    wall = time.monotonic() - began
+                    rep1, dae1, pg1 = (
+                        sum(cpu_split(replica.process.pid)),
+                        sum(cpu_split(daemon.process.pid)),
+                        postgres_cpu(database),
+                    )
+                    summary: dict[str, Any] = {}
+                    if profile is not None:
+                        out = profile / "cpu-postgres-collapsed.txt"
+                        with Spy(replica.process.pid, out):
+                            await _runs(once, runs)
+                        summary = summarize_collapsed(out, top=15)
+            finally:
+                stop_all(replicas)
+    finally:
+        await daemon.stop()
+        remove_home(root)
+    replica_ms = (rep1 - rep0) * 1000 / runs
+    daemon_ms = (dae1 - dae0) * 1000 / runs
+    postgres_ms = (pg1 - pg0) * 1000 / runs
+    return {
+        "runs": runs,
+        "replica_ms": replica_ms,
+        "daemon_ms": daemon_ms,
+        "postgres_ms": postgres_ms,
+        "total_ms": replica_ms + daemon_ms + postgres_ms,
+        "wall_ms": wall * 1000 / runs,
+        "profile": summary,
+    }
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    runs = 100 if args.quick else 400
+    minimal_before = minimal_cpu_ms(runs)
+    local = asyncio.run(sqlite_local(runs, args.profile))
+    remote = asyncio.run(postgres_daemon(runs // 2, args.profile))
+    minimal = (minimal_before + minimal_cpu_ms(runs)) / 2
+    baseline = "minimal bwrap spawn, children's CPU ms"
+    metrics = [
+        metric(
+            "cpu.server_sqlite_local",
+            "server CPU per foreground run_shell(true), SQLite + local, ms",
+            local["server_ms"],
+            "ms",
+            baseline_label=baseline,
+            baseline_value=minimal,
+            target="≤ 2.5 ms",
+            kind="abs_max",
+            limit=2.5,
+        ),
+        metric(
+            "cpu.total_postgres_daemon",
+            "CPU per foreground run_shell(true), replica + daemon + PostgreSQL, ms",
+            remote["total_ms"],
+            "ms",
+            baseline_label=baseline,
+            baseline_value=minimal,
+            target="≤ 25 ms",
+            kind="abs_max",
+            limit=25.0,
+        ),
+    ]
+    return {
+        "name": "cpu",
+        "title": "CPU per foreground run_shell(true): server, sandbox, daemon, PostgreSQL",
+        "command": "python bench/bench_cpu.py" + (" --quick" if args.quick else ""),
+        "metrics": metrics,
+        "details": {
+            "minimal_bwrap_cpu_ms": minimal,
+            "sqlite_local": local,
+            "postgres_daemon": remote,
+            "load_average": os.getloadavg(),
+        },
+    }
+
+
+if __name__ == "__main__":
+    cli("cpu", run, __doc__ or "")

@@ -1,0 +1,73 @@
+"""An owner's reads of its executions (E4, E6, E13): the owner check every read starts with,
+the log pages, the list, and an interactive execution's input and screen. A mixin of the
+execution service (service.py), which holds the store, the runners and the agents."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from shellyard.contract.executions import ExecutionView, LogsResult
+from shellyard.contract.interactive import InputResult, ScreenView
+from shellyard.control.agents import AgentResolver
+from shellyard.control.executions import interactive
+from shellyard.control.executions.logs import check_page, read_page
+from shellyard.control.executions.view import execution_view
+from shellyard.control.runners import RunnerRegistry
+from shellyard.errors import NotFound
+from shellyard.runner.protocol import Runner
+from shellyard.store import Store
+
+
+class OwnedReads:
+    store: Store
+    runners: RunnerRegistry
+    agents: AgentResolver
+
+    def _runner(self, row: Mapping[str, Any]) -> Runner:
+        return self.runners.get(str(row["runner_id"]))
+
+    async def logs(
+        self,
+        execution_id: str,
+        stream: str = "stdout",
+        offset: int = 0,
+        limit: int = 65536,
+        tail: int | None = None,
+        agent_id: str | None = None,
+        **page: Any,
+    ) -> LogsResult:
+        """A page of a log; ``tail``: bytes, ``tail_lines``: lines (docs/cli.md "Output")."""
+        check_page(stream, offset, limit, tail, **page)
+        row = await self._owned(execution_id, agent_id)
+        runner = self.runners.get(str(row["runner_id"]))
+        return await read_page(self.store, runner, row, stream, offset, limit, tail, **page)
+
+    # E13: input, screen and size of an interactive execution (control/executions/interactive.py)
+    async def send_input(
+        self, execution_id: str, body: interactive.InputBody, agent_id: str | None
+    ) -> InputResult:
+        """``body`` is read after the owner check (E4: another's execution is just missing)."""
+        row = await self._owned(execution_id, agent_id)
+        return await interactive.send_input(self._runner(row), row, body)
+
+    async def screen(
+        self, execution_id: str, agent_id: str | None, size: interactive.SizeBody | None = None
+    ) -> ScreenView:
+        """The terminal's screen now; with ``size``, resized first."""
+        row = await self._owned(execution_id, agent_id)
+        return await interactive.screen(self._runner(row), row, size)
+
+    async def list(self, agent_id: str | None = None, limit: int = 100) -> list[ExecutionView]:
+        owner = await self.agents.id(agent_id)
+        return [execution_view(r) for r in await self.store.list_executions(owner, limit)]
+
+    async def _owned(self, execution_id: str, agent_id: str | None) -> Mapping[str, Any]:
+        row = await self.store.get_execution(execution_id)
+        owner = await self.agents.id(agent_id)
+        # Another agent's execution is reported exactly like a missing one: no data leaks.
+        if row is None or row["agent_id"] != owner:
+            raise NotFound(
+                f"no execution {execution_id!r}; list yours with 'shellyard status' or check the id"
+            )
+        return row
