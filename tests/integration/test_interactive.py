@@ -6,6 +6,7 @@ that outlives a kill -9 of the control plane."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import time
@@ -14,12 +15,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from runner_daemon_fixture import start_daemon
 
-from conftest import Yard
-from shellyard.contract.executions import ExecutionState, ExecutionView
+from conftest import Yard, open_yard
+from shellyard.contract.executions import ExecutionState, ExecutionView, RunShellRequest
 from shellyard.contract.interactive import ExecutionInputRequest, ScreenView
 from shellyard.errors import Conflict, NotFound
 from shellyard.home import ensure_server, is_served
+from shellyard.runner.protocol import SandboxPolicy
 from shellyard.sdk.client import Client
 
 
@@ -185,3 +188,65 @@ def test_terminal_survives_kill9_of_the_control_plane(served_home: Path) -> None
     assert view.state == ExecutionState.completed and view.exit_code == 0, view
     out = client.logs(ran.execution_id).data
     assert f"got=after pid={first}" in out, out
+
+
+async def type_line(plane: Any, execution_id: str, line: str) -> None:
+    await plane.executions.send_input(
+        execution_id, ExecutionInputRequest(text=line, keys=["Enter"]), None
+    )
+
+
+async def test_a_terminal_outlives_a_runner_daemon_outage(home: Path) -> None:
+    """E13/R3: a tty execution on a runner daemon: the daemon is killed -9, the record turns
+    ``unknown`` and input is refused meanwhile with the runner's error; the daemon restarts,
+    the record is running again (``was_unknown``), the same process takes input and its
+    screen shows what came before the outage and after."""
+    plane, _, _ = await open_yard(home, "local")
+    daemon = await start_daemon(home / "daemon", SandboxPolicy(), subprocess=True)
+    executions = plane.executions
+    try:
+        await plane.runners.add_direct("remote", daemon.url, daemon.token)
+        ran = await executions.run_shell(
+            RunShellRequest(command="python3 -q -i", runner_id="remote", tty=True, wait_ms=5000)
+        )
+        execution_id = ran.execution_id
+        await until_screen(lambda: executions.screen(execution_id, None), ">>>")
+        await executions.send_input(
+            execution_id,
+            ExecutionInputRequest(text="import os; a = os.getpid()", keys=["Enter"]),
+            None,
+        )
+        await executions.send_input(
+            execution_id, ExecutionInputRequest(text="print('before', a)", keys=["Enter"]), None
+        )
+        screen = await until_screen(lambda: executions.screen(execution_id, None), "before ")
+        pid_before = screen.text.split("before ", 1)[1].split()[0]
+        daemon.kill()
+        view = await executions.wait(execution_id, 30)
+        assert view.state == ExecutionState.unknown, view
+        # the runner cannot be reached: nothing is sent, and the caller is told to send again
+        with pytest.raises(Conflict, match=r"cannot be reached now \(unknown\): nothing was sent"):
+            await type_line(plane, execution_id, "print('lost')")
+        await daemon.restart()
+        deadline = time.monotonic() + 30
+        while view.state == ExecutionState.unknown and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+            view = await executions.status(execution_id)
+        assert view.state == ExecutionState.running and view.was_unknown, view
+        await type_line(plane, execution_id, "print('after', os.getpid())")
+        screen = await until_screen(lambda: executions.screen(execution_id, None), "after ")
+        assert f"after {pid_before}" in screen.text and f"before {pid_before}" in screen.text
+        assert "lost" not in screen.text
+        await executions.send_input(execution_id, ExecutionInputRequest(keys=["C-d"]), None)
+        for _ in range(6):
+            view = await executions.wait(execution_id, 10)
+            if view.state.terminal:
+                break
+        assert view.state == ExecutionState.completed and view.exit_code == 0, view
+    finally:
+        for view in await executions.list():
+            if not view.state.terminal:
+                with contextlib.suppress(Exception):
+                    await executions.cancel(view.execution_id, wait_s=20)
+        await plane.aclose()
+        await daemon.stop()

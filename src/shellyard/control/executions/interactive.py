@@ -49,6 +49,11 @@ def taking_input(row: Mapping[str, Any], execution_id: str, *, tty: bool = False
             f"execution {execution_id} has no terminal: start it with tty: true for a screen; "
             "read its output with execution_logs"
         )
+    if row["state"] == "unknown":  # E9/R3: its runner may answer again; the program may live
+        raise Conflict(
+            f"execution {execution_id}'s runner cannot be reached now (unknown): nothing was "
+            "sent; send it again once execution_status says running"
+        )
     if row["state"] not in ("running", "queued"):
         raise Conflict(
             f"execution {execution_id} has ended ({row['state']}): it takes no more input; "
