@@ -53,8 +53,8 @@ async def test_kill9_control_plane_while_executions_run(served_home: Path, runne
     client = Client.for_home(home)  # starts a new control plane on the same home
     fg_view = client.wait(fg.execution_id, 30)
     bg_view = client.wait(bg.execution_id, 30)
-    assert fg_view.state == ExecutionState.completed and fg_view.exit_code == 0
-    assert bg_view.state == ExecutionState.completed and bg_view.exit_code == 5
+    assert fg_view.state == ExecutionState.completed and fg_view.exit_code == 0, fg_view.error
+    assert bg_view.state == ExecutionState.completed and bg_view.exit_code == 5, bg_view.error
     assert client.logs(fg.execution_id).data == "fg-out\n"
     assert client.logs(bg.execution_id).data == "bg-out\n"
     assert bg_view.snapshot_seq is not None and fg_view.snapshot_seq is not None

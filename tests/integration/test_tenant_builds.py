@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_env_tool_rights import _agent, _create, _install, _put, _sdist
+from env_fixtures import backend_sdist
+from test_env_tool_rights import _agent, _create, _install, _put
 from test_tenants import groups_of, needs_cgroups, other_workspace_run, policy
 
 from conftest import Yard
@@ -54,7 +55,7 @@ async def build_beside(yard: Yard, name: str, body: str) -> tuple[str, Any]:
     agent = await _agent(yard)
     environment_id = await _create(yard, agent, name)
     archive = f"dist/{name.replace('-', '_')}-1.0.tar.gz"
-    await _put(yard, agent, {archive: _sdist(name, "1.0", body)}, {})
+    await _put(yard, agent, {archive: backend_sdist(name, "1.0", body)}, {})
 
     async def install() -> str:
         try:

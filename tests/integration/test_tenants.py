@@ -351,3 +351,26 @@ def test_an_execution_joins_its_workspace_s_cpu_group(tmp_path: Path) -> None:
         assert [p.name for p in tree.groups() if p.name == "e1"] == []
     finally:
         tree.close(set())
+
+
+@needs_cgroups
+def test_a_workspace_group_swept_while_idle_is_made_again(tmp_path: Path) -> None:
+    """R2, E11: a sweep (a restarted runner's) removes a workspace's groups that hold no
+    process and no child (on v1 its cpu group, which executions join directly) while one of
+    its executions still runs; the workspace's next execution gets every group it is told to
+    join (a swept one would fail its spawn: "cannot open .../cgroup.procs")."""
+    tree = cgroups.CgroupTree.probe(
+        f"shellyard-test-swept-{tmp_path.name[-8:]}", cgroups.TenantLimits(256 << 20, 64), "v1"
+    ) or cgroups.CgroupTree.probe(
+        f"shellyard-test-swept-{tmp_path.name[-8:]}", cgroups.TenantLimits(256 << 20, 64), "v2"
+    )
+    assert tree is not None
+    try:
+        tree.start("ws", "first")  # still running across the restart: its groups stay
+        tree.sweep({"first"})  # a workspace group with no process and no child goes
+        joins = tree.start("ws", "second")
+        assert joins and all(Path(join).exists() for join in joins), joins
+        tree.finish("ws", "second")
+        tree.finish("ws", "first")
+    finally:
+        tree.close(set())

@@ -246,7 +246,8 @@ async def test_kill9_of_the_control_plane_leaves_no_warm_sandbox(served_home: Pa
     assert not left, f"warm sandbox processes left after the restart: {left}"
     folders = [p.name for p in home.glob("**/sandbox/warm/warm-*")]
     assert not set(folders) & waiting, "a dead runner's warm folders are removed at restart"
-    assert client.run("echo next", wait_ms=30000).exit_code == 0  # and new ones are made
+    after = client.run("echo next", wait_ms=30000)  # and new ones are made
+    assert after.exit_code == 0, (after.state, after.error)
 
 
 async def test_kill9_of_the_runner_daemon_leaves_no_warm_sandbox(home: Path) -> None:

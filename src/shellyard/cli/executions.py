@@ -583,6 +583,7 @@ def attach_to(client: Client, reader: Client, execution_id: str, *, replay: bool
             f"\nshellyard: detached; {execution_id} goes on "
             f"('shellyard attach {execution_id}' comes back)",
             highlight=False,
+            soft_wrap=True,  # a command to copy: the terminal wraps it, no newline is put in
         )
         return 0
     if output.error is not None:

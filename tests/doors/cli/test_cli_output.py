@@ -59,7 +59,7 @@ def test_logs_of_a_command_that_wrote_only_to_stderr(served_home: Path) -> None:
     just_out = sy_bytes(served_home, "logs", "--stream", "stdout", execution_id)
     assert just_out.returncode == 0 and just_out.stdout == b"" and just_out.stderr == b""
     bad = sy_bytes(served_home, "logs", "--stream", "both", execution_id)
-    assert bad.returncode == 2 and b"stdout or stderr" in bad.stderr
+    assert bad.returncode == 2 and b"stdout, stderr or stdin" in bad.stderr
 
 
 def test_tail_counts_lines_read_back_in_bounded_chunks(served_home: Path) -> None:

@@ -241,6 +241,10 @@ class CgroupTree:
     def _levels(self, *parts: str) -> dict[str, Path]:
         return {name: base.joinpath(*parts) for name, base in self.bases.items()}
 
+    def _cpu_group_of(self, workspace_id: str) -> Path:
+        base = self.bases.get("cpu") or next(iter(self.bases.values()))
+        return base / workspace_id
+
     def _workspace(self, workspace_id: str) -> None:
         """The workspace's group in every hierarchy, with its process limit and CPU share."""
         if workspace_id in self._workspaces:
@@ -274,6 +278,11 @@ class CgroupTree:
     def start(self, workspace_id: str, execution_id: str, *, held: bool = False) -> list[str]:
         """Make the execution's groups; the ``cgroup.procs`` files its launcher joins.
         ``held``: a package tool's group, left alone by ``sweep`` until ``finish``."""
+        if workspace_id in self._workspaces and not self._cpu_group_of(workspace_id).is_dir():
+            # A sweep removed the workspace's cpu group when no process was in it (executions
+            # join it directly, so it has no children to keep it): made again, or the
+            # launcher's join would fail and the command with it.
+            self._workspaces.discard(workspace_id)
         self._workspace(workspace_id)
         joins: list[str] = []
         memory = str(self.limits.memory_bytes)
