@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from tests.integration.test_interactive import ended, send
 
-from conftest import Yard
+from conftest import Yard, open_yard
 from shellyard.contract.interactive import ExecutionInputRequest, TerminalSize
 from shellyard.errors import NotFound
 from shellyard.runner.sandbox import terminal
@@ -132,3 +132,37 @@ def test_a_screen_fed_on_and_on_is_rebuilt(tmp_path: Path) -> None:
         assert screens.view(directory).text.strip() == ""  # still inside the OSC string
     _append(directory, piece + b"\r\n\x1b[2Jvisible")
     assert "visible" in screens.view(directory).text
+
+
+async def test_a_command_leaves_nothing_a_warm_sandbox_shows(home: Path) -> None:
+    """E1, E2 with warm sandboxes: a command that left a process behind and, while it still
+    runs, looks for the next command's waiting sandbox finds neither the waiter nor its pipe;
+    the next command (in the warm sandbox) sees no process, file in /tmp or descriptor of the
+    earlier one: only its own stdin, stdout and stderr are open."""
+    from tests.integration.test_warm_sandbox import meta, run, wait_for_warm
+
+    plane, _, _ = await open_yard(home, "local")
+    try:
+        runner = plane.runners.get("local")
+        first = await run(
+            plane,
+            "touch /tmp/left; (setsid sleep 300 &) ; sleep 2; "
+            "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline; echo; done; "
+            "grep -ls SANDBOX_ID=warm /proc/[0-9]*/environ; true",
+            wait_ms=0,
+        )
+        await wait_for_warm(runner, first.workspace_id)  # made while the first runs
+        done = await plane.executions.wait(first.execution_id, 30)
+        assert done.exit_code == 0, done
+        seen = (await plane.executions.logs(first.execution_id)).data
+        # its own leftover, and no waiter (run as /proc/self/fd/N, its id in its environment)
+        lines = seen.splitlines()
+        assert "sleep 300 " in lines and not [x for x in lines if x.startswith("/proc/")], seen
+        await wait_for_warm(runner, first.workspace_id)
+        look = "ls /tmp; for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline; echo; done"
+        second = await run(plane, f"{look}; ls /proc/self/fd")
+        assert meta(runner, second.execution_id)["sandbox_id"].startswith("warm-")
+        assert "left" not in second.stdout and "sleep 300" not in second.stdout
+        assert second.stdout.split()[-4:] == ["0", "1", "2", "3"]  # 3: ls's own listing
+    finally:
+        await plane.aclose()
