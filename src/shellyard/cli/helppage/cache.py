@@ -17,6 +17,13 @@ everything it depended on:
 
 A page that printed anything on stderr is not kept, and a cache folder that cannot be written
 only costs the time saved. Only the standard library is imported on the way to a kept page.
+
+A kept page goes to a terminal as it is, so only the user's own is printed: the folder and
+the file must belong to the effective user and be writable by nobody else (``su`` without
+``-`` or ``sudo -E`` keep another user's ``XDG_CACHE_HOME``; a page planted there could move
+root's cursor or retitle its terminal). Such a folder is not written either: its owner could
+point the scratch file at any path root may write (docs/security.md, "Attack pass on the
+batch's new doors").
 """
 
 from __future__ import annotations
@@ -51,6 +58,27 @@ def is_help(argv: list[str]) -> bool:
 def _folder() -> Path:
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "shellyard" / "help"
+
+
+def _own_folder(create: bool) -> int | None:
+    """The help folder opened (a descriptor), when it is the effective user's and nobody else
+    may write to it; None otherwise (then nothing is read from it or written to it)."""
+    folder = _folder()
+    try:
+        if create:
+            folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    if not _own(fd):
+        os.close(fd)
+        return None
+    return fd
+
+
+def _own(fd: int) -> bool:
+    status = os.fstat(fd)
+    return status.st_uid == os.geteuid() and not status.st_mode & 0o022
 
 
 def _terminal(fd: int) -> list[int] | None:
@@ -100,10 +128,21 @@ def replay(argv: list[str]) -> int | None:
     """Print the kept page for ``argv`` and return its exit code; None when there is none
     that still holds (nothing printed then)."""
     inputs = _inputs(argv)
+    folder = _own_folder(create=False)
+    if folder is None:
+        return None
     try:
-        kept: dict[str, Any] = json.loads((_folder() / f"{_name(inputs)}.json").read_text())
+        fd = os.open(
+            f"{_name(inputs)}.json", os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=folder
+        )
+        with open(fd, encoding="utf-8") as handle:
+            if not _own(handle.fileno()):
+                return None
+            kept: dict[str, Any] = json.loads(handle.read())
     except (OSError, ValueError):
         return None
+    finally:
+        os.close(folder)
     if kept.get("inputs") != inputs:
         return None
     for path, stamp in kept["modules"]:
@@ -191,12 +230,18 @@ def _keep(inputs: str, page: str, code: int) -> None:
         if stamp is not None:
             modules.append([path, stamp])
     entry = {"inputs": inputs, "code": code, "page": page, "modules": modules}
-    folder = _folder()
+    folder = _own_folder(create=True)
+    if folder is None:
+        return
+    name = _name(inputs)
+    scratch = f".{name}.{os.getpid()}.tmp"
     try:
-        folder.mkdir(parents=True, exist_ok=True)
-        name = _name(inputs)
-        scratch = folder / f".{name}.{os.getpid()}.tmp"
-        scratch.write_text(json.dumps(entry))
-        os.replace(scratch, folder / f"{name}.json")  # a reader sees the old file or the new
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+        with open(os.open(scratch, flags, 0o600, dir_fd=folder), "w", encoding="utf-8") as out:
+            out.write(json.dumps(entry))
+        # a reader sees the old file or the new
+        os.replace(scratch, f"{name}.json", src_dir_fd=folder, dst_dir_fd=folder)
     except OSError:
         return
+    finally:
+        os.close(folder)

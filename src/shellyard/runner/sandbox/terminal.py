@@ -13,8 +13,12 @@ foreground program, as at a keyboard; bwrap's own ``--new-session`` keeps the ho
 out of reach, docs/security.md).
 
 ``screen`` replays the ``stdout`` log into a pyte terminal emulator kept per execution and fed
-only the bytes added since the last look (the first look after a restart replays at most the
-last ``REPLAY_BYTES``)."""
+only the bytes added since the last look. A look feeds at most ``REPLAY_BYTES``: the first
+after a restart, or one after more than that was printed since the last, rebuilds the screen
+from the log's last ``REPLAY_BYTES``, as does a look once the screen was fed ``REBUILD_BYTES``
+since it was built (pyte is pure Python, about a second a megabyte on this project's machines,
+and keeps an unterminated OSC string whole: a program printing without end must not cost the
+control plane a CPU or its memory; docs/security.md "Attack pass on the batch's new doors")."""
 
 from __future__ import annotations
 
@@ -51,6 +55,8 @@ FRAME_DATA = 4096 - 5
 SEND_WAIT_S = 5.0
 #: The first look at a screen (after a restart) replays at most this much of the log's end.
 REPLAY_BYTES = 1 << 20
+#: A screen fed this much since it was built is rebuilt from the log's last REPLAY_BYTES.
+REBUILD_BYTES = 8 * REPLAY_BYTES
 #: A look at the screen this soon after input waits for the terminal's answer to it.
 ECHO_WAIT_S = 0.05
 #: Screens kept in memory (an LRU: a forgotten one is replayed again).
@@ -209,6 +215,8 @@ class _Screen:
     screen: pyte.Screen
     stream: pyte.ByteStream
     offset: int
+    #: where in the log this screen was built from
+    start: int
 
 
 class Screens:
@@ -247,9 +255,15 @@ class Screens:
         log = directory / "stdout"
         size = log.stat().st_size
         kept = self._screens.pop(directory, None)
-        if kept is None or kept.offset > size:  # first look, or the log was cut meanwhile
+        if (
+            kept is None  # the first look
+            or kept.offset > size  # the log was cut meanwhile
+            or size - kept.offset > REPLAY_BYTES  # more was printed than a look replays
+            or size - kept.start > REBUILD_BYTES  # a long-fed screen (an endless OSC string)
+        ):
             screen = pyte.Screen(cols, rows)
-            kept = _Screen(screen, pyte.ByteStream(screen), max(0, size - REPLAY_BYTES))
+            start = max(0, size - REPLAY_BYTES)
+            kept = _Screen(screen, pyte.ByteStream(screen), start, start)
         if (kept.screen.lines, kept.screen.columns) != (rows, cols):
             kept.screen.resize(rows, cols)
         with log.open("rb") as handle:
