@@ -65,7 +65,7 @@ class EnvironmentsBackend(Protocol):
 
 _WAITING = (
     "It waits for running executions that use the environment (state 'waiting'); later ones "
-    "queue behind it. wait_ms (0..30000) bounds this answer; a longer change returns "
+    "queue behind it (waiting_for). wait_ms (0..30000) bounds this answer; a longer change returns "
     "change_id: poll environment_change_status. A failed change changes nothing."
 )
 
