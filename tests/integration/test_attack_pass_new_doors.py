@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.integration.test_interactive import ended, send
+from test_interactive import ended, send
 
 from conftest import Yard, open_yard
 from shellyard.contract.interactive import ExecutionInputRequest, TerminalSize
@@ -139,7 +139,7 @@ async def test_a_command_leaves_nothing_a_warm_sandbox_shows(home: Path) -> None
     runs, looks for the next command's waiting sandbox finds neither the waiter nor its pipe;
     the next command (in the warm sandbox) sees no process, file in /tmp or descriptor of the
     earlier one: only its own stdin, stdout and stderr are open."""
-    from tests.integration.test_warm_sandbox import meta, run, wait_for_warm
+    from test_warm_sandbox import meta, run, wait_for_warm
 
     plane, _, _ = await open_yard(home, "local")
     try:

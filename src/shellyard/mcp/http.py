@@ -137,11 +137,21 @@ class McpHttp:
             )
             return
 
+        counted = [opening]  # this opening is still counted in ``_opening``
+
+        def done_opening() -> None:
+            if counted[0]:
+                counted[0] = False
+                self._opening[key] -= 1
+
         async def noting(message: Message) -> None:
             if opening and message["type"] == "http.response.start":
                 for name, value in message.get("headers", []):
                     if name.lower() == b"mcp-session-id":
                         mine.add(value.decode("latin-1"))
+                # Counted as open from here on, before the answer leaves: a client's next
+                # opening may arrive before this handler returns, and must not see it twice.
+                done_opening()
             await send(message)
 
         reset = _forwarded.set(headers)
@@ -153,8 +163,7 @@ class McpHttp:
         finally:
             _toolsets.reset(chosen)
             _forwarded.reset(reset)
-            if opening:
-                self._opening[key] -= 1
+            done_opening()
 
     def _open_sessions(self, key: str) -> set[str]:
         """The token's sessions the SDK still holds (closed and expired ones dropped)."""

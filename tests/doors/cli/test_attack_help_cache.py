@@ -12,7 +12,7 @@ import pwd
 from pathlib import Path
 
 import pytest
-from tests.doors.cli.test_help_cache import _cli, _kept
+from test_help_cache import _cli, _kept
 
 PLANTED = "\x1b]0;owned\x07\x1b[2J planted page\n"
 
