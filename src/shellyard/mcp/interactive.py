@@ -8,11 +8,10 @@ from typing import Any, Protocol, runtime_checkable
 
 from mcp.server.mcpserver import Context
 from mcp.server.mcpserver.tools import Tool
-from mcp_types import ToolAnnotations
 
 from shellyard.contract.executions import ExecutionStatusRequest
 from shellyard.contract.interactive import ExecutionInputCall, InputResult, ScreenView
-from shellyard.mcp.common import READ, model_tool
+from shellyard.mcp.common import READ, hints, model_tool
 
 
 @runtime_checkable
@@ -45,12 +44,7 @@ def interactive_tools(backend: InteractiveBackend) -> list[Tool]:
                 "Type into a command run with interactive or tty: text, then keys (tmux names: "
                 "Enter, Tab, Up, C-c, C-d ...), then eof. Its awaiting_input: it waits for you."
             ),
-            annotations=ToolAnnotations(
-                read_only_hint=False,
-                destructive_hint=False,
-                idempotent_hint=False,
-                open_world_hint=False,
-            ),
+            annotations=hints(),
             output=InputResult,
         ),
         model_tool(
@@ -58,7 +52,7 @@ def interactive_tools(backend: InteractiveBackend) -> list[Tool]:
             ExecutionStatusRequest,
             execution_screen,
             title="Terminal screen",
-            description=("A tty execution's terminal as a person sees it now: text and cursor."),
+            description="A tty execution's terminal as a person sees it now: text and cursor.",
             annotations=READ,
             output=ScreenView,
         ),

@@ -241,10 +241,6 @@ class CgroupTree:
     def _levels(self, *parts: str) -> dict[str, Path]:
         return {name: base.joinpath(*parts) for name, base in self.bases.items()}
 
-    def _cpu_group_of(self, workspace_id: str) -> Path:
-        base = self.bases.get("cpu") or next(iter(self.bases.values()))
-        return base / workspace_id
-
     def _workspace(self, workspace_id: str) -> None:
         """The workspace's group in every hierarchy, with its process limit and CPU share."""
         if workspace_id in self._workspaces:
@@ -278,11 +274,6 @@ class CgroupTree:
     def start(self, workspace_id: str, execution_id: str, *, held: bool = False) -> list[str]:
         """Make the execution's groups; the ``cgroup.procs`` files its launcher joins.
         ``held``: a package tool's group, left alone by ``sweep`` until ``finish``."""
-        if workspace_id in self._workspaces and not self._cpu_group_of(workspace_id).is_dir():
-            # A sweep removed the workspace's cpu group when no process was in it (executions
-            # join it directly, so it has no children to keep it): made again, or the
-            # launcher's join would fail and the command with it.
-            self._workspaces.discard(workspace_id)
         self._workspace(workspace_id)
         joins: list[str] = []
         memory = str(self.limits.memory_bytes)
@@ -389,7 +380,14 @@ class CgroupTree:
                 if not _children(workspace):
                     with contextlib.suppress(OSError):
                         workspace.rmdir()
-                        self._workspaces.discard(workspace.name)
+        # A workspace stays known only while it has its group in every hierarchy: on v1 its
+        # cpu group (which executions join directly, so no child keeps it) may go while its
+        # memory group holds a running execution, and the next start must make it again.
+        self._workspaces = {
+            workspace
+            for workspace in self._workspaces
+            if all((base / workspace).is_dir() for base in self.bases.values())
+        }
         return sorted(set(removed))
 
     def close(self, live: set[str]) -> None:
