@@ -5,9 +5,8 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import Annotated, Literal
 
-from fastapi import Depends, FastAPI, Query, Request
+from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -21,11 +20,16 @@ from shellyard.api.docs import (
     body_doc,
     document_bodies,
 )
+from shellyard.api.forward import Forward, add_routes
+from shellyard.api.queries import (
+    ExecutionCancel,
+    ExecutionList,
+    ExecutionLogs,
+    ExecutionResult,
+    ExecutionWait,
+)
 from shellyard.contract import rawjson
 from shellyard.contract.executions import (
-    DEFAULT_LOG_LIMIT,
-    DEFAULT_MAX_OUTPUT,
-    MAX_CANCEL_WAIT_S,
     ExecutionView,
     LogsResult,
     RunShellRequest,
@@ -46,6 +50,24 @@ from shellyard.errors import (
     encode_error,
     invalid_input,
 )
+
+#: The execution routes that hand their inputs to ``plane.executions`` unchanged (E2-E6, E13).
+EXECUTION_ROUTES = (
+    Forward("GET", "/v1/executions", "list_executions", "executions.list",
+            list[ExecutionView], ExecutionList, agent=True),
+    Forward("GET", "/v1/executions/{execution_id}", "execution_status", "executions.status",
+            ExecutionView, agent=True),
+    Forward("GET", "/v1/executions/{execution_id}/wait", "execution_wait", "executions.wait",
+            ExecutionView, ExecutionWait, agent=True),
+    Forward("GET", "/v1/executions/{execution_id}/result", "execution_result",
+            "executions.result", RunShellResult, ExecutionResult, agent=True),
+    Forward("GET", "/v1/executions/{execution_id}/logs", "execution_logs", "executions.logs",
+            LogsResult, ExecutionLogs, agent=True),
+    Forward("POST", "/v1/executions/{execution_id}/cancel", "execution_cancel",
+            "executions.cancel", ExecutionView, ExecutionCancel, agent=True),
+    Forward("GET", "/v1/executions/{execution_id}/screen", "execution_screen",
+            "executions.screen", ScreenView, agent=True),
+)  # fmt: skip
 
 _HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 401: "unauthorized"}
 
@@ -121,57 +143,6 @@ def create_app(
     async def run_shell(body: dict[str, object], agent: AgentHeader = None) -> RunShellResult:
         return await plane.executions.run_shell(parse_run_shell(body), agent)
 
-    @app.get("/v1/executions", dependencies=auth)
-    async def list_executions(
-        agent: AgentHeader = None, limit: Annotated[int, Query(ge=1, le=1000)] = 100
-    ) -> list[ExecutionView]:
-        return await plane.executions.list(agent, limit)
-
-    @app.get("/v1/executions/{execution_id}", dependencies=auth)
-    async def execution_status(execution_id: str, agent: AgentHeader = None) -> ExecutionView:
-        return await plane.executions.status(execution_id, agent)
-
-    @app.get("/v1/executions/{execution_id}/wait", dependencies=auth)
-    async def execution_wait(
-        execution_id: str,
-        timeout_s: Annotated[float, Query(ge=0, le=30)] = 10,
-        agent: AgentHeader = None,
-    ) -> ExecutionView:
-        return await plane.executions.wait(execution_id, timeout_s, agent)
-
-    @app.get("/v1/executions/{execution_id}/result", dependencies=auth)
-    async def execution_result(
-        execution_id: str,
-        max_output_length: Annotated[int, Query(ge=0, le=10_000_000)] = DEFAULT_MAX_OUTPUT,
-        agent: AgentHeader = None,
-    ) -> RunShellResult:
-        return await plane.executions.result(execution_id, max_output_length, agent)
-
-    @app.get("/v1/executions/{execution_id}/logs", dependencies=auth)
-    async def execution_logs(
-        execution_id: str,
-        stream: str = "stdout",
-        offset: Annotated[int, Query(ge=0)] = 0,
-        limit: Annotated[int, Query(ge=0)] = DEFAULT_LOG_LIMIT,
-        tail: Annotated[int | None, Query(ge=0)] = None,
-        agent: AgentHeader = None,
-        tail_lines: Annotated[int | None, Query(ge=0)] = None,
-        encoding: Literal["utf-8", "base64"] = "utf-8",
-    ) -> LogsResult:
-        # encoding=base64: the exact bytes (the SDK's follow_logs, the CLI; docs/cli.md)
-        return await plane.executions.logs(
-            execution_id, stream, offset, limit, tail, agent, tail_lines=tail_lines,
-            encoding=encoding,
-        )  # fmt: skip
-
-    @app.post("/v1/executions/{execution_id}/cancel", dependencies=auth)
-    async def execution_cancel(
-        execution_id: str,
-        wait_s: Annotated[float, Query(ge=0, le=MAX_CANCEL_WAIT_S)] = 0,
-        agent: AgentHeader = None,
-    ) -> ExecutionView:
-        return await plane.executions.cancel(execution_id, agent, wait_s)
-
     # E13: input to an interactive execution, its terminal's screen and size.
     # The bodies are read after the owner check (E4: another session's execution is missing,
     # whatever the body says), so they come as dicts, documented by their models.
@@ -185,10 +156,6 @@ def create_app(
     ) -> InputResult:
         return await plane.executions.send_input(execution_id, body, agent)
 
-    @app.get("/v1/executions/{execution_id}/screen", dependencies=auth)
-    async def execution_screen(execution_id: str, agent: AgentHeader = None) -> ScreenView:
-        return await plane.executions.screen(execution_id, agent)
-
     @app.post(
         "/v1/executions/{execution_id}/resize",
         dependencies=auth,
@@ -199,6 +166,10 @@ def create_app(
     ) -> ScreenView:
         return await plane.executions.screen(execution_id, agent, body)
 
+    # The execution reads and cancel: the service's own methods (api/forward.py).
+    executions = APIRouter()
+    add_routes(executions, plane, EXECUTION_ROUTES)
+    app.include_router(executions, dependencies=auth)
     # Runners: registration, health, removal.
     from shellyard.api.runners import runners_router
 

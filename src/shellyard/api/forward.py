@@ -1,0 +1,100 @@
+"""Routes that only hand their inputs to one service method, declared as rows of a table.
+
+Most REST operations take ids from the path, a few query parameters and the acting agent, and
+give them to a control-plane method unchanged. Written as a handler each, they repeated every
+parameter three times (the handler's signature, the call, the service's signature) and added
+nothing. A ``Forward`` row names the method instead, and the request of a GET is one model
+(``Annotated[Model, Query()]``: FastAPI reads the query string into it and documents its fields
+as the operation's parameters, their bounds included). ``add_routes`` builds one handler per row:
+
+- the path's ``{ids}`` are strings, given by name;
+- the query model's fields are given by name (a field is called as the service's parameter is);
+- ``agent=True``: the acting agent (``AgentHeader``, api/auth.py) is given as ``agent_id``.
+
+The route keeps its name (the OpenAPI operationId), its success model and its dependencies, so
+the document and the answers are those of the handlers it replaces. A route that does anything
+else (parses a body, sets a header, streams) stays a handler of its router module.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query
+from fastapi.params import Depends
+from pydantic import BaseModel
+
+from shellyard.api.auth import AgentHeader
+from shellyard.control.plane import ControlPlane
+
+_PATH_ID = re.compile(r"{(\w+)}")
+
+
+@dataclass(frozen=True)
+class Forward:
+    method: str
+    path: str
+    #: the route's name: its OpenAPI operationId, as the handler it replaces had
+    name: str
+    #: the method called, as a dotted path from the ``ControlPlane``: "executions.status"
+    service: str
+    #: the success model (the answer is validated and documented as this)
+    result: Any
+    #: the request's query parameters, one model (its fields named as the method's parameters)
+    query: type[BaseModel] | None = None
+    #: whether the acting agent is given (as ``agent_id``)
+    agent: bool = False
+    dependencies: Sequence[Depends] = ()
+
+
+def _method(plane: ControlPlane, dotted: str) -> Callable[..., Awaitable[Any]]:
+    # read per request: the plane's services exist only once it has started
+    target: Any = plane
+    for part in dotted.split("."):
+        target = getattr(target, part)
+    method: Callable[..., Awaitable[Any]] = target
+    return method
+
+
+def _handler(plane: ControlPlane, row: Forward) -> Callable[..., Awaitable[Any]]:
+    named = inspect.Parameter.KEYWORD_ONLY
+    parameters = [inspect.Parameter(n, named, annotation=str) for n in _PATH_ID.findall(row.path)]
+    if row.query is not None:
+        model: Any = row.query
+        parameters.append(inspect.Parameter("query", named, annotation=Annotated[model, Query()]))
+    if row.agent:
+        parameters.append(
+            inspect.Parameter("agent_id", named, annotation=AgentHeader, default=None)
+        )
+
+    async def handler(**given: Any) -> Any:
+        request: BaseModel | None = given.pop("query", None)
+        fields = {n: getattr(request, n) for n in type(request).model_fields} if request else {}
+        return await _method(plane, row.service)(**given, **fields)
+
+    handler.__name__ = handler.__qualname__ = row.name
+    # FastAPI reads the parameters it fills from the handler's signature
+    handler.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+        parameters, return_annotation=row.result
+    )
+    return handler
+
+
+def add_routes(router: APIRouter, plane: ControlPlane, rows: Sequence[Forward]) -> None:
+    """One route per row on ``router`` (its defaults, such as its response class, apply)."""
+    for row in rows:
+        router.add_api_route(
+            row.path,
+            _handler(plane, row),
+            methods=[row.method],
+            name=row.name,
+            response_model=row.result,
+            dependencies=list(row.dependencies),
+        )
+
+
+__all__ = ["Forward", "add_routes"]
