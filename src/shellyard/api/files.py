@@ -7,7 +7,7 @@ Bytes travel raw, both ways, streamed: a file download (``GET /v1/files/content`
 body. Neither side ever holds a whole file in memory."""
 
 from collections.abc import AsyncIterator
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, Query, Request
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -15,17 +15,21 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from shellyard.api.auth import AgentHeader, admin_only
 from shellyard.api.docs import BINARY_RESPONSE, TAR_RESPONSE, body_doc
+from shellyard.api.forward import Forward, add_routes
+from shellyard.api.queries import (
+    FileDiff,
+    FileHistory,
+    FileList,
+    FileReadText,
+    FileStat,
+    TransferCancel,
+    TransferFiles,
+    TransferList,
+    TransferWait,
+)
 from shellyard.api.sessions import parse
 from shellyard.contract import rawjson
 from shellyard.contract.files import (
-    DEFAULT_DIFF_LIMIT,
-    DEFAULT_LIST_LIMIT,
-    DEFAULT_OUTCOME_PAGE,
-    DEFAULT_TEXT_READ,
-    DEFAULT_TRANSFER_PAGE,
-    MAX_LIST_LIMIT,
-    MAX_TEXT_READ,
-    MAX_TRANSFER_PAGE,
     MAX_WRITER_WAIT_S,
     ArtifactDeclareRequest,
     ArtifactView,
@@ -110,48 +114,40 @@ class PathsJSON(JSONResponse):
         return rawjson.dumps_value(content)
 
 
+#: The reads (W2, W5), transfers (T1-T4) and artifacts (T5) that hand their path ids, their
+#: query model and the acting agent to a service unchanged.
+FILE_ROUTES = (
+    Forward("GET", "/v1/workspaces", "workspaces", "files.workspaces", list[WorkspaceView],
+            agent=True),
+    Forward("GET", "/v1/files", "list_files", "files.list", DirListing, FileList, agent=True),
+    Forward("GET", "/v1/files/stat", "stat", "files.stat", PathEntry, FileStat, agent=True),
+    Forward("GET", "/v1/files/text", "read_text", "files.read_text", FileText, FileReadText,
+            agent=True),
+    Forward("GET", "/v1/files/history", "history", "files.history", HistoryView, FileHistory,
+            agent=True),
+    Forward("GET", "/v1/files/diff", "diff", "files.diff", DiffResult, FileDiff, agent=True),
+    Forward("GET", "/v1/transfers", "list_transfers", "transfers.list", list[TransferView],
+            TransferList, agent=True),
+    Forward("GET", "/v1/transfers/{transfer_id}", "query_transfer", "transfers.query",
+            TransferView, agent=True),
+    Forward("GET", "/v1/transfers/{transfer_id}/wait", "wait_transfer", "transfers.wait",
+            TransferView, TransferWait, agent=True),
+    Forward("GET", "/v1/transfers/{transfer_id}/files", "transfer_files", "transfers.files",
+            TransferFilesView, TransferFiles, agent=True),
+    Forward("POST", "/v1/transfers/{transfer_id}/cancel", "cancel_transfer", "transfers.cancel",
+            TransferView, TransferCancel, agent=True),
+    Forward("GET", "/v1/artifacts", "list_artifacts", "artifacts.list", list[ArtifactView],
+            agent=True),
+    Forward("GET", "/v1/artifacts/{artifact_id}", "get_artifact", "artifacts.get", ArtifactView,
+            agent=True),
+)  # fmt: skip
+
+
 def files_router(plane: ControlPlane) -> APIRouter:
     router = APIRouter(default_response_class=PathsJSON)
+    add_routes(router, plane, FILE_ROUTES)
 
     # ------------------------------------------------------------------ reads (W2, W5)
-
-    @router.get("/v1/workspaces")
-    async def workspaces(agent: AgentHeader = None) -> list[WorkspaceView]:
-        return await plane.files.workspaces(agent)
-
-    @router.get("/v1/files")
-    async def list_files(
-        path: str = "",
-        workspace_id: Workspace = None,
-        runner_id: RunnerQ = None,
-        seq: Seq = None,
-        recursive: bool = False,
-        after: str | None = None,
-        limit: Annotated[int, Query(ge=1, le=MAX_LIST_LIMIT)] = DEFAULT_LIST_LIMIT,
-        agent: AgentHeader = None,
-    ) -> DirListing:
-        return await plane.files.list(
-            path,
-            workspace_id=workspace_id,
-            runner_id=runner_id,
-            seq=seq,
-            recursive=recursive,
-            after=after,
-            limit=limit,
-            agent_id=agent,
-        )
-
-    @router.get("/v1/files/stat")
-    async def stat(
-        path: str,
-        workspace_id: Workspace = None,
-        runner_id: RunnerQ = None,
-        seq: Seq = None,
-        agent: AgentHeader = None,
-    ) -> PathEntry:
-        return await plane.files.stat(
-            path, workspace_id=workspace_id, runner_id=runner_id, seq=seq, agent_id=agent
-        )
 
     @router.get("/v1/files/content", response_class=StreamingResponse, responses=BINARY_RESPONSE)
     async def read_content(
@@ -174,26 +170,6 @@ def files_router(plane: ControlPlane) -> APIRouter:
         )
         return _file_response(stream, range_header is not None, "application/octet-stream")
 
-    @router.get("/v1/files/text")
-    async def read_text(
-        path: str,
-        workspace_id: Workspace = None,
-        runner_id: RunnerQ = None,
-        seq: Seq = None,
-        offset: Annotated[int, Query(ge=0)] = 0,
-        limit: Annotated[int, Query(ge=1, le=MAX_TEXT_READ)] = DEFAULT_TEXT_READ,
-        agent: AgentHeader = None,
-    ) -> FileText:
-        return await plane.files.read_text(
-            path,
-            workspace_id=workspace_id,
-            runner_id=runner_id,
-            seq=seq,
-            offset=offset,
-            limit=limit,
-            agent_id=agent,
-        )
-
     @router.get("/v1/files/archive", response_class=StreamingResponse, responses=TAR_RESPONSE)
     async def download_archive(
         path: str = "",
@@ -207,36 +183,6 @@ def files_router(plane: ControlPlane) -> APIRouter:
         )
         return StreamingResponse(
             archive.chunks, media_type="application/x-tar", headers={H_SEQ: str(archive.seq)}
-        )
-
-    @router.get("/v1/files/history")
-    async def history(
-        workspace_id: Workspace = None, runner_id: RunnerQ = None, agent: AgentHeader = None
-    ) -> HistoryView:
-        return await plane.files.history(
-            workspace_id=workspace_id, runner_id=runner_id, agent_id=agent
-        )
-
-    @router.get("/v1/files/diff")
-    async def diff(
-        from_seq: Annotated[int, Query(ge=0)],
-        to_seq: Seq = None,
-        path: str = "",
-        workspace_id: Workspace = None,
-        runner_id: RunnerQ = None,
-        after: str | None = None,
-        limit: Annotated[int, Query(ge=1, le=MAX_LIST_LIMIT)] = DEFAULT_DIFF_LIMIT,
-        agent: AgentHeader = None,
-    ) -> DiffResult:
-        return await plane.files.diff(
-            from_seq,
-            to_seq,
-            path,
-            workspace_id=workspace_id,
-            runner_id=runner_id,
-            after=after,
-            limit=limit,
-            agent_id=agent,
         )
 
     # ------------------------------------------------------------------ writes (W1, W3)
@@ -338,43 +284,6 @@ def files_router(plane: ControlPlane) -> APIRouter:
     async def start_transfer(body: dict[str, Any], agent: AgentHeader = None) -> TransferView:
         return await plane.transfers.start(parse(TransferRequest, body), agent)
 
-    @router.get("/v1/transfers")
-    async def list_transfers(
-        limit: Annotated[int, Query(ge=1, le=MAX_TRANSFER_PAGE)] = DEFAULT_TRANSFER_PAGE,
-        agent: AgentHeader = None,
-    ) -> list[TransferView]:
-        return await plane.transfers.list(agent, limit)
-
-    @router.get("/v1/transfers/{transfer_id}")
-    async def query_transfer(transfer_id: str, agent: AgentHeader = None) -> TransferView:
-        return await plane.transfers.query(transfer_id, agent)
-
-    @router.get("/v1/transfers/{transfer_id}/wait")
-    async def wait_transfer(
-        transfer_id: str,
-        timeout_s: Annotated[float, Query(ge=0, le=30)] = 10,
-        agent: AgentHeader = None,
-    ) -> TransferView:
-        return await plane.transfers.wait(transfer_id, timeout_s, agent)
-
-    @router.get("/v1/transfers/{transfer_id}/files")
-    async def transfer_files(
-        transfer_id: str,
-        outcome: Literal["pending", "copied", "unchanged", "skipped", "failed"] | None = None,
-        offset: Annotated[int, Query(ge=0)] = 0,
-        limit: Annotated[int, Query(ge=1, le=MAX_LIST_LIMIT)] = DEFAULT_OUTCOME_PAGE,
-        agent: AgentHeader = None,
-    ) -> TransferFilesView:
-        return await plane.transfers.files(transfer_id, outcome, offset, limit, agent)
-
-    @router.post("/v1/transfers/{transfer_id}/cancel")
-    async def cancel_transfer(
-        transfer_id: str,
-        wait_s: Annotated[float, Query(ge=0, le=60)] = 0,
-        agent: AgentHeader = None,
-    ) -> TransferView:
-        return await plane.transfers.cancel(transfer_id, agent, wait_s)
-
     # ------------------------------------------------------------------ artifacts (T5)
 
     @router.post("/v1/artifacts", openapi_extra=body_doc(ArtifactDeclareRequest))
@@ -383,14 +292,6 @@ def files_router(plane: ControlPlane) -> APIRouter:
         return await plane.artifacts.declare(
             r.path, name=r.name, workspace_id=r.workspace_id, seq=r.seq, agent_id=agent
         )
-
-    @router.get("/v1/artifacts")
-    async def list_artifacts(agent: AgentHeader = None) -> list[ArtifactView]:
-        return await plane.artifacts.list(agent)
-
-    @router.get("/v1/artifacts/{artifact_id}")
-    async def get_artifact(artifact_id: str, agent: AgentHeader = None) -> ArtifactView:
-        return await plane.artifacts.get(artifact_id, agent)
 
     @router.get(
         "/v1/artifacts/{artifact_id}/content",

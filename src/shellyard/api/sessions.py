@@ -15,6 +15,7 @@ from pydantic import BaseModel, ValidationError
 
 from shellyard.api.auth import AgentHeader, PrincipalDep, admin_only
 from shellyard.api.docs import JSON_ERROR_RESPONSES, body_doc
+from shellyard.api.forward import Forward, add_routes
 from shellyard.contract import rawjson
 from shellyard.contract.sessions import (
     DEFAULT_LIST_PAGE,
@@ -62,8 +63,43 @@ def _next(response: Response, ids: list[str], limit: int) -> None:
         response.headers[NEXT_AFTER_HEADER] = ids[-1]
 
 
+#: The routes that hand their path ids (and the acting agent) to a service unchanged.
+SESSION_ROUTES = (
+    Forward("POST", "/v1/sessions", "create_session", "sessions.create", SessionView,
+            dependencies=[Depends(admin_only)]),
+    Forward("GET", "/v1/sessions/{session_id}", "get_session", "sessions.get", SessionView),
+    Forward("POST", "/v1/sessions/{session_id}/stop", "stop_session", "sessions.stop",
+            SessionView),
+    Forward("POST", "/v1/sessions/{session_id}/archive", "archive_session", "sessions.archive",
+            SessionView),
+    Forward("POST", "/v1/sessions/{session_id}/restore", "restore_session", "sessions.restore",
+            SessionView),
+    Forward("POST", "/v1/sessions/{session_id}/resume", "resume_session", "sessions.resume",
+            ResumeResult),
+    Forward("POST", "/v1/sessions/{session_id}/requests", "user_request", "sessions.user_request",
+            ResumeResult),
+    Forward("GET", "/v1/sessions/{session_id}/events", "session_events", "sessions.events",
+            list[SessionEventView]),
+    Forward("GET", "/v1/agents/{agent_id}", "get_agent", "sessions.get_agent", AgentView),
+    Forward("POST", "/v1/agents/{agent_id}/turn/begin", "turn_begin", "sessions.turn_begin",
+            AgentView),
+    Forward("POST", "/v1/agents/{agent_id}/turn/end", "turn_end", "sessions.turn_end", AgentView),
+    Forward("POST", "/v1/agents/{agent_id}/stop", "stop_agent", "sessions.stop_agent", AgentView),
+    Forward("POST", "/v1/agents/{agent_id}/resume", "resume_agent", "sessions.resume_agent",
+            AgentView),
+    Forward("GET", "/v1/inbox/summary", "inbox_summary", "inbox.summary", InboxSummary,
+            agent=True),
+    Forward("GET", "/v1/timers/{timer_id}", "timer_get", "timers.get", TimerView, agent=True),
+    Forward("POST", "/v1/timers/{timer_id}/cancel", "timer_cancel", "timers.cancel", TimerView,
+            agent=True),
+    Forward("GET", "/v1/wakes/{wake_id}/deliveries", "wake_deliveries", "wakes.deliveries",
+            list[DeliveryView]),
+)  # fmt: skip
+
+
 def sessions_router(plane: ControlPlane) -> APIRouter:
     router = APIRouter()
+    add_routes(router, plane, SESSION_ROUTES)
 
     async def known_session(session_id: str, who: PrincipalDep) -> str:
         plane.tokens.check_session(who, session_id)
@@ -72,43 +108,11 @@ def sessions_router(plane: ControlPlane) -> APIRouter:
 
     # ------------------------------------------------------------------ sessions
 
-    @router.post("/v1/sessions", dependencies=[Depends(admin_only)])
-    async def create_session() -> SessionView:
-        return await plane.sessions.create()
-
     @router.get("/v1/sessions")
     async def list_sessions(who: PrincipalDep) -> list[SessionView]:
         """Admin: every session; a session or agent token: its own."""
         found = await plane.sessions.list_sessions()
         return [s for s in found if who.is_admin or s.session_id == who.session_id]
-
-    @router.get("/v1/sessions/{session_id}")
-    async def get_session(session_id: str) -> SessionView:
-        return await plane.sessions.get(session_id)
-
-    @router.post("/v1/sessions/{session_id}/stop")
-    async def stop_session(session_id: str) -> SessionView:
-        return await plane.sessions.stop(session_id)
-
-    @router.post("/v1/sessions/{session_id}/archive")
-    async def archive_session(session_id: str) -> SessionView:
-        return await plane.sessions.archive(session_id)
-
-    @router.post("/v1/sessions/{session_id}/restore")
-    async def restore_session(session_id: str) -> SessionView:
-        return await plane.sessions.restore(session_id)
-
-    @router.post("/v1/sessions/{session_id}/resume")
-    async def resume_session(session_id: str) -> ResumeResult:
-        return await plane.sessions.resume(session_id)
-
-    @router.post("/v1/sessions/{session_id}/requests")
-    async def user_request(session_id: str) -> ResumeResult:
-        return await plane.sessions.user_request(session_id)
-
-    @router.get("/v1/sessions/{session_id}/events")
-    async def session_events(session_id: str) -> list[SessionEventView]:
-        return await plane.sessions.events(session_id)
 
     @router.get("/v1/sessions/{session_id}/wakes")
     async def list_wakes(
@@ -136,29 +140,9 @@ def sessions_router(plane: ControlPlane) -> APIRouter:
 
     # ------------------------------------------------------------------ agents
 
-    @router.get("/v1/agents/{agent_id}")
-    async def get_agent(agent_id: str) -> AgentView:
-        return await plane.sessions.get_agent(agent_id)
-
     @router.post("/v1/agents/{agent_id}/children")
     async def create_child(agent_id: str) -> AgentView:
         return await plane.sessions.create_child(agent_id)
-
-    @router.post("/v1/agents/{agent_id}/turn/begin")
-    async def turn_begin(agent_id: str) -> AgentView:
-        return await plane.sessions.turn_begin(agent_id)
-
-    @router.post("/v1/agents/{agent_id}/turn/end")
-    async def turn_end(agent_id: str) -> AgentView:
-        return await plane.sessions.turn_end(agent_id)
-
-    @router.post("/v1/agents/{agent_id}/stop")
-    async def stop_agent(agent_id: str) -> AgentView:
-        return await plane.sessions.stop_agent(agent_id)
-
-    @router.post("/v1/agents/{agent_id}/resume")
-    async def resume_agent(agent_id: str) -> AgentView:
-        return await plane.sessions.resume_agent(agent_id)
 
     # ------------------------------------------------------------------ inbox
 
@@ -174,10 +158,6 @@ def sessions_router(plane: ControlPlane) -> APIRouter:
         page = await plane.inbox.notices(agent, unread_only, after, limit)
         _next(response, [n.notice_id for n in page], limit)
         return page
-
-    @router.get("/v1/inbox/summary")
-    async def inbox_summary(agent: AgentHeader = None) -> InboxSummary:
-        return await plane.inbox.summary(agent)
 
     @router.post("/v1/inbox/read", openapi_extra=body_doc(MarkReadRequest))
     async def inbox_read(body: dict[str, Any], agent: AgentHeader = None) -> MarkReadResult:
@@ -203,14 +183,6 @@ def sessions_router(plane: ControlPlane) -> APIRouter:
         _next(response, [t.timer_id for t in page], limit)
         return page
 
-    @router.get("/v1/timers/{timer_id}")
-    async def timer_get(timer_id: str, agent: AgentHeader = None) -> TimerView:
-        return await plane.timers.get(agent, timer_id)
-
-    @router.post("/v1/timers/{timer_id}/cancel")
-    async def timer_cancel(timer_id: str, agent: AgentHeader = None) -> TimerView:
-        return await plane.timers.cancel(agent, timer_id)
-
     # ------------------------------------------------------------------ webhooks
 
     # A session or agent token registers webhooks for its own session only (default: it).
@@ -235,9 +207,5 @@ def sessions_router(plane: ControlPlane) -> APIRouter:
             if webhook_id not in mine:
                 raise NotFound(f"no webhook {webhook_id!r}; list them with GET /v1/webhooks")
         return await plane.wakes.remove_webhook(webhook_id)
-
-    @router.get("/v1/wakes/{wake_id}/deliveries")
-    async def wake_deliveries(wake_id: str) -> list[DeliveryView]:
-        return await plane.wakes.deliveries(wake_id)
 
     return router

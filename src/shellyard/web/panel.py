@@ -19,7 +19,7 @@ agent; these answer for every agent of a session the token reaches (an agent tok
 
 No ``from __future__ import annotations``: FastAPI resolves the annotations at declaration."""
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Annotated
 from urllib.parse import quote
 
@@ -38,6 +38,13 @@ from shellyard.control.plane import ControlPlane
 from shellyard.errors import NotFound
 
 Limit = Annotated[int, Query(ge=1, le=1000)]
+#: The panel's pages of a session's latest objects: (PanelService method, answer, default limit)
+RECENT: tuple[tuple[str, object, int], ...] = (
+    ("transfers", list[TransferView], 50),
+    ("timers", list[TimerView], 100),
+    ("notices", list[NoticeView], 100),
+    ("artifacts", list[ArtifactView], 200),
+)
 SeqQ = Annotated[int | None, Query(ge=0, description="a snapshot number (default: the head)")]
 #: What the preview route serves inline, by the file name's ending (docs/web.md "Previews").
 PREVIEW_TYPES = {
@@ -94,25 +101,22 @@ def panel_router(plane: ControlPlane) -> APIRouter:
         """Executions of the session's agents, newest first; ``before_seq`` pages on."""
         return await panel().executions(who, session_id, before_seq, limit)
 
-    @router.get("/v1/sessions/{session_id}/transfers")
-    async def transfers(
-        session_id: str, who: PrincipalDep, limit: Limit = 50
-    ) -> list[TransferView]:
-        return await panel().transfers(who, session_id, limit)
+    def recent(read: str, default: int) -> Callable[..., Awaitable[object]]:
+        async def page(session_id: str, who: PrincipalDep, limit: Limit = default) -> object:
+            return await getattr(panel(), read)(who, session_id, limit)
 
-    @router.get("/v1/sessions/{session_id}/timers")
-    async def timers(session_id: str, who: PrincipalDep, limit: Limit = 100) -> list[TimerView]:
-        return await panel().timers(who, session_id, limit)
+        page.__name__ = read
+        return page
 
-    @router.get("/v1/sessions/{session_id}/notices")
-    async def notices(session_id: str, who: PrincipalDep, limit: Limit = 100) -> list[NoticeView]:
-        return await panel().notices(who, session_id, limit)
-
-    @router.get("/v1/sessions/{session_id}/artifacts")
-    async def artifacts(
-        session_id: str, who: PrincipalDep, limit: Limit = 200
-    ) -> list[ArtifactView]:
-        return await panel().artifacts(who, session_id, limit)
+    # The session's latest transfers, timers, notices and artifacts: one page each
+    for read, result, default in RECENT:
+        router.add_api_route(
+            f"/v1/sessions/{{session_id}}/{read}",
+            recent(read, default),
+            methods=["GET"],
+            name=read,
+            response_model=result,
+        )
 
     @router.get("/v1/sessions/{session_id}/workspaces")
     async def workspaces(session_id: str, who: PrincipalDep) -> list[WorkspaceView]:

@@ -1,0 +1,54 @@
+"""Every row of the REST forwarding tables (api/forward.py) names a method of the control plane
+that accepts what the row gives it: the path's ids, its query model's fields and, for a row
+acting for an agent, ``agent_id``. The rows call by keyword, so a service parameter renamed
+without its row fails here, not on the first request."""
+
+from __future__ import annotations
+
+import inspect
+import re
+import typing
+from collections.abc import Callable
+from typing import Any
+
+from shellyard.api.app import EXECUTION_ROUTES
+from shellyard.api.files import FILE_ROUTES
+from shellyard.api.forward import Forward
+from shellyard.api.sessions import SESSION_ROUTES
+from shellyard.control.plane import ControlPlane
+
+ROWS: tuple[Forward, ...] = (*EXECUTION_ROUTES, *SESSION_ROUTES, *FILE_ROUTES)
+
+
+def _method(dotted: str) -> Callable[..., Any]:
+    """The method a dotted path names, read from the type annotations of the plane's
+    properties (the services exist only once a plane has started)."""
+    owner: Any = ControlPlane
+    *services, name = dotted.split(".")
+    for service in services:
+        member = inspect.getattr_static(owner, service)
+        if isinstance(member, property):
+            owner = typing.get_type_hints(member.fget)["return"]
+        else:
+            owner = typing.get_type_hints(owner)[service]
+    method: Callable[..., Any] = getattr(owner, name)
+    return method
+
+
+def test_every_row_names_a_method_taking_its_inputs() -> None:
+    refused = []
+    for row in ROWS:
+        method = _method(row.service)
+        names = re.findall(r"{(\w+)}", row.path)
+        names += list(row.query.model_fields) if row.query else []
+        names += ["agent_id"] if row.agent else []
+        try:
+            inspect.signature(method).bind(None, **dict.fromkeys(names))
+        except TypeError as exc:
+            refused.append(f"{row.name} -> {row.service}{inspect.signature(method)}: {exc}")
+    assert not refused, "\n".join(refused)
+
+
+def test_route_names_are_unique() -> None:
+    names = [row.name for row in ROWS]
+    assert len(names) == len(set(names))
