@@ -12,12 +12,20 @@ from collections.abc import Callable
 from typing import Any
 
 from shellyard.api.app import EXECUTION_ROUTES
+from shellyard.api.environments import ENVIRONMENT_ROUTES
 from shellyard.api.files import FILE_ROUTES
 from shellyard.api.forward import Forward
+from shellyard.api.ports import PORT_ROUTES
 from shellyard.api.sessions import SESSION_ROUTES
 from shellyard.control.plane import ControlPlane
 
-ROWS: tuple[Forward, ...] = (*EXECUTION_ROUTES, *SESSION_ROUTES, *FILE_ROUTES)
+ROWS: tuple[Forward, ...] = (
+    *EXECUTION_ROUTES,
+    *SESSION_ROUTES,
+    *FILE_ROUTES,
+    *ENVIRONMENT_ROUTES,
+    *PORT_ROUTES,
+)
 
 
 def _method(dotted: str) -> Callable[..., Any]:

@@ -45,9 +45,7 @@ def _single_call(function: Function) -> ast.Call | None:
         return None
     statement = body[0]
     value: ast.expr | None
-    if isinstance(statement, ast.Return):
-        value = statement.value
-    elif isinstance(statement, ast.Expr):
+    if isinstance(statement, ast.Return | ast.Expr):
         value = statement.value
     else:
         return None
@@ -89,10 +87,7 @@ class Count:
         return len(self.forwarders) / self.functions if self.functions else 0.0
 
     def line(self) -> str:
-        return (
-            f"{self.door}: {len(self.forwarders)}/{self.functions} "
-            f"= {self.share:.0%} forwarders"
-        )
+        return f"{self.door}: {len(self.forwarders)}/{self.functions} = {self.share:.0%} forwarders"
 
 
 def count(door: str) -> Count:

@@ -11,6 +11,8 @@ from fastapi import APIRouter, Query
 
 from shellyard.api.auth import AgentHeader
 from shellyard.api.docs import body_doc
+from shellyard.api.forward import Forward, add_routes
+from shellyard.api.queries import EnvironmentList, EnvironmentRevisions
 from shellyard.contract.environments import (
     ChangeView,
     EnvironmentChangeBody,
@@ -21,33 +23,26 @@ from shellyard.contract.environments import (
 )
 from shellyard.control.plane import ControlPlane
 
+#: The reads that hand their path ids, query model and acting agent to the service unchanged.
+ENVIRONMENT_ROUTES = (
+    Forward("GET", "/v1/environments", "environment_list", "environments.list_environments",
+            list[EnvironmentView], EnvironmentList, agent=True),
+    Forward("GET", "/v1/environments/{environment_id}", "environment_show", "environments.show",
+            EnvironmentView, agent=True),
+    Forward("GET", "/v1/environments/{environment_id}/revisions", "environment_revisions",
+            "environments.revisions", list[RevisionView], EnvironmentRevisions, agent=True),
+)  # fmt: skip
+
 
 def environments_router(plane: ControlPlane) -> APIRouter:
     router = APIRouter()
+    add_routes(router, plane, ENVIRONMENT_ROUTES)
 
     @router.post("/v1/environments", openapi_extra=body_doc(EnvironmentCreateRequest))
     async def environment_create(
         body: dict[str, Any], agent: AgentHeader = None
     ) -> EnvironmentView:
         return await plane.environments.create(parse_body(EnvironmentCreateRequest, body), agent)
-
-    @router.get("/v1/environments")
-    async def environment_list(
-        runner_id: str | None = None, agent: AgentHeader = None
-    ) -> list[EnvironmentView]:
-        return await plane.environments.list_environments(agent, runner_id)
-
-    @router.get("/v1/environments/{environment_id}")
-    async def environment_show(environment_id: str, agent: AgentHeader = None) -> EnvironmentView:
-        return await plane.environments.show(environment_id, agent)
-
-    @router.get("/v1/environments/{environment_id}/revisions")
-    async def environment_revisions(
-        environment_id: str,
-        revision: Annotated[int | None, Query(ge=0)] = None,
-        agent: AgentHeader = None,
-    ) -> list[RevisionView]:
-        return await plane.environments.revisions(environment_id, agent, revision)
 
     @router.post(
         "/v1/environments/{environment_id}/install",

@@ -3,17 +3,23 @@ loopback port of the runner's host into the acting agent's own workspace network
 
 from __future__ import annotations
 
-from typing import Annotated
-
-from fastapi import APIRouter, Query
+from fastapi import APIRouter
 
 from shellyard.api.auth import AgentHeader
+from shellyard.api.forward import Forward, add_routes
+from shellyard.api.queries import PortList
 from shellyard.contract.ports import PortCloseRequest, PortOpenRequest, PortView
 from shellyard.control.plane import ControlPlane
+
+#: Listing the ports: its query model and the acting agent, to the service unchanged.
+PORT_ROUTES = (
+    Forward("GET", "/v1/ports", "list_ports", "ports.list", list[PortView], PortList, agent=True),
+)
 
 
 def ports_router(plane: ControlPlane) -> APIRouter:
     router = APIRouter()
+    add_routes(router, plane, PORT_ROUTES)
 
     @router.post("/v1/ports")
     async def open_port(body: PortOpenRequest, agent: AgentHeader = None) -> PortView:
@@ -27,18 +33,6 @@ def ports_router(plane: ControlPlane) -> APIRouter:
             workspace_id=body.workspace_id,
             runner_id=body.runner_id,
             agent_id=agent,
-        )
-
-    @router.get("/v1/ports")
-    async def list_ports(
-        workspace_id: Annotated[
-            str | None, Query(description="your workspace (default: yours)")
-        ] = None,
-        runner_id: Annotated[str | None, Query(description="the runner (default local)")] = None,
-        agent: AgentHeader = None,
-    ) -> list[PortView]:
-        return await plane.ports.list(
-            workspace_id=workspace_id, runner_id=runner_id, agent_id=agent
         )
 
     @router.post("/v1/ports/close")

@@ -113,3 +113,19 @@ class TransferFiles(BaseModel):
 
 class TransferCancel(BaseModel):
     wait_s: float = Field(0, ge=0, le=60)
+
+
+# ---------------------------------------------------------------- environments (V1-V8), ports (R5)
+
+
+class EnvironmentList(BaseModel):
+    runner_id: str | None = None
+
+
+class EnvironmentRevisions(BaseModel):
+    revision: int | None = Field(None, ge=0)
+
+
+class PortList(BaseModel):
+    workspace_id: str | None = Field(None, description="your workspace (default: yours)")
+    runner_id: str | None = Field(None, description="the runner (default local)")
