@@ -188,6 +188,8 @@ class CgroupTree:
     _memsw: bool = True
     #: groups of ended executions, removed by ``_reaper`` (off the execution's end)
     _doomed: queue.Queue[Path] = field(default_factory=queue.Queue)
+    #: those of ``_doomed`` not removed yet (a name made again waits for its removal first)
+    _pending: set[Path] = field(default_factory=set)
     _reaper: threading.Thread | None = None
 
     # ------------------------------------------------------------------ set-up
@@ -323,7 +325,10 @@ class CgroupTree:
         """The execution's groups (and its workspace's, the first time) with their limits."""
         self._workspace(workspace_id)
         memory = str(self.limits.memory_bytes)
-        for name, folder in self._levels(workspace_id, execution_id).items():
+        levels = self._levels(workspace_id, execution_id)
+        if self._pending and not self._pending.isdisjoint(levels.values()):
+            self.drain()  # the same name again (a tool's): the old group's removal goes first
+        for name, folder in levels.items():
             if name == "cpu" and "cpuacct" in self.bases:
                 continue  # it joins the workspace's (plan)
             folder.mkdir(exist_ok=True)
@@ -401,6 +406,7 @@ class CgroupTree:
         for name, folder in self._levels(workspace_id, execution_id).items():
             if name == "cpu" and "cpuacct" in self.bases:
                 continue  # the workspace's own (plan)
+            self._pending.add(folder)
             self._doomed.put(folder)
         if self._reaper is None or not self._reaper.is_alive():
             self._reaper = threading.Thread(target=self._reap, name="cgroup-remove", daemon=True)
@@ -414,6 +420,7 @@ class CgroupTree:
             except Exception:  # the next sweep tries again; the thread must not die
                 log.exception("could not remove the cgroup %s", folder)
             finally:
+                self._pending.discard(folder)
                 self._doomed.task_done()
 
     def drain(self) -> None:
