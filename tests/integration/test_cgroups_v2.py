@@ -43,6 +43,7 @@ SCRIPT = textwrap.dedent(
         )
         child.wait()
         usage = tree.finish("ws1", "e1")
+        tree.drain()  # removed by the tree's removal thread
         removed_after_finish = not (base / "shellyard-v2test" / "ws1" / "e1").exists()
         # a group with a process still in it: cgroup.kill ends it, then it goes
         joins = tree.start("ws1", "e2")

@@ -122,6 +122,7 @@ def test_a_sweep_leaves_a_running_tool_s_group_alone(tmp_path: Path) -> None:
         names = {p.name for p in tree.groups()}
         assert "change-tool1" in names and "stale" not in names, names
         tree.finish("ws", "change-tool1")
+        tree.drain()  # removed by the tree's removal thread
         assert "change-tool1" not in {p.name for p in tree.groups()}
     finally:
         tree.close(set())

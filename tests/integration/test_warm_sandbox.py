@@ -313,21 +313,31 @@ async def _run_direct(runner: Any, workspace_id: str, execution_id: str) -> None
 async def test_idle_full_and_memory_pressure_discard(
     home: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """R2: bounded per runner (SHELLYARD_WARM_SANDBOXES: the one waiting longest makes
-    room), gone after SHELLYARD_WARM_IDLE_S, none made and none kept while the host is short
-    of memory (the threshold raised over the real /proc/meminfo); each discarded one's
-    processes are gone."""
+    """R2: bounded per runner (SHELLYARD_WARM_SANDBOXES): with every place taken, one that
+    waited less than its swap age keeps its place (the other workspace starts cold and none
+    is made for it: no spawn thrown away), one that waited longer makes room; gone after
+    SHELLYARD_WARM_IDLE_S, none made and none kept while the host is short of memory (the
+    threshold raised over the real /proc/meminfo); each discarded one's processes are gone."""
     from shellyard.runner.sandbox import warm
 
     monkeypatch.setenv("SHELLYARD_WARM_SANDBOXES", "1")
-    monkeypatch.setenv("SHELLYARD_WARM_IDLE_S", "1.5")
+    monkeypatch.setenv("SHELLYARD_WARM_IDLE_S", "3")
     runner = await _local_runner(home / "r")
     pool = runner._runs.warm
     ws_a, ws_b = f"ws-a-{os.getpid()}-{time.time_ns()}", f"ws-b-{os.getpid()}-{time.time_ns()}"
     try:
         await _run_direct(runner, ws_a, "a1")
         first = await wait_for_warm(runner, ws_a)
+        assert pool.swap_after_s == 3 * warm.SWAP_FRACTION
+        pool.swap_after_s = 3600.0  # a's is young: it keeps its place
         await _run_direct(runner, ws_b, "b1")
+        deadline = time.monotonic() + 10
+        while not pool.stats["full"] and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        assert pool.waiting() == {ws_a: first} and pool.stats["full"] == 1
+        assert pool.stats["discarded_full"] == 0
+        pool.swap_after_s = 0.0  # a's has waited long enough: b's next takes its place
+        await _run_direct(runner, ws_b, "b2")
         await wait_for_warm(runner, ws_b)
         assert set(pool.waiting()) == {ws_b} and pool.stats["discarded_full"] == 1
         deadline = time.monotonic() + 10

@@ -19,8 +19,15 @@ workspace (``cpu.max`` / ``cpu.cfs_quota_us``). The sandbox's launcher writes it
 execution's groups (``cgroup.procs``) before it drops to the sandbox uid and execs bwrap, so
 nothing of the command ever runs outside them. At the end ``finish`` reads what the command
 used (peak memory, CPU seconds), whether the memory limit killed it and whether it hit the
-process limit, then removes the execution's groups. ``sweep`` at start-up removes the groups
-of executions that are gone (after a kill -9 of the runner, E11).
+process limit, then hands the execution's groups to a removal thread: an ``rmdir`` takes the
+kernel's ``cgroup_mutex``, which a launcher's ``cgroup.procs`` write holds while it waits for an
+RCU grace period (v1), so removing inline held each execution's end (and, where it ran on the
+event loop, every other) for ms at a time (p90 18 ms under load; docs/benchmarks.md §13). By
+then the sandbox's init has been killed and waited for (E8), so the groups are empty; the
+thread still ends anything left before it removes them. Likewise ``plan`` names the groups at
+once and ``make`` creates them where the caller chooses (a warm sandbox: its spawn's worker
+thread). ``sweep`` at start-up removes the groups of executions that are gone (after a kill -9
+of the runner, E11).
 """
 
 from __future__ import annotations
@@ -30,7 +37,9 @@ import errno
 import hashlib
 import logging
 import os
+import queue
 import signal
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -124,10 +133,21 @@ def _folder(mount: tuple[str, str], path: str) -> Path:
 
 
 def _read(path: Path) -> str | None:
+    # os.open/os.read, not Path.read_text: a control file is a few bytes, and the text
+    # wrapper's set-up was half the cost of each read at the end of every execution.
     try:
-        return path.read_text()
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
         return None
+    try:
+        chunks = [os.read(fd, 65536)]
+        while chunks[-1]:  # to the end: a seq file may return less than it has
+            chunks.append(os.read(fd, 65536))
+        return b"".join(chunks).decode()
+    except (OSError, UnicodeDecodeError):
+        return None
+    finally:
+        os.close(fd)
 
 
 def _keyed(text: str | None, key: str) -> int:
@@ -139,8 +159,11 @@ def _keyed(text: str | None, key: str) -> int:
 
 
 def _write(path: Path, value: str) -> None:
-    with open(path, "w") as handle:
-        handle.write(value)
+    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        os.write(fd, value.encode())
+    finally:
+        os.close(fd)
 
 
 def runner_tag(root: Path) -> str:
@@ -163,6 +186,11 @@ class CgroupTree:
     _started: dict[str, _Started] = field(default_factory=dict)
     #: v1: whether ``memory.memsw.limit_in_bytes`` can be written (swap accounting).
     _memsw: bool = True
+    #: groups of ended executions, removed by ``_reaper`` (off the execution's end)
+    _doomed: queue.Queue[Path] = field(default_factory=queue.Queue)
+    #: those of ``_doomed`` not removed yet (a name made again waits for its removal first)
+    _pending: set[Path] = field(default_factory=set)
+    _reaper: threading.Thread | None = None
 
     # ------------------------------------------------------------------ set-up
 
@@ -274,9 +302,13 @@ class CgroupTree:
     def start(self, workspace_id: str, execution_id: str, *, held: bool = False) -> list[str]:
         """Make the execution's groups; the ``cgroup.procs`` files its launcher joins.
         ``held``: a package tool's group, left alone by ``sweep`` until ``finish``."""
-        self._workspace(workspace_id)
+        self.make(workspace_id, execution_id)
+        return self.plan(workspace_id, execution_id, held=held)
+
+    def plan(self, workspace_id: str, execution_id: str, *, held: bool = False) -> list[str]:
+        """The execution known and its ``cgroup.procs`` files named, nothing made yet: the
+        caller runs ``make`` before the launcher starts."""
         joins: list[str] = []
-        memory = str(self.limits.memory_bytes)
         for name, folder in self._levels(workspace_id, execution_id).items():
             if name == "cpu" and "cpuacct" in self.bases:
                 # v1 with cpu and cpuacct apart: the weight and ceiling are the workspace's
@@ -284,7 +316,21 @@ class CgroupTree:
                 # workspace's cpu group itself: no group (per-CPU run queues) made and
                 # removed per execution, one scheduling level less (docs/benchmarks.md §13).
                 joins.append(str(folder.parent / "cgroup.procs"))
-                continue
+            else:
+                joins.append(str(folder / "cgroup.procs"))
+        self._started[execution_id] = _Started(workspace_id, held)
+        return joins
+
+    def make(self, workspace_id: str, execution_id: str) -> None:
+        """The execution's groups (and its workspace's, the first time) with their limits."""
+        self._workspace(workspace_id)
+        memory = str(self.limits.memory_bytes)
+        levels = self._levels(workspace_id, execution_id)
+        if self._pending and not self._pending.isdisjoint(levels.values()):
+            self.drain()  # the same name again (a tool's): the old group's removal goes first
+        for name, folder in levels.items():
+            if name == "cpu" and "cpuacct" in self.bases:
+                continue  # it joins the workspace's (plan)
             folder.mkdir(exist_ok=True)
             if self.mechanism == "v2":
                 if "memory" in self.controllers:
@@ -298,9 +344,6 @@ class CgroupTree:
                         _write(folder / "memory.memsw.limit_in_bytes", memory)
                     except OSError:  # no swap accounting on this kernel: not tried again
                         self._memsw = False
-            joins.append(str(folder / "cgroup.procs"))
-        self._started[execution_id] = _Started(workspace_id, held)
-        return joins
 
     def adopt(self, workspace_id: str, execution_id: str) -> None:
         """A re-attached execution (E11): its groups exist; know it so ``finish`` reads them."""
@@ -352,21 +395,44 @@ class CgroupTree:
         return usage
 
     def finish(self, workspace_id: str, execution_id: str) -> Usage:
-        """The sandbox is gone: read its use, end any process left, remove its groups."""
+        """The sandbox is gone: read its use; its groups go (``remove``)."""
         usage = self.usage(workspace_id, execution_id)
         self.remove(workspace_id, execution_id)
         return usage
 
     def remove(self, workspace_id: str, execution_id: str) -> None:
+        """Its groups to the removal thread, which ends any process left in them first."""
         self._started.pop(execution_id, None)
-        for folder in self._levels(workspace_id, execution_id).values():
-            _remove(folder, self.mechanism)
+        for name, folder in self._levels(workspace_id, execution_id).items():
+            if name == "cpu" and "cpuacct" in self.bases:
+                continue  # the workspace's own (plan)
+            self._pending.add(folder)
+            self._doomed.put(folder)
+        if self._reaper is None or not self._reaper.is_alive():
+            self._reaper = threading.Thread(target=self._reap, name="cgroup-remove", daemon=True)
+            self._reaper.start()
+
+    def _reap(self) -> None:
+        while True:
+            folder = self._doomed.get()
+            try:
+                _remove(folder, self.mechanism)
+            except Exception:  # the next sweep tries again; the thread must not die
+                log.exception("could not remove the cgroup %s", folder)
+            finally:
+                self._pending.discard(folder)
+                self._doomed.task_done()
+
+    def drain(self) -> None:
+        """Wait until every group handed to ``remove`` is gone (tests, ``sweep``)."""
+        self._doomed.join()
 
     # ------------------------------------------------------------------ restart
 
     def sweep(self, live: set[str]) -> list[str]:
         """Remove every execution group not in ``live`` (ended while the runner was down, or
         never started) and every empty workspace group; returns the removed execution ids."""
+        self.drain()
         removed: list[str] = []
         live = live | {name for name, started in self._started.items() if started.held}
         for base in self.bases.values():

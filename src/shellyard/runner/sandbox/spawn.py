@@ -242,8 +242,9 @@ class Sandboxes:
         try:
             if networks is not None:
                 pending.network = networks.acquire(workspace_id, sandbox_id)
-            if self.cgroups is not None:
-                pending.joins = self.cgroups.start(workspace_id, sandbox_id)
+            if self.cgroups is not None:  # made by ``spawn`` (a warm one's: in its thread)
+                pending.joins = self.cgroups.plan(workspace_id, sandbox_id)
+                pending.groups = self.cgroups
             argv = sandbox.bwrap_argv(
                 bwrap=self.bwrap,
                 policy=self.policy,
@@ -352,6 +353,8 @@ class PendingSpawn:
     inherited: tuple[int, ...] = ()
     network: Path | None = None
     joins: list[str] = field(default_factory=list)
+    #: R2 tenants: where ``joins`` are made, first thing in ``spawn``
+    groups: CgroupTree | None = None
     #: the chain's way into the cgroups (no launcher): written after the spawn
     join_after: bool = False
     #: E13: an interactive execution's stdin (its holder's pipe or the terminal) and the
@@ -360,6 +363,8 @@ class PendingSpawn:
     terminal_out: int | None = None
 
     def spawn(self) -> Started:
+        if self.groups is not None:  # before the launcher joins them (R2)
+            self.groups.make(self.workspace_id, self.sandbox_id)
         started_at = time.time()
         popen = subprocess.Popen(
             self.argv,

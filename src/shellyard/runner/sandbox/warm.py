@@ -9,7 +9,11 @@ one is made after the start has answered. It is used only while everything it wa
 is unchanged (its ``Key``: the policy, the uid, the workspace tree and home, the environment's
 prefix and variables, the network namespace, the workspace's limit endings), else discarded;
 also after ``SHELLYARD_WARM_IDLE_S`` and under memory pressure; never by another workspace;
-at most ``SHELLYARD_WARM_SANDBOXES`` per runner.
+at most ``SHELLYARD_WARM_SANDBOXES`` per runner. When that many wait, one gives its place to
+another workspace's only once it has waited ``SWAP_FRACTION`` of the idle time: with more busy
+workspaces than places, replacing the longest waiting at once threw each away just before its
+workspace came back (16 agents, 8 places: 60% of those made, none of them used; a wasted spawn
+each, docs/benchmarks.md §13), where keeping them serves as many workspaces as there are places.
 
 Only the runner holds the pipe's write end: when the runner dies (kill -9) the waiter reads
 its end and exits without running anything, and the sandbox ends with it; a restart removes
@@ -55,6 +59,10 @@ DEFAULT_IDLE_S = 60.0
 #: Below this share of MemAvailable in MemTotal the host is short of memory: no warm
 #: sandbox is made and those waiting go (each holds a few MiB of kernel and bwrap memory).
 MEMORY_LOW_FRACTION = 0.10
+#: With every place taken, a warm sandbox younger than this share of SHELLYARD_WARM_IDLE_S
+#: keeps its place (its workspace is in use: commands come seconds apart), one older makes
+#: room for the workspace whose command just started.
+SWAP_FRACTION = 0.25
 #: Mount identity: a path and its inode, so a tree or prefix replaced under the same name
 #: (a rename) is seen as changed.
 Identity = tuple[str, int, int]
@@ -132,6 +140,8 @@ class WarmPool:
         self._sandboxes = sandboxes
         self.count = configured_count()
         self.idle_s = configured_idle_s()
+        #: how long a waiting one keeps its place in a full pool (SWAP_FRACTION)
+        self.swap_after_s = self.idle_s * SWAP_FRACTION
         self._ready: dict[str, Warm] = {}
         #: workspace id → executions that ended at a limit (quota, disk, memory ...)
         self._limit_endings: Counter[str] = Counter()
@@ -243,8 +253,11 @@ class WarmPool:
                 self.stats["memory"] += 1
                 self.discard_all("memory")
                 return
-            while self._ready and len(self._ready) >= self.count:  # the longest waiting goes
+            while self._ready and len(self._ready) >= self.count:
                 oldest = min(self._ready.values(), key=lambda w: w.made_at)
+                if time.monotonic() - oldest.made_at < self.swap_after_s:
+                    self.stats["full"] += 1  # every place is in use: this one starts cold
+                    return
                 self.discard_workspace(oldest.key.workspace_id, "full")
             warm = await self._spawn(workspace_id, environment_id, tree, mount)
         except Exception as exc:  # the next command starts cold; nothing else is lost
