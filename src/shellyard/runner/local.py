@@ -38,6 +38,7 @@ from shellyard.runner.network import netns
 from shellyard.runner.network.egress_proxy import EgressProxy
 from shellyard.runner.network.netns import WorkspaceNetworks
 from shellyard.runner.network.ports import Relays
+from shellyard.runner.own_mounts import OwnMounts
 from shellyard.runner.protocol import (
     PROTOCOL_VERSION,
     ApplyEntry,
@@ -95,6 +96,8 @@ class LocalRunner(TerminalDoor):  # E13: send_input, screen, resize
         self._homes = self.root / "homes"
         self._executions = self.root / "executions"
         self._sandbox_dir = self.root / "sandbox"
+        #: R2: an overlay of its own per workspace, home and view (own_mounts.py)
+        self._mounts = OwnMounts(self._sandbox_dir / "overlays")
         self._snapshots = SnapshotStore(self.root / "snapshots")
         self._store_lock = StoreLock(self.root / "snapshots")
         self._ids = sandbox.sandbox_ids(self.policy)
@@ -136,6 +139,7 @@ class LocalRunner(TerminalDoor):  # E13: send_input, screen, resize
             self._guard,
             self.workspace_path,
             self._snapshots,
+            self._mounts,
         )
         self._environments = EnvironmentStore(
             self.root / "environments",
@@ -156,6 +160,8 @@ class LocalRunner(TerminalDoor):  # E13: send_input, screen, resize
         spare = filemodes.runner_spare(self.root)
         await asyncio.to_thread(filemodes.tighten_once, self.root, spare)
         await self._prepare_sandboxes()
+        # before anything opens a workspace: from here on every access goes through its overlay
+        await asyncio.to_thread(self._mount_folders)
         await asyncio.to_thread(self._editor.startup)
         await self._environments.startup(self._sandboxes.bwrap)
         await asyncio.to_thread(self._runs.views.startup)
@@ -218,6 +224,11 @@ class LocalRunner(TerminalDoor):  # E13: send_input, screen, resize
             self._relays = Relays(self._sandbox_dir / "relays", box.networks, egress, self._ids)
             self._relays.startup()
 
+    def _mount_folders(self) -> None:
+        if self._mounts.startup():
+            self._mounts.mount_all(self._workspaces)
+            self._mounts.mount_all(self._homes)
+
     def _grant_sandbox_uid(self) -> None:
         """Search (``--x``, an ACL entry of that uid alone) on the folders bwrap passes as the
         sandbox uid to bind what it binds: workspaces, read views, environment prefixes, the
@@ -234,6 +245,8 @@ class LocalRunner(TerminalDoor):  # E13: send_input, screen, resize
         """Stop watching; the sandboxes themselves keep running (E11)."""
         await self._runs.warm.drain()  # none left half made
         running = self._runs.live_ids()  # before close forgets them
+        in_use = self._runs.live_workspaces()
+        await asyncio.to_thread(self._runs.views.unmount_unused)
         self._runs.close()
         if self._sandboxes.cgroups is not None:  # R2 tenants: none left but running ones
             await asyncio.to_thread(self._sandboxes.cgroups.close, running)
@@ -244,6 +257,15 @@ class LocalRunner(TerminalDoor):  # E13: send_input, screen, resize
         self._editor.close()
         await asyncio.to_thread(self._snapshots.close)
         self._sandboxes.view.close()
+        # R2 (own_mounts.py): a sandbox that runs on keeps its workspace's overlay, which the
+        # next start finds mounted; a second overlay over the same folder would not see it
+        await asyncio.to_thread(self._unmount_folders, in_use)
+
+    def _unmount_folders(self, in_use: set[str]) -> None:
+        for parent in (self._workspaces, self._homes):
+            for folder in parent.iterdir() if parent.is_dir() else ():
+                if folder.name not in in_use:
+                    self._mounts.unmount(folder)
 
     async def info(self) -> RunnerInfo:
         return RunnerInfo(
@@ -289,6 +311,7 @@ class LocalRunner(TerminalDoor):  # E13: send_input, screen, resize
                 self._workspace_ids(workspace_id)
             elif self._ids is not None:
                 os.chown(home, *self._ids)
+            self._mounts.mount(home)
         return home
 
     def _close_root(self, workspace_id: str) -> None:
@@ -309,6 +332,7 @@ class LocalRunner(TerminalDoor):  # E13: send_input, screen, resize
                 self._workspace_ids(workspace_id)
             elif self._ids is not None:
                 os.chown(tree, *self._ids)
+            self._mounts.mount(tree)
         return await asyncio.to_thread(self._snapshots.ensure_workspace, workspace_id)
 
     async def commit(self, workspace_id: str) -> SnapshotInfo:
