@@ -47,8 +47,10 @@ class OwnMounts:
     folders, one per mounted folder) under ``directory``, on the same file system as the
     folders they mount (overlayfs wants the work folder beside the upper one)."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, parents: tuple[Path, ...] = ()) -> None:
         self.directory = directory
+        #: the folders whose every folder is mounted (a runner's workspaces and homes)
+        self.parents = parents
         self._empty = directory / "empty"
         self._work = directory / "work"
         self.enabled = False
@@ -69,7 +71,7 @@ class OwnMounts:
             self.enabled = False
             log.warning(
                 "no overlay of its own per workspace (%s): sandboxes see the home's path in "
-                "their mountinfo (docs/security.md \"Host paths\")",
+                'their mountinfo (docs/security.md "Host paths")',
                 exc,
             )
         probe.rmdir()
@@ -99,15 +101,39 @@ class OwnMounts:
                 )
             flags = _MS_NOSUID | _MS_NODEV | (_MS_RDONLY if read_only else 0)
             # the target by its descriptor too: the folder mounted is the one opened
-            if _libc.mount(
-                b"overlay", f"/proc/self/fd/{target}".encode(), b"overlay", flags,
-                options.encode(),
-            ) != 0:
+            if (
+                _libc.mount(
+                    b"overlay",
+                    f"/proc/self/fd/{target}".encode(),
+                    b"overlay",
+                    flags,
+                    options.encode(),
+                )
+                != 0
+            ):
                 code = ctypes.get_errno()
                 raise OSError(code, f"cannot mount an overlay on {folder}: {os.strerror(code)}")
         finally:
             for fd in fds:
                 os.close(fd)
+
+    def tmpfs(self, folder: Path) -> Path:
+        """``folder``, made, with a small file system of its own when this runner mounts (the
+        egress socket's: a bind of a file shows its path within its file system, so the
+        socket lives at a root)."""
+        folder.mkdir(mode=0o711, exist_ok=True)
+        if not self.enabled or os.path.ismount(folder):
+            return folder
+        options = b"mode=0711,size=64k,nr_inodes=16"
+        if (
+            _libc.mount(
+                b"tmpfs", str(folder).encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV | 0x8, options
+            )
+            != 0
+        ):  # 0x8: MS_NOEXEC
+            code = ctypes.get_errno()
+            raise OSError(code, f"cannot mount a tmpfs on {folder}: {os.strerror(code)}")
+        return folder
 
     def unmount(self, folder: Path) -> None:
         """``folder`` back to a plain folder (before it is renamed or removed). Detached: a
@@ -124,21 +150,27 @@ class OwnMounts:
         if work_dir.is_dir():
             _remove_work(work_dir)
 
-    def mount_all(self, parent: Path) -> int:
-        """Mount every folder in ``parent`` (a runner's start: mounts do not outlive a boot)."""
-        count = 0
-        if self.enabled and parent.is_dir():
-            for entry in os.scandir(parent):
-                if entry.is_dir(follow_symlinks=False) and not entry.name.startswith("."):
-                    self.mount(Path(entry.path))
-                    count += 1
-        return count
+    def mount_all(self) -> None:
+        """Mount every folder of the parents (a runner's start: mounts do not outlive a
+        boot), before anything opens one: from then on every access goes through them."""
+        for entry in self._folders():
+            if not entry.name.startswith("."):
+                self.mount(Path(entry.path))
 
-    def unmount_all(self, parent: Path) -> None:
-        if self.enabled and parent.is_dir():
-            for entry in os.scandir(parent):
-                if entry.is_dir(follow_symlinks=False):
-                    self.unmount(Path(entry.path))
+    def unmount_all(self, keep: set[str]) -> None:
+        """Unmount every folder of the parents but those named in ``keep`` (a sandbox that
+        runs on keeps its overlay, which the next start finds mounted: a second overlay
+        over the same folder would not see its changes)."""
+        for entry in self._folders():
+            if entry.name not in keep:
+                self.unmount(Path(entry.path))
+
+    def _folders(self) -> list[os.DirEntry[str]]:
+        found: list[os.DirEntry[str]] = []
+        for parent in self.parents if self.enabled else ():
+            if parent.is_dir():
+                found += [e for e in os.scandir(parent) if e.is_dir(follow_symlinks=False)]
+        return found
 
 
 def _work_name(folder: Path) -> str:
