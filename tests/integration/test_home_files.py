@@ -18,6 +18,7 @@ import stat
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -27,6 +28,7 @@ from shellyard.backup import backup, restore
 from shellyard.config import Settings
 from shellyard.contract.executions import RunShellRequest
 from shellyard.control.plane import ControlPlane
+from shellyard.runner.policy import SandboxPolicy
 from shellyard.runner.sandbox.bwrap import DEFAULT_SANDBOX_UID
 
 pytestmark = [
@@ -220,13 +222,22 @@ async def test_a_restored_home_is_private(home: Path) -> None:
     shutil.rmtree(saved)
 
 
-@pytest.mark.parametrize("read_only", [False, True])
-async def test_the_sandbox_sees_no_host_path_of_the_home(yard: Yard, read_only: bool) -> None:
-    """pid 1's command line is bwrap's (``--args``: its options come from a descriptor), the
-    environment is built from scratch, the files bwrap hides are its own: none names the
-    home. The mounts that still do are the workspace's (or read view's) bind and the
-    workspace's home at /home/agent (E2), whose root field the kernel computes from the host
-    path (docs/security.md "Known limits")."""
+@pytest.mark.parametrize(
+    ("read_only", "network"), [(False, "off"), (True, "off"), (False, "egress")]
+)
+async def test_the_sandbox_sees_no_host_path_of_the_home(
+    yard_factory: Any, read_only: bool, network: str
+) -> None:
+    """R2, docs/security.md "Host paths": pid 1's command line is bwrap's (``--args``: its
+    options come from a descriptor), the environment is built from scratch, the files bwrap
+    hides are its own, and the workspace (or read view) and its home at /home/agent are
+    overlays of their own whose layers are named by descriptors (runner/own_mounts.py): no
+    line of mountinfo names the home. A runner that is not root cannot mount them: there the
+    two binds still show their paths. With ``egress`` the proxy's socket, bound at
+    /run/shellyard/egress.sock, sits at the root of a tmpfs of its own."""
+    if network == "egress" and shutil.which("socat") is None:
+        pytest.skip("network 'egress' needs socat (Debian package socat)")
+    yard: Yard = await yard_factory(SandboxPolicy(network=network))
     script = (
         "cat /proc/1/cmdline; echo; cat /proc/1/environ; echo; cat /proc/self/environ; echo; "
         "cat /proc/self/cmdline; echo; echo MOUNTS; cat /proc/self/mountinfo"
@@ -242,4 +253,12 @@ async def test_the_sandbox_sees_no_host_path_of_the_home(yard: Yard, read_only: 
     for root in roots:
         assert root not in own, own
         leaks = [line for line in mounts.splitlines() if root in line]
-        assert all(line.split()[4] in ("/workspace", "/home/agent") for line in leaks), leaks
+        if os.geteuid() == 0:
+            assert not leaks, leaks
+        else:
+            assert all(line.split()[4] in ("/workspace", "/home/agent") for line in leaks), leaks
+    if os.geteuid() == 0:
+        shown = {line.split()[4]: line for line in mounts.splitlines()}
+        for point in ("/workspace", "/home/agent"):
+            assert " - overlay overlay " in shown[point], shown[point]
+            assert shown[point].split()[3] == "/", shown[point]  # its own root

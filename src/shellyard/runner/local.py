@@ -38,6 +38,7 @@ from shellyard.runner.network import netns
 from shellyard.runner.network.egress_proxy import EgressProxy
 from shellyard.runner.network.netns import WorkspaceNetworks
 from shellyard.runner.network.ports import Relays
+from shellyard.runner.own_mounts import OwnMounts
 from shellyard.runner.protocol import (
     PROTOCOL_VERSION,
     ApplyEntry,
@@ -64,6 +65,7 @@ from shellyard.runner.protocol import (
     SandboxPolicy,
     SnapshotInfo,
     StartRequest,
+    coalesce,
 )
 from shellyard.runner.sandbox import bwrap as sandbox
 from shellyard.runner.sandbox import folder_access, launch, tenants
@@ -95,6 +97,8 @@ class LocalRunner(TerminalDoor):  # E13: send_input, screen, resize
         self._homes = self.root / "homes"
         self._executions = self.root / "executions"
         self._sandbox_dir = self.root / "sandbox"
+        #: R2: an overlay of its own per workspace, home and view (own_mounts.py)
+        self._mounts = OwnMounts(self._sandbox_dir / "overlays", (self._workspaces, self._homes))
         self._snapshots = SnapshotStore(self.root / "snapshots")
         self._store_lock = StoreLock(self.root / "snapshots")
         self._ids = sandbox.sandbox_ids(self.policy)
@@ -136,6 +140,7 @@ class LocalRunner(TerminalDoor):  # E13: send_input, screen, resize
             self._guard,
             self.workspace_path,
             self._snapshots,
+            self._mounts,
         )
         self._environments = EnvironmentStore(
             self.root / "environments",
@@ -156,6 +161,7 @@ class LocalRunner(TerminalDoor):  # E13: send_input, screen, resize
         spare = filemodes.runner_spare(self.root)
         await asyncio.to_thread(filemodes.tighten_once, self.root, spare)
         await self._prepare_sandboxes()
+        await asyncio.to_thread(self._mounts.mount_all)
         await asyncio.to_thread(self._editor.startup)
         await self._environments.startup(self._sandboxes.bwrap)
         await asyncio.to_thread(self._runs.views.startup)
@@ -170,6 +176,7 @@ class LocalRunner(TerminalDoor):  # E13: send_input, screen, resize
     async def _prepare_sandboxes(self) -> None:
         """Build once what every spawn reuses: bwrap, the host view, seccomp, the proxy."""
         box = self._sandboxes
+        await asyncio.to_thread(self._mounts.startup)
         box.bwrap = sandbox.find_bwrap()
         box.disable_userns = await asyncio.to_thread(
             sandbox.bwrap_supports, box.bwrap, "--disable-userns"
@@ -205,7 +212,8 @@ class LocalRunner(TerminalDoor):  # E13: send_input, screen, resize
             self._guard.uids = f"this runner's own uid ({os.geteuid()}): not root"
         if "egress" in (self.policy.network, self.policy.tools_network):
             box.socat = sandbox.find_socat()
-            path = self._sandbox_dir / "egress.sock"
+            # R2: no path of the home in the mountinfo line of its bind (own_mounts.py)
+            path = self._mounts.tmpfs(self._sandbox_dir / "egress") / "egress.sock"
             self._proxy = EgressProxy(path, self.policy.egress_rules())
             await self._proxy.start()
             box.egress_socket = path
@@ -234,6 +242,7 @@ class LocalRunner(TerminalDoor):  # E13: send_input, screen, resize
         """Stop watching; the sandboxes themselves keep running (E11)."""
         await self._runs.warm.drain()  # none left half made
         running = self._runs.live_ids()  # before close forgets them
+        in_use = self._runs.live_workspaces()
         self._runs.close()
         if self._sandboxes.cgroups is not None:  # R2 tenants: none left but running ones
             await asyncio.to_thread(self._sandboxes.cgroups.close, running)
@@ -241,9 +250,11 @@ class LocalRunner(TerminalDoor):  # E13: send_input, screen, resize
         await self._environments.aclose()
         if self._proxy is not None:
             await self._proxy.close()
+            await asyncio.to_thread(self._mounts.unmount, self._sandbox_dir / "egress")
         self._editor.close()
         await asyncio.to_thread(self._snapshots.close)
         self._sandboxes.view.close()
+        await asyncio.to_thread(self._mounts.unmount_all, in_use)  # R2: own_mounts.py
 
     async def info(self) -> RunnerInfo:
         return RunnerInfo(
@@ -285,11 +296,16 @@ class LocalRunner(TerminalDoor):  # E13: send_input, screen, resize
         home = self._homes / workspace_id
         if not home.is_dir():
             home.mkdir(mode=0o700, exist_ok=True)
-            if self._uids is not None:
-                self._workspace_ids(workspace_id)
-            elif self._ids is not None:
-                os.chown(home, *self._ids)
+            self._give(home, workspace_id)
         return home
+
+    def _give(self, folder: Path, workspace_id: str) -> None:
+        """A new workspace tree or home: its uid's, then seen through its overlay."""
+        if self._uids is not None:
+            self._workspace_ids(workspace_id)
+        elif self._ids is not None:
+            os.chown(folder, *self._ids)
+        self._mounts.mount(folder)
 
     def _close_root(self, workspace_id: str) -> None:
         if self._ids is not None:  # docs/security.md "Tenants: attack pass"
@@ -305,10 +321,7 @@ class LocalRunner(TerminalDoor):  # E13: send_input, screen, resize
         if not tree.exists():
             require_room(self.root, self.policy, "a new workspace")  # not ENOSPC: inodes too
             tree.mkdir(mode=0o700)
-            if self._uids is not None:
-                self._workspace_ids(workspace_id)
-            elif self._ids is not None:
-                os.chown(tree, *self._ids)
+            self._give(tree, workspace_id)
         return await asyncio.to_thread(self._snapshots.ensure_workspace, workspace_id)
 
     async def commit(self, workspace_id: str) -> SnapshotInfo:
@@ -466,7 +479,7 @@ class LocalRunner(TerminalDoor):  # E13: send_input, screen, resize
                 self._editor.begin_write, workspace_id, path, mode, room
             )
             try:
-                async for chunk in _coalesce(data):
+                async for chunk in coalesce(data):
                     await asyncio.to_thread(upload.write, chunk)
             except BaseException:
                 await asyncio.to_thread(upload.abort)
@@ -489,7 +502,7 @@ class LocalRunner(TerminalDoor):  # E13: send_input, screen, resize
                 )
             )
             try:
-                async for chunk in _coalesce(data):
+                async for chunk in coalesce(data):
                     await asyncio.to_thread(chunks.put, chunk)
             finally:
                 await asyncio.to_thread(chunks.put, None)
@@ -522,7 +535,7 @@ class LocalRunner(TerminalDoor):  # E13: send_input, screen, resize
     async def import_objects(self, data: ByteStream) -> list[ObjectResult]:
         importer = PackImporter(self._snapshots)
         try:
-            async for chunk in _coalesce(data):
+            async for chunk in coalesce(data):
                 await asyncio.to_thread(importer.feed, chunk)
         except ValueError as exc:
             importer.close()
@@ -666,22 +679,6 @@ class LocalRunner(TerminalDoor):  # E13: send_input, screen, resize
 
     async def environment_info(self, environment_id: str) -> EnvironmentInfo:
         return await self._environments.info(environment_id)
-
-
-async def _coalesce(data: ByteStream, size: int = 1 << 20) -> AsyncIterator[bytes]:
-    """Regroup a stream's chunks (HTTP bodies arrive in small pieces) into about ``size``
-    bytes each, so each worker-thread hop moves a useful amount."""
-    buf = bytearray()
-    async for chunk in data:
-        if not buf and len(chunk) >= size:
-            yield bytes(chunk)
-            continue
-        buf += chunk
-        if len(buf) >= size:
-            yield bytes(buf)
-            buf.clear()
-    if buf:
-        yield bytes(buf)
 
 
 def _default_base() -> tuple[dict[str, object], tuple[Path, dict[str, str]] | None]:

@@ -142,6 +142,24 @@ class FileChunk(BaseModel):
 
 #: A byte stream in bounded chunks (uploads, downloads, object packs); never one big bytes.
 ByteStream = AsyncIterator[bytes]
+
+
+async def coalesce(data: ByteStream, size: int = 1 << 20) -> AsyncIterator[bytes]:
+    """Regroup a stream's chunks (HTTP bodies arrive in small pieces) into about ``size``
+    bytes each, so each worker-thread hop moves a useful amount."""
+    buf = bytearray()
+    async for chunk in data:
+        if not buf and len(chunk) >= size:
+            yield bytes(chunk)
+            continue
+        buf += chunk
+        if len(buf) >= size:
+            yield bytes(buf)
+            buf.clear()
+    if buf:
+        yield bytes(buf)
+
+
 #: Most entries one ``list_dir`` or ``diff`` page holds; callers page on with ``after``.
 MAX_PAGE = 10_000
 

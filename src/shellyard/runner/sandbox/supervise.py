@@ -26,6 +26,7 @@ from shellyard.errors import Conflict, InvalidInput, NotFound, SpawnFailed
 from shellyard.runner import processes
 from shellyard.runner.limits.logcap import read as read_capped_log  # limits (R2, docs/limits.md)
 from shellyard.runner.limits.watcher import Guard  # limits (R2, docs/limits.md)
+from shellyard.runner.own_mounts import OwnMounts
 from shellyard.runner.policy import ExecutionPolicy
 from shellyard.runner.protocol import (
     MAX_READ_CHUNK,
@@ -78,12 +79,13 @@ class Supervisor:
         guard: Guard,
         workspace_path: Callable[[str], Path],
         snapshots: SnapshotStore,
+        mounts: OwnMounts,
     ) -> None:
         self._executions = executions
         #: W2: where a read-only execution's committed view comes from
         self._snapshots = snapshots
         #: W2: views shared by the readers of one snapshot content (snapshots/views.py)
-        self.views = views.ReadViews(executions.parent / "views", snapshots)
+        self.views = views.ReadViews(executions.parent / "views", snapshots, mounts)
         #: limits (R2, docs/limits.md): the workspace quota and the log cap while a command runs
         self._guard = guard
         self._workspace_path = workspace_path
@@ -151,6 +153,7 @@ class Supervisor:
     def close(self) -> None:
         """Stop watching; the sandboxes themselves keep running (E11); no warm one does."""
         self.warm.close()
+        self.views.unmount_unused()  # R2: own_mounts.py
         loop = asyncio.get_running_loop()
         for live in self._live.values():
             if live.pidfd is not None:
@@ -442,6 +445,10 @@ class Supervisor:
             size=size,
             complete=finished and next_offset >= size,
         )
+
+    def live_workspaces(self) -> set[str]:
+        """The workspaces whose sandboxes run now (writers and readers alike)."""
+        return {live.workspace_id for live in self._live.values()}
 
     def live_ids(self) -> set[str]:
         """The names of the groups of the executions watched now (their sandboxes run on)."""

@@ -30,6 +30,7 @@ from pathlib import Path
 
 from shellyard import filemodes
 from shellyard.runner import workspace_paths
+from shellyard.runner.own_mounts import OwnMounts
 from shellyard.runner.protocol import PathEntry, SnapshotInfo
 from shellyard.runner.snapshots import history
 from shellyard.runner.snapshots.store import SnapshotStore
@@ -171,9 +172,12 @@ def remove(destination: Path) -> None:
 class ReadViews:
     """The shared committed views of one runner (``directory``) and which readers use each."""
 
-    def __init__(self, directory: Path, store: SnapshotStore) -> None:
+    def __init__(self, directory: Path, store: SnapshotStore, mounts: OwnMounts) -> None:
         self.directory = directory
         self.store = store
+        #: R2: each view a read-only overlay of its own (own_mounts.py: no host path in the
+        #: sandbox's mountinfo); unmounted before it is renamed or removed
+        self._mounts = mounts
         self._users: dict[Path, set[str]] = {}
         self._lock = threading.Lock()
         #: Views taken out of use under the lock, removed after it
@@ -192,6 +196,7 @@ class ReadViews:
             views = sorted(self.directory.glob(f"{workspace_id}.*"))
             found = [v for v in views if _name(v)[1] == head.root_hash]
             view = found[0] if found else self._build(workspace_id, head, views, execution_id)
+            self._mounts.mount(view, read_only=True)
             self._users.setdefault(view, set()).add(execution_id)
             os.symlink(view, link)
             pending, self._pending = self._pending, []
@@ -210,6 +215,7 @@ class ReadViews:
             self._pending.append(self._trash(extra, execution_id))
         built = False
         if stale:
+            self._mounts.unmount(stale[0])
             os.rename(stale[0], building)
             try:
                 patch(self.store, workspace_id, building, _name(stale[0])[2], head.seq)
@@ -261,8 +267,21 @@ class ReadViews:
     def _trash(self, view: Path, tag: str) -> Path:
         """Take ``view`` out of use at once (a rename); the caller removes it."""
         trash = self.directory / f".trash.{view.name}.{tag}"
+        self._mounts.unmount(view)
         os.rename(view, trash)
         return trash
+
+    def unmount_unused(self) -> None:
+        """At the runner's stop: a view no reader uses is a plain folder again (the next
+        start mounts it when a reader takes it); those in use stay with their readers."""
+        with self._lock:
+            for view in self.directory.iterdir() if self.directory.is_dir() else ():
+                if view not in self._users:
+                    self._mounts.unmount(view)
+
+    def _drop(self, view: Path) -> None:
+        self._mounts.unmount(view)
+        remove(view)
 
     def forget_unused(self) -> None:
         """After re-attaching: half-built views and trash go, and of the views no reader
@@ -275,14 +294,14 @@ class ReadViews:
                     continue
                 workspace_id = _name(view)[0]
                 if view.name.startswith(".") or view.is_symlink() or not view.is_dir():
-                    remove(view)
+                    self._drop(view)
                     continue
                 try:
                     self.store.head(workspace_id)
                 except Exception:  # the workspace is gone: so is its view
-                    remove(view)
+                    self._drop(view)
                     continue
                 older = kept.get(workspace_id)
                 kept[workspace_id] = view
                 if older is not None:
-                    remove(older)
+                    self._drop(older)

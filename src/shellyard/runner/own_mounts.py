@@ -1,0 +1,192 @@
+"""A file system of its own for each workspace, home and read view (R2; docs/security.md
+"Host paths").
+
+A bind mount shows, in ``/proc/self/mountinfo`` field 4, the path of its folder inside the
+file system it comes from: a sandbox bound to ``<home>/runners/local/workspaces/ws_…`` reads
+the home's path there. Only a mount whose own root is that folder hides it. A root runner
+therefore mounts an overlay over each such folder, in the host's mount namespace, with the
+folder itself as its upper layer (an empty folder below it); the sandbox binds the overlay,
+whose line reads ``/ /workspace … - overlay overlay rw,lowerdir=/proc/self/fd/N,…``: the
+layers are named by descriptors, so no path of the host is printed.
+
+One overlay per folder, shared by the runner and every sandbox: overlayfs leaves what happens
+to a layer changed beside it undefined (a name created under an overlay that had looked it up
+stays missing through it; measured, docs/security.md), so after the mount every access, the
+runner's edits and commits included, goes through the overlay at the folder's own path — the
+rest of the runner sees the same paths as before. A read view is mounted read-only the same
+way; it is unmounted before it is renamed or removed (a mount point cannot be).
+
+Not root, or where the kernel refuses (an upper layer on overlayfs, as inside a container):
+the folders stay plain binds, and mountinfo shows their paths (docs/security.md).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import errno
+import logging
+import os
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+_MS_RDONLY = 0x1
+_MS_NOSUID = 0x2
+_MS_NODEV = 0x4
+_MNT_DETACH = 0x2
+_O_FOLDER = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+_libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+_libc.mount.argtypes = [ctypes.c_char_p] * 3 + [ctypes.c_ulong, ctypes.c_char_p]
+_libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
+
+
+class OwnMounts:
+    """Overlays of one runner: ``empty`` (the lower layer) and ``work`` (overlayfs' work
+    folders, one per mounted folder) under ``directory``, on the same file system as the
+    folders they mount (overlayfs wants the work folder beside the upper one)."""
+
+    def __init__(self, directory: Path, parents: tuple[Path, ...] = ()) -> None:
+        self.directory = directory
+        #: the folders whose every folder is mounted (a runner's workspaces and homes)
+        self.parents = parents
+        self._empty = directory / "empty"
+        self._work = directory / "work"
+        self.enabled = False
+
+    def startup(self) -> bool:
+        """Probe once (root, and the kernel mounts an overlay here); False: plain binds."""
+        if os.geteuid() != 0:
+            return False
+        for folder in (self.directory, self._empty, self._work):
+            folder.mkdir(mode=0o700, exist_ok=True)
+        probe = self.directory / "probe"
+        probe.mkdir(mode=0o700, exist_ok=True)
+        try:
+            self.enabled = True
+            self.mount(probe)
+            self.unmount(probe)
+        except OSError as exc:
+            self.enabled = False
+            log.warning(
+                "no overlay of its own per workspace (%s): sandboxes see the home's path in "
+                'their mountinfo (docs/security.md "Host paths")',
+                exc,
+            )
+        probe.rmdir()
+        return self.enabled
+
+    def mount(self, folder: Path, *, read_only: bool = False) -> None:
+        """``folder`` seen through an overlay of its own from now on (no-op if it is, or if
+        this runner has none)."""
+        if not self.enabled or os.path.ismount(folder):
+            return
+        fds: list[int] = []
+        try:
+            target = os.open(folder, _O_FOLDER)
+            fds.append(target)
+            empty = os.open(self._empty, _O_FOLDER)
+            fds.append(empty)
+            if read_only:
+                options = f"lowerdir=/proc/self/fd/{target}:/proc/self/fd/{empty}"
+            else:
+                work_dir = self._work / _work_name(folder)
+                work_dir.mkdir(mode=0o700, exist_ok=True)
+                work = os.open(work_dir, _O_FOLDER)
+                fds.append(work)
+                options = (
+                    f"lowerdir=/proc/self/fd/{empty},upperdir=/proc/self/fd/{target},"
+                    f"workdir=/proc/self/fd/{work},uuid=null"
+                )
+            flags = _MS_NOSUID | _MS_NODEV | (_MS_RDONLY if read_only else 0)
+            # the target by its descriptor too: the folder mounted is the one opened
+            if (
+                _libc.mount(
+                    b"overlay",
+                    f"/proc/self/fd/{target}".encode(),
+                    b"overlay",
+                    flags,
+                    options.encode(),
+                )
+                != 0
+            ):
+                code = ctypes.get_errno()
+                raise OSError(code, f"cannot mount an overlay on {folder}: {os.strerror(code)}")
+        finally:
+            for fd in fds:
+                os.close(fd)
+
+    def tmpfs(self, folder: Path) -> Path:
+        """``folder``, made, with a small file system of its own when this runner mounts (the
+        egress socket's: a bind of a file shows its path within its file system, so the
+        socket lives at a root)."""
+        folder.mkdir(mode=0o711, exist_ok=True)
+        if not self.enabled or os.path.ismount(folder):
+            return folder
+        options = b"mode=0711,size=64k,nr_inodes=16"
+        if (
+            _libc.mount(
+                b"tmpfs", str(folder).encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV | 0x8, options
+            )
+            != 0
+        ):  # 0x8: MS_NOEXEC
+            code = ctypes.get_errno()
+            raise OSError(code, f"cannot mount a tmpfs on {folder}: {os.strerror(code)}")
+        return folder
+
+    def unmount(self, folder: Path) -> None:
+        """``folder`` back to a plain folder (before it is renamed or removed). Detached: a
+        sandbox still running keeps its bind of the overlay until it ends."""
+        if not self.enabled:
+            return
+        while os.path.ismount(folder):  # mounted twice (two runners' starts racing): all
+            if _libc.umount2(str(folder).encode(), _MNT_DETACH) != 0:
+                code = ctypes.get_errno()
+                if code in (errno.EINVAL, errno.ENOENT):
+                    return
+                raise OSError(code, f"cannot unmount {folder}: {os.strerror(code)}")
+        work_dir = self._work / _work_name(folder)
+        if work_dir.is_dir():
+            _remove_work(work_dir)
+
+    def mount_all(self) -> None:
+        """Mount every folder of the parents (a runner's start: mounts do not outlive a
+        boot), before anything opens one: from then on every access goes through them."""
+        for entry in self._folders():
+            if not entry.name.startswith("."):
+                self.mount(Path(entry.path))
+
+    def unmount_all(self, keep: set[str]) -> None:
+        """Unmount every folder of the parents but those named in ``keep`` (a sandbox that
+        runs on keeps its overlay, which the next start finds mounted: a second overlay
+        over the same folder would not see its changes)."""
+        for entry in self._folders():
+            if entry.name not in keep:
+                self.unmount(Path(entry.path))
+
+    def _folders(self) -> list[os.DirEntry[str]]:
+        found: list[os.DirEntry[str]] = []
+        for parent in self.parents if self.enabled else ():
+            if parent.is_dir():
+                found += [e for e in os.scandir(parent) if e.is_dir(follow_symlinks=False)]
+        return found
+
+
+def _work_name(folder: Path) -> str:
+    return f"{folder.parent.name}.{folder.name}"
+
+
+def _remove_work(work_dir: Path) -> None:
+    """overlayfs' work folder holds only its own empty ``work``/``index`` folders (made mode
+    0000 by the kernel): removed without following anything."""
+    for entry in os.scandir(work_dir):
+        if entry.is_dir(follow_symlinks=False):
+            try:
+                os.rmdir(entry.path)
+            except OSError:
+                log.debug("kept %s", entry.path, exc_info=True)
+    try:
+        work_dir.rmdir()
+    except OSError:
+        log.debug("kept %s", work_dir, exc_info=True)
