@@ -27,6 +27,7 @@ import ctypes.util
 import errno
 import logging
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -40,6 +41,11 @@ _O_FOLDER = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
 _libc.mount.argtypes = [ctypes.c_char_p] * 3 + [ctypes.c_ulong, ctypes.c_char_p]
 _libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
+_libc.syscall.restype = ctypes.c_long
+#: open_tree(2): one number on every architecture but alpha (the unified table, Linux 5.2)
+_SYS_OPEN_TREE = 428
+_OPEN_TREE_CLONE = 0x1
+_AT_EMPTY_PATH = 0x1000
 
 
 class OwnMounts:
@@ -139,6 +145,37 @@ class OwnMounts:
             for entry in os.scandir(parent):
                 if entry.is_dir(follow_symlinks=False):
                     self.unmount(Path(entry.path))
+
+
+def open_unnamed(directory: Path, names: Sequence[str], flags: int, mode: int) -> list[int]:
+    """``names`` in ``directory`` opened through a detached copy of its mount (open_tree with
+    OPEN_TREE_CLONE), for descriptors a sandbox inherits (its stdout and stderr logs): the
+    kernel prints a file's path, in ``/proc/<pid>/fd/N``, up to the root of the mount it was
+    opened through, so the sandbox reads ``/stdout`` there and not
+    ``<home>/runners/local/executions/ex_…/stdout`` (R2, docs/security.md "Host paths").
+    The copy lives as long as a descriptor does; nothing is attached anywhere. Where the
+    kernel refuses (not root), the files are opened by path."""
+    tree = -1
+    folder = os.open(directory, _O_FOLDER)
+    try:
+        tree = _libc.syscall(
+            ctypes.c_long(_SYS_OPEN_TREE), ctypes.c_int(folder), ctypes.c_char_p(b""),
+            ctypes.c_uint(_OPEN_TREE_CLONE | os.O_CLOEXEC | _AT_EMPTY_PATH),
+        )
+        base = folder if tree < 0 else tree
+        opened: list[int] = []
+        try:
+            for name in names:
+                opened.append(os.open(name, flags, mode, dir_fd=base))
+        except BaseException:
+            for fd in opened:
+                os.close(fd)
+            raise
+        return opened
+    finally:
+        os.close(folder)
+        if tree >= 0:
+            os.close(tree)
 
 
 def _work_name(folder: Path) -> str:

@@ -24,9 +24,9 @@ from shellyard import settings_env
 from shellyard.contract.interactive import ScreenView, check_terminal_size
 from shellyard.errors import Conflict, InvalidInput, NotFound, SpawnFailed
 from shellyard.runner import processes
-from shellyard.runner.own_mounts import OwnMounts
 from shellyard.runner.limits.logcap import read as read_capped_log  # limits (R2, docs/limits.md)
 from shellyard.runner.limits.watcher import Guard  # limits (R2, docs/limits.md)
+from shellyard.runner.own_mounts import OwnMounts
 from shellyard.runner.policy import ExecutionPolicy
 from shellyard.runner.protocol import (
     MAX_READ_CHUNK,
