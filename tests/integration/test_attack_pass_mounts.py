@@ -9,11 +9,16 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
+import time
+from pathlib import Path
 
 import pytest
 
-from conftest import Yard
+from conftest import Yard, kill_server
 from shellyard.contract.executions import ExecutionState
+from shellyard.home import is_served, read_info
+from shellyard.sdk.client import Client
 
 pytestmark = [
     pytest.mark.timeout(300),
@@ -66,3 +71,56 @@ async def test_the_log_descriptors_name_no_host_path(yard: Yard) -> None:
     logs = await yard.plane.executions.logs(bg.execution_id, stream="stderr")
     _no_home(logs.data, yard)
     assert "/proc/1/fd/2 /stderr" in logs.data, logs.data
+
+
+def _overlays_of(folder: Path) -> int:
+    """How many mounts sit on ``folder`` in the host's namespace (this test's)."""
+    lines = Path("/proc/self/mountinfo").read_text().splitlines()
+    return sum(1 for line in lines if line.split()[4] == str(folder))
+
+
+def _stop(home: Path) -> None:
+    """A clean stop of ``shellyard serve`` (SIGTERM), waited for."""
+    info = read_info(home)
+    assert info is not None
+    os.kill(info.pid, signal.SIGTERM)
+    deadline = time.monotonic() + 30
+    while is_served(home) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not is_served(home)
+
+
+@pytest.mark.parametrize("stop", ["kill9", "term"])
+async def test_a_restart_keeps_one_overlay_and_commits_the_background_files(
+    served_home: Path, stop: str
+) -> None:
+    """E11 beside R2's overlays: ``shellyard serve`` killed with SIGKILL (or stopped with
+    SIGTERM, which unmounts only what no sandbox uses) while a background execution writes; the overlays stay mounted (the sandbox holds them), the restart mounts
+    no second one over the same folder (overlayfs leaves two over one upper layer undefined),
+    the files the execution wrote after the kill are in the next commit and in a read-only
+    view, and a clean stop leaves no mount of the home behind."""
+    home = served_home
+    client = Client.for_home(home)
+    first = client.run("echo before > a.txt", wait_ms=30000)
+    assert first.exit_code == 0, first
+    runner = home / "runners" / "local"
+    folders = [runner / "workspaces" / first.workspace_id, runner / "homes" / first.workspace_id]
+    assert [_overlays_of(f) for f in folders] == [1, 1]
+    script = "sleep 2; for i in $(seq 50); do echo $i > f$i; done; echo done > bg.txt; echo h > ~/h"
+    bg = client.run(script, background=True)
+    if stop == "kill9":
+        kill_server(home)
+    else:
+        _stop(home)
+    assert [_overlays_of(f) for f in folders] == [1, 1]  # held by the running sandbox
+    client = Client.for_home(home)  # a new serve on the same home: the runner's restart
+    assert client.wait(bg.execution_id, 30).exit_code == 0
+    assert [_overlays_of(f) for f in folders] == [1, 1]
+    seen = client.run("cat bg.txt ~/h; ls | wc -l", wait_ms=30000)
+    assert seen.stdout == "done\nh\n52\n", seen
+    committed = client.run("cat bg.txt f50; ls | wc -l", wait_ms=30000, read_only=True)
+    assert committed.stdout == "done\n50\n52\n", committed
+    _stop(home)
+    mounts = Path("/proc/self/mountinfo").read_text().splitlines()
+    left = [line for line in mounts if str(home) in line]
+    assert not left, left
