@@ -8,8 +8,10 @@ Real bubblewrap sandboxes on the in-process local runner and a runner daemon; ro
 from __future__ import annotations
 
 import asyncio
+import io
 import os
 import signal
+import tarfile
 import time
 from pathlib import Path
 
@@ -95,7 +97,8 @@ async def test_a_restart_keeps_one_overlay_and_commits_the_background_files(
     served_home: Path, stop: str
 ) -> None:
     """E11 beside R2's overlays: ``shellyard serve`` killed with SIGKILL (or stopped with
-    SIGTERM, which unmounts only what no sandbox uses) while a background execution writes; the overlays stay mounted (the sandbox holds them), the restart mounts
+    SIGTERM, which unmounts only what no sandbox uses) while a background execution writes;
+    the overlays stay mounted (the sandbox holds them), the restart mounts
     no second one over the same folder (overlayfs leaves two over one upper layer undefined),
     the files the execution wrote after the kill are in the next commit and in a read-only
     view, and a clean stop leaves no mount of the home behind."""
@@ -124,3 +127,88 @@ async def test_a_restart_keeps_one_overlay_and_commits_the_background_files(
     mounts = Path("/proc/self/mountinfo").read_text().splitlines()
     left = [line for line in mounts if str(home) in line]
     assert not left, left
+
+
+#: What a sandbox tries on its overlay's upper layer (the workspace folder itself): a
+#: whiteout (a 0:0 character device, which anyone may make since Linux 5.8) would hide a
+#: name from the runner, trusted.overlay.* xattrs would make a folder opaque or redirect it;
+#: user.overlay.* ones mean something only to an overlay mounted with ``userxattr``.
+SPECIAL = r"""
+import os, socket
+tried = {}
+def attempt(what, call):
+    try:
+        call()
+        tried[what] = "ok"
+    except OSError as exc:
+        tried[what] = exc.errno
+attempt("whiteout", lambda: os.mknod("wo", 0o600 | 0o020000, os.makedev(0, 0)))
+os.mkdir("d"); open("d/in", "w").close(); open("x", "w").close()
+attempt("trusted-opaque", lambda: os.setxattr("d", "trusted.overlay.opaque", b"y"))
+attempt("trusted-redirect", lambda: os.setxattr("d", "trusted.overlay.redirect", b"/"))
+attempt("user-opaque", lambda: os.setxattr("d", "user.overlay.opaque", b"y"))
+attempt("user-whiteout", lambda: os.setxattr("x", "user.overlay.whiteout", b"y"))
+attempt("fifo", lambda: os.mkfifo("fifo"))
+attempt("socket", lambda: socket.socket(socket.AF_UNIX).bind("sock"))
+attempt("hardlink", lambda: os.link("x", "x2"))
+print(sorted(tried.items()))
+print(sorted(os.listdir(".")), sorted(os.listdir("d")))
+"""
+
+
+async def test_special_files_on_the_upper_layer_change_nothing_for_the_runner(yard: Yard) -> None:
+    """R2 (own_mounts.py): the workspace folder is the overlay's upper layer, so what a
+    sandbox makes there is what the overlay reads the next time. A whiteout or a
+    trusted.overlay.* xattr is refused (EPERM: no CAP_MKNOD, no CAP_SYS_ADMIN in the host's
+    namespace); user.overlay.* xattrs, a FIFO, a socket and a hard link are made and change
+    nothing: the runner still sees ``d/in`` (a file write lands in it), a commit and a
+    read-only view hold the folder's files and skip the FIFO and the socket."""
+    done = await yard.run(f"python3 - <<'EOF'\n{SPECIAL}EOF")
+    assert done.exit_code == 0, done
+    tried, listed = done.stdout.splitlines()
+    assert "('whiteout', 1)" in tried and "('trusted-opaque', 1)" in tried, tried
+    assert "('trusted-redirect', 1)" in tried and "('user-opaque', 'ok')" in tried, tried
+    assert listed == "['d', 'fifo', 'sock', 'x', 'x2'] ['in']", listed
+    await yard.plane.files.write("d/new", b"runner\n", workspace_id=done.workspace_id)
+    seen = await yard.run("ls d; cat d/new", read_only=True)
+    assert seen.stdout == "in\nnew\nrunner\n", seen
+    top = await yard.run("ls", read_only=True)
+    assert top.stdout.split() == ["d", "x", "x2"], top
+
+
+async def test_runner_edits_between_commands_stay_coherent_through_the_overlay(
+    yard: Yard,
+) -> None:
+    """overlayfs caches what it looked up (a name made beside it stays missing through it):
+    every access goes through the one overlay, so a file a command made, deleted and made
+    again, a folder it renamed, and the runner's write, tar upload, move, delete and
+    restore in between are each seen at once by the next command and the next commit."""
+    files = yard.plane.files
+    first = await yard.run("echo one > a.txt; mkdir d; echo in > d/f")
+    ws = first.workspace_id
+    await files.write("a.txt", b"edited\n", workspace_id=ws)
+    again = await yard.run("cat a.txt; rm a.txt; echo again > a.txt")
+    assert again.stdout == "edited\n", again
+    await files.write("a.txt", b"edited2\n", workspace_id=ws)
+    moved = await yard.run("cat a.txt; mv d e")
+    assert moved.stdout == "edited2\n", moved
+    await files.write("e/f", b"in-e\n", workspace_id=ws)
+    await files.write("d/g", b"in-new-d\n", workspace_id=ws)
+    both = await yard.run("cat e/f d/g")
+    assert both.stdout == "in-e\nin-new-d\n", both
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as archive:
+        for name, data in (("t/x.txt", b"tx\n"), ("a.txt", b"tar-a\n")):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            archive.addfile(info, io.BytesIO(data))
+    await files.upload_archive(buffer.getvalue(), "", workspace_id=ws)
+    await files.move("t/x.txt", "t/y.txt", workspace_id=ws)
+    await files.delete("e", recursive=True, workspace_id=ws)
+    listed = await yard.run("find . | sort; cat a.txt t/y.txt")
+    expected = [".", "./a.txt", "./d", "./d/g", "./t", "./t/y.txt", "tar-a", "tx"]
+    assert listed.stdout.split() == expected, listed
+    assert first.snapshot_seq is not None
+    await files.restore(first.snapshot_seq, "", workspace_id=ws)
+    back = await yard.run("find . | sort; cat a.txt", read_only=True)
+    assert back.stdout.split() == [".", "./a.txt", "./d", "./d/f", "one"], back
