@@ -14,12 +14,14 @@ import signal
 import tarfile
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from conftest import Yard, kill_server
 from shellyard.contract.executions import ExecutionState
 from shellyard.home import is_served, read_info
+from shellyard.runner.protocol import SandboxPolicy
 from shellyard.sdk.client import Client
 
 pytestmark = [
@@ -212,3 +214,17 @@ async def test_runner_edits_between_commands_stay_coherent_through_the_overlay(
     await files.restore(first.snapshot_seq, "", workspace_id=ws)
     back = await yard.run("find . | sort; cat a.txt", read_only=True)
     assert back.stdout.split() == [".", "./a.txt", "./d", "./d/f", "one"], back
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="open (docs/security.md 'Host paths'): the egress socket is a plain bind of "
+    "<home>/runners/local/sandbox/egress.sock, whose mountinfo root field is that path",
+)
+async def test_an_egress_sandbox_sees_no_host_path(yard_factory: Any) -> None:
+    """R2, R5: with network ``egress`` the proxy's socket is bound at
+    /run/shellyard/egress.sock; its mountinfo line must not name the home either."""
+    yard: Yard = await yard_factory(SandboxPolicy(network="egress"))
+    done = await yard.run("cat /proc/self/mountinfo")
+    assert done.exit_code == 0, done
+    _no_home(done.stdout, yard)
