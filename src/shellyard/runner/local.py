@@ -161,11 +161,15 @@ class LocalRunner(TerminalDoor):  # E13: send_input, screen, resize
         await asyncio.to_thread(filemodes.tighten_once, self.root, spare)
         await self._prepare_sandboxes()
         # before anything opens a workspace: from here on every access goes through its overlay
-        await asyncio.to_thread(self._mount_folders)
+        await asyncio.to_thread(self._mounts.start_all, (self._workspaces, self._homes))
         await asyncio.to_thread(self._editor.startup)
         await self._environments.startup(self._sandboxes.bwrap)
         await asyncio.to_thread(self._runs.views.startup)
-        self._grant_sandbox_uid()
+        if self._ids is not None:  # not root: the sandbox runs as this user
+            roots = (self._workspaces, self._homes, self._runs.views.directory)
+            folder_access.grant_sandbox_uid(
+                (*roots, self._environments.root), self._sandbox_dir, *self._ids
+            )
         await self._runs.recover()
         await asyncio.to_thread(self._runs.views.forget_unused)  # W2: none in use
         if self._sandboxes.networks is not None:  # R2: none of a finished workspace
@@ -224,28 +228,11 @@ class LocalRunner(TerminalDoor):  # E13: send_input, screen, resize
             self._relays = Relays(self._sandbox_dir / "relays", box.networks, egress, self._ids)
             self._relays.startup()
 
-    def _mount_folders(self) -> None:
-        if self._mounts.startup():
-            self._mounts.mount_all(self._workspaces)
-            self._mounts.mount_all(self._homes)
-
-    def _grant_sandbox_uid(self) -> None:
-        """Search (``--x``, an ACL entry of that uid alone) on the folders bwrap passes as the
-        sandbox uid to bind what it binds: workspaces, read views, environment prefixes, the
-        egress socket. The relays of a root runner, the sandbox uid once set up, reach the
-        socket through its folder (ports.py). Not root: the sandbox runs as this user."""
-        if self._ids is None:
-            return
-        roots = (self._workspaces, self._homes, self._runs.views.directory)
-        for directory in (*roots, self._environments.root):
-            folder_access.make_reachable(directory, *self._ids)
-        folder_access.grant_folder(self._sandbox_dir, *self._ids)
-
     async def aclose(self) -> None:
         """Stop watching; the sandboxes themselves keep running (E11)."""
         await self._runs.warm.drain()  # none left half made
         running = self._runs.live_ids()  # before close forgets them
-        in_use = self._runs.live_workspaces()
+        in_use = self._runs.live_workspaces()  # R2: their overlays stay (OwnMounts.stop_all)
         await asyncio.to_thread(self._runs.views.unmount_unused)
         self._runs.close()
         if self._sandboxes.cgroups is not None:  # R2 tenants: none left but running ones
@@ -257,15 +244,7 @@ class LocalRunner(TerminalDoor):  # E13: send_input, screen, resize
         self._editor.close()
         await asyncio.to_thread(self._snapshots.close)
         self._sandboxes.view.close()
-        # R2 (own_mounts.py): a sandbox that runs on keeps its workspace's overlay, which the
-        # next start finds mounted; a second overlay over the same folder would not see it
-        await asyncio.to_thread(self._unmount_folders, in_use)
-
-    def _unmount_folders(self, in_use: set[str]) -> None:
-        for parent in (self._workspaces, self._homes):
-            for folder in parent.iterdir() if parent.is_dir() else ():
-                if folder.name not in in_use:
-                    self._mounts.unmount(folder)
+        await asyncio.to_thread(self._mounts.stop_all, (self._workspaces, self._homes), in_use)
 
     async def info(self) -> RunnerInfo:
         return RunnerInfo(

@@ -140,6 +140,21 @@ class OwnMounts:
                     count += 1
         return count
 
+    def start_all(self, parents: Sequence[Path]) -> None:
+        """A runner's start: probe, then mount every folder of ``parents``."""
+        if self.startup():
+            for parent in parents:
+                self.mount_all(parent)
+
+    def stop_all(self, parents: Sequence[Path], in_use: set[str]) -> None:
+        """A runner's stop: every folder of ``parents`` a plain folder again but those named
+        in ``in_use`` (a sandbox running on keeps its overlay, which the next start finds
+        mounted; a second overlay over the same folder would not see what it writes)."""
+        for parent in parents:
+            for folder in parent.iterdir() if parent.is_dir() else ():
+                if folder.name not in in_use:
+                    self.unmount(folder)
+
     def unmount_all(self, parent: Path) -> None:
         if self.enabled and parent.is_dir():
             for entry in os.scandir(parent):
