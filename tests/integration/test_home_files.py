@@ -226,7 +226,7 @@ async def test_a_restored_home_is_private(home: Path) -> None:
     ("read_only", "network"), [(False, "off"), (True, "off"), (False, "egress")]
 )
 async def test_the_sandbox_sees_no_host_path_of_the_home(
-    yard_factory: Any, read_only: bool, network: str
+    yard_factory: Any, read_only: bool, network: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """R2, docs/security.md "Host paths": pid 1's command line is bwrap's (``--args``: its
     options come from a descriptor), the environment is built from scratch, the files bwrap
@@ -237,6 +237,7 @@ async def test_the_sandbox_sees_no_host_path_of_the_home(
     /run/shellyard/egress.sock, sits at the root of a tmpfs of its own."""
     if network == "egress" and shutil.which("socat") is None:
         pytest.skip("network 'egress' needs socat (Debian package socat)")
+    monkeypatch.setenv("SHELLYARD_OWN_MOUNTS", "on")  # off by default (docs/security.md)
     yard: Yard = await yard_factory(SandboxPolicy(network=network))
     script = (
         "cat /proc/1/cmdline; echo; cat /proc/1/environ; echo; cat /proc/self/environ; echo; "

@@ -165,7 +165,11 @@ class LocalRunner(TerminalDoor):  # E13: send_input, screen, resize
         await asyncio.to_thread(self._editor.startup)
         await self._environments.startup(self._sandboxes.bwrap)
         await asyncio.to_thread(self._runs.views.startup)
-        self._grant_sandbox_uid()
+        if self._ids is not None:  # not root: the sandbox runs as this user
+            roots = (self._workspaces, self._homes, self._runs.views.directory)
+            folder_access.grant_sandbox_uid(
+                (*roots, self._environments.root), self._sandbox_dir, *self._ids
+            )
         await self._runs.recover()
         await asyncio.to_thread(self._runs.views.forget_unused)  # W2: none in use
         if self._sandboxes.networks is not None:  # R2: none of a finished workspace
@@ -225,18 +229,6 @@ class LocalRunner(TerminalDoor):  # E13: send_input, screen, resize
             # ports for the host, and (as root) the egress relay of each namespace
             self._relays = Relays(self._sandbox_dir / "relays", box.networks, egress, self._ids)
             self._relays.startup()
-
-    def _grant_sandbox_uid(self) -> None:
-        """Search (``--x``, an ACL entry of that uid alone) on the folders bwrap passes as the
-        sandbox uid to bind what it binds: workspaces, read views, environment prefixes, the
-        egress socket. The relays of a root runner, the sandbox uid once set up, reach the
-        socket through its folder (ports.py). Not root: the sandbox runs as this user."""
-        if self._ids is None:
-            return
-        roots = (self._workspaces, self._homes, self._runs.views.directory)
-        for directory in (*roots, self._environments.root):
-            folder_access.make_reachable(directory, *self._ids)
-        folder_access.grant_folder(self._sandbox_dir, *self._ids)
 
     async def aclose(self) -> None:
         """Stop watching; the sandboxes themselves keep running (E11)."""

@@ -27,7 +27,10 @@ import ctypes.util
 import errno
 import logging
 import os
+from collections.abc import Sequence
 from pathlib import Path
+
+from shellyard import settings_env
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +43,11 @@ _O_FOLDER = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
 _libc.mount.argtypes = [ctypes.c_char_p] * 3 + [ctypes.c_ulong, ctypes.c_char_p]
 _libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
+_libc.syscall.restype = ctypes.c_long
+#: open_tree(2): one number on every architecture but alpha (the unified table, Linux 5.2)
+_SYS_OPEN_TREE = 428
+_OPEN_TREE_CLONE = 0x1
+_AT_EMPTY_PATH = 0x1000
 
 
 class OwnMounts:
@@ -56,8 +64,11 @@ class OwnMounts:
         self.enabled = False
 
     def startup(self) -> bool:
-        """Probe once (root, and the kernel mounts an overlay here); False: plain binds."""
-        if os.geteuid() != 0:
+        """Probe once (root, ``SHELLYARD_OWN_MOUNTS=on``, and the kernel mounts an overlay
+        here); False: plain binds. Off by default: every mount of the host is copied into
+        each new sandbox's namespace, so two mounts per workspace slow every spawn as
+        workspaces add up (docs/benchmarks.md, host mounts); they stay mounted until stop."""
+        if os.geteuid() != 0 or settings_env.get("SHELLYARD_OWN_MOUNTS") != "on":
             return False
         for folder in (self.directory, self._empty, self._work):
             folder.mkdir(mode=0o700, exist_ok=True)
@@ -122,7 +133,7 @@ class OwnMounts:
         egress socket's: a bind of a file shows its path within its file system, so the
         socket lives at a root)."""
         folder.mkdir(mode=0o711, exist_ok=True)
-        if not self.enabled or os.path.ismount(folder):
+        if os.geteuid() != 0 or os.path.ismount(folder):  # one mount: whatever OWN_MOUNTS says
             return folder
         options = b"mode=0711,size=64k,nr_inodes=16"
         if (
@@ -132,7 +143,7 @@ class OwnMounts:
             != 0
         ):  # 0x8: MS_NOEXEC
             code = ctypes.get_errno()
-            raise OSError(code, f"cannot mount a tmpfs on {folder}: {os.strerror(code)}")
+            log.warning("no tmpfs for the egress socket (%s)", os.strerror(code))
         return folder
 
     def unmount(self, folder: Path) -> None:
@@ -171,6 +182,39 @@ class OwnMounts:
             if parent.is_dir():
                 found += [e for e in os.scandir(parent) if e.is_dir(follow_symlinks=False)]
         return found
+
+
+def open_unnamed(directory: Path, names: Sequence[str], flags: int, mode: int) -> list[int]:
+    """``names`` in ``directory`` opened through a detached copy of its mount (open_tree with
+    OPEN_TREE_CLONE), for descriptors a sandbox inherits (its stdout and stderr logs): the
+    kernel prints a file's path, in ``/proc/<pid>/fd/N``, up to the root of the mount it was
+    opened through, so the sandbox reads ``/stdout`` there and not
+    ``<home>/runners/local/executions/ex_…/stdout`` (R2, docs/security.md "Host paths").
+    The copy lives as long as a descriptor does; nothing is attached anywhere. Where the
+    kernel refuses (not root), the files are opened by path."""
+    tree = -1
+    folder = os.open(directory, _O_FOLDER)
+    try:
+        tree = _libc.syscall(
+            ctypes.c_long(_SYS_OPEN_TREE),
+            ctypes.c_int(folder),
+            ctypes.c_char_p(b""),
+            ctypes.c_uint(_OPEN_TREE_CLONE | os.O_CLOEXEC | _AT_EMPTY_PATH),
+        )
+        base = folder if tree < 0 else tree
+        opened: list[int] = []
+        try:
+            for name in names:
+                opened.append(os.open(name, flags, mode, dir_fd=base))
+        except BaseException:
+            for fd in opened:
+                os.close(fd)
+            raise
+        return opened
+    finally:
+        os.close(folder)
+        if tree >= 0:
+            os.close(tree)
 
 
 def _work_name(folder: Path) -> str:

@@ -32,6 +32,7 @@ from pathlib import Path
 from shellyard.errors import LowOnSpace
 from shellyard.runner import processes
 from shellyard.runner.limits import reserve
+from shellyard.runner.own_mounts import open_unnamed
 from shellyard.runner.policy import NetworkMode
 from shellyard.runner.sandbox import bwrap as sandbox
 from shellyard.runner.sandbox import launch
@@ -253,7 +254,8 @@ class SandboxedTools:
             **(env or {}),
         }
         flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC
-        log_fd = os.open(self._log_path, flags, 0o600)
+        # R2: the tool's /proc/self/fd/2 reads the log's name only (own_mounts.open_unnamed)
+        (log_fd,) = open_unnamed(self._log_path.parent, (self._log_path.name,), flags, 0o600)
         try:
             start = os.fstat(log_fd).st_size
             os.write(log_fd, f"$ {' '.join(argv)}\n".encode("utf-8", "replace"))

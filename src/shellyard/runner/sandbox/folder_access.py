@@ -134,3 +134,13 @@ def make_reachable(directory: Path, uid: int, gid: int) -> list[Path]:
         granted.append(folder)
         log.warning("let the sandbox uid %d traverse %s (ACL entry u:%d:--x)", uid, folder, uid)
     return granted
+
+
+def grant_sandbox_uid(roots: tuple[Path, ...], sandbox_dir: Path, uid: int, gid: int) -> None:
+    """Search (``--x``, an ACL entry of that uid alone) on the folders bwrap passes as the
+    sandbox uid to bind what it binds (``roots``: workspaces, homes, read views, environment
+    prefixes; the egress socket in ``sandbox_dir``). The relays of a root runner, the sandbox
+    uid once set up, reach the socket through its folder (ports.py)."""
+    for directory in roots:
+        make_reachable(directory, uid, gid)
+    grant_folder(sandbox_dir, uid, gid)

@@ -26,6 +26,7 @@ from shellyard.paths import normalize_relative
 from shellyard.runner import processes
 from shellyard.runner.limits.cgroups import CgroupTree
 from shellyard.runner.network.netns import WorkspaceNetworks
+from shellyard.runner.own_mounts import open_unnamed
 from shellyard.runner.policy import ExecutionPolicy, SandboxPolicy
 from shellyard.runner.protocol import RunnerExecution, StartRequest
 from shellyard.runner.sandbox import bwrap as sandbox
@@ -231,9 +232,10 @@ class Sandboxes:
         the network share and cgroups taken under ``sandbox_id`` (an execution's id, or a
         warm sandbox's own, warm.py), the command line built."""
         flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC
-        out_fd = os.open(directory / "stdout", flags, 0o600)
-        err_fd = os.open(directory / "stderr", flags, 0o600)
-        status_fd = os.open(directory / "status", flags, 0o600)
+        # R2: opened through a detached mount, so the sandbox's /proc/self/fd/1 reads
+        # "/stdout", not the home's path (own_mounts.open_unnamed)
+        names = ("stdout", "stderr", "status")
+        out_fd, err_fd, status_fd = open_unnamed(directory, names, flags, 0o600)
         seccomp_fd = self.seccomp.open()
         pending = PendingSpawn(workspace_id, sandbox_id, [], env, out_fd, err_fd, [status_fd])
         pending.owned.append(seccomp_fd)
