@@ -124,6 +124,33 @@ class Spy:
                 self.proc.kill()
 
 
+#: Leaf frames of a thread that is not running (waiting in the loop's selector, a lock, a
+#: thread pool's queue): not CPU, left out of the split below.
+IDLE_LEAVES = ("select (", "poll (", ".wait (", "wait (threading", "get (queue", "_worker (")
+
+
+def runner_share(path: Path) -> dict[str, Any]:
+    """The share of a serve process's busy samples (every thread) that has a frame of the
+    in-process local runner (``shellyard/runner/``) on its stack: the runner's own spawn
+    bookkeeping (execution folder, files, cgroup, warm sandbox, snapshot commit), which a
+    runner outside the server (a daemon, DESIGN's 2.5 ms assumption) would spend in its own
+    process. The rest is the control plane's (HTTP, auth, store, records)."""
+    if not path.exists():
+        return {}
+    busy = runner = 0
+    for line in path.read_text(errors="replace").splitlines():
+        stack, _, count_text = line.rpartition(" ")
+        if not stack or not count_text.isdigit() or "PySpy.__enter__" in stack:
+            continue
+        leaf = stack.rsplit(";", 1)[-1]
+        if any(marker in leaf for marker in IDLE_LEAVES):
+            continue
+        busy += int(count_text)
+        if "(shellyard/runner/" in stack:
+            runner += int(count_text)
+    return {"busy_samples": busy, "runner_fraction": runner / busy if busy else 0.0}
+
+
 async def _runs(once: Any, runs: int) -> None:
     for _ in range(runs):
         await once()
@@ -154,10 +181,16 @@ async def sqlite_local(runs: int, profile: Path | None) -> dict[str, Any]:
             with Spy(pid, out):
                 await _runs(once, runs)
             summary = summarize_collapsed(out, top=15)
+            summary["split"] = runner_share(out)
         await client.aclose()
+        server_ms = (own1 - own0) * 1000 / runs
+        fraction = summary.get("split", {}).get("runner_fraction")
         return {
             "runs": runs,
-            "server_ms": (own1 - own0) * 1000 / runs,
+            "server_ms": server_ms,
+            # Estimated from the profile's samples (None without --profile).
+            "runner_in_server_ms": None if fraction is None else server_ms * fraction,
+            "control_plane_ms": None if fraction is None else server_ms * (1 - fraction),
             "children_ms": (kids1 - kids0) * 1000 / runs,
             "wall_ms": wall * 1000 / runs,
             "profile": summary,
