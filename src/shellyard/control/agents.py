@@ -19,8 +19,28 @@ from shellyard.store import Store
 
 Row = Mapping[str, Any]
 
-#: Agent ids remembered as existing; the oldest is forgotten beyond this.
+#: Agent ids remembered as existing (and their sessions); the oldest is forgotten beyond this.
 AGENTS_KEPT = 4096
+
+#: agent id → its session id. An agent never moves to another session (store/sessions.py
+#: changes only its state and gate) and ids are never reused, so an entry cannot go stale.
+_sessions: dict[str, str] = {}
+
+
+async def session_of(store: Store, agent_id: str) -> str | None:
+    """The session of an existing agent (None: no such agent), read from the store once per
+    agent: the token checks and the state log ask at every request and state change
+    (docs/benchmarks.md, section 20)."""
+    known = _sessions.get(agent_id)
+    if known is not None:
+        return known
+    agent = await store.get_agent(agent_id)
+    if agent is None:  # not remembered: it may be made later
+        return None
+    if len(_sessions) >= AGENTS_KEPT:
+        del _sessions[next(iter(_sessions))]
+    _sessions[agent_id] = session = str(agent["session_id"])
+    return session
 
 
 class AgentResolver:

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from shellyard.contract.tokens import TokenCreated, TokenCreateRequest, TokenKind, TokenView
+from shellyard.control.agents import session_of
 from shellyard.errors import Forbidden, InvalidInput, NotFound, Unauthorized
 from shellyard.store import Store
 from shellyard.store.db import Row
@@ -173,8 +174,7 @@ class TokenService:
             return principal.agent_id
         if named is None:
             return principal.main_agent_id
-        agent = await self.store.get_agent(named)
-        if agent is None or agent["session_id"] != principal.session_id:
+        if await session_of(self.store, named) != principal.session_id:
             raise Forbidden(
                 f"this token acts only for the agents of session {principal.session_id}: "
                 "name one of them in X-Shellyard-Agent (default: its main agent)"
@@ -202,8 +202,7 @@ class TokenService:
         if principal.kind == "agent":
             allowed = agent_id == principal.agent_id
         else:
-            agent = await self.store.get_agent(agent_id)
-            allowed = agent is not None and agent["session_id"] == principal.session_id
+            allowed = await session_of(self.store, agent_id) == principal.session_id
         if not allowed:
             raise NotFound(f"no agent {agent_id!r} in your session")
 
