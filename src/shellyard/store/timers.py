@@ -76,9 +76,7 @@ class TimerRecords(Database):
         which may have run before this timer was committed) is waited for, so either that
         end saw the timer or this read sees the end."""
         return await self.one(
-            sa.select(executions)
-            .where(executions.c.id == execution_id)
-            .with_for_update(read=True)
+            sa.select(executions).where(executions.c.id == execution_id).with_for_update(read=True)
         )
 
     async def pending_timer_executions(self) -> set[str]:
