@@ -11,9 +11,13 @@ Two set-ups, each measured over RUNS sequential foreground runs after a warm-up:
 The baseline, same run: a minimal bwrap spawn (``bwrap --ro-bind / / --dev /dev --proc /proc
 --unshare-all true``) spawned and waited for by this process, its children's CPU per spawn.
 ``--profile FOLDER``: py-spy's on-CPU samples of the serve process during a second pass
-(SQLite and PostgreSQL), summarized to the top functions (own and inclusive).
+(SQLite and PostgreSQL), summarized to the top functions (own and inclusive), and the serve
+process's CPU split into the in-process runner's share and the control plane's.
+``--against SRC``: before/after in one run: a second server (and replica) runs the ``src``
+folder SRC (e.g. ``git archive`` of an older commit), and the two are driven in alternating
+batches of 10 runs, so both see the same load; reported side by side in ``details.against``.
 
-    .venv/bin/python bench/bench_cpu.py [--quick] [--profile FOLDER] [--out PATH]
+    .venv/bin/python bench/bench_cpu.py [--quick] [--profile FOLDER] [--against SRC] [--out PATH]
 """
 
 from __future__ import annotations
@@ -124,6 +128,33 @@ class Spy:
                 self.proc.kill()
 
 
+#: Leaf frames of a thread that is not running (waiting in the loop's selector, a lock, a
+#: thread pool's queue): not CPU, left out of the split below.
+IDLE_LEAVES = ("select (", "poll (", ".wait (", "wait (threading", "get (queue", "_worker (")
+
+
+def runner_share(path: Path) -> dict[str, Any]:
+    """The share of a serve process's busy samples (every thread) that has a frame of the
+    in-process local runner (``shellyard/runner/``) on its stack: the runner's own spawn
+    bookkeeping (execution folder, files, cgroup, warm sandbox, snapshot commit), which a
+    runner outside the server (a daemon, DESIGN's 2.5 ms assumption) would spend in its own
+    process. The rest is the control plane's (HTTP, auth, store, records)."""
+    if not path.exists():
+        return {}
+    busy = runner = 0
+    for line in path.read_text(errors="replace").splitlines():
+        stack, _, count_text = line.rpartition(" ")
+        if not stack or not count_text.isdigit() or "PySpy.__enter__" in stack:
+            continue
+        leaf = stack.rsplit(";", 1)[-1]
+        if any(marker in leaf for marker in IDLE_LEAVES):
+            continue
+        busy += int(count_text)
+        if "(shellyard/runner/" in stack:
+            runner += int(count_text)
+    return {"busy_samples": busy, "runner_fraction": runner / busy if busy else 0.0}
+
+
 async def _runs(once: Any, runs: int) -> None:
     for _ in range(runs):
         await once()
@@ -154,10 +185,16 @@ async def sqlite_local(runs: int, profile: Path | None) -> dict[str, Any]:
             with Spy(pid, out):
                 await _runs(once, runs)
             summary = summarize_collapsed(out, top=15)
+            summary["split"] = runner_share(out)
         await client.aclose()
+        server_ms = (own1 - own0) * 1000 / runs
+        fraction = summary.get("split", {}).get("runner_fraction")
         return {
             "runs": runs,
-            "server_ms": (own1 - own0) * 1000 / runs,
+            "server_ms": server_ms,
+            # Estimated from the profile's samples (None without --profile).
+            "runner_in_server_ms": None if fraction is None else server_ms * fraction,
+            "control_plane_ms": None if fraction is None else server_ms * (1 - fraction),
             "children_ms": (kids1 - kids0) * 1000 / runs,
             "wall_ms": wall * 1000 / runs,
             "profile": summary,
@@ -234,11 +271,136 @@ async def postgres_daemon(runs: int, profile: Path | None) -> dict[str, Any]:
     }
 
 
+BATCH = 10
+
+
+async def _alternate(sides: list[Any], runs: int) -> list[dict[str, float]]:
+    """``sides``: (once, cpu) pairs; ``cpu()`` gives a dict of CPU seconds by part. Batches
+    of BATCH runs alternate between the sides (which one goes first alternates too); the
+    CPU per run of each part, per side."""
+    used = [dict.fromkeys(cpu(), 0.0) for _once, cpu in sides]
+    for _ in range(3):
+        for once, _cpu in sides:
+            await _runs(once, BATCH)
+    for batch in range(max(1, runs // BATCH)):
+        order = range(len(sides)) if batch % 2 == 0 else reversed(range(len(sides)))
+        for index in order:
+            once, cpu = sides[index]
+            before = cpu()
+            await _runs(once, BATCH)
+            after = cpu()
+            for part in used[index]:
+                used[index][part] += after[part] - before[part]
+    done = max(1, runs // BATCH) * BATCH
+    return [{part: 1000 * value / done for part, value in side.items()} for side in used]
+
+
+async def sqlite_against(runs: int, src: Path) -> dict[str, Any]:
+    homes = [make_home(), make_home()]
+    try:
+        sides = []
+        clients = []
+        for home, env in zip(homes, [None, {"PYTHONPATH": str(src)}], strict=True):
+            pid = start_server(home, env)
+            info = read_info(home)
+            assert info is not None
+            client = AsyncClient(info.url, info.token)
+            clients.append(client)
+
+            async def once(client: AsyncClient = client) -> None:
+                result = await client.run("true")
+                if result.state != "completed":
+                    raise RuntimeError(f"run of true ended {result.state}")
+
+            def cpu(pid: int = pid) -> dict[str, float]:
+                own, kids = cpu_split(pid)
+                return {"server_ms": own, "children_ms": kids}
+
+            sides.append((once, cpu))
+        after, before = await _alternate(sides, runs)
+        for client in clients:
+            await client.aclose()
+        return {"runs": runs, "after": after, "before": before}
+    finally:
+        for home in homes:
+            stop_server(home)
+            remove_home(home)
+
+
+async def postgres_against(runs: int, src: Path) -> dict[str, Any]:
+    root = make_home()
+    daemons = [await start_daemon(root / f"daemon{i}", SandboxPolicy(), subprocess=True)
+               for i in range(2)]  # fmt: skip
+    replicas: list[Any] = []
+    try:
+        async with fresh_database() as url_a, fresh_database() as url_b:
+            sides = []
+            async with httpx.AsyncClient(timeout=120) as http:
+                for url, env, daemon in zip(
+                    [url_a, url_b],
+                    [replica_env(), replica_env(PYTHONPATH=str(src))],
+                    daemons,
+                    strict=True,
+                ):
+                    replica = (await start_replicas(url, 1, env))[0]
+                    replicas.append(replica)
+                    answer = await http.post(
+                        replica.url + "/v1/runners",
+                        json={"runner_id": "r0", "address": daemon.url, "token": daemon.token},
+                    )
+                    answer.raise_for_status()
+                    agent = (await http.post(replica.url + "/v1/sessions")).json()["main_agent_id"]
+
+                    async def once(base: str = replica.url, agent: str = agent) -> None:
+                        answer = await http.post(
+                            base + "/v1/executions",
+                            json={"command": "true", "runner_id": "r0", "wait_ms": 30000},
+                            headers={"X-Shellyard-Agent": agent},
+                        )
+                        view = answer.json()
+                        if view.get("state") != "completed":
+                            raise RuntimeError(f"run of true: {view}")
+
+                    def cpu(
+                        replica: Any = replica,
+                        daemon: Any = daemon,
+                        database: str = url.rsplit("/", 1)[1],
+                    ) -> dict[str, float]:
+                        return {
+                            "replica_ms": sum(cpu_split(replica.process.pid)),
+                            "daemon_ms": sum(cpu_split(daemon.process.pid)),
+                            "postgres_ms": postgres_cpu(database),
+                        }  # fmt: skip
+
+                    sides.append((once, cpu))
+                after, before = await _alternate(sides, runs)
+            stop_all(replicas)
+            replicas = []
+    finally:
+        stop_all(replicas)
+        for daemon in daemons:
+            await daemon.stop()
+        remove_home(root)
+    for side in (after, before):
+        side["total_ms"] = side["replica_ms"] + side["daemon_ms"] + side["postgres_ms"]
+    return {"runs": runs, "after": after, "before": before}
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     runs = 100 if args.quick else 400
     minimal_before = minimal_cpu_ms(runs)
     local = asyncio.run(sqlite_local(runs, args.profile))
     remote = asyncio.run(postgres_daemon(runs // 2, args.profile))
+    against: dict[str, Any] = {}
+    src: Path | None = getattr(args, "against", None)  # run_all.py passes none
+    if src is not None:
+        if not (src / "shellyard" / "__init__.py").is_file():
+            raise SystemExit(f"--against {src}: not a src folder (no shellyard/__init__.py in it)")
+        against = {
+            "src": str(src),
+            "sqlite_local": asyncio.run(sqlite_against(runs, src)),
+            "postgres_daemon": asyncio.run(postgres_against(runs // 2, src)),
+        }
     minimal = (minimal_before + minimal_cpu_ms(runs)) / 2
     baseline = "minimal bwrap spawn, children's CPU ms"
     metrics = [
@@ -274,10 +436,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "minimal_bwrap_cpu_ms": minimal,
             "sqlite_local": local,
             "postgres_daemon": remote,
+            "against": against,
             "load_average": os.getloadavg(),
         },
     }
 
 
+def _options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--against",
+        type=Path,
+        help="a src folder of another version, driven in alternating batches beside this one",
+    )
+
+
 if __name__ == "__main__":
-    cli("cpu", run, __doc__ or "")
+    cli("cpu", run, __doc__ or "", _options)

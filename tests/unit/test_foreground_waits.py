@@ -123,11 +123,68 @@ async def test_a_waiter_leaving_waits_for_the_finalizer_that_saw_it(pg_schema: s
         await store.close()
 
 
-def _a_delete_waits_on_a_lock() -> bool:
+def _a_delete_waits_on_a_lock(pattern: str = "%DELETE FROM foreground_waits%") -> bool:
     with psycopg.connect(POSTGRES_URL, autocommit=True) as conn:
         rows = conn.execute(
             "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
             " AND query ILIKE %s",
-            ("%DELETE FROM foreground_waits%",),
+            (pattern,),
         ).fetchall()
     return bool(rows[0][0])
+
+
+async def test_a_timer_made_while_its_execution_ends_sees_the_end(pg_schema: str) -> None:
+    """N6 with the cancel folded into the finishing transaction: that cancel ran before the
+    timer existed and the end has not committed; the creation's re-read of its execution waits
+    for the commit and sees the end (so the timer service cancels it), instead of reading the
+    record from before the end and leaving the reminder pending."""
+    store = await Store.open(POSTGRES_URL, schema_name=pg_schema)
+    engine = sa.create_engine(
+        POSTGRES_URL.replace("postgresql://", "postgresql+psycopg://"),
+        connect_args={"options": f"-csearch_path={pg_schema}"},
+    )
+    cancelled_before, commit = threading.Event(), threading.Event()
+    try:
+        row = await _running(store)
+        execution_id = str(row["id"])
+        counts: list[int] = []
+
+        def finalizer() -> None:
+            with engine.begin() as conn:
+                values = {"state": "completed", "exit_code": 0, "finished_at": time.time()}
+                final, _queued, _read = _finish_execution(
+                    conn, row, values, "done", False, ("running",), cancel_timers=True
+                )
+                assert final is not None
+                counts.append(final["timers_cancelled"])
+                cancelled_before.set()
+                assert commit.wait(30)
+
+        finishing = asyncio.create_task(asyncio.to_thread(finalizer))
+        assert await asyncio.to_thread(cancelled_before.wait, 30)
+        agent = await store.get_agent(str(row["agent_id"]))
+        assert agent is not None
+        now = time.time()
+        await store.create_timer(
+            {
+                "id": new_id("tmr"), "agent_id": agent["id"], "session_id": agent["session_id"],
+                "text": "check", "spec": "in 1h", "fire_at": now + 3600,
+                "execution_id": execution_id, "state": "pending", "late": False,
+                "created_at": now,
+            }
+        )  # fmt: skip
+        reading = asyncio.create_task(store.execution_for_new_timer(execution_id))
+        deadline = time.monotonic() + 20
+        while not _a_delete_waits_on_a_lock("%FROM executions%FOR SHARE%"):
+            assert time.monotonic() < deadline, "the re-read never waited for the end"
+            assert not reading.done()
+            await asyncio.sleep(0.05)
+        commit.set()
+        await finishing
+        seen = await reading
+        assert counts == [0]  # the end's cancel ran before the timer existed
+        assert seen is not None and seen["state"] == "completed"
+    finally:
+        commit.set()  # a failed check above must not leave the finalizer's thread waiting
+        engine.dispose()
+        await store.close()

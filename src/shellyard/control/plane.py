@@ -170,6 +170,7 @@ class ControlPlane:
         timers = TimerService(sessions, wakes, settings.notifications)
         self._notify = _Notify(sessions, InboxService(self.store, agents), wakes, timers)
         self._executions.on_finished += [wakes.execution_finished, timers.execution_finished]
+        self._executions.cancel_timers_at_finish = timers.folded_into_finish
         self.store.notice_listeners.append(wakes.notify)
         self.leases = LeaseKeeper(
             self.store,

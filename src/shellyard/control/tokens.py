@@ -9,8 +9,12 @@ Three kinds of token:
   the main agent); may create agent tokens for them.
 - ``agent``: exactly one agent.
 
-Only the sha256 of a secret is stored; the secret is shown once, when it is made. Every
-request looks its token up again, so a revocation takes effect on the next request.
+Only the sha256 of a secret is stored; the secret is shown once, when it is made. A revocation
+takes effect on the next request: on PostgreSQL (several replicas, any of which may revoke)
+every request looks its token up again; on SQLite this process is the only one writing the
+database, so the principals of verified tokens are kept (bounded) and all forgotten at any
+revocation (``TokenRecords.revocations``), which spares every request a transaction
+(docs/benchmarks.md, section 20).
 
 Objects owned by an agent (executions, timers, notices, workspaces, transfers, artifacts) are
 checked against the acting agent by their services; this module checks what names a session
@@ -27,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from shellyard.contract.tokens import TokenCreated, TokenCreateRequest, TokenKind, TokenView
+from shellyard.control.agents import session_of
 from shellyard.errors import Forbidden, InvalidInput, NotFound, Unauthorized
 from shellyard.store import Store
 from shellyard.store.db import Row
@@ -76,10 +81,20 @@ def _view(row: Row) -> TokenView:
     )
 
 
+#: Verified tokens remembered (SQLite only); the oldest is forgotten beyond this.
+PRINCIPALS_KEPT = 1024
+
+
 class TokenService:
     def __init__(self, store: Store) -> None:
         self.store = store
         self.records = TokenRecords(store)
+        #: sha256 of a secret → its principal, while no revocation was written since (SQLite:
+        #: one process writes the database; a session is never deleted, only archived, and
+        #: the principal is all the token's row and its session's main agent).
+        self._known: dict[str, Principal] = {}
+        self._known_at = 0  # ``records.revocations`` when ``_known`` was last valid
+        self._remember = store.is_sqlite
 
     # ------------------------------------------------------------------ the admin token
 
@@ -104,7 +119,15 @@ class TokenService:
     # ------------------------------------------------------------------ requests
 
     async def authenticate(self, secret: str) -> Principal:
-        row = await self.records.by_hash(hash_secret(secret)) if secret else None
+        digest = hash_secret(secret) if secret else ""
+        generation = self.records.revocations
+        if generation != self._known_at:
+            self._known.clear()
+            self._known_at = generation
+        known = self._known.get(digest) if secret else None
+        if known is not None:
+            return known
+        row = await self.records.by_hash(digest) if secret else None
         if row is None or row["revoked_at"] is not None:
             what = "missing" if not secret else "unknown or revoked"
             raise Unauthorized(
@@ -112,7 +135,13 @@ class TokenService:
                 f"(<home>/{ADMIN_TOKEN_NAME}) or a session/agent token made by "
                 "'shellyard token create'"
             )
-        return await self.principal_of(row)
+        who = await self.principal_of(row)
+        # Kept only if no revocation was written while it was read (it may be this one's).
+        if self._remember and self.records.revocations == generation == self._known_at:
+            if len(self._known) >= PRINCIPALS_KEPT:
+                del self._known[next(iter(self._known))]
+            self._known[digest] = who
+        return who
 
     async def principal_of(self, row: Row) -> Principal:
         """The principal of a live record (a bearer token's, or a web login's: web/cookies.py
@@ -145,8 +174,7 @@ class TokenService:
             return principal.agent_id
         if named is None:
             return principal.main_agent_id
-        agent = await self.store.get_agent(named)
-        if agent is None or agent["session_id"] != principal.session_id:
+        if await session_of(self.store, named) != principal.session_id:
             raise Forbidden(
                 f"this token acts only for the agents of session {principal.session_id}: "
                 "name one of them in X-Shellyard-Agent (default: its main agent)"
@@ -174,8 +202,7 @@ class TokenService:
         if principal.kind == "agent":
             allowed = agent_id == principal.agent_id
         else:
-            agent = await self.store.get_agent(agent_id)
-            allowed = agent is not None and agent["session_id"] == principal.session_id
+            allowed = await session_of(self.store, agent_id) == principal.session_id
         if not allowed:
             raise NotFound(f"no agent {agent_id!r} in your session")
 

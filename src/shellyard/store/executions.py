@@ -16,6 +16,7 @@ from shellyard.store.notices import add_notice
 from shellyard.store.schema import (
     executions,
     foreground_waits,
+    timers,
     workspaces,
 )
 from shellyard.store.workspaces import release_writer
@@ -78,9 +79,12 @@ class ExecutionRecords(Database):
         notice_read: bool,
         from_states: Sequence[str],
         lease_holder: str | None = None,
+        cancel_timers: bool = False,
     ) -> tuple[Row | None, Row | None, bool]:
         """Make a record terminal, post its notice, release its writer and find the next
-        queued writer of its workspace: one transaction. The notice is posted read when
+        queued writer of its workspace: one transaction. ``cancel_timers``: N6 in the same
+        transaction (the pending reminders naming it that had not come due are cancelled;
+        how many is the final record's ``timers_cancelled``). The notice is posted read when
         ``notice_read`` (a caller of this replica waits) or, on PostgreSQL, when a live
         foreground wait of another replica names the execution (N3). Returns (final record
         or None when it was already terminal, next queued record, whether the notice was
@@ -88,6 +92,7 @@ class ExecutionRecords(Database):
         return await self.run(
             _finish_execution,
             row, values, notice_summary, notice_read, tuple(from_states), lease_holder,
+            cancel_timers,
         )  # fmt: skip
 
     # N3 across replicas: a foreground caller on a replica that does not watch the execution.
@@ -204,6 +209,20 @@ _TAKE_WAITS = (
     .returning(foreground_waits.c.expires_at)
 )
 
+_CANCEL_TIMERS = (
+    timers.update()
+    .where(
+        timers.c.execution_id == sa.bindparam("b_id"),
+        timers.c.state == "pending",
+        timers.c.fire_at > sa.bindparam("b_finished"),
+    )
+    .values(
+        state="cancelled",
+        cancel_reason=sa.bindparam("b_reason"),
+        cancelled_at=sa.bindparam("b_now"),
+    )
+)
+
 
 def _submit(
     conn: Connection, values: dict[str, Any], queue: bool, lease: LeaseTerms | None
@@ -262,6 +281,23 @@ def _next_queued(conn: Connection, workspace_id: str) -> Row | None:
     return dict(row) if row is not None else None
 
 
+def cancel_execution_timers(conn: Connection, execution: Row, reason: str | None = None) -> int:
+    """N6: the pending timers naming the execution that had not come due when it finished
+    are cancelled; one that came due first (the service was down) still fires, late. Returns
+    how many."""
+    reason = reason or f"execution {execution['id']} finished before the reminder was due"
+    cancelled = conn.execute(
+        _CANCEL_TIMERS,
+        {
+            "b_id": execution["id"],
+            "b_finished": execution["finished_at"] or time.time(),
+            "b_reason": reason,
+            "b_now": time.time(),
+        },
+    )
+    return int(cancelled.rowcount)
+
+
 def _finish_execution(
     conn: Connection,
     row: Row,
@@ -270,10 +306,13 @@ def _finish_execution(
     notice_read: bool,
     from_states: tuple[str, ...],
     lease_holder: str | None = None,
+    cancel_timers: bool = False,
 ) -> tuple[Row | None, Row | None, bool]:
     execution_id, workspace_id = str(row["id"]), str(row["workspace_id"])
     final = _updated(conn, execution_id, from_states, values)
     if final is not None:
+        if cancel_timers:  # N6 folded in: one transaction fewer at every end on PostgreSQL
+            final = {**final, "timers_cancelled": cancel_execution_timers(conn, final)}
         if conn.dialect.name != "sqlite":  # one replica on SQLite: no row is ever written
             # N3 across replicas: the DELETE locks the rows it takes until this commits, so
             # a waiter that removes its row meanwhile waits for the commit, and then reads

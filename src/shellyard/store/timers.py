@@ -9,7 +9,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from shellyard.store.db import Database, Row, fetch_all, fetch_one, insert_returning
-from shellyard.store.executions import FINISHED_STATES
+from shellyard.store.executions import FINISHED_STATES, cancel_execution_timers
 from shellyard.store.notices import add_notice
 from shellyard.store.schema import (
     executions,
@@ -70,6 +70,15 @@ class TimerRecords(Database):
         the pending timers naming it that had not come due. Returns how many."""
         return await self.run(_cancel_execution_timers, execution, reason)
 
+    async def execution_for_new_timer(self, execution_id: str) -> Row | None:
+        """The execution a timer just created names, read with a share lock (PostgreSQL): an
+        end whose transaction is under way (it cancels N6 reminders in that transaction,
+        which may have run before this timer was committed) is waited for, so either that
+        end saw the timer or this read sees the end."""
+        return await self.one(
+            sa.select(executions).where(executions.c.id == execution_id).with_for_update(read=True)
+        )
+
     async def pending_timer_executions(self) -> set[str]:
         rows = await self.all(
             sa.select(timers.c.execution_id).where(
@@ -104,19 +113,7 @@ def _create_timer(
 
 
 def _cancel_execution_timers(conn: Connection, execution: Row, reason: str) -> int:
-    # N6: only the timers that had not come due when the execution finished; one that came
-    # due first (the service was down) still fires, late.
-    finished_at = execution["finished_at"] or time.time()
-    cancelled = conn.execute(
-        timers.update()
-        .where(
-            timers.c.execution_id == execution["id"],
-            timers.c.state == "pending",
-            timers.c.fire_at > finished_at,
-        )
-        .values(state="cancelled", cancel_reason=reason, cancelled_at=time.time())
-    )
-    return int(cancelled.rowcount)
+    return cancel_execution_timers(conn, execution, reason)
 
 
 def _cancel_timers(

@@ -16,6 +16,9 @@ from shellyard.store.store import Store
 class TokenRecords:
     def __init__(self, store: Store) -> None:
         self.store = store
+        #: Counts revocations written through these records: a cache of verified tokens
+        #: (control/tokens.py) is dropped whenever it moves.
+        self.revocations = 0
 
     async def add(
         self,
@@ -60,7 +63,10 @@ class TokenRecords:
         return None if row is None else str(row["session_id"])
 
     async def revoke(self, token_id: str) -> Row | None:
-        await self.store.run(_revoke, token_id, time.time())
+        try:
+            await self.store.run(_revoke, token_id, time.time())
+        finally:  # even when the commit's outcome is unknown: forgetting costs one read
+            self.revocations += 1
         return await self.get(token_id)
 
 

@@ -88,6 +88,9 @@ class ExecutionService(OwnedReads):
         self.on_timing: Callable[[str, float], None] | None = None
         #: Foreground waits recorded for another replica's finalizer (N3 across replicas).
         self.foreground_waits = ForegroundWaits(store)
+        #: N6 in the finishing transaction (the final record then says ``timers_cancelled``):
+        #: set by the control plane where every end asks the store (PostgreSQL replicas).
+        self.cancel_timers_at_finish = False
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -452,6 +455,7 @@ class ExecutionService(OwnedReads):
             notice_read=notice_read,
             from_states=("queued", "running", "unknown"),
             lease_holder=leases.letting_go(LEASE_KIND, execution_id) if leases else None,
+            cancel_timers=self.cancel_timers_at_finish,
         )
         if final is not None and notice_read and execution_id in self._finished:
             self._ended[execution_id] = final  # with its notice posted read

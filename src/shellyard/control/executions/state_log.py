@@ -7,21 +7,21 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+from shellyard.control.agents import session_of
 from shellyard.store import Store
 
 log = logging.getLogger("shellyard.control.executions")
 
 
 async def log_state(store: Store, row: Mapping[str, Any]) -> None:
-    """One ``info`` line for the record's state; its session costs a read, so only when
-    ``info`` is logged."""
+    """One ``info`` line for the record's state; its session is read once per agent
+    (``session_of``), and only when ``info`` is logged."""
     if not log.isEnabledFor(logging.INFO):
         return
-    agent = await store.get_agent(str(row["agent_id"]))
     fields = {
         "action": "execution_" + str(row["state"]),
         "execution_id": row["id"],
-        "session_id": agent["session_id"] if agent else None,
+        "session_id": await session_of(store, str(row["agent_id"])),
         "agent_id": row["agent_id"],
         "runner_id": row["runner_id"],
         "workspace_id": row["workspace_id"],

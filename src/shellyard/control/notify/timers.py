@@ -293,8 +293,9 @@ class TimerService:
         self._changed.set()
         if row["state"] == TimerState.pending and request.execution_id is not None:
             # N6: the execution may have ended between the read above and the insert; its
-            # end's check did not see this timer then, so this read sees the end.
-            execution = await self.store.get_execution(request.execution_id)
+            # end's check did not see this timer then, so this read sees the end (it waits
+            # for an end still being committed: store.execution_for_new_timer).
+            execution = await self.store.execution_for_new_timer(request.execution_id)
             if execution is not None and execution["state"] in FINISHED_STATES:
                 await self._cancel_for(execution)
                 row = await self.store.get_timer(str(row["id"])) or row
@@ -331,9 +332,20 @@ class TimerService:
         come due are cancelled. On PostgreSQL the timer may have been created through another
         replica (and its fan-out message lost): the store is asked at every end."""
         execution_id = str(row["id"])
+        if "timers_cancelled" in row:  # done in the finishing transaction (folded_into_finish)
+            if row["timers_cancelled"]:
+                self._cancelled()
+            return
         if self.shared or execution_id in self._watched:
             self._watched.discard(execution_id)
             await self._cancel_for(row)
+
+    @property
+    def folded_into_finish(self) -> bool:
+        """Whether executions' ends should cancel N6 reminders in their own transaction: where
+        every end asks the store anyway (PostgreSQL), that saves a transaction per end; on
+        SQLite the set of watched executions spares most ends any statement."""
+        return self.shared
 
     def changed(self) -> None:
         """Another replica created or cancelled a timer, or messages may have been missed

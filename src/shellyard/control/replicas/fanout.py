@@ -44,6 +44,8 @@ log = logging.getLogger(__name__)
 MAX_PAYLOAD = 7900
 RECONNECT_MAX_S = 5.0
 
+NOTIFY = "SELECT pg_notify(%s, %s)"
+
 Handler = Callable[[dict[str, Any]], Awaitable[None]]
 
 
@@ -143,9 +145,12 @@ class Fanout:
                         batch = [payload]
                         while not self._outbox.empty() and len(batch) < 100:
                             batch.append(self._outbox.get_nowait())
-                        async with conn.transaction():  # one round trip for the batch
-                            for item in batch:
-                                await conn.execute("SELECT pg_notify(%s, %s)", (self.channel, item))
+                        if len(batch) == 1:  # autocommit: one round trip, no BEGIN/COMMIT
+                            await conn.execute(NOTIFY, (self.channel, batch[0]))
+                        else:
+                            async with conn.transaction():  # one commit for the batch
+                                for item in batch:
+                                    await conn.execute(NOTIFY, (self.channel, item))
                         self.published += len(batch)
             except asyncio.CancelledError:
                 raise
