@@ -167,6 +167,19 @@ def kill_server(home: Path) -> None:
     assert not is_served(home)
 
 
+def stop_server(home: Path) -> None:
+    """A clean stop (SIGTERM) of the ``shellyard serve`` of ``home``, waited for."""
+    from shellyard.home import is_served, read_info
+
+    info = read_info(home)
+    assert info is not None
+    os.kill(info.pid, signal.SIGTERM)
+    deadline = time.monotonic() + 30
+    while is_served(home) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not is_served(home)
+
+
 def host_uid(pid: int) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("Uid:"):

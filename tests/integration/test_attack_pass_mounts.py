@@ -10,16 +10,13 @@ from __future__ import annotations
 import asyncio
 import io
 import os
-import signal
 import tarfile
-import time
 from pathlib import Path
 
 import pytest
 
-from conftest import Yard, kill_server
+from conftest import Yard, kill_server, stop_server
 from shellyard.contract.executions import ExecutionState
-from shellyard.home import is_served, read_info
 from shellyard.sdk.client import Client
 
 pytestmark = [
@@ -88,17 +85,6 @@ def _overlays_of(folder: Path) -> int:
     return sum(1 for line in lines if line.split()[4] == str(folder))
 
 
-def _stop(home: Path) -> None:
-    """A clean stop of ``shellyard serve`` (SIGTERM), waited for."""
-    info = read_info(home)
-    assert info is not None
-    os.kill(info.pid, signal.SIGTERM)
-    deadline = time.monotonic() + 30
-    while is_served(home) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not is_served(home)
-
-
 @pytest.mark.parametrize("stop", ["kill9", "term"])
 async def test_a_restart_keeps_one_overlay_and_commits_the_background_files(
     served_home: Path, stop: str
@@ -121,7 +107,7 @@ async def test_a_restart_keeps_one_overlay_and_commits_the_background_files(
     if stop == "kill9":
         kill_server(home)
     else:
-        _stop(home)
+        stop_server(home)
     assert [_overlays_of(f) for f in folders] == [1, 1]  # held by the running sandbox
     client = Client.for_home(home)  # a new serve on the same home: the runner's restart
     assert client.wait(bg.execution_id, 30).exit_code == 0
@@ -130,7 +116,7 @@ async def test_a_restart_keeps_one_overlay_and_commits_the_background_files(
     assert seen.stdout == "done\nh\n52\n", seen
     committed = client.run("cat bg.txt f50; ls | wc -l", wait_ms=30000, read_only=True)
     assert committed.stdout == "done\n50\n52\n", committed
-    _stop(home)
+    stop_server(home)
     mounts = Path("/proc/self/mountinfo").read_text().splitlines()
     left = [line for line in mounts if str(home) in line]
     assert not left, left

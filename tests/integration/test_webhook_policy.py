@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import os
 import re
-import signal
 import socket
 import time
 from collections.abc import Iterator
@@ -23,9 +21,10 @@ import pytest
 from notify_helpers import FAST, running_plane, until
 from webhook_receiver import WebhookReceiver
 
+from conftest import stop_server
 from shellyard.contract.sessions import WebhookRequest
 from shellyard.errors import InvalidInput
-from shellyard.home import is_served, read_info
+from shellyard.home import read_info
 from shellyard.sdk.client import Client
 
 
@@ -41,16 +40,6 @@ def _closed_port() -> int:
         probe.bind(("127.0.0.1", 0))
         port: int = probe.getsockname()[1]
     return port  # nothing listens there once the probe is closed
-
-
-def _stop_server(home: Path) -> None:
-    info = read_info(home)
-    assert info is not None
-    os.kill(info.pid, signal.SIGTERM)
-    deadline = time.monotonic() + 30
-    while is_served(home) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not is_served(home)
 
 
 def _second_session_agent(home: Path) -> tuple[str, str, str]:
@@ -100,7 +89,7 @@ def test_a_webhook_to_host_loopback_is_refused_and_its_record_tells_no_port_stat
     # registers them; then the exceptions are taken back (a restart without them).
     exact = [f"127.0.0.1:{p}" for p in (receiver.exception.split(":")[1], 5432, closed)]
     monkeypatch.setenv("SHELLYARD_WEBHOOK_EXCEPTIONS", ",".join(exact))
-    _stop_server(home)
+    stop_server(home)
     Client.for_home(home)  # started again, with the exceptions
     info = read_info(home)
     assert info is not None
@@ -109,7 +98,7 @@ def test_a_webhook_to_host_loopback_is_refused_and_its_record_tells_no_port_stat
             answer = agent.post("/v1/webhooks", json={"url": targets[name]})
             assert answer.status_code == 200, (name, answer.text)
     monkeypatch.delenv("SHELLYARD_WEBHOOK_EXCEPTIONS")
-    _stop_server(home)
+    stop_server(home)
     Client.for_home(home)  # started again, without them
     info = read_info(home)
     assert info is not None
