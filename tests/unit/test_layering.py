@@ -189,7 +189,7 @@ ROOMS: dict[str, set[str]] = {
     # control/: services that never import each other sideways except as drawn; plane.py
     # builds and wires them all; replicas/ plugs the lease keeper and the fan-out into them.
     "control.agents": set(),
-    "control.tokens": set(),
+    "control.tokens": {"control.agents"},  # a session token checks its agent's session
     "control.metrics": set(),
     "control.runners": set(),
     "control.notify": {"control.agents"},
