@@ -81,11 +81,35 @@ class LiveExecution:
 
 def write_json_atomic(path: Path, data: str) -> None:
     """``path`` replaced by ``data``, mode 0600 (an execution's records are the service's)."""
-    tmp = path.with_name(path.name + ".tmp")
+    # Still a temporary file and a rename: meta.json and result.json are read after a crash
+    # (E11 re-attach, a retried start) and must be whole or absent; written with os.write
+    # on bytes, not through a text file object (the per-execution profile,
+    # docs/benchmarks.md "Spawn bookkeeping").
+    name = os.fspath(path)
+    tmp = name + ".tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-    with os.fdopen(fd, "w") as handle:
-        handle.write(data)
-    os.replace(tmp, path)
+    try:
+        _write_fully(fd, data.encode())
+    finally:
+        os.close(fd)
+    os.replace(tmp, name)
+
+
+def write_json_once(path: Path, data: str) -> None:
+    """``path`` made with ``data`` in one write, mode 0600, no rename: for a record whose
+    reader takes a missing or torn file as no record at all (a warm sandbox's warm.json:
+    ``warm.reap`` then removes the folder, and the waiter has exited on its pipe's end)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    try:
+        _write_fully(fd, data.encode())
+    finally:
+        os.close(fd)
+
+
+def _write_fully(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
 
 
 @dataclass

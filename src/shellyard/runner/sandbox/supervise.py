@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import json
 import logging
 import os
@@ -113,31 +114,32 @@ class Supervisor:
         mount: tuple[Path, dict[str, str]] | None,
     ) -> RunnerExecution:
         directory = self._executions / request.execution_id
-        directory.mkdir(mode=0o700)  # the service user's alone (filemodes.py)
-        if request.read_only:  # the committed view, never the live tree (W2)
-            link = directory / views.VIEW
-            tree = self.views.acquire(request.workspace_id, request.execution_id, link)
-        try:
+        live = None
+        if not request.interactive and not request.read_only:
             # E13: an interactive one's stdin is its holder's, never a warm sandbox's pipe.
-            live = None
-            if not request.interactive:
+            # A warm sandbox's folder is renamed to ``directory``, which is not made first:
+            # renaming over an empty folder cost ~0.4 ms CPU per run (docs/benchmarks.md
+            # "Spawn bookkeeping"). A restart sees its warm folder (reaped) or this one
+            # without meta.json, as for a cold spawn that crashed before its bookkeeping.
+            if os.path.lexists(directory):  # one folder per execution, as mkdir refuses
+                raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), str(directory))
+            try:
                 live = self.warm.take(request, directory, tree, command, mount)
-            live = live or self.sandboxes.spawn(request, directory, tree, command, mount)
-        except BaseException as exc:
-            if request.read_only:  # it never ran: it uses the view no longer
-                self.views.release(directory / views.VIEW, request.execution_id)
-            if not isinstance(exc, OSError):
-                raise
-            # Never started: the kernel refused the spawn (E2BIG, ENOMEM, EAGAIN ...). The
-            # folder goes (no trace a restart would take for a lost sandbox) and the caller
-            # ends the record ``failed`` with the reason; the writer is never taken here.
-            shutil.rmtree(directory, ignore_errors=True)
-            log.warning("could not spawn %s: %s", request.execution_id, exc)
-            raise SpawnFailed(
-                f"the command could not be started: {exc.strerror or exc} "
-                f"(errno {exc.errno}); nothing ran",
-                errno=exc.errno,
-            ) from None
+            except OSError as exc:
+                raise self._not_started(request.execution_id, directory, exc) from None
+        if live is None:
+            directory.mkdir(mode=0o700)  # the service user's alone (filemodes.py)
+            if request.read_only:  # the committed view, never the live tree (W2)
+                link = directory / views.VIEW
+                tree = self.views.acquire(request.workspace_id, request.execution_id, link)
+            try:
+                live = self.sandboxes.spawn(request, directory, tree, command, mount)
+            except BaseException as exc:
+                if request.read_only:  # it never ran: it uses the view no longer
+                    self.views.release(directory / views.VIEW, request.execution_id)
+                if not isinstance(exc, OSError):
+                    raise
+                raise self._not_started(request.execution_id, directory, exc) from None
         self._live[request.execution_id] = live
         if not request.read_only:
             self.busy_workspaces[request.workspace_id] = request.execution_id
@@ -149,6 +151,19 @@ class Supervisor:
         )
         self.warm.prepare_soon(request, tree, mount)
         return self._running(request.execution_id, live)
+
+    @staticmethod
+    def _not_started(execution_id: str, directory: Path, exc: OSError) -> SpawnFailed:
+        """Never started: the kernel refused the spawn (E2BIG, ENOMEM, EAGAIN ...). The
+        folder goes (no trace a restart would take for a lost sandbox) and the caller ends
+        the record ``failed`` with the reason; the writer is never taken here."""
+        shutil.rmtree(directory, ignore_errors=True)
+        log.warning("could not spawn %s: %s", execution_id, exc)
+        return SpawnFailed(
+            f"the command could not be started: {exc.strerror or exc} "
+            f"(errno {exc.errno}); nothing ran",
+            errno=exc.errno,
+        )
 
     def close(self) -> None:
         """Stop watching; the sandboxes themselves keep running (E11); no warm one does."""

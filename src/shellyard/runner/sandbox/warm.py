@@ -44,7 +44,7 @@ from shellyard.runner.sandbox.spawn import (
     Sandboxes,
     Started,
     inside,
-    write_json_atomic,
+    write_json_once,
 )
 
 log = logging.getLogger(__name__)
@@ -292,8 +292,11 @@ class WarmPool:
         key = self._key(workspace_id, tree, mount)
         sandbox_id = f"warm-{secrets.token_hex(8)}"
         directory = self.directory / sandbox_id
-        self.directory.mkdir(mode=0o700, exist_ok=True)
-        directory.mkdir(mode=0o700)
+        try:  # one mkdir per sandbox; the pool's folder only the first time (or if removed)
+            os.mkdir(directory, 0o700)
+        except FileNotFoundError:
+            self.directory.mkdir(mode=0o700, exist_ok=True)
+            os.mkdir(directory, 0o700)
         read_fd, write_fd = os.pipe()
         self_fd = os.open(box.waiter, os.O_RDONLY | os.O_CLOEXEC)
         env = box.base_env(workspace_id, None, mount)
@@ -324,7 +327,9 @@ class WarmPool:
             os.close(read_fd)
             os.close(self_fd)
         record = {"sandbox_id": sandbox_id, "pid": started.popen.pid}
-        write_json_atomic(directory / "warm.json", json.dumps(record))
+        # One write, no rename: reap takes a torn or missing warm.json as no record (the
+        # waiter has exited on its pipe's end by then; only the folder is left to remove).
+        write_json_once(directory / "warm.json", json.dumps(record))
         if box.networks is not None and started.network is not None:
             box.networks.ended(workspace_id, sandbox_id)  # a share, not a live execution
         return Warm(sandbox_id, key, directory, started, write_fd, environment_id)

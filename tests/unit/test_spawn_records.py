@@ -1,0 +1,44 @@
+"""An execution's small records on disk (runner/sandbox/spawn.py): meta.json and
+result.json replaced whole through a temporary file (E11 re-attach reads them after a
+crash), a warm sandbox's warm.json made in one write, and ``warm.reap`` taking a torn
+warm.json as no record (it removes the folder all the same)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from shellyard.runner.sandbox import warm
+from shellyard.runner.sandbox.spawn import write_json_atomic, write_json_once
+
+
+def test_atomic_write_replaces_whole_and_leaves_no_temporary(tmp_path: Path) -> None:
+    path = tmp_path / "meta.json"
+    write_json_atomic(path, json.dumps({"pid": 1}))
+    write_json_atomic(path, json.dumps({"pid": 2, "text": "é" * 5000}))
+    assert json.loads(path.read_text()) == {"pid": 2, "text": "é" * 5000}
+    assert sorted(os.listdir(tmp_path)) == ["meta.json"]
+    assert path.stat().st_mode & 0o777 == 0o600
+
+
+def test_once_write_makes_a_new_file_only(tmp_path: Path) -> None:
+    path = tmp_path / "warm.json"
+    write_json_once(path, json.dumps({"sandbox_id": "warm-1", "pid": 7}))
+    assert json.loads(path.read_text()) == {"sandbox_id": "warm-1", "pid": 7}
+    assert path.stat().st_mode & 0o777 == 0o600
+    with pytest.raises(FileExistsError):  # never over another sandbox's record
+        write_json_once(path, "{}")
+
+
+def test_reap_removes_a_warm_folder_whose_record_is_torn(tmp_path: Path) -> None:
+    torn = tmp_path / "warm-torn"
+    torn.mkdir()
+    (torn / "warm.json").write_text('{"sandbox_id": "warm-to')
+    empty = tmp_path / "warm-empty"
+    empty.mkdir()
+    (empty / "warm.json").write_text("")
+    assert warm.reap(tmp_path) == 2
+    assert list(tmp_path.iterdir()) == []
