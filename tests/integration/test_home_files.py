@@ -263,3 +263,20 @@ async def test_the_sandbox_sees_no_host_path_of_the_home(
         for point in ("/workspace", "/home/agent"):
             assert " - overlay overlay " in shown[point], shown[point]
             assert shown[point].split()[3] == "/", shown[point]  # its own root
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the egress socket's tmpfs is a root runner's")
+@pytest.mark.skipif(shutil.which("socat") is None, reason="network 'egress' needs socat")
+async def test_a_clean_stop_leaves_no_mount_of_the_runner_behind(tmp_path: Path) -> None:
+    """R2, docs/security.md "Host paths": the egress socket's own tmpfs (mounted whatever
+    SHELLYARD_OWN_MOUNTS says) is unmounted when the runner stops; left mounted, every later
+    sandbox start on the host would copy it (docs/benchmarks.md section 22)."""
+    from shellyard.runner.local import LocalRunner
+
+    root = tmp_path / "runner"
+    runner = LocalRunner(root, SandboxPolicy(network="egress"))
+    await runner.startup()
+    assert os.path.ismount(root / "sandbox" / "egress")
+    await runner.aclose()
+    mounts = Path("/proc/self/mountinfo").read_text().splitlines()
+    assert [line for line in mounts if str(root) in line] == []

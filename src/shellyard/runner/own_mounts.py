@@ -148,9 +148,8 @@ class OwnMounts:
 
     def unmount(self, folder: Path) -> None:
         """``folder`` back to a plain folder (before it is renamed or removed). Detached: a
-        sandbox still running keeps its bind of the overlay until it ends."""
-        if not self.enabled:
-            return
+        sandbox still running keeps its bind of the overlay until it ends. Whatever
+        ``enabled`` says: the egress socket's tmpfs is every root runner's."""
         while os.path.ismount(folder):  # mounted twice (two runners' starts racing): all
             if _libc.umount2(str(folder).encode(), _MNT_DETACH) != 0:
                 code = ctypes.get_errno()
