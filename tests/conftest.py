@@ -157,26 +157,27 @@ def processes_of(execution_id: str) -> list[int]:
 def kill_server(home: Path) -> None:
     """SIGKILL the ``shellyard serve`` of ``home`` (the control plane, with its local runner)
     and wait until it is gone."""
-    from shellyard.home import ensure_server, is_served
+    from shellyard.home import ensure_server
 
-    info = ensure_server(home)
-    os.kill(info.pid, signal.SIGKILL)
-    deadline = time.monotonic() + 10
-    while is_served(home) and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert not is_served(home)
+    _end_server(home, ensure_server(home).pid, signal.SIGKILL, 10)
 
 
 def stop_server(home: Path) -> None:
     """A clean stop (SIGTERM) of the ``shellyard serve`` of ``home``, waited for."""
-    from shellyard.home import is_served, read_info
+    from shellyard.home import read_info
 
     info = read_info(home)
     assert info is not None
-    os.kill(info.pid, signal.SIGTERM)
-    deadline = time.monotonic() + 30
+    _end_server(home, info.pid, signal.SIGTERM, 30)
+
+
+def _end_server(home: Path, pid: int, sig: signal.Signals, timeout_s: float) -> None:
+    from shellyard.home import is_served
+
+    os.kill(pid, sig)
+    deadline = time.monotonic() + timeout_s
     while is_served(home) and time.monotonic() < deadline:
-        time.sleep(0.05)
+        time.sleep(0.02)
     assert not is_served(home)
 
 

@@ -6,17 +6,15 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from conftest import sy
+from conftest import stop_server, sy
 from shellyard.cli.entry import parse_run
-from shellyard.home import is_served, read_info
+from shellyard.home import is_served
 
 
 @pytest.mark.parametrize(
@@ -91,13 +89,7 @@ def test_a_run_past_its_budget_is_followed_to_the_end(served_home: Path) -> None
 
 def test_a_home_whose_server_went_away_is_served_again(served_home: Path) -> None:
     assert sy(served_home, "run", "--", "true").returncode == 0
-    info = read_info(served_home)
-    assert info is not None
-    os.kill(info.pid, signal.SIGTERM)
-    deadline = time.monotonic() + 30
-    while is_served(served_home) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not is_served(served_home)
+    stop_server(served_home)
     again = sy(served_home, "run", "--", "echo back")
     assert (again.returncode, again.stdout) == (0, "back\n"), again.stderr
     assert is_served(served_home)

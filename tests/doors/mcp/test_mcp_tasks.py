@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -23,22 +22,11 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import CallToolResult
 from tasks_client import CreateTaskResult, TasksClient, task_cancel, task_get, wait_terminal
 
-from conftest import make_home
+from conftest import kill_server, make_home
 from shellyard.home import ServerInfo, ensure_server, is_served, read_info
 
 MISSING_CAPABILITY = -32021
 INVALID_PARAMS = -32602
-
-
-def kill_server(home: Path) -> None:
-    """SIGKILL of ``shellyard serve``, as tests/integration/test_durability.py does."""
-    info = read_info(home)
-    assert info is not None
-    os.kill(info.pid, signal.SIGKILL)
-    deadline = time.monotonic() + 10
-    while is_served(home) and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert not is_served(home)
 
 
 @pytest.fixture
