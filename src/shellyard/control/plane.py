@@ -26,7 +26,7 @@ from shellyard.control.notify.wakes import WakeService
 from shellyard.control.ports import PortService
 from shellyard.control.replicas.fanout import Fanout
 from shellyard.control.replicas.leases import LeaseKeeper, home_scope, ttl_from_env
-from shellyard.control.replicas.wiring import wire
+from shellyard.control.replicas.wiring import transfer_signal, wire
 from shellyard.control.retention import RetentionService
 from shellyard.control.runners import LOCAL_RUNNER_ID, RunnerRegistry
 from shellyard.control.tokens import TokenService
@@ -178,17 +178,25 @@ class ControlPlane:
             LOCAL_RUNNER_ID,
             ttl_s=ttl_from_env(os.environ),
         )
+        url = None if self.store.is_sqlite else settings.effective_database_url
+        fanout = self.fanout = Fanout(url, settings.database_schema, self.leases.replica_id)
         records = FileRecords(self.store)
         access = WorkspaceAccess(self.store, records, self._runners, self._executions)
         self._files = _Files(
             FileService(self.store, records, access, settings.retention),
-            TransferService(self.store, records, access),
+            # Its collaborators given when built (docs/architecture.md "Wiring"); a fan-out
+            # that publishes nothing (SQLite, one replica) gives no signal hook.
+            TransferService(
+                self.store,
+                records,
+                access,
+                leases=self.leases,
+                on_signal=transfer_signal(fanout) if fanout.enabled else None,
+                max_entries=settings.transfer_max_entries,
+            ),
             ArtifactService(records, access),
         )
-        self._files.transfers.max_entries = settings.transfer_max_entries
         self._ports = PortService(access)
-        url = None if self.store.is_sqlite else settings.effective_database_url
-        self.fanout = Fanout(url, settings.database_schema, self.leases.replica_id)
         wire(
             self._executions,
             wakes,

@@ -85,7 +85,20 @@ class _Cancelled(Exception):
 
 
 class TransferService:
-    def __init__(self, store: Store, records: FileRecords, access: WorkspaceAccess) -> None:
+    def __init__(
+        self,
+        store: Store,
+        records: FileRecords,
+        access: WorkspaceAccess,
+        *,
+        leases: WatchLeases | None = None,
+        on_signal: Callable[[str], None] | None = None,
+        max_entries: int | None = None,
+    ) -> None:
+        # Given when built (docs/architecture.md "Wiring"): ``leases`` picks the replica copying
+        # each transfer; ``on_signal`` tells the fan-out of an end or a cancel asked here (None:
+        # one process); ``max_entries``: Settings.transfer_max_entries (None: transfer_plan.py).
+        self.leases, self.on_signal, self.max_entries = leases, on_signal, max_entries
         self.store = store
         self.records = records
         self.access = access
@@ -95,17 +108,8 @@ class TransferService:
         self._closing = False
         #: First backoff between tries of a batch when a runner cannot be reached (doubles).
         self.retry_base_s = 0.5
-        #: Which replica copies each transfer (docs/operations.md); None: this process is the only
-        #: one.
-        self.leases: WatchLeases | None = None
-        #: Called with a transfer id that ended, or whose cancel was asked here while another
-        #: replica copies it: the fan-out tells the other replicas (control/replicas/wiring.py).
-        self.on_signal: Callable[[str], None] | None = None
         #: transfer id → set when it ends (or a cancel arrives), for waits on this replica.
         self._changed: dict[str, asyncio.Event] = {}
-        #: Most entries one transfer may name (``Settings.transfer_max_entries``; None: the
-        #: default of transfer_plan.py).
-        self.max_entries: int | None = None
 
     # ------------------------------------------------------------------ lifecycle
 

@@ -5,6 +5,7 @@ publishes nothing, so one replica behaves as before."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from shellyard.control.environments import EnvironmentService
@@ -16,6 +17,12 @@ from shellyard.control.notify.wakes import DELIVERY_LEASE, WakeService
 from shellyard.control.replicas.fanout import Fanout, Kind
 from shellyard.control.replicas.leases import LeaseKeeper
 from shellyard.store.leases import CHANGE, TRANSFER
+
+
+def transfer_signal(fanout: Fanout) -> Callable[[str], None]:
+    """``TransferService.on_signal``: a transfer that ended, or whose cancel was asked here,
+    told to the other replicas (T1–T5 across replicas)."""
+    return lambda transfer_id: fanout.publish(Kind.TRANSFER_CHANGED, transfer_id=transfer_id)
 
 
 def wire(
@@ -39,7 +46,7 @@ def wire(
     keeper.on_lost[DELIVERY_LEASE] = wakes.forget_delivery
     # Transfers and environment changes: one replica copies / drives each; the others adopt
     # it when that one dies (each resumes from its record, as after a restart).
-    transfers.leases = keeper
+    # (``transfers`` got the keeper and its signal hook when built, control/plane.py.)
     keeper.adopters[TRANSFER] = transfers.adopt
     keeper.on_lost[TRANSFER] = transfers.forget
     environments.leases = keeper
@@ -78,9 +85,6 @@ def wire(
         Kind.WAKE_EMITTED, session_id=wake.session_id, seq=wake.seq
     )
     wakes.on_webhooks = lambda: fanout.publish(Kind.WEBHOOKS_CHANGED)
-    transfers.on_signal = lambda transfer_id: fanout.publish(
-        Kind.TRANSFER_CHANGED, transfer_id=transfer_id
-    )
 
     async def ended(message: dict[str, Any]) -> None:
         executions.signal(str(message["execution_id"]))
