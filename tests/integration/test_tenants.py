@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -269,6 +271,86 @@ async def test_groups_go_with_their_execution(yard_factory: Any) -> None:
     await until_gone(yard, lambda p: p.name.startswith("ex_"))
 
 
+async def until_made_ahead(root: Path, workspace_id: str) -> set[str]:
+    """The names of the groups made ahead for the workspace (cgroups.py ``take_ready``)."""
+    deadline = time.monotonic() + 10
+    while True:
+        names = {
+            p.name
+            for p in groups_below(root)
+            if p.parent.name == workspace_id and p.name.startswith(cgroups.READY_PREFIX)
+        }
+        if names:
+            return names
+        assert time.monotonic() < deadline, groups_below(root)
+        await asyncio.sleep(0.05)
+
+
+@needs_cgroups
+async def test_a_cold_command_runs_in_a_group_made_ahead(
+    yard_factory: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """R2 (docs/benchmarks.md §26): an execution's end makes one empty group for its
+    workspace's next cold command, off the event loop; that command runs in it (meta.json
+    names it), its use is read from it at its end, and it goes then like any."""
+    monkeypatch.setenv("SHELLYARD_WARM_SANDBOXES", "0")  # every command starts cold
+    yard: Yard = await yard_factory(policy())
+    first = await yard.run("true")
+    assert first.exit_code == 0
+    ahead = await until_made_ahead(runner_root(yard), first.workspace_id)
+    second = await yard.run("head -c 20000000 /dev/zero | tail -c 1 >/dev/null; echo ok")
+    assert second.exit_code == 0 and second.stdout == "ok\n", second
+    meta = runner_root(yard) / "executions" / second.execution_id / "meta.json"
+    assert meta.read_text().count(next(iter(ahead))) == 1, meta.read_text()
+    assert second.cpu_seconds is not None and second.cpu_seconds > 0, second
+    assert second.peak_memory_bytes is not None and second.peak_memory_bytes > 0, second
+    await until_gone(yard, lambda p: p.name in ahead)
+
+
+@needs_cgroups
+def test_a_group_made_ahead_is_fresh_and_goes_at_close(tmp_path: Path) -> None:
+    """R2: the group made ahead at an execution's end has the execution memory limit and
+    nothing ran in it; one at most waits per workspace; a package tool's end (no ``ahead``)
+    makes none; ``close`` removes what waits."""
+    tree = cgroups.CgroupTree.probe(
+        f"shellyard-test-ahead-{tmp_path.name[-8:]}", cgroups.TenantLimits(256 << 20, 64), "v1"
+    )
+    assert tree is not None
+    try:
+        assert tree.take_ready("ws") is None
+        tree.start("ws", "e1")
+        tree.finish("ws", "e1", ahead=True)
+        tree.finish("ws", "e1b", ahead=True)  # a second end: still one waits
+        tree.drain()
+        name = tree.take_ready("ws")
+        assert name is not None and name.startswith(cgroups.READY_PREFIX), name
+        assert tree.take_ready("ws") is None
+        memory = tree.bases["memory"] / "ws" / name
+        assert int((memory / "memory.limit_in_bytes").read_text()) == 256 << 20
+        joins = tree.plan("ws", name)
+        burn = "import sys, time\nfor f in sys.argv[1:]: open(f, 'w').write('0')\n"
+        burn += "t = time.process_time()\nwhile time.process_time() - t < 0.2: pass"
+        subprocess.run([sys.executable, "-c", burn, *joins], check=True)
+        usage = tree.finish("ws", name, ahead=True)
+        assert usage.cpu_seconds is not None and usage.cpu_seconds >= 0.2, usage
+        assert usage.peak_memory_bytes is not None and usage.peak_memory_bytes > 0, usage
+        tree.drain()
+        assert not memory.exists()
+        fresh = tree.take_ready("ws")
+        assert fresh is not None and fresh != name
+        assert tree.usage("ws", fresh).cpu_seconds == 0.0
+        tree.start("ws", "tool1")
+        tree.finish("ws", "tool1")  # a tool's: none made ahead
+        tree.drain()
+        assert tree.take_ready("ws") is None
+        tree.finish("ws", "e2", ahead=True)
+        tree.drain()
+        assert any(p.name.startswith(cgroups.READY_PREFIX) for p in tree.groups())
+    finally:
+        tree.close(set())
+    assert tree.groups() == [], tree.groups()
+
+
 @needs_cgroups
 async def test_kill9_of_the_runner_leaves_no_group_after_restart(home: Path) -> None:
     """E11, R2: kill -9 of a runner daemon mid-run: one execution ends while no runner
@@ -279,6 +361,10 @@ async def test_kill9_of_the_runner_leaves_no_group_after_restart(home: Path) -> 
         runner = daemon.runner
         await runner.ensure_workspace("ws1")
         await runner.ensure_workspace("ws2")
+        await runner.ensure_workspace("ws3")
+        await runner.start(StartRequest(execution_id="e0", workspace_id="ws3", command="true"))
+        assert (await runner.wait("e0", 60)).exit_code == 0
+        ahead = await until_made_ahead(root, "ws3")  # for ws3's next cold spawn (§26)
         await runner.start(StartRequest(execution_id="e1", workspace_id="ws1", command="sleep 2"))
         await runner.start(
             StartRequest(execution_id="e2", workspace_id="ws2", command="sleep 8; echo end")
@@ -289,6 +375,8 @@ async def test_kill9_of_the_runner_leaves_no_group_after_restart(home: Path) -> 
         daemon.kill()
         await asyncio.sleep(3)  # e1 ends while nobody watches
         await daemon.restart()
+        # the restart's sweep took the group made ahead by the killed runner
+        assert not ahead & {p.name for p in groups_below(root)}, groups_below(root)
         for execution_id in ("e1", "e2"):
             record = await runner.wait(execution_id, 60)
             while record.state == RunnerExecState.running:

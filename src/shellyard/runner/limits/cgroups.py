@@ -26,7 +26,12 @@ event loop, every other) for ms at a time (p90 18 ms under load; docs/benchmarks
 then the sandbox's init has been killed and waited for (E8), so the groups are empty; the
 thread still ends anything left before it removes them. Likewise ``plan`` names the groups at
 once and ``make`` creates them where the caller chooses (a warm sandbox: its spawn's worker
-thread). ``sweep`` at start-up removes the groups of executions that are gone (after a kill -9
+thread). A cold spawn takes a group made ahead (``take_ready``): when an execution's groups
+go, the removal thread also makes one new, empty group for its workspace's next cold command
+(``READY_PER_WORKSPACE``), so the ``mkdir`` and limit writes, which wait on ``cgroup_mutex``
+under load, leave the event loop (docs/benchmarks.md §26). Each execution still gets a group
+of its own that nothing ran in before (fresh counters: peak memory, CPU seconds, events).
+``sweep`` at start-up removes the groups of executions that are gone (after a kill -9
 of the runner, E11).
 """
 
@@ -56,6 +61,11 @@ CPU_SHARES_V1 = 1024
 CFS_PERIOD_US = 100_000
 #: How long ``finish`` waits for a group's last processes to go before it gives up on rmdir.
 REMOVE_WAIT_S = 2.0
+#: Empty groups made ahead per workspace for its next cold spawn (``take_ready``).
+READY_PER_WORKSPACE = 1
+#: The prefix of a group made ahead: never an execution's id (``check_id``), so a restart's
+#: sweep removes one left by a killed runner like any group of no live execution.
+READY_PREFIX = "ready-"
 
 
 @dataclass(frozen=True)
@@ -187,10 +197,15 @@ class CgroupTree:
     #: v1: whether ``memory.memsw.limit_in_bytes`` can be written (swap accounting).
     _memsw: bool = True
     #: groups of ended executions, removed by ``_reaper`` (off the execution's end)
-    _doomed: queue.Queue[Path] = field(default_factory=queue.Queue)
+    _doomed: queue.Queue[Path | str] = field(default_factory=queue.Queue)
     #: those of ``_doomed`` not removed yet (a name made again waits for its removal first)
     _pending: set[Path] = field(default_factory=set)
     _reaper: threading.Thread | None = None
+    #: workspace → names of groups made ahead, empty, for its next cold spawn
+    _ready: dict[str, list[str]] = field(default_factory=dict)
+    #: workspace → groups made ahead or queued to be (at most READY_PER_WORKSPACE)
+    _ahead: dict[str, int] = field(default_factory=dict)
+    _ready_lock: threading.Lock = field(default_factory=threading.Lock)
 
     # ------------------------------------------------------------------ set-up
 
@@ -394,33 +409,67 @@ class CgroupTree:
         usage.processes_hit = self._pids_max_events(workspace_id, execution_id) > 0
         return usage
 
-    def finish(self, workspace_id: str, execution_id: str) -> Usage:
+    def finish(self, workspace_id: str, execution_id: str, *, ahead: bool = False) -> Usage:
         """The sandbox is gone: read its use; its groups go (``remove``)."""
         usage = self.usage(workspace_id, execution_id)
-        self.remove(workspace_id, execution_id)
+        self.remove(workspace_id, execution_id, ahead=ahead)
         return usage
 
-    def remove(self, workspace_id: str, execution_id: str) -> None:
-        """Its groups to the removal thread, which ends any process left in them first."""
+    def remove(self, workspace_id: str, execution_id: str, *, ahead: bool = False) -> None:
+        """Its groups to the removal thread, which ends any process left in them first;
+        ``ahead`` (an execution's end): it then makes one for the workspace's next cold
+        spawn (``take_ready``), unless one is ready."""
         self._started.pop(execution_id, None)
         for name, folder in self._levels(workspace_id, execution_id).items():
             if name == "cpu" and "cpuacct" in self.bases:
                 continue  # the workspace's own (plan)
             self._pending.add(folder)
             self._doomed.put(folder)
+        with self._ready_lock:
+            ahead = ahead and self._ahead.get(workspace_id, 0) < READY_PER_WORKSPACE
+            if ahead:
+                self._ahead[workspace_id] = self._ahead.get(workspace_id, 0) + 1
+        if ahead:
+            self._doomed.put(workspace_id)
         if self._reaper is None or not self._reaper.is_alive():
             self._reaper = threading.Thread(target=self._reap, name="cgroup-remove", daemon=True)
             self._reaper.start()
 
+    def take_ready(self, workspace_id: str) -> str | None:
+        """The name of an empty group made ahead for this workspace (then ``plan`` it and
+        skip ``make``), or None: none is ready, the caller makes its own."""
+        with self._ready_lock:
+            names = self._ready.get(workspace_id)
+            if not names:
+                return None
+            self._ahead[workspace_id] -= 1
+            return names.pop()
+
+    def _make_ahead(self, workspace_id: str) -> None:
+        name = READY_PREFIX + os.urandom(8).hex()
+        try:
+            self.make(workspace_id, name)
+        except OSError as exc:  # the workspace's next command makes its own
+            log.warning("could not make a cgroup ahead for %s: %s", workspace_id, exc)
+            with self._ready_lock:
+                self._ahead[workspace_id] -= 1
+            return
+        with self._ready_lock:
+            self._ready.setdefault(workspace_id, []).append(name)
+
     def _reap(self) -> None:
         while True:
-            folder = self._doomed.get()
+            item = self._doomed.get()
             try:
-                _remove(folder, self.mechanism)
+                if isinstance(item, str):
+                    self._make_ahead(item)
+                else:
+                    _remove(item, self.mechanism)
             except Exception:  # the next sweep tries again; the thread must not die
-                log.exception("could not remove the cgroup %s", folder)
+                log.exception("could not remove the cgroup %s", item)
             finally:
-                self._pending.discard(folder)
+                if isinstance(item, Path):
+                    self._pending.discard(item)
                 self._doomed.task_done()
 
     def drain(self) -> None:
@@ -431,8 +480,12 @@ class CgroupTree:
 
     def sweep(self, live: set[str]) -> list[str]:
         """Remove every execution group not in ``live`` (ended while the runner was down, or
-        never started) and every empty workspace group; returns the removed execution ids."""
+        never started, or made ahead) and every empty workspace group; returns the removed
+        execution ids."""
         self.drain()
+        with self._ready_lock:  # made ahead: not live, so removed below
+            self._ready.clear()
+            self._ahead.clear()
         removed: list[str] = []
         live = live | {name for name, started in self._started.items() if started.held}
         for base in self.bases.values():
@@ -442,7 +495,8 @@ class CgroupTree:
                         self._workspaces.add(workspace.name)
                         continue
                     _remove(execution, self.mechanism)
-                    removed.append(execution.name)
+                    if not execution.name.startswith(READY_PREFIX):
+                        removed.append(execution.name)
                 if not _children(workspace):
                     with contextlib.suppress(OSError):
                         workspace.rmdir()

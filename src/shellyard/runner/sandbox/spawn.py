@@ -69,6 +69,8 @@ class LiveExecution:
     cancel_requested: bool = False
     #: A warm sandbox's own id (warm.py): its cgroups and its init's marker are named by it.
     sandbox_id: str | None = None
+    #: R2: the name of its cgroups when they were made ahead (cgroups.py ``take_ready``).
+    cgroup: str | None = None
     #: E13: its input's holder: "tty" (a terminal), "pipe" (stdin only), or None.
     interactive: str | None = None
 
@@ -77,6 +79,10 @@ class LiveExecution:
         if self.sandbox_id is not None:
             return f"SHELLYARD_SANDBOX_ID={self.sandbox_id}".encode()
         return f"SHELLYARD_EXECUTION_ID={execution_id}".encode()
+
+    def group(self, execution_id: str) -> str:
+        """The name of its cgroups below its workspace's (cgroups.py)."""
+        return self.cgroup or self.sandbox_id or execution_id
 
 
 def write_json_atomic(path: Path, data: str) -> None:
@@ -199,8 +205,12 @@ class Sandboxes:
                 command = terminal.in_terminal(command)
         env = self.base_env(request.workspace_id, request.cwd, mount)
         env["SHELLYARD_EXECUTION_ID"] = request.execution_id
+        # R2: groups made ahead by the removal thread, so no mkdir waits on cgroup_mutex
+        # here on the event loop (docs/benchmarks.md §26); None: made in ``spawn``
+        group = None if self.cgroups is None else self.cgroups.take_ready(request.workspace_id)
         try:
             pending = self.prepare_bwrap(
+                group=group,
                 workspace_id=request.workspace_id,
                 sandbox_id=request.execution_id,
                 directory=directory,
@@ -232,7 +242,11 @@ class Sandboxes:
             if channel is not None:
                 channel.close()
         return self.record(
-            request, directory, started, interactive=channel.mode if channel else None
+            request,
+            directory,
+            started,
+            interactive=channel.mode if channel else None,
+            cgroup=group,
         )
 
     def prepare_bwrap(
@@ -250,11 +264,13 @@ class Sandboxes:
         setenv: dict[str, str] | None = None,
         command_fd: int | None = None,
         extra_fds: tuple[int, ...] = (),
+        group: str | None = None,
     ) -> PendingSpawn:
         """Everything of a spawn but the spawn itself (which touches no shared state, so a
         warm sandbox's runs in a worker thread): its logs and status opened in ``directory``,
         the network share and cgroups taken under ``sandbox_id`` (an execution's id, or a
-        warm sandbox's own, warm.py), the command line built."""
+        warm sandbox's own, warm.py; the cgroups under ``group`` when made ahead), the
+        command line built."""
         flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC
         # R2: opened through a detached mount, so the sandbox's /proc/self/fd/1 reads
         # "/stdout", not the home's path (own_mounts.open_unnamed)
@@ -269,8 +285,9 @@ class Sandboxes:
             if networks is not None:
                 pending.network = networks.acquire(workspace_id, sandbox_id)
             if self.cgroups is not None:  # made by ``spawn`` (a warm one's: in its thread)
-                pending.joins = self.cgroups.plan(workspace_id, sandbox_id)
-                pending.groups = self.cgroups
+                pending.group = group or sandbox_id
+                pending.joins = self.cgroups.plan(workspace_id, pending.group)
+                pending.groups = None if group else self.cgroups  # made ahead: made
             argv = sandbox.bwrap_argv(
                 bwrap=self.bwrap,
                 policy=self.policy,
@@ -313,7 +330,7 @@ class Sandboxes:
         if self.networks is not None and pending.network is not None:
             self.networks.release(pending.workspace_id, pending.sandbox_id)
         if self.cgroups is not None and pending.joins:
-            self.cgroups.remove(pending.workspace_id, pending.sandbox_id)
+            self.cgroups.remove(pending.workspace_id, pending.group or pending.sandbox_id)
 
     def record(
         self,
@@ -322,6 +339,7 @@ class Sandboxes:
         started: Started,
         sandbox_id: str | None = None,
         interactive: str | None = None,
+        cgroup: str | None = None,
     ) -> LiveExecution:
         """meta.json written (what a restart re-attaches to, E11), the execution known."""
         policy = self.execution_policy()
@@ -338,6 +356,7 @@ class Sandboxes:
             "shared_network": shared,
             "interactive": interactive,
             **({"sandbox_id": sandbox_id} if sandbox_id else {}),
+            **({"cgroup": cgroup} if cgroup else {}),
         }
         try:
             write_json_atomic(directory / "meta.json", json.dumps(meta))
@@ -361,6 +380,7 @@ class Sandboxes:
             shared_network=shared,
             sandbox_id=sandbox_id,
             interactive=interactive,
+            cgroup=cgroup,
         )
 
 
@@ -379,6 +399,8 @@ class PendingSpawn:
     inherited: tuple[int, ...] = ()
     network: Path | None = None
     joins: list[str] = field(default_factory=list)
+    #: R2 tenants: the name of the groups of ``joins`` (``sandbox_id`` unless made ahead)
+    group: str | None = None
     #: R2 tenants: where ``joins`` are made, first thing in ``spawn``
     groups: CgroupTree | None = None
     #: the chain's way into the cgroups (no launcher): written after the spawn

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import functools
 import json
 import logging
 import os
@@ -227,8 +228,11 @@ class Supervisor:
         usage = None
         cgroups = self.sandboxes.cgroups
         if cgroups is not None:  # R2 tenants: what it used, what ended it; its groups go
-            group = live.sandbox_id or execution_id
-            usage = await asyncio.to_thread(cgroups.finish, live.workspace_id, group)
+            usage = await asyncio.to_thread(
+                functools.partial(
+                    cgroups.finish, live.workspace_id, live.group(execution_id), ahead=True
+                )
+            )
         exit_code = status.get("exit-code")
         cancelled = live.cancel_requested or (live.directory / "cancel").exists()
         error = None
@@ -467,7 +471,7 @@ class Supervisor:
 
     def live_ids(self) -> set[str]:
         """The names of the groups of the executions watched now (their sandboxes run on)."""
-        return {live.sandbox_id or execution_id for execution_id, live in self._live.items()}
+        return {live.group(execution_id) for execution_id, live in self._live.items()}
 
     async def recover(self) -> None:
         """E11: re-attach to sandboxes that outlived the previous runner process."""
@@ -496,6 +500,7 @@ class Supervisor:
                 shared_network=bool(meta.get("shared_network", False)),
                 interactive=meta.get("interactive"),
                 sandbox_id=meta.get("sandbox_id"),
+                cgroup=meta.get("cgroup"),
             )
             execution_id = directory.name
             networks = self.sandboxes.networks
@@ -504,7 +509,7 @@ class Supervisor:
                 networks.acquire(live.workspace_id, execution_id)
             self._live[execution_id] = live
             if self.sandboxes.cgroups is not None:  # R2 tenants: its groups are still there
-                self.sandboxes.cgroups.adopt(live.workspace_id, live.sandbox_id or execution_id)
+                self.sandboxes.cgroups.adopt(live.workspace_id, live.group(execution_id))
             if not live.read_only:
                 self.busy_workspaces[live.workspace_id] = execution_id
             self._use_environment(live.environment_id, execution_id)
