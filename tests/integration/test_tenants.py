@@ -290,7 +290,7 @@ async def until_made_ahead(root: Path, workspace_id: str) -> set[str]:
 async def test_a_cold_command_runs_in_a_group_made_ahead(
     yard_factory: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """R2 (docs/benchmarks.md §26): an execution's end makes one empty group for its
+    """R2 (docs/benchmarks.md §25): an execution's end makes one empty group for its
     workspace's next cold command, off the event loop; that command runs in it (meta.json
     names it), its use is read from it at its end, and it goes then like any."""
     monkeypatch.setenv("SHELLYARD_WARM_SANDBOXES", "0")  # every command starts cold
@@ -364,7 +364,7 @@ async def test_kill9_of_the_runner_leaves_no_group_after_restart(home: Path) -> 
         await runner.ensure_workspace("ws3")
         await runner.start(StartRequest(execution_id="e0", workspace_id="ws3", command="true"))
         assert (await runner.wait("e0", 60)).exit_code == 0
-        ahead = await until_made_ahead(root, "ws3")  # for ws3's next cold spawn (§26)
+        ahead = await until_made_ahead(root, "ws3")  # for ws3's next cold spawn (§25)
         await runner.start(StartRequest(execution_id="e1", workspace_id="ws1", command="sleep 2"))
         await runner.start(
             StartRequest(execution_id="e2", workspace_id="ws2", command="sleep 8; echo end")

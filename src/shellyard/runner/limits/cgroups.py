@@ -29,7 +29,7 @@ once and ``make`` creates them where the caller chooses (a warm sandbox: its spa
 thread). A cold spawn takes a group made ahead (``take_ready``): when an execution's groups
 go, the removal thread also makes one new, empty group for its workspace's next cold command
 (``READY_PER_WORKSPACE``), so the ``mkdir`` and limit writes, which wait on ``cgroup_mutex``
-under load, leave the event loop (docs/benchmarks.md §26). Each execution still gets a group
+under load, leave the event loop (docs/benchmarks.md §25). Each execution still gets a group
 of its own that nothing ran in before (fresh counters: peak memory, CPU seconds, events).
 ``sweep`` at start-up removes the groups of executions that are gone (after a kill -9
 of the runner, E11).

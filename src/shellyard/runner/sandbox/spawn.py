@@ -206,7 +206,7 @@ class Sandboxes:
         env = self.base_env(request.workspace_id, request.cwd, mount)
         env["SHELLYARD_EXECUTION_ID"] = request.execution_id
         # R2: groups made ahead by the removal thread, so no mkdir waits on cgroup_mutex
-        # here on the event loop (docs/benchmarks.md §26); None: made in ``spawn``
+        # here on the event loop (docs/benchmarks.md §25); None: made in ``spawn``
         group = None if self.cgroups is None else self.cgroups.take_ready(request.workspace_id)
         try:
             pending = self.prepare_bwrap(
