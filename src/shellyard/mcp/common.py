@@ -1,5 +1,5 @@
-"""What every MCP tool module shares: the ToolError of a ShellyardError, the backend protocols
-of executions and timers, and ``add_model_tool``, which makes a tool's signature (so its input
+"""What every MCP tool module shares: the ToolError of a ShellyardError, the tool hints, and
+``add_model_tool``, which makes a tool's signature (so its input
 schema) from a request model of ``shellyard.contract``: a field's description, bounds and
 default are written once, in the model, for REST, the SDK and MCP alike."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Annotated, Any, Protocol, TypeVar
+from typing import Annotated, Any, TypeVar
 
 from mcp.server.mcpserver import Context
 from mcp.server.mcpserver.exceptions import ToolError
@@ -16,57 +16,11 @@ from mcp_types import CallToolResult, TextContent, ToolAnnotations
 from pydantic import BaseModel, Field, ValidationError
 from pydantic.fields import FieldInfo
 
-from shellyard.contract.executions import (
-    AGENT_CANCEL_WAIT_S,
-    DEFAULT_LOG_LIMIT,
-    ExecutionView,
-    LogsResult,
-    RunShellResult,
-)
 from shellyard.contract.rawjson import marked
-from shellyard.contract.sessions import NoticeView, TimerView
 from shellyard.errors import InvalidInput, ShellyardError, validation_message
 from shellyard.mcp.compact import StrictTool, compact_schema, result_text
 
 M = TypeVar("M", bound=BaseModel)
-
-
-class ExecutionBackend(Protocol):
-    async def run(self, command: str | None = None, **options: Any) -> RunShellResult: ...
-    async def status(self, execution_id: str) -> ExecutionView: ...
-    async def logs(
-        self,
-        execution_id: str,
-        stream: str = "stdout",
-        offset: int = 0,
-        limit: int = DEFAULT_LOG_LIMIT,
-        tail: int | None = None,
-    ) -> LogsResult: ...
-    async def cancel(
-        self, execution_id: str, wait_s: float = AGENT_CANCEL_WAIT_S
-    ) -> ExecutionView: ...
-
-
-class TimerBackend(Protocol):
-    async def timer_create(
-        self,
-        text: str,
-        after_ms: int | None = None,
-        at: str | None = None,
-        execution_id: str | None = None,
-    ) -> TimerView: ...
-    async def timer_list(
-        self, state: str | None = None, after: str | None = None
-    ) -> list[TimerView]: ...
-    async def timer_cancel(self, timer_id: str) -> TimerView: ...
-    async def inbox(
-        self, unread_only: bool = False, after: str | None = None
-    ) -> list[NoticeView]: ...
-    async def mark_read(self, notice_ids: list[str] | None = None) -> int: ...
-
-
-class ShellyardBackend(ExecutionBackend, TimerBackend, Protocol):
-    """What the MCP server calls (``AsyncClient`` is one)."""
 
 
 def hints(
@@ -230,9 +184,6 @@ def for_model(tool: str, result: dict[str, Any] | CallToolResult) -> CallToolRes
 
 __all__ = [
     "READ",
-    "ExecutionBackend",
-    "ShellyardBackend",
-    "TimerBackend",
     "for_model",
     "hints",
     "model_signature",

@@ -5,7 +5,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 from mcp.server.mcpserver import Context
 from mcp.server.mcpserver.tools import Tool
@@ -23,45 +23,7 @@ from shellyard.contract.environments import (
     RevisionView,
 )
 from shellyard.mcp.common import READ, hints, model_tool
-
-
-@runtime_checkable
-class EnvironmentsBackend(Protocol):
-    """What the environment tools call (``AsyncClient`` is one)."""
-
-    async def environment_create(
-        self,
-        name: str,
-        language: str = "python",
-        runner_id: str | None = None,
-        wait_ms: int = 10_000,
-        base: str | None = None,
-    ) -> EnvironmentView: ...
-    async def environment_install(
-        self,
-        environment_id: str,
-        manager: str,
-        specs: list[str],
-        *,
-        channels: list[str] | None = None,
-        index_url: str | None = None,
-        extra_index_urls: list[str] | None = None,
-        find_links: list[str] | None = None,
-        repos: list[str] | None = None,
-        wait_ms: int = 10_000,
-    ) -> ChangeView: ...
-    async def environment_uninstall(
-        self, environment_id: str, manager: str, specs: list[str], *, wait_ms: int = 10_000
-    ) -> ChangeView: ...
-    async def environment_list(self, runner_id: str | None = None) -> list[EnvironmentView]: ...
-    async def environment_show(self, environment_id: str) -> EnvironmentView: ...
-    async def environment_revisions(
-        self, environment_id: str, revision: int | None = None
-    ) -> list[RevisionView]: ...
-    async def environment_change_status(
-        self, change_id: str, wait_s: float = 0.0
-    ) -> ChangeView: ...
-
+from shellyard.sdk.client import AsyncClient
 
 _WAITING = (
     "It waits for running executions that use the environment (state 'waiting'); later ones "
@@ -82,7 +44,7 @@ class RevisionList(BaseModel):
 _INSTALL_ONLY = ("channels", "index_url", "extra_index_urls", "find_links", "repos")
 
 
-def environment_tools(backend: EnvironmentsBackend) -> list[Tool]:
+def environment_tools(backend: AsyncClient) -> list[Tool]:
     async def environment_create(request: EnvironmentCreateRequest, ctx: Context) -> dict[str, Any]:
         view = await backend.environment_create(
             request.name, request.language, request.runner_id, request.wait_ms, request.base
@@ -235,4 +197,4 @@ def environment_tools(backend: EnvironmentsBackend) -> list[Tool]:
     ]
 
 
-__all__ = ["EnvironmentsBackend", "environment_tools"]
+__all__ = ["environment_tools"]

@@ -28,8 +28,9 @@ from shellyard.contract.executions import (
     RunShellResult,
 )
 from shellyard.contract.executions import ExecutionView as ExecutionViewModel
-from shellyard.mcp.common import READ, ExecutionBackend, model_tool
+from shellyard.mcp.common import READ, model_tool
 from shellyard.mcp.resources import log_links
+from shellyard.sdk.client import AsyncClient
 
 #: Between two progress notifications of a foreground wait.
 PROGRESS_SLICE_MS = 1000
@@ -54,7 +55,7 @@ def run_options(request: RunShellRequest, **override: Any) -> dict[str, Any]:
     return options
 
 
-async def _output_bytes(backend: ExecutionBackend, execution_id: str) -> int:
+async def _output_bytes(backend: AsyncClient, execution_id: str) -> int:
     total = 0
     for stream in ("stdout", "stderr"):
         total += (await backend.logs(execution_id, stream, 0, 0)).size
@@ -62,7 +63,7 @@ async def _output_bytes(backend: ExecutionBackend, execution_id: str) -> int:
 
 
 async def run_with_progress(
-    backend: ExecutionBackend, request: RunShellRequest, ctx: Context
+    backend: AsyncClient, request: RunShellRequest, ctx: Context
 ) -> RunShellResult:
     """Run ``request``. A foreground call carrying a progress token is made in two calls of
     one idempotency key (the caller's, or one minted here): ``wait_ms=0`` to learn the
@@ -115,7 +116,7 @@ def run_result(result: RunShellResult) -> dict[str, Any] | CallToolResult:
     )
 
 
-def execution_tools(backend: ExecutionBackend, *, network: str = "off") -> list[Tool]:
+def execution_tools(backend: AsyncClient, *, network: str = "off") -> list[Tool]:
     async def run_shell(request: RunShellRequest, ctx: Context) -> dict[str, Any] | CallToolResult:
         result = await run_with_progress(backend, request, ctx)
         return run_result(result)

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import base64
 import binascii
-from collections.abc import AsyncIterable
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 from mcp.server.mcpserver import Context
 from mcp.server.mcpserver.exceptions import ToolError
@@ -18,11 +17,6 @@ from pydantic import BaseModel
 
 from shellyard.contract.files import (
     AGENT_LIST_LIMIT,
-    DEFAULT_DIFF_LIMIT,
-    DEFAULT_LIST_LIMIT,
-    DEFAULT_OUTCOME_PAGE,
-    DEFAULT_TEXT_READ,
-    DEFAULT_TRANSFER_PAGE,
     MAX_TRANSFER_PAGE,
     TRANSFER_ACTIONS,
     ArtifactDeclareRequest,
@@ -40,100 +34,13 @@ from shellyard.contract.files import (
     SnapshotDiffRequest,
     SnapshotListRequest,
     SnapshotRestoreRequest,
-    TransferFilesView,
     TransferFileView,
     TransferView,
     WorkspaceTransferRequest,
     WorkspaceView,
 )
 from shellyard.mcp.common import READ, hints, model_tool
-
-
-@runtime_checkable
-class FilesBackend(Protocol):
-    """What the file tools call (``AsyncClient`` is one)."""
-
-    async def workspaces(self) -> list[WorkspaceView]: ...
-    async def list_files(
-        self,
-        path: str = "",
-        *,
-        workspace_id: str | None = None,
-        runner_id: str | None = None,
-        seq: int | None = None,
-        recursive: bool = False,
-        after: str | None = None,
-        limit: int = DEFAULT_LIST_LIMIT,
-    ) -> DirListing: ...
-    async def read_text(
-        self,
-        path: str,
-        *,
-        workspace_id: str | None = None,
-        runner_id: str | None = None,
-        seq: int | None = None,
-        offset: int = 0,
-        limit: int = DEFAULT_TEXT_READ,
-    ) -> FileText: ...
-    async def write_file(
-        self,
-        path: str,
-        data: bytes | AsyncIterable[bytes],
-        *,
-        workspace_id: str | None = None,
-        runner_id: str | None = None,
-        mode: int | None = None,
-        queue: bool = False,
-        wait_s: float | None = None,
-    ) -> EditView: ...
-    async def delete(self, path: str, *, recursive: bool = False, **where: Any) -> EditView: ...
-    async def move(
-        self, source: str, destination: str, *, overwrite: bool = False, **where: Any
-    ) -> EditView: ...
-    async def restore(self, seq: int, path: str = "", **where: Any) -> EditView: ...
-    async def history(
-        self, *, workspace_id: str | None = None, runner_id: str | None = None
-    ) -> HistoryView: ...
-    async def diff(
-        self,
-        from_seq: int,
-        to_seq: int | None = None,
-        path: str = "",
-        *,
-        workspace_id: str | None = None,
-        runner_id: str | None = None,
-        after: str | None = None,
-        limit: int = DEFAULT_DIFF_LIMIT,
-    ) -> DiffResult: ...
-    async def transfer_start(
-        self,
-        source_workspace_id: str,
-        paths: list[str],
-        target_workspace_id: str,
-        target_folder: str = "",
-        *,
-        queue: bool = False,
-        **options: Any,
-    ) -> TransferView: ...
-    async def transfers(self, limit: int = DEFAULT_TRANSFER_PAGE) -> list[TransferView]: ...
-    async def transfer(self, transfer_id: str) -> TransferView: ...
-    async def transfer_files(
-        self,
-        transfer_id: str,
-        outcome: str | None = None,
-        offset: int = 0,
-        limit: int = DEFAULT_OUTCOME_PAGE,
-    ) -> TransferFilesView: ...
-    async def transfer_cancel(self, transfer_id: str, wait_s: float = 0.0) -> TransferView: ...
-    async def artifact_declare(
-        self,
-        path: str,
-        name: str | None = None,
-        *,
-        workspace_id: str | None = None,
-        seq: int | None = None,
-    ) -> ArtifactView: ...
-    async def artifacts(self) -> list[ArtifactView]: ...
+from shellyard.sdk.client import AsyncClient
 
 
 class WorkspaceList(BaseModel):
@@ -171,7 +78,7 @@ def _where(request: Any) -> dict[str, Any]:
     return where
 
 
-async def transfer(backend: FilesBackend, request: WorkspaceTransferRequest) -> dict[str, Any]:
+async def transfer(backend: AsyncClient, request: WorkspaceTransferRequest) -> dict[str, Any]:
     """One workspace_transfer call (the tasks extension calls it for 'start' too)."""
     action = request.action
     if action not in TRANSFER_ACTIONS:
@@ -209,7 +116,7 @@ async def transfer(backend: FilesBackend, request: WorkspaceTransferRequest) -> 
     return view
 
 
-def file_tools(backend: FilesBackend) -> list[Tool]:
+def file_tools(backend: AsyncClient) -> list[Tool]:
     async def workspace_transfer(request: WorkspaceTransferRequest, ctx: Context) -> dict[str, Any]:
         return await transfer(backend, request)
 
@@ -464,4 +371,4 @@ def transfer_output_schema() -> dict[str, Any]:
     return {"type": "object", **schema}
 
 
-__all__ = ["FilesBackend", "file_tools", "transfer"]
+__all__ = ["file_tools", "transfer"]

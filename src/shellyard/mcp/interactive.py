@@ -4,7 +4,7 @@ terminal as a person would see it)."""
 
 from __future__ import annotations
 
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 from mcp.server.mcpserver import Context
 from mcp.server.mcpserver.tools import Tool
@@ -12,21 +12,10 @@ from mcp.server.mcpserver.tools import Tool
 from shellyard.contract.executions import ExecutionStatusRequest
 from shellyard.contract.interactive import ExecutionInputCall, InputResult, ScreenView
 from shellyard.mcp.common import READ, hints, model_tool
+from shellyard.sdk.client import AsyncClient
 
 
-@runtime_checkable
-class InteractiveBackend(Protocol):
-    async def input(
-        self,
-        execution_id: str,
-        text: str | None = None,
-        keys: list[str] | None = None,
-        eof: bool = False,
-    ) -> InputResult: ...
-    async def screen(self, execution_id: str) -> ScreenView: ...
-
-
-def interactive_tools(backend: InteractiveBackend) -> list[Tool]:
+def interactive_tools(backend: AsyncClient) -> list[Tool]:
     async def execution_input(request: ExecutionInputCall, ctx: Context) -> dict[str, Any]:
         sent = await backend.input(request.execution_id, request.text, request.keys, request.eof)
         return sent.model_dump(mode="json")

@@ -4,32 +4,14 @@ forwards; close one. ``build_server`` adds it when its backend serves ports."""
 
 from __future__ import annotations
 
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 from mcp.server.mcpserver import Context
 from mcp.server.mcpserver.tools import Tool
 
 from shellyard.contract.ports import PortList, PortRequest, PortView
 from shellyard.mcp.common import hints, model_tool
-
-
-@runtime_checkable
-class PortsBackend(Protocol):
-    async def open_port(
-        self,
-        port: int,
-        host_port: int = 0,
-        *,
-        workspace_id: str | None = None,
-        runner_id: str | None = None,
-    ) -> PortView: ...
-    async def ports(
-        self, workspace_id: str | None = None, runner_id: str | None = None
-    ) -> list[PortView]: ...
-    async def close_port(
-        self, port: int, *, workspace_id: str | None = None, runner_id: str | None = None
-    ) -> PortView: ...
-
+from shellyard.sdk.client import AsyncClient
 
 DESCRIPTION = (
     "Let a person on the runner's host reach a server in your workspace: action 'open' "
@@ -43,7 +25,7 @@ DESCRIPTION = (
 )
 
 
-def port_tools(backend: PortsBackend) -> list[Tool]:
+def port_tools(backend: AsyncClient) -> list[Tool]:
     async def workspace_port(request: PortRequest, ctx: Context) -> dict[str, Any]:
         where = {"workspace_id": request.workspace_id, "runner_id": request.runner_id}
         if request.action == "list":
@@ -76,4 +58,4 @@ def port_output_schema() -> dict[str, Any]:
     return {"type": "object", **schema}  # MCP wants an object at the root: both arms are
 
 
-__all__ = ["PortsBackend", "port_tools"]
+__all__ = ["port_tools"]

@@ -15,46 +15,20 @@ file_read from the offset it names).
 from __future__ import annotations
 
 import base64
-from typing import Any, Protocol, runtime_checkable
 
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ResourceError
 from mcp_types import ResourceLink
 
-from shellyard.contract.executions import DEFAULT_LOG_LIMIT, LogsResult
-from shellyard.contract.files import DEFAULT_TEXT_READ, MAX_TEXT_READ, ArtifactView, FileText
+from shellyard.contract.executions import DEFAULT_LOG_LIMIT
+from shellyard.contract.files import MAX_TEXT_READ
 from shellyard.errors import ShellyardError
+from shellyard.sdk.client import AsyncClient
 
 MAX_RESOURCE_BYTES = 8 << 20
 LOG_URI = "shellyard://executions/{execution_id}/{stream}"
 FILE_URI = "shellyard://workspaces/{workspace_id}/snapshots/{seq}/files/{+path}"
 ARTIFACT_URI = "shellyard://artifacts/{artifact_id}"
-
-
-class LogBackend(Protocol):
-    async def logs(
-        self,
-        execution_id: str,
-        stream: str = "stdout",
-        offset: int = 0,
-        limit: int = DEFAULT_LOG_LIMIT,
-        tail: int | None = None,
-    ) -> LogsResult: ...
-
-
-@runtime_checkable
-class FileReadBackend(Protocol):
-    async def read_text(
-        self,
-        path: str,
-        *,
-        workspace_id: str | None = None,
-        runner_id: str | None = None,
-        seq: int | None = None,
-        offset: int = 0,
-        limit: int = DEFAULT_TEXT_READ,
-    ) -> FileText: ...
-    async def artifacts(self) -> list[ArtifactView]: ...
 
 
 def log_uri(execution_id: str, stream: str) -> str:
@@ -75,7 +49,7 @@ def log_links(execution_id: str) -> list[ResourceLink]:
     ]
 
 
-async def read_log(backend: LogBackend, execution_id: str, stream: str) -> str:
+async def read_log(backend: AsyncClient, execution_id: str, stream: str) -> str:
     parts: list[str] = []
     offset = 0
     while True:
@@ -93,7 +67,7 @@ async def read_log(backend: LogBackend, execution_id: str, stream: str) -> str:
 
 
 async def read_file(
-    backend: FileReadBackend, path: str, *, workspace_id: str | None, seq: int | None
+    backend: AsyncClient, path: str, *, workspace_id: str | None, seq: int | None
 ) -> str | bytes:
     texts: list[str] = []
     blobs: list[bytes] = []
@@ -113,7 +87,7 @@ async def read_file(
     return b"".join(blobs) + "".join(texts).encode() if blobs else "".join(texts)
 
 
-def add_resources(server: MCPServer, backend: Any) -> None:
+def add_resources(server: MCPServer, backend: AsyncClient) -> None:
     def failure(exc: ShellyardError) -> ResourceError:
         return ResourceError(f"{exc.code}: {exc.message}")
 
@@ -131,9 +105,6 @@ def add_resources(server: MCPServer, backend: Any) -> None:
             return await read_log(backend, execution_id, stream)
         except ShellyardError as exc:
             raise failure(exc) from None
-
-    if not isinstance(backend, FileReadBackend):
-        return
 
     @server.resource(
         FILE_URI,

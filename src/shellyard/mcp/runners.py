@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 from mcp.server.mcpserver import Context
 from mcp.server.mcpserver.tools import Tool
@@ -10,18 +10,14 @@ from pydantic import BaseModel
 
 from shellyard.contract.runners import RunnerView
 from shellyard.mcp.common import READ, model_tool
-
-
-@runtime_checkable
-class RunnersBackend(Protocol):
-    async def runners(self) -> list[RunnerView]: ...
+from shellyard.sdk.client import AsyncClient
 
 
 class RunnerListResult(BaseModel):
     runners: list[RunnerView]
 
 
-def runner_tools(backend: RunnersBackend) -> list[Tool]:
+def runner_tools(backend: AsyncClient) -> list[Tool]:
     async def runner_list(_request: None, ctx: Context) -> dict[str, Any]:
         views = await backend.runners()
         return {"runners": [view.model_dump(mode="json") for view in views]}
@@ -43,4 +39,4 @@ def runner_tools(backend: RunnersBackend) -> list[Tool]:
     ]
 
 
-__all__ = ["RunnersBackend", "runner_tools"]
+__all__ = ["runner_tools"]

@@ -12,17 +12,17 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from shellyard.mcp.common import ShellyardBackend
-from shellyard.mcp.environments import EnvironmentsBackend, environment_tools
+from shellyard.mcp.environments import environment_tools
 from shellyard.mcp.executions import execution_tools
-from shellyard.mcp.files import FilesBackend, file_tools
-from shellyard.mcp.interactive import InteractiveBackend, interactive_tools
-from shellyard.mcp.ports import PortsBackend, port_tools
+from shellyard.mcp.files import file_tools
+from shellyard.mcp.interactive import interactive_tools
+from shellyard.mcp.ports import port_tools
 from shellyard.mcp.resources import add_resources
-from shellyard.mcp.runners import RunnersBackend, runner_tools
+from shellyard.mcp.runners import runner_tools
 from shellyard.mcp.tasks import TasksExtension
 from shellyard.mcp.timers import timer_tools
 from shellyard.mcp.toolsets import ALL_TOOLS, ToolsetServer, parse_toolsets
+from shellyard.sdk.client import AsyncClient
 
 INSTRUCTIONS = """\
 shellyard runs each command as a fresh process in a sandbox inside your workspace.
@@ -47,27 +47,24 @@ __all__ = ["build_server", "local_network", "parse_toolsets", "serve_stdio"]
 
 
 def build_server(
-    backend: ShellyardBackend,
+    backend: AsyncClient,
     *,
     network: str = "off",
     enabled: Callable[[], frozenset[str]] = lambda: frozenset(ALL_TOOLS),
 ) -> ToolsetServer:
-    """The tools ``backend`` can serve (``AsyncClient`` serves all), listed and called as far
-    as ``enabled()`` names them (``mcp.toolsets``; the doors pass the session's choice).
-    ``network`` is the local runner's network mode: run_shell's openWorldHint."""
-    tools = execution_tools(backend, network=network) + timer_tools(backend)
-    # Files, snapshots, transfers, artifacts: when the backend serves them (AsyncClient does).
-    if isinstance(backend, FilesBackend):
-        tools += file_tools(backend)
-    # Managed environments: environment_create / _install / _uninstall / _list / _show.
-    if isinstance(backend, EnvironmentsBackend):
-        tools += environment_tools(backend)
-    if isinstance(backend, RunnersBackend):
-        tools += runner_tools(backend)
-    if isinstance(backend, PortsBackend):  # R5: ports for the host
-        tools += port_tools(backend)
-    if isinstance(backend, InteractiveBackend):  # E13: input and screens
-        tools += interactive_tools(backend)
+    """Every tool over ``backend`` (the REST client: the stdio server's of the home, /mcp's
+    of the request's principal), listed and called as far as ``enabled()`` names them
+    (``mcp.toolsets``; the doors pass the session's choice). ``network`` is the local
+    runner's network mode: run_shell's openWorldHint."""
+    tools = (
+        execution_tools(backend, network=network)
+        + timer_tools(backend)
+        + file_tools(backend)  # files, snapshots, transfers, artifacts
+        + environment_tools(backend)
+        + runner_tools(backend)
+        + port_tools(backend)  # R5: ports for the host
+        + interactive_tools(backend)  # E13: input and screens
+    )
     server = ToolsetServer(
         enabled=enabled,
         name="shellyard",
@@ -93,7 +90,6 @@ async def serve_stdio(
     (the default session's main agent when None), with ``token`` (a session or agent token)
     or else the home's admin token."""
     from shellyard.home import ensure_server
-    from shellyard.sdk.client import AsyncClient
 
     enabled = parse_toolsets(tools)
     info = ensure_server(home)

@@ -47,6 +47,7 @@ from shellyard.contract.executions import DEFAULT_MAX_OUTPUT, ExecutionState
 from shellyard.errors import NotFound, ShellyardError
 from shellyard.mcp.common import for_model
 from shellyard.mcp.executions import run_result
+from shellyard.sdk.client import AsyncClient
 
 TASKS = "io.modelcontextprotocol/tasks"
 #: How often a client should poll ``tasks/get``.
@@ -121,7 +122,7 @@ def _task(
 class TasksExtension(Extension):
     identifier = TASKS
 
-    def __init__(self, backend: Any) -> None:
+    def __init__(self, backend: AsyncClient) -> None:
         self.backend = backend
 
     def methods(self) -> Sequence[MethodBinding]:
@@ -241,7 +242,7 @@ class TasksExtension(Extension):
         created = data.get("created_at")
         updated = data.get("finished_at") or data.get("started_at")
         if change.state in _PENDING:
-            message = change.state
+            message: str = change.state
             if change.waiting_for:
                 message += " for " + ", ".join(change.waiting_for)
             return _task(task_id, "working", created, updated, message)

@@ -19,7 +19,8 @@ from shellyard.contract.sessions import (
     TimerListRequest,
     TimerView,
 )
-from shellyard.mcp.common import READ, TimerBackend, hints, model_tool
+from shellyard.mcp.common import READ, hints, model_tool
+from shellyard.sdk.client import AsyncClient
 
 
 class TimerList(BaseModel):
@@ -42,7 +43,7 @@ def _more(ids: list[str]) -> dict[str, Any]:
     return {"next_after": ids[-1], "more": "this is one page: call again with after=next_after"}
 
 
-def timer_tools(backend: TimerBackend) -> list[Tool]:
+def timer_tools(backend: AsyncClient) -> list[Tool]:
     async def timer_create(request: TimerCreateRequest, ctx: Context) -> dict[str, Any]:
         timer = await backend.timer_create(
             request.text, request.after_ms, request.at, request.execution_id

@@ -24,14 +24,15 @@ from pydantic import (
     ValidationError,
 )
 
-from shellyard.contract.executions import ExecutionState, ExecutionView
+from shellyard.contract.executions import MAX_WAIT_MS, ExecutionState, ExecutionView
 from shellyard.errors import InvalidInput, NotFound
 from shellyard.sdk.client import AsyncClient
-from shellyard.shell_call.backend import MAX_WAIT_S, ShellBackend, as_backend
 from shellyard.shell_call.cap import DEFAULT_CAP, MAX_CAP, OutputCap
 
 #: control.runners.LOCAL_RUNNER_ID (not imported: that module pulls in the store).
 LOCAL_RUNNER = "local"
+#: The longest single wait the REST wait endpoint takes (and run_shell's wait_ms).
+MAX_WAIT_S = MAX_WAIT_MS / 1000
 #: Bytes asked for per log page.
 PAGE_BYTES = 65_536
 #: How long one cancel request waits for the sandbox to be gone (E7: grace period, then kill).
@@ -186,14 +187,14 @@ def parse_shell_call(item: Any) -> ShellCall:
         raise InvalidInput(f"malformed shell_call item: {problems}") from None
 
 
-async def _runner_for(call: ShellCall, backend: ShellBackend) -> str:
+async def _runner_for(call: ShellCall, backend: AsyncClient) -> str:
     """``local`` (or none) → the local runner; ``container_reference`` → the runner it names,
     or the runner of the agent's workspace it names."""
     environment = call.environment
     if not isinstance(environment, ContainerReference):
         return LOCAL_RUNNER
     wanted = environment.container_id
-    runner_ids = await backend.runner_ids()
+    runner_ids = [runner.runner_id for runner in await backend.runners()]
     if wanted in runner_ids:
         return wanted
     workspaces = await backend.workspaces()
@@ -210,12 +211,12 @@ async def _runner_for(call: ShellCall, backend: ShellBackend) -> str:
 
 
 async def _finish(
-    backend: ShellBackend, command: str, runner_id: str, timeout_ms: int | None
+    backend: AsyncClient, command: str, runner_id: str, timeout_ms: int | None
 ) -> tuple[ExecutionView, bool]:
     """Run one command to its end. Returns its final record and whether it timed out."""
     loop = asyncio.get_running_loop()
     deadline = None if timeout_ms is None else loop.time() + timeout_ms / 1000
-    first_wait_ms = int(MAX_WAIT_S * 1000) if timeout_ms is None else min(timeout_ms, 30_000)
+    first_wait_ms = MAX_WAIT_MS if timeout_ms is None else min(timeout_ms, MAX_WAIT_MS)
     # Foreground with a wait: a command that ends within it is a result seen at once (N3),
     # and max_output_length 0 keeps the inline copy of the output out of the response.
     view: ExecutionView = await backend.run(
@@ -237,7 +238,7 @@ async def _finish(
 
 
 async def _read_log(
-    backend: ShellBackend, execution_id: str, stream: str, cap: OutputCap, segment: int
+    backend: AsyncClient, execution_id: str, stream: str, cap: OutputCap, segment: int
 ) -> None:
     offset = 0
     while True:
@@ -261,21 +262,20 @@ def _outcome(view: ExecutionView, timed_out: bool) -> tuple[ExitOutcome | Timeou
 
 
 async def run_shell_call(
-    item: Mapping[str, Any] | ShellCall | BaseModel, backend: ShellBackend | AsyncClient
+    item: Mapping[str, Any] | ShellCall | BaseModel, backend: AsyncClient
 ) -> dict[str, Any]:
     """Run a ``shell_call`` item and return its ``shell_call_output`` item (S1)."""
     call = parse_shell_call(item)
-    shell = as_backend(backend)
-    runner_id = await _runner_for(call, shell)
+    runner_id = await _runner_for(call, backend)
     action = call.action
     cap = OutputCap(min(action.max_output_length or DEFAULT_CAP, MAX_CAP))
     outcomes: list[ExitOutcome | TimeoutOutcome] = []
     status: Literal["completed", "incomplete"] = "completed"
     for index, command in enumerate(action.commands):
-        view, timed_out = await _finish(shell, command, runner_id, action.timeout_ms)
+        view, timed_out = await _finish(backend, command, runner_id, action.timeout_ms)
         outcome, note = _outcome(view, timed_out)
-        await _read_log(shell, view.execution_id, "stdout", cap, 2 * index)
-        await _read_log(shell, view.execution_id, "stderr", cap, 2 * index + 1)
+        await _read_log(backend, view.execution_id, "stdout", cap, 2 * index)
+        await _read_log(backend, view.execution_id, "stderr", cap, 2 * index + 1)
         cap.add(2 * index + 1, note)
         outcomes.append(outcome)
         if timed_out:

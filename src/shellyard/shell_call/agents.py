@@ -16,7 +16,6 @@ from pydantic import BaseModel
 
 from shellyard.sdk.client import AsyncClient
 from shellyard.shell_call.adapter import run_shell_call
-from shellyard.shell_call.backend import ShellBackend
 
 if TYPE_CHECKING:
     from agents import ShellCallData, ShellCommandRequest, ShellResult, ShellTool
@@ -57,7 +56,7 @@ def shell_call_item(
 
 
 def shellyard_shell_executor(
-    client: AsyncClient | ShellBackend, *, environment: Mapping[str, Any] | None = None
+    client: AsyncClient, *, environment: Mapping[str, Any] | None = None
 ) -> ShellExecutor:
     """The executor ``ShellTool`` wants. ``environment`` pins every call to one place
     (``{"type": "container_reference", "container_id": RUNNER_OR_WORKSPACE_ID}``)."""
@@ -88,7 +87,7 @@ def shellyard_shell_executor(
 
 
 def shellyard_shell_tool(
-    client: AsyncClient | ShellBackend,
+    client: AsyncClient,
     *,
     environment: Mapping[str, Any] | None = None,
     **options: Any,
