@@ -352,6 +352,46 @@ def test_a_group_made_ahead_is_fresh_and_goes_at_close(tmp_path: Path) -> None:
 
 
 @needs_cgroups
+def test_a_sweep_keeps_the_groups_this_runner_made_ahead(tmp_path: Path) -> None:
+    """E11, R2: a restart's sweep runs while executions that ended during the outage finish
+    and the next cold command (W1's queue) starts; that command takes a group made ahead
+    after the sweep read its live list. The sweep keeps every group this process made ahead
+    (waiting, or taken and being joined) and the workspace groups it uses, and removes only
+    what an earlier process left. (Seen: a queued command failed "cannot open
+    .../ready-…/cgroup.procs": the sweep had removed an idle workspace's groups.)"""
+    tree = cgroups.CgroupTree.probe(
+        f"shellyard-test-keep-{tmp_path.name[-8:]}", cgroups.TenantLimits(256 << 20, 64), "v1"
+    )
+    assert tree is not None
+    try:
+        tree.make("ws", cgroups.READY_PREFIX + "0" * 16)  # left by a killed runner
+        tree.finish("ws", "e1", ahead=True)
+        tree.finish("ws2", "e2", ahead=True)
+        tree.drain()
+        taken = tree.take_ready("ws")  # a cold spawn in progress: not yet in ``live``
+        assert taken is not None
+        assert tree.sweep(set()) == []
+        names = {p.name for p in tree.groups()}
+        assert taken in names, names  # still there to be joined
+        assert cgroups.READY_PREFIX + "0" * 16 not in names, names
+        # and the workspace's own groups, which the taken one joins (v1: its cpu group)
+        assert all((base / "ws").is_dir() for base in tree.bases.values()), tree.bases
+        waiting = tree.take_ready("ws2")  # the one still waiting survived the sweep too
+        assert waiting is not None and waiting in names, names
+        joins = tree.plan("ws", taken)
+        subprocess.run(
+            [sys.executable, "-c", "import sys; open(sys.argv[1], 'w').write('0')", joins[0]],
+            check=True,
+        )
+        tree.finish("ws", taken)
+        tree.drain()
+        assert taken not in {p.name for p in tree.groups()}
+    finally:
+        tree.close(set())
+    assert tree.groups() == [], tree.groups()
+
+
+@needs_cgroups
 async def test_kill9_of_the_runner_leaves_no_group_after_restart(home: Path) -> None:
     """E11, R2: kill -9 of a runner daemon mid-run: one execution ends while no runner
     watches (its group is swept at the restart), one outlives the restart (adopted: its

@@ -205,7 +205,14 @@ class CgroupTree:
     _ready: dict[str, list[str]] = field(default_factory=dict)
     #: workspace → groups made ahead or queued to be (at most READY_PER_WORKSPACE)
     _ahead: dict[str, int] = field(default_factory=dict)
+    #: names of groups made ahead by this process, from before their ``make`` until their
+    #: removal (waiting, taken or being spawned into): ``sweep`` keeps them, since its list of
+    #: live executions is read before these groups are made or joined
+    _ours: set[str] = field(default_factory=set)
     _ready_lock: threading.Lock = field(default_factory=threading.Lock)
+    #: held while a workspace's groups are made and known, and while ``sweep`` decides to
+    #: remove an idle one: the removal thread makes groups ahead while a restart sweeps
+    _workspace_lock: threading.Lock = field(default_factory=threading.Lock)
 
     # ------------------------------------------------------------------ set-up
 
@@ -286,6 +293,12 @@ class CgroupTree:
 
     def _workspace(self, workspace_id: str) -> None:
         """The workspace's group in every hierarchy, with its process limit and CPU share."""
+        if workspace_id in self._workspaces:
+            return
+        with self._workspace_lock:
+            self._make_workspace(workspace_id)
+
+    def _make_workspace(self, workspace_id: str) -> None:
         if workspace_id in self._workspaces:
             return
         for base in self.bases.values():  # made again if a close took it
@@ -420,6 +433,8 @@ class CgroupTree:
         ``ahead`` (an execution's end): it then makes one for the workspace's next cold
         spawn (``take_ready``), unless one is ready."""
         self._started.pop(execution_id, None)
+        with self._ready_lock:
+            self._ours.discard(execution_id)
         for name, folder in self._levels(workspace_id, execution_id).items():
             if name == "cpu" and "cpuacct" in self.bases:
                 continue  # the workspace's own (plan)
@@ -447,12 +462,15 @@ class CgroupTree:
 
     def _make_ahead(self, workspace_id: str) -> None:
         name = READY_PREFIX + os.urandom(8).hex()
+        with self._ready_lock:
+            self._ours.add(name)
         try:
             self.make(workspace_id, name)
         except OSError as exc:  # the workspace's next command makes its own
             log.warning("could not make a cgroup ahead for %s: %s", workspace_id, exc)
             with self._ready_lock:
                 self._ahead[workspace_id] -= 1
+                self._ours.discard(name)
             return
         with self._ready_lock:
             self._ready.setdefault(workspace_id, []).append(name)
@@ -478,42 +496,63 @@ class CgroupTree:
 
     # ------------------------------------------------------------------ restart
 
-    def sweep(self, live: set[str]) -> list[str]:
+    def sweep(self, live: set[str], *, keep_ours: bool = True) -> list[str]:
         """Remove every execution group not in ``live`` (ended while the runner was down, or
-        never started, or made ahead) and every empty workspace group; returns the removed
-        execution ids."""
+        never started, or made ahead by an earlier process) and every empty workspace group;
+        returns the removed execution ids. Groups this process planned or made ahead stay
+        (``keep_ours``: False at ``close``, which removes those made ahead too): an execution
+        that ends during a restart's sweep makes one, and the next cold spawn takes it while
+        the sweep runs (E11)."""
         self.drain()
-        with self._ready_lock:  # made ahead: not live, so removed below
-            self._ready.clear()
-            self._ahead.clear()
+        with self._ready_lock:
+            if not keep_ours:
+                self._ready.clear()
+                self._ahead.clear()
+                self._ours.clear()
+
+        def kept(name: str) -> bool:
+            # Read at each group, not once: a group made ahead or planned after this sweep
+            # began is named in ``_ours`` / ``_started`` before its mkdir.
+            if name in live:
+                return True
+            with self._ready_lock:
+                if name in self._ours:
+                    return True
+            started = self._started.get(name)
+            return started is not None and (started.held or keep_ours)
+
         removed: list[str] = []
-        live = live | {name for name, started in self._started.items() if started.held}
         for base in self.bases.values():
             for workspace in _children(base):
                 for execution in _children(workspace):
-                    if execution.name in live:
+                    if kept(execution.name):
                         self._workspaces.add(workspace.name)
                         continue
                     _remove(execution, self.mechanism)
                     if not execution.name.startswith(READY_PREFIX):
                         removed.append(execution.name)
-                if not _children(workspace):
-                    with contextlib.suppress(OSError):
-                        workspace.rmdir()
+                with self._workspace_lock:
+                    # One this process made or uses stays (until ``close``): a command may
+                    # be about to make its group in it or join it (v1's cpu group).
+                    idle = not keep_ours or workspace.name not in self._workspaces
+                    if idle and not _children(workspace):
+                        with contextlib.suppress(OSError):
+                            workspace.rmdir()
         # A workspace stays known only while it has its group in every hierarchy: on v1 its
         # cpu group (which executions join directly, so no child keeps it) may go while its
         # memory group holds a running execution, and the next start must make it again.
-        self._workspaces = {
-            workspace
-            for workspace in self._workspaces
-            if all((base / workspace).is_dir() for base in self.bases.values())
-        }
+        with self._workspace_lock:
+            self._workspaces = {
+                workspace
+                for workspace in self._workspaces
+                if all((base / workspace).is_dir() for base in self.bases.values())
+            }
         return sorted(set(removed))
 
     def close(self, live: set[str]) -> None:
         """The runner stops: groups of running executions stay (they keep running, E11);
         the rest goes, and the runner's folders when nothing is left in them."""
-        self.sweep(live)
+        self.sweep(live, keep_ours=False)
         for base in self.bases.values():
             with contextlib.suppress(OSError):
                 base.rmdir()
