@@ -53,6 +53,8 @@ def _shape(sql: str) -> str:
     """A statement's kind and first table, for the list."""
     words = sql.split()
     head = " ".join(words[:1]).upper()
+    if head == "BEGIN":
+        return "BEGIN"
     if head == "WITH":
         return "WITH … (one statement, data-modifying CTEs)"
     for keyword in ("INTO", "UPDATE", "FROM"):
@@ -125,7 +127,8 @@ async def measure(runs: int, src: Path | None, log: Path) -> dict[str, Any]:
         if inside:
             messages.append(sql)
     kinds = collections.Counter(_shape(m) for m in messages)
-    transactions = sum(1 for m in messages if m.strip().upper() == "BEGIN")
+    # psycopg names the isolation level after an autocommit connection was reset to it.
+    transactions = sum(1 for m in messages if m.strip().upper().startswith("BEGIN"))
     return {
         "runs": runs,
         "src": str(src) if src else None,
@@ -143,7 +146,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, help="also write the JSON result here")
     args = parser.parse_args()
     result = asyncio.run(measure(args.runs, args.src, args.log))
-    text = json.dumps(result, indent=2)
+    text = json.dumps(result, indent=2, ensure_ascii=False)
     if args.out:
         args.out.write_text(text + "\n")
     print(text)
