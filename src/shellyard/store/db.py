@@ -146,6 +146,26 @@ class Database:
                 raise _store_full(exc) from None
             raise
 
+    async def run_statement(
+        self, operation: Callable[Concatenate[Connection, P], T], *args: P.args, **kw: P.kwargs
+    ) -> T:
+        """``run`` for an operation that writes in a single statement (reads after it are
+        allowed: each is a statement of its own). On PostgreSQL it runs without BEGIN and
+        COMMIT (autocommit): the server commits the statement before it answers, so the
+        change is as durable as with COMMIT (E11), in one round trip instead of three. On
+        SQLite it is ``run``."""
+        if self._async is None:
+            return await self.run(operation, *args, **kw)
+        try:
+            async with self._async.connect() as aconn:
+                # Client-side only with psycopg: no round trip to set or reset it.
+                await aconn.execution_options(isolation_level="AUTOCOMMIT")
+                return await aconn.run_sync(lambda conn: operation(conn, *args, **kw))
+        except sa.exc.OperationalError as exc:
+            if _is_full(exc):
+                raise _store_full(exc) from None
+            raise
+
     async def one(self, stmt: sa.Select[Any]) -> Row | None:
         return await self.run(fetch_one, stmt)
 

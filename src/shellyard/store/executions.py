@@ -10,6 +10,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from shellyard.store import one_trip
 from shellyard.store.db import Database, Row
 from shellyard.store.leases import EXECUTION, LeaseTerms, delete_lease, insert_lease
 from shellyard.store.notices import add_notice
@@ -43,7 +44,7 @@ class ExecutionRecords(Database):
         ``lease``: the execution's lease is taken too when it is to start now (not queued).
         """
         try:
-            return await self.run(_submit, values, queue, lease)
+            return await self.run_statement(_submit, values, queue, lease)
         except _Refused as refused:
             return values, refused.holder
 
@@ -69,7 +70,7 @@ class ExecutionRecords(Database):
     ) -> Row | None:
         """Mark a record running (with ``values`` written too) and return it, in one
         transaction."""
-        return await self.run(_start_execution, execution_id, started_at, values or {})
+        return await self.run_statement(_start_execution, execution_id, started_at, values or {})
 
     async def finish_execution(
         self,
@@ -203,12 +204,6 @@ _NEXT_QUEUED = (
     .order_by(executions.c.seq)
     .limit(1)
 )
-_TAKE_WAITS = (
-    foreground_waits.delete()
-    .where(foreground_waits.c.execution_id == sa.bindparam("b_id"))
-    .returning(foreground_waits.c.expires_at)
-)
-
 _CANCEL_TIMERS = (
     timers.update()
     .where(
@@ -228,6 +223,8 @@ def _submit(
     conn: Connection, values: dict[str, Any], queue: bool, lease: LeaseTerms | None
 ) -> tuple[Row, str | None]:
     values = {**values, "state": "queued", "created_at": time.time()}
+    if conn.dialect.name != "sqlite":  # one statement, one round trip (store/one_trip.py)
+        return _submit_in_one(conn, values, queue, lease)
     row = dict(conn.execute(_INSERT, values).mappings().one())
     holder = None
     # W2: a reader beside the writer takes nothing
@@ -244,6 +241,16 @@ def _submit(
     if lease is not None and holder is None:  # it starts now: whoever submits watches it
         insert_lease(conn, EXECUTION, values["id"], lease)
     return row, holder
+
+
+def _submit_in_one(
+    conn: Connection, values: dict[str, Any], queue: bool, lease: LeaseTerms | None
+) -> tuple[Row, str | None]:
+    inserted, starts, seen = one_trip.submit(conn, values, queue, lease)
+    if inserted is None:  # refused, nothing written: the holder as it is now, for the message
+        writer = conn.execute(_WRITER_OF, {"b_workspace": values["workspace_id"]})
+        raise _Refused(writer.scalar_one_or_none() or "a queued writer")
+    return inserted, None if starts else (seen or "a queued writer")
 
 
 def _get(conn: Connection, execution_id: str) -> Row | None:
@@ -310,17 +317,14 @@ def _finish_execution(
 ) -> tuple[Row | None, Row | None, bool]:
     execution_id, workspace_id = str(row["id"]), str(row["workspace_id"])
     final = _updated(conn, execution_id, from_states, values)
+    if conn.dialect.name != "sqlite":  # the rest in one statement (store/one_trip.py)
+        return one_trip.finish_rest(
+            conn, row, final, notice_summary, notice_read, lease_holder, cancel_timers
+        )
     if final is not None:
-        if cancel_timers:  # N6 folded in: one transaction fewer at every end on PostgreSQL
+        if cancel_timers:  # N6 folded in (PostgreSQL's is in one_trip.finish_rest)
             final = {**final, "timers_cancelled": cancel_execution_timers(conn, final)}
-        if conn.dialect.name != "sqlite":  # one replica on SQLite: no row is ever written
-            # N3 across replicas: the DELETE locks the rows it takes until this commits, so
-            # a waiter that removes its row meanwhile waits for the commit, and then reads
-            # the terminal record: a notice posted read is always seen by its caller. Rows
-            # of a killed waiter (expired) count for nothing but go too.
-            now = time.time()
-            expiries = conn.execute(_TAKE_WAITS, {"b_id": execution_id}).scalars().all()
-            notice_read = any(e > now for e in expiries) or notice_read
+        # No foreground_waits on SQLite (one replica, whose finalizer knows its waiters).
         add_notice(
             conn,
             str(row["agent_id"]),
