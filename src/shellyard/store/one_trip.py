@@ -1,4 +1,4 @@
-"""PostgreSQL's submit and finish of an execution in fewer round trips (docs/benchmarks.md §28).
+"""PostgreSQL's submit and finish of an execution in fewer round trips (docs/benchmarks.md §26).
 
 Each statement sent is a round trip the replica waits for, and psycopg sends BEGIN and COMMIT
 as round trips of their own: these build the several writes of one step as a single statement
