@@ -146,6 +146,16 @@ class ControlPlane:
             settings.effective_database_url, schema_name=settings.database_schema
         )
         await RetentionRecords(self.store).prepare()  # SQLite: incremental vacuum on
+        # The lease keeper and the fan-out first: every service gets them (or what they
+        # publish through) when built (docs/architecture.md "Wiring").
+        self.leases = LeaseKeeper(
+            self.store,
+            home_scope(str(settings.local_runner_root)),
+            LOCAL_RUNNER_ID,
+            ttl_s=ttl_from_env(os.environ),
+        )
+        url = None if self.store.is_sqlite else settings.effective_database_url
+        fanout = self.fanout = Fanout(url, settings.database_schema, self.leases.replica_id)
         self._runners = RunnerRegistry(self.store)
         self._tokens = TokenService(self.store)
         local = LocalRunner(
@@ -172,14 +182,6 @@ class ControlPlane:
         self._executions.on_finished += [wakes.execution_finished, timers.execution_finished]
         self._executions.cancel_timers_at_finish = timers.folded_into_finish
         self.store.notice_listeners.append(wakes.notify)
-        self.leases = LeaseKeeper(
-            self.store,
-            home_scope(str(settings.local_runner_root)),
-            LOCAL_RUNNER_ID,
-            ttl_s=ttl_from_env(os.environ),
-        )
-        url = None if self.store.is_sqlite else settings.effective_database_url
-        fanout = self.fanout = Fanout(url, settings.database_schema, self.leases.replica_id)
         records = FileRecords(self.store)
         access = WorkspaceAccess(self.store, records, self._runners, self._executions)
         self._files = _Files(
