@@ -26,7 +26,7 @@ from shellyard.control.notify.wakes import WakeService
 from shellyard.control.ports import PortService
 from shellyard.control.replicas.fanout import Fanout
 from shellyard.control.replicas.leases import LeaseKeeper, home_scope, ttl_from_env
-from shellyard.control.replicas.wiring import transfer_signal, wire
+from shellyard.control.replicas.wiring import publishers, wire
 from shellyard.control.retention import RetentionService
 from shellyard.control.runners import LOCAL_RUNNER_ID, RunnerRegistry
 from shellyard.control.tokens import TokenService
@@ -156,7 +156,8 @@ class ControlPlane:
         )
         url = None if self.store.is_sqlite else settings.effective_database_url
         fanout = self.fanout = Fanout(url, settings.database_schema, self.leases.replica_id)
-        self._runners = RunnerRegistry(self.store)
+        publish = publishers(fanout)
+        self._runners = RunnerRegistry(self.store, on_change=publish.runners_changed)
         self._tokens = TokenService(self.store)
         local = LocalRunner(
             settings.local_runner_root, settings.local_policy, hidden=[settings.home]
@@ -193,7 +194,7 @@ class ControlPlane:
                 records,
                 access,
                 leases=self.leases,
-                on_signal=transfer_signal(fanout) if fanout.enabled else None,
+                on_signal=publish.transfer_changed if fanout.enabled else None,
                 max_entries=settings.transfer_max_entries,
             ),
             ArtifactService(records, access),

@@ -6,8 +6,10 @@ publishes nothing, so one replica behaves as before."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
+from shellyard.contract.sessions import WakeView
 from shellyard.control.environments import EnvironmentService
 from shellyard.control.executions.service import LEASE_KIND, ExecutionService
 from shellyard.control.files.transfers import TransferService
@@ -19,10 +21,55 @@ from shellyard.control.replicas.leases import LeaseKeeper
 from shellyard.store.leases import CHANGE, TRANSFER
 
 
-def transfer_signal(fanout: Fanout) -> Callable[[str], None]:
-    """``TransferService.on_signal``: a transfer that ended, or whose cancel was asked here,
-    told to the other replicas (T1–T5 across replicas)."""
-    return lambda transfer_id: fanout.publish(Kind.TRANSFER_CHANGED, transfer_id=transfer_id)
+def _nothing(*_args: object) -> None:
+    """A publish hook with no other replica to tell (the fan-out is disabled: SQLite)."""
+
+
+@dataclass(frozen=True)
+class Publish:
+    """What this replica tells the others (docs/operations.md): one callable per message a
+    service sends, given to the service when built. With the fan-out disabled (SQLite is one
+    replica) every one does nothing, so no service asks whether there are replicas."""
+
+    #: ``ExecutionService``: an execution's waiters were woken here (E3, E6 across replicas).
+    execution_ended: Callable[[str], None] = _nothing
+    #: ``TransferService``: a transfer ended, or its cancel was asked here (T1–T5).
+    transfer_changed: Callable[[str], None] = _nothing
+    #: ``RunnerRegistry``: a runner was added or removed here.
+    runners_changed: Callable[[], None] = _nothing
+    #: ``WakeService``: an agent this replica was asked to wake (N2), a wake it emitted, a
+    #: webhook added or removed.
+    agent_may_wake: Callable[[str, str], None] = _nothing
+    wake_emitted: Callable[[WakeView], None] = _nothing
+    webhooks_changed: Callable[[], None] = _nothing
+    #: ``TimerService`` (N5–N7): the (channel, payload) a timer's insert transaction sends
+    #: (None: nothing to send), and the message after a cancellation.
+    timer_created: Callable[[], tuple[str, str] | None] = lambda: None
+    timers_changed: Callable[[], None] = _nothing
+
+
+def publishers(fanout: Fanout) -> Publish:
+    """The publish hooks of the services, built before them (control/plane.py)."""
+    if not fanout.enabled:
+        return Publish()
+    return Publish(
+        execution_ended=lambda execution_id: fanout.publish(
+            Kind.EXECUTION_ENDED, execution_id=execution_id
+        ),
+        transfer_changed=lambda transfer_id: fanout.publish(
+            Kind.TRANSFER_CHANGED, transfer_id=transfer_id
+        ),
+        runners_changed=lambda: fanout.publish(Kind.RUNNERS_CHANGED),
+        agent_may_wake=lambda agent_id, reason: fanout.publish(
+            Kind.AGENT_MAY_WAKE, agent_id=agent_id, reason=reason
+        ),
+        wake_emitted=lambda wake: fanout.publish(
+            Kind.WAKE_EMITTED, session_id=wake.session_id, seq=wake.seq
+        ),
+        webhooks_changed=lambda: fanout.publish(Kind.WEBHOOKS_CHANGED),
+        timer_created=lambda: fanout.message(Kind.TIMERS_CHANGED),
+        timers_changed=lambda: fanout.publish(Kind.TIMERS_CHANGED),
+    )
 
 
 def wire(
@@ -77,7 +124,6 @@ def wire(
     executions.on_signal = lambda execution_id: fanout.publish(
         Kind.EXECUTION_ENDED, execution_id=execution_id
     )
-    executions.runners.on_change = lambda: fanout.publish(Kind.RUNNERS_CHANGED)
     wakes.on_notify = lambda agent_id, reason: fanout.publish(
         Kind.AGENT_MAY_WAKE, agent_id=agent_id, reason=reason
     )
