@@ -172,7 +172,7 @@ class ControlPlane:
         # Environments gate executions (V4–V6) and dispatch the ones queued behind a change;
         # plugged in here so that neither service imports the other.
         self._environments = EnvironmentService(
-            self.store, self._runners, agents, self._executions.dispatch
+            self.store, self._runners, agents, self._executions.dispatch, leases=self.leases
         )
         self._executions.environments = self._environments
         self._executions.on_finished.append(self._environments.execution_finished)
@@ -204,7 +204,6 @@ class ControlPlane:
             self._executions,
             wakes,
             self.transfers,
-            self._environments,
             self.leases,
             self.fanout,
             self.metrics,

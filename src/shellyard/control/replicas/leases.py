@@ -81,15 +81,35 @@ class LeaseKeeper:
         self.adopters: dict[str, Adopter] = {}
         #: kind → called with a subject whose lease another replica took.
         self.on_lost: dict[str, Callable[[str], None]] = {}
-        #: Called with a workspace whose queue nobody hands on.
+        #: Called with a workspace whose queue nobody hands on (the execution service's).
         self.dispatch: Callable[[str], Awaitable[None]] | None = None
-        #: Called every few rounds (PostgreSQL): a replica that died between recording
-        #: something and acting on it (a notice and its wake) left work no lease names.
-        self.sweep: Callable[[], Awaitable[None]] | None = None
+        #: Called every few rounds (PostgreSQL), in the order registered: a replica that died
+        #: between recording something and acting on it (a notice and its wake) left work no
+        #: lease names.
+        self.sweeps: list[Callable[[], Awaitable[None]]] = []
         self._rounds = 0
         self._held: set[tuple[str, str]] = set()
         self._loop: asyncio.Task[None] | None = None
         self.takeovers = 0
+
+    def register(
+        self,
+        kind: str,
+        adopt: Adopter,
+        lost: Callable[[str], None],
+        *,
+        sweep: Callable[[], Awaitable[None]] | None = None,
+        dispatch: Callable[[str], Awaitable[None]] | None = None,
+    ) -> None:
+        """A service takes the work of ``kind`` (called from its constructor, docs/architecture.md
+        "Wiring"): ``adopt`` re-attaches a subject this replica claimed, ``lost`` stops one
+        another replica took over; ``sweep`` and ``dispatch`` as the attributes above."""
+        self.adopters[kind] = adopt
+        self.on_lost[kind] = lost
+        if sweep is not None:
+            self.sweeps.append(sweep)
+        if dispatch is not None:
+            self.dispatch = dispatch
 
     # ------------------------------------------------------------------ one lease
 
@@ -151,8 +171,9 @@ class LeaseKeeper:
                 await self.renew()
                 await self.claim_round(startup=False)
                 self._rounds += 1
-                if self.sweep is not None and self._rounds % SWEEP_EVERY == 0:
-                    await self.sweep()
+                if self._rounds % SWEEP_EVERY == 0:
+                    for sweep in self.sweeps:
+                        await sweep()
             except asyncio.CancelledError:
                 raise
             except Exception:

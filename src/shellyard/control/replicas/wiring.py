@@ -10,7 +10,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from shellyard.contract.sessions import WakeView
-from shellyard.control.environments import EnvironmentService
 from shellyard.control.executions.service import LEASE_KIND, ExecutionService
 from shellyard.control.files.transfers import TransferService
 from shellyard.control.metrics import Metrics
@@ -18,7 +17,7 @@ from shellyard.control.notify.timers import TimerService
 from shellyard.control.notify.wakes import DELIVERY_LEASE, WakeService
 from shellyard.control.replicas.fanout import Fanout, Kind
 from shellyard.control.replicas.leases import LeaseKeeper
-from shellyard.store.leases import CHANGE, TRANSFER
+from shellyard.store.leases import TRANSFER
 
 
 def _nothing(*_args: object) -> None:
@@ -76,7 +75,6 @@ def wire(
     executions: ExecutionService,
     wakes: WakeService,
     transfers: TransferService,
-    environments: EnvironmentService,
     keeper: LeaseKeeper,
     fanout: Fanout,
     metrics: Metrics,
@@ -96,9 +94,6 @@ def wire(
     # (``transfers`` got the keeper and its signal hook when built, control/plane.py.)
     keeper.adopters[TRANSFER] = transfers.adopt
     keeper.on_lost[TRANSFER] = transfers.forget
-    environments.leases = keeper
-    keeper.adopters[CHANGE] = environments.adopt
-    keeper.on_lost[CHANGE] = environments.forget
 
     async def sweep() -> None:
         # Notices a dead replica recorded but did not get to wake for (N2), and deliveries it
@@ -114,10 +109,8 @@ def wire(
         # catches what an older release or a failed lease write left).
         for transfer_id in await transfers.unleased(keeper.ttl_s):
             await transfers.adopt(transfer_id)
-        for change_id in await environments.unleased(keeper.ttl_s):
-            await environments.adopt(change_id)
 
-    keeper.sweep = sweep
+    keeper.sweeps.append(sweep)
     if not fanout.enabled:
         return
 
