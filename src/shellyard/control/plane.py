@@ -176,13 +176,19 @@ class ControlPlane:
         )
         self._executions.environments = self._environments
         self._executions.on_finished.append(self._environments.execution_finished)
-        wakes = WakeService(self.store, settings.notifications)
+        wakes = WakeService(
+            self.store,
+            settings.notifications,
+            leases=self.leases,
+            on_emitted=publish.wake_emitted,
+            on_notify=publish.agent_may_wake,
+            on_webhooks=publish.webhooks_changed,
+        )
         sessions = SessionService(self.store, wakes, agents)
         timers = TimerService(sessions, wakes, settings.notifications)
         self._notify = _Notify(sessions, InboxService(self.store, agents), wakes, timers)
         self._executions.on_finished += [wakes.execution_finished, timers.execution_finished]
         self._executions.cancel_timers_at_finish = timers.folded_into_finish
-        self.store.notice_listeners.append(wakes.notify)
         records = FileRecords(self.store)
         access = WorkspaceAccess(self.store, records, self._runners, self._executions)
         self._files = _Files(

@@ -74,11 +74,7 @@ def _secrets(token: str | None) -> dict[str, Any]:
 
 class RunnerRegistry:
     def __init__(
-        self,
-        store: Store,
-        *,
-        heartbeat_s: float = HEARTBEAT_S,
-        on_change: Callable[[], None] = lambda: None,
+        self, store: Store, *, on_change: Callable[[], None], heartbeat_s: float = HEARTBEAT_S
     ) -> None:
         self._store = store
         self._runners: dict[str, Runner] = {}

@@ -14,7 +14,7 @@ from shellyard.control.executions.service import LEASE_KIND, ExecutionService
 from shellyard.control.files.transfers import TransferService
 from shellyard.control.metrics import Metrics
 from shellyard.control.notify.timers import TimerService
-from shellyard.control.notify.wakes import DELIVERY_LEASE, WakeService
+from shellyard.control.notify.wakes import WakeService
 from shellyard.control.replicas.fanout import Fanout, Kind
 from shellyard.control.replicas.leases import LeaseKeeper
 from shellyard.store.leases import TRANSFER
@@ -86,9 +86,6 @@ def wire(
     keeper.on_lost[LEASE_KIND] = executions.forget
     keeper.dispatch = executions.dispatch
     executions.on_timing = metrics.observe
-    wakes.leases = keeper
-    keeper.adopters[DELIVERY_LEASE] = wakes.adopt_delivery
-    keeper.on_lost[DELIVERY_LEASE] = wakes.forget_delivery
     # Transfers and environment changes: one replica copies / drives each; the others adopt
     # it when that one dies (each resumes from its record, as after a restart).
     # (``transfers`` got the keeper and its signal hook when built, control/plane.py.)
@@ -96,15 +93,6 @@ def wire(
     keeper.on_lost[TRANSFER] = transfers.forget
 
     async def sweep() -> None:
-        # Notices a dead replica recorded but did not get to wake for (N2), and deliveries it
-        # recorded but did not get to lease: a restart would have resumed them
-        # (``WakeService.start``); with replicas the survivors do. Deliveries this replica
-        # holds with no task running (adopted while it was starting) are resumed too.
-        await wakes.kick_all("channel")
-        for delivery_id in keeper.subjects(DELIVERY_LEASE):
-            await wakes.adopt_delivery(delivery_id)
-        for delivery_id in await keeper.store.unleased_deliveries(keeper.ttl_s):
-            await wakes.adopt_delivery(delivery_id)
         # Recorded by a replica that died before leasing them (both lease first; this
         # catches what an older release or a failed lease write left).
         for transfer_id in await transfers.unleased(keeper.ttl_s):
@@ -117,13 +105,6 @@ def wire(
     executions.on_signal = lambda execution_id: fanout.publish(
         Kind.EXECUTION_ENDED, execution_id=execution_id
     )
-    wakes.on_notify = lambda agent_id, reason: fanout.publish(
-        Kind.AGENT_MAY_WAKE, agent_id=agent_id, reason=reason
-    )
-    wakes.on_emitted = lambda wake: fanout.publish(
-        Kind.WAKE_EMITTED, session_id=wake.session_id, seq=wake.seq
-    )
-    wakes.on_webhooks = lambda: fanout.publish(Kind.WEBHOOKS_CHANGED)
 
     async def ended(message: dict[str, Any]) -> None:
         executions.signal(str(message["execution_id"]))
