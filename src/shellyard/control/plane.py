@@ -185,7 +185,13 @@ class ControlPlane:
             on_webhooks=publish.webhooks_changed,
         )
         sessions = SessionService(self.store, wakes, agents)
-        timers = TimerService(sessions, wakes, settings.notifications)
+        timers = TimerService(
+            sessions,
+            wakes,
+            settings.notifications,
+            announce=publish.timer_created,
+            on_change=publish.timers_changed,
+        )
         self._notify = _Notify(sessions, InboxService(self.store, agents), wakes, timers)
         self._executions.on_finished += [wakes.execution_finished, timers.execution_finished]
         self._executions.cancel_timers_at_finish = timers.folded_into_finish

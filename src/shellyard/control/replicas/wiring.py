@@ -151,10 +151,8 @@ def wire(
 
 
 def _wire_timers(timers: TimerService, fanout: Fanout) -> None:
-    # N5–N7 across replicas: every scheduler hears of a timer created or cancelled anywhere.
-    timers.announce = lambda: fanout.message(Kind.TIMERS_CHANGED)
-    timers.on_change = lambda: fanout.publish(Kind.TIMERS_CHANGED)
-
+    # N5–N7 across replicas: every scheduler hears of a timer created or cancelled anywhere
+    # (it announces them through ``Publish``, given when built).
     async def timer_changed(_message: dict[str, Any]) -> None:
         timers.changed()
 
