@@ -168,14 +168,6 @@ class ControlPlane:
         self._runners.start_heartbeats()
         agents = AgentResolver(self.store)
         await agents.default_id()  # the default session exists before any door asks
-        self._executions = ExecutionService(self.store, self._runners, agents)
-        # Environments gate executions (V4–V6) and dispatch the ones queued behind a change;
-        # plugged in here so that neither service imports the other.
-        self._environments = EnvironmentService(
-            self.store, self._runners, agents, self._executions.dispatch, leases=self.leases
-        )
-        self._executions.environments = self._environments
-        self._executions.on_finished.append(self._environments.execution_finished)
         wakes = WakeService(
             self.store,
             settings.notifications,
@@ -193,8 +185,31 @@ class ControlPlane:
             on_change=publish.timers_changed,
         )
         self._notify = _Notify(sessions, InboxService(self.store, agents), wakes, timers)
-        self._executions.on_finished += [wakes.execution_finished, timers.execution_finished]
-        self._executions.cancel_timers_at_finish = timers.folded_into_finish
+
+        # Environments gate executions (V4–V6) and dispatch the ones queued behind a change:
+        # the one circle of the wiring, closed by this name bound just below (a change ends
+        # only after start), so that neither service imports the other.
+        async def dispatch(workspace_id: str) -> None:
+            await executions.dispatch(workspace_id)
+
+        self._environments = EnvironmentService(
+            self.store, self._runners, agents, dispatch, leases=self.leases
+        )
+        executions = self._executions = ExecutionService(
+            self.store,
+            self._runners,
+            agents,
+            environments=self._environments,
+            leases=self.leases,
+            on_finished=[
+                self._environments.execution_finished,
+                wakes.execution_finished,
+                timers.execution_finished,
+            ],
+            on_signal=publish.execution_ended,
+            on_timing=self.metrics.observe,
+            cancel_timers_at_finish=timers.folded_into_finish,
+        )
         records = FileRecords(self.store)
         access = WorkspaceAccess(self.store, records, self._runners, self._executions)
         self._files = _Files(
@@ -212,19 +227,10 @@ class ControlPlane:
             ArtifactService(records, access),
         )
         self._ports = PortService(access)
-        wire(
-            self._executions,
-            wakes,
-            self.transfers,
-            self.leases,
-            self.fanout,
-            self.metrics,
-            timers,
-        )
+        wire(executions, wakes, self.transfers, self.leases, fanout, timers)
         await self.fanout.start()
-        await self._executions.startup()
         # Every service that adopts leased work is built: the keeper's first round hands
-        # them what this home's previous process and dead replicas left.
+        # them what this home's previous process and dead replicas left (E11).
         await self.leases.startup()
         await self._environments.startup()
         await self.files.startup()

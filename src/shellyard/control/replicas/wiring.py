@@ -10,9 +10,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from shellyard.contract.sessions import WakeView
-from shellyard.control.executions.service import LEASE_KIND, ExecutionService
+from shellyard.control.executions.service import ExecutionService
 from shellyard.control.files.transfers import TransferService
-from shellyard.control.metrics import Metrics
 from shellyard.control.notify.timers import TimerService
 from shellyard.control.notify.wakes import WakeService
 from shellyard.control.replicas.fanout import Fanout, Kind
@@ -77,15 +76,8 @@ def wire(
     transfers: TransferService,
     keeper: LeaseKeeper,
     fanout: Fanout,
-    metrics: Metrics,
     timers: TimerService,
 ) -> None:
-    executions.leases = keeper
-    executions.foreground_waits.ttl_s = keeper.ttl_s  # a killed waiter counts as long as a lease
-    keeper.adopters[LEASE_KIND] = executions.adopt
-    keeper.on_lost[LEASE_KIND] = executions.forget
-    keeper.dispatch = executions.dispatch
-    executions.on_timing = metrics.observe
     # Transfers and environment changes: one replica copies / drives each; the others adopt
     # it when that one dies (each resumes from its record, as after a restart).
     # (``transfers`` got the keeper and its signal hook when built, control/plane.py.)
@@ -101,10 +93,6 @@ def wire(
     keeper.sweeps.append(sweep)
     if not fanout.enabled:
         return
-
-    executions.on_signal = lambda execution_id: fanout.publish(
-        Kind.EXECUTION_ENDED, execution_id=execution_id
-    )
 
     async def ended(message: dict[str, Any]) -> None:
         executions.signal(str(message["execution_id"]))
