@@ -214,20 +214,18 @@ class ControlPlane:
         access = WorkspaceAccess(self.store, records, self._runners, self._executions)
         self._files = _Files(
             FileService(self.store, records, access, settings.retention),
-            # Its collaborators given when built (docs/architecture.md "Wiring"); a fan-out
-            # that publishes nothing (SQLite, one replica) gives no signal hook.
             TransferService(
                 self.store,
                 records,
                 access,
                 leases=self.leases,
-                on_signal=publish.transfer_changed if fanout.enabled else None,
+                on_signal=publish.transfer_changed,
                 max_entries=settings.transfer_max_entries,
             ),
             ArtifactService(records, access),
         )
         self._ports = PortService(access)
-        wire(executions, wakes, self.transfers, self.leases, fanout, timers)
+        wire(executions, wakes, self.transfers, fanout, timers)
         await self.fanout.start()
         # Every service that adopts leased work is built: the keeper's first round hands
         # them what this home's previous process and dead replicas left (E11).

@@ -1,7 +1,7 @@
-"""Wiring of several replicas on one database (docs/operations.md): the lease keeper and the fan-out
-plugged into the execution and wake services, which know neither (their hooks are plain
-callables). Built by ``control/plane.py``; on SQLite the keeper only records leases and the fan-out
-publishes nothing, so one replica behaves as before."""
+"""Wiring of several replicas on one database (docs/operations.md): what the services publish
+(``Publish``, given to each when built by ``control/plane.py``; no-ops on SQLite, one replica)
+and what they do with the other replicas' messages (``wire``: the fan-out's handlers). The
+services know neither the fan-out nor the keeper's class: their hooks are plain callables."""
 
 from __future__ import annotations
 
@@ -15,8 +15,6 @@ from shellyard.control.files.transfers import TransferService
 from shellyard.control.notify.timers import TimerService
 from shellyard.control.notify.wakes import WakeService
 from shellyard.control.replicas.fanout import Fanout, Kind
-from shellyard.control.replicas.leases import LeaseKeeper
-from shellyard.store.leases import TRANSFER
 
 
 def _nothing(*_args: object) -> None:
@@ -74,23 +72,11 @@ def wire(
     executions: ExecutionService,
     wakes: WakeService,
     transfers: TransferService,
-    keeper: LeaseKeeper,
     fanout: Fanout,
     timers: TimerService,
 ) -> None:
-    # Transfers and environment changes: one replica copies / drives each; the others adopt
-    # it when that one dies (each resumes from its record, as after a restart).
-    # (``transfers`` got the keeper and its signal hook when built, control/plane.py.)
-    keeper.adopters[TRANSFER] = transfers.adopt
-    keeper.on_lost[TRANSFER] = transfers.forget
-
-    async def sweep() -> None:
-        # Recorded by a replica that died before leasing them (both lease first; this
-        # catches what an older release or a failed lease write left).
-        for transfer_id in await transfers.unleased(keeper.ttl_s):
-            await transfers.adopt(transfer_id)
-
-    keeper.sweeps.append(sweep)
+    """The fan-out's handlers: each message of another replica handed to the service it
+    concerns (the only hooks still set after the services are built: they need them)."""
     if not fanout.enabled:
         return
 
