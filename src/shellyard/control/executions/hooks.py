@@ -11,8 +11,9 @@ from shellyard.store.leases import LeaseTerms
 
 
 class EnvironmentGate(Protocol):
-    """What executions need of managed environments (V4–V6); the control plane plugs the
-    environment service in (``ExecutionService.environments``), so this module never imports it."""
+    """What executions need of managed environments (V4–V6); the control plane gives the
+    environment service to ``ExecutionService`` when it builds it, so this module never imports
+    it."""
 
     async def check_usable(self, environment_id: str, agent_id: str, runner_id: str | None) -> str:
         """The runner the environment lives on, after checking the agent may use it (V4)."""

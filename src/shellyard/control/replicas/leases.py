@@ -4,9 +4,9 @@ Each ``serve`` process is a replica with an id of its own. Before it watches an 
 takes that execution's lease (store/leases.py); a loop renews every lease it holds each
 ``ttl_s / 3`` and, on PostgreSQL, claims the leases other replicas let expire (they died), the
 executions nobody holds a lease on, and the workspace queues nobody hands on. What it claims
-goes to the adopter the control plane plugged in (``ExecutionService.adopt``), which re-attaches
-exactly as a restart does. A lease it finds taken from it (it stalled past the expiry) goes to
-``on_lost``: its watcher stops, the new holder finalizes.
+goes to the adopter its service registered (``register``, e.g. ``ExecutionService.adopt``),
+which re-attaches exactly as a restart does. A lease it finds taken from it (it stalled past
+the expiry) goes to ``on_lost``: its watcher stops, the new holder finalizes.
 
 Work on the in-process ``local`` runner can only be reached from its own home: its leases carry
 the home's scope, which no other home's replica claims; a restarted server of that home takes
