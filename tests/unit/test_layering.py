@@ -187,7 +187,8 @@ ROOMS: dict[str, set[str]] = {
     },
     "runner.transport": {"runner.limits", "runner.local", "runner.policy", "runner.protocol"},
     # control/: services that never import each other sideways except as drawn; plane.py
-    # builds and wires them all; replicas/ plugs the lease keeper and the fan-out into them.
+    # builds them all, each given its collaborators; replicas/ builds their publish hooks and
+    # hands the fan-out's messages to them.
     "control.agents": set(),
     "control.tokens": {"control.agents"},  # a session token checks its agent's session
     "control.metrics": set(),

@@ -70,6 +70,8 @@ class EnvironmentService:
         runners: RunnerRegistry,
         agents: AgentResolver,
         dispatch: Callable[[str], Awaitable[None]],
+        *,
+        leases: WatchLeases,
     ) -> None:
         self.store = store
         self.records = EnvironmentRecords(store)
@@ -85,9 +87,10 @@ class EnvironmentService:
         #: Set when a change ended (for callers waiting on it in this process).
         self._ended: dict[str, asyncio.Event] = {}
         self._closing = False
-        #: Which replica drives each change (docs/operations.md); None: this process is the only
-        #: one.
-        self.leases: WatchLeases | None = None
+        #: Which replica drives each change (docs/operations.md); it hands this one the changes
+        #: of dead replicas.
+        self.leases = leases
+        leases.register(CHANGE, self.adopt, self.forget, sweep=self._sweep)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -112,20 +115,19 @@ class EnvironmentService:
         if task is not None:
             task.cancel()
 
-    async def unleased(self, grace_s: float) -> list[str]:
-        """Pending changes nobody drives for ``grace_s`` (their replica died between
-        recording and leasing them), on shared runners."""
-        return await self.store.unleased_changes(grace_s, LOCAL_RUNNER_ID)
+    async def _sweep(self) -> None:
+        """Pending changes nobody drove for a lease time, on shared runners: driven here. A
+        change is leased as it is recorded; this catches what an older release or a failed
+        lease write left (its replica died between the two)."""
+        for change_id in await self.store.unleased_changes(self.leases.ttl_s, LOCAL_RUNNER_ID):
+            await self.adopt(change_id)
 
     async def _lease(self, change_id: str, environment_id: str) -> bool:
-        if self.leases is None:
-            return True
         env = await self._required_env(environment_id)
         return await self.leases.acquire(CHANGE, change_id, str(env["runner_id"]))
 
     async def _release(self, change_id: str) -> None:
-        if self.leases is not None:
-            await self.leases.release(CHANGE, change_id)
+        await self.leases.release(CHANGE, change_id)
 
     async def aclose(self) -> None:
         self._closing = True

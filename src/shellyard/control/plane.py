@@ -26,7 +26,7 @@ from shellyard.control.notify.wakes import WakeService
 from shellyard.control.ports import PortService
 from shellyard.control.replicas.fanout import Fanout
 from shellyard.control.replicas.leases import LeaseKeeper, home_scope, ttl_from_env
-from shellyard.control.replicas.wiring import transfer_signal, wire
+from shellyard.control.replicas.wiring import publishers, wire
 from shellyard.control.retention import RetentionService
 from shellyard.control.runners import LOCAL_RUNNER_ID, RunnerRegistry
 from shellyard.control.tokens import TokenService
@@ -146,7 +146,18 @@ class ControlPlane:
             settings.effective_database_url, schema_name=settings.database_schema
         )
         await RetentionRecords(self.store).prepare()  # SQLite: incremental vacuum on
-        self._runners = RunnerRegistry(self.store)
+        # The lease keeper and the fan-out first: every service gets them (or what they
+        # publish through) when built (docs/architecture.md "Wiring").
+        self.leases = LeaseKeeper(
+            self.store,
+            home_scope(str(settings.local_runner_root)),
+            LOCAL_RUNNER_ID,
+            ttl_s=ttl_from_env(os.environ),
+        )
+        url = None if self.store.is_sqlite else settings.effective_database_url
+        fanout = self.fanout = Fanout(url, settings.database_schema, self.leases.replica_id)
+        publish = publishers(fanout)
+        self._runners = RunnerRegistry(self.store, on_change=publish.runners_changed)
         self._tokens = TokenService(self.store)
         local = LocalRunner(
             settings.local_runner_root, settings.local_policy, hidden=[settings.home]
@@ -157,60 +168,67 @@ class ControlPlane:
         self._runners.start_heartbeats()
         agents = AgentResolver(self.store)
         await agents.default_id()  # the default session exists before any door asks
-        self._executions = ExecutionService(self.store, self._runners, agents)
-        # Environments gate executions (V4–V6) and dispatch the ones queued behind a change;
-        # plugged in here so that neither service imports the other.
-        self._environments = EnvironmentService(
-            self.store, self._runners, agents, self._executions.dispatch
-        )
-        self._executions.environments = self._environments
-        self._executions.on_finished.append(self._environments.execution_finished)
-        wakes = WakeService(self.store, settings.notifications)
-        sessions = SessionService(self.store, wakes, agents)
-        timers = TimerService(sessions, wakes, settings.notifications)
-        self._notify = _Notify(sessions, InboxService(self.store, agents), wakes, timers)
-        self._executions.on_finished += [wakes.execution_finished, timers.execution_finished]
-        self._executions.cancel_timers_at_finish = timers.folded_into_finish
-        self.store.notice_listeners.append(wakes.notify)
-        self.leases = LeaseKeeper(
+        wakes = WakeService(
             self.store,
-            home_scope(str(settings.local_runner_root)),
-            LOCAL_RUNNER_ID,
-            ttl_s=ttl_from_env(os.environ),
+            settings.notifications,
+            leases=self.leases,
+            on_emitted=publish.wake_emitted,
+            on_notify=publish.agent_may_wake,
+            on_webhooks=publish.webhooks_changed,
         )
-        url = None if self.store.is_sqlite else settings.effective_database_url
-        fanout = self.fanout = Fanout(url, settings.database_schema, self.leases.replica_id)
+        sessions = SessionService(self.store, wakes, agents)
+        timers = TimerService(
+            sessions,
+            wakes,
+            settings.notifications,
+            announce=publish.timer_created,
+            on_change=publish.timers_changed,
+        )
+        self._notify = _Notify(sessions, InboxService(self.store, agents), wakes, timers)
+
+        # Environments gate executions (V4–V6) and dispatch the ones queued behind a change:
+        # the one circle of the wiring, closed by this name bound just below (a change ends
+        # only after start), so that neither service imports the other.
+        async def dispatch(workspace_id: str) -> None:
+            await executions.dispatch(workspace_id)
+
+        self._environments = EnvironmentService(
+            self.store, self._runners, agents, dispatch, leases=self.leases
+        )
+        executions = self._executions = ExecutionService(
+            self.store,
+            self._runners,
+            agents,
+            environments=self._environments,
+            leases=self.leases,
+            on_finished=[
+                self._environments.execution_finished,
+                wakes.execution_finished,
+                timers.execution_finished,
+            ],
+            on_signal=publish.execution_ended,
+            on_timing=self.metrics.observe,
+            cancel_timers_at_finish=timers.folded_into_finish,
+        )
         records = FileRecords(self.store)
         access = WorkspaceAccess(self.store, records, self._runners, self._executions)
         self._files = _Files(
             FileService(self.store, records, access, settings.retention),
-            # Its collaborators given when built (docs/architecture.md "Wiring"); a fan-out
-            # that publishes nothing (SQLite, one replica) gives no signal hook.
             TransferService(
                 self.store,
                 records,
                 access,
                 leases=self.leases,
-                on_signal=transfer_signal(fanout) if fanout.enabled else None,
+                on_signal=publish.transfer_changed,
                 max_entries=settings.transfer_max_entries,
             ),
             ArtifactService(records, access),
         )
         self._ports = PortService(access)
-        wire(
-            self._executions,
-            wakes,
-            self.transfers,
-            self._environments,
-            self.leases,
-            self.fanout,
-            self.metrics,
-            timers,
-        )
+        wire(executions, wakes, self.transfers, fanout, timers)
         await self.fanout.start()
-        await self._executions.startup()
         # Every service that adopts leased work is built: the keeper's first round hands
-        # them what this home's previous process and dead replicas left.
+        # them what this home's previous process and dead replicas left (E11).
         await self.leases.startup()
         await self._environments.startup()
         await self.files.startup()

@@ -73,7 +73,9 @@ def _secrets(token: str | None) -> dict[str, Any]:
 
 
 class RunnerRegistry:
-    def __init__(self, store: Store, *, heartbeat_s: float = HEARTBEAT_S) -> None:
+    def __init__(
+        self, store: Store, *, on_change: Callable[[], None], heartbeat_s: float = HEARTBEAT_S
+    ) -> None:
         self._store = store
         self._runners: dict[str, Runner] = {}
         self._kinds: dict[str, tuple[str, str | None, str | None]] = {}
@@ -81,8 +83,8 @@ class RunnerRegistry:
         self.heartbeat_s = heartbeat_s
         self._beating: asyncio.Task[None] | None = None
         #: Called after a runner was added or removed here: other replicas reload
-        #: (docs/operations.md).
-        self.on_change: Callable[[], None] | None = None
+        #: (docs/operations.md; a no-op with one replica).
+        self.on_change = on_change
 
     async def add_local(self, runner: Runner) -> None:
         await self._store.upsert_runner(LOCAL_RUNNER_ID, "local", None, None)
@@ -138,8 +140,7 @@ class RunnerRegistry:
             await old.aclose()
         self._put(runner_id, runner, kind, request.address, secrets.get("fingerprint"))
         self._health[runner_id] = Health("up", None, time.time(), None, info)
-        if self.on_change is not None:
-            self.on_change()
+        self.on_change()
         return await self.view(runner_id)
 
     async def bootstrap(self, request: RunnerBootstrapRequest) -> RunnerBootstrapResult:
@@ -254,8 +255,7 @@ class RunnerRegistry:
         self._kinds.pop(runner_id, None)
         self._health.pop(runner_id, None)
         await runner.aclose()
-        if self.on_change is not None:
-            self.on_change()
+        self.on_change()
 
     async def load_registered(self) -> None:
         """Reconnect to every direct and ssh runner recorded in the store."""

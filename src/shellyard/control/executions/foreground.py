@@ -18,11 +18,11 @@ from shellyard.store.db import new_id
 
 
 class ForegroundWaits:
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, ttl_s: float) -> None:
         self.store = store
-        #: How long a recorded wait counts without renewal: the lease time
-        #: (control/replicas/wiring.py).
-        self.ttl_s = 10.0
+        #: How long a recorded wait counts without renewal: the lease time (a killed waiter
+        #: counts as long as a killed watcher's lease).
+        self.ttl_s = ttl_s
 
     async def begin(self, execution_id: str) -> str:
         """Record a wait; returns the waiter's id."""

@@ -1,18 +1,19 @@
-"""What the execution service needs of other services, as protocols: the control plane plugs
-the environment service and the lease keeper in (``ExecutionService.environments`` and
-``.leases``), so control/executions/service.py imports neither."""
+"""What the execution service needs of other services, as protocols: the control plane gives
+it the environment service and the lease keeper when it builds it, so
+control/executions/service.py imports neither."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol
 
 from shellyard.store.leases import LeaseTerms
 
 
 class EnvironmentGate(Protocol):
-    """What executions need of managed environments (V4–V6); the control plane plugs the
-    environment service in (``ExecutionService.environments``), so this module never imports it."""
+    """What executions need of managed environments (V4–V6); the control plane gives the
+    environment service to ``ExecutionService`` when it builds it, so this module never imports
+    it."""
 
     async def check_usable(self, environment_id: str, agent_id: str, runner_id: str | None) -> str:
         """The runner the environment lives on, after checking the agent may use it (V4)."""
@@ -25,9 +26,28 @@ class EnvironmentGate(Protocol):
 
 class WatchLeases(Protocol):
     """Who watches a piece of ongoing work (an execution, a transfer, an environment change)
-    when several replicas share the database (docs/operations.md); the control plane plugs its lease
-    keeper in (``ExecutionService.leases``, ``TransferService.leases``,
-    ``EnvironmentService.leases``)."""
+    when several replicas share the database (docs/operations.md); the control plane gives its
+    lease keeper to ``ExecutionService``, ``TransferService`` and ``EnvironmentService`` when it
+    builds them, and each registers the work it takes over (``register``)."""
+
+    #: How long a lease lives unrenewed: a dead replica's work waits this long.
+    ttl_s: float
+    #: Whether other replicas may share the database (PostgreSQL; SQLite is one replica).
+    shared: bool
+
+    def register(
+        self,
+        kind: str,
+        adopt: Callable[[str], Awaitable[None]],
+        lost: Callable[[str], None],
+        *,
+        sweep: Callable[[], Awaitable[None]] | None = None,
+        dispatch: Callable[[str], Awaitable[None]] | None = None,
+    ) -> None:
+        """``adopt``: a subject of ``kind`` this replica claimed (its holder died); ``lost``: one
+        another replica took over; ``sweep``: every few rounds, work of ``kind`` a dead replica
+        recorded but never leased; ``dispatch``: a workspace whose queue nobody hands on."""
+        ...
 
     async def acquire(self, kind: str, subject_id: str, runner_id: str) -> bool:
         """True when this replica holds the lease now (it then watches and finalizes)."""

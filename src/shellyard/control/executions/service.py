@@ -8,7 +8,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from shellyard.contract.executions import (
@@ -56,8 +56,25 @@ WAIT_SLICE_S = 20.0
 WORKSPACE_CACHE = 4096
 
 
+#: Told of each execution's terminal record and whether its notice was read at once (N3).
+FinishObserver = Callable[[Mapping[str, Any], bool], Awaitable[None]]
+
+
 class ExecutionService(OwnedReads):
-    def __init__(self, store: Store, runners: RunnerRegistry, agents: AgentResolver) -> None:
+    def __init__(
+        self,
+        store: Store,
+        runners: RunnerRegistry,
+        agents: AgentResolver,
+        *,
+        environments: EnvironmentGate,
+        leases: WatchLeases,
+        on_finished: Sequence[FinishObserver],
+        on_signal: Callable[[str], None],
+        on_timing: Callable[[str, float], None],
+        cancel_timers_at_finish: bool,
+    ) -> None:
+        # All given when built (docs/architecture.md "Wiring").
         self.store = store
         self.runners = runners
         self.agents = agents
@@ -67,47 +84,39 @@ class ExecutionService(OwnedReads):
         self._workspaces: dict[tuple[str, str], str] = {}
         self._closing = False
         self.retry_base_s = 0.5
-        #: Called with the terminal record and whether its notice was read at once (N3), after
-        #: the record is final: wakes (N2) and reminders naming the execution (N6) hook in here.
-        self.on_finished: list[Callable[[Mapping[str, Any], bool], Awaitable[None]]] = []
-        #: Managed environments (V4–V6): validation and the start gate; plugged in by the
-        #: control plane (control/plane.py). None: an environment_id is reported as missing.
-        self.environments: EnvironmentGate | None = None
+        #: Called after the record is final: the changes gated on it (V5), wakes (N2) and
+        #: reminders naming the execution (N6), in this order.
+        self.on_finished = list(on_finished)
+        #: Managed environments (V4–V6): validation and the start gate.
+        self.environments = environments
         #: execution id → the runner's note from its start (no default base, docs/environments.md),
         #: handed to the run_shell answer once
         self._notes: dict[str, str] = {}
         #: execution id → its final record, kept while a foreground caller waits for it, so
         #: the caller answers without reading it again (docs/benchmarks.md: transactions per run)
         self._ended: dict[str, Mapping[str, Any]] = {}
-        #: Leases (docs/operations.md): None runs as one replica (every execution is ours).
-        self.leases: WatchLeases | None = None
+        #: Leases (docs/operations.md): one replica watches each execution; the keeper hands
+        #: this one those of dead replicas and of the previous process (E11), and the queues
+        #: nobody hands on.
+        self.leases = leases
+        leases.register(LEASE_KIND, self.adopt, self.forget, dispatch=self.dispatch)
         #: Called with an execution id whose waiters were woken here: the fan-out tells
-        #: the other replicas' waiters too (control/replicas/fanout.py).
-        self.on_signal: Callable[[str], None] | None = None
+        #: the other replicas' waiters too (a no-op with one replica).
+        self.on_signal = on_signal
         #: Called with ("spawn" | "commit", seconds): the start call; exit to final record.
-        self.on_timing: Callable[[str, float], None] | None = None
+        self.on_timing = on_timing
         #: Foreground waits recorded for another replica's finalizer (N3 across replicas).
-        self.foreground_waits = ForegroundWaits(store)
+        self.foreground_waits = ForegroundWaits(store, leases.ttl_s)
         #: N6 in the finishing transaction (the final record then says ``timers_cancelled``):
-        #: set by the control plane where every end asks the store (PostgreSQL replicas).
-        self.cancel_timers_at_finish = False
+        #: where every end asks the store (PostgreSQL replicas).
+        self.cancel_timers_at_finish = cancel_timers_at_finish
 
     # ------------------------------------------------------------------ lifecycle
 
-    async def startup(self) -> None:
-        """E11: re-attach to every execution the previous control plane left active. With
-        leases the lease keeper's start-up claims them and calls ``adopt`` for each."""
-        if self.leases is not None:
-            return
-        for row in await self.store.active_executions():
-            if row["state"] == ExecutionState.running:
-                self._watch(row)
-            else:
-                await self.dispatch(str(row["workspace_id"]))
-
     async def adopt(self, execution_id: str) -> None:
-        """This replica took over the execution's lease (its holder died, docs/operations.md): watch
-        it as a restart would (E11), or hand its workspace on when it is already final."""
+        """This replica took over the execution's lease (its holder died, docs/operations.md, or
+        this home's previous process left it: the lease keeper's start-up claims those, E11):
+        watch it as a restart would, or hand its workspace on when it is already final."""
         row = await self.store.get_execution(execution_id)
         if row is None:
             await self._release(execution_id)
@@ -116,7 +125,7 @@ class ExecutionService(OwnedReads):
             await self.runners.load_registered()
         state = ExecutionState(row["state"])
         if state in (ExecutionState.running, ExecutionState.unknown):
-            self._watch(row, leased=True)
+            self._watch(row)
             return
         await self.dispatch(str(row["workspace_id"]))
         if execution_id not in self._watchers:
@@ -129,8 +138,7 @@ class ExecutionService(OwnedReads):
             task.cancel()
 
     async def _release(self, execution_id: str) -> None:
-        if self.leases is not None:
-            await self.leases.release(LEASE_KIND, execution_id)
+        await self.leases.release(LEASE_KIND, execution_id)
 
     async def aclose(self) -> None:
         self._closing = True
@@ -153,11 +161,6 @@ class ExecutionService(OwnedReads):
                 return await self._respond(existing, request)
         runner_id = request.runner_id or LOCAL_RUNNER_ID
         if request.environment_id is not None:
-            if self.environments is None:
-                raise NotFound(
-                    f"environment {request.environment_id!r} does not exist; create one with "
-                    "environment_create"
-                )
             # Exists, same session; runs on the environment's runner (V4).
             runner_id = await self.environments.check_usable(
                 request.environment_id, owner, request.runner_id
@@ -188,7 +191,7 @@ class ExecutionService(OwnedReads):
             "run_options": options.record(request),
         }
         # The lease is taken with the record when it starts now (one transaction fewer).
-        terms = self.leases.terms(runner_id) if self.leases is not None else None
+        terms = self.leases.terms(runner_id)
         try:
             row, holder = await self.store.submit_execution(
                 values, queue=request.queue, lease=terms
@@ -207,8 +210,7 @@ class ExecutionService(OwnedReads):
                 holder=holder,
             )
         if holder is None:
-            if self.leases is not None:
-                self.leases.taken(LEASE_KIND, str(row["id"]))
+            self.leases.taken(LEASE_KIND, str(row["id"]))
             row = await self._launch(row, refuse=True, leased=True)
         return await self._respond(row, request, started=holder is None)
 
@@ -221,8 +223,6 @@ class ExecutionService(OwnedReads):
         later; CLI exit 75) after the record is made failed with the same message.
         ``leased``: ``row`` was just submitted with its lease (nobody else can have moved it)."""
         execution_id = str(row["id"])
-        if self.leases is None:
-            return await self._launch_leased(row, refuse, submitted=True)
         # One replica starts and watches it; another replica's dispatch of the same
         # queue loses here and leaves it alone.
         if not leased and not await self.leases.acquire(
@@ -247,7 +247,7 @@ class ExecutionService(OwnedReads):
             row = await self._finalized(row)
             if row["state"] != ExecutionState.queued:  # started or ended meanwhile
                 if row["state"] == ExecutionState.running:
-                    self._watch(row, leased=True)
+                    self._watch(row)
                 else:
                     # Ended on another replica after this dispatch took the writer for it.
                     await self.store.release_writer(str(row["workspace_id"]), execution_id)
@@ -255,10 +255,8 @@ class ExecutionService(OwnedReads):
                 return row
         environment_id = row["environment_id"]
         if environment_id is not None and row["environment_revision"] is None:
-            environments = self.environments
-            assert environments is not None  # it validated the environment_id
             # V5/V6 gate: queued behind a pending change, or the latest revision resolved.
-            verdict, row = await environments.gate(execution_id, str(environment_id))
+            verdict, row = await self.environments.gate(execution_id, str(environment_id))
             if row["state"] != ExecutionState.queued or verdict == "wait":
                 # Waiting for an environment change: its end dispatches it, no watch needed.
                 if row["state"] == ExecutionState.queued:
@@ -305,8 +303,7 @@ class ExecutionService(OwnedReads):
             )
             return await self._finalized(row)
         started: dict[str, Any] = {}
-        if self.on_timing is not None:
-            self.on_timing("spawn", time.monotonic() - spawn_began)
+        self.on_timing("spawn", time.monotonic() - spawn_began)
         if result.base_environment is not None and environment_id is None:
             # The runner's default base (docs/environments.md): the record says what it ran in (V6),
             # written with the start (one transaction fewer per execution, docs/benchmarks.md).
@@ -324,7 +321,7 @@ class ExecutionService(OwnedReads):
         assert fresh is not None
         await log_state(self.store, fresh)
         if fresh["state"] == ExecutionState.running:
-            self._watch(fresh, leased=True)
+            self._watch(fresh)
         return fresh
 
     async def _finalized(self, row: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -334,13 +331,12 @@ class ExecutionService(OwnedReads):
 
     # ------------------------------------------------------------------ watch
 
-    def _watch(self, row: Mapping[str, Any], leased: bool = False) -> None:
-        """Watch a running execution until its end; ``leased``: this replica holds its lease
-        (or there are no leases), so nobody else watches it."""
+    def _watch(self, row: Mapping[str, Any]) -> None:
+        """Watch a running execution until its end; the caller holds its lease, so nobody
+        else watches it."""
         execution_id = str(row["id"])
         if execution_id in self._watchers or self._closing:
             return
-        assert leased or self.leases is None, "watching an execution without its lease"
         task = asyncio.create_task(self._watch_guarded(row), name=f"watch-{execution_id}")
         self._watchers[execution_id] = task
 
@@ -431,7 +427,7 @@ class ExecutionService(OwnedReads):
             peak_memory_bytes=result.peak_memory_bytes,
             cpu_seconds=result.cpu_seconds,
         )
-        if self.on_timing is not None and result.finished_at:
+        if result.finished_at:
             self.on_timing("commit", max(0.0, time.time() - result.finished_at))
 
     async def _end(self, row: Mapping[str, Any], state: ExecutionState, **values: Any) -> None:
@@ -447,14 +443,13 @@ class ExecutionService(OwnedReads):
         notice_read = self._foreground.get(execution_id, 0) > 0
         # Across replicas: a caller on another replica may wait too; the transaction reads
         # its row and says whether the notice was posted read. The lease goes with it.
-        leases = self.leases
         final, queued, notice_read = await self.store.finish_execution(
             row,
             {"state": state.value, **values},
             summary,
             notice_read=notice_read,
             from_states=("queued", "running", "unknown"),
-            lease_holder=leases.letting_go(LEASE_KIND, execution_id) if leases else None,
+            lease_holder=self.leases.letting_go(LEASE_KIND, execution_id),
             cancel_timers=self.cancel_timers_at_finish,
         )
         if final is not None and notice_read and execution_id in self._finished:
@@ -475,8 +470,7 @@ class ExecutionService(OwnedReads):
 
     def _signal(self, execution_id: str) -> None:
         self.signal(execution_id)
-        if self.on_signal is not None:
-            self.on_signal(execution_id)
+        self.on_signal(execution_id)
 
     def waited(self) -> list[str]:
         """The executions someone waits for on this replica."""
@@ -623,11 +617,7 @@ class ExecutionService(OwnedReads):
     def _finalized_elsewhere(self, execution_id: str) -> bool:
         """Whether another replica may finalize the execution (PostgreSQL replicas: this one
         does not watch it). SQLite is one replica, whose waits cost no write."""
-        return (
-            self.leases is not None
-            and not self.store.is_sqlite
-            and execution_id not in self._watchers
-        )
+        return not self.store.is_sqlite and execution_id not in self._watchers
 
     async def cancel(
         self, execution_id: str, agent_id: str | None = None, wait_s: float = 0.0

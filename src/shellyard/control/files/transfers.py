@@ -27,7 +27,7 @@ finished transfer posts a notice to its owner (N1). Transfers survive a restart 
 plane: an unfinished one resumes with its pending files.
 
 With several replicas on one database (docs/operations.md) each unfinished transfer is copied by the
-one replica holding its lease (``leases``, plugged in by control/replicas/wiring.py): a replica that
+one replica holding its lease (``leases``, given when built by control/plane.py): a replica that
 dies leaves its lease to expire and another adopts the transfer, which resumes with its pending
 files exactly as after a restart. A cancel or a wait on another replica goes through the record: the
 cancel request is a column the holder reads between batches (and a fan-out message makes it stop
@@ -91,14 +91,16 @@ class TransferService:
         records: FileRecords,
         access: WorkspaceAccess,
         *,
-        leases: WatchLeases | None = None,
-        on_signal: Callable[[str], None] | None = None,
+        leases: WatchLeases,
+        on_signal: Callable[[str], None],
         max_entries: int | None = None,
     ) -> None:
         # Given when built (docs/architecture.md "Wiring"): ``leases`` picks the replica copying
-        # each transfer; ``on_signal`` tells the fan-out of an end or a cancel asked here (None:
-        # one process); ``max_entries``: Settings.transfer_max_entries (None: transfer_plan.py).
+        # each transfer; ``on_signal`` tells the fan-out of an end or a cancel asked here (a
+        # no-op with one replica); ``max_entries``: Settings.transfer_max_entries (None: the
+        # default of transfer_plan.py).
         self.leases, self.on_signal, self.max_entries = leases, on_signal, max_entries
+        leases.register(TRANSFER, self.adopt, self.forget, sweep=self._sweep)
         self.store = store
         self.records = records
         self.access = access
@@ -131,11 +133,12 @@ class TransferService:
         if task is not None:
             task.cancel()
 
-    async def unleased(self, grace_s: float) -> list[str]:
-        """Active transfers no replica holds a lease on for ``grace_s`` (their replica died
-        between recording and leasing them), leaving out the in-process runner's (only its
-        own home reaches them)."""
-        return await self.store.unleased_transfers(grace_s, LOCAL_RUNNER_ID)
+    async def _sweep(self) -> None:
+        """Active transfers no replica held a lease on for a lease time (leased as recorded:
+        an older release or a failed lease write left them), resumed here; the in-process
+        runner's are left out (only its own home reaches them)."""
+        for transfer_id in await self.store.unleased_transfers(self.leases.ttl_s, LOCAL_RUNNER_ID):
+            await self.adopt(transfer_id)
 
     def watched(self) -> list[str]:
         """Transfers waited for or copied here (a fan-out gap may have hidden their news)."""
@@ -165,14 +168,11 @@ class TransferService:
         """It ended here: this replica's waits, and the other replicas', read it again (no
         cancel check: the copy that would read it is the one ending)."""
         self._wake_waiters(transfer_id)
-        if self.on_signal is not None:
-            self.on_signal(transfer_id)
+        self.on_signal(transfer_id)
 
     async def _lease(self, transfer_id: str, source_runner: str, target_runner: str) -> bool:
         """Take the transfer's lease; its scope is the home's when either end is the
         in-process runner (no other replica reaches that)."""
-        if self.leases is None:
-            return True
         local = LOCAL_RUNNER_ID in (source_runner, target_runner)
         return await self.leases.acquire(
             TRANSFER, transfer_id, LOCAL_RUNNER_ID if local else target_runner
@@ -185,8 +185,7 @@ class TransferService:
         return await self._lease(str(row["id"]), str(source["runner_id"]), str(target["runner_id"]))
 
     async def _release(self, transfer_id: str) -> None:
-        if self.leases is not None:
-            await self.leases.release(TRANSFER, transfer_id)
+        await self.leases.release(TRANSFER, transfer_id)
 
     async def aclose(self) -> None:
         self._closing = True
@@ -411,7 +410,7 @@ class TransferService:
     async def _cancel_recorded(self, transfer_id: str, cancel: asyncio.Event) -> bool:
         """A cancel asked on another replica whose fan-out message was lost: the record says
         so, read once per batch (only with replicas; one process sets ``cancel`` itself)."""
-        if self.leases is None or self.on_signal is None:
+        if not self.leases.shared:
             return cancel.is_set()
         row = await self.records.get_transfer(transfer_id)
         if row is not None and row["cancel_requested"]:
@@ -662,7 +661,7 @@ class TransferService:
         if transfer_id not in self._tasks:
             if await self._lease_for(row):
                 await self._finish(row, "cancelled", None)  # nobody copies it: end it here
-            elif self.on_signal is not None:
+            else:
                 self.on_signal(transfer_id)  # the replica copying it stops after its batch
         if wait_s > 0:
             return await self.wait(transfer_id, wait_s, agent_id)

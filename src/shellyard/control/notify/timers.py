@@ -209,6 +209,9 @@ class TimerService:
         sessions: SessionService,
         wakes: WakeService,
         settings: NotificationSettings,
+        *,
+        announce: Callable[[], tuple[str, str] | None],
+        on_change: Callable[[], None],
     ) -> None:
         self.sessions = sessions
         self.store = sessions.store
@@ -221,11 +224,10 @@ class TimerService:
         #: store at each end instead (``execution_finished``).
         self._watched: set[str] = set()
         self.shared = not self.store.is_sqlite
-        #: Fan-out (control/replicas/wiring.py): ``announce`` gives the (channel, payload) of the
-        #: message a creation's transaction sends (so it leaves iff the timer exists);
-        #: ``on_change`` publishes one after a cancellation.
-        self.announce: Callable[[], tuple[str, str] | None] | None = None
-        self.on_change: Callable[[], None] | None = None
+        #: Fan-out (control/replicas/wiring.py ``Publish``): ``announce`` gives the (channel,
+        #: payload) of the message a creation's transaction sends (so it leaves iff the timer
+        #: exists; None with one replica); ``on_change`` publishes one after a cancellation.
+        self.announce, self.on_change = announce, on_change
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -288,8 +290,7 @@ class TimerService:
                 )
             elif not self.shared:
                 self._watched.add(request.execution_id)
-        announce = self.announce() if self.announce is not None else None
-        row = await self.store.create_timer(values, announce=announce)
+        row = await self.store.create_timer(values, announce=self.announce())
         self._changed.set()
         if row["state"] == TimerState.pending and request.execution_id is not None:
             # N6: the execution may have ended between the read above and the insert; its
@@ -359,8 +360,7 @@ class TimerService:
 
     def _cancelled(self) -> None:
         self._changed.set()
-        if self.on_change is not None:
-            self.on_change()
+        self.on_change()
 
     async def _owned(self, agent_id: str | None, timer_id: str) -> Mapping[str, Any]:
         agent = await self.sessions.agent_row(agent_id)

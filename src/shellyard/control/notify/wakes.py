@@ -108,12 +108,26 @@ def wake_view(row: Mapping[str, Any]) -> WakeView:
 
 
 class DeliveryLeases(Protocol):
-    """One replica delivers each webhook delivery (docs/operations.md): plugged in by the control
-    plane."""
+    """One replica delivers each webhook delivery (docs/operations.md): the control plane's
+    lease keeper, given when the service is built."""
+
+    ttl_s: float
 
     async def acquire(self, kind: str, subject_id: str, runner_id: str) -> bool: ...
 
     async def release(self, kind: str, subject_id: str) -> None: ...
+
+    def subjects(self, kind: str) -> list[str]: ...
+
+    def register(
+        self,
+        kind: str,
+        adopt: Callable[[str], Awaitable[None]],
+        lost: Callable[[str], None],
+        *,
+        sweep: Callable[[], Awaitable[None]] | None = None,
+        dispatch: Callable[[str], Awaitable[None]] | None = None,
+    ) -> None: ...
 
 
 #: The lease kind of a webhook delivery.
@@ -124,7 +138,16 @@ class WakeService:
     """Emits wakes and delivers them. ``notify(agent_id)`` is safe to call any time: it emits
     only when the rules allow and there is something new."""
 
-    def __init__(self, store: Store, settings: NotificationSettings) -> None:
+    def __init__(
+        self,
+        store: Store,
+        settings: NotificationSettings,
+        *,
+        leases: DeliveryLeases,
+        on_emitted: Callable[[WakeView], None],
+        on_notify: Callable[[str, str], None],
+        on_webhooks: Callable[[], None],
+    ) -> None:
         self.store = store
         self.settings = settings
         #: Where webhooks may point (R6): the egress address rules, checked at registration
@@ -138,13 +161,15 @@ class WakeService:
         self._http: httpx.AsyncClient | None = None
         self._closing = False
         #: Replicas (docs/operations.md, control/replicas/fanout.py): told of each wake emitted
-        #: here, and of each agent this replica was asked to wake, so the replicas serving its
-        #: channels try too.
-        self.on_emitted: Callable[[WakeView], None] | None = None
-        self.on_notify: Callable[[str, str], None] | None = None
-        self.on_webhooks: Callable[[], None] | None = None
-        #: None: one replica, every pending delivery is ours to resume.
-        self.leases: DeliveryLeases | None = None
+        #: here, of each agent this replica was asked to wake (so the replicas serving its
+        #: channels try too) and of a webhook added or removed; no-ops with one replica.
+        self.on_emitted, self.on_notify, self.on_webhooks = on_emitted, on_notify, on_webhooks
+        #: One replica delivers each delivery; it hands this one those of dead replicas.
+        self.leases = leases
+        leases.register(
+            DELIVERY_LEASE, self.adopt_delivery, self.forget_delivery, sweep=self._sweep
+        )
+        store.notice_listeners.append(self.notify)  # a notice posted may wake its agent (N2)
         self.emitted = 0
 
     # ------------------------------------------------------------------ lifecycle
@@ -188,7 +213,7 @@ class WakeService:
         it has notices no wake delivered yet. ``relayed``: another replica asked (for the
         streams and callbacks here; it emitted for webhooks itself). ``publish``: tell the
         other replicas (not when only a channel of this replica is new)."""
-        if publish and not relayed and self.on_notify is not None and not self._closing:
+        if publish and not relayed and not self._closing:
             self.on_notify(agent_id, reason)
         if relayed and not (self._callbacks or self._subscribers):
             return None  # webhooks were the asking replica's to emit for
@@ -205,8 +230,7 @@ class WakeService:
         row, delivery_ids = emitted
         wake = wake_view(row)
         self.emitted += 1
-        if self.on_emitted is not None:
-            self.on_emitted(wake)
+        self.on_emitted(wake)
         log.info(
             "wake %s for agent %s (%d notices)",
             wake.wake_id,
@@ -333,8 +357,7 @@ class WakeService:
             }
         )
         self._webhooks = True
-        if self.on_webhooks is not None:  # other replicas: there is a channel now
-            self.on_webhooks()
+        self.on_webhooks()  # other replicas: there is a channel now
         if request.session_id is None:
             await self.kick_all("channel")
         else:
@@ -349,8 +372,7 @@ class WakeService:
         if row is None:
             raise NotFound(f"no webhook {webhook_id!r}; list them with GET /v1/webhooks")
         self._webhooks = bool(await self.store.list_webhooks())
-        if self.on_webhooks is not None:
-            self.on_webhooks()
+        self.on_webhooks()
         return _webhook_view(row)
 
     async def deliveries(self, wake_id: str) -> list[DeliveryView]:
@@ -398,6 +420,17 @@ class WakeService:
         if self._http is not None:
             self._deliver_later(delivery_id)
 
+    async def _sweep(self) -> None:
+        """The lease keeper's sweep (PostgreSQL): notices a dead replica recorded but did not
+        get to wake for (N2), and deliveries it recorded but did not get to lease: a restart
+        would have resumed them (``start``); with replicas the survivors do. Deliveries this
+        replica holds with no task running (adopted while it was starting) are resumed too."""
+        await self.kick_all("channel")
+        for delivery_id in self.leases.subjects(DELIVERY_LEASE):
+            await self.adopt_delivery(delivery_id)
+        for delivery_id in await self.store.unleased_deliveries(self.leases.ttl_s):
+            await self.adopt_delivery(delivery_id)
+
     def forget_delivery(self, delivery_id: str) -> None:
         """Another replica took the delivery's lease over: it delivers, this one stops."""
         task = self._deliveries.pop(delivery_id, None)
@@ -414,19 +447,16 @@ class WakeService:
     async def _deliver(self, delivery_id: str) -> None:
         """POST the wake until a 2xx answer or the attempts run out; the same body and wake id
         every time, so a receiver that saw an attempt whose answer was lost can drop the copy."""
-        if self.leases is not None:
-            if not await self.leases.acquire(DELIVERY_LEASE, delivery_id, ""):
-                return  # another live replica delivers it
-            try:
-                await self._attempts(delivery_id)
-            except asyncio.CancelledError:
-                raise  # stopping: the lease is handed over, not released
-            except BaseException:
-                await self.leases.release(DELIVERY_LEASE, delivery_id)
-                raise
+        if not await self.leases.acquire(DELIVERY_LEASE, delivery_id, ""):
+            return  # another live replica delivers it
+        try:
+            await self._attempts(delivery_id)
+        except asyncio.CancelledError:
+            raise  # stopping: the lease is handed over, not released
+        except BaseException:
             await self.leases.release(DELIVERY_LEASE, delivery_id)
-            return
-        await self._attempts(delivery_id)
+            raise
+        await self.leases.release(DELIVERY_LEASE, delivery_id)
 
     async def _attempts(self, delivery_id: str) -> None:
         settings = self.settings

@@ -4,9 +4,9 @@ Each ``serve`` process is a replica with an id of its own. Before it watches an 
 takes that execution's lease (store/leases.py); a loop renews every lease it holds each
 ``ttl_s / 3`` and, on PostgreSQL, claims the leases other replicas let expire (they died), the
 executions nobody holds a lease on, and the workspace queues nobody hands on. What it claims
-goes to the adopter the control plane plugged in (``ExecutionService.adopt``), which re-attaches
-exactly as a restart does. A lease it finds taken from it (it stalled past the expiry) goes to
-``on_lost``: its watcher stops, the new holder finalizes.
+goes to the adopter its service registered (``register``, e.g. ``ExecutionService.adopt``),
+which re-attaches exactly as a restart does. A lease it finds taken from it (it stalled past
+the expiry) goes to ``on_lost``: its watcher stops, the new holder finalizes.
 
 Work on the in-process ``local`` runner can only be reached from its own home: its leases carry
 the home's scope, which no other home's replica claims; a restarted server of that home takes
@@ -81,15 +81,35 @@ class LeaseKeeper:
         self.adopters: dict[str, Adopter] = {}
         #: kind → called with a subject whose lease another replica took.
         self.on_lost: dict[str, Callable[[str], None]] = {}
-        #: Called with a workspace whose queue nobody hands on.
+        #: Called with a workspace whose queue nobody hands on (the execution service's).
         self.dispatch: Callable[[str], Awaitable[None]] | None = None
-        #: Called every few rounds (PostgreSQL): a replica that died between recording
-        #: something and acting on it (a notice and its wake) left work no lease names.
-        self.sweep: Callable[[], Awaitable[None]] | None = None
+        #: Called every few rounds (PostgreSQL), in the order registered: a replica that died
+        #: between recording something and acting on it (a notice and its wake) left work no
+        #: lease names.
+        self.sweeps: list[Callable[[], Awaitable[None]]] = []
         self._rounds = 0
         self._held: set[tuple[str, str]] = set()
         self._loop: asyncio.Task[None] | None = None
         self.takeovers = 0
+
+    def register(
+        self,
+        kind: str,
+        adopt: Adopter,
+        lost: Callable[[str], None],
+        *,
+        sweep: Callable[[], Awaitable[None]] | None = None,
+        dispatch: Callable[[str], Awaitable[None]] | None = None,
+    ) -> None:
+        """A service takes the work of ``kind`` (called from its constructor, docs/architecture.md
+        "Wiring"): ``adopt`` re-attaches a subject this replica claimed, ``lost`` stops one
+        another replica took over; ``sweep`` and ``dispatch`` as the attributes above."""
+        self.adopters[kind] = adopt
+        self.on_lost[kind] = lost
+        if sweep is not None:
+            self.sweeps.append(sweep)
+        if dispatch is not None:
+            self.dispatch = dispatch
 
     # ------------------------------------------------------------------ one lease
 
@@ -151,8 +171,9 @@ class LeaseKeeper:
                 await self.renew()
                 await self.claim_round(startup=False)
                 self._rounds += 1
-                if self.sweep is not None and self._rounds % SWEEP_EVERY == 0:
-                    await self.sweep()
+                if self._rounds % SWEEP_EVERY == 0:
+                    for sweep in self.sweeps:
+                        await sweep()
             except asyncio.CancelledError:
                 raise
             except Exception:

@@ -1,90 +1,84 @@
-"""Wiring of several replicas on one database (docs/operations.md): the lease keeper and the fan-out
-plugged into the execution and wake services, which know neither (their hooks are plain
-callables). Built by ``control/plane.py``; on SQLite the keeper only records leases and the fan-out
-publishes nothing, so one replica behaves as before."""
+"""Wiring of several replicas on one database (docs/operations.md): what the services publish
+(``Publish``, given to each when built by ``control/plane.py``; no-ops on SQLite, one replica)
+and what they do with the other replicas' messages (``wire``: the fan-out's handlers). The
+services know neither the fan-out nor the keeper's class: their hooks are plain callables."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
-from shellyard.control.environments import EnvironmentService
-from shellyard.control.executions.service import LEASE_KIND, ExecutionService
+from shellyard.contract.sessions import WakeView
+from shellyard.control.executions.service import ExecutionService
 from shellyard.control.files.transfers import TransferService
-from shellyard.control.metrics import Metrics
 from shellyard.control.notify.timers import TimerService
-from shellyard.control.notify.wakes import DELIVERY_LEASE, WakeService
+from shellyard.control.notify.wakes import WakeService
 from shellyard.control.replicas.fanout import Fanout, Kind
-from shellyard.control.replicas.leases import LeaseKeeper
-from shellyard.store.leases import CHANGE, TRANSFER
 
 
-def transfer_signal(fanout: Fanout) -> Callable[[str], None]:
-    """``TransferService.on_signal``: a transfer that ended, or whose cancel was asked here,
-    told to the other replicas (T1–T5 across replicas)."""
-    return lambda transfer_id: fanout.publish(Kind.TRANSFER_CHANGED, transfer_id=transfer_id)
+def _nothing(*_args: object) -> None:
+    """A publish hook with no other replica to tell (the fan-out is disabled: SQLite)."""
+
+
+@dataclass(frozen=True)
+class Publish:
+    """What this replica tells the others (docs/operations.md): one callable per message a
+    service sends, given to the service when built. With the fan-out disabled (SQLite is one
+    replica) every one does nothing, so no service asks whether there are replicas."""
+
+    #: ``ExecutionService``: an execution's waiters were woken here (E3, E6 across replicas).
+    execution_ended: Callable[[str], None] = _nothing
+    #: ``TransferService``: a transfer ended, or its cancel was asked here (T1–T5).
+    transfer_changed: Callable[[str], None] = _nothing
+    #: ``RunnerRegistry``: a runner was added or removed here.
+    runners_changed: Callable[[], None] = _nothing
+    #: ``WakeService``: an agent this replica was asked to wake (N2), a wake it emitted, a
+    #: webhook added or removed.
+    agent_may_wake: Callable[[str, str], None] = _nothing
+    wake_emitted: Callable[[WakeView], None] = _nothing
+    webhooks_changed: Callable[[], None] = _nothing
+    #: ``TimerService`` (N5–N7): the (channel, payload) a timer's insert transaction sends
+    #: (None: nothing to send), and the message after a cancellation.
+    timer_created: Callable[[], tuple[str, str] | None] = lambda: None
+    timers_changed: Callable[[], None] = _nothing
+
+
+def publishers(fanout: Fanout) -> Publish:
+    """The publish hooks of the services, built before them (control/plane.py)."""
+    if not fanout.enabled:
+        return Publish()
+    return Publish(
+        execution_ended=lambda execution_id: fanout.publish(
+            Kind.EXECUTION_ENDED, execution_id=execution_id
+        ),
+        transfer_changed=lambda transfer_id: fanout.publish(
+            Kind.TRANSFER_CHANGED, transfer_id=transfer_id
+        ),
+        runners_changed=lambda: fanout.publish(Kind.RUNNERS_CHANGED),
+        agent_may_wake=lambda agent_id, reason: fanout.publish(
+            Kind.AGENT_MAY_WAKE, agent_id=agent_id, reason=reason
+        ),
+        wake_emitted=lambda wake: fanout.publish(
+            Kind.WAKE_EMITTED, session_id=wake.session_id, seq=wake.seq
+        ),
+        webhooks_changed=lambda: fanout.publish(Kind.WEBHOOKS_CHANGED),
+        timer_created=lambda: fanout.message(Kind.TIMERS_CHANGED),
+        timers_changed=lambda: fanout.publish(Kind.TIMERS_CHANGED),
+    )
 
 
 def wire(
     executions: ExecutionService,
     wakes: WakeService,
     transfers: TransferService,
-    environments: EnvironmentService,
-    keeper: LeaseKeeper,
     fanout: Fanout,
-    metrics: Metrics,
     timers: TimerService,
 ) -> None:
-    executions.leases = keeper
-    executions.foreground_waits.ttl_s = keeper.ttl_s  # a killed waiter counts as long as a lease
-    keeper.adopters[LEASE_KIND] = executions.adopt
-    keeper.on_lost[LEASE_KIND] = executions.forget
-    keeper.dispatch = executions.dispatch
-    executions.on_timing = metrics.observe
-    wakes.leases = keeper
-    keeper.adopters[DELIVERY_LEASE] = wakes.adopt_delivery
-    keeper.on_lost[DELIVERY_LEASE] = wakes.forget_delivery
-    # Transfers and environment changes: one replica copies / drives each; the others adopt
-    # it when that one dies (each resumes from its record, as after a restart).
-    # (``transfers`` got the keeper and its signal hook when built, control/plane.py.)
-    keeper.adopters[TRANSFER] = transfers.adopt
-    keeper.on_lost[TRANSFER] = transfers.forget
-    environments.leases = keeper
-    keeper.adopters[CHANGE] = environments.adopt
-    keeper.on_lost[CHANGE] = environments.forget
-
-    async def sweep() -> None:
-        # Notices a dead replica recorded but did not get to wake for (N2), and deliveries it
-        # recorded but did not get to lease: a restart would have resumed them
-        # (``WakeService.start``); with replicas the survivors do. Deliveries this replica
-        # holds with no task running (adopted while it was starting) are resumed too.
-        await wakes.kick_all("channel")
-        for delivery_id in keeper.subjects(DELIVERY_LEASE):
-            await wakes.adopt_delivery(delivery_id)
-        for delivery_id in await keeper.store.unleased_deliveries(keeper.ttl_s):
-            await wakes.adopt_delivery(delivery_id)
-        # Recorded by a replica that died before leasing them (both lease first; this
-        # catches what an older release or a failed lease write left).
-        for transfer_id in await transfers.unleased(keeper.ttl_s):
-            await transfers.adopt(transfer_id)
-        for change_id in await environments.unleased(keeper.ttl_s):
-            await environments.adopt(change_id)
-
-    keeper.sweep = sweep
+    """The fan-out's handlers: each message of another replica handed to the service it
+    concerns (the only hooks still set after the services are built: they need them)."""
     if not fanout.enabled:
         return
-
-    executions.on_signal = lambda execution_id: fanout.publish(
-        Kind.EXECUTION_ENDED, execution_id=execution_id
-    )
-    executions.runners.on_change = lambda: fanout.publish(Kind.RUNNERS_CHANGED)
-    wakes.on_notify = lambda agent_id, reason: fanout.publish(
-        Kind.AGENT_MAY_WAKE, agent_id=agent_id, reason=reason
-    )
-    wakes.on_emitted = lambda wake: fanout.publish(
-        Kind.WAKE_EMITTED, session_id=wake.session_id, seq=wake.seq
-    )
-    wakes.on_webhooks = lambda: fanout.publish(Kind.WEBHOOKS_CHANGED)
 
     async def ended(message: dict[str, Any]) -> None:
         executions.signal(str(message["execution_id"]))
@@ -131,10 +125,8 @@ def wire(
 
 
 def _wire_timers(timers: TimerService, fanout: Fanout) -> None:
-    # N5–N7 across replicas: every scheduler hears of a timer created or cancelled anywhere.
-    timers.announce = lambda: fanout.message(Kind.TIMERS_CHANGED)
-    timers.on_change = lambda: fanout.publish(Kind.TIMERS_CHANGED)
-
+    # N5–N7 across replicas: every scheduler hears of a timer created or cancelled anywhere
+    # (it announces them through ``Publish``, given when built).
     async def timer_changed(_message: dict[str, Any]) -> None:
         timers.changed()
 
