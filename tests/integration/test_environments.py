@@ -118,7 +118,7 @@ async def test_install_waits_for_running_execution_and_queues_new_ones(
     gone = await plane.executions.cancel(dropped.execution_id, str(other["id"]))
     assert gone.state == ExecutionState.cancelled and gone.started_at is None
     workspace = await plane.store.get_workspace(gone.workspace_id)
-    assert workspace is not None and workspace["writer_id"] is None
+    assert workspace is not None and workspace.writer_id is None
 
     await plane.executions.cancel(holder.execution_id, wait_s=20)
     done = await plane.environments.wait(change.change_id, 60)

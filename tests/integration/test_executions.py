@@ -225,7 +225,7 @@ async def test_snapshot_numbers_grow_and_old_state_stays_readable(yard: Yard) ->
     assert await yard.read_file(two.workspace_id, two.snapshot_seq, "f.txt") == b"v2\n"
     assert yard.plane.store is not None
     history = await yard.plane.store.list_snapshots(one.workspace_id)
-    assert [h["made_by_id"] for h in history if h["seq"] > 0] == [
+    assert [h.made_by_id for h in history if h.seq > 0] == [
         one.execution_id,
         two.execution_id,
     ]

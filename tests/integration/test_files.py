@@ -209,7 +209,7 @@ async def test_w3_late_record_update_changes_nothing(yard: Yard) -> None:
         ex.workspace_id, snap.seq, snap.root_hash, snap.files, snap.bytes, "execution", "late"
     )
     workspace = await plane.store.get_workspace(ex.workspace_id)
-    assert workspace is not None and workspace["head_seq"] == edit.snapshot_seq
+    assert workspace is not None and workspace.head_seq == edit.snapshot_seq
     assert (await yard.runner.head(ex.workspace_id)).seq == edit.snapshot_seq
     assert await read_all(plane, "f.txt", workspace_id=ex.workspace_id) == b"new\n"
     again = await plane.executions.status(ex.execution_id)

@@ -43,12 +43,12 @@ async def test_home_and_other_workspaces_are_invisible(yard: Yard) -> None:
     session, _agent = await plane.store.default_owner()
     other_agent = await plane.store.create_agent(str(session["id"]))
     other_ws, _ = await plane.store.workspace_for(str(other_agent["id"]), yard.runner_id)
-    await yard.runner.ensure_workspace(str(other_ws["id"]))
+    await yard.runner.ensure_workspace(other_ws.id)
     mine = await yard.run("echo mine > mine.txt; pwd")
     assert mine.stdout == "/workspace\n"
     root = runner_root(yard)
     own_tree = root / "workspaces" / mine.workspace_id
-    other_tree = root / "workspaces" / str(other_ws["id"])
+    other_tree = root / "workspaces" / other_ws.id
     assert (own_tree / "mine.txt").is_file() and other_tree.is_dir()
     db = yard.home / "home" / "shellyard.db"
     token = root / "token" if yard.daemon is not None else yard.home / "home" / "admin.token"

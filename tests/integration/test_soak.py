@@ -72,9 +72,7 @@ async def _extras(plane: ControlPlane, agents: list[str], source_ws: str, round_
         await asyncio.wait_for(_drain(stream), 0.05)
     await stream.aclose()
     target = agents[1 + round_ % (len(agents) - 1)]
-    target_ws = str(
-        (await plane.files.access.own(await plane.files.access.agent(target), "local"))["id"]
-    )
+    target_ws = (await plane.files.access.own(await plane.files.access.agent(target), "local")).id
     started = await plane.transfers.start(
         {
             "source_workspace_id": source_ws,

@@ -209,7 +209,7 @@ async def test_timers_take_no_writer_and_run_nothing(plane: ControlPlane) -> Non
     await until(lambda: _fired(plane, host.main, timer.timer_id), what="the reminder")
     assert plane.store is not None
     workspace = await plane.store.get_workspace(holder.workspace_id)
-    assert workspace is not None and workspace["writer_id"] == holder.execution_id
+    assert workspace is not None and workspace.writer_id == holder.execution_id
     assert [e.execution_id for e in await plane.executions.list(host.main)] == [holder.execution_id]
     await plane.executions.cancel(holder.execution_id, host.main, wait_s=20)
 

@@ -51,7 +51,7 @@ async def child_workspace(plane: ControlPlane, runner_id: str) -> tuple[Mapping[
     assert plane.store is not None
     child = await plane.store.create_agent(str(parent["session_id"]), str(parent["id"]))
     row = await plane.files.access.own(child, runner_id)
-    return child, str(row["id"])
+    return child, row.id
 
 
 async def chunks_of(data: bytes, size: int = 1 << 20) -> AsyncIterator[bytes]:

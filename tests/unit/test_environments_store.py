@@ -52,7 +52,7 @@ async def _submit(store: Store, environment_id: str) -> Row:
         {
             "id": new_id("ex"),
             "agent_id": agent["id"],
-            "workspace_id": workspace["id"],
+            "workspace_id": workspace.id,
             "runner_id": "local",
             "environment_id": environment_id,
             "command": "true",

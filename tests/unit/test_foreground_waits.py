@@ -26,7 +26,7 @@ async def _running(store: Store) -> dict[str, Any]:
     values = {
         "id": new_id("ex"),
         "agent_id": agent["id"],
-        "workspace_id": workspace["id"],
+        "workspace_id": workspace.id,
         "runner_id": "local",
         "command": "true",
         "background": True,

@@ -130,7 +130,7 @@ async def test_n6_by_recorded_times(store: Store, finished_first: bool) -> None:
     values = {
         "id": f"ex_{time.monotonic_ns()}",
         "agent_id": agent["id"],
-        "workspace_id": workspace["id"],
+        "workspace_id": workspace.id,
         "runner_id": "local",
         "command": "true",
         "background": True,

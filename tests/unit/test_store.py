@@ -22,7 +22,7 @@ async def _execution(store: Store, **extra: Any) -> dict[str, Any]:
     return {
         "id": new_id("ex"),
         "agent_id": agent["id"],
-        "workspace_id": workspace["id"],
+        "workspace_id": workspace.id,
         "runner_id": "local",
         "command": "true",
         "background": False,
@@ -42,10 +42,10 @@ async def test_workspace_per_agent_and_runner(store: Store) -> None:
     await store.upsert_runner("local", "local", None, None)
     a, created = await store.workspace_for(str(agent["id"]), "local")
     b, created_again = await store.workspace_for(str(agent["id"]), "local")
-    assert created and not created_again and a["id"] == b["id"]
+    assert created and not created_again and a.id == b.id
     child = await store.create_agent(str(session["id"]), parent_id=str(agent["id"]))
     c, _ = await store.workspace_for(str(child["id"]), "local")
-    assert c["id"] != a["id"]
+    assert c.id != a.id
 
 
 async def test_single_writer_refuses_or_queues(store: Store) -> None:
@@ -90,8 +90,8 @@ async def test_snapshot_head_only_moves_forward(store: Store) -> None:
     await store.record_snapshot(workspace_id, 2, "b" * 64, 1, 10, "execution", "ex_2")
     await store.record_snapshot(workspace_id, 1, "a" * 64, 1, 10, "execution", "ex_1")
     workspace = await store.get_workspace(workspace_id)
-    assert workspace is not None and workspace["head_seq"] == 2
-    assert [s["seq"] for s in await store.list_snapshots(workspace_id)] == [1, 2]
+    assert workspace is not None and workspace.head_seq == 2
+    assert [s.seq for s in await store.list_snapshots(workspace_id)] == [1, 2]
 
 
 async def test_notice_once_per_subject_and_read_marks(store: Store) -> None:

@@ -210,7 +210,7 @@ class EnvironmentService:
             workspace, _created = await self.store.workspace_for(
                 str(agent["id"]), str(env["runner_id"])
             )
-            options["workspace_id"] = str(workspace["id"])
+            options["workspace_id"] = workspace.id
         change = await self.records.add_change(
             {
                 "id": change_id,

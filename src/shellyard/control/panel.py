@@ -65,12 +65,12 @@ class PanelService:
         """The agent that owns ``workspace_id``, when it is one the principal reaches in the
         session; reads of its files then act as that agent."""
         workspace = await self.plane.store.get_workspace(workspace_id)  # type: ignore[union-attr]
-        if workspace is None or workspace["agent_id"] not in await self.agent_ids(who, session_id):
+        if workspace is None or workspace.agent_id not in await self.agent_ids(who, session_id):
             raise NotFound(
                 f"no workspace {workspace_id!r} in session {session_id}; list them with "
                 f"GET /v1/sessions/{session_id}/workspaces"
             )
-        return str(workspace["agent_id"])
+        return workspace.agent_id
 
     # ------------------------------------------------------------------ reads
 

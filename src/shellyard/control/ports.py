@@ -10,13 +10,11 @@ so no record is kept here.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
 from shellyard.contract.ports import PortView
 from shellyard.control.files.access import WorkspaceAccess
 from shellyard.errors import InvalidInput
 from shellyard.runner.protocol import Runner
+from shellyard.store.workspaces import Workspace
 
 
 class PortService:
@@ -25,14 +23,14 @@ class PortService:
 
     async def _own(
         self, workspace_id: str | None, runner_id: str | None, agent_id: str | None
-    ) -> tuple[Mapping[str, Any], Runner]:
+    ) -> tuple[Workspace, Runner]:
         agent = await self.access.agent(agent_id)
         row, relation, runner = await self.access.workspace(agent, workspace_id, runner_id)
         if relation != "own":
             raise InvalidInput(
-                f"workspace {row['id']} belongs to your {relation} agent: only its own agent "
+                f"workspace {row.id} belongs to your {relation} agent: only its own agent "
                 f"forwards its ports",
-                workspace_id=str(row["id"]),
+                workspace_id=row.id,
             )
         return row, runner
 
@@ -46,8 +44,8 @@ class PortService:
         agent_id: str | None = None,
     ) -> PortView:
         row, runner = await self._own(workspace_id, runner_id, agent_id)
-        view = await runner.open_port(str(row["id"]), port, host_port)
-        return view.model_copy(update={"runner_id": str(row["runner_id"])})
+        view = await runner.open_port(row.id, port, host_port)
+        return view.model_copy(update={"runner_id": row.runner_id})
 
     async def list(
         self,
@@ -57,8 +55,8 @@ class PortService:
         agent_id: str | None = None,
     ) -> list[PortView]:
         row, runner = await self._own(workspace_id, runner_id, agent_id)
-        views = await runner.list_ports(str(row["id"]))
-        return [v.model_copy(update={"runner_id": str(row["runner_id"])}) for v in views]
+        views = await runner.list_ports(row.id)
+        return [v.model_copy(update={"runner_id": row.runner_id}) for v in views]
 
     async def close(
         self,
@@ -69,8 +67,8 @@ class PortService:
         agent_id: str | None = None,
     ) -> PortView:
         row, runner = await self._own(workspace_id, runner_id, agent_id)
-        view = await runner.close_port(str(row["id"]), port)
-        return view.model_copy(update={"runner_id": str(row["runner_id"])})
+        view = await runner.close_port(row.id, port)
+        return view.model_copy(update={"runner_id": row.runner_id})
 
 
 __all__ = ["PortService"]

@@ -22,7 +22,7 @@ from shellyard.store.schema import (
     workspaces,
 )
 from shellyard.store.store import Store
-from shellyard.store.workspaces import record_snapshot, release_writer
+from shellyard.store.workspaces import Snapshot, Workspace, record_snapshot, release_writer
 
 ACTIVE_TRANSFER_STATES = ("queued", "running")
 TERMINAL_TRANSFER_STATES = ("completed", "partial", "failed", "cancelled")
@@ -36,12 +36,13 @@ class FileRecords:
 
     # ------------------------------------------------------------------ workspaces, agents
 
-    async def workspaces_of(self, agent_ids: Sequence[str]) -> list[Row]:
-        return await self.store.all(
+    async def workspaces_of(self, agent_ids: Sequence[str]) -> list[Workspace]:
+        rows = await self.store.all(
             sa.select(workspaces)
             .where(workspaces.c.agent_id.in_(list(agent_ids)))
             .order_by(workspaces.c.created_at)
         )
+        return [Workspace.from_row(r) for r in rows]
 
     async def children(self, agent_id: str) -> list[Row]:
         return await self.store.all(
@@ -52,11 +53,11 @@ class FileRecords:
         row = await self.store.get_workspace(workspace_id)
         if row is None:
             return None, None
-        return row["writer_kind"], row["writer_id"]
+        return row.writer_kind, row.writer_id
 
     # ------------------------------------------------------------------ history
 
-    async def snapshot_rows(self, workspace_id: str) -> list[Row]:
+    async def snapshot_rows(self, workspace_id: str) -> list[Snapshot]:
         return await self.store.list_snapshots(workspace_id)
 
     async def referenced_seqs(self, workspace_id: str) -> set[int]:

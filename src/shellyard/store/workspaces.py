@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
+from typing import Self
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
@@ -14,15 +16,77 @@ from shellyard.store.schema import (
 )
 
 
+@dataclass(frozen=True, slots=True)
+class Workspace:
+    """A ``workspaces`` row as the control plane reads it, typed once here
+    (docs/architecture.md "Records at the store boundary")."""
+
+    id: str
+    agent_id: str
+    runner_id: str
+    head_seq: int
+    #: W1: who holds the writer (``writer_id`` names the operation); both None when free.
+    writer_kind: str | None
+    writer_id: str | None
+    created_at: float
+
+    @classmethod
+    def from_row(cls, row: Row) -> Self:
+        return cls(
+            id=str(row["id"]),
+            agent_id=str(row["agent_id"]),
+            runner_id=str(row["runner_id"]),
+            head_seq=int(row["head_seq"] or 0),
+            writer_kind=row["writer_kind"],
+            writer_id=row["writer_id"],
+            created_at=float(row["created_at"]),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """A ``snapshots`` row (W3, W5): what made the commit, and when its manifest was pruned."""
+
+    workspace_id: str
+    seq: int
+    root_hash: str
+    made_by_kind: str
+    made_by_id: str | None
+    files: int
+    bytes: int
+    created_at: float
+    pruned_at: float | None
+
+    @classmethod
+    def from_row(cls, row: Row) -> Self:
+        return cls(
+            workspace_id=str(row["workspace_id"]),
+            seq=int(row["seq"]),
+            root_hash=str(row["root_hash"]),
+            made_by_kind=str(row["made_by_kind"]),
+            made_by_id=row["made_by_id"],
+            files=int(row["files"]),
+            bytes=int(row["bytes"]),
+            created_at=float(row["created_at"]),
+            pruned_at=row["pruned_at"],
+        )
+
+
 class WorkspaceRecords(Database):
     """Workspaces, their writer, their snapshots."""
 
-    async def workspace_for(self, agent_id: str, runner_id: str) -> tuple[Row, bool]:
+    async def workspace_for(self, agent_id: str, runner_id: str) -> tuple[Workspace, bool]:
         """The (agent, runner) workspace, created on first use. Returns (row, created)."""
         return await self.run(_workspace_for, agent_id, runner_id)
 
-    async def get_workspace(self, workspace_id: str) -> Row | None:
-        return await self.one(sa.select(workspaces).where(workspaces.c.id == workspace_id))
+    async def get_workspace(self, workspace_id: str) -> Workspace | None:
+        row = await self.one(sa.select(workspaces).where(workspaces.c.id == workspace_id))
+        return None if row is None else Workspace.from_row(row)
+
+    async def all_workspaces(self) -> list[Workspace]:
+        """Every workspace, oldest first (retention walks them all)."""
+        rows = await self.all(sa.select(workspaces).order_by(workspaces.c.created_at))
+        return [Workspace.from_row(r) for r in rows]
 
     async def release_writer(self, workspace_id: str, holder_id: str) -> bool:
         return await self.run(release_writer, workspace_id, holder_id)
@@ -45,25 +109,26 @@ class WorkspaceRecords(Database):
             record_snapshot, workspace_id, seq, root_hash, files, size, made_by_kind, made_by_id
         )
 
-    async def list_snapshots(self, workspace_id: str) -> list[Row]:
-        return await self.all(
+    async def list_snapshots(self, workspace_id: str) -> list[Snapshot]:
+        rows = await self.all(
             sa.select(snapshots)
             .where(snapshots.c.workspace_id == workspace_id)
             .order_by(snapshots.c.seq)
         )
+        return [Snapshot.from_row(r) for r in rows]
 
 
 # ---------------------------------------------------------------------- operations
 # Each runs inside one transaction on ``conn``.
 
 
-def _workspace_for(conn: Connection, agent_id: str, runner_id: str) -> tuple[Row, bool]:
+def _workspace_for(conn: Connection, agent_id: str, runner_id: str) -> tuple[Workspace, bool]:
     stmt = sa.select(workspaces).where(
         workspaces.c.agent_id == agent_id, workspaces.c.runner_id == runner_id
     )
     row = fetch_one(conn, stmt)
     if row is not None:
-        return row, False
+        return Workspace.from_row(row), False
     workspace_id = new_id("ws")
     # ON CONFLICT (docs/operations.md): two replicas making the same workspace at once get one row.
     conn.execute(
@@ -79,7 +144,8 @@ def _workspace_for(conn: Connection, agent_id: str, runner_id: str) -> tuple[Row
     )
     row = fetch_one(conn, stmt)
     assert row is not None
-    return row, row["id"] == workspace_id
+    found = Workspace.from_row(row)
+    return found, found.id == workspace_id
 
 
 def take_writer(conn: Connection, workspace_id: str, kind: str, holder: str) -> bool:

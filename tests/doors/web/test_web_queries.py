@@ -48,8 +48,8 @@ async def test_pages_counts_and_digest(store: Store) -> None:
     ws, _ = await store.workspace_for(str(main["id"]), "local")
     other_ws, _ = await store.workspace_for(str(other["id"]), "local")
     # Interleaved seqs: the other session's records sit between this one's.
-    await store.run(_insert, _rows(str(main["id"]), str(ws["id"]), 1, 120))
-    await store.run(_insert, _rows(str(other["id"]), str(other_ws["id"]), 1000, 30))
+    await store.run(_insert, _rows(str(main["id"]), ws.id, 1, 120))
+    await store.run(_insert, _rows(str(other["id"]), other_ws.id, 1000, 30))
     records = PanelRecords(store)
     agents = [str(main["id"])]
 
@@ -77,6 +77,6 @@ async def test_pages_counts_and_digest(store: Store) -> None:
     changed = await records.digest(str(mine["id"]), agents)
     assert [k for k in digest if digest[k] != changed[k]] == ["executions"]
     # The other session's changes do not touch this session's digest.
-    await store.run(_insert, _rows(str(other["id"]), str(other_ws["id"]), 2000, 5))
+    await store.run(_insert, _rows(str(other["id"]), other_ws.id, 2000, 5))
     assert await records.digest(str(mine["id"]), agents) == changed
     assert theirs["id"] != mine["id"]

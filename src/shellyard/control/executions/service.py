@@ -498,9 +498,9 @@ class ExecutionService(OwnedReads):
                 return
             workspace = await self.store.get_workspace(workspace_id)
             assert workspace is not None
-            if workspace["writer_id"] not in (None, row["id"]):
+            if workspace.writer_id not in (None, row["id"]):
                 return
-            if workspace["writer_id"] is None and not await self.store.take_writer(
+            if workspace.writer_id is None and not await self.store.take_writer(
                 workspace_id, "execution", str(row["id"])
             ):
                 return
@@ -633,7 +633,7 @@ class ExecutionService(OwnedReads):
             workspace = await self.store.get_workspace(str(row["workspace_id"]))
             # Queued behind an environment change (V5): it holds the writer but never started.
             gated = row["waiting_for"] is not None
-            if workspace is None or workspace["writer_id"] != execution_id or gated:
+            if workspace is None or workspace.writer_id != execution_id or gated:
                 await self._end(row, ExecutionState.cancelled)
                 return await self.status(execution_id, agent_id)
         runner = self.runners.get(str(row["runner_id"]))
@@ -648,7 +648,7 @@ class ExecutionService(OwnedReads):
         workspace_id = self._workspaces.get(key)
         if workspace_id is None:
             row, _created = await self.store.workspace_for(agent_id, runner_id)
-            workspace_id = str(row["id"])
+            workspace_id = row.id
             # Idempotent; once per process so a runner that lost the folder gets it back.
             await self.runners.get(runner_id).ensure_workspace(workspace_id)
             if len(self._workspaces) >= WORKSPACE_CACHE:  # agents come and go for months

@@ -24,6 +24,7 @@ from shellyard.errors import InvalidInput, NotFound, WorkspaceBusy
 from shellyard.runner.protocol import Runner
 from shellyard.store import Store
 from shellyard.store.files import FileRecords
+from shellyard.store.workspaces import Workspace
 
 Row = Mapping[str, Any]
 Use = Literal["read", "write", "transfer"]
@@ -53,8 +54,8 @@ class WorkspaceAccess:
 
     # ------------------------------------------------------------------ workspaces
 
-    async def relation(self, agent: Row, workspace: Row) -> Relation | None:
-        owner = str(workspace["agent_id"])
+    async def relation(self, agent: Row, workspace: Workspace) -> Relation | None:
+        owner = workspace.agent_id
         if owner == agent["id"]:
             return "own"
         if agent["parent_id"] is not None and owner == agent["parent_id"]:
@@ -64,7 +65,7 @@ class WorkspaceAccess:
             return "child"
         return None
 
-    async def own(self, agent: Row, runner_id: str | None) -> Row:
+    async def own(self, agent: Row, runner_id: str | None) -> Workspace:
         """The agent's workspace on ``runner_id`` (local by default), created on first use."""
         runner_id = runner_id or LOCAL_RUNNER_ID
         self.runners.get(runner_id)  # an unknown runner is a clear error
@@ -72,11 +73,11 @@ class WorkspaceAccess:
         await self.ensure(row)
         return row
 
-    async def ensure(self, workspace: Row) -> None:
+    async def ensure(self, workspace: Workspace) -> None:
         """Make sure the runner has the workspace (once per process; idempotent)."""
-        workspace_id = str(workspace["id"])
+        workspace_id = workspace.id
         if workspace_id not in self._ensured:
-            await self.runners.get(str(workspace["runner_id"])).ensure_workspace(workspace_id)
+            await self.runners.get(workspace.runner_id).ensure_workspace(workspace_id)
             self._ensured.add(workspace_id)
 
     async def workspace(
@@ -85,12 +86,12 @@ class WorkspaceAccess:
         workspace_id: str | None,
         runner_id: str | None = None,
         use: Use = "read",
-    ) -> tuple[Row, Relation, Runner]:
+    ) -> tuple[Workspace, Relation, Runner]:
         """Resolve the workspace a caller names (its own on ``runner_id`` when it names
         none), check the agent may ``use`` it, and return it with its runner."""
         if workspace_id is None:
             row = await self.own(agent, runner_id)
-            return row, "own", self.runners.get(str(row["runner_id"]))
+            return row, "own", self.runners.get(row.runner_id)
         if not isinstance(workspace_id, str) or not workspace_id:
             raise InvalidInput("workspace_id must be a workspace id such as 'ws_0123abcd…'")
         found = await self.store.get_workspace(workspace_id)
@@ -102,9 +103,9 @@ class WorkspaceAccess:
                 workspace_id=workspace_id,
             )
         row = found
-        if runner_id is not None and runner_id != row["runner_id"]:
+        if runner_id is not None and runner_id != row.runner_id:
             raise InvalidInput(
-                f"workspace {workspace_id} is on runner {row['runner_id']!r}, not {runner_id!r}; "
+                f"workspace {workspace_id} is on runner {row.runner_id!r}, not {runner_id!r}; "
                 f"give one of workspace_id or runner_id"
             )
         if use == "write" and relation != "own":
@@ -114,7 +115,7 @@ class WorkspaceAccess:
                 workspace_id=workspace_id,
             )
         await self.ensure(row)
-        return row, relation, self.runners.get(str(row["runner_id"]))
+        return row, relation, self.runners.get(row.runner_id)
 
     async def discover(self, agent: Row) -> list[WorkspaceView]:
         """T1: the agent's own workspaces on every registered runner (made on first use),
@@ -187,16 +188,16 @@ class WorkspaceAccess:
         await self.executions.writer_released(workspace_id)
 
 
-def _view(row: Row, relation: Relation) -> WorkspaceView:
+def _view(row: Workspace, relation: Relation) -> WorkspaceView:
     writer = None
-    if row["writer_id"] is not None:
-        writer = f"{row['writer_kind']} {row['writer_id']}" if row["writer_kind"] else None
+    if row.writer_id is not None:
+        writer = f"{row.writer_kind} {row.writer_id}" if row.writer_kind else None
     return WorkspaceView(
-        workspace_id=str(row["id"]),
-        runner_id=str(row["runner_id"]),
-        agent_id=str(row["agent_id"]),
+        workspace_id=row.id,
+        runner_id=row.runner_id,
+        agent_id=row.agent_id,
         relation=relation,
-        head_seq=int(row["head_seq"] or 0),
+        head_seq=row.head_seq,
         writer=writer,
     )
 

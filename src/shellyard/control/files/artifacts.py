@@ -44,15 +44,15 @@ class ArtifactService:
             row, relation, runner = await self.access.workspace(agent, None, LOCAL_RUNNER_ID)
         else:
             row, relation, runner = await self.access.workspace(agent, workspace_id)
-        ws = str(row["id"])
-        if row["runner_id"] != LOCAL_RUNNER_ID:
+        ws = row.id
+        if row.runner_id != LOCAL_RUNNER_ID:
             local = await self.access.own(agent, LOCAL_RUNNER_ID)
             raise InvalidInput(
-                f"{rel!r} is in workspace {ws} on runner {row['runner_id']!r}, not on the local "
+                f"{rel!r} is in workspace {ws} on runner {row.runner_id!r}, not on the local "
                 f"runner: only files in your own workspace on the local runner can be declared "
                 f"as artifacts. Copy it back first with workspace_transfer action 'start' "
                 f"(source_workspace_id={ws!r}, paths=[{rel!r}], "
-                f"target_workspace_id={str(local['id'])!r}), then declare the copy",
+                f"target_workspace_id={local.id!r}), then declare the copy",
                 path=rel,
                 workspace_id=ws,
             )
@@ -86,7 +86,7 @@ class ArtifactService:
                 "id": new_id("art"),
                 "agent_id": str(agent["id"]),
                 "workspace_id": ws,
-                "runner_id": str(row["runner_id"]),
+                "runner_id": row.runner_id,
                 "seq": seq,
                 "path": rel,
                 "name": name,

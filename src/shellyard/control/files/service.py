@@ -9,9 +9,9 @@ import asyncio
 import base64
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 from shellyard.config import RetentionSettings
 from shellyard.contract.files import (
@@ -39,9 +39,9 @@ from shellyard.runner.protocol import (
 from shellyard.store import Store
 from shellyard.store.db import new_id
 from shellyard.store.files import FileRecords
+from shellyard.store.workspaces import Workspace
 
 log = logging.getLogger(__name__)
-Row = Mapping[str, Any]
 
 #: How long a queued file operation waits for the writer before it is refused.
 DEFAULT_QUEUE_WAIT_S = 60.0
@@ -112,7 +112,7 @@ class FileService:
         workspace_id: str | None,
         runner_id: str | None,
         use: Literal["read", "write"] = "read",
-    ) -> tuple[Row, Runner]:
+    ) -> tuple[Workspace, Runner]:
         agent = await self.access.agent(agent_id)
         row, _relation, runner = await self.access.workspace(agent, workspace_id, runner_id, use)
         return row, runner
@@ -130,7 +130,7 @@ class FileService:
         agent_id: str | None = None,
     ) -> DirListing:
         row, runner = await self._target(agent_id, workspace_id, runner_id)
-        return await runner.list_dir(str(row["id"]), seq, path, recursive, after, limit)
+        return await runner.list_dir(row.id, seq, path, recursive, after, limit)
 
     async def stat(
         self,
@@ -142,11 +142,11 @@ class FileService:
         agent_id: str | None = None,
     ) -> PathEntry:
         row, runner = await self._target(agent_id, workspace_id, runner_id)
-        entry = await runner.stat_path(str(row["id"]), seq, path)
+        entry = await runner.stat_path(row.id, seq, path)
         if entry is None:
             where = "the head" if seq is None else f"snapshot {seq}"
             raise NotFound(
-                f"no {path!r} in {where} of workspace {row['id']}; list the folder to see what "
+                f"no {path!r} in {where} of workspace {row.id}; list the folder to see what "
                 f"it holds",
                 path=path,
             )
@@ -169,7 +169,7 @@ class FileService:
         if offset < 0 or (length is not None and length < 0):
             raise InvalidInput(f"offset ({offset}) and length ({length}) must be zero or more")
         row, runner = await self._target(agent_id, workspace_id, runner_id)
-        ws = str(row["id"])
+        ws = row.id
         if seq is None:
             seq = (await runner.head(ws)).seq
         entry = await runner.stat_path(ws, seq, path)
@@ -242,7 +242,7 @@ class FileService:
     ) -> ArchiveStream:
         """A folder (or file) of a committed snapshot as a tar stream."""
         row, runner = await self._target(agent_id, workspace_id, runner_id)
-        ws = str(row["id"])
+        ws = row.id
         if seq is None:
             seq = (await runner.head(ws)).seq
         return ArchiveStream(ws, seq, path, await runner.export_tar(ws, seq, path))
@@ -256,9 +256,9 @@ class FileService:
     ) -> HistoryView:
         """W5: every snapshot with what made it; pruned ones are listed, marked."""
         row, runner = await self._target(agent_id, workspace_id, runner_id)
-        ws = str(row["id"])
+        ws = row.id
         retained = {s.seq: s for s in await runner.list_snapshots(ws)}
-        recorded = {int(r["seq"]): r for r in await self.records.snapshot_rows(ws)}
+        recorded = {r.seq: r for r in await self.records.snapshot_rows(ws)}
         views: list[SnapshotView] = []
         for seq in sorted(set(retained) | set(recorded) | {0}):
             info, rec = retained.get(seq), recorded.get(seq)
@@ -266,19 +266,17 @@ class FileService:
             views.append(
                 SnapshotView(
                     seq=seq,
-                    root_hash=info.root_hash if info else rec["root_hash"] if rec else None,
-                    files=info.files if info else rec["files"] if rec else None,
-                    bytes=info.bytes if info else rec["bytes"] if rec else None,
-                    created_at=info.created_at if info else rec["created_at"] if rec else None,
-                    made_by_kind=str(rec["made_by_kind"]) if rec else kind,
-                    made_by_id=rec["made_by_id"] if rec else None,
+                    root_hash=info.root_hash if info else rec.root_hash if rec else None,
+                    files=info.files if info else rec.files if rec else None,
+                    bytes=info.bytes if info else rec.bytes if rec else None,
+                    created_at=info.created_at if info else rec.created_at if rec else None,
+                    made_by_kind=rec.made_by_kind if rec else kind,
+                    made_by_id=rec.made_by_id if rec else None,
                     retained=info is not None,
                 )
             )
-        head = max(retained) if retained else int(row["head_seq"] or 0)
-        return HistoryView(
-            workspace_id=ws, runner_id=str(row["runner_id"]), head_seq=head, snapshots=views
-        )
+        head = max(retained) if retained else row.head_seq
+        return HistoryView(workspace_id=ws, runner_id=row.runner_id, head_seq=head, snapshots=views)
 
     async def diff(
         self,
@@ -293,7 +291,7 @@ class FileService:
         agent_id: str | None = None,
     ) -> DiffResult:
         row, runner = await self._target(agent_id, workspace_id, runner_id)
-        return await runner.diff(str(row["id"]), from_seq, to_seq, path, after, limit)
+        return await runner.diff(row.id, from_seq, to_seq, path, after, limit)
 
     # ------------------------------------------------------------------ writer operations
 
@@ -311,7 +309,7 @@ class FileService:
         the runner (it ends with a commit), record the snapshot with what made it (W3, W5),
         release the writer."""
         row, runner = await self._target(agent_id, workspace_id, runner_id, "write")
-        ws = str(row["id"])
+        ws = row.id
         op_id = new_id("ed" if kind == "edit" else "rs")
         timeout_s = DEFAULT_QUEUE_WAIT_S if wait_s is None else wait_s
         await self.access.take_writer(ws, kind, op_id, queue=queue, timeout_s=timeout_s)
@@ -471,9 +469,8 @@ class FileService:
         pruned: list[PruneResult] = []
         collected: dict[str, GcResult] = {}
         errors: dict[str, str] = {}
-        rows = await self.store.all(_all_workspaces())
-        for row in rows:
-            ws, runner_id = str(row["id"]), str(row["runner_id"])
+        for row in await self.store.all_workspaces():
+            ws, runner_id = row.id, row.runner_id
             if runner_id in errors:
                 continue
             try:
@@ -504,14 +501,6 @@ class FileService:
             except ShellyardError as exc:
                 errors[runner_id] = exc.message
         return RetentionView(keep_last=keep_last, pruned=pruned, collected=collected, errors=errors)
-
-
-def _all_workspaces() -> Any:
-    import sqlalchemy as sa
-
-    from shellyard.store.schema import workspaces
-
-    return sa.select(workspaces).order_by(workspaces.c.created_at)
 
 
 def _as_stream(data: ByteStream | bytes) -> ByteStream:

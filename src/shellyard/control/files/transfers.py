@@ -182,7 +182,7 @@ class TransferService:
         source = await self.store.get_workspace(str(row["source_workspace_id"]))
         target = await self.store.get_workspace(str(row["target_workspace_id"]))
         assert source is not None and target is not None
-        return await self._lease(str(row["id"]), str(source["runner_id"]), str(target["runner_id"]))
+        return await self._lease(str(row["id"]), source.runner_id, target.runner_id)
 
     async def _release(self, transfer_id: str) -> None:
         await self.leases.release(TRANSFER, transfer_id)
@@ -220,16 +220,16 @@ class TransferService:
         patterns = [
             normalize_relative(p) if not is_glob(p) else glob_text(p) for p in request.paths
         ]
-        source_seq = (await src_runner.head(str(src["id"]))).seq
+        source_seq = (await src_runner.head(src.id)).seq
         files = await plan(
-            src_runner, str(src["id"]), source_seq, patterns, target_folder, self.max_entries
+            src_runner, src.id, source_seq, patterns, target_folder, self.max_entries
         )
         transfer_id = new_id("tr")
-        dst_id = str(dst["id"])
+        dst_id = dst.id
         cancel = asyncio.Event()
         # Leased before it is recorded: a replica dying in between leaves a lease that
         # expires, never a transfer nobody copies.
-        await self._lease(transfer_id, str(src["runner_id"]), str(dst["runner_id"]))
+        await self._lease(transfer_id, src.runner_id, dst.runner_id)
         # T2: the target's writer is held for the whole copy; refused (naming the holder) or
         # queued, like an execution.
         if request.queue:
@@ -242,7 +242,7 @@ class TransferService:
         values = {
             "id": transfer_id,
             "agent_id": str(agent["id"]),
-            "source_workspace_id": str(src["id"]),
+            "source_workspace_id": src.id,
             "source_seq": source_seq,
             "target_workspace_id": dst_id,
             "target_folder": target_folder,
@@ -330,8 +330,8 @@ class TransferService:
         src = await self.store.get_workspace(str(row["source_workspace_id"]))
         dst = await self.store.get_workspace(str(row["target_workspace_id"]))
         assert src is not None and dst is not None
-        src_runner = self.access.runners.get(str(src["runner_id"]))
-        dst_runner = self.access.runners.get(str(dst["runner_id"]))
+        src_runner = self.access.runners.get(src.runner_id)
+        dst_runner = self.access.runners.get(dst.runner_id)
         await self.access.ensure(dst)
         started = time.monotonic()
         moved = 0
@@ -363,9 +363,9 @@ class TransferService:
                         transfer_id,
                         batch,
                         src_runner,
-                        str(src["id"]),
+                        src.id,
                         dst_runner,
-                        str(dst["id"]),
+                        dst.id,
                         cancel,
                     )
                 )
