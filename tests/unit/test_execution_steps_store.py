@@ -22,7 +22,7 @@ async def _values(store: Store, **extra: Any) -> dict[str, Any]:
     await store.upsert_runner("local", "local", None, None)
     workspace, _ = await store.workspace_for(str(agent["id"]), "local")
     return {
-        "id": new_id("ex"), "agent_id": agent["id"], "workspace_id": workspace["id"],
+        "id": new_id("ex"), "agent_id": agent["id"], "workspace_id": workspace.id,
         "runner_id": "local", "command": "true", "background": False, **extra,
     }  # fmt: skip
 
@@ -42,7 +42,7 @@ async def test_submit_takes_the_writer_and_the_lease_only_for_what_starts(store:
     assert holder is None and first["state"] == "queued" and first["seq"] >= 1
     assert first["cancel_requested"] is False and first["query_failures"] == 0  # defaults
     workspace = await store.get_workspace(str(first["workspace_id"]))
-    assert workspace is not None and workspace["writer_id"] == first["id"]
+    assert workspace is not None and workspace.writer_id == first["id"]
     refused = await _values(store)
     _row, holder = await store.submit_execution(refused, queue=False, lease=TERMS)
     assert holder == first["id"]
@@ -92,7 +92,7 @@ async def test_finish_writes_the_end_and_hands_the_workspace_on(store: Store) ->
     assert notice["summary"] == "ended" and notice["read_at"] is not None
     assert notice["payload"] == {"state": "completed", "exit_code": 3}
     workspace = await store.get_workspace(str(first["workspace_id"]))
-    assert workspace is not None and workspace["writer_id"] is None
+    assert workspace is not None and workspace.writer_id is None
     assert first["id"] not in await _held(store)
     # W3: a second finish rewrites nothing and posts nothing; the writer stays free.
     again, _next, read_again = await store.finish_execution(
@@ -117,7 +117,7 @@ async def test_a_queued_writer_ending_is_not_its_own_next(store: Store) -> None:
     assert next_queued is not None and next_queued["id"] == behind["id"]
     assert "timers_cancelled" not in final
     workspace = await store.get_workspace(str(first["workspace_id"]))
-    assert workspace is not None and workspace["writer_id"] == first["id"]
+    assert workspace is not None and workspace.writer_id == first["id"]
     (notice,) = [
         n
         for n in await store.list_notices(str(waiting["agent_id"]))
