@@ -57,14 +57,7 @@ def runner_root(yard: Yard) -> Path:
 
 def groups_of(yard: Yard) -> list[Path]:
     """Every group of the yard's runner below this process's own groups."""
-    tag = cgroups.runner_tag(runner_root(yard).absolute())
-    own = cgroups.own_groups()
-    found: list[Path] = []
-    for name in cgroups.V1_CONTROLLERS:
-        base = Path(f"/sys/fs/cgroup/{name}{own.get(name, '/')}".rstrip("/")) / tag
-        if base.is_dir():
-            found += [p for p in base.rglob("*") if p.is_dir()]
-    return found
+    return groups_below(runner_root(yard))
 
 
 async def until_gone(yard: Yard, which: Callable[[Path], bool]) -> None:
@@ -251,13 +244,15 @@ async def test_cpu_is_shared_per_workspace(yard_factory: Any) -> None:
 
 
 def groups_below(root: Path) -> list[Path]:
+    """Every group of the runner at ``root``. Walked with ``os.walk``, which passes over a
+    folder that goes while it is read: the removal thread removes groups meanwhile."""
     tag = cgroups.runner_tag(root.absolute())
     own = cgroups.own_groups()
     found: list[Path] = []
     for name in cgroups.V1_CONTROLLERS:
         base = Path(f"/sys/fs/cgroup/{name}{own.get(name, '/')}".rstrip("/")) / tag
-        if base.is_dir():
-            found += [p for p in base.rglob("*") if p.is_dir()]
+        for folder, subfolders, _files in os.walk(base):
+            found += [Path(folder) / sub for sub in subfolders]
     return found
 
 

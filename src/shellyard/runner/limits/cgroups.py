@@ -499,10 +499,10 @@ class CgroupTree:
     def sweep(self, live: set[str], *, keep_ours: bool = True) -> list[str]:
         """Remove every execution group not in ``live`` (ended while the runner was down, or
         never started, or made ahead by an earlier process) and every empty workspace group;
-        returns the removed execution ids. Groups this process planned or made ahead stay
-        (``keep_ours``: False at ``close``, which removes those made ahead too): an execution
-        that ends during a restart's sweep makes one, and the next cold spawn takes it while
-        the sweep runs (E11)."""
+        returns the removed execution ids. Groups this process made ahead stay, and the
+        workspace groups it uses (``keep_ours``: False at ``close``, which removes them too):
+        an execution that ends during a restart's sweep makes one, and the next cold spawn
+        takes it and joins it and its workspace's while the sweep runs (E11)."""
         self.drain()
         with self._ready_lock:
             if not keep_ours:
@@ -511,15 +511,15 @@ class CgroupTree:
                 self._ours.clear()
 
         def kept(name: str) -> bool:
-            # Read at each group, not once: a group made ahead or planned after this sweep
-            # began is named in ``_ours`` / ``_started`` before its mkdir.
+            # Read at each group, not once: a group made ahead after this sweep began is
+            # named in ``_ours`` before its mkdir.
             if name in live:
                 return True
             with self._ready_lock:
                 if name in self._ours:
                     return True
-            started = self._started.get(name)
-            return started is not None and (started.held or keep_ours)
+            started = self._started.get(name)  # a package tool's, running (``start``)
+            return started is not None and started.held
 
         removed: list[str] = []
         for base in self.bases.values():
