@@ -267,7 +267,7 @@ async def test_t3_transfer_resumes_after_a_control_plane_restart(home: Path) -> 
     again, _runner_id, _daemon = await open_yard(home, "local")
     try:
         row = await again.files.records.get_transfer(started.transfer_id)
-        assert row is not None and row["state"] == "running"
+        assert row is not None and row.state == "running"
         done = await settle(again, started.transfer_id)
         assert done.state == "completed"
         assert done.files_copied + done.files_unchanged == 301

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal, Self, cast
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
@@ -24,8 +25,146 @@ from shellyard.store.schema import (
 from shellyard.store.store import Store
 from shellyard.store.workspaces import Snapshot, Workspace, record_snapshot, release_writer
 
+#: What a transfer's entry is (the snapshots' kinds, contract/snapshots.py).
+EntryKind = Literal["file", "dir", "symlink"]
 ACTIVE_TRANSFER_STATES = ("queued", "running")
 TERMINAL_TRANSFER_STATES = ("completed", "partial", "failed", "cancelled")
+
+
+@dataclass(frozen=True, slots=True)
+class Transfer:
+    """A ``transfers`` row (T2-T4), typed once here (docs/architecture.md "Records at the
+    store boundary")."""
+
+    id: str
+    agent_id: str
+    source_workspace_id: str
+    source_seq: int | None
+    target_workspace_id: str
+    target_folder: str
+    paths: list[str]
+    #: What the request asked of the copy: queue, batch_files, batch_bytes, max_bytes_per_s.
+    options: dict[str, Any]
+    state: str
+    error: str | None
+    files_total: int
+    bytes_total: int
+    files_copied: int
+    files_unchanged: int
+    files_skipped: int
+    files_failed: int
+    bytes_done: int
+    bytes_sent: int
+    batches: int
+    target_seq: int | None
+    cancel_requested: bool
+    created_at: float
+    started_at: float | None
+    finished_at: float | None
+
+    @classmethod
+    def from_row(cls, row: Row) -> Self:
+        return cls(
+            id=str(row["id"]),
+            agent_id=str(row["agent_id"]),
+            source_workspace_id=str(row["source_workspace_id"]),
+            source_seq=row["source_seq"],
+            target_workspace_id=str(row["target_workspace_id"]),
+            target_folder=str(row["target_folder"]),
+            paths=list(row["paths"] or []),
+            options=dict(row["options"] or {}),
+            state=str(row["state"]),
+            error=row["error"],
+            files_total=int(row["files_total"]),
+            bytes_total=int(row["bytes_total"]),
+            files_copied=int(row["files_copied"]),
+            files_unchanged=int(row["files_unchanged"]),
+            files_skipped=int(row["files_skipped"]),
+            files_failed=int(row["files_failed"]),
+            bytes_done=int(row["bytes_done"]),
+            bytes_sent=int(row["bytes_sent"] or 0),
+            batches=int(row["batches"]),
+            target_seq=row["target_seq"],
+            cancel_requested=bool(row["cancel_requested"]),
+            created_at=float(row["created_at"]),
+            started_at=row["started_at"],
+            finished_at=row["finished_at"],
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class TransferFile:
+    """A ``transfer_files`` row: one planned entry of a transfer and its outcome (T3)."""
+
+    transfer_id: str
+    idx: int
+    source_path: str
+    target_path: str
+    kind: EntryKind
+    mode: int
+    size: int
+    sha256: str | None
+    link_target: str | None
+    #: pending, copied, unchanged, skipped or failed
+    outcome: str
+    reason: str | None
+    target_seq: int | None
+
+    @classmethod
+    def from_row(cls, row: Row) -> Self:
+        return cls(
+            transfer_id=str(row["transfer_id"]),
+            idx=int(row["idx"]),
+            source_path=str(row["source_path"]),
+            target_path=str(row["target_path"]),
+            kind=cast(EntryKind, row["kind"]),
+            mode=int(row["mode"]),
+            size=int(row["size"]),
+            sha256=row["sha256"],
+            link_target=row["link_target"],
+            outcome=str(row["outcome"]),
+            reason=row["reason"],
+            target_seq=row["target_seq"],
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Artifact:
+    """An ``artifacts`` row (T5): a file of a snapshot declared under a name."""
+
+    id: str
+    agent_id: str
+    workspace_id: str
+    runner_id: str
+    seq: int
+    path: str
+    name: str
+    sha256: str
+    size: int
+    created_at: float
+
+    @classmethod
+    def from_row(cls, row: Row) -> Self:
+        return cls(
+            id=str(row["id"]),
+            agent_id=str(row["agent_id"]),
+            workspace_id=str(row["workspace_id"]),
+            runner_id=str(row["runner_id"]),
+            seq=int(row["seq"]),
+            path=str(row["path"]),
+            name=str(row["name"]),
+            sha256=str(row["sha256"]),
+            size=int(row["size"]),
+            created_at=float(row["created_at"]),
+        )
+
+
+def _transfer(row: Row | None) -> Transfer | None:
+    return None if row is None else Transfer.from_row(row)
+
+
+def _artifact(row: Row | None) -> Artifact | None:
+    return None if row is None else Artifact.from_row(row)
 
 
 class FileRecords:
@@ -70,26 +209,32 @@ class FileRecords:
 
     # ------------------------------------------------------------------ transfers
 
-    async def create_transfer(self, values: dict[str, Any], files: list[dict[str, Any]]) -> Row:
-        return await self.store.run(_create_transfer, values, files)
+    async def create_transfer(
+        self, values: dict[str, Any], files: list[dict[str, Any]]
+    ) -> Transfer:
+        return Transfer.from_row(await self.store.run(_create_transfer, values, files))
 
-    async def get_transfer(self, transfer_id: str) -> Row | None:
-        return await self.store.one(sa.select(transfers).where(transfers.c.id == transfer_id))
+    async def get_transfer(self, transfer_id: str) -> Transfer | None:
+        return _transfer(
+            await self.store.one(sa.select(transfers).where(transfers.c.id == transfer_id))
+        )
 
-    async def list_transfers(self, agent_id: str, limit: int = 100) -> list[Row]:
-        return await self.store.all(
+    async def list_transfers(self, agent_id: str, limit: int = 100) -> list[Transfer]:
+        rows = await self.store.all(
             sa.select(transfers)
             .where(transfers.c.agent_id == agent_id)
             .order_by(transfers.c.created_at.desc())
             .limit(limit)
         )
+        return [Transfer.from_row(r) for r in rows]
 
-    async def active_transfers(self) -> list[Row]:
-        return await self.store.all(
+    async def active_transfers(self) -> list[Transfer]:
+        rows = await self.store.all(
             sa.select(transfers)
             .where(transfers.c.state.in_(ACTIVE_TRANSFER_STATES))
             .order_by(transfers.c.created_at)
         )
+        return [Transfer.from_row(r) for r in rows]
 
     async def update_transfer(
         self,
@@ -100,8 +245,10 @@ class FileRecords:
     ) -> bool:
         return await self.store.run(_update_transfer, transfer_id, tuple(from_states), values)
 
-    async def pending_files(self, transfer_id: str, after_idx: int, limit: int) -> list[Row]:
-        return await self.store.all(
+    async def pending_files(
+        self, transfer_id: str, after_idx: int, limit: int
+    ) -> list[TransferFile]:
+        rows = await self.store.all(
             sa.select(transfer_files)
             .where(
                 transfer_files.c.transfer_id == transfer_id,
@@ -111,14 +258,16 @@ class FileRecords:
             .order_by(transfer_files.c.idx)
             .limit(limit)
         )
+        return [TransferFile.from_row(r) for r in rows]
 
     async def transfer_files(
         self, transfer_id: str, outcome: str | None, offset: int, limit: int
-    ) -> list[Row]:
+    ) -> list[TransferFile]:
         stmt = sa.select(transfer_files).where(transfer_files.c.transfer_id == transfer_id)
         if outcome is not None:
             stmt = stmt.where(transfer_files.c.outcome == outcome)
-        return await self.store.all(stmt.order_by(transfer_files.c.idx).offset(offset).limit(limit))
+        rows = await self.store.all(stmt.order_by(transfer_files.c.idx).offset(offset).limit(limit))
+        return [TransferFile.from_row(r) for r in rows]
 
     async def record_outcomes(
         self,
@@ -127,40 +276,51 @@ class FileRecords:
         snapshot: dict[str, Any] | None,
         sent: int = 0,
         done_bytes: int = 0,
-    ) -> Row:
+    ) -> Transfer:
         """A batch is published: its files' outcomes (idx, outcome, reason, target seq), the
         transfer's counters, and the target snapshot that holds them, in one transaction."""
-        return await self.store.run(
-            _record_outcomes, transfer_id, outcomes, snapshot, sent, done_bytes
+        return Transfer.from_row(
+            await self.store.run(
+                _record_outcomes, transfer_id, outcomes, snapshot, sent, done_bytes
+            )
         )
 
     async def finish_transfer(
         self, transfer_id: str, state: str, error: str | None, pending_reason: str
-    ) -> Row | None:
+    ) -> Transfer | None:
         """Make the transfer terminal (files never reached get ``skipped`` with
         ``pending_reason``) and release the target's writer; one transaction. None when it
         was terminal already."""
-        return await self.store.run(_finish_transfer, transfer_id, state, error, pending_reason)
+        return _transfer(
+            await self.store.run(_finish_transfer, transfer_id, state, error, pending_reason)
+        )
 
     # ------------------------------------------------------------------ artifacts
 
-    async def create_artifact(self, values: dict[str, Any]) -> Row:
-        return await self.store.run(_create_artifact, values)
+    async def create_artifact(self, values: dict[str, Any]) -> Artifact:
+        return Artifact.from_row(await self.store.run(_create_artifact, values))
 
-    async def get_artifact(self, artifact_id: str) -> Row | None:
-        return await self.store.one(sa.select(artifacts).where(artifacts.c.id == artifact_id))
-
-    async def find_artifact(self, agent_id: str, name: str) -> Row | None:
-        return await self.store.one(
-            sa.select(artifacts).where(artifacts.c.agent_id == agent_id, artifacts.c.name == name)
+    async def get_artifact(self, artifact_id: str) -> Artifact | None:
+        return _artifact(
+            await self.store.one(sa.select(artifacts).where(artifacts.c.id == artifact_id))
         )
 
-    async def list_artifacts(self, agent_id: str) -> list[Row]:
-        return await self.store.all(
+    async def find_artifact(self, agent_id: str, name: str) -> Artifact | None:
+        return _artifact(
+            await self.store.one(
+                sa.select(artifacts).where(
+                    artifacts.c.agent_id == agent_id, artifacts.c.name == name
+                )
+            )
+        )
+
+    async def list_artifacts(self, agent_id: str) -> list[Artifact]:
+        rows = await self.store.all(
             sa.select(artifacts)
             .where(artifacts.c.agent_id == agent_id)
             .order_by(artifacts.c.created_at)
         )
+        return [Artifact.from_row(r) for r in rows]
 
 
 # ---------------------------------------------------------------------- operations
@@ -308,4 +468,11 @@ def _create_artifact(conn: Connection, values: dict[str, Any]) -> Row:
     return row
 
 
-__all__ = ["ACTIVE_TRANSFER_STATES", "TERMINAL_TRANSFER_STATES", "FileRecords"]
+__all__ = [
+    "ACTIVE_TRANSFER_STATES",
+    "TERMINAL_TRANSFER_STATES",
+    "Artifact",
+    "FileRecords",
+    "Transfer",
+    "TransferFile",
+]

@@ -15,6 +15,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from shellyard.store.db import Row
+from shellyard.store.files import Artifact
 from shellyard.store.schema import (
     agents,
     artifacts,
@@ -91,13 +92,14 @@ class PanelRecords:
             .limit(limit)
         )
 
-    async def artifacts_of(self, agent_ids: Sequence[str], limit: int) -> list[Row]:
-        return await self.store.all(
+    async def artifacts_of(self, agent_ids: Sequence[str], limit: int) -> list[Artifact]:
+        rows = await self.store.all(
             sa.select(artifacts)
             .where(artifacts.c.agent_id.in_(list(agent_ids)))
             .order_by(artifacts.c.created_at.desc())
             .limit(limit)
         )
+        return [Artifact.from_row(r) for r in rows]
 
     async def digest(self, session_id: str, agent_ids: Sequence[str]) -> dict[str, Any]:
         """One small, JSON-able value per part of the panel; a part changed when its value did."""

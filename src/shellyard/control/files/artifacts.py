@@ -7,8 +7,6 @@ bytes stay downloadable whatever happens to the workspace afterwards."""
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
-from typing import Any
 
 from shellyard.contract.files import ArtifactView
 from shellyard.control.files.access import WorkspaceAccess
@@ -17,9 +15,7 @@ from shellyard.control.runners import LOCAL_RUNNER_ID
 from shellyard.errors import InvalidInput, NotFound
 from shellyard.paths import normalize_relative
 from shellyard.store.db import new_id
-from shellyard.store.files import FileRecords
-
-Row = Mapping[str, Any]
+from shellyard.store.files import Artifact, FileRecords
 
 
 class ArtifactService:
@@ -109,8 +105,8 @@ class ArtifactService:
     ) -> FileStream:
         """The artifact's bytes, streamed from the snapshot it was declared at."""
         row = await self._owned(artifact_id, agent_id)
-        runner = self.access.runners.get(str(row["runner_id"]))
-        ws, seq, path = str(row["workspace_id"]), int(row["seq"]), str(row["path"])
+        runner = self.access.runners.get(row.runner_id)
+        ws, seq, path = row.workspace_id, row.seq, row.path
         entry = await runner.stat_path(ws, seq, path)
         if entry is None:
             raise NotFound(f"artifact {artifact_id}'s snapshot {seq} is no longer retained")
@@ -118,26 +114,26 @@ class ArtifactService:
         start = min(offset, entry.size)
         return FileStream(ws, seq, entry, start, entry.size - start, chunks)
 
-    async def _owned(self, artifact_id: str, agent_id: str | None) -> Row:
+    async def _owned(self, artifact_id: str, agent_id: str | None) -> Artifact:
         agent = await self.access.agent(agent_id)
         row = await self.records.get_artifact(artifact_id)
-        if row is None or row["agent_id"] != agent["id"]:
+        if row is None or row.agent_id != agent["id"]:
             raise NotFound(f"no artifact {artifact_id!r}; list yours with artifact_list")
         return row
 
 
-def _view(row: Row) -> ArtifactView:
+def _view(row: Artifact) -> ArtifactView:
     return ArtifactView(
-        artifact_id=row["id"],
-        name=row["name"],
-        agent_id=row["agent_id"],
-        workspace_id=row["workspace_id"],
-        runner_id=row["runner_id"],
-        seq=int(row["seq"]),
-        path=row["path"],
-        sha256=row["sha256"],
-        size=int(row["size"]),
-        created_at=row["created_at"],
+        artifact_id=row.id,
+        name=row.name,
+        agent_id=row.agent_id,
+        workspace_id=row.workspace_id,
+        runner_id=row.runner_id,
+        seq=row.seq,
+        path=row.path,
+        sha256=row.sha256,
+        size=row.size,
+        created_at=row.created_at,
     )
 
 

@@ -65,11 +65,10 @@ from shellyard.paths import normalize_relative
 from shellyard.runner.protocol import MAX_PAGE, ApplyEntry, ByteStream, Runner
 from shellyard.store import Store
 from shellyard.store.db import new_id
-from shellyard.store.files import TERMINAL_TRANSFER_STATES, FileRecords
+from shellyard.store.files import TERMINAL_TRANSFER_STATES, FileRecords, Transfer, TransferFile
 from shellyard.store.leases import TRANSFER
 
 log = logging.getLogger(__name__)
-Row = Mapping[str, Any]
 
 #: Pending rows read from the database at once (cut into batches in memory).
 _PAGE_ROWS = 5000
@@ -119,7 +118,7 @@ class TransferService:
         """Resume the transfers a previous control plane left queued or running (with
         replicas: those whose lease this one gets; the others' holders are alive)."""
         for row in await self.records.active_transfers():
-            self._launch(str(row["id"]))
+            self._launch(row.id)
 
     async def adopt(self, transfer_id: str) -> None:
         """This replica took over the transfer's lease (its holder died): resume it."""
@@ -156,7 +155,7 @@ class TransferService:
         with contextlib.suppress(Exception):
             row = await self.records.get_transfer(transfer_id)
             event = self._cancel.get(transfer_id)
-            if row is not None and row["cancel_requested"] and event is not None:
+            if row is not None and row.cancel_requested and event is not None:
                 event.set()
 
     def _wake_waiters(self, transfer_id: str) -> None:
@@ -178,11 +177,11 @@ class TransferService:
             TRANSFER, transfer_id, LOCAL_RUNNER_ID if local else target_runner
         )
 
-    async def _lease_for(self, row: Row) -> bool:
-        source = await self.store.get_workspace(str(row["source_workspace_id"]))
-        target = await self.store.get_workspace(str(row["target_workspace_id"]))
+    async def _lease_for(self, row: Transfer) -> bool:
+        source = await self.store.get_workspace(row.source_workspace_id)
+        target = await self.store.get_workspace(row.target_workspace_id)
         assert source is not None and target is not None
-        return await self._lease(str(row["id"]), source.runner_id, target.runner_id)
+        return await self._lease(row.id, source.runner_id, target.runner_id)
 
     async def _release(self, transfer_id: str) -> None:
         await self.leases.release(TRANSFER, transfer_id)
@@ -288,23 +287,23 @@ class TransferService:
 
     async def _run(self, transfer_id: str) -> None:
         row = await self.records.get_transfer(transfer_id)
-        if row is None or row["state"] in TERMINAL_TRANSFER_STATES:
+        if row is None or row.state in TERMINAL_TRANSFER_STATES:
             await self._release(transfer_id)  # an adopted lease of work already done
             return
         if not await self._lease_for(row):
             self._cancel.pop(transfer_id, None)
             return  # another live replica copies it
         cancel = self._cancel[transfer_id]
-        if row["cancel_requested"]:
+        if row.cancel_requested:
             cancel.set()
-        target = str(row["target_workspace_id"])
+        target = row.target_workspace_id
         try:
             if not await self.access.take_writer(
                 target, "transfer", transfer_id, queue=True, cancelled=cancel
             ):
                 await self._finish(row, "cancelled", None)
                 return
-            if row["state"] == "queued":
+            if row.state == "queued":
                 await self.records.update_transfer(
                     transfer_id, state="running", started_at=time.time()
                 )
@@ -320,15 +319,15 @@ class TransferService:
         finally:
             self._in_flight.pop(transfer_id, None)
 
-    async def _copy(self, row: Row, cancel: asyncio.Event) -> str | None:
+    async def _copy(self, row: Transfer, cancel: asyncio.Event) -> str | None:
         """Copy the pending files batch by batch; the error that stopped it, if any."""
-        transfer_id = str(row["id"])
-        options = dict(row["options"] or {})
+        transfer_id = row.id
+        options = row.options
         batch_files = int(options.get("batch_files") or DEFAULT_BATCH_FILES)
         batch_bytes = int(options.get("batch_bytes") or DEFAULT_BATCH_BYTES)
         rate = options.get("max_bytes_per_s")
-        src = await self.store.get_workspace(str(row["source_workspace_id"]))
-        dst = await self.store.get_workspace(str(row["target_workspace_id"]))
+        src = await self.store.get_workspace(row.source_workspace_id)
+        dst = await self.store.get_workspace(row.target_workspace_id)
         assert src is not None and dst is not None
         src_runner = self.access.runners.get(src.runner_id)
         dst_runner = self.access.runners.get(dst.runner_id)
@@ -336,7 +335,7 @@ class TransferService:
         started = time.monotonic()
         moved = 0
         after = -1
-        rows: list[Row] = []
+        rows: list[TransferFile] = []
         # a batch's outcomes are recorded while the runner copies the next batch
         recording: asyncio.Future[Any] | None = None
         try:
@@ -349,15 +348,15 @@ class TransferService:
                         return None
                 if await self._cancel_recorded(transfer_id, cancel):
                     return None
-                batch: list[Row] = []
+                batch: list[TransferFile] = []
                 size = 0
                 for r in rows[:batch_files]:
-                    if batch and size + int(r["size"]) > batch_bytes:
+                    if batch and size + r.size > batch_bytes:
                         break
                     batch.append(r)
-                    size += int(r["size"]) if r["kind"] == "file" else 0
+                    size += r.size if r.kind == "file" else 0
                 rows = rows[len(batch) :]
-                after = int(batch[-1]["idx"])
+                after = batch[-1].idx
                 work = asyncio.ensure_future(
                     self._batch_tried(
                         transfer_id,
@@ -381,7 +380,7 @@ class TransferService:
                         return None
                     reason = f"the batch could not be copied: {exc.message}"
                     failed: list[tuple[int, str, str | None, int | None]] = [
-                        (int(r["idx"]), "failed", reason, None) for r in batch
+                        (r.idx, "failed", reason, None) for r in batch
                     ]
                     await self.records.record_outcomes(transfer_id, failed, None)
                     return exc.message
@@ -391,7 +390,7 @@ class TransferService:
                         with contextlib.suppress(BaseException):
                             await work
                     self._in_flight[transfer_id] = 0
-                sizes = {int(r["idx"]): int(r["size"]) for r in batch}
+                sizes = {r.idx: r.size for r in batch}
                 done = sum(sizes[i] for i, o, _r, _s in outcomes if o in ("copied", "unchanged"))
                 recording = asyncio.ensure_future(
                     self.records.record_outcomes(transfer_id, outcomes, snapshot, sent, done)
@@ -413,14 +412,14 @@ class TransferService:
         if not self.leases.shared:
             return cancel.is_set()
         row = await self.records.get_transfer(transfer_id)
-        if row is not None and row["cancel_requested"]:
+        if row is not None and row.cancel_requested:
             cancel.set()
         return cancel.is_set()
 
     async def _batch_tried(
         self,
         transfer_id: str,
-        rows: list[Row],
+        rows: list[TransferFile],
         src_runner: Runner,
         src_ws: str,
         dst_runner: Runner,
@@ -457,7 +456,7 @@ class TransferService:
     async def _batch(
         self,
         transfer_id: str,
-        rows: list[Row],
+        rows: list[TransferFile],
         src_runner: Runner,
         src_ws: str,
         dst_runner: Runner,
@@ -466,7 +465,7 @@ class TransferService:
     ) -> tuple[list[tuple[int, str, str | None, int | None]], dict[str, Any] | None, int]:
         """Copy one batch: (outcomes, the target snapshot as a dict, bytes sent between
         runners)."""
-        shas = list(dict.fromkeys(str(r["sha256"]) for r in rows if r["kind"] == "file"))
+        shas = list(dict.fromkeys(r.sha256 for r in rows if r.kind == "file" and r.sha256))
         lacking = await dst_runner.missing_objects(shas) if shas else []
         bad: dict[str, str] = {}
         sent = 0
@@ -493,15 +492,15 @@ class TransferService:
             raise _Cancelled
         entries = [
             ApplyEntry.model_construct(  # rows we wrote from a validated plan
-                path=str(r["target_path"]),
-                kind=r["kind"],
-                mode=int(r["mode"]),
-                size=int(r["size"]),
-                sha256=r["sha256"],
-                target=r["link_target"],
+                path=r.target_path,
+                kind=r.kind,
+                mode=r.mode,
+                size=r.size,
+                sha256=r.sha256,
+                target=r.link_target,
             )
             for r in rows
-            if not (r["kind"] == "file" and r["sha256"] in bad)
+            if not (r.kind == "file" and r.sha256 in bad)
         ]
         outcome_of: dict[str, tuple[str, str | None]] = {}
         snapshot: dict[str, Any] | None = None
@@ -513,15 +512,15 @@ class TransferService:
             outcome_of = {o.path: (o.outcome, o.reason) for o in applied.outcomes}
         outcomes: list[tuple[int, str, str | None, int | None]] = []
         for r in rows:
-            if r["kind"] == "file" and r["sha256"] in bad:
-                why = f"could not copy its content from the source: {bad[str(r['sha256'])]}"
-                outcomes.append((int(r["idx"]), "failed", why, None))
+            if r.kind == "file" and r.sha256 in bad:
+                why = f"could not copy its content from the source: {bad[r.sha256]}"
+                outcomes.append((r.idx, "failed", why, None))
                 continue
             outcome, reason = outcome_of.get(
-                str(r["target_path"]), ("failed", "the target runner did not report it")
+                r.target_path, ("failed", "the target runner did not report it")
             )
             committed = outcome in ("copied", "unchanged")
-            outcomes.append((int(r["idx"]), outcome, reason, seq if committed else None))
+            outcomes.append((r.idx, outcome, reason, seq if committed else None))
         return outcomes, snapshot, sent
 
     async def _watch(
@@ -538,14 +537,14 @@ class TransferService:
             self._in_flight[transfer_id] = self._in_flight.get(transfer_id, 0) + len(chunk)
             yield chunk
 
-    async def _finish(self, row: Row, forced: str | None, error: str | None) -> None:
-        transfer_id = str(row["id"])
+    async def _finish(self, row: Transfer, forced: str | None, error: str | None) -> None:
+        transfer_id = row.id
         fresh = await self.records.get_transfer(transfer_id)
         assert fresh is not None
-        done = int(fresh["files_copied"]) + int(fresh["files_unchanged"])
+        done = fresh.files_copied + fresh.files_unchanged
         if forced is not None:
             state = forced
-        elif error is not None or int(fresh["files_failed"]):
+        elif error is not None or fresh.files_failed:
             state = "partial" if done else "failed"
         else:
             state = "completed"
@@ -556,26 +555,26 @@ class TransferService:
         )
         final = await self.records.finish_transfer(transfer_id, state, error, reason)
         self._cancel.pop(transfer_id, None)
-        await self.access.writer_released(str(row["target_workspace_id"]))
+        await self.access.writer_released(row.target_workspace_id)
         self._publish(transfer_id)
         await self._release(transfer_id)
         if final is None:
             return
         if state != "cancelled":  # the owner asked for a cancel: it knows (N3's spirit)
             summary = (
-                f"transfer {transfer_id} {state}: {final['files_copied']} copied, "
-                f"{final['files_unchanged']} unchanged, {final['files_skipped']} skipped, "
-                f"{final['files_failed']} failed into workspace {final['target_workspace_id']}"
-                + (f" (snapshot {final['target_seq']})" if final["target_seq"] is not None else "")
+                f"transfer {transfer_id} {state}: {final.files_copied} copied, "
+                f"{final.files_unchanged} unchanged, {final.files_skipped} skipped, "
+                f"{final.files_failed} failed into workspace {final.target_workspace_id}"
+                + (f" (snapshot {final.target_seq})" if final.target_seq is not None else "")
             )
-            await self.store.add_notice(str(final["agent_id"]), "transfer", transfer_id, summary)
+            await self.store.add_notice(final.agent_id, "transfer", transfer_id, summary)
 
     # ------------------------------------------------------------------ T3
 
-    async def _owned(self, transfer_id: str, agent_id: str | None) -> Row:
+    async def _owned(self, transfer_id: str, agent_id: str | None) -> Transfer:
         agent = await self.access.agent(agent_id)
         row = await self.records.get_transfer(transfer_id)
-        if row is None or row["agent_id"] != agent["id"]:
+        if row is None or row.agent_id != agent["id"]:
             raise NotFound(
                 f"no transfer {transfer_id!r}; list yours with workspace_transfer action 'list'"
             )
@@ -607,14 +606,14 @@ class TransferService:
         rows = await self.records.transfer_files(transfer_id, outcome, offset, limit + 1)
         views = [
             TransferFileView(
-                source_path=r["source_path"],
-                target_path=r["target_path"],
-                kind=r["kind"],
-                size=int(r["size"]),
-                sha256=r["sha256"],
-                outcome=r["outcome"],
-                reason=r["reason"],
-                target_seq=r["target_seq"],
+                source_path=r.source_path,
+                target_path=r.target_path,
+                kind=r.kind,
+                size=r.size,
+                sha256=r.sha256,
+                outcome=r.outcome,
+                reason=r.reason,
+                target_seq=r.target_seq,
             )
             for r in rows[:limit]
         ]
@@ -630,7 +629,7 @@ class TransferService:
         """The transfer once it is terminal, or as it is when ``timeout_s`` runs out."""
         row = await self._owned(transfer_id, agent_id)
         deadline = time.monotonic() + max(0.0, timeout_s)
-        while row["state"] not in TERMINAL_TRANSFER_STATES:
+        while row.state not in TERMINAL_TRANSFER_STATES:
             left = deadline - time.monotonic()
             if left <= 0:
                 break
@@ -652,7 +651,7 @@ class TransferService:
     ) -> TransferView:
         """Stop after the batch being copied; every committed file stays (T3)."""
         row = await self._owned(transfer_id, agent_id)
-        if row["state"] in TERMINAL_TRANSFER_STATES:
+        if row.state in TERMINAL_TRANSFER_STATES:
             return self._view(row)
         await self.records.update_transfer(transfer_id, cancel_requested=True)
         event = self._cancel.get(transfer_id)
@@ -667,32 +666,32 @@ class TransferService:
             return await self.wait(transfer_id, wait_s, agent_id)
         return await self.query(transfer_id, agent_id)
 
-    def _view(self, row: Row) -> TransferView:
+    def _view(self, row: Transfer) -> TransferView:
         return TransferView(
-            transfer_id=row["id"],
-            state=row["state"],
-            agent_id=row["agent_id"],
-            source_workspace_id=row["source_workspace_id"],
-            source_seq=row["source_seq"],
-            target_workspace_id=row["target_workspace_id"],
-            target_folder=row["target_folder"],
-            paths=list(row["paths"] or []),
-            files_total=int(row["files_total"]),
-            bytes_total=int(row["bytes_total"]),
-            files_copied=int(row["files_copied"]),
-            files_unchanged=int(row["files_unchanged"]),
-            files_skipped=int(row["files_skipped"]),
-            files_failed=int(row["files_failed"]),
-            bytes_done=int(row["bytes_done"]),
-            bytes_in_flight=self._in_flight.get(str(row["id"]), 0),
-            bytes_sent=int(row["bytes_sent"] or 0),
-            batches=int(row["batches"]),
-            target_seq=row["target_seq"],
-            error=row["error"],
-            cancel_requested=bool(row["cancel_requested"]),
-            created_at=row["created_at"],
-            started_at=row["started_at"],
-            finished_at=row["finished_at"],
+            transfer_id=row.id,
+            state=row.state,
+            agent_id=row.agent_id,
+            source_workspace_id=row.source_workspace_id,
+            source_seq=row.source_seq,
+            target_workspace_id=row.target_workspace_id,
+            target_folder=row.target_folder,
+            paths=list(row.paths),
+            files_total=row.files_total,
+            bytes_total=row.bytes_total,
+            files_copied=row.files_copied,
+            files_unchanged=row.files_unchanged,
+            files_skipped=row.files_skipped,
+            files_failed=row.files_failed,
+            bytes_done=row.bytes_done,
+            bytes_in_flight=self._in_flight.get(row.id, 0),
+            bytes_sent=row.bytes_sent,
+            batches=row.batches,
+            target_seq=row.target_seq,
+            error=row.error,
+            cancel_requested=row.cancel_requested,
+            created_at=row.created_at,
+            started_at=row.started_at,
+            finished_at=row.finished_at,
         )
 
 
