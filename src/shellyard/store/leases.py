@@ -9,7 +9,9 @@ trivially its own."""
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
@@ -47,6 +49,36 @@ class LeaseTerms:
     holder: str
     scope: str | None
     ttl_s: float
+
+
+class LeaseHolder(Protocol):
+    """What every service that watches leased work needs of the control plane's lease keeper
+    (control/replicas/leases.py), given when the service is built: executions, transfers and
+    environment changes (``WatchLeases``) and webhook deliveries (``DeliveryLeases``) each
+    extend it with the rest they use."""
+
+    #: How long a lease lives unrenewed: a dead replica's work waits this long.
+    ttl_s: float
+
+    def register(
+        self,
+        kind: str,
+        adopt: Callable[[str], Awaitable[None]],
+        lost: Callable[[str], None],
+        *,
+        sweep: Callable[[], Awaitable[None]] | None = None,
+        dispatch: Callable[[str], Awaitable[None]] | None = None,
+    ) -> None:
+        """``adopt``: a subject of ``kind`` this replica claimed (its holder died); ``lost``: one
+        another replica took over; ``sweep``: every few rounds, work of ``kind`` a dead replica
+        recorded but never leased; ``dispatch``: a workspace whose queue nobody hands on."""
+        ...
+
+    async def acquire(self, kind: str, subject_id: str, runner_id: str) -> bool:
+        """True when this replica holds the lease now (it then watches and finalizes)."""
+        ...
+
+    async def release(self, kind: str, subject_id: str) -> None: ...
 
 
 def insert_lease(conn: Connection, kind: str, subject_id: str, terms: LeaseTerms) -> None:

@@ -4,10 +4,10 @@ control/executions/service.py imports neither."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
 from typing import Any, Protocol
 
-from shellyard.store.leases import LeaseTerms
+from shellyard.store.leases import LeaseHolder, LeaseTerms
 
 
 class EnvironmentGate(Protocol):
@@ -24,36 +24,14 @@ class EnvironmentGate(Protocol):
         ...
 
 
-class WatchLeases(Protocol):
+class WatchLeases(LeaseHolder, Protocol):
     """Who watches a piece of ongoing work (an execution, a transfer, an environment change)
     when several replicas share the database (docs/operations.md); the control plane gives its
     lease keeper to ``ExecutionService``, ``TransferService`` and ``EnvironmentService`` when it
     builds them, and each registers the work it takes over (``register``)."""
 
-    #: How long a lease lives unrenewed: a dead replica's work waits this long.
-    ttl_s: float
     #: Whether other replicas may share the database (PostgreSQL; SQLite is one replica).
     shared: bool
-
-    def register(
-        self,
-        kind: str,
-        adopt: Callable[[str], Awaitable[None]],
-        lost: Callable[[str], None],
-        *,
-        sweep: Callable[[], Awaitable[None]] | None = None,
-        dispatch: Callable[[str], Awaitable[None]] | None = None,
-    ) -> None:
-        """``adopt``: a subject of ``kind`` this replica claimed (its holder died); ``lost``: one
-        another replica took over; ``sweep``: every few rounds, work of ``kind`` a dead replica
-        recorded but never leased; ``dispatch``: a workspace whose queue nobody hands on."""
-        ...
-
-    async def acquire(self, kind: str, subject_id: str, runner_id: str) -> bool:
-        """True when this replica holds the lease now (it then watches and finalizes)."""
-        ...
-
-    async def release(self, kind: str, subject_id: str) -> None: ...
 
     # Leases written in the work's own transactions (one transaction fewer each way):
     def terms(self, runner_id: str) -> LeaseTerms: ...

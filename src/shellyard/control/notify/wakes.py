@@ -38,6 +38,7 @@ from shellyard.control.notify.webhook_policy import PolicyRefusal, WebhookPolicy
 from shellyard.errors import NotFound
 from shellyard.store import Store
 from shellyard.store.db import new_id
+from shellyard.store.leases import LeaseHolder
 
 log = logging.getLogger(__name__)
 
@@ -107,27 +108,11 @@ def wake_view(row: Mapping[str, Any]) -> WakeView:
     return WakeView.model_validate({**row["payload"], "seq": row["seq"]})
 
 
-class DeliveryLeases(Protocol):
+class DeliveryLeases(LeaseHolder, Protocol):
     """One replica delivers each webhook delivery (docs/operations.md): the control plane's
     lease keeper, given when the service is built."""
 
-    ttl_s: float
-
-    async def acquire(self, kind: str, subject_id: str, runner_id: str) -> bool: ...
-
-    async def release(self, kind: str, subject_id: str) -> None: ...
-
     def subjects(self, kind: str) -> list[str]: ...
-
-    def register(
-        self,
-        kind: str,
-        adopt: Callable[[str], Awaitable[None]],
-        lost: Callable[[str], None],
-        *,
-        sweep: Callable[[], Awaitable[None]] | None = None,
-        dispatch: Callable[[str], Awaitable[None]] | None = None,
-    ) -> None: ...
 
 
 #: The lease kind of a webhook delivery.
