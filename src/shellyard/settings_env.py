@@ -195,6 +195,10 @@ VARIABLES: dict[str, Variable] = {
         Variable("SHELLYARD_CGROUPS", "auto, v2, v1, off", "auto",
                  "Which control groups bound executions.", "runner",
                  _one_of("auto", "v2", "v1", "off")),
+        Variable("SHELLYARD_CGROUP_FAVORDYNMODS", "on, off", "on",
+                 "A root runner with cgroups turns on the kernel's favordynmods (host-wide: "
+                 "a move into a group waits only for its own process; docs/limits.md).",
+                 "runner", _one_of("on", "off")),
         Variable("SHELLYARD_UID_RANGE", "FIRST-LAST, uids between 1000 and 65533",
                  "docs/security.md", "The workspaces' own uids (root runners).", "runner",
                  _uid_range),

@@ -513,3 +513,32 @@ def test_a_workspace_group_swept_while_idle_is_made_again(tmp_path: Path) -> Non
         tree.finish("ws", "first")
     finally:
         tree.close(set())
+
+
+@needs_cgroups
+async def test_a_root_runner_moves_commands_into_groups_with_favordynmods(
+    yard_factory: Any,
+) -> None:
+    """R2 tenants (docs/limits.md "Moving into a group under load"): a root runner with
+    cgroups holds the kernel's favordynmods through a hierarchy of no controller, made detached:
+    ``runner show`` says so, no mount table of the host names it, and a command still runs in
+    its own groups. A tree that was not asked to (SHELLYARD_CGROUP_FAVORDYNMODS=off) says it
+    waits on the host-wide lock."""
+    yard: Yard = await yard_factory(policy())
+    info = await yard.runner.info()
+    assert info.limits is not None and info.limits.group_moves is not None, info.limits
+    assert info.limits.group_moves.startswith("favordynmods"), info.limits.group_moves
+    assert "favordynmods" not in Path("/proc/self/mountinfo").read_text()
+    run = await yard.run("cat /proc/self/cgroup")
+    assert run.exit_code == 0 and "memory:/\n" in run.stdout, run.stdout
+    plain = cgroups.CgroupTree.probe(
+        "shellyard-test-favor", cgroups.TenantLimits(256 << 20, 64), "v1"
+    )
+    assert plain is not None
+    try:
+        assert plain.group_moves == "host-wide threadgroup lock"
+        assert plain.favor_dynamic_changes()
+        assert plain.group_moves.startswith("favordynmods")
+    finally:
+        plain.close(set())
+    assert plain.group_moves == "host-wide threadgroup lock"

@@ -29,6 +29,7 @@ LIMITS = {
     "cpu_share": "per process (no cgroup)",
     "cpu_ceiling": None,
     "uids": "one per workspace (61001-61999)",
+    "group_moves": None,  # no cgroup (docs/limits.md "Moving into a group under load")
 }
 
 

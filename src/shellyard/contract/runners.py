@@ -102,6 +102,9 @@ class RunnerLimits(BaseModel):
     cpu_share: str | None = None
     cpu_ceiling: float | None = None
     uids: str | None = None
+    #: How a command's move into its groups waits under fork load (docs/limits.md "Moving
+    #: into a group under load"): ``favordynmods …`` or ``host-wide threadgroup lock``.
+    group_moves: str | None = None
 
 
 class RunnerView(BaseModel):

@@ -25,7 +25,7 @@ import queue
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-from shellyard import __version__, filemodes
+from shellyard import __version__, filemodes, settings_env
 from shellyard.errors import InvalidInput, NotFound, OutOfRoom, WorkspaceBusy
 from shellyard.runner.edits.editor import Editor
 from shellyard.runner.edits.tarscan import TarLimits
@@ -207,6 +207,9 @@ class LocalRunner(TerminalDoor):  # E13: send_input, screen, resize
             ),
             self.policy.cgroups,
         )
+        if box.cgroups is not None and settings_env.get("SHELLYARD_CGROUP_FAVORDYNMODS") != "off":
+            # R2 tenants: joins off the host-wide lock under fork load (limits/dynmods.py)
+            await asyncio.to_thread(box.cgroups.favor_dynamic_changes)
         self._guard.cgroups = box.cgroups
         if self._uids is not None:
             self._guard.uids = f"one per workspace ({self._uids.first}-{self._uids.last})"

@@ -50,6 +50,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from shellyard.runner.limits import dynmods
+
 log = logging.getLogger(__name__)
 
 Mechanism = Literal["v2", "v1"]
@@ -213,6 +215,8 @@ class CgroupTree:
     #: held while a workspace's groups are made and known, and while ``sweep`` decides to
     #: remove an idle one: the removal thread makes groups ahead while a restart sweeps
     _workspace_lock: threading.Lock = field(default_factory=threading.Lock)
+    #: the descriptor that keeps the kernel's ``favordynmods`` on (dynmods.py), or None
+    _favor_fd: int | None = None
 
     # ------------------------------------------------------------------ set-up
 
@@ -285,6 +289,20 @@ class CgroupTree:
 
     def describe(self) -> str:
         return ", ".join(str(p) for p in self.bases.values())
+
+    def favor_dynamic_changes(self) -> bool:
+        """Joins that wait only for their own process's forks (dynmods.py), held until
+        ``close``; False where the kernel refuses."""
+        if self._favor_fd is None:
+            self._favor_fd = dynmods.favor_dynamic_changes()
+        return self._favor_fd is not None
+
+    @property
+    def group_moves(self) -> str:
+        """How a join into a group waits, for ``runner show`` (docs/limits.md)."""
+        if self._favor_fd is None:
+            return "host-wide threadgroup lock"
+        return "favordynmods (per-process lock from Linux 6.18)"
 
     # ------------------------------------------------------------------ per execution
 
@@ -556,6 +574,9 @@ class CgroupTree:
         for base in self.bases.values():
             with contextlib.suppress(OSError):
                 base.rmdir()
+        if self._favor_fd is not None:
+            os.close(self._favor_fd)
+            self._favor_fd = None
 
     def groups(self) -> list[Path]:
         """Every group below the runner's folders (tests, and ``runner show``)."""

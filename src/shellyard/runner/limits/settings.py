@@ -217,4 +217,5 @@ def runner_limits(
         ),
         cpu_ceiling=cgroups.limits.cpu_ceiling if cgroups is not None else None,
         uids=uids,
+        group_moves=cgroups.group_moves if cgroups is not None else None,
     )
