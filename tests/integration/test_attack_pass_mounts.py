@@ -8,15 +8,19 @@ Real bubblewrap sandboxes on the in-process local runner and a runner daemon; ro
 from __future__ import annotations
 
 import asyncio
+import base64
 import io
+import json
 import os
 import tarfile
 from pathlib import Path
 
 import pytest
+from env_fixtures import backend_sdist
 
 from conftest import Yard, kill_server, stop_server
-from shellyard.contract.executions import ExecutionState
+from shellyard.contract.environments import EnvironmentChangeBody, EnvironmentCreateRequest
+from shellyard.contract.executions import ExecutionState, RunShellResult
 from shellyard.sdk.client import Client
 
 pytestmark = [
@@ -56,27 +60,84 @@ async def test_the_log_descriptors_name_no_host_path(yard: Yard) -> None:
     """A sandbox's stdout and stderr are the runner's log files, inherited as descriptors:
     ``readlink /proc/self/fd/1`` printed ``<home>/runners/local/executions/ex_…/stdout`` (the
     kernel prints an open file's path up to the root of the mount it was opened through, the
-    host's here). Opened through a detached copy of the folder's mount, the link reads
-    ``/stdout``: the same for a cold sandbox, a warm one, a read-only and a background one."""
+    host's here). Opened through the runner's one detached copy of its root, made at its
+    start before any of these folders existed (sandbox/log_root.py), the link reads
+    ``/executions/<id>/stdout``: the same for a cold sandbox, a warm one (made in
+    ``sandbox/warm/``, renamed to the execution's folder before its command is sent: never
+    the warm folder's name), a read-only and a background one."""
+
+    def link(done: RunShellResult, fd: int, stream: str) -> str:
+        return f"/proc/1/fd/{fd} /executions/{done.execution_id}/{stream}"
+
     first = await yard.run(FD_LINKS)
     assert first.exit_code == 0, first
     _no_home(first.stdout + first.stderr, yard)
-    links = dict(line.split(" ", 1) for line in first.stdout.splitlines())
-    assert links["/proc/1/fd/1"] == "/stdout" and links["/proc/1/fd/2"] == "/stderr", links
+    assert link(first, 1, "stdout") in first.stdout.splitlines(), first.stdout
+    assert link(first, 2, "stderr") in first.stdout.splitlines(), first.stdout
     if yard.daemon is None:  # the in-process runner: its pool is reachable
         await _warm_for(yard, first.workspace_id)
+        warm_id = yard.runner._runs.warm.waiting()[first.workspace_id]
     warm = await yard.run(FD_LINKS)
     ro = await yard.run(FD_LINKS, read_only=True)
     for done in (warm, ro):
         assert done.exit_code == 0, done
         _no_home(done.stdout + done.stderr, yard)
-        assert "/proc/1/fd/1 /stdout" in done.stdout, done.stdout
+        assert link(done, 1, "stdout") in done.stdout.splitlines(), done.stdout
+        assert "/sandbox/warm/" not in done.stdout, done.stdout
+    if yard.daemon is None:  # it was the warm one's, taken
+        assert warm_id not in yard.runner._runs.warm.waiting().values()
+        assert yard.runner._runs.warm.stats["taken"] >= 1
     bg = await yard.run(FD_LINKS + " >&2", background=True)
     view = await yard.plane.executions.wait(bg.execution_id, 60)
     assert view.state == ExecutionState.completed, view
     logs = await yard.plane.executions.logs(bg.execution_id, stream="stderr")
     _no_home(logs.data, yard)
-    assert "/proc/1/fd/2 /stderr" in logs.data, logs.data
+    assert f"/proc/1/fd/2 /executions/{bg.execution_id}/stderr" in logs.data, logs.data
+
+
+async def test_a_package_tools_log_descriptor_names_no_host_path(yard: Yard) -> None:
+    """An environment change's tool (uv, here building an sdist whose in-tree backend is the
+    probe) writes into the change's log, an inherited descriptor: through the runner's copy
+    of its root its link reads ``/environments/changes/<change>/log``, no path of the home
+    (runner/sandbox/log_root.py)."""
+    body = """
+    RESULT = {}
+    for pid in os.listdir("/proc"):
+        try:
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                RESULT[f"{pid}/{fd}"] = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            pass
+    """
+    sdist = base64.b64encode(backend_sdist("sy-links", "1.0", body)).decode()
+    put = await yard.run(f"mkdir dist && echo {sdist} | base64 -d > dist/sy_links-1.0.tar.gz")
+    assert put.exit_code == 0, put
+    request = EnvironmentCreateRequest(
+        name="links", language="python", runner_id=yard.runner_id, wait_ms=30_000
+    )
+    view = await yard.plane.environments.create(request)
+    if view.state != "ready":
+        assert view.change_id is not None, view
+        await yard.plane.environments.wait(view.change_id, 120)
+    body_ = EnvironmentChangeBody(
+        manager="pip", specs=["sy-links"], index_url="none", find_links=["/workspace/dist"],
+        wait_ms=30_000,
+    )  # fmt: skip
+    change = await yard.plane.environments.install(view.environment_id, body_)
+    if not change.done:
+        change = await yard.plane.environments.wait(change.change_id, 120)
+    assert change.state == "succeeded", change
+    seen = await yard.run(
+        "python -c 'import sy_links; print(sy_links.RESULT)'", environment_id=view.environment_id
+    )
+    assert seen.exit_code == 0, seen
+    links = json.loads(seen.stdout)
+    # the tool's stdout and stderr; uv's locks in the prefix and cache are bound at their own
+    # paths (V4, docs/security.md "Known limits")
+    outputs = {fd: link for fd, link in links.items() if fd.rsplit("/", 1)[1] in ("1", "2")}
+    _no_home(json.dumps(outputs), yard)
+    logs = {link for link in outputs.values() if link.startswith("/environments/changes/")}
+    assert logs == {f"/environments/changes/{change.change_id}/log"}, links
 
 
 def _overlays_of(folder: Path) -> int:

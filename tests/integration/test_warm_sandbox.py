@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -208,6 +209,38 @@ async def test_two_workspaces_never_share_a_warm_sandbox(home: Path) -> None:
         assert (read_a.stdout, read_b.stdout) == ("a\n", "b\n")
         assert meta(runner, read_a.execution_id)["sandbox_id"] == warm_a
         assert meta(runner, read_b.execution_id)["sandbox_id"] == warm_b
+    finally:
+        await plane.aclose()
+
+
+async def test_a_warm_folder_that_cannot_become_the_executions_runs_nothing(
+    home: Path,
+) -> None:
+    """E10, E11: a warm sandbox's folder is renamed to the execution's before its command is
+    written to the waiter's pipe, so no command ever runs in a folder recovery does not take
+    for the execution's (a kill -9 between the two would have left it running in
+    ``sandbox/warm/``, reaped, and a retried start would have run it again). Shown by the
+    one case the order decides without a fault hook: a warm folder removed beside the runner
+    cannot be renamed; the warm sandbox runs nothing and goes, the command runs once, cold
+    (sent first, it ran in the warm sandbox and its start failed "nothing ran")."""
+    plane, _, _ = await open_yard(home, "local")
+    try:
+        runner = plane.runners.get("local")
+        first = await run(plane, "true")
+        warm_id = await wait_for_warm(runner, first.workspace_id)
+        shutil.rmtree(runner._runs.warm.directory / warm_id)
+        done = await run(plane, "echo ran >> count; cat count")
+        assert done.state == ExecutionState.completed, done
+        assert (done.exit_code, done.stdout) == (0, "ran\n"), done
+        assert meta(runner, done.execution_id).get("sandbox_id") is None  # cold
+        stats = runner._runs.warm.stats
+        assert (stats["taken"], stats["discarded_folder"]) == (0, 1), stats
+        deadline = time.monotonic() + 10
+        while warm_id in warm_processes().values() and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        assert warm_id not in warm_processes().values()
+        again = await run(plane, "cat count")  # the discarded one never ran it
+        assert again.stdout == "ran\n", again
     finally:
         await plane.aclose()
 

@@ -167,7 +167,6 @@ ROOMS: dict[str, set[str]] = {
         "runner.edits",
         "runner.limits",  # package tools are held to the free-space reserve
         "runner.network",  # an operator's base build starts its own egress proxy
-        "runner.own_mounts",  # a tool's log opened through a detached mount (no host path)
         "runner.policy",
         "runner.processes",
         "runner.protocol",

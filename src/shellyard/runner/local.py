@@ -69,6 +69,7 @@ from shellyard.runner.protocol import (
 )
 from shellyard.runner.sandbox import bwrap as sandbox
 from shellyard.runner.sandbox import folder_access, launch, tenants
+from shellyard.runner.sandbox.log_root import LogRoot
 from shellyard.runner.sandbox.seccomp import SeccompProfile
 from shellyard.runner.sandbox.spawn import Sandboxes, check_start, script_argv
 from shellyard.runner.sandbox.supervise import Supervisor, TerminalDoor, check_id
@@ -129,6 +130,7 @@ class LocalRunner(TerminalDoor):  # E13: send_input, screen, resize
             disable_userns=False,
             workspace_ids=self._workspace_ids if self._uids is not None else None,
             home_of=self.home_path,
+            logs=LogRoot(self.root),
         )
         # limits (R2, docs/limits.md): quota and log cap while commands run (limits/watcher.py)
         self._guard = LimitsGuard(self.root, self.policy, self._snapshots.head)
@@ -180,6 +182,7 @@ class LocalRunner(TerminalDoor):  # E13: send_input, screen, resize
     async def _prepare_sandboxes(self) -> None:
         """Build once what every spawn reuses: bwrap, the host view, seccomp, the proxy."""
         box = self._sandboxes
+        box.logs.open()  # R2: one detached copy of the root for the runner's life (log_root.py)
         await asyncio.to_thread(self._mounts.startup)
         box.bwrap = sandbox.find_bwrap()
         box.disable_userns = await asyncio.to_thread(
@@ -249,6 +252,7 @@ class LocalRunner(TerminalDoor):  # E13: send_input, screen, resize
         self._editor.close()
         await asyncio.to_thread(self._snapshots.close)
         self._sandboxes.view.close()
+        self._sandboxes.logs.close()
         await asyncio.to_thread(self._mounts.unmount_all, in_use)  # R2: own_mounts.py
 
     async def info(self) -> RunnerInfo:

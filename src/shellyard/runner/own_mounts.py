@@ -216,6 +216,25 @@ def open_unnamed(directory: Path, names: Sequence[str], flags: int, mode: int) -
             os.close(tree)
 
 
+def detached_copy(directory: Path) -> int | None:
+    """A descriptor of a detached copy of the mount ``directory`` is on, rooted at
+    ``directory`` (open_tree with OPEN_TREE_CLONE, not recursive: no mount below it comes
+    along); None where the kernel refuses (not root). A file opened through it prints its
+    path from ``directory`` down (R2, docs/security.md "Host paths"); folders made there later
+    are seen through it (the same file system). Kept open by its caller (sandbox/log_root.py)."""
+    folder = os.open(directory, _O_FOLDER)
+    try:
+        tree = _libc.syscall(
+            ctypes.c_long(_SYS_OPEN_TREE),
+            ctypes.c_int(folder),
+            ctypes.c_char_p(b""),
+            ctypes.c_uint(_OPEN_TREE_CLONE | os.O_CLOEXEC | _AT_EMPTY_PATH),
+        )
+    finally:
+        os.close(folder)
+    return None if tree < 0 else int(tree)
+
+
 def _work_name(folder: Path) -> str:
     return f"{folder.parent.name}.{folder.name}"
 

@@ -32,7 +32,6 @@ from pathlib import Path
 from shellyard.errors import LowOnSpace
 from shellyard.runner import processes
 from shellyard.runner.limits import reserve
-from shellyard.runner.own_mounts import open_unnamed
 from shellyard.runner.policy import NetworkMode
 from shellyard.runner.sandbox import bwrap as sandbox
 from shellyard.runner.sandbox import launch
@@ -254,8 +253,11 @@ class SandboxedTools:
             **(env or {}),
         }
         flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC
-        # R2: the tool's /proc/self/fd/2 reads the log's name only (own_mounts.open_unnamed)
-        (log_fd,) = open_unnamed(self._log_path.parent, (self._log_path.name,), flags, 0o600)
+        # R2: the tool's /proc/self/fd/2 reads "/environments/changes/<change>/log", no path
+        # of the home: through the runner's copy of its root (log_root.py); an operator's
+        # build, whose log is elsewhere, through a copy of its own
+        log_dir, log_name = self._log_path.parent, (self._log_path.name,)
+        (log_fd,) = box.logs.open_files(log_dir, log_name, flags, 0o600)
         try:
             start = os.fstat(log_fd).st_size
             os.write(log_fd, f"$ {' '.join(argv)}\n".encode("utf-8", "replace"))

@@ -26,11 +26,11 @@ from shellyard.paths import normalize_relative
 from shellyard.runner import processes
 from shellyard.runner.limits.cgroups import CgroupTree
 from shellyard.runner.network.netns import WorkspaceNetworks
-from shellyard.runner.own_mounts import open_unnamed
 from shellyard.runner.policy import ExecutionPolicy, SandboxPolicy
 from shellyard.runner.protocol import RunnerExecution, StartRequest
 from shellyard.runner.sandbox import bwrap as sandbox
 from shellyard.runner.sandbox import launch, terminal
+from shellyard.runner.sandbox.log_root import LogRoot
 from shellyard.runner.sandbox.seccomp import SeccompProfile
 
 #: E1: a ``bash -c`` text longer than this goes to the sandbox as a file instead of an
@@ -144,6 +144,9 @@ class Sandboxes:
     workspace_ids: Callable[[str], tuple[int, int]] | None = None
     #: The workspace's home folder, made on first use (local.py); None: HOME is /workspace.
     home_of: Callable[[str], Path] | None = None
+    #: R2: the logs a sandbox inherits, opened through one detached copy of the runner's
+    #: root (log_root.py); without a root, a copy per spawn.
+    logs: LogRoot = field(default_factory=LogRoot)
 
     def ids_of(self, workspace_id: str) -> tuple[int, int] | None:
         """The host uid and gid the workspace's commands run as (None: this user's)."""
@@ -272,10 +275,10 @@ class Sandboxes:
         warm sandbox's own, warm.py; the cgroups under ``group`` when made ahead), the
         command line built."""
         flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC
-        # R2: opened through a detached mount, so the sandbox's /proc/self/fd/1 reads
-        # "/stdout", not the home's path (own_mounts.open_unnamed)
+        # R2: opened through the runner's detached copy of its root, so the sandbox's
+        # /proc/self/fd/1 reads "/executions/ex_…/stdout", not the home's path (log_root.py)
         names = ("stdout", "stderr", "status")
-        out_fd, err_fd, status_fd = open_unnamed(directory, names, flags, 0o600)
+        out_fd, err_fd, status_fd = self.logs.open_files(directory, names, flags, 0o600)
         seccomp_fd = self.seccomp.open()
         pending = PendingSpawn(workspace_id, sandbox_id, [], env, out_fd, err_fd, [status_fd])
         pending.owned.append(seccomp_fd)

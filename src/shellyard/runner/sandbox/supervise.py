@@ -120,8 +120,9 @@ class Supervisor:
             # E13: an interactive one's stdin is its holder's, never a warm sandbox's pipe.
             # A warm sandbox's folder is renamed to ``directory``, which is not made first:
             # renaming over an empty folder cost ~0.4 ms CPU per run (docs/benchmarks.md
-            # "Spawn bookkeeping"). A restart sees its warm folder (reaped) or this one
-            # without meta.json, as for a cold spawn that crashed before its bookkeeping.
+            # "Spawn bookkeeping"). A restart sees its warm folder (reaped; its command was
+            # not sent yet, warm.py ``take``) or this one without meta.json, as for a cold
+            # spawn that crashed before its bookkeeping.
             if os.path.lexists(directory):  # one folder per execution, as mkdir refuses
                 raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), str(directory))
             try:

@@ -207,16 +207,30 @@ class WarmPool:
                 networks.release(request.workspace_id, request.execution_id)
             self._discard(warm, "network")
             return None
+        # E10, E11: the folder is the execution's before its command is sent. A kill -9 of
+        # the runner between the two then leaves ``ex_<id>`` without meta.json: recovery kills
+        # its namespace (the waiter, its pipe's writer gone, ran nothing) and a retried start
+        # finds the folder and spawns nothing. Sent first, the command ran in a warm folder
+        # that reap removes, and a retried start, finding no ``ex_<id>``, ran it again.
+        try:
+            os.replace(warm.directory, directory)  # its logs and status, open in bwrap, move
+        except OSError:  # its folder is gone or the name taken: nothing was sent, cold
+            if networks is not None and shared is not None:
+                networks.release(request.workspace_id, request.execution_id)
+            self._discard(warm, "folder")
+            return None
         try:
             _write_all(warm.write_fd, spec)
         except OSError:
             if networks is not None and shared is not None:
                 networks.release(request.workspace_id, request.execution_id)
-            self._discard(warm, "ended")
+            try:  # nothing ran: the folder goes back where discard and reap look for it
+                os.replace(directory, warm.directory)
+            finally:  # failing that, launch removes ``directory`` (SpawnFailed, nothing ran)
+                self._discard(warm, "ended")
             return None
         self._close_pipe(warm)
         started = Started(warm.started.popen, warm.started.start_time, time.time(), shared)
-        os.replace(warm.directory, directory)  # its logs and status, open in bwrap, move along
         if networks is not None and shared is not None:
             networks.release(request.workspace_id, warm.sandbox_id)
         self.stats["taken"] += 1
