@@ -1,0 +1,102 @@
+"""A connection's small writes of one event-loop turn sent as one (docs/benchmarks.md §29).
+
+uvicorn's h11 protocol writes an answer's status line and headers, then its body, each with
+its own ``transport.write``: two sends for every JSON answer, so the client wakes and reads
+twice. This transport sends a write of at most :data:`HOLD_MAX` bytes at the end of the
+loop's current turn, with whatever the same turn wrote after it; a larger write goes out at
+once (after what was held), so a streamed body is never held back or copied more than once,
+and an answer that waits for its body (a stream of events) has its headers sent at the end of
+the turn that wrote them, as before in every way a client can see. Closing sends what is
+held first, as the socket's own buffer does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+#: Writes up to this size wait for the end of the loop's turn (an answer's head is ~200 bytes,
+#: a small JSON body a few hundred); anything larger is written at once.
+HOLD_MAX = 16 * 1024
+
+
+class OneWrite(asyncio.Transport):
+    """``inner``, with the small writes of one loop turn joined."""
+
+    def __init__(self, inner: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__()
+        self._inner = inner
+        self._loop = loop
+        self._held = b""
+        self._flush_due = False
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        if not data:
+            return
+        if self._held:
+            data, self._held = self._held + bytes(data), b""
+        if len(data) <= HOLD_MAX and not self._inner.is_closing():
+            self._held = bytes(data)
+            if not self._flush_due:
+                self._flush_due = True
+                self._loop.call_soon(self._flush)
+            return
+        self._inner.write(data)
+
+    def _flush(self) -> None:
+        self._flush_due = False
+        if self._held:
+            data, self._held = self._held, b""
+            self._inner.write(data)
+
+    def writelines(self, list_of_data: Any) -> None:
+        for data in list_of_data:
+            self.write(data)
+
+    def close(self) -> None:
+        self._flush()
+        self._inner.close()
+
+    def abort(self) -> None:
+        self._held = b""
+        self._inner.abort()
+
+    def write_eof(self) -> None:
+        self._flush()
+        self._inner.write_eof()
+
+    def can_write_eof(self) -> bool:
+        return self._inner.can_write_eof()
+
+    def is_closing(self) -> bool:
+        return self._inner.is_closing()
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return self._inner.get_extra_info(name, default)
+
+    def get_write_buffer_size(self) -> int:
+        return self._inner.get_write_buffer_size() + len(self._held)
+
+    def get_write_buffer_limits(self) -> tuple[int, int]:
+        return self._inner.get_write_buffer_limits()
+
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
+        self._inner.set_write_buffer_limits(high, low)
+
+    def pause_reading(self) -> None:
+        self._inner.pause_reading()
+
+    def resume_reading(self) -> None:
+        self._inner.resume_reading()
+
+    def is_reading(self) -> bool:
+        return self._inner.is_reading()
+
+    def set_protocol(self, protocol: asyncio.BaseProtocol) -> None:
+        self._inner.set_protocol(protocol)
+
+    def get_protocol(self) -> asyncio.BaseProtocol:
+        return self._inner.get_protocol()
+
+
+__all__ = ["HOLD_MAX", "OneWrite"]
