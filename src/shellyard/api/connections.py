@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from typing import cast
 
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
@@ -73,7 +74,7 @@ class BoundedH11(H11Protocol):
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         # Every write of the protocol and its answers (flow control keeps the socket's own).
-        self.transport = OneWrite(transport, self.loop)
+        self.transport = cast(asyncio.Transport, OneWrite(transport, self.loop))
         host = self.client[0] if self.client else None
         if host is not None:
             same = sum(

@@ -20,11 +20,11 @@ from typing import Any
 HOLD_MAX = 16 * 1024
 
 
-class OneWrite(asyncio.Transport):
-    """``inner``, with the small writes of one loop turn joined."""
+class OneWrite:
+    """``inner``, with the small writes of one loop turn joined; stands for an
+    ``asyncio.Transport`` (what it does not define is ``inner``'s)."""
 
     def __init__(self, inner: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
-        super().__init__()
         self._inner = inner
         self._loop = loop
         self._held = b""
@@ -50,7 +50,7 @@ class OneWrite(asyncio.Transport):
             self._inner.write(data)
 
     def writelines(self, list_of_data: Any) -> None:
-        for data in list_of_data:
+        for data in list_of_data:  # in order with what is held (never the socket's own)
             self.write(data)
 
     def close(self) -> None:
@@ -65,38 +65,12 @@ class OneWrite(asyncio.Transport):
         self._flush()
         self._inner.write_eof()
 
-    def can_write_eof(self) -> bool:
-        return self._inner.can_write_eof()
-
-    def is_closing(self) -> bool:
-        return self._inner.is_closing()
-
-    def get_extra_info(self, name: str, default: Any = None) -> Any:
-        return self._inner.get_extra_info(name, default)
-
     def get_write_buffer_size(self) -> int:
         return self._inner.get_write_buffer_size() + len(self._held)
 
-    def get_write_buffer_limits(self) -> tuple[int, int]:
-        return self._inner.get_write_buffer_limits()
-
-    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
-        self._inner.set_write_buffer_limits(high, low)
-
-    def pause_reading(self) -> None:
-        self._inner.pause_reading()
-
-    def resume_reading(self) -> None:
-        self._inner.resume_reading()
-
-    def is_reading(self) -> bool:
-        return self._inner.is_reading()
-
-    def set_protocol(self, protocol: asyncio.BaseProtocol) -> None:
-        self._inner.set_protocol(protocol)
-
-    def get_protocol(self) -> asyncio.BaseProtocol:
-        return self._inner.get_protocol()
+    def __getattr__(self, name: str) -> Any:
+        # Everything that does not write (is_closing, reading, extra info): the socket's own.
+        return getattr(self._inner, name)
 
 
 __all__ = ["HOLD_MAX", "OneWrite"]
