@@ -66,10 +66,10 @@ async def test_a_head_and_its_body_of_one_turn_are_one_send(
     joined, sends, received = pair
     joined.write(b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\n")
     joined.write(b"")
+    assert sends == []  # the head waits for its body
     joined.write(b"hello")
-    assert sends == []  # held until the end of this turn
+    assert sends == [43]  # sent with it, at once (not at the end of the turn)
     await _until(received, 43)
-    assert sends == [43]
     assert bytes(received.data) == b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nhello"
 
 

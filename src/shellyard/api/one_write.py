@@ -1,13 +1,14 @@
-"""A connection's small writes of one event-loop turn sent as one (docs/benchmarks.md §29).
+"""An answer's head and body in one send (docs/benchmarks.md §29).
 
 uvicorn's h11 protocol writes an answer's status line and headers, then its body, each with
 its own ``transport.write``: two sends for every JSON answer, so the client wakes and reads
-twice. This transport sends a write of at most :data:`HOLD_MAX` bytes at the end of the
-loop's current turn, with whatever the same turn wrote after it; a larger write goes out at
-once (after what was held), so a streamed body is never held back or copied more than once,
-and an answer that waits for its body (a stream of events) has its headers sent at the end of
-the turn that wrote them, as before in every way a client can see. Closing sends what is
-held first, as the socket's own buffer does.
+twice. This transport holds a write of at most :data:`HOLD_MAX` bytes (an answer's head) and
+sends it with the next write (its body) as one send, at once; a write that no other follows
+in the same turn of the loop goes out at the end of that turn. So a JSON answer leaves as
+soon as its body is written, a streamed body is never held back more than one write or
+copied more than once, and an answer that waits for its body (a stream of events) has its
+headers sent at the end of the turn that wrote them, as before in every way a client can
+see. Closing sends what is held first, as the socket's own buffer does.
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-#: Writes up to this size wait for the end of the loop's turn (an answer's head is ~200 bytes,
-#: a small JSON body a few hundred); anything larger is written at once.
+#: A write up to this size (an answer's head is ~200 bytes) waits for the next write or the
+#: end of the loop's turn; anything larger is written at once.
 HOLD_MAX = 16 * 1024
 
 
@@ -33,8 +34,10 @@ class OneWrite:
     def write(self, data: bytes | bytearray | memoryview) -> None:
         if not data:
             return
-        if self._held:
+        if self._held:  # the write that follows a held one sends both, at once
             data, self._held = self._held + bytes(data), b""
+            self._inner.write(data)
+            return
         if len(data) <= HOLD_MAX and not self._inner.is_closing():
             self._held = bytes(data)
             if not self._flush_due:
