@@ -36,10 +36,31 @@ def _host_name(host_header: str) -> str:
     return host_header.rsplit(":", 1)[0] if host_header.count(":") == 1 else host_header
 
 
+#: Where a request keeps the principal its credentials gave: the body bounds (api/bounds.py)
+#: check them before the body is read and the route's dependency after it, from the same
+#: headers, so the token is looked up once per request (on PostgreSQL a read of the store
+#: each time; docs/benchmarks.md §29). Per request (uvicorn gives each its own state).
+_KEPT = "shellyard_principal"
+
+
 async def principal(
     request: Request, authorization: Annotated[str | None, Header()] = None
 ) -> Principal:
     plane = _plane(request)
+    state = request.scope.setdefault("state", {})
+    kept = state.get(_KEPT)
+    if kept is not None and kept[0] == authorization:
+        who: Principal = kept[1]
+    else:
+        who = await _credentials(request, plane, authorization)
+        state[_KEPT] = (authorization, who)
+    await _check_path(plane, who, request.path_params)
+    return who
+
+
+async def _credentials(
+    request: Request, plane: ControlPlane, authorization: str | None
+) -> Principal:
     if not request.app.state.auth_required:
         host = _host_name(request.headers.get("host", ""))
         if host not in LOOPBACK_NAMES:
@@ -57,7 +78,6 @@ async def principal(
             who = await cookie_principal(request, plane, cookie)
         else:
             who = await plane.tokens.authenticate(secret.strip())
-    await _check_path(plane, who, request.path_params)
     return who
 
 

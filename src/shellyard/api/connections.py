@@ -12,15 +12,21 @@ holds its socket forever, and any number of them may be open. This protocol adds
 - a cap per client address: past :data:`MAX_CONNECTIONS_PER_CLIENT` open connections from
   one address, a new one is closed at once (the server-wide cap is uvicorn's
   ``limit_concurrency``, answered 503).
+
+Its answers go out through ``OneWrite`` (api/one_write.py): an answer's head and a small body
+in one send instead of two.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+from typing import cast
 
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from shellyard.api.one_write import OneWrite
 
 #: Seconds a client has to send a request's headers.
 HEADER_TIMEOUT_S = 10.0
@@ -67,6 +73,8 @@ class BoundedH11(H11Protocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        # Every write of the protocol and its answers (flow control keeps the socket's own).
+        self.transport = cast(asyncio.Transport, OneWrite(transport, self.loop))
         host = self.client[0] if self.client else None
         if host is not None:
             same = sum(

@@ -19,6 +19,7 @@ from shellyard.mcp.interactive import interactive_tools
 from shellyard.mcp.ports import port_tools
 from shellyard.mcp.resources import add_resources
 from shellyard.mcp.runners import runner_tools
+from shellyard.mcp.stdio import run_stdio
 from shellyard.mcp.tasks import TasksExtension
 from shellyard.mcp.timers import timer_tools
 from shellyard.mcp.toolsets import ALL_TOOLS, ToolsetServer, parse_toolsets
@@ -96,6 +97,6 @@ async def serve_stdio(
     client = AsyncClient(info.url, token or info.token, agent_id=agent_id)
     try:
         server = build_server(client, network=local_network(home), enabled=lambda: enabled)
-        await server.run_stdio_async()
+        await run_stdio(server)  # one thread hop per answer (mcp/stdio.py)
     finally:
         await client.aclose()

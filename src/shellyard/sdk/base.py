@@ -24,6 +24,7 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from shellyard.errors import RunnerUnavailable
 from shellyard.sdk.status import raise_for, unreachable
+from shellyard.sdk.wire import async_transport, sync_transport
 
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -109,7 +110,12 @@ class SyncSender:
     """Sends a ``_Call`` with a blocking ``httpx.Client``."""
 
     def __init__(self, url: str, token: str, *, agent_id: str | None = None) -> None:
-        self._http = httpx.Client(base_url=url, headers=headers(token, agent_id), timeout=30)
+        self._http = httpx.Client(
+            base_url=url,
+            headers=headers(token, agent_id),
+            timeout=30,
+            transport=sync_transport(),  # a request's head and body in one write (sdk/wire.py)
+        )
 
     def _send(self, request: _Call[T]) -> T:
         try:
@@ -135,6 +141,7 @@ class SyncSender:
             base_url=self._http.base_url,
             headers={**self._http.headers, AGENT_HEADER: agent_id},
             timeout=self._http.timeout,
+            transport=sync_transport(),
         )
         return clone
 
@@ -152,7 +159,12 @@ class AsyncSender:
     """Sends a ``_Call`` with an ``httpx.AsyncClient``."""
 
     def __init__(self, url: str, token: str, *, agent_id: str | None = None) -> None:
-        self._http = httpx.AsyncClient(base_url=url, headers=headers(token, agent_id), timeout=30)
+        self._http = httpx.AsyncClient(
+            base_url=url,
+            headers=headers(token, agent_id),
+            timeout=30,
+            transport=async_transport(),  # a request's head and body in one write (sdk/wire.py)
+        )
 
     async def _send(self, request: _Call[T]) -> T:
         try:
@@ -177,6 +189,7 @@ class AsyncSender:
             base_url=self._http.base_url,
             headers={**self._http.headers, AGENT_HEADER: agent_id},
             timeout=self._http.timeout,
+            transport=async_transport(),
         )
         return clone
 

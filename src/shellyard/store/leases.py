@@ -81,14 +81,30 @@ class LeaseHolder(Protocol):
     async def release(self, kind: str, subject_id: str) -> None: ...
 
 
+# Built once with bind parameters (docs/benchmarks.md §29): an execution's submit and finish
+# run these, and building a Core statement with literal values costs more than running it on
+# SQLite (coercion of each value, a fresh cache key).
+_INSERT = leases.insert().values(
+    kind=sa.bindparam("b_kind"), subject_id=sa.bindparam("b_subject"),
+    holder=sa.bindparam("b_holder"), scope=sa.bindparam("b_scope"),
+    expires_at=sa.bindparam("b_expires"), acquired_at=sa.bindparam("b_now"), takeovers=0,
+)  # fmt: skip
+_DELETE = leases.delete().where(
+    leases.c.kind == sa.bindparam("b_kind"),
+    leases.c.subject_id == sa.bindparam("b_subject"),
+    leases.c.holder == sa.bindparam("b_holder"),
+)
+
+
 def insert_lease(conn: Connection, kind: str, subject_id: str, terms: LeaseTerms) -> None:
     """The lease of a subject made in this transaction (so nobody else can hold one yet)."""
     now = time.time()
     conn.execute(
-        leases.insert().values(
-            kind=kind, subject_id=subject_id, holder=terms.holder, scope=terms.scope,
-            expires_at=now + terms.ttl_s, acquired_at=now, takeovers=0,
-        )
+        _INSERT,
+        {
+            "b_kind": kind, "b_subject": subject_id, "b_holder": terms.holder,
+            "b_scope": terms.scope, "b_expires": now + terms.ttl_s, "b_now": now,
+        },
     )  # fmt: skip
 
 
@@ -252,11 +268,7 @@ def _renew(conn: Connection, holder: str, ttl_s: float) -> set[tuple[str, str]]:
 
 
 def delete_lease(conn: Connection, kind: str, subject_id: str, holder: str) -> None:
-    conn.execute(
-        leases.delete().where(
-            leases.c.kind == kind, leases.c.subject_id == subject_id, leases.c.holder == holder
-        )
-    )
+    conn.execute(_DELETE, {"b_kind": kind, "b_subject": subject_id, "b_holder": holder})
 
 
 def _hand_over(conn: Connection, holder: str) -> None:

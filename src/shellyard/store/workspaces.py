@@ -157,12 +157,19 @@ def take_writer(conn: Connection, workspace_id: str, kind: str, holder: str) -> 
     return bool(result.rowcount)
 
 
-def release_writer(conn: Connection, workspace_id: str, holder_id: str) -> bool:
-    result = conn.execute(
-        workspaces.update()
-        .where(workspaces.c.id == workspace_id, workspaces.c.writer_id == holder_id)
-        .values(writer_kind=None, writer_id=None)
+# Built once (docs/benchmarks.md §29): every execution's finish runs it.
+_RELEASE_WRITER = (
+    workspaces.update()
+    .where(
+        workspaces.c.id == sa.bindparam("b_workspace"),
+        workspaces.c.writer_id == sa.bindparam("b_holder"),
     )
+    .values(writer_kind=None, writer_id=None)
+)
+
+
+def release_writer(conn: Connection, workspace_id: str, holder_id: str) -> bool:
+    result = conn.execute(_RELEASE_WRITER, {"b_workspace": workspace_id, "b_holder": holder_id})
     return bool(result.rowcount)
 
 
