@@ -27,6 +27,7 @@ import ctypes.util
 import errno
 import logging
 import os
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -62,6 +63,10 @@ class OwnMounts:
         self._empty = directory / "empty"
         self._work = directory / "work"
         self.enabled = False
+        #: One lock for the whole mount table (mounts are rare): ``ismount`` then ``mount``
+        #: is a check-then-act, and two threads making a new home at once stacked two
+        #: overlays, the second one blind to what went through the first (docs/security.md).
+        self._lock = threading.Lock()
 
     def startup(self) -> bool:
         """Probe once (root, ``SHELLYARD_OWN_MOUNTS=on``, and the kernel mounts an overlay
@@ -91,6 +96,10 @@ class OwnMounts:
     def mount(self, folder: Path, *, read_only: bool = False) -> None:
         """``folder`` seen through an overlay of its own from now on (no-op if it is, or if
         this runner has none)."""
+        with self._lock:
+            self._mount(folder, read_only)
+
+    def _mount(self, folder: Path, read_only: bool) -> None:
         if not self.enabled or os.path.ismount(folder):
             return
         fds: list[int] = []
@@ -150,6 +159,10 @@ class OwnMounts:
         """``folder`` back to a plain folder (before it is renamed or removed). Detached: a
         sandbox still running keeps its bind of the overlay until it ends. Whatever
         ``enabled`` says: the egress socket's tmpfs is every root runner's."""
+        with self._lock:
+            self._unmount(folder)
+
+    def _unmount(self, folder: Path) -> None:
         while os.path.ismount(folder):  # mounted twice (two runners' starts racing): all
             if _libc.umount2(str(folder).encode(), _MNT_DETACH) != 0:
                 code = ctypes.get_errno()
