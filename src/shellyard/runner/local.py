@@ -432,7 +432,8 @@ class LocalRunner(TerminalDoor):  # E13: send_input, screen, resize
             )
         self._editing.add(workspace_id)
         try:
-            yield
+            with self._editor.writing(workspace_id):  # a crash's temp files swept at start
+                yield
         except FileNotFoundError as exc:
             # the live tree changed under the operation (nothing but a writer should touch it)
             raise NotFound(
