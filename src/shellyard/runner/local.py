@@ -100,6 +100,8 @@ class LocalRunner(TerminalDoor):  # E13: send_input, screen, resize
         #: R2: an overlay of its own per workspace, home and view (own_mounts.py)
         self._mounts = OwnMounts(self._sandbox_dir / "overlays", (self._workspaces, self._homes))
         self._snapshots = SnapshotStore(self.root / "snapshots")
+        # a tree newly mounted: the change hints' watches were added through the last overlay
+        self._mounts.mounted = lambda folder: self._snapshots.forget_changes(folder.name)
         self._store_lock = StoreLock(self.root / "snapshots")
         self._ids = sandbox.sandbox_ids(self.policy)
         # R2 tenants: a uid per workspace (tenants.py) when root and a range is set
@@ -115,6 +117,7 @@ class LocalRunner(TerminalDoor):  # E13: send_input, screen, resize
             self._workspace_ids if self._uids is not None else None,
         )
         self._editor.room = lambda: require_room(self.root, self.policy, "unpacking an upload")
+        self._editor.hold = self._mounts.held  # R2: its start-up sweep through the overlay
         #: Workspaces in the middle of a file operation (write, move, restore, batch, ...).
         self._editing: set[str] = set()
         self._hidden = [self.root, *(hidden or [])]
@@ -161,7 +164,6 @@ class LocalRunner(TerminalDoor):  # E13: send_input, screen, resize
         spare = filemodes.runner_spare(self.root)
         await asyncio.to_thread(filemodes.tighten_once, self.root, spare)
         await self._prepare_sandboxes()
-        await asyncio.to_thread(self._mounts.mount_all)
         await asyncio.to_thread(self._editor.startup)
         await self._environments.startup(self._sandboxes.bwrap)
         await asyncio.to_thread(self._runs.views.startup)
@@ -172,6 +174,8 @@ class LocalRunner(TerminalDoor):  # E13: send_input, screen, resize
             )
         await self._runs.recover()
         await asyncio.to_thread(self._runs.views.forget_unused)  # W2: none in use
+        # R2: a killed runner's overlays go but those of the sandboxes adopted above (E11)
+        await asyncio.to_thread(self._mounts.unmount_unheld)
         if self._sandboxes.networks is not None:  # R2: none of a finished workspace
             await asyncio.to_thread(self._sandboxes.networks.forget_unused)
         if self._relays is not None:
@@ -234,7 +238,6 @@ class LocalRunner(TerminalDoor):  # E13: send_input, screen, resize
         """Stop watching; the sandboxes themselves keep running (E11)."""
         await self._runs.warm.drain()  # none left half made
         running = self._runs.live_ids()  # before close forgets them
-        in_use = self._runs.live_workspaces()
         self._runs.close()
         if self._sandboxes.cgroups is not None:  # R2 tenants: none left but running ones
             await asyncio.to_thread(self._sandboxes.cgroups.close, running)
@@ -246,7 +249,9 @@ class LocalRunner(TerminalDoor):  # E13: send_input, screen, resize
         self._editor.close()
         await asyncio.to_thread(self._snapshots.close)
         self._sandboxes.view.close()
-        await asyncio.to_thread(self._mounts.unmount_all, in_use)  # R2: own_mounts.py
+        self._mounts.close()
+        # R2: what a sandbox that runs on holds stays mounted (E11), the rest goes
+        await asyncio.to_thread(self._mounts.unmount_unheld)
 
     async def info(self) -> RunnerInfo:
         return RunnerInfo(
@@ -292,12 +297,11 @@ class LocalRunner(TerminalDoor):  # E13: send_input, screen, resize
         return home
 
     def _give(self, folder: Path, workspace_id: str) -> None:
-        """A new workspace tree or home: its uid's, then seen through its overlay."""
+        """A new workspace tree or home: its uid's (mounted by the first hold, own_mounts)."""
         if self._uids is not None:
             self._workspace_ids(workspace_id)
         elif self._ids is not None:
             os.chown(folder, *self._ids)
-        self._mounts.mount(folder)
 
     def _close_root(self, workspace_id: str) -> None:
         if self._ids is not None:  # docs/security.md "Tenants: attack pass"
@@ -327,9 +331,10 @@ class LocalRunner(TerminalDoor):  # E13: send_input, screen, resize
         return await self._commit(workspace_id)
 
     async def _commit(self, workspace_id: str) -> SnapshotInfo:
-        self._close_root(workspace_id)  # R2 tenants: what the ended command opened
-        # under the store's shared lock: a garbage collection never runs mid-commit
-        return await asyncio.to_thread(self._editor.commit, workspace_id)
+        with self._mounts.held(workspace_id):  # R2: read through its overlay (own_mounts)
+            self._close_root(workspace_id)  # R2 tenants: what the ended command opened
+            # under the store's shared lock: a garbage collection never runs mid-commit
+            return await asyncio.to_thread(self._editor.commit, workspace_id)
 
     async def head(self, workspace_id: str) -> SnapshotInfo:
         self._require_workspace(workspace_id)
@@ -432,7 +437,8 @@ class LocalRunner(TerminalDoor):  # E13: send_input, screen, resize
             )
         self._editing.add(workspace_id)
         try:
-            with self._editor.writing(workspace_id):  # a crash's temp files swept at start
+            # R2: through its overlay (own_mounts); a crash's temp files swept at start
+            with self._mounts.held(workspace_id), self._editor.writing(workspace_id):
                 yield
         except FileNotFoundError as exc:
             # the live tree changed under the operation (nothing but a writer should touch it)
@@ -594,22 +600,29 @@ class LocalRunner(TerminalDoor):  # E13: send_input, screen, resize
                 f"workspace {request.workspace_id} is in the middle of a file operation",
                 holder="file operation",
             )
-        check_start(tree, request)  # E1 env and cwd
-        command = (
-            ["bash", "-c", request.command]
-            if request.command is not None
-            else [*script_argv(tree, request.script_path or ""), *request.args]
-        )
-        mount = (
-            self._environments.mount(request.environment_id)
-            if request.environment_id is not None
-            else None
-        )
-        used: dict[str, object] = {}
-        if request.environment_id is None:
-            used, mount = _default_base()
-        require_room(self.root, self.policy, "a new execution")  # limits (R2, docs/limits.md)
-        started = self._runs.launch(request, tree, command, mount)
+        self.home_path(request.workspace_id)  # made before its hold mounts it
+        # R2: its tree and home through their overlays from here to its end (supervise.py)
+        self._mounts.hold(request.workspace_id)
+        try:
+            check_start(tree, request)  # E1 env and cwd
+            command = (
+                ["bash", "-c", request.command]
+                if request.command is not None
+                else [*script_argv(tree, request.script_path or ""), *request.args]
+            )
+            mount = (
+                self._environments.mount(request.environment_id)
+                if request.environment_id is not None
+                else None
+            )
+            used: dict[str, object] = {}
+            if request.environment_id is None:
+                used, mount = _default_base()
+            require_room(self.root, self.policy, "a new execution")  # limits (R2)
+            started = self._runs.launch(request, tree, command, mount)
+        except BaseException:
+            self._mounts.let_go(request.workspace_id)
+            raise
         return started.model_copy(update=used) if used else started
 
     async def status(self, execution_id: str) -> RunnerExecution:

@@ -71,6 +71,9 @@ class Placer:
         #: Raises when the runner's volume is below its reserve (limits/reserve.py
         #: require_room), called while an upload is unpacked; None: not checked.
         self.room: Callable[[], None] | None = None
+        #: R2: holds a workspace's folders for an access outside a writer operation (the
+        #: start-up sweep), so it goes through their overlay (runner/own_mounts.py)
+        self.hold: Callable[[str], contextlib.AbstractContextManager[None]] | None = None
 
     def tree_of(self, workspace_id: str) -> Path:
         """The workspace's tree; also makes its owner the one this thread's operation gives
@@ -90,7 +93,8 @@ class Placer:
         for name in sorted(os.listdir(marks)) if marks.is_dir() else ():
             tree = self._tree_of(name)
             if tree.is_dir():
-                swept = self.sweep(name)
+                with self.hold(name) if self.hold else contextlib.nullcontext():
+                    swept = self.sweep(name)
                 log.info("removed %d temp files a crash left in %s", swept, tree)
         if self._staging.exists():  # through descriptors: a staged link is never followed
             with workspace_paths.open_root(self._staging.parent) as parent:
