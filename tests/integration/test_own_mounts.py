@@ -267,3 +267,22 @@ async def test_a_runner_mounts_a_workspace_only_while_it_is_in_use(
         assert overlays() == [0, 0]
     finally:
         await again.aclose()
+
+
+def test_a_refused_mount_leaves_the_folder_plain_for_that_hold(mounts: OwnMounts) -> None:
+    """A mount the kernel refuses (here: no work folder can be made) does not refuse the
+    command: the folder stays plain while held, every side sees it the same way, and the
+    next held period mounts it."""
+    mounts.linger_s = 0
+    tree = mounts.parents[0] / "ws"
+    tree.mkdir()
+    work = mounts._work
+    work.rename(work.with_name("work.away"))
+    work.write_bytes(b"")  # a file where the work folders go: their mkdir fails
+    with mounts.held("ws"):
+        assert mounted_over(tree) == 0 and mounts.holds("ws") == [1]
+    work.unlink()
+    work.with_name("work.away").rename(work)
+    with mounts.held("ws"):
+        assert mounted_over(tree) == 1
+    assert mounted_over(tree) == 0

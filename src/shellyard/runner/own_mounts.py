@@ -149,7 +149,7 @@ class OwnMounts:
             for folder in self.folders_of(name):
                 state = self._state(folder)
                 with state.lock:
-                    made = state.holds == 0 and folder.is_dir() and self._mount(folder, False)
+                    made = state.holds == 0 and folder.is_dir() and self._try_mount(folder)
                     if made and self.mounted is not None:
                         self.mounted(folder)
                     state.holds += 1
@@ -159,6 +159,17 @@ class OwnMounts:
             for folder in done:
                 self._let_go(folder)
             raise
+
+    def _try_mount(self, folder: Path) -> bool:
+        """A refused mount (the host's ``fs.mount-max``, a busy work folder) does not refuse
+        the command: the folder stays plain for this held period, seen by every side the
+        same way (only its path shows in the sandbox's mountinfo); the next period tries
+        again."""
+        try:
+            return self._mount(folder, False)
+        except OSError as exc:
+            log.warning("%s stays a plain folder while in use: %s", folder, exc)
+            return False
 
     def let_go(self, name: str) -> None:
         """One hold of ``hold(name)`` ends; the last one unmounts, ``linger_s`` later."""
