@@ -600,8 +600,7 @@ class LocalRunner(TerminalDoor):  # E13: send_input, screen, resize
                 f"workspace {request.workspace_id} is in the middle of a file operation",
                 holder="file operation",
             )
-        self.home_path(request.workspace_id)  # made before its hold mounts it
-        # R2: its tree and home through their overlays from here to its end (supervise.py)
+        self.home_path(request.workspace_id)  # made, then held (R2) until its end (supervise)
         self._mounts.hold(request.workspace_id)
         try:
             check_start(tree, request)  # E1 env and cwd
@@ -621,7 +620,8 @@ class LocalRunner(TerminalDoor):  # E13: send_input, screen, resize
             require_room(self.root, self.policy, "a new execution")  # limits (R2)
             started = self._runs.launch(request, tree, command, mount)
         except BaseException:
-            self._mounts.let_go(request.workspace_id)
+            if not self._runs.watches(request.execution_id):  # else its _finish lets go
+                self._mounts.let_go(request.workspace_id)
             raise
         return started.model_copy(update=used) if used else started
 
