@@ -211,9 +211,9 @@ VARIABLES: dict[str, Variable] = {
         Variable("SHELLYARD_WARM_IDLE_S", f"{_SECONDS}, more than 0", "60",
                  "How long a warm sandbox waits for its workspace's next command.", "runner",
                  _number(0.001)),
-        Variable("SHELLYARD_OWN_MOUNTS", "off, on", "off",
+        Variable("SHELLYARD_OWN_MOUNTS", "off, on", "on",
                  "A root runner's overlay of its own per workspace, home and read view: no "
-                 "host path in a sandbox's mountinfo, one mount each (docs/security.md).",
+                 "host path in a sandbox's mountinfo; mounted while in use (docs/security.md).",
                  "runner", _one_of("off", "on")),
         Variable("SHELLYARD_LAUNCHER", "auto, chain", "auto",
                  "The sandbox's launch: auto builds the small C launcher (the chain of "

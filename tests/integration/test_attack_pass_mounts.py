@@ -31,7 +31,7 @@ pytestmark = [
 
 @pytest.fixture(autouse=True)
 def own_mounts(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The overlays are an operator's choice (SHELLYARD_OWN_MOUNTS, off by default)."""
+    """The overlays are on by default (SHELLYARD_OWN_MOUNTS); on here whatever the CI sets."""
     monkeypatch.setenv("SHELLYARD_OWN_MOUNTS", "on")
 
 

@@ -25,7 +25,7 @@ import queue
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-from shellyard import __version__, filemodes, settings_env
+from shellyard import __version__, filemodes
 from shellyard.errors import InvalidInput, NotFound, OutOfRoom, WorkspaceBusy
 from shellyard.runner.edits.editor import Editor
 from shellyard.runner.edits.tarscan import TarLimits
@@ -101,6 +101,8 @@ class LocalRunner(TerminalDoor):  # E13: send_input, screen, resize
         #: R2: an overlay of its own per workspace, home and view (own_mounts.py)
         self._mounts = OwnMounts(self._sandbox_dir / "overlays", (self._workspaces, self._homes))
         self._snapshots = SnapshotStore(self.root / "snapshots")
+        # a tree newly mounted: the change hints' watches were added through the last overlay
+        self._mounts.mounted = lambda folder: self._snapshots.forget_changes(folder.name)
         self._store_lock = StoreLock(self.root / "snapshots")
         self._ids = sandbox.sandbox_ids(self.policy)
         # R2 tenants: a uid per workspace (tenants.py) when root and a range is set
@@ -116,6 +118,7 @@ class LocalRunner(TerminalDoor):  # E13: send_input, screen, resize
             self._workspace_ids if self._uids is not None else None,
         )
         self._editor.room = lambda: require_room(self.root, self.policy, "unpacking an upload")
+        self._editor.hold = self._mounts.held  # R2: its start-up sweep through the overlay
         #: Workspaces in the middle of a file operation (write, move, restore, batch, ...).
         self._editing: set[str] = set()
         self._hidden = [self.root, *(hidden or [])]
@@ -163,7 +166,6 @@ class LocalRunner(TerminalDoor):  # E13: send_input, screen, resize
         spare = filemodes.runner_spare(self.root)
         await asyncio.to_thread(filemodes.tighten_once, self.root, spare)
         await self._prepare_sandboxes()
-        await asyncio.to_thread(self._mounts.mount_all)
         await asyncio.to_thread(self._editor.startup)
         await self._environments.startup(self._sandboxes.bwrap)
         await asyncio.to_thread(self._runs.views.startup)
@@ -174,6 +176,8 @@ class LocalRunner(TerminalDoor):  # E13: send_input, screen, resize
             )
         await self._runs.recover()
         await asyncio.to_thread(self._runs.views.forget_unused)  # W2: none in use
+        # R2: a killed runner's overlays go but those of the sandboxes adopted above (E11)
+        await asyncio.to_thread(self._mounts.unmount_unheld)
         if self._sandboxes.networks is not None:  # R2: none of a finished workspace
             await asyncio.to_thread(self._sandboxes.networks.forget_unused)
         if self._relays is not None:
@@ -200,19 +204,7 @@ class LocalRunner(TerminalDoor):  # E13: send_input, screen, resize
         box.launcher = await asyncio.to_thread(launch.build, self._sandbox_dir / "bin")
         box.waiter = await asyncio.to_thread(launch.compile_c, self._sandbox_dir / "bin", WARM)
         # R2 tenants: cgroups per execution inside one per workspace, or rlimits only
-        box.cgroups = await asyncio.to_thread(
-            cgroups.CgroupTree.probe,
-            cgroups.runner_tag(self.root),
-            cgroups.TenantLimits(
-                memory_bytes=self.policy.memory_limit_bytes or cgroups.default_memory_bytes(),
-                processes=min(self.policy.process_limit, self.policy.max_processes),
-                cpu_ceiling=self.policy.cpu_ceiling,
-            ),
-            self.policy.cgroups,
-        )
-        if box.cgroups is not None and settings_env.get("SHELLYARD_CGROUP_FAVORDYNMODS") != "off":
-            # R2 tenants: joins off the host-wide lock under fork load (limits/dynmods.py)
-            await asyncio.to_thread(box.cgroups.favor_dynamic_changes)
+        box.cgroups = await asyncio.to_thread(cgroups.for_runner, self.root, self.policy)
         self._guard.cgroups = box.cgroups
         if self._uids is not None:
             self._guard.uids = f"one per workspace ({self._uids.first}-{self._uids.last})"
@@ -240,7 +232,6 @@ class LocalRunner(TerminalDoor):  # E13: send_input, screen, resize
         """Stop watching; the sandboxes themselves keep running (E11)."""
         await self._runs.warm.drain()  # none left half made
         running = self._runs.live_ids()  # before close forgets them
-        in_use = self._runs.live_workspaces()
         self._runs.close()
         if self._sandboxes.cgroups is not None:  # R2 tenants: none left but running ones
             await asyncio.to_thread(self._sandboxes.cgroups.close, running)
@@ -253,7 +244,9 @@ class LocalRunner(TerminalDoor):  # E13: send_input, screen, resize
         await asyncio.to_thread(self._snapshots.close)
         self._sandboxes.view.close()
         self._sandboxes.logs.close()
-        await asyncio.to_thread(self._mounts.unmount_all, in_use)  # R2: own_mounts.py
+        self._mounts.close()
+        # R2: what a sandbox that runs on holds stays mounted (E11), the rest goes
+        await asyncio.to_thread(self._mounts.unmount_unheld)
 
     async def info(self) -> RunnerInfo:
         return RunnerInfo(
@@ -299,12 +292,11 @@ class LocalRunner(TerminalDoor):  # E13: send_input, screen, resize
         return home
 
     def _give(self, folder: Path, workspace_id: str) -> None:
-        """A new workspace tree or home: its uid's, then seen through its overlay."""
+        """A new workspace tree or home: its uid's (mounted by the first hold, own_mounts)."""
         if self._uids is not None:
             self._workspace_ids(workspace_id)
         elif self._ids is not None:
             os.chown(folder, *self._ids)
-        self._mounts.mount(folder)
 
     def _close_root(self, workspace_id: str) -> None:
         if self._ids is not None:  # docs/security.md "Tenants: attack pass"
@@ -334,9 +326,10 @@ class LocalRunner(TerminalDoor):  # E13: send_input, screen, resize
         return await self._commit(workspace_id)
 
     async def _commit(self, workspace_id: str) -> SnapshotInfo:
-        self._close_root(workspace_id)  # R2 tenants: what the ended command opened
-        # under the store's shared lock: a garbage collection never runs mid-commit
-        return await asyncio.to_thread(self._editor.commit, workspace_id)
+        with self._mounts.held(workspace_id):  # R2: read through its overlay (own_mounts)
+            self._close_root(workspace_id)  # R2 tenants: what the ended command opened
+            # under the store's shared lock: a garbage collection never runs mid-commit
+            return await asyncio.to_thread(self._editor.commit, workspace_id)
 
     async def head(self, workspace_id: str) -> SnapshotInfo:
         self._require_workspace(workspace_id)
@@ -439,7 +432,9 @@ class LocalRunner(TerminalDoor):  # E13: send_input, screen, resize
             )
         self._editing.add(workspace_id)
         try:
-            yield
+            # R2: through its overlay (own_mounts); a crash's temp files swept at start
+            with self._mounts.held(workspace_id), self._editor.writing(workspace_id):
+                yield
         except FileNotFoundError as exc:
             # the live tree changed under the operation (nothing but a writer should touch it)
             raise NotFound(
@@ -600,22 +595,29 @@ class LocalRunner(TerminalDoor):  # E13: send_input, screen, resize
                 f"workspace {request.workspace_id} is in the middle of a file operation",
                 holder="file operation",
             )
-        check_start(tree, request)  # E1 env and cwd
-        command = (
-            ["bash", "-c", request.command]
-            if request.command is not None
-            else [*script_argv(tree, request.script_path or ""), *request.args]
-        )
-        mount = (
-            self._environments.mount(request.environment_id)
-            if request.environment_id is not None
-            else None
-        )
-        used: dict[str, object] = {}
-        if request.environment_id is None:
-            used, mount = _default_base()
-        require_room(self.root, self.policy, "a new execution")  # limits (R2, docs/limits.md)
-        started = self._runs.launch(request, tree, command, mount)
+        self.home_path(request.workspace_id)  # made, then held (R2) until its end (supervise)
+        self._mounts.hold(request.workspace_id)
+        try:
+            check_start(tree, request)  # E1 env and cwd
+            command = (
+                ["bash", "-c", request.command]
+                if request.command is not None
+                else [*script_argv(tree, request.script_path or ""), *request.args]
+            )
+            mount = (
+                self._environments.mount(request.environment_id)
+                if request.environment_id is not None
+                else None
+            )
+            used: dict[str, object] = {}
+            if request.environment_id is None:
+                used, mount = _default_base()
+            require_room(self.root, self.policy, "a new execution")  # limits (R2)
+            started = self._runs.launch(request, tree, command, mount)
+        except BaseException:
+            if not self._runs.watches(request.execution_id):  # else its _finish lets go
+                self._mounts.let_go(request.workspace_id)
+            raise
         return started.model_copy(update=used) if used else started
 
     async def status(self, execution_id: str) -> RunnerExecution:

@@ -11,10 +11,18 @@ layers are named by descriptors, so no path of the host is printed.
 
 One overlay per folder, shared by the runner and every sandbox: overlayfs leaves what happens
 to a layer changed beside it undefined (a name created under an overlay that had looked it up
-stays missing through it; measured, docs/security.md), so after the mount every access, the
-runner's edits and commits included, goes through the overlay at the folder's own path — the
-rest of the runner sees the same paths as before. A read view is mounted read-only the same
-way; it is unmounted before it is renamed or removed (a mount point cannot be).
+stays missing through it; measured, docs/security.md), so while it is mounted every access,
+the runner's edits and commits included, goes through the overlay at the folder's own path —
+the rest of the runner sees the same paths as before. A read view is mounted read-only the
+same way; it is unmounted before it is renamed or removed (a mount point cannot be).
+
+Mounted while held: every mount of the host is copied into each new sandbox, so overlays of
+idle workspaces would slow every spawn (docs/benchmarks.md §22). A workspace's folders are
+held (``hold``/``let_go``, counted per folder) by each sandbox that binds them, running or
+warm, and by each runner operation on them; the first hold mounts (or adopts the overlay a
+killed runner left), the last release unmounts ``linger_s`` later. Both transitions happen
+under the folder's lock with nothing holding it, so no descriptor or cwd opened through one
+side is used across a transition.
 
 Not root, or where the kernel refuses (an upper layer on overlayfs, as inside a container):
 the folders stay plain binds, and mountinfo shows their paths (docs/security.md).
@@ -27,7 +35,11 @@ import ctypes.util
 import errno
 import logging
 import os
-from collections.abc import Sequence
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from shellyard import settings_env
@@ -50,6 +62,23 @@ _OPEN_TREE_CLONE = 0x1
 _AT_EMPTY_PATH = 0x1000
 
 
+#: How long a folder nothing holds stays mounted, in seconds. Unmounting costs 8-20 ms
+#: (measured: a detached unmount waits out an RCU grace period), mounting ~0.3 ms; so the
+#: unmount is left to a background thread, and a workspace used again within this time
+#: (an edit after its warm sandbox went) reuses its overlay.
+LINGER_S = 5.0
+
+
+@dataclass
+class _Folder:
+    """One folder's holds, under its own lock (a mount of one never waits on another)."""
+
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    holds: int = 0
+    #: when the last hold went (monotonic); None: held, or not mounted by a hold
+    idle_since: float | None = None
+
+
 class OwnMounts:
     """Overlays of one runner: ``empty`` (the lower layer) and ``work`` (overlayfs' work
     folders, one per mounted folder) under ``directory``, on the same file system as the
@@ -62,13 +91,25 @@ class OwnMounts:
         self._empty = directory / "empty"
         self._work = directory / "work"
         self.enabled = False
+        #: A lock per folder: ``ismount`` then ``mount`` is a check-then-act, and two threads
+        #: making a new home at once stacked two overlays, the second one blind to what went
+        #: through the first (docs/security.md). Entries are never removed (one per folder
+        #: ever used): a second lock for the same folder would reopen the race.
+        self._table = threading.Lock()
+        self._folders: dict[Path, _Folder] = {}
+        self.linger_s = LINGER_S
+        #: called with a folder just mounted (a new overlay: what was watched through the
+        #: last one is not seen through it; the snapshot store's change hints)
+        self.mounted: Callable[[Path], None] | None = None
+        self._stop = threading.Event()
+        self._reaper: threading.Thread | None = None
 
     def startup(self) -> bool:
-        """Probe once (root, ``SHELLYARD_OWN_MOUNTS=on``, and the kernel mounts an overlay
-        here); False: plain binds. Off by default: every mount of the host is copied into
-        each new sandbox's namespace, so two mounts per workspace slow every spawn as
-        workspaces add up (docs/benchmarks.md, host mounts); they stay mounted until stop."""
-        if os.geteuid() != 0 or settings_env.get("SHELLYARD_OWN_MOUNTS") != "on":
+        """Probe once (root, ``SHELLYARD_OWN_MOUNTS`` not ``off``: on by default, and the
+        kernel mounts an overlay here); False: plain binds. Folders are mounted while held
+        (``hold``), so idle workspaces add no mount to a sandbox's start (docs/benchmarks.md
+        §27: 1.02x off's with 250 idle workspaces, where mounting all of them cost 2.9x)."""
+        if os.geteuid() != 0 or settings_env.get("SHELLYARD_OWN_MOUNTS") == "off":
             return False
         for folder in (self.directory, self._empty, self._work):
             folder.mkdir(mode=0o700, exist_ok=True)
@@ -86,13 +127,139 @@ class OwnMounts:
                 exc,
             )
         probe.rmdir()
+        if self.enabled and self.linger_s > 0:
+            self._reaper = threading.Thread(target=self._reap_loop, name="own-mounts", daemon=True)
+            self._reaper.start()
         return self.enabled
+
+    # ------------------------------------------------------------------ holds
+
+    def folders_of(self, name: str) -> list[Path]:
+        """The folders a hold on ``name`` covers: its tree and home (one per parent)."""
+        return [parent / name for parent in self.parents]
+
+    def hold(self, name: str) -> None:
+        """A sandbox (running or warm) or a runner operation uses the folders of workspace
+        ``name`` until ``let_go``: mounted now if nothing held them (an overlay a killed
+        runner left is adopted). A folder not made yet is counted, not mounted."""
+        if not self.enabled:
+            return
+        done: list[Path] = []
+        try:
+            for folder in self.folders_of(name):
+                state = self._state(folder)
+                with state.lock:
+                    made = state.holds == 0 and folder.is_dir() and self._try_mount(folder)
+                    if made and self.mounted is not None:
+                        self.mounted(folder)
+                    state.holds += 1
+                    state.idle_since = None
+                done.append(folder)
+        except BaseException:
+            for folder in done:
+                self._let_go(folder)
+            raise
+
+    def _try_mount(self, folder: Path) -> bool:
+        """A refused mount (the host's ``fs.mount-max``, a busy work folder) does not refuse
+        the command: the folder stays plain for this held period, seen by every side the
+        same way (only its path shows in the sandbox's mountinfo); the next period tries
+        again."""
+        try:
+            return self._mount(folder, False)
+        except OSError as exc:
+            log.warning("%s stays a plain folder while in use: %s", folder, exc)
+            return False
+
+    def let_go(self, name: str) -> None:
+        """One hold of ``hold(name)`` ends; the last one unmounts, ``linger_s`` later."""
+        if self.enabled:
+            for folder in self.folders_of(name):
+                self._let_go(folder)
+
+    @contextmanager
+    def held(self, name: str) -> Iterator[None]:
+        self.hold(name)
+        try:
+            yield
+        finally:
+            self.let_go(name)
+
+    def holds(self, name: str) -> list[int]:
+        """How many hold each folder of ``name`` (for the tests and the status page)."""
+        return [self._state(folder).holds for folder in self.folders_of(name)]
+
+    def _state(self, folder: Path) -> _Folder:
+        with self._table:
+            state = self._folders.get(folder)
+            if state is None:
+                state = self._folders[folder] = _Folder()
+            return state
+
+    def _let_go(self, folder: Path) -> None:
+        state = self._state(folder)
+        with state.lock:
+            if state.holds <= 0:
+                log.error("a hold on %s was let go twice", folder)
+                return
+            state.holds -= 1
+            if state.holds:
+                return
+            if self.linger_s <= 0:
+                self._unmount(folder)
+            else:
+                state.idle_since = time.monotonic()
+
+    def reap(self) -> int:
+        """Unmount the folders nothing has held for ``linger_s``; how many."""
+        now = time.monotonic()
+        with self._table:
+            idle = [(f, s) for f, s in self._folders.items() if s.idle_since is not None]
+        done = 0
+        for folder, state in idle:
+            with state.lock:
+                since = state.idle_since
+                if state.holds == 0 and since is not None and now - since >= self.linger_s:
+                    state.idle_since = None
+                    self._unmount(folder)
+                    done += 1
+        return done
+
+    def _reap_loop(self) -> None:
+        while not self._stop.wait(max(0.2, self.linger_s / 2)):
+            try:
+                self.reap()
+            except OSError:  # the next round tries again; a hold adopts it meanwhile
+                log.exception("could not unmount an idle overlay")
+
+    def unmount_unheld(self) -> None:
+        """Unmount every folder of the parents nothing holds: at start, after the sandboxes
+        still running were adopted (what a killed runner left mounted for them stays; the
+        rest goes), and at stop (a sandbox that runs on keeps its overlay, E11)."""
+        for entry in self._entries():
+            state = self._state(Path(entry.path))
+            with state.lock:
+                if state.holds == 0:
+                    state.idle_since = None
+                    self._unmount(Path(entry.path))
+
+    def close(self) -> None:
+        """The reaper stops (``unmount_unheld`` takes what it would have)."""
+        self._stop.set()
+        if self._reaper is not None:
+            self._reaper.join()
+            self._reaper = None
 
     def mount(self, folder: Path, *, read_only: bool = False) -> None:
         """``folder`` seen through an overlay of its own from now on (no-op if it is, or if
         this runner has none)."""
+        with self._state(folder).lock:
+            self._mount(folder, read_only)
+
+    def _mount(self, folder: Path, read_only: bool) -> bool:
+        """Whether it mounted one (False: mounted already, or no overlays here)."""
         if not self.enabled or os.path.ismount(folder):
-            return
+            return False
         fds: list[int] = []
         try:
             target = os.open(folder, _O_FOLDER)
@@ -127,6 +294,7 @@ class OwnMounts:
         finally:
             for fd in fds:
                 os.close(fd)
+        return True
 
     def tmpfs(self, folder: Path) -> Path:
         """``folder``, made, with a small file system of its own when this runner mounts (the
@@ -150,6 +318,10 @@ class OwnMounts:
         """``folder`` back to a plain folder (before it is renamed or removed). Detached: a
         sandbox still running keeps its bind of the overlay until it ends. Whatever
         ``enabled`` says: the egress socket's tmpfs is every root runner's."""
+        with self._state(folder).lock:
+            self._unmount(folder)
+
+    def _unmount(self, folder: Path) -> None:
         while os.path.ismount(folder):  # mounted twice (two runners' starts racing): all
             if _libc.umount2(str(folder).encode(), _MNT_DETACH) != 0:
                 code = ctypes.get_errno()
@@ -160,22 +332,7 @@ class OwnMounts:
         if work_dir.is_dir():
             _remove_work(work_dir)
 
-    def mount_all(self) -> None:
-        """Mount every folder of the parents (a runner's start: mounts do not outlive a
-        boot), before anything opens one: from then on every access goes through them."""
-        for entry in self._folders():
-            if not entry.name.startswith("."):
-                self.mount(Path(entry.path))
-
-    def unmount_all(self, keep: set[str]) -> None:
-        """Unmount every folder of the parents but those named in ``keep`` (a sandbox that
-        runs on keeps its overlay, which the next start finds mounted: a second overlay
-        over the same folder would not see its changes)."""
-        for entry in self._folders():
-            if entry.name not in keep:
-                self.unmount(Path(entry.path))
-
-    def _folders(self) -> list[os.DirEntry[str]]:
+    def _entries(self) -> list[os.DirEntry[str]]:
         found: list[os.DirEntry[str]] = []
         for parent in self.parents if self.enabled else ():
             if parent.is_dir():

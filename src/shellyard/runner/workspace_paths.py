@@ -224,8 +224,25 @@ def chown_at(dir_fd: int, name: str, owner: Owner) -> None:
         os.chown(name, owner[0], owner[1], dir_fd=dir_fd, follow_symlinks=False)
 
 
+#: What every temp name starts with. One made beside its target (the staging folder on
+#: another device, as under a workspace's overlay) and left by a crash is never committed
+#: (``is_partial``, snapshots/scan.py) and is swept at the next start (edits/placing.py).
+PARTIAL = ".shellyard-partial-"
+
+
 def temp_name(hint: str = "") -> str:
-    return f".shellyard-partial-{secrets.token_hex(6)}{hint}"
+    return f"{PARTIAL}{secrets.token_hex(6)}{hint}"
+
+
+def is_partial(name: str) -> bool:
+    """Whether ``name`` is one ``temp_name()`` gives (no hint): the prefix and 12 lowercase
+    hex digits, nothing else, so a command's own ``.shellyard-partial-notes`` stays a file."""
+    tail = name[len(PARTIAL) :]
+    return (
+        name.startswith(PARTIAL)
+        and len(tail) == 12
+        and all(ch in "0123456789abcdef" for ch in tail)
+    )
 
 
 def remove_at(dir_fd: int, name: str) -> int:
@@ -307,6 +324,7 @@ __all__ = [
     "Sig",
     "copy_fd",
     "escapes",
+    "is_partial",
     "link_refused",
     "lstat_at",
     "open_root",

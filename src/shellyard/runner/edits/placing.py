@@ -14,11 +14,12 @@ stay immutable whatever a command later does to the workspace's files (docs/cont
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import stat as stat_mod
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,6 +30,11 @@ from shellyard.runner.snapshots.commit import Hints
 from shellyard.runner.snapshots.objects import StoreLock
 from shellyard.runner.snapshots.store import SnapshotStore
 from shellyard.runner.workspace_paths import Owner
+
+log = logging.getLogger(__name__)
+
+#: The staging folder's folder of marks, one per workspace a writer operation is changing.
+WRITING = "writing"
 
 
 @dataclass
@@ -65,6 +71,9 @@ class Placer:
         #: Raises when the runner's volume is below its reserve (limits/reserve.py
         #: require_room), called while an upload is unpacked; None: not checked.
         self.room: Callable[[], None] | None = None
+        #: R2: holds a workspace's folders for an access outside a writer operation (the
+        #: start-up sweep), so it goes through their overlay (runner/own_mounts.py)
+        self.hold: Callable[[str], contextlib.AbstractContextManager[None]] | None = None
 
     def tree_of(self, workspace_id: str) -> Path:
         """The workspace's tree; also makes its owner the one this thread's operation gives
@@ -78,13 +87,49 @@ class Placer:
         return getattr(self._current, "owner", self._owner)
 
     def startup(self) -> None:
-        """Make the staging folder, emptying what a crash left in it."""
+        """Make the staging folder, emptying what a crash left in it, and remove the temp
+        files a crash left in the workspaces it was writing (``writing``)."""
+        marks = self._staging / WRITING
+        for name in sorted(os.listdir(marks)) if marks.is_dir() else ():
+            tree = self._tree_of(name)
+            if tree.is_dir():
+                with self.hold(name) if self.hold else contextlib.nullcontext():
+                    swept = self.sweep(name)
+                log.info("removed %d temp files a crash left in %s", swept, tree)
         if self._staging.exists():  # through descriptors: a staged link is never followed
             with workspace_paths.open_root(self._staging.parent) as parent:
                 workspace_paths.remove_at(parent, self._staging.name)
         self._staging.mkdir(mode=0o700, parents=True, exist_ok=True)
+        (self._staging / WRITING).mkdir(mode=0o700)
         self._staging_fd = os.open(self._staging, workspace_paths.O_DIR)
         self._staging_dev = os.fstat(self._staging_fd).st_dev
+
+    @contextlib.contextmanager
+    def writing(self, workspace_id: str) -> Iterator[None]:
+        """One writer operation on the workspace: its mark in ``staging/writing`` while it
+        runs, so that after a crash the next start sweeps that tree (and no other) for the
+        temp files it may have left beside their targets (``workspace_paths.PARTIAL``)."""
+        mark = self._staging / WRITING / workspace_id
+        os.close(os.open(mark, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600))
+        try:
+            yield
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(mark)
+
+    def sweep(self, workspace_id: str) -> int:
+        """Remove the runner's temp files (``workspace_paths.is_partial``) from the tree,
+        walking by descriptors, never following a link (os.fwalk); a folder of that name
+        (a command's) stays. The number removed."""
+        removed = 0
+        tree = self._tree_of(workspace_id)
+        for _path, folders, files, dir_fd in os.fwalk(tree, follow_symlinks=False):
+            for name in [*files, *folders]:
+                if workspace_paths.is_partial(name):
+                    with contextlib.suppress(FileNotFoundError, IsADirectoryError):
+                        os.unlink(name, dir_fd=dir_fd)
+                        removed += 1
+        return removed
 
     def close(self) -> None:
         fd, self._staging_fd = getattr(self, "_staging_fd", -1), -1

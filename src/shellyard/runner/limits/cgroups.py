@@ -50,7 +50,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from shellyard import settings_env
 from shellyard.runner.limits import dynmods
+from shellyard.runner.protocol import SandboxPolicy
 
 log = logging.getLogger(__name__)
 
@@ -642,3 +644,20 @@ def default_memory_bytes() -> int:
     """Per execution when ``SHELLYARD_MEMORY_LIMIT`` is unset: half the host's RAM (or of
     the runner's own memory limit), so one command cannot take the host (docs/limits.md)."""
     return (host_memory_bytes() // 2) >> 20 << 20  # whole MiB: the kernel keeps pages
+
+
+def for_runner(root: Path, policy: SandboxPolicy) -> CgroupTree | None:
+    """The runner's tree (``policy.cgroups`` picks the backend; None: rlimits only), with the
+    kernel's favordynmods on unless ``SHELLYARD_CGROUP_FAVORDYNMODS=off`` (dynmods.py)."""
+    tree = CgroupTree.probe(
+        runner_tag(root),
+        TenantLimits(
+            memory_bytes=policy.memory_limit_bytes or default_memory_bytes(),
+            processes=min(policy.process_limit, policy.max_processes),
+            cpu_ceiling=policy.cpu_ceiling,
+        ),
+        policy.cgroups,
+    )
+    if tree is not None and settings_env.get("SHELLYARD_CGROUP_FAVORDYNMODS") != "off":
+        tree.favor_dynamic_changes()  # joins off the host-wide lock under fork load
+    return tree

@@ -88,6 +88,9 @@ class Supervisor:
         self._snapshots = snapshots
         #: W2: views shared by the readers of one snapshot content (snapshots/views.py)
         self.views = views.ReadViews(executions.parent / "views", snapshots, mounts)
+        #: R2: each execution holds its workspace's overlays from its start (the runner's
+        #: hold) to the end of ``_finish``; one adopted at restart from ``recover``
+        self._mounts = mounts
         #: limits (R2, docs/limits.md): the workspace quota and the log cap while a command runs
         self._guard = guard
         self._workspace_path = workspace_path
@@ -105,7 +108,7 @@ class Supervisor:
         #: E13: the emulated screens of tty executions (terminal.py)
         self.screens = terminal.Screens()
         #: the next sandbox of each recently used workspace, made ahead (warm.py)
-        self.warm = WarmPool(executions.parent / "sandbox" / "warm", sandboxes)
+        self.warm = WarmPool(executions.parent / "sandbox" / "warm", sandboxes, mounts)
 
     def launch(
         self,
@@ -257,6 +260,7 @@ class Supervisor:
             state = RunnerExecState.lost
             error = "the sandbox ended without recording an exit code"
         ending = self._guard.finish(execution_id, live.directory, exit_code, snapshot, usage)
+        self._mounts.let_go(live.workspace_id)  # R2: committed, unwatched: its overlays may go
         if ending.limit is not None:  # what the next sandbox was made from has changed
             self.warm.limit_ended(live.workspace_id)
         error = ending.error(error, exit_code)
@@ -509,6 +513,7 @@ class Supervisor:
                 # E11: a re-attached execution keeps its namespace (still mounted on its file)
                 networks.acquire(live.workspace_id, execution_id)
             self._live[execution_id] = live
+            self._mounts.hold(live.workspace_id)  # R2: the overlays it binds, adopted (E11)
             if self.sandboxes.cgroups is not None:  # R2 tenants: its groups are still there
                 self.sandboxes.cgroups.adopt(live.workspace_id, live.group(execution_id))
             if not live.read_only:

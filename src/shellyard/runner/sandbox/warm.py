@@ -38,6 +38,7 @@ from pathlib import Path
 
 from shellyard import settings_env
 from shellyard.runner import processes
+from shellyard.runner.own_mounts import OwnMounts
 from shellyard.runner.protocol import StartRequest
 from shellyard.runner.sandbox.spawn import (
     LiveExecution,
@@ -135,9 +136,12 @@ class Warm:
 class WarmPool:
     """The warm sandboxes of one runner, one per workspace at most."""
 
-    def __init__(self, directory: Path, sandboxes: Sandboxes) -> None:
+    def __init__(self, directory: Path, sandboxes: Sandboxes, mounts: OwnMounts) -> None:
         self.directory = directory
         self._sandboxes = sandboxes
+        #: R2: a warm sandbox binds its workspace's overlays: held from its spawn until it
+        #: is discarded or a command takes it (the command holds its own)
+        self._mounts = mounts
         self.count = configured_count()
         self.idle_s = configured_idle_s()
         #: how long a waiting one keeps its place in a full pool (SWAP_FRACTION)
@@ -233,6 +237,7 @@ class WarmPool:
         started = Started(warm.started.popen, warm.started.start_time, time.time(), shared)
         if networks is not None and shared is not None:
             networks.release(request.workspace_id, warm.sandbox_id)
+        self._mounts.let_go(request.workspace_id)  # the execution's own hold goes on
         self.stats["taken"] += 1
         return self._sandboxes.record(request, directory, started, warm.sandbox_id)
 
@@ -295,6 +300,22 @@ class WarmPool:
         self.stats["made"] += 1
 
     async def _spawn(
+        self,
+        workspace_id: str,
+        environment_id: str | None,
+        tree: Path,
+        mount: tuple[Path, dict[str, str]] | None,
+    ) -> Warm:
+        box = self._sandboxes
+        assert box.waiter is not None
+        self._mounts.hold(workspace_id)  # before the key: it names the overlay's device
+        try:
+            return await self._spawn_held(workspace_id, environment_id, tree, mount)
+        except BaseException:
+            self._mounts.let_go(workspace_id)
+            raise
+
+    async def _spawn_held(
         self,
         workspace_id: str,
         environment_id: str | None,
@@ -419,6 +440,7 @@ class WarmPool:
         if box.cgroups is not None:
             box.cgroups.remove(warm.key.workspace_id, warm.sandbox_id)
         shutil.rmtree(warm.directory, ignore_errors=True)
+        self._mounts.let_go(warm.key.workspace_id)  # R2: gone, it binds them no longer
 
     async def drain(self) -> None:
         """The runner stops: none is made any more, those being made are done first."""

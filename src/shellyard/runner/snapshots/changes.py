@@ -170,6 +170,14 @@ class ChangeTracker:
                 return
             self._wds[wd] = (workspace_id, path)
 
+    def lose(self, workspace_id: str) -> None:
+        """Something may have changed unseen (the tree is now reached through a new mount,
+        runner/own_mounts.py): its next commit walks it whole."""
+        with self._lock:
+            watched = self._spaces.get(workspace_id)
+            if watched is not None:
+                watched.lost = True
+
     def close(self) -> None:
         with self._lock:
             fd, self._fd = self._fd, -1

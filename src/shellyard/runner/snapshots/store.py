@@ -317,6 +317,13 @@ class SnapshotStore:
         """Open a stored object (by hex sha256) for streaming reads; the caller closes it."""
         return self.blobs.open_object(sha256)
 
+    def forget_changes(self, workspace_id: str) -> None:
+        """The tree is reached through a new overlay from now on (runner/own_mounts.py): the
+        inotify watches were added through the last one, whose events stop when it goes, so
+        its next commit walks it whole instead of trusting them."""
+        if self._tracker is not None:
+            self._tracker.lose(workspace_id)
+
     def close(self) -> None:
         """Stop the hashing threads and the scan helper (both restart on demand)."""
         self.blobs.close()
