@@ -16,6 +16,7 @@ from sqlalchemy.engine import Connection
 
 from shellyard.store.db import Row
 from shellyard.store.files import Artifact
+from shellyard.store.records import from_rows
 from shellyard.store.schema import (
     agents,
     artifacts,
@@ -99,7 +100,7 @@ class PanelRecords:
             .order_by(artifacts.c.created_at.desc())
             .limit(limit)
         )
-        return [Artifact.from_row(r) for r in rows]
+        return from_rows(Artifact, rows)
 
     async def digest(self, session_id: str, agent_ids: Sequence[str]) -> dict[str, Any]:
         """One small, JSON-able value per part of the panel; a part changed when its value did."""

@@ -1,0 +1,108 @@
+"""The one ``from_row`` (store/records.py): each annotation's conversion, NULLs and defaults,
+and the records read back from both databases with the types their fields declare."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import pytest
+import sqlalchemy as sa
+
+from shellyard.store import Store
+from shellyard.store.records import field_names, from_row, maybe
+from shellyard.store.schema import transfers
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Sample:
+    name: str
+    count: int
+    at: float
+    flag: bool
+    kind: Literal["a", "b"]
+    note: str | None
+    options: dict[str, Any]
+    paths: list[str]
+    maybe_options: dict[str, Any] | None
+    extra: Any
+    added: int = 7
+
+
+_ROW: dict[str, Any] = {
+    "name": "n",
+    "count": 3,
+    "at": 2,
+    "flag": 1,  # SQLite's 0/1 from a text statement
+    "kind": "a",
+    "note": None,
+    "options": '{"k": 1}',  # a Text column holding JSON
+    "paths": ["x"],  # a JSON column, decoded by SQLAlchemy
+    "maybe_options": None,
+    "extra": (1, 2),
+}
+
+
+def test_each_annotation_converts() -> None:
+    sample = from_row(_Sample, _ROW)
+    assert sample == _Sample(
+        name="n",
+        count=3,
+        at=2.0,
+        flag=True,
+        kind="a",
+        note=None,
+        options={"k": 1},
+        paths=["x"],
+        maybe_options=None,
+        extra=(1, 2),
+    )
+    assert type(sample.at) is float and type(sample.flag) is bool
+
+
+def test_null_json_is_empty_and_absent_takes_the_default() -> None:
+    sample = from_row(_Sample, {**_ROW, "options": None, "paths": None, "added": None})
+    assert sample.options == {} and sample.paths == [] and sample.added == 7
+    assert from_row(_Sample, {**_ROW, "added": 9}).added == 9
+
+
+def test_null_in_a_field_that_is_not_optional_is_refused() -> None:
+    with pytest.raises(TypeError, match=r"_Sample\.count"):
+        from_row(_Sample, {**_ROW, "count": None})
+
+
+def test_maybe_and_field_names() -> None:
+    assert maybe(_Sample, None) is None
+    assert field_names(_Sample)[:2] == ("name", "count")
+
+
+async def test_transfer_record_types_on_both_databases(store: Store) -> None:
+    """What each database returns (JSON decoded, Boolean as bool, Float as float) reaches
+    the record's fields with their declared types."""
+    from shellyard.store.files import FileRecords, Transfer
+
+    _session, agent = await store.default_owner()
+    await store.upsert_runner("local", "local", None, None)
+    workspace, _ = await store.workspace_for(str(agent["id"]), "local")
+    created = await FileRecords(store).create_transfer(
+        {
+            "id": "tr_1",
+            "agent_id": agent["id"],
+            "source_workspace_id": workspace.id,
+            "target_workspace_id": workspace.id,
+            "target_folder": "in",
+            "paths": ["a", "b"],
+            "options": {"queue": True},
+            "files_total": 0,
+            "bytes_total": 0,
+            "state": "queued",
+            "created_at": 1.5,
+        },
+        [],
+    )
+    row = await store.one(sa.select(transfers).where(transfers.c.id == "tr_1"))
+    assert row is not None
+    read = from_row(Transfer, row)
+    assert read == created
+    assert read.paths == ["a", "b"] and read.options == {"queue": True}
+    assert read.cancel_requested is False and type(read.created_at) is float
