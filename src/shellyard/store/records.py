@@ -74,9 +74,19 @@ def maybe(cls: type[T], row: Mapping[str, Any] | None) -> T | None:
     return None if row is None else from_row(cls, row)
 
 
-def field_names(cls: type[Any]) -> tuple[str, ...]:
-    """The record's fields, in order (what a view built from it may take)."""
-    return tuple(f.name for f in dataclasses.fields(cls))
+def field_names(cls: type[Any], among: Iterable[str] | None = None) -> tuple[str, ...]:
+    """The record's fields, in order; with ``among`` (a view's fields, D3) only those the
+    view declares too, so a view is built from the record over one shared list."""
+    names = tuple(f.name for f in dataclasses.fields(cls))
+    if among is None:
+        return names
+    wanted = set(among)
+    return tuple(n for n in names if n in wanted)
+
+
+def values_of(record: Any, names: Iterable[str]) -> dict[str, Any]:
+    """The record's values of ``names`` (from ``field_names``), for a view's ``model_validate``."""
+    return {name: getattr(record, name) for name in names}
 
 
 def _plan(cls: type[Any]) -> tuple[_Field, ...]:
