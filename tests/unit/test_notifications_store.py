@@ -137,8 +137,8 @@ async def test_n6_by_recorded_times(store: Store, finished_first: bool) -> None:
     }
     execution, _ = await store.submit_execution(values, queue=False)
     finished_at = now - 10 if finished_first else now - 1
-    await store.update_execution(str(execution["id"]), state="completed", finished_at=finished_at)
-    timer = await _timer(store, agent, execution_id=execution["id"], fire_at=now - 5)
+    await store.update_execution(str(execution.id), state="completed", finished_at=finished_at)
+    timer = await _timer(store, agent, execution_id=execution.id, fire_at=now - 5)
     row, fired = await store.fire_timer(str(timer["id"]), now)
     assert fired == (not finished_first)
     assert row is not None and row["state"] == ("cancelled" if finished_first else "fired")

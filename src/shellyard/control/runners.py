@@ -334,7 +334,7 @@ class RunnerRegistry:
 
     async def _running(self, runner_id: str) -> int:
         rows = await self._store.active_executions()
-        return sum(1 for row in rows if row["runner_id"] == runner_id)
+        return sum(1 for row in rows if row.runner_id == runner_id)
 
     async def view(self, runner_id: str) -> RunnerView:
         self.get(runner_id)
@@ -346,7 +346,7 @@ class RunnerRegistry:
         rows = await self._store.active_executions()
         running: dict[str, int] = {}
         for row in rows:
-            running[str(row["runner_id"])] = running.get(str(row["runner_id"]), 0) + 1
+            running[row.runner_id] = running.get(row.runner_id, 0) + 1
         result = []
         for runner_id in runner_ids if runner_ids is not None else list(self._kinds):
             kind, address, pin = self._kinds[runner_id]

@@ -15,6 +15,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from shellyard.store.db import Row
+from shellyard.store.executions import Execution
 from shellyard.store.files import Artifact
 from shellyard.store.records import from_rows
 from shellyard.store.schema import (
@@ -49,7 +50,7 @@ class PanelRecords:
 
     async def executions_page(
         self, agent_ids: Sequence[str], before_seq: int | None, limit: int
-    ) -> list[Row]:
+    ) -> list[Execution]:
         """Up to ``limit`` executions of the agents, newest (highest seq) first, older than
         ``before_seq`` when given (the cursor of the previous page)."""
         # Two steps: sort only the seq numbers of the agents' executions, then read the page's
@@ -62,11 +63,12 @@ class PanelRecords:
         )
         if before_seq is not None:
             seqs = seqs.where(executions.c.seq < before_seq)
-        return await self.store.all(
+        rows = await self.store.all(
             sa.select(executions)
             .where(executions.c.seq.in_(seqs.scalar_subquery()))
             .order_by(executions.c.seq.desc())
         )
+        return from_rows(Execution, rows)
 
     async def execution_counts(self, agent_ids: Sequence[str]) -> dict[str, int]:
         """How many executions of the agents are in each state."""

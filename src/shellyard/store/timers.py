@@ -9,8 +9,9 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from shellyard.store.db import Database, Row, fetch_all, fetch_one, insert_returning
-from shellyard.store.executions import FINISHED_STATES, cancel_execution_timers
+from shellyard.store.executions import FINISHED_STATES, Execution, cancel_execution_timers
 from shellyard.store.notices import add_notice
+from shellyard.store.records import maybe
 from shellyard.store.schema import (
     executions,
     timers,
@@ -65,19 +66,20 @@ class TimerRecords(Database):
         come due when it finished (N6). Fired or cancelled timers never change."""
         return await self.run(_cancel_timers, reason, timer_id, execution)
 
-    async def cancel_execution_timers(self, execution: Row, reason: str) -> int:
+    async def cancel_execution_timers(self, execution: Execution, reason: str) -> int:
         """N6 at an execution's end, in one statement (it runs at every end on PostgreSQL):
         the pending timers naming it that had not come due. Returns how many."""
-        return await self.run(_cancel_execution_timers, execution, reason)
+        return await self.run(cancel_execution_timers, execution.id, execution.finished_at, reason)
 
-    async def execution_for_new_timer(self, execution_id: str) -> Row | None:
+    async def execution_for_new_timer(self, execution_id: str) -> Execution | None:
         """The execution a timer just created names, read with a share lock (PostgreSQL): an
         end whose transaction is under way (it cancels N6 reminders in that transaction,
         which may have run before this timer was committed) is waited for, so either that
         end saw the timer or this read sees the end."""
-        return await self.one(
+        row = await self.one(
             sa.select(executions).where(executions.c.id == execution_id).with_for_update(read=True)
         )
+        return maybe(Execution, row)
 
     async def pending_timer_executions(self) -> set[str]:
         rows = await self.all(
@@ -112,16 +114,12 @@ def _create_timer(
     return row
 
 
-def _cancel_execution_timers(conn: Connection, execution: Row, reason: str) -> int:
-    return cancel_execution_timers(conn, execution, reason)
-
-
 def _cancel_timers(
     conn: Connection, reason: str, timer_id: str | None, execution: Row | None
 ) -> list[Row]:
     if timer_id is None:
         assert execution is not None
-        _cancel_execution_timers(conn, execution, reason)
+        cancel_execution_timers(conn, str(execution["id"]), execution["finished_at"], reason)
         return fetch_all(conn, sa.select(timers).where(timers.c.execution_id == execution["id"]))
     conn.execute(
         timers.update()

@@ -38,7 +38,7 @@ from shellyard.control.notify.sessions import SessionService
 from shellyard.control.notify.wakes import WakeService
 from shellyard.errors import Conflict, InvalidInput, NotFound
 from shellyard.store.db import new_id
-from shellyard.store.executions import FINISHED_STATES
+from shellyard.store.executions import FINISHED_STATES, Execution
 
 log = logging.getLogger(__name__)
 
@@ -276,17 +276,17 @@ class TimerService:
         }
         if request.execution_id is not None:
             execution = await self.store.get_execution(request.execution_id)
-            if execution is None or execution["agent_id"] != agent["id"]:
+            if execution is None or execution.agent_id != agent["id"]:
                 raise NotFound(
                     f"no execution {request.execution_id!r}; name one of your own executions "
                     "(execution_status lists its state) or leave execution_id out"
                 )
-            if execution["state"] in FINISHED_STATES:  # N6: it already finished first
+            if execution.state in FINISHED_STATES:  # N6: it already finished first
                 values.update(
                     state=TimerState.cancelled.value,
                     cancelled_at=now,
-                    cancel_reason=f"execution {execution['id']} had already finished "
-                    f"({execution['state']}) when the timer was created",
+                    cancel_reason=f"execution {execution.id} had already finished "
+                    f"({execution.state}) when the timer was created",
                 )
             elif not self.shared:
                 self._watched.add(request.execution_id)
@@ -297,7 +297,7 @@ class TimerService:
             # end's check did not see this timer then, so this read sees the end (it waits
             # for an end still being committed: store.execution_for_new_timer).
             execution = await self.store.execution_for_new_timer(request.execution_id)
-            if execution is not None and execution["state"] in FINISHED_STATES:
+            if execution is not None and execution.state in FINISHED_STATES:
                 await self._cancel_for(execution)
                 row = await self.store.get_timer(str(row["id"])) or row
         return timer_view(row)
@@ -328,13 +328,15 @@ class TimerService:
             self._cancelled()
         return await self.get(agent_id, timer_id)
 
-    async def execution_finished(self, row: Mapping[str, Any], _notice_read: bool) -> None:
+    async def execution_finished(self, row: Execution, _notice_read: bool) -> None:
         """ExecutionService observer (N6): the reminders naming this execution that had not
         come due are cancelled. On PostgreSQL the timer may have been created through another
         replica (and its fan-out message lost): the store is asked at every end."""
-        execution_id = str(row["id"])
-        if "timers_cancelled" in row:  # done in the finishing transaction (folded_into_finish)
-            if row["timers_cancelled"]:
+        execution_id = row.id
+        if (
+            row.timers_cancelled is not None
+        ):  # done in the finishing transaction (folded_into_finish)
+            if row.timers_cancelled:
                 self._cancelled()
             return
         if self.shared or execution_id in self._watched:
@@ -353,8 +355,8 @@ class TimerService:
         (fan-out resync): read the next due time again."""
         self._changed.set()
 
-    async def _cancel_for(self, execution: Mapping[str, Any]) -> None:
-        reason = f"execution {execution['id']} finished before the reminder was due"
+    async def _cancel_for(self, execution: Execution) -> None:
+        reason = f"execution {execution.id} finished before the reminder was due"
         if await self.store.cancel_execution_timers(execution, reason):
             self._cancelled()
 

@@ -38,6 +38,7 @@ from shellyard.control.notify.webhook_policy import PolicyRefusal, WebhookPolicy
 from shellyard.errors import NotFound
 from shellyard.store import Store
 from shellyard.store.db import new_id
+from shellyard.store.executions import Execution
 
 log = logging.getLogger(__name__)
 
@@ -282,10 +283,10 @@ class WakeService:
         """Another replica added or removed a webhook."""
         self._webhooks = bool(await self.store.list_webhooks())
 
-    async def execution_finished(self, row: Mapping[str, Any], notice_read: bool) -> None:
+    async def execution_finished(self, row: Execution, notice_read: bool) -> None:
         """ExecutionService observer: an unread completion notice may wake its owner (N3)."""
         if not notice_read:
-            await self.notify(str(row["agent_id"]))
+            await self.notify(row.agent_id)
 
     # ------------------------------------------------------------------ channels
 
