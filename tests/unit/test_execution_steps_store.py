@@ -68,7 +68,7 @@ async def test_finish_writes_the_end_and_hands_the_workspace_on(store: Store) ->
     for fire_at in (now + 3600, now - 60):  # not due yet: cancelled; came due first: stays
         timer = {
             "id": new_id("tmr"), "agent_id": agent["id"], "session_id": agent["session_id"],
-            "text": "check", "spec": "in 1h", "fire_at": fire_at,
+            "text": "check", "spec": {"after_ms": 3_600_000}, "fire_at": fire_at,
             "execution_id": first.id, "state": "pending", "late": False, "created_at": now,
         }  # fmt: skip
         await store.create_timer(timer)
@@ -81,9 +81,9 @@ async def test_finish_writes_the_end_and_hands_the_workspace_on(store: Store) ->
     assert final.timers_cancelled == 1 and read is True
     assert next_queued is not None and next_queued.id == queued.id
     later, due = [await store.get_timer(t) for t in timers]
-    assert later is not None and later["state"] == "cancelled"
-    assert str(first.id) in str(later["cancel_reason"])
-    assert due is not None and due["state"] == "pending"
+    assert later is not None and later.state == "cancelled"
+    assert str(first.id) in str(later.cancel_reason)
+    assert due is not None and due.state == "pending"
     (notice,) = [
         n for n in await store.list_notices(str(first.agent_id)) if n["subject_id"] == first.id
     ]

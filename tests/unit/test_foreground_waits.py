@@ -169,7 +169,7 @@ async def test_a_timer_made_while_its_execution_ends_sees_the_end(pg_schema: str
         await store.create_timer(
             {
                 "id": new_id("tmr"), "agent_id": agent["id"], "session_id": agent["session_id"],
-                "text": "check", "spec": "in 1h", "fire_at": now + 3600,
+                "text": "check", "spec": {"after_ms": 3_600_000}, "fire_at": now + 3600,
                 "execution_id": execution_id, "state": "pending", "late": False,
                 "created_at": now,
             }

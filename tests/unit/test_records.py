@@ -106,3 +106,37 @@ async def test_transfer_record_types_on_both_databases(store: Store) -> None:
     assert read == created
     assert read.paths == ["a", "b"] and read.options == {"queue": True}
     assert read.cancel_requested is False and type(read.created_at) is float
+
+
+async def test_timer_and_runner_records_on_both_databases(store: Store) -> None:
+    """A JSON column (``spec``) and a Boolean (``late``) of a timer, read by the store and the
+    panel's page alike; a runner's row as the registry reads it."""
+    from shellyard.store.panel import PanelRecords
+    from shellyard.store.timers import Timer
+
+    runner = await store.upsert_runner("local", "local", None, None)
+    assert (runner.id, runner.kind, runner.address, runner.state) == (
+        "local",
+        "local",
+        None,
+        "active",
+    )
+    assert [r.id for r in await store.list_runners()] == ["local"]
+    _session, agent = await store.default_owner()
+    created = await store.create_timer(
+        {
+            "id": "tmr_1",
+            "agent_id": agent["id"],
+            "session_id": agent["session_id"],
+            "text": "t",
+            "spec": {"after_ms": 5},
+            "fire_at": 10.0,
+            "state": "pending",
+            "late": False,
+            "created_at": 1.0,
+        }
+    )
+    assert isinstance(created, Timer) and created.spec == {"after_ms": 5}
+    assert created.late is False and created.execution_id is None
+    (paged,) = await PanelRecords(store).timers_page([str(agent["id"])], 10)
+    assert paged == created == await store.get_timer("tmr_1")

@@ -29,6 +29,7 @@ from shellyard.store.schema import (
     workspaces,
 )
 from shellyard.store.store import Store
+from shellyard.store.timers import Timer
 
 
 class PanelRecords:
@@ -79,13 +80,14 @@ class PanelRecords:
         )
         return {str(r["state"]): int(r["n"]) for r in rows}
 
-    async def timers_page(self, agent_ids: Sequence[str], limit: int) -> list[Row]:
-        return await self.store.all(
+    async def timers_page(self, agent_ids: Sequence[str], limit: int) -> list[Timer]:
+        rows = await self.store.all(
             sa.select(timers)
             .where(timers.c.agent_id.in_(list(agent_ids)))
             .order_by(timers.c.created_at.desc(), timers.c.id.desc())
             .limit(limit)
         )
+        return from_rows(Timer, rows)
 
     async def notices_page(self, agent_ids: Sequence[str], limit: int) -> list[Row]:
         return await self.store.all(

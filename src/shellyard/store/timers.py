@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
@@ -11,11 +12,33 @@ from sqlalchemy.engine import Connection
 from shellyard.store.db import Database, Row, fetch_all, fetch_one, insert_returning
 from shellyard.store.executions import FINISHED_STATES, Execution, cancel_execution_timers
 from shellyard.store.notices import add_notice
-from shellyard.store.records import maybe
+from shellyard.store.records import from_row, from_rows, maybe
 from shellyard.store.schema import (
     executions,
     timers,
 )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Timer:
+    """A ``timers`` row (N5-N7; docs/architecture.md "Records at the store boundary")."""
+
+    id: str
+    agent_id: str
+    session_id: str
+    text: str
+    #: What the caller gave: {"after_ms": n} or {"at": "..."}; ``fire_at`` is the instant.
+    spec: dict[str, Any]
+    fire_at: float
+    #: N6: the execution whose end cancels it, if any.
+    execution_id: str | None
+    #: a ``TimerState`` value
+    state: str
+    late: bool = False
+    cancel_reason: str | None
+    created_at: float
+    fired_at: float | None
+    cancelled_at: float | None
 
 
 class TimerRecords(Database):
@@ -23,13 +46,13 @@ class TimerRecords(Database):
 
     async def create_timer(
         self, values: dict[str, Any], *, announce: tuple[str, str] | None = None
-    ) -> Row:
+    ) -> Timer:
         """Insert a timer; ``announce`` (PostgreSQL): a (channel, payload) NOTIFY sent by the
         same transaction, so the other replicas hear of exactly the timers that exist."""
-        return await self.run(_create_timer, values, announce)
+        return from_row(Timer, await self.run(_create_timer, values, announce))
 
-    async def get_timer(self, timer_id: str) -> Row | None:
-        return await self.one(sa.select(timers).where(timers.c.id == timer_id))
+    async def get_timer(self, timer_id: str) -> Timer | None:
+        return maybe(Timer, await self.one(sa.select(timers).where(timers.c.id == timer_id)))
 
     async def list_timers(
         self,
@@ -38,7 +61,7 @@ class TimerRecords(Database):
         *,
         after: str | None = None,
         limit: int | None = None,
-    ) -> list[Row]:
+    ) -> list[Timer]:
         """The agent's timers by firing time; ``after``: only those past that timer (a page's
         cursor), ``limit``: at most that many."""
         stmt = sa.select(timers).where(timers.c.agent_id == agent_id)
@@ -57,14 +80,14 @@ class TimerRecords(Database):
                 )
             )
         stmt = stmt.order_by(timers.c.fire_at, timers.c.id)
-        return await self.all(stmt if limit is None else stmt.limit(limit))
+        return from_rows(Timer, await self.all(stmt if limit is None else stmt.limit(limit)))
 
     async def cancel_timers(
         self, reason: str, *, timer_id: str | None = None, execution: Row | None = None
-    ) -> list[Row]:
+    ) -> list[Timer]:
         """Cancel pending timers: one by id, or those naming a finished execution that had not
         come due when it finished (N6). Fired or cancelled timers never change."""
-        return await self.run(_cancel_timers, reason, timer_id, execution)
+        return from_rows(Timer, await self.run(_cancel_timers, reason, timer_id, execution))
 
     async def cancel_execution_timers(self, execution: Execution, reason: str) -> int:
         """N6 at an execution's end, in one statement (it runs at every end on PostgreSQL):
@@ -93,12 +116,15 @@ class TimerRecords(Database):
         """(ids of pending timers due at ``now`` in fire order, fire_at of the next one)."""
         return await self.run(_due_timers, now)
 
-    async def fire_timer(self, timer_id: str, late_if_due_before: float) -> tuple[Row | None, bool]:
+    async def fire_timer(
+        self, timer_id: str, late_if_due_before: float
+    ) -> tuple[Timer | None, bool]:
         """N7 exactly once: claim the pending timer (pending → fired) and post its reminder
         notice in one transaction; it is late if it was due before ``late_if_due_before``. A
         timer naming an execution that finished before the timer came due is cancelled
         instead (N6). Returns (timer after, whether it fired)."""
-        return await self.run(_fire_timer, timer_id, late_if_due_before)
+        row, fired = await self.run(_fire_timer, timer_id, late_if_due_before)
+        return maybe(Timer, row), fired
 
 
 # ---------------------------------------------------------------------- operations

@@ -21,7 +21,7 @@ import contextlib
 import logging
 import re
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -39,6 +39,7 @@ from shellyard.control.notify.wakes import WakeService
 from shellyard.errors import Conflict, InvalidInput, NotFound
 from shellyard.store.db import new_id
 from shellyard.store.executions import FINISHED_STATES, Execution
+from shellyard.store.timers import Timer
 
 log = logging.getLogger(__name__)
 
@@ -184,22 +185,22 @@ def utc_text(timestamp: float) -> str:
     return datetime.fromtimestamp(timestamp, UTC).isoformat(timespec="milliseconds")[:-6] + "Z"
 
 
-def timer_view(row: Mapping[str, Any]) -> TimerView:
+def timer_view(row: Timer) -> TimerView:
     return TimerView(
-        timer_id=row["id"],
-        agent_id=row["agent_id"],
-        session_id=row["session_id"],
-        text=row["text"],
-        spec=row["spec"],
-        fire_at=row["fire_at"],
-        fire_at_utc=utc_text(row["fire_at"]),
-        execution_id=row["execution_id"],
-        state=TimerState(row["state"]),
-        late=bool(row["late"]),
-        cancel_reason=row["cancel_reason"],
-        created_at=row["created_at"],
-        fired_at=row["fired_at"],
-        cancelled_at=row["cancelled_at"],
+        timer_id=row.id,
+        agent_id=row.agent_id,
+        session_id=row.session_id,
+        text=row.text,
+        spec=row.spec,
+        fire_at=row.fire_at,
+        fire_at_utc=utc_text(row.fire_at),
+        execution_id=row.execution_id,
+        state=TimerState(row.state),
+        late=row.late,
+        cancel_reason=row.cancel_reason,
+        created_at=row.created_at,
+        fired_at=row.fired_at,
+        cancelled_at=row.cancelled_at,
     )
 
 
@@ -292,14 +293,14 @@ class TimerService:
                 self._watched.add(request.execution_id)
         row = await self.store.create_timer(values, announce=self.announce())
         self._changed.set()
-        if row["state"] == TimerState.pending and request.execution_id is not None:
+        if row.state == TimerState.pending and request.execution_id is not None:
             # N6: the execution may have ended between the read above and the insert; its
             # end's check did not see this timer then, so this read sees the end (it waits
             # for an end still being committed: store.execution_for_new_timer).
             execution = await self.store.execution_for_new_timer(request.execution_id)
             if execution is not None and execution.state in FINISHED_STATES:
                 await self._cancel_for(execution)
-                row = await self.store.get_timer(str(row["id"])) or row
+                row = await self.store.get_timer(row.id) or row
         return timer_view(row)
 
     async def list_timers(
@@ -323,7 +324,7 @@ class TimerService:
     async def cancel(self, agent_id: str | None, timer_id: str) -> TimerView:
         """Cancel a pending timer; a fired or cancelled one comes back unchanged."""
         row = await self._owned(agent_id, timer_id)
-        if row["state"] == TimerState.pending:
+        if row.state == TimerState.pending:
             await self.store.cancel_timers("cancelled by timer_cancel", timer_id=timer_id)
             self._cancelled()
         return await self.get(agent_id, timer_id)
@@ -364,10 +365,10 @@ class TimerService:
         self._changed.set()
         self.on_change()
 
-    async def _owned(self, agent_id: str | None, timer_id: str) -> Mapping[str, Any]:
+    async def _owned(self, agent_id: str | None, timer_id: str) -> Timer:
         agent = await self.sessions.agent_row(agent_id)
         row = await self.store.get_timer(timer_id)
-        if row is None or row["agent_id"] != agent["id"]:
+        if row is None or row.agent_id != agent["id"]:
             raise NotFound(f"no timer {timer_id!r}; timer_list shows yours")
         return row
 
@@ -398,7 +399,7 @@ class TimerService:
                 log.info(
                     "timer %s fired%s",
                     timer_id,
-                    " late" if row["late"] else "",
-                    extra={"action": "fire_timer", "timer_id": timer_id, "late": row["late"]},
+                    " late" if row.late else "",
+                    extra={"action": "fire_timer", "timer_id": timer_id, "late": row.late},
                 )
-                await self.wakes.notify(str(row["agent_id"]))
+                await self.wakes.notify(row.agent_id)
