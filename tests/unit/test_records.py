@@ -3,6 +3,7 @@ and the records read back from both databases with the types their fields declar
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -69,6 +70,22 @@ def test_null_json_is_empty_and_absent_takes_the_default() -> None:
 def test_null_in_a_field_that_is_not_optional_is_refused() -> None:
     with pytest.raises(TypeError, match=r"_Sample\.count"):
         from_row(_Sample, {**_ROW, "count": None})
+
+
+@dataclass(frozen=True)
+class _Plain:
+    """No slots: built by calling the class (its ``__init__``), not through slots."""
+
+    name: str
+    count: int = 1
+
+
+def test_records_stay_frozen_and_a_class_without_slots_is_called() -> None:
+    sample = from_row(_Sample, _ROW)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        sample.name = "other"  # type: ignore[misc]
+    assert from_row(_Plain, {"name": 5}) == _Plain(name="5")
+    assert from_row(_Plain, {"name": "n", "count": "2"}).count == 2
 
 
 def test_maybe_and_field_names() -> None:
@@ -140,3 +157,22 @@ async def test_timer_and_runner_records_on_both_databases(store: Store) -> None:
     assert created.late is False and created.execution_id is None
     (paged,) = await PanelRecords(store).timers_page([str(agent["id"])], 10)
     assert paged == created == await store.get_timer("tmr_1")
+
+
+async def test_a_webhook_record_and_its_view_keep_the_secret_out(store: Store) -> None:
+    """D3 over a shared field list must not carry a field the view shows only once: the
+    webhook's secret is in its record, never in a listed view."""
+    from shellyard.control.notify.wakes import _webhook_view
+
+    added = await store.add_webhook(
+        {"id": "whk_1", "session_id": None, "url": "https://example.org/h", "secret": "s" * 32,
+         "active": True, "created_at": 2.0}
+    )  # fmt: skip
+    (listed,) = await store.list_webhooks()
+    assert listed == added and listed.active is True and listed.secret == "s" * 32
+    view = _webhook_view(listed)
+    assert view.webhook_id == "whk_1" and view.url == "https://example.org/h"
+    assert view.secret is None and view.session_id is None
+    removed = await store.deactivate_webhook("whk_1")
+    assert removed is not None and removed.active is False
+    assert await store.list_webhooks() == []

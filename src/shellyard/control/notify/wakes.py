@@ -39,6 +39,8 @@ from shellyard.errors import NotFound
 from shellyard.store import Store
 from shellyard.store.db import new_id
 from shellyard.store.executions import Execution
+from shellyard.store.records import field_names, values_of
+from shellyard.store.wakes import Webhook
 
 log = logging.getLogger(__name__)
 
@@ -528,11 +530,14 @@ class WakeService:
                 return
 
 
-def _webhook_view(row: Mapping[str, Any]) -> WebhookView:
-    return WebhookView(
-        webhook_id=row["id"],
-        url=row["url"],
-        session_id=row["session_id"],
-        active=bool(row["active"]),
-        created_at=row["created_at"],
+#: D3: the fields a webhook's record and its view share, listed once; never its secret,
+#: which only the registration's answer carries.
+_WEBHOOK_VIEW_FIELDS = tuple(
+    name for name in field_names(Webhook, WebhookView.model_fields) if name != "secret"
+)
+
+
+def _webhook_view(row: Webhook) -> WebhookView:
+    return WebhookView.model_validate(
+        {**values_of(row, _WEBHOOK_VIEW_FIELDS), "webhook_id": row.id}
     )
