@@ -44,26 +44,16 @@ class _Field:
     has_default: bool
 
 
-_PLANS: dict[type[Any], tuple[_Field, ...]] = {}
+Builder = Callable[[Mapping[str, Any]], Any]
+_BUILDERS: dict[type[Any], Builder] = {}
 
 
 def from_row(cls: type[T], row: Mapping[str, Any]) -> T:
     """The record ``cls`` (a dataclass) of ``row``."""
-    plan = _PLANS.get(cls)
-    if plan is None:
-        plan = _PLANS[cls] = _plan(cls)
-    values: dict[str, Any] = {}
-    for field in plan:
-        value = row.get(field.name)
-        if value is not None:
-            values[field.name] = value if field.convert is None else field.convert(value)
-        elif field.has_default:
-            continue  # the field's default
-        elif field.on_null is not None:
-            values[field.name] = field.on_null()
-        else:
-            raise TypeError(f"{cls.__name__}.{field.name}: NULL in a field that is not optional")
-    return cls(**values)
+    build = _BUILDERS.get(cls)
+    if build is None:
+        build = _BUILDERS[cls] = _builder(cls)
+    return typing.cast(T, build(row))
 
 
 def from_rows(cls: type[T], rows: Iterable[Mapping[str, Any]]) -> list[T]:
@@ -100,6 +90,60 @@ def _plan(cls: type[Any]) -> tuple[_Field, ...]:
         convert, on_null = _converter(hints[field.name])
         plan.append(_Field(field.name, convert, on_null, has_default))
     return tuple(plan)
+
+
+_SCALARS = (str, int, float, bool)
+
+
+def _builder(cls: type[Any]) -> Builder:
+    """The plan of ``cls`` written out once as one function, as ``dataclasses`` writes an
+    ``__init__``: a read of each column and its value set, a scalar converted only when the
+    database did not already give that type. This runs for every row read; a loop over the
+    plan calling ``cls`` cost about three times as much (docs/benchmarks.md §30)."""
+    scope: dict[str, Any] = {"cls": cls, "_refuse": _refuse, "new": object.__new__}
+    # A frozen dataclass with slots is filled through its slots' descriptors, as its own
+    # ``__init__`` does through ``object.__setattr__`` (half the cost again); a class with
+    # a ``__post_init__`` or without slots is called.
+    direct = "__slots__" in cls.__dict__ and not hasattr(cls, "__post_init__")
+    lines = ["def build(row):", "    get = row.get"]
+    if direct:
+        lines.append("    record = new(cls)")
+    keywords = []
+    for i, field in enumerate(_plan(cls)):
+        v = f"v{i}"
+        lines.append(f"    {v} = get({field.name!r})")
+        if field.convert is None:
+            value = v
+        elif field.convert in _SCALARS:
+            scope[f"t{i}"] = field.convert
+            value = f"{v} if {v}.__class__ is t{i} else t{i}({v})"
+        else:
+            scope[f"c{i}"], value = field.convert, f"c{i}({v})"
+        if field.has_default:  # the field's default for a NULL or absent column
+            found = next(f for f in dataclasses.fields(cls) if f.name == field.name)
+            if found.default is not dataclasses.MISSING:
+                scope[f"d{i}"], null = found.default, f"d{i}"
+            else:
+                scope[f"d{i}"], null = found.default_factory, f"d{i}()"
+        elif field.on_null is _null:
+            null = "None"
+        elif field.on_null is not None:
+            scope[f"n{i}"], null = field.on_null, f"n{i}()"
+        else:
+            null = f"_refuse(cls, {field.name!r})"
+        if direct:
+            scope[f"s{i}"] = cls.__dict__[field.name].__set__
+            lines.append(f"    s{i}(record, ({null}) if {v} is None else ({value}))")
+        else:
+            keywords.append(f"{field.name}=({null}) if {v} is None else ({value})")
+    lines.append("    return record" if direct else f"    return cls({', '.join(keywords)})")
+    # The names written are a dataclass's field names (identifiers), never input.
+    exec("\n".join(lines), scope)
+    return typing.cast(Builder, scope["build"])
+
+
+def _refuse(cls: type[Any], name: str) -> Any:
+    raise TypeError(f"{cls.__name__}.{name}: NULL in a field that is not optional")
 
 
 def _converter(annotation: Any) -> tuple[Converter | None, Callable[[], Any] | None]:
