@@ -94,7 +94,7 @@ async def _count(yard: Yard, table: sa.Table) -> int:
     assert store is not None
     row = await store.one(sa.select(sa.func.count().label("n")).select_from(table))
     assert row is not None
-    return int(row.n)
+    return int(row["n"])
 
 
 async def test_a_transfer_over_its_entry_cap_is_refused_with_the_count_and_gc_deletes_old_ones(
