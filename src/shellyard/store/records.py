@@ -1,17 +1,18 @@
 """One ``from_row`` for every record (docs/architecture.md "Records at the store boundary"):
 a frozen dataclass is built from a row over ``dataclasses.fields``, each field converted by
-what its annotation says. The converters are resolved once per class and cached, since this
-runs for every row read.
+what its annotation says. Each class's plan is written out once as one function and cached
+(``_builder``), since this runs for every row read (docs/benchmarks.md §30).
 
 What each annotation does with a column's value, the same on SQLite and PostgreSQL:
 
-- ``str``, ``int``, ``float``: ``str(v)``, ``int(v)``, ``float(v)`` (times are UNIX seconds
+- ``str``, ``int``, ``float``: ``str(v)``, ``int(v)``, ``float(v)``, only when ``v`` is not of
+  that class already (times are UNIX seconds
   stored as ``Float``; a ``BigInteger`` comes back as ``int`` on both).
 - ``bool``: ``bool(v)`` (SQLAlchemy's ``Boolean`` gives ``bool`` on both; a raw SQLite 0/1
   from a text statement is turned to one too).
 - ``dict[...]`` / ``list[...]``: a ``JSON`` column comes back decoded on both; a ``Text``
-  column holding JSON (``executions.run_options``) is decoded here; ``None`` gives ``{}`` /
-  ``[]``.
+  column holding JSON, when its field is typed so, is decoded here (``Execution``'s
+  ``run_options`` is kept as its text); ``None`` gives ``{}`` / ``[]``.
 - ``X | None``: ``None`` stays ``None``, anything else goes through ``X``'s converter.
 - ``Literal[...]``, ``Any`` and any other annotation: the value as it is.
 
