@@ -112,11 +112,11 @@ async def test_backup_while_serving_restores_every_completed_record(home: Path) 
                 assert bytes(chunk.data) == f"{i}\n".encode()
             # every record the copy has as completed reads with its logs
             completed = [
-                r for r in await store.list_executions(None, 10_000) if r["state"] == "completed"
+                r for r in await store.list_executions(None, 10_000) if r.state == "completed"
             ]
             assert len(completed) >= 1 + len(done)
             for row in completed:
-                logs = await restored.executions.logs(str(row["id"]), agent_id=str(row["agent_id"]))
+                logs = await restored.executions.logs(str(row.id), agent_id=str(row.agent_id))
                 assert logs.complete and logs.logs_pruned_at is None
             # the execution running at backup time: recorded unknown, never re-attached
             view = await restored.executions.wait(long_id, 30, str(child["id"]))

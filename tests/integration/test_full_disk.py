@@ -300,7 +300,7 @@ async def test_the_log_budget_cuts_an_unread_executions_logs_to_head_and_tail(
     assert store is not None
     for _ in range(1200):
         row = await store.get_execution(started.execution_id)
-        if row is not None and ExecutionState(row["state"]).terminal:
+        if row is not None and ExecutionState(row.state).terminal:
             break
         await asyncio.sleep(0.05)
     kept = await yard.plane.retention.run(GcRequest(snapshots=False))
@@ -316,7 +316,8 @@ async def test_the_log_budget_cuts_an_unread_executions_logs_to_head_and_tail(
     tail = await yard.runner.read_log(started.execution_id, "stdout", size - 5, 10)
     assert tail.data == b"\nEND\n"
     # Still the unread record: its notice is there, its logs were not deleted.
-    assert (await store.get_execution(started.execution_id) or {}).get("logs_pruned_at") is None
+    record = await store.get_execution(started.execution_id)
+    assert record is not None and record.logs_pruned_at is None
 
 
 async def test_cancel_on_a_full_volume_ends_the_execution_without_a_restart(

@@ -6,6 +6,7 @@ file shrinking after a large prune; ``shellyard gc`` through a served home."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import sqlite3
 import time
@@ -38,7 +39,7 @@ async def _finished_unread(yard: Yard, command: str) -> str:
     assert store is not None
     for _ in range(600):
         row = await store.get_execution(started.execution_id)
-        if row is not None and ExecutionState(row["state"]).terminal:
+        if row is not None and ExecutionState(row.state).terminal:
             return started.execution_id
         await asyncio.sleep(0.05)
     raise AssertionError("the execution did not finish")
@@ -139,9 +140,9 @@ async def test_database_file_shrinks_after_a_large_prune(home: Path) -> None:
         assert store is not None
         row = await store.get_execution(first.execution_id)
         assert row is not None
-        session_id = str((await store.get_agent(str(row["agent_id"])))["session_id"])  # type: ignore[index]
+        session_id = str((await store.get_agent(str(row.agent_id)))["session_id"])  # type: ignore[index]
         old = time.time() - 400 * 86400
-        await store.run(_fill, dict(row), session_id, old, 20_000)
+        await store.run(_fill, dataclasses.asdict(row), session_id, old, 20_000)
         db = settings.home / "shellyard.db"
         assert plane.retention is not None
         before = plane.retention._database_bytes()

@@ -16,6 +16,7 @@ from shellyard.errors import Conflict
 from shellyard.store import Store
 from shellyard.store.db import new_id
 from shellyard.store.environments import EnvironmentRecords
+from shellyard.store.executions import Execution
 
 Row = dict[str, Any]
 
@@ -45,7 +46,7 @@ async def _environment(store: Store, name: str = "main") -> tuple[EnvironmentRec
     return records, dict(env), dict(change)
 
 
-async def _submit(store: Store, environment_id: str) -> Row:
+async def _submit(store: Store, environment_id: str) -> Execution:
     _session, agent = await store.default_owner()
     workspace, _ = await store.workspace_for(str(agent["id"]), "local")
     row, _holder = await store.submit_execution(
@@ -60,7 +61,8 @@ async def _submit(store: Store, environment_id: str) -> Row:
         },
         queue=True,
     )
-    return dict(row)
+    assert row is not None
+    return row
 
 
 def _install(env: Row, specs: list[str]) -> dict[str, Any]:
@@ -88,31 +90,31 @@ async def test_gate_claim_finish_cycle(store: Store) -> None:
     assert claimed["state"] == "running" and claimed["waiting_for"] == []
 
     first = await _submit(store, str(env["id"]))
-    verdict, gated = await records.gate(str(first["id"]), str(env["id"]))
-    assert verdict == "wait" and gated["waiting_for"] == create["id"]
-    assert gated["environment_revision"] is None
-    assert await records.gated_workspaces(str(env["id"])) == [first["workspace_id"]]
+    verdict, gated = await records.gate(str(first.id), str(env["id"]))
+    assert verdict == "wait" and gated.waiting_for == create["id"]
+    assert gated.environment_revision is None
+    assert await records.gated_workspaces(str(env["id"])) == [first.workspace_id]
 
     done = await records.finish(str(create["id"]), packages=[PKG])
     assert done["state"] == "succeeded" and done["revision"] == 1
     ready = await records.get(str(env["id"]))
     assert ready is not None and ready["state"] == "ready" and ready["revision"] == 1
-    verdict, gated = await records.gate(str(first["id"]), str(env["id"]))
-    assert verdict == "go" and gated["environment_revision"] == 1 and gated["waiting_for"] is None
+    verdict, gated = await records.gate(str(first.id), str(env["id"]))
+    assert verdict == "go" and gated.environment_revision == 1 and gated.waiting_for is None
     assert await records.gated_workspaces(str(env["id"])) == []
 
     # Resolved but not started: it already holds the prefix.
     install = await records.add_change(_install(env, ["tiny==1.0"]))
     waiting = await records.claim(str(install["id"]))
-    assert waiting["state"] == "waiting" and waiting["waiting_for"] == [first["id"]]
-    await store.update_execution(str(first["id"]), state="running")
-    assert (await records.claim(str(install["id"])))["waiting_for"] == [first["id"]]
+    assert waiting["state"] == "waiting" and waiting["waiting_for"] == [first.id]
+    await store.update_execution(str(first.id), state="running")
+    assert (await records.claim(str(install["id"])))["waiting_for"] == [first.id]
     # Meanwhile a new execution queues behind the waiting change.
     second = await _submit(store, str(env["id"]))
-    verdict, gated = await records.gate(str(second["id"]), str(env["id"]))
-    assert verdict == "wait" and gated["waiting_for"] == install["id"]
+    verdict, gated = await records.gate(str(second.id), str(env["id"]))
+    assert verdict == "wait" and gated.waiting_for == install["id"]
 
-    await store.update_execution(str(first["id"]), state="completed", finished_at=1.0)
+    await store.update_execution(str(first.id), state="completed", finished_at=1.0)
     running = await records.claim(str(install["id"]))
     assert running["state"] == "running" and running["waiting_for"] == []
     pkgs = [PKG, {"manager": "pip", "name": "tiny", "version": "1.0"}]
@@ -121,8 +123,8 @@ async def test_gate_claim_finish_cycle(store: Store) -> None:
     # A late second report of the same end changes nothing.
     again = await records.finish(str(install["id"]), packages=None, error="late")
     assert again["state"] == "succeeded" and again["error"] is None
-    verdict, gated = await records.gate(str(second["id"]), str(env["id"]))
-    assert verdict == "go" and gated["environment_revision"] == 2
+    verdict, gated = await records.gate(str(second.id), str(env["id"]))
+    assert verdict == "go" and gated.environment_revision == 2
 
     revisions = await records.revisions(str(env["id"]))
     assert [r["revision"] for r in revisions] == [1, 2]
@@ -135,7 +137,7 @@ async def test_gate_claim_finish_cycle(store: Store) -> None:
     }
     assert revisions[1]["packages"][1]["name"] == "tiny"
 
-    await store.update_execution(str(second["id"]), state="completed", finished_at=2.0)
+    await store.update_execution(str(second.id), state="completed", finished_at=2.0)
     broken = await records.add_change(_install(env, ["nope"]))
     assert (await records.claim(str(broken["id"])))["state"] == "running"
     failed = await records.finish(
@@ -170,11 +172,11 @@ async def test_unclaim_and_unknown_holders(store: Store) -> None:
     await records.claim(str(create["id"]))
     await records.finish(str(create["id"]), packages=[PKG])
     execution = await _submit(store, str(env["id"]))
-    await records.gate(str(execution["id"]), str(env["id"]))
-    await store.update_execution(str(execution["id"]), state="unknown", query_failures=5)
+    await records.gate(str(execution.id), str(env["id"]))
+    await store.update_execution(str(execution.id), state="unknown", query_failures=5)
     change = await records.add_change(_install(env, ["x"]))
-    assert (await records.claim(str(change["id"])))["waiting_for"] == [execution["id"]]
-    await store.update_execution(str(execution["id"]), from_states=("unknown",), finished_at=3.0)
+    assert (await records.claim(str(change["id"])))["waiting_for"] == [execution.id]
+    await store.update_execution(str(execution.id), from_states=("unknown",), finished_at=3.0)
     assert (await records.claim(str(change["id"])))["state"] == "running"
 
 
@@ -182,13 +184,13 @@ async def test_failed_create_fails_gated_executions(store: Store) -> None:
     records, env, create = await _environment(store)
     await records.claim(str(create["id"]))
     execution = await _submit(store, str(env["id"]))
-    assert (await records.gate(str(execution["id"]), str(env["id"])))[0] == "wait"
+    assert (await records.gate(str(execution.id), str(env["id"])))[0] == "wait"
     await records.finish(str(create["id"]), packages=None, error="no python", error_kind="failed")
     failed_env = await records.get(str(env["id"]))
     assert failed_env is not None and failed_env["state"] == "failed"
     assert failed_env["error"] == "no python"
-    verdict, row = await records.gate(str(execution["id"]), str(env["id"]))
-    assert verdict == "failed" and row["environment_revision"] is None
+    verdict, row = await records.gate(str(execution.id), str(env["id"]))
+    assert verdict == "failed" and row.environment_revision is None
 
 
 async def test_name_is_unique_per_session_and_runner(store: Store) -> None:
@@ -221,11 +223,11 @@ async def test_claim_waits_for_a_gate_in_another_transaction(home: Path, pg_sche
             assert not claim.done()  # blocked on the row lock
             await other.execute(
                 "UPDATE executions SET environment_revision = 1 WHERE id = %s",
-                (execution["id"],),
+                (execution.id,),
             )
             await other.commit()
             claimed = await asyncio.wait_for(claim, 10)
-        assert claimed["state"] == "waiting" and claimed["waiting_for"] == [execution["id"]]
+        assert claimed["state"] == "waiting" and claimed["waiting_for"] == [execution.id]
     finally:
         await store.close()
 

@@ -16,10 +16,10 @@ import sqlalchemy as sa
 from conftest import POSTGRES_URL
 from shellyard.store import Store
 from shellyard.store.db import new_id
-from shellyard.store.executions import _finish_execution
+from shellyard.store.executions import Execution, _finish_execution
 
 
-async def _running(store: Store) -> dict[str, Any]:
+async def _running(store: Store) -> Execution:
     _session, agent = await store.default_owner()
     await store.upsert_runner("local", "local", None, None)
     workspace, _ = await store.workspace_for(str(agent["id"]), "local")
@@ -32,13 +32,14 @@ async def _running(store: Store) -> dict[str, Any]:
         "background": True,
     }
     row, _holder = await store.submit_execution(values, queue=True)  # behind another: fine
-    assert await store.update_execution(str(row["id"]), state="running")
-    fresh = await store.get_execution(str(row["id"]))
+    assert row is not None
+    assert await store.update_execution(str(row.id), state="running")
+    fresh = await store.get_execution(str(row.id))
     assert fresh is not None
     return fresh
 
 
-async def _finish(store: Store, row: dict[str, Any]) -> bool:
+async def _finish(store: Store, row: Execution) -> bool:
     final, _queued, read = await store.finish_execution(
         row, {"state": "completed", "exit_code": 0, "finished_at": time.time()}, "done", False,
         ("running",),
@@ -47,9 +48,9 @@ async def _finish(store: Store, row: dict[str, Any]) -> bool:
     return read
 
 
-async def _read_at(store: Store, row: dict[str, Any]) -> Any:
-    notices = await store.list_notices(str(row["agent_id"]))
-    (notice,) = [n for n in notices if n["subject_id"] == row["id"]]
+async def _read_at(store: Store, row: Execution) -> Any:
+    notices = await store.list_notices(str(row.agent_id))
+    (notice,) = [n for n in notices if n["subject_id"] == row.id]
     return notice["read_at"]
 
 
@@ -58,12 +59,12 @@ async def test_a_live_wait_posts_the_notice_read_an_expired_one_does_not(store: 
     seen, unseen, alone = [await _running(store) for _ in range(3)]
     if store.is_sqlite:
         # One replica: its finalizer knows its own waiters; the table is not even read.
-        await store.add_foreground_wait(str(seen["id"]), "w1", now + 60)
+        await store.add_foreground_wait(str(seen.id), "w1", now + 60)
         assert not await _finish(store, seen)
         assert await _read_at(store, seen) is None
         return
-    await store.add_foreground_wait(str(seen["id"]), "w1", now + 60)
-    await store.add_foreground_wait(str(unseen["id"]), "w2", now - 1)  # its replica died
+    await store.add_foreground_wait(str(seen.id), "w1", now + 60)
+    await store.add_foreground_wait(str(unseen.id), "w2", now - 1)  # its replica died
     assert await _finish(store, seen)
     assert not await _finish(store, unseen)
     assert not await _finish(store, alone)
@@ -71,8 +72,8 @@ async def test_a_live_wait_posts_the_notice_read_an_expired_one_does_not(store: 
     assert await _read_at(store, unseen) is None
     assert await _read_at(store, alone) is None
     # The finalizer took both rows, the live one and the expired one.
-    assert not await store.renew_foreground_wait(str(seen["id"]), "w1", now + 60)
-    assert not await store.renew_foreground_wait(str(unseen["id"]), "w2", now + 60)
+    assert not await store.renew_foreground_wait(str(seen.id), "w1", now + 60)
+    assert not await store.renew_foreground_wait(str(unseen.id), "w2", now + 60)
 
 
 async def test_a_waiter_leaving_waits_for_the_finalizer_that_saw_it(pg_schema: str) -> None:
@@ -86,7 +87,7 @@ async def test_a_waiter_leaving_waits_for_the_finalizer_that_saw_it(pg_schema: s
     )
     try:
         row = await _running(store)
-        execution_id = str(row["id"])
+        execution_id = str(row.id)
         await store.add_foreground_wait(execution_id, "w1", time.time() + 60)
         saw_it, commit = threading.Event(), threading.Event()
         answer: list[bool] = []
@@ -115,7 +116,7 @@ async def test_a_waiter_leaving_waits_for_the_finalizer_that_saw_it(pg_schema: s
         await finishing
         await leaving
         final = await store.get_execution(execution_id)
-        assert final is not None and final["state"] == "completed"
+        assert final is not None and final.state == "completed"
         assert answer == [True]
         assert await _read_at(store, row) is not None
     finally:
@@ -146,7 +147,7 @@ async def test_a_timer_made_while_its_execution_ends_sees_the_end(pg_schema: str
     cancelled_before, commit = threading.Event(), threading.Event()
     try:
         row = await _running(store)
-        execution_id = str(row["id"])
+        execution_id = str(row.id)
         counts: list[int] = []
 
         def finalizer() -> None:
@@ -162,13 +163,13 @@ async def test_a_timer_made_while_its_execution_ends_sees_the_end(pg_schema: str
 
         finishing = asyncio.create_task(asyncio.to_thread(finalizer))
         assert await asyncio.to_thread(cancelled_before.wait, 30)
-        agent = await store.get_agent(str(row["agent_id"]))
+        agent = await store.get_agent(str(row.agent_id))
         assert agent is not None
         now = time.time()
         await store.create_timer(
             {
                 "id": new_id("tmr"), "agent_id": agent["id"], "session_id": agent["session_id"],
-                "text": "check", "spec": "in 1h", "fire_at": now + 3600,
+                "text": "check", "spec": {"after_ms": 3_600_000}, "fire_at": now + 3600,
                 "execution_id": execution_id, "state": "pending", "late": False,
                 "created_at": now,
             }
@@ -183,7 +184,7 @@ async def test_a_timer_made_while_its_execution_ends_sees_the_end(pg_schema: str
         await finishing
         seen = await reading
         assert counts == [0]  # the end's cancel ran before the timer existed
-        assert seen is not None and seen["state"] == "completed"
+        assert seen is not None and seen.state == "completed"
     finally:
         commit.set()  # a failed check above must not leave the finalizer's thread waiting
         engine.dispose()

@@ -18,6 +18,7 @@ from sqlalchemy.engine import Connection
 from shellyard.control.notify.wakes import wake_payload
 from shellyard.store import Store
 from shellyard.store.schema import metadata
+from shellyard.store.timers import Timer
 
 Row = dict[str, Any]
 
@@ -30,7 +31,7 @@ async def test_migration_0002_matches_the_schema(store: Store) -> None:
     assert await store.run(_diff) == []
 
 
-async def _timer(store: Store, agent: Row, **extra: Any) -> Row:
+async def _timer(store: Store, agent: Row, **extra: Any) -> Timer:
     now = time.time()
     return await store.create_timer(
         {
@@ -99,7 +100,7 @@ async def test_a_timer_fires_once_even_when_claims_race(store: Store) -> None:
     _session, agent = await store.create_session()
     timer = await _timer(store, agent)
     results = await asyncio.gather(
-        *(store.fire_timer(str(timer["id"]), time.time()) for _ in range(4))
+        *(store.fire_timer(str(timer.id), time.time()) for _ in range(4))
     )
     assert sum(fired for _row, fired in results) == 1
     notices = await store.list_notices(str(agent["id"]))
@@ -112,8 +113,8 @@ async def test_cancelled_timers_never_fire(store: Store) -> None:
     timer = await _timer(store, agent)
     await store.change_session(str(agent["session_id"]), "stopped", "session_stopped", "stop")
     await store.change_session(str(agent["session_id"]), "active", "session_resumed", None)
-    row, fired = await store.fire_timer(str(timer["id"]), time.time())
-    assert not fired and row is not None and row["state"] == "cancelled"
+    row, fired = await store.fire_timer(str(timer.id), time.time())
+    assert not fired and row is not None and row.state == "cancelled"
     due, _next = await store.due_timers(time.time())
     assert due == []
     assert await store.list_notices(str(agent["id"])) == []
@@ -137,11 +138,11 @@ async def test_n6_by_recorded_times(store: Store, finished_first: bool) -> None:
     }
     execution, _ = await store.submit_execution(values, queue=False)
     finished_at = now - 10 if finished_first else now - 1
-    await store.update_execution(str(execution["id"]), state="completed", finished_at=finished_at)
-    timer = await _timer(store, agent, execution_id=execution["id"], fire_at=now - 5)
-    row, fired = await store.fire_timer(str(timer["id"]), now)
+    await store.update_execution(str(execution.id), state="completed", finished_at=finished_at)
+    timer = await _timer(store, agent, execution_id=execution.id, fire_at=now - 5)
+    row, fired = await store.fire_timer(str(timer.id), now)
     assert fired == (not finished_first)
-    assert row is not None and row["state"] == ("cancelled" if finished_first else "fired")
+    assert row is not None and row.state == ("cancelled" if finished_first else "fired")
 
 
 async def test_a_notice_read_after_the_wake_looked_is_not_claimed(store: Store) -> None:

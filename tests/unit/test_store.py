@@ -52,17 +52,18 @@ async def test_single_writer_refuses_or_queues(store: Store) -> None:
     """W1: the insert and the writer are one transaction; a refusal records nothing."""
     first, holder = await store.submit_execution(await _execution(store), queue=False)
     assert holder is None
-    assert await store.update_execution(str(first["id"]), state="running")
+    assert await store.update_execution(str(first.id), state="running")
     refused_values = await _execution(store)
     _, holder = await store.submit_execution(refused_values, queue=False)
-    assert holder == first["id"]
+    assert holder == first.id
     assert await store.get_execution(refused_values["id"]) is None
     queued, holder = await store.submit_execution(await _execution(store), queue=True)
-    assert holder == first["id"] and queued["state"] == "queued"
-    assert (await store.next_queued(str(first["workspace_id"])))["id"] == queued["id"]
-    assert await store.release_writer(str(first["workspace_id"]), str(first["id"]))
-    assert not await store.release_writer(str(first["workspace_id"]), str(first["id"]))
-    assert await store.take_writer(str(first["workspace_id"]), "execution", str(queued["id"]))
+    assert holder == first.id and queued.state == "queued"
+    next_queued = await store.next_queued(str(first.workspace_id))
+    assert next_queued is not None and next_queued.id == queued.id
+    assert await store.release_writer(str(first.workspace_id), str(first.id))
+    assert not await store.release_writer(str(first.workspace_id), str(first.id))
+    assert await store.take_writer(str(first.workspace_id), "execution", str(queued.id))
 
 
 async def test_idempotency_key_is_unique_per_agent(store: Store) -> None:
@@ -70,7 +71,7 @@ async def test_idempotency_key_is_unique_per_agent(store: Store) -> None:
     values = await _execution(store, idempotency_key="call-7")
     await store.submit_execution(values, queue=True)
     found = await store.find_idempotent(str(values["agent_id"]), "call-7")
-    assert found is not None and found["id"] == values["id"]
+    assert found is not None and found.id == values["id"]
     with pytest.raises(Exception, match=r"(?i)unique|duplicate"):
         await store.submit_execution(await _execution(store, idempotency_key="call-7"), queue=True)
 
@@ -78,10 +79,10 @@ async def test_idempotency_key_is_unique_per_agent(store: Store) -> None:
 async def test_terminal_record_is_never_rewritten(store: Store) -> None:
     """W3 / E7: a late update from an older operation does not replace a final record."""
     row, _ = await store.submit_execution(await _execution(store), queue=False)
-    assert await store.update_execution(str(row["id"]), state="completed", exit_code=0)
-    assert not await store.update_execution(str(row["id"]), state="running", exit_code=None)
-    final = await store.get_execution(str(row["id"]))
-    assert final is not None and final["state"] == "completed" and final["exit_code"] == 0
+    assert await store.update_execution(str(row.id), state="completed", exit_code=0)
+    assert not await store.update_execution(str(row.id), state="running", exit_code=None)
+    final = await store.get_execution(str(row.id))
+    assert final is not None and final.state == "completed" and final.exit_code == 0
 
 
 async def test_snapshot_head_only_moves_forward(store: Store) -> None:

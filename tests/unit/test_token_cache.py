@@ -41,7 +41,7 @@ def transactions() -> Iterator[list[int]]:
 async def _admin_token(tokens: TokenService) -> tuple[str, str]:
     secret = new_secret()
     row = await tokens.records.add("admin", hash_secret(secret))
-    return secret, str(row["id"])
+    return secret, row.id
 
 
 async def test_a_known_token_is_looked_up_once_on_sqlite_and_revocation_forgets_it(

@@ -149,9 +149,9 @@ async def test_a_database_of_an_older_release_opens_with_its_data(
         assert converted == (schema_name is None)
         assert not await RetentionRecords(store).prepare()  # once only
         rows = await store.list_executions("agt_old", 100)
-        assert sorted(r["id"] for r in rows) == ["ex_old0", "ex_old1", "ex_old2"]
+        assert sorted(r.id for r in rows) == ["ex_old0", "ex_old1", "ex_old2"]
         row = await store.get_execution("ex_old1")
-        assert row is not None and row["command"] == "echo 1" and row["logs_pruned_at"] is None
+        assert row is not None and row.command == "echo 1" and row.logs_pruned_at is None
         session, agent = await store.default_owner()
         assert (session["id"], agent["id"]) == ("ses_old", "agt_old")  # kept, not made anew
         notices = await store.list_notices("agt_old")
@@ -159,7 +159,7 @@ async def test_a_database_of_an_older_release_opens_with_its_data(
         # the upgraded schema takes this release's writes
         await RetentionRecords(store).mark_logs_pruned(["ex_old2"])
         again = await store.get_execution("ex_old2")
-        assert again is not None and again["logs_pruned_at"] is not None
+        assert again is not None and again.logs_pruned_at is not None
         versions = await store.all(
             sa.select(sa.column("version_num")).select_from(sa.table("alembic_version"))
         )

@@ -11,13 +11,9 @@ once per agent instead of at every call (docs/benchmarks.md, section 20: a read 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
 from shellyard.errors import NotFound
 from shellyard.store import Store
-
-Row = Mapping[str, Any]
+from shellyard.store.db import Row
 
 #: Agent ids remembered as existing (and their sessions); the oldest is forgotten beyond this.
 AGENTS_KEPT = 4096

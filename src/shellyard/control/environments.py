@@ -19,8 +19,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from collections.abc import Awaitable, Callable
 
 from shellyard.contract.environments import (
     ChangeView,
@@ -51,6 +50,7 @@ from shellyard.runner.protocol import (
 from shellyard.store import Store
 from shellyard.store.db import Row, new_id
 from shellyard.store.environments import PENDING_CHANGE_STATES, EnvironmentRecords
+from shellyard.store.executions import Execution
 from shellyard.store.leases import CHANGE
 
 log = logging.getLogger(__name__)
@@ -315,16 +315,15 @@ class EnvironmentService:
             )
         return home
 
-    async def gate(self, execution_id: str, environment_id: str) -> tuple[str, Row]:
+    async def gate(self, execution_id: str, environment_id: str) -> tuple[str, Execution]:
         """V5/V6: may a queued execution start on its environment now (see the records)."""
         return await self.records.gate(execution_id, environment_id)
 
-    async def execution_finished(self, row: Mapping[str, Any], _read: bool) -> None:
+    async def execution_finished(self, row: Execution, _read: bool) -> None:
         """An execution ended (an ``on_finished`` observer): a change waiting for the
         environment's users may go now."""
-        environment_id = row.get("environment_id")
-        if environment_id:
-            self._wake(str(environment_id))
+        if row.environment_id:
+            self._wake(row.environment_id)
 
     # ------------------------------------------------------------------ the driver
 

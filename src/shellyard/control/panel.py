@@ -106,7 +106,7 @@ class PanelService:
         return ExecutionPage(
             session_id=session_id,
             executions=[execution_view(r) for r in rows],
-            next_before_seq=int(rows[-1]["seq"]) if more and rows else None,
+            next_before_seq=rows[-1].seq if more and rows else None,
             counts={s.value: counts.get(s.value, 0) for s in ExecutionState},
             total=sum(counts.values()),
         )

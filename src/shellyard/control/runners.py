@@ -204,8 +204,8 @@ class RunnerRegistry:
 
     async def _key_of(self, runner_id: str) -> str | None:
         for row in await self._store.list_runners():
-            if row["id"] == runner_id:
-                return str(_secrets(row["token"]).get("key") or "") or None
+            if row.id == runner_id:
+                return str(_secrets(row.token).get("key") or "") or None
         return None
 
     async def _ssh_secrets(self, request: RunnerAddRequest) -> dict[str, Any]:
@@ -260,19 +260,19 @@ class RunnerRegistry:
     async def load_registered(self) -> None:
         """Reconnect to every direct and ssh runner recorded in the store."""
         for row in await self._store.list_runners():
-            kind, runner_id = str(row["kind"]), str(row["id"])
+            kind, runner_id = row.kind, row.id
             if kind in ("direct", "ssh") and runner_id not in self._runners:
-                secrets = _secrets(row["token"])
-                runner = _connect(kind, str(row["address"]), secrets)
-                self._put(runner_id, runner, kind, row["address"], secrets.get("fingerprint"))
+                secrets = _secrets(row.token)
+                runner = _connect(kind, str(row.address), secrets)
+                self._put(runner_id, runner, kind, row.address, secrets.get("fingerprint"))
 
     async def reload(self) -> None:
         """Another replica added or removed a runner (docs/operations.md): follow the records."""
-        rows = {str(row["id"]): row for row in await self._store.list_runners()}
+        rows = {row.id: row for row in await self._store.list_runners()}
         for runner_id in [r for r in self._runners if r != LOCAL_RUNNER_ID]:
             row = rows.get(runner_id)
             kind, address, _pin = self._kinds.get(runner_id, ("", None, None))
-            if row is None or row["kind"] != kind or row["address"] != address:
+            if row is None or row.kind != kind or row.address != address:
                 self._kinds.pop(runner_id, None)
                 self._health.pop(runner_id, None)
                 await self._runners.pop(runner_id).aclose()
@@ -334,7 +334,7 @@ class RunnerRegistry:
 
     async def _running(self, runner_id: str) -> int:
         rows = await self._store.active_executions()
-        return sum(1 for row in rows if row["runner_id"] == runner_id)
+        return sum(1 for row in rows if row.runner_id == runner_id)
 
     async def view(self, runner_id: str) -> RunnerView:
         self.get(runner_id)
@@ -346,7 +346,7 @@ class RunnerRegistry:
         rows = await self._store.active_executions()
         running: dict[str, int] = {}
         for row in rows:
-            running[str(row["runner_id"])] = running.get(str(row["runner_id"]), 0) + 1
+            running[row.runner_id] = running.get(row.runner_id, 0) + 1
         result = []
         for runner_id in runner_ids if runner_ids is not None else list(self._kinds):
             kind, address, pin = self._kinds[runner_id]

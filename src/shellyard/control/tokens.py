@@ -34,8 +34,8 @@ from shellyard.contract.tokens import TokenCreated, TokenCreateRequest, TokenKin
 from shellyard.control.agents import session_of
 from shellyard.errors import Forbidden, InvalidInput, NotFound, Unauthorized
 from shellyard.store import Store
-from shellyard.store.db import Row
-from shellyard.store.tokens import TokenRecords
+from shellyard.store.records import field_names, values_of
+from shellyard.store.tokens import Token, TokenRecords
 
 ADMIN_TOKEN_NAME = "admin.token"
 #: Secrets start with this, so a leaked one is recognisable (secret scanners, logs).
@@ -69,16 +69,12 @@ def new_secret() -> str:
     return SECRET_PREFIX + secrets.token_urlsafe(32)
 
 
-def _view(row: Row) -> TokenView:
-    return TokenView(
-        token_id=row["id"],
-        kind=row["kind"],
-        session_id=row["session_id"],
-        agent_id=row["agent_id"],
-        created_by=row["created_by"],
-        created_at=row["created_at"],
-        revoked_at=row["revoked_at"],
-    )
+#: D3: the fields a token's record and its view share, listed once (never its hash).
+_VIEW_FIELDS = field_names(Token, TokenView.model_fields)
+
+
+def _view(row: Token) -> TokenView:
+    return TokenView.model_validate({**values_of(row, _VIEW_FIELDS), "token_id": row.id})
 
 
 #: Verified tokens remembered (SQLite only); the oldest is forgotten beyond this.
@@ -106,7 +102,7 @@ class TokenService:
         secret = _read_secret(path)
         if secret is not None:
             row = await self.records.by_hash(hash_secret(secret))
-            if row is not None and row["revoked_at"] is None and row["kind"] == "admin":
+            if row is not None and row.revoked_at is None and row.kind == "admin":
                 return secret
             if row is None:
                 await self.records.add("admin", hash_secret(secret))
@@ -128,7 +124,7 @@ class TokenService:
         if known is not None:
             return known
         row = await self.records.by_hash(digest) if secret else None
-        if row is None or row["revoked_at"] is not None:
+        if row is None or row.revoked_at is not None:
             what = "missing" if not secret else "unknown or revoked"
             raise Unauthorized(
                 f"{what} bearer token: send 'Authorization: Bearer TOKEN' with the admin token "
@@ -143,20 +139,20 @@ class TokenService:
             self._known[digest] = who
         return who
 
-    async def principal_of(self, row: Row) -> Principal:
+    async def principal_of(self, row: Token) -> Principal:
         """The principal of a live record (a bearer token's, or a web login's: web/cookies.py
         finds those by a hash of its own, which no bearer secret's hash can equal)."""
-        kind: TokenKind = row["kind"]
+        kind: TokenKind = row.kind
         if kind == "admin":
-            return Principal(kind="admin", token_id=row["id"])
-        session = await self.store.get_session(str(row["session_id"]))
+            return Principal(kind="admin", token_id=row.id)
+        session = await self.store.get_session(str(row.session_id))
         if session is None:  # the session was deleted under the token
             raise Unauthorized("the token's session no longer exists; make a new token")
         return Principal(
             kind=kind,
-            token_id=row["id"],
-            session_id=row["session_id"],
-            agent_id=row["agent_id"],
+            token_id=row.id,
+            session_id=row.session_id,
+            agent_id=row.agent_id,
             main_agent_id=session["main_agent_id"],
         )
 
@@ -255,7 +251,7 @@ class TokenService:
         if principal.kind == "agent":
             raise Forbidden("an agent token cannot revoke tokens; use the session or admin token")
         row = await self.records.get(token_id)
-        if row is None or (not principal.is_admin and row["session_id"] != principal.session_id):
+        if row is None or (not principal.is_admin and row.session_id != principal.session_id):
             raise NotFound(f"no token {token_id!r}; list them with 'shellyard token list'")
         revoked = await self.records.revoke(token_id)
         assert revoked is not None

@@ -19,6 +19,8 @@ from sqlalchemy.exc import IntegrityError
 
 from shellyard.errors import Conflict
 from shellyard.store.db import Row, fetch_one
+from shellyard.store.executions import Execution
+from shellyard.store.records import from_row
 from shellyard.store.schema import (
     environment_changes,
     environment_revisions,
@@ -133,14 +135,15 @@ class EnvironmentRecords:
 
     # ------------------------------------------------------------------ executions (V5, V6)
 
-    async def gate(self, execution_id: str, environment_id: str) -> tuple[str, Row]:
+    async def gate(self, execution_id: str, environment_id: str) -> tuple[str, Execution]:
         """Decide whether an execution may start on its environment now (V5, V6).
 
         ``("go", record)``: it recorded the environment's current revision and holds the
         environment until it ends. ``("wait", record)``: a change is pending; the record names
         it in ``waiting_for`` and stays queued. ``("failed", record)``: the environment cannot
         be used (its creation failed); ``waiting_for`` is cleared and the caller fails it."""
-        return await self.store.run(_gate, execution_id, environment_id)
+        verdict, row = await self.store.run(_gate, execution_id, environment_id)
+        return verdict, from_row(Execution, row)
 
     async def gated_workspaces(self, environment_id: str) -> list[str]:
         """Workspaces with a queued execution on the environment that has not resolved its

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
@@ -14,6 +15,7 @@ from shellyard.store import one_trip
 from shellyard.store.db import Database, Row
 from shellyard.store.leases import EXECUTION, LeaseTerms, delete_lease, insert_lease
 from shellyard.store.notices import add_notice
+from shellyard.store.records import from_row, from_rows, maybe
 from shellyard.store.schema import (
     executions,
     foreground_waits,
@@ -30,33 +32,83 @@ ACTIVE_STATES = ("queued", "running")
 FINISHED_STATES = ("completed", "cancelled", "failed")
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Execution:
+    """An ``executions`` row as the control plane reads it (docs/architecture.md "Records at
+    the store boundary"); the columns are described in store/schema.py."""
+
+    id: str
+    #: Submission order (W1).
+    seq: int
+    agent_id: str
+    workspace_id: str
+    runner_id: str
+    environment_id: str | None
+    environment_revision: int | None
+    #: V5: the environment change a queued execution waits for.
+    waiting_for: str | None
+    command: str | None
+    script_path: str | None
+    background: bool
+    idempotency_key: str | None
+    #: an ``ExecutionState`` value
+    state: str
+    exit_code: int | None
+    error: str | None
+    cancel_requested: bool = False
+    #: E9: consecutive retryable status-query failures, and whether it was ever unknown.
+    query_failures: int = 0
+    was_unknown: bool = False
+    snapshot_seq: int | None
+    created_at: float
+    started_at: float | None
+    finished_at: float | None
+    #: JSON of the sandbox policy it ran under.
+    sandbox_policy: str | None
+    logs_pruned_at: float | None
+    #: W2: a reader beside the writer.
+    read_only: bool = False
+    #: R2: the limit that ended it, and what its cgroup measured.
+    ended_by_limit: str | None
+    peak_memory_bytes: int | None
+    cpu_seconds: float | None
+    #: E1 options: JSON text of timeout_ms, env, cwd, args (control/executions/options.py).
+    run_options: str | None
+    #: N6 folded into the finishing transaction: how many reminders it cancelled; None when
+    #: the end did not ask (not a column).
+    timers_cancelled: int | None = None
+
+
 class ExecutionRecords(Database):
     """Executions of commands."""
 
     async def submit_execution(
         self, values: dict[str, Any], *, queue: bool, lease: LeaseTerms | None = None
-    ) -> tuple[Row, str | None]:
+    ) -> tuple[Execution | None, str | None]:
         """Insert the record and take the workspace writer in one transaction (W1).
 
         Returns (record, holder). When the writer is held and ``queue`` is false nothing is
-        recorded and the holder's id comes back; with ``queue`` the record stays ``queued``.
+        recorded (None) and the holder's id comes back; with ``queue`` the record stays
+        ``queued``.
         A read-only record (``values["read_only"]``) neither takes nor waits for the writer.
         ``lease``: the execution's lease is taken too when it is to start now (not queued).
         """
         try:
-            return await self.run_statement(_submit, values, queue, lease)
+            row, holder = await self.run_statement(_submit, values, queue, lease)
         except _Refused as refused:
-            return values, refused.holder
+            return None, refused.holder
+        return from_row(Execution, row), holder
 
-    async def get_execution(self, execution_id: str) -> Row | None:
-        return await self.run(_get, execution_id)
+    async def get_execution(self, execution_id: str) -> Execution | None:
+        return maybe(Execution, await self.run(_get, execution_id))
 
-    async def find_idempotent(self, agent_id: str, key: str) -> Row | None:
-        return await self.one(
+    async def find_idempotent(self, agent_id: str, key: str) -> Execution | None:
+        row = await self.one(
             sa.select(executions).where(
                 executions.c.agent_id == agent_id, executions.c.idempotency_key == key
             )
         )
+        return maybe(Execution, row)
 
     async def update_execution(
         self, execution_id: str, *, from_states: Sequence[str] = ACTIVE_STATES, **values: Any
@@ -67,21 +119,22 @@ class ExecutionRecords(Database):
 
     async def start_execution(
         self, execution_id: str, started_at: float, values: dict[str, Any] | None = None
-    ) -> Row | None:
+    ) -> Execution | None:
         """Mark a record running (with ``values`` written too) and return it, in one
         transaction."""
-        return await self.run_statement(_start_execution, execution_id, started_at, values or {})
+        row = await self.run_statement(_start_execution, execution_id, started_at, values or {})
+        return maybe(Execution, row)
 
     async def finish_execution(
         self,
-        row: Row,
+        execution: Execution,
         values: dict[str, Any],
         notice_summary: str,
         notice_read: bool,
         from_states: Sequence[str],
         lease_holder: str | None = None,
         cancel_timers: bool = False,
-    ) -> tuple[Row | None, Row | None, bool]:
+    ) -> tuple[Execution | None, Execution | None, bool]:
         """Make a record terminal, post its notice, release its writer and find the next
         queued writer of its workspace: one transaction. ``cancel_timers``: N6 in the same
         transaction (the pending reminders naming it that had not come due are cancelled;
@@ -90,11 +143,12 @@ class ExecutionRecords(Database):
         foreground wait of another replica names the execution (N3). Returns (final record
         or None when it was already terminal, next queued record, whether the notice was
         posted read). ``lease_holder``: that replica's lease of the execution goes too."""
-        return await self.run(
+        final, queued, read = await self.run(
             _finish_execution,
-            row, values, notice_summary, notice_read, tuple(from_states), lease_holder,
+            execution, values, notice_summary, notice_read, tuple(from_states), lease_holder,
             cancel_timers,
         )  # fmt: skip
+        return maybe(Execution, final), maybe(Execution, queued), read
 
     # N3 across replicas: a foreground caller on a replica that does not watch the execution.
 
@@ -117,13 +171,13 @@ class ExecutionRecords(Database):
         the caller's next read of the record sees what that finalizer wrote."""
         await self.run(_drop_foreground_wait, execution_id, waiter_id)
 
-    async def next_queued(self, workspace_id: str) -> Row | None:
-        return await self.run(_next_queued, workspace_id)
+    async def next_queued(self, workspace_id: str) -> Execution | None:
+        return maybe(Execution, await self.run(_next_queued, workspace_id))
 
-    async def queued_readers(self, workspace_id: str) -> list[Row]:
+    async def queued_readers(self, workspace_id: str) -> list[Execution]:
         """Read-only records not started yet (behind an environment change, V5, or left by
         a crash between submit and start): they wait for no writer (W2)."""
-        return await self.all(
+        rows = await self.all(
             sa.select(executions)
             .where(
                 executions.c.workspace_id == workspace_id,
@@ -132,19 +186,23 @@ class ExecutionRecords(Database):
             )
             .order_by(executions.c.seq)
         )
+        return from_rows(Execution, rows)
 
-    async def active_executions(self) -> list[Row]:
-        return await self.all(
+    async def active_executions(self) -> list[Execution]:
+        rows = await self.all(
             sa.select(executions)
             .where(executions.c.state.in_(ACTIVE_STATES))
             .order_by(executions.c.seq)
         )
+        return from_rows(Execution, rows)
 
-    async def list_executions(self, agent_id: str | None = None, limit: int = 100) -> list[Row]:
+    async def list_executions(
+        self, agent_id: str | None = None, limit: int = 100
+    ) -> list[Execution]:
         stmt = sa.select(executions).order_by(executions.c.seq.desc()).limit(limit)
         if agent_id is not None:
             stmt = stmt.where(executions.c.agent_id == agent_id)
-        return await self.all(stmt)
+        return from_rows(Execution, await self.all(stmt))
 
 
 # ---------------------------------------------------------------------- operations
@@ -288,16 +346,18 @@ def _next_queued(conn: Connection, workspace_id: str) -> Row | None:
     return dict(row) if row is not None else None
 
 
-def cancel_execution_timers(conn: Connection, execution: Row, reason: str | None = None) -> int:
+def cancel_execution_timers(
+    conn: Connection, execution_id: str, finished_at: float | None, reason: str | None = None
+) -> int:
     """N6: the pending timers naming the execution that had not come due when it finished
-    are cancelled; one that came due first (the service was down) still fires, late. Returns
-    how many."""
-    reason = reason or f"execution {execution['id']} finished before the reminder was due"
+    (``finished_at``) are cancelled; one that came due first (the service was down) still
+    fires, late. Returns how many."""
+    reason = reason or f"execution {execution_id} finished before the reminder was due"
     cancelled = conn.execute(
         _CANCEL_TIMERS,
         {
-            "b_id": execution["id"],
-            "b_finished": execution["finished_at"] or time.time(),
+            "b_id": execution_id,
+            "b_finished": finished_at or time.time(),
             "b_reason": reason,
             "b_now": time.time(),
         },
@@ -307,7 +367,7 @@ def cancel_execution_timers(conn: Connection, execution: Row, reason: str | None
 
 def _finish_execution(
     conn: Connection,
-    row: Row,
+    execution: Execution,
     values: dict[str, Any],
     notice_summary: str,
     notice_read: bool,
@@ -315,19 +375,26 @@ def _finish_execution(
     lease_holder: str | None = None,
     cancel_timers: bool = False,
 ) -> tuple[Row | None, Row | None, bool]:
-    execution_id, workspace_id = str(row["id"]), str(row["workspace_id"])
+    execution_id, workspace_id = execution.id, execution.workspace_id
     final = _updated(conn, execution_id, from_states, values)
     if conn.dialect.name != "sqlite":  # the rest in one statement (store/one_trip.py)
         return one_trip.finish_rest(
-            conn, row, final, notice_summary, notice_read, lease_holder, cancel_timers
+            conn,
+            (execution_id, workspace_id, execution.agent_id),
+            final,
+            notice_summary,
+            notice_read,
+            lease_holder,
+            cancel_timers,
         )
     if final is not None:
         if cancel_timers:  # N6 folded in (PostgreSQL's is in one_trip.finish_rest)
-            final = {**final, "timers_cancelled": cancel_execution_timers(conn, final)}
+            cancelled = cancel_execution_timers(conn, execution_id, final["finished_at"])
+            final = {**final, "timers_cancelled": cancelled}
         # No foreground_waits on SQLite (one replica, whose finalizer knows its waiters).
         add_notice(
             conn,
-            str(row["agent_id"]),
+            execution.agent_id,
             "execution",
             execution_id,
             notice_summary,

@@ -7,12 +7,13 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Self, cast
+from typing import Any, Literal
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from shellyard.store.db import Row, fetch_one
+from shellyard.store.records import from_row
 from shellyard.store.schema import (
     agents,
     artifacts,
@@ -31,7 +32,7 @@ ACTIVE_TRANSFER_STATES = ("queued", "running")
 TERMINAL_TRANSFER_STATES = ("completed", "partial", "failed", "cancelled")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Transfer:
     """A ``transfers`` row (T2-T4), typed once here (docs/architecture.md "Records at the
     store boundary")."""
@@ -54,42 +55,13 @@ class Transfer:
     files_skipped: int
     files_failed: int
     bytes_done: int
-    bytes_sent: int
+    bytes_sent: int = 0
     batches: int
     target_seq: int | None
     cancel_requested: bool
     created_at: float
     started_at: float | None
     finished_at: float | None
-
-    @classmethod
-    def from_row(cls, row: Row) -> Self:
-        return cls(
-            id=str(row["id"]),
-            agent_id=str(row["agent_id"]),
-            source_workspace_id=str(row["source_workspace_id"]),
-            source_seq=row["source_seq"],
-            target_workspace_id=str(row["target_workspace_id"]),
-            target_folder=str(row["target_folder"]),
-            paths=list(row["paths"] or []),
-            options=dict(row["options"] or {}),
-            state=str(row["state"]),
-            error=row["error"],
-            files_total=int(row["files_total"]),
-            bytes_total=int(row["bytes_total"]),
-            files_copied=int(row["files_copied"]),
-            files_unchanged=int(row["files_unchanged"]),
-            files_skipped=int(row["files_skipped"]),
-            files_failed=int(row["files_failed"]),
-            bytes_done=int(row["bytes_done"]),
-            bytes_sent=int(row["bytes_sent"] or 0),
-            batches=int(row["batches"]),
-            target_seq=row["target_seq"],
-            cancel_requested=bool(row["cancel_requested"]),
-            created_at=float(row["created_at"]),
-            started_at=row["started_at"],
-            finished_at=row["finished_at"],
-        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,23 +82,6 @@ class TransferFile:
     reason: str | None
     target_seq: int | None
 
-    @classmethod
-    def from_row(cls, row: Row) -> Self:
-        return cls(
-            transfer_id=str(row["transfer_id"]),
-            idx=int(row["idx"]),
-            source_path=str(row["source_path"]),
-            target_path=str(row["target_path"]),
-            kind=cast(EntryKind, row["kind"]),
-            mode=int(row["mode"]),
-            size=int(row["size"]),
-            sha256=row["sha256"],
-            link_target=row["link_target"],
-            outcome=str(row["outcome"]),
-            reason=row["reason"],
-            target_seq=row["target_seq"],
-        )
-
 
 @dataclass(frozen=True, slots=True)
 class Artifact:
@@ -143,28 +98,13 @@ class Artifact:
     size: int
     created_at: float
 
-    @classmethod
-    def from_row(cls, row: Row) -> Self:
-        return cls(
-            id=str(row["id"]),
-            agent_id=str(row["agent_id"]),
-            workspace_id=str(row["workspace_id"]),
-            runner_id=str(row["runner_id"]),
-            seq=int(row["seq"]),
-            path=str(row["path"]),
-            name=str(row["name"]),
-            sha256=str(row["sha256"]),
-            size=int(row["size"]),
-            created_at=float(row["created_at"]),
-        )
-
 
 def _transfer(row: Row | None) -> Transfer | None:
-    return None if row is None else Transfer.from_row(row)
+    return None if row is None else from_row(Transfer, row)
 
 
 def _artifact(row: Row | None) -> Artifact | None:
-    return None if row is None else Artifact.from_row(row)
+    return None if row is None else from_row(Artifact, row)
 
 
 class FileRecords:
@@ -181,7 +121,7 @@ class FileRecords:
             .where(workspaces.c.agent_id.in_(list(agent_ids)))
             .order_by(workspaces.c.created_at)
         )
-        return [Workspace.from_row(r) for r in rows]
+        return [from_row(Workspace, r) for r in rows]
 
     async def children(self, agent_id: str) -> list[Row]:
         return await self.store.all(
@@ -212,7 +152,7 @@ class FileRecords:
     async def create_transfer(
         self, values: dict[str, Any], files: list[dict[str, Any]]
     ) -> Transfer:
-        return Transfer.from_row(await self.store.run(_create_transfer, values, files))
+        return from_row(Transfer, await self.store.run(_create_transfer, values, files))
 
     async def get_transfer(self, transfer_id: str) -> Transfer | None:
         return _transfer(
@@ -226,7 +166,7 @@ class FileRecords:
             .order_by(transfers.c.created_at.desc())
             .limit(limit)
         )
-        return [Transfer.from_row(r) for r in rows]
+        return [from_row(Transfer, r) for r in rows]
 
     async def active_transfers(self) -> list[Transfer]:
         rows = await self.store.all(
@@ -234,7 +174,7 @@ class FileRecords:
             .where(transfers.c.state.in_(ACTIVE_TRANSFER_STATES))
             .order_by(transfers.c.created_at)
         )
-        return [Transfer.from_row(r) for r in rows]
+        return [from_row(Transfer, r) for r in rows]
 
     async def update_transfer(
         self,
@@ -258,7 +198,7 @@ class FileRecords:
             .order_by(transfer_files.c.idx)
             .limit(limit)
         )
-        return [TransferFile.from_row(r) for r in rows]
+        return [from_row(TransferFile, r) for r in rows]
 
     async def transfer_files(
         self, transfer_id: str, outcome: str | None, offset: int, limit: int
@@ -267,7 +207,7 @@ class FileRecords:
         if outcome is not None:
             stmt = stmt.where(transfer_files.c.outcome == outcome)
         rows = await self.store.all(stmt.order_by(transfer_files.c.idx).offset(offset).limit(limit))
-        return [TransferFile.from_row(r) for r in rows]
+        return [from_row(TransferFile, r) for r in rows]
 
     async def record_outcomes(
         self,
@@ -279,10 +219,11 @@ class FileRecords:
     ) -> Transfer:
         """A batch is published: its files' outcomes (idx, outcome, reason, target seq), the
         transfer's counters, and the target snapshot that holds them, in one transaction."""
-        return Transfer.from_row(
+        return from_row(
+            Transfer,
             await self.store.run(
                 _record_outcomes, transfer_id, outcomes, snapshot, sent, done_bytes
-            )
+            ),
         )
 
     async def finish_transfer(
@@ -298,7 +239,7 @@ class FileRecords:
     # ------------------------------------------------------------------ artifacts
 
     async def create_artifact(self, values: dict[str, Any]) -> Artifact:
-        return Artifact.from_row(await self.store.run(_create_artifact, values))
+        return from_row(Artifact, await self.store.run(_create_artifact, values))
 
     async def get_artifact(self, artifact_id: str) -> Artifact | None:
         return _artifact(
@@ -320,7 +261,7 @@ class FileRecords:
             .where(artifacts.c.agent_id == agent_id)
             .order_by(artifacts.c.created_at)
         )
-        return [Artifact.from_row(r) for r in rows]
+        return [from_row(Artifact, r) for r in rows]
 
 
 # ---------------------------------------------------------------------- operations

@@ -231,7 +231,7 @@ _FINISH_REST = _finish_rest_statement()
 
 def finish_rest(
     conn: Connection,
-    row: Row,
+    ids: tuple[str, str, str],
     final: Row | None,
     notice_summary: str,
     notice_read: bool,
@@ -239,13 +239,14 @@ def finish_rest(
     cancel_timers: bool,
 ) -> tuple[Row | None, Row | None, bool]:
     """Everything after the terminal update (``final``: its result), in one statement of
-    the same transaction; returns what ``_finish_execution`` does."""
-    execution_id = str(row["id"])
+    the same transaction; returns what ``_finish_execution`` does. ``ids``: the execution's,
+    its workspace's and its agent's."""
+    execution_id, workspace_id, agent_id = ids
     now = time.time()
     params = {
         "b_id": execution_id,
-        "b_workspace": str(row["workspace_id"]),
-        "b_agent": str(row["agent_id"]),
+        "b_workspace": workspace_id,
+        "b_agent": agent_id,
         "b_final": final is not None,
         "b_cancel": cancel_timers,
         "b_finished": (final["finished_at"] if final else None) or now,

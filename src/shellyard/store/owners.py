@@ -3,16 +3,33 @@
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from shellyard.store.db import Database, Row, fetch_one, new_id, upsert
+from shellyard.store.records import from_row, from_rows
 from shellyard.store.schema import (
     agents,
     runners,
     sessions,
 )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunnerRecord:
+    """A ``runners`` row (docs/architecture.md "Records at the store boundary"): a registered
+    runner, kept after its removal (kind ``removed``) because past executions name it."""
+
+    id: str
+    #: ``local``, ``direct``, ``ssh`` or ``removed``
+    kind: str
+    address: str | None
+    #: a plain key (direct runners of old) or JSON of its secrets (control/runners.py)
+    token: str | None
+    state: str
+    created_at: float
 
 
 class OwnerRecords(Database):
@@ -36,11 +53,15 @@ class OwnerRecords(Database):
 
     async def upsert_runner(
         self, runner_id: str, kind: str, address: str | None, token: str | None
-    ) -> Row:
-        return await self.run(_upsert_runner, runner_id, kind, address, token)
+    ) -> RunnerRecord:
+        return from_row(
+            RunnerRecord, await self.run(_upsert_runner, runner_id, kind, address, token)
+        )
 
-    async def list_runners(self) -> list[Row]:
-        return await self.all(sa.select(runners).order_by(runners.c.created_at))
+    async def list_runners(self) -> list[RunnerRecord]:
+        return from_rows(
+            RunnerRecord, await self.all(sa.select(runners).order_by(runners.c.created_at))
+        )
 
 
 # ---------------------------------------------------------------------- operations

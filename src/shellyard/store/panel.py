@@ -15,7 +15,9 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from shellyard.store.db import Row
+from shellyard.store.executions import Execution
 from shellyard.store.files import Artifact
+from shellyard.store.records import from_rows
 from shellyard.store.schema import (
     agents,
     artifacts,
@@ -27,6 +29,7 @@ from shellyard.store.schema import (
     workspaces,
 )
 from shellyard.store.store import Store
+from shellyard.store.timers import Timer
 
 
 class PanelRecords:
@@ -48,7 +51,7 @@ class PanelRecords:
 
     async def executions_page(
         self, agent_ids: Sequence[str], before_seq: int | None, limit: int
-    ) -> list[Row]:
+    ) -> list[Execution]:
         """Up to ``limit`` executions of the agents, newest (highest seq) first, older than
         ``before_seq`` when given (the cursor of the previous page)."""
         # Two steps: sort only the seq numbers of the agents' executions, then read the page's
@@ -61,11 +64,12 @@ class PanelRecords:
         )
         if before_seq is not None:
             seqs = seqs.where(executions.c.seq < before_seq)
-        return await self.store.all(
+        rows = await self.store.all(
             sa.select(executions)
             .where(executions.c.seq.in_(seqs.scalar_subquery()))
             .order_by(executions.c.seq.desc())
         )
+        return from_rows(Execution, rows)
 
     async def execution_counts(self, agent_ids: Sequence[str]) -> dict[str, int]:
         """How many executions of the agents are in each state."""
@@ -76,13 +80,14 @@ class PanelRecords:
         )
         return {str(r["state"]): int(r["n"]) for r in rows}
 
-    async def timers_page(self, agent_ids: Sequence[str], limit: int) -> list[Row]:
-        return await self.store.all(
+    async def timers_page(self, agent_ids: Sequence[str], limit: int) -> list[Timer]:
+        rows = await self.store.all(
             sa.select(timers)
             .where(timers.c.agent_id.in_(list(agent_ids)))
             .order_by(timers.c.created_at.desc(), timers.c.id.desc())
             .limit(limit)
         )
+        return from_rows(Timer, rows)
 
     async def notices_page(self, agent_ids: Sequence[str], limit: int) -> list[Row]:
         return await self.store.all(
@@ -99,7 +104,7 @@ class PanelRecords:
             .order_by(artifacts.c.created_at.desc())
             .limit(limit)
         )
-        return [Artifact.from_row(r) for r in rows]
+        return from_rows(Artifact, rows)
 
     async def digest(self, session_id: str, agent_ids: Sequence[str]) -> dict[str, Any]:
         """One small, JSON-able value per part of the panel; a part changed when its value did."""

@@ -3,18 +3,42 @@
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from shellyard.store.db import Database, Row, fetch_all, fetch_one, insert_returning
-from shellyard.store.executions import FINISHED_STATES, cancel_execution_timers
+from shellyard.store.executions import FINISHED_STATES, Execution, cancel_execution_timers
 from shellyard.store.notices import add_notice
+from shellyard.store.records import from_row, from_rows, maybe
 from shellyard.store.schema import (
     executions,
     timers,
 )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Timer:
+    """A ``timers`` row (N5-N7; docs/architecture.md "Records at the store boundary")."""
+
+    id: str
+    agent_id: str
+    session_id: str
+    text: str
+    #: What the caller gave: {"after_ms": n} or {"at": "..."}; ``fire_at`` is the instant.
+    spec: dict[str, Any]
+    fire_at: float
+    #: N6: the execution whose end cancels it, if any.
+    execution_id: str | None
+    #: a ``TimerState`` value
+    state: str
+    late: bool = False
+    cancel_reason: str | None
+    created_at: float
+    fired_at: float | None
+    cancelled_at: float | None
 
 
 class TimerRecords(Database):
@@ -22,13 +46,13 @@ class TimerRecords(Database):
 
     async def create_timer(
         self, values: dict[str, Any], *, announce: tuple[str, str] | None = None
-    ) -> Row:
+    ) -> Timer:
         """Insert a timer; ``announce`` (PostgreSQL): a (channel, payload) NOTIFY sent by the
         same transaction, so the other replicas hear of exactly the timers that exist."""
-        return await self.run(_create_timer, values, announce)
+        return from_row(Timer, await self.run(_create_timer, values, announce))
 
-    async def get_timer(self, timer_id: str) -> Row | None:
-        return await self.one(sa.select(timers).where(timers.c.id == timer_id))
+    async def get_timer(self, timer_id: str) -> Timer | None:
+        return maybe(Timer, await self.one(sa.select(timers).where(timers.c.id == timer_id)))
 
     async def list_timers(
         self,
@@ -37,7 +61,7 @@ class TimerRecords(Database):
         *,
         after: str | None = None,
         limit: int | None = None,
-    ) -> list[Row]:
+    ) -> list[Timer]:
         """The agent's timers by firing time; ``after``: only those past that timer (a page's
         cursor), ``limit``: at most that many."""
         stmt = sa.select(timers).where(timers.c.agent_id == agent_id)
@@ -56,28 +80,29 @@ class TimerRecords(Database):
                 )
             )
         stmt = stmt.order_by(timers.c.fire_at, timers.c.id)
-        return await self.all(stmt if limit is None else stmt.limit(limit))
+        return from_rows(Timer, await self.all(stmt if limit is None else stmt.limit(limit)))
 
     async def cancel_timers(
         self, reason: str, *, timer_id: str | None = None, execution: Row | None = None
-    ) -> list[Row]:
+    ) -> list[Timer]:
         """Cancel pending timers: one by id, or those naming a finished execution that had not
         come due when it finished (N6). Fired or cancelled timers never change."""
-        return await self.run(_cancel_timers, reason, timer_id, execution)
+        return from_rows(Timer, await self.run(_cancel_timers, reason, timer_id, execution))
 
-    async def cancel_execution_timers(self, execution: Row, reason: str) -> int:
+    async def cancel_execution_timers(self, execution: Execution, reason: str) -> int:
         """N6 at an execution's end, in one statement (it runs at every end on PostgreSQL):
         the pending timers naming it that had not come due. Returns how many."""
-        return await self.run(_cancel_execution_timers, execution, reason)
+        return await self.run(cancel_execution_timers, execution.id, execution.finished_at, reason)
 
-    async def execution_for_new_timer(self, execution_id: str) -> Row | None:
+    async def execution_for_new_timer(self, execution_id: str) -> Execution | None:
         """The execution a timer just created names, read with a share lock (PostgreSQL): an
         end whose transaction is under way (it cancels N6 reminders in that transaction,
         which may have run before this timer was committed) is waited for, so either that
         end saw the timer or this read sees the end."""
-        return await self.one(
+        row = await self.one(
             sa.select(executions).where(executions.c.id == execution_id).with_for_update(read=True)
         )
+        return maybe(Execution, row)
 
     async def pending_timer_executions(self) -> set[str]:
         rows = await self.all(
@@ -91,12 +116,15 @@ class TimerRecords(Database):
         """(ids of pending timers due at ``now`` in fire order, fire_at of the next one)."""
         return await self.run(_due_timers, now)
 
-    async def fire_timer(self, timer_id: str, late_if_due_before: float) -> tuple[Row | None, bool]:
+    async def fire_timer(
+        self, timer_id: str, late_if_due_before: float
+    ) -> tuple[Timer | None, bool]:
         """N7 exactly once: claim the pending timer (pending → fired) and post its reminder
         notice in one transaction; it is late if it was due before ``late_if_due_before``. A
         timer naming an execution that finished before the timer came due is cancelled
         instead (N6). Returns (timer after, whether it fired)."""
-        return await self.run(_fire_timer, timer_id, late_if_due_before)
+        row, fired = await self.run(_fire_timer, timer_id, late_if_due_before)
+        return maybe(Timer, row), fired
 
 
 # ---------------------------------------------------------------------- operations
@@ -112,16 +140,12 @@ def _create_timer(
     return row
 
 
-def _cancel_execution_timers(conn: Connection, execution: Row, reason: str) -> int:
-    return cancel_execution_timers(conn, execution, reason)
-
-
 def _cancel_timers(
     conn: Connection, reason: str, timer_id: str | None, execution: Row | None
 ) -> list[Row]:
     if timer_id is None:
         assert execution is not None
-        _cancel_execution_timers(conn, execution, reason)
+        cancel_execution_timers(conn, str(execution["id"]), execution["finished_at"], reason)
         return fetch_all(conn, sa.select(timers).where(timers.c.execution_id == execution["id"]))
     conn.execute(
         timers.update()

@@ -4,13 +4,31 @@
 from __future__ import annotations
 
 import time
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import sqlalchemy as sa
 
-from shellyard.store.db import Row, new_id
+from shellyard.store.db import new_id
+from shellyard.store.records import from_row, from_rows, maybe
 from shellyard.store.schema import tokens, wakes
 from shellyard.store.store import Store
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Token:
+    """A ``tokens`` row (docs/architecture.md "Records at the store boundary"): a bearer
+    token or a web login (web/cookies.py), kept as its secret's sha256."""
+
+    id: str
+    kind: Literal["admin", "session", "agent"]
+    secret_sha256: str
+    session_id: str | None
+    agent_id: str | None
+    #: the token a web login came from
+    created_by: str | None
+    created_at: float
+    revoked_at: float | None
 
 
 class TokenRecords:
@@ -28,7 +46,7 @@ class TokenRecords:
         session_id: str | None = None,
         agent_id: str | None = None,
         created_by: str | None = None,
-    ) -> Row:
+    ) -> Token:
         values: dict[str, Any] = {
             "id": new_id("tok"),
             "kind": kind,
@@ -40,29 +58,28 @@ class TokenRecords:
             "revoked_at": None,
         }
         await self.store.run(_insert, values)
-        return values
+        return from_row(Token, values)
 
-    async def by_hash(self, secret_sha256: str) -> Row | None:
-        return await self.store.one(
-            sa.select(tokens).where(tokens.c.secret_sha256 == secret_sha256)
-        )
+    async def by_hash(self, secret_sha256: str) -> Token | None:
+        row = await self.store.one(sa.select(tokens).where(tokens.c.secret_sha256 == secret_sha256))
+        return maybe(Token, row)
 
-    async def get(self, token_id: str) -> Row | None:
-        return await self.store.one(sa.select(tokens).where(tokens.c.id == token_id))
+    async def get(self, token_id: str) -> Token | None:
+        return maybe(Token, await self.store.one(sa.select(tokens).where(tokens.c.id == token_id)))
 
-    async def list(self, session_id: str | None = None) -> list[Row]:
+    async def list(self, session_id: str | None = None) -> list[Token]:
         """Every token, or those scoped to ``session_id`` (session and agent tokens both
         record their session)."""
         stmt = sa.select(tokens).order_by(tokens.c.created_at)
         if session_id is not None:
             stmt = stmt.where(tokens.c.session_id == session_id)
-        return await self.store.all(stmt)
+        return from_rows(Token, await self.store.all(stmt))
 
     async def session_of_wake(self, wake_id: str) -> str | None:
         row = await self.store.one(sa.select(wakes.c.session_id).where(wakes.c.id == wake_id))
         return None if row is None else str(row["session_id"])
 
-    async def revoke(self, token_id: str) -> Row | None:
+    async def revoke(self, token_id: str) -> Token | None:
         try:
             await self.store.run(_revoke, token_id, time.time())
         finally:  # even when the commit's outcome is unknown: forgetting costs one read

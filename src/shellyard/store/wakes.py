@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from shellyard.store.db import Database, Row, fetch_all, fetch_one, insert_returning, new_id
+from shellyard.store.records import from_row, from_rows, maybe
 from shellyard.store.schema import (
     agents,
     delivery_attempts,
@@ -23,6 +25,20 @@ from shellyard.store.schema import (
 
 #: Builds a wake's payload from (wake id, reason, session, agent, its notices, now).
 PayloadBuilder = Callable[[str, str, Row, Row, list[Row], float], dict[str, Any]]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Webhook:
+    """A ``webhooks`` row (N2's channel; docs/architecture.md "Records at the store
+    boundary"); ``session_id`` None: every session's wakes."""
+
+    id: str
+    session_id: str | None
+    url: str
+    #: the HMAC key of its deliveries: shown once, in the registration's answer
+    secret: str
+    active: bool = True
+    created_at: float
 
 
 class WakeRecords(Database):
@@ -59,17 +75,18 @@ class WakeRecords(Database):
             .limit(limit)
         )
 
-    async def add_webhook(self, values: dict[str, Any]) -> Row:
-        return await self.run(insert_returning, webhooks, values)
+    async def add_webhook(self, values: dict[str, Any]) -> Webhook:
+        return from_row(Webhook, await self.run(insert_returning, webhooks, values))
 
-    async def list_webhooks(self) -> list[Row]:
+    async def list_webhooks(self) -> list[Webhook]:
         """The active webhooks."""
-        return await self.all(
+        rows = await self.all(
             sa.select(webhooks).where(webhooks.c.active.is_(True)).order_by(webhooks.c.created_at)
         )
+        return from_rows(Webhook, rows)
 
-    async def deactivate_webhook(self, webhook_id: str) -> Row | None:
-        return await self.run(_deactivate_webhook, webhook_id)
+    async def deactivate_webhook(self, webhook_id: str) -> Webhook | None:
+        return maybe(Webhook, await self.run(_deactivate_webhook, webhook_id))
 
     async def pending_deliveries(self) -> list[str]:
         """Deliveries to (re)start; attempts a dead process left open are closed as interrupted."""

@@ -4,19 +4,19 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Self
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from shellyard.store.db import Database, Row, fetch_one, new_id, upsert
+from shellyard.store.db import Database, fetch_one, new_id, upsert
+from shellyard.store.records import from_row
 from shellyard.store.schema import (
     snapshots,
     workspaces,
 )
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Workspace:
     """A ``workspaces`` row as the control plane reads it, typed once here
     (docs/architecture.md "Records at the store boundary")."""
@@ -24,23 +24,11 @@ class Workspace:
     id: str
     agent_id: str
     runner_id: str
-    head_seq: int
+    head_seq: int = 0
     #: W1: who holds the writer (``writer_id`` names the operation); both None when free.
     writer_kind: str | None
     writer_id: str | None
     created_at: float
-
-    @classmethod
-    def from_row(cls, row: Row) -> Self:
-        return cls(
-            id=str(row["id"]),
-            agent_id=str(row["agent_id"]),
-            runner_id=str(row["runner_id"]),
-            head_seq=int(row["head_seq"] or 0),
-            writer_kind=row["writer_kind"],
-            writer_id=row["writer_id"],
-            created_at=float(row["created_at"]),
-        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,20 +45,6 @@ class Snapshot:
     created_at: float
     pruned_at: float | None
 
-    @classmethod
-    def from_row(cls, row: Row) -> Self:
-        return cls(
-            workspace_id=str(row["workspace_id"]),
-            seq=int(row["seq"]),
-            root_hash=str(row["root_hash"]),
-            made_by_kind=str(row["made_by_kind"]),
-            made_by_id=row["made_by_id"],
-            files=int(row["files"]),
-            bytes=int(row["bytes"]),
-            created_at=float(row["created_at"]),
-            pruned_at=row["pruned_at"],
-        )
-
 
 class WorkspaceRecords(Database):
     """Workspaces, their writer, their snapshots."""
@@ -81,12 +55,12 @@ class WorkspaceRecords(Database):
 
     async def get_workspace(self, workspace_id: str) -> Workspace | None:
         row = await self.one(sa.select(workspaces).where(workspaces.c.id == workspace_id))
-        return None if row is None else Workspace.from_row(row)
+        return None if row is None else from_row(Workspace, row)
 
     async def all_workspaces(self) -> list[Workspace]:
         """Every workspace, oldest first (retention walks them all)."""
         rows = await self.all(sa.select(workspaces).order_by(workspaces.c.created_at))
-        return [Workspace.from_row(r) for r in rows]
+        return [from_row(Workspace, r) for r in rows]
 
     async def release_writer(self, workspace_id: str, holder_id: str) -> bool:
         return await self.run(release_writer, workspace_id, holder_id)
@@ -115,7 +89,7 @@ class WorkspaceRecords(Database):
             .where(snapshots.c.workspace_id == workspace_id)
             .order_by(snapshots.c.seq)
         )
-        return [Snapshot.from_row(r) for r in rows]
+        return [from_row(Snapshot, r) for r in rows]
 
 
 # ---------------------------------------------------------------------- operations
@@ -128,7 +102,7 @@ def _workspace_for(conn: Connection, agent_id: str, runner_id: str) -> tuple[Wor
     )
     row = fetch_one(conn, stmt)
     if row is not None:
-        return Workspace.from_row(row), False
+        return from_row(Workspace, row), False
     workspace_id = new_id("ws")
     # ON CONFLICT (docs/operations.md): two replicas making the same workspace at once get one row.
     conn.execute(
@@ -144,7 +118,7 @@ def _workspace_for(conn: Connection, agent_id: str, runner_id: str) -> tuple[Wor
     )
     row = fetch_one(conn, stmt)
     assert row is not None
-    found = Workspace.from_row(row)
+    found = from_row(Workspace, row)
     return found, found.id == workspace_id
 
 

@@ -77,18 +77,18 @@ async def cookie_principal(request: Request, plane: ControlPlane, secret: str) -
     row = await plane.tokens.records.by_hash(web_session_hash(page_origin(request), secret))
     ended = (
         row is None
-        or row["revoked_at"] is not None
-        or float(row["created_at"]) + WEB_SESSION_TTL_S < time.time()
+        or row.revoked_at is not None
+        or row.created_at + WEB_SESSION_TTL_S < time.time()
     )
     if ended or row is None:
         raise Unauthorized(
             "your web login has ended (logged out, expired, or its token was revoked): run "
             "'shellyard ui' for a new login link, or send 'Authorization: Bearer TOKEN'"
         )
-    parent_id = row["created_by"]
+    parent_id = row.created_by
     if parent_id is not None:
-        parent = await plane.tokens.records.get(str(parent_id))
-        if parent is None or parent["revoked_at"] is not None:
+        parent = await plane.tokens.records.get(parent_id)
+        if parent is None or parent.revoked_at is not None:
             raise Unauthorized(
                 "the token this web login came from was revoked: run 'shellyard ui' with a "
                 "valid token for a new login link"

@@ -193,7 +193,7 @@ def login_router(plane: ControlPlane) -> APIRouter:
         row = await plane.tokens.records.by_hash(web_session_hash(page_origin(request), secret))
         if row is None:
             raise NotFound("the login cookie's web session is gone already")
-        await plane.tokens.records.revoke(str(row["id"]))
+        await plane.tokens.records.revoke(row.id)
         response.delete_cookie(cookie_name(request), path="/", httponly=True, samesite="strict")
         return _view(who, "cookie")
 

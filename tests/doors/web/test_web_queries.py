@@ -59,10 +59,10 @@ async def test_pages_counts_and_digest(store: Store) -> None:
         page = await records.executions_page(agents, before, 50)
         if not page:
             break
-        seen += [int(r["seq"]) for r in page]
-        before = int(page[-1]["seq"])
+        seen += [r.seq for r in page]
+        before = page[-1].seq
     assert seen == list(range(120, 0, -1))  # newest first, every record once
-    assert {r["agent_id"] for r in await records.executions_page(agents, None, 500)} == set(agents)
+    assert {r.agent_id for r in await records.executions_page(agents, None, 500)} == set(agents)
     assert await records.execution_counts(agents) == {"running": 12, "completed": 108}
 
     digest = await records.digest(str(mine["id"]), agents)

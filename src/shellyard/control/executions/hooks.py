@@ -4,9 +4,9 @@ control/executions/service.py imports neither."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any, Protocol
+from typing import Protocol
 
+from shellyard.store.executions import Execution
 from shellyard.store.leases import LeaseHolder, LeaseTerms
 
 
@@ -19,7 +19,7 @@ class EnvironmentGate(Protocol):
         """The runner the environment lives on, after checking the agent may use it (V4)."""
         ...
 
-    async def gate(self, execution_id: str, environment_id: str) -> tuple[str, Mapping[str, Any]]:
+    async def gate(self, execution_id: str, environment_id: str) -> tuple[str, Execution]:
         """V5/V6: ``go``, ``wait`` or ``failed`` for a queued execution, and its fresh record."""
         ...
 

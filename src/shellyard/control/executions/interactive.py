@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Awaitable, Mapping
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from shellyard.contract.environments import parse_body
 from shellyard.contract.interactive import (
@@ -23,6 +23,7 @@ from shellyard.contract.interactive import (
 from shellyard.control.executions import options
 from shellyard.errors import Conflict, InvalidInput, ShellyardError
 from shellyard.runner.protocol import Runner, RunnerExecState
+from shellyard.store.executions import Execution
 
 #: How often a wait on an interactive execution asks the runner whether it waits for input.
 PROMPT_POLL_S = 0.05
@@ -36,7 +37,7 @@ InputBody = ExecutionInputRequest | Mapping[str, object]
 SizeBody = TerminalSize | Mapping[str, object]
 
 
-def taking_input(row: Mapping[str, Any], execution_id: str, *, tty: bool = False) -> None:
+def taking_input(row: Execution, execution_id: str, *, tty: bool = False) -> None:
     """Conflict unless the record is a running interactive execution (a tty one: ``tty``)."""
     fields = options.terminal_fields(options.of(row))
     if not fields["interactive"]:
@@ -49,25 +50,25 @@ def taking_input(row: Mapping[str, Any], execution_id: str, *, tty: bool = False
             f"execution {execution_id} has no terminal: start it with tty: true for a screen; "
             "read its output with execution_logs"
         )
-    if row["state"] == "unknown":  # E9/R3: its runner may answer again; the program may live
+    if row.state == "unknown":  # E9/R3: its runner may answer again; the program may live
         raise Conflict(
             f"execution {execution_id}'s runner cannot be reached now (unknown): nothing was "
             "sent; send it again once execution_status says running"
         )
-    if row["state"] not in ("running", "queued"):
+    if row.state not in ("running", "queued"):
         raise Conflict(
-            f"execution {execution_id} has ended ({row['state']}): it takes no more input; "
+            f"execution {execution_id} has ended ({row.state}): it takes no more input; "
             "its output stays in execution_logs"
         )
-    if row["state"] == "queued":
+    if row.state == "queued":
         raise Conflict(
             f"execution {execution_id} is queued and has not started: send input once "
             "execution_status says running"
         )
 
 
-async def send_input(runner: Runner, row: Mapping[str, Any], body: InputBody) -> InputResult:
-    execution_id = str(row["id"])
+async def send_input(runner: Runner, row: Execution, body: InputBody) -> InputResult:
+    execution_id = row.id
     request = parse_body(ExecutionInputRequest, body)
     taking_input(row, execution_id)
     tty = bool(options.of(row).get("tty"))
@@ -82,38 +83,36 @@ async def send_input(runner: Runner, row: Mapping[str, Any], body: InputBody) ->
     return InputResult(accepted_bytes=accepted)
 
 
-async def screen(
-    runner: Runner, row: Mapping[str, Any], size: SizeBody | None = None
-) -> ScreenView:
+async def screen(runner: Runner, row: Execution, size: SizeBody | None = None) -> ScreenView:
     """The screen now; with ``size``, the terminal resized first."""
     if size is not None:
         return await resize(runner, row, parse_body(TerminalSize, size))
     fields = options.terminal_fields(options.of(row))
     if not fields["tty"]:
         raise Conflict(
-            f"execution {row['id']} has no terminal: only a command started with tty: true "
+            f"execution {row.id} has no terminal: only a command started with tty: true "
             "has a screen; read its output with execution_logs"
         )
-    if row.get("logs_pruned_at") is not None:
+    if row.logs_pruned_at is not None:
         raise Conflict(
-            f"execution {row['id']} has no screen any more: retention deleted its logs "
+            f"execution {row.id} has no screen any more: retention deleted its logs "
             "(docs/operations.md)"
         )
     # An ended terminal still shows its last screen (the log is kept).
-    return await runner.screen(str(row["id"]))
+    return await runner.screen(row.id)
 
 
-async def resize(runner: Runner, row: Mapping[str, Any], size: TerminalSize) -> ScreenView:
-    taking_input(row, str(row["id"]), tty=True)
-    return await runner.resize(str(row["id"]), size.rows, size.cols)
+async def resize(runner: Runner, row: Execution, size: TerminalSize) -> ScreenView:
+    taking_input(row, row.id, tty=True)
+    return await runner.resize(row.id, size.rows, size.cols)
 
 
-async def awaiting_input(runner: Runner, row: Mapping[str, Any]) -> bool | None:
+async def awaiting_input(runner: Runner, row: Execution) -> bool | None:
     """The runner's ``awaiting_input`` for a running interactive record, else None."""
-    if row["state"] != "running" or not options.of(row).get("interactive"):
+    if row.state != "running" or not options.of(row).get("interactive"):
         return None
     with contextlib.suppress(ShellyardError):
-        result = await runner.status(str(row["id"]))
+        result = await runner.status(row.id)
         if result.state == RunnerExecState.running:
             return result.awaiting_input
     return None

@@ -3,14 +3,12 @@ to an interactive execution, E13), from a byte offset, its last bytes or its las
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
 from shellyard.contract.executions import ExecutionState, LogsResult
 from shellyard.control.executions.output import encode_page, line_tail_offset
 from shellyard.errors import InvalidInput
 from shellyard.runner.protocol import MAX_READ_CHUNK, LogStream, Runner
 from shellyard.store import Store
+from shellyard.store.executions import Execution
 
 STREAMS: tuple[LogStream, ...] = ("stdout", "stderr", "stdin")
 
@@ -36,7 +34,7 @@ def check_page(
 async def read_page(
     store: Store,
     runner: Runner,
-    row: Mapping[str, Any],
+    row: Execution,
     stream: str,
     offset: int,
     limit: int,
@@ -46,10 +44,10 @@ async def read_page(
     encoding: str = "utf-8",
 ) -> LogsResult:
     """The page of an owned record's log (``check_page`` passed)."""
-    execution_id = str(row["id"])
+    execution_id = row.id
     log_stream = next(name for name in STREAMS if name == stream)
-    pruned_at = row.get("logs_pruned_at")
-    state = ExecutionState(row["state"])
+    pruned_at = row.logs_pruned_at
+    state = ExecutionState(row.state)
     nothing = LogsResult.model_construct(
         execution_id=execution_id, stream=log_stream, data="", offset=0, next_offset=0,
         size=0, complete=True, state=state, logs_pruned_at=pruned_at,
@@ -57,7 +55,7 @@ async def read_page(
     if pruned_at is not None:
         # Retention deleted them (docs/operations.md): say so instead of failing the read.
         return nothing
-    if state == ExecutionState.queued or row["started_at"] is None:
+    if state == ExecutionState.queued or row.started_at is None:
         return nothing.model_copy(update={"complete": state.terminal})
     if tail is not None:
         size = await runner.log_size(execution_id, log_stream)

@@ -16,6 +16,7 @@ from shellyard.contract.executions import ExecutionState, RunShellRequest
 from shellyard.paths import normalize_relative
 from shellyard.runner.protocol import Runner, RunnerExecState, RunnerExecution
 from shellyard.store import Store
+from shellyard.store.executions import Execution
 
 TIMEOUT = "timeout"
 
@@ -36,12 +37,12 @@ def record(request: RunShellRequest) -> str | None:
     return json.dumps(kept) if kept else None
 
 
-def of(row: Mapping[str, Any]) -> dict[str, Any]:
-    text = row.get("run_options")
+def of(row: Execution) -> dict[str, Any]:
+    text = row.run_options
     return dict(json.loads(text)) if text else {}
 
 
-def start_fields(row: Mapping[str, Any]) -> dict[str, Any]:
+def start_fields(row: Execution) -> dict[str, Any]:
     """The StartRequest fields the record's options fill in."""
     options = of(row)
     return {
@@ -61,16 +62,16 @@ def terminal_fields(options: Mapping[str, Any]) -> dict[str, Any]:
     return fields
 
 
-def deadline(row: Mapping[str, Any]) -> float | None:
+def deadline(row: Execution) -> float | None:
     """When the timeout cancels it (wall clock, from its start), or None."""
     timeout_ms = of(row).get("timeout_ms")
     if timeout_ms is None:
         return None
-    started = row.get("started_at") or time.time()
-    return float(started) + int(timeout_ms) / 1000
+    started = row.started_at or time.time()
+    return started + int(timeout_ms) / 1000
 
 
-def error(row: Mapping[str, Any]) -> str:
+def error(row: Execution) -> str:
     return (
         f"timeout: it ran longer than its timeout_ms ({of(row).get('timeout_ms')} ms) and was "
         "cancelled on the caller's behalf (E5)"
@@ -84,7 +85,7 @@ async def expire(store: Store, runner: Runner, execution_id: str) -> bool:
     return True
 
 
-def outcome(row: Mapping[str, Any], result: RunnerExecution) -> tuple[ExecutionState, str | None]:
+def outcome(row: Execution, result: RunnerExecution) -> tuple[ExecutionState, str | None]:
     """The record's terminal state and error for the runner's ``result`` (E7, E9; a cancel of
     ``timeout_ms`` says so in the error, E5)."""
     if result.state == RunnerExecState.lost:

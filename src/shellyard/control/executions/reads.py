@@ -4,7 +4,6 @@ execution service (service.py), which holds the store, the runners and the agent
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 from shellyard.contract.executions import ExecutionView, LogsResult
@@ -17,6 +16,7 @@ from shellyard.control.runners import RunnerRegistry
 from shellyard.errors import NotFound
 from shellyard.runner.protocol import Runner
 from shellyard.store import Store
+from shellyard.store.executions import Execution
 
 
 class OwnedReads:
@@ -24,8 +24,8 @@ class OwnedReads:
     runners: RunnerRegistry
     agents: AgentResolver
 
-    def _runner(self, row: Mapping[str, Any]) -> Runner:
-        return self.runners.get(str(row["runner_id"]))
+    def _runner(self, row: Execution) -> Runner:
+        return self.runners.get(row.runner_id)
 
     async def logs(
         self,
@@ -40,7 +40,7 @@ class OwnedReads:
         """A page of a log; ``tail``: bytes, ``tail_lines``: lines (docs/cli.md "Output")."""
         check_page(stream, offset, limit, tail, **page)
         row = await self._owned(execution_id, agent_id)
-        runner = self.runners.get(str(row["runner_id"]))
+        runner = self.runners.get(row.runner_id)
         return await read_page(self.store, runner, row, stream, offset, limit, tail, **page)
 
     # E13: input, screen and size of an interactive execution (control/executions/interactive.py)
@@ -62,11 +62,11 @@ class OwnedReads:
         owner = await self.agents.id(agent_id)
         return [execution_view(r) for r in await self.store.list_executions(owner, limit)]
 
-    async def _owned(self, execution_id: str, agent_id: str | None) -> Mapping[str, Any]:
+    async def _owned(self, execution_id: str, agent_id: str | None) -> Execution:
         row = await self.store.get_execution(execution_id)
         owner = await self.agents.id(agent_id)
         # Another agent's execution is reported exactly like a missing one: no data leaks.
-        if row is None or row["agent_id"] != owner:
+        if row is None or row.agent_id != owner:
             raise NotFound(
                 f"no execution {execution_id!r}; list yours with 'shellyard status' or check the id"
             )

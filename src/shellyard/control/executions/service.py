@@ -8,7 +8,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from shellyard.contract.executions import (
@@ -45,6 +45,7 @@ from shellyard.runner.protocol import (
 )
 from shellyard.store import Store
 from shellyard.store.db import new_id
+from shellyard.store.executions import Execution
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +58,7 @@ WORKSPACE_CACHE = 4096
 
 
 #: Told of each execution's terminal record and whether its notice was read at once (N3).
-FinishObserver = Callable[[Mapping[str, Any], bool], Awaitable[None]]
+FinishObserver = Callable[[Execution, bool], Awaitable[None]]
 
 
 class ExecutionService(OwnedReads):
@@ -94,7 +95,7 @@ class ExecutionService(OwnedReads):
         self._notes: dict[str, str] = {}
         #: execution id → its final record, kept while a foreground caller waits for it, so
         #: the caller answers without reading it again (docs/benchmarks.md: transactions per run)
-        self._ended: dict[str, Mapping[str, Any]] = {}
+        self._ended: dict[str, Execution] = {}
         #: Leases (docs/operations.md): one replica watches each execution; the keeper hands
         #: this one those of dead replicas and of the previous process (E11), and the queues
         #: nobody hands on.
@@ -121,13 +122,13 @@ class ExecutionService(OwnedReads):
         if row is None:
             await self._release(execution_id)
             return
-        if str(row["runner_id"]) not in self.runners.ids():  # registered on another replica
+        if row.runner_id not in self.runners.ids():  # registered on another replica
             await self.runners.load_registered()
-        state = ExecutionState(row["state"])
+        state = ExecutionState(row.state)
         if state in (ExecutionState.running, ExecutionState.unknown):
             self._watch(row)
             return
-        await self.dispatch(str(row["workspace_id"]))
+        await self.dispatch(row.workspace_id)
         if execution_id not in self._watchers:
             await self._release(execution_id)
 
@@ -202,7 +203,8 @@ class ExecutionService(OwnedReads):
                 if existing is not None:
                     return await self._respond(existing, request)
             raise
-        if holder is not None and not request.queue:
+        if row is None or (holder is not None and not request.queue):
+            # Refused: nothing was recorded (the store returns no record then).
             raise WorkspaceBusy(
                 f"workspace {workspace_id} is busy: {holder} holds its writer. Wait for it "
                 "(execution_status), cancel it (execution_cancel), pass queue: true to run "
@@ -210,24 +212,22 @@ class ExecutionService(OwnedReads):
                 holder=holder,
             )
         if holder is None:
-            self.leases.taken(LEASE_KIND, str(row["id"]))
+            self.leases.taken(LEASE_KIND, row.id)
             row = await self._launch(row, refuse=True, leased=True)
         return await self._respond(row, request, started=holder is None)
 
     async def _launch(
-        self, row: Mapping[str, Any], refuse: bool = False, leased: bool = False
-    ) -> Mapping[str, Any]:
+        self, row: Execution, refuse: bool = False, leased: bool = False
+    ) -> Execution:
         """Start a record that holds its workspace's writer. Safe to repeat (E10).
 
         ``refuse``: a runner below its free-space reserve raises to the submitter (retry
         later; CLI exit 75) after the record is made failed with the same message.
         ``leased``: ``row`` was just submitted with its lease (nobody else can have moved it)."""
-        execution_id = str(row["id"])
+        execution_id = row.id
         # One replica starts and watches it; another replica's dispatch of the same
         # queue loses here and leaves it alone.
-        if not leased and not await self.leases.acquire(
-            LEASE_KIND, execution_id, str(row["runner_id"])
-        ):
+        if not leased and not await self.leases.acquire(LEASE_KIND, execution_id, row.runner_id):
             return await self._finalized(row)
         try:
             return await self._launch_leased(row, refuse, submitted=leased)
@@ -238,28 +238,26 @@ class ExecutionService(OwnedReads):
                 await asyncio.shield(self._release(execution_id))
             raise
 
-    async def _launch_leased(
-        self, row: Mapping[str, Any], refuse: bool, submitted: bool
-    ) -> Mapping[str, Any]:
-        execution_id = str(row["id"])
-        runner = self.runners.get(str(row["runner_id"]))
+    async def _launch_leased(self, row: Execution, refuse: bool, submitted: bool) -> Execution:
+        execution_id = row.id
+        runner = self.runners.get(row.runner_id)
         if not submitted:
             row = await self._finalized(row)
-            if row["state"] != ExecutionState.queued:  # started or ended meanwhile
-                if row["state"] == ExecutionState.running:
+            if row.state != ExecutionState.queued:  # started or ended meanwhile
+                if row.state == ExecutionState.running:
                     self._watch(row)
                 else:
                     # Ended on another replica after this dispatch took the writer for it.
-                    await self.store.release_writer(str(row["workspace_id"]), execution_id)
+                    await self.store.release_writer(row.workspace_id, execution_id)
                     await self._release(execution_id)
                 return row
-        environment_id = row["environment_id"]
-        if environment_id is not None and row["environment_revision"] is None:
+        environment_id = row.environment_id
+        if environment_id is not None and row.environment_revision is None:
             # V5/V6 gate: queued behind a pending change, or the latest revision resolved.
             verdict, row = await self.environments.gate(execution_id, str(environment_id))
-            if row["state"] != ExecutionState.queued or verdict == "wait":
+            if row.state != ExecutionState.queued or verdict == "wait":
                 # Waiting for an environment change: its end dispatches it, no watch needed.
-                if row["state"] == ExecutionState.queued:
+                if row.state == ExecutionState.queued:
                     await self._release(execution_id)
                 return row
             if verdict == "failed":
@@ -274,14 +272,14 @@ class ExecutionService(OwnedReads):
             result = await runner.start(
                 StartRequest(
                     execution_id=execution_id,
-                    workspace_id=str(row["workspace_id"]),
-                    command=row["command"],
-                    script_path=row["script_path"],
+                    workspace_id=row.workspace_id,
+                    command=row.command,
+                    script_path=row.script_path,
                     environment_id=environment_id,
-                    read_only=bool(row["read_only"]),
+                    read_only=row.read_only,
                     **options.start_fields(row),
                     # a queued record is started by its predecessor's end: nobody waits there
-                    detached=bool(row["background"]) or not refuse,
+                    detached=row.background or not refuse,
                 )
             )
         except RunnerUnavailable as exc:
@@ -320,21 +318,21 @@ class ExecutionService(OwnedReads):
         )
         assert fresh is not None
         await log_state(self.store, fresh)
-        if fresh["state"] == ExecutionState.running:
+        if fresh.state == ExecutionState.running:
             self._watch(fresh)
         return fresh
 
-    async def _finalized(self, row: Mapping[str, Any]) -> Mapping[str, Any]:
-        fresh = await self.store.get_execution(str(row["id"]))
+    async def _finalized(self, row: Execution) -> Execution:
+        fresh = await self.store.get_execution(row.id)
         assert fresh is not None
         return fresh
 
     # ------------------------------------------------------------------ watch
 
-    def _watch(self, row: Mapping[str, Any]) -> None:
+    def _watch(self, row: Execution) -> None:
         """Watch a running execution until its end; the caller holds its lease, so nobody
         else watches it."""
-        execution_id = str(row["id"])
+        execution_id = row.id
         if execution_id in self._watchers or self._closing:
             return
         task = asyncio.create_task(self._watch_guarded(row), name=f"watch-{execution_id}")
@@ -346,21 +344,21 @@ class ExecutionService(OwnedReads):
 
         task.add_done_callback(done)
 
-    async def _watch_guarded(self, row: Mapping[str, Any]) -> None:
+    async def _watch_guarded(self, row: Execution) -> None:
         """A watcher that fails (the database went away) lets its lease go: a round re-attaches."""
         try:
-            await while_store_full(lambda: self._watch_loop(row), f"the end of {row['id']}")
+            await while_store_full(lambda: self._watch_loop(row), f"the end of {row.id}")
         except asyncio.CancelledError:
             raise
         except Exception:
-            log.exception("watching %s failed; its lease is let go", row["id"])
-            await self._release(str(row["id"]))
+            log.exception("watching %s failed; its lease is let go", row.id)
+            await self._release(row.id)
 
-    async def _watch_loop(self, row: Mapping[str, Any]) -> None:
-        execution_id = str(row["id"])
-        runner = self.runners.get(str(row["runner_id"]))
-        failures = int(row["query_failures"] or 0)
-        deadline, timed_out = options.deadline(row), row["ended_by_limit"] == options.TIMEOUT
+    async def _watch_loop(self, row: Execution) -> None:
+        execution_id = row.id
+        runner = self.runners.get(row.runner_id)
+        failures = row.query_failures
+        deadline, timed_out = options.deadline(row), row.ended_by_limit == options.TIMEOUT
         while True:
             left = WAIT_SLICE_S if deadline is None or timed_out else deadline - time.time()
             try:
@@ -402,7 +400,7 @@ class ExecutionService(OwnedReads):
             await self._complete(row, result)
             return
 
-    async def _complete(self, row: Mapping[str, Any], result: RunnerExecution) -> None:
+    async def _complete(self, row: Execution, result: RunnerExecution) -> None:
         state, error = options.outcome(row, result)
         snapshot = result.snapshot
         if snapshot is not None and snapshot.new:
@@ -413,7 +411,7 @@ class ExecutionService(OwnedReads):
                 snapshot.files,
                 snapshot.bytes,
                 "execution",
-                str(row["id"]),
+                row.id,
             )
         await self._end(
             row,
@@ -430,10 +428,10 @@ class ExecutionService(OwnedReads):
         if result.finished_at:
             self.on_timing("commit", max(0.0, time.time() - result.finished_at))
 
-    async def _end(self, row: Mapping[str, Any], state: ExecutionState, **values: Any) -> None:
+    async def _end(self, row: Execution, state: ExecutionState, **values: Any) -> None:
         """Make the record terminal, post its notice, release the writer (one transaction),
         then wake waiters and run the next queued writer."""
-        execution_id = str(row["id"])
+        execution_id = row.id
         values.setdefault("finished_at", time.time())
         exit_code = values.get("exit_code")
         summary = f"execution {execution_id} {state.value}" + (
@@ -466,7 +464,7 @@ class ExecutionService(OwnedReads):
         if queued is not None:
             # A replica dying before this line leaves a stalled queue: the lease keeper's
             # rounds (and a restart's, for the local runner) dispatch it.
-            await self.dispatch(str(row["workspace_id"]))
+            await self.dispatch(row.workspace_id)
 
     def _signal(self, execution_id: str) -> None:
         self.signal(execution_id)
@@ -498,28 +496,28 @@ class ExecutionService(OwnedReads):
                 return
             workspace = await self.store.get_workspace(workspace_id)
             assert workspace is not None
-            if workspace.writer_id not in (None, row["id"]):
+            if workspace.writer_id not in (None, row.id):
                 return
             if workspace.writer_id is None and not await self.store.take_writer(
-                workspace_id, "execution", str(row["id"])
+                workspace_id, "execution", row.id
             ):
                 return
             launched = await self._launch(row)
             # Running, or queued behind an environment change (it keeps the writer).
-            if launched["state"] in (ExecutionState.running, ExecutionState.queued):
+            if launched.state in (ExecutionState.running, ExecutionState.queued):
                 return
 
     # ------------------------------------------------------------------ respond
 
     async def _respond(
-        self, row: Mapping[str, Any], request: RunShellRequest, started: bool = False
+        self, row: Execution, request: RunShellRequest, started: bool = False
     ) -> RunShellResult:
         """``started``: ``row`` is what this call's start wrote (no await since)."""
-        execution_id = str(row["id"])
+        execution_id = row.id
         seen_ending = None
-        if not request.background and not ExecutionState(row["state"]).terminal:
+        if not request.background and not ExecutionState(row.state).terminal:
             # Running and watched here since its start: no end can have been signalled yet.
-            current = started and row["state"] == "running" and execution_id in self._watchers
+            current = started and row.state == "running" and execution_id in self._watchers
             seen_ending = await self._wait_watched(
                 execution_id, request.wait_ms / 1000, current, self._prompts(row)
             )
@@ -556,7 +554,7 @@ class ExecutionService(OwnedReads):
         self, execution_id: str, timeout_s: float, agent_id: str | None = None
     ) -> ExecutionView:
         row = await self._owned(execution_id, agent_id)
-        if not ExecutionState(row["state"]).terminal:
+        if not ExecutionState(row.state).terminal:
             await self._wait_watched(execution_id, timeout_s, prompts=self._prompts(row))
         return await self.status(execution_id, agent_id)
 
@@ -570,7 +568,7 @@ class ExecutionService(OwnedReads):
         )
         return await self._respond(row, now)
 
-    def _prompts(self, row: Mapping[str, Any]) -> Runner | None:
+    def _prompts(self, row: Execution) -> Runner | None:
         """E13: the runner to ask whether an interactive execution waits for input (a wait
         ends then)."""
         return self._runner(row) if options.of(row).get("interactive") else None
@@ -581,7 +579,7 @@ class ExecutionService(OwnedReads):
         timeout_s: float,
         current: bool = False,
         prompts: Runner | None = None,
-    ) -> Mapping[str, Any] | None:
+    ) -> Execution | None:
         """Wait for the end with a caller watching: a result that arrives during the wait is
         seen by that caller, so its notice is posted already read and wakes nobody (N3).
         The final record when this process ended it during the wait, else None."""
@@ -597,7 +595,7 @@ class ExecutionService(OwnedReads):
                 # row tells it (read in its finishing transaction, store/executions.py).
                 waiter = await self.foreground_waits.begin(execution_id)
             fresh = None if current else await self.store.get_execution(execution_id)
-            if current or (fresh is not None and not ExecutionState(fresh["state"]).terminal):
+            if current or (fresh is not None and not ExecutionState(fresh.state).terminal):
                 waiting = self.foreground_waits.wait(event, execution_id, waiter, timeout_s)
                 await interactive.until_prompt(waiting, prompts, execution_id)
                 return self._ended.get(execution_id)
@@ -625,18 +623,18 @@ class ExecutionService(OwnedReads):
         """E7: a finished execution comes back unchanged; a running one gets SIGTERM, then the
         whole sandbox is killed after the grace period; ``cancelled`` only once committed."""
         row = await self._owned(execution_id, agent_id)
-        state = ExecutionState(row["state"])
+        state = ExecutionState(row.state)
         if state.terminal:
             return execution_view(row)
         await self.store.update_execution(execution_id, cancel_requested=True)
-        if state == ExecutionState.queued and row["started_at"] is None:
-            workspace = await self.store.get_workspace(str(row["workspace_id"]))
+        if state == ExecutionState.queued and row.started_at is None:
+            workspace = await self.store.get_workspace(row.workspace_id)
             # Queued behind an environment change (V5): it holds the writer but never started.
-            gated = row["waiting_for"] is not None
+            gated = row.waiting_for is not None
             if workspace is None or workspace.writer_id != execution_id or gated:
                 await self._end(row, ExecutionState.cancelled)
                 return await self.status(execution_id, agent_id)
-        runner = self.runners.get(str(row["runner_id"]))
+        runner = self.runners.get(row.runner_id)
         await runner.cancel(execution_id)
         if wait_s > 0:
             return await self.wait(execution_id, wait_s, agent_id)

@@ -14,8 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Literal
 
 from shellyard.contract.files import Relation, WorkspaceView
 from shellyard.control.executions.service import ExecutionService
@@ -23,10 +22,10 @@ from shellyard.control.runners import LOCAL_RUNNER_ID, RunnerRegistry
 from shellyard.errors import InvalidInput, NotFound, WorkspaceBusy
 from shellyard.runner.protocol import Runner
 from shellyard.store import Store
+from shellyard.store.db import Row
 from shellyard.store.files import FileRecords
 from shellyard.store.workspaces import Workspace
 
-Row = Mapping[str, Any]
 Use = Literal["read", "write", "transfer"]
 #: How often a queued file operation looks at the writer again (besides being woken).
 _POLL_S = 0.1

@@ -16,6 +16,7 @@ from shellyard.errors import InvalidInput, NotFound
 from shellyard.paths import normalize_relative
 from shellyard.store.db import new_id
 from shellyard.store.files import Artifact, FileRecords
+from shellyard.store.records import field_names, values_of
 
 
 class ArtifactService:
@@ -122,19 +123,12 @@ class ArtifactService:
         return row
 
 
+#: D3: the fields an artifact's record and its view share, listed once.
+_VIEW_FIELDS = field_names(Artifact, ArtifactView.model_fields)
+
+
 def _view(row: Artifact) -> ArtifactView:
-    return ArtifactView(
-        artifact_id=row.id,
-        name=row.name,
-        agent_id=row.agent_id,
-        workspace_id=row.workspace_id,
-        runner_id=row.runner_id,
-        seq=row.seq,
-        path=row.path,
-        sha256=row.sha256,
-        size=row.size,
-        created_at=row.created_at,
-    )
+    return ArtifactView.model_validate({**values_of(row, _VIEW_FIELDS), "artifact_id": row.id})
 
 
 __all__ = ["ArtifactService"]

@@ -67,8 +67,13 @@ from shellyard.store import Store
 from shellyard.store.db import new_id
 from shellyard.store.files import TERMINAL_TRANSFER_STATES, FileRecords, Transfer, TransferFile
 from shellyard.store.leases import TRANSFER
+from shellyard.store.records import field_names, values_of
 
 log = logging.getLogger(__name__)
+
+#: D3: the fields a transfer's record and its view share, listed once.
+_TRANSFER_VIEW_FIELDS = field_names(Transfer, TransferView.model_fields)
+_TRANSFER_FILE_VIEW_FIELDS = field_names(TransferFile, TransferFileView.model_fields)
 
 #: Pending rows read from the database at once (cut into batches in memory).
 _PAGE_ROWS = 5000
@@ -605,16 +610,7 @@ class TransferService:
         await self._owned(transfer_id, agent_id)
         rows = await self.records.transfer_files(transfer_id, outcome, offset, limit + 1)
         views = [
-            TransferFileView(
-                source_path=r.source_path,
-                target_path=r.target_path,
-                kind=r.kind,
-                size=r.size,
-                sha256=r.sha256,
-                outcome=r.outcome,
-                reason=r.reason,
-                target_seq=r.target_seq,
-            )
+            TransferFileView.model_validate(values_of(r, _TRANSFER_FILE_VIEW_FIELDS))
             for r in rows[:limit]
         ]
         return TransferFilesView(
@@ -667,31 +663,14 @@ class TransferService:
         return await self.query(transfer_id, agent_id)
 
     def _view(self, row: Transfer) -> TransferView:
-        return TransferView(
-            transfer_id=row.id,
-            state=row.state,
-            agent_id=row.agent_id,
-            source_workspace_id=row.source_workspace_id,
-            source_seq=row.source_seq,
-            target_workspace_id=row.target_workspace_id,
-            target_folder=row.target_folder,
-            paths=list(row.paths),
-            files_total=row.files_total,
-            bytes_total=row.bytes_total,
-            files_copied=row.files_copied,
-            files_unchanged=row.files_unchanged,
-            files_skipped=row.files_skipped,
-            files_failed=row.files_failed,
-            bytes_done=row.bytes_done,
-            bytes_in_flight=self._in_flight.get(row.id, 0),
-            bytes_sent=row.bytes_sent,
-            batches=row.batches,
-            target_seq=row.target_seq,
-            error=row.error,
-            cancel_requested=row.cancel_requested,
-            created_at=row.created_at,
-            started_at=row.started_at,
-            finished_at=row.finished_at,
+        # D3: the view is the record's shared fields, plus its id under the view's name and
+        # what only this replica knows (the batch in flight).
+        return TransferView.model_validate(
+            {
+                **values_of(row, _TRANSFER_VIEW_FIELDS),
+                "transfer_id": row.id,
+                "bytes_in_flight": self._in_flight.get(row.id, 0),
+            }
         )
 
 

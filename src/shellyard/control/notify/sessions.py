@@ -9,9 +9,6 @@ separate so that a child stopped on its own stays stopped when its session resum
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
 from shellyard.contract.sessions import (
     AgentView,
     ResumeResult,
@@ -24,8 +21,7 @@ from shellyard.control.notify.inbox import summarize, unread_summary
 from shellyard.control.notify.wakes import WakeService, wake_payload
 from shellyard.errors import Conflict, NotFound
 from shellyard.store import Store
-
-Row = Mapping[str, Any]
+from shellyard.store.db import Row
 
 
 class SessionService:

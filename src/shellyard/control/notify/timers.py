@@ -21,7 +21,7 @@ import contextlib
 import logging
 import re
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -38,7 +38,8 @@ from shellyard.control.notify.sessions import SessionService
 from shellyard.control.notify.wakes import WakeService
 from shellyard.errors import Conflict, InvalidInput, NotFound
 from shellyard.store.db import new_id
-from shellyard.store.executions import FINISHED_STATES
+from shellyard.store.executions import FINISHED_STATES, Execution
+from shellyard.store.timers import Timer
 
 log = logging.getLogger(__name__)
 
@@ -184,22 +185,22 @@ def utc_text(timestamp: float) -> str:
     return datetime.fromtimestamp(timestamp, UTC).isoformat(timespec="milliseconds")[:-6] + "Z"
 
 
-def timer_view(row: Mapping[str, Any]) -> TimerView:
+def timer_view(row: Timer) -> TimerView:
     return TimerView(
-        timer_id=row["id"],
-        agent_id=row["agent_id"],
-        session_id=row["session_id"],
-        text=row["text"],
-        spec=row["spec"],
-        fire_at=row["fire_at"],
-        fire_at_utc=utc_text(row["fire_at"]),
-        execution_id=row["execution_id"],
-        state=TimerState(row["state"]),
-        late=bool(row["late"]),
-        cancel_reason=row["cancel_reason"],
-        created_at=row["created_at"],
-        fired_at=row["fired_at"],
-        cancelled_at=row["cancelled_at"],
+        timer_id=row.id,
+        agent_id=row.agent_id,
+        session_id=row.session_id,
+        text=row.text,
+        spec=row.spec,
+        fire_at=row.fire_at,
+        fire_at_utc=utc_text(row.fire_at),
+        execution_id=row.execution_id,
+        state=TimerState(row.state),
+        late=row.late,
+        cancel_reason=row.cancel_reason,
+        created_at=row.created_at,
+        fired_at=row.fired_at,
+        cancelled_at=row.cancelled_at,
     )
 
 
@@ -276,30 +277,30 @@ class TimerService:
         }
         if request.execution_id is not None:
             execution = await self.store.get_execution(request.execution_id)
-            if execution is None or execution["agent_id"] != agent["id"]:
+            if execution is None or execution.agent_id != agent["id"]:
                 raise NotFound(
                     f"no execution {request.execution_id!r}; name one of your own executions "
                     "(execution_status lists its state) or leave execution_id out"
                 )
-            if execution["state"] in FINISHED_STATES:  # N6: it already finished first
+            if execution.state in FINISHED_STATES:  # N6: it already finished first
                 values.update(
                     state=TimerState.cancelled.value,
                     cancelled_at=now,
-                    cancel_reason=f"execution {execution['id']} had already finished "
-                    f"({execution['state']}) when the timer was created",
+                    cancel_reason=f"execution {execution.id} had already finished "
+                    f"({execution.state}) when the timer was created",
                 )
             elif not self.shared:
                 self._watched.add(request.execution_id)
         row = await self.store.create_timer(values, announce=self.announce())
         self._changed.set()
-        if row["state"] == TimerState.pending and request.execution_id is not None:
+        if row.state == TimerState.pending and request.execution_id is not None:
             # N6: the execution may have ended between the read above and the insert; its
             # end's check did not see this timer then, so this read sees the end (it waits
             # for an end still being committed: store.execution_for_new_timer).
             execution = await self.store.execution_for_new_timer(request.execution_id)
-            if execution is not None and execution["state"] in FINISHED_STATES:
+            if execution is not None and execution.state in FINISHED_STATES:
                 await self._cancel_for(execution)
-                row = await self.store.get_timer(str(row["id"])) or row
+                row = await self.store.get_timer(row.id) or row
         return timer_view(row)
 
     async def list_timers(
@@ -323,18 +324,20 @@ class TimerService:
     async def cancel(self, agent_id: str | None, timer_id: str) -> TimerView:
         """Cancel a pending timer; a fired or cancelled one comes back unchanged."""
         row = await self._owned(agent_id, timer_id)
-        if row["state"] == TimerState.pending:
+        if row.state == TimerState.pending:
             await self.store.cancel_timers("cancelled by timer_cancel", timer_id=timer_id)
             self._cancelled()
         return await self.get(agent_id, timer_id)
 
-    async def execution_finished(self, row: Mapping[str, Any], _notice_read: bool) -> None:
+    async def execution_finished(self, row: Execution, _notice_read: bool) -> None:
         """ExecutionService observer (N6): the reminders naming this execution that had not
         come due are cancelled. On PostgreSQL the timer may have been created through another
         replica (and its fan-out message lost): the store is asked at every end."""
-        execution_id = str(row["id"])
-        if "timers_cancelled" in row:  # done in the finishing transaction (folded_into_finish)
-            if row["timers_cancelled"]:
+        execution_id = row.id
+        if (
+            row.timers_cancelled is not None
+        ):  # done in the finishing transaction (folded_into_finish)
+            if row.timers_cancelled:
                 self._cancelled()
             return
         if self.shared or execution_id in self._watched:
@@ -353,8 +356,8 @@ class TimerService:
         (fan-out resync): read the next due time again."""
         self._changed.set()
 
-    async def _cancel_for(self, execution: Mapping[str, Any]) -> None:
-        reason = f"execution {execution['id']} finished before the reminder was due"
+    async def _cancel_for(self, execution: Execution) -> None:
+        reason = f"execution {execution.id} finished before the reminder was due"
         if await self.store.cancel_execution_timers(execution, reason):
             self._cancelled()
 
@@ -362,10 +365,10 @@ class TimerService:
         self._changed.set()
         self.on_change()
 
-    async def _owned(self, agent_id: str | None, timer_id: str) -> Mapping[str, Any]:
+    async def _owned(self, agent_id: str | None, timer_id: str) -> Timer:
         agent = await self.sessions.agent_row(agent_id)
         row = await self.store.get_timer(timer_id)
-        if row is None or row["agent_id"] != agent["id"]:
+        if row is None or row.agent_id != agent["id"]:
             raise NotFound(f"no timer {timer_id!r}; timer_list shows yours")
         return row
 
@@ -396,7 +399,7 @@ class TimerService:
                 log.info(
                     "timer %s fired%s",
                     timer_id,
-                    " late" if row["late"] else "",
-                    extra={"action": "fire_timer", "timer_id": timer_id, "late": row["late"]},
+                    " late" if row.late else "",
+                    extra={"action": "fire_timer", "timer_id": timer_id, "late": row.late},
                 )
-                await self.wakes.notify(str(row["agent_id"]))
+                await self.wakes.notify(row.agent_id)

@@ -38,7 +38,10 @@ from shellyard.control.notify.webhook_policy import PolicyRefusal, WebhookPolicy
 from shellyard.errors import NotFound
 from shellyard.store import Store
 from shellyard.store.db import new_id
+from shellyard.store.executions import Execution
 from shellyard.store.leases import LeaseHolder
+from shellyard.store.records import field_names, values_of
+from shellyard.store.wakes import Webhook
 
 log = logging.getLogger(__name__)
 
@@ -267,10 +270,10 @@ class WakeService:
         """Another replica added or removed a webhook."""
         self._webhooks = bool(await self.store.list_webhooks())
 
-    async def execution_finished(self, row: Mapping[str, Any], notice_read: bool) -> None:
+    async def execution_finished(self, row: Execution, notice_read: bool) -> None:
         """ExecutionService observer: an unread completion notice may wake its owner (N3)."""
         if not notice_read:
-            await self.notify(str(row["agent_id"]))
+            await self.notify(row.agent_id)
 
     # ------------------------------------------------------------------ channels
 
@@ -512,11 +515,14 @@ class WakeService:
                 return
 
 
-def _webhook_view(row: Mapping[str, Any]) -> WebhookView:
-    return WebhookView(
-        webhook_id=row["id"],
-        url=row["url"],
-        session_id=row["session_id"],
-        active=bool(row["active"]),
-        created_at=row["created_at"],
+#: D3: the fields a webhook's record and its view share, listed once; never its secret,
+#: which only the registration's answer carries.
+_WEBHOOK_VIEW_FIELDS = tuple(
+    name for name in field_names(Webhook, WebhookView.model_fields) if name != "secret"
+)
+
+
+def _webhook_view(row: Webhook) -> WebhookView:
+    return WebhookView.model_validate(
+        {**values_of(row, _WEBHOOK_VIEW_FIELDS), "webhook_id": row.id}
     )
