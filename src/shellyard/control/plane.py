@@ -42,6 +42,8 @@ from shellyard.store.retention import RetentionRecords
 # eq=False: a plane is itself, never equal to another (and hashable by identity).
 @dataclass(frozen=True, eq=False)
 class ControlPlane:
+    """What ``build`` made, every service started (docs/architecture.md "Wiring")."""
+
     settings: Settings
     store: Store
     # Runner registration, health, removal (R1, R4); the local runner is "local".
@@ -90,13 +92,14 @@ class ControlPlane:
 async def build(settings: Settings) -> ControlPlane:
     """Open the store, make the lease keeper, the fan-out, the runners and the services in
     that order, start them, and return the plane. A failure part-way closes what was opened
-    (the store, the runners with the local one, the services started) before it is raised.
+    (the store, the runners with the local one, the services started) before it is raised:
+    the caller has no plane to close.
 
-    Each close is registered on one exit stack, which unwinds last-in first-out, so the
-    registrations are placed to give ``ControlPlane.aclose``'s order, not where each object
-    is made: the runners before the fan-out and the keeper (made just before them, none of
-    the three opens anything when made), the executions before the environments, wakes and
-    timers (made before it, for its hooks)."""
+    Each close is registered on one exit stack, which the plane keeps for ``aclose``. The
+    stack unwinds last-in first-out, so a close is registered where it gives ``aclose``'s
+    order rather than right where its object is made: the runners' before the fan-out's and
+    the keeper's (the three are made together; none opens anything when made), and the
+    executions' before those of the environments, wakes and timers it is built from."""
     # 0700 and the service user's alone (docs/security.md "The home's files")
     filemodes.secure_home(settings.home)
     closing = AsyncExitStack()
