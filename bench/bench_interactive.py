@@ -32,7 +32,7 @@ from runner_daemon_fixture import start_daemon
 from shellyard.config import Settings
 from shellyard.contract.executions import RunShellRequest
 from shellyard.contract.interactive import ExecutionInputRequest
-from shellyard.control.plane import ControlPlane
+from shellyard.control.plane import ControlPlane, build
 from shellyard.runner.protocol import SandboxPolicy
 
 COMMAND = "python bench/bench_interactive.py"
@@ -70,8 +70,7 @@ def holder_rss(home: Path, execution_id: str) -> int:
 
 async def measure(rounds: int) -> dict[str, Any]:
     home = make_home()
-    plane = ControlPlane(Settings(home=home / "home"))
-    await plane.start()
+    plane = await build(Settings(home=home / "home"))
     daemon = await start_daemon(home / "direct", SandboxPolicy(), subprocess=True)
     master, slave = os.openpty()
     samples: dict[str, list[float]] = {"local": [], "direct": [], "bare": []}

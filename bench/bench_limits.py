@@ -28,7 +28,7 @@ from bench_throughput import AGENTS, product_rate
 from common import MIB, cli, make_home, metric, remove_home
 from shellyard.config import Settings
 from shellyard.contract.executions import RunShellRequest
-from shellyard.control.plane import ControlPlane
+from shellyard.control.plane import ControlPlane, build
 from shellyard.runner.limits.quota import tree_usage
 from shellyard.runner.protocol import SandboxPolicy
 
@@ -39,9 +39,7 @@ ON = SandboxPolicy()  # the defaults: 10 GiB quota, 1 GiB log limit, 2 GiB / 5% 
 
 
 async def open_plane(home: Path, policy: SandboxPolicy) -> tuple[ControlPlane, list[str]]:
-    plane = ControlPlane(Settings(home=home / "home", local_policy=policy))
-    await plane.start()
-    assert plane.store is not None
+    plane = await build(Settings(home=home / "home", local_policy=policy))
     session, _main = await plane.store.default_owner()
     agents = [
         str((await plane.store.create_agent(str(session["id"])))["id"]) for _ in range(AGENTS)
@@ -92,15 +90,12 @@ def guard_of(plane: ControlPlane) -> Any:
 
 async def big_output(homes: dict[str, Path], repeats: int) -> dict[str, Any]:
     policies = {"on": ON, "off": OFF, "cut": SandboxPolicy(log_limit_bytes=64 * MIB)}
-    planes = {
-        name: ControlPlane(Settings(home=homes[name] / "home", local_policy=policy))
-        for name, policy in policies.items()
-    }
-    times: dict[str, list[float]] = {name: [] for name in planes}
+    planes: dict[str, ControlPlane] = {}
+    times: dict[str, list[float]] = {name: [] for name in policies}
     stored: dict[str, int] = {}
     try:
-        for plane in planes.values():
-            await plane.start()
+        for name, policy in policies.items():
+            planes[name] = await build(Settings(home=homes[name] / "home", local_policy=policy))
         guards = {name: guard_of(plane) for name, plane in planes.items()}
         order = ["on", "off", "cut", "off", "on", "cut"] * repeats
         for name in order:
@@ -128,10 +123,9 @@ async def big_output(homes: dict[str, Path], repeats: int) -> dict[str, Any]:
 
 
 async def overshoot(home: Path, quota: int, write: int) -> dict[str, Any]:
-    plane = ControlPlane(
+    plane = await build(
         Settings(home=home / "home", local_policy=SandboxPolicy(workspace_quota_bytes=quota))
     )
-    await plane.start()
     try:
         start = time.perf_counter()
         result = await plane.executions.run_shell(

@@ -20,7 +20,7 @@ from typing import Any
 from common import cli, make_home, metric, remove_home
 from shellyard.config import Settings
 from shellyard.contract.executions import RunShellRequest
-from shellyard.control.plane import ControlPlane
+from shellyard.control.plane import ControlPlane, build
 
 
 async def round_trip(plane: ControlPlane, read_only: bool) -> float:
@@ -39,8 +39,7 @@ async def measure_sizes(rounds: int) -> dict[str, dict[str, float]]:
     sizes: dict[str, dict[str, float]] = {}
     home = make_home()
     try:
-        plane = ControlPlane(Settings(home=home / "home"))
-        await plane.start()
+        plane = await build(Settings(home=home / "home"))
         try:
             for files in (10, 1000):
                 make = f"mkdir -p t && for i in $(seq {files}); do echo $i > t/f$i; done"

@@ -52,7 +52,7 @@ from common import (
 )
 from shellyard.config import Settings
 from shellyard.contract.executions import RunShellRequest
-from shellyard.control.plane import ControlPlane
+from shellyard.control.plane import ControlPlane, build
 from shellyard.home import read_info
 from shellyard.sdk.client import AsyncClient
 
@@ -112,8 +112,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     peer_folder.mkdir()
     for index in range(1, 101):
         (peer_folder / f"f{index}.txt").write_text(f"small file {index}\n")
-    plane = ControlPlane(Settings(home=api_home / "home"))
-    await plane.start()
+    plane = await build(Settings(home=api_home / "home"))
     bare = BareBwrap(bare_home)
     minimal = MinimalBwrap()
     params = StdioServerParameters(
@@ -253,7 +252,6 @@ async def profile(
             await api_once(plane)
     out["api_plane_pyspy"] = summarize_collapsed(raw_api)
     timer = PhaseTimer()
-    assert plane.store is not None
     timer.patch(plane.store, "store")
     runner = plane.runners.get("local")
     timer.patch(runner, "runner", ["start", "wait", "read_log", "log_size"])

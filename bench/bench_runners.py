@@ -40,7 +40,7 @@ from sshd_fixture import start_sshd
 
 from shellyard.config import Settings
 from shellyard.contract.executions import RunShellRequest
-from shellyard.control.plane import ControlPlane
+from shellyard.control.plane import ControlPlane, build
 from shellyard.runner.protocol import SandboxPolicy
 
 COMMAND = "python bench/bench_runners.py"
@@ -139,8 +139,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     t0 = time.monotonic()
     home = make_home()
     policy = SandboxPolicy()
-    plane = ControlPlane(Settings(home=home / "home", local_policy=policy))
-    await plane.start()
+    plane = await build(Settings(home=home / "home", local_policy=policy))
     sshd = await start_sshd(home / "sshd")
     direct = await start_daemon(home / "direct", policy, subprocess=True)
     over_ssh = await start_daemon(home / "ssh", policy, subprocess=True, ssh=sshd)

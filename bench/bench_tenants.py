@@ -25,7 +25,7 @@ from bench_throughput import AGENTS, product_rate
 from common import cli, make_home, metric, remove_home
 from shellyard.config import Settings
 from shellyard.contract.executions import RunShellRequest
-from shellyard.control.plane import ControlPlane
+from shellyard.control.plane import ControlPlane, build
 from shellyard.runner.limits import cgroups
 from shellyard.runner.protocol import SandboxPolicy
 
@@ -66,9 +66,7 @@ def spawn_cost(samples: int) -> dict[str, Any]:
 
 
 async def open_plane(home: Path, policy: SandboxPolicy) -> tuple[ControlPlane, list[str]]:
-    plane = ControlPlane(Settings(home=home / "home", local_policy=policy))
-    await plane.start()
-    assert plane.store is not None
+    plane = await build(Settings(home=home / "home", local_policy=policy))
     session, _main = await plane.store.default_owner()
     agents = [
         str((await plane.store.create_agent(str(session["id"])))["id"]) for _ in range(AGENTS)

@@ -30,7 +30,7 @@ from common import (
 )
 from shellyard.config import Settings
 from shellyard.contract.executions import RunShellRequest
-from shellyard.control.plane import ControlPlane
+from shellyard.control.plane import ControlPlane, build
 
 COMMAND = "python bench/bench_throughput.py"
 AGENTS = 16
@@ -85,12 +85,10 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     duration = 4.0 if args.quick else 10.0
     bare_phase = 1.0 if args.quick else 2.5  # per half, per mode
     home, bare_home = make_home(), make_home()
-    plane = ControlPlane(Settings(home=home / "home"))
-    await plane.start()
+    plane = await build(Settings(home=home / "home"))
     bare = BareBwrap(bare_home)
     profiles: dict[str, Any] = {}
     try:
-        assert plane.store is not None
         session, _main = await plane.store.default_owner()
         agent_ids = [
             str((await plane.store.create_agent(str(session["id"])))["id"]) for _ in range(AGENTS)
@@ -164,7 +162,6 @@ async def profile(folder: Path, plane: ControlPlane, agent_ids: list[str]) -> di
     with PySpy(os.getpid(), raw):
         done, _other, wall, _lat = await product_rate(plane, agent_ids, 4.0, ramp_s=0.5)
     timer = PhaseTimer()
-    assert plane.store is not None
     timer.patch(plane.store, "store")
     runner = plane.runners.get("local")
     timer.patch(runner, "runner", ["start", "wait", "read_log", "log_size"])

@@ -23,7 +23,7 @@ from typing import Any
 from bench_roundtrip import api_once, rest_once
 from common import MinimalBwrap, cli, make_home, metric, remove_home, stop_server, summary_ms
 from shellyard.config import Settings
-from shellyard.control.plane import ControlPlane
+from shellyard.control.plane import ControlPlane, build
 from shellyard.home import ensure_server
 from shellyard.runner.local import LocalRunner
 from shellyard.runner.protocol import StartRequest
@@ -90,8 +90,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     try:
         for name, count in (("api", None), ("api_cold", "0")):
             with warm_count(count):
-                planes[name] = ControlPlane(Settings(home=homes[name] / "home"))
-                await planes[name].start()
+                planes[name] = await build(Settings(home=homes[name] / "home"))
         for name, count in (("rest", None), ("rest_cold", "0")):
             with warm_count(count):
                 info = ensure_server(homes[name], timeout_s=180)  # a loaded machine

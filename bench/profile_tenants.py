@@ -26,7 +26,7 @@ from typing import Any
 from common import make_home, remove_home
 from shellyard.config import Settings
 from shellyard.contract.executions import RunShellRequest
-from shellyard.control.plane import ControlPlane
+from shellyard.control.plane import ControlPlane, build
 from shellyard.runner.limits import cgroups
 from shellyard.runner.protocol import SandboxPolicy
 from shellyard.runner.sandbox import launch
@@ -47,9 +47,7 @@ async def runner_cpu(rounds: int) -> dict[str, dict[str, float]]:
     }
     try:
         for name, policy in POLICIES.items():
-            plane = ControlPlane(Settings(home=homes[name] / "home", local_policy=policy))
-            await plane.start()
-            assert plane.store is not None
+            plane = await build(Settings(home=homes[name] / "home", local_policy=policy))
             session, _main = await plane.store.default_owner()
             agent = str((await plane.store.create_agent(str(session["id"])))["id"])
             for _ in range(3):  # warm: the workspace, its groups, its uid

@@ -28,7 +28,7 @@ from sshd_fixture import sshd_or_skip, start_sshd
 
 from shellyard.config import Settings
 from shellyard.contract.executions import RunShellRequest, RunShellResult
-from shellyard.control.plane import ControlPlane
+from shellyard.control.plane import ControlPlane, build
 from shellyard.runner.protocol import SandboxPolicy
 from shellyard.store import Store
 
@@ -86,8 +86,7 @@ async def open_yard(
 ) -> tuple[ControlPlane, str, RunnerDaemon | None]:
     policy = policy or SandboxPolicy()
     settings = Settings(home=home / "home", local_policy=policy)
-    plane = ControlPlane(settings)
-    await plane.start()
+    plane = await build(settings)
     plane.executions.retry_base_s = 0.05
     if kind == "local":
         return plane, "local", None

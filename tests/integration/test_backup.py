@@ -20,7 +20,7 @@ from conftest import processes_of, sy
 from shellyard.backup import LOST_ERROR, backup, restore
 from shellyard.config import Settings
 from shellyard.contract.executions import ExecutionState, RunShellRequest
-from shellyard.control.plane import ControlPlane
+from shellyard.control.plane import ControlPlane, build
 from shellyard.control.retention import structure_sizes
 from shellyard.errors import InvalidInput
 
@@ -39,8 +39,7 @@ async def test_backup_while_serving_restores_every_completed_record(home: Path) 
     source = Settings(home=home / "a")
     target = Settings(home=home / "b")
     destination = home / "backup"
-    plane = ControlPlane(source)
-    await plane.start()
+    plane = await build(source)
     long_id = None
     try:
         made = await plane.executions.run_shell(RunShellRequest(command=MAKE_FILES))
@@ -96,7 +95,6 @@ async def test_backup_while_serving_restores_every_completed_record(home: Path) 
             assert copied.fetchone() == ("running",), "the transfer was not in flight"
         async with ControlPlane.running(target) as restored:
             store = restored.store
-            assert store is not None
             local = restored.runners.get("local")
             for result in [made, *done]:
                 view = await restored.executions.status(result.execution_id)
@@ -232,8 +230,7 @@ async def test_backup_keeps_hard_links_and_names_base_files(
     base_file.write_bytes(os.urandom(4 << 20))
     monkeypatch.setenv("SHELLYARD_BASES", str(bases))
     source = Settings(home=home / "a")
-    plane = ControlPlane(source)
-    await plane.start()
+    plane = await build(source)
     try:
         made = await plane.executions.run_shell(
             RunShellRequest(command="head -c 3000000 /dev/urandom > a.bin && ln a.bin b.bin")

@@ -198,7 +198,6 @@ async def test_w3_late_record_update_changes_nothing(yard: Yard) -> None:
     plane, runner_id = yard.plane, yard.runner_id
     ex = await run(plane, "echo old > f.txt", runner_id)
     edit = await plane.files.write("f.txt", b"new\n", runner_id=runner_id)
-    assert plane.store is not None
     old_result = await yard.runner.status(ex.execution_id)
     assert old_result.snapshot is not None and old_result.snapshot.seq == ex.snapshot_seq
     row = await plane.store.get_execution(ex.execution_id)

@@ -91,7 +91,6 @@ async def test_a_spawn_the_kernel_refuses_ends_failed_and_frees_the_writer(
 
 async def _count(yard: Yard, table: sa.Table) -> int:
     store = yard.plane.store
-    assert store is not None
     row = await store.one(sa.select(sa.func.count().label("n")).select_from(table))
     assert row is not None
     return int(row["n"])
@@ -133,7 +132,6 @@ async def test_a_transfer_over_its_entry_cap_is_refused_with_the_count_and_gc_de
     # Its notice is unread: it stays, like an unread execution's record.
     kept = await plane.retention.run(GcRequest(snapshots=False, record_days=0))
     assert kept.transfers_deleted == 0
-    assert plane.store is not None
     await plane.store.mark_notice_read("transfer", done.transfer_id)
     report = await plane.retention.run(GcRequest(snapshots=False, record_days=0))
     assert report.transfers_deleted >= 1 and report.transfer_entries_deleted >= 31, report
@@ -216,7 +214,6 @@ async def test_a_command_filling_the_volume_is_stopped_with_limit_disk_and_work_
     again = await yard.plane.executions.cancel(filler.execution_id)
     assert again.state == view.state  # a finished one: its record unchanged (E7)
     store = yard.plane.store
-    assert store is not None
     await store.mark_notice_read("execution", filler.execution_id)
     report = await yard.plane.retention.run(GcRequest(snapshots=False, log_days=0))
     assert not report.errors, report
@@ -297,7 +294,6 @@ async def test_the_log_budget_cuts_an_unread_executions_logs_to_head_and_tail(
         "head -c 20000000 /dev/zero | tr '\\0' a; echo; echo END", background=True
     )
     store = yard.plane.store
-    assert store is not None
     for _ in range(1200):
         row = await store.get_execution(started.execution_id)
         if row is not None and ExecutionState(row.state).terminal:

@@ -25,7 +25,7 @@ from conftest import POSTGRES_URL, Yard, make_home, postgres_available
 from shellyard.cli.exits import EXIT_RETRY, exit_code_of
 from shellyard.config import Settings
 from shellyard.contract.executions import ExecutionState
-from shellyard.control.plane import ControlPlane
+from shellyard.control.plane import build
 from shellyard.errors import StoreFull, WorkspaceBusy
 
 pytestmark = pytest.mark.timeout(300)
@@ -68,8 +68,7 @@ def full_database_url() -> Iterator[tuple[str, Path]]:
 async def pg_yard(full_database_url: tuple[str, Path]) -> AsyncIterator[Yard]:
     url, _volume = full_database_url
     home = make_home()
-    plane = ControlPlane(Settings(home=home / "home", database_url=url))
-    await plane.start()
+    plane = await build(Settings(home=home / "home", database_url=url))
     try:
         yield Yard(plane, "local", home)
     finally:

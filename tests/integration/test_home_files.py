@@ -27,7 +27,7 @@ from shellyard import filemodes
 from shellyard.backup import backup, restore
 from shellyard.config import Settings
 from shellyard.contract.executions import RunShellRequest
-from shellyard.control.plane import ControlPlane
+from shellyard.control.plane import build
 from shellyard.runner.policy import SandboxPolicy
 from shellyard.runner.sandbox.bwrap import DEFAULT_SANDBOX_UID
 
@@ -166,8 +166,7 @@ async def test_a_home_of_an_older_release_is_tightened_once(home: Path) -> None:
     """An upgrade: what an older release made world-readable is narrowed at the first start
     (docs/operations.md "Upgrades"); the marker keeps later starts from walking it again."""
     settings = Settings(home=home / "home")
-    plane = ControlPlane(settings)
-    await plane.start()
+    plane = await build(settings)
     try:
         done = await plane.executions.run_shell(RunShellRequest(command="echo hi > f"))
         assert done.exit_code == 0, done
@@ -185,8 +184,7 @@ async def test_a_home_of_an_older_release_is_tightened_once(home: Path) -> None:
     for marker in settings.home.rglob(filemodes.MARKER):
         marker.unlink()
     assert shared_modes(settings.home) != []
-    plane = ControlPlane(settings)
-    await plane.start()
+    plane = await build(settings)
     try:
         assert shared_modes(settings.home) == []
         assert (settings.home / filemodes.MARKER).is_file()
@@ -201,8 +199,7 @@ async def test_a_restored_home_is_private(home: Path) -> None:
     """A restore makes the same modes as a served home, even from a backup whose files an
     older release made 0644 (before it is ever served)."""
     source = Settings(home=home / "a")
-    plane = ControlPlane(source)
-    await plane.start()
+    plane = await build(source)
     try:
         done = await plane.executions.run_shell(RunShellRequest(command="echo hi > f"))
         assert done.exit_code == 0, done

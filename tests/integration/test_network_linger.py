@@ -13,7 +13,7 @@ import pytest
 
 from shellyard.config import Settings
 from shellyard.contract.executions import ExecutionState, RunShellRequest
-from shellyard.control.plane import ControlPlane
+from shellyard.control.plane import build
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("nsenter") is None,
@@ -26,8 +26,7 @@ def _mounted(path: Path) -> bool:
 
 
 async def test_commands_one_after_another_share_the_namespace(home: Path) -> None:
-    plane = ControlPlane(Settings(home=home / "home"))
-    await plane.start()
+    plane = await build(Settings(home=home / "home"))
     try:
         # A listener left behind by the first command dies with its sandbox (E8).
         first = await plane.executions.run_shell(

@@ -36,7 +36,6 @@ async def _finished_unread(yard: Yard, command: str) -> str:
     """A background execution nobody looked at: its notice stays unread (live)."""
     started = await yard.run(command, background=True)
     store = yard.plane.store
-    assert store is not None
     for _ in range(600):
         row = await store.get_execution(started.execution_id)
         if row is not None and ExecutionState(row.state).terminal:
@@ -54,7 +53,7 @@ async def test_logs_past_their_age_are_pruned_and_the_record_says_so(yard: Yard)
     old = [await yard.run(f"echo old {i}; echo err >&2") for i in range(3)]
     live = await _finished_unread(yard, "echo unread")
     running = await yard.run("sleep 30", background=True)
-    report = await plane.retention.run(_no_snapshots(log_days=0))  # type: ignore[union-attr]
+    report = await plane.retention.run(_no_snapshots(log_days=0))
     assert report.logs_pruned == 3 and report.log_bytes_freed > 0, report
     for result in old:
         logs = await plane.executions.logs(result.execution_id, "stdout")
@@ -73,7 +72,7 @@ async def test_logs_past_their_age_are_pruned_and_the_record_says_so(yard: Yard)
         folder = yard.home / "home" / "runners" / "local" / "executions" / old[0].execution_id
         assert sorted(p.name for p in folder.iterdir()) == ["result.json"]
     # reading its logs above read its notice (N3): now nothing keeps them
-    again = await plane.retention.run(_no_snapshots(log_days=0))  # type: ignore[union-attr]
+    again = await plane.retention.run(_no_snapshots(log_days=0))
     assert again.logs_pruned == 1  # the formerly unread one, read above
     await plane.executions.cancel(running.execution_id, wait_s=30)
 
@@ -86,9 +85,7 @@ async def test_size_budget_prunes_oldest_first(yard: Yard) -> None:
     held = (await yard.runner.prune_logs(LogPruneRequest())).bytes_held
     assert held is not None and held >= 800_000
     budget = held - 300_000  # two of the 200 kB logs must go
-    report = await plane.retention.run(  # type: ignore[union-attr]
-        _no_snapshots(log_budget_bytes=budget, log_days=365)
-    )
+    report = await plane.retention.run(_no_snapshots(log_budget_bytes=budget, log_days=365))
     assert report.logs_pruned == 2, report
     assert report.runner_log_bytes[yard.runner_id] <= budget
     states = [(await plane.executions.status(m.execution_id)).logs_pruned_at for m in made]
@@ -105,7 +102,6 @@ async def test_an_artifacts_snapshot_and_logs_are_never_pruned(home: Path) -> No
         artifact = await plane.artifacts.declare("out.txt")
         assert artifact.seq == made.snapshot_seq
         others = [await plane.executions.run_shell(_request(f"echo {i} > n{i}")) for i in range(3)]
-        assert plane.retention is not None
         report = await plane.retention.run(
             GcRequest(log_days=0, record_days=0, event_days=0, archived_days=0)
         )
@@ -137,14 +133,12 @@ async def test_database_file_shrinks_after_a_large_prune(home: Path) -> None:
     async with ControlPlane.running(settings) as plane:
         first = await plane.executions.run_shell(_request("true"))
         store = plane.store
-        assert store is not None
         row = await store.get_execution(first.execution_id)
         assert row is not None
         session_id = str((await store.get_agent(str(row.agent_id)))["session_id"])  # type: ignore[index]
         old = time.time() - 400 * 86400
         await store.run(_fill, dataclasses.asdict(row), session_id, old, 20_000)
         db = settings.home / "shellyard.db"
-        assert plane.retention is not None
         before = plane.retention._database_bytes()
         assert before is not None and before > 10 << 20
         report = await plane.retention.run(_no_snapshots())  # the default policy: 90/30 days
@@ -227,7 +221,6 @@ async def test_retention_on_postgresql_and_on_its_schedule(home: Path, pg_schema
                 break
             await asyncio.sleep(0.1)
         assert all(v.logs_pruned_at is not None for v in views), views
-        assert plane.retention is not None
         # The schedule's own pass may hold the maintenance lock right now: as its message
         # says, try again when it is done.
         for _ in range(100):

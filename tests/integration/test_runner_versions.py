@@ -20,7 +20,7 @@ from runner_daemon_fixture import RunnerDaemon, start_daemon
 
 from shellyard.config import Settings
 from shellyard.contract.executions import ExecutionState, RunShellRequest, RunShellResult
-from shellyard.control.plane import ControlPlane
+from shellyard.control.plane import ControlPlane, build
 from shellyard.errors import RunnerOutdated
 from shellyard.runner.local import LocalRunner
 from shellyard.runner.protocol import PROTOCOL_VERSION, RunnerInfo, SandboxPolicy, StartRequest
@@ -75,8 +75,7 @@ async def old_yard() -> AsyncIterator[OldYard]:
     root.mkdir()
     older = OlderRunner(LocalRunner(root, POLICY))
     daemon = await start_daemon(root, POLICY, runner=older)  # type: ignore[arg-type]
-    plane = ControlPlane(Settings(home=base / "home", local_policy=POLICY))
-    await plane.start()
+    plane = await build(Settings(home=base / "home", local_policy=POLICY))
     try:
         await plane.runners.add_direct("old", daemon.url, daemon.token)
         yield OldYard(plane, daemon, older)

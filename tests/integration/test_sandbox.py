@@ -39,7 +39,6 @@ async def test_home_and_other_workspaces_are_invisible(yard: Yard) -> None:
     """R2: the service's home (database, tokens, logs, snapshot store), every other workspace
     and the runner's folder are invisible; the workspace is only at /workspace."""
     plane = yard.plane
-    assert plane.store is not None
     session, _agent = await plane.store.default_owner()
     other_agent = await plane.store.create_agent(str(session["id"]))
     other_ws, _ = await plane.store.workspace_for(str(other_agent["id"]), yard.runner_id)

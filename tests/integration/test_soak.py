@@ -20,7 +20,7 @@ from files_helpers import child_workspace
 from shellyard.config import Settings
 from shellyard.contract.executions import RunShellRequest
 from shellyard.contract.sessions import TimerCreateRequest
-from shellyard.control.plane import ControlPlane
+from shellyard.control.plane import ControlPlane, build
 from shellyard.control.retention import structure_sizes
 
 pytestmark = pytest.mark.timeout(1800)
@@ -66,7 +66,7 @@ async def _extras(plane: ControlPlane, agents: list[str], source_ws: str, round_
     await plane.timers.create(
         owner, TimerCreateRequest(text="check", after_ms=1, execution_id=done.execution_id)
     )
-    session_id = str((await plane.store.get_agent(owner))["session_id"])  # type: ignore[union-attr,index]
+    session_id = str((await plane.store.get_agent(owner))["session_id"])  # type: ignore[index]
     stream = plane.wakes.stream(session_id, after_seq=0)
     with pytest.raises(TimeoutError):
         await asyncio.wait_for(_drain(stream), 0.05)
@@ -115,8 +115,7 @@ async def _steady_tasks(plane: ControlPlane) -> int:
 async def test_soak_structures_stay_flat(home: Path) -> None:
     """E11/N1 over many executions: after the first tenth and at the end, with nothing
     running, every per-object structure is empty and the task and fd counts did not grow."""
-    plane = ControlPlane(Settings(home=home / "home"))
-    await plane.start()
+    plane = await build(Settings(home=home / "home"))
     try:
         parent = await plane.files.access.agent(None)
         agents = [str(parent["id"])]

@@ -207,7 +207,6 @@ async def test_timers_take_no_writer_and_run_nothing(plane: ControlPlane) -> Non
         host.main, TimerCreateRequest(text="echo hacked", after_ms=50)
     )
     await until(lambda: _fired(plane, host.main, timer.timer_id), what="the reminder")
-    assert plane.store is not None
     workspace = await plane.store.get_workspace(holder.workspace_id)
     assert workspace is not None and workspace.writer_id == holder.execution_id
     assert [e.execution_id for e in await plane.executions.list(host.main)] == [holder.execution_id]

@@ -18,7 +18,7 @@ from sqlalchemy.engine import Engine
 from conftest import POSTGRES_URL
 from shellyard.config import Settings
 from shellyard.contract.executions import RunShellRequest
-from shellyard.control.plane import ControlPlane
+from shellyard.control.plane import build
 from shellyard.runner.protocol import SandboxPolicy
 
 #: (transactions, statements) a foreground run_shell(true) may cost at most, per database;
@@ -72,8 +72,7 @@ async def test_a_foreground_run_costs_few_transactions(
     if database == "postgresql":
         settings.database_url = POSTGRES_URL
         settings.database_schema = request.getfixturevalue("pg_schema")
-    plane = ControlPlane(settings)
-    await plane.start()
+    plane = await build(settings)
     try:
         runner_id = "local"
         if database == "postgresql":
@@ -104,7 +103,7 @@ async def test_a_foreground_run_costs_few_transactions(
         notices = await plane.store.list_notices(str(record.agent_id))
         (notice,) = [n for n in notices if n["subject_id"] == result.execution_id]
         assert notice["read_at"] is not None
-        held = await plane.store.lease_counts(plane.leases.replica_id if plane.leases else "")
+        held = await plane.store.lease_counts(plane.leases.replica_id)
         assert held.get("execution", 0) == 0, held  # released with the end
     finally:
         await plane.aclose()

@@ -199,7 +199,7 @@ async def test_t2_globs_unchanged_links_and_notice(yard: Yard) -> None:
     present = await tree(plane, target)
     assert present["copy/pkg/alias.py"].kind == "symlink"
     assert await read_all(plane, "copy/pkg/sub/b.py", workspace_id=target) == b"b\n"
-    notices = await plane.store.list_notices(str((await plane.files.access.agent(None))["id"]))  # type: ignore[union-attr]
+    notices = await plane.store.list_notices(str((await plane.files.access.agent(None))["id"]))
     assert any(n["kind"] == "transfer" and n["subject_id"] == first.transfer_id for n in notices)
 
     again = await settle(plane, (await plane.transfers.start(request)).transfer_id)
@@ -358,7 +358,6 @@ async def test_t1_permissions_other_session_invisible_family_allowed(yard: Yard)
     other; another session's workspace can be neither read nor copied from or into, and is
     reported exactly like a missing one."""
     plane, runner_id = yard.plane, yard.runner_id
-    assert plane.store is not None
     mine = await run(plane, "echo mine > m.txt", runner_id)
     _session, stranger = await plane.store.create_session()
     theirs = await plane.files.write(

@@ -334,7 +334,6 @@ async def test_notices_wait_for_a_channel_and_other_kinds_wake_too(plane: Contro
     await settle()
     assert len(got) == 1 and got[0].reason == "channel"
     await plane.sessions.turn_end(main)
-    assert plane.store is not None
     await plane.store.add_notice(main, "transfer", "tr_1", "transfer tr_1 completed")
     await settle()
     assert len(got) == 2
@@ -422,7 +421,7 @@ async def test_webhook_gives_up_after_its_attempts(home: Path) -> None:
         await plane.wakes.add_webhook(
             WebhookRequest(url="http://127.0.0.1:9/nobody", session_id=session.session_id)
         )
-        await plane.store.add_notice(  # type: ignore[union-attr]
+        await plane.store.add_notice(
             session.main_agent_id, "transfer", "tr_x", "transfer tr_x completed"
         )
         (wake,) = await until(lambda: plane.wakes.list_wakes(session.session_id, 0))

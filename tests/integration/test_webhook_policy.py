@@ -149,7 +149,7 @@ async def test_the_operator_exception_is_exact_and_the_host_name_is_kept(
         await plane.wakes.add_webhook(
             WebhookRequest(url=f"http://localhost:{port}/hook", session_id=session.session_id)
         )
-        await plane.store.add_notice(  # type: ignore[union-attr]
+        await plane.store.add_notice(
             session.main_agent_id, "transfer", "tr_x", "transfer tr_x completed"
         )
         (wake,) = await until(lambda: plane.wakes.list_wakes(session.session_id, 0))

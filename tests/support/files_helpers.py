@@ -48,7 +48,6 @@ async def tree(plane: ControlPlane, workspace_id: str, seq: int | None = None) -
 async def child_workspace(plane: ControlPlane, runner_id: str) -> tuple[Mapping[str, Any], str]:
     """A child agent of the default agent and its workspace on ``runner_id``."""
     parent = await plane.files.access.agent(None)
-    assert plane.store is not None
     child = await plane.store.create_agent(str(parent["session_id"]), str(parent["id"]))
     row = await plane.files.access.own(child, runner_id)
     return child, row.id

@@ -29,16 +29,12 @@ ROWS: tuple[Forward, ...] = (
 
 
 def _method(dotted: str) -> Callable[..., Any]:
-    """The method a dotted path names, read from the type annotations of the plane's
-    properties (the services exist only once a plane has started)."""
+    """The method a dotted path names, read from the type annotations of the plane's fields
+    (no plane is built here)."""
     owner: Any = ControlPlane
     *services, name = dotted.split(".")
     for service in services:
-        member = inspect.getattr_static(owner, service)
-        if isinstance(member, property):
-            owner = typing.get_type_hints(member.fget)["return"]
-        else:
-            owner = typing.get_type_hints(owner)[service]
+        owner = typing.get_type_hints(owner)[service]
     method: Callable[..., Any] = getattr(owner, name)
     return method
 

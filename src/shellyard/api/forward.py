@@ -52,7 +52,7 @@ class Forward:
 
 
 def _method(plane: ControlPlane, dotted: str) -> Callable[..., Awaitable[Any]]:
-    # read per request: the plane's services exist only once it has started
+    # the plane is built before any app is made over it (docs/architecture.md "Wiring")
     target: Any = plane
     for part in dotted.split("."):
         target = getattr(target, part)
@@ -71,10 +71,12 @@ def _handler(plane: ControlPlane, row: Forward) -> Callable[..., Awaitable[Any]]
             inspect.Parameter("agent_id", named, annotation=AgentHeader, default=None)
         )
 
+    method = _method(plane, row.service)
+
     async def handler(**given: Any) -> Any:
         request: BaseModel | None = given.pop("query", None)
         fields = {n: getattr(request, n) for n in type(request).model_fields} if request else {}
-        return await _method(plane, row.service)(**given, **fields)
+        return await method(**given, **fields)
 
     handler.__name__ = handler.__qualname__ = row.name
     # FastAPI reads the parameters it fills from the handler's signature

@@ -11,7 +11,6 @@ from shellyard.api.sessions import parse
 from shellyard.contract.maintenance import GcReport, GcRequest
 from shellyard.control.plane import ControlPlane
 from shellyard.control.retention import structure_sizes
-from shellyard.errors import RunnerUnavailable
 
 
 def maintenance_router(plane: ControlPlane) -> APIRouter:
@@ -20,10 +19,6 @@ def maintenance_router(plane: ControlPlane) -> APIRouter:
     @router.post("/v1/gc", openapi_extra=body_doc(GcRequest))
     async def gc(body: dict[str, Any]) -> GcReport:
         """Apply the retention policy now (docs/operations.md); fields override it once."""
-        if plane.retention is None:  # a request in the instant before start() or after aclose()
-            raise RunnerUnavailable(
-                "the control plane is starting or shutting down; try again in a moment"
-            )
         return await plane.retention.run(parse(GcRequest, body))
 
     @router.get("/v1/debug/sizes")

@@ -53,7 +53,7 @@ def ops_router(plane: ControlPlane) -> APIRouter:
         each check's ``ok`` and ``error``), not the error envelope."""
         checks = await _readiness(plane)
         ready = all(check["ok"] for check in checks.values())
-        replica = plane.leases.replica_id if plane.leases else None
+        replica = plane.leases.replica_id
         return JSONResponse(
             {"status": "ready" if ready else "not ready", "replica": replica, "checks": checks},
             status_code=200 if ready else 503,
@@ -80,24 +80,21 @@ def ops_router(plane: ControlPlane) -> APIRouter:
 
 
 async def _readings(plane: ControlPlane) -> Readings:
-    store = plane.store
-    assert store is not None
-    leases, fanout = plane.leases, plane.fanout
+    store, leases, fanout = plane.store, plane.leases, plane.fanout
     return Readings(
         executions=await store.execution_counts(),
         deliveries=await store.delivery_counts(),
-        leases=await store.lease_counts(leases.replica_id) if leases else {},
+        leases=await store.lease_counts(leases.replica_id),
         runners={view.runner_id: view.state == "up" for view in await plane.runners.views()},
-        takeovers=leases.takeovers if leases else 0,
+        takeovers=leases.takeovers,
         wakes_emitted=plane.wakes.emitted,
-        fanout_published=fanout.published if fanout else 0,
-        fanout_received=fanout.received if fanout else 0,
+        fanout_published=fanout.published,
+        fanout_received=fanout.received,
     )
 
 
 async def _readiness(plane: ControlPlane) -> dict[str, dict[str, Any]]:
     store = plane.store
-    assert store is not None
     checks: dict[str, dict[str, Any]] = {}
 
     async def check(name: str, probe: Any) -> None:

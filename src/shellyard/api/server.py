@@ -11,15 +11,18 @@ import contextlib
 import ipaddress
 import os
 import socket
-from collections.abc import Callable
+import traceback
+from collections.abc import Awaitable, Callable
 
 import uvicorn
+from fastapi import FastAPI
+from starlette.types import Message, Receive, Scope, Send
 
 from shellyard import filemodes
 from shellyard.api.app import create_app
 from shellyard.api.connections import KEEP_ALIVE_S, MAX_CONCURRENCY, BoundedH11
 from shellyard.config import Settings
-from shellyard.control.plane import ControlPlane
+from shellyard.control.plane import build
 from shellyard.control.tokens import ADMIN_TOKEN_NAME
 from shellyard.errors import InvalidInput
 from shellyard.home import (
@@ -66,6 +69,42 @@ def _bind(settings: Settings, host: str, port: int) -> socket.socket:
     return bind_socket(host, port)
 
 
+class AppAfterBuild:
+    """The ASGI app uvicorn serves. Its lifespan's startup builds the plane and makes the REST
+    app over it (``make``), then hands that app the lifespan, startup message included; every
+    request goes to that app. So the app and its routers only ever see a built plane, and the
+    build still runs inside uvicorn's start-up, under its signal handling, with a failure
+    reported as a failed start-up (docs/architecture.md "Wiring")."""
+
+    def __init__(self, make: Callable[[], Awaitable[FastAPI]]) -> None:
+        self._make = make
+        self._app: FastAPI | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "lifespan":
+            # uvicorn serves requests only once the lifespan's startup is complete
+            assert self._app is not None, "a request before the lifespan's startup"
+            await self._app(scope, receive, send)
+            return
+        startup = await receive()
+        try:
+            self._app = await self._make()
+        except BaseException:
+            # as Starlette's own lifespan reports a failed startup (uvicorn then exits)
+            await send({"type": "lifespan.startup.failed", "message": traceback.format_exc()})
+            raise
+        given = False
+
+        async def receive_again() -> Message:
+            nonlocal given
+            if not given:
+                given = True
+                return startup
+            return await receive()
+
+        await self._app(scope, receive_again, send)
+
+
 def serve(
     settings: Settings,
     host: str = DEFAULT_HOST,
@@ -90,36 +129,44 @@ def serve(
             f"cannot listen on {host}:{port}: {exc.strerror}. Pick another --port (0 picks a "
             "free one) or stop what uses it"
         ) from None
-    plane = ControlPlane(settings)
     failed: list[BaseException] = []
 
-    async def on_start() -> None:
+    async def make_app() -> FastAPI:
         try:
-            await plane.start()
+            plane = await build(settings)
+        except BaseException as exc:
+            failed.append(exc)
+            raise
+        try:
             # The admin token exists from the first start on, even with --no-auth, so that
             # restarting with tokens on needs no extra step.
             token = await plane.tokens.ensure_admin_file(settings.home)
         except BaseException as exc:
             failed.append(exc)
+            await plane.aclose()
             raise
-        info = ServerInfo(
-            pid=os.getpid(),
-            url=socket_url(sock),
-            token=token if auth else "",
-            token_file=str(settings.home / ADMIN_TOKEN_NAME) if auth else None,
-            settings=server_settings(),
-        )
-        write_info(settings.home, info)  # published only once requests can be served
-        remember_port(settings.home, sock.getsockname()[1])
-        if on_ready is not None:
-            on_ready()
 
-    async def on_stop() -> None:
-        with contextlib.suppress(FileNotFoundError):
-            (settings.home / INFO_NAME).unlink()
-        await plane.aclose()
+        async def on_start() -> None:
+            info = ServerInfo(
+                pid=os.getpid(),
+                url=socket_url(sock),
+                token=token if auth else "",
+                token_file=str(settings.home / ADMIN_TOKEN_NAME) if auth else None,
+                settings=server_settings(),
+            )
+            write_info(settings.home, info)  # published only once requests can be served
+            remember_port(settings.home, sock.getsockname()[1])
+            if on_ready is not None:
+                on_ready()
 
-    app = create_app(plane, auth_required=auth, lifespan_hooks=(on_start, on_stop))
+        async def on_stop() -> None:
+            with contextlib.suppress(FileNotFoundError):
+                (settings.home / INFO_NAME).unlink()
+            await plane.aclose()
+
+        return create_app(plane, auth_required=auth, lifespan_hooks=(on_start, on_stop))
+
+    app = AppAfterBuild(make_app)
     # Open wake streams (server-sent events) never end on their own: give them a few seconds.
     config = uvicorn.Config(
         app,

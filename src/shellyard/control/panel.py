@@ -43,7 +43,6 @@ POLL_S = 1.0
 class PanelService:
     def __init__(self, plane: ControlPlane) -> None:
         self.plane = plane
-        assert plane.store is not None, "ControlPlane.start() was not called"
         self.records = PanelRecords(plane.store)
 
     # ------------------------------------------------------------------ reach
@@ -64,7 +63,7 @@ class PanelService:
     async def owner_of_workspace(self, who: Principal, session_id: str, workspace_id: str) -> str:
         """The agent that owns ``workspace_id``, when it is one the principal reaches in the
         session; reads of its files then act as that agent."""
-        workspace = await self.plane.store.get_workspace(workspace_id)  # type: ignore[union-attr]
+        workspace = await self.plane.store.get_workspace(workspace_id)
         if workspace is None or workspace.agent_id not in await self.agent_ids(who, session_id):
             raise NotFound(
                 f"no workspace {workspace_id!r} in session {session_id}; list them with "

@@ -1,13 +1,16 @@
 """The ControlPlane: one object that owns the store, the runners and the services on them.
 The REST app and the web page's routers call it (the other doors go through REST); it never
-does I/O details itself."""
+does I/O details itself.
+
+``build(settings)`` opens and starts everything and returns the plane with every service a
+plain field (docs/architecture.md "Wiring"): there is no plane that exists but has not started."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass, field
 
 from shellyard import filemodes
 from shellyard.config import Settings
@@ -36,147 +39,111 @@ from shellyard.store.files import FileRecords
 from shellyard.store.retention import RetentionRecords
 
 
-@dataclass(frozen=True)
-class _Notify:
-    """The notification services, made together at start (N1–N11)."""
+# eq=False: a plane is itself, never equal to another (and hashable by identity).
+@dataclass(frozen=True, eq=False)
+class ControlPlane:
+    """What ``build`` made, every service started (docs/architecture.md "Wiring")."""
 
+    settings: Settings
+    store: Store
+    # Runner registration, health, removal (R1, R4); the local runner is "local".
+    runners: RunnerRegistry
+    executions: ExecutionService
+    # Sessions, agents and the host's turn protocol; the inbox; wakes and their channels
+    # (add_callback for in-process hosts); timers (N1–N11).
     sessions: SessionService
     inbox: InboxService
     wakes: WakeService
     timers: TimerService
-
-
-@dataclass(frozen=True)
-class _Files:
-    """The file services, made together at start (W1–W6, T1–T5)."""
-
+    # Workspace files and snapshot history, transfers, artifacts (W1–W6, T1–T5).
     files: FileService
     transfers: TransferService
     artifacts: ArtifactService
-
-
-class ControlPlane:
-    def __init__(self, settings: Settings) -> None:
-        self.settings = settings
-        self.store: Store | None = None
-        self._runners: RunnerRegistry | None = None
-        self._executions: ExecutionService | None = None
-        self._notify: _Notify | None = None
-        self._files: _Files | None = None
-        self._environments: EnvironmentService | None = None
-        self._tokens: TokenService | None = None
-        self.retention: RetentionService | None = None
-        self._ports: PortService | None = None
-        # Replicas on one database (docs/operations.md): leases, fan-out, and what /metrics reads.
-        self.leases: LeaseKeeper | None = None
-        self.fanout: Fanout | None = None
-        self.metrics = Metrics()
-
-    @property
-    def executions(self) -> ExecutionService:
-        assert self._executions is not None, "ControlPlane.start() was not called"
-        return self._executions
-
     # Managed environments: records, revisions, the waiting rule (V1–V8).
-    @property
-    def environments(self) -> EnvironmentService:
-        assert self._environments is not None, "ControlPlane.start() was not called"
-        return self._environments
-
-    @property
-    def runners(self) -> RunnerRegistry:
-        assert self._runners is not None, "ControlPlane.start() was not called"
-        return self._runners
-
-    # Sessions, agents and the host's turn protocol; the inbox; wakes and their channels
-    # (add_callback for in-process hosts); timers (N1–N11).
-    @property
-    def sessions(self) -> SessionService:
-        assert self._notify is not None, "ControlPlane.start() was not called"
-        return self._notify.sessions
-
-    @property
-    def inbox(self) -> InboxService:
-        assert self._notify is not None, "ControlPlane.start() was not called"
-        return self._notify.inbox
-
-    @property
-    def wakes(self) -> WakeService:
-        assert self._notify is not None, "ControlPlane.start() was not called"
-        return self._notify.wakes
-
-    @property
-    def timers(self) -> TimerService:
-        assert self._notify is not None, "ControlPlane.start() was not called"
-        return self._notify.timers
-
-    # Workspace files and snapshot history, transfers, artifacts (W1–W6, T1–T5).
-    @property
-    def files(self) -> FileService:
-        assert self._files is not None, "ControlPlane.start() was not called"
-        return self._files.files
-
-    @property
-    def transfers(self) -> TransferService:
-        assert self._files is not None, "ControlPlane.start() was not called"
-        return self._files.transfers
-
-    @property
-    def artifacts(self) -> ArtifactService:
-        assert self._files is not None, "ControlPlane.start() was not called"
-        return self._files.artifacts
-
+    environments: EnvironmentService
     # Bearer tokens and the principal of a request (admin, session, agent).
-    @property
-    def tokens(self) -> TokenService:
-        assert self._tokens is not None, "ControlPlane.start() was not called"
-        return self._tokens
-
+    tokens: TokenService
     # Ports of the runner's host forwarded into a workspace's network (R5).
-    @property
-    def ports(self) -> PortService:
-        assert self._ports is not None, "ControlPlane.start() was not called"
-        return self._ports
+    ports: PortService
+    retention: RetentionService
+    # Replicas on one database (docs/operations.md): leases, fan-out, and what /metrics reads.
+    leases: LeaseKeeper
+    fanout: Fanout
+    metrics: Metrics
+    #: What ``aclose`` undoes, in the order ``build`` registered it (see there).
+    closing: AsyncExitStack = field(repr=False)
 
-    async def start(self) -> None:
-        settings = self.settings
-        # 0700 and the service user's alone (docs/security.md "The home's files")
-        filemodes.secure_home(settings.home)
-        self.store = await Store.open(
+    async def aclose(self) -> None:
+        """Stop everything ``build`` started: retention, transfers, files, timers, wakes,
+        environments, executions, then the lease keeper (after the watchers stopped: it hands
+        their leases over), the fan-out, the runners and the store."""
+        await self.closing.aclose()
+
+    @classmethod
+    @asynccontextmanager
+    async def running(cls, settings: Settings) -> AsyncIterator[ControlPlane]:
+        plane = await build(settings)
+        try:
+            yield plane
+        finally:
+            await plane.aclose()
+
+
+async def build(settings: Settings) -> ControlPlane:
+    """Open the store, make the lease keeper, the fan-out, the runners and the services in
+    that order, start them, and return the plane. A failure part-way closes what was opened
+    (the store, the runners with the local one, the services started) before it is raised:
+    the caller has no plane to close.
+
+    Each close is registered on one exit stack, which the plane keeps for ``aclose``. The
+    stack unwinds last-in first-out, so a close is registered where it gives ``aclose``'s
+    order rather than right where its object is made: the runners' before the fan-out's and
+    the keeper's (the three are made together; none opens anything when made), and the
+    executions' before those of the environments, wakes and timers it is built from."""
+    # 0700 and the service user's alone (docs/security.md "The home's files")
+    filemodes.secure_home(settings.home)
+    closing = AsyncExitStack()
+    try:
+        store = await Store.open(
             settings.effective_database_url, schema_name=settings.database_schema
         )
-        await RetentionRecords(self.store).prepare()  # SQLite: incremental vacuum on
+        closing.push_async_callback(store.close)
+        await RetentionRecords(store).prepare()  # SQLite: incremental vacuum on
         # The lease keeper and the fan-out first: every service gets them (or what they
         # publish through) when built (docs/architecture.md "Wiring").
-        self.leases = LeaseKeeper(
-            self.store,
+        leases = LeaseKeeper(
+            store,
             home_scope(str(settings.local_runner_root)),
             LOCAL_RUNNER_ID,
             ttl_s=ttl_from_env(os.environ),
         )
-        url = None if self.store.is_sqlite else settings.effective_database_url
-        fanout = self.fanout = Fanout(url, settings.database_schema, self.leases.replica_id)
+        url = None if store.is_sqlite else settings.effective_database_url
+        fanout = Fanout(url, settings.database_schema, leases.replica_id)
         publish = publishers(fanout)
-        self._runners = RunnerRegistry(self.store, on_change=publish.runners_changed)
-        self._tokens = TokenService(self.store)
+        runners = RunnerRegistry(store, on_change=publish.runners_changed)
+        closing.push_async_callback(runners.aclose)
+        closing.push_async_callback(fanout.aclose)
+        closing.push_async_callback(leases.aclose)
+        tokens = TokenService(store)
         local = LocalRunner(
             settings.local_runner_root, settings.local_policy, hidden=[settings.home]
         )
         await local.startup()
-        await self._runners.add_local(local)
-        await self._runners.load_registered()
-        self._runners.start_heartbeats()
-        agents = AgentResolver(self.store)
+        await runners.add_local(local)
+        await runners.load_registered()
+        runners.start_heartbeats()
+        agents = AgentResolver(store)
         await agents.default_id()  # the default session exists before any door asks
+        metrics = Metrics()
         wakes = WakeService(
-            self.store,
+            store,
             settings.notifications,
-            leases=self.leases,
+            leases=leases,
             on_emitted=publish.wake_emitted,
             on_notify=publish.agent_may_wake,
             on_webhooks=publish.webhooks_changed,
         )
-        sessions = SessionService(self.store, wakes, agents)
+        sessions = SessionService(store, wakes, agents)
         timers = TimerService(
             sessions,
             wakes,
@@ -184,92 +151,86 @@ class ControlPlane:
             announce=publish.timer_created,
             on_change=publish.timers_changed,
         )
-        self._notify = _Notify(sessions, InboxService(self.store, agents), wakes, timers)
+        inbox = InboxService(store, agents)
 
         # Environments gate executions (V4–V6) and dispatch the ones queued behind a change:
         # the one circle of the wiring, closed by this name bound just below (a change ends
-        # only after start), so that neither service imports the other.
+        # only after build), so that neither service imports the other.
         async def dispatch(workspace_id: str) -> None:
             await executions.dispatch(workspace_id)
 
-        self._environments = EnvironmentService(
-            self.store, self._runners, agents, dispatch, leases=self.leases
-        )
-        executions = self._executions = ExecutionService(
-            self.store,
-            self._runners,
+        environments = EnvironmentService(store, runners, agents, dispatch, leases=leases)
+        executions = ExecutionService(
+            store,
+            runners,
             agents,
-            environments=self._environments,
-            leases=self.leases,
+            environments=environments,
+            leases=leases,
             on_finished=[
-                self._environments.execution_finished,
+                environments.execution_finished,
                 wakes.execution_finished,
                 timers.execution_finished,
             ],
             on_signal=publish.execution_ended,
-            on_timing=self.metrics.observe,
+            on_timing=metrics.observe,
             cancel_timers_at_finish=timers.folded_into_finish,
         )
-        records = FileRecords(self.store)
-        access = WorkspaceAccess(self.store, records, self._runners, self._executions)
-        self._files = _Files(
-            FileService(self.store, records, access, settings.retention),
-            TransferService(
-                self.store,
-                records,
-                access,
-                leases=self.leases,
-                on_signal=publish.transfer_changed,
-                max_entries=settings.transfer_max_entries,
-            ),
-            ArtifactService(records, access),
+        closing.push_async_callback(executions.aclose)
+        closing.push_async_callback(environments.aclose)
+        closing.push_async_callback(wakes.aclose)
+        closing.push_async_callback(timers.aclose)
+        records = FileRecords(store)
+        access = WorkspaceAccess(store, records, runners, executions)
+        files = FileService(store, records, access, settings.retention)
+        transfers = TransferService(
+            store,
+            records,
+            access,
+            leases=leases,
+            on_signal=publish.transfer_changed,
+            max_entries=settings.transfer_max_entries,
         )
-        self._ports = PortService(access)
-        wire(executions, wakes, self.transfers, fanout, timers)
-        await self.fanout.start()
+        closing.push_async_callback(files.aclose)
+        closing.push_async_callback(transfers.aclose)
+        artifacts = ArtifactService(records, access)
+        ports = PortService(access)
+        wire(executions, wakes, transfers, fanout, timers)
+        await fanout.start()
         # Every service that adopts leased work is built: the keeper's first round hands
         # them what this home's previous process and dead replicas left (E11).
-        await self.leases.startup()
-        await self._environments.startup()
-        await self.files.startup()
-        await self.transfers.startup()
-        self.retention = RetentionService(
-            self.store, self._runners, settings.retention, settings.home, self.files
-        )
-        await self.retention.start()
+        await leases.startup()
+        await environments.startup()
+        await files.startup()
+        await transfers.startup()
+        retention = RetentionService(store, runners, settings.retention, settings.home, files)
+        closing.push_async_callback(retention.aclose)
+        await retention.start()
         # After the executions re-attached: a reminder and a completion that both happened
         # while the service was down are ordered by their recorded times (N6, N7).
         await wakes.start()
         await timers.start()
-
-    async def aclose(self) -> None:
-        if self.retention is not None:
-            await self.retention.aclose()
-        if self._files is not None:
-            await self.transfers.aclose()
-            await self.files.aclose()
-        if self._notify is not None:
-            await self.timers.aclose()
-            await self.wakes.aclose()
-        if self._environments is not None:
-            await self._environments.aclose()
-        if self._executions is not None:
-            await self._executions.aclose()
-        if self.leases is not None:  # after the watchers stopped: hand their leases over
-            await self.leases.aclose()
-        if self.fanout is not None:
-            await self.fanout.aclose()
-        if self._runners is not None:
-            await self._runners.aclose()
-        if self.store is not None:
-            await self.store.close()
-
-    @classmethod
-    @asynccontextmanager
-    async def running(cls, settings: Settings) -> AsyncIterator[ControlPlane]:
-        plane = cls(settings)
-        await plane.start()
-        try:
-            yield plane
-        finally:
-            await plane.aclose()
+        return ControlPlane(
+            settings=settings,
+            store=store,
+            runners=runners,
+            executions=executions,
+            sessions=sessions,
+            inbox=inbox,
+            wakes=wakes,
+            timers=timers,
+            files=files,
+            transfers=transfers,
+            artifacts=artifacts,
+            environments=environments,
+            tokens=tokens,
+            ports=ports,
+            retention=retention,
+            leases=leases,
+            fanout=fanout,
+            metrics=metrics,
+            # built: the plane's aclose takes over what this stack would undo on a failure
+            closing=closing,
+        )
+    except BaseException:
+        await closing.aclose()
+        raise

@@ -81,9 +81,9 @@ class McpHttp:
         from shellyard.mcp.server import build_server
 
         self.client = InProcessClient(app)
-        plane = getattr(app.state, "plane", None)
-        # The local runner's mode (off, egress, host): run_shell's openWorldHint.
-        network: str = plane.settings.local_policy.network if plane is not None else "off"
+        # The local runner's mode (off, egress, host): run_shell's openWorldHint. The app is
+        # create_app's, made over a built plane (docs/architecture.md "Wiring").
+        network: str = app.state.plane.settings.local_policy.network
         self.server: MCPServer = build_server(self.client, network=network, enabled=_toolsets.get)
         # DNS-rebinding protection is the token's job (and the --no-auth Host check's).
         self.server.streamable_http_app(

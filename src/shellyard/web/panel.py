@@ -73,23 +73,17 @@ def _attachment(name: str) -> str:
 
 def panel_router(plane: ControlPlane) -> APIRouter:
     router = APIRouter()
-    service: list[PanelService] = []
-
-    def panel() -> PanelService:
-        # Made on first use: the plane's store exists only once the server started.
-        if not service:
-            service.append(PanelService(plane))
-        return service[0]
+    service = PanelService(plane)
 
     async def known_session(session_id: str, who: PrincipalDep) -> str:
         """A dependency, so that an unknown session is a JSON 404 before a stream starts."""
-        await panel().agents(who, session_id)
+        await service.agents(who, session_id)
         return session_id
 
     @router.get("/v1/panel/sessions")
     async def sessions(who: PrincipalDep) -> list[SessionView]:
         """Sessions newest first, each with the agents the token reaches."""
-        return await panel().sessions(who)
+        return await service.sessions(who)
 
     @router.get("/v1/sessions/{session_id}/executions")
     async def executions(
@@ -99,11 +93,11 @@ def panel_router(plane: ControlPlane) -> APIRouter:
         limit: Annotated[int, Query(ge=1, le=MAX_EXECUTION_PAGE)] = 50,
     ) -> ExecutionPage:
         """Executions of the session's agents, newest first; ``before_seq`` pages on."""
-        return await panel().executions(who, session_id, before_seq, limit)
+        return await service.executions(who, session_id, before_seq, limit)
 
     def recent(read: str, default: int) -> Callable[..., Awaitable[object]]:
         async def page(session_id: str, who: PrincipalDep, limit: Limit = default) -> object:
-            return await getattr(panel(), read)(who, session_id, limit)
+            return await getattr(service, read)(who, session_id, limit)
 
         page.__name__ = read
         return page
@@ -120,7 +114,7 @@ def panel_router(plane: ControlPlane) -> APIRouter:
 
     @router.get("/v1/sessions/{session_id}/workspaces")
     async def workspaces(session_id: str, who: PrincipalDep) -> list[WorkspaceView]:
-        return await panel().workspaces(who, session_id)
+        return await service.workspaces(who, session_id)
 
     @router.get(
         "/v1/sessions/{session_id}/files/content",
@@ -131,7 +125,7 @@ def panel_router(plane: ControlPlane) -> APIRouter:
         session_id: str, workspace_id: str, path: str, who: PrincipalDep, seq: SeqQ = None
     ) -> StreamingResponse:
         """One file of a committed snapshot, as a download."""
-        owner = await panel().owner_of_workspace(who, session_id, workspace_id)
+        owner = await service.owner_of_workspace(who, session_id, workspace_id)
         stream = await plane.files.open(path, workspace_id=workspace_id, seq=seq, agent_id=owner)
         response = _file_response(stream, False, "application/octet-stream")
         response.headers["Content-Disposition"] = _attachment(path.rsplit("/", 1)[-1] or "file")
@@ -147,7 +141,7 @@ def panel_router(plane: ControlPlane) -> APIRouter:
     ) -> StreamingResponse:
         """An image of a committed snapshot with its type, for ``<img>``; others as a download.
         Always sandboxed (``Content-Security-Policy: sandbox``) and never sniffed."""
-        owner = await panel().owner_of_workspace(who, session_id, workspace_id)
+        owner = await service.owner_of_workspace(who, session_id, workspace_id)
         stream = await plane.files.open(path, workspace_id=workspace_id, seq=seq, agent_id=owner)
         name = path.rsplit("/", 1)[-1] or "file"
         media = PREVIEW_TYPES.get(name.rsplit(".", 1)[-1].lower() if "." in name else "")
@@ -168,7 +162,7 @@ def panel_router(plane: ControlPlane) -> APIRouter:
         session_id: str, execution_id: str, stream: str, agent_id: str, who: PrincipalDep
     ) -> StreamingResponse:
         """One stream of an execution of ``agent_id`` (an agent of the session), as a file."""
-        agents = await panel().agent_ids(who, session_id)
+        agents = await service.agent_ids(who, session_id)
         if agent_id not in agents:
             raise NotFound(f"no agent {agent_id!r} in session {session_id}")
         first = None
@@ -212,7 +206,7 @@ def panel_router(plane: ControlPlane) -> APIRouter:
         session_id: str, workspace_id: str, who: PrincipalDep, path: str = "", seq: SeqQ = None
     ) -> StreamingResponse:
         """A folder of a committed snapshot (default: all of it) as a tar stream."""
-        owner = await panel().owner_of_workspace(who, session_id, workspace_id)
+        owner = await service.owner_of_workspace(who, session_id, workspace_id)
         archive = await plane.files.archive(
             path, workspace_id=workspace_id, seq=seq, agent_id=owner
         )
@@ -231,7 +225,7 @@ def panel_router(plane: ControlPlane) -> APIRouter:
     async def download_artifact(
         session_id: str, artifact_id: str, who: PrincipalDep
     ) -> StreamingResponse:
-        for artifact in await panel().artifacts(who, session_id, 1000):
+        for artifact in await service.artifacts(who, session_id, 1000):
             if artifact.artifact_id == artifact_id:
                 stream = await plane.artifacts.open(artifact_id, artifact.agent_id)
                 response = _file_response(stream, False, "application/octet-stream")
@@ -249,7 +243,7 @@ def panel_router(plane: ControlPlane) -> APIRouter:
     ) -> AsyncIterator[ServerSentEvent]:
         """Server-sent events: ``change`` with the parts of the panel that changed. The first
         event of every connection names them all (so a reconnect reads everything again)."""
-        async for change in panel().changes(who, session_id):
+        async for change in service.changes(who, session_id):
             yield ServerSentEvent(
                 data=change.model_dump(mode="json"), event="change", retry=RETRY_MS
             )

@@ -28,7 +28,7 @@ from shellyard.api.app import create_app
 from shellyard.api.server import check_bind
 from shellyard.config import Settings
 from shellyard.contract.sessions import WakeView
-from shellyard.control.plane import ControlPlane
+from shellyard.control.plane import ControlPlane, build
 from shellyard.control.tokens import ADMIN_TOKEN_NAME
 from shellyard.errors import InvalidInput
 
@@ -176,8 +176,7 @@ async def world(home: Path) -> AsyncIterator[World]:
     # The webhooks of these tests point at the host's loopback (never delivered anywhere):
     # allowed only by the operator's exact host:port exception.
     settings.notifications.webhook_exceptions = ["127.0.0.1:9"]
-    plane = ControlPlane(settings)
-    await plane.start()
+    plane = await build(settings)
     admin = await plane.tokens.ensure_admin_file(plane.settings.home)
     app = create_app(plane)
     transport = httpx.ASGITransport(app=app)

@@ -13,13 +13,12 @@ import sqlalchemy as sa
 
 from shellyard.api.app import create_app
 from shellyard.config import Settings
-from shellyard.control.plane import ControlPlane
+from shellyard.control.plane import ControlPlane, build
 
 
 @pytest.fixture
 async def served(home: Path) -> AsyncIterator[tuple[httpx.AsyncClient, ControlPlane, str]]:
-    plane = ControlPlane(Settings(home=home / "home"))
-    await plane.start()
+    plane = await build(Settings(home=home / "home"))
     admin = await plane.tokens.ensure_admin_file(plane.settings.home)
     transport = httpx.ASGITransport(app=create_app(plane))
     async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
@@ -48,7 +47,7 @@ async def test_health_and_readiness_need_no_token(
         "migrations",
         "runner",
     }
-    assert plane.leases is not None and body["replica"] == plane.leases.replica_id
+    assert body["replica"] == plane.leases.replica_id
 
 
 async def test_readiness_fails_while_the_schema_is_behind_the_code(
@@ -56,7 +55,6 @@ async def test_readiness_fails_while_the_schema_is_behind_the_code(
 ) -> None:
     """A database another (older) release migrated is not ready: the missing revision named."""
     client, plane, _admin = served
-    assert plane.store is not None
     engine = sa.create_engine(plane.settings.effective_database_url)
     with engine.begin() as conn:
         conn.execute(sa.text("DELETE FROM alembic_version WHERE version_num = '0009_leases'"))
