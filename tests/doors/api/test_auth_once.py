@@ -14,13 +14,12 @@ import pytest
 
 from shellyard.api.app import create_app
 from shellyard.config import Settings
-from shellyard.control.plane import ControlPlane
+from shellyard.control.plane import ControlPlane, build
 
 
 @pytest.fixture
 async def served(home: Path) -> AsyncIterator[tuple[httpx.AsyncClient, ControlPlane, str]]:
-    plane = ControlPlane(Settings(home=home / "home"))
-    await plane.start()
+    plane = await build(Settings(home=home / "home"))
     admin = await plane.tokens.ensure_admin_file(plane.settings.home)
     transport = httpx.ASGITransport(app=create_app(plane))
     async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
