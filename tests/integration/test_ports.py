@@ -585,6 +585,12 @@ async def test_a_killed_holder_is_replaced_inside_the_same_network(
             (record,) = list((root / "sandbox" / "netns").glob("*.json"))
             first = json.loads(record.read_text())
             os.kill(int(first["pid"]), signal.SIGKILL)
+            # SIGKILL is delivered asynchronously: under load the holder was seen alive by the
+            # next start and gone when its launcher opened /proc/PID/ns/net. The case here is
+            # a holder that is dead, so wait for its death (10 s at most).
+            deadline = time.monotonic() + 10
+            while Path(f"/proc/{first['pid']}/ns/net").exists() and time.monotonic() < deadline:
+                await asyncio.sleep(0.02)
             reader = await yard.run(
                 LOCAL.format(port=PORT, path="live.txt"), read_only=True, wait_ms=30_000
             )

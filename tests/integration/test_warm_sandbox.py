@@ -312,6 +312,11 @@ async def test_kill9_of_the_runner_daemon_leaves_no_warm_sandbox(home: Path) -> 
         assert not [p for p in (home / "daemon").glob("**/sandbox/warm/*") if p.name in waiting]
         again = await run(plane, "echo two", runner_id="remote")
         assert again.stdout == "two\n"
+        # the next one is made in a task after ``again`` started: wait for it (a loaded
+        # machine makes it after a back-to-back command would have asked)
+        deadline = time.monotonic() + 10
+        while not warm_processes(first.workspace_id) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
         after = await run(plane, "echo three", runner_id="remote")
         root = home / "daemon"
         recorded = json.loads(

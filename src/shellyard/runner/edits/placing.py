@@ -14,6 +14,7 @@ stay immutable whatever a command later does to the workspace's files (docs/cont
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import stat as stat_mod
@@ -110,7 +111,15 @@ class Placer:
         runs, so that after a crash the next start sweeps that tree (and no other) for the
         temp files it may have left beside their targets (``workspace_paths.PARTIAL``)."""
         mark = self._staging / WRITING / workspace_id
-        os.close(os.open(mark, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600))
+        try:
+            os.close(os.open(mark, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600))
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            # A full volume (no inode for the mark) must not refuse the delete that frees it
+            # (docs/limits.md "Full disk"): a temp file left by a crash now is still never
+            # committed (snapshots/scan.py), only not swept at the next start.
+            log.warning("no room for the writing mark of %s: %s", workspace_id, exc.strerror)
         try:
             yield
         finally:
