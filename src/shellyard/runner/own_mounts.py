@@ -348,29 +348,26 @@ def open_unnamed(directory: Path, names: Sequence[str], flags: int, mode: int) -
     ``<home>/runners/local/executions/ex_…/stdout`` (R2, docs/security.md "Host paths").
     The copy lives as long as a descriptor does; nothing is attached anywhere. Where the
     kernel refuses (not root), the files are opened by path."""
-    tree = -1
-    folder = os.open(directory, _O_FOLDER)
+    tree = detached_copy(directory)
+    base = os.open(directory, _O_FOLDER) if tree is None else tree
     try:
-        tree = _libc.syscall(
-            ctypes.c_long(_SYS_OPEN_TREE),
-            ctypes.c_int(folder),
-            ctypes.c_char_p(b""),
-            ctypes.c_uint(_OPEN_TREE_CLONE | os.O_CLOEXEC | _AT_EMPTY_PATH),
-        )
-        base = folder if tree < 0 else tree
-        opened: list[int] = []
-        try:
-            for name in names:
-                opened.append(os.open(name, flags, mode, dir_fd=base))
-        except BaseException:
-            for fd in opened:
-                os.close(fd)
-            raise
-        return opened
+        return open_names(base, names, flags, mode)
     finally:
-        os.close(folder)
-        if tree >= 0:
-            os.close(tree)
+        os.close(base)
+
+
+def open_names(folder: int, names: Sequence[str], flags: int, mode: int) -> list[int]:
+    """``names`` opened in the folder ``folder`` is a descriptor of; none left open if one
+    fails."""
+    opened: list[int] = []
+    try:
+        for name in names:
+            opened.append(os.open(name, flags, mode, dir_fd=folder))
+    except BaseException:
+        for fd in opened:
+            os.close(fd)
+        raise
+    return opened
 
 
 def detached_copy(directory: Path) -> int | None:

@@ -30,7 +30,7 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from shellyard.runner.own_mounts import detached_copy, open_unnamed
+from shellyard.runner.own_mounts import detached_copy, open_names, open_unnamed
 
 _O_FOLDER = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -66,17 +66,10 @@ class LogRoot:
                 return open_unnamed(directory, names, flags, mode)
             relative = os.fspath(directory)  # not root: by path, as open_unnamed would
         folder = os.open(relative, _O_FOLDER, dir_fd=self._tree)
-        opened: list[int] = []
         try:
-            for name in names:
-                opened.append(os.open(name, flags, mode, dir_fd=folder))
-        except BaseException:
-            for fd in opened:
-                os.close(fd)
-            raise
+            return open_names(folder, names, flags, mode)
         finally:
             os.close(folder)
-        return opened
 
     def _relative(self, directory: Path) -> str | None:
         """``directory`` relative to the root, when the copy is there and it is below it."""
