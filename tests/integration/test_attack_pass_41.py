@@ -14,6 +14,7 @@ import asyncio
 import io
 import os
 import tarfile
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -160,6 +161,109 @@ async def test_a_process_left_behind_does_not_outlive_its_command_or_its_overlay
             break
         await asyncio.sleep(0.05)
     assert _mounted(yard, done.workspace_id) == 0
+
+
+@pytest.mark.runner_kinds("local")
+async def test_a_reaper_racing_every_start_and_edit_keeps_the_tree_coherent(yard: Yard) -> None:
+    """The linger at 0 and a second reaper calling ``OwnMounts.reap`` without pause, beside
+    the runner's own: every door write, command, read-only view and delete in a row crosses
+    a mount or unmount. What the runner wrote the command reads, what the command wrote the
+    runner commits and a reader sees, no ``ls -l`` line is ``-?????????`` and nothing is
+    left mounted once nothing holds the workspace. Then 12 more sessions' workspaces: the
+    runner's overlays go back to none (no mount growth with the number of workspaces)."""
+    agent = await _agent(yard)
+    mounts = yard.runner._mounts
+    mounts.linger_s = 0.0
+    stop = threading.Event()
+    reaped = [0]
+    made: list[Path] = []
+    hook = mounts.mounted
+
+    def mounted(folder: Path) -> None:
+        made.append(folder)
+        if hook is not None:
+            hook(folder)
+
+    mounts.mounted = mounted
+
+    def reaper() -> None:
+        while not stop.is_set():
+            reaped[0] += mounts.reap()
+            stop.wait(0.001)
+
+    thread = threading.Thread(target=reaper, daemon=True)
+    thread.start()
+    try:
+        ws = (await _run(yard, agent, "true")).workspace_id
+        warm = yard.runner._runs.warm
+        for i in range(12):
+            warm.discard_workspace(ws, "test")  # else it holds the workspace between commands
+            await yard.plane.files.write(
+                f"r{i}", f"{i}\n".encode(), workspace_id=ws, agent_id=agent
+            )
+            if i:
+                await yard.plane.files.delete(f"c{i - 1}", workspace_id=ws, agent_id=agent)
+            done = await _run(
+                yard, agent, f"cat r{i}; echo c > c{i}; ls -la | grep -c '?'; ls c* | wc -l"
+            )
+            assert done.stdout == f"{i}\n0\n1\n", done
+            assert await yard.read_file(ws, None, f"c{i}") == b"c\n"
+            seen = await _run(yard, agent, f"cat c{i} r{i}; ls -la | grep -c '?'", read_only=True)
+            assert seen.stdout == f"c\n{i}\n0\n", seen
+        for _ in range(12):
+            other = await _agent(yard)
+            assert (await _run(yard, other, "echo x > f")).exit_code == 0
+    finally:
+        stop.set()
+        thread.join()
+    # the race ran: the tree was mounted again and again between the steps
+    assert len([f for f in made if f.name == ws]) >= 12, (made, reaped)
+    yard.runner._runs.warm.discard_all("test")
+    runner = yard.home / "home" / "runners" / "local"
+    left: list[str] = []
+    for _ in range(400):
+        mounts.reap()
+        lines = Path("/proc/self/mountinfo").read_text().splitlines()
+        left = [line for line in lines if " overlay " in line and str(runner) in line]
+        if not left:
+            break
+        await asyncio.sleep(0.05)
+    assert not left, left
+
+
+@pytest.mark.runner_kinds("local")
+async def test_a_read_view_nobody_reads_is_not_left_mounted(yard: Yard) -> None:
+    """A reader's view (snapshots/views.py) was mounted as a read-only overlay at its first
+    reader and stayed mounted after the last while it was the head's: one mount per
+    workspace ever read, kept for the runner's life, which bwrap copies into every sandbox
+    start (docs/benchmarks.md §22, the cost holds avoid). Now the view stays as a folder
+    and its overlay goes with its last reader; the next reader mounts it again and still
+    sees no host path (its root field is ``/``)."""
+    views = yard.home / "home" / "runners" / "local" / "views"
+
+    def view_mounts() -> list[str]:
+        lines = Path("/proc/self/mountinfo").read_text().splitlines()
+        return [line for line in lines if f"{views}/" in line]
+
+    workspaces = []
+    for _ in range(4):
+        agent = await _agent(yard)
+        made = await _run(yard, agent, "echo x > f")
+        seen = await _run(yard, agent, "cat f", read_only=True)
+        assert seen.stdout == "x\n", seen
+        workspaces.append((agent, made.workspace_id))
+    assert view_mounts() == []
+    assert sorted(p.name.split(".")[0] for p in views.iterdir()) == sorted(
+        ws for _agent_id, ws in workspaces
+    )  # kept (the base the next head's view is patched from), unmounted
+    agent, ws = workspaces[0]
+    again = await _run(
+        yard, agent, "cat f; grep ' /workspace ' /proc/self/mountinfo", read_only=True
+    )
+    assert again.stdout.startswith("x\n"), again
+    assert again.stdout.splitlines()[1].split()[3] == "/", again.stdout
+    assert str(yard.home) not in again.stdout, again.stdout
+    assert view_mounts() == []
 
 
 def _mounted(yard: Yard, workspace_id: str) -> int:

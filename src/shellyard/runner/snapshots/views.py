@@ -240,7 +240,8 @@ class ReadViews:
 
     def release(self, link: Path, execution_id: str) -> None:
         """The reader ended. Its view stays while it is the head's content or the only view
-        of the workspace (the base the next head's view is patched from); otherwise it goes."""
+        of the workspace (the base the next head's view is patched from), unmounted when
+        no reader is left; otherwise it goes."""
         try:
             view = Path(os.readlink(link))
         except OSError:
@@ -260,6 +261,10 @@ class ReadViews:
             except Exception:  # the workspace is gone: so is its view
                 current, others = None, [view]
             if current == root_hash or not others:
+                # R2: kept, but plain until its next reader mounts it again (acquire): an
+                # overlay kept for the runner's life per workspace ever read was copied by
+                # bwrap into every sandbox start (the cost own_mounts.py holds avoid)
+                self._mounts.unmount(view)
                 return
             trash = self._trash(view, execution_id)
         remove(trash)  # outside the lock: a big view takes a while, readers need not wait
