@@ -256,7 +256,7 @@ async def test_a_read_view_nobody_reads_is_not_left_mounted(yard: Yard) -> None:
     assert sorted(p.name.split(".")[0] for p in views.iterdir()) == sorted(
         ws for _agent_id, ws in workspaces
     )  # kept (the base the next head's view is patched from), unmounted
-    agent, ws = workspaces[0]
+    agent = workspaces[0][0]
     again = await _run(
         yard, agent, "cat f; grep ' /workspace ' /proc/self/mountinfo", read_only=True
     )
@@ -264,6 +264,13 @@ async def test_a_read_view_nobody_reads_is_not_left_mounted(yard: Yard) -> None:
     assert again.stdout.splitlines()[1].split()[3] == "/", again.stdout
     assert str(yard.home) not in again.stdout, again.stdout
     assert view_mounts() == []
+    # a runner killed with a view mounted and no reader (as before this fix): the restart's
+    # clean-up (ReadViews.forget_unused, after re-attaching) leaves it plain
+    kept = next(views.iterdir())
+    yard.runner._mounts.mount(kept, read_only=True)
+    assert len(view_mounts()) == 1
+    yard.runner._runs.views.forget_unused()
+    assert view_mounts() == [] and kept.is_dir()
 
 
 def _mounted(yard: Yard, workspace_id: str) -> int:

@@ -310,3 +310,5 @@ class ReadViews:
                 kept[workspace_id] = view
                 if older is not None:
                     self._drop(older)
+            for view in kept.values():  # R2: a killed runner's overlay of a view nobody reads
+                self._mounts.unmount(view)
