@@ -237,13 +237,22 @@ async def test_a_read_view_nobody_reads_is_not_left_mounted(yard: Yard) -> None:
     reader and stayed mounted after the last while it was the head's: one mount per
     workspace ever read, kept for the runner's life, which bwrap copies into every sandbox
     start (docs/benchmarks.md §22, the cost holds avoid). Now the view stays as a folder
-    and its overlay goes with its last reader; the next reader mounts it again and still
+    and its overlay goes a linger after its last reader; the next reader mounts it again and still
     sees no host path (its root field is ``/``)."""
     views = yard.home / "home" / "runners" / "local" / "views"
+    yard.runner._mounts.linger_s = 0.2  # the holds' linger, which a view's unmount waits too
 
     def view_mounts() -> list[str]:
         lines = Path("/proc/self/mountinfo").read_text().splitlines()
         return [line for line in lines if f"{views}/" in line]
+
+    async def settled() -> list[str]:
+        """The view mounts once the unmounts a reader's end starts (off its finish) ran."""
+        for _ in range(400):
+            if not (left := view_mounts()):
+                return left
+            await asyncio.sleep(0.025)
+        return left
 
     workspaces = []
     for _ in range(4):
@@ -252,7 +261,7 @@ async def test_a_read_view_nobody_reads_is_not_left_mounted(yard: Yard) -> None:
         seen = await _run(yard, agent, "cat f", read_only=True)
         assert seen.stdout == "x\n", seen
         workspaces.append((agent, made.workspace_id))
-    assert view_mounts() == []
+    assert await settled() == []
     assert sorted(p.name.split(".")[0] for p in views.iterdir()) == sorted(
         ws for _agent_id, ws in workspaces
     )  # kept (the base the next head's view is patched from), unmounted
@@ -263,7 +272,7 @@ async def test_a_read_view_nobody_reads_is_not_left_mounted(yard: Yard) -> None:
     assert again.stdout.startswith("x\n"), again
     assert again.stdout.splitlines()[1].split()[3] == "/", again.stdout
     assert str(yard.home) not in again.stdout, again.stdout
-    assert view_mounts() == []
+    assert await settled() == []
     # a runner killed with a view mounted and no reader (as before this fix): the restart's
     # clean-up (ReadViews.forget_unused, after re-attaching) leaves it plain
     kept = next(views.iterdir())
