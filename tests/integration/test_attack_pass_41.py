@@ -90,6 +90,12 @@ async def test_a_door_refuses_a_name_kept_for_the_runners_temp_files(yard: Yard)
     assert kept.new_snapshot, kept
     seen = await _run(yard, agent, "ls -A; cat .shellyard-partial-notes", read_only=True)
     assert seen.stdout == ".shellyard-partial-notes\na.txt\nmine\n", seen
+    # a command's own file or folder of such a name: not refused (nothing sees its writes
+    # as they happen), left out of every snapshot, as docs/files-and-transfers.md says
+    own = await _run(yard, agent, f"mkdir -p {KEPT[:-1]}c/d && echo x > {KEPT[:-1]}c/d/f")
+    assert own.exit_code == 0, own
+    seen = await _run(yard, agent, "ls -A", read_only=True)
+    assert seen.stdout == ".shellyard-partial-notes\na.txt\n", seen
 
 
 @pytest.mark.runner_kinds("local")
