@@ -269,12 +269,13 @@ class ReadViews:
                 # bwrap into every sandbox start (the cost own_mounts.py holds avoid). An
                 # unmount takes 8-20 ms: off the reader's finish, after the holds' linger,
                 # so readers in a row reuse one overlay
-                self._released[view] = stamp = object()
-                timer = threading.Timer(
-                    self._mounts.linger_s, self._unmount_unused, args=(view, stamp)
-                )
-                timer.daemon = True
-                timer.start()
+                if self._mounts.enabled:  # else a plain folder: nothing to unmount
+                    self._released[view] = stamp = object()
+                    timer = threading.Timer(
+                        self._mounts.linger_s, self._unmount_unused, args=(view, stamp)
+                    )
+                    timer.daemon = True
+                    timer.start()
                 return
             trash = self._trash(view, execution_id)
         remove(trash)  # outside the lock: a big view takes a while, readers need not wait
