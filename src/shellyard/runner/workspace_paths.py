@@ -245,6 +245,23 @@ def is_partial(name: str) -> bool:
     )
 
 
+def refuse_partial(rel: str) -> str:
+    """``rel`` (normalised) unless a component is a name ``temp_name()`` gives: a file of
+    that name is never committed and is swept after a crash (``is_partial``), so a door that
+    wrote one would answer success and lose it. Refused with ``PathRefused`` instead (R2,
+    docs/security.md "Attack pass (session 41)"); a command's own such file is documented
+    (docs/limits.md)."""
+    for part in rel.split("/"):
+        if is_partial(part):
+            raise PathRefused(
+                f"path {rel!r} uses the name {part!r}, which shellyard keeps for its own "
+                f"temp files ({PARTIAL!r} and 12 hex digits are never committed); "
+                f"pick another name",
+                path=rel,
+            )
+    return rel
+
+
 def remove_at(dir_fd: int, name: str) -> int:
     """Remove ``name`` below ``dir_fd`` (a whole folder tree too), never following a link.
     Returns the number of entries removed."""
@@ -328,6 +345,7 @@ __all__ = [
     "link_refused",
     "lstat_at",
     "open_root",
+    "refuse_partial",
     "remove_at",
     "resolve",
     "sig_of",

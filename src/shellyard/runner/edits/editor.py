@@ -68,7 +68,8 @@ class Editor(Placer):
             return self.commit_edit(workspace_id, Done(removed=[rel]))
 
     def move(self, workspace_id: str, source: str, destination: str, overwrite: bool) -> EditResult:
-        src, dst = normalize_relative(source), normalize_relative(destination)
+        src = normalize_relative(source)
+        dst = workspace_paths.refuse_partial(normalize_relative(destination))
         if not src or not dst:
             raise InvalidInput("the workspace root cannot be moved or replaced; name a path in it")
         if dst == src or dst.startswith(src + "/"):
@@ -235,7 +236,7 @@ class Editor(Placer):
         entry: ApplyEntry,
         done: Done,
     ) -> tuple[str, str | None]:
-        rel = normalize_relative(entry.path)
+        rel = workspace_paths.refuse_partial(normalize_relative(entry.path))
         if not rel:
             return ("unchanged", None) if entry.kind == "dir" else ("failed", "empty path")
         mode = entry.mode & workspace_paths.PERMISSION_BITS
@@ -297,7 +298,7 @@ class Editor(Placer):
         staging tree first (members named absolute or with ``..``, symbolic links pointing
         outside, hard links and devices refuse the whole upload), then moved into place.
         """
-        dest = normalize_relative(path)
+        dest = workspace_paths.refuse_partial(normalize_relative(path))
         self.tree_of(workspace_id)  # R2 tenants: the workspace's owner for this thread
         stage = self._staging / workspace_paths.temp_name(".tar")
         stage.mkdir(mode=0o700)

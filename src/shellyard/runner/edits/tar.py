@@ -77,7 +77,7 @@ def unpack_to(
             vars(tar)["members"].clear()  # read once as a stream: keep no list of them all
             if room is not None and count % ROOM_CHECK_MEMBERS == 0:
                 room()  # empty members take inodes, not bytes (reserve.inode_reserve)
-            name = normalize_relative(member.name)
+            name = workspace_paths.refuse_partial(normalize_relative(member.name))
             full = f"{dest}/{name}" if dest else name
             if not name:
                 continue

@@ -31,7 +31,7 @@ class FileUpload:
     ) -> None:
         self._editor = editor
         self._workspace_id = workspace_id
-        self.rel = normalize_relative(path)
+        self.rel = workspace_paths.refuse_partial(normalize_relative(path))
         if not self.rel:
             raise InvalidInput("path names the workspace root; give a file path such as 'a.txt'")
         self._stack = contextlib.ExitStack()

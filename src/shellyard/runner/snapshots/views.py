@@ -179,6 +179,8 @@ class ReadViews:
         #: sandbox's mountinfo); unmounted before it is renamed or removed
         self._mounts = mounts
         self._users: dict[Path, set[str]] = {}
+        #: R2: views whose last reader ended, each with the mark its unmount timer checks
+        self._released: dict[Path, object] = {}
         self._lock = threading.Lock()
         #: Views taken out of use under the lock, removed after it
         self._pending: list[Path] = []
@@ -197,6 +199,7 @@ class ReadViews:
             found = [v for v in views if _name(v)[1] == head.root_hash]
             view = found[0] if found else self._build(workspace_id, head, views, execution_id)
             self._mounts.mount(view, read_only=True)
+            self._released.pop(view, None)  # in use again: no pending unmount
             self._users.setdefault(view, set()).add(execution_id)
             os.symlink(view, link)
             pending, self._pending = self._pending, []
@@ -240,7 +243,8 @@ class ReadViews:
 
     def release(self, link: Path, execution_id: str) -> None:
         """The reader ended. Its view stays while it is the head's content or the only view
-        of the workspace (the base the next head's view is patched from); otherwise it goes."""
+        of the workspace (the base the next head's view is patched from), unmounted when
+        no reader is left; otherwise it goes."""
         try:
             view = Path(os.readlink(link))
         except OSError:
@@ -260,9 +264,35 @@ class ReadViews:
             except Exception:  # the workspace is gone: so is its view
                 current, others = None, [view]
             if current == root_hash or not others:
+                # R2: kept, but plain until its next reader mounts it again (acquire): an
+                # overlay kept for the runner's life per workspace ever read was copied by
+                # bwrap into every sandbox start (the cost own_mounts.py holds avoid). An
+                # unmount takes 8-20 ms: off the reader's finish, after the holds' linger,
+                # so readers in a row reuse one overlay
+                if self._mounts.enabled:  # else a plain folder: nothing to unmount
+                    self._released[view] = stamp = object()
+                    timer = threading.Timer(
+                        self._mounts.linger_s, self._unmount_unused, args=(view, stamp)
+                    )
+                    timer.daemon = True
+                    timer.start()
                 return
             trash = self._trash(view, execution_id)
         remove(trash)  # outside the lock: a big view takes a while, readers need not wait
+
+    def _unmount_unused(self, view: Path, stamp: object) -> None:
+        """Unmount ``view`` unless a reader took it since its release of ``stamp`` (acquire
+        mounts and counts it under the same lock, so no reader's bwrap binds it half
+        unmounted)."""
+        with self._lock:
+            if self._released.get(view) is not stamp:
+                return
+            del self._released[view]
+            if view not in self._users and view.is_dir():
+                try:
+                    self._mounts.unmount(view)
+                except OSError:  # a thread has no caller to tell; the restart cleans up
+                    log.exception("could not unmount the view %s", view)
 
     def _trash(self, view: Path, tag: str) -> Path:
         """Take ``view`` out of use at once (a rename); the caller removes it."""
@@ -305,3 +335,5 @@ class ReadViews:
                 kept[workspace_id] = view
                 if older is not None:
                     self._drop(older)
+            for view in kept.values():  # R2: a killed runner's overlay of a view nobody reads
+                self._mounts.unmount(view)
