@@ -418,6 +418,11 @@ class LocalRunner(TerminalDoor):  # E13: send_input, screen, resize
             require_room(self.root, self.policy, f"a change to workspace {workspace_id}")
         # limits (R2, docs/limits.md): its usage must be measured again
         self._guard.forget(workspace_id)
+        # W1: one writer at a time, so one still here is an aborted one's tail: 5 s to unwind
+        for _ in range(100):
+            if workspace_id not in self._editing:
+                break
+            await asyncio.sleep(0.05)
         holder = self._runs.busy_workspaces.get(workspace_id)
         if holder is not None:
             raise WorkspaceBusy(
