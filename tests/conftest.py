@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import secrets
-import shutil
 import signal
 import subprocess
 import sys
@@ -23,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from leftover_mounts import remove_home
 from runner_daemon_fixture import RunnerDaemon, start_daemon
 from sshd_fixture import sshd_or_skip, start_sshd
 
@@ -55,7 +55,7 @@ def make_home() -> Path:
 def home() -> Iterator[Path]:
     path = make_home()
     yield path
-    shutil.rmtree(path, ignore_errors=True)
+    remove_home(path)  # with what a killed runner left mounted in it
 
 
 @dataclass

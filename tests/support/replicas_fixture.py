@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from leftover_mounts import remove_home
 
 SERVER = "postgresql://postgres@127.0.0.1:5432"
 START_TIMEOUT_S = 90.0
@@ -175,7 +176,6 @@ async def start_replicas(
 
 
 def stop_all(replicas: Sequence[Replica]) -> None:
-    import shutil
 
     for replica in replicas:
         replica.stop()
@@ -184,4 +184,4 @@ def stop_all(replicas: Sequence[Replica]) -> None:
             for line in log.read_text(errors="replace").splitlines():
                 if '"level": "error"' in line or "Traceback" in line:
                     print(f"{replica.name} {log.name}: {line[:3000]}")
-        shutil.rmtree(replica.home, ignore_errors=True)
+        remove_home(replica.home)  # with what a killed replica left mounted in it
