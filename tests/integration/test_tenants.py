@@ -148,7 +148,10 @@ async def test_process_limit_holds_one_workspace_and_not_the_other(yard_factory:
     pids = [p for p in groups_of(yard) if p.name == fork.execution_id and "pids" in p.parts]
     assert pids, groups_of(yard)
     count = int((pids[0].parent / "pids.current").read_text())
-    assert 100 < count <= 200, count  # the workspace's group, at its limit
+    # The workspace's group, at its limit. Forks stop at pids.max, but a move into a group
+    # does not (the kernel's pids controller): the workspace's one warm sandbox, made after
+    # this command started, joins by moving in, so the count can be the limit and one.
+    assert 100 < count <= 200 + 1, count
     beside = await other_workspace_run(yard, "echo B runs")
     assert beside.exit_code == 0 and "B runs" in beside.stdout, beside
     view = await yard.plane.executions.wait(fork.execution_id, 180)
