@@ -32,6 +32,7 @@ from pathlib import Path
 from shellyard.errors import LowOnSpace
 from shellyard.runner import processes
 from shellyard.runner.limits import reserve
+from shellyard.runner.limits.settings import format_size
 from shellyard.runner.policy import NetworkMode
 from shellyard.runner.sandbox import bwrap as sandbox
 from shellyard.runner.sandbox import launch
@@ -46,6 +47,8 @@ BASE_OWNER = 65534
 TAIL_BYTES = 4096
 #: How often a running tool's volume is held to the free-space reserve (a ``statvfs``).
 ROOM_CHECK_S = 0.1
+#: What a tool prints when a write met ENOSPC (Python's OSError, C's strerror).
+ENOSPC_MARKS = ("No space left on device", "[Errno 28]")
 
 #: Variables of the runner's own environment a tool may need to reach an index through this
 #: host's network set-up (a proxy, a private CA) or that tune uv; nothing else leaks in.
@@ -288,7 +291,7 @@ class SandboxedTools:
                 talk = asyncio.ensure_future(
                     asyncio.to_thread(_talk, popen, stdin, lines, asyncio.get_running_loop())
                 )
-            code = await self._wait(popen)
+            code = await self._wait(popen, start)
             if talk is not None:
                 await talk  # the pipes close with the tool
         finally:
@@ -313,7 +316,24 @@ class SandboxedTools:
             return None
         return None
 
-    async def _wait(self, popen: subprocess.Popen[bytes]) -> int:
+    def _filled_volume(self, start: int) -> str | None:
+        """The reserve's message when a failed tool said ENOSPC: every place it may write
+        (prefix, cache, scratch) is on the runner's volume, so the volume was full."""
+        if not any(mark in _tail(self._log_path, start) for mark in ENOSPC_MARKS):
+            return None
+        try:
+            free, total = reserve.volume(self._prefix.parent)
+        except OSError:
+            return None
+        kept = reserve.reserve_bytes(self._sandboxes.policy, total)
+        return (
+            f"the package tool was stopped: it filled the runner's volume (a write failed "
+            f"with 'No space left on device'), below its reserve of {format_size(kept)} "
+            f"({format_size(free)} free once it ended); the change is dropped with what it "
+            f"wrote to the cache. A build that writes this much cannot run here"
+        )
+
+    async def _wait(self, popen: subprocess.Popen[bytes], start: int) -> int:
         """Wake on the pidfd when the tool ends; kill it after the change's time limit, or
         when the volume falls below the free-space reserve (see the module's doc)."""
         deadline = time.monotonic() + self._timeout_s
@@ -346,6 +366,10 @@ class SandboxedTools:
         if short is None:
             # A writer faster than a check (a tmpfs takes GB/s) ends on ENOSPC first.
             short = self._below_reserve("keeping what the package tool wrote")
+            if short is None and code != 0:
+                # ...and the tool may already have removed what it wrote (uv drops a failed
+                # build's tree), so the volume is above the reserve again by now.
+                short = self._filled_volume(start)
             if short is not None:
                 with open(self._log_path, "ab") as log:
                     log.write(f"\nshellyard: {short}\n".encode())
