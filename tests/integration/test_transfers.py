@@ -199,8 +199,8 @@ async def test_t2_globs_unchanged_links_and_notice(yard: Yard) -> None:
     present = await tree(plane, target)
     assert present["copy/pkg/alias.py"].kind == "symlink"
     assert await read_all(plane, "copy/pkg/sub/b.py", workspace_id=target) == b"b\n"
-    notices = await plane.store.list_notices(str((await plane.files.access.agent(None))["id"]))
-    assert any(n["kind"] == "transfer" and n["subject_id"] == first.transfer_id for n in notices)
+    notices = await plane.store.list_notices(str((await plane.files.access.agent(None)).id))
+    assert any(n.kind == "transfer" and n.subject_id == first.transfer_id for n in notices)
 
     again = await settle(plane, (await plane.transfers.start(request)).transfer_id)
     assert again.files_unchanged == 5 and again.files_copied == 0
@@ -361,7 +361,7 @@ async def test_t1_permissions_other_session_invisible_family_allowed(yard: Yard)
     mine = await run(plane, "echo mine > m.txt", runner_id)
     _session, stranger = await plane.store.create_session()
     theirs = await plane.files.write(
-        "secret.txt", b"theirs", runner_id=runner_id, agent_id=str(stranger["id"])
+        "secret.txt", b"theirs", runner_id=runner_id, agent_id=str(stranger.id)
     )
     other = theirs.workspace_id
     child, child_ws = await child_workspace(plane, runner_id)
@@ -399,7 +399,7 @@ async def test_t1_permissions_other_session_invisible_family_allowed(yard: Yard)
     for attempt in attempts:
         with pytest.raises(NotFound, match=f"no workspace '{other}' that you can use"):
             await attempt
-    stranger_view = await plane.transfers.list(agent_id=str(stranger["id"]))
+    stranger_view = await plane.transfers.list(agent_id=str(stranger.id))
     assert stranger_view == []
 
     # family may: the child copies from its parent into its own workspace
