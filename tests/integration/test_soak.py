@@ -123,7 +123,7 @@ async def test_soak_structures_stay_flat(home: Path) -> None:
         agents = [str(parent.id)]
         for _ in range(AGENTS - 1):
             child, _ws = await child_workspace(plane, "local")
-            agents.append(str(child["id"]))
+            agents.append(str(child.id))
         first = await plane.executions.run_shell(RunShellRequest(command="echo 1 > f1.txt"))
         source_ws = first.workspace_id
         rounds = max(10, EXECUTIONS // AGENTS)

@@ -92,7 +92,7 @@ async def test_t3_cancel_part_way_keeps_committed_batches(yard: Yard) -> None:
     )
     assert cancelled.target_seq == (await plane.files.history(workspace_id=target)).head_seq
     # the target's writer is free again
-    await plane.files.write("after.txt", b"ok", workspace_id=target, agent_id=str(child["id"]))
+    await plane.files.write("after.txt", b"ok", workspace_id=target, agent_id=str(child.id))
 
 
 # ---------------------------------------------------------------------- T3: partial failure
@@ -272,7 +272,7 @@ async def test_t3_transfer_resumes_after_a_control_plane_restart(home: Path) -> 
         assert done.state == "completed"
         assert done.files_copied + done.files_unchanged == 301
         assert len(await tree(again, target)) == 301
-        await again.files.write("after.txt", b"ok", workspace_id=target, agent_id=str(child["id"]))
+        await again.files.write("after.txt", b"ok", workspace_id=target, agent_id=str(child.id))
     finally:
         await again.aclose()
 
@@ -370,8 +370,7 @@ async def test_t1_permissions_other_session_invisible_family_allowed(yard: Yard)
     assert seen[mine.workspace_id] == "own" and seen[child_ws] == "child"
     assert other not in seen
     child_seen = {
-        v.workspace_id: v.relation
-        for v in await plane.transfers.discover(agent_id=str(child["id"]))
+        v.workspace_id: v.relation for v in await plane.transfers.discover(agent_id=str(child.id))
     }
     assert child_seen[mine.workspace_id] == "parent" and other not in child_seen
 
@@ -409,16 +408,16 @@ async def test_t1_permissions_other_session_invisible_family_allowed(yard: Yard)
             "paths": ["m.txt"],
             "target_workspace_id": child_ws,
         },
-        agent_id=str(child["id"]),
+        agent_id=str(child.id),
     )
     assert (
-        await plane.transfers.wait(copied.transfer_id, 60, agent_id=str(child["id"]))
+        await plane.transfers.wait(copied.transfer_id, 60, agent_id=str(child.id))
     ).state == "completed"
     with pytest.raises(NotFound):  # a transfer is visible to its owner only
         await plane.transfers.query(copied.transfer_id)
     with pytest.raises(InvalidInput, match="edit files only in your own"):
         await plane.files.write(
-            "x.txt", b"x", workspace_id=mine.workspace_id, agent_id=str(child["id"])
+            "x.txt", b"x", workspace_id=mine.workspace_id, agent_id=str(child.id)
         )
 
 
