@@ -35,8 +35,8 @@ from shellyard.store.panel import PanelRecords
 if TYPE_CHECKING:
     from shellyard.control.plane import ControlPlane
 
-#: How often ``changes`` looks at the record: a change shows within about this long (issue
-#: 14 asks for 2 s). One look costs ~30 ms on SQLite for a 10,000-execution session here.
+#: How often ``changes`` looks at the record: a change shows within about this long (docs/web.md:
+#: within 2 s). One look costs ~30 ms on SQLite for a 10,000-execution session here.
 POLL_S = 1.0
 
 
