@@ -51,7 +51,7 @@ class AgentResolver:
             self._default = (await self.store.default_owner())[1].id
         return self._default
 
-    async def row(self, agent_id: str | None) -> Agent:
+    async def record(self, agent_id: str | None) -> Agent:
         """The agent's record (the default agent's when ``agent_id`` is None), or NotFound."""
         resolved = agent_id if agent_id is not None else await self.default_id()
         row = await self.store.get_agent(resolved)
@@ -67,7 +67,7 @@ class AgentResolver:
             return await self.default_id()
         if agent_id in self._existing:
             return agent_id
-        found = (await self.row(agent_id)).id
+        found = (await self.record(agent_id)).id
         if len(self._existing) >= AGENTS_KEPT:
             del self._existing[next(iter(self._existing))]
         self._existing[found] = None

@@ -499,7 +499,7 @@ class EnvironmentService:
         return change
 
     async def _agent(self, agent_id: str | None) -> Agent:
-        return await self.agents.row(agent_id)
+        return await self.agents.record(agent_id)
 
     async def _owned(self, environment_id: str, agent: Agent) -> Environment:
         env = await self.records.get(environment_id)

@@ -51,7 +51,7 @@ class PanelService:
         """The session's agents the principal reaches (NotFound outside its reach)."""
         if not who.is_admin and who.session_id != session_id:
             raise NotFound(f"no session {session_id!r}; list yours with GET /v1/sessions")
-        await self.plane.sessions.session_row(session_id)
+        await self.plane.sessions.session_record(session_id)
         rows = await self.records.agents_of_sessions([session_id])
         if who.kind == "agent":
             rows = [r for r in rows if r.id == who.agent_id]

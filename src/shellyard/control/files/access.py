@@ -49,7 +49,7 @@ class WorkspaceAccess:
     # ------------------------------------------------------------------ agents
 
     async def agent(self, agent_id: str | None) -> Agent:
-        return await self.executions.agents.row(agent_id)
+        return await self.executions.agents.record(agent_id)
 
     # ------------------------------------------------------------------ workspaces
 

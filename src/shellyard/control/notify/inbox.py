@@ -63,16 +63,16 @@ class InboxService:
     ) -> list[NoticeView]:
         """One page of the agent's notices, oldest first (a full page: there may be more, from
         ``after`` = its last id)."""
-        agent = await self.agents.row(agent_id)
+        agent = await self.agents.record(agent_id)
         rows = await self.store.list_notices(agent.id, unread_only, after=after, limit=limit)
         return [notice_view(r) for r in rows]
 
     async def summary(self, agent_id: str | None) -> InboxSummary:
-        agent = await self.agents.row(agent_id)
+        agent = await self.agents.record(agent_id)
         return await unread_summary(self.store, agent.id)
 
     async def mark_read(self, agent_id: str | None, notice_ids: Sequence[str] | None) -> int:
         """Mark notices read (every unread one when ``notice_ids`` is None); returns how many
         changed. Ids of other agents' notices are ignored like missing ones."""
-        agent = await self.agents.row(agent_id)
+        agent = await self.agents.record(agent_id)
         return await self.store.mark_notices_read(agent.id, notice_ids)

@@ -34,18 +34,18 @@ class SessionService:
 
     # ------------------------------------------------------------------ lookups
 
-    async def agent_row(self, agent_id: str | None) -> Agent:
+    async def agent_record(self, agent_id: str | None) -> Agent:
         """The agent (the default session's main agent when None), or NotFound."""
-        return await self.agents.row(agent_id)
+        return await self.agents.record(agent_id)
 
-    async def session_row(self, session_id: str) -> Session:
+    async def session_record(self, session_id: str) -> Session:
         row = await self.store.get_session(session_id)
         if row is None:
             raise NotFound(f"no session {session_id!r}; list them with 'shellyard session list'")
         return row
 
     async def get(self, session_id: str) -> SessionView:
-        row = await self.session_row(session_id)
+        row = await self.session_record(session_id)
         agents = await self.store.list_agents(session_id)
         return session_view(row, agents)
 
@@ -53,11 +53,11 @@ class SessionService:
         return [session_view(row, []) for row in await self.store.list_sessions()]
 
     async def get_agent(self, agent_id: str | None) -> AgentView:
-        row = await self.agent_row(agent_id)
-        return agent_view(row, await self.session_row(row.session_id))
+        row = await self.agent_record(agent_id)
+        return agent_view(row, await self.session_record(row.session_id))
 
     async def events(self, session_id: str) -> list[SessionEventView]:
-        await self.session_row(session_id)
+        await self.session_record(session_id)
         return [
             SessionEventView.model_validate(values_of(e, _EVENT_VIEW_FIELDS))
             for e in await self.store.session_events(session_id)
@@ -72,8 +72,8 @@ class SessionService:
 
     async def create_child(self, parent_id: str) -> AgentView:
         """A child agent under ``parent_id``; it gets its own workspace root on first use."""
-        parent = await self.agent_row(parent_id)
-        session = await self.session_row(parent.session_id)
+        parent = await self.agent_record(parent_id)
+        session = await self.session_record(parent.session_id)
         if session.state == SessionState.archived:
             raise Conflict(f"session {session.id} is archived; restore it before adding agents")
         return agent_view(await self.store.create_child(parent), session)
@@ -82,8 +82,8 @@ class SessionService:
 
     async def turn_begin(self, agent_id: str) -> AgentView:
         """The host starts a turn of this agent: it is busy and no wake interrupts it."""
-        agent = await self.agent_row(agent_id)
-        session = await self.session_row(agent.session_id)
+        agent = await self.agent_record(agent_id)
+        session = await self.session_record(agent.session_id)
         if session.state != SessionState.active:
             raise Conflict(
                 f"session {session.id} is {session.state}; a user request resumes a "
@@ -98,7 +98,7 @@ class SessionService:
     async def turn_end(self, agent_id: str) -> AgentView:
         """The turn is over: the agent is idle, and unread notices that arrived meanwhile (and
         no wake delivered) wake it now (N2)."""
-        await self.agent_row(agent_id)
+        await self.agent_record(agent_id)
         row = await self.store.change_agent(agent_id, {"state": "idle"})
         await self.wakes.notify(agent_id, "turn_end")
         return await self._agent_after(row)
@@ -107,8 +107,8 @@ class SessionService:
 
     async def stop_agent(self, agent_id: str) -> AgentView:
         """N8: close the agent's wake gate; its results and notices stay recorded."""
-        agent = await self.agent_row(agent_id)
-        session = await self.session_row(agent.session_id)
+        agent = await self.agent_record(agent_id)
+        session = await self.session_record(agent.session_id)
         if agent.gate == "closed":
             return agent_view(agent, session)
         row = await self.store.change_agent(
@@ -119,8 +119,8 @@ class SessionService:
     async def resume_agent(self, agent_id: str) -> AgentView:
         """N10: reopen a stopped agent's gate, allowed only while its session is active; its
         waiting notices wake it now."""
-        agent = await self.agent_row(agent_id)
-        session = await self.session_row(agent.session_id)
+        agent = await self.agent_record(agent_id)
+        session = await self.session_record(agent.session_id)
         if session.state != SessionState.active:
             raise Conflict(
                 f"agent {agent_id}'s session {session.id} is {session.state}; resume the "
@@ -136,7 +136,7 @@ class SessionService:
 
     async def stop(self, session_id: str) -> SessionView:
         """N8: close the session gate and cancel its pending timers."""
-        session = await self.session_row(session_id)
+        session = await self.session_record(session_id)
         if session.state == SessionState.archived:
             raise Conflict(f"session {session_id} is archived; there is nothing to stop")
         if session.state == SessionState.active:
@@ -147,7 +147,7 @@ class SessionService:
 
     async def archive(self, session_id: str) -> SessionView:
         """N8: like stop, and the session must be restored before it can resume."""
-        session = await self.session_row(session_id)
+        session = await self.session_record(session_id)
         if session.state != SessionState.archived:
             await self.store.change_session(
                 session_id, SessionState.archived, "session_archived", "the session was archived"
@@ -156,7 +156,7 @@ class SessionService:
 
     async def restore(self, session_id: str) -> SessionView:
         """N11: archived → stopped. Resumes nothing; cancelled timers stay cancelled."""
-        session = await self.session_row(session_id)
+        session = await self.session_record(session_id)
         if session.state != SessionState.archived:
             raise Conflict(f"session {session_id} is {session.state}, not archived")
         await self.store.change_session(session_id, SessionState.stopped, "session_restored", None)
@@ -166,7 +166,7 @@ class SessionService:
         """Reopen a stopped session's gate. Its agents' waiting notices wake them (children
         stopped on their own stay stopped, N10); the result summarizes the main agent's
         unread notices."""
-        session = await self.session_row(session_id)
+        session = await self.session_record(session_id)
         if session.state == SessionState.archived:
             raise Conflict(
                 f"session {session_id} is archived; restore it first ('shellyard session "
@@ -185,7 +185,7 @@ class SessionService:
         """N9: a new user request. A stopped session resumes; the main agent's turn begins
         (its gate reopens); the result carries the summary of its unread notices, which then
         wake nobody. Nothing is replayed. Children's waiting notices wake the children."""
-        await self.session_row(session_id)
+        await self.session_record(session_id)
         session, resumed, unread = await self.store.user_request(session_id, wake_payload)
         if resumed:
             await self.wakes.kick_session(session_id, "resume")
@@ -199,7 +199,7 @@ class SessionService:
         """The agent as it is now (a wake may just have made it busy)."""
         fresh = await self.store.get_agent(row.id)
         assert fresh is not None
-        return agent_view(fresh, await self.session_row(fresh.session_id))
+        return agent_view(fresh, await self.session_record(fresh.session_id))
 
 
 #: D3: the fields a session event's record and its view share (all of them), listed once.

@@ -252,8 +252,8 @@ class TimerService:
 
     async def create(self, agent_id: str | None, request: TimerCreateRequest) -> TimerView:
         """N5: a one-time reminder of ``text`` for the calling agent."""
-        agent = await self.sessions.agent_row(agent_id)
-        session = await self.sessions.session_row(agent.session_id)
+        agent = await self.sessions.agent_record(agent_id)
+        session = await self.sessions.session_record(agent.session_id)
         if session.state != SessionState.active:
             raise Conflict(
                 f"session {session.id} is {session.state}: its timers were cancelled and "
@@ -314,7 +314,7 @@ class TimerService:
         from ``after`` = its last id)."""
         if state is not None and state not in TimerState.__members__:
             raise InvalidInput(f"state must be pending, fired or cancelled, not {state!r}")
-        agent = await self.sessions.agent_row(agent_id)
+        agent = await self.sessions.agent_record(agent_id)
         rows = await self.store.list_timers(agent.id, state, after=after, limit=limit)
         return [timer_view(r) for r in rows]
 
@@ -366,7 +366,7 @@ class TimerService:
         self.on_change()
 
     async def _owned(self, agent_id: str | None, timer_id: str) -> Timer:
-        agent = await self.sessions.agent_row(agent_id)
+        agent = await self.sessions.agent_record(agent_id)
         row = await self.store.get_timer(timer_id)
         if row is None or row.agent_id != agent.id:
             raise NotFound(f"no timer {timer_id!r}; timer_list shows yours")
