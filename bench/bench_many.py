@@ -51,7 +51,7 @@ async def create_agents(home_settings: Settings, count: int) -> list[str]:
     store = await Store.open(home_settings.effective_database_url)
     try:
         session, _main = await store.default_owner()
-        return [str((await store.create_agent(str(session["id"])))["id"]) for _ in range(count)]
+        return [str((await store.create_agent(str(session.id))).id) for _ in range(count)]
     finally:
         await store.close()
 

@@ -62,12 +62,12 @@ async def measure(rounds: int) -> dict[str, Any]:
     try:
         _session, agent = await store.default_owner()
         await store.upsert_runner("local", "local", None, None)
-        workspace, _ = await store.workspace_for(str(agent["id"]), "local")
-        await store.run(_fill, str(agent["id"]), workspace.id, ROWS)
+        workspace, _ = await store.workspace_for(str(agent.id), "local")
+        await store.run(_fill, str(agent.id), workspace.id, ROWS)
         listed = sa.select(executions).order_by(executions.c.seq.desc()).limit(ROWS)
         sides: dict[str, Callable[[], Awaitable[Any]]] = {
-            "list_records": lambda: store.list_executions(str(agent["id"]), ROWS),
-            "list_rows": lambda: store.all(listed.where(executions.c.agent_id == agent["id"])),
+            "list_records": lambda: store.list_executions(str(agent.id), ROWS),
+            "list_rows": lambda: store.all(listed.where(executions.c.agent_id == agent.id)),
             "get_record": lambda: store.get_execution("ex_00000500"),
             "get_rows": lambda: store.run(_get, "ex_00000500"),
         }

@@ -42,8 +42,7 @@ async def create_agents(settings: Settings, count: int) -> list[str]:
     try:
         session, main = await store.default_owner()
         return [
-            str((await store.create_agent(str(session["id"]), str(main["id"])))["id"])
-            for _ in range(count)
+            str((await store.create_agent(str(session.id), str(main.id))).id) for _ in range(count)
         ]
     finally:
         await store.close()

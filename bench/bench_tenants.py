@@ -68,9 +68,7 @@ def spawn_cost(samples: int) -> dict[str, Any]:
 async def open_plane(home: Path, policy: SandboxPolicy) -> tuple[ControlPlane, list[str]]:
     plane = await build(Settings(home=home / "home", local_policy=policy))
     session, _main = await plane.store.default_owner()
-    agents = [
-        str((await plane.store.create_agent(str(session["id"])))["id"]) for _ in range(AGENTS)
-    ]
+    agents = [str((await plane.store.create_agent(str(session.id))).id) for _ in range(AGENTS)]
     await asyncio.gather(
         *(plane.executions.run_shell(RunShellRequest(command="true"), a) for a in agents)
     )

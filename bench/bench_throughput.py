@@ -91,7 +91,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     try:
         session, _main = await plane.store.default_owner()
         agent_ids = [
-            str((await plane.store.create_agent(str(session["id"])))["id"]) for _ in range(AGENTS)
+            str((await plane.store.create_agent(str(session.id))).id) for _ in range(AGENTS)
         ]
         # Warm up: every agent's workspace exists and has run once; bwrap's pages are hot.
         await asyncio.gather(

@@ -49,7 +49,7 @@ async def runner_cpu(rounds: int) -> dict[str, dict[str, float]]:
         for name, policy in POLICIES.items():
             plane = await build(Settings(home=homes[name] / "home", local_policy=policy))
             session, _main = await plane.store.default_owner()
-            agent = str((await plane.store.create_agent(str(session["id"])))["id"])
+            agent = str((await plane.store.create_agent(str(session.id))).id)
             for _ in range(3):  # warm: the workspace, its groups, its uid
                 await plane.executions.run_shell(RunShellRequest(command="true"), agent)
             planes[name] = (plane, agent)

@@ -51,7 +51,7 @@ async def test_backup_while_serving_restores_every_completed_record(home: Path) 
         ]
         child, child_ws = await child_workspace(plane, "local")
         long = await plane.executions.run_shell(
-            RunShellRequest(command="sleep 60", background=True), str(child["id"])
+            RunShellRequest(command="sleep 60", background=True), str(child.id)
         )
         long_id = long.execution_id
         _other, other_ws = await child_workspace(plane, "local")
@@ -117,7 +117,7 @@ async def test_backup_while_serving_restores_every_completed_record(home: Path) 
                 logs = await restored.executions.logs(str(row.id), agent_id=str(row.agent_id))
                 assert logs.complete and logs.logs_pruned_at is None
             # the execution running at backup time: recorded unknown, never re-attached
-            view = await restored.executions.wait(long_id, 30, str(child["id"]))
+            view = await restored.executions.wait(long_id, 30, str(child.id))
             assert view.state == ExecutionState.unknown and view.error == LOST_ERROR
             assert processes_of(long_id), "the original sandbox must be left alone"
             sizes = structure_sizes(restored, local)
@@ -132,7 +132,7 @@ async def test_backup_while_serving_restores_every_completed_record(home: Path) 
             )
             assert again.stdout == "4\n400\n", again
             child_again = await restored.executions.run_shell(
-                RunShellRequest(command="echo ok"), str(child["id"])
+                RunShellRequest(command="echo ok"), str(child.id)
             )
             assert child_again.state == "completed" and child_again.workspace_id == child_ws
     finally:

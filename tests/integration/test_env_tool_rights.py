@@ -31,7 +31,7 @@ CANARY = "root-only-canary-7f3a"
 
 async def _agent(yard: Yard) -> str:
     _session, agent = await yard.plane.store.create_session()
-    return str(agent["id"])
+    return str(agent.id)
 
 
 async def _sh(yard: Yard, agent: str, command: str) -> str:

@@ -88,7 +88,7 @@ async def test_install_waits_for_running_execution_and_queues_new_ones(
 
     # Another agent of the same session (its own workspace, so only the change holds it up).
     session, _main = await plane.store.default_owner()
-    child = await plane.store.create_agent(str(session["id"]), parent_id=str(_main["id"]))
+    child = await plane.store.create_agent(str(session.id), parent_id=str(_main.id))
     queued = await plane.executions.run_shell(
         RunShellRequest(
             command="shellyard-hello",
@@ -96,7 +96,7 @@ async def test_install_waits_for_running_execution_and_queues_new_ones(
             runner_id=yard.runner_id,
             background=True,
         ),
-        str(child["id"]),
+        str(child.id),
     )
     assert queued.state == ExecutionState.queued
     assert queued.waiting_for == change.change_id
@@ -104,7 +104,7 @@ async def test_install_waits_for_running_execution_and_queues_new_ones(
     still = await plane.environments.change_status(change.change_id)
     assert still.state == "waiting" and still.waiting_for == [holder.execution_id]
     # One queued behind the change can be cancelled at once: it never started.
-    other = await plane.store.create_agent(str(session["id"]), parent_id=str(_main["id"]))
+    other = await plane.store.create_agent(str(session.id), parent_id=str(_main.id))
     dropped = await plane.executions.run_shell(
         RunShellRequest(
             command="true",
@@ -112,10 +112,10 @@ async def test_install_waits_for_running_execution_and_queues_new_ones(
             runner_id=yard.runner_id,
             background=True,
         ),
-        str(other["id"]),
+        str(other.id),
     )
     assert dropped.waiting_for == change.change_id
-    gone = await plane.executions.cancel(dropped.execution_id, str(other["id"]))
+    gone = await plane.executions.cancel(dropped.execution_id, str(other.id))
     assert gone.state == ExecutionState.cancelled and gone.started_at is None
     workspace = await plane.store.get_workspace(gone.workspace_id)
     assert workspace is not None and workspace.writer_id is None
@@ -123,10 +123,10 @@ async def test_install_waits_for_running_execution_and_queues_new_ones(
     await plane.executions.cancel(holder.execution_id, wait_s=20)
     done = await plane.environments.wait(change.change_id, 60)
     assert done.state == "succeeded" and done.revision == 2
-    ran = await plane.executions.wait(queued.execution_id, 30, str(child["id"]))
+    ran = await plane.executions.wait(queued.execution_id, 30, str(child.id))
     assert ran.state == ExecutionState.completed and ran.exit_code == 0
     assert ran.environment_revision == 2 and ran.waiting_for is None  # V6: the new revision
-    logs = await plane.executions.logs(queued.execution_id, agent_id=str(child["id"]))
+    logs = await plane.executions.logs(queued.execution_id, agent_id=str(child.id))
     assert logs.data == "hello 1.0\n"
     held = await plane.executions.status(holder.execution_id)
     assert held.environment_revision == 1
@@ -324,7 +324,7 @@ async def test_refused_before_anything_is_recorded(yard: Yard) -> None:
     with pytest.raises(ShellyardError, match="already exists"):
         await _create(yard)
     changes = await plane.environments.records.changes(environment_id)
-    assert [c["action"] for c in changes] == ["create"]
+    assert [c.action for c in changes] == ["create"]
 
 
 @pytest.mark.runner_kinds("local", "direct", "ssh")  # R1: a representative subset
@@ -364,7 +364,7 @@ async def test_environment_is_bound_to_its_runner_and_session(home: Path) -> Non
         assert used.runner_id == "local" and used.environment_revision == 1
 
         _other_session, stranger = await plane.store.create_session()
-        stranger_id = str(stranger["id"])
+        stranger_id = str(stranger.id)
         assert await plane.environments.list_environments(stranger_id) == []
         assert [e.environment_id for e in await plane.environments.list_environments()] == [
             environment_id

@@ -103,7 +103,7 @@ async def test_names_that_are_not_utf8_are_listed_moved_and_transferred(yard: Ya
     )
     view = await plane.transfers.wait(started.transfer_id, 120)
     assert view.state == "completed", view
-    copied = await read_all(plane, "in/m/caf\udce9.txt", workspace_id=target, agent_id=child["id"])
+    copied = await read_all(plane, "in/m/caf\udce9.txt", workspace_id=target, agent_id=child.id)
     assert copied == b"data"
     outcomes = await plane.transfers.files(started.transfer_id, limit=100)
     assert [f.target_path for f in outcomes.files if f.kind == "file"] == ["in/m/caf\udce9.txt"]

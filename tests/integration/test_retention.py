@@ -135,7 +135,9 @@ async def test_database_file_shrinks_after_a_large_prune(home: Path) -> None:
         store = plane.store
         row = await store.get_execution(first.execution_id)
         assert row is not None
-        session_id = str((await store.get_agent(str(row.agent_id)))["session_id"])  # type: ignore[index]
+        agent = await store.get_agent(row.agent_id)
+        assert agent is not None
+        session_id = agent.session_id
         old = time.time() - 400 * 86400
         await store.run(_fill, dataclasses.asdict(row), session_id, old, 20_000)
         db = settings.home / "shellyard.db"

@@ -106,10 +106,10 @@ async def test_home_persists_for_its_workspace_and_is_in_no_snapshot(yard: Yard)
     second = await yard.run("cat ~/.cache/x; ls -A /workspace")
     assert second.stdout == "kept\nt.txt\n"
     session, _agent = await yard.plane.store.default_owner()
-    someone = await yard.plane.store.create_agent(str(session["id"]))
+    someone = await yard.plane.store.create_agent(str(session.id))
     other = await yard.plane.executions.run_shell(
         RunShellRequest(command="cat ~/.cache/x 2>&1 || echo absent", runner_id=yard.runner_id),
-        agent_id=str(someone["id"]),
+        agent_id=str(someone.id),
     )
     assert other.workspace_id != first.workspace_id
     assert other.stdout.endswith("absent\n")

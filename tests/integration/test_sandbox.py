@@ -40,8 +40,8 @@ async def test_home_and_other_workspaces_are_invisible(yard: Yard) -> None:
     and the runner's folder are invisible; the workspace is only at /workspace."""
     plane = yard.plane
     session, _agent = await plane.store.default_owner()
-    other_agent = await plane.store.create_agent(str(session["id"]))
-    other_ws, _ = await plane.store.workspace_for(str(other_agent["id"]), yard.runner_id)
+    other_agent = await plane.store.create_agent(str(session.id))
+    other_ws, _ = await plane.store.workspace_for(str(other_agent.id), yard.runner_id)
     await yard.runner.ensure_workspace(other_ws.id)
     mine = await yard.run("echo mine > mine.txt; pwd")
     assert mine.stdout == "/workspace\n"

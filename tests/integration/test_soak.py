@@ -66,7 +66,9 @@ async def _extras(plane: ControlPlane, agents: list[str], source_ws: str, round_
     await plane.timers.create(
         owner, TimerCreateRequest(text="check", after_ms=1, execution_id=done.execution_id)
     )
-    session_id = str((await plane.store.get_agent(owner))["session_id"])  # type: ignore[index]
+    agent = await plane.store.get_agent(owner)
+    assert agent is not None
+    session_id = agent.session_id
     stream = plane.wakes.stream(session_id, after_seq=0)
     with pytest.raises(TimeoutError):
         await asyncio.wait_for(_drain(stream), 0.05)
@@ -118,10 +120,10 @@ async def test_soak_structures_stay_flat(home: Path) -> None:
     plane = await build(Settings(home=home / "home"))
     try:
         parent = await plane.files.access.agent(None)
-        agents = [str(parent["id"])]
+        agents = [str(parent.id)]
         for _ in range(AGENTS - 1):
             child, _ws = await child_workspace(plane, "local")
-            agents.append(str(child["id"]))
+            agents.append(str(child.id))
         first = await plane.executions.run_shell(RunShellRequest(command="echo 1 > f1.txt"))
         source_ws = first.workspace_id
         rounds = max(10, EXECUTIONS // AGENTS)

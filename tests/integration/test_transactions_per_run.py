@@ -101,8 +101,8 @@ async def test_a_foreground_run_costs_few_transactions(
         record = await plane.store.get_execution(result.execution_id)
         assert record is not None and record.state == "completed"
         notices = await plane.store.list_notices(str(record.agent_id))
-        (notice,) = [n for n in notices if n["subject_id"] == result.execution_id]
-        assert notice["read_at"] is not None
+        (notice,) = [n for n in notices if n.subject_id == result.execution_id]
+        assert notice.read_at is not None
         held = await plane.store.lease_counts(plane.leases.replica_id)
         assert held.get("execution", 0) == 0, held  # released with the end
     finally:

@@ -92,7 +92,7 @@ async def test_t3_cancel_part_way_keeps_committed_batches(yard: Yard) -> None:
     )
     assert cancelled.target_seq == (await plane.files.history(workspace_id=target)).head_seq
     # the target's writer is free again
-    await plane.files.write("after.txt", b"ok", workspace_id=target, agent_id=str(child["id"]))
+    await plane.files.write("after.txt", b"ok", workspace_id=target, agent_id=str(child.id))
 
 
 # ---------------------------------------------------------------------- T3: partial failure
@@ -199,8 +199,8 @@ async def test_t2_globs_unchanged_links_and_notice(yard: Yard) -> None:
     present = await tree(plane, target)
     assert present["copy/pkg/alias.py"].kind == "symlink"
     assert await read_all(plane, "copy/pkg/sub/b.py", workspace_id=target) == b"b\n"
-    notices = await plane.store.list_notices(str((await plane.files.access.agent(None))["id"]))
-    assert any(n["kind"] == "transfer" and n["subject_id"] == first.transfer_id for n in notices)
+    notices = await plane.store.list_notices(str((await plane.files.access.agent(None)).id))
+    assert any(n.kind == "transfer" and n.subject_id == first.transfer_id for n in notices)
 
     again = await settle(plane, (await plane.transfers.start(request)).transfer_id)
     assert again.files_unchanged == 5 and again.files_copied == 0
@@ -272,7 +272,7 @@ async def test_t3_transfer_resumes_after_a_control_plane_restart(home: Path) -> 
         assert done.state == "completed"
         assert done.files_copied + done.files_unchanged == 301
         assert len(await tree(again, target)) == 301
-        await again.files.write("after.txt", b"ok", workspace_id=target, agent_id=str(child["id"]))
+        await again.files.write("after.txt", b"ok", workspace_id=target, agent_id=str(child.id))
     finally:
         await again.aclose()
 
@@ -361,7 +361,7 @@ async def test_t1_permissions_other_session_invisible_family_allowed(yard: Yard)
     mine = await run(plane, "echo mine > m.txt", runner_id)
     _session, stranger = await plane.store.create_session()
     theirs = await plane.files.write(
-        "secret.txt", b"theirs", runner_id=runner_id, agent_id=str(stranger["id"])
+        "secret.txt", b"theirs", runner_id=runner_id, agent_id=str(stranger.id)
     )
     other = theirs.workspace_id
     child, child_ws = await child_workspace(plane, runner_id)
@@ -370,8 +370,7 @@ async def test_t1_permissions_other_session_invisible_family_allowed(yard: Yard)
     assert seen[mine.workspace_id] == "own" and seen[child_ws] == "child"
     assert other not in seen
     child_seen = {
-        v.workspace_id: v.relation
-        for v in await plane.transfers.discover(agent_id=str(child["id"]))
+        v.workspace_id: v.relation for v in await plane.transfers.discover(agent_id=str(child.id))
     }
     assert child_seen[mine.workspace_id] == "parent" and other not in child_seen
 
@@ -399,7 +398,7 @@ async def test_t1_permissions_other_session_invisible_family_allowed(yard: Yard)
     for attempt in attempts:
         with pytest.raises(NotFound, match=f"no workspace '{other}' that you can use"):
             await attempt
-    stranger_view = await plane.transfers.list(agent_id=str(stranger["id"]))
+    stranger_view = await plane.transfers.list(agent_id=str(stranger.id))
     assert stranger_view == []
 
     # family may: the child copies from its parent into its own workspace
@@ -409,16 +408,16 @@ async def test_t1_permissions_other_session_invisible_family_allowed(yard: Yard)
             "paths": ["m.txt"],
             "target_workspace_id": child_ws,
         },
-        agent_id=str(child["id"]),
+        agent_id=str(child.id),
     )
     assert (
-        await plane.transfers.wait(copied.transfer_id, 60, agent_id=str(child["id"]))
+        await plane.transfers.wait(copied.transfer_id, 60, agent_id=str(child.id))
     ).state == "completed"
     with pytest.raises(NotFound):  # a transfer is visible to its owner only
         await plane.transfers.query(copied.transfer_id)
     with pytest.raises(InvalidInput, match="edit files only in your own"):
         await plane.files.write(
-            "x.txt", b"x", workspace_id=mine.workspace_id, agent_id=str(child["id"])
+            "x.txt", b"x", workspace_id=mine.workspace_id, agent_id=str(child.id)
         )
 
 

@@ -197,13 +197,13 @@ async def test_two_workspaces_never_share_a_warm_sandbox(home: Path) -> None:
         runner = plane.runners.get("local")
         a = await run(plane, "echo a > mine.txt")
         session, _agent = await plane.store.default_owner()
-        other = await plane.store.create_agent(str(session["id"]))
-        b = await run(plane, "echo b > mine.txt", agent_id=str(other["id"]))
+        other = await plane.store.create_agent(str(session.id))
+        b = await run(plane, "echo b > mine.txt", agent_id=str(other.id))
         assert a.workspace_id != b.workspace_id
         warm_a = await wait_for_warm(runner, a.workspace_id)
         warm_b = await wait_for_warm(runner, b.workspace_id)
         assert warm_a != warm_b
-        read_b = await run(plane, "cat mine.txt", agent_id=str(other["id"]))
+        read_b = await run(plane, "cat mine.txt", agent_id=str(other.id))
         read_a = await run(plane, "cat mine.txt")
         assert (read_a.stdout, read_b.stdout) == ("a\n", "b\n")
         assert meta(runner, read_a.execution_id)["sandbox_id"] == warm_a

@@ -7,13 +7,14 @@ import io
 import os
 import subprocess
 import tarfile
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from shellyard.contract.executions import ExecutionState, RunShellRequest
 from shellyard.control.plane import ControlPlane
+from shellyard.store.owners import Agent
 
 
 async def run(plane: ControlPlane, command: str, runner_id: str = "local", **kw: Any) -> Any:
@@ -45,10 +46,10 @@ async def tree(plane: ControlPlane, workspace_id: str, seq: int | None = None) -
         after = page.next_after
 
 
-async def child_workspace(plane: ControlPlane, runner_id: str) -> tuple[Mapping[str, Any], str]:
+async def child_workspace(plane: ControlPlane, runner_id: str) -> tuple[Agent, str]:
     """A child agent of the default agent and its workspace on ``runner_id``."""
     parent = await plane.files.access.agent(None)
-    child = await plane.store.create_agent(str(parent["session_id"]), str(parent["id"]))
+    child = await plane.store.create_agent(str(parent.session_id), str(parent.id))
     row = await plane.files.access.own(child, runner_id)
     return child, row.id
 

@@ -20,9 +20,9 @@ ENDED = ("queued", "running", "unknown")
 async def _values(store: Store, **extra: Any) -> dict[str, Any]:
     _session, agent = await store.default_owner()
     await store.upsert_runner("local", "local", None, None)
-    workspace, _ = await store.workspace_for(str(agent["id"]), "local")
+    workspace, _ = await store.workspace_for(str(agent.id), "local")
     return {
-        "id": new_id("ex"), "agent_id": agent["id"], "workspace_id": workspace.id,
+        "id": new_id("ex"), "agent_id": agent.id, "workspace_id": workspace.id,
         "runner_id": "local", "command": "true", "background": False, **extra,
     }  # fmt: skip
 
@@ -30,8 +30,8 @@ async def _values(store: Store, **extra: Any) -> dict[str, Any]:
 async def _held(store: Store) -> set[str]:
     rows = await store.claim_leases("someone-else", None, 60.0, 100, mode="all")
     for row in rows:  # give them back: only which subjects had a lease matters
-        await store.acquire_lease(EXECUTION, str(row["subject_id"]), "replica-a", None, 0.0)
-    return {str(r["subject_id"]) for r in rows}
+        await store.acquire_lease(EXECUTION, str(row.subject_id), "replica-a", None, 0.0)
+    return {str(r.subject_id) for r in rows}
 
 
 async def test_submit_takes_the_writer_and_the_lease_only_for_what_starts(store: Store) -> None:
@@ -67,7 +67,7 @@ async def test_finish_writes_the_end_and_hands_the_workspace_on(store: Store) ->
     timers = []
     for fire_at in (now + 3600, now - 60):  # not due yet: cancelled; came due first: stays
         timer = {
-            "id": new_id("tmr"), "agent_id": agent["id"], "session_id": agent["session_id"],
+            "id": new_id("tmr"), "agent_id": agent.id, "session_id": agent.session_id,
             "text": "check", "spec": {"after_ms": 3_600_000}, "fire_at": fire_at,
             "execution_id": first.id, "state": "pending", "late": False, "created_at": now,
         }  # fmt: skip
@@ -85,10 +85,10 @@ async def test_finish_writes_the_end_and_hands_the_workspace_on(store: Store) ->
     assert str(first.id) in str(later.cancel_reason)
     assert due is not None and due.state == "pending"
     (notice,) = [
-        n for n in await store.list_notices(str(first.agent_id)) if n["subject_id"] == first.id
+        n for n in await store.list_notices(str(first.agent_id)) if n.subject_id == first.id
     ]
-    assert notice["summary"] == "ended" and notice["read_at"] is not None
-    assert notice["payload"] == {"state": "completed", "exit_code": 3}
+    assert notice.summary == "ended" and notice.read_at is not None
+    assert notice.payload == {"state": "completed", "exit_code": 3}
     workspace = await store.get_workspace(str(first.workspace_id))
     assert workspace is not None and workspace.writer_id is None
     assert first.id not in await _held(store)
@@ -117,9 +117,9 @@ async def test_a_queued_writer_ending_is_not_its_own_next(store: Store) -> None:
     workspace = await store.get_workspace(str(first.workspace_id))
     assert workspace is not None and workspace.writer_id == first.id
     (notice,) = [
-        n for n in await store.list_notices(str(waiting.agent_id)) if n["subject_id"] == waiting.id
+        n for n in await store.list_notices(str(waiting.agent_id)) if n.subject_id == waiting.id
     ]
-    assert notice["read_at"] is None and notice["payload"] == {
+    assert notice.read_at is None and notice.payload == {
         "state": "cancelled",
         "exit_code": None,
     }

@@ -22,10 +22,10 @@ from shellyard.store.executions import Execution, _finish_execution
 async def _running(store: Store) -> Execution:
     _session, agent = await store.default_owner()
     await store.upsert_runner("local", "local", None, None)
-    workspace, _ = await store.workspace_for(str(agent["id"]), "local")
+    workspace, _ = await store.workspace_for(str(agent.id), "local")
     values = {
         "id": new_id("ex"),
-        "agent_id": agent["id"],
+        "agent_id": agent.id,
         "workspace_id": workspace.id,
         "runner_id": "local",
         "command": "true",
@@ -50,8 +50,8 @@ async def _finish(store: Store, row: Execution) -> bool:
 
 async def _read_at(store: Store, row: Execution) -> Any:
     notices = await store.list_notices(str(row.agent_id))
-    (notice,) = [n for n in notices if n["subject_id"] == row.id]
-    return notice["read_at"]
+    (notice,) = [n for n in notices if n.subject_id == row.id]
+    return notice.read_at
 
 
 async def test_a_live_wait_posts_the_notice_read_an_expired_one_does_not(store: Store) -> None:
@@ -168,7 +168,7 @@ async def test_a_timer_made_while_its_execution_ends_sees_the_end(pg_schema: str
         now = time.time()
         await store.create_timer(
             {
-                "id": new_id("tmr"), "agent_id": agent["id"], "session_id": agent["session_id"],
+                "id": new_id("tmr"), "agent_id": agent.id, "session_id": agent.session_id,
                 "text": "check", "spec": {"after_ms": 3_600_000}, "fire_at": now + 3600,
                 "execution_id": execution_id, "state": "pending", "late": False,
                 "created_at": now,

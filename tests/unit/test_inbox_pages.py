@@ -10,7 +10,7 @@ from shellyard.store import Store
 
 async def test_pages_and_the_summary(store: Store) -> None:
     _session, agent = await store.create_session()
-    agent_id = str(agent["id"])
+    agent_id = str(agent.id)
     for i in range(SUMMARY_LIMIT + 7):
         await store.add_notice(agent_id, "execution" if i % 3 else "reminder", f"s{i}", f"n{i}")
     everything = await store.list_notices(agent_id)
@@ -18,11 +18,11 @@ async def test_pages_and_the_summary(store: Store) -> None:
     after = None
     while True:
         page = await store.list_notices(agent_id, after=after, limit=10)
-        seen += [str(row["id"]) for row in page]
+        seen += [str(row.id) for row in page]
         if len(page) < 10:
             break
-        after = str(page[-1]["id"])
-    assert seen == [str(row["id"]) for row in everything]
+        after = str(page[-1].id)
+    assert seen == [str(row.id) for row in everything]
     bounded = await unread_summary(store, agent_id)
     assert bounded == summarize(agent_id, everything)
     assert bounded.unread == SUMMARY_LIMIT + 7 and len(bounded.notices) == SUMMARY_LIMIT

@@ -30,7 +30,7 @@ async def test_an_expired_lease_is_taken_over_and_counted(store: Store) -> None:
     assert await store.acquire_lease("execution", "ex_2", "rep_a", None, 0.05)
     await asyncio.sleep(0.1)  # rep_a stopped renewing
     claimed = await store.claim_leases("rep_b", None, 60, 10, mode="expired")
-    assert [(r["subject_id"], r["holder"]) for r in claimed] == [("ex_2", "rep_a")]
+    assert [(r.subject_id, r.holder) for r in claimed] == [("ex_2", "rep_a")]
     assert await store.renew_leases("rep_a", 60) == set()  # a's renewal finds it gone
     assert await store.renew_leases("rep_b", 60) == {("execution", "ex_2")}
     assert not await store.acquire_lease("execution", "ex_2", "rep_a", None, 60)
@@ -44,7 +44,7 @@ async def test_a_homes_scope_is_claimed_only_by_that_home(store: Store) -> None:
     assert other == []
     assert await store.claim_leases("rep_x", "local:h:/b", 60, 10, mode="expired") == []
     again = await store.claim_leases("rep_new", "local:h:/a", 60, 10, mode="start")
-    assert [r["subject_id"] for r in again] == ["ex_3"]
+    assert [r.subject_id for r in again] == ["ex_3"]
 
 
 async def test_two_replicas_claiming_at_once_split_the_expired_leases(
@@ -63,10 +63,10 @@ async def test_two_replicas_claiming_at_once_split_the_expired_leases(
                 for _ in range(3)
             )
         )
-        taken = [r["subject_id"] for rows in claims for r in rows]
+        taken = [r.subject_id for rows in claims for r in rows]
         assert len(taken) == len(set(taken)), "a lease was claimed twice"
         remaining = await stores[0].claim_leases("rep_last", None, 60, 500, mode="expired")
-        assert sorted(taken + [r["subject_id"] for r in remaining]) == sorted(
+        assert sorted(taken + [r.subject_id for r in remaining]) == sorted(
             f"ex_{i}" for i in range(200)
         )
     finally:
@@ -85,8 +85,8 @@ async def test_the_default_owner_is_made_once_by_concurrent_stores(
     )
     try:
         owners = await asyncio.gather(*(s.default_owner() for s in stores for _ in range(4)))
-        assert len({session["id"] for session, _agent in owners}) == 1
-        assert len({agent["id"] for _session, agent in owners}) == 1
+        assert len({session.id for session, _agent in owners}) == 1
+        assert len({agent.id for _session, agent in owners}) == 1
     finally:
         for s in stores:
             await s.close()

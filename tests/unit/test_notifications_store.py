@@ -17,10 +17,11 @@ from sqlalchemy.engine import Connection
 
 from shellyard.control.notify.wakes import wake_payload
 from shellyard.store import Store
+from shellyard.store.notices import Notice
+from shellyard.store.owners import Agent, Session
+from shellyard.store.records import from_row, from_rows
 from shellyard.store.schema import metadata
 from shellyard.store.timers import Timer
-
-Row = dict[str, Any]
 
 
 def _diff(conn: Connection) -> list[Any]:
@@ -31,13 +32,13 @@ async def test_migration_0002_matches_the_schema(store: Store) -> None:
     assert await store.run(_diff) == []
 
 
-async def _timer(store: Store, agent: Row, **extra: Any) -> Timer:
+async def _timer(store: Store, agent: Agent, **extra: Any) -> Timer:
     now = time.time()
     return await store.create_timer(
         {
             "id": f"tmr_{time.monotonic_ns()}",
-            "agent_id": agent["id"],
-            "session_id": agent["session_id"],
+            "agent_id": agent.id,
+            "session_id": agent.session_id,
             "text": "t",
             "spec": {"after_ms": 0},
             "fire_at": now - 1,
@@ -53,7 +54,7 @@ async def test_a_notice_is_claimed_by_one_wake_even_when_wakes_race(store: Store
     """N2: concurrent wakes of one agent (two control planes) emit one wake; a later wake
     carries only notices no wake claimed; a busy agent is not woken."""
     _session, agent = await store.create_session()
-    agent_id = str(agent["id"])
+    agent_id = str(agent.id)
     await store.add_notice(agent_id, "execution", "ex_a", "a done")
     await store.add_notice(agent_id, "execution", "ex_b", "b done")
     results = await asyncio.gather(
@@ -63,24 +64,24 @@ async def test_a_notice_is_claimed_by_one_wake_even_when_wakes_race(store: Store
     assert len(emitted) == 1
     wake, deliveries = emitted[0]
     assert deliveries == []
-    assert [n["subject_id"] for n in wake["payload"]["notices"]] == ["ex_a", "ex_b"]
+    assert [n["subject_id"] for n in wake.payload["notices"]] == ["ex_a", "ex_b"]
     await store.add_notice(agent_id, "execution", "ex_c", "c done")
     assert await store.emit_wake(agent_id, "notice", None, wake_payload) is None  # busy
     await store.change_agent(agent_id, {"state": "idle"})
     again = await store.emit_wake(agent_id, "turn_end", None, wake_payload)
     assert again is not None
-    assert [n["subject_id"] for n in again[0]["payload"]["notices"]] == ["ex_c"]
+    assert [n["subject_id"] for n in again[0].payload["notices"]] == ["ex_c"]
     await store.change_agent(agent_id, {"state": "idle"})
     assert await store.emit_wake(agent_id, "turn_end", None, wake_payload) is None
-    woken = {n["subject_id"]: n["wake_id"] for n in await store.list_notices(agent_id)}
-    assert woken == {"ex_a": wake["id"], "ex_b": wake["id"], "ex_c": again[0]["id"]}
+    woken = {n.subject_id: n.wake_id for n in await store.list_notices(agent_id)}
+    assert woken == {"ex_a": wake.id, "ex_b": wake.id, "ex_c": again[0].id}
 
 
 async def test_no_wake_without_a_listening_channel_or_with_a_closed_gate(
     store: Store,
 ) -> None:
     _session, agent = await store.create_session()
-    agent_id, session_id = str(agent["id"]), str(agent["session_id"])
+    agent_id, session_id = str(agent.id), str(agent.session_id)
     await store.add_notice(agent_id, "reminder", "tmr_1", "reminder: x")
     assert await store.emit_wake(agent_id, "notice", frozenset(), wake_payload) is None
     await store.change_agent(agent_id, {"gate": "closed"})
@@ -89,8 +90,8 @@ async def test_no_wake_without_a_listening_channel_or_with_a_closed_gate(
     await store.change_session(session_id, "stopped", "session_stopped", "stopped")
     assert await store.emit_wake(agent_id, "notice", None, wake_payload) is None
     session, resumed, unread = await store.user_request(session_id, wake_payload)
-    assert resumed and session["state"] == "active"
-    assert [n["subject_id"] for n in unread] == ["tmr_1"] and unread[0]["woke_at"] is not None
+    assert resumed and session.state == "active"
+    assert [n.subject_id for n in unread] == ["tmr_1"] and unread[0].woke_at is not None
     await store.change_agent(agent_id, {"state": "idle"})
     assert await store.emit_wake(agent_id, "turn_end", None, wake_payload) is None
 
@@ -103,21 +104,21 @@ async def test_a_timer_fires_once_even_when_claims_race(store: Store) -> None:
         *(store.fire_timer(str(timer.id), time.time()) for _ in range(4))
     )
     assert sum(fired for _row, fired in results) == 1
-    notices = await store.list_notices(str(agent["id"]))
-    assert [(n["kind"], n["summary"]) for n in notices] == [("reminder", "reminder (late): t")]
+    notices = await store.list_notices(str(agent.id))
+    assert [(n.kind, n.summary) for n in notices] == [("reminder", "reminder (late): t")]
 
 
 async def test_cancelled_timers_never_fire(store: Store) -> None:
     """N8, N11: stopping the session cancels pending timers; nothing brings them back."""
     _session, agent = await store.create_session()
     timer = await _timer(store, agent)
-    await store.change_session(str(agent["session_id"]), "stopped", "session_stopped", "stop")
-    await store.change_session(str(agent["session_id"]), "active", "session_resumed", None)
+    await store.change_session(str(agent.session_id), "stopped", "session_stopped", "stop")
+    await store.change_session(str(agent.session_id), "active", "session_resumed", None)
     row, fired = await store.fire_timer(str(timer.id), time.time())
     assert not fired and row is not None and row.state == "cancelled"
     due, _next = await store.due_timers(time.time())
     assert due == []
-    assert await store.list_notices(str(agent["id"])) == []
+    assert await store.list_notices(str(agent.id)) == []
 
 
 @pytest.mark.parametrize("finished_first", [True, False])
@@ -126,11 +127,11 @@ async def test_n6_by_recorded_times(store: Store, finished_first: bool) -> None:
     execution finished before the reminder was due; otherwise it fires (late)."""
     _session, agent = await store.create_session()
     await store.upsert_runner("local", "local", None, None)
-    workspace, _ = await store.workspace_for(str(agent["id"]), "local")
+    workspace, _ = await store.workspace_for(str(agent.id), "local")
     now = time.time()
     values = {
         "id": f"ex_{time.monotonic_ns()}",
-        "agent_id": agent["id"],
+        "agent_id": agent.id,
         "workspace_id": workspace.id,
         "runner_id": "local",
         "command": "true",
@@ -154,11 +155,11 @@ async def test_a_notice_read_after_the_wake_looked_is_not_claimed(store: Store) 
     from shellyard.store.wakes import record_wake
 
     _session, agent = await store.create_session()
-    agent_id = str(agent["id"])
+    agent_id = str(agent.id)
     await store.add_notice(agent_id, "execution", "ex_seen", "seen done")
     await store.add_notice(agent_id, "execution", "ex_unseen", "unseen done")
 
-    def looked(conn: Connection) -> tuple[Row, Row, list[Row]]:
+    def looked(conn: Connection) -> tuple[Session, Agent, list[Notice]]:
         agent_row = fetch_one(conn, sa.select(agents).where(agents.c.id == agent_id))
         assert agent_row is not None
         session = fetch_one(
@@ -166,7 +167,7 @@ async def test_a_notice_read_after_the_wake_looked_is_not_claimed(store: Store) 
         )
         assert session is not None
         pending = fetch_all(conn, sa.select(notices).where(notices.c.agent_id == agent_id))
-        return dict(session), dict(agent_row), [dict(n) for n in pending]
+        return from_row(Session, session), from_row(Agent, agent_row), from_rows(Notice, pending)
 
     session, agent_row, pending = await store.run(looked)
     await store.mark_notice_read("execution", "ex_seen")  # between the look and the claim
@@ -175,7 +176,7 @@ async def test_a_notice_read_after_the_wake_looked_is_not_claimed(store: Store) 
     )
     assert recorded is not None
     _wake, claimed = recorded
-    assert [n["subject_id"] for n in claimed] == ["ex_unseen"]
+    assert [n.subject_id for n in claimed] == ["ex_unseen"]
     await store.mark_notice_read("execution", "ex_unseen")
     assert (
         await store.run(

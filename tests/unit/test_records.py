@@ -100,11 +100,11 @@ async def test_transfer_record_types_on_both_databases(store: Store) -> None:
 
     _session, agent = await store.default_owner()
     await store.upsert_runner("local", "local", None, None)
-    workspace, _ = await store.workspace_for(str(agent["id"]), "local")
+    workspace, _ = await store.workspace_for(str(agent.id), "local")
     created = await FileRecords(store).create_transfer(
         {
             "id": "tr_1",
-            "agent_id": agent["id"],
+            "agent_id": agent.id,
             "source_workspace_id": workspace.id,
             "target_workspace_id": workspace.id,
             "target_folder": "in",
@@ -143,8 +143,8 @@ async def test_timer_and_runner_records_on_both_databases(store: Store) -> None:
     created = await store.create_timer(
         {
             "id": "tmr_1",
-            "agent_id": agent["id"],
-            "session_id": agent["session_id"],
+            "agent_id": agent.id,
+            "session_id": agent.session_id,
             "text": "t",
             "spec": {"after_ms": 5},
             "fire_at": 10.0,
@@ -155,7 +155,7 @@ async def test_timer_and_runner_records_on_both_databases(store: Store) -> None:
     )
     assert isinstance(created, Timer) and created.spec == {"after_ms": 5}
     assert created.late is False and created.execution_id is None
-    (paged,) = await PanelRecords(store).timers_page([str(agent["id"])], 10)
+    (paged,) = await PanelRecords(store).timers_page([str(agent.id)], 10)
     assert paged == created == await store.get_timer("tmr_1")
 
 

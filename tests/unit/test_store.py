@@ -18,10 +18,10 @@ from shellyard.store.db import new_id
 async def _execution(store: Store, **extra: Any) -> dict[str, Any]:
     _session, agent = await store.default_owner()
     await store.upsert_runner("local", "local", None, None)
-    workspace, _ = await store.workspace_for(str(agent["id"]), "local")
+    workspace, _ = await store.workspace_for(str(agent.id), "local")
     return {
         "id": new_id("ex"),
-        "agent_id": agent["id"],
+        "agent_id": agent.id,
         "workspace_id": workspace.id,
         "runner_id": "local",
         "command": "true",
@@ -33,18 +33,18 @@ async def _execution(store: Store, **extra: Any) -> dict[str, Any]:
 async def test_default_owner_is_created_once(store: Store) -> None:
     first = await store.default_owner()
     second = await store.default_owner()
-    assert first[0]["id"] == second[0]["id"]
-    assert first[1]["id"] == first[0]["main_agent_id"]
+    assert first[0].id == second[0].id
+    assert first[1].id == first[0].main_agent_id
 
 
 async def test_workspace_per_agent_and_runner(store: Store) -> None:
     session, agent = await store.default_owner()
     await store.upsert_runner("local", "local", None, None)
-    a, created = await store.workspace_for(str(agent["id"]), "local")
-    b, created_again = await store.workspace_for(str(agent["id"]), "local")
+    a, created = await store.workspace_for(str(agent.id), "local")
+    b, created_again = await store.workspace_for(str(agent.id), "local")
     assert created and not created_again and a.id == b.id
-    child = await store.create_agent(str(session["id"]), parent_id=str(agent["id"]))
-    c, _ = await store.workspace_for(str(child["id"]), "local")
+    child = await store.create_agent(str(session.id), parent_id=str(agent.id))
+    c, _ = await store.workspace_for(str(child.id), "local")
     assert c.id != a.id
 
 
@@ -98,11 +98,11 @@ async def test_snapshot_head_only_moves_forward(store: Store) -> None:
 async def test_notice_once_per_subject_and_read_marks(store: Store) -> None:
     """N1: one notice per completion, stored durably; read marks."""
     _session, agent = await store.default_owner()
-    await store.add_notice(str(agent["id"]), "execution", "ex_1", "done")
-    await store.add_notice(str(agent["id"]), "execution", "ex_1", "done again")
-    assert len(await store.list_notices(str(agent["id"]), unread_only=True)) == 1
+    await store.add_notice(str(agent.id), "execution", "ex_1", "done")
+    await store.add_notice(str(agent.id), "execution", "ex_1", "done again")
+    assert len(await store.list_notices(str(agent.id), unread_only=True)) == 1
     await store.mark_notice_read("execution", "ex_1")
-    assert await store.list_notices(str(agent["id"]), unread_only=True) == []
+    assert await store.list_notices(str(agent.id), unread_only=True) == []
 
 
 async def test_migrations_are_idempotent_on_reopen(home: Path) -> None:
@@ -111,7 +111,7 @@ async def test_migrations_are_idempotent_on_reopen(home: Path) -> None:
     _session, agent = await first.default_owner()
     await first.close()
     second = await Store.open(url)
-    assert (await second.default_owner())[1]["id"] == agent["id"]
+    assert (await second.default_owner())[1].id == agent.id
     await second.close()
 
 

@@ -104,10 +104,10 @@ async def test_an_agents_session_is_read_once_and_a_missing_agent_is_not_remembe
     store: Store,
 ) -> None:
     _session, agent = await store.default_owner()
-    agent_id = str(agent["id"])
-    assert await session_of(store, agent_id) == agent["session_id"]
+    agent_id = str(agent.id)
+    assert await session_of(store, agent_id) == agent.session_id
     with transactions() as begun:
-        assert await session_of(store, agent_id) == agent["session_id"]
+        assert await session_of(store, agent_id) == agent.session_id
     assert begun[0] == 0
     assert await session_of(store, "agt_missing") is None
     with transactions() as begun:

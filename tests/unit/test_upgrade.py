@@ -153,9 +153,9 @@ async def test_a_database_of_an_older_release_opens_with_its_data(
         row = await store.get_execution("ex_old1")
         assert row is not None and row.command == "echo 1" and row.logs_pruned_at is None
         session, agent = await store.default_owner()
-        assert (session["id"], agent["id"]) == ("ses_old", "agt_old")  # kept, not made anew
+        assert (session.id, agent.id) == ("ses_old", "agt_old")  # kept, not made anew
         notices = await store.list_notices("agt_old")
-        assert [n["subject_id"] for n in notices] == ["ex_old0"]
+        assert [n.subject_id for n in notices] == ["ex_old0"]
         # the upgraded schema takes this release's writes
         await RetentionRecords(store).mark_logs_pruned(["ex_old2"])
         again = await store.get_execution("ex_old2")

@@ -103,7 +103,7 @@ def sessions_router(plane: ControlPlane) -> APIRouter:
 
     async def known_session(session_id: str, who: PrincipalDep) -> str:
         plane.tokens.check_session(who, session_id)
-        await plane.sessions.session_row(session_id)  # NotFound before a stream starts
+        await plane.sessions.session_record(session_id)  # NotFound before a stream starts
         return session_id
 
     # ------------------------------------------------------------------ sessions

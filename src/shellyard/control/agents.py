@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from shellyard.errors import NotFound
 from shellyard.store import Store
-from shellyard.store.db import Row
+from shellyard.store.owners import Agent
 
 #: Agent ids remembered as existing (and their sessions); the oldest is forgotten beyond this.
 AGENTS_KEPT = 4096
@@ -35,7 +35,7 @@ async def session_of(store: Store, agent_id: str) -> str | None:
         return None
     if len(_sessions) >= AGENTS_KEPT:
         del _sessions[next(iter(_sessions))]
-    _sessions[agent_id] = session = str(agent["session_id"])
+    _sessions[agent_id] = session = agent.session_id
     return session
 
 
@@ -48,10 +48,10 @@ class AgentResolver:
     async def default_id(self) -> str:
         """The default session's main agent (created with its session on first use)."""
         if self._default is None:
-            self._default = str((await self.store.default_owner())[1]["id"])
+            self._default = (await self.store.default_owner())[1].id
         return self._default
 
-    async def row(self, agent_id: str | None) -> Row:
+    async def record(self, agent_id: str | None) -> Agent:
         """The agent's record (the default agent's when ``agent_id`` is None), or NotFound."""
         resolved = agent_id if agent_id is not None else await self.default_id()
         row = await self.store.get_agent(resolved)
@@ -67,7 +67,7 @@ class AgentResolver:
             return await self.default_id()
         if agent_id in self._existing:
             return agent_id
-        found = str((await self.row(agent_id))["id"])
+        found = (await self.record(agent_id)).id
         if len(self._existing) >= AGENTS_KEPT:
             del self._existing[next(iter(self._existing))]
         self._existing[found] = None

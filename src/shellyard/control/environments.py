@@ -45,13 +45,20 @@ from shellyard.runner.protocol import (
     EnvChangeState,
     EnvironmentChange,
     EnvironmentChangeRequest,
-    PackageRecord,
 )
 from shellyard.store import Store
-from shellyard.store.db import Row, new_id
-from shellyard.store.environments import PENDING_CHANGE_STATES, EnvironmentRecords
+from shellyard.store.db import new_id
+from shellyard.store.environments import (
+    PENDING_CHANGE_STATES,
+    Change,
+    Environment,
+    EnvironmentRecords,
+    Revision,
+)
 from shellyard.store.executions import Execution
 from shellyard.store.leases import CHANGE
+from shellyard.store.owners import Agent
+from shellyard.store.records import field_names, values_of
 
 log = logging.getLogger(__name__)
 
@@ -98,16 +105,16 @@ class EnvironmentService:
         """Re-attach to changes the previous control plane left running (asking the runner),
         and re-evaluate the waiting ones."""
         for change in await self.records.pending_changes():
-            self._drive(change, reattach=change["state"] == "running")
+            self._drive(change, reattach=change.state == "running")
 
     async def adopt(self, change_id: str) -> None:
         """This replica took over the change's lease (its driver died): drive it on."""
         change = await self.records.get_change(change_id)
-        if change is None or change["state"] not in PENDING_CHANGE_STATES:
+        if change is None or change.state not in PENDING_CHANGE_STATES:
             await self._release(change_id)
             return
         await self.runners.load_registered()  # its runner may be another replica's add
-        self._drive(change, reattach=change["state"] == "running")
+        self._drive(change, reattach=change.state == "running")
 
     def forget(self, change_id: str) -> None:
         """Another replica took the lease: stop driving here; the new holder asks the runner."""
@@ -124,7 +131,7 @@ class EnvironmentService:
 
     async def _lease(self, change_id: str, environment_id: str) -> bool:
         env = await self._required_env(environment_id)
-        return await self.leases.acquire(CHANGE, change_id, str(env["runner_id"]))
+        return await self.leases.acquire(CHANGE, change_id, env.runner_id)
 
     async def _release(self, change_id: str) -> None:
         await self.leases.release(CHANGE, change_id)
@@ -154,8 +161,8 @@ class EnvironmentService:
         _env, change = await self.records.create(
             {
                 "id": environment_id,
-                "session_id": agent["session_id"],
-                "created_by": agent["id"],
+                "session_id": agent.session_id,
+                "created_by": agent.id,
                 "runner_id": runner_id,
                 "name": request.name,
                 "language": request.language,
@@ -163,14 +170,14 @@ class EnvironmentService:
             {
                 "id": change_id,
                 "environment_id": environment_id,
-                "agent_id": agent["id"],
+                "agent_id": agent.id,
                 "action": "create",
                 "options": {"language": request.language, "base": request.base},
             },
         )
         self._drive(change)
         change = await self._await_change(change_id, request.wait_ms)
-        if change["state"] == "failed":
+        if change.state == "failed":
             raise _error_for(change, await self._required_env(environment_id))
         view = await self._view(await self._required_env(environment_id))
         view.change_id = change_id
@@ -197,9 +204,9 @@ class EnvironmentService:
         ``wait_ms``. A change that failed within that time raises the mapped error."""
         agent = await self._agent(agent_id)
         env = await self._owned(environment_id, agent)
-        if env["state"] == "failed":
+        if env.state == "failed":
             raise Conflict(
-                f"environment {environment_id} could not be created ({env['error']}); create "
+                f"environment {environment_id} could not be created ({env.error}); create "
                 "another one"
             )
         change_id = new_id("chg")
@@ -207,15 +214,13 @@ class EnvironmentService:
         if _names_the_workspace(body):
             # Local sources under /workspace/ are the caller's workspace on the environment's
             # runner (as inside its commands); the runner resolves them against this id.
-            workspace, _created = await self.store.workspace_for(
-                str(agent["id"]), str(env["runner_id"])
-            )
+            workspace, _created = await self.store.workspace_for(agent.id, env.runner_id)
             options["workspace_id"] = workspace.id
         change = await self.records.add_change(
             {
                 "id": change_id,
                 "environment_id": environment_id,
-                "agent_id": agent["id"],
+                "agent_id": agent.id,
                 "action": action,
                 "manager": body.manager,
                 "specs": body.specs,
@@ -224,7 +229,7 @@ class EnvironmentService:
         )
         self._drive(change)
         change = await self._await_change(change_id, body.wait_ms)
-        if change["state"] == "failed":
+        if change.state == "failed":
             raise _error_for(change, env)
         return _change_view(change)
 
@@ -234,7 +239,7 @@ class EnvironmentService:
         self, agent_id: str | None = None, runner_id: str | None = None
     ) -> list[EnvironmentView]:
         agent = await self._agent(agent_id)
-        rows = await self.records.of_session(str(agent["session_id"]), runner_id)
+        rows = await self.records.of_session(agent.session_id, runner_id)
         return [_env_view(r) for r in rows]
 
     async def show(self, environment_id: str, agent_id: str | None = None) -> EnvironmentView:
@@ -243,21 +248,19 @@ class EnvironmentService:
         view = await self._view(env)
         view.revisions = [
             RevisionSummary(
-                revision=int(r["revision"]),
-                change_id=str(r["change_id"]),
-                action=str(r["request"].get("action", "")),
-                manager=r["request"].get("manager"),
-                specs=list(r["request"].get("specs", [])),
-                packages=len(r["packages"]),
-                created_at=float(r["created_at"]),
+                revision=r.revision,
+                change_id=r.change_id,
+                action=str(r.request.get("action", "")),
+                manager=r.request.get("manager"),
+                specs=list(r.request.get("specs", [])),
+                packages=len(r.packages),
+                created_at=r.created_at,
             )
             for r in await self.records.revisions(environment_id)
         ]
-        if env["state"] == "ready":
+        if env.state == "ready":
             with contextlib.suppress(ShellyardError):
-                info = await self.runners.get(str(env["runner_id"])).environment_info(
-                    environment_id
-                )
+                info = await self.runners.get(env.runner_id).environment_info(environment_id)
                 view.prefix = info.prefix
         return view
 
@@ -268,7 +271,7 @@ class EnvironmentService:
         await self._owned(environment_id, await self._agent(agent_id))
         rows = await self.records.revisions(environment_id)
         if revision is not None:
-            rows = [r for r in rows if int(r["revision"]) == revision]
+            rows = [r for r in rows if r.revision == revision]
             if not rows:
                 raise NotFound(
                     f"environment {environment_id} has no revision {revision}; "
@@ -282,7 +285,7 @@ class EnvironmentService:
         if change is None:
             raise _no_change(change_id)
         try:
-            await self._owned(str(change["environment_id"]), agent)
+            await self._owned(change.environment_id, agent)
         except NotFound:
             raise _no_change(change_id) from None
         return _change_view(change)
@@ -301,15 +304,15 @@ class EnvironmentService:
         the runner the execution must run on (the environment's, when none was named)."""
         agent = await self._agent(agent_id)
         env = await self._owned(environment_id, agent)
-        if env["state"] == "failed":
+        if env.state == "failed":
             raise Conflict(
-                f"environment {environment_id} could not be created ({env['error']}); create "
+                f"environment {environment_id} could not be created ({env.error}); create "
                 "another one with environment_create"
             )
-        home = str(env["runner_id"])
+        home = env.runner_id
         if runner_id is not None and runner_id != home:
             raise InvalidInput(
-                f"environment {environment_id} ({env['name']}) lives on runner {home!r}; pass "
+                f"environment {environment_id} ({env.name}) lives on runner {home!r}; pass "
                 f"runner_id {home!r}, or create an environment on {runner_id!r} with "
                 "environment_create"
             )
@@ -327,8 +330,8 @@ class EnvironmentService:
 
     # ------------------------------------------------------------------ the driver
 
-    def _drive(self, change: Row, *, reattach: bool = False) -> None:
-        change_id = str(change["id"])
+    def _drive(self, change: Change, *, reattach: bool = False) -> None:
+        change_id = change.id
         if change_id in self._drivers or self._closing:
             return
         self._ended.setdefault(change_id, asyncio.Event())
@@ -339,9 +342,9 @@ class EnvironmentService:
             lambda t: self._drivers.pop(change_id) if self._drivers.get(change_id) is t else None
         )
 
-    async def _run(self, change: Row, reattach: bool) -> None:
-        change_id = str(change["id"])
-        environment_id = str(change["environment_id"])
+    async def _run(self, change: Change, reattach: bool) -> None:
+        change_id = change.id
+        environment_id = change.environment_id
         failures = 0
         if not await self._lease(change_id, environment_id):
             # Another live replica drives it: waits here poll the record (_await_change).
@@ -382,35 +385,35 @@ class EnvironmentService:
             if reattach:
                 change = await self.records.get_change(change_id)
                 assert change is not None
-                if change["state"] == "waiting":
+                if change.state == "waiting":
                     reattach = False
                     continue
             else:
                 change = await self._claim_when_free(change_id, environment_id)
-            if change["state"] != "running":
+            if change.state != "running":
                 return
             if await self._on_runner(change, reattach) is not None:
                 return
             reattach = False  # the runner refused it for now: wait again
             await self._sleep_or_wake(environment_id, WAITING_POLL_S)
 
-    async def _claim_when_free(self, change_id: str, environment_id: str) -> Row:
+    async def _claim_when_free(self, change_id: str, environment_id: str) -> Change:
         while True:
             change = await self.records.claim(change_id)
-            if change["state"] != "waiting":
+            if change.state != "waiting":
                 return change
             await self._sleep_or_wake(environment_id, WAITING_POLL_S)
 
-    async def _on_runner(self, change: Row, reattach: bool) -> Row | None:
+    async def _on_runner(self, change: Change, reattach: bool) -> Change | None:
         """Send the claimed change to the runner and watch it to its end; record the end.
         Returns the ended record, or None when the runner refused it for now (Conflict)."""
-        change_id = str(change["id"])
-        env = await self._required_env(str(change["environment_id"]))
-        runner = self.runners.get(str(env["runner_id"]))
+        change_id = change.id
+        env = await self._required_env(change.environment_id)
+        runner = self.runners.get(env.runner_id)
         request = _runner_request(change, env)
         sent = False
         failures = 0
-        progress = change["progress"]
+        progress = change.progress
         while True:
             try:
                 if reattach and not sent:
@@ -424,7 +427,7 @@ class EnvironmentService:
             except RunnerUnavailable as exc:
                 failures += 1
                 await self.records.set_progress(
-                    change_id, f"runner {env['runner_id']} cannot be asked ({exc}); retrying"
+                    change_id, f"runner {env.runner_id} cannot be asked ({exc}); retrying"
                 )
                 # Same change id every time: the runner never starts it twice.
                 await asyncio.sleep(min(30.0, self.retry_base_s * 2 ** min(failures, 6)))
@@ -447,7 +450,7 @@ class EnvironmentService:
                 continue
             return await self._record_end(change_id, result)
 
-    async def _record_end(self, change_id: str, result: EnvironmentChange) -> Row:
+    async def _record_end(self, change_id: str, result: EnvironmentChange) -> Change:
         if result.state == EnvChangeState.succeeded:
             return await self.records.finish(
                 change_id,
@@ -478,7 +481,7 @@ class EnvironmentService:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(event.wait(), timeout=timeout_s)
 
-    async def _await_change(self, change_id: str, wait_ms: int) -> Row:
+    async def _await_change(self, change_id: str, wait_ms: int) -> Change:
         deadline = time.monotonic() + wait_ms / 1000
         event = self._ended.get(change_id)
         if event is not None and wait_ms > 0:
@@ -486,38 +489,37 @@ class EnvironmentService:
                 await asyncio.wait_for(event.wait(), timeout=wait_ms / 1000)
         change = await self.records.get_change(change_id)
         assert change is not None
-        if change["state"] in PENDING_CHANGE_STATES and wait_ms > 0:
+        if change.state in PENDING_CHANGE_STATES and wait_ms > 0:
             # Driven by another process (another replica, or this one's driver stopped when
             # another took its lease over): poll the record for the rest of the budget.
-            while change["state"] in PENDING_CHANGE_STATES and time.monotonic() < deadline:
+            while change.state in PENDING_CHANGE_STATES and time.monotonic() < deadline:
                 await asyncio.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
                 change = await self.records.get_change(change_id)
                 assert change is not None
         return change
 
-    async def _agent(self, agent_id: str | None) -> Row:
-        return await self.agents.row(agent_id)
+    async def _agent(self, agent_id: str | None) -> Agent:
+        return await self.agents.record(agent_id)
 
-    async def _owned(self, environment_id: str, agent: Row) -> Row:
+    async def _owned(self, environment_id: str, agent: Agent) -> Environment:
         env = await self.records.get(environment_id)
         # Another session's environment is reported exactly like a missing one.
-        if env is None or env["session_id"] != agent["session_id"]:
+        if env is None or env.session_id != agent.session_id:
             raise NotFound(
                 f"no environment {environment_id!r}; list yours with environment_list, or "
                 "create one with environment_create"
             )
         return env
 
-    async def _required_env(self, environment_id: str) -> Row:
+    async def _required_env(self, environment_id: str) -> Environment:
         env = await self.records.get(environment_id)
         assert env is not None, environment_id
         return env
 
-    async def _view(self, env: Row) -> EnvironmentView:
+    async def _view(self, env: Environment) -> EnvironmentView:
         view = _env_view(env)
         view.pending_changes = [
-            _change_view(c)
-            for c in await self.records.changes(str(env["id"]), PENDING_CHANGE_STATES)
+            _change_view(c) for c in await self.records.changes(env.id, PENDING_CHANGE_STATES)
         ]
         return view
 
@@ -529,16 +531,16 @@ def _no_change(change_id: str) -> NotFound:
     )
 
 
-def _runner_request(change: Row, env: Row) -> EnvironmentChangeRequest:
-    options = dict(change["options"] or {})
+def _runner_request(change: Change, env: Environment) -> EnvironmentChangeRequest:
+    options = change.options
     return EnvironmentChangeRequest(
-        change_id=str(change["id"]),
-        environment_id=str(env["id"]),
-        action=change["action"],
-        language=env["language"] if change["action"] == "create" else None,
-        base=options.get("base") if change["action"] == "create" else None,
-        manager=change["manager"],
-        specs=list(change["specs"] or []),
+        change_id=change.id,
+        environment_id=env.id,
+        action=change.action,
+        language=env.language if change.action == "create" else None,
+        base=options.get("base") if change.action == "create" else None,
+        manager=change.manager,
+        specs=list(change.specs),
         channels=list(options.get("channels") or []),
         index_url=options.get("index_url"),
         extra_index_urls=list(options.get("extra_index_urls") or []),
@@ -563,22 +565,18 @@ def _names_the_workspace(body: EnvironmentChangeBody) -> bool:
     return any("/workspace" in value for value in values)
 
 
-def _error_for(change: Row, env: Row) -> ShellyardError:
+def _error_for(change: Change, env: Environment) -> ShellyardError:
     """V8: the error a failed change raises: what went wrong (the runner's words), that the
     environment is unchanged, and what to do."""
-    kind = change["error_kind"] or "failed"
-    what = (
-        change["action"]
-        if change["manager"] is None
-        else (f"{change['action']} with {change['manager']}")
-    )
+    kind = change.error_kind or "failed"
+    what = change.action if change.manager is None else (f"{change.action} with {change.manager}")
     unchanged = (
         "the environment was not created"
-        if change["action"] == "create"
-        else f"environment {env['id']} is unchanged (still revision {env['revision']})"
+        if change.action == "create"
+        else f"environment {env.id} is unchanged (still revision {env.revision})"
     )
-    message = f"{what} failed (change {change['id']}): {change['error']}; {unchanged}"
-    details = {"change_id": change["id"], "environment_id": env["id"], "error_kind": kind}
+    message = f"{what} failed (change {change.id}): {change.error}; {unchanged}"
+    details = {"change_id": change.id, "environment_id": env.id, "error_kind": kind}
     if kind == "invalid_spec":
         return InvalidInput(f"{message}. Fix the package spec and try again", **details)
     if kind == "not_found":
@@ -599,47 +597,28 @@ def _error_for(change: Row, env: Row) -> ShellyardError:
     )
 
 
-def _change_view(row: Row) -> ChangeView:
-    return ChangeView(
-        change_id=row["id"],
-        environment_id=row["environment_id"],
-        action=row["action"],
-        manager=row["manager"],
-        specs=list(row["specs"] or []),
-        options={k: v for k, v in dict(row["options"] or {}).items() if v},
-        state=row["state"],
-        waiting_for=list(row["waiting_for"] or []),
-        progress=row["progress"],
-        error=row["error"],
-        error_kind=row["error_kind"],
-        revision=row["revision"],
-        created_at=row["created_at"],
-        started_at=row["started_at"],
-        finished_at=row["finished_at"],
+#: D3: the fields each record shares with its view, listed once (the view's id is ``id``).
+_CHANGE_VIEW_FIELDS = field_names(Change, ChangeView.model_fields)
+_ENV_VIEW_FIELDS = field_names(Environment, EnvironmentView.model_fields)
+_REVISION_VIEW_FIELDS = field_names(Revision, RevisionView.model_fields)
+
+
+def _change_view(row: Change) -> ChangeView:
+    return ChangeView.model_validate(
+        {
+            **values_of(row, _CHANGE_VIEW_FIELDS),
+            "change_id": row.id,
+            # options left empty are not shown
+            "options": {k: v for k, v in row.options.items() if v},
+        }
     )
 
 
-def _env_view(row: Row) -> EnvironmentView:
-    return EnvironmentView(
-        environment_id=row["id"],
-        name=row["name"],
-        language=row["language"],
-        runner_id=row["runner_id"],
-        session_id=row["session_id"],
-        created_by=row["created_by"],
-        state=row["state"],
-        revision=row["revision"],
-        error=row["error"],
-        created_at=row["created_at"],
+def _env_view(row: Environment) -> EnvironmentView:
+    return EnvironmentView.model_validate(
+        {**values_of(row, _ENV_VIEW_FIELDS), "environment_id": row.id}
     )
 
 
-def _revision_view(row: Row) -> RevisionView:
-    return RevisionView(
-        environment_id=row["environment_id"],
-        revision=row["revision"],
-        packages=[PackageRecord.model_validate(p) for p in row["packages"]],
-        request=dict(row["request"]),
-        change_id=row["change_id"],
-        created_at=row["created_at"],
-    )
+def _revision_view(row: Revision) -> RevisionView:
+    return RevisionView.model_validate(values_of(row, _REVISION_VIEW_FIELDS))

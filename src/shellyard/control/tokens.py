@@ -153,7 +153,7 @@ class TokenService:
             token_id=row.id,
             session_id=row.session_id,
             agent_id=row.agent_id,
-            main_agent_id=session["main_agent_id"],
+            main_agent_id=session.main_agent_id,
         )
 
     async def acting_agent(self, principal: Principal, named: str | None) -> str | None:
@@ -224,7 +224,7 @@ class TokenService:
             agent = await self.store.get_agent(request.agent_id)
             if agent is None:
                 raise NotFound(f"no agent {request.agent_id!r}")
-            session_id = str(agent["session_id"])
+            session_id = agent.session_id
         elif request.kind == "session":
             assert session_id is not None
             if await self.store.get_session(session_id) is None:

@@ -11,6 +11,7 @@ at a time anyway), so the gate and the claim never interleave."""
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
@@ -20,7 +21,7 @@ from sqlalchemy.exc import IntegrityError
 from shellyard.errors import Conflict
 from shellyard.store.db import Row, fetch_one
 from shellyard.store.executions import Execution
-from shellyard.store.records import from_row
+from shellyard.store.records import from_row, from_rows, maybe
 from shellyard.store.schema import (
     environment_changes,
     environment_revisions,
@@ -32,6 +33,61 @@ from shellyard.store.store import Store
 PENDING_CHANGE_STATES = ("waiting", "running")
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Environment:
+    """An ``environments`` row (V1; docs/architecture.md "Records at the store boundary"):
+    ``state`` ``creating``, ``ready`` or ``failed`` (its ``create`` failed, ``error`` says
+    why); ``revision`` the latest, 0 until ``create`` succeeded."""
+
+    id: str
+    session_id: str
+    created_by: str
+    runner_id: str
+    name: str
+    language: str
+    revision: int = 0
+    state: str
+    error: str | None
+    created_at: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Change:
+    """An ``environment_changes`` row (V2, V5, V8): a create, install or uninstall, ``waiting``
+    (``waiting_for`` names what holds the environment), ``running``, ``succeeded`` (with the
+    ``revision`` it recorded) or ``failed`` (``error``, ``error_kind``)."""
+
+    id: str
+    environment_id: str
+    seq: int
+    agent_id: str
+    action: str
+    manager: str | None
+    specs: list[str]
+    options: dict[str, Any]
+    state: str
+    waiting_for: list[str]
+    error: str | None
+    error_kind: str | None
+    revision: int | None
+    progress: str | None
+    created_at: float
+    started_at: float | None
+    finished_at: float | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Revision:
+    """An ``environment_revisions`` row (V2): the packages after a change, and its request."""
+
+    environment_id: str
+    revision: int
+    packages: list[dict[str, Any]]
+    request: dict[str, Any]
+    change_id: str
+    created_at: float
+
+
 class EnvironmentRecords:
     """The control plane's records of environments."""
 
@@ -40,79 +96,89 @@ class EnvironmentRecords:
 
     # ------------------------------------------------------------------ environments
 
-    async def create(self, environment: dict[str, Any], change: dict[str, Any]) -> tuple[Row, Row]:
+    async def create(
+        self, environment: dict[str, Any], change: dict[str, Any]
+    ) -> tuple[Environment, Change]:
         """Record a new environment (``creating``) and its ``create`` change (``waiting``).
         A name already used by the session on that runner is a Conflict."""
         try:
-            return await self.store.run(_create, environment, change)
+            env, first = await self.store.run(_create, environment, change)
         except IntegrityError:
             raise _name_taken(environment) from None
+        return from_row(Environment, env), from_row(Change, first)
 
-    async def get(self, environment_id: str) -> Row | None:
-        return await self.store.one(
+    async def get(self, environment_id: str) -> Environment | None:
+        row = await self.store.one(
             sa.select(environments).where(environments.c.id == environment_id)
         )
+        return maybe(Environment, row)
 
-    async def of_session(self, session_id: str, runner_id: str | None = None) -> list[Row]:
+    async def of_session(self, session_id: str, runner_id: str | None = None) -> list[Environment]:
         stmt = sa.select(environments).where(environments.c.session_id == session_id)
         if runner_id is not None:
             stmt = stmt.where(environments.c.runner_id == runner_id)
-        return await self.store.all(stmt.order_by(environments.c.created_at))
+        return from_rows(
+            Environment, await self.store.all(stmt.order_by(environments.c.created_at))
+        )
 
     # ------------------------------------------------------------------ revisions
 
-    async def revisions(self, environment_id: str) -> list[Row]:
-        return await self.store.all(
+    async def revisions(self, environment_id: str) -> list[Revision]:
+        rows = await self.store.all(
             sa.select(environment_revisions)
             .where(environment_revisions.c.environment_id == environment_id)
             .order_by(environment_revisions.c.revision)
         )
+        return from_rows(Revision, rows)
 
-    async def revision(self, environment_id: str, number: int) -> Row | None:
-        return await self.store.one(
+    async def revision(self, environment_id: str, number: int) -> Revision | None:
+        row = await self.store.one(
             sa.select(environment_revisions).where(
                 environment_revisions.c.environment_id == environment_id,
                 environment_revisions.c.revision == number,
             )
         )
+        return maybe(Revision, row)
 
     # ------------------------------------------------------------------ changes
 
-    async def add_change(self, change: dict[str, Any]) -> Row:
+    async def add_change(self, change: dict[str, Any]) -> Change:
         """Record an install or uninstall as ``waiting`` (it is claimed separately)."""
-        return await self.store.run(_add_change, change)
+        return from_row(Change, await self.store.run(_add_change, change))
 
-    async def get_change(self, change_id: str) -> Row | None:
-        return await self.store.one(
+    async def get_change(self, change_id: str) -> Change | None:
+        row = await self.store.one(
             sa.select(environment_changes).where(environment_changes.c.id == change_id)
         )
+        return maybe(Change, row)
 
     async def changes(
         self, environment_id: str, states: tuple[str, ...] | None = None
-    ) -> list[Row]:
+    ) -> list[Change]:
         stmt = sa.select(environment_changes).where(
             environment_changes.c.environment_id == environment_id
         )
         if states is not None:
             stmt = stmt.where(environment_changes.c.state.in_(states))
-        return await self.store.all(stmt.order_by(environment_changes.c.seq))
+        return from_rows(Change, await self.store.all(stmt.order_by(environment_changes.c.seq)))
 
-    async def pending_changes(self) -> list[Row]:
+    async def pending_changes(self) -> list[Change]:
         """Every change not yet ended, of every environment (start-up re-attaches to them)."""
-        return await self.store.all(
+        rows = await self.store.all(
             sa.select(environment_changes)
             .where(environment_changes.c.state.in_(PENDING_CHANGE_STATES))
             .order_by(environment_changes.c.created_at, environment_changes.c.seq)
         )
+        return from_rows(Change, rows)
 
-    async def claim(self, change_id: str) -> Row:
+    async def claim(self, change_id: str) -> Change:
         """V5: move a waiting change to ``running`` when nothing holds its environment (no
         earlier change pending, no execution using it); else record what it waits for."""
-        return await self.store.run(_claim, change_id)
+        return from_row(Change, await self.store.run(_claim, change_id))
 
-    async def unclaim(self, change_id: str, reason: str) -> Row:
+    async def unclaim(self, change_id: str, reason: str) -> Change:
         """The runner refused to start the change (an execution still runs there): wait again."""
-        return await self.store.run(_unclaim, change_id, reason)
+        return from_row(Change, await self.store.run(_unclaim, change_id, reason))
 
     async def set_progress(self, change_id: str, progress: str | None) -> None:
         await self.store.run(_set_progress, change_id, progress)
@@ -125,13 +191,14 @@ class EnvironmentRecords:
         error: str | None = None,
         error_kind: str | None = None,
         finished_at: float | None = None,
-    ) -> Row:
+    ) -> Change:
         """End a running change: with ``packages`` it succeeded and revision N+1 is recorded
         with the environment's new revision (one transaction); without, it failed and no
         revision is recorded. A change already ended is returned unchanged."""
-        return await self.store.run(
+        row = await self.store.run(
             _finish, change_id, packages, error, error_kind, finished_at or time.time()
         )
+        return from_row(Change, row)
 
     # ------------------------------------------------------------------ executions (V5, V6)
 
@@ -399,4 +466,4 @@ def _gate(conn: Connection, execution_id: str, environment_id: str) -> tuple[str
     return verdict, row
 
 
-__all__ = ["PENDING_CHANGE_STATES", "EnvironmentRecords"]
+__all__ = ["PENDING_CHANGE_STATES", "Change", "Environment", "EnvironmentRecords", "Revision"]

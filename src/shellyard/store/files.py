@@ -13,7 +13,8 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from shellyard.store.db import Row, fetch_one
-from shellyard.store.records import from_row
+from shellyard.store.owners import Agent
+from shellyard.store.records import from_row, from_rows
 from shellyard.store.schema import (
     agents,
     artifacts,
@@ -123,10 +124,11 @@ class FileRecords:
         )
         return [from_row(Workspace, r) for r in rows]
 
-    async def children(self, agent_id: str) -> list[Row]:
-        return await self.store.all(
+    async def children(self, agent_id: str) -> list[Agent]:
+        rows = await self.store.all(
             sa.select(agents).where(agents.c.parent_id == agent_id).order_by(agents.c.created_at)
         )
+        return from_rows(Agent, rows)
 
     async def writer_of(self, workspace_id: str) -> tuple[str | None, str | None]:
         row = await self.store.get_workspace(workspace_id)

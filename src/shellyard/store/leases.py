@@ -17,6 +17,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from shellyard.store.db import Database, Row, fetch_all, upsert
+from shellyard.store.records import from_rows
 from shellyard.store.schema import (
     environment_changes,
     environments,
@@ -27,6 +28,22 @@ from shellyard.store.schema import (
     wakes,
     workspaces,
 )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Lease:
+    """A ``leases`` row (docs/architecture.md "Records at the store boundary"): ``kind`` and
+    ``subject_id`` name the work, ``holder`` the replica, ``scope`` the home whose local
+    runner the work needs (None: any replica may take it)."""
+
+    kind: str
+    subject_id: str
+    holder: str
+    scope: str | None
+    expires_at: float
+    acquired_at: float
+    takeovers: int = 0
+
 
 #: The kinds of work a lease can name.
 EXECUTION = "execution"
@@ -130,12 +147,13 @@ class LeaseRecords(Database):
 
     async def claim_leases(
         self, holder: str, scope: str | None, ttl_s: float, limit: int, *, mode: str
-    ) -> list[Row]:
+    ) -> list[Lease]:
         """Take up to ``limit`` leases of shared work or of ``scope``. ``mode``: ``expired``
         (their holder stopped renewing), ``start`` (also the live ones of ``scope``: only one
         process serves a home, so another id holding them is a previous, dead, process of
-        this home), ``all`` (SQLite's start-up: there is no other replica)."""
-        return await self.run(_claim, holder, scope, ttl_s, limit, mode)
+        this home), ``all`` (SQLite's start-up: there is no other replica). Each lease is
+        returned as it was before the claim (its previous holder and expiry)."""
+        return from_rows(Lease, await self.run(_claim, holder, scope, ttl_s, limit, mode))
 
     async def claim_orphans(
         self,

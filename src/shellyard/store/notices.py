@@ -4,16 +4,36 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 
-from shellyard.store.db import Database, Row, new_id
+from shellyard.store.db import Database, new_id
+from shellyard.store.records import from_rows
 from shellyard.store.schema import (
     notices,
 )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Notice:
+    """A ``notices`` row (N1; docs/architecture.md "Records at the store boundary"): one per
+    (kind, subject); ``read_at`` None while unread, ``woke_at``/``wake_id`` set by the one wake
+    that delivered it (N2)."""
+
+    id: str
+    agent_id: str
+    kind: str
+    subject_id: str
+    summary: str
+    payload: dict[str, Any] | None
+    created_at: float
+    read_at: float | None
+    woke_at: float | None
+    wake_id: str | None
 
 
 class NoticeRecords(Database):
@@ -45,7 +65,7 @@ class NoticeRecords(Database):
         *,
         after: str | None = None,
         limit: int | None = None,
-    ) -> list[Row]:
+    ) -> list[Notice]:
         """The agent's notices, oldest first; ``after``: only those past that notice (a page's
         cursor), ``limit``: at most that many."""
         stmt = sa.select(notices).where(notices.c.agent_id == agent_id)
@@ -64,7 +84,7 @@ class NoticeRecords(Database):
                 )
             )
         stmt = stmt.order_by(notices.c.created_at, notices.c.id)
-        return await self.all(stmt if limit is None else stmt.limit(limit))
+        return from_rows(Notice, await self.all(stmt if limit is None else stmt.limit(limit)))
 
     async def unread_counts(self, agent_id: str) -> dict[str, int]:
         """How many unread notices the agent has, by kind (one grouped count, no rows)."""
@@ -75,7 +95,7 @@ class NoticeRecords(Database):
         )
         return {str(row["kind"]): int(row["n"]) for row in await self.all(stmt)}
 
-    async def newest_unread(self, agent_id: str, limit: int) -> list[Row]:
+    async def newest_unread(self, agent_id: str, limit: int) -> list[Notice]:
         """The agent's ``limit`` newest unread notices, oldest first."""
         stmt = (
             sa.select(notices)
@@ -83,7 +103,7 @@ class NoticeRecords(Database):
             .order_by(notices.c.created_at.desc(), notices.c.id.desc())
             .limit(limit)
         )
-        return list(reversed(await self.all(stmt)))
+        return from_rows(Notice, reversed(await self.all(stmt)))
 
     async def mark_notices_read(self, agent_id: str, notice_ids: Sequence[str] | None) -> int:
         """Mark the agent's unread notices read (all of them when ``notice_ids`` is None)."""

@@ -9,12 +9,38 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from shellyard.store.db import Database, Row, fetch_one, new_id, upsert
-from shellyard.store.records import from_row, from_rows
+from shellyard.store.records import from_row, from_rows, maybe
 from shellyard.store.schema import (
     agents,
     runners,
     sessions,
 )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Session:
+    """A ``sessions`` row (N8–N11; docs/architecture.md "Records at the store boundary"):
+    ``state`` is ``active``, ``stopped`` or ``archived`` (the session's wake gate)."""
+
+    id: str
+    state: str
+    #: set with the session, never changed
+    main_agent_id: str
+    is_default: bool = False
+    created_at: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Agent:
+    """An ``agents`` row: ``state`` ``idle`` or ``busy`` (in a turn), ``gate`` ``open`` or
+    ``closed`` (N8, N10); ``parent_id`` None for a session's main agent."""
+
+    id: str
+    session_id: str
+    parent_id: str | None
+    state: str
+    gate: str
+    created_at: float
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -35,21 +61,22 @@ class RunnerRecord:
 class OwnerRecords(Database):
     """The default session and agent, agents, runners."""
 
-    async def default_owner(self) -> tuple[Row, Row]:
+    async def default_owner(self) -> tuple[Session, Agent]:
         """The default session and its main agent, created on first use. Replicas creating it
         at once (docs/operations.md): the unique index on ``is_default`` lets one insert win; the
         others' transactions fail and read the winner's."""
         try:
-            return await self.run(_default_owner)
+            session, agent = await self.run(_default_owner)
         except sa.exc.IntegrityError:
-            return await self.run(_default_owner)
+            session, agent = await self.run(_default_owner)
+        return from_row(Session, session), from_row(Agent, agent)
 
-    async def create_agent(self, session_id: str, parent_id: str | None = None) -> Row:
-        """A child agent (or another agent of a session); the full lifecycle is a later issue."""
-        return await self.run(insert_agent, session_id, parent_id)
+    async def create_agent(self, session_id: str, parent_id: str | None = None) -> Agent:
+        """Another agent of a session (a child when ``parent_id`` is given), idle, gate open."""
+        return from_row(Agent, await self.run(insert_agent, session_id, parent_id))
 
-    async def get_agent(self, agent_id: str) -> Row | None:
-        return await self.one(sa.select(agents).where(agents.c.id == agent_id))
+    async def get_agent(self, agent_id: str) -> Agent | None:
+        return maybe(Agent, await self.one(sa.select(agents).where(agents.c.id == agent_id)))
 
     async def upsert_runner(
         self, runner_id: str, kind: str, address: str | None, token: str | None

@@ -14,9 +14,10 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from shellyard.store.db import Row
 from shellyard.store.executions import Execution
 from shellyard.store.files import Artifact
+from shellyard.store.notices import Notice
+from shellyard.store.owners import Agent, Session
 from shellyard.store.records import from_rows
 from shellyard.store.schema import (
     agents,
@@ -36,18 +37,19 @@ class PanelRecords:
     def __init__(self, store: Store) -> None:
         self.store = store
 
-    async def sessions_newest_first(self, session_id: str | None = None) -> list[Row]:
+    async def sessions_newest_first(self, session_id: str | None = None) -> list[Session]:
         stmt = sa.select(sessions).order_by(sessions.c.created_at.desc(), sessions.c.id.desc())
         if session_id is not None:
             stmt = stmt.where(sessions.c.id == session_id)
-        return await self.store.all(stmt)
+        return from_rows(Session, await self.store.all(stmt))
 
-    async def agents_of_sessions(self, session_ids: Sequence[str]) -> list[Row]:
-        return await self.store.all(
+    async def agents_of_sessions(self, session_ids: Sequence[str]) -> list[Agent]:
+        rows = await self.store.all(
             sa.select(agents)
             .where(agents.c.session_id.in_(list(session_ids)))
             .order_by(agents.c.created_at, agents.c.id)
         )
+        return from_rows(Agent, rows)
 
     async def executions_page(
         self, agent_ids: Sequence[str], before_seq: int | None, limit: int
@@ -89,13 +91,14 @@ class PanelRecords:
         )
         return from_rows(Timer, rows)
 
-    async def notices_page(self, agent_ids: Sequence[str], limit: int) -> list[Row]:
-        return await self.store.all(
+    async def notices_page(self, agent_ids: Sequence[str], limit: int) -> list[Notice]:
+        rows = await self.store.all(
             sa.select(notices)
             .where(notices.c.agent_id.in_(list(agent_ids)))
             .order_by(notices.c.created_at.desc(), notices.c.id.desc())
             .limit(limit)
         )
+        return from_rows(Notice, rows)
 
     async def artifacts_of(self, agent_ids: Sequence[str], limit: int) -> list[Artifact]:
         rows = await self.store.all(

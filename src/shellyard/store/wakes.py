@@ -12,6 +12,8 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from shellyard.store.db import Database, Row, fetch_all, fetch_one, insert_returning, new_id
+from shellyard.store.notices import Notice
+from shellyard.store.owners import Agent, Session
 from shellyard.store.records import from_row, from_rows, maybe
 from shellyard.store.schema import (
     agents,
@@ -24,7 +26,61 @@ from shellyard.store.schema import (
 )
 
 #: Builds a wake's payload from (wake id, reason, session, agent, its notices, now).
-PayloadBuilder = Callable[[str, str, Row, Row, list[Row], float], dict[str, Any]]
+PayloadBuilder = Callable[[str, str, Session, Agent, list[Notice], float], dict[str, Any]]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Wake:
+    """A ``wakes`` row (N2): ``payload`` is the body every channel gets, without ``seq``."""
+
+    seq: int
+    id: str
+    session_id: str
+    agent_id: str
+    reason: str
+    payload: dict[str, Any]
+    created_at: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Delivery:
+    """A ``wake_deliveries`` row: one wake to one webhook (N4), ``state`` ``pending``,
+    ``delivered`` or ``failed``."""
+
+    id: str
+    wake_id: str
+    webhook_id: str
+    state: str
+    attempts: int = 0
+    next_attempt_at: float | None
+    delivered_at: float | None
+    last_error: str | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DeliveryAttempt:
+    """A ``delivery_attempts`` row: one POST of a delivery, recorded before it is sent."""
+
+    number: int
+    started_at: float
+    finished_at: float | None
+    status_code: int | None
+    error: str | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DeliveryJob:
+    """What one attempt of a delivery needs: the delivery, its webhook's ``url`` and
+    ``secret``, its wake's ``payload`` and ``seq`` (one joined read)."""
+
+    id: str
+    wake_id: str
+    state: str
+    next_attempt_at: float | None
+    url: str
+    secret: str
+    payload: dict[str, Any]
+    seq: int
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -50,7 +106,7 @@ class WakeRecords(Database):
         reason: str,
         live_sessions: frozenset[str] | None,
         build_payload: PayloadBuilder,
-    ) -> tuple[Row, list[str]] | None:
+    ) -> tuple[Wake, list[str]] | None:
         """Claim the agent's unread, not yet woken notices for one wake and mark the agent busy,
         if it is idle and both gates are open and a channel listens (a session in
         ``live_sessions``, None meaning all, or a webhook). Returns (wake, delivery ids)."""
@@ -63,8 +119,10 @@ class WakeRecords(Database):
         """Idle agents with open gates and notices no wake delivered yet."""
         return await self.run(_agents_to_wake)
 
-    async def list_wakes(self, session_id: str, after_seq: int = 0, limit: int = 1000) -> list[Row]:
-        return await self.all(
+    async def list_wakes(
+        self, session_id: str, after_seq: int = 0, limit: int = 1000
+    ) -> list[Wake]:
+        rows = await self.all(
             sa.select(wakes)
             .where(
                 wakes.c.session_id == session_id,
@@ -74,6 +132,7 @@ class WakeRecords(Database):
             .order_by(wakes.c.seq)
             .limit(limit)
         )
+        return from_rows(Wake, rows)
 
     async def add_webhook(self, values: dict[str, Any]) -> Webhook:
         return from_row(Webhook, await self.run(insert_returning, webhooks, values))
@@ -92,9 +151,9 @@ class WakeRecords(Database):
         """Deliveries to (re)start; attempts a dead process left open are closed as interrupted."""
         return await self.run(_pending_deliveries)
 
-    async def delivery_job(self, delivery_id: str) -> Row | None:
+    async def delivery_job(self, delivery_id: str) -> DeliveryJob | None:
         """A delivery with its webhook's url and secret and the wake's payload."""
-        return await self.one(
+        row = await self.one(
             sa.select(
                 wake_deliveries,
                 webhooks.c.url,
@@ -107,6 +166,7 @@ class WakeRecords(Database):
             .join(wakes, wakes.c.id == wake_deliveries.c.wake_id)
             .where(wake_deliveries.c.id == delivery_id)
         )
+        return maybe(DeliveryJob, row)
 
     async def begin_attempt(self, delivery_id: str) -> int:
         """Record the start of the next attempt (before the request); returns its number."""
@@ -125,7 +185,7 @@ class WakeRecords(Database):
             _end_attempt, delivery_id, number, status_code, error, state, next_attempt_at
         )
 
-    async def wake_deliveries(self, wake_id: str) -> list[tuple[Row, list[Row]]]:
+    async def wake_deliveries(self, wake_id: str) -> list[tuple[Delivery, list[DeliveryAttempt]]]:
         return await self.run(_wake_deliveries, wake_id)
 
 
@@ -140,14 +200,14 @@ class _NoWake(Exception):
 def record_wake(
     conn: Connection,
     reason: str,
-    session: Row,
-    agent: Row,
-    pending: list[Row],
+    session: Session,
+    agent: Agent,
+    pending: list[Notice],
     build_payload: PayloadBuilder,
-) -> tuple[Row, list[Row]] | None:
+) -> tuple[Wake, list[Notice]] | None:
     """Claim ``pending`` notices (those still unclaimed) for a new wake row; None if none."""
     now, wake_id = time.time(), new_id("wk")
-    ids = [str(n["id"]) for n in pending]
+    ids = [n.id for n in pending]
     conn.execute(
         notices.update()
         # read_at again: a notice marked read (N3: its owner saw the result) after ``pending``
@@ -155,11 +215,14 @@ def record_wake(
         .where(notices.c.id.in_(ids), notices.c.woke_at.is_(None), notices.c.read_at.is_(None))
         .values(woke_at=now, wake_id=wake_id)
     )
-    claimed = fetch_all(
-        conn,
-        sa.select(notices)
-        .where(notices.c.wake_id == wake_id)
-        .order_by(notices.c.created_at, notices.c.id),
+    claimed = from_rows(
+        Notice,
+        fetch_all(
+            conn,
+            sa.select(notices)
+            .where(notices.c.wake_id == wake_id)
+            .order_by(notices.c.created_at, notices.c.id),
+        ),
     )
     if not claimed:
         return None
@@ -167,8 +230,8 @@ def record_wake(
     conn.execute(
         wakes.insert().values(
             id=wake_id,
-            session_id=session["id"],
-            agent_id=agent["id"],
+            session_id=session.id,
+            agent_id=agent.id,
             reason=reason,
             payload=payload,
             created_at=now,
@@ -176,7 +239,7 @@ def record_wake(
     )
     wake = fetch_one(conn, sa.select(wakes).where(wakes.c.id == wake_id))
     assert wake is not None
-    return wake, claimed
+    return from_row(Wake, wake), claimed
 
 
 def _emit_wake(
@@ -185,31 +248,36 @@ def _emit_wake(
     reason: str,
     live_sessions: frozenset[str] | None,
     build_payload: PayloadBuilder,
-) -> tuple[Row, list[str]] | None:
-    agent = fetch_one(conn, sa.select(agents).where(agents.c.id == agent_id))
-    if agent is None or agent["state"] != "idle" or agent["gate"] != "open":
+) -> tuple[Wake, list[str]] | None:
+    agent = maybe(Agent, fetch_one(conn, sa.select(agents).where(agents.c.id == agent_id)))
+    if agent is None or agent.state != "idle" or agent.gate != "open":
         return None
-    session = fetch_one(conn, sa.select(sessions).where(sessions.c.id == agent["session_id"]))
-    if session is None or session["state"] != "active":
+    session = maybe(
+        Session, fetch_one(conn, sa.select(sessions).where(sessions.c.id == agent.session_id))
+    )
+    if session is None or session.state != "active":
         return None
     hooks = fetch_all(
         conn,
         sa.select(webhooks.c.id).where(
             webhooks.c.active.is_(True),
-            sa.or_(webhooks.c.session_id.is_(None), webhooks.c.session_id == session["id"]),
+            sa.or_(webhooks.c.session_id.is_(None), webhooks.c.session_id == session.id),
         ),
     )
-    if not hooks and live_sessions is not None and session["id"] not in live_sessions:
+    if not hooks and live_sessions is not None and session.id not in live_sessions:
         return None  # nobody listens: the notices wait, unwoken, for a channel
-    pending = fetch_all(
-        conn,
-        sa.select(notices)
-        .where(
-            notices.c.agent_id == agent_id,
-            notices.c.read_at.is_(None),
-            notices.c.woke_at.is_(None),
-        )
-        .order_by(notices.c.created_at, notices.c.id),
+    pending = from_rows(
+        Notice,
+        fetch_all(
+            conn,
+            sa.select(notices)
+            .where(
+                notices.c.agent_id == agent_id,
+                notices.c.read_at.is_(None),
+                notices.c.woke_at.is_(None),
+            )
+            .order_by(notices.c.created_at, notices.c.id),
+        ),
     )
     if not pending:
         return None
@@ -231,11 +299,11 @@ def _emit_wake(
         conn.execute(
             wake_deliveries.insert().values(
                 id=delivery_id,
-                wake_id=wake["id"],
+                wake_id=wake.id,
                 webhook_id=hook["id"],
                 state="pending",
                 attempts=0,
-                next_attempt_at=wake["created_at"],
+                next_attempt_at=wake.created_at,
             )
         )
         delivery_ids.append(delivery_id)
@@ -329,7 +397,9 @@ def _end_attempt(
     )
 
 
-def _wake_deliveries(conn: Connection, wake_id: str) -> list[tuple[Row, list[Row]]]:
+def _wake_deliveries(
+    conn: Connection, wake_id: str
+) -> list[tuple[Delivery, list[DeliveryAttempt]]]:
     found = []
     for delivery in fetch_all(
         conn, sa.select(wake_deliveries).where(wake_deliveries.c.wake_id == wake_id)
@@ -340,5 +410,5 @@ def _wake_deliveries(conn: Connection, wake_id: str) -> list[tuple[Row, list[Row
             .where(delivery_attempts.c.delivery_id == delivery["id"])
             .order_by(delivery_attempts.c.number),
         )
-        found.append((delivery, attempts))
+        found.append((from_row(Delivery, delivery), from_rows(DeliveryAttempt, attempts)))
     return found

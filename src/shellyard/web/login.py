@@ -116,7 +116,7 @@ def login_router(plane: ControlPlane) -> APIRouter:
             )
         if request.session_id is not None:
             plane.tokens.check_session(who, request.session_id)
-            await plane.sessions.session_row(request.session_id)
+            await plane.sessions.session_record(request.session_id)
         now = time.time()
         drop_expired(now)
         mine = [key for key, p in pending.items() if p.who.token_id == who.token_id]

@@ -272,7 +272,7 @@ async def make_sessions(w: World) -> None:
         "wake_id": wakes[0].wake_id,
         "token_id": spare["token_id"],
         "environment_id": "env_b",
-        "change_id": change["id"],
+        "change_id": change.id,
         "main_agent_id": main,
     }
 

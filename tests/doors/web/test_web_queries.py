@@ -45,13 +45,13 @@ async def test_pages_counts_and_digest(store: Store) -> None:
     await store.upsert_runner("local", "local", None, None)
     mine, main = await store.create_session()
     theirs, other = await store.create_session()
-    ws, _ = await store.workspace_for(str(main["id"]), "local")
-    other_ws, _ = await store.workspace_for(str(other["id"]), "local")
+    ws, _ = await store.workspace_for(str(main.id), "local")
+    other_ws, _ = await store.workspace_for(str(other.id), "local")
     # Interleaved seqs: the other session's records sit between this one's.
-    await store.run(_insert, _rows(str(main["id"]), ws.id, 1, 120))
-    await store.run(_insert, _rows(str(other["id"]), other_ws.id, 1000, 30))
+    await store.run(_insert, _rows(str(main.id), ws.id, 1, 120))
+    await store.run(_insert, _rows(str(other.id), other_ws.id, 1000, 30))
     records = PanelRecords(store)
-    agents = [str(main["id"])]
+    agents = [str(main.id)]
 
     seen: list[int] = []
     before = None
@@ -65,8 +65,8 @@ async def test_pages_counts_and_digest(store: Store) -> None:
     assert {r.agent_id for r in await records.executions_page(agents, None, 500)} == set(agents)
     assert await records.execution_counts(agents) == {"running": 12, "completed": 108}
 
-    digest = await records.digest(str(mine["id"]), agents)
-    assert digest == await records.digest(str(mine["id"]), agents)  # stable when nothing moves
+    digest = await records.digest(str(mine.id), agents)
+    assert digest == await records.digest(str(mine.id), agents)  # stable when nothing moves
     await store.run(
         lambda conn: conn.execute(
             executions.update()
@@ -74,9 +74,9 @@ async def test_pages_counts_and_digest(store: Store) -> None:
             .values(state="completed", exit_code=0, finished_at=time.time())
         )
     )
-    changed = await records.digest(str(mine["id"]), agents)
+    changed = await records.digest(str(mine.id), agents)
     assert [k for k in digest if digest[k] != changed[k]] == ["executions"]
     # The other session's changes do not touch this session's digest.
-    await store.run(_insert, _rows(str(other["id"]), other_ws.id, 2000, 5))
-    assert await records.digest(str(mine["id"]), agents) == changed
-    assert theirs["id"] != mine["id"]
+    await store.run(_insert, _rows(str(other.id), other_ws.id, 2000, 5))
+    assert await records.digest(str(mine.id), agents) == changed
+    assert theirs.id != mine.id

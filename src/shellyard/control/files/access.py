@@ -22,8 +22,8 @@ from shellyard.control.runners import LOCAL_RUNNER_ID, RunnerRegistry
 from shellyard.errors import InvalidInput, NotFound, WorkspaceBusy
 from shellyard.runner.protocol import Runner
 from shellyard.store import Store
-from shellyard.store.db import Row
 from shellyard.store.files import FileRecords
+from shellyard.store.owners import Agent
 from shellyard.store.workspaces import Workspace
 
 Use = Literal["read", "write", "transfer"]
@@ -48,27 +48,27 @@ class WorkspaceAccess:
 
     # ------------------------------------------------------------------ agents
 
-    async def agent(self, agent_id: str | None) -> Row:
-        return await self.executions.agents.row(agent_id)
+    async def agent(self, agent_id: str | None) -> Agent:
+        return await self.executions.agents.record(agent_id)
 
     # ------------------------------------------------------------------ workspaces
 
-    async def relation(self, agent: Row, workspace: Workspace) -> Relation | None:
+    async def relation(self, agent: Agent, workspace: Workspace) -> Relation | None:
         owner = workspace.agent_id
-        if owner == agent["id"]:
+        if owner == agent.id:
             return "own"
-        if agent["parent_id"] is not None and owner == agent["parent_id"]:
+        if agent.parent_id is not None and owner == agent.parent_id:
             return "parent"
         owner_row = await self.store.get_agent(owner)
-        if owner_row is not None and owner_row["parent_id"] == agent["id"]:
+        if owner_row is not None and owner_row.parent_id == agent.id:
             return "child"
         return None
 
-    async def own(self, agent: Row, runner_id: str | None) -> Workspace:
+    async def own(self, agent: Agent, runner_id: str | None) -> Workspace:
         """The agent's workspace on ``runner_id`` (local by default), created on first use."""
         runner_id = runner_id or LOCAL_RUNNER_ID
         self.runners.get(runner_id)  # an unknown runner is a clear error
-        row, _created = await self.store.workspace_for(str(agent["id"]), runner_id)
+        row, _created = await self.store.workspace_for(agent.id, runner_id)
         await self.ensure(row)
         return row
 
@@ -81,7 +81,7 @@ class WorkspaceAccess:
 
     async def workspace(
         self,
-        agent: Row,
+        agent: Agent,
         workspace_id: str | None,
         runner_id: str | None = None,
         use: Use = "read",
@@ -116,17 +116,17 @@ class WorkspaceAccess:
         await self.ensure(row)
         return row, relation, self.runners.get(row.runner_id)
 
-    async def discover(self, agent: Row) -> list[WorkspaceView]:
+    async def discover(self, agent: Agent) -> list[WorkspaceView]:
         """T1: the agent's own workspaces on every registered runner (made on first use),
         its parent's and its children's existing workspaces."""
         views: list[WorkspaceView] = []
         for runner_id in self.runners.ids():
-            row, _created = await self.store.workspace_for(str(agent["id"]), runner_id)
+            row, _created = await self.store.workspace_for(agent.id, runner_id)
             views.append(_view(row, "own"))
-        if agent["parent_id"] is not None:
-            for row in await self.records.workspaces_of([str(agent["parent_id"])]):
+        if agent.parent_id is not None:
+            for row in await self.records.workspaces_of([agent.parent_id]):
                 views.append(_view(row, "parent"))
-        children = [str(c["id"]) for c in await self.records.children(str(agent["id"]))]
+        children = [c.id for c in await self.records.children(agent.id)]
         if children:
             for row in await self.records.workspaces_of(children):
                 views.append(_view(row, "child"))

@@ -73,7 +73,7 @@ class ArtifactService:
         name = name if name is not None else rel.rsplit("/", 1)[-1]
         if not name or len(name) > 255 or "\0" in name:
             raise InvalidInput("an artifact name is 1 to 255 characters, without NUL bytes")
-        if await self.records.find_artifact(str(agent["id"]), name) is not None:
+        if await self.records.find_artifact(agent.id, name) is not None:
             raise InvalidInput(
                 f"you already declared an artifact named {name!r}; pass another name",
                 name=name,
@@ -81,7 +81,7 @@ class ArtifactService:
         created = await self.records.create_artifact(
             {
                 "id": new_id("art"),
-                "agent_id": str(agent["id"]),
+                "agent_id": agent.id,
                 "workspace_id": ws,
                 "runner_id": row.runner_id,
                 "seq": seq,
@@ -96,7 +96,7 @@ class ArtifactService:
 
     async def list(self, agent_id: str | None = None) -> list[ArtifactView]:
         agent = await self.access.agent(agent_id)
-        return [_view(r) for r in await self.records.list_artifacts(str(agent["id"]))]
+        return [_view(r) for r in await self.records.list_artifacts(agent.id)]
 
     async def get(self, artifact_id: str, agent_id: str | None = None) -> ArtifactView:
         return _view(await self._owned(artifact_id, agent_id))
@@ -118,7 +118,7 @@ class ArtifactService:
     async def _owned(self, artifact_id: str, agent_id: str | None) -> Artifact:
         agent = await self.access.agent(agent_id)
         row = await self.records.get_artifact(artifact_id)
-        if row is None or row.agent_id != agent["id"]:
+        if row is None or row.agent_id != agent.id:
             raise NotFound(f"no artifact {artifact_id!r}; list yours with artifact_list")
         return row
 

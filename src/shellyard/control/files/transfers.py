@@ -245,7 +245,7 @@ class TransferService:
         )
         values = {
             "id": transfer_id,
-            "agent_id": str(agent["id"]),
+            "agent_id": agent.id,
             "source_workspace_id": src.id,
             "source_seq": source_seq,
             "target_workspace_id": dst_id,
@@ -579,7 +579,7 @@ class TransferService:
     async def _owned(self, transfer_id: str, agent_id: str | None) -> Transfer:
         agent = await self.access.agent(agent_id)
         row = await self.records.get_transfer(transfer_id)
-        if row is None or row.agent_id != agent["id"]:
+        if row is None or row.agent_id != agent.id:
             raise NotFound(
                 f"no transfer {transfer_id!r}; list yours with workspace_transfer action 'list'"
             )
@@ -590,7 +590,7 @@ class TransferService:
 
     async def list(self, agent_id: str | None = None, limit: int = 100) -> list[TransferView]:
         agent = await self.access.agent(agent_id)
-        return [self._view(r) for r in await self.records.list_transfers(str(agent["id"]), limit)]
+        return [self._view(r) for r in await self.records.list_transfers(agent.id, limit)]
 
     async def files(
         self,

@@ -5,26 +5,26 @@ tool call are marked read by the executions service; this lists, summarizes and 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 from shellyard.contract.sessions import DEFAULT_LIST_PAGE, InboxSummary, NoticeView
 from shellyard.control.agents import AgentResolver
 from shellyard.control.notify.wakes import notice_view
 from shellyard.store import Store
+from shellyard.store.notices import Notice
 
 #: At most this many notices are listed in a summary (the count covers all of them).
 SUMMARY_LIMIT = 50
 
 
-def summarize(agent_id: str, unread: Sequence[Mapping[str, Any]]) -> InboxSummary:
+def summarize(agent_id: str, unread: Sequence[Notice]) -> InboxSummary:
     """A summary of unread notices (N9), newest last, with a few lines of text for a model."""
-    by_kind = dict(Counter(str(n["kind"]) for n in unread))
+    by_kind = dict(Counter(n.kind for n in unread))
     return summarize_counts(agent_id, by_kind, list(unread)[-SUMMARY_LIMIT:])
 
 
 def summarize_counts(
-    agent_id: str, by_kind: dict[str, int], newest: Sequence[Mapping[str, Any]]
+    agent_id: str, by_kind: dict[str, int], newest: Sequence[Notice]
 ) -> InboxSummary:
     """The summary from the unread counts by kind and the newest unread notices (so the store
     never hands over every unread row: docs/security.md "Limits at each door")."""
@@ -63,18 +63,16 @@ class InboxService:
     ) -> list[NoticeView]:
         """One page of the agent's notices, oldest first (a full page: there may be more, from
         ``after`` = its last id)."""
-        agent = await self.agents.row(agent_id)
-        rows = await self.store.list_notices(
-            str(agent["id"]), unread_only, after=after, limit=limit
-        )
+        agent = await self.agents.record(agent_id)
+        rows = await self.store.list_notices(agent.id, unread_only, after=after, limit=limit)
         return [notice_view(r) for r in rows]
 
     async def summary(self, agent_id: str | None) -> InboxSummary:
-        agent = await self.agents.row(agent_id)
-        return await unread_summary(self.store, str(agent["id"]))
+        agent = await self.agents.record(agent_id)
+        return await unread_summary(self.store, agent.id)
 
     async def mark_read(self, agent_id: str | None, notice_ids: Sequence[str] | None) -> int:
         """Mark notices read (every unread one when ``notice_ids`` is None); returns how many
         changed. Ids of other agents' notices are ignored like missing ones."""
-        agent = await self.agents.row(agent_id)
-        return await self.store.mark_notices_read(str(agent["id"]), notice_ids)
+        agent = await self.agents.record(agent_id)
+        return await self.store.mark_notices_read(agent.id, notice_ids)

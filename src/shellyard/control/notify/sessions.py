@@ -21,7 +21,9 @@ from shellyard.control.notify.inbox import summarize, unread_summary
 from shellyard.control.notify.wakes import WakeService, wake_payload
 from shellyard.errors import Conflict, NotFound
 from shellyard.store import Store
-from shellyard.store.db import Row
+from shellyard.store.owners import Agent, Session
+from shellyard.store.records import field_names, values_of
+from shellyard.store.sessions import SessionEvent
 
 
 class SessionService:
@@ -32,39 +34,32 @@ class SessionService:
 
     # ------------------------------------------------------------------ lookups
 
-    async def agent_row(self, agent_id: str | None) -> Row:
+    async def agent_record(self, agent_id: str | None) -> Agent:
         """The agent (the default session's main agent when None), or NotFound."""
-        return await self.agents.row(agent_id)
+        return await self.agents.record(agent_id)
 
-    async def session_row(self, session_id: str) -> Row:
+    async def session_record(self, session_id: str) -> Session:
         row = await self.store.get_session(session_id)
         if row is None:
             raise NotFound(f"no session {session_id!r}; list them with 'shellyard session list'")
         return row
 
     async def get(self, session_id: str) -> SessionView:
-        row = await self.session_row(session_id)
+        row = await self.session_record(session_id)
         agents = await self.store.list_agents(session_id)
-        return _session_view(row, agents)
+        return session_view(row, agents)
 
     async def list_sessions(self) -> list[SessionView]:
-        return [_session_view(row, []) for row in await self.store.list_sessions()]
+        return [session_view(row, []) for row in await self.store.list_sessions()]
 
     async def get_agent(self, agent_id: str | None) -> AgentView:
-        row = await self.agent_row(agent_id)
-        return _agent_view(row, await self.session_row(str(row["session_id"])))
+        row = await self.agent_record(agent_id)
+        return agent_view(row, await self.session_record(row.session_id))
 
     async def events(self, session_id: str) -> list[SessionEventView]:
-        await self.session_row(session_id)
+        await self.session_record(session_id)
         return [
-            SessionEventView(
-                seq=e["seq"],
-                session_id=e["session_id"],
-                agent_id=e["agent_id"],
-                kind=e["kind"],
-                detail=e["detail"],
-                created_at=e["created_at"],
-            )
+            SessionEventView.model_validate(values_of(e, _EVENT_VIEW_FIELDS))
             for e in await self.store.session_events(session_id)
         ]
 
@@ -73,37 +68,37 @@ class SessionService:
     async def create(self) -> SessionView:
         """A new session with its main agent (idle, gate open)."""
         session, agent = await self.store.create_session()
-        return _session_view(session, [agent])
+        return session_view(session, [agent])
 
     async def create_child(self, parent_id: str) -> AgentView:
         """A child agent under ``parent_id``; it gets its own workspace root on first use."""
-        parent = await self.agent_row(parent_id)
-        session = await self.session_row(str(parent["session_id"]))
-        if session["state"] == SessionState.archived:
-            raise Conflict(f"session {session['id']} is archived; restore it before adding agents")
-        return _agent_view(await self.store.create_child(parent), session)
+        parent = await self.agent_record(parent_id)
+        session = await self.session_record(parent.session_id)
+        if session.state == SessionState.archived:
+            raise Conflict(f"session {session.id} is archived; restore it before adding agents")
+        return agent_view(await self.store.create_child(parent), session)
 
     # ------------------------------------------------------------------ turns
 
     async def turn_begin(self, agent_id: str) -> AgentView:
         """The host starts a turn of this agent: it is busy and no wake interrupts it."""
-        agent = await self.agent_row(agent_id)
-        session = await self.session_row(str(agent["session_id"]))
-        if session["state"] != SessionState.active:
+        agent = await self.agent_record(agent_id)
+        session = await self.session_record(agent.session_id)
+        if session.state != SessionState.active:
             raise Conflict(
-                f"session {session['id']} is {session['state']}; a user request resumes a "
-                f"stopped session (POST /v1/sessions/{session['id']}/requests or 'shellyard "
+                f"session {session.id} is {session.state}; a user request resumes a "
+                f"stopped session (POST /v1/sessions/{session.id}/requests or 'shellyard "
                 "session request'), an archived one must be restored first"
             )
-        if agent["gate"] != "open":
+        if agent.gate != "open":
             raise Conflict(f"agent {agent_id} is stopped; resume it first (shellyard agent resume)")
         row = await self.store.change_agent(agent_id, {"state": "busy"})
-        return _agent_view(row, session)
+        return agent_view(row, session)
 
     async def turn_end(self, agent_id: str) -> AgentView:
         """The turn is over: the agent is idle, and unread notices that arrived meanwhile (and
         no wake delivered) wake it now (N2)."""
-        await self.agent_row(agent_id)
+        await self.agent_record(agent_id)
         row = await self.store.change_agent(agent_id, {"state": "idle"})
         await self.wakes.notify(agent_id, "turn_end")
         return await self._agent_after(row)
@@ -112,27 +107,27 @@ class SessionService:
 
     async def stop_agent(self, agent_id: str) -> AgentView:
         """N8: close the agent's wake gate; its results and notices stay recorded."""
-        agent = await self.agent_row(agent_id)
-        session = await self.session_row(str(agent["session_id"]))
-        if agent["gate"] == "closed":
-            return _agent_view(agent, session)
+        agent = await self.agent_record(agent_id)
+        session = await self.session_record(agent.session_id)
+        if agent.gate == "closed":
+            return agent_view(agent, session)
         row = await self.store.change_agent(
             agent_id, {"gate": "closed", "state": "idle"}, "agent_stopped"
         )
-        return _agent_view(row, session)
+        return agent_view(row, session)
 
     async def resume_agent(self, agent_id: str) -> AgentView:
         """N10: reopen a stopped agent's gate, allowed only while its session is active; its
         waiting notices wake it now."""
-        agent = await self.agent_row(agent_id)
-        session = await self.session_row(str(agent["session_id"]))
-        if session["state"] != SessionState.active:
+        agent = await self.agent_record(agent_id)
+        session = await self.session_record(agent.session_id)
+        if session.state != SessionState.active:
             raise Conflict(
-                f"agent {agent_id}'s session {session['id']} is {session['state']}; resume the "
+                f"agent {agent_id}'s session {session.id} is {session.state}; resume the "
                 "session first (a user request, or 'shellyard session resume'), then the agent"
             )
-        if agent["gate"] == "open":
-            return _agent_view(agent, session)
+        if agent.gate == "open":
+            return agent_view(agent, session)
         row = await self.store.change_agent(agent_id, {"gate": "open"}, "agent_resumed")
         await self.wakes.notify(agent_id, "resume")
         return await self._agent_after(row)
@@ -141,10 +136,10 @@ class SessionService:
 
     async def stop(self, session_id: str) -> SessionView:
         """N8: close the session gate and cancel its pending timers."""
-        session = await self.session_row(session_id)
-        if session["state"] == SessionState.archived:
+        session = await self.session_record(session_id)
+        if session.state == SessionState.archived:
             raise Conflict(f"session {session_id} is archived; there is nothing to stop")
-        if session["state"] == SessionState.active:
+        if session.state == SessionState.active:
             await self.store.change_session(
                 session_id, SessionState.stopped, "session_stopped", "the session was stopped"
             )
@@ -152,8 +147,8 @@ class SessionService:
 
     async def archive(self, session_id: str) -> SessionView:
         """N8: like stop, and the session must be restored before it can resume."""
-        session = await self.session_row(session_id)
-        if session["state"] != SessionState.archived:
+        session = await self.session_record(session_id)
+        if session.state != SessionState.archived:
             await self.store.change_session(
                 session_id, SessionState.archived, "session_archived", "the session was archived"
             )
@@ -161,9 +156,9 @@ class SessionService:
 
     async def restore(self, session_id: str) -> SessionView:
         """N11: archived → stopped. Resumes nothing; cancelled timers stay cancelled."""
-        session = await self.session_row(session_id)
-        if session["state"] != SessionState.archived:
-            raise Conflict(f"session {session_id} is {session['state']}, not archived")
+        session = await self.session_record(session_id)
+        if session.state != SessionState.archived:
+            raise Conflict(f"session {session_id} is {session.state}, not archived")
         await self.store.change_session(session_id, SessionState.stopped, "session_restored", None)
         return await self.get(session_id)
 
@@ -171,60 +166,64 @@ class SessionService:
         """Reopen a stopped session's gate. Its agents' waiting notices wake them (children
         stopped on their own stay stopped, N10); the result summarizes the main agent's
         unread notices."""
-        session = await self.session_row(session_id)
-        if session["state"] == SessionState.archived:
+        session = await self.session_record(session_id)
+        if session.state == SessionState.archived:
             raise Conflict(
                 f"session {session_id} is archived; restore it first ('shellyard session "
                 f"restore {session_id}')"
             )
-        resumed = session["state"] == SessionState.stopped
+        resumed = session.state == SessionState.stopped
         if resumed:
             await self.store.change_session(
                 session_id, SessionState.active, "session_resumed", None
             )
             await self.wakes.kick_session(session_id, "resume")
-        summary = await unread_summary(self.store, str(session["main_agent_id"]))
+        summary = await unread_summary(self.store, session.main_agent_id)
         return ResumeResult(session=await self.get(session_id), resumed=resumed, summary=summary)
 
     async def user_request(self, session_id: str) -> ResumeResult:
         """N9: a new user request. A stopped session resumes; the main agent's turn begins
         (its gate reopens); the result carries the summary of its unread notices, which then
         wake nobody. Nothing is replayed. Children's waiting notices wake the children."""
-        await self.session_row(session_id)
+        await self.session_record(session_id)
         session, resumed, unread = await self.store.user_request(session_id, wake_payload)
         if resumed:
             await self.wakes.kick_session(session_id, "resume")
         return ResumeResult(
             session=await self.get(session_id),
             resumed=resumed,
-            summary=summarize(str(session["main_agent_id"]), unread),
+            summary=summarize(session.main_agent_id, unread),
         )
 
-    async def _agent_after(self, row: Row) -> AgentView:
+    async def _agent_after(self, row: Agent) -> AgentView:
         """The agent as it is now (a wake may just have made it busy)."""
-        fresh = await self.store.get_agent(str(row["id"]))
+        fresh = await self.store.get_agent(row.id)
         assert fresh is not None
-        return _agent_view(fresh, await self.session_row(str(fresh["session_id"])))
+        return agent_view(fresh, await self.session_record(fresh.session_id))
 
 
-def _agent_view(row: Row, session: Row) -> AgentView:
+#: D3: the fields a session event's record and its view share (all of them), listed once.
+_EVENT_VIEW_FIELDS = field_names(SessionEvent, SessionEventView.model_fields)
+
+
+def agent_view(row: Agent, session: Session) -> AgentView:
     return AgentView(
-        agent_id=row["id"],
-        session_id=row["session_id"],
-        parent_id=row["parent_id"],
-        is_main=row["id"] == session["main_agent_id"],
-        state=row["state"],
-        gate=row["gate"],
-        created_at=row["created_at"],
+        agent_id=row.id,
+        session_id=row.session_id,
+        parent_id=row.parent_id,
+        is_main=row.id == session.main_agent_id,
+        state=row.state,
+        gate=row.gate,
+        created_at=row.created_at,
     )
 
 
-def _session_view(row: Row, agents: list[Row]) -> SessionView:
+def session_view(row: Session, agents: list[Agent]) -> SessionView:
     return SessionView(
-        session_id=row["id"],
-        state=SessionState(row["state"]),
-        main_agent_id=row["main_agent_id"],
-        is_default=bool(row["is_default"]),
-        created_at=row["created_at"],
-        agents=[_agent_view(a, row) for a in agents],
+        session_id=row.id,
+        state=SessionState(row.state),
+        main_agent_id=row.main_agent_id,
+        is_default=row.is_default,
+        created_at=row.created_at,
+        agents=[agent_view(a, row) for a in agents],
     )

@@ -252,11 +252,11 @@ class TimerService:
 
     async def create(self, agent_id: str | None, request: TimerCreateRequest) -> TimerView:
         """N5: a one-time reminder of ``text`` for the calling agent."""
-        agent = await self.sessions.agent_row(agent_id)
-        session = await self.sessions.session_row(str(agent["session_id"]))
-        if session["state"] != SessionState.active:
+        agent = await self.sessions.agent_record(agent_id)
+        session = await self.sessions.session_record(agent.session_id)
+        if session.state != SessionState.active:
             raise Conflict(
-                f"session {session['id']} is {session['state']}: its timers were cancelled and "
+                f"session {session.id} is {session.state}: its timers were cancelled and "
                 "no new ones are taken until a user request resumes it"
             )
         now = time.time()
@@ -265,8 +265,8 @@ class TimerService:
         )
         values: dict[str, Any] = {
             "id": new_id("tmr"),
-            "agent_id": agent["id"],
-            "session_id": session["id"],
+            "agent_id": agent.id,
+            "session_id": session.id,
             "text": request.text,
             "spec": spec,
             "fire_at": fire_at,
@@ -277,7 +277,7 @@ class TimerService:
         }
         if request.execution_id is not None:
             execution = await self.store.get_execution(request.execution_id)
-            if execution is None or execution.agent_id != agent["id"]:
+            if execution is None or execution.agent_id != agent.id:
                 raise NotFound(
                     f"no execution {request.execution_id!r}; name one of your own executions "
                     "(execution_status lists its state) or leave execution_id out"
@@ -314,8 +314,8 @@ class TimerService:
         from ``after`` = its last id)."""
         if state is not None and state not in TimerState.__members__:
             raise InvalidInput(f"state must be pending, fired or cancelled, not {state!r}")
-        agent = await self.sessions.agent_row(agent_id)
-        rows = await self.store.list_timers(str(agent["id"]), state, after=after, limit=limit)
+        agent = await self.sessions.agent_record(agent_id)
+        rows = await self.store.list_timers(agent.id, state, after=after, limit=limit)
         return [timer_view(r) for r in rows]
 
     async def get(self, agent_id: str | None, timer_id: str) -> TimerView:
@@ -366,9 +366,9 @@ class TimerService:
         self.on_change()
 
     async def _owned(self, agent_id: str | None, timer_id: str) -> Timer:
-        agent = await self.sessions.agent_row(agent_id)
+        agent = await self.sessions.agent_record(agent_id)
         row = await self.store.get_timer(timer_id)
-        if row is None or row.agent_id != agent["id"]:
+        if row is None or row.agent_id != agent.id:
             raise NotFound(f"no timer {timer_id!r}; timer_list shows yours")
         return row
 

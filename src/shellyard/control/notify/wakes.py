@@ -20,7 +20,7 @@ import json
 import logging
 import secrets
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Protocol
 
 import httpx
@@ -40,8 +40,10 @@ from shellyard.store import Store
 from shellyard.store.db import new_id
 from shellyard.store.executions import Execution
 from shellyard.store.leases import LeaseHolder
+from shellyard.store.notices import Notice
+from shellyard.store.owners import Agent, Session
 from shellyard.store.records import field_names, values_of
-from shellyard.store.wakes import Webhook
+from shellyard.store.wakes import Delivery, DeliveryAttempt, Wake, Webhook
 
 log = logging.getLogger(__name__)
 
@@ -69,37 +71,30 @@ def verify_signature(
     return fresh and hmac.compare_digest(sign(secret, timestamp, body), signature)
 
 
-def notice_view(row: Mapping[str, Any]) -> NoticeView:
-    return NoticeView(
-        notice_id=row["id"],
-        agent_id=row["agent_id"],
-        kind=row["kind"],
-        subject_id=row["subject_id"],
-        summary=row["summary"],
-        payload=row["payload"],
-        created_at=row["created_at"],
-        read_at=row["read_at"],
-        woke_at=row["woke_at"],
-        wake_id=row["wake_id"],
-    )
+#: D3: the fields a notice's record and its view share, listed once (``notice_id`` is ``id``).
+_NOTICE_VIEW_FIELDS = field_names(Notice, NoticeView.model_fields)
+
+
+def notice_view(row: Notice) -> NoticeView:
+    return NoticeView.model_validate({**values_of(row, _NOTICE_VIEW_FIELDS), "notice_id": row.id})
 
 
 def wake_payload(
     wake_id: str,
     reason: str,
-    session: Mapping[str, Any],
-    agent: Mapping[str, Any],
-    claimed: list[Mapping[str, Any]],
+    session: Session,
+    agent: Agent,
+    claimed: list[Notice],
     now: float,
 ) -> dict[str, Any]:
     """The body every channel gets (without ``seq``, which the database assigns)."""
     view = WakeView(
         wake_id=wake_id,
         seq=0,
-        session_id=session["id"],
-        agent_id=agent["id"],
-        parent_agent_id=agent["parent_id"],
-        is_main=agent["id"] == session["main_agent_id"],
+        session_id=session.id,
+        agent_id=agent.id,
+        parent_agent_id=agent.parent_id,
+        is_main=agent.id == session.main_agent_id,
         reason=reason,
         created_at=now,
         notices=[notice_view(n) for n in claimed],
@@ -107,8 +102,8 @@ def wake_payload(
     return view.model_dump(mode="json", exclude={"seq"})
 
 
-def wake_view(row: Mapping[str, Any]) -> WakeView:
-    return WakeView.model_validate({**row["payload"], "seq": row["seq"]})
+def wake_view(row: Wake) -> WakeView:
+    return WakeView.model_validate({**row.payload, "seq": row.seq})
 
 
 class DeliveryLeases(LeaseHolder, Protocol):
@@ -243,7 +238,7 @@ class WakeService:
     async def kick_session(self, session_id: str, reason: str) -> None:
         # A channel of this replica appeared: only it can be newly heard, so no fan-out.
         for agent in await self.store.list_agents(session_id):
-            await self.notify(str(agent["id"]), reason, publish=False)
+            await self.notify(agent.id, reason, publish=False)
 
     async def kick_all(self, reason: str) -> None:
         for agent_id in await self.store.agents_to_wake():
@@ -257,7 +252,7 @@ class WakeService:
         ):
             return
         rows = await self.store.list_wakes(session_id, seq - 1, limit=1)
-        if not rows or rows[0]["seq"] != seq:
+        if not rows or rows[0].seq != seq:
             return
         wake = wake_view(rows[0])
         for queue in self._subscribers.get(session_id, ()):
@@ -365,26 +360,7 @@ class WakeService:
 
     async def deliveries(self, wake_id: str) -> list[DeliveryView]:
         return [
-            DeliveryView(
-                delivery_id=d["id"],
-                wake_id=d["wake_id"],
-                webhook_id=d["webhook_id"],
-                state=d["state"],
-                attempts=d["attempts"],
-                delivered_at=d["delivered_at"],
-                last_error=d["last_error"],
-                attempt_log=[
-                    DeliveryAttemptView(
-                        number=a["number"],
-                        started_at=a["started_at"],
-                        finished_at=a["finished_at"],
-                        status_code=a["status_code"],
-                        error=a["error"],
-                    )
-                    for a in attempts
-                ],
-            )
-            for d, attempts in await self.store.wake_deliveries(wake_id)
+            _delivery_view(d, attempts) for d, attempts in await self.store.wake_deliveries(wake_id)
         ]
 
     # ------------------------------------------------------------------ delivery
@@ -451,30 +427,30 @@ class WakeService:
         assert self._http is not None
         while True:
             job = await self.store.delivery_job(delivery_id)
-            if job is None or job["state"] != "pending":
+            if job is None or job.state != "pending":
                 return
-            delay = float(job["next_attempt_at"] or 0) - time.time()
+            delay = (job.next_attempt_at or 0.0) - time.time()
             if delay > 0:
                 await asyncio.sleep(delay)
-            body = json.dumps({**job["payload"], "seq": job["seq"]}, sort_keys=True).encode()
+            body = json.dumps({**job.payload, "seq": job.seq}, sort_keys=True).encode()
             number = await self.store.begin_attempt(delivery_id)
             timestamp = str(int(time.time()))
             headers = {
                 "Content-Type": "application/json",
                 "User-Agent": "shellyard-webhook",
                 "X-Shellyard-Event": "wake",
-                "X-Shellyard-Wake-Id": str(job["wake_id"]),
+                "X-Shellyard-Wake-Id": job.wake_id,
                 "X-Shellyard-Delivery-Id": delivery_id,
                 "X-Shellyard-Attempt": str(number),
                 TIMESTAMP_HEADER: timestamp,
-                SIGNATURE_HEADER: sign(str(job["secret"]), timestamp, body),
+                SIGNATURE_HEADER: sign(job.secret, timestamp, body),
             }
             status: int | None = None
             error: str | None = None
             refused = False
             try:
                 # Resolved once, checked, and only that address dialled (no rebinding).
-                target = await self.policy.pin(str(job["url"]))
+                target = await self.policy.pin(job.url)
                 headers["Host"] = target.host
                 extensions = {"sni_hostname": target.server_name} if target.server_name else {}
                 response = await self._http.post(
@@ -505,7 +481,7 @@ class WakeService:
             )
             log.info(
                 "wake %s delivery %s attempt %d: %s",
-                job["wake_id"],
+                job.wake_id,
                 delivery_id,
                 number,
                 status or error,
@@ -525,4 +501,22 @@ _WEBHOOK_VIEW_FIELDS = tuple(
 def _webhook_view(row: Webhook) -> WebhookView:
     return WebhookView.model_validate(
         {**values_of(row, _WEBHOOK_VIEW_FIELDS), "webhook_id": row.id}
+    )
+
+
+#: D3: a delivery's and an attempt's fields shared with their views, listed once.
+_DELIVERY_VIEW_FIELDS = field_names(Delivery, DeliveryView.model_fields)
+_ATTEMPT_VIEW_FIELDS = field_names(DeliveryAttempt, DeliveryAttemptView.model_fields)
+
+
+def _delivery_view(row: Delivery, attempts: list[DeliveryAttempt]) -> DeliveryView:
+    return DeliveryView.model_validate(
+        {
+            **values_of(row, _DELIVERY_VIEW_FIELDS),
+            "delivery_id": row.id,
+            "attempt_log": [
+                DeliveryAttemptView.model_validate(values_of(a, _ATTEMPT_VIEW_FIELDS))
+                for a in attempts
+            ],
+        }
     )

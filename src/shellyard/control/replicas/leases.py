@@ -212,8 +212,8 @@ class LeaseKeeper:
                 self.replica_id, self.scope, self.ttl_s, CLAIM_BATCH, mode=mode
             )
             for row in rows:
-                self._held.add((str(row["kind"]), str(row["subject_id"])))
-                claimed.append((str(row["kind"]), str(row["subject_id"]), row["expires_at"]))
+                self._held.add((row.kind, row.subject_id))
+                claimed.append((row.kind, row.subject_id, row.expires_at))
             if len(rows) < CLAIM_BATCH:
                 break
         # Unleased work: on SQLite everything at start-up (one replica: as before leases);
