@@ -3,7 +3,10 @@
 - spawn cost: CPU time of making an execution's cgroups (the workspace's exists) and of
   reading and removing them at its end, per execution (``CgroupTree.start`` + ``finish``);
 - throughput: run_shell(true) from 16 agents, tenants on (cgroups and a uid per workspace)
-  and off (rlimits, one uid), in alternating windows on two control planes in this process;
+  and off (rlimits, one uid), in alternating windows on control planes in this process, with
+  the server's and the children's CPU per run; a third plane, tenants on with the runner's
+  cgroup folder left at the kernel's default CPU weight (one process's worth for the whole
+  tree, as before docs/benchmarks.md §34), shows what the per-workspace weight buys;
 - fairness: B's CPU-bound second (1 s of CPU) while A runs 8 busy loops, each in a session of
   its own, over B's idle time (wall), and A's CPU over B's in that window; tenants on and off.
 Targets: spawn ≤ 0.5 ms CPU, throughput ≥ 0.95× off, fairness ≤ 2× idle.
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import os
 import statistics
 import time
@@ -27,11 +31,13 @@ from shellyard.config import Settings
 from shellyard.contract.executions import RunShellRequest
 from shellyard.control.plane import ControlPlane, build
 from shellyard.runner.limits import cgroups
+from shellyard.runner.local import LocalRunner
 from shellyard.runner.protocol import SandboxPolicy
 
 COMMAND = "python bench/bench_tenants.py"
 ON = SandboxPolicy(uid_range="62300-62399")
 OFF = SandboxPolicy(uid_range="off", cgroups="off")
+FLAT = SandboxPolicy(uid_range="62400-62499")
 TIMED = (
     "python3 -c 'import time\nw = time.monotonic(); t = time.process_time()\n"
     "while time.process_time() - t < 1: pass\nprint(time.monotonic() - w)'"
@@ -65,8 +71,16 @@ def spawn_cost(samples: int) -> dict[str, Any]:
     }
 
 
-async def open_plane(home: Path, policy: SandboxPolicy) -> tuple[ControlPlane, list[str]]:
+async def open_plane(
+    home: Path, policy: SandboxPolicy, *, flat: bool = False
+) -> tuple[ControlPlane, list[str]]:
     plane = await build(Settings(home=home / "home", local_policy=policy))
+    if flat:  # the runner's folder keeps the kernel's default weight (before §34)
+        for runner in gc.get_objects():
+            if isinstance(runner, LocalRunner) and runner.root.is_relative_to(home):
+                tree = runner._sandboxes.cgroups  # a bench's look inside
+                if tree is not None:
+                    tree.weight.path = None
     session, _main = await plane.store.default_owner()
     agents = [str((await plane.store.create_agent(str(session.id))).id) for _ in range(AGENTS)]
     await asyncio.gather(
@@ -121,21 +135,40 @@ async def fairness(plane: ControlPlane, agents: list[str]) -> dict[str, float]:
 
 async def measure(args: argparse.Namespace) -> dict[str, Any]:
     spawn = spawn_cost(50 if args.quick else 300)
-    homes = {name: make_home() for name in ("on", "off")}
+    names = ("on", "off", "flat")
+    homes = {name: make_home() for name in names}
     planes: dict[str, tuple[ControlPlane, list[str]]] = {}
     try:
-        for name, policy in (("on", ON), ("off", OFF)):
-            planes[name] = await open_plane(homes[name], policy)
-        counts = {"on": 0, "off": 0}
-        seconds = {"on": 0.0, "off": 0.0}
+        for name, policy in (("on", ON), ("off", OFF), ("flat", FLAT)):
+            planes[name] = await open_plane(homes[name], policy, flat=name == "flat")
+        counts = dict.fromkeys(names, 0)
+        seconds = dict.fromkeys(names, 0.0)
+        server = dict.fromkeys(names, 0.0)
+        children = dict.fromkeys(names, 0.0)
         window = 1.5 if args.quick else 2.0
-        for name in ["on", "off", "off", "on"] * (1 if args.quick else 3):
+        for name in [*names, *names[::-1]] * (1 if args.quick else 2):
             plane, agents = planes[name]
+            before = os.times()
             done, _other, elapsed, _lat = await product_rate(plane, agents, window, ramp_s=0.5)
+            after = os.times()
             counts[name] += done
             seconds[name] += elapsed
+            # CPU of the ramp too (and of the calls in flight at the ends): per run, an upper
+            # bound alike for every plane
+            server[name] += after.user + after.system - before.user - before.system
+            children[name] += (
+                after.children_user + after.children_system
+                - before.children_user - before.children_system
+            )  # fmt: skip
         rates = {name: counts[name] / seconds[name] for name in counts}
-        fair = {name: await fairness(*planes[name]) for name in ("on", "off")}
+        cpu_ms = {
+            name: {
+                "server": round(1000 * server[name] / max(1, counts[name]), 2),
+                "children": round(1000 * children[name] / max(1, counts[name]), 2),
+            }
+            for name in names
+        }
+        fair = {name: await fairness(*planes[name]) for name in names}
     finally:
         for plane, _agents in planes.values():
             await plane.aclose()
@@ -156,12 +189,22 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
             baseline_value=rates["off"], target="≥ 0.95× off", kind="ratio_min", limit=0.95,
         ),
         metric(
+            "tenants.throughput_flat",
+            "the same, the runner's folder at the kernel's default weight (before §34), /s",
+            rates["flat"], "/s", baseline_label="tenants off, /s",
+            baseline_value=rates["off"], target="— (info: what the weight buys)", kind="info",
+        ),
+        metric(
             "tenants.fairness", "B's CPU second beside A's 8 busy loops / idle, tenants on",
             fair["on"]["ratio"], "×", target="≤ 2×", kind="abs_max", limit=2.0,
         ),
         metric(
             "tenants.fairness_off", "the same, tenants off (rlimits, one uid)",
             fair["off"]["ratio"], "×", target="— (info: the finding)", kind="info",
+        ),
+        metric(
+            "tenants.fairness_flat", "the same, tenants on, the runner's folder at default weight",
+            fair["flat"]["ratio"], "×", target="— (info: before §34)", kind="info",
         ),
         metric(
             "tenants.share", "A's CPU / B's CPU in that window, tenants on",
@@ -177,7 +220,13 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         "title": "Tenants: cgroup spawn cost, throughput with limits on and off, CPU fairness",
         "command": COMMAND + (" --quick" if args.quick else ""),
         "metrics": metrics,
-        "details": {"spawn": spawn, "throughput_per_s": rates, "fairness": fair},
+        "details": {
+            "spawn": spawn,
+            "throughput_per_s": rates,
+            "cpu_ms_per_run": cpu_ms,
+            "fairness": fair,
+            "load": os.getloadavg(),
+        },
     }
 
 

@@ -496,6 +496,43 @@ def test_an_execution_joins_its_workspace_s_cpu_group(tmp_path: Path) -> None:
 
 
 @needs_cgroups
+def test_the_runner_s_folder_weighs_one_cpu_unit_per_workspace_in_use(tmp_path: Path) -> None:
+    """R2 (docs/limits.md "Tenants", docs/benchmarks.md §34): at the host's level the runner's
+    cpu folder weighs one unit (v1 ``cpu.shares`` 1024) per workspace with groups started, not
+    one for all: two executions of one workspace count once, a second workspace doubles it,
+    and it falls back as their groups go (a re-attached execution counts too)."""
+    tree = cgroups.CgroupTree.probe(
+        f"shellyard-test-weight-{tmp_path.name[-8:]}", cgroups.TenantLimits(256 << 20, 64), "v1"
+    )
+    assert tree is not None
+    if tree.weight.path is None:
+        pytest.skip("no cpu hierarchy writable below this process's group")
+    shares = tree.weight.path
+
+    def weight() -> int:
+        return int(shares.read_text())
+
+    try:
+        assert weight() == cgroups.CPU_SHARES_V1
+        tree.start("a", "e1")
+        tree.start("a", "e2")
+        assert weight() == cgroups.CPU_SHARES_V1  # one workspace, however many commands
+        tree.start("b", "e3")
+        assert weight() == 2 * cgroups.CPU_SHARES_V1
+        tree.adopt("c", "e4")  # re-attached after a restart (E11): its groups exist
+        assert weight() == 3 * cgroups.CPU_SHARES_V1
+        tree.finish("b", "e3")
+        tree.remove("c", "e4")
+        assert weight() == cgroups.CPU_SHARES_V1
+        tree.finish("a", "e1")
+        tree.finish("a", "e2")
+        assert weight() == cgroups.CPU_SHARES_V1  # never below one unit
+        tree.drain()
+    finally:
+        tree.close(set())
+
+
+@needs_cgroups
 def test_a_workspace_group_swept_while_idle_is_made_again(tmp_path: Path) -> None:
     """R2, E11: a sweep (a restarted runner's) removes a workspace's groups that hold no
     process and no child (on v1 its cpu group, which executions join directly) while one of

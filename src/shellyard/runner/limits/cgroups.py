@@ -52,6 +52,7 @@ from typing import Literal
 
 from shellyard import settings_env
 from shellyard.runner.limits import dynmods
+from shellyard.runner.limits.weight import RunnerWeight
 from shellyard.runner.protocol import SandboxPolicy
 
 log = logging.getLogger(__name__)
@@ -63,8 +64,12 @@ V2_CONTROLLERS = ("memory", "pids", "cpu")
 CPU_WEIGHT_V2 = 100
 CPU_SHARES_V1 = 1024
 CFS_PERIOD_US = 100_000
+#: The kernel's largest weight: the runner's folder weighs one unit per workspace up to it.
+MOST_SHARES_V1, MOST_WEIGHT_V2 = 262_144, 10_000
 #: How long ``finish`` waits for a group's last processes to go before it gives up on rmdir.
 REMOVE_WAIT_S = 2.0
+#: How long a busy group's processes are given to finish exiting before they are killed.
+EXITING_WAIT_S = 0.01
 #: Empty groups made ahead per workspace for its next cold spawn (``take_ready``).
 READY_PER_WORKSPACE = 1
 #: The prefix of a group made ahead: never an execution's id (``check_id``), so a restart's
@@ -219,6 +224,17 @@ class CgroupTree:
     _workspace_lock: threading.Lock = field(default_factory=threading.Lock)
     #: the descriptor that keeps the kernel's ``favordynmods`` on (dynmods.py), or None
     _favor_fd: int | None = None
+    #: the runner's folder's own CPU weight at the host's level: one unit per workspace in
+    #: use (weight.py; without it the whole tree weighed as one process, §34)
+    weight: RunnerWeight = field(init=False)
+
+    def __post_init__(self) -> None:
+        if self.mechanism == "v2":
+            path = self.bases[""] / "cpu.weight" if "cpu" in self.controllers else None
+            self.weight = RunnerWeight(path, CPU_WEIGHT_V2, MOST_WEIGHT_V2)
+        else:
+            path = self.bases["cpu"] / "cpu.shares" if "cpu" in self.bases else None
+            self.weight = RunnerWeight(path, CPU_SHARES_V1, MOST_SHARES_V1)
 
     # ------------------------------------------------------------------ set-up
 
@@ -366,6 +382,8 @@ class CgroupTree:
                 joins.append(str(folder.parent / "cgroup.procs"))
             else:
                 joins.append(str(folder / "cgroup.procs"))
+        if self._started.get(execution_id) is None:
+            self.weight.enter(workspace_id)
         self._started[execution_id] = _Started(workspace_id, held)
         return joins
 
@@ -396,7 +414,9 @@ class CgroupTree:
     def adopt(self, workspace_id: str, execution_id: str) -> None:
         """A re-attached execution (E11): its groups exist; know it so ``finish`` reads them."""
         self._workspaces.add(workspace_id)
-        self._started.setdefault(execution_id, _Started(workspace_id))
+        if execution_id not in self._started:
+            self.weight.enter(workspace_id)
+            self._started[execution_id] = _Started(workspace_id)
 
     def _pids_max_events(self, workspace_id: str, execution_id: str) -> int:
         """Forks refused at the process limit, counted where they were tried: v1's
@@ -452,7 +472,9 @@ class CgroupTree:
         """Its groups to the removal thread, which ends any process left in them first;
         ``ahead`` (an execution's end): it then makes one for the workspace's next cold
         spawn (``take_ready``), unless one is ready."""
-        self._started.pop(execution_id, None)
+        started = self._started.pop(execution_id, None)
+        if started is not None:
+            self.weight.leave(started.workspace_id)
         with self._ready_lock:
             self._ours.discard(execution_id)
         for name, folder in self._levels(workspace_id, execution_id).items():
@@ -600,7 +622,8 @@ def _remove(folder: Path, mechanism: Mechanism) -> None:
     """rmdir the group, first ending what is still in it (its pids are this group's only)."""
     if not folder.is_dir():
         return
-    deadline = time.monotonic() + REMOVE_WAIT_S
+    started = time.monotonic()
+    deadline = started + REMOVE_WAIT_S
     killed = False
     while True:
         try:
@@ -612,6 +635,11 @@ def _remove(folder: Path, mechanism: Mechanism) -> None:
             if exc.errno != errno.EBUSY or time.monotonic() > deadline:
                 log.warning("could not remove the cgroup %s: %s", folder, exc)
                 return
+        if not killed and time.monotonic() - started < EXITING_WAIT_S:
+            # Most often the sandbox's init, still exiting: bwrap's monitor ends on its
+            # report, before it has left its groups (docs/benchmarks.md §34).
+            time.sleep(0.001)
+            continue
         if not killed:
             killed = True
             if mechanism == "v2" and (folder / "cgroup.kill").exists():
