@@ -10,7 +10,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 
-from shellyard.store.db import Database, Row, new_id
+from shellyard.store.db import Database, Row, execute_prepared, new_id
 from shellyard.store.schema import (
     notices,
 )
@@ -105,7 +105,8 @@ def add_notice(
 ) -> None:
     # One statement: a notice for the same subject already posted stays as it is.
     insert = _INSERT_NEW_SQLITE if conn.dialect.name == "sqlite" else _INSERT_NEW_POSTGRESQL
-    conn.execute(
+    execute_prepared(  # compiled once (store/db.py): every execution's end posts one
+        conn,
         insert,
         {
             "id": new_id("ntc"),
