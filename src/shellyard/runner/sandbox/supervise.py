@@ -390,6 +390,9 @@ class Supervisor:
         if live is not None and live.result is None:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(live.done.wait(), timeout=max(0.0, timeout_s))
+        if live is not None and live.result is not None:
+            # the record just written to result.json (``_finish``), not read back from it
+            return live.result
         return await self.status(execution_id)
 
     async def cancel(self, execution_id: str) -> RunnerExecution:
