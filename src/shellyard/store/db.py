@@ -18,7 +18,7 @@ as such operations over this class.
 from __future__ import annotations
 
 import secrets
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Concatenate, ParamSpec, Self, TypeVar
 
@@ -29,6 +29,7 @@ from sqlalchemy import event
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.sql.elements import ClauseElement
 
 from shellyard import filemodes
 from shellyard.errors import InvalidInput, StoreFull
@@ -244,3 +245,140 @@ def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
     cursor.execute("PRAGMA synchronous=NORMAL")
     cursor.execute("PRAGMA foreign_keys=ON")
     cursor.close()
+
+
+# ---------------------------------------------------------------------- statements compiled once
+#
+# The hot path's statements on SQLite, compiled once and sent to the DBAPI cursor
+# (docs/benchmarks.md §33).
+#
+# An execution's submit, start and finish send nine statements on SQLite. Through
+# ``Connection.execute`` each costs ~60 µs of SQLAlchemy's Python over ~12 µs of SQLite's own
+# (its execution context, parameter processing, the compiled cache's lookup, the result's
+# metadata and rows), more than half of the store's CPU per execution. Here the same Core
+# statement is compiled once per set of parameter names with the connection's dialect, and
+# each execution binds its values in the compiled order through the types' own bind
+# processors, runs on the transaction's own DBAPI connection and turns the returned rows into
+# dicts through the types' result processors: the same SQL, the same values stored, the same
+# rows read, in the same transaction (``Database.run``'s), so nothing about what is committed
+# and when changes (E1–E3, E11).
+#
+# Kept as SQLAlchemy does it: column defaults a statement omits (a scalar ``default=``) are
+# sent; the engine's ``before_cursor_execute`` / ``after_cursor_execute`` listeners are
+# called (tests count statements through them); a DBAPI error is raised as SQLAlchemy's
+# (``sa.exc.OperationalError`` and so on, ``.orig`` the driver's: ``Database.run`` knows a full
+# volume by it). Any other dialect runs ``conn.execute``.
+
+Processor = Callable[[Any], Any] | None
+
+
+class Done:
+    """What a statement gave back: the rows it returned (dicts of column name to value, as
+    ``Result.mappings()`` gives) and how many rows it changed."""
+
+    __slots__ = ("rowcount", "rows")
+
+    def __init__(self, rowcount: int, rows: list[dict[str, Any]]) -> None:
+        self.rowcount = rowcount
+        self.rows = rows
+
+    def first(self) -> dict[str, Any] | None:
+        return self.rows[0] if self.rows else None
+
+    def scalar(self) -> Any:
+        return next(iter(self.rows[0].values())) if self.rows else None
+
+
+class _Prepared:
+    """One statement compiled for one dialect and one set of parameter names."""
+
+    __slots__ = ("binders", "columns", "defaults", "fixed", "names", "needed", "readers", "sql")
+
+    def __init__(self, stmt: ClauseElement, conn: Connection, keys: Sequence[str]) -> None:
+        dialect = conn.dialect
+        compiled: Any = stmt.compile(dialect=dialect, column_keys=list(keys))
+        if compiled.positiontup is None:  # not a positional paramstyle: not ours to bind
+            raise TypeError(f"{dialect.name}'s paramstyle is not positional")
+        self.sql: str = compiled.string
+        self.names: tuple[str, ...] = tuple(compiled.positiontup)
+        # values of the statement's own literals (``.values(kind="execution")``, ``LIMIT 1``)
+        self.fixed: dict[str, Any] = {
+            name: bind.effective_value for name, bind in compiled.binds.items() if not bind.required
+        }
+        # columns the statement omits whose default SQLAlchemy evaluates in Python
+        self.defaults: dict[str, Any] = {}
+        for column in [*compiled.insert_prefetch, *compiled.update_prefetch]:
+            default = column.default
+            if default is None or not default.is_scalar:
+                raise TypeError(f"column {column.key}'s default is not a constant")
+            self.defaults[column.key] = default.arg
+        #: what the caller must give (SQLAlchemy refuses a statement missing one)
+        self.needed = frozenset(self.names) - self.fixed.keys() - self.defaults.keys()
+        self.binders: tuple[Processor, ...] = tuple(
+            compiled.binds[name].type.bind_processor(dialect) for name in self.names
+        )
+        selected: list[Any] = list(
+            stmt.selected_columns
+            if isinstance(stmt, sa.Select)
+            else (compiled.effective_returning or ())
+        )
+        self.columns: tuple[str, ...] = tuple(column.key for column in selected)
+        self.readers: tuple[Processor, ...] = tuple(
+            column.type.result_processor(dialect, None) for column in selected
+        )
+
+    def arguments(self, params: Mapping[str, Any]) -> tuple[Any, ...]:
+        if not self.needed <= params.keys():
+            missing = sorted(self.needed - params.keys())
+            raise sa.exc.InvalidRequestError(f"a value is required for {missing} ({self.sql})")
+        values = {**self.fixed, **self.defaults, **params}
+        return tuple(
+            value if binder is None else binder(value)
+            for binder, value in zip(self.binders, (values.get(n) for n in self.names), strict=True)
+        )
+
+    def row(self, raw: Sequence[Any]) -> dict[str, Any]:
+        return {
+            name: value if reader is None or value is None else reader(value)
+            for name, reader, value in zip(self.columns, self.readers, raw, strict=True)
+        }
+
+
+_CACHE: dict[tuple[int, str, tuple[str, ...]], tuple[ClauseElement, _Prepared]] = {}
+
+
+def execute_prepared(conn: Connection, stmt: ClauseElement, params: Mapping[str, Any]) -> Done:
+    """``conn.execute(stmt, params)`` for a statement built once (module level: it is cached
+    by identity, so never pass one built per call), its rows read whole."""
+    if conn.dialect.name != "sqlite":
+        result = conn.execute(stmt, dict(params))  # type: ignore[call-overload]
+        rows = [dict(m) for m in result.mappings()] if result.returns_rows else []
+        return Done(result.rowcount if not result.returns_rows else len(rows), rows)
+    key = (id(stmt), conn.dialect.name, tuple(params))
+    found = _CACHE.get(key)
+    if found is None or found[0] is not stmt:
+        found = _CACHE[key] = (stmt, _Prepared(stmt, conn, tuple(params)))
+    prepared = found[1]
+    arguments = prepared.arguments(params)
+    dbapi: Any = conn.connection.driver_connection
+    cursor = dbapi.cursor()
+    dispatch: Any = conn.dispatch
+    try:
+        if dispatch.before_cursor_execute:
+            dispatch.before_cursor_execute(conn, cursor, prepared.sql, arguments, None, False)
+        try:
+            cursor.execute(prepared.sql, arguments)
+            raw_rows = cursor.fetchall() if prepared.columns else []
+        except conn.dialect.loaded_dbapi.Error as exc:
+            raise sa.exc.DBAPIError.instance(
+                prepared.sql,
+                arguments,
+                exc,
+                conn.dialect.loaded_dbapi.Error,
+                dialect=conn.dialect,
+            ) from exc
+        if dispatch.after_cursor_execute:
+            dispatch.after_cursor_execute(conn, cursor, prepared.sql, arguments, None, False)
+        return Done(cursor.rowcount, [prepared.row(raw) for raw in raw_rows])
+    finally:
+        cursor.close()

@@ -12,7 +12,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from shellyard.store import one_trip
-from shellyard.store.db import Database, Row
+from shellyard.store.db import Database, Row, execute_prepared
 from shellyard.store.leases import EXECUTION, LeaseTerms, delete_lease, insert_lease
 from shellyard.store.notices import add_notice
 from shellyard.store.records import from_row, from_rows, maybe
@@ -234,6 +234,25 @@ _UPDATE = (
     )
     .returning(*executions.c)
 )
+#: SQLite (``execute_prepared``, store/db.py): ``_UPDATE`` with one parameter per state, by
+#: their count (an expanding ``IN`` is rendered per call).
+_UPDATES: dict[int, sa.Update] = {}
+
+
+def _update_of(count: int) -> sa.Update:
+    stmt = _UPDATES.get(count)
+    if stmt is None:
+        states: list[sa.BindParameter[str]] = [
+            sa.bindparam(f"b_from_{i}", type_=sa.String()) for i in range(count)
+        ]
+        stmt = _UPDATES[count] = (
+            executions.update()
+            .where(executions.c.id == sa.bindparam("b_id"), executions.c.state.in_(states))
+            .returning(*executions.c)
+        )
+    return stmt
+
+
 # The writer, unless a writer queued before this one waits for it (W1).
 _TAKE_WRITER = (
     workspaces.update()
@@ -283,17 +302,19 @@ def _submit(
     values = {**values, "state": "queued", "created_at": time.time()}
     if conn.dialect.name != "sqlite":  # one statement, one round trip (store/one_trip.py)
         return _submit_in_one(conn, values, queue, lease)
-    row = dict(conn.execute(_INSERT, values).mappings().one())
+    # SQLite: the statements compiled once, through the DBAPI cursor (execute_prepared)
+    row = execute_prepared(conn, _INSERT, values).first()
+    assert row is not None
     holder = None
     # W2: a reader beside the writer takes nothing
     if (
         not values.get("read_only")
-        and not conn.execute(
-            _TAKE_WRITER, {"b_workspace": values["workspace_id"], "b_id": values["id"]}
+        and not execute_prepared(
+            conn, _TAKE_WRITER, {"b_workspace": values["workspace_id"], "b_id": values["id"]}
         ).rowcount
     ):
-        writer = conn.execute(_WRITER_OF, {"b_workspace": values["workspace_id"]})
-        holder = writer.scalar_one_or_none() or "a queued writer"
+        writer = execute_prepared(conn, _WRITER_OF, {"b_workspace": values["workspace_id"]})
+        holder = writer.scalar() or "a queued writer"
         if not queue:
             raise _Refused(holder)  # rolls the insert back: nothing recorded half-way
     if lease is not None and holder is None:  # it starts now: whoever submits watches it
@@ -312,8 +333,7 @@ def _submit_in_one(
 
 
 def _get(conn: Connection, execution_id: str) -> Row | None:
-    row = conn.execute(_BY_ID, {"b_id": execution_id}).mappings().first()
-    return dict(row) if row is not None else None
+    return execute_prepared(conn, _BY_ID, {"b_id": execution_id}).first()
 
 
 def _update_execution(
@@ -326,6 +346,11 @@ def _updated(
     conn: Connection, execution_id: str, from_states: tuple[str, ...], values: dict[str, Any]
 ) -> Row | None:
     """The record after the update, or None when it was not in ``from_states``."""
+    if conn.dialect.name == "sqlite" and values:
+        params = {**values, "b_id": execution_id}
+        for index, state in enumerate(from_states):
+            params[f"b_from_{index}"] = state
+        return execute_prepared(conn, _update_of(len(from_states)), params).first()
     params = {**values, "b_id": execution_id, "b_from": list(from_states)}
     row = conn.execute(_UPDATE, params).mappings().first()
     return dict(row) if row is not None else None
@@ -342,8 +367,7 @@ def _start_execution(
 
 
 def _next_queued(conn: Connection, workspace_id: str) -> Row | None:
-    row = conn.execute(_NEXT_QUEUED, {"b_workspace": workspace_id}).mappings().first()
-    return dict(row) if row is not None else None
+    return execute_prepared(conn, _NEXT_QUEUED, {"b_workspace": workspace_id}).first()
 
 
 def cancel_execution_timers(
@@ -353,7 +377,8 @@ def cancel_execution_timers(
     (``finished_at``) are cancelled; one that came due first (the service was down) still
     fires, late. Returns how many."""
     reason = reason or f"execution {execution_id} finished before the reminder was due"
-    cancelled = conn.execute(
+    cancelled = execute_prepared(
+        conn,
         _CANCEL_TIMERS,
         {
             "b_id": execution_id,

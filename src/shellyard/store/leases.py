@@ -16,7 +16,7 @@ from typing import Protocol
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from shellyard.store.db import Database, Row, fetch_all, upsert
+from shellyard.store.db import Database, Row, execute_prepared, fetch_all, upsert
 from shellyard.store.records import from_rows
 from shellyard.store.schema import (
     environment_changes,
@@ -116,7 +116,8 @@ _DELETE = leases.delete().where(
 def insert_lease(conn: Connection, kind: str, subject_id: str, terms: LeaseTerms) -> None:
     """The lease of a subject made in this transaction (so nobody else can hold one yet)."""
     now = time.time()
-    conn.execute(
+    execute_prepared(  # compiled once (store/db.py): every execution's submit sends it
+        conn,
         _INSERT,
         {
             "b_kind": kind, "b_subject": subject_id, "b_holder": terms.holder,
@@ -286,7 +287,7 @@ def _renew(conn: Connection, holder: str, ttl_s: float) -> set[tuple[str, str]]:
 
 
 def delete_lease(conn: Connection, kind: str, subject_id: str, holder: str) -> None:
-    conn.execute(_DELETE, {"b_kind": kind, "b_subject": subject_id, "b_holder": holder})
+    execute_prepared(conn, _DELETE, {"b_kind": kind, "b_subject": subject_id, "b_holder": holder})
 
 
 def _hand_over(conn: Connection, holder: str) -> None:

@@ -11,7 +11,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 
-from shellyard.store.db import Database, new_id
+from shellyard.store.db import Database, execute_prepared, new_id
 from shellyard.store.records import from_rows
 from shellyard.store.schema import (
     notices,
@@ -125,7 +125,8 @@ def add_notice(
 ) -> None:
     # One statement: a notice for the same subject already posted stays as it is.
     insert = _INSERT_NEW_SQLITE if conn.dialect.name == "sqlite" else _INSERT_NEW_POSTGRESQL
-    conn.execute(
+    execute_prepared(  # compiled once (store/db.py): every execution's end posts one
+        conn,
         insert,
         {
             "id": new_id("ntc"),

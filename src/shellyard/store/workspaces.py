@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from shellyard.store.db import Database, fetch_one, new_id, upsert
+from shellyard.store.db import Database, execute_prepared, fetch_one, new_id, upsert
 from shellyard.store.records import from_row
 from shellyard.store.schema import (
     snapshots,
@@ -143,7 +143,10 @@ _RELEASE_WRITER = (
 
 
 def release_writer(conn: Connection, workspace_id: str, holder_id: str) -> bool:
-    result = conn.execute(_RELEASE_WRITER, {"b_workspace": workspace_id, "b_holder": holder_id})
+    # compiled once (store/db.py): the finish of every execution sends it
+    result = execute_prepared(
+        conn, _RELEASE_WRITER, {"b_workspace": workspace_id, "b_holder": holder_id}
+    )
     return bool(result.rowcount)
 
 
