@@ -162,6 +162,7 @@ class LocalRunner(TerminalDoor):  # E13: send_input, screen, resize
             users=lambda env_id: sorted(self._runs.environment_users.get(env_id, ())),
             workspace_path=self.workspace_path,
         )
+        self._environments.hold = self._mounts.held  # R2: a change reads its workspace held
 
     # ----------------------------------------------------------------- lifecycle
 
