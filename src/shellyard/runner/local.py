@@ -18,17 +18,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import logging
 import os
 import queue
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 from shellyard import __version__, filemodes
-from shellyard.errors import InvalidInput, NotFound, OutOfRoom, WorkspaceBusy
+from shellyard.errors import InvalidInput, NotFound, WorkspaceBusy
 from shellyard.runner.edits.editor import Editor
 from shellyard.runner.edits.tarscan import TarLimits
+from shellyard.runner.edits.writers import Writers
 from shellyard.runner.environments import bases
 from shellyard.runner.environments.store import EnvironmentStore
 from shellyard.runner.limits import cgroups, retention
@@ -119,8 +118,6 @@ class LocalRunner(TerminalDoor):  # E13: send_input, screen, resize
         )
         self._editor.room = lambda: require_room(self.root, self.policy, "unpacking an upload")
         self._editor.hold = self._mounts.held  # R2: its start-up sweep through the overlay
-        #: Workspaces in the middle of a file operation (write, move, restore, batch, ...).
-        self._editing: set[str] = set()
         self._hidden = [self.root, *(hidden or [])]
         self._proxy: EgressProxy | None = None
         self._relays: Relays | None = None  # R5: forwarded ports, egress relays
@@ -147,6 +144,17 @@ class LocalRunner(TerminalDoor):  # E13: send_input, screen, resize
             self._snapshots,
             self._mounts,
         )
+        # W1: the writer-operation lock of each workspace (edits/writers.py)
+        self._writers = Writers(
+            self.policy,
+            self._editor,
+            self._snapshots,
+            require_workspace=self._require_workspace,
+            require_room=lambda what: require_room(self.root, self.policy, what),
+            forget_usage=self._guard.forget,
+            busy=self._runs.busy_workspaces,
+            held=self._mounts.held,
+        )
         self._environments = EnvironmentStore(
             self.root / "environments",
             self.policy,
@@ -154,6 +162,7 @@ class LocalRunner(TerminalDoor):  # E13: send_input, screen, resize
             users=lambda env_id: sorted(self._runs.environment_users.get(env_id, ())),
             workspace_path=self.workspace_path,
         )
+        self._environments.hold = self._mounts.held  # R2: a change reads its workspace held
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -409,71 +418,11 @@ class LocalRunner(TerminalDoor):  # E13: send_input, screen, resize
         fixed = await asyncio.to_thread(check)
         return aiter_thread(history.tar_chunks(self._snapshots, workspace_id, fixed, path))
 
-    @contextlib.asynccontextmanager
-    async def _writing(self, workspace_id: str, frees: bool = False) -> AsyncIterator[None]:
-        """One writer operation at a time on the workspace, never beside an execution."""
-        self._require_workspace(workspace_id)
-        # limits (R2, docs/limits.md): a delete may run below the reserve, it frees space
-        if not frees:
-            require_room(self.root, self.policy, f"a change to workspace {workspace_id}")
-        # limits (R2, docs/limits.md): its usage must be measured again
-        self._guard.forget(workspace_id)
-        # W1: one writer at a time, so one still here is an aborted one's tail: 5 s to unwind
-        for _ in range(100):
-            if workspace_id not in self._editing:
-                break
-            await asyncio.sleep(0.05)
-        holder = self._runs.busy_workspaces.get(workspace_id)
-        if holder is not None:
-            raise WorkspaceBusy(
-                f"workspace {workspace_id} is in use by execution {holder}; its files change "
-                f"only when it ends",
-                holder=holder,
-            )
-        if workspace_id in self._editing:
-            raise WorkspaceBusy(
-                f"workspace {workspace_id} is in the middle of another file operation",
-                holder="file operation",
-            )
-        self._editing.add(workspace_id)
-        try:
-            # R2: through its overlay (own_mounts); a crash's temp files swept at start
-            with self._mounts.held(workspace_id), self._editor.writing(workspace_id):
-                yield
-        except FileNotFoundError as exc:
-            # the live tree changed under the operation (nothing but a writer should touch it)
-            raise NotFound(
-                f"a file or folder of workspace {workspace_id} vanished during the operation "
-                f"({exc.strerror}: {exc.filename!r}); nothing was written outside it; try again"
-            ) from None
-        except OSError as exc:
-            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-                raise OutOfRoom(
-                    f"workspace {workspace_id}'s filesystem is out of room ({exc.strerror}); "
-                    f"free space or write less"
-                ) from None
-            raise
-        finally:
-            self._editing.discard(workspace_id)
-
-    def _room_left(self, workspace_id: str) -> int | None:
-        """Bytes the workspace may still grow by under its quota (None: no quota). A writer
-        runs only beside no execution and commits its change, so the head snapshot is the
-        tree's size (limits R2, docs/limits.md "Uploads and the quota")."""
-        quota = self.policy.workspace_quota_bytes
-        if not quota:
-            return None
-        try:
-            used = self._snapshots.head(workspace_id).bytes
-        except NotFound:
-            used = 0
-        return max(0, quota - used)
-
     async def write_file(
         self, workspace_id: str, path: str, data: ByteStream, mode: int | None
     ) -> EditResult:
-        async with self._writing(workspace_id):
-            room = await asyncio.to_thread(self._room_left, workspace_id)
+        async with self._writers.writing(workspace_id):
+            room = await asyncio.to_thread(self._writers.room_left, workspace_id)
             upload = await asyncio.to_thread(
                 self._editor.begin_write, workspace_id, path, mode, room
             )
@@ -486,8 +435,8 @@ class LocalRunner(TerminalDoor):  # E13: send_input, screen, resize
             return await asyncio.to_thread(upload.finish)
 
     async def write_tar(self, workspace_id: str, path: str, data: ByteStream) -> EditResult:
-        async with self._writing(workspace_id):
-            room = await asyncio.to_thread(self._room_left, workspace_id)
+        async with self._writers.writing(workspace_id):
+            room = await asyncio.to_thread(self._writers.room_left, workspace_id)
             chunks: queue.Queue[bytes | None] = queue.Queue(maxsize=8)
             unpacking = asyncio.ensure_future(
                 asyncio.to_thread(
@@ -508,19 +457,19 @@ class LocalRunner(TerminalDoor):  # E13: send_input, screen, resize
             return await unpacking
 
     async def delete_path(self, workspace_id: str, path: str, recursive: bool) -> EditResult:
-        async with self._writing(workspace_id, frees=True):
+        async with self._writers.writing(workspace_id, frees=True):
             return await asyncio.to_thread(self._editor.delete, workspace_id, path, recursive)
 
     async def move_path(
         self, workspace_id: str, source: str, destination: str, overwrite: bool
     ) -> EditResult:
-        async with self._writing(workspace_id):
+        async with self._writers.writing(workspace_id):
             return await asyncio.to_thread(
                 self._editor.move, workspace_id, source, destination, overwrite
             )
 
     async def restore(self, workspace_id: str, seq: int, path: str) -> EditResult:
-        async with self._writing(workspace_id):
+        async with self._writers.writing(workspace_id):
             return await asyncio.to_thread(self._editor.restore, workspace_id, seq, path)
 
     async def missing_objects(self, sha256s: list[str]) -> list[str]:
@@ -545,7 +494,7 @@ class LocalRunner(TerminalDoor):  # E13: send_input, screen, resize
         return importer.close()
 
     async def apply_entries(self, workspace_id: str, entries: list[ApplyEntry]) -> ApplyResult:
-        async with self._writing(workspace_id):
+        async with self._writers.writing(workspace_id):
             outcomes, result = await asyncio.to_thread(
                 self._editor.apply, workspace_id, list(entries)
             )
@@ -595,7 +544,7 @@ class LocalRunner(TerminalDoor):  # E13: send_input, screen, resize
                 f"workspace {request.workspace_id} is in use by execution {holder}",
                 holder=holder,
             )
-        if request.workspace_id in self._editing and not request.read_only:
+        if request.workspace_id in self._writers.editing and not request.read_only:
             raise WorkspaceBusy(
                 f"workspace {request.workspace_id} is in the middle of a file operation",
                 holder="file operation",

@@ -46,6 +46,7 @@ from shellyard.runner.environments.managers import MANAGERS
 from shellyard.runner.environments.managers.base import ManagerContext, ManagerError
 from shellyard.runner.environments.tools import (
     SandboxedTools,
+    fresh_private,
     give_to_tools,
     kill_recorded,
     tool_ids,
@@ -104,6 +105,8 @@ class _Running:
     task: asyncio.Task[None] | None = None
     #: local sources as resolved → as the request named them (sources.Checked)
     origins: dict[str, str] = field(default_factory=dict)
+    #: R2: the hold on the asking workspace's folders, let go when the change ends
+    held: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
 
 
 class EnvironmentStore:
@@ -143,6 +146,7 @@ class EnvironmentStore:
         self._settling: dict[str, asyncio.Task[None]] = {}
         self._bwrap = ""
         self._closing = False
+        self.hold: Callable[[str], contextlib.AbstractContextManager[None]] | None = None  # R2
 
     # ----------------------------------------------------------------- paths
 
@@ -208,38 +212,43 @@ class EnvironmentStore:
                     f"environment {known.environment_id}; use a new change id"
                 )
             return known
-        checked = self._validate(request)
-        request = checked.request
-        holder = self._by_env.get(request.environment_id)
-        if holder is not None:
-            raise Conflict(
-                f"environment {request.environment_id} is being changed by change {holder}; "
-                f"wait for it to end, then try again",
-                change_id=holder,
+        # R2: its workspace read through the overlay, checks to end, never unmounted midway
+        with contextlib.ExitStack() as stack:
+            if request.workspace_id is not None and self.hold is not None:
+                stack.enter_context(self.hold(request.workspace_id))
+            checked = self._validate(request)
+            request = checked.request
+            holder = self._by_env.get(request.environment_id)
+            if holder is not None:
+                raise Conflict(
+                    f"environment {request.environment_id} is being changed by change {holder}; "
+                    f"wait for it to end, then try again",
+                    change_id=holder,
+                )
+            users = self._users(request.environment_id)
+            if users:
+                raise Conflict(
+                    f"environment {request.environment_id} is in use by running executions "
+                    f"{', '.join(sorted(users))}; a change waits until they end",
+                    executions=sorted(users),
+                )
+            if (env_dir / JOURNAL_FILE).exists():
+                raise ShellyardError(
+                    f"environment {request.environment_id} could not be rolled back after an "
+                    f"interrupted change ({self._broken.get(request.environment_id, 'see the log')}"
+                    f"); restart the runner to retry the rollback"
+                )
+            record = EnvironmentChange(
+                change_id=request.change_id,
+                environment_id=request.environment_id,
+                action=request.action,
+                state=EnvChangeState.running,
+                progress="starting",
+                started_at=time.time(),
             )
-        users = self._users(request.environment_id)
-        if users:
-            raise Conflict(
-                f"environment {request.environment_id} is in use by running executions "
-                f"{', '.join(sorted(users))}; a change waits until they end",
-                executions=sorted(users),
-            )
-        if (env_dir / JOURNAL_FILE).exists():
-            raise ShellyardError(
-                f"environment {request.environment_id} could not be rolled back after an "
-                f"interrupted change ({self._broken.get(request.environment_id, 'see the log')}"
-                f"); restart the runner to retry the rollback"
-            )
-        record = EnvironmentChange(
-            change_id=request.change_id,
-            environment_id=request.environment_id,
-            action=request.action,
-            state=EnvChangeState.running,
-            progress="starting",
-            started_at=time.time(),
-        )
-        self._save_record(record)
-        running = _Running(request=request, record=record, origins=checked.origins)
+            self._save_record(record)
+            held = stack.pop_all()  # from here, the change's own (``_run`` lets it go)
+        running = _Running(request=request, record=record, origins=checked.origins, held=held)
         self._running[request.change_id] = running
         self._by_env[request.environment_id] = request.change_id
         running.task = asyncio.ensure_future(self._run(running))
@@ -407,7 +416,7 @@ class EnvironmentStore:
                     f"another process holds environment {env_id}'s lock; is a second runner "
                     f"using this runner's folder?"
                 )
-            await asyncio.to_thread(_fresh_private, scratch, cache, ids)
+            await asyncio.to_thread(fresh_private, scratch, cache, ids)
             tools = SandboxedTools(
                 sandboxes=self._sandboxes,
                 prefix=prefix,
@@ -519,6 +528,7 @@ class EnvironmentStore:
             self._running.pop(request.change_id, None)
             if self._by_env.get(env_id) == request.change_id:
                 del self._by_env[env_id]
+            running.held.close()
             running.done.set()
 
     async def _fail(
@@ -647,16 +657,6 @@ class EnvironmentStore:
             if record.state == EnvChangeState.running:
                 self._save_record(_interrupted(record))
         (env_dir / JOURNAL_FILE).unlink()
-
-
-def _fresh_private(scratch: Path, cache: Path, ids: tuple[int, int] | None) -> None:
-    """An empty scratch folder and the environment's cache, 0700 and the tools' own."""
-    shutil.rmtree(scratch, ignore_errors=True)
-    scratch.mkdir(mode=0o700)
-    cache.mkdir(mode=0o700, exist_ok=True)
-    for folder in (scratch, cache):
-        folder.chmod(0o700)
-        give_to_tools(folder, ids)
 
 
 def _interrupted(record: EnvironmentChange) -> EnvironmentChange:

@@ -437,3 +437,13 @@ def kill_recorded(pids: list[list[int]]) -> None:
             if not processes.is_same_process(pid, started):
                 break
             time.sleep(0.01)
+
+
+def fresh_private(scratch: Path, cache: Path, ids: tuple[int, int] | None) -> None:
+    """An empty scratch folder and the environment's cache, 0700 and the tools' own."""
+    shutil.rmtree(scratch, ignore_errors=True)
+    scratch.mkdir(mode=0o700)
+    cache.mkdir(mode=0o700, exist_ok=True)
+    for folder in (scratch, cache):
+        folder.chmod(0o700)
+        give_to_tools(folder, ids)

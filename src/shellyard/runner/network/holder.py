@@ -79,6 +79,16 @@ def find(record: Path) -> Path | None:
     return net_path(pid) if processes.is_same_process(pid, started) else None
 
 
+def inodes(record: Path) -> dict[str, int]:
+    """The inodes of the recorded holder's namespaces (``net``, ``user``) as it was started:
+    what a descriptor opened later must be (netns.py ``WorkspaceNetworks.open``)."""
+    try:
+        data = json.loads(record.read_text())
+        return {kind: int(data[kind]) for kind in ("net", "user") if data.get(kind)}
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+
+
 def _ns_inode(pid: int | str, kind: str) -> int | None:
     try:
         return os.stat(f"/proc/{pid}/ns/{kind}").st_ino
@@ -172,4 +182,4 @@ def stop(record: Path) -> None:
     record.with_suffix(".log").unlink(missing_ok=True)
 
 
-__all__ = ["available", "find", "interpreter", "net_path", "rejoin", "start", "stop"]
+__all__ = ["available", "find", "inodes", "interpreter", "net_path", "rejoin", "start", "stop"]

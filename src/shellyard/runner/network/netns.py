@@ -36,6 +36,9 @@ SIOCGIFFLAGS = 0x8913
 SIOCSIFFLAGS = 0x8914
 IFF_UP = 0x1
 CLONE_NEWNET = 0x40000000
+CLONE_NEWUSER = 0x10000000
+#: ioctl(2) on a namespace descriptor: its kind, a CLONE_NEW* flag (Linux 4.11)
+NS_GET_NSTYPE = 0xB703
 
 
 def _libc() -> ctypes.CDLL:
@@ -73,6 +76,8 @@ class WorkspaceNetworks:
         #: Called with the workspace when its last live execution ended (the namespace may
         #: linger): the forwarded ports, which must not outlive the workspace's servers.
         self.on_idle: list[Callable[[str], None]] = []
+        #: root: the inode of each workspace's namespace as ``acquire`` found or made it
+        self._made: dict[str, int] = {}
 
     def startup(self) -> None:
         self.directory.mkdir(mode=0o700, exist_ok=True)
@@ -94,6 +99,7 @@ class WorkspaceNetworks:
             path = self.path(workspace_id)
             if not _mounted(path):
                 _create(path)
+            self._made[workspace_id] = os.stat(path).st_ino
         users = self._users.setdefault(workspace_id, set())
         first = not users
         users.add(execution_id)
@@ -106,6 +112,36 @@ class WorkspaceNetworks:
                 self.release(workspace_id, execution_id)
                 raise
         return path
+
+    def open(self, workspace_id: str, path: Path) -> tuple[int | None, int]:
+        """Descriptors of the namespaces ``acquire`` gave ``path`` for (the user namespace
+        of a holder's, or None; the network namespace), for a spawn to inherit and enter
+        (launch.c ``--netns-fd``): a descriptor keeps its namespace alive and is never
+        another one, where a path opened later may be (R2: a holder killed between the
+        check and the join, its pid reused by a process on the host's network; a mount
+        gone). Each is checked: a namespace of its kind, the one recorded when it was made,
+        never the runner's own. Refused: SandboxUnavailable, and what the path names is
+        dropped, so the workspace's next command gets a fresh namespace."""
+        opened: list[int] = []
+        try:
+            if self.held:
+                expect = holder.inodes(self._record(workspace_id))
+                user = _open_ns(path.with_name("user"), CLONE_NEWUSER, expect.get("user"))
+                opened.append(user)
+                opened.append(_open_ns(path, CLONE_NEWNET, expect.get("net")))
+                return user, opened[1]
+            return None, _open_ns(path, CLONE_NEWNET, self._made.get(workspace_id))
+        except (OSError, _Refused) as exc:
+            for fd in opened:
+                os.close(fd)
+            log.warning("the network of %s is not the one made for it: %s", workspace_id, exc)
+            self._made.pop(workspace_id, None)
+            if not self.held:
+                _remove(path)  # the next acquire makes a fresh one
+            raise SandboxUnavailable(
+                f"the workspace's network namespace went away before the command could join "
+                f"it ({exc}); nothing ran; run the command again (it gets a fresh one)"
+            ) from None
 
     def holders(self, workspace_id: str) -> set[str]:
         """The ids holding the workspace's namespace (executions, a warm sandbox)."""
@@ -214,6 +250,33 @@ def _join(path: Path) -> None:
         os.close(fd)
 
 
+class _Refused(Exception):
+    """A namespace descriptor that is not the one expected."""
+
+
+def _open_ns(path: Path, kind: int, expect: int | None) -> int:
+    """``path`` opened, checked to be a namespace of ``kind`` with the inode ``expect``
+    (when known) and not this process's own (the host's, for the runner)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        try:
+            found = fcntl.ioctl(fd, NS_GET_NSTYPE)
+        except OSError:
+            raise _Refused(f"{path} is no namespace any more") from None
+        info = os.fstat(fd)
+        own = os.stat(f"/proc/self/ns/{'net' if kind == CLONE_NEWNET else 'user'}")
+        if found != kind:
+            raise _Refused(f"{path} is a namespace of another kind")
+        if (info.st_dev, info.st_ino) == (own.st_dev, own.st_ino):
+            raise _Refused(f"{path} names the runner's own namespace")
+        if expect is not None and info.st_ino != expect:
+            raise _Refused(f"{path} names another namespace than the one made")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
 def _mounted(path: Path) -> bool:
     """A namespace file is a mount of nsfs: its device differs from its folder's."""
     try:
@@ -263,7 +326,9 @@ def _loopback_up(path: Path) -> None:
 
 
 def _remove(path: Path) -> None:
-    if _mounted(path):
+    for _ in range(8):  # more than one mount on it: each one (``open`` refused what it named)
+        if not _mounted(path):
+            break
         umount = shutil.which("umount") or "/usr/bin/umount"
         done = subprocess.run([umount, str(path)], capture_output=True, text=True, check=False)
         if done.returncode != 0:

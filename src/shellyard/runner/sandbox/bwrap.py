@@ -354,6 +354,7 @@ def bwrap_argv(
     chdir: str = WORKSPACE,
     setenv: Mapping[str, str] | None = None,
     home: Path | None = None,
+    network_fds: tuple[int | None, int] | None = None,
 ) -> list[str]:
     if policy.network == "egress" and not shared_network:
         # R5: a shared namespace has its relay already (runner/network/ports.py)
@@ -365,6 +366,7 @@ def bwrap_argv(
         ids=ids,
         limits=sandbox_limits(policy, bool(cgroups), uid_per_workspace),
         cgroups=cgroups,
+        network_fds=network_fds,  # R2: ``network`` as checked descriptors (netns.py)
     )
     argv = [*front, bwrap, "--unshare-all"]
     argv += ["--new-session", *hardening.argv(), *view.argv]

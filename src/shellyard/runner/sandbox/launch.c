@@ -2,13 +2,16 @@
  * compiler): what `nsenter`, `setpriv` and `prlimit` did before bwrap, in one exec instead of
  * three (each exec of those costs ~0.7-1.5 ms per command; measured in docs/benchmarks.md).
  *
- *   shellyard-launch [--cgroup PROCS]... [--userns PATH] [--netns PATH] [--ids UID:GID]
+ *   shellyard-launch [--cgroup PROCS]... [--userns PATH | --userns-fd FD]
+ *                    [--netns PATH | --netns-fd FD] [--ids UID:GID]
  *                    [--rlimit RESOURCE:SOFT:HARD]... -- PROGRAM [ARG]...
  *
  * First join each cgroup (write "0" into its cgroup.procs, still as the runner: runner/
  * cgroups.py made the groups), so nothing of the command runs outside them. Then, in this
  * order, as the chain did: enter the user namespace, then the network namespace
- * (nsenter --user --net); drop to UID:GID with no supplementary groups (setpriv --reuid
+ * (nsenter --user --net; by an inherited descriptor the runner opened and checked, R2: a
+ * path may name another namespace by then, a descriptor keeps the one checked alive, and it
+ * is closed once entered, so nothing of the command inherits it); drop to UID:GID with no supplementary groups (setpriv --reuid
  * --regid --clear-groups); set each limit (prlimit); execv PROGRAM (an absolute path).
  * RESOURCE is a number (RLIMIT_*); SOFT and HARD are numbers or "unlimited". Any failure
  * exits 127 with a message on stderr, before the program runs.
@@ -57,8 +60,23 @@ static void enter(const char *path, int kind) {
     close(fd);
 }
 
+static int parse_fd(const char *text) {
+    unsigned long long fd;
+    if (parse_number(text, &fd) || fd < 3 || fd > 1048576)
+        usage("a namespace descriptor wants a number from 3");
+    return (int)fd;
+}
+
+static void enter_fd(int fd, int kind, const char *text) {
+    if (setns(fd, kind) != 0)
+        fail("cannot enter the namespace of descriptor", text);
+    if (close(fd) != 0)
+        fail("cannot close the namespace descriptor", text);
+}
+
 int main(int argc, char **argv) {
     const char *userns = NULL, *netns = NULL, *ids = NULL;
+    const char *userns_fd = NULL, *netns_fd = NULL;
     int resources[MAX_LIMITS];
     struct rlimit limits[MAX_LIMITS];
     const char *cgroups[MAX_CGROUPS];
@@ -78,6 +96,10 @@ int main(int argc, char **argv) {
             userns = argv[++i];
         } else if (strcmp(argv[i], "--netns") == 0) {
             netns = argv[++i];
+        } else if (strcmp(argv[i], "--userns-fd") == 0) {
+            userns_fd = argv[++i];
+        } else if (strcmp(argv[i], "--netns-fd") == 0) {
+            netns_fd = argv[++i];
         } else if (strcmp(argv[i], "--ids") == 0) {
             ids = argv[++i];
         } else if (strcmp(argv[i], "--rlimit") == 0) {
@@ -112,10 +134,16 @@ int main(int argc, char **argv) {
             fail("cannot join the cgroup", cgroups[k]);
         close(fd);
     }
+    if ((userns && userns_fd) || (netns && netns_fd))
+        usage("a namespace by path or by descriptor, not both");
     if (userns)
         enter(userns, CLONE_NEWUSER);
+    if (userns_fd)
+        enter_fd(parse_fd(userns_fd), CLONE_NEWUSER, userns_fd);
     if (netns)
         enter(netns, CLONE_NEWNET);
+    if (netns_fd)
+        enter_fd(parse_fd(netns_fd), CLONE_NEWNET, netns_fd);
     if (ids) {
         unsigned long uid, gid;
         char *end = NULL;

@@ -91,9 +91,14 @@ def prefix(
     ids: tuple[int, int] | None,
     limits: Sequence[Limit],
     cgroups: Sequence[str] = (),
+    network_fds: tuple[int | None, int] | None = None,
 ) -> list[str]:
     """Put in front of bwrap's argv. ``network``: the workspace's namespace (a file mounted
     by a root runner, or a holder's ``/proc/PID/ns/net``, entered with its user namespace);
+    ``network_fds``: the same as descriptors (user namespace or None, network namespace),
+    opened and checked by the runner (netns.py ``WorkspaceNetworks.open``) and inherited
+    (``pass_fds``): entered in place of ``network``'s paths, which may name another
+    namespace by the time they are opened (R2: a holder dead, its pid reused);
     ``ids``: the sandbox uid and gid (a root runner); ``cgroups``: the ``cgroup.procs`` files
     of the execution's groups (cgroups.py), joined first. The chain cannot join them itself:
     the spawner writes bwrap's pid into them right after the spawn (``join``)."""
@@ -102,17 +107,32 @@ def prefix(
         argv = [str(launcher)]
         for procs in cgroups:
             argv += ["--cgroup", procs]
-        if userns is not None:
-            argv += ["--userns", str(userns)]
-        if network is not None:
-            argv += ["--netns", str(network)]
+        if network_fds is not None:
+            if network_fds[0] is not None:
+                argv += ["--userns-fd", str(network_fds[0])]
+            argv += ["--netns-fd", str(network_fds[1])]
+        else:
+            if userns is not None:
+                argv += ["--userns", str(userns)]
+            if network is not None:
+                argv += ["--netns", str(network)]
         if ids is not None:
             argv += ["--ids", f"{ids[0]}:{ids[1]}"]
         for limit in limits:
             argv += ["--rlimit", f"{limit.resource}:{_number(limit.soft)}:{_number(limit.hard)}"]
         return [*argv, "--"]
     argv = []
-    if network is not None:
+    if network_fds is not None:
+        nsenter = shutil.which("nsenter") or "/usr/bin/nsenter"
+        user_fd, net_fd = network_fds
+        if user_fd is not None:
+            argv += [nsenter, f"--user=/proc/self/fd/{user_fd}", "--preserve-credentials"]
+        else:
+            argv.append(nsenter)
+        # the descriptors stay open in setpriv and prlimit; bwrap closes every descriptor it
+        # is not given for its own use before the command runs (launch.c closes them itself)
+        argv += [f"--net=/proc/self/fd/{net_fd}", "--"]
+    elif network is not None:
         nsenter = shutil.which("nsenter") or "/usr/bin/nsenter"
         if userns is not None:
             argv += [nsenter, f"--user={userns}", f"--net={network}", "--preserve-credentials"]

@@ -287,6 +287,11 @@ class Sandboxes:
         try:
             if networks is not None:
                 pending.network = networks.acquire(workspace_id, sandbox_id)
+                # R2: entered by these descriptors, checked now; the path could name
+                # another namespace by the launcher's turn (a holder dead, its pid reused)
+                fds = networks.open(workspace_id, pending.network)
+                pending.owned += [fd for fd in fds if fd is not None]
+                pending.network_fds = fds
             if self.cgroups is not None:  # made by ``spawn`` (a warm one's: in its thread)
                 pending.group = group or sandbox_id
                 pending.joins = self.cgroups.plan(workspace_id, pending.group)
@@ -305,6 +310,7 @@ class Sandboxes:
                 socat=self.socat,
                 workspace_read_only=read_only,
                 network=pending.network,
+                network_fds=pending.network_fds,
                 launcher=self.launcher,
                 command_fd=command_fd,
                 cgroups=pending.joins,
@@ -401,6 +407,8 @@ class PendingSpawn:
     owned: list[int]
     inherited: tuple[int, ...] = ()
     network: Path | None = None
+    #: its namespaces as descriptors (user or None, net), in ``owned`` (netns.py ``open``)
+    network_fds: tuple[int | None, int] | None = None
     joins: list[str] = field(default_factory=list)
     #: R2 tenants: the name of the groups of ``joins`` (``sandbox_id`` unless made ahead)
     group: str | None = None

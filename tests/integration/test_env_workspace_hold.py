@@ -1,0 +1,102 @@
+"""An environment change that reads the asking workspace's files (``find_links`` under
+``/workspace/``) holds that workspace's folders (runner/own_mounts.py) from its check to its
+end, so its tools read the overlay's view, never the bare folder under it, and no linger
+unmount pulls the overlay from under them mid-build (R2, docs/security.md "Host paths").
+
+A real uv build on the in-process local runner (its holds are read directly); root needed
+(the overlays are a root runner's), skipped with the reason otherwise."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import os
+from pathlib import Path
+
+import pytest
+from env_fixtures import backend_sdist
+
+from conftest import Yard
+from shellyard.contract.environments import EnvironmentChangeBody, EnvironmentCreateRequest
+
+pytestmark = [
+    pytest.mark.timeout(300),
+    pytest.mark.runner_kinds("local"),
+    pytest.mark.skipif(os.geteuid() != 0, reason="a workspace's own overlay is a root runner's"),
+]
+
+
+@pytest.fixture(autouse=True)
+def own_mounts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Overlays on whatever the CI sets; no warm sandbox, whose hold would hide the change's."""
+    monkeypatch.setenv("SHELLYARD_OWN_MOUNTS", "on")
+    monkeypatch.setenv("SHELLYARD_WARM_SANDBOXES", "0")
+
+
+#: The build backend says it runs (``building`` in its HOME, the change's scratch) and waits
+#: for the test's ``go`` there before it builds: the test looks at the holds meanwhile.
+WAIT_FOR_GO = """
+    home = os.environ["HOME"]
+    open(os.path.join(home, "building"), "w").close()
+    import time
+    for _ in range(2400):
+        if os.path.exists(os.path.join(home, "go")):
+            break
+        time.sleep(0.05)
+    RESULT = "built"
+"""
+
+
+async def _until(check: object, what: str) -> None:
+    for _ in range(2400):
+        if callable(check) and check():
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"never: {what}")
+
+
+async def test_a_find_links_install_holds_the_workspace_while_its_tools_run(yard: Yard) -> None:
+    sdist = base64.b64encode(backend_sdist("sy-held", "1.0", WAIT_FOR_GO)).decode()
+    put = await yard.run(f"mkdir dist && echo {sdist} | base64 -d > dist/sy_held-1.0.tar.gz")
+    assert put.exit_code == 0, put
+    runner = yard.runner
+    workspace = runner.workspace_path(put.workspace_id)
+    mounts = runner._mounts
+    # no command runs now and no overlay lingers: the change alone must mount and hold it
+    await _until(lambda: mounts.holds(put.workspace_id) == [0, 0], "the command let go")
+    mounts.linger_s = 0  # a let-go unmounts at once: only a hold keeps the overlay
+    await asyncio.to_thread(mounts.unmount_unheld)
+    assert not os.path.ismount(workspace)
+    created = await yard.plane.environments.create(
+        EnvironmentCreateRequest(
+            name="held", language="python", runner_id=yard.runner_id, wait_ms=30_000
+        )
+    )
+    if created.state != "ready":
+        assert created.change_id is not None, created
+        await yard.plane.environments.wait(created.change_id, 120)
+    body = EnvironmentChangeBody(
+        manager="pip", specs=["sy-held"], index_url="none", find_links=["/workspace/dist"]
+    )
+    change = await yard.plane.environments.install(created.environment_id, body)
+    environments: Path = runner._environments.root
+    building: list[Path] = []
+
+    def build_started() -> bool:
+        building[:] = list(environments.glob("*/scratch/building"))
+        return bool(building)
+
+    await _until(build_started, "the build backend ran")
+    # mid-build: the workspace is held once (the change's) and seen through its overlay
+    assert mounts.holds(put.workspace_id) == [1, 1]
+    assert os.path.ismount(workspace)
+    (building[0].parent / "go").touch()
+    done = await yard.plane.environments.wait(change.change_id, 120)
+    assert done.state == "succeeded", done
+    await _until(lambda: mounts.holds(put.workspace_id) == [0, 0], "the change let go")
+    assert not os.path.ismount(workspace)  # linger 0: the last hold's end unmounted it
+    seen = await yard.run(
+        "python -c 'import sy_held; print(sy_held.RESULT)'",
+        environment_id=created.environment_id,
+    )
+    assert seen.stdout.strip() == '"built"', seen
