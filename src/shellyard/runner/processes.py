@@ -90,13 +90,17 @@ async def kill_and_wait(pid: int, marker: bytes, timeout_s: float = 30.0) -> boo
         return True
     try:
         try:
-            environ = Path(f"/proc/{pid}/environ").read_bytes()
+            environ: bytes | None = Path(f"/proc/{pid}/environ").read_bytes()
         except OSError:
-            return True  # already gone (or a zombie: its namespace is empty)
-        if marker not in environ.split(b"\0"):
-            return True  # the pid now names another process
-        with contextlib.suppress(ProcessLookupError):
-            signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+            # Exiting (its memory is gone, so no environment): an init leaving its namespace
+            # is still killing and waiting for that namespace's processes, so wait for its
+            # exit without a signal (whoever it is, it is on its way out).
+            environ = None
+        if environ is not None:
+            if marker not in environ.split(b"\0"):
+                return True  # the pid now names another process
+            with contextlib.suppress(ProcessLookupError):
+                signal.pidfd_send_signal(pidfd, signal.SIGKILL)
         loop = asyncio.get_running_loop()
         exited = loop.create_future()
 
