@@ -192,9 +192,9 @@ async def test_no_namespace_descriptor_reaches_the_sandbox(yard: Yard) -> None:
 
 
 async def test_a_refused_local_source_names_no_host_path(yard: Yard) -> None:
-    """Found (open): a find_links under /workspace that does not exist is refused with the
+    """Found and fixed: a find_links under /workspace that does not exist was refused with the
     workspace's host path (the home, the runner, the workspace id's folder), which R2 and
-    docs/security.md "Host paths" say an agent never sees; it should name /workspace/missing."""
+    docs/security.md "Host paths" say an agent never sees; it names /workspace/missing now."""
     agent = await _agent(yard)
     first = await _run(yard, agent, "true")
     assert first.exit_code == 0, first
