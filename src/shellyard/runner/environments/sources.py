@@ -277,3 +277,12 @@ class _Checker:
     def _folders(self) -> str:
         folders = self.rule.folders or ()
         return "; local: " + ", ".join(str(f) for f in folders) if folders else ""
+
+
+def unresolve(message: str, origins: dict[str, str]) -> str:
+    """A failure's message with each local source named as the request named it (R2,
+    docs/security.md "Host paths"): the runner path of a ``/workspace`` source is a host path
+    of the home the agent must not see. Longest first, so a folder inside another stays whole."""
+    for resolved in sorted(origins, key=len, reverse=True):
+        message = message.replace(resolved, origins[resolved])
+    return message

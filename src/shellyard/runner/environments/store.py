@@ -508,9 +508,9 @@ class EnvironmentStore:
             rolled_back = False
             raise
         except ManagerError as exc:
-            failure = (exc.kind, exc.message)
+            failure = (exc.kind, sources.unresolve(exc.message, running.origins))
         except ShellyardError as exc:
-            failure = ("failed", exc.message)
+            failure = ("failed", sources.unresolve(exc.message, running.origins))
         except Exception as exc:
             log.exception("environment change %s failed", request.change_id)
             failure = ("failed", f"{type(exc).__name__}: {exc}")
