@@ -18,10 +18,10 @@ from typing import Any
 import pytest
 from env_fixtures import backend_sdist
 from pydantic import ValidationError
+from test_attack_pass_41 import _agent, _run
 
 from conftest import Yard
 from shellyard.contract.environments import EnvironmentChangeBody, EnvironmentCreateRequest
-from shellyard.contract.executions import RunShellRequest, RunShellResult
 from shellyard.errors import ShellyardError, WorkspaceBusy
 
 pytestmark = [
@@ -35,17 +35,6 @@ pytestmark = [
 def own_mounts(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SHELLYARD_OWN_MOUNTS", "on")
     monkeypatch.setenv("SHELLYARD_WARM_SANDBOXES", "0")
-
-
-async def _agent(yard: Yard) -> str:
-    other = await yard.plane.sessions.create()
-    agent: str = other.main_agent_id
-    return agent
-
-
-async def _run(yard: Yard, agent: str, command: str, **options: Any) -> RunShellResult:
-    request = RunShellRequest(command=command, runner_id=yard.runner_id, **options)
-    return await yard.plane.executions.run_shell(request, agent)
 
 
 async def _until(check: Any, what: str) -> None:
