@@ -19,6 +19,7 @@ import pytest
 from env_fixtures import backend_sdist
 from pydantic import ValidationError
 from test_attack_pass_41 import _agent, _run
+from test_env_tool_rights import _create
 
 from conftest import Yard
 from shellyard.contract.environments import EnvironmentChangeBody, EnvironmentCreateRequest
@@ -187,20 +188,13 @@ async def test_a_refused_local_source_names_no_host_path(yard: Yard) -> None:
     agent = await _agent(yard)
     first = await _run(yard, agent, "true")
     assert first.exit_code == 0, first
-    created = await yard.plane.environments.create(
-        EnvironmentCreateRequest(
-            name="leak", language="python", runner_id=yard.runner_id, wait_ms=30_000
-        )
-    )
-    if created.state != "ready":
-        assert created.change_id is not None, created
-        await yard.plane.environments.wait(created.change_id, 120)
+    environment_id = await _create(yard, agent, "leak")
     body = EnvironmentChangeBody(
         manager="pip", specs=["sy-none"], index_url="none", find_links=["/workspace/missing"]
     )
     with pytest.raises(ShellyardError) as refused:
-        change = await yard.plane.environments.install(created.environment_id, body)
-        await yard.plane.environments.wait(change.change_id, 120)
+        change = await yard.plane.environments.install(environment_id, body, agent)
+        await yard.plane.environments.wait(change.change_id, 120, agent)
     message = refused.value.message
     assert "/workspace/missing" in message, message
     assert str(yard.home) not in message, message
