@@ -72,3 +72,20 @@ def test_tree_usage_counts_sizes_blocks_and_hard_links_once(tmp_path: Path) -> N
     usage, entries = tree_usage(tree)
     assert entries == 5
     assert 50 << 20 < usage < (50 << 20) + 10_000 + 64 * KIB
+
+
+def test_the_watcher_opens_no_cut_record_for_an_empty_log(tmp_path: Path) -> None:
+    """docs/benchmarks.md §36: a cut needs bytes past its end (the size stays the bytes
+    written), so the watcher takes an empty log for uncut without opening ``<log>.cut``
+    (planted here, which only an open would read); a log with bytes is read as before."""
+    from shellyard.runner.limits import watcher
+
+    log = tmp_path / "stdout"
+    log.write_bytes(b"")
+    logcap._record(log, logcap.Cut(head=0, end=4096), 8192)
+    assert logcap.load_cut(log) == logcap.Cut(head=0, end=4096)
+    assert watcher._load_cut(log, log.stat()) is None
+    log.write_bytes(b"x" * 8192)
+    assert watcher._load_cut(log, log.stat()) == logcap.Cut(head=0, end=4096)
+    assert watcher._load_cut(tmp_path / "gone", None) is None
+    assert watcher._load_cut(log, None) == logcap.Cut(head=0, end=4096)  # unknown size: read

@@ -182,9 +182,10 @@ class Guard:
         started = time.perf_counter()
         w = _Watched(execution_id, workspace_id, directory, tree, pid)
         w.marker = marker or f"SHELLYARD_EXECUTION_ID={execution_id}".encode()
+        logs = _log_stats(directory)  # one stat a log, for all three uses below
         for stream in STREAMS:
-            w.cuts[stream] = logcap.load_cut(directory / stream)
-        w.logs_at_start = _logs_held(directory)
+            w.cuts[stream] = _load_cut(directory / stream, logs[stream])
+        w.logs_at_start = sum(info.st_blocks * 512 for info in logs.values() if info)
         known = self._known.get(workspace_id)
         w.baseline = known  # the committed usage, also for the reserve (``_written``)
         if known is not None and self.policy.workspace_quota_bytes > 0:
@@ -194,9 +195,8 @@ class Guard:
             w.volume_mark = reserve.used_bytes(self.root)
             w.walked_at = time.monotonic()
         self._watched[execution_id] = w
-        with contextlib.suppress(OSError):
-            if any((directory / stream).stat().st_size for stream in STREAMS):
-                self._logs_at = 0.0  # re-attached with logs already long: look at once
+        if any(info and info.st_size for info in logs.values()):
+            self._logs_at = 0.0  # re-attached with logs already long: look at once
         if self._task is None or self._task.done():
             self._task = asyncio.ensure_future(self._run())
         self.spent_s += time.perf_counter() - started
@@ -225,10 +225,11 @@ class Guard:
             path = directory / stream
             # After a cut in flight on the cutter thread (the lock), from the record on disk.
             with self._cut_lock:
-                cut = logcap.load_cut(path)
-                if limit > 0:
+                info = _stat(path)
+                cut = _load_cut(path, info)
+                if limit > 0 and info is not None:
                     with contextlib.suppress(OSError):
-                        cut = logcap.trim(path, limit, path.stat().st_size, cut)
+                        cut = logcap.trim(path, limit, info.st_size, cut)
             if cut is not None:
                 ending.logs_cut[stream] = cut.dropped
                 ending.notes.append(
@@ -631,6 +632,26 @@ def _read_breach(directory: Path) -> dict[str, Any] | None:
         return None
     keys = ("quota", "reached", "free", "reserve", "inodes")
     return {"limit": data["limit"], **{key: int(data.get(key, 0)) for key in keys}}
+
+
+def _stat(path: Path) -> os.stat_result | None:
+    try:
+        return path.stat()
+    except OSError:
+        return None
+
+
+def _log_stats(directory: Path) -> dict[str, os.stat_result | None]:
+    return {stream: _stat(directory / stream) for stream in STREAMS}
+
+
+def _load_cut(log: Path, info: os.stat_result | None) -> logcap.Cut | None:
+    """The log's cut in force. A cut needs bytes past its end (a log's size stays the bytes
+    written, logcap.py): an empty log has none, and no ``.cut`` file is opened for it (two
+    opens of an absent file at every start and every end, docs/benchmarks.md §36)."""
+    if info is not None and info.st_size == 0:
+        return None
+    return logcap.load_cut(log)
 
 
 def _logs_held(directory: Path) -> int:
