@@ -393,3 +393,42 @@ async def test_idle_full_and_memory_pressure_discard(
     finally:
         await runner.aclose()
     assert not warm_processes(ws_a, ws_b)
+
+
+async def test_a_taken_warm_sandbox_costs_no_new_record_file(home: Path) -> None:
+    """docs/benchmarks.md §36: a taken warm sandbox's warm.json (read only in the warm folder,
+    by ``reap``) becomes the execution's meta.json by a rename, whole (E11: meta.json is whole
+    or absent), so no ``meta.json.tmp`` inode is made; and its next warm sandbox asks the
+    workspace's uid (with the R2 checks of its tree and home) once for its key and spawn
+    together, not twice: two asks a run with the take's own, not three."""
+    runner = await _local_runner(home / "r")
+    workspace = f"ws-rec-{os.getpid()}-{time.time_ns()}"
+    box = runner._sandboxes
+    try:
+        await _run_direct(runner, workspace, "rec1")
+        sandbox_id = await wait_for_warm(runner, workspace)
+        record = runner._runs.warm.directory / sandbox_id / "warm.json"
+        inode = record.stat().st_ino
+        asked: list[str] = []
+        real = box.workspace_ids
+        if real is not None:
+
+            def counted(workspace_id: str) -> tuple[int, int]:
+                asked.append(workspace_id)
+                return real(workspace_id)
+
+            box.workspace_ids = counted
+        await _run_direct(runner, workspace, "rec2")
+        await wait_for_warm(runner, workspace)
+        folder = runner.root / "executions" / "rec2"
+        recorded = json.loads((folder / "meta.json").read_text())
+        assert recorded["sandbox_id"] == sandbox_id
+        assert (folder / "meta.json").stat().st_ino == inode
+        assert not (folder / "warm.json").exists()
+        assert not (folder / "meta.json.tmp").exists()
+        if real is not None:
+            assert asked == [workspace, workspace]
+    finally:
+        box.workspace_ids = real
+        await runner.aclose()
+    assert not warm_processes(workspace)

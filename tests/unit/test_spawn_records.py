@@ -42,3 +42,18 @@ def test_reap_removes_a_warm_folder_whose_record_is_torn(tmp_path: Path) -> None
     (empty / "warm.json").write_text("")
     assert warm.reap(tmp_path) == 2
     assert list(tmp_path.iterdir()) == []
+
+
+def test_atomic_write_over_a_spare_file_reuses_its_inode(tmp_path: Path) -> None:
+    """docs/benchmarks.md §36: a warm sandbox's warm.json, no longer read once taken, is
+    written over and renamed to meta.json: whole, 0600, no new inode, nothing left behind."""
+    spare = tmp_path / "warm.json"
+    write_json_once(spare, json.dumps({"sandbox_id": "warm-1", "pid": 7}))
+    inode = spare.stat().st_ino
+    path = tmp_path / "meta.json"
+    write_json_atomic(path, json.dumps({"pid": 2, "text": "é" * 5000}), spare)
+    assert json.loads(path.read_text()) == {"pid": 2, "text": "é" * 5000}
+    assert path.stat().st_ino == inode and path.stat().st_mode & 0o777 == 0o600
+    assert sorted(os.listdir(tmp_path)) == ["meta.json"]
+    write_json_atomic(path, "{}", tmp_path / "gone.json")  # no spare left: made, as .tmp is
+    assert json.loads(path.read_text()) == {} and sorted(os.listdir(tmp_path)) == ["meta.json"]

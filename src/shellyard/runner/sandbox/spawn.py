@@ -85,20 +85,27 @@ class LiveExecution:
         return self.cgroup or self.sandbox_id or execution_id
 
 
-def write_json_atomic(path: Path, data: str) -> None:
-    """``path`` replaced by ``data``, mode 0600 (an execution's records are the service's)."""
+def write_json_atomic(path: Path, data: str, spare: Path | None = None) -> None:
+    """``path`` replaced by ``data``, mode 0600 (an execution's records are the service's).
+
+    ``spare``: a file of the same folder that no reader looks at any more, written over and
+    renamed instead of a new ``.tmp`` (no inode made, docs/benchmarks.md §36)."""
     # Still a temporary file and a rename: meta.json and result.json are read after a crash
     # (E11 re-attach, a retried start) and must be whole or absent; written with os.write
     # on bytes, not through a text file object (the per-execution profile,
     # docs/benchmarks.md "Spawn bookkeeping").
     name = os.fspath(path)
-    tmp = name + ".tmp"
+    tmp = name + ".tmp" if spare is None else os.fspath(spare)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
     try:
         _write_fully(fd, data.encode())
     finally:
         os.close(fd)
     os.replace(tmp, name)
+
+
+#: A warm sandbox's record in its folder (warm.py): its bwrap's pid, for ``warm.reap``.
+WARM_RECORD = "warm.json"
 
 
 def write_json_once(path: Path, data: str) -> None:
@@ -268,12 +275,15 @@ class Sandboxes:
         command_fd: int | None = None,
         extra_fds: tuple[int, ...] = (),
         group: str | None = None,
+        ids: tuple[int, int] | None = None,
     ) -> PendingSpawn:
         """Everything of a spawn but the spawn itself (which touches no shared state, so a
         warm sandbox's runs in a worker thread): its logs and status opened in ``directory``,
         the network share and cgroups taken under ``sandbox_id`` (an execution's id, or a
         warm sandbox's own, warm.py; the cgroups under ``group`` when made ahead), the
-        command line built."""
+        command line built. ``ids``: the workspace's uid and gid as this same spawn already
+        asked them (``ids_of``, with its R2 checks of the tree and home; the warm pool's key),
+        not asked again."""
         flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC
         # R2: opened through the runner's detached copy of its root, so the sandbox's
         # /proc/self/fd/1 reads "/executions/ex_…/stdout", not the home's path (log_root.py)
@@ -299,7 +309,7 @@ class Sandboxes:
             argv = sandbox.bwrap_argv(
                 bwrap=self.bwrap,
                 policy=self.policy,
-                ids=self.ids_of(workspace_id),
+                ids=ids if ids is not None else self.ids_of(workspace_id),
                 view=self.view,
                 hardening=sandbox.Hardening(seccomp_fd, self.disable_userns),
                 workspace=tree,
@@ -367,8 +377,11 @@ class Sandboxes:
             **({"sandbox_id": sandbox_id} if sandbox_id else {}),
             **({"cgroup": cgroup} if cgroup else {}),
         }
+        # A warm sandbox's warm.json is read only in the warm folder (``warm.reap``); the
+        # folder is the execution's by now (warm.py ``take``): its inode becomes meta.json.
+        spare = None if sandbox_id is None else directory / WARM_RECORD
         try:
-            write_json_atomic(directory / "meta.json", json.dumps(meta))
+            write_json_atomic(directory / "meta.json", json.dumps(meta), spare)
         except OSError:
             # No record of it on disk (a full volume): it must not run unwatched.
             processes.signal_group(popen.pid, signal.SIGKILL)

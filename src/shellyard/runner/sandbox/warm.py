@@ -41,6 +41,7 @@ from shellyard.runner import processes
 from shellyard.runner.own_mounts import OwnMounts
 from shellyard.runner.protocol import StartRequest
 from shellyard.runner.sandbox.spawn import (
+    WARM_RECORD,
     LiveExecution,
     Sandboxes,
     Started,
@@ -346,6 +347,7 @@ class WarmPool:
                 mount=mount,
                 env=env,
                 extra_fds=(read_fd, self_fd),
+                ids=key.ids,  # asked (and the tree and home checked, R2) for the key just now
             )
             try:
                 started = await asyncio.get_running_loop().run_in_executor(None, pending.spawn)
@@ -364,7 +366,9 @@ class WarmPool:
         record = {"sandbox_id": sandbox_id, "pid": started.popen.pid}
         # One write, no rename: reap takes a torn or missing warm.json as no record (the
         # waiter has exited on its pipe's end by then; only the folder is left to remove).
-        write_json_once(directory / "warm.json", json.dumps(record))
+        # Taken, the folder is an execution's and this file's inode its meta.json (spawn.py
+        # ``record``): one inode fewer made per run.
+        write_json_once(directory / WARM_RECORD, json.dumps(record))
         if box.networks is not None and started.network is not None:
             box.networks.ended(workspace_id, sandbox_id)  # a share, not a live execution
         return Warm(sandbox_id, key, directory, started, write_fd, environment_id)
@@ -468,7 +472,7 @@ def reap(directory: Path) -> int:
     for folder in directory.iterdir():
         found += 1
         with contextlib.suppress(OSError, ValueError, KeyError):
-            record = json.loads((folder / "warm.json").read_text())
+            record = json.loads((folder / WARM_RECORD).read_text())
             marker = f"SHELLYARD_SANDBOX_ID={record['sandbox_id']}".encode()
             init = processes.read_bwrap_status(folder / "status").get("child-pid")
             for pid in (record["pid"], init):
