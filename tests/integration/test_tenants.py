@@ -269,6 +269,40 @@ async def test_groups_go_with_their_execution(yard_factory: Any) -> None:
     await until_gone(yard, lambda p: p.name.startswith("ex_"))
 
 
+@needs_cgroups
+async def test_an_execution_s_use_is_read_on_the_loop_without_a_thread_hop(tmp_path: Path) -> None:
+    """R2 (docs/benchmarks.md §36): an execution's end reads its cgroups' use (a few kernel
+    files) on the event loop's own thread, where a hop to a worker thread cost more CPU than
+    the reads; the record has the use."""
+    import threading
+
+    from shellyard.runner.local import LocalRunner
+
+    runner = LocalRunner(tmp_path / "runner", policy())
+    await runner.startup()
+    tree = runner._sandboxes.cgroups
+    assert tree is not None
+    read_on: list[str] = []
+    real = tree.finish
+
+    def finish(workspace_id: str, execution_id: str, *, ahead: bool = False) -> Any:
+        read_on.append(threading.current_thread().name)
+        return real(workspace_id, execution_id, ahead=ahead)
+
+    tree.finish = finish  # type: ignore[method-assign]
+    try:
+        await runner.ensure_workspace("ws")
+        await runner.start(StartRequest(execution_id="e1", workspace_id="ws", command="true"))
+        record = await runner.wait("e1", 60)
+        while record.state == RunnerExecState.running:
+            record = await runner.wait("e1", 60)
+        assert record.exit_code == 0, record.error
+        assert record.cpu_seconds is not None and record.peak_memory_bytes is not None
+        assert read_on == [threading.current_thread().name]
+    finally:
+        await runner.aclose()
+
+
 async def until_made_ahead(root: Path, workspace_id: str) -> set[str]:
     """The names of the groups made ahead for the workspace (cgroups.py ``take_ready``)."""
     deadline = time.monotonic() + 10

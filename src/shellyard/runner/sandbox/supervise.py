@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
-import functools
 import json
 import logging
 import os
@@ -233,11 +232,10 @@ class Supervisor:
         usage = None
         cgroups = self.sandboxes.cgroups
         if cgroups is not None:  # R2 tenants: what it used, what ended it; its groups go
-            usage = await asyncio.to_thread(
-                functools.partial(
-                    cgroups.finish, live.workspace_id, live.group(execution_id), ahead=True
-                )
-            )
+            # On the loop: a few reads of the kernel's cgroup files (tens of µs), the removal
+            # queued to its own thread; a hop to a worker thread cost more CPU than the work
+            # (~37 µs a hop, docs/benchmarks.md §36).
+            usage = cgroups.finish(live.workspace_id, live.group(execution_id), ahead=True)
         exit_code = status.get("exit-code")
         cancelled = live.cancel_requested or (live.directory / "cancel").exists()
         error = None
