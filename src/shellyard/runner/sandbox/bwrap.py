@@ -416,7 +416,8 @@ def options_by_fd(argv: list[str], bwrap: str) -> tuple[list[str], int]:
     end = argv.index("--", start)
     fd = os.memfd_create("shellyard-bwrap-args", os.MFD_CLOEXEC)
     try:
-        data = b"".join(os.fsencode(option) + b"\0" for option in argv[start:end])
+        # one encode of the joined options, not one per option (~100 a spawn)
+        data = os.fsencode("\0".join([*argv[start:end], ""]))
         view = memoryview(data)
         while view:
             view = view[os.write(fd, view) :]
