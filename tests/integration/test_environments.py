@@ -323,7 +323,7 @@ async def test_refused_before_anything_is_recorded(yard: Yard) -> None:
         )
     with pytest.raises(ShellyardError, match="already exists"):
         await _create(yard)
-    changes = await plane.environments.records.changes(environment_id)
+    changes = await plane.store.environment_changes(environment_id)
     assert [c.action for c in changes] == ["create"]
 
 

@@ -266,7 +266,7 @@ async def test_t3_transfer_resumes_after_a_control_plane_restart(home: Path) -> 
     assert 0 < view.files_copied < 301
     again, _runner_id, _daemon = await open_yard(home, "local")
     try:
-        row = await again.files.records.get_transfer(started.transfer_id)
+        row = await again.store.get_transfer(started.transfer_id)
         assert row is not None and row.state == "running"
         done = await settle(again, started.transfer_id)
         assert done.state == "completed"

@@ -38,7 +38,6 @@ from shellyard.runner.protocol import (
 )
 from shellyard.store import Store
 from shellyard.store.db import new_id
-from shellyard.store.files import FileRecords
 from shellyard.store.workspaces import Workspace
 
 log = logging.getLogger(__name__)
@@ -71,12 +70,10 @@ class FileService:
     def __init__(
         self,
         store: Store,
-        records: FileRecords,
         access: WorkspaceAccess,
         retention: RetentionSettings,
     ) -> None:
         self.store = store
-        self.records = records
         self.access = access
         self.retention = retention
         self._retention_task: asyncio.Task[None] | None = None
@@ -258,7 +255,7 @@ class FileService:
         row, runner = await self._target(agent_id, workspace_id, runner_id)
         ws = row.id
         retained = {s.seq: s for s in await runner.list_snapshots(ws)}
-        recorded = {r.seq: r for r in await self.records.snapshot_rows(ws)}
+        recorded = {r.seq: r for r in await self.store.snapshot_rows(ws)}
         views: list[SnapshotView] = []
         for seq in sorted(set(retained) | set(recorded) | {0}):
             info, rec = retained.get(seq), recorded.get(seq)
@@ -481,7 +478,7 @@ class FileService:
             except RunnerUnavailable as exc:
                 errors[runner_id] = exc.message
                 continue
-            keep = set(seqs[-keep_last:]) | await self.records.referenced_seqs(ws)
+            keep = set(seqs[-keep_last:]) | await self.store.referenced_seqs(ws)
             if set(seqs) <= keep:
                 continue
             try:
@@ -489,7 +486,7 @@ class FileService:
             except ShellyardError as exc:
                 errors[runner_id] = exc.message
                 continue
-            await self.records.mark_pruned(ws, result.removed)
+            await self.store.mark_snapshots_pruned(ws, result.removed)
             pruned.append(result)
         for runner_id in self.access.runners.ids():
             if runner_id in errors:
