@@ -12,6 +12,7 @@ import psycopg
 import pytest
 
 from conftest import POSTGRES_URL
+from shellyard.contract.environments import EnvironmentRevisionsQuery
 from shellyard.errors import Conflict
 from shellyard.store import Store
 from shellyard.store.db import new_id
@@ -260,7 +261,9 @@ async def test_control_plane_environments_on_postgresql(home: Path, pg_schema: s
             RunShellRequest(command="shellyard-hello", environment_id=env.environment_id)
         )
         assert ran.stdout == "hello 2.0\n" and ran.environment_revision == 2
-        revisions = await plane.environments.revisions(env.environment_id)
+        revisions = await plane.environments.revisions(
+            env.environment_id, EnvironmentRevisionsQuery()
+        )
         assert revisions[1].request["channels"] == [channel.as_uri()]
 
 

@@ -25,6 +25,8 @@ from shellyard.contract.environments import (
     ChangeView,
     EnvironmentChangeBody,
     EnvironmentCreateRequest,
+    EnvironmentListQuery,
+    EnvironmentRevisionsQuery,
     EnvironmentView,
     RevisionSummary,
     RevisionView,
@@ -234,10 +236,10 @@ class EnvironmentService:
     # ------------------------------------------------------------------ queries
 
     async def list_environments(
-        self, agent_id: str | None = None, runner_id: str | None = None
+        self, request: EnvironmentListQuery, agent_id: str | None = None
     ) -> list[EnvironmentView]:
         agent = await self._agent(agent_id)
-        rows = await self.store.environments_of_session(agent.session_id, runner_id)
+        rows = await self.store.environments_of_session(agent.session_id, request.runner_id)
         return [_env_view(r) for r in rows]
 
     async def show(self, environment_id: str, agent_id: str | None = None) -> EnvironmentView:
@@ -263,9 +265,13 @@ class EnvironmentService:
         return view
 
     async def revisions(
-        self, environment_id: str, agent_id: str | None = None, revision: int | None = None
+        self,
+        environment_id: str,
+        request: EnvironmentRevisionsQuery,
+        agent_id: str | None = None,
     ) -> list[RevisionView]:
         """V2: every revision (or one) with its full package list and request."""
+        revision = request.revision
         await self._owned(environment_id, await self._agent(agent_id))
         rows = await self.store.environment_revisions(environment_id)
         if revision is not None:
