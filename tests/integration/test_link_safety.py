@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from conftest import Yard
 from shellyard.contract.executions import RunShellRequest
-from shellyard.contract.files import FileHistoryQuery, FileListQuery
+from shellyard.contract.files import FileHistoryQuery, FileListQuery, TransferFilesQuery
 from shellyard.errors import InvalidInput, NotFound, PathRefused
 
 
@@ -106,7 +106,7 @@ async def test_names_that_are_not_utf8_are_listed_moved_and_transferred(yard: Ya
     assert view.state == "completed", view
     copied = await read_all(plane, "in/m/caf\udce9.txt", workspace_id=target, agent_id=child.id)
     assert copied == b"data"
-    outcomes = await plane.transfers.files(started.transfer_id, limit=100)
+    outcomes = await plane.transfers.files(started.transfer_id, TransferFilesQuery(limit=100))
     assert [f.target_path for f in outcomes.files if f.kind == "file"] == ["in/m/caf\udce9.txt"]
 
 

@@ -23,7 +23,13 @@ from files_helpers import (
 from runner_daemon_fixture import RunnerDaemon
 
 from conftest import Yard, open_yard
-from shellyard.contract.files import FileHistoryQuery, FileListQuery
+from shellyard.contract.files import (
+    FileHistoryQuery,
+    FileListQuery,
+    TransferCancelQuery,
+    TransferFilesQuery,
+    TransferListQuery,
+)
 from shellyard.control.plane import ControlPlane
 from shellyard.errors import InvalidInput, NotFound, WorkspaceBusy
 from shellyard.runner.protocol import SandboxPolicy
@@ -47,7 +53,7 @@ async def settle(plane: ControlPlane, transfer_id: str) -> Any:
 
 
 async def outcomes(plane: ControlPlane, transfer_id: str) -> dict[str, Any]:
-    page = await plane.transfers.files(transfer_id, limit=10_000)
+    page = await plane.transfers.files(transfer_id, TransferFilesQuery(limit=10_000))
     return {f.target_path: f for f in page.files}
 
 
@@ -79,7 +85,7 @@ async def test_t3_cancel_part_way_keeps_committed_batches(yard: Yard) -> None:
             break
         await asyncio.sleep(0.01)
     assert view.state == "running" and view.bytes_done > 0
-    cancelled = await plane.transfers.cancel(started.transfer_id, wait_s=60)
+    cancelled = await plane.transfers.cancel(started.transfer_id, TransferCancelQuery(wait_s=60))
     assert cancelled.state == "cancelled"
     assert 0 < cancelled.files_copied < 2001
     files = await outcomes(plane, started.transfer_id)
@@ -402,7 +408,7 @@ async def test_t1_permissions_other_session_invisible_family_allowed(yard: Yard)
     for attempt in attempts:
         with pytest.raises(NotFound, match=f"no workspace '{other}' that you can use"):
             await attempt
-    stranger_view = await plane.transfers.list(agent_id=str(stranger.id))
+    stranger_view = await plane.transfers.list(TransferListQuery(), agent_id=str(stranger.id))
     assert stranger_view == []
 
     # family may: the child copies from its parent into its own workspace

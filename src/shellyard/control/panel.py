@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 from shellyard.contract.executions import ExecutionState
-from shellyard.contract.files import ArtifactView, TransferView, WorkspaceView
+from shellyard.contract.files import ArtifactView, TransferListQuery, TransferView, WorkspaceView
 from shellyard.contract.panel import MAX_EXECUTION_PAGE, ExecutionPage, PanelChange
 from shellyard.contract.sessions import NoticeView, SessionView, TimerView
 from shellyard.control.executions.view import execution_view
@@ -102,7 +102,7 @@ class PanelService:
     async def transfers(self, who: Principal, session_id: str, limit: int) -> list[TransferView]:
         found: list[TransferView] = []
         for agent_id in await self.agent_ids(who, session_id):
-            found += await self.plane.transfers.list(agent_id, limit)
+            found += await self.plane.transfers.list(TransferListQuery(limit=limit), agent_id)
         return sorted(found, key=lambda t: t.created_at, reverse=True)[:limit]
 
     async def timers(self, who: Principal, session_id: str, limit: int) -> list[TimerView]:

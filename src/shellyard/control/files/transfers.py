@@ -45,8 +45,11 @@ from typing import Any
 from shellyard.contract.files import (
     DEFAULT_BATCH_BYTES,
     DEFAULT_BATCH_FILES,
+    TransferCancelQuery,
+    TransferFilesQuery,
     TransferFilesView,
     TransferFileView,
+    TransferListQuery,
     TransferRequest,
     TransferView,
     WorkspaceView,
@@ -586,18 +589,17 @@ class TransferService:
     async def query(self, transfer_id: str, agent_id: str | None = None) -> TransferView:
         return self._view(await self._owned(transfer_id, agent_id))
 
-    async def list(self, agent_id: str | None = None, limit: int = 100) -> list[TransferView]:
+    async def list(
+        self, request: TransferListQuery, agent_id: str | None = None
+    ) -> list[TransferView]:
         agent = await self.access.agent(agent_id)
-        return [self._view(r) for r in await self.store.list_transfers(agent.id, limit)]
+        rows = await self.store.list_transfers(agent.id, request.limit)
+        return [self._view(r) for r in rows]
 
     async def files(
-        self,
-        transfer_id: str,
-        outcome: str | None = None,
-        offset: int = 0,
-        limit: int = 1000,
-        agent_id: str | None = None,
+        self, transfer_id: str, request: TransferFilesQuery, agent_id: str | None = None
     ) -> TransferFilesView:
+        outcome, offset, limit = request.outcome, request.offset, request.limit
         if outcome not in (None, "pending", "copied", "unchanged", "skipped", "failed"):
             raise InvalidInput(
                 f"outcome must be one of pending, copied, unchanged, skipped, failed; not "
@@ -641,9 +643,10 @@ class TransferService:
         return self._view(row)
 
     async def cancel(
-        self, transfer_id: str, agent_id: str | None = None, wait_s: float = 0.0
+        self, transfer_id: str, request: TransferCancelQuery, agent_id: str | None = None
     ) -> TransferView:
         """Stop after the batch being copied; every committed file stays (T3)."""
+        wait_s = request.wait_s
         row = await self._owned(transfer_id, agent_id)
         if row.state in TERMINAL_TRANSFER_STATES:
             return self._view(row)
