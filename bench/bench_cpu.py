@@ -41,6 +41,7 @@ from common import (
     cli,
     make_home,
     metric,
+    postgres_and_daemon,
     remove_home,
     start_server,
     stop_server,
@@ -205,58 +206,29 @@ async def sqlite_local(runs: int, profile: Path | None) -> dict[str, Any]:
 
 
 async def postgres_daemon(runs: int, profile: Path | None) -> dict[str, Any]:
-    root = make_home()
-    daemon = await start_daemon(root / "daemon", SandboxPolicy(), subprocess=True)
-    try:
-        async with fresh_database() as url:
-            database = url.rsplit("/", 1)[1]
-            replicas = await start_replicas(url, 1, replica_env())
-            try:
-                replica = replicas[0]
-                assert replica.process is not None and daemon.process is not None
-                async with httpx.AsyncClient(timeout=120) as http:
-                    answer = await http.post(
-                        replica.url + "/v1/runners",
-                        json={"runner_id": "r0", "address": daemon.url, "token": daemon.token},
-                    )
-                    answer.raise_for_status()
-                    agent = (await http.post(replica.url + "/v1/sessions")).json()["main_agent_id"]
-
-                    async def once() -> None:
-                        answer = await http.post(
-                            replica.url + "/v1/executions",
-                            json={"command": "true", "runner_id": "r0", "wait_ms": 30000},
-                            headers={"X-Shellyard-Agent": agent},
-                        )
-                        view = answer.json()
-                        if view.get("state") != "completed":
-                            raise RuntimeError(f"run of true: {view}")
-
-                    await _runs(once, 30)
-                    rep0, dae0, pg0 = (
-                        sum(cpu_split(replica.process.pid)),
-                        sum(cpu_split(daemon.process.pid)),
-                        postgres_cpu(database),
-                    )
-                    began = time.monotonic()
-                    await _runs(once, runs)
-                    wall = time.monotonic() - began
-                    rep1, dae1, pg1 = (
-                        sum(cpu_split(replica.process.pid)),
-                        sum(cpu_split(daemon.process.pid)),
-                        postgres_cpu(database),
-                    )
-                    summary: dict[str, Any] = {}
-                    if profile is not None:
-                        out = profile / "cpu-postgres-collapsed.txt"
-                        with Spy(replica.process.pid, out):
-                            await _runs(once, runs)
-                        summary = summarize_collapsed(out, top=15)
-            finally:
-                stop_all(replicas)
-    finally:
-        await daemon.stop()
-        remove_home(root)
+    async with postgres_and_daemon() as pair:
+        replica, daemon, database, once = pair.replica, pair.daemon, pair.database, pair.once
+        assert replica.process is not None and daemon.process is not None
+        await _runs(once, 30)
+        rep0, dae0, pg0 = (
+            sum(cpu_split(replica.process.pid)),
+            sum(cpu_split(daemon.process.pid)),
+            postgres_cpu(database),
+        )
+        began = time.monotonic()
+        await _runs(once, runs)
+        wall = time.monotonic() - began
+        rep1, dae1, pg1 = (
+            sum(cpu_split(replica.process.pid)),
+            sum(cpu_split(daemon.process.pid)),
+            postgres_cpu(database),
+        )
+        summary: dict[str, Any] = {}
+        if profile is not None:
+            out = profile / "cpu-postgres-collapsed.txt"
+            with Spy(replica.process.pid, out):
+                await _runs(once, runs)
+            summary = summarize_collapsed(out, top=15)
     replica_ms = (rep1 - rep0) * 1000 / runs
     daemon_ms = (dae1 - dae0) * 1000 / runs
     postgres_ms = (pg1 - pg0) * 1000 / runs

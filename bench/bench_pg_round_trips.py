@@ -27,15 +27,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-import httpx
-
-from common import make_home, remove_home
+from common import postgres_and_daemon
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "support"))
-from replicas_fixture import SERVER, fresh_database, replica_env, start_replicas, stop_all
-from runner_daemon_fixture import start_daemon
-
-from shellyard.runner.protocol import SandboxPolicy
+from replicas_fixture import SERVER, replica_env
 
 LOG = Path("/var/log/postgresql/postgresql-15-main.log")
 #: ``%m [%p] %q%u@%d `` (Debian's log_line_prefix), then the message.
@@ -67,50 +62,24 @@ def _shape(sql: str) -> str:
 
 
 async def measure(runs: int, src: Path | None, log: Path) -> dict[str, Any]:
-    root = make_home()
-    daemon = await start_daemon(root / "daemon", SandboxPolicy(), subprocess=True)
-    try:
-        async with fresh_database() as url:
-            database = url.rsplit("/", 1)[1]
-            import psycopg
+    def log_every_statement(database: str) -> None:
+        import psycopg
 
-            with psycopg.connect(f"{SERVER}/test", autocommit=True) as conn:
-                conn.execute(f"ALTER DATABASE \"{database}\" SET log_statement = 'all'")
-            env = replica_env(**({"PYTHONPATH": str(src)} if src is not None else {}))
-            replicas = await start_replicas(url, 1, env)
-            try:
-                replica = replicas[0]
-                async with httpx.AsyncClient(timeout=120) as http:
-                    answer = await http.post(
-                        replica.url + "/v1/runners",
-                        json={"runner_id": "r0", "address": daemon.url, "token": daemon.token},
-                    )
-                    answer.raise_for_status()
-                    agent = (await http.post(replica.url + "/v1/sessions")).json()["main_agent_id"]
+        with psycopg.connect(f"{SERVER}/test", autocommit=True) as conn:
+            conn.execute(f"ALTER DATABASE \"{database}\" SET log_statement = 'all'")
 
-                    async def once() -> None:
-                        answer = await http.post(
-                            replica.url + "/v1/executions",
-                            json={"command": "true", "runner_id": "r0", "wait_ms": 30000},
-                            headers={"X-Shellyard-Agent": agent},
-                        )
-                        if answer.json().get("state") != "completed":
-                            raise RuntimeError(f"run of true: {answer.text}")
-
-                    for _ in range(20):  # statements prepared, agent and workspace known
-                        await once()
-                    await asyncio.sleep(0.5)
-                    token = secrets.token_hex(4)
-                    _mark(database, f"rt-begin-{token}")
-                    for _ in range(runs):
-                        await once()
-                    await asyncio.sleep(0.5)  # the fan-out's last notify
-                    _mark(database, f"rt-end-{token}")
-            finally:
-                stop_all(replicas)
-    finally:
-        await daemon.stop()
-        remove_home(root)
+    env = replica_env(**({"PYTHONPATH": str(src)} if src is not None else {}))
+    async with postgres_and_daemon(env, log_every_statement) as pair:
+        database, once = pair.database, pair.once
+        for _ in range(20):  # statements prepared, agent and workspace known
+            await once()
+        await asyncio.sleep(0.5)
+        token = secrets.token_hex(4)
+        _mark(database, f"rt-begin-{token}")
+        for _ in range(runs):
+            await once()
+        await asyncio.sleep(0.5)  # the fan-out's last notify
+        _mark(database, f"rt-end-{token}")
     time.sleep(0.5)
     messages = []
     inside = False

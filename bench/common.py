@@ -1,5 +1,6 @@
 """Helpers shared by the benchmarks: fresh homes, percentiles, the bare-bwrap baseline,
-a server process for a home, RSS sampling and the result format.
+a server process for a home, the PostgreSQL + daemon pair, RSS sampling and the result
+format.
 
 Every benchmark module prints (and with ``--out`` writes) one JSON document::
 
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import shutil
@@ -24,7 +26,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -602,6 +604,73 @@ def timed() -> Iterator[list[float]]:
         yield box
     finally:
         box.append(time.perf_counter() - start)
+
+
+# ----------------------------------------------------------------------------- PostgreSQL + daemon
+
+
+@dataclasses.dataclass
+class PostgresPair:
+    """One replica on a fresh PostgreSQL database with a runner daemon (``r0``) registered,
+    and ``once()``: one ``true`` run through it, over REST, waited for."""
+
+    replica: Any
+    daemon: Any
+    #: the fresh database's name
+    database: str
+    http: Any
+    once: Callable[[], Awaitable[None]]
+
+
+@contextlib.asynccontextmanager
+async def postgres_and_daemon(
+    env: dict[str, str] | None = None, prepare: Callable[[str], None] | None = None
+) -> AsyncIterator[PostgresPair]:
+    """The PostgreSQL + daemon pair of bench_cpu.py and bench_pg_round_trips.py: a daemon
+    process, a fresh database (``prepare(name)`` runs on it before the replica starts), one
+    replica with ``env`` (default ``replica_env()``), the daemon registered, a session made.
+    Everything is stopped and removed on the way out."""
+    import httpx
+
+    sys.path.insert(0, str(REPO / "tests" / "support"))
+    from replicas_fixture import fresh_database, replica_env, start_replicas, stop_all
+    from runner_daemon_fixture import start_daemon
+
+    from shellyard.runner.protocol import SandboxPolicy
+
+    root = make_home()
+    daemon = await start_daemon(root / "daemon", SandboxPolicy(), subprocess=True)
+    try:
+        async with fresh_database() as url:
+            database = url.rsplit("/", 1)[1]
+            if prepare is not None:
+                prepare(database)
+            replicas = await start_replicas(url, 1, replica_env() if env is None else env)
+            try:
+                replica = replicas[0]
+                async with httpx.AsyncClient(timeout=120) as http:
+                    answer = await http.post(
+                        replica.url + "/v1/runners",
+                        json={"runner_id": "r0", "address": daemon.url, "token": daemon.token},
+                    )
+                    answer.raise_for_status()
+                    agent = (await http.post(replica.url + "/v1/sessions")).json()["main_agent_id"]
+
+                    async def once() -> None:
+                        answer = await http.post(
+                            replica.url + "/v1/executions",
+                            json={"command": "true", "runner_id": "r0", "wait_ms": 30000},
+                            headers={"X-Shellyard-Agent": agent},
+                        )
+                        if answer.json().get("state") != "completed":
+                            raise RuntimeError(f"run of true: {answer.text}")
+
+                    yield PostgresPair(replica, daemon, database, http, once)
+            finally:
+                stop_all(replicas)
+    finally:
+        await daemon.stop()
+        remove_home(root)
 
 
 # ----------------------------------------------------------------------------- phase timing

@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from shellyard.contract.environments import EnvironmentRevisionsQuery
 from shellyard.contract.executions import ExecutionState
 from shellyard.runner.environments import bases
 
@@ -209,7 +210,11 @@ async def test_environment_from_python_base_changes_never_reach_the_base(
         )
     )
     assert (env.state, env.revision) == ("ready", 1), env.error
-    first = (await yard.plane.environments.revisions(env.environment_id, revision=1))[0]
+    first = (
+        await yard.plane.environments.revisions(
+            env.environment_id, EnvironmentRevisionsQuery(revision=1)
+        )
+    )[0]
     pip = {p.name: p for p in first.packages if p.manager == "pip"}
     assert pip["numpy"].version == python_base.packages["numpy"]
     assert pip["numpy"].source == "python-base revision 1"

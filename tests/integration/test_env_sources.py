@@ -18,7 +18,11 @@ import pytest
 from env_fixtures import make_wheel, prefix_hash
 
 from conftest import make_home
-from shellyard.contract.environments import EnvironmentChangeBody, parse_body
+from shellyard.contract.environments import (
+    EnvironmentChangeBody,
+    EnvironmentRevisionsQuery,
+    parse_body,
+)
 from shellyard.errors import InvalidInput
 from shellyard.runner.local import LocalRunner
 from shellyard.runner.protocol import (
@@ -263,4 +267,7 @@ async def test_the_control_plane_reports_a_refused_source_and_records_no_revisio
     assert "https://mirror.example.org/simple" in message and "still revision 1" in message
     failed = await plane.environments.change_status(caught.value.details["change_id"])
     assert (failed.state, failed.revision) == ("failed", None)
-    assert [r.revision for r in await plane.environments.revisions(env.environment_id)] == [1]
+    assert [
+        r.revision
+        for r in await plane.environments.revisions(env.environment_id, EnvironmentRevisionsQuery())
+    ] == [1]

@@ -22,6 +22,8 @@ from conftest import Yard, open_yard
 from shellyard.contract.environments import (
     EnvironmentChangeBody,
     EnvironmentCreateRequest,
+    EnvironmentListQuery,
+    EnvironmentRevisionsQuery,
     parse_body,
 )
 from shellyard.contract.executions import ExecutionState, RunShellRequest
@@ -177,7 +179,7 @@ async def test_conda_then_pip_then_cran_in_one_prefix(yard: Yard, home: Path) ->
     assert result.stdout == "hello 2.0\ngreeted you\nfrom the wheel\nhello from R \n"
     assert result.environment_revision == 4
 
-    revisions = await yard.plane.environments.revisions(environment_id)
+    revisions = await yard.plane.environments.revisions(environment_id, EnvironmentRevisionsQuery())
     assert [r.revision for r in revisions] == [1, 2, 3, 4]
 
     def names(revision: Any, manager: str) -> dict[str, str]:
@@ -294,7 +296,10 @@ async def test_bad_changes_give_clear_errors_and_change_nothing(yard: Yard, home
         assert change_id in message and "unchanged (still revision 2)" in message, message
         failed = await plane.environments.change_status(change_id)
         assert failed.state == "failed" and failed.revision is None and failed.error
-        assert [r.revision for r in await plane.environments.revisions(environment_id)] == [1, 2]
+        assert [
+            r.revision
+            for r in await plane.environments.revisions(environment_id, EnvironmentRevisionsQuery())
+        ] == [1, 2]
         assert prefix_hash(prefix) == before, body
     view = await plane.environments.show(environment_id)
     assert view.revision == 2 and view.pending_changes == []
@@ -323,7 +328,7 @@ async def test_refused_before_anything_is_recorded(yard: Yard) -> None:
         )
     with pytest.raises(ShellyardError, match="already exists"):
         await _create(yard)
-    changes = await plane.environments.records.changes(environment_id)
+    changes = await plane.store.environment_changes(environment_id)
     assert [c.action for c in changes] == ["create"]
 
 
@@ -365,10 +370,11 @@ async def test_environment_is_bound_to_its_runner_and_session(home: Path) -> Non
 
         _other_session, stranger = await plane.store.create_session()
         stranger_id = str(stranger.id)
-        assert await plane.environments.list_environments(stranger_id) == []
-        assert [e.environment_id for e in await plane.environments.list_environments()] == [
-            environment_id
-        ]
+        assert await plane.environments.list_environments(EnvironmentListQuery(), stranger_id) == []
+        assert [
+            e.environment_id
+            for e in await plane.environments.list_environments(EnvironmentListQuery())
+        ] == [environment_id]
         with pytest.raises(NotFound, match="no environment"):
             await plane.environments.show(environment_id, stranger_id)
         with pytest.raises(NotFound, match="no environment"):

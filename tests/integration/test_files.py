@@ -23,6 +23,7 @@ from files_helpers import archive, child_workspace, chunks_of, read_all, run, tr
 
 from conftest import Yard
 from shellyard.contract.executions import ExecutionState
+from shellyard.contract.files import FileDiffQuery, FileHistoryQuery, FileListQuery
 from shellyard.errors import InvalidInput, NotFound, PathRefused, WorkspaceBusy
 from shellyard.runner import workspace_paths
 from shellyard.runner.local import LocalRunner
@@ -156,7 +157,9 @@ async def test_w3_w5_each_writer_commits_and_history_says_what_made_it(yard: Yar
     assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
     assert wrote.written[0].sha256 == hashlib.sha256(b"bee\n").hexdigest()
 
-    diff = await plane.files.diff(ex.snapshot_seq, None, workspace_id=ws)
+    diff = await plane.files.diff(
+        FileDiffQuery(from_seq=ex.snapshot_seq, to_seq=None, workspace_id=ws)
+    )
     changes = {c.path: c for c in diff.changes}
     assert changes["a.txt"].change == "changed"
     assert (changes["a.txt"].old_size, changes["a.txt"].new_size) == (4, 12)
@@ -168,7 +171,7 @@ async def test_w3_w5_each_writer_commits_and_history_says_what_made_it(yard: Yar
     assert restored.kind == "restore" and restored.snapshot_seq == deleted.snapshot_seq + 1
     before, now = await tree(plane, ws, ex.snapshot_seq), await tree(plane, ws)
     assert now == before
-    history = await plane.files.history(workspace_id=ws)
+    history = await plane.files.history(FileHistoryQuery(workspace_id=ws))
     made = {s.seq: (s.made_by_kind, s.made_by_id) for s in history.snapshots}
     assert made[0] == ("created", None)
     assert made[ex.snapshot_seq] == ("execution", ex.execution_id)
@@ -213,7 +216,10 @@ async def test_w3_late_record_update_changes_nothing(yard: Yard) -> None:
     assert await read_all(plane, "f.txt", workspace_id=ex.workspace_id) == b"new\n"
     again = await plane.executions.status(ex.execution_id)
     assert again.snapshot_seq == ex.snapshot_seq and again.finished_at == ex.finished_at
-    made = {s.seq: s.made_by_id for s in (await plane.files.history(runner_id=runner_id)).snapshots}
+    made = {
+        s.seq: s.made_by_id
+        for s in (await plane.files.history(FileHistoryQuery(runner_id=runner_id))).snapshots
+    }
     assert made[ex.snapshot_seq] == ex.execution_id and made[edit.snapshot_seq] == edit.operation_id
 
 
@@ -234,7 +240,9 @@ async def test_uploads_stream_files_and_folders_all_or_nothing(yard: Yard) -> No
 
     with pytest.raises(RuntimeError, match="went away"):
         await plane.files.write("fail/deep/x.bin", broken(), runner_id=runner_id)
-    assert (await plane.files.history(runner_id=runner_id)).head_seq == edit.snapshot_seq
+    assert (
+        await plane.files.history(FileHistoryQuery(runner_id=runner_id))
+    ).head_seq == edit.snapshot_seq
     if yard.daemon is None:  # the live tree: no temp file, no folder made on the way
         left = await run(plane, "ls -A; ls -A fail 2>&1 || true", runner_id)
         listing = (await plane.executions.logs(left.execution_id)).data
@@ -248,7 +256,9 @@ async def test_uploads_stream_files_and_folders_all_or_nothing(yard: Yard) -> No
     with pytest.raises(PathRefused, match="outside the workspace"):
         await plane.files.upload_archive(bad, "vendor", runner_id=runner_id)
     assert "vendor/ok.txt" not in await tree(plane, unpacked.workspace_id)
-    assert (await plane.files.history(runner_id=runner_id)).head_seq == unpacked.snapshot_seq
+    assert (
+        await plane.files.history(FileHistoryQuery(runner_id=runner_id))
+    ).head_seq == unpacked.snapshot_seq
 
 
 # ---------------------------------------------------------------------- W6: paths
@@ -277,7 +287,7 @@ async def test_w6_path_attacks_refused_nothing_outside_read_or_written(yard: Yar
     ]:
         attempts = [
             plane.files.open(bad, **where),
-            plane.files.list(bad, **where),
+            plane.files.list(FileListQuery(path=bad, **where)),
             plane.files.write(bad, b"x", **where),
             plane.files.delete(bad, **where),
             plane.files.move("real/f", bad, **where),
@@ -308,7 +318,8 @@ async def test_w6_path_attacks_refused_nothing_outside_read_or_written(yard: Yar
         await plane.files.open("etc", **where)
     assert not Path("/etc", marker).exists()
 
-    listing = await plane.files.list("etc", **where)  # the link itself, not /etc
+    # the link itself, not /etc
+    listing = await plane.files.list(FileListQuery(path="etc", **where))
     assert [(e.path, e.kind, e.target) for e in listing.entries] == [("etc", "symlink", "/etc")]
     archive = await plane.files.archive("", **where)
     data = b"".join([c async for c in archive.chunks])
@@ -433,7 +444,7 @@ async def test_w5_retention_keeps_last_n_and_referenced_then_collects(yard: Yard
 
     result = await plane.files.collect(keep_last=2, grace_s=0)
     assert not result.errors
-    history = await plane.files.history(workspace_id=ws)
+    history = await plane.files.history(FileHistoryQuery(workspace_id=ws))
     kept = {s.seq for s in history.snapshots if s.retained}
     assert kept == {edits[4].snapshot_seq, edits[5].snapshot_seq} | referenced
     pruned = {s.seq: s for s in history.snapshots if not s.retained}
@@ -492,7 +503,7 @@ async def test_w5_garbage_collection_is_safe_while_readers_and_writers_run(yard:
     await asyncio.gather(writer(), reader(), collector())
     await plane.files.collect(keep_last=1, grace_s=0)
     assert reads > 0
-    history = await plane.files.history(workspace_id=ws)
+    history = await plane.files.history(FileHistoryQuery(workspace_id=ws))
     for s in history.snapshots:
         if not s.retained:
             continue

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 from conftest import Yard
 from shellyard.contract.executions import RunShellRequest
+from shellyard.contract.files import FileHistoryQuery, FileListQuery, TransferFilesQuery
 from shellyard.errors import InvalidInput, NotFound, PathRefused
 
 
@@ -36,13 +37,13 @@ async def test_refused_tar_upload_changes_no_existing_file(yard: Yard) -> None:
     members to place are the staged tree's, checked whole before the first one moves."""
     plane, runner_id = yard.plane, yard.runner_id
     await run(plane, "echo old > 0.txt", runner_id)
-    head = (await plane.files.history(runner_id=runner_id)).head_seq
+    head = (await plane.files.history(FileHistoryQuery(runner_id=runner_id))).head_seq
     bad = archive([("0.txt", b"new\n", None), ("a/b", b"x", None), ("a", None, "0.txt")])
     try:
         done = await plane.files.upload_archive(chunks_of(bad), "", runner_id=runner_id)
     except PathRefused:
         assert await read_all(plane, "0.txt", runner_id=runner_id) == b"old\n"
-        assert (await plane.files.history(runner_id=runner_id)).head_seq == head
+        assert (await plane.files.history(FileHistoryQuery(runner_id=runner_id))).head_seq == head
         listing = await run(plane, "cat 0.txt; ls -A", runner_id)
         logs = (await plane.executions.logs(listing.execution_id)).data
         assert logs == "old\n0.txt\n", logs
@@ -68,11 +69,11 @@ async def test_each_refused_tar_upload_changes_nothing(
     leaves the existing files and the head as they were."""
     plane, runner_id = yard.plane, yard.runner_id
     await run(plane, "echo old > 0.txt; mkdir d; echo f > f", runner_id)
-    head = (await plane.files.history(runner_id=runner_id)).head_seq
+    head = (await plane.files.history(FileHistoryQuery(runner_id=runner_id))).head_seq
     with pytest.raises(InvalidInput):
         await plane.files.upload_archive(chunks_of(archive(members)), "", runner_id=runner_id)
     assert await read_all(plane, "0.txt", runner_id=runner_id) == b"old\n"
-    assert (await plane.files.history(runner_id=runner_id)).head_seq == head
+    assert (await plane.files.history(FileHistoryQuery(runner_id=runner_id))).head_seq == head
 
 
 # ---------------------------------------------------------------------- names not UTF-8
@@ -87,7 +88,7 @@ async def test_names_that_are_not_utf8_are_listed_moved_and_transferred(yard: Ya
     with its bytes kept; never a 500."""
     plane, runner_id = yard.plane, yard.runner_id
     made = await run(plane, f"mkdir -p n && printf data > n/$(printf '{BAD_NAME}')", runner_id)
-    listing = await plane.files.list("n", runner_id=runner_id)
+    listing = await plane.files.list(FileListQuery(path="n", runner_id=runner_id))
     [entry] = listing.entries
     assert entry.path == "n/caf\udce9.txt"
     moved = await plane.files.move("n/caf\udce9.txt", "m/caf\udce9.txt", runner_id=runner_id)
@@ -105,7 +106,7 @@ async def test_names_that_are_not_utf8_are_listed_moved_and_transferred(yard: Ya
     assert view.state == "completed", view
     copied = await read_all(plane, "in/m/caf\udce9.txt", workspace_id=target, agent_id=child.id)
     assert copied == b"data"
-    outcomes = await plane.transfers.files(started.transfer_id, limit=100)
+    outcomes = await plane.transfers.files(started.transfer_id, TransferFilesQuery(limit=100))
     assert [f.target_path for f in outcomes.files if f.kind == "file"] == ["in/m/caf\udce9.txt"]
 
 
@@ -209,7 +210,7 @@ async def test_fuzz_file_operations_with_links_swapped_between_steps(yard: Yard)
     answered: dict[str, int] = {}  # steps that were carried out (not refused), by kind
 
     async def step(kind: str, name: str) -> None:
-        head = (await plane.files.history(runner_id=runner_id)).head_seq
+        head = (await plane.files.history(FileHistoryQuery(runner_id=runner_id))).head_seq
         if kind == "swap":  # as a command would, which then commits
             _swap(tree_path, name, canary if len(name) % 2 else home)
             await plane.files.write("swapped.txt", str(head).encode(), runner_id=runner_id)

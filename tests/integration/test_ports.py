@@ -31,7 +31,7 @@ from runner_daemon_fixture import start_daemon
 
 from conftest import Yard, sy
 from shellyard.contract.executions import ExecutionState, RunShellRequest, RunShellResult
-from shellyard.contract.ports import PortView
+from shellyard.contract.ports import PortListQuery, PortView
 from shellyard.errors import InvalidInput, NotFound
 from shellyard.home import ensure_server, is_served
 from shellyard.runner.network.ports import FORWARD_BLOCK, workspace_address
@@ -164,12 +164,12 @@ async def test_forwarded_port_reaches_the_server_until_closed(yard: Yard) -> Non
         assert again.host_port == view.host_port
         with pytest.raises(InvalidInput, match="already forwarded"):
             await ports.open(PORT, view.host_port + 1, workspace_id=workspace)
-        listed = await ports.list(workspace_id=workspace)
+        listed = await ports.list(PortListQuery(workspace_id=workspace))
         assert [(p.port, p.host_port) for p in listed] == [(PORT, view.host_port)]
         closed = await ports.close(PORT, workspace_id=workspace)
         assert closed.host_port == view.host_port
         assert _refused(view.host_port, view.host)
-        assert await ports.list(workspace_id=workspace) == []
+        assert await ports.list(PortListQuery(workspace_id=workspace)) == []
         with pytest.raises(NotFound, match="not forwarded"):
             await ports.close(PORT, workspace_id=workspace)
     finally:
@@ -190,9 +190,11 @@ async def test_ports_go_with_the_last_execution(yard: Yard) -> None:
     assert _get(view.url + "live.txt") == "served-live\n"
     await yard.plane.executions.cancel(server.execution_id, wait_s=30)
     # the reader still runs: the namespace and the forward stay (nothing listens behind it)
-    assert [p.port for p in await yard.plane.ports.list(workspace_id=workspace)] == [PORT]
+    assert [p.port for p in await yard.plane.ports.list(PortListQuery(workspace_id=workspace))] == [
+        PORT
+    ]
     await yard.plane.executions.cancel(reader.execution_id, wait_s=30)
-    assert await yard.plane.ports.list(workspace_id=workspace) == []
+    assert await yard.plane.ports.list(PortListQuery(workspace_id=workspace)) == []
     assert _refused(view.host_port, view.host)
 
 
@@ -209,7 +211,9 @@ async def test_another_agent_can_neither_open_nor_reach_the_forward(yard: Yard) 
         with pytest.raises(NotFound):
             await yard.plane.ports.open(PORT, workspace_id=workspace, agent_id=other.main_agent_id)
         with pytest.raises(NotFound):
-            await yard.plane.ports.list(workspace_id=workspace, agent_id=other.main_agent_id)
+            await yard.plane.ports.list(
+                PortListQuery(workspace_id=workspace), agent_id=other.main_agent_id
+            )
         probe = (
             f"exec 3<>/dev/tcp/{view.host}/{view.host_port} && echo REACHED || echo UNREACHABLE; "
             f"exec 4<>/dev/tcp/127.0.0.1/{PORT} && echo REACHED || echo UNREACHABLE"
@@ -233,7 +237,7 @@ async def test_host_network_has_no_forwards(yard_factory: Any) -> None:
     try:
         with pytest.raises(InvalidInput, match="host's own network"):
             await yard.plane.ports.open(PORT, workspace_id=server.workspace_id)
-        assert await yard.plane.ports.list(workspace_id=server.workspace_id) == []
+        assert await yard.plane.ports.list(PortListQuery(workspace_id=server.workspace_id)) == []
     finally:
         await yard.plane.executions.cancel(server.execution_id, wait_s=30)
 
@@ -555,7 +559,7 @@ async def test_unprivileged_runner_shares_the_network(
             assert holders == [server.workspace_id]
         finally:
             await yard.plane.executions.cancel(server.execution_id, wait_s=30)
-        assert await yard.plane.ports.list(workspace_id=server.workspace_id) == []
+        assert await yard.plane.ports.list(PortListQuery(workspace_id=server.workspace_id)) == []
         assert _refused(view.host_port, view.host)
         assert list((root / "sandbox" / "netns").glob("*.json")) == []
     finally:
@@ -654,12 +658,12 @@ async def test_kill9_of_the_runner_daemon_keeps_network_and_forward(
             LOCAL.format(port=PORT, path="live.txt"), read_only=True, wait_ms=30_000
         )
         assert again.stdout == "served-live\n", again.stderr
-        listed = await yard.plane.ports.list(workspace_id=server.workspace_id)
+        listed = await yard.plane.ports.list(PortListQuery(workspace_id=server.workspace_id))
         assert [p.host_port for p in listed] == [view.host_port]
         await yard.plane.executions.cancel(server.execution_id, wait_s=30)
         ended = await yard.plane.executions.wait(server.execution_id, 60)
         assert ended.state == ExecutionState.cancelled, ended
-        assert await yard.plane.ports.list(workspace_id=server.workspace_id) == []
+        assert await yard.plane.ports.list(PortListQuery(workspace_id=server.workspace_id)) == []
         assert _refused(view.host_port, view.host)
     finally:
         await daemon.stop()

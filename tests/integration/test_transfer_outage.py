@@ -18,6 +18,7 @@ from runner_daemon_fixture import RunnerDaemon, start_daemon
 from sshd_fixture import SshServer, sshd_or_skip, start_sshd
 
 from conftest import open_yard
+from shellyard.contract.files import TransferFilesQuery
 from shellyard.control.plane import ControlPlane
 from shellyard.runner.protocol import SandboxPolicy
 
@@ -84,7 +85,7 @@ async def far_yard(
 
 
 async def _outcomes(plane: ControlPlane, transfer_id: str) -> dict[str, Any]:
-    page = await plane.transfers.files(transfer_id, limit=10_000)
+    page = await plane.transfers.files(transfer_id, TransferFilesQuery(limit=10_000))
     return {f.target_path: f for f in page.files}
 
 

@@ -23,6 +23,13 @@ from files_helpers import (
 from runner_daemon_fixture import RunnerDaemon
 
 from conftest import Yard, open_yard
+from shellyard.contract.files import (
+    FileHistoryQuery,
+    FileListQuery,
+    TransferCancelQuery,
+    TransferFilesQuery,
+    TransferListQuery,
+)
 from shellyard.control.plane import ControlPlane
 from shellyard.errors import InvalidInput, NotFound, WorkspaceBusy
 from shellyard.runner.protocol import SandboxPolicy
@@ -46,7 +53,7 @@ async def settle(plane: ControlPlane, transfer_id: str) -> Any:
 
 
 async def outcomes(plane: ControlPlane, transfer_id: str) -> dict[str, Any]:
-    page = await plane.transfers.files(transfer_id, limit=10_000)
+    page = await plane.transfers.files(transfer_id, TransferFilesQuery(limit=10_000))
     return {f.target_path: f for f in page.files}
 
 
@@ -78,7 +85,7 @@ async def test_t3_cancel_part_way_keeps_committed_batches(yard: Yard) -> None:
             break
         await asyncio.sleep(0.01)
     assert view.state == "running" and view.bytes_done > 0
-    cancelled = await plane.transfers.cancel(started.transfer_id, wait_s=60)
+    cancelled = await plane.transfers.cancel(started.transfer_id, TransferCancelQuery(wait_s=60))
     assert cancelled.state == "cancelled"
     assert 0 < cancelled.files_copied < 2001
     files = await outcomes(plane, started.transfer_id)
@@ -90,7 +97,10 @@ async def test_t3_cancel_part_way_keeps_committed_batches(yard: Yard) -> None:
     assert rest and all(
         f.outcome == "skipped" and "cancelled" in (f.reason or "") for f in rest.values()
     )
-    assert cancelled.target_seq == (await plane.files.history(workspace_id=target)).head_seq
+    assert (
+        cancelled.target_seq
+        == (await plane.files.history(FileHistoryQuery(workspace_id=target))).head_seq
+    )
     # the target's writer is free again
     await plane.files.write("after.txt", b"ok", workspace_id=target, agent_id=str(child.id))
 
@@ -157,7 +167,7 @@ async def test_t3_partial_failure_target_out_of_room(yard: Yard) -> None:
     assert 1 <= len(copied) <= 4 and failed  # 2 MiB holds at most four 512 KiB files
     assert all("out of room" in (f.reason or "") for f in failed.values())
     assert {p for p, e in present.items() if e.kind == "file"} == copied
-    history = await plane.files.history(workspace_id=target)
+    history = await plane.files.history(FileHistoryQuery(workspace_id=target))
     assert history.head_seq == done.target_seq
 
 
@@ -266,7 +276,7 @@ async def test_t3_transfer_resumes_after_a_control_plane_restart(home: Path) -> 
     assert 0 < view.files_copied < 301
     again, _runner_id, _daemon = await open_yard(home, "local")
     try:
-        row = await again.files.records.get_transfer(started.transfer_id)
+        row = await again.store.get_transfer(started.transfer_id)
         assert row is not None and row.state == "running"
         done = await settle(again, started.transfer_id)
         assert done.state == "completed"
@@ -375,9 +385,9 @@ async def test_t1_permissions_other_session_invisible_family_allowed(yard: Yard)
     assert child_seen[mine.workspace_id] == "parent" and other not in child_seen
 
     attempts = [
-        plane.files.list("", workspace_id=other),
+        plane.files.list(FileListQuery(path="", workspace_id=other)),
         plane.files.open("secret.txt", workspace_id=other),
-        plane.files.history(workspace_id=other),
+        plane.files.history(FileHistoryQuery(workspace_id=other)),
         plane.files.write("x.txt", b"x", workspace_id=other),
         plane.transfers.start(
             {
@@ -398,7 +408,7 @@ async def test_t1_permissions_other_session_invisible_family_allowed(yard: Yard)
     for attempt in attempts:
         with pytest.raises(NotFound, match=f"no workspace '{other}' that you can use"):
             await attempt
-    stranger_view = await plane.transfers.list(agent_id=str(stranger.id))
+    stranger_view = await plane.transfers.list(TransferListQuery(), agent_id=str(stranger.id))
     assert stranger_view == []
 
     # family may: the child copies from its parent into its own workspace
@@ -447,7 +457,7 @@ async def test_files_transfers_artifacts_on_postgresql(home: Path, pg_schema: st
         assert {f.outcome for f in (await outcomes(plane, started.transfer_id)).values()} == {
             "copied"
         }
-        history = await plane.files.history()
+        history = await plane.files.history(FileHistoryQuery())
         assert [s.made_by_kind for s in history.snapshots] == ["created", "edit", "transfer"]
         result = await plane.files.collect(keep_last=1, grace_s=0)
         assert [p.removed for p in result.pruned] == [[0]]  # the edit's seq: the transfer's source

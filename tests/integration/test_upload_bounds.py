@@ -20,6 +20,7 @@ import pytest
 from tmpfs_fixture import mounted_tmpfs
 
 from conftest import Yard, open_yard
+from shellyard.contract.files import FileListQuery
 from shellyard.errors import InvalidInput, LowOnSpace, TooLarge
 from shellyard.runner.protocol import SandboxPolicy
 
@@ -50,7 +51,7 @@ async def once(body: bytes) -> AsyncIterator[bytes]:
 
 async def no_leftovers(yard: Yard, workspace_id: str) -> list[str]:
     listing = await yard.plane.files.list(
-        "", workspace_id=workspace_id, runner_id=yard.runner_id, recursive=True
+        FileListQuery(path="", workspace_id=workspace_id, runner_id=yard.runner_id, recursive=True)
     )
     return sorted(e.path for e in listing.entries)
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from shellyard.contract.executions import ExecutionState, RunShellRequest
+from shellyard.contract.files import FileListQuery
 from shellyard.control.plane import ControlPlane
 from shellyard.store.owners import Agent
 
@@ -38,7 +39,14 @@ async def tree(plane: ControlPlane, workspace_id: str, seq: int | None = None) -
     after = None
     while True:
         page = await plane.files.list(
-            "", workspace_id=workspace_id, seq=seq, recursive=True, after=after, limit=10_000
+            FileListQuery(
+                path="",
+                workspace_id=workspace_id,
+                seq=seq,
+                recursive=True,
+                after=after,
+                limit=10_000,
+            )
         )
         entries.update({e.path: e for e in page.entries})
         if page.next_after is None:

@@ -12,6 +12,7 @@ import psycopg
 import pytest
 
 from conftest import POSTGRES_URL
+from shellyard.contract.environments import EnvironmentRevisionsQuery
 from shellyard.errors import Conflict
 from shellyard.store import Store
 from shellyard.store.db import new_id
@@ -24,9 +25,9 @@ async def _environment(
 ) -> tuple[EnvironmentRecords, Environment, Change]:
     session, agent = await store.default_owner()
     await store.upsert_runner("local", "local", None, None)
-    records = EnvironmentRecords(store)
+    records = store
     env_id = new_id("env")
-    env, change = await records.create(
+    env, change = await records.create_environment(
         {
             "id": env_id,
             "session_id": session.id,
@@ -86,47 +87,47 @@ async def test_gate_claim_finish_cycle(store: Store) -> None:
     records revision N+1 with the request; failure records nothing."""
     records, env, create = await _environment(store)
     assert env.state == "creating" and env.revision == 0
-    claimed = await records.claim(create.id)
+    claimed = await records.claim_environment_change(create.id)
     assert claimed.state == "running" and claimed.waiting_for == []
 
     first = await _submit(store, env.id)
-    verdict, gated = await records.gate(str(first.id), env.id)
+    verdict, gated = await records.gate_on_environment(str(first.id), env.id)
     assert verdict == "wait" and gated.waiting_for == create.id
     assert gated.environment_revision is None
     assert await records.gated_workspaces(env.id) == [first.workspace_id]
 
-    done = await records.finish(create.id, packages=[PKG])
+    done = await records.finish_environment_change(create.id, packages=[PKG])
     assert done.state == "succeeded" and done.revision == 1
-    ready = await records.get(env.id)
+    ready = await records.get_environment(env.id)
     assert ready is not None and ready.state == "ready" and ready.revision == 1
-    verdict, gated = await records.gate(str(first.id), env.id)
+    verdict, gated = await records.gate_on_environment(str(first.id), env.id)
     assert verdict == "go" and gated.environment_revision == 1 and gated.waiting_for is None
     assert await records.gated_workspaces(env.id) == []
 
     # Resolved but not started: it already holds the prefix.
-    install = await records.add_change(_install(env, ["tiny==1.0"]))
-    waiting = await records.claim(str(install.id))
+    install = await records.add_environment_change(_install(env, ["tiny==1.0"]))
+    waiting = await records.claim_environment_change(str(install.id))
     assert waiting.state == "waiting" and waiting.waiting_for == [first.id]
     await store.update_execution(str(first.id), state="running")
-    assert (await records.claim(str(install.id))).waiting_for == [first.id]
+    assert (await records.claim_environment_change(str(install.id))).waiting_for == [first.id]
     # Meanwhile a new execution queues behind the waiting change.
     second = await _submit(store, env.id)
-    verdict, gated = await records.gate(str(second.id), env.id)
+    verdict, gated = await records.gate_on_environment(str(second.id), env.id)
     assert verdict == "wait" and gated.waiting_for == install.id
 
     await store.update_execution(str(first.id), state="completed", finished_at=1.0)
-    running = await records.claim(str(install.id))
+    running = await records.claim_environment_change(str(install.id))
     assert running.state == "running" and running.waiting_for == []
     pkgs = [PKG, {"manager": "pip", "name": "tiny", "version": "1.0"}]
-    finished = await records.finish(str(install.id), packages=pkgs)
+    finished = await records.finish_environment_change(str(install.id), packages=pkgs)
     assert finished.revision == 2
     # A late second report of the same end changes nothing.
-    again = await records.finish(str(install.id), packages=None, error="late")
+    again = await records.finish_environment_change(str(install.id), packages=None, error="late")
     assert again.state == "succeeded" and again.error is None
-    verdict, gated = await records.gate(str(second.id), env.id)
+    verdict, gated = await records.gate_on_environment(str(second.id), env.id)
     assert verdict == "go" and gated.environment_revision == 2
 
-    revisions = await records.revisions(env.id)
+    revisions = await records.environment_revisions(env.id)
     assert [r.revision for r in revisions] == [1, 2]
     assert revisions[0].request == {"action": "create", "language": "python"}
     assert revisions[1].request == {
@@ -138,58 +139,60 @@ async def test_gate_claim_finish_cycle(store: Store) -> None:
     assert revisions[1].packages[1]["name"] == "tiny"
 
     await store.update_execution(str(second.id), state="completed", finished_at=2.0)
-    broken = await records.add_change(_install(env, ["nope"]))
-    assert (await records.claim(str(broken.id))).state == "running"
-    failed = await records.finish(
+    broken = await records.add_environment_change(_install(env, ["nope"]))
+    assert (await records.claim_environment_change(str(broken.id))).state == "running"
+    failed = await records.finish_environment_change(
         str(broken.id), packages=None, error="no such package", error_kind="not_found"
     )
     assert failed.state == "failed" and failed.revision is None
-    after = await records.get(env.id)
+    after = await records.get_environment(env.id)
     assert after is not None and after.revision == 2  # V8: no new revision
-    assert len(await records.revisions(env.id)) == 2
+    assert len(await records.environment_revisions(env.id)) == 2
 
 
 async def test_changes_run_one_at_a_time_oldest_first(store: Store) -> None:
     records, env, create = await _environment(store)
-    await records.claim(create.id)
-    a = await records.add_change(_install(env, ["a"]))
-    b = await records.add_change(_install(env, ["b"]))
-    assert (await records.claim(str(b.id))).waiting_for == [create.id, a.id]
-    await records.finish(create.id, packages=[PKG])
-    assert (await records.claim(str(b.id))).waiting_for == [a.id]
-    assert (await records.claim(str(a.id))).state == "running"
-    await records.finish(str(a.id), packages=[PKG])
-    assert (await records.claim(str(b.id))).state == "running"
+    await records.claim_environment_change(create.id)
+    a = await records.add_environment_change(_install(env, ["a"]))
+    b = await records.add_environment_change(_install(env, ["b"]))
+    assert (await records.claim_environment_change(str(b.id))).waiting_for == [create.id, a.id]
+    await records.finish_environment_change(create.id, packages=[PKG])
+    assert (await records.claim_environment_change(str(b.id))).waiting_for == [a.id]
+    assert (await records.claim_environment_change(str(a.id))).state == "running"
+    await records.finish_environment_change(str(a.id), packages=[PKG])
+    assert (await records.claim_environment_change(str(b.id))).state == "running"
 
 
 async def test_unclaim_and_unknown_holders(store: Store) -> None:
     """A change the runner refused goes back to waiting; an execution whose runner cannot be
     asked (unknown, still watched) holds the environment, a finished unknown does not."""
     records, env, create = await _environment(store)
-    await records.claim(create.id)
-    back = await records.unclaim(create.id, "waiting: the runner is busy")
+    await records.claim_environment_change(create.id)
+    back = await records.unclaim_environment_change(create.id, "waiting: the runner is busy")
     assert back.state == "waiting" and back.progress == "waiting: the runner is busy"
-    await records.claim(create.id)
-    await records.finish(create.id, packages=[PKG])
+    await records.claim_environment_change(create.id)
+    await records.finish_environment_change(create.id, packages=[PKG])
     execution = await _submit(store, env.id)
-    await records.gate(str(execution.id), env.id)
+    await records.gate_on_environment(str(execution.id), env.id)
     await store.update_execution(str(execution.id), state="unknown", query_failures=5)
-    change = await records.add_change(_install(env, ["x"]))
-    assert (await records.claim(str(change.id))).waiting_for == [execution.id]
+    change = await records.add_environment_change(_install(env, ["x"]))
+    assert (await records.claim_environment_change(str(change.id))).waiting_for == [execution.id]
     await store.update_execution(str(execution.id), from_states=("unknown",), finished_at=3.0)
-    assert (await records.claim(str(change.id))).state == "running"
+    assert (await records.claim_environment_change(str(change.id))).state == "running"
 
 
 async def test_failed_create_fails_gated_executions(store: Store) -> None:
     records, env, create = await _environment(store)
-    await records.claim(create.id)
+    await records.claim_environment_change(create.id)
     execution = await _submit(store, env.id)
-    assert (await records.gate(str(execution.id), env.id))[0] == "wait"
-    await records.finish(create.id, packages=None, error="no python", error_kind="failed")
-    failed_env = await records.get(env.id)
+    assert (await records.gate_on_environment(str(execution.id), env.id))[0] == "wait"
+    await records.finish_environment_change(
+        create.id, packages=None, error="no python", error_kind="failed"
+    )
+    failed_env = await records.get_environment(env.id)
     assert failed_env is not None and failed_env.state == "failed"
     assert failed_env.error == "no python"
-    verdict, row = await records.gate(str(execution.id), env.id)
+    verdict, row = await records.gate_on_environment(str(execution.id), env.id)
     assert verdict == "failed" and row.environment_revision is None
 
 
@@ -207,16 +210,16 @@ async def test_claim_waits_for_a_gate_in_another_transaction(home: Path, pg_sche
     store = await Store.open(POSTGRES_URL, schema_name=pg_schema)
     try:
         records, env, create = await _environment(store)
-        await records.claim(create.id)
-        await records.finish(create.id, packages=[PKG])
+        await records.claim_environment_change(create.id)
+        await records.finish_environment_change(create.id, packages=[PKG])
         execution = await _submit(store, env.id)
-        change = await records.add_change(_install(env, ["x"]))
+        change = await records.add_environment_change(_install(env, ["x"]))
         other = await psycopg.AsyncConnection.connect(
             POSTGRES_URL, options=f"-csearch_path={pg_schema}"
         )
         async with other:
             await other.execute("SELECT id FROM environments WHERE id = %s FOR UPDATE", (env.id,))
-            claim = asyncio.create_task(records.claim(str(change.id)))
+            claim = asyncio.create_task(records.claim_environment_change(str(change.id)))
             await asyncio.sleep(0.5)
             assert not claim.done()  # blocked on the row lock
             await other.execute(
@@ -258,7 +261,9 @@ async def test_control_plane_environments_on_postgresql(home: Path, pg_schema: s
             RunShellRequest(command="shellyard-hello", environment_id=env.environment_id)
         )
         assert ran.stdout == "hello 2.0\n" and ran.environment_revision == 2
-        revisions = await plane.environments.revisions(env.environment_id)
+        revisions = await plane.environments.revisions(
+            env.environment_id, EnvironmentRevisionsQuery()
+        )
         assert revisions[1].request["channels"] == [channel.as_uri()]
 
 

@@ -1,7 +1,7 @@
 """Every row of the REST forwarding tables (api/forward.py) names a method of the control plane
-that accepts what the row gives it: the path's ids, its query model's fields and, for a row
-acting for an agent, ``agent_id``. The rows call by keyword, so a service parameter renamed
-without its row fails here, not on the first request."""
+that accepts what the row gives it: the path's ids, its query model (whole as ``request``,
+or its fields) and, for a row acting for an agent, ``agent_id``. The rows call by keyword,
+so a service parameter renamed without its row fails here, not on the first request."""
 
 from __future__ import annotations
 
@@ -44,7 +44,11 @@ def test_every_row_names_a_method_taking_its_inputs() -> None:
     for row in ROWS:
         method = _method(row.service)
         names = re.findall(r"{(\w+)}", row.path)
-        names += list(row.query.model_fields) if row.query else []
+        takes_request = "request" in inspect.signature(method).parameters
+        if row.query and takes_request:
+            names.append("request")
+        elif row.query:
+            names += list(row.query.model_fields)
         names += ["agent_id"] if row.agent else []
         try:
             inspect.signature(method).bind(None, **dict.fromkeys(names))

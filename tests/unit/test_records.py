@@ -96,12 +96,12 @@ def test_maybe_and_field_names() -> None:
 async def test_transfer_record_types_on_both_databases(store: Store) -> None:
     """What each database returns (JSON decoded, Boolean as bool, Float as float) reaches
     the record's fields with their declared types."""
-    from shellyard.store.files import FileRecords, Transfer
+    from shellyard.store.files import Transfer
 
     _session, agent = await store.default_owner()
     await store.upsert_runner("local", "local", None, None)
     workspace, _ = await store.workspace_for(str(agent.id), "local")
-    created = await FileRecords(store).create_transfer(
+    created = await store.create_transfer(
         {
             "id": "tr_1",
             "agent_id": agent.id,
@@ -128,7 +128,6 @@ async def test_transfer_record_types_on_both_databases(store: Store) -> None:
 async def test_timer_and_runner_records_on_both_databases(store: Store) -> None:
     """A JSON column (``spec``) and a Boolean (``late``) of a timer, read by the store and the
     panel's page alike; a runner's row as the registry reads it."""
-    from shellyard.store.panel import PanelRecords
     from shellyard.store.timers import Timer
 
     runner = await store.upsert_runner("local", "local", None, None)
@@ -155,7 +154,7 @@ async def test_timer_and_runner_records_on_both_databases(store: Store) -> None:
     )
     assert isinstance(created, Timer) and created.spec == {"after_ms": 5}
     assert created.late is False and created.execution_id is None
-    (paged,) = await PanelRecords(store).timers_page([str(agent.id)], 10)
+    (paged,) = await store.timers_page([str(agent.id)], 10)
     assert paged == created == await store.get_timer("tmr_1")
 
 

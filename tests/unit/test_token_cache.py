@@ -40,7 +40,7 @@ def transactions() -> Iterator[list[int]]:
 
 async def _admin_token(tokens: TokenService) -> tuple[str, str]:
     secret = new_secret()
-    row = await tokens.records.add("admin", hash_secret(secret))
+    row = await tokens.store.add_token("admin", hash_secret(secret))
     return secret, row.id
 
 
@@ -86,16 +86,16 @@ async def test_a_revocation_written_while_a_token_is_read_is_not_kept_out(
     moved while it was read, so the next request reads the token again."""
     tokens = TokenService(store)
     secret, token_id = await _admin_token(tokens)
-    real_by_hash = tokens.records.by_hash
+    real_by_hash = tokens.store.token_by_hash
 
     async def revoked_meanwhile(digest: str) -> object:
         row = await real_by_hash(digest)  # read before the revocation commits
-        await tokens.records.revoke(token_id)
+        await tokens.store.revoke_token(token_id)
         return row
 
-    tokens.records.by_hash = revoked_meanwhile  # type: ignore[method-assign,assignment]
+    tokens.store.token_by_hash = revoked_meanwhile  # type: ignore[method-assign,assignment]
     await tokens.authenticate(secret)  # answered from the row read before: allowed once
-    tokens.records.by_hash = real_by_hash  # type: ignore[method-assign]
+    tokens.store.token_by_hash = real_by_hash  # type: ignore[method-assign]
     with pytest.raises(Unauthorized, match="unknown or revoked"):
         await tokens.authenticate(secret)
 

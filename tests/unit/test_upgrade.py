@@ -21,7 +21,6 @@ from alembic.script import ScriptDirectory
 
 from conftest import POSTGRES_URL
 from shellyard.store import Store, schema
-from shellyard.store.retention import RetentionRecords
 
 #: This release's own revision: everything else was a head of an older release.
 NEW_REVISIONS = {"0006_retention"}
@@ -145,9 +144,9 @@ async def test_a_database_of_an_older_release_opens_with_its_data(
             assert old.execute("PRAGMA auto_vacuum").fetchone() == (0,)  # as it was made
     store = await Store.open(url, schema_name=schema_name)
     try:
-        converted = await RetentionRecords(store).prepare()
+        converted = await store.prepare_incremental_vacuum()
         assert converted == (schema_name is None)
-        assert not await RetentionRecords(store).prepare()  # once only
+        assert not await store.prepare_incremental_vacuum()  # once only
         rows = await store.list_executions("agt_old", 100)
         assert sorted(r.id for r in rows) == ["ex_old0", "ex_old1", "ex_old2"]
         row = await store.get_execution("ex_old1")
@@ -157,7 +156,7 @@ async def test_a_database_of_an_older_release_opens_with_its_data(
         notices = await store.list_notices("agt_old")
         assert [n.subject_id for n in notices] == ["ex_old0"]
         # the upgraded schema takes this release's writes
-        await RetentionRecords(store).mark_logs_pruned(["ex_old2"])
+        await store.mark_logs_pruned(["ex_old2"])
         again = await store.get_execution("ex_old2")
         assert again is not None and again.logs_pruned_at is not None
         versions = await store.all(

@@ -21,16 +21,14 @@ from shellyard.api.docs import (
     document_bodies,
 )
 from shellyard.api.forward import Forward, add_routes
-from shellyard.api.queries import (
-    ExecutionCancel,
-    ExecutionList,
-    ExecutionLogs,
-    ExecutionResult,
-    ExecutionWait,
-)
 from shellyard.contract import rawjson
 from shellyard.contract.executions import (
+    ExecutionCancelQuery,
+    ExecutionListQuery,
+    ExecutionLogsQuery,
+    ExecutionResultQuery,
     ExecutionView,
+    ExecutionWaitQuery,
     LogsResult,
     RunShellRequest,
     RunShellResult,
@@ -54,17 +52,17 @@ from shellyard.errors import (
 #: The execution routes that hand their inputs to ``plane.executions`` unchanged (E2-E6, E13).
 EXECUTION_ROUTES = (
     Forward("GET", "/v1/executions", "list_executions", "executions.list",
-            list[ExecutionView], ExecutionList, agent=True),
+            list[ExecutionView], ExecutionListQuery, agent=True),
     Forward("GET", "/v1/executions/{execution_id}", "execution_status", "executions.status",
             ExecutionView, agent=True),
     Forward("GET", "/v1/executions/{execution_id}/wait", "execution_wait", "executions.wait",
-            ExecutionView, ExecutionWait, agent=True),
+            ExecutionView, ExecutionWaitQuery, agent=True),
     Forward("GET", "/v1/executions/{execution_id}/result", "execution_result",
-            "executions.result", RunShellResult, ExecutionResult, agent=True),
+            "executions.result", RunShellResult, ExecutionResultQuery, agent=True),
     Forward("GET", "/v1/executions/{execution_id}/logs", "execution_logs", "executions.logs",
-            LogsResult, ExecutionLogs, agent=True),
+            LogsResult, ExecutionLogsQuery, agent=True),
     Forward("POST", "/v1/executions/{execution_id}/cancel", "execution_cancel",
-            "executions.cancel", ExecutionView, ExecutionCancel, agent=True),
+            "executions.cancel", ExecutionView, ExecutionCancelQuery, agent=True),
     Forward("GET", "/v1/executions/{execution_id}/screen", "execution_screen",
             "executions.screen", ScreenView, agent=True),
 )  # fmt: skip

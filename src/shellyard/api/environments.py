@@ -12,11 +12,12 @@ from fastapi import APIRouter, Query
 from shellyard.api.auth import AgentHeader
 from shellyard.api.docs import body_doc
 from shellyard.api.forward import Forward, add_routes
-from shellyard.api.queries import EnvironmentList, EnvironmentRevisions
 from shellyard.contract.environments import (
     ChangeView,
     EnvironmentChangeBody,
     EnvironmentCreateRequest,
+    EnvironmentListQuery,
+    EnvironmentRevisionsQuery,
     EnvironmentView,
     RevisionView,
     parse_body,
@@ -26,11 +27,11 @@ from shellyard.control.plane import ControlPlane
 #: The reads that hand their path ids, query model and acting agent to the service unchanged.
 ENVIRONMENT_ROUTES = (
     Forward("GET", "/v1/environments", "environment_list", "environments.list_environments",
-            list[EnvironmentView], EnvironmentList, agent=True),
+            list[EnvironmentView], EnvironmentListQuery, agent=True),
     Forward("GET", "/v1/environments/{environment_id}", "environment_show", "environments.show",
             EnvironmentView, agent=True),
     Forward("GET", "/v1/environments/{environment_id}/revisions", "environment_revisions",
-            "environments.revisions", list[RevisionView], EnvironmentRevisions, agent=True),
+            "environments.revisions", list[RevisionView], EnvironmentRevisionsQuery, agent=True),
 )  # fmt: skip
 
 

@@ -7,13 +7,14 @@ from fastapi import APIRouter
 
 from shellyard.api.auth import AgentHeader
 from shellyard.api.forward import Forward, add_routes
-from shellyard.api.queries import PortList
-from shellyard.contract.ports import PortCloseRequest, PortOpenRequest, PortView
+from shellyard.contract.ports import PortCloseRequest, PortListQuery, PortOpenRequest, PortView
 from shellyard.control.plane import ControlPlane
 
 #: Listing the ports: its query model and the acting agent, to the service unchanged.
 PORT_ROUTES = (
-    Forward("GET", "/v1/ports", "list_ports", "ports.list", list[PortView], PortList, agent=True),
+    Forward(
+        "GET", "/v1/ports", "list_ports", "ports.list", list[PortView], PortListQuery, agent=True
+    ),
 )
 
 

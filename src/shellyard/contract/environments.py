@@ -282,6 +282,18 @@ class EnvironmentView(BaseModel):
     prefix: str | None = None
 
 
+# ------------------------ the GETs' query models: environments (V1-V8)
+# (``Annotated[Model, Query()]`` in api/; docs/architecture.md "The doors")
+
+
+class EnvironmentListQuery(BaseModel):
+    runner_id: str | None = None
+
+
+class EnvironmentRevisionsQuery(BaseModel):
+    revision: int | None = Field(None, ge=0)
+
+
 __all__ = [
     "MANAGERS",
     "ChangeStatusRequest",
@@ -289,7 +301,9 @@ __all__ = [
     "EnvironmentChangeBody",
     "EnvironmentChangeRequest",
     "EnvironmentCreateRequest",
+    "EnvironmentListQuery",
     "EnvironmentListRequest",
+    "EnvironmentRevisionsQuery",
     "EnvironmentRevisionsRequest",
     "EnvironmentShowRequest",
     "EnvironmentView",

@@ -301,3 +301,33 @@ class ExecutionCancelRequest(BaseModel):
         le=MAX_CANCEL_WAIT_S,
         description=f"wait up to this long (0..{MAX_CANCEL_WAIT_S:g} s) for state 'cancelled'",
     )
+
+
+# ------------------------ the GETs' query models: executions (E1-E13)
+# (``Annotated[Model, Query()]`` in api/; docs/architecture.md "The doors")
+
+
+class ExecutionListQuery(BaseModel):
+    limit: int = Field(100, ge=1, le=1000)
+
+
+class ExecutionWaitQuery(BaseModel):
+    timeout_s: float = Field(10, ge=0, le=30)
+
+
+class ExecutionResultQuery(BaseModel):
+    max_output_length: int = Field(DEFAULT_MAX_OUTPUT, ge=0, le=10_000_000)
+
+
+class ExecutionLogsQuery(BaseModel):
+    stream: str = "stdout"
+    offset: int = Field(0, ge=0)
+    limit: int = Field(DEFAULT_LOG_LIMIT, ge=0)
+    tail: int | None = Field(None, ge=0)
+    tail_lines: int | None = Field(None, ge=0)
+    #: base64: the exact bytes (the SDK's follow_logs, the CLI; docs/cli.md)
+    encoding: Literal["utf-8", "base64"] = "utf-8"
+
+
+class ExecutionCancelQuery(BaseModel):
+    wait_s: float = Field(0, ge=0, le=MAX_CANCEL_WAIT_S)

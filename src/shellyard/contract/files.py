@@ -370,6 +370,70 @@ class RetentionView(BaseModel):
     errors: dict[str, str] = Field(default_factory=dict)
 
 
+# ------------------------ the GETs' query models: files (W2, W5), transfers (T1-T4)
+# (``Annotated[Model, Query()]`` in api/; docs/architecture.md "The doors")
+
+
+_WORKSPACE = Field(None, description="a workspace id (default: your own)")
+_RUNNER = Field(None, description="your workspace on this runner (default local)")
+_SEQ = Field(None, ge=0, description="a snapshot number (default: the head)")
+
+
+class FileListQuery(BaseModel):
+    path: str = ""
+    workspace_id: str | None = _WORKSPACE
+    runner_id: str | None = _RUNNER
+    seq: int | None = _SEQ
+    recursive: bool = False
+    after: str | None = None
+    limit: int = Field(DEFAULT_LIST_LIMIT, ge=1, le=MAX_LIST_LIMIT)
+
+
+class FileStatQuery(BaseModel):
+    path: str
+    workspace_id: str | None = _WORKSPACE
+    runner_id: str | None = _RUNNER
+    seq: int | None = _SEQ
+
+
+class FileReadTextQuery(FileStatQuery):
+    offset: int = Field(0, ge=0)
+    limit: int = Field(DEFAULT_TEXT_READ, ge=1, le=MAX_TEXT_READ)
+
+
+class FileHistoryQuery(BaseModel):
+    workspace_id: str | None = _WORKSPACE
+    runner_id: str | None = _RUNNER
+
+
+class FileDiffQuery(BaseModel):
+    from_seq: int = Field(ge=0)
+    to_seq: int | None = _SEQ
+    path: str = ""
+    workspace_id: str | None = _WORKSPACE
+    runner_id: str | None = _RUNNER
+    after: str | None = None
+    limit: int = Field(DEFAULT_DIFF_LIMIT, ge=1, le=MAX_LIST_LIMIT)
+
+
+class TransferListQuery(BaseModel):
+    limit: int = Field(DEFAULT_TRANSFER_PAGE, ge=1, le=MAX_TRANSFER_PAGE)
+
+
+class TransferWaitQuery(BaseModel):
+    timeout_s: float = Field(10, ge=0, le=30)
+
+
+class TransferFilesQuery(BaseModel):
+    outcome: Literal["pending", "copied", "unchanged", "skipped", "failed"] | None = None
+    offset: int = Field(0, ge=0)
+    limit: int = Field(DEFAULT_OUTCOME_PAGE, ge=1, le=MAX_LIST_LIMIT)
+
+
+class TransferCancelQuery(BaseModel):
+    wait_s: float = Field(0, ge=0, le=60)
+
+
 __all__ = [
     "ArtifactDeclareRequest",
     "ArtifactView",
@@ -378,9 +442,14 @@ __all__ = [
     "DirListing",
     "EditView",
     "FileDeleteRequest",
+    "FileDiffQuery",
+    "FileHistoryQuery",
+    "FileListQuery",
     "FileListRequest",
     "FileMoveRequest",
     "FileReadRequest",
+    "FileReadTextQuery",
+    "FileStatQuery",
     "FileText",
     "FileWriteRequest",
     "HistoryView",
@@ -390,10 +459,14 @@ __all__ = [
     "SnapshotListRequest",
     "SnapshotRestoreRequest",
     "SnapshotView",
+    "TransferCancelQuery",
     "TransferFileView",
+    "TransferFilesQuery",
     "TransferFilesView",
+    "TransferListQuery",
     "TransferRequest",
     "TransferView",
+    "TransferWaitQuery",
     "WorkspaceTransferRequest",
     "WorkspaceView",
 ]

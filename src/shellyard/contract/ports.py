@@ -90,10 +90,20 @@ class PortList(BaseModel):
     ports: list[PortView]
 
 
+# ------------------------ the GETs' query models: ports (R5)
+# (``Annotated[Model, Query()]`` in api/; docs/architecture.md "The doors")
+
+
+class PortListQuery(BaseModel):
+    workspace_id: str | None = Field(None, description="your workspace (default: yours)")
+    runner_id: str | None = Field(None, description="the runner (default local)")
+
+
 __all__ = [
     "PortAction",
     "PortCloseRequest",
     "PortList",
+    "PortListQuery",
     "PortOpenRequest",
     "PortRequest",
     "PortView",

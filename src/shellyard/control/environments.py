@@ -25,6 +25,8 @@ from shellyard.contract.environments import (
     ChangeView,
     EnvironmentChangeBody,
     EnvironmentCreateRequest,
+    EnvironmentListQuery,
+    EnvironmentRevisionsQuery,
     EnvironmentView,
     RevisionSummary,
     RevisionView,
@@ -52,7 +54,6 @@ from shellyard.store.environments import (
     PENDING_CHANGE_STATES,
     Change,
     Environment,
-    EnvironmentRecords,
     Revision,
 )
 from shellyard.store.executions import Execution
@@ -81,7 +82,6 @@ class EnvironmentService:
         leases: WatchLeases,
     ) -> None:
         self.store = store
-        self.records = EnvironmentRecords(store)
         self.runners = runners
         self.agents = agents
         #: Starts the executions queued on a workspace (the execution service's dispatch):
@@ -104,12 +104,12 @@ class EnvironmentService:
     async def startup(self) -> None:
         """Re-attach to changes the previous control plane left running (asking the runner),
         and re-evaluate the waiting ones."""
-        for change in await self.records.pending_changes():
+        for change in await self.store.pending_environment_changes():
             self._drive(change, reattach=change.state == "running")
 
     async def adopt(self, change_id: str) -> None:
         """This replica took over the change's lease (its driver died): drive it on."""
-        change = await self.records.get_change(change_id)
+        change = await self.store.get_environment_change(change_id)
         if change is None or change.state not in PENDING_CHANGE_STATES:
             await self._release(change_id)
             return
@@ -158,7 +158,7 @@ class EnvironmentService:
         self.runners.get(runner_id)  # NotFound naming the registered runners
         environment_id = new_id("env")
         change_id = new_id("chg")
-        _env, change = await self.records.create(
+        _env, change = await self.store.create_environment(
             {
                 "id": environment_id,
                 "session_id": agent.session_id,
@@ -216,7 +216,7 @@ class EnvironmentService:
             # runner (as inside its commands); the runner resolves them against this id.
             workspace, _created = await self.store.workspace_for(agent.id, env.runner_id)
             options["workspace_id"] = workspace.id
-        change = await self.records.add_change(
+        change = await self.store.add_environment_change(
             {
                 "id": change_id,
                 "environment_id": environment_id,
@@ -236,10 +236,10 @@ class EnvironmentService:
     # ------------------------------------------------------------------ queries
 
     async def list_environments(
-        self, agent_id: str | None = None, runner_id: str | None = None
+        self, request: EnvironmentListQuery, agent_id: str | None = None
     ) -> list[EnvironmentView]:
         agent = await self._agent(agent_id)
-        rows = await self.records.of_session(agent.session_id, runner_id)
+        rows = await self.store.environments_of_session(agent.session_id, request.runner_id)
         return [_env_view(r) for r in rows]
 
     async def show(self, environment_id: str, agent_id: str | None = None) -> EnvironmentView:
@@ -256,7 +256,7 @@ class EnvironmentService:
                 packages=len(r.packages),
                 created_at=r.created_at,
             )
-            for r in await self.records.revisions(environment_id)
+            for r in await self.store.environment_revisions(environment_id)
         ]
         if env.state == "ready":
             with contextlib.suppress(ShellyardError):
@@ -265,11 +265,15 @@ class EnvironmentService:
         return view
 
     async def revisions(
-        self, environment_id: str, agent_id: str | None = None, revision: int | None = None
+        self,
+        environment_id: str,
+        request: EnvironmentRevisionsQuery,
+        agent_id: str | None = None,
     ) -> list[RevisionView]:
         """V2: every revision (or one) with its full package list and request."""
+        revision = request.revision
         await self._owned(environment_id, await self._agent(agent_id))
-        rows = await self.records.revisions(environment_id)
+        rows = await self.store.environment_revisions(environment_id)
         if revision is not None:
             rows = [r for r in rows if r.revision == revision]
             if not rows:
@@ -280,7 +284,7 @@ class EnvironmentService:
         return [_revision_view(r) for r in rows]
 
     async def change_status(self, change_id: str, agent_id: str | None = None) -> ChangeView:
-        change = await self.records.get_change(change_id)
+        change = await self.store.get_environment_change(change_id)
         agent = await self._agent(agent_id)
         if change is None:
             raise _no_change(change_id)
@@ -320,7 +324,7 @@ class EnvironmentService:
 
     async def gate(self, execution_id: str, environment_id: str) -> tuple[str, Execution]:
         """V5/V6: may a queued execution start on its environment now (see the records)."""
-        return await self.records.gate(execution_id, environment_id)
+        return await self.store.gate_on_environment(execution_id, environment_id)
 
     async def execution_finished(self, row: Execution, _read: bool) -> None:
         """An execution ended (an ``on_finished`` observer): a change waiting for the
@@ -375,7 +379,7 @@ class EnvironmentService:
         await self._release(change_id)
         self._wake(environment_id)  # the next change of the environment may go now
         if not self._closing:
-            for workspace_id in await self.records.gated_workspaces(environment_id):
+            for workspace_id in await self.store.gated_workspaces(environment_id):
                 await self._dispatch(workspace_id)
 
     async def _to_the_end(self, change_id: str, environment_id: str, reattach: bool) -> None:
@@ -383,7 +387,7 @@ class EnvironmentService:
         return at once if it already ended (in another control plane)."""
         while True:
             if reattach:
-                change = await self.records.get_change(change_id)
+                change = await self.store.get_environment_change(change_id)
                 assert change is not None
                 if change.state == "waiting":
                     reattach = False
@@ -399,7 +403,7 @@ class EnvironmentService:
 
     async def _claim_when_free(self, change_id: str, environment_id: str) -> Change:
         while True:
-            change = await self.records.claim(change_id)
+            change = await self.store.claim_environment_change(change_id)
             if change.state != "waiting":
                 return change
             await self._sleep_or_wake(environment_id, WAITING_POLL_S)
@@ -426,17 +430,17 @@ class EnvironmentService:
                     result = await runner.environment_change_wait(change_id, WAIT_SLICE_S)
             except RunnerUnavailable as exc:
                 failures += 1
-                await self.records.set_progress(
+                await self.store.set_change_progress(
                     change_id, f"runner {env.runner_id} cannot be asked ({exc}); retrying"
                 )
                 # Same change id every time: the runner never starts it twice.
                 await asyncio.sleep(min(30.0, self.retry_base_s * 2 ** min(failures, 6)))
                 continue
             except Conflict as exc:
-                await self.records.unclaim(change_id, f"waiting: {exc.message}")
+                await self.store.unclaim_environment_change(change_id, f"waiting: {exc.message}")
                 return None
             except ShellyardError as exc:
-                return await self.records.finish(
+                return await self.store.finish_environment_change(
                     change_id,
                     packages=None,
                     error=exc.message,
@@ -446,13 +450,13 @@ class EnvironmentService:
             if result.state == EnvChangeState.running:
                 if result.progress != progress:
                     progress = result.progress
-                    await self.records.set_progress(change_id, progress)
+                    await self.store.set_change_progress(change_id, progress)
                 continue
             return await self._record_end(change_id, result)
 
     async def _record_end(self, change_id: str, result: EnvironmentChange) -> Change:
         if result.state == EnvChangeState.succeeded:
-            return await self.records.finish(
+            return await self.store.finish_environment_change(
                 change_id,
                 packages=[p.model_dump(mode="json") for p in result.packages],
                 finished_at=result.finished_at,
@@ -465,7 +469,7 @@ class EnvironmentService:
             )
         else:
             error, kind = result.error or "the change failed", result.error_kind or "failed"
-        return await self.records.finish(
+        return await self.store.finish_environment_change(
             change_id, packages=None, error=error, error_kind=kind, finished_at=result.finished_at
         )
 
@@ -487,14 +491,14 @@ class EnvironmentService:
         if event is not None and wait_ms > 0:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(event.wait(), timeout=wait_ms / 1000)
-        change = await self.records.get_change(change_id)
+        change = await self.store.get_environment_change(change_id)
         assert change is not None
         if change.state in PENDING_CHANGE_STATES and wait_ms > 0:
             # Driven by another process (another replica, or this one's driver stopped when
             # another took its lease over): poll the record for the rest of the budget.
             while change.state in PENDING_CHANGE_STATES and time.monotonic() < deadline:
                 await asyncio.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
-                change = await self.records.get_change(change_id)
+                change = await self.store.get_environment_change(change_id)
                 assert change is not None
         return change
 
@@ -502,7 +506,7 @@ class EnvironmentService:
         return await self.agents.record(agent_id)
 
     async def _owned(self, environment_id: str, agent: Agent) -> Environment:
-        env = await self.records.get(environment_id)
+        env = await self.store.get_environment(environment_id)
         # Another session's environment is reported exactly like a missing one.
         if env is None or env.session_id != agent.session_id:
             raise NotFound(
@@ -512,14 +516,15 @@ class EnvironmentService:
         return env
 
     async def _required_env(self, environment_id: str) -> Environment:
-        env = await self.records.get(environment_id)
+        env = await self.store.get_environment(environment_id)
         assert env is not None, environment_id
         return env
 
     async def _view(self, env: Environment) -> EnvironmentView:
         view = _env_view(env)
         view.pending_changes = [
-            _change_view(c) for c in await self.records.changes(env.id, PENDING_CHANGE_STATES)
+            _change_view(c)
+            for c in await self.store.environment_changes(env.id, PENDING_CHANGE_STATES)
         ]
         return view
 

@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 from shellyard.contract.executions import ExecutionState
-from shellyard.contract.files import ArtifactView, TransferView, WorkspaceView
+from shellyard.contract.files import ArtifactView, TransferListQuery, TransferView, WorkspaceView
 from shellyard.contract.panel import MAX_EXECUTION_PAGE, ExecutionPage, PanelChange
 from shellyard.contract.sessions import NoticeView, SessionView, TimerView
 from shellyard.control.executions.view import execution_view
@@ -30,7 +30,6 @@ from shellyard.control.notify.wakes import notice_view
 from shellyard.control.tokens import Principal
 from shellyard.errors import InvalidInput, NotFound
 from shellyard.store.owners import Agent
-from shellyard.store.panel import PanelRecords
 
 if TYPE_CHECKING:
     from shellyard.control.plane import ControlPlane
@@ -43,7 +42,7 @@ POLL_S = 1.0
 class PanelService:
     def __init__(self, plane: ControlPlane) -> None:
         self.plane = plane
-        self.records = PanelRecords(plane.store)
+        self.store = plane.store
 
     # ------------------------------------------------------------------ reach
 
@@ -52,7 +51,7 @@ class PanelService:
         if not who.is_admin and who.session_id != session_id:
             raise NotFound(f"no session {session_id!r}; list yours with GET /v1/sessions")
         await self.plane.sessions.session_record(session_id)
-        rows = await self.records.agents_of_sessions([session_id])
+        rows = await self.store.agents_of_sessions([session_id])
         if who.kind == "agent":
             rows = [r for r in rows if r.id == who.agent_id]
         return rows
@@ -75,9 +74,9 @@ class PanelService:
 
     async def sessions(self, who: Principal) -> list[SessionView]:
         """Sessions newest first, each with the agents the principal reaches."""
-        rows = await self.records.sessions_newest_first(None if who.is_admin else who.session_id)
+        rows = await self.store.sessions_newest_first(None if who.is_admin else who.session_id)
         by_session: dict[str, list[Agent]] = {}
-        for agent in await self.records.agents_of_sessions([r.id for r in rows]):
+        for agent in await self.store.agents_of_sessions([r.id for r in rows]):
             if who.kind != "agent" or agent.id == who.agent_id:
                 by_session.setdefault(agent.session_id, []).append(agent)
         return [session_view(row, by_session.get(row.id, [])) for row in rows]
@@ -88,8 +87,8 @@ class PanelService:
         if not 1 <= limit <= MAX_EXECUTION_PAGE:
             raise InvalidInput(f"limit must be between 1 and {MAX_EXECUTION_PAGE}, not {limit}")
         ids = await self.agent_ids(who, session_id)
-        rows = await self.records.executions_page(ids, before_seq, limit + 1)
-        counts = await self.records.execution_counts(ids)
+        rows = await self.store.executions_page(ids, before_seq, limit + 1)
+        counts = await self.store.execution_counts_of(ids)
         more = len(rows) > limit
         rows = rows[:limit]
         return ExecutionPage(
@@ -103,20 +102,20 @@ class PanelService:
     async def transfers(self, who: Principal, session_id: str, limit: int) -> list[TransferView]:
         found: list[TransferView] = []
         for agent_id in await self.agent_ids(who, session_id):
-            found += await self.plane.transfers.list(agent_id, limit)
+            found += await self.plane.transfers.list(TransferListQuery(limit=limit), agent_id)
         return sorted(found, key=lambda t: t.created_at, reverse=True)[:limit]
 
     async def timers(self, who: Principal, session_id: str, limit: int) -> list[TimerView]:
         ids = await self.agent_ids(who, session_id)
-        return [timer_view(r) for r in await self.records.timers_page(ids, limit)]
+        return [timer_view(r) for r in await self.store.timers_page(ids, limit)]
 
     async def notices(self, who: Principal, session_id: str, limit: int) -> list[NoticeView]:
         ids = await self.agent_ids(who, session_id)
-        return [notice_view(r) for r in await self.records.notices_page(ids, limit)]
+        return [notice_view(r) for r in await self.store.notices_page(ids, limit)]
 
     async def artifacts(self, who: Principal, session_id: str, limit: int) -> list[ArtifactView]:
         ids = await self.agent_ids(who, session_id)
-        return [artifact_view(r) for r in await self.records.artifacts_of(ids, limit)]
+        return [artifact_view(r) for r in await self.store.artifacts_of(ids, limit)]
 
     async def workspaces(self, who: Principal, session_id: str) -> list[WorkspaceView]:
         """Every workspace of the agents (each as its owner sees it)."""
@@ -135,7 +134,7 @@ class PanelService:
         last: dict[str, Any] | None = None
         while True:
             ids = await self.agent_ids(who, session_id)
-            digest = await self.records.digest(session_id, ids)
+            digest = await self.store.panel_digest(session_id, ids)
             if last is None:
                 yield PanelChange(session_id=session_id, parts=list(digest), initial=True)
             else:

@@ -35,8 +35,6 @@ from shellyard.control.runners import LOCAL_RUNNER_ID, RunnerRegistry
 from shellyard.control.tokens import TokenService
 from shellyard.runner.local import LocalRunner
 from shellyard.store import Store
-from shellyard.store.files import FileRecords
-from shellyard.store.retention import RetentionRecords
 
 
 # eq=False: a plane is itself, never equal to another (and hashable by identity).
@@ -108,7 +106,7 @@ async def build(settings: Settings) -> ControlPlane:
             settings.effective_database_url, schema_name=settings.database_schema
         )
         closing.push_async_callback(store.close)
-        await RetentionRecords(store).prepare()  # SQLite: incremental vacuum on
+        await store.prepare_incremental_vacuum()  # SQLite: incremental vacuum on
         # The lease keeper and the fan-out first: every service gets them (or what they
         # publish through) when built (docs/architecture.md "Wiring").
         leases = LeaseKeeper(
@@ -179,12 +177,10 @@ async def build(settings: Settings) -> ControlPlane:
         closing.push_async_callback(environments.aclose)
         closing.push_async_callback(wakes.aclose)
         closing.push_async_callback(timers.aclose)
-        records = FileRecords(store)
-        access = WorkspaceAccess(store, records, runners, executions)
-        files = FileService(store, records, access, settings.retention)
+        access = WorkspaceAccess(store, runners, executions)
+        files = FileService(store, access, settings.retention)
         transfers = TransferService(
             store,
-            records,
             access,
             leases=leases,
             on_signal=publish.transfer_changed,
@@ -192,7 +188,7 @@ async def build(settings: Settings) -> ControlPlane:
         )
         closing.push_async_callback(files.aclose)
         closing.push_async_callback(transfers.aclose)
-        artifacts = ArtifactService(records, access)
+        artifacts = ArtifactService(store, access)
         ports = PortService(access)
         wire(executions, wakes, transfers, fanout, timers)
         await fanout.start()

@@ -10,7 +10,7 @@ so no record is kept here.
 
 from __future__ import annotations
 
-from shellyard.contract.ports import PortView
+from shellyard.contract.ports import PortListQuery, PortView
 from shellyard.control.files.access import WorkspaceAccess
 from shellyard.errors import InvalidInput
 from shellyard.runner.protocol import Runner
@@ -47,14 +47,8 @@ class PortService:
         view = await runner.open_port(row.id, port, host_port)
         return view.model_copy(update={"runner_id": row.runner_id})
 
-    async def list(
-        self,
-        *,
-        workspace_id: str | None = None,
-        runner_id: str | None = None,
-        agent_id: str | None = None,
-    ) -> list[PortView]:
-        row, runner = await self._own(workspace_id, runner_id, agent_id)
+    async def list(self, request: PortListQuery, agent_id: str | None = None) -> list[PortView]:
+        row, runner = await self._own(request.workspace_id, request.runner_id, agent_id)
         views = await runner.list_ports(row.id)
         return [v.model_copy(update={"runner_id": row.runner_id}) for v in views]
 

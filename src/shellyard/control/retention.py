@@ -28,7 +28,7 @@ from shellyard.control.runners import RunnerRegistry
 from shellyard.errors import Conflict, ShellyardError
 from shellyard.runner.protocol import LogPruneRequest
 from shellyard.store import Store
-from shellyard.store.retention import Cutoffs, RetentionRecords
+from shellyard.store.retention import Cutoffs
 
 if TYPE_CHECKING:
     from shellyard.control.files.service import FileService
@@ -77,7 +77,6 @@ class RetentionService:
         files: FileService | None = None,
     ) -> None:
         self.store = store
-        self.records = RetentionRecords(store)
         self.runners = runners
         self.settings = settings
         self.home = home
@@ -125,7 +124,7 @@ class RetentionService:
                 await self._events(policy, report)
             if request.snapshots and self.files is not None:
                 report.snapshots = await self.files.collect()
-            await self.records.reclaim()
+            await self.store.reclaim_pages()
             if self.store.ballast is not None:  # room for a full volume (store/ballast.py)
                 await asyncio.to_thread(self.store.ballast.ensure)
         report.database_bytes_after = self._database_bytes()
@@ -174,23 +173,23 @@ class RetentionService:
         archived = cutoffs.archived
         # Old records first: their whole folder goes, then the record and its notice.
         while policy.record_days is not None or policy.archived_days is not None:
-            ids = await self.records.record_candidates(runner_id, cutoffs.records, archived, BATCH)
+            ids = await self.store.record_candidates(runner_id, cutoffs.records, archived, BATCH)
             if not ids:
                 break
             result = await runner.prune_logs(LogPruneRequest(execution_ids=ids, forget=True))
-            report.records_deleted += await self.records.delete_executions(result.pruned)
+            report.records_deleted += await self.store.delete_executions(result.pruned)
             report.log_bytes_freed += result.bytes_freed
             if not result.pruned:
                 break  # the runner still runs them (it lost track of none): next pass
         # Then logs past their age.
         while True:
-            ids = await self.records.log_candidates(runner_id, cutoffs.logs, archived, BATCH)
+            ids = await self.store.log_candidates(runner_id, cutoffs.logs, archived, BATCH)
             if not ids or not await self._prune_logs(runner_id, ids, report):
                 break
         # Then the size budget, oldest first.
         held = (await runner.prune_logs(LogPruneRequest())).bytes_held or 0
         while policy.log_budget_bytes is not None and held > policy.log_budget_bytes:
-            ids = await self.records.log_candidates(runner_id, None, None, BATCH)
+            ids = await self.store.log_candidates(runner_id, None, None, BATCH)
             excess = held - policy.log_budget_bytes
             freed = await self._prune_logs(runner_id, ids, report, excess) if ids else None
             if not freed:
@@ -200,7 +199,7 @@ class RetentionService:
         # deleted: the notice's reader still sees how it began and ended).
         offset = 0
         while policy.log_budget_bytes is not None and held > policy.log_budget_bytes:
-            ids = await self.records.unread_log_candidates(runner_id, offset, BATCH)
+            ids = await self.store.unread_log_candidates(runner_id, offset, BATCH)
             if not ids:
                 break
             offset += len(ids)
@@ -221,7 +220,7 @@ class RetentionService:
         """Bytes freed (None: the runner pruned none of them)."""
         request = LogPruneRequest(execution_ids=ids, free_bytes=free_bytes)
         result = await self.runners.get(runner_id).prune_logs(request)
-        await self.records.mark_logs_pruned(result.pruned)
+        await self.store.mark_logs_pruned(result.pruned)
         report.logs_pruned += len(result.pruned)
         report.log_bytes_freed += result.bytes_freed
         return result.bytes_freed if result.pruned else None
@@ -231,7 +230,7 @@ class RetentionService:
         records (docs/operations.md), in short transactions."""
         cutoffs = self._cutoffs(policy)
         while True:
-            done, entries = await self.records.prune_transfers(cutoffs, BATCH // 10)
+            done, entries = await self.store.prune_transfers(cutoffs, BATCH // 10)
             report.transfers_deleted += done
             report.transfer_entries_deleted += entries
             if not done and not entries:
@@ -241,7 +240,7 @@ class RetentionService:
     async def _events(self, policy: RetentionSettings, report: GcReport) -> None:
         cutoffs = self._cutoffs(policy)
         while True:
-            counts = await self.records.prune_events(cutoffs, BATCH)
+            counts = await self.store.prune_events(cutoffs, BATCH)
             for kind, count in counts.items():
                 report.events_deleted[kind] = report.events_deleted.get(kind, 0) + count
             if not any(counts.values()):
@@ -249,7 +248,7 @@ class RetentionService:
             await asyncio.sleep(0)  # let requests in between two batches
 
     def _database_bytes(self) -> int | None:
-        path = self.records.database_path()
+        path = self.store.database_path()
         if path is None:
             return None
         return sum(

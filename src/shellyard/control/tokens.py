@@ -35,7 +35,7 @@ from shellyard.control.agents import session_of
 from shellyard.errors import Forbidden, InvalidInput, NotFound, Unauthorized
 from shellyard.store import Store
 from shellyard.store.records import field_names, values_of
-from shellyard.store.tokens import Token, TokenRecords
+from shellyard.store.tokens import Token
 
 ADMIN_TOKEN_NAME = "admin.token"
 #: Secrets start with this, so a leaked one is recognisable (secret scanners, logs).
@@ -84,7 +84,6 @@ PRINCIPALS_KEPT = 1024
 class TokenService:
     def __init__(self, store: Store) -> None:
         self.store = store
-        self.records = TokenRecords(store)
         #: sha256 of a secret → its principal, while no revocation was written since (SQLite:
         #: one process writes the database; a session is never deleted, only archived, and
         #: the principal is all the token's row and its session's main agent).
@@ -101,14 +100,14 @@ class TokenService:
         path = home / ADMIN_TOKEN_NAME
         secret = _read_secret(path)
         if secret is not None:
-            row = await self.records.by_hash(hash_secret(secret))
+            row = await self.store.token_by_hash(hash_secret(secret))
             if row is not None and row.revoked_at is None and row.kind == "admin":
                 return secret
             if row is None:
-                await self.records.add("admin", hash_secret(secret))
+                await self.store.add_token("admin", hash_secret(secret))
                 return secret
         secret = new_secret()
-        await self.records.add("admin", hash_secret(secret))
+        await self.store.add_token("admin", hash_secret(secret))
         _write_secret(path, secret)
         return secret
 
@@ -116,14 +115,14 @@ class TokenService:
 
     async def authenticate(self, secret: str) -> Principal:
         digest = hash_secret(secret) if secret else ""
-        generation = self.records.revocations
+        generation = self.store.revocations
         if generation != self._known_at:
             self._known.clear()
             self._known_at = generation
         known = self._known.get(digest) if secret else None
         if known is not None:
             return known
-        row = await self.records.by_hash(digest) if secret else None
+        row = await self.store.token_by_hash(digest) if secret else None
         if row is None or row.revoked_at is not None:
             what = "missing" if not secret else "unknown or revoked"
             raise Unauthorized(
@@ -133,7 +132,7 @@ class TokenService:
             )
         who = await self.principal_of(row)
         # Kept only if no revocation was written while it was read (it may be this one's).
-        if self._remember and self.records.revocations == generation == self._known_at:
+        if self._remember and self.store.revocations == generation == self._known_at:
             if len(self._known) >= PRINCIPALS_KEPT:
                 del self._known[next(iter(self._known))]
             self._known[digest] = who
@@ -205,7 +204,7 @@ class TokenService:
     async def check_wake(self, principal: Principal, wake_id: str) -> None:
         if principal.is_admin:
             return
-        if await self.records.session_of_wake(wake_id) != principal.session_id:
+        if await self.store.session_of_wake(wake_id) != principal.session_id:
             raise NotFound(f"no wake {wake_id!r} in your session")
 
     # ------------------------------------------------------------------ token admin
@@ -232,7 +231,7 @@ class TokenService:
                     f"no session {session_id!r}; list them with 'shellyard session list'"
                 )
         secret = new_secret()
-        row = await self.records.add(
+        row = await self.store.add_token(
             request.kind,
             hash_secret(secret),
             session_id=session_id,
@@ -244,16 +243,16 @@ class TokenService:
     async def list(self, principal: Principal) -> list[TokenView]:
         if principal.kind == "agent":
             raise Forbidden("an agent token cannot list tokens; use the session or admin token")
-        rows = await self.records.list(None if principal.is_admin else principal.session_id)
+        rows = await self.store.list_tokens(None if principal.is_admin else principal.session_id)
         return [_view(r) for r in rows]
 
     async def revoke(self, principal: Principal, token_id: str) -> TokenView:
         if principal.kind == "agent":
             raise Forbidden("an agent token cannot revoke tokens; use the session or admin token")
-        row = await self.records.get(token_id)
+        row = await self.store.get_token(token_id)
         if row is None or (not principal.is_admin and row.session_id != principal.session_id):
             raise NotFound(f"no token {token_id!r}; list them with 'shellyard token list'")
-        revoked = await self.records.revoke(token_id)
+        revoked = await self.store.revoke_token(token_id)
         assert revoked is not None
         return _view(revoked)
 

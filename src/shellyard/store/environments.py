@@ -19,7 +19,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 
 from shellyard.errors import Conflict
-from shellyard.store.db import Row, fetch_one
+from shellyard.store.db import Database, Row, fetch_one
 from shellyard.store.executions import Execution
 from shellyard.store.records import from_row, from_rows, maybe
 from shellyard.store.schema import (
@@ -28,7 +28,6 @@ from shellyard.store.schema import (
     environments,
     executions,
 )
-from shellyard.store.store import Store
 
 PENDING_CHANGE_STATES = ("waiting", "running")
 
@@ -88,51 +87,46 @@ class Revision:
     created_at: float
 
 
-class EnvironmentRecords:
+class EnvironmentRecords(Database):
     """The control plane's records of environments."""
-
-    def __init__(self, store: Store) -> None:
-        self.store = store
 
     # ------------------------------------------------------------------ environments
 
-    async def create(
+    async def create_environment(
         self, environment: dict[str, Any], change: dict[str, Any]
     ) -> tuple[Environment, Change]:
         """Record a new environment (``creating``) and its ``create`` change (``waiting``).
         A name already used by the session on that runner is a Conflict."""
         try:
-            env, first = await self.store.run(_create, environment, change)
+            env, first = await self.run(_create, environment, change)
         except IntegrityError:
             raise _name_taken(environment) from None
         return from_row(Environment, env), from_row(Change, first)
 
-    async def get(self, environment_id: str) -> Environment | None:
-        row = await self.store.one(
-            sa.select(environments).where(environments.c.id == environment_id)
-        )
+    async def get_environment(self, environment_id: str) -> Environment | None:
+        row = await self.one(sa.select(environments).where(environments.c.id == environment_id))
         return maybe(Environment, row)
 
-    async def of_session(self, session_id: str, runner_id: str | None = None) -> list[Environment]:
+    async def environments_of_session(
+        self, session_id: str, runner_id: str | None = None
+    ) -> list[Environment]:
         stmt = sa.select(environments).where(environments.c.session_id == session_id)
         if runner_id is not None:
             stmt = stmt.where(environments.c.runner_id == runner_id)
-        return from_rows(
-            Environment, await self.store.all(stmt.order_by(environments.c.created_at))
-        )
+        return from_rows(Environment, await self.all(stmt.order_by(environments.c.created_at)))
 
     # ------------------------------------------------------------------ revisions
 
-    async def revisions(self, environment_id: str) -> list[Revision]:
-        rows = await self.store.all(
+    async def environment_revisions(self, environment_id: str) -> list[Revision]:
+        rows = await self.all(
             sa.select(environment_revisions)
             .where(environment_revisions.c.environment_id == environment_id)
             .order_by(environment_revisions.c.revision)
         )
         return from_rows(Revision, rows)
 
-    async def revision(self, environment_id: str, number: int) -> Revision | None:
-        row = await self.store.one(
+    async def environment_revision(self, environment_id: str, number: int) -> Revision | None:
+        row = await self.one(
             sa.select(environment_revisions).where(
                 environment_revisions.c.environment_id == environment_id,
                 environment_revisions.c.revision == number,
@@ -142,17 +136,17 @@ class EnvironmentRecords:
 
     # ------------------------------------------------------------------ changes
 
-    async def add_change(self, change: dict[str, Any]) -> Change:
+    async def add_environment_change(self, change: dict[str, Any]) -> Change:
         """Record an install or uninstall as ``waiting`` (it is claimed separately)."""
-        return from_row(Change, await self.store.run(_add_change, change))
+        return from_row(Change, await self.run(_add_change, change))
 
-    async def get_change(self, change_id: str) -> Change | None:
-        row = await self.store.one(
+    async def get_environment_change(self, change_id: str) -> Change | None:
+        row = await self.one(
             sa.select(environment_changes).where(environment_changes.c.id == change_id)
         )
         return maybe(Change, row)
 
-    async def changes(
+    async def environment_changes(
         self, environment_id: str, states: tuple[str, ...] | None = None
     ) -> list[Change]:
         stmt = sa.select(environment_changes).where(
@@ -160,30 +154,30 @@ class EnvironmentRecords:
         )
         if states is not None:
             stmt = stmt.where(environment_changes.c.state.in_(states))
-        return from_rows(Change, await self.store.all(stmt.order_by(environment_changes.c.seq)))
+        return from_rows(Change, await self.all(stmt.order_by(environment_changes.c.seq)))
 
-    async def pending_changes(self) -> list[Change]:
+    async def pending_environment_changes(self) -> list[Change]:
         """Every change not yet ended, of every environment (start-up re-attaches to them)."""
-        rows = await self.store.all(
+        rows = await self.all(
             sa.select(environment_changes)
             .where(environment_changes.c.state.in_(PENDING_CHANGE_STATES))
             .order_by(environment_changes.c.created_at, environment_changes.c.seq)
         )
         return from_rows(Change, rows)
 
-    async def claim(self, change_id: str) -> Change:
+    async def claim_environment_change(self, change_id: str) -> Change:
         """V5: move a waiting change to ``running`` when nothing holds its environment (no
         earlier change pending, no execution using it); else record what it waits for."""
-        return from_row(Change, await self.store.run(_claim, change_id))
+        return from_row(Change, await self.run(_claim, change_id))
 
-    async def unclaim(self, change_id: str, reason: str) -> Change:
+    async def unclaim_environment_change(self, change_id: str, reason: str) -> Change:
         """The runner refused to start the change (an execution still runs there): wait again."""
-        return from_row(Change, await self.store.run(_unclaim, change_id, reason))
+        return from_row(Change, await self.run(_unclaim, change_id, reason))
 
-    async def set_progress(self, change_id: str, progress: str | None) -> None:
-        await self.store.run(_set_progress, change_id, progress)
+    async def set_change_progress(self, change_id: str, progress: str | None) -> None:
+        await self.run(_set_progress, change_id, progress)
 
-    async def finish(
+    async def finish_environment_change(
         self,
         change_id: str,
         *,
@@ -195,27 +189,29 @@ class EnvironmentRecords:
         """End a running change: with ``packages`` it succeeded and revision N+1 is recorded
         with the environment's new revision (one transaction); without, it failed and no
         revision is recorded. A change already ended is returned unchanged."""
-        row = await self.store.run(
+        row = await self.run(
             _finish, change_id, packages, error, error_kind, finished_at or time.time()
         )
         return from_row(Change, row)
 
     # ------------------------------------------------------------------ executions (V5, V6)
 
-    async def gate(self, execution_id: str, environment_id: str) -> tuple[str, Execution]:
+    async def gate_on_environment(
+        self, execution_id: str, environment_id: str
+    ) -> tuple[str, Execution]:
         """Decide whether an execution may start on its environment now (V5, V6).
 
         ``("go", record)``: it recorded the environment's current revision and holds the
         environment until it ends. ``("wait", record)``: a change is pending; the record names
         it in ``waiting_for`` and stays queued. ``("failed", record)``: the environment cannot
         be used (its creation failed); ``waiting_for`` is cleared and the caller fails it."""
-        verdict, row = await self.store.run(_gate, execution_id, environment_id)
+        verdict, row = await self.run(_gate, execution_id, environment_id)
         return verdict, from_row(Execution, row)
 
     async def gated_workspaces(self, environment_id: str) -> list[str]:
         """Workspaces with a queued execution on the environment that has not resolved its
         revision yet: dispatch them when a change ends."""
-        rows = await self.store.all(
+        rows = await self.all(
             sa.select(executions.c.workspace_id)
             .where(
                 executions.c.environment_id == environment_id,

@@ -24,8 +24,13 @@ from shellyard.store.schema import (
     transfers,
     workspaces,
 )
-from shellyard.store.store import Store
-from shellyard.store.workspaces import Snapshot, Workspace, record_snapshot, release_writer
+from shellyard.store.workspaces import (
+    Snapshot,
+    Workspace,
+    WorkspaceRecords,
+    record_snapshot,
+    release_writer,
+)
 
 #: What a transfer's entry is (the snapshots' kinds, contract/snapshots.py).
 EntryKind = Literal["file", "dir", "symlink"]
@@ -108,30 +113,27 @@ def _artifact(row: Row | None) -> Artifact | None:
     return None if row is None else from_row(Artifact, row)
 
 
-class FileRecords:
+class FileRecords(WorkspaceRecords):
     """The control plane's records for files, transfers and artifacts."""
-
-    def __init__(self, store: Store) -> None:
-        self.store = store
 
     # ------------------------------------------------------------------ workspaces, agents
 
     async def workspaces_of(self, agent_ids: Sequence[str]) -> list[Workspace]:
-        rows = await self.store.all(
+        rows = await self.all(
             sa.select(workspaces)
             .where(workspaces.c.agent_id.in_(list(agent_ids)))
             .order_by(workspaces.c.created_at)
         )
         return [from_row(Workspace, r) for r in rows]
 
-    async def children(self, agent_id: str) -> list[Agent]:
-        rows = await self.store.all(
+    async def child_agents(self, agent_id: str) -> list[Agent]:
+        rows = await self.all(
             sa.select(agents).where(agents.c.parent_id == agent_id).order_by(agents.c.created_at)
         )
         return from_rows(Agent, rows)
 
     async def writer_of(self, workspace_id: str) -> tuple[str | None, str | None]:
-        row = await self.store.get_workspace(workspace_id)
+        row = await self.get_workspace(workspace_id)
         if row is None:
             return None, None
         return row.writer_kind, row.writer_id
@@ -139,30 +141,28 @@ class FileRecords:
     # ------------------------------------------------------------------ history
 
     async def snapshot_rows(self, workspace_id: str) -> list[Snapshot]:
-        return await self.store.list_snapshots(workspace_id)
+        return await self.list_snapshots(workspace_id)
 
     async def referenced_seqs(self, workspace_id: str) -> set[int]:
         """Snapshots of the workspace that a record names: an execution's commit, a
         transfer's source or last target snapshot, an artifact (retention keeps them)."""
-        return await self.store.run(_referenced_seqs, workspace_id)
+        return await self.run(_referenced_seqs, workspace_id)
 
-    async def mark_pruned(self, workspace_id: str, seqs: Sequence[int]) -> None:
-        await self.store.run(_mark_pruned, workspace_id, list(seqs))
+    async def mark_snapshots_pruned(self, workspace_id: str, seqs: Sequence[int]) -> None:
+        await self.run(_mark_pruned, workspace_id, list(seqs))
 
     # ------------------------------------------------------------------ transfers
 
     async def create_transfer(
         self, values: dict[str, Any], files: list[dict[str, Any]]
     ) -> Transfer:
-        return from_row(Transfer, await self.store.run(_create_transfer, values, files))
+        return from_row(Transfer, await self.run(_create_transfer, values, files))
 
     async def get_transfer(self, transfer_id: str) -> Transfer | None:
-        return _transfer(
-            await self.store.one(sa.select(transfers).where(transfers.c.id == transfer_id))
-        )
+        return _transfer(await self.one(sa.select(transfers).where(transfers.c.id == transfer_id)))
 
     async def list_transfers(self, agent_id: str, limit: int = 100) -> list[Transfer]:
-        rows = await self.store.all(
+        rows = await self.all(
             sa.select(transfers)
             .where(transfers.c.agent_id == agent_id)
             .order_by(transfers.c.created_at.desc())
@@ -171,7 +171,7 @@ class FileRecords:
         return [from_row(Transfer, r) for r in rows]
 
     async def active_transfers(self) -> list[Transfer]:
-        rows = await self.store.all(
+        rows = await self.all(
             sa.select(transfers)
             .where(transfers.c.state.in_(ACTIVE_TRANSFER_STATES))
             .order_by(transfers.c.created_at)
@@ -185,12 +185,12 @@ class FileRecords:
         from_states: Sequence[str] = ACTIVE_TRANSFER_STATES,
         **values: Any,
     ) -> bool:
-        return await self.store.run(_update_transfer, transfer_id, tuple(from_states), values)
+        return await self.run(_update_transfer, transfer_id, tuple(from_states), values)
 
     async def pending_files(
         self, transfer_id: str, after_idx: int, limit: int
     ) -> list[TransferFile]:
-        rows = await self.store.all(
+        rows = await self.all(
             sa.select(transfer_files)
             .where(
                 transfer_files.c.transfer_id == transfer_id,
@@ -208,7 +208,7 @@ class FileRecords:
         stmt = sa.select(transfer_files).where(transfer_files.c.transfer_id == transfer_id)
         if outcome is not None:
             stmt = stmt.where(transfer_files.c.outcome == outcome)
-        rows = await self.store.all(stmt.order_by(transfer_files.c.idx).offset(offset).limit(limit))
+        rows = await self.all(stmt.order_by(transfer_files.c.idx).offset(offset).limit(limit))
         return [from_row(TransferFile, r) for r in rows]
 
     async def record_outcomes(
@@ -223,9 +223,7 @@ class FileRecords:
         transfer's counters, and the target snapshot that holds them, in one transaction."""
         return from_row(
             Transfer,
-            await self.store.run(
-                _record_outcomes, transfer_id, outcomes, snapshot, sent, done_bytes
-            ),
+            await self.run(_record_outcomes, transfer_id, outcomes, snapshot, sent, done_bytes),
         )
 
     async def finish_transfer(
@@ -235,22 +233,20 @@ class FileRecords:
         ``pending_reason``) and release the target's writer; one transaction. None when it
         was terminal already."""
         return _transfer(
-            await self.store.run(_finish_transfer, transfer_id, state, error, pending_reason)
+            await self.run(_finish_transfer, transfer_id, state, error, pending_reason)
         )
 
     # ------------------------------------------------------------------ artifacts
 
     async def create_artifact(self, values: dict[str, Any]) -> Artifact:
-        return from_row(Artifact, await self.store.run(_create_artifact, values))
+        return from_row(Artifact, await self.run(_create_artifact, values))
 
     async def get_artifact(self, artifact_id: str) -> Artifact | None:
-        return _artifact(
-            await self.store.one(sa.select(artifacts).where(artifacts.c.id == artifact_id))
-        )
+        return _artifact(await self.one(sa.select(artifacts).where(artifacts.c.id == artifact_id)))
 
     async def find_artifact(self, agent_id: str, name: str) -> Artifact | None:
         return _artifact(
-            await self.store.one(
+            await self.one(
                 sa.select(artifacts).where(
                     artifacts.c.agent_id == agent_id, artifacts.c.name == name
                 )
@@ -258,7 +254,7 @@ class FileRecords:
         )
 
     async def list_artifacts(self, agent_id: str) -> list[Artifact]:
-        rows = await self.store.all(
+        rows = await self.all(
             sa.select(artifacts)
             .where(artifacts.c.agent_id == agent_id)
             .order_by(artifacts.c.created_at)

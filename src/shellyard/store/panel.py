@@ -14,6 +14,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from shellyard.store.db import Database
 from shellyard.store.executions import Execution
 from shellyard.store.files import Artifact
 from shellyard.store.notices import Notice
@@ -29,22 +30,18 @@ from shellyard.store.schema import (
     transfers,
     workspaces,
 )
-from shellyard.store.store import Store
 from shellyard.store.timers import Timer
 
 
-class PanelRecords:
-    def __init__(self, store: Store) -> None:
-        self.store = store
-
+class PanelRecords(Database):
     async def sessions_newest_first(self, session_id: str | None = None) -> list[Session]:
         stmt = sa.select(sessions).order_by(sessions.c.created_at.desc(), sessions.c.id.desc())
         if session_id is not None:
             stmt = stmt.where(sessions.c.id == session_id)
-        return from_rows(Session, await self.store.all(stmt))
+        return from_rows(Session, await self.all(stmt))
 
     async def agents_of_sessions(self, session_ids: Sequence[str]) -> list[Agent]:
-        rows = await self.store.all(
+        rows = await self.all(
             sa.select(agents)
             .where(agents.c.session_id.in_(list(session_ids)))
             .order_by(agents.c.created_at, agents.c.id)
@@ -66,16 +63,16 @@ class PanelRecords:
         )
         if before_seq is not None:
             seqs = seqs.where(executions.c.seq < before_seq)
-        rows = await self.store.all(
+        rows = await self.all(
             sa.select(executions)
             .where(executions.c.seq.in_(seqs.scalar_subquery()))
             .order_by(executions.c.seq.desc())
         )
         return from_rows(Execution, rows)
 
-    async def execution_counts(self, agent_ids: Sequence[str]) -> dict[str, int]:
+    async def execution_counts_of(self, agent_ids: Sequence[str]) -> dict[str, int]:
         """How many executions of the agents are in each state."""
-        rows = await self.store.all(
+        rows = await self.all(
             sa.select(executions.c.state, sa.func.count().label("n"))
             .where(executions.c.agent_id.in_(list(agent_ids)))
             .group_by(executions.c.state)
@@ -83,7 +80,7 @@ class PanelRecords:
         return {str(r["state"]): int(r["n"]) for r in rows}
 
     async def timers_page(self, agent_ids: Sequence[str], limit: int) -> list[Timer]:
-        rows = await self.store.all(
+        rows = await self.all(
             sa.select(timers)
             .where(timers.c.agent_id.in_(list(agent_ids)))
             .order_by(timers.c.created_at.desc(), timers.c.id.desc())
@@ -92,7 +89,7 @@ class PanelRecords:
         return from_rows(Timer, rows)
 
     async def notices_page(self, agent_ids: Sequence[str], limit: int) -> list[Notice]:
-        rows = await self.store.all(
+        rows = await self.all(
             sa.select(notices)
             .where(notices.c.agent_id.in_(list(agent_ids)))
             .order_by(notices.c.created_at.desc(), notices.c.id.desc())
@@ -101,7 +98,7 @@ class PanelRecords:
         return from_rows(Notice, rows)
 
     async def artifacts_of(self, agent_ids: Sequence[str], limit: int) -> list[Artifact]:
-        rows = await self.store.all(
+        rows = await self.all(
             sa.select(artifacts)
             .where(artifacts.c.agent_id.in_(list(agent_ids)))
             .order_by(artifacts.c.created_at.desc())
@@ -109,9 +106,9 @@ class PanelRecords:
         )
         return from_rows(Artifact, rows)
 
-    async def digest(self, session_id: str, agent_ids: Sequence[str]) -> dict[str, Any]:
+    async def panel_digest(self, session_id: str, agent_ids: Sequence[str]) -> dict[str, Any]:
         """One small, JSON-able value per part of the panel; a part changed when its value did."""
-        return await self.store.run(_digest, session_id, list(agent_ids))
+        return await self.run(_digest, session_id, list(agent_ids))
 
 
 def _digest(conn: Connection, session_id: str, agent_ids: list[str]) -> dict[str, Any]:

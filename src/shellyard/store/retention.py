@@ -17,6 +17,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from shellyard.store.db import Database
 from shellyard.store.executions import TERMINAL_STATES
 from shellyard.store.files import TERMINAL_TRANSFER_STATES
 from shellyard.store.schema import (
@@ -33,7 +34,6 @@ from shellyard.store.schema import (
     wake_deliveries,
     wakes,
 )
-from shellyard.store.store import Store
 
 
 @dataclass(frozen=True)
@@ -109,11 +109,8 @@ def _prunable_executions(cutoff: float, archived: float | None) -> sa.Select[Any
     )
 
 
-class RetentionRecords:
+class RetentionRecords(Database):
     """The store's side of retention; the runner side goes through the Runner protocol."""
-
-    def __init__(self, store: Store) -> None:
-        self.store = store
 
     async def log_candidates(
         self, runner_id: str, cutoff: float | None, archived: float | None, batch: int
@@ -129,7 +126,7 @@ class RetentionRecords:
             )
             .limit(batch)
         )
-        return [str(r["id"]) for r in await self.store.all(stmt)]
+        return [str(r["id"]) for r in await self.all(stmt)]
 
     async def unread_log_candidates(self, runner_id: str, offset: int, batch: int) -> list[str]:
         """Finished executions on the runner whose logs an unread notice keeps, oldest
@@ -152,7 +149,7 @@ class RetentionRecords:
             .offset(offset)
             .limit(batch)
         )
-        return [str(r["id"]) for r in await self.store.all(stmt)]
+        return [str(r["id"]) for r in await self.all(stmt)]
 
     async def record_candidates(
         self, runner_id: str, cutoff: float, archived: float, batch: int
@@ -162,39 +159,39 @@ class RetentionRecords:
             .where(executions.c.runner_id == runner_id)
             .limit(batch)
         )
-        return [str(r["id"]) for r in await self.store.all(stmt)]
+        return [str(r["id"]) for r in await self.all(stmt)]
 
     async def mark_logs_pruned(self, execution_ids: Sequence[str]) -> None:
-        await self.store.run(_mark_logs_pruned, list(execution_ids))
+        await self.run(_mark_logs_pruned, list(execution_ids))
 
     async def delete_executions(self, execution_ids: Sequence[str]) -> int:
-        return await self.store.run(_delete_executions, list(execution_ids))
+        return await self.run(_delete_executions, list(execution_ids))
 
     async def prune_transfers(self, cutoffs: Cutoffs, batch: int) -> tuple[int, int]:
         """One batch of finished transfers past ``records`` (archived sessions' past
         ``archived``) whose notice is read: at most ``batch * ENTRY_FACTOR`` of their entries,
         then each transfer left without entries. (transfers deleted, entries deleted); call
         again while it returns anything."""
-        return await self.store.run(_prune_transfers, cutoffs, batch)
+        return await self.run(_prune_transfers, cutoffs, batch)
 
     async def prune_events(self, cutoffs: Cutoffs, batch: int) -> dict[str, int]:
         """One batch of each kind; call again while it returns anything."""
-        return await self.store.run(_prune_events, cutoffs, batch)
+        return await self.run(_prune_events, cutoffs, batch)
 
     def database_path(self) -> Path | None:
         """The SQLite file (None on PostgreSQL)."""
-        engine = self.store._sync
+        engine = self._sync
         if engine is None or not engine.url.database:
             return None
         return Path(engine.url.database)
 
-    async def reclaim(self, pages_per_step: int = 2048) -> dict[str, int]:
+    async def reclaim_pages(self, pages_per_step: int = 2048) -> dict[str, int]:
         """SQLite: give freed pages back to the file system (incremental vacuum, then a WAL
         checkpoint that truncates the log). PostgreSQL's autovacuum does this itself.
 
         In steps of ``pages_per_step`` (8 MiB) with the event loop free in between: SQLite
         runs on the loop's thread, and freeing 70 MiB in one statement took 2.5 s (measured)."""
-        engine = self.store._sync
+        engine = self._sync
         if engine is None:
             return {}
         before = after = 0
@@ -218,11 +215,11 @@ class RetentionRecords:
             await asyncio.sleep(0)
         return {"pages_before": before, "pages_after": after}
 
-    async def prepare(self) -> bool:
+    async def prepare_incremental_vacuum(self) -> bool:
         """SQLite: turn a database made before incremental vacuum on (``auto_vacuum`` can
         change only before the first table exists, or by one VACUUM). Returns True if it ran.
         Called once at start-up, before anything else uses the database."""
-        engine = self.store._sync
+        engine = self._sync
         if engine is None:
             return False
         with engine.connect() as conn:

@@ -1,5 +1,6 @@
 """The Store: every read and write of the control plane's records, one class made of the
-records of each concept (each in its own module, over ``db.Database``)."""
+records of each concept (each a mixin in its own module, over ``db.Database``;
+docs/architecture.md "Records at the store boundary")."""
 
 from __future__ import annotations
 
@@ -9,20 +10,24 @@ from typing import Any
 from sqlalchemy.engine import Engine
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from shellyard.store.environments import EnvironmentRecords
 from shellyard.store.executions import ExecutionRecords
+from shellyard.store.files import FileRecords
 from shellyard.store.leases import LeaseRecords
 from shellyard.store.notices import NoticeRecords
 from shellyard.store.ops import OpsRecords
 from shellyard.store.owners import OwnerRecords
+from shellyard.store.panel import PanelRecords
+from shellyard.store.retention import RetentionRecords
 from shellyard.store.sessions import SessionRecords
 from shellyard.store.timers import TimerRecords
+from shellyard.store.tokens import TokenRecords
 from shellyard.store.wakes import WakeRecords
-from shellyard.store.workspaces import WorkspaceRecords
 
 
 class Store(
     OwnerRecords,
-    WorkspaceRecords,
+    FileRecords,  # over WorkspaceRecords: a file operation reads its workspace's writer
     ExecutionRecords,
     NoticeRecords,
     SessionRecords,
@@ -30,6 +35,10 @@ class Store(
     TimerRecords,
     LeaseRecords,
     OpsRecords,
+    EnvironmentRecords,
+    TokenRecords,
+    RetentionRecords,
+    PanelRecords,
 ):
     """The control plane's records; ``Store.open(url)`` connects and migrates."""
 
@@ -44,3 +53,4 @@ class Store(
             sync_engine=sync_engine, async_engine=async_engine, schema_name=schema_name
         )
         self.notice_listeners: list[Callable[[str], Awaitable[Any]]] = []
+        self.revocations = 0

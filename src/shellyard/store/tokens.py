@@ -9,10 +9,9 @@ from typing import Any, Literal
 
 import sqlalchemy as sa
 
-from shellyard.store.db import new_id
+from shellyard.store.db import Database, new_id
 from shellyard.store.records import from_row, from_rows, maybe
 from shellyard.store.schema import tokens, wakes
-from shellyard.store.store import Store
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -31,14 +30,12 @@ class Token:
     revoked_at: float | None
 
 
-class TokenRecords:
-    def __init__(self, store: Store) -> None:
-        self.store = store
-        #: Counts revocations written through these records: a cache of verified tokens
-        #: (control/tokens.py) is dropped whenever it moves.
-        self.revocations = 0
+class TokenRecords(Database):
+    #: Counts revocations written through these records (set by ``Store.__init__``): a cache
+    #: of verified tokens (control/tokens.py) is dropped whenever it moves.
+    revocations: int
 
-    async def add(
+    async def add_token(
         self,
         kind: str,
         secret_sha256: str,
@@ -57,34 +54,34 @@ class TokenRecords:
             "created_at": time.time(),
             "revoked_at": None,
         }
-        await self.store.run(_insert, values)
+        await self.run(_insert, values)
         return from_row(Token, values)
 
-    async def by_hash(self, secret_sha256: str) -> Token | None:
-        row = await self.store.one(sa.select(tokens).where(tokens.c.secret_sha256 == secret_sha256))
+    async def token_by_hash(self, secret_sha256: str) -> Token | None:
+        row = await self.one(sa.select(tokens).where(tokens.c.secret_sha256 == secret_sha256))
         return maybe(Token, row)
 
-    async def get(self, token_id: str) -> Token | None:
-        return maybe(Token, await self.store.one(sa.select(tokens).where(tokens.c.id == token_id)))
+    async def get_token(self, token_id: str) -> Token | None:
+        return maybe(Token, await self.one(sa.select(tokens).where(tokens.c.id == token_id)))
 
-    async def list(self, session_id: str | None = None) -> list[Token]:
+    async def list_tokens(self, session_id: str | None = None) -> list[Token]:
         """Every token, or those scoped to ``session_id`` (session and agent tokens both
         record their session)."""
         stmt = sa.select(tokens).order_by(tokens.c.created_at)
         if session_id is not None:
             stmt = stmt.where(tokens.c.session_id == session_id)
-        return from_rows(Token, await self.store.all(stmt))
+        return from_rows(Token, await self.all(stmt))
 
     async def session_of_wake(self, wake_id: str) -> str | None:
-        row = await self.store.one(sa.select(wakes.c.session_id).where(wakes.c.id == wake_id))
+        row = await self.one(sa.select(wakes.c.session_id).where(wakes.c.id == wake_id))
         return None if row is None else str(row["session_id"])
 
-    async def revoke(self, token_id: str) -> Token | None:
+    async def revoke_token(self, token_id: str) -> Token | None:
         try:
-            await self.store.run(_revoke, token_id, time.time())
+            await self.run(_revoke, token_id, time.time())
         finally:  # even when the commit's outcome is unknown: forgetting costs one read
             self.revocations += 1
-        return await self.get(token_id)
+        return await self.get_token(token_id)
 
 
 def _insert(conn: sa.Connection, values: dict[str, Any]) -> None:

@@ -74,7 +74,7 @@ async def cookie_principal(request: Request, plane: ControlPlane, secret: str) -
     """The principal of a login cookie: its web session must be live at this origin and not
     expired, the token it came from valid; a request that changes something must carry the
     CSRF header."""
-    row = await plane.tokens.records.by_hash(web_session_hash(page_origin(request), secret))
+    row = await plane.store.token_by_hash(web_session_hash(page_origin(request), secret))
     ended = (
         row is None
         or row.revoked_at is not None
@@ -87,7 +87,7 @@ async def cookie_principal(request: Request, plane: ControlPlane, secret: str) -
         )
     parent_id = row.created_by
     if parent_id is not None:
-        parent = await plane.tokens.records.get(parent_id)
+        parent = await plane.store.get_token(parent_id)
         if parent is None or parent.revoked_at is not None:
             raise Unauthorized(
                 "the token this web login came from was revoked: run 'shellyard ui' with a "

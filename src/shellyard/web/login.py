@@ -155,7 +155,7 @@ def login_router(plane: ControlPlane) -> APIRouter:
         # An opaque web session id, found by a hash bound to this page's origin: not a
         # bearer token, and no other host or port can use it (web/cookies.py).
         secret = WEB_SESSION_PREFIX + secrets.token_urlsafe(32)
-        await plane.tokens.records.add(
+        await plane.store.add_token(
             who.kind,
             web_session_hash(page_origin(request), secret),
             session_id=who.session_id,
@@ -190,10 +190,10 @@ def login_router(plane: ControlPlane) -> APIRouter:
         if secret is None or request.headers.get("authorization"):
             raise InvalidInput("there is no login cookie to log out of")
         who = await principal(request, None)  # checks the CSRF header
-        row = await plane.tokens.records.by_hash(web_session_hash(page_origin(request), secret))
+        row = await plane.store.token_by_hash(web_session_hash(page_origin(request), secret))
         if row is None:
             raise NotFound("the login cookie's web session is gone already")
-        await plane.tokens.records.revoke(row.id)
+        await plane.store.revoke_token(row.id)
         response.delete_cookie(cookie_name(request), path="/", httponly=True, samesite="strict")
         return _view(who, "cookie")
 

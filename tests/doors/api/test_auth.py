@@ -242,7 +242,7 @@ async def make_sessions(w: World) -> None:
     )
     spare = await w.token(kind="agent", agent_id=child["agent_id"])
     # An environment of B as a bare record: making a real prefix is test_environments' job.
-    _env, change = await w.plane.environments.records.create(
+    _env, change = await w.plane.store.create_environment(
         {
             "id": "env_b",
             "session_id": b["session_id"],

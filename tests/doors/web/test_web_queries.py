@@ -11,7 +11,6 @@ from typing import Any
 import sqlalchemy as sa
 
 from shellyard.store import Store
-from shellyard.store.panel import PanelRecords
 from shellyard.store.schema import executions
 
 
@@ -50,7 +49,7 @@ async def test_pages_counts_and_digest(store: Store) -> None:
     # Interleaved seqs: the other session's records sit between this one's.
     await store.run(_insert, _rows(str(main.id), ws.id, 1, 120))
     await store.run(_insert, _rows(str(other.id), other_ws.id, 1000, 30))
-    records = PanelRecords(store)
+    records = store
     agents = [str(main.id)]
 
     seen: list[int] = []
@@ -63,10 +62,10 @@ async def test_pages_counts_and_digest(store: Store) -> None:
         before = page[-1].seq
     assert seen == list(range(120, 0, -1))  # newest first, every record once
     assert {r.agent_id for r in await records.executions_page(agents, None, 500)} == set(agents)
-    assert await records.execution_counts(agents) == {"running": 12, "completed": 108}
+    assert await records.execution_counts_of(agents) == {"running": 12, "completed": 108}
 
-    digest = await records.digest(str(mine.id), agents)
-    assert digest == await records.digest(str(mine.id), agents)  # stable when nothing moves
+    digest = await records.panel_digest(str(mine.id), agents)
+    assert digest == await records.panel_digest(str(mine.id), agents)  # stable when nothing moves
     await store.run(
         lambda conn: conn.execute(
             executions.update()
@@ -74,9 +73,9 @@ async def test_pages_counts_and_digest(store: Store) -> None:
             .values(state="completed", exit_code=0, finished_at=time.time())
         )
     )
-    changed = await records.digest(str(mine.id), agents)
+    changed = await records.panel_digest(str(mine.id), agents)
     assert [k for k in digest if digest[k] != changed[k]] == ["executions"]
     # The other session's changes do not touch this session's digest.
     await store.run(_insert, _rows(str(other.id), other_ws.id, 2000, 5))
-    assert await records.digest(str(mine.id), agents) == changed
+    assert await records.panel_digest(str(mine.id), agents) == changed
     assert theirs.id != mine.id

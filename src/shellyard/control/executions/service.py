@@ -12,6 +12,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from shellyard.contract.executions import (
+    ExecutionResultQuery,
     ExecutionState,
     ExecutionView,
     RunShellRequest,
@@ -559,12 +560,12 @@ class ExecutionService(OwnedReads):
         return await self.status(execution_id, agent_id)
 
     async def result(
-        self, execution_id: str, max_output_length: int, agent_id: str | None = None
+        self, execution_id: str, request: ExecutionResultQuery, agent_id: str | None = None
     ) -> RunShellResult:
         """What run_shell answers about an execution now, without waiting (MCP tasks)."""
         row = await self._owned(execution_id, agent_id)
         now = RunShellRequest.model_construct(
-            background=False, wait_ms=0, max_output_length=max_output_length
+            background=False, wait_ms=0, max_output_length=request.max_output_length
         )
         return await self._respond(row, now)
 

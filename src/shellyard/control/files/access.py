@@ -22,7 +22,6 @@ from shellyard.control.runners import LOCAL_RUNNER_ID, RunnerRegistry
 from shellyard.errors import InvalidInput, NotFound, WorkspaceBusy
 from shellyard.runner.protocol import Runner
 from shellyard.store import Store
-from shellyard.store.files import FileRecords
 from shellyard.store.owners import Agent
 from shellyard.store.workspaces import Workspace
 
@@ -35,12 +34,10 @@ class WorkspaceAccess:
     def __init__(
         self,
         store: Store,
-        records: FileRecords,
         runners: RunnerRegistry,
         executions: ExecutionService,
     ) -> None:
         self.store = store
-        self.records = records
         self.runners = runners
         self.executions = executions
         self._ensured: set[str] = set()
@@ -124,11 +121,11 @@ class WorkspaceAccess:
             row, _created = await self.store.workspace_for(agent.id, runner_id)
             views.append(_view(row, "own"))
         if agent.parent_id is not None:
-            for row in await self.records.workspaces_of([agent.parent_id]):
+            for row in await self.store.workspaces_of([agent.parent_id]):
                 views.append(_view(row, "parent"))
-        children = [c.id for c in await self.records.children(agent.id)]
+        children = [c.id for c in await self.store.child_agents(agent.id)]
         if children:
-            for row in await self.records.workspaces_of(children):
+            for row in await self.store.workspaces_of(children):
                 views.append(_view(row, "child"))
         return views
 
@@ -153,7 +150,7 @@ class WorkspaceAccess:
                 return True
             if cancelled is not None and cancelled.is_set():
                 return False
-            holder_kind, holder = await self.records.writer_of(workspace_id)
+            holder_kind, holder = await self.store.writer_of(workspace_id)
             if holder is None:
                 continue  # released in between
             if holder == holder_id:

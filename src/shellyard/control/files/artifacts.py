@@ -14,14 +14,15 @@ from shellyard.control.files.service import FileStream
 from shellyard.control.runners import LOCAL_RUNNER_ID
 from shellyard.errors import InvalidInput, NotFound
 from shellyard.paths import normalize_relative
+from shellyard.store import Store
 from shellyard.store.db import new_id
-from shellyard.store.files import Artifact, FileRecords
+from shellyard.store.files import Artifact
 from shellyard.store.records import field_names, values_of
 
 
 class ArtifactService:
-    def __init__(self, records: FileRecords, access: WorkspaceAccess) -> None:
-        self.records = records
+    def __init__(self, store: Store, access: WorkspaceAccess) -> None:
+        self.store = store
         self.access = access
 
     async def declare(
@@ -73,12 +74,12 @@ class ArtifactService:
         name = name if name is not None else rel.rsplit("/", 1)[-1]
         if not name or len(name) > 255 or "\0" in name:
             raise InvalidInput("an artifact name is 1 to 255 characters, without NUL bytes")
-        if await self.records.find_artifact(agent.id, name) is not None:
+        if await self.store.find_artifact(agent.id, name) is not None:
             raise InvalidInput(
                 f"you already declared an artifact named {name!r}; pass another name",
                 name=name,
             )
-        created = await self.records.create_artifact(
+        created = await self.store.create_artifact(
             {
                 "id": new_id("art"),
                 "agent_id": agent.id,
@@ -96,7 +97,7 @@ class ArtifactService:
 
     async def list(self, agent_id: str | None = None) -> list[ArtifactView]:
         agent = await self.access.agent(agent_id)
-        return [_view(r) for r in await self.records.list_artifacts(agent.id)]
+        return [_view(r) for r in await self.store.list_artifacts(agent.id)]
 
     async def get(self, artifact_id: str, agent_id: str | None = None) -> ArtifactView:
         return _view(await self._owned(artifact_id, agent_id))
@@ -117,7 +118,7 @@ class ArtifactService:
 
     async def _owned(self, artifact_id: str, agent_id: str | None) -> Artifact:
         agent = await self.access.agent(agent_id)
-        row = await self.records.get_artifact(artifact_id)
+        row = await self.store.get_artifact(artifact_id)
         if row is None or row.agent_id != agent.id:
             raise NotFound(f"no artifact {artifact_id!r}; list yours with artifact_list")
         return row

@@ -17,6 +17,11 @@ from shellyard.config import RetentionSettings
 from shellyard.contract.files import (
     MAX_TEXT_READ,
     EditView,
+    FileDiffQuery,
+    FileHistoryQuery,
+    FileListQuery,
+    FileReadTextQuery,
+    FileStatQuery,
     FileText,
     HistoryView,
     RetentionView,
@@ -38,7 +43,6 @@ from shellyard.runner.protocol import (
 )
 from shellyard.store import Store
 from shellyard.store.db import new_id
-from shellyard.store.files import FileRecords
 from shellyard.store.workspaces import Workspace
 
 log = logging.getLogger(__name__)
@@ -71,12 +75,10 @@ class FileService:
     def __init__(
         self,
         store: Store,
-        records: FileRecords,
         access: WorkspaceAccess,
         retention: RetentionSettings,
     ) -> None:
         self.store = store
-        self.records = records
         self.access = access
         self.retention = retention
         self._retention_task: asyncio.Task[None] | None = None
@@ -117,31 +119,15 @@ class FileService:
         row, _relation, runner = await self.access.workspace(agent, workspace_id, runner_id, use)
         return row, runner
 
-    async def list(
-        self,
-        path: str = "",
-        *,
-        workspace_id: str | None = None,
-        runner_id: str | None = None,
-        seq: int | None = None,
-        recursive: bool = False,
-        after: str | None = None,
-        limit: int = 1000,
-        agent_id: str | None = None,
-    ) -> DirListing:
-        row, runner = await self._target(agent_id, workspace_id, runner_id)
-        return await runner.list_dir(row.id, seq, path, recursive, after, limit)
+    async def list(self, request: FileListQuery, agent_id: str | None = None) -> DirListing:
+        row, runner = await self._target(agent_id, request.workspace_id, request.runner_id)
+        return await runner.list_dir(
+            row.id, request.seq, request.path, request.recursive, request.after, request.limit
+        )
 
-    async def stat(
-        self,
-        path: str,
-        *,
-        workspace_id: str | None = None,
-        runner_id: str | None = None,
-        seq: int | None = None,
-        agent_id: str | None = None,
-    ) -> PathEntry:
-        row, runner = await self._target(agent_id, workspace_id, runner_id)
+    async def stat(self, request: FileStatQuery, agent_id: str | None = None) -> PathEntry:
+        path, seq = request.path, request.seq
+        row, runner = await self._target(agent_id, request.workspace_id, request.runner_id)
         entry = await runner.stat_path(row.id, seq, path)
         if entry is None:
             where = "the head" if seq is None else f"snapshot {seq}"
@@ -184,27 +170,18 @@ class FileService:
         end = entry.size if length is None else min(entry.size, start + length)
         return FileStream(ws, seq, entry, start, end - start, chunks)
 
-    async def read_text(
-        self,
-        path: str,
-        *,
-        workspace_id: str | None = None,
-        runner_id: str | None = None,
-        seq: int | None = None,
-        offset: int = 0,
-        limit: int = 65536,
-        agent_id: str | None = None,
-    ) -> FileText:
+    async def read_text(self, request: FileReadTextQuery, agent_id: str | None = None) -> FileText:
         """Up to ``limit`` bytes as text (UTF-8, never split inside a character) or base64
         when the bytes are not text. Page on with ``next_offset``."""
+        limit = request.limit
         if not 0 < limit <= MAX_TEXT_READ:
             raise InvalidInput(f"limit must be between 1 and {MAX_TEXT_READ} bytes, not {limit}")
         stream = await self.open(
-            path,
-            workspace_id=workspace_id,
-            runner_id=runner_id,
-            seq=seq,
-            offset=offset,
+            request.path,
+            workspace_id=request.workspace_id,
+            runner_id=request.runner_id,
+            seq=request.seq,
+            offset=request.offset,
             length=limit,
             agent_id=agent_id,
         )
@@ -247,18 +224,12 @@ class FileService:
             seq = (await runner.head(ws)).seq
         return ArchiveStream(ws, seq, path, await runner.export_tar(ws, seq, path))
 
-    async def history(
-        self,
-        *,
-        workspace_id: str | None = None,
-        runner_id: str | None = None,
-        agent_id: str | None = None,
-    ) -> HistoryView:
+    async def history(self, request: FileHistoryQuery, agent_id: str | None = None) -> HistoryView:
         """W5: every snapshot with what made it; pruned ones are listed, marked."""
-        row, runner = await self._target(agent_id, workspace_id, runner_id)
+        row, runner = await self._target(agent_id, request.workspace_id, request.runner_id)
         ws = row.id
         retained = {s.seq: s for s in await runner.list_snapshots(ws)}
-        recorded = {r.seq: r for r in await self.records.snapshot_rows(ws)}
+        recorded = {r.seq: r for r in await self.store.snapshot_rows(ws)}
         views: list[SnapshotView] = []
         for seq in sorted(set(retained) | set(recorded) | {0}):
             info, rec = retained.get(seq), recorded.get(seq)
@@ -278,20 +249,11 @@ class FileService:
         head = max(retained) if retained else row.head_seq
         return HistoryView(workspace_id=ws, runner_id=row.runner_id, head_seq=head, snapshots=views)
 
-    async def diff(
-        self,
-        from_seq: int,
-        to_seq: int | None = None,
-        path: str = "",
-        *,
-        workspace_id: str | None = None,
-        runner_id: str | None = None,
-        after: str | None = None,
-        limit: int = 1000,
-        agent_id: str | None = None,
-    ) -> DiffResult:
-        row, runner = await self._target(agent_id, workspace_id, runner_id)
-        return await runner.diff(row.id, from_seq, to_seq, path, after, limit)
+    async def diff(self, request: FileDiffQuery, agent_id: str | None = None) -> DiffResult:
+        row, runner = await self._target(agent_id, request.workspace_id, request.runner_id)
+        return await runner.diff(
+            row.id, request.from_seq, request.to_seq, request.path, request.after, request.limit
+        )
 
     # ------------------------------------------------------------------ writer operations
 
@@ -481,7 +443,7 @@ class FileService:
             except RunnerUnavailable as exc:
                 errors[runner_id] = exc.message
                 continue
-            keep = set(seqs[-keep_last:]) | await self.records.referenced_seqs(ws)
+            keep = set(seqs[-keep_last:]) | await self.store.referenced_seqs(ws)
             if set(seqs) <= keep:
                 continue
             try:
@@ -489,7 +451,7 @@ class FileService:
             except ShellyardError as exc:
                 errors[runner_id] = exc.message
                 continue
-            await self.records.mark_pruned(ws, result.removed)
+            await self.store.mark_snapshots_pruned(ws, result.removed)
             pruned.append(result)
         for runner_id in self.access.runners.ids():
             if runner_id in errors:

@@ -45,8 +45,11 @@ from typing import Any
 from shellyard.contract.files import (
     DEFAULT_BATCH_BYTES,
     DEFAULT_BATCH_FILES,
+    TransferCancelQuery,
+    TransferFilesQuery,
     TransferFilesView,
     TransferFileView,
+    TransferListQuery,
     TransferRequest,
     TransferView,
     WorkspaceView,
@@ -65,7 +68,7 @@ from shellyard.paths import normalize_relative
 from shellyard.runner.protocol import MAX_PAGE, ApplyEntry, ByteStream, Runner
 from shellyard.store import Store
 from shellyard.store.db import new_id
-from shellyard.store.files import TERMINAL_TRANSFER_STATES, FileRecords, Transfer, TransferFile
+from shellyard.store.files import TERMINAL_TRANSFER_STATES, Transfer, TransferFile
 from shellyard.store.leases import TRANSFER
 from shellyard.store.records import field_names, values_of
 
@@ -92,7 +95,6 @@ class TransferService:
     def __init__(
         self,
         store: Store,
-        records: FileRecords,
         access: WorkspaceAccess,
         *,
         leases: WatchLeases,
@@ -106,7 +108,6 @@ class TransferService:
         self.leases, self.on_signal, self.max_entries = leases, on_signal, max_entries
         leases.register(TRANSFER, self.adopt, self.forget, sweep=self._sweep)
         self.store = store
-        self.records = records
         self.access = access
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._cancel: dict[str, asyncio.Event] = {}
@@ -122,7 +123,7 @@ class TransferService:
     async def startup(self) -> None:
         """Resume the transfers a previous control plane left queued or running (with
         replicas: those whose lease this one gets; the others' holders are alive)."""
-        for row in await self.records.active_transfers():
+        for row in await self.store.active_transfers():
             self._launch(row.id)
 
     async def adopt(self, transfer_id: str) -> None:
@@ -158,7 +159,7 @@ class TransferService:
 
     async def _cancel_if_asked(self, transfer_id: str) -> None:
         with contextlib.suppress(Exception):
-            row = await self.records.get_transfer(transfer_id)
+            row = await self.store.get_transfer(transfer_id)
             event = self._cancel.get(transfer_id)
             if row is not None and row.cancel_requested and event is not None:
                 event.set()
@@ -267,7 +268,7 @@ class TransferService:
             "started_at": time.time() if holds else None,
         }
         try:
-            row = await self.records.create_transfer(values, files)
+            row = await self.store.create_transfer(values, files)
         except BaseException:
             if holds:
                 await self.access.release_writer(dst_id, transfer_id)
@@ -291,7 +292,7 @@ class TransferService:
     # ------------------------------------------------------------------ the copy
 
     async def _run(self, transfer_id: str) -> None:
-        row = await self.records.get_transfer(transfer_id)
+        row = await self.store.get_transfer(transfer_id)
         if row is None or row.state in TERMINAL_TRANSFER_STATES:
             await self._release(transfer_id)  # an adopted lease of work already done
             return
@@ -309,7 +310,7 @@ class TransferService:
                 await self._finish(row, "cancelled", None)
                 return
             if row.state == "queued":
-                await self.records.update_transfer(
+                await self.store.update_transfer(
                     transfer_id, state="running", started_at=time.time()
                 )
             error = await self._copy(row, cancel)
@@ -346,7 +347,7 @@ class TransferService:
         try:
             while not cancel.is_set():
                 if not rows:  # pending rows come a page at a time, several batches' worth
-                    rows = await self.records.pending_files(
+                    rows = await self.store.pending_files(
                         transfer_id, after, max(batch_files, _PAGE_ROWS)
                     )
                     if not rows:
@@ -387,7 +388,7 @@ class TransferService:
                     failed: list[tuple[int, str, str | None, int | None]] = [
                         (r.idx, "failed", reason, None) for r in batch
                     ]
-                    await self.records.record_outcomes(transfer_id, failed, None)
+                    await self.store.record_outcomes(transfer_id, failed, None)
                     return exc.message
                 finally:
                     if not work.done():
@@ -398,7 +399,7 @@ class TransferService:
                 sizes = {r.idx: r.size for r in batch}
                 done = sum(sizes[i] for i, o, _r, _s in outcomes if o in ("copied", "unchanged"))
                 recording = asyncio.ensure_future(
-                    self.records.record_outcomes(transfer_id, outcomes, snapshot, sent, done)
+                    self.store.record_outcomes(transfer_id, outcomes, snapshot, sent, done)
                 )
                 moved += size
                 if rate:
@@ -416,7 +417,7 @@ class TransferService:
         so, read once per batch (only with replicas; one process sets ``cancel`` itself)."""
         if not self.leases.shared:
             return cancel.is_set()
-        row = await self.records.get_transfer(transfer_id)
+        row = await self.store.get_transfer(transfer_id)
         if row is not None and row.cancel_requested:
             cancel.set()
         return cancel.is_set()
@@ -544,7 +545,7 @@ class TransferService:
 
     async def _finish(self, row: Transfer, forced: str | None, error: str | None) -> None:
         transfer_id = row.id
-        fresh = await self.records.get_transfer(transfer_id)
+        fresh = await self.store.get_transfer(transfer_id)
         assert fresh is not None
         done = fresh.files_copied + fresh.files_unchanged
         if forced is not None:
@@ -558,7 +559,7 @@ class TransferService:
             if state == "cancelled"
             else f"not copied: the transfer stopped ({error})"
         )
-        final = await self.records.finish_transfer(transfer_id, state, error, reason)
+        final = await self.store.finish_transfer(transfer_id, state, error, reason)
         self._cancel.pop(transfer_id, None)
         await self.access.writer_released(row.target_workspace_id)
         self._publish(transfer_id)
@@ -578,7 +579,7 @@ class TransferService:
 
     async def _owned(self, transfer_id: str, agent_id: str | None) -> Transfer:
         agent = await self.access.agent(agent_id)
-        row = await self.records.get_transfer(transfer_id)
+        row = await self.store.get_transfer(transfer_id)
         if row is None or row.agent_id != agent.id:
             raise NotFound(
                 f"no transfer {transfer_id!r}; list yours with workspace_transfer action 'list'"
@@ -588,18 +589,17 @@ class TransferService:
     async def query(self, transfer_id: str, agent_id: str | None = None) -> TransferView:
         return self._view(await self._owned(transfer_id, agent_id))
 
-    async def list(self, agent_id: str | None = None, limit: int = 100) -> list[TransferView]:
+    async def list(
+        self, request: TransferListQuery, agent_id: str | None = None
+    ) -> list[TransferView]:
         agent = await self.access.agent(agent_id)
-        return [self._view(r) for r in await self.records.list_transfers(agent.id, limit)]
+        rows = await self.store.list_transfers(agent.id, request.limit)
+        return [self._view(r) for r in rows]
 
     async def files(
-        self,
-        transfer_id: str,
-        outcome: str | None = None,
-        offset: int = 0,
-        limit: int = 1000,
-        agent_id: str | None = None,
+        self, transfer_id: str, request: TransferFilesQuery, agent_id: str | None = None
     ) -> TransferFilesView:
+        outcome, offset, limit = request.outcome, request.offset, request.limit
         if outcome not in (None, "pending", "copied", "unchanged", "skipped", "failed"):
             raise InvalidInput(
                 f"outcome must be one of pending, copied, unchanged, skipped, failed; not "
@@ -608,7 +608,7 @@ class TransferService:
         if offset < 0 or not 1 <= limit <= MAX_PAGE:
             raise InvalidInput(f"offset must be 0 or more and limit between 1 and {MAX_PAGE}")
         await self._owned(transfer_id, agent_id)
-        rows = await self.records.transfer_files(transfer_id, outcome, offset, limit + 1)
+        rows = await self.store.transfer_files(transfer_id, outcome, offset, limit + 1)
         views = [
             TransferFileView.model_validate(values_of(r, _TRANSFER_FILE_VIEW_FIELDS))
             for r in rows[:limit]
@@ -643,13 +643,14 @@ class TransferService:
         return self._view(row)
 
     async def cancel(
-        self, transfer_id: str, agent_id: str | None = None, wait_s: float = 0.0
+        self, transfer_id: str, request: TransferCancelQuery, agent_id: str | None = None
     ) -> TransferView:
         """Stop after the batch being copied; every committed file stays (T3)."""
+        wait_s = request.wait_s
         row = await self._owned(transfer_id, agent_id)
         if row.state in TERMINAL_TRANSFER_STATES:
             return self._view(row)
-        await self.records.update_transfer(transfer_id, cancel_requested=True)
+        await self.store.update_transfer(transfer_id, cancel_requested=True)
         event = self._cancel.get(transfer_id)
         if event is not None:
             event.set()
