@@ -120,8 +120,9 @@ async def test_create_python_records_the_base_and_pip_packages(runner: LocalRunn
     info = await runner.environment_info("env1")
     prefix = Path(info.prefix)
     assert info.language == "python" and not info.changing
-    assert info.env["VIRTUAL_ENV"] == str(prefix)
-    assert info.env["PATH"] == str(prefix / "bin")
+    # V4: commands see the prefix at /env, not at its host path (docs/security.md)
+    assert info.mounted_at == "/env" and info.env["VIRTUAL_ENV"] == "/env"
+    assert info.env["PATH"] == "/env/bin"
     assert os.access(prefix / "bin" / "uv", os.X_OK)
     assert stat.S_IMODE(prefix.stat().st_mode) == 0o755
     # A second create of the same environment id is refused.
@@ -232,7 +233,7 @@ async def test_command_uses_the_environment_read_only(runner: LocalRunner, root:
     code, out, err = await run(runner, "x1", command, "env1")
     assert code == 0, err
     lines = out.splitlines()
-    assert lines[0] == f"1.0 2.0 {prefix}"
+    assert lines[0] == "1.0 2.0 /env"  # V4: sys.prefix is the neutral path
     assert "pip=0" not in out and "uv=0" not in out and "touch=0" not in out
     assert "Read-only file system" in out + err
     assert prefix_hash(prefix) == before
