@@ -322,6 +322,7 @@ async def test_execution_refused_while_a_change_runs_and_close_rolls_back(
         folder = root.parent / "wheels"
         await runner.ensure_workspace("ws")
         probe = [runner.workspace_path("ws"), root / "snapshots", root / "token", prefix]
+        probe.append(Path("/env"))  # V4: the prefix is seen there, not at its host path
         make_slow_sdist(folder, "sy-slow", "1.0", prefix, "hang", probe)
         before = prefix_hash(prefix)
         await runner.environment_change(
@@ -331,10 +332,10 @@ async def test_execution_refused_while_a_change_runs_and_close_rolls_back(
             )
         )  # fmt: skip
         await _wait_for(prefix / ".build-started")
-        # the tool's sandbox: no capabilities, the runner's home hidden except the prefix
+        # the tool's sandbox: no capabilities, the runner's home hidden, the prefix at /env
         view = json.loads((prefix / ".build-started").read_text())
         assert int(view["cap_eff"], 16) == 0
-        assert view["seen"] == {str(p): p == prefix for p in probe}
+        assert view["seen"] == {str(p): p == Path("/env") for p in probe}
         assert (await runner.environment_info("env1")).changing
         with pytest.raises(Conflict, match="slow"):
             await runner.start(
@@ -508,8 +509,8 @@ async def test_r_environment_over_the_daemon(root: Path) -> None:
         base = {p.name: p.version for p in done.packages if p.manager == "base"}
         assert base["r"].count(".") == 2
         info = await remote.environment_info("renv")
-        library = Path(info.prefix) / "lib" / "R" / "library"
-        assert info.env["R_LIBS"] == str(library)
+        library = Path("/env/lib/R/library")  # V4: as commands see it
+        assert info.mounted_at == "/env" and info.env["R_LIBS"] == str(library)
         await remote.ensure_workspace("ws")
         await remote.start(
             StartRequest(execution_id="rx", workspace_id="ws", environment_id="renv",

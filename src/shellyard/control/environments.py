@@ -261,7 +261,7 @@ class EnvironmentService:
         if env.state == "ready":
             with contextlib.suppress(ShellyardError):
                 info = await self.runners.get(env.runner_id).environment_info(environment_id)
-                view.prefix = info.mounted_at or info.prefix  # V4: as commands see it
+                view.prefix = info.prefix
         return view
 
     async def revisions(
