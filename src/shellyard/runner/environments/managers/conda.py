@@ -74,7 +74,8 @@ class CondaManager:
             if local:
                 # R2: each shown where the request named it (/workspace/…), so the records
                 # (url, channel) name no host path of the workspace (docs/security.md)
-                shown = {f: local_folder(ctx.origins.get(c, c)) for f, c in local.items()}
+                named = {f: local_folder(ctx.origins.get(c, c)) for f, c in local.items()}
+                shown = {f: Path(os.path.normpath(p)) for f, p in named.items()}
                 payload["channels"] = [
                     str(shown[local_folder(c)]) if is_local(c) else c for c in channels
                 ]
