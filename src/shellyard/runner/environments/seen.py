@@ -98,7 +98,7 @@ class Places:
         # a host path, whole: followed by the end, a separator or a character no path
         # component of ours has (``--python=/…/prefix/bin/python``, ``PATH=/…/bin:/usr/bin``)
         self._pattern = (
-            re.compile("|".join(re.escape(h) for h, _ in moved) + r"(?=$|[/:;,'\" =])")
+            re.compile("(?:" + "|".join(re.escape(h) for h, _ in moved) + r")(?=$|[/:;,'\" =])")
             if moved
             else None
         )
