@@ -31,6 +31,7 @@ from pathlib import Path
 
 from shellyard.errors import LowOnSpace
 from shellyard.runner import processes
+from shellyard.runner.environments.seen import Places
 from shellyard.runner.limits import reserve
 from shellyard.runner.limits.settings import format_size
 from shellyard.runner.policy import NetworkMode
@@ -145,8 +146,13 @@ class SandboxedTools:
         on_spawn: SpawnHook,
         timeout_s: float,
         groups: ToolGroups | None = None,
+        seen: Path | None = None,
     ) -> None:
+        """``seen``: where the tools see the prefix, the path its files name (V4, seen.py;
+        default its host path); the cache and scratch are seen at neutral paths."""
         self._sandboxes = sandboxes
+        #: V4: the host folders and where the tools' sandbox shows them
+        self.places = Places(prefix, cache, scratch, seen)
         #: R2 tenants: each tool in a group of its own inside the requesting workspace's.
         self.groups = groups or ToolGroups(None, "", "")
         self._prefix = prefix
@@ -203,8 +209,10 @@ class SandboxedTools:
         lines: LineHook | None = None,
         mounts: dict[Path, Path] | None = None,
     ) -> tuple[int, str]:
+        # V4: the paths of the prefix, the cache and the scratch as the sandbox shows them
+        shown = [self.places.inside(arg) for arg in argv]
         wanted: list[Path] = []
-        if os.path.isabs(argv[0]):
+        if os.path.isabs(argv[0]) and shown[0] == argv[0]:
             # The tool itself may live where the sandbox shows a tmpfs (uv inside a checkout
             # under /tmp, or under the hidden home): bind its file back at its own path.
             wanted.append(Path(argv[0]))
@@ -230,11 +238,11 @@ class SandboxedTools:
                 network=mode,
                 view=box.view,
                 hardening=sandbox.Hardening(seccomp_fd, box.disable_userns),
-                writable=[self._prefix, self._cache, self._scratch],
+                writable=self.places.binds,
                 read_only=read_only,
                 read_only_fds=sources,
-                chdir=self._scratch,
-                command=argv,
+                chdir=self.places.shown(self._scratch),
+                command=shown,
                 egress_socket=box.egress_socket,
                 socat=box.socat,
                 front=front,
@@ -248,13 +256,13 @@ class SandboxedTools:
         if mode == "egress":
             # the runner's own proxy settings mean nothing inside: the sandbox's relay is the way
             passed = {k: v for k, v in passed.items() if "proxy" not in k.lower()}
-        tool_env = {
+        tool_env = self.places.inside_env({
             **sandbox.sandbox_env(str(self._scratch), sandbox.proxy_variables(mode)),
             "PATH": f"{self._prefix}/bin:{sandbox.SANDBOX_PATH}",
             **passed,
             **self._base_env,
             **(env or {}),
-        }
+        })  # fmt: skip
         flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC
         # R2: the tool's /proc/self/fd/2 reads "/environments/changes/<change>/log", no path
         # of the home: through the runner's copy of its root (log_root.py); an operator's
@@ -263,7 +271,7 @@ class SandboxedTools:
         (log_fd,) = box.logs.open_files(log_dir, log_name, flags, 0o600)
         try:
             start = os.fstat(log_fd).st_size
-            os.write(log_fd, f"$ {' '.join(argv)}\n".encode("utf-8", "replace"))
+            os.write(log_fd, f"$ {' '.join(shown)}\n".encode("utf-8", "replace"))
             # Spawned from the event loop's thread: --die-with-parent follows the thread that
             # forked bwrap, and this one lives as long as the runner.
             popen = subprocess.Popen(
