@@ -100,3 +100,60 @@ async def test_a_find_links_install_holds_the_workspace_while_its_tools_run(yard
         environment_id=created.environment_id,
     )
     assert seen.stdout.strip() == '"built"', seen
+
+
+async def test_an_install_naming_no_workspace_source_does_not_hold_the_workspace(
+    yard: Yard,
+) -> None:
+    """R2: the hold is for a change that reads its workspace; one whose only source is a
+    folder outside it (here in the operator's allowed /tmp, no index) holds nothing of the
+    workspace mid-build, so its overlay is not mounted for it and a file write to it lands
+    while the build still waits (a write waiting on the change would never come back
+    before the ``go``). The folder's path contains ``/workspace`` (``…/workspace-wheels``),
+    so the control plane's loose test sends the change with the caller's workspace: the
+    runner's own test of the sources decides."""
+    wheels = yard.home / "workspace-wheels"
+    wheels.mkdir(mode=0o755)
+    (wheels / "sy_free-1.0.tar.gz").write_bytes(backend_sdist("sy-free", "1.0", WAIT_FOR_GO))
+    (wheels / "sy_free-1.0.tar.gz").chmod(0o644)
+    put = await yard.run("echo start > a.txt")
+    assert put.exit_code == 0, put
+    runner = yard.runner
+    workspace = runner.workspace_path(put.workspace_id)
+    mounts = runner._mounts
+    await _until(lambda: mounts.holds(put.workspace_id) == [0, 0], "the command let go")
+    mounts.linger_s = 0
+    await asyncio.to_thread(mounts.unmount_unheld)
+    created = await yard.plane.environments.create(
+        EnvironmentCreateRequest(
+            name="free", language="python", runner_id=yard.runner_id, wait_ms=30_000
+        )
+    )
+    if created.state != "ready":
+        assert created.change_id is not None, created
+        await yard.plane.environments.wait(created.change_id, 120)
+    body = EnvironmentChangeBody(
+        manager="pip", specs=["sy-free"], index_url="none", find_links=[str(wheels)]
+    )
+    change = await yard.plane.environments.install(created.environment_id, body)
+    environments: Path = runner._environments.root
+    building: list[Path] = []
+
+    def build_started() -> bool:
+        building[:] = list(environments.glob("*/scratch/building"))
+        return bool(building)
+
+    await _until(build_started, "the build backend ran")
+    try:
+        assert mounts.holds(put.workspace_id) == [0, 0]  # mid-build: no hold of the change's
+        assert not os.path.ismount(workspace)
+        written = await asyncio.wait_for(
+            yard.plane.files.write("b.txt", b"mid-build\n", workspace_id=put.workspace_id),
+            timeout=60,
+        )
+        assert written is not None
+        assert (await yard.run("cat b.txt")).stdout == "mid-build\n"
+    finally:
+        (building[0].parent / "go").touch()
+    done = await yard.plane.environments.wait(change.change_id, 120)
+    assert done.state == "succeeded", done
