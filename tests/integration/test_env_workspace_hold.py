@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import hashlib
+import json
 import os
 from pathlib import Path
 
 import pytest
-from env_fixtures import backend_sdist
+from env_fixtures import backend_sdist, make_wheel
 
 from conftest import Yard
 from shellyard.contract.environments import EnvironmentChangeBody, EnvironmentCreateRequest
@@ -157,3 +159,80 @@ async def test_an_install_naming_no_workspace_source_does_not_hold_the_workspace
         (building[0].parent / "go").touch()
     done = await yard.plane.environments.wait(change.change_id, 120)
     assert done.state == "succeeded", done
+
+
+async def test_a_find_links_folder_swapped_for_a_link_mid_build_changes_nothing_installed(
+    yard: Yard,
+) -> None:
+    """R2, V5 (docs/security.md, "the workspace an environment change reads"): the hold does
+    not make the workspace busy, so a command may move the ``find_links`` folder away and put
+    a link to another folder (with another build of the same package) in its place while the
+    change builds. The decided behaviour: the change works on what it read at its start (the
+    folder's files copied by the workspace's reader, no link followed, into the change's
+    scratch; wheels.py): the command runs at once, and what gets installed and recorded is
+    the original files, byte for byte (a wheel of the folder too, installed after the build,
+    whose bytes the command also overwrote in the moved folder), never the swapped-in ones."""
+    original = backend_sdist("sy-mid", "1.0", WAIT_FOR_GO.replace('"built"', '"original"'))
+    other = backend_sdist("sy-mid", "1.0", 'RESULT = "swapped-in"\n')
+    wheel = "sy_wheelmid-1.0-py3-none-any.whl"
+    kept = make_wheel(yard.home / "w1", "sy-wheelmid", "1.0", {"sy_wheelmid.py": "WHO = 1\n"})
+    later = make_wheel(yard.home / "w2", "sy-wheelmid", "1.0", {"sy_wheelmid.py": "WHO = 2\n"})
+    files = {
+        f"dist/{wheel}": kept.read_bytes(),
+        "dist/sy_mid-1.0.tar.gz": original,
+        f"other/{wheel}": later.read_bytes(),
+        "other/sy_mid-1.0.tar.gz": other,
+    }
+    put = await yard.run(
+        "mkdir dist other && "
+        + " && ".join(
+            f"echo {base64.b64encode(data).decode()} | base64 -d > {name}"
+            for name, data in files.items()
+        )
+    )
+    assert put.exit_code == 0, put
+    runner = yard.runner
+    created = await yard.plane.environments.create(
+        EnvironmentCreateRequest(
+            name="mid", language="python", runner_id=yard.runner_id, wait_ms=30_000
+        )
+    )
+    if created.state != "ready":
+        assert created.change_id is not None, created
+        await yard.plane.environments.wait(created.change_id, 120)
+    body = EnvironmentChangeBody(
+        manager="pip",
+        specs=["sy-mid", "sy-wheelmid"],
+        index_url="none",
+        find_links=["/workspace/dist"],
+    )
+    change = await yard.plane.environments.install(created.environment_id, body)
+    environments: Path = runner._environments.root
+    building: list[Path] = []
+
+    def build_started() -> bool:
+        building[:] = list(environments.glob("*/scratch/building"))
+        return bool(building)
+
+    await _until(build_started, "the build backend ran")
+    try:  # mid-build: the agent's command swaps the folder for a link, and is not held up
+        swap = await yard.run(
+            f"mv dist dist.was && ln -s other dist && cp other/{wheel} dist.was/ && readlink dist"
+        )
+        assert swap.exit_code == 0 and swap.stdout == "other\n", swap
+    finally:
+        (building[0].parent / "go").touch()
+    done = await yard.plane.environments.wait(change.change_id, 120)
+    assert done.state == "succeeded", done
+    seen = await yard.run(
+        "python -c 'import sy_mid, sy_wheelmid; print(sy_mid.RESULT, sy_wheelmid.WHO)'",
+        environment_id=created.environment_id,
+    )
+    assert seen.stdout.split() == ['"original"', "1"], seen
+    prefix = runner._environments.prefix(created.environment_id)
+    recorded = json.loads((prefix / ".shellyard" / "pip-sources.json").read_text())
+    assert recorded["sy-mid==1.0"]["source"] == "/workspace/dist", recorded
+    assert recorded["sy-wheelmid==1.0"] == {
+        "source": "/workspace/dist",
+        "sha256": hashlib.sha256(kept.read_bytes()).hexdigest(),
+    }, recorded
