@@ -12,17 +12,28 @@ runner's namespace files), skipped otherwise."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from test_ports import PORT, _get, _listening_addresses, _proc_hex, _server
+from test_ports import (
+    PORT,
+    _get,
+    _listening_addresses,
+    _proc_hex,
+    _server,
+    _wait_for_log,
+)
 
 from conftest import Yard
 from shellyard.errors import ShellyardError
@@ -169,3 +180,31 @@ async def test_an_egress_relay_started_after_the_swap_listens_in_the_workspace(
     assert "RAN-HERE" not in outcome and "network namespace went away" in outcome, outcome
     again = await yard.run("readlink /proc/self/ns/net")  # a fresh namespace, a fresh relay
     assert again.exit_code == 0 and again.stdout.strip() != os.readlink("/proc/self/ns/net")
+
+
+async def test_an_egress_relay_killed_while_the_namespace_is_in_use_is_started_again(
+    yard_factory: Any, host_decoy: None
+) -> None:
+    """R2 under ``egress`` on a root runner: the namespace's relay to the proxy is killed -9
+    while a command of the workspace runs (so the namespace stays). The next command joining
+    the namespace starts it again (its sandbox has no relay of its own: bwrap.py), and so
+    still reaches the outside (here the host's server, an operator exception) through the
+    proxy."""
+    exception = f"127.0.0.1:{PORT}"
+    yard: Yard = await yard_factory(SandboxPolicy(network="egress", egress_exceptions=[exception]))
+    background = await yard.run("echo up; sleep 120", background=True)
+    proxied = f"curl -sS -m 10 --noproxy '' http://{exception}/ 2>&1 || echo FAILED $?"
+    try:
+        await _wait_for_log(yard, background.execution_id, "up")
+        relays = yard.runner._relays
+        assert relays is not None
+        file = relays.directory / background.workspace_id / "egress.json"
+        record = json.loads(file.read_text())
+        os.kill(int(record["pid"]), signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while Path(f"/proc/{record['pid']}/ns/net").exists() and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        after = await yard.run(proxied, read_only=True, wait_ms=30_000)
+        assert after.stdout == "from-host\n", after.stdout + after.stderr
+    finally:
+        await yard.plane.executions.cancel(background.execution_id, wait_s=30)

@@ -68,9 +68,10 @@ class WorkspaceNetworks:
         #: Of those, the ones still running: a workspace without any has no live server, so
         #: its forwarded ports go at once (R5), whatever the namespace's linger.
         self._live: dict[str, set[str]] = {}
-        #: Called with (workspace, namespace file) when a workspace's first user arrives
-        #: (made now, or found mounted after a restart), and with the workspace before its
-        #: namespace goes: the relays that live with it (runner/network/ports.py).
+        #: Called with (workspace, namespace file) when a user arrives (the first: made now,
+        #: or found mounted after a restart; each later one too, so a relay killed meanwhile
+        #: is started again), and with the workspace before its namespace goes: the relays
+        #: that live with it (runner/network/ports.py).
         self.on_ready: list[Callable[[str, Path], None]] = []
         self.on_gone: list[Callable[[str], None]] = []
         #: Called with the workspace when its last live execution ended (the namespace may
@@ -112,16 +113,14 @@ class WorkspaceNetworks:
                 self._made[workspace_id] = os.stat(path).st_ino
         self._keep(workspace_id, path)
         users = self._users.setdefault(workspace_id, set())
-        first = not users
         users.add(execution_id)
         self._live.setdefault(workspace_id, set()).add(execution_id)
-        if first:
-            try:
-                for hook in self.on_ready:
-                    hook(workspace_id, path)
-            except BaseException:
-                self.release(workspace_id, execution_id)
-                raise
+        try:
+            for hook in self.on_ready:
+                hook(workspace_id, path)
+        except BaseException:
+            self.release(workspace_id, execution_id)
+            raise
         return path
 
     def open(self, workspace_id: str, path: Path) -> tuple[int | None, int]:

@@ -192,8 +192,10 @@ class Relays:
     # ------------------------------------------------------------------ egress
 
     def _ready(self, workspace_id: str, path: Path) -> None:
-        """The namespace has its first execution: under egress, make sure its relay runs,
-        listening in the namespace of the kept descriptor (R2), not whatever ``path`` names."""
+        """The namespace has a new execution (its first, or one more: a relay killed meanwhile
+        is started again, the sandbox has none of its own): under egress, make sure its relay
+        runs, listening in the namespace of the kept descriptor (R2), not whatever ``path``
+        names."""
         if self.egress_socket is None or self.networks.held:
             return  # a holder runs its own egress relay (holder.py)
         with self._lock:
