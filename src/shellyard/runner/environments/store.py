@@ -214,8 +214,8 @@ class EnvironmentStore:
             return known
         # R2: its workspace read through the overlay, checks to end, never unmounted midway
         with contextlib.ExitStack() as stack:
-            if request.workspace_id is not None and self.hold is not None:
-                stack.enter_context(self.hold(request.workspace_id))
+            if (workspace := sources.named_workspace(request)) and self.hold is not None:
+                stack.enter_context(self.hold(workspace))
             checked = self._validate(request)
             request = checked.request
             holder = self._by_env.get(request.environment_id)

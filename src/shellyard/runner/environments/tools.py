@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import shutil
 import signal
@@ -39,6 +40,8 @@ from shellyard.runner.sandbox import bwrap as sandbox
 from shellyard.runner.sandbox import launch
 from shellyard.runner.sandbox.spawn import Sandboxes
 from shellyard.runner.sandbox.tool_groups import ToolGroups
+
+log = logging.getLogger(__name__)
 
 #: On a root runner a finished base's files belong to this uid/gid (nobody), not to the
 #: sandbox uid the package tools run as, so no tool can write or chmod a base file that an
@@ -118,8 +121,14 @@ def give_to_tools(path: Path, ids: tuple[int, int] | None) -> None:
     uid, gid = ids
 
     def own(entry: str | Path, st: os.stat_result) -> None:
-        if (st.st_uid, st.st_gid) != (uid, gid) and st.st_uid != BASE_OWNER:
-            os.lchown(entry, uid, gid)
+        if (st.st_uid, st.st_gid) == (uid, gid) or st.st_uid == BASE_OWNER:
+            return
+        if st.st_nlink > 1 and not stat.S_ISDIR(st.st_mode):
+            # a hard link the tools could not have made to a file not theirs: it may be a
+            # host file's other name; never given away (docs/security.md, "runner reads")
+            log.warning("left a hard link of a file not the tools' as it is: %s", entry)
+            return
+        os.lchown(entry, uid, gid)
 
     own(path, os.lstat(path))
     folders = [str(path)]

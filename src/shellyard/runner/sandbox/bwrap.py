@@ -371,10 +371,12 @@ def bwrap_argv(
     home: Path | None = None,
     network_fds: tuple[int | None, int] | None = None,
 ) -> list[str]:
-    if policy.network == "egress" and not shared_network:
-        # R5: a shared namespace has its relay already (runner/network/ports.py)
-        command = egress_command(socat or find_socat(), command)
     shared_network = shared_network or network is not None
+    if policy.network == "egress" and not shared_network:
+        # R5: a shared namespace has its relay already (runner/network/ports.py, a holder's:
+        # holder.py); a socat of the sandbox's own there would take 127.0.0.1:3128 while the
+        # relay is away (a holder killed) and keep the next holder from listening (R2)
+        command = egress_command(socat or find_socat(), command)
     front = launch.prefix(
         launcher,
         network=network,

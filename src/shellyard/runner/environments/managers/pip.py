@@ -20,6 +20,7 @@ import hashlib
 import json
 import os
 import re
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote, urlparse
@@ -373,12 +374,18 @@ def _key(name: str, version: str) -> str:
 
 def _read_in_prefix(path: Path) -> str:
     """A file the tools' uid may have written, read by the runner without following a link
-    at its last component (a build could have left one to the runner's token there); the
-    folders above it are the prefix's own, made by the runner or the tools."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    at its last two components (a build could have left one to the runner's token there,
+    or made its folder, a ``*.dist-info`` or ``.shellyard``, a link to a root-only one);
+    the folders above are checked by ``_dists`` (no tool runs any more)."""
+    folder = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+        fd = os.open(path.name, flags, dir_fd=folder)
+    finally:
+        os.close(folder)
     with os.fdopen(fd, encoding="utf-8", errors="replace") as handle:
-        if not os.path.samestat(os.fstat(handle.fileno()), os.lstat(path)):
-            raise OSError(f"{path} changed while it was opened")
+        if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+            raise OSError(f"{path} is not a file")
         return handle.read()
 
 
@@ -394,6 +401,8 @@ def _save_sources(prefix: Path, recorded: dict[str, dict[str, str | None]]) -> N
     """Written by the runner (root) into a prefix the tools' uid owns: through the folder's
     descriptor, never following a link a build left (``.shellyard`` or the temp file)."""
     folder = prefix / SOURCES_FILE.parent
+    if folder.is_symlink():  # a build's (no tool runs any more): the runner's folder again
+        folder.unlink()
     with contextlib.suppress(FileExistsError):
         os.mkdir(folder, 0o755)
     dir_fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
@@ -425,9 +434,10 @@ def _interpreter(prefix: Path) -> Path | None:
 def _dists(prefix: Path) -> list[_Dist]:
     """Every distribution in the prefix's site-packages (a venv's or a conda python's)."""
     out: list[_Dist] = []
+    real = Path(os.path.realpath(prefix))
     for site in sorted(prefix.glob("lib/python*/site-packages")):
-        if site.is_symlink():
-            continue
+        if Path(os.path.realpath(site)) != real / site.relative_to(prefix):
+            continue  # a link on the way (``lib``, ``python3.X``, the folder): a build's
         for info in sorted(site.glob("*.dist-info")):
             name, version = _name_version(info)
             if name is None:
