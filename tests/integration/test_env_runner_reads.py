@@ -25,6 +25,7 @@ from test_attack_pass_41 import _agent
 from test_env_tool_rights import _create, _install
 
 from conftest import Yard
+from shellyard.runner.environments import seen
 
 pytestmark = [
     pytest.mark.timeout(300),
@@ -35,7 +36,7 @@ pytestmark = [
 SECRET = "canary-secret-7f3a"
 
 #: The backend's traps, planted in the target prefix while it builds (``PREFIX``, ``CANARY``
-#: are filled in: the prefix is bound at its own path in the tool's sandbox, V4).
+#: are filled in: the prefix is bound where its files say it is in the tool's sandbox, V4).
 TRAPS = """
     import glob
     prefix, canary = PREFIX, CANARY
@@ -98,7 +99,8 @@ async def test_a_build_that_leaves_links_and_hard_links_gets_no_root_read_or_cho
     canary = _canary(yard.home / "canary")
     wheels = yard.home / "trap-wheels"
     wheels.mkdir(mode=0o755)
-    body = TRAPS.replace("PREFIX", repr(str(prefix))).replace("CANARY", repr(str(canary)))
+    seen_at = seen.built_at(prefix)
+    body = TRAPS.replace("PREFIX", repr(str(seen_at))).replace("CANARY", repr(str(canary)))
     sdist = wheels / "sy_trap-1.0.tar.gz"
     sdist.write_bytes(backend_sdist("sy-trap", "1.0", body))
     sdist.chmod(0o644)
