@@ -460,7 +460,9 @@ class WarmPool:
         if isinstance(init, int):  # the init's own group, should bwrap have lost it
             processes.signal_process(init, signal.SIGKILL)
         if box.cgroups is not None:
-            box.cgroups.remove(warm.key.workspace_id, warm.group or warm.sandbox_id)
+            # one it took from those made ahead is made again, for a cold command to come
+            ahead = warm.group is not None and not self._closed
+            box.cgroups.remove(warm.key.workspace_id, warm.group or warm.sandbox_id, ahead=ahead)
         shutil.rmtree(warm.directory, ignore_errors=True)
         self._mounts.let_go(warm.key.workspace_id)  # R2: gone, it binds them no longer
 
