@@ -405,3 +405,51 @@ def test_w3_racily_clean_folders_are_scanned_again_whatever_the_hints(base: Path
     finally:
         store.close()
         reference.close()
+
+
+def test_w3_an_unchanged_workspace_is_answered_at_once_and_only_then(base: Path) -> None:
+    """``commit_if_unchanged`` (the event loop's, docs/benchmarks.md §36 "Thread hops")
+    answers ``commit``'s head when the hints show nothing changed, and None, at once and
+    without waiting, whenever ``commit`` has work or must wait: a change, a lock held
+    elsewhere (another commit of the workspace, a GC), another store's commit."""
+    import fcntl
+
+    tree, store, reference = small_tree(base)
+    lock = StoreLock(base / "store")
+    placer = Editor(store, lock, base / "staging", None, lambda _ws: tree)
+    try:
+        time.sleep(0.02)  # past the timestamp tick of the fixture's last write
+        store.commit(WS, tree)  # the folder the fixture changed, scanned again
+        head = store.commit(WS, tree)
+        same = placer.commit_if_unchanged(WS)
+        assert same == head and not same.new
+        stats = store.last_commit_stats
+        assert stats is not None and stats.change_hints and stats.seq == head.seq
+        fd = os.open(base / "store" / "workspaces" / WS / "lock", os.O_RDWR)
+        try:  # another process commits the workspace: not waited for
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            assert placer.commit_if_unchanged(WS) is None
+        finally:
+            os.close(fd)
+        with lock.hold(exclusive=True):  # a GC runs
+            assert placer.commit_if_unchanged(WS) is None
+        assert placer.commit_if_unchanged(WS) == head
+        run(tree, "echo 2 >> d03/s2/f4.txt")
+        assert placer.commit_if_unchanged(WS) is None  # a change: ``commit``'s work
+        changed = placer.commit(WS)
+        assert changed.new and changed.seq == head.seq + 1
+        check_exact(store, reference, tree)
+        time.sleep(0.02)
+        store.commit(WS, tree)  # its racily clean folder, scanned again
+        assert placer.commit_if_unchanged(WS) is not None
+        other = SnapshotStore(base / "store", scan_helper=False, change_hints=False)
+        try:
+            run(tree, "echo 3 >> d03/s2/f4.txt")
+            other.commit(WS, tree)
+            assert placer.commit_if_unchanged(WS) is None  # its stat cache is not ours
+        finally:
+            other.close()
+    finally:
+        placer.close()
+        store.close()
+        reference.close()

@@ -338,7 +338,12 @@ class LocalRunner(TerminalDoor):  # E13: send_input, screen, resize
     async def _commit(self, workspace_id: str) -> SnapshotInfo:
         with self._mounts.held(workspace_id):  # R2: read through its overlay (own_mounts)
             self._close_root(workspace_id)  # R2 tenants: what the ended command opened
-            # under the store's shared lock: a garbage collection never runs mid-commit
+            # under the store's shared lock: a garbage collection never runs mid-commit.
+            # A workspace nothing changed in is answered here, on the loop (a worker thread's
+            # hop cost more CPU than the few stats, docs/benchmarks.md §36 "Thread hops").
+            unchanged = self._editor.commit_if_unchanged(workspace_id)
+            if unchanged is not None:
+                return unchanged
             return await asyncio.to_thread(self._editor.commit, workspace_id)
 
     async def head(self, workspace_id: str) -> SnapshotInfo:

@@ -172,6 +172,14 @@ class Placer:
         with self.lock.hold():
             return self.store.commit(workspace_id, self.tree_of(workspace_id))
 
+    def commit_if_unchanged(self, workspace_id: str) -> SnapshotInfo | None:
+        """``commit``'s answer if it is known at once, without waiting (the event loop
+        calls it): the head of a workspace nothing changed in; None: call ``commit``."""
+        with self.lock.try_hold() as held:
+            if not held:
+                return None
+            return self.store.commit_if_unchanged(workspace_id, self._tree_of(workspace_id))
+
     # ------------------------------------------------------------------ staging
 
     def temp_for(self, parent_fd: int) -> tuple[int, str]:

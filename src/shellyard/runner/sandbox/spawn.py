@@ -275,12 +275,12 @@ class Sandboxes:
         ids: tuple[int, int] | None = None,
     ) -> PendingSpawn:
         """Everything of a spawn but the spawn itself (which touches no shared state, so a
-        warm sandbox's runs in a worker thread): its logs and status opened in ``directory``,
-        the network share and cgroups taken under ``sandbox_id`` (an execution's id, or a
-        warm sandbox's own, warm.py; the cgroups under ``group`` when made ahead), the
-        command line built. ``ids``: the workspace's uid and gid as this same spawn already
-        asked them (``ids_of``, with its R2 checks of the tree and home; the warm pool's key),
-        not asked again."""
+        warm sandbox's that makes its cgroups runs in a worker thread): its logs and status
+        opened in ``directory``, the network share and cgroups taken under ``sandbox_id``
+        (an execution's id, or a warm sandbox's own, warm.py; the cgroups under ``group``
+        when made ahead), the command line built. ``ids``: the workspace's uid and gid as
+        this same spawn already asked them (``ids_of``, with its R2 checks of the tree and
+        home; the warm pool's key), not asked again."""
         flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC
         # R2: opened through the runner's detached copy of its root, so the sandbox's
         # /proc/self/fd/1 reads "/executions/ex_…/stdout", not the home's path (log_root.py)

@@ -132,6 +132,9 @@ class Warm:
     started: Started
     write_fd: int | None
     environment_id: str | None
+    #: R2 tenants: its cgroups' name when made ahead (cgroups.py ``take_ready``), else
+    #: they are named by ``sandbox_id``
+    group: str | None = None
     made_at: float = field(default_factory=time.monotonic)
     timer: asyncio.TimerHandle | None = None
 
@@ -244,13 +247,15 @@ class WarmPool:
             networks.release(request.workspace_id, warm.sandbox_id)
         self._mounts.let_go(request.workspace_id)  # the execution's own hold goes on
         self.stats["taken"] += 1
-        return self._sandboxes.record(request, directory, started, warm.sandbox_id)
+        return self._sandboxes.record(
+            request, directory, started, warm.sandbox_id, cgroup=warm.group
+        )
 
     # ------------------------------------------------------------------ make
 
     def prepare_soon(self, request: StartRequest, tree: Path, mount: Mount | None) -> None:
-        """After a writer's start: the workspace's next sandbox, made in a task whose spawn
-        runs in a worker thread, so the event loop (and the start's answer) never waits."""
+        """After a writer's start: the workspace's next sandbox, made in a task, so the
+        start's answer never waits for it (its cgroups, when made, in a worker thread)."""
         workspace_id = request.workspace_id
         if self.count <= 0 or request.read_only or self._sandboxes.waiter is None:
             return
@@ -339,6 +344,9 @@ class WarmPool:
         self_fd = os.open(box.waiter, os.O_RDONLY | os.O_CLOEXEC)
         env = box.base_env(workspace_id, None, mount)
         env["SHELLYARD_SANDBOX_ID"] = sandbox_id
+        # R2 tenants: the workspace's group made ahead (cgroups.py ``take_ready``), so the
+        # spawn makes none and runs on the loop; none ready: made in a worker thread
+        group = None if box.cgroups is None else box.cgroups.take_ready(workspace_id)
         try:
             pending = box.prepare_bwrap(
                 workspace_id=workspace_id,
@@ -350,9 +358,17 @@ class WarmPool:
                 env=env,
                 extra_fds=(read_fd, self_fd),
                 ids=key.ids,  # asked (and the tree and home checked, R2) for the key just now
+                group=group,
             )
             try:
-                started = await asyncio.get_running_loop().run_in_executor(None, pending.spawn)
+                if pending.groups is None:
+                    # On the loop, as a cold spawn's is: bwrap's fork and exec alone; a worker
+                    # thread's hop cost ~37 µs of CPU a run (docs/benchmarks.md §36, "Thread
+                    # hops").
+                    started = pending.spawn()
+                else:  # R2 tenants: its cgroup mkdirs may wait on cgroup_mutex (§25)
+                    loop = asyncio.get_running_loop()
+                    started = await loop.run_in_executor(None, pending.spawn)
             except BaseException:
                 box.abandon(pending)
                 raise
@@ -361,6 +377,8 @@ class WarmPool:
         except BaseException:
             os.close(write_fd)
             shutil.rmtree(directory, ignore_errors=True)
+            if group is not None and box.cgroups is not None:  # again is harmless (abandon)
+                box.cgroups.remove(workspace_id, group)
             raise
         finally:
             os.close(read_fd)
@@ -373,7 +391,7 @@ class WarmPool:
         write_json_once(directory / WARM_RECORD, json.dumps(record))
         if box.networks is not None and started.network is not None:
             box.networks.ended(workspace_id, sandbox_id)  # a share, not a live execution
-        return Warm(sandbox_id, key, directory, started, write_fd, environment_id)
+        return Warm(sandbox_id, key, directory, started, write_fd, environment_id, group)
 
     # ------------------------------------------------------------------ discard
 
@@ -444,7 +462,9 @@ class WarmPool:
         if isinstance(init, int):  # the init's own group, should bwrap have lost it
             processes.signal_process(init, signal.SIGKILL)
         if box.cgroups is not None:
-            box.cgroups.remove(warm.key.workspace_id, warm.sandbox_id)
+            # one it took from those made ahead is made again, for a cold command to come
+            ahead = warm.group is not None and not self._closed
+            box.cgroups.remove(warm.key.workspace_id, warm.group or warm.sandbox_id, ahead=ahead)
         shutil.rmtree(warm.directory, ignore_errors=True)
         self._mounts.let_go(warm.key.workspace_id)  # R2: gone, it binds them no longer
 

@@ -20,9 +20,12 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import errno
+import fcntl
 import logging
 import os
 import struct
+import sys
+import termios
 import threading
 import weakref
 from dataclasses import dataclass, field
@@ -62,6 +65,9 @@ _WATCH_MASK = (
 _SUBTREE_EVENTS = _IN_CREATE | _IN_MOVED_FROM | _IN_MOVED_TO | _IN_DELETE
 _EVENT = struct.Struct("iIII")  # wd, mask, cookie, len(name)
 _READ_SIZE = 1 << 16
+#: ``unchanged`` reads the queued events itself up to this many bytes (~100 events, tens of
+#: µs); more are left to ``begin`` on a worker thread.
+QUICK_READ_BYTES = 4096
 
 
 @dataclass
@@ -143,6 +149,34 @@ class ChangeTracker:
             known = old is not None and old.tree == tree and not old.lost and not old.pending
             self._spaces[workspace_id] = _Watched(tree, Changes())
             return Tracking(workspace_id, self, old.changes if known and old else None)
+
+    def unchanged(self, workspace_id: str, tree: str) -> bool:
+        """Whether ``begin`` would give ``workspace_id`` empty changes now: watched without a
+        gap since its last commit (of the same ``tree``), no folder changed. Told without
+        waiting (the event loop calls it, store.py ``commit_if_unchanged``): False when the
+        lock is held elsewhere or more than ``QUICK_READ_BYTES`` of events are queued. Its
+        state stays as it is: with nothing changed, ``begin`` then ``finish`` would leave it
+        the same."""
+        if not self._lock.acquire(blocking=False):
+            return False
+        try:
+            if self._fd < 0:
+                return False
+            queued = bytearray(4)
+            fcntl.ioctl(self._fd, termios.FIONREAD, queued)
+            size = int.from_bytes(queued, sys.byteorder)
+            if size > QUICK_READ_BYTES:
+                return False
+            if size:
+                self._drain()
+            old = self._spaces.get(workspace_id)
+            return (
+                old is not None
+                and old.tree == tree
+                and not (old.lost or old.pending or old.changes.dirs or old.changes.subtrees)
+            )
+        finally:
+            self._lock.release()
 
     def finish(self, tracking: Tracking) -> None:
         """The commit that began with ``tracking`` is complete: its walk watched every folder

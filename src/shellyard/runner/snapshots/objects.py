@@ -81,6 +81,20 @@ class StoreLock:
         finally:
             os.close(fd)
 
+    @contextlib.contextmanager
+    def try_hold(self) -> Iterator[bool]:
+        """Held shared if that is possible at once (True; no GC runs), else not (False)."""
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                yield False
+                return
+            yield True
+        finally:
+            os.close(fd)
+
 
 # ---------------------------------------------------------------------- export
 

@@ -207,6 +207,39 @@ class SnapshotStore:
                 self._helper.start_soon()  # for the next full walks of this big tree
             return self._done(state, stats, track, track.racy if track else set(), started)
 
+    def commit_if_unchanged(self, workspace_id: str, tree: Path) -> SnapshotInfo | None:
+        """``commit``'s answer when it is known at once: the head (``new=False``), when the
+        change hints show nothing changed since it was committed and nothing of it is racily
+        clean or hard-linked: the same answer, and the same state after, as ``commit``'s
+        shortcut for that case, which writes nothing either. None: not known at once (a lock
+        held elsewhere, the head or stat cache changed on disk, hints unknown or not empty):
+        call ``commit``. Never waits (locks are tried, not waited for) and does a few stats
+        and at most a short read: the event loop calls it, saving a worker thread's hop per
+        command (docs/benchmarks.md §36, "Thread hops")."""
+        started = time.perf_counter()
+        wdir = self._wdir(workspace_id)
+        if self._tracker is None or workspace_id not in self._migrated:
+            return None
+        with self._try_workspace_lock(workspace_id, wdir) as locked:
+            if not locked:
+                return None
+            with self._guard:
+                state = self._states.get(workspace_id)
+            if state is None or state.racy is None or state.racy or state.linked:
+                return None
+            cache_sig = (file_sig(wdir / "statcache"), file_sig(wdir / "statcache.log"))
+            if state.head_sig != file_sig(wdir / "HEAD") or state.cache_sig != cache_sig:
+                return None  # another store instance committed: ``commit`` reloads it
+            if not os.path.isdir(tree) or not self._tracker.unchanged(workspace_id, str(tree)):
+                return None
+            with self._guard:
+                self._states.move_to_end(workspace_id)
+            stats = CommitStats(workspace_id=workspace_id, change_hints=True)
+            stats.seq = state.head_info.seq
+            stats.elapsed_s = time.perf_counter() - started
+            self.last_commit_stats = stats
+            return state.head_info.model_copy(update={"new": False})
+
     def _done(
         self,
         state: WorkspaceState,
@@ -373,6 +406,32 @@ class SnapshotStore:
                 yield
             finally:
                 os.close(fd)
+
+    @contextlib.contextmanager
+    def _try_workspace_lock(self, workspace_id: str, wdir: Path) -> Iterator[bool]:
+        """``_workspace_lock`` if it is free at once (True), else nothing held (False)."""
+        with self._guard:
+            lock = self._locks.get(workspace_id)
+        if lock is None or not lock.acquire(blocking=False):
+            yield False
+            return
+        try:
+            try:
+                fd = os.open(wdir / "lock", os.O_RDWR | O_CLOEXEC)
+            except FileNotFoundError:
+                yield False
+                return
+            try:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    yield False
+                    return
+                yield True
+            finally:
+                os.close(fd)
+        finally:
+            lock.release()
 
     def _read_head(self, wdir: Path, workspace_id: str) -> int:
         try:
