@@ -20,6 +20,7 @@ import hashlib
 import json
 import os
 import re
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote, urlparse
@@ -28,7 +29,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from shellyard.runner.environments.managers import wheels
+from shellyard.runner.environments.managers import prefix_files, wheels
 from shellyard.runner.environments.managers.base import ManagerContext, ManagerError
 from shellyard.runner.protocol import EnvironmentChangeRequest, PackageRecord
 
@@ -340,9 +341,18 @@ def _same_version(a: str, b: str) -> bool:
         return a == b
 
 
-def _sha256(path: Path) -> str:
+def _sha256(path: Path) -> str | None:
+    """A wheel's sha256, or None when it is not a regular file: the find_links copies are in
+    the scratch folder the tool could write, so never a link's target, nor a FIFO that would
+    block the runner's loop (docs/security.md, session 43)."""
     digest = hashlib.sha256()
-    with path.open("rb") as handle:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as handle:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
         for chunk in iter(lambda: handle.read(1 << 20), b""):
             digest.update(chunk)
     return digest.hexdigest()
@@ -351,7 +361,9 @@ def _sha256(path: Path) -> str:
 def _direct_url(dist_info: Path) -> dict[str, str | None]:
     """PEP 610 ``direct_url.json``: a distribution installed from a URL or a file."""
     try:
-        data = json.loads((dist_info / "direct_url.json").read_text())
+        data = json.loads(
+            _read_in_prefix(dist_info / "direct_url.json", prefix_files.RECORD_BYTES, whole=True)
+        )
     except (OSError, ValueError):
         return {}
     if not isinstance(data, dict) or not isinstance(data.get("url"), str):
@@ -371,20 +383,23 @@ def _key(name: str, version: str) -> str:
     return f"{canonicalize_name(name)}=={version}"
 
 
-def _read_in_prefix(path: Path) -> str:
+def _read_in_prefix(path: Path, limit: int = prefix_files.HEADER_BYTES, whole: bool = False) -> str:
     """A file the tools' uid may have written, read by the runner without following a link
-    at its last component (a build could have left one to the runner's token there); the
-    folders above it are the prefix's own, made by the runner or the tools."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
-    with os.fdopen(fd, encoding="utf-8", errors="replace") as handle:
-        if not os.path.samestat(os.fstat(handle.fileno()), os.lstat(path)):
-            raise OSError(f"{path} changed while it was opened")
-        return handle.read()
+    at its last component (a build could have left one to the runner's token there) and no
+    more than ``limit`` bytes of it (a sparse METADATA of 64 GiB takes no room); the folders
+    above it were entered without links by ``_dists``."""
+    folder = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        return prefix_files.read_at(folder, path.name, limit, whole=whole)
+    finally:
+        os.close(folder)
 
 
 def _load_sources(prefix: Path) -> dict[str, dict[str, str | None]]:
     try:
-        data = json.loads(_read_in_prefix(prefix / SOURCES_FILE))
+        data = json.loads(
+            _read_in_prefix(prefix / SOURCES_FILE, prefix_files.RECORD_BYTES, whole=True)
+        )
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}
@@ -425,10 +440,22 @@ def _interpreter(prefix: Path) -> Path | None:
 def _dists(prefix: Path) -> list[_Dist]:
     """Every distribution in the prefix's site-packages (a venv's or a conda python's)."""
     out: list[_Dist] = []
-    for site in sorted(prefix.glob("lib/python*/site-packages")):
-        if site.is_symlink():
-            continue
+    # none of lib, python*, site-packages or a dist-info may be a link a build left: root
+    # would list and read a host folder through it (docs/security.md, session 43)
+    lib = prefix / "lib"
+    if lib.is_symlink() or not lib.is_dir():
+        return out
+    sites = [
+        site
+        for version in sorted(lib.glob("python*"))
+        if not version.is_symlink()
+        and (site := version / "site-packages").is_dir()
+        and not site.is_symlink()
+    ]
+    for site in sites:
         for info in sorted(site.glob("*.dist-info")):
+            if info.is_symlink():
+                continue
             name, version = _name_version(info)
             if name is None:
                 continue
