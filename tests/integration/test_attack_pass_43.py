@@ -7,14 +7,19 @@ on real bubblewrap sandboxes and uv on the in-process local runner."""
 
 from __future__ import annotations
 
+import itertools
+import re
 import shutil
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import httpx
 import pytest
 from cran_repo import build_test_repo, r_available
 from env_fixtures import backend_sdist, make_wheel
+from served_server import served_server
 from test_attack_pass_41 import _agent
 from test_env_tool_rights import _create, _install, _put
 
@@ -206,3 +211,109 @@ async def test_what_a_build_leaves_in_a_prefix_is_read_bounded_and_without_links
     assert "sy-hostonly" not in shown, shown
     assert "s3cr3t" not in shown, shown
     assert "sy-huge" not in shown, shown
+
+
+_ID = re.compile(r"^(ex|ws|env|chg|tmr|art|trf|agt|ses|whk|ntc)_[0-9a-f]+$")
+
+
+def _ids_in(value: object, out: set[str]) -> None:
+    if isinstance(value, dict):
+        for item in value.values():
+            _ids_in(item, out)
+    elif isinstance(value, list):
+        for item in value:
+            _ids_in(item, out)
+    elif isinstance(value, str) and _ID.match(value):
+        out.add(value)
+
+
+@pytest.mark.runner_kinds("local")
+@pytest.mark.timeout(900)
+def test_no_id_taking_route_answers_another_sessions_agent() -> None:
+    """T1/R2: session A's agent makes an execution (one still running), a file, a timer, an
+    artifact, an environment and its change, a forwarded port, a webhook and a notice. Session
+    B's agent token then calls every route of the OpenAPI document with each of A's ids in
+    every path parameter (and A's workspace in the query and the body): no answer is a
+    success that names any of A's ids or A's file, or acts on A's workspace."""
+    with served_server() as served:
+        client = httpx.Client(base_url=served.url, timeout=120)
+
+        def agent_token() -> tuple[dict[str, Any], dict[str, str]]:
+            made = client.post("/v1/sessions", headers=served.admin, json={}).json()
+            body = {"kind": "agent", "agent_id": made["main_agent_id"]}
+            token = client.post("/v1/tokens", headers=served.admin, json=body).json()
+            return made, {"Authorization": f"Bearer {token['token']}"}
+
+        session_a, a = agent_token()
+        _session_b, b = agent_token()
+        mine: set[str] = {session_a["session_id"], session_a["main_agent_id"]}
+        run = {"command": "echo s3cr3t-a > f.txt; echo out", "wait_ms": 30_000}
+        done = client.post("/v1/executions", headers=a, json=run).json()
+        ws_a = done["workspace_id"]
+        running = client.post(
+            "/v1/executions", headers=a, json={"command": "sleep 600", "wait_ms": 0}
+        ).json()
+        ws_b = client.post(
+            "/v1/executions", headers=b, json={"command": "true", "wait_ms": 30_000}
+        ).json()["workspace_id"]
+        for path, body in [
+            ("/v1/timers", {"text": "a", "after_ms": 3_600_000}),
+            ("/v1/artifacts", {"path": "f.txt"}),
+            ("/v1/environments", {"name": "e", "language": "python", "wait_ms": 30_000}),
+            ("/v1/ports", {"port": 8000}),
+            ("/v1/webhooks", {"url": "https://example.com/x"}),
+        ]:
+            answer = client.post(path, headers=a, json=body)
+            assert answer.status_code == 200, (path, answer.text)
+            _ids_in(answer.json(), mine)
+        for answer in (done, running, client.get("/v1/inbox", headers=a).json()):
+            _ids_in(answer, mine)
+        assert {x.split("_")[0] for x in mine} >= {"ex", "ws", "env", "tmr", "art", "whk"}, mine
+        ex_running = running["execution_id"]
+        query = {"workspace_id": ws_a, "path": "f.txt", "from_seq": 0, "wait_ms": 0}
+        bodies: dict[str, dict[str, Any]] = {
+            "/v1/files/delete": {"path": "f.txt", "workspace_id": ws_a},
+            "/v1/files/move": {"source": "f.txt", "destination": "g.txt", "workspace_id": ws_a},
+            "/v1/files/restore": {"seq": 1, "workspace_id": ws_a},
+            "/v1/transfers": {
+                "source_workspace_id": ws_a, "paths": ["f.txt"], "target_workspace_id": ws_b,
+            },
+            "/v1/artifacts": {"path": "f.txt", "workspace_id": ws_a},
+            "/v1/ports": {"port": 8000, "workspace_id": ws_a},
+            "/v1/ports/close": {"port": 8000, "workspace_id": ws_a},
+            "/v1/executions": {"command": "cat f.txt", "workspace_id": ws_a, "wait_ms": 20_000},
+            "/v1/timers": {"text": "t", "after_ms": 3_600_000, "execution_id": ex_running},
+            "/v1/inbox/read": {"notice_ids": sorted(x for x in mine if x.startswith("ntc_"))},
+            "/v1/environments/{environment_id}/install": {"manager": "pip", "specs": ["x"]},
+        }  # fmt: skip
+        document = client.get("/openapi.json", headers=served.admin).json()
+        leaks: list[str] = []
+        tried = 0
+        for template, operations in document["paths"].items():
+            params = re.findall(r"\{(\w+)\}", template)
+            values = [["stdout"] if p == "stream" else sorted(mine) for p in params]
+            for method in operations:
+                for combo in itertools.product(*values):
+                    url = template.format(**dict(zip(params, combo, strict=True)))
+                    if url.endswith(("/stream", "/events")):
+                        continue
+                    body = bodies.get(template, {"workspace_id": ws_a})
+                    if method == "get":
+                        answer = client.get(url, headers=b, params=query)
+                    elif method == "put":
+                        answer = client.put(url, headers=b, params=query, content=b"x")
+                    elif method == "delete":
+                        answer = client.delete(url, headers=b)
+                    else:
+                        answer = client.post(url, headers=b, json=body)
+                    tried += 1
+                    named = [x for x in (*mine, "s3cr3t-a") if x in answer.text]
+                    if answer.status_code < 300 and named:
+                        leaks.append(f"{method.upper()} {url} {answer.status_code} {named}")
+        assert tried > 300, tried
+        assert not leaks, leaks
+        # A's file and running command are untouched
+        seen = client.get("/v1/files/text", headers=a, params={"path": "f.txt"})
+        assert "s3cr3t-a" in seen.text, seen.text
+        state = client.get(f"/v1/executions/{running['execution_id']}", headers=a).json()
+        assert state["state"] == "running", state
