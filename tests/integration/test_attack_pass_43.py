@@ -7,6 +7,7 @@ on real bubblewrap sandboxes and uv on the in-process local runner."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import re
 import shutil
@@ -24,7 +25,8 @@ from test_attack_pass_41 import _agent
 from test_env_tool_rights import _create, _install, _put
 
 from conftest import Yard
-from shellyard.errors import ShellyardError
+from shellyard.control.notify.webhook_policy import PolicyRefusal, WebhookPolicy
+from shellyard.errors import InvalidInput, ShellyardError
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.runner_kinds("local")]
 
@@ -298,6 +300,12 @@ def test_no_id_taking_route_answers_another_sessions_agent() -> None:
                     if url.endswith(("/stream", "/events")):
                         continue
                     body = bodies.get(template, {"workspace_id": ws_a})
+                    if template == "/v1/executions" and method == "post":
+                        env_a = min(x for x in mine if x.startswith("env_"))
+                        extra = {"command": "true", "environment_id": env_a, "wait_ms": 20_000}
+                        answer = client.post(url, headers=b, json=extra)
+                        if answer.status_code < 300:
+                            leaks.append(f"POST {url} with A's environment: {answer.text}")
                     if method == "get":
                         answer = client.get(url, headers=b, params=query)
                     elif method == "put":
@@ -317,3 +325,34 @@ def test_no_id_taking_route_answers_another_sessions_agent() -> None:
         assert "s3cr3t-a" in seen.text, seen.text
         state = client.get(f"/v1/executions/{running['execution_id']}", headers=a).json()
         assert state["state"] == "running", state
+
+
+#: Address forms of loopback, link-local, metadata and private hosts a webhook URL may take.
+HOOK_FORMS = [
+    "http://0.0.0.0/", "http://[::]/", "http://[::ffff:127.0.0.1]/", "http://[::127.0.0.1]/",
+    "http://[fe80::1%25lo]/", "http://[::1%25lo]/", "http://0x7f000001/",
+    "http://127.000.000.001/", "http://[0:0:0:0:0:0:0:1]/", "http://[::ffff:0:7f00:1]/",
+    "http://[64:ff9b:1::7f00:1]/", "http://[2002:7f00:1::]/", "http://[2002:a9fe:a9fe::1]/",
+    "http://[2001:0:4136:e378:8000:63bf:80ff:fffe]/", "http://169.254.169.254/",
+    "http://[::ffff:169.254.169.254]/", "http://100.64.0.1/", "http://[fd00::1]/",
+    "http://192.0.0.1/", "http://240.0.0.1/", "http://255.255.255.255/", "http://224.0.0.1/",
+    "http://[ff02::1]/", "http://[100::1]/", "http://[2001:db8::1]/", "http://127.0.0.1./",
+    "http://\uff11\uff12\uff17.\uff10.\uff10.\uff11/", "http://127.1/",
+    "http://[::ffff:7f00:1]:5432/", "http://[5f00::1]/", "http://[3fff::1]/",
+    "http://[2001:2::1]/", "http://[2001:10::1]/", "http://192.88.99.1/", "http://0/",
+    "http://[::ffff:a00:1]/", "http://[::ffff:127.0.0.1%25eth0]/", "http://localhost%2e/",
+    "http://127.0.0.1%00.example.com/",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("url", HOOK_FORMS)
+async def test_a_webhook_to_any_spelling_of_a_special_address_is_never_pinned(url: str) -> None:
+    """N4 (held): registration refuses each literal form (a name that does not resolve is
+    accepted there), and every delivery's pin refuses it or cannot resolve it, so no
+    connection is made: fullwidth digits, zone ids, 6to4/Teredo/NAT64 of loopback, the
+    metadata address, a trailing dot, percent-escapes."""
+    policy = WebhookPolicy([])
+    with contextlib.suppress(InvalidInput):
+        await policy.check_registration(url)
+    with pytest.raises((PolicyRefusal, OSError)):
+        await policy.pin(url)
