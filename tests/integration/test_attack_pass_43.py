@@ -7,10 +7,13 @@ on real bubblewrap sandboxes and uv on the in-process local runner."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import itertools
+import os
 import re
 import shutil
+import subprocess
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,6 +21,7 @@ from typing import Any
 
 import httpx
 import pytest
+import test_base_environment
 from cran_repo import build_test_repo, r_available
 from env_fixtures import backend_sdist, make_wheel
 from served_server import served_server
@@ -27,8 +31,12 @@ from test_env_tool_rights import _create, _install, _put
 from conftest import Yard
 from shellyard.control.notify.webhook_policy import PolicyRefusal, WebhookPolicy
 from shellyard.errors import InvalidInput, ShellyardError
+from shellyard.runner.environments import bases
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.runner_kinds("local")]
+
+#: The session's one prepared python-base (built once, ~100 MB of wheels).
+python_base = test_base_environment.python_base
 
 
 @pytest.fixture
@@ -356,3 +364,85 @@ async def test_a_webhook_to_any_spelling_of_a_special_address_is_never_pinned(ur
         await policy.check_registration(url)
     with pytest.raises((PolicyRefusal, OSError)):
         await policy.pin(url)
+
+
+def _as_nobody() -> None:
+    os.setgroups([])
+    os.setgid(65534)
+    os.setuid(65534)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a base's owner and modes are a root runner's")
+@pytest.mark.timeout(900)
+def test_a_local_nobody_cannot_change_a_prepared_bases_files(
+    python_base: bases.BaseRevision,
+) -> None:
+    """As a local unprivileged user (``nobody``, 65534): a prepared base's files belong to
+    65534 (``BASE_OWNER``), so ``nobody`` could chmod and rewrite numpy's ``__init__.py`` in
+    the base, and with it every environment made ``--from`` it (they share the inode), in
+    every session. The bases folder is now closed to other users (the sandbox group alone
+    may pass), so nobody reaches no file of it."""
+    target = next(python_base.prefix.glob("lib/python3*/site-packages/numpy/__init__.py"))
+    before = target.read_bytes()
+    poison = (
+        "import os, sys\n"
+        "path = sys.argv[1]\n"
+        "os.chmod(path, 0o644)\n"
+        "with open(path, 'a') as f:\n"
+        "    f.write('\\nPOISONED = True\\n')\n"
+    )
+    done = subprocess.run(
+        ["/usr/bin/python3", "-I", "-c", poison, str(target)],
+        preexec_fn=_as_nobody,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    after = target.read_bytes()
+    if after != before:  # put the shared fixture back before failing
+        target.write_bytes(before)
+    os.chmod(target, 0o444)
+    assert done.returncode != 0, done
+    assert after == before
+
+
+LINGER = """
+    import subprocess, signal
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    child = subprocess.Popen(
+        ["/bin/sh", "-c", "trap '' HUP TERM; (setsid sleep {tag} &) ; sleep {tag}1 &"],
+        start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    RESULT = child.pid
+"""
+
+
+async def test_a_build_backend_leaves_no_process_behind(yard: Yard) -> None:
+    """R2 (held): a build backend double-forks ``setsid`` children that ignore SIGHUP and
+    SIGTERM; once the change has ended none of them is alive on the host (the tool's sandbox
+    has its own pid namespace, which ends with it, and --die-with-parent)."""
+    tag = "987653"
+    agent = await _agent(yard)
+    environment_id = await _create(yard, agent, "linger")
+    sdist = backend_sdist("sy-linger", "1.0", LINGER.format(tag=tag))
+    await _put(yard, agent, {"dist/sy_linger-1.0.tar.gz": sdist}, {})
+    change = await _install(
+        yard, agent, environment_id, manager="pip", specs=["sy-linger"], index_url="none",
+        find_links=["/workspace/dist"],
+    )  # fmt: skip
+    assert change.state == "succeeded", change
+    left: list[str] = []
+    for _ in range(100):
+        left = []
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if tag.encode() in cmdline and b"trap" not in cmdline and b"pytest" not in cmdline:
+                left.append(cmdline.decode(errors="replace"))
+        if not left:
+            break
+        await asyncio.sleep(0.05)
+    assert not left, left
