@@ -39,11 +39,10 @@ from shellyard.runner.environments.managers.pip import DEFAULT_INDEX, uv_binary
 from shellyard.runner.environments.operator_tools import (
     OperatorBuild,
     check_reachable,
+    sandbox_group,
     sandboxed_build,
 )
 from shellyard.runner.environments.tools import BASE_OWNER
-from shellyard.runner.policy import SandboxPolicy, policy_from_env
-from shellyard.runner.sandbox import bwrap as sandbox
 
 PYTHON_BASE = "python-base"
 #: R with tidyverse and data.table (runner/environments/rbase.py); the default's companion.
@@ -287,11 +286,11 @@ def _make_traversable(root: Path) -> None:
     them (docs/security.md, "Attack pass (session 43)"). Otherwise 0755 (the bases are
     public packages)."""
     root.mkdir(parents=True, exist_ok=True)
-    ids = sandbox.sandbox_ids(policy_from_env(SandboxPolicy()))
-    if ids is None:
+    group = sandbox_group()
+    if group is None:
         root.chmod(0o755)
     else:
-        os.chown(root, 0, ids[1])
+        os.chown(root, 0, group)
         root.chmod(0o750)
     (root / "cache").mkdir(mode=0o700, exist_ok=True)
 

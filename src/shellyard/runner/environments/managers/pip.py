@@ -361,9 +361,7 @@ def _sha256(path: Path) -> str | None:
 def _direct_url(dist_info: Path) -> dict[str, str | None]:
     """PEP 610 ``direct_url.json``: a distribution installed from a URL or a file."""
     try:
-        data = json.loads(
-            _read_in_prefix(dist_info / "direct_url.json", prefix_files.RECORD_BYTES, whole=True)
-        )
+        data = json.loads(_read_record(dist_info / "direct_url.json"))
     except (OSError, ValueError):
         return {}
     if not isinstance(data, dict) or not isinstance(data.get("url"), str):
@@ -379,15 +377,21 @@ def _direct_url(dist_info: Path) -> dict[str, str | None]:
     return {"source": data["url"], "sha256": sha}
 
 
-def _key(name: str, version: str) -> str:
-    return f"{canonicalize_name(name)}=={version}"
+def _read_header(path: Path) -> str:
+    """The first ``HEADER_BYTES`` of a header file a build may have left (METADATA,
+    INSTALLER): its folder and itself opened without following a link, and bounded, so a
+    sparse METADATA of 64 GiB (no room taken) is not read whole into the runner's memory
+    (docs/security.md, "Attack pass (session 43)")."""
+    return _read_bounded(path, prefix_files.HEADER_BYTES, whole=False)
 
 
-def _read_in_prefix(path: Path, limit: int = prefix_files.HEADER_BYTES, whole: bool = False) -> str:
-    """A file the tools' uid may have written, read by the runner without following a link
-    at its last component (a build could have left one to the runner's token there) and no
-    more than ``limit`` bytes of it (a sparse METADATA of 64 GiB takes no room); the folders
-    above it were entered without links by ``_dists``."""
+def _read_record(path: Path) -> str:
+    """A JSON record in the prefix (pip-sources.json, direct_url.json): as ``_read_header``,
+    OSError when longer than ``RECORD_BYTES``."""
+    return _read_bounded(path, prefix_files.RECORD_BYTES, whole=True)
+
+
+def _read_bounded(path: Path, limit: int, whole: bool) -> str:
     folder = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
         return prefix_files.read_at(folder, path.name, limit, whole=whole)
@@ -395,11 +399,30 @@ def _read_in_prefix(path: Path, limit: int = prefix_files.HEADER_BYTES, whole: b
         os.close(folder)
 
 
+def _key(name: str, version: str) -> str:
+    return f"{canonicalize_name(name)}=={version}"
+
+
+def _read_in_prefix(path: Path) -> str:
+    """A file the tools' uid may have written, read by the runner without following a link
+    at its last two components (a build could have left one to the runner's token there,
+    or made its folder, a ``*.dist-info`` or ``.shellyard``, a link to a root-only one);
+    the folders above are checked by ``_dists`` (no tool runs any more)."""
+    folder = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+        fd = os.open(path.name, flags, dir_fd=folder)
+    finally:
+        os.close(folder)
+    with os.fdopen(fd, encoding="utf-8", errors="replace") as handle:
+        if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+            raise OSError(f"{path} is not a file")
+        return handle.read()
+
+
 def _load_sources(prefix: Path) -> dict[str, dict[str, str | None]]:
     try:
-        data = json.loads(
-            _read_in_prefix(prefix / SOURCES_FILE, prefix_files.RECORD_BYTES, whole=True)
-        )
+        data = json.loads(_read_record(prefix / SOURCES_FILE))
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}
@@ -409,6 +432,8 @@ def _save_sources(prefix: Path, recorded: dict[str, dict[str, str | None]]) -> N
     """Written by the runner (root) into a prefix the tools' uid owns: through the folder's
     descriptor, never following a link a build left (``.shellyard`` or the temp file)."""
     folder = prefix / SOURCES_FILE.parent
+    if folder.is_symlink():  # a build's (no tool runs any more): the runner's folder again
+        folder.unlink()
     with contextlib.suppress(FileExistsError):
         os.mkdir(folder, 0o755)
     dir_fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
@@ -440,27 +465,16 @@ def _interpreter(prefix: Path) -> Path | None:
 def _dists(prefix: Path) -> list[_Dist]:
     """Every distribution in the prefix's site-packages (a venv's or a conda python's)."""
     out: list[_Dist] = []
-    # none of lib, python*, site-packages or a dist-info may be a link a build left: root
-    # would list and read a host folder through it (docs/security.md, session 43)
-    lib = prefix / "lib"
-    if lib.is_symlink() or not lib.is_dir():
-        return out
-    sites = [
-        site
-        for version in sorted(lib.glob("python*"))
-        if not version.is_symlink()
-        and (site := version / "site-packages").is_dir()
-        and not site.is_symlink()
-    ]
-    for site in sites:
+    real = Path(os.path.realpath(prefix))
+    for site in sorted(prefix.glob("lib/python*/site-packages")):
+        if Path(os.path.realpath(site)) != real / site.relative_to(prefix):
+            continue  # a link on the way (``lib``, ``python3.X``, the folder): a build's
         for info in sorted(site.glob("*.dist-info")):
-            if info.is_symlink():
-                continue
             name, version = _name_version(info)
             if name is None:
                 continue
             try:
-                installer = _read_in_prefix(info / "INSTALLER").strip()
+                installer = _read_header(info / "INSTALLER").strip()
             except OSError:
                 installer = ""
             out.append(_Dist(canonicalize_name(name), version, info, installer))
@@ -472,7 +486,7 @@ def _name_version(info: Path) -> tuple[str | None, str]:
     name: str | None = None
     version = ""
     try:
-        text = _read_in_prefix(info / "METADATA")
+        text = _read_header(info / "METADATA")
     except OSError:
         return None, ""
     for line in text.splitlines():
