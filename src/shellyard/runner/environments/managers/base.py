@@ -72,8 +72,8 @@ def tools_folder(path: Path, prefix: Path) -> None:
         if os.path.islink(folder):
             raise ManagerError(
                 "failed",
-                f"{folder} in the environment's prefix is a symbolic link (left by a package "
-                f"build); recreate the environment",
+                f"{folder.relative_to(prefix)} in the environment's prefix is a symbolic "
+                f"link (left by a package build); recreate the environment",
             )
         if not os.path.lexists(folder):
             os.mkdir(folder, 0o755)

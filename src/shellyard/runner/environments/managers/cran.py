@@ -301,8 +301,8 @@ def _save_sources(library: Path, sources: dict[str, dict[str, str]]) -> None:
         if fd is None:
             raise ManagerError(
                 "failed",
-                f"the R library {library} is no longer a folder of the prefix (a symbolic "
-                f"link on its way?); the packages' sources were not recorded",
+                f"the prefix's R library ({R_LIBRARY}) is no longer a folder of it (a "
+                f"symbolic link on its way?); the packages' sources were not recorded",
             )
         prefix_files.write_at(fd, SOURCES_FILE, json.dumps(sources, indent=1, sort_keys=True))
 
