@@ -26,12 +26,14 @@ from cran_repo import build_test_repo, r_available
 from env_fixtures import backend_sdist, make_wheel
 from served_server import served_server
 from test_attack_pass_41 import _agent
-from test_env_tool_rights import _create, _install, _put
+from test_env_tool_rights import _create, _import, _install, _put, _sh
 
 from conftest import Yard
+from shellyard.contract.executions import RunShellRequest
 from shellyard.control.notify.webhook_policy import PolicyRefusal, WebhookPolicy
 from shellyard.errors import InvalidInput, ShellyardError
 from shellyard.runner.environments import bases
+from shellyard.runner.protocol import SandboxPolicy
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.runner_kinds("local")]
 
@@ -446,3 +448,128 @@ async def test_a_build_backend_leaves_no_process_behind(yard: Yard) -> None:
             break
         await asyncio.sleep(0.05)
     assert not left, left
+
+
+PROBE = """
+    import sys
+    seen = {}
+    for name in ("/proc/self/mountinfo", "/proc/self/cmdline", "/proc/self/environ",
+                 "/proc/1/cmdline"):
+        with open(name, "rb") as f:
+            seen[name] = f.read().decode("utf-8", "replace")
+    seen["cwd"] = os.getcwd()
+    seen["fds"] = " ".join(
+        os.readlink(f"/proc/self/fd/{fd}") for fd in os.listdir("/proc/self/fd")
+        if os.path.exists(f"/proc/self/fd/{fd}")
+    )
+    seen["argv"] = " ".join(sys.argv) if hasattr(sys, "argv") else ""
+    seen["sys"] = f"{sys.prefix} {sys.executable} {sys.path}"
+    RESULT = seen
+"""
+
+
+def _places(text: str, needles: set[str]) -> list[str]:
+    return [line for line in text.splitlines() if any(n in line for n in needles)]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="main binds an environment's prefix, cache and scratch at their host paths (V4; "
+    "docs/security.md Host paths, Known limits): the prefix engineer's branch moves them",
+)
+async def test_no_host_path_of_the_home_reaches_a_build_or_a_command_using_the_environment(
+    yard_factory: Any,
+) -> None:
+    """V4, R2 (docs/security.md "Host paths"): with one uid for every workspace (where a
+    workspace folder can be an index and a project directory), an install of ``name @
+    file:///workspace/proj`` (an in-tree backend that records what it sees) with
+    ``extra_index_urls=/workspace/idx``: neither what the build backend saw (its mountinfo
+    but the binds' field 4, command lines, environment, descriptors, cwd, sys), nor the
+    package list, nor the prefix's records read by a command (direct_url.json,
+    pip-sources.json), nor the command's own view names the home's host path."""
+    yard: Yard = await yard_factory(SandboxPolicy(uid_range="off"))
+    needles = {str(yard.home), str(yard.home.resolve())}
+    agent = await _agent(yard)
+    environment_id = await _create(yard, agent, "paths")
+    body = PROBE
+    await _put(yard, agent, {"sdist.tar.gz": backend_sdist("sy-paths", "1.0", body)}, {})
+    await _put(yard, agent, {"idx/x": b""}, {})
+    await _sh(yard, agent, "mkdir proj && tar -xzf sdist.tar.gz -C proj --strip-components=1")
+    change = await _install(
+        yard, agent, environment_id, manager="pip", index_url="none",
+        extra_index_urls=["/workspace/idx"], specs=["sy-paths @ file:///workspace/proj"],
+    )  # fmt: skip
+    assert change.state == "succeeded", change
+    leaks: dict[str, list[str]] = {}
+    seen = await _import(yard, agent, environment_id, "sy_paths")
+    for where, text in seen.items():
+        found = _places(text.replace("\0", "\n"), needles)
+        if where == "/proc/self/mountinfo":  # left: a bind's field 4 (docs/security.md)
+            found = [line for line in found if not any(n in line.split()[3] for n in needles)]
+        if found:
+            leaks[f"build {where}"] = found
+    revisions = await yard.plane.environments.revisions(environment_id, agent)
+    listed = " ".join(r.model_dump_json() for r in revisions)
+    if any(n in listed for n in needles):
+        leaks["package list"] = _places(listed.replace(",", "\n"), needles)
+    command = (
+        "cat $(python -c 'import sys; print(sys.prefix)')/lib/python3*/site-packages/"
+        "sy_paths-1.0.dist-info/direct_url.json; echo; "
+        "cat $(python -c 'import sys; print(sys.prefix)')/.shellyard/pip-sources.json; echo; "
+        "python -c 'import sys, sy_paths; print(sys.prefix, sy_paths.__file__)'; env"
+    )
+    ran = await yard.plane.executions.run_shell(
+        RunShellRequest(command=command, environment_id=environment_id, wait_ms=30_000), agent
+    )
+    assert ran.exit_code == 0, ran
+    if found := _places(str(ran.stdout), needles):
+        leaks["command"] = found
+    assert not leaks, leaks
+
+
+SPARSE_PREFIX = """
+    import glob
+    site = glob.glob(os.path.join({prefix!r}, "lib", "python3*", "site-packages"))[0]
+    with open(os.path.join(site, "sy_zeros.bin"), "wb") as f:
+        f.truncate({size})  # sparse: no room taken, the reserve never sees it
+    RESULT = os.statvfs(site).f_bfree
+"""
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="open (docs/security.md, Attack pass (session 43)): the prefix's commit after a "
+    "change (and a rollback's, which commits what the change left first) stores a sparse "
+    "file's apparent size: 3 GiB written for a file of no block, outside the reserve",
+)
+async def test_a_sparse_file_a_build_leaves_does_not_fill_the_snapshot_store(
+    yard: Yard,
+) -> None:
+    """R2 (limits): a build backend leaves a sparse file of 3 GiB in its prefix (no block
+    taken, the free-space reserve never sees it). The commit after the change (the next
+    change's rollback base) must not write 3 GiB of zeros into the environments' snapshot
+    store: a 1 TiB one would fill the runner's volume for every session."""
+    agent = await _agent(yard)
+    environment_id = await _create(yard, agent, "sparse")
+    root = yard.home / "home" / "runners" / "local" / "environments"
+    body = SPARSE_PREFIX.format(prefix=str(root / environment_id / "prefix"), size=3 << 30)
+    await _put(
+        yard, agent, {"dist/sy_sparse-1.0.tar.gz": backend_sdist("sy-sparse", "1.0", body)}, {}
+    )
+    before = shutil.disk_usage(root).used
+    try:
+        change = await _install(
+            yard, agent, environment_id, manager="pip", specs=["sy-sparse"], index_url="none",
+            find_links=["/workspace/dist"],
+        )  # fmt: skip
+    except ShellyardError as exc:
+        assert "sparse" in exc.message, exc.message
+        change = None
+    store = yard.runner._environments  # the settle runs after the change's result
+    for _ in range(600):
+        if not store._settling:
+            break
+        await asyncio.sleep(0.1)
+    await asyncio.gather(*store._settling.values(), return_exceptions=True)
+    grown = shutil.disk_usage(root).used - before
+    assert grown < 1 << 30, (change, grown)
