@@ -486,7 +486,8 @@ async def test_no_host_path_of_the_home_reaches_a_build_or_a_command_using_the_e
     ``extra_index_urls=/workspace/idx``: neither what the build backend saw (its mountinfo
     but the binds' field 4, command lines, environment, descriptors, cwd, sys), nor the
     package list, nor the prefix's records read by a command (direct_url.json,
-    pip-sources.json), nor the command's own view names the home's host path."""
+    pip-sources.json), nor the command's own view, nor ``environment_show``'s answer to the
+    agent names the home's host path."""
     yard: Yard = await yard_factory(SandboxPolicy(uid_range="off"))
     needles = {str(yard.home), str(yard.home.resolve())}
     agent = await _agent(yard)
@@ -510,6 +511,9 @@ async def test_no_host_path_of_the_home_reaches_a_build_or_a_command_using_the_e
             leaks[f"build {where}"] = found
     revisions = await yard.plane.environments.revisions(environment_id, agent)
     listed = " ".join(r.model_dump_json() for r in revisions)
+    shown = (await yard.plane.environments.show(environment_id, agent)).model_dump_json()
+    if any(n in shown for n in needles):
+        leaks["environment_show"] = _places(shown.replace(",", "\n"), needles)
     if any(n in listed for n in needles):
         leaks["package list"] = _places(listed.replace(",", "\n"), needles)
     command = (
