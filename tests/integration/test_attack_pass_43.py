@@ -14,6 +14,8 @@ import os
 import re
 import shutil
 import subprocess
+import time
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,7 +27,7 @@ import test_base_environment
 from cran_repo import build_test_repo, r_available
 from env_fixtures import backend_sdist, make_wheel
 from served_server import served_server
-from test_attack_pass_41 import _agent
+from test_attack_pass_41 import _agent, _run
 from test_env_tool_rights import _create, _import, _install, _put, _sh
 
 from conftest import Yard
@@ -577,3 +579,57 @@ async def test_a_sparse_file_a_build_leaves_does_not_fill_the_snapshot_store(
     await asyncio.gather(*store._settling.values(), return_exceptions=True)
     grown = shutil.disk_usage(root).used - before
     assert grown < 1 << 30, (change, grown)
+
+
+FORWARDED = 8767
+
+
+async def _serving(yard: Yard, agent: str, text: str) -> str:
+    command = (
+        f"echo {text} > who.txt; echo listening; exec python3 -m http.server {FORWARDED} "
+        "--bind 127.0.0.1 --directory /workspace"
+    )
+    started = await _run(yard, agent, command, background=True)
+    for _ in range(600):
+        logs = await yard.plane.executions.logs(started.execution_id, agent_id=agent)
+        if "listening" in logs.data:
+            return started.execution_id
+        await asyncio.sleep(0.05)
+    raise AssertionError("the server did not start")
+
+
+def _fetch(url: str) -> str:
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    error: Exception | None = None
+    for _ in range(100):
+        try:
+            with opener.open(url, timeout=5) as answer:
+                return str(answer.read().decode())
+        except OSError as exc:
+            error = exc
+            time.sleep(0.05)
+    raise AssertionError(f"{url} did not answer: {error}")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a network namespace per workspace is root's")
+async def test_a_forward_only_ever_reaches_its_own_workspaces_server(
+    yard: Yard, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """R2 (relays): two sessions serve the same port in their own workspaces, each with a
+    forward; three times A's server ends (its forward and namespace go: no linger) and comes
+    back in a fresh namespace: every answer of A's forward is A's file, never B's, and B's is
+    B's."""
+    monkeypatch.setenv("SHELLYARD_NETWORK_LINGER_S", "0")  # each round: a fresh namespace
+    alice, bob = await _agent(yard), await _agent(yard)
+    bobs = await _serving(yard, bob, "bob")
+    b_view = await yard.plane.ports.open(FORWARDED, agent_id=bob)
+    try:
+        for round_ in range(3):
+            alices = await _serving(yard, alice, f"alice{round_}")
+            a_view = await yard.plane.ports.open(FORWARDED, agent_id=alice)
+            assert a_view.host != b_view.host, (a_view, b_view)
+            assert _fetch(a_view.url + "who.txt") == f"alice{round_}\n"
+            assert _fetch(b_view.url + "who.txt") == "bob\n"
+            await yard.plane.executions.cancel(alices, wait_s=30, agent_id=alice)
+    finally:
+        await yard.plane.executions.cancel(bobs, wait_s=30, agent_id=bob)
