@@ -633,3 +633,41 @@ async def test_a_forward_only_ever_reaches_its_own_workspaces_server(
             await yard.plane.executions.cancel(alices, wait_s=30, agent_id=alice)
     finally:
         await yard.plane.executions.cancel(bobs, wait_s=30, agent_id=bob)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="open (docs/security.md, Attack pass (session 43)): the find_links reader streams "
+    "a sparse file's apparent size and root writes it twice (the wheels store and the "
+    "scratch copy), outside the free-space reserve",
+)
+async def test_a_sparse_wheel_in_find_links_is_not_copied_at_its_apparent_size(
+    yard: Yard,
+) -> None:
+    """R2 (limits): ``truncate -s 2G dist/sy_big-1.0-py3-none-any.whl`` in the workspace (no
+    block) and an install from ``/workspace/dist``: the runner must not write its 2 GiB of
+    zeros into its wheels store and the change's scratch."""
+    agent = await _agent(yard)
+    made = await _run(yard, agent, "mkdir dist && truncate -s 2G dist/sy_big-1.0-py3-none-any.whl")
+    assert made.exit_code == 0, made
+    environment_id = await _create(yard, agent, "bigwheel")
+    root = yard.home / "home"
+    before = shutil.disk_usage(root).used
+    peak = 0
+
+    async def watch() -> None:
+        nonlocal peak
+        while True:
+            peak = max(peak, shutil.disk_usage(root).used - before)
+            await asyncio.sleep(0.05)
+
+    watcher = asyncio.create_task(watch())
+    try:
+        with contextlib.suppress(ShellyardError):
+            await _install(
+                yard, agent, environment_id, manager="pip", specs=["sy-big"],
+                index_url="none", find_links=["/workspace/dist"],
+            )  # fmt: skip
+    finally:
+        watcher.cancel()
+    assert peak < 1 << 30, peak
