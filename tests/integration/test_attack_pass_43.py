@@ -31,6 +31,7 @@ from test_attack_pass_41 import _agent, _run
 from test_env_tool_rights import _create, _import, _install, _put, _sh
 
 from conftest import Yard
+from shellyard.contract.environments import EnvironmentCreateRequest
 from shellyard.contract.executions import RunShellRequest
 from shellyard.control.notify.webhook_policy import PolicyRefusal, WebhookPolicy
 from shellyard.errors import InvalidInput, ShellyardError
@@ -674,3 +675,51 @@ async def test_a_sparse_wheel_in_find_links_is_not_copied_at_its_apparent_size(
     finally:
         watcher.cancel()
     assert peak < 1 << 30, peak
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a base's hard links are a root runner's")
+@pytest.mark.timeout(900)
+@pytest.mark.xfail(
+    strict=True,
+    reason="open (docs/security.md, Attack pass (session 43)): a base is built and bound at "
+    "its host path (PATH, sys.prefix, its scripts' shebangs name the bases folder), and an "
+    "environment made --from it shares those files by hard link",
+)
+async def test_a_command_in_the_default_base_or_an_environment_from_it_sees_no_bases_path(
+    yard_factory: Any, python_base: bases.BaseRevision, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """V4, R2 (docs/security.md "Host paths"): root's bases live under its home by default
+    (``/var/lib/shellyard/bases``), so the bases folder's host path is the home's. A command
+    with no environment (the default python-base) and one in an environment made ``--from``
+    it (hard links of the base's files): neither PATH, ``sys.prefix``, mountinfo (but a
+    bind's field 4) nor a file of the prefix (``grep -rl``) names the bases folder."""
+    root = python_base.prefix.parents[2]
+    monkeypatch.setenv("SHELLYARD_BASES", str(root))
+    monkeypatch.delenv("SHELLYARD_DEFAULT_ENVIRONMENT", raising=False)
+    yard: Yard = await yard_factory()
+    agent = await _agent(yard)
+    needle = str(root)
+    probe = (
+        'echo "PATH=$PATH"; python -c "import sys; print(sys.prefix, sys.executable)"; '
+        "awk '{print $5, $10}' /proc/self/mountinfo; "
+        f'P=$(python -c "import sys; print(sys.prefix)"); grep -rl "{needle}" "$P" | head -3'
+    )
+    leaks: dict[str, list[str]] = {}
+    default = await _run(yard, agent, probe, wait_ms=30_000)
+    assert default.exit_code in (0, 1), default
+    if found := _places(str(default.stdout), {needle}):
+        leaks["default base"] = found
+    view = await yard.plane.environments.create(
+        EnvironmentCreateRequest(
+            name="from", base="python-base", runner_id=yard.runner_id, wait_ms=30_000
+        ),
+        agent,
+    )
+    assert view.state == "ready", view
+    derived = await yard.plane.executions.run_shell(
+        RunShellRequest(command=probe, environment_id=view.environment_id, wait_ms=30_000),
+        agent,
+    )
+    if found := _places(str(derived.stdout), {needle}):
+        leaks["from python-base"] = found
+    assert not leaks, leaks
