@@ -120,8 +120,9 @@ async def test_create_python_records_the_base_and_pip_packages(runner: LocalRunn
     info = await runner.environment_info("env1")
     prefix = Path(info.prefix)
     assert info.language == "python" and not info.changing
-    assert info.env["VIRTUAL_ENV"] == str(prefix)
-    assert info.env["PATH"] == str(prefix / "bin")
+    # V4: commands see the prefix at /env, not at its host path (docs/security.md)
+    assert info.mounted_at == "/env" and info.env["VIRTUAL_ENV"] == "/env"
+    assert info.env["PATH"] == "/env/bin"
     assert os.access(prefix / "bin" / "uv", os.X_OK)
     assert stat.S_IMODE(prefix.stat().st_mode) == 0o755
     # A second create of the same environment id is refused.
@@ -232,7 +233,7 @@ async def test_command_uses_the_environment_read_only(runner: LocalRunner, root:
     code, out, err = await run(runner, "x1", command, "env1")
     assert code == 0, err
     lines = out.splitlines()
-    assert lines[0] == f"1.0 2.0 {prefix}"
+    assert lines[0] == "1.0 2.0 /env"  # V4: sys.prefix is the neutral path
     assert "pip=0" not in out and "uv=0" not in out and "touch=0" not in out
     assert "Read-only file system" in out + err
     assert prefix_hash(prefix) == before
@@ -321,6 +322,7 @@ async def test_execution_refused_while_a_change_runs_and_close_rolls_back(
         folder = root.parent / "wheels"
         await runner.ensure_workspace("ws")
         probe = [runner.workspace_path("ws"), root / "snapshots", root / "token", prefix]
+        probe.append(Path("/env"))  # V4: the prefix is seen there, not at its host path
         make_slow_sdist(folder, "sy-slow", "1.0", prefix, "hang", probe)
         before = prefix_hash(prefix)
         await runner.environment_change(
@@ -330,10 +332,10 @@ async def test_execution_refused_while_a_change_runs_and_close_rolls_back(
             )
         )  # fmt: skip
         await _wait_for(prefix / ".build-started")
-        # the tool's sandbox: no capabilities, the runner's home hidden except the prefix
+        # the tool's sandbox: no capabilities, the runner's home hidden, the prefix at /env
         view = json.loads((prefix / ".build-started").read_text())
         assert int(view["cap_eff"], 16) == 0
-        assert view["seen"] == {str(p): p == prefix for p in probe}
+        assert view["seen"] == {str(p): p == Path("/env") for p in probe}
         assert (await runner.environment_info("env1")).changing
         with pytest.raises(Conflict, match="slow"):
             await runner.start(
@@ -472,8 +474,9 @@ async def test_kill_9_mid_install_leaves_the_old_prefix(root: Path) -> None:
         )  # fmt: skip
         await _wait_for(prefix / ".build-started")
         assert prefix_hash(prefix) != before
-        # the tools of the change run with HOME in its scratch folder
-        needle = f"HOME={root / 'environments' / 'env1' / 'scratch'}".encode()
+        # the tools of the change run with HOME in its scratch folder, seen at /env-scratch (V4;
+        # this test's tools are the only ones of this code running here)
+        needle = b"HOME=/env-scratch"
         assert _processes_with(needle)
         daemon.kill()
         # --die-with-parent: uv and the build (its pid namespace) are gone with the runner
@@ -507,8 +510,8 @@ async def test_r_environment_over_the_daemon(root: Path) -> None:
         base = {p.name: p.version for p in done.packages if p.manager == "base"}
         assert base["r"].count(".") == 2
         info = await remote.environment_info("renv")
-        library = Path(info.prefix) / "lib" / "R" / "library"
-        assert info.env["R_LIBS"] == str(library)
+        library = Path("/env/lib/R/library")  # V4: as commands see it
+        assert info.mounted_at == "/env" and info.env["R_LIBS"] == str(library)
         await remote.ensure_workspace("ws")
         await remote.start(
             StartRequest(execution_id="rx", workspace_id="ws", environment_id="renv",

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import hashlib
+import json
 import os
 from pathlib import Path
 
 import pytest
-from env_fixtures import backend_sdist
+from env_fixtures import backend_sdist, make_wheel
 
 from conftest import Yard
 from shellyard.contract.environments import EnvironmentChangeBody, EnvironmentCreateRequest
@@ -100,3 +102,137 @@ async def test_a_find_links_install_holds_the_workspace_while_its_tools_run(yard
         environment_id=created.environment_id,
     )
     assert seen.stdout.strip() == '"built"', seen
+
+
+async def test_an_install_naming_no_workspace_source_does_not_hold_the_workspace(
+    yard: Yard,
+) -> None:
+    """R2: the hold is for a change that reads its workspace; one whose only source is a
+    folder outside it (here in the operator's allowed /tmp, no index) holds nothing of the
+    workspace mid-build, so its overlay is not mounted for it and a file write to it lands
+    while the build still waits (a write waiting on the change would never come back
+    before the ``go``). The folder's path contains ``/workspace`` (``…/workspace-wheels``),
+    so the control plane's loose test sends the change with the caller's workspace: the
+    runner's own test of the sources decides."""
+    wheels = yard.home / "workspace-wheels"
+    wheels.mkdir(mode=0o755)
+    (wheels / "sy_free-1.0.tar.gz").write_bytes(backend_sdist("sy-free", "1.0", WAIT_FOR_GO))
+    (wheels / "sy_free-1.0.tar.gz").chmod(0o644)
+    put = await yard.run("echo start > a.txt")
+    assert put.exit_code == 0, put
+    runner = yard.runner
+    workspace = runner.workspace_path(put.workspace_id)
+    mounts = runner._mounts
+    await _until(lambda: mounts.holds(put.workspace_id) == [0, 0], "the command let go")
+    mounts.linger_s = 0
+    await asyncio.to_thread(mounts.unmount_unheld)
+    created = await yard.plane.environments.create(
+        EnvironmentCreateRequest(
+            name="free", language="python", runner_id=yard.runner_id, wait_ms=30_000
+        )
+    )
+    if created.state != "ready":
+        assert created.change_id is not None, created
+        await yard.plane.environments.wait(created.change_id, 120)
+    body = EnvironmentChangeBody(
+        manager="pip", specs=["sy-free"], index_url="none", find_links=[str(wheels)]
+    )
+    change = await yard.plane.environments.install(created.environment_id, body)
+    environments: Path = runner._environments.root
+    building: list[Path] = []
+
+    def build_started() -> bool:
+        building[:] = list(environments.glob("*/scratch/building"))
+        return bool(building)
+
+    await _until(build_started, "the build backend ran")
+    try:
+        assert mounts.holds(put.workspace_id) == [0, 0]  # mid-build: no hold of the change's
+        assert not os.path.ismount(workspace)
+        written = await asyncio.wait_for(
+            yard.plane.files.write("b.txt", b"mid-build\n", workspace_id=put.workspace_id),
+            timeout=60,
+        )
+        assert written is not None
+        assert (await yard.run("cat b.txt")).stdout == "mid-build\n"
+    finally:
+        (building[0].parent / "go").touch()
+    done = await yard.plane.environments.wait(change.change_id, 120)
+    assert done.state == "succeeded", done
+
+
+async def test_a_find_links_folder_swapped_for_a_link_mid_build_changes_nothing_installed(
+    yard: Yard,
+) -> None:
+    """R2, V5 (docs/security.md, "the workspace an environment change reads"): the hold does
+    not make the workspace busy, so a command may move the ``find_links`` folder away and put
+    a link to another folder (with another build of the same package) in its place while the
+    change builds. The decided behaviour: the change works on what it read at its start (the
+    folder's files copied by the workspace's reader, no link followed, into the change's
+    scratch; wheels.py): the command runs at once, and what gets installed and recorded is
+    the original files, byte for byte (a wheel of the folder too, installed after the build,
+    whose bytes the command also overwrote in the moved folder), never the swapped-in ones."""
+    original = backend_sdist("sy-mid", "1.0", WAIT_FOR_GO.replace('"built"', '"original"'))
+    other = backend_sdist("sy-mid", "1.0", 'RESULT = "swapped-in"\n')
+    wheel = "sy_wheelmid-1.0-py3-none-any.whl"
+    kept = make_wheel(yard.home / "w1", "sy-wheelmid", "1.0", {"sy_wheelmid.py": "WHO = 1\n"})
+    later = make_wheel(yard.home / "w2", "sy-wheelmid", "1.0", {"sy_wheelmid.py": "WHO = 2\n"})
+    files = {
+        f"dist/{wheel}": kept.read_bytes(),
+        "dist/sy_mid-1.0.tar.gz": original,
+        f"other/{wheel}": later.read_bytes(),
+        "other/sy_mid-1.0.tar.gz": other,
+    }
+    put = await yard.run(
+        "mkdir dist other && "
+        + " && ".join(
+            f"echo {base64.b64encode(data).decode()} | base64 -d > {name}"
+            for name, data in files.items()
+        )
+    )
+    assert put.exit_code == 0, put
+    runner = yard.runner
+    created = await yard.plane.environments.create(
+        EnvironmentCreateRequest(
+            name="mid", language="python", runner_id=yard.runner_id, wait_ms=30_000
+        )
+    )
+    if created.state != "ready":
+        assert created.change_id is not None, created
+        await yard.plane.environments.wait(created.change_id, 120)
+    body = EnvironmentChangeBody(
+        manager="pip",
+        specs=["sy-mid", "sy-wheelmid"],
+        index_url="none",
+        find_links=["/workspace/dist"],
+    )
+    change = await yard.plane.environments.install(created.environment_id, body)
+    environments: Path = runner._environments.root
+    building: list[Path] = []
+
+    def build_started() -> bool:
+        building[:] = list(environments.glob("*/scratch/building"))
+        return bool(building)
+
+    await _until(build_started, "the build backend ran")
+    try:  # mid-build: the agent's command swaps the folder for a link, and is not held up
+        swap = await yard.run(
+            f"mv dist dist.was && ln -s other dist && cp other/{wheel} dist.was/ && readlink dist"
+        )
+        assert swap.exit_code == 0 and swap.stdout == "other\n", swap
+    finally:
+        (building[0].parent / "go").touch()
+    done = await yard.plane.environments.wait(change.change_id, 120)
+    assert done.state == "succeeded", done
+    seen = await yard.run(
+        "python -c 'import sy_mid, sy_wheelmid; print(sy_mid.RESULT, sy_wheelmid.WHO)'",
+        environment_id=created.environment_id,
+    )
+    assert seen.stdout.split() == ['"original"', "1"], seen
+    prefix = runner._environments.prefix(created.environment_id)
+    recorded = json.loads((prefix / ".shellyard" / "pip-sources.json").read_text())
+    assert recorded["sy-mid==1.0"]["source"] == "/workspace/dist", recorded
+    assert recorded["sy-wheelmid==1.0"] == {
+        "source": "/workspace/dist",
+        "sha256": hashlib.sha256(kept.read_bytes()).hexdigest(),
+    }, recorded

@@ -336,8 +336,9 @@ async def test_prefix_is_read_only_inside_commands(yard: Yard) -> None:
     before = prefix_hash(prefix)
     seen = await yard.run('echo "$VIRTUAL_ENV"; command -v python', environment_id=environment_id)
     assert seen.exit_code == 0
-    assert seen.stdout == f"{prefix}\n{prefix}/bin/python\n"
-    touch = await yard.run(f"touch {prefix}/x", environment_id=environment_id)
+    # V4: commands see the prefix at /env (docs/security.md "Host paths")
+    assert seen.stdout == "/env\n/env/bin/python\n"
+    touch = await yard.run("touch /env/x", environment_id=environment_id)
     assert touch.exit_code != 0 and "Read-only file system" in touch.stderr
     pip = await yard.run("pip install --no-index shellyard-anything", environment_id=environment_id)
     assert pip.exit_code != 0

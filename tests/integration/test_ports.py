@@ -12,6 +12,7 @@ execution ends.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ipaddress
 import json
 import os
@@ -603,6 +604,81 @@ async def test_a_killed_holder_is_replaced_inside_the_same_network(
         finally:
             await yard.plane.executions.cancel(server.execution_id, wait_s=30)
         assert list((root / "sandbox" / "netns").glob("*.json")) == []
+    finally:
+        await daemon.stop()
+
+
+def _holding(inode: int) -> list[str]:
+    """Every process and descriptor on this host that holds the network namespace ``inode``
+    (its /proc ns link or an open descriptor of it): none once it is gone."""
+    needle = f"net:[{inode}]"
+    found = []
+    for pid in (entry for entry in os.listdir("/proc") if entry.isdigit()):
+        links = [f"/proc/{pid}/ns/net"]
+        with contextlib.suppress(OSError):
+            links += [f"/proc/{pid}/fd/{fd}" for fd in os.listdir(f"/proc/{pid}/fd")]
+        for link in links:
+            with contextlib.suppress(OSError):
+                if os.readlink(link) == needle:
+                    found.append(link)
+    return found
+
+
+@pytest.mark.skipif(shutil.which("setpriv") is None, reason="needs setpriv to run as nobody")
+@pytest.mark.runner_kinds("local")  # the control plane's own runner plays no part
+@pytest.mark.parametrize("while_", ["running", "lingering"])
+async def test_a_killed_holder_under_egress_leaves_a_working_network_and_no_namespace(
+    yard_factory: Any, while_: str, host_server: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """R2 on a runner that is not root (nobody), network ``egress``: the holder of the
+    workspace's namespace (which also runs its egress relay) is killed -9, while a command
+    of the workspace runs or while its namespace only lingers after the last one. The next
+    command still reaches the outside through the proxy (a new holder, in the same namespace
+    when a process is still in it, else a fresh one); once everything ended and the linger
+    passed, no holder is recorded and no process or descriptor on the host (the daemon's
+    own kept ones included) holds any of the workspace's namespaces."""
+    monkeypatch.setenv("SHELLYARD_NETWORK_LINGER_S", "2")
+    yard: Yard = await yard_factory()
+    root = yard.home / "nobody-runner"
+    as_nobody = _nobody_root(root)
+    policy = SandboxPolicy(network="egress", egress_exceptions=[f"127.0.0.1:{host_server}"])
+    daemon = await start_daemon(root, policy, subprocess=True, prefix=as_nobody)
+    proxied = PROXIED.format(url=f"http://127.0.0.1:{host_server}/")
+    try:
+        await yard.plane.runners.add_direct("nobody", daemon.url, daemon.token)
+        yard = Yard(yard.plane, "nobody", yard.home)
+        first = await yard.run(proxied, wait_ms=30_000)
+        assert first.stdout == "from-host\n", first.stdout + first.stderr
+        background = None
+        if while_ == "running":
+            background = await yard.run("echo up; sleep 120", background=True)
+            await _wait_for_log(yard, background.execution_id, "up")
+        (record,) = list((root / "sandbox" / "netns").glob("*.json"))
+        killed = json.loads(record.read_text())
+        namespaces = {int(killed["net"])}
+        os.kill(int(killed["pid"]), signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while Path(f"/proc/{killed['pid']}/ns/net").exists() and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        try:
+            after = await yard.run(proxied, read_only=background is not None, wait_ms=30_000)
+            assert after.stdout == "from-host\n", after.stdout + after.stderr
+            again = json.loads(record.read_text())
+            assert again["pid"] != killed["pid"]
+            namespaces.add(int(again["net"]))
+            if while_ == "running":
+                assert again["net"] == killed["net"]  # rejoined through the running sandbox
+        finally:
+            if background is not None:
+                await yard.plane.executions.cancel(background.execution_id, wait_s=30)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            held = [link for inode in namespaces for link in _holding(inode)]
+            recorded = list((root / "sandbox" / "netns").glob("*.json"))
+            if not held and not recorded:
+                break
+            await asyncio.sleep(0.1)
+        assert recorded == [] and held == [], (recorded, held)
     finally:
         await daemon.stop()
 

@@ -95,8 +95,9 @@ def make_slow_sdist(
     probe: list[Path] | None = None,
 ) -> Path:
     """An sdist whose in-tree build backend, when uv builds it inside the tool sandbox,
-    damages ``prefix`` the way a half-done install would (adds a file, rewrites one, removes
-    one, changes a mode), writes ``<prefix>/.build-started`` and then ``behaviour``:
+    damages ``prefix`` (seen at /env by the build, V4) the way a half-done install would
+    (adds a file, rewrites one, removes one, changes a mode), writes
+    ``<prefix>/.build-started`` and then ``behaviour``:
     ``hang`` (sleeps; the test kills the runner), ``fail`` (exits non-zero) or
     ``sleep-fail:SECONDS`` (fails after that long: a change that outlives its driver).
 
@@ -108,7 +109,8 @@ def make_slow_sdist(
         f"""
         import glob, json, os, sys, time
 
-        PREFIX = {str(prefix)!r}
+        # V4: the tool's sandbox shows a prefix at /env; one built before, at its own path
+        PREFIX = {str(prefix)!r} if os.path.isdir({str(prefix)!r}) else "/env"
         PROBE = {[str(p) for p in probe or []]!r}
 
         def _damage():

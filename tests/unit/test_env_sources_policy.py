@@ -65,3 +65,37 @@ def test_a_listed_url_allows_what_is_below_it_only(tmp_path: Path) -> None:
         assert "not among this runner's allowed package sources" in caught.value.message
     with pytest.raises(InvalidInput):
         _check(rule, tmp_path, manager="conda", specs=["x"], channels=["bioconda"])
+
+
+@pytest.mark.parametrize(
+    ("fields", "held"),
+    [
+        ({"find_links": ["/workspace/dist"]}, True),
+        ({"find_links": ["file:///workspace"]}, True),
+        ({"extra_index_urls": ["/workspace/idx"]}, True),
+        ({"specs": ["a @ file:///workspace/a-1.0.tar.gz ; python_version>'3'"]}, True),
+        ({"manager": "conda", "channels": ["file:///workspace/chan"]}, True),
+        ({"manager": "cran", "repos": ["file:///workspace/repo"]}, True),
+        ({"find_links": ["/tmp/y0/workspace-wheels"]}, False),
+        ({"find_links": ["/workspaces/dist"]}, False),
+        ({"index_url": "https://m.example/workspace/simple"}, False),
+        ({"specs": ["requests"]}, False),
+        ({"find_links": ["/workspace/dist"], "workspace_id": None}, False),
+    ],
+)
+def test_only_a_source_under_workspace_makes_a_change_hold_it(
+    fields: dict[str, object], held: bool
+) -> None:
+    """R2: ``named_workspace`` decides whether a change holds its workspace's folders, by the
+    source check's own test (a path at or below /workspace), not a substring of it."""
+    request = EnvironmentChangeRequest.model_validate(
+        {
+            "change_id": "c",
+            "environment_id": "e",
+            "action": "install",
+            "manager": "pip",
+            "workspace_id": "ws",
+            **fields,
+        }
+    )
+    assert sources.named_workspace(request) == ("ws" if held else None)

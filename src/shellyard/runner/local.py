@@ -68,6 +68,7 @@ from shellyard.runner.protocol import (
 )
 from shellyard.runner.sandbox import bwrap as sandbox
 from shellyard.runner.sandbox import folder_access, launch, tenants
+from shellyard.runner.sandbox.bwrap import Mount
 from shellyard.runner.sandbox.log_root import LogRoot
 from shellyard.runner.sandbox.seccomp import SeccompProfile
 from shellyard.runner.sandbox.spawn import Sandboxes, check_start, script_argv
@@ -636,7 +637,7 @@ class LocalRunner(TerminalDoor):  # E13: send_input, screen, resize
         return await self._environments.info(environment_id)
 
 
-def _default_base() -> tuple[dict[str, object], tuple[Path, dict[str, str]] | None]:
+def _default_base() -> tuple[dict[str, object], Mount | None]:
     """The runner's default environment for a command without one (docs/environments.md): what the
     result reports, and the mount; never a build (a first command does not wait)."""
     name = bases.default_name()

@@ -457,7 +457,11 @@ class EnvironmentInfo(BaseModel):
 
     environment_id: str
     language: EnvLanguage
+    #: The prefix on the runner's host.
     prefix: str
+    #: V4: where commands (and its package tools) see the prefix: /env (seen.py), or the
+    #: host path for an environment built before that; None from an older runner.
+    mounted_at: str | None = None
     #: Variables set for executions using it (PATH first entries, CONDA_PREFIX, VIRTUAL_ENV,
     #: R_LIBS …); PATH here is only the prefix's part, put before the sandbox's PATH.
     #: E1: the caller's variables, set inside the sandbox after its own (never over HOME,

@@ -43,6 +43,7 @@ from shellyard.runner.environments.operator_tools import (
     sandboxed_build,
 )
 from shellyard.runner.environments.tools import BASE_OWNER
+from shellyard.runner.sandbox.bwrap import Mount
 
 PYTHON_BASE = "python-base"
 #: R with tidyverse and data.table (runner/environments/rbase.py); the default's companion.
@@ -117,7 +118,7 @@ def current(name: str, root: Path | None = None) -> BaseRevision | None:
     )
 
 
-def mount(name: str) -> tuple[BaseRevision, tuple[Path, dict[str, str]]] | None:
+def mount(name: str) -> tuple[BaseRevision, Mount] | None:
     """For an execution about to start: the base's revision, the prefix to bind read-only
     and its variables (V4), or None while the base is not prepared.
 
@@ -131,11 +132,11 @@ def mount(name: str) -> tuple[BaseRevision, tuple[Path, dict[str, str]]] | None:
     variables = prefix_variables(base.prefix)
     companion = current(R_BASE) if name == PYTHON_BASE else None
     if companion is None or not companion.prefix.is_dir():
-        return base, (base.prefix, variables)
+        return base, Mount(base.prefix, variables, base.prefix)
     r_variables = prefix_variables(companion.prefix)
     merged = {**r_variables, **variables, "PATH": f"{variables['PATH']}:{r_variables['PATH']}"}
     # the bases folder is the prefixes' common parent: public, read-only (its uv cache is 0700)
-    return base, (base.prefix.parents[2], merged)
+    return base, Mount(base.prefix.parents[2], merged, base.prefix.parents[2])
 
 
 async def prepare(

@@ -10,6 +10,7 @@ the prefix holds the library packages go to, ``lib/R/library`` (where a conda R 
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import shutil
@@ -19,30 +20,15 @@ from pathlib import Path
 
 from shellyard.runner.environments.managers.base import ManagerContext, ManagerError, tools_folder
 from shellyard.runner.environments.managers.pip import DEFAULT_INDEX, record_origin, uv_binary
+
+# prefix_variables lives with the rest of "where an environment is seen" (V4)
+from shellyard.runner.environments.seen import R_LIBRARY
+from shellyard.runner.environments.seen import prefix_variables as prefix_variables
 from shellyard.runner.protocol import EnvironmentChangeRequest, PackageRecord
 
 #: Interpreters tried for a ``python`` environment, first usable wins. Debian's own first: it
 #: lives in world-readable folders and keeps its ensurepip wheels for offline seeding.
 PYTHON_CANDIDATES = (Path("/usr/bin/python3"), Path("/usr/local/bin/python3"))
-
-R_LIBRARY = Path("lib/R/library")
-
-
-def prefix_variables(prefix: Path) -> dict[str, str]:
-    """What a command using the prefix gets (V4), from what the prefix holds now: PATH's
-    first entry, VIRTUAL_ENV for a venv, CONDA_PREFIX once conda has put packages in, and
-    R_LIBS (R_LIBS_USER too, so ``install.packages`` in a command aims at the read-only
-    library, V7) once there is an R library."""
-    env = {"PATH": str(prefix / "bin")}
-    if (prefix / "pyvenv.cfg").is_file():
-        env["VIRTUAL_ENV"] = str(prefix)
-    if (prefix / "conda-meta").is_dir():
-        env["CONDA_PREFIX"] = str(prefix)
-    library = prefix / R_LIBRARY
-    if library.is_dir():
-        env["R_LIBS"] = str(library)
-        env["R_LIBS_USER"] = str(library)
-    return env
 
 
 def _reachable_by_others(path: Path) -> bool:
@@ -98,7 +84,10 @@ async def _create_python(ctx: ManagerContext) -> list[PackageRecord]:
         # Seeding downloads pip unless it is in uv's cache; with no index reachable (or the
         # network off) the interpreter's own bundled pip does, offline.
         ctx.progress("seeding pip from the interpreter's bundled wheels")
-        code, tail = await ctx.run_tool([*venv, "--clear", str(prefix)], env=uv_env)
+        # Emptied here, not by ``uv venv --clear``: the tools see the prefix as a mount
+        # point (/env, V4) on a read-only root, which uv cannot remove and make again.
+        await asyncio.to_thread(_empty, prefix)
+        code, tail = await ctx.run_tool([*venv, str(prefix)], env=uv_env)
         if code == 0:
             code, tail = await ctx.run_tool(
                 [str(prefix / "bin" / "python"), "-m", "ensurepip", "--default-pip"],
@@ -159,6 +148,16 @@ async def _create_r(ctx: ManagerContext) -> list[PackageRecord]:
             manager="base", name="r", version=match.group(1), source=str(rscript.resolve())
         )
     ]
+
+
+def _empty(folder: Path) -> None:
+    """Remove what ``folder`` holds (no link followed), keeping the folder itself."""
+    with os.scandir(folder) as entries:
+        for entry in entries:
+            if entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(entry.path)
+            else:
+                os.unlink(entry.path)
 
 
 def _venv_python_version(prefix: Path) -> str:

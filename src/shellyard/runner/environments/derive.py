@@ -60,7 +60,9 @@ async def create(ctx: ManagerContext, name: str) -> list[PackageRecord]:
     linking = can_link(base.prefix, ctx.prefix)
     how = "hard-linking" if linking else "copying"
     ctx.progress(f"{how} {name} revision {base.revision} into the environment")
-    await asyncio.to_thread(clone, base.prefix, ctx.prefix, linking)
+    # V4: bin/'s scripts name where the sandboxes show the new prefix (/env, seen.py)
+    shown = Path(ctx.inside(str(ctx.prefix)))
+    await asyncio.to_thread(clone, base.prefix, ctx.prefix, linking, shown)
     record_origin(ctx.prefix, f"{name} revision {base.revision}")
     records = [
         PackageRecord(
@@ -90,12 +92,13 @@ def can_link(base: Path, prefix: Path) -> bool:
         return False
 
 
-def clone(base: Path, prefix: Path, linking: bool) -> None:
+def clone(base: Path, prefix: Path, linking: bool, shown: Path | None = None) -> None:
     """``base``'s tree into the existing empty folder ``prefix``: folders made (0755, so the
     environment's own changes can add and remove), symbolic links re-made (those into the
-    base pointed at the new prefix), files linked or copied, bin/ scripts rewritten. Walks
-    with ``scandir`` (the entry kinds come with the listing: no stat per file)."""
-    old, new = os.fsencode(base), os.fsencode(prefix)
+    base pointed at the new prefix), files linked or copied, bin/ scripts rewritten to name
+    ``shown``, where the sandboxes see the new prefix (default: its host path). Walks with
+    ``scandir`` (the entry kinds come with the listing: no stat per file)."""
+    old, new = os.fsencode(base), os.fsencode(shown if shown is not None else prefix)
     pending = [(os.fspath(base), os.fspath(prefix), False)]
     while pending:
         source_dir, target_dir, in_bin = pending.pop()

@@ -102,6 +102,24 @@ def parse(entries: list[str] | None, offline: bool = False) -> Allowed:
     return Allowed(urls=tuple(urls), folders=tuple(folders), offline=offline)
 
 
+def named_workspace(request: EnvironmentChangeRequest) -> str | None:
+    """The workspace ``request`` came with when a local source of it names that workspace
+    (``/workspace/…``, by the same test as the check's), else None: only such a change holds
+    the workspace's folders (R2; an index-only install reads nothing of it)."""
+    if request.workspace_id is None:
+        return None
+    values = [request.index_url or "", *request.extra_index_urls, *request.find_links]
+    values += [*request.channels, *request.repos]
+    values += [spec.partition("@")[2].partition(";")[0] for spec in request.specs]
+    for value in values:
+        text = value.strip()
+        if is_local(text):
+            path = local_path(text)
+            if path == WORKSPACE or path.startswith(WORKSPACE + "/"):
+                return request.workspace_id
+    return None
+
+
 @dataclass
 class Checked:
     """A request whose sources passed, with ``/workspace`` paths made runner paths, and what

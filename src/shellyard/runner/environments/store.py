@@ -2,7 +2,7 @@
 
 On disk, under ``<runner root>/environments``::
 
-    <env_id>/prefix/          the prefix; executions mount it read-only at this same path
+    <env_id>/prefix/          the prefix; executions mount it read-only at its ``built-at``
     <env_id>/env.json         language and the ``base`` records of ``create``: it exists = the
                               environment exists
     <env_id>/journal.json     while a change runs: change id, request, base snapshot, tool pids
@@ -41,7 +41,7 @@ from typing import Any
 from shellyard import filemodes
 from shellyard.errors import Conflict, InvalidInput, NotFound, ShellyardError
 from shellyard.runner.edits.editor import Editor
-from shellyard.runner.environments import create, derive, sources
+from shellyard.runner.environments import create, derive, seen, sources
 from shellyard.runner.environments.managers import MANAGERS
 from shellyard.runner.environments.managers.base import ManagerContext, ManagerError
 from shellyard.runner.environments.tools import (
@@ -214,8 +214,8 @@ class EnvironmentStore:
             return known
         # R2: its workspace read through the overlay, checks to end, never unmounted midway
         with contextlib.ExitStack() as stack:
-            if request.workspace_id is not None and self.hold is not None:
-                stack.enter_context(self.hold(request.workspace_id))
+            if (workspace := sources.named_workspace(request)) and self.hold is not None:
+                stack.enter_context(self.hold(workspace))
             checked = self._validate(request)
             request = checked.request
             holder = self._by_env.get(request.environment_id)
@@ -275,17 +275,17 @@ class EnvironmentStore:
         return await self.status(change_id)
 
     async def info(self, environment_id: str) -> EnvironmentInfo:
-        meta = self._meta(environment_id)
-        prefix = self.prefix(environment_id)
+        mount = seen.mount(self.prefix(environment_id))  # V4: as a command sees it
         return EnvironmentInfo(
             environment_id=environment_id,
-            language=meta["language"],
-            prefix=str(prefix),
-            env=create.prefix_variables(prefix),
+            language=self._meta(environment_id)["language"],
+            prefix=str(mount.prefix),
+            mounted_at=str(mount.seen),
+            env=mount.variables,
             changing=environment_id in self._by_env,
         )
 
-    def mount(self, environment_id: str) -> tuple[Path, dict[str, str]]:
+    def mount(self, environment_id: str) -> seen.Mount:
         """For an execution about to start (V4): the prefix to bind read-only and the
         variables to set. Refused while the environment is missing or changing."""
         if not self.exists(environment_id):
@@ -294,16 +294,14 @@ class EnvironmentStore:
                 f"or its creation failed); create it, or use an environment of this runner",
                 environment_id=environment_id,
             )
-        holder = self._by_env.get(environment_id)
-        if holder is not None:
+        if (holder := self._by_env.get(environment_id)) is not None:
             raise Conflict(
                 f"environment {environment_id} is being changed by change {holder}; the "
                 f"execution can start once the change has ended",
                 environment_id=environment_id,
                 change_id=holder,
             )
-        prefix = self.prefix(environment_id)
-        return prefix, create.prefix_variables(prefix)
+        return seen.mount(self.prefix(environment_id))
 
     # ----------------------------------------------------------------- checks and records
 
@@ -427,6 +425,7 @@ class EnvironmentStore:
                 on_spawn=on_spawn,
                 timeout_s=self._tool_timeout_s,
                 groups=ToolGroups.of(self._sandboxes.cgroups, request),
+                seen=seen.settle(prefix, fresh=request.action == "create"),  # V4
             )
             running.tools = tools
             ctx = ManagerContext(
@@ -442,6 +441,7 @@ class EnvironmentStore:
                 read_as=launch.prefix(
                     self._sandboxes.launcher, network=None, ids=reader, limits=()
                 ),
+                inside=tools.places.inside,
             )
             if request.action == "create":
                 if prefix.exists():  # what an earlier failed create of this id left

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import shutil
 import signal
@@ -31,6 +32,7 @@ from pathlib import Path
 
 from shellyard.errors import LowOnSpace
 from shellyard.runner import processes
+from shellyard.runner.environments.seen import Places
 from shellyard.runner.limits import reserve
 from shellyard.runner.limits.settings import format_size
 from shellyard.runner.policy import NetworkMode
@@ -38,6 +40,8 @@ from shellyard.runner.sandbox import bwrap as sandbox
 from shellyard.runner.sandbox import launch
 from shellyard.runner.sandbox.spawn import Sandboxes
 from shellyard.runner.sandbox.tool_groups import ToolGroups
+
+log = logging.getLogger(__name__)
 
 #: On a root runner a finished base's files belong to this uid/gid (nobody), not to the
 #: sandbox uid the package tools run as, so no tool can write or chmod a base file that an
@@ -117,8 +121,14 @@ def give_to_tools(path: Path, ids: tuple[int, int] | None) -> None:
     uid, gid = ids
 
     def own(entry: str | Path, st: os.stat_result) -> None:
-        if (st.st_uid, st.st_gid) != (uid, gid) and st.st_uid != BASE_OWNER:
-            os.lchown(entry, uid, gid)
+        if (st.st_uid, st.st_gid) == (uid, gid) or st.st_uid == BASE_OWNER:
+            return
+        if st.st_nlink > 1 and not stat.S_ISDIR(st.st_mode):
+            # a hard link the tools could not have made to a file not theirs: it may be a
+            # host file's other name; never given away (docs/security.md, "runner reads")
+            log.warning("left a hard link of a file not the tools' as it is: %s", entry)
+            return
+        os.lchown(entry, uid, gid)
 
     own(path, os.lstat(path))
     folders = [str(path)]
@@ -145,8 +155,13 @@ class SandboxedTools:
         on_spawn: SpawnHook,
         timeout_s: float,
         groups: ToolGroups | None = None,
+        seen: Path | None = None,
     ) -> None:
+        """``seen``: where the tools see the prefix, the path its files name (V4, seen.py;
+        default its host path); the cache and scratch are seen at neutral paths."""
         self._sandboxes = sandboxes
+        #: V4: the host folders and where the tools' sandbox shows them
+        self.places = Places(prefix, cache, scratch, seen)
         #: R2 tenants: each tool in a group of its own inside the requesting workspace's.
         self.groups = groups or ToolGroups(None, "", "")
         self._prefix = prefix
@@ -203,8 +218,10 @@ class SandboxedTools:
         lines: LineHook | None = None,
         mounts: dict[Path, Path] | None = None,
     ) -> tuple[int, str]:
+        # V4: the paths of the prefix, the cache and the scratch as the sandbox shows them
+        shown = [self.places.inside(arg) for arg in argv]
         wanted: list[Path] = []
-        if os.path.isabs(argv[0]):
+        if os.path.isabs(argv[0]) and shown[0] == argv[0]:
             # The tool itself may live where the sandbox shows a tmpfs (uv inside a checkout
             # under /tmp, or under the hidden home): bind its file back at its own path.
             wanted.append(Path(argv[0]))
@@ -230,11 +247,11 @@ class SandboxedTools:
                 network=mode,
                 view=box.view,
                 hardening=sandbox.Hardening(seccomp_fd, box.disable_userns),
-                writable=[self._prefix, self._cache, self._scratch],
+                writable=self.places.binds,
                 read_only=read_only,
                 read_only_fds=sources,
-                chdir=self._scratch,
-                command=argv,
+                chdir=self.places.shown(self._scratch),
+                command=shown,
                 egress_socket=box.egress_socket,
                 socat=box.socat,
                 front=front,
@@ -248,13 +265,13 @@ class SandboxedTools:
         if mode == "egress":
             # the runner's own proxy settings mean nothing inside: the sandbox's relay is the way
             passed = {k: v for k, v in passed.items() if "proxy" not in k.lower()}
-        tool_env = {
+        tool_env = self.places.inside_env({
             **sandbox.sandbox_env(str(self._scratch), sandbox.proxy_variables(mode)),
             "PATH": f"{self._prefix}/bin:{sandbox.SANDBOX_PATH}",
             **passed,
             **self._base_env,
             **(env or {}),
-        }
+        })  # fmt: skip
         flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC
         # R2: the tool's /proc/self/fd/2 reads "/environments/changes/<change>/log", no path
         # of the home: through the runner's copy of its root (log_root.py); an operator's
@@ -263,7 +280,7 @@ class SandboxedTools:
         (log_fd,) = box.logs.open_files(log_dir, log_name, flags, 0o600)
         try:
             start = os.fstat(log_fd).st_size
-            os.write(log_fd, f"$ {' '.join(argv)}\n".encode("utf-8", "replace"))
+            os.write(log_fd, f"$ {' '.join(shown)}\n".encode("utf-8", "replace"))
             # Spawned from the event loop's thread: --die-with-parent follows the thread that
             # forked bwrap, and this one lives as long as the runner.
             popen = subprocess.Popen(

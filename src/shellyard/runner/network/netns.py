@@ -68,9 +68,10 @@ class WorkspaceNetworks:
         #: Of those, the ones still running: a workspace without any has no live server, so
         #: its forwarded ports go at once (R5), whatever the namespace's linger.
         self._live: dict[str, set[str]] = {}
-        #: Called with (workspace, namespace file) when a workspace's first user arrives
-        #: (made now, or found mounted after a restart), and with the workspace before its
-        #: namespace goes: the relays that live with it (runner/network/ports.py).
+        #: Called with (workspace, namespace file) when a user arrives (the first: made now,
+        #: or found mounted after a restart; each later one too, so a relay killed meanwhile
+        #: is started again), and with the workspace before its namespace goes: the relays
+        #: that live with it (runner/network/ports.py).
         self.on_ready: list[Callable[[str, Path], None]] = []
         self.on_gone: list[Callable[[str], None]] = []
         #: Called with the workspace when its last live execution ended (the namespace may
@@ -78,6 +79,12 @@ class WorkspaceNetworks:
         self.on_idle: list[Callable[[str], None]] = []
         #: root: the inode of each workspace's namespace as ``acquire`` found or made it
         self._made: dict[str, int] = {}
+        #: R2: each in-use workspace's namespace descriptors (``open``: checked once, when it
+        #: got its first user or was made anew), kept until its last user goes. The relays
+        #: (runner/network/ports.py) enter it by these, never by the path, which a mount
+        #: over it or a rename may have made another namespace meanwhile.
+        self._kept: dict[str, tuple[int | None, int]] = {}
+        self._kept_lock = threading.Lock()
 
     def startup(self) -> None:
         self.directory.mkdir(mode=0o700, exist_ok=True)
@@ -99,18 +106,21 @@ class WorkspaceNetworks:
             path = self.path(workspace_id)
             if not _mounted(path):
                 _create(path)
-            self._made[workspace_id] = os.stat(path).st_ino
+                self._made[workspace_id] = os.stat(path).st_ino
+            elif workspace_id not in self._kept or workspace_id not in self._made:
+                # found mounted (first use, or after a restart, E11); while one is kept, the
+                # recorded inode stays that one's, so what the path names now is checked
+                self._made[workspace_id] = os.stat(path).st_ino
+        self._keep(workspace_id, path)
         users = self._users.setdefault(workspace_id, set())
-        first = not users
         users.add(execution_id)
         self._live.setdefault(workspace_id, set()).add(execution_id)
-        if first:
-            try:
-                for hook in self.on_ready:
-                    hook(workspace_id, path)
-            except BaseException:
-                self.release(workspace_id, execution_id)
-                raise
+        try:
+            for hook in self.on_ready:
+                hook(workspace_id, path)
+        except BaseException:
+            self.release(workspace_id, execution_id)
+            raise
         return path
 
     def open(self, workspace_id: str, path: Path) -> tuple[int | None, int]:
@@ -137,11 +147,50 @@ class WorkspaceNetworks:
             log.warning("the network of %s is not the one made for it: %s", workspace_id, exc)
             self._made.pop(workspace_id, None)
             if not self.held:
-                _remove(path)  # the next acquire makes a fresh one
+                # what was mounted over the kept namespace (which stays, and the next acquire
+                # finds again), or, none kept, all of it: the next acquire makes a fresh one
+                _remove(path, keep=self._kept_inode(workspace_id))
             raise SandboxUnavailable(
                 f"the workspace's network namespace went away before the command could join "
                 f"it ({exc}); nothing ran; run the command again (it gets a fresh one)"
             ) from None
+
+    def _keep(self, workspace_id: str, path: Path) -> None:
+        """Open and check the namespace's descriptors unless the kept ones are still the
+        namespace recorded for the workspace (made anew: the new one's)."""
+        if self.held:
+            expect = holder.inodes(self._record(workspace_id)).get("net")
+        else:
+            expect = self._made.get(workspace_id)
+        with self._kept_lock:
+            kept = self._kept.get(workspace_id)
+            if kept is not None and os.fstat(kept[1]).st_ino == expect:
+                return
+            self._forget_kept(workspace_id)
+        fds = self.open(workspace_id, path)  # refused: SandboxUnavailable, nothing kept
+        with self._kept_lock:
+            self._forget_kept(workspace_id)
+            self._kept[workspace_id] = fds
+
+    def _forget_kept(self, workspace_id: str) -> None:
+        for fd in self._kept.pop(workspace_id, (None, None)):
+            if fd is not None:
+                os.close(fd)
+
+    def _kept_inode(self, workspace_id: str) -> int | None:
+        with self._kept_lock:
+            kept = self._kept.get(workspace_id)
+            return os.fstat(kept[1]).st_ino if kept is not None else None
+
+    def duplicate(self, workspace_id: str) -> tuple[int | None, int] | None:
+        """Copies of the workspace's kept namespace descriptors (user namespace or None,
+        network namespace), the caller's to close; None while it has no user."""
+        with self._kept_lock:
+            kept = self._kept.get(workspace_id)
+            if kept is None:
+                return None
+            user = os.dup(kept[0]) if kept[0] is not None else None
+            return user, os.dup(kept[1])
 
     def holders(self, workspace_id: str) -> set[str]:
         """The ids holding the workspace's namespace (executions, a warm sandbox)."""
@@ -182,6 +231,8 @@ class WorkspaceNetworks:
         self._drop(workspace_id)
 
     def _drop(self, workspace_id: str) -> None:
+        with self._kept_lock:
+            self._forget_kept(workspace_id)
         if self.held:
             holder.stop(self._record(workspace_id))
         else:
@@ -205,27 +256,35 @@ class WorkspaceNetworks:
                 self._drop(workspace_id)
 
 
-def prefix(path: Path) -> list[str]:
-    """Put in front of a spawn's argv (before the privilege drop: nsenter needs root). A
-    holder's namespace (``/proc/PID/ns/net``) is entered with the user namespace that owns
-    it, keeping the runner's uid and groups."""
+def prefix_fds(fds: tuple[int | None, int]) -> list[str]:
+    """Put in front of a spawn's argv (before the privilege drop: nsenter needs root) that
+    must run in the namespaces of the inherited descriptors ``fds`` (``duplicate``; the
+    spawn's ``pass_fds``): a holder's network namespace is entered with the user namespace
+    that owns it, keeping the runner's uid and groups. Never a namespace's path (R2)."""
     nsenter = shutil.which("nsenter") or "/usr/bin/nsenter"
-    if path.parts[:2] == ("/", "proc"):
-        user = path.with_name("user")
-        return [nsenter, f"--user={user}", f"--net={path}", "--preserve-credentials", "--"]
-    return [nsenter, f"--net={path}", "--"]
+    user, net = fds
+    if user is not None:
+        return [
+            nsenter,
+            f"--user=/proc/self/fd/{user}",
+            f"--net=/proc/self/fd/{net}",
+            "--preserve-credentials",
+            "--",
+        ]
+    return [nsenter, f"--net=/proc/self/fd/{net}", "--"]
 
 
-def socket_in(path: Path, family: socket.AddressFamily = socket.AF_INET) -> socket.socket:
-    """A socket of the namespace at ``path``: a socket belongs to the namespace of the thread
-    that made it, so a short thread joins the namespace, makes it and ends (the caller's own
-    threads never change namespace)."""
+def socket_in(net_fd: int, family: socket.AddressFamily = socket.AF_INET) -> socket.socket:
+    """A socket of the network namespace of the descriptor ``net_fd`` (``duplicate``, never a
+    path opened now: R2): a socket belongs to the namespace of the thread that made it, so a
+    short thread joins the namespace, makes it and ends (the caller's own threads never
+    change namespace)."""
     made: list[socket.socket] = []
     failure: list[BaseException] = []
 
     def work() -> None:
         try:
-            _join(path)
+            _join(net_fd)
             made.append(socket.socket(family, socket.SOCK_STREAM))
         except OSError as exc:
             failure.append(exc)
@@ -238,16 +297,12 @@ def socket_in(path: Path, family: socket.AddressFamily = socket.AF_INET) -> sock
     return made[0]
 
 
-def _join(path: Path) -> None:
-    """Move the calling thread into the namespace at ``path``."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        # os.setns is Python 3.12+; the libc call is the same syscall
-        if _libc().setns(fd, CLONE_NEWNET) != 0:
-            err = ctypes.get_errno()
-            raise OSError(err, os.strerror(err))
-    finally:
-        os.close(fd)
+def _join(fd: int) -> None:
+    """Move the calling thread into the network namespace of the descriptor ``fd``."""
+    # os.setns is Python 3.12+; the libc call is the same syscall
+    if _libc().setns(fd, CLONE_NEWNET) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
 
 
 class _Refused(Exception):
@@ -307,12 +362,16 @@ def _loopback_up(path: Path) -> None:
 
     def work() -> None:
         try:
-            _join(path)
+            fd = _open_ns(path, CLONE_NEWNET, None)  # just made: not the runner's own
+            try:
+                _join(fd)
+            finally:
+                os.close(fd)
             with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
                 request = struct.pack("16sH14x", b"lo", 0)
                 flags = struct.unpack("16sH", fcntl.ioctl(sock, SIOCGIFFLAGS, request)[:18])[1]
                 fcntl.ioctl(sock, SIOCSIFFLAGS, struct.pack("16sH14x", b"lo", flags | IFF_UP))
-        except OSError as exc:
+        except (OSError, _Refused) as exc:
             failure.append(exc)
 
     thread = threading.Thread(target=work, name="netns-lo")
@@ -325,10 +384,15 @@ def _loopback_up(path: Path) -> None:
         )
 
 
-def _remove(path: Path) -> None:
-    for _ in range(8):  # more than one mount on it: each one (``open`` refused what it named)
+def _remove(path: Path, keep: int | None = None) -> None:
+    """Unmount each namespace mounted on ``path`` (more than one: ``open`` refused what it
+    named) and remove the file; ``keep``: stop at the namespace of that inode (kept: its
+    descriptor keeps its mount busy)."""
+    for _ in range(8):
         if not _mounted(path):
             break
+        if keep is not None and os.stat(path).st_ino == keep:
+            return
         umount = shutil.which("umount") or "/usr/bin/umount"
         done = subprocess.run([umount, str(path)], capture_output=True, text=True, check=False)
         if done.returncode != 0:

@@ -90,50 +90,62 @@ class Relays:
         _check_port(port, "port", 1)
         _check_port(host_port, "host_port", 0)
         with self._lock:
-            path = self.networks.in_use(workspace_id)
-            if path is None:
-                raise InvalidInput(
-                    f"workspace {workspace_id} has no running execution, so it has no network "
-                    f"to forward into: start the server first as a background execution "
-                    f"(run_shell background=true), then open the port"
-                )
-            existing = self._alive(workspace_id, _name(port))
-            if existing is not None:
-                if host_port in (0, existing["host_port"]):
-                    return _view(workspace_id, existing)
-                raise InvalidInput(
-                    f"port {port} of workspace {workspace_id} is already forwarded to host "
-                    f"port {existing['host_port']}; close it first to choose another"
-                )
-            if len(self._records(workspace_id)) >= MAX_PORTS:
-                raise InvalidInput(
-                    f"workspace {workspace_id} already forwards {MAX_PORTS} ports; close one first"
-                )
-            address = workspace_address(workspace_id)
-            listener = _host_listener(address, host_port)
-            with listener:
-                record = self._start(
-                    workspace_id,
-                    _name(port),
-                    listener,
-                    ["--tcp-port", str(port), *_unprivileged(self.run_as)],
-                    inside=path,
-                    extra={
-                        "port": port,
-                        "host": address,
-                        "host_port": listener.getsockname()[1],
-                    },
-                )
-            log.info(
-                "port forwarded",
+            fds = self.networks.duplicate(workspace_id)
+            try:
+                if fds is None or self.networks.in_use(workspace_id) is None:
+                    raise InvalidInput(
+                        f"workspace {workspace_id} has no running execution, so it has no "
+                        f"network to forward into: start the server first as a background "
+                        f"execution (run_shell background=true), then open the port"
+                    )
+                record = self._forward(workspace_id, port, host_port, fds)
+            finally:
+                _close(fds)
+            return _view(workspace_id, record)
+
+    def _forward(
+        self, workspace_id: str, port: int, host_port: int, fds: tuple[int | None, int]
+    ) -> dict[str, Any]:
+        """``open``'s forward: the live one, or a new relay entering the workspace's network
+        by its kept descriptors ``fds`` (R2: the namespace checked when it got its first
+        user, whatever its path names by now)."""
+        existing = self._alive(workspace_id, _name(port))
+        if existing is not None:
+            if host_port in (0, existing["host_port"]):
+                return existing
+            raise InvalidInput(
+                f"port {port} of workspace {workspace_id} is already forwarded to host "
+                f"port {existing['host_port']}; close it first to choose another"
+            )
+        if len(self._records(workspace_id)) >= MAX_PORTS:
+            raise InvalidInput(
+                f"workspace {workspace_id} already forwards {MAX_PORTS} ports; close one first"
+            )
+        address = workspace_address(workspace_id)
+        listener = _host_listener(address, host_port)
+        with listener:
+            record = self._start(
+                workspace_id,
+                _name(port),
+                listener,
+                ["--tcp-port", str(port), *_unprivileged(self.run_as)],
+                inside=fds,
                 extra={
-                    "workspace_id": workspace_id,
                     "port": port,
                     "host": address,
-                    "host_port": record["host_port"],
+                    "host_port": listener.getsockname()[1],
                 },
             )
-            return _view(workspace_id, record)
+        log.info(
+            "port forwarded",
+            extra={
+                "workspace_id": workspace_id,
+                "port": port,
+                "host": address,
+                "host_port": record["host_port"],
+            },
+        )
+        return record
 
     def forwards(self, workspace_id: str | None = None) -> list[PortView]:
         """The live forwards of ``workspace_id`` (of every workspace when None)."""
@@ -180,13 +192,22 @@ class Relays:
     # ------------------------------------------------------------------ egress
 
     def _ready(self, workspace_id: str, path: Path) -> None:
-        """The namespace has its first execution: under egress, make sure its relay runs."""
+        """The namespace has a new execution (its first, or one more: a relay killed meanwhile
+        is started again, the sandbox has none of its own): under egress, make sure its relay
+        runs, listening in the namespace of the kept descriptor (R2), not whatever ``path``
+        names."""
         if self.egress_socket is None or self.networks.held:
             return  # a holder runs its own egress relay (holder.py)
         with self._lock:
             if self._alive(workspace_id, EGRESS) is not None:
                 return  # still running from before a restart of the runner
-            listener = netns.socket_in(path)
+            fds = self.networks.duplicate(workspace_id)
+            if fds is None:
+                raise SandboxUnavailable(f"workspace {workspace_id} has no network to relay in")
+            try:
+                listener = netns.socket_in(fds[1])
+            finally:
+                _close(fds)
             with listener:
                 listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
                 listener.bind((LOOPBACK, SANDBOX_PORT))
@@ -209,17 +230,23 @@ class Relays:
         listener: socket.socket,
         target: list[str],
         *,
-        inside: Path | None,
+        inside: tuple[int | None, int] | None,
         extra: dict[str, Any],
     ) -> dict[str, Any]:
         fd = listener.fileno()
         python = (holder.interpreter() if self.networks.held else None) or sys.executable
         argv = [python, "-I", str(RELAY), "--listen-fd", str(fd), *target]
-        if inside is not None:  # it connects from inside the workspace's network
-            argv = [*netns.prefix(inside), *argv]
+        passed = [fd]
+        if inside is not None:  # it connects from inside the workspace's network, entered
+            # by the inherited descriptors (nsenter ``/proc/self/fd/N``), which the relay
+            # closes before it serves (``--close-fd``)
+            entered = [x for x in inside if x is not None]
+            argv = [*netns.prefix_fds(inside), *argv]
+            argv += [arg for x in entered for arg in ("--close-fd", str(x))]
+            passed += entered
         popen = subprocess.Popen(
             argv,
-            pass_fds=[fd],
+            pass_fds=passed,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -282,6 +309,12 @@ def _unprivileged(run_as: tuple[int, int] | None) -> list[str]:
     if os.geteuid() != 0 or run_as is None:
         return []
     return ["--run-as", f"{run_as[0]}:{run_as[1]}"]
+
+
+def _close(fds: tuple[int | None, int] | None) -> None:
+    for fd in fds or ():
+        if fd is not None:
+            os.close(fd)
 
 
 def _name(port: int) -> str:

@@ -95,7 +95,12 @@ def main() -> None:
     target.add_argument("--tcp-port", type=int)
     target.add_argument("--unix")
     parser.add_argument("--run-as", help="UID:GID to switch to before accepting")
+    parser.add_argument(
+        "--close-fd", type=int, action="append", default=[], help="inherited, not to keep"
+    )
     args = parser.parse_args()
+    for fd in args.close_fd:  # the namespace descriptors it was started into (ports.py)
+        os.close(fd)
     if args.hold:
         _loopback_up()
     if args.listen_fd is not None:

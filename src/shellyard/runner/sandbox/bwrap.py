@@ -26,6 +26,7 @@ import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from shellyard.errors import SandboxUnavailable
 from shellyard.runner.limits.settings import cpu_limit
@@ -44,6 +45,20 @@ WORKSPACE = "/workspace"
 #: Where it sees its workspace's home (docs/contract.md "The home"): kept across that
 #: workspace's commands, outside the tree, so in none of its snapshots, diffs or transfers.
 HOME = "/home/agent"
+#: Where it sees an environment's prefix (V4; runner/environments/seen.py), and where a
+#: package tool sees that environment's cache and its change's scratch folder.
+ENV = Path("/env")
+ENV_CACHE = Path("/env-cache")
+ENV_SCRATCH = Path("/env-scratch")
+
+
+class Mount(NamedTuple):
+    """An environment for an execution (V4): the prefix on the host, the variables a
+    command gets, and where the sandbox binds the prefix (read-only)."""
+
+    prefix: Path
+    variables: dict[str, str]
+    seen: Path
 
 
 def home_variables() -> dict[str, str]:
@@ -341,7 +356,7 @@ def bwrap_argv(
     workspace: Path,
     status_fd: int,
     command: Sequence[str],
-    read_only_binds: Sequence[Path] = (),
+    read_only_binds: Sequence[tuple[Path, Path]] = (),
     egress_socket: Path | None = None,
     socat: str | None = None,
     workspace_read_only: bool = False,
@@ -356,10 +371,12 @@ def bwrap_argv(
     home: Path | None = None,
     network_fds: tuple[int | None, int] | None = None,
 ) -> list[str]:
-    if policy.network == "egress" and not shared_network:
-        # R5: a shared namespace has its relay already (runner/network/ports.py)
-        command = egress_command(socat or find_socat(), command)
     shared_network = shared_network or network is not None
+    if policy.network == "egress" and not shared_network:
+        # R5: a shared namespace has its relay already (runner/network/ports.py, a holder's:
+        # holder.py); a socat of the sandbox's own there would take 127.0.0.1:3128 while the
+        # relay is away (a holder killed) and keep the next holder from listening (R2)
+        command = egress_command(socat or find_socat(), command)
     front = launch.prefix(
         launcher,
         network=network,
@@ -373,9 +390,10 @@ def bwrap_argv(
     argv += network_argv(policy.network, egress_socket)
     if shared_network:  # R2: bwrap runs inside the workspace's namespace (netns.py)
         argv.append("--share-net")
-    for path in read_only_binds:
-        # V4: an environment's prefix keeps its own path (its scripts name it), read-only.
-        argv += ["--ro-bind", str(path), str(path)]
+    for path, shown in read_only_binds:
+        # V4: an environment's prefix, read-only, where its files say it is: the neutral
+        # /env (environments/seen.py), or its host path for one built before that.
+        argv += ["--ro-bind", str(path), str(shown)]
     if command_fd is not None:
         # E1: a command too long for one argument of execve (spawn.py) is read by bwrap from
         # this descriptor into a read-only file of its own tmpfs; ``command`` sources it.
@@ -466,7 +484,7 @@ def tool_argv(
     network: NetworkMode,
     view: HostView,
     hardening: Hardening,
-    writable: Sequence[Path],
+    writable: Sequence[tuple[Path, Path]],
     read_only: Sequence[Path],
     chdir: Path,
     command: Sequence[str],
@@ -478,6 +496,8 @@ def tool_argv(
 ) -> list[str]:
     """The bubblewrap command line for a package tool (uv, Rscript) changing an environment.
 
+    ``writable``: (host folder, where the tool sees it) pairs: the prefix at the path its
+    files name, the cache and scratch at neutral paths (environments/seen.py, V4).
     ``front``: what drops to the tools' uid before bwrap (``launch.prefix``; on a root runner
     the sandbox uid, which owns the prefix, the environment's cache and the scratch folder),
     so a build backend never runs as the host's root; every capability is dropped too.
@@ -497,8 +517,8 @@ def tool_argv(
         argv += ["--ro-bind", str(copy), str(shown)]
     for fd, path in read_only_fds:  # the request's sources: a descriptor, never a path walk
         argv += ["--ro-bind-fd", str(fd), str(path)]
-    for path in writable:
-        argv += ["--bind", str(path), str(path)]
+    for path, shown in writable:
+        argv += ["--bind", str(path), str(shown)]
     argv += ["--remount-ro", "/"]
     inner = ["/bin/sh", "-c", 'umask 022 && exec "$@"', "shellyard-tool", *command]
     if network == "egress":

@@ -30,6 +30,7 @@ from shellyard.runner.policy import ExecutionPolicy, SandboxPolicy
 from shellyard.runner.protocol import RunnerExecution, StartRequest
 from shellyard.runner.sandbox import bwrap as sandbox
 from shellyard.runner.sandbox import launch, terminal
+from shellyard.runner.sandbox.bwrap import Mount
 from shellyard.runner.sandbox.log_root import LogRoot
 from shellyard.runner.sandbox.seccomp import SeccompProfile
 
@@ -161,17 +162,13 @@ class Sandboxes:
             network=network, egress_digest=digest, seccomp_profile=self.seccomp.version
         )
 
-    def command_env(
-        self, request: StartRequest, mount: tuple[Path, dict[str, str]] | None
-    ) -> dict[str, str]:
+    def command_env(self, request: StartRequest, mount: Mount | None) -> dict[str, str]:
         """E1: the environment a command starts with (bwrap's ``--setenv`` of the caller's
         variables last); a warm sandbox's waiter sets exactly this (warm.py)."""
         env = self.base_env(request.workspace_id, request.cwd, mount)
         return {**env, "SHELLYARD_EXECUTION_ID": request.execution_id, **request.env}
 
-    def base_env(
-        self, workspace_id: str, cwd: str | None, mount: tuple[Path, dict[str, str]] | None
-    ) -> dict[str, str]:
+    def base_env(self, workspace_id: str, cwd: str | None, mount: Mount | None) -> dict[str, str]:
         return sandbox.sandbox_env(
             sandbox.WORKSPACE,
             {
@@ -189,7 +186,7 @@ class Sandboxes:
         directory: Path,
         tree: Path,
         command: list[str],
-        mount: tuple[Path, dict[str, str]] | None = None,
+        mount: Mount | None = None,
     ) -> LiveExecution:
         command_fd = None
         if len(command) == 3 and command[:2] == ["bash", "-c"]:
@@ -260,7 +257,7 @@ class Sandboxes:
         directory: Path,
         tree: Path,
         command: list[str],
-        mount: tuple[Path, dict[str, str]] | None,
+        mount: Mount | None,
         env: dict[str, str],
         read_only: bool = False,
         chdir: str = sandbox.WORKSPACE,
@@ -305,7 +302,7 @@ class Sandboxes:
                 workspace=tree,
                 status_fd=status_fd,
                 command=command,
-                read_only_binds=[mount[0]] if mount is not None else (),
+                read_only_binds=[(mount.prefix, mount.seen)] if mount is not None else (),
                 egress_socket=self.egress_socket,
                 socat=self.socat,
                 workspace_read_only=read_only,
@@ -506,11 +503,11 @@ def check_start(tree: Path, request: StartRequest) -> None:
         )
 
 
-def environment_variables(mount: tuple[Path, dict[str, str]] | None) -> dict[str, str]:
+def environment_variables(mount: Mount | None) -> dict[str, str]:
     """The environment's variables for the sandbox (V4): its PATH entries go first."""
     if mount is None:
         return {}
-    variables = dict(mount[1])
+    variables = dict(mount.variables)
     variables["PATH"] = f"{variables['PATH']}:{sandbox.SANDBOX_PATH}"
     return variables
 

@@ -41,6 +41,7 @@ from shellyard.runner.protocol import (
     StartRequest,
 )
 from shellyard.runner.sandbox import terminal
+from shellyard.runner.sandbox.bwrap import Mount
 from shellyard.runner.sandbox.spawn import LiveExecution, Sandboxes, bwrap_error, write_json_atomic
 from shellyard.runner.sandbox.warm import WarmPool
 from shellyard.runner.sandbox.warm import reap as reap_warm
@@ -116,7 +117,7 @@ class Supervisor:
         request: StartRequest,
         tree: Path,
         command: list[str],
-        mount: tuple[Path, dict[str, str]] | None,
+        mount: Mount | None,
     ) -> RunnerExecution:
         directory = self._executions / request.execution_id
         live = None

@@ -40,6 +40,7 @@ from shellyard import settings_env
 from shellyard.runner import processes
 from shellyard.runner.own_mounts import OwnMounts
 from shellyard.runner.protocol import StartRequest
+from shellyard.runner.sandbox.bwrap import Mount
 from shellyard.runner.sandbox.spawn import (
     LiveExecution,
     Sandboxes,
@@ -115,7 +116,8 @@ class Key:
     policy: str
     tree: Identity | None
     home: Identity | None
-    mount: tuple[Identity | None, tuple[tuple[str, str], ...]] | None
+    #: the prefix (its inode), where the sandbox shows it (V4, seen.py) and its variables
+    mount: tuple[Identity | None, str, tuple[tuple[str, str], ...]] | None
     limit_endings: int
 
 
@@ -158,7 +160,7 @@ class WarmPool:
 
     # ------------------------------------------------------------------ key
 
-    def _key(self, workspace_id: str, tree: Path, mount: tuple[Path, dict[str, str]] | None) -> Key:
+    def _key(self, workspace_id: str, tree: Path, mount: Mount | None) -> Key:
         box = self._sandboxes
         home = None if box.home_of is None else _identity(box.home_of(workspace_id))
         policy = f"{box.policy.model_dump_json()}|{box.seccomp.version}|{box.launcher}"
@@ -168,7 +170,9 @@ class WarmPool:
             policy=policy,
             tree=_identity(tree),
             home=home,
-            mount=None if mount is None else (_identity(mount[0]), tuple(sorted(mount[1].items()))),
+            mount=None
+            if mount is None
+            else (_identity(mount.prefix), str(mount.seen), tuple(sorted(mount.variables.items()))),
             limit_endings=self._limit_endings[workspace_id],
         )
 
@@ -180,7 +184,7 @@ class WarmPool:
         directory: Path,
         tree: Path,
         command: list[str],
-        mount: tuple[Path, dict[str, str]] | None,
+        mount: Mount | None,
     ) -> LiveExecution | None:
         """The workspace's warm sandbox running ``command`` as ``request``'s execution, its
         folder become ``directory``; None: none fits (the caller spawns one cold)."""
@@ -243,9 +247,7 @@ class WarmPool:
 
     # ------------------------------------------------------------------ make
 
-    def prepare_soon(
-        self, request: StartRequest, tree: Path, mount: tuple[Path, dict[str, str]] | None
-    ) -> None:
+    def prepare_soon(self, request: StartRequest, tree: Path, mount: Mount | None) -> None:
         """After a writer's start: the workspace's next sandbox, made in a task whose spawn
         runs in a worker thread, so the event loop (and the start's answer) never waits."""
         workspace_id = request.workspace_id
@@ -265,7 +267,7 @@ class WarmPool:
         workspace_id: str,
         environment_id: str | None,
         tree: Path,
-        mount: tuple[Path, dict[str, str]] | None,
+        mount: Mount | None,
     ) -> None:
         try:
             if memory_low():
@@ -304,7 +306,7 @@ class WarmPool:
         workspace_id: str,
         environment_id: str | None,
         tree: Path,
-        mount: tuple[Path, dict[str, str]] | None,
+        mount: Mount | None,
     ) -> Warm:
         box = self._sandboxes
         assert box.waiter is not None
@@ -320,7 +322,7 @@ class WarmPool:
         workspace_id: str,
         environment_id: str | None,
         tree: Path,
-        mount: tuple[Path, dict[str, str]] | None,
+        mount: Mount | None,
     ) -> Warm:
         box = self._sandboxes
         assert box.waiter is not None

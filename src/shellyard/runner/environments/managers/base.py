@@ -31,7 +31,7 @@ class ManagerError(Exception):
 class ManagerContext:
     """Everything a manager may use for one change."""
 
-    #: The environment's prefix (its path is also where executions see it).
+    #: The environment's prefix on the host (the sandboxes see it at ``seen.built_at``).
     prefix: Path
     #: A private scratch folder for this change, removed afterwards.
     scratch: Path
@@ -59,6 +59,10 @@ class ManagerContext:
     #: What runs a process as the tools' uid (``launch.prefix``; empty on a non-root
     #: runner): local sources the caller named are read through it, never as root.
     read_as: list[str] = field(default_factory=list)
+    #: A host path of the prefix, cache or scratch as the tools' sandbox shows it (V4,
+    #: ``seen.Places.inside``): for what a tool reads other than its arguments and
+    #: variables (which ``run_tool`` translates itself), e.g. a script's text or stdin.
+    inside: Callable[[str], str] = str
 
 
 def tools_folder(path: Path, prefix: Path) -> None:

@@ -72,9 +72,17 @@ class CondaManager:
             payload = {"action": "install", "specs": list(request.specs), "channels": channels}
             local = {local_folder(c): c for c in channels if is_local(c)}
             if local:
+                # R2: each shown where the request named it (/workspace/…), so the records
+                # (url, channel) name no host path of the workspace (docs/security.md)
+                named = {f: local_folder(ctx.origins.get(c, c)) for f, c in local.items()}
+                shown = {f: Path(os.path.normpath(p)) for f, p in named.items()}
+                payload["channels"] = [
+                    str(shown[local_folder(c)]) if is_local(c) else c for c in channels
+                ]
                 ctx.progress("copying the local channels")
                 with tempfile.TemporaryDirectory(dir=ctx.scratch.parent, prefix=".read-") as tmp:
-                    mounts = await asyncio.to_thread(copy_channels, ctx, local, Path(tmp))
+                    copies = await asyncio.to_thread(copy_channels, ctx, local, Path(tmp))
+                    mounts = {shown[folder]: copy for folder, copy in copies.items()}
                 self._listed[ctx.prefix] = await self._child(ctx, payload, mounts, network)
                 return
         self._listed[ctx.prefix] = await self._child(ctx, payload, {}, network)
@@ -98,8 +106,9 @@ class CondaManager:
         rattler = rattler_folder()
         request = {
             **payload,
-            "prefix": str(ctx.prefix),
-            "cache": str(ctx.cache),
+            # V4: the target prefix as the sandbox shows it: what conda writes into files
+            "prefix": ctx.inside(str(ctx.prefix)),
+            "cache": ctx.inside(str(ctx.cache)),
             "path": [str(rattler.parent)],
         }
         answers: list[dict[str, Any]] = []

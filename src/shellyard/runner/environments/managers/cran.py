@@ -77,7 +77,7 @@ class CranManager:
         repos = [repo_url(text) for text in request.repos]
         repos_expr = f"c({', '.join(r_string(r) for r in repos)})" if repos else ""
         script = INSTALL_SCRIPT.format(
-            lib=r_string(str(library)),
+            lib=r_string(ctx.inside(str(library))),  # V4: as the tool's sandbox shows it
             repos=repos_expr or self.default_repos(),
             pkgs=r_vector(list(wanted)),
             versions=r_vector(list(wanted.values())),
@@ -121,7 +121,7 @@ class CranManager:
                 f"({', '.join(sorted({present[n].manager for n in foreign}))}); "
                 "uninstall it with that one.",
             )
-        script = REMOVE_SCRIPT.format(lib=r_string(str(library)), pkgs=r_vector(names))
+        script = REMOVE_SCRIPT.format(lib=r_string(ctx.inside(str(library))), pkgs=r_vector(names))
         ctx.progress(f"removing {', '.join(names)} with R")
         await self._run(ctx, script, [])
         forget_sources(library, names)

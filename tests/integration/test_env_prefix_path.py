@@ -1,0 +1,199 @@
+"""V4, R2 (docs/security.md "Host paths"): an environment's prefix is seen at /env in every
+sandbox that uses it, so no host path of the home shows inside: not in /proc/self/mountinfo,
+$PATH, /proc/1/cmdline, a console script's shebang, conda's relocated files, nor anywhere in
+the prefix's files. An environment built before (its files name its host path, no
+``built-at`` beside it) keeps being bound at that path, and still runs.
+
+Real components only: a LocalRunner with bubblewrap, uv, py-rattler and a local conda channel
+and wheels built here, named by the agent as /workspace folders.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+from conda_channel import CondaPackage, PackageFile, build_test_channel_sync, script
+from env_fixtures import make_wheel
+
+from conftest import make_home
+from shellyard.runner.environments import seen
+from shellyard.runner.local import LocalRunner
+from shellyard.runner.protocol import (
+    EnvChangeState,
+    EnvironmentChange,
+    EnvironmentChangeRequest,
+    RunnerExecState,
+    StartRequest,
+)
+
+CHANGE_TIMEOUT_S = 180.0
+#: A placeholder as long as conda wants (longer than any prefix it is replaced with).
+PLACEHOLDER = "/opt/shellyard-placeholder-prefix-" + "p" * 60
+
+
+@pytest.fixture
+def home() -> Iterator[Path]:
+    folder = make_home()
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture
+async def runner(home: Path) -> AsyncIterator[LocalRunner]:
+    r = LocalRunner(home / "runner")
+    await r.startup()
+    await r.ensure_workspace("ws")
+    yield r
+    await r.aclose()
+
+
+async def change(runner: LocalRunner, **fields: object) -> EnvironmentChange:
+    request = EnvironmentChangeRequest.model_validate({"workspace_id": "ws", **fields})
+    await runner.environment_change(request)
+    done = await runner.environment_change_wait(request.change_id, CHANGE_TIMEOUT_S)
+    assert done.state == EnvChangeState.succeeded, done.error
+    return done
+
+
+async def run(runner: LocalRunner, execution_id: str, command: str, **env: str) -> str:
+    request = StartRequest(
+        execution_id=execution_id, workspace_id="ws", command=command, environment_id="env1",
+        env=env,
+    )  # fmt: skip
+    await runner.start(request)
+    result = await runner.wait(execution_id, 120)
+    assert result.state == RunnerExecState.finished, result
+    out = (await runner.read_log(execution_id, "stdout", 0, 1 << 20)).data.decode()
+    err = (await runner.read_log(execution_id, "stderr", 0, 1 << 20)).data.decode()
+    assert result.exit_code == 0, (out, err)
+    return out
+
+
+def tool_wheel(folder: Path) -> None:
+    """``sy-tool`` with a console script ``sy-tool`` (its shebang names the interpreter)."""
+    make_wheel(
+        folder, "sy-tool", "1.0",
+        modules={
+            "sy_tool.py": "def main():\n    print('sy-tool ran')\n",
+            "sy_tool-1.0.dist-info/entry_points.txt": "[console_scripts]\nsy-tool = sy_tool:main\n",
+        },
+    )  # fmt: skip
+
+
+def conda_channel(folder: Path) -> None:
+    build_test_channel_sync(
+        folder,
+        [
+            CondaPackage("sy-hello", "1.0", {"bin/sy-hello": script("echo hello from conda")}),
+            CondaPackage(
+                "sy-placed",
+                "1.0",
+                {
+                    "etc/sy-placed.conf": PackageFile(
+                        f"prefix={PLACEHOLDER}\n".encode(), prefix_placeholder=PLACEHOLDER
+                    )
+                },
+            ),
+        ],
+    )
+
+
+def files_naming(prefix: Path, needles: set[str]) -> list[str]:
+    """``grep -rl`` of each needle over the prefix (no link followed)."""
+    found = []
+    for folder, _dirs, names in os.walk(prefix):
+        for name in names:
+            path = Path(folder, name)
+            if path.is_symlink():
+                if any(n in os.readlink(path) for n in needles):
+                    found.append(str(path))
+                continue
+            data = path.read_bytes()
+            if any(n.encode() in data for n in needles):
+                found.append(str(path))
+    return found
+
+
+async def test_an_environment_shows_no_host_path_of_the_home(
+    runner: LocalRunner, home: Path
+) -> None:
+    """V4, R2: a python environment with a pip package that has a console script, and conda
+    packages (a script, a file whose prefix placeholder conda replaces) in it: inside the
+    command neither mountinfo (but the bind's field 4), PATH, pid 1's command line, the
+    script's shebang, conda's file nor any file of the prefix names the home; the package
+    imports and both scripts run. On the host, no file of the prefix names the home either."""
+    workspace = runner.workspace_path("ws")
+    tool_wheel(workspace / "wheels")
+    conda_channel(workspace / "chan")
+    await change(runner, change_id="c", environment_id="env1", action="create", language="python")
+    await change(
+        runner, change_id="i1", environment_id="env1", action="install", manager="pip",
+        specs=["sy-tool"], index_url="none", find_links=["/workspace/wheels"],
+    )  # fmt: skip
+    await change(
+        runner, change_id="i2", environment_id="env1", action="install", manager="conda",
+        specs=["sy-hello", "sy-placed"], channels=["/workspace/chan"],
+    )  # fmt: skip
+    info = await runner.environment_info("env1")
+    prefix = Path(info.prefix)
+    needles = {str(home), str(home.resolve())}
+    script_text = (
+        'cat /proc/self/mountinfo; echo "PATH=$PATH"; tr "\\0" " " </proc/1/cmdline; echo; '
+        'head -1 "$(command -v sy-tool)"; cat /env/etc/sy-placed.conf; '
+        'echo "GREP=$(grep -rl "$SY_HOME" /env; grep -rl "$SY_REAL" /env)"; '
+        "python -c 'import sy_tool, sys; print(sys.prefix)'; sy-tool; sy-hello"
+    )
+    out = await run(runner, "x1", script_text, SY_HOME=str(home), SY_REAL=str(home.resolve()))
+    leaks = [line for line in out.splitlines() if any(n in line for n in needles)]
+    # Left (docs/security.md "Host paths"): the bind's own line still names, in field 4, the
+    # prefix's folder inside the host's file system; its mount point is /env.
+    assert [line.split()[4:5] for line in leaks] == [["/env"]], leaks
+    assert "#!/env/bin/python" in out
+    assert "prefix=/env\n" in out  # conda replaced its placeholder with /env
+    assert "GREP=\n" in out
+    assert "\n/env\nsy-tool ran\nhello from conda\n" in out
+    assert " /env " in out  # mountinfo: the prefix's mount point
+    assert "PATH=/env/bin:" in out
+    assert files_naming(prefix, needles) == []
+    assert info.mounted_at == "/env" and info.env["CONDA_PREFIX"] == "/env"
+    assert (prefix.parent / seen.BUILT_AT).read_text() == "/env\n"
+
+
+async def test_an_environment_built_before_keeps_its_host_path(runner: LocalRunner) -> None:
+    """V4 compatibility: a prefix without ``built-at`` (built before, its scripts naming its
+    host path) is bound at that path, in commands and in its package tools: it still runs
+    ``python -c 1`` and its console script, and a later install still works."""
+    workspace = runner.workspace_path("ws")
+    tool_wheel(workspace / "wheels")
+    await change(runner, change_id="c", environment_id="env1", action="create", language="python")
+    await change(
+        runner, change_id="i1", environment_id="env1", action="install", manager="pip",
+        specs=["sy-tool"], index_url="none", find_links=["/workspace/wheels"],
+    )  # fmt: skip
+    prefix = Path((await runner.environment_info("env1")).prefix)
+    # what an older runner left: no record, every script naming the host path
+    (prefix.parent / seen.BUILT_AT).unlink()
+    for path in (prefix / "bin").iterdir():
+        if path.is_file() and not path.is_symlink() and path.stat().st_size < 1 << 20:
+            data = path.read_bytes()
+            if data.startswith(b"#!/env/"):
+                path.write_bytes(data.replace(b"#!/env/", f"#!{prefix}/".encode(), 1))
+    info = await runner.environment_info("env1")
+    assert info.mounted_at == str(prefix) and info.env["VIRTUAL_ENV"] == str(prefix)
+    out = await run(
+        runner, "x1", "python -c 1 && sy-tool && python -c 'import sys; print(sys.prefix)'"
+    )
+    assert out == f"sy-tool ran\n{prefix}\n"
+    make_wheel(workspace / "wheels", "sy-more", "1.0")
+    await change(
+        runner, change_id="i2", environment_id="env1", action="install", manager="pip",
+        specs=["sy-more"], index_url="none", find_links=["/workspace/wheels"],
+    )  # fmt: skip
+    out = await run(
+        runner, "x2", "python -c 'import sy_more; print(sy_more.VERSION)'; pip --version"
+    )
+    assert out.startswith("1.0\n") and str(prefix) in out
