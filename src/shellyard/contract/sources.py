@@ -171,8 +171,9 @@ def check_spec(manager: str, spec: str) -> None:
                 f"pip spec {text[:80]!r} is a URL where a package name belongs; write "
                 f"'name @ {text[:60]}' (the URL is then checked like an index)"
             )
-        if at and "://" in url:
-            check_url(url.split(";")[0].strip(), f"the URL of {name.strip()}", allow_http=True)
+        target = url.split(";")[0].strip()
+        if at and ("://" in url or is_local(target)):  # file:/p and /p are local URLs too
+            check_url(target, f"the URL of {name.strip()}", allow_http=True)
 
 
 def _check_local(path: str, what: str) -> None:

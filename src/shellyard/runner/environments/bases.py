@@ -39,6 +39,7 @@ from shellyard.runner.environments.managers.pip import DEFAULT_INDEX, uv_binary
 from shellyard.runner.environments.operator_tools import (
     OperatorBuild,
     check_reachable,
+    sandbox_group,
     sandboxed_build,
 )
 from shellyard.runner.environments.tools import BASE_OWNER
@@ -279,9 +280,19 @@ def _locked(path: Path) -> Iterator[None]:
 
 
 def _make_traversable(root: Path) -> None:
-    """The sandbox uid binds the prefix, so it must walk to it (0755: the bases are public)."""
+    """The sandbox uids bind the prefix, so they must walk to it. On a root runner the
+    bases root is 0750 and the sandbox group's (every workspace uid and the tools' have it):
+    a base's files belong to ``BASE_OWNER`` (nobody), who could chmod and rewrite them, and
+    with them every environment made ``--from`` the base, so no other local user may reach
+    them (docs/security.md, "Attack pass (session 43)"). Otherwise 0755 (the bases are
+    public packages)."""
     root.mkdir(parents=True, exist_ok=True)
-    root.chmod(0o755)
+    group = sandbox_group()
+    if group is None:
+        root.chmod(0o755)
+    else:
+        os.chown(root, 0, group)
+        root.chmod(0o750)
     (root / "cache").mkdir(mode=0o700, exist_ok=True)
 
 

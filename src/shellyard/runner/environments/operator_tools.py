@@ -52,6 +52,13 @@ class OperatorBuild:
     ids: tuple[int, int] | None
 
 
+def sandbox_group(policy: SandboxPolicy | None = None) -> int | None:
+    """The sandbox group every workspace uid and the tools' uid have (a root runner's), the
+    one group the bases root lets pass (bases._make_traversable); None when not root."""
+    ids = sandbox.sandbox_ids(policy or policy_from_env(SandboxPolicy()))
+    return None if ids is None else ids[1]
+
+
 def check_reachable(folders: list[Path], policy: SandboxPolicy | None = None) -> None:
     """Refuse, saying what to do, a local source folder of the operator's that the tools'
     uid cannot walk to: the tools read it as that uid, never through root's rights."""

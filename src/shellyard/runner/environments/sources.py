@@ -186,8 +186,10 @@ class _Checker:
         specs = []
         for spec in request.specs:
             name, at, url = spec.partition("@")
-            if at and "://" in url:
-                target, sep, marker = url.partition(";")
+            target, sep, marker = url.partition(";")
+            # a local target by any spelling pip accepts (``file:///p``, ``file:/p``, ``/p``):
+            # each is a host path the rule must see (docs/security.md, session 43)
+            if at and ("://" in url or is_local(target.strip())):
                 resolved = self.one(target.strip(), f"the URL of {name.strip()}")
                 spec = f"{name.strip()} @ {resolved}" + (f" ;{marker}" if sep else "")
             specs.append(spec)

@@ -257,6 +257,10 @@ class SandboxedTools:
                 front=front,
                 mounts=[(copy, shown) for shown, copy in (mounts or {}).items()],
             )
+            # R2: the tool's pid 1 is bwrap's: its /proc/1/cmdline showed every bind's host
+            # path (the prefix's, the workspace's sources'); the options go by a memfd, as
+            # the commands' do (docs/security.md "Host paths", attack pass 43)
+            command, args_fd = sandbox.options_by_fd(command, box.bwrap)
         except BaseException:
             os.close(seccomp_fd)
             self.groups.remove(group)
@@ -290,7 +294,7 @@ class SandboxedTools:
                 stderr=log_fd,
                 env=tool_env,
                 cwd="/",
-                pass_fds=(seccomp_fd, *box.view.fds, *(fd for fd, _ in sources)),
+                pass_fds=(seccomp_fd, args_fd, *box.view.fds, *(fd for fd, _ in sources)),
             )
             if joins and box.launcher is None:
                 launch.join(joins, popen.pid)
@@ -300,6 +304,7 @@ class SandboxedTools:
         finally:
             os.close(log_fd)
             os.close(seccomp_fd)
+            os.close(args_fd)
         self._live.add(popen)
         talk: asyncio.Future[None] | None = None
         try:

@@ -69,14 +69,19 @@ def tools_folder(path: Path, prefix: Path) -> None:
     """``mkdir -p path`` inside ``prefix``, each folder it makes owned like the prefix (the
     tools' uid on a root runner: docs/environments.md), so the tool can write in it."""
     st = prefix.lstat()
-    missing = []
-    probe = path
-    while probe != prefix and not os.path.lexists(probe):
-        missing.append(probe)
-        probe = probe.parent
-    for folder in reversed(missing):
-        os.mkdir(folder, 0o755)
-        os.lchown(folder, st.st_uid, st.st_gid)
+    folder = prefix
+    for part in path.relative_to(prefix).parts:
+        folder = folder / part
+        # no tool runs now, and a link a build left is never entered by root (R2)
+        if os.path.islink(folder):
+            raise ManagerError(
+                "failed",
+                f"{folder.relative_to(prefix)} in the environment's prefix is a symbolic "
+                f"link (left by a package build); recreate the environment",
+            )
+        if not os.path.lexists(folder):
+            os.mkdir(folder, 0o755)
+            os.lchown(folder, st.st_uid, st.st_gid)
 
 
 class ToolRunner(Protocol):

@@ -11,13 +11,17 @@ installs the repository's current version, and archives are out of scope).
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
 import shutil
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
+from shellyard.runner.environments.managers import prefix_files
 from shellyard.runner.environments.managers.base import ManagerContext, ManagerError, tools_folder
+from shellyard.runner.environments.managers.prefix_files import RECORD_BYTES
 from shellyard.runner.protocol import EnvErrorKind, EnvironmentChangeRequest, PackageRecord
 
 #: The prefix's R library, relative to the prefix (the same for an ``r`` environment and for a
@@ -273,19 +277,34 @@ def parse_installed(output: str) -> dict[str, tuple[str, str]]:
     return found
 
 
+def _prefix_of(library: Path) -> Path:
+    return library.parents[len(R_LIBRARY.parts) - 1]
+
+
 def _load_sources(library: Path) -> dict[str, dict[str, str]]:
-    path = library / SOURCES_FILE
-    if not path.is_file():
-        return {}
-    data = json.loads(path.read_text())
+    """Read by root from a library the tools' uid owns: walked from the prefix without
+    following a link, bounded (prefix_files.py; a build may have left links there)."""
+    with prefix_files.folder(_prefix_of(library), R_LIBRARY) as fd:
+        if fd is None:
+            return {}
+        try:
+            data = json.loads(prefix_files.read_at(fd, SOURCES_FILE, RECORD_BYTES, whole=True))
+        except (OSError, ValueError):
+            return {}
     return data if isinstance(data, dict) else {}
 
 
 def _save_sources(library: Path, sources: dict[str, dict[str, str]]) -> None:
-    path = library / SOURCES_FILE
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(sources, indent=1, sort_keys=True))
-    tmp.replace(path)
+    """Written by root into the library by its descriptor: never through a link a build
+    left (the sources file, its temp file, or a folder on the way)."""
+    with prefix_files.folder(_prefix_of(library), R_LIBRARY) as fd:
+        if fd is None:
+            raise ManagerError(
+                "failed",
+                f"the prefix's R library ({R_LIBRARY}) is no longer a folder of it (a "
+                f"symbolic link on its way?); the packages' sources were not recorded",
+            )
+        prefix_files.write_at(fd, SOURCES_FILE, json.dumps(sources, indent=1, sort_keys=True))
 
 
 def record_sources(library: Path, manager: str, installed: dict[str, tuple[str, str]]) -> None:
@@ -303,10 +322,24 @@ def forget_sources(library: Path, names: list[str]) -> None:
 
 
 def read_description(path: Path) -> dict[str, str]:
-    """The DCF fields of a DESCRIPTION file (continuation lines joined)."""
+    """The DCF fields of a DESCRIPTION file (continuation lines joined); the file and its
+    folder are opened without following a link, and read up to HEADER_BYTES."""
+    try:
+        folder = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return {}
+    try:
+        return parse_description(prefix_files.read_at(folder, path.name))
+    except OSError:
+        return {}
+    finally:
+        os.close(folder)
+
+
+def parse_description(text: str) -> dict[str, str]:
     fields: dict[str, str] = {}
     key = None
-    for line in path.read_text(errors="replace").splitlines():
+    for line in text.splitlines():
         if line[:1] in (" ", "\t") and key is not None:
             fields[key] += " " + line.strip()
         elif ":" in line:
@@ -331,24 +364,30 @@ def library_packages(prefix: Path) -> list[PackageRecord]:
     """Every package in the prefix's R library; the manager is the one that installed it
     (``cran`` when unknown, ``conda`` when a conda package put it there)."""
     library = library_path(prefix)
-    if not library.is_dir():
-        return []
+    with prefix_files.folder(prefix, R_LIBRARY) as fd:
+        if fd is None:  # none, or a link a build left (never followed by root)
+            return []
+        names = sorted(os.listdir(fd))
+        texts: dict[str, str] = {}
+        for name in names:
+            with prefix_files.folder(library, name) as package:
+                if package is None:
+                    continue
+                with contextlib.suppress(OSError):
+                    texts[name] = prefix_files.read_at(package, "DESCRIPTION")
     sources = _load_sources(library)
     from_conda = conda_owned(prefix)
     records = []
-    for entry in sorted(library.iterdir()):
-        description = entry / "DESCRIPTION"
-        if not description.is_file():
-            continue
-        fields = read_description(description)
-        known = sources.get(entry.name, {})
-        manager = "conda" if entry.name in from_conda else known.get("manager", "cran")
+    for name, text in texts.items():
+        fields = parse_description(text)
+        known = sources.get(name, {})
+        manager = "conda" if name in from_conda else known.get("manager", "cran")
         if manager not in ("cran", "bioconductor", "conda"):
             manager = "cran"
         records.append(
             PackageRecord(
                 manager=manager,
-                name=fields.get("Package", entry.name),
+                name=fields.get("Package", name),
                 version=fields.get("Version", "unknown"),
                 source=known.get("repository") or fields.get("Repository") or None,
             )
@@ -360,14 +399,19 @@ def conda_owned(prefix: Path) -> set[str]:
     """R packages whose files a conda package put into the library (r-base's own packages
     when R came from conda, and every ``r-*`` package)."""
     owned: set[str] = set()
-    meta = prefix / "conda-meta"
-    if not meta.is_dir():
-        return owned
     marker = f"{R_LIBRARY.as_posix()}/"
-    for path in meta.glob("*.json"):
+    records: list[str] = []
+    with prefix_files.folder(prefix, "conda-meta") as fd:
+        if fd is None:
+            return owned
+        for name in sorted(os.listdir(fd)):
+            if name.endswith(".json"):
+                with contextlib.suppress(OSError):
+                    records.append(prefix_files.read_at(fd, name, RECORD_BYTES, whole=True))
+    for text in records:
         try:
-            files = json.loads(path.read_text()).get("files", [])
-        except (OSError, ValueError):
+            files = json.loads(text).get("files", [])
+        except (ValueError, AttributeError):
             continue
         for name in files:
             if isinstance(name, str) and name.startswith(marker) and name.endswith("/DESCRIPTION"):

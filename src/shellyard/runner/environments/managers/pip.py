@@ -29,7 +29,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from shellyard.runner.environments.managers import wheels
+from shellyard.runner.environments.managers import prefix_files, wheels
 from shellyard.runner.environments.managers.base import ManagerContext, ManagerError
 from shellyard.runner.protocol import EnvironmentChangeRequest, PackageRecord
 
@@ -341,9 +341,18 @@ def _same_version(a: str, b: str) -> bool:
         return a == b
 
 
-def _sha256(path: Path) -> str:
+def _sha256(path: Path) -> str | None:
+    """A wheel's sha256, or None when it is not a regular file: the find_links copies are in
+    the scratch folder the tool could write, so never a link's target, nor a FIFO that would
+    block the runner's loop (docs/security.md, session 43)."""
     digest = hashlib.sha256()
-    with path.open("rb") as handle:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as handle:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
         for chunk in iter(lambda: handle.read(1 << 20), b""):
             digest.update(chunk)
     return digest.hexdigest()
@@ -352,7 +361,7 @@ def _sha256(path: Path) -> str:
 def _direct_url(dist_info: Path) -> dict[str, str | None]:
     """PEP 610 ``direct_url.json``: a distribution installed from a URL or a file."""
     try:
-        data = json.loads((dist_info / "direct_url.json").read_text())
+        data = json.loads(_read_record(dist_info / "direct_url.json"))
     except (OSError, ValueError):
         return {}
     if not isinstance(data, dict) or not isinstance(data.get("url"), str):
@@ -366,6 +375,28 @@ def _direct_url(dist_info: Path) -> dict[str, str | None]:
         elif isinstance(archive.get("hash"), str) and archive["hash"].startswith("sha256="):
             sha = archive["hash"][len("sha256=") :]
     return {"source": data["url"], "sha256": sha}
+
+
+def _read_header(path: Path) -> str:
+    """The first ``HEADER_BYTES`` of a header file a build may have left (METADATA,
+    INSTALLER): its folder and itself opened without following a link, and bounded, so a
+    sparse METADATA of 64 GiB (no room taken) is not read whole into the runner's memory
+    (docs/security.md, "Attack pass (session 43)")."""
+    return _read_bounded(path, prefix_files.HEADER_BYTES, whole=False)
+
+
+def _read_record(path: Path) -> str:
+    """A JSON record in the prefix (pip-sources.json, direct_url.json): as ``_read_header``,
+    OSError when longer than ``RECORD_BYTES``."""
+    return _read_bounded(path, prefix_files.RECORD_BYTES, whole=True)
+
+
+def _read_bounded(path: Path, limit: int, whole: bool) -> str:
+    folder = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        return prefix_files.read_at(folder, path.name, limit, whole=whole)
+    finally:
+        os.close(folder)
 
 
 def _key(name: str, version: str) -> str:
@@ -391,7 +422,7 @@ def _read_in_prefix(path: Path) -> str:
 
 def _load_sources(prefix: Path) -> dict[str, dict[str, str | None]]:
     try:
-        data = json.loads(_read_in_prefix(prefix / SOURCES_FILE))
+        data = json.loads(_read_record(prefix / SOURCES_FILE))
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}
@@ -443,7 +474,7 @@ def _dists(prefix: Path) -> list[_Dist]:
             if name is None:
                 continue
             try:
-                installer = _read_in_prefix(info / "INSTALLER").strip()
+                installer = _read_header(info / "INSTALLER").strip()
             except OSError:
                 installer = ""
             out.append(_Dist(canonicalize_name(name), version, info, installer))
@@ -455,7 +486,7 @@ def _name_version(info: Path) -> tuple[str | None, str]:
     name: str | None = None
     version = ""
     try:
-        text = _read_in_prefix(info / "METADATA")
+        text = _read_header(info / "METADATA")
     except OSError:
         return None, ""
     for line in text.splitlines():

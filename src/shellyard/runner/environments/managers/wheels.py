@@ -64,6 +64,10 @@ def send(name, fd):
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode):
         fail(f"{name} is not a regular file")
+    if st.st_size > 65536 and st.st_blocks * 512 < st.st_size // 2:
+        # holes: a package file is compressed, never sparse; its zeros would be copied by
+        # root at their apparent size, past the free-space reserve (docs/security.md)
+        fail(f"{name} is a sparse file ({st.st_size} bytes, {st.st_blocks * 512} on disk)")
     out.write((json.dumps({"name": name, "size": st.st_size}) + "\n").encode())
     left = st.st_size
     while left:
