@@ -31,7 +31,7 @@ from test_attack_pass_41 import _agent, _run
 from test_env_tool_rights import _create, _import, _install, _put, _sh
 
 from conftest import Yard
-from shellyard.contract.environments import EnvironmentCreateRequest
+from shellyard.contract.environments import EnvironmentCreateRequest, EnvironmentRevisionsQuery
 from shellyard.contract.executions import RunShellRequest
 from shellyard.control.notify.webhook_policy import PolicyRefusal, WebhookPolicy
 from shellyard.errors import InvalidInput, ShellyardError
@@ -159,7 +159,9 @@ async def test_a_link_a_build_leaves_in_the_r_library_is_never_written_through(
         assert "link" in exc.message, exc.message
     else:
         assert change.state == "succeeded", change
-        revisions = await yard.plane.environments.revisions(environment_id, agent)
+        revisions = await yard.plane.environments.revisions(
+            environment_id, EnvironmentRevisionsQuery(), agent
+        )
         assert "s3cr3t" not in " ".join(r.model_dump_json() for r in revisions)
     assert victim.read_text() == "original\n"
 
@@ -221,7 +223,9 @@ async def test_what_a_build_leaves_in_a_prefix_is_read_bounded_and_without_links
         find_links=["/workspace/dist"],
     )  # fmt: skip
     assert change.state == "succeeded", change
-    revisions = await yard.plane.environments.revisions(environment_id, agent)
+    revisions = await yard.plane.environments.revisions(
+        environment_id, EnvironmentRevisionsQuery(), agent
+    )
     shown = " ".join(r.model_dump_json() for r in revisions)
     assert "sy-plant" in shown, shown
     assert "sy-hostonly" not in shown, shown
@@ -515,7 +519,9 @@ async def test_no_host_path_of_the_home_reaches_a_build_or_a_command_using_the_e
             found = [line for line in found if not any(n in line.split()[3] for n in needles)]
         if found:
             leaks[f"build {where}"] = found
-    revisions = await yard.plane.environments.revisions(environment_id, agent)
+    revisions = await yard.plane.environments.revisions(
+        environment_id, EnvironmentRevisionsQuery(), agent
+    )
     listed = " ".join(r.model_dump_json() for r in revisions)
     shown = (await yard.plane.environments.show(environment_id, agent)).model_dump_json()
     if any(n in shown for n in needles):
