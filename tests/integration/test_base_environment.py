@@ -198,7 +198,7 @@ async def test_environment_from_python_base_changes_never_reach_the_base(
     from), its files share the base's bytes (hard links on a root runner), pip installs
     another package into it and uninstalls a base package from it, and the base's tree hash
     and revision list are exactly what they were."""
-    from env_fixtures import make_wheel
+    from env_fixtures import host_prefix, make_wheel
 
     from shellyard.contract.environments import EnvironmentChangeBody, EnvironmentCreateRequest
 
@@ -219,7 +219,8 @@ async def test_environment_from_python_base_changes_never_reach_the_base(
     assert pip["numpy"].version == python_base.packages["numpy"]
     assert pip["numpy"].source == "python-base revision 1"
     assert any(p.manager == "base" and p.name == "python-base" for p in first.packages)
-    prefix = Path((await yard.plane.environments.show(env.environment_id)).prefix or "")
+    assert (await yard.plane.environments.show(env.environment_id)).prefix == "/env"  # V4
+    prefix = host_prefix(yard.runner_root, env.environment_id)
     numpy_init = next(prefix.glob("lib/python*/site-packages/numpy/__init__.py"))
     base_init = next(python_base.prefix.glob("lib/python*/site-packages/numpy/__init__.py"))
     if os.geteuid() == 0:  # a root runner links (the base belongs to another uid)
