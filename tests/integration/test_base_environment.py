@@ -244,10 +244,13 @@ async def test_environment_from_python_base_changes_never_reach_the_base(
     )
     assert removed.state == "succeeded", removed.error
     result = await yard.run(
-        "python -c 'import numpy, sy_extra; print(numpy.__file__, sy_extra.VERSION)'",
+        "python -c 'import numpy, sy_extra; print(numpy.__file__, sy_extra.VERSION)' && "
+        'head -1 "$(command -v pip)" >&2',
         environment_id=env.environment_id,
     )
     assert result.exit_code == 0, result.stderr
+    # V4: bin/'s scripts were rewritten from the base's built_at (/base/python) to /env
+    assert result.stderr == "#!/env/bin/python\n", result.stderr
     where, version = result.stdout.split()
     assert where.startswith("/env/") and version == "1.0"  # V4: seen at /env, not its host path
     assert (result.environment_id, result.environment_revision) == (env.environment_id, 3)
