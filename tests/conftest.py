@@ -76,6 +76,13 @@ class Yard:
     def runner(self) -> Any:
         return self.plane.runners.get(self.runner_id)
 
+    @property
+    def runner_root(self) -> Path:
+        """The runner's root on this host (open_yard: the daemon's, or the local runner's)."""
+        if self.daemon is not None:
+            return self.daemon.root
+        return self.home / "home" / "runners" / "local"
+
     async def read_file(self, workspace_id: str, seq: int | None, path: str) -> bytes:
         chunk = await self.runner.read_file(workspace_id, seq, path, 0, 1 << 20)
         return bytes(chunk.data)

@@ -25,6 +25,8 @@ import pytest
 from shellyard.contract.environments import EnvironmentRevisionsQuery
 from shellyard.contract.executions import ExecutionState
 from shellyard.runner.environments import bases
+from shellyard.runner.environments.create import find_python
+from shellyard.runner.environments.managers.pip import uv_binary
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -60,7 +62,7 @@ async def test_default_base_has_the_scientific_stack(
     assert result.state == ExecutionState.completed, (result.stdout, result.stderr)
     assert result.exit_code == 0
     assert result.stdout.splitlines()[0].split()[0] == python_base.packages["numpy"]
-    assert result.stdout.strip().endswith(f"{python_base.prefix}/bin/python")
+    assert result.stdout.strip().endswith("/base/python/bin/python")  # V4: its neutral path
     assert result.environment_id == "python-base"
     assert result.environment_revision == python_base.revision
     assert result.note is None
@@ -198,7 +200,7 @@ async def test_environment_from_python_base_changes_never_reach_the_base(
     from), its files share the base's bytes (hard links on a root runner), pip installs
     another package into it and uninstalls a base package from it, and the base's tree hash
     and revision list are exactly what they were."""
-    from env_fixtures import make_wheel
+    from env_fixtures import host_prefix, make_wheel
 
     from shellyard.contract.environments import EnvironmentChangeBody, EnvironmentCreateRequest
 
@@ -219,7 +221,8 @@ async def test_environment_from_python_base_changes_never_reach_the_base(
     assert pip["numpy"].version == python_base.packages["numpy"]
     assert pip["numpy"].source == "python-base revision 1"
     assert any(p.manager == "base" and p.name == "python-base" for p in first.packages)
-    prefix = Path((await yard.plane.environments.show(env.environment_id)).prefix or "")
+    assert (await yard.plane.environments.show(env.environment_id)).prefix == "/env"  # V4
+    prefix = host_prefix(yard.runner_root, env.environment_id)
     numpy_init = next(prefix.glob("lib/python*/site-packages/numpy/__init__.py"))
     base_init = next(python_base.prefix.glob("lib/python*/site-packages/numpy/__init__.py"))
     if os.geteuid() == 0:  # a root runner links (the base belongs to another uid)
@@ -241,10 +244,13 @@ async def test_environment_from_python_base_changes_never_reach_the_base(
     )
     assert removed.state == "succeeded", removed.error
     result = await yard.run(
-        "python -c 'import numpy, sy_extra; print(numpy.__file__, sy_extra.VERSION)'",
+        "python -c 'import numpy, sy_extra; print(numpy.__file__, sy_extra.VERSION)' && "
+        'head -1 "$(command -v pip)" >&2',
         environment_id=env.environment_id,
     )
     assert result.exit_code == 0, result.stderr
+    # V4: bin/'s scripts were rewritten from the base's built_at (/base/python) to /env
+    assert result.stderr == "#!/env/bin/python\n", result.stderr
     where, version = result.stdout.split()
     assert where.startswith("/env/") and version == "1.0"  # V4: seen at /env, not its host path
     assert (result.environment_id, result.environment_revision) == (env.environment_id, 3)
@@ -312,8 +318,74 @@ async def test_default_runs_rscript_with_tidyverse_from_r_base(
     assert loads.exit_code == 0, loads.stderr
     version, library = loads.stdout.split()
     assert version == r_base.packages["data.table"]
-    assert library == str(r_base.prefix / "lib/R/library")
+    assert library == "/base/r/lib/R/library"  # V4: its neutral path
     write = await yard.run('Rscript -e \'install.packages("x", repos=NULL)\' ; touch "$R_LIBS/x"')
     assert write.exit_code != 0
     assert "Read-only file system" in write.stderr + write.stdout
     assert not (r_base.prefix / "lib/R/library/x").exists()
+
+
+async def test_bases_show_no_host_path_of_their_folder(
+    yard_factory: Any, use_base: Path, python_base: bases.BaseRevision, r_base: bases.BaseRevision
+) -> None:
+    """V4, R2 (docs/security.md "Host paths"): python-base and its companion r-base are built
+    and bound at /base/python and /base/r, so inside a command neither mountinfo (but each
+    bind's field 4), PATH, R_LIBS, pip's shebang nor any file of either prefix names the bases
+    folder; their records say where they were built for."""
+    assert (python_base.seen, r_base.seen) == (Path("/base/python"), Path("/base/r"))
+    for base in (python_base, r_base):
+        record = json.loads((base.prefix.parents[1] / f"{base.revision}.json").read_text())
+        assert record["built_at"] == str(base.seen)
+    needles = [str(use_base), str(use_base.resolve())]
+    yard = await yard_factory()
+    result = await yard.run(
+        'cat /proc/self/mountinfo; echo "PATH=$PATH"; echo "R_LIBS=$R_LIBS"; '
+        'head -1 "$(command -v pip)"; tr "\\0" " " </proc/1/cmdline; echo; '
+        'echo "GREP=$(grep -rlF -e "$SY_A" -e "$SY_B" /base)"',
+        env={"SY_A": needles[0], "SY_B": needles[1]},
+    )
+    assert result.exit_code == 0, result.stderr
+    out = result.stdout
+    leaks = [line for line in out.splitlines() if any(n in line for n in needles)]
+    # Left (docs/security.md "Host paths"): a bind's mountinfo line names, in field 4, its
+    # folder inside the host's file system; its mount point is the neutral path.
+    assert sorted(line.split()[4] for line in leaks) == ["/base/python", "/base/r"], leaks
+    assert "PATH=/base/python/bin:/base/r/bin:" in out
+    assert "R_LIBS=/base/r/lib/R/library\n" in out
+    assert "#!/base/python/bin/python" in out
+    assert "GREP=\n" in out
+
+
+async def test_a_base_prepared_before_keeps_its_host_path(
+    yard_factory: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """V4 compatibility: a base revision whose record has no ``built_at`` (prepared before the
+    neutral paths; its files name its host path) is bound at that path and still runs."""
+    root = Path(tempfile.mkdtemp(prefix="shellyard-oldbase-", dir="/tmp"))
+    try:
+        root.chmod(0o755)
+        prefix = root / bases.PYTHON_BASE / "1" / "prefix"
+        prefix.parent.mkdir(parents=True)
+        for folder in (root / bases.PYTHON_BASE, prefix.parent):
+            folder.chmod(0o755)
+        made = subprocess.run(
+            [str(uv_binary()), "venv", "--no-config", "--python", str(find_python()), str(prefix)],
+            capture_output=True, text=True, env={**os.environ, "UV_PYTHON_DOWNLOADS": "never"},
+        )  # fmt: skip
+        assert made.returncode == 0, made.stderr
+        (prefix / "bin" / "sy-old").write_text(f"#!{prefix}/bin/python\nprint('old ran')\n")
+        (prefix / "bin" / "sy-old").chmod(0o755)
+        record = {"name": bases.PYTHON_BASE, "revision": 1, "packages": {}, "created_at": 0.0}
+        (root / bases.PYTHON_BASE / "1.json").write_text(json.dumps(record))
+        (root / bases.PYTHON_BASE / "current").write_text("1\n")
+        monkeypatch.setenv("SHELLYARD_BASES", str(root))
+        monkeypatch.setenv("SHELLYARD_DEFAULT_ENVIRONMENT", bases.PYTHON_BASE)
+        base = bases.current(bases.PYTHON_BASE)
+        assert base is not None and base.seen == prefix
+        yard = await yard_factory()
+        result = await yard.run("sy-old && python -c 'import sys; print(sys.prefix)'")
+        assert result.exit_code == 0, result.stderr
+        assert result.stdout == f"old ran\n{prefix}\n"
+        assert result.environment_id == bases.PYTHON_BASE
+    finally:
+        shutil.rmtree(root, ignore_errors=True)

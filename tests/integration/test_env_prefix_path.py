@@ -197,3 +197,44 @@ async def test_an_environment_built_before_keeps_its_host_path(runner: LocalRunn
         runner, "x2", "python -c 'import sy_more; print(sy_more.VERSION)'; pip --version"
     )
     assert out.startswith("1.0\n") and str(prefix) in out
+
+
+async def test_every_door_shows_the_prefix_where_commands_see_it(served_home: Path) -> None:
+    """V4 (contract: ``prefix`` is where the prefix is mounted inside commands): REST (the
+    SDK), the CLI's ``env show`` (text and --json) and MCP's ``environment_show`` all show
+    /env, no host path; the host prefix is the runner's (``EnvironmentStore.prefix``)."""
+    import asyncio
+    import json
+
+    from env_fixtures import host_prefix
+
+    from conftest import sy
+    from shellyard.home import read_info
+    from shellyard.mcp.server import build_server
+    from shellyard.sdk.client import AsyncClient, Client
+
+    client = Client.for_home(served_home)
+    created = client.environment_create("main", wait_ms=30_000)
+    assert created.state == "ready", created
+    environment_id = created.environment_id
+    assert client.environment_show(environment_id).prefix == "/env"
+    text = await asyncio.to_thread(sy, served_home, "env", "show", environment_id)
+    assert text.returncode == 0, text.stderr
+    assert "prefix: /env\n" in text.stdout and str(served_home) not in text.stdout
+    shown = await asyncio.to_thread(sy, served_home, "env", "show", environment_id, "--json")
+    assert shown.returncode == 0, shown.stderr
+    assert json.loads(shown.stdout)["prefix"] == "/env"
+    info = read_info(served_home)
+    assert info is not None
+    backend = AsyncClient(info.url, info.token)
+    try:
+        result = await build_server(backend).call_tool(
+            "environment_show", {"environment_id": environment_id}
+        )
+        assert not getattr(result, "is_error", False), result
+        answer = json.dumps(getattr(result, "structured_content", None) or str(result))
+        assert '"prefix": "/env"' in answer and str(served_home) not in answer, answer
+    finally:
+        await backend.aclose()
+    prefix = host_prefix(served_home / "runners" / "local", environment_id)
+    assert (prefix / "bin" / "python").exists()

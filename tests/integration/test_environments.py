@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from conda_channel import build_test_channel
 from cran_repo import build_test_repo, r_available
-from env_fixtures import make_slow_sdist, make_wheel, prefix_hash
+from env_fixtures import host_prefix, make_slow_sdist, make_wheel, prefix_hash
 
 from conftest import Yard, open_yard
 from shellyard.contract.environments import (
@@ -59,9 +59,10 @@ async def _install(yard: Yard, environment_id: str, **body: Any) -> Any:
 
 
 async def _prefix(yard: Yard, environment_id: str) -> Path:
+    """The prefix on the runner's host; the doors show where commands see it (V4: /env)."""
     view = await yard.plane.environments.show(environment_id)
-    assert view.prefix is not None
-    return Path(view.prefix)
+    assert view.prefix == "/env", view.prefix
+    return host_prefix(yard.runner_root, environment_id)
 
 
 async def test_install_waits_for_running_execution_and_queues_new_ones(
@@ -413,7 +414,8 @@ async def test_kill9_mid_install_leaves_the_old_revision(served_home: Path) -> N
     created = client.environment_create("main", wait_ms=30_000)
     assert created.state == "ready"
     environment_id = created.environment_id
-    prefix = Path(client.environment_show(environment_id).prefix or "")
+    assert client.environment_show(environment_id).prefix == "/env"  # V4
+    prefix = host_prefix(home / "runners" / "local", environment_id)
     before = prefix_hash(prefix)
     sdists = home / "sdists"
     make_slow_sdist(sdists, "shellyard-slow", "1.0", prefix, "hang")

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from env_fixtures import make_slow_sdist, make_wheel, prefix_hash
+from env_fixtures import host_prefix, make_slow_sdist, make_wheel, prefix_hash
 from replicas_fixture import (
     Replica,
     fresh_database,
@@ -246,7 +246,8 @@ async def test_an_environment_change_whose_replica_dies_is_seen_through(home: Pa
             made = await setup.change_end(a, created["change_id"])
             assert made["state"] == "succeeded", made
             shown = await setup.get(a, f"/v1/environments/{environment_id}")
-            prefix = Path(shown["prefix"])
+            assert shown["prefix"] == "/env"  # V4: where commands see it
+            prefix = host_prefix(setup.daemons[0].root, environment_id)
             before = prefix_hash(prefix)
             sdists = home / "sdists"
             make_slow_sdist(sdists, "shellyard-slow", "1.0", prefix, "sleep-fail:8")

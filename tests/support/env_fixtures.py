@@ -21,6 +21,15 @@ import zipfile
 from pathlib import Path
 
 
+def host_prefix(runner_root: Path, environment_id: str) -> Path:
+    """Where a runner rooted at ``runner_root`` keeps an environment's prefix on the host
+    (``EnvironmentStore.prefix``: ``<root>/environments/<id>/prefix``). The doors show where
+    commands see it (/env, V4), so a test reading the prefix's files asks here."""
+    path = runner_root / "environments" / environment_id / "prefix"
+    assert path.is_dir(), f"no prefix at {path}"
+    return path
+
+
 def prefix_hash(path: Path | str) -> str:
     """sha256 over (relative path, kind, mode, content hash or link target) of every entry."""
     root = Path(path)

@@ -31,4 +31,4 @@ def test_a_prefix_built_before_keeps_its_host_path(tmp_path: Path) -> None:
     assert places.inside(f"{tmp_path}/c/uv") == "/env-cache/uv"
     assert seen.settle(prefix, fresh=True) == seen.ENV
     assert seen.settle(prefix, fresh=False) == seen.ENV  # recorded beside the prefix
-    assert seen.mount(prefix) == (prefix, {"PATH": "/env/bin"}, seen.ENV)
+    assert seen.mount(prefix) == seen.Mount(prefix, {"PATH": "/env/bin"}, seen.ENV)

@@ -261,7 +261,9 @@ class EnvironmentService:
         if env.state == "ready":
             with contextlib.suppress(ShellyardError):
                 info = await self.runners.get(env.runner_id).environment_info(environment_id)
-                view.prefix = info.prefix
+                # V4: where commands see the prefix (/env), never its host path; a runner
+                # that does not say (older) binds it at its own path
+                view.prefix = info.mounted_at or info.prefix
         return view
 
     async def revisions(

@@ -6,9 +6,12 @@ On disk, under :func:`bases_root` (``SHELLYARD_BASES``; ``/var/lib/shellyard/bas
 ``~/.cache/shellyard/bases`` otherwise)::
 
     <name>/<revision>/prefix/     the prefix, read-only once built (files 0444/0555, folders
-                                  0555); executions mount it read-only at this same path
-    <name>/<revision>.json        the revision's record: packages, sources, when; it exists =
-                                  the revision is complete
+                                  0555); built and bound at its neutral path (V4: ``SEEN``,
+                                  /base/python, /base/r), whatever its revision
+    <name>/<revision>.json        the revision's record: packages, sources, when, ``built_at``
+                                  (the path its files name; absent: a revision prepared
+                                  before, built and bound at its host path); it exists = the
+                                  revision is complete
     <name>/current                the revision commands use now (written last, atomically)
     <name>.lock                   flock'd while a build runs (two homes never build twice)
     cache/uv                      uv's wheel cache, shared by every build (the sandbox uid's
@@ -43,7 +46,7 @@ from shellyard.runner.environments.operator_tools import (
     sandboxed_build,
 )
 from shellyard.runner.environments.tools import BASE_OWNER
-from shellyard.runner.sandbox.bwrap import Mount
+from shellyard.runner.sandbox.bwrap import BASE_PYTHON, BASE_R, Mount
 
 PYTHON_BASE = "python-base"
 #: R with tidyverse and data.table (runner/environments/rbase.py); the default's companion.
@@ -52,6 +55,8 @@ R_BASE = "r-base"
 PYTHON_BASE_PACKAGES = ("numpy", "pandas", "scipy", "matplotlib")
 #: The bases this runner can build.
 KNOWN = (PYTHON_BASE, R_BASE)
+#: Where each base is built for and seen in every sandbox (V4, R2: no host path inside).
+SEEN = {PYTHON_BASE: BASE_PYTHON, R_BASE: BASE_R}
 #: ``SHELLYARD_DEFAULT_ENVIRONMENT`` value meaning "no default" (the behaviour before bases).
 NONE = "none"
 
@@ -65,6 +70,9 @@ class BaseRevision:
     prefix: Path
     packages: dict[str, str]
     created_at: float
+    #: Where its files say it is, where sandboxes bind it: ``SEEN[name]``, or the host
+    #: prefix for a revision prepared before (its record has no ``built_at``).
+    seen: Path
 
 
 def bases_root() -> Path:
@@ -109,12 +117,15 @@ def current(name: str, root: Path | None = None) -> BaseRevision | None:
         record = json.loads((folder / f"{revision}.json").read_text())
     except (OSError, ValueError):
         return None
+    prefix = folder / str(revision) / "prefix"
+    built_at = record.get("built_at")
     return BaseRevision(
         name=name,
         revision=revision,
-        prefix=folder / str(revision) / "prefix",
+        prefix=prefix,
         packages=dict(record.get("packages", {})),
         created_at=float(record.get("created_at", 0.0)),
+        seen=Path(built_at) if isinstance(built_at, str) and built_at.startswith("/") else prefix,
     )
 
 
@@ -124,19 +135,19 @@ def mount(name: str) -> tuple[BaseRevision, Mount] | None:
 
     ``python-base`` brings ``r-base`` along when that is prepared too (its companion: the
     seed's ``Rscript analysis.R`` then finds tidyverse without an environment_id): both
-    prefixes are seen through one read-only bind of the bases folder, python's ``bin`` first
-    on PATH, R's library in ``R_LIBS``. The record names python-base and its revision."""
+    prefixes are bound read-only, each where its files say it is (``BaseRevision.seen``),
+    python's ``bin`` first on PATH, R's library in ``R_LIBS``. The record names python-base
+    and its revision."""
     base = current(name)
     if base is None or not base.prefix.is_dir():
         return None
-    variables = prefix_variables(base.prefix)
+    variables = prefix_variables(base.prefix, base.seen)
     companion = current(R_BASE) if name == PYTHON_BASE else None
     if companion is None or not companion.prefix.is_dir():
-        return base, Mount(base.prefix, variables, base.prefix)
-    r_variables = prefix_variables(companion.prefix)
+        return base, Mount(base.prefix, variables, base.seen)
+    r_variables = prefix_variables(companion.prefix, companion.seen)
     merged = {**r_variables, **variables, "PATH": f"{variables['PATH']}:{r_variables['PATH']}"}
-    # the bases folder is the prefixes' common parent: public, read-only (its uv cache is 0700)
-    return base, Mount(base.prefix.parents[2], merged, base.prefix.parents[2])
+    return base, Mount(base.prefix, merged, base.seen, ((companion.prefix, companion.seen),))
 
 
 async def prepare(
@@ -179,7 +190,7 @@ async def prepare(
         log = folder / f"{revision}.log"  # each tool's whole output; the error shows its tail
         cache = root / "cache" / ("r" if name == R_BASE else "uv")  # the tools' during a build
         try:
-            async with sandboxed_build(prefix, cache, log) as build:
+            async with sandboxed_build(prefix, cache, log, seen=SEEN[name]) as build:
                 if name == R_BASE:
                     from shellyard.runner.environments import rbase
 
@@ -201,6 +212,7 @@ async def prepare(
             "packages": packages,
             "source": source,
             "created_at": time.time(),
+            "built_at": str(SEEN[name]),  # V4: what its files name, where it is bound
         }
         _write_atomic(folder / f"{revision}.json", json.dumps(record, indent=1, sort_keys=True))
         _write_atomic(folder / "current", f"{revision}\n")

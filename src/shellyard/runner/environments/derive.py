@@ -62,7 +62,7 @@ async def create(ctx: ManagerContext, name: str) -> list[PackageRecord]:
     ctx.progress(f"{how} {name} revision {base.revision} into the environment")
     # V4: bin/'s scripts name where the sandboxes show the new prefix (/env, seen.py)
     shown = Path(ctx.inside(str(ctx.prefix)))
-    await asyncio.to_thread(clone, base.prefix, ctx.prefix, linking, shown)
+    await asyncio.to_thread(clone, base.prefix, ctx.prefix, linking, shown, base.seen)
     record_origin(ctx.prefix, f"{name} revision {base.revision}")
     records = [
         PackageRecord(
@@ -92,13 +92,21 @@ def can_link(base: Path, prefix: Path) -> bool:
         return False
 
 
-def clone(base: Path, prefix: Path, linking: bool, shown: Path | None = None) -> None:
+def clone(
+    base: Path,
+    prefix: Path,
+    linking: bool,
+    shown: Path | None = None,
+    named: Path | None = None,
+) -> None:
     """``base``'s tree into the existing empty folder ``prefix``: folders made (0755, so the
     environment's own changes can add and remove), symbolic links re-made (those into the
     base pointed at the new prefix), files linked or copied, bin/ scripts rewritten to name
-    ``shown``, where the sandboxes see the new prefix (default: its host path). Walks with
+    ``shown``, where the sandboxes see the new prefix (default: its host path), instead of
+    ``named``, the path the base's files name (V4: its neutral path; default ``base``). Walks with
     ``scandir`` (the entry kinds come with the listing: no stat per file)."""
-    old, new = os.fsencode(base), os.fsencode(shown if shown is not None else prefix)
+    old = os.fsencode(named if named is not None else base)
+    new = os.fsencode(shown if shown is not None else prefix)
     pending = [(os.fspath(base), os.fspath(prefix), False)]
     while pending:
         source_dir, target_dir, in_bin = pending.pop()

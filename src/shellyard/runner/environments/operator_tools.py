@@ -77,14 +77,19 @@ def check_reachable(folders: list[Path], policy: SandboxPolicy | None = None) ->
 
 @contextlib.asynccontextmanager
 async def sandboxed_build(
-    prefix: Path, cache: Path, log_path: Path, policy: SandboxPolicy | None = None
+    prefix: Path,
+    cache: Path,
+    log_path: Path,
+    policy: SandboxPolicy | None = None,
+    seen: Path | None = None,
 ) -> AsyncIterator[OperatorBuild]:
     """Tools that may write ``prefix`` (made here, empty), ``cache`` (the bases' own, given
     to the tools for this build and taken back after it, 0700) and a scratch folder. The
     sandbox's own files (seccomp filter, launcher, egress socket, scratch) live in a private
     temporary folder outside the bases (whose folder executions may see: none reaches the
     build's proxy), removed afterwards. ``policy``: the sandbox settings (default: the
-    environment's)."""
+    environment's). ``seen``: where the tools see ``prefix``, the path its files will name
+    (V4: a base's neutral path, ``bases.SEEN``; default its host path)."""
     policy = policy or policy_from_env(SandboxPolicy())
     ids = sandbox.sandbox_ids(policy)
     work = Path(tempfile.mkdtemp(prefix="shellyard-build-"))  # 0700, the operator's
@@ -129,6 +134,7 @@ async def sandboxed_build(
             base_env={},
             on_spawn=lambda _pid, _started: None,  # --die-with-parent: none outlives us
             timeout_s=TOOL_TIMEOUT_S,
+            seen=seen,
         )
         try:
             yield OperatorBuild(tools, scratch, cache, ids)

@@ -50,15 +50,21 @@ HOME = "/home/agent"
 ENV = Path("/env")
 ENV_CACHE = Path("/env-cache")
 ENV_SCRATCH = Path("/env-scratch")
+#: Where the base environments are seen (V4, runner/environments/bases.py): one path each,
+#: as python-base brings r-base along.
+BASE_PYTHON = Path("/base/python")
+BASE_R = Path("/base/r")
 
 
 class Mount(NamedTuple):
     """An environment for an execution (V4): the prefix on the host, the variables a
-    command gets, and where the sandbox binds the prefix (read-only)."""
+    command gets, and where the sandbox binds the prefix (read-only); ``also``: more
+    (host, seen) read-only binds that come with it (a base's companion)."""
 
     prefix: Path
     variables: dict[str, str]
     seen: Path
+    also: tuple[tuple[Path, Path], ...] = ()
 
 
 def home_variables() -> dict[str, str]:

@@ -312,7 +312,9 @@ class Sandboxes:
                 workspace=tree,
                 status_fd=status_fd,
                 command=command,
-                read_only_binds=[(mount.prefix, mount.seen)] if mount is not None else (),
+                read_only_binds=[(mount.prefix, mount.seen), *mount.also]
+                if mount is not None
+                else (),
                 egress_socket=self.egress_socket,
                 socat=self.socat,
                 workspace_read_only=read_only,

@@ -118,7 +118,15 @@ class Key:
     tree: Identity | None
     home: Identity | None
     #: the prefix (its inode), where the sandbox shows it (V4, seen.py) and its variables
-    mount: tuple[Identity | None, str, tuple[tuple[str, str], ...]] | None
+    mount: (
+        tuple[
+            Identity | None,
+            str,
+            tuple[tuple[str, str], ...],
+            tuple[tuple[Identity | None, str], ...],
+        ]
+        | None
+    )
     limit_endings: int
 
 
@@ -176,7 +184,12 @@ class WarmPool:
             home=home,
             mount=None
             if mount is None
-            else (_identity(mount.prefix), str(mount.seen), tuple(sorted(mount.variables.items()))),
+            else (
+                _identity(mount.prefix),
+                str(mount.seen),
+                tuple(sorted(mount.variables.items())),
+                tuple((_identity(host), str(seen)) for host, seen in mount.also),
+            ),
             limit_endings=self._limit_endings[workspace_id],
         )
 
