@@ -691,13 +691,6 @@ async def test_a_sparse_wheel_in_find_links_is_not_copied_at_its_apparent_size(
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="a base's hard links are a root runner's")
 @pytest.mark.timeout(900)
-@pytest.mark.xfail(
-    strict=True,
-    reason="open (docs/security.md, Attack pass (session 43)): the default base (a command "
-    "with no environment_id) is built and bound at its host path: PATH, sys.prefix, "
-    "mountinfo's mount point and its scripts name the bases folder (an environment made "
-    "--from it shows none since the prefix branch)",
-)
 async def test_a_command_in_the_default_base_or_an_environment_from_it_sees_no_bases_path(
     yard_factory: Any, python_base: bases.BaseRevision, monkeypatch: pytest.MonkeyPatch
 ) -> None:
