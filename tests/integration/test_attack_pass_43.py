@@ -343,6 +343,9 @@ def test_no_id_taking_route_answers_another_sessions_agent() -> None:
         assert "s3cr3t-a" in seen.text, seen.text
         state = client.get(f"/v1/executions/{running['execution_id']}", headers=a).json()
         assert state["state"] == "running", state
+        # Executions outlive their server (E11): left running, its sandbox would keep the
+        # workspace's mounts after the server stops.
+        client.post(f"/v1/executions/{running['execution_id']}/cancel", headers=a)
 
 
 #: Address forms of loopback, link-local, metadata and private hosts a webhook URL may take.
