@@ -37,7 +37,7 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 from shellyard.runner.protocol import GcResult, ObjectResult
-from shellyard.runner.snapshots.store import SnapshotStore
+from shellyard.runner.snapshots.store import SnapshotStore, locked_at_once
 
 PACK_MAGIC = b"SYPACK1\n"
 _FRAME = struct.Struct("<32sBQ")
@@ -86,12 +86,7 @@ class StoreLock:
         """Held shared if that is possible at once (True; no GC runs), else not (False)."""
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-            except BlockingIOError:
-                yield False
-                return
-            yield True
+            yield locked_at_once(fd, fcntl.LOCK_SH)
         finally:
             os.close(fd)
 

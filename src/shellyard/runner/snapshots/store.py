@@ -75,6 +75,15 @@ log = logging.getLogger(__name__)
 _WORKSPACE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
+def locked_at_once(fd: int, operation: int) -> bool:
+    """``flock(fd, operation)`` if it is granted without waiting (True), else nothing held."""
+    try:
+        fcntl.flock(fd, operation | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
+
+
 class SnapshotStore:
     """Commits workspace trees into immutable, numbered snapshots and reads them back.
 
@@ -422,12 +431,7 @@ class SnapshotStore:
                 yield False
                 return
             try:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except BlockingIOError:
-                    yield False
-                    return
-                yield True
+                yield locked_at_once(fd, fcntl.LOCK_EX)
             finally:
                 os.close(fd)
         finally:
