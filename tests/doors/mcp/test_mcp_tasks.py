@@ -125,6 +125,12 @@ async def test_without_the_extension_results_are_unchanged(
         with pytest.raises(MCPError) as refused:
             await task_get(session.session, data["execution_id"])
         assert refused.value.error.code == MISSING_CAPABILITY
+        # Executions outlive their server (E11): one still running when the server stops
+        # would keep its workspace's mounts in the test's home.
+        stopped = await session.call_tool(
+            "execution_cancel", {"execution_id": data["execution_id"], "wait_s": 30}
+        )
+        assert not stopped.is_error, stopped
 
 
 async def test_a_task_survives_kill9_and_restart_of_the_server(
