@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from shellyard.errors import InvalidInput, ShellyardError
-from shellyard.runner.environments.create import find_python, prefix_variables
+from shellyard.runner.environments.create import find_python
 from shellyard.runner.environments.managers.pip import DEFAULT_INDEX, uv_binary
 from shellyard.runner.environments.operator_tools import (
     OperatorBuild,
@@ -45,6 +45,7 @@ from shellyard.runner.environments.operator_tools import (
     sandbox_group,
     sandboxed_build,
 )
+from shellyard.runner.environments.seen import prefix_variables
 from shellyard.runner.environments.tools import BASE_OWNER
 from shellyard.runner.sandbox.bwrap import BASE_PYTHON, BASE_R, Mount
 

@@ -20,10 +20,7 @@ from pathlib import Path
 
 from shellyard.runner.environments.managers.base import ManagerContext, ManagerError, tools_folder
 from shellyard.runner.environments.managers.pip import DEFAULT_INDEX, record_origin, uv_binary
-
-# prefix_variables lives with the rest of "where an environment is seen" (V4)
 from shellyard.runner.environments.seen import R_LIBRARY
-from shellyard.runner.environments.seen import prefix_variables as prefix_variables
 from shellyard.runner.protocol import EnvironmentChangeRequest, PackageRecord
 
 #: Interpreters tried for a ``python`` environment, first usable wins. Debian's own first: it

@@ -480,7 +480,7 @@ class EnvironmentStore:
                     await asyncio.to_thread(give_to_tools, prefix, ids)
                 owned.unlink(missing_ok=True)
                 await MANAGERS[str(request.manager)].apply(ctx, request)
-            ctx.env = create.prefix_variables(prefix)
+            ctx.env = seen.prefix_variables(prefix)
             progress("listing the packages")
             packages = base + await self._packages(ctx)
             if request.action == "create":

@@ -403,23 +403,6 @@ def _key(name: str, version: str) -> str:
     return f"{canonicalize_name(name)}=={version}"
 
 
-def _read_in_prefix(path: Path) -> str:
-    """A file the tools' uid may have written, read by the runner without following a link
-    at its last two components (a build could have left one to the runner's token there,
-    or made its folder, a ``*.dist-info`` or ``.shellyard``, a link to a root-only one);
-    the folders above are checked by ``_dists`` (no tool runs any more)."""
-    folder = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    try:
-        flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
-        fd = os.open(path.name, flags, dir_fd=folder)
-    finally:
-        os.close(folder)
-    with os.fdopen(fd, encoding="utf-8", errors="replace") as handle:
-        if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
-            raise OSError(f"{path} is not a file")
-        return handle.read()
-
-
 def _load_sources(prefix: Path) -> dict[str, dict[str, str | None]]:
     try:
         data = json.loads(_read_record(prefix / SOURCES_FILE))
@@ -438,15 +421,8 @@ def _save_sources(prefix: Path, recorded: dict[str, dict[str, str | None]]) -> N
         os.mkdir(folder, 0o755)
     dir_fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
-        tmp = SOURCES_FILE.name + ".tmp"
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp, dir_fd=dir_fd)
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-        fd = os.open(tmp, flags, 0o644, dir_fd=dir_fd)
-        with os.fdopen(fd, "w") as handle:
-            handle.write(json.dumps(recorded, sort_keys=True, indent=1))
-            os.fchmod(handle.fileno(), 0o644)
-        os.replace(tmp, SOURCES_FILE.name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        text = json.dumps(recorded, sort_keys=True, indent=1)
+        prefix_files.write_at(dir_fd, SOURCES_FILE.name, text, 0o644)
     finally:
         os.close(dir_fd)
 
