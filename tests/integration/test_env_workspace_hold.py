@@ -19,7 +19,11 @@ import pytest
 from env_fixtures import backend_sdist, make_wheel
 
 from conftest import Yard
-from shellyard.contract.environments import EnvironmentChangeBody, EnvironmentCreateRequest
+from shellyard.contract.environments import (
+    EnvironmentChangeBody,
+    EnvironmentCreateRequest,
+    EnvironmentView,
+)
 
 pytestmark = [
     pytest.mark.timeout(300),
@@ -57,6 +61,31 @@ async def _until(check: object, what: str) -> None:
     raise AssertionError(f"never: {what}")
 
 
+async def _python_environment(yard: Yard, name: str) -> EnvironmentView:
+    """A python environment of the yard's runner, ready."""
+    created = await yard.plane.environments.create(
+        EnvironmentCreateRequest(
+            name=name, language="python", runner_id=yard.runner_id, wait_ms=30_000
+        )
+    )
+    if created.state != "ready":
+        assert created.change_id is not None, created
+        await yard.plane.environments.wait(created.change_id, 120)
+    return created
+
+
+async def _build_started(environments: Path) -> list[Path]:
+    """The ``scratch/building`` marker the waiting build backend left (WAIT_FOR_GO)."""
+    building: list[Path] = []
+
+    def started() -> bool:
+        building[:] = list(environments.glob("*/scratch/building"))
+        return bool(building)
+
+    await _until(started, "the build backend ran")
+    return building
+
+
 async def test_a_find_links_install_holds_the_workspace_while_its_tools_run(yard: Yard) -> None:
     sdist = base64.b64encode(backend_sdist("sy-held", "1.0", WAIT_FOR_GO)).decode()
     put = await yard.run(f"mkdir dist && echo {sdist} | base64 -d > dist/sy_held-1.0.tar.gz")
@@ -69,26 +98,12 @@ async def test_a_find_links_install_holds_the_workspace_while_its_tools_run(yard
     mounts.linger_s = 0  # a let-go unmounts at once: only a hold keeps the overlay
     await asyncio.to_thread(mounts.unmount_unheld)
     assert not os.path.ismount(workspace)
-    created = await yard.plane.environments.create(
-        EnvironmentCreateRequest(
-            name="held", language="python", runner_id=yard.runner_id, wait_ms=30_000
-        )
-    )
-    if created.state != "ready":
-        assert created.change_id is not None, created
-        await yard.plane.environments.wait(created.change_id, 120)
+    created = await _python_environment(yard, "held")
     body = EnvironmentChangeBody(
         manager="pip", specs=["sy-held"], index_url="none", find_links=["/workspace/dist"]
     )
     change = await yard.plane.environments.install(created.environment_id, body)
-    environments: Path = runner._environments.root
-    building: list[Path] = []
-
-    def build_started() -> bool:
-        building[:] = list(environments.glob("*/scratch/building"))
-        return bool(building)
-
-    await _until(build_started, "the build backend ran")
+    building = await _build_started(runner._environments.root)
     # mid-build: the workspace is held once (the change's) and seen through its overlay
     assert mounts.holds(put.workspace_id) == [1, 1]
     assert os.path.ismount(workspace)
@@ -126,26 +141,12 @@ async def test_an_install_naming_no_workspace_source_does_not_hold_the_workspace
     await _until(lambda: mounts.holds(put.workspace_id) == [0, 0], "the command let go")
     mounts.linger_s = 0
     await asyncio.to_thread(mounts.unmount_unheld)
-    created = await yard.plane.environments.create(
-        EnvironmentCreateRequest(
-            name="free", language="python", runner_id=yard.runner_id, wait_ms=30_000
-        )
-    )
-    if created.state != "ready":
-        assert created.change_id is not None, created
-        await yard.plane.environments.wait(created.change_id, 120)
+    created = await _python_environment(yard, "free")
     body = EnvironmentChangeBody(
         manager="pip", specs=["sy-free"], index_url="none", find_links=[str(wheels)]
     )
     change = await yard.plane.environments.install(created.environment_id, body)
-    environments: Path = runner._environments.root
-    building: list[Path] = []
-
-    def build_started() -> bool:
-        building[:] = list(environments.glob("*/scratch/building"))
-        return bool(building)
-
-    await _until(build_started, "the build backend ran")
+    building = await _build_started(runner._environments.root)
     try:
         assert mounts.holds(put.workspace_id) == [0, 0]  # mid-build: no hold of the change's
         assert not os.path.ismount(workspace)
@@ -192,14 +193,7 @@ async def test_a_find_links_folder_swapped_for_a_link_mid_build_changes_nothing_
     )
     assert put.exit_code == 0, put
     runner = yard.runner
-    created = await yard.plane.environments.create(
-        EnvironmentCreateRequest(
-            name="mid", language="python", runner_id=yard.runner_id, wait_ms=30_000
-        )
-    )
-    if created.state != "ready":
-        assert created.change_id is not None, created
-        await yard.plane.environments.wait(created.change_id, 120)
+    created = await _python_environment(yard, "mid")
     body = EnvironmentChangeBody(
         manager="pip",
         specs=["sy-mid", "sy-wheelmid"],
@@ -207,14 +201,7 @@ async def test_a_find_links_folder_swapped_for_a_link_mid_build_changes_nothing_
         find_links=["/workspace/dist"],
     )
     change = await yard.plane.environments.install(created.environment_id, body)
-    environments: Path = runner._environments.root
-    building: list[Path] = []
-
-    def build_started() -> bool:
-        building[:] = list(environments.glob("*/scratch/building"))
-        return bool(building)
-
-    await _until(build_started, "the build backend ran")
+    building = await _build_started(runner._environments.root)
     try:  # mid-build: the agent's command swaps the folder for a link, and is not held up
         swap = await yard.run(
             f"mv dist dist.was && ln -s other dist && cp other/{wheel} dist.was/ && readlink dist"
