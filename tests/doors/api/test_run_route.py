@@ -1,0 +1,146 @@
+"""POST /v1/executions answers a JSON object body itself (api/run_route.py, E1): without
+FastAPI's dependency solving, with each check done once — the token, the acting agent, the
+body against the contract's model — and with the answers of the declared route, which still
+handles every other body. A real control plane behind the ASGI app."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import fastapi.routing
+import httpx
+import pytest
+
+from shellyard.api.app import create_app
+from shellyard.config import Settings
+from shellyard.control.plane import ControlPlane, build
+
+JSON = "application/json"
+#: a JSON content type FastAPI reads the same way, which the lean path leaves to it
+JSON_CHARSET = "application/json; charset=utf-8"
+
+
+@pytest.fixture
+async def served(home: Path) -> AsyncIterator[tuple[httpx.AsyncClient, ControlPlane, str]]:
+    plane = await build(Settings(home=home / "home"))
+    admin = await plane.tokens.ensure_admin_file(plane.settings.home)
+    transport = httpx.ASGITransport(app=create_app(plane))
+    async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
+        yield client, plane, admin
+    await plane.aclose()
+
+
+@pytest.fixture
+def solved(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The paths whose requests went through FastAPI's dependency solving."""
+    seen: list[str] = []
+    solve = fastapi.routing.solve_dependencies
+
+    async def counted(*args: Any, **kw: Any) -> Any:
+        seen.append(kw["request"].url.path)
+        return await solve(*args, **kw)
+
+    monkeypatch.setattr(fastapi.routing, "solve_dependencies", counted)
+    return seen
+
+
+async def _post(
+    client: httpx.AsyncClient, token: str, body: bytes, content_type: str = JSON, **headers: str
+) -> httpx.Response:
+    return await client.post(
+        "/v1/executions",
+        content=body,
+        headers={"Authorization": f"Bearer {token}", "Content-Type": content_type, **headers},
+    )
+
+
+async def test_a_json_object_is_answered_without_dependency_solving(
+    served: tuple[httpx.AsyncClient, ControlPlane, str], solved: list[str]
+) -> None:
+    client, plane, admin = served
+    lean = await _post(client, admin, b'{"command": "echo hi; echo err >&2; exit 3"}')
+    assert solved == []  # reverting api/run_route.py makes this ['/v1/executions']
+    declared = await _post(
+        client, admin, b'{"command": "echo hi; echo err >&2; exit 3"}', JSON_CHARSET
+    )
+    assert solved == ["/v1/executions"]
+    assert lean.status_code == declared.status_code == 200, (lean.text, declared.text)
+    assert lean.headers["content-type"] == declared.headers["content-type"]
+    one, two = lean.json(), declared.json()
+    assert list(one) == list(two)  # the same fields, in the same order (RunShellResult)
+    varying = {"execution_id", "created_at", "started_at", "finished_at", "cpu_seconds",
+               "peak_memory_bytes", "snapshot_seq"}  # fmt: skip
+    assert {k: v for k, v in one.items() if k not in varying} == {
+        k: v for k, v in two.items() if k not in varying
+    }
+    assert (one["state"], one["exit_code"], one["stdout"], one["stderr"]) == (
+        "completed", 3, "hi\n", "err\n",
+    )  # fmt: skip
+    # the record the answer describes is the store's
+    view = await plane.executions.status(one["execution_id"])
+    assert view.exit_code == 3 and view.agent_id == one["agent_id"]
+
+
+@pytest.mark.parametrize(
+    ("body", "wording"),
+    [
+        (b'{"command": "true", "colour": "red"}', "colour"),  # extra="forbid"
+        (b'{"command": "true", "script_path": "a.sh"}', "exactly one"),
+        (b"{}", "exactly one"),
+        (b'{"command": "true", "wait_ms": -1}', "wait_ms"),
+        (b'{"command": "a\\udcff"}', "lone surrogate"),  # no text holds it: refused, as before
+    ],
+)
+async def test_a_bad_body_gets_the_declared_routes_error(
+    served: tuple[httpx.AsyncClient, ControlPlane, str], body: bytes, wording: str
+) -> None:
+    client, _plane, admin = served
+    lean = await _post(client, admin, body)
+    declared = await _post(client, admin, body, JSON_CHARSET)
+    assert lean.status_code == declared.status_code == 400, (lean.text, declared.text)
+    assert lean.json() == declared.json()
+    assert lean.json()["error"]["code"] == "invalid_input"
+    assert wording in lean.json()["error"]["message"], lean.text
+
+
+@pytest.mark.parametrize("body", [b"[]", b'"true"', b"{nope", b""])
+async def test_what_is_not_a_json_object_goes_to_the_declared_route(
+    served: tuple[httpx.AsyncClient, ControlPlane, str], solved: list[str], body: bytes
+) -> None:
+    client, _plane, admin = served
+    answer = await _post(client, admin, body)
+    assert answer.status_code == 400, answer.text
+    assert answer.json()["error"]["code"] == "invalid_input"
+    # FastAPI refuses an unparsable body before solving the route's dependencies
+    assert solved == ([] if body == b"{nope" else ["/v1/executions"])
+
+
+async def test_the_token_and_the_acting_agent_are_still_checked(
+    served: tuple[httpx.AsyncClient, ControlPlane, str], solved: list[str]
+) -> None:
+    client, _plane, admin = served
+    bearer = {"Authorization": f"Bearer {admin}"}
+    one = (await client.post("/v1/sessions", headers=bearer)).json()
+    two = (await client.post("/v1/sessions", headers=bearer)).json()
+    made = await client.post(
+        "/v1/tokens", json={"kind": "session", "session_id": one["session_id"]}, headers=bearer
+    )
+    token = made.json()["token"]
+    body = b'{"command": "true"}'
+    refused = await _post(client, "sy_not_a_token", body)
+    assert refused.status_code == 401, refused.text
+    # A session token acts as its own agents only (the route's acting-agent check).
+    outside = await _post(
+        client, token, body, **{"X-Shellyard-Agent": two["main_agent_id"]}
+    )  # fmt: skip
+    assert outside.status_code == 403, outside.text
+    mine = await _post(client, token, body)
+    assert mine.status_code == 200 and mine.json()["agent_id"] == one["main_agent_id"]
+    child = await client.post(f"/v1/agents/{one['main_agent_id']}/children", headers=bearer)
+    as_child = await _post(
+        client, token, body, **{"X-Shellyard-Agent": child.json()["agent_id"]}
+    )  # fmt: skip
+    assert as_child.status_code == 200 and as_child.json()["agent_id"] == child.json()["agent_id"]
+    assert "/v1/executions" not in solved
