@@ -186,7 +186,9 @@ async def _drive(runs: int) -> dict[str, Any]:
                 answer.raise_for_status()
 
             sides.append(once)
-        used = await _alternate([(once, f.cpu) for once, f in zip(sides, floors, strict=True)], runs)
+        used = await _alternate(
+            [(once, f.cpu) for once, f in zip(sides, floors, strict=True)], runs
+        )
         return dict(zip(MODES, used, strict=True))
     finally:
         for client in clients:
@@ -204,9 +206,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     spawn = floors["fastapi_commit3_spawn"]["server_ms"] - floors["fastapi_commit3"]["server_ms"]
     metrics = [
         metric(
-            f"floor.{mode}", f"server CPU per request, {mode.replace('_', ' + ')}, ms",
-            side["server_ms"], "ms", target="info (the floor)", kind="info",
-        )  # fmt: skip
+            f"floor.{mode}",
+            f"server CPU per request, {mode.replace('_', ' + ')}, ms",
+            side["server_ms"],
+            "ms",
+            target="info (the floor)",
+            kind="info",
+        )
         for mode, side in floors.items()
     ]
     return {

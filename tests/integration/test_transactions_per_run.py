@@ -14,6 +14,7 @@ import pytest
 from runner_daemon_fixture import start_daemon
 from sqlalchemy import event
 from sqlalchemy.engine import Engine
+from sqlalchemy.pool import Pool
 
 from conftest import POSTGRES_URL
 from shellyard.config import Settings
@@ -35,10 +36,14 @@ class Counter:
     def __init__(self) -> None:
         self.transactions = 0
         self.statements: list[str] = []
+        self.checkouts = 0
 
     def begin(self, conn: Any) -> None:
         if conn.get_execution_options().get("isolation_level") != "AUTOCOMMIT":
             self.transactions += 1
+
+    def checkout(self, *_args: Any) -> None:
+        self.checkouts += 1
 
     def statement(self, _conn: Any, _cursor: Any, sql: str, *_rest: Any) -> None:
         self.statements.append(" ".join(sql.split())[:80])
@@ -50,11 +55,13 @@ def counting() -> Iterator[Counter]:
     counter = Counter()
     event.listen(Engine, "begin", counter.begin)
     event.listen(Engine, "before_cursor_execute", counter.statement)
+    event.listen(Pool, "checkout", counter.checkout)
     try:
         yield counter
     finally:
         event.remove(Engine, "begin", counter.begin)
         event.remove(Engine, "before_cursor_execute", counter.statement)
+        event.remove(Pool, "checkout", counter.checkout)
 
 
 @pytest.mark.parametrize("database", ["sqlite", "postgresql"])
@@ -97,6 +104,10 @@ async def test_a_foreground_run_costs_few_transactions(
         most_transactions, most_statements = CEILINGS[database]
         assert transactions <= most_transactions, counter.statements
         assert statements <= most_statements, counter.statements
+        if database == "sqlite":
+            # The transactions run on the store's one held connection (store/db.py
+            # ``Database.connection``): no pool checkout and return (with its reset) each.
+            assert counter.checkouts == 0, counter.checkouts
         # The end is committed and the notice the caller saw is read (N3): nothing skipped.
         record = await plane.store.get_execution(result.execution_id)
         assert record is not None and record.state == "completed"

@@ -72,6 +72,11 @@ class Database:
         self._async = async_engine
         self.schema_name = schema_name
         self.is_sqlite = sync_engine is not None
+        #: SQLite: the one connection every transaction runs on, checked out of the engine's
+        #: pool once (``connection``). A checkout and return per transaction cost ~80 µs of
+        #: the loop's CPU (its events, and the rollback the pool sends on every return after
+        #: the commit already ended the transaction): 3 a run (docs/benchmarks.md §38).
+        self._held: Connection | None = None
         #: Room kept beside a SQLite file for a full volume (store/ballast.py).
         self.ballast: Ballast | None = None
         if sync_engine is not None and sync_engine.url.database:
@@ -108,7 +113,19 @@ class Database:
             store.ballast.ensure()
         return store
 
+    def connection(self) -> Connection:
+        """SQLite: the connection the store's transactions run on, for work outside one (the
+        engine's pool holds a single connection: a second checkout would wait for this one)."""
+        assert self._sync is not None
+        held = self._held
+        if held is None or held.closed:
+            held = self._held = self._sync.connect()
+        return held
+
     async def close(self) -> None:
+        if self._held is not None:
+            self._held.close()
+            self._held = None
         if self._sync is not None:
             self._sync.dispose()
         if self._async is not None:
@@ -123,8 +140,13 @@ class Database:
         retry later); on SQLite the room kept for it is released first and the
         transaction tried once more (store/ballast.py)."""
         if self._sync is not None:
+            # Synchronous on the loop's thread: no other transaction can be open on the held
+            # connection here (a begun one ends, committed or rolled back, before this returns).
+            conn = self.connection()
+            if conn.in_transaction():  # never expected; what the pool's return reset did
+                conn.rollback()
             try:
-                with self._sync.begin() as conn:
+                with conn.begin():
                     return operation(conn, *args, **kw)
             except sa.exc.OperationalError as exc:
                 if not _is_full(exc):
@@ -132,7 +154,7 @@ class Database:
                 if self.ballast is None or not self.ballast.release():
                     raise _store_full(exc) from None
             try:
-                with self._sync.begin() as conn:
+                with conn.begin():
                     return operation(conn, *args, **kw)
             except sa.exc.OperationalError as exc:
                 if _is_full(exc):

@@ -196,22 +196,23 @@ class RetentionRecords(Database):
             return {}
         before = after = 0
         while True:
-            with engine.connect() as conn:
-                driver = conn.connection.dbapi_connection
-                assert driver is not None
-                pages, free = (
-                    driver.execute("PRAGMA page_count").fetchone()[0],
-                    driver.execute("PRAGMA freelist_count").fetchone()[0],
-                )
-                before = before or pages
-                after = pages
-                if not free:
-                    driver.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
-                    break
-                # It frees one page per step and execute() steps once (measured: 1 of 5,152);
-                # executescript steps it to the end.
-                driver.executescript(f"PRAGMA incremental_vacuum({int(pages_per_step)});")
-                driver.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+            # the store's one connection (Database.connection); these PRAGMAs and the
+            # script run outside any transaction, so none is left open on it
+            driver = self.connection().connection.dbapi_connection
+            assert driver is not None
+            pages, free = (
+                driver.execute("PRAGMA page_count").fetchone()[0],
+                driver.execute("PRAGMA freelist_count").fetchone()[0],
+            )
+            before = before or pages
+            after = pages
+            if not free:
+                driver.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+                break
+            # It frees one page per step and execute() steps once (measured: 1 of 5,152);
+            # executescript steps it to the end.
+            driver.executescript(f"PRAGMA incremental_vacuum({int(pages_per_step)});")
+            driver.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
             await asyncio.sleep(0)
         return {"pages_before": before, "pages_after": after}
 
@@ -222,7 +223,8 @@ class RetentionRecords(Database):
         engine = self._sync
         if engine is None:
             return False
-        with engine.connect() as conn:
+        conn = self.connection()  # the store's one connection (Database.connection)
+        try:
             mode = conn.exec_driver_sql("PRAGMA auto_vacuum").scalar()
             if mode == 2:
                 return False
@@ -231,6 +233,9 @@ class RetentionRecords(Database):
             driver = conn.connection.dbapi_connection
             assert driver is not None
             driver.execute("VACUUM")  # outside any transaction, as VACUUM requires
+        finally:
+            if conn.in_transaction():  # left as closing a connection of its own left it
+                conn.rollback()
         return True
 
 
