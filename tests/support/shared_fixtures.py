@@ -11,9 +11,14 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+import httpx
 import pytest
 from sshd_fixture import SshServer, sshd_or_skip, start_sshd
+
+if TYPE_CHECKING:
+    from shellyard.control.plane import ControlPlane
 
 
 @pytest.fixture
@@ -35,3 +40,20 @@ def postgres() -> None:
     from replicas_fixture import postgres_or_skip
 
     postgres_or_skip()
+
+
+@pytest.fixture
+async def app_plane(home: Path) -> AsyncIterator[tuple[httpx.AsyncClient, ControlPlane, str]]:
+    """A real control plane behind the REST app, reached in-process through httpx's ASGI
+    transport (no server process): (client, plane, the admin token)."""
+    # imported when used: the plugin loads before any test, and most never build a plane
+    from shellyard.api.app import create_app
+    from shellyard.config import Settings
+    from shellyard.control.plane import build
+
+    plane = await build(Settings(home=home / "home"))
+    admin = await plane.tokens.ensure_admin_file(plane.settings.home)
+    transport = httpx.ASGITransport(app=create_app(plane))
+    async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
+        yield client, plane, admin
+    await plane.aclose()

@@ -5,32 +5,17 @@ checks. A real control plane behind the ASGI app."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
 
-from shellyard.api.app import create_app
-from shellyard.config import Settings
-from shellyard.control.plane import ControlPlane, build
-
-
-@pytest.fixture
-async def served(home: Path) -> AsyncIterator[tuple[httpx.AsyncClient, ControlPlane, str]]:
-    plane = await build(Settings(home=home / "home"))
-    admin = await plane.tokens.ensure_admin_file(plane.settings.home)
-    transport = httpx.ASGITransport(app=create_app(plane))
-    async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
-        yield client, plane, admin
-    await plane.aclose()
+from shellyard.control.plane import ControlPlane
 
 
 async def test_a_run_shell_authenticates_its_token_once(
-    served: tuple[httpx.AsyncClient, ControlPlane, str],
+    app_plane: tuple[httpx.AsyncClient, ControlPlane, str],
 ) -> None:
-    client, plane, admin = served
+    client, plane, admin = app_plane
     headers = {"Authorization": f"Bearer {admin}"}
     session = (await client.post("/v1/sessions", headers=headers)).json()
     made = await client.post(

@@ -4,26 +4,11 @@ REST app of a real control plane (SQLite home, local runner)."""
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator
-from pathlib import Path
 
 import httpx
-import pytest
 import sqlalchemy as sa
 
-from shellyard.api.app import create_app
-from shellyard.config import Settings
-from shellyard.control.plane import ControlPlane, build
-
-
-@pytest.fixture
-async def served(home: Path) -> AsyncIterator[tuple[httpx.AsyncClient, ControlPlane, str]]:
-    plane = await build(Settings(home=home / "home"))
-    admin = await plane.tokens.ensure_admin_file(plane.settings.home)
-    transport = httpx.ASGITransport(app=create_app(plane))
-    async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
-        yield client, plane, admin
-    await plane.aclose()
+from shellyard.control.plane import ControlPlane
 
 
 def sample(text: str, name: str) -> float:
@@ -34,9 +19,9 @@ def sample(text: str, name: str) -> float:
 
 
 async def test_health_and_readiness_need_no_token(
-    served: tuple[httpx.AsyncClient, ControlPlane, str],
+    app_plane: tuple[httpx.AsyncClient, ControlPlane, str],
 ) -> None:
-    client, plane, _admin = served
+    client, plane, _admin = app_plane
     assert (await client.get("/healthz")).json() == {"status": "ok"}
     ready = await client.get("/readyz")
     assert ready.status_code == 200, ready.text
@@ -51,10 +36,10 @@ async def test_health_and_readiness_need_no_token(
 
 
 async def test_readiness_fails_while_the_schema_is_behind_the_code(
-    served: tuple[httpx.AsyncClient, ControlPlane, str],
+    app_plane: tuple[httpx.AsyncClient, ControlPlane, str],
 ) -> None:
     """A database another (older) release migrated is not ready: the missing revision named."""
-    client, plane, _admin = served
+    client, plane, _admin = app_plane
     engine = sa.create_engine(plane.settings.effective_database_url)
     with engine.begin() as conn:
         conn.execute(sa.text("DELETE FROM alembic_version WHERE version_num = '0009_leases'"))
@@ -66,9 +51,9 @@ async def test_readiness_fails_while_the_schema_is_behind_the_code(
 
 
 async def test_metrics_count_executions_latencies_and_runners(
-    served: tuple[httpx.AsyncClient, ControlPlane, str],
+    app_plane: tuple[httpx.AsyncClient, ControlPlane, str],
 ) -> None:
-    client, _plane, admin = served
+    client, _plane, admin = app_plane
     refused = await client.get("/metrics")
     assert refused.status_code == 401
     auth = {"Authorization": f"Bearer {admin}"}

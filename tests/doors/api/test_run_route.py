@@ -5,31 +5,17 @@ handles every other body. A real control plane behind the ASGI app."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import fastapi.routing
 import httpx
 import pytest
 
-from shellyard.api.app import create_app
-from shellyard.config import Settings
-from shellyard.control.plane import ControlPlane, build
+from shellyard.control.plane import ControlPlane
 
 JSON = "application/json"
 #: a JSON content type FastAPI reads the same way, which the lean path leaves to it
 JSON_CHARSET = "application/json; charset=utf-8"
-
-
-@pytest.fixture
-async def served(home: Path) -> AsyncIterator[tuple[httpx.AsyncClient, ControlPlane, str]]:
-    plane = await build(Settings(home=home / "home"))
-    admin = await plane.tokens.ensure_admin_file(plane.settings.home)
-    transport = httpx.ASGITransport(app=create_app(plane))
-    async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
-        yield client, plane, admin
-    await plane.aclose()
 
 
 @pytest.fixture
@@ -57,9 +43,9 @@ async def _post(
 
 
 async def test_a_json_object_is_answered_without_dependency_solving(
-    served: tuple[httpx.AsyncClient, ControlPlane, str], solved: list[str]
+    app_plane: tuple[httpx.AsyncClient, ControlPlane, str], solved: list[str]
 ) -> None:
-    client, plane, admin = served
+    client, plane, admin = app_plane
     lean = await _post(client, admin, b'{"command": "echo hi; echo err >&2; exit 3"}')
     assert solved == []  # reverting api/run_route.py makes this ['/v1/executions']
     declared = await _post(
@@ -94,9 +80,9 @@ async def test_a_json_object_is_answered_without_dependency_solving(
     ],
 )
 async def test_a_bad_body_gets_the_declared_routes_error(
-    served: tuple[httpx.AsyncClient, ControlPlane, str], body: bytes, wording: str
+    app_plane: tuple[httpx.AsyncClient, ControlPlane, str], body: bytes, wording: str
 ) -> None:
-    client, _plane, admin = served
+    client, _plane, admin = app_plane
     lean = await _post(client, admin, body)
     declared = await _post(client, admin, body, JSON_CHARSET)
     assert lean.status_code == declared.status_code == 400, (lean.text, declared.text)
@@ -107,9 +93,9 @@ async def test_a_bad_body_gets_the_declared_routes_error(
 
 @pytest.mark.parametrize("body", [b"[]", b'"true"', b"{nope", b""])
 async def test_what_is_not_a_json_object_goes_to_the_declared_route(
-    served: tuple[httpx.AsyncClient, ControlPlane, str], solved: list[str], body: bytes
+    app_plane: tuple[httpx.AsyncClient, ControlPlane, str], solved: list[str], body: bytes
 ) -> None:
-    client, _plane, admin = served
+    client, _plane, admin = app_plane
     answer = await _post(client, admin, body)
     assert answer.status_code == 400, answer.text
     assert answer.json()["error"]["code"] == "invalid_input"
@@ -118,9 +104,9 @@ async def test_what_is_not_a_json_object_goes_to_the_declared_route(
 
 
 async def test_the_token_and_the_acting_agent_are_still_checked(
-    served: tuple[httpx.AsyncClient, ControlPlane, str], solved: list[str]
+    app_plane: tuple[httpx.AsyncClient, ControlPlane, str], solved: list[str]
 ) -> None:
-    client, _plane, admin = served
+    client, _plane, admin = app_plane
     bearer = {"Authorization": f"Bearer {admin}"}
     one = (await client.post("/v1/sessions", headers=bearer)).json()
     two = (await client.post("/v1/sessions", headers=bearer)).json()
