@@ -122,6 +122,14 @@ class Database:
             held = self._held = self._sync.connect()
         return held
 
+    def _idle(self) -> Connection:
+        """The held connection with no transaction open: what the pool's reset on return
+        guaranteed to each ``engine.begin()`` before (never expected to roll anything back)."""
+        conn = self.connection()
+        if conn.in_transaction():
+            conn.rollback()
+        return conn
+
     async def close(self) -> None:
         if self._held is not None:
             self._held.close()
@@ -142,9 +150,7 @@ class Database:
         if self._sync is not None:
             # Synchronous on the loop's thread: no other transaction can be open on the held
             # connection here (a begun one ends, committed or rolled back, before this returns).
-            conn = self.connection()
-            if conn.in_transaction():  # never expected; what the pool's return reset did
-                conn.rollback()
+            conn = self._idle()
             try:
                 with conn.begin():
                     return operation(conn, *args, **kw)
@@ -153,6 +159,7 @@ class Database:
                     raise
                 if self.ballast is None or not self.ballast.release():
                     raise _store_full(exc) from None
+            conn = self._idle()  # a failed commit may leave its transaction to roll back
             try:
                 with conn.begin():
                     return operation(conn, *args, **kw)
