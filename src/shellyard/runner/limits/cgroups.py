@@ -10,7 +10,10 @@ One module, two backends, one tree::
 - **v1**: one folder per level in each of the ``memory``, ``pids``, ``cpu`` and ``cpuacct``
   hierarchies, each below this process's own group in that hierarchy (never elsewhere); where
   ``cpu`` is mounted apart from ``cpuacct`` an execution joins its workspace's ``cpu`` group
-  (weight and ceiling are the workspace's) and has no ``cpu`` folder of its own.
+  (weight and ceiling are the workspace's) and has no ``cpu`` folder of its own. In the
+  ``cpu`` hierarchy the workspace groups sit beside the runner's folder, not in it
+  (``<runner folder>.<workspace id>``, ``flat``): each weighs one process's worth at the
+  host's level while it has something runnable (docs/benchmarks.md §38).
 
 Limits: memory per execution (``memory.max`` / ``memory.limit_in_bytes``), processes per
 workspace (``pids.max`` on the workspace's group), CPU weight per workspace (every workspace
@@ -43,15 +46,18 @@ import hashlib
 import logging
 import os
 import queue
-import signal
 import threading
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
 from shellyard import settings_env
 from shellyard.runner.limits import dynmods
+from shellyard.runner.limits.cgroup_files import children as _children
+from shellyard.runner.limits.cgroup_files import keyed as _keyed
+from shellyard.runner.limits.cgroup_files import read as _read
+from shellyard.runner.limits.cgroup_files import remove as _remove
+from shellyard.runner.limits.cgroup_files import write as _write
 from shellyard.runner.limits.weight import RunnerWeight
 from shellyard.runner.protocol import SandboxPolicy
 
@@ -66,10 +72,6 @@ CPU_SHARES_V1 = 1024
 CFS_PERIOD_US = 100_000
 #: The kernel's largest weight: the runner's folder weighs one unit per workspace up to it.
 MOST_SHARES_V1, MOST_WEIGHT_V2 = 262_144, 10_000
-#: How long ``finish`` waits for a group's last processes to go before it gives up on rmdir.
-REMOVE_WAIT_S = 2.0
-#: How long a busy group's processes are given to finish exiting before they are killed.
-EXITING_WAIT_S = 0.01
 #: Empty groups made ahead per workspace for its next cold spawn (``take_ready``).
 READY_PER_WORKSPACE = 1
 #: The prefix of a group made ahead: never an execution's id (``check_id``), so a restart's
@@ -151,40 +153,6 @@ def _folder(mount: tuple[str, str], path: str) -> Path:
     return Path(point + "/" + relative.strip("/")) if relative.strip("/") else Path(point)
 
 
-def _read(path: Path) -> str | None:
-    # os.open/os.read, not Path.read_text: a control file is a few bytes, and the text
-    # wrapper's set-up was half the cost of each read at the end of every execution.
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        chunks = [os.read(fd, 65536)]
-        while chunks[-1]:  # to the end: a seq file may return less than it has
-            chunks.append(os.read(fd, 65536))
-        return b"".join(chunks).decode()
-    except (OSError, UnicodeDecodeError):
-        return None
-    finally:
-        os.close(fd)
-
-
-def _keyed(text: str | None, key: str) -> int:
-    for line in (text or "").splitlines():
-        name, _, value = line.partition(" ")
-        if name == key and value.strip().lstrip("-").isdigit():
-            return int(value)
-    return 0
-
-
-def _write(path: Path, value: str) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
-    try:
-        os.write(fd, value.encode())
-    finally:
-        os.close(fd)
-
-
 def runner_tag(root: Path) -> str:
     """The runner's folder name: one per runner home, found again after a restart."""
     return "shellyard-" + hashlib.sha256(str(root).encode()).hexdigest()[:12]
@@ -224,8 +192,16 @@ class CgroupTree:
     _workspace_lock: threading.Lock = field(default_factory=threading.Lock)
     #: the descriptor that keeps the kernel's ``favordynmods`` on (dynmods.py), or None
     _favor_fd: int | None = None
+    #: v1 hierarchies whose workspace groups sit beside the runner's folder, named
+    #: ``<runner folder>.<workspace id>``, not inside it: the ``cpu`` one (``probe``). A
+    #: workspace group then weighs at the host's level what one process weighs, while it has
+    #: something runnable, and nothing while it sleeps: the kernel does at each moment what
+    #: the runner folder's weight (weight.py) only approximates from the workspaces in use,
+    #: whose sleeping warm sandboxes and ended commands still counted (docs/benchmarks.md §38)
+    flat: frozenset[str] = frozenset()
     #: the runner's folder's own CPU weight at the host's level: one unit per workspace in
-    #: use (weight.py; without it the whole tree weighed as one process, §34)
+    #: use (weight.py; without it the whole tree weighed as one process, §34); unused (no
+    #: path) where the cpu hierarchy is ``flat``
     weight: RunnerWeight = field(init=False)
 
     def __post_init__(self) -> None:
@@ -233,7 +209,8 @@ class CgroupTree:
             path = self.bases[""] / "cpu.weight" if "cpu" in self.controllers else None
             self.weight = RunnerWeight(path, CPU_WEIGHT_V2, MOST_WEIGHT_V2)
         else:
-            path = self.bases["cpu"] / "cpu.shares" if "cpu" in self.bases else None
+            weighed = "cpu" in self.bases and "cpu" not in self.flat
+            path = self.bases["cpu"] / "cpu.shares" if weighed else None
             self.weight = RunnerWeight(path, CPU_SHARES_V1, MOST_SHARES_V1)
 
     # ------------------------------------------------------------------ set-up
@@ -267,13 +244,15 @@ class CgroupTree:
                     else:
                         seen[bases[name]] = name
                 made = {name: folder / tag for name, folder in bases.items()}
+                flat = frozenset({"cpu"} & set(made))
                 try:
-                    for folder in made.values():
-                        folder.mkdir(exist_ok=True)
+                    for name, folder in made.items():
+                        if name not in flat:  # a flat hierarchy's runner folder is a prefix
+                            folder.mkdir(exist_ok=True)
                 except OSError as exc:
                     log.warning("cgroup v1 present but not usable (%s): rlimits apply", exc)
                     return None
-                return cls("v1", made, limits)
+                return cls("v1", made, limits, flat=flat)
         return None
 
     @classmethod
@@ -306,7 +285,9 @@ class CgroupTree:
         return cls("v2", {"": folder}, limits, controllers)
 
     def describe(self) -> str:
-        return ", ".join(str(p) for p in self.bases.values())
+        return ", ".join(
+            f"{p}.*" if name in self.flat else str(p) for name, p in self.bases.items()
+        )
 
     def favor_dynamic_changes(self) -> bool:
         """Joins that wait only for their own process's forks (dynmods.py), held until
@@ -324,8 +305,30 @@ class CgroupTree:
 
     # ------------------------------------------------------------------ per execution
 
-    def _levels(self, *parts: str) -> dict[str, Path]:
-        return {name: base.joinpath(*parts) for name, base in self.bases.items()}
+    def workspace_folder(self, name: str, workspace_id: str) -> Path:
+        """The workspace's group in hierarchy ``name`` (beside the runner's folder in a
+        ``flat`` one)."""
+        base = self.bases[name]
+        if name in self.flat:
+            return base.parent / f"{base.name}.{workspace_id}"
+        return base / workspace_id
+
+    def _levels(self, workspace_id: str, *parts: str) -> dict[str, Path]:
+        return {
+            name: self.workspace_folder(name, workspace_id).joinpath(*parts) for name in self.bases
+        }
+
+    def _workspace_groups(self, name: str) -> list[tuple[str, Path]]:
+        """(workspace id, its group) of every workspace group of this runner in ``name``."""
+        base = self.bases[name]
+        if name not in self.flat:
+            return [(folder.name, folder) for folder in _children(base)]
+        prefix = base.name + "."
+        return [
+            (folder.name[len(prefix) :], folder)
+            for folder in _children(base.parent)
+            if folder.name.startswith(prefix)
+        ]
 
     def _workspace(self, workspace_id: str) -> None:
         """The workspace's group in every hierarchy, with its process limit and CPU share."""
@@ -337,8 +340,9 @@ class CgroupTree:
     def _make_workspace(self, workspace_id: str) -> None:
         if workspace_id in self._workspaces:
             return
-        for base in self.bases.values():  # made again if a close took it
-            base.mkdir(exist_ok=True)
+        for name, base in self.bases.items():  # made again if a close took it
+            if name not in self.flat:
+                base.mkdir(exist_ok=True)
         ceiling = self.limits.cpu_ceiling
         quota = int(ceiling * CFS_PERIOD_US) if ceiling else None
         for name, folder in self._levels(workspace_id).items():
@@ -454,9 +458,10 @@ class CgroupTree:
             else:
                 failcnt = _read(memory / "memory.failcnt")
                 usage.memory_killed = bool(failcnt and failcnt.strip() not in ("", "0"))
-            accounting = self.bases.get("cpuacct", self.bases.get("cpu"))
+            levels = self._levels(workspace_id, execution_id)
+            accounting = levels.get("cpuacct", levels.get("cpu"))
             if accounting is not None:
-                raw = _read(accounting / workspace_id / execution_id / "cpuacct.usage")
+                raw = _read(accounting / "cpuacct.usage")
                 if raw and raw.strip().isdigit():
                     usage.cpu_seconds = int(raw) / 1e9
         usage.processes_hit = self._pids_max_events(workspace_id, execution_id) > 0
@@ -564,11 +569,11 @@ class CgroupTree:
             return started is not None and started.held
 
         removed: list[str] = []
-        for base in self.bases.values():
-            for workspace in _children(base):
+        for name in self.bases:
+            for workspace_id, workspace in self._workspace_groups(name):
                 for execution in _children(workspace):
                     if kept(execution.name):
-                        self._workspaces.add(workspace.name)
+                        self._workspaces.add(workspace_id)
                         continue
                     _remove(execution, self.mechanism)
                     if not execution.name.startswith(READY_PREFIX):
@@ -576,7 +581,7 @@ class CgroupTree:
                 with self._workspace_lock:
                     # One this process made or uses stays (until ``close``): a command may
                     # be about to make its group in it or join it (v1's cpu group).
-                    idle = not keep_ours or workspace.name not in self._workspaces
+                    idle = not keep_ours or workspace_id not in self._workspaces
                     if idle and not _children(workspace):
                         with contextlib.suppress(OSError):
                             workspace.rmdir()
@@ -587,13 +592,14 @@ class CgroupTree:
             self._workspaces = {
                 workspace
                 for workspace in self._workspaces
-                if all((base / workspace).is_dir() for base in self.bases.values())
+                if all(self.workspace_folder(name, workspace).is_dir() for name in self.bases)
             }
         return sorted(set(removed))
 
     def close(self, live: set[str]) -> None:
         """The runner stops: groups of running executions stay (they keep running, E11);
-        the rest goes, and the runner's folders when nothing is left in them."""
+        the rest goes, and the runner's folders when nothing is left in them (in a ``flat``
+        hierarchy, one an earlier version left)."""
         self.sweep(live, keep_ours=False)
         for base in self.bases.values():
             with contextlib.suppress(OSError):
@@ -605,51 +611,10 @@ class CgroupTree:
     def groups(self) -> list[Path]:
         """Every group below the runner's folders (tests, and ``runner show``)."""
         found: list[Path] = []
-        for base in self.bases.values():
-            for workspace in _children(base):
+        for name in self.bases:
+            for _id, workspace in self._workspace_groups(name):
                 found += [workspace, *_children(workspace)]
         return found
-
-
-def _children(folder: Path) -> list[Path]:
-    try:
-        return [p for p in folder.iterdir() if p.is_dir()]
-    except OSError:
-        return []
-
-
-def _remove(folder: Path, mechanism: Mechanism) -> None:
-    """rmdir the group, first ending what is still in it (its pids are this group's only)."""
-    if not folder.is_dir():
-        return
-    started = time.monotonic()
-    deadline = started + REMOVE_WAIT_S
-    killed = False
-    while True:
-        try:
-            folder.rmdir()
-            return
-        except FileNotFoundError:
-            return
-        except OSError as exc:
-            if exc.errno != errno.EBUSY or time.monotonic() > deadline:
-                log.warning("could not remove the cgroup %s: %s", folder, exc)
-                return
-        if not killed and time.monotonic() - started < EXITING_WAIT_S:
-            # Most often the sandbox's init, still exiting: bwrap's monitor ends on its
-            # report, before it has left its groups (docs/benchmarks.md §34).
-            time.sleep(0.001)
-            continue
-        if not killed:
-            killed = True
-            if mechanism == "v2" and (folder / "cgroup.kill").exists():
-                with contextlib.suppress(OSError):
-                    _write(folder / "cgroup.kill", "1")
-            else:
-                for pid in (_read(folder / "cgroup.procs") or "").split():
-                    with contextlib.suppress(OSError, ValueError):
-                        os.kill(int(pid), signal.SIGKILL)
-        time.sleep(0.01)
 
 
 def host_memory_bytes() -> int:
