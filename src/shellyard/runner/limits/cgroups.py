@@ -10,10 +10,7 @@ One module, two backends, one tree::
 - **v1**: one folder per level in each of the ``memory``, ``pids``, ``cpu`` and ``cpuacct``
   hierarchies, each below this process's own group in that hierarchy (never elsewhere); where
   ``cpu`` is mounted apart from ``cpuacct`` an execution joins its workspace's ``cpu`` group
-  (weight and ceiling are the workspace's) and has no ``cpu`` folder of its own. In the
-  ``cpu`` hierarchy the workspace groups sit beside the runner's folder, not in it
-  (``<runner folder>.<workspace id>``, ``flat``): each weighs one process's worth at the
-  host's level while it has something runnable (docs/benchmarks.md §38).
+  (weight and ceiling are the workspace's) and has no ``cpu`` folder of its own.
 
 Limits: memory per execution (``memory.max`` / ``memory.limit_in_bytes``), processes per
 workspace (``pids.max`` on the workspace's group), CPU weight per workspace (every workspace
@@ -192,16 +189,8 @@ class CgroupTree:
     _workspace_lock: threading.Lock = field(default_factory=threading.Lock)
     #: the descriptor that keeps the kernel's ``favordynmods`` on (dynmods.py), or None
     _favor_fd: int | None = None
-    #: v1 hierarchies whose workspace groups sit beside the runner's folder, named
-    #: ``<runner folder>.<workspace id>``, not inside it: the ``cpu`` one (``probe``). A
-    #: workspace group then weighs at the host's level what one process weighs, while it has
-    #: something runnable, and nothing while it sleeps: the kernel does at each moment what
-    #: the runner folder's weight (weight.py) only approximates from the workspaces in use,
-    #: whose sleeping warm sandboxes and ended commands still counted (docs/benchmarks.md §38)
-    flat: frozenset[str] = frozenset()
     #: the runner's folder's own CPU weight at the host's level: one unit per workspace in
-    #: use (weight.py; without it the whole tree weighed as one process, §34); unused (no
-    #: path) where the cpu hierarchy is ``flat``
+    #: use (weight.py; without it the whole tree weighed as one process, §34)
     weight: RunnerWeight = field(init=False)
 
     def __post_init__(self) -> None:
@@ -209,8 +198,7 @@ class CgroupTree:
             path = self.bases[""] / "cpu.weight" if "cpu" in self.controllers else None
             self.weight = RunnerWeight(path, CPU_WEIGHT_V2, MOST_WEIGHT_V2)
         else:
-            weighed = "cpu" in self.bases and "cpu" not in self.flat
-            path = self.bases["cpu"] / "cpu.shares" if weighed else None
+            path = self.bases["cpu"] / "cpu.shares" if "cpu" in self.bases else None
             self.weight = RunnerWeight(path, CPU_SHARES_V1, MOST_SHARES_V1)
 
     # ------------------------------------------------------------------ set-up
@@ -244,15 +232,13 @@ class CgroupTree:
                     else:
                         seen[bases[name]] = name
                 made = {name: folder / tag for name, folder in bases.items()}
-                flat = frozenset({"cpu"} & set(made))
                 try:
-                    for name, folder in made.items():
-                        if name not in flat:  # a flat hierarchy's runner folder is a prefix
-                            folder.mkdir(exist_ok=True)
+                    for folder in made.values():
+                        folder.mkdir(exist_ok=True)
                 except OSError as exc:
                     log.warning("cgroup v1 present but not usable (%s): rlimits apply", exc)
                     return None
-                return cls("v1", made, limits, flat=flat)
+                return cls("v1", made, limits)
         return None
 
     @classmethod
@@ -285,9 +271,7 @@ class CgroupTree:
         return cls("v2", {"": folder}, limits, controllers)
 
     def describe(self) -> str:
-        return ", ".join(
-            f"{p}.*" if name in self.flat else str(p) for name, p in self.bases.items()
-        )
+        return ", ".join(str(p) for p in self.bases.values())
 
     def favor_dynamic_changes(self) -> bool:
         """Joins that wait only for their own process's forks (dynmods.py), held until
@@ -305,30 +289,8 @@ class CgroupTree:
 
     # ------------------------------------------------------------------ per execution
 
-    def workspace_folder(self, name: str, workspace_id: str) -> Path:
-        """The workspace's group in hierarchy ``name`` (beside the runner's folder in a
-        ``flat`` one)."""
-        base = self.bases[name]
-        if name in self.flat:
-            return base.parent / f"{base.name}.{workspace_id}"
-        return base / workspace_id
-
-    def _levels(self, workspace_id: str, *parts: str) -> dict[str, Path]:
-        return {
-            name: self.workspace_folder(name, workspace_id).joinpath(*parts) for name in self.bases
-        }
-
-    def _workspace_groups(self, name: str) -> list[tuple[str, Path]]:
-        """(workspace id, its group) of every workspace group of this runner in ``name``."""
-        base = self.bases[name]
-        if name not in self.flat:
-            return [(folder.name, folder) for folder in _children(base)]
-        prefix = base.name + "."
-        return [
-            (folder.name[len(prefix) :], folder)
-            for folder in _children(base.parent)
-            if folder.name.startswith(prefix)
-        ]
+    def _levels(self, *parts: str) -> dict[str, Path]:
+        return {name: base.joinpath(*parts) for name, base in self.bases.items()}
 
     def _workspace(self, workspace_id: str) -> None:
         """The workspace's group in every hierarchy, with its process limit and CPU share."""
@@ -340,9 +302,8 @@ class CgroupTree:
     def _make_workspace(self, workspace_id: str) -> None:
         if workspace_id in self._workspaces:
             return
-        for name, base in self.bases.items():  # made again if a close took it
-            if name not in self.flat:
-                base.mkdir(exist_ok=True)
+        for base in self.bases.values():  # made again if a close took it
+            base.mkdir(exist_ok=True)
         ceiling = self.limits.cpu_ceiling
         quota = int(ceiling * CFS_PERIOD_US) if ceiling else None
         for name, folder in self._levels(workspace_id).items():
@@ -458,10 +419,9 @@ class CgroupTree:
             else:
                 failcnt = _read(memory / "memory.failcnt")
                 usage.memory_killed = bool(failcnt and failcnt.strip() not in ("", "0"))
-            levels = self._levels(workspace_id, execution_id)
-            accounting = levels.get("cpuacct", levels.get("cpu"))
+            accounting = self.bases.get("cpuacct", self.bases.get("cpu"))
             if accounting is not None:
-                raw = _read(accounting / "cpuacct.usage")
+                raw = _read(accounting / workspace_id / execution_id / "cpuacct.usage")
                 if raw and raw.strip().isdigit():
                     usage.cpu_seconds = int(raw) / 1e9
         usage.processes_hit = self._pids_max_events(workspace_id, execution_id) > 0
@@ -569,11 +529,11 @@ class CgroupTree:
             return started is not None and started.held
 
         removed: list[str] = []
-        for name in self.bases:
-            for workspace_id, workspace in self._workspace_groups(name):
+        for base in self.bases.values():
+            for workspace in _children(base):
                 for execution in _children(workspace):
                     if kept(execution.name):
-                        self._workspaces.add(workspace_id)
+                        self._workspaces.add(workspace.name)
                         continue
                     _remove(execution, self.mechanism)
                     if not execution.name.startswith(READY_PREFIX):
@@ -581,7 +541,7 @@ class CgroupTree:
                 with self._workspace_lock:
                     # One this process made or uses stays (until ``close``): a command may
                     # be about to make its group in it or join it (v1's cpu group).
-                    idle = not keep_ours or workspace_id not in self._workspaces
+                    idle = not keep_ours or workspace.name not in self._workspaces
                     if idle and not _children(workspace):
                         with contextlib.suppress(OSError):
                             workspace.rmdir()
@@ -592,14 +552,13 @@ class CgroupTree:
             self._workspaces = {
                 workspace
                 for workspace in self._workspaces
-                if all(self.workspace_folder(name, workspace).is_dir() for name in self.bases)
+                if all((base / workspace).is_dir() for base in self.bases.values())
             }
         return sorted(set(removed))
 
     def close(self, live: set[str]) -> None:
         """The runner stops: groups of running executions stay (they keep running, E11);
-        the rest goes, and the runner's folders when nothing is left in them (in a ``flat``
-        hierarchy, one an earlier version left)."""
+        the rest goes, and the runner's folders when nothing is left in them."""
         self.sweep(live, keep_ours=False)
         for base in self.bases.values():
             with contextlib.suppress(OSError):
@@ -611,8 +570,8 @@ class CgroupTree:
     def groups(self) -> list[Path]:
         """Every group below the runner's folders (tests, and ``runner show``)."""
         found: list[Path] = []
-        for name in self.bases:
-            for _id, workspace in self._workspace_groups(name):
+        for base in self.bases.values():
+            for workspace in _children(base):
                 found += [workspace, *_children(workspace)]
         return found
 

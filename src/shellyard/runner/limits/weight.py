@@ -11,17 +11,12 @@ command weighs that much, so on a busy host tenants-on starved the sandboxes' ow
 0.59-0.72x as fast as with tenants off, and the control plane spent more CPU per run waiting
 for them (§34).
 
-Where the cpu controller's workspace groups are inside the runner's folder (cgroup v2's one
-tree), the folder weighs one unit per workspace in use: a workspace with groups
+The runner's folder now weighs one unit per workspace in use: a workspace with groups
 started (a command, a warm sandbox, a package tool), at least one unit, at most the
 kernel's maximum. At the host's level each workspace in use then weighs as one process does,
 whatever its process count: a workspace's 8 busy loops no longer get 8 shares, and 16
 workspaces running one command each get what 16 commands got without tenants. The weight is
-written only when the number of workspaces in use changes. That count includes workspaces
-whose sandboxes sleep (a warm one waiting, a command just ended), so it overweighs the tree
-against the control plane's thread: on cgroup v1 the workspace groups of the cpu hierarchy sit
-beside the runner's folder instead (cgroups.py ``flat``), weighed by the kernel as each is
-runnable, and this weight is not used there (docs/benchmarks.md §38).
+written only when the number of workspaces in use changes.
 """
 
 from __future__ import annotations
