@@ -7,7 +7,8 @@ process) over any set of planes, with what decides the ratio measured per comple
 - ``runq``: the time that thread waited on a run queue (``/proc/…/schedstat``), and
   ``preempted``: its involuntary context switches;
 - ``reaper``: CPU of the cgroup removal thread (groups removed and made ahead);
-- ``units``: the runner folder's CPU weight (weight.py) in units, time-averaged per window.
+- ``units``: the runner folder's CPU weight (weight.py) in units, time-averaged per window
+  (``beside``: the last value before it was set aside; its folder holds no workspace).
 
 Planes: ``on`` (tenants as shipped), ``off`` (rlimits, one uid), ``flat`` (the runner's folder
 at the kernel's default weight, before §34), ``fixedN`` (the folder held at N units) and
