@@ -43,15 +43,18 @@ import hashlib
 import logging
 import os
 import queue
-import signal
 import threading
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
 from shellyard import settings_env
 from shellyard.runner.limits import dynmods
+from shellyard.runner.limits.cgroup_files import children as _children
+from shellyard.runner.limits.cgroup_files import keyed as _keyed
+from shellyard.runner.limits.cgroup_files import read as _read
+from shellyard.runner.limits.cgroup_files import remove as _remove
+from shellyard.runner.limits.cgroup_files import write as _write
 from shellyard.runner.limits.weight import RunnerWeight
 from shellyard.runner.protocol import SandboxPolicy
 
@@ -66,10 +69,6 @@ CPU_SHARES_V1 = 1024
 CFS_PERIOD_US = 100_000
 #: The kernel's largest weight: the runner's folder weighs one unit per workspace up to it.
 MOST_SHARES_V1, MOST_WEIGHT_V2 = 262_144, 10_000
-#: How long ``finish`` waits for a group's last processes to go before it gives up on rmdir.
-REMOVE_WAIT_S = 2.0
-#: How long a busy group's processes are given to finish exiting before they are killed.
-EXITING_WAIT_S = 0.01
 #: Empty groups made ahead per workspace for its next cold spawn (``take_ready``).
 READY_PER_WORKSPACE = 1
 #: The prefix of a group made ahead: never an execution's id (``check_id``), so a restart's
@@ -149,40 +148,6 @@ def _folder(mount: tuple[str, str], path: str) -> Path:
     point, root = mount
     relative = path[len(root) :] if root != "/" and path.startswith(root) else path
     return Path(point + "/" + relative.strip("/")) if relative.strip("/") else Path(point)
-
-
-def _read(path: Path) -> str | None:
-    # os.open/os.read, not Path.read_text: a control file is a few bytes, and the text
-    # wrapper's set-up was half the cost of each read at the end of every execution.
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        chunks = [os.read(fd, 65536)]
-        while chunks[-1]:  # to the end: a seq file may return less than it has
-            chunks.append(os.read(fd, 65536))
-        return b"".join(chunks).decode()
-    except (OSError, UnicodeDecodeError):
-        return None
-    finally:
-        os.close(fd)
-
-
-def _keyed(text: str | None, key: str) -> int:
-    for line in (text or "").splitlines():
-        name, _, value = line.partition(" ")
-        if name == key and value.strip().lstrip("-").isdigit():
-            return int(value)
-    return 0
-
-
-def _write(path: Path, value: str) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
-    try:
-        os.write(fd, value.encode())
-    finally:
-        os.close(fd)
 
 
 def runner_tag(root: Path) -> str:
@@ -609,47 +574,6 @@ class CgroupTree:
             for workspace in _children(base):
                 found += [workspace, *_children(workspace)]
         return found
-
-
-def _children(folder: Path) -> list[Path]:
-    try:
-        return [p for p in folder.iterdir() if p.is_dir()]
-    except OSError:
-        return []
-
-
-def _remove(folder: Path, mechanism: Mechanism) -> None:
-    """rmdir the group, first ending what is still in it (its pids are this group's only)."""
-    if not folder.is_dir():
-        return
-    started = time.monotonic()
-    deadline = started + REMOVE_WAIT_S
-    killed = False
-    while True:
-        try:
-            folder.rmdir()
-            return
-        except FileNotFoundError:
-            return
-        except OSError as exc:
-            if exc.errno != errno.EBUSY or time.monotonic() > deadline:
-                log.warning("could not remove the cgroup %s: %s", folder, exc)
-                return
-        if not killed and time.monotonic() - started < EXITING_WAIT_S:
-            # Most often the sandbox's init, still exiting: bwrap's monitor ends on its
-            # report, before it has left its groups (docs/benchmarks.md §34).
-            time.sleep(0.001)
-            continue
-        if not killed:
-            killed = True
-            if mechanism == "v2" and (folder / "cgroup.kill").exists():
-                with contextlib.suppress(OSError):
-                    _write(folder / "cgroup.kill", "1")
-            else:
-                for pid in (_read(folder / "cgroup.procs") or "").split():
-                    with contextlib.suppress(OSError, ValueError):
-                        os.kill(int(pid), signal.SIGKILL)
-        time.sleep(0.01)
 
 
 def host_memory_bytes() -> int:

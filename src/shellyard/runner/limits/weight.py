@@ -22,10 +22,11 @@ written only when the number of workspaces in use changes.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from collections import Counter
 from pathlib import Path
+
+from shellyard.runner.limits.cgroup_files import write
 
 log = logging.getLogger(__name__)
 
@@ -67,11 +68,7 @@ class RunnerWeight:
         if self.path is None or value == self._written or self._failed:
             return
         try:
-            fd = os.open(self.path, os.O_WRONLY | os.O_CLOEXEC)
-            try:
-                os.write(fd, str(value).encode())
-            finally:
-                os.close(fd)
+            write(self.path, str(value))
         except OSError as exc:  # the runner's folder gone (a close) or not ours to weigh
             if not self.path.parent.is_dir():
                 self._written = self.unit  # made again later, at the kernel's default
