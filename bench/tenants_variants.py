@@ -1,4 +1,4 @@
-"""Tenants on/off throughput: where the ratio comes from (R2; docs/benchmarks.md §38, by hand).
+"""Tenants on/off throughput: where the ratio comes from (R2; docs/benchmarks.md §39, by hand).
 
 bench_tenants.py's throughput windows (run_shell(true), 16 agents, alternating windows in one
 process) over any set of planes, with what decides the ratio measured per completed run:
@@ -14,7 +14,7 @@ Planes: ``on`` (tenants as shipped), ``off`` (rlimits, one uid), ``flat`` (the r
 at the kernel's default weight, before §34), ``fixedN`` (the folder held at N units) and
 ``beside`` (v1: each workspace's cpu group directly below this process's own cpu group, the
 folder's weight unused: the kernel weighs each runnable workspace as one process; tried and
-not kept, §38). ``--shares S`` first moves this process into a cpu group of its own with
+not kept, §39). ``--shares S`` first moves this process into a cpu group of its own with
 ``cpu.shares`` S (v1, root), so the bench's tree meets little of the host's other load: a
 stand-in for a quiet machine on a shared one (it takes that much CPU from the others).
 
