@@ -5,6 +5,7 @@ of it stay bounded in memory and give zeros where the holes were."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import tracemalloc
@@ -13,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import Yard
+from shellyard.contract.files import FileReadTextQuery
 from shellyard.runner import holes, workspace_paths
 from shellyard.runner.snapshots import objects
 from shellyard.runner.snapshots.store import SnapshotStore
@@ -147,3 +150,67 @@ def test_copying_a_sparse_object_out_keeps_its_holes(store: SnapshotStore, tmp_p
         assert f.read(len(DATA)) == DATA
         f.seek(APPARENT - len(TAIL))
         assert f.read() == TAIL
+
+
+# ------------------------------------------------------------------ a workspace, end to end
+
+GIB3 = 3 << 30
+
+
+def _blocks_under(root: Path) -> int:
+    """Bytes the files under ``root`` take on disk (the home: stores, workspaces, logs)."""
+    total = 0
+    for folder, _dirs, files in os.walk(root):
+        for name in files:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(folder, name)).st_blocks * 512
+    return total
+
+
+async def test_truncate_3g_in_a_workspace_is_committed_read_and_restored_without_3_gib(
+    yard: Yard,
+) -> None:
+    """R2, W3, W5: ``truncate -s 3G`` (a normal thing in tests) is committed within the
+    default quota (it counts the apparent size), and neither the commit nor a restore writes
+    3 GiB: the home grows by far less than 1 GiB. A read in the hole gives zeros, a streamed
+    read across the hole's end into the data gives both, in bounded memory."""
+    before = _blocks_under(yard.home)
+    started = await yard.run("truncate -s 3G big && printf tail >> big")
+    # its commit hashes 3 GiB (as zeros, no read): longer than run_shell's longest wait here
+    ended = await yard.plane.executions.wait(started.execution_id, 600)
+    assert ended.exit_code == 0, ended
+    made = await yard.run("stat -c '%s %b' big")
+    size, blocks = (int(x) for x in made.stdout.split())
+    assert size == GIB3 + 4 and blocks * 512 < 1 << 20, made.stdout
+    assert _blocks_under(yard.home) - before < 1 << 30
+    files, ws = yard.plane.files, made.workspace_id
+
+    text = await files.read_text(
+        FileReadTextQuery(path="big", workspace_id=ws, offset=1 << 30, limit=4096)
+    )
+    assert (text.size, text.encoding, text.data) == (GIB3 + 4, "utf-8", "\0" * 4096)
+
+    start = GIB3 - (8 << 20)
+    tracemalloc.start()
+    try:
+        stream = await files.open("big", workspace_id=ws, offset=start, length=16 << 20)
+        digest, count = hashlib.sha256(), 0
+        async for chunk in stream.chunks:
+            digest.update(chunk)
+            count += len(chunk)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    expected = hashlib.sha256()
+    holes.hash_zeros(expected, 8 << 20)
+    expected.update(b"tail")
+    assert (count, digest.hexdigest()) == (8 << 20 | 4, expected.hexdigest())
+    assert peak < 32 << 20, f"peak {peak / (1 << 20):.1f} MiB"
+
+    gone = await yard.run("rm big")
+    assert made.snapshot_seq is not None and gone.exit_code == 0
+    await files.restore(made.snapshot_seq, "", workspace_id=ws)
+    back = await yard.run("stat -c '%s %b' big && tail -c 4 big")
+    size, blocks, tail = back.stdout.split()
+    assert (int(size), tail) == (GIB3 + 4, "tail") and int(blocks) * 512 < 1 << 20, back
+    assert _blocks_under(yard.home) - before < 1 << 30
