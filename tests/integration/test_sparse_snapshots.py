@@ -11,12 +11,20 @@ import os
 import tracemalloc
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from env_fixtures import backend_sdist
+from test_attack_pass_41 import _agent
+from test_attack_pass_43 import SPARSE_PREFIX
+from test_env_tool_rights import _create, _install, _put
 
 from conftest import Yard
+from shellyard.contract.executions import RunShellRequest
 from shellyard.contract.files import FileReadTextQuery
+from shellyard.errors import ShellyardError
 from shellyard.runner import holes, workspace_paths
+from shellyard.runner.protocol import SandboxPolicy
 from shellyard.runner.snapshots import objects
 from shellyard.runner.snapshots.store import SnapshotStore
 
@@ -214,3 +222,35 @@ async def test_truncate_3g_in_a_workspace_is_committed_read_and_restored_without
     size, blocks, tail = back.stdout.split()
     assert (int(size), tail) == (GIB3 + 4, "tail") and int(blocks) * 512 < 1 << 20, back
     assert _blocks_under(yard.home) - before < 1 << 30
+
+
+async def test_a_build_cannot_leave_a_file_past_the_file_size_limit(yard_factory: Any) -> None:
+    """R2 (docs/limits.md "Sparse files"): a build's prefix has no quota, and its commit
+    hashes a sparse file's holes, so package tools run under the commands' file-size limit
+    (RLIMIT_FSIZE, ``max_file_size_bytes``): a backend's ``truncate`` past it fails (EFBIG),
+    the change with it, and the prefix holds no such file."""
+    yard = await yard_factory(SandboxPolicy(max_file_size_bytes=1 << 30))
+    agent = await _agent(yard)
+    environment_id = await _create(yard, agent, "fsize")
+    prefix = yard.home / "home" / "runners" / "local" / "environments" / environment_id
+    body = SPARSE_PREFIX.format(prefix=str(prefix / "prefix"), size=2 << 30)
+    sdist = backend_sdist("sy-fsize", "1.0", body)
+    await _put(yard, agent, {"dist/sy_fsize-1.0.tar.gz": sdist}, {})
+    try:
+        change = await _install(
+            yard, agent, environment_id, manager="pip", specs=["sy-fsize"], index_url="none",
+            find_links=["/workspace/dist"],
+        )  # fmt: skip
+        said = str(change)
+    except ShellyardError as exc:
+        said = exc.message
+    assert "File too large" in said, said
+    listed = await yard.plane.executions.run_shell(
+        RunShellRequest(
+            command="find / -xdev -name sy_zeros.bin 2>/dev/null | wc -l",
+            environment_id=environment_id,
+            wait_ms=30_000,
+        ),
+        agent,
+    )
+    assert str(listed.stdout).strip() == "0", listed

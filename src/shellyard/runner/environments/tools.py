@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import resource
 import shutil
 import signal
 import stat
@@ -243,8 +244,15 @@ class SandboxedTools:
             # R2 tenants: a build backend is the agent's code: its processes count against
             # the workspace's limits from the tool's first instruction (the launcher joins).
             group, joins = self.groups.start()
+            # the commands' file-size limit: what a build leaves is committed and a sparse
+            # file's holes are hashed, so its apparent size is bounded too (docs/limits.md)
+            size = box.policy.max_file_size_bytes
             front = launch.prefix(
-                box.launcher, network=None, ids=tool_ids(box), limits=(), cgroups=joins
+                box.launcher,
+                network=None,
+                ids=tool_ids(box),
+                limits=(launch.Limit(resource.RLIMIT_FSIZE, size, size),),
+                cgroups=joins,
             )
             command = sandbox.tool_argv(
                 bwrap=box.bwrap,
