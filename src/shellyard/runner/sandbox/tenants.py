@@ -27,8 +27,8 @@ from shellyard.runner.policy import SandboxPolicy
 
 log = logging.getLogger(__name__)
 
-#: 1,000 uids above the shared sandbox uid (61000, sandbox.py) and below the 65534 of
-#: ``nobody``; free on the hosts we know (no account, not in /etc/subuid).
+#: 1,000 uids above the shared sandbox uid (61000, sandbox.py) and the bases' owner (60999),
+#: below the 65534 of ``nobody``; free on the hosts we know (no account, not in /etc/subuid).
 DEFAULT_RANGE = (61001, 61999)
 #: The owner of the base environments' files (python-base, r-base): a uid nothing runs as,
 #: just below the shared sandbox uid, never given to a workspace (even by a range that holds
