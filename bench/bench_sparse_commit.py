@@ -9,7 +9,7 @@ writer) and ``sparse`` (one file of --sparse-gib GiB with a MiB of data at its e
 
     python bench/bench_sparse_commit.py --baseline-src /work/main/src [--rounds 5]
         [--files 10000 --total-mb 40] [--big-files 200 --big-mb 400] [--sparse-gib 1]
-        [--out results.json]
+        [--trees small,big,sparse] [--out results.json]
 """
 
 from __future__ import annotations
@@ -80,6 +80,7 @@ def main() -> None:
     parser.add_argument("--big-files", type=int, default=200)
     parser.add_argument("--big-mb", type=float, default=400.0)
     parser.add_argument("--sparse-gib", type=float, default=1.0)
+    parser.add_argument("--trees", default="small,big,sparse", help="which trees, by name")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
 
@@ -99,6 +100,8 @@ def main() -> None:
         make_sparse(trees["sparse"], args.sparse_gib)
         sides = {"baseline": args.baseline_src, "this": THIS_SRC}
         for name, tree in trees.items():
+            if name not in args.trees.split(","):
+                continue
             runs: dict[str, list[dict[str, Any]]] = {"baseline": [], "this": []}
             for r in range(args.rounds):
                 order = ["baseline", "this"] if r % 2 == 0 else ["this", "baseline"]

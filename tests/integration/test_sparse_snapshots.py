@@ -23,7 +23,7 @@ from conftest import Yard
 from shellyard.contract.executions import RunShellRequest
 from shellyard.contract.files import FileReadTextQuery
 from shellyard.errors import ShellyardError
-from shellyard.runner import holes, workspace_paths
+from shellyard.runner import workspace_paths
 from shellyard.runner.protocol import SandboxPolicy
 from shellyard.runner.snapshots import objects
 from shellyard.runner.snapshots.store import SnapshotStore
@@ -52,12 +52,12 @@ def _sparse(path: Path) -> str:
         f.seek(APPARENT - len(TAIL))
         f.write(TAIL)
     st = path.stat()
-    if not holes.has_holes(st):
+    if not workspace_paths.has_holes(st):
         pytest.skip(f"the file system under {path} keeps no holes (needed to test them)")
     digest = hashlib.sha256()
-    holes.hash_zeros(digest, DATA_AT)
+    workspace_paths.hash_zeros(digest, DATA_AT)
     digest.update(DATA)
-    holes.hash_zeros(digest, APPARENT - len(TAIL) - DATA_AT - len(DATA))
+    workspace_paths.hash_zeros(digest, APPARENT - len(TAIL) - DATA_AT - len(DATA))
     digest.update(TAIL)
     return digest.hexdigest()
 
@@ -104,7 +104,7 @@ def test_a_file_that_ends_in_a_hole_keeps_its_size(store: SnapshotStore, tmp_pat
     store.commit(WS, tree)
     entry = store.stat(WS, None, "empty-but-long")
     zeros = hashlib.sha256()
-    holes.hash_zeros(zeros, APPARENT)
+    workspace_paths.hash_zeros(zeros, APPARENT)
     assert entry is not None and entry.sha256 == zeros.hexdigest()
     stored = store.blobs.object_path(zeros.hexdigest())
     assert (os.stat(stored).st_size, _on_disk(stored)) == (APPARENT, 0)
@@ -210,7 +210,7 @@ async def test_truncate_3g_in_a_workspace_is_committed_read_and_restored_without
     finally:
         tracemalloc.stop()
     expected = hashlib.sha256()
-    holes.hash_zeros(expected, 8 << 20)
+    workspace_paths.hash_zeros(expected, 8 << 20)
     expected.update(b"tail")
     assert (count, digest.hexdigest()) == (8 << 20 | 4, expected.hexdigest())
     assert peak < 32 << 20, f"peak {peak / (1 << 20):.1f} MiB"

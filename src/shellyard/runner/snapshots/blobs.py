@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from shellyard.errors import InvalidInput, NotFound
-from shellyard.runner import holes
+from shellyard.runner import workspace_paths
 from shellyard.runner.snapshots.format import O_CLOEXEC, write_all
 from shellyard.runner.snapshots.scan import OPEN_FILE, VANISHED
 
@@ -142,14 +142,14 @@ class ObjectStore:
         self, fd: int, head: bytes, st: os.stat_result
     ) -> tuple[bytes, int, os.stat_result]:
         """Copy a big file into a temp object while hashing it, in bounded memory. Its holes
-        are hashed as zeros but not written: the object keeps them (runner/holes.py), so a
-        sparse file takes the store no more room than it takes the workspace (R2)."""
+        are hashed as zeros but not written: the object keeps them (workspace_paths, "files
+        with holes"), so a sparse file takes the store no more room than the workspace (R2)."""
         hasher = hashlib.sha256(head)
         tmp, out = self.new_tmp()
         try:
             try:
                 write_all(out, head)
-                size = holes.copy_hashing(fd, out, len(head), hasher)
+                size = workspace_paths.copy_hashing(fd, out, len(head), hasher)
             finally:
                 os.close(out)
             digest = hasher.digest()

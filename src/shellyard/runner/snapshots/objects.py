@@ -36,7 +36,7 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
-from shellyard.runner import holes
+from shellyard.runner import workspace_paths
 from shellyard.runner.protocol import GcResult, ObjectResult
 from shellyard.runner.snapshots.store import SnapshotStore, locked_at_once
 
@@ -247,9 +247,9 @@ class PackImporter:
             return
         try:
             # zeros (a sparse file's holes) are left holes: the object takes the room its
-            # source file took, not its apparent size (runner/holes.py, R2)
-            if not holes.is_zeros(data):
-                holes.pwrite_all(self._fd, data, self._written)
+            # source file took, not its apparent size (workspace_paths, "files with holes"; R2)
+            if not workspace_paths.is_zeros(data):
+                workspace_paths.pwrite_all(self._fd, data, self._written)
             self._written += len(data)
         except OSError as exc:
             self._fail(exc)
