@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import test_base_environment
+from test_attack_pass_43 import _as_nobody
 
 from shellyard.runner.environments import bases
 
@@ -30,12 +31,6 @@ POISON = (
     "fd = os.open('target', os.O_WRONLY | os.O_APPEND, dir_fd=FD)\n"
     "os.write(fd, b'POISONED = True\\n')\n"
 )
-
-
-def _as_nobody() -> None:
-    os.setgroups([])
-    os.setgid(NOBODY)
-    os.setuid(NOBODY)
 
 
 def _poison_as_nobody(target: Path) -> subprocess.CompletedProcess[str]:
