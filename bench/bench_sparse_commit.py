@@ -2,10 +2,11 @@
 tree (another checkout's ``src``), in the same run, alternating which goes first.
 
 Each measurement is a fresh process (so the two ``shellyard`` packages never mix) that commits
-the same tree into a fresh store and reports the commit's wall time and the blocks the store
-took. Trees: ``small`` (--files files, about --total-mb MB, bench_snapshots.make_tree),
-``big`` (--big-files files of about --big-mb MB in total: most go through the streaming
-writer) and ``sparse`` (one file of --sparse-gib GiB with a MiB of data at its end).
+the same tree into a fresh store and reports the commit's wall time, its CPU time (the
+process's threads and its scan helper: steadier than wall time on a loaded machine) and the
+blocks the store took. Trees: ``small`` (--files files, about --total-mb MB,
+bench_snapshots.make_tree), ``big`` (--big-files files of about --big-mb MB in total: most
+go through the streaming writer) and ``sparse`` (one file of --sparse-gib GiB with a MiB of data at its end).
 
     python bench/bench_sparse_commit.py --baseline-src /work/main/src [--rounds 5]
         [--files 10000 --total-mb 40] [--big-files 200 --big-mb 400] [--sparse-gib 1]
@@ -17,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -35,15 +37,32 @@ def child(tree: Path, store_root: Path) -> None:
 
     store = SnapshotStore(store_root)
     os.sync()
-    start = time.perf_counter()
+
+    def cpu() -> float:
+        own, helper = (
+            resource.getrusage(resource.RUSAGE_SELF),
+            resource.getrusage(resource.RUSAGE_CHILDREN),
+        )
+        return own.ru_utime + own.ru_stime + helper.ru_utime + helper.ru_stime
+
+    start, cpu_start = time.perf_counter(), cpu()
     store.commit("ws", tree)
     elapsed = time.perf_counter() - start
-    store.close()
+    store.close()  # the scan helper ends: its CPU time counts (RUSAGE_CHILDREN)
+    cpu_used = cpu() - cpu_start
     blocks = 0
     for folder, _dirs, files in os.walk(store_root / "objects"):
         for name in files:
             blocks += os.lstat(os.path.join(folder, name)).st_blocks * 512
-    print(json.dumps({"ms": round(elapsed * 1000, 2), "store_bytes": blocks}))
+    print(
+        json.dumps(
+            {
+                "ms": round(elapsed * 1000, 2),
+                "cpu_ms": round(cpu_used * 1000, 2),
+                "store_bytes": blocks,
+            }
+        )
+    )
 
 
 def measure(src: Path, tree: Path, work: Path) -> dict[str, Any]:
@@ -108,10 +127,14 @@ def main() -> None:
                 for side in order:
                     runs[side].append(measure(sides[side], tree, work))
             medians = {side: statistics.median(x["ms"] for x in runs[side]) for side in runs}
+            cpu = {side: statistics.median(x["cpu_ms"] for x in runs[side]) for side in runs}
             results[name] = {
                 "baseline_ms": medians["baseline"],
                 "this_ms": medians["this"],
                 "ratio": round(medians["this"] / medians["baseline"], 3),
+                "baseline_cpu_ms": cpu["baseline"],
+                "this_cpu_ms": cpu["this"],
+                "cpu_ratio": round(cpu["this"] / cpu["baseline"], 3),
                 "baseline_store_bytes": runs["baseline"][0]["store_bytes"],
                 "this_store_bytes": runs["this"][0]["store_bytes"],
                 "baseline_all_ms": [x["ms"] for x in runs["baseline"]],
