@@ -6,7 +6,8 @@ the same tree into a fresh store and reports the commit's wall time, its CPU tim
 process's threads and its scan helper: steadier than wall time on a loaded machine) and the
 blocks the store took. Trees: ``small`` (--files files, about --total-mb MB,
 bench_snapshots.make_tree), ``big`` (--big-files files of about --big-mb MB in total: most
-go through the streaming writer) and ``sparse`` (one file of --sparse-gib GiB with a MiB of data at its end).
+go through the streaming writer) and ``sparse`` (one file of --sparse-gib GiB with a MiB of
+data at its end).
 
     python bench/bench_sparse_commit.py --baseline-src /work/main/src [--rounds 5]
         [--files 10000 --total-mb 40] [--big-files 200 --big-mb 400] [--sparse-gib 1]
