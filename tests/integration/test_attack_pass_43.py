@@ -558,12 +558,6 @@ SPARSE_PREFIX = """
 """
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="open (docs/security.md, Attack pass (session 43)): the prefix's commit after a "
-    "change (and a rollback's, which commits what the change left first) stores a sparse "
-    "file's apparent size: 3 GiB written for a file of no block, outside the reserve",
-)
 async def test_a_sparse_file_a_build_leaves_does_not_fill_the_snapshot_store(
     yard: Yard,
 ) -> None:

@@ -59,3 +59,15 @@ def test_chown_tree_follows_no_link(tmp_path: Path) -> None:
     assert (tree / "sub" / "f").stat().st_uid == 62999
     assert os.lstat(tree / "link").st_uid == 62999
     assert outside.stat().st_uid == 0
+
+
+def test_the_bases_owner_is_never_a_workspaces_uid(tmp_path: Path) -> None:
+    """The bases' files belong to ``BASES_UID`` so that nothing running can change them
+    (docs/security.md, "The bases' owner"): a range that holds it never gives it, even full,
+    and no account of this host has it."""
+    owner = tenants.BASES_UID
+    assert owner not in range(tenants.DEFAULT_RANGE[0], tenants.DEFAULT_RANGE[1] + 1)
+    assert not tenants.held_by_host(owner, tenants.subordinate_ranges())
+    uids = tenants.UidMap(tmp_path / "uids.json", owner, owner + 1)
+    given = {uids.uid(f"ws_{i}") for i in range(4)}  # the range is full after the first
+    assert owner not in given and given == {owner + 1}

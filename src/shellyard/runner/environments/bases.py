@@ -46,7 +46,8 @@ from shellyard.runner.environments.operator_tools import (
     sandboxed_build,
 )
 from shellyard.runner.environments.seen import prefix_variables
-from shellyard.runner.environments.tools import BASE_OWNER
+from shellyard.runner.environments.tools import BASE_OWNER, LEGACY_BASE_OWNER
+from shellyard.runner.sandbox import tenants
 from shellyard.runner.sandbox.bwrap import BASE_PYTHON, BASE_R, Mount
 
 PYTHON_BASE = "python-base"
@@ -171,8 +172,10 @@ async def prepare(
             raise InvalidInput(f"--find-links {folder}: give the absolute path of a folder")
     check_reachable(list(find_links))
     root = root or bases_root()
+    _check_owner()
     _make_traversable(root)
     with _locked(root / f"{name}.lock"):
+        _reown_legacy(root / name)
         existing = current(name, root)
         if existing is not None and not upgrade:
             return existing, False
@@ -295,10 +298,10 @@ def _locked(path: Path) -> Iterator[None]:
 def _make_traversable(root: Path) -> None:
     """The sandbox uids bind the prefix, so they must walk to it. On a root runner the
     bases root is 0750 and the sandbox group's (every workspace uid and the tools' have it):
-    a base's files belong to ``BASE_OWNER`` (nobody), who could chmod and rewrite them, and
-    with them every environment made ``--from`` the base, so no other local user may reach
-    them (docs/security.md, "Attack pass (session 43)"). Otherwise 0755 (the bases are
-    public packages)."""
+    a base's files belong to ``BASE_OWNER``, whom nothing runs as, and are read-only; the
+    closed root is a second wall: no other local user reaches them (docs/security.md,
+    "Attack pass (session 43)", "The bases' owner"). Otherwise 0755 (the bases are public
+    packages)."""
     root.mkdir(parents=True, exist_ok=True)
     group = sandbox_group()
     if group is None:
@@ -307,6 +310,33 @@ def _make_traversable(root: Path) -> None:
         os.chown(root, 0, group)
         root.chmod(0o750)
     (root / "cache").mkdir(mode=0o700, exist_ok=True)
+
+
+def _check_owner() -> None:
+    """On a root runner, refuse to seal bases for a uid this host gives to someone."""
+    if os.geteuid() == 0 and tenants.held_by_host(BASE_OWNER, tenants.subordinate_ranges()):
+        raise ShellyardError(
+            f"uid {BASE_OWNER}, which owns the base environments' files so that nothing running "
+            f"can change them, belongs to an account of this host (or to /etc/subuid or "
+            f"/etc/subgid): give that account another uid, then run `shellyard env prepare` again"
+        )
+
+
+def _reown_legacy(folder: Path) -> None:
+    """Files of revisions sealed before for ``nobody`` (65534), who any local process
+    running as nobody could be, go to ``BASE_OWNER`` (a walk that follows no link; derived
+    environments share these inodes, so they follow)."""
+    if os.geteuid() != 0 or not folder.is_dir():
+        return
+    folders = [str(prefix) for prefix in folder.glob("*/prefix") if not prefix.is_symlink()]
+    while folders:
+        with os.scandir(folders.pop()) as entries:
+            for entry in entries:
+                st = entry.stat(follow_symlinks=False)
+                if stat.S_ISDIR(st.st_mode):
+                    folders.append(entry.path)
+                elif stat.S_ISREG(st.st_mode) and st.st_uid == LEGACY_BASE_OWNER:
+                    os.lchown(entry.path, BASE_OWNER, 0)
 
 
 def _make_read_only(top: Path) -> None:
@@ -324,7 +354,7 @@ def _make_read_only(top: Path) -> None:
                     folders.append(entry.path)
                 elif stat.S_ISREG(mode):
                     if owner:
-                        os.lchown(entry.path, BASE_OWNER, BASE_OWNER)
+                        os.lchown(entry.path, BASE_OWNER, 0)
                     os.chmod(entry.path, 0o555 if mode & stat.S_IXUSR else 0o444)
                 elif owner:
                     os.lchown(entry.path, 0, 0)  # a link, or what a build left: never followed

@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import resource
 import shutil
 import signal
 import stat
@@ -37,16 +38,20 @@ from shellyard.runner.limits import reserve
 from shellyard.runner.limits.settings import format_size
 from shellyard.runner.policy import NetworkMode
 from shellyard.runner.sandbox import bwrap as sandbox
-from shellyard.runner.sandbox import launch
+from shellyard.runner.sandbox import launch, tenants
 from shellyard.runner.sandbox.spawn import Sandboxes
 from shellyard.runner.sandbox.tool_groups import ToolGroups
 
 log = logging.getLogger(__name__)
 
-#: On a root runner a finished base's files belong to this uid/gid (nobody), not to the
+#: On a root runner a finished base's files belong to this uid (group root), not to the
 #: sandbox uid the package tools run as, so no tool can write or chmod a base file that an
-#: environment made ``--from`` the base shares by hard link (runner/environments/derive.py).
-BASE_OWNER = 65534
+#: environment made ``--from`` the base shares by hard link (runner/environments/derive.py);
+#: nothing runs as it, so no local process can either (docs/security.md, "The bases' owner").
+BASE_OWNER = tenants.BASES_UID
+#: The owner of bases sealed before (nobody): re-owned by the next ``env prepare``, and
+#: until then still a base's file to ``give_to_tools``.
+LEGACY_BASE_OWNER = 65534
 #: How much of a tool's output the manager sees (its whole output is in the log file).
 TAIL_BYTES = 4096
 #: How often a running tool's volume is held to the free-space reserve (a ``statvfs``).
@@ -121,7 +126,7 @@ def give_to_tools(path: Path, ids: tuple[int, int] | None) -> None:
     uid, gid = ids
 
     def own(entry: str | Path, st: os.stat_result) -> None:
-        if (st.st_uid, st.st_gid) == (uid, gid) or st.st_uid == BASE_OWNER:
+        if (st.st_uid, st.st_gid) == (uid, gid) or st.st_uid in (BASE_OWNER, LEGACY_BASE_OWNER):
             return
         if st.st_nlink > 1 and not stat.S_ISDIR(st.st_mode):
             # a hard link the tools could not have made to a file not theirs: it may be a
@@ -239,8 +244,15 @@ class SandboxedTools:
             # R2 tenants: a build backend is the agent's code: its processes count against
             # the workspace's limits from the tool's first instruction (the launcher joins).
             group, joins = self.groups.start()
+            # the commands' file-size limit: what a build leaves is committed and a sparse
+            # file's holes are hashed, so its apparent size is bounded too (docs/limits.md)
+            size = box.policy.max_file_size_bytes
             front = launch.prefix(
-                box.launcher, network=None, ids=tool_ids(box), limits=(), cgroups=joins
+                box.launcher,
+                network=None,
+                ids=tool_ids(box),
+                limits=(launch.Limit(resource.RLIMIT_FSIZE, size, size),),
+                cgroups=joins,
             )
             command = sandbox.tool_argv(
                 bwrap=box.bwrap,

@@ -27,9 +27,14 @@ from shellyard.runner.policy import SandboxPolicy
 
 log = logging.getLogger(__name__)
 
-#: 1,000 uids above the shared sandbox uid (61000, sandbox.py) and below the 65534 of
-#: ``nobody``; free on the hosts we know (no account, not in /etc/subuid).
+#: 1,000 uids above the shared sandbox uid (61000, sandbox.py) and the bases' owner (60999),
+#: below the 65534 of ``nobody``; free on the hosts we know (no account, not in /etc/subuid).
 DEFAULT_RANGE = (61001, 61999)
+#: The owner of the base environments' files (python-base, r-base): a uid nothing runs as,
+#: just below the shared sandbox uid, never given to a workspace (even by a range that holds
+#: it), so no sandbox, package tool or local process can chmod or rewrite a base file
+#: (docs/security.md, "The bases' owner").
+BASES_UID = 60999
 
 
 def parse_range(raw: str | None) -> tuple[int, int] | None:
@@ -56,7 +61,7 @@ def range_of(policy: SandboxPolicy) -> tuple[int, int] | None:
     return parse_range(policy.uid_range)
 
 
-def _subordinate() -> list[tuple[int, int]]:
+def subordinate_ranges() -> list[tuple[int, int]]:
     """The ranges /etc/subuid and /etc/subgid hand to users' namespaces (start, count)."""
     found: list[tuple[int, int]] = []
     for name in ("/etc/subuid", "/etc/subgid"):
@@ -69,6 +74,12 @@ def _subordinate() -> list[tuple[int, int]]:
 
 
 def in_use(uid: int, subordinate: list[tuple[int, int]]) -> bool:
+    """Not for a workspace: an account's, a subordinate range's, or the bases' owner."""
+    return uid == BASES_UID or held_by_host(uid, subordinate)
+
+
+def held_by_host(uid: int, subordinate: list[tuple[int, int]]) -> bool:
+    """An account of this host has ``uid``, or /etc/subuid or /etc/subgid hands it out."""
     try:
         pwd.getpwuid(uid)
         return True
@@ -115,7 +126,7 @@ class UidMap:
             if workspace_id in mapping:
                 return mapping[workspace_id]
             taken = set(mapping.values())
-            subordinate = _subordinate()
+            subordinate = subordinate_ranges()
             free = [
                 uid
                 for uid in range(self.first, self.last + 1)

@@ -20,12 +20,12 @@ from pathlib import Path
 from typing import BinaryIO
 
 from shellyard.errors import InvalidInput, NotFound
+from shellyard.runner import workspace_paths
 from shellyard.runner.snapshots.format import O_CLOEXEC, write_all
 from shellyard.runner.snapshots.scan import OPEN_FILE, VANISHED
 
 #: Files smaller than this are read with one read(); larger ones are streamed in chunks.
 _SMALL_FILE = 1 << 20
-_STREAM_CHUNK = 1 << 20
 OPEN_TMP = os.O_WRONLY | os.O_CREAT | os.O_EXCL | O_CLOEXEC
 _SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 
@@ -141,23 +141,15 @@ class ObjectStore:
     def _put_stream(
         self, fd: int, head: bytes, st: os.stat_result
     ) -> tuple[bytes, int, os.stat_result]:
-        """Copy a big file into a temp object while hashing it, in bounded memory."""
+        """Copy a big file into a temp object while hashing it, in bounded memory. Its holes
+        are hashed as zeros but not written: the object keeps them (workspace_paths, "files
+        with holes"), so a sparse file takes the store no more room than the workspace (R2)."""
         hasher = hashlib.sha256(head)
         tmp, out = self.new_tmp()
         try:
             try:
                 write_all(out, head)
-                size = len(head)
-                buf = bytearray(_STREAM_CHUNK)
-                view = memoryview(buf)
-                while True:
-                    n = os.readv(fd, [buf])
-                    if n == 0:
-                        break
-                    chunk = view[:n]
-                    hasher.update(chunk)
-                    write_all(out, chunk)
-                    size += n
+                size = workspace_paths.copy_hashing(fd, out, len(head), hasher)
             finally:
                 os.close(out)
             digest = hasher.digest()

@@ -36,6 +36,7 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
+from shellyard.runner import workspace_paths
 from shellyard.runner.protocol import GcResult, ObjectResult
 from shellyard.runner.snapshots.store import SnapshotStore, locked_at_once
 
@@ -179,6 +180,7 @@ class PackImporter:
         self._hasher: hashlib._Hash | None = None
         self._tmp: str | None = None
         self._fd: int | None = None
+        self._written = 0  # bytes of this object placed in its temp so far (holes too)
         self._error: str | None = None
 
     def feed(self, chunk: bytes) -> None:
@@ -230,6 +232,7 @@ class PackImporter:
         self._hasher = hashlib.sha256()
         self._error = None
         self._tmp, self._fd = None, None
+        self._written = 0
         if os.path.exists(object_path(self._store, digest.hex())):
             return  # already here: the bytes are only hashed (and checked), not stored
         try:
@@ -243,8 +246,11 @@ class PackImporter:
         if self._fd is None or self._error is not None:
             return
         try:
-            while data:
-                data = data[os.write(self._fd, data) :]
+            # zeros (a sparse file's holes) are left holes: the object takes the room its
+            # source file took, not its apparent size (workspace_paths, "files with holes"; R2)
+            if not workspace_paths.is_zeros(data):
+                workspace_paths.pwrite_all(self._fd, data, self._written)
+            self._written += len(data)
         except OSError as exc:
             self._fail(exc)
 
@@ -285,6 +291,7 @@ class PackImporter:
         else:
             final = object_path(self._store, sha)
             if self._fd is not None:
+                os.ftruncate(self._fd, self._size)  # a hole at its end is a size
                 os.close(self._fd)
                 self._fd = None
                 assert self._tmp is not None
