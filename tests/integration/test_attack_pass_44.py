@@ -1,0 +1,208 @@
+"""Attack pass of session 44 (second engineer): the agent-privileges findings re-proved where
+their tests could not fail for the reason they name, and new attempts on the doors around the
+sandbox (R2, V1–V4, N4; docs/security.md "Attack pass (session 44)").
+
+As the holder of one session's agent token (a second session made through the admin API; the
+in-process ControlPlane's agent-scoped calls, the code REST, MCP and the SDK reach), on real
+bubblewrap sandboxes, uv and a real ``shellyard serve`` on the local runner (root)."""
+
+from __future__ import annotations
+
+import http.server
+import os
+import shutil
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from env_fixtures import backend_sdist
+from test_attack_pass_41 import _agent, _run
+from test_env_tool_rights import _create, _import, _install, _put
+from test_home_files import probe
+from test_webhook_policy import _second_session_agent
+
+from conftest import Yard, stop_server
+from shellyard.home import read_info
+from shellyard.sdk.client import Client
+
+pytestmark = [pytest.mark.timeout(300), pytest.mark.runner_kinds("local")]
+
+NOBODY = 65534
+
+
+@pytest.fixture
+def visible_canary() -> Iterator[Path]:
+    """A root-only (0600) file in a world-searchable folder under /usr, which every package
+    tool's host view shows (``bwrap.SYSTEM_ROOTS``): only the tool's uid keeps it from a build.
+    The canary of test_env_tool_rights lives under /tmp, which the view hides whatever the uid."""
+    folder = Path("/usr/local/share") / f"sy-attack44-{uuid.uuid4().hex[:8]}"
+    folder.mkdir(mode=0o755, parents=True)
+    canary = folder / "canary"
+    canary.write_text("visible-root-only-canary-44")
+    canary.chmod(0o600)
+    try:
+        yield canary
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+async def test_a_build_cannot_read_a_root_only_file_its_host_view_shows(
+    yard: Yard, visible_canary: Path
+) -> None:
+    """R2, V2 (docs/environments.md "Package tools run as the sandbox uid"): a second
+    session's sdist backend reads a 0600 root file that its sandbox does show; it gets EACCES,
+    and the shadow file is empty (covered). Run as uid 0 (``tool_ids`` returning None) it read
+    the canary."""
+    agent = await _agent(yard)
+    environment_id = await _create(yard, agent, "canary")
+    body = f"""
+    RESULT = {{"uid": os.getuid(), "seen": os.path.exists({str(visible_canary)!r})}}
+    try:
+        with open({str(visible_canary)!r}) as f:
+            RESULT["read"] = f.read()
+    except OSError as exc:
+        RESULT["read"] = "error: " + type(exc).__name__
+    """
+    sdist = backend_sdist("sy-canary", "1.0", body)
+    await _put(yard, agent, {"dist/sy_canary-1.0.tar.gz": sdist}, {})
+    change = await _install(
+        yard, agent, environment_id, manager="pip", specs=["sy-canary"], index_url="none",
+        find_links=["/workspace/dist"],
+    )  # fmt: skip
+    assert change.state == "succeeded", change
+    seen = await _import(yard, agent, environment_id, "sy_canary")
+    assert seen["seen"], seen  # the view shows it: the uid alone must hold
+    assert seen["read"] == "error: PermissionError", seen
+    assert seen["uid"] != 0, seen
+
+
+class _Recorder(http.server.BaseHTTPRequestHandler):
+    """Counts what reaches it; answers ``redirect`` (a Location) or 204."""
+
+    hits: list[str]
+    redirect: str | None
+
+    def _answer(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        self.rfile.read(length)
+        self.hits.append(f"{self.command} {self.path}")
+        if self.redirect is not None:
+            self.send_response(307)
+            self.send_header("Location", self.redirect)
+        else:
+            self.send_response(204)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    do_GET = do_POST = _answer
+
+    def log_message(self, format: str, *args: object) -> None:
+        """Quiet."""
+
+
+def _listen(redirect: str | None) -> tuple[http.server.HTTPServer, list[str]]:
+    hits: list[str] = []
+    handler = type("Handler", (_Recorder,), {"hits": hits, "redirect": redirect})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, hits
+
+
+def test_a_webhook_receiver_redirecting_to_host_loopback_is_not_followed(
+    served_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """N4, R6: the operator allows one receiver (an exact host:port exception); it answers
+    every delivery with a 307 to another port of the host's loopback, which no exception
+    names. A real wake is delivered to the receiver and nothing reaches the other port: the
+    control plane follows no redirect (it would carry the signed body past the policy)."""
+    target, target_hits = _listen(None)
+    receiver, receiver_hits = _listen(f"http://127.0.0.1:{target.server_port}/stolen")
+    try:
+        monkeypatch.setenv("SHELLYARD_WEBHOOK_EXCEPTIONS", f"127.0.0.1:{receiver.server_port}")
+        session_id, _agent_id, token = _second_session_agent(served_home)
+        stop_server(served_home)
+        Client.for_home(served_home)  # started again, with the exception
+        info = read_info(served_home)
+        assert info is not None
+        bearer = {"Authorization": f"Bearer {token}"}
+        with httpx.Client(base_url=info.url, headers=bearer, timeout=60) as agent:
+            url = f"http://127.0.0.1:{receiver.server_port}/hook"
+            made = agent.post("/v1/webhooks", json={"url": url})
+            assert made.status_code == 200, made.text
+            refused = agent.post(
+                "/v1/webhooks", json={"url": f"http://127.0.0.1:{target.server_port}/"}
+            )
+            assert refused.status_code == 400, refused.text  # the target itself is refused
+            ran = agent.post("/v1/executions", json={"command": "true", "background": True})
+            assert ran.status_code == 200, ran.text
+            deadline = time.monotonic() + 90
+            while len(receiver_hits) < 2 and not target_hits:  # a retry, or the redirect taken
+                assert time.monotonic() < deadline, receiver_hits
+                time.sleep(0.3)
+            wakes = agent.get(f"/v1/sessions/{session_id}/wakes").json()
+            deliveries = agent.get(f"/v1/wakes/{wakes[0]['wake_id']}/deliveries").json()
+        assert [d["state"] for d in deliveries] != ["delivered"], deliveries
+        assert receiver_hits and receiver_hits[0].startswith("POST /hook"), receiver_hits
+        assert target_hits == [], target_hits
+    finally:
+        for server in (receiver, target):
+            server.shutdown()
+            server.server_close()
+
+
+def _world_reachable(home: Path) -> list[str]:
+    """Regular files and folders below ``home`` that a user with no name in an ACL (others)
+    could read or list: every folder on the way searchable by others, the entry readable.
+    The home itself is taken as passable (it is 0700, so this asks what the layer below
+    it would give away if the home's mode were ever widened, as older releases did)."""
+    found = []
+    stack = [home]
+    while stack:
+        folder = stack.pop()
+        mode = folder.lstat().st_mode
+        if folder != home and not mode & 0o001:  # others cannot pass: nothing below is theirs
+            continue
+        if mode & 0o004:
+            found.append(f"list {oct(mode & 0o777)} {folder.relative_to(home)}")
+        with os.scandir(folder) as entries:
+            for entry in entries:
+                info = entry.stat(follow_symlinks=False)
+                if entry.is_dir(follow_symlinks=False):
+                    stack.append(Path(entry.path))
+                elif entry.is_file(follow_symlinks=False) and info.st_mode & 0o004:
+                    found.append(
+                        f"read {oct(info.st_mode & 0o777)} {Path(entry.path).relative_to(home)}"
+                    )
+    return sorted(found)
+
+
+async def test_nothing_the_newer_doors_leave_in_the_home_is_readable_by_others(
+    yard: Yard,
+) -> None:
+    """R2, docs/security.md "The home's files": after an environment change from the
+    workspace (the wheels store, the change's scratch and log, the environment's cache) and a
+    read view, no file of the home is readable by another local user and
+    no folder listable, and what uid 65534 gets for the new stores is EACCES."""
+    agent = await _agent(yard)
+    environment_id = await _create(yard, agent, "modes")
+    sdist = backend_sdist("sy-modes", "1.0", 'RESULT = "built"\n')
+    await _put(yard, agent, {"dist/sy_modes-1.0.tar.gz": sdist}, {})
+    change = await _install(
+        yard, agent, environment_id, manager="pip", specs=["sy-modes"], index_url="none",
+        find_links=["/workspace/dist"],
+    )  # fmt: skip
+    assert change.state == "succeeded", change
+    assert await _import(yard, agent, environment_id, "sy_modes") == "built"
+    assert (await _run(yard, agent, "echo secret-44 > notes")).exit_code == 0
+    assert (await _run(yard, agent, "cat notes", read_only=True)).stdout == "secret-44\n"
+    home = yard.home / "home"
+    local = home / "runners" / "local"
+    stores = [p for p in (local / "environments").rglob("*") if p.is_file()]
+    assert stores, "the change left nothing: the probe would prove nothing"
+    answers = probe(NOBODY, [("read", p) for p in stores[:200]])
+    assert set(answers.values()) == {"EACCES"}, {k: v for k, v in answers.items() if v != "EACCES"}
+    assert _world_reachable(home) == []
