@@ -9,6 +9,7 @@ bubblewrap sandboxes, uv and a real ``shellyard serve`` on the local runner (roo
 from __future__ import annotations
 
 import http.server
+import json
 import os
 import shutil
 import threading
@@ -26,7 +27,19 @@ from test_home_files import probe
 from test_webhook_policy import _second_session_agent
 
 from conftest import Yard, stop_server
+from shellyard.contract.tokens import TokenCreateRequest
+from shellyard.control.tokens import UNAUTHENTICATED_ADMIN
 from shellyard.home import read_info
+from shellyard.runner.transport.signing import (
+    H_DIGEST,
+    H_NONCE,
+    H_TIMESTAMP,
+    SCHEME,
+    body_digest,
+    sign,
+    string_to_sign,
+)
+from shellyard.runner.transport.wire import OPERATIONS
 from shellyard.sdk.client import Client
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.runner_kinds("local")]
@@ -206,3 +219,47 @@ async def test_nothing_the_newer_doors_leave_in_the_home_is_readable_by_others(
     answers = probe(NOBODY, [("read", p) for p in stores[:200]])
     assert set(answers.values()) == {"EACCES"}, {k: v for k, v in answers.items() if v != "EACCES"}
     assert _world_reachable(home) == []
+
+
+@pytest.mark.runner_kinds("direct")
+async def test_the_runner_protocol_refuses_an_agents_and_a_sessions_token(yard: Yard) -> None:
+    """R4: a second session's session token and agent token, sent to every operation of the
+    runner daemon as a bearer token and as the key of a well-formed signature, are refused
+    (401) and run nothing: the daemon takes only requests signed with its own key."""
+    assert yard.daemon is not None
+    session = await yard.plane.sessions.create()
+    made = [
+        await yard.plane.tokens.create(UNAUTHENTICATED_ADMIN, request)
+        for request in (
+            TokenCreateRequest(kind="session", session_id=session.session_id),
+            TokenCreateRequest(kind="agent", agent_id=session.main_agent_id),
+        )
+    ]
+    body = json.dumps({"workspace_id": "ws_0000000000000000"}).encode()
+    answers: dict[str, int] = {}
+    with httpx.Client(base_url=yard.daemon.url, timeout=30) as client:
+        for token in (t.token for t in made):
+            for op in OPERATIONS.values():
+                bearer = client.post(
+                    op.path, content=body, headers={"Authorization": f"Bearer {token}"}
+                )
+                answers[f"bearer {op.path}"] = bearer.status_code
+                stamp, nonce = str(int(time.time() * 1000)), uuid.uuid4().hex
+                digest = body_digest(body)
+                signature = sign(
+                    token.encode(), string_to_sign("POST", op.path, stamp, nonce, digest, "")
+                )
+                signed = client.post(
+                    op.path,
+                    content=body,
+                    headers={
+                        "Authorization": f"{SCHEME} {signature}",
+                        H_TIMESTAMP: stamp,
+                        H_NONCE: nonce,
+                        H_DIGEST: digest,
+                    },
+                )
+                answers[f"signed {op.path}"] = signed.status_code
+    assert answers and set(answers.values()) == {401}, answers
+    # the daemon still serves its own control plane
+    assert (await yard.run("echo still")).stdout == "still\n"
