@@ -17,9 +17,11 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
+import test_base_environment
 from env_fixtures import backend_sdist
 from test_attack_pass_41 import _agent, _run
 from test_env_tool_rights import _create, _import, _install, _put
@@ -27,6 +29,7 @@ from test_home_files import probe
 from test_webhook_policy import _second_session_agent
 
 from conftest import Yard, stop_server
+from shellyard.contract.environments import EnvironmentCreateRequest
 from shellyard.contract.tokens import TokenCreateRequest
 from shellyard.control.tokens import UNAUTHENTICATED_ADMIN
 from shellyard.home import read_info
@@ -43,6 +46,10 @@ from shellyard.runner.transport.wire import OPERATIONS
 from shellyard.sdk.client import Client
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.runner_kinds("local")]
+
+#: The session's one prepared python-base, and the setting that makes it the default.
+python_base = test_base_environment.python_base
+use_base = test_base_environment.use_base
 
 NOBODY = 65534
 
@@ -263,3 +270,35 @@ async def test_the_runner_protocol_refuses_an_agents_and_a_sessions_token(yard: 
     assert answers and set(answers.values()) == {401}, answers
     # the daemon still serves its own control plane
     assert (await yard.run("echo still")).stdout == "still\n"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="open: an environment made from a base hard-links the base's files (docs/"
+    "environments.md), so their link count in any command counts every session's "
+    "environments made from that base",
+)
+@pytest.mark.usefixtures("use_base")
+async def test_a_base_files_link_count_tells_nothing_of_other_sessions_environments(
+    yard_factory: Any,
+) -> None:
+    """R2 (as read views, docs/security.md "Read views share no inode"): session B's commands
+    in the default base and in an environment of its own made from it read the link count of
+    a base file (numpy's ``__init__.py``) before and after session A makes two environments
+    from the same base. What B reads must not change with what A does."""
+    yard: Yard = await yard_factory()
+    probe_command = "stat -c %h /base/python/lib/python3*/site-packages/numpy/__init__.py"
+    bob, alice = await _agent(yard), await _agent(yard)
+    before = await _run(yard, bob, probe_command)
+    assert before.exit_code == 0, before.stderr
+    for name in ("a1", "a2"):
+        made = await yard.plane.environments.create(
+            EnvironmentCreateRequest(
+                name=name, base="python-base", runner_id=yard.runner_id, wait_ms=30_000
+            ),
+            alice,
+        )
+        assert made.state == "ready", made
+    after = await _run(yard, bob, probe_command)
+    assert after.exit_code == 0, after.stderr
+    assert after.stdout == before.stdout, (before.stdout, after.stdout)
