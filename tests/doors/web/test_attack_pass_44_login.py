@@ -93,3 +93,36 @@ async def test_an_agents_preview_cannot_swap_the_operators_login_for_its_own(
             await expect(page.locator("#who")).to_contain_text("admin")
         finally:
             agent.post(f"/v1/executions/{execution_id}/cancel")
+
+
+def test_an_agent_token_logging_in_many_times_never_drops_the_operators_code(
+    served: Served,
+) -> None:
+    """The web login's code table: each token keeps 10 pending codes, the table 1000. An
+    agent token trades itself for web sessions (``POST /v1/auth/login`` with the token), each
+    a token of its own, and fills the table with 10 codes a web session: the operator's code
+    from ``shellyard ui`` must still log in (pass 36 bounded one token, not its web sessions)."""
+    operator_code = served.login_url().split("#login=")[1]
+    _session, token = _agent_of_second_session(served)
+    name = f"shellyard_login_{served.port}"
+    made = 0
+    with httpx.Client(base_url=served.url, timeout=60) as client:
+        for _ in range(110):
+            login = client.post(
+                "/v1/auth/login", json={"token": token}, headers={"X-Shellyard-CSRF": "1"}
+            )
+            assert login.status_code == 200, login.text
+            cookie = {name: login.cookies[name]}
+            csrf = {"X-Shellyard-CSRF": login.json()["csrf"]}
+            for _ in range(10):
+                code = client.post("/v1/auth/codes", json={}, cookies=cookie, headers=csrf)
+                if code.status_code == 200:
+                    made += 1
+                else:  # refused is fine (the table is full of the agent's): never evicting
+                    assert code.status_code == 429, code.text
+            client.cookies.clear()
+    assert made >= 10  # the flood did run
+    with httpx.Client(base_url=served.url, headers={"X-Shellyard-CSRF": "1"}) as browser:
+        login = browser.post("/v1/auth/login", json={"code": operator_code})
+        assert login.status_code == 200, login.text
+        assert login.json()["kind"] == "admin", login.json()
