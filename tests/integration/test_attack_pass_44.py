@@ -22,16 +22,17 @@ from typing import Any
 import httpx
 import pytest
 import test_base_environment
-from env_fixtures import backend_sdist
+from env_fixtures import backend_sdist, make_wheel
 from test_attack_pass_41 import _agent, _run
 from test_env_tool_rights import _create, _import, _install, _put
 from test_home_files import probe
 from test_webhook_policy import _second_session_agent
 
 from conftest import Yard, stop_server
-from shellyard.contract.environments import EnvironmentCreateRequest
+from shellyard.contract.environments import EnvironmentChangeBody, EnvironmentCreateRequest
 from shellyard.contract.tokens import TokenCreateRequest
 from shellyard.control.tokens import UNAUTHENTICATED_ADMIN
+from shellyard.errors import ShellyardError
 from shellyard.home import read_info
 from shellyard.runner.transport.signing import (
     H_DIGEST,
@@ -302,3 +303,46 @@ async def test_a_base_files_link_count_tells_nothing_of_other_sessions_environme
     after = await _run(yard, bob, probe_command)
     assert after.exit_code == 0, after.stderr
     assert after.stdout == before.stdout, (before.stdout, after.stdout)
+
+
+@pytest.mark.parametrize("spelling", ["file", "folder"])
+async def test_a_fifo_named_as_a_package_file_fails_the_change_and_holds_nothing(
+    yard: Yard, spelling: str, tmp_path: Path
+) -> None:
+    """R2 (docs/security.md "Every door", local package files): a FIFO where a wheel should
+    be, named as ``name @ file://…`` or in a find_links folder. The reader (the workspace's
+    uid) must not block on it for ever: the change fails (naming it, when named), and the
+    environment takes the next change (its lock was not left held). Before: the reader's
+    open of the named FIFO blocked for ever, and the change with it."""
+    agent = await _agent(yard)
+    environment_id = await _create(yard, agent, "fifo")
+    wheel = "sy_fifo-1.0-py3-none-any.whl"
+    assert (await _run(yard, agent, f"mkdir -p dist && mkfifo dist/{wheel}")).exit_code == 0
+    fields: dict[str, Any] = (
+        {"specs": [f"sy-fifo @ file:///workspace/dist/{wheel}"]}
+        if spelling == "file"
+        else {"specs": ["sy-fifo"], "index_url": "none", "find_links": ["/workspace/dist"]}
+    )
+    error = ""
+    try:
+        change = await yard.plane.environments.install(
+            environment_id, EnvironmentChangeBody(manager="pip", wait_ms=1000, **fields), agent
+        )
+        deadline = time.monotonic() + 180
+        while not change.done:  # a hang, not a speed, is what this bounds
+            assert time.monotonic() < deadline, f"the change never ended: {change}"
+            change = await yard.plane.environments.wait(change.change_id, 5, agent)
+    except ShellyardError as exc:  # the change failed, with the mapped error
+        error = exc.message
+    else:  # ended within the first wait: its record says how
+        assert change.state == "failed", change
+        error = str(change.error)
+    if spelling == "file":
+        assert "is not a regular file" in error, error
+    built = make_wheel(tmp_path, "sy-plain", "1.0", {"sy_plain.py": "RESULT = 1\n"})
+    await _put(yard, agent, {f"dist2/{built.name}": built.read_bytes()}, {})
+    again = await _install(
+        yard, agent, environment_id, manager="pip", specs=["sy-plain"], index_url="none",
+        find_links=["/workspace/dist2"],
+    )  # fmt: skip
+    assert again.state == "succeeded", again
