@@ -8,6 +8,7 @@ bubblewrap sandboxes, uv and a real ``shellyard serve`` on the local runner (roo
 
 from __future__ import annotations
 
+import hashlib
 import http.server
 import json
 import os
@@ -346,3 +347,62 @@ async def test_a_fifo_named_as_a_package_file_fails_the_change_and_holds_nothing
         find_links=["/workspace/dist2"],
     )  # fmt: skip
     assert again.state == "succeeded", again
+
+
+#: A file with a few data extents between holes, written by a command: python3 writes
+#: distinct bytes at offsets inside, across and at the edges of blocks and 1 MiB chunks, and
+#: ends one file in a hole, one in data, one all hole, one with a single byte.
+EXTENTS = r"""python3 - <<'PY'
+import hashlib, os
+M = 1 << 20
+def make(name, size, writes):
+    with open(name, "wb") as f:
+        f.truncate(size)
+        for offset, data in writes:
+            f.seek(offset)
+            f.write(data)
+make("few", 96 * M, [(0, b"A" * 10), (4095, b"BC"), (M - 1, b"D" * 4097),
+                     (33 * M + 17, os.urandom(70000)), (64 * M - 3, b"EFGHIJ")])
+make("tail", 40 * M, [(5 * M, b"x" * 100), (40 * M - 1, b"Z")])
+make("hole", 24 * M, [])
+make("one", 1, [(0, b"\x01")])
+os.makedirs("d", exist_ok=True)
+make("d/zeros", 3 * M, [(M, bytes(M))])  # data that is all zeros
+for name in ("few", "tail", "hole", "one", "d/zeros"):
+    print(name, os.stat(name).st_size, hashlib.sha256(open(name, "rb").read()).hexdigest())
+PY"""
+SUMS = (
+    "python3 -c 'import hashlib, os\n"
+    'for n in ("few", "tail", "hole", "one", "d/zeros"):\n'
+    '    print(n, os.stat(n).st_size, hashlib.sha256(open(n, "rb").read()).hexdigest())\''
+)
+
+
+async def test_a_file_with_a_few_data_extents_reads_back_whole_everywhere(yard: Yard) -> None:
+    """W3, W5 (docs/limits.md "Sparse files"): files with holes and a few data extents at
+    block and chunk edges, committed, are the same bytes in a read-only view, in the
+    workspace's next command, through the files door, after a delete and a restore of the
+    snapshot."""
+    agent = await _agent(yard)
+    made = await _run(yard, agent, EXTENTS, wait_ms=30_000)
+    assert made.exit_code == 0, made.stderr
+    expected = made.stdout
+    seen = await _run(yard, agent, SUMS, read_only=True)
+    assert seen.stdout == expected, (expected, seen.stdout, seen.stderr)
+    again = await _run(yard, agent, SUMS)
+    assert again.stdout == expected, (expected, again.stdout)
+    for line in expected.splitlines():
+        name, _size, digest = line.split()
+        stream = await yard.plane.files.open(name, workspace_id=made.workspace_id, agent_id=agent)
+        read = hashlib.sha256()
+        async for chunk in stream.chunks:
+            read.update(chunk)
+        assert read.hexdigest() == digest, name
+    assert made.snapshot_seq is not None
+    gone = await _run(yard, agent, "rm -r few tail hole one d")
+    assert gone.exit_code == 0
+    await yard.plane.files.restore(
+        made.snapshot_seq, "", workspace_id=made.workspace_id, agent_id=agent
+    )
+    back = await _run(yard, agent, SUMS)
+    assert back.stdout == expected, (expected, back.stdout)
