@@ -382,8 +382,9 @@ async def test_a_file_with_a_few_data_extents_reads_back_whole_everywhere(yard: 
     """W3, W5 (docs/limits.md "Sparse files"): files with holes and a few data extents at
     block and chunk edges, committed, are the same bytes in a read-only view, in the
     workspace's next command, through the files door, after a delete and a restore of the
-    snapshot."""
-    agent = await _agent(yard)
+    snapshot, and in a child's workspace after a transfer."""
+    session = await yard.plane.sessions.create()
+    agent = session.main_agent_id
     made = await _run(yard, agent, EXTENTS, wait_ms=30_000)
     assert made.exit_code == 0, made.stderr
     expected = made.stdout
@@ -406,3 +407,16 @@ async def test_a_file_with_a_few_data_extents_reads_back_whole_everywhere(yard: 
     )
     back = await _run(yard, agent, SUMS)
     assert back.stdout == expected, (expected, back.stdout)
+    child = await yard.plane.store.create_agent(session.session_id, agent)
+    child_ws = (await yard.plane.files.access.own(child, yard.runner_id)).id
+    started = await yard.plane.transfers.start(
+        {
+            "source_workspace_id": made.workspace_id,
+            "paths": ["few", "tail", "hole", "one", "d"],
+            "target_workspace_id": child_ws,
+        },
+        agent,
+    )
+    assert (await yard.plane.transfers.wait(started.transfer_id, 300, agent)).state == "completed"
+    moved = await _run(yard, str(child.id), SUMS)
+    assert moved.stdout == expected, (expected, moved.stdout)
