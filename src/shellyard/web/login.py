@@ -24,7 +24,7 @@ from shellyard.api.docs import body_doc
 from shellyard.api.sessions import parse
 from shellyard.control.plane import ControlPlane
 from shellyard.control.tokens import Principal, hash_secret
-from shellyard.errors import Forbidden, InvalidInput, NotFound, Unauthorized
+from shellyard.errors import Forbidden, InvalidInput, NotFound, TooMany, Unauthorized
 from shellyard.web.cookies import (
     CSRF_HEADER,
     WEB_SESSION_PREFIX,
@@ -40,11 +40,19 @@ from shellyard.web.cookies import (
 CODE_TTL_S = 120.0
 #: How long the browser keeps the cookie (the web session behind it ends then too).
 COOKIE_MAX_AGE_S = int(WEB_SESSION_TTL_S)
-#: Unused codes kept at most (oldest dropped): asking for codes cannot grow memory unbounded.
+#: Unused codes kept at most: asking for codes cannot grow memory unbounded. When full, a
+#: new code is refused (429), never made by dropping another reach's code, but for the admin's,
+#: which drops the oldest code of another reach.
 MAX_PENDING_CODES = 1000
-#: Codes one token may have pending: a token's flood of codes drops its own oldest ones, not
-#: the codes others (the operator's ``shellyard ui``) are about to use.
+#: Codes one reach (kind, session, agent) may have pending, its own oldest dropped first: a
+#: flood of codes, through any number of tokens or web sessions of that reach (a login with a
+#: token makes a web session, a token of its own), drops only its own codes, not the ones
+#: others (the operator's ``shellyard ui``) are about to use.
 MAX_CODES_PER_TOKEN = 10
+
+
+def _reach(who: Principal) -> tuple[str, str | None, str | None]:
+    return (who.kind, who.session_id, who.agent_id)
 
 
 class CodeRequest(BaseModel):
@@ -103,8 +111,20 @@ def login_router(plane: ControlPlane) -> APIRouter:
     def drop_expired(now: float) -> None:
         for key in [k for k, p in pending.items() if p.expires_at < now]:
             del pending[key]
-        while len(pending) >= MAX_PENDING_CODES:
-            del pending[next(iter(pending))]
+
+    def make_room(who: Principal) -> None:
+        mine = [key for key, p in pending.items() if _reach(p.who) == _reach(who)]
+        for key in mine[: max(0, len(mine) + 1 - MAX_CODES_PER_TOKEN)]:
+            del pending[key]
+        if len(pending) < MAX_PENDING_CODES:
+            return
+        others = [key for key, p in pending.items() if not p.who.is_admin]
+        if not who.is_admin or not others:
+            raise TooMany(
+                f"{MAX_PENDING_CODES} login codes are waiting to be used; codes expire "
+                f"{CODE_TTL_S:.0f} s after they are made: ask again then"
+            )
+        del pending[others[0]]
 
     @router.post("/v1/auth/codes", openapi_extra=body_doc(CodeRequest))
     async def create_code(body: dict[str, Any], who: PrincipalDep) -> CodeView:
@@ -119,9 +139,7 @@ def login_router(plane: ControlPlane) -> APIRouter:
             await plane.sessions.session_record(request.session_id)
         now = time.time()
         drop_expired(now)
-        mine = [key for key, p in pending.items() if p.who.token_id == who.token_id]
-        for key in mine[: max(0, len(mine) + 1 - MAX_CODES_PER_TOKEN)]:
-            del pending[key]
+        make_room(who)
         code = secrets.token_urlsafe(24)
         pending[hash_secret(code)] = _Pending(who, now + CODE_TTL_S)
         fragment = f"login={code}"

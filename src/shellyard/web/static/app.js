@@ -67,6 +67,20 @@ async function whoAmI() {
   }
 }
 
+// Resolves true when the user chooses to use the login link, false to keep ``current``.
+function askToSwitch(current) {
+  $("switch-text").textContent = `This page was opened with a login link. ${describe(current)}`;
+  $("switch").hidden = false;
+  return new Promise((resolve) => {
+    const answer = (use) => () => {
+      $("switch").hidden = true;
+      resolve(use);
+    };
+    $("switch-use").addEventListener("click", answer(true), { once: true });
+    $("switch-keep").addEventListener("click", answer(false), { once: true });
+  });
+}
+
 function describe(me) {
   if (me.via === "none") return "No login needed (server runs without tokens).";
   if (me.kind === "admin") return "Logged in as admin: every session.";
@@ -240,7 +254,11 @@ async function start() {
   let me = null;
   if (code) {
     setFragment({ session: wanted }); // the code is spent: keep it out of the history
-    me = await exchangeCode(code);
+    // A login link replaces a login only when asked: any page (an agent's forwarded port
+    // included) can send this browser here with a code of its own (docs/web.md, "Login").
+    const current = await whoAmI();
+    if (current && current.via !== "none" && !(await askToSwitch(current))) me = current;
+    else me = await exchangeCode(code);
   }
   if (!me) me = await whoAmI();
   if (!me) {

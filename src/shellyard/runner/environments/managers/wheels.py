@@ -50,8 +50,10 @@ def walk(path):
     parts = [p for p in path.split("/") if p]
     for i, part in enumerate(parts):
         last = i == len(parts) - 1
-        # folders on the way need only search rights (O_PATH): a 0711 home is crossed
-        way = os.O_RDONLY if last else os.O_PATH | os.O_DIRECTORY
+        # folders on the way need only search rights (O_PATH): a 0711 home is crossed; the
+        # last is opened O_NONBLOCK: a FIFO there would block the open for ever (send then
+        # refuses what is not a regular file)
+        way = os.O_RDONLY | os.O_NONBLOCK if last else os.O_PATH | os.O_DIRECTORY
         flags = way | os.O_NOFOLLOW | os.O_CLOEXEC
         try:
             nxt = os.open(part, flags, dir_fd=fd)
@@ -90,7 +92,9 @@ else:
         if stat.S_ISLNK(st.st_mode):
             fail(f"{path}/{name} is a symbolic link")
         if stat.S_ISREG(st.st_mode):
-            send(name, os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd))
+            # O_NONBLOCK: a FIFO swapped in since the stat would block the open for ever
+            flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+            send(name, os.open(name, flags, dir_fd=fd))
 out.write(b'{"end": true}\n'); out.flush()
 """
 
