@@ -123,7 +123,7 @@ async def test_an_environment_shows_no_host_path_of_the_home(
 ) -> None:
     """V4, R2: a python environment with a pip package that has a console script, and conda
     packages (a script, a file whose prefix placeholder conda replaces) in it: inside the
-    command neither mountinfo (but the bind's field 4), PATH, pid 1's command line, the
+    command neither mountinfo (the prefix is an overlay of its own), PATH, pid 1's command line, the
     script's shebang, conda's file nor any file of the prefix names the home; the package
     imports and both scripts run. On the host, no file of the prefix names the home either."""
     workspace = runner.workspace_path("ws")
@@ -149,9 +149,11 @@ async def test_an_environment_shows_no_host_path_of_the_home(
     )
     out = await run(runner, "x1", script_text, SY_HOME=str(home), SY_REAL=str(home.resolve()))
     leaks = [line for line in out.splitlines() if any(n in line for n in needles)]
-    # Left (docs/security.md "Host paths"): the bind's own line still names, in field 4, the
-    # prefix's folder inside the host's file system; its mount point is /env.
-    assert [line.split()[4:5] for line in leaks] == [["/env"]], leaks
+    assert leaks == []
+    # R2: a root runner binds an overlay of the prefix (runner/prefix_mounts.py): its root is
+    # "/", its layers descriptors (field 4, and the options after " - ")
+    (line,) = [line for line in out.splitlines() if line.split()[4:5] == ["/env"]]
+    assert line.split()[3] == "/" and " - overlay overlay ro,lowerdir=/proc/self/fd/" in line
     assert "#!/env/bin/python" in out
     assert "prefix=/env\n" in out  # conda replaced its placeholder with /env
     assert "GREP=\n" in out
