@@ -20,6 +20,7 @@ from conda_channel import CondaPackage, PackageFile, build_test_channel_sync, sc
 from env_fixtures import make_wheel
 
 from conftest import make_home
+from shellyard.errors import Conflict
 from shellyard.runner.environments import seen
 from shellyard.runner.local import LocalRunner
 from shellyard.runner.protocol import (
@@ -240,3 +241,48 @@ async def test_every_door_shows_the_prefix_where_commands_see_it(served_home: Pa
         await backend.aclose()
     prefix = host_prefix(served_home / "runners" / "local", environment_id)
     assert (prefix / "bin" / "python").exists()
+
+
+async def test_a_command_after_an_install_sees_the_new_package(runner: LocalRunner) -> None:
+    """V5, V6 through the prefix's own overlay (runner/prefix_mounts.py): a command's
+    lookups of a missing module are cached by the overlay it binds, kept mounted after it
+    (kept here for the whole test); an install requested while a command runs is refused
+    (V5: the control plane queues it), and a command started after the install sees the new
+    package: it binds a new overlay of the changed prefix, not the stale one."""
+    runner._prefixes.linger_s = 3600.0  # the overlay of the first command stays mounted
+    workspace = runner.workspace_path("ws")
+    tool_wheel(workspace / "wheels")
+    make_wheel(workspace / "wheels", "sy-more", "1.0")
+    await change(runner, change_id="c", environment_id="env1", action="create", language="python")
+    # each name looked up while missing: a negative entry in the overlay's cache
+    missing = (
+        "python -c 'import sy_more' 2>/dev/null || echo missing; ls /env/bin | grep -c sy- || :; "
+        "test -e /env/bin/sy-tool || echo no-tool; cat /env/bin/sy-tool 2>/dev/null || :"
+    )
+    assert await run(runner, "x1", missing) == "missing\n0\nno-tool\n"
+    await runner.start(
+        StartRequest(
+            execution_id="x2", workspace_id="ws", environment_id="env1",
+            command=f"sleep 2; {missing}",
+        )
+    )  # fmt: skip
+    request = EnvironmentChangeRequest.model_validate(
+        {
+            "workspace_id": "ws", "change_id": "i1", "environment_id": "env1",
+            "action": "install", "manager": "pip", "specs": ["sy-more", "sy-tool"],
+            "index_url": "none", "find_links": ["/workspace/wheels"],
+        }
+    )  # fmt: skip
+    with pytest.raises(Conflict, match="in use by running executions x2"):
+        await runner.environment_change(request)  # V5: no prefix changes under a command
+    during = await runner.wait("x2", 60)
+    assert during.state == RunnerExecState.finished and during.exit_code == 0
+    assert (await runner.read_log("x2", "stdout", 0, 1 << 16)).data == b"missing\n0\nno-tool\n"
+    await runner.environment_change(request)
+    done = await runner.environment_change_wait("i1", CHANGE_TIMEOUT_S)
+    assert done.state == EnvChangeState.succeeded, done.error
+    after = (
+        "python -c 'import sy_more; print(sy_more.VERSION)'; ls /env/bin | grep sy-; "
+        "test -e /env/bin/sy-tool && /env/bin/sy-tool"
+    )
+    assert await run(runner, "x3", after) == "1.0\nsy-tool\nsy-tool ran\n"
