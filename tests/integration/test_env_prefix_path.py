@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -286,3 +288,76 @@ async def test_a_command_after_an_install_sees_the_new_package(runner: LocalRunn
         "test -e /env/bin/sy-tool && /env/bin/sy-tool"
     )
     assert await run(runner, "x3", after) == "1.0\nsy-tool\nsy-tool ran\n"
+
+
+#: A runner that starts a long command using env1, says where its prefix's overlay is, and
+#: is then killed (SIGKILL) by the test.
+KILLED_RUNNER = """
+import asyncio, sys
+from pathlib import Path
+from shellyard.runner.local import LocalRunner
+from shellyard.runner.protocol import StartRequest
+
+async def main(root: str) -> None:
+    runner = LocalRunner(Path(root))
+    await runner.startup()
+    await runner.start(StartRequest(
+        execution_id="x1", workspace_id="ws", environment_id="env1",
+        command="sleep 600",
+    ))
+    print(*runner._prefixes.holds(), flush=True)
+    await asyncio.sleep(600)
+
+asyncio.run(main(sys.argv[1]))
+"""
+
+
+def mounts_below(folder: Path) -> list[str]:
+    with open("/proc/self/mountinfo") as lines:
+        points = [line.split(" ")[4] for line in lines]
+    return [point for point in points if point.startswith(f"{folder}/")]
+
+
+async def test_a_restart_after_kill_9_leaves_no_prefix_overlay(home: Path) -> None:
+    """R2: a runner killed (SIGKILL) while a command using an environment runs leaves the
+    prefix's overlay mounted in the host's namespace; the restart unmounts it, and the
+    command, re-attached (E11), still reads its prefix through its own copy."""
+    root = home / "runner"
+    first = LocalRunner(root)
+    await first.startup()
+    await first.ensure_workspace("ws")
+    await change(first, change_id="c", environment_id="env1", action="create", language="python")
+    await first.aclose()
+    if not first._prefixes.enabled:
+        pytest.skip("no overlays of their own on this runner (not root, or refused)")
+    child = subprocess.Popen(
+        [sys.executable, "-c", KILLED_RUNNER, str(root)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert child.stdout is not None
+        point = child.stdout.readline().strip()
+        assert point and mounts_below(root / "sandbox" / "prefixes") == [point]
+    finally:
+        child.kill()
+        child.wait()
+    assert mounts_below(root / "sandbox" / "prefixes") == [point]  # what kill -9 left
+    again = LocalRunner(root)
+    await again.startup()
+    try:
+        assert mounts_below(root / "sandbox" / "prefixes") == []
+        status = await again.status("x1")
+        assert status.state == RunnerExecState.running  # E11: adopted, its /env its own
+        await again.ensure_workspace("ws2")  # ws is x1's
+        await again.start(
+            StartRequest(
+                execution_id="x2", workspace_id="ws2", environment_id="env1",
+                command="test -x /env/bin/python",
+            )
+        )  # fmt: skip
+        assert (await again.wait("x2", 60)).exit_code == 0
+        assert len(mounts_below(root / "sandbox" / "prefixes")) == 1  # mounted again for x2 (lingering)
+    finally:
+        await again.cancel("x1")
+        await again.wait("x1", 30)
+        await again.aclose()
+    assert mounts_below(root / "sandbox" / "prefixes") == []
