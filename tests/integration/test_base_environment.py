@@ -339,7 +339,7 @@ async def test_bases_show_no_host_path_of_their_folder(
     needles = [str(use_base), str(use_base.resolve())]
     yard = await yard_factory()
     result = await yard.run(
-        'cat /proc/self/mountinfo; echo "PATH=$PATH"; echo "R_LIBS=$R_LIBS"; '
+        'cat /proc/self/mountinfo /proc/self/mounts; echo "PATH=$PATH"; echo "R_LIBS=$R_LIBS"; '
         'head -1 "$(command -v pip)"; tr "\\0" " " </proc/1/cmdline; echo; '
         'echo "GREP=$(grep -rlF -e "$SY_A" -e "$SY_B" /base)"',
         env={"SY_A": needles[0], "SY_B": needles[1]},

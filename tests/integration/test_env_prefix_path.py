@@ -145,7 +145,8 @@ async def test_an_environment_shows_no_host_path_of_the_home(
     prefix = Path(info.prefix)
     needles = {str(home), str(home.resolve())}
     script_text = (
-        'cat /proc/self/mountinfo; echo "PATH=$PATH"; tr "\\0" " " </proc/1/cmdline; echo; '
+        'cat /proc/self/mountinfo /proc/self/mounts; echo "PATH=$PATH"; '
+        'tr "\\0" " " </proc/1/cmdline; echo; '
         'head -1 "$(command -v sy-tool)"; cat /env/etc/sy-placed.conf; '
         'echo "GREP=$(grep -rl "$SY_HOME" /env; grep -rl "$SY_REAL" /env)"; '
         "python -c 'import sy_tool, sys; print(sys.prefix)'; sy-tool; sy-hello"
@@ -355,7 +356,9 @@ async def test_a_restart_after_kill_9_leaves_no_prefix_overlay(home: Path) -> No
             )
         )  # fmt: skip
         assert (await again.wait("x2", 60)).exit_code == 0
-        assert len(mounts_below(root / "sandbox" / "prefixes")) == 1  # mounted again for x2 (lingering)
+        assert (
+            len(mounts_below(root / "sandbox" / "prefixes")) == 1
+        )  # mounted again for x2 (lingering)
     finally:
         await again.cancel("x1")
         await again.wait("x1", 30)
