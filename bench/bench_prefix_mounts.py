@@ -4,7 +4,7 @@ R2, docs/security.md "Host paths").
 One LocalRunner (root), one workspace, one environment whose prefix is a stand-in: a venv of
 the system's python with this checkout's ``.venv`` site-packages hard-linked in (fastapi,
 pydantic, cryptography, asyncssh, psycopg: ~18,000 files), bound at /env. Two modes,
-interleaved run by run so both see the same machine load:
+alternated run by run (A B, B A, …) so both see the same machine load:
 
 * ``bind``: the prefix bound itself (``Sandboxes.prefixes`` None: a runner that is not
   root, or ``SHELLYARD_OWN_MOUNTS=off``);
@@ -15,7 +15,7 @@ spawn; the overlay is mounted by the first and reused while held or lingering) a
 heavy import (``python -c 'import fastapi, cryptography, asyncssh, psycopg'``: every lookup
 through the overlay). Ratios are overlay / bind (target: ≤ 1.1×). Needs root.
 
-    .venv/bin/python bench/bench_prefix_mounts.py [--runs 20] [--repeats 3]
+    .venv/bin/python bench/bench_prefix_mounts.py [--runs 40]
 """
 
 from __future__ import annotations
@@ -44,23 +44,17 @@ IMPORT = "python -c 'import fastapi, cryptography, asyncssh, psycopg'"
 SYSTEM_PYTHON = "/usr/bin/python3"
 
 
-async def _runs(runner: LocalRunner, command: str, runs: int, tag: str) -> list[float]:
-    took = []
-    for run in range(runs):
-        execution_id = f"{tag}-{run}"
-        start = time.perf_counter()
-        await runner.start(
-            StartRequest(
-                execution_id=execution_id,
-                workspace_id="ws",
-                command=command,
-                environment_id="bench",
-            )
+async def _run(runner: LocalRunner, command: str, execution_id: str) -> float:
+    start = time.perf_counter()
+    await runner.start(
+        StartRequest(
+            execution_id=execution_id, workspace_id="ws", command=command, environment_id="bench"
         )
-        result = await runner.wait(execution_id, 120)
-        took.append(time.perf_counter() - start)
-        if result.exit_code != 0:
-            raise RuntimeError(f"{command!r} ended {result.state}: {result.error}")
+    )
+    result = await runner.wait(execution_id, 120)
+    took = time.perf_counter() - start
+    if result.exit_code != 0:
+        raise RuntimeError(f"{command!r} ended {result.state}: {result.error}")
     return took
 
 
@@ -92,18 +86,21 @@ async def amain(args: argparse.Namespace) -> dict[str, Any]:
         name: {"bind": [], "overlay": []} for name in ("true", "import")
     }
     try:
-        for repeat in range(args.repeats):
-            for mode in ("bind", "overlay") if repeat % 2 == 0 else ("overlay", "bind"):
+        for name, command in (("true", "true"), ("import", IMPORT)):
+            for mode in ("bind", "overlay"):  # caches warmed, the overlay mounted: not counted
                 runner._sandboxes.prefixes = overlays if mode == "overlay" else None
-                for name, command in (("true", "true"), ("import", IMPORT)):
-                    tag = f"{name}-{mode}-{repeat}"
-                    took = await _runs(runner, command, args.runs, tag)
-                    samples[name][mode] += took[1:]  # the first: caches warming
+                await _run(runner, command, f"{name}-{mode}-warm")
+            for run in range(args.runs):
+                # A and B alternate run by run (their order too), so load swings hit both
+                for mode in ("bind", "overlay") if run % 2 == 0 else ("overlay", "bind"):
+                    runner._sandboxes.prefixes = overlays if mode == "overlay" else None
+                    took = await _run(runner, command, f"{name}-{mode}-{run}")
+                    samples[name][mode].append(took)
     finally:
         runner._sandboxes.prefixes = overlays
         await runner.aclose()
         shutil.rmtree(work, ignore_errors=True)
-    results: dict[str, Any] = {"command": f"{COMMAND} --runs {args.runs} --repeats {args.repeats}"}
+    results: dict[str, Any] = {"command": f"{COMMAND} --runs {args.runs}"}
     for name, modes in samples.items():
         medians = {mode: statistics.median(values) * 1000 for mode, values in modes.items()}
         results[name] = {
@@ -117,8 +114,7 @@ async def amain(args: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=20)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--runs", type=int, default=40)
     results = asyncio.run(amain(parser.parse_args(argv)))
     print(json.dumps(results, indent=2))
     return results

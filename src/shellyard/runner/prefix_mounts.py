@@ -209,7 +209,9 @@ class PrefixMounts:
 
     def close(self) -> None:
         """The reaper stops and every overlay is unmounted from the host (detached: the
-        sandboxes bound to one keep their bind, E11)."""
+        sandboxes bound to one keep their bind, E11). A spawn after this binds the prefix
+        itself: nothing would unmount an overlay mounted now."""
+        self.enabled = False
         self._stop.set()
         if self._reaper is not None:
             self._reaper.join()
