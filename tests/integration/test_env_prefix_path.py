@@ -328,8 +328,9 @@ async def test_a_restart_after_kill_9_leaves_no_prefix_overlay(home: Path) -> No
     await first.startup()
     await first.ensure_workspace("ws")
     await change(first, change_id="c", environment_id="env1", action="create", language="python")
+    enabled = first._prefixes.enabled  # (a stop turns it off)
     await first.aclose()
-    if not first._prefixes.enabled:
+    if not enabled:
         pytest.skip("no overlays of their own on this runner (not root, or refused)")
     child = subprocess.Popen(
         [sys.executable, "-c", KILLED_RUNNER, str(root)], stdout=subprocess.PIPE, text=True
