@@ -69,6 +69,30 @@ _AT_EMPTY_PATH = 0x1000
 LINGER_S = 5.0
 
 
+class Reaper:
+    """A thread that calls ``reap`` (unmount what nothing held for the linger) every half
+    linger until ``stop``; an unmount that fails is tried again the next round (a hold
+    adopts the overlay meanwhile)."""
+
+    def __init__(self, name: str, reap: Callable[[], int], linger_s: Callable[[], float]) -> None:
+        self._reap = reap
+        self._linger_s = linger_s
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stopped.wait(max(0.2, self._linger_s() / 2)):
+            try:
+                self._reap()
+            except OSError:
+                log.exception("%s could not unmount an idle overlay", self._thread.name)
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self._thread.join()
+
+
 @dataclass
 class _Folder:
     """One folder's holds, under its own lock (a mount of one never waits on another)."""
@@ -101,8 +125,7 @@ class OwnMounts:
         #: called with a folder just mounted (a new overlay: what was watched through the
         #: last one is not seen through it; the snapshot store's change hints)
         self.mounted: Callable[[Path], None] | None = None
-        self._stop = threading.Event()
-        self._reaper: threading.Thread | None = None
+        self._reaper: Reaper | None = None
 
     def startup(self) -> bool:
         """Probe once (root, ``SHELLYARD_OWN_MOUNTS`` not ``off``: on by default, and the
@@ -128,8 +151,7 @@ class OwnMounts:
             )
         probe.rmdir()
         if self.enabled and self.linger_s > 0:
-            self._reaper = threading.Thread(target=self._reap_loop, name="own-mounts", daemon=True)
-            self._reaper.start()
+            self._reaper = Reaper("own-mounts", self.reap, lambda: self.linger_s)
         return self.enabled
 
     # ------------------------------------------------------------------ holds
@@ -225,13 +247,6 @@ class OwnMounts:
                     done += 1
         return done
 
-    def _reap_loop(self) -> None:
-        while not self._stop.wait(max(0.2, self.linger_s / 2)):
-            try:
-                self.reap()
-            except OSError:  # the next round tries again; a hold adopts it meanwhile
-                log.exception("could not unmount an idle overlay")
-
     def unmount_unheld(self) -> None:
         """Unmount every folder of the parents nothing holds: at start, after the sandboxes
         still running were adopted (what a killed runner left mounted for them stays; the
@@ -245,9 +260,8 @@ class OwnMounts:
 
     def close(self) -> None:
         """The reaper stops (``unmount_unheld`` takes what it would have)."""
-        self._stop.set()
         if self._reaper is not None:
-            self._reaper.join()
+            self._reaper.stop()
             self._reaper = None
 
     def mount(self, folder: Path, *, read_only: bool = False) -> None:

@@ -44,7 +44,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from shellyard.runner.own_mounts import LINGER_S, mount_overlay, unmount_all
+from shellyard.runner.own_mounts import LINGER_S, Reaper, mount_overlay, unmount_all
 
 log = logging.getLogger(__name__)
 
@@ -98,8 +98,7 @@ class PrefixMounts:
         self.linger_s = LINGER_S
         self._table = threading.Lock()
         self._overlays: dict[Path, _Overlay] = {}
-        self._stop = threading.Event()
-        self._reaper: threading.Thread | None = None
+        self._reaper: Reaper | None = None
 
     def startup(self, enabled: bool) -> None:
         """``enabled``: this runner mounts overlays of its own (``OwnMounts.startup``).
@@ -113,8 +112,7 @@ class PrefixMounts:
             self._remove(Path(entry.path))
         self.enabled = True
         if self.linger_s > 0:
-            self._reaper = threading.Thread(target=self._reap_loop, name="prefixes", daemon=True)
-            self._reaper.start()
+            self._reaper = Reaper("prefixes", self.reap, lambda: self.linger_s)
 
     def hold(self, binds: Binds) -> tuple[list[tuple[Path, Path]], Hold]:
         """``binds`` with each host folder replaced by its overlay's mount point, mounted now
@@ -200,21 +198,13 @@ class PrefixMounts:
                 done += 1
         return done
 
-    def _reap_loop(self) -> None:
-        while not self._stop.wait(max(0.2, self.linger_s / 2)):
-            try:
-                self.reap()
-            except OSError:  # the next round tries again
-                log.exception("could not unmount an idle prefix overlay")
-
     def close(self) -> None:
         """The reaper stops and every overlay is unmounted from the host (detached: the
         sandboxes bound to one keep their bind, E11). A spawn after this binds the prefix
         itself: nothing would unmount an overlay mounted now."""
         self.enabled = False
-        self._stop.set()
         if self._reaper is not None:
-            self._reaper.join()
+            self._reaper.stop()
             self._reaper = None
         with self._table:
             items = list(self._overlays.items())
