@@ -218,3 +218,26 @@ def test_a_hold_that_meets_the_reaper_between_lookup_and_lock_mounts_anew(
     hold.close()
     monkeypatch.setattr(prefixes, "_overlay", lookup)
     assert prefixes.reap() == 1 and mounts_under(prefixes.directory) == []
+
+
+def test_a_holder_past_descriptor_1024_is_seen_to_end(prefixes: PrefixMounts, prefix: Path) -> None:
+    """A runner with many executions has descriptors past 1024 (logs, pidfds): a holder's
+    pidfd there is still seen to exit (``select`` refuses such a descriptor; poll does not)."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1200:
+        pytest.skip(f"this process may open {hard} descriptors, not past 1024")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1200), hard))
+    filler = [os.open("/dev/null", os.O_RDONLY) for _ in range(1100)]
+    try:
+        ((point, _),), hold = prefixes.hold([(prefix, Path("/env"))])
+        holder = sleeper()
+        hold.attach(holder.pid)
+        assert prefixes.reap() == 0
+        ended(holder)
+        assert prefixes.reap() == 1 and not point.exists()
+    finally:
+        for fd in filler:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
