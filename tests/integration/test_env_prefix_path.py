@@ -10,6 +10,7 @@ and wheels built here, named by the agent as /workspace folders.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import subprocess
@@ -321,8 +322,9 @@ def mounts_below(folder: Path) -> list[str]:
 
 async def test_a_restart_after_kill_9_leaves_no_prefix_overlay(home: Path) -> None:
     """R2: a runner killed (SIGKILL) while a command using an environment runs leaves the
-    prefix's overlay mounted in the host's namespace; the restart unmounts it, and the
-    command, re-attached (E11), still reads its prefix through its own copy."""
+    prefix's overlay mounted in the host's namespace; the restart adopts it as idle (the
+    command may still be binding it) and its reaper unmounts it a linger later, while the
+    command, re-attached (E11), runs on with its own copy."""
     root = home / "runner"
     first = LocalRunner(root)
     await first.startup()
@@ -346,9 +348,13 @@ async def test_a_restart_after_kill_9_leaves_no_prefix_overlay(home: Path) -> No
     again = LocalRunner(root)
     await again.startup()
     try:
+        for _ in range(300):  # the reaper's round after the linger (5 s)
+            if not mounts_below(root / "sandbox" / "prefixes"):
+                break
+            await asyncio.sleep(0.1)
         assert mounts_below(root / "sandbox" / "prefixes") == []
         status = await again.status("x1")
-        assert status.state == RunnerExecState.running  # E11: adopted, its /env its own
+        assert status.state == RunnerExecState.running, status  # E11: its /env its own
         await again.ensure_workspace("ws2")  # ws is x1's
         await again.start(
             StartRequest(

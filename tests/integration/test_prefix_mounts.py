@@ -174,7 +174,9 @@ time.sleep(600)
 
 def test_a_restart_after_kill_9_unmounts_what_was_left(tmp_path: Path, prefix: Path) -> None:
     """A runner killed (SIGKILL) leaves its overlays mounted in the host's namespace; the
-    next start unmounts them (the sandboxes bound to them keep their own copies)."""
+    next start adopts them as idle (a sandbox spawned just before the kill may still be
+    binding one) and the reaper unmounts them a linger later (the sandboxes bound to them
+    keep their own copies)."""
     directory = tmp_path / "prefixes"
     child = subprocess.Popen(
         [sys.executable, "-c", LEFT_BEHIND, str(directory), str(prefix)],
@@ -190,8 +192,11 @@ def test_a_restart_after_kill_9_unmounts_what_was_left(tmp_path: Path, prefix: P
         child.wait()
     assert mounts_under(directory) == [str(point)]  # what kill -9 left
     again = PrefixMounts(directory)
+    again.linger_s = 0
     again.startup(True)
     try:
+        assert mounts_under(directory) == [str(point)]  # adopted, not pulled at once
+        assert again.reap() == 1
         assert mounts_under(directory) == [] and not point.exists()
     finally:
         again.close()

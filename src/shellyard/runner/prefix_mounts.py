@@ -24,8 +24,9 @@ Held while needed: bwrap binds the overlay while it sets the sandbox up, so a ho
 before the spawn (``hold``) and kept by the spawned process (a pidfd) until it exits; the
 sandbox's own copy of the mount lives on in its namespace whatever the host does. Every
 host mount is copied into each new sandbox (docs/benchmarks.md §22), so a reaper thread
-unmounts an overlay nothing has held for ``LINGER_S``; a restart unmounts what a killed
-runner left (its sandboxes, re-attached, were set up long ago).
+unmounts an overlay nothing has held for ``LINGER_S``; a restart adopts what a killed
+runner left as idle, so it goes a linger later (a sandbox spawned just before the kill may
+still be binding it).
 
 Not root, ``SHELLYARD_OWN_MOUNTS=off``, or a refused mount: the prefix is bound itself and
 its mountinfo line names its host folder (docs/security.md "Known limits").
@@ -102,14 +103,21 @@ class PrefixMounts:
 
     def startup(self, enabled: bool) -> None:
         """``enabled``: this runner mounts overlays of its own (``OwnMounts.startup``).
-        Whatever a killed runner left mounted here goes first."""
+        What a killed runner left mounted here is adopted as idle: a sandbox it spawned just
+        before the kill may still be setting up and bind one, so each goes a linger later
+        (or at the first ``reap``), unless a new hold of the same prefix takes it."""
         if not enabled:
             return
         self.directory.mkdir(mode=0o711, exist_ok=True)
         self._empty.mkdir(mode=0o700, exist_ok=True)
         self._at.mkdir(mode=0o711, exist_ok=True)
+        now = time.monotonic()
         for entry in os.scandir(self._at):
-            self._remove(Path(entry.path))
+            point = Path(entry.path)
+            if os.path.ismount(point):
+                self._overlays[point] = _Overlay(mounted=True, idle_since=now)
+            else:
+                self._remove(point)
         self.enabled = True
         if self.linger_s > 0:
             self._reaper = Reaper("prefixes", self.reap, lambda: self.linger_s)
