@@ -77,6 +77,8 @@ async def amain(args: argparse.Namespace) -> dict[str, Any]:
     await runner.startup()
     overlays = runner._sandboxes.prefixes
     if overlays is None:
+        await runner.aclose()  # its egress tmpfs and the rest, as below
+        shutil.rmtree(work, ignore_errors=True)
         raise SystemExit("no overlays here (not root, or the kernel refused one)")
     # the stand-in environment: bound at /env with its variables (environments/seen.py)
     mount = seen.Mount(prefix, seen.prefix_variables(prefix, ENV), ENV)
