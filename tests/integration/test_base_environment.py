@@ -329,8 +329,8 @@ async def test_bases_show_no_host_path_of_their_folder(
     yard_factory: Any, use_base: Path, python_base: bases.BaseRevision, r_base: bases.BaseRevision
 ) -> None:
     """V4, R2 (docs/security.md "Host paths"): python-base and its companion r-base are built
-    and bound at /base/python and /base/r, so inside a command neither mountinfo (but each
-    bind's field 4), PATH, R_LIBS, pip's shebang nor any file of either prefix names the bases
+    and bound at /base/python and /base/r, so inside a command neither mountinfo (each is an
+    overlay of its own), PATH, R_LIBS, pip's shebang nor any file of either prefix names the bases
     folder; their records say where they were built for."""
     assert (python_base.seen, r_base.seen) == (Path("/base/python"), Path("/base/r"))
     for base in (python_base, r_base):
@@ -339,7 +339,7 @@ async def test_bases_show_no_host_path_of_their_folder(
     needles = [str(use_base), str(use_base.resolve())]
     yard = await yard_factory()
     result = await yard.run(
-        'cat /proc/self/mountinfo; echo "PATH=$PATH"; echo "R_LIBS=$R_LIBS"; '
+        'cat /proc/self/mountinfo /proc/self/mounts; echo "PATH=$PATH"; echo "R_LIBS=$R_LIBS"; '
         'head -1 "$(command -v pip)"; tr "\\0" " " </proc/1/cmdline; echo; '
         'echo "GREP=$(grep -rlF -e "$SY_A" -e "$SY_B" /base)"',
         env={"SY_A": needles[0], "SY_B": needles[1]},
@@ -347,9 +347,14 @@ async def test_bases_show_no_host_path_of_their_folder(
     assert result.exit_code == 0, result.stderr
     out = result.stdout
     leaks = [line for line in out.splitlines() if any(n in line for n in needles)]
-    # Left (docs/security.md "Host paths"): a bind's mountinfo line names, in field 4, its
-    # folder inside the host's file system; its mount point is the neutral path.
-    assert sorted(line.split()[4] for line in leaks) == ["/base/python", "/base/r"], leaks
+    assert leaks == []
+    # R2: each an overlay of its own (runner/prefix_mounts.py): root "/", layers descriptors
+    seen_at = (["/base/python"], ["/base/r"])
+    lines = [line.split() for line in out.splitlines() if line.split()[4:5] in seen_at]
+    assert sorted((f[3], f[4], f[f.index("-") + 1]) for f in lines) == [
+        ("/", "/base/python", "overlay"),
+        ("/", "/base/r", "overlay"),
+    ], lines
     assert "PATH=/base/python/bin:/base/r/bin:" in out
     assert "R_LIBS=/base/r/lib/R/library\n" in out
     assert "#!/base/python/bin/python" in out

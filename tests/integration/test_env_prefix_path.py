@@ -10,8 +10,11 @@ and wheels built here, named by the agent as /workspace folders.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -20,6 +23,7 @@ from conda_channel import CondaPackage, PackageFile, build_test_channel_sync, sc
 from env_fixtures import make_wheel
 
 from conftest import make_home
+from shellyard.errors import Conflict
 from shellyard.runner.environments import seen
 from shellyard.runner.local import LocalRunner
 from shellyard.runner.protocol import (
@@ -123,7 +127,7 @@ async def test_an_environment_shows_no_host_path_of_the_home(
 ) -> None:
     """V4, R2: a python environment with a pip package that has a console script, and conda
     packages (a script, a file whose prefix placeholder conda replaces) in it: inside the
-    command neither mountinfo (but the bind's field 4), PATH, pid 1's command line, the
+    command neither mountinfo (the prefix is an overlay of its own), PATH, pid 1's command line, the
     script's shebang, conda's file nor any file of the prefix names the home; the package
     imports and both scripts run. On the host, no file of the prefix names the home either."""
     workspace = runner.workspace_path("ws")
@@ -142,16 +146,19 @@ async def test_an_environment_shows_no_host_path_of_the_home(
     prefix = Path(info.prefix)
     needles = {str(home), str(home.resolve())}
     script_text = (
-        'cat /proc/self/mountinfo; echo "PATH=$PATH"; tr "\\0" " " </proc/1/cmdline; echo; '
+        'cat /proc/self/mountinfo /proc/self/mounts; echo "PATH=$PATH"; '
+        'tr "\\0" " " </proc/1/cmdline; echo; '
         'head -1 "$(command -v sy-tool)"; cat /env/etc/sy-placed.conf; '
         'echo "GREP=$(grep -rl "$SY_HOME" /env; grep -rl "$SY_REAL" /env)"; '
         "python -c 'import sy_tool, sys; print(sys.prefix)'; sy-tool; sy-hello"
     )
     out = await run(runner, "x1", script_text, SY_HOME=str(home), SY_REAL=str(home.resolve()))
     leaks = [line for line in out.splitlines() if any(n in line for n in needles)]
-    # Left (docs/security.md "Host paths"): the bind's own line still names, in field 4, the
-    # prefix's folder inside the host's file system; its mount point is /env.
-    assert [line.split()[4:5] for line in leaks] == [["/env"]], leaks
+    assert leaks == []
+    # R2: a root runner binds an overlay of the prefix (runner/prefix_mounts.py): its root is
+    # "/", its layers descriptors (field 4, and the options after " - ")
+    (line,) = [line for line in out.splitlines() if line.split()[4:5] == ["/env"]]
+    assert line.split()[3] == "/" and " - overlay overlay ro,lowerdir=/proc/self/fd/" in line
     assert "#!/env/bin/python" in out
     assert "prefix=/env\n" in out  # conda replaced its placeholder with /env
     assert "GREP=\n" in out
@@ -238,3 +245,129 @@ async def test_every_door_shows_the_prefix_where_commands_see_it(served_home: Pa
         await backend.aclose()
     prefix = host_prefix(served_home / "runners" / "local", environment_id)
     assert (prefix / "bin" / "python").exists()
+
+
+async def test_a_command_after_an_install_sees_the_new_package(runner: LocalRunner) -> None:
+    """V5, V6 through the prefix's own overlay (runner/prefix_mounts.py): a command's
+    lookups of a missing module are cached by the overlay it binds, kept mounted after it
+    (kept here for the whole test); an install requested while a command runs is refused
+    (V5: the control plane queues it), and a command started after the install sees the new
+    package: it binds a new overlay of the changed prefix, not the stale one."""
+    runner._prefixes.linger_s = 3600.0  # the overlay of the first command stays mounted
+    workspace = runner.workspace_path("ws")
+    tool_wheel(workspace / "wheels")
+    make_wheel(workspace / "wheels", "sy-more", "1.0")
+    await change(runner, change_id="c", environment_id="env1", action="create", language="python")
+    # each name looked up while missing: a negative entry in the overlay's cache
+    missing = (
+        "python -c 'import sy_more' 2>/dev/null || echo missing; ls /env/bin | grep -c sy- || :; "
+        "test -e /env/bin/sy-tool || echo no-tool; cat /env/bin/sy-tool 2>/dev/null || :"
+    )
+    assert await run(runner, "x1", missing) == "missing\n0\nno-tool\n"
+    await runner.start(
+        StartRequest(
+            execution_id="x2", workspace_id="ws", environment_id="env1",
+            command=f"sleep 2; {missing}",
+        )
+    )  # fmt: skip
+    request = EnvironmentChangeRequest.model_validate(
+        {
+            "workspace_id": "ws", "change_id": "i1", "environment_id": "env1",
+            "action": "install", "manager": "pip", "specs": ["sy-more", "sy-tool"],
+            "index_url": "none", "find_links": ["/workspace/wheels"],
+        }
+    )  # fmt: skip
+    with pytest.raises(Conflict, match="in use by running executions x2"):
+        await runner.environment_change(request)  # V5: no prefix changes under a command
+    during = await runner.wait("x2", 60)
+    assert during.state == RunnerExecState.finished and during.exit_code == 0
+    assert (await runner.read_log("x2", "stdout", 0, 1 << 16)).data == b"missing\n0\nno-tool\n"
+    await runner.environment_change(request)
+    done = await runner.environment_change_wait("i1", CHANGE_TIMEOUT_S)
+    assert done.state == EnvChangeState.succeeded, done.error
+    after = (
+        "python -c 'import sy_more; print(sy_more.VERSION)'; ls /env/bin | grep sy-; "
+        "test -e /env/bin/sy-tool && /env/bin/sy-tool"
+    )
+    assert await run(runner, "x3", after) == "1.0\nsy-tool\nsy-tool ran\n"
+
+
+#: A runner that starts a long command using env1, says where its prefix's overlay is, and
+#: is then killed (SIGKILL) by the test.
+KILLED_RUNNER = """
+import asyncio, sys
+from pathlib import Path
+from shellyard.runner.local import LocalRunner
+from shellyard.runner.protocol import StartRequest
+
+async def main(root: str) -> None:
+    runner = LocalRunner(Path(root))
+    await runner.startup()
+    await runner.start(StartRequest(
+        execution_id="x1", workspace_id="ws", environment_id="env1",
+        command="sleep 600",
+    ))
+    print(*runner._prefixes.holds(), flush=True)
+    await asyncio.sleep(600)
+
+asyncio.run(main(sys.argv[1]))
+"""
+
+
+def mounts_below(folder: Path) -> list[str]:
+    with open("/proc/self/mountinfo") as lines:
+        points = [line.split(" ")[4] for line in lines]
+    return [point for point in points if point.startswith(f"{folder}/")]
+
+
+async def test_a_restart_after_kill_9_leaves_no_prefix_overlay(home: Path) -> None:
+    """R2: a runner killed (SIGKILL) while a command using an environment runs leaves the
+    prefix's overlay mounted in the host's namespace; the restart adopts it as idle (the
+    command may still be binding it) and its reaper unmounts it a linger later, while the
+    command, re-attached (E11), runs on with its own copy."""
+    root = home / "runner"
+    first = LocalRunner(root)
+    await first.startup()
+    await first.ensure_workspace("ws")
+    await change(first, change_id="c", environment_id="env1", action="create", language="python")
+    enabled = first._prefixes.enabled  # (a stop turns it off)
+    await first.aclose()
+    if not enabled:
+        pytest.skip("no overlays of their own on this runner (not root, or refused)")
+    child = subprocess.Popen(
+        [sys.executable, "-c", KILLED_RUNNER, str(root)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert child.stdout is not None
+        point = child.stdout.readline().strip()
+        assert point and mounts_below(root / "sandbox" / "prefixes") == [point]
+    finally:
+        child.kill()
+        child.wait()
+    assert mounts_below(root / "sandbox" / "prefixes") == [point]  # what kill -9 left
+    again = LocalRunner(root)
+    await again.startup()
+    try:
+        for _ in range(300):  # the reaper's round after the linger (5 s)
+            if not mounts_below(root / "sandbox" / "prefixes"):
+                break
+            await asyncio.sleep(0.1)
+        assert mounts_below(root / "sandbox" / "prefixes") == []
+        status = await again.status("x1")
+        assert status.state == RunnerExecState.running, status  # E11: its /env its own
+        await again.ensure_workspace("ws2")  # ws is x1's
+        await again.start(
+            StartRequest(
+                execution_id="x2", workspace_id="ws2", environment_id="env1",
+                command="test -x /env/bin/python",
+            )
+        )  # fmt: skip
+        assert (await again.wait("x2", 60)).exit_code == 0
+        assert (
+            len(mounts_below(root / "sandbox" / "prefixes")) == 1
+        )  # mounted again for x2 (lingering)
+    finally:
+        await again.cancel("x1")
+        await again.wait("x1", 30)
+        await again.aclose()
+    assert mounts_below(root / "sandbox" / "prefixes") == []

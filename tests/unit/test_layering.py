@@ -150,6 +150,7 @@ ROOMS: dict[str, set[str]] = {
     "runner.processes": set(),
     "runner.workspace_paths": set(),
     "runner.own_mounts": set(),
+    "runner.prefix_mounts": {"runner.own_mounts"},  # its overlay mount, the linger
     "runner.snapshots": {"runner.own_mounts", "runner.protocol", "runner.workspace_paths"},
     "runner.edits": {"runner.protocol", "runner.snapshots", "runner.workspace_paths"},
     "runner.network": {"runner.processes"},
@@ -159,6 +160,7 @@ ROOMS: dict[str, set[str]] = {
         "runner.network",
         "runner.own_mounts",
         "runner.policy",
+        "runner.prefix_mounts",
         "runner.processes",
         "runner.protocol",
         "runner.snapshots",
@@ -179,6 +181,7 @@ ROOMS: dict[str, set[str]] = {
         "runner.limits",
         "runner.network",
         "runner.own_mounts",
+        "runner.prefix_mounts",
         "runner.processes",
         "runner.protocol",
         "runner.sandbox",

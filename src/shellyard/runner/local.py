@@ -38,6 +38,7 @@ from shellyard.runner.network.egress_proxy import EgressProxy
 from shellyard.runner.network.netns import WorkspaceNetworks
 from shellyard.runner.network.ports import Relays
 from shellyard.runner.own_mounts import OwnMounts
+from shellyard.runner.prefix_mounts import PrefixMounts
 from shellyard.runner.protocol import (
     PROTOCOL_VERSION,
     ApplyEntry,
@@ -100,6 +101,7 @@ class LocalRunner(TerminalDoor):  # E13: send_input, screen, resize
         self._sandbox_dir = self.root / "sandbox"
         #: R2: an overlay of its own per workspace, home and view (own_mounts.py)
         self._mounts = OwnMounts(self._sandbox_dir / "overlays", (self._workspaces, self._homes))
+        self._prefixes = PrefixMounts(self._sandbox_dir / "prefixes")  # and each prefix's
         self._snapshots = SnapshotStore(self.root / "snapshots")
         # a tree newly mounted: the change hints' watches were added through the last overlay
         self._mounts.mounted = lambda folder: self._snapshots.forget_changes(folder.name)
@@ -198,6 +200,9 @@ class LocalRunner(TerminalDoor):  # E13: send_input, screen, resize
         box = self._sandboxes
         box.logs.open()  # R2: one detached copy of the root for the runner's life (log_root.py)
         await asyncio.to_thread(self._mounts.startup)
+        # R2: an overlay of its own per prefix a sandbox binds, where the workspaces get theirs
+        await asyncio.to_thread(self._prefixes.startup, self._mounts.enabled)
+        box.prefixes = self._prefixes if self._prefixes.enabled else None
         box.bwrap = sandbox.find_bwrap()
         box.disable_userns = await asyncio.to_thread(
             sandbox.bwrap_supports, box.bwrap, "--disable-userns"
@@ -255,6 +260,7 @@ class LocalRunner(TerminalDoor):  # E13: send_input, screen, resize
         self._sandboxes.view.close()
         self._sandboxes.logs.close()
         self._mounts.close()
+        await asyncio.to_thread(self._prefixes.close)  # detached: running sandboxes keep theirs
         # R2: what a sandbox that runs on holds stays mounted (E11), the rest goes
         await asyncio.to_thread(self._mounts.unmount_unheld)
 

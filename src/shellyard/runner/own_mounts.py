@@ -69,6 +69,30 @@ _AT_EMPTY_PATH = 0x1000
 LINGER_S = 5.0
 
 
+class Reaper:
+    """A thread that calls ``reap`` (unmount what nothing held for the linger) every half
+    linger until ``stop``; an unmount that fails is tried again the next round (a hold
+    adopts the overlay meanwhile)."""
+
+    def __init__(self, name: str, reap: Callable[[], int], linger_s: Callable[[], float]) -> None:
+        self._reap = reap
+        self._linger_s = linger_s
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stopped.wait(max(0.2, self._linger_s() / 2)):
+            try:
+                self._reap()
+            except OSError:
+                log.exception("%s could not unmount an idle overlay", self._thread.name)
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self._thread.join()
+
+
 @dataclass
 class _Folder:
     """One folder's holds, under its own lock (a mount of one never waits on another)."""
@@ -101,8 +125,7 @@ class OwnMounts:
         #: called with a folder just mounted (a new overlay: what was watched through the
         #: last one is not seen through it; the snapshot store's change hints)
         self.mounted: Callable[[Path], None] | None = None
-        self._stop = threading.Event()
-        self._reaper: threading.Thread | None = None
+        self._reaper: Reaper | None = None
 
     def startup(self) -> bool:
         """Probe once (root, ``SHELLYARD_OWN_MOUNTS`` not ``off``: on by default, and the
@@ -128,8 +151,7 @@ class OwnMounts:
             )
         probe.rmdir()
         if self.enabled and self.linger_s > 0:
-            self._reaper = threading.Thread(target=self._reap_loop, name="own-mounts", daemon=True)
-            self._reaper.start()
+            self._reaper = Reaper("own-mounts", self.reap, lambda: self.linger_s)
         return self.enabled
 
     # ------------------------------------------------------------------ holds
@@ -225,13 +247,6 @@ class OwnMounts:
                     done += 1
         return done
 
-    def _reap_loop(self) -> None:
-        while not self._stop.wait(max(0.2, self.linger_s / 2)):
-            try:
-                self.reap()
-            except OSError:  # the next round tries again; a hold adopts it meanwhile
-                log.exception("could not unmount an idle overlay")
-
     def unmount_unheld(self) -> None:
         """Unmount every folder of the parents nothing holds: at start, after the sandboxes
         still running were adopted (what a killed runner left mounted for them stays; the
@@ -245,9 +260,8 @@ class OwnMounts:
 
     def close(self) -> None:
         """The reaper stops (``unmount_unheld`` takes what it would have)."""
-        self._stop.set()
         if self._reaper is not None:
-            self._reaper.join()
+            self._reaper.stop()
             self._reaper = None
 
     def mount(self, folder: Path, *, read_only: bool = False) -> None:
@@ -260,40 +274,12 @@ class OwnMounts:
         """Whether it mounted one (False: mounted already, or no overlays here)."""
         if not self.enabled or os.path.ismount(folder):
             return False
-        fds: list[int] = []
-        try:
-            target = os.open(folder, _O_FOLDER)
-            fds.append(target)
-            empty = os.open(self._empty, _O_FOLDER)
-            fds.append(empty)
-            if read_only:
-                options = f"lowerdir=/proc/self/fd/{target}:/proc/self/fd/{empty}"
-            else:
-                work_dir = self._work / _work_name(folder)
-                work_dir.mkdir(mode=0o700, exist_ok=True)
-                work = os.open(work_dir, _O_FOLDER)
-                fds.append(work)
-                options = (
-                    f"lowerdir=/proc/self/fd/{empty},upperdir=/proc/self/fd/{target},"
-                    f"workdir=/proc/self/fd/{work},uuid=null"
-                )
-            flags = _MS_NOSUID | _MS_NODEV | (_MS_RDONLY if read_only else 0)
-            # the target by its descriptor too: the folder mounted is the one opened
-            if (
-                _libc.mount(
-                    b"overlay",
-                    f"/proc/self/fd/{target}".encode(),
-                    b"overlay",
-                    flags,
-                    options.encode(),
-                )
-                != 0
-            ):
-                code = ctypes.get_errno()
-                raise OSError(code, f"cannot mount an overlay on {folder}: {os.strerror(code)}")
-        finally:
-            for fd in fds:
-                os.close(fd)
+        if read_only:
+            mount_overlay(folder, self._empty, lower=folder)
+        else:
+            work_dir = self._work / _work_name(folder)
+            work_dir.mkdir(mode=0o700, exist_ok=True)
+            mount_overlay(folder, self._empty, work=work_dir)
         return True
 
     def tmpfs(self, folder: Path) -> Path:
@@ -322,12 +308,7 @@ class OwnMounts:
             self._unmount(folder)
 
     def _unmount(self, folder: Path) -> None:
-        while os.path.ismount(folder):  # mounted twice (two runners' starts racing): all
-            if _libc.umount2(str(folder).encode(), _MNT_DETACH) != 0:
-                code = ctypes.get_errno()
-                if code in (errno.EINVAL, errno.ENOENT):
-                    return
-                raise OSError(code, f"cannot unmount {folder}: {os.strerror(code)}")
+        unmount_all(folder)  # mounted twice (two runners' starts racing): all
         work_dir = self._work / _work_name(folder)
         if work_dir.is_dir():
             _remove_work(work_dir)
@@ -338,6 +319,48 @@ class OwnMounts:
             if parent.is_dir():
                 found += [e for e in os.scandir(parent) if e.is_dir(follow_symlinks=False)]
         return found
+
+
+def mount_overlay(
+    target: Path, empty: Path, *, lower: Path | None = None, work: Path | None = None
+) -> None:
+    """An overlay mounted on ``target`` whose layers are named by descriptors
+    (``/proc/self/fd/N``), so its mountinfo line prints ``/`` as root and no path: read-only
+    over ``lower`` (``empty`` below it: overlayfs wants two lower layers without an upper
+    one), or, with ``work``, writable with ``target`` itself as its upper layer (``empty``
+    below, ``work`` overlayfs' work folder beside it)."""
+    fds: list[int] = []
+    try:
+        for folder in (target, empty, *((lower,) if lower else ()), *((work,) if work else ())):
+            fds.append(os.open(folder, _O_FOLDER))
+        at, empty_fd, more = fds[0], fds[1], fds[2:]
+        if work is None:
+            options = f"lowerdir=/proc/self/fd/{more[0]}:/proc/self/fd/{empty_fd}"
+        else:
+            options = (
+                f"lowerdir=/proc/self/fd/{empty_fd},upperdir=/proc/self/fd/{at},"
+                f"workdir=/proc/self/fd/{more[-1]},uuid=null"
+            )
+        flags = _MS_NOSUID | _MS_NODEV | (_MS_RDONLY if work is None else 0)
+        # the target by its descriptor too: the folder mounted is the one opened
+        path = f"/proc/self/fd/{at}".encode()
+        if _libc.mount(b"overlay", path, b"overlay", flags, options.encode()) != 0:
+            code = ctypes.get_errno()
+            raise OSError(code, f"cannot mount an overlay on {target}: {os.strerror(code)}")
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def unmount_all(folder: Path) -> None:
+    """Every mount on ``folder`` detached (a sandbox that binds one keeps its bind until it
+    ends); none left is no error."""
+    while os.path.ismount(folder):
+        if _libc.umount2(str(folder).encode(), _MNT_DETACH) != 0:
+            code = ctypes.get_errno()
+            if code in (errno.EINVAL, errno.ENOENT):
+                return
+            raise OSError(code, f"cannot unmount {folder}: {os.strerror(code)}")
 
 
 def open_unnamed(directory: Path, names: Sequence[str], flags: int, mode: int) -> list[int]:

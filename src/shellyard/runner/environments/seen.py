@@ -6,7 +6,9 @@ the prefix at ``ENV`` (/env), and the tools' cache and scratch folder at ``ENV_C
 ``ENV_SCRATCH`` (the sandbox's own paths, beside /workspace, in ``sandbox/bwrap.py``; bwrap's
 root is a tmpfs: any path can be a mount point, and the host view shows none of these).
 Everything the prefix's files name (shebangs, conda's relocated files, R's library path) is
-then the neutral path, and so are PATH, the tools' arguments and ``/proc/self/mountinfo``.
+then the neutral path, and so are PATH, the tools' arguments and the mount point in
+``/proc/self/mountinfo``; a command's line there names no host folder either on a root
+runner, which binds an overlay of the prefix of its own (``runner/prefix_mounts.py``).
 Runner-side code keeps reading the prefix at its host path; only what runs inside a sandbox
 sees the neutral one.
 

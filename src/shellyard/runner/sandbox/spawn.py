@@ -27,6 +27,7 @@ from shellyard.runner import processes
 from shellyard.runner.limits.cgroups import CgroupTree
 from shellyard.runner.network.netns import WorkspaceNetworks
 from shellyard.runner.policy import ExecutionPolicy, SandboxPolicy
+from shellyard.runner.prefix_mounts import Hold, PrefixMounts
 from shellyard.runner.protocol import RunnerExecution, StartRequest
 from shellyard.runner.sandbox import bwrap as sandbox
 from shellyard.runner.sandbox import launch, terminal
@@ -155,6 +156,9 @@ class Sandboxes:
     #: R2: the logs a sandbox inherits, opened through one detached copy of the runner's
     #: root (log_root.py); without a root, a copy per spawn.
     logs: LogRoot = field(default_factory=LogRoot)
+    #: R2: the prefixes' overlays bound instead of the prefixes (prefix_mounts.py); None: the
+    #: prefixes themselves
+    prefixes: PrefixMounts | None = None
 
     def ids_of(self, workspace_id: str) -> tuple[int, int] | None:
         """The host uid and gid the workspace's commands run as (None: this user's)."""
@@ -312,9 +316,7 @@ class Sandboxes:
                 workspace=tree,
                 status_fd=status_fd,
                 command=command,
-                read_only_binds=[(mount.prefix, mount.seen), *mount.also]
-                if mount is not None
-                else (),
+                read_only_binds=self._prefix_binds(pending, mount),
                 egress_socket=self.egress_socket,
                 socat=self.socat,
                 workspace_read_only=read_only,
@@ -342,6 +344,16 @@ class Sandboxes:
         )
         pending.join_after = bool(pending.joins) and self.launcher is None
         return pending
+
+    def _prefix_binds(self, pending: PendingSpawn, mount: Mount | None) -> list[tuple[Path, Path]]:
+        """V4: the prefix (and a base's companion) to bind read-only where its files say it
+        is; on a root runner an overlay of each instead, held for ``pending`` (R2: no host
+        path in the sandbox's mountinfo, prefix_mounts.py)."""
+        binds = [] if mount is None else [(mount.prefix, mount.seen), *mount.also]
+        if not binds or self.prefixes is None:
+            return binds
+        binds, pending.prefixes = self.prefixes.hold(binds)
+        return binds
 
     def abandon(self, pending: PendingSpawn) -> None:
         """A spawn that did not happen lets go of what ``prepare_bwrap`` took."""
@@ -432,6 +444,8 @@ class PendingSpawn:
     #: terminal it writes to (a tty's output is the terminal's, its holder logs it)
     stdin: int | None = None
     terminal_out: int | None = None
+    #: R2: the prefixes' overlays it binds, held until its process exits (prefix_mounts.py)
+    prefixes: Hold | None = None
 
     def spawn(self) -> Started:
         if self.groups is not None:  # before the launcher joins them (R2)
@@ -447,11 +461,15 @@ class PendingSpawn:
             cwd="/",
             start_new_session=True,
         )
+        if self.prefixes is not None:  # kept until bwrap (set up by then) exits
+            self.prefixes.attach(popen.pid)
         if self.join_after:
             launch.join(self.joins, popen.pid)
         return Started(popen, processes.start_time(popen.pid) or 0, started_at, self.network)
 
     def close(self) -> None:
+        if self.prefixes is not None:  # never spawned: let go
+            self.prefixes.close()
         for fd in (self.out_fd, self.err_fd, *self.owned):
             with contextlib.suppress(OSError):
                 os.close(fd)
