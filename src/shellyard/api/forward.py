@@ -8,9 +8,8 @@ nothing. A ``Forward`` row names the method instead, and the request of a GET is
 as the operation's parameters, their bounds included). ``add_routes`` builds one handler per row:
 
 - the path's ``{ids}`` are strings, given by name;
-- the query model is given whole as ``request`` when the method takes one (the operation's
-  model from contract/, docs/architecture.md "The doors"), otherwise its fields by name (a
-  field is called as the service's parameter is);
+- the query model is given whole as ``request`` (the operation's model from contract/: the
+  method's ``request`` parameter, docs/architecture.md "The doors");
 - ``agent=True``: the acting agent (``AgentHeader``, api/auth.py) is given as ``agent_id``.
 
 The route keeps its name (the OpenAPI operationId), its success model and its dependencies, so
@@ -46,8 +45,7 @@ class Forward:
     service: str
     #: the success model (the answer is validated and documented as this)
     result: Any
-    #: the request's query parameters, one model (given whole as the method's ``request``, or
-    #: its fields named as the method's parameters)
+    #: the request's query parameters, one model (given whole as the method's ``request``)
     query: type[BaseModel] | None = None
     #: whether the acting agent is given (as ``agent_id``)
     agent: bool = False
@@ -75,15 +73,12 @@ def _handler(plane: ControlPlane, row: Forward) -> Callable[..., Awaitable[Any]]
         )
 
     method = _method(plane, row.service)
-    whole = "request" in inspect.signature(method).parameters
 
     async def handler(**given: Any) -> Any:
         request: BaseModel | None = given.pop("query", None)
         if request is None:
             return await method(**given)
-        if whole:
-            return await method(**given, request=request)
-        return await method(**given, **{n: getattr(request, n) for n in type(request).model_fields})
+        return await method(**given, request=request)
 
     handler.__name__ = handler.__qualname__ = row.name
     # FastAPI reads the parameters it fills from the handler's signature
