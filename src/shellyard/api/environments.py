@@ -5,11 +5,12 @@ of that agent's session only."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Query
 
 from shellyard.api.auth import AgentHeader
+from shellyard.api.bodies import body_of
 from shellyard.api.docs import body_doc
 from shellyard.api.forward import Forward, add_routes
 from shellyard.contract.environments import (
@@ -20,7 +21,6 @@ from shellyard.contract.environments import (
     EnvironmentRevisionsQuery,
     EnvironmentView,
     RevisionView,
-    parse_body,
 )
 from shellyard.control.plane import ControlPlane
 
@@ -41,18 +41,22 @@ def environments_router(plane: ControlPlane) -> APIRouter:
 
     @router.post("/v1/environments", openapi_extra=body_doc(EnvironmentCreateRequest))
     async def environment_create(
-        body: dict[str, Any], agent: AgentHeader = None
+        *,
+        agent: AgentHeader = None,
+        request: Annotated[EnvironmentCreateRequest, body_of(EnvironmentCreateRequest)],
     ) -> EnvironmentView:
-        return await plane.environments.create(parse_body(EnvironmentCreateRequest, body), agent)
+        return await plane.environments.create(request, agent)
 
     @router.post(
         "/v1/environments/{environment_id}/install",
         openapi_extra=body_doc(EnvironmentChangeBody),
     )
     async def environment_install(
-        environment_id: str, body: dict[str, Any], agent: AgentHeader = None
+        environment_id: str,
+        *,
+        agent: AgentHeader = None,
+        change: Annotated[EnvironmentChangeBody, body_of(EnvironmentChangeBody)],
     ) -> ChangeView:
-        change = parse_body(EnvironmentChangeBody, body)
         return await plane.environments.install(environment_id, change, agent)
 
     @router.post(
@@ -60,9 +64,11 @@ def environments_router(plane: ControlPlane) -> APIRouter:
         openapi_extra=body_doc(EnvironmentChangeBody),
     )
     async def environment_uninstall(
-        environment_id: str, body: dict[str, Any], agent: AgentHeader = None
+        environment_id: str,
+        *,
+        agent: AgentHeader = None,
+        change: Annotated[EnvironmentChangeBody, body_of(EnvironmentChangeBody)],
     ) -> ChangeView:
-        change = parse_body(EnvironmentChangeBody, body)
         return await plane.environments.uninstall(environment_id, change, agent)
 
     @router.get("/v1/environment-changes/{change_id}")
