@@ -113,7 +113,7 @@ class PathsJSON(JSONResponse):
 
 
 #: The reads (W2, W5), transfers (T1-T4) and artifacts (T5) that hand their path ids, their
-#: query model and the acting agent to a service unchanged.
+#: query model or body and the acting agent to a service unchanged.
 FILE_ROUTES = (
     Forward("GET", "/v1/workspaces", "workspaces", "files.workspaces", list[WorkspaceView],
             agent=True),
@@ -124,6 +124,8 @@ FILE_ROUTES = (
     Forward("GET", "/v1/files/history", "history", "files.history", HistoryView, FileHistoryQuery,
             agent=True),
     Forward("GET", "/v1/files/diff", "diff", "files.diff", DiffResult, FileDiffQuery, agent=True),
+    Forward("POST", "/v1/transfers", "start_transfer", "transfers.start", TransferView,
+            agent=True, body=TransferRequest),
     Forward("GET", "/v1/transfers", "list_transfers", "transfers.list", list[TransferView],
             TransferListQuery, agent=True),
     Forward("GET", "/v1/transfers/{transfer_id}", "query_transfer", "transfers.query",
@@ -279,14 +281,6 @@ def files_router(plane: ControlPlane) -> APIRouter:
     )
     async def retention(r: Annotated[RetentionRequest, body_of(RetentionRequest)]) -> RetentionView:
         return await plane.files.collect(r.keep_last, r.grace_s)
-
-    # ------------------------------------------------------------------ transfers (T1–T4)
-
-    @router.post("/v1/transfers", openapi_extra=body_doc(TransferRequest))
-    async def start_transfer(
-        *, agent: AgentHeader = None, request: Annotated[TransferRequest, body_of(TransferRequest)]
-    ) -> TransferView:
-        return await plane.transfers.start(request, agent)
 
     # ------------------------------------------------------------------ artifacts (T5)
 

@@ -10,11 +10,13 @@ as the operation's parameters, their bounds included). ``add_routes`` builds one
 - the path's ``{ids}`` are strings, given by name;
 - the query model is given whole as ``request`` (the operation's model from contract/: the
   method's ``request`` parameter, docs/architecture.md "The doors");
-- ``agent=True``: the acting agent (``AgentHeader``, api/auth.py) is given as ``agent_id``.
+- ``agent=True``: the acting agent (``AgentHeader``, api/auth.py) is given as ``agent_id``;
+- a POST's JSON body is given whole as ``request``, parsed into the row's ``body`` model
+  (api/bodies.py) after the acting agent is known, and named in the document (``body_doc``).
 
 The route keeps its name (the OpenAPI operationId), its success model and its dependencies, so
 the document and the answers are those of the handlers it replaces. A route that does anything
-else (parses a body, sets a header, streams) stays a handler of its router module.
+else (checks something first, sets a header, streams) stays a handler of its router module.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ from fastapi.params import Depends
 from pydantic import BaseModel
 
 from shellyard.api.auth import AgentHeader
+from shellyard.api.bodies import body_of
+from shellyard.api.docs import body_doc
 from shellyard.control.plane import ControlPlane
 
 _PATH_ID = re.compile(r"{(\w+)}")
@@ -50,6 +54,9 @@ class Forward:
     #: whether the acting agent is given (as ``agent_id``)
     agent: bool = False
     dependencies: Sequence[Depends] = ()
+    #: the JSON body's model (given whole as the method's ``request``; a row has a query model
+    #: or a body, never both)
+    body: type[BaseModel] | None = None
 
 
 def _method(plane: ControlPlane, dotted: str) -> Callable[..., Awaitable[Any]]:
@@ -66,19 +73,22 @@ def _handler(plane: ControlPlane, row: Forward) -> Callable[..., Awaitable[Any]]
     parameters = [inspect.Parameter(n, named, annotation=str) for n in _PATH_ID.findall(row.path)]
     if row.query is not None:
         model: Any = row.query
-        parameters.append(inspect.Parameter("query", named, annotation=Annotated[model, Query()]))
+        parameters.append(inspect.Parameter("request", named, annotation=Annotated[model, Query()]))
     if row.agent:
         parameters.append(
             inspect.Parameter("agent_id", named, annotation=AgentHeader, default=None)
+        )
+    if row.body is not None:
+        assert row.query is None, f"{row.name}: a query model or a body, not both"
+        body: Any = row.body
+        parameters.append(
+            inspect.Parameter("request", named, annotation=Annotated[body, body_of(body)])
         )
 
     method = _method(plane, row.service)
 
     async def handler(**given: Any) -> Any:
-        request: BaseModel | None = given.pop("query", None)
-        if request is None:
-            return await method(**given)
-        return await method(**given, request=request)
+        return await method(**given)
 
     handler.__name__ = handler.__qualname__ = row.name
     # FastAPI reads the parameters it fills from the handler's signature
@@ -98,6 +108,7 @@ def add_routes(router: APIRouter, plane: ControlPlane, rows: Sequence[Forward]) 
             name=row.name,
             response_model=row.result,
             dependencies=list(row.dependencies),
+            openapi_extra=None if row.body is None else body_doc(row.body),
         )
 
 

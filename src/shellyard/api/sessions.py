@@ -75,6 +75,8 @@ SESSION_ROUTES = (
             AgentView),
     Forward("GET", "/v1/inbox/summary", "inbox_summary", "inbox.summary", InboxSummary,
             agent=True),
+    Forward("POST", "/v1/timers", "timer_create", "timers.create", TimerView, agent=True,
+            body=TimerCreateRequest),
     Forward("GET", "/v1/timers/{timer_id}", "timer_get", "timers.get", TimerView, agent=True),
     Forward("POST", "/v1/timers/{timer_id}/cancel", "timer_cancel", "timers.cancel", TimerView,
             agent=True),
@@ -152,14 +154,6 @@ def sessions_router(plane: ControlPlane) -> APIRouter:
         return MarkReadResult(marked=await plane.inbox.mark_read(agent, request.notice_ids))
 
     # ------------------------------------------------------------------ timers
-
-    @router.post("/v1/timers", openapi_extra=body_doc(TimerCreateRequest))
-    async def timer_create(
-        *,
-        agent: AgentHeader = None,
-        request: Annotated[TimerCreateRequest, body_of(TimerCreateRequest)],
-    ) -> TimerView:
-        return await plane.timers.create(agent, request)
 
     @router.get("/v1/timers")
     async def timer_list(
