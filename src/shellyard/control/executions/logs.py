@@ -29,13 +29,8 @@ async def read_page(
     """The page ``request`` asks of an owned record's log."""
     execution_id = row.id
     log_stream = check_stream(request.stream)
-    offset, limit, tail, tail_lines = (
-        request.offset,
-        request.limit,
-        request.tail,
-        request.tail_lines,
-    )
-    encoding = request.encoding
+    offset, limit = request.offset, request.limit
+    tail, tail_lines = request.tail, request.tail_lines
     pruned_at = row.logs_pruned_at
     state = ExecutionState(row.state)
     nothing = LogsResult.model_construct(
@@ -56,7 +51,7 @@ async def read_page(
         offset = await line_tail_offset(runner, execution_id, log_stream, size, tail_lines)
         limit = min(size - offset, MAX_READ_CHUNK)
     chunk = await runner.read_log(execution_id, log_stream, offset, min(limit, MAX_READ_CHUNK))
-    text, used = encode_page(chunk.data, encoding)
+    text, used = encode_page(chunk.data, request.encoding)
     if state.terminal:
         await store.mark_notice_read("execution", execution_id)
     return LogsResult(
@@ -70,5 +65,5 @@ async def read_page(
         size=chunk.size,
         complete=chunk.complete and used == len(chunk.data),
         state=state,
-        encoding=encoding,
+        encoding=request.encoding,
     )
