@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "suppo
 from runner_daemon_fixture import start_daemon
 
 from shellyard.config import Settings
-from shellyard.contract.executions import RunShellRequest
+from shellyard.contract.executions import ExecutionCancelQuery, ExecutionWait, RunShellRequest
 from shellyard.contract.interactive import ExecutionInputRequest
 from shellyard.control.plane import ControlPlane, build
 from shellyard.runner.protocol import SandboxPolicy
@@ -94,10 +94,10 @@ async def measure(rounds: int) -> dict[str, Any]:
             await plane.executions.send_input(
                 execution_id, ExecutionInputRequest(keys=["C-d"]), None
             )
-            await plane.executions.wait(execution_id, 20)
+            await plane.executions.wait(execution_id, ExecutionWait(timeout_s=20))
     finally:
         for execution_id in terminals.values():  # none left waiting for input
-            await plane.executions.cancel(execution_id, wait_s=20)
+            await plane.executions.cancel(execution_id, ExecutionCancelQuery(wait_s=20))
         os.close(master)
         os.close(slave)
         await plane.aclose()

@@ -27,7 +27,7 @@ from typing import Any
 from bench_throughput import AGENTS, product_rate
 from common import MIB, cli, make_home, metric, remove_home
 from shellyard.config import Settings
-from shellyard.contract.executions import RunShellRequest
+from shellyard.contract.executions import ExecutionWait, RunShellRequest
 from shellyard.control.plane import ControlPlane, build
 from shellyard.runner.limits.quota import tree_usage
 from shellyard.runner.protocol import SandboxPolicy
@@ -105,7 +105,7 @@ async def big_output(homes: dict[str, Path], repeats: int) -> dict[str, Any]:
             )
             view: Any = result
             while not view.state.terminal:
-                view = await plane.executions.wait(result.execution_id, 30)
+                view = await plane.executions.wait(result.execution_id, ExecutionWait(timeout_s=30))
             times[name].append(time.perf_counter() - start)
             if view.exit_code != 0:
                 raise RuntimeError(f"1 GiB run ({name}) ended {view.state}: {view.error}")
@@ -129,7 +129,7 @@ async def overshoot(home: Path, quota: int, write: int) -> dict[str, Any]:
         result = await plane.executions.run_shell(
             RunShellRequest(command=f"head -c {write} /dev/zero > big", wait_ms=30_000)
         )
-        view: Any = await plane.executions.wait(result.execution_id, 120)
+        view: Any = await plane.executions.wait(result.execution_id, ExecutionWait(timeout_s=120))
         elapsed = time.perf_counter() - start
         runner = plane.runners.get("local")
         entry = await runner.stat_path(view.workspace_id, view.snapshot_seq, "big")

@@ -28,7 +28,12 @@ from typing import Any
 from bench_throughput import AGENTS, product_rate
 from common import cli, make_home, metric, remove_home
 from shellyard.config import Settings
-from shellyard.contract.executions import RunShellRequest
+from shellyard.contract.executions import (
+    ExecutionCancelQuery,
+    ExecutionLogsQuery,
+    ExecutionWait,
+    RunShellRequest,
+)
 from shellyard.control.plane import ControlPlane, build
 from shellyard.runner.limits import cgroups
 from shellyard.runner.local import LocalRunner
@@ -118,7 +123,9 @@ async def fairness(plane: ControlPlane, agents: list[str]) -> dict[str, float]:
     try:
         uid = None
         for _ in range(300):
-            logs = await plane.executions.logs(busy.execution_id, "stdout", agent_id=agents[0])
+            logs = await plane.executions.logs(
+                busy.execution_id, ExecutionLogsQuery(stream="stdout"), agents[0]
+            )
             if logs.data.strip():
                 uid = int(logs.data.split()[0])
                 break
@@ -128,8 +135,8 @@ async def fairness(plane: ControlPlane, agents: list[str]) -> dict[str, float]:
         loaded = await timed(agents[1])
         a_cpu = cpu_of_uid(uid) - before if uid is not None else float("nan")
     finally:
-        await plane.executions.cancel(busy.execution_id, agent_id=agents[0], wait_s=30)
-        await plane.executions.wait(busy.execution_id, 30, agent_id=agents[0])
+        await plane.executions.cancel(busy.execution_id, ExecutionCancelQuery(wait_s=30), agents[0])
+        await plane.executions.wait(busy.execution_id, ExecutionWait(timeout_s=30), agents[0])
     return {"idle_s": idle, "loaded_s": loaded, "ratio": loaded / idle, "a_cpu_per_b_cpu": a_cpu}
 
 

@@ -44,6 +44,7 @@ from common import (
     start_server,
     stop_server,
 )
+from shellyard.contract.executions import ExecutionWait
 from shellyard.sdk.client import Client
 
 COMMAND = "python bench/bench_transfer.py"
@@ -289,7 +290,7 @@ async def measure_reads(args: argparse.Namespace) -> dict[str, Any]:
                 command=f"head -c {GIB} /dev/urandom > big.bin", wait_ms=30_000
             )
             result = await plane.executions.run_shell(request)
-            view = await plane.executions.wait(result.execution_id, 300)
+            view = await plane.executions.wait(result.execution_id, ExecutionWait(timeout_s=300))
             path = home / "runners" / "local" / "workspaces" / view.workspace_id / "big.bin"
 
             async def read_api() -> float:

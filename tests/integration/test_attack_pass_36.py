@@ -28,7 +28,13 @@ from tmpfs_fixture import mounted_tmpfs, yard_on
 
 from conftest import Yard
 from shellyard.contract.environments import EnvironmentChangeBody, EnvironmentCreateRequest
-from shellyard.contract.executions import ExecutionState, RunShellRequest
+from shellyard.contract.executions import (
+    ExecutionCancelQuery,
+    ExecutionLogsQuery,
+    ExecutionState,
+    ExecutionWait,
+    RunShellRequest,
+)
 from shellyard.errors import ChangeFailed, LowOnSpace
 from shellyard.runner.limits import reserve
 from shellyard.runner.protocol import SandboxPolicy
@@ -85,7 +91,7 @@ async def test_a_command_making_empty_files_is_stopped_by_the_inode_reserve(
     is refused cleanly (LowOnSpace, 503, retry later), and a delete brings work back."""
     yard = inode_yard
     filler = await yard.run(SLOW_FILLER, background=True)
-    view = await yard.plane.executions.wait(filler.execution_id, 120)
+    view = await yard.plane.executions.wait(filler.execution_id, ExecutionWait(timeout_s=120))
     assert view.state.terminal, view
     record = await yard.runner.status(filler.execution_id)
     assert record.limit == "disk", record
@@ -112,7 +118,7 @@ async def test_a_filler_faster_than_the_watcher_ends_with_limit_disk_and_others_
     restart."""
     yard = inode_yard
     filler = await yard.run(FAST_FILLER, background=True)  # the runner's first command
-    view = await yard.plane.executions.wait(filler.execution_id, 120)
+    view = await yard.plane.executions.wait(filler.execution_id, ExecutionWait(timeout_s=120))
     assert view.state.terminal, view
     record = await yard.runner.status(filler.execution_id)
     assert record.limit == "disk", record
@@ -341,7 +347,7 @@ async def test_a_local_user_running_as_nobody_cannot_kill_a_forwards_relay(yard:
     )
     try:
         for _ in range(600):
-            logs = await yard.plane.executions.logs(server.execution_id)
+            logs = await yard.plane.executions.logs(server.execution_id, ExecutionLogsQuery())
             if "listening" in logs.data:
                 break
             await asyncio.sleep(0.05)
@@ -358,7 +364,7 @@ async def test_a_local_user_running_as_nobody_cannot_kill_a_forwards_relay(yard:
             assert "not permitted" in killed.stderr, killed.stderr
         assert _fetch(view.url + "live.txt") == "alive\n"
     finally:
-        await yard.plane.executions.cancel(server.execution_id, wait_s=30)
+        await yard.plane.executions.cancel(server.execution_id, ExecutionCancelQuery(wait_s=30))
 
 
 def _fetch(url: str) -> str:
@@ -394,9 +400,9 @@ async def test_files_in_a_sandboxs_tmp_count_against_its_memory_limit(
         "  for i in range(5000): open(f'{d}/{i}', 'w').close()\nprint('all made')\n\""
     )
     started = await yard.run(command, background=True)
-    view = await yard.plane.executions.wait(started.execution_id, 300)
+    view = await yard.plane.executions.wait(started.execution_id, ExecutionWait(timeout_s=300))
     assert view.state.terminal, view
     record = await yard.runner.status(started.execution_id)
     assert record.limit == "memory", record
-    logs = await yard.plane.executions.logs(started.execution_id)
+    logs = await yard.plane.executions.logs(started.execution_id, ExecutionLogsQuery())
     assert "all made" not in logs.data

@@ -32,7 +32,7 @@ from test_env_tool_rights import _create, _import, _install, _put, _sh
 
 from conftest import Yard
 from shellyard.contract.environments import EnvironmentCreateRequest, EnvironmentRevisionsQuery
-from shellyard.contract.executions import RunShellRequest
+from shellyard.contract.executions import ExecutionCancelQuery, ExecutionLogsQuery, RunShellRequest
 from shellyard.control.notify.webhook_policy import PolicyRefusal, WebhookPolicy
 from shellyard.errors import InvalidInput, ShellyardError
 from shellyard.runner.environments import bases
@@ -601,7 +601,7 @@ async def _serving(yard: Yard, agent: str, text: str) -> str:
     )
     started = await _run(yard, agent, command, background=True)
     for _ in range(600):
-        logs = await yard.plane.executions.logs(started.execution_id, agent_id=agent)
+        logs = await yard.plane.executions.logs(started.execution_id, ExecutionLogsQuery(), agent)
         if "listening" in logs.data:
             return started.execution_id
         await asyncio.sleep(0.05)
@@ -640,9 +640,9 @@ async def test_a_forward_only_ever_reaches_its_own_workspaces_server(
             assert a_view.host != b_view.host, (a_view, b_view)
             assert _fetch(a_view.url + "who.txt") == f"alice{round_}\n"
             assert _fetch(b_view.url + "who.txt") == "bob\n"
-            await yard.plane.executions.cancel(alices, wait_s=30, agent_id=alice)
+            await yard.plane.executions.cancel(alices, ExecutionCancelQuery(wait_s=30), alice)
     finally:
-        await yard.plane.executions.cancel(bobs, wait_s=30, agent_id=bob)
+        await yard.plane.executions.cancel(bobs, ExecutionCancelQuery(wait_s=30), bob)
 
 
 async def test_a_sparse_wheel_in_find_links_is_not_copied_at_its_apparent_size(

@@ -20,7 +20,12 @@ from env_fixtures import backend_sdist
 
 from conftest import Yard, kill_server, stop_server
 from shellyard.contract.environments import EnvironmentChangeBody, EnvironmentCreateRequest
-from shellyard.contract.executions import ExecutionState, RunShellResult
+from shellyard.contract.executions import (
+    ExecutionLogsQuery,
+    ExecutionState,
+    ExecutionWait,
+    RunShellResult,
+)
 from shellyard.sdk.client import Client
 
 pytestmark = [
@@ -88,9 +93,9 @@ async def test_the_log_descriptors_name_no_host_path(yard: Yard) -> None:
         assert warm_id not in yard.runner._runs.warm.waiting().values()
         assert yard.runner._runs.warm.stats["taken"] >= 1
     bg = await yard.run(FD_LINKS + " >&2", background=True)
-    view = await yard.plane.executions.wait(bg.execution_id, 60)
+    view = await yard.plane.executions.wait(bg.execution_id, ExecutionWait(timeout_s=60))
     assert view.state == ExecutionState.completed, view
-    logs = await yard.plane.executions.logs(bg.execution_id, stream="stderr")
+    logs = await yard.plane.executions.logs(bg.execution_id, ExecutionLogsQuery(stream="stderr"))
     _no_home(logs.data, yard)
     assert f"/proc/1/fd/2 /executions/{bg.execution_id}/stderr" in logs.data, logs.data
 

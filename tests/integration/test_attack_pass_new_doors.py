@@ -17,6 +17,12 @@ import pytest
 from test_interactive import ended, send
 
 from conftest import Yard, open_yard
+from shellyard.contract.executions import (
+    ExecutionCancelQuery,
+    ExecutionList,
+    ExecutionLogsQuery,
+    ExecutionWait,
+)
 from shellyard.contract.interactive import ExecutionInputRequest, TerminalSize
 from shellyard.errors import NotFound
 from shellyard.runner.sandbox import terminal
@@ -26,9 +32,9 @@ from shellyard.runner.sandbox import terminal
 async def yard(yard_factory: Any) -> AsyncIterator[Yard]:
     made: Yard = await yard_factory()
     yield made
-    for view in await made.plane.executions.list():
+    for view in await made.plane.executions.list(ExecutionList()):
         if not view.state.terminal:
-            await made.plane.executions.cancel(view.execution_id, wait_s=20)
+            await made.plane.executions.cancel(view.execution_id, ExecutionCancelQuery(wait_s=20))
 
 
 async def test_another_session_cannot_look_at_or_resize_a_terminal(yard: Yard) -> None:
@@ -60,7 +66,7 @@ async def test_a_sandboxed_command_sees_no_input_fifo_nor_holder(yard: Yard) -> 
     await asyncio.sleep(0.5)
     await send(yard, ran.execution_id, text="done\n", eof=True)
     await ended(yard, ran.execution_id)
-    out = (await yard.plane.executions.logs(ran.execution_id)).data
+    out = (await yard.plane.executions.logs(ran.execution_id, ExecutionLogsQuery())).data
     fifos, processes = out.split("fifos-end\n")
     assert fifos == ""
     assert "python" not in processes, processes  # the holder is python3 -I -S
@@ -152,9 +158,9 @@ async def test_a_command_leaves_nothing_a_warm_sandbox_shows(home: Path) -> None
             wait_ms=0,
         )
         await wait_for_warm(runner, first.workspace_id)  # made while the first runs
-        done = await plane.executions.wait(first.execution_id, 30)
+        done = await plane.executions.wait(first.execution_id, ExecutionWait(timeout_s=30))
         assert done.exit_code == 0, done
-        seen = (await plane.executions.logs(first.execution_id)).data
+        seen = (await plane.executions.logs(first.execution_id, ExecutionLogsQuery())).data
         # its own leftover, and no waiter (run as /proc/self/fd/N, its id in its environment)
         lines = seen.splitlines()
         assert "sleep 300 " in lines and not [x for x in lines if x.startswith("/proc/")], seen

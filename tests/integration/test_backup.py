@@ -19,7 +19,13 @@ from files_helpers import child_workspace
 from conftest import processes_of, sy
 from shellyard.backup import LOST_ERROR, backup, restore
 from shellyard.config import Settings
-from shellyard.contract.executions import ExecutionState, RunShellRequest
+from shellyard.contract.executions import (
+    ExecutionLogsQuery,
+    ExecutionState,
+    ExecutionWait,
+    RunShellRequest,
+)
+from shellyard.contract.files import TransferWait
 from shellyard.control.plane import ControlPlane, build
 from shellyard.control.retention import structure_sizes
 from shellyard.errors import InvalidInput
@@ -99,7 +105,7 @@ async def test_backup_while_serving_restores_every_completed_record(home: Path) 
             for result in [made, *done]:
                 view = await restored.executions.status(result.execution_id)
                 assert view.state == "completed" and view.snapshot_seq == result.snapshot_seq
-                logs = await restored.executions.logs(result.execution_id)
+                logs = await restored.executions.logs(result.execution_id, ExecutionLogsQuery())
                 assert logs.data == result.stdout and logs.logs_pruned_at is None
                 seqs = [s.seq for s in await local.list_snapshots(result.workspace_id)]
                 assert result.snapshot_seq in seqs
@@ -114,17 +120,23 @@ async def test_backup_while_serving_restores_every_completed_record(home: Path) 
             ]
             assert len(completed) >= 1 + len(done)
             for row in completed:
-                logs = await restored.executions.logs(str(row.id), agent_id=str(row.agent_id))
+                logs = await restored.executions.logs(
+                    str(row.id), ExecutionLogsQuery(), str(row.agent_id)
+                )
                 assert logs.complete and logs.logs_pruned_at is None
             # the execution running at backup time: recorded unknown, never re-attached
-            view = await restored.executions.wait(long_id, 30, str(child.id))
+            view = await restored.executions.wait(
+                long_id, ExecutionWait(timeout_s=30), str(child.id)
+            )
             assert view.state == ExecutionState.unknown and view.error == LOST_ERROR
             assert processes_of(long_id), "the original sandbox must be left alone"
             sizes = structure_sizes(restored, local)
             assert sizes["local.live"] == 0 and sizes["executions.watchers"] == 0
             # the transfer in flight when the database was copied ends once, and the
             # workspaces take new work
-            restored_transfer = await restored.transfers.wait(transfer.transfer_id, 90)
+            restored_transfer = await restored.transfers.wait(
+                transfer.transfer_id, TransferWait(timeout_s=90)
+            )
             assert restored_transfer.terminal, restored_transfer
             assert restored_transfer.started_at is not None
             again = await restored.executions.run_shell(
@@ -193,7 +205,9 @@ async def test_backup_and_restore_on_postgresql(home: Path, pg_schema: str) -> N
             for i, result in enumerate(done):
                 view = await restored.executions.status(result.execution_id)
                 assert view.state == "completed" and view.snapshot_seq == result.snapshot_seq
-                assert (await restored.executions.logs(result.execution_id)).data == f"{i}\n"
+                assert (
+                    await restored.executions.logs(result.execution_id, ExecutionLogsQuery())
+                ).data == f"{i}\n"
                 chunk = await local.read_file(
                     result.workspace_id, result.snapshot_seq, "p.txt", 0, 9
                 )

@@ -15,7 +15,13 @@ import pytest
 from runner_daemon_fixture import start_daemon
 
 from conftest import kill_server, open_yard, processes_of
-from shellyard.contract.executions import ExecutionState, RunShellRequest
+from shellyard.contract.executions import (
+    ExecutionCancelQuery,
+    ExecutionLogsQuery,
+    ExecutionState,
+    ExecutionWait,
+    RunShellRequest,
+)
 from shellyard.runner.protocol import SandboxPolicy
 from shellyard.sdk.client import Client
 
@@ -76,7 +82,7 @@ async def test_unknown_after_five_failed_queries_then_reconciled(home: Path) -> 
             RunShellRequest(command="sleep 2; echo done", runner_id="remote", background=True)
         )
         daemon.kill()
-        view = await plane.executions.wait(started.execution_id, 30)
+        view = await plane.executions.wait(started.execution_id, ExecutionWait(timeout_s=30))
         assert view.state == ExecutionState.unknown
         assert view.was_unknown
         await daemon.restart()
@@ -88,7 +94,7 @@ async def test_unknown_after_five_failed_queries_then_reconciled(home: Path) -> 
             await asyncio.sleep(0.1)
         assert view.state == ExecutionState.completed and view.exit_code == 0
         assert view.was_unknown  # the record keeps the trace
-        logs = await plane.executions.logs(started.execution_id)
+        logs = await plane.executions.logs(started.execution_id, ExecutionLogsQuery())
         assert logs.data == "done\n"
     finally:
         await plane.aclose()
@@ -111,7 +117,7 @@ async def test_unknown_when_the_runner_lost_the_execution(home: Path) -> None:
     shutil.rmtree(home / "home" / "runners" / "local" / "executions" / started.execution_id)
     plane, _, _ = await open_yard(home, "local")
     try:
-        view = await plane.executions.wait(started.execution_id, 30)
+        view = await plane.executions.wait(started.execution_id, ExecutionWait(timeout_s=30))
         assert view.state == ExecutionState.unknown
         assert view.error
         after = await plane.executions.run_shell(RunShellRequest(command="cat runs.txt"))
@@ -132,7 +138,7 @@ async def test_unknown_turns_running_again_while_the_sandbox_still_runs(home: Pa
             RunShellRequest(command="sleep 60", runner_id="remote", background=True)
         )
         daemon.kill()
-        view = await plane.executions.wait(started.execution_id, 30)
+        view = await plane.executions.wait(started.execution_id, ExecutionWait(timeout_s=30))
         assert view.state == ExecutionState.unknown
         await daemon.restart()
         deadline = time.monotonic() + 30
@@ -143,7 +149,9 @@ async def test_unknown_turns_running_again_while_the_sandbox_still_runs(home: Pa
             await asyncio.sleep(0.1)
         assert view.state == ExecutionState.running, view
         assert view.was_unknown and view.error is None
-        cancelled = await plane.executions.cancel(started.execution_id, wait_s=30)
+        cancelled = await plane.executions.cancel(
+            started.execution_id, ExecutionCancelQuery(wait_s=30)
+        )
         assert cancelled.state == ExecutionState.cancelled
         assert cancelled.was_unknown
     finally:

@@ -26,7 +26,13 @@ from shellyard.contract.environments import (
     EnvironmentRevisionsQuery,
     parse_body,
 )
-from shellyard.contract.executions import ExecutionState, RunShellRequest
+from shellyard.contract.executions import (
+    ExecutionCancelQuery,
+    ExecutionLogsQuery,
+    ExecutionState,
+    ExecutionWait,
+    RunShellRequest,
+)
 from shellyard.errors import (
     ChangeFailed,
     InvalidInput,
@@ -118,18 +124,22 @@ async def test_install_waits_for_running_execution_and_queues_new_ones(
         str(other.id),
     )
     assert dropped.waiting_for == change.change_id
-    gone = await plane.executions.cancel(dropped.execution_id, str(other.id))
+    gone = await plane.executions.cancel(
+        dropped.execution_id, ExecutionCancelQuery(), str(other.id)
+    )
     assert gone.state == ExecutionState.cancelled and gone.started_at is None
     workspace = await plane.store.get_workspace(gone.workspace_id)
     assert workspace is not None and workspace.writer_id is None
 
-    await plane.executions.cancel(holder.execution_id, wait_s=20)
+    await plane.executions.cancel(holder.execution_id, ExecutionCancelQuery(wait_s=20))
     done = await plane.environments.wait(change.change_id, 60)
     assert done.state == "succeeded" and done.revision == 2
-    ran = await plane.executions.wait(queued.execution_id, 30, str(child.id))
+    ran = await plane.executions.wait(
+        queued.execution_id, ExecutionWait(timeout_s=30), str(child.id)
+    )
     assert ran.state == ExecutionState.completed and ran.exit_code == 0
     assert ran.environment_revision == 2 and ran.waiting_for is None  # V6: the new revision
-    logs = await plane.executions.logs(queued.execution_id, agent_id=str(child.id))
+    logs = await plane.executions.logs(queued.execution_id, ExecutionLogsQuery(), str(child.id))
     assert logs.data == "hello 1.0\n"
     held = await plane.executions.status(holder.execution_id)
     assert held.environment_revision == 1

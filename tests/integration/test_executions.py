@@ -10,7 +10,15 @@ import time
 import pytest
 
 from conftest import Yard, processes_of
-from shellyard.contract.executions import ExecutionState, RunShellRequest, parse_run_shell
+from shellyard.contract.executions import (
+    ExecutionCancelQuery,
+    ExecutionList,
+    ExecutionLogsQuery,
+    ExecutionState,
+    ExecutionWait,
+    RunShellRequest,
+    parse_run_shell,
+)
 from shellyard.errors import InvalidInput, NotFound, WorkspaceBusy
 
 # R1: the same suite against local, direct and ssh runners.
@@ -18,7 +26,7 @@ pytestmark = pytest.mark.runner_kinds("local", "direct", "ssh")
 
 
 async def settle(yard: Yard, execution_id: str, timeout_s: float = 30) -> object:
-    view = await yard.plane.executions.wait(execution_id, timeout_s)
+    view = await yard.plane.executions.wait(execution_id, ExecutionWait(timeout_s=timeout_s))
     assert view.state.terminal, view
     return view
 
@@ -54,9 +62,9 @@ async def test_wait_budget_returns_running_id_and_command_completes(yard: Yard) 
     assert time.monotonic() - started < 1.8
     assert result.state == ExecutionState.running
     assert result.exit_code is None
-    view = await yard.plane.executions.wait(result.execution_id, 30)
+    view = await yard.plane.executions.wait(result.execution_id, ExecutionWait(timeout_s=30))
     assert view.state == ExecutionState.completed and view.exit_code == 0
-    logs = await yard.plane.executions.logs(result.execution_id)
+    logs = await yard.plane.executions.logs(result.execution_id, ExecutionLogsQuery())
     assert logs.data == "late\n" and logs.complete
     content = await yard.read_file(view.workspace_id, view.snapshot_seq, "done.txt")
     assert content == b"finished\n"
@@ -67,7 +75,7 @@ async def test_background_returns_at_acceptance(yard: Yard) -> None:
     result = await yard.run("sleep 1; echo bg", background=True)
     assert result.state in (ExecutionState.running, ExecutionState.queued)
     assert result.stdout == ""
-    view = await yard.plane.executions.wait(result.execution_id, 30)
+    view = await yard.plane.executions.wait(result.execution_id, ExecutionWait(timeout_s=30))
     assert view.state == ExecutionState.completed
 
 
@@ -92,14 +100,14 @@ async def test_cancel_kills_double_forked_daemon_ignoring_sigterm(yard: Yard) ->
     assert result.state == ExecutionState.running
     await asyncio.sleep(0.5)
     assert len(processes_of(result.execution_id)) >= 4
-    view = await yard.plane.executions.cancel(result.execution_id, wait_s=20)
+    view = await yard.plane.executions.cancel(result.execution_id, ExecutionCancelQuery(wait_s=20))
     assert view.state == ExecutionState.cancelled
     assert view.exit_code is None
     assert processes_of(result.execution_id) == []
     assert view.snapshot_seq is not None
     saved = await yard.read_file(view.workspace_id, view.snapshot_seq, "marker.txt")
     assert saved == b"before\n"
-    again = await yard.plane.executions.cancel(result.execution_id)
+    again = await yard.plane.executions.cancel(result.execution_id, ExecutionCancelQuery())
     assert again == view  # E7: a finished execution comes back unchanged
 
 
@@ -111,7 +119,7 @@ async def test_cancel_sends_sigterm_to_the_command_first(yard: Yard) -> None:
     )
     result = await yard.run(script, wait_ms=1000)
     assert result.state == ExecutionState.running
-    view = await yard.plane.executions.cancel(result.execution_id, wait_s=20)
+    view = await yard.plane.executions.cancel(result.execution_id, ExecutionCancelQuery(wait_s=20))
     assert view.state == ExecutionState.cancelled
     assert view.snapshot_seq is not None
     saved = await yard.read_file(view.workspace_id, view.snapshot_seq, "cleanup.txt")
@@ -124,11 +132,11 @@ async def test_second_writer_refused_naming_holder_then_queued(yard: Yard) -> No
     with pytest.raises(WorkspaceBusy) as refused:
         await yard.run("echo two >> order.txt", wait_ms=0)
     assert first.execution_id in refused.value.message
-    listed = [v.execution_id for v in await yard.plane.executions.list()]
+    listed = [v.execution_id for v in await yard.plane.executions.list(ExecutionList())]
     assert listed == [first.execution_id]  # the refusal recorded nothing
     second = await yard.run("echo two >> order.txt", queue=True, wait_ms=0)
     assert second.state == ExecutionState.queued
-    view = await yard.plane.executions.wait(second.execution_id, 30)
+    view = await yard.plane.executions.wait(second.execution_id, ExecutionWait(timeout_s=30))
     assert view.state == ExecutionState.completed
     order = await yard.read_file(view.workspace_id, view.snapshot_seq, "order.txt")
     assert order == b"one\ntwo\n"
@@ -154,7 +162,7 @@ async def test_inline_output_is_capped_with_head_tail_and_marker(yard: Yard) -> 
     assert len(result.stdout) <= 1000 + 200
     assert result.stdout.startswith("HEAD") and result.stdout.endswith("TAIL")
     assert "characters omitted" in result.stdout
-    full = await yard.plane.executions.logs(result.execution_id, tail=4)
+    full = await yard.plane.executions.logs(result.execution_id, ExecutionLogsQuery(tail=4))
     assert full.data == "TAIL" and full.size == 100008
 
 
@@ -164,14 +172,16 @@ async def test_logs_page_with_offsets_and_tail(yard: Yard) -> None:
     assert result.state == ExecutionState.completed
     collected, offset = [], 0
     while True:
-        page = await yard.plane.executions.logs(result.execution_id, "stdout", offset, 10_000)
+        page = await yard.plane.executions.logs(
+            result.execution_id, ExecutionLogsQuery(stream="stdout", offset=offset, limit=10_000)
+        )
         collected.append(page.data)
         offset = page.next_offset
         if page.complete:
             break
     text = "".join(collected)
     assert text == "".join(f"{n}\n" for n in range(1, 20001))
-    err = await yard.plane.executions.logs(result.execution_id, "stderr")
+    err = await yard.plane.executions.logs(result.execution_id, ExecutionLogsQuery(stream="stderr"))
     assert err.data == "1\n2\n3\n" and err.complete
 
 
@@ -206,10 +216,10 @@ async def test_bad_input_is_refused_clearly_and_records_nothing(yard: Yard) -> N
     with pytest.raises(NotFound, match="no execution 'ex_nope'"):
         await yard.plane.executions.status("ex_nope")
     with pytest.raises(NotFound):
-        await yard.plane.executions.logs("ex_nope")
+        await yard.plane.executions.logs("ex_nope", ExecutionLogsQuery())
     with pytest.raises(NotFound):
-        await yard.plane.executions.cancel("ex_nope")
-    assert await yard.plane.executions.list() == []
+        await yard.plane.executions.cancel("ex_nope", ExecutionCancelQuery())
+    assert await yard.plane.executions.list(ExecutionList()) == []
     assert RunShellRequest(command="true").wait_ms == 10000
 
 

@@ -22,8 +22,8 @@ import pytest
 from files_helpers import archive, child_workspace, chunks_of, read_all, run, tree
 
 from conftest import Yard
-from shellyard.contract.executions import ExecutionState
-from shellyard.contract.files import FileDiffQuery, FileHistoryQuery, FileListQuery
+from shellyard.contract.executions import ExecutionLogsQuery, ExecutionState, ExecutionWait
+from shellyard.contract.files import FileDiffQuery, FileHistoryQuery, FileListQuery, TransferWait
 from shellyard.errors import InvalidInput, NotFound, PathRefused, WorkspaceBusy
 from shellyard.runner import workspace_paths
 from shellyard.runner.local import LocalRunner
@@ -135,9 +135,9 @@ async def test_w1_file_writes_take_the_writer_refused_or_queued(yard: Yard) -> N
     waiting = await yard.run("cat slow.txt", queue=True, background=True)
     assert waiting.state == ExecutionState.queued
     edit = await upload
-    after = await plane.executions.wait(waiting.execution_id, 30)
+    after = await plane.executions.wait(waiting.execution_id, ExecutionWait(timeout_s=30))
     assert after.state == ExecutionState.completed
-    logs = await plane.executions.logs(waiting.execution_id)
+    logs = await plane.executions.logs(waiting.execution_id, ExecutionLogsQuery())
     assert logs.data == "0123456789ab"
     assert edit.snapshot_seq <= (after.snapshot_seq or 0)
 
@@ -245,7 +245,7 @@ async def test_uploads_stream_files_and_folders_all_or_nothing(yard: Yard) -> No
     ).head_seq == edit.snapshot_seq
     if yard.daemon is None:  # the live tree: no temp file, no folder made on the way
         left = await run(plane, "ls -A; ls -A fail 2>&1 || true", runner_id)
-        listing = (await plane.executions.logs(left.execution_id)).data
+        listing = (await plane.executions.logs(left.execution_id, ExecutionLogsQuery())).data
         assert "fail" not in listing.split() and "partial" not in listing
 
     good = archive([("pkg", None, None), ("pkg/a.py", b"a", None), ("pkg/l", None, "a.py")])
@@ -433,7 +433,9 @@ async def test_w5_retention_keeps_last_n_and_referenced_then_collects(yard: Yard
     started = await plane.transfers.start(
         {"source_workspace_id": ws, "paths": ["v.txt"], "target_workspace_id": child_ws}
     )
-    assert (await plane.transfers.wait(started.transfer_id, 60)).state == "completed"
+    assert (
+        await plane.transfers.wait(started.transfer_id, TransferWait(timeout_s=60))
+    ).state == "completed"
     assert started.source_seq == edits[2].snapshot_seq
     for i in range(3, 6):
         await edit(i)

@@ -23,7 +23,13 @@ from tmpfs_fixture import mounted_tmpfs
 from conftest import Yard, open_yard
 from shellyard.cli.exits import EXIT_RETRY, exit_code_of
 from shellyard.config import Settings
-from shellyard.contract.executions import ExecutionState
+from shellyard.contract.executions import (
+    ExecutionCancelQuery,
+    ExecutionLogsQuery,
+    ExecutionState,
+    ExecutionWait,
+)
+from shellyard.contract.files import TransferWait
 from shellyard.contract.maintenance import GcRequest
 from shellyard.contract.sessions import TimerCreateRequest
 from shellyard.errors import InvalidInput, LowOnSpace, StoreFull
@@ -34,7 +40,7 @@ MIB = 1 << 20
 
 
 async def settle(yard: Yard, execution_id: str, timeout_s: float = 120) -> Any:
-    view = await yard.plane.executions.wait(execution_id, timeout_s)
+    view = await yard.plane.executions.wait(execution_id, ExecutionWait(timeout_s=timeout_s))
     assert view.state.terminal, view
     return view
 
@@ -124,7 +130,8 @@ async def test_a_transfer_over_its_entry_cap_is_refused_with_the_count_and_gc_de
     assert caught.value.details["entries"] == 121
     assert await _count(yard, transfer_files) == before  # nothing recorded
     done = await plane.transfers.wait(
-        (await plane.transfers.start({**request, "paths": ["few"]})).transfer_id, 120
+        (await plane.transfers.start({**request, "paths": ["few"]})).transfer_id,
+        TransferWait(timeout_s=120),
     )
     assert done.state == "completed" and done.files_copied == 31, done  # the folder too
     assert await _count(yard, transfer_files) == before + 31
@@ -192,7 +199,7 @@ async def test_a_command_filling_the_volume_is_stopped_with_limit_disk_and_work_
     assert record.limit == "disk", (record, view)
     assert view.error is not None and "free-space reserve" in view.error, view
     assert "below its reserve of 64.0 MiB" in view.error
-    logs = await yard.plane.executions.logs(filler.execution_id)
+    logs = await yard.plane.executions.logs(filler.execution_id, ExecutionLogsQuery())
     assert "after" not in logs.data  # stopped: nothing after the write ran
     stat = os.statvfs(small_volume)
     assert stat.f_bavail * stat.f_frsize > 16 * MIB  # stopped well before ENOSPC
@@ -211,7 +218,7 @@ async def test_a_command_filling_the_volume_is_stopped_with_limit_disk_and_work_
 
     with pytest.raises(LowOnSpace, match="retry later"):
         await other_run("echo during")
-    again = await yard.plane.executions.cancel(filler.execution_id)
+    again = await yard.plane.executions.cancel(filler.execution_id, ExecutionCancelQuery())
     assert again.state == view.state  # a finished one: its record unchanged (E7)
     store = yard.plane.store
     await store.mark_notice_read("execution", filler.execution_id)

@@ -24,7 +24,7 @@ from tmpfs_fixture import mounted_tmpfs
 from conftest import POSTGRES_URL, Yard, make_home, postgres_available
 from shellyard.cli.exits import EXIT_RETRY, exit_code_of
 from shellyard.config import Settings
-from shellyard.contract.executions import ExecutionState
+from shellyard.contract.executions import ExecutionList, ExecutionState, ExecutionWait
 from shellyard.control.plane import build
 from shellyard.errors import StoreFull, WorkspaceBusy
 
@@ -140,10 +140,10 @@ async def test_a_full_postgres_volume_answers_507_keeps_every_record_and_recover
     again = await yard.plane.sessions.create()
     assert again.session_id not in sessions
     if waiting is not None:  # recorded now, with its real outcome, without a restart
-        ended = await yard.plane.executions.wait(waiting, 60)
+        ended = await yard.plane.executions.wait(waiting, ExecutionWait(timeout_s=60))
         assert ended.state == ExecutionState.completed and ended.exit_code == 0, ended
     after = await yard.run("echo after")  # the workspace's writer was not left held
     assert after.state == ExecutionState.completed and after.stdout == "after\n"
-    records = await yard.plane.executions.list(limit=5_000)
+    records = await yard.plane.executions.list(ExecutionList(limit=5_000))
     assert all(r.state.terminal for r in records), [r for r in records if not r.state.terminal]
     assert len(records) >= ran + 2

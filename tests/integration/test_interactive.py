@@ -18,7 +18,15 @@ import pytest
 from runner_daemon_fixture import start_daemon
 
 from conftest import Yard, open_yard
-from shellyard.contract.executions import ExecutionState, ExecutionView, RunShellRequest
+from shellyard.contract.executions import (
+    ExecutionCancelQuery,
+    ExecutionList,
+    ExecutionLogsQuery,
+    ExecutionState,
+    ExecutionView,
+    ExecutionWait,
+    RunShellRequest,
+)
 from shellyard.contract.interactive import ExecutionInputRequest, ScreenView
 from shellyard.errors import Conflict, NotFound
 from shellyard.home import ensure_server, is_served
@@ -32,9 +40,9 @@ async def yard(yard_factory: Any) -> AsyncIterator[Yard]:
     leaves no program waiting for input forever (executions outlive their plane, E11)."""
     made: Yard = await yard_factory()
     yield made
-    for view in await made.plane.executions.list():
+    for view in await made.plane.executions.list(ExecutionList()):
         if not view.state.terminal:
-            await made.plane.executions.cancel(view.execution_id, wait_s=20)
+            await made.plane.executions.cancel(view.execution_id, ExecutionCancelQuery(wait_s=20))
 
 
 async def send(yard: Yard, execution_id: str, **fields: Any) -> int:
@@ -44,7 +52,7 @@ async def send(yard: Yard, execution_id: str, **fields: Any) -> int:
 
 async def ended(yard: Yard, execution_id: str) -> ExecutionView:
     for _ in range(6):
-        view = await yard.plane.executions.wait(execution_id, 10)
+        view = await yard.plane.executions.wait(execution_id, ExecutionWait(timeout_s=10))
         if view.state.terminal:
             return view
     raise AssertionError(f"{execution_id} did not end")
@@ -73,9 +81,9 @@ async def test_read_prompt_answered(yard: Yard) -> None:
     assert await send(yard, ran.execution_id, text="ada", keys=["Enter"]) == 4
     view = await ended(yard, ran.execution_id)
     assert view.exit_code == 0 and view.awaiting_input is None
-    logs = await yard.plane.executions.logs(ran.execution_id)
+    logs = await yard.plane.executions.logs(ran.execution_id, ExecutionLogsQuery())
     assert logs.data == "hello ada\n"
-    typed = await yard.plane.executions.logs(ran.execution_id, "stdin")
+    typed = await yard.plane.executions.logs(ran.execution_id, ExecutionLogsQuery(stream="stdin"))
     assert typed.data == "ada\n"
     with pytest.raises(Conflict, match="has ended"):
         await send(yard, ran.execution_id, text="late")
@@ -89,7 +97,9 @@ async def test_wc_fed_three_lines_then_eof(yard: Yard) -> None:
     await send(yard, ran.execution_id, eof=True)
     view = await ended(yard, ran.execution_id)
     assert view.exit_code == 0
-    assert (await yard.plane.executions.logs(ran.execution_id)).data.strip() == "3"
+    assert (
+        await yard.plane.executions.logs(ran.execution_id, ExecutionLogsQuery())
+    ).data.strip() == "3"
 
 
 async def test_python_repl_in_a_terminal(yard: Yard) -> None:
@@ -108,7 +118,7 @@ async def test_python_repl_in_a_terminal(yard: Yard) -> None:
     await send(yard, ran.execution_id, keys=["C-d"])
     view = await ended(yard, ran.execution_id)
     assert view.state == ExecutionState.completed and view.exit_code == 0, view
-    assert "42" in (await executions.logs(ran.execution_id)).data
+    assert "42" in (await executions.logs(ran.execution_id, ExecutionLogsQuery())).data
     # an ended terminal still shows its last screen
     assert "42" in (await executions.screen(ran.execution_id, None)).text
 
@@ -130,7 +140,9 @@ async def test_resize_reaches_the_program(yard: Yard) -> None:
     assert (screen.rows, screen.cols) == (30, 100)
     await send(yard, ran.execution_id, keys=["Enter"])
     await ended(yard, ran.execution_id)
-    assert "30 100" in (await yard.plane.executions.logs(ran.execution_id)).data
+    assert (
+        "30 100" in (await yard.plane.executions.logs(ran.execution_id, ExecutionLogsQuery())).data
+    )
 
 
 def _size(rows: int, cols: int) -> Any:
@@ -147,7 +159,7 @@ async def test_refused_to_a_command_that_did_not_ask(yard: Yard) -> None:
         await send(yard, ran.execution_id, text="x")
     with pytest.raises(Conflict, match="has no terminal"):
         await yard.plane.executions.screen(ran.execution_id, None)
-    await yard.plane.executions.cancel(ran.execution_id, wait_s=20)
+    await yard.plane.executions.cancel(ran.execution_id, ExecutionCancelQuery(wait_s=20))
     piped = await yard.run("cat", interactive=True, wait_ms=0)
     with pytest.raises(Conflict, match="has no terminal"):
         await yard.plane.executions.screen(piped.execution_id, None)
@@ -164,7 +176,9 @@ async def test_another_sessions_agent_cannot_send(yard: Yard) -> None:
         await yard.plane.executions.send_input(ran.execution_id, request, intruder)
     await send(yard, ran.execution_id, text="mine\n", eof=True)
     await ended(yard, ran.execution_id)
-    assert (await yard.plane.executions.logs(ran.execution_id)).data == "mine\n"
+    assert (
+        await yard.plane.executions.logs(ran.execution_id, ExecutionLogsQuery())
+    ).data == "mine\n"
 
 
 def test_terminal_survives_kill9_of_the_control_plane(served_home: Path) -> None:
@@ -222,7 +236,7 @@ async def test_a_terminal_outlives_a_runner_daemon_outage(home: Path) -> None:
         screen = await until_screen(lambda: executions.screen(execution_id, None), "before ")
         pid_before = screen.text.split("before ", 1)[1].split()[0]
         daemon.kill()
-        view = await executions.wait(execution_id, 30)
+        view = await executions.wait(execution_id, ExecutionWait(timeout_s=30))
         assert view.state == ExecutionState.unknown, view
         # the runner cannot be reached: nothing is sent, and the caller is told to send again
         with pytest.raises(Conflict, match=r"cannot be reached now \(unknown\): nothing was sent"):
@@ -239,14 +253,14 @@ async def test_a_terminal_outlives_a_runner_daemon_outage(home: Path) -> None:
         assert "lost" not in screen.text
         await executions.send_input(execution_id, ExecutionInputRequest(keys=["C-d"]), None)
         for _ in range(6):
-            view = await executions.wait(execution_id, 10)
+            view = await executions.wait(execution_id, ExecutionWait(timeout_s=10))
             if view.state.terminal:
                 break
         assert view.state == ExecutionState.completed and view.exit_code == 0, view
     finally:
-        for view in await executions.list():
+        for view in await executions.list(ExecutionList()):
             if not view.state.terminal:
                 with contextlib.suppress(Exception):
-                    await executions.cancel(view.execution_id, wait_s=20)
+                    await executions.cancel(view.execution_id, ExecutionCancelQuery(wait_s=20))
         await plane.aclose()
         await daemon.stop()

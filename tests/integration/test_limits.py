@@ -20,7 +20,12 @@ from tmpfs_fixture import mounted_tmpfs
 from conftest import Yard, open_yard
 from shellyard.cli.exits import EXIT_RETRY, exit_code_of
 from shellyard.config import Settings
-from shellyard.contract.executions import ExecutionState, RunShellRequest
+from shellyard.contract.executions import (
+    ExecutionLogsQuery,
+    ExecutionState,
+    ExecutionWait,
+    RunShellRequest,
+)
 from shellyard.errors import InvalidInput, LowOnSpace
 from shellyard.runner.limits import logcap
 from shellyard.runner.protocol import (
@@ -36,7 +41,7 @@ MIB = 1 << 20
 
 
 async def settle(yard: Yard, execution_id: str, timeout_s: float = 120) -> Any:
-    view = await yard.plane.executions.wait(execution_id, timeout_s)
+    view = await yard.plane.executions.wait(execution_id, ExecutionWait(timeout_s=timeout_s))
     assert view.state.terminal, view
     return view
 
@@ -78,7 +83,7 @@ async def test_quota_stops_the_command_and_the_next_one_can_delete(yard_factory:
     assert view.error is not None
     assert "workspace quota of 47.7 MiB" in view.error and "reached" in view.error
     assert (await runner_record(yard, result.execution_id)).limit == "quota"
-    logs = await yard.plane.executions.logs(result.execution_id)
+    logs = await yard.plane.executions.logs(result.execution_id, ExecutionLogsQuery())
     assert "after" not in logs.data  # stopped: nothing after the write ran
     # The state it reached is committed (W3), the earlier file with it; the big file was cut
     # short: the command was stopped within the documented margin, far before 1 GB.
@@ -96,7 +101,7 @@ async def test_quota_stops_the_command_and_the_next_one_can_delete(yard_factory:
     again = await yard.run("head -c 10000000 /dev/zero > small; echo ok")
     assert again.exit_code == 0 and again.error is None and again.stdout == "ok\n"
     other_view = await yard.plane.executions.wait(
-        other.execution_id, 60, other_session.main_agent_id
+        other.execution_id, ExecutionWait(timeout_s=60), other_session.main_agent_id
     )
     assert other_view.state == ExecutionState.completed and other_view.exit_code == 0
     assert other_view.error is None
@@ -120,7 +125,9 @@ async def test_log_limit_keeps_head_and_tail_and_pages_through(yard_factory: Any
     pages = []
     offset = 0
     while True:
-        page = await yard.plane.executions.logs(result.execution_id, offset=offset, limit=MIB)
+        page = await yard.plane.executions.logs(
+            result.execution_id, ExecutionLogsQuery(offset=offset, limit=MIB)
+        )
         assert page.offset == offset
         pages.append(page)
         if page.complete or not page.data:
@@ -136,7 +143,7 @@ async def test_log_limit_keeps_head_and_tail_and_pages_through(yard_factory: Any
     assert f"{record.logs_cut['stdout']} bytes" in marker.data
     assert marker.next_offset - marker.offset == record.logs_cut["stdout"]
     assert len(kept.encode()) <= MIB + logcap.BLOCK
-    tail = await yard.plane.executions.logs(result.execution_id, tail=61)
+    tail = await yard.plane.executions.logs(result.execution_id, ExecutionLogsQuery(tail=61))
     assert tail.data == f"line {lines - 1:07d} {'x' * 47}\n"
     stored = runner_root(yard) / "executions" / result.execution_id / "stdout"
     assert stored.stat().st_blocks * 512 <= MIB + logcap.BLOCK

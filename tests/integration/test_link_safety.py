@@ -18,8 +18,13 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from conftest import Yard
-from shellyard.contract.executions import RunShellRequest
-from shellyard.contract.files import FileHistoryQuery, FileListQuery, TransferFilesQuery
+from shellyard.contract.executions import ExecutionLogsQuery, RunShellRequest
+from shellyard.contract.files import (
+    FileHistoryQuery,
+    FileListQuery,
+    TransferFilesQuery,
+    TransferWait,
+)
 from shellyard.errors import InvalidInput, NotFound, PathRefused
 
 
@@ -45,7 +50,7 @@ async def test_refused_tar_upload_changes_no_existing_file(yard: Yard) -> None:
         assert await read_all(plane, "0.txt", runner_id=runner_id) == b"old\n"
         assert (await plane.files.history(FileHistoryQuery(runner_id=runner_id))).head_seq == head
         listing = await run(plane, "cat 0.txt; ls -A", runner_id)
-        logs = (await plane.executions.logs(listing.execution_id)).data
+        logs = (await plane.executions.logs(listing.execution_id, ExecutionLogsQuery())).data
         assert logs == "old\n0.txt\n", logs
     else:  # unpacked as tar -x would: the link is last, so `a/b` went with the folder
         files = await tree(plane, done.workspace_id)
@@ -102,7 +107,7 @@ async def test_names_that_are_not_utf8_are_listed_moved_and_transferred(yard: Ya
             "target_folder": "in",
         }
     )
-    view = await plane.transfers.wait(started.transfer_id, 120)
+    view = await plane.transfers.wait(started.transfer_id, TransferWait(timeout_s=120))
     assert view.state == "completed", view
     copied = await read_all(plane, "in/m/caf\udce9.txt", workspace_id=target, agent_id=child.id)
     assert copied == b"data"
@@ -238,7 +243,7 @@ async def test_fuzz_file_operations_with_links_swapped_between_steps(yard: Yard)
                     "target_folder": "in",
                 }
             )
-            await plane.transfers.wait(started.transfer_id, 60)
+            await plane.transfers.wait(started.transfer_id, TransferWait(timeout_s=60))
 
     @settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
     @given(_link_plan())

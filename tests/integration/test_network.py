@@ -29,6 +29,7 @@ import pytest
 from env_fixtures import make_wheel
 
 from conftest import Yard, make_home
+from shellyard.contract.executions import ExecutionLogsQuery, ExecutionWait
 from shellyard.runner.local import LocalRunner
 from shellyard.runner.policy import SandboxPolicy
 from shellyard.runner.protocol import EnvChangeState, EnvironmentChange, EnvironmentChangeRequest
@@ -332,9 +333,11 @@ async def test_pip_installs_from_an_index_through_egress(
         "v/bin/python -c 'import sy_gamma; print(sy_gamma.VERSION)'",
         background=True,
     )
-    view = await yard.plane.executions.wait(started.execution_id, 300)
-    out = await yard.plane.executions.logs(started.execution_id)
-    err = await yard.plane.executions.logs(started.execution_id, "stderr")
+    view = await yard.plane.executions.wait(started.execution_id, ExecutionWait(timeout_s=300))
+    out = await yard.plane.executions.logs(started.execution_id, ExecutionLogsQuery())
+    err = await yard.plane.executions.logs(
+        started.execution_id, ExecutionLogsQuery(stream="stderr")
+    )
     assert view.exit_code == 0, err.data
     assert out.data.strip().splitlines()[-1] == "3.0", err.data
 

@@ -31,7 +31,14 @@ import pytest
 from runner_daemon_fixture import start_daemon
 
 from conftest import Yard, sy
-from shellyard.contract.executions import ExecutionState, RunShellRequest, RunShellResult
+from shellyard.contract.executions import (
+    ExecutionCancelQuery,
+    ExecutionLogsQuery,
+    ExecutionState,
+    ExecutionWait,
+    RunShellRequest,
+    RunShellResult,
+)
 from shellyard.contract.ports import PortListQuery, PortView
 from shellyard.errors import InvalidInput, NotFound
 from shellyard.home import ensure_server, is_served
@@ -51,7 +58,7 @@ PORT = 8766
 async def _wait_for_log(yard: Yard, execution_id: str, text: str, timeout_s: float = 30) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        logs = await yard.plane.executions.logs(execution_id)
+        logs = await yard.plane.executions.logs(execution_id, ExecutionLogsQuery())
         if text in logs.data:
             return
         if logs.state.terminal:
@@ -174,7 +181,7 @@ async def test_forwarded_port_reaches_the_server_until_closed(yard: Yard) -> Non
         with pytest.raises(NotFound, match="not forwarded"):
             await ports.close(PORT, workspace_id=workspace)
     finally:
-        await yard.plane.executions.cancel(server.execution_id, wait_s=30)
+        await yard.plane.executions.cancel(server.execution_id, ExecutionCancelQuery(wait_s=30))
 
 
 async def test_ports_go_with_the_last_execution(yard: Yard) -> None:
@@ -189,12 +196,12 @@ async def test_ports_go_with_the_last_execution(yard: Yard) -> None:
     await _wait_for_log(yard, reader.execution_id, "up")
     view = await yard.plane.ports.open(PORT, workspace_id=workspace, runner_id=yard.runner_id)
     assert _get(view.url + "live.txt") == "served-live\n"
-    await yard.plane.executions.cancel(server.execution_id, wait_s=30)
+    await yard.plane.executions.cancel(server.execution_id, ExecutionCancelQuery(wait_s=30))
     # the reader still runs: the namespace and the forward stay (nothing listens behind it)
     assert [p.port for p in await yard.plane.ports.list(PortListQuery(workspace_id=workspace))] == [
         PORT
     ]
-    await yard.plane.executions.cancel(reader.execution_id, wait_s=30)
+    await yard.plane.executions.cancel(reader.execution_id, ExecutionCancelQuery(wait_s=30))
     assert await yard.plane.ports.list(PortListQuery(workspace_id=workspace)) == []
     assert _refused(view.host_port, view.host)
 
@@ -226,7 +233,7 @@ async def test_another_agent_can_neither_open_nor_reach_the_forward(yard: Yard) 
         assert result.stdout == "UNREACHABLE\nUNREACHABLE\n", result.stderr
         assert _get(view.url + "live.txt") == "served-live\n"  # still ours
     finally:
-        await yard.plane.executions.cancel(server.execution_id, wait_s=30)
+        await yard.plane.executions.cancel(server.execution_id, ExecutionCancelQuery(wait_s=30))
 
 
 async def test_host_network_has_no_forwards(yard_factory: Any) -> None:
@@ -240,7 +247,7 @@ async def test_host_network_has_no_forwards(yard_factory: Any) -> None:
             await yard.plane.ports.open(PORT, workspace_id=server.workspace_id)
         assert await yard.plane.ports.list(PortListQuery(workspace_id=server.workspace_id)) == []
     finally:
-        await yard.plane.executions.cancel(server.execution_id, wait_s=30)
+        await yard.plane.executions.cancel(server.execution_id, ExecutionCancelQuery(wait_s=30))
 
 
 # ------------------------------------------------------------------ egress
@@ -316,7 +323,7 @@ async def test_shared_network_under_egress(yard_factory: Any, host_server: int) 
         if os.geteuid() == 0:  # a root runner's egress relay keeps no privilege either
             assert set(_relay_uids(None)) == {61000}, _relay_uids(None)  # the sandbox uid
     finally:
-        await yard.plane.executions.cancel(server.execution_id, wait_s=30)
+        await yard.plane.executions.cancel(server.execution_id, ExecutionCancelQuery(wait_s=30))
     # A fresh namespace (the last execution ended) gets a fresh relay.
     alone = await yard.run(PROXIED.format(url=f"http://127.0.0.1:{host_server}/"))
     assert alone.stdout == "from-host\n", alone.stdout
@@ -437,10 +444,10 @@ async def test_readers_share_one_view_per_snapshot(
         second = await yard.run("stat -c %i /workspace; cat d/a.txt; ./x.sh", read_only=True)
         inode = second.stdout.splitlines()[0]
         assert second.stdout == f"{inode}\none\nran\n", second.stderr
-        logs = await yard.plane.executions.logs(first.execution_id)
+        logs = await yard.plane.executions.logs(first.execution_id, ExecutionLogsQuery())
         assert logs.data.splitlines()[0] == inode  # the same folder, bound twice
     finally:
-        await yard.plane.executions.cancel(first.execution_id, wait_s=30)
+        await yard.plane.executions.cancel(first.execution_id, ExecutionCancelQuery(wait_s=30))
     assert (await yard.run("true")).state == ExecutionState.completed  # nothing changed
     third = await yard.run("stat -c %i /workspace", read_only=True)
     assert third.stdout == f"{inode}\n"
@@ -559,7 +566,7 @@ async def test_unprivileged_runner_shares_the_network(
                 await asyncio.sleep(0.05)
             assert holders == [server.workspace_id]
         finally:
-            await yard.plane.executions.cancel(server.execution_id, wait_s=30)
+            await yard.plane.executions.cancel(server.execution_id, ExecutionCancelQuery(wait_s=30))
         assert await yard.plane.ports.list(PortListQuery(workspace_id=server.workspace_id)) == []
         assert _refused(view.host_port, view.host)
         assert list((root / "sandbox" / "netns").glob("*.json")) == []
@@ -606,7 +613,7 @@ async def test_a_killed_holder_is_replaced_inside_the_same_network(
             view = await yard.plane.ports.open(PORT, workspace_id=server.workspace_id)
             assert _get(view.url + "live.txt") == "served-live\n"
         finally:
-            await yard.plane.executions.cancel(server.execution_id, wait_s=30)
+            await yard.plane.executions.cancel(server.execution_id, ExecutionCancelQuery(wait_s=30))
         assert list((root / "sandbox" / "netns").glob("*.json")) == []
     finally:
         await daemon.stop()
@@ -674,7 +681,9 @@ async def test_a_killed_holder_under_egress_leaves_a_working_network_and_no_name
                 assert again["net"] == killed["net"]  # rejoined through the running sandbox
         finally:
             if background is not None:
-                await yard.plane.executions.cancel(background.execution_id, wait_s=30)
+                await yard.plane.executions.cancel(
+                    background.execution_id, ExecutionCancelQuery(wait_s=30)
+                )
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
             held = [link for inode in namespaces for link in _holding(inode)]
@@ -724,11 +733,11 @@ async def test_kill9_of_the_runner_daemon_keeps_network_and_forward(
         await daemon.restart()
         # E9: while the daemon was down the record may have turned unknown; once it answers
         # again the record is reconciled to the real outcome (R3)
-        done = await yard.plane.executions.wait(reader.execution_id, 60)
+        done = await yard.plane.executions.wait(reader.execution_id, ExecutionWait(timeout_s=60))
         assert done.state == ExecutionState.completed and done.exit_code == 0, done
         server_view = await yard.plane.executions.status(server.execution_id)
         assert server_view.state == ExecutionState.running, server_view
-        logs = await yard.plane.executions.logs(reader.execution_id)
+        logs = await yard.plane.executions.logs(reader.execution_id, ExecutionLogsQuery())
         assert logs.data == "served-live\n"
         again = await yard.run(
             LOCAL.format(port=PORT, path="live.txt"), read_only=True, wait_ms=30_000
@@ -736,8 +745,8 @@ async def test_kill9_of_the_runner_daemon_keeps_network_and_forward(
         assert again.stdout == "served-live\n", again.stderr
         listed = await yard.plane.ports.list(PortListQuery(workspace_id=server.workspace_id))
         assert [p.host_port for p in listed] == [view.host_port]
-        await yard.plane.executions.cancel(server.execution_id, wait_s=30)
-        ended = await yard.plane.executions.wait(server.execution_id, 60)
+        await yard.plane.executions.cancel(server.execution_id, ExecutionCancelQuery(wait_s=30))
+        ended = await yard.plane.executions.wait(server.execution_id, ExecutionWait(timeout_s=60))
         assert ended.state == ExecutionState.cancelled, ended
         assert await yard.plane.ports.list(PortListQuery(workspace_id=server.workspace_id)) == []
         assert _refused(view.host_port, view.host)
@@ -757,9 +766,11 @@ async def test_a_reader_keeps_its_view_while_the_head_moves(yard: Yard) -> None:
     await yard.run("echo new > f.txt")
     fresh = await yard.run("cat f.txt", read_only=True)
     assert fresh.stdout == "new\n"
-    done = await yard.plane.executions.wait(long.execution_id, 30)
+    done = await yard.plane.executions.wait(long.execution_id, ExecutionWait(timeout_s=30))
     assert done.state == ExecutionState.completed
-    assert (await yard.plane.executions.logs(long.execution_id)).data == "old\nstarted\nold\n"
+    assert (
+        await yard.plane.executions.logs(long.execution_id, ExecutionLogsQuery())
+    ).data == "old\nstarted\nold\n"
     if yard.runner_id == "local":
         views = sorted((yard.plane.settings.local_runner_root / "views").iterdir())
         head = await yard.runner.head(long.workspace_id)

@@ -19,7 +19,14 @@ import pytest
 from runner_daemon_fixture import start_daemon
 
 from conftest import Yard, kill_server, sy
-from shellyard.contract.executions import ExecutionState, RunShellRequest, RunShellResult
+from shellyard.contract.executions import (
+    ExecutionCancelQuery,
+    ExecutionLogsQuery,
+    ExecutionState,
+    ExecutionWait,
+    RunShellRequest,
+    RunShellResult,
+)
 from shellyard.errors import WorkspaceBusy
 from shellyard.runner.protocol import SandboxPolicy
 from shellyard.sdk.client import Client
@@ -34,7 +41,7 @@ async def _wait_for_log(yard: Yard, execution_id: str, text: str, timeout_s: flo
     """Until the execution's stdout holds ``text`` (the command reached that point)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        logs = await yard.plane.executions.logs(execution_id)
+        logs = await yard.plane.executions.logs(execution_id, ExecutionLogsQuery())
         if text in logs.data:
             return
         assert not logs.state.terminal, f"{execution_id} ended before printing {text!r}"
@@ -78,7 +85,7 @@ async def test_reader_runs_beside_the_writer_on_committed_files(yard: Yard) -> N
         else:
             raise AssertionError("a second writer ran beside the background writer")
     finally:
-        await yard.plane.executions.cancel(writer.execution_id, wait_s=30)
+        await yard.plane.executions.cancel(writer.execution_id, ExecutionCancelQuery(wait_s=30))
     ended = await yard.plane.executions.status(writer.execution_id)
     assert ended.state == ExecutionState.cancelled and ended.snapshot_seq is not None
     assert await yard.read_file(workspace, ended.snapshot_seq, "data.txt") == b"half-written\n"
@@ -109,15 +116,17 @@ async def test_reader_budget_logs_cancel_and_notice(yard: Yard) -> None:
     head = (await yard.run("echo x > a.txt")).snapshot_seq
     slow = await yard.run("echo started; sleep 2; echo done", read_only=True, wait_ms=200)
     assert slow.state == ExecutionState.running and slow.read_only
-    view = await yard.plane.executions.wait(slow.execution_id, 30)
+    view = await yard.plane.executions.wait(slow.execution_id, ExecutionWait(timeout_s=30))
     assert view.state == ExecutionState.completed and view.exit_code == 0
     assert view.snapshot_seq is None
-    logs = await yard.plane.executions.logs(slow.execution_id)
+    logs = await yard.plane.executions.logs(slow.execution_id, ExecutionLogsQuery())
     assert logs.data == "started\ndone\n" and logs.complete
 
     long = await yard.run("echo up; sleep 120", read_only=True, background=True)
     await _wait_for_log(yard, long.execution_id, "up")
-    cancelled = await yard.plane.executions.cancel(long.execution_id, wait_s=30)
+    cancelled = await yard.plane.executions.cancel(
+        long.execution_id, ExecutionCancelQuery(wait_s=30)
+    )
     assert cancelled.state == ExecutionState.cancelled and cancelled.snapshot_seq is None
     notices = await yard.plane.inbox.notices(None)
     assert any(n.subject_id == long.execution_id for n in notices)
@@ -135,7 +144,7 @@ async def test_readers_run_beside_each_other(yard: Yard) -> None:
         writer = await yard.run("echo w > w.txt")  # a reader never holds the writer
         assert writer.state == ExecutionState.completed and writer.snapshot_seq is not None
     finally:
-        await yard.plane.executions.cancel(first.execution_id, wait_s=30)
+        await yard.plane.executions.cancel(first.execution_id, ExecutionCancelQuery(wait_s=30))
 
 
 # --------------------------------------------------------------------- one network per workspace
@@ -191,7 +200,7 @@ async def test_reader_reaches_the_background_server_on_localhost(yard: Yard) -> 
         again = await yard.run(_fetch("live.txt"), read_only=True, wait_ms=30_000)
         assert again.stdout == "served-live\n", again.stderr
     finally:
-        await yard.plane.executions.cancel(server.execution_id, wait_s=30)
+        await yard.plane.executions.cancel(server.execution_id, ExecutionCancelQuery(wait_s=30))
 
 
 @needs_shared_network
@@ -215,7 +224,7 @@ async def test_other_workspace_and_host_cannot_reach_the_server(yard: Yard) -> N
             probe.settimeout(2)
             assert probe.connect_ex(("127.0.0.1", PORT)) != 0
     finally:
-        await yard.plane.executions.cancel(server.execution_id, wait_s=30)
+        await yard.plane.executions.cancel(server.execution_id, ExecutionCancelQuery(wait_s=30))
 
 
 @needs_shared_network

@@ -36,6 +36,7 @@ from test_ports import (
 )
 
 from conftest import Yard
+from shellyard.contract.executions import ExecutionCancelQuery
 from shellyard.errors import ShellyardError
 from shellyard.runner.network.egress_proxy import SANDBOX_PORT
 from shellyard.runner.protocol import SandboxPolicy
@@ -115,7 +116,7 @@ async def test_a_forward_opened_after_the_namespace_file_was_swapped_reaches_the
         # the workspace's server, never the host's decoy on the same port
         assert _get(view.url + "live.txt") == "served-live\n"
     finally:
-        await yard.plane.executions.cancel(server.execution_id, wait_s=30)
+        await yard.plane.executions.cancel(server.execution_id, ExecutionCancelQuery(wait_s=30))
         _unmount_ours(path)
 
 
@@ -207,4 +208,4 @@ async def test_an_egress_relay_killed_while_the_namespace_is_in_use_is_started_a
         after = await yard.run(proxied, read_only=True, wait_ms=30_000)
         assert after.stdout == "from-host\n", after.stdout + after.stderr
     finally:
-        await yard.plane.executions.cancel(background.execution_id, wait_s=30)
+        await yard.plane.executions.cancel(background.execution_id, ExecutionCancelQuery(wait_s=30))

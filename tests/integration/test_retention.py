@@ -18,7 +18,7 @@ import sqlalchemy as sa
 
 from conftest import Yard, sy
 from shellyard.config import RetentionSettings, Settings
-from shellyard.contract.executions import ExecutionState
+from shellyard.contract.executions import ExecutionCancelQuery, ExecutionLogsQuery, ExecutionState
 from shellyard.contract.maintenance import GcRequest
 from shellyard.control.plane import ControlPlane
 from shellyard.errors import Conflict
@@ -56,13 +56,17 @@ async def test_logs_past_their_age_are_pruned_and_the_record_says_so(yard: Yard)
     report = await plane.retention.run(_no_snapshots(log_days=0))
     assert report.logs_pruned == 3 and report.log_bytes_freed > 0, report
     for result in old:
-        logs = await plane.executions.logs(result.execution_id, "stdout")
+        logs = await plane.executions.logs(result.execution_id, ExecutionLogsQuery(stream="stdout"))
         assert logs.logs_pruned_at is not None and logs.data == "" and logs.complete
-        assert (await plane.executions.logs(result.execution_id, "stderr")).logs_pruned_at
+        assert (
+            await plane.executions.logs(result.execution_id, ExecutionLogsQuery(stream="stderr"))
+        ).logs_pruned_at
         view = await plane.executions.status(result.execution_id)
         assert view.state == "completed" and view.exit_code == 0
         assert view.logs_pruned_at is not None and view.snapshot_seq == result.snapshot_seq
-    assert (await plane.executions.logs(live, "stdout")).data == "unread\n"
+    assert (
+        await plane.executions.logs(live, ExecutionLogsQuery(stream="stdout"))
+    ).data == "unread\n"
     assert (await plane.executions.status(running.execution_id)).logs_pruned_at is None
     # the runner answers a read of pruned logs clearly too (never through the control plane's
     # own files: the Runner protocol)
@@ -74,7 +78,7 @@ async def test_logs_past_their_age_are_pruned_and_the_record_says_so(yard: Yard)
     # reading its logs above read its notice (N3): now nothing keeps them
     again = await plane.retention.run(_no_snapshots(log_days=0))
     assert again.logs_pruned == 1  # the formerly unread one, read above
-    await plane.executions.cancel(running.execution_id, wait_s=30)
+    await plane.executions.cancel(running.execution_id, ExecutionCancelQuery(wait_s=30))
 
 
 async def test_size_budget_prunes_oldest_first(yard: Yard) -> None:
@@ -109,7 +113,9 @@ async def test_an_artifacts_snapshot_and_logs_are_never_pruned(home: Path) -> No
         assert report.snapshots is not None
         view = await plane.executions.status(made.execution_id)
         assert view.logs_pruned_at is None
-        assert (await plane.executions.logs(made.execution_id)).data == "made\n"
+        assert (
+            await plane.executions.logs(made.execution_id, ExecutionLogsQuery())
+        ).data == "made\n"
         seqs = [s.seq for s in await plane.runners.get("local").list_snapshots(made.workspace_id)]
         assert made.snapshot_seq in seqs
         opened = await plane.artifacts.open(artifact.artifact_id)

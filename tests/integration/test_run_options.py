@@ -10,7 +10,13 @@ import time
 import pytest
 
 from conftest import Yard
-from shellyard.contract.executions import ExecutionState, RunShellRequest, parse_run_shell
+from shellyard.contract.executions import (
+    ExecutionList,
+    ExecutionState,
+    ExecutionWait,
+    RunShellRequest,
+    parse_run_shell,
+)
 from shellyard.errors import InvalidInput, NotFound, PathRefused
 
 pytestmark = pytest.mark.runner_kinds("local", "direct")
@@ -23,7 +29,7 @@ async def test_timeout_ms_cancels_with_outcome_timeout_and_frees_the_workspace(
     cancelled, its limit and error say timeout, and the workspace takes the next command."""
     started = time.monotonic()
     result = await yard.run("echo begun; sleep 120", timeout_ms=1500, wait_ms=0)
-    view = await yard.plane.executions.wait(result.execution_id, 60)
+    view = await yard.plane.executions.wait(result.execution_id, ExecutionWait(timeout_s=60))
     assert view.state == ExecutionState.cancelled, view
     assert view.limit == "timeout" and view.error and view.error.startswith("timeout"), view
     assert time.monotonic() - started < 60
@@ -64,10 +70,10 @@ async def test_cwd_starts_in_a_folder_of_the_workspace(yard: Yard) -> None:
 @pytest.mark.parametrize("cwd", ["..", "../x", "/etc", "a/../../b"])
 async def test_cwd_outside_the_workspace_is_refused(yard: Yard, cwd: str) -> None:
     """W6: nothing recorded, a clear reason."""
-    before = await yard.plane.executions.list()
+    before = await yard.plane.executions.list(ExecutionList())
     with pytest.raises(PathRefused):
         await yard.run("pwd", cwd=cwd)
-    assert len(await yard.plane.executions.list()) == len(before)
+    assert len(await yard.plane.executions.list(ExecutionList())) == len(before)
 
 
 async def test_cwd_that_does_not_exist_fails_with_the_reason(yard: Yard) -> None:

@@ -19,7 +19,13 @@ import pytest
 from runner_daemon_fixture import RunnerDaemon, start_daemon
 
 from shellyard.config import Settings
-from shellyard.contract.executions import ExecutionState, RunShellRequest, RunShellResult
+from shellyard.contract.executions import (
+    ExecutionList,
+    ExecutionState,
+    ExecutionWait,
+    RunShellRequest,
+    RunShellResult,
+)
 from shellyard.control.plane import ControlPlane, build
 from shellyard.errors import RunnerOutdated
 from shellyard.runner.local import LocalRunner
@@ -112,7 +118,7 @@ async def test_options_an_old_daemon_would_drop_are_refused_and_nothing_runs(
     assert listing.state == ExecutionState.completed
     assert "ran-anyway" not in listing.stdout, listing.stdout
     # The refused start has a terminal record with the same reason and freed the workspace.
-    records = await old_yard.plane.executions.list(limit=10)
+    records = await old_yard.plane.executions.list(ExecutionList(limit=10))
     failed = [r for r in records if r.state == ExecutionState.failed]
     assert len(failed) == 1 and failed[0].error and "Upgrade shellyard" in failed[0].error
 
@@ -136,7 +142,7 @@ async def test_what_an_old_daemon_knows_still_runs_there(old_yard: OldYard) -> N
     plain = await old_yard.run("echo still")
     assert plain.state == ExecutionState.completed and plain.stdout == "still\n"
     timed = await old_yard.run("sleep 60", timeout_ms=1000, wait_ms=0)
-    view = await old_yard.plane.executions.wait(timed.execution_id, 60)
+    view = await old_yard.plane.executions.wait(timed.execution_id, ExecutionWait(timeout_s=60))
     assert view.state == ExecutionState.cancelled and view.limit == "timeout", view
 
 

@@ -12,7 +12,12 @@ from typing import Any
 import pytest
 
 from conftest import Yard, host_uid, processes_of
-from shellyard.contract.executions import ExecutionState
+from shellyard.contract.executions import (
+    ExecutionCancelQuery,
+    ExecutionLogsQuery,
+    ExecutionState,
+    ExecutionWait,
+)
 from shellyard.runner.protocol import SandboxPolicy
 
 
@@ -123,9 +128,9 @@ async def test_never_host_root_and_proc_sys_refused(yard: Yard) -> None:
     pids = processes_of(result.execution_id)
     assert pids
     assert all(host_uid(pid) != 0 for pid in pids)
-    view = await yard.plane.executions.wait(result.execution_id, 30)
-    logs = await yard.plane.executions.logs(result.execution_id)
-    err = await yard.plane.executions.logs(result.execution_id, "stderr")
+    view = await yard.plane.executions.wait(result.execution_id, ExecutionWait(timeout_s=30))
+    logs = await yard.plane.executions.logs(result.execution_id, ExecutionLogsQuery())
+    err = await yard.plane.executions.logs(result.execution_id, ExecutionLogsQuery(stream="stderr"))
     assert view.exit_code == 0
     assert "WROTE" not in logs.data
     assert logs.data.strip() != "0"
@@ -141,7 +146,7 @@ async def test_fork_bomb_hits_the_process_limit_and_service_survives(yard_factor
         "bomb() { bomb | bomb & }; bomb; sleep 2; echo survived-inside", wait_ms=0
     )
     await asyncio.sleep(2)
-    view = await yard.plane.executions.cancel(bomb.execution_id, wait_s=30)
+    view = await yard.plane.executions.cancel(bomb.execution_id, ExecutionCancelQuery(wait_s=30))
     assert view.state in (ExecutionState.cancelled, ExecutionState.completed), view.error
     assert processes_of(bomb.execution_id) == []
     after = await yard.run("echo alive")
@@ -266,7 +271,7 @@ async def test_the_launcher_and_the_chain_give_the_same_sandbox(
             assert result.exit_code == 0, result.stderr
             seen[mode] = result.stdout
         finally:
-            await yard.plane.executions.cancel(server.execution_id, wait_s=30)
+            await yard.plane.executions.cancel(server.execution_id, ExecutionCancelQuery(wait_s=30))
     assert seen["launcher"] == seen["chain"]
     lines = seen["launcher"].splitlines()
     if os.geteuid() == 0:

@@ -18,7 +18,8 @@ import pytest
 from files_helpers import child_workspace
 
 from shellyard.config import Settings
-from shellyard.contract.executions import RunShellRequest
+from shellyard.contract.executions import ExecutionLogsQuery, ExecutionWait, RunShellRequest
+from shellyard.contract.files import TransferWait
 from shellyard.contract.sessions import TimerCreateRequest
 from shellyard.control.plane import ControlPlane, build
 from shellyard.control.retention import structure_sizes
@@ -54,8 +55,8 @@ async def _one(plane: ControlPlane, agent: str, n: int) -> None:
     )
     if background:
         await plane.executions.status(result.execution_id, agent)
-        await plane.executions.wait(result.execution_id, 60, agent)
-    logs = await plane.executions.logs(result.execution_id, agent_id=agent)
+        await plane.executions.wait(result.execution_id, ExecutionWait(timeout_s=60), agent)
+    logs = await plane.executions.logs(result.execution_id, ExecutionLogsQuery(), agent)
     assert logs.data == f"out {n}\n", logs
 
 
@@ -84,7 +85,7 @@ async def _extras(plane: ControlPlane, agents: list[str], source_ws: str, round_
             "queue": True,
         }
     )
-    view = await plane.transfers.wait(started.transfer_id, 60)
+    view = await plane.transfers.wait(started.transfer_id, TransferWait(timeout_s=60))
     assert view.terminal and view.state == "completed", view
 
 

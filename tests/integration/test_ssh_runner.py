@@ -16,7 +16,13 @@ from runner_daemon_fixture import RunnerDaemon, start_daemon
 from sshd_fixture import SshServer, fingerprint, keygen, sshd_or_skip, start_sshd
 
 from conftest import open_yard
-from shellyard.contract.executions import ExecutionState, RunShellRequest
+from shellyard.contract.executions import (
+    ExecutionCancelQuery,
+    ExecutionList,
+    ExecutionLogsQuery,
+    ExecutionState,
+    RunShellRequest,
+)
 from shellyard.control.plane import ControlPlane
 from shellyard.errors import Conflict, InvalidInput, RunnerUnavailable, Unauthorized
 from shellyard.runner.protocol import RunnerExecState, SandboxPolicy, StartRequest
@@ -138,7 +144,7 @@ async def test_registration_checks_the_key_and_health_is_reported(
         with pytest.raises(Conflict, match="1 execution"):
             await plane.runners.remove("far")
 
-        await plane.executions.cancel(started.execution_id, None, 30)
+        await plane.executions.cancel(started.execution_id, ExecutionCancelQuery(wait_s=30), None)
         await plane.runners.remove("far")
         assert "far" not in plane.runners.ids()
         assert [v.runner_id for v in await plane.runners.views()] == ["local"]
@@ -215,13 +221,15 @@ async def test_outage_then_reconciled(sshd: SshServer, home: Path, cut: str) -> 
         await wait_state(plane, started.execution_id, ExecutionState.completed)
         final = await plane.executions.status(started.execution_id)
         assert final.was_unknown and final.exit_code == 0
-        assert (await plane.executions.logs(started.execution_id)).data == "done\n"
+        assert (
+            await plane.executions.logs(started.execution_id, ExecutionLogsQuery())
+        ).data == "done\n"
         far = plane.runners.get("far")
         assert final.snapshot_seq is not None
         chunk = await far.read_file(final.workspace_id, final.snapshot_seq, "proof.txt", 0, 100)
         assert chunk.data == b"survived\n"
         # Ran exactly once: nothing was resubmitted while it was unknown.
-        assert len([e for e in await plane.executions.list(None, 100)]) == 1
+        assert len([e for e in await plane.executions.list(ExecutionList(limit=100), None)]) == 1
         await plane.runners.heartbeat()
         assert (await plane.runners.view("far")).state == "up"
     finally:
@@ -339,12 +347,16 @@ async def test_route_cut_then_reconciled(home: Path, kind: str) -> None:
         await wait_state(plane, started.execution_id, ExecutionState.completed, 120)
         final = await plane.executions.status(started.execution_id)
         assert final.was_unknown and final.exit_code == 0
-        assert (await plane.executions.logs(started.execution_id)).data == "done\n"
+        assert (
+            await plane.executions.logs(started.execution_id, ExecutionLogsQuery())
+        ).data == "done\n"
         assert final.snapshot_seq is not None
         far = plane.runners.get("far")
         chunk = await far.read_file(final.workspace_id, final.snapshot_seq, "proof.txt", 0, 100)
         assert chunk.data == b"survived\n"
-        assert len(await plane.executions.list(None, 100)) == 1  # nothing resubmitted
+        assert (
+            len(await plane.executions.list(ExecutionList(limit=100), None)) == 1
+        )  # nothing resubmitted
     finally:
         await plane.aclose()
         if daemon is not None:

@@ -12,7 +12,12 @@ from typing import Any
 import pytest
 
 from conftest import open_yard
-from shellyard.contract.executions import ExecutionState, RunShellRequest
+from shellyard.contract.executions import (
+    ExecutionLogsQuery,
+    ExecutionState,
+    ExecutionWait,
+    RunShellRequest,
+)
 from shellyard.control.plane import ControlPlane
 from shellyard.runner.protocol import RunnerExecState, RunnerExecution, StartRequest
 from shellyard.runner.transport.client import START_LOG_BYTES, RemoteRunner
@@ -73,7 +78,7 @@ async def test_a_quick_command_costs_one_round_trip(remote_yard: ControlPlane) -
     assert isinstance(far, RemoteRunner)
     chunk = await far.read_file(result.workspace_id, result.snapshot_seq, "file.txt", 0, 100)
     assert chunk.data == b"kept\n"
-    logs = await plane.executions.logs(result.execution_id)
+    logs = await plane.executions.logs(result.execution_id, ExecutionLogsQuery())
     assert logs.data == "out\n"
     assert sent == ["start", "read_file"]
 
@@ -100,7 +105,7 @@ async def test_a_background_start_does_not_wait_for_the_end(remote_yard: Control
     assert started.state == ExecutionState.running
     waits = [(b.wait_s, b.log_bytes) for b in bodies]
     assert waits == [(far.start_wait_s, START_LOG_BYTES), (0.0, 0)]
-    done = await plane.executions.wait(started.execution_id, 30)
+    done = await plane.executions.wait(started.execution_id, ExecutionWait(timeout_s=30))
     assert done.state == ExecutionState.completed and done.exit_code == 0
 
 

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from conftest import Yard
-from shellyard.contract.executions import RunShellRequest
+from shellyard.contract.executions import ExecutionCancelQuery, ExecutionWait, RunShellRequest
 from shellyard.runner.protocol import RunnerExecState, SandboxPolicy, StartRequest
 
 ROOT = os.geteuid() == 0
@@ -119,8 +119,12 @@ async def test_another_workspace_sees_and_signals_no_process_of_it(yard_factory:
         assert int(a.stdout.split()[-1]) != uid_b
         assert os.path.exists(f"/proc/{pid}"), "A's kill reached B's process"
     finally:
-        await yard.plane.executions.cancel(b.execution_id, session_b.main_agent_id)
-        await yard.plane.executions.wait(b.execution_id, 60, session_b.main_agent_id)
+        await yard.plane.executions.cancel(
+            b.execution_id, ExecutionCancelQuery(), session_b.main_agent_id
+        )
+        await yard.plane.executions.wait(
+            b.execution_id, ExecutionWait(timeout_s=60), session_b.main_agent_id
+        )
 
 
 async def test_a_migrated_workspace_root_is_0700_and_its_own(tmp_path: Path) -> None:

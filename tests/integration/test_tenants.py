@@ -21,7 +21,13 @@ import pytest
 from runner_daemon_fixture import running_daemon
 
 from conftest import Yard
-from shellyard.contract.executions import ExecutionState, RunShellRequest
+from shellyard.contract.executions import (
+    ExecutionCancelQuery,
+    ExecutionLogsQuery,
+    ExecutionState,
+    ExecutionWait,
+    RunShellRequest,
+)
 from shellyard.runner.limits import cgroups
 from shellyard.runner.protocol import RunnerExecState, SandboxPolicy, StartRequest
 
@@ -88,7 +94,7 @@ async def test_memory_limit_stops_the_command_and_says_memory(yard_factory: Any)
         "print('survived')\"",
         wait_ms=30_000,
     )
-    view = await yard.plane.executions.wait(hog.execution_id, 120)
+    view = await yard.plane.executions.wait(hog.execution_id, ExecutionWait(timeout_s=120))
     assert view.state == ExecutionState.completed, view.error
     assert "survived" not in (hog.stdout or "")
     assert view.limit == "memory", view
@@ -119,7 +125,9 @@ async def test_default_memory_bound_is_below_the_host_ram(yard_factory: Any) -> 
     run = await yard.run("cat /proc/self/cgroup; sleep 30", background=True)
     try:
         for _ in range(300):
-            logs = await yard.plane.executions.logs(run.execution_id, "stdout")
+            logs = await yard.plane.executions.logs(
+                run.execution_id, ExecutionLogsQuery(stream="stdout")
+            )
             if logs.data:
                 break
             await asyncio.sleep(0.1)
@@ -129,8 +137,8 @@ async def test_default_memory_bound_is_below_the_host_ram(yard_factory: Any) -> 
         limit = int((memory[0] / "memory.limit_in_bytes").read_text())
         assert limit == info.limits.max_memory_bytes < total
     finally:
-        await yard.plane.executions.cancel(run.execution_id, wait_s=30)
-        await yard.plane.executions.wait(run.execution_id, 60)
+        await yard.plane.executions.cancel(run.execution_id, ExecutionCancelQuery(wait_s=30))
+        await yard.plane.executions.wait(run.execution_id, ExecutionWait(timeout_s=60))
 
 
 @needs_cgroups
@@ -154,10 +162,12 @@ async def test_process_limit_holds_one_workspace_and_not_the_other(yard_factory:
     assert 100 < count <= 200 + 1, count
     beside = await other_workspace_run(yard, "echo B runs")
     assert beside.exit_code == 0 and "B runs" in beside.stdout, beside
-    view = await yard.plane.executions.wait(fork.execution_id, 180)
+    view = await yard.plane.executions.wait(fork.execution_id, ExecutionWait(timeout_s=180))
     assert view.state == ExecutionState.completed, view
     assert view.error is not None and "process limit of 200" in view.error, view.error
-    logs = await yard.plane.executions.logs(fork.execution_id, "stderr", tail=4000)
+    logs = await yard.plane.executions.logs(
+        fork.execution_id, ExecutionLogsQuery(stream="stderr", tail=4000)
+    )
     assert "Resource temporarily unavailable" in logs.data or view.error
 
 
@@ -198,7 +208,11 @@ async def stdout_until(
     (at most 60 s)."""
     data = ""
     for _ in range(1200):
-        data = (await yard.plane.executions.logs(execution_id, "stdout", agent_id=agent_id)).data
+        data = (
+            await yard.plane.executions.logs(
+                execution_id, ExecutionLogsQuery(stream="stdout"), agent_id
+            )
+        ).data
         if marker in data:
             return data
         await asyncio.sleep(0.05)
@@ -237,10 +251,12 @@ async def test_cpu_is_shared_per_workspace(yard_factory: Any) -> None:
         before = cpu_of_uid(uid_a)
         await stdout_until(yard, loaded.execution_id, "done", session.main_agent_id)
         a_cpu = cpu_of_uid(uid_a) - before
-        ended = await yard.plane.executions.wait(loaded.execution_id, 60, session.main_agent_id)
+        ended = await yard.plane.executions.wait(
+            loaded.execution_id, ExecutionWait(timeout_s=60), session.main_agent_id
+        )
     finally:
-        await yard.plane.executions.cancel(busy.execution_id, wait_s=30)
-        await yard.plane.executions.wait(busy.execution_id, 60)
+        await yard.plane.executions.cancel(busy.execution_id, ExecutionCancelQuery(wait_s=30))
+        await yard.plane.executions.wait(busy.execution_id, ExecutionWait(timeout_s=60))
     assert ended.exit_code == 0, ended
     # B used 1 CPU second between its marks; A's beside it: ~2 with groups, ~8 without.
     assert a_cpu < 4.0, a_cpu

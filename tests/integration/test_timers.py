@@ -18,6 +18,7 @@ from notify_helpers import FAST, Host, running_plane, settle, until
 from pydantic import ValidationError
 
 from conftest import POSTGRES_URL
+from shellyard.contract.executions import ExecutionCancelQuery, ExecutionList
 from shellyard.contract.sessions import TimerCreateRequest, TimerState, TimerView
 from shellyard.control.notify.timers import parse_at, parse_when
 from shellyard.control.plane import ControlPlane
@@ -187,7 +188,7 @@ async def test_a_reminder_naming_an_execution_is_cancelled_when_it_finishes_firs
             other.main_agent_id,
             TimerCreateRequest(text="x", after_ms=10, execution_id=slow.execution_id),
         )
-    await plane.executions.cancel(slow.execution_id, host.main, wait_s=20)
+    await plane.executions.cancel(slow.execution_id, ExecutionCancelQuery(wait_s=20), host.main)
     await asyncio.sleep(0.2)
     assert (await plane.timers.get(host.main, on_quick.timer_id)).state == TimerState.cancelled
     assert not any(n.subject_id == on_quick.timer_id for n in await plane.inbox.notices(host.main))
@@ -209,8 +210,10 @@ async def test_timers_take_no_writer_and_run_nothing(plane: ControlPlane) -> Non
     await until(lambda: _fired(plane, host.main, timer.timer_id), what="the reminder")
     workspace = await plane.store.get_workspace(holder.workspace_id)
     assert workspace is not None and workspace.writer_id == holder.execution_id
-    assert [e.execution_id for e in await plane.executions.list(host.main)] == [holder.execution_id]
-    await plane.executions.cancel(holder.execution_id, host.main, wait_s=20)
+    assert [e.execution_id for e in await plane.executions.list(ExecutionList(), host.main)] == [
+        holder.execution_id
+    ]
+    await plane.executions.cancel(holder.execution_id, ExecutionCancelQuery(wait_s=20), host.main)
 
 
 async def test_cancel_list_and_ownership(plane: ControlPlane) -> None:

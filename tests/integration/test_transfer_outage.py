@@ -18,7 +18,7 @@ from runner_daemon_fixture import RunnerDaemon, start_daemon
 from sshd_fixture import SshServer, sshd_or_skip, start_sshd
 
 from conftest import open_yard
-from shellyard.contract.files import TransferFilesQuery
+from shellyard.contract.files import TransferFilesQuery, TransferWait
 from shellyard.control.plane import ControlPlane
 from shellyard.runner.protocol import SandboxPolicy
 
@@ -110,7 +110,7 @@ async def _cut_mid_transfer(
         await asyncio.sleep(0.01)
     assert view.state == "running", view
     far.cut(how)
-    settled = await plane.transfers.wait(started.transfer_id, 120)
+    settled = await plane.transfers.wait(started.transfer_id, TransferWait(timeout_s=120))
     assert settled.terminal, settled
     return started.transfer_id, settled
 
@@ -225,7 +225,7 @@ async def _retry(plane: ControlPlane, source: str, target: str) -> Any:
         {"source_workspace_id": source, "paths": ["data"], "target_workspace_id": target,
          "target_folder": "in", "batch_files": 2}
     )  # fmt: skip
-    view = await plane.transfers.wait(started.transfer_id, 120)
+    view = await plane.transfers.wait(started.transfer_id, TransferWait(timeout_s=120))
     assert view.files_copied + view.files_unchanged == COUNT + 1, view
     return view
 
@@ -254,7 +254,7 @@ async def test_a_short_ssh_drop_mid_transfer_costs_only_time(
                 break
             await asyncio.sleep(0.005)
         tunnel.disconnect()
-    view = await plane.transfers.wait(started.transfer_id, 120)
+    view = await plane.transfers.wait(started.transfer_id, TransferWait(timeout_s=120))
     assert view.state == "completed" and view.files_copied == COUNT + 1, view
     assert tunnel.connects >= connects + 2  # it really was cut, twice
     present = await tree(plane, target)

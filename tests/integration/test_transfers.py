@@ -29,6 +29,7 @@ from shellyard.contract.files import (
     TransferCancelQuery,
     TransferFilesQuery,
     TransferListQuery,
+    TransferWait,
 )
 from shellyard.control.plane import ControlPlane
 from shellyard.errors import InvalidInput, NotFound, WorkspaceBusy
@@ -47,7 +48,7 @@ PY"""
 
 
 async def settle(plane: ControlPlane, transfer_id: str) -> Any:
-    view = await plane.transfers.wait(transfer_id, 120)
+    view = await plane.transfers.wait(transfer_id, TransferWait(timeout_s=120))
     assert view.terminal, view
     return view
 
@@ -421,7 +422,7 @@ async def test_t1_permissions_other_session_invisible_family_allowed(yard: Yard)
         agent_id=str(child.id),
     )
     assert (
-        await plane.transfers.wait(copied.transfer_id, 60, agent_id=str(child.id))
+        await plane.transfers.wait(copied.transfer_id, TransferWait(timeout_s=60), str(child.id))
     ).state == "completed"
     with pytest.raises(NotFound):  # a transfer is visible to its owner only
         await plane.transfers.query(copied.transfer_id)

@@ -16,7 +16,14 @@ from notify_helpers import FAST, Host, running_plane, settle, until
 from webhook_receiver import WebhookReceiver
 
 from shellyard.config import NotificationSettings
-from shellyard.contract.executions import ExecutionState, RunShellRequest
+from shellyard.contract.executions import (
+    ExecutionCancelQuery,
+    ExecutionList,
+    ExecutionLogsQuery,
+    ExecutionState,
+    ExecutionWait,
+    RunShellRequest,
+)
 from shellyard.contract.sessions import (
     DeliveryView,
     NoticeView,
@@ -91,7 +98,9 @@ async def test_wake_matrix(plane: ControlPlane, source: str, owner: str) -> None
     elif source in ("wait_ran_out", "finished_in_wait"):
         wait_ms = 100 if source == "wait_ran_out" else 20_000
         foreground = asyncio.create_task(host.run("sleep 0.4; echo done", wait_ms=wait_ms))
-        listed = await until(lambda: plane.executions.list(host.main), what="the execution")
+        listed = await until(
+            lambda: plane.executions.list(ExecutionList(), host.main), what="the execution"
+        )
         subject = listed[0].execution_id
     else:
         subject = (await host.run("sleep 0.4; echo done", background=True)).execution_id
@@ -158,10 +167,10 @@ async def test_a_result_seen_through_wait_or_cancel_wakes_nobody(
     command = "sleep 0.4; echo done" if how == "wait" else "sleep 30"
     subject = (await host.run(command, background=True)).execution_id
     if how == "wait":
-        view = await plane.executions.wait(subject, 20, host.main)
+        view = await plane.executions.wait(subject, ExecutionWait(timeout_s=20), host.main)
         assert view.state == ExecutionState.completed
     else:
-        view = await plane.executions.cancel(subject, host.main, wait_s=20)
+        view = await plane.executions.cancel(subject, ExecutionCancelQuery(wait_s=20), host.main)
         assert view.state == ExecutionState.cancelled
     await host.wait_notice(subject)
     await settle()
@@ -194,7 +203,7 @@ async def test_child_notices_wake_the_child_not_the_main_agent(plane: ControlPla
     assert wake.agent_id == child.agent_id and wake.parent_agent_id == host.main
     assert not wake.is_main and [n.notice_id for n in wake.notices] == [notice.notice_id]
     assert theirs.workspace_id != mine.workspace_id  # its own workspace root
-    logs = await plane.executions.logs(theirs.execution_id, agent_id=child.agent_id)
+    logs = await plane.executions.logs(theirs.execution_id, ExecutionLogsQuery(), child.agent_id)
     assert logs.data == "child\n"  # the main agent's file is not in the child's workspace
     assert await plane.inbox.notices(host.main, unread_only=True) == []
     assert (await plane.sessions.get_agent(host.main)).state == "idle"  # not woken

@@ -12,7 +12,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from shellyard.contract.executions import ExecutionState, RunShellRequest
+from shellyard.contract.executions import ExecutionState, ExecutionWait, RunShellRequest
 from shellyard.contract.files import FileListQuery
 from shellyard.control.plane import ControlPlane
 from shellyard.store.owners import Agent
@@ -23,7 +23,7 @@ async def run(plane: ControlPlane, command: str, runner_id: str = "local", **kw:
     result = await plane.executions.run_shell(
         RunShellRequest(command=command, runner_id=runner_id, wait_ms=30_000, **kw)
     )
-    view = await plane.executions.wait(result.execution_id, 120)
+    view = await plane.executions.wait(result.execution_id, ExecutionWait(timeout_s=120))
     assert view.state == ExecutionState.completed and view.exit_code == 0, (view, result.stderr)
     return view
 

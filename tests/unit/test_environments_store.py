@@ -13,6 +13,7 @@ import pytest
 
 from conftest import POSTGRES_URL
 from shellyard.contract.environments import EnvironmentRevisionsQuery
+from shellyard.contract.executions import ExecutionCancelQuery
 from shellyard.errors import Conflict
 from shellyard.store import Store
 from shellyard.store.db import new_id
@@ -312,7 +313,7 @@ async def test_two_control_planes_share_the_waiting_rule(home: Path, pg_schema: 
                 assert change.state == "waiting" and change.waiting_for == [holder.execution_id]
                 seen = await first.environments.change_status(change.change_id)
                 assert seen.waiting_for == [holder.execution_id]
-                await first.executions.cancel(holder.execution_id, wait_s=20)
+                await first.executions.cancel(holder.execution_id, ExecutionCancelQuery(wait_s=20))
                 done = await second.environments.wait(change.change_id, 30)
                 assert done.state == "succeeded" and done.revision == 2
                 after = await first.executions.run_shell(

@@ -1,6 +1,6 @@
 """Every row of the REST forwarding tables (api/forward.py) names a method of the control plane
-that accepts what the row gives it: the path's ids, its query model (whole as ``request``,
-or its fields) and, for a row acting for an agent, ``agent_id``. The rows call by keyword,
+that accepts what the row gives it: the path's ids, its query model or body (whole, as
+``request``) and, for a row acting for an agent, ``agent_id``. The rows call by keyword,
 so a service parameter renamed without its row fails here, not on the first request."""
 
 from __future__ import annotations
@@ -44,16 +44,30 @@ def test_every_row_names_a_method_taking_its_inputs() -> None:
     for row in ROWS:
         method = _method(row.service)
         names = re.findall(r"{(\w+)}", row.path)
-        takes_request = "request" in inspect.signature(method).parameters
-        if row.query and takes_request:
+        if row.query or row.body:
             names.append("request")
-        elif row.query:
-            names += list(row.query.model_fields)
         names += ["agent_id"] if row.agent else []
         try:
             inspect.signature(method).bind(None, **dict.fromkeys(names))
         except TypeError as exc:
             refused.append(f"{row.name} -> {row.service}{inspect.signature(method)}: {exc}")
+    assert not refused, "\n".join(refused)
+
+
+def test_every_query_model_is_the_request_its_method_takes() -> None:
+    """A row hands its query model or body whole: it must be the method's ``request`` type or the
+    door's narrower subclass of it (``ExecutionWaitQuery`` of ``ExecutionWait``,
+    docs/architecture.md "The doors"), never another operation's model."""
+    refused = []
+    for row in ROWS:
+        given = row.query or row.body
+        if given is None:
+            continue
+        wanted = typing.get_type_hints(_method(row.service)).get("request")
+        # ``transfers.start`` also takes a plain mapping (its callers inside the server)
+        accepted = typing.get_args(wanted) or (wanted,)
+        if not any(isinstance(w, type) and issubclass(given, w) for w in accepted):
+            refused.append(f"{row.name}: {given.__name__} is not a {wanted}")
     assert not refused, "\n".join(refused)
 
 

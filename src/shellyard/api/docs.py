@@ -94,8 +94,9 @@ _BODY_MODELS: dict[str, type[BaseModel]] = {}
 
 
 def body_doc(model: type[BaseModel]) -> dict[str, Any]:
-    """``openapi_extra`` of a route that takes its JSON body as a dict (to turn validation
-    errors into one clear message) but whose body is ``model``: the document names it."""
+    """``openapi_extra`` of a route whose body is ``model``: the document names it. FastAPI
+    sees only a JSON object (``body_of``, api/bodies.py, parses it into the model after the
+    acting agent, with one clear message; a few routes read the ``dict`` themselves)."""
     _BODY_MODELS[model.__name__] = model
     return {"requestBody": {"required": True, _BODY_MARK: model.__name__}}
 

@@ -5,12 +5,11 @@ of that agent's session only."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Query
 
 from shellyard.api.auth import AgentHeader
-from shellyard.api.docs import body_doc
 from shellyard.api.forward import Forward, add_routes
 from shellyard.contract.environments import (
     ChangeView,
@@ -20,11 +19,11 @@ from shellyard.contract.environments import (
     EnvironmentRevisionsQuery,
     EnvironmentView,
     RevisionView,
-    parse_body,
 )
 from shellyard.control.plane import ControlPlane
 
-#: The reads that hand their path ids, query model and acting agent to the service unchanged.
+#: The routes that hand their path ids, query model or body and acting agent to the service
+#: unchanged.
 ENVIRONMENT_ROUTES = (
     Forward("GET", "/v1/environments", "environment_list", "environments.list_environments",
             list[EnvironmentView], EnvironmentListQuery, agent=True),
@@ -32,38 +31,18 @@ ENVIRONMENT_ROUTES = (
             EnvironmentView, agent=True),
     Forward("GET", "/v1/environments/{environment_id}/revisions", "environment_revisions",
             "environments.revisions", list[RevisionView], EnvironmentRevisionsQuery, agent=True),
+    Forward("POST", "/v1/environments", "environment_create", "environments.create",
+            EnvironmentView, agent=True, body=EnvironmentCreateRequest),
+    Forward("POST", "/v1/environments/{environment_id}/install", "environment_install",
+            "environments.install", ChangeView, agent=True, body=EnvironmentChangeBody),
+    Forward("POST", "/v1/environments/{environment_id}/uninstall", "environment_uninstall",
+            "environments.uninstall", ChangeView, agent=True, body=EnvironmentChangeBody),
 )  # fmt: skip
 
 
 def environments_router(plane: ControlPlane) -> APIRouter:
     router = APIRouter()
     add_routes(router, plane, ENVIRONMENT_ROUTES)
-
-    @router.post("/v1/environments", openapi_extra=body_doc(EnvironmentCreateRequest))
-    async def environment_create(
-        body: dict[str, Any], agent: AgentHeader = None
-    ) -> EnvironmentView:
-        return await plane.environments.create(parse_body(EnvironmentCreateRequest, body), agent)
-
-    @router.post(
-        "/v1/environments/{environment_id}/install",
-        openapi_extra=body_doc(EnvironmentChangeBody),
-    )
-    async def environment_install(
-        environment_id: str, body: dict[str, Any], agent: AgentHeader = None
-    ) -> ChangeView:
-        change = parse_body(EnvironmentChangeBody, body)
-        return await plane.environments.install(environment_id, change, agent)
-
-    @router.post(
-        "/v1/environments/{environment_id}/uninstall",
-        openapi_extra=body_doc(EnvironmentChangeBody),
-    )
-    async def environment_uninstall(
-        environment_id: str, body: dict[str, Any], agent: AgentHeader = None
-    ) -> ChangeView:
-        change = parse_body(EnvironmentChangeBody, body)
-        return await plane.environments.uninstall(environment_id, change, agent)
 
     @router.get("/v1/environment-changes/{change_id}")
     async def environment_change_status(

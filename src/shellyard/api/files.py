@@ -14,9 +14,9 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from shellyard.api.auth import AgentHeader, admin_only
+from shellyard.api.bodies import body_of
 from shellyard.api.docs import BINARY_RESPONSE, TAR_RESPONSE, body_doc
 from shellyard.api.forward import Forward, add_routes
-from shellyard.api.sessions import parse
 from shellyard.contract import rawjson
 from shellyard.contract.files import (
     MAX_WRITER_WAIT_S,
@@ -113,7 +113,7 @@ class PathsJSON(JSONResponse):
 
 
 #: The reads (W2, W5), transfers (T1-T4) and artifacts (T5) that hand their path ids, their
-#: query model and the acting agent to a service unchanged.
+#: query model or body and the acting agent to a service unchanged.
 FILE_ROUTES = (
     Forward("GET", "/v1/workspaces", "workspaces", "files.workspaces", list[WorkspaceView],
             agent=True),
@@ -124,6 +124,8 @@ FILE_ROUTES = (
     Forward("GET", "/v1/files/history", "history", "files.history", HistoryView, FileHistoryQuery,
             agent=True),
     Forward("GET", "/v1/files/diff", "diff", "files.diff", DiffResult, FileDiffQuery, agent=True),
+    Forward("POST", "/v1/transfers", "start_transfer", "transfers.start", TransferView,
+            agent=True, body=TransferRequest),
     Forward("GET", "/v1/transfers", "list_transfers", "transfers.list", list[TransferView],
             TransferListQuery, agent=True),
     Forward("GET", "/v1/transfers/{transfer_id}", "query_transfer", "transfers.query",
@@ -228,8 +230,9 @@ def files_router(plane: ControlPlane) -> APIRouter:
         )
 
     @router.post("/v1/files/delete", openapi_extra=body_doc(FileDeleteRequest))
-    async def delete(body: dict[str, Any], agent: AgentHeader = None) -> EditView:
-        r = parse(FileDeleteRequest, body)
+    async def delete(
+        *, agent: AgentHeader = None, r: Annotated[FileDeleteRequest, body_of(FileDeleteRequest)]
+    ) -> EditView:
         return await plane.files.delete(
             r.path,
             recursive=r.recursive,
@@ -241,8 +244,9 @@ def files_router(plane: ControlPlane) -> APIRouter:
         )
 
     @router.post("/v1/files/move", openapi_extra=body_doc(FileMoveRequest))
-    async def move(body: dict[str, Any], agent: AgentHeader = None) -> EditView:
-        r = parse(FileMoveRequest, body)
+    async def move(
+        *, agent: AgentHeader = None, r: Annotated[FileMoveRequest, body_of(FileMoveRequest)]
+    ) -> EditView:
         return await plane.files.move(
             r.source,
             r.destination,
@@ -255,8 +259,11 @@ def files_router(plane: ControlPlane) -> APIRouter:
         )
 
     @router.post("/v1/files/restore", openapi_extra=body_doc(SnapshotRestoreRequest))
-    async def restore(body: dict[str, Any], agent: AgentHeader = None) -> EditView:
-        r = parse(SnapshotRestoreRequest, body)
+    async def restore(
+        *,
+        agent: AgentHeader = None,
+        r: Annotated[SnapshotRestoreRequest, body_of(SnapshotRestoreRequest)],
+    ) -> EditView:
         return await plane.files.restore(
             r.seq,
             r.path,
@@ -272,21 +279,17 @@ def files_router(plane: ControlPlane) -> APIRouter:
         dependencies=[Depends(admin_only)],
         openapi_extra=body_doc(RetentionRequest),
     )
-    async def retention(body: dict[str, Any]) -> RetentionView:
-        r = parse(RetentionRequest, body)
+    async def retention(r: Annotated[RetentionRequest, body_of(RetentionRequest)]) -> RetentionView:
         return await plane.files.collect(r.keep_last, r.grace_s)
-
-    # ------------------------------------------------------------------ transfers (T1–T4)
-
-    @router.post("/v1/transfers", openapi_extra=body_doc(TransferRequest))
-    async def start_transfer(body: dict[str, Any], agent: AgentHeader = None) -> TransferView:
-        return await plane.transfers.start(parse(TransferRequest, body), agent)
 
     # ------------------------------------------------------------------ artifacts (T5)
 
     @router.post("/v1/artifacts", openapi_extra=body_doc(ArtifactDeclareRequest))
-    async def declare_artifact(body: dict[str, Any], agent: AgentHeader = None) -> ArtifactView:
-        r = parse(ArtifactDeclareRequest, body)
+    async def declare_artifact(
+        *,
+        agent: AgentHeader = None,
+        r: Annotated[ArtifactDeclareRequest, body_of(ArtifactDeclareRequest)],
+    ) -> ArtifactView:
         return await plane.artifacts.declare(
             r.path, name=r.name, workspace_id=r.workspace_id, seq=r.seq, agent_id=agent
         )

@@ -8,14 +8,15 @@ nothing. A ``Forward`` row names the method instead, and the request of a GET is
 as the operation's parameters, their bounds included). ``add_routes`` builds one handler per row:
 
 - the path's ``{ids}`` are strings, given by name;
-- the query model is given whole as ``request`` when the method takes one (the operation's
-  model from contract/, docs/architecture.md "The doors"), otherwise its fields by name (a
-  field is called as the service's parameter is);
-- ``agent=True``: the acting agent (``AgentHeader``, api/auth.py) is given as ``agent_id``.
+- the query model is given whole as ``request`` (the operation's model from contract/: the
+  method's ``request`` parameter, docs/architecture.md "The doors");
+- ``agent=True``: the acting agent (``AgentHeader``, api/auth.py) is given as ``agent_id``;
+- a POST's JSON body is given whole as ``request``, parsed into the row's ``body`` model
+  (api/bodies.py) after the acting agent is known, and named in the document (``body_doc``).
 
 The route keeps its name (the OpenAPI operationId), its success model and its dependencies, so
 the document and the answers are those of the handlers it replaces. A route that does anything
-else (parses a body, sets a header, streams) stays a handler of its router module.
+else (checks something first, sets a header, streams) stays a handler of its router module.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ from fastapi.params import Depends
 from pydantic import BaseModel
 
 from shellyard.api.auth import AgentHeader
+from shellyard.api.bodies import body_of
+from shellyard.api.docs import body_doc
 from shellyard.control.plane import ControlPlane
 
 _PATH_ID = re.compile(r"{(\w+)}")
@@ -46,12 +49,14 @@ class Forward:
     service: str
     #: the success model (the answer is validated and documented as this)
     result: Any
-    #: the request's query parameters, one model (given whole as the method's ``request``, or
-    #: its fields named as the method's parameters)
+    #: the request's query parameters, one model (given whole as the method's ``request``)
     query: type[BaseModel] | None = None
     #: whether the acting agent is given (as ``agent_id``)
     agent: bool = False
     dependencies: Sequence[Depends] = ()
+    #: the JSON body's model (given whole as the method's ``request``; a row has a query model
+    #: or a body, never both)
+    body: type[BaseModel] | None = None
 
 
 def _method(plane: ControlPlane, dotted: str) -> Callable[..., Awaitable[Any]]:
@@ -68,22 +73,22 @@ def _handler(plane: ControlPlane, row: Forward) -> Callable[..., Awaitable[Any]]
     parameters = [inspect.Parameter(n, named, annotation=str) for n in _PATH_ID.findall(row.path)]
     if row.query is not None:
         model: Any = row.query
-        parameters.append(inspect.Parameter("query", named, annotation=Annotated[model, Query()]))
+        parameters.append(inspect.Parameter("request", named, annotation=Annotated[model, Query()]))
     if row.agent:
         parameters.append(
             inspect.Parameter("agent_id", named, annotation=AgentHeader, default=None)
         )
+    if row.body is not None:
+        assert row.query is None, f"{row.name}: a query model or a body, not both"
+        body: Any = row.body
+        parameters.append(
+            inspect.Parameter("request", named, annotation=Annotated[body, body_of(body)])
+        )
 
     method = _method(plane, row.service)
-    whole = "request" in inspect.signature(method).parameters
 
     async def handler(**given: Any) -> Any:
-        request: BaseModel | None = given.pop("query", None)
-        if request is None:
-            return await method(**given)
-        if whole:
-            return await method(**given, request=request)
-        return await method(**given, **{n: getattr(request, n) for n in type(request).model_fields})
+        return await method(**given)
 
     handler.__name__ = handler.__qualname__ = row.name
     # FastAPI reads the parameters it fills from the handler's signature
@@ -103,6 +108,7 @@ def add_routes(router: APIRouter, plane: ControlPlane, rows: Sequence[Forward]) 
             name=row.name,
             response_model=row.result,
             dependencies=list(row.dependencies),
+            openapi_extra=None if row.body is None else body_doc(row.body),
         )
 
 

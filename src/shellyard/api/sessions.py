@@ -7,16 +7,15 @@ No ``from __future__ import annotations`` here: FastAPI must resolve ``Depends(k
 a local function, when the routes are declared."""
 
 from collections.abc import AsyncIterator
-from typing import Annotated, Any, TypeVar
+from typing import Annotated
 
 from fastapi import APIRouter, Depends, Header, Query, Response
 from fastapi.sse import EventSourceResponse, ServerSentEvent
-from pydantic import BaseModel, ValidationError
 
 from shellyard.api.auth import AgentHeader, PrincipalDep, admin_only
+from shellyard.api.bodies import body_of
 from shellyard.api.docs import JSON_ERROR_RESPONSES, body_doc
 from shellyard.api.forward import Forward, add_routes
-from shellyard.contract import rawjson
 from shellyard.contract.sessions import (
     DEFAULT_LIST_PAGE,
     MAX_LIST_PAGE,
@@ -36,20 +35,7 @@ from shellyard.contract.sessions import (
     WebhookView,
 )
 from shellyard.control.plane import ControlPlane
-from shellyard.errors import InvalidInput, NotFound, validation_message
-
-M = TypeVar("M", bound=BaseModel)
-
-
-def parse(model: type[M], body: dict[str, Any]) -> M:
-    """Validate a request body into one clear InvalidInput (a lone surrogate too; a name's
-    raw bytes, U+DC80..U+DCFF, pass: docs/files-and-transfers.md)."""
-    rawjson.refuse_surrogates(body, raw_bytes=True)
-    try:
-        return model.model_validate(body)
-    except ValidationError as exc:
-        raise InvalidInput(validation_message(exc)) from None
-
+from shellyard.errors import NotFound
 
 #: A list's page size (docs/security.md "Limits at each door").
 PageLimit = Annotated[int, Query(ge=1, le=MAX_LIST_PAGE)]
@@ -89,6 +75,8 @@ SESSION_ROUTES = (
             AgentView),
     Forward("GET", "/v1/inbox/summary", "inbox_summary", "inbox.summary", InboxSummary,
             agent=True),
+    Forward("POST", "/v1/timers", "timer_create", "timers.create", TimerView, agent=True,
+            body=TimerCreateRequest),
     Forward("GET", "/v1/timers/{timer_id}", "timer_get", "timers.get", TimerView, agent=True),
     Forward("POST", "/v1/timers/{timer_id}/cancel", "timer_cancel", "timers.cancel", TimerView,
             agent=True),
@@ -160,15 +148,12 @@ def sessions_router(plane: ControlPlane) -> APIRouter:
         return page
 
     @router.post("/v1/inbox/read", openapi_extra=body_doc(MarkReadRequest))
-    async def inbox_read(body: dict[str, Any], agent: AgentHeader = None) -> MarkReadResult:
-        request = parse(MarkReadRequest, body)
+    async def inbox_read(
+        *, agent: AgentHeader = None, request: Annotated[MarkReadRequest, body_of(MarkReadRequest)]
+    ) -> MarkReadResult:
         return MarkReadResult(marked=await plane.inbox.mark_read(agent, request.notice_ids))
 
     # ------------------------------------------------------------------ timers
-
-    @router.post("/v1/timers", openapi_extra=body_doc(TimerCreateRequest))
-    async def timer_create(body: dict[str, Any], agent: AgentHeader = None) -> TimerView:
-        return await plane.timers.create(agent, parse(TimerCreateRequest, body))
 
     @router.get("/v1/timers")
     async def timer_list(
@@ -188,8 +173,9 @@ def sessions_router(plane: ControlPlane) -> APIRouter:
     # A session or agent token registers webhooks for its own session only (default: it).
 
     @router.post("/v1/webhooks", openapi_extra=body_doc(WebhookRequest))
-    async def add_webhook(body: dict[str, Any], who: PrincipalDep) -> WebhookView:
-        request = parse(WebhookRequest, body)
+    async def add_webhook(
+        who: PrincipalDep, request: Annotated[WebhookRequest, body_of(WebhookRequest)]
+    ) -> WebhookView:
         if not who.is_admin:
             request.session_id = request.session_id or who.session_id
             plane.tokens.check_session(who, str(request.session_id))

@@ -1,13 +1,13 @@
 """REST endpoints of bearer tokens: make one (its secret is in this answer only), list them
 (never with secrets), revoke one (refused from the next request on)."""
 
-from typing import Any
+from typing import Annotated
 
 from fastapi import APIRouter
 
 from shellyard.api.auth import PrincipalDep
+from shellyard.api.bodies import body_of
 from shellyard.api.docs import body_doc
-from shellyard.api.sessions import parse
 from shellyard.contract.tokens import TokenCreated, TokenCreateRequest, TokenView
 from shellyard.control.plane import ControlPlane
 
@@ -16,9 +16,11 @@ def tokens_router(plane: ControlPlane) -> APIRouter:
     router = APIRouter()
 
     @router.post("/v1/tokens", openapi_extra=body_doc(TokenCreateRequest))
-    async def create_token(body: dict[str, Any], who: PrincipalDep) -> TokenCreated:
+    async def create_token(
+        who: PrincipalDep, request: Annotated[TokenCreateRequest, body_of(TokenCreateRequest)]
+    ) -> TokenCreated:
         """Admin: any kind. A session token: agent tokens for its own agents."""
-        return await plane.tokens.create(who, parse(TokenCreateRequest, body))
+        return await plane.tokens.create(who, request)
 
     @router.get("/v1/tokens")
     async def list_tokens(who: PrincipalDep) -> list[TokenView]:

@@ -305,13 +305,31 @@ class ExecutionCancelRequest(BaseModel):
 
 # ------------------------ the GETs' query models: executions (E1-E13)
 # (``Annotated[Model, Query()]`` in api/; docs/architecture.md "The doors")
+# A control method takes its operation's model whole. Where the REST door bounds a field
+# tighter than the operation does (a page of at most 1000, a wait of at most 30 s), the
+# operation's model (``ExecutionList``, ``ExecutionWait``) carries the operation's bounds and
+# the door's ``...Query`` narrows them: callers inside the server (a cancel that waits 60 s,
+# the tests) build the operation's model, the door validates the narrower one.
 
 
-class ExecutionListQuery(BaseModel):
+class ExecutionList(BaseModel):
+    """The acting agent's executions, newest first (``limit`` of them)."""
+
+    limit: int = Field(100, ge=1)
+
+
+class ExecutionListQuery(ExecutionList):
     limit: int = Field(100, ge=1, le=1000)
 
 
-class ExecutionWaitQuery(BaseModel):
+class ExecutionWait(BaseModel):
+    """Wait up to ``timeout_s`` for an execution's end (a budget for the answer, never a
+    process timeout, as E3's ``wait_ms``)."""
+
+    timeout_s: float = Field(10, ge=0)
+
+
+class ExecutionWaitQuery(ExecutionWait):
     timeout_s: float = Field(10, ge=0, le=30)
 
 

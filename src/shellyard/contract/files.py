@@ -420,7 +420,14 @@ class TransferListQuery(BaseModel):
     limit: int = Field(DEFAULT_TRANSFER_PAGE, ge=1, le=MAX_TRANSFER_PAGE)
 
 
-class TransferWaitQuery(BaseModel):
+class TransferWait(BaseModel):
+    """T3: wait up to ``timeout_s`` for a transfer's end (the operation's bounds; the REST
+    door's ``TransferWaitQuery`` narrows them, as contract/executions.py explains)."""
+
+    timeout_s: float = Field(10, ge=0)
+
+
+class TransferWaitQuery(TransferWait):
     timeout_s: float = Field(10, ge=0, le=30)
 
 
@@ -466,6 +473,7 @@ __all__ = [
     "TransferListQuery",
     "TransferRequest",
     "TransferView",
+    "TransferWait",
     "TransferWaitQuery",
     "WorkspaceTransferRequest",
     "WorkspaceView",

@@ -184,14 +184,14 @@ class EnvironmentService:
         return view
 
     async def install(
-        self, environment_id: str, body: EnvironmentChangeBody, agent_id: str | None = None
+        self, environment_id: str, request: EnvironmentChangeBody, agent_id: str | None = None
     ) -> ChangeView:
-        return await self._change("install", environment_id, body, agent_id)
+        return await self._change("install", environment_id, request, agent_id)
 
     async def uninstall(
-        self, environment_id: str, body: EnvironmentChangeBody, agent_id: str | None = None
+        self, environment_id: str, request: EnvironmentChangeBody, agent_id: str | None = None
     ) -> ChangeView:
-        return await self._change("uninstall", environment_id, body, agent_id)
+        return await self._change("uninstall", environment_id, request, agent_id)
 
     async def _change(
         self,

@@ -14,14 +14,14 @@ from __future__ import annotations
 import secrets
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from shellyard.api.auth import PrincipalDep, principal
+from shellyard.api.bodies import body_of, parse
 from shellyard.api.docs import body_doc
-from shellyard.api.sessions import parse
 from shellyard.control.plane import ControlPlane
 from shellyard.control.tokens import Principal, hash_secret
 from shellyard.errors import Forbidden, InvalidInput, NotFound, TooMany, Unauthorized
@@ -127,9 +127,10 @@ def login_router(plane: ControlPlane) -> APIRouter:
         del pending[others[0]]
 
     @router.post("/v1/auth/codes", openapi_extra=body_doc(CodeRequest))
-    async def create_code(body: dict[str, Any], who: PrincipalDep) -> CodeView:
+    async def create_code(
+        who: PrincipalDep, request: Annotated[CodeRequest, body_of(CodeRequest)]
+    ) -> CodeView:
         """A one-time code for the web page with this token's reach."""
-        request = parse(CodeRequest, body)
         if who.token_id is None:
             raise InvalidInput(
                 "this server runs without tokens (--no-auth): open /ui/ directly, no login needed"
@@ -154,6 +155,7 @@ def login_router(plane: ControlPlane) -> APIRouter:
         browser in to an account of its choosing."""
         if not request.headers.get(CSRF_HEADER):
             raise Forbidden(f"send the {CSRF_HEADER} header (any value) with a login")
+        # parsed here, not by body_of (api/bodies.py): the CSRF header is checked first
         asked = parse(LoginRequest, body)
         if (asked.code is None) == (asked.token is None):
             raise InvalidInput("give exactly one of 'code' (from 'shellyard ui') or 'token'")

@@ -30,6 +30,7 @@ from fastapi.sse import EventSourceResponse, ServerSentEvent
 from shellyard.api.auth import PrincipalDep
 from shellyard.api.docs import BINARY_RESPONSE, JSON_ERROR_RESPONSES, TAR_RESPONSE
 from shellyard.api.files import _file_response
+from shellyard.contract.executions import ExecutionLogsQuery
 from shellyard.contract.files import ArtifactView, TransferView, WorkspaceView
 from shellyard.contract.panel import MAX_EXECUTION_PAGE, ExecutionPage
 from shellyard.contract.sessions import NoticeView, SessionView, TimerView
@@ -165,11 +166,15 @@ def panel_router(plane: ControlPlane) -> APIRouter:
         agents = await service.agent_ids(who, session_id)
         if agent_id not in agents:
             raise NotFound(f"no agent {agent_id!r} in session {session_id}")
+
+        def page(offset: int) -> ExecutionLogsQuery:
+            return ExecutionLogsQuery(stream=stream, offset=offset, limit=LOG_PAGE)
+
         first = None
         # The execution may be any agent's of the session (the panel shows them all).
         for owner in (agent_id, *(a for a in agents if a != agent_id)):
             try:
-                first = await plane.executions.logs(execution_id, stream, 0, LOG_PAGE, None, owner)
+                first = await plane.executions.logs(execution_id, page(0), owner)
             except NotFound:
                 continue
             agent_id = owner
@@ -184,9 +189,7 @@ def panel_router(plane: ControlPlane) -> APIRouter:
                     yield part.data.encode("utf-8", "surrogateescape")
                 if part.next_offset >= part.size or part.next_offset <= part.offset:
                     return
-                part = await plane.executions.logs(
-                    execution_id, stream, part.next_offset, LOG_PAGE, None, agent_id
-                )
+                part = await plane.executions.logs(execution_id, page(part.next_offset), agent_id)
 
         return StreamingResponse(
             pages(),

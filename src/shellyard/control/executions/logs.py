@@ -3,7 +3,7 @@ to an interactive execution, E13), from a byte offset, its last bytes or its las
 
 from __future__ import annotations
 
-from shellyard.contract.executions import ExecutionState, LogsResult
+from shellyard.contract.executions import ExecutionLogsQuery, ExecutionState, LogsResult
 from shellyard.control.executions.output import encode_page, line_tail_offset
 from shellyard.errors import InvalidInput
 from shellyard.runner.protocol import MAX_READ_CHUNK, LogStream, Runner
@@ -13,39 +13,24 @@ from shellyard.store.executions import Execution
 STREAMS: tuple[LogStream, ...] = ("stdout", "stderr", "stdin")
 
 
-def check_page(
-    stream: str,
-    offset: int,
-    limit: int,
-    tail: int | None,
-    *,
-    tail_lines: int | None = None,
-    encoding: str = "utf-8",
-) -> None:
-    """InvalidInput for a page that cannot be asked (before the record is read)."""
-    if stream not in STREAMS:
-        raise InvalidInput(f"stream must be 'stdout', 'stderr' or 'stdin', not {stream!r}")
-    if encoding not in ("utf-8", "base64"):
-        raise InvalidInput(f"encoding must be 'utf-8' or 'base64', not {encoding!r}")
-    if min(offset, limit, tail or 0, tail_lines or 0) < 0:
-        raise InvalidInput("offset, limit, tail and tail_lines must be zero or positive")
+def check_stream(stream: str) -> LogStream:
+    """The stream asked for, or InvalidInput (before the record is read). The query model
+    keeps ``stream`` a plain string (its OpenAPI parameter is one); its other bounds (no
+    negative offset, limit or tail; the two encodings) are the model's own."""
+    for name in STREAMS:
+        if name == stream:
+            return name
+    raise InvalidInput(f"stream must be 'stdout', 'stderr' or 'stdin', not {stream!r}")
 
 
 async def read_page(
-    store: Store,
-    runner: Runner,
-    row: Execution,
-    stream: str,
-    offset: int,
-    limit: int,
-    tail: int | None,
-    *,
-    tail_lines: int | None = None,
-    encoding: str = "utf-8",
+    store: Store, runner: Runner, row: Execution, request: ExecutionLogsQuery
 ) -> LogsResult:
-    """The page of an owned record's log (``check_page`` passed)."""
+    """The page ``request`` asks of an owned record's log."""
     execution_id = row.id
-    log_stream = next(name for name in STREAMS if name == stream)
+    log_stream = check_stream(request.stream)
+    offset, limit = request.offset, request.limit
+    tail, tail_lines = request.tail, request.tail_lines
     pruned_at = row.logs_pruned_at
     state = ExecutionState(row.state)
     nothing = LogsResult.model_construct(
@@ -66,7 +51,7 @@ async def read_page(
         offset = await line_tail_offset(runner, execution_id, log_stream, size, tail_lines)
         limit = min(size - offset, MAX_READ_CHUNK)
     chunk = await runner.read_log(execution_id, log_stream, offset, min(limit, MAX_READ_CHUNK))
-    text, used = encode_page(chunk.data, encoding)
+    text, used = encode_page(chunk.data, request.encoding)
     if state.terminal:
         await store.mark_notice_read("execution", execution_id)
     return LogsResult(
@@ -80,5 +65,5 @@ async def read_page(
         size=chunk.size,
         complete=chunk.complete and used == len(chunk.data),
         state=state,
-        encoding="base64" if encoding == "base64" else "utf-8",
+        encoding=request.encoding,
     )

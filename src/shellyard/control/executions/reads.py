@@ -4,13 +4,16 @@ execution service (service.py), which holds the store, the runners and the agent
 
 from __future__ import annotations
 
-from typing import Any
-
-from shellyard.contract.executions import ExecutionView, LogsResult
+from shellyard.contract.executions import (
+    ExecutionList,
+    ExecutionLogsQuery,
+    ExecutionView,
+    LogsResult,
+)
 from shellyard.contract.interactive import InputResult, ScreenView
 from shellyard.control.agents import AgentResolver
 from shellyard.control.executions import interactive
-from shellyard.control.executions.logs import check_page, read_page
+from shellyard.control.executions.logs import check_stream, read_page
 from shellyard.control.executions.view import execution_view
 from shellyard.control.runners import RunnerRegistry
 from shellyard.errors import NotFound
@@ -28,20 +31,12 @@ class OwnedReads:
         return self.runners.get(row.runner_id)
 
     async def logs(
-        self,
-        execution_id: str,
-        stream: str = "stdout",
-        offset: int = 0,
-        limit: int = 65536,
-        tail: int | None = None,
-        agent_id: str | None = None,
-        **page: Any,
+        self, execution_id: str, request: ExecutionLogsQuery, agent_id: str | None = None
     ) -> LogsResult:
         """A page of a log; ``tail``: bytes, ``tail_lines``: lines (docs/cli.md "Output")."""
-        check_page(stream, offset, limit, tail, **page)
+        check_stream(request.stream)
         row = await self._owned(execution_id, agent_id)
-        runner = self.runners.get(row.runner_id)
-        return await read_page(self.store, runner, row, stream, offset, limit, tail, **page)
+        return await read_page(self.store, self._runner(row), row, request)
 
     # E13: input, screen and size of an interactive execution (control/executions/interactive.py)
     async def send_input(
@@ -58,9 +53,12 @@ class OwnedReads:
         row = await self._owned(execution_id, agent_id)
         return await interactive.screen(self._runner(row), row, size)
 
-    async def list(self, agent_id: str | None = None, limit: int = 100) -> list[ExecutionView]:
+    async def list(
+        self, request: ExecutionList, agent_id: str | None = None
+    ) -> list[ExecutionView]:
         owner = await self.agents.id(agent_id)
-        return [execution_view(r) for r in await self.store.list_executions(owner, limit)]
+        rows = await self.store.list_executions(owner, request.limit)
+        return [execution_view(r) for r in rows]
 
     async def _owned(self, execution_id: str, agent_id: str | None) -> Execution:
         row = await self.store.get_execution(execution_id)

@@ -12,9 +12,11 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from shellyard.contract.executions import (
+    ExecutionCancelQuery,
     ExecutionResultQuery,
     ExecutionState,
     ExecutionView,
+    ExecutionWait,
     RunShellRequest,
     RunShellResult,
 )
@@ -552,11 +554,11 @@ class ExecutionService(OwnedReads):
         return view
 
     async def wait(
-        self, execution_id: str, timeout_s: float, agent_id: str | None = None
+        self, execution_id: str, request: ExecutionWait, agent_id: str | None = None
     ) -> ExecutionView:
         row = await self._owned(execution_id, agent_id)
         if not ExecutionState(row.state).terminal:
-            await self._wait_watched(execution_id, timeout_s, prompts=self._prompts(row))
+            await self._wait_watched(execution_id, request.timeout_s, prompts=self._prompts(row))
         return await self.status(execution_id, agent_id)
 
     async def result(
@@ -619,7 +621,7 @@ class ExecutionService(OwnedReads):
         return not self.store.is_sqlite and execution_id not in self._watchers
 
     async def cancel(
-        self, execution_id: str, agent_id: str | None = None, wait_s: float = 0.0
+        self, execution_id: str, request: ExecutionCancelQuery, agent_id: str | None = None
     ) -> ExecutionView:
         """E7: a finished execution comes back unchanged; a running one gets SIGTERM, then the
         whole sandbox is killed after the grace period; ``cancelled`` only once committed."""
@@ -637,8 +639,8 @@ class ExecutionService(OwnedReads):
                 return await self.status(execution_id, agent_id)
         runner = self.runners.get(row.runner_id)
         await runner.cancel(execution_id)
-        if wait_s > 0:
-            return await self.wait(execution_id, wait_s, agent_id)
+        if request.wait_s > 0:
+            return await self.wait(execution_id, ExecutionWait(timeout_s=request.wait_s), agent_id)
         return execution_view(await self._finalized(row))
 
     async def _workspace(self, agent_id: str, runner_id: str) -> str:

@@ -52,6 +52,7 @@ from shellyard.contract.files import (
     TransferListQuery,
     TransferRequest,
     TransferView,
+    TransferWait,
     WorkspaceView,
 )
 from shellyard.control.executions.hooks import WatchLeases
@@ -620,11 +621,11 @@ class TransferService:
         )
 
     async def wait(
-        self, transfer_id: str, timeout_s: float, agent_id: str | None = None
+        self, transfer_id: str, request: TransferWait, agent_id: str | None = None
     ) -> TransferView:
         """The transfer once it is terminal, or as it is when ``timeout_s`` runs out."""
         row = await self._owned(transfer_id, agent_id)
-        deadline = time.monotonic() + max(0.0, timeout_s)
+        deadline = time.monotonic() + request.timeout_s
         while row.state not in TERMINAL_TRANSFER_STATES:
             left = deadline - time.monotonic()
             if left <= 0:
@@ -646,7 +647,6 @@ class TransferService:
         self, transfer_id: str, request: TransferCancelQuery, agent_id: str | None = None
     ) -> TransferView:
         """Stop after the batch being copied; every committed file stays (T3)."""
-        wait_s = request.wait_s
         row = await self._owned(transfer_id, agent_id)
         if row.state in TERMINAL_TRANSFER_STATES:
             return self._view(row)
@@ -659,8 +659,8 @@ class TransferService:
                 await self._finish(row, "cancelled", None)  # nobody copies it: end it here
             else:
                 self.on_signal(transfer_id)  # the replica copying it stops after its batch
-        if wait_s > 0:
-            return await self.wait(transfer_id, wait_s, agent_id)
+        if request.wait_s > 0:
+            return await self.wait(transfer_id, TransferWait(timeout_s=request.wait_s), agent_id)
         return await self.query(transfer_id, agent_id)
 
     def _view(self, row: Transfer) -> TransferView:
