@@ -31,6 +31,7 @@ from test_webhook_policy import _second_session_agent
 
 from conftest import Yard, stop_server
 from shellyard.contract.environments import EnvironmentChangeBody, EnvironmentCreateRequest
+from shellyard.contract.files import TransferWait
 from shellyard.contract.tokens import TokenCreateRequest
 from shellyard.control.tokens import UNAUTHENTICATED_ADMIN
 from shellyard.errors import ShellyardError
@@ -417,6 +418,8 @@ async def test_a_file_with_a_few_data_extents_reads_back_whole_everywhere(yard: 
         },
         agent,
     )
-    assert (await yard.plane.transfers.wait(started.transfer_id, 300, agent)).state == "completed"
+    assert (
+        await yard.plane.transfers.wait(started.transfer_id, TransferWait(timeout_s=300), agent)
+    ).state == "completed"
     moved = await _run(yard, str(child.id), SUMS)
     assert moved.stdout == expected, (expected, moved.stdout)

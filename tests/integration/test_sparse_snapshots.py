@@ -20,7 +20,7 @@ from test_attack_pass_43 import SPARSE_PREFIX
 from test_env_tool_rights import _create, _install, _put
 
 from conftest import Yard
-from shellyard.contract.executions import RunShellRequest
+from shellyard.contract.executions import ExecutionWait, RunShellRequest
 from shellyard.contract.files import FileReadTextQuery
 from shellyard.errors import ShellyardError
 from shellyard.runner import workspace_paths
@@ -185,7 +185,7 @@ async def test_truncate_3g_in_a_workspace_is_committed_read_and_restored_without
     before = _blocks_under(yard.home)
     started = await yard.run("truncate -s 3G big && printf tail >> big")
     # its commit hashes 3 GiB (as zeros, no read): longer than run_shell's longest wait here
-    ended = await yard.plane.executions.wait(started.execution_id, 600)
+    ended = await yard.plane.executions.wait(started.execution_id, ExecutionWait(timeout_s=600))
     assert ended.exit_code == 0, ended
     made = await yard.run("stat -c '%s %b' big")
     size, blocks = (int(x) for x in made.stdout.split())
