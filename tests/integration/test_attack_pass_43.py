@@ -483,13 +483,6 @@ def _places(text: str, needles: set[str]) -> list[str]:
     return [line for line in text.splitlines() if any(n in line for n in needles)]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="open (docs/security.md, Attack pass (session 43)): after the prefix branch, a "
-    "workspace index and project folder are still bound at their host paths in the tool's "
-    "sandbox (its mountinfo, cwd, UV_INTERNAL__BUILD_DIR, the recorded direct_url.json and "
-    "package source), and environment_show answers the prefix's host path to the agent",
-)
 async def test_no_host_path_of_the_home_reaches_a_build_or_a_command_using_the_environment(
     yard_factory: Any,
 ) -> None:

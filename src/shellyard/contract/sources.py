@@ -103,6 +103,38 @@ def local_path(text: str) -> str:
     return unquote(urlsplit(text).path)
 
 
+#: Where commands see their workspace; a local source at or below it names the caller's
+#: workspace (resolved by the runner against the workspace the change came with).
+WORKSPACE = "/workspace"
+
+
+def names_workspace(
+    *,
+    specs: list[str],
+    index_url: str | None,
+    extra_index_urls: list[str],
+    find_links: list[str],
+    channels: list[str],
+    repos: list[str],
+) -> bool:
+    """Whether a change's sources name the caller's workspace (a local path at or below
+    ``WORKSPACE``, by the runner's own test; a substring such as ``/x/workspace-wheels`` or
+    ``https://…/workspace/…`` does not): the one test for the control plane (which then sends
+    the caller's workspace id) and the runner (which then holds that workspace's folders)."""
+    values = [index_url or "", *extra_index_urls, *find_links, *channels, *repos]
+    values += [spec.partition("@")[2].partition(";")[0] for spec in specs]
+    for value in values:
+        text = value.strip()
+        if is_local(text) and in_workspace(local_path(text)):
+            return True
+    return False
+
+
+def in_workspace(path: str) -> bool:
+    """Whether the local path ``path`` is ``WORKSPACE`` or below it."""
+    return path == WORKSPACE or path.startswith(WORKSPACE + "/")
+
+
 def is_channel_name(text: str) -> bool:
     return len(text) <= 200 and ".." not in text and bool(_CHANNEL_NAME.match(text))
 

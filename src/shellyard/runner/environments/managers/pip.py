@@ -29,6 +29,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
+from shellyard.contract.sources import in_workspace, is_local, local_path
 from shellyard.runner.environments.managers import prefix_files, wheels
 from shellyard.runner.environments.managers.base import ManagerContext, ManagerError
 from shellyard.runner.protocol import EnvironmentChangeRequest, PackageRecord
@@ -109,7 +110,11 @@ class PipManager:
         argv += ["--", *(str(r) for r in requirements)]
         ctx.progress(f"installing {', '.join(str(r) for r in requirements)} with uv")
         code, tail = await ctx.run_tool(
-            argv, env=_uv_env(ctx), binds=sources.local, network=sources.remote
+            argv,
+            env=_uv_env(ctx),
+            binds=sources.local,
+            network=sources.remote,
+            mounts=sources.mounts,
         )
         if code != 0:
             raise _classify(tail, "install")
@@ -202,6 +207,8 @@ class _Sources:
         self.hashes: dict[str, dict[str, str]] = {}
         #: distribution name → origin, for ``name @ file://…`` installs from the store
         self.direct: dict[str, dict[str, str | None]] = {}
+        #: where the tool sees a copied folder of the workspace → the copy (``copy_folders``)
+        self.mounts: dict[Path, Path] = {}
 
     @classmethod
     def of(cls, request: EnvironmentChangeRequest) -> _Sources:
@@ -275,8 +282,59 @@ class _Sources:
             extras = f"[{','.join(sorted(requirement.extras))}]" if requirement.extras else ""
             marker = f" ; {requirement.marker}" if requirement.marker else ""
             out.append(Requirement(f"{requirement.name}{extras} @ {copy.as_uri()}{marker}"))
+        out = self.copy_folders(ctx, out, stashed)
         # the tool reads the copies in its scratch folder, not the caller's files
         self.local = [p for p in self.local if p not in stashed]
+        return out
+
+    def copy_folders(
+        self, ctx: ManagerContext, requirements: list[Requirement], stashed: set[Path]
+    ) -> list[Requirement]:
+        """The workspace's folders among the sources (a local index, a project folder
+        ``name @ file:///workspace/proj``) copied into the scratch folder by the reader, as
+        the workspace's uid (``ctx.read_as``) and following no link, and shown to the tool
+        read-only where the request named them (``/workspace/…``): bwrap, as the tools' uid,
+        could not bind a folder of a workspace that is another uid's (0700); the tool sees
+        no host path of the home (its cwd, mountinfo, ``direct_url.json``, the recorded
+        source); and a file changed mid-build changes nothing (docs/security.md, "Attack
+        pass (session 43)"). Folders outside the workspace (an operator's) stay bound."""
+        copies: dict[Path, Path] = {}
+
+        def shown(text: str) -> Path | None:
+            folder = _local_folder(text)
+            named = ctx.origins.get(text)
+            if folder is None or named is None or not is_local(named):
+                return None
+            seen = Path(os.path.normpath(local_path(named)))
+            if not in_workspace(str(seen)) or not folder.is_dir():
+                return None
+            if folder not in copies:
+                copies[folder] = ctx.scratch / "sources" / str(len(copies))
+                copies[folder].parent.mkdir(mode=0o755, exist_ok=True)
+                wheels.copy_tree(folder, copies[folder], ctx.read_as)
+            self.mounts[seen] = copies[folder]
+            stashed.add(folder)
+            return seen
+
+        def named(text: str) -> str:
+            seen = shown(text)
+            if seen is None:
+                return text
+            return seen.as_uri() if text.startswith("file:") else str(seen)
+
+        if self.index is not None:
+            self.index = named(self.index)
+        self.extra = [named(url) for url in self.extra]
+        out: list[Requirement] = []
+        for requirement in requirements:
+            seen = shown(requirement.url) if requirement.url else None
+            if seen is not None:
+                extras = f"[{','.join(sorted(requirement.extras))}]" if requirement.extras else ""
+                marker = f" ; {requirement.marker}" if requirement.marker else ""
+                requirement = Requirement(f"{requirement.name}{extras} @ {seen.as_uri()}{marker}")
+            out.append(requirement)
+        # a folder shown inside another one is bound after it (Path order: parents first)
+        self.mounts = dict(sorted(self.mounts.items()))
         return out
 
     def options(self) -> list[str]:
