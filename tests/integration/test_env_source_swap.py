@@ -23,6 +23,7 @@ from env_fixtures import backend_sdist
 from test_env_tool_rights import _agent, _create, _import, _install, _put, _sh
 
 from conftest import Yard
+from shellyard.contract.environments import EnvironmentRevisionsQuery
 from shellyard.errors import ChangeFailed, InvalidInput
 from shellyard.runner.environments.managers import pip
 from shellyard.runner.policy import SandboxPolicy
@@ -122,3 +123,47 @@ async def test_a_local_index_swapped_for_a_link_after_the_check_binds_nothing_ou
     else:
         assert change is None or SECRET not in json.dumps(change.model_dump(mode="json")), change
     assert os.path.exists(outside / "secret.txt")
+
+
+async def test_a_workspace_index_named_only_in_extra_index_urls_installs_as_named(
+    yard: Yard,
+) -> None:
+    """R2 with V2: a local index in the workspace named only by ``extra_index_urls`` (a
+    uid per workspace, the default of a root runner). The control plane sends the caller's
+    workspace for it (its test is the runner's, ``contract.sources.names_workspace``; a
+    substring test skipped this field and the runner refused the change as naming no
+    workspace); the tool reads the reader's copy at ``/workspace/idx`` (bwrap as the tools'
+    uid could not bind a folder of the 0700 workspace); the build runs there, and the
+    package list names the index as the request did, never the home's host path."""
+    agent = await _agent(yard)
+    environment_id = await _create(yard, agent, "extra")
+    body = """
+    RESULT = {"cwd": os.getcwd(), "mounts": open("/proc/self/mountinfo").read()}
+    """
+    sdist = backend_sdist("sy-extra", "1.0", body)
+    page = b'<a href="sy_extra-1.0.tar.gz">sy_extra-1.0.tar.gz</a>\n'
+    await _put(
+        yard,
+        agent,
+        {"idx/sy-extra/sy_extra-1.0.tar.gz": sdist, "idx/sy-extra/index.html": page},
+        {},
+    )
+    change = await _install(
+        yard, agent, environment_id, manager="pip", specs=["sy-extra"],
+        extra_index_urls=["/workspace/idx"],
+    )  # fmt: skip
+    assert change.state == "succeeded", change
+    seen = await _import(yard, agent, environment_id, "sy_extra")
+    points = [line.split()[4] for line in seen["mounts"].splitlines()]
+    assert "/workspace/idx" in points, points
+    revisions = await yard.plane.environments.revisions(
+        environment_id, EnvironmentRevisionsQuery(), agent
+    )
+    listed = [
+        p for r in revisions for p in r.model_dump(mode="json").get("packages") or []
+        if p["name"] == "sy-extra"
+    ]  # fmt: skip
+    # every index the install could use, as the request named it
+    assert listed and all("/workspace/idx" in p["source"].split() for p in listed), listed
+    home = str(yard.home.resolve())
+    assert home not in json.dumps(seen["cwd"]) and home not in json.dumps(listed)
