@@ -167,3 +167,44 @@ async def test_a_workspace_index_named_only_in_extra_index_urls_installs_as_name
     assert listed and all("/workspace/idx" in p["source"].split() for p in listed), listed
     home = str(yard.home.resolve())
     assert home not in json.dumps(seen["cwd"]) and home not in json.dumps(listed)
+
+
+@pytest.mark.runner_kinds("local")  # the agent's move is made in this process (stash)
+@pytest.mark.parametrize("uids", ["per-workspace", "off"])
+async def test_a_project_folder_changed_after_it_was_read_builds_what_was_read(
+    yard_factory: Any, monkeypatch: pytest.MonkeyPatch, uids: str
+) -> None:
+    """R2 (TOCTOU) with V2: ``name @ file:///workspace/proj`` is read once, as the change
+    starts; the agent's command that rewrites a file of the project after that (here: right
+    after the runner read its sources, before uv starts) changes nothing the build sees: the
+    tool builds the runner's copy, not a live bind of the workspace's folder."""
+    yard: Yard = await yard_factory(SandboxPolicy(uid_range=uids if uids == "off" else None))
+    agent = await _agent(yard)
+    environment_id = await _create(yard, agent, "late")
+    body = """
+    with open("note.txt") as f:
+        RESULT = f.read()
+    """
+    await _put(yard, agent, {"sdist.tar.gz": backend_sdist("sy-late", "1.0", body)}, {})
+    await _sh(yard, agent, "mkdir proj && tar -xzf sdist.tar.gz -C proj --strip-components=1")
+    await _sh(yard, agent, "echo read > proj/note.txt")
+    original = pip._Sources.stash
+    changed: list[Path] = []
+
+    def stash_then_change(self: Any, ctx: Any, store: Path, requirements: list[Any]) -> Any:
+        out = original(self, ctx, store, requirements)
+        for requirement in requirements:  # the runner paths of the request's folders
+            note = Path(str(requirement.url)) / "note.txt"
+            note.write_text("changed\n")
+            changed.append(note)
+        return out
+
+    monkeypatch.setattr(pip._Sources, "stash", stash_then_change)
+    change = await _install(
+        yard, agent, environment_id, manager="pip", index_url="none",
+        specs=["sy-late @ file:///workspace/proj"],
+    )  # fmt: skip
+    assert change.state == "succeeded", change
+    assert changed, "the change did not happen: the test proves nothing"
+    assert await _import(yard, agent, environment_id, "sy_late") == "read\n"
+    assert (await _sh(yard, agent, "cat proj/note.txt")) == "changed\n"
