@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cran_repo import build_test_repo, r_available
 from env_fixtures import backend_sdist
 from test_env_tool_rights import _agent, _create, _import, _install, _put, _sh
 
@@ -208,3 +209,36 @@ async def test_a_project_folder_changed_after_it_was_read_builds_what_was_read(
     assert changed, "the change did not happen: the test proves nothing"
     assert await _import(yard, agent, environment_id, "sy_late") == "read\n"
     assert (await _sh(yard, agent, "cat proj/note.txt")) == "changed\n"
+
+
+@pytest.mark.skipif(not r_available(), reason="R (Rscript) is not installed on this machine")
+async def test_a_cran_repository_of_the_workspace_installs_and_is_recorded_as_named(
+    yard: Yard, tmp_path: Path
+) -> None:
+    """R2 with V2, V4: ``repos=["/workspace/repo"]`` with a uid per workspace (the default
+    of a root runner): R reads the runner's copy where the request named it (bwrap, as the
+    tools' uid, could not bind a folder of the 0700 workspace), and the package list names
+    the repository so, never the home's host path."""
+    built = build_test_repo(tmp_path / "cran")
+    files = {
+        f"repo/{path.relative_to(built)}": path.read_bytes()
+        for path in sorted(built.rglob("*"))
+        if path.is_file()
+    }
+    agent = await _agent(yard)
+    environment_id = await _create(yard, agent, "cranws")
+    await _put(yard, agent, files, {})
+    change = await _install(
+        yard, agent, environment_id, manager="cran", specs=["shellyardhello"],
+        repos=["/workspace/repo"],
+    )  # fmt: skip
+    assert change.state == "succeeded", change
+    revisions = await yard.plane.environments.revisions(
+        environment_id, EnvironmentRevisionsQuery(), agent
+    )
+    listed = [
+        p for r in revisions for p in r.model_dump(mode="json").get("packages") or []
+        if p["name"] == "shellyardhello"
+    ]  # fmt: skip
+    assert listed and all("/workspace/repo" in str(p["source"]) for p in listed), listed
+    assert str(yard.home.resolve()) not in json.dumps(listed)

@@ -29,7 +29,6 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from shellyard.contract.sources import in_workspace, is_local, local_path
 from shellyard.runner.environments.managers import prefix_files, wheels
 from shellyard.runner.environments.managers.base import ManagerContext, ManagerError
 from shellyard.runner.protocol import EnvironmentChangeRequest, PackageRecord
@@ -290,34 +289,13 @@ class _Sources:
     def copy_folders(
         self, ctx: ManagerContext, requirements: list[Requirement], stashed: set[Path]
     ) -> list[Requirement]:
-        """The workspace's folders among the sources (a local index, a project folder
-        ``name @ file:///workspace/proj``) copied into the scratch folder by the reader, as
-        the workspace's uid (``ctx.read_as``) and following no link, and shown to the tool
-        read-only where the request named them (``/workspace/…``): bwrap, as the tools' uid,
-        could not bind a folder of a workspace that is another uid's (0700); the tool sees
-        no host path of the home (its cwd, mountinfo, ``direct_url.json``, the recorded
-        source); and a file changed mid-build changes nothing (docs/security.md, "Attack
-        pass (session 43)"). Folders outside the workspace (an operator's) stay bound."""
-        copies: dict[Path, Path] = {}
-
-        def shown(text: str) -> Path | None:
-            folder = _local_folder(text)
-            named = ctx.origins.get(text)
-            if folder is None or named is None or not is_local(named):
-                return None
-            seen = Path(os.path.normpath(local_path(named)))
-            if not in_workspace(str(seen)) or not folder.is_dir():
-                return None
-            if folder not in copies:
-                copies[folder] = ctx.scratch / "sources" / str(len(copies))
-                copies[folder].parent.mkdir(mode=0o755, exist_ok=True)
-                wheels.copy_tree(folder, copies[folder], ctx.read_as)
-            self.mounts[seen] = copies[folder]
-            stashed.add(folder)
-            return seen
+        """The workspace's index and project folders among the sources read into copies
+        the tool sees where the request named them (``wheels.FolderCopies``); returns the
+        requirements naming them so."""
+        copies = wheels.FolderCopies(ctx)
 
         def named(text: str) -> str:
-            seen = shown(text)
+            seen = copies.shown(text)
             if seen is None:
                 return text
             return seen.as_uri() if text.startswith("file:") else str(seen)
@@ -327,14 +305,14 @@ class _Sources:
         self.extra = [named(url) for url in self.extra]
         out: list[Requirement] = []
         for requirement in requirements:
-            seen = shown(requirement.url) if requirement.url else None
+            seen = copies.shown(requirement.url) if requirement.url else None
             if seen is not None:
                 extras = f"[{','.join(sorted(requirement.extras))}]" if requirement.extras else ""
                 marker = f" ; {requirement.marker}" if requirement.marker else ""
                 requirement = Requirement(f"{requirement.name}{extras} @ {seen.as_uri()}{marker}")
             out.append(requirement)
-        # a folder shown inside another one is bound after it (Path order: parents first)
-        self.mounts = dict(sorted(self.mounts.items()))
+        self.mounts = copies.mounts
+        stashed.update(copies.copied)
         return out
 
     def options(self) -> list[str]:

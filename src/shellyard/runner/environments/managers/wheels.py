@@ -29,7 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from shellyard.runner.environments.managers.base import ManagerError
+from shellyard.contract.sources import in_workspace, is_local, local_path
+from shellyard.runner.environments.managers.base import ManagerContext, ManagerError
 
 #: The files of a find_links folder pip may use (what uv's flat index reads).
 PACKAGE_SUFFIXES = (".whl", ".tar.gz", ".zip", ".tar.bz2", ".tgz")
@@ -210,6 +211,47 @@ def copy_tree(folder: Path, into: Path, front: Sequence[str] = ()) -> int:
 
     _read(["tree", str(folder), str(TREE_ENTRIES), str(TREE_BYTES)], front, take)
     return files
+
+
+class FolderCopies:
+    """The workspace's folders a change names as sources (pip's local index or project
+    folder, a CRAN repository), each copied once into the scratch folder by ``copy_tree`` as
+    the workspace's uid (``ctx.read_as``), following no link, and shown to the tool
+    read-only where the request named it (``/workspace/…``, ``mounts``). bwrap, as the tools'
+    uid, could not bind a folder of a workspace that is another uid's (0700); the tool sees
+    no host path of the home (its cwd, mountinfo, what it records: ``direct_url.json``, a
+    repository's URL); a file changed mid-change changes nothing (docs/security.md, "Attack
+    pass (session 43)"). Folders outside the workspace (an operator's) are left to bind."""
+
+    def __init__(self, ctx: ManagerContext) -> None:
+        self._ctx = ctx
+        self._copies: dict[Path, Path] = {}
+        #: where the tool sees a copy → the copy, parents first (bound in this order)
+        self.mounts: dict[Path, Path] = {}
+
+    @property
+    def copied(self) -> set[Path]:
+        """The runner paths of the folders copied (no longer to be bound)."""
+        return set(self._copies)
+
+    def shown(self, text: str) -> Path | None:
+        """Where the tool sees the local source ``text`` (a checked runner path or
+        ``file://`` URL of it) once copied; None when it is no folder of the workspace."""
+        named = self._ctx.origins.get(text)
+        if not is_local(text) or named is None or not is_local(named):
+            return None
+        folder = Path(local_path(text))
+        seen = Path(os.path.normpath(local_path(named)))
+        if not in_workspace(str(seen)) or not folder.is_dir():
+            return None
+        if folder not in self._copies:
+            copy = self._ctx.scratch / "sources" / str(len(self._copies))
+            copy.parent.mkdir(mode=0o755, exist_ok=True)
+            copy_tree(folder, copy, self._ctx.read_as)
+            self._copies[folder] = copy
+        self.mounts[seen] = self._copies[folder]
+        self.mounts = dict(sorted(self.mounts.items()))
+        return seen
 
 
 def _read(
