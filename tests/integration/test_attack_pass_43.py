@@ -533,7 +533,7 @@ async def test_no_host_path_of_the_home_reaches_a_build_or_a_command_using_the_e
     ran = await yard.plane.executions.run_shell(
         RunShellRequest(command=command, environment_id=environment_id, wait_ms=30_000), agent
     )
-    assert ran.exit_code == 0, ran
+    assert ran.exit_code == 0, ran.model_dump()
     if found := _places(str(ran.stdout), needles):
         leaks["command"] = found
     for key, found in leaks.items():

@@ -126,6 +126,15 @@ async def test_a_local_index_swapped_for_a_link_after_the_check_binds_nothing_ou
     assert os.path.exists(outside / "secret.txt")
 
 
+async def _listed(yard: Yard, agent: str, environment_id: str, name: str) -> list[Any]:
+    """The package ``name`` in every revision's package list, as the agent reads it."""
+    revisions = await yard.plane.environments.revisions(
+        environment_id, EnvironmentRevisionsQuery(), agent
+    )
+    packages = [p for r in revisions for p in r.model_dump(mode="json")["packages"]]
+    return [p for p in packages if p["name"] == name]
+
+
 async def test_a_workspace_index_named_only_in_extra_index_urls_installs_as_named(
     yard: Yard,
 ) -> None:
@@ -157,13 +166,7 @@ async def test_a_workspace_index_named_only_in_extra_index_urls_installs_as_name
     seen = await _import(yard, agent, environment_id, "sy_extra")
     points = [line.split()[4] for line in seen["mounts"].splitlines()]
     assert "/workspace/idx" in points, points
-    revisions = await yard.plane.environments.revisions(
-        environment_id, EnvironmentRevisionsQuery(), agent
-    )
-    listed = [
-        p for r in revisions for p in r.model_dump(mode="json").get("packages") or []
-        if p["name"] == "sy-extra"
-    ]  # fmt: skip
+    listed = await _listed(yard, agent, environment_id, "sy-extra")
     # every index the install could use, as the request named it
     assert listed and all("/workspace/idx" in p["source"].split() for p in listed), listed
     home = str(yard.home.resolve())
@@ -233,12 +236,6 @@ async def test_a_cran_repository_of_the_workspace_installs_and_is_recorded_as_na
         repos=["/workspace/repo"],
     )  # fmt: skip
     assert change.state == "succeeded", change
-    revisions = await yard.plane.environments.revisions(
-        environment_id, EnvironmentRevisionsQuery(), agent
-    )
-    listed = [
-        p for r in revisions for p in r.model_dump(mode="json").get("packages") or []
-        if p["name"] == "shellyardhello"
-    ]  # fmt: skip
+    listed = await _listed(yard, agent, environment_id, "shellyardhello")
     assert listed and all("/workspace/repo" in str(p["source"]) for p in listed), listed
     assert str(yard.home.resolve()) not in json.dumps(listed)

@@ -10,6 +10,7 @@ version). Only syntax lives here; whether a source is *allowed* is the runner's 
 from __future__ import annotations
 
 import re
+from typing import Protocol
 from urllib.parse import unquote, urlsplit
 
 #: The longest source URL accepted (a longer one is a mistake or an attack on a parser).
@@ -108,21 +109,31 @@ def local_path(text: str) -> str:
 WORKSPACE = "/workspace"
 
 
-def names_workspace(
-    *,
-    specs: list[str],
-    index_url: str | None,
-    extra_index_urls: list[str],
-    find_links: list[str],
-    channels: list[str],
-    repos: list[str],
-) -> bool:
+class NamedSources(Protocol):
+    """The source fields of a change (the control plane's body, the runner's request)."""
+
+    @property
+    def specs(self) -> list[str]: ...
+    @property
+    def index_url(self) -> str | None: ...
+    @property
+    def extra_index_urls(self) -> list[str]: ...
+    @property
+    def find_links(self) -> list[str]: ...
+    @property
+    def channels(self) -> list[str]: ...
+    @property
+    def repos(self) -> list[str]: ...
+
+
+def names_workspace(change: NamedSources) -> bool:
     """Whether a change's sources name the caller's workspace (a local path at or below
     ``WORKSPACE``, by the runner's own test; a substring such as ``/x/workspace-wheels`` or
     ``https://…/workspace/…`` does not): the one test for the control plane (which then sends
     the caller's workspace id) and the runner (which then holds that workspace's folders)."""
-    values = [index_url or "", *extra_index_urls, *find_links, *channels, *repos]
-    values += [spec.partition("@")[2].partition(";")[0] for spec in specs]
+    values = [change.index_url or "", *change.extra_index_urls, *change.find_links]
+    values += [*change.channels, *change.repos]
+    values += [spec.partition("@")[2].partition(";")[0] for spec in change.specs]
     for value in values:
         text = value.strip()
         if is_local(text) and in_workspace(local_path(text)):

@@ -571,14 +571,7 @@ def _kind_of(exc: ShellyardError) -> str:
 def _names_the_workspace(body: EnvironmentChangeBody) -> bool:
     """The runner's own test (``contract.sources.names_workspace``): a substring test missed
     ``extra_index_urls`` and held the workspace for ``…/workspace-wheels``."""
-    return names_workspace(
-        specs=body.specs,
-        index_url=body.index_url,
-        extra_index_urls=body.extra_index_urls,
-        find_links=body.find_links,
-        channels=body.channels,
-        repos=body.repos,
-    )
+    return names_workspace(body)
 
 
 def _error_for(change: Change, env: Environment) -> ShellyardError:

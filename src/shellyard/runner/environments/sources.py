@@ -109,15 +109,7 @@ def named_workspace(request: EnvironmentChangeRequest) -> str | None:
     the workspace's folders (R2; an index-only install reads nothing of it)."""
     if request.workspace_id is None:
         return None
-    named = names_workspace(
-        specs=request.specs,
-        index_url=request.index_url,
-        extra_index_urls=request.extra_index_urls,
-        find_links=request.find_links,
-        channels=request.channels,
-        repos=request.repos,
-    )
-    return request.workspace_id if named else None
+    return request.workspace_id if names_workspace(request) else None
 
 
 @dataclass
