@@ -4,8 +4,10 @@
 store. Specs are checked before uv runs (PEP 508, and nothing that looks like an option), and
 uv's answer is sorted into the error kinds of V8 from its message. ``index_url`` replaces the
 default index and ``"none"`` means no index at all (``--no-index``: only ``find_links``);
-``extra_index_urls`` and ``find_links`` are honoured; local folders are bound into the tool's
-sandbox read-only, and a change that uses no remote source runs with the network off.
+``extra_index_urls`` and ``find_links`` are honoured; the workspace's local folders reach the
+tool as the reader's copies shown where the request named them (``wheels.FolderCopies``), an
+operator's are bound read-only, and a change that uses no remote source runs with the network
+off.
 
 Where each installed distribution came from (the index, or the ``find_links`` folder and the
 wheel's sha256) is kept in ``<prefix>/.shellyard/pip-sources.json``: inside the prefix, so a

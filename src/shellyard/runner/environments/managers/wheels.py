@@ -14,6 +14,8 @@ the files' bytes to the runner through a pipe. A symbolic link anywhere on the w
 ``find_links`` folder, is refused: a link to the runner's token or a host key yields nothing,
 and even a link the reader could follow runs into what the sandbox uid may read. The store
 is 0700 and its files 0400 (root's): no other local user reads another session's packages.
+A whole folder of the workspace (a local index, a project folder, a CRAN repository) is read
+by the same reader into a copy of its own (``copy_tree``, ``FolderCopies``), not the store.
 """
 
 from __future__ import annotations
