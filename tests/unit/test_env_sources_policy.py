@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from shellyard.contract.environments import EnvironmentChangeBody
+from shellyard.control.environments import _names_the_workspace
 from shellyard.errors import InvalidInput
 from shellyard.runner.environments import sources
 from shellyard.runner.policy import SandboxPolicy, policy_from_env
@@ -99,3 +101,11 @@ def test_only_a_source_under_workspace_makes_a_change_hold_it(
         }
     )
     assert sources.named_workspace(request) == ("ws" if held else None)
+    # the control plane sends the caller's workspace by the same test (it once skipped
+    # extra_index_urls and held for any "/workspace" substring)
+    if fields.get("workspace_id", "ws") is not None:
+        body = {k: v for k, v in fields.items() if k != "workspace_id"}
+        named = _names_the_workspace(
+            EnvironmentChangeBody(**{"manager": "pip", "specs": ["x"], **body})
+        )
+        assert named is held

@@ -10,6 +10,7 @@ version). Only syntax lives here; whether a source is *allowed* is the runner's 
 from __future__ import annotations
 
 import re
+from typing import Protocol
 from urllib.parse import unquote, urlsplit
 
 #: The longest source URL accepted (a longer one is a mistake or an attack on a parser).
@@ -101,6 +102,48 @@ def local_path(text: str) -> str:
     if text.startswith("/"):
         return text
     return unquote(urlsplit(text).path)
+
+
+#: Where commands see their workspace; a local source at or below it names the caller's
+#: workspace (resolved by the runner against the workspace the change came with).
+WORKSPACE = "/workspace"
+
+
+class NamedSources(Protocol):
+    """The source fields of a change (the control plane's body, the runner's request)."""
+
+    @property
+    def specs(self) -> list[str]: ...
+    @property
+    def index_url(self) -> str | None: ...
+    @property
+    def extra_index_urls(self) -> list[str]: ...
+    @property
+    def find_links(self) -> list[str]: ...
+    @property
+    def channels(self) -> list[str]: ...
+    @property
+    def repos(self) -> list[str]: ...
+
+
+def names_workspace(change: NamedSources) -> bool:
+    """Whether a change's sources name the caller's workspace (a local path at or below
+    ``WORKSPACE``, by the runner's own test; a substring such as ``/x/workspace-wheels`` or
+    ``https://…/workspace/…`` does not): the one test for the control plane (which then sends
+    the caller's workspace id) and the runner (which then holds that workspace's folders)."""
+    values = [change.index_url or "", *change.extra_index_urls, *change.find_links]
+    values += [*change.channels, *change.repos]
+    values += [spec.partition("@")[2].partition(";")[0] for spec in change.specs]
+    for value in values:
+        text = value.strip()
+        if is_local(text) and in_workspace(local_path(text)):
+            return True
+    return False
+
+
+def in_workspace(path: str) -> bool:
+    """Whether the local path ``path`` is ``WORKSPACE`` or below it."""
+    return path == WORKSPACE or path.startswith(WORKSPACE + "/")
 
 
 def is_channel_name(text: str) -> bool:

@@ -31,6 +31,7 @@ from shellyard.contract.environments import (
     RevisionSummary,
     RevisionView,
 )
+from shellyard.contract.sources import names_workspace
 from shellyard.control.agents import AgentResolver
 from shellyard.control.executions.hooks import WatchLeases
 from shellyard.control.runners import LOCAL_RUNNER_ID, RunnerRegistry
@@ -568,8 +569,9 @@ def _kind_of(exc: ShellyardError) -> str:
 
 
 def _names_the_workspace(body: EnvironmentChangeBody) -> bool:
-    values = [*body.specs, *body.find_links, *body.channels, *body.repos, body.index_url or ""]
-    return any("/workspace" in value for value in values)
+    """The runner's own test (``contract.sources.names_workspace``): a substring test missed
+    ``extra_index_urls`` and held the workspace for ``…/workspace-wheels``."""
+    return names_workspace(body)
 
 
 def _error_for(change: Change, env: Environment) -> ShellyardError:

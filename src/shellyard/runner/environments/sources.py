@@ -29,12 +29,15 @@ from urllib.parse import urlsplit
 from shellyard.contract.sources import (
     ALIASES,
     CONDA_CHANNEL_ALIAS,
+    WORKSPACE,
     SourceError,
     check_spec,
     check_url,
+    in_workspace,
     is_channel_name,
     is_local,
     local_path,
+    names_workspace,
 )
 from shellyard.errors import InvalidInput
 from shellyard.runner.protocol import EnvironmentChangeRequest
@@ -44,8 +47,6 @@ ALLOWED_VARIABLE = "SHELLYARD_ALLOWED_SOURCES"
 #: on a runner with no allow-list (with one, its local entries are these).
 AGENT_FOLDERS_VARIABLE = "SHELLYARD_AGENT_LOCAL_SOURCES"
 OFFLINE_VARIABLE = "SHELLYARD_PACKAGES_OFFLINE"
-#: Where commands see their workspace; a local source below it names the caller's workspace.
-WORKSPACE = "/workspace"
 NO_INDEX = frozenset({"none", "no-index"})
 #: The sources a request falls back on when it names none.
 DEFAULTS = {
@@ -108,16 +109,7 @@ def named_workspace(request: EnvironmentChangeRequest) -> str | None:
     the workspace's folders (R2; an index-only install reads nothing of it)."""
     if request.workspace_id is None:
         return None
-    values = [request.index_url or "", *request.extra_index_urls, *request.find_links]
-    values += [*request.channels, *request.repos]
-    values += [spec.partition("@")[2].partition(";")[0] for spec in request.specs]
-    for value in values:
-        text = value.strip()
-        if is_local(text):
-            path = local_path(text)
-            if path == WORKSPACE or path.startswith(WORKSPACE + "/"):
-                return request.workspace_id
-    return None
+    return request.workspace_id if names_workspace(request) else None
 
 
 @dataclass
@@ -243,7 +235,7 @@ class _Checker:
             )
 
     def local(self, path: str, what: str) -> str:
-        if path == WORKSPACE or path.startswith(WORKSPACE + "/"):
+        if in_workspace(path):
             if self.workspace is None:
                 raise SourceError(
                     f"{what} {path!r} names the workspace, but this change came with none "

@@ -19,7 +19,7 @@ import shutil
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
-from shellyard.runner.environments.managers import prefix_files
+from shellyard.runner.environments.managers import prefix_files, wheels
 from shellyard.runner.environments.managers.base import ManagerContext, ManagerError, tools_folder
 from shellyard.runner.environments.managers.prefix_files import RECORD_BYTES
 from shellyard.runner.protocol import EnvErrorKind, EnvironmentChangeRequest, PackageRecord
@@ -74,7 +74,14 @@ class CranManager:
         self, ctx: ManagerContext, request: EnvironmentChangeRequest, library: Path
     ) -> None:
         wanted = parse_specs(request.specs)
-        repos = [repo_url(text) for text in request.repos]
+        # R2, V4: a repository of the workspace is read into a copy R sees where the
+        # request named it (/workspace/…): what it records names no host path of the home
+        copies = wheels.FolderCopies(ctx)
+        repos = []
+        for text in request.repos:
+            url = repo_url(text)  # its index checked, a failure naming what was asked
+            seen = copies.shown(text)
+            repos.append(url if seen is None else seen.as_uri())
         repos_expr = f"c({', '.join(r_string(r) for r in repos)})" if repos else ""
         script = INSTALL_SCRIPT.format(
             lib=r_string(ctx.inside(str(library))),  # V4: as the tool's sandbox shows it
@@ -83,7 +90,7 @@ class CranManager:
             versions=r_vector(list(wanted.values())),
         )
         ctx.progress(f"installing {', '.join(wanted)} with R")
-        output = await self._run(ctx, script, repos)
+        output = await self._run(ctx, script, repos, copies.mounts)
         installed = parse_installed(output)
         record_sources(library, self.name, installed)
 
@@ -126,9 +133,19 @@ class CranManager:
         await self._run(ctx, script, [])
         forget_sources(library, names)
 
-    async def _run(self, ctx: ManagerContext, script: str, repos: list[str]) -> str:
+    async def _run(
+        self,
+        ctx: ManagerContext,
+        script: str,
+        repos: list[str],
+        mounts: dict[Path, Path] | None = None,
+    ) -> str:
+        """Run ``script``; ``mounts``: the copies of repositories, {where R sees one: the
+        copy}; every other ``file://`` repository is bound at its own path."""
+        mounts = mounts or {}
         folders = [file_path(r) for r in repos if r.startswith("file://")]
         local_only = bool(repos) and len(folders) == len(repos)
+        folders = [f for f in folders if f not in mounts]
         # A file in the scratch folder rather than ``-e``: the tool log then shows one short
         # command line, and the script's own text cannot be mistaken for its result lines.
         ctx.scratch.mkdir(parents=True, exist_ok=True)
@@ -140,6 +157,7 @@ class CranManager:
             binds=folders,
             # Repositories that are all folders need no network at all.
             network=not local_only,
+            mounts=mounts,
         )
         error = parse_error(output)
         if error is not None:

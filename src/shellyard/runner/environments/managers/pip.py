@@ -4,8 +4,10 @@
 store. Specs are checked before uv runs (PEP 508, and nothing that looks like an option), and
 uv's answer is sorted into the error kinds of V8 from its message. ``index_url`` replaces the
 default index and ``"none"`` means no index at all (``--no-index``: only ``find_links``);
-``extra_index_urls`` and ``find_links`` are honoured; local folders are bound into the tool's
-sandbox read-only, and a change that uses no remote source runs with the network off.
+``extra_index_urls`` and ``find_links`` are honoured; the workspace's local folders reach the
+tool as the reader's copies shown where the request named them (``wheels.FolderCopies``), an
+operator's are bound read-only, and a change that uses no remote source runs with the network
+off.
 
 Where each installed distribution came from (the index, or the ``find_links`` folder and the
 wheel's sha256) is kept in ``<prefix>/.shellyard/pip-sources.json``: inside the prefix, so a
@@ -109,7 +111,11 @@ class PipManager:
         argv += ["--", *(str(r) for r in requirements)]
         ctx.progress(f"installing {', '.join(str(r) for r in requirements)} with uv")
         code, tail = await ctx.run_tool(
-            argv, env=_uv_env(ctx), binds=sources.local, network=sources.remote
+            argv,
+            env=_uv_env(ctx),
+            binds=sources.local,
+            network=sources.remote,
+            mounts=sources.mounts,
         )
         if code != 0:
             raise _classify(tail, "install")
@@ -202,6 +208,8 @@ class _Sources:
         self.hashes: dict[str, dict[str, str]] = {}
         #: distribution name → origin, for ``name @ file://…`` installs from the store
         self.direct: dict[str, dict[str, str | None]] = {}
+        #: where the tool sees a copied folder of the workspace → the copy (``copy_folders``)
+        self.mounts: dict[Path, Path] = {}
 
     @classmethod
     def of(cls, request: EnvironmentChangeRequest) -> _Sources:
@@ -275,8 +283,38 @@ class _Sources:
             extras = f"[{','.join(sorted(requirement.extras))}]" if requirement.extras else ""
             marker = f" ; {requirement.marker}" if requirement.marker else ""
             out.append(Requirement(f"{requirement.name}{extras} @ {copy.as_uri()}{marker}"))
+        out = self.copy_folders(ctx, out, stashed)
         # the tool reads the copies in its scratch folder, not the caller's files
         self.local = [p for p in self.local if p not in stashed]
+        return out
+
+    def copy_folders(
+        self, ctx: ManagerContext, requirements: list[Requirement], stashed: set[Path]
+    ) -> list[Requirement]:
+        """The workspace's index and project folders among the sources read into copies
+        the tool sees where the request named them (``wheels.FolderCopies``); returns the
+        requirements naming them so."""
+        copies = wheels.FolderCopies(ctx)
+
+        def named(text: str) -> str:
+            seen = copies.shown(text)
+            if seen is None:
+                return text
+            return seen.as_uri() if text.startswith("file:") else str(seen)
+
+        if self.index is not None:
+            self.index = named(self.index)
+        self.extra = [named(url) for url in self.extra]
+        out: list[Requirement] = []
+        for requirement in requirements:
+            seen = copies.shown(requirement.url) if requirement.url else None
+            if seen is not None:
+                extras = f"[{','.join(sorted(requirement.extras))}]" if requirement.extras else ""
+                marker = f" ; {requirement.marker}" if requirement.marker else ""
+                requirement = Requirement(f"{requirement.name}{extras} @ {seen.as_uri()}{marker}")
+            out.append(requirement)
+        self.mounts = copies.mounts
+        stashed.update(copies.copied)
         return out
 
     def options(self) -> list[str]:

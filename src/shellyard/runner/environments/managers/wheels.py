@@ -14,6 +14,8 @@ the files' bytes to the runner through a pipe. A symbolic link anywhere on the w
 ``find_links`` folder, is refused: a link to the runner's token or a host key yields nothing,
 and even a link the reader could follow runs into what the sandbox uid may read. The store
 is 0700 and its files 0400 (root's): no other local user reads another session's packages.
+A whole folder of the workspace (a local index, a project folder, a CRAN repository) is read
+by the same reader into a copy of its own (``copy_tree``, ``FolderCopies``), not the store.
 """
 
 from __future__ import annotations
@@ -24,22 +26,29 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from shellyard.runner.environments.managers.base import ManagerError
+from shellyard.contract.sources import in_workspace, is_local, local_path
+from shellyard.runner.environments.managers.base import ManagerContext, ManagerError
 
 #: The files of a find_links folder pip may use (what uv's flat index reads).
 PACKAGE_SUFFIXES = (".whl", ".tar.gz", ".zip", ".tar.bz2", ".tgz")
 
+#: The most a copied folder (a local index, a project folder: ``copy_tree``) may hold.
+TREE_ENTRIES = 100_000
+TREE_BYTES = 2 << 30
+
 #: Interpreters the reader may run with once dropped to the tools' uid.
 READER_PYTHONS = ("/usr/bin/python3", "/usr/local/bin/python3")
 
-#: The reader, run as the tools' uid with ``python -I -c``: argv[1] is ``file`` or
-#: ``folder``, argv[2] the path. It writes one JSON header line per file ({"name", "size"})
-#: followed by exactly ``size`` bytes, then {"end": true}; or {"error": …} and stops.
+#: The reader, run as the tools' uid with ``python -I -c``: argv[1] is ``file``, ``folder``
+#: or ``tree``, argv[2] the path. It writes one JSON header line per file ({"name", "size",
+#: "x"}: x, an execute bit set) followed by exactly ``size`` bytes, for a tree also one
+#: ({"folder"}) per folder before what it holds, then {"end": true}; or {"error": …} and
+#: stops.
 _READER = r"""
 import json, os, stat, sys
 out = sys.stdout.buffer
@@ -70,7 +79,8 @@ def send(name, fd):
         # holes: a package file is compressed, never sparse; its zeros would be copied by
         # root at their apparent size, past the free-space reserve (docs/security.md)
         fail(f"{name} is a sparse file ({st.st_size} bytes, {st.st_blocks * 512} on disk)")
-    out.write((json.dumps({"name": name, "size": st.st_size}) + "\n").encode())
+    head = {"name": name, "size": st.st_size, "x": bool(st.st_mode & 0o111)}
+    out.write((json.dumps(head) + "\n").encode())
     left = st.st_size
     while left:
         chunk = os.read(fd, min(left, 1 << 20))
@@ -79,10 +89,44 @@ def send(name, fd):
         out.write(chunk)
         left -= len(chunk)
     os.close(fd)
+def tree(root, entries, size):
+    # every folder and file below ``root``, parents first; each folder is reopened from
+    # ``root`` one component at a time without following a link, so a link swapped in on
+    # the way is met, never followed
+    folders = [""]
+    while folders:
+        rel = folders.pop()
+        fd = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=root)
+        for part in rel.split("/") if rel else []:
+            nxt = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                          dir_fd=fd)
+            os.close(fd)
+            fd = nxt
+        for name in sorted(os.listdir(fd)):
+            sub = f"{rel}/{name}" if rel else name
+            entries -= 1
+            if entries < 0:
+                fail(f"{path} holds more than {sys.argv[3]} files and folders")
+            st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            if stat.S_ISDIR(st.st_mode):
+                out.write((json.dumps({"folder": sub}) + "\n").encode())
+                folders.append(sub)
+            elif stat.S_ISREG(st.st_mode):
+                size -= st.st_size
+                if size < 0:
+                    fail(f"{path} holds more than {sys.argv[4]} bytes")
+                send(sub, os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd))
+            elif stat.S_ISLNK(st.st_mode):
+                fail(f"{path}/{sub} is a symbolic link")
+            else:
+                fail(f"{path}/{sub} is neither a regular file nor a folder")
+        os.close(fd)
 kind, path = sys.argv[1], sys.argv[2]
 fd = walk(path)
 if kind == "file":
     send(os.path.basename(path), fd)
+elif kind == "tree":
+    tree(fd, int(sys.argv[3]), int(sys.argv[4]))
 else:
     suffixes = tuple(sys.argv[3].split(","))
     for name in sorted(os.listdir(fd)):
@@ -109,7 +153,7 @@ class Stashed:
 def stash(source: Path, store: Path, into: Path, front: Sequence[str] = ()) -> tuple[Path, str]:
     """Copy the file ``source`` into ``store`` under its sha256 (once), and as ``into/<its
     name>``; returns that copy and the sha256."""
-    files = _read(["file", str(source)], store, into, front)
+    files = _stash(["file", str(source)], store, into, front)
     if len(files) != 1:
         raise ManagerError("failed", f"reading {source} gave {len(files)} files, not one")
     return files[0].copy, files[0].sha256
@@ -126,20 +170,106 @@ def stash_folder(
     into ``into``; returns {file name: sha256}. A symbolic link among them is refused, not
     followed."""
     into.mkdir(mode=0o755, parents=True, exist_ok=True)  # uv reads it even when empty
-    files = _read(["folder", str(folder), ",".join(suffixes)], store, into, front)
+    files = _stash(["folder", str(folder), ",".join(suffixes)], store, into, front)
     return {f.name: f.sha256 for f in files}
 
 
-def _read(args: list[str], store: Path, into: Path, front: Sequence[str]) -> list[Stashed]:
+def _stash(args: list[str], store: Path, into: Path, front: Sequence[str]) -> list[Stashed]:
     store.mkdir(mode=0o700, parents=True, exist_ok=True)
     store.chmod(0o700)
     into.mkdir(mode=0o755, parents=True, exist_ok=True)
+    out: list[Stashed] = []
+
+    def take(header: dict[str, object], pipe: IO[bytes]) -> None:
+        name = os.path.basename(str(header["name"]))
+        out.append(_store_one(pipe, name, int(str(header["size"])), store, into))
+
+    _read(args, front, take)
+    return out
+
+
+def copy_tree(folder: Path, into: Path, front: Sequence[str] = ()) -> int:
+    """Copy every folder and file below ``folder`` (a local index, a project folder) to the
+    new folder ``into``, read by the reader as ``front``'s uid, no link followed (one is
+    refused), at most ``TREE_ENTRIES`` entries and ``TREE_BYTES`` bytes (the runner writes
+    the copy: past the free-space reserve's checks of the tools). Returns the files' count.
+    The copy is root's and read-only for the tools: 0755 folders, 0644 files (0755 with an
+    execute bit: a project's scripts)."""
+    into.mkdir(mode=0o755)
+    files = 0
+
+    def take(header: dict[str, object], pipe: IO[bytes]) -> None:
+        nonlocal files
+        name = str(header.get("folder", header.get("name", "")))
+        parts = Path(name).parts
+        if not parts or name.startswith("/") or any(p in ("", ".", "..") for p in parts):
+            raise ManagerError("failed", f"the reader named {name!r} in {folder}")
+        if "folder" in header:
+            os.mkdir(into / name, 0o755)
+            return
+        mode = 0o755 if header.get("x") else 0o644
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        fd = os.open(into / name, flags, mode)
+        with os.fdopen(fd, "wb") as writer:
+            _pipe_bytes(pipe, int(str(header["size"])), writer.write, name)
+        os.chmod(into / name, mode)
+        files += 1
+
+    _read(["tree", str(folder), str(TREE_ENTRIES), str(TREE_BYTES)], front, take)
+    return files
+
+
+class FolderCopies:
+    """The workspace's folders a change names as sources (pip's local index or project
+    folder, a CRAN repository), each copied once into the scratch folder by ``copy_tree`` as
+    the workspace's uid (``ctx.read_as``), following no link, and shown to the tool
+    read-only where the request named it (``/workspace/…``, ``mounts``). bwrap, as the tools'
+    uid, could not bind a folder of a workspace that is another uid's (0700); the tool sees
+    no host path of the home (its cwd, mountinfo, what it records: ``direct_url.json``, a
+    repository's URL); a file changed mid-change changes nothing (docs/security.md, "Attack
+    pass (session 43)"). Folders outside the workspace (an operator's) are left to bind."""
+
+    def __init__(self, ctx: ManagerContext) -> None:
+        self._ctx = ctx
+        self._copies: dict[Path, Path] = {}
+        #: where the tool sees a copy → the copy, parents first (bound in this order)
+        self.mounts: dict[Path, Path] = {}
+
+    @property
+    def copied(self) -> set[Path]:
+        """The runner paths of the folders copied (no longer to be bound)."""
+        return set(self._copies)
+
+    def shown(self, text: str) -> Path | None:
+        """Where the tool sees the local source ``text`` (a checked runner path or
+        ``file://`` URL of it) once copied; None when it is no folder of the workspace."""
+        named = self._ctx.origins.get(text)
+        if not is_local(text) or named is None or not is_local(named):
+            return None
+        folder = Path(local_path(text))
+        seen = Path(os.path.normpath(local_path(named)))
+        if not in_workspace(str(seen)) or not folder.is_dir():
+            return None
+        if folder not in self._copies:
+            copy = self._ctx.scratch / "sources" / str(len(self._copies))
+            copy.parent.mkdir(mode=0o755, exist_ok=True)
+            copy_tree(folder, copy, self._ctx.read_as)
+            self._copies[folder] = copy
+        self.mounts[seen] = self._copies[folder]
+        self.mounts = dict(sorted(self.mounts.items()))
+        return seen
+
+
+def _read(
+    args: list[str], front: Sequence[str], take: Callable[[dict[str, object], IO[bytes]], None]
+) -> None:
+    """Run the reader on ``args`` and hand each header (with the pipe at its bytes) to
+    ``take``; ManagerError with what the reader said when it refused."""
     argv = [*front, _interpreter(bool(front)), "-I", "-c", _READER, *args]
     reader = subprocess.Popen(
         argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd="/"
     )
     assert reader.stdout is not None and reader.stderr is not None
-    out: list[Stashed] = []
     error: str | None = None
     try:
         while True:
@@ -153,8 +283,7 @@ def _read(args: list[str], store: Path, into: Path, front: Sequence[str]) -> lis
                 break
             if header.get("end"):
                 break
-            name = os.path.basename(str(header["name"]))
-            out.append(_store_one(reader.stdout, name, int(header["size"]), store, into))
+            take(header, reader.stdout)
     finally:
         reader.stdout.close()
         stderr = reader.stderr.read().decode("utf-8", "replace")[-500:]
@@ -168,7 +297,6 @@ def _read(args: list[str], store: Path, into: Path, front: Sequence[str]) -> lis
             f"local sources are read without following symbolic links: put the files "
             f"themselves in your workspace",
         )
-    return out
 
 
 def _interpreter(dropped: bool) -> str:
@@ -184,16 +312,17 @@ def _interpreter(dropped: bool) -> str:
 def _store_one(pipe: IO[bytes], name: str, size: int, store: Path, into: Path) -> Stashed:
     digest = hashlib.sha256()
     temp = store / f".tmp-{os.getpid()}-{name}"
-    left = size
     with temp.open("wb") as writer:
-        while left:
-            chunk = pipe.read(min(left, 1 << 20))
-            if not chunk:
-                temp.unlink()
-                raise ManagerError("failed", f"{name}: the reader stopped in the middle")
+
+        def write(chunk: bytes) -> None:
             digest.update(chunk)
             writer.write(chunk)
-            left -= len(chunk)
+
+        try:
+            _pipe_bytes(pipe, size, write, name)
+        except ManagerError:
+            temp.unlink()
+            raise
     sha = digest.hexdigest()
     stored = store / sha
     if stored.exists():
@@ -208,3 +337,14 @@ def _store_one(pipe: IO[bytes], name: str, size: int, store: Path, into: Path) -
     os.chmod(temp_copy, 0o444)
     os.replace(temp_copy, target)
     return Stashed(name, sha, target)
+
+
+def _pipe_bytes(pipe: IO[bytes], size: int, write: Callable[[bytes], object], name: str) -> None:
+    """Hand the next ``size`` bytes of the reader's pipe to ``write``."""
+    left = size
+    while left:
+        chunk = pipe.read(min(left, 1 << 20))
+        if not chunk:
+            raise ManagerError("failed", f"{name}: the reader stopped in the middle")
+        write(chunk)
+        left -= len(chunk)
