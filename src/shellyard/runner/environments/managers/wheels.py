@@ -115,7 +115,9 @@ def tree(root, entries, size):
                 size -= st.st_size
                 if size < 0:
                     fail(f"{path} holds more than {sys.argv[4]} bytes")
-                send(sub, os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd))
+                # O_NONBLOCK: a FIFO swapped in since the stat would block the open for ever
+                flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+                send(sub, os.open(name, flags, dir_fd=fd))
             elif stat.S_ISLNK(st.st_mode):
                 fail(f"{path}/{sub} is a symbolic link")
             else:
