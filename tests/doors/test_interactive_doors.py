@@ -82,6 +82,14 @@ def test_rest(served: Client, home: Path) -> None:
     assert term["tty"] is True
     bad = http.post(f"/v1/executions/{tid}/input", json={"keys": ["Hyper-q"]})
     assert bad.status_code == 400 and "unknown key" in bad.text, bad.text
+    # a lone surrogate no text can hold: one clear 400 (the body's parse), never a 500 when
+    # the text is encoded for the terminal
+    lone = http.post(
+        f"/v1/executions/{tid}/input",
+        content=b'{"text": "\\ud800"}',
+        headers={"Content-Type": "application/json"},
+    )
+    assert lone.status_code == 400 and "lone surrogate" in lone.text, lone.text
     http.post(f"/v1/executions/{tid}/input", json={"text": "echo $((6*7))", "keys": ["Enter"]})
     screen_showing(served, tid, "42")
     screen = http.get(f"/v1/executions/{tid}/screen").json()

@@ -21,8 +21,8 @@ from conftest import make_home
 from shellyard.contract.environments import (
     EnvironmentChangeBody,
     EnvironmentRevisionsQuery,
-    parse_body,
 )
+from shellyard.contract.rawjson import parse
 from shellyard.errors import InvalidInput
 from shellyard.runner.local import LocalRunner
 from shellyard.runner.protocol import (
@@ -237,7 +237,7 @@ def test_the_request_model_refuses_injection_and_bad_urls(
     query or fragment, an over-long URL, another scheme or '..' are refused by the request
     model itself (every door: REST, MCP, SDK, CLI), so nothing is recorded."""
     with pytest.raises(InvalidInput) as caught:
-        parse_body(EnvironmentChangeBody, body)  # what REST, MCP and the SDK's server call
+        parse(EnvironmentChangeBody, body)  # what REST, MCP and the SDK's server call
     assert words in caught.value.message, caught.value.message
     assert "secret" not in caught.value.message
 

@@ -24,7 +24,6 @@ from shellyard.contract.environments import (
     EnvironmentCreateRequest,
     EnvironmentListQuery,
     EnvironmentRevisionsQuery,
-    parse_body,
 )
 from shellyard.contract.executions import (
     ExecutionCancelQuery,
@@ -33,6 +32,7 @@ from shellyard.contract.executions import (
     ExecutionWait,
     RunShellRequest,
 )
+from shellyard.contract.rawjson import parse
 from shellyard.errors import (
     ChangeFailed,
     InvalidInput,
@@ -330,9 +330,7 @@ async def test_refused_before_anything_is_recorded(yard: Yard) -> None:
         ({"manager": "pip", "specs": ["x"], "wait_ms": 30_001}, "wait_ms must be between"),
     ]:
         with pytest.raises(InvalidInput, match=words):
-            await plane.environments.install(
-                environment_id, parse_body(EnvironmentChangeBody, body)
-            )
+            await plane.environments.install(environment_id, parse(EnvironmentChangeBody, body))
     with pytest.raises(NotFound, match="no environment 'env_nope'"):
         await plane.environments.install(
             "env_nope", EnvironmentChangeBody(manager="pip", specs=["x"])

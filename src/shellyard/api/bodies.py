@@ -18,30 +18,21 @@ from __future__ import annotations
 from typing import Any, TypeVar
 
 from fastapi import Depends
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
-from shellyard.contract import rawjson
-from shellyard.errors import InvalidInput, validation_message
+from shellyard.contract.rawjson import parse
 
 M = TypeVar("M", bound=BaseModel)
-
-
-def parse(model: type[M], body: dict[str, Any]) -> M:
-    """Validate a request body into one clear InvalidInput (a lone surrogate too)."""
-    rawjson.refuse_surrogates(body, raw_bytes=True)
-    try:
-        return model.model_validate(body)
-    except ValidationError as exc:
-        raise InvalidInput(validation_message(exc)) from None
 
 
 def body_of(model: type[M]) -> Any:
     """The dependency that gives a handler its body as ``model``."""
 
     def parsed(body: dict[str, Any]) -> M:
-        return parse(model, body)
+        # raw_bytes: a body may name a file whose name is not UTF-8 (PEP 383 U+DC80..U+DCFF)
+        return parse(model, body, raw_bytes=True)
 
     return Depends(parsed)
 
 
-__all__ = ["body_of", "parse"]
+__all__ = ["body_of"]

@@ -5,14 +5,13 @@ Runner protocol's own ``PackageRecord``: they cross from the runner to the calle
 from __future__ import annotations
 
 import re
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from shellyard.contract.executions import DEFAULT_WAIT_MS, MAX_WAIT_MS
 from shellyard.contract.packages import PackageRecord
 from shellyard.contract.sources import SourceError, check_channel, check_spec, check_url
-from shellyard.errors import InvalidInput, validation_message
 
 MANAGERS = ("conda", "pip", "cran", "bioconductor")
 LANGUAGES = ("python", "r")
@@ -201,16 +200,6 @@ class ChangeStatusRequest(BaseModel):
     )
 
 
-M = TypeVar("M", bound=BaseModel)
-
-
-def parse_body(model: type[M], data: Any) -> M:
-    try:
-        return model.model_validate(data)
-    except ValidationError as exc:
-        raise InvalidInput(validation_message(exc)) from None
-
-
 class ChangeView(BaseModel):
     """One change of an environment (create, install, uninstall) and where it stands (V5)."""
 
@@ -309,5 +298,4 @@ __all__ = [
     "EnvironmentView",
     "RevisionSummary",
     "RevisionView",
-    "parse_body",
 ]

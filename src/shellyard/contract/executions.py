@@ -13,7 +13,6 @@ from shellyard.contract.interactive import (
     DEFAULT_TTY_ROWS,
     check_terminal_size,
 )
-from shellyard.errors import InvalidInput, validation_message
 
 DEFAULT_WAIT_MS = 10_000
 MAX_WAIT_MS = 30_000
@@ -167,16 +166,10 @@ class RunShellRequest(BaseModel):
 
 
 def parse_run_shell(data: dict[str, object]) -> RunShellRequest:
-    """Validate and turn pydantic's errors into one clear InvalidInput."""
-    from pydantic import ValidationError
+    """``run_shell``'s body as its model (``rawjson.parse``; E1's rules are the model's)."""
+    from shellyard.contract.rawjson import parse
 
-    from shellyard.contract.rawjson import refuse_surrogates
-
-    refuse_surrogates(data, raw_bytes=False)
-    try:
-        return RunShellRequest.model_validate(data)
-    except ValidationError as exc:
-        raise InvalidInput(validation_message(exc)) from None
+    return parse(RunShellRequest, data)
 
 
 class ExecutionPolicyView(BaseModel):

@@ -48,7 +48,20 @@ def loads(model: type[M], raw: bytes | str) -> M:
         return model.model_validate(value)
 
 
-__all__ = ["dumps", "dumps_value", "loads", "marked", "refuse_surrogates"]
+def parse(model: type[M], data: Any, *, raw_bytes: bool = False) -> M:
+    """A request body (parsed JSON) as ``model``, or one clear InvalidInput: a lone surrogate
+    (``refuse_surrogates``) or pydantic's errors in one message. The one place a door's body
+    becomes its contract model (REST, MCP, the control plane's own callers)."""
+    from shellyard.errors import InvalidInput, validation_message
+
+    refuse_surrogates(data, raw_bytes=raw_bytes)
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise InvalidInput(validation_message(exc)) from None
+
+
+__all__ = ["dumps", "dumps_value", "loads", "marked", "parse", "refuse_surrogates"]
 
 
 def marked(text: str) -> str:

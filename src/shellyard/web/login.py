@@ -20,8 +20,9 @@ from fastapi import APIRouter, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from shellyard.api.auth import PrincipalDep, principal
-from shellyard.api.bodies import body_of, parse
+from shellyard.api.bodies import body_of
 from shellyard.api.docs import body_doc
+from shellyard.contract.rawjson import parse
 from shellyard.control.plane import ControlPlane
 from shellyard.control.tokens import Principal, hash_secret
 from shellyard.errors import Forbidden, InvalidInput, NotFound, TooMany, Unauthorized
@@ -156,7 +157,7 @@ def login_router(plane: ControlPlane) -> APIRouter:
         if not request.headers.get(CSRF_HEADER):
             raise Forbidden(f"send the {CSRF_HEADER} header (any value) with a login")
         # parsed here, not by body_of (api/bodies.py): the CSRF header is checked first
-        asked = parse(LoginRequest, body)
+        asked = parse(LoginRequest, body, raw_bytes=True)
         if (asked.code is None) == (asked.token is None):
             raise InvalidInput("give exactly one of 'code' (from 'shellyard ui') or 'token'")
         if asked.code is not None:

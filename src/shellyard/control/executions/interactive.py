@@ -13,13 +13,13 @@ import contextlib
 from collections.abc import Awaitable, Mapping
 from typing import TypeVar
 
-from shellyard.contract.environments import parse_body
 from shellyard.contract.interactive import (
     ExecutionInputRequest,
     InputResult,
     ScreenView,
     TerminalSize,
 )
+from shellyard.contract.rawjson import parse
 from shellyard.control.executions import options
 from shellyard.errors import Conflict, InvalidInput, ShellyardError
 from shellyard.runner.protocol import Runner, RunnerExecState
@@ -69,7 +69,7 @@ def taking_input(row: Execution, execution_id: str, *, tty: bool = False) -> Non
 
 async def send_input(runner: Runner, row: Execution, body: InputBody) -> InputResult:
     execution_id = row.id
-    request = parse_body(ExecutionInputRequest, body)
+    request = parse(ExecutionInputRequest, body)
     taking_input(row, execution_id)
     tty = bool(options.of(row).get("tty"))
     try:
@@ -86,7 +86,7 @@ async def send_input(runner: Runner, row: Execution, body: InputBody) -> InputRe
 async def screen(runner: Runner, row: Execution, size: SizeBody | None = None) -> ScreenView:
     """The screen now; with ``size``, the terminal resized first."""
     if size is not None:
-        return await resize(runner, row, parse_body(TerminalSize, size))
+        return await resize(runner, row, parse(TerminalSize, size))
     fields = options.terminal_fields(options.of(row))
     if not fields["tty"]:
         raise Conflict(
