@@ -82,8 +82,8 @@ def test_rest(served: Client, home: Path) -> None:
     assert term["tty"] is True
     bad = http.post(f"/v1/executions/{tid}/input", json={"keys": ["Hyper-q"]})
     assert bad.status_code == 400 and "unknown key" in bad.text, bad.text
-    # a lone surrogate no text can hold: one clear 400 (the body's parse), never a 500 when
-    # the text is encoded for the terminal
+    # a lone surrogate no text can hold: the body's parse says so (it was Python's codec
+    # error, raised when the text was encoded for the terminal)
     lone = http.post(
         f"/v1/executions/{tid}/input",
         content=b'{"text": "\\ud800"}',
