@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from shellyard.contract.environments import EnvironmentChangeBody
-from shellyard.control.environments import _names_the_workspace
+from shellyard.contract.sources import names_workspace
 from shellyard.errors import InvalidInput
 from shellyard.runner.environments import sources
 from shellyard.runner.policy import SandboxPolicy, policy_from_env
@@ -105,7 +105,5 @@ def test_only_a_source_under_workspace_makes_a_change_hold_it(
     # extra_index_urls and held for any "/workspace" substring)
     if fields.get("workspace_id", "ws") is not None:
         body = {k: v for k, v in fields.items() if k != "workspace_id"}
-        named = _names_the_workspace(
-            EnvironmentChangeBody(**{"manager": "pip", "specs": ["x"], **body})
-        )
+        named = names_workspace(EnvironmentChangeBody(**{"manager": "pip", "specs": ["x"], **body}))
         assert named is held

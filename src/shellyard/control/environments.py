@@ -212,7 +212,7 @@ class EnvironmentService:
             )
         change_id = new_id("chg")
         options = body.options()
-        if _names_the_workspace(body):
+        if names_workspace(body):
             # Local sources under /workspace/ are the caller's workspace on the environment's
             # runner (as inside its commands); the runner resolves them against this id.
             workspace, _created = await self.store.workspace_for(agent.id, env.runner_id)
@@ -566,12 +566,6 @@ def _kind_of(exc: ShellyardError) -> str:
     if isinstance(exc, NotFound):  # e.g. create --from a base not prepared there
         return "not_found"
     return "failed"
-
-
-def _names_the_workspace(body: EnvironmentChangeBody) -> bool:
-    """The runner's own test (``contract.sources.names_workspace``): a substring test missed
-    ``extra_index_urls`` and held the workspace for ``…/workspace-wheels``."""
-    return names_workspace(body)
 
 
 def _error_for(change: Change, env: Environment) -> ShellyardError:
