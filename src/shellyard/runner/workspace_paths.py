@@ -305,6 +305,17 @@ class Hasher(Protocol):
     def update(self, data: bytes | bytearray | memoryview, /) -> None: ...
 
 
+class HoleHasher(Hasher, Protocol):
+    """A hasher told where the holes are (``snapshots.contentid.ContentId``): it may skip them."""
+
+    def zeros(self, count: int, /) -> None: ...
+
+
+def zero_view(count: int) -> memoryview:
+    """``count`` (at most ``HOLE_CHUNK``) zero bytes, without allocating them."""
+    return _ZERO_VIEW[:count]
+
+
 def has_holes(st: os.stat_result) -> bool:
     """True when the file takes fewer blocks than its size (it has a hole somewhere)."""
     return st.st_blocks * 512 < st.st_size
@@ -359,26 +370,28 @@ def pwrite_all(fd: int, data: bytes | bytearray | memoryview, offset: int) -> No
         view, offset = view[written:], offset + written
 
 
-def copy_hashing(src: int, dst: int, start: int, hasher: Hasher) -> int:
+def copy_hashing(src: int, dst: int, start: int, hasher: HoleHasher) -> int:
     """Copy ``src`` from ``start`` to its end into ``dst`` at the same offsets, hashing every
-    byte, writing only its data ranges: the holes stay holes in ``dst``. Returns the size
-    copied (the file may change meanwhile: what was hashed is what ``dst`` holds)."""
+    data byte and telling ``hasher`` of each hole (``zeros``), writing only the data ranges:
+    the holes stay holes in ``dst``. Each piece is written before it is hashed, so ``dst``
+    holds everything hashed so far (a content id may read it back). Returns the size copied
+    (the file may change meanwhile: what was hashed is what ``dst`` holds)."""
     buf = bytearray(HOLE_CHUNK)
     view = memoryview(buf)
     pos = start
     for first, end in data_ranges(src, start):
-        hash_zeros(hasher, first - pos)
+        hasher.zeros(first - pos)
         pos = first
         while pos < end:
             n = os.preadv(src, [view[: min(HOLE_CHUNK, end - pos)]], pos)
             if n == 0:  # it shrank under us: it ends here
                 os.ftruncate(dst, pos)
                 return pos
-            hasher.update(view[:n])
             pwrite_all(dst, view[:n], pos)
+            hasher.update(view[:n])
             pos += n
     size = max(pos, os.fstat(src).st_size)
-    hash_zeros(hasher, size - pos)
+    hasher.zeros(size - pos)
     os.ftruncate(dst, size)  # a hole at the end is a size, not blocks
     return size
 
@@ -457,6 +470,7 @@ __all__ = [
     "PERMISSION_BITS",
     "Folders",
     "Hasher",
+    "HoleHasher",
     "Owner",
     "Resolved",
     "Sig",
@@ -478,4 +492,5 @@ __all__ = [
     "resolve",
     "sig_of",
     "temp_name",
+    "zero_view",
 ]

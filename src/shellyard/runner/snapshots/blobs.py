@@ -1,4 +1,7 @@
-"""The object store: file contents named by their sha256, written once, mode 0o444.
+"""The object store: file contents named by their content id, written once, mode 0o444.
+
+A content id is the sha256 of the content, or for content holding a whole MiB of zeros its
+chunk-list id (contentid.py), so a hole is never hashed.
 
 Objects are never hard-linked to workspace files: a command could change a linked file's
 bytes, and a snapshot's objects must stay immutable. Each is written to a temp file under
@@ -21,16 +24,19 @@ from typing import BinaryIO
 
 from shellyard.errors import InvalidInput, NotFound
 from shellyard.runner import workspace_paths
+from shellyard.runner.snapshots.contentid import ContentId, has_zero_chunk_hole, pread_reread
 from shellyard.runner.snapshots.format import O_CLOEXEC, write_all
 from shellyard.runner.snapshots.scan import OPEN_FILE, VANISHED
 
 #: Files smaller than this are read with one read(); larger ones are streamed in chunks.
 _SMALL_FILE = 1 << 20
-OPEN_TMP = os.O_WRONLY | os.O_CREAT | os.O_EXCL | O_CLOEXEC
+#: Read-write: a content id may read back what was copied so far (contentid.ContentId).
+OPEN_TMP = os.O_RDWR | os.O_CREAT | os.O_EXCL | O_CLOEXEC
 _SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 
-#: (digest, bytes read, stat before reading) or None when the file is gone / not a file.
-Stored = tuple[bytes, int, os.stat_result] | None
+#: (digest, size read, stat before reading, bytes hashed) or None when the file is gone or
+#: not a file.
+Stored = tuple[bytes, int, os.stat_result, int] | None
 
 
 def _process_umask() -> int | None:
@@ -92,7 +98,8 @@ class ObjectStore:
 
     def store_file(self, dfd: int, name: str) -> Stored:
         """Read one workspace file (never through a symlink) into the store; return
-        (digest, bytes read, stat before reading), or None if it is no longer a file."""
+        (digest, size read, stat before reading, bytes hashed), or None if it is no longer
+        a file."""
         try:
             fd = os.open(name, OPEN_FILE, dir_fd=dfd)
         except OSError as exc:
@@ -106,9 +113,10 @@ class ObjectStore:
             if st.st_size < _SMALL_FILE:
                 data = os.read(fd, st.st_size + 1)
                 if len(data) <= st.st_size:
+                    # under one chunk: its content id is its sha256 (contentid.py)
                     digest = hashlib.sha256(data).digest()
                     self._put_small(digest, data)
-                    return digest, len(data), st
+                    return digest, len(data), st, len(data)
                 return self._put_stream(fd, data, st)
             return self._put_stream(fd, b"", st)
         finally:
@@ -140,19 +148,23 @@ class ObjectStore:
 
     def _put_stream(
         self, fd: int, head: bytes, st: os.stat_result
-    ) -> tuple[bytes, int, os.stat_result]:
-        """Copy a big file into a temp object while hashing it, in bounded memory. Its holes
-        are hashed as zeros but not written: the object keeps them (workspace_paths, "files
-        with holes"), so a sparse file takes the store no more room than the workspace (R2)."""
-        hasher = hashlib.sha256(head)
+    ) -> tuple[bytes, int, os.stat_result, int]:
+        """Copy a big file into a temp object while computing its content id, in bounded
+        memory. Its holes are neither read, hashed nor written: the object keeps them
+        (workspace_paths, "files with holes"), so a sparse file takes the store no more room
+        than the workspace (R2), and its commit costs its data, not its size."""
         tmp, out = self.new_tmp()
         try:
             try:
-                write_all(out, head)
-                size = workspace_paths.copy_hashing(fd, out, len(head), hasher)
+                content = ContentId(reread=pread_reread(out))
+                if workspace_paths.has_holes(st) and has_zero_chunk_hole(fd, st.st_size):
+                    content.chunked()  # known now: nothing to read back later
+                workspace_paths.pwrite_all(out, head, 0)
+                content.update(head)
+                size = workspace_paths.copy_hashing(fd, out, len(head), content)
             finally:
                 os.close(out)
-            digest = hasher.digest()
+            digest = content.digest()
             final = self.object_path(digest.hex())
             if os.path.exists(final):
                 os.unlink(tmp)
@@ -162,12 +174,13 @@ class ObjectStore:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
             raise
-        return digest, size, st
+        return digest, size, st, content.hashed
 
     # ------------------------------------------------------------------ manifests
 
     def open_object(self, sha256: str) -> BinaryIO:
-        """Open a stored object (by hex sha256) for streaming reads; the caller closes it."""
+        """Open a stored object (by its content id in hex) for streaming reads; the caller
+        closes it."""
         if not isinstance(sha256, str) or not _SHA256_HEX.fullmatch(sha256):
             raise InvalidInput(
                 f"{sha256!r} is not an object name; pass a sha256 as 64 lowercase hex digits",
