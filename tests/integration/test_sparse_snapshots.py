@@ -1,7 +1,7 @@
 """Sparse files in the snapshot store, on real files (R2, docs/limits.md "Sparse files"): a
 file with holes is committed, moved between stores and copied out again without its holes
-being filled, its sha256 is that of its whole content (zeros where the holes are), and reads
-of it stay bounded in memory and give zeros where the holes were."""
+being filled, it is named by its content id (a chunk list: contentid.py) computed without
+hashing its holes, and reads of it stay bounded in memory and give zeros where the holes were."""
 
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ from shellyard.errors import ShellyardError
 from shellyard.runner import workspace_paths
 from shellyard.runner.protocol import SandboxPolicy
 from shellyard.runner.snapshots import objects
+from shellyard.runner.snapshots.contentid import ContentId
 from shellyard.runner.snapshots.store import SnapshotStore
 
 WS = "ws-sparse"
@@ -43,7 +44,7 @@ def store(tmp_path: Path) -> Iterator[SnapshotStore]:
 
 
 def _sparse(path: Path) -> str:
-    """A file of ``APPARENT`` bytes: a hole, data, a hole, data at its end; its sha256."""
+    """A file of ``APPARENT`` bytes: a hole, data, a hole, data at its end; its content id."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "wb") as f:
         f.truncate(APPARENT - len(TAIL))
@@ -54,12 +55,20 @@ def _sparse(path: Path) -> str:
     st = path.stat()
     if not workspace_paths.has_holes(st):
         pytest.skip(f"the file system under {path} keeps no holes (needed to test them)")
-    digest = hashlib.sha256()
-    workspace_paths.hash_zeros(digest, DATA_AT)
+    return _expected_id(plain=False)
+
+
+def _expected_id(plain: bool) -> str:
+    """The content (or with ``plain`` the sha256) of the ``_sparse`` layout."""
+    digest: Any = hashlib.sha256() if plain else ContentId()
+    if not plain:
+        digest.chunked()  # its holes cover whole MiBs
+    feed = workspace_paths.hash_zeros if plain else (lambda d, n: d.zeros(n))
+    feed(digest, DATA_AT)
     digest.update(DATA)
-    workspace_paths.hash_zeros(digest, APPARENT - len(TAIL) - DATA_AT - len(DATA))
+    feed(digest, APPARENT - len(TAIL) - DATA_AT - len(DATA))
     digest.update(TAIL)
-    return digest.hexdigest()
+    return str(digest.digest().hex())
 
 
 def _on_disk(path: str | Path) -> int:
@@ -70,8 +79,8 @@ def test_a_sparse_file_is_stored_with_its_holes_and_named_by_its_whole_content(
     store: SnapshotStore, tmp_path: Path
 ) -> None:
     """R2: the object of a 256 MiB file with 18 KB of data takes about what the file takes
-    (not 256 MiB of zeros), its name is the sha256 of all its bytes, and reads give zeros in
-    the holes and the data where it is."""
+    (not 256 MiB of zeros), its name is its content id, computed from its data alone, and
+    reads give zeros in the holes and the data where it is."""
     tree = tmp_path / "tree"
     sha = _sparse(tree / "big")
     tracemalloc.start()
@@ -81,6 +90,8 @@ def test_a_sparse_file_is_stored_with_its_holes_and_named_by_its_whole_content(
     finally:
         tracemalloc.stop()
     assert peak < 8 << 20, f"peak {peak / (1 << 20):.1f} MiB"
+    stats = store.last_commit_stats
+    assert stats is not None and stats.bytes_hashed <= 3 << 20, stats  # the chunks with data
     entry = store.stat(WS, None, "big")
     assert entry is not None and (entry.sha256, entry.size) == (sha, APPARENT)
     assert info.bytes == APPARENT
@@ -103,28 +114,40 @@ def test_a_file_that_ends_in_a_hole_keeps_its_size(store: SnapshotStore, tmp_pat
         f.truncate(APPARENT)
     store.commit(WS, tree)
     entry = store.stat(WS, None, "empty-but-long")
-    zeros = hashlib.sha256()
-    workspace_paths.hash_zeros(zeros, APPARENT)
-    assert entry is not None and entry.sha256 == zeros.hexdigest()
-    stored = store.blobs.object_path(zeros.hexdigest())
+    zeros = ContentId()
+    zeros.zeros(APPARENT)
+    assert entry is not None and entry.sha256 == zeros.digest().hex()
+    assert store.last_commit_stats is not None and store.last_commit_stats.bytes_hashed == 0
+    stored = store.blobs.object_path(entry.sha256)
     assert (os.stat(stored).st_size, _on_disk(stored)) == (APPARENT, 0)
 
 
+@pytest.mark.parametrize("version", [2, 1])
 def test_a_sparse_object_moved_to_another_store_stays_sparse(
-    store: SnapshotStore, tmp_path: Path
+    store: SnapshotStore, tmp_path: Path, version: int
 ) -> None:
-    """T2–T4: the pack carries the zeros (its format is unchanged), the importer leaves them
-    holes, so the target's object takes no more room than the source's and has its digest."""
+    """T2–T4: a pack of version 2 carries the object's data extents, not its holes: the
+    stream of a 256 MiB object with 18 KB of data is about its data's blocks, 24 KB (version
+    1, still written for an older importer and still read, carried all 256 MiB); the
+    importer leaves holes, so the target's object takes no more room than the source's and
+    has its content id."""
     tree = tmp_path / "tree"
     sha = _sparse(tree / "big")
     store.commit(WS, tree)
     target = SnapshotStore(tmp_path / "target", scan_helper=False)
     try:
         importer = objects.PackImporter(target)
-        for chunk in objects.pack_chunks(store, [sha]):
+        wire = 0
+        for chunk in objects.pack_chunks(store, [sha], version):
+            wire += len(chunk)
             importer.feed(chunk)
         [result] = importer.close()
         assert result.ok and result.size == APPARENT, result
+        data = len(DATA) + len(TAIL)
+        if version == 2:  # the data's blocks (extents are whole blocks) and a few frames
+            assert data < wire <= _on_disk(tree / "big") + 1024, wire
+        else:
+            assert wire > APPARENT, wire
         moved = target.blobs.object_path(sha)
         assert os.stat(moved).st_size == APPARENT
         assert _on_disk(moved) <= _on_disk(tree / "big") + (1 << 20), _on_disk(moved)
@@ -132,9 +155,49 @@ def test_a_sparse_object_moved_to_another_store_stays_sparse(
         with target.open_object(sha) as stream:
             while chunk := stream.read(1 << 20):
                 check.update(chunk)
-        assert check.hexdigest() == sha
+        assert check.hexdigest() == _expected_id(plain=True)
     finally:
         target.close()
+
+
+def test_an_object_named_by_its_sha256_before_content_ids_still_moves(
+    store: SnapshotStore, tmp_path: Path
+) -> None:
+    """A store written before chunk-list ids named a file with a zero MiB by its plain
+    sha256: such an object still crosses in a pack of version 2 (the importer checks the
+    plain sha256 when the content id does not match), and a corrupt one is still refused."""
+    content = b"head" + bytes(3 << 20) + b"tail"
+    legacy = hashlib.sha256(content).hexdigest()
+    path = store.blobs.object_path(legacy)
+    with open(path, "wb") as f:
+        f.write(content)
+    wrong = "0" * 63 + "1"
+    with open(store.blobs.object_path(wrong), "wb") as f:
+        f.write(content)
+    target = SnapshotStore(tmp_path / "target", scan_helper=False)
+    try:
+        importer = objects.PackImporter(target)
+        for chunk in objects.pack_chunks(store, [legacy, wrong], 2):
+            importer.feed(chunk)
+        first, second = importer.close()
+        assert first.ok and first.sha256 == legacy, first
+        assert not second.ok and "content id" in str(second.error), second
+        with target.open_object(legacy) as stream:
+            assert stream.read() == content
+    finally:
+        target.close()
+
+
+def test_a_pack_with_extents_out_of_order_is_refused(store: SnapshotStore) -> None:
+    """Bad input: an extent before the last one's end, or past the object's size, stops the
+    import with a message naming it (nothing stored)."""
+    frame = objects._FRAME.pack(bytes(32), 0, 10)
+    for extents in ([(5, 2), (4, 1)], [(8, 4)]):
+        importer = objects.PackImporter(store)
+        body = b"".join(objects._EXTENT.pack(o, n) + b"x" * n for o, n in extents)
+        with pytest.raises(ValueError, match="out of order or past its size"):
+            importer.feed(objects.PACK_MAGIC + frame + body)
+        importer.close()
 
 
 def test_copying_a_sparse_object_out_keeps_its_holes(store: SnapshotStore, tmp_path: Path) -> None:

@@ -487,10 +487,15 @@ class LocalRunner(TerminalDoor):  # E13: send_input, screen, resize
     async def missing_objects(self, sha256s: list[str]) -> list[str]:
         return await asyncio.to_thread(objects.missing, self._snapshots, list(sha256s))
 
-    async def export_objects(self, sha256s: list[str]) -> ByteStream:
+    async def export_objects(self, sha256s: list[str], pack_version: int = 1) -> ByteStream:
         for sha in sha256s:
             objects.check_sha(sha)
-        return aiter_thread(objects.pack_chunks(self._snapshots, list(sha256s)))
+        if pack_version not in objects.PACK_VERSIONS:
+            raise InvalidInput(
+                f"no object pack version {pack_version}; ask for one of "
+                f"{', '.join(map(str, objects.PACK_VERSIONS))}"
+            )
+        return aiter_thread(objects.pack_chunks(self._snapshots, list(sha256s), pack_version))
 
     async def import_objects(self, data: ByteStream) -> list[ObjectResult]:
         importer = PackImporter(self._snapshots)

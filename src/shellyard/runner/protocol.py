@@ -48,9 +48,12 @@ class RunnerExecState(StrEnum):
 #: The runner protocol's version, announced by ``info`` (``RunnerInfo.protocol``) and raised
 #: whenever a request gains a field an older runner would drop without a word (pydantic ignores
 #: fields it does not know). 1: no announcement (releases before 2). 2: ``start`` takes ``env``,
-#: ``cwd`` and ``args`` (E1). A control plane refuses a request a runner is too old to honour
-#: (runner/transport/compat.py) instead of running it differently.
-PROTOCOL_VERSION = 2
+#: ``cwd`` and ``args`` (E1). 3: ``export_objects`` sends an object pack of version 2 (data
+#: extents, no holes) when asked (``pack_version``); before, version 1 whatever was asked, so a
+#: control plane asks for 2 only when the importing runner speaks 3. A control plane refuses a
+#: request a runner is too old to honour (runner/transport/compat.py) instead of running it
+#: differently.
+PROTOCOL_VERSION = 3
 
 
 class StartRequest(BaseModel):
@@ -338,7 +341,7 @@ class Runner(Protocol):
 
     async def missing_objects(self, sha256s: list[str]) -> list[str]: ...
 
-    async def export_objects(self, sha256s: list[str]) -> ByteStream: ...
+    async def export_objects(self, sha256s: list[str], pack_version: int = 1) -> ByteStream: ...
 
     async def import_objects(self, data: ByteStream) -> list[ObjectResult]: ...
 

@@ -67,6 +67,7 @@ from shellyard.errors import (
 )
 from shellyard.paths import normalize_relative
 from shellyard.runner.protocol import MAX_PAGE, ApplyEntry, ByteStream, Runner
+from shellyard.runner.transport import compat
 from shellyard.store import Store
 from shellyard.store.db import new_id
 from shellyard.store.files import TERMINAL_TRANSFER_STATES, Transfer, TransferFile
@@ -477,7 +478,9 @@ class TransferService:
         bad: dict[str, str] = {}
         sent = 0
         if lacking:
-            pack = await src_runner.export_objects(lacking)
+            # holes stay off the wire when the target reads pack version 2 (a source too
+            # old to write it sends version 1, which every target reads)
+            pack = await src_runner.export_objects(lacking, compat.pack_version_for(dst_runner))
             try:
                 results = await dst_runner.import_objects(self._watch(transfer_id, pack, cancel))
             finally:

@@ -1,15 +1,23 @@
 """Objects of a runner's snapshot store on the move (T2–T4) and their garbage collection.
 
 **Packs.** A transfer between runners sends the objects the target lacks as one stream per
-batch, never one request per file and never a whole file in memory::
+batch, never one request per file and never a whole file in memory. Version 2 sends each
+object's data extents, not its holes::
 
-    b"SYPACK1\\n"
-    then per object: "<32sBQ" (sha256 digest, status, size), then ``size`` bytes
-        status 0: the object follows; 1: the source has no such object (size 0)
+    b"SYPACK2\\n"
+    then per object: "<32sBQ" (content id, status, size)
+        status 0: the object follows as extents, each "<QQ" (offset, length) then ``length``
+            bytes, offsets rising and within ``size``; what no extent covers is zeros; the
+            object ends with the extent (2**64-1, 0)
+        status 1: the source has no such object (size 0)
     then the end frame: 32 zero bytes, status 2, size 0
 
-The exporter reads each object in bounded chunks; the importer writes each into a temp file
-while hashing it and renames it into place only when the digest matches, so a corrupt or
+Version 1 (``b"SYPACK1\\n"``, still imported; sent to a runner of protocol 2) has the same
+frames but ``size`` bytes after a status 0: every zero of a hole crosses the wire.
+
+The exporter reads each object's data ranges in bounded chunks (a range of zeros it read is
+sent as a hole too); the importer writes each into a temp file while computing its content
+id (contentid.py) and renames it into place only when that matches, so a corrupt or
 truncated stream never puts a wrong object in the store. Per object the importer reports
 ``ok`` or why not (missing at the source, corrupt, out of room, the stream ended early).
 
@@ -28,7 +36,6 @@ import asyncio
 import contextlib
 import errno
 import fcntl
-import hashlib
 import os
 import re
 import struct
@@ -38,10 +45,17 @@ from pathlib import Path
 
 from shellyard.runner import workspace_paths
 from shellyard.runner.protocol import GcResult, ObjectResult
+from shellyard.runner.snapshots.contentid import ContentId, legacy_sha256, pread_reread
 from shellyard.runner.snapshots.store import SnapshotStore, locked_at_once
 
-PACK_MAGIC = b"SYPACK1\n"
+PACK_MAGIC_V1 = b"SYPACK1\n"
+PACK_MAGIC = b"SYPACK2\n"
+_MAGICS = {PACK_MAGIC_V1: 1, PACK_MAGIC: 2}
+#: The pack versions this code reads and writes.
+PACK_VERSIONS = (1, 2)
 _FRAME = struct.Struct("<32sBQ")
+_EXTENT = struct.Struct("<QQ")
+_LAST_EXTENT = (1 << 64) - 1
 _OK, _MISSING, _END = 0, 1, 2
 #: Chunks the exporter yields (and the importer's largest write) are about this big.
 PACK_CHUNK = 1 << 20
@@ -112,10 +126,13 @@ def missing(store: SnapshotStore, sha256s: list[str]) -> list[str]:
     return out
 
 
-def pack_chunks(store: SnapshotStore, sha256s: list[str]) -> Iterator[bytes]:
+def pack_chunks(store: SnapshotStore, sha256s: list[str], version: int = 2) -> Iterator[bytes]:
     """The pack of ``sha256s`` in chunks of about ``PACK_CHUNK`` bytes (a sync generator;
-    ``aiter_thread`` runs it off the event loop)."""
-    buf = bytearray(PACK_MAGIC)
+    ``aiter_thread`` runs it off the event loop); ``version`` 1 for an importer of before
+    version 2 (it sends holes as zeros)."""
+    if version not in PACK_VERSIONS:
+        raise ValueError(f"no object pack version {version}; this runner writes 1 or 2")
+    buf = bytearray(PACK_MAGIC if version == 2 else PACK_MAGIC_V1)
     for sha in sha256s:
         digest = bytes.fromhex(check_sha(sha))
         try:
@@ -126,22 +143,48 @@ def pack_chunks(store: SnapshotStore, sha256s: list[str]) -> Iterator[bytes]:
         try:
             size = os.fstat(fd).st_size
             buf += _FRAME.pack(digest, _OK, size)
-            sent = 0
-            while sent < size:
-                room = max(PACK_CHUNK - len(buf), 64 << 10)
-                data = os.pread(fd, min(room, size - sent), sent)
-                if not data:
-                    # the object shrank under us: the stream cannot keep its promise
-                    raise OSError(errno.EIO, f"object {sha} ended after {sent} of {size} bytes")
+            pieces = _extents(fd, size) if version == 2 else _dense(fd, size)
+            for offset, data in pieces:
+                if version == 2:
+                    buf += _EXTENT.pack(offset, len(data))
                 buf += data
-                sent += len(data)
                 if len(buf) >= PACK_CHUNK:
                     yield bytes(buf)
                     buf.clear()
+            if version == 2:
+                buf += _EXTENT.pack(_LAST_EXTENT, 0)
         finally:
             os.close(fd)
     buf += _FRAME.pack(bytes(32), _END, 0)
     yield bytes(buf)
+
+
+def _dense(fd: int, size: int) -> Iterator[tuple[int, bytes]]:
+    """Every byte of the object, holes read as zeros (pack version 1)."""
+    sent = 0
+    while sent < size:
+        data = os.pread(fd, min(PACK_CHUNK, size - sent), sent)
+        if not data:
+            # the object shrank under us: the stream cannot keep its promise
+            raise OSError(errno.EIO, f"object ended after {sent} of {size} bytes")
+        yield sent, data
+        sent += len(data)
+
+
+def _extents(fd: int, size: int) -> Iterator[tuple[int, bytes]]:
+    """The object's data in pieces of at most ``PACK_CHUNK``, its holes and pieces of zeros
+    left out (pack version 2)."""
+    for first, end in workspace_paths.data_ranges(fd, 0):
+        pos, end = first, min(end, size)
+        while pos < end:
+            data = os.pread(fd, min(PACK_CHUNK, end - pos), pos)
+            if not data:
+                raise OSError(errno.EIO, f"object ended after {pos} of {size} bytes")
+            if not workspace_paths.is_zeros(data):
+                yield pos, data
+            pos += len(data)
+        if end >= size:
+            return
 
 
 async def aiter_thread(chunks: Iterator[bytes]) -> AsyncIterator[bytes]:
@@ -164,23 +207,23 @@ async def aiter_thread(chunks: Iterator[bytes]) -> AsyncIterator[bytes]:
 
 
 class PackImporter:
-    """Parses a pack fed in arbitrary chunks (``feed`` runs on a worker thread) and stores
-    each object once its digest is verified."""
+    """Parses a pack (version 1 or 2) fed in arbitrary chunks (``feed`` runs on a worker
+    thread) and stores each object once its content id is verified."""
 
     def __init__(self, store: SnapshotStore) -> None:
         self._store = store
         self._buf = bytearray()
-        self._magic = False
+        self._version = 0  # 0 until the magic is read
         self._ended = False
         self.results: list[ObjectResult] = []
         # the object being received
         self._digest: bytes | None = None
-        self._remaining = 0
         self._size = 0
-        self._hasher: hashlib._Hash | None = None
+        self._pos = 0  # offset in the object of the next byte to arrive (holes too)
+        self._extent_end = -1  # version 2: end of the extent being received; -1: between
+        self._content: ContentId | None = None
         self._tmp: str | None = None
         self._fd: int | None = None
-        self._written = 0  # bytes of this object placed in its temp so far (holes too)
         self._error: str | None = None
 
     def feed(self, chunk: bytes) -> None:
@@ -190,13 +233,14 @@ class PackImporter:
             return
         self._buf += chunk
         while True:
-            if not self._magic:
+            if not self._version:
                 if len(self._buf) < len(PACK_MAGIC):
                     return
-                if bytes(self._buf[: len(PACK_MAGIC)]) != PACK_MAGIC:
+                version = _MAGICS.get(bytes(self._buf[: len(PACK_MAGIC)]))
+                if version is None:
                     raise ValueError("this is not an object pack (bad magic)")
                 del self._buf[: len(PACK_MAGIC)]
-                self._magic = True
+                self._version = version
             if self._digest is None:
                 if len(self._buf) < _FRAME.size:
                     return
@@ -214,45 +258,72 @@ class PackImporter:
                         )
                     )
                     continue
+                if status != _OK:
+                    raise ValueError(f"unknown object status {status} in the pack")
                 self._begin(digest, size)
-                if size == 0:
+                if size == 0 and self._version == 1:
                     self._finish()
                 continue
-            take = min(len(self._buf), self._remaining)
+            if self._version == 2 and self._extent_end < 0:
+                if len(self._buf) < _EXTENT.size:
+                    return
+                offset, length = _EXTENT.unpack_from(self._buf)
+                del self._buf[: _EXTENT.size]
+                if offset == _LAST_EXTENT and length == 0:
+                    self._finish()
+                    continue
+                if offset < self._pos or length == 0 or offset + length > self._size:
+                    raise ValueError(
+                        f"extent ({offset}, {length}) of object {self._digest.hex()} is out "
+                        f"of order or past its size {self._size}"
+                    )
+                self._hole(offset - self._pos)
+                self._extent_end = offset + length
+                continue
+            end = self._extent_end if self._version == 2 else self._size
+            take = min(len(self._buf), end - self._pos)
             if take == 0:
                 return
             self._write(memoryview(self._buf)[:take])
             del self._buf[:take]
-            self._remaining -= take
-            if self._remaining == 0:
-                self._finish()
+            if self._pos == end:
+                if self._version == 1:
+                    self._finish()
+                else:
+                    self._extent_end = -1
 
     def _begin(self, digest: bytes, size: int) -> None:
-        self._digest, self._size, self._remaining = digest, size, size
-        self._hasher = hashlib.sha256()
+        self._digest, self._size, self._pos = digest, size, 0
+        self._extent_end = -1
+        self._content = None
         self._error = None
         self._tmp, self._fd = None, None
-        self._written = 0
         if os.path.exists(object_path(self._store, digest.hex())):
-            return  # already here: the bytes are only hashed (and checked), not stored
+            return  # already here: the bytes are skipped, the store's copy is kept
         try:
             self._tmp, self._fd = self._store.blobs.new_tmp()
         except OSError as exc:
             self._fail(exc)
+            return
+        self._content = ContentId(reread=pread_reread(self._fd))
+
+    def _hole(self, count: int) -> None:
+        if self._content is not None and self._error is None:
+            self._content.zeros(count)
+        self._pos += count
 
     def _write(self, data: memoryview) -> None:
-        assert self._hasher is not None
-        self._hasher.update(data)
-        if self._fd is None or self._error is not None:
-            return
-        try:
-            # zeros (a sparse file's holes) are left holes: the object takes the room its
-            # source file took, not its apparent size (workspace_paths, "files with holes"; R2)
-            if not workspace_paths.is_zeros(data):
-                workspace_paths.pwrite_all(self._fd, data, self._written)
-            self._written += len(data)
-        except OSError as exc:
-            self._fail(exc)
+        if self._fd is not None and self._error is None:
+            assert self._content is not None
+            try:
+                # zeros (a sparse file's holes) are left holes: the object takes the room its
+                # source file took, not its apparent size (workspace_paths, "files with
+                # holes"; R2); written before hashed, so the content id may read it back
+                _write_data(self._fd, data, self._pos)
+                self._content.update(data)
+            except OSError as exc:
+                self._fail(exc)
+        self._pos += len(data)
 
     def _fail(self, exc: OSError) -> None:
         if exc.errno in (errno.ENOSPC, errno.EDQUOT):
@@ -270,28 +341,37 @@ class PackImporter:
                 os.unlink(self._tmp)
             self._tmp = None
 
+    def _matches(self) -> bool:
+        """The received bytes have the object's name: its content id, or (an object named
+        before chunk-list ids, contentid.py) the plain sha256, checked only then."""
+        assert self._digest is not None and self._content is not None and self._fd is not None
+        self._hole(self._size - self._pos)
+        os.ftruncate(self._fd, self._size)  # a hole at its end is a size
+        if self._content.digest() == self._digest:
+            return True
+        return self._content.is_chunked and legacy_sha256(self._fd, self._size) == self._digest
+
     def _finish(self) -> None:
-        assert self._digest is not None and self._hasher is not None
+        assert self._digest is not None
         sha = self._digest.hex()
         existed = self._tmp is None and self._error is None
-        if self._hasher.digest() != self._digest:
+        if self._error is not None:
+            self.results.append(
+                ObjectResult(sha256=sha, ok=False, size=self._size, error=self._error)
+            )
+        elif not existed and not self._matches():
             self._drop_tmp()
             self.results.append(
                 ObjectResult(
                     sha256=sha,
                     ok=False,
                     size=self._size,
-                    error="its bytes do not match its sha256: the source copy is corrupt",
+                    error="its bytes do not match its content id: the source copy is corrupt",
                 )
-            )
-        elif self._error is not None:
-            self.results.append(
-                ObjectResult(sha256=sha, ok=False, size=self._size, error=self._error)
             )
         else:
             final = object_path(self._store, sha)
             if self._fd is not None:
-                os.ftruncate(self._fd, self._size)  # a hole at its end is a size
                 os.close(self._fd)
                 self._fd = None
                 assert self._tmp is not None
@@ -305,7 +385,7 @@ class PackImporter:
                 os.utime(final)  # fresh mtime: a GC's grace period protects it until applied
             self.results.append(ObjectResult(sha256=sha, ok=True, size=self._size, existed=existed))
         self._digest = None
-        self._hasher = None
+        self._content = None
 
     def close(self) -> list[ObjectResult]:
         """The results; an object cut off by the end of the stream is reported failed."""
@@ -325,6 +405,26 @@ class PackImporter:
     @property
     def ended(self) -> bool:
         return self._ended
+
+
+#: Runs of zeros at least this long (and aligned to it) in what arrives are left holes.
+_HOLE_GRAIN = 64 << 10
+
+
+def _write_data(fd: int, data: memoryview, offset: int) -> None:
+    """Write ``data`` at ``offset`` but for its aligned pieces of zeros (left holes); the
+    pieces between them in one write each."""
+    start = 0  # of the run of data not written yet
+    pos = 0
+    while pos < len(data):
+        step = min(len(data) - pos, _HOLE_GRAIN - (offset + pos) % _HOLE_GRAIN)
+        if workspace_paths.is_zeros(data[pos : pos + step]):
+            if start < pos:
+                workspace_paths.pwrite_all(fd, data[start:pos], offset + start)
+            start = pos + step
+        pos += step
+    if start < pos:
+        workspace_paths.pwrite_all(fd, data[start:pos], offset + start)
 
 
 # ---------------------------------------------------------------------- garbage collection
@@ -369,6 +469,8 @@ def collect_garbage(store: SnapshotStore, lock: StoreLock, grace_s: float) -> Gc
 
 __all__ = [
     "PACK_MAGIC",
+    "PACK_MAGIC_V1",
+    "PACK_VERSIONS",
     "PackImporter",
     "StoreLock",
     "aiter_thread",

@@ -593,8 +593,16 @@ class RemoteRunner:
     async def missing_objects(self, sha256s: list[str]) -> list[str]:
         return cast("list[str]", await self._invoke("missing_objects", sha256s=sha256s))
 
-    async def export_objects(self, sha256s: list[str]) -> ByteStream:
-        return cast(ByteStream, await self._invoke("export_objects", sha256s=sha256s))
+    async def export_objects(self, sha256s: list[str], pack_version: int = 1) -> ByteStream:
+        return cast(
+            ByteStream,
+            await self._invoke("export_objects", sha256s=sha256s, pack_version=pack_version),
+        )
+
+    @property
+    def protocol_version(self) -> int:
+        """The daemon's protocol as last seen (1 until known: the safe guess)."""
+        return self._protocol or 1
 
     async def import_objects(self, data: ByteStream) -> list[ObjectResult]:
         return cast("list[ObjectResult]", await self._invoke("import_objects", data=data))

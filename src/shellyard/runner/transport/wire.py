@@ -172,6 +172,13 @@ class ObjectList(BaseModel):
     sha256s: list[str]
 
 
+class ExportRequest(BaseModel):
+    sha256s: list[str]
+    #: The object pack version the importer reads (snapshots/objects.py); an older daemon
+    #: drops this field and sends version 1, which every importer reads.
+    pack_version: int = Field(default=1, ge=1, le=2)
+
+
 class ApplyRequest(BaseModel):
     workspace_id: str
     entries: list[ApplyEntry]
@@ -350,7 +357,7 @@ OPERATIONS: dict[str, Operation] = _table(
     Operation("restore", RestoreRequest, EditResult, slow=True),
     # transfers and retention
     Operation("missing_objects", ObjectList, ObjectList, unwrap="sha256s"),
-    Operation("export_objects", ObjectList, kind="download"),
+    Operation("export_objects", ExportRequest, kind="download"),
     Operation("import_objects", NoArgs, ObjectResults, kind="upload", unwrap="results"),
     Operation("apply_entries", ApplyRequest, ApplyResult, slow=True),
     Operation("prune_snapshots", PruneRequest, PruneResult, slow=True),
