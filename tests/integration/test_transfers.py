@@ -325,7 +325,8 @@ async def test_t4_local_and_remote_both_ways_then_artifacts(
     )
     there = await settle(plane, out.transfer_id)
     assert there.state == "completed" and there.files_copied == 3
-    assert there.bytes_sent == len(data) + 6  # the objects crossed once, verified on arrival
+    # the objects crossed once, verified on arrival; the pack's frames add a few bytes
+    assert len(data) + 6 < there.bytes_sent < len(data) + 6 + 512, there.bytes_sent
     assert await read_all(plane, "data/input.bin", workspace_id=remote.workspace_id) == data
 
     made = await run(plane, "sha256sum data/input.bin | cut -c1-64 > data/result.txt", "remote")
@@ -340,7 +341,8 @@ async def test_t4_local_and_remote_both_ways_then_artifacts(
     home_again = await settle(plane, back.transfer_id)
     assert home_again.state == "completed"
     assert (home_again.files_copied, home_again.files_unchanged) == (2, 0)
-    assert home_again.bytes_sent == 65  # input.bin's object was already here: not sent again
+    # input.bin's object was already here: not sent again
+    assert 65 < home_again.bytes_sent < 65 + 512, home_again.bytes_sent
     result = await read_all(plane, "back/result.txt", workspace_id=local.workspace_id)
     assert result.decode().strip() == hashlib.sha256(data).hexdigest()
     assert await plane.artifacts.list() == []  # copying declared nothing

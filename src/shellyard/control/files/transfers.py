@@ -492,7 +492,9 @@ class TransferService:
                         await close()
             if cancel.is_set():
                 raise _Cancelled
-            sent = sum(r.size for r in results if r.ok)
+            # what crossed: the pack's bytes (``_watch`` counts them), not the files' sizes,
+            # which a sparse file's extents make far larger
+            sent = self._in_flight.get(transfer_id, 0)
             got = {r.sha256: r for r in results}
             for sha in lacking:
                 result = got.get(sha)

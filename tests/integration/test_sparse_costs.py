@@ -1,0 +1,112 @@
+"""What a sparse file costs the runners (R2, W3, T2–T4; docs/limits.md "Sparse files"): a
+commit hashes a file's data, never its holes (content ids, runner/snapshots/contentid.py), and
+a transfer between runners sends its data extents, not its holes (object packs of version 2).
+Costs are counted in bytes hashed and bytes streamed, never in time."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from files_helpers import read_all, run
+from runner_daemon_fixture import RunnerDaemon
+
+from conftest import Yard, open_yard
+from shellyard.contract.files import FileStatQuery, TransferWait
+from shellyard.control.plane import ControlPlane
+from shellyard.runner.protocol import SandboxPolicy
+from shellyard.runner.snapshots.contentid import CHUNK, ContentId
+
+GiB = 1 << 30
+NEEDLE_AT = 40 * GiB
+
+
+def _commit_stats(yard: Yard) -> Any:
+    stats = yard.runner._snapshots.last_commit_stats
+    assert stats is not None
+    return stats
+
+
+@pytest.mark.runner_kinds("local")
+async def test_a_64_gib_truncate_and_two_more_commands_hash_only_data(yard: Yard) -> None:
+    """A workspace's ``truncate -s 64G`` (the file-size limit) with a few bytes written in
+    it: the commit after it and after each of the next two commands hash at most the chunk
+    holding data (before: 64 GiB at the first commit and again at the next, its stat being
+    racily clean, minutes of the runner's CPU each). The file reads back whole, named by
+    its content id."""
+    made = await yard.run(
+        "truncate -s 64G big && printf needle | "
+        f"dd of=big bs=1 seek={NEEDLE_AT} conv=notrunc status=none",
+        wait_ms=30_000,
+    )
+    assert made.exit_code == 0, made.stderr
+    hashed = [_commit_stats(yard).bytes_hashed]
+    for command in ("echo one > a", "ls -l big > b"):
+        after = await yard.run(command, wait_ms=30_000)
+        assert after.exit_code == 0, after.stderr
+        hashed.append(_commit_stats(yard).bytes_hashed)
+    assert hashed[0] <= CHUNK, hashed
+    assert hashed[1] <= CHUNK + 64 and hashed[2] <= CHUNK + 256, hashed
+
+    expected = ContentId()
+    expected.zeros(NEEDLE_AT)
+    expected.update(b"needle")
+    expected.zeros(64 * GiB - NEEDLE_AT - 6)
+    entry = await yard.plane.files.stat(FileStatQuery(path="big", workspace_id=made.workspace_id))
+    assert (entry.size, entry.sha256) == (64 * GiB, expected.digest().hex())
+    around = await read_all(
+        yard.plane, "big", workspace_id=made.workspace_id, offset=NEEDLE_AT - 2, length=10
+    )
+    assert around == b"\0\0needle\0\0"
+
+
+@pytest.fixture
+async def mixed(home: Path) -> AsyncIterator[tuple[ControlPlane, RunnerDaemon]]:
+    """The local runner and a runner daemon registered as ``remote`` (loopback)."""
+    plane, _runner_id, daemon = await open_yard(home, "direct", SandboxPolicy())
+    assert daemon is not None
+    try:
+        yield plane, daemon
+    finally:
+        await plane.aclose()
+        await daemon.stop()
+
+
+async def test_a_transfer_of_a_1_gib_sparse_file_sends_about_its_data(
+    mixed: tuple[ControlPlane, RunnerDaemon],
+) -> None:
+    """T4: a 1 GiB file holding 3 MiB of data, local → remote: the pack streamed between the
+    runners (``bytes_sent``, counted as it passes the control plane) is about its data
+    (before: 1 GiB of zeros crossed), and the target's file has its bytes, its holes and
+    the source's content id."""
+    plane, _daemon = mixed
+    local = await run(
+        plane,
+        "truncate -s 1G sparse && head -c 3145728 /dev/urandom | "
+        "dd of=sparse bs=1M seek=700 conv=notrunc status=none",
+    )
+    remote = await run(plane, "true", "remote")
+    started = await plane.transfers.start(
+        {
+            "source_workspace_id": local.workspace_id,
+            "paths": ["sparse"],
+            "target_workspace_id": remote.workspace_id,
+        }
+    )
+    done = await plane.transfers.wait(started.transfer_id, TransferWait(timeout_s=300))
+    assert done.state == "completed" and done.files_copied == 1, done
+    assert 3 << 20 < done.bytes_sent < (3 << 20) + 4096, done.bytes_sent
+    there = await plane.files.stat(FileStatQuery(path="sparse", workspace_id=remote.workspace_id))
+    here = await plane.files.stat(FileStatQuery(path="sparse", workspace_id=local.workspace_id))
+    assert (there.size, there.sha256) == (GiB, here.sha256)
+    on_disk = []
+    for runner_id in ("local", "remote"):
+        made = await run(plane, "stat -c %b sparse > blocks", runner_id)
+        on_disk.append(int(await read_all(plane, "blocks", workspace_id=made.workspace_id)))
+    assert on_disk[1] * 512 < 16 << 20, on_disk  # its holes stayed holes
+    window = {"offset": (700 << 20) - 8, "length": 16}
+    a = await read_all(plane, "sparse", workspace_id=local.workspace_id, **window)
+    b = await read_all(plane, "sparse", workspace_id=remote.workspace_id, **window)
+    assert a == b and a[:8] == bytes(8) and a[8:] != bytes(8)
