@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import hashlib
 import os
 import stat as stat_mod
 
@@ -15,11 +14,13 @@ from shellyard.runner import workspace_paths
 from shellyard.runner.edits.placing import Done, Placer, kind_name
 from shellyard.runner.edits.tar import ROOM_CHECK_BYTES
 from shellyard.runner.protocol import EditResult, PathEntry
+from shellyard.runner.snapshots.contentid import ContentId, pread_reread
 
 
 class FileUpload:
     """One streamed file write: ``write`` chunks, then ``finish`` (renames it into place and
-    commits) or ``abort``. Runs on worker threads; the bytes are hashed as they come."""
+    commits) or ``abort``. Runs on worker threads; the bytes are hashed as they come (the
+    content id that names them in the snapshot store)."""
 
     def __init__(
         self,
@@ -66,10 +67,13 @@ class FileUpload:
             self._temp_dir, self._temp = editor.temp_for(near)
             self._stack.callback(os.close, self._temp_dir)
             self._fd = os.open(self._temp, workspace_paths.O_NEW, 0o600, dir_fd=self._temp_dir)
+            # the content id may read back what arrived (a zero MiB after data: contentid.py)
+            reader = os.open(self._temp, workspace_paths.O_FILE, dir_fd=self._temp_dir)
+            self._stack.callback(os.close, reader)
         except BaseException:
             self._stack.close()
             raise
-        self._hasher = hashlib.sha256()
+        self._content = ContentId(reread=pread_reread(reader))
         self.size = 0
         self._unchecked = 0  # bytes written since the reserve was last checked
 
@@ -98,7 +102,7 @@ class FileUpload:
                     f"upload less"
                 ) from None
             raise
-        self._hasher.update(chunk)
+        self._content.update(chunk)
         self.size += len(chunk)
 
     def finish(self) -> EditResult:
@@ -126,7 +130,7 @@ class FileUpload:
                     kind="file",
                     size=self.size,
                     mode=self.mode,
-                    sha256=self._hasher.hexdigest(),
+                    sha256=self._content.digest().hex(),
                 )
                 return self._editor.commit_edit(self._workspace_id, Done(written=[entry]))
         except BaseException:
