@@ -49,6 +49,8 @@ def child(tree: Path, store_root: Path) -> None:
     start, cpu_start = time.perf_counter(), cpu()
     store.commit("ws", tree)
     elapsed = time.perf_counter() - start
+    stats = store.last_commit_stats
+    hashed = stats.bytes_hashed if stats is not None else -1
     store.close()  # the scan helper ends: its CPU time counts (RUSAGE_CHILDREN)
     cpu_used = cpu() - cpu_start
     blocks = 0
@@ -61,6 +63,7 @@ def child(tree: Path, store_root: Path) -> None:
                 "ms": round(elapsed * 1000, 2),
                 "cpu_ms": round(cpu_used * 1000, 2),
                 "store_bytes": blocks,
+                "bytes_hashed": hashed,
             }
         )
     )
@@ -136,6 +139,10 @@ def main() -> None:
                 "baseline_cpu_ms": cpu["baseline"],
                 "this_cpu_ms": cpu["this"],
                 "cpu_ratio": round(cpu["this"] / cpu["baseline"], 3),
+                "baseline_bytes_hashed": runs["baseline"][0]["bytes_hashed"],
+                "this_bytes_hashed": runs["this"][0]["bytes_hashed"],
+                "baseline_all_cpu_ms": [x["cpu_ms"] for x in runs["baseline"]],
+                "this_all_cpu_ms": [x["cpu_ms"] for x in runs["this"]],
                 "baseline_store_bytes": runs["baseline"][0]["store_bytes"],
                 "this_store_bytes": runs["this"][0]["store_bytes"],
                 "baseline_all_ms": [x["ms"] for x in runs["baseline"]],

@@ -289,13 +289,13 @@ def remove_at(dir_fd: int, name: str) -> int:
 #
 # ``truncate -s 3G big`` in a workspace, or a build that leaves such a file in its prefix, takes
 # no block of the volume: the free-space reserve never sees it (R2, docs/limits.md "Sparse
-# files"). The snapshot store names an object by the sha256 of its whole content, so the holes
-# are hashed (as zeros, never read from the disk), but they are not written: an object, a
-# restored file and a read view keep the holes of the file they came from, and their blocks are
-# the file's data blocks. The data ranges come from ``SEEK_DATA``/``SEEK_HOLE`` (every Linux file
+# files"). The snapshot store names an object by a content id that skips whole MiBs of zeros
+# (snapshots/contentid.py), so a hole is neither read, hashed nor written: an object, a restored
+# file and a read view keep the holes of the file they came from, and their blocks are the
+# file's data blocks. The data ranges come from ``SEEK_DATA``/``SEEK_HOLE`` (every Linux file
 # system answers them; one without its own support reports the whole file as data).
 
-#: Bytes read, hashed and written at a time (and the size of the zeros hashed for a hole).
+#: Bytes read, hashed and written at a time (and the most zeros hashed at once).
 HOLE_CHUNK = 1 << 20
 _ZEROS = bytes(HOLE_CHUNK)
 _ZERO_VIEW = memoryview(_ZEROS)

@@ -2,7 +2,7 @@
 
 Layout under the store root::
 
-    objects/<2 hex>/<62 hex>        file contents named by sha256, written once, mode 0o444
+    objects/<2 hex>/<62 hex>        file contents named by content id (contentid.py), 0o444
     objects/tmp/                    temp files, renamed into place once complete
     workspaces/<id>/manifests/<seq> one manifest per snapshot: a header naming its root tree
     workspaces/<id>/trees/          the folder trees of its snapshots, by digest (trees.py)
