@@ -55,6 +55,17 @@ class RunnerExecState(StrEnum):
 #: differently.
 PROTOCOL_VERSION = 3
 
+#: The runner protocol from which ``export_objects`` sends (and ``import_objects`` reads)
+#: object packs of version 2: data extents, no holes on the wire.
+PACK_V2_SINCE = 3
+
+
+def pack_version_for(importer: object) -> int:
+    """The object pack version to send to ``importer`` (a runner): 2 when it reads it. A
+    runner of this process (no ``protocol_version``) is of this version."""
+    protocol = getattr(importer, "protocol_version", PROTOCOL_VERSION)
+    return 2 if isinstance(protocol, int) and protocol >= PACK_V2_SINCE else 1
+
 
 class StartRequest(BaseModel):
     execution_id: str

@@ -66,8 +66,7 @@ from shellyard.errors import (
     ShellyardError,
 )
 from shellyard.paths import normalize_relative
-from shellyard.runner.protocol import MAX_PAGE, ApplyEntry, ByteStream, Runner
-from shellyard.runner.transport import compat
+from shellyard.runner.protocol import MAX_PAGE, ApplyEntry, ByteStream, Runner, pack_version_for
 from shellyard.store import Store
 from shellyard.store.db import new_id
 from shellyard.store.files import TERMINAL_TRANSFER_STATES, Transfer, TransferFile
@@ -480,7 +479,7 @@ class TransferService:
         if lacking:
             # holes stay off the wire when the target reads pack version 2 (a source too
             # old to write it sends version 1, which every target reads)
-            pack = await src_runner.export_objects(lacking, compat.pack_version_for(dst_runner))
+            pack = await src_runner.export_objects(lacking, pack_version_for(dst_runner))
             try:
                 results = await dst_runner.import_objects(self._watch(transfer_id, pack, cancel))
             finally:

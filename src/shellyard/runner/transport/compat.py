@@ -13,18 +13,6 @@ from shellyard.runner.protocol import PROTOCOL_VERSION, StartRequest
 START_FIELDS_SINCE: dict[str, int] = {"env": 2, "cwd": 2, "args": 2}
 
 
-#: The runner protocol from which ``export_objects`` sends (and ``import_objects`` reads)
-#: object packs of version 2: data extents, no holes on the wire.
-PACK_V2_SINCE = 3
-
-
-def pack_version_for(importer: object) -> int:
-    """The object pack version to send to ``importer`` (a runner): 2 when it reads it. A
-    runner of this process (no ``protocol_version``) is of this version."""
-    protocol = getattr(importer, "protocol_version", PROTOCOL_VERSION)
-    return 2 if isinstance(protocol, int) and protocol >= PACK_V2_SINCE else 1
-
-
 def unhonoured(request: StartRequest, protocol: int | None) -> list[str]:
     """The fields ``request`` sets that a runner of ``protocol`` (None: not known yet, taken
     as 1) would drop."""
