@@ -85,6 +85,20 @@ def test_a_committed_file_is_named_by_the_rule_whatever_its_holes(
     assert fed.digest() == reference(content)
 
 
+def test_a_chunk_list_begun_for_a_hole_that_was_filled_falls_back_to_sha256() -> None:
+    """A commit sees a hole covering a MiB and begins a chunk list; the file is written
+    meanwhile and what is copied holds no zero MiB: its id is still its sha256 (the rule,
+    so a pack importer, which recomputes it, accepts the object)."""
+    content = os.urandom(3 * MiB + 5)
+    fed = ContentId(reread=lambda off, n: content[off : off + n])
+    fed.chunked()
+    fed.update(content)
+    assert fed.digest() == hashlib.sha256(content).digest()
+    empty = ContentId()
+    empty.chunked()
+    assert empty.digest() == hashlib.sha256(b"").digest()
+
+
 def test_a_hole_is_never_hashed(tmp_path: Path) -> None:
     """The cost of a commit is its data: a 64 GiB `truncate` and a few bytes hash only
     those bytes (before: all 64 GiB, minutes of a runner's CPU)."""

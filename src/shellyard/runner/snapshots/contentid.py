@@ -44,9 +44,20 @@ class ContentId:
     It starts as a plain sha256. At the first whole chunk of zeros it changes to the chunk
     list; the chunks before it are read back through ``reread`` (the caller's copy of what
     it fed: bounded by the data before that point). A caller that knows the content holds a
-    zero chunk (a hole covering one) calls ``chunked()`` first and nothing is read back."""
+    zero chunk (a hole covering one) calls ``chunked()`` first and nothing is read back; if
+    no zero chunk came after all (the file changed under the caller), ``digest`` reads all of
+    it back for the plain sha256, so the id still follows the rule."""
 
-    __slots__ = ("_chunk", "_chunk_zero", "_list", "_plain", "_pos", "_reread", "hashed")
+    __slots__ = (
+        "_chunk",
+        "_chunk_zero",
+        "_list",
+        "_plain",
+        "_pos",
+        "_reread",
+        "_saw_zero_chunk",
+        "hashed",
+    )
 
     def __init__(self, reread: Reread | None = None) -> None:
         self._plain: hashlib._Hash | None = hashlib.sha256()
@@ -54,6 +65,7 @@ class ContentId:
         self._chunk = hashlib.sha256()
         self._chunk_zero = True  # every byte of the current chunk so far is 0
         self._pos = 0
+        self._saw_zero_chunk = False
         self._reread = reread
         #: Bytes run through SHA-256 (data, zeros hashed, bytes read back): the cost.
         self.hashed = 0
@@ -118,8 +130,27 @@ class ContentId:
             return self._plain.digest()
         if self._pos % CHUNK:
             self._close_chunk()
+        if not self._saw_zero_chunk:
+            return self._plain_again()
         self._list.update(_TRAILER.pack(_END, self._pos))
         return self._list.digest()
+
+    def _plain_again(self) -> bytes:
+        """The plain sha256 of everything fed, read back (a chunk list was begun for a zero
+        chunk that never came)."""
+        plain = hashlib.sha256()
+        pos = 0
+        while pos < self._pos:
+            if self._reread is None:
+                raise RuntimeError("a content id cannot go back to sha256 without a reread")
+            step = min(CHUNK, self._pos - pos)
+            data = self._reread(pos, step)
+            if len(data) != step:
+                raise OSError(f"read back {len(data)} of {step} bytes at {pos}")
+            plain.update(data)
+            self.hashed += step
+            pos += step
+        return plain.digest()
 
     # ------------------------------------------------------------------ within a chunk
 
@@ -138,6 +169,7 @@ class ContentId:
                 self._pos -= CHUNK
                 self.chunked()
                 self._pos += CHUNK
+                self._saw_zero_chunk = True
 
     def _feed_chunked(self, piece: memoryview) -> None:
         if self._chunk_zero:
@@ -163,6 +195,8 @@ class ContentId:
 
     def _close_chunk(self) -> None:
         assert self._list is not None
+        if self._chunk_zero and self._pos % CHUNK == 0:
+            self._saw_zero_chunk = True
         if not self._chunk_zero:
             index = (self._pos - 1) // CHUNK
             self._list.update(_INDEX.pack(index) + self._chunk.digest())
