@@ -5,12 +5,14 @@ Costs are counted in bytes hashed and bytes streamed, never in time."""
 
 from __future__ import annotations
 
+import hashlib
+import os
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from files_helpers import read_all, run
+from files_helpers import chunks_of, read_all, run
 from runner_daemon_fixture import RunnerDaemon
 
 from conftest import Yard, open_yard
@@ -62,6 +64,16 @@ async def test_a_64_gib_truncate_and_two_more_commands_hash_only_data(yard_facto
         yard.plane, "big", workspace_id=made.workspace_id, offset=NEEDLE_AT - 2, length=10
     )
     assert around == b"\0\0needle\0\0"
+
+
+async def test_an_upload_answers_the_id_its_snapshot_names_the_file_by(yard: Yard) -> None:
+    """W3: an upload holding a MiB of zeros after its data answers the content id the
+    committed snapshot names it by (before: a plain sha256 no snapshot held)."""
+    data = os.urandom(2 << 20) + bytes(2 << 20) + b"end"
+    edit = await yard.plane.files.write("up.bin", chunks_of(data), runner_id=yard.runner_id)
+    entry = await yard.plane.files.stat(FileStatQuery(path="up.bin", runner_id=yard.runner_id))
+    assert edit.written[0].sha256 == entry.sha256 != hashlib.sha256(data).hexdigest()
+    assert await read_all(yard.plane, "up.bin", runner_id=yard.runner_id) == data
 
 
 @pytest.fixture

@@ -247,7 +247,7 @@ async def test_truncate_3g_in_a_workspace_is_committed_read_and_restored_without
     read across the hole's end into the data gives both, in bounded memory."""
     before = _blocks_under(yard.home)
     started = await yard.run("truncate -s 3G big && printf tail >> big")
-    # its commit hashes 3 GiB (as zeros, no read): longer than run_shell's longest wait here
+    # its commit hashed 3 GiB of zeros before content ids: waited for beyond run_shell's wait
     ended = await yard.plane.executions.wait(started.execution_id, ExecutionWait(timeout_s=600))
     assert ended.exit_code == 0, ended
     made = await yard.run("stat -c '%s %b' big")
