@@ -427,8 +427,8 @@ def test_groups_that_cannot_start_clean_are_not_used_again(tmp_path: Path) -> No
     """R2, E7: an execution killed by its memory limit, one whose fork was refused at the
     process limit, and one that left more than ``LEFTOVER_BYTES`` charged (a file it wrote)
     have their groups removed, not used again (those counts cannot be reset: the next
-    command would end ``limit: memory`` or note the process limit without cause); a fresh
-    group waits instead."""
+    command would end ``limit: memory`` or note the process limit without cause), nor one
+    adopted after a restart (E11); a fresh group waits instead."""
     tree = cgroups.CgroupTree.probe(
         f"shellyard-test-dirty-{tmp_path.name[-8:]}", cgroups.TenantLimits(64 << 20, 8), "v1"
     )
@@ -462,6 +462,14 @@ def test_groups_that_cannot_start_clean_are_not_used_again(tmp_path: Path) -> No
             assert not fresh.memory_killed and not fresh.processes_hit, fresh
             tree.remove("ws", ready)
             tree.drain()
+        # E11: a group adopted from a killed runner (its limits were that runner's) goes too
+        tree.make("old", "a1")
+        tree.adopt("old", "a1")
+        tree.finish("old", "a1", ahead=True)
+        tree.drain()
+        ready = tree.take_ready("old")
+        assert ready is not None and ready.startswith(cgroups.READY_PREFIX), ready
+        tree.remove("old", ready)
     finally:
         tree.close(set())
     assert tree.groups() == [], tree.groups()

@@ -26,11 +26,12 @@ event loop, every other) for ms at a time (p90 18 ms under load; docs/benchmarks
 then the sandbox's init has been killed and waited for (E8), so the groups are empty; the
 thread still ends anything left before it removes them. Likewise ``plan`` names the groups at
 once and ``make`` creates them where the caller chooses (a warm sandbox: its spawn's worker
-thread). A cold spawn takes a group made ahead (``take_ready``): when an execution's groups
-go, the removal thread also makes one new, empty group for its workspace's next cold command
-(``READY_PER_WORKSPACE``), so the ``mkdir`` and limit writes, which wait on ``cgroup_mutex``
-under load, leave the event loop (docs/benchmarks.md §25). Each execution still gets a group
-of its own that nothing ran in before (fresh counters: peak memory, CPU seconds, events).
+thread). A spawn takes a group waiting for its workspace (``take_ready``): when an
+execution ends, the removal thread puts its groups back, counters reset, once nothing of it is
+left in them (recycle.py), or, when they cannot start clean, removes them and makes one new
+(``READY_PER_WORKSPACE``), so neither ``mkdir``, ``rmdir`` nor limit writes, which wait on
+``cgroup_mutex`` under load, are on the event loop, and most executions need none
+(docs/limits.md "Groups used again"). A group that waited ``pool_idle_s`` unused goes.
 ``sweep`` at start-up removes the groups of executions that are gone (after a kill -9
 of the runner, E11).
 """
@@ -191,10 +192,16 @@ class CgroupTree:
     #: name of a group waiting in ``_ready`` → when it began to wait (``POOL_IDLE_S``)
     _since: dict[str, float] = field(default_factory=dict)
     pool_idle_s: float = POOL_IDLE_S
+    #: False: an ended execution's groups are always removed and fresh ones made ahead (the
+    #: behaviour before recycle.py; bench/bench_group_reuse.py's baseline)
+    reuse: bool = True
     #: v2, a group used again: its CPU µs when it was reset, and the descriptor its
     #: ``memory.peak`` was reset through (recycle.py), by ``<workspace>/<name>``
     _cpu_base: dict[str, int] = field(default_factory=dict)
     _peak_fds: dict[str, int] = field(default_factory=dict)
+    #: groups adopted from an earlier runner process (E11): never used again, their limits
+    #: and (v2) baselines were that process's
+    _adopted: set[str] = field(default_factory=set)
     #: held while a workspace's groups are made and known, and while ``sweep`` decides to
     #: remove an idle one: the removal thread makes groups ahead while a restart sweeps
     _workspace_lock: threading.Lock = field(default_factory=threading.Lock)
@@ -390,6 +397,7 @@ class CgroupTree:
     def adopt(self, workspace_id: str, execution_id: str) -> None:
         """A re-attached execution (E11): its groups exist; know it so ``finish`` reads them."""
         self._workspaces.add(workspace_id)
+        self._adopted.add(execution_id)
         if execution_id not in self._started:
             self.weight.enter(workspace_id)
             self._started[execution_id] = _Started(workspace_id)
@@ -467,20 +475,26 @@ class CgroupTree:
         if started is not None:
             self.weight.leave(started.workspace_id)
         self._forget(f"{workspace_id}/{execution_id}")
+        adopted = execution_id in self._adopted
+        self._adopted.discard(execution_id)
         with self._ready_lock:
             ahead = ahead and self._ahead.get(workspace_id, 0) < READY_PER_WORKSPACE
+            again = ahead and self.reuse and not adopted
             if ahead:
                 self._ahead[workspace_id] = self._ahead.get(workspace_id, 0) + 1
+            if again:
                 self._ours.add(execution_id)  # a sweep meanwhile keeps it
             else:
                 self._ours.discard(execution_id)
         folders = self._own_folders(workspace_id, execution_id)
         self._pending.update(folders)
-        if ahead:
+        if again:
             self._doomed.put((workspace_id, execution_id))
         else:
             for folder in folders:
                 self._doomed.put(folder)
+            if ahead:
+                self._doomed.put(workspace_id)
         if self._reaper is None or not self._reaper.is_alive():
             self._reaper = threading.Thread(target=self._reap, name="cgroup-remove", daemon=True)
             self._reaper.start()
