@@ -6,7 +6,9 @@
   and off (rlimits, one uid), in alternating windows on control planes in this process, with
   the server's and the children's CPU per run; a third plane, tenants on with the runner's
   cgroup folder left at the kernel's default CPU weight (one process's worth for the whole
-  tree, as before docs/benchmarks.md §34), shows what the per-workspace weight buys;
+  tree, as before docs/benchmarks.md §34), shows what the per-workspace weight buys; a fourth,
+  tenants on with an ended execution's groups always removed and fresh ones made (before
+  docs/limits.md "Groups used again"), what using them again buys;
 - fairness: B's CPU-bound second (1 s of CPU) while A runs 8 busy loops, each in a session of
   its own, over B's idle time (wall), and A's CPU over B's in that window; tenants on and off.
 Targets: spawn ≤ 0.5 ms CPU, throughput ≥ 0.95× off, fairness ≤ 2× idle.
@@ -43,6 +45,7 @@ COMMAND = "python bench/bench_tenants.py"
 ON = SandboxPolicy(uid_range="62300-62399")
 OFF = SandboxPolicy(uid_range="off", cgroups="off")
 FLAT = SandboxPolicy(uid_range="62400-62499")
+FRESH = SandboxPolicy(uid_range="62500-62599")
 TIMED = (
     "python3 -c 'import time\nw = time.monotonic(); t = time.process_time()\n"
     "while time.process_time() - t < 1: pass\nprint(time.monotonic() - w)'"
@@ -77,15 +80,16 @@ def spawn_cost(samples: int) -> dict[str, Any]:
 
 
 async def open_plane(
-    home: Path, policy: SandboxPolicy, *, flat: bool = False
+    home: Path, policy: SandboxPolicy, *, flat: bool = False, fresh: bool = False
 ) -> tuple[ControlPlane, list[str]]:
     plane = await build(Settings(home=home / "home", local_policy=policy))
-    if flat:  # the runner's folder keeps the kernel's default weight (before §34)
-        for runner in gc.get_objects():
-            if isinstance(runner, LocalRunner) and runner.root.is_relative_to(home):
-                tree = runner._sandboxes.cgroups  # a bench's look inside
-                if tree is not None:
-                    tree.weight.path = None
+    for runner in gc.get_objects() if flat or fresh else ():
+        if isinstance(runner, LocalRunner) and runner.root.is_relative_to(home):
+            tree = runner._sandboxes.cgroups  # a bench's look inside
+            if tree is not None and flat:  # the kernel's default weight (before §34)
+                tree.weight.path = None
+            if tree is not None and fresh:  # groups never used again (before §44)
+                tree.reuse = False
     session, _main = await plane.store.default_owner()
     agents = [str((await plane.store.create_agent(str(session.id))).id) for _ in range(AGENTS)]
     await asyncio.gather(
@@ -142,12 +146,14 @@ async def fairness(plane: ControlPlane, agents: list[str]) -> dict[str, float]:
 
 async def measure(args: argparse.Namespace) -> dict[str, Any]:
     spawn = spawn_cost(50 if args.quick else 300)
-    names = ("on", "off", "flat")
+    names = ("on", "off", "flat", "fresh")
     homes = {name: make_home() for name in names}
     planes: dict[str, tuple[ControlPlane, list[str]]] = {}
     try:
-        for name, policy in (("on", ON), ("off", OFF), ("flat", FLAT)):
-            planes[name] = await open_plane(homes[name], policy, flat=name == "flat")
+        for name, policy in (("on", ON), ("off", OFF), ("flat", FLAT), ("fresh", FRESH)):
+            planes[name] = await open_plane(
+                homes[name], policy, flat=name == "flat", fresh=name == "fresh"
+            )
         counts = dict.fromkeys(names, 0)
         seconds = dict.fromkeys(names, 0.0)
         server = dict.fromkeys(names, 0.0)
@@ -175,7 +181,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
             }
             for name in names
         }
-        fair = {name: await fairness(*planes[name]) for name in names}
+        fair = {name: await fairness(*planes[name]) for name in ("on", "off", "flat")}
     finally:
         for plane, _agents in planes.values():
             await plane.aclose()
@@ -200,6 +206,13 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
             "the same, the runner's folder at the kernel's default weight (before §34), /s",
             rates["flat"], "/s", baseline_label="tenants off, /s",
             baseline_value=rates["off"], target="— (info: what the weight buys)", kind="info",
+        ),
+        metric(
+            "tenants.throughput_fresh",
+            "the same, tenants on, an ended execution's groups never used again (before §44), /s",
+            rates["fresh"], "/s", baseline_label="tenants off, /s",
+            baseline_value=rates["off"], target="— (info: what using groups again buys)",
+            kind="info",
         ),
         metric(
             "tenants.fairness", "B's CPU second beside A's 8 busy loops / idle, tenants on",

@@ -28,7 +28,7 @@ from shellyard.contract.executions import (
     ExecutionWait,
     RunShellRequest,
 )
-from shellyard.runner.limits import cgroups
+from shellyard.runner.limits import cgroups, recycle
 from shellyard.runner.protocol import RunnerExecState, SandboxPolicy, StartRequest
 
 ROOT = os.geteuid() == 0
@@ -84,10 +84,13 @@ async def other_workspace_run(yard: Yard, command: str) -> Any:
 
 
 @needs_cgroups
-async def test_memory_limit_stops_the_command_and_says_memory(yard_factory: Any) -> None:
+async def test_memory_limit_stops_the_command_and_says_memory(
+    yard_factory: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """R2: SHELLYARD_MEMORY_LIMIT=512M: a command touching 1.5 GiB is stopped; the record says
     ``limit: memory`` with its peak and CPU seconds; B's command beside it runs; the
-    execution's groups are gone after its end."""
+    execution's groups are gone once the workspaces are idle (SHELLYARD_WARM_IDLE_S)."""
+    monkeypatch.setenv("SHELLYARD_WARM_IDLE_S", "0.5")
     yard: Yard = await yard_factory(policy(memory_limit_bytes=512 << 20))
     hog = await yard.run(
         "python3 -c \"b = bytearray(1536 << 20); b[::4096] = b'x' * (len(b) // 4096); "
@@ -276,13 +279,17 @@ def groups_below(root: Path) -> list[Path]:
 
 
 @needs_cgroups
-async def test_groups_go_with_their_execution(yard_factory: Any) -> None:
-    """R2: an execution's groups are removed at its end (local runner and daemon), by the
-    runner's removal thread just after the record is final (cgroups.py ``remove``)."""
+async def test_groups_go_with_their_execution(
+    yard_factory: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """R2: an execution's groups, used again by its workspace's next spawn, are removed once
+    the workspace is idle (SHELLYARD_WARM_IDLE_S: local runner and daemon), by the runner's
+    removal thread (cgroups.py ``remove``, ``pool_idle_s``)."""
+    monkeypatch.setenv("SHELLYARD_WARM_IDLE_S", "0.5")
     yard: Yard = await yard_factory(policy())
     done = await yard.run("true")
     assert done.exit_code == 0
-    await until_gone(yard, lambda p: p.name.startswith("ex_"))
+    await until_gone(yard, lambda p: p.parent.name == done.workspace_id)
 
 
 @needs_cgroups
@@ -320,14 +327,12 @@ async def test_an_execution_s_use_is_read_on_the_loop_without_a_thread_hop(tmp_p
 
 
 async def until_made_ahead(root: Path, workspace_id: str) -> set[str]:
-    """The names of the groups made ahead for the workspace (cgroups.py ``take_ready``)."""
+    """The names of the groups below the workspace's once none of its commands runs: those
+    waiting for its next spawn (an ended one's used again, or one made ahead, cgroups.py
+    ``take_ready``; a warm sandbox's)."""
     deadline = time.monotonic() + 10
     while True:
-        names = {
-            p.name
-            for p in groups_below(root)
-            if p.parent.name == workspace_id and p.name.startswith(cgroups.READY_PREFIX)
-        }
+        names = {p.name for p in groups_below(root) if p.parent.name == workspace_id}
         if names:
             return names
         assert time.monotonic() < deadline, groups_below(root)
@@ -338,62 +343,162 @@ async def until_made_ahead(root: Path, workspace_id: str) -> set[str]:
 async def test_a_cold_command_runs_in_a_group_made_ahead(
     yard_factory: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """R2 (docs/benchmarks.md §25): an execution's end makes one empty group for its
-    workspace's next cold command, off the event loop; that command runs in it (meta.json
-    names it), its use is read from it at its end, and it goes then like any."""
+    """R2 (docs/limits.md "Groups used again"): an execution's end puts its groups back,
+    counters reset, off the event loop, for its workspace's next cold command; that command
+    runs in them (meta.json names them), its own use is read from them at its end, and they
+    wait again for the next."""
     monkeypatch.setenv("SHELLYARD_WARM_SANDBOXES", "0")  # every command starts cold
     yard: Yard = await yard_factory(policy())
-    first = await yard.run("true")
-    assert first.exit_code == 0
+    first = await yard.run("python3 -c 'x = bytearray(40 << 20)'")
+    assert first.exit_code == 0, first
+    assert first.peak_memory_bytes is not None and first.peak_memory_bytes > 40 << 20, first
     ahead = await until_made_ahead(runner_root(yard), first.workspace_id)
     second = await yard.run("head -c 20000000 /dev/zero | tail -c 1 >/dev/null; echo ok")
     assert second.exit_code == 0 and second.stdout == "ok\n", second
     meta = runner_root(yard) / "executions" / second.execution_id / "meta.json"
     assert meta.read_text().count(next(iter(ahead))) == 1, meta.read_text()
     assert second.cpu_seconds is not None and second.cpu_seconds > 0, second
-    assert second.peak_memory_bytes is not None and second.peak_memory_bytes > 0, second
-    await until_gone(yard, lambda p: p.name in ahead)
+    # its own peak, not the first command's 40 MiB
+    assert second.peak_memory_bytes is not None, second
+    assert 0 < second.peak_memory_bytes < 20 << 20, second
+    assert await until_made_ahead(runner_root(yard), first.workspace_id) == ahead
+
+
+def _run_in(joins: list[str], code: str, *args: str) -> None:
+    """A process that joins the groups (as the launcher does), then runs ``code``."""
+    join = "import sys\nfor f in sys.argv[1:5]: open(f, 'w').write('0')\n"
+    subprocess.run([sys.executable, "-c", join + code, *joins, *args], check=False)
 
 
 @needs_cgroups
-def test_a_group_made_ahead_is_fresh_and_goes_at_close(tmp_path: Path) -> None:
-    """R2: the group made ahead at an execution's end has the execution memory limit and
-    nothing ran in it; one at most waits per workspace; a package tool's end (no ``ahead``)
-    makes none; ``close`` removes what waits."""
+def test_an_ended_execution_s_groups_are_used_again_with_counters_reset(
+    tmp_path: Path,
+) -> None:
+    """R2 (docs/limits.md "Groups used again"): at an execution's end its groups wait for the
+    workspace's next spawn, limits kept and counters reset (its CPU seconds and peak are the
+    next command's own); one at most waits per workspace (a second end's groups go); a
+    package tool's end (no ``ahead``) keeps none; ``close`` removes what waits."""
     tree = cgroups.CgroupTree.probe(
-        f"shellyard-test-ahead-{tmp_path.name[-8:]}", cgroups.TenantLimits(256 << 20, 64), "v1"
+        f"shellyard-test-again-{tmp_path.name[-8:]}", cgroups.TenantLimits(256 << 20, 64), "v1"
     )
     assert tree is not None
+    burn = "import time\nx = bytearray(40 << 20)\nt = time.process_time()\n"
+    burn += "while time.process_time() - t < float(sys.argv[-1]): pass"
     try:
         assert tree.take_ready("ws") is None
-        tree.start("ws", "e1")
-        tree.finish("ws", "e1", ahead=True)
+        _run_in(tree.start("ws", "e1"), burn, "0.3")
+        used = tree.finish("ws", "e1", ahead=True)
+        assert used.cpu_seconds is not None and used.cpu_seconds >= 0.3, used
+        assert used.peak_memory_bytes is not None and used.peak_memory_bytes > 40 << 20, used
+        tree.start("ws", "e1b")
         tree.finish("ws", "e1b", ahead=True)  # a second end: still one waits
         tree.drain()
-        name = tree.take_ready("ws")
-        assert name is not None and name.startswith(cgroups.READY_PREFIX), name
+        assert tree.take_ready("ws") == "e1"
         assert tree.take_ready("ws") is None
-        memory = tree.bases["memory"] / "ws" / name
+        assert "e1b" not in {p.name for p in tree.groups()}
+        memory = tree.bases["memory"] / "ws" / "e1"
         assert int((memory / "memory.limit_in_bytes").read_text()) == 256 << 20
-        joins = tree.plan("ws", name)
-        burn = "import sys, time\nfor f in sys.argv[1:]: open(f, 'w').write('0')\n"
-        burn += "t = time.process_time()\nwhile time.process_time() - t < 0.2: pass"
-        subprocess.run([sys.executable, "-c", burn, *joins], check=True)
-        usage = tree.finish("ws", name, ahead=True)
-        assert usage.cpu_seconds is not None and usage.cpu_seconds >= 0.2, usage
-        assert usage.peak_memory_bytes is not None and usage.peak_memory_bytes > 0, usage
+        clean = tree.usage("ws", "e1")
+        assert clean.cpu_seconds == 0.0, clean
+        assert clean.peak_memory_bytes is not None, clean
+        assert clean.peak_memory_bytes <= recycle.LEFTOVER_BYTES, clean
+        _run_in(tree.plan("ws", "e1"), "pass")
+        again = tree.finish("ws", "e1", ahead=True)
+        assert again.cpu_seconds is not None and 0 < again.cpu_seconds < 0.3, again
+        assert again.peak_memory_bytes is not None and again.peak_memory_bytes < 40 << 20, again
         tree.drain()
-        assert not memory.exists()
-        fresh = tree.take_ready("ws")
-        assert fresh is not None and fresh != name
-        assert tree.usage("ws", fresh).cpu_seconds == 0.0
+        assert tree.take_ready("ws") == "e1"
         tree.start("ws", "tool1")
-        tree.finish("ws", "tool1")  # a tool's: none made ahead
+        tree.finish("ws", "e1")  # a tool's end and a spawn given up: none waits after
+        tree.finish("ws", "tool1")
         tree.drain()
         assert tree.take_ready("ws") is None
+        tree.start("ws", "e2")
         tree.finish("ws", "e2", ahead=True)
         tree.drain()
-        assert any(p.name.startswith(cgroups.READY_PREFIX) for p in tree.groups())
+        assert {p.name for p in tree.groups()} == {"ws", "e2"}
+    finally:
+        tree.close(set())
+    assert tree.groups() == [], tree.groups()
+
+
+@needs_cgroups
+def test_groups_that_cannot_start_clean_are_not_used_again(tmp_path: Path) -> None:
+    """R2, E7: an execution killed by its memory limit, one whose fork was refused at the
+    process limit, and one that left more than ``LEFTOVER_BYTES`` charged (a file it wrote)
+    have their groups removed, not used again (those counts cannot be reset: the next
+    command would end ``limit: memory`` or note the process limit without cause), nor one
+    adopted after a restart (E11); a fresh group waits instead."""
+    tree = cgroups.CgroupTree.probe(
+        f"shellyard-test-dirty-{tmp_path.name[-8:]}", cgroups.TenantLimits(64 << 20, 8), "v1"
+    )
+    assert tree is not None
+    cases = {
+        "oom": ("bytearray(200 << 20)", lambda u: u.memory_killed),
+        "forks": (
+            "import subprocess\n"
+            "ps = []\n"
+            "try:\n"
+            "    for _ in range(12): ps.append(subprocess.Popen(['sleep', '5']))\n"
+            "except OSError: pass\n"
+            "for p in ps: p.kill(); p.wait()",
+            lambda u: u.processes_hit,
+        ),
+        "cache": (
+            f"open({str(tmp_path / 'written')!r}, 'wb').write(bytes(4 << 20))",
+            lambda u: not u.memory_killed,
+        ),
+    }
+    try:
+        for name, (code, expected) in cases.items():
+            _run_in(tree.start("ws", name), code)
+            usage = tree.finish("ws", name, ahead=True)
+            assert expected(usage), (name, usage)
+            tree.drain()
+            ready = tree.take_ready("ws")
+            assert ready is not None and ready.startswith(cgroups.READY_PREFIX), (name, ready)
+            assert name not in {p.name for p in tree.groups()}, name
+            fresh = tree.usage("ws", ready)
+            assert not fresh.memory_killed and not fresh.processes_hit, fresh
+            tree.remove("ws", ready)
+            tree.drain()
+        # E11: a group adopted from a killed runner (its limits were that runner's) goes too
+        tree.make("old", "a1")
+        tree.adopt("old", "a1")
+        tree.finish("old", "a1", ahead=True)
+        tree.drain()
+        ready = tree.take_ready("old")
+        assert ready is not None and ready.startswith(cgroups.READY_PREFIX), ready
+        tree.remove("old", ready)
+    finally:
+        tree.close(set())
+    assert tree.groups() == [], tree.groups()
+
+
+@needs_cgroups
+def test_groups_waiting_unused_go_when_the_workspace_is_idle(tmp_path: Path) -> None:
+    """R2: a group waiting for its workspace's next spawn is removed once it has waited
+    ``pool_idle_s`` (``POOL_IDLE_S``) unused: an idle workspace keeps no execution group."""
+    tree = cgroups.CgroupTree.probe(
+        f"shellyard-test-idle-{tmp_path.name[-8:]}", cgroups.TenantLimits(256 << 20, 64), "v1"
+    )
+    assert tree is not None
+    tree.pool_idle_s = 0.3
+    try:
+        tree.start("ws", "e1")
+        tree.finish("ws", "e1", ahead=True)
+        tree.drain()
+        assert "e1" in {p.name for p in tree.groups()}
+        deadline = time.monotonic() + 10
+        while "e1" in {p.name for p in tree.groups()}:
+            assert time.monotonic() < deadline, tree.groups()
+            time.sleep(0.05)
+        assert tree.take_ready("ws") is None
+        tree.start("ws", "e2")  # the workspace's next command makes its own
+        tree.finish("ws", "e2", ahead=True)
+        tree.drain()
+        assert tree.take_ready("ws") == "e2"
+        tree.remove("ws", "e2")
     finally:
         tree.close(set())
     assert tree.groups() == [], tree.groups()
@@ -440,10 +545,14 @@ def test_a_sweep_keeps_the_groups_this_runner_made_ahead(tmp_path: Path) -> None
 
 
 @needs_cgroups
-async def test_kill9_of_the_runner_leaves_no_group_after_restart(home: Path) -> None:
+async def test_kill9_of_the_runner_leaves_no_group_after_restart(
+    home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """E11, R2: kill -9 of a runner daemon mid-run: one execution ends while no runner
     watches (its group is swept at the restart), one outlives the restart (adopted: its
-    usage is still read, its group removed at its end). No group is left behind."""
+    usage is still read, its group removed once its workspace is idle). No group is left
+    behind."""
+    monkeypatch.setenv("SHELLYARD_WARM_IDLE_S", "1")
     root = home / "runner"
     async with running_daemon(root, policy(), subprocess=True) as daemon:
         runner = daemon.runner
@@ -471,7 +580,7 @@ async def test_kill9_of_the_runner_leaves_no_group_after_restart(home: Path) -> 
                 record = await runner.wait(execution_id, 60)
             assert record.state == RunnerExecState.finished and record.exit_code == 0, record
         assert record.cpu_seconds is not None  # e2's group was adopted and read at its end
-        deadline = time.monotonic() + 10  # removed just after the end (cgroups.py)
+        deadline = time.monotonic() + 10  # removed once idle (cgroups.py ``pool_idle_s``)
         while {"e1", "e2"} & {p.name for p in groups_below(root)}:
             assert time.monotonic() < deadline, groups_below(root)
             await asyncio.sleep(0.05)

@@ -68,7 +68,7 @@ from shellyard.runner.protocol import (
     coalesce,
 )
 from shellyard.runner.sandbox import bwrap as sandbox
-from shellyard.runner.sandbox import folder_access, launch, tenants
+from shellyard.runner.sandbox import folder_access, launch, tenants, warm
 from shellyard.runner.sandbox.bwrap import Mount
 from shellyard.runner.sandbox.log_root import LogRoot
 from shellyard.runner.sandbox.seccomp import SeccompProfile
@@ -220,6 +220,8 @@ class LocalRunner(TerminalDoor):  # E13: send_input, screen, resize
         box.waiter = await asyncio.to_thread(launch.compile_c, self._sandbox_dir / "bin", WARM)
         # R2 tenants: cgroups per execution inside one per workspace, or rlimits only
         box.cgroups = await asyncio.to_thread(cgroups.for_runner, self.root, self.policy)
+        if box.cgroups is not None:  # groups used again wait as long as a warm sandbox
+            box.cgroups.pool_idle_s = warm.configured_idle_s()
         self._guard.cgroups = box.cgroups
         if self._uids is not None:
             self._guard.uids = f"one per workspace ({self._uids.first}-{self._uids.last})"

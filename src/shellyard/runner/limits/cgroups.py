@@ -26,11 +26,12 @@ event loop, every other) for ms at a time (p90 18 ms under load; docs/benchmarks
 then the sandbox's init has been killed and waited for (E8), so the groups are empty; the
 thread still ends anything left before it removes them. Likewise ``plan`` names the groups at
 once and ``make`` creates them where the caller chooses (a warm sandbox: its spawn's worker
-thread). A cold spawn takes a group made ahead (``take_ready``): when an execution's groups
-go, the removal thread also makes one new, empty group for its workspace's next cold command
-(``READY_PER_WORKSPACE``), so the ``mkdir`` and limit writes, which wait on ``cgroup_mutex``
-under load, leave the event loop (docs/benchmarks.md §25). Each execution still gets a group
-of its own that nothing ran in before (fresh counters: peak memory, CPU seconds, events).
+thread). A spawn takes a group waiting for its workspace (``take_ready``): when an
+execution ends, the removal thread puts its groups back, counters reset, once nothing of it is
+left in them (recycle.py), or, when they cannot start clean, removes them and makes one new
+(``READY_PER_WORKSPACE``), so neither ``mkdir``, ``rmdir`` nor limit writes, which wait on
+``cgroup_mutex`` under load, are on the event loop, and most executions need none
+(docs/limits.md "Groups used again"). A group that waited ``pool_idle_s`` unused goes.
 ``sweep`` at start-up removes the groups of executions that are gone (after a kill -9
 of the runner, E11).
 """
@@ -44,12 +45,13 @@ import logging
 import os
 import queue
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
 from shellyard import settings_env
-from shellyard.runner.limits import dynmods
+from shellyard.runner.limits import dynmods, recycle
 from shellyard.runner.limits.cgroup_files import children as _children
 from shellyard.runner.limits.cgroup_files import keyed as _keyed
 from shellyard.runner.limits.cgroup_files import read as _read
@@ -69,8 +71,11 @@ CPU_SHARES_V1 = 1024
 CFS_PERIOD_US = 100_000
 #: The kernel's largest weight: the runner's folder weighs one unit per workspace up to it.
 MOST_SHARES_V1, MOST_WEIGHT_V2 = 262_144, 10_000
-#: Empty groups made ahead per workspace for its next cold spawn (``take_ready``).
+#: Empty groups made ahead (or used again, recycle.py) per workspace for its next spawn
+#: (``take_ready``).
 READY_PER_WORKSPACE = 1
+#: How long such a group waits unused before it is removed (as long as a warm sandbox does).
+POOL_IDLE_S = 60.0
 #: The prefix of a group made ahead: never an execution's id (``check_id``), so a restart's
 #: sweep removes one left by a killed runner like any group of no live execution.
 READY_PREFIX = "ready-"
@@ -171,7 +176,7 @@ class CgroupTree:
     #: v1: whether ``memory.memsw.limit_in_bytes`` can be written (swap accounting).
     _memsw: bool = True
     #: groups of ended executions, removed by ``_reaper`` (off the execution's end)
-    _doomed: queue.Queue[Path | str] = field(default_factory=queue.Queue)
+    _doomed: queue.Queue[Path | str | tuple[str, str]] = field(default_factory=queue.Queue)
     #: those of ``_doomed`` not removed yet (a name made again waits for its removal first)
     _pending: set[Path] = field(default_factory=set)
     _reaper: threading.Thread | None = None
@@ -184,6 +189,19 @@ class CgroupTree:
     #: live executions is read before these groups are made or joined
     _ours: set[str] = field(default_factory=set)
     _ready_lock: threading.Lock = field(default_factory=threading.Lock)
+    #: name of a group waiting in ``_ready`` → when it began to wait (``POOL_IDLE_S``)
+    _since: dict[str, float] = field(default_factory=dict)
+    pool_idle_s: float = POOL_IDLE_S
+    #: False: an ended execution's groups are always removed and fresh ones made ahead (the
+    #: behaviour before recycle.py; bench/bench_group_reuse.py's baseline)
+    reuse: bool = True
+    #: v2, a group used again: its CPU µs when it was reset, and the descriptor its
+    #: ``memory.peak`` was reset through (recycle.py), by ``<workspace>/<name>``
+    _cpu_base: dict[str, int] = field(default_factory=dict)
+    _peak_fds: dict[str, int] = field(default_factory=dict)
+    #: groups adopted from an earlier runner process (E11): never used again, their limits
+    #: and (v2) baselines were that process's
+    _adopted: set[str] = field(default_factory=set)
     #: held while a workspace's groups are made and known, and while ``sweep`` decides to
     #: remove an idle one: the removal thread makes groups ahead while a restart sweeps
     _workspace_lock: threading.Lock = field(default_factory=threading.Lock)
@@ -379,6 +397,7 @@ class CgroupTree:
     def adopt(self, workspace_id: str, execution_id: str) -> None:
         """A re-attached execution (E11): its groups exist; know it so ``finish`` reads them."""
         self._workspaces.add(workspace_id)
+        self._adopted.add(execution_id)
         if execution_id not in self._started:
             self.weight.enter(workspace_id)
             self._started[execution_id] = _Started(workspace_id)
@@ -402,11 +421,16 @@ class CgroupTree:
         usage = Usage()
         if self.mechanism == "v2":
             folder = self.bases[""] / workspace_id / execution_id
-            cpu = _keyed(_read(folder / "cpu.stat"), "usage_usec")
+            key = f"{workspace_id}/{execution_id}"
+            cpu = _keyed(_read(folder / "cpu.stat"), "usage_usec") - self._cpu_base.get(key, 0)
             usage.cpu_seconds = cpu / 1e6 if (folder / "cpu.stat").exists() else None
             if "memory" in self.controllers:
-                peak = _read(folder / "memory.peak")
-                usage.peak_memory_bytes = int(peak) if peak and peak.strip().isdigit() else None
+                fd = self._peak_fds.get(key)
+                if fd is not None:  # used again: the peak since its reset (recycle.py)
+                    usage.peak_memory_bytes = recycle.peak_through(fd)
+                else:
+                    peak = _read(folder / "memory.peak")
+                    usage.peak_memory_bytes = int(peak) if peak and peak.strip().isdigit() else None
                 usage.memory_killed = _keyed(_read(folder / "memory.events"), "oom_kill") > 0
         else:
             memory = self.bases["memory"] / workspace_id / execution_id
@@ -433,39 +457,71 @@ class CgroupTree:
         self.remove(workspace_id, execution_id, ahead=ahead)
         return usage
 
+    def _own_folders(self, workspace_id: str, name: str) -> list[Path]:
+        """The group's folders of its own (not v1's workspace cpu group, which it joins)."""
+        return [
+            folder
+            for kind, folder in self._levels(workspace_id, name).items()
+            if not (kind == "cpu" and "cpuacct" in self.bases)
+        ]
+
     def remove(self, workspace_id: str, execution_id: str, *, ahead: bool = False) -> None:
         """Its groups to the removal thread, which ends any process left in them first;
-        ``ahead`` (an execution's end): it then makes one for the workspace's next cold
-        spawn (``take_ready``), unless one is ready."""
+        ``ahead`` (an execution's end): unless one waits already, the thread instead puts
+        them back in the workspace's pool once they are empty, counters reset (recycle.py),
+        or, when they cannot start clean, removes them and makes a fresh one for the
+        workspace's next spawn (``take_ready``)."""
         started = self._started.pop(execution_id, None)
         if started is not None:
             self.weight.leave(started.workspace_id)
-        with self._ready_lock:
-            self._ours.discard(execution_id)
-        for name, folder in self._levels(workspace_id, execution_id).items():
-            if name == "cpu" and "cpuacct" in self.bases:
-                continue  # the workspace's own (plan)
-            self._pending.add(folder)
-            self._doomed.put(folder)
+        self._forget(f"{workspace_id}/{execution_id}")
+        adopted = execution_id in self._adopted
+        self._adopted.discard(execution_id)
         with self._ready_lock:
             ahead = ahead and self._ahead.get(workspace_id, 0) < READY_PER_WORKSPACE
+            again = ahead and self.reuse and not adopted
             if ahead:
                 self._ahead[workspace_id] = self._ahead.get(workspace_id, 0) + 1
-        if ahead:
-            self._doomed.put(workspace_id)
+            if again:
+                self._ours.add(execution_id)  # a sweep meanwhile keeps it
+            else:
+                self._ours.discard(execution_id)
+        folders = self._own_folders(workspace_id, execution_id)
+        self._pending.update(folders)
+        if again:
+            self._doomed.put((workspace_id, execution_id))
+        else:
+            for folder in folders:
+                self._doomed.put(folder)
+            if ahead:
+                self._doomed.put(workspace_id)
         if self._reaper is None or not self._reaper.is_alive():
             self._reaper = threading.Thread(target=self._reap, name="cgroup-remove", daemon=True)
             self._reaper.start()
 
+    def _forget(self, key: str) -> None:
+        self._cpu_base.pop(key, None)
+        fd = self._peak_fds.pop(key, None)
+        if fd is not None:
+            os.close(fd)
+
     def take_ready(self, workspace_id: str) -> str | None:
-        """The name of an empty group made ahead for this workspace (then ``plan`` it and
-        skip ``make``), or None: none is ready, the caller makes its own."""
+        """The name of an empty group waiting for this workspace (made ahead or used
+        again; then ``plan`` it and skip ``make``), or None: none is ready, the caller
+        makes its own."""
         with self._ready_lock:
             names = self._ready.get(workspace_id)
             if not names:
                 return None
             self._ahead[workspace_id] -= 1
-            return names.pop()
+            name = names.pop()
+            self._since.pop(name, None)
+            return name
+
+    def _pooled(self, workspace_id: str, name: str) -> None:
+        with self._ready_lock:
+            self._ready.setdefault(workspace_id, []).append(name)
+            self._since[name] = time.monotonic()
 
     def _make_ahead(self, workspace_id: str) -> None:
         name = READY_PREFIX + os.urandom(8).hex()
@@ -479,14 +535,85 @@ class CgroupTree:
                 self._ahead[workspace_id] -= 1
                 self._ours.discard(name)
             return
+        self._pooled(workspace_id, name)
+
+    def _reset(self, workspace_id: str, name: str) -> bool:
+        """Its counters back to zero once nothing is left in it (recycle.py); False: not
+        used again."""
+        if self.mechanism == "v2":
+            folder = self.bases[""] / workspace_id / name
+            if not recycle.settled(folder, v2=True):
+                return False
+            reset = recycle.v2_reset(folder, self.controllers)
+            if reset is None:
+                return False
+            key = f"{workspace_id}/{name}"
+            self._cpu_base[key] = reset[0]
+            if reset[1] is not None:
+                self._peak_fds[key] = reset[1]
+            return True
+        pids = self.bases["pids"] / workspace_id / name
+        if not recycle.settled(pids, v2=False):
+            return False
+        accounting = self.bases.get("cpuacct", self.bases.get("cpu"))
+        return recycle.v1_reset(
+            self.bases["memory"] / workspace_id / name,
+            pids,
+            None if accounting is None else accounting / workspace_id / name,
+        )
+
+    def _recycle(self, workspace_id: str, name: str) -> None:
+        folders = self._own_folders(workspace_id, name)
+        try:
+            try:
+                again = self._reset(workspace_id, name)
+            except OSError as exc:
+                log.info("not using the cgroup %s/%s again: %s", workspace_id, name, exc)
+                again = False
+            if again:
+                self._pooled(workspace_id, name)
+                return
+            self._forget(f"{workspace_id}/{name}")
+            with self._ready_lock:
+                self._ours.discard(name)
+            for folder in folders:
+                _remove(folder, self.mechanism)
+            self._make_ahead(workspace_id)  # in the slot ``remove`` counted
+        finally:
+            self._pending.difference_update(folders)
+
+    def _expire(self) -> float | None:
+        """Remove the groups that waited ``pool_idle_s`` unused; seconds to the next."""
+        now = time.monotonic()
+        gone: list[tuple[str, str]] = []
         with self._ready_lock:
-            self._ready.setdefault(workspace_id, []).append(name)
+            for workspace_id, names in self._ready.items():
+                for name in list(names):
+                    if now - self._since.get(name, now) >= self.pool_idle_s:
+                        names.remove(name)
+                        self._since.pop(name, None)
+                        self._ahead[workspace_id] -= 1
+                        self._ours.discard(name)
+                        gone.append((workspace_id, name))
+            left = min(self._since.values(), default=None)
+        for workspace_id, name in gone:
+            self._forget(f"{workspace_id}/{name}")
+            for folder in self._own_folders(workspace_id, name):
+                _remove(folder, self.mechanism)
+        return None if left is None else max(0.01, left + self.pool_idle_s - now)
 
     def _reap(self) -> None:
+        wait: float | None = None
         while True:
-            item = self._doomed.get()
             try:
-                if isinstance(item, str):
+                item = self._doomed.get(timeout=wait)
+            except queue.Empty:
+                wait = self._expire()
+                continue
+            try:
+                if isinstance(item, tuple):
+                    self._recycle(*item)
+                elif isinstance(item, str):
                     self._make_ahead(item)
                 else:
                     _remove(item, self.mechanism)
@@ -496,6 +623,7 @@ class CgroupTree:
                 if isinstance(item, Path):
                     self._pending.discard(item)
                 self._doomed.task_done()
+            wait = self._expire()
 
     def drain(self) -> None:
         """Wait until every group handed to ``remove`` is gone (tests, ``sweep``)."""
@@ -516,6 +644,9 @@ class CgroupTree:
                 self._ready.clear()
                 self._ahead.clear()
                 self._ours.clear()
+                self._since.clear()
+                for key in list(self._peak_fds):
+                    self._forget(key)
 
         def kept(name: str) -> bool:
             # Read at each group, not once: a group made ahead after this sweep began is

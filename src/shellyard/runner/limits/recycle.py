@@ -1,0 +1,109 @@
+"""An ended execution's groups used again by its workspace (R2; docs/limits.md "Tenants",
+"Groups used again").
+
+Removing an execution's groups and making new ones for the next cost each execution three
+``rmdir`` and three ``mkdir`` with their limit writes (each waits on the kernel's
+``cgroup_mutex``; a memory group's removal also leaves the kernel work on its workqueues),
+measured the largest part of what tenants-on cost per run (docs/benchmarks.md §39). So an
+execution's groups, once nothing of it is left in them, go back to its workspace's pool
+(cgroups.py ``take_ready``) with their limits still written and their counters reset: v1
+``memory.max_usage_in_bytes`` and ``cpuacct.usage`` reset by a write of 0; v2 has neither,
+so ``memory.peak`` is reset through a descriptor kept open (per-descriptor reset, Linux 6.12)
+and the CPU is read as a delta of ``cpu.stat usage_usec``.
+
+A group is used again only while its counters can start clean: not after an OOM kill or a
+refused fork in it (those counts cannot be reset), nor while more than ``LEFTOVER_BYTES`` stay
+charged to it once its processes are gone (page cache of files the command wrote: the next
+command's peak would start there). Such a group is removed and a fresh one made, as before.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from shellyard.runner.limits.cgroup_files import keyed, read, write
+
+#: What may stay charged to a group used again: its next command's peak may include this much
+#: of earlier commands' (kernel objects, page cache they read first; 0.2–0.4 MiB after a
+#: ``true`` in a sandbox, measured).
+LEFTOVER_BYTES = 1 << 20
+#: How long the pool waits for an ended execution's last processes (the sandbox's init still
+#: exiting) before it gives the group up to removal, which ends them.
+SETTLE_S = 0.5
+
+
+def settled(folder: Path, v2: bool) -> bool:
+    """No live process left in the group (v1: its ``pids`` folder; v2: its one folder)."""
+    deadline = time.monotonic() + SETTLE_S
+    while True:
+        # Not v1's pids.current: an exited process not yet reaped (the sandbox's init,
+        # reparented) stays counted there, though it holds no memory and runs no more.
+        raw = read(folder / ("cgroup.events" if v2 else "cgroup.procs"))
+        if raw is None:  # never made, or gone
+            return False
+        empty = keyed(raw, "populated") == 0 if v2 else not raw.strip()
+        if empty or time.monotonic() > deadline:
+            return empty
+        time.sleep(0.001)
+
+
+def _number(path: Path) -> int | None:
+    raw = (read(path) or "").strip()
+    return int(raw) if raw.isdigit() else None
+
+
+def v1_reset(memory: Path, pids: Path, accounting: Path | None) -> bool:
+    """Counters to zero; False: the group cannot start clean (remove it)."""
+    control = read(memory / "memory.oom_control")
+    # Without the ``oom_kill`` line (a kernel before 4.13) the end is told by ``failcnt``,
+    # which a limit's reclaim raises without a kill: such groups are never used again.
+    if control is None or "oom_kill " not in control or keyed(control, "oom_kill"):
+        return False
+    if keyed(read(pids / "pids.events"), "max"):
+        return False
+    usage = _number(memory / "memory.usage_in_bytes")
+    if usage is None or usage > LEFTOVER_BYTES:
+        return False
+    write(memory / "memory.max_usage_in_bytes", "0")  # the peak starts again from usage
+    if accounting is not None:
+        write(accounting / "cpuacct.usage", "0")
+    return True
+
+
+def v2_reset(folder: Path, controllers: tuple[str, ...]) -> tuple[int, int | None] | None:
+    """(CPU µs so far, a descriptor of ``memory.peak`` reset through it), or None: the group
+    cannot start clean (remove it)."""
+    if "memory" in controllers:
+        if keyed(read(folder / "memory.events"), "oom_kill"):
+            return None
+        usage = _number(folder / "memory.current")
+        if usage is None or usage > LEFTOVER_BYTES:
+            return None
+    if "pids" in controllers:
+        local = read(folder / "pids.events.local")
+        if keyed(local if local is not None else read(folder / "pids.events"), "max"):
+            return None
+    cpu = keyed(read(folder / "cpu.stat"), "usage_usec")
+    if "memory" not in controllers:
+        return cpu, None
+    try:
+        fd = os.open(folder / "memory.peak", os.O_RDWR | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        os.write(fd, b"reset")  # refused before Linux 6.12: not used again
+    except OSError:
+        os.close(fd)
+        return None
+    return cpu, fd
+
+
+def peak_through(fd: int) -> int | None:
+    """``memory.peak`` as the descriptor that reset it sees it."""
+    try:
+        raw = os.pread(fd, 64, 0).decode().strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    return int(raw) if raw.isdigit() else None
