@@ -432,3 +432,56 @@ async def test_a_taken_warm_sandbox_costs_no_new_record_file(home: Path) -> None
         box.workspace_ids = real
         await runner.aclose()
     assert not warm_processes(workspace)
+
+
+async def test_a_warm_run_makes_no_inode_on_the_loop_thread(
+    home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """docs/benchmarks.md §44: making an inode on this ext4 costs 80–600 µs of CPU; a run
+    that takes a warm sandbox makes none in the runner's folders on the event loop's thread,
+    from its start through the making of the workspace's next warm sandbox: that folder, its
+    logs, status, warm.json and the result's temporary are made in a worker thread, and
+    result.json is the temporary renamed. The run still gets its own folder and files."""
+    import threading
+
+    runner = await _local_runner(home / "r")
+    workspace = f"ws-inode-{os.getpid()}-{time.time_ns()}"
+    loop_thread = threading.get_ident()
+    made: list[str] = []
+    real_open, real_mkdir = os.open, os.mkdir
+
+    def counted_open(path: Any, flags: int, mode: int = 0o777, *, dir_fd: Any = None) -> int:
+        if threading.get_ident() == loop_thread and flags & os.O_CREAT:
+            try:
+                os.stat(path, dir_fd=dir_fd)
+            except FileNotFoundError:
+                made.append(os.fspath(path))
+        return real_open(path, flags, mode, dir_fd=dir_fd)
+
+    def counted_mkdir(path: Any, mode: int = 0o777, *, dir_fd: Any = None) -> None:
+        if threading.get_ident() == loop_thread:
+            made.append(os.fspath(path))
+        real_mkdir(path, mode, dir_fd=dir_fd)
+
+    try:
+        await _run_direct(runner, workspace, "inode1")
+        sandbox_id = await wait_for_warm(runner, workspace)
+        with monkeypatch.context() as patched:
+            patched.setattr(os, "open", counted_open)
+            patched.setattr(os, "mkdir", counted_mkdir)
+            await _run_direct(runner, workspace, "inode2")
+            await wait_for_warm(runner, workspace)
+        folder = runner.root / "executions" / "inode2"
+        assert json.loads((folder / "meta.json").read_text())["sandbox_id"] == sandbox_id
+        assert json.loads((folder / "result.json").read_text())["exit_code"] == 0
+        assert sorted(os.listdir(folder)) == [
+            "meta.json",
+            "result.json",
+            "status",
+            "stderr",
+            "stdout",
+        ]
+        assert made == [], made
+    finally:
+        await runner.aclose()
+    assert not warm_processes(workspace)

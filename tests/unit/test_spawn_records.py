@@ -24,13 +24,17 @@ def test_atomic_write_replaces_whole_and_leaves_no_temporary(tmp_path: Path) -> 
     assert path.stat().st_mode & 0o777 == 0o600
 
 
-def test_once_write_makes_a_new_file_only(tmp_path: Path) -> None:
+def test_once_write_fills_the_file_made_ahead_only(tmp_path: Path) -> None:
+    """warm.json is made empty with the warm folder (``warm.make_folder``, in a worker
+    thread): the write on the loop makes no inode, and never makes a file itself."""
     path = tmp_path / "warm.json"
+    with pytest.raises(FileNotFoundError):
+        write_json_once(path, "{}")
+    path.touch(mode=0o600)
+    inode = path.stat().st_ino
     write_json_once(path, json.dumps({"sandbox_id": "warm-1", "pid": 7}))
     assert json.loads(path.read_text()) == {"sandbox_id": "warm-1", "pid": 7}
-    assert path.stat().st_mode & 0o777 == 0o600
-    with pytest.raises(FileExistsError):  # never over another sandbox's record
-        write_json_once(path, "{}")
+    assert path.stat().st_ino == inode and path.stat().st_mode & 0o777 == 0o600
 
 
 def test_reap_removes_a_warm_folder_whose_record_is_torn(tmp_path: Path) -> None:
@@ -48,6 +52,7 @@ def test_atomic_write_over_a_spare_file_reuses_its_inode(tmp_path: Path) -> None
     """docs/benchmarks.md §36: a warm sandbox's warm.json, no longer read once taken, is
     written over and renamed to meta.json: whole, 0600, no new inode, nothing left behind."""
     spare = tmp_path / "warm.json"
+    spare.touch(mode=0o600)
     write_json_once(spare, json.dumps({"sandbox_id": "warm-1", "pid": 7}))
     inode = spare.stat().st_ino
     path = tmp_path / "meta.json"

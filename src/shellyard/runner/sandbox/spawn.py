@@ -16,7 +16,7 @@ import shlex
 import signal
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -108,13 +108,20 @@ def write_json_atomic(path: Path, data: str, spare: Path | None = None) -> None:
 
 #: A warm sandbox's record in its folder (warm.py): its bwrap's pid, for ``warm.reap``.
 WARM_RECORD = "warm.json"
+#: ``write_json_atomic``'s temporary for result.json: a warm folder has it made ahead, empty
+#: (warm.py ``make_folder``), so the result's write at the end makes no inode.
+RESULT_TEMPORARY = "result.json.tmp"
+#: The files a sandbox inherits: its logs and bwrap's status (``prepare_bwrap``).
+LOG_NAMES = ("stdout", "stderr", "status")
+LOG_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC
 
 
 def write_json_once(path: Path, data: str) -> None:
-    """``path`` made with ``data`` in one write, mode 0600, no rename: for a record whose
-    reader takes a missing or torn file as no record at all (a warm sandbox's warm.json:
-    ``warm.reap`` then removes the folder, and the waiter has exited on its pipe's end)."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    """``path``, a file made empty ahead (warm.py ``make_folder``), given ``data`` in one
+    write, no rename: for a record whose reader takes a missing, empty or torn file as no
+    record at all (a warm sandbox's warm.json: ``warm.reap`` then removes the folder, and the
+    waiter has exited on its pipe's end). Never makes the file: absent, it raises."""
+    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
     try:
         _write_fully(fd, data.encode())
     finally:
@@ -277,6 +284,7 @@ class Sandboxes:
         extra_fds: tuple[int, ...] = (),
         group: str | None = None,
         ids: tuple[int, int] | None = None,
+        logs: Sequence[int] | None = None,
     ) -> PendingSpawn:
         """Everything of a spawn but the spawn itself (which touches no shared state, so a
         warm sandbox's that makes its cgroups runs in a worker thread): its logs and status
@@ -284,13 +292,19 @@ class Sandboxes:
         (an execution's id, or a warm sandbox's own, warm.py; the cgroups under ``group``
         when made ahead), the command line built. ``ids``: the workspace's uid and gid as
         this same spawn already asked them (``ids_of``, with its R2 checks of the tree and
-        home; the warm pool's key), not asked again."""
-        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC
+        home; the warm pool's key), not asked again. ``logs``: the three of ``LOG_NAMES``
+        already open (a warm folder's, made in a worker thread), owned from here on."""
         # R2: opened through the runner's detached copy of its root, so the sandbox's
         # /proc/self/fd/1 reads "/executions/ex_…/stdout", not the home's path (log_root.py)
-        names = ("stdout", "stderr", "status")
-        out_fd, err_fd, status_fd = self.logs.open_files(directory, names, flags, 0o600)
-        seccomp_fd = self.seccomp.open()
+        if logs is None:
+            logs = self.logs.open_files(directory, LOG_NAMES, LOG_FLAGS, 0o600)
+        out_fd, err_fd, status_fd = logs
+        try:
+            seccomp_fd = self.seccomp.open()
+        except BaseException:
+            for fd in logs:
+                os.close(fd)
+            raise
         pending = PendingSpawn(workspace_id, sandbox_id, [], env, out_fd, err_fd, [status_fd])
         pending.owned.append(seccomp_fd)
         networks = self.networks

@@ -41,7 +41,13 @@ from shellyard.runner.protocol import (
 )
 from shellyard.runner.sandbox import terminal
 from shellyard.runner.sandbox.bwrap import Mount
-from shellyard.runner.sandbox.spawn import LiveExecution, Sandboxes, bwrap_error, write_json_atomic
+from shellyard.runner.sandbox.spawn import (
+    RESULT_TEMPORARY,
+    LiveExecution,
+    Sandboxes,
+    bwrap_error,
+    write_json_atomic,
+)
 from shellyard.runner.sandbox.warm import WarmPool
 from shellyard.runner.sandbox.warm import reap as reap_warm
 from shellyard.runner.snapshots import views
@@ -311,7 +317,9 @@ class Supervisor:
 
     def _write_result(self, directory: Path, result: RunnerExecution) -> bool:
         try:
-            write_json_atomic(directory / "result.json", result.model_dump_json())
+            # over the empty temporary a warm folder was made with: no inode made here
+            spare = directory / RESULT_TEMPORARY
+            write_json_atomic(directory / "result.json", result.model_dump_json(), spare)
         except OSError as exc:
             log.error(
                 "cannot write the result of %s (%s); it is kept in memory and written again "

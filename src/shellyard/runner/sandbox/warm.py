@@ -33,6 +33,7 @@ import signal
 import subprocess
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -41,7 +42,11 @@ from shellyard.runner import processes
 from shellyard.runner.own_mounts import OwnMounts
 from shellyard.runner.protocol import StartRequest
 from shellyard.runner.sandbox.bwrap import Mount
+from shellyard.runner.sandbox.log_root import LogRoot
 from shellyard.runner.sandbox.spawn import (
+    LOG_FLAGS,
+    LOG_NAMES,
+    RESULT_TEMPORARY,
     WARM_RECORD,
     LiveExecution,
     Sandboxes,
@@ -345,22 +350,30 @@ class WarmPool:
     ) -> Warm:
         box = self._sandboxes
         assert box.waiter is not None
-        key = self._key(workspace_id, tree, mount)
         sandbox_id = f"warm-{secrets.token_hex(8)}"
         directory = self.directory / sandbox_id
-        try:  # one mkdir per sandbox; the pool's folder only the first time (or if removed)
-            os.mkdir(directory, 0o700)
-        except FileNotFoundError:
-            self.directory.mkdir(mode=0o700, exist_ok=True)
-            os.mkdir(directory, 0o700)
-        read_fd, write_fd = os.pipe()
-        self_fd = os.open(box.waiter, os.O_RDONLY | os.O_CLOEXEC)
-        env = box.base_env(workspace_id, None, mount)
-        env["SHELLYARD_SANDBOX_ID"] = sandbox_id
-        # R2 tenants: the workspace's group made ahead (cgroups.py ``take_ready``), so the
-        # spawn makes none and runs on the loop; none ready: made in a worker thread
-        group = None if box.cgroups is None else box.cgroups.take_ready(workspace_id)
+        logs: list[int] | None = await _in_thread(make_folder, box.logs, self.directory, directory)
         try:
+            # After the hop, as close to the spawn as before: what it is made from now.
+            key = self._key(workspace_id, tree, mount)
+            self_fd = os.open(box.waiter, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                read_fd, write_fd = os.pipe()
+            except BaseException:
+                os.close(self_fd)
+                raise
+        except BaseException:
+            _close_all(logs or [])
+            shutil.rmtree(directory, ignore_errors=True)
+            raise
+        group = None
+        try:
+            env = box.base_env(workspace_id, None, mount)
+            env["SHELLYARD_SANDBOX_ID"] = sandbox_id
+            # R2 tenants: the workspace's group made ahead (cgroups.py ``take_ready``), so
+            # the spawn makes none and runs on the loop; none ready: made in a worker thread
+            group = None if box.cgroups is None else box.cgroups.take_ready(workspace_id)
+            handed, logs = logs, None  # prepare_bwrap closes them from here on
             pending = box.prepare_bwrap(
                 workspace_id=workspace_id,
                 sandbox_id=sandbox_id,
@@ -372,6 +385,7 @@ class WarmPool:
                 extra_fds=(read_fd, self_fd),
                 ids=key.ids,  # asked (and the tree and home checked, R2) for the key just now
                 group=group,
+                logs=handed,
             )
             try:
                 if pending.groups is None:
@@ -389,6 +403,7 @@ class WarmPool:
                 pending.close()
         except BaseException:
             os.close(write_fd)
+            _close_all(logs or [])
             shutil.rmtree(directory, ignore_errors=True)
             if group is not None and box.cgroups is not None:  # again is harmless (abandon)
                 box.cgroups.remove(workspace_id, group)
@@ -397,8 +412,9 @@ class WarmPool:
             os.close(read_fd)
             os.close(self_fd)
         record = {"sandbox_id": sandbox_id, "pid": started.popen.pid}
-        # One write, no rename: reap takes a torn or missing warm.json as no record (the
-        # waiter has exited on its pipe's end by then; only the folder is left to remove).
+        # One write into the empty file made ahead, no rename: reap takes a torn or empty
+        # warm.json as no record (the waiter has exited on its pipe's end by then; only the
+        # folder is left to remove).
         # Taken, the folder is an execution's and this file's inode its meta.json (spawn.py
         # ``record``): one inode fewer made per run.
         write_json_once(directory / WARM_RECORD, json.dumps(record))
@@ -495,6 +511,58 @@ class WarmPool:
     def waiting(self) -> dict[str, str]:
         """workspace id → the id of its warm sandbox (for the tests and the status page)."""
         return {ws: warm.sandbox_id for ws, warm in self._ready.items()}
+
+
+def make_folder(logs: LogRoot, pool: Path, directory: Path) -> list[int]:
+    """A warm sandbox's folder with every inode its run will use, made ahead in a worker
+    thread: its logs and status (open, returned in ``LOG_NAMES`` order), its ``warm.json``
+    and its result's temporary, both empty. Making an inode on this ext4 costs 80–600 µs of
+    CPU (it skips inodes freed moments ago, docs/benchmarks.md §36): six of them on the loop
+    thread held up the foreground run this preparation overlaps (§44). None left behind if
+    one fails."""
+    try:  # the pool's folder only the first time (or if removed)
+        os.mkdir(directory, 0o700)
+    except FileNotFoundError:
+        pool.mkdir(mode=0o700, exist_ok=True)
+        os.mkdir(directory, 0o700)
+    try:
+        fds = logs.open_files(directory, LOG_NAMES, LOG_FLAGS, 0o600)
+        try:
+            for name in (WARM_RECORD, RESULT_TEMPORARY):
+                made = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+                os.close(os.open(directory / name, made, 0o600))
+        except BaseException:
+            _close_all(fds)
+            raise
+    except BaseException:
+        shutil.rmtree(directory, ignore_errors=True)
+        raise
+    return fds
+
+
+async def _in_thread(
+    make: Callable[[LogRoot, Path, Path], list[int]], logs: LogRoot, pool: Path, directory: Path
+) -> list[int]:
+    """``make`` in a worker thread; cancelled meanwhile (the loop stops), what it made
+    still goes once it is done."""
+    future = asyncio.get_running_loop().run_in_executor(None, make, logs, pool, directory)
+    try:
+        return await asyncio.shield(future)
+    except asyncio.CancelledError:
+
+        def undo(done: asyncio.Future[list[int]]) -> None:
+            if not done.cancelled() and done.exception() is None:
+                _close_all(done.result())
+                shutil.rmtree(directory, ignore_errors=True)
+
+        future.add_done_callback(undo)
+        raise
+
+
+def _close_all(fds: list[int]) -> None:
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
 
 
 def reap(directory: Path) -> int:
