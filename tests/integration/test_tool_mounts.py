@@ -1,0 +1,86 @@
+"""A package tool's sandbox shows no host path of the home in its mountinfo (R2, V4;
+docs/security.md "Host paths", "Package tools' folders"): an environment change's prefix,
+cache and scratch are bound as writable overlays of their own (root ``/``), not as binds
+of the home's folders, and what the tool writes through them lands in the real folders.
+
+Real components: the control plane with its LocalRunner (root, the default policy),
+bubblewrap, uv building an sdist whose in-tree build backend is the probe.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from env_fixtures import backend_sdist
+from test_env_tool_rights import _agent, _create, _import, _install, _put
+
+from conftest import Yard
+
+pytestmark = [pytest.mark.timeout(300), pytest.mark.runner_kinds("local")]
+
+#: The build backend's view: its mountinfo lines; and the cache, which it writes a marker
+#: into and lists (a later change's build sees the earlier one's marker: the cache kept it).
+PROBE = """
+    with open("/proc/self/mountinfo") as f:
+        lines = f.read().splitlines()
+    nonce = os.urandom(8).hex()
+    before = sorted(n for n in os.listdir("/env-cache") if n.startswith("sy-mark-"))
+    with open(os.path.join("/env-cache", "sy-mark-" + nonce), "w") as f:
+        f.write(nonce)
+    RESULT = {"mountinfo": lines, "nonce": nonce, "before": before}
+"""
+
+
+def _fields(line: str) -> tuple[str, str]:
+    """Field 4 (the mount's root in its file system) and 5 (its mount point)."""
+    parts = line.split()
+    return parts[3], parts[4]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="overlays need a root runner (Known limits)")
+async def test_a_build_sees_no_host_path_of_the_home_in_mountinfo_and_installs(
+    yard: Yard,
+) -> None:
+    """R2 (docs/security.md "Host paths"): an sdist's build backend reads
+    /proc/self/mountinfo; no line names the home in field 4 (root) or 5 (mount point);
+    /env, /env-cache and /env-scratch are mounts whose root is ``/``. The install still
+    works: the package imports in a command (the prefix was written through the overlay),
+    and a reinstall in the same environment takes uv's cached wheel (the cache was written
+    through its overlay: the backend does not run again, its nonce is the first build's)."""
+    needles = {str(yard.home), str(yard.home.resolve())}
+    agent = await _agent(yard)
+    environment_id = await _create(yard, agent, "toolview")
+    sdist = backend_sdist("sy-toolview", "1.0", PROBE)
+    await _put(yard, agent, {"dist/sy_toolview-1.0.tar.gz": sdist}, {})
+    body = {"manager": "pip", "specs": ["sy-toolview"], "index_url": "none"}
+    change = await _install(yard, agent, environment_id, find_links=["/workspace/dist"], **body)
+    assert change.state == "succeeded", change
+    seen = await _import(yard, agent, environment_id, "sy_toolview")
+    leaks = [
+        line
+        for line in seen["mountinfo"]
+        if any(n in field for n in needles for field in _fields(line))
+    ]
+    assert not leaks, "\n".join(leaks)
+    roots = {_fields(line)[1]: _fields(line)[0] for line in seen["mountinfo"]}
+    for point in ("/env", "/env-cache", "/env-scratch"):
+        assert roots.get(point) == "/", (point, roots.get(point))
+
+    # what the build wrote landed in the real folders: the prefix (the import above, in a
+    # command, reads it through the command's own overlay) and the cache, which the next
+    # change of the environment reuses
+    env_dir = yard.runner_root / "environments" / environment_id
+    assert (env_dir / "cache" / f"sy-mark-{seen['nonce']}").is_file()
+    assert any((env_dir / "cache" / "uv").iterdir())
+    sdist = backend_sdist("sy-toolview-two", "1.0", PROBE)
+    await _put(yard, agent, {"dist/sy_toolview_two-1.0.tar.gz": sdist}, {})
+    body["specs"] = ["sy-toolview-two"]
+    again = await _install(yard, agent, environment_id, find_links=["/workspace/dist"], **body)
+    assert again.state == "succeeded", again
+    second = await _import(yard, agent, environment_id, "sy_toolview_two")
+    assert f"sy-mark-{seen['nonce']}" in second["before"], second["before"]
+    await _import(yard, agent, environment_id, "sy_toolview")  # still installed
+    # nothing of the change stays mounted on the host
+    assert str(env_dir) not in Path("/proc/self/mountinfo").read_text()
