@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 from env_fixtures import backend_sdist
-from test_env_tool_rights import _agent, _create, _import, _install, _put
+from test_env_tool_rights import _agent, _create, _import, _install, _put, _sh
 
 from conftest import Yard
+from shellyard.runner.tool_mounts import WORK_SUFFIX
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.runner_kinds("local")]
 
@@ -82,5 +83,32 @@ async def test_a_build_sees_no_host_path_of_the_home_in_mountinfo_and_installs(
     second = await _import(yard, agent, environment_id, "sy_toolview_two")
     assert f"sy-mark-{seen['nonce']}" in second["before"], second["before"]
     await _import(yard, agent, environment_id, "sy_toolview")  # still installed
-    # nothing of the change stays mounted on the host
+    # nothing of the changes stays mounted on the host, nor their overlays' work folders
     assert str(env_dir) not in Path("/proc/self/mountinfo").read_text()
+    tools = yard.runner_root / "sandbox" / "tools"
+    assert [p.name for p in tools.iterdir()] == ["empty"]
+    assert not [p.name for p in env_dir.iterdir() if p.name.endswith(WORK_SUFFIX)]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="overlays need a root runner (Known limits)")
+async def test_a_workspace_folder_copied_for_the_build_shows_no_host_path(yard: Yard) -> None:
+    """R2: with a uid per workspace (the default), a project folder and an index folder of
+    the workspace are copied by the reader into the change's scratch and shown to the tool
+    where the request named them (``/workspace/proj``, ``/workspace/idx``); those binds'
+    field 4 is their path inside the scratch's overlay, not the scratch's host folder."""
+    needles = {str(yard.home), str(yard.home.resolve())}
+    agent = await _agent(yard)
+    environment_id = await _create(yard, agent, "toolcopies")
+    await _put(yard, agent, {"sdist.tar.gz": backend_sdist("sy-copied", "1.0", PROBE)}, {})
+    await _put(yard, agent, {"idx/x": b""}, {})
+    await _sh(yard, agent, "mkdir proj && tar -xzf sdist.tar.gz -C proj --strip-components=1")
+    change = await _install(
+        yard, agent, environment_id, manager="pip", index_url="none",
+        extra_index_urls=["/workspace/idx"], specs=["sy-copied @ file:///workspace/proj"],
+    )  # fmt: skip
+    assert change.state == "succeeded", change
+    seen = await _import(yard, agent, environment_id, "sy_copied")
+    roots = {_fields(line)[1]: _fields(line)[0] for line in seen["mountinfo"]}
+    assert "/workspace/proj" in roots, sorted(roots)
+    leaks = [line for line in seen["mountinfo"] if any(n in line for n in needles)]
+    assert not leaks, "\n".join(leaks)
