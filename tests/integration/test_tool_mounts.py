@@ -17,7 +17,7 @@ from env_fixtures import backend_sdist
 from test_env_tool_rights import _agent, _create, _import, _install, _put, _sh
 
 from conftest import Yard
-from shellyard.runner.tool_mounts import WORK_SUFFIX
+from shellyard.runner.tool_mounts import WORK_SUFFIX, ToolMounts
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.runner_kinds("local")]
 
@@ -112,3 +112,38 @@ async def test_a_workspace_folder_copied_for_the_build_shows_no_host_path(yard: 
     assert "/workspace/proj" in roots, sorted(roots)
     leaks = [line for line in seen["mountinfo"] if any(n in line for n in needles)]
     assert not leaks, "\n".join(leaks)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="overlays need root")
+def test_what_a_tool_run_writes_lands_in_the_folder_and_a_restart_detaches_leftovers(
+    tmp_path: Path,
+) -> None:
+    """R2 (tool_mounts.py): what goes through a tool run's overlay (a file, a folder
+    renamed, a hard link) is in the real folder at once, with no overlay work folder left
+    beside it after the run; a folder the kernel cannot mount (missing) stays bound itself
+    (bwrap then names what is missing, as before); the overlays a killed runner left
+    mounted are detached by the next start, never walked."""
+    folder = tmp_path / "env" / "prefix"
+    folder.mkdir(parents=True)
+    missing = tmp_path / "env" / "missing"
+    mounts = ToolMounts(tmp_path / "tools")
+    mounts.startup(True)
+    with mounts.mounted([(folder, Path("/env")), (missing, Path("/x"))]) as shown:
+        point = shown[0][0]
+        assert point != folder and os.path.ismount(point)
+        assert shown[1] == (missing, Path("/x"))
+        (point / "d").mkdir()
+        (point / "d" / "f").write_text("x")
+        os.rename(point / "d", point / "e")
+        os.link(point / "e" / "f", point / "e" / "g")
+        assert (folder / "e" / "g").read_text() == "x"
+        assert (folder / "e" / "f").stat().st_nlink == 2
+    assert not os.path.ismount(point) and not point.exists()
+    assert sorted(p.name for p in folder.parent.iterdir()) == ["prefix"]
+
+    left = mounts.mounted([(folder, Path("/env"))])
+    point = left.__enter__()[0][0]  # a runner killed while its tool runs
+    assert os.path.ismount(point)
+    ToolMounts(tmp_path / "tools").startup(True)
+    assert not os.path.ismount(point) and not point.exists()
+    assert (folder / "e" / "f").read_text() == "x"

@@ -266,6 +266,7 @@ class LocalRunner(TerminalDoor):  # E13: send_input, screen, resize
         self._sandboxes.logs.close()
         self._mounts.close()
         await asyncio.to_thread(self._prefixes.close)  # detached: running sandboxes keep theirs
+        await asyncio.to_thread(self._tool_mounts.close)  # a tool's left by a cancelled change
         # R2: what a sandbox that runs on holds stays mounted (E11), the rest goes
         await asyncio.to_thread(self._mounts.unmount_unheld)
 

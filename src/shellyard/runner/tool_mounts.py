@@ -60,9 +60,7 @@ class ToolMounts:
         self.directory.mkdir(mode=0o711, exist_ok=True)
         self.directory.chmod(0o711)
         self._empty.mkdir(mode=0o700, exist_ok=True)
-        for entry in os.scandir(self.directory):
-            if entry.name != self._empty.name:
-                _remove(Path(entry.path))
+        self.close()
         self.enabled = True
 
     @contextlib.contextmanager
@@ -83,8 +81,21 @@ class ToolMounts:
             yield shown
         finally:
             for point, host in points:
-                _remove(point)
+                try:
+                    _remove(point)
+                except OSError as exc:  # close() or the next start detaches it
+                    log.warning("overlay of %s left mounted: %s", host, exc)
+                    continue
                 shutil.rmtree(_work_of(host), ignore_errors=True)
+
+    def close(self) -> None:
+        """Detach every overlay left here (none after a tool run that ended normally), so
+        no walk of the folder that holds ``directory`` ever enters a tool's folder."""
+        self.enabled = False
+        if self.directory.is_dir():
+            for entry in os.scandir(self.directory):
+                if entry.name != self._empty.name:
+                    _remove(Path(entry.path))
 
     def _mount(self, host: Path) -> Path | None:
         point = self.directory / f"{os.getpid()}.{next(self._names)}"
