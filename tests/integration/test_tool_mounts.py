@@ -17,7 +17,7 @@ from env_fixtures import backend_sdist
 from test_env_tool_rights import _agent, _create, _import, _install, _put, _sh
 
 from conftest import Yard
-from shellyard.runner.tool_mounts import WORK_SUFFIX, ToolMounts
+from shellyard.runner.tool_mounts import ToolMounts
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.runner_kinds("local")]
 
@@ -87,7 +87,6 @@ async def test_a_build_sees_no_host_path_of_the_home_in_mountinfo_and_installs(
     assert str(env_dir) not in Path("/proc/self/mountinfo").read_text()
     tools = yard.runner_root / "sandbox" / "tools"
     assert [p.name for p in tools.iterdir()] == ["empty"]
-    assert not [p.name for p in env_dir.iterdir() if p.name.endswith(WORK_SUFFIX)]
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="overlays need a root runner (Known limits)")
@@ -119,10 +118,11 @@ def test_what_a_tool_run_writes_lands_in_the_folder_and_a_restart_detaches_lefto
     tmp_path: Path,
 ) -> None:
     """R2 (tool_mounts.py): what goes through a tool run's overlay (a file, a folder
-    renamed, a hard link) is in the real folder at once, with no overlay work folder left
-    beside it after the run; a folder the kernel cannot mount (missing) stays bound itself
-    (bwrap then names what is missing, as before); the overlays a killed runner left
-    mounted are detached by the next start, never walked."""
+    renamed, a hard link) is in the real folder at once; the next run mounts again on the
+    same work folder (overlayfs' volatile mark cleared); a folder the kernel cannot mount
+    (missing) stays bound itself (bwrap then names what is missing, as before); the
+    overlays a killed runner left mounted are detached by the next start, never walked;
+    ``close`` removes the work folders."""
     folder = tmp_path / "env" / "prefix"
     folder.mkdir(parents=True)
     missing = tmp_path / "env" / "missing"
@@ -139,7 +139,8 @@ def test_what_a_tool_run_writes_lands_in_the_folder_and_a_restart_detaches_lefto
         assert (folder / "e" / "g").read_text() == "x"
         assert (folder / "e" / "f").stat().st_nlink == 2
     assert not os.path.ismount(point) and not point.exists()
-    assert sorted(p.name for p in folder.parent.iterdir()) == ["prefix"]
+    with mounts.mounted([(folder, Path("/env"))]) as shown:  # the next run, same work folder
+        assert (shown[0][0] / "e" / "f").read_text() == "x"
 
     left = mounts.mounted([(folder, Path("/env"))])
     point = left.__enter__()[0][0]  # a runner killed while its tool runs
@@ -147,3 +148,5 @@ def test_what_a_tool_run_writes_lands_in_the_folder_and_a_restart_detaches_lefto
     ToolMounts(tmp_path / "tools").startup(True)
     assert not os.path.ismount(point) and not point.exists()
     assert (folder / "e" / "f").read_text() == "x"
+    mounts.close()  # an operator build's end: its work folders go
+    assert [p.name for p in folder.parent.iterdir()] == ["prefix"]

@@ -335,7 +335,9 @@ def mount_overlay(
     over ``lower`` (``empty`` below it: overlayfs wants two lower layers without an upper
     one), or, with ``work``, writable with ``upper`` (default ``target`` itself) as its upper
     layer (``empty`` below, ``work`` overlayfs' work folder beside it). ``volatile``: no
-    sync of the upper file system at unmount nor on a tool's fsync, as a plain bind."""
+    sync of the upper file system at unmount nor on a tool's fsync, as a plain bind; and
+    ``index=off`` whatever the kernel's default, which with the index on refuses (EBUSY) an
+    upper layer a detached overlay still holds while its last processes exit."""
     fds: list[int] = []
     try:
         layers = (target, empty, upper or target, *((lower,) if lower else ()))
@@ -348,7 +350,7 @@ def mount_overlay(
             options = (
                 f"lowerdir=/proc/self/fd/{empty_fd},upperdir=/proc/self/fd/{upper_fd},"
                 f"workdir=/proc/self/fd/{more[-1]},uuid=null"
-            ) + (",volatile" if volatile else "")
+            ) + (",volatile,index=off" if volatile else "")
         flags = _MS_NOSUID | _MS_NODEV | (_MS_RDONLY if work is None else 0)
         # the target by its descriptor too: the folder mounted is the one opened
         path = f"/proc/self/fd/{at}".encode()

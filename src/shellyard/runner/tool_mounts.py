@@ -8,7 +8,8 @@ names the home (``<home>/runners/local/environments/env_…/prefix``), and a bui
 reads it. Only a mount whose own root is the folder hides that, so a root runner binds,
 instead of each folder, a writable overlay of it: upper layer the folder itself (what the
 tool writes lands there, no copy-up: the one lower layer is an empty folder), work folder
-beside it (overlayfs wants it on the same mount), layers named by descriptors. The line
+beside it (overlayfs wants it on the same mount; kept for the folder's next run), layers
+named by descriptors. The line
 reads ``/ /env rw,… - overlay overlay rw,lowerdir=/proc/self/fd/N,upperdir=…,volatile``.
 
 One overlay per tool run, mounted just before its spawn and detached as soon as it has
@@ -50,6 +51,8 @@ class ToolMounts:
         self.directory = directory
         self._empty = directory / "empty"
         self._names = itertools.count()
+        #: the work folders made beside the tools' folders (kept for the next run)
+        self._works: set[Path] = set()
         self.enabled = False
 
     def startup(self, enabled: bool) -> None:
@@ -85,33 +88,33 @@ class ToolMounts:
                     _remove(point)
                 except OSError as exc:  # close() or the next start detaches it
                     log.warning("overlay of %s left mounted: %s", host, exc)
-                    continue
-                shutil.rmtree(_work_of(host), ignore_errors=True)
 
     def close(self) -> None:
         """Detach every overlay left here (none after a tool run that ended normally), so
-        no walk of the folder that holds ``directory`` ever enters a tool's folder."""
+        no walk of the folder that holds ``directory`` ever enters a tool's folder; then
+        remove the work folders this object made beside the tools' folders."""
         self.enabled = False
         if self.directory.is_dir():
             for entry in os.scandir(self.directory):
                 if entry.name != self._empty.name:
                     _remove(Path(entry.path))
+        for work in self._works:
+            shutil.rmtree(work, ignore_errors=True)
+        self._works.clear()
 
     def _mount(self, host: Path) -> Path | None:
         point = self.directory / f"{os.getpid()}.{next(self._names)}"
         work = _work_of(host)
         try:
-            # a work folder a killed runner left may hold overlayfs' volatile mark, which
-            # refuses a second mount on it
-            shutil.rmtree(work, ignore_errors=True)
-            work.mkdir(mode=0o700)
+            _clear_volatile(work)
+            work.mkdir(mode=0o700, exist_ok=True)
+            self._works.add(work)
             point.mkdir(mode=0o700)
             mount_overlay(point, self._empty, work=work, upper=host, volatile=True)
         except OSError as exc:
             log.warning("%s is bound itself (mountinfo shows its path): %s", host, exc)
             with contextlib.suppress(OSError):
                 point.rmdir()
-            shutil.rmtree(work, ignore_errors=True)
             return None
         return point
 
@@ -128,6 +131,16 @@ def shown_below(path: Path, binds: Sequence[tuple[Path, Path]], mounted: Sequenc
 
 def _work_of(host: Path) -> Path:
     return host.with_name(f".{host.name}{WORK_SUFFIX}")
+
+
+def _clear_volatile(work: Path) -> None:
+    """overlayfs leaves a mark in a volatile overlay's work folder and refuses another mount
+    on it while the mark is there (EINVAL, "incompat feature 'volatile'"). Removed by name,
+    three calls: a walk of the whole folder cost 10 ms a run on a loaded machine."""
+    mark = work / "work" / "incompat" / "volatile"
+    for remove, path in ((os.unlink, mark / "dirty"), (os.rmdir, mark)):
+        with contextlib.suppress(FileNotFoundError):
+            remove(path)
 
 
 def _remove(point: Path) -> None:
