@@ -340,16 +340,18 @@ def mount_overlay(
     upper layer a detached overlay still holds while its last processes exit."""
     fds: list[int] = []
     try:
-        layers = (target, empty, upper or target, *((lower,) if lower else ()))
-        for folder in (*layers, *((work,) if work else ())):
+        layers = (lower,) if work is None else (upper or target, work)
+        for folder in (target, empty, *layers):
+            if folder is None:
+                raise ValueError("a read-only overlay needs its lower layer")
             fds.append(os.open(folder, _O_FOLDER))
-        at, empty_fd, upper_fd, more = fds[0], fds[1], fds[2], fds[3:]
+        at, empty_fd, more = fds[0], fds[1], fds[2:]
         if work is None:
             options = f"lowerdir=/proc/self/fd/{more[0]}:/proc/self/fd/{empty_fd}"
         else:
             options = (
-                f"lowerdir=/proc/self/fd/{empty_fd},upperdir=/proc/self/fd/{upper_fd},"
-                f"workdir=/proc/self/fd/{more[-1]},uuid=null"
+                f"lowerdir=/proc/self/fd/{empty_fd},upperdir=/proc/self/fd/{more[0]},"
+                f"workdir=/proc/self/fd/{more[1]},uuid=null"
             ) + (",volatile,index=off" if volatile else "")
         flags = _MS_NOSUID | _MS_NODEV | (_MS_RDONLY if work is None else 0)
         # the target by its descriptor too: the folder mounted is the one opened

@@ -9,8 +9,8 @@ reads it. Only a mount whose own root is the folder hides that, so a root runner
 instead of each folder, a writable overlay of it: upper layer the folder itself (what the
 tool writes lands there, no copy-up: the one lower layer is an empty folder), work folder
 beside it (overlayfs wants it on the same mount; kept for the folder's next run), layers
-named by descriptors. The line
-reads ``/ /env rw,… - overlay overlay rw,lowerdir=/proc/self/fd/N,upperdir=…,volatile``.
+named by descriptors. The line reads ``/ /env rw,… - overlay overlay
+rw,lowerdir=/proc/self/fd/N,upperdir=…,volatile,index=off``.
 
 One overlay per tool run, mounted just before its spawn and detached as soon as it has
 exited: between tools the runner reads and writes these folders directly (the package
@@ -98,9 +98,9 @@ class ToolMounts:
             for entry in os.scandir(self.directory):
                 if entry.name != self._empty.name:
                     _remove(Path(entry.path))
-        for work in self._works:
+        for work in list(self._works):  # a copy: a change's thread may add one meanwhile
             shutil.rmtree(work, ignore_errors=True)
-        self._works.clear()
+            self._works.discard(work)
 
     def _mount(self, host: Path) -> Path | None:
         point = self.directory / f"{os.getpid()}.{next(self._names)}"
