@@ -5,7 +5,7 @@ Real components: the CLI verb as an operator runs it (a process of its own, as r
 bubblewrap, the seccomp filter, the build's own egress proxy to this machine's PyPI, and uv
 building an sdist from a local ``--find-links`` folder whose in-tree build backend is the
 attack: it records ``id -u``, tries to read a root-only 0600 file it can see (in that very
-folder) and ``/etc/shadow``, and lists the variables it was given.
+folder) and ``/etc/shadow``, lists the variables it was given and reads its mountinfo.
 """
 
 from __future__ import annotations
@@ -57,6 +57,7 @@ def _links_with_probe(folder: Path) -> Path:
         "env": sorted(os.environ),
         "secret_seen": {SECRET!r} in json.dumps(dict(os.environ)),
         "read": {{}},
+        "mountinfo": open("/proc/self/mountinfo").read().splitlines(),
     }}
     for path in [{str(canary)!r}, "/etc/shadow"]:
         try:
@@ -120,6 +121,16 @@ def test_env_prepare_builds_as_the_sandbox_uid_and_reads_no_root_file(
     assert shadow == "" or shadow.startswith("error: "), seen  # unreadable, or covered
     assert not seen["secret_seen"] and "SHELLYARD_TOKEN" not in seen["env"], seen
     assert CANARY not in module.read_text() and CANARY not in done.stdout
+    # R2: the prefix, the bases' cache and the scratch are overlays of their own: no line of
+    # the build's mountinfo names the bases folder (field 4 root, field 5 mount point)
+    under = str(bases_root) + "/"
+    named = [
+        line
+        for line in seen["mountinfo"]
+        if any(f == str(bases_root) or f.startswith(under) for f in line.split()[3:5])
+    ]
+    assert not named, named
+    assert not list(bases_root.rglob("*.tool-work")), "an overlay's work folder was left"
 
     # sealed: every file the base owner's, every folder root's, nothing writable or set-id
     for path in [prefix, *prefix.rglob("*")]:

@@ -78,6 +78,7 @@ from shellyard.runner.sandbox.warm import SOURCE as WARM
 from shellyard.runner.snapshots import history, objects
 from shellyard.runner.snapshots.objects import PackImporter, StoreLock, aiter_thread
 from shellyard.runner.snapshots.store import SnapshotStore
+from shellyard.runner.tool_mounts import ToolMounts
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +103,7 @@ class LocalRunner(TerminalDoor):  # E13: send_input, screen, resize
         #: R2: an overlay of its own per workspace, home and view (own_mounts.py)
         self._mounts = OwnMounts(self._sandbox_dir / "overlays", (self._workspaces, self._homes))
         self._prefixes = PrefixMounts(self._sandbox_dir / "prefixes")  # and each prefix's
+        self._tool_mounts = ToolMounts(self._sandbox_dir / "tools")  # a tool's folders'
         self._snapshots = SnapshotStore(self.root / "snapshots")
         # a tree newly mounted: the change hints' watches were added through the last overlay
         self._mounts.mounted = lambda folder: self._snapshots.forget_changes(folder.name)
@@ -203,6 +205,9 @@ class LocalRunner(TerminalDoor):  # E13: send_input, screen, resize
         # R2: an overlay of its own per prefix a sandbox binds, where the workspaces get theirs
         await asyncio.to_thread(self._prefixes.startup, self._mounts.enabled)
         box.prefixes = self._prefixes if self._prefixes.enabled else None
+        # ...and per folder a package tool writes, for each tool run (tool_mounts.py)
+        await asyncio.to_thread(self._tool_mounts.startup, self._mounts.enabled)
+        box.tool_mounts = self._tool_mounts if self._tool_mounts.enabled else None
         box.bwrap = sandbox.find_bwrap()
         box.disable_userns = await asyncio.to_thread(
             sandbox.bwrap_supports, box.bwrap, "--disable-userns"
@@ -263,6 +268,7 @@ class LocalRunner(TerminalDoor):  # E13: send_input, screen, resize
         self._sandboxes.logs.close()
         self._mounts.close()
         await asyncio.to_thread(self._prefixes.close)  # detached: running sandboxes keep theirs
+        await asyncio.to_thread(self._tool_mounts.close)  # a tool's left by a cancelled change
         # R2: what a sandbox that runs on holds stays mounted (E11), the rest goes
         await asyncio.to_thread(self._mounts.unmount_unheld)
 

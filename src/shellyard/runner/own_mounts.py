@@ -132,7 +132,7 @@ class OwnMounts:
         kernel mounts an overlay here); False: plain binds. Folders are mounted while held
         (``hold``), so idle workspaces add no mount to a sandbox's start (docs/benchmarks.md
         §27: 1.02x off's with 250 idle workspaces, where mounting all of them cost 2.9x)."""
-        if os.geteuid() != 0 or settings_env.get("SHELLYARD_OWN_MOUNTS") == "off":
+        if not allowed():
             return False
         for folder in (self.directory, self._empty, self._work):
             folder.mkdir(mode=0o700, exist_ok=True)
@@ -322,25 +322,37 @@ class OwnMounts:
 
 
 def mount_overlay(
-    target: Path, empty: Path, *, lower: Path | None = None, work: Path | None = None
+    target: Path,
+    empty: Path,
+    *,
+    lower: Path | None = None,
+    work: Path | None = None,
+    upper: Path | None = None,
+    volatile: bool = False,
 ) -> None:
     """An overlay mounted on ``target`` whose layers are named by descriptors
     (``/proc/self/fd/N``), so its mountinfo line prints ``/`` as root and no path: read-only
     over ``lower`` (``empty`` below it: overlayfs wants two lower layers without an upper
-    one), or, with ``work``, writable with ``target`` itself as its upper layer (``empty``
-    below, ``work`` overlayfs' work folder beside it)."""
+    one), or, with ``work``, writable with ``upper`` (default ``target`` itself) as its upper
+    layer (``empty`` below, ``work`` overlayfs' work folder beside it). ``volatile``: no
+    sync of the upper file system at unmount nor on a tool's fsync, as a plain bind; and
+    ``index=off`` whatever the kernel's default, which with the index on refuses (EBUSY) an
+    upper layer a detached overlay still holds while its last processes exit."""
     fds: list[int] = []
     try:
-        for folder in (target, empty, *((lower,) if lower else ()), *((work,) if work else ())):
+        layers = (lower,) if work is None else (upper or target, work)
+        for folder in (target, empty, *layers):
+            if folder is None:
+                raise ValueError("a read-only overlay needs its lower layer")
             fds.append(os.open(folder, _O_FOLDER))
         at, empty_fd, more = fds[0], fds[1], fds[2:]
         if work is None:
             options = f"lowerdir=/proc/self/fd/{more[0]}:/proc/self/fd/{empty_fd}"
         else:
             options = (
-                f"lowerdir=/proc/self/fd/{empty_fd},upperdir=/proc/self/fd/{at},"
-                f"workdir=/proc/self/fd/{more[-1]},uuid=null"
-            )
+                f"lowerdir=/proc/self/fd/{empty_fd},upperdir=/proc/self/fd/{more[0]},"
+                f"workdir=/proc/self/fd/{more[1]},uuid=null"
+            ) + (",volatile,index=off" if volatile else "")
         flags = _MS_NOSUID | _MS_NODEV | (_MS_RDONLY if work is None else 0)
         # the target by its descriptor too: the folder mounted is the one opened
         path = f"/proc/self/fd/{at}".encode()
@@ -350,6 +362,12 @@ def mount_overlay(
     finally:
         for fd in fds:
             os.close(fd)
+
+
+def allowed() -> bool:
+    """Whether this process may mount overlays of its own: root, and the operator has not
+    turned them off (``SHELLYARD_OWN_MOUNTS=off``)."""
+    return os.geteuid() == 0 and settings_env.get("SHELLYARD_OWN_MOUNTS") != "off"
 
 
 def unmount_all(folder: Path) -> None:

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from shellyard.errors import InvalidInput
+from shellyard.runner import own_mounts
 from shellyard.runner.environments.tools import SandboxedTools, give_to_tools
 from shellyard.runner.network.egress_proxy import EgressProxy
 from shellyard.runner.policy import SandboxPolicy, policy_from_env
@@ -37,6 +38,7 @@ from shellyard.runner.sandbox import bwrap as sandbox
 from shellyard.runner.sandbox import folder_access, launch
 from shellyard.runner.sandbox.seccomp import SeccompProfile
 from shellyard.runner.sandbox.spawn import Sandboxes
+from shellyard.runner.tool_mounts import ToolMounts
 
 #: How long one tool of a base build may run (a first build downloads ~100 MB of wheels).
 TOOL_TIMEOUT_S = 3600.0
@@ -107,8 +109,12 @@ async def sandboxed_build(
         seccomp=SeccompProfile(work / "seccomp.bpf"),
         disable_userns=False,
     )
+    # R2: the build's prefix, cache and scratch as overlays of their own (tool_mounts.py)
+    mounts = ToolMounts(work / "mounts")
     proxy: EgressProxy | None = None
     try:
+        await asyncio.to_thread(mounts.startup, own_mounts.allowed())
+        box.tool_mounts = mounts if mounts.enabled else None
         if ids is not None:  # bwrap, as the sandbox uid, walks to what it binds
             for folder in (work, cache.parent):
                 folder_access.grant_folder(folder, *ids)
@@ -144,6 +150,7 @@ async def sandboxed_build(
         if proxy is not None:
             await proxy.close()
         box.view.close()
+        await asyncio.to_thread(mounts.close)  # before the walk that removes ``work``
         # The cache is the operator's again between builds: no sandbox uid process reads
         # or changes what the next build trusts.
         if ids is not None:

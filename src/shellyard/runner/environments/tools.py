@@ -41,6 +41,7 @@ from shellyard.runner.sandbox import bwrap as sandbox
 from shellyard.runner.sandbox import launch, tenants
 from shellyard.runner.sandbox.spawn import Sandboxes
 from shellyard.runner.sandbox.tool_groups import ToolGroups
+from shellyard.runner.tool_mounts import shown_below
 
 log = logging.getLogger(__name__)
 
@@ -207,9 +208,17 @@ class SandboxedTools:
             for fd, _path in sources:
                 os.close(fd)
             return 1, f"refused a package source: {exc}; name a folder of your workspace"
+        # R2: the prefix, cache and scratch as writable overlays of their own for this run,
+        # so the tool's mountinfo names no folder of the home (tool_mounts.py)
+        stack = contextlib.ExitStack()
         try:
-            return await self._run(argv, env, network, sources, stdin, lines, mounts)
+            writable = list(self.places.binds)
+            if self._sandboxes.tool_mounts is not None:
+                overlays = self._sandboxes.tool_mounts.mounted(writable)
+                writable = await asyncio.to_thread(stack.enter_context, overlays)
+            return await self._run(argv, env, network, sources, writable, stdin, lines, mounts)
         finally:
+            await asyncio.to_thread(stack.close)
             for fd, _path in sources:
                 os.close(fd)
 
@@ -219,6 +228,7 @@ class SandboxedTools:
         env: dict[str, str] | None,
         network: bool,
         sources: list[tuple[int, Path]],
+        writable: list[tuple[Path, Path]],
         stdin: bytes | None = None,
         lines: LineHook | None = None,
         mounts: dict[Path, Path] | None = None,
@@ -259,7 +269,7 @@ class SandboxedTools:
                 network=mode,
                 view=box.view,
                 hardening=sandbox.Hardening(seccomp_fd, box.disable_userns),
-                writable=self.places.binds,
+                writable=writable,
                 read_only=read_only,
                 read_only_fds=sources,
                 chdir=self.places.shown(self._scratch),
@@ -267,7 +277,10 @@ class SandboxedTools:
                 egress_socket=box.egress_socket,
                 socat=box.socat,
                 front=front,
-                mounts=[(copy, shown) for shown, copy in (mounts or {}).items()],
+                mounts=[
+                    (shown_below(copy, self.places.binds, [at for at, _ in writable]), shown)
+                    for shown, copy in (mounts or {}).items()
+                ],
             )
             # R2: the tool's pid 1 is bwrap's: its /proc/1/cmdline showed every bind's host
             # path (the prefix's, the workspace's sources'); the options go by a memfd, as

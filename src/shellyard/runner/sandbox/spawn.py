@@ -34,6 +34,7 @@ from shellyard.runner.sandbox import launch, terminal
 from shellyard.runner.sandbox.bwrap import Mount
 from shellyard.runner.sandbox.log_root import LogRoot
 from shellyard.runner.sandbox.seccomp import SeccompProfile
+from shellyard.runner.tool_mounts import ToolMounts
 
 #: E1: a ``bash -c`` text longer than this goes to the sandbox as a file instead of an
 #: argument: the kernel refuses any one argument of execve over MAX_ARG_STRLEN (128 KiB,
@@ -166,6 +167,9 @@ class Sandboxes:
     #: R2: the prefixes' overlays bound instead of the prefixes (prefix_mounts.py); None: the
     #: prefixes themselves
     prefixes: PrefixMounts | None = None
+    #: R2: a package tool's prefix, cache and scratch bound as writable overlays of their
+    #: own (tool_mounts.py); None: the folders themselves
+    tool_mounts: ToolMounts | None = None
 
     def ids_of(self, workspace_id: str) -> tuple[int, int] | None:
         """The host uid and gid the workspace's commands run as (None: this user's)."""
