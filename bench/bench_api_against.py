@@ -1,5 +1,5 @@
 """The in-process API's foreground ``run_shell(true)``, two trees against each other in one
-run (docs/benchmarks.md §44): one worker process per tree (this file with ``--worker``, run
+run (docs/benchmarks.md §46): one worker process per tree (this file with ``--worker``, run
 from that tree's folder), each a ControlPlane on SQLite + the local runner, driven in
 alternating batches so both see the same load. Per run: wall time (p50) beside a minimal bwrap
 spawn timed in the same worker (the round trip's baseline), the **event loop thread's CPU**

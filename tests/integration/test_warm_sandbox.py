@@ -437,7 +437,7 @@ async def test_a_taken_warm_sandbox_costs_no_new_record_file(home: Path) -> None
 async def test_a_warm_run_makes_no_inode_on_the_loop_thread(
     home: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """docs/benchmarks.md §44: making an inode on this ext4 costs 80–600 µs of CPU; a run
+    """docs/benchmarks.md §46: making an inode on this ext4 costs 80–600 µs of CPU; a run
     that takes a warm sandbox makes none in the runner's folders on the event loop's thread,
     from its start through the making of the workspace's next warm sandbox: that folder, its
     logs, status, warm.json and the result's temporary are made in a worker thread, and

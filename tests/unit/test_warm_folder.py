@@ -1,5 +1,5 @@
 """A warm sandbox's folder made ahead in a worker thread (runner/sandbox/warm.py
-``make_folder``, docs/benchmarks.md §44): every inode its run will use (logs, status,
+``make_folder``, docs/benchmarks.md §46): every inode its run will use (logs, status,
 warm.json, the result's temporary) exists before the spawn, so the loop thread the
 foreground run waits on makes none; a failure or a cancelled wait leaves nothing behind."""
 

@@ -518,7 +518,7 @@ def make_folder(logs: LogRoot, pool: Path, directory: Path) -> list[int]:
     thread: its logs and status (open, returned in ``LOG_NAMES`` order), its ``warm.json``
     and its result's temporary, both empty. Making an inode on this ext4 costs 80–600 µs of
     CPU (it skips inodes freed moments ago, docs/benchmarks.md §36): six of them on the loop
-    thread held up the foreground run this preparation overlaps (§44). None left behind if
+    thread held up the foreground run this preparation overlaps (§46). None left behind if
     one fails."""
     try:  # the pool's folder only the first time (or if removed)
         os.mkdir(directory, 0o700)
