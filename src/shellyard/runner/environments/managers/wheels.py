@@ -152,10 +152,16 @@ class Stashed:
     copy: Path
 
 
-def stash(source: Path, store: Path, into: Path, front: Sequence[str] = ()) -> tuple[Path, str]:
+def stash(
+    source: Path,
+    store: Path,
+    into: Path,
+    front: Sequence[str] = (),
+    budget: TreeBudget | None = None,
+) -> tuple[Path, str]:
     """Copy the file ``source`` into ``store`` under its sha256 (once), and as ``into/<its
-    name>``; returns that copy and the sha256."""
-    files = _stash(["file", str(source)], store, into, front)
+    name>`` (counted in ``budget``); returns that copy and the sha256."""
+    files = _stash(["file", str(source)], store, into, front, budget)
     if len(files) != 1:
         raise ManagerError("failed", f"reading {source} gave {len(files)} files, not one")
     return files[0].copy, files[0].sha256
@@ -167,16 +173,21 @@ def stash_folder(
     into: Path,
     front: Sequence[str] = (),
     suffixes: Sequence[str] = PACKAGE_SUFFIXES,
+    budget: TreeBudget | None = None,
 ) -> dict[str, str]:
     """Every package file directly in ``folder`` (names ending in ``suffixes``), stashed
-    into ``into``; returns {file name: sha256}. A symbolic link among them is refused, not
-    followed."""
+    into ``into`` (each copy counted in ``budget``: hard links of one file are one file of
+    the workspace's quota but a copy each); returns {file name: sha256}. A symbolic link
+    among them is refused, not followed."""
     into.mkdir(mode=0o755, parents=True, exist_ok=True)  # uv reads it even when empty
-    files = _stash(["folder", str(folder), ",".join(suffixes)], store, into, front)
+    files = _stash(["folder", str(folder), ",".join(suffixes)], store, into, front, budget)
     return {f.name: f.sha256 for f in files}
 
 
-def _stash(args: list[str], store: Path, into: Path, front: Sequence[str]) -> list[Stashed]:
+def _stash(
+    args: list[str], store: Path, into: Path, front: Sequence[str], budget: TreeBudget | None
+) -> list[Stashed]:
+    left = budget if budget is not None else TreeBudget.fresh()
     store.mkdir(mode=0o700, parents=True, exist_ok=True)
     store.chmod(0o700)
     into.mkdir(mode=0o755, parents=True, exist_ok=True)
@@ -184,7 +195,9 @@ def _stash(args: list[str], store: Path, into: Path, front: Sequence[str]) -> li
 
     def take(header: dict[str, object], pipe: IO[bytes]) -> None:
         name = os.path.basename(str(header["name"]))
-        out.append(_store_one(pipe, name, int(str(header["size"])), store, into))
+        size = int(str(header["size"]))
+        left.take(Path(args[1]), 1, size)
+        out.append(_store_one(pipe, name, size, store, into))
 
     _read(args, front, take)
     return out
@@ -212,10 +225,10 @@ class TreeBudget:
         if self.entries < 0 or self.size < 0:
             raise ManagerError(
                 "invalid_spec",
-                f"the workspace folders this change names ({folder} among them) hold more "
+                f"the local sources this change copies ({folder} among them) come to more "
                 f"than {TREE_ENTRIES} files and folders or {TREE_BYTES} bytes in all, the "
                 f"most one change copies; name fewer or smaller folders (a folder named "
-                f"inside another one it names is copied twice)",
+                f"inside another one it names is copied twice, and so is each hard link)",
             )
 
 
@@ -268,10 +281,10 @@ class FolderCopies:
     repository's URL); a file changed mid-change changes nothing (docs/security.md, "Attack
     pass (session 43)"). Folders outside the workspace (an operator's) are left to bind."""
 
-    def __init__(self, ctx: ManagerContext) -> None:
+    def __init__(self, ctx: ManagerContext, budget: TreeBudget | None = None) -> None:
         self._ctx = ctx
         self._copies: dict[Path, Path] = {}
-        self._budget = TreeBudget.fresh()
+        self._budget = budget if budget is not None else TreeBudget.fresh()
         #: where the tool sees a copy → the copy, parents first (bound in this order)
         self.mounts: dict[Path, Path] = {}
 
