@@ -16,12 +16,14 @@ import pytest
 from env_fixtures import make_wheel
 from test_attack_pass_41 import _agent, _run
 from test_env_tool_rights import _create, _install, _put
+from tmpfs_fixture import mounted_tmpfs, yard_on
 
 from conftest import Yard
 from shellyard.contract.environments import EnvironmentChangeBody
 from shellyard.contract.executions import ExecutionCancelQuery
-from shellyard.errors import InvalidInput
+from shellyard.errors import InvalidInput, ShellyardError
 from shellyard.runner.environments.managers import wheels
+from shellyard.runner.protocol import SandboxPolicy
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.runner_kinds("local")]
 
@@ -135,3 +137,40 @@ async def test_commands_in_one_environment_share_one_prefix_overlay(yard: Yard) 
     assert change.state == "waiting", change  # V5: behind the command, no second overlay
     assert len(mounted()) == 1, mounted()
     await yard.plane.executions.cancel(running.execution_id, ExecutionCancelQuery(), agent)
+
+
+async def test_the_runners_copies_of_local_sources_stop_at_the_free_space_reserve(
+    tmp_path: Path,
+) -> None:
+    """R2 (docs/limits.md, the free-space reserve): the runner (root) copies a change's
+    local sources into its scratch before any tool runs, so the tools' reserve watch never
+    sees those writes. On a 384 MiB volume with a 128 MiB reserve, 20 hard links of a
+    ~20 MiB wheel in a ``find_links`` folder (20 MiB of the workspace, 400 MiB of copies,
+    under the change's 2 GiB bound) must end in the reserve's refusal, not ENOSPC: the copies
+    check the reserve as they write. Before: no check, the volume filled (ENOSPC)."""
+    noise = base64.b64encode(os.urandom(15 * MIB)).decode()
+    wheel = make_wheel(tmp_path, "sy-room", "1.0", {"sy_room.py": "RESULT = 1\n", "n": noise})
+    assert wheel.stat().st_size > 14 * MIB
+    policy = SandboxPolicy(free_space_reserve_bytes=128 * MIB, workspace_quota_bytes=0)
+    with mounted_tmpfs("384m", "shellyard-att45-") as volume:
+        async with yard_on(volume, "local", policy) as yard:
+            agent = await _agent(yard)
+            environment_id = await _create(yard, agent, "room")
+            first = await _run(yard, agent, "mkdir dist", wait_ms=30_000)
+            await yard.plane.files.write(
+                f"dist/{wheel.name}", wheel.read_bytes(), workspace_id=first.workspace_id,
+                agent_id=agent,
+            )  # fmt: skip
+            links = " && ".join(
+                f"ln dist/{wheel.name} dist/sy_room-1.{i}-py3-none-any.whl" for i in range(1, 20)
+            )
+            assert (await _run(yard, agent, links, wait_ms=30_000)).exit_code == 0
+            with pytest.raises(ShellyardError) as refused:
+                change = await _install(
+                    yard, agent, environment_id, manager="pip", specs=["sy-room==1.0"],
+                    index_url="none", find_links=["/workspace/dist"],
+                )  # fmt: skip
+                raise AssertionError(f"the change was not refused: {change}")
+            message = refused.value.message
+            assert "copying the change's local sources" in message, message
+            assert "reserve" in message and "No space left" not in message, message

@@ -258,7 +258,7 @@ class _Sources:
         """Local find_links folders and ``file://`` requirements read through the content-
         addressed store (``wheels.py``); returns the requirements pointing at the copies."""
         stashed: set[Path] = set()
-        budget = wheels.TreeBudget.fresh()  # every copy of this change's workspace files
+        budget = wheels.TreeBudget.fresh(ctx.room)  # every copy of this change's sources
         for i, link in enumerate(self.find_links):
             folder = _local_folder(link)
             if folder is None or not folder.is_dir():

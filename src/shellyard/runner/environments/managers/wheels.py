@@ -203,23 +203,37 @@ def _stash(
     return out
 
 
+#: Bytes a change's local-source copies may write between two checks of the free-space
+#: reserve (``TreeBudget.room``): the reserve (at least 2 GiB by default) is far larger.
+ROOM_EVERY = 64 << 20
+
+
+def _any_room(what: str) -> None:
+    """No reserve to hold to (a copy made outside an environment change)."""
+
+
 @dataclass
 class TreeBudget:
     """What the copies of one change may still hold: ``TREE_ENTRIES`` entries and
     ``TREE_BYTES`` bytes for all of them, not per folder (nested folders named as sources are
     each copied whole, so a bound per folder let N names write N times the workspace's bytes
-    as root)."""
+    as root); ``room`` raises when the volume is below the free-space reserve, checked before
+    the first copy and then every ``ROOM_EVERY`` bytes (the copies are the runner's, written
+    before any tool runs, so the tools' reserve watch does not see them)."""
 
     entries: int
     size: int
+    room: Callable[[str], None] = _any_room
+    _unchecked: int | None = None
 
     @classmethod
-    def fresh(cls) -> TreeBudget:
-        return cls(TREE_ENTRIES, TREE_BYTES)
+    def fresh(cls, room: Callable[[str], None] = _any_room) -> TreeBudget:
+        return cls(TREE_ENTRIES, TREE_BYTES, room)
 
     def take(self, folder: Path, entries: int, size: int) -> None:
-        """Count an entry of ``size`` bytes; ManagerError once the bound is passed (the
-        runner's own count: a file may grow between the reader's stat and its read)."""
+        """Count an entry of ``size`` bytes about to be written; ManagerError once the bound
+        is passed (the runner's own count: a file may grow between the reader's stat and its
+        read), LowOnSpace below the reserve."""
         self.entries -= entries
         self.size -= size
         if self.entries < 0 or self.size < 0:
@@ -230,6 +244,11 @@ class TreeBudget:
                 f"most one change copies; name fewer or smaller folders (a folder named "
                 f"inside another one it names is copied twice, and so is each hard link)",
             )
+        unchecked = (self._unchecked or 0) + size
+        if self._unchecked is None or unchecked >= ROOM_EVERY:
+            self.room("copying the change's local sources")
+            unchecked = 0
+        self._unchecked = unchecked
 
 
 def copy_tree(
@@ -284,7 +303,7 @@ class FolderCopies:
     def __init__(self, ctx: ManagerContext, budget: TreeBudget | None = None) -> None:
         self._ctx = ctx
         self._copies: dict[Path, Path] = {}
-        self._budget = budget if budget is not None else TreeBudget.fresh()
+        self._budget = budget if budget is not None else TreeBudget.fresh(ctx.room)
         #: where the tool sees a copy → the copy, parents first (bound in this order)
         self.mounts: dict[Path, Path] = {}
 

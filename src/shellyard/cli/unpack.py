@@ -1,0 +1,117 @@
+"""Unpacking a workspace folder's tar on the operator's machine (``shellyard files get``).
+
+The tree is the agent's: its names and links are whatever a command made. tarfile's ``data``
+filter checks each member with ``os.path.realpath``, which stops resolving links once a path
+passes PATH_MAX and reads the rest lexically; the kernel does not (CVE-2025-4517's shape,
+fixed in Python 3.11.13; this project runs on older 3.11 too). A link 16 folders of 247-byte
+names deep then passed the filter while leading out of the target, and a second download into
+the same target wrote a file through it (docs/security.md "Attack pass (session 45)"). So,
+whatever the Python:
+
+- nothing is ever written through a link: each member's folders are walked from the target
+  with ``O_NOFOLLOW``, and a link where the member goes is removed first (the member replaces
+  it);
+- links are made last (after every file and folder of the archive), and each is kept only if
+  the kernel, opening it, lands inside the target (or, when it leads nowhere yet, its target
+  read lexically from where it sits stays inside); the others are removed and named.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import posixpath
+import stat
+import tarfile
+from collections.abc import Iterable
+from pathlib import Path
+
+from shellyard.errors import InvalidInput
+
+
+class UnsafeMember(InvalidInput):
+    """A member that would be written through a link or outside the target."""
+
+
+def unpack(members: Iterable[tarfile.TarInfo], tar: tarfile.TarFile, target: Path) -> list[str]:
+    """Extract ``members`` of ``tar`` (a stream, read once) into ``target``; returns the
+    names of the links left out (a hard link, or a link that leads out of it)."""
+    root = os.open(target, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        links: list[tarfile.TarInfo] = []
+        refused: list[str] = []
+        for member in members:
+            if member.islnk():  # a workspace's export has none: os.link would follow a link
+                refused.append(member.name)
+                continue
+            if member.issym():
+                links.append(member)
+                continue
+            _clear_the_way(root, member.name)
+            tar.extract(member, target, filter="data")
+        for link in links:
+            _clear_the_way(root, link.name)
+            try:
+                tar.extract(link, target, filter="data")
+            except tarfile.FilterError:
+                refused.append(link.name)
+                continue
+            if not _stays_inside(root, link.name):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(link.name, dir_fd=root)
+                refused.append(link.name)
+        return refused
+    finally:
+        os.close(root)
+
+
+def _clear_the_way(root: int, name: str) -> None:
+    """Refuse ``name`` when a folder on its way is a link (or not a folder); remove a link
+    (never a folder or file) where it goes, so that extracting it cannot write through one."""
+    parts = [p for p in name.split("/") if p not in ("", ".")]
+    if not parts or ".." in parts:
+        raise UnsafeMember(f"{name!r} is not a plain name below the target")
+    fd = os.dup(root)
+    try:
+        for part in parts[:-1]:
+            try:
+                nxt = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+            except FileNotFoundError:
+                return  # made by tarfile from here on: nothing below it can be a link
+            except OSError as exc:
+                if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                    raise UnsafeMember(
+                        f"{name!r} goes through {part!r}, which is not a folder in the target "
+                        f"(a link left by an earlier download?): remove it and download again"
+                    ) from None
+                raise
+            os.close(fd)
+            fd = nxt
+        with contextlib.suppress(FileNotFoundError):
+            if stat.S_ISLNK(os.lstat(parts[-1], dir_fd=fd).st_mode):
+                os.unlink(parts[-1], dir_fd=fd)
+    finally:
+        os.close(fd)
+
+
+def _stays_inside(root: int, name: str) -> bool:
+    """Whether the link ``name`` (relative to ``root``) leads to ``root`` or below it, as the
+    kernel resolves it (the path it gives the opened end, ``/proc/self/fd``); a link that
+    leads nowhere (yet) is judged by its text, read from where it sits."""
+    try:
+        fd = os.open(name, os.O_PATH | os.O_CLOEXEC, dir_fd=root)
+    except FileNotFoundError:
+        text = os.readlink(name, dir_fd=root)
+        where = posixpath.normpath(posixpath.join(posixpath.dirname(name), text))
+        return not posixpath.isabs(text) and where != ".." and not where.startswith("../")
+    except OSError:
+        return False  # a loop, a name too long: not kept
+    try:
+        end = os.readlink(f"/proc/self/fd/{fd}")
+        top = os.readlink(f"/proc/self/fd/{root}")
+    except OSError:
+        return False  # a path past PATH_MAX: not kept
+    finally:
+        os.close(fd)
+    return end == top or end.startswith(top.rstrip("/") + "/")

@@ -1,0 +1,67 @@
+"""Attack pass of session 45: ``shellyard files get`` of a folder an agent wrote (R2: nothing
+an agent sends reaches more than its sandbox; here the operator's own machine, where the CLI
+unpacks the agent's tree). docs/security.md "Attack pass (session 45)"."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import sy
+
+#: A tree only real paths can make (what a workspace holds and its tar export names): folders
+#: of 247-byte names 16 deep, a one-letter link at each level to the next folder, a link at
+#: the bottom back up to the top (``lll``), and ``escape`` through all of them and one ``..``
+#: further. Resolved by the kernel, ``escape`` is the folder above the download's target;
+#: ``os.path.realpath`` (what tarfile's ``data`` filter checks with) gives up past PATH_MAX
+#: and reads the rest lexically, inside (CVE-2025-4517's shape; Python < 3.11.13).
+TREE = r"""python3 - <<'PY'
+import os
+D, steps, cur = "d" * 247, "abcdefghijklmnop", "out"
+os.makedirs(cur, exist_ok=True)
+for s in steps:
+    os.mkdir(os.path.join(cur, D))
+    os.symlink(D, os.path.join(cur, s))
+    cur = os.path.join(cur, D)
+os.symlink("/".join([".."] * len(steps)), os.path.join(cur, "l" * 110))
+os.symlink("/".join(steps) + "/" + "l" * 110 + "/../victim", "out/escape")
+PY"""
+
+
+def _get(home: Path, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """``shellyard files get out`` run in ``cwd``: unpacked into ``./out``, the default."""
+    return subprocess.run(
+        [sys.executable, "-m", "shellyard", "files", "get", "out"],
+        env={**os.environ, "SHELLYARD_HOME": str(home), "COLUMNS": "200"},
+        capture_output=True,
+        text=True,
+        timeout=180,
+        stdin=subprocess.DEVNULL,
+        cwd=cwd,
+    )
+
+
+def test_a_folder_downloaded_twice_never_writes_outside_its_target(
+    served_home: Path, tmp_path: Path
+) -> None:
+    """R2 (the operator's machine): the agent's folder is downloaded with ``files get`` into
+    the same target twice; between the two the agent replaces ``escape`` (a link that leaves
+    the target) with a file. The file above the target must be untouched, and no link in the
+    target may lead out of it. Before: the first download made the link (the ``data`` filter
+    passed it), the second wrote the agent's bytes through it into ``victim``."""
+    victim = tmp_path / "victim"
+    victim.write_text("intact\n")
+    made = sy(served_home, "run", "--", TREE)
+    assert made.returncode == 0, made.stderr
+    first = _get(served_home, tmp_path)
+    escape = tmp_path / "out" / "escape"
+    if escape.is_symlink():  # made: it must not lead out of the target
+        assert not escape.exists() or escape.resolve().is_relative_to(tmp_path / "out"), (
+            escape.resolve()
+        )
+    replaced = sy(served_home, "run", "--", "rm out/escape && echo PWNED > out/escape")
+    assert replaced.returncode == 0, replaced.stderr
+    second = _get(served_home, tmp_path)
+    assert victim.read_text() == "intact\n", (first.stderr[-500:], second.stderr[-500:])
