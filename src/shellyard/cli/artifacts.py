@@ -3,6 +3,7 @@ declare|list|get``. Each takes ``--json``. ``cli/app.py`` calls ``register``."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -76,11 +77,25 @@ def artifact_get(
 
     def get(client: Any) -> dict[str, Any]:
         view = client.artifact(artifact_id)
-        target = dest or Path(view.name)
-        with progress_bar() as progress, open(target, "wb") as handle:
+        target = dest or own_name(view.name, artifact_id)
+        with progress_bar() as progress, open(target, "wb", opener=_no_link) as handle:
             task = progress.add_task(f"get {view.name}", total=view.size)
             for chunk in counted(client.iter_artifact(artifact_id), progress, task):
                 handle.write(chunk)
         return {"path": str(target), "kind": "file", "size": view.size}
 
     wrote(run_as(home, agent, get), as_json)
+
+
+def own_name(name: str, artifact_id: str) -> Path:
+    """Where ``artifact get`` writes without a DEST: the artifact's name is the agent's (any
+    1 to 255 characters, ``../x`` and ``/root/x`` included), so only its last component, in
+    the current folder; the artifact's id when that is empty, ``.`` or ``..``."""
+    last = name.rsplit("/", 1)[-1]
+    return Path(last if last not in ("", ".", "..") else artifact_id)
+
+
+def _no_link(path: str, flags: int) -> int:
+    """Open for writing without following a link where the file goes (one a download of the
+    agent's tree left: docs/security.md "Attack pass (session 45)")."""
+    return os.open(path, flags | os.O_NOFOLLOW, 0o666)

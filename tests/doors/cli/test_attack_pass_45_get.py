@@ -4,6 +4,7 @@ unpacks the agent's tree). docs/security.md "Attack pass (session 45)"."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -18,6 +19,7 @@ from conftest import sy
 #: ``os.path.realpath`` (what tarfile's ``data`` filter checks with) gives up past PATH_MAX
 #: and reads the rest lexically, inside (CVE-2025-4517's shape; Python < 3.11.13).
 TREE = r"""python3 - <<'PY'
+import json
 import os
 D, steps, cur = "d" * 247, "abcdefghijklmnop", "out"
 os.makedirs(cur, exist_ok=True)
@@ -65,3 +67,33 @@ def test_a_folder_downloaded_twice_never_writes_outside_its_target(
     assert replaced.returncode == 0, replaced.stderr
     second = _get(served_home, tmp_path)
     assert victim.read_text() == "intact\n", (first.stderr[-500:], second.stderr[-500:])
+
+
+def test_an_artifacts_name_never_chooses_where_artifact_get_writes(
+    served_home: Path, tmp_path: Path
+) -> None:
+    """R2 (the operator's machine): an artifact's name is the agent's (1 to 255 characters).
+    Declared as ``../victim`` and as an absolute path, ``shellyard artifact get ID`` with no
+    DEST must write into the current folder, never where the name points. Before: the name
+    was the target path, so the agent's bytes replaced any file the operator may write."""
+    victim = tmp_path / "victim"
+    victim.write_text("intact\n")
+    here = tmp_path / "here"
+    here.mkdir()
+    made = sy(served_home, "run", "--", "echo PWNED > deliverable.txt")
+    assert made.returncode == 0, made.stderr
+    for name in ("../victim", str(victim)):
+        declared = sy(
+            served_home, "artifact", "declare", "deliverable.txt", "--name", name, "--json"
+        )
+        assert declared.returncode == 0, declared.stderr
+        artifact_id = json.loads(declared.stdout)["artifact_id"]
+        got = subprocess.run(
+            [sys.executable, "-m", "shellyard", "artifact", "get", artifact_id, "--json"],
+            env={**os.environ, "SHELLYARD_HOME": str(served_home), "COLUMNS": "200"},
+            capture_output=True, text=True, timeout=180, stdin=subprocess.DEVNULL, cwd=here,
+        )  # fmt: skip
+        assert got.returncode == 0, got.stderr
+        written = Path(json.loads(got.stdout)["path"])
+        assert (here / written).resolve().parent == here.resolve(), written
+        assert victim.read_text() == "intact\n", name
