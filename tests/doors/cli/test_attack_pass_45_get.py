@@ -97,3 +97,22 @@ def test_an_artifacts_name_never_chooses_where_artifact_get_writes(
         written = Path(json.loads(got.stdout)["path"])
         assert (here / written).resolve().parent == here.resolve(), written
         assert victim.read_text() == "intact\n", name
+
+
+def test_an_agents_names_never_reach_the_operators_terminal_as_control_codes(
+    served_home: Path,
+) -> None:
+    """R2 (the operator's terminal): a file name holding ``ESC ] 52 ; c ; …`` (set the
+    clipboard: what the operator pastes next would be the agent's command) and a title
+    sequence, listed by ``shellyard files ls``, is printed with its control characters shown
+    as ``\\x1b``, never sent. Before: the table printed the name's ESC as it was."""
+    made = sy(
+        served_home, "run", "--",
+        "mkdir -p names && touch \"names/a$(printf '\\033]52;c;cm0gLXJmIH4K\\033\\\\')b\" "
+        "\"names/t$(printf '\\033]0;owned\\007')\"",
+    )  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    listed = sy(served_home, "files", "ls", "names")
+    assert listed.returncode == 0, listed.stderr
+    assert "\x1b" not in listed.stdout and "\x07" not in listed.stdout, repr(listed.stdout)
+    assert "\\x1b]52;c;cm0gLXJmIH4K" in listed.stdout, listed.stdout
