@@ -3,7 +3,6 @@ declare|list|get``. Each takes ``--json``. ``cli/app.py`` calls ``register``."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -23,6 +22,7 @@ from shellyard.cli.common import (
     show,
     wrote,
 )
+from shellyard.cli.unpack import no_link
 
 artifact_app = typer.Typer(help="Deliverable files (artifacts).", no_args_is_help=True)
 
@@ -78,7 +78,7 @@ def artifact_get(
     def get(client: Any) -> dict[str, Any]:
         view = client.artifact(artifact_id)
         target = dest or own_name(view.name, artifact_id)
-        with progress_bar() as progress, open(target, "wb", opener=_no_link) as handle:
+        with progress_bar() as progress, open(target, "wb", opener=no_link) as handle:
             task = progress.add_task(f"get {view.name}", total=view.size)
             for chunk in counted(client.iter_artifact(artifact_id), progress, task):
                 handle.write(chunk)
@@ -93,9 +93,3 @@ def own_name(name: str, artifact_id: str) -> Path:
     the current folder; the artifact's id when that is empty, ``.`` or ``..``."""
     last = name.rsplit("/", 1)[-1]
     return Path(last if last not in ("", ".", "..") else artifact_id)
-
-
-def _no_link(path: str, flags: int) -> int:
-    """Open for writing without following a link where the file goes (one a download of the
-    agent's tree left: docs/security.md "Attack pass (session 45)")."""
-    return os.open(path, flags | os.O_NOFOLLOW, 0o666)

@@ -35,7 +35,7 @@ from shellyard.cli.common import (
     run_as,
     wrote,
 )
-from shellyard.cli.unpack import unpack
+from shellyard.cli.unpack import no_link, unpack
 from shellyard.errors import InvalidInput
 
 files_app = typer.Typer(
@@ -161,7 +161,7 @@ def files_get(
             if entry.kind == "file":
                 task = progress.add_task(f"get {name}", total=entry.size)
                 chunks = client.iter_file(path, seq=seq, **_where(workspace, runner))
-                with open(target, "wb") as handle:
+                with open(target, "wb", opener=no_link) as handle:
                     for chunk in counted(chunks, progress, task):
                         handle.write(chunk)
                 return {"path": str(target), "kind": "file", "size": entry.size}

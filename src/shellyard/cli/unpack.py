@@ -115,3 +115,9 @@ def _stays_inside(root: int, name: str) -> bool:
     finally:
         os.close(fd)
     return end == top or end.startswith(top.rstrip("/") + "/")
+
+
+def no_link(path: str, flags: int) -> int:
+    """An ``open`` opener that follows no link where the file goes (one a download of the
+    agent's tree left): ``files get`` of a file, ``artifact get``."""
+    return os.open(path, flags | os.O_NOFOLLOW, 0o666)
