@@ -11,9 +11,9 @@ whatever the Python:
 - nothing is ever written through a link: each member's folders are walked from the target
   with ``O_NOFOLLOW``, and a link where the member goes is removed first (the member replaces
   it);
-- links are made last (after every file and folder of the archive), and each is kept only if
-  the kernel, opening it, lands inside the target (or, when it leads nowhere yet, its target
-  read lexically from where it sits stays inside); the others are removed and named.
+- links are made last (after every file and folder of the archive), and, once all are made,
+  each is kept only if the kernel, opening it, lands inside the target (or, when it leads
+  nowhere, its text read from where it sits stays inside); the others are removed and named.
 """
 
 from __future__ import annotations
@@ -50,17 +50,24 @@ def unpack(members: Iterable[tarfile.TarInfo], tar: tarfile.TarFile, target: Pat
                 continue
             _clear_the_way(root, member.name)
             tar.extract(member, target, filter="data")
+        made: list[str] = []
         for link in links:
             _clear_the_way(root, link.name)
             try:
                 tar.extract(link, target, filter="data")
             except tarfile.FilterError:
                 refused.append(link.name)
-                continue
-            if not _stays_inside(root, link.name):
+            else:
+                made.append(link.name)
+        # judged once all are made: a link checked while another it goes through was
+        # missing (read by its text) may lead out once that one exists; removing one may
+        # change another, so again until none goes
+        while out := [name for name in made if not _stays_inside(root, name)]:
+            for name in out:
                 with contextlib.suppress(FileNotFoundError):
-                    os.unlink(link.name, dir_fd=root)
-                refused.append(link.name)
+                    os.unlink(name, dir_fd=root)
+                made.remove(name)
+            refused += out
         return refused
     finally:
         os.close(root)
@@ -97,24 +104,34 @@ def _clear_the_way(root: int, name: str) -> None:
 
 def _stays_inside(root: int, name: str) -> bool:
     """Whether the link ``name`` (relative to ``root``) leads to ``root`` or below it, as the
-    kernel resolves it (the path it gives the opened end, ``/proc/self/fd``); a link that
-    leads nowhere (yet) is judged by its text, read from where it sits."""
-    try:
-        fd = os.open(name, os.O_PATH | os.O_CLOEXEC, dir_fd=root)
-    except FileNotFoundError:
-        text = os.readlink(name, dir_fd=root)
-        where = posixpath.normpath(posixpath.join(posixpath.dirname(name), text))
-        return not posixpath.isabs(text) and where != ".." and not where.startswith("../")
-    except OSError:
-        return False  # a loop, a name too long: not kept
-    try:
-        end = os.readlink(f"/proc/self/fd/{fd}")
-        top = os.readlink(f"/proc/self/fd/{root}")
-    except OSError:
-        return False  # a path past PATH_MAX: not kept
-    finally:
-        os.close(fd)
-    return end == top or end.startswith(top.rstrip("/") + "/")
+    kernel resolves it: the longest part of its target that exists is opened (links on the
+    way followed by the kernel) and the path the kernel gives it (``/proc/self/fd``) must lie
+    in the target; what follows, missing and so no link, is read by its text from there."""
+    text = os.readlink(name, dir_fd=root)
+    if text.startswith("/"):
+        return False
+    folder = posixpath.dirname(name)
+    parts = text.split("/")
+    top = os.readlink(f"/proc/self/fd/{root}")
+    for cut in range(len(parts), -1, -1):
+        head = posixpath.join(folder, *parts[:cut]) if cut else folder
+        try:
+            fd = os.open(head or ".", os.O_PATH | os.O_CLOEXEC, dir_fd=root)
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        except OSError:
+            return False  # a loop, a name too long: not kept
+        try:
+            end = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            return False  # a path past PATH_MAX: not kept
+        finally:
+            os.close(fd)
+        if end != top and not end.startswith(top.rstrip("/") + "/"):
+            return False
+        rest = posixpath.normpath("/".join(parts[cut:]) or ".")
+        return rest != ".." and not rest.startswith("../")
+    return False
 
 
 def no_link(path: str, flags: int) -> int:
