@@ -13,13 +13,14 @@ import os
 from pathlib import Path
 
 import pytest
+import test_base_environment
 from env_fixtures import make_wheel
 from test_attack_pass_41 import _agent, _run
 from test_env_tool_rights import _create, _install, _put
 from tmpfs_fixture import mounted_tmpfs, yard_on
 
 from conftest import Yard
-from shellyard.contract.environments import EnvironmentChangeBody
+from shellyard.contract.environments import EnvironmentChangeBody, EnvironmentCreateRequest
 from shellyard.contract.executions import ExecutionCancelQuery
 from shellyard.errors import InvalidInput, ShellyardError
 from shellyard.runner.environments.managers import wheels
@@ -28,6 +29,10 @@ from shellyard.runner.protocol import SandboxPolicy
 pytestmark = [pytest.mark.timeout(300), pytest.mark.runner_kinds("local")]
 
 MIB = 1 << 20
+
+#: The session's one prepared python-base, and the setting that makes it findable.
+python_base = test_base_environment.python_base
+use_base = test_base_environment.use_base
 
 
 async def test_nested_workspace_indexes_are_copied_within_one_bound_per_change(
@@ -174,3 +179,34 @@ async def test_the_runners_copies_of_local_sources_stop_at_the_free_space_reserv
             message = refused.value.message
             assert "copying the change's local sources" in message, message
             assert "reserve" in message and "No space left" not in message, message
+
+
+@pytest.mark.usefixtures("use_base")
+async def test_environments_from_a_base_stop_at_the_free_space_reserve() -> None:
+    """R2 (docs/limits.md, the reserve): an environment made ``--from`` a base is filled by
+    the runner itself (hard links here, copies on the way: 7,500 files), before any tool,
+    so the tools' reserve watch never sees it. On a volume of 20,000 inodes (an inode reserve
+    of 1,024), making environments one after another must end in the reserve's refusal,
+    never in ENOSPC. Before: a create failed with "No space left on device"."""
+    policy = SandboxPolicy(free_space_reserve_bytes=64 * MIB, workspace_quota_bytes=0)
+    with mounted_tmpfs("1g", "shellyard-att45-", "nr_inodes=20000") as volume:
+        async with yard_on(volume, "local", policy) as yard:
+            agent = await _agent(yard)
+            errors: list[str] = []
+            for i in range(5):
+                try:
+                    made = await yard.plane.environments.create(
+                        EnvironmentCreateRequest(
+                            name=f"e{i}", base="python-base", runner_id=yard.runner_id,
+                            wait_ms=30_000,
+                        ),
+                        agent,
+                    )  # fmt: skip
+                except ShellyardError as exc:
+                    errors.append(exc.message)
+                    continue
+                while made.state not in ("ready", "failed") and made.change_id:
+                    await yard.plane.environments.wait(made.change_id, 60, agent)
+                    made = await yard.plane.environments.show(made.environment_id, agent)
+            assert errors, "every create succeeded: the volume was not filled"
+            assert all("reserve" in e and "No space left" not in e for e in errors), errors
