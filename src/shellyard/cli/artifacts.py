@@ -22,6 +22,7 @@ from shellyard.cli.common import (
     show,
     wrote,
 )
+from shellyard.cli.unpack import no_link
 
 artifact_app = typer.Typer(help="Deliverable files (artifacts).", no_args_is_help=True)
 
@@ -76,11 +77,19 @@ def artifact_get(
 
     def get(client: Any) -> dict[str, Any]:
         view = client.artifact(artifact_id)
-        target = dest or Path(view.name)
-        with progress_bar() as progress, open(target, "wb") as handle:
+        target = dest or own_name(view.name, artifact_id)
+        with progress_bar() as progress, open(target, "wb", opener=no_link) as handle:
             task = progress.add_task(f"get {view.name}", total=view.size)
             for chunk in counted(client.iter_artifact(artifact_id), progress, task):
                 handle.write(chunk)
         return {"path": str(target), "kind": "file", "size": view.size}
 
     wrote(run_as(home, agent, get), as_json)
+
+
+def own_name(name: str, artifact_id: str) -> Path:
+    """Where ``artifact get`` writes without a DEST: the artifact's name is the agent's (any
+    1 to 255 characters, ``../x`` and ``/root/x`` included), so only its last component, in
+    the current folder; the artifact's id when that is empty, ``.`` or ``..``."""
+    last = name.rsplit("/", 1)[-1]
+    return Path(last if last not in ("", ".", "..") else artifact_id)

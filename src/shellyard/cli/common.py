@@ -41,10 +41,35 @@ class _LazyConsole:
 
     def __getattr__(self, name: str) -> Any:
         if self._console is None:
-            from rich.console import Console
-
-            self._console = Console(stderr=self._stderr)
+            self._console = _visible_console(self._stderr)
         return getattr(self._console, name)
+
+
+#: C0 controls but newline and tab, DEL and the C1 controls: what a terminal acts on.
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def visible(text: str) -> str:
+    """``text`` with each control character shown as ``\\xNN``."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+
+
+def _visible_console(stderr: bool) -> Console:
+    """A rich Console that prints the text it is given with its control characters shown, not
+    sent: names, commands and messages are the agent's, and ``ESC ] 52`` (the clipboard), a
+    title or a cursor move would act on the operator's terminal (docs/security.md "Attack pass
+    (session 45)"). Rich's own styles and cursor moves are not text and pass as before; command
+    output (``run``, ``logs``, ``files cat``) is written raw, by design, as ``cat`` would."""
+    from rich.console import Console
+    from rich.segment import Segment
+
+    class VisibleConsole(Console):
+        def _render_buffer(self, buffer: Iterable[Segment]) -> str:
+            return super()._render_buffer(
+                s if s.control else Segment(visible(s.text), s.style, s.control) for s in buffer
+            )
+
+    return VisibleConsole(stderr=stderr)
 
 
 if TYPE_CHECKING:

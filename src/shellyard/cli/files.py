@@ -35,6 +35,7 @@ from shellyard.cli.common import (
     run_as,
     wrote,
 )
+from shellyard.cli.unpack import no_link, unpack
 from shellyard.errors import InvalidInput
 
 files_app = typer.Typer(
@@ -160,7 +161,7 @@ def files_get(
             if entry.kind == "file":
                 task = progress.add_task(f"get {name}", total=entry.size)
                 chunks = client.iter_file(path, seq=seq, **_where(workspace, runner))
-                with open(target, "wb") as handle:
+                with open(target, "wb", opener=no_link) as handle:
                     for chunk in counted(chunks, progress, task):
                         handle.write(chunk)
                 return {"path": str(target), "kind": "file", "size": entry.size}
@@ -175,14 +176,23 @@ def files_get(
                 return {"path": str(target), "kind": "tar"}
             target.mkdir(parents=True, exist_ok=True)
             with tarfile.open(fileobj=_IterReader(chunks), mode="r|") as tar:  # type: ignore[call-overload]
-                for member in tar:
-                    # members are named below the folder's own name: unpack them into DEST
-                    inner = member.name.partition("/")[2] if entry.path else member.name
-                    if not inner:
-                        continue
-                    member.name = inner
-                    tar.extract(member, target, filter="data")
-            return {"path": str(target), "kind": "dir"}
+
+                def inside() -> Iterator[tarfile.TarInfo]:
+                    for member in tar:
+                        # members are named below the folder's own name: unpack into DEST
+                        inner = member.name.partition("/")[2] if entry.path else member.name
+                        if inner:
+                            member.name = inner
+                            yield member
+
+                # the agent's tree: never written through a link (cli/unpack.py)
+                left_out = unpack(inside(), tar, target)
+            for name in left_out:
+                print(
+                    f"left out {name}: a link that leads out of {target} or a hard link",
+                    file=sys.stderr,
+                )
+            return {"path": str(target), "kind": "dir", "links_left_out": left_out}
 
     wrote(run_as(home, agent, get), as_json)
 

@@ -21,9 +21,11 @@ files are copied instead, and the revision says which (``link`` record).
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import stat
+from collections.abc import Callable
 from pathlib import Path
 
 from shellyard.runner.environments import bases
@@ -31,6 +33,9 @@ from shellyard.runner.environments.managers.base import ManagerContext, ManagerE
 from shellyard.runner.environments.managers.pip import record_origin
 from shellyard.runner.protocol import PackageRecord
 
+#: Entries made between two checks of the free-space reserve (``clone``'s ``room``): well
+#: under the inode reserve's least (1,024), and a few MB of copies at most.
+ROOM_EVERY = 256
 #: Files of bin/ larger than this are binaries (uv): linked, never scanned for the path.
 SCRIPT_MAX_BYTES = 1 << 20
 
@@ -62,7 +67,10 @@ async def create(ctx: ManagerContext, name: str) -> list[PackageRecord]:
     ctx.progress(f"{how} {name} revision {base.revision} into the environment")
     # V4: bin/'s scripts name where the sandboxes show the new prefix (/env, seen.py)
     shown = Path(ctx.inside(str(ctx.prefix)))
-    await asyncio.to_thread(clone, base.prefix, ctx.prefix, linking, shown, base.seen)
+    # the clone is the runner's own writing, not a tool's: held to the free-space reserve
+    # as it goes (a base's 7,500 files, as links or copies)
+    room = functools.partial(ctx.room, f"making an environment from {name}")
+    await asyncio.to_thread(clone, base.prefix, ctx.prefix, linking, shown, base.seen, room)
     record_origin(ctx.prefix, f"{name} revision {base.revision}")
     records = [
         PackageRecord(
@@ -98,20 +106,27 @@ def clone(
     linking: bool,
     shown: Path | None = None,
     named: Path | None = None,
+    room: Callable[[], None] | None = None,
 ) -> None:
     """``base``'s tree into the existing empty folder ``prefix``: folders made (0755, so the
     environment's own changes can add and remove), symbolic links re-made (those into the
     base pointed at the new prefix), files linked or copied, bin/ scripts rewritten to name
     ``shown``, where the sandboxes see the new prefix (default: its host path), instead of
     ``named``, the path the base's files name (V4: its neutral path; default ``base``). Walks with
-    ``scandir`` (the entry kinds come with the listing: no stat per file)."""
+    ``scandir`` (the entry kinds come with the listing: no stat per file). ``room`` raises when
+    the volume is below the free-space reserve: called first and every ``ROOM_EVERY`` entries
+    (the inode reserve, at least 1,024, is smaller than one base's files)."""
     old = os.fsencode(named if named is not None else base)
     new = os.fsencode(shown if shown is not None else prefix)
     pending = [(os.fspath(base), os.fspath(prefix), False)]
+    made = 0
     while pending:
         source_dir, target_dir, in_bin = pending.pop()
         with os.scandir(source_dir) as entries:
             for entry in entries:
+                if room is not None and made % ROOM_EVERY == 0:
+                    room()
+                made += 1
                 target = os.path.join(target_dir, entry.name)
                 if entry.is_symlink():
                     _relink(entry.path, Path(target), os.fsdecode(old), os.fsdecode(new))

@@ -51,6 +51,7 @@ from shellyard.runner.environments.tools import (
     kill_recorded,
     tool_ids,
 )
+from shellyard.runner.limits import reserve
 from shellyard.runner.protocol import (
     EnvChangeState,
     EnvErrorKind,
@@ -442,6 +443,7 @@ class EnvironmentStore:
                     self._sandboxes.launcher, network=None, ids=reader, limits=()
                 ),
                 inside=tools.places.inside,
+                room=lambda what: reserve.require_room(prefix.parent, self.policy, what),
             )
             if request.action == "create":
                 if prefix.exists():  # what an earlier failed create of this id left

@@ -63,6 +63,9 @@ class ManagerContext:
     #: ``seen.Places.inside``): for what a tool reads other than its arguments and
     #: variables (which ``run_tool`` translates itself), e.g. a script's text or stdin.
     inside: Callable[[str], str] = str
+    #: Raises LowOnSpace when the runner's volume is below the free-space reserve (with what
+    #: was being done): the runner's own copies of local sources check it as they write.
+    room: Callable[[str], None] = field(default=lambda what: None)
 
 
 def tools_folder(path: Path, prefix: Path) -> None:

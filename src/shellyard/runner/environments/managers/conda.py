@@ -174,12 +174,13 @@ def copy_channels(ctx: ManagerContext, folders: dict[Path, str], store: Path) ->
     copy}, for the child's sandbox to show the copy at the channel's own path (the records
     name the channel where it is, not the copy)."""
     mounts: dict[Path, Path] = {}
+    budget = wheels.TreeBudget.fresh(ctx.room)  # every channel's copies together
     for number, (folder, named) in enumerate(folders.items()):
         copy = ctx.scratch / "channels" / str(number)
         for subdir in ("noarch", platform_subdir()):
             try:
                 wheels.stash_folder(
-                    folder / subdir, store, copy / subdir, ctx.read_as, CHANNEL_SUFFIXES
+                    folder / subdir, store, copy / subdir, ctx.read_as, CHANNEL_SUFFIXES, budget
                 )
             except ManagerError as exc:
                 if exc.kind != "not_found":

@@ -258,12 +258,15 @@ class _Sources:
         """Local find_links folders and ``file://`` requirements read through the content-
         addressed store (``wheels.py``); returns the requirements pointing at the copies."""
         stashed: set[Path] = set()
+        budget = wheels.TreeBudget.fresh(ctx.room)  # every copy of this change's sources
         for i, link in enumerate(self.find_links):
             folder = _local_folder(link)
             if folder is None or not folder.is_dir():
                 continue
             into = ctx.scratch / f"links-{i}"
-            self.hashes[str(into)] = wheels.stash_folder(folder, store, into, ctx.read_as)
+            self.hashes[str(into)] = wheels.stash_folder(
+                folder, store, into, ctx.read_as, budget=budget
+            )
             self.names[str(into)] = ctx.origins.get(link, link)
             self.find_links[i] = str(into)
             stashed.add(folder)
@@ -273,7 +276,7 @@ class _Sources:
             if path is None or path.is_dir() or not os.path.lexists(path):
                 out.append(requirement)
                 continue
-            copy, sha = wheels.stash(path, store, ctx.scratch / "files", ctx.read_as)
+            copy, sha = wheels.stash(path, store, ctx.scratch / "files", ctx.read_as, budget)
             stashed.add(path.parent)
             assert requirement.url is not None
             self.direct[canonicalize_name(requirement.name)] = {
@@ -283,18 +286,22 @@ class _Sources:
             extras = f"[{','.join(sorted(requirement.extras))}]" if requirement.extras else ""
             marker = f" ; {requirement.marker}" if requirement.marker else ""
             out.append(Requirement(f"{requirement.name}{extras} @ {copy.as_uri()}{marker}"))
-        out = self.copy_folders(ctx, out, stashed)
+        out = self.copy_folders(ctx, out, stashed, budget)
         # the tool reads the copies in its scratch folder, not the caller's files
         self.local = [p for p in self.local if p not in stashed]
         return out
 
     def copy_folders(
-        self, ctx: ManagerContext, requirements: list[Requirement], stashed: set[Path]
+        self,
+        ctx: ManagerContext,
+        requirements: list[Requirement],
+        stashed: set[Path],
+        budget: wheels.TreeBudget | None = None,
     ) -> list[Requirement]:
         """The workspace's index and project folders among the sources read into copies
         the tool sees where the request named them (``wheels.FolderCopies``); returns the
         requirements naming them so."""
-        copies = wheels.FolderCopies(ctx)
+        copies = wheels.FolderCopies(ctx, budget)
 
         def named(text: str) -> str:
             seen = copies.shown(text)

@@ -106,7 +106,7 @@ def tree(root, entries, size):
             sub = f"{rel}/{name}" if rel else name
             entries -= 1
             if entries < 0:
-                fail(f"{path} holds more than {sys.argv[3]} files and folders")
+                fail(f"{path} holds more than {sys.argv[3]} files and folders{sys.argv[5]}")
             st = os.stat(name, dir_fd=fd, follow_symlinks=False)
             if stat.S_ISDIR(st.st_mode):
                 out.write((json.dumps({"folder": sub}) + "\n").encode())
@@ -114,7 +114,7 @@ def tree(root, entries, size):
             elif stat.S_ISREG(st.st_mode):
                 size -= st.st_size
                 if size < 0:
-                    fail(f"{path} holds more than {sys.argv[4]} bytes")
+                    fail(f"{path} holds more than {sys.argv[4]} bytes{sys.argv[5]}")
                 # O_NONBLOCK: a FIFO swapped in since the stat would block the open for ever
                 flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
                 send(sub, os.open(name, flags, dir_fd=fd))
@@ -152,10 +152,16 @@ class Stashed:
     copy: Path
 
 
-def stash(source: Path, store: Path, into: Path, front: Sequence[str] = ()) -> tuple[Path, str]:
+def stash(
+    source: Path,
+    store: Path,
+    into: Path,
+    front: Sequence[str] = (),
+    budget: TreeBudget | None = None,
+) -> tuple[Path, str]:
     """Copy the file ``source`` into ``store`` under its sha256 (once), and as ``into/<its
-    name>``; returns that copy and the sha256."""
-    files = _stash(["file", str(source)], store, into, front)
+    name>`` (counted in ``budget``); returns that copy and the sha256."""
+    files = _stash(["file", str(source)], store, into, front, budget)
     if len(files) != 1:
         raise ManagerError("failed", f"reading {source} gave {len(files)} files, not one")
     return files[0].copy, files[0].sha256
@@ -167,16 +173,21 @@ def stash_folder(
     into: Path,
     front: Sequence[str] = (),
     suffixes: Sequence[str] = PACKAGE_SUFFIXES,
+    budget: TreeBudget | None = None,
 ) -> dict[str, str]:
     """Every package file directly in ``folder`` (names ending in ``suffixes``), stashed
-    into ``into``; returns {file name: sha256}. A symbolic link among them is refused, not
-    followed."""
+    into ``into`` (each copy counted in ``budget``: hard links of one file are one file of
+    the workspace's quota but a copy each); returns {file name: sha256}. A symbolic link
+    among them is refused, not followed."""
     into.mkdir(mode=0o755, parents=True, exist_ok=True)  # uv reads it even when empty
-    files = _stash(["folder", str(folder), ",".join(suffixes)], store, into, front)
+    files = _stash(["folder", str(folder), ",".join(suffixes)], store, into, front, budget)
     return {f.name: f.sha256 for f in files}
 
 
-def _stash(args: list[str], store: Path, into: Path, front: Sequence[str]) -> list[Stashed]:
+def _stash(
+    args: list[str], store: Path, into: Path, front: Sequence[str], budget: TreeBudget | None
+) -> list[Stashed]:
+    left = budget if budget is not None else TreeBudget.fresh()
     store.mkdir(mode=0o700, parents=True, exist_ok=True)
     store.chmod(0o700)
     into.mkdir(mode=0o755, parents=True, exist_ok=True)
@@ -184,19 +195,72 @@ def _stash(args: list[str], store: Path, into: Path, front: Sequence[str]) -> li
 
     def take(header: dict[str, object], pipe: IO[bytes]) -> None:
         name = os.path.basename(str(header["name"]))
-        out.append(_store_one(pipe, name, int(str(header["size"])), store, into))
+        size = int(str(header["size"]))
+        left.take(Path(args[1]), 1, size)
+        out.append(_store_one(pipe, name, size, store, into))
 
     _read(args, front, take)
     return out
 
 
-def copy_tree(folder: Path, into: Path, front: Sequence[str] = ()) -> int:
+#: Bytes a change's local-source copies may write between two checks of the free-space
+#: reserve (``TreeBudget.room``): the reserve (at least 2 GiB by default) is far larger.
+ROOM_EVERY = 64 << 20
+
+
+def _any_room(what: str) -> None:
+    """No reserve to hold to (a copy made outside an environment change)."""
+
+
+@dataclass
+class TreeBudget:
+    """What the copies of one change may still hold: ``TREE_ENTRIES`` entries and
+    ``TREE_BYTES`` bytes for all of them, not per folder (nested folders named as sources are
+    each copied whole, so a bound per folder let N names write N times the workspace's bytes
+    as root); ``room`` raises when the volume is below the free-space reserve, checked before
+    the first copy and then every ``ROOM_EVERY`` bytes (the copies are the runner's, written
+    before any tool runs, so the tools' reserve watch does not see them)."""
+
+    entries: int
+    size: int
+    room: Callable[[str], None] = _any_room
+    _unchecked: int | None = None
+
+    @classmethod
+    def fresh(cls, room: Callable[[str], None] = _any_room) -> TreeBudget:
+        return cls(TREE_ENTRIES, TREE_BYTES, room)
+
+    def take(self, folder: Path, entries: int, size: int) -> None:
+        """Count an entry of ``size`` bytes about to be written; ManagerError once the bound
+        is passed (the runner's own count: a file may grow between the reader's stat and its
+        read), LowOnSpace below the reserve."""
+        self.entries -= entries
+        self.size -= size
+        if self.entries < 0 or self.size < 0:
+            raise ManagerError(
+                "invalid_spec",
+                f"the local sources this change copies ({folder} among them) come to more "
+                f"than {TREE_ENTRIES} files and folders or {TREE_BYTES} bytes in all, the "
+                f"most one change copies; name fewer or smaller folders (a folder named "
+                f"inside another one it names is copied twice, and so is each hard link)",
+            )
+        unchecked = (self._unchecked or 0) + size
+        if self._unchecked is None or unchecked >= ROOM_EVERY:
+            self.room("copying the change's local sources")
+            unchecked = 0
+        self._unchecked = unchecked
+
+
+def copy_tree(
+    folder: Path, into: Path, front: Sequence[str] = (), budget: TreeBudget | None = None
+) -> int:
     """Copy every folder and file below ``folder`` (a local index, a project folder) to the
     new folder ``into``, read by the reader as ``front``'s uid, no link followed (one is
-    refused), at most ``TREE_ENTRIES`` entries and ``TREE_BYTES`` bytes (the runner writes
-    the copy: past the free-space reserve's checks of the tools). Returns the files' count.
+    refused), within ``budget`` (shared by a change's copies; the runner writes the copy:
+    past the free-space reserve's checks of the tools). Returns the files' count.
     The copy is root's and read-only for the tools: 0755 folders, 0644 files (0755 with an
     execute bit: a project's scripts)."""
+    left = budget if budget is not None else TreeBudget.fresh()
     into.mkdir(mode=0o755)
     files = 0
 
@@ -207,17 +271,22 @@ def copy_tree(folder: Path, into: Path, front: Sequence[str] = ()) -> int:
         if not parts or name.startswith("/") or any(p in ("", ".", "..") for p in parts):
             raise ManagerError("failed", f"the reader named {name!r} in {folder}")
         if "folder" in header:
+            left.take(folder, 1, 0)
             os.mkdir(into / name, 0o755)
             return
+        size = int(str(header["size"]))
+        left.take(folder, 1, size)
         mode = 0o755 if header.get("x") else 0o644
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
         fd = os.open(into / name, flags, mode)
         with os.fdopen(fd, "wb") as writer:
-            _pipe_bytes(pipe, int(str(header["size"])), writer.write, name)
+            _pipe_bytes(pipe, size, writer.write, name)
         os.chmod(into / name, mode)
         files += 1
 
-    _read(["tree", str(folder), str(TREE_ENTRIES), str(TREE_BYTES)], front, take)
+    rest = f" (what is left of the {TREE_ENTRIES} entries and {TREE_BYTES} bytes one change copies)"
+    bounds = [str(max(left.entries, 0)), str(max(left.size, 0)), rest]
+    _read(["tree", str(folder), *bounds], front, take)
     return files
 
 
@@ -231,9 +300,10 @@ class FolderCopies:
     repository's URL); a file changed mid-change changes nothing (docs/security.md, "Attack
     pass (session 43)"). Folders outside the workspace (an operator's) are left to bind."""
 
-    def __init__(self, ctx: ManagerContext) -> None:
+    def __init__(self, ctx: ManagerContext, budget: TreeBudget | None = None) -> None:
         self._ctx = ctx
         self._copies: dict[Path, Path] = {}
+        self._budget = budget if budget is not None else TreeBudget.fresh(ctx.room)
         #: where the tool sees a copy → the copy, parents first (bound in this order)
         self.mounts: dict[Path, Path] = {}
 
@@ -255,7 +325,7 @@ class FolderCopies:
         if folder not in self._copies:
             copy = self._ctx.scratch / "sources" / str(len(self._copies))
             copy.parent.mkdir(mode=0o755, exist_ok=True)
-            copy_tree(folder, copy, self._ctx.read_as)
+            copy_tree(folder, copy, self._ctx.read_as, self._budget)
             self._copies[folder] = copy
         self.mounts[seen] = self._copies[folder]
         self.mounts = dict(sorted(self.mounts.items()))
@@ -293,11 +363,16 @@ def _read(
         reader.wait()
     if error is not None:
         detail = error if error != "the reader stopped early" else f"{error}: {stderr.strip()}"
+        advice = (
+            "name fewer or smaller folders (a folder named inside another one is copied twice)"
+            if "holds more than" in detail
+            else "local sources are read without following symbolic links: put the files "
+            "themselves in your workspace"
+        )
         raise ManagerError(
             "not_found" if "No such file" in detail else "invalid_spec",
             f"local package source {args[1]} could not be read as the sandbox user ({detail}); "
-            f"local sources are read without following symbolic links: put the files "
-            f"themselves in your workspace",
+            f"{advice}",
         )
 
 
