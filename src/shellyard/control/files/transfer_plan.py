@@ -161,7 +161,8 @@ async def plan(
             "kind": entry.kind,
             "mode": entry.mode,
             "size": entry.size if entry.kind == "file" else 0,
-            "sha256": entry.sha256,
+            # the object to copy: its content id (the column is named for what it held first)
+            "sha256": entry.content_id,
             "link_target": entry.target,
         }
 

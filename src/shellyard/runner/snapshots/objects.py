@@ -348,6 +348,8 @@ class PackImporter:
         self._hole(self._size - self._pos)
         os.ftruncate(self._fd, self._size)  # a hole at its end is a size
         if self._content.digest() == self._digest:
+            if self._content.is_chunk_list:
+                self._store.blobs.mark_chunk_list(self._digest.hex())
             return True
         return self._content.is_chunked and legacy_sha256(self._fd, self._size) == self._digest
 
