@@ -157,6 +157,7 @@ def test_a_sparse_object_moved_to_another_store_stays_sparse(
             while chunk := stream.read(1 << 20):
                 check.update(chunk)
         assert check.hexdigest() == _expected_id(plain=True)
+        assert target.blobs.sha256_of(sha, APPARENT) is None  # marked a chunk list there too
     finally:
         target.close()
 
@@ -185,6 +186,7 @@ def test_an_object_named_by_its_sha256_before_content_ids_still_moves(
         assert not second.ok and "content id" in str(second.error), second
         with target.open_object(legacy) as stream:
             assert stream.read() == content
+        assert target.blobs.sha256_of(legacy, len(content)) == legacy  # a real sha256
     finally:
         target.close()
 

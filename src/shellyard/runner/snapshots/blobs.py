@@ -5,7 +5,8 @@ chunk-list id (contentid.py), so a hole is never hashed. Both are 64 hex digits,
 records which ids are chunk lists: an empty file ``objects/chunk-lists/<id>``, made before its
 object is renamed into place. Every object without one is named by its real sha256 (objects
 under 1 MiB always are), which the API may then show as the file's ``sha256``; a marker left
-by a collected object is harmless (an id is a chunk list or not whatever stores it).
+by a crash between an object's removal and its own is harmless (an id is a chunk list or
+not, whatever stores it).
 
 Objects are never hard-linked to workspace files: a command could change a linked file's
 bytes, and a snapshot's objects must stay immutable. Each is written to a temp file under
@@ -105,6 +106,11 @@ class ObjectStore:
         marker = self._chunk_lists / hexdigest
         if not marker.exists():
             marker.touch(mode=0o400)
+
+    def forget_chunk_list(self, hexdigest: str) -> None:
+        """Drop the marker of a collected object (after the object: never one without it)."""
+        with contextlib.suppress(FileNotFoundError):
+            (self._chunk_lists / hexdigest).unlink()
 
     def sha256_of(self, content_id: str, size: int) -> str | None:
         """The real sha256 of the object ``content_id`` when its id is one, else None
