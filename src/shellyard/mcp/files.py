@@ -237,8 +237,7 @@ def file_tools(backend: AsyncClient) -> list[Tool]:
                 "List a folder of your workspace (or a workspace_id from workspace_transfer "
                 "discover) as committed: the latest snapshot, or seq. recursive=true lists "
                 "everything below; page on with after=next_after. Entries: path, kind (file, "
-                "dir, symlink), size, mode, sha256 (null when not known without hashing a "
-                "sparse file's holes), content_id (equal content, equal id), link target."
+                "dir, symlink), size, mode, sha256 (null if unknown), content_id, link target."
             ),
             annotations=READ,
             output=DirListing,
