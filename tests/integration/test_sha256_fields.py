@@ -11,7 +11,7 @@ import hashlib
 import os
 
 import pytest
-from files_helpers import chunks_of, read_all, run, tree
+from files_helpers import chunks_of, object_file, read_all, run, runner_root, tree
 
 from conftest import Yard
 from shellyard.contract.files import FileDiffQuery, FileReadTextQuery, FileStatQuery
@@ -126,3 +126,22 @@ async def test_a_sparse_artifact_too_big_to_hash_is_refused_saying_what_to_do(
     with pytest.raises(InvalidInput, match=r"tar -cSzf disk\.img\.tar\.gz disk\.img"):
         await plane.artifacts.declare("disk.img")
     assert await plane.artifacts.list() == []
+
+
+async def test_the_store_marks_a_chunk_list_until_gc_collects_its_object(yard: Yard) -> None:
+    """The runner tells a chunk-list id from a sha256 by a marker its store makes with the
+    object; GC removes the marker with the object (else one empty file per sparse file ever
+    committed would stay forever)."""
+    plane = yard.plane
+    holey = os.urandom(MiB) + bytes(2 * MiB) + b"end"
+    edit = await plane.files.write("up.bin", chunks_of(holey), runner_id=yard.runner_id)
+    ws = edit.workspace_id
+    entry = await plane.files.stat(FileStatQuery(path="up.bin", workspace_id=ws))
+    assert entry.content_id is not None and entry.sha256 is None
+    marker = runner_root(yard) / "snapshots" / "objects" / "chunk-lists" / entry.content_id
+    assert marker.exists()
+    await plane.files.delete("up.bin", workspace_id=ws)
+    result = await plane.files.collect(keep_last=1, grace_s=0)
+    assert not result.errors and result.collected[yard.runner_id].objects_removed >= 1
+    assert not object_file(runner_root(yard), entry.content_id).exists()
+    assert not marker.exists()
