@@ -107,6 +107,7 @@ async def test_an_artifact_of_a_sparse_file_records_its_real_sha256(yard: Yard) 
     stream = await plane.artifacts.open(artifact.artifact_id)
     data = b"".join([c async for c in stream.chunks])
     assert artifact.sha256 == hashlib.sha256(data).hexdigest() != entry.content_id
+    assert stream.entry.sha256 == artifact.sha256  # its download's X-Shellyard-Sha256
     assert artifact.content_id == entry.content_id
     assert (await plane.artifacts.get(artifact.artifact_id)).sha256 == artifact.sha256
     dense = await plane.artifacts.declare("dense.bin")
