@@ -310,3 +310,35 @@ def test_rest_lists_moves_and_transfers_names_that_are_not_utf8(served_home: Pat
         assert "copy/m/caf\udce9.txt" in [
             f["target_path"] for f in json.loads(files.content)["files"]
         ]
+
+
+def test_rest_sends_a_sha256_header_only_when_it_is_the_real_sha256(served_home: Path) -> None:
+    """docs/files-and-transfers.md "Snapshots", over REST: a download of a file holding a
+    zero MiB (its content id a chunk list) sends ``X-Shellyard-Content-Id`` and no
+    ``X-Shellyard-Sha256`` (before: the chunk-list id under that name), its stat has
+    ``sha256: null``; a dense file's download sends both, equal to hashlib's over its body."""
+    import httpx
+
+    from shellyard.sdk.client import _home_server
+
+    url, token = _home_server(served_home)
+    auth = {"Authorization": f"Bearer {token}"}
+    command = (
+        "head -c 1048576 /dev/urandom > holey.bin && truncate -s 3M holey.bin"
+        " && printf end >> holey.bin && head -c 2097152 /dev/urandom > solid.bin"
+    )
+    with httpx.Client(base_url=url, headers=auth, timeout=60) as http:
+        made = http.post("/v1/executions", json={"command": command, "wait_ms": 30_000})
+        assert made.status_code == 200 and made.json()["exit_code"] == 0, made.text
+        for name, dense in (("holey.bin", False), ("solid.bin", True)):
+            got = http.get("/v1/files/content", params={"path": name})
+            assert got.status_code == 200, got.text
+            real = hashlib.sha256(got.content).hexdigest()
+            stat = http.get("/v1/files/stat", params={"path": name}).json()
+            assert got.headers["X-Shellyard-Content-Id"] == stat["content_id"]
+            if dense:
+                assert got.headers["X-Shellyard-Sha256"] == stat["sha256"] == real
+                assert stat["content_id"] == real
+            else:
+                assert "X-Shellyard-Sha256" not in got.headers, got.headers
+                assert stat["sha256"] is None and stat["content_id"] != real

@@ -40,9 +40,11 @@ def old_store(tmp_path: Path) -> tuple[Path, Path, dict[str, Any]]:
 
 def _old_shape(entry: Any) -> dict[str, Any]:
     """An entry as the format-1 store's data recorded it: ``not_utf8`` (names that are not
-    UTF-8, docs/files-and-transfers.md) came later and is false for every name there."""
+    UTF-8, docs/files-and-transfers.md) came later and is false for every name there, and
+    so did ``content_id``, which its files (all under 1 MiB) have equal to their sha256."""
     shaped: dict[str, Any] = entry.model_dump()
     assert shaped.pop("not_utf8", False) is False
+    assert shaped.pop("content_id", None) == shaped["sha256"]
     return shaped
 
 

@@ -59,7 +59,7 @@ async def test_a_64_gib_truncate_and_two_more_commands_hash_only_data(yard_facto
     expected.update(b"needle")
     expected.zeros(64 * GiB - NEEDLE_AT - 6)
     entry = await yard.plane.files.stat(FileStatQuery(path="big", workspace_id=made.workspace_id))
-    assert (entry.size, entry.sha256) == (64 * GiB, expected.digest().hex())
+    assert (entry.size, entry.content_id, entry.sha256) == (64 * GiB, expected.digest().hex(), None)
     around = await read_all(
         yard.plane, "big", workspace_id=made.workspace_id, offset=NEEDLE_AT - 2, length=10
     )
@@ -72,7 +72,8 @@ async def test_an_upload_answers_the_id_its_snapshot_names_the_file_by(yard: Yar
     data = os.urandom(2 << 20) + bytes(2 << 20) + b"end"
     edit = await yard.plane.files.write("up.bin", chunks_of(data), runner_id=yard.runner_id)
     entry = await yard.plane.files.stat(FileStatQuery(path="up.bin", runner_id=yard.runner_id))
-    assert edit.written[0].sha256 == entry.sha256 != hashlib.sha256(data).hexdigest()
+    assert edit.written[0].content_id == entry.content_id != hashlib.sha256(data).hexdigest()
+    assert edit.written[0].sha256 is None and entry.sha256 is None
     assert await read_all(yard.plane, "up.bin", runner_id=yard.runner_id) == data
 
 
@@ -114,7 +115,8 @@ async def test_a_transfer_of_a_1_gib_sparse_file_sends_about_its_data(
     assert 3 << 20 < done.bytes_sent < (3 << 20) + 4096, done.bytes_sent
     there = await plane.files.stat(FileStatQuery(path="sparse", workspace_id=remote.workspace_id))
     here = await plane.files.stat(FileStatQuery(path="sparse", workspace_id=local.workspace_id))
-    assert (there.size, there.sha256) == (GiB, here.sha256)
+    assert (there.size, there.content_id) == (GiB, here.content_id)
+    assert there.sha256 is None and here.sha256 is None  # the chunk-list id is marked there too
     on_disk = []
     for runner_id in ("local", "remote"):
         made = await run(plane, "stat -c %b sparse > blocks", runner_id)

@@ -93,7 +93,8 @@ def test_a_sparse_file_is_stored_with_its_holes_and_named_by_its_whole_content(
     stats = store.last_commit_stats
     assert stats is not None and stats.bytes_hashed <= 3 << 20, stats  # the chunks with data
     entry = store.stat(WS, None, "big")
-    assert entry is not None and (entry.sha256, entry.size) == (sha, APPARENT)
+    assert entry is not None and (entry.content_id, entry.size) == (sha, APPARENT)
+    assert entry.sha256 is None  # a chunk-list id is never shown as a sha256
     assert info.bytes == APPARENT
     stored = store.blobs.object_path(sha)
     assert os.stat(stored).st_size == APPARENT
@@ -116,9 +117,9 @@ def test_a_file_that_ends_in_a_hole_keeps_its_size(store: SnapshotStore, tmp_pat
     entry = store.stat(WS, None, "empty-but-long")
     zeros = ContentId()
     zeros.zeros(APPARENT)
-    assert entry is not None and entry.sha256 == zeros.digest().hex()
+    assert entry is not None and entry.content_id == zeros.digest().hex()
     assert store.last_commit_stats is not None and store.last_commit_stats.bytes_hashed == 0
-    stored = store.blobs.object_path(entry.sha256)
+    stored = store.blobs.object_path(entry.content_id)
     assert (os.stat(stored).st_size, _on_disk(stored)) == (APPARENT, 0)
 
 
@@ -156,6 +157,7 @@ def test_a_sparse_object_moved_to_another_store_stays_sparse(
             while chunk := stream.read(1 << 20):
                 check.update(chunk)
         assert check.hexdigest() == _expected_id(plain=True)
+        assert target.blobs.sha256_of(sha, APPARENT) is None  # marked a chunk list there too
     finally:
         target.close()
 
@@ -184,6 +186,7 @@ def test_an_object_named_by_its_sha256_before_content_ids_still_moves(
         assert not second.ok and "content id" in str(second.error), second
         with target.open_object(legacy) as stream:
             assert stream.read() == content
+        assert target.blobs.sha256_of(legacy, len(content)) == legacy  # a real sha256
     finally:
         target.close()
 

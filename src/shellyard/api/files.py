@@ -51,7 +51,10 @@ from shellyard.control.plane import ControlPlane
 from shellyard.errors import InvalidInput
 
 H_SEQ = "X-Shellyard-Seq"
+#: The real SHA-256 of the file, omitted when the runner does not know it (docs/files-and-
+#: transfers.md "Snapshots"); the content id is always sent.
 H_SHA = "X-Shellyard-Sha256"
+H_CONTENT_ID = "X-Shellyard-Content-Id"
 H_SIZE = "X-Shellyard-Size"
 
 Workspace = Annotated[str | None, Query(description="a workspace id (default: your own)")]
@@ -89,6 +92,8 @@ def _file_response(stream: FileStream, ranged: bool, media: str) -> StreamingRes
     }
     if stream.entry.sha256:
         headers[H_SHA] = stream.entry.sha256
+    if stream.entry.content_id:
+        headers[H_CONTENT_ID] = stream.entry.content_id
     status = 200
     if ranged:
         status = 206

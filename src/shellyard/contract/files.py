@@ -105,7 +105,9 @@ class FileText(BaseModel):
     data: str
     #: True when ``next_offset`` reached the end of the file.
     complete: bool
+    #: The file's real SHA-256, or None when not known without hashing its holes.
     sha256: str | None = None
+    content_id: str | None = None
 
 
 class TransferRequest(BaseModel):
@@ -333,7 +335,10 @@ class TransferFileView(BaseModel):
     target_path: str
     kind: Literal["file", "dir", "symlink"]
     size: int
+    #: The real SHA-256, or None when not known without hashing holes (files of 1 MiB or
+    #: more: a transfer records content ids only).
     sha256: str | None = None
+    content_id: str | None = None
     #: ``pending`` while the transfer has not reached it.
     outcome: TransferOutcome | Literal["pending"]
     reason: str | None = None
@@ -355,7 +360,10 @@ class ArtifactView(BaseModel):
     runner_id: str
     seq: int
     path: str
+    #: The real SHA-256 of the artifact's bytes (what ``sha256sum`` prints).
     sha256: str
+    #: The snapshot store's content id (equals ``sha256`` unless the file holds a zero MiB).
+    content_id: str
     size: int
     created_at: float
 

@@ -24,7 +24,12 @@ class PathEntry(BaseModel):
     kind: Literal["file", "dir", "symlink"]
     size: int
     mode: int
+    #: The real SHA-256 of a file's bytes (what ``sha256sum`` prints), or None where the
+    #: runner does not know it without hashing holes (content with a whole zero MiB).
     sha256: str | None = None
+    #: A file's content id in the snapshot store (always set for a file): equal content has
+    #: equal ids, sparse or not; the sha256 itself unless the content holds a zero MiB.
+    content_id: str | None = None
     target: str | None = None
     #: The path (or the link's target) holds bytes that are not UTF-8: in JSON each is the
     #: escape ``\udcNN`` for byte NN (docs/files-and-transfers.md, "Names that are not
@@ -58,6 +63,9 @@ class DiffEntry(BaseModel):
     new_size: int | None = None
     old_sha256: str | None = None
     new_sha256: str | None = None
+    #: Content ids (always set for a file): compare these, not the sha256s, for equality.
+    old_content_id: str | None = None
+    new_content_id: str | None = None
 
 
 class DiffResult(BaseModel):

@@ -237,7 +237,7 @@ def file_tools(backend: AsyncClient) -> list[Tool]:
                 "List a folder of your workspace (or a workspace_id from workspace_transfer "
                 "discover) as committed: the latest snapshot, or seq. recursive=true lists "
                 "everything below; page on with after=next_after. Entries: path, kind (file, "
-                "dir, symlink), size, mode, sha256, link target."
+                "dir, symlink), size, mode, sha256 (null if unknown), content_id, link target."
             ),
             annotations=READ,
             output=DirListing,
@@ -342,7 +342,7 @@ def file_tools(backend: AsyncClient) -> list[Tool]:
                 "Declare a file as a deliverable artifact: a file of a committed snapshot "
                 "(latest, or seq) of your own workspace on the local runner. A file on another "
                 "runner must be copied back first with workspace_transfer. Returns name, path, "
-                "snapshot, sha256 and size."
+                "snapshot, sha256 (the real SHA-256 of its bytes), content_id and size."
             ),
             annotations=hints(idempotent=True),
             output=ArtifactView,
@@ -352,7 +352,9 @@ def file_tools(backend: AsyncClient) -> list[Tool]:
             None,
             artifact_list,
             title="List artifacts",
-            description="Your declared artifacts (name, path, snapshot, sha256, size).",
+            description=(
+                "Your declared artifacts (name, path, snapshot, sha256, content_id, size)."
+            ),
             annotations=READ,
             output=ArtifactList,
         ),

@@ -189,7 +189,8 @@ class EditResult(BaseModel):
 
 class ApplyEntry(BaseModel):
     """One entry of a transfer batch, as the target should hold it. A file's bytes are the
-    object ``sha256``, which must be in the target runner's store (``import_objects``)."""
+    object ``sha256`` names: its content id (named so on the wire since before content ids;
+    not always a SHA-256), which must be in the target runner's store (``import_objects``)."""
 
     path: str
     kind: Literal["file", "dir", "symlink"]

@@ -103,6 +103,8 @@ class Artifact:
     sha256: str
     size: int
     created_at: float
+    #: None for an artifact declared before content ids were recorded (its ``sha256`` is it).
+    content_id: str | None = None
 
 
 def _transfer(row: Row | None) -> Transfer | None:

@@ -335,9 +335,13 @@ artifacts = Table(
     Column("seq", Integer, nullable=False),
     Column("path", Text, nullable=False),
     Column("name", String(255), nullable=False),
+    #: The real SHA-256 of the file's bytes (computed at declaration when its content id is
+    #: a chunk list; before revision 0013 it held the content id).
     Column("sha256", String(64), nullable=False),
     Column("size", BigInteger, nullable=False),
     Column("created_at", Float, nullable=False),
+    # revision 0013_artifact_content_id; NULL for rows declared before it
+    Column("content_id", String(64), nullable=True),
     UniqueConstraint("agent_id", "name", name="uq_artifact_agent_name"),
 )
 

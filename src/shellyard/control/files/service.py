@@ -206,6 +206,7 @@ class FileService:
             data=text,
             complete=next_offset >= stream.entry.size,
             sha256=stream.entry.sha256,
+            content_id=stream.entry.content_id,
         )
 
     async def archive(

@@ -67,6 +67,7 @@ from shellyard.errors import (
 )
 from shellyard.paths import normalize_relative
 from shellyard.runner.protocol import MAX_PAGE, ApplyEntry, ByteStream, Runner, pack_version_for
+from shellyard.runner.workspace_paths import HOLE_CHUNK
 from shellyard.store import Store
 from shellyard.store.db import new_id
 from shellyard.store.files import TERMINAL_TRANSFER_STATES, Transfer, TransferFile
@@ -78,6 +79,18 @@ log = logging.getLogger(__name__)
 #: D3: the fields a transfer's record and its view share, listed once.
 _TRANSFER_VIEW_FIELDS = field_names(Transfer, TransferView.model_fields)
 _TRANSFER_FILE_VIEW_FIELDS = field_names(TransferFile, TransferFileView.model_fields)
+
+
+def _file_view(row: TransferFile) -> TransferFileView:
+    """A row's view: its ``sha256`` column holds the content id, which is the file's real
+    sha256 only for sure under one chunk (contentid.py); above, the view says nothing rather
+    than risk showing a chunk-list id as a sha256."""
+    view = TransferFileView.model_validate(values_of(row, _TRANSFER_FILE_VIEW_FIELDS))
+    view.content_id = row.sha256
+    if row.sha256 is not None and row.size >= HOLE_CHUNK:
+        view.sha256 = None
+    return view
+
 
 #: Pending rows read from the database at once (cut into batches in memory).
 _PAGE_ROWS = 5000
@@ -614,10 +627,7 @@ class TransferService:
             raise InvalidInput(f"offset must be 0 or more and limit between 1 and {MAX_PAGE}")
         await self._owned(transfer_id, agent_id)
         rows = await self.store.transfer_files(transfer_id, outcome, offset, limit + 1)
-        views = [
-            TransferFileView.model_validate(values_of(r, _TRANSFER_FILE_VIEW_FIELDS))
-            for r in rows[:limit]
-        ]
+        views = [_file_view(r) for r in rows[:limit]]
         return TransferFilesView(
             transfer_id=transfer_id,
             files=views,

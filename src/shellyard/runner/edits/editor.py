@@ -114,7 +114,8 @@ class Editor(Placer):
                 tree, i = found
                 if tree.kinds[i] == KIND_FILE and tree.sizes[i] == st.st_size:
                     done.hints[new] = (tree.digest(i), workspace_paths.sig_of(st))
-                    done.written.append(PathEntry.model_validate(tree.entry(i, new).model_dump()))
+                    moved = PathEntry.model_validate(tree.entry(i, new).model_dump())
+                    done.written.append(self.store.blobs.reveal(moved))
             elif stat_mod.S_ISDIR(st.st_mode):
                 sub = os.open(entry, workspace_paths.O_DIR, dir_fd=fd)
                 try:
@@ -196,12 +197,12 @@ class Editor(Placer):
         if entry.kind == "symlink":
             self._new_link(where.dir_fd, where.name, entry.target or "")
             return
-        assert entry.sha256 is not None
+        assert entry.content_id is not None
         st = self._new_file(
-            where.dir_fd, where.name, entry.mode, self._from_object(entry.sha256, entry.size)
+            where.dir_fd, where.name, entry.mode, self._from_object(entry.content_id, entry.size)
         )
-        done.hints[entry.path] = (bytes.fromhex(entry.sha256), workspace_paths.sig_of(st))
-        done.written.append(entry)
+        done.hints[entry.path] = (bytes.fromhex(entry.content_id), workspace_paths.sig_of(st))
+        done.written.append(self.store.blobs.reveal(entry))
 
     # ------------------------------------------------------------------ transfer batches
 

@@ -125,12 +125,14 @@ class FileUpload:
                         raise
                     self._editor.copy_over(self._temp_dir, self._temp, where.dir_fd, where.name)
                     os.unlink(self._temp, dir_fd=self._temp_dir)
+                content_id = self._content.digest().hex()
                 entry = PathEntry(
                     path=self.rel,
                     kind="file",
                     size=self.size,
                     mode=self.mode,
-                    sha256=self._content.digest().hex(),
+                    sha256=None if self._content.is_chunk_list else content_id,
+                    content_id=content_id,
                 )
                 return self._editor.commit_edit(self._workspace_id, Done(written=[entry]))
         except BaseException:

@@ -1,7 +1,12 @@
 """The object store: file contents named by their content id, written once, mode 0o444.
 
 A content id is the sha256 of the content, or for content holding a whole MiB of zeros its
-chunk-list id (contentid.py), so a hole is never hashed.
+chunk-list id (contentid.py), so a hole is never hashed. Both are 64 hex digits, so the store
+records which ids are chunk lists: an empty file ``objects/chunk-lists/<id>``, made before its
+object is renamed into place. Every object without one is named by its real sha256 (objects
+under 1 MiB always are), which the API may then show as the file's ``sha256``; a marker left
+by a crash between an object's removal and its own is harmless (an id is a chunk list or
+not, whatever stores it).
 
 Objects are never hard-linked to workspace files: a command could change a linked file's
 bytes, and a snapshot's objects must stay immutable. Each is written to a temp file under
@@ -24,7 +29,13 @@ from typing import BinaryIO
 
 from shellyard.errors import InvalidInput, NotFound
 from shellyard.runner import workspace_paths
-from shellyard.runner.snapshots.contentid import ContentId, has_zero_chunk_hole, pread_reread
+from shellyard.runner.protocol import PathEntry
+from shellyard.runner.snapshots.contentid import (
+    CHUNK,
+    ContentId,
+    has_zero_chunk_hole,
+    pread_reread,
+)
 from shellyard.runner.snapshots.format import O_CLOEXEC, write_all
 from shellyard.runner.snapshots.scan import OPEN_FILE, VANISHED
 
@@ -59,6 +70,8 @@ class ObjectStore:
         self._tmp = objects / "tmp"
         objects.mkdir(mode=0o700, parents=True, exist_ok=True)
         self._tmp.mkdir(mode=0o700, exist_ok=True)
+        self._chunk_lists = objects / "chunk-lists"
+        self._chunk_lists.mkdir(mode=0o700, exist_ok=True)
         if not (objects / "ff").is_dir():
             for i in range(256):
                 (objects / f"{i:02x}").mkdir(mode=0o700, exist_ok=True)
@@ -87,6 +100,30 @@ class ObjectStore:
                 with contextlib.suppress(OSError):
                     if entry.stat(follow_symlinks=False).st_mtime < cutoff:
                         os.unlink(entry.path)
+
+    def mark_chunk_list(self, hexdigest: str) -> None:
+        """Record that ``hexdigest`` is a chunk-list id (before its object is in place)."""
+        marker = self._chunk_lists / hexdigest
+        if not marker.exists():
+            marker.touch(mode=0o400)
+
+    def forget_chunk_list(self, hexdigest: str) -> None:
+        """Drop the marker of a collected object (after the object: never one without it)."""
+        with contextlib.suppress(FileNotFoundError):
+            (self._chunk_lists / hexdigest).unlink()
+
+    def sha256_of(self, content_id: str, size: int) -> str | None:
+        """The real sha256 of the object ``content_id`` when its id is one, else None
+        (a stat for objects of a chunk or more; nothing below that)."""
+        if size < CHUNK or not (self._chunk_lists / content_id).exists():
+            return content_id
+        return None
+
+    def reveal(self, entry: PathEntry) -> PathEntry:
+        """``entry`` with its ``sha256`` set from its content id when that is one."""
+        if entry.content_id is not None and entry.sha256 is None:
+            entry.sha256 = self.sha256_of(entry.content_id, entry.size)
+        return entry
 
     def pool(self) -> ThreadPoolExecutor:
         with self._guard:
@@ -165,6 +202,8 @@ class ObjectStore:
             finally:
                 os.close(out)
             digest = content.digest()
+            if content.is_chunk_list:
+                self.mark_chunk_list(digest.hex())
             final = self.object_path(digest.hex())
             if os.path.exists(final):
                 os.unlink(tmp)

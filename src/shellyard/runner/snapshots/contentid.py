@@ -78,6 +78,11 @@ class ContentId:
     def is_chunked(self) -> bool:
         return self._list is not None
 
+    @property
+    def is_chunk_list(self) -> bool:
+        """After ``digest``: the id is a chunk list, not the content's sha256."""
+        return self._list is not None and self._saw_zero_chunk
+
     def chunked(self) -> None:
         """Use the chunk list from here on (the caller knows a zero chunk is coming)."""
         if self._list is not None:

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Literal
 
 from shellyard.runner.protocol import PathEntry, SnapshotInfo
+from shellyard.runner.snapshots.contentid import CHUNK
 
 MANIFEST_VERSION = 2
 #: The flat format of earlier versions (read for the migration only).
@@ -205,12 +206,16 @@ class Tree:
     def entry(self, i: int, path: str) -> PathEntry:
         """Entry ``i`` as a ``PathEntry`` named ``path`` (no validation: the tree is ours)."""
         kind = self.kinds[i]
+        digest = self.digest(i).hex() if kind == KIND_FILE else None
         return PathEntry.model_construct(
             path=path,
             kind=KIND_NAMES[kind],
             size=self.sizes[i],
             mode=self.modes[i],
-            sha256=self.digest(i).hex() if kind == KIND_FILE else None,
+            # the sha256 is known from the id alone under one chunk (contentid.py); above,
+            # the store tells (ObjectStore.reveal)
+            sha256=digest if kind == KIND_FILE and self.sizes[i] < CHUNK else None,
+            content_id=digest,
             target=self.targets[i] if kind == KIND_LINK else None,
         )
 

@@ -80,7 +80,7 @@ def stat(store: SnapshotStore, workspace_id: str, seq: int | None, path: str) ->
         return None
     if found is None:
         return PathEntry(path="", kind="dir", size=0, mode=0o755)
-    return PathEntry.model_validate(found[0].entry(found[1], rel).model_dump())
+    return store.blobs.reveal(PathEntry.model_validate(found[0].entry(found[1], rel).model_dump()))
 
 
 def _page_limit(limit: int) -> int:
@@ -109,7 +109,7 @@ def list_dir(
     rel, found = lookup(v, path)
     if found is not None and found[0].kinds[found[1]] != KIND_DIR:
         # a file or a link: its listing is itself, as ls does
-        entry = found[0].entry(found[1], rel)
+        entry = store.blobs.reveal(found[0].entry(found[1], rel))
         return DirListing(workspace_id=workspace_id, seq=v.info.seq, path=rel, entries=[entry])
     mark: tuple[str, str] | None = None
     if after:
@@ -133,7 +133,7 @@ def list_dir(
             if len(entries) == limit:
                 next_after = entries[-1].path
                 break
-            entries.append(tree.entry(i, _join(folder, name)))
+            entries.append(store.blobs.reveal(tree.entry(i, _join(folder, name))))
         if next_after is not None:
             break
     return DirListing(
@@ -214,7 +214,7 @@ def diff(
     for p, x, y in pairs(va, vb, rel):
         if mark is not None and p <= mark:
             continue
-        change = _change(x, y, p)
+        change = _change(store, x, y, p)
         if change is None:
             continue
         if len(changes) == limit:
@@ -230,14 +230,19 @@ def diff(
     )
 
 
-def _change(x: Found | None, y: Found | None, p: str) -> DiffEntry | None:
+def _change(store: SnapshotStore, x: Found | None, y: Found | None, p: str) -> DiffEntry | None:
     if x is None:
         assert y is not None
-        new = y[0].entry(y[1], p)
+        new = store.blobs.reveal(y[0].entry(y[1], p))
         return DiffEntry(
-            path=p, change="added", kind=new.kind, new_size=new.size, new_sha256=new.sha256
+            path=p,
+            change="added",
+            kind=new.kind,
+            new_size=new.size,
+            new_sha256=new.sha256,
+            new_content_id=new.content_id,
         )
-    old = x[0].entry(x[1], p)
+    old = store.blobs.reveal(x[0].entry(x[1], p))
     if y is None:
         return DiffEntry(
             path=p,
@@ -246,10 +251,11 @@ def _change(x: Found | None, y: Found | None, p: str) -> DiffEntry | None:
             old_kind=old.kind,
             old_size=old.size,
             old_sha256=old.sha256,
+            old_content_id=old.content_id,
         )
     if same(x, y):
         return None
-    new = y[0].entry(y[1], p)
+    new = store.blobs.reveal(y[0].entry(y[1], p))
     return DiffEntry(
         path=p,
         change="changed",
@@ -259,6 +265,8 @@ def _change(x: Found | None, y: Found | None, p: str) -> DiffEntry | None:
         new_size=new.size,
         old_sha256=old.sha256,
         new_sha256=new.sha256,
+        old_content_id=old.content_id,
+        new_content_id=new.content_id,
     )
 
 
@@ -283,10 +291,10 @@ def open_file(
             f"followed, read the file it points to by its own path",
             path=rel,
         )
-    entry = PathEntry.model_validate(tree.entry(i, rel).model_dump())
-    assert entry.sha256 is not None
+    entry = store.blobs.reveal(PathEntry.model_validate(tree.entry(i, rel).model_dump()))
+    assert entry.content_id is not None
     try:
-        handle = store.open_object(entry.sha256)
+        handle = store.open_object(entry.content_id)
     except NotFound:
         raise NotFound(
             f"the content of {rel!r} in {where} is no longer in the store (the snapshot was "
@@ -346,10 +354,10 @@ def tar_chunks(
             info.type, info.linkname = tarfile.SYMTYPE, entry.target or ""
             buf += _header(info)
         else:
-            assert entry.sha256 is not None
+            assert entry.content_id is not None
             info.size = entry.size
             buf += _header(info)
-            with store.open_object(entry.sha256) as handle:
+            with store.open_object(entry.content_id) as handle:
                 fd, pos = handle.fileno(), 0
                 while pos < entry.size:
                     data = os.pread(fd, min(STREAM_CHUNK, entry.size - pos), pos)

@@ -45,7 +45,7 @@ from pathlib import Path
 
 from shellyard.runner import workspace_paths
 from shellyard.runner.protocol import GcResult, ObjectResult
-from shellyard.runner.snapshots.contentid import ContentId, legacy_sha256, pread_reread
+from shellyard.runner.snapshots.contentid import CHUNK, ContentId, legacy_sha256, pread_reread
 from shellyard.runner.snapshots.store import SnapshotStore, locked_at_once
 
 PACK_MAGIC_V1 = b"SYPACK1\n"
@@ -348,6 +348,8 @@ class PackImporter:
         self._hole(self._size - self._pos)
         os.ftruncate(self._fd, self._size)  # a hole at its end is a size
         if self._content.digest() == self._digest:
+            if self._content.is_chunk_list:
+                self._store.blobs.mark_chunk_list(self._digest.hex())
             return True
         return self._content.is_chunked and legacy_sha256(self._fd, self._size) == self._digest
 
@@ -462,6 +464,8 @@ def collect_garbage(store: SnapshotStore, lock: StoreLock, grace_s: float) -> Gc
                     os.unlink(entry.path)
                     removed += 1
                     freed += st.st_size
+                if st.st_size >= CHUNK:  # a smaller object is never a chunk list
+                    store.blobs.forget_chunk_list(prefix + entry.name)
     return GcResult(
         objects_seen=seen, objects_removed=removed, bytes_removed=freed, objects_young=young
     )

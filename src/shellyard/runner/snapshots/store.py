@@ -285,7 +285,7 @@ class SnapshotStore:
         For tests and small snapshots: the product walks ``view`` instead.
         (It holds the whole snapshot: ``view`` reads one folder at a time.)"""
         return {
-            e.path: PathEntry.model_validate(e.model_dump())
+            e.path: self.blobs.reveal(PathEntry.model_validate(e.model_dump()))
             for e in self.view(workspace_id, seq).entries()
         }
 
@@ -296,7 +296,8 @@ class SnapshotStore:
         v = self.view(workspace_id, seq)
         if rel == "":
             return PathEntry(path="", kind="dir", size=0, mode=0o755)
-        return v.entry(rel)
+        entry = v.entry(rel)
+        return None if entry is None else self.blobs.reveal(entry)
 
     def read(
         self, workspace_id: str, seq: int | None, path: str, offset: int, limit: int

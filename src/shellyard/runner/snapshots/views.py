@@ -118,8 +118,8 @@ def _same(a: PathEntry, b: PathEntry) -> bool:
         return False
     if a.kind == "dir":
         return True
-    return (a.sha256, a.size, a.target, a.mode & 0o111) == (
-        b.sha256,
+    return (a.content_id, a.size, a.target, a.mode & 0o111) == (
+        b.content_id,
         b.size,
         b.target,
         b.mode & 0o111,
@@ -140,8 +140,8 @@ def _place(store: SnapshotStore, dir_fd: int, name: str, entry: PathEntry) -> No
     mode = 0o555 if entry.mode & 0o111 else 0o444
     out = os.open(name, workspace_paths.O_NEW, mode, dir_fd=dir_fd)
     try:
-        if entry.sha256 is not None and entry.size:
-            source = os.open(store.blobs.object_path(entry.sha256), _O_OBJECT)
+        if entry.content_id is not None and entry.size:
+            source = os.open(store.blobs.object_path(entry.content_id), _O_OBJECT)
             try:
                 workspace_paths.copy_fd(source, out, entry.size)
             finally:

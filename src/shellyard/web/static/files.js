@@ -17,6 +17,14 @@ const PREVIEW_BYTES = 65536;
 // A PDF's first page is drawn from the whole file, read into the page: up to this size.
 const PDF_BYTES = 32 * 1024 * 1024;
 
+// A file's sha256 is null when the runner does not know it without hashing a sparse file's
+// holes; its content id (equal content, equal id) is then what tells two versions apart.
+function idLabel(when, sha256, contentId) {
+  if (sha256) return ` · sha256 ${when} ${sha256.slice(0, 16)}…`;
+  if (contentId) return ` · content id ${when} ${contentId.slice(0, 16)}…`;
+  return "";
+}
+
 function baseName(path) {
   const parts = path.split("/").filter(Boolean);
   return parts.length ? parts[parts.length - 1] : "/";
@@ -419,8 +427,8 @@ export class FilePanel {
       ]);
       if (before.binary || after.binary) {
         block.append(h("p", { class: "muted" }, `Binary: ${size}`,
-          c.old_sha256 ? ` · sha256 before ${c.old_sha256.slice(0, 16)}…` : "",
-          c.new_sha256 ? ` · after ${c.new_sha256.slice(0, 16)}…` : ""));
+          idLabel("before", c.old_sha256, c.old_content_id),
+          idLabel("after", c.new_sha256, c.new_content_id)));
         return block;
       }
       const lines = (t) => (t === "" ? [] : t.replace(/\n$/, "").split("\n"));
