@@ -151,6 +151,7 @@ ROOMS: dict[str, set[str]] = {
     "runner.workspace_paths": set(),
     "runner.own_mounts": set(),
     "runner.prefix_mounts": {"runner.own_mounts"},  # its overlay mount, the linger
+    "runner.tool_mounts": {"runner.own_mounts"},  # a package tool's writable overlays
     "runner.snapshots": {"runner.own_mounts", "runner.protocol", "runner.workspace_paths"},
     "runner.edits": {"runner.protocol", "runner.snapshots", "runner.workspace_paths"},
     "runner.network": {"runner.processes"},
@@ -164,16 +165,19 @@ ROOMS: dict[str, set[str]] = {
         "runner.processes",
         "runner.protocol",
         "runner.snapshots",
+        "runner.tool_mounts",
     },
     "runner.environments": {
         "runner.edits",
         "runner.limits",  # package tools are held to the free-space reserve
         "runner.network",  # an operator's base build starts its own egress proxy
+        "runner.own_mounts",  # whether an operator build may mount its tools' overlays
         "runner.policy",
         "runner.processes",
         "runner.protocol",
         "runner.sandbox",
         "runner.snapshots",
+        "runner.tool_mounts",
     },
     "runner.local": {
         "runner.edits",
@@ -186,6 +190,7 @@ ROOMS: dict[str, set[str]] = {
         "runner.protocol",
         "runner.sandbox",
         "runner.snapshots",
+        "runner.tool_mounts",
     },
     "runner.transport": {"runner.limits", "runner.local", "runner.policy", "runner.protocol"},
     # control/: services that never import each other sideways except as drawn; plane.py

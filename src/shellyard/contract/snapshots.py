@@ -8,6 +8,10 @@ from typing import Literal
 
 from pydantic import BaseModel, model_validator
 
+#: A file's content id is its plain sha256 under this size; from it on it may be a chunk list
+#: (runner/snapshots/contentid.py), so a ``sha256`` field is told apart from it by size first.
+CONTENT_CHUNK = 1 << 20
+
 
 def _not_utf8(text: str) -> bool:
     """Whether ``text`` holds a byte of a name that is not UTF-8 (a lone surrogate, PEP 383;

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from shellyard.contract.snapshots import CONTENT_CHUNK
 from shellyard.errors import InvalidInput, NotFound, OutOfRoom, PathRefused
 from shellyard.paths import normalize_relative
 
@@ -296,7 +297,7 @@ def remove_at(dir_fd: int, name: str) -> int:
 # system answers them; one without its own support reports the whole file as data).
 
 #: Bytes read, hashed and written at a time (and the most zeros hashed at once).
-HOLE_CHUNK = 1 << 20
+HOLE_CHUNK = CONTENT_CHUNK
 _ZEROS = bytes(HOLE_CHUNK)
 _ZERO_VIEW = memoryview(_ZEROS)
 

@@ -55,6 +55,7 @@ from shellyard.contract.files import (
     TransferWait,
     WorkspaceView,
 )
+from shellyard.contract.snapshots import CONTENT_CHUNK
 from shellyard.control.executions.hooks import WatchLeases
 from shellyard.control.files.access import WorkspaceAccess
 from shellyard.control.files.transfer_plan import glob_text, is_glob, parse_request, plan
@@ -66,8 +67,13 @@ from shellyard.errors import (
     ShellyardError,
 )
 from shellyard.paths import normalize_relative
-from shellyard.runner.protocol import MAX_PAGE, ApplyEntry, ByteStream, Runner, pack_version_for
-from shellyard.runner.workspace_paths import HOLE_CHUNK
+from shellyard.runner.protocol import (
+    MAX_PAGE,
+    ApplyEntry,
+    ByteStream,
+    Runner,
+    pack_version_for,
+)
 from shellyard.store import Store
 from shellyard.store.db import new_id
 from shellyard.store.files import TERMINAL_TRANSFER_STATES, Transfer, TransferFile
@@ -87,7 +93,7 @@ def _file_view(row: TransferFile) -> TransferFileView:
     than risk showing a chunk-list id as a sha256."""
     view = TransferFileView.model_validate(values_of(row, _TRANSFER_FILE_VIEW_FIELDS))
     view.content_id = row.sha256
-    if row.sha256 is not None and row.size >= HOLE_CHUNK:
+    if row.sha256 is not None and row.size >= CONTENT_CHUNK:
         view.sha256 = None
     return view
 
