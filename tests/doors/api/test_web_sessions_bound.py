@@ -23,6 +23,7 @@ from fastapi import FastAPI
 from shellyard.api.app import create_app
 from shellyard.config import Settings
 from shellyard.control.plane import ControlPlane, build
+from shellyard.store import Store
 from shellyard.store.schema import tokens
 from shellyard.web import login
 from shellyard.web.login import MAX_WEB_SESSIONS_PER_TOKEN
@@ -161,3 +162,24 @@ async def test_expired_web_sessions_and_login_codes_are_deleted(
             break
         await asyncio.sleep(0.05)
     assert not codes, "the expired code is still kept"
+
+
+async def test_the_bound_and_the_sweep_on_sqlite_and_postgresql(store: Store) -> None:
+    """The store's side, on both databases: a token's web sessions past ``keep`` go oldest
+    first, no other token's and no bearer token (even one ``created_by`` that token) with
+    them; the sweep deletes web sessions only."""
+    for number in range(5):
+        await store.add_web_session(
+            "admin", f"a{number}", session_id=None, agent_id=None, created_by="tok_a", keep=3
+        )
+    await store.add_web_session(
+        "admin", "b0", session_id=None, agent_id=None, created_by="tok_b", keep=3
+    )
+    bearer = await store.add_token("admin", "bearer", created_by="tok_a")
+    rows = await store.list_tokens()
+    of_a = [r.secret_sha256 for r in rows if r.created_by == "tok_a" and r.id != bearer.id]
+    assert of_a == ["a2", "a3", "a4"]
+    assert {"b0", "bearer"} <= {r.secret_sha256 for r in rows}
+    assert await store.delete_expired_web_sessions(time.time() + 1, 2) == 2
+    assert await store.delete_expired_web_sessions(time.time() + 1, 500) == 2
+    assert [r.id for r in await store.list_tokens()] == [bearer.id]
