@@ -15,6 +15,7 @@ does for the tools.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import signal
 import subprocess
@@ -28,6 +29,12 @@ from typing import IO
 #: ``source_stall_s``, ``SHELLYARD_SOURCE_STALL_S``): a local disk sends a package file's
 #: next MiB in milliseconds, a loaded NFS mount in seconds.
 DEFAULT_STALL_S = 60.0
+
+
+#: The reader's pipe, as large as an unprivileged process may make one (``pipe-max-size``):
+#: each read of the runner then takes up to this much at once, as ``read`` did before reads
+#: became ``read1`` (which must return as soon as any byte is there, for the stall bound).
+PIPE_BYTES = 1 << 20
 
 
 class Stalled(Exception):
@@ -66,6 +73,8 @@ class Readers:
             )
             self._live.add(popen)
         assert popen.stdout is not None
+        with contextlib.suppress(OSError):  # a larger pipe: fewer, larger reads of 1 MiB
+            fcntl.fcntl(popen.stdout.fileno(), fcntl.F_SETPIPE_SZ, PIPE_BYTES)
         pipe = Pipe(popen, popen.stdout, self.stall_s)
         watch = threading.Thread(target=pipe.watch, name="reader-watch", daemon=True)
         watch.start()
