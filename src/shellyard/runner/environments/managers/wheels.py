@@ -286,7 +286,7 @@ def _read(
         with readers.run(argv) as pipe:
             while True:
                 line = pipe.readline()
-                if not line:
+                if not line.endswith(b"\n"):  # nothing, or a header cut by the reader's end
                     error = "the reader stopped early"
                     break
                 header = json.loads(line)
