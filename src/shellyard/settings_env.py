@@ -166,6 +166,10 @@ VARIABLES: dict[str, Variable] = {
         Variable("SHELLYARD_PACKAGES_OFFLINE", ", ".join(_BOOLEAN), "0",
                  "Local package sources only (`--packages-offline`).", "runner",
                  _one_of(*_BOOLEAN)),
+        Variable("SHELLYARD_SOURCE_STALL_S", f"{_SECONDS} from 0.001 to 3600", "60",
+                 "How long a reader of a local package source may send nothing before it "
+                 "is killed and the environment change fails (docs/environments.md).",
+                 "runner", _number(0.001, 3600)),
         Variable("SHELLYARD_PACKAGE_REGISTRIES", "host or host:port names, comma-separated "
                  "(none: no registry)", "the hosts the allowed sources name",
                  "Package registries the egress proxy may dial in a documentation or "

@@ -213,10 +213,12 @@ def create_app(
 
     # The web page: its login, its session-wide reads, its static assets (docs/web.md).
     from shellyard.web import mount_web
-    from shellyard.web.login import login_router
+    from shellyard.web.login import PendingCode, login_router
     from shellyard.web.panel import panel_router
 
-    app.include_router(login_router(plane))
+    login_codes: dict[str, PendingCode] = {}
+    app.state.login_codes = login_codes  # unused codes, by sha256 (their bound's tests)
+    app.include_router(login_router(plane, login_codes))
     app.include_router(panel_router(plane), dependencies=auth)
     mount_web(app)
     # MCP over streamable HTTP, the same tools as stdio, bound to each request's token.

@@ -29,6 +29,7 @@ from shellyard.errors import Conflict, ShellyardError
 from shellyard.runner.protocol import LogPruneRequest
 from shellyard.store import Store
 from shellyard.store.retention import Cutoffs
+from shellyard.store.tokens import WEB_SESSION_TTL_S
 
 if TYPE_CHECKING:
     from shellyard.control.files.service import FileService
@@ -122,6 +123,7 @@ class RetentionService:
                 await self._transfers(policy, report)
             if policy.event_days is not None:
                 await self._events(policy, report)
+            await self._web_sessions(report)
             if request.snapshots and self.files is not None:
                 report.snapshots = await self.files.collect()
             await self.store.reclaim_pages()
@@ -245,6 +247,16 @@ class RetentionService:
                 report.events_deleted[kind] = report.events_deleted.get(kind, 0) + count
             if not any(counts.values()):
                 return
+            await asyncio.sleep(0)  # let requests in between two batches
+
+    async def _web_sessions(self, report: GcReport) -> None:
+        """Web logins past their 7 days (they answer 401 already): deleted whatever the
+        policy, since each login makes one and nothing else ever removes it."""
+        before = time.time() - WEB_SESSION_TTL_S
+        while deleted := await self.store.delete_expired_web_sessions(before, BATCH):
+            report.events_deleted["web_sessions"] = (
+                report.events_deleted.get("web_sessions", 0) + deleted
+            )
             await asyncio.sleep(0)  # let requests in between two batches
 
     def _database_bytes(self) -> int | None:

@@ -104,6 +104,9 @@ class SandboxPolicy(BaseModel):
     #: (``netrules.registry_tolerates``). None: the hosts the configured sources name
     #: (``contract.sources.registry_hosts``); every other destination gets the full check.
     package_registries: list[str] | None = None
+    #: Seconds a reader of a local package source (run as the workspace's uid) may send
+    #: nothing before it is killed and its change fails (``managers/readers.py``).
+    source_stall_s: float = Field(default=60.0, gt=0.0, le=3600.0)
 
     @model_validator(mode="before")
     @classmethod
@@ -259,6 +262,9 @@ def policy_from_env(policy: SandboxPolicy) -> SandboxPolicy:
     offline = (settings_env.get("SHELLYARD_PACKAGES_OFFLINE") or "").lower()
     if offline:
         update["packages_offline"] = offline in ("1", "true", "yes", "on")
+    stall = settings_env.get("SHELLYARD_SOURCE_STALL_S")
+    if stall is not None:
+        update["source_stall_s"] = stall
     if not update:
         return policy
     try:

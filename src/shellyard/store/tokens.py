@@ -13,6 +13,13 @@ from shellyard.store.db import Database, new_id
 from shellyard.store.records import from_row, from_rows, maybe
 from shellyard.store.schema import tokens, wakes
 
+#: A web login (web/cookies.py) is a row beside the tokens whose id starts with this: the
+#: rows a login makes, bounds per source token and the sweep deletes are told apart by it.
+WEB_SESSION_ID_PREFIX = "web"
+#: A web session ends this long after its login, even if the browser still holds the cookie;
+#: past it the row is deleted by the sweep (``delete_expired_web_sessions``).
+WEB_SESSION_TTL_S = 7 * 24 * 3600.0
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Token:
@@ -57,6 +64,43 @@ class TokenRecords(Database):
         await self.run(_insert, values)
         return from_row(Token, values)
 
+    async def add_web_session(
+        self,
+        kind: str,
+        secret_sha256: str,
+        *,
+        session_id: str | None,
+        agent_id: str | None,
+        created_by: str,
+        keep: int,
+    ) -> tuple[Token, int]:
+        """A web login made from the token ``created_by``, and in the same transaction the
+        oldest of that token's other web sessions deleted past ``keep`` (ended, revoked or
+        live: a login loop, or a login-logout loop, grows nothing). Returns the row and how
+        many were deleted."""
+        values: dict[str, Any] = {
+            "id": new_id(WEB_SESSION_ID_PREFIX),
+            "kind": kind,
+            "secret_sha256": secret_sha256,
+            "session_id": session_id,
+            "agent_id": agent_id,
+            "created_by": created_by,
+            "created_at": time.time(),
+            "revoked_at": None,
+        }
+        deleted = await self.run(_insert_web_session, values, keep)
+        if deleted:  # a cache of principals never holds a web session; dropped all the same
+            self.revocations += 1
+        return from_row(Token, values), deleted
+
+    async def delete_expired_web_sessions(self, before: float, batch: int) -> int:
+        """At most ``batch`` web sessions made before ``before`` deleted (they answer 401
+        already); call again while it returns anything."""
+        deleted = await self.run(_delete_expired_web_sessions, before, batch)
+        if deleted:
+            self.revocations += 1
+        return deleted
+
     async def token_by_hash(self, secret_sha256: str) -> Token | None:
         row = await self.one(sa.select(tokens).where(tokens.c.secret_sha256 == secret_sha256))
         return maybe(Token, row)
@@ -86,6 +130,39 @@ class TokenRecords(Database):
 
 def _insert(conn: sa.Connection, values: dict[str, Any]) -> None:
     conn.execute(tokens.insert().values(**values))
+
+
+def _web_sessions() -> Any:
+    return tokens.c.id.like(f"{WEB_SESSION_ID_PREFIX}\\_%", escape="\\")
+
+
+def _insert_web_session(conn: sa.Connection, values: dict[str, Any], keep: int) -> int:
+    conn.execute(tokens.insert().values(**values))
+    mine = sa.and_(_web_sessions(), tokens.c.created_by == values["created_by"])
+    kept = (
+        sa.select(tokens.c.id)
+        .where(mine)
+        .order_by(tokens.c.created_at.desc(), tokens.c.id.desc())
+        .limit(keep)
+    )
+    gone = conn.execute(tokens.delete().where(mine, tokens.c.id.not_in(kept.scalar_subquery())))
+    return int(gone.rowcount)
+
+
+def _delete_expired_web_sessions(conn: sa.Connection, before: float, batch: int) -> int:
+    ids = [
+        r[0]
+        for r in conn.execute(
+            sa.select(tokens.c.id)
+            .where(_web_sessions(), tokens.c.created_at < before)
+            .order_by(tokens.c.created_at)
+            .limit(batch)
+        )
+    ]
+    if not ids:
+        return 0
+    conn.execute(tokens.delete().where(tokens.c.id.in_(ids)))
+    return len(ids)
 
 
 def _revoke(conn: sa.Connection, token_id: str, now: float) -> None:

@@ -29,14 +29,13 @@ from starlette.requests import Request
 from shellyard.control.plane import ControlPlane
 from shellyard.control.tokens import Principal
 from shellyard.errors import Forbidden, Unauthorized
+from shellyard.store.tokens import WEB_SESSION_TTL_S
 
 #: The cookie's name is this plus the server's port: browsers keep cookies per host, not per
 #: port, so two servers on one host would otherwise overwrite each other's login.
 COOKIE_NAME = "shellyard_login"
 CSRF_HEADER = "X-Shellyard-CSRF"
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
-#: A web session ends this long after its login, even if the browser still holds the cookie.
-WEB_SESSION_TTL_S = 7 * 24 * 3600.0
 #: Web session ids start with this (bearer secrets with ``sy_``), so a leaked one is told apart.
 WEB_SESSION_PREFIX = "syw_"
 

@@ -11,6 +11,7 @@ again); only their sha256 is kept."""
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 import time
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ from shellyard.contract.rawjson import parse
 from shellyard.control.plane import ControlPlane
 from shellyard.control.tokens import Principal, hash_secret
 from shellyard.errors import Forbidden, InvalidInput, NotFound, TooMany, Unauthorized
+from shellyard.store.tokens import WEB_SESSION_ID_PREFIX
 from shellyard.web.cookies import (
     CSRF_HEADER,
     WEB_SESSION_PREFIX,
@@ -39,6 +41,9 @@ from shellyard.web.cookies import (
 
 #: How long a login code can be used.
 CODE_TTL_S = 120.0
+#: How long after the first pending code expires the timer deletes what has expired by then
+#: (one timer for all codes, so expiries close together are deleted together).
+CODE_SWEEP_SLACK_S = 1.0
 #: How long the browser keeps the cookie (the web session behind it ends then too).
 COOKIE_MAX_AGE_S = int(WEB_SESSION_TTL_S)
 #: Unused codes kept at most: asking for codes cannot grow memory unbounded. When full, a
@@ -50,6 +55,22 @@ MAX_PENDING_CODES = 1000
 #: token makes a web session, a token of its own), drops only its own codes, not the ones
 #: others (the operator's ``shellyard ui``) are about to use.
 MAX_CODES_PER_TOKEN = 10
+#: Web sessions one token may have (logged in, logged out or expired but not yet swept): a
+#: login past it deletes that token's oldest, whose browser then answers 401. A loop of
+#: logins with one token (each a row, kept 7 days) so grows the database by at most this.
+MAX_WEB_SESSIONS_PER_TOKEN = 20
+
+
+async def _source_token(plane: ControlPlane, token_id: str) -> str:
+    """The bearer token a login counts against: a code made with a web session's cookie
+    counts against the token that web session came from, so web sessions cannot make web
+    sessions without end (each within its own bound)."""
+    if not token_id.startswith(WEB_SESSION_ID_PREFIX + "_"):
+        return token_id
+    row = await plane.store.get_token(token_id)
+    if row is None or row.created_by is None:
+        raise Unauthorized("this login code's web session has ended: log in again")
+    return row.created_by
 
 
 def _reach(who: Principal) -> tuple[str, str | None, str | None]:
@@ -90,7 +111,7 @@ class LoginView(BaseModel):
 
 
 @dataclass(frozen=True)
-class _Pending:
+class PendingCode:
     who: Principal
     expires_at: float
 
@@ -105,13 +126,28 @@ def _view(who: Principal, via: str, secret: str | None = None) -> LoginView:
     )
 
 
-def login_router(plane: ControlPlane) -> APIRouter:
+def login_router(plane: ControlPlane, pending: dict[str, PendingCode] | None = None) -> APIRouter:
+    """``pending``: the unused codes by their sha256 (the caller's, to look at; else new)."""
     router = APIRouter()
-    pending: dict[str, _Pending] = {}
+    pending = {} if pending is None else pending
+    #: the one timer that deletes codes once expired (no request need come for that)
+    sweep: list[asyncio.TimerHandle] = []
 
     def drop_expired(now: float) -> None:
         for key in [k for k, p in pending.items() if p.expires_at < now]:
             del pending[key]
+
+    def swept() -> None:
+        sweep.clear()
+        drop_expired(time.time())
+        schedule()
+
+    def schedule() -> None:
+        if sweep or not pending:
+            return
+        first = min(p.expires_at for p in pending.values())
+        delay = max(0.0, first - time.time()) + CODE_SWEEP_SLACK_S
+        sweep.append(asyncio.get_running_loop().call_later(delay, swept))
 
     def make_room(who: Principal) -> None:
         mine = [key for key, p in pending.items() if _reach(p.who) == _reach(who)]
@@ -143,7 +179,8 @@ def login_router(plane: ControlPlane) -> APIRouter:
         drop_expired(now)
         make_room(who)
         code = secrets.token_urlsafe(24)
-        pending[hash_secret(code)] = _Pending(who, now + CODE_TTL_S)
+        pending[hash_secret(code)] = PendingCode(who, now + CODE_TTL_S)
+        schedule()
         fragment = f"login={code}"
         if request.session_id:
             fragment += f"&session={request.session_id}"
@@ -176,12 +213,13 @@ def login_router(plane: ControlPlane) -> APIRouter:
         # An opaque web session id, found by a hash bound to this page's origin: not a
         # bearer token, and no other host or port can use it (web/cookies.py).
         secret = WEB_SESSION_PREFIX + secrets.token_urlsafe(32)
-        await plane.store.add_token(
+        await plane.store.add_web_session(
             who.kind,
             web_session_hash(page_origin(request), secret),
             session_id=who.session_id,
             agent_id=who.agent_id,
-            created_by=who.token_id,
+            created_by=await _source_token(plane, who.token_id),
+            keep=MAX_WEB_SESSIONS_PER_TOKEN,
         )
         response.set_cookie(
             cookie_name(request),
@@ -221,4 +259,4 @@ def login_router(plane: ControlPlane) -> APIRouter:
     return router
 
 
-__all__ = ["login_router"]
+__all__ = ["PendingCode", "login_router"]

@@ -44,6 +44,7 @@ from shellyard.runner.edits.editor import Editor
 from shellyard.runner.environments import create, derive, seen, sources
 from shellyard.runner.environments.managers import MANAGERS
 from shellyard.runner.environments.managers.base import ManagerContext, ManagerError
+from shellyard.runner.environments.managers.readers import Readers
 from shellyard.runner.environments.tools import (
     SandboxedTools,
     fresh_private,
@@ -108,6 +109,14 @@ class _Running:
     origins: dict[str, str] = field(default_factory=dict)
     #: R2: the hold on the asking workspace's folders, let go when the change ends
     held: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
+    #: the readers of the sources it names (as the workspace's uid), killed with its tools
+    readers: Readers = field(default_factory=Readers)
+
+    def stop(self) -> None:
+        """Kill the change's tools and readers and start no other (abandoned or failed)."""
+        if self.tools is not None:
+            self.tools.kill_all()
+        self.readers.kill_all()
 
 
 class EnvironmentStore:
@@ -189,8 +198,7 @@ class EnvironmentStore:
         finish in time is left to the next startup's recovery, as after a crash)."""
         self._closing = True
         for running in self._running.values():
-            if running.tools is not None:
-                running.tools.kill_all()
+            running.stop()
         tasks = [r.task for r in self._running.values() if r.task is not None]
         tasks += self._settling.values()
         if tasks:
@@ -249,7 +257,13 @@ class EnvironmentStore:
             )
             self._save_record(record)
             held = stack.pop_all()  # from here, the change's own (``_run`` lets it go)
-        running = _Running(request=request, record=record, origins=checked.origins, held=held)
+        running = _Running(
+            request=request,
+            record=record,
+            origins=checked.origins,
+            held=held,
+            readers=Readers(stall_s=self.policy.source_stall_s),
+        )
         self._running[request.change_id] = running
         self._by_env[request.environment_id] = request.change_id
         running.task = asyncio.ensure_future(self._run(running))
@@ -429,6 +443,9 @@ class EnvironmentStore:
                 seen=seen.settle(prefix, fresh=request.action == "create"),  # V4
             )
             running.tools = tools
+            running.readers.front = launch.prefix(
+                self._sandboxes.launcher, network=None, ids=reader, limits=()
+            )
             ctx = ManagerContext(
                 prefix=prefix,
                 scratch=scratch,
@@ -439,9 +456,7 @@ class EnvironmentStore:
                 wheels=self._wheels,
                 verified=self.root / "verified",
                 # Sources the agent named are read as its workspace's uid (docs/security.md).
-                read_as=launch.prefix(
-                    self._sandboxes.launcher, network=None, ids=reader, limits=()
-                ),
+                read_as=running.readers,
                 inside=tools.places.inside,
                 room=lambda what: reserve.require_room(prefix.parent, self.policy, what),
             )
@@ -505,8 +520,7 @@ class EnvironmentStore:
             succeeded = True
         except asyncio.CancelledError:
             # Abandoned at close: the journal stays, the next startup rolls back.
-            if running.tools is not None:
-                running.tools.kill_all()
+            running.stop()
             rolled_back = False
             raise
         except ManagerError as exc:
@@ -548,8 +562,7 @@ class EnvironmentStore:
             message = running.tools.groups.explain(message)
         if self._closing:
             kind, message = "interrupted", f"{INTERRUPTED} ({message})"
-        if running.tools is not None:
-            running.tools.kill_all()
+        running.stop()
         rolled_back = True
         if journal_written:
             record.progress = "rolling back"

@@ -493,13 +493,16 @@ def limits_options(policy: SandboxPolicy, args: argparse.Namespace) -> SandboxPo
 
 def sources_options(policy: SandboxPolicy, args: argparse.Namespace) -> SandboxPolicy:
     """The environment's package sources (SHELLYARD_ALLOWED_SOURCES,
-    SHELLYARD_PACKAGES_OFFLINE), then the command line's (which win)."""
+    SHELLYARD_PACKAGES_OFFLINE, SHELLYARD_SOURCE_STALL_S), then the command line's (which win)."""
     update: dict[str, object] = {}
     sources = os.environ.get("SHELLYARD_ALLOWED_SOURCES")
     if sources is not None:
         update["allowed_sources"] = sources.replace(",", " ").split()
     if settings_env.flag("SHELLYARD_PACKAGES_OFFLINE"):
         update["packages_offline"] = True
+    stall = settings_env.get("SHELLYARD_SOURCE_STALL_S")
+    if stall is not None:
+        update["source_stall_s"] = stall
     if args.allowed_source is not None:
         update["allowed_sources"] = list(args.allowed_source)
     if args.packages_offline:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from shellyard.runner.environments.managers.readers import Readers
 from shellyard.runner.protocol import EnvErrorKind, EnvironmentChangeRequest, PackageRecord
 
 #: Called with a short progress line ("solving", "downloading 3/10", "linking") for displays.
@@ -56,9 +57,10 @@ class ManagerContext:
     wheels: Path | None = None
     #: Path lists of conda archives already checked, by sha256, out of every tool's reach.
     verified: Path | None = None
-    #: What runs a process as the tools' uid (``launch.prefix``; empty on a non-root
-    #: runner): local sources the caller named are read through it, never as root.
-    read_as: list[str] = field(default_factory=list)
+    #: The readers of local sources the caller named, run as the workspace's uid
+    #: (``front``: ``launch.prefix``; empty on a non-root runner), never as root; bounded
+    #: by their progress and killed with the change (readers.py).
+    read_as: Readers = field(default_factory=Readers)
     #: A host path of the prefix, cache or scratch as the tools' sandbox shows it (V4,
     #: ``seen.Places.inside``): for what a tool reads other than its arguments and
     #: variables (which ``run_tool`` translates itself), e.g. a script's text or stdin.

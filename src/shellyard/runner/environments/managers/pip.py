@@ -312,6 +312,8 @@ class _Sources:
         if self.index is not None:
             self.index = named(self.index)
         self.extra = [named(url) for url in self.extra]
+        # a page of links (a file): copied with its folder (stashed folders name the scratch)
+        self.find_links = [named(link) for link in self.find_links]
         out: list[Requirement] = []
         for requirement in requirements:
             seen = copies.shown(requirement.url) if requirement.url else None

@@ -24,15 +24,14 @@ import hashlib
 import json
 import os
 import shutil
-import subprocess
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
 
-from shellyard.contract.sources import in_workspace, is_local, local_path
+from shellyard.contract.sources import WORKSPACE, in_workspace, is_local, local_path
 from shellyard.runner.environments.managers.base import ManagerContext, ManagerError
+from shellyard.runner.environments.managers.readers import Pipe, Readers, Stalled, Stopped
 
 #: The files of a find_links folder pip may use (what uv's flat index reads).
 PACKAGE_SUFFIXES = (".whl", ".tar.gz", ".zip", ".tar.bz2", ".tgz")
@@ -156,12 +155,12 @@ def stash(
     source: Path,
     store: Path,
     into: Path,
-    front: Sequence[str] = (),
+    readers: Readers | None = None,
     budget: TreeBudget | None = None,
 ) -> tuple[Path, str]:
     """Copy the file ``source`` into ``store`` under its sha256 (once), and as ``into/<its
     name>`` (counted in ``budget``); returns that copy and the sha256."""
-    files = _stash(["file", str(source)], store, into, front, budget)
+    files = _stash(["file", str(source)], store, into, readers, budget)
     if len(files) != 1:
         raise ManagerError("failed", f"reading {source} gave {len(files)} files, not one")
     return files[0].copy, files[0].sha256
@@ -171,7 +170,7 @@ def stash_folder(
     folder: Path,
     store: Path,
     into: Path,
-    front: Sequence[str] = (),
+    readers: Readers | None = None,
     suffixes: Sequence[str] = PACKAGE_SUFFIXES,
     budget: TreeBudget | None = None,
 ) -> dict[str, str]:
@@ -180,12 +179,16 @@ def stash_folder(
     the workspace's quota but a copy each); returns {file name: sha256}. A symbolic link
     among them is refused, not followed."""
     into.mkdir(mode=0o755, parents=True, exist_ok=True)  # uv reads it even when empty
-    files = _stash(["folder", str(folder), ",".join(suffixes)], store, into, front, budget)
+    files = _stash(["folder", str(folder), ",".join(suffixes)], store, into, readers, budget)
     return {f.name: f.sha256 for f in files}
 
 
 def _stash(
-    args: list[str], store: Path, into: Path, front: Sequence[str], budget: TreeBudget | None
+    args: list[str],
+    store: Path,
+    into: Path,
+    readers: Readers | None,
+    budget: TreeBudget | None,
 ) -> list[Stashed]:
     left = budget if budget is not None else TreeBudget.fresh()
     store.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -193,13 +196,13 @@ def _stash(
     into.mkdir(mode=0o755, parents=True, exist_ok=True)
     out: list[Stashed] = []
 
-    def take(header: dict[str, object], pipe: IO[bytes]) -> None:
+    def take(header: dict[str, object], pipe: Pipe) -> None:
         name = os.path.basename(str(header["name"]))
         size = int(str(header["size"]))
         left.take(Path(args[1]), 1, size)
         out.append(_store_one(pipe, name, size, store, into))
 
-    _read(args, front, take)
+    _read(args, readers or Readers(), take)
     return out
 
 
@@ -252,19 +255,23 @@ class TreeBudget:
 
 
 def copy_tree(
-    folder: Path, into: Path, front: Sequence[str] = (), budget: TreeBudget | None = None
+    folder: Path,
+    into: Path,
+    readers: Readers | None = None,
+    budget: TreeBudget | None = None,
 ) -> int:
     """Copy every folder and file below ``folder`` (a local index, a project folder) to the
-    new folder ``into``, read by the reader as ``front``'s uid, no link followed (one is
-    refused), within ``budget`` (shared by a change's copies; the runner writes the copy:
-    past the free-space reserve's checks of the tools). Returns the files' count.
+    new folder ``into``, read by a reader of ``readers`` (as the workspace's uid), no link
+    followed (one is refused), within ``budget`` (shared by a change's copies; the runner
+    writes the copy: past the free-space reserve's checks of the tools). Returns the files'
+    count.
     The copy is root's and read-only for the tools: 0755 folders, 0644 files (0755 with an
     execute bit: a project's scripts)."""
     left = budget if budget is not None else TreeBudget.fresh()
     into.mkdir(mode=0o755)
     files = 0
 
-    def take(header: dict[str, object], pipe: IO[bytes]) -> None:
+    def take(header: dict[str, object], pipe: Pipe) -> None:
         nonlocal files
         name = str(header.get("folder", header.get("name", "")))
         parts = Path(name).parts
@@ -286,7 +293,7 @@ def copy_tree(
 
     rest = f" (what is left of the {TREE_ENTRIES} entries and {TREE_BYTES} bytes one change copies)"
     bounds = [str(max(left.entries, 0)), str(max(left.size, 0)), rest]
-    _read(["tree", str(folder), *bounds], front, take)
+    _read(["tree", str(folder), *bounds], readers or Readers(), take)
     return files
 
 
@@ -314,14 +321,24 @@ class FolderCopies:
 
     def shown(self, text: str) -> Path | None:
         """Where the tool sees the local source ``text`` (a checked runner path or
-        ``file://`` URL of it) once copied; None when it is no folder of the workspace."""
+        ``file://`` URL of it) once copied; None when it names nothing of the workspace. A
+        file (a ``find_links`` page of links, an index named by a file) is copied with its
+        folder, which its relative links name, and shown in the copy: bound, its folder
+        would be the workspace's live one, at the home's host path."""
         named = self._ctx.origins.get(text)
         if not is_local(text) or named is None or not is_local(named):
             return None
         folder = Path(local_path(text))
         seen = Path(os.path.normpath(local_path(named)))
-        if not in_workspace(str(seen)) or not folder.is_dir():
+        if not in_workspace(str(seen)) or not os.path.lexists(folder):
             return None
+        if folder.is_dir():
+            return self._copy(folder, seen)
+        if seen == Path(WORKSPACE):
+            return None  # the workspace itself is no file: the reader refuses it
+        return self._copy(folder.parent, seen.parent) / folder.name
+
+    def _copy(self, folder: Path, seen: Path) -> Path:
         if folder not in self._copies:
             copy = self._ctx.scratch / "sources" / str(len(self._copies))
             copy.parent.mkdir(mode=0o755, exist_ok=True)
@@ -333,36 +350,41 @@ class FolderCopies:
 
 
 def _read(
-    args: list[str], front: Sequence[str], take: Callable[[dict[str, object], IO[bytes]], None]
+    args: list[str], readers: Readers, take: Callable[[dict[str, object], Pipe], None]
 ) -> None:
     """Run the reader on ``args`` and hand each header (with the pipe at its bytes) to
-    ``take``; ManagerError with what the reader said when it refused."""
-    argv = [*front, _interpreter(bool(front)), "-I", "-c", _READER, *args]
-    reader = subprocess.Popen(
-        argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd="/"
-    )
-    assert reader.stdout is not None and reader.stderr is not None
+    ``take``; ManagerError with what the reader said when it refused, or when it sent
+    nothing for ``readers.stall_s`` (then killed) or the change was stopped."""
+    argv = [*readers.front, _interpreter(bool(readers.front)), "-I", "-c", _READER, *args]
     error: str | None = None
+    current = ""  # the file or folder being sent: a stall names it
     try:
-        while True:
-            line = reader.stdout.readline()
-            if not line:
-                error = "the reader stopped early"
-                break
-            header = json.loads(line)
-            if "error" in header:
-                error = str(header["error"])
-                break
-            if header.get("end"):
-                break
-            take(header, reader.stdout)
-    finally:
-        reader.stdout.close()
-        stderr = reader.stderr.read().decode("utf-8", "replace")[-500:]
-        reader.stderr.close()
-        reader.wait()
+        with readers.run(argv) as pipe:
+            while True:
+                line = pipe.readline()
+                if not line.endswith(b"\n"):  # nothing, or a header cut by the reader's end
+                    error = "the reader stopped early"
+                    break
+                header = json.loads(line)
+                if "error" in header:
+                    error = str(header["error"])
+                    break
+                if header.get("end"):
+                    break
+                current = str(header.get("name", header.get("folder", "")))
+                take(header, pipe)
+    except Stalled as exc:
+        where = f" (while sending {current})" if current else ""
+        raise ManagerError(
+            "failed",
+            f"local package source {args[1]} could not be read: its reader {exc}{where} and "
+            f"was stopped; a file whose reads block (a device, a FUSE mount) cannot be a "
+            f"package source: copy the files into your workspace",
+        ) from None
+    except Stopped as exc:
+        raise ManagerError("failed", f"local package source {args[1]}: {exc}") from None
     if error is not None:
-        detail = error if error != "the reader stopped early" else f"{error}: {stderr.strip()}"
+        detail = error if error != "the reader stopped early" else f"{error}: {pipe.stderr.strip()}"
         advice = (
             "name fewer or smaller folders (a folder named inside another one is copied twice)"
             if "holds more than" in detail
@@ -386,7 +408,7 @@ def _interpreter(dropped: bool) -> str:
     return sys.executable
 
 
-def _store_one(pipe: IO[bytes], name: str, size: int, store: Path, into: Path) -> Stashed:
+def _store_one(pipe: Pipe, name: str, size: int, store: Path, into: Path) -> Stashed:
     digest = hashlib.sha256()
     temp = store / f".tmp-{os.getpid()}-{name}"
     with temp.open("wb") as writer:
@@ -416,7 +438,7 @@ def _store_one(pipe: IO[bytes], name: str, size: int, store: Path, into: Path) -
     return Stashed(name, sha, target)
 
 
-def _pipe_bytes(pipe: IO[bytes], size: int, write: Callable[[bytes], object], name: str) -> None:
+def _pipe_bytes(pipe: Pipe, size: int, write: Callable[[bytes], object], name: str) -> None:
     """Hand the next ``size`` bytes of the reader's pipe to ``write``."""
     left = size
     while left:
