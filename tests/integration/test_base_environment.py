@@ -197,7 +197,7 @@ async def test_environment_from_python_base_changes_never_reach_the_base(
 ) -> None:
     """Issue 20 item 3 (V1, V2, V8): ``environment_create --from python-base`` starts with the
     base's packages (numpy imports at once, revision 1 records them and where they came
-    from), its files share the base's bytes (hard links on a root runner), pip installs
+    from), its files are copies of the base's (an inode of their own), pip installs
     another package into it and uninstalls a base package from it, and the base's tree hash
     and revision list are exactly what they were."""
     from env_fixtures import host_prefix, make_wheel
@@ -225,8 +225,12 @@ async def test_environment_from_python_base_changes_never_reach_the_base(
     prefix = host_prefix(yard.runner_root, env.environment_id)
     numpy_init = next(prefix.glob("lib/python*/site-packages/numpy/__init__.py"))
     base_init = next(python_base.prefix.glob("lib/python*/site-packages/numpy/__init__.py"))
-    if os.geteuid() == 0:  # a root runner links (the base belongs to another uid)
-        assert numpy_init.stat().st_ino == base_init.stat().st_ino
+    # copies, never hard links (docs/security.md "Environments share no inode with a base"),
+    # with the mtime kept (a .pyc checks its source's)
+    mine, theirs = numpy_init.stat(), base_init.stat()
+    assert mine.st_ino != theirs.st_ino
+    assert (mine.st_nlink, theirs.st_nlink, mine.st_mtime_ns) == (1, 1, theirs.st_mtime_ns)
+    assert numpy_init.read_bytes() == base_init.read_bytes()
     # the operator's folder: read as the sandbox uid (docs/environments.md), so not below
     # pytest's 0700 tmp_path
     wheels = yard.home / "wheels"

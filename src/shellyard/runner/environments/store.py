@@ -45,6 +45,8 @@ from shellyard.runner.environments import create, derive, seen, sources
 from shellyard.runner.environments.managers import MANAGERS
 from shellyard.runner.environments.managers.base import ManagerContext, ManagerError
 from shellyard.runner.environments.tools import (
+    BASE_OWNER,
+    LEGACY_BASE_OWNER,
     SandboxedTools,
     fresh_private,
     give_to_tools,
@@ -78,6 +80,10 @@ CACHE = "cache"
 #: Present when the last change left every file of the prefix to the tools' uid (or a base):
 #: the next change skips the ownership walk (``give_to_tools``).
 TOOLS_OWN = "tools-own"
+#: Present once an environment an older release made ``--from`` a base by hard links has
+#: copies of its own instead (``_unshare``, docs/security.md "Environments share no inode").
+UNSHARED = "base-copies"
+BASE_OWNERS = frozenset({BASE_OWNER, LEGACY_BASE_OWNER})
 #: Managers whose every write is a tool's (all: conda's rattler runs in a tool sandbox too).
 TOOLS_ONLY = frozenset({"conda", "pip", "cran", "bioconductor"})
 #: Names under the environments folder that are not environments.
@@ -182,6 +188,7 @@ class EnvironmentStore:
         await asyncio.to_thread(shutil.rmtree, self._cache, True)
         await asyncio.to_thread(self._editor.startup)
         await asyncio.to_thread(self._recover)
+        await asyncio.to_thread(self._unshare)
 
     async def aclose(self) -> None:
         """Stop: kill running tools and let their changes roll back (a change that does not
@@ -638,6 +645,34 @@ class EnvironmentStore:
                 self._save_record(_interrupted(record))
             shutil.rmtree(self._changes / record.change_id / "scratch", ignore_errors=True)
             shutil.rmtree(self.root / record.environment_id / SCRATCH, ignore_errors=True)
+
+    def _unshare(self) -> None:
+        """Startup, once per environment: one an older release made ``--from`` a base
+        hard-linked the base's files, whose link count then told every session how many
+        environments all sessions had made from it; its files become copies of its own."""
+        for env_dir in sorted(self.root.iterdir()):
+            if env_dir.name in RESERVED or (env_dir / UNSHARED).exists():
+                continue
+            try:
+                meta = json.loads((env_dir / ENV_FILE).read_text())
+            except (OSError, ValueError):
+                continue
+            records = meta.get("base") or []
+            if not any(str(r.get("source", "")).endswith("(hard links)") for r in records):
+                continue
+            lock_fd = _try_lock(env_dir)
+            if lock_fd is None:
+                log.warning("environment %s is locked by another process", env_dir.name)
+                continue
+            try:
+                copied = derive.unshare(env_dir / "prefix", BASE_OWNERS)
+                (env_dir / TOOLS_OWN).unlink(missing_ok=True)  # the copies are root's
+                _write_atomic(env_dir / UNSHARED, "")
+                log.info("environment %s: %d hard links of its base copied", env_dir.name, copied)
+            except (OSError, ShellyardError):
+                log.exception("copying environment %s's base files failed", env_dir.name)
+            finally:
+                os.close(lock_fd)
 
     def _recover_one(self, env_dir: Path) -> None:
         journal = json.loads((env_dir / JOURNAL_FILE).read_text())
