@@ -134,8 +134,9 @@ async def create_rounds(base: bases.BaseRevision, rounds: int) -> dict[str, list
                             name=f"{side}-{n}", base=bases.PYTHON_BASE, wait_ms=30_000
                         )
                     )
-                    while env.state not in ("ready", "failed") and env.change_id:
-                        await plane.environments.wait(env.change_id, 30)
+                    change_id = env.change_id
+                    while env.state not in ("ready", "failed") and change_id:
+                        await plane.environments.wait(change_id, 30)
                         env = await plane.environments.show(env.environment_id)
                     assert env.state == "ready", env.error
                     out[side].append(time.perf_counter() - start)
