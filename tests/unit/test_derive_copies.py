@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from shellyard.errors import LowOnSpace
 from shellyard.runner.environments import derive
 
 OLD_MTIME_NS = 1_600_000_000_123_456_789
@@ -90,3 +91,24 @@ def test_unshare_copies_only_a_bases_hard_links(tmp_path: Path) -> None:
     assert (prefix / "lib" / "own").stat().st_ino == (prefix / "lib" / "own2").stat().st_ino
     assert derive.unshare(prefix, base_owners) == 0
     assert sorted(p.name for p in prefix.rglob("*")) == ["lib", "own", "own2", "pyvenv.cfg", "tool"]
+
+
+def test_clone_stops_at_the_free_space_reserve(tmp_path: Path) -> None:
+    """R2 (docs/limits.md): a base's copy is hundreds of MB; it stops, with the reserve's
+    error, once the volume is below the reserve (the ``room`` check), as a package tool does."""
+    base = tmp_path / "base"
+    (base / "lib").mkdir(parents=True)
+    for n in range(3 * derive.ROOM_EVERY):
+        (base / "lib" / f"m{n}.py").write_text(f"N = {n}\n")
+    prefix = tmp_path / "prefix"
+    prefix.mkdir()
+    checks: list[int] = []
+
+    def room() -> None:
+        checks.append(1)
+        if len(checks) == 2:
+            raise LowOnSpace("copying the base into the environment refused: below its reserve")
+
+    with pytest.raises(LowOnSpace, match="below its reserve"):
+        derive.clone(base, prefix, room=room)
+    assert len(list((prefix / "lib").iterdir())) < 3 * derive.ROOM_EVERY

@@ -22,6 +22,7 @@ import contextlib
 import os
 import stat
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
@@ -38,6 +39,8 @@ SCRIPT_MAX_BYTES = 1 << 20
 COPY_WORKERS = 4
 #: Copies queued at most per worker: the walk waits rather than listing a whole tree ahead.
 QUEUED_PER_WORKER = 64
+#: Files copied between two checks of the free-space reserve (a ``statvfs`` each).
+ROOM_EVERY = 32
 
 
 def resolve(name: str) -> bases.BaseRevision:
@@ -57,15 +60,18 @@ def resolve(name: str) -> bases.BaseRevision:
     return base
 
 
-async def create(ctx: ManagerContext, name: str) -> list[PackageRecord]:
-    """Fill the empty ``ctx.prefix`` from base ``name``; returns revision 1's base records."""
+async def create(
+    ctx: ManagerContext, name: str, room: Callable[[], None] | None = None
+) -> list[PackageRecord]:
+    """Fill the empty ``ctx.prefix`` from base ``name``; returns revision 1's base records.
+    ``room`` raises when the volume is below its free-space reserve (called as it fills)."""
     import asyncio
 
     base = resolve(name)
     ctx.progress(f"copying {name} revision {base.revision} into the environment")
     # V4: bin/'s scripts name where the sandboxes show the new prefix (/env, seen.py)
     shown = Path(ctx.inside(str(ctx.prefix)))
-    await asyncio.to_thread(clone, base.prefix, ctx.prefix, shown, base.seen)
+    await asyncio.to_thread(clone, base.prefix, ctx.prefix, shown, base.seen, room=room)
     record_origin(ctx.prefix, f"{name} revision {base.revision}")
     records = [
         PackageRecord(
@@ -88,6 +94,7 @@ def clone(
     shown: Path | None = None,
     named: Path | None = None,
     workers: int = COPY_WORKERS,
+    room: Callable[[], None] | None = None,
 ) -> None:
     """``base``'s tree into the existing empty folder ``prefix``: folders made (0755, so the
     environment's own changes can add and remove), symbolic links re-made (those into the
@@ -95,7 +102,9 @@ def clone(
     name ``shown``, where the sandboxes see the new prefix (default: its host path), instead
     of ``named``, the path the base's files name (V4: its neutral path; default ``base``).
     Walks with ``scandir`` (the entry kinds come with the listing); the copies run on
-    ``workers`` threads, at most ``QUEUED_PER_WORKER`` each queued (bounded memory)."""
+    ``workers`` threads, at most ``QUEUED_PER_WORKER`` each queued (bounded memory).
+    ``room`` is called every ``ROOM_EVERY`` files: a copy of hundreds of MB must stop at the
+    volume's free-space reserve, as a package tool does (docs/limits.md)."""
     old = os.fsencode(named if named is not None else base)
     new = os.fsencode(shown if shown is not None else prefix)
     pending = [(os.fspath(base), os.fspath(prefix), False)]
@@ -116,6 +125,8 @@ def clone(
                         elif entry.is_file(follow_symlinks=False):
                             script = (old, new) if in_bin else None
                             queued.append(pool.submit(copy_file, entry.path, target, script))
+                            if room is not None and len(queued) % ROOM_EVERY == 0:
+                                room()
                             while len(queued) > workers * QUEUED_PER_WORKER:
                                 queued.popleft().result()
             while queued:

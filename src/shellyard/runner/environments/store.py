@@ -53,6 +53,7 @@ from shellyard.runner.environments.tools import (
     kill_recorded,
     tool_ids,
 )
+from shellyard.runner.limits import reserve
 from shellyard.runner.protocol import (
     EnvChangeState,
     EnvErrorKind,
@@ -459,7 +460,7 @@ class EnvironmentStore:
                 prefix.chmod(0o755)
                 await asyncio.to_thread(give_to_tools, prefix, ids)
                 if request.base is not None:
-                    base = await derive.create(ctx, request.base)
+                    base = await derive.create(ctx, request.base, self._room(prefix))
                 else:
                     base = await create.create(ctx, request)
                 # what the runner made as root (a derived prefix's folders and copies, the
@@ -645,6 +646,15 @@ class EnvironmentStore:
                 self._save_record(_interrupted(record))
             shutil.rmtree(self._changes / record.change_id / "scratch", ignore_errors=True)
             shutil.rmtree(self.root / record.environment_id / SCRATCH, ignore_errors=True)
+
+    def _room(self, prefix: Path) -> Callable[[], None]:
+        """Raises ``LowOnSpace`` while the prefix's volume is below the free-space reserve."""
+        policy = self._sandboxes.policy
+
+        def check() -> None:
+            reserve.require_room(prefix.parent, policy, "copying the base into the environment")
+
+        return check
 
     def _unshare(self) -> None:
         """Startup, once per environment: one an older release made ``--from`` a base
