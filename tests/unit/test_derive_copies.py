@@ -98,7 +98,9 @@ def test_clone_stops_at_the_free_space_reserve(tmp_path: Path) -> None:
     error, once the volume is below the reserve (the ``room`` check), as a package tool does."""
     base = tmp_path / "base"
     (base / "lib").mkdir(parents=True)
-    for n in range(3 * derive.ROOM_EVERY):
+    files = 20 * derive.ROOM_EVERY  # more than the copies queued at once
+    assert files > derive.COPY_WORKERS * derive.QUEUED_PER_WORKER + 2 * derive.ROOM_EVERY
+    for n in range(files):
         (base / "lib" / f"m{n}.py").write_text(f"N = {n}\n")
     prefix = tmp_path / "prefix"
     prefix.mkdir()
@@ -106,9 +108,9 @@ def test_clone_stops_at_the_free_space_reserve(tmp_path: Path) -> None:
 
     def room() -> None:
         checks.append(1)
-        if len(checks) == 2:
+        if len(checks) == 12:  # past the queue's bound: checked all along, not only at first
             raise LowOnSpace("copying the base into the environment refused: below its reserve")
 
     with pytest.raises(LowOnSpace, match="below its reserve"):
         derive.clone(base, prefix, room=room)
-    assert len(list((prefix / "lib").iterdir())) < 3 * derive.ROOM_EVERY
+    assert len(list((prefix / "lib").iterdir())) < files

@@ -1,7 +1,7 @@
 """``environment_create --from python-base`` (docs/environments.md): a named environment that starts
 with a base's packages without installing them.
 
-The new prefix is the base revision's tree with every file **copied** (7,500 files, 344 MB for
+The new prefix is the base revision's tree with every file **copied** (6,842 files, 344 MB for
 python-base) by ``copy_file_range`` — a reflink, no bytes written, where the filesystem shares
 blocks (btrfs, XFS); a kernel-side copy elsewhere (this machine's ext4) — with its mode's
 executable bit and its mtime kept (a ``.pyc`` checks its source's mtime), except what names the
@@ -109,6 +109,7 @@ def clone(
     new = os.fsencode(shown if shown is not None else prefix)
     pending = [(os.fspath(base), os.fspath(prefix), False)]
     queued: deque[Future[None]] = deque()
+    submitted = 0
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
         try:
             while pending:
@@ -125,7 +126,8 @@ def clone(
                         elif entry.is_file(follow_symlinks=False):
                             script = (old, new) if in_bin else None
                             queued.append(pool.submit(copy_file, entry.path, target, script))
-                            if room is not None and len(queued) % ROOM_EVERY == 0:
+                            submitted += 1
+                            if room is not None and submitted % ROOM_EVERY == 0:
                                 room()
                             while len(queued) > workers * QUEUED_PER_WORKER:
                                 queued.popleft().result()
