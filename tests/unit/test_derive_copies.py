@@ -114,3 +114,18 @@ def test_clone_stops_at_the_free_space_reserve(tmp_path: Path) -> None:
     with pytest.raises(LowOnSpace, match="below its reserve"):
         derive.clone(base, prefix, room=room)
     assert len(list((prefix / "lib").iterdir())) < files
+
+
+def test_clone_leaves_the_bases_access_times_alone(tmp_path: Path) -> None:
+    """A create reads every file of the base, which every session sees: under ``relatime`` a
+    read moves an access time older than the mtime, and ``stat -c %X`` in any command would
+    show that some session made an environment. The copies open with ``O_NOATIME``."""
+    base = _base(tmp_path)
+    old = OLD_MTIME_NS - 10**12  # atime before mtime: the next plain read would move it
+    for path in base.rglob("*"):
+        if path.is_file() and not path.is_symlink():
+            os.utime(path, ns=(old, OLD_MTIME_NS))
+    prefix = tmp_path / "prefix"
+    prefix.mkdir()
+    derive.clone(base, prefix, Path("/env"))
+    assert {st.st_atime_ns for st in _files(base).values()} == {old}

@@ -145,11 +145,21 @@ def _relink(source: str, target: str, old: str, new: str) -> None:
     os.symlink(link, target)
 
 
+def _open_quietly(source: str) -> int:
+    """Open a base's file without updating its access time where the owner's rights allow
+    (root, or the base's owner): the base is every session's, and an access time moved by a
+    create would tell any command reading ``stat`` that some session made an environment."""
+    try:
+        return os.open(source, O_FILE | os.O_NOATIME)
+    except PermissionError:  # O_NOATIME on a file not ours: EPERM
+        return os.open(source, O_FILE)
+
+
 def copy_file(source: str, target: str, script: tuple[bytes, bytes] | None = None) -> None:
     """Copy ``source`` to the new file ``target``: an inode of its own (never a hard link),
     mode 0755 or 0644 after its owner's executable bit, its mtime kept. ``script``
     (old, new): a small file naming ``old`` is written with ``new`` in its place instead."""
-    fd = os.open(source, O_FILE)
+    fd = _open_quietly(source)
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
