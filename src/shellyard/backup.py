@@ -58,9 +58,10 @@ ORDER: tuple[tuple[str, frozenset[str]], ...] = (
     ("environments", frozenset({"staging"})),
 )
 LOST_ERROR = "the execution was running when the backup was taken; its outcome is not in it"
-#: Files of an environment made ``--from python-base`` that are its base's file (a hard link,
-#: from an older release) or a copy of it (docs/environments.md): not copied, one JSON line
-#: each (``path`` in the runner folder, ``source`` in the base, ``size``), copied on restore.
+#: Files of an environment made ``--from python-base`` that are its base's file (a hard link)
+#: or a copy of it (docs/environments.md): not copied, one JSON line each (``path`` in the
+#: runner folder, ``source`` in the base, ``size``); on restore linked or copied again after
+#: the restoring runner's ``SHELLYARD_BASE_SHARING`` (``derive.sharing``).
 BASE_LINKS = "base-links.jsonl"
 
 
@@ -353,7 +354,7 @@ def restore(settings: Settings, source: Path) -> RestoreReport:
         raise InvalidInput(f"unknown database kind {kind!r} in {source / MANIFEST}")
     if (source / RUNNER_DIR).exists():
         _copy_tree(source / RUNNER_DIR, settings.local_runner_root, counter)
-        _copy_bases(source / BASE_LINKS, settings.local_runner_root, counter)
+        _share_bases(source / BASE_LINKS, settings, counter)
     if (source / "admin.token").exists():
         shutil.copy2(source / "admin.token", home / "admin.token")
     # The same modes as a served home's, even from a backup an older release made: the
@@ -439,6 +440,42 @@ def _check_bases(refs: Path) -> None:
             )
 
 
+def _share_bases(refs: Path, settings: Settings, counter: _Counter) -> None:
+    """The files a backup shares with a base, as the runner would share them now: hard links
+    or copies (``SHELLYARD_BASE_SHARING``, docs/environments.md)."""
+    from shellyard.runner.environments.derive import sharing
+
+    if sharing(settings.local_policy) == "links":
+        _link_bases(refs, settings.local_runner_root, counter)
+    else:
+        _copy_bases(refs, settings.local_runner_root, counter)
+
+
+def _link_bases(refs: Path, root: Path, counter: _Counter) -> None:
+    """Link each file a backup shares with a base to the base's file again (a copy where a
+    link cannot be made: another file system)."""
+    from shellyard.runner.environments.derive import copy_file
+
+    for ref in _base_refs(refs):
+        source, target = Path(str(ref["source"])), root / str(ref["path"])
+        target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.link(source, target)
+            counter.linked += 1
+        except OSError:
+            copy_file(str(source), str(target))
+            _owned_as_folder(target)
+            counter.bytes += target.stat().st_size
+        counter.files += 1
+
+
+def _owned_as_folder(target: Path) -> None:
+    """The prefix's owner (the package tools' uid, restored with its folders) owns a copy, as
+    it owns an environment's copies when it is made."""
+    parent = target.parent.stat()
+    os.chown(target, parent.st_uid, parent.st_gid)
+
+
 def _copy_bases(refs: Path, root: Path, counter: _Counter) -> None:
     """Copy each file a backup shares with a base from the base's file, never a hard link of
     it (docs/security.md "Environments share no inode with a base"; a backup of an older
@@ -449,10 +486,7 @@ def _copy_bases(refs: Path, root: Path, counter: _Counter) -> None:
         source, target = Path(str(ref["source"])), root / str(ref["path"])
         target.parent.mkdir(parents=True, exist_ok=True)
         copy_file(str(source), str(target))
-        # the prefix's owner (the package tools' uid, restored with its folders) owns it, as
-        # it owns an environment's copies when it is made
-        parent = target.parent.stat()
-        os.chown(target, parent.st_uid, parent.st_gid)
+        _owned_as_folder(target)
         counter.bytes += target.stat().st_size
         counter.files += 1
 

@@ -31,6 +31,7 @@ from shellyard.contract.files import TransferWait
 from shellyard.control.plane import ControlPlane, build
 from shellyard.control.retention import structure_sizes
 from shellyard.errors import InvalidInput
+from shellyard.runner.policy import SandboxPolicy
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -239,8 +240,9 @@ async def test_backup_keeps_hard_links_and_names_base_files(
     the base's files, its ``env.json`` naming the base) backs up at its own size: links stay
     links, base files and their copies are named in base-links.jsonl, not copied; the restore
     gives the same links, but copies of the base's files, never links of them (docs/
-    security.md "Environments share no inode with a base"), refuses up front where the base is
-    missing, and ``full=True`` makes a backup that needs no base."""
+    security.md "Environments share no inode with a base") — links of them on a runner set to
+    ``SHELLYARD_BASE_SHARING=links`` — refuses up front where the base is missing, and
+    ``full=True`` makes a backup that needs no base."""
     bases = home / "bases"
     prefix = bases / "python-base" / "1" / "prefix"
     (prefix / "lib").mkdir(parents=True)
@@ -299,6 +301,16 @@ async def test_backup_keeps_hard_links_and_names_base_files(
         assert path.read_bytes() == was.read_bytes()
         assert path.stat().st_mtime_ns == was.stat().st_mtime_ns
     assert was.stat().st_nlink == 1
+    # a runner sharing bases by hard links (SHELLYARD_BASE_SHARING=links) restores links
+    linking = Settings(home=home / "l", local_policy=SandboxPolicy(base_sharing="links"))
+    restore(linking, home / "backup")
+    linked = linking.local_runner_root / "environments"
+    for path, was in (
+        (linked / "env_from_base/prefix/lib/numpy.so", base_file),
+        (linked / "env_copies/prefix/lib/scipy.so", base_copied),
+    ):
+        assert path.stat().st_ino == was.stat().st_ino, path
+    shutil.rmtree(home / "l")
 
     full = backup(source, home / "full", full=True)
     assert full.base_files == 0

@@ -1,6 +1,8 @@
 """An environment made ``--from`` a base copies the base's files (runner/environments/derive.py;
 docs/security.md "Environments share no inode with a base"): no inode of the new prefix is one
-of the base's, so no link count seen in a command counts another session's environments."""
+of the base's, so no link count seen in a command counts another session's environments. With
+``SHELLYARD_BASE_SHARING=links`` (or ``auto`` and one uid for every workspace) it hard-links
+them instead (docs/environments.md "Starting from a base")."""
 
 from __future__ import annotations
 
@@ -9,8 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from shellyard.errors import LowOnSpace
+from shellyard.errors import InvalidInput, LowOnSpace
 from shellyard.runner.environments import derive
+from shellyard.runner.limits.settings import limits_from_env
+from shellyard.runner.policy import SandboxPolicy
 
 OLD_MTIME_NS = 1_600_000_000_123_456_789
 
@@ -129,3 +133,48 @@ def test_clone_leaves_the_bases_access_times_alone(tmp_path: Path) -> None:
     prefix.mkdir()
     derive.clone(base, prefix, Path("/env"))
     assert {st.st_atime_ns for st in _files(base).values()} == {old}
+
+
+def test_clone_linking_hard_links_every_file_but_the_scripts_naming_the_base(
+    tmp_path: Path,
+) -> None:
+    """``SHELLYARD_BASE_SHARING=links``: every file is the base's inode (no byte copied),
+    except bin/'s scripts naming the base's path, written with the new one."""
+    base = _base(tmp_path)
+    prefix = tmp_path / "prefix"
+    prefix.mkdir()
+    derive.clone(base, prefix, Path("/env"), linking=True)
+    theirs, mine = _files(base), _files(prefix)
+    assert sorted(mine) == sorted(theirs)
+    for rel, st in mine.items():
+        shared = (st.st_dev, st.st_ino) == (theirs[rel].st_dev, theirs[rel].st_ino)
+        assert shared is (rel != "bin/pip"), rel
+    assert (prefix / "bin" / "pip").read_bytes() == b"#!/env/bin/python\nimport pip\n"
+    assert os.stat(base / "pyvenv.cfg").st_nlink == 2  # what copies mode closes
+    assert os.readlink(prefix / "bin" / "python") == "/env/bin/tool"
+
+
+@pytest.mark.parametrize(
+    ("policy", "root", "expected"),
+    [
+        (SandboxPolicy(), True, "copies"),  # a uid per workspace: tenants kept apart
+        (SandboxPolicy(uid_range="61001-61999"), True, "copies"),
+        (SandboxPolicy(uid_range="off"), True, "links"),  # one uid for all
+        (SandboxPolicy(sandbox_uid=61000), True, "links"),
+        (SandboxPolicy(), False, "links"),  # not root: the runner's own uid for all
+        (SandboxPolicy(base_sharing="links"), True, "links"),
+        (SandboxPolicy(base_sharing="copies", uid_range="off"), True, "copies"),
+    ],
+)
+def test_sharing_auto_copies_only_where_workspaces_have_uids_of_their_own(
+    policy: SandboxPolicy, root: bool, expected: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(os, "geteuid", lambda: 0 if root else 1000)
+    assert derive.sharing(policy) == expected
+
+
+def test_base_sharing_setting_is_read_and_a_wrong_value_says_the_choices() -> None:
+    policy = limits_from_env(SandboxPolicy(), {"SHELLYARD_BASE_SHARING": " Links "})
+    assert policy.base_sharing == "links"
+    with pytest.raises(InvalidInput, match=r"must be auto, copies or links.*'hardlinks'"):
+        limits_from_env(SandboxPolicy(), {"SHELLYARD_BASE_SHARING": "hardlinks"})

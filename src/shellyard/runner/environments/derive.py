@@ -1,19 +1,27 @@
 """``environment_create --from python-base`` (docs/environments.md): a named environment that starts
 with a base's packages without installing them.
 
-The new prefix is the base revision's tree with every file **copied** (6,842 files, 344 MB for
-python-base) by ``copy_file_range`` — a reflink, no bytes written, where the filesystem shares
-blocks (btrfs, XFS); a kernel-side copy elsewhere (this machine's ext4) — with its mode's
-executable bit and its mtime kept (a ``.pyc`` checks its source's mtime), except what names the
-base's own path: the venv's ``bin/`` scripts (shebangs, ``activate``), which are rewritten (a
-venv is not relocatable, and nothing else in a uv venv holds its path — checked by grepping a
-built base).
+The new prefix is the base revision's tree, except what names the base's own path: the venv's
+``bin/`` scripts (shebangs, ``activate``), which are rewritten (a venv is not relocatable, and
+nothing else in a uv venv holds its path — checked by grepping a built base). The other files
+are shared one of two ways, ``SHELLYARD_BASE_SHARING`` (``sharing``):
 
-Copies, not hard links (what this did before): a hard link shares the inode, and its
-``st_nlink``, which any command of any session reads in the base or in an environment made from
-it, counted every session's environments made from that base — a side channel on other
-sessions' activity (docs/security.md, "Environments share no inode with a base"). The measured
-cost, and why not an overlay, are in docs/environments.md ("Starting from a base").
+- **copies** (6,842 files, 344 MB for python-base) by ``copy_file_range`` — a reflink, no
+  bytes written, where the filesystem shares blocks (btrfs, XFS); a kernel-side copy elsewhere
+  (this machine's ext4: ~9x the time and the disk of links) — mode's executable bit and mtime
+  kept (a ``.pyc`` checks its source's mtime). No inode is the base's, so no link count does
+  what a hard link's does: count every session's environments made from that base, a side
+  channel on other sessions' activity (docs/security.md, "Environments share no inode").
+- **hard links** (a few hundred ms, no bytes): the base must then be safe from the derived
+  environment's changes. Every change rewrites by unlink or temp + rename (uv, the rollback of
+  ``Editor.restore``), never in place; the base's files are 0444 and, on a root runner, owned
+  by another uid (``bases.BASE_OWNER``), so a package tool running as root with every
+  capability dropped can neither write nor chmod them. Where that does not hold (a non-root
+  runner: the tools run as the base's owner and could chmod it; or the base on another
+  filesystem) the files are copied instead (``can_link``).
+
+``auto`` picks copies when workspaces have uids of their own (tenants to keep apart) and links
+when one uid serves them all. The revision's ``base`` record says which was done.
 """
 
 from __future__ import annotations
@@ -25,14 +33,16 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from typing import Literal
 
 from shellyard.runner.environments import bases
 from shellyard.runner.environments.managers.base import ManagerContext, ManagerError
 from shellyard.runner.environments.managers.pip import record_origin
-from shellyard.runner.protocol import PackageRecord
+from shellyard.runner.protocol import PackageRecord, SandboxPolicy
+from shellyard.runner.sandbox import tenants
 from shellyard.runner.workspace_paths import O_FILE, O_NEW, copy_fd
 
-#: Files of bin/ larger than this are binaries (uv): copied, never scanned for the path.
+#: Files of bin/ larger than this are binaries (uv): shared, never scanned for the path.
 SCRIPT_MAX_BYTES = 1 << 20
 #: Threads copying files: the copy is the kernel's (the GIL is released), and a few in flight
 #: overlap one file's open/close with another's bytes (measured in docs/benchmarks.md).
@@ -41,6 +51,20 @@ COPY_WORKERS = 4
 QUEUED_PER_WORKER = 64
 #: Files copied between two checks of the free-space reserve (a ``statvfs`` each).
 ROOM_EVERY = 32
+#: What the ``base`` record's source ends with, after how the files were shared.
+SHARED_AS = {True: "hard links", False: "copies"}
+
+Sharing = Literal["copies", "links"]
+
+
+def sharing(policy: SandboxPolicy) -> Sharing:
+    """``policy.base_sharing``, ``auto`` resolved: copies when the runner gives workspaces
+    uids of their own (root, ``SHELLYARD_UID_RANGE`` not ``off``: tenants whose activity a
+    shared link count would tell each other), links when one uid serves every workspace."""
+    if policy.base_sharing != "auto":
+        return policy.base_sharing
+    tenant_uids = os.geteuid() == 0 and tenants.range_of(policy) is not None
+    return "copies" if tenant_uids else "links"
 
 
 def resolve(name: str) -> bases.BaseRevision:
@@ -61,21 +85,32 @@ def resolve(name: str) -> bases.BaseRevision:
 
 
 async def create(
-    ctx: ManagerContext, name: str, room: Callable[[], None] | None = None
+    ctx: ManagerContext,
+    name: str,
+    room: Callable[[], None] | None = None,
+    how: Sharing = "copies",
 ) -> list[PackageRecord]:
-    """Fill the empty ``ctx.prefix`` from base ``name``; returns revision 1's base records.
-    ``room`` raises when the volume is below its free-space reserve (called as it fills)."""
+    """Fill the empty ``ctx.prefix`` from base ``name`` by ``how``; returns revision 1's base
+    records. ``room`` raises when the volume is below its free-space reserve (called as it
+    fills)."""
     import asyncio
 
     base = resolve(name)
-    ctx.progress(f"copying {name} revision {base.revision} into the environment")
+    linking = how == "links" and can_link(base.prefix, ctx.prefix)
+    verb = "hard-linking" if linking else "copying"
+    ctx.progress(f"{verb} {name} revision {base.revision} into the environment")
     # V4: bin/'s scripts name where the sandboxes show the new prefix (/env, seen.py)
     shown = Path(ctx.inside(str(ctx.prefix)))
-    await asyncio.to_thread(clone, base.prefix, ctx.prefix, shown, base.seen, room=room)
+    await asyncio.to_thread(
+        clone, base.prefix, ctx.prefix, shown, base.seen, room=room, linking=linking
+    )
     record_origin(ctx.prefix, f"{name} revision {base.revision}")
     records = [
         PackageRecord(
-            manager="base", name=name, version=str(base.revision), source=f"{base.prefix} (copies)"
+            manager="base",
+            name=name,
+            version=str(base.revision),
+            source=f"{base.prefix} ({SHARED_AS[linking]})",
         )
     ]
     for package in ("python", "pip", "uv"):
@@ -88,6 +123,16 @@ async def create(
     return records
 
 
+def can_link(base: Path, prefix: Path) -> bool:
+    """Hard links are safe and possible: same filesystem, and the base's files belong to a
+    uid other than the one the package tools run as (they could chmod their own files)."""
+    try:
+        top = os.stat(base / "pyvenv.cfg")
+        return top.st_dev == os.stat(prefix).st_dev and top.st_uid != os.geteuid()
+    except OSError:
+        return False
+
+
 def clone(
     base: Path,
     prefix: Path,
@@ -95,10 +140,12 @@ def clone(
     named: Path | None = None,
     workers: int = COPY_WORKERS,
     room: Callable[[], None] | None = None,
+    linking: bool = False,
 ) -> None:
     """``base``'s tree into the existing empty folder ``prefix``: folders made (0755, so the
     environment's own changes can add and remove), symbolic links re-made (those into the
-    base pointed at the new prefix), files copied (``copy_file``), bin/ scripts rewritten to
+    base pointed at the new prefix), files copied (``copy_file``) or, ``linking``, hard-linked
+    (``link_file``; on the walk's thread: a link is one cheap call), bin/ scripts rewritten to
     name ``shown``, where the sandboxes see the new prefix (default: its host path), instead
     of ``named``, the path the base's files name (V4: its neutral path; default ``base``).
     Walks with ``scandir`` (the entry kinds come with the listing); the copies run on
@@ -125,7 +172,11 @@ def clone(
                             pending.append((entry.path, target, top_bin))
                         elif entry.is_file(follow_symlinks=False):
                             script = (old, new) if in_bin else None
-                            queued.append(pool.submit(copy_file, entry.path, target, script))
+                            if linking and not in_bin:
+                                os.link(entry.path, target)
+                            else:
+                                share = link_file if linking else copy_file
+                                queued.append(pool.submit(share, entry.path, target, script))
                             submitted += 1
                             if room is not None and submitted % ROOM_EVERY == 0:
                                 room()
@@ -185,6 +236,24 @@ def copy_file(source: str, target: str, script: tuple[bytes, bytes] | None = Non
             os.close(out)
     finally:
         os.close(fd)
+
+
+def link_file(source: str, target: str, script: tuple[bytes, bytes] | None = None) -> None:
+    """Hard-link ``source`` at ``target``, unless it is a small file naming ``script``'s old
+    path: that one is written with the new path (``copy_file``)."""
+    names = False
+    if script is not None:
+        fd = _open_quietly(source)
+        try:
+            st = os.fstat(fd)
+            if st.st_size <= SCRIPT_MAX_BYTES:
+                names = script[0] in os.pread(fd, st.st_size + 1, 0)
+        finally:
+            os.close(fd)
+    if names:
+        copy_file(source, target, script)
+    else:
+        os.link(source, target, follow_symlinks=False)
 
 
 def unshare(prefix: Path, owners: frozenset[int]) -> int:

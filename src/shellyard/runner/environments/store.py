@@ -81,7 +81,7 @@ CACHE = "cache"
 #: Present when the last change left every file of the prefix to the tools' uid (or a base):
 #: the next change skips the ownership walk (``give_to_tools``).
 TOOLS_OWN = "tools-own"
-#: Present once an environment an older release made ``--from`` a base by hard links has
+#: Present once an environment made ``--from`` a base by hard links has
 #: copies of its own instead (``_unshare``, docs/security.md "Environments share no inode").
 UNSHARED = "base-copies"
 BASE_OWNERS = frozenset({BASE_OWNER, LEGACY_BASE_OWNER})
@@ -134,6 +134,8 @@ class EnvironmentStore:
         self._workspace_path = workspace_path
         self._sources = sources.parse(policy.allowed_sources, policy.packages_offline)
         self.policy = policy
+        #: copies or hard links of a base's files (``SHELLYARD_BASE_SHARING``, derive.py)
+        self.sharing = derive.sharing(policy)
         self._sandboxes = sandboxes
         self._users = users
         self._tool_timeout_s = tool_timeout_s
@@ -189,7 +191,8 @@ class EnvironmentStore:
         await asyncio.to_thread(shutil.rmtree, self._cache, True)
         await asyncio.to_thread(self._editor.startup)
         await asyncio.to_thread(self._recover)
-        await asyncio.to_thread(self._unshare)
+        if self.sharing == "copies":  # links mode keeps what an older release linked
+            await asyncio.to_thread(self._unshare)
 
     async def aclose(self) -> None:
         """Stop: kill running tools and let their changes roll back (a change that does not
@@ -460,7 +463,7 @@ class EnvironmentStore:
                 prefix.chmod(0o755)
                 await asyncio.to_thread(give_to_tools, prefix, ids)
                 if request.base is not None:
-                    base = await derive.create(ctx, request.base, self._room(prefix))
+                    base = await derive.create(ctx, request.base, self._room(prefix), self.sharing)
                 else:
                     base = await create.create(ctx, request)
                 # what the runner made as root (a derived prefix's folders and copies, the
@@ -657,9 +660,10 @@ class EnvironmentStore:
         return check
 
     def _unshare(self) -> None:
-        """Startup, once per environment: one an older release made ``--from`` a base
-        hard-linked the base's files, whose link count then told every session how many
-        environments all sessions had made from it; its files become copies of its own."""
+        """Startup in copies mode, once per environment: one made ``--from`` a base by hard
+        links (an older release, or ``SHELLYARD_BASE_SHARING=links`` before) shares the base's
+        inodes, whose link count tells every session how many environments all sessions made
+        from it; its files become copies of its own."""
         for env_dir in sorted(self.root.iterdir()):
             if env_dir.name in RESERVED or (env_dir / UNSHARED).exists():
                 continue
