@@ -1,6 +1,7 @@
 """An environment an older release made ``--from`` a base hard-linked the base's files, whose
 link count told every session of the others' environments (docs/security.md, "Environments
-share no inode with a base"). The runner's next start gives it copies of its own, once."""
+share no inode with a base"). The runner's next start gives it copies of its own, once, unless
+it shares bases by hard links (``SHELLYARD_BASE_SHARING``)."""
 
 from __future__ import annotations
 
@@ -13,13 +14,17 @@ import pytest
 from shellyard.config import Settings
 from shellyard.control.plane import build
 from shellyard.runner.environments.tools import BASE_OWNER
+from shellyard.runner.policy import SandboxPolicy
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="a base's owner is a root runner's")
 
 
+@pytest.mark.parametrize("sharing", ["auto", "links"])
 async def test_an_environment_an_older_release_linked_gets_copies_at_the_next_start(
-    home: Path,
+    home: Path, sharing: str
 ) -> None:
+    """``auto`` on this root runner is copies (a uid per workspace): the start copies;
+    ``SHELLYARD_BASE_SHARING=links`` keeps the links it would make itself."""
     base = home / "bases" / "python-base" / "1" / "prefix"
     (base / "lib").mkdir(parents=True)
     base_file = base / "lib" / "numpy.py"
@@ -27,7 +32,7 @@ async def test_an_environment_an_older_release_linked_gets_copies_at_the_next_st
     os.utime(base_file, ns=(1_600_000_000_000_000_000, 1_600_000_000_000_000_000))
     base_file.chmod(0o444)
     os.chown(base_file, BASE_OWNER, 0)
-    settings = Settings(home=home / "home")
+    settings = Settings(home=home / "home", local_policy=SandboxPolicy(base_sharing=sharing))
     plane = await build(settings)
     await plane.aclose()
     env_dir = settings.local_runner_root / "environments" / "env_0123456789abcdef"
@@ -41,6 +46,10 @@ async def test_an_environment_an_older_release_linked_gets_copies_at_the_next_st
 
     plane = await build(settings)  # the start this release's runner makes
     await plane.aclose()
+    if sharing == "links":
+        assert (linked.stat().st_ino, base_file.stat().st_nlink) == (base_file.stat().st_ino, 2)
+        assert not (env_dir / "base-copies").exists()
+        return
     mine, theirs = linked.stat(), base_file.stat()
     assert (mine.st_nlink, theirs.st_nlink) == (1, 1)  # before: 2 and 2
     assert linked.read_text() == "VERSION = 1\n"
