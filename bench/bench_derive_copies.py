@@ -1,12 +1,13 @@
-"""An environment made ``--from python-base``: copies (now) against hard links (before), each
-beside ``cp -a`` of the same base prefix in the same run (docs/environments.md, "Starting from a
+"""An environment made ``--from python-base``: ``SHELLYARD_BASE_SHARING=copies`` against
+``links`` (hard links, what every create did before), each beside ``cp -a`` of the same base
+prefix in the same run (docs/environments.md, "Starting from a
 base"; docs/security.md, "Environments share no inode with a base").
 
-1. ``clone``: the prefix alone, rounds interleaved: ``cp -a`` (the baseline), the hard-link
-   walk this replaced (``link``), ``derive.clone`` on one thread and on ``COPY_WORKERS``.
+1. ``clone``: the prefix alone, rounds interleaved: ``cp -a`` (the baseline), ``derive.clone``
+   hard-linking (``link``), copying on one thread and on ``COPY_WORKERS``.
 2. ``create``: ``environment_create --from python-base`` through the control plane (in-process,
-   local runner) until revision 1 is answered, the old hard-link walk patched in (``before``)
-   and the copies (``after``), interleaved with ``cp -a`` of the base prefix.
+   local runner) until revision 1 is answered, on a home set to ``links`` (``before``) and one
+   set to ``copies`` (``after``), interleaved with ``cp -a`` of the base prefix.
 
 Disk is what a new prefix adds: the blocks of its inodes the base does not hold (``du`` would
 count a hard-linked file once, in whichever tree it met first). The base is prepared once, in
@@ -35,36 +36,9 @@ from shellyard.config import Settings
 from shellyard.contract.environments import EnvironmentCreateRequest
 from shellyard.control.plane import ControlPlane
 from shellyard.runner.environments import bases, derive
+from shellyard.runner.policy import SandboxPolicy
 
 COMMAND = ".venv/bin/python bench/bench_derive_copies.py"
-
-
-def _link_clone(
-    base: Path,
-    prefix: Path,
-    shown: Path | None = None,
-    named: Path | None = None,
-    workers: int = 1,
-) -> None:
-    """The walk before: every file hard-linked but bin/'s scripts (rewritten)."""
-    old = os.fsencode(named if named is not None else base)
-    new = os.fsencode(shown if shown is not None else prefix)
-    pending = [(os.fspath(base), os.fspath(prefix), False)]
-    while pending:
-        source_dir, target_dir, in_bin = pending.pop()
-        with os.scandir(source_dir) as entries:
-            for entry in entries:
-                target = os.path.join(target_dir, entry.name)
-                if entry.is_symlink():
-                    os.symlink(os.readlink(entry.path), target)
-                elif entry.is_dir(follow_symlinks=False):
-                    os.mkdir(target, 0o755)
-                    top_bin = source_dir == os.fspath(base) and entry.name == "bin"
-                    pending.append((entry.path, target, top_bin))
-                elif in_bin:
-                    derive.copy_file(entry.path, target, (old, new))
-                else:
-                    os.link(entry.path, target)
 
 
 def _inodes(tree: Path) -> set[tuple[int, int]]:
@@ -100,7 +74,7 @@ def clone_rounds(base: Path, rounds: int, scratch: Path) -> dict[str, dict[str, 
     base_inodes = _inodes(base)
     ways: dict[str, Callable[[Path], None]] = {
         "cp_a": lambda to: subprocess.run(["cp", "-a", f"{base}/.", str(to)], check=True),
-        "link": lambda to: _link_clone(base, to),
+        "link": lambda to: derive.clone(base, to, linking=True),
         "copies_1": lambda to: derive.clone(base, to, workers=1),
         f"copies_{derive.COPY_WORKERS}": lambda to: derive.clone(base, to),
     }
@@ -116,18 +90,24 @@ def clone_rounds(base: Path, rounds: int, scratch: Path) -> dict[str, dict[str, 
 
 
 async def create_rounds(base: bases.BaseRevision, rounds: int) -> dict[str, list[float]]:
+    """``before``: ``SHELLYARD_BASE_SHARING=links``; ``after``: ``copies`` (a home each)."""
     home = make_home()
     base_inodes = _inodes(base.prefix)
-    copying = derive.clone
     out: dict[str, list[float]] = {
         k: [] for k in ("before", "after", "cp_a", "before_b", "after_b")
     }
+    homes = {
+        side: Settings(home=home / side, local_policy=SandboxPolicy(base_sharing=mode))
+        for side, mode in (("before", "links"), ("after", "copies"))
+    }
     try:
-        async with ControlPlane.running(Settings(home=home / "home")) as plane:
-            runner_root = Settings(home=home / "home").local_runner_root
+        async with (
+            ControlPlane.running(homes["before"]) as linking,
+            ControlPlane.running(homes["after"]) as copying,
+        ):
+            planes = {"before": linking, "after": copying}
             for n in range(rounds):
-                for side in ("before", "after"):
-                    derive.clone = _link_clone if side == "before" else copying  # type: ignore[assignment]
+                for side, plane in planes.items():
                     start = time.perf_counter()
                     env = await plane.environments.create(
                         EnvironmentCreateRequest(
@@ -140,6 +120,7 @@ async def create_rounds(base: bases.BaseRevision, rounds: int) -> dict[str, list
                         env = await plane.environments.show(env.environment_id)
                     assert env.state == "ready", env.error
                     out[side].append(time.perf_counter() - start)
+                    runner_root = homes[side].local_runner_root
                     prefix = runner_root / "environments" / env.environment_id / "prefix"
                     out[f"{side}_b"].append(added_bytes(prefix, base_inodes))
                 into = home / f"cp-{n}"
@@ -154,7 +135,6 @@ async def create_rounds(base: bases.BaseRevision, rounds: int) -> dict[str, list
                 )
                 shutil.rmtree(into)
     finally:
-        derive.clone = copying  # type: ignore[assignment]
         remove_home(home)
     return out
 

@@ -380,7 +380,7 @@ def _walk_prefixes(bases: Path) -> Iterator[tuple[str, list[str], list[str]]]:
 
 def _base_prefix(env_dir: Path, bases: Path) -> Path | None:
     """The prefix of the base revision the environment in ``env_dir`` was made from (its
-    ``env.json``'s base record, ``<prefix> (copies)``), if below ``bases``."""
+    ``env.json``'s base record, ``<prefix> (copies)`` or ``(hard links)``), if below ``bases``."""
     try:
         meta = json.loads((env_dir / "env.json").read_text())
     except (OSError, ValueError):
