@@ -45,7 +45,11 @@ async def test_an_environment_an_older_release_linked_gets_copies_at_the_next_st
     assert base_file.stat().st_nlink == 2
 
     plane = await build(settings)  # the start this release's runner makes
+    info = await plane.runners.get("local").info()
     await plane.aclose()
+    assert info.limits is not None  # what `runner show` prints as `limit base_sharing`
+    shown = "hard links" if sharing == "links" else "copies"
+    assert info.limits.base_sharing == f"{shown} (SHELLYARD_BASE_SHARING={sharing})"
     if sharing == "links":
         assert (linked.stat().st_ino, base_file.stat().st_nlink) == (base_file.stat().st_ino, 2)
         assert not (env_dir / "base-copies").exists()
