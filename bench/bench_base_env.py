@@ -202,7 +202,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "prepare_s": [round(x, 3) for x in ours],
             "plain_uv_s": [round(x, 3) for x in theirs],
             **{f"{k}_s": [round(x, 3) for x in v] for k, v in derived.items()},
-            "linking": os.geteuid() == 0,
         },
     }
 

@@ -58,9 +58,10 @@ ORDER: tuple[tuple[str, frozenset[str]], ...] = (
     ("environments", frozenset({"staging"})),
 )
 LOST_ERROR = "the execution was running when the backup was taken; its outcome is not in it"
-#: Files the runner folder shares by hard link with a base environment's prefix (an environment
-#: made ``--from python-base``; docs/environments.md): not copied, one JSON line each
-#: (``path`` in the runner folder, ``source`` in the base, ``size``), linked again on restore.
+#: Files of an environment made ``--from python-base`` that are its base's file (a hard link)
+#: or a copy of it (docs/environments.md): not copied, one JSON line each (``path`` in the
+#: runner folder, ``source`` in the base, ``size``); on restore linked or copied again after
+#: the restoring runner's ``SHELLYARD_BASE_SHARING`` (``derive.sharing``).
 BASE_LINKS = "base-links.jsonl"
 
 
@@ -101,6 +102,9 @@ class _Counter:
         self.bases = bases
         self._base_index: dict[tuple[int, int], Path] | None = None
         self.refs: IO[str] | None = None
+        #: The runner folder copied from (set by a backup): where environments are found.
+        self.source: Path | None = None
+        self._env_bases: dict[str, Path | None] = {}
 
     def base_file(self, key: tuple[int, int]) -> Path | None:
         """The base file that is this inode, if any (the bases indexed once, linked files only)."""
@@ -134,9 +138,43 @@ class _Counter:
                 self.base_files += 1
                 return False
             self.first[key] = destination
+        twin = self.base_twin(path, info) if info.st_nlink == 1 else None
+        if twin is not None and self.refs is not None and self.tree is not None:
+            line = {"path": str(destination.relative_to(self.tree)), "source": str(twin)}
+            self.refs.write(json.dumps({**line, "size": info.st_size}) + "\n")
+            self.base_files += 1
+            return False
         shutil.copy2(path, destination, follow_symlinks=False)
         self.bytes += info.st_size
         return True
+
+    def base_twin(self, path: Path, info: os.stat_result) -> Path | None:
+        """The file of the base an environment was made from that ``path`` (a file of that
+        environment's prefix) is a copy of: the same place in the prefix, size, mtime and
+        bytes (docs/operations.md: environments copy their base's files, sharing no inode)."""
+        if self.bases is None or self.source is None:
+            return None
+        if not path.is_relative_to(self.source):
+            return None
+        parts = path.relative_to(self.source).parts
+        if len(parts) < 4 or parts[0] != "environments" or parts[2] != "prefix":
+            return None
+        if parts[1] not in self._env_bases:
+            self._env_bases[parts[1]] = _base_prefix(self.source / parts[0] / parts[1], self.bases)
+        base = self._env_bases[parts[1]]
+        if base is None:
+            return None
+        twin = base.joinpath(*parts[3:])
+        try:
+            st = os.lstat(twin)
+        except OSError:
+            return None
+        if not stat.S_ISREG(st.st_mode) or (st.st_size, st.st_mtime_ns) != (
+            info.st_size,
+            info.st_mtime_ns,
+        ):
+            return None
+        return twin if _same_bytes(path, twin) else None
 
 
 # ---------------------------------------------------------------------- backup
@@ -157,6 +195,7 @@ def backup(settings: Settings, destination: Path, *, full: bool = False) -> Back
         raise InvalidInput(f"{destination} is inside the home {home}; put the backup elsewhere")
     destination.mkdir(mode=0o700, parents=True, exist_ok=True)
     counter = _Counter(destination / RUNNER_DIR, None if full else _bases_folder())
+    counter.source = settings.local_runner_root
     with maintenance_lock(home, wait=True), open(destination / BASE_LINKS, "w") as refs:
         counter.refs = refs
         if settings.database_url is None:
@@ -315,7 +354,7 @@ def restore(settings: Settings, source: Path) -> RestoreReport:
         raise InvalidInput(f"unknown database kind {kind!r} in {source / MANIFEST}")
     if (source / RUNNER_DIR).exists():
         _copy_tree(source / RUNNER_DIR, settings.local_runner_root, counter)
-        _link_bases(source / BASE_LINKS, settings.local_runner_root, counter)
+        _share_bases(source / BASE_LINKS, settings, counter)
     if (source / "admin.token").exists():
         shutil.copy2(source / "admin.token", home / "admin.token")
     # The same modes as a served home's, even from a backup an older release made: the
@@ -337,6 +376,37 @@ def _walk_prefixes(bases: Path) -> Iterator[tuple[str, list[str], list[str]]]:
         prefix = record.with_suffix("") / "prefix"
         if prefix.is_dir():
             yield from os.walk(prefix)
+
+
+def _base_prefix(env_dir: Path, bases: Path) -> Path | None:
+    """The prefix of the base revision the environment in ``env_dir`` was made from (its
+    ``env.json``'s base record, ``<prefix> (copies)`` or ``(hard links)``), if below ``bases``."""
+    try:
+        meta = json.loads((env_dir / "env.json").read_text())
+    except (OSError, ValueError):
+        return None
+    for record in meta.get("base") or []:
+        source = str(record.get("source", "")) if isinstance(record, dict) else ""
+        if record.get("manager") == "base" and " (" in source:
+            prefix = Path(source.rsplit(" (", 1)[0])
+            if prefix.is_absolute() and prefix.is_relative_to(bases) and ".." not in prefix.parts:
+                return prefix
+    return None
+
+
+def _same_bytes(a: Path, b: Path, chunk: int = 1 << 20) -> bool:
+    """Whether two files hold the same bytes (read in bounded chunks, no link followed)."""
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        with open(os.open(a, flags), "rb") as one, open(os.open(b, flags), "rb") as two:
+            while True:
+                x, y = one.read(chunk), two.read(chunk)
+                if x != y:
+                    return False
+                if not x:
+                    return True
+    except OSError:
+        return False
 
 
 def _bases_folder() -> Path | None:
@@ -370,9 +440,22 @@ def _check_bases(refs: Path) -> None:
             )
 
 
+def _share_bases(refs: Path, settings: Settings, counter: _Counter) -> None:
+    """The files a backup shares with a base, as the runner would share them now: hard links
+    or copies (``SHELLYARD_BASE_SHARING``, docs/environments.md)."""
+    from shellyard.runner.environments.derive import sharing
+
+    if sharing(settings.local_policy) == "links":
+        _link_bases(refs, settings.local_runner_root, counter)
+    else:
+        _copy_bases(refs, settings.local_runner_root, counter)
+
+
 def _link_bases(refs: Path, root: Path, counter: _Counter) -> None:
     """Link each file a backup shares with a base to the base's file again (a copy where a
     link cannot be made: another file system)."""
+    from shellyard.runner.environments.derive import copy_file
+
     for ref in _base_refs(refs):
         source, target = Path(str(ref["source"])), root / str(ref["path"])
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -380,8 +463,31 @@ def _link_bases(refs: Path, root: Path, counter: _Counter) -> None:
             os.link(source, target)
             counter.linked += 1
         except OSError:
-            shutil.copy2(source, target)
+            copy_file(str(source), str(target))
+            _owned_as_folder(target)
             counter.bytes += target.stat().st_size
+        counter.files += 1
+
+
+def _owned_as_folder(target: Path) -> None:
+    """The prefix's owner (the package tools' uid, restored with its folders) owns a copy, as
+    it owns an environment's copies when it is made."""
+    parent = target.parent.stat()
+    os.chown(target, parent.st_uid, parent.st_gid)
+
+
+def _copy_bases(refs: Path, root: Path, counter: _Counter) -> None:
+    """Copy each file a backup shares with a base from the base's file, never a hard link of
+    it (docs/security.md "Environments share no inode with a base"; a backup of an older
+    release names the files it shared by link the same way)."""
+    from shellyard.runner.environments.derive import copy_file
+
+    for ref in _base_refs(refs):
+        source, target = Path(str(ref["source"])), root / str(ref["path"])
+        target.parent.mkdir(parents=True, exist_ok=True)
+        copy_file(str(source), str(target))
+        _owned_as_folder(target)
+        counter.bytes += target.stat().st_size
         counter.files += 1
 
 

@@ -206,6 +206,12 @@ VARIABLES: dict[str, Variable] = {
         Variable("SHELLYARD_UID_RANGE", "FIRST-LAST, uids between 1000 and 65533",
                  "docs/security.md", "The workspaces' own uids (root runners).", "runner",
                  _uid_range),
+        Variable("SHELLYARD_BASE_SHARING", "auto, copies, links", "auto",
+                 "How an environment made --from a base gets its files: copies (no inode "
+                 "shared), links (hard links: fast, but their link count tells every session "
+                 "how many environments were made from the base); auto: copies when "
+                 "workspaces have uids of their own (docs/environments.md).", "runner",
+                 _one_of("auto", "copies", "links")),
         Variable("SHELLYARD_NETWORK_LINGER_S", f"{_SECONDS}, 0 or more", "30",
                  "How long a workspace's network outlives its last command.", "runner",
                  _number(0)),

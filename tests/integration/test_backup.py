@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
+import shutil
 import signal
 import sqlite3
 from pathlib import Path
@@ -29,6 +31,7 @@ from shellyard.contract.files import TransferWait
 from shellyard.control.plane import ControlPlane, build
 from shellyard.control.retention import structure_sizes
 from shellyard.errors import InvalidInput
+from shellyard.runner.policy import SandboxPolicy
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -232,16 +235,22 @@ def _unique_bytes(root: Path, leave_out: frozenset[tuple[int, int]] = frozenset(
 async def test_backup_keeps_hard_links_and_names_base_files(
     home: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A home holding hard links (an agent's ``ln``; an environment made from a base shares the
-    base's files) backs up at its own size: links stay links, base files are named in
-    base-links.jsonl, not copied; the restore gives the same links, refuses up front where the
-    base is missing, and ``full=True`` makes a backup that needs no base."""
+    """A home holding hard links (an agent's ``ln``; an environment an older release made
+    from a base shares the base's files) and an environment made from a base now (copies of
+    the base's files, its ``env.json`` naming the base) backs up at its own size: links stay
+    links, base files and their copies are named in base-links.jsonl, not copied; the restore
+    gives the same links, but copies of the base's files, never links of them (docs/
+    security.md "Environments share no inode with a base") — links of them on a runner set to
+    ``SHELLYARD_BASE_SHARING=links`` — refuses up front where the base is missing, and
+    ``full=True`` makes a backup that needs no base."""
     bases = home / "bases"
     prefix = bases / "python-base" / "1" / "prefix"
     (prefix / "lib").mkdir(parents=True)
     (bases / "python-base" / "1.json").write_text("{}")
     base_file = prefix / "lib" / "numpy.so"
     base_file.write_bytes(os.urandom(4 << 20))
+    base_copied = prefix / "lib" / "scipy.so"
+    base_copied.write_bytes(os.urandom(2 << 20))
     monkeypatch.setenv("SHELLYARD_BASES", str(bases))
     source = Settings(home=home / "a")
     plane = await build(source)
@@ -255,16 +264,27 @@ async def test_backup_keeps_hard_links_and_names_base_files(
     derived = source.local_runner_root / "environments" / "env_from_base" / "prefix" / "lib"
     derived.mkdir(parents=True)
     os.link(base_file, derived / "numpy.so")
+    copies = source.local_runner_root / "environments" / "env_copies"
+    (copies / "prefix" / "lib").mkdir(parents=True)
+    record = {"manager": "base", "name": "python-base", "source": f"{prefix} (copies)"}
+    (copies / "env.json").write_text(json.dumps({"base": [record]}))
+    shutil.copy2(base_copied, copies / "prefix" / "lib" / "scipy.so")  # its mtime kept
+    changed = copies / "prefix" / "lib" / "numpy.so"  # same size and mtime, other bytes
+    shutil.copy2(base_file, changed)
+    with open(changed, "r+b") as out:
+        out.write(b"X")
+    os.utime(changed, ns=(base_file.stat().st_atime_ns, base_file.stat().st_mtime_ns))
     base_inode = frozenset({(base_file.stat().st_dev, base_file.stat().st_ino)})
-    own = _unique_bytes(source.local_runner_root, base_inode)
+    own = _unique_bytes(source.local_runner_root, base_inode) - (2 << 20)
 
     report = backup(source, home / "backup")
     kept = _unique_bytes(home / "backup" / "runners")
     assert kept <= own + (64 << 10) and kept < own + (3 << 20), (kept, own)
-    assert report.linked >= 1 and report.base_files == 1
-    assert not (
-        home / "backup" / "runners/local/environments/env_from_base/prefix/lib/numpy.so"
-    ).exists()
+    assert report.linked >= 1 and report.base_files == 2
+    backed = home / "backup" / "runners/local/environments"
+    assert not (backed / "env_from_base/prefix/lib/numpy.so").exists()
+    assert not (backed / "env_copies/prefix/lib/scipy.so").exists()
+    assert (backed / "env_copies/prefix/lib/numpy.so").read_bytes() == changed.read_bytes()
 
     target = Settings(home=home / "b")
     restore(target, home / "backup")
@@ -272,8 +292,25 @@ async def test_backup_keeps_hard_links_and_names_base_files(
     assert len(workspaces) == 1
     a, b = workspaces[0], workspaces[0].with_name("b.bin")
     assert a.stat().st_ino == b.stat().st_ino and a.read_bytes() == b.read_bytes()
-    linked = target.local_runner_root / "environments/env_from_base/prefix/lib/numpy.so"
-    assert linked.stat().st_ino == base_file.stat().st_ino
+    restored = target.local_runner_root / "environments"
+    for path, was in (
+        (restored / "env_from_base/prefix/lib/numpy.so", base_file),
+        (restored / "env_copies/prefix/lib/scipy.so", base_copied),
+    ):
+        assert path.stat().st_ino != was.stat().st_ino and path.stat().st_nlink == 1
+        assert path.read_bytes() == was.read_bytes()
+        assert path.stat().st_mtime_ns == was.stat().st_mtime_ns
+    assert was.stat().st_nlink == 1
+    # a runner sharing bases by hard links (SHELLYARD_BASE_SHARING=links) restores links
+    linking = Settings(home=home / "l", local_policy=SandboxPolicy(base_sharing="links"))
+    restore(linking, home / "backup")
+    linked = linking.local_runner_root / "environments"
+    for path, was in (
+        (linked / "env_from_base/prefix/lib/numpy.so", base_file),
+        (linked / "env_copies/prefix/lib/scipy.so", base_copied),
+    ):
+        assert path.stat().st_ino == was.stat().st_ino, path
+    shutil.rmtree(home / "l")
 
     full = backup(source, home / "full", full=True)
     assert full.base_files == 0

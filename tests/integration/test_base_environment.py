@@ -197,7 +197,7 @@ async def test_environment_from_python_base_changes_never_reach_the_base(
 ) -> None:
     """Issue 20 item 3 (V1, V2, V8): ``environment_create --from python-base`` starts with the
     base's packages (numpy imports at once, revision 1 records them and where they came
-    from), its files share the base's bytes (hard links on a root runner), pip installs
+    from), its files are copies of the base's (an inode of their own), pip installs
     another package into it and uninstalls a base package from it, and the base's tree hash
     and revision list are exactly what they were."""
     from env_fixtures import host_prefix, make_wheel
@@ -225,8 +225,12 @@ async def test_environment_from_python_base_changes_never_reach_the_base(
     prefix = host_prefix(yard.runner_root, env.environment_id)
     numpy_init = next(prefix.glob("lib/python*/site-packages/numpy/__init__.py"))
     base_init = next(python_base.prefix.glob("lib/python*/site-packages/numpy/__init__.py"))
-    if os.geteuid() == 0:  # a root runner links (the base belongs to another uid)
-        assert numpy_init.stat().st_ino == base_init.stat().st_ino
+    # copies, never hard links (docs/security.md "Environments share no inode with a base"),
+    # with the mtime kept (a .pyc checks its source's)
+    mine, theirs = numpy_init.stat(), base_init.stat()
+    assert mine.st_ino != theirs.st_ino
+    assert (mine.st_nlink, theirs.st_nlink, mine.st_mtime_ns) == (1, 1, theirs.st_mtime_ns)
+    assert numpy_init.read_bytes() == base_init.read_bytes()
     # the operator's folder: read as the sandbox uid (docs/environments.md), so not below
     # pytest's 0700 tmp_path
     wheels = yard.home / "wheels"
@@ -259,6 +263,48 @@ async def test_environment_from_python_base_changes_never_reach_the_base(
     # the base itself still runs the stack, tzdata included
     plain = await yard.run("python -c 'import tzdata, pandas'")
     assert (plain.exit_code, plain.environment_id) == (0, "python-base"), plain.stderr
+
+
+@pytest.mark.runner_kinds("local")
+@pytest.mark.parametrize("mode", ["links", "copies", "auto"])
+async def test_base_sharing_hard_links_or_copies_the_bases_files(
+    yard_factory: Any, use_base: Path, python_base: bases.BaseRevision, mode: str
+) -> None:
+    """``SHELLYARD_BASE_SHARING`` (docs/environments.md "Starting from a base"): ``links``
+    makes the new prefix's files the base's inodes, ``copies`` inodes of their own, ``auto``
+    copies on this root runner (a uid per workspace by default); the revision's base record
+    says which, and the environment runs numpy either way."""
+    from env_fixtures import host_prefix
+
+    from shellyard.contract.environments import EnvironmentCreateRequest
+    from shellyard.runner.policy import SandboxPolicy
+
+    if mode == "auto" and os.geteuid() != 0:
+        pytest.skip("auto copies only where workspaces have uids of their own (root)")
+    yard = await yard_factory(SandboxPolicy(base_sharing=mode))
+    env = await yard.plane.environments.create(
+        EnvironmentCreateRequest(
+            name="shared", base="python-base", runner_id=yard.runner_id, wait_ms=30_000
+        )
+    )
+    assert (env.state, env.revision) == ("ready", 1), env.error
+    linked = mode == "links"
+    first = (
+        await yard.plane.environments.revisions(
+            env.environment_id, EnvironmentRevisionsQuery(revision=1)
+        )
+    )[0]
+    record = next(p for p in first.packages if p.manager == "base" and p.name == "python-base")
+    assert record.source.endswith("(hard links)" if linked else "(copies)"), record.source
+    prefix = host_prefix(yard.runner_root, env.environment_id)
+    mine = next(prefix.glob("lib/python*/site-packages/numpy/__init__.py")).stat()
+    theirs = next(python_base.prefix.glob("lib/python*/site-packages/numpy/__init__.py")).stat()
+    assert ((mine.st_dev, mine.st_ino) == (theirs.st_dev, theirs.st_ino)) is linked
+    assert (mine.st_nlink, theirs.st_nlink) == ((2, 2) if linked else (1, 1))
+    result = await yard.run(
+        "python -c 'import numpy; print(numpy.__file__)'", environment_id=env.environment_id
+    )
+    assert result.exit_code == 0 and result.stdout.startswith("/env/"), result.stderr
 
 
 async def test_from_an_unprepared_base_is_refused(

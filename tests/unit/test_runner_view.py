@@ -30,6 +30,7 @@ LIMITS = {
     "cpu_ceiling": None,
     "uids": "one per workspace (61001-61999)",
     "group_moves": None,  # no cgroup (docs/limits.md "Moving into a group under load")
+    "base_sharing": "copies (SHELLYARD_BASE_SHARING=auto)",  # docs/environments.md
 }
 
 

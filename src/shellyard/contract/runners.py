@@ -105,6 +105,9 @@ class RunnerLimits(BaseModel):
     #: How a command's move into its groups waits under fork load (docs/limits.md "Moving
     #: into a group under load"): ``favordynmods …`` or ``host-wide threadgroup lock``.
     group_moves: str | None = None
+    #: How an environment made ``--from`` a base gets its files (``SHELLYARD_BASE_SHARING``,
+    #: docs/environments.md "Starting from a base"): ``copies …`` or ``hard links …``.
+    base_sharing: str | None = None
 
 
 class RunnerView(BaseModel):

@@ -234,6 +234,13 @@ class LocalRunner(TerminalDoor):  # E13: send_input, screen, resize
             self._guard.uids = f"one uid for every workspace ({self._ids[0]})"
         else:
             self._guard.uids = f"this runner's own uid ({os.geteuid()}): not root"
+        if self._environments.sharing == "copies":
+            how = "copies"
+        elif self._ids is not None:
+            how = "hard links"
+        else:  # derive.can_link: the tools run as the base's owner and could chmod a link
+            how = "copies (links are not safe on a runner that is not root)"
+        self._guard.base_sharing = f"{how} (SHELLYARD_BASE_SHARING={self.policy.base_sharing})"
         if "egress" in (self.policy.network, self.policy.tools_network):
             box.socat = sandbox.find_socat()
             # R2: no path of the home in the mountinfo line of its bind (own_mounts.py)

@@ -90,6 +90,11 @@ class SandboxPolicy(BaseModel):
     #: None: the default range, unless ``sandbox_uid`` is set (then that one uid for all);
     #: ``off``: every workspace runs as ``sandbox_uid``.
     uid_range: str | None = None
+    #: How an environment made ``--from`` a base gets the base's files: ``copies`` (an inode
+    #: of its own each: no link count shared), ``links`` (hard links: fast, no bytes, but the
+    #: link count tells every session how many environments were made from the base), ``auto``
+    #: (copies with a uid per workspace, links otherwise; derive.py, docs/environments.md).
+    base_sharing: Literal["auto", "copies", "links"] = "auto"
     #: How often running commands' disk use and logs are looked at.
     limit_check_interval_s: float = Field(default=0.1, gt=0.0, le=10.0)
     # --- package sources (docs/environments.md "Package sources") ---

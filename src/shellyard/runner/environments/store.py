@@ -46,6 +46,8 @@ from shellyard.runner.environments.managers import MANAGERS
 from shellyard.runner.environments.managers.base import ManagerContext, ManagerError
 from shellyard.runner.environments.managers.readers import Readers
 from shellyard.runner.environments.tools import (
+    BASE_OWNER,
+    LEGACY_BASE_OWNER,
     SandboxedTools,
     fresh_private,
     give_to_tools,
@@ -80,6 +82,10 @@ CACHE = "cache"
 #: Present when the last change left every file of the prefix to the tools' uid (or a base):
 #: the next change skips the ownership walk (``give_to_tools``).
 TOOLS_OWN = "tools-own"
+#: Present once an environment made ``--from`` a base by hard links has
+#: copies of its own instead (``_unshare``, docs/security.md "Environments share no inode").
+UNSHARED = "base-copies"
+BASE_OWNERS = frozenset({BASE_OWNER, LEGACY_BASE_OWNER})
 #: Managers whose every write is a tool's (all: conda's rattler runs in a tool sandbox too).
 TOOLS_ONLY = frozenset({"conda", "pip", "cran", "bioconductor"})
 #: Names under the environments folder that are not environments.
@@ -137,6 +143,8 @@ class EnvironmentStore:
         self._workspace_path = workspace_path
         self._sources = sources.parse(policy.allowed_sources, policy.packages_offline)
         self.policy = policy
+        #: copies or hard links of a base's files (``SHELLYARD_BASE_SHARING``, derive.py)
+        self.sharing = derive.sharing(policy)
         self._sandboxes = sandboxes
         self._users = users
         self._tool_timeout_s = tool_timeout_s
@@ -192,6 +200,8 @@ class EnvironmentStore:
         await asyncio.to_thread(shutil.rmtree, self._cache, True)
         await asyncio.to_thread(self._editor.startup)
         await asyncio.to_thread(self._recover)
+        if self.sharing == "copies":  # links mode keeps what an older release linked
+            await asyncio.to_thread(self._unshare)
 
     async def aclose(self) -> None:
         """Stop: kill running tools and let their changes roll back (a change that does not
@@ -469,7 +479,7 @@ class EnvironmentStore:
                 prefix.chmod(0o755)
                 await asyncio.to_thread(give_to_tools, prefix, ids)
                 if request.base is not None:
-                    base = await derive.create(ctx, request.base)
+                    base = await derive.create(ctx, request.base, self._room(prefix), self.sharing)
                 else:
                     base = await create.create(ctx, request)
                 # what the runner made as root (a derived prefix's folders and copies, the
@@ -653,6 +663,44 @@ class EnvironmentStore:
                 self._save_record(_interrupted(record))
             shutil.rmtree(self._changes / record.change_id / "scratch", ignore_errors=True)
             shutil.rmtree(self.root / record.environment_id / SCRATCH, ignore_errors=True)
+
+    def _room(self, prefix: Path) -> Callable[[], None]:
+        """Raises ``LowOnSpace`` while the prefix's volume is below the free-space reserve."""
+        policy = self._sandboxes.policy
+
+        def check() -> None:
+            reserve.require_room(prefix.parent, policy, "copying the base into the environment")
+
+        return check
+
+    def _unshare(self) -> None:
+        """Startup in copies mode, once per environment: one made ``--from`` a base by hard
+        links (an older release, or ``SHELLYARD_BASE_SHARING=links`` before) shares the base's
+        inodes, whose link count tells every session how many environments all sessions made
+        from it; its files become copies of its own."""
+        for env_dir in sorted(self.root.iterdir()):
+            if env_dir.name in RESERVED or (env_dir / UNSHARED).exists():
+                continue
+            try:
+                meta = json.loads((env_dir / ENV_FILE).read_text())
+            except (OSError, ValueError):
+                continue
+            records = meta.get("base") or []
+            if not any(str(r.get("source", "")).endswith("(hard links)") for r in records):
+                continue
+            lock_fd = _try_lock(env_dir)
+            if lock_fd is None:
+                log.warning("environment %s is locked by another process", env_dir.name)
+                continue
+            try:
+                copied = derive.unshare(env_dir / "prefix", BASE_OWNERS)
+                (env_dir / TOOLS_OWN).unlink(missing_ok=True)  # the copies are root's
+                _write_atomic(env_dir / UNSHARED, "")
+                log.info("environment %s: %d hard links of its base copied", env_dir.name, copied)
+            except (OSError, ShellyardError):
+                log.exception("copying environment %s's base files failed", env_dir.name)
+            finally:
+                os.close(lock_fd)
 
     def _recover_one(self, env_dir: Path) -> None:
         journal = json.loads((env_dir / JOURNAL_FILE).read_text())

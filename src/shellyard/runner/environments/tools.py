@@ -46,9 +46,10 @@ from shellyard.runner.tool_mounts import shown_below
 log = logging.getLogger(__name__)
 
 #: On a root runner a finished base's files belong to this uid (group root), not to the
-#: sandbox uid the package tools run as, so no tool can write or chmod a base file that an
-#: environment made ``--from`` the base shares by hard link (runner/environments/derive.py);
-#: nothing runs as it, so no local process can either (docs/security.md, "The bases' owner").
+#: sandbox uid the package tools run as, so no tool can write or chmod a base file (an
+#: environment made ``--from`` the base by an older release shares them by hard link;
+#: runner/environments/derive.py copies now); nothing runs as it, so no local process can
+#: either (docs/security.md, "The bases' owner").
 BASE_OWNER = tenants.BASES_UID
 #: The owner of bases sealed before (nobody): re-owned by the next ``env prepare``, and
 #: until then still a base's file to ``give_to_tools``.

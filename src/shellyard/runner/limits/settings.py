@@ -37,6 +37,8 @@ ENV_PROCESSES = "SHELLYARD_PROCESS_LIMIT"
 ENV_CPU_CEILING = "SHELLYARD_CPU_CEILING"
 ENV_CGROUPS = "SHELLYARD_CGROUPS"
 ENV_UID_RANGE = "SHELLYARD_UID_RANGE"
+#: Copies or hard links of a base's files in an environment made ``--from`` it (derive.py).
+ENV_BASE_SHARING = "SHELLYARD_BASE_SHARING"
 
 
 def parse_size(raw: str, what: str) -> int:
@@ -78,7 +80,8 @@ def limits_from_env(policy: SandboxPolicy, environ: Mapping[str, str]) -> Sandbo
 def tenant_settings(environ: Mapping[str, str]) -> dict[str, object]:
     """``SHELLYARD_MEMORY_LIMIT`` (a size per execution), ``SHELLYARD_PROCESS_LIMIT``
     (processes per workspace), ``SHELLYARD_CPU_CEILING`` (cores per workspace, 0: none),
-    ``SHELLYARD_CGROUPS`` (auto, v2, v1, off) and ``SHELLYARD_UID_RANGE`` (``FIRST-LAST``)."""
+    ``SHELLYARD_CGROUPS`` (auto, v2, v1, off), ``SHELLYARD_UID_RANGE`` (``FIRST-LAST``) and
+    ``SHELLYARD_BASE_SHARING`` (auto, copies, links)."""
     update: dict[str, object] = {}
     if raw := environ.get(ENV_MEMORY, "").strip():
         size = parse_size(raw, ENV_MEMORY)
@@ -107,6 +110,13 @@ def tenant_settings(environ: Mapping[str, str]) -> dict[str, object]:
         update["cgroups"] = raw
     if raw := environ.get(ENV_UID_RANGE, "").strip():
         update["uid_range"] = raw
+    if raw := environ.get(ENV_BASE_SHARING, "").strip():
+        if raw.lower() not in ("auto", "copies", "links"):
+            raise InvalidInput(
+                f"{ENV_BASE_SHARING} must be auto, copies or links (docs/environments.md), "
+                f"not {raw!r}"
+            )
+        update["base_sharing"] = raw.lower()
     return update
 
 
@@ -185,6 +195,7 @@ def runner_limits(
     margin: int,
     cgroups: CgroupTree | None,
     uids: str = "one uid",
+    base_sharing: str | None = None,
 ) -> RunnerLimits:
     return RunnerLimits(
         workspace_quota_bytes=policy.workspace_quota_bytes,
@@ -218,4 +229,5 @@ def runner_limits(
         cpu_ceiling=cgroups.limits.cpu_ceiling if cgroups is not None else None,
         uids=uids,
         group_moves=cgroups.group_moves if cgroups is not None else None,
+        base_sharing=base_sharing,
     )

@@ -136,6 +136,8 @@ class Guard:
         self.cgroups: CgroupTree | None = None
         #: R2 tenants: how uids are given (``per workspace …`` or the one sandbox uid).
         self.uids = "one uid"
+        #: How environments made ``--from`` a base get its files (set by the runner).
+        self.base_sharing: str | None = None
 
         self._log_mark = 0
         self._cut_failed = False
@@ -338,6 +340,7 @@ class Guard:
             self.margin_bytes() if self.policy.workspace_quota_bytes else 0,
             self.cgroups,
             self.uids,
+            self.base_sharing,
         )
 
     async def aclose(self) -> None:
