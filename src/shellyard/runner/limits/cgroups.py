@@ -27,8 +27,9 @@ then the sandbox's init has been killed and waited for (E8), so the groups are e
 thread still ends anything left before it removes them. Likewise ``plan`` names the groups at
 once and ``make`` creates them where the caller chooses (a warm sandbox: its spawn's worker
 thread). A spawn takes a group waiting for its workspace (``take_ready``): when an
-execution ends, the removal thread puts its groups back, counters reset, once nothing of it is
-left in them (recycle.py), or, when they cannot start clean, removes them and makes one new
+execution ends, its groups go back, counters reset, once nothing of it is left in them
+(recycle.py; v1 groups already empty at once in ``finish``, others by the removal thread),
+or, when they cannot start clean, the thread removes them and makes one new
 (``READY_PER_WORKSPACE``), so neither ``mkdir``, ``rmdir`` nor limit writes, which wait on
 ``cgroup_mutex`` under load, are on the event loop, and most executions need none
 (docs/limits.md "Groups used again"). A group that waited ``pool_idle_s`` unused goes.
