@@ -6,14 +6,15 @@
   and off (rlimits, one uid), in alternating windows on control planes in this process, with
   the server's and the children's CPU per run; a third plane, tenants on with the runner's
   cgroup folder left at the kernel's default CPU weight (one process's worth for the whole
-  tree, as before docs/benchmarks.md §34), shows what the per-workspace weight buys; a fourth,
-  tenants on with an ended execution's groups always removed and fresh ones made (before
-  docs/limits.md "Groups used again"), what using them again buys;
+  tree, as before docs/benchmarks.md §34), shows what the per-workspace weight buys; with
+  ``--fresh`` a fourth, tenants on with an ended execution's groups always removed and fresh
+  ones made (before docs/limits.md "Groups used again"), what using them again buys (off by
+  default: a fourth plane changes the windows' order against earlier runs);
 - fairness: B's CPU-bound second (1 s of CPU) while A runs 8 busy loops, each in a session of
   its own, over B's idle time (wall), and A's CPU over B's in that window; tenants on and off.
 Targets: spawn ≤ 0.5 ms CPU, throughput ≥ 0.95× off, fairness ≤ 2× idle.
 
-    .venv/bin/python bench/bench_tenants.py [--quick] [--out PATH]
+    .venv/bin/python bench/bench_tenants.py [--quick] [--fresh] [--out PATH]
 """
 
 from __future__ import annotations
@@ -88,7 +89,7 @@ async def open_plane(
             tree = runner._sandboxes.cgroups  # a bench's look inside
             if tree is not None and flat:  # the kernel's default weight (before §34)
                 tree.weight.path = None
-            if tree is not None and fresh:  # groups never used again (before §44)
+            if tree is not None and fresh:  # groups never used again (before §50)
                 tree.reuse = False
     session, _main = await plane.store.default_owner()
     agents = [str((await plane.store.create_agent(str(session.id))).id) for _ in range(AGENTS)]
@@ -146,11 +147,13 @@ async def fairness(plane: ControlPlane, agents: list[str]) -> dict[str, float]:
 
 async def measure(args: argparse.Namespace) -> dict[str, Any]:
     spawn = spawn_cost(50 if args.quick else 300)
-    names = ("on", "off", "flat", "fresh")
+    names: tuple[str, ...] = ("on", "off", "flat", "fresh") if args.fresh else ("on", "off", "flat")
     homes = {name: make_home() for name in names}
     planes: dict[str, tuple[ControlPlane, list[str]]] = {}
     try:
-        for name, policy in (("on", ON), ("off", OFF), ("flat", FLAT), ("fresh", FRESH)):
+        policies = {"on": ON, "off": OFF, "flat": FLAT, "fresh": FRESH}
+        for name in names:
+            policy = policies[name]
             planes[name] = await open_plane(
                 homes[name], policy, flat=name == "flat", fresh=name == "fresh"
             )
@@ -207,13 +210,13 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
             rates["flat"], "/s", baseline_label="tenants off, /s",
             baseline_value=rates["off"], target="— (info: what the weight buys)", kind="info",
         ),
-        metric(
+        *([metric(
             "tenants.throughput_fresh",
-            "the same, tenants on, an ended execution's groups never used again (before §44), /s",
+            "the same, tenants on, an ended execution's groups never used again (before §50), /s",
             rates["fresh"], "/s", baseline_label="tenants off, /s",
             baseline_value=rates["off"], target="— (info: what using groups again buys)",
             kind="info",
-        ),
+        )] if args.fresh else []),
         metric(
             "tenants.fairness", "B's CPU second beside A's 8 busy loops / idle, tenants on",
             fair["on"]["ratio"], "×", target="≤ 2×", kind="abs_max", limit=2.0,
@@ -238,7 +241,9 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "name": "tenants",
         "title": "Tenants: cgroup spawn cost, throughput with limits on and off, CPU fairness",
-        "command": COMMAND + (" --quick" if args.quick else ""),
+        "command": COMMAND
+        + (" --quick" if args.quick else "")
+        + (" --fresh" if args.fresh else ""),
         "metrics": metrics,
         "details": {
             "spawn": spawn,
@@ -254,5 +259,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return asyncio.run(measure(args))
 
 
+def options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--fresh", action="store_true", help="a fourth plane: groups never used again"
+    )
+
+
 if __name__ == "__main__":
-    cli("tenants", run, __doc__ or "")
+    cli("tenants", run, __doc__ or "", options)

@@ -45,6 +45,20 @@ SCRIPT = textwrap.dedent(
         usage = tree.finish("ws1", "e1")
         tree.drain()  # removed by the tree's removal thread
         removed_after_finish = not (base / "shellyard-v2test" / "ws1" / "e1").exists()
+        # used again (docs/limits.md "Groups used again"): its CPU read as a delta
+        def burn(joins, seconds):
+            code = "import time\\nt = time.process_time()\\n"
+            code += f"while time.process_time() - t < {seconds}: pass"
+            shell = f'echo $$ > {joins[0]}; exec python3 -c "{code}"'
+            subprocess.run(["sh", "-c", shell], check=True)
+        burn(tree.start("ws1", "e3"), 0.3)
+        first = tree.finish("ws1", "e3", ahead=True)
+        tree.drain()
+        reused = tree.take_ready("ws1")
+        reset_cpu = tree.usage("ws1", "e3").cpu_seconds
+        burn(tree.plan("ws1", "e3"), 0.05)
+        again = tree.finish("ws1", "e3", ahead=True)
+        tree.drain()
         # a group with a process still in it: cgroup.kill ends it, then it goes
         joins = tree.start("ws1", "e2")
         sleeper = subprocess.Popen(["sh", "-c", f"echo $$ > {joins[0]}; exec sleep 60"])
@@ -58,6 +72,10 @@ SCRIPT = textwrap.dedent(
         print(json.dumps({
             "controllers": wanted,
             "cpu_seconds": usage.cpu_seconds,
+            "first_cpu": first.cpu_seconds,
+            "reused": reused,
+            "reset_cpu": reset_cpu,
+            "again_cpu": again.cpu_seconds,
             "removed_after_finish": removed_after_finish,
             "swept": swept,
             "sleeper_signal": -sleeper.returncode,
@@ -73,8 +91,10 @@ SCRIPT = textwrap.dedent(
 @pytest.mark.skipif(shutil.which("unshare") is None, reason="needs util-linux unshare")
 def test_v2_backend_on_a_private_cgroup2_mount(tmp_path: Path) -> None:
     """R2: groups made below this process's own unified group, joined by a real process,
-    its CPU seconds read from cpu.stat, removed at its end; a group still holding a process
-    is emptied with cgroup.kill by the sweep (E11) and removed; nothing left."""
+    its CPU seconds read from cpu.stat, removed at its end; at an execution's end (``ahead``)
+    its group is used again, its CPU seconds then counted from its reset (cpu.stat has no
+    reset: a delta); a group still holding a process is emptied with cgroup.kill by the sweep
+    (E11) and removed; nothing left."""
     if "" not in cgroups.own_groups():
         pytest.skip("this kernel shows no unified hierarchy for this process")
     mount = tmp_path / "cg2"
@@ -100,6 +120,9 @@ def test_v2_backend_on_a_private_cgroup2_mount(tmp_path: Path) -> None:
     facts = json.loads(done.stdout.strip().splitlines()[-1])
     assert facts["cpu_seconds"] is not None and facts["cpu_seconds"] >= 0.25, facts
     assert facts["removed_after_finish"], facts
+    assert facts["first_cpu"] >= 0.25 and facts["reused"] == "e3", facts
+    assert facts["reset_cpu"] == 0.0, facts
+    assert 0.04 <= facts["again_cpu"] < 0.25, facts
     assert facts["swept"] == ["e2"], facts
     assert facts["sleeper_signal"] == 9, facts  # cgroup.kill's SIGKILL
     assert facts["left"] is False, facts

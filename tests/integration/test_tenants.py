@@ -423,6 +423,41 @@ def test_an_ended_execution_s_groups_are_used_again_with_counters_reset(
 
 
 @needs_cgroups
+def test_an_empty_group_is_reset_on_the_caller_s_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """R2 (docs/benchmarks.md §50): v1, an ended execution's groups already empty at its
+    end are reset and wait on the caller's thread (the event loop's), without waking the
+    removal thread, whose work contended with the loop for the interpreter; the next spawn
+    takes them at once."""
+    import threading
+
+    tree = cgroups.CgroupTree.probe(
+        f"shellyard-test-now-{tmp_path.name[-8:]}", cgroups.TenantLimits(256 << 20, 64), "v1"
+    )
+    assert tree is not None
+    threads: list[str] = []
+    real = recycle.v1_reset
+
+    def v1_reset(*args: Any) -> bool:
+        threads.append(threading.current_thread().name)
+        return real(*args)
+
+    monkeypatch.setattr(recycle, "v1_reset", v1_reset)
+    try:
+        _run_in(tree.start("ws", "e1"), "pass")
+        tree.finish("ws", "e1", ahead=True)
+        assert threads == [threading.current_thread().name]
+        assert tree.take_ready("ws") == "e1"
+        assert tree.usage("ws", "e1").cpu_seconds == 0.0
+        tree.remove("ws", "e1")
+        tree.drain()
+    finally:
+        tree.close(set())
+    assert tree.groups() == [], tree.groups()
+
+
+@needs_cgroups
 def test_groups_that_cannot_start_clean_are_not_used_again(tmp_path: Path) -> None:
     """R2, E7: an execution killed by its memory limit, one whose fork was refused at the
     process limit, and one that left more than ``LEFTOVER_BYTES`` charged (a file it wrote)

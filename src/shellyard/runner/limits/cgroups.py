@@ -27,8 +27,9 @@ then the sandbox's init has been killed and waited for (E8), so the groups are e
 thread still ends anything left before it removes them. Likewise ``plan`` names the groups at
 once and ``make`` creates them where the caller chooses (a warm sandbox: its spawn's worker
 thread). A spawn takes a group waiting for its workspace (``take_ready``): when an
-execution ends, the removal thread puts its groups back, counters reset, once nothing of it is
-left in them (recycle.py), or, when they cannot start clean, removes them and makes one new
+execution ends, its groups go back, counters reset, once nothing of it is left in them
+(recycle.py; v1 groups already empty at once in ``finish``, others by the removal thread),
+or, when they cannot start clean, the thread removes them and makes one new
 (``READY_PER_WORKSPACE``), so neither ``mkdir``, ``rmdir`` nor limit writes, which wait on
 ``cgroup_mutex`` under load, are on the event loop, and most executions need none
 (docs/limits.md "Groups used again"). A group that waited ``pool_idle_s`` unused goes.
@@ -176,7 +177,7 @@ class CgroupTree:
     #: v1: whether ``memory.memsw.limit_in_bytes`` can be written (swap accounting).
     _memsw: bool = True
     #: groups of ended executions, removed by ``_reaper`` (off the execution's end)
-    _doomed: queue.Queue[Path | str | tuple[str, str]] = field(default_factory=queue.Queue)
+    _doomed: queue.Queue[Path | str | tuple[str, str] | None] = field(default_factory=queue.Queue)
     #: those of ``_doomed`` not removed yet (a name made again waits for its removal first)
     _pending: set[Path] = field(default_factory=set)
     _reaper: threading.Thread | None = None
@@ -452,10 +453,57 @@ class CgroupTree:
         return usage
 
     def finish(self, workspace_id: str, execution_id: str, *, ahead: bool = False) -> Usage:
-        """The sandbox is gone: read its use; its groups go (``remove``)."""
+        """The sandbox is gone: read its use; its groups go (``remove``), or, v1, when
+        already empty and clean, wait at once for the workspace's next spawn (``ahead``)."""
         usage = self.usage(workspace_id, execution_id)
-        self.remove(workspace_id, execution_id, ahead=ahead)
+        if not (ahead and self._again_now(workspace_id, execution_id)):
+            self.remove(workspace_id, execution_id, ahead=ahead)
         return usage
+
+    def _again_now(self, workspace_id: str, name: str) -> bool:
+        """Reset and pooled here, on the caller's thread: a few reads and two writes (tens of
+        µs) instead of a wake-up of the removal thread, whose work then contends with the
+        event loop for the interpreter (docs/benchmarks.md §50). v1 only (v2 keeps a
+        descriptor per group); a group not empty yet goes to the thread, which waits."""
+        if self.mechanism != "v1" or not self.reuse or name in self._adopted:
+            return False
+        with self._ready_lock:
+            if self._ahead.get(workspace_id, 0) >= READY_PER_WORKSPACE:
+                return False
+        pids = self.bases["pids"] / workspace_id / name
+        if self._pending and pids in self._pending:
+            return False
+        accounting = self.bases.get("cpuacct", self.bases.get("cpu"))
+        procs = _read(pids / "cgroup.procs")
+        if procs is None or procs.strip():  # gone, or its last processes still exiting
+            return False
+        try:
+            clean = recycle.v1_reset(
+                self.bases["memory"] / workspace_id / name,
+                pids,
+                None if accounting is None else accounting / workspace_id / name,
+            )
+        except OSError:
+            return False
+        if not clean:
+            return False
+        started = self._started.pop(name, None)
+        if started is not None:
+            self.weight.leave(started.workspace_id)
+        with self._ready_lock:
+            self._ahead[workspace_id] = self._ahead.get(workspace_id, 0) + 1
+            self._ours.add(name)
+            first = not self._since
+        self._pooled(workspace_id, name)
+        if first:  # the removal thread times the idle removal from now on
+            self._wake()
+        return True
+
+    def _wake(self) -> None:
+        self._doomed.put(None)
+        if self._reaper is None or not self._reaper.is_alive():
+            self._reaper = threading.Thread(target=self._reap, name="cgroup-remove", daemon=True)
+            self._reaper.start()
 
     def _own_folders(self, workspace_id: str, name: str) -> list[Path]:
         """The group's folders of its own (not v1's workspace cpu group, which it joins)."""
@@ -611,7 +659,9 @@ class CgroupTree:
                 wait = self._expire()
                 continue
             try:
-                if isinstance(item, tuple):
+                if item is None:  # a group waits: time its idle removal (``_again_now``)
+                    pass
+                elif isinstance(item, tuple):
                     self._recycle(*item)
                 elif isinstance(item, str):
                     self._make_ahead(item)
