@@ -15,27 +15,26 @@ One module, two backends, one tree::
 
 Limits: memory per execution (``memory.max`` / ``memory.limit_in_bytes``), processes per
 workspace (``pids.max`` on the workspace's group), CPU weight per workspace (every workspace
-group has the same weight, whatever its process count) and an optional CPU ceiling per
-workspace (``cpu.max`` / ``cpu.cfs_quota_us``). The sandbox's launcher writes itself into the
-execution's groups (``cgroup.procs``) before it drops to the sandbox uid and execs bwrap, so
-nothing of the command ever runs outside them. At the end ``finish`` reads what the command
-used (group_usage.py: peak memory, CPU seconds), whether the memory limit killed it and
-whether it hit the process limit, then hands the execution's groups to a removal thread: an ``rmdir`` takes the
-kernel's ``cgroup_mutex``, which a launcher's ``cgroup.procs`` write holds while it waits for an
-RCU grace period (v1), so removing inline held each execution's end (and, where it ran on the
-event loop, every other) for ms at a time (p90 18 ms under load; docs/benchmarks.md §13). By
-then the sandbox's init has been killed and waited for (E8), so the groups are empty; the
-thread still ends anything left before it removes them. Likewise ``plan`` names the groups at
-once and ``make`` creates them where the caller chooses (a warm sandbox: its spawn's worker
-thread). A spawn takes a group waiting for its workspace (``take_ready``): when an
-execution ends, its groups go back, counters reset, once nothing of it is left in them
-(recycle.py; v1 groups already empty at once in ``finish``, others by the removal thread),
-or, when they cannot start clean, the thread removes them and makes one new
-(``READY_PER_WORKSPACE``), so neither ``mkdir``, ``rmdir`` nor limit writes, which wait on
-``cgroup_mutex`` under load, are on the event loop, and most executions need none
-(docs/limits.md "Groups used again"). A group that waited ``pool_idle_s`` unused goes.
-``sweep`` at start-up removes the groups of executions that are gone (after a kill -9
-of the runner, E11).
+group has the same weight, whatever its process count) and an optional CPU ceiling per workspace
+(``cpu.max`` / ``cpu.cfs_quota_us``). The sandbox's launcher writes itself into the execution's
+groups (``cgroup.procs``) before it drops to the sandbox uid and execs bwrap, so nothing of the
+command ever runs outside them. At the end ``finish`` reads what the command used
+(group_usage.py: peak memory, CPU seconds), whether the memory limit killed it and whether it
+hit the process limit, then hands the execution's groups to a removal thread: an ``rmdir`` takes
+the kernel's ``cgroup_mutex``, which a launcher's ``cgroup.procs`` write holds while it waits
+for an RCU grace period (v1), so removing inline held each execution's end (and, where it ran on
+the event loop, every other) for ms at a time (p90 18 ms under load; docs/benchmarks.md §13). By
+then the sandbox's init has been killed and waited for (E8), so the groups are empty; the thread
+still ends anything left before it removes them. Likewise ``plan`` names the groups at once and
+``make`` creates them where the caller chooses (a warm sandbox: its spawn's worker thread). A
+spawn takes a group waiting for its workspace (``take_ready``): when an execution ends, its
+groups go back, counters reset, once nothing of it is left in them (recycle.py; v1 groups
+already empty at once in ``finish``, others by the removal thread), or, when they cannot start
+clean, the thread removes them and makes one new (``READY_PER_WORKSPACE``), so neither
+``mkdir``, ``rmdir`` nor limit writes, which wait on ``cgroup_mutex`` under load, are on the
+event loop, and most executions need none (docs/limits.md "Groups used again"). A group that
+waited ``pool_idle_s`` unused goes. ``sweep`` at start-up removes the groups of executions that
+are gone (after a kill -9 of the runner, E11).
 """
 
 from __future__ import annotations
