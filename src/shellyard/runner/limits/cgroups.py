@@ -380,16 +380,11 @@ class CgroupTree:
         pids = self.bases["pids"] / workspace_id / name
         if self._pending and pids in self._pending:
             return False
-        accounting = self.bases.get("cpuacct", self.bases.get("cpu"))
         procs = _read(pids / "cgroup.procs")
         if procs is None or procs.strip():  # gone, or its last processes still exiting
             return False
         try:
-            clean = recycle.v1_reset(
-                self.bases["memory"] / workspace_id / name,
-                pids,
-                None if accounting is None else accounting / workspace_id / name,
-            )
+            clean = recycle.v1_group_reset(self.bases, workspace_id, name)
         except OSError:
             return False
         if not clean:
@@ -495,27 +490,16 @@ class CgroupTree:
     def _reset(self, workspace_id: str, name: str) -> bool:
         """Its counters back to zero once nothing is left in it (recycle.py); False: not
         used again."""
-        if self.mechanism == "v2":
-            folder = self.bases[""] / workspace_id / name
-            if not recycle.settled(folder, v2=True):
-                return False
-            reset = recycle.v2_reset(folder, self.controllers)
-            if reset is None:
-                return False
+        v2 = self.mechanism == "v2"
+        reset = recycle.reset(v2, self.bases, self.controllers, workspace_id, name)
+        if reset is None:
+            return False
+        if v2:
             key = f"{workspace_id}/{name}"
             self._cpu_base[key] = reset[0]
             if reset[1] is not None:
                 self._peak_fds[key] = reset[1]
-            return True
-        pids = self.bases["pids"] / workspace_id / name
-        if not recycle.settled(pids, v2=False):
-            return False
-        accounting = self.bases.get("cpuacct", self.bases.get("cpu"))
-        return recycle.v1_reset(
-            self.bases["memory"] / workspace_id / name,
-            pids,
-            None if accounting is None else accounting / workspace_id / name,
-        )
+        return True
 
     def _recycle(self, workspace_id: str, name: str) -> None:
         folders = self._own_folders(workspace_id, name)
