@@ -17,7 +17,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from shellyard.runner.limits import cgroups
+from shellyard.runner.limits import host_groups
 
 
 def _schedstat() -> tuple[int, int]:
@@ -31,7 +31,7 @@ def _schedstat() -> tuple[int, int]:
 def join_times(rounds: int) -> list[tuple[float, float]]:
     """(wall, blocked) of each join, ms; blocked is the wall less the CPU time and the time
     spent waiting for a CPU: what the writes slept on (a lock, a grace period)."""
-    own = cgroups.own_groups()
+    own = host_groups.own_groups()
     roots = {name: Path(f"/sys/fs/cgroup/{name}{own[name]}") / "shellyard-bench-join"
              for name in ("memory", "pids", "cpuacct", "cpu")}  # fmt: skip
     for folder in roots.values():

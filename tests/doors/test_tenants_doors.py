@@ -18,14 +18,14 @@ from mcp.client.stdio import StdioServerParameters, stdio_client
 
 from conftest import sy
 from shellyard.home import is_served, read_info
-from shellyard.runner.limits import cgroups
+from shellyard.runner.limits import host_groups
 from shellyard.sdk.client import Client
 
 HOG = "python3 -c \"b = bytearray(600 << 20); b[::4096] = b'x' * (len(b) // 4096)\""
 
 
 def have_v1() -> bool:
-    own = cgroups.own_groups()
+    own = host_groups.own_groups()
     return all(
         name in own and os.access(f"/sys/fs/cgroup/{name}{own[name]}", os.W_OK)
         for name in ("memory", "pids")

@@ -18,18 +18,18 @@ from pathlib import Path
 
 import pytest
 
-from shellyard.runner.limits import cgroups
+from shellyard.runner.limits import cgroups, host_groups
 
 SCRIPT = textwrap.dedent(
     """
     import json, os, subprocess, sys, time
     from pathlib import Path
-    from shellyard.runner.limits import cgroups
+    from shellyard.runner.limits import cgroups, host_groups
 
     mount = Path(sys.argv[1])
     subprocess.run(["mount", "-t", "cgroup2", "none", str(mount)], check=True)
     try:
-        own = cgroups.own_groups()[""].strip("/")
+        own = host_groups.own_groups()[""].strip("/")
         base = mount / own if own else mount
         available = (base / "cgroup.controllers").read_text().split()
         wanted = tuple(c for c in cgroups.V2_CONTROLLERS if c in available)
@@ -95,7 +95,7 @@ def test_v2_backend_on_a_private_cgroup2_mount(tmp_path: Path) -> None:
     its group is used again, its CPU seconds then counted from its reset (cpu.stat has no
     reset: a delta); a group still holding a process is emptied with cgroup.kill by the sweep
     (E11) and removed; nothing left."""
-    if "" not in cgroups.own_groups():
+    if "" not in host_groups.own_groups():
         pytest.skip("this kernel shows no unified hierarchy for this process")
     mount = tmp_path / "cg2"
     mount.mkdir()
@@ -132,7 +132,7 @@ def test_v2_backend_on_a_private_cgroup2_mount(tmp_path: Path) -> None:
 def test_v2_memory_and_pids_need_their_controllers() -> None:
     """The v2 limits (memory.max, pids.max) need those controllers in the unified hierarchy;
     skipped with the reason where the host binds them to v1 (these machines)."""
-    own = cgroups.own_groups()
+    own = host_groups.own_groups()
     base = Path("/sys/fs/cgroup/unified") if Path("/sys/fs/cgroup/unified").is_dir() else None
     if base is None or "" not in own:
         pytest.skip("no unified hierarchy mounted")

@@ -28,7 +28,7 @@ from shellyard.contract.executions import (
     ExecutionWait,
     RunShellRequest,
 )
-from shellyard.runner.limits import cgroups, recycle
+from shellyard.runner.limits import cgroups, host_groups, recycle
 from shellyard.runner.protocol import RunnerExecState, SandboxPolicy, StartRequest
 
 ROOT = os.geteuid() == 0
@@ -37,7 +37,7 @@ UIDS = "62100-62199"
 
 
 def have_v1() -> bool:
-    own = cgroups.own_groups()
+    own = host_groups.own_groups()
     return all(
         name in own and os.access(f"/sys/fs/cgroup/{name}{own[name]}", os.W_OK)
         for name in ("memory", "pids")
@@ -269,9 +269,9 @@ def groups_below(root: Path) -> list[Path]:
     """Every group of the runner at ``root``. Walked with ``os.walk``, which passes over a
     folder that goes while it is read: the removal thread removes groups meanwhile."""
     tag = cgroups.runner_tag(root.absolute())
-    own = cgroups.own_groups()
+    own = host_groups.own_groups()
     found: list[Path] = []
-    for name in cgroups.V1_CONTROLLERS:
+    for name in host_groups.V1_CONTROLLERS:
         base = Path(f"/sys/fs/cgroup/{name}{own.get(name, '/')}".rstrip("/")) / tag
         for folder, subfolders, _files in os.walk(base):
             found += [Path(folder) / sub for sub in subfolders]

@@ -20,14 +20,13 @@ runs, and on success the prefix is committed again, the record written, the jour
 On failure — or at startup, for a journal without a succeeded record — leftover tools are
 killed and the prefix is rolled back by committing what is there and restoring the base
 snapshot with ``Editor.restore`` (files the change added are deleted, changed and deleted ones
-come back with their modes); a rollback cut short is simply run again.
+come back with their modes); a rollback cut short is simply run again (recovery.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import fcntl
 import json
 import logging
 import os
@@ -41,13 +40,21 @@ from typing import Any
 from shellyard import filemodes
 from shellyard.errors import Conflict, InvalidInput, NotFound, ShellyardError
 from shellyard.runner.edits.editor import Editor
-from shellyard.runner.environments import create, derive, seen, sources
+from shellyard.runner.environments import create, derive, recovery, seen, sources
 from shellyard.runner.environments.managers import MANAGERS
 from shellyard.runner.environments.managers.base import ManagerContext, ManagerError
 from shellyard.runner.environments.managers.readers import Readers
+from shellyard.runner.environments.recovery import (
+    ENV_FILE,
+    INTERRUPTED,
+    JOURNAL_FILE,
+    RESERVED,
+    TOOLS_OWN,
+    interrupted,
+    try_lock,
+    write_atomic,
+)
 from shellyard.runner.environments.tools import (
-    BASE_OWNER,
-    LEGACY_BASE_OWNER,
     SandboxedTools,
     fresh_private,
     give_to_tools,
@@ -73,23 +80,12 @@ from shellyard.runner.snapshots.store import SnapshotStore
 
 log = logging.getLogger(__name__)
 
-ENV_FILE = "env.json"
-JOURNAL_FILE = "journal.json"
 #: An environment's own folders beside its prefix: the running change's scratch and the
 #: package caches only its changes use (docs/environments.md, "Caches").
 SCRATCH = "scratch"
 CACHE = "cache"
-#: Present when the last change left every file of the prefix to the tools' uid (or a base):
-#: the next change skips the ownership walk (``give_to_tools``).
-TOOLS_OWN = "tools-own"
-#: Present once an environment made ``--from`` a base by hard links has
-#: copies of its own instead (``_unshare``, docs/security.md "Environments share no inode").
-UNSHARED = "base-copies"
-BASE_OWNERS = frozenset({BASE_OWNER, LEGACY_BASE_OWNER})
 #: Managers whose every write is a tool's (all: conda's rattler runs in a tool sandbox too).
 TOOLS_ONLY = frozenset({"conda", "pip", "cran", "bioconductor"})
-#: Names under the environments folder that are not environments.
-RESERVED = frozenset({"changes", "cache", "store", "staging", "wheels", "verified"})
 #: A change's tools are killed after this long (a hung download must not hold the prefix).
 DEFAULT_TOOL_TIMEOUT_S = 3600.0
 #: How long ``aclose`` lets running changes roll back before abandoning them to recovery.
@@ -97,11 +93,6 @@ CLOSE_GRACE_S = 20.0
 #: Unreferenced objects younger than this survive a collection: a commit of another
 #: environment may have written them and not yet its manifest.
 GC_GRACE_S = 600.0
-
-INTERRUPTED = (
-    "the runner stopped (a crash or a restart) during the change; the environment was rolled "
-    "back to its state before the change: run the change again"
-)
 
 
 @dataclass
@@ -201,7 +192,7 @@ class EnvironmentStore:
         await asyncio.to_thread(self._editor.startup)
         await asyncio.to_thread(self._recover)
         if self.sharing == "copies":  # links mode keeps what an older release linked
-            await asyncio.to_thread(self._unshare)
+            await asyncio.to_thread(recovery.unshare_all, self.root)
 
     async def aclose(self) -> None:
         """Stop: kill running tools and let their changes roll back (a change that does not
@@ -381,7 +372,7 @@ class EnvironmentStore:
             return None
 
     def _save_record(self, record: EnvironmentChange) -> None:
-        _write_atomic(self._changes / f"{record.change_id}.json", record.model_dump_json())
+        write_atomic(self._changes / f"{record.change_id}.json", record.model_dump_json())
 
     def _meta(self, environment_id: str) -> dict[str, Any]:
         try:
@@ -420,7 +411,7 @@ class EnvironmentStore:
         def on_spawn(pid: int, started: int) -> None:
             journal["pids"].append([pid, started])
             if journal_written:
-                _write_atomic(env_dir / JOURNAL_FILE, json.dumps(journal))
+                write_atomic(env_dir / JOURNAL_FILE, json.dumps(journal))
 
         def progress(line: str) -> None:
             record.progress = line
@@ -433,7 +424,7 @@ class EnvironmentStore:
             filemodes.private_dir(env_dir)
             if self._sandboxes.ids is not None:  # bwrap, as the sandbox uid, binds the prefix
                 folder_access.grant_folder(env_dir, *self._sandboxes.ids)
-            lock_fd = _try_lock(env_dir)
+            lock_fd = try_lock(env_dir)
             if lock_fd is None:
                 raise ShellyardError(
                     f"another process holds environment {env_id}'s lock; is a second runner "
@@ -473,7 +464,7 @@ class EnvironmentStore:
             if request.action == "create":
                 if prefix.exists():  # what an earlier failed create of this id left
                     await asyncio.to_thread(shutil.rmtree, prefix)
-                _write_atomic(env_dir / JOURNAL_FILE, json.dumps(journal))
+                write_atomic(env_dir / JOURNAL_FILE, json.dumps(journal))
                 journal_written = True
                 prefix.mkdir(mode=0o755)
                 prefix.chmod(0o755)
@@ -495,7 +486,7 @@ class EnvironmentStore:
                 if head.new:  # the last change's commit had not run (a restart since)
                     log.info("environment %s committed as seq %s", env_id, head.seq)
                 journal["base_seq"] = head.seq
-                _write_atomic(env_dir / JOURNAL_FILE, json.dumps(journal))
+                write_atomic(env_dir / JOURNAL_FILE, json.dumps(journal))
                 journal_written = True
                 base = [PackageRecord(**p) for p in self._meta(env_id).get("base", [])]
                 # what the runner wrote as root (a rollback's restores, conda of older runners) and
@@ -519,9 +510,9 @@ class EnvironmentStore:
                     "created_by": request.change_id,
                     "base": [p.model_dump(mode="json") for p in base],
                 }
-                _write_atomic(env_dir / ENV_FILE, json.dumps(meta))
+                write_atomic(env_dir / ENV_FILE, json.dumps(meta))
             if request.action == "create" or request.manager in TOOLS_ONLY:  # nothing to own
-                _write_atomic(env_dir / TOOLS_OWN, "")
+                write_atomic(env_dir / TOOLS_OWN, "")
             record.packages = packages
             record.state = EnvChangeState.succeeded
             record.progress = "done"
@@ -616,28 +607,7 @@ class EnvironmentStore:
 
     def _rollback(self, journal: dict[str, Any]) -> None:
         """Make the prefix what it was before the change (synchronous; re-runnable)."""
-        request = EnvironmentChangeRequest.model_validate(journal["request"])
-        env_id = request.environment_id
-        env_dir = self.env_dir(env_id)
-        if request.action == "create":
-            # Nothing was there: the environment stops existing first, then its files go.
-            with contextlib.suppress(FileNotFoundError):
-                (env_dir / ENV_FILE).unlink()
-            shutil.rmtree(env_dir / "prefix", ignore_errors=True)
-            return
-        base_seq = journal["base_seq"]
-        if base_seq is None:  # the journal names no base: the manager never ran
-            return
-        base = history.manifest(self._store, env_id, int(base_seq)).info
-        # Commit what the failed change left, then restore the base over it: the Editor
-        # compares the two manifests and rewrites only the difference.
-        self._editor.commit(env_id)
-        restored = self._editor.restore(env_id, int(base_seq), "").snapshot
-        if restored.root_hash != base.root_hash:
-            raise RuntimeError(
-                f"the prefix of {env_id} differs from snapshot {base_seq} after the restore "
-                f"(snapshot {restored.seq})"
-            )
+        recovery.rollback(self._editor, self._store, self.env_dir, journal)
 
     def _recover(self) -> None:
         """Startup: finish what a dead runner left. A journal without a succeeded record is
@@ -645,7 +615,7 @@ class EnvironmentStore:
         for env_dir in sorted(self.root.iterdir()):
             if env_dir.name in RESERVED or not (env_dir / JOURNAL_FILE).is_file():
                 continue
-            lock_fd = _try_lock(env_dir)
+            lock_fd = try_lock(env_dir)
             if lock_fd is None:
                 log.warning("environment %s is locked by another process", env_dir.name)
                 continue
@@ -660,7 +630,7 @@ class EnvironmentStore:
             record = EnvironmentChange.model_validate_json(path.read_text())
             if record.state == EnvChangeState.running:
                 # Cut short before its journal was written: the prefix was never touched.
-                self._save_record(_interrupted(record))
+                self._save_record(interrupted(record))
             shutil.rmtree(self._changes / record.change_id / "scratch", ignore_errors=True)
             shutil.rmtree(self.root / record.environment_id / SCRATCH, ignore_errors=True)
 
@@ -672,35 +642,6 @@ class EnvironmentStore:
             reserve.require_room(prefix.parent, policy, "copying the base into the environment")
 
         return check
-
-    def _unshare(self) -> None:
-        """Startup in copies mode, once per environment: one made ``--from`` a base by hard
-        links (an older release, or ``SHELLYARD_BASE_SHARING=links`` before) shares the base's
-        inodes, whose link count tells every session how many environments all sessions made
-        from it; its files become copies of its own."""
-        for env_dir in sorted(self.root.iterdir()):
-            if env_dir.name in RESERVED or (env_dir / UNSHARED).exists():
-                continue
-            try:
-                meta = json.loads((env_dir / ENV_FILE).read_text())
-            except (OSError, ValueError):
-                continue
-            records = meta.get("base") or []
-            if not any(str(r.get("source", "")).endswith("(hard links)") for r in records):
-                continue
-            lock_fd = _try_lock(env_dir)
-            if lock_fd is None:
-                log.warning("environment %s is locked by another process", env_dir.name)
-                continue
-            try:
-                copied = derive.unshare(env_dir / "prefix", BASE_OWNERS)
-                (env_dir / TOOLS_OWN).unlink(missing_ok=True)  # the copies are root's
-                _write_atomic(env_dir / UNSHARED, "")
-                log.info("environment %s: %d hard links of its base copied", env_dir.name, copied)
-            except (OSError, ShellyardError):
-                log.exception("copying environment %s's base files failed", env_dir.name)
-            finally:
-                os.close(lock_fd)
 
     def _recover_one(self, env_dir: Path) -> None:
         journal = json.loads((env_dir / JOURNAL_FILE).read_text())
@@ -718,39 +659,8 @@ class EnvironmentStore:
                     state=EnvChangeState.running,
                 )
             if record.state == EnvChangeState.running:
-                self._save_record(_interrupted(record))
+                self._save_record(interrupted(record))
         (env_dir / JOURNAL_FILE).unlink()
-
-
-def _interrupted(record: EnvironmentChange) -> EnvironmentChange:
-    return record.model_copy(
-        update={
-            "state": EnvChangeState.failed,
-            "error": INTERRUPTED,
-            "error_kind": "interrupted",
-            "progress": "failed",
-            "packages": [],
-            "finished_at": time.time(),
-        }
-    )
-
-
-def _try_lock(env_dir: Path) -> int | None:
-    """The environment's flock, or None when another process holds it: one process changes
-    (or recovers) an environment at a time, even with two runners wrongly on one folder."""
-    fd = os.open(env_dir / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        return None
-    return fd
-
-
-def _write_atomic(path: Path, data: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(data)
-    os.replace(tmp, path)
 
 
 def _check_id(value: str, what: str) -> None:

@@ -8,33 +8,33 @@ One module, two backends, one tree::
   a service with ``Delegate=yes``). One folder per level; controllers enabled through
   ``cgroup.subtree_control``.
 - **v1**: one folder per level in each of the ``memory``, ``pids``, ``cpu`` and ``cpuacct``
-  hierarchies, each below this process's own group in that hierarchy (never elsewhere); where
-  ``cpu`` is mounted apart from ``cpuacct`` an execution joins its workspace's ``cpu`` group
-  (weight and ceiling are the workspace's) and has no ``cpu`` folder of its own.
+  hierarchies, each below this process's own group in that hierarchy (never elsewhere,
+  host_groups.py); where ``cpu`` is mounted apart from ``cpuacct`` an execution joins its
+  workspace's ``cpu`` group (weight and ceiling are the workspace's) and has no ``cpu`` folder
+  of its own.
 
 Limits: memory per execution (``memory.max`` / ``memory.limit_in_bytes``), processes per
 workspace (``pids.max`` on the workspace's group), CPU weight per workspace (every workspace
-group has the same weight, whatever its process count) and an optional CPU ceiling per
-workspace (``cpu.max`` / ``cpu.cfs_quota_us``). The sandbox's launcher writes itself into the
-execution's groups (``cgroup.procs``) before it drops to the sandbox uid and execs bwrap, so
-nothing of the command ever runs outside them. At the end ``finish`` reads what the command
-used (peak memory, CPU seconds), whether the memory limit killed it and whether it hit the
-process limit, then hands the execution's groups to a removal thread: an ``rmdir`` takes the
-kernel's ``cgroup_mutex``, which a launcher's ``cgroup.procs`` write holds while it waits for an
-RCU grace period (v1), so removing inline held each execution's end (and, where it ran on the
-event loop, every other) for ms at a time (p90 18 ms under load; docs/benchmarks.md §13). By
-then the sandbox's init has been killed and waited for (E8), so the groups are empty; the
-thread still ends anything left before it removes them. Likewise ``plan`` names the groups at
-once and ``make`` creates them where the caller chooses (a warm sandbox: its spawn's worker
-thread). A spawn takes a group waiting for its workspace (``take_ready``): when an
-execution ends, its groups go back, counters reset, once nothing of it is left in them
-(recycle.py; v1 groups already empty at once in ``finish``, others by the removal thread),
-or, when they cannot start clean, the thread removes them and makes one new
-(``READY_PER_WORKSPACE``), so neither ``mkdir``, ``rmdir`` nor limit writes, which wait on
-``cgroup_mutex`` under load, are on the event loop, and most executions need none
-(docs/limits.md "Groups used again"). A group that waited ``pool_idle_s`` unused goes.
-``sweep`` at start-up removes the groups of executions that are gone (after a kill -9
-of the runner, E11).
+group has the same weight, whatever its process count) and an optional CPU ceiling per workspace
+(``cpu.max`` / ``cpu.cfs_quota_us``). The sandbox's launcher writes itself into the execution's
+groups (``cgroup.procs``) before it drops to the sandbox uid and execs bwrap, so nothing of the
+command ever runs outside them. At the end ``finish`` reads what the command used
+(group_usage.py: peak memory, CPU seconds), whether the memory limit killed it and whether it
+hit the process limit, then hands the execution's groups to a removal thread: an ``rmdir`` takes
+the kernel's ``cgroup_mutex``, which a launcher's ``cgroup.procs`` write holds while it waits
+for an RCU grace period (v1), so removing inline held each execution's end (and, where it ran on
+the event loop, every other) for ms at a time (p90 18 ms under load; docs/benchmarks.md §13). By
+then the sandbox's init has been killed and waited for (E8), so the groups are empty; the thread
+still ends anything left before it removes them. Likewise ``plan`` names the groups at once and
+``make`` creates them where the caller chooses (a warm sandbox: its spawn's worker thread). A
+spawn takes a group waiting for its workspace (``take_ready``): when an execution ends, its
+groups go back, counters reset, once nothing of it is left in them (recycle.py; v1 groups
+already empty at once in ``finish``, others by the removal thread), or, when they cannot start
+clean, the thread removes them and makes one new (``READY_PER_WORKSPACE``), so neither
+``mkdir``, ``rmdir`` nor limit writes, which wait on ``cgroup_mutex`` under load, are on the
+event loop, and most executions need none (docs/limits.md "Groups used again"). A group that
+waited ``pool_idle_s`` unused goes. ``sweep`` at start-up removes the groups of executions that
+are gone (after a kill -9 of the runner, E11).
 """
 
 from __future__ import annotations
@@ -52,19 +52,19 @@ from pathlib import Path
 from typing import Literal
 
 from shellyard import settings_env
-from shellyard.runner.limits import dynmods, recycle
+from shellyard.runner.limits import dynmods, group_usage, host_groups, recycle
 from shellyard.runner.limits.cgroup_files import children as _children
-from shellyard.runner.limits.cgroup_files import keyed as _keyed
 from shellyard.runner.limits.cgroup_files import read as _read
 from shellyard.runner.limits.cgroup_files import remove as _remove
 from shellyard.runner.limits.cgroup_files import write as _write
+from shellyard.runner.limits.group_usage import Usage
+from shellyard.runner.limits.host_groups import V1_CONTROLLERS
 from shellyard.runner.limits.weight import RunnerWeight
 from shellyard.runner.protocol import SandboxPolicy
 
 log = logging.getLogger(__name__)
 
 Mechanism = Literal["v2", "v1"]
-V1_CONTROLLERS = ("memory", "pids", "cpu", "cpuacct")
 V2_CONTROLLERS = ("memory", "pids", "cpu")
 #: The weight every workspace group gets (v2 ``cpu.weight`` default; v1 ``cpu.shares``).
 CPU_WEIGHT_V2 = 100
@@ -93,67 +93,10 @@ class TenantLimits:
 
 
 @dataclass
-class Usage:
-    """What an execution's groups say at its end."""
-
-    peak_memory_bytes: int | None = None
-    cpu_seconds: float | None = None
-    #: The memory limit's OOM killer ended a process of it.
-    memory_killed: bool = False
-    #: A fork of the workspace failed at its process limit while it ran.
-    processes_hit: bool = False
-
-
-@dataclass
 class _Started:
     workspace_id: str
     #: A package tool's group (tool_groups.py): a sweep never ends it while it runs.
     held: bool = False
-
-
-def own_groups() -> dict[str, str]:
-    """Controller (or ``""`` for the unified hierarchy) → this process's group path."""
-    found: dict[str, str] = {}
-    try:
-        lines = Path("/proc/self/cgroup").read_text().splitlines()
-    except OSError:
-        return found
-    for line in lines:
-        parts = line.split(":", 2)
-        if len(parts) != 3:
-            continue
-        _, controllers, path = parts
-        for name in controllers.split(",") if controllers else [""]:
-            found[name] = path
-    return found
-
-
-def _mounts() -> dict[str, tuple[str, str]]:
-    """Controller (``""``: cgroup2) → (mount point, root of the mount) from mountinfo."""
-    found: dict[str, tuple[str, str]] = {}
-    try:
-        lines = Path("/proc/self/mountinfo").read_text().splitlines()
-    except OSError:
-        return found
-    for line in lines:
-        left, _, right = line.partition(" - ")
-        fields, tail = left.split(), right.split()
-        if len(fields) < 5 or len(tail) < 3:
-            continue
-        fstype, options = tail[0], tail[2].split(",")
-        if fstype == "cgroup2":
-            found.setdefault("", (fields[4], fields[3]))
-        elif fstype == "cgroup":
-            for option in options:
-                if option in V1_CONTROLLERS:
-                    found.setdefault(option, (fields[4], fields[3]))
-    return found
-
-
-def _folder(mount: tuple[str, str], path: str) -> Path:
-    point, root = mount
-    relative = path[len(root) :] if root != "/" and path.startswith(root) else path
-    return Path(point + "/" + relative.strip("/")) if relative.strip("/") else Path(point)
 
 
 def runner_tag(root: Path) -> str:
@@ -228,9 +171,9 @@ class CgroupTree:
         runner folder made; None: rlimits only (no writable hierarchy with the controllers)."""
         if want == "off":
             return None
-        mounts, own = _mounts(), own_groups()
+        mounts, own = host_groups.mounts(), host_groups.own_groups()
         if want in ("auto", "v2") and "" in mounts and "" in own:
-            base = _folder(mounts[""], own[""])
+            base = host_groups.group_folder(mounts[""], own[""])
             available = (_read(base / "cgroup.controllers") or "").split()
             if set(V2_CONTROLLERS) <= set(available) and os.access(base, os.W_OK):
                 tree = cls.v2(base, tag, limits, V2_CONTROLLERS)
@@ -240,7 +183,7 @@ class CgroupTree:
             bases: dict[str, Path] = {}
             for name in V1_CONTROLLERS:
                 if name in mounts and name in own:
-                    folder = _folder(mounts[name], own[name])
+                    folder = host_groups.group_folder(mounts[name], own[name])
                     if os.access(folder, os.W_OK):
                         bases[name] = folder
             if "memory" in bases and "pids" in bases:
@@ -403,54 +346,18 @@ class CgroupTree:
             self.weight.enter(workspace_id)
             self._started[execution_id] = _Started(workspace_id)
 
-    def _pids_max_events(self, workspace_id: str, execution_id: str) -> int:
-        """Forks refused at the process limit, counted where they were tried: v1's
-        ``pids.events`` and v2's ``pids.events.local`` of the execution's group."""
-        if self.mechanism == "v2":
-            if "pids" not in self.controllers:
-                return 0
-            folder = self.bases[""] / workspace_id / execution_id
-            local = _read(folder / "pids.events.local")
-            return _keyed(local if local is not None else _read(folder / "pids.events"), "max")
-        base = self.bases.get("pids")
-        if base is None:
-            return 0
-        return _keyed(_read(base / workspace_id / execution_id / "pids.events"), "max")
-
     def usage(self, workspace_id: str, execution_id: str) -> Usage:
         """Peak memory, CPU seconds and what ended it, read from the execution's groups."""
-        usage = Usage()
-        if self.mechanism == "v2":
-            folder = self.bases[""] / workspace_id / execution_id
-            key = f"{workspace_id}/{execution_id}"
-            cpu = _keyed(_read(folder / "cpu.stat"), "usage_usec") - self._cpu_base.get(key, 0)
-            usage.cpu_seconds = cpu / 1e6 if (folder / "cpu.stat").exists() else None
-            if "memory" in self.controllers:
-                fd = self._peak_fds.get(key)
-                if fd is not None:  # used again: the peak since its reset (recycle.py)
-                    usage.peak_memory_bytes = recycle.peak_through(fd)
-                else:
-                    peak = _read(folder / "memory.peak")
-                    usage.peak_memory_bytes = int(peak) if peak and peak.strip().isdigit() else None
-                usage.memory_killed = _keyed(_read(folder / "memory.events"), "oom_kill") > 0
-        else:
-            memory = self.bases["memory"] / workspace_id / execution_id
-            peak = _read(memory / "memory.max_usage_in_bytes")
-            usage.peak_memory_bytes = int(peak) if peak and peak.strip().isdigit() else None
-            control = _read(memory / "memory.oom_control")
-            # oom_kill counts the kills (kernels ≥ 4.13); an older one only has failcnt.
-            if control is not None and "oom_kill " in control:
-                usage.memory_killed = _keyed(control, "oom_kill") > 0
-            else:
-                failcnt = _read(memory / "memory.failcnt")
-                usage.memory_killed = bool(failcnt and failcnt.strip() not in ("", "0"))
-            accounting = self.bases.get("cpuacct", self.bases.get("cpu"))
-            if accounting is not None:
-                raw = _read(accounting / workspace_id / execution_id / "cpuacct.usage")
-                if raw and raw.strip().isdigit():
-                    usage.cpu_seconds = int(raw) / 1e9
-        usage.processes_hit = self._pids_max_events(workspace_id, execution_id) > 0
-        return usage
+        key = f"{workspace_id}/{execution_id}"
+        return group_usage.read(
+            self.mechanism == "v2",
+            self.bases,
+            self.controllers,
+            workspace_id,
+            execution_id,
+            cpu_base=self._cpu_base.get(key, 0),
+            peak_fd=self._peak_fds.get(key),
+        )
 
     def finish(self, workspace_id: str, execution_id: str, *, ahead: bool = False) -> Usage:
         """The sandbox is gone: read its use; its groups go (``remove``), or, v1, when
@@ -473,16 +380,11 @@ class CgroupTree:
         pids = self.bases["pids"] / workspace_id / name
         if self._pending and pids in self._pending:
             return False
-        accounting = self.bases.get("cpuacct", self.bases.get("cpu"))
         procs = _read(pids / "cgroup.procs")
         if procs is None or procs.strip():  # gone, or its last processes still exiting
             return False
         try:
-            clean = recycle.v1_reset(
-                self.bases["memory"] / workspace_id / name,
-                pids,
-                None if accounting is None else accounting / workspace_id / name,
-            )
+            clean = recycle.v1_group_reset(self.bases, workspace_id, name)
         except OSError:
             return False
         if not clean:
@@ -588,27 +490,16 @@ class CgroupTree:
     def _reset(self, workspace_id: str, name: str) -> bool:
         """Its counters back to zero once nothing is left in it (recycle.py); False: not
         used again."""
-        if self.mechanism == "v2":
-            folder = self.bases[""] / workspace_id / name
-            if not recycle.settled(folder, v2=True):
-                return False
-            reset = recycle.v2_reset(folder, self.controllers)
-            if reset is None:
-                return False
+        v2 = self.mechanism == "v2"
+        reset = recycle.reset(v2, self.bases, self.controllers, workspace_id, name)
+        if reset is None:
+            return False
+        if v2:
             key = f"{workspace_id}/{name}"
             self._cpu_base[key] = reset[0]
             if reset[1] is not None:
                 self._peak_fds[key] = reset[1]
-            return True
-        pids = self.bases["pids"] / workspace_id / name
-        if not recycle.settled(pids, v2=False):
-            return False
-        accounting = self.bases.get("cpuacct", self.bases.get("cpu"))
-        return recycle.v1_reset(
-            self.bases["memory"] / workspace_id / name,
-            pids,
-            None if accounting is None else accounting / workspace_id / name,
-        )
+        return True
 
     def _recycle(self, workspace_id: str, name: str) -> None:
         folders = self._own_folders(workspace_id, name)
@@ -757,35 +648,13 @@ class CgroupTree:
         return found
 
 
-def host_memory_bytes() -> int:
-    """The host's RAM, or the runner's own memory cgroup limit when that is lower."""
-    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    own, mounts = own_groups(), _mounts()
-    candidates = [total]
-    if "memory" in own and "memory" in mounts:
-        raw = _read(_folder(mounts["memory"], own["memory"]) / "memory.limit_in_bytes")
-        if raw and raw.strip().isdigit():
-            candidates.append(int(raw))
-    if "" in own and "" in mounts:
-        raw = _read(_folder(mounts[""], own[""]) / "memory.max")
-        if raw and raw.strip().isdigit():
-            candidates.append(int(raw))
-    return min(candidates)
-
-
-def default_memory_bytes() -> int:
-    """Per execution when ``SHELLYARD_MEMORY_LIMIT`` is unset: half the host's RAM (or of
-    the runner's own memory limit), so one command cannot take the host (docs/limits.md)."""
-    return (host_memory_bytes() // 2) >> 20 << 20  # whole MiB: the kernel keeps pages
-
-
 def for_runner(root: Path, policy: SandboxPolicy) -> CgroupTree | None:
     """The runner's tree (``policy.cgroups`` picks the backend; None: rlimits only), with the
     kernel's favordynmods on unless ``SHELLYARD_CGROUP_FAVORDYNMODS=off`` (dynmods.py)."""
     tree = CgroupTree.probe(
         runner_tag(root),
         TenantLimits(
-            memory_bytes=policy.memory_limit_bytes or default_memory_bytes(),
+            memory_bytes=policy.memory_limit_bytes or host_groups.default_memory_bytes(),
             processes=min(policy.process_limit, policy.max_processes),
             cpu_ceiling=policy.cpu_ceiling,
         ),

@@ -72,6 +72,31 @@ def v1_reset(memory: Path, pids: Path, accounting: Path | None) -> bool:
     return True
 
 
+def v1_group_reset(bases: dict[str, Path], workspace_id: str, name: str) -> bool:
+    """``v1_reset`` of the group ``<workspace_id>/<name>`` in the v1 hierarchies ``bases``."""
+    accounting = bases.get("cpuacct", bases.get("cpu"))
+    return v1_reset(
+        bases["memory"] / workspace_id / name,
+        bases["pids"] / workspace_id / name,
+        None if accounting is None else accounting / workspace_id / name,
+    )
+
+
+def reset(
+    v2: bool, bases: dict[str, Path], controllers: tuple[str, ...], workspace_id: str, name: str
+) -> tuple[int, int | None] | None:
+    """The group's counters back to zero once nothing is left in it: v2, as ``v2_reset``;
+    v1, ``(0, None)``; None: not used again."""
+    if v2:
+        folder = bases[""] / workspace_id / name
+        if not settled(folder, v2=True):
+            return None
+        return v2_reset(folder, controllers)
+    if not settled(bases["pids"] / workspace_id / name, v2=False):
+        return None
+    return (0, None) if v1_group_reset(bases, workspace_id, name) else None
+
+
 def v2_reset(folder: Path, controllers: tuple[str, ...]) -> tuple[int, int | None] | None:
     """(CPU µs so far, a descriptor of ``memory.peak`` reset through it), or None: the group
     cannot start clean (remove it)."""

@@ -14,7 +14,8 @@ import signal
 from collections.abc import Mapping
 
 from shellyard.errors import InvalidInput
-from shellyard.runner.limits.cgroups import CgroupTree, Usage
+from shellyard.runner.limits.cgroups import CgroupTree
+from shellyard.runner.limits.group_usage import Usage
 from shellyard.runner.protocol import RunnerLimits, SandboxPolicy
 
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}

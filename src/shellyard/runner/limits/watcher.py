@@ -44,7 +44,8 @@ from typing import Any
 
 from shellyard.runner import processes
 from shellyard.runner.limits import logcap, quota, reserve
-from shellyard.runner.limits.cgroups import CgroupTree, Usage
+from shellyard.runner.limits.cgroups import CgroupTree
+from shellyard.runner.limits.group_usage import Usage
 from shellyard.runner.limits.settings import (
     ended_by,
     format_size,

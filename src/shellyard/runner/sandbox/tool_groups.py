@@ -17,7 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from shellyard.runner.limits.cgroups import CgroupTree, Usage
+from shellyard.runner.limits.cgroups import CgroupTree
+from shellyard.runner.limits.group_usage import Usage
 from shellyard.runner.protocol import EnvironmentChangeRequest
 
 #: What a change's error starts with when a limit stopped one of its tools.

@@ -1,7 +1,7 @@
 """The interface every package manager implements, and what it is handed.
 
-``runner/environments/store.py`` owns the prefix, the journal and the rollback; a manager only
-changes the prefix it is given and reports the packages it sees there. A manager raises
+``runner/environments/store.py`` owns the prefix and the journal (recovery.py the rollback); a
+manager only changes the prefix it is given and reports the packages it sees there. A manager raises
 ``ManagerError`` with a message that says what was wrong and what to do (V8); the caller rolls
 the prefix back, so a manager never needs to clean up after itself.
 """

@@ -1,0 +1,90 @@
+"""What an execution's groups say at its end (R2; docs/limits.md "Tenants"): peak memory, CPU
+seconds, and whether the memory limit or the process limit ended it, read from either backend
+of cgroups.py. A group used again (recycle.py) counts from its reset: v2's CPU as a delta from
+``cpu_base``, its peak through the descriptor ``peak_fd`` it was reset through.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from shellyard.runner.limits import recycle
+from shellyard.runner.limits.cgroup_files import keyed as _keyed
+from shellyard.runner.limits.cgroup_files import read as _read
+
+
+@dataclass
+class Usage:
+    """What an execution's groups say at its end."""
+
+    peak_memory_bytes: int | None = None
+    cpu_seconds: float | None = None
+    #: The memory limit's OOM killer ended a process of it.
+    memory_killed: bool = False
+    #: A fork of the workspace failed at its process limit while it ran.
+    processes_hit: bool = False
+
+
+def _pids_max_events(
+    v2: bool,
+    bases: dict[str, Path],
+    controllers: tuple[str, ...],
+    workspace_id: str,
+    execution_id: str,
+) -> int:
+    """Forks refused at the process limit, counted where they were tried: v1's
+    ``pids.events`` and v2's ``pids.events.local`` of the execution's group."""
+    if v2:
+        if "pids" not in controllers:
+            return 0
+        folder = bases[""] / workspace_id / execution_id
+        local = _read(folder / "pids.events.local")
+        return _keyed(local if local is not None else _read(folder / "pids.events"), "max")
+    base = bases.get("pids")
+    if base is None:
+        return 0
+    return _keyed(_read(base / workspace_id / execution_id / "pids.events"), "max")
+
+
+def read(
+    v2: bool,
+    bases: dict[str, Path],
+    controllers: tuple[str, ...],
+    workspace_id: str,
+    execution_id: str,
+    *,
+    cpu_base: int = 0,
+    peak_fd: int | None = None,
+) -> Usage:
+    """Peak memory, CPU seconds and what ended it, read from the execution's groups."""
+    usage = Usage()
+    if v2:
+        folder = bases[""] / workspace_id / execution_id
+        cpu = _keyed(_read(folder / "cpu.stat"), "usage_usec") - cpu_base
+        usage.cpu_seconds = cpu / 1e6 if (folder / "cpu.stat").exists() else None
+        if "memory" in controllers:
+            if peak_fd is not None:  # used again: the peak since its reset (recycle.py)
+                usage.peak_memory_bytes = recycle.peak_through(peak_fd)
+            else:
+                peak = _read(folder / "memory.peak")
+                usage.peak_memory_bytes = int(peak) if peak and peak.strip().isdigit() else None
+            usage.memory_killed = _keyed(_read(folder / "memory.events"), "oom_kill") > 0
+    else:
+        memory = bases["memory"] / workspace_id / execution_id
+        peak = _read(memory / "memory.max_usage_in_bytes")
+        usage.peak_memory_bytes = int(peak) if peak and peak.strip().isdigit() else None
+        control = _read(memory / "memory.oom_control")
+        # oom_kill counts the kills (kernels ≥ 4.13); an older one only has failcnt.
+        if control is not None and "oom_kill " in control:
+            usage.memory_killed = _keyed(control, "oom_kill") > 0
+        else:
+            failcnt = _read(memory / "memory.failcnt")
+            usage.memory_killed = bool(failcnt and failcnt.strip() not in ("", "0"))
+        accounting = bases.get("cpuacct", bases.get("cpu"))
+        if accounting is not None:
+            raw = _read(accounting / workspace_id / execution_id / "cpuacct.usage")
+            if raw and raw.strip().isdigit():
+                usage.cpu_seconds = int(raw) / 1e9
+    usage.processes_hit = _pids_max_events(v2, bases, controllers, workspace_id, execution_id) > 0
+    return usage
