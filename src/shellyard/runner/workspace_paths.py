@@ -321,6 +321,30 @@ def has_holes(st: os.stat_result) -> bool:
     return st.st_blocks * 512 < st.st_size
 
 
+def hash_cost(fd: int, size: int) -> int:
+    """Bytes the content id (snapshots/contentid.py) of a ``size``-byte file runs through
+    SHA-256, known from its holes alone (no data read): its size less every whole chunk at a
+    multiple of ``HOLE_CHUNK`` that a hole covers; with no such hole the plain sha256 costs
+    the size. A chunk holding any data counts whole (its zeros are hashed with it). Costs
+    two ``lseek`` per data range. The quota charges it (limits/quota.py), a commit's budget
+    too (snapshots/budget.py)."""
+    free = 0
+    pos = 0
+    for first, end in data_ranges(fd, 0):
+        free += _whole_chunks(pos, min(first, size))
+        pos = end
+        if pos >= size:
+            break
+    if pos < size:
+        free += _whole_chunks(pos, size)
+    return size - free * HOLE_CHUNK
+
+
+def _whole_chunks(start: int, end: int) -> int:
+    first = -(-start // HOLE_CHUNK)
+    return max(0, end // HOLE_CHUNK - first)
+
+
 def data_ranges(fd: int, start: int = 0) -> Iterator[tuple[int, int]]:
     """``(first, end)`` of each range of data from ``start`` on; what lies between them and
     after the last one is a hole. Moves the descriptor's offset (callers use ``pread``)."""

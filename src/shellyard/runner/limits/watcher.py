@@ -201,6 +201,24 @@ class Guard:
             self._task = asyncio.ensure_future(self._run())
         self.spent_s += time.perf_counter() - started
 
+    def commit_budget(self, workspace_id: str, execution_id: str) -> int | None:
+        """Bytes the commit after a command may hash (snapshots/budget.py): the allowance
+        the watcher holds the command to, plus its documented overshoot, so a command the
+        watcher would let pass is committed whole. None without a quota."""
+        quota_bytes = self.policy.workspace_quota_bytes
+        if quota_bytes <= 0:
+            return None
+        w = self._watched.get(execution_id)
+        baseline = w.baseline if w is not None else None
+        if baseline is None:
+            baseline = self._known.get(workspace_id)
+        if baseline is None:
+            try:
+                baseline = _measure(self._baseline_of(workspace_id))
+            except Exception:
+                baseline = 0
+        return max(quota_bytes, baseline) + self.margin_bytes()
+
     def forget(self, workspace_id: str) -> None:
         """A writer operation changes the tree: its usage must be measured again."""
         self._known.pop(workspace_id, None)
@@ -212,9 +230,11 @@ class Guard:
         exit_code: int | None,
         snapshot: SnapshotInfo | None,
         usage: Usage | None = None,
+        refused: tuple[int, int] | None = None,
     ) -> Ending:
         """The sandbox is gone and its tree committed (``snapshot``): last cut of its logs;
-        what ended it. Stops watching it."""
+        what ended it. Stops watching it. ``refused``: the commit stopped at its budget,
+        (bytes it needed at least, bytes it could hash), nothing committed."""
         started = time.perf_counter()
         watched = self._watched.pop(execution_id, None)
         if snapshot is not None:
@@ -256,6 +276,19 @@ class Guard:
                 f"{format_size(breach['reserve'])}, and this command had written "
                 f"{format_size(breach['reached'])} (logs and workspace), the most of those "
                 f"running. Delete files (a delete is allowed below the reserve) and run again",
+            )
+        elif refused is not None:  # the commit's budget: nothing committed, unlike below
+            ending.limit = "quota"
+            ending.notes.insert(
+                0,
+                f"not committed, over the workspace quota of "
+                f"{format_size(self.policy.workspace_quota_bytes)}: the files this command "
+                f"changed count at least {format_size(refused[0])} to commit, past the "
+                f"{format_size(refused[1])} a commit may hash (a sparse file is charged for "
+                f"the bytes its commit must read: each MiB holding any data counts whole, a "
+                f"hole of a whole MiB is free). Nothing of this command was committed: its "
+                f"files stay in the workspace, not in a snapshot; delete files to get under "
+                f"the quota (the next command runs)",
             )
         elif breach is not None:
             ending.limit = "quota"
