@@ -64,6 +64,8 @@ WALK_SPACING = 4.0
 #: A log is looked at again once the volume grew by this much beyond the log's headroom.
 LOG_SLACK = 64 << 10
 LIMIT_FILE = "limit.json"
+#: The write rate the quota's documented overshoot assumes at least (``margin_bytes``).
+MARGIN_RATE = 2e9
 #: An execution is stopped for the reserve only if it wrote at least this much (or a quarter
 #: of the reserve, if smaller) since it started: a volume another writer filled does not
 #: end a command that wrote a few bytes.
@@ -217,7 +219,10 @@ class Guard:
                 baseline = _measure(self._baseline_of(workspace_id))
             except Exception:
                 baseline = 0
-        return max(quota_bytes, baseline) + self.margin_bytes()
+        # The overshoot at the floor rate, not the fastest seen: a sparse file's charge grows
+        # at any rate its writer likes (a byte per MiB), so the fastest seen is the attacker's.
+        overshoot = int(MARGIN_RATE * (self.policy.limit_check_interval_s * 2))
+        return max(quota_bytes, baseline) + overshoot
 
     def forget(self, workspace_id: str) -> None:
         """A writer operation changes the tree: its usage must be measured again."""
@@ -358,7 +363,7 @@ class Guard:
         stopped, at the fastest growth seen or 2 GB/s, whichever is more, for one tick plus
         the walk. 2 GB/s is a deliberately high write rate (this machine measured 75 MB/s
         writing 1 GB under load, and 1 GiB of stdout in 3.1 s at best: ~350 MB/s)."""
-        rate = max(self.fastest_growth, 2e9)
+        rate = max(self.fastest_growth, MARGIN_RATE)
         return int(rate * (self.policy.limit_check_interval_s * 2))
 
     def limits_view(self) -> RunnerLimits:
