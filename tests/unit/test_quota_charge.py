@@ -72,6 +72,7 @@ def test_an_ordinary_file_is_charged_its_blocks(tmp_path: Path) -> None:
         "byte_per_mib",  # each MiB holds data
         "hole_then_data",  # whole holes, then data
         "half_mib_hole",  # a hole that covers no whole aligned MiB: plain sha256
+        "fragments",  # a byte every 8 KiB for 3 MiB, 4 MiB of hole, a byte, a tail hole
     ],
 )
 def test_the_charge_is_what_the_commit_hashes(tmp_path: Path, shape: str) -> None:
@@ -87,6 +88,13 @@ def test_the_charge_is_what_the_commit_hashes(tmp_path: Path, shape: str) -> Non
         _byte_per_mib(path, 16)
     elif shape == "hole_then_data":
         _byte_per_mib(path, 3, hole_mibs=5)
+    elif shape == "fragments":
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+        for offset in range(0, 3 * MIB, 8192):
+            os.pwrite(fd, b"f", offset + 100)
+        os.pwrite(fd, b"g", 7 * MIB + 5)
+        os.ftruncate(fd, 11 * MIB + 77)
+        os.close(fd)
     else:
         with open(path, "wb") as f:
             f.write(b"a" * (MIB // 4))

@@ -5,8 +5,8 @@ blocks, because ``fallocate`` with KEEP_SIZE takes space without growing the siz
 commit hashes (``workspace_paths.hash_cost``: the size less each whole MiB a hole covers), because
 a file with one byte in every MiB takes a 4 KiB block per MiB and costs its commit the whole
 MiB, so blocks alone would let a workspace within its quota cost every commit hours of
-hashing. A file without holes is its blocks (no open); one with holes is opened and its
-data ranges found with ``SEEK_DATA``/``SEEK_HOLE`` (two ``lseek`` a range). Folders and
+hashing. A file without holes, or under a MiB, is not opened; one with holes is, and its
+whole-MiB holes found with ``SEEK_DATA`` (one ``lseek`` per MiB holding data at most). Folders and
 links count their blocks; a file with several hard links counts once. Links are never
 followed, mount points never crossed (the tree is the workspace only)."""
 
@@ -50,7 +50,13 @@ def tree_usage(root: Path) -> tuple[int, int]:
                         if st.st_ino in seen:
                             continue
                         seen.add(st.st_ino)
-                    total += file_charge(entry.path, st)
+                    size = st.st_size
+                    # no open for a file without holes, nor one under a MiB (no whole
+                    # MiB can be a hole: its commit hashes its size)
+                    if blocks >= size or size < workspace_paths.HOLE_CHUNK:
+                        total += max(size, blocks)
+                    else:
+                        total += file_charge(entry.path, st)
                 elif stat.S_ISDIR(st.st_mode):
                     total += blocks
                     if st.st_dev == device:
@@ -64,7 +70,7 @@ def file_charge(path: str, st: os.stat_result) -> int:
     """A regular file's charge: the larger of its blocks and what its commit hashes. One
     that cannot be opened (gone, swapped) counts its size, the most its commit can hash."""
     blocks = st.st_blocks * 512
-    if not workspace_paths.has_holes(st):
+    if not workspace_paths.has_holes(st) or st.st_size < workspace_paths.HOLE_CHUNK:
         return max(st.st_size, blocks)
     try:
         fd = os.open(path, _OPEN)
