@@ -150,9 +150,10 @@ async def test_files_with_a_byte_in_every_mib_stop_at_the_quota_before_their_com
     allowance plus the documented overshoot, before reading past it (before: it hashed all
     4 GiB, and hundreds of such files fit any quota counted in blocks); the record names the
     quota and the sparse charge; nothing of it is committed; the next command deletes them
-    and commits."""
+    and commits. A committed ``truncate -s 60G`` before it does not raise the budget (the
+    head's measure counts apparent sizes: a budget from it would have let 60 GiB through)."""
     yard = await yard_factory(SandboxPolicy(workspace_quota_bytes=50 * MB))
-    kept = await yard.run("echo kept > kept.txt")
+    kept = await yard.run("echo kept > kept.txt; truncate -s 60G hole")
     assert kept.exit_code == 0 and kept.error is None
     started = await yard.run(BYTE_PER_MIB, wait_ms=30_000)
     attack = await yard.plane.executions.wait(started.execution_id, ExecutionWait(timeout_s=120))
@@ -168,7 +169,7 @@ async def test_files_with_a_byte_in_every_mib_stop_at_the_quota_before_their_com
     assert attack.snapshot_seq is None or attack.snapshot_seq == kept.snapshot_seq
     head = await yard.runner.head(attack.workspace_id)
     assert await yard.runner.stat_path(attack.workspace_id, head.seq, "f0") is None
-    after = await yard.run("rm f0 f1 f2 f3; echo removed", wait_ms=30_000)
+    after = await yard.run("rm f0 f1 f2 f3 hole; echo removed", wait_ms=30_000)
     assert after.exit_code == 0 and after.error is None, after
     assert await yard.read_file(after.workspace_id, after.snapshot_seq, "kept.txt") == b"kept\n"
 

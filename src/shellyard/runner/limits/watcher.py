@@ -203,26 +203,18 @@ class Guard:
             self._task = asyncio.ensure_future(self._run())
         self.spent_s += time.perf_counter() - started
 
-    def commit_budget(self, workspace_id: str, execution_id: str) -> int | None:
-        """Bytes the commit after a command may hash (snapshots/budget.py): the allowance
-        the watcher holds the command to, plus its documented overshoot, so a command the
-        watcher would let pass is committed whole. None without a quota."""
+    def commit_budget(self) -> int | None:
+        """Bytes the commit after a command may hash (snapshots/budget.py): the quota plus
+        the documented overshoot, so a command the watcher stops within its margin is
+        committed whole. Not the allowance: the head's measure counts apparent sizes (the
+        manifest keeps no charge), so after a committed ``truncate -s 60G`` it would let the
+        next commit hash 60 GiB. Only changed files are hashed, so ``rm`` in a workspace
+        over its quota commits. The overshoot is at the floor rate, not the fastest seen: a
+        sparse file's charge grows as fast as its writer likes. None without a quota."""
         quota_bytes = self.policy.workspace_quota_bytes
         if quota_bytes <= 0:
             return None
-        w = self._watched.get(execution_id)
-        baseline = w.baseline if w is not None else None
-        if baseline is None:
-            baseline = self._known.get(workspace_id)
-        if baseline is None:
-            try:
-                baseline = _measure(self._baseline_of(workspace_id))
-            except Exception:
-                baseline = 0
-        # The overshoot at the floor rate, not the fastest seen: a sparse file's charge grows
-        # at any rate its writer likes (a byte per MiB), so the fastest seen is the attacker's.
-        overshoot = int(MARGIN_RATE * (self.policy.limit_check_interval_s * 2))
-        return max(quota_bytes, baseline) + overshoot
+        return quota_bytes + int(MARGIN_RATE * (self.policy.limit_check_interval_s * 2))
 
     def forget(self, workspace_id: str) -> None:
         """A writer operation changes the tree: its usage must be measured again."""

@@ -258,7 +258,7 @@ class Supervisor:
                 link = live.directory / views.VIEW
                 await asyncio.to_thread(self.views.release, link, execution_id)
             else:
-                limit = self._guard.commit_budget(live.workspace_id, execution_id)
+                limit = self._guard.commit_budget()
                 budget = HashBudget(limit) if limit is not None else None
                 snapshot = await self._commit(live.workspace_id, budget)
         except HashBudgetExceeded as exc:  # R2: the record says so (Guard.finish)

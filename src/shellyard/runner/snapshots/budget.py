@@ -4,7 +4,8 @@ The quota's walk (``limits/quota.py``) counts what a file's commit must hash, bu
 can write and end between two walks, and the commit after it (W3) would then hash whatever
 it left: files with a byte in every MiB take 4 KiB of disk per MiB hashed, so a workspace
 within its quota could cost each commit hours of a runner's CPU. A command's commit is
-given the workspace's allowance (and the watcher's overshoot) as a budget; each file read
+given the quota (and the watcher's overshoot) as a budget (``Guard.commit_budget``); each
+file read
 is charged before it is read (``workspace_paths.hash_cost``), and the first that does not
 fit ends the commit: nothing of it becomes the head. The record's words are the watcher's
 (``Guard.finish``)."""
