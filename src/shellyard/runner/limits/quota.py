@@ -2,13 +2,13 @@
 
 Each file counts the larger of its allocated blocks and the bytes its commit must hash: its
 blocks, because ``fallocate`` with KEEP_SIZE takes space without growing the size; what its
-commit hashes (``workspace_paths.hash_cost``: the size less each whole MiB a hole covers), because
-a file with one byte in every MiB takes a 4 KiB block per MiB and costs its commit the whole
-MiB, so blocks alone would let a workspace within its quota cost every commit hours of
-hashing. A file without holes, or under a MiB, is not opened; one with holes is, and its
-whole-MiB holes found with ``SEEK_DATA`` (one ``lseek`` per MiB holding data at most). Folders and
-links count their blocks; a file with several hard links counts once. Links are never
-followed, mount points never crossed (the tree is the workspace only)."""
+commit hashes (``workspace_paths.hash_cost``: the size less each whole MiB a hole covers),
+because a file with one byte in every MiB takes a 4 KiB block per MiB and costs its commit
+the whole MiB, so blocks alone would let a workspace within its quota cost every commit
+hours of hashing. A file without holes, or under a MiB, is not opened; one with holes is,
+and its whole-MiB holes found with ``SEEK_DATA`` (one ``lseek`` per MiB holding data at
+most). Folders and links count their blocks; a file with several hard links counts once.
+Links are never followed, mount points never crossed (the tree is the workspace only)."""
 
 from __future__ import annotations
 

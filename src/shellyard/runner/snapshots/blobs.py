@@ -25,11 +25,7 @@ from typing import BinaryIO
 from shellyard.errors import InvalidInput, NotFound
 from shellyard.runner import workspace_paths
 from shellyard.runner.snapshots.budget import HashBudget
-from shellyard.runner.snapshots.contentid import (
-    ContentId,
-    has_zero_chunk_hole,
-    pread_reread,
-)
+from shellyard.runner.snapshots.contentid import ContentId, has_zero_chunk_hole, pread_reread
 from shellyard.runner.snapshots.format import O_CLOEXEC, write_all
 from shellyard.runner.snapshots.scan import OPEN_FILE, VANISHED
 

@@ -5,9 +5,8 @@ can write and end between two walks, and the commit after it (W3) would then has
 it left: files with a byte in every MiB take 4 KiB of disk per MiB hashed, so a workspace
 within its quota could cost each commit hours of a runner's CPU. A command's commit is
 given the quota (and the watcher's overshoot) as a budget (``Guard.commit_budget``); each
-file read
-is charged before it is read (``workspace_paths.hash_cost``), and the first that does not
-fit ends the commit: nothing of it becomes the head. The record's words are the watcher's
+file is charged before it is read (``workspace_paths.hash_cost``), and the first that does
+not fit ends the commit: nothing of it becomes the head. The record's words are the watcher's
 (``Guard.finish``)."""
 
 from __future__ import annotations
