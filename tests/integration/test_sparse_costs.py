@@ -16,6 +16,7 @@ from files_helpers import chunks_of, read_all, run
 from runner_daemon_fixture import RunnerDaemon
 
 from conftest import Yard, open_yard
+from shellyard.contract.executions import ExecutionWait
 from shellyard.contract.files import FileStatQuery, TransferWait
 from shellyard.control.plane import ControlPlane
 from shellyard.runner.protocol import SandboxPolicy
@@ -126,3 +127,79 @@ async def test_a_transfer_of_a_1_gib_sparse_file_sends_about_its_data(
     a = await read_all(plane, "sparse", workspace_id=local.workspace_id, **window)
     b = await read_all(plane, "sparse", workspace_id=remote.workspace_id, **window)
     assert a == b and a[:8] == bytes(8) and a[8:] != bytes(8)
+
+
+MB = 1_000_000
+MiB = 1 << 20
+# Four files of 1 GiB, a byte at the end of each MiB: 16 MiB of blocks, 4 GiB to hash.
+BYTE_PER_MIB = (
+    "python3 -c 'import os\n"
+    "for n in range(4):\n"
+    '    fd = os.open("f%d" % n, os.O_WRONLY | os.O_CREAT, 0o644)\n'
+    "    for i in range(1024):\n"
+    '        os.pwrite(fd, b"x", (i + 1) * 1048576 - 1)\n'
+    "    os.close(fd)\n"
+    "'; echo written"
+)
+
+
+@pytest.mark.runner_kinds("local")
+async def test_files_with_a_byte_in_every_mib_stop_at_the_quota_before_their_commit_hashes_them(
+    yard_factory: Any,
+) -> None:
+    """R2, W3 (docs/security.md "Attack pass (session 45)", Phase 2): a command leaves 4 GiB
+    to hash in 16 MiB of blocks under a 50 MB quota. Its commit stops at the workspace's
+    allowance plus the documented overshoot, before reading past it (before: it hashed all
+    4 GiB, and hundreds of such files fit any quota counted in blocks); the record names the
+    quota and the sparse charge; nothing of it is committed; the next command deletes them
+    and commits. A committed ``truncate -s 60G`` before it does not raise the budget (the
+    head's measure counts apparent sizes: a budget from it would have let 60 GiB through)."""
+    yard = await yard_factory(SandboxPolicy(workspace_quota_bytes=50 * MB))
+    kept = await yard.run("echo kept > kept.txt; truncate -s 60G hole")
+    assert kept.exit_code == 0 and kept.error is None
+    started = await yard.run(BYTE_PER_MIB, wait_ms=30_000)
+    attack = await yard.plane.executions.wait(started.execution_id, ExecutionWait(timeout_s=120))
+    assert attack.state.terminal, attack
+    record = await yard.runner.status(attack.execution_id)
+    assert record.limit == "quota", record
+    assert attack.error is not None
+    assert "a sparse file is charged for the bytes its commit must read" in attack.error
+    assert "Nothing of this command was committed" in attack.error
+    stats = _commit_stats(yard)
+    assert stats.budget is not None
+    assert stats.bytes_hashed <= stats.budget.taken <= stats.budget.limit < 1024 * MiB
+    assert attack.snapshot_seq is None or attack.snapshot_seq == kept.snapshot_seq
+    head = await yard.runner.head(attack.workspace_id)
+    assert await yard.runner.stat_path(attack.workspace_id, head.seq, "f0") is None
+    after = await yard.run("rm f0 f1 f2 f3 hole; echo removed", wait_ms=30_000)
+    assert after.exit_code == 0 and after.error is None, after
+    assert await yard.read_file(after.workspace_id, after.snapshot_seq, "kept.txt") == b"kept\n"
+
+
+@pytest.mark.runner_kinds("local")
+async def test_a_64_gib_truncate_is_free_under_a_small_quota(yard_factory: Any) -> None:
+    """R2: whole-MiB holes cost no hashing, so the quota charges nothing for them: a
+    ``truncate -s 64G`` under a 50 MB quota runs past the watcher's periodic walk (10 s) and
+    is committed without hashing (before: charged 64 GiB, the command was stopped)."""
+    yard = await yard_factory(SandboxPolicy(workspace_quota_bytes=50 * MB))
+    made = await yard.run("sleep 0.5; truncate -s 64G big; sleep 11; echo done", wait_ms=30_000)
+    assert made.exit_code == 0 and made.error is None, made
+    assert made.stdout == "done\n"
+    assert _commit_stats(yard).bytes_hashed == 0
+    entry = await yard.runner.stat_path(made.workspace_id, made.snapshot_seq, "big")
+    assert entry is not None and entry.size == 64 * GiB
+
+
+@pytest.mark.runner_kinds("local")
+async def test_a_dense_workspace_under_its_quota_is_committed_whole(yard_factory: Any) -> None:
+    """R2, W3: ordinary files under the quota: every command's commit hashes what it wrote,
+    within the budget, and nothing says quota."""
+    yard = await yard_factory(SandboxPolicy(workspace_quota_bytes=50 * MB))
+    for name in ("a", "b"):
+        done = await yard.run(f"head -c 15000000 /dev/urandom > {name}; echo ok", wait_ms=30_000)
+        assert done.exit_code == 0 and done.error is None and done.stdout == "ok\n", done
+        assert (await yard.runner.status(done.execution_id)).limit is None
+        stats = _commit_stats(yard)
+        assert stats.budget is not None and stats.bytes_hashed == 15_000_000
+        entry = await yard.runner.stat_path(done.workspace_id, done.snapshot_seq, name)
+        assert entry is not None and entry.size == 15_000_000

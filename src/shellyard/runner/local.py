@@ -76,6 +76,7 @@ from shellyard.runner.sandbox.spawn import Sandboxes, check_start, script_argv
 from shellyard.runner.sandbox.supervise import Supervisor, TerminalDoor, check_id
 from shellyard.runner.sandbox.warm import SOURCE as WARM
 from shellyard.runner.snapshots import history, objects
+from shellyard.runner.snapshots.budget import HashBudget
 from shellyard.runner.snapshots.objects import PackImporter, StoreLock, aiter_thread
 from shellyard.runner.snapshots.store import SnapshotStore
 from shellyard.runner.tool_mounts import ToolMounts
@@ -356,7 +357,7 @@ class LocalRunner(TerminalDoor):  # E13: send_input, screen, resize
             )
         return await self._commit(workspace_id)
 
-    async def _commit(self, workspace_id: str) -> SnapshotInfo:
+    async def _commit(self, workspace_id: str, budget: HashBudget | None = None) -> SnapshotInfo:
         with self._mounts.held(workspace_id):  # R2: read through its overlay (own_mounts)
             self._close_root(workspace_id)  # R2 tenants: what the ended command opened
             # under the store's shared lock: a garbage collection never runs mid-commit.
@@ -365,7 +366,7 @@ class LocalRunner(TerminalDoor):  # E13: send_input, screen, resize
             unchanged = self._editor.commit_if_unchanged(workspace_id)
             if unchanged is not None:
                 return unchanged
-            return await asyncio.to_thread(self._editor.commit, workspace_id)
+            return await asyncio.to_thread(self._editor.commit, workspace_id, budget)
 
     async def head(self, workspace_id: str) -> SnapshotInfo:
         self._require_workspace(workspace_id)

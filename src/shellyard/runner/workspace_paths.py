@@ -322,6 +322,38 @@ def has_holes(st: os.stat_result) -> bool:
     return st.st_blocks * 512 < st.st_size
 
 
+def hash_cost(fd: int, size: int) -> int:
+    """Bytes the content id (snapshots/contentid.py) of a ``size``-byte file runs through
+    SHA-256, known from its holes alone (no data read): its size less every whole chunk at a
+    multiple of ``HOLE_CHUNK`` that a hole covers; with no such hole the plain sha256 costs
+    the size. A chunk holding any data counts whole (its zeros are hashed with it). The
+    quota charges it (limits/quota.py), a commit's budget too (snapshots/budget.py).
+
+    One ``SEEK_DATA`` per chunk holding data and per run of free chunks, from chunk starts
+    only: a file of many small data ranges costs its MiB, not its ranges (a byte every
+    8 KiB would otherwise be 256 seeks a MiB on every walk of the quota)."""
+    free = 0
+    pos = 0  # a chunk's start: is it a hole to its end (or to the file's)?
+    while pos < size:
+        try:
+            data = os.lseek(fd, pos, os.SEEK_DATA)
+        except OSError as exc:
+            if exc.errno == errno.ENXIO:
+                data = size  # nothing but a hole from ``pos`` on
+            elif exc.errno in (errno.EINVAL, errno.EOPNOTSUPP):
+                return size  # no SEEK_DATA here: all of it is data
+            else:
+                raise
+        if data >= size:
+            free += size - pos  # holes to the end; a last part-chunk too (below)
+            break
+        free += (data // HOLE_CHUNK - pos // HOLE_CHUNK) * HOLE_CHUNK
+        pos = (data // HOLE_CHUNK + 1) * HOLE_CHUNK
+    if free < HOLE_CHUNK:
+        return size  # no whole chunk free: the plain sha256 reads it all
+    return size - free
+
+
 def data_ranges(fd: int, start: int = 0) -> Iterator[tuple[int, int]]:
     """``(first, end)`` of each range of data from ``start`` on; what lies between them and
     after the last one is a hole. Moves the descriptor's offset (callers use ``pread``)."""

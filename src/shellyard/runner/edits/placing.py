@@ -27,6 +27,7 @@ from pathlib import Path
 from shellyard.errors import NotFound, OutOfRoom, ShellyardError
 from shellyard.runner import workspace_paths
 from shellyard.runner.protocol import EditResult, PathEntry, SnapshotInfo
+from shellyard.runner.snapshots.budget import HashBudget
 from shellyard.runner.snapshots.commit import Hints
 from shellyard.runner.snapshots.objects import StoreLock
 from shellyard.runner.snapshots.store import SnapshotStore
@@ -168,9 +169,9 @@ class Placer:
                 return
             time.sleep(0.001)
 
-    def commit(self, workspace_id: str) -> SnapshotInfo:
+    def commit(self, workspace_id: str, budget: HashBudget | None = None) -> SnapshotInfo:
         with self.lock.hold():
-            return self.store.commit(workspace_id, self.tree_of(workspace_id))
+            return self.store.commit(workspace_id, self.tree_of(workspace_id), budget=budget)
 
     def commit_if_unchanged(self, workspace_id: str) -> SnapshotInfo | None:
         """``commit``'s answer if it is known at once, without waiting (the event loop

@@ -65,6 +65,8 @@ WALK_SPACING = 4.0
 #: A log is looked at again once the volume grew by this much beyond the log's headroom.
 LOG_SLACK = 64 << 10
 LIMIT_FILE = "limit.json"
+#: The write rate the quota's documented overshoot assumes at least (``margin_bytes``).
+MARGIN_RATE = 2e9
 #: An execution is stopped for the reserve only if it wrote at least this much (or a quarter
 #: of the reserve, if smaller) since it started: a volume another writer filled does not
 #: end a command that wrote a few bytes.
@@ -204,6 +206,19 @@ class Guard:
             self._task = asyncio.ensure_future(self._run())
         self.spent_s += time.perf_counter() - started
 
+    def commit_budget(self) -> int | None:
+        """Bytes the commit after a command may hash (snapshots/budget.py): the quota plus
+        the documented overshoot, so a command the watcher stops within its margin is
+        committed whole. Not the allowance: the head's measure counts apparent sizes (the
+        manifest keeps no charge), so after a committed ``truncate -s 60G`` it would let the
+        next commit hash 60 GiB. Only changed files are hashed, so ``rm`` in a workspace
+        over its quota commits. The overshoot is at the floor rate, not the fastest seen: a
+        sparse file's charge grows as fast as its writer likes. None without a quota."""
+        quota_bytes = self.policy.workspace_quota_bytes
+        if quota_bytes <= 0:
+            return None
+        return quota_bytes + int(MARGIN_RATE * (self.policy.limit_check_interval_s * 2))
+
     def forget(self, workspace_id: str) -> None:
         """A writer operation changes the tree: its usage must be measured again."""
         self._known.pop(workspace_id, None)
@@ -215,9 +230,11 @@ class Guard:
         exit_code: int | None,
         snapshot: SnapshotInfo | None,
         usage: Usage | None = None,
+        refused: tuple[int, int] | None = None,
     ) -> Ending:
         """The sandbox is gone and its tree committed (``snapshot``): last cut of its logs;
-        what ended it. Stops watching it."""
+        what ended it. Stops watching it. ``refused``: the commit stopped at its budget,
+        (bytes it needed at least, bytes it could hash), nothing committed."""
         started = time.perf_counter()
         watched = self._watched.pop(execution_id, None)
         if snapshot is not None:
@@ -259,6 +276,19 @@ class Guard:
                 f"{format_size(breach['reserve'])}, and this command had written "
                 f"{format_size(breach['reached'])} (logs and workspace), the most of those "
                 f"running. Delete files (a delete is allowed below the reserve) and run again",
+            )
+        elif refused is not None:  # the commit's budget: nothing committed, unlike below
+            ending.limit = "quota"
+            ending.notes.insert(
+                0,
+                f"not committed, over the workspace quota of "
+                f"{format_size(self.policy.workspace_quota_bytes)}: the files this command "
+                f"changed count at least {format_size(refused[0])} to commit, past the "
+                f"{format_size(refused[1])} a commit may hash (a sparse file is charged for "
+                f"the bytes its commit must read: each MiB holding any data counts whole, a "
+                f"hole of a whole MiB is free). Nothing of this command was committed: its "
+                f"files stay in the workspace, not in a snapshot; delete files to get under "
+                f"the quota (the next command runs)",
             )
         elif breach is not None:
             ending.limit = "quota"
@@ -328,7 +358,7 @@ class Guard:
         stopped, at the fastest growth seen or 2 GB/s, whichever is more, for one tick plus
         the walk. 2 GB/s is a deliberately high write rate (this machine measured 75 MB/s
         writing 1 GB under load, and 1 GiB of stdout in 3.1 s at best: ~350 MB/s)."""
-        rate = max(self.fastest_growth, 2e9)
+        rate = max(self.fastest_growth, MARGIN_RATE)
         return int(rate * (self.policy.limit_check_interval_s * 2))
 
     def limits_view(self) -> RunnerLimits:

@@ -51,6 +51,7 @@ from shellyard.runner.sandbox.spawn import (
 from shellyard.runner.sandbox.warm import WarmPool
 from shellyard.runner.sandbox.warm import reap as reap_warm
 from shellyard.runner.snapshots import views
+from shellyard.runner.snapshots.budget import HashBudget, HashBudgetExceeded
 from shellyard.runner.snapshots.store import SnapshotStore
 
 log = logging.getLogger(__name__)
@@ -83,7 +84,7 @@ class Supervisor:
         self,
         executions: Path,
         sandboxes: Sandboxes,
-        commit: Callable[[str], Awaitable[SnapshotInfo]],
+        commit: Callable[[str, HashBudget | None], Awaitable[SnapshotInfo]],
         cancel_grace_s: float,
         guard: Guard,
         workspace_path: Callable[[str], Path],
@@ -251,12 +252,17 @@ class Supervisor:
             if returncode is not None and not cancelled:
                 error = bwrap_error(live.directory, returncode)
         snapshot: SnapshotInfo | None = None
+        refused: tuple[int, int] | None = None
         try:
             if live.read_only:  # W2: a reader makes no snapshot; its view goes
                 link = live.directory / views.VIEW
                 await asyncio.to_thread(self.views.release, link, execution_id)
             else:
-                snapshot = await self._commit(live.workspace_id)
+                limit = self._guard.commit_budget()
+                budget = HashBudget(limit) if limit is not None else None
+                snapshot = await self._commit(live.workspace_id, budget)
+        except HashBudgetExceeded as exc:  # R2: the record says so (Guard.finish)
+            refused = (exc.needed, exc.limit)
         except Exception as exc:  # a commit failure must still finish the record
             log.exception("snapshot commit failed", extra={"execution_id": execution_id})
             snapshot = None
@@ -265,7 +271,9 @@ class Supervisor:
         if exit_code is None and not cancelled and error is None:
             state = RunnerExecState.lost
             error = "the sandbox ended without recording an exit code"
-        ending = self._guard.finish(execution_id, live.directory, exit_code, snapshot, usage)
+        ending = self._guard.finish(
+            execution_id, live.directory, exit_code, snapshot, usage, refused
+        )
         self._mounts.let_go(live.workspace_id)  # R2: committed, unwatched: its overlays may go
         if ending.limit is not None:  # what the next sandbox was made from has changed
             self.warm.limit_ended(live.workspace_id)

@@ -30,6 +30,7 @@ from typing import BinaryIO
 from shellyard.errors import InvalidInput, NotFound
 from shellyard.runner import workspace_paths
 from shellyard.runner.protocol import PathEntry
+from shellyard.runner.snapshots.budget import HashBudget
 from shellyard.runner.snapshots.contentid import (
     CHUNK,
     ContentId,
@@ -133,7 +134,7 @@ class ObjectStore:
                 )
             return self._pool
 
-    def store_file(self, dfd: int, name: str) -> Stored:
+    def store_file(self, dfd: int, name: str, budget: HashBudget | None = None) -> Stored:
         """Read one workspace file (never through a symlink) into the store; return
         (digest, size read, stat before reading, bytes hashed), or None if it is no longer
         a file."""
@@ -147,6 +148,9 @@ class ObjectStore:
             st = os.fstat(fd)
             if not stat_mod.S_ISREG(st.st_mode):
                 return None
+            if budget is not None:  # before a byte is read
+                sparse = workspace_paths.has_holes(st)
+                budget.take(workspace_paths.hash_cost(fd, st.st_size) if sparse else st.st_size)
             if st.st_size < _SMALL_FILE:
                 data = os.read(fd, st.st_size + 1)
                 if len(data) <= st.st_size:

@@ -26,6 +26,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 
 from shellyard.runner.snapshots.blobs import ObjectStore, Stored
+from shellyard.runner.snapshots.budget import HashBudget
 from shellyard.runner.snapshots.changes import Changes, Tracking
 from shellyard.runner.snapshots.format import (
     KIND_DIR,
@@ -75,6 +76,8 @@ class CommitStats:
     files_hashed: int = 0
     #: Bytes run through a hash to name the files read (a hole costs none: contentid.py).
     bytes_hashed: int = 0
+    #: What the files read may cost at most (a command's commit: budget.py); None: no bound.
+    budget: HashBudget | None = None
     #: Files re-read only because they were racily clean.
     racy: int = 0
     #: Files taken from the caller's hints (written from store objects), not read.
@@ -569,12 +572,14 @@ class TreeWalker:
                     if same:
                         stats.racy += 1
                     if st_size >= _POOL_MIN_SIZE and self._blobs.workers > 1:
-                        future = self._blobs.pool().submit(self._blobs.store_file, fd, name)
+                        future = self._blobs.pool().submit(
+                            self._blobs.store_file, fd, name, stats.budget
+                        )
                         b.pending.append((len(b.names), future))
                         digest, size = NO_DIGEST, 0
                     else:
                         try:
-                            stored = self._blobs.store_file(fd, name)
+                            stored = self._blobs.store_file(fd, name, stats.budget)
                         except PermissionError as exc:
                             where = f"{dpath}/{name}" if dpath else name
                             stats.unreadable.append(where)

@@ -38,6 +38,7 @@ from shellyard.errors import InvalidInput, NotFound
 from shellyard.paths import normalize_relative
 from shellyard.runner.protocol import MAX_READ_CHUNK, FileChunk, PathEntry, SnapshotInfo
 from shellyard.runner.snapshots.blobs import ObjectStore
+from shellyard.runner.snapshots.budget import HashBudget, HashBudgetExceeded
 from shellyard.runner.snapshots.changes import ChangeTracker, Tracking
 from shellyard.runner.snapshots.commit import HELPER_MIN_ENTRIES, CommitStats, Hints, TreeWalker
 from shellyard.runner.snapshots.format import (
@@ -137,7 +138,13 @@ class SnapshotStore:
         with self._workspace_lock(workspace_id, wdir):
             return self._load_state(workspace_id, wdir).head_info
 
-    def commit(self, workspace_id: str, tree: Path, hints: Hints | None = None) -> SnapshotInfo:
+    def commit(
+        self,
+        workspace_id: str,
+        tree: Path,
+        hints: Hints | None = None,
+        budget: HashBudget | None = None,
+    ) -> SnapshotInfo:
         """Snapshot ``tree`` as the workspace's next seq (W3), or return the head with
         ``new=False`` when the tree equals it.
 
@@ -151,7 +158,7 @@ class SnapshotStore:
         and always when the stat cache was reloaded from disk, the whole tree is walked."""
         started = time.perf_counter()
         wdir = self._wdir(workspace_id)
-        stats = CommitStats(workspace_id=workspace_id)
+        stats = CommitStats(workspace_id=workspace_id, budget=budget)
         with self._workspace_lock(workspace_id, wdir):
             state = self._load_state(workspace_id, wdir)
             try:
@@ -176,6 +183,9 @@ class SnapshotStore:
                     return self._done(state, stats, track, racy or set(), started)
                 clock = self._tick(wdir)
                 walked = self._walker.walk(root_fd, state.dirs, clock, stats, hints, track)
+            except HashBudgetExceeded:
+                self.last_commit_stats = stats  # what it hashed before it stopped
+                raise
             finally:
                 os.close(root_fd)
             root = walked.root
