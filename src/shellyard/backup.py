@@ -20,6 +20,7 @@ Remote runners keep their folders on their own hosts: back those up there (docs/
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import shutil
@@ -40,6 +41,16 @@ from shellyard.errors import Conflict, InvalidInput, ShellyardError
 from shellyard.home import is_served
 from shellyard.runner.protocol import RunnerExecState, RunnerExecution
 from shellyard.runner.snapshots.objects import StoreLock
+from shellyard.runner.tree_walk import CHANGED, Step, Walked, copy_meta, walk_at
+from shellyard.runner.workspace_paths import (
+    O_DIR,
+    O_FILE,
+    O_NEW,
+    Folders,
+    copy_fd,
+    open_root,
+    remove_at,
+)
 from shellyard.store.executions import TERMINAL_STATES
 
 MANIFEST = "backup.json"
@@ -116,27 +127,34 @@ class _Counter:
                             self._base_index[(info.st_dev, info.st_ino)] = Path(folder, name)
         return self._base_index.get(key)
 
-    def copy_file(self, path: Path, destination: Path, info: os.stat_result) -> bool:
-        """Copy one regular file, or link it to its first copy or name its base file; False
-        when nothing was written at ``destination`` (a base reference)."""
+    def copy_file(
+        self, src_fd: int, dir_fd: int, name: str, destination: Path, info: os.stat_result
+    ) -> None:
+        """Copy one regular file (open as ``src_fd``, ``fstat`` ``info``) as ``name`` below
+        ``dir_fd`` (``destination`` is that path), or link it to its first copy, or name its
+        base file in ``refs`` instead."""
         self.files += 1
         key = (info.st_dev, info.st_ino)
         if info.st_nlink > 1:
             first = self.first.get(key)
             if first is not None:
-                os.link(first, destination)
+                os.link(first, name, dst_dir_fd=dir_fd, follow_symlinks=False)
                 self.linked += 1
-                return True
+                return
             base = self.base_file(key)
             if base is not None and self.refs is not None and self.tree is not None:
                 line = {"path": str(destination.relative_to(self.tree)), "source": str(base)}
                 self.refs.write(json.dumps({**line, "size": info.st_size}) + "\n")
                 self.base_files += 1
-                return False
+                return
             self.first[key] = destination
-        shutil.copy2(path, destination, follow_symlinks=False)
-        self.bytes += info.st_size
-        return True
+        dst = os.open(name, O_NEW, 0o600, dir_fd=dir_fd)
+        try:
+            # the snapshot objects' holes stay holes (copy_fd), unlike copy2's
+            self.bytes += copy_fd(src_fd, dst, info.st_size)
+            copy_meta(src_fd, dst, info)
+        finally:
+            os.close(dst)
 
 
 # ---------------------------------------------------------------------- backup
@@ -372,17 +390,35 @@ def _check_bases(refs: Path) -> None:
 
 def _link_bases(refs: Path, root: Path, counter: _Counter) -> None:
     """Link each file a backup shares with a base to the base's file again (a copy where a
-    link cannot be made: another file system)."""
-    for ref in _base_refs(refs):
-        source, target = Path(str(ref["source"])), root / str(ref["path"])
-        target.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            os.link(source, target)
-            counter.linked += 1
-        except OSError:
-            shutil.copy2(source, target)
-            counter.bytes += target.stat().st_size
-        counter.files += 1
+    link cannot be made: another file system). Each path is walked from the runner folder
+    with ``O_NOFOLLOW`` (``Folders``): a link the restore made never leads a name elsewhere."""
+    with open_root(root) as root_fd, Folders(root_fd, create=True) as folders:
+        for ref in _base_refs(refs):
+            source = Path(str(ref["source"]))
+            try:
+                at = folders.resolve(str(ref["path"]))
+            except InvalidInput as exc:
+                raise InvalidInput(
+                    f"this backup's {BASE_LINKS} names {ref['path']!r}, which its own files "
+                    f"do not hold as folders ({exc}); it was changed after `shellyard backup` "
+                    f"made it: restore an unchanged backup"
+                ) from None
+            try:
+                os.link(source, at.name, dst_dir_fd=at.dir_fd, follow_symlinks=False)
+                counter.linked += 1
+            except OSError:
+                src = os.open(source, O_FILE)
+                try:
+                    dst = os.open(at.name, O_NEW, 0o600, dir_fd=at.dir_fd)
+                    try:
+                        info = os.fstat(src)
+                        counter.bytes += copy_fd(src, dst, info.st_size)
+                        copy_meta(src, dst, info)
+                    finally:
+                        os.close(dst)
+                finally:
+                    os.close(src)
+            counter.files += 1
 
 
 # ---------------------------------------------------------------------- copying
@@ -393,46 +429,86 @@ def _copy_tree(
 ) -> None:
     """Files, folders and symbolic links (never followed) with modes, times and owners;
     streamed by the kernel (no file is read into memory); what vanishes meanwhile is left out,
-    and so are entries named in ``skipped`` (at any depth)."""
-    with contextlib.suppress(FileExistsError):
-        target.mkdir(parents=True)
-    for entry in _entries(source):
-        if entry.name in skipped:
-            continue
-        path = Path(entry.path)
-        destination = target / entry.name
-        try:
-            info = entry.stat(follow_symlinks=False)
-            if stat.S_ISLNK(info.st_mode):
-                os.symlink(os.readlink(path), destination)
-            elif stat.S_ISDIR(info.st_mode):
-                _copy_tree(path, destination, counter, skipped)
-            elif stat.S_ISREG(info.st_mode):
-                if not counter.copy_file(path, destination, info):
-                    continue
+    and so are entries named in ``skipped`` (at any depth). Both trees are walked by
+    descriptors only (``tree_walk``): an agent swapping a folder of its workspace for a link
+    while root copies it never has a host folder copied (backup) nor a restored link followed
+    (restore)."""
+    try:
+        src_root = os.open(source, O_DIR)
+    except FileNotFoundError:
+        return
+    targets = [_make_folder(target)]  # the copy of each folder being walked, innermost last
+    try:
+        for walked in walk_at(src_root, skipped):
+            if walked.step is Step.LEAF:
+                _copy_leaf(walked, targets[-1], target / walked.rel, counter)
+            elif walked.step is Step.ENTER:
+                targets.append(_make_folder_at(targets[-1], walked.name))
             else:
-                continue  # sockets, fifos, devices: nothing a snapshot holds
+                made = targets.pop()
+                try:
+                    if walked.step is Step.DONE:
+                        copy_meta(walked.fd, made, walked.st)
+                finally:
+                    os.close(made)
+                if walked.step is Step.GONE:  # left out, as if it had vanished
+                    remove_at(targets[-1], walked.name)
+        copy_meta(src_root, targets[0], os.fstat(src_root))
+    finally:
+        for fd in targets:
+            os.close(fd)
+        os.close(src_root)
+
+
+def _copy_leaf(walked: Walked, dir_fd: int, destination: Path, counter: _Counter) -> None:
+    """A file or a link as listed in ``walked``, into the folder ``dir_fd``; gone or changed
+    kind meanwhile: left out. Sockets, fifos, devices: nothing a snapshot holds."""
+    st = walked.st
+    try:
+        if stat.S_ISLNK(st.st_mode):
+            os.symlink(
+                os.readlink(walked.name, dir_fd=walked.parent_fd), walked.name, dir_fd=dir_fd
+            )
             with contextlib.suppress(PermissionError):
-                os.chown(destination, info.st_uid, info.st_gid, follow_symlinks=False)
-        except FileNotFoundError:
-            continue
-    _copy_meta(source, target)
+                os.chown(walked.name, st.st_uid, st.st_gid, dir_fd=dir_fd, follow_symlinks=False)
+        elif stat.S_ISREG(st.st_mode):
+            # O_NONBLOCK: a fifo swapped in is opened without waiting, then left out
+            src = os.open(walked.name, O_FILE, dir_fd=walked.parent_fd)
+            try:
+                info = os.fstat(src)
+                if stat.S_ISREG(info.st_mode):
+                    counter.copy_file(src, dir_fd, walked.name, destination, info)
+            finally:
+                os.close(src)
+    except OSError as exc:
+        if exc.errno not in CHANGED and exc.errno != errno.EINVAL:  # EINVAL: no longer a link
+            raise
+
+
+def _make_folder(path: Path) -> int:
+    """The runner's own folder (or the backup's), made if missing; a link there is refused."""
+    path.mkdir(parents=True, exist_ok=True)
+    return os.open(path, O_DIR)
+
+
+def _make_folder_at(dir_fd: int, name: str) -> int:
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(name, 0o700, dir_fd=dir_fd)  # its own mode comes with DONE
+    return os.open(name, O_DIR, dir_fd=dir_fd)
 
 
 def _copy_meta(source: Path, target: Path) -> None:
+    """One of the runner's own folders' mode, times and owner onto its copy."""
     with contextlib.suppress(FileNotFoundError):
-        info = source.stat()
-        shutil.copystat(source, target)
-        with contextlib.suppress(PermissionError):
-            os.chown(target, info.st_uid, info.st_gid)
-
-
-def _entries(folder: Path) -> Iterator[os.DirEntry[str]]:
-    try:
-        with os.scandir(folder) as entries:
-            yield from entries
-    except FileNotFoundError:
-        return
+        src = os.open(source, O_DIR)
+        try:
+            dst = os.open(target, O_DIR)
+            try:
+                copy_meta(src, dst, os.fstat(src))
+            finally:
+                os.close(dst)
+        finally:
+            os.close(src)
 
 
 __all__ = ["BackupReport", "RestoreReport", "backup", "restore"]
