@@ -23,6 +23,7 @@ import contextlib
 import errno
 import json
 import os
+import resource
 import shutil
 import sqlite3
 import stat
@@ -424,6 +425,17 @@ def _link_bases(refs: Path, root: Path, counter: _Counter) -> None:
 # ---------------------------------------------------------------------- copying
 
 
+def _room_for_descriptors() -> None:
+    """The walk holds three descriptors a folder level (``tree_walk``, and the copy's folder):
+    the soft limit is raised to the hard one, so an agent's tree 1,000 folders deep does not
+    fail the backup with EMFILE under a default soft limit of 1,024. This process only (the
+    CLI's ``backup`` and ``restore`` verbs)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
 def _copy_tree(
     source: Path, target: Path, counter: _Counter, skipped: frozenset[str] = frozenset()
 ) -> None:
@@ -433,6 +445,7 @@ def _copy_tree(
     descriptors only (``tree_walk``): an agent swapping a folder of its workspace for a link
     while root copies it never has a host folder copied (backup) nor a restored link followed
     (restore)."""
+    _room_for_descriptors()
     try:
         src_root = os.open(source, O_DIR)
     except FileNotFoundError:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -70,3 +71,29 @@ def test_a_sparse_file_is_copied_without_filling_its_holes(tmp_path: Path) -> No
     assert copied.stat().st_size == 64 << 20
     assert copied.read_bytes()[:4] == b"head"
     assert copied.stat().st_blocks * 512 < 1 << 20  # a hole, not 64 MiB of zeros
+
+
+def test_a_tree_deeper_than_pythons_recursion_limit_is_copied(tmp_path: Path) -> None:
+    """An agent's ``mkdir`` loop 1,500 folders deep (paths past PATH_MAX: made by
+    descriptors, as a ``cd d`` loop would) must not make every backup fail. Before: a
+    RecursionError."""
+    runner = tmp_path / "runner"
+    tree = runner / "workspaces" / "w1" / "tree"
+    tree.mkdir(parents=True)
+    fd = os.open(tree, os.O_RDONLY | os.O_DIRECTORY)
+    for _ in range(1500):
+        os.mkdir("d", dir_fd=fd)
+        inner = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+        os.close(fd)
+        fd = inner
+    with open(os.open("bottom", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=fd), "w") as f:
+        f.write("deep")
+    os.close(fd)
+    counter = _Counter()
+    try:
+        _copy_tree(runner, tmp_path / "backup", counter)
+        assert counter.files == 1
+    finally:
+        # pytest's own clean-up recurses (shutil.rmtree): 1,500 levels would fail it, in
+        # every later pytest run on this machine too; rm walks without recursion
+        subprocess.run(["rm", "-rf", str(runner), str(tmp_path / "backup")], check=True)

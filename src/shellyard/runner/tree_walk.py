@@ -15,7 +15,7 @@ import contextlib
 import errno
 import os
 import stat
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 from enum import Enum
 
@@ -37,6 +37,9 @@ class Step(Enum):
     DONE = "done"
 
 
+_Listing = Generator[tuple[str, os.stat_result], None, None]
+
+
 @dataclass(frozen=True)
 class Walked:
     step: Step
@@ -51,26 +54,48 @@ class Walked:
     fd: int = -1
 
 
-def walk_at(dir_fd: int, skipped: frozenset[str] = frozenset(), rel: str = "") -> Iterator[Walked]:
-    """Every entry below the folder ``dir_fd`` (not closed here), never
-    following a link; entries named in ``skipped`` (at any depth) and entries that vanish
-    meanwhile are left out. A folder yields ENTER, then its entries, then DONE (or GONE
-    instead when it is no longer the folder that was listed)."""
-    for name, st in _listing(dir_fd, skipped):
-        path = f"{rel}/{name}" if rel else name
-        if not stat.S_ISDIR(st.st_mode):
-            yield Walked(Step.LEAF, dir_fd, name, path, st)
-            continue
-        yield Walked(Step.ENTER, dir_fd, name, path, st)
-        sub = enter_at(dir_fd, name, st)
-        if sub is None:
-            yield Walked(Step.GONE, dir_fd, name, path, st)
-            continue
-        try:
-            yield from walk_at(sub, skipped, path)
-            yield Walked(Step.DONE, dir_fd, name, path, os.fstat(sub), sub)
-        finally:
-            os.close(sub)
+def walk_at(dir_fd: int, skipped: frozenset[str] = frozenset()) -> Iterator[Walked]:
+    """Every entry below the folder ``dir_fd`` (not closed here), never following a link;
+    entries named in ``skipped`` (at any depth) and entries that vanish meanwhile are left
+    out. A folder yields ENTER, then its entries, then DONE (or GONE instead when it is no
+    longer the folder that was listed). Walked with a stack of its own, not by recursion: an
+    agent's tree 1,500 folders deep is copied, not a RecursionError (two descriptors a
+    level: the folder's and its listing's)."""
+    #: (folder's descriptor, its listing, its ENTER, or None for the root), innermost last
+    stack: list[tuple[int, _Listing, Walked | None]] = [(dir_fd, _listing(dir_fd, skipped), None)]
+    try:
+        while stack:
+            fd, listing, folder = stack[-1]
+            item = next(listing, None)
+            if item is None:
+                stack.pop()
+                listing.close()  # its scandir's descriptor, now
+                if folder is not None:
+                    try:
+                        done = Walked(
+                            Step.DONE, folder.parent_fd, folder.name, folder.rel, os.fstat(fd), fd
+                        )
+                        yield done
+                    finally:
+                        os.close(fd)
+                continue
+            name, st = item
+            path = f"{folder.rel}/{name}" if folder is not None else name
+            if not stat.S_ISDIR(st.st_mode):
+                yield Walked(Step.LEAF, fd, name, path, st)
+                continue
+            entered = Walked(Step.ENTER, fd, name, path, st)
+            yield entered
+            sub = enter_at(fd, name, st)
+            if sub is None:
+                yield Walked(Step.GONE, fd, name, path, st)
+                continue
+            stack.append((sub, _listing(sub, skipped), entered))
+    finally:
+        for fd, listing, folder in stack:
+            listing.close()  # its scandir's descriptor, now
+            if folder is not None:
+                os.close(fd)
 
 
 def enter_at(dir_fd: int, name: str, listed: os.stat_result) -> int | None:
@@ -89,7 +114,7 @@ def enter_at(dir_fd: int, name: str, listed: os.stat_result) -> int | None:
     return fd
 
 
-def _listing(dir_fd: int, skipped: frozenset[str]) -> Iterator[tuple[str, os.stat_result]]:
+def _listing(dir_fd: int, skipped: frozenset[str]) -> _Listing:
     """Streamed (a folder of a million names is never held at once), each entry ``lstat``-ed
     when reached."""
     with os.scandir(dir_fd) as entries:
