@@ -280,10 +280,13 @@ def _copy_runner(root: Path, target: Path, states: dict[str, str], counter: _Cou
 
 
 def _write_lost(directory: Path, execution_id: str) -> None:
-    meta_file = directory / "meta.json"
+    # in the backup's copy, where links were copied as links: none is followed here
     workspace_id = ""
-    with contextlib.suppress(OSError, ValueError, KeyError):
-        workspace_id = str(json.loads(meta_file.read_text())["workspace_id"])
+    with (
+        contextlib.suppress(OSError, ValueError, KeyError),
+        open(os.open(directory / "meta.json", O_FILE), "rb") as meta,
+    ):
+        workspace_id = str(json.loads(meta.read(1 << 20))["workspace_id"])
     result = RunnerExecution(
         execution_id=execution_id,
         workspace_id=workspace_id,
@@ -291,7 +294,10 @@ def _write_lost(directory: Path, execution_id: str) -> None:
         finished_at=time.time(),
         error=LOST_ERROR,
     )
-    (directory / "result.json").write_text(result.model_dump_json())
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(directory / "result.json")  # a link, if anything (unfinished: no result)
+    with open(os.open(directory / "result.json", O_NEW, 0o644), "w") as out:
+        out.write(result.model_dump_json())
 
 
 # ---------------------------------------------------------------------- restore
