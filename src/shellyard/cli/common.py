@@ -16,6 +16,7 @@ import typer
 from shellyard.cli.exits import EXIT_BY_STATE as EXIT_BY_STATE
 from shellyard.cli.exits import exit_code_of as exit_code_of
 from shellyard.cli.exits import say_error
+from shellyard.cli.exits import visible as visible
 from shellyard.errors import InvalidInput, ShellyardError
 
 if TYPE_CHECKING:
@@ -43,15 +44,6 @@ class _LazyConsole:
         if self._console is None:
             self._console = _visible_console(self._stderr)
         return getattr(self._console, name)
-
-
-#: C0 controls but newline and tab, DEL and the C1 controls: what a terminal acts on.
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
-
-
-def visible(text: str) -> str:
-    """``text`` with each control character shown as ``\\xNN``."""
-    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
 
 
 def escaped(text: object) -> str:

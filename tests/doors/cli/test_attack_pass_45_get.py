@@ -149,3 +149,8 @@ def test_an_agents_names_are_printed_literally_never_as_rich_markup(
     assert got.returncode == 0, got.stderr
     assert "\x1b" not in got.stderr, repr(got.stderr)
     assert "[link=mailto:a@evil]e\\x1b]0;owned" in got.stderr, got.stderr
+    # an error naming the agent's link: its name as written, control codes shown
+    refused = sy(served_home, "files", "cat", "out/[link=mailto:a@evil]e\x1b]0;owned\x07/x")
+    assert refused.returncode != 0
+    assert "\x1b" not in refused.stderr, repr(refused.stderr)
+    assert "[link=mailto:a@evil]e\\x1b]0;owned" in refused.stderr, refused.stderr
