@@ -20,8 +20,10 @@ Remote runners keep their folders on their own hosts: back those up there (docs/
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
+import resource
 import shutil
 import sqlite3
 import stat
@@ -40,6 +42,16 @@ from shellyard.errors import Conflict, InvalidInput, ShellyardError
 from shellyard.home import is_served
 from shellyard.runner.protocol import RunnerExecState, RunnerExecution
 from shellyard.runner.snapshots.objects import StoreLock
+from shellyard.runner.tree_walk import CHANGED, Step, Walked, copy_meta, walk_at
+from shellyard.runner.workspace_paths import (
+    O_DIR,
+    O_FILE,
+    O_NEW,
+    Folders,
+    copy_fd,
+    open_root,
+    remove_at,
+)
 from shellyard.store.executions import TERMINAL_STATES
 
 MANIFEST = "backup.json"
@@ -58,10 +70,9 @@ ORDER: tuple[tuple[str, frozenset[str]], ...] = (
     ("environments", frozenset({"staging"})),
 )
 LOST_ERROR = "the execution was running when the backup was taken; its outcome is not in it"
-#: Files of an environment made ``--from python-base`` that are its base's file (a hard link)
-#: or a copy of it (docs/environments.md): not copied, one JSON line each (``path`` in the
-#: runner folder, ``source`` in the base, ``size``); on restore linked or copied again after
-#: the restoring runner's ``SHELLYARD_BASE_SHARING`` (``derive.sharing``).
+#: Files the runner folder shares by hard link with a base environment's prefix (an environment
+#: made ``--from python-base``; docs/environments.md): not copied, one JSON line each
+#: (``path`` in the runner folder, ``source`` in the base, ``size``), linked again on restore.
 BASE_LINKS = "base-links.jsonl"
 
 
@@ -120,43 +131,51 @@ class _Counter:
                             self._base_index[(info.st_dev, info.st_ino)] = Path(folder, name)
         return self._base_index.get(key)
 
-    def copy_file(self, path: Path, destination: Path, info: os.stat_result) -> bool:
-        """Copy one regular file, or link it to its first copy or name its base file; False
-        when nothing was written at ``destination`` (a base reference)."""
+    def copy_file(
+        self, src_fd: int, dir_fd: int, name: str, destination: Path, info: os.stat_result
+    ) -> None:
+        """Copy one regular file (open as ``src_fd``, ``fstat`` ``info``) as ``name`` below
+        ``dir_fd`` (``destination`` is that path), or link it to its first copy, or name its
+        base file in ``refs`` instead."""
         self.files += 1
         key = (info.st_dev, info.st_ino)
         if info.st_nlink > 1:
             first = self.first.get(key)
             if first is not None:
-                os.link(first, destination)
+                os.link(first, name, dst_dir_fd=dir_fd, follow_symlinks=False)
                 self.linked += 1
-                return True
+                return
             base = self.base_file(key)
             if base is not None and self.refs is not None and self.tree is not None:
                 line = {"path": str(destination.relative_to(self.tree)), "source": str(base)}
                 self.refs.write(json.dumps({**line, "size": info.st_size}) + "\n")
                 self.base_files += 1
-                return False
+                return
             self.first[key] = destination
-        twin = self.base_twin(path, info) if info.st_nlink == 1 else None
+        twin = self.base_twin(src_fd, destination, info) if info.st_nlink == 1 else None
         if twin is not None and self.refs is not None and self.tree is not None:
             line = {"path": str(destination.relative_to(self.tree)), "source": str(twin)}
             self.refs.write(json.dumps({**line, "size": info.st_size}) + "\n")
             self.base_files += 1
-            return False
-        shutil.copy2(path, destination, follow_symlinks=False)
-        self.bytes += info.st_size
-        return True
+            return
+        dst = os.open(name, O_NEW, 0o600, dir_fd=dir_fd)
+        try:
+            # the snapshot objects' holes stay holes (copy_fd), unlike copy2's
+            self.bytes += copy_fd(src_fd, dst, info.st_size)
+            copy_meta(src_fd, dst, info)
+        finally:
+            os.close(dst)
 
-    def base_twin(self, path: Path, info: os.stat_result) -> Path | None:
-        """The file of the base an environment was made from that ``path`` (a file of that
-        environment's prefix) is a copy of: the same place in the prefix, size, mtime and
-        bytes (docs/operations.md: environments copy their base's files, sharing no inode)."""
-        if self.bases is None or self.source is None:
+    def base_twin(self, src_fd: int, destination: Path, info: os.stat_result) -> Path | None:
+        """The file of the base an environment was made from that the file open as ``src_fd``
+        (copied to ``destination``, a file of that environment's prefix) is a copy of: the same
+        place in the prefix, size, mtime and bytes (docs/operations.md: environments may copy
+        their base's files, sharing no inode)."""
+        if self.bases is None or self.source is None or self.tree is None:
             return None
-        if not path.is_relative_to(self.source):
+        if not destination.is_relative_to(self.tree):
             return None
-        parts = path.relative_to(self.source).parts
+        parts = destination.relative_to(self.tree).parts
         if len(parts) < 4 or parts[0] != "environments" or parts[2] != "prefix":
             return None
         if parts[1] not in self._env_bases:
@@ -174,7 +193,7 @@ class _Counter:
             info.st_mtime_ns,
         ):
             return None
-        return twin if _same_bytes(path, twin) else None
+        return twin if _same_bytes(src_fd, twin) else None
 
 
 # ---------------------------------------------------------------------- backup
@@ -300,10 +319,13 @@ def _copy_runner(root: Path, target: Path, states: dict[str, str], counter: _Cou
 
 
 def _write_lost(directory: Path, execution_id: str) -> None:
-    meta_file = directory / "meta.json"
+    # in the backup's copy, where links were copied as links: none is followed here
     workspace_id = ""
-    with contextlib.suppress(OSError, ValueError, KeyError):
-        workspace_id = str(json.loads(meta_file.read_text())["workspace_id"])
+    with (
+        contextlib.suppress(OSError, ValueError, KeyError),
+        open(os.open(directory / "meta.json", O_FILE), "rb") as meta,
+    ):
+        workspace_id = str(json.loads(meta.read(1 << 20))["workspace_id"])
     result = RunnerExecution(
         execution_id=execution_id,
         workspace_id=workspace_id,
@@ -311,7 +333,10 @@ def _write_lost(directory: Path, execution_id: str) -> None:
         finished_at=time.time(),
         error=LOST_ERROR,
     )
-    (directory / "result.json").write_text(result.model_dump_json())
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(directory / "result.json")  # a link, if anything (unfinished: no result)
+    with open(os.open(directory / "result.json", O_NEW, 0o644), "w") as out:
+        out.write(result.model_dump_json())
 
 
 # ---------------------------------------------------------------------- restore
@@ -394,19 +419,26 @@ def _base_prefix(env_dir: Path, bases: Path) -> Path | None:
     return None
 
 
-def _same_bytes(a: Path, b: Path, chunk: int = 1 << 20) -> bool:
-    """Whether two files hold the same bytes (read in bounded chunks, no link followed)."""
-    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+def _same_bytes(fd: int, other: Path, chunk: int = 1 << 20) -> bool:
+    """Whether the open file ``fd`` and ``other`` hold the same bytes (read in bounded chunks
+    at offsets, ``fd`` read where the walk opened it; no link followed to ``other``)."""
     try:
-        with open(os.open(a, flags), "rb") as one, open(os.open(b, flags), "rb") as two:
-            while True:
-                x, y = one.read(chunk), two.read(chunk)
-                if x != y:
-                    return False
-                if not x:
-                    return True
+        two = os.open(other, O_FILE)
     except OSError:
         return False
+    try:
+        offset = 0
+        while True:
+            x, y = os.pread(fd, chunk, offset), os.pread(two, chunk, offset)
+            if x != y:
+                return False
+            if not x:
+                return True
+            offset += len(x)
+    except OSError:
+        return False
+    finally:
+        os.close(two)
 
 
 def _bases_folder() -> Path | None:
@@ -445,53 +477,72 @@ def _share_bases(refs: Path, settings: Settings, counter: _Counter) -> None:
     or copies (``SHELLYARD_BASE_SHARING``, docs/environments.md)."""
     from shellyard.runner.environments.derive import sharing
 
-    if sharing(settings.local_policy) == "links":
-        _link_bases(refs, settings.local_runner_root, counter)
-    else:
-        _copy_bases(refs, settings.local_runner_root, counter)
+    linking = sharing(settings.local_policy) == "links"
+    _link_bases(refs, settings.local_runner_root, counter, linking)
 
 
-def _link_bases(refs: Path, root: Path, counter: _Counter) -> None:
-    """Link each file a backup shares with a base to the base's file again (a copy where a
-    link cannot be made: another file system)."""
-    from shellyard.runner.environments.derive import copy_file
+def _link_bases(refs: Path, root: Path, counter: _Counter, linking: bool = True) -> None:
+    """Link each file a backup shares with a base to the base's file again (``linking``; a
+    copy where a link cannot be made: another file system), or copy it, an inode of its own
+    owned as its folder, as an environment's copy is made (docs/security.md "Environments
+    share no inode with a base"; a backup of an older release names the files it shared by
+    link the same way). Each path is walked from the runner folder with ``O_NOFOLLOW``
+    (``Folders``): a link the restore made never leads a name elsewhere."""
+    with open_root(root) as root_fd, Folders(root_fd, create=True) as folders:
+        for ref in _base_refs(refs):
+            source = Path(str(ref["source"]))
+            try:
+                at = folders.resolve(str(ref["path"]))
+            except InvalidInput as exc:
+                raise InvalidInput(
+                    f"this backup's {BASE_LINKS} names {ref['path']!r}, which its own files "
+                    f"do not hold as folders ({exc}); it was changed after `shellyard backup` "
+                    f"made it: restore an unchanged backup"
+                ) from None
+            counter.files += 1
+            if linking:
+                try:
+                    os.link(source, at.name, dst_dir_fd=at.dir_fd, follow_symlinks=False)
+                    counter.linked += 1
+                    continue
+                except OSError:
+                    pass
+            counter.bytes += _copy_base_file(source, at.dir_fd, at.name, own=not linking)
 
-    for ref in _base_refs(refs):
-        source, target = Path(str(ref["source"])), root / str(ref["path"])
-        target.parent.mkdir(parents=True, exist_ok=True)
+
+def _copy_base_file(source: Path, dir_fd: int, name: str, own: bool) -> int:
+    """Copy a base's file as ``name`` below ``dir_fd``; ``own``: mode 0755/0644 and owned as
+    its folder (an environment's own copy, ``derive.copy_file``), else as the base's file."""
+    src = os.open(source, O_FILE)
+    try:
+        dst = os.open(name, O_NEW, 0o600, dir_fd=dir_fd)
         try:
-            os.link(source, target)
-            counter.linked += 1
-        except OSError:
-            copy_file(str(source), str(target))
-            _owned_as_folder(target)
-            counter.bytes += target.stat().st_size
-        counter.files += 1
-
-
-def _owned_as_folder(target: Path) -> None:
-    """The prefix's owner (the package tools' uid, restored with its folders) owns a copy, as
-    it owns an environment's copies when it is made."""
-    parent = target.parent.stat()
-    os.chown(target, parent.st_uid, parent.st_gid)
-
-
-def _copy_bases(refs: Path, root: Path, counter: _Counter) -> None:
-    """Copy each file a backup shares with a base from the base's file, never a hard link of
-    it (docs/security.md "Environments share no inode with a base"; a backup of an older
-    release names the files it shared by link the same way)."""
-    from shellyard.runner.environments.derive import copy_file
-
-    for ref in _base_refs(refs):
-        source, target = Path(str(ref["source"])), root / str(ref["path"])
-        target.parent.mkdir(parents=True, exist_ok=True)
-        copy_file(str(source), str(target))
-        _owned_as_folder(target)
-        counter.bytes += target.stat().st_size
-        counter.files += 1
+            info = os.fstat(src)
+            written = copy_fd(src, dst, info.st_size)
+            copy_meta(src, dst, info)
+            if own:
+                folder = os.fstat(dir_fd)
+                os.fchown(dst, folder.st_uid, folder.st_gid)
+                os.fchmod(dst, 0o755 if info.st_mode & stat.S_IXUSR else 0o644)
+            return written
+        finally:
+            os.close(dst)
+    finally:
+        os.close(src)
 
 
 # ---------------------------------------------------------------------- copying
+
+
+def _room_for_descriptors() -> None:
+    """The walk holds three descriptors a folder level (``tree_walk``, and the copy's folder):
+    the soft limit is raised to the hard one, so an agent's tree 1,000 folders deep does not
+    fail the backup with EMFILE under a default soft limit of 1,024. This process only (the
+    CLI's ``backup`` and ``restore`` verbs)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
 def _copy_tree(
@@ -499,46 +550,87 @@ def _copy_tree(
 ) -> None:
     """Files, folders and symbolic links (never followed) with modes, times and owners;
     streamed by the kernel (no file is read into memory); what vanishes meanwhile is left out,
-    and so are entries named in ``skipped`` (at any depth)."""
-    with contextlib.suppress(FileExistsError):
-        target.mkdir(parents=True)
-    for entry in _entries(source):
-        if entry.name in skipped:
-            continue
-        path = Path(entry.path)
-        destination = target / entry.name
-        try:
-            info = entry.stat(follow_symlinks=False)
-            if stat.S_ISLNK(info.st_mode):
-                os.symlink(os.readlink(path), destination)
-            elif stat.S_ISDIR(info.st_mode):
-                _copy_tree(path, destination, counter, skipped)
-            elif stat.S_ISREG(info.st_mode):
-                if not counter.copy_file(path, destination, info):
-                    continue
+    and so are entries named in ``skipped`` (at any depth). Both trees are walked by
+    descriptors only (``tree_walk``): an agent swapping a folder of its workspace for a link
+    while root copies it never has a host folder copied (backup) nor a restored link followed
+    (restore)."""
+    _room_for_descriptors()
+    try:
+        src_root = os.open(source, O_DIR)
+    except FileNotFoundError:
+        return
+    targets = [_make_folder(target)]  # the copy of each folder being walked, innermost last
+    try:
+        for walked in walk_at(src_root, skipped):
+            if walked.step is Step.LEAF:
+                _copy_leaf(walked, targets[-1], target / walked.rel, counter)
+            elif walked.step is Step.ENTER:
+                targets.append(_make_folder_at(targets[-1], walked.name))
             else:
-                continue  # sockets, fifos, devices: nothing a snapshot holds
+                made = targets.pop()
+                try:
+                    if walked.step is Step.DONE:
+                        copy_meta(walked.fd, made, walked.st)
+                finally:
+                    os.close(made)
+                if walked.step is Step.GONE:  # left out, as if it had vanished
+                    remove_at(targets[-1], walked.name)
+        copy_meta(src_root, targets[0], os.fstat(src_root))
+    finally:
+        for fd in targets:
+            os.close(fd)
+        os.close(src_root)
+
+
+def _copy_leaf(walked: Walked, dir_fd: int, destination: Path, counter: _Counter) -> None:
+    """A file or a link as listed in ``walked``, into the folder ``dir_fd``; gone or changed
+    kind meanwhile: left out. Sockets, fifos, devices: nothing a snapshot holds."""
+    st = walked.st
+    try:
+        if stat.S_ISLNK(st.st_mode):
+            os.symlink(
+                os.readlink(walked.name, dir_fd=walked.parent_fd), walked.name, dir_fd=dir_fd
+            )
             with contextlib.suppress(PermissionError):
-                os.chown(destination, info.st_uid, info.st_gid, follow_symlinks=False)
-        except FileNotFoundError:
-            continue
-    _copy_meta(source, target)
+                os.chown(walked.name, st.st_uid, st.st_gid, dir_fd=dir_fd, follow_symlinks=False)
+        elif stat.S_ISREG(st.st_mode):
+            # O_NONBLOCK: a fifo swapped in is opened without waiting, then left out
+            src = os.open(walked.name, O_FILE, dir_fd=walked.parent_fd)
+            try:
+                info = os.fstat(src)
+                if stat.S_ISREG(info.st_mode):
+                    counter.copy_file(src, dir_fd, walked.name, destination, info)
+            finally:
+                os.close(src)
+    except OSError as exc:
+        if exc.errno not in CHANGED and exc.errno != errno.EINVAL:  # EINVAL: no longer a link
+            raise
+
+
+def _make_folder(path: Path) -> int:
+    """The runner's own folder (or the backup's), made if missing; a link there is refused."""
+    path.mkdir(parents=True, exist_ok=True)
+    return os.open(path, O_DIR)
+
+
+def _make_folder_at(dir_fd: int, name: str) -> int:
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(name, 0o700, dir_fd=dir_fd)  # its own mode comes with DONE
+    return os.open(name, O_DIR, dir_fd=dir_fd)
 
 
 def _copy_meta(source: Path, target: Path) -> None:
+    """One of the runner's own folders' mode, times and owner onto its copy."""
     with contextlib.suppress(FileNotFoundError):
-        info = source.stat()
-        shutil.copystat(source, target)
-        with contextlib.suppress(PermissionError):
-            os.chown(target, info.st_uid, info.st_gid)
-
-
-def _entries(folder: Path) -> Iterator[os.DirEntry[str]]:
-    try:
-        with os.scandir(folder) as entries:
-            yield from entries
-    except FileNotFoundError:
-        return
+        src = os.open(source, O_DIR)
+        try:
+            dst = os.open(target, O_DIR)
+            try:
+                copy_meta(src, dst, os.fstat(src))
+            finally:
+                os.close(dst)
+        finally:
+            os.close(src)
 
 
 __all__ = ["BackupReport", "RestoreReport", "backup", "restore"]

@@ -149,6 +149,8 @@ ROOMS: dict[str, set[str]] = {
     "runner.protocol": {"runner.policy"},
     "runner.processes": set(),
     "runner.workspace_paths": set(),
+    # backup's and restore's walk of a tree someone may be changing (descriptors only)
+    "runner.tree_walk": {"runner.workspace_paths"},
     "runner.own_mounts": set(),
     "runner.prefix_mounts": {"runner.own_mounts"},  # its overlay mount, the linger
     "runner.tool_mounts": {"runner.own_mounts"},  # a package tool's writable overlays

@@ -16,6 +16,7 @@ import typer
 from shellyard.cli.exits import EXIT_BY_STATE as EXIT_BY_STATE
 from shellyard.cli.exits import exit_code_of as exit_code_of
 from shellyard.cli.exits import say_error
+from shellyard.cli.exits import visible as visible
 from shellyard.errors import InvalidInput, ShellyardError
 
 if TYPE_CHECKING:
@@ -45,13 +46,11 @@ class _LazyConsole:
         return getattr(self._console, name)
 
 
-#: C0 controls but newline and tab, DEL and the C1 controls: what a terminal acts on.
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+def escaped(text: object) -> str:
+    """``text`` as rich markup that shows it literally (for a ``markup=True`` message)."""
+    from rich.markup import escape
 
-
-def visible(text: str) -> str:
-    """``text`` with each control character shown as ``\\xNN``."""
-    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+    return escape(str(text))
 
 
 def _visible_console(stderr: bool) -> Console:
@@ -59,7 +58,10 @@ def _visible_console(stderr: bool) -> Console:
     sent: names, commands and messages are the agent's, and ``ESC ] 52`` (the clipboard), a
     title or a cursor move would act on the operator's terminal (docs/security.md "Attack pass
     (session 45)"). Rich's own styles and cursor moves are not text and pass as before; command
-    output (``run``, ``logs``, ``files cat``) is written raw, by design, as ``cat`` would."""
+    output (``run``, ``logs``, ``files cat``) is written raw, by design, as ``cat`` would.
+    Markup is off for the same reason: a file named ``[link=https://…]x`` would become a link
+    the operator clicks, ``[bold]`` a style; a message that styles its own words passes
+    ``markup=True`` and ``escaped()`` every name in it."""
     from rich.console import Console
     from rich.segment import Segment
 
@@ -69,7 +71,7 @@ def _visible_console(stderr: bool) -> Console:
                 s if s.control else Segment(visible(s.text), s.style, s.control) for s in buffer
             )
 
-    return VisibleConsole(stderr=stderr)
+    return VisibleConsole(stderr=stderr, markup=False)
 
 
 if TYPE_CHECKING:
@@ -328,7 +330,7 @@ def progress_bar() -> Progress:
     )
 
     return Progress(
-        TextColumn("{task.description}"),
+        TextColumn("{task.description}", markup=False),  # names are the agent's
         BarColumn(),
         DownloadColumn(),
         TransferSpeedColumn(),

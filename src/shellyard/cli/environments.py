@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 
-from shellyard.cli.common import HomeOption, JsonOption, err, fail, new_table, out
+from shellyard.cli.common import HomeOption, JsonOption, err, escaped, fail, new_table, out
 from shellyard.cli.common import print_json as _json
 from shellyard.errors import ShellyardError
 
@@ -66,7 +66,11 @@ def _run(home: Path | None, agent: str | None, action: Callable[[Any], Any]) -> 
 
 
 def _change_failed(exc: ShellyardError) -> NoReturn:
-    err.print(f"[red]change failed[/red] ({exc.code}): {exc.message}", highlight=False)
+    err.print(
+        f"[red]change failed[/red] ({exc.code}): {escaped(exc.message)}",
+        highlight=False,
+        markup=True,
+    )
     raise typer.Exit(1)
 
 
@@ -129,9 +133,10 @@ def _finish_change(change: ChangeView, as_json: bool) -> None:
         )
     elif change.state == "failed":
         err.print(
-            f"[red]change {change.change_id} failed[/red] ({change.error_kind}): "
-            f"{change.error}; the environment is unchanged",
+            f"[red]change {change.change_id} failed[/red] ({escaped(change.error_kind)}): "
+            f"{escaped(change.error)}; the environment is unchanged",
             highlight=False,
+            markup=True,
         )
     else:
         out.print(f"{change.change_id} {_describe(change)}", highlight=False)
@@ -185,7 +190,9 @@ def env_create(
         if as_json:
             _json(view)
         elif view.state == "failed":
-            err.print(f"[red]creation failed[/red]: {view.error}", highlight=False)
+            err.print(
+                f"[red]creation failed[/red]: {escaped(view.error)}", highlight=False, markup=True
+            )
         else:
             out.print(
                 f"{view.environment_id} ({view.name}, {view.language} on {view.runner_id}): "
@@ -325,8 +332,10 @@ def env_revisions(
         return
     for view in views:
         out.print(
-            f"[bold]revision {view.revision}[/bold] ({view.change_id}): {json.dumps(view.request)}",
+            f"[bold]revision {view.revision}[/bold] ({view.change_id}): "
+            f"{escaped(json.dumps(view.request))}",
             highlight=False,
+            markup=True,
         )
         table = new_table("manager", "name", "version", "source")
         for pkg in view.packages:

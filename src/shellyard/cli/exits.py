@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 
 from shellyard.errors import (
@@ -30,10 +31,20 @@ def exit_code_of(exc: ShellyardError) -> int:
     return EXIT_RETRY if retry else EXIT_REFUSED
 
 
+#: C0 controls but newline and tab, DEL and the C1 controls: what a terminal acts on.
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def visible(text: str) -> str:
+    """``text`` with each control character shown as ``\\xNN``."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+
+
 def say_error(exc: ShellyardError) -> int:
     """Say the error on stderr, one line (not wrapped: logs and scripts read it); its exit
     code. Plain text, red on a terminal: no rich import on the way out."""
     label = "\x1b[31merror\x1b[0m" if sys.stderr.isatty() else "error"
-    sys.stderr.write(f"{label} ({exc.code}): {exc.message}\n")
+    # the message may name the agent's files and links: their control codes shown, not sent
+    sys.stderr.write(f"{label} ({exc.code}): {visible(exc.message)}\n")
     sys.stderr.flush()
     return exit_code_of(exc)

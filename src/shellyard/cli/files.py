@@ -187,10 +187,10 @@ def files_get(
 
                 # the agent's tree: never written through a link (cli/unpack.py)
                 left_out = unpack(inside(), tar, target)
-            for name in left_out:
-                print(
+            for name in left_out:  # the agent's names: through err, control codes shown
+                err.print(
                     f"left out {name}: a link that leads out of {target} or a hard link",
-                    file=sys.stderr,
+                    highlight=False,
                 )
             return {"path": str(target), "kind": "dir", "links_left_out": left_out}
 

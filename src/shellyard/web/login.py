@@ -73,8 +73,22 @@ async def _source_token(plane: ControlPlane, token_id: str) -> str:
     return row.created_by
 
 
+#: Codes one session's reaches may have pending together (its session token and every agent
+#: of it: a session token may make child agents and a token for each, so reaches alone would
+#: let it fill the table), that session's own oldest dropped first. The admin's codes name no
+#: session and are not counted here.
+MAX_CODES_PER_SESSION = 20
+
+
 def _reach(who: Principal) -> tuple[str, str | None, str | None]:
     return (who.kind, who.session_id, who.agent_id)
+
+
+def _session_of(who: Principal) -> str | None:
+    """The session whose budget a code counts in (an agent token's too: its agent's)."""
+    if who.is_admin:
+        return None
+    return who.session_id
 
 
 class CodeRequest(BaseModel):
@@ -153,6 +167,11 @@ def login_router(plane: ControlPlane, pending: dict[str, PendingCode] | None = N
         mine = [key for key, p in pending.items() if _reach(p.who) == _reach(who)]
         for key in mine[: max(0, len(mine) + 1 - MAX_CODES_PER_TOKEN)]:
             del pending[key]
+        session = _session_of(who)
+        if session is not None:
+            ours = [key for key, p in pending.items() if _session_of(p.who) == session]
+            for key in ours[: max(0, len(ours) + 1 - MAX_CODES_PER_SESSION)]:
+                del pending[key]
         if len(pending) < MAX_PENDING_CODES:
             return
         others = [key for key, p in pending.items() if not p.who.is_admin]

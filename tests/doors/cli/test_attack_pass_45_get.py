@@ -116,3 +116,41 @@ def test_an_agents_names_never_reach_the_operators_terminal_as_control_codes(
     assert listed.returncode == 0, listed.stderr
     assert "\x1b" not in listed.stdout and "\x07" not in listed.stdout, repr(listed.stdout)
     assert "\\x1b]52;c;cm0gLXJmIH4K" in listed.stdout, listed.stdout
+
+
+def test_an_agents_names_are_printed_literally_never_as_rich_markup(
+    served_home: Path, tmp_path: Path
+) -> None:
+    """R2 (the operator's terminal): names the agent chose holding rich markup (``[bold]``,
+    ``[link=…]``: a link the operator would click; a file name cannot hold ``/``, so
+    ``mailto:``) are printed as written, in a listing (``files ls``), a table (``status``: the
+    command) and the message ``files get`` prints for a link it left out (which also shows
+    control codes as ``\\x1b``). Before: the status table ate the markup, and the left-out
+    message was a plain ``print`` (ESC sent)."""
+    made = sy(
+        served_home, "run", "--",
+        "mkdir -p names out && touch 'names/[bold]x' 'names/[link=mailto:a@evil]y' "
+        "&& ln -s /etc \"out/[link=mailto:a@evil]e$(printf '\\033]0;owned\\007')\" "
+        "&& echo '[link=https://evil]click[/link]' >/dev/null",
+    )  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    listed = sy(served_home, "files", "ls", "names")
+    assert listed.returncode == 0, listed.stderr
+    assert "names/[bold]x" in listed.stdout, listed.stdout
+    assert "names/[link=mailto:a@evil]y" in listed.stdout, listed.stdout
+    table = subprocess.run(
+        [sys.executable, "-m", "shellyard", "status"],
+        env={**os.environ, "SHELLYARD_HOME": str(served_home), "COLUMNS": "400"},
+        capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert table.returncode == 0, table.stderr
+    assert "[link=https://evil]click[/link]" in table.stdout, table.stdout
+    got = _get(served_home, tmp_path)
+    assert got.returncode == 0, got.stderr
+    assert "\x1b" not in got.stderr, repr(got.stderr)
+    assert "[link=mailto:a@evil]e\\x1b]0;owned" in got.stderr, got.stderr
+    # an error naming the agent's link: its name as written, control codes shown
+    refused = sy(served_home, "files", "cat", "out/[link=mailto:a@evil]e\x1b]0;owned\x07/x")
+    assert refused.returncode != 0
+    assert "\x1b" not in refused.stderr, repr(refused.stderr)
+    assert "[link=mailto:a@evil]e\\x1b]0;owned" in refused.stderr, refused.stderr
