@@ -180,6 +180,7 @@ ROOMS: dict[str, set[str]] = {
         "runner.sandbox",
         "runner.snapshots",
         "runner.tool_mounts",
+        "runner.workspace_paths",  # a base's copies: descriptor flags and copy_fd
     },
     "runner.local": {
         "runner.edits",

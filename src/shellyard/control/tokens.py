@@ -35,7 +35,8 @@ from shellyard.control.agents import session_of
 from shellyard.errors import Forbidden, InvalidInput, NotFound, Unauthorized
 from shellyard.store import Store
 from shellyard.store.records import field_names, values_of
-from shellyard.store.tokens import Token
+from shellyard.store.tokens import WEB_SESSION_ID_PREFIX, Token
+from shellyard.store.tokens import WEB_SESSION_TTL_S as WEB_SESSION_TTL_S
 
 ADMIN_TOKEN_NAME = "admin.token"
 #: Secrets start with this, so a leaked one is recognisable (secret scanners, logs).
@@ -287,3 +288,9 @@ __all__ = [
     "TokenService",
     "TokenView",
 ]
+
+
+def is_web_session(token_id: str) -> bool:
+    """Whether ``token_id`` names a web session (a login's token, ``web_…``), not a bearer
+    token an operator or a session made."""
+    return token_id.startswith(WEB_SESSION_ID_PREFIX + "_")

@@ -27,9 +27,8 @@ import time
 from starlette.requests import Request
 
 from shellyard.control.plane import ControlPlane
-from shellyard.control.tokens import Principal
+from shellyard.control.tokens import WEB_SESSION_TTL_S, Principal
 from shellyard.errors import Forbidden, Unauthorized
-from shellyard.store.tokens import WEB_SESSION_TTL_S
 
 #: The cookie's name is this plus the server's port: browsers keep cookies per host, not per
 #: port, so two servers on one host would otherwise overwrite each other's login.

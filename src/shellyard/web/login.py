@@ -25,9 +25,8 @@ from shellyard.api.bodies import body_of
 from shellyard.api.docs import body_doc
 from shellyard.contract.rawjson import parse
 from shellyard.control.plane import ControlPlane
-from shellyard.control.tokens import Principal, hash_secret
+from shellyard.control.tokens import Principal, hash_secret, is_web_session
 from shellyard.errors import Forbidden, InvalidInput, NotFound, TooMany, Unauthorized
-from shellyard.store.tokens import WEB_SESSION_ID_PREFIX
 from shellyard.web.cookies import (
     CSRF_HEADER,
     WEB_SESSION_PREFIX,
@@ -65,7 +64,7 @@ async def _source_token(plane: ControlPlane, token_id: str) -> str:
     """The bearer token a login counts against: a code made with a web session's cookie
     counts against the token that web session came from, so web sessions cannot make web
     sessions without end (each within its own bound)."""
-    if not token_id.startswith(WEB_SESSION_ID_PREFIX + "_"):
+    if not is_web_session(token_id):
         return token_id
     row = await plane.store.get_token(token_id)
     if row is None or row.created_by is None:
