@@ -51,16 +51,7 @@ class TokenRecords(Database):
         agent_id: str | None = None,
         created_by: str | None = None,
     ) -> Token:
-        values: dict[str, Any] = {
-            "id": new_id("tok"),
-            "kind": kind,
-            "secret_sha256": secret_sha256,
-            "session_id": session_id,
-            "agent_id": agent_id,
-            "created_by": created_by,
-            "created_at": time.time(),
-            "revoked_at": None,
-        }
+        values = _new_row("tok", kind, secret_sha256, session_id, agent_id, created_by)
         await self.run(_insert, values)
         return from_row(Token, values)
 
@@ -78,16 +69,9 @@ class TokenRecords(Database):
         oldest of that token's other web sessions deleted past ``keep`` (ended, revoked or
         live: a login loop, or a login-logout loop, grows nothing). Returns the row and how
         many were deleted."""
-        values: dict[str, Any] = {
-            "id": new_id(WEB_SESSION_ID_PREFIX),
-            "kind": kind,
-            "secret_sha256": secret_sha256,
-            "session_id": session_id,
-            "agent_id": agent_id,
-            "created_by": created_by,
-            "created_at": time.time(),
-            "revoked_at": None,
-        }
+        values = _new_row(
+            WEB_SESSION_ID_PREFIX, kind, secret_sha256, session_id, agent_id, created_by
+        )
         deleted = await self.run(_insert_web_session, values, keep)
         if deleted:  # a cache of principals never holds a web session; dropped all the same
             self.revocations += 1
@@ -171,3 +155,24 @@ def _revoke(conn: sa.Connection, token_id: str, now: float) -> None:
         .where(tokens.c.id == token_id, tokens.c.revoked_at.is_(None))
         .values(revoked_at=now)
     )
+
+
+def _new_row(
+    id_prefix: str,
+    kind: str,
+    secret_sha256: str,
+    session_id: str | None,
+    agent_id: str | None,
+    created_by: str | None,
+) -> dict[str, Any]:
+    """A new token row's values: a bearer token (``tok_…``) or a web session (``web_…``)."""
+    return {
+        "id": new_id(id_prefix),
+        "kind": kind,
+        "secret_sha256": secret_sha256,
+        "session_id": session_id,
+        "agent_id": agent_id,
+        "created_by": created_by,
+        "created_at": time.time(),
+        "revoked_at": None,
+    }
