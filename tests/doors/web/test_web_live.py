@@ -48,7 +48,8 @@ async def test_mcp_execution_state_change_and_reminder_show_live(
         assert not started.is_error, started.content
         assert isinstance(started.structured_content, dict)
         execution_id = started.structured_content["execution_id"]
-        timer = await mcp.call_tool("timer_create", {"text": "look at it", "after_ms": 4000})
+        # long enough to be seen pending after the 3 s command and its checks on a loaded machine
+        timer = await mcp.call_tool("timer_create", {"text": "look at it", "after_ms": 12000})
         assert isinstance(timer.structured_content, dict)
         timer_id = timer.structured_content["timer_id"]
 
@@ -74,8 +75,8 @@ async def test_mcp_execution_state_change_and_reminder_show_live(
 
     reminder = panel.locator(f'li[data-timer="{timer_id}"]')
     await expect(reminder.locator(".badge")).to_have_text("pending")
-    await expect(reminder).to_contain_text("after_ms: 4000")
-    for _ in range(100):  # until the server fired it (4 s after it was made)
+    await expect(reminder).to_contain_text("after_ms: 12000")
+    for _ in range(300):  # until the server fired it (12 s after it was made)
         if served.call("GET", f"/v1/timers/{timer_id}", agent)["state"] == "fired":
             break
         await asyncio.sleep(0.1)
