@@ -119,6 +119,19 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 
 @pytest.fixture
+async def mixed(home: Path) -> AsyncIterator[tuple[ControlPlane, RunnerDaemon]]:
+    """One control plane with the local runner and a runner daemon registered as ``remote``
+    (a ``direct`` runner on loopback)."""
+    plane, _runner_id, daemon = await open_yard(home, "direct", SandboxPolicy())
+    assert daemon is not None
+    try:
+        yield plane, daemon
+    finally:
+        await plane.aclose()
+        await daemon.stop()
+
+
+@pytest.fixture
 async def yard_factory(request: pytest.FixtureRequest, home: Path) -> AsyncIterator[Any]:
     opened: list[tuple[ControlPlane, RunnerDaemon | None]] = []
 

@@ -7,15 +7,13 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 from files_helpers import chunks_of, read_all, run
 from runner_daemon_fixture import RunnerDaemon
 
-from conftest import Yard, open_yard
+from conftest import Yard
 from shellyard.contract.executions import ExecutionWait
 from shellyard.contract.files import FileStatQuery, TransferWait
 from shellyard.control.plane import ControlPlane
@@ -76,18 +74,6 @@ async def test_an_upload_answers_the_id_its_snapshot_names_the_file_by(yard: Yar
     assert edit.written[0].content_id == entry.content_id != hashlib.sha256(data).hexdigest()
     assert edit.written[0].sha256 is None and entry.sha256 is None
     assert await read_all(yard.plane, "up.bin", runner_id=yard.runner_id) == data
-
-
-@pytest.fixture
-async def mixed(home: Path) -> AsyncIterator[tuple[ControlPlane, RunnerDaemon]]:
-    """The local runner and a runner daemon registered as ``remote`` (loopback)."""
-    plane, _runner_id, daemon = await open_yard(home, "direct", SandboxPolicy())
-    assert daemon is not None
-    try:
-        yield plane, daemon
-    finally:
-        await plane.aclose()
-        await daemon.stop()
 
 
 async def test_a_transfer_of_a_1_gib_sparse_file_sends_about_its_data(

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +32,6 @@ from shellyard.contract.files import (
 )
 from shellyard.control.plane import ControlPlane
 from shellyard.errors import InvalidInput, NotFound, WorkspaceBusy
-from shellyard.runner.protocol import SandboxPolicy
 
 # R1, T4: the same suite against local, direct and ssh runners.
 pytestmark = [pytest.mark.timeout(240), pytest.mark.runner_kinds("local", "direct", "ssh")]
@@ -289,19 +287,6 @@ async def test_t3_transfer_resumes_after_a_control_plane_restart(home: Path) -> 
 
 
 # ---------------------------------------------------------------------- T4, T5: across runners
-
-
-@pytest.fixture
-async def mixed(home: Path) -> AsyncIterator[tuple[ControlPlane, RunnerDaemon]]:
-    """One control plane with the local runner and a runner daemon registered as ``remote``
-    (a ``direct`` runner on loopback)."""
-    plane, _runner_id, daemon = await open_yard(home, "direct", SandboxPolicy())
-    assert daemon is not None
-    try:
-        yield plane, daemon
-    finally:
-        await plane.aclose()
-        await daemon.stop()
 
 
 async def test_t4_local_and_remote_both_ways_then_artifacts(
