@@ -221,6 +221,9 @@ VARIABLES: dict[str, Variable] = {
         Variable("SHELLYARD_WARM_IDLE_S", f"{_SECONDS}, more than 0", "60",
                  "How long a warm sandbox waits for its workspace's next command.", "runner",
                  _number(0.001)),
+        Variable("SHELLYARD_WARM_AFTER_MS", "a number of milliseconds, 0 or more", "20",
+                 "A workspace's next warm sandbox is made once its command has run this long, "
+                 "or when it ends if sooner; 0: at the start.", "runner", _number(0.0)),
         Variable("SHELLYARD_OWN_MOUNTS", "off, on", "on",
                  "A root runner's overlay of its own per workspace, home and read view: no "
                  "host path in a sandbox's mountinfo; mounted while in use (docs/security.md).",

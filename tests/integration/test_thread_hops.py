@@ -44,16 +44,6 @@ async def finished(local: LocalRunner, execution_id: str, command: str) -> Any:
     return record
 
 
-async def ready_group(local: LocalRunner) -> None:
-    """With cgroups, until a group waits for the workspace (an execution's end queues it to
-    the removal thread, used again or made ahead): the next warm sandbox's spawn takes it."""
-    tree = local._sandboxes.cgroups
-    deadline = time.monotonic() + 10
-    while tree is not None and not tree._ready.get(WS):
-        assert time.monotonic() < deadline, "no group waits for the workspace"
-        await asyncio.sleep(0.02)
-
-
 async def test_an_unchanged_workspace_s_commit_is_answered_on_the_loop(
     runner: LocalRunner, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -109,7 +99,8 @@ async def test_the_next_warm_sandbox_is_spawned_on_the_loop(
     await runner.ensure_workspace(WS)
     await finished(runner, "e1", "true")
     for index in range(2, 5):
-        await ready_group(runner)
+        # Made after e{index-1}'s end (docs/operations.md "Warm sandboxes"), from the group
+        # that end left waiting for the workspace.
         warm = runner._runs.warm
         deadline = time.monotonic() + 10
         while WS not in warm.waiting():
@@ -117,12 +108,12 @@ async def test_the_next_warm_sandbox_is_spawned_on_the_loop(
             await asyncio.sleep(0.02)
         spawned.clear()
         await finished(runner, f"e{index}", "true")
-        while WS not in warm.waiting():  # the next one, made after this start
-            assert time.monotonic() < deadline, "no warm sandbox was made after the start"
+        while WS not in warm.waiting():  # the next one, made after this end
+            assert time.monotonic() < deadline, "no warm sandbox was made after the end"
             await asyncio.sleep(0.02)
         assert spawned == [loop_thread]
         record = json.loads((runner.root / "executions" / f"e{index}" / "meta.json").read_text())
         assert record["sandbox_id"].startswith("warm-")  # it took a warm sandbox
-        if runner._sandboxes.cgroups is not None and index > 2:  # made by e{index-1}'s start
+        if runner._sandboxes.cgroups is not None and index > 2:  # made after e{index-1}'s end
             assert record["cgroup"], record  # one waiting for it (used again or made ahead)
     assert warm.stats["taken"] >= 3

@@ -347,6 +347,55 @@ async def _run_direct(runner: Any, workspace_id: str, execution_id: str) -> None
     assert (await runner.wait(execution_id, 30)).exit_code == 0
 
 
+async def test_the_next_warm_sandbox_is_made_off_a_short_commands_end(
+    home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """docs/operations.md "Warm sandboxes", docs/benchmarks.md §54: the workspace's next
+    sandbox is made once its command has run SHELLYARD_WARM_AFTER_MS or when it ends, if
+    sooner, never at the start itself (there its making took the loop and the cores from a
+    short command's end). A command that runs longer than that has it ready before it ends;
+    one that ends sooner has it made after its end; either way the next command takes it."""
+    from shellyard.runner.protocol import StartRequest
+
+    monkeypatch.setenv("SHELLYARD_WARM_AFTER_MS", "400")
+    runner = await _local_runner(home / "r")
+    pool = runner._runs.warm
+    workspace = f"ws-after-{os.getpid()}-{time.time_ns()}"
+    try:
+        assert pool.after_s == 0.4
+        await runner.ensure_workspace(workspace)
+        await runner.start(
+            StartRequest(execution_id="long", workspace_id=workspace, command="sleep 3")
+        )
+        await asyncio.sleep(0.15)  # running, not yet 400 ms: nothing is being made
+        assert pool.waiting() == {} and pool.stats["made"] == 0
+        assert not warm_processes(workspace)
+        made = await wait_for_warm(runner, workspace, timeout_s=2.5)  # at 400 ms, running
+        assert (await runner.status("long")).state == "running"
+        ended = await runner.wait("long", 30)
+        assert ended.exit_code == 0 and pool.waiting() == {workspace: made}
+        # Taken by a command that ends before its timer (an hour here): the next is made
+        # at its end, not at its start.
+        pool.after_s = 3600.0
+        short = StartRequest(execution_id="short", workspace_id=workspace, command="sleep 0.3")
+        await runner.start(short)
+        assert pool.stats["taken"] == 1 and pool.waiting() == {}
+        await asyncio.sleep(0.15)
+        assert pool.waiting() == {} and pool.stats["made"] == 1  # none made while it runs
+        assert (await runner.wait("short", 30)).exit_code == 0
+        following = await wait_for_warm(runner, workspace)
+        assert following != made and pool.stats["made"] == 2
+        following_request = StartRequest(
+            execution_id="next", workspace_id=workspace, command="true"
+        )
+        await runner.start(following_request)
+        assert pool.stats["taken"] == 2
+        assert (await runner.wait("next", 30)).exit_code == 0
+    finally:
+        await runner.aclose()
+    assert not warm_processes(workspace)
+
+
 async def test_idle_full_and_memory_pressure_discard(
     home: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

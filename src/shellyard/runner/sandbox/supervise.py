@@ -162,7 +162,7 @@ class Supervisor:
         self._guard.watch(
             request.execution_id, request.workspace_id, directory, tree, live.pid, marker
         )
-        self.warm.prepare_soon(request, tree, mount)
+        self.warm.prepare_after(request, tree, mount)
         return self._running(request.execution_id, live)
 
     @staticmethod
@@ -316,6 +316,7 @@ class Supervisor:
             self._lingering[execution_id] = (live.workspace_id, handle)
         live.popen = None
         live.done.set()
+        self.warm.ended(execution_id)  # after the end's own work: the next one's making
         # result.json answers from now on: a finished execution holds no memory here.
         # Until it is written (a full volume), the result in memory answers (``_persist``).
         if not durable:

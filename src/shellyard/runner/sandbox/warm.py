@@ -5,9 +5,10 @@ sandboxes"; docs/benchmarks.md).
 
 Single use: a command takes it, the waiter chdirs, sets exactly the command's environment
 and execs it, so each command is still a fresh process in a fresh sandbox (E1); the next
-one is made after the start has answered. It is used only while everything it was made from
-is unchanged (its ``Key``: the policy, the uid, the workspace tree and home, the environment's
-prefix and variables, the network namespace, the workspace's limit endings), else discarded;
+one is made once the command has run ``SHELLYARD_WARM_AFTER_MS`` or when it ends, if sooner.
+It is used only while everything it was made from is unchanged (its ``Key``: the policy,
+the uid, the workspace tree and home, the environment's prefix and variables, the network
+namespace, the workspace's limit endings), else discarded;
 also after ``SHELLYARD_WARM_IDLE_S`` and under memory pressure; never by another workspace;
 at most ``SHELLYARD_WARM_SANDBOXES`` per runner. When that many wait, one gives its place to
 another workspace's only once it has waited ``SWAP_FRACTION`` of the idle time: with more busy
@@ -64,6 +65,10 @@ MAGIC = b"shellyard-warm-1"
 PIPE_ROOM = 60 << 10
 DEFAULT_COUNT = 8
 DEFAULT_IDLE_S = 60.0
+#: The next warm sandbox is made once the command has run this long, or when it ends if that
+#: is sooner: made at the start, its making shared the event loop and the two cores with a
+#: short command's end and delayed the answer by ~2 ms (docs/benchmarks.md §54).
+DEFAULT_AFTER_MS = 20.0
 #: Below this share of MemAvailable in MemTotal the host is short of memory: no warm
 #: sandbox is made and those waiting go (each holds a few MiB of kernel and bwrap memory).
 MEMORY_LOW_FRACTION = 0.10
@@ -92,6 +97,15 @@ def configured_idle_s() -> float:
     except ValueError:
         log.warning("SHELLYARD_WARM_IDLE_S=%r is not a number; using %s", value, DEFAULT_IDLE_S)
         return DEFAULT_IDLE_S
+
+
+def configured_after_s() -> float:
+    value = settings_env.get("SHELLYARD_WARM_AFTER_MS")
+    try:
+        return (DEFAULT_AFTER_MS if value is None else max(0.0, float(value))) / 1000
+    except ValueError:
+        log.warning("SHELLYARD_WARM_AFTER_MS=%r is not a number; using %s", value, DEFAULT_AFTER_MS)
+        return DEFAULT_AFTER_MS / 1000
 
 
 def memory_low() -> bool:
@@ -163,6 +177,10 @@ class WarmPool:
         self._mounts = mounts
         self.count = configured_count()
         self.idle_s = configured_idle_s()
+        self.after_s = configured_after_s()
+        #: execution id → the timer that makes its workspace's next warm sandbox
+        #: (``prepare_after``), until it fires or the execution ends
+        self._after: dict[str, tuple[asyncio.TimerHandle, Callable[[], None]]] = {}
         #: how long a waiting one keeps its place in a full pool (SWAP_FRACTION)
         self.swap_after_s = self.idle_s * SWAP_FRACTION
         self._ready: dict[str, Warm] = {}
@@ -271,9 +289,37 @@ class WarmPool:
 
     # ------------------------------------------------------------------ make
 
+    def prepare_after(self, request: StartRequest, tree: Path, mount: Mount | None) -> None:
+        """After a writer's start: its workspace's next sandbox, made once the command has
+        run ``after_s`` or when it ends (``ended``), whichever comes first. A short command
+        (most of an agent's) ends and is answered before the making takes the loop; a long
+        one has the next sandbox ready long before it ends."""
+        if self.after_s <= 0:
+            self.prepare_soon(request, tree, mount)
+            return
+        if self.count <= 0 or request.read_only or self._closed:
+            return
+        execution_id = request.execution_id
+
+        def prepare() -> None:
+            self._after.pop(execution_id, None)
+            self.prepare_soon(request, tree, mount)
+
+        timer = asyncio.get_running_loop().call_later(self.after_s, prepare)
+        self._after[execution_id] = (timer, prepare)
+
+    def ended(self, execution_id: str) -> None:
+        """The execution has ended (its result is written): its workspace's next sandbox,
+        if still to be made, is made now, after what the loop has to do for the end."""
+        pending = self._after.pop(execution_id, None)
+        if pending is not None:
+            timer, prepare = pending
+            timer.cancel()
+            asyncio.get_running_loop().call_soon(prepare)
+
     def prepare_soon(self, request: StartRequest, tree: Path, mount: Mount | None) -> None:
-        """After a writer's start: the workspace's next sandbox, made in a task, so the
-        start's answer never waits for it (its cgroups, when made, in a worker thread)."""
+        """The workspace's next sandbox, made in a task, so no answer waits for it (its
+        cgroups, when made, in a worker thread)."""
         workspace_id = request.workspace_id
         if self.count <= 0 or request.read_only or self._sandboxes.waiter is None:
             return
@@ -506,6 +552,9 @@ class WarmPool:
     def close(self) -> None:
         """The runner stops: no warm sandbox outlives it."""
         self._closed = True
+        for timer, _prepare in self._after.values():
+            timer.cancel()
+        self._after.clear()
         self.discard_all("closed")
 
     def waiting(self) -> dict[str, str]:
