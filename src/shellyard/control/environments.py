@@ -582,9 +582,10 @@ def _runner_request(change: Change, env: Environment) -> EnvironmentChangeReques
 def _abandoned(runner_id: str) -> str:
     """The progress line of a change its runner holds ``running`` without working on it."""
     return (
-        f"runner {runner_id} reports this change running but is not working on it (its close "
-        f"cut it short); its next start rolls the environment back and ends the change "
-        f"'interrupted'; asking again every {QUIET_BACKOFF_MAX_S:g} s at most"
+        f"runner {runner_id} reports this change running but is not working on it (cut short "
+        f"there, as its close does past its grace); the runner's next start rolls the "
+        f"environment back and ends the change 'interrupted'; asked again every "
+        f"{QUIET_BACKOFF_MAX_S:g} s at most"
     )
 
 
