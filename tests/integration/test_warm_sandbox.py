@@ -350,7 +350,7 @@ async def _run_direct(runner: Any, workspace_id: str, execution_id: str) -> None
 async def test_the_next_warm_sandbox_is_made_off_a_short_commands_end(
     home: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """docs/operations.md "Warm sandboxes", docs/benchmarks.md §54: the workspace's next
+    """docs/operations.md "Warm sandboxes", docs/benchmarks.md §55: the workspace's next
     sandbox is made once its command has run SHELLYARD_WARM_AFTER_MS or when it ends, if
     sooner, never at the start itself (there its making took the loop and the cores from a
     short command's end). A command that runs longer than that has it ready before it ends;

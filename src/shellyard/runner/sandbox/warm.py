@@ -67,7 +67,7 @@ DEFAULT_COUNT = 8
 DEFAULT_IDLE_S = 60.0
 #: The next warm sandbox is made once the command has run this long, or when it ends if that
 #: is sooner: made at the start, its making shared the event loop and the two cores with a
-#: short command's end and delayed the answer by ~2 ms (docs/benchmarks.md §54).
+#: short command's end and delayed the answer by ~2 ms (docs/benchmarks.md §55).
 DEFAULT_AFTER_MS = 20.0
 #: Below this share of MemAvailable in MemTotal the host is short of memory: no warm
 #: sandbox is made and those waiting go (each holds a few MiB of kernel and bwrap memory).
