@@ -164,3 +164,36 @@ async def test_a_slowly_read_download_is_held_back_by_the_socket() -> None:
     assert received == total
     # one read of the loop's socket (256 KiB) may land past the mark before reading pauses
     assert worst <= native.HIGH_WATER + (256 << 10), worst
+
+
+def test_a_call_is_built_as_httpx_builds_it() -> None:
+    """sdk/base.py builds a call's request once merged (URL, query, headers, JSON, timeout):
+    byte for byte the request ``httpx.Client.request`` sends, for a body, a query, neither,
+    and a name to quote; and the client keeps no cookie a server sets."""
+    from shellyard.sdk.base import SyncSender, call
+
+    sender = SyncSender("http://127.0.0.1:9/", "tok", agent_id="agt_1")
+    http = sender._http
+    adapter: Any = None
+    calls = [
+        call("POST", "/v1/executions", adapter, body={"command": "héllo", "n": [1, None]},
+             timeout_s=25.0),
+        call("GET", "/v1/files", adapter, {"path": "a b/é&?", "recursive": True, "x": None}),
+        call("POST", "/v1/executions/ex_1/cancel", adapter),
+        call("DELETE", "/v1/sessions/s_1", adapter, {"force": False}),
+    ]  # fmt: skip
+    for made in calls:
+        ours = sender._requests.build(made)
+        body = made.body
+        theirs = http.build_request(
+            made.method, made.path, params=made.params, json=body, timeout=made.timeout_s
+        )
+        assert ours.method == theirs.method
+        assert str(ours.url) == str(theirs.url)
+        assert ours.headers.multi_items() == theirs.headers.multi_items()
+        assert ours.read() == theirs.read()
+        assert ours.extensions == theirs.extensions
+    response = httpx.Response(200, headers={"set-cookie": "s=1; Path=/"}, request=ours)
+    http.cookies.extract_cookies(response)
+    assert not http.cookies
+    sender.close()
