@@ -197,3 +197,32 @@ def test_a_call_is_built_as_httpx_builds_it() -> None:
     http.cookies.extract_cookies(response)
     assert not http.cookies
     sender.close()
+
+
+async def test_https_goes_through_start_tls(tmp_path: Any) -> None:
+    """An https server (a self-signed certificate the client trusts): the connection is
+    upgraded by the loop's start_tls and answers; keep-alive over TLS too."""
+    import ssl
+    import subprocess
+
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key),
+         "-out", str(cert), "-days", "1", "-subj", "/CN=localhost",
+         "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost"],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    served = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    served.load_cert_chain(cert, key)
+    trusted = ssl.create_default_context(cafile=str(cert))
+    listening = await asyncio.start_server(_keep_alive, "127.0.0.1", 0, ssl=served)
+    port = listening.sockets[0].getsockname()[1]
+    transport = httpx.AsyncHTTPTransport(verify=trusted)
+    kept = _Kept(transport._pool._network_backend)  # type: ignore[union-attr]
+    transport._pool._network_backend = kept  # type: ignore[union-attr]
+    async with listening, httpx.AsyncClient(transport=transport) as http:
+        for _ in range(2):
+            answer = await http.get(f"https://127.0.0.1:{port}/health")
+            assert answer.json() == {}
+    assert len(kept.streams) == 1
+    assert kept.streams[0].get_extra_info("ssl_object") is not None
