@@ -5,6 +5,7 @@ holds (timeouts, errors, a kept connection the server closed, a bounded download
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
@@ -170,7 +171,7 @@ def test_a_call_is_built_as_httpx_builds_it() -> None:
     """sdk/base.py builds a call's request once merged (URL, query, headers, JSON, timeout):
     byte for byte the request ``httpx.Client.request`` sends, for a body, a query, neither,
     and a name to quote; and the client keeps no cookie a server sets."""
-    from shellyard.sdk.base import SyncSender, call
+    from shellyard.sdk.base import SyncSender, _requests_of, call
 
     sender = SyncSender("http://127.0.0.1:9/", "tok", agent_id="agt_1")
     http = sender._http
@@ -183,7 +184,7 @@ def test_a_call_is_built_as_httpx_builds_it() -> None:
         call("DELETE", "/v1/sessions/s_1", adapter, {"force": False}),
     ]  # fmt: skip
     for made in calls:
-        ours = sender._requests.build(made)
+        ours = _requests_of(sender).build(made)
         body = made.body
         theirs = http.build_request(
             made.method, made.path, params=made.params, json=body, timeout=made.timeout_s
@@ -226,3 +227,34 @@ async def test_https_goes_through_start_tls(tmp_path: Any) -> None:
             assert answer.json() == {}
     assert len(kept.streams) == 1
     assert kept.streams[0].get_extra_info("ssl_object") is not None
+
+
+async def test_a_sender_whose_client_a_subclass_made_and_its_agent_copy() -> None:
+    """A subclass that makes its own client (as /mcp's in-process one) sends through it, and
+    ``as_agent``'s copy builds with its own client's headers, not the original's."""
+    from pydantic import TypeAdapter
+
+    from shellyard.sdk.base import AsyncSender, _requests_of, call
+
+    async def echo(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        seen = {k.decode(): v.decode() for k, v in scope["headers"]}
+        body = json.dumps({"path": scope["path"], "agent": seen.get("x-shellyard-agent")})
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": body.encode()})
+
+    class Own(AsyncSender):
+        def __init__(self) -> None:
+            self._http = httpx.AsyncClient(
+                base_url="http://127.0.0.1", transport=httpx.ASGITransport(app=echo)
+            )
+
+    adapter = TypeAdapter(dict[str, Any])
+    own = Own()
+    assert await own._send(call("GET", "/v1/x", adapter)) == {"path": "/v1/x", "agent": None}
+    agent = own.as_agent("agt_2")
+    built = _requests_of(agent).build(call("GET", "/v1/y", adapter))
+    assert built.headers.get("x-shellyard-agent") == "agt_2"
+    assert "x-shellyard-agent" not in _requests_of(own).build(call("GET", "/v1/y", adapter)).headers
+    assert await own._send(call("GET", "/v1/z", adapter)) == {"path": "/v1/z", "agent": None}
+    await own.aclose()
+    await agent.aclose()

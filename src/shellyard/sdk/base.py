@@ -103,6 +103,7 @@ class _Requests:
     §54)."""
 
     def __init__(self, http: httpx.Client | httpx.AsyncClient) -> None:
+        self.http = http
         if hasattr(http, "_cookies"):  # httpx keeps a client's jar there (no public switch)
             http._cookies = _NoCookies()
         # httpx joins a relative path to the base URL's path by concatenation, as here
@@ -132,6 +133,16 @@ class _Requests:
         return built
 
 
+def _requests_of(sender: SyncSender | AsyncSender) -> _Requests:
+    """The sender's ``_Requests``, made for its current client: on first use (a client made
+    by a subclass, as the in-process one of /mcp, included) and again once ``as_agent``'s
+    copy has a client of its own."""
+    requests = sender._requests
+    if requests is None or requests.http is not sender._http:
+        requests = sender._requests = _Requests(sender._http)
+    return requests
+
+
 def _unreachable(exc: httpx.TransportError) -> RunnerUnavailable:
     return unreachable(exc)
 
@@ -143,6 +154,9 @@ def broken(what: str, exc: httpx.TransportError) -> RunnerUnavailable:
 class SyncSender:
     """Sends a ``_Call`` with a blocking ``httpx.Client``."""
 
+    _http: httpx.Client
+    _requests: _Requests | None = None
+
     def __init__(self, url: str, token: str, *, agent_id: str | None = None) -> None:
         self._http = httpx.Client(
             base_url=url,
@@ -150,11 +164,10 @@ class SyncSender:
             timeout=30,
             transport=sync_transport(),  # a request's head and body in one write (sdk/wire.py)
         )
-        self._requests = _Requests(self._http)
 
     def _send(self, request: _Call[T]) -> T:
         try:
-            response = self._http.send(self._requests.build(request))
+            response = self._http.send(_requests_of(self).build(request))
         except httpx.TransportError as exc:
             raise _unreachable(exc) from exc
         return decode(response, request)
@@ -178,7 +191,6 @@ class SyncSender:
             timeout=self._http.timeout,
             transport=sync_transport(),
         )
-        clone._requests = _Requests(clone._http)
         return clone
 
     def close(self) -> None:
@@ -194,6 +206,9 @@ class SyncSender:
 class AsyncSender:
     """Sends a ``_Call`` with an ``httpx.AsyncClient``."""
 
+    _http: httpx.AsyncClient
+    _requests: _Requests | None = None
+
     def __init__(self, url: str, token: str, *, agent_id: str | None = None) -> None:
         self._http = httpx.AsyncClient(
             base_url=url,
@@ -201,11 +216,10 @@ class AsyncSender:
             timeout=30,
             transport=async_transport(),  # a request's head and body in one write (sdk/wire.py)
         )
-        self._requests = _Requests(self._http)
 
     async def _send(self, request: _Call[T]) -> T:
         try:
-            response = await self._http.send(self._requests.build(request))
+            response = await self._http.send(_requests_of(self).build(request))
         except httpx.TransportError as exc:
             raise _unreachable(exc) from exc
         return decode(response, request)
@@ -228,7 +242,6 @@ class AsyncSender:
             timeout=self._http.timeout,
             transport=async_transport(),
         )
-        clone._requests = _Requests(clone._http)
         return clone
 
     async def aclose(self) -> None:
