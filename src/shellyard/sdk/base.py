@@ -107,11 +107,11 @@ class _Requests:
         if hasattr(http, "_cookies"):  # httpx keeps a client's jar there (no public switch)
             http._cookies = _NoCookies()
         # httpx joins a relative path to the base URL's path by concatenation, as here
-        self._prefix = str(http.base_url).rstrip("/")
+        self._prefix = str(http.base_url).rstrip("/") + "/"
         self._headers = httpx.Headers(http.headers)
 
     def build(self, request: _Call[Any]) -> httpx.Request:
-        url = httpx.URL(self._prefix + request.path)
+        url = httpx.URL(self._prefix + request.path.lstrip("/"))
         if request.params:
             url = url.copy_merge_params(request.params)
         extensions = {"timeout": httpx.Timeout(request.timeout_s).as_dict()}
