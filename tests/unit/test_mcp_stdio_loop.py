@@ -90,3 +90,31 @@ def test_answers_whole_without_worker_threads_and_eof_ends_the_server() -> None:
     assert names == ["MainThread"], names
     assert child.stderr is not None
     assert child.stderr.read().decode().count("stray") == CALLS
+
+
+UNTRACED = textwrap.dedent(
+    """
+    import sys
+    from mcp.server._otel import OpenTelemetryMiddleware
+    from mcp.server.mcpserver import MCPServer
+    from opentelemetry import trace
+    from shellyard.mcp.stdio import untraced
+
+    if sys.argv[1] == "provider":
+        trace.set_tracer_provider(trace.NoOpTracerProvider())  # what an SDK's setup does
+    lowlevel = MCPServer(name="t")._lowlevel_server
+    untraced(lowlevel)
+    print(any(isinstance(m, OpenTelemetryMiddleware) for m in lowlevel.middleware))
+    """
+)
+
+
+def test_the_tracing_middleware_goes_only_when_nothing_records_spans() -> None:
+    def traced(case: str) -> str:
+        done = subprocess.run(
+            [sys.executable, "-c", UNTRACED, case], capture_output=True, text=True, check=True
+        )
+        return done.stdout.strip()
+
+    assert traced("none") == "False"
+    assert traced("provider") == "True"

@@ -30,6 +30,7 @@ import anyio
 import anyio.to_thread
 import mcp_types as types
 import sniffio
+from mcp.server._otel import OpenTelemetryMiddleware
 from mcp.server.mcpserver import MCPServer
 from mcp.server.stdio import stdio_server
 from mcp.shared._context_streams import (
@@ -38,6 +39,7 @@ from mcp.shared._context_streams import (
     create_context_streams,
 )
 from mcp.shared.message import SessionMessage
+from opentelemetry import trace
 
 #: What one read from stdin asks for, and the reader's buffer before it stops reading.
 _BLOCK = 64 * 1024
@@ -252,6 +254,16 @@ async def loop_stdio(
         os.set_blocking(wfd, blocking[1])
 
 
+def untraced(lowlevel: Any) -> None:
+    """Without the package's OpenTelemetry middleware when nothing would record its spans
+    (no tracer provider set, nor named by ``OTEL_PYTHON_TRACER_PROVIDER``): it opens a
+    no-op span around every message, a twentieth of a tool call's time on the loop
+    (docs/benchmarks.md, the last section). With a provider it stays, as the package has it."""
+    if isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
+        kept = [m for m in lowlevel.middleware if not isinstance(m, OpenTelemetryMiddleware)]
+        lowlevel.middleware = kept
+
+
 def _on_the_loop() -> bool:
     try:
         return sniffio.current_async_library() == "asyncio"
@@ -264,6 +276,7 @@ async def run_stdio(server: MCPServer) -> None:
     pipes or sockets, else with one thread hop per answer written."""
     lowlevel: Any = server._lowlevel_server
     options = lowlevel.create_initialization_options()
+    untraced(lowlevel)
     if _on_the_loop() and _pollable(0) and _pollable(1):
         with contextlib.ExitStack() as stack:
             try:
@@ -286,4 +299,4 @@ async def run_stdio(server: MCPServer) -> None:
             await lowlevel.run(read_stream, write_stream, options)
 
 
-__all__ = ["loop_stdio", "run_stdio"]
+__all__ = ["loop_stdio", "run_stdio", "untraced"]
