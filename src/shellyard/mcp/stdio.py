@@ -2,9 +2,8 @@
 
 The mcp package reads each message with a ``readline`` in a worker thread and writes each
 answer with ``write`` then ``flush`` in worker threads: every message is a round trip to a
-thread and back through the loop's self-pipe (docs/benchmarks.md §29, and the last section:
-a thread hop is a tenth of ``shellyard mcp``'s own CPU per tool call). When stdin and stdout
-are pipes or sockets (how an MCP host starts a server), both are served here by the loop's
+thread and back through the loop's self-pipe (docs/benchmarks.md §29, §54). When stdin and
+stdout are pipes or sockets (how an MCP host starts a server), both are served here by the loop's
 own pipe transports instead: a message read is parsed where it arrives, an answer is one
 ``write`` to the pipe (the kernel takes it at once unless the pipe is full; then it waits
 in the transport's buffer while the loop goes on reading).
@@ -257,8 +256,9 @@ async def loop_stdio(
 def untraced(lowlevel: Any) -> None:
     """Without the package's OpenTelemetry middleware when nothing would record its spans
     (no tracer provider set, nor named by ``OTEL_PYTHON_TRACER_PROVIDER``): it opens a
-    no-op span around every message, a twentieth of a tool call's time on the loop
-    (docs/benchmarks.md, the last section). With a provider it stays, as the package has it."""
+    no-op span around every message, 2 % of the instructions of a tool call in
+    ``shellyard mcp`` (docs/benchmarks.md §54). With a provider it stays, as the package
+    has it."""
     if isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
         kept = [m for m in lowlevel.middleware if not isinstance(m, OpenTelemetryMiddleware)]
         lowlevel.middleware = kept
