@@ -11,6 +11,7 @@ import json
 import subprocess
 import sys
 import textwrap
+import threading
 from typing import Any
 
 SERVER = textwrap.dedent(
@@ -28,6 +29,10 @@ SERVER = textwrap.dedent(
         return str(n) * size
 
     @server.tool()
+    async def measure(text: str) -> int:
+        return len(text)
+
+    @server.tool()
     async def threads() -> list[str]:
         return sorted(thread.name for thread in threading.enumerate())
 
@@ -38,6 +43,7 @@ SERVER = textwrap.dedent(
 
 CALLS = 40
 SIZE = 100_000  # more than a pipe holds (64 KiB): answers wait in the transport's buffer
+BIG = 150_001  # characters of 2 bytes: a request of 300 kB
 
 
 def request(id: int, method: str, params: dict[str, Any] | None = None) -> bytes:
@@ -60,6 +66,9 @@ def test_answers_whole_without_worker_threads_and_eof_ends_the_server() -> None:
         lines.append(request(n, "tools/call", {"name": "blob", "arguments": args}))
     lines.append(b"not json\n")  # refused, the server goes on
     lines.append(request(CALLS + 1, "tools/call", {"name": "threads", "arguments": {}}))
+    # A request longer than a read (64 KiB), its two-byte characters cut between reads.
+    big = {"name": "measure", "arguments": {"text": "é" * BIG}}
+    lines.append(request(CALLS + 2, "tools/call", big))
     child = subprocess.Popen(
         [sys.executable, "-c", SERVER],
         stdin=subprocess.PIPE,
@@ -68,9 +77,12 @@ def test_answers_whole_without_worker_threads_and_eof_ends_the_server() -> None:
     )
     try:
         assert child.stdin is not None and child.stdout is not None
-        child.stdin.write(b"".join(lines))  # all in flight at once (fits in the pipe)
-        child.stdin.flush()
-        answers = [json.loads(child.stdout.readline()) for _ in range(CALLS + 2)]
+        # All in flight at once, written beside the reading (more than a pipe holds).
+        stdin = child.stdin
+        writer = threading.Thread(target=lambda: (stdin.write(b"".join(lines)), stdin.flush()))
+        writer.start()
+        answers = [json.loads(child.stdout.readline()) for _ in range(CALLS + 3)]
+        writer.join()
         # EOF on stdin ends the server; fd 0 and fd 1 are back, and blocking again.
         child.stdin.close()
         assert child.stdout.read() == b"after True True\n"
@@ -79,7 +91,8 @@ def test_answers_whole_without_worker_threads_and_eof_ends_the_server() -> None:
         child.kill()
         child.wait()
     by_id = {answer["id"]: answer for answer in answers}
-    assert sorted(by_id) == list(range(CALLS + 2))
+    assert sorted(by_id) == list(range(CALLS + 3))
+    assert by_id[CALLS + 2]["result"]["structuredContent"]["result"] == BIG
     for n in range(1, CALLS + 1):
         text = by_id[n]["result"]["content"][0]["text"]
         assert text == str(n) * SIZE, n
