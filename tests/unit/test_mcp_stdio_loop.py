@@ -8,11 +8,16 @@ process with real pipes, driven by raw JSON-RPC lines."""
 from __future__ import annotations
 
 import json
+import os
+import socket
 import subprocess
 import sys
 import textwrap
 import threading
+from collections.abc import Callable
 from typing import Any
+
+import pytest
 
 SERVER = textwrap.dedent(
     """
@@ -53,7 +58,7 @@ def request(id: int, method: str, params: dict[str, Any] | None = None) -> bytes
     return json.dumps(message).encode() + b"\n"
 
 
-def test_answers_whole_without_worker_threads_and_eof_ends_the_server() -> None:
+def requests() -> bytes:
     init = {
         "protocolVersion": "2025-06-18",
         "capabilities": {},
@@ -69,27 +74,79 @@ def test_answers_whole_without_worker_threads_and_eof_ends_the_server() -> None:
     # A request longer than a read (64 KiB), its two-byte characters cut between reads.
     big = {"name": "measure", "arguments": {"text": "é" * BIG}}
     lines.append(request(CALLS + 2, "tools/call", big))
+    return b"".join(lines)
+
+
+def pipes() -> tuple[Any, Any, Any, Callable[[], None]]:
+    """What the child gets as stdin and stdout, the parent's ends (write, read) and how the
+    parent ends its input. ``pipes``: as Python's clients start a server."""
+    read_in, write_in = os.pipe()
+    read_out, write_out = os.pipe()
+    to_child, from_child = os.fdopen(write_in, "wb"), os.fdopen(read_out, "rb")
+    return (read_in, write_out), to_child, from_child, to_child.close
+
+
+def sockets() -> tuple[Any, Any, Any, Callable[[], None]]:
+    """A socket pair each, as Node's (libuv's) clients start a server."""
+    child_in, parent_in = socket.socketpair()
+    child_out, parent_out = socket.socketpair()
+    to_child, from_child = parent_in.makefile("wb"), parent_out.makefile("rb")
+
+    def end() -> None:
+        to_child.close()
+        parent_in.shutdown(socket.SHUT_WR)
+
+    return (child_in, child_out), to_child, from_child, end
+
+
+def one_socket() -> tuple[Any, Any, Any, Callable[[], None]]:
+    """One socket for both (inetd's way): left to the package's threads, since the loop's
+    write transport would take a request arriving on its socket for the peer's end."""
+    child, parent = socket.socketpair()
+    to_child, from_child = parent.makefile("wb"), parent.makefile("rb")
+
+    def end() -> None:
+        to_child.close()
+        parent.shutdown(socket.SHUT_WR)
+
+    return (child, child), to_child, from_child, end
+
+
+@pytest.mark.parametrize(
+    ("wiring", "threads"),
+    [
+        (pipes, ["MainThread"]),
+        (sockets, ["MainThread"]),
+        (one_socket, ["AnyIO worker thread", "AnyIO worker thread", "MainThread"]),
+    ],
+)
+def test_answers_whole_on_the_loop_and_eof_ends_the_server(
+    wiring: Callable[[], tuple[Any, Any, Any, Callable[[], None]]], threads: list[str]
+) -> None:
+    (stdin, stdout), to_child, from_child, end = wiring()
     child = subprocess.Popen(
-        [sys.executable, "-c", SERVER],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
+        [sys.executable, "-c", SERVER], stdin=stdin, stdout=stdout, stderr=subprocess.PIPE
     )
+    for mine in {stdin, stdout}:  # the child's ends are the child's alone
+        if isinstance(mine, socket.socket):
+            mine.close()
+        else:
+            os.close(mine)
     try:
-        assert child.stdin is not None and child.stdout is not None
         # All in flight at once, written beside the reading (more than a pipe holds).
-        stdin = child.stdin
-        writer = threading.Thread(target=lambda: (stdin.write(b"".join(lines)), stdin.flush()))
+        data = requests()
+        writer = threading.Thread(target=lambda: (to_child.write(data), to_child.flush()))
         writer.start()
-        answers = [json.loads(child.stdout.readline()) for _ in range(CALLS + 3)]
+        answers = [json.loads(from_child.readline()) for _ in range(CALLS + 3)]
         writer.join()
         # EOF on stdin ends the server; fd 0 and fd 1 are back, and blocking again.
-        child.stdin.close()
-        assert child.stdout.read() == b"after True True\n"
+        end()
+        assert from_child.read() == b"after True True\n"
         assert child.wait(timeout=60) == 0
     finally:
         child.kill()
         child.wait()
+        from_child.close()
     by_id = {answer["id"]: answer for answer in answers}
     assert sorted(by_id) == list(range(CALLS + 3))
     assert by_id[CALLS + 2]["result"]["structuredContent"]["result"] == BIG
@@ -98,9 +155,8 @@ def test_answers_whole_without_worker_threads_and_eof_ends_the_server() -> None:
         assert text == str(n) * SIZE, n
     # Answers leave in the order they finish (the server's order), not the order asked.
     assert [answer["id"] for answer in answers[1:6]] != [1, 2, 3, 4, 5]
-    # Served on the loop: no worker thread read a message or wrote an answer.
-    names = by_id[CALLS + 1]["result"]["structuredContent"]["result"]
-    assert names == ["MainThread"], names
+    # On the loop: no worker thread read a message or wrote an answer.
+    assert by_id[CALLS + 1]["result"]["structuredContent"]["result"] == threads
     assert child.stderr is not None
     assert child.stderr.read().decode().count("stray") == CALLS
 

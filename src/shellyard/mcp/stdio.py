@@ -110,23 +110,30 @@ def _claimed_stdout() -> Iterator[IO[bytes]]:
             wire.close()
 
 
-def _pollable(fd: int) -> bool:
-    """A pipe or a socket, not stderr's: what the loop's pipe transports serve. A terminal
-    or a regular file is left to the package's threads (epoll refuses a file, and a
-    terminal's open file is the shell's too, which must not be left non-blocking); so is a
-    pipe that stderr writes to as well (``2>&1``), since the transport makes it non-blocking
-    and a stray write to stderr must never fail for that."""
+def _identity(fd: int) -> tuple[int, int, int] | None:
     try:
-        mode = os.fstat(fd)
+        found = os.fstat(fd)
     except OSError:
+        return None
+    return found.st_mode, found.st_dev, found.st_ino
+
+
+def _on_pipes() -> bool:
+    """stdin and stdout are what the loop's pipe transports serve: each a pipe or a socket,
+    not stderr's (``2>&1``: the transport makes its wire non-blocking, and a stray write to
+    stderr must never fail for that), nor one socket for both (the write transport takes
+    its socket turning readable for the peer's end, and a request would close it). A
+    terminal or a regular file is left to the package's threads: epoll refuses a file, and
+    a terminal is the shell's too, which must not be left non-blocking."""
+    stdin, stdout, stderr = _identity(0), _identity(1), _identity(2)
+    if stdin is None or stdout is None:
         return False
-    if not (stat.S_ISFIFO(mode.st_mode) or stat.S_ISSOCK(mode.st_mode)):
-        return False
-    try:
-        err = os.fstat(2)
-    except OSError:
-        return True
-    return (mode.st_dev, mode.st_ino) != (err.st_dev, err.st_ino)
+    for found in (stdin, stdout):
+        if not (stat.S_ISFIFO(found[0]) or stat.S_ISSOCK(found[0])):
+            return False
+        if stderr is not None and found[1:] == stderr[1:]:
+            return False
+    return stdin[1:] != stdout[1:]
 
 
 def _parsed(line: bytes) -> SessionMessage | Exception:
@@ -277,7 +284,7 @@ async def run_stdio(server: MCPServer) -> None:
     lowlevel: Any = server._lowlevel_server
     options = lowlevel.create_initialization_options()
     untraced(lowlevel)
-    if _on_the_loop() and _pollable(0) and _pollable(1):
+    if _on_the_loop() and _on_pipes():
         with contextlib.ExitStack() as stack:
             try:
                 rfd = stack.enter_context(_claimed(0, _stdin_diversion))
