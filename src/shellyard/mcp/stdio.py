@@ -11,8 +11,9 @@ in the transport's buffer while the loop goes on reading).
 The descriptors are handled as the package does: the wire is a private duplicate of fd 0
 and of fd 1, fd 0 points at the null device and fd 1 at stderr while serving (a child reads
 EOF, a stray print never lands in the protocol), and both are put back at the end, blocking
-again. Anything else (a terminal, a file, another async library) is served the package's way,
-with each answer's write and flush in one thread hop (``_Stdout``).
+again. Anything else (a terminal, a file, stderr's pipe, one socket for both, another async
+library: ``_on_pipes``) is served the package's way, with each answer's write and flush in one
+thread hop (``_Stdout``).
 """
 
 from __future__ import annotations
