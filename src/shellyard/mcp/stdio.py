@@ -229,36 +229,47 @@ async def loop_stdio(
     served by the loop's transports. At the end every answer written is on its way (the
     transport's buffer emptied) and both descriptors are blocking again, as found."""
     loop = asyncio.get_running_loop()
-    blocking = os.get_blocking(rfd), os.get_blocking(wfd)
     reader = asyncio.StreamReader(limit=_BLOCK, loop=loop)
     # closefd=False: the descriptors are the caller's (it puts fd 0 and fd 1 back).
     rpipe = os.fdopen(rfd, "rb", buffering=0, closefd=False)
     wpipe = os.fdopen(wfd, "wb", buffering=0, closefd=False)
-    read_transport, _ = await loop.connect_read_pipe(
-        lambda: asyncio.StreamReaderProtocol(reader), rpipe
-    )
+    with _blocking_kept(rfd, wfd):
+        read_transport, _ = await loop.connect_read_pipe(
+            lambda: asyncio.StreamReaderProtocol(reader), rpipe
+        )
+        try:
+            write_transport, wire = await loop.connect_write_pipe(_Wire, wpipe)
+        except BaseException:
+            read_transport.close()
+            raise
+        read_in, read_stream = create_context_streams[SessionMessage | Exception](0)
+        write_stream, write_out = create_context_streams[SessionMessage](0)
+        try:
+            async with anyio.create_task_group() as group:
+                group.start_soon(_read_lines, reader, read_in)
+                group.start_soon(_write_lines, write_transport, wire, write_out)
+                yield read_stream, write_stream
+        finally:
+            read_transport.close()
+            write_transport.close()  # after what it holds is written (or the pipe is gone)
+            # Bounded: a host that neither reads nor goes away must not hold the exit forever.
+            with anyio.CancelScope(shield=True), anyio.move_on_after(_FLUSH_S):
+                await wire.closed
+            if not wire.closed.done():
+                write_transport.abort()
+
+
+@contextlib.contextmanager
+def _blocking_kept(*fds: int) -> Iterator[None]:
+    """``fds`` blocking at the end as they were found: the transports make them
+    non-blocking, and their open files are the host's pipes (or a wrapper's) after us."""
+    found = [(fd, os.get_blocking(fd)) for fd in fds]
     try:
-        write_transport, wire = await loop.connect_write_pipe(_Wire, wpipe)
-    except BaseException:
-        read_transport.close()
-        raise
-    read_in, read_stream = create_context_streams[SessionMessage | Exception](0)
-    write_stream, write_out = create_context_streams[SessionMessage](0)
-    try:
-        async with anyio.create_task_group() as group:
-            group.start_soon(_read_lines, reader, read_in)
-            group.start_soon(_write_lines, write_transport, wire, write_out)
-            yield read_stream, write_stream
+        yield
     finally:
-        read_transport.close()
-        write_transport.close()  # after what it holds is written (or the pipe is gone)
-        # Bounded: a host that neither reads nor goes away must not hold the exit forever.
-        with anyio.CancelScope(shield=True), anyio.move_on_after(_FLUSH_S):
-            await wire.closed
-        if not wire.closed.done():
-            write_transport.abort()
-        os.set_blocking(rfd, blocking[0])
-        os.set_blocking(wfd, blocking[1])
+        for fd, blocking in found:
+            with contextlib.suppress(OSError):
+                os.set_blocking(fd, blocking)
 
 
 def untraced(lowlevel: Any) -> None:
