@@ -89,6 +89,10 @@ class Settings:
     #: Most entries (files, folders, links) one transfer may name; beyond it the transfer is
     #: refused with the count (``SHELLYARD_TRANSFER_MAX_ENTRIES``; docs/limits.md).
     transfer_max_entries: int = 100_000
+    #: Most live (not revoked) agent tokens one session may hold; the next is refused until
+    #: some are revoked (``SHELLYARD_AGENT_TOKENS_PER_SESSION``; docs/security.md "Limits at
+    #: each door"). Each may hold web sessions of its own, so none is unbounded.
+    agent_tokens_per_session: int = 100
 
     @classmethod
     def from_env(cls, **overrides: object) -> Settings:
@@ -119,17 +123,13 @@ class Settings:
                     raise InvalidInput(
                         f"{variable} must be a {kind.__name__}, not {raw!r}"
                     ) from None
-        raw_entries = os.environ.get("SHELLYARD_TRANSFER_MAX_ENTRIES")
-        if raw_entries:
-            try:
-                settings.transfer_max_entries = int(raw_entries)
-                if settings.transfer_max_entries < 1:
-                    raise ValueError(raw_entries)
-            except ValueError:
-                raise InvalidInput(
-                    f"SHELLYARD_TRANSFER_MAX_ENTRIES must be a whole number of 1 or more, "
-                    f"not {raw_entries!r}"
-                ) from None
+        for name, variable in (
+            ("transfer_max_entries", "SHELLYARD_TRANSFER_MAX_ENTRIES"),
+            ("agent_tokens_per_session", "SHELLYARD_AGENT_TOKENS_PER_SESSION"),
+        ):
+            raw = os.environ.get(variable)
+            if raw:
+                setattr(settings, name, _at_least_one(variable, raw))
         # Every other SHELLYARD_* value too (the readers above said what was wrong with theirs):
         # refused at start, never taken for a default (docs/operations.md).
         check_environment()
@@ -145,3 +145,14 @@ class Settings:
     @property
     def local_runner_root(self) -> Path:
         return self.home / "runners" / "local"
+
+
+def _at_least_one(variable: str, raw: str) -> int:
+    """A count setting's value: a whole number of 1 or more, else refused naming ``variable``."""
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise InvalidInput(f"{variable} must be a whole number of 1 or more, not {raw!r}")
+    return value

@@ -42,8 +42,9 @@ class TooLarge(InvalidInput):
 
 
 class TooMany(ShellyardError):
-    """More of something open at once than one token may hold (MCP sessions): close some or
-    wait for idle ones to expire (docs/security.md "Limits at each door")."""
+    """More of something at once than one token or session may hold (MCP sessions, login
+    codes, agent tokens): close or revoke some, or wait for idle ones to expire
+    (docs/security.md "Limits at each door")."""
 
     code = "too_many"
     http_status = 429

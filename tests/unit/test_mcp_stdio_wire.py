@@ -1,6 +1,7 @@
-"""mcp/stdio.py: while ``shellyard mcp`` serves, stray output goes to stderr and only the
-wire reaches stdout; fd 1 is back afterwards; an answer is its line, written and flushed in
-one call. In a child process (its own descriptors), with real pipes."""
+"""mcp/stdio.py, the threads' way (stdin or stdout not a pipe): while ``shellyard mcp``
+serves, stray output goes to stderr and only the wire reaches stdout; fd 1 is back
+afterwards; an answer is its line, written and flushed in one call. In a child process (its
+own descriptors), with real pipes."""
 
 from __future__ import annotations
 

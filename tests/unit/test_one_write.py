@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import uvicorn
 
-from shellyard.api.connections import BoundedH11
+from shellyard.api.connections import BoundedHttp
 from shellyard.api.one_write import HOLD_MAX, OneWrite
 
 
@@ -132,7 +132,7 @@ async def test_the_server_answers_through_it() -> None:
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    config = uvicorn.Config(_app, http=BoundedH11, log_level="warning", lifespan="on")
+    config = uvicorn.Config(_app, http=BoundedHttp, log_level="warning", lifespan="on")
     server = uvicorn.Server(config)
     serving = asyncio.create_task(server.serve(sockets=[sock]))
     try:

@@ -1,9 +1,14 @@
 """The server's HTTP connections, bounded (docs/security.md "Limits at each door").
 
-uvicorn (0.54, h11) closes a keep-alive connection idle after an answer, but not one that
-never finishes sending its request's headers: a client sending a byte every few seconds
-holds its socket forever, and any number of them may be open. This protocol adds:
+uvicorn (0.55) closes a keep-alive connection idle after an answer, but not one that never
+finishes sending its request's headers: a client sending a byte every few seconds holds its
+socket forever, and any number of them may be open. This protocol (uvicorn's httptools one:
+the request is parsed by llhttp in C, not by h11 in Python, a fifth of the server's CPU for a
+small request; docs/benchmarks.md §54) adds:
 
+- a header size bound: a request line and headers past :data:`MAX_HEAD_BYTES` are answered
+  400 and the connection is closed (counted as they arrive, so a header that never ends is
+  not kept growing in memory);
 - a header deadline: a connection whose request headers are not complete
   :data:`HEADER_TIMEOUT_S` after it opened (or after its previous answer) is closed;
 - a body deadline: a request whose body makes no progress for :data:`BODY_IDLE_S` (no byte
@@ -23,8 +28,7 @@ import asyncio
 import os
 from typing import cast
 
-import h11
-from uvicorn.protocols.http.h11_impl import H11Protocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from shellyard.api.one_write import OneWrite
 
@@ -39,27 +43,79 @@ MAX_CONNECTIONS_PER_CLIENT = 256
 MAX_CONCURRENCY = 1024
 #: Seconds an idle keep-alive connection stays open after an answer.
 KEEP_ALIVE_S = 5
+#: Most bytes of a request line and its headers.
+MAX_HEAD_BYTES = 16 * 1024
 
 
-class BoundedH11(H11Protocol):
+class HeadTooLarge(Exception):
+    """Raised from a parser callback: the parser stops and uvicorn answers 400 and closes."""
+
+
+class BoundedHttp(HttpToolsProtocol):
     _header_deadline: asyncio.TimerHandle | None = None
     _body_deadline: asyncio.TimerHandle | None = None
+    #: The bytes arriving are a request's line and headers (from the connection's start, or
+    #: from the end of the previous request's body, until its headers are complete).
+    _in_head = True
+    #: Bytes received while in a head: the parser keeps an unfinished header in memory.
+    _head_received = 0
+    #: The request line and headers the parser has given so far, of the current request.
+    _head_size = 0
+    #: The request's headers are complete and its body is not.
+    _in_body = False
 
     def data_received(self, data: bytes) -> None:
+        if self._in_head:
+            self._head_received += len(data)
         super().data_received(data)
+        if self.transport.is_closing():
+            return
+        if self._in_head and self._head_received > MAX_HEAD_BYTES:
+            self.send_400_response(_too_large_text())
+            return
         self._watch_body()
+
+    # Parser callbacks (uvicorn's, with the head's size counted).
+    def on_message_begin(self) -> None:
+        self._head_size = 0
+        super().on_message_begin()
+
+    def on_url(self, url: bytes) -> None:
+        self._grow(len(url))
+        super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._grow(len(name) + len(value) + 4)  # ": " and CRLF
+        super().on_header(name, value)
+
+    def _grow(self, size: int) -> None:
+        self._head_size += size
+        if self._head_size > MAX_HEAD_BYTES:
+            raise HeadTooLarge(_too_large_text())
+
+    def on_headers_complete(self) -> None:
+        self._in_head = False
+        self._in_body = True
+        self._disarm()
+        super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        self._in_body = False
+        self._in_head = True  # what comes next is the next request's head
+        self._head_received = 0
+        super().on_message_complete()
 
     def _watch_body(self) -> None:
         """Re-arm the body deadline on each byte of a body still being sent."""
         if self._body_deadline is not None:
             self._body_deadline.cancel()
             self._body_deadline = None
-        if self.conn.their_state is h11.SEND_BODY and not self.transport.is_closing():
+        if self._in_body and not self.transport.is_closing():
             self._body_deadline = self.loop.call_later(BODY_IDLE_S, self._body_late)
 
     def _body_late(self) -> None:
         self._body_deadline = None
-        if self.conn.their_state is not h11.SEND_BODY or self.transport.is_closing():
+        if not self._in_body or self.transport.is_closing():
             return
         if self.flow.read_paused:  # the server is not reading: not the client's delay
             self._body_deadline = self.loop.call_later(BODY_IDLE_S, self._body_late)
@@ -80,7 +136,7 @@ class BoundedH11(H11Protocol):
             same = sum(
                 1
                 for other in self.connections
-                if isinstance(other, H11Protocol) and other.client and other.client[0] == host
+                if (client := getattr(other, "client", None)) and client[0] == host
             )
             if same > MAX_CONNECTIONS_PER_CLIENT:
                 self.logger.warning(
@@ -104,12 +160,13 @@ class BoundedH11(H11Protocol):
 
     def _headers_late(self) -> None:
         self._header_deadline = None
-        if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
+        if self._in_head and not self.transport.is_closing():
             self.transport.close()  # no complete request headers in time
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
-        if not self.transport.is_closing():
+        # armed for the next request unless its headers came already (pipelined)
+        if self._in_head and not self.transport.is_closing():
             self._arm()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -120,11 +177,16 @@ class BoundedH11(H11Protocol):
         super().connection_lost(exc)
 
 
+def _too_large_text() -> str:
+    return f"Request line and headers larger than {MAX_HEAD_BYTES} bytes."
+
+
 __all__ = [
     "BODY_IDLE_S",
     "HEADER_TIMEOUT_S",
     "KEEP_ALIVE_S",
     "MAX_CONCURRENCY",
     "MAX_CONNECTIONS_PER_CLIENT",
-    "BoundedH11",
+    "MAX_HEAD_BYTES",
+    "BoundedHttp",
 ]

@@ -1,6 +1,6 @@
 """An answer's head and body in one send (docs/benchmarks.md §29).
 
-uvicorn's h11 protocol writes an answer's status line and headers, then its body, each with
+uvicorn's HTTP protocols write an answer's status line and headers, then its body, each with
 its own ``transport.write``: two sends for every JSON answer, so the client wakes and reads
 twice. This transport holds a write of at most :data:`HOLD_MAX` bytes (an answer's head) and
 sends it with the next write (its body) as one send, at once; a write that no other follows

@@ -20,7 +20,7 @@ from starlette.types import Message, Receive, Scope, Send
 
 from shellyard import filemodes
 from shellyard.api.app import create_app
-from shellyard.api.connections import KEEP_ALIVE_S, MAX_CONCURRENCY, BoundedH11
+from shellyard.api.connections import KEEP_ALIVE_S, MAX_CONCURRENCY, BoundedHttp
 from shellyard.config import Settings
 from shellyard.control.plane import build
 from shellyard.control.tokens import ADMIN_TOKEN_NAME
@@ -174,12 +174,12 @@ def serve(
         lifespan="on",
         access_log=False,
         timeout_graceful_shutdown=3,
-        # slow or many clients (docs/security.md "Limits at each door"): a header deadline
-        # and a cap per client address (api/connections.py), a cap for the whole server
-        http=BoundedH11,
+        # slow or many clients (docs/security.md "Limits at each door"): a header size bound
+        # and deadline, a body deadline and a cap per client address (api/connections.py),
+        # a cap for the whole server
+        http=BoundedHttp,
         timeout_keep_alive=KEEP_ALIVE_S,
         limit_concurrency=MAX_CONCURRENCY,
-        h11_max_incomplete_event_size=16 * 1024,  # request line and headers
         # JSON logs (docs/operations.md): uvicorn's lines go through the root's JSON handler too.
         log_config=None if json_logs else uvicorn.config.LOGGING_CONFIG,
     )

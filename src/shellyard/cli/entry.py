@@ -94,12 +94,10 @@ def quick_run(argv: list[str]) -> int | None:
 
                 raise unreachable(exc) from exc
         drift = settings_drift(info)
-        if drift and sys.stderr.isatty():
-            sys.stderr.write(f"shellyard: note: {drift}\n")
-        if data.get("note") and sys.stderr.isatty():
-            # docs/environments.md, as in cli/executions.py: no base prepared yet; on a terminal
-            # only
-            sys.stderr.write(f"shellyard: note: {data['note']}\n")
+        if drift:
+            say_note(drift)
+        if data.get("note"):  # docs/environments.md: no base prepared yet
+            say_note(str(data["note"]))
         if data["state"] not in ("completed", "cancelled", "failed", "unknown"):
             return _follow(home, data, body)  # still going after --wait-ms: the SDK follows it
     except ShellyardError as exc:
@@ -114,6 +112,18 @@ def quick_run(argv: list[str]) -> int | None:
         err.print(f"shellyard: {data['state']}: {data['error']}", highlight=False)
     code = data.get("exit_code")
     return int(code) if code is not None else EXIT_BY_STATE.get(data["state"], 1)
+
+
+def say_note(text: str) -> None:
+    """``shellyard: note: TEXT`` on stderr, on a terminal only (a script's stderr stays the
+    command's own; cli/executions.py does the same through rich). The text comes from
+    elsewhere (the server's settings, a runner's words, which may quote an agent's), so its
+    control codes are shown as ``\\xNN``, never sent to the operator's terminal (docs/security.md
+    "Attack pass (session 45)")."""
+    if sys.stderr.isatty():
+        from shellyard.cli.exits import visible
+
+        sys.stderr.write(f"shellyard: note: {visible(text)}\n")
 
 
 def _interrupted(home: Path, body: dict[str, Any]) -> int:

@@ -70,6 +70,13 @@ WAITING_POLL_S = 1.0
 #: Long-poll length of one runner ``environment_change_wait`` call. The runner answers early
 #: only when the change ends, so this is also how often the recorded progress line refreshes.
 WAIT_SLICE_S = 1.0
+#: A wait answered ``running`` at once (well within its slice) with no new progress: the runner
+#: is not working on the change though its record says ``running`` (its close abandoned it; the
+#: runner's next start rolls it back and records it ``interrupted``). Asking straight away again
+#: would spin, so the next wait is put off by this much, doubling up to ``QUIET_BACKOFF_MAX_S``
+#: (the longest an end then goes unseen), and not at all once progress moves again.
+QUIET_BACKOFF_MIN_S = 0.1
+QUIET_BACKOFF_MAX_S = 5.0
 
 
 class EnvironmentService:
@@ -421,7 +428,9 @@ class EnvironmentService:
         sent = False
         failures = 0
         progress = change.progress
+        quiet = 0.0  # the back-off after waits answered at once without progress
         while True:
+            quick = False  # a wait the runner answered well within its slice
             try:
                 if reattach and not sent:
                     result = await runner.environment_change_status(change_id)
@@ -430,7 +439,9 @@ class EnvironmentService:
                     result = await runner.environment_change(request)
                     sent = True
                 else:
+                    asked = time.monotonic()
                     result = await runner.environment_change_wait(change_id, WAIT_SLICE_S)
+                    quick = time.monotonic() - asked < WAIT_SLICE_S / 2
             except RunnerUnavailable as exc:
                 failures += 1
                 await self.store.set_change_progress(
@@ -450,12 +461,21 @@ class EnvironmentService:
                     error_kind=_kind_of(exc),
                 )
             failures = 0
-            if result.state == EnvChangeState.running:
-                if result.progress != progress:
-                    progress = result.progress
+            if result.state != EnvChangeState.running:
+                return await self._record_end(change_id, result)
+            if result.progress != progress:
+                progress = result.progress
+                await self.store.set_change_progress(change_id, progress)
+                quiet = 0.0
+            elif not quick:  # a long poll that waited its slice, or the first answer
+                if quiet:  # working again: the runner's own line, not the note, stands
                     await self.store.set_change_progress(change_id, progress)
-                continue
-            return await self._record_end(change_id, result)
+                quiet = 0.0
+            else:
+                if not quiet:  # said once per quiet spell, in the record the caller reads
+                    await self.store.set_change_progress(change_id, _abandoned(env.runner_id))
+                quiet = min(QUIET_BACKOFF_MAX_S, max(QUIET_BACKOFF_MIN_S, quiet * 2))
+                await asyncio.sleep(quiet)
 
     async def _record_end(self, change_id: str, result: EnvironmentChange) -> Change:
         if result.state == EnvChangeState.succeeded:
@@ -556,6 +576,15 @@ def _runner_request(change: Change, env: Environment) -> EnvironmentChangeReques
         repos=list(options.get("repos") or []),
         workspace_id=options.get("workspace_id"),
         for_agent=True,
+    )
+
+
+def _abandoned(runner_id: str) -> str:
+    """The progress line of a change its runner holds ``running`` without working on it."""
+    return (
+        f"runner {runner_id} reports this change running but is not working on it (its close "
+        f"cut it short); its next start rolls the environment back and ends the change "
+        f"'interrupted'; asking again every {QUIET_BACKOFF_MAX_S:g} s at most"
     )
 
 

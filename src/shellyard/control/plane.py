@@ -122,7 +122,7 @@ async def build(settings: Settings) -> ControlPlane:
         closing.push_async_callback(runners.aclose)
         closing.push_async_callback(fanout.aclose)
         closing.push_async_callback(leases.aclose)
-        tokens = TokenService(store)
+        tokens = TokenService(store, agent_tokens_per_session=settings.agent_tokens_per_session)
         local = LocalRunner(
             settings.local_runner_root, settings.local_policy, hidden=[settings.home]
         )

@@ -32,7 +32,7 @@ from pathlib import Path
 
 from shellyard.contract.tokens import TokenCreated, TokenCreateRequest, TokenKind, TokenView
 from shellyard.control.agents import session_of
-from shellyard.errors import Forbidden, InvalidInput, NotFound, Unauthorized
+from shellyard.errors import Forbidden, InvalidInput, NotFound, TooMany, Unauthorized
 from shellyard.store import Store
 from shellyard.store.records import field_names, values_of
 from shellyard.store.tokens import WEB_SESSION_ID_PREFIX, Token
@@ -82,9 +82,18 @@ def _view(row: Token) -> TokenView:
 PRINCIPALS_KEPT = 1024
 
 
+#: ``Settings.agent_tokens_per_session``'s default: a session's live agent tokens (each may
+#: hold web sessions of its own, web/login.py) stay bounded; a careful operator makes one per
+#: agent and revokes it when the agent is done, far below this.
+AGENT_TOKENS_PER_SESSION = 100
+
+
 class TokenService:
-    def __init__(self, store: Store) -> None:
+    def __init__(
+        self, store: Store, *, agent_tokens_per_session: int = AGENT_TOKENS_PER_SESSION
+    ) -> None:
         self.store = store
+        self.agent_tokens_per_session = agent_tokens_per_session
         #: sha256 of a secret → its principal, while no revocation was written since (SQLite:
         #: one process writes the database; a session is never deleted, only archived, and
         #: the principal is all the token's row and its session's main agent).
@@ -232,6 +241,27 @@ class TokenService:
                     f"no session {session_id!r}; list them with 'shellyard session list'"
                 )
         secret = new_secret()
+        if request.kind == "agent":
+            assert session_id is not None and request.agent_id is not None
+            most = self.agent_tokens_per_session
+            made, live = await self.store.add_agent_token(
+                hash_secret(secret),
+                session_id=session_id,
+                agent_id=request.agent_id,
+                created_by=principal.token_id,
+                most=most,
+            )
+            if made is None:  # refused, never made room by revoking or deleting any
+                raise TooMany(
+                    f"session {session_id} already holds {live} live agent tokens, the most "
+                    f"one session may hold (SHELLYARD_AGENT_TOKENS_PER_SESSION, {most}); "
+                    "revoke the ones no longer used ('shellyard token revoke TOKEN_ID', "
+                    "DELETE /v1/tokens/TOKEN_ID; 'shellyard token list' shows them), then "
+                    "make this one again",
+                    session_id=session_id,
+                    limit=most,
+                )
+            return TokenCreated(**_view(made).model_dump(), token=secret)
         row = await self.store.add_token(
             request.kind,
             hash_secret(secret),

@@ -9,6 +9,7 @@ import inspect
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Annotated, Any, TypeVar
 
+import pydantic_core
 from mcp.server.mcpserver import Context
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.server.mcpserver.tools import Tool
@@ -153,13 +154,25 @@ def output_schema(model: type[BaseModel]) -> dict[str, Any]:
 def utf8_only(value: Any) -> Any:
     """``value`` with every string that is not UTF-8 (a file name's raw bytes, PEP 383) in
     its marked form ``/`` + escape (docs/files-and-transfers.md "Names that are not UTF-8"):
-    MCP's wire is strict UTF-8 JSON and would refuse it; the marked form names it back."""
+    MCP's wire is strict UTF-8 JSON and would refuse it; the marked form names it back.
+
+    ``value`` itself when pydantic's JSON encoder takes it whole, which it does unless a
+    string (or something else) is not UTF-8: one pass in C instead of a Python call per
+    string and container of every result (docs/benchmarks.md §54)."""
+    try:
+        pydantic_core.to_json(value)
+    except pydantic_core.PydanticSerializationError:
+        return _marked_strings(value)
+    return value
+
+
+def _marked_strings(value: Any) -> Any:
     if isinstance(value, str):
         return marked(value)
     if isinstance(value, dict):
-        return {utf8_only(k): utf8_only(v) for k, v in value.items()}
+        return {_marked_strings(k): _marked_strings(v) for k, v in value.items()}
     if isinstance(value, list):
-        return [utf8_only(v) for v in value]
+        return [_marked_strings(v) for v in value]
     return value
 
 

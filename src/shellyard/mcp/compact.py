@@ -13,11 +13,13 @@ Two things are derived here, never written by hand:
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import Any
 
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.server.mcpserver.tools import Tool
+from pydantic import BaseModel
 
 _NULL = {"type": "null"}
 
@@ -69,8 +71,14 @@ def compact_schema(schema: dict[str, Any], *, arguments: bool = True) -> dict[st
 
 def accepted_arguments(tool: Tool) -> list[str]:
     """The argument names ``tool`` takes, as a caller spells them (aliases too)."""
+    return list(_accepted(tool.fn_metadata.arg_model))
+
+
+@functools.cache
+def _accepted(arg_model: type[BaseModel]) -> tuple[str, ...]:
+    # Once per tool's argument model, not on every call (StrictTool.run asks each time).
     names: list[str] = []
-    for name, field in tool.fn_metadata.arg_model.model_fields.items():
+    for name, field in arg_model.model_fields.items():
         names.append(field.alias or name)
         alias = field.validation_alias
         choices = getattr(alias, "choices", None)
@@ -78,7 +86,7 @@ def accepted_arguments(tool: Tool) -> list[str]:
             names.append(alias)
         elif choices:
             names.extend(choice for choice in choices if isinstance(choice, str))
-    return list(dict.fromkeys(names))
+    return tuple(dict.fromkeys(names))
 
 
 class StrictTool(Tool):
@@ -88,8 +96,8 @@ class StrictTool(Tool):
     async def run(
         self, arguments: dict[str, Any], context: Any, convert_result: bool = False
     ) -> Any:
-        accepted = accepted_arguments(self)
-        unknown = sorted(set(arguments) - set(accepted))
+        accepted = _accepted(self.fn_metadata.arg_model)
+        unknown = sorted(set(arguments).difference(accepted))
         if unknown:
             listed = ", ".join(accepted) if accepted else "none"
             raise ToolError(

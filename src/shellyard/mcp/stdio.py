@@ -1,25 +1,50 @@
-"""``shellyard mcp`` over stdio, each answer written in one hop to a worker thread.
+"""``shellyard mcp`` over stdio, read and written on the event loop.
 
-The mcp package writes every message to stdout as ``await write(line)`` then ``await
-flush()`` on an anyio file: two round trips to a worker thread per answer (docs/benchmarks.md
-§29: a third of ``shellyard mcp``'s own CPU per tool call went to thread hand-offs). Here the
-line and its flush are one call in the thread. Like the package's own stdout, fd 1 points at
-stderr while serving (a stray print never lands in the protocol), the wire is a private
-duplicate of it, and fd 1 is put back at the end; stdin is the package's.
+The mcp package reads each message with a ``readline`` in a worker thread and writes each
+answer with ``write`` then ``flush`` in worker threads: every message is a round trip to a
+thread and back through the loop's self-pipe (docs/benchmarks.md §29, §54). When stdin and
+stdout are pipes or sockets (how an MCP host starts a server), both are served here by the loop's
+own pipe transports instead: a message read is parsed where it arrives, an answer is one
+``write`` to the pipe (the kernel takes it at once unless the pipe is full; then it waits
+in the transport's buffer while the loop goes on reading).
+
+The descriptors are handled as the package does: the wire is a private duplicate of fd 0
+and of fd 1, fd 0 points at the null device and fd 1 at stderr while serving (a child reads
+EOF, a stray print never lands in the protocol), and both are put back at the end, blocking
+again. Anything else (a terminal, a file, another async library) is served the package's way,
+with each answer's write and flush in one thread hop (``_Stdout``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import fcntl
 import os
-from collections.abc import Iterator
+import stat
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import IO, Any, cast
 
 import anyio
 import anyio.to_thread
+import mcp_types as types
+import sniffio
+from mcp.server._otel import OpenTelemetryMiddleware
 from mcp.server.mcpserver import MCPServer
 from mcp.server.stdio import stdio_server
+from mcp.shared._context_streams import (
+    ContextReceiveStream,
+    ContextSendStream,
+    create_context_streams,
+)
+from mcp.shared.message import SessionMessage
+from opentelemetry import trace
+
+#: What one read from stdin asks for, and the reader's buffer before it stops reading.
+_BLOCK = 64 * 1024
+
+#: How long the last answers may take to leave once the server is done.
+_FLUSH_S = 5.0
 
 
 class _Stdout:
@@ -39,29 +64,230 @@ class _Stdout:
         return None  # flushed with each write, in the same hop
 
 
+def _stdout_diversion() -> int:
+    try:
+        return os.dup(2)
+    except OSError:  # no stderr: stray output goes nowhere, as with the package's own
+        return os.open(os.devnull, os.O_WRONLY)
+
+
+def _stdin_diversion() -> int:
+    return os.open(os.devnull, os.O_RDONLY)
+
+
+@contextlib.contextmanager
+def _claimed(fd: int, diversion: Callable[[], int]) -> Iterator[int]:
+    """A private duplicate of ``fd`` (the wire), with ``fd`` pointed at ``diversion()``
+    meanwhile and put back at the end."""
+    private = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 3)
+    try:
+        other = diversion()
+        try:
+            os.dup2(other, fd)
+        finally:
+            os.close(other)
+    except OSError:
+        os.close(private)
+        raise
+    try:
+        yield private
+    finally:
+        os.dup2(private, fd)
+        os.close(private)
+
+
 @contextlib.contextmanager
 def _claimed_stdout() -> Iterator[IO[bytes]]:
-    """The wire (a private duplicate of fd 1), with fd 1 pointed at stderr meanwhile."""
-    private = fcntl.fcntl(1, fcntl.F_DUPFD_CLOEXEC, 3)
+    """The wire (a private duplicate of fd 1) as a buffered file, with fd 1 pointed at
+    stderr meanwhile."""
+    with _claimed(1, _stdout_diversion) as private:
+        wire = os.fdopen(private, "wb", buffering=64 * 1024, closefd=False)
+        try:
+            yield wire
+        finally:
+            with contextlib.suppress(OSError, ValueError):
+                wire.flush()
+            wire.close()
+
+
+def _pollable(fd: int) -> bool:
+    """A pipe or a socket, not stderr's: what the loop's pipe transports serve. A terminal
+    or a regular file is left to the package's threads (epoll refuses a file, and a
+    terminal's open file is the shell's too, which must not be left non-blocking); so is a
+    pipe that stderr writes to as well (``2>&1``), since the transport makes it non-blocking
+    and a stray write to stderr must never fail for that."""
     try:
-        os.dup2(2, 1)
-    except OSError:  # no stderr: stray output goes nowhere, as with the package's own
-        null = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(null, 1)
-        os.close(null)
-    wire = os.fdopen(private, "wb", buffering=64 * 1024)
+        mode = os.fstat(fd)
+    except OSError:
+        return False
+    if not (stat.S_ISFIFO(mode.st_mode) or stat.S_ISSOCK(mode.st_mode)):
+        return False
     try:
-        yield wire
+        err = os.fstat(2)
+    except OSError:
+        return True
+    return (mode.st_dev, mode.st_ino) != (err.st_dev, err.st_ino)
+
+
+def _parsed(line: bytes) -> SessionMessage | Exception:
+    """One line of stdin as the package's reader makes it: decoded as UTF-8 with errors
+    replaced, then validated; a line that is not a message is handed on as its error."""
+    text = (line[:-1] if line.endswith(b"\r") else line).decode("utf-8", "replace") + "\n"
+    try:
+        return SessionMessage(types.jsonrpc_message_adapter.validate_json(text, by_name=False))
+    except Exception as exc:
+        return exc
+
+
+async def _read_lines(
+    reader: asyncio.StreamReader, out: ContextSendStream[SessionMessage | Exception]
+) -> None:
+    """Every line of ``reader`` to ``out`` until EOF (the last one even without its newline),
+    then ``out`` closed: the server's end of input."""
+    async with out:
+        pending = bytearray()
+        while chunk := await reader.read(_BLOCK):
+            if b"\n" not in chunk:
+                pending += chunk
+                continue
+            lines = chunk.split(b"\n")
+            lines[0] = bytes(pending) + lines[0]
+            pending = bytearray(lines.pop())
+            for line in lines:
+                await out.send(_parsed(line))
+        if pending:
+            await out.send(_parsed(bytes(pending)))
+
+
+class _Wire(asyncio.Protocol):
+    """The stdout transport's protocol: ``drain`` waits while the transport holds more than
+    its high-water mark (the host is slow to read) and raises once the pipe is gone."""
+
+    def __init__(self) -> None:
+        self._paused = False
+        self._waiter: asyncio.Future[None] | None = None
+        self._lost: BaseException | None = None
+        self.closed = asyncio.get_running_loop().create_future()
+
+    def pause_writing(self) -> None:
+        self._paused = True
+
+    def resume_writing(self) -> None:
+        self._paused = False
+        self._wake()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._lost = exc or BrokenPipeError("stdout closed")
+        self._wake()
+        if not self.closed.done():
+            self.closed.set_result(None)
+
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+        self._waiter = None
+
+    async def drain(self) -> None:
+        while True:
+            if self._lost is not None:
+                raise self._lost
+            if not self._paused:
+                return
+            self._waiter = asyncio.get_running_loop().create_future()
+            await self._waiter
+
+
+async def _write_lines(
+    transport: asyncio.WriteTransport,
+    wire: _Wire,
+    messages: ContextReceiveStream[SessionMessage],
+) -> None:
+    """Each answer as one line, in the order the server sent them: one writer, one
+    ``write`` of the whole line each."""
+    async with messages:
+        async for message in messages:
+            line = message.message.model_dump_json(by_alias=True, exclude_unset=True) + "\n"
+            transport.write(line.encode())
+            await wire.drain()
+
+
+@contextlib.asynccontextmanager
+async def loop_stdio(
+    rfd: int, wfd: int
+) -> AsyncIterator[
+    tuple[ContextReceiveStream[SessionMessage | Exception], ContextSendStream[SessionMessage]]
+]:
+    """The server's two streams over ``rfd`` (read) and ``wfd`` (write), pipes or sockets
+    served by the loop's transports. At the end every answer written is on its way (the
+    transport's buffer emptied) and both descriptors are blocking again, as found."""
+    loop = asyncio.get_running_loop()
+    blocking = os.get_blocking(rfd), os.get_blocking(wfd)
+    reader = asyncio.StreamReader(limit=_BLOCK, loop=loop)
+    # closefd=False: the descriptors are the caller's (it puts fd 0 and fd 1 back).
+    rpipe = os.fdopen(rfd, "rb", buffering=0, closefd=False)
+    wpipe = os.fdopen(wfd, "wb", buffering=0, closefd=False)
+    read_transport, _ = await loop.connect_read_pipe(
+        lambda: asyncio.StreamReaderProtocol(reader), rpipe
+    )
+    try:
+        write_transport, wire = await loop.connect_write_pipe(_Wire, wpipe)
+    except BaseException:
+        read_transport.close()
+        raise
+    read_in, read_stream = create_context_streams[SessionMessage | Exception](0)
+    write_stream, write_out = create_context_streams[SessionMessage](0)
+    try:
+        async with anyio.create_task_group() as group:
+            group.start_soon(_read_lines, reader, read_in)
+            group.start_soon(_write_lines, write_transport, wire, write_out)
+            yield read_stream, write_stream
     finally:
-        with contextlib.suppress(OSError, ValueError):
-            wire.flush()
-        os.dup2(private, 1)
-        wire.close()
+        read_transport.close()
+        write_transport.close()  # after what it holds is written (or the pipe is gone)
+        # Bounded: a host that neither reads nor goes away must not hold the exit forever.
+        with anyio.CancelScope(shield=True), anyio.move_on_after(_FLUSH_S):
+            await wire.closed
+        if not wire.closed.done():
+            write_transport.abort()
+        os.set_blocking(rfd, blocking[0])
+        os.set_blocking(wfd, blocking[1])
+
+
+def untraced(lowlevel: Any) -> None:
+    """Without the package's OpenTelemetry middleware when nothing would record its spans
+    (no tracer provider set, nor named by ``OTEL_PYTHON_TRACER_PROVIDER``): it opens a
+    no-op span around every message, 2 % of the instructions of a tool call in
+    ``shellyard mcp`` (docs/benchmarks.md §54). With a provider it stays, as the package
+    has it."""
+    if isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
+        kept = [m for m in lowlevel.middleware if not isinstance(m, OpenTelemetryMiddleware)]
+        lowlevel.middleware = kept
+
+
+def _on_the_loop() -> bool:
+    try:
+        return sniffio.current_async_library() == "asyncio"
+    except sniffio.AsyncLibraryNotFoundError:
+        return False
 
 
 async def run_stdio(server: MCPServer) -> None:
-    """``server.run_stdio_async()``, with one thread hop per answer written."""
+    """``server.run_stdio_async()``, with stdin and stdout on the event loop when they are
+    pipes or sockets, else with one thread hop per answer written."""
     lowlevel: Any = server._lowlevel_server
+    options = lowlevel.create_initialization_options()
+    untraced(lowlevel)
+    if _on_the_loop() and _pollable(0) and _pollable(1):
+        with contextlib.ExitStack() as stack:
+            try:
+                rfd = stack.enter_context(_claimed(0, _stdin_diversion))
+                wfd = stack.enter_context(_claimed(1, _stdout_diversion))
+            except OSError:  # a descriptor that cannot be duplicated: the threads' way
+                stack.close()
+            else:
+                async with loop_stdio(rfd, wfd) as (read_stream, write_stream):
+                    await lowlevel.run(read_stream, write_stream, options)
+                return
     with contextlib.ExitStack() as stack:
         try:
             wire = stack.enter_context(_claimed_stdout())
@@ -70,7 +296,7 @@ async def run_stdio(server: MCPServer) -> None:
             return
         stdout = cast(anyio.AsyncFile[str], _Stdout(wire))
         async with stdio_server(stdout=stdout) as (read_stream, write_stream):
-            await lowlevel.run(read_stream, write_stream, lowlevel.create_initialization_options())
+            await lowlevel.run(read_stream, write_stream, options)
 
 
-__all__ = ["run_stdio"]
+__all__ = ["loop_stdio", "run_stdio", "untraced"]

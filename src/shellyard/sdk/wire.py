@@ -21,6 +21,8 @@ from typing import Any
 import httpcore
 import httpx
 
+from shellyard.sdk.native import AsyncioBackend
+
 
 class _AsyncStream(httpcore.AsyncNetworkStream):
     def __init__(self, inner: httpcore.AsyncNetworkStream) -> None:
@@ -159,7 +161,8 @@ def async_transport() -> httpx.AsyncHTTPTransport:
     # httpcore names the backend of a pool only at construction, which httpx does not
     # expose; an httpcore without the attribute keeps its own (two writes, as before).
     if isinstance(pool, httpcore.AsyncConnectionPool) and hasattr(pool, "_network_backend"):
-        pool._network_backend = _AsyncBackend(pool._network_backend)
+        # on asyncio, sockets without anyio's layer (sdk/native.py)
+        pool._network_backend = _AsyncBackend(AsyncioBackend(pool._network_backend))
     return transport
 
 

@@ -11,7 +11,7 @@ import sqlalchemy as sa
 
 from shellyard.store.db import Database, new_id
 from shellyard.store.records import from_row, from_rows, maybe
-from shellyard.store.schema import tokens, wakes
+from shellyard.store.schema import sessions, tokens, wakes
 
 #: A web login (web/cookies.py) is a row beside the tokens whose id starts with this: the
 #: rows a login makes, bounds per source token and the sweep deletes are told apart by it.
@@ -54,6 +54,24 @@ class TokenRecords(Database):
         values = _new_row("tok", kind, secret_sha256, session_id, agent_id, created_by)
         await self.run(_insert, values)
         return from_row(Token, values)
+
+    async def add_agent_token(
+        self,
+        secret_sha256: str,
+        *,
+        session_id: str,
+        agent_id: str,
+        created_by: str | None,
+        most: int,
+    ) -> tuple[Token | None, int]:
+        """An agent token, unless its session already holds ``most`` live (not revoked) agent
+        tokens: then nothing is written and the row is None. Counted and written in one
+        transaction with the session's row locked (PostgreSQL; SQLite writes one transaction
+        at a time), so concurrent makers never pass the bound. Returns the row and the live
+        count before it."""
+        values = _new_row("tok", "agent", secret_sha256, session_id, agent_id, created_by)
+        added, live = await self.run(_insert_agent_token, values, most)
+        return (from_row(Token, values) if added else None), live
 
     async def add_web_session(
         self,
@@ -114,6 +132,24 @@ class TokenRecords(Database):
 
 def _insert(conn: sa.Connection, values: dict[str, Any]) -> None:
     conn.execute(tokens.insert().values(**values))
+
+
+def _insert_agent_token(conn: sa.Connection, values: dict[str, Any], most: int) -> tuple[bool, int]:
+    session_id = values["session_id"]
+    conn.execute(sa.select(sessions.c.id).where(sessions.c.id == session_id).with_for_update())
+    live = conn.execute(
+        sa.select(sa.func.count())
+        .select_from(tokens)
+        .where(
+            tokens.c.kind == "agent",
+            tokens.c.session_id == session_id,
+            tokens.c.revoked_at.is_(None),
+        )
+    ).scalar_one()
+    if live >= most:
+        return False, int(live)
+    conn.execute(tokens.insert().values(**values))
+    return True, int(live)
 
 
 def _web_sessions() -> Any:

@@ -319,6 +319,66 @@ def test_a_client_slow_to_send_its_headers_is_closed(served: Served) -> None:
     assert closed, "the server kept a connection that never finished its headers"
 
 
+def _head_answer(sock: Any) -> bytes:
+    """What the server sent before it closed ``sock`` (or b"" if it closed at once)."""
+    answer = b""
+    try:
+        while chunk := sock.recv(65536):
+            answer += chunk
+    except (ConnectionResetError, BrokenPipeError):
+        pass
+    return answer
+
+
+def test_a_header_block_past_its_bound_is_refused(served: Served) -> None:
+    """Request line and headers past MAX_HEAD_BYTES (16 KiB) are answered 400 and the
+    connection is closed, whether they arrive whole in one read (h11 parsed those up to its
+    64 KiB read: the bound was only on an incomplete block) or a header that never ends
+    trickles in; a block just under the bound is served."""
+    from shellyard.api.connections import MAX_HEAD_BYTES
+
+    def request(filler: int) -> bytes:
+        return (
+            f"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Filler: {'a' * filler}\r\n\r\n"
+        ).encode()
+
+    sock = connect(served)
+    try:
+        sock.sendall(request(MAX_HEAD_BYTES - 200))
+        assert sock.recv(65536).startswith(b"HTTP/1.1 200"), "a block under the bound"
+    finally:
+        sock.close()
+    for grown in (MAX_HEAD_BYTES + 1, 60 << 10):
+        sock = connect(served)
+        try:
+            sock.sendall(request(grown))
+            assert _head_answer(sock).startswith(b"HTTP/1.1 400"), grown
+        finally:
+            sock.close()
+    # A header whose value never ends, 1 KiB at a time: refused once past the bound, long
+    # before the header deadline, without waiting for the value's end.
+    sock = connect(served)
+    sock.settimeout(HEADER_WAIT_S)
+    started = time.monotonic()
+    try:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Filler: ")
+        try:
+            for _ in range(64):
+                sock.sendall(b"a" * 1024)
+                time.sleep(0.01)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        answer = _head_answer(sock)
+    finally:
+        sock.close()
+    assert answer.startswith(b"HTTP/1.1 400"), answer[:100]
+    assert time.monotonic() - started < HEADER_WAIT_S
+
+
+#: Well under the header deadline (10 s): the size bound acts first.
+HEADER_WAIT_S = 5.0
+
+
 def test_connections_from_one_client_are_capped(served: Served) -> None:
     """Past the cap per client address, new connections are closed at once; once they are
     gone the client is served again."""
