@@ -419,3 +419,59 @@ def test_the_server_wide_cap_answers_503(served: Served) -> None:
             sock.close()
     time.sleep(1)
     assert httpx.get(f"{served.url}/healthz", timeout=30).status_code == 200
+
+
+# --------------------------------------------------------------- agent tokens per session
+
+
+def test_an_agents_web_logins_take_no_place_of_the_sessions_agent_tokens(
+    served: Served,
+) -> None:
+    """Finding (fixed): the bound of 100 live agent tokens per session counted every live row
+    of kind ``agent`` of the session, and an agent token's web logins are such rows (``web_…``,
+    up to 20 per token). An agent logging in to the web page 20 times took 20 of its
+    session's places (the 429 then said "already holds 100 live agent tokens" when 80 were
+    made); five agents doing so left their session none. Now the count is of tokens only."""
+    from shellyard.control.tokens import AGENT_TOKENS_PER_SESSION
+
+    admin = served.admin
+    made = httpx.post(f"{served.url}/v1/sessions", headers=admin, timeout=60).json()
+    session = {
+        "Authorization": "Bearer "
+        + httpx.post(
+            f"{served.url}/v1/tokens",
+            json={"kind": "session", "session_id": made["session_id"]},
+            headers=admin,
+            timeout=60,
+        ).json()["token"]
+    }
+    agent_id = made["main_agent_id"]
+
+    def agent_token() -> httpx.Response:
+        return httpx.post(
+            f"{served.url}/v1/tokens",
+            json={"kind": "agent", "agent_id": agent_id},
+            headers=session,
+            timeout=60,
+        )
+
+    first = agent_token()
+    assert first.status_code == 200, first.text
+    agent = {"Authorization": f"Bearer {first.json()['token']}"}
+    for _ in range(25):  # a login loop: the token keeps its 20 newest
+        code = httpx.post(f"{served.url}/v1/auth/codes", json={}, headers=agent, timeout=60)
+        assert code.status_code == 200, code.text
+        with httpx.Client(base_url=served.url, timeout=60) as browser:
+            login = browser.post(
+                "/v1/auth/login",
+                json={"code": code.json()["code"]},
+                headers={"X-Shellyard-CSRF": "1"},
+            )
+            assert login.status_code == 200, login.text
+    count = 1
+    while (answer := agent_token()).status_code == 200:
+        count += 1
+        assert count <= AGENT_TOKENS_PER_SESSION, "past the bound"
+    assert answer.status_code == 429, answer.text
+    assert count == AGENT_TOKENS_PER_SESSION, f"{count} agent tokens made"
+    assert f"already holds {AGENT_TOKENS_PER_SESSION} live agent tokens" in answer.text
