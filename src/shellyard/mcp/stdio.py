@@ -43,6 +43,11 @@ from opentelemetry import trace
 #: What one read from stdin asks for, and the reader's buffer before it stops reading.
 _BLOCK = 64 * 1024
 
+#: Most bytes of one message (a line): the bound of a message to /mcp over HTTP
+#: (api/bounds.py ``MAX_JSON_BODY``). A longer line was kept whole, and a host writing one
+#: without its newline grew the server without end (300 MiB: 850 MiB resident).
+MAX_LINE = 8 << 20
+
 #: How long the last answers may take to leave once the server is done.
 _FLUSH_S = 5.0
 
@@ -143,20 +148,38 @@ async def _read_lines(
     reader: asyncio.StreamReader, out: ContextSendStream[SessionMessage | Exception]
 ) -> None:
     """Every line of ``reader`` to ``out`` until EOF (the last one even without its newline),
-    then ``out`` closed: the server's end of input."""
+    then ``out`` closed: the server's end of input. A line past :data:`MAX_LINE` is not kept:
+    its bytes are dropped as they come and it is handed on as an error."""
     async with out:
         pending = bytearray()
+        over = False  # the line being read is past MAX_LINE
         while chunk := await reader.read(_BLOCK):
             if b"\n" not in chunk:
-                pending += chunk
+                if not over:
+                    pending += chunk
+                    if len(pending) > MAX_LINE:
+                        over, pending = True, bytearray()
                 continue
             lines = chunk.split(b"\n")
+            tail = lines.pop()
             lines[0] = bytes(pending) + lines[0]
-            pending = bytearray(lines.pop())
+            if over:
+                await out.send(_too_long())
+                lines.pop(0)
             for line in lines:
-                await out.send(_parsed(line))
-        if pending:
+                await out.send(_too_long() if len(line) > MAX_LINE else _parsed(line))
+            over, pending = False, bytearray(tail)
+        if over:
+            await out.send(_too_long())
+        elif pending:
             await out.send(_parsed(bytes(pending)))
+
+
+def _too_long() -> Exception:
+    return ValueError(
+        f"a line of more than {MAX_LINE} bytes on stdin was dropped: the most one message may "
+        "have (as for /mcp over HTTP)"
+    )
 
 
 class _Wire(asyncio.Protocol):
