@@ -11,6 +11,7 @@ starts it. Each test says whether it is a finding (fixed here) or a property tha
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import pty
@@ -551,6 +552,47 @@ def test_mcp_stdio_a_line_without_end_is_not_kept(served: Served) -> None:
         mcp.kill()
         mcp.wait()
     assert grown < 4 * MAX_LINE, f"{grown / MIB:.0f} MiB for a line of 128 MiB"
+
+
+def test_mcp_stdio_a_host_that_stops_reading_holds_the_server_back(served: Served) -> None:
+    """Found (as on main) and fixed: each request read runs as a task that holds its answer
+    until stdout takes it, so a host that sent ``tools/list`` (~60 KiB answers) and stopped
+    reading took the server to ~1 GiB within seconds (the package's reader on main: the
+    same). Now stdin is not read while the host owes MAX_OWED answers and does not read
+    them (or owes MAX_OWED_EVER): the pipe holds the host back. Once it reads, every
+    request is answered, once."""
+    import threading
+
+    count = 3000
+    mcp = shellyard_mcp(served)
+    assert mcp.stdin is not None and mcp.stdout is not None
+    stdin, stdout = mcp.stdin, mcp.stdout
+
+    def flood() -> None:
+        with contextlib.suppress(BrokenPipeError):
+            for number in range(count):
+                stdin.write(line({"jsonrpc": "2.0", "id": 100 + number, "method": "tools/list"}))
+            stdin.flush()
+
+    writer = threading.Thread(target=flood)
+    try:
+        stdin.write(line(INITIALIZE))
+        stdin.write(line({"jsonrpc": "2.0", "method": "notifications/initialized"}))
+        stdin.flush()
+        assert b'"id":1,"result"' in stdout.readline()
+        started = peak(mcp.pid)
+        writer.start()
+        time.sleep(8)  # the host reads nothing meanwhile
+        grown = peak(mcp.pid) - started
+        ids = set()
+        for _ in range(count):
+            ids.add(json.loads(stdout.readline())["id"])
+        writer.join(timeout=60)
+    finally:
+        mcp.kill()
+        mcp.wait()
+    assert grown < 150 * MIB, f"{grown / MIB:.0f} MiB while the host did not read"
+    assert ids == set(range(100, 100 + count))
 
 
 def test_mcp_stdio_invalid_utf8_is_survived_and_eof_ends_it(served: Served) -> None:
