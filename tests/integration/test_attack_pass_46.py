@@ -169,6 +169,26 @@ def test_a_chunked_body_in_small_chunks_and_with_trailers_is_still_served(
     assert answers(answer)[0].split()[1] in (b"403", b"404"), answer[:400]
 
 
+def test_a_chunked_upload_streams_through_the_framing_bound(served: Served) -> None:
+    """Held (the framing bound must not refuse a real upload): 8 MiB sent chunked in pieces
+    of 1 to 64 KiB (httpx from a generator) is written whole."""
+
+    def pieces() -> Iterator[bytes]:
+        for size in (1, 7, 4096, 65536) * 32 + (65536,) * 60:
+            yield b"z" * size
+
+    expected = sum(len(piece) for piece in pieces())
+    put = httpx.put(
+        f"{served.url}/v1/files/content",
+        params={"path": "chunked.bin"},
+        content=pieces(),
+        headers=served.session,
+        timeout=120,
+    )
+    assert put.status_code == 200, put.text
+    assert put.json()["written"][0]["size"] == expected
+
+
 def test_pipelined_requests_hold_bounded_memory_per_connection(served: Served) -> None:
     """Finding (fixed): httptools parses every request of a read at once (256 KiB of
     ``GET /healthz``: ~7000 requests) and uvicorn queues each behind the one being answered,
