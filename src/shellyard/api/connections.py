@@ -9,6 +9,15 @@ small request; docs/benchmarks.md §56) adds:
 - a header size bound: a request line and headers past :data:`MAX_HEAD_BYTES` are answered
   400 and the connection is closed (counted as they arrive, so a header that never ends is
   not kept growing in memory);
+- a bound on what is not body while a body arrives (chunk size lines, their extensions,
+  trailers): past :data:`MAX_HEAD_BYTES` of it since the last byte of body, 400 and closed
+  (the parser keeps a trailer's name and value in memory until it ends, so one that never
+  ends grew the server without bound, each piece copying all before it);
+- a bound on pipelined requests: past :data:`MAX_PIPELINED` requests waiting behind the one
+  being answered, the rest are not parsed; the waiting ones are answered and the last answer
+  closes the connection (the client sends the rest again on a new one, RFC 9112 9.3.2). The
+  parser reads a whole read's worth of requests at once (256 KiB: thousands of small ones),
+  and each waiting one holds its scope and state, ~1.3 KiB: 9 MiB per connection);
 - a header deadline: a connection whose request headers are not complete
   :data:`HEADER_TIMEOUT_S` after it opened (or after its previous answer) is closed;
 - a body deadline: a request whose body makes no progress for :data:`BODY_IDLE_S` (no byte
@@ -45,10 +54,16 @@ MAX_CONCURRENCY = 1024
 KEEP_ALIVE_S = 5
 #: Most bytes of a request line and its headers.
 MAX_HEAD_BYTES = 16 * 1024
+#: Most requests of one connection waiting behind the one being answered (pipelined).
+MAX_PIPELINED = 16
 
 
 class HeadTooLarge(Exception):
     """Raised from a parser callback: the parser stops and uvicorn answers 400 and closes."""
+
+
+class PipelineFull(Exception):
+    """Raised from a parser callback: the parser stops; what was queued is answered."""
 
 
 class BoundedHttp(HttpToolsProtocol):
@@ -63,20 +78,72 @@ class BoundedHttp(HttpToolsProtocol):
     _head_size = 0
     #: The request's headers are complete and its body is not.
     _in_body = False
+    #: Requests begun on this connection (a read may end one and begin the next).
+    _messages = 0
+    #: Bytes of body given by the parser, of this connection.
+    _body_bytes = 0
+    #: Bytes received in a body since its last byte of body (framing, trailers).
+    _frame_bytes = 0
+    #: The pipeline reached its bound: nothing more is parsed on this connection.
+    _full = False
 
     def data_received(self, data: bytes) -> None:
+        if self._full:
+            return  # its queued answers go out, the last one closes the connection
         if self._in_head:
             self._head_received += len(data)
+        in_body, message, body_bytes = self._in_body, self._messages, self._body_bytes
         super().data_received(data)
-        if self.transport.is_closing():
+        if self.transport.is_closing() or self._full:
             return
         if self._in_head and self._head_received > MAX_HEAD_BYTES:
             self.send_400_response(_too_large_text())
             return
+        if in_body and self._in_body and message == self._messages:
+            # a read that gave no body byte: all of it was framing or trailers
+            if self._body_bytes == body_bytes:
+                self._frame_bytes += len(data)
+            else:
+                self._frame_bytes = 0
+            if self._frame_bytes > MAX_HEAD_BYTES:
+                self._frame_too_large()
+                return
         self._watch_body()
+
+    def _frame_too_large(self) -> None:
+        text = (
+            f"Chunk framing or trailers larger than {MAX_HEAD_BYTES} bytes between two bytes "
+            "of body."
+        )
+        self.logger.warning(
+            "closing a connection from %s: %s", self.client[0] if self.client else "?", text
+        )
+        if self.cycle is not None and self.cycle.response_started:
+            self.transport.close()  # an answer is on its way: a 400 would be inside it
+        else:
+            self.send_400_response(text)
+
+    def send_400_response(self, msg: str) -> None:
+        if self._full:
+            return  # not a bad request: the pipeline's bound (on_message_begin)
+        super().send_400_response(msg)
 
     # Parser callbacks (uvicorn's, with the head's size counted).
     def on_message_begin(self) -> None:
+        if len(self.pipeline) >= MAX_PIPELINED:
+            # The queued ones are complete requests (this one began after the last ended):
+            # answer them, the last with "connection: close"; parse nothing more.
+            self._full = True
+            self.pipeline[0][0].keep_alive = False
+            self.logger.warning(
+                "closing a connection from %s after its %d queued answers: more than %d "
+                "pipelined requests",
+                self.client[0] if self.client else "?",
+                len(self.pipeline),
+                MAX_PIPELINED,
+            )
+            raise PipelineFull()
+        self._messages += 1
         self._head_size = 0
         super().on_message_begin()
 
@@ -96,8 +163,13 @@ class BoundedHttp(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._in_head = False
         self._in_body = True
+        self._frame_bytes = 0
         self._disarm()
         super().on_headers_complete()
+
+    def on_body(self, body: bytes) -> None:
+        self._body_bytes += len(body)
+        super().on_body(body)
 
     def on_message_complete(self) -> None:
         self._in_body = False
@@ -188,5 +260,6 @@ __all__ = [
     "MAX_CONCURRENCY",
     "MAX_CONNECTIONS_PER_CLIENT",
     "MAX_HEAD_BYTES",
+    "MAX_PIPELINED",
     "BoundedHttp",
 ]

@@ -44,6 +44,20 @@ from opentelemetry import trace
 #: What one read from stdin asks for, and the reader's buffer before it stops reading.
 _BLOCK = 64 * 1024
 
+#: Most bytes of one message (a line): the bound of a message to /mcp over HTTP
+#: (api/bounds.py ``MAX_JSON_BODY``). A longer line was kept whole, and a host writing one
+#: without its newline grew the server without end (300 MiB: 850 MiB resident).
+MAX_LINE = 8 << 20
+
+#: Requests read and not yet answered past which stdin is not read while stdout is backed up
+#: (the host is not reading it). The server runs each request read as a task of its own that
+#: holds its answer until stdout takes it: a host that sent requests and stopped reading grew
+#: it without end (20,000 ``tools/list``: ~1 GiB, as with the package's reader on main).
+MAX_OWED = 64
+#: Requests owed past which stdin is not read at all until some are answered: the answers
+#: of requests just read are not written yet, so the host reads nothing back at first.
+MAX_OWED_EVER = 1024
+
 #: How long the last answers may take to leave once the server is done.
 _FLUSH_S = 5.0
 
@@ -147,24 +161,11 @@ def _parsed(line: bytes) -> SessionMessage | Exception:
         return exc
 
 
-async def _read_lines(
-    reader: asyncio.StreamReader, out: ContextSendStream[SessionMessage | Exception]
-) -> None:
-    """Every line of ``reader`` to ``out`` until EOF (the last one even without its newline),
-    then ``out`` closed: the server's end of input."""
-    async with out:
-        pending = bytearray()
-        while chunk := await reader.read(_BLOCK):
-            if b"\n" not in chunk:
-                pending += chunk
-                continue
-            lines = chunk.split(b"\n")
-            lines[0] = bytes(pending) + lines[0]
-            pending = bytearray(lines.pop())
-            for line in lines:
-                await out.send(_parsed(line))
-        if pending:
-            await out.send(_parsed(bytes(pending)))
+def _too_long() -> Exception:
+    return ValueError(
+        f"a line of more than {MAX_LINE} bytes on stdin was dropped: the most one message may "
+        "have (as for /mcp over HTTP)"
+    )
 
 
 class _Wire(asyncio.Protocol):
@@ -174,6 +175,9 @@ class _Wire(asyncio.Protocol):
     def __init__(self) -> None:
         self._paused = False
         self._waiter: asyncio.Future[None] | None = None
+        #: Set whenever writing resumes or the pipe goes: the reader may go on (``drain``'s
+        #: waiter is the writer's own).
+        self.changed = asyncio.Event()
         self._lost: BaseException | None = None
         self.closed = asyncio.get_running_loop().create_future()
 
@@ -182,10 +186,12 @@ class _Wire(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self._paused = False
+        self.changed.set()
         self._wake()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._lost = exc or BrokenPipeError("stdout closed")
+        self.changed.set()
         self._wake()
         if not self.closed.done():
             self.closed.set_result(None)
@@ -194,6 +200,16 @@ class _Wire(asyncio.Protocol):
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(None)
         self._waiter = None
+
+    async def room(self, owed: _Owed) -> None:
+        """Return once the host may send more: it owes fewer than :data:`MAX_OWED` answers or
+        reads them (the transport takes writes), and fewer than :data:`MAX_OWED_EVER`; or the
+        pipe is gone."""
+        while self._lost is None and (
+            len(owed.ids) >= MAX_OWED_EVER or (self._paused and len(owed.ids) >= MAX_OWED)
+        ):
+            self.changed.clear()
+            await self.changed.wait()
 
     async def drain(self) -> None:
         while True:
@@ -205,10 +221,92 @@ class _Wire(asyncio.Protocol):
             await self._waiter
 
 
+class _Owed:
+    """The ids of the host's requests read and not yet answered, nor cancelled by the host
+    (a cancelled request is never answered)."""
+
+    def __init__(self) -> None:
+        self.ids: set[Any] = set()
+
+    @staticmethod
+    def is_request(message: SessionMessage | Exception) -> bool:
+        return isinstance(message, SessionMessage) and isinstance(
+            message.message, types.JSONRPCRequest
+        )
+
+    def read(self, message: SessionMessage | Exception) -> None:
+        if isinstance(message, Exception):
+            return
+        inner = message.message
+        if isinstance(inner, types.JSONRPCRequest):
+            self.ids.add(inner.id)
+        elif isinstance(inner, types.JSONRPCNotification) and isinstance(inner.params, dict):
+            cancelled = inner.params.get("requestId")
+            # a request id is a number or a string; anything else (unhashable) names none
+            if inner.method == "notifications/cancelled" and isinstance(cancelled, int | str):
+                self.ids.discard(cancelled)
+
+    def answered(self, message: SessionMessage) -> bool:
+        """Whether ``message`` answered a request owed."""
+        inner = message.message
+        if isinstance(inner, types.JSONRPCResponse | types.JSONRPCError) and inner.id in self.ids:
+            self.ids.discard(inner.id)
+            return True
+        return False
+
+
+async def _read_lines(
+    reader: asyncio.StreamReader,
+    out: ContextSendStream[SessionMessage | Exception],
+    wire: _Wire | None = None,
+    owed: _Owed | None = None,
+) -> None:
+    """Every line of ``reader`` to ``out`` until EOF (the last one even without its newline),
+    then ``out`` closed: the server's end of input. A line past :data:`MAX_LINE` is not kept:
+    its bytes are dropped as they come and it is handed on as an error. With ``wire`` and
+    ``owed``: a request waits (and what follows it on stdin) while the host owes
+    :data:`MAX_OWED` answers and does not read them, or owes :data:`MAX_OWED_EVER` (the
+    pipe then holds the host back)."""
+    owed = owed if owed is not None else _Owed()
+
+    async def send(message: SessionMessage | Exception) -> None:
+        # Only a request waits: a cancellation or the host's answer to the server's own
+        # request (which a call being answered may wait for) goes on at once.
+        if wire is not None and owed.is_request(message):
+            await wire.room(owed)
+        owed.read(message)
+        await out.send(message)
+
+    async with out:
+        pending = bytearray()
+        over = False  # the line being read is past MAX_LINE
+        while chunk := await reader.read(_BLOCK):
+            if b"\n" not in chunk:
+                if not over:
+                    pending += chunk
+                    if len(pending) > MAX_LINE:
+                        over, pending = True, bytearray()
+                continue
+            lines = chunk.split(b"\n")
+            tail = lines.pop()
+            lines[0] = bytes(pending) + lines[0]
+            if over:
+                await send(_too_long())
+                lines.pop(0)
+            for line in lines:
+                await send(_too_long() if len(line) > MAX_LINE else _parsed(line))
+            over, pending = False, bytearray(tail)
+        if over:
+            await send(_too_long())
+        elif pending:
+            await send(_parsed(bytes(pending)))
+
+
 async def _write_lines(
     transport: asyncio.WriteTransport,
     wire: _Wire,
     messages: ContextReceiveStream[SessionMessage],
+    owed: _Owed | None = None,
 ) -> None:
     """Each answer as one line, in the order the server sent them: one writer, one
     ``write`` of the whole line each."""
@@ -216,6 +314,8 @@ async def _write_lines(
         async for message in messages:
             line = message.message.model_dump_json(by_alias=True, exclude_unset=True) + "\n"
             transport.write(line.encode())
+            if owed is not None and owed.answered(message):
+                wire.changed.set()
             await wire.drain()
 
 
@@ -246,8 +346,9 @@ async def loop_stdio(
         write_stream, write_out = create_context_streams[SessionMessage](0)
         try:
             async with anyio.create_task_group() as group:
-                group.start_soon(_read_lines, reader, read_in)
-                group.start_soon(_write_lines, write_transport, wire, write_out)
+                owed = _Owed()
+                group.start_soon(_read_lines, reader, read_in, wire, owed)
+                group.start_soon(_write_lines, write_transport, wire, write_out, owed)
                 yield read_stream, write_stream
         finally:
             read_transport.close()

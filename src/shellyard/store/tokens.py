@@ -144,6 +144,9 @@ def _insert_agent_token(conn: sa.Connection, values: dict[str, Any], most: int) 
             tokens.c.kind == "agent",
             tokens.c.session_id == session_id,
             tokens.c.revoked_at.is_(None),
+            # an agent token's web logins are rows of kind "agent" too, bounded per token
+            # (``add_web_session``'s ``keep``): not tokens, so not this bound's
+            sa.not_(_web_sessions()),
         )
     ).scalar_one()
     if live >= most:
