@@ -12,7 +12,11 @@ small files, through the Python API (an in-process ControlPlane), REST (``AsyncC
   into the workspace's network namespace that the runner puts in front, issue 17);
 
 and a bare ``true``. All are measured interleaved (one of each per round, in a rotating
-order) so the machine's noise falls on all of them alike. Targets: MCP p50 ≤ 2.0× the peer
+order) so the machine's noise falls on all of them alike, each call after ``THINK_S`` of idle
+time, as an agent's call comes after its model's turn: back to back, what one path's server
+does after its answer (the next warm sandbox's making, docs/operations.md "Warm sandboxes")
+fell on the next path's call in this one process (the API's plane shares its loop with the
+REST client; §55). Back-to-back load is ``bench_throughput.py``'s. Targets: MCP p50 ≤ 2.0× the peer
 and ≤ 2.0× the minimal spawn; REST ≤ 1.5× and the API ≤ 1.3× the minimal spawn (lowered from
 1.6× and 1.4×, docs/benchmarks.md §56).
 
@@ -58,6 +62,8 @@ from shellyard.home import read_info
 from shellyard.sdk.client import AsyncClient
 
 COMMAND = "python bench/bench_roundtrip.py"
+#: Idle time before each timed call (not timed): an agent's think time, at its shortest.
+THINK_S = 0.03
 
 
 async def in_loop(fn: Callable[[], float]) -> float:
@@ -159,10 +165,12 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
             names = list(runners)
             for _ in range(warmup):
                 for name in names:
+                    await asyncio.sleep(THINK_S)
                     await runners[name]()
             for index in range(rounds):
                 shift = index % len(names)
                 for name in names[shift:] + names[:shift]:
+                    await asyncio.sleep(THINK_S)
                     samples[name].append(await runners[name]())
             if args.profile:
                 profiles = await profile(args.profile, plane, session, info.pid)
