@@ -7,6 +7,10 @@ Two things are derived here, never written by hand:
   than ``anyOf: [{type: X}, {type: "null"}]`` with ``default: null``, and
   ``additionalProperties: false`` at the top, since unknown arguments are refused
   (``StrictTool``).
+- a result's schema keeps its nulls, but an optional field is ``type: [X, "null"]`` rather
+  than ``anyOf: [{type: X}, {type: "null"}]``: the same values, fewer characters, and a
+  client validating each result against it (the mcp package's does, with jsonschema) spends
+  ~40 % less on it (docs/benchmarks.md §55).
 - ``result_text``: the text block of a tool result, short and in the order a model needs it
   (state and exit code, then the output); ``structuredContent`` stays the whole result.
 """
@@ -39,6 +43,38 @@ def _without_null(schema: dict[str, Any]) -> dict[str, Any]:
     return {**merged, "anyOf": rest}
 
 
+#: Keywords that constrain only values of one JSON type (and annotations, which constrain
+#: nothing): a branch made of these and ``type`` accepts ``null`` exactly when its type list
+#: says so, so ``anyOf [branch, null]`` is ``branch`` with "null" added to its type.
+_ONE_TYPE_KEYWORDS = {
+    "object": {"properties", "required", "additionalProperties", "patternProperties",
+               "propertyNames", "minProperties", "maxProperties"},
+    "array": {"items", "prefixItems", "minItems", "maxItems", "uniqueItems", "contains"},
+    "string": {"minLength", "maxLength", "pattern", "format"},
+    "integer": {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"},
+    "number": {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"},
+    "boolean": set(),
+}  # fmt: skip
+_ANNOTATIONS = {"title", "description", "default", "examples", "deprecated"}
+
+
+def _null_as_type(schema: dict[str, Any]) -> dict[str, Any]:
+    """``anyOf: [X, {type: "null"}]`` as X with "null" in its ``type``, where that accepts
+    the same values (X has one type and only keywords of that type); else ``schema``."""
+    options = schema.get("anyOf")
+    if not isinstance(options, list) or len(options) != 2 or _NULL not in options:
+        return schema
+    branch = options[0] if options[1] == _NULL else options[1]
+    kind = branch.get("type") if isinstance(branch, dict) else None
+    if not isinstance(kind, str) or kind not in _ONE_TYPE_KEYWORDS:
+        return schema
+    allowed = _ONE_TYPE_KEYWORDS[kind] | _ANNOTATIONS | {"type"}
+    if not set(branch) <= allowed or set(branch) & set(schema) - {"anyOf"}:
+        return schema
+    rest = {key: value for key, value in schema.items() if key != "anyOf"}
+    return {**rest, **branch, "type": [kind, "null"]}
+
+
 def compact(node: Any, *, arguments: bool) -> Any:
     """``node`` (a JSON schema or part of one) without titles; for ``arguments`` (what a
     caller sends) also without the null-union noise of optional fields. A result's schema
@@ -47,7 +83,7 @@ def compact(node: Any, *, arguments: bool) -> Any:
         return [compact(item, arguments=arguments) for item in node]
     if not isinstance(node, dict):
         return node
-    shaped = _without_null(node) if arguments else node
+    shaped = _without_null(node) if arguments else _null_as_type(node)
     out: dict[str, Any] = {}
     for key, value in shaped.items():
         if key == "title" and isinstance(value, str):
