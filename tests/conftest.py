@@ -26,14 +26,32 @@ from leftover_mounts import remove_home
 from runner_daemon_fixture import RunnerDaemon, start_daemon
 from sshd_fixture import sshd_or_skip, start_sshd
 
+from shellyard import loops
 from shellyard.config import Settings
-from shellyard.contract.executions import RunShellRequest, RunShellResult
+from shellyard.contract.executions import (
+    ExecutionView,
+    ExecutionWait,
+    RunShellRequest,
+    RunShellResult,
+)
 from shellyard.control.plane import ControlPlane, build
 from shellyard.runner.protocol import SandboxPolicy
 from shellyard.store import Store
 
 #: The support fixtures every test may take by name, with no import (see that module).
 pytest_plugins = ["shared_fixtures"]
+
+# `SHELLYARD_LOOP=uvloop pytest …`: the in-process tests (control plane, LocalRunner, ssh
+# clients) run on uvloop too, through the product's own chooser. Unset (or asyncio), they keep
+# pytest-asyncio's asyncio loop, the loop of most programs using the SDK or a plane as a
+# library. The servers the tests start (serve, mcp, runner serve, the daemon fixture's thread)
+# choose as the product does: uvloop unless SHELLYARD_LOOP says otherwise (docs/operations.md
+# "The event loop").
+if os.environ.get("SHELLYARD_LOOP") and (_uvloop := loops.factory()) is not None:
+
+    def pytest_asyncio_loop_factories(config: Any, item: Any) -> dict[str, Any]:
+        return {"uvloop": _uvloop}
+
 
 # Issue 20: the suites run with no base environment prepared (the behaviour before bases)
 # unless a test prepares one in a folder of its own; a base built on this machine stays out.
@@ -71,6 +89,13 @@ class Yard:
         options.setdefault("runner_id", self.runner_id)
         request = RunShellRequest(command=command, **options)
         return await self.plane.executions.run_shell(request)
+
+    async def ended(self, execution_id: str, timeout_s: float = 120) -> ExecutionView:
+        """The execution's view once it has ended (fails the test after ``timeout_s``)."""
+        wait = ExecutionWait(timeout_s=timeout_s)
+        view = await self.plane.executions.wait(execution_id, wait)
+        assert view.state.terminal, view
+        return view
 
     @property
     def runner(self) -> Any:

@@ -100,6 +100,9 @@ class Settings:
         from shellyard.runner.policy import policy_from_env
         from shellyard.settings_env import check_environment
 
+        # Every SHELLYARD_* value first, all of them named in one message (docs/operations.md):
+        # the readers below stopped at the first bad one, each in its own words.
+        check_environment()
         settings = cls()
         url = os.environ.get("SHELLYARD_DATABASE_URL")
         if url:
@@ -130,9 +133,6 @@ class Settings:
             raw = os.environ.get(variable)
             if raw:
                 setattr(settings, name, _at_least_one(variable, raw))
-        # Every other SHELLYARD_* value too (the readers above said what was wrong with theirs):
-        # refused at start, never taken for a default (docs/operations.md).
-        check_environment()
         for key, value in overrides.items():
             if value is not None:
                 setattr(settings, key, value)

@@ -32,7 +32,8 @@ class Variable:
     default: str
     description: str
     #: Who reads it: ``client`` (CLI, SDK, MCP door), ``server`` (the control plane), ``runner``
-    #: (the local runner and ``runner serve``), ``sandbox`` (set by shellyard inside a command).
+    #: (the local runner and ``runner serve``), ``sandbox`` (set by shellyard inside a command);
+    #: several, comma-separated, for one that each of them reads.
     side: str
     check: Check | None = None
 
@@ -113,12 +114,21 @@ VARIABLES: dict[str, Variable] = {
                  _one_of("text", "json")),
         Variable("SHELLYARD_PORT", "a port, 0 to 65535 (0: any free one)",
                  "the port it had, else 0", "`serve`'s port.", "server", _whole(0, 65535)),
+        Variable("SHELLYARD_LOOP", "auto, uvloop, asyncio", "auto",
+                 "The event loop of `serve`, `mcp` and `runner serve`: auto is uvloop when it "
+                 "can be imported, else asyncio's own; uvloop refuses to start without it "
+                 "(docs/decisions.md).", "server, runner, client (mcp)",
+                 _one_of("auto", "uvloop", "asyncio")),
         # -- the control plane
         Variable("SHELLYARD_DATABASE_URL", "sqlite:///PATH or postgresql+psycopg://…",
                  "sqlite:///HOME/shellyard.db",
                  "Where the records are (its reader words a bad URL itself).", "server"),
         Variable("SHELLYARD_BODY_IDLE_S", f"{_SECONDS}, more than 0", "30",
                  "A request body with no progress for this long is closed (docs/security.md).",
+                 "server", _number(0.001)),
+        Variable("SHELLYARD_BODY_TIMEOUT_S", f"{_SECONDS}, more than 0", "60",
+                 "A request body not complete this long after its headers, plus a second per "
+                 "64 KiB received, is answered 408 and closed (docs/security.md).",
                  "server", _number(0.001)),
         Variable("SHELLYARD_TRANSFER_MAX_ENTRIES", "a whole number, 1 or more", "100000",
                  "Most entries one transfer may name (docs/limits.md).", "server", _whole(1)),
@@ -218,7 +228,7 @@ VARIABLES: dict[str, Variable] = {
         Variable("SHELLYARD_NETWORK_LINGER_S", f"{_SECONDS}, 0 or more", "30",
                  "How long a workspace's network outlives its last command.", "runner",
                  _number(0)),
-        Variable("SHELLYARD_WARM_SANDBOXES", "a whole number, 0 or more", "8",
+        Variable("SHELLYARD_WARM_SANDBOXES", "a whole number, 0 or more", "16",
                  "Warm sandboxes a runner keeps ready, one per recently used workspace "
                  "(docs/operations.md); 0: none.", "runner", _whole(0, 1024)),
         Variable("SHELLYARD_WARM_IDLE_S", f"{_SECONDS}, more than 0", "60",
@@ -235,6 +245,11 @@ VARIABLES: dict[str, Variable] = {
                  "The sandbox's launch: auto builds the small C launcher (the chain of "
                  "nsenter, setpriv and prlimit without a compiler); chain always uses the "
                  "chain.", "runner", _one_of("auto", "chain")),
+        Variable("SHELLYARD_SANDBOX_SCHED", "batch, other", "batch",
+                 "The scheduling policy of non-interactive sandboxes: batch (SCHED_BATCH: a "
+                 "woken sandbox does not preempt the service) or other (the kernel's default); "
+                 "terminals and stdin executions stay other.", "runner",
+                 _one_of("batch", "other")),
         # -- set by shellyard inside each command's sandbox, never read from the host
         Variable("SHELLYARD_EXECUTION_ID", "set by shellyard", "the execution's id",
                  "Inside a command: its execution id.", "sandbox"),

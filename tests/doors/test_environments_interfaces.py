@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -248,6 +249,14 @@ def test_cli_env_verbs(served_home: Path) -> None:
     )
     assert failed.returncode == 1, failed.stderr
     assert "unchanged (still revision 4)" in failed.stderr
+    # The same words when the failure is followed rather than met within the first call's
+    # wait (a loaded CI saw "the environment is unchanged" alone on that path).
+    failed_id = re.search(r"chg_[0-9a-f]+", failed.stderr)
+    assert failed_id, failed.stderr
+    followed = sy(home, "env", "status", failed_id.group(0), "--wait")
+    assert followed.returncode == 1 and "unchanged (still revision 4)" in followed.stderr, (
+        followed.stderr
+    )
     bad = sy(home, "env", "install", "cli", "brew", "x")
     assert bad.returncode == 2 and "unknown manager 'brew'" in bad.stderr
     unknown = sy(home, "env", "show", "nothing-here")

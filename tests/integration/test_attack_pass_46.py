@@ -15,7 +15,6 @@ import contextlib
 import json
 import os
 import pty
-import re
 import socket
 import subprocess
 import sys
@@ -27,7 +26,9 @@ from urllib.parse import urlsplit
 
 import httpx
 import pytest
+from proc_memory import peak_resident, resident
 from pydantic import TypeAdapter
+from raw_http import answers, received
 from served_server import Served, served_server
 
 from shellyard.api.connections import HEADER_TIMEOUT_S, MAX_HEAD_BYTES, MAX_PIPELINED
@@ -55,34 +56,6 @@ def connect(served: Served, source: str | None = None) -> socket.socket:
     sock.bind((source, 0))
     sock.connect((where.hostname, where.port))
     return sock
-
-
-def resident(pid: int) -> int:
-    """The process's resident size now (VmRSS), in bytes."""
-    with open(f"/proc/{pid}/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError("no VmRSS")
-
-
-def received(sock: socket.socket, wait_s: float = 5.0) -> tuple[bytes, bool]:
-    """What the server sent within ``wait_s`` and whether it closed the connection."""
-    sock.settimeout(wait_s)
-    answer = b""
-    try:
-        while chunk := sock.recv(65536):
-            answer += chunk
-    except TimeoutError:
-        return answer, False
-    except (ConnectionResetError, BrokenPipeError):
-        pass
-    return answer, True
-
-
-def answers(data: bytes) -> list[bytes]:
-    """The status lines in ``data`` (an answer's body has no CRLF before the next one)."""
-    return re.findall(rb"HTTP/1\.[01] \d{3} [^\r]*", data)
 
 
 def send_until_refused(sock: socket.socket, head: bytes, piece: bytes, most: int) -> int:
@@ -534,14 +507,6 @@ def shellyard_mcp(served: Served, stdin: Any = subprocess.PIPE) -> subprocess.Po
     )
 
 
-def peak(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as status:
-        for line in status:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError("no VmHWM")
-
-
 def line(message: dict[str, Any]) -> bytes:
     return json.dumps(message).encode() + b"\n"
 
@@ -560,14 +525,14 @@ def test_mcp_stdio_a_line_without_end_is_not_kept(served: Served) -> None:
         mcp.stdin.write(line(INITIALIZE))
         mcp.stdin.flush()
         assert b'"id":1,"result"' in mcp.stdout.readline()
-        started = peak(mcp.pid)
+        started = peak_resident(mcp.pid)
         piece = b"a" * MIB
         for _ in range(128):
             mcp.stdin.write(piece)
         mcp.stdin.write(b"\n" + line({"jsonrpc": "2.0", "id": 2, "method": "ping"}))
         mcp.stdin.flush()
         assert mcp.stdout.readline() == b'{"jsonrpc":"2.0","id":2,"result":{}}\n'
-        grown = peak(mcp.pid) - started
+        grown = peak_resident(mcp.pid) - started
     finally:
         mcp.kill()
         mcp.wait()
@@ -600,10 +565,10 @@ def test_mcp_stdio_a_host_that_stops_reading_holds_the_server_back(served: Serve
         stdin.write(line({"jsonrpc": "2.0", "method": "notifications/initialized"}))
         stdin.flush()
         assert b'"id":1,"result"' in stdout.readline()
-        started = peak(mcp.pid)
+        started = peak_resident(mcp.pid)
         writer.start()
         time.sleep(8)  # the host reads nothing meanwhile
-        grown = peak(mcp.pid) - started
+        grown = peak_resident(mcp.pid) - started
         ids = set()
         for _ in range(count):
             ids.add(json.loads(stdout.readline())["id"])
@@ -618,8 +583,8 @@ def test_mcp_stdio_a_host_that_stops_reading_holds_the_server_back(served: Serve
 def test_mcp_stdio_invalid_utf8_is_survived_and_eof_ends_it(served: Served) -> None:
     """Held: a request naming its method in invalid UTF-8 is answered (an error), a line of
     bytes that are no message is passed over, the next request is answered; EOF on stdin
-    then ends the server (status 0). (An answer still in flight at EOF may be lost, as with
-    the package's reader on main: the server's run ends with its input.)"""
+    then ends the server (status 0), once the answers in flight are sent (session 47:
+    tests/doors/mcp/test_mcp_stdio.py)."""
     mcp = shellyard_mcp(served)
     assert mcp.stdin is not None and mcp.stdout is not None
     try:
@@ -640,8 +605,8 @@ def test_mcp_stdio_invalid_utf8_is_survived_and_eof_ends_it(served: Served) -> N
 def test_mcp_stdio_from_a_terminal_is_served_the_threads_way(served: Served) -> None:
     """Held: stdin a terminal (left to the package's reader, never made non-blocking: the
     shell shares it) is served: requests typed on it are answered, and the terminal's hang-up
-    ends the server. (A regular file is served the same way, but the answers still in flight
-    at its end may be lost: see the EOF note above.)"""
+    ends the server. (A regular file is served the same way, its answers in flight at its end
+    sent before the server ends.)"""
     leader, follower = pty.openpty()
     tty.setraw(follower)
     try:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_interactive import ended, send
+from test_interactive import send
 
 from conftest import Yard, open_yard
 from shellyard.contract.executions import (
@@ -52,7 +52,7 @@ async def test_another_session_cannot_look_at_or_resize_a_terminal(yard: Yard) -
     screen = await executions.screen(ran.execution_id, None)
     assert (screen.rows, screen.cols) == (20, 60)
     await send(yard, ran.execution_id, keys=["C-d"])
-    await ended(yard, ran.execution_id)
+    await yard.ended(ran.execution_id)
 
 
 async def test_a_sandboxed_command_sees_no_input_fifo_nor_holder(yard: Yard) -> None:
@@ -65,7 +65,7 @@ async def test_a_sandboxed_command_sees_no_input_fifo_nor_holder(yard: Yard) -> 
     ran = await yard.run(script, interactive=True, wait_ms=0)
     await asyncio.sleep(0.5)
     await send(yard, ran.execution_id, text="done\n", eof=True)
-    await ended(yard, ran.execution_id)
+    await yard.ended(ran.execution_id)
     out = (await yard.plane.executions.logs(ran.execution_id, ExecutionLogsQuery())).data
     fifos, processes = out.split("fifos-end\n")
     assert fifos == ""
@@ -101,7 +101,7 @@ async def test_a_local_user_cannot_write_to_the_input_fifo(yard: Yard) -> None:
         )
         assert probe.returncode != 0 and "PermissionError" in probe.stderr, probe.stderr
     await send(yard, ran.execution_id, keys=["C-d"])
-    await ended(yard, ran.execution_id)
+    await yard.ended(ran.execution_id)
 
 
 def _terminal_folder(tmp_path: Path, log: bytes) -> Path:

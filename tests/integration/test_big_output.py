@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from proc_memory import resident
 
 from conftest import make_home
 from shellyard.contract.executions import ExecutionState
@@ -22,13 +23,6 @@ GIB = 1 << 30
 RSS_BOUND = 200 << 20
 
 
-def rss_bytes(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    return 0
-
-
 class RssSampler:
     def __init__(self, pid: int) -> None:
         self.pid, self.peak = pid, 0
@@ -38,7 +32,7 @@ class RssSampler:
 
     def _run(self) -> None:
         while not self._stop.wait(0.02):
-            self.peak = max(self.peak, rss_bytes(self.pid))
+            self.peak = max(self.peak, resident(self.pid))
 
     def stop(self) -> int:
         self._stop.set()

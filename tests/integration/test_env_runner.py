@@ -474,13 +474,15 @@ async def test_kill_9_mid_install_leaves_the_old_prefix(root: Path) -> None:
         )  # fmt: skip
         await _wait_for(prefix / ".build-started")
         assert prefix_hash(prefix) != before
-        # the tools of the change run with HOME in its scratch folder, seen at /env-scratch (V4;
-        # this test's tools are the only ones of this code running here)
-        needle = b"HOME=/env-scratch"
-        assert _processes_with(needle)
+        # the tools of the change run with HOME in its scratch folder, seen at /env-scratch
+        # (V4); other tests' builds run beside this one under CI's workers, so only the
+        # daemon's own descendants are this change's tools
+        assert daemon.process is not None
+        tools = _descendants_with(daemon.process.pid, b"HOME=/env-scratch")
+        assert tools
         daemon.kill()
         # --die-with-parent: uv and the build (its pid namespace) are gone with the runner
-        await _wait_gone(needle)
+        await _wait_gone(tools)
         await daemon.restart()
         done = await remote.environment_change_status("crash")
         assert (done.state, done.error_kind) == (EnvChangeState.failed, "interrupted")
@@ -550,23 +552,52 @@ async def _wait_for(path: Path, timeout_s: float = 120.0) -> None:
     raise AssertionError(f"{path} did not appear")
 
 
-def _processes_with(needle: bytes) -> list[int]:
-    """Host pids whose environment holds ``needle`` (one NAME=value entry)."""
-    found = []
+def _start_time(pid: int) -> int | None:
+    """The process's start time (field 22 of /proc/<pid>/stat): a pid used again differs."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            raw = handle.read()
+    except OSError:
+        return None
+    return int(raw[raw.rindex(b")") + 2 :].split()[19])
+
+
+def _descendants_with(ancestor: int, needle: bytes) -> dict[int, int | None]:
+    """Host pids under ``ancestor`` whose environment holds ``needle`` (one NAME=value entry),
+    with their start times."""
+    parents: dict[int, int] = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
-                with open(f"/proc/{entry}/environ", "rb") as handle:
-                    if needle in handle.read().split(b"\0"):
-                        found.append(int(entry))
+                with open(f"/proc/{entry}/stat", "rb") as handle:
+                    raw = handle.read()
             except OSError:
                 continue
+            parents[int(entry)] = int(raw[raw.rindex(b")") + 2 :].split()[1])
+    found: dict[int, int | None] = {}
+    for pid in parents:
+        up: int | None = parents.get(pid)
+        for _ in range(64):  # a chain of parents ends at init (1) or the kernel (0)
+            if up in (None, 0, 1, ancestor):
+                break
+            up = parents.get(up)  # type: ignore[arg-type]
+        if up != ancestor:
+            continue
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as handle:
+                if needle in handle.read().split(b"\0"):
+                    found[pid] = _start_time(pid)
+        except OSError:
+            continue
     return found
 
 
-async def _wait_gone(needle: bytes, timeout_s: float = 10.0) -> None:
+async def _wait_gone(tools: dict[int, int | None], timeout_s: float = 10.0) -> None:
+    def alive() -> list[int]:
+        return [pid for pid, began in tools.items() if _start_time(pid) == began]
+
     for _ in range(int(timeout_s / 0.05)):
-        if not _processes_with(needle):
+        if not alive():
             return
         await asyncio.sleep(0.05)
-    raise AssertionError(f"processes {_processes_with(needle)} outlived the runner")
+    raise AssertionError(f"processes {alive()} outlived the runner")

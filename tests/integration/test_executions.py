@@ -25,12 +25,6 @@ from shellyard.errors import InvalidInput, NotFound, WorkspaceBusy
 pytestmark = pytest.mark.runner_kinds("local", "direct", "ssh")
 
 
-async def settle(yard: Yard, execution_id: str, timeout_s: float = 30) -> object:
-    view = await yard.plane.executions.wait(execution_id, ExecutionWait(timeout_s=timeout_s))
-    assert view.state.terminal, view
-    return view
-
-
 async def test_foreground_result_has_state_exit_code_and_output(yard: Yard) -> None:
     """E1, E3: a foreground command returns its state, exit code and output."""
     result = await yard.run("echo out; echo err >&2; exit 7")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import sqlite3
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -27,7 +28,6 @@ from shellyard.contract.executions import (
     ExecutionCancelQuery,
     ExecutionLogsQuery,
     ExecutionState,
-    ExecutionWait,
 )
 from shellyard.contract.files import TransferWait
 from shellyard.contract.maintenance import GcRequest
@@ -37,12 +37,6 @@ from shellyard.runner.protocol import SandboxPolicy
 from shellyard.store.schema import transfer_files, transfers
 
 MIB = 1 << 20
-
-
-async def settle(yard: Yard, execution_id: str, timeout_s: float = 120) -> Any:
-    view = await yard.plane.executions.wait(execution_id, ExecutionWait(timeout_s=timeout_s))
-    assert view.state.terminal, view
-    return view
 
 
 # ---------------------------------------------------------------- E1: long commands
@@ -64,14 +58,13 @@ async def test_a_command_longer_than_the_kernel_takes_runs_and_frees_the_writer(
     assert after.state == ExecutionState.completed and after.stdout == "next\n"
 
 
+@pytest.mark.runner_kinds("local")  # the fault is injected into the in-process runner's spawn
 async def test_a_spawn_the_kernel_refuses_ends_failed_and_frees_the_writer(
     yard: Yard,
 ) -> None:
     """Every input that cannot run gets a terminal record: when the spawn itself fails (here
     the sandbox's program is missing: ENOENT from execve) the execution ends ``failed`` with
     the reason, nothing is left queued, and the workspace takes the next command."""
-    if yard.daemon is not None:
-        pytest.skip("the fault is injected into the in-process runner's spawn")
     first = await yard.run("echo one")
     sandboxes = yard.runner._runs.sandboxes
     saved = sandboxes.launcher, sandboxes.bwrap
@@ -109,7 +102,10 @@ async def test_a_transfer_over_its_entry_cap_is_refused_with_the_count_and_gc_de
     refused before any row is written, saying how many it names; finished transfers and their
     entries go under ``record_days`` like execution records (once their notice is read)."""
     monkeypatch.setenv("SHELLYARD_TRANSFER_MAX_ENTRIES", "0")
-    with pytest.raises(InvalidInput, match="SHELLYARD_TRANSFER_MAX_ENTRIES must be"):
+    said = re.escape(
+        "SHELLYARD_TRANSFER_MAX_ENTRIES='0' is not valid: use a whole number, 1 or more"
+    )
+    with pytest.raises(InvalidInput, match=said):
         Settings.from_env()
     monkeypatch.setenv("SHELLYARD_TRANSFER_MAX_ENTRIES", "50")
     assert Settings.from_env().transfer_max_entries == 50
@@ -194,7 +190,7 @@ async def test_a_command_filling_the_volume_is_stopped_with_limit_disk_and_work_
     first = await yard.run("echo before")
     assert first.state == ExecutionState.completed
     filler = await yard.run(FILLERS[into], background=True)
-    view = await settle(yard, filler.execution_id)
+    view = await yard.ended(filler.execution_id)
     record = await yard.runner.status(filler.execution_id)
     assert record.limit == "disk", (record, view)
     assert view.error is not None and "free-space reserve" in view.error, view
@@ -350,7 +346,7 @@ async def test_cancel_on_a_full_volume_ends_the_execution_without_a_restart(
                 break
             await asyncio.sleep(0.1)
         assert result.exists()  # written once the volume had room again
-    view = await settle(yard, running.execution_id)
+    view = await yard.ended(running.execution_id)
     assert view.state == ExecutionState.cancelled, view
     after = await yard.run("echo after")
     assert after.state == ExecutionState.completed and after.stdout == "after\n"
@@ -414,7 +410,7 @@ async def test_a_writer_faster_than_the_watcher_still_ends_with_limit_disk(
     yard = full_yard
     first = await yard.run("echo kept > kept.txt")
     filler = await yard.run("head -c 1000000000 /dev/zero > big", wait_ms=30_000)
-    view = await settle(yard, filler.execution_id)
+    view = await yard.ended(filler.execution_id)
     record = await yard.runner.status(filler.execution_id)
     assert record.limit == "disk", (record, view)
     assert view.error is not None and "free-space reserve" in view.error, view

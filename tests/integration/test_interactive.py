@@ -23,7 +23,6 @@ from shellyard.contract.executions import (
     ExecutionList,
     ExecutionLogsQuery,
     ExecutionState,
-    ExecutionView,
     ExecutionWait,
     RunShellRequest,
 )
@@ -50,14 +49,6 @@ async def send(yard: Yard, execution_id: str, **fields: Any) -> int:
     return (await yard.plane.executions.send_input(execution_id, request, None)).accepted_bytes
 
 
-async def ended(yard: Yard, execution_id: str) -> ExecutionView:
-    for _ in range(6):
-        view = await yard.plane.executions.wait(execution_id, ExecutionWait(timeout_s=10))
-        if view.state.terminal:
-            return view
-    raise AssertionError(f"{execution_id} did not end")
-
-
 async def until_screen(
     look: Callable[[], Awaitable[ScreenView]], text: str, timeout_s: float = 20
 ) -> ScreenView:
@@ -79,7 +70,7 @@ async def test_read_prompt_answered(yard: Yard) -> None:
     assert ran.state == ExecutionState.running and ran.interactive and not ran.tty, ran
     assert ran.awaiting_input is True, ran
     assert await send(yard, ran.execution_id, text="ada", keys=["Enter"]) == 4
-    view = await ended(yard, ran.execution_id)
+    view = await yard.ended(ran.execution_id)
     assert view.exit_code == 0 and view.awaiting_input is None
     logs = await yard.plane.executions.logs(ran.execution_id, ExecutionLogsQuery())
     assert logs.data == "hello ada\n"
@@ -95,7 +86,7 @@ async def test_wc_fed_three_lines_then_eof(yard: Yard) -> None:
     await send(yard, ran.execution_id, text="one\ntwo\n")
     await send(yard, ran.execution_id, text="three", keys=["Enter"])
     await send(yard, ran.execution_id, eof=True)
-    view = await ended(yard, ran.execution_id)
+    view = await yard.ended(ran.execution_id)
     assert view.exit_code == 0
     assert (
         await yard.plane.executions.logs(ran.execution_id, ExecutionLogsQuery())
@@ -116,7 +107,7 @@ async def test_python_repl_in_a_terminal(yard: Yard) -> None:
     assert len(lines) == 20 and ">>> print(6*7)" in lines and "42" in lines, screen.text
     assert screen.cursor.row == lines.index("42") + 1  # on the next prompt
     await send(yard, ran.execution_id, keys=["C-d"])
-    view = await ended(yard, ran.execution_id)
+    view = await yard.ended(ran.execution_id)
     assert view.state == ExecutionState.completed and view.exit_code == 0, view
     assert "42" in (await executions.logs(ran.execution_id, ExecutionLogsQuery())).data
     # an ended terminal still shows its last screen
@@ -128,7 +119,7 @@ async def test_ctrl_c_interrupts_sleep_in_a_terminal(yard: Yard) -> None:
     ran = await yard.run("sleep 300", tty=True, wait_ms=0)
     await asyncio.sleep(0.5)
     await send(yard, ran.execution_id, keys=["C-c"])
-    view = await ended(yard, ran.execution_id)
+    view = await yard.ended(ran.execution_id)
     assert view.state == ExecutionState.completed and view.exit_code == 130, view
     assert not view.cancel_requested
 
@@ -139,7 +130,7 @@ async def test_resize_reaches_the_program(yard: Yard) -> None:
     screen = await yard.plane.executions.screen(ran.execution_id, None, _size(30, 100))
     assert (screen.rows, screen.cols) == (30, 100)
     await send(yard, ran.execution_id, keys=["Enter"])
-    await ended(yard, ran.execution_id)
+    await yard.ended(ran.execution_id)
     assert (
         "30 100" in (await yard.plane.executions.logs(ran.execution_id, ExecutionLogsQuery())).data
     )
@@ -164,7 +155,7 @@ async def test_refused_to_a_command_that_did_not_ask(yard: Yard) -> None:
     with pytest.raises(Conflict, match="has no terminal"):
         await yard.plane.executions.screen(piped.execution_id, None)
     await send(yard, piped.execution_id, eof=True)
-    assert (await ended(yard, piped.execution_id)).exit_code == 0
+    assert (await yard.ended(piped.execution_id)).exit_code == 0
 
 
 async def test_another_sessions_agent_cannot_send(yard: Yard) -> None:
@@ -175,7 +166,7 @@ async def test_another_sessions_agent_cannot_send(yard: Yard) -> None:
     with pytest.raises(NotFound):
         await yard.plane.executions.send_input(ran.execution_id, request, intruder)
     await send(yard, ran.execution_id, text="mine\n", eof=True)
-    await ended(yard, ran.execution_id)
+    await yard.ended(ran.execution_id)
     assert (
         await yard.plane.executions.logs(ran.execution_id, ExecutionLogsQuery())
     ).data == "mine\n"

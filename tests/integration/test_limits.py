@@ -9,6 +9,7 @@ import argparse
 import asyncio
 import contextlib
 import os
+import re
 import sqlite3
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -38,12 +39,6 @@ from shellyard.runner.transport.daemon import limits_options
 
 MB = 1_000_000
 MIB = 1 << 20
-
-
-async def settle(yard: Yard, execution_id: str, timeout_s: float = 120) -> Any:
-    view = await yard.plane.executions.wait(execution_id, ExecutionWait(timeout_s=timeout_s))
-    assert view.state.terminal, view
-    return view
 
 
 def runner_root(yard: Yard) -> Path:
@@ -77,7 +72,7 @@ async def test_quota_stops_the_command_and_the_next_one_can_delete(yard_factory:
     # More than the quota plus the documented margin (a tick and a walk at 2 GB/s: 400 MB
     # here), so a stop within the margin always comes before the write ends.
     result = await yard.run("head -c 1000000000 /dev/zero > big; echo after", wait_ms=30_000)
-    view = await settle(yard, result.execution_id)
+    view = await yard.ended(result.execution_id)
     assert view.state == ExecutionState.completed
     assert view.exit_code == 137, view  # the sandbox was killed, not the command's own exit
     assert view.error is not None
@@ -116,7 +111,7 @@ async def test_log_limit_keeps_head_and_tail_and_pages_through(yard_factory: Any
     lines = 100_000  # 61 bytes each: 6.1 MB
     script = f"for i in range({lines}): print(f'line {{i:07d}} ' + 'x' * 47)"
     result = await yard.run(f'python3 -c "{script}"; exit 3', wait_ms=30_000)
-    view = await settle(yard, result.execution_id)
+    view = await yard.ended(result.execution_id)
     assert view.state == ExecutionState.completed and view.exit_code == 3
     assert view.error is not None and "retained-log limit of 1.0 MiB" in view.error
     record = await runner_record(yard, result.execution_id)
@@ -156,13 +151,13 @@ async def test_cpu_and_file_size_limits_are_named_in_the_record(yard_factory: An
     file-size limit by SIGXFSZ; each record says which limit ended it, not only the code."""
     yard: Yard = await yard_factory(SandboxPolicy(max_cpu_seconds=2, max_file_size_bytes=8 * MIB))
     loop = await yard.run("python3 -c 'while True: pass'", wait_ms=30_000)
-    view = await settle(yard, loop.execution_id)
+    view = await yard.ended(loop.execution_id)
     assert view.exit_code == 152, view
     assert view.error is not None and "SIGXCPU" in view.error
     assert "CPU-time limit of 2 s" in view.error
     assert (await runner_record(yard, loop.execution_id)).limit == "cpu"
     big = await yard.run("head -c 20000000 /dev/zero > big", wait_ms=30_000)
-    view = await settle(yard, big.execution_id)
+    view = await yard.ended(big.execution_id)
     assert view.exit_code == 153, view
     assert view.error is not None and "SIGXFSZ" in view.error and "8.0 MiB" in view.error
     assert (await runner_record(yard, big.execution_id)).limit == "file_size"
@@ -281,7 +276,8 @@ def test_limits_come_from_the_environment_and_the_daemon_options(
     assert daemon_policy.free_space_reserve_bytes == 3 << 30
     assert daemon_policy.max_cpu_seconds is None
     monkeypatch.setenv("SHELLYARD_WORKSPACE_QUOTA", "lots")
-    with pytest.raises(InvalidInput, match="SHELLYARD_WORKSPACE_QUOTA must be a number of bytes"):
+    said = re.escape("SHELLYARD_WORKSPACE_QUOTA='lots' is not valid: use a size (10G")
+    with pytest.raises(InvalidInput, match=said):
         Settings.from_env()
 
 

@@ -93,6 +93,11 @@ def test_kill9_while_a_wake_is_being_delivered_delivers_it_once(
     agent = client.as_agent(session.main_agent_id)
     done = agent.run("echo hi", background=True)
     receiver.wait_for(1)
+    # Killed once the failed attempt is recorded, before the retry: the receiver's answer
+    # reaches the test before the plane has written it down (a kill in between leaves that
+    # attempt's status unknown, which is not what this test is about).
+    (wake,) = wait_until(lambda: client.wakes(session.session_id) or None)  # type: ignore[misc]
+    wait_until(lambda: _first_failed(client, wake.wake_id))
     kill_server(home)
     client = Client.for_home(home)
     requests = receiver.wait_for(2)
@@ -106,6 +111,11 @@ def test_kill9_while_a_wake_is_being_delivered_delivers_it_once(
     assert [a.status_code for a in delivery.attempt_log] == [500, 200]
     time.sleep(0.5)
     assert len(receiver.received) == 2
+
+
+def _first_failed(client: Client, wake_id: str) -> object:
+    found = client.wake_deliveries(wake_id)
+    return found if found and [a.status_code for a in found[0].attempt_log] == [500] else None
 
 
 def _final(client: Client, wake_id: str) -> object:

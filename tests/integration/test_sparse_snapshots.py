@@ -319,4 +319,4 @@ async def test_a_build_cannot_leave_a_file_past_the_file_size_limit(yard_factory
         ),
         agent,
     )
-    assert str(listed.stdout).strip() == "0", listed
+    assert str(listed.stdout).strip() == "0", (listed.state, listed.error, listed.stderr)

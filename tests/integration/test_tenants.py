@@ -694,7 +694,8 @@ def test_the_runner_s_folder_weighs_one_cpu_unit_per_workspace_in_use(tmp_path: 
     """R2 (docs/limits.md "Tenants", docs/benchmarks.md §34): at the host's level the runner's
     cpu folder weighs one unit (v1 ``cpu.shares`` 1024) per workspace with groups started, not
     one for all: two executions of one workspace count once, a second workspace doubles it,
-    and it falls back as their groups go (a re-attached execution counts too)."""
+    and it falls back as their groups go (a re-attached execution counts too), lowered at
+    most once per ``LOWER_AFTER_S`` (no write at each back-to-back command's end, weight.py)."""
     tree = cgroups.CgroupTree.probe(
         f"shellyard-test-weight-{tmp_path.name[-8:]}", cgroups.TenantLimits(256 << 20, 64), "v1"
     )
@@ -715,7 +716,18 @@ def test_the_runner_s_folder_weighs_one_cpu_unit_per_workspace_in_use(tmp_path: 
         assert weight() == 2 * cgroups.CPU_SHARES_V1
         tree.adopt("c", "e4")  # re-attached after a restart (E11): its groups exist
         assert weight() == 3 * cgroups.CPU_SHARES_V1
+        tree.start("d", "e5")
+        assert weight() == 4 * cgroups.CPU_SHARES_V1
+        tree.weight.lower_after_s = 3600.0
+        tree.finish("d", "e5")  # the first lowering
+        assert weight() == 3 * cgroups.CPU_SHARES_V1
+        tree.start("d", "e6")  # raised at once
+        assert weight() == 4 * cgroups.CPU_SHARES_V1
+        tree.finish("d", "e6")  # lowered a moment ago: kept (its next command comes at once)
+        assert weight() == 4 * cgroups.CPU_SHARES_V1
         tree.finish("b", "e3")
+        assert weight() == 4 * cgroups.CPU_SHARES_V1  # never less than in use meanwhile
+        tree.weight.lower_after_s = 0.0  # that long after: lowered at the next change
         tree.remove("c", "e4")
         assert weight() == cgroups.CPU_SHARES_V1
         tree.finish("a", "e1")

@@ -220,7 +220,7 @@ async def test_cancel_list_and_ownership(plane: ControlPlane) -> None:
     """timer_cancel: a cancelled timer never fires; cancelling again returns it unchanged;
     another agent's timer is reported like a missing one."""
     host = await Host.open(plane)
-    timer = await plane.timers.create(host.main, TimerCreateRequest(text="t", after_ms=200))
+    timer = await plane.timers.create(host.main, TimerCreateRequest(text="t", after_ms=2_000))
     cancelled = await plane.timers.cancel(host.main, timer.timer_id)
     assert cancelled.state == TimerState.cancelled and cancelled.cancel_reason
     assert await plane.timers.cancel(host.main, timer.timer_id) == cancelled

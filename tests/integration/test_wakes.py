@@ -250,7 +250,9 @@ async def test_archive_restore_no_timer_no_wake_then_a_user_request_summarizes(
     restored (stopped) session resumes it and returns the summary, replaying nothing."""
     host = await Host.open(plane)
     sid = host.session.session_id
-    timer = await plane.timers.create(host.main, TimerCreateRequest(text="t", after_ms=300))
+    # due well after the archive below (300 ms fired first under CI's load); the test waits
+    # for its time to pass later, so it costs these seconds once
+    timer = await plane.timers.create(host.main, TimerCreateRequest(text="t", after_ms=5_000))
     work = await host.run("sleep 0.3; echo once >> runs", background=True)
     archived = await plane.sessions.archive(sid)
     assert archived.state == "archived"

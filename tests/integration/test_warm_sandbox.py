@@ -5,6 +5,7 @@ by the pool's counters and the execution's meta.json, not only that nothing brok
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -534,3 +535,124 @@ async def test_a_warm_run_makes_no_inode_on_the_loop_thread(
     finally:
         await runner.aclose()
     assert not warm_processes(workspace)
+
+
+async def test_a_warm_spawn_cancelled_in_flight_leaves_no_process_and_no_descriptor(
+    home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The warm sandbox's spawn runs in a worker thread (warm.py ``spawn_in_thread``): its
+    making cancelled while that thread is inside the real spawn (the loop stopping) waits
+    for the thread, kills and reaps what it spawned, and only then closes the descriptors
+    the spawn used: no process of it is left, none of its files stays open here, its folder
+    goes, and the next command of the workspace still runs (cold, then warm again)."""
+    import threading
+
+    from shellyard.runner.sandbox.spawn import PendingSpawn
+
+    inside, release = threading.Event(), threading.Event()
+    real = PendingSpawn.spawn
+
+    def spawn(self: PendingSpawn) -> Any:
+        if self.sandbox_id.startswith("warm-") and not release.is_set():
+            inside.set()
+            release.wait(30)
+        return real(self)
+
+    monkeypatch.setattr(PendingSpawn, "spawn", spawn)
+    monkeypatch.setenv("SHELLYARD_WARM_AFTER_MS", "0")
+    runner = await _local_runner(home / "r")
+    pool = runner._runs.warm
+    workspace = f"ws-cancel-{os.getpid()}-{time.time_ns()}"
+    try:
+        await _run_direct(runner, workspace, "c1")  # its start asked for the next one
+        assert await asyncio.to_thread(inside.wait, 30), "no warm spawn began"
+        (task,) = pool._tasks
+        task.cancel()
+        await asyncio.sleep(0.1)
+        assert not task.done()  # it waits for the thread: its descriptors are in use
+        release.set()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert pool.waiting() == {}
+        folders = list((runner.root / "sandbox" / "warm").glob("warm-*"))
+        assert folders == [], folders
+        open_here = _open_files()
+        assert not [path for path in open_here if "/warm/warm-" in path], open_here
+        deadline = time.monotonic() + 10
+        while warm_processes(workspace) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        assert not warm_processes(workspace)
+        await _run_direct(runner, workspace, "c2")  # cold; asks for a warm one again
+        await wait_for_warm(runner, workspace)
+        await _run_direct(runner, workspace, "c3")
+        assert meta(runner, "c3")["sandbox_id"].startswith("warm-")
+    finally:
+        release.set()
+        await runner.aclose()
+    assert not warm_processes(workspace)
+
+
+async def test_kill9_with_warm_spawns_in_flight_leaves_no_process(
+    served_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """E11: ``shellyard serve`` killed with SIGKILL while commands run back to back, each
+    start making the next warm sandbox in a worker thread (SHELLYARD_WARM_AFTER_MS=0), so a
+    spawn is often in flight: a vforked child finishes its exec, but its waiter's pipe has
+    no writer left and it runs nothing; no warm process is left even before a restart, and
+    the restarted service runs commands in warm sandboxes again."""
+    import threading
+
+    monkeypatch.setenv("SHELLYARD_WARM_AFTER_MS", "0")
+    home = served_home
+    for round_ in range(3):
+        client = Client.for_home(home)
+        first = client.run("true", wait_ms=30000)
+        assert first.exit_code == 0, first
+        workspace = first.workspace_id
+        stop = threading.Event()
+        ran = [0]
+
+        def loop(
+            client: Client = client, ran: list[int] = ran, stop: threading.Event = stop
+        ) -> None:
+            while not stop.is_set():
+                try:
+                    client.run("true", wait_ms=30000)
+                except Exception:
+                    return  # the service is gone
+                ran[0] += 1
+
+        worker = threading.Thread(target=loop)
+        worker.start()
+        await asyncio.sleep(0.4 + 0.13 * round_)
+        kill_server(home)
+        stop.set()
+        worker.join(60)
+        assert ran[0] > 0, "no command ran before the kill"
+        deadline = time.monotonic() + 15
+        while warm_processes(workspace) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        assert not warm_processes(workspace), f"round {round_}: warm processes left"
+    client = Client.for_home(home)
+    client.run("true", wait_ms=30000)
+    deadline = time.monotonic() + 10
+    while not warm_processes(workspace) and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    after = client.run("true", wait_ms=30000)
+    assert after.exit_code == 0
+    assert folder_of_warm(home, after.execution_id)
+
+
+def folder_of_warm(home: Path, execution_id: str) -> bool:
+    """Whether the execution took a warm sandbox (its meta.json names one)."""
+    (found,) = home.glob(f"**/executions/{execution_id}/meta.json")
+    return str(json.loads(found.read_text()).get("sandbox_id", "")).startswith("warm-")
+
+
+def _open_files() -> list[str]:
+    """What this process's descriptors name (one closed meanwhile by another thread: left out)."""
+    names = []
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            names.append(os.readlink(f"/proc/self/fd/{fd}"))
+    return names

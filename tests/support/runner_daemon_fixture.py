@@ -9,7 +9,9 @@ Import from tests (``tests/support`` is on ``sys.path`` under pytest)::
 
 Two modes:
 - in a thread (default): uvicorn with its own event loop in a daemon thread of the test
-  process; fast, and the LocalRunner lives in that loop, not the test's.
+  process; fast, and the LocalRunner lives in that loop, not the test's. That loop is the one
+  ``runner serve`` would choose (``shellyard.loops``: uvloop unless ``SHELLYARD_LOOP`` says
+  otherwise).
 - ``subprocess=True``: ``python -m shellyard.runner.transport.daemon`` as a child process,
   waited for by its ready line. ``kill()`` SIGKILLs it and ``restart()`` starts it again on the
   same port and token, for fault tests (E9, R3).
@@ -37,6 +39,7 @@ from pathlib import Path
 import uvicorn
 from sshd_fixture import SshServer
 
+from shellyard import loops
 from shellyard.runner.protocol import Runner, SandboxPolicy
 from shellyard.runner.transport.client import RemoteRunner
 from shellyard.runner.transport.daemon import (
@@ -254,7 +257,9 @@ async def _serve_in_thread(
 
     def run() -> None:
         try:
-            asyncio.run(server.serve(sockets=[sock]))
+            # the loop `runner serve` ships with (uvloop by default): the tests of direct and
+            # ssh runners exercise the LocalRunner on it
+            loops.run(server.serve(sockets=[sock]))
         finally:
             sock.close()
 

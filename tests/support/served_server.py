@@ -9,6 +9,7 @@ import signal
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 
@@ -22,6 +23,7 @@ class Served:
     pid: int
     admin: dict[str, str]
     session: dict[str, str]
+    home: Path
 
 
 @contextlib.contextmanager
@@ -48,7 +50,7 @@ def served_server(env: Mapping[str, str] | None = None) -> Iterator[Served]:
         timeout=60,
     ).json()["token"]
     try:
-        yield Served(info.url, info.pid, admin, {"Authorization": f"Bearer {token}"})
+        yield Served(info.url, info.pid, admin, {"Authorization": f"Bearer {token}"}, home)
     finally:
         current = read_info(home)
         pid = current.pid if current is not None else info.pid

@@ -5,6 +5,7 @@ the environment's revision in one transaction, nothing on failure)."""
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 from typing import Any
 
@@ -310,6 +311,12 @@ async def test_two_control_planes_share_the_waiting_rule(home: Path, pg_schema: 
                         wait_ms=500,
                     ),
                 )
+                # its claim, which names what it waits for, may come after the 500 ms on a
+                # loaded host (CI of 65c3c65: waiting, for nothing named yet)
+                deadline = time.monotonic() + 30
+                while not change.waiting_for and time.monotonic() < deadline:
+                    await asyncio.sleep(0.1)
+                    change = await second.environments.change_status(change.change_id)
                 assert change.state == "waiting" and change.waiting_for == [holder.execution_id]
                 seen = await first.environments.change_status(change.change_id)
                 assert seen.waiting_for == [holder.execution_id]

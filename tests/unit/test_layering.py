@@ -27,6 +27,9 @@ ALLOWED: dict[str, set[str]] = {
     # the CLI's fast path as much as the server and the runner.
     "settings_env": {"errors"},
     "listen": set(),
+    # The event loop of the long-running processes (serve, mcp, runner serve), chosen once
+    # from SHELLYARD_LOOP: uvloop when importable (docs/operations.md).
+    "loops": {"settings_env", "errors"},
     # The address rules shared by the runner's egress proxy and the control plane's webhook
     # delivery (docs/security.md "Network"): pure, so both sides of the wire may use them.
     "netrules": set(),
@@ -39,7 +42,16 @@ ALLOWED: dict[str, set[str]] = {
     "home": {"settings_env", "errors", "filemodes"},
     "store": {"errors", "paths", "filemodes"},
     # The runner answers with public models where its results reach the caller unchanged.
-    "runner": {"settings_env", "errors", "paths", "listen", "contract", "filemodes", "netrules"},
+    "runner": {
+        "settings_env",
+        "errors",
+        "paths",
+        "listen",
+        "loops",
+        "contract",
+        "filemodes",
+        "netrules",
+    },
     "control": {
         "settings_env",
         "errors",
@@ -59,6 +71,7 @@ ALLOWED: dict[str, set[str]] = {
         "config",
         "home",
         "listen",
+        "loops",
         "control",
         "web",
         "filemodes",
@@ -79,8 +92,8 @@ ALLOWED: dict[str, set[str]] = {
     # Client-side doors: the public models, the errors and the SDK; where the home's server is.
     "sdk": {"settings_env", "errors", "contract", "config", "home"},
     "shell_call": {"settings_env", "errors", "contract", "config", "home", "sdk"},
-    "mcp": {"settings_env", "errors", "contract", "config", "home", "sdk"},
-    "cli": {"settings_env", "errors", "contract", "config", "home", "sdk", "shell_call"},
+    "mcp": {"settings_env", "errors", "loops", "contract", "config", "home", "sdk"},
+    "cli": {"settings_env", "errors", "loops", "contract", "config", "home", "sdk", "shell_call"},
     # Backup and restore of a home: an operator's tool that reads the store and the runner's
     # folders directly (docs/operations.md), launched by the CLI's backup verbs.
     "backup": {

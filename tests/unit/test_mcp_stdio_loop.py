@@ -23,6 +23,7 @@ SERVER = textwrap.dedent(
     """
     import asyncio, os, sys, threading
     from mcp.server.mcpserver import MCPServer
+    from shellyard import loops
     from shellyard.mcp.stdio import run_stdio
 
     server = MCPServer(name="loop")
@@ -41,8 +42,13 @@ SERVER = textwrap.dedent(
     async def threads() -> list[str]:
         return sorted(thread.name for thread in threading.enumerate())
 
-    asyncio.run(run_stdio(server))
-    print("after", os.get_blocking(0), os.get_blocking(1), flush=True)
+    async def main():
+        global served_on
+        served_on = loops.name(asyncio.get_running_loop())
+        await run_stdio(server)
+
+    loops.run(main())  # as `shellyard mcp` runs it: on the loop SHELLYARD_LOOP chooses
+    print("after", os.get_blocking(0), os.get_blocking(1), served_on, flush=True)
     """
 )
 
@@ -112,6 +118,7 @@ def one_socket() -> tuple[Any, Any, Any, Callable[[], None]]:
     return (child, child), to_child, from_child, end
 
 
+@pytest.mark.parametrize("loop", ["uvloop", "asyncio"])
 @pytest.mark.parametrize(
     ("wiring", "threads"),
     [
@@ -121,11 +128,15 @@ def one_socket() -> tuple[Any, Any, Any, Callable[[], None]]:
     ],
 )
 def test_answers_whole_on_the_loop_and_eof_ends_the_server(
-    wiring: Callable[[], tuple[Any, Any, Any, Callable[[], None]]], threads: list[str]
+    wiring: Callable[[], tuple[Any, Any, Any, Callable[[], None]]], threads: list[str], loop: str
 ) -> None:
     (stdin, stdout), to_child, from_child, end = wiring()
     child = subprocess.Popen(
-        [sys.executable, "-c", SERVER], stdin=stdin, stdout=stdout, stderr=subprocess.PIPE
+        [sys.executable, "-c", SERVER],
+        stdin=stdin,
+        stdout=stdout,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "SHELLYARD_LOOP": loop},
     )
     for mine in {stdin, stdout}:  # the child's ends are the child's alone
         if isinstance(mine, socket.socket):
@@ -141,7 +152,7 @@ def test_answers_whole_on_the_loop_and_eof_ends_the_server(
         writer.join()
         # EOF on stdin ends the server; fd 0 and fd 1 are back, and blocking again.
         end()
-        assert from_child.read() == b"after True True\n"
+        assert from_child.read() == f"after True True {loop}\n".encode()
         assert child.wait(timeout=60) == 0
     finally:
         child.kill()

@@ -55,6 +55,7 @@ def test_every_variable_the_code_names_is_declared_and_in_the_docs_table() -> No
         ("SHELLYARD_DEFAULT_ENVIRONMENT", "python", "none"),
         ("SHELLYARD_WORKSPACE_QUOTA", "lots", "10G"),
         ("SHELLYARD_UID_RANGE", "5-10", "20000-20999"),
+        ("SHELLYARD_LOOP", "fast", "asyncio"),
     ],
 )
 def test_a_bad_value_is_refused_at_start_naming_the_variable_and_its_values(

@@ -21,8 +21,7 @@ from shellyard.api.docs import (
     document_bodies,
 )
 from shellyard.api.forward import Forward, add_routes
-from shellyard.api.run_route import RunShellRoute
-from shellyard.contract import rawjson
+from shellyard.api.run_route import RUN_SHELL, RunShellRoute, answer_run_shell, error_answer
 from shellyard.contract.executions import (
     ExecutionCancelQuery,
     ExecutionListQuery,
@@ -45,7 +44,6 @@ from shellyard.control.plane import ControlPlane
 from shellyard.errors import (
     ERRORS_BY_CODE,
     ShellyardError,
-    Unauthorized,
     encode_error,
     invalid_input,
 )
@@ -110,15 +108,7 @@ def create_app(
 
     @app.exception_handler(ShellyardError)
     async def _shellyard_error(_request: Request, exc: ShellyardError) -> Response:
-        headers = {"WWW-Authenticate": "Bearer"} if isinstance(exc, Unauthorized) else None
-        # a message quoting a name that is not UTF-8 is written with \udcNN escapes, never
-        # a 500 (docs/files-and-transfers.md "Names that are not UTF-8")
-        return Response(
-            rawjson.dumps_value(encode_error(exc)),
-            status_code=exc.http_status,
-            headers=headers,
-            media_type="application/json",
-        )
+        return error_answer(exc)  # also run_shell's lean answer's (api/run_route.py)
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -225,5 +215,6 @@ def create_app(
     mcp_app = mount_mcp(app)
     document_bodies(app)
     # body bounds and authentication before any body is read (docs/security.md)
-    app.add_middleware(RequestBounds)
+    # and run_shell's JSON object bodies answered there once read (api/run_route.py)
+    app.add_middleware(RequestBounds, lean={RUN_SHELL: answer_run_shell})
     return app

@@ -11,9 +11,14 @@ A pure ASGI middleware in front of every route. For a request that carries a bod
 
 Routes that take no token (the web page's login and logout) get a small bound and no
 authentication here: they authenticate by their own rules.
+
+A route named in ``lean`` (``POST /v1/executions``: api/run_route.py) gets its whole body here
+and may answer it at once, past the app's inner layers; when it declines, the app answers.
 """
 
 from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse
@@ -30,6 +35,10 @@ TOKENLESS = frozenset({"/v1/auth/login", "/v1/auth/logout"})
 MAX_JSON_BODY = 8 << 20
 #: Most bytes of a body to a route that takes no token, or to anything outside /v1 and /mcp.
 MAX_PUBLIC_BODY = 64 << 10
+
+
+#: Answers a request whose whole body was read; False: the app answers it (nothing sent).
+LeanRoute = Callable[[Scope, bytes, Receive, Send], Awaitable[bool]]
 
 
 def body_bound(method: str, path: str) -> int | None:
@@ -52,8 +61,11 @@ def _too_large(bound: int) -> TooLarge:
 class RequestBounds:
     """See the module's text."""
 
-    def __init__(self, app: ASGIApp) -> None:
+    def __init__(
+        self, app: ASGIApp, lean: Mapping[tuple[str, str], LeanRoute] | None = None
+    ) -> None:
         self.app = app
+        self.lean = dict(lean or {})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -97,6 +109,12 @@ class RequestBounds:
                 return
             if not message.get("more_body", False):
                 break
+        lean = self.lean.get((scope["method"], path))
+        if lean is not None and messages[-1]["type"] == "http.request":
+            body = b"".join(message.get("body", b"") for message in messages)
+            if await lean(scope, body, receive, send):
+                return
+            # declined before reading anything more: the app reads the same messages
 
         async def replay() -> Message:
             if messages:

@@ -19,10 +19,20 @@ small request; docs/benchmarks.md §56) adds:
   parser reads a whole read's worth of requests at once (256 KiB: thousands of small ones),
   and each waiting one holds its scope and state, ~1.3 KiB: 9 MiB per connection);
 - a header deadline: a connection whose request headers are not complete
-  :data:`HEADER_TIMEOUT_S` after it opened (or after its previous answer) is closed;
+  :data:`HEADER_TIMEOUT_S` after it opened (or after its previous answer) is closed (with a
+  408 when part of a request came; the deadline does not move with the bytes);
 - a body deadline: a request whose body makes no progress for :data:`BODY_IDLE_S` (no byte
   arrives while the server is ready to read) is closed; the handler sees the client gone
   and an upload being streamed is dropped (staged, so nothing lands);
+- a body's whole time: :data:`BODY_TIMEOUT_S` from its headers, plus a second for each
+  :data:`BODY_MIN_RATE` bytes received (time the server is not reading not counted), else
+  408 (or closed, if an answer began) — the idle deadline resets on every byte, so a body
+  at a byte every 29 s held its connection for as long as it declared;
+- an unsupported ``Upgrade`` (``h2c``; there is no websocket route) is ignored: the request
+  is answered as HTTP/1.1 and what follows it is read as usual. llhttp stops at an upgrade
+  request's headers and takes what follows for the new protocol (a request pipelined behind
+  it was dropped, a body skipped and read as the next request); the request is replayed
+  to the parser without its ``Upgrade`` so it is framed as any other;
 - a cap per client address: past :data:`MAX_CONNECTIONS_PER_CLIENT` open connections from
   one address, a new one is closed at once (the server-wide cap is uvicorn's
   ``limit_concurrency``, answered 503).
@@ -34,18 +44,27 @@ in one send instead of two.
 from __future__ import annotations
 
 import asyncio
-import os
+import contextlib
+import functools
 from typing import cast
 
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+import httptools
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
+from shellyard import settings_env
 from shellyard.api.one_write import OneWrite
 
 #: Seconds a client has to send a request's headers.
 HEADER_TIMEOUT_S = 10.0
 #: Seconds a request's body may make no progress while the server waits for it
 #: (``SHELLYARD_BODY_IDLE_S`` overrides it, for tests).
-BODY_IDLE_S = float(os.environ.get("SHELLYARD_BODY_IDLE_S", "30"))
+BODY_IDLE_S = 30.0
+#: Seconds a request's body may take, from its headers, before the time it earns by
+#: arriving (``SHELLYARD_BODY_TIMEOUT_S`` overrides it).
+BODY_TIMEOUT_S = 60.0
+#: Bytes of body that earn it one more second: an upload faster than this (64 KiB/s) is never
+#: cut, whatever its size; a body at a byte every few seconds is, at BODY_TIMEOUT_S.
+BODY_MIN_RATE = 64 * 1024
 #: Most connections open at once from one client address.
 MAX_CONNECTIONS_PER_CLIENT = 256
 #: Most connections and running requests of the whole server (uvicorn answers 503 past it).
@@ -62,8 +81,26 @@ class HeadTooLarge(Exception):
     """Raised from a parser callback: the parser stops and uvicorn answers 400 and closes."""
 
 
+class UnsupportedUpgrade(Exception):
+    """Raised from a parser callback: a CONNECT (an upgrade that cannot be ignored)."""
+
+
 class PipelineFull(Exception):
     """Raised from a parser callback: the parser stops; what was queued is answered."""
+
+
+@functools.cache
+def body_limits() -> tuple[float, float]:
+    """(idle, whole) seconds of a request's body, from the environment. Read at the first
+    connection, not at import: the server's start checks the values first
+    (``settings_env.check_environment``), so a bad one is refused naming the variable, not
+    met here as a bare ``float`` error."""
+    idle = settings_env.get("SHELLYARD_BODY_IDLE_S")
+    whole = settings_env.get("SHELLYARD_BODY_TIMEOUT_S")
+    return (
+        BODY_IDLE_S if idle is None else float(idle),
+        BODY_TIMEOUT_S if whole is None else float(whole),
+    )
 
 
 class BoundedHttp(HttpToolsProtocol):
@@ -86,6 +123,19 @@ class BoundedHttp(HttpToolsProtocol):
     _frame_bytes = 0
     #: The pipeline reached its bound: nothing more is parsed on this connection.
     _full = False
+    #: The request being parsed asks for an upgrade the server does not make: it is given
+    #: to the parser again without it (``_replay``), not to the application.
+    _upgrade_ignored = False
+    #: When the current body's headers completed (loop time), and the seconds credited to
+    #: it while the server was not reading.
+    _body_started = 0.0
+    _body_credit = 0.0
+    #: ``_body_bytes`` when the current body's headers completed.
+    _body_start_bytes = 0
+    _body_whole_deadline: asyncio.TimerHandle | None = None
+    #: ``body_limits()``, set when the connection is made
+    _body_idle_s = BODY_IDLE_S
+    _body_timeout_s = BODY_TIMEOUT_S
 
     def data_received(self, data: bytes) -> None:
         if self._full:
@@ -93,7 +143,7 @@ class BoundedHttp(HttpToolsProtocol):
         if self._in_head:
             self._head_received += len(data)
         in_body, message, body_bytes = self._in_body, self._messages, self._body_bytes
-        super().data_received(data)
+        self._feed(data)
         if self.transport.is_closing() or self._full:
             return
         if self._in_head and self._head_received > MAX_HEAD_BYTES:
@@ -109,6 +159,46 @@ class BoundedHttp(HttpToolsProtocol):
                 self._frame_too_large()
                 return
         self._watch_body()
+
+    def _feed(self, data: bytes) -> None:
+        """uvicorn's ``data_received``, but an upgrade it does not make is replayed."""
+        self._unset_keepalive_if_required()
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError:
+            msg = "Invalid HTTP request received."
+            self.logger.warning(msg)
+            self.send_400_response(msg)
+        except httptools.HttpParserUpgrade as stop:
+            if self._upgrade_ignored:
+                self._replay(data[stop.args[0] :])
+            elif self._should_upgrade():  # pragma: no cover - no websocket protocol is set
+                self.handle_websocket_upgrade()
+            else:
+                self._unsupported_upgrade_warning()
+
+    def _replay(self, rest: bytes) -> None:
+        """The request whose upgrade was ignored, to the parser again without ``Upgrade``
+        (and without ``upgrade`` in ``Connection``), then what followed it: the parser frames
+        its body and the requests behind it as any other's."""
+        self._upgrade_ignored = False
+        version = self.parser.get_http_version().encode("ascii")
+        lines = [self.parser.get_method(), b" ", self.url, b" HTTP/", version, b"\r\n"]
+        for name, value in self.headers:
+            if name == b"upgrade":
+                continue
+            if name == b"connection":
+                tokens = [t.strip() for t in value.split(b",")]
+                value = b", ".join(t for t in tokens if t and t.lower() != b"upgrade")
+                if not value:
+                    continue
+            lines += [name, b": ", value, b"\r\n"]
+        lines.append(b"\r\n")
+        # A parser of its own: llhttp ended the upgrade request's message, and with
+        # ``Connection: close`` among its tokens the old parser (uvicorn's leniency for data
+        # after close) dropped the replay without a word: the request was never answered.
+        self.parser = _parser(self)
+        self._feed(b"".join(lines) + rest)
 
     def _frame_too_large(self) -> None:
         text = (
@@ -161,21 +251,96 @@ class BoundedHttp(HttpToolsProtocol):
             raise HeadTooLarge(_too_large_text())
 
     def on_headers_complete(self) -> None:
+        if self.parser.should_upgrade() and not self._should_upgrade():
+            if self.parser.get_method() == b"CONNECT":
+                raise UnsupportedUpgrade("CONNECT is not served here.")
+            # Not given to the application: replayed without the upgrade (``_feed``), as a
+            # server without HTTP/2 answers it (RFC 9110 7.8: the upgrade may be ignored).
+            self._upgrade_ignored = True
+            return
         self._in_head = False
         self._in_body = True
         self._frame_bytes = 0
         self._disarm()
         super().on_headers_complete()
+        self._body_started, self._body_credit = self.loop.time(), 0.0
+        self._body_start_bytes = self._body_bytes
 
     def on_body(self, body: bytes) -> None:
         self._body_bytes += len(body)
         super().on_body(body)
 
     def on_message_complete(self) -> None:
+        if self._upgrade_ignored:
+            return  # its body (if any) was skipped: the replay frames it
         self._in_body = False
         self._in_head = True  # what comes next is the next request's head
         self._head_received = 0
+        self._disarm_whole_body()
         super().on_message_complete()
+
+    def _arm_whole_body(self, after: float) -> None:
+        self._disarm_whole_body()
+        self._body_whole_deadline = self.loop.call_later(after, self._body_too_slow)
+
+    def _disarm_whole_body(self) -> None:
+        if self._body_whole_deadline is not None:
+            self._body_whole_deadline.cancel()
+            self._body_whole_deadline = None
+
+    def _body_too_slow(self) -> None:
+        """The body's whole time: its allowance grows with each :data:`BODY_MIN_RATE` bytes
+        received, and while the server is not reading (its own backlog) the clock is stopped,
+        a second at a time."""
+        self._body_whole_deadline = None
+        if not self._in_body or self.transport.is_closing():
+            return
+        if self._server_holds_body():
+            self._body_credit += 1.0
+            self._arm_whole_body(1.0)
+            return
+        received = self._body_bytes - self._body_start_bytes
+        allowed = self._body_started + self._body_credit + self._body_timeout_s
+        left = allowed + received / BODY_MIN_RATE - self.loop.time()
+        if left > 0:
+            self._arm_whole_body(left)
+            return
+        self._timed_out(
+            f"The request body was not complete {self._body_timeout_s:g} s after its headers, plus "
+            f"a second for each {BODY_MIN_RATE // 1024} KiB received: send the body at least "
+            f"that fast (a larger one in parts), then send the request again."
+        )
+
+    def _server_holds_body(self) -> bool:
+        """The server is not reading the body (its backlog), or has not asked for it yet (the
+        client waits for ``100 Continue``, sent when the application first reads)."""
+        waiting = self.cycle is not None and self.cycle.waiting_for_100_continue
+        return self.flow.read_paused or waiting
+
+    def _timed_out(self, text: str) -> None:
+        """408 and closed (only closed if an answer began); the application sees the client
+        gone (an upload being streamed is dropped: staged, nothing lands)."""
+        self.logger.warning(
+            "closing a connection from %s: %s", self.client[0] if self.client else "?", text
+        )
+        if self.cycle is not None and not self.cycle.response_complete:
+            started = self.cycle.response_started
+            self.cycle.disconnected = True
+            self.cycle.message_event.set()
+            if started:
+                self.transport.close()
+                return
+        body = text.encode()
+        head = [STATUS_LINE[408]]
+        for name, value in self.server_state.default_headers:
+            head += [name, b": ", value, b"\r\n"]
+        head += [
+            b"content-type: text/plain; charset=utf-8\r\n",
+            b"content-length: " + str(len(body)).encode("ascii") + b"\r\n",
+            b"connection: close\r\n\r\n",
+        ]
+        self.transport.write(b"".join(head) + body)
+        self.transport.close()
 
     def _watch_body(self) -> None:
         """Re-arm the body deadline on each byte of a body still being sent."""
@@ -183,24 +348,28 @@ class BoundedHttp(HttpToolsProtocol):
             self._body_deadline.cancel()
             self._body_deadline = None
         if self._in_body and not self.transport.is_closing():
-            self._body_deadline = self.loop.call_later(BODY_IDLE_S, self._body_late)
+            self._body_deadline = self.loop.call_later(self._body_idle_s, self._body_late)
+            if self._body_whole_deadline is None:  # armed once a body outlasts its first read
+                after = self._body_started + self._body_timeout_s - self.loop.time()
+                self._arm_whole_body(max(after, 0.0))
 
     def _body_late(self) -> None:
         self._body_deadline = None
         if not self._in_body or self.transport.is_closing():
             return
-        if self.flow.read_paused:  # the server is not reading: not the client's delay
-            self._body_deadline = self.loop.call_later(BODY_IDLE_S, self._body_late)
+        if self._server_holds_body():  # not the client's delay
+            self._body_deadline = self.loop.call_later(self._body_idle_s, self._body_late)
             return
         self.logger.warning(
             "closing a connection from %s: its request body made no progress for %g s",
             self.client[0] if self.client else "?",
-            BODY_IDLE_S,
+            self._body_idle_s,
         )
         self.transport.close()
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        self._body_idle_s, self._body_timeout_s = body_limits()
         # Every write of the protocol and its answers (flow control keeps the socket's own).
         self.transport = cast(asyncio.Transport, OneWrite(transport, self.loop))
         host = self.client[0] if self.client else None
@@ -232,8 +401,15 @@ class BoundedHttp(HttpToolsProtocol):
 
     def _headers_late(self) -> None:
         self._header_deadline = None
-        if self._in_head and not self.transport.is_closing():
-            self.transport.close()  # no complete request headers in time
+        if not self._in_head or self.transport.is_closing():
+            return
+        if self._head_received == 0:
+            self.transport.close()  # an idle connection: nothing was asked, nothing to answer
+            return
+        self._timed_out(
+            f"The request line and headers were not complete {HEADER_TIMEOUT_S:g} s after "
+            "the connection opened (or after the previous answer): send them at once."
+        )
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
@@ -243,10 +419,20 @@ class BoundedHttp(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        self._disarm_whole_body()
         if self._body_deadline is not None:
             self._body_deadline.cancel()
             self._body_deadline = None
         super().connection_lost(exc)
+
+
+def _parser(protocol: HttpToolsProtocol) -> httptools.HttpRequestParser:
+    """A request parser as uvicorn makes one (``HttpToolsProtocol.__init__``)."""
+    parser = httptools.HttpRequestParser(protocol)
+    # uvicorn's: answer the first request of a pipeline that follows a "close"
+    with contextlib.suppress(AttributeError):  # httptools < 0.6.3
+        parser.set_dangerous_leniencies(lenient_data_after_close=True)
+    return parser
 
 
 def _too_large_text() -> str:
@@ -255,6 +441,8 @@ def _too_large_text() -> str:
 
 __all__ = [
     "BODY_IDLE_S",
+    "BODY_MIN_RATE",
+    "BODY_TIMEOUT_S",
     "HEADER_TIMEOUT_S",
     "KEEP_ALIVE_S",
     "MAX_CONCURRENCY",

@@ -13,6 +13,7 @@ from fastapi import APIRouter, Depends, Response
 from fastapi.responses import JSONResponse, PlainTextResponse
 from pydantic import BaseModel
 
+from shellyard import loops
 from shellyard.api.auth import principal
 from shellyard.api.docs import JSON_ERROR_RESPONSES
 from shellyard.control.metrics import Readings
@@ -90,6 +91,8 @@ async def _readings(plane: ControlPlane) -> Readings:
         wakes_emitted=plane.wakes.emitted,
         fanout_published=fanout.published,
         fanout_received=fanout.received,
+        # the loop this handler runs on, not the setting: what the process really does
+        event_loop=loops.name(asyncio.get_running_loop()),
     )
 
 

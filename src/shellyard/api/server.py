@@ -6,7 +6,6 @@ on a loopback address: anyone who can reach a non-loopback port must present a t
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import ipaddress
 import os
@@ -18,7 +17,7 @@ import uvicorn
 from fastapi import FastAPI
 from starlette.types import Message, Receive, Scope, Send
 
-from shellyard import filemodes
+from shellyard import filemodes, loops
 from shellyard.api.app import create_app
 from shellyard.api.connections import KEEP_ALIVE_S, MAX_CONCURRENCY, BoundedHttp
 from shellyard.config import Settings
@@ -185,7 +184,9 @@ def serve(
     )
     server = uvicorn.Server(config)
     try:
-        asyncio.run(server.serve(sockets=[sock]))
+        # on uvloop by default (shellyard/loops.py); uvicorn's own ``loop`` setting is unused:
+        # it applies only to uvicorn.run, which does not take an open socket and a lock
+        loops.run(server.serve(sockets=[sock]))
     except SystemExit:
         if not failed:  # uvicorn exits (status 3) after logging a failed start-up: say why
             raise

@@ -95,7 +95,10 @@ def serve(
     try:
         configure_logging(log_level)
         if log_format not in ("text", "json"):
-            raise InvalidInput(f"--log-format must be text or json, not {log_format!r}")
+            # the value may come from the environment: name both ways of setting it
+            raise InvalidInput(
+                f"--log-format (SHELLYARD_LOG_FORMAT) must be text or json, not {log_format!r}"
+            )
         if log_format == "json":
             configure_json_logging(log_level)
         if (where / LOCK_NAME).exists():  # served already: say so before the heavy imports
@@ -176,6 +179,7 @@ def mcp(
 ) -> None:
     """Serve MCP over stdio (what an agent host launches). The same tools are served over
     streamable HTTP at /mcp of 'shellyard serve' (toolsets: /mcp?tools=...)."""
+    from shellyard import loops
     from shellyard.home import ensure_server
     from shellyard.mcp.server import parse_toolsets
 
@@ -184,18 +188,17 @@ def mcp(
     where = home or default_home()
     try:
         parse_toolsets(tools)
+        loops.chosen()  # a bad SHELLYARD_LOOP is said here, before a server is started for it
         ensure_server(where)
     except ShellyardError as exc:
         # The host is waiting for MCP's initialize answer: answer it with the error (hosts
         # show that), then say it on stderr too and exit.
         refuse_initialize(f"{exc.code}: {exc.message}")
         fail(exc)
-    import asyncio
-
     from shellyard.mcp.server import serve_stdio
 
     try:
-        asyncio.run(serve_stdio(where, agent, token, tools))
+        loops.run(serve_stdio(where, agent, token, tools))  # on uvloop by default
     except ShellyardError as exc:
         fail(exc)
 

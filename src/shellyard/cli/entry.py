@@ -165,11 +165,21 @@ class _Refused(Exception):
     """Nothing listens at the address (the request was not sent)."""
 
 
+#: The SDK's bounds on a JSON answer (sdk/bounds.py's MAX_JSON_BYTES and MIN_RATE, spelled
+#: here: that module imports httpx, which this path never does), the head's 64 KiB on top.
+_MAX_ANSWER = (256 << 20) + (64 << 10)
+_MIN_RATE = 64 * 1024
+
+
 def _exchange(host: str, port: int, request: bytes, timeout: float) -> tuple[int, bytes]:
     """Send ``request``, read the whole answer (the server closes: ``Connection: close``);
-    (status, body). Errors are the SDK's: unreachable, or a broken answer."""
+    (status, body). Errors are the SDK's: unreachable, or a broken answer; and its bounds
+    (sdk/bounds.py): at most :data:`_MAX_ANSWER` bytes, all within ``timeout`` plus a second
+    per 64 KiB received, however the answer is paced."""
     import socket
+    import time
 
+    from shellyard.errors import RunnerUnavailable, ShellyardError
     from shellyard.sdk.status import unreachable
 
     try:
@@ -179,13 +189,37 @@ def _exchange(host: str, port: int, request: bytes, timeout: float) -> tuple[int
     except OSError as exc:
         raise unreachable(exc) from exc
     chunks = []
+    size = 0
+    began = time.monotonic()
+    # the request went whole: the command may run (sdk/bounds.py ``advice``, spelled here)
+    late = RunnerUnavailable(
+        f"the control plane's answer did not complete within {timeout:g} s plus a second per "
+        "64 KiB received; the server may have acted on this POST already (a command may be "
+        "running): look before running it again (shellyard status lists the recent ones)"
+    )
     try:
         with sock:
             sock.sendall(request)
             while True:
-                chunk = sock.recv(1 << 16)
+                left = began + timeout + size / _MIN_RATE - time.monotonic()
+                if left <= 0:
+                    raise late
+                sock.settimeout(min(timeout, left))
+                try:
+                    chunk = sock.recv(1 << 16)
+                except TimeoutError:
+                    if left < 0.9 * timeout:  # cut by the whole answer's time, not silence
+                        raise late from None
+                    raise
                 if not chunk:
                     break
+                size += len(chunk)
+                if size > _MAX_ANSWER:
+                    raise ShellyardError(
+                        f"the control plane's answer passed {_MAX_ANSWER:,} bytes, the SDK's "
+                        "bound on a JSON answer; its connection was closed unread. Check the "
+                        "server's URL"
+                    )
                 chunks.append(chunk)
     except OSError as exc:
         raise unreachable(exc) from exc
@@ -204,18 +238,32 @@ def _parse_answer(raw: bytes) -> tuple[int, bytes]:
     for line in lines[1:]:
         name, _, value = line.partition(b":")
         headers[name.strip().lower()] = value.strip().lower()
+    # An answer cut short (the server or the network closed mid-body) is the same error as a
+    # head cut short, never a ValueError's traceback nor a truncated body parsed as JSON
+    # (docs/security.md "Attack pass (session 49)").
+    cut = RunnerUnavailable(f"the control plane's answer was cut or not HTTP: {raw[:80]!r}")
     if headers.get(b"transfer-encoding") == b"chunked":
-        body = _unchunk(body)
+        try:
+            body = _unchunk(body)
+        except ValueError:
+            raise cut from None
+    elif b"content-length" in headers:
+        length = headers[b"content-length"]
+        if not length.isdigit() or int(length) != len(body):
+            raise cut
     return int(parts[1]), body
 
 
 def _unchunk(data: bytes) -> bytes:
+    """A chunked body's bytes; ValueError unless it is whole (every chunk, the last one)."""
     out, position = bytearray(), 0
     while True:
         end = data.index(b"\r\n", position)
         size = int(data[position:end].split(b";")[0], 16)
         if size == 0:
             return bytes(out)
+        if size < 0 or data[end + 2 + size : end + 4 + size] != b"\r\n":
+            raise ValueError("a chunk cut short")
         out += data[end + 2 : end + 2 + size]
         position = end + 2 + size + 2
 

@@ -122,7 +122,16 @@ def _follow(client: Any, change: ChangeView, as_json: bool) -> ChangeView:
     return change
 
 
-def _finish_change(change: ChangeView, as_json: bool) -> None:
+def _unchanged(client: Any, change: ChangeView) -> str:
+    """What a failed change left, in the plane's words (``control.environments._error_for``):
+    the same whether the change failed within the first call's wait or was followed."""
+    if change.action == "create":
+        return "the environment was not created"
+    revision = client.environment_show(change.environment_id).revision
+    return f"environment {change.environment_id} is unchanged (still revision {revision})"
+
+
+def _finish_change(client: Any, change: ChangeView, as_json: bool) -> None:
     if as_json:
         _json(change)
     elif change.state == "succeeded":
@@ -134,8 +143,9 @@ def _finish_change(change: ChangeView, as_json: bool) -> None:
     elif change.state == "failed":
         err.print(
             f"[red]change {change.change_id} failed[/red] ({escaped(change.error_kind)}): "
-            f"{escaped(change.error)}; the environment is unchanged",
+            f"{escaped(change.error)}; {escaped(_unchanged(client, change))}",
             highlight=False,
+            soft_wrap=True,  # one line, as the plane's own error is printed
             markup=True,
         )
     else:
@@ -244,7 +254,7 @@ def env_install(
         )
         if wait:
             change = _follow(client, change, as_json)
-        _finish_change(change, as_json)
+        _finish_change(client, change, as_json)
 
     _run(home, agent, install)
 
@@ -267,7 +277,7 @@ def env_uninstall(
         )
         if wait:
             change = _follow(client, change, as_json)
-        _finish_change(change, as_json)
+        _finish_change(client, change, as_json)
 
     _run(home, agent, uninstall)
 
@@ -357,7 +367,7 @@ def env_status(
         change = client.environment_change_status(change_id)
         if wait:
             change = _follow(client, change, as_json)
-        _finish_change(change, as_json)
+        _finish_change(client, change, as_json)
 
     _run(home, agent, status)
 

@@ -32,6 +32,8 @@ class Readings:
     wakes_emitted: int = 0
     fanout_published: int = 0
     fanout_received: int = 0
+    #: The event loop serving this replica: "uvloop" or "asyncio" (shellyard/loops.py).
+    event_loop: str = ""
 
 
 class Metrics:
@@ -117,3 +119,11 @@ class _ReadingsCollector(Collector):
         fanout.add_metric(["sent"], r.fanout_published)
         fanout.add_metric(["received"], r.fanout_received)
         yield fanout
+        if r.event_loop:
+            loop = GaugeMetricFamily(
+                "shellyard_event_loop_info",
+                "1, labelled with the event loop this replica runs on (SHELLYARD_LOOP).",
+                labels=["loop"],
+            )
+            loop.add_metric([r.event_loop], 1)
+            yield loop

@@ -21,7 +21,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import math
 import os
+import select
 import stat
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import IO, Any, cast
@@ -40,6 +42,9 @@ from mcp.shared._context_streams import (
 )
 from mcp.shared.message import SessionMessage
 from opentelemetry import trace
+
+from shellyard import loops
+from shellyard.contract.executions import MAX_WAIT_MS
 
 #: What one read from stdin asks for, and the reader's buffer before it stops reading.
 _BLOCK = 64 * 1024
@@ -60,6 +65,19 @@ MAX_OWED_EVER = 1024
 
 #: How long the last answers may take to leave once the server is done.
 _FLUSH_S = 5.0
+
+#: After stdin's end (or the last answer since), the longest wait for the answers of the
+#: requests read before it. The package's dispatcher cancels every call still running when
+#: its input ends, so a host that wrote its requests and closed stdin
+#: (``printf '…' | shellyard mcp``) lost the answers still in flight; the end is now handed
+#: on once each is answered (or was cancelled by the host). Every tool answers within
+#: ``wait_ms`` of its start (at most MAX_WAIT_MS: a run still going answers ``running``
+#: then), but a call may start late: past the client's connections to the control plane
+#: (httpx's pool held 100; the lean client of sdk/lean.py holds ``MAX_BUSY``, 224) calls
+#: wait for one, so 130 calls in flight lost 30 answers when this was counted from stdin's
+#: end alone. Counted from the last answer too, it is met only by a call that waits on the
+#: host (an elicitation it will never answer) or a wedged one; docs/decisions.md.
+EOF_WAIT_S = MAX_WAIT_MS / 1000 + 5.0
 
 
 class _Stdout:
@@ -201,15 +219,31 @@ class _Wire(asyncio.Protocol):
             self._waiter.set_result(None)
         self._waiter = None
 
-    async def room(self, owed: _Owed) -> None:
+    async def room(self, owed: _Owed, hangup: _HangUp | None = None) -> bool:
         """Return once the host may send more: it owes fewer than :data:`MAX_OWED` answers or
         reads them (the transport takes writes), and fewer than :data:`MAX_OWED_EVER`; or the
-        pipe is gone."""
+        pipe is gone. False once the host closed stdin :data:`EOF_WAIT_S` ago (``hangup``),
+        no answer left since as long, and it still does not read: the reader held back never
+        reaches stdin's end, and such a host kept the server for ever."""
         while self._lost is None and (
             len(owed.ids) >= MAX_OWED_EVER or (self._paused and len(owed.ids) >= MAX_OWED)
         ):
+            if hangup is not None and hangup.seen() and hangup.passed(owed):
+                return False
             self.changed.clear()
-            await self.changed.wait()
+            # with a hang-up to watch for, looked at each second (the host reads nothing)
+            with anyio.move_on_after(1.0 if hangup is not None else math.inf):
+                await self.changed.wait()
+        return True
+
+    async def settled(self, owed: _Owed, deadline: float) -> None:
+        """Return once every request read is answered (or cancelled), the pipe is gone, or
+        ``owed.until(deadline)`` passed (it moves with each answer)."""
+        with anyio.CancelScope() as scope:
+            while self._lost is None and owed.ids:
+                scope.deadline = owed.until(deadline)
+                self.changed.clear()
+                await self.changed.wait()
 
     async def drain(self) -> None:
         while True:
@@ -221,12 +255,48 @@ class _Wire(asyncio.Protocol):
             await self._waiter
 
 
+class _HangUp:
+    """Whether the host closed its end of stdin, seen without reading it (POLLHUP on a pipe,
+    POLLRDHUP on a socket), and :data:`EOF_WAIT_S` from when it was first seen."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+        self.deadline: float | None = None
+
+    def seen(self) -> bool:
+        if self.deadline is None:
+            poller = select.poll()
+            poller.register(self._fd, select.POLLRDHUP)
+            if any(events & (select.POLLHUP | select.POLLRDHUP) for _, events in poller.poll(0)):
+                self.mark()
+        return self.deadline is not None
+
+    def mark(self) -> None:
+        if self.deadline is None:
+            self.deadline = anyio.current_time() + EOF_WAIT_S
+
+    def passed(self, owed: _Owed) -> bool:
+        """:data:`EOF_WAIT_S` passed since the hang-up and since the last answer."""
+        return self.deadline is not None and anyio.current_time() >= owed.until(self.deadline)
+
+
+class _GaveUp(Exception):
+    """The host closed stdin :data:`EOF_WAIT_S` ago and reads nothing: stop reading."""
+
+
 class _Owed:
     """The ids of the host's requests read and not yet answered, nor cancelled by the host
     (a cancelled request is never answered)."""
 
     def __init__(self) -> None:
         self.ids: set[Any] = set()
+        #: When the last request owed was answered (loop time).
+        self.answered_at = -math.inf
+
+    def until(self, deadline: float) -> float:
+        """``deadline`` (:data:`EOF_WAIT_S` after stdin's end), or EOF_WAIT_S after the last
+        answer if later: calls still answering are waited for (they may have started late)."""
+        return max(deadline, self.answered_at + EOF_WAIT_S)
 
     @staticmethod
     def is_request(message: SessionMessage | Exception) -> bool:
@@ -251,6 +321,7 @@ class _Owed:
         inner = message.message
         if isinstance(inner, types.JSONRPCResponse | types.JSONRPCError) and inner.id in self.ids:
             self.ids.discard(inner.id)
+            self.answered_at = anyio.current_time()
             return True
         return False
 
@@ -260,46 +331,61 @@ async def _read_lines(
     out: ContextSendStream[SessionMessage | Exception],
     wire: _Wire | None = None,
     owed: _Owed | None = None,
+    hangup: _HangUp | None = None,
 ) -> None:
     """Every line of ``reader`` to ``out`` until EOF (the last one even without its newline),
     then ``out`` closed: the server's end of input. A line past :data:`MAX_LINE` is not kept:
     its bytes are dropped as they come and it is handed on as an error. With ``wire`` and
     ``owed``: a request waits (and what follows it on stdin) while the host owes
     :data:`MAX_OWED` answers and does not read them, or owes :data:`MAX_OWED_EVER` (the
-    pipe then holds the host back)."""
+    pipe then holds the host back); and at EOF ``out`` is closed once every request read is
+    answered or cancelled, the pipe is gone, or :data:`EOF_WAIT_S` passed (from the host's
+    hang-up, ``hangup``, and from the last answer: then a reader held back stops, what the
+    host left unread dropped)."""
     owed = owed if owed is not None else _Owed()
 
     async def send(message: SessionMessage | Exception) -> None:
         # Only a request waits: a cancellation or the host's answer to the server's own
         # request (which a call being answered may wait for) goes on at once.
-        if wire is not None and owed.is_request(message):
-            await wire.room(owed)
+        if wire is not None and owed.is_request(message) and not await wire.room(owed, hangup):
+            raise _GaveUp()
         owed.read(message)
         await out.send(message)
 
     async with out:
         pending = bytearray()
         over = False  # the line being read is past MAX_LINE
-        while chunk := await reader.read(_BLOCK):
-            if b"\n" not in chunk:
-                if not over:
-                    pending += chunk
-                    if len(pending) > MAX_LINE:
-                        over, pending = True, bytearray()
-                continue
-            lines = chunk.split(b"\n")
-            tail = lines.pop()
-            lines[0] = bytes(pending) + lines[0]
+        try:
+            while chunk := await reader.read(_BLOCK):
+                if b"\n" not in chunk:
+                    if not over:
+                        pending += chunk
+                        if len(pending) > MAX_LINE:
+                            over, pending = True, bytearray()
+                    continue
+                lines = chunk.split(b"\n")
+                tail = lines.pop()
+                lines[0] = bytes(pending) + lines[0]
+                if over:
+                    await send(_too_long())
+                    lines.pop(0)
+                for line in lines:
+                    await send(_too_long() if len(line) > MAX_LINE else _parsed(line))
+                over, pending = False, bytearray(tail)
             if over:
                 await send(_too_long())
-                lines.pop(0)
-            for line in lines:
-                await send(_too_long() if len(line) > MAX_LINE else _parsed(line))
-            over, pending = False, bytearray(tail)
-        if over:
-            await send(_too_long())
-        elif pending:
-            await send(_parsed(bytes(pending)))
+            elif pending:
+                await send(_parsed(bytes(pending)))
+        except _GaveUp:
+            return
+        if wire is not None:
+            # stdin's end, handed on (``out`` closed) once the calls read are answered: the
+            # dispatcher cancels the calls still running when its input ends
+            deadline = anyio.current_time() + EOF_WAIT_S
+            if hangup is not None:
+                hangup.mark()
+                deadline = hangup.deadline or deadline
+            await wire.settled(owed, deadline)
 
 
 async def _write_lines(
@@ -330,15 +416,14 @@ async def loop_stdio(
     transport's buffer emptied) and both descriptors are blocking again, as found."""
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader(limit=_BLOCK, loop=loop)
-    # closefd=False: the descriptors are the caller's (it puts fd 0 and fd 1 back).
-    rpipe = os.fdopen(rfd, "rb", buffering=0, closefd=False)
-    wpipe = os.fdopen(wfd, "wb", buffering=0, closefd=False)
+    # ``rfd`` and ``wfd`` are the caller's (it puts fd 0 and fd 1 back from them): each
+    # transport gets a duplicate of its own to close.
     with _blocking_kept(rfd, wfd):
         read_transport, _ = await loop.connect_read_pipe(
-            lambda: asyncio.StreamReaderProtocol(reader), rpipe
+            lambda: asyncio.StreamReaderProtocol(reader), _lent(loop, rfd, "rb")
         )
         try:
-            write_transport, wire = await loop.connect_write_pipe(_Wire, wpipe)
+            write_transport, wire = await loop.connect_write_pipe(_Wire, _lent(loop, wfd, "wb"))
         except BaseException:
             read_transport.close()
             raise
@@ -347,9 +432,13 @@ async def loop_stdio(
         try:
             async with anyio.create_task_group() as group:
                 owed = _Owed()
-                group.start_soon(_read_lines, reader, read_in, wire, owed)
+                group.start_soon(_read_lines, reader, read_in, wire, owed, _HangUp(rfd))
                 group.start_soon(_write_lines, write_transport, wire, write_out, owed)
                 yield read_stream, write_stream
+                # The server is done and every answer is in the transport (or its writer is
+                # waiting for the host to read): the last ones get _FLUSH_S here (a host that
+                # never reads kept the writer waiting for ever), then _FLUSH_S to leave.
+                group.cancel_scope.deadline = anyio.current_time() + _FLUSH_S
         finally:
             read_transport.close()
             write_transport.close()  # after what it holds is written (or the pipe is gone)
@@ -358,6 +447,80 @@ async def loop_stdio(
                 await wire.closed
             if not wire.closed.done():
                 write_transport.abort()
+
+
+@contextlib.asynccontextmanager
+async def _answered_before_end(
+    read_stream: ContextReceiveStream[SessionMessage | Exception],
+    write_stream: ContextSendStream[SessionMessage],
+) -> AsyncIterator[
+    tuple[ContextReceiveStream[SessionMessage | Exception], ContextSendStream[SessionMessage]]
+]:
+    """The package's stdio streams (the threads' way) relayed, with the end of input handed on
+    as :func:`_read_lines` does it: once every request read is answered or cancelled, stdout
+    is gone, or :data:`EOF_WAIT_S` passed (since stdin's end and since the last answer)."""
+    owed = _Owed()
+    changed = anyio.Event()
+    gone = False
+    read_in, held_read = create_context_streams[SessionMessage | Exception](0)
+    held_write, write_out = create_context_streams[SessionMessage](0)
+
+    async def relay_in() -> None:
+        nonlocal changed
+        async with read_in:
+            async with read_stream:
+                try:
+                    async for message in read_stream:
+                        owed.read(message)
+                        await read_in.send(message)
+                except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+                    return  # the server stopped reading before the end: nothing to hold
+            deadline = anyio.current_time() + EOF_WAIT_S
+            with anyio.CancelScope() as scope:
+                while owed.ids and not gone:
+                    scope.deadline = owed.until(deadline)  # moves with each answer
+                    await changed.wait()
+                    changed = anyio.Event()
+
+    async def relay_out() -> None:
+        nonlocal gone
+        try:
+            async with write_stream, write_out:
+                async for message in write_out:
+                    await write_stream.send(message)
+                    if owed.answered(message):
+                        changed.set()
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+            pass  # the package's writer is gone (stdout closed): nothing more leaves
+        finally:
+            gone = True
+            changed.set()
+
+    reading = anyio.CancelScope()
+
+    async def relay_in_until_done() -> None:
+        with reading:
+            await relay_in()
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(relay_in_until_done)
+        group.start_soon(relay_out)
+        yield held_read, held_write
+        # The server is done: stdin is not waited for (it may not have ended); the answers
+        # go on leaving until the server's write stream is closed (it always closes it).
+        reading.cancel()
+
+
+def _lent(loop: asyncio.AbstractEventLoop, fd: int, mode: str) -> IO[bytes]:
+    """A file over a duplicate of ``fd`` for a pipe transport, which closes that duplicate
+    when it closes. asyncio's transport closes the file it was given (so the file owns the
+    duplicate); uvloop's hands the descriptor to libuv, which closes the descriptor number
+    itself whatever the file says, and then closes the file too (a second close of the same
+    number, which another thread may have been given in between: the file must not own it
+    there). Lent ``fd`` itself, uvloop closed the caller's descriptor (EBADF putting fd 1
+    back: docs/decisions.md "uvloop")."""
+    duplicate = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 3)
+    return os.fdopen(duplicate, mode, buffering=0, closefd=loops.name(loop) != "uvloop")
 
 
 @contextlib.contextmanager
@@ -415,8 +578,11 @@ async def run_stdio(server: MCPServer) -> None:
             await server.run_stdio_async()
             return
         stdout = cast(anyio.AsyncFile[str], _Stdout(wire))
-        async with stdio_server(stdout=stdout) as (read_stream, write_stream):
-            await lowlevel.run(read_stream, write_stream, options)
+        async with (
+            stdio_server(stdout=stdout) as (read_stream, write_stream),
+            _answered_before_end(read_stream, write_stream) as (held_read, held_write),
+        ):
+            await lowlevel.run(held_read, held_write, options)
 
 
 __all__ = ["loop_stdio", "run_stdio", "untraced"]

@@ -563,8 +563,14 @@ class LocalRunner(TerminalDoor):  # E13: send_input, screen, resize
     async def start(self, request: StartRequest) -> RunnerExecution:
         check_id(request.execution_id, "execution id")
         if (self._executions / request.execution_id).exists():
-            # E10: a retried start never spawns a second process
-            return await self.status(request.execution_id)
+            # E10: a retried start never spawns a second process. One that arrives while
+            # the first's cold spawn is in its worker thread waits for it; a spawn that
+            # failed (or was cancelled) took its folder along, nothing ran: this start goes
+            # on, as it did when it could only come after that failure (with its reason,
+            # not a "lost" record).
+            await self._runs.spawned(request.execution_id)
+            if (self._executions / request.execution_id).exists():
+                return await self.status(request.execution_id)
         if (request.command is None) == (request.script_path is None):
             raise InvalidInput("give exactly one of command or script_path")
         tree = self.workspace_path(request.workspace_id)
@@ -600,7 +606,7 @@ class LocalRunner(TerminalDoor):  # E13: send_input, screen, resize
             if request.environment_id is None:
                 used, mount = _default_base()
             require_room(self.root, self.policy, "a new execution")  # limits (R2)
-            started = self._runs.launch(request, tree, command, mount)
+            started = await self._runs.launch(request, tree, command, mount)
         except BaseException:
             if not self._runs.watches(request.execution_id):  # else its _finish lets go
                 self._mounts.let_go(request.workspace_id)

@@ -88,6 +88,8 @@ async def kill_and_wait(pid: int, marker: bytes, timeout_s: float = 30.0) -> boo
         pidfd = os.pidfd_open(pid)
     except (ProcessLookupError, PermissionError):
         return True
+    except OSError:  # EMFILE at the descriptor limit, ENOSYS: the same, polled
+        return await _kill_and_poll(pid, marker, timeout_s)
     try:
         try:
             environ: bytes | None = Path(f"/proc/{pid}/environ").read_bytes()
@@ -118,3 +120,29 @@ async def kill_and_wait(pid: int, marker: bytes, timeout_s: float = 30.0) -> boo
         return True
     finally:
         os.close(pidfd)
+
+
+async def gone(pid: int, recorded_start: int, every_s: float = 0.05) -> None:
+    """Returns once ``pid`` has exited (or is a zombie): the watch of a process when the
+    kernel gives no pidfd (EMFILE at the descriptor limit, ENOSYS before Linux 5.3)."""
+    while is_same_process(pid, recorded_start):
+        await asyncio.sleep(every_s)
+
+
+async def _kill_and_poll(pid: int, marker: bytes, timeout_s: float) -> bool:
+    """``kill_and_wait`` without a pidfd: the start time read before the marker is checked
+    tells the process apart from a later one of the same pid."""
+    started = start_time(pid)
+    try:
+        environ = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        environ = None  # exiting (see kill_and_wait), or gone
+    if started is None or (environ is not None and marker not in environ.split(b"\0")):
+        return True
+    if environ is not None:
+        signal_process(pid, signal.SIGKILL)
+    try:
+        await asyncio.wait_for(gone(pid, started), timeout_s)
+    except TimeoutError:
+        return False
+    return True

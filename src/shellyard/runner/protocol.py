@@ -36,6 +36,16 @@ LogStream = Literal["stdout", "stderr", "stdin"]
 #: Largest chunk one log or file read returns; callers page with ``next_offset``.
 MAX_READ_CHUNK = 1 << 20
 
+#: ``status``'s error for an execution id the runner never took (no folder at all): a start
+#: whose answer never came did not happen (control/executions/unstarted.py reads it so).
+NO_TRACE = "this runner holds no trace of the execution"
+#: ``status``'s error for a start the runner was cut in (it stopped before recording the
+#: sandbox; what it had spawned was killed when it came back): the outcome is unknown.
+START_CUT = (
+    "the runner stopped while starting the execution, before it recorded the sandbox; what "
+    "it had spawned was killed when it came back, so whether the command ran is unknown"
+)
+
 
 class RunnerExecState(StrEnum):
     running = "running"
@@ -133,6 +143,15 @@ class RunnerExecution(BaseModel):
     note: str | None = None
     #: E13: while it runs, whether it is blocked reading its input (None: cannot tell).
     awaiting_input: bool | None = None
+
+
+def untraced(execution_id: str, cut: bool) -> RunnerExecution:
+    """``status``'s answer for an id with no record: ``cut``, a folder is left (a start the
+    runner stopped in), else it never took the start."""
+    error = START_CUT if cut else NO_TRACE
+    return RunnerExecution(
+        execution_id=execution_id, workspace_id="", state=RunnerExecState.lost, error=error
+    )
 
 
 class LogChunk(BaseModel):

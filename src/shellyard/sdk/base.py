@@ -22,7 +22,18 @@ from typing import Any, Generic, ParamSpec, Self, TypeVar, overload
 import httpx
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
-from shellyard.errors import RunnerUnavailable
+from shellyard.errors import RunnerUnavailable, ShellyardError
+from shellyard.sdk.bounds import (
+    CLOCK,
+    MAX_JSON_BYTES,
+    AnswerClock,
+    AnswerTooLarge,
+    AnswerTooSlow,
+    too_large,
+    too_large_error,
+)
+from shellyard.sdk.lean import LeanHttp
+from shellyard.sdk.native import running_loop
 from shellyard.sdk.status import raise_for, unreachable
 from shellyard.sdk.wire import async_transport, sync_transport
 
@@ -62,6 +73,61 @@ def call(
 def decode(response: httpx.Response, request: _Call[T]) -> T:
     raise_for(response.status_code, response.content)
     return parse(request.result, response.content)
+
+
+def _refused(response: httpx.Response, limit: int, what: str) -> None:
+    """A ``Content-Length`` past the bound is refused before a byte of the body."""
+    length = response.headers.get("content-length", "")
+    if length.isdigit() and int(length) > limit:
+        raise too_large(limit, what)
+
+
+def read_answer(response: httpx.Response, limit: int, what: str) -> bytes:
+    """A streamed httpx answer's body (decoded), at most ``limit`` bytes (sdk/bounds.py).
+
+    Only these bytes earn the answer's clock its second per 64 KiB: counted on
+    the wire, as before, chunk extensions or empty deflate blocks (framing that is no body)
+    earned time at 64 KiB/s while the body grew a few bytes a second, so the answer's end,
+    and the size bound, never came (docs/security.md "Attack pass (session 49)")."""
+    _refused(response, limit, what)
+    chunks: list[bytes] = []
+    size = 0
+    clock = CLOCK.get()
+    for chunk in response.iter_bytes():
+        size += len(chunk)
+        if clock is not None:
+            clock.received = size  # body bytes earn time, as on the lean path
+        if size > limit:
+            raise too_large(limit, what)
+        chunks.append(chunk)
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+async def aread_answer(response: httpx.Response, limit: int, what: str) -> bytes:
+    """``read_answer`` of an async client's answer."""
+    _refused(response, limit, what)
+    chunks: list[bytes] = []
+    size = 0
+    clock = CLOCK.get()
+    async for chunk in response.aiter_bytes():
+        size += len(chunk)
+        if clock is not None:
+            clock.received = size
+        if size > limit:
+            raise too_large(limit, what)
+        chunks.append(chunk)
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+def _failed(exc: httpx.TransportError, clock: AnswerClock | None) -> ShellyardError:
+    """A JSON call's transport failure as the caller's error: a bound's own message (the
+    answer too large, or not complete in time), else the server cannot be reached."""
+    if isinstance(exc, AnswerTooLarge):
+        return too_large_error(exc)
+    if isinstance(exc, AnswerTooSlow):
+        return RunnerUnavailable(str(exc))
+    late = clock.error() if clock is not None else None
+    return late if late is not None else _unreachable(exc)
 
 
 def parse(adapter: TypeAdapter[T], raw: bytes) -> T:
@@ -115,22 +181,24 @@ class _Requests:
         if request.params:
             url = url.copy_merge_params(request.params)
         extensions = {"timeout": httpx.Timeout(request.timeout_s).as_dict()}
-        body = request.body
-        if body is None:
+        content = json_body(request.body)
+        if content is None:
             return httpx.Request(request.method, url, headers=self._headers, extensions=extensions)
-        if isinstance(body, BaseModel):
-            body = body.model_dump(mode="json")
-        # httpx's own encoding of json= (a lone surrogate fails here as it did there)
-        content = json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
         built = httpx.Request(
-            request.method,
-            url,
-            headers=self._headers,
-            content=content.encode("utf-8"),
-            extensions=extensions,
+            request.method, url, headers=self._headers, content=content, extensions=extensions
         )
         built.headers["Content-Type"] = "application/json"  # after Content-Length, as httpx
         return built
+
+
+def json_body(body: Any) -> bytes | None:
+    """A call's JSON body as httpx encodes ``json=`` (a lone surrogate fails here as there)."""
+    if body is None:
+        return None
+    if isinstance(body, BaseModel):
+        body = body.model_dump(mode="json")
+    text = json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    return text.encode("utf-8")
 
 
 def _requests_of(sender: SyncSender | AsyncSender) -> _Requests:
@@ -151,11 +219,41 @@ def broken(what: str, exc: httpx.TransportError) -> RunnerUnavailable:
     return RunnerUnavailable(f"the {what} to or from the control plane broke ({exc}); retry")
 
 
+#: Most bytes of an error answer to a download read to describe it (the server's error
+#: bodies are small JSON; a foreign one is cut, its connection closed unread).
+MAX_ERROR_BODY = 64 * 1024
+
+
+def error_body(body: Iterator[bytes]) -> bytes:
+    """``error_abody`` of a blocking stream: its first :data:`MAX_ERROR_BODY` bytes."""
+    chunks: list[bytes] = []
+    size = 0
+    for chunk in body:
+        chunks.append(chunk)
+        size += len(chunk)
+        if size >= MAX_ERROR_BODY:
+            break
+    return b"".join(chunks)[:MAX_ERROR_BODY]
+
+
+async def error_abody(body: AsyncIterator[bytes]) -> bytes:
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in body:
+        chunks.append(chunk)
+        size += len(chunk)
+        if size >= MAX_ERROR_BODY:
+            break
+    return b"".join(chunks)[:MAX_ERROR_BODY]
+
+
 class SyncSender:
     """Sends a ``_Call`` with a blocking ``httpx.Client``."""
 
     _http: httpx.Client
     _requests: _Requests | None = None
+    #: Most bytes of one JSON answer's body (sdk/bounds.py); an upload's answer too.
+    max_json_bytes: int = MAX_JSON_BYTES
 
     def __init__(self, url: str, token: str, *, agent_id: str | None = None) -> None:
         self._http = httpx.Client(
@@ -166,17 +264,29 @@ class SyncSender:
         )
 
     def _send(self, request: _Call[T]) -> T:
+        # the whole answer within its clock, at most max_json_bytes (sdk/bounds.py):
+        # wire.py's streams cut each read to the clock of this context
+        clock = AnswerClock(request.timeout_s, method=request.method)
+        token = CLOCK.set(clock)
         try:
-            response = self._http.send(_requests_of(self).build(request))
+            response = self._http.send(_requests_of(self).build(request), stream=True)
+            try:
+                what = f"{request.method} {request.path}"
+                content = read_answer(response, self.max_json_bytes, what)
+            finally:
+                response.close()
         except httpx.TransportError as exc:
-            raise _unreachable(exc) from exc
-        return decode(response, request)
+            raise _failed(exc, clock) from exc
+        finally:
+            CLOCK.reset(token)
+        raise_for(response.status_code, content)
+        return parse(request.result, content)
 
     def _download(self, request: dict[str, Any]) -> Iterator[bytes]:
         try:
             with self._http.stream("GET", **request, timeout=SLOW_TIMEOUT_S) as response:
                 if response.status_code >= 400:
-                    raise_for(response.status_code, response.read())
+                    raise_for(response.status_code, error_body(response.iter_bytes()))
                 # as the bytes arrive: re-chunking them costs a copy per byte (measured)
                 yield from response.iter_raw()
         except httpx.TransportError as exc:
@@ -204,10 +314,15 @@ class SyncSender:
 
 
 class AsyncSender:
-    """Sends a ``_Call`` with an ``httpx.AsyncClient``."""
+    """Sends a ``_Call`` with the lean keep-alive client (``sdk/lean.py``) to an ``http://``
+    server on asyncio, else with an ``httpx.AsyncClient`` (``https://``, trio, the in-process
+    client of /mcp, which sets ``_http`` itself and has no ``_lean``)."""
 
     _http: httpx.AsyncClient
     _requests: _Requests | None = None
+    _lean: LeanHttp | None = None
+    #: Most bytes of one JSON answer's body (sdk/bounds.py); an upload's answer too.
+    max_json_bytes: int = MAX_JSON_BYTES
 
     def __init__(self, url: str, token: str, *, agent_id: str | None = None) -> None:
         self._http = httpx.AsyncClient(
@@ -216,20 +331,59 @@ class AsyncSender:
             timeout=30,
             transport=async_transport(),  # a request's head and body in one write (sdk/wire.py)
         )
+        self._lean = LeanHttp.for_url(url, headers(token, agent_id))
 
     async def _send(self, request: _Call[T]) -> T:
+        lean = self._lean
+        if lean is None or running_loop() is None:
+            return await self._send_httpx(request)
+        lean.max_json_bytes = self.max_json_bytes
         try:
-            response = await self._http.send(_requests_of(self).build(request))
+            status, content = await lean.call(
+                request.method,
+                request.path,
+                request.params,
+                json_body(request.body),
+                request.timeout_s,
+            )
         except httpx.TransportError as exc:
-            raise _unreachable(exc) from exc
-        return decode(response, request)
+            raise _failed(exc, None) from exc
+        raise_for(status, content)
+        return parse(request.result, content)
+
+    async def _send_httpx(self, request: _Call[T]) -> T:
+        """``SyncSender._send`` on the async httpx client (its bounds, sdk/bounds.py)."""
+        clock = AnswerClock(request.timeout_s, method=request.method)
+        token = CLOCK.set(clock)
+        try:
+            response = await self._http.send(_requests_of(self).build(request), stream=True)
+            try:
+                what = f"{request.method} {request.path}"
+                content = await aread_answer(response, self.max_json_bytes, what)
+            finally:
+                await response.aclose()
+        except httpx.TransportError as exc:
+            raise _failed(exc, clock) from exc
+        finally:
+            CLOCK.reset(token)
+        raise_for(response.status_code, content)
+        return parse(request.result, content)
 
     async def _download(self, request: dict[str, Any]) -> AsyncIterator[bytes]:
+        lean = self._lean
         try:
-            async with self._http.stream("GET", **request, timeout=SLOW_TIMEOUT_S) as response:
-                if response.status_code >= 400:
-                    raise_for(response.status_code, await response.aread())
-                async for chunk in response.aiter_raw():
+            if lean is None or running_loop() is None:
+                async with self._http.stream("GET", **request, timeout=SLOW_TIMEOUT_S) as response:
+                    if response.status_code >= 400:
+                        raise_for(response.status_code, await error_abody(response.aiter_bytes()))
+                    async for chunk in response.aiter_raw():
+                        yield chunk
+                return
+            path, params, extra = request["url"], request["params"], request["headers"]
+            async with lean.stream("GET", path, params, extra, SLOW_TIMEOUT_S) as (status, body):
+                if status >= 400:
+                    raise_for(status, await error_abody(body))
+                async for chunk in body:
                     yield chunk
         except httpx.TransportError as exc:
             raise broken("download", exc) from exc
@@ -242,9 +396,14 @@ class AsyncSender:
             timeout=self._http.timeout,
             transport=async_transport(),
         )
+        if self._lean is not None:
+            agent = {**self._lean.extra, AGENT_HEADER: agent_id}
+            clone._lean = LeanHttp.for_url(str(self._http.base_url), agent)
         return clone
 
     async def aclose(self) -> None:
+        if self._lean is not None:
+            await self._lean.aclose()
         await self._http.aclose()
 
     async def __aenter__(self) -> Self:
@@ -326,9 +485,13 @@ __all__ = [
     "Op",
     "SyncSender",
     "_Call",
+    "aread_answer",
     "broken",
     "call",
     "decode",
+    "error_abody",
+    "error_body",
     "headers",
     "raise_for",
+    "read_answer",
 ]

@@ -39,11 +39,14 @@ from shellyard.sdk.base import (
     Op,
     SyncSender,
     _Call,
+    aread_answer,
     broken,
     call,
     parse,
     raise_for,
+    read_answer,
 )
+from shellyard.sdk.bounds import AnswerTooLarge, too_large_error
 
 _WORKSPACES = TypeAdapter(list[WorkspaceView])
 _LISTING = TypeAdapter(DirListing)
@@ -366,14 +369,21 @@ class FileStreams(SyncSender):
     def _upload(
         self, request: dict[str, Any], data: bytes | IO[bytes] | Iterable[bytes]
     ) -> EditView:
+        built = self._http.build_request(
+            **request, content=_chunks_of(data), headers=_OCTETS, timeout=SLOW_TIMEOUT_S
+        )
         try:
-            response = self._http.request(
-                **request, content=_chunks_of(data), headers=_OCTETS, timeout=SLOW_TIMEOUT_S
-            )
+            response = self._http.send(built, stream=True)
+            try:  # its JSON answer has the bound of every JSON answer (sdk/bounds.py)
+                content = read_answer(response, self.max_json_bytes, f"POST {built.url.path}")
+            finally:
+                response.close()
+        except AnswerTooLarge as exc:
+            raise too_large_error(exc) from exc
         except httpx.TransportError as exc:
             raise broken("upload", exc) from exc
-        raise_for(response.status_code, response.content)
-        return parse(_EDIT, response.content)
+        raise_for(response.status_code, content)
+        return parse(_EDIT, content)
 
     def write_file(
         self,
@@ -410,14 +420,22 @@ class AsyncFileStreams(AsyncSender):
     async def _upload(
         self, request: dict[str, Any], data: bytes | AsyncIterable[bytes]
     ) -> EditView:
+        built = self._http.build_request(
+            **request, content=data, headers=_OCTETS, timeout=SLOW_TIMEOUT_S
+        )
         try:
-            response = await self._http.request(
-                **request, content=data, headers=_OCTETS, timeout=SLOW_TIMEOUT_S
-            )
+            response = await self._http.send(built, stream=True)
+            try:
+                what = f"POST {built.url.path}"
+                content = await aread_answer(response, self.max_json_bytes, what)
+            finally:
+                await response.aclose()
+        except AnswerTooLarge as exc:
+            raise too_large_error(exc) from exc
         except httpx.TransportError as exc:
             raise broken("upload", exc) from exc
-        raise_for(response.status_code, response.content)
-        return parse(_EDIT, response.content)
+        raise_for(response.status_code, content)
+        return parse(_EDIT, content)
 
     async def write_file(
         self,

@@ -22,7 +22,7 @@ import asyncio
 import socket
 import ssl
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, cast
 
 import httpcore
 
@@ -30,24 +30,48 @@ import httpcore
 HIGH_WATER = 1 << 20
 
 
-class _Connection(asyncio.Protocol):
-    """One socket's received bytes and state; ``_Stream`` reads and writes through it."""
+class WaitingProtocol(asyncio.Protocol):
+    """A client connection's transport, the reader's wake-up and the writer's drain: what this
+    module's and sdk/lean.py's connections share."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
         self.transport: asyncio.Transport | None = None
+        self.waiter: asyncio.Future[None] | None = None
+        self.drain: asyncio.Future[None] | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # A stream transport by construction (create_connection), but not always an instance
+        # of asyncio.Transport: uvloop's are classes of their own with the same methods (an
+        # isinstance assertion here failed inside uvloop's callback, the transport was never
+        # kept, and every call of a program on uvloop failed as "connection closed").
+        self.transport = cast(asyncio.Transport, transport)
+
+    def pause_writing(self) -> None:
+        self.drain = self.loop.create_future()
+
+    def resume_writing(self) -> None:
+        if self.drain is not None and not self.drain.done():
+            self.drain.set_result(None)
+        self.drain = None
+
+    def _wake(self) -> None:
+        waiter, self.waiter = self.waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+
+class _Connection(WaitingProtocol):
+    """One socket's received bytes and state; ``_Stream`` reads and writes through it."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(loop)
         self.chunks: list[bytes] = []
         self.size = 0
         self.eof = False
         self.lost: Exception | None = None
         self.closed = False
         self.paused_reading = False
-        self.waiter: asyncio.Future[None] | None = None
-        self.drain: asyncio.Future[None] | None = None
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
 
     def data_received(self, data: bytes) -> None:
         self.chunks.append(data)
@@ -69,19 +93,6 @@ class _Connection(asyncio.Protocol):
         self._wake()
         if self.drain is not None and not self.drain.done():
             self.drain.set_result(None)
-
-    def pause_writing(self) -> None:
-        self.drain = self.loop.create_future()
-
-    def resume_writing(self) -> None:
-        if self.drain is not None and not self.drain.done():
-            self.drain.set_result(None)
-        self.drain = None
-
-    def _wake(self) -> None:
-        waiter, self.waiter = self.waiter, None
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
 
 
 async def _wait(future: asyncio.Future[None], timeout: float | None, late: type[Exception]) -> None:
@@ -165,8 +176,7 @@ class _Stream(httpcore.AsyncNetworkStream):
         except (OSError, ssl.SSLError) as exc:
             await self.aclose()
             raise httpcore.ConnectError(str(exc)) from exc
-        assert isinstance(tls, asyncio.Transport)
-        conn.transport = tls
+        conn.transport = cast(asyncio.Transport, tls)  # as in connection_made: no isinstance
         return self
 
     def get_extra_info(self, info: str) -> Any:
@@ -203,7 +213,7 @@ async def _connected(
     return _Stream(connection)
 
 
-def _running_loop() -> asyncio.AbstractEventLoop | None:
+def running_loop() -> asyncio.AbstractEventLoop | None:
     try:
         return asyncio.get_running_loop()
     except RuntimeError:  # trio (or no loop): the wrapped backend's business
@@ -224,7 +234,7 @@ class AsyncioBackend(httpcore.AsyncNetworkBackend):
         local_address: str | None = None,
         socket_options: Iterable[Any] | None = None,
     ) -> httpcore.AsyncNetworkStream:
-        loop = _running_loop()
+        loop = running_loop()
         if loop is None:
             return await self._inner.connect_tcp(host, port, timeout, local_address, socket_options)
         options = list(socket_options or ())
@@ -243,7 +253,7 @@ class AsyncioBackend(httpcore.AsyncNetworkBackend):
     async def connect_unix_socket(
         self, path: str, timeout: float | None = None, socket_options: Iterable[Any] | None = None
     ) -> httpcore.AsyncNetworkStream:
-        loop = _running_loop()
+        loop = running_loop()
         if loop is None:
             return await self._inner.connect_unix_socket(path, timeout, socket_options)
         options = list(socket_options or ())
@@ -258,10 +268,10 @@ class AsyncioBackend(httpcore.AsyncNetworkBackend):
         return await _connected(loop, opening, timeout)
 
     async def sleep(self, seconds: float) -> None:
-        if _running_loop() is None:
+        if running_loop() is None:
             await self._inner.sleep(seconds)
         else:
             await asyncio.sleep(seconds)
 
 
-__all__ = ["HIGH_WATER", "AsyncioBackend"]
+__all__ = ["HIGH_WATER", "AsyncioBackend", "running_loop"]

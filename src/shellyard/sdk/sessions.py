@@ -26,7 +26,18 @@ from shellyard.contract.sessions import (
     WakeView,
     WebhookView,
 )
-from shellyard.sdk.base import AsyncSender, Op, SyncSender, _Call, call, raise_for
+from shellyard.errors import ShellyardError
+from shellyard.sdk.base import (
+    AsyncSender,
+    Op,
+    SyncSender,
+    _Call,
+    call,
+    error_abody,
+    error_body,
+    raise_for,
+)
+from shellyard.sdk.bounds import MAX_JSON_BYTES
 
 _SESSION = TypeAdapter(SessionView)
 _SESSIONS = TypeAdapter(list[SessionView])
@@ -183,18 +194,65 @@ class SessionOps:
     wakes = Op(_wakes)
 
 
+#: Most bytes of one server-sent event (its lines up to the blank line that ends it): a wake's
+#: ``data`` is a JSON answer, so it has a JSON answer's bound (sdk/bounds.py). Without it, a
+#: line without end or an event without its blank line (the stream has no read timeout: it
+#: waits for wakes) grew the client's memory for ever (docs/security.md "Attack pass
+#: (session 49)").
+MAX_EVENT_BYTES = MAX_JSON_BYTES
+
+
+class SseLines:
+    """A byte stream's lines (``\r\n``, ``\n`` or ``\r`` ends one, as the SSE format says),
+    at most :data:`MAX_EVENT_BYTES` from the end of one event to the end of the next."""
+
+    def __init__(self, limit: int | None = None) -> None:
+        self.limit = MAX_EVENT_BYTES if limit is None else limit
+        self._pending = bytearray()
+        self._event = 0  # bytes of the event's lines so far
+
+    def feed(self, data: bytes) -> list[str]:
+        pending = self._pending
+        pending += data
+        if len(pending) + self._event > self.limit:
+            raise ShellyardError(
+                f"a server-sent event of the wake stream passed {self.limit:,} bytes, the "
+                "SDK's bound on one (a wake is a JSON answer); the stream was closed. Check "
+                "the server's URL"
+            )
+        if b"\n" not in data and b"\r" not in data:
+            return []  # a line still going: nothing to split (no quadratic re-scan)
+        # a last \r waits for the next read: it may be the first half of a \r\n
+        cut = len(pending) - 1 if pending.endswith(b"\r") else len(pending)
+        lines = bytes(pending[:cut]).splitlines(keepends=True)
+        held = bytes(pending[cut:])
+        if lines and not lines[-1].endswith((b"\n", b"\r")):
+            held = lines.pop() + held
+        out: list[str] = []
+        for line in lines:
+            text = line.rstrip(b"\r\n")
+            self._event = self._event + len(line) if text else 0
+            out.append(text.decode("utf-8", "replace"))
+        self._pending = bytearray(held)
+        return out
+
+
 def parse_sse(lines: Iterable[str]) -> Iterator[dict[str, str]]:
     """Server-sent events (``event``, ``id``, ``data``) from a stream's lines."""
     event: dict[str, str] = {}
+    data: list[str] = []  # joined once: appending to a string copied it per line
     for line in lines:
         if not line:
-            if "data" in event:
-                yield event
-            event = {}
+            if data:
+                yield {**event, "data": "\n".join(data)}
+            event, data = {}, []
         elif not line.startswith(":"):
             key, _, value = line.partition(":")
             value = value.removeprefix(" ")
-            event[key] = event[key] + "\n" + value if key == "data" and key in event else value
+            if key == "data":
+                data.append(value)
+            else:
+                event[key] = value
 
 
 def _wake(event: dict[str, str]) -> WakeView | None:
@@ -224,8 +282,11 @@ class SessionStreams(SyncSender):
         replays the recorded ones after it. Runs until the server or the caller closes it."""
         with self._http.stream(**_stream_args(session_id, after)) as response:
             if response.status_code >= 400:
-                raise_for(response.status_code, response.read())
-            for event in parse_sse(response.iter_lines()):
+                raise_for(response.status_code, error_body(response.iter_bytes()))
+            # an event ends with a blank line: a last line without its end ends none
+            lines = SseLines()
+            chunks = (line for data in response.iter_bytes() for line in lines.feed(data))
+            for event in parse_sse(chunks):
                 wake = _wake(event)
                 if wake is not None:
                     yield wake
@@ -242,13 +303,14 @@ class AsyncSessionStreams(AsyncSender):
     ) -> AsyncIterator[WakeView]:
         async with self._http.stream(**_stream_args(session_id, after)) as response:
             if response.status_code >= 400:
-                raise_for(response.status_code, await response.aread())
-            buffer: list[str] = []
-            async for line in response.aiter_lines():
-                buffer.append(line)
-                if line == "":
-                    for event in parse_sse(buffer):
-                        wake = _wake(event)
-                        if wake is not None:
-                            yield wake
-                    buffer = []
+                raise_for(response.status_code, await error_abody(response.aiter_bytes()))
+            lines, buffer = SseLines(), list[str]()
+            async for data in response.aiter_bytes():
+                for line in lines.feed(data):
+                    buffer.append(line)
+                    if line == "":
+                        for event in parse_sse(buffer):
+                            wake = _wake(event)
+                            if wake is not None:
+                                yield wake
+                        buffer = []

@@ -21,7 +21,27 @@ from typing import Any
 import httpcore
 import httpx
 
+from shellyard.sdk.bounds import CLOCK, AnswerClock
 from shellyard.sdk.native import AsyncioBackend
+
+
+def _cut(timeout: float | None, late: type[Exception]) -> tuple[float | None, AnswerClock | None]:
+    """``timeout`` cut to the current JSON call's whole-answer clock (sdk/bounds.py), and that
+    clock when it is the one that cut it; ``late`` at once when no time is left."""
+    clock = CLOCK.get()
+    if clock is None:
+        return timeout, None
+    bounded, cut = clock.bound(timeout)
+    if bounded is not None and bounded <= 0:
+        clock.expired = True
+        raise late(clock.message())
+    return bounded, clock if cut else None
+
+
+def _late(clock: AnswerClock | None) -> None:
+    """A timeout came: the clock's when it had cut the wait."""
+    if clock is not None:
+        clock.expired = True
 
 
 class _AsyncStream(httpcore.AsyncNetworkStream):
@@ -38,16 +58,26 @@ class _AsyncStream(httpcore.AsyncNetworkStream):
             return
         data, self._held = self._held + buffer, b""
         if data:
-            await self._inner.write(data, timeout)
+            bounded, clock = _cut(timeout, httpcore.WriteTimeout)
+            try:
+                await self._inner.write(data, bounded)
+            except httpcore.WriteTimeout:
+                _late(clock)
+                raise
 
     async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
         if self._held:
             data, self._held = self._held, b""
             # the read says what became of the connection (httpcore's own rule)
             with contextlib.suppress(httpcore.WriteError):
-                await self._inner.write(data, timeout)
+                await self._inner.write(data, _cut(timeout, httpcore.WriteTimeout)[0])
         self._head_next = True
-        return await self._inner.read(max_bytes, timeout)
+        bounded, clock = _cut(timeout, httpcore.ReadTimeout)
+        try:
+            return await self._inner.read(max_bytes, bounded)
+        except httpcore.ReadTimeout:
+            _late(clock)
+            raise
 
     async def aclose(self) -> None:
         self._held = b""
@@ -78,15 +108,25 @@ class _SyncStream(httpcore.NetworkStream):
             return
         data, self._held = self._held + buffer, b""
         if data:
-            self._inner.write(data, timeout)
+            bounded, clock = _cut(timeout, httpcore.WriteTimeout)
+            try:
+                self._inner.write(data, bounded)
+            except httpcore.WriteTimeout:
+                _late(clock)
+                raise
 
     def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
         if self._held:
             data, self._held = self._held, b""
             with contextlib.suppress(httpcore.WriteError):
-                self._inner.write(data, timeout)
+                self._inner.write(data, _cut(timeout, httpcore.WriteTimeout)[0])
         self._head_next = True
-        return self._inner.read(max_bytes, timeout)
+        bounded, clock = _cut(timeout, httpcore.ReadTimeout)
+        try:
+            return self._inner.read(max_bytes, bounded)
+        except httpcore.ReadTimeout:
+            _late(clock)
+            raise
 
     def close(self) -> None:
         self._held = b""

@@ -166,11 +166,13 @@ class LeaseRecords(Database):
         *,
         gated: bool,
     ) -> list[str]:
-        """Executions that run (or hold their workspace's writer while queued) with no lease
-        at all, older than ``grace_s``: left by a release before leases, or by a crash between
-        taking the writer and the lease. Shared-runner ones always; ``local_runner`` ones
-        only with ``scope`` (a home's start-up, as before leases). ``gated``: also those that
-        hold the writer while they wait for an environment change (V5)."""
+        """Executions that run, are unknown and still asked about (E9), or hold their
+        workspace's writer while queued, with no lease at all, older than ``grace_s``: left by
+        a release before leases, by a crash between taking the writer and the lease, or by a
+        SQLite home's previous process (its leases have no rows). Shared-runner ones always;
+        ``local_runner`` ones only with ``scope`` (a home's start-up, as before leases).
+        ``gated``: also those that hold the writer while they wait for an environment change
+        (V5)."""
         return await self.run(_orphans, holder, scope, ttl_s, grace_s, local_runner, gated)
 
     async def stalled_workspaces(self, grace_s: float, local_runner: str | None) -> list[str]:
@@ -343,7 +345,12 @@ def _orphans(
     now = time.time()
     unleased = _unleased(EXECUTION, executions.c.id)
     running = sa.and_(
-        executions.c.state == "running",
+        sa.or_(
+            executions.c.state == "running",
+            # E9, R3: unknown and still asked about (a final unknown has its end): on SQLite
+            # no lease row says so since session 49, so it is taken here as running is
+            sa.and_(executions.c.state == "unknown", executions.c.finished_at.is_(None)),
+        ),
         sa.func.coalesce(executions.c.started_at, executions.c.created_at) < now - grace_s,
     )
     writer_queued = sa.and_(

@@ -133,6 +133,8 @@ executions = Table(
 Index("ix_executions_state", executions.c.state)
 Index("ix_executions_finished_at", executions.c.finished_at)
 Index("ix_executions_workspace_state", executions.c.workspace_id, executions.c.state)
+# every submit's max(seq) + 1 and the listings by submission order (revision 0014_executions_seq)
+Index("ix_executions_seq", executions.c.seq)
 
 snapshots = Table(
     "snapshots",

@@ -1,7 +1,8 @@
 """POST /v1/executions answers a JSON object body itself (api/run_route.py, E1): without
 FastAPI's dependency solving, with each check done once — the token, the acting agent, the
 body against the contract's model — and with the answers of the declared route, which still
-handles every other body. A real control plane behind the ASGI app."""
+handles every other body. Since session 49 that answer is given where the body bounds read
+the body (api/bounds.py), past the router. A real control plane behind the ASGI app."""
 
 from __future__ import annotations
 
@@ -29,6 +30,20 @@ def solved(monkeypatch: pytest.MonkeyPatch) -> list[str]:
         return await solve(*args, **kw)
 
     monkeypatch.setattr(fastapi.routing, "solve_dependencies", counted)
+    return seen
+
+
+@pytest.fixture
+def matched(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The paths the app's router matched against its routes (spied, not replaced)."""
+    seen: list[str] = []
+    matches = fastapi.routing.APIRoute.matches
+
+    def counted(self: fastapi.routing.APIRoute, scope: Any) -> Any:
+        seen.append(scope["path"])
+        return matches(self, scope)
+
+    monkeypatch.setattr(fastapi.routing.APIRoute, "matches", counted)
     return seen
 
 
@@ -130,3 +145,33 @@ async def test_the_token_and_the_acting_agent_are_still_checked(
     )  # fmt: skip
     assert as_child.status_code == 200 and as_child.json()["agent_id"] == child.json()["agent_id"]
     assert "/v1/executions" not in solved
+
+
+async def test_a_json_object_is_answered_before_the_router(
+    app_plane: tuple[httpx.AsyncClient, ControlPlane, str], matched: list[str]
+) -> None:
+    """E1 answered by the body bounds' layer (api/bounds.py ``lean``): the router never looks
+    at the request (reverting it matches '/v1/executions' against the routes), and its errors
+    keep the app's error shape (401 with its challenge, 400 for a bad body, 409 for a busy
+    workspace, W1)."""
+    client, _plane, admin = app_plane
+    answer = await _post(client, admin, b'{"command": "true"}')
+    assert answer.status_code == 200 and answer.json()["state"] == "completed", answer.text
+    assert "/v1/executions" not in matched
+    refused = await _post(client, "sy_not_a_token", b'{"command": "true"}')
+    assert refused.status_code == 401 and refused.headers["www-authenticate"] == "Bearer"
+    assert refused.json()["error"]["code"] == "unauthorized"
+    bad = await _post(client, admin, b'{"command": "true", "wait_ms": -1}')
+    assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_input"
+    running = await _post(client, admin, b'{"command": "sleep 5", "background": true}')
+    busy = await _post(client, admin, b'{"command": "true"}')
+    assert busy.status_code == 409 and busy.json()["error"]["code"] == "workspace_busy", busy.text
+    cancelled = await client.post(
+        f"/v1/executions/{running.json()['execution_id']}/cancel",
+        headers={"Authorization": f"Bearer {admin}"},
+    )
+    assert cancelled.status_code == 200
+    assert "/v1/executions" not in matched
+    # what it declines (another content type) goes through the router as before
+    await _post(client, admin, b'{"command": "true"}', JSON_CHARSET)
+    assert "/v1/executions" in matched

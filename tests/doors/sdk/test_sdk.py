@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from proc_memory import peak_resident, reset_peak, resident
 
 from shellyard import AsyncClient, Client
 from shellyard.contract.executions import ExecutionState, ExecutionView, LogsResult
@@ -29,25 +30,6 @@ PRODUCER = f"for i in $(seq {BURSTS}); do yes | head -c {BURST}; sleep 0.1; done
 #: frees), which alone was measured at 48 MiB of peak growth after other tests had run.
 RSS_GROWTH_LIMIT = 64 << 20
 PATTERN = b"y\n" * (1 << 20)
-
-
-def _reset_peak_rss() -> None:
-    # Writing 5 to clear_refs resets VmHWM (Linux >= 4.0), so the peak below is this test's.
-    Path("/proc/self/clear_refs").write_text("5")
-
-
-def _peak_rss() -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) * 1024
-    raise AssertionError("no VmHWM in /proc/self/status")
-
-
-def _current_rss() -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise AssertionError("no VmRSS in /proc/self/status")
 
 
 class _Checker:
@@ -80,11 +62,11 @@ def test_follow_logs_to_the_end_in_bounded_memory(served_home: Path) -> None:
         run = client.run(PRODUCER, background=True)
         assert run.state in (ExecutionState.queued, ExecutionState.running)
         checker = _Checker()
-        _reset_peak_rss()
-        base = _current_rss()
+        reset_peak()
+        base = resident()
         for chunk in client.follow_logs(run.execution_id, chunk=1 << 20, poll_s=0.2):
             checker.add(chunk)
-        growth = _peak_rss() - base
+        growth = peak_resident() - base
         assert checker.total == TOTAL
         assert checker.chunks >= TOTAL >> 20
         assert growth < RSS_GROWTH_LIMIT, f"peak RSS grew {growth >> 20} MiB"
@@ -97,11 +79,11 @@ async def test_async_follow_logs_to_the_end_in_bounded_memory(served_home: Path)
     async with AsyncClient.for_home(served_home) as client:
         run = await client.run(PRODUCER + "; echo done >&2", background=True)
         checker = _Checker()
-        _reset_peak_rss()
-        base = _current_rss()
+        reset_peak()
+        base = resident()
         async for chunk in client.follow_logs(run.execution_id, chunk=1 << 20, poll_s=0.2):
             checker.add(chunk)
-        growth = _peak_rss() - base
+        growth = peak_resident() - base
         assert checker.total == TOTAL
         assert growth < RSS_GROWTH_LIMIT, f"peak RSS grew {growth >> 20} MiB"
         errors = [c async for c in client.follow_logs(run.execution_id, "stderr")]

@@ -21,7 +21,7 @@ from shellyard.contract.executions import (
     RunShellResult,
 )
 from shellyard.control.agents import AgentResolver
-from shellyard.control.executions import interactive, options
+from shellyard.control.executions import interactive, options, unstarted
 from shellyard.control.executions.foreground import ForegroundWaits
 from shellyard.control.executions.hooks import LEASE_KIND as LEASE_KIND
 from shellyard.control.executions.hooks import EnvironmentGate, WatchLeases
@@ -194,7 +194,8 @@ class ExecutionService(OwnedReads):
             "read_only": request.read_only,
             "run_options": options.record(request),
         }
-        # The lease is taken with the record when it starts now (one transaction fewer).
+        # The lease is taken with the record when it starts now (one transaction fewer); on
+        # SQLite it has no row at all (control/replicas/leases.py).
         terms = self.leases.terms(runner_id)
         try:
             row, holder = await self.store.submit_execution(
@@ -286,10 +287,15 @@ class ExecutionService(OwnedReads):
                 )
             )
         except RunnerUnavailable as exc:
+            # The start's answer never came (the daemon died with it): unknown at once, and
+            # watched, so the runner is asked about this id once back (unstarted.py).
             await self.store.update_execution(
-                execution_id, state="unknown", error=str(exc), was_unknown=True
+                execution_id, state="unknown", error=unstarted.asking(exc), was_unknown=True
             )
-            return await self._finalized(row)
+            asked = await self._finalized(row)
+            if asked.state == ExecutionState.unknown:
+                self._watch(asked)
+            return asked
         except ShellyardError as exc:
             await self._end(row, ExecutionState.failed, error=exc.message)
             if refuse and isinstance(exc, LowOnSpace | RunnerOutdated):  # R2, docs/runners.md
@@ -362,6 +368,8 @@ class ExecutionService(OwnedReads):
         runner = self.runners.get(row.runner_id)
         failures = row.query_failures
         deadline, timed_out = options.deadline(row), row.ended_by_limit == options.TIMEOUT
+        # unknown since its start call: whether the runner took the start is not known yet
+        unconfirmed = row.state == ExecutionState.unknown and row.started_at is None
         while True:
             left = WAIT_SLICE_S if deadline is None or timed_out else deadline - time.time()
             try:
@@ -374,15 +382,25 @@ class ExecutionService(OwnedReads):
                 unknown = failures >= MAX_QUERY_FAILURES
                 values: dict[str, Any] = {"query_failures": failures}
                 if unknown:
-                    values.update(state="unknown", was_unknown=True, error=str(exc))
+                    error = unstarted.asking(exc) if unconfirmed else str(exc)
+                    values.update(state="unknown", was_unknown=True, error=error)
                 await self.store.update_execution(
                     execution_id, from_states=("running", "unknown"), **values
                 )
                 if unknown:
                     self._signal(execution_id)
                 # E9: keep asking about the same id (never resubmit), backing off.
-                await asyncio.sleep(min(30.0, self.retry_base_s * 2 ** min(failures, 6)))
+                cap = unstarted.ASK_CAP_S if unconfirmed else 30.0
+                await asyncio.sleep(min(cap, self.retry_base_s * 2 ** min(failures, 6)))
                 continue
+            if unconfirmed:
+                if unstarted.never_took(result):
+                    await self._end(row, ExecutionState.failed, error=unstarted.NEVER_STARTED)
+                    return
+                if result.state != RunnerExecState.lost:  # it ran: running from then on
+                    await unstarted.confirmed(self.store, execution_id, result)
+                    self._signal(execution_id)
+                unconfirmed, failures = False, 0
             if failures:
                 # R3: the runner answers again. A record that turned unknown is running
                 # again while its sandbox still runs (was_unknown keeps the trace).

@@ -12,7 +12,12 @@ Work on the in-process ``local`` runner can only be reached from its own home: i
 the home's scope, which no other home's replica claims; a restarted server of that home takes
 them back at once (only one process serves a home).
 
-SQLite means one replica: every lease is trivially its own and no loop runs.
+SQLite means one replica: every lease is trivially its own and no loop runs. There an
+execution's lease is held in memory only (``terms`` gives no row to write): the row would be
+read by nobody but this home's next start-up, whose claim takes every unleased running or
+writer-holding execution and every unleased queued reader anyway (``claim_round``: grace 0 on
+SQLite), so it cost two statements per execution for nothing (docs/benchmarks.md, the
+section on the server's CPU per call, session 49).
 """
 
 from __future__ import annotations
@@ -89,6 +94,8 @@ class LeaseKeeper:
         self.sweeps: list[Callable[[], Awaitable[None]]] = []
         self._rounds = 0
         self._held: set[tuple[str, str]] = set()
+        #: Held with no row (SQLite, ``terms``): nothing to delete when they end.
+        self._rowless: set[tuple[str, str]] = set()
         self._loop: asyncio.Task[None] | None = None
         self.takeovers = 0
 
@@ -128,25 +135,36 @@ class LeaseKeeper:
             self._held.add((kind, subject_id))
         return ok
 
-    def terms(self, runner_id: str) -> LeaseTerms:
+    def terms(self, runner_id: str) -> LeaseTerms | None:
         """This replica's lease for work on ``runner_id``, to be written in the transaction
-        that makes the work (``taken`` once it committed)."""
+        that makes the work (``taken`` once it committed). None on SQLite: one replica, held
+        in memory only (the module's text says why no row is needed)."""
+        if not self.shared:
+            return None
         return LeaseTerms(self.replica_id, self._scope_of(runner_id), self.ttl_s)
 
     def taken(self, kind: str, subject_id: str) -> None:
-        """A lease written by ``terms`` committed: renew it from now on."""
+        """A lease made by ``terms`` committed (a row on PostgreSQL, none on SQLite): renew
+        it from now on."""
         self._held.add((kind, subject_id))
+        if not self.shared:
+            self._rowless.add((kind, subject_id))
 
-    def letting_go(self, kind: str, subject_id: str) -> str:
+    def letting_go(self, kind: str, subject_id: str) -> str | None:
         """Stop renewing a lease the caller deletes in its own transaction (the one that makes
-        the work final); the holder id to delete it by. Dropped before that transaction, so a
-        renewal meanwhile never reports it lost (``renew``)."""
+        the work final); the holder id to delete it by, None when it has no row (``terms``).
+        Dropped before that transaction, so a renewal meanwhile never reports it lost
+        (``renew``)."""
         self._held.discard((kind, subject_id))
+        if (kind, subject_id) in self._rowless:
+            self._rowless.discard((kind, subject_id))
+            return None
         return self.replica_id
 
     async def release(self, kind: str, subject_id: str) -> None:
         """The work ended (its record is final): nobody needs to watch it any more."""
         self._held.discard((kind, subject_id))
+        self._rowless.discard((kind, subject_id))
         await self.store.release_lease(kind, subject_id, self.replica_id)
 
     def held(self, kind: str | None = None) -> int:
@@ -260,3 +278,4 @@ class LeaseKeeper:
             with contextlib.suppress(Exception):
                 await self.store.hand_over_leases(self.replica_id)
         self._held.clear()
+        self._rowless.clear()

@@ -47,6 +47,7 @@ import os
 import queue
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -135,6 +136,8 @@ class CgroupTree:
     _ready_lock: threading.Lock = field(default_factory=threading.Lock)
     #: name of a group waiting in ``_ready`` → when it began to wait (``POOL_IDLE_S``)
     _since: dict[str, float] = field(default_factory=dict)
+    #: workspace → callbacks for its group on the way (``when_ready``), called once each
+    _waiters: dict[str, list[Callable[[], None]]] = field(default_factory=dict)
     pool_idle_s: float = POOL_IDLE_S
     #: False: an ended execution's groups are always removed and fresh ones made ahead (the
     #: behaviour before recycle.py; bench/bench_group_reuse.py's baseline)
@@ -468,10 +471,28 @@ class CgroupTree:
             self._since.pop(name, None)
             return name
 
+    def when_ready(self, workspace_id: str, callback: Callable[[], None]) -> bool:
+        """``callback`` (on the removal thread) once the group counted for the workspace's
+        next spawn but not ready yet (an execution's that just ended, being reset) is ready
+        or given up; False, never called: none is on its way. The next warm sandbox made at
+        an end waits for it instead of making a group of its own (warm.py)."""
+        with self._ready_lock:
+            coming = self._ahead.get(workspace_id, 0) > len(self._ready.get(workspace_id, ()))
+            if coming:
+                self._waiters.setdefault(workspace_id, []).append(callback)
+        return coming
+
+    def _notify(self, workspace_id: str) -> None:
+        with self._ready_lock:
+            callbacks = self._waiters.pop(workspace_id, [])
+        for callback in callbacks:
+            callback()
+
     def _pooled(self, workspace_id: str, name: str) -> None:
         with self._ready_lock:
             self._ready.setdefault(workspace_id, []).append(name)
             self._since[name] = time.monotonic()
+        self._notify(workspace_id)
 
     def _make_ahead(self, workspace_id: str) -> None:
         name = READY_PREFIX + os.urandom(8).hex()
@@ -484,6 +505,7 @@ class CgroupTree:
             with self._ready_lock:
                 self._ahead[workspace_id] -= 1
                 self._ours.discard(name)
+            self._notify(workspace_id)
             return
         self._pooled(workspace_id, name)
 
@@ -582,12 +604,18 @@ class CgroupTree:
         self.drain()
         with self._ready_lock:
             if not keep_ours:
+                waiting = [w for ws in self._waiters.values() for w in ws]
+                self._waiters.clear()
                 self._ready.clear()
                 self._ahead.clear()
                 self._ours.clear()
                 self._since.clear()
                 for key in list(self._peak_fds):
                     self._forget(key)
+            else:
+                waiting = []
+        for callback in waiting:  # none will come: the caller makes its own
+            callback()
 
         def kept(name: str) -> bool:
             # Read at each group, not once: a group made ahead after this sweep began is

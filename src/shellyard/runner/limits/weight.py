@@ -16,19 +16,28 @@ started (a command, a warm sandbox, a package tool), at least one unit, at most 
 kernel's maximum. At the host's level each workspace in use then weighs as one process does,
 whatever its process count: a workspace's 8 busy loops no longer get 8 shares, and 16
 workspaces running one command each get what 16 commands got without tenants. The weight is
-written only when the number of workspaces in use changes.
+raised at once when a workspace comes into use, but lowered at most once per
+``LOWER_AFTER_S``: agents running commands back to back take workspaces in and out of use at
+every end (between a command's end and its next warm sandbox), and a write at each was 3-4%
+of the event loop's thread with 16 agents (docs/benchmarks.md §58). Meanwhile it may weigh
+more than its workspaces in use (never less), until the next change after that second.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import threading
+import time
 from collections import Counter
 from pathlib import Path
 
 from shellyard.runner.limits.cgroup_files import write
 
 log = logging.getLogger(__name__)
+
+#: The weight is lowered at most this often (seconds); raised at once.
+LOWER_AFTER_S = 1.0
 
 
 class RunnerWeight:
@@ -40,6 +49,9 @@ class RunnerWeight:
         self._uses: Counter[str] = Counter()
         self._lock = threading.Lock()
         self._written = unit  # the kernel's default for a new group
+        #: when it was last lowered (``LOWER_AFTER_S``)
+        self._lowered_at = -math.inf
+        self.lower_after_s = LOWER_AFTER_S
         self._failed = False
 
     @property
@@ -67,6 +79,11 @@ class RunnerWeight:
         value = min(self.most, self.unit * max(1, len(self._uses)))
         if self.path is None or value == self._written or self._failed:
             return
+        now = time.monotonic()
+        if value < self._written and now - self._lowered_at < self.lower_after_s:
+            return  # the workspaces that left are likely back at once
+        if value < self._written:
+            self._lowered_at = now
         try:
             write(self.path, str(value))
         except OSError as exc:  # the runner's folder gone (a close) or not ours to weigh

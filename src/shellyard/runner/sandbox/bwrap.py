@@ -376,6 +376,7 @@ def bwrap_argv(
     setenv: Mapping[str, str] | None = None,
     home: Path | None = None,
     network_fds: tuple[int | None, int] | None = None,
+    batch: bool = False,
 ) -> list[str]:
     shared_network = shared_network or network is not None
     if policy.network == "egress" and not shared_network:
@@ -390,6 +391,7 @@ def bwrap_argv(
         limits=sandbox_limits(policy, bool(cgroups), uid_per_workspace),
         cgroups=cgroups,
         network_fds=network_fds,  # R2: ``network`` as checked descriptors (netns.py)
+        batch=batch,  # SCHED_BATCH from the launcher on (launch.c)
     )
     argv = [*front, bwrap, "--unshare-all"]
     argv += ["--new-session", *hardening.argv(), *view.argv]

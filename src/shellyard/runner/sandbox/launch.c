@@ -2,11 +2,15 @@
  * compiler): what `nsenter`, `setpriv` and `prlimit` did before bwrap, in one exec instead of
  * three (each exec of those costs ~0.7-1.5 ms per command; measured in docs/benchmarks.md).
  *
- *   shellyard-launch [--cgroup PROCS]... [--userns PATH | --userns-fd FD]
+ *   shellyard-launch [--sched batch] [--cgroup PROCS]... [--userns PATH | --userns-fd FD]
  *                    [--netns PATH | --netns-fd FD] [--ids UID:GID]
  *                    [--rlimit RESOURCE:SOFT:HARD]... -- PROGRAM [ARG]...
  *
- * First join each cgroup (write "0" into its cgroup.procs, still as the runner: runner/
+ * --sched batch: this process becomes SCHED_BATCH first, so bwrap and everything of the
+ * sandbox inherit it from their first instruction (set by the parent after the spawn, what
+ * bwrap forked meanwhile would not): a woken sandbox no longer preempts the control plane's
+ * event loop (docs/decisions.md "Sandboxes scheduled SCHED_BATCH"; not a limit, a command
+ * may set itself back). Then join each cgroup (write "0" into its cgroup.procs, still as the runner: runner/
  * cgroups.py made the groups), so nothing of the command runs outside them. Then, in this
  * order, as the chain did: enter the user namespace, then the network namespace
  * (nsenter --user --net; by an inherited descriptor the runner opened and checked, R2: a
@@ -80,7 +84,7 @@ int main(int argc, char **argv) {
     int resources[MAX_LIMITS];
     struct rlimit limits[MAX_LIMITS];
     const char *cgroups[MAX_CGROUPS];
-    int nlimits = 0, ncgroups = 0, i = 1;
+    int nlimits = 0, ncgroups = 0, batch = 0, i = 1;
     for (; i < argc; i++) {
         if (strcmp(argv[i], "--") == 0) {
             i++;
@@ -88,7 +92,11 @@ int main(int argc, char **argv) {
         }
         if (i + 1 >= argc)
             usage("an option without its value");
-        if (strcmp(argv[i], "--cgroup") == 0) {
+        if (strcmp(argv[i], "--sched") == 0) {
+            if (strcmp(argv[++i], "batch") != 0)
+                usage("--sched wants batch");
+            batch = 1;
+        } else if (strcmp(argv[i], "--cgroup") == 0) {
             if (ncgroups == MAX_CGROUPS)
                 usage("too many --cgroup");
             cgroups[ncgroups++] = argv[++i];
@@ -126,6 +134,11 @@ int main(int argc, char **argv) {
     }
     if (i >= argc || argv[i][0] != '/')
         usage("no program (an absolute path) after --");
+    if (batch) {
+        struct sched_param param = {.sched_priority = 0};
+        if (sched_setscheduler(0, SCHED_BATCH, &param) != 0)
+            fail("cannot set the scheduling policy", "batch");
+    }
     for (int k = 0; k < ncgroups; k++) {
         int fd = open(cgroups[k], O_WRONLY | O_CLOEXEC);
         if (fd < 0)

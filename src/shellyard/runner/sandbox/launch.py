@@ -10,6 +10,7 @@ the whole service instead of vfork, and a preexec_fn is unsafe with threads runn
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
@@ -48,6 +49,14 @@ def build(directory: Path) -> Path | None:
     if (settings_env.get("SHELLYARD_LAUNCHER") or "auto").lower() == "chain":
         return None
     return compile_c(directory, SOURCE)
+
+
+def configured_batch() -> bool:
+    """``SHELLYARD_SANDBOX_SCHED``: sandboxes run SCHED_BATCH (the default) or SCHED_OTHER.
+    Batch tasks do not preempt a running task when they wake, so a sandbox woken on its pipe
+    or its child's exit no longer takes the control plane's loop thread off the CPU (16
+    agents: docs/benchmarks.md; docs/decisions.md "Sandboxes scheduled SCHED_BATCH")."""
+    return (settings_env.get("SHELLYARD_SANDBOX_SCHED") or "batch").lower() != "other"
 
 
 def compile_c(directory: Path, path: Path) -> Path | None:
@@ -92,6 +101,7 @@ def prefix(
     limits: Sequence[Limit],
     cgroups: Sequence[str] = (),
     network_fds: tuple[int | None, int] | None = None,
+    batch: bool = False,
 ) -> list[str]:
     """Put in front of bwrap's argv. ``network``: the workspace's namespace (a file mounted
     by a root runner, or a holder's ``/proc/PID/ns/net``, entered with its user namespace);
@@ -101,10 +111,14 @@ def prefix(
     namespace by the time they are opened (R2: a holder dead, its pid reused);
     ``ids``: the sandbox uid and gid (a root runner); ``cgroups``: the ``cgroup.procs`` files
     of the execution's groups (cgroups.py), joined first. The chain cannot join them itself:
-    the spawner writes bwrap's pid into them right after the spawn (``join``)."""
+    the spawner writes bwrap's pid into them right after the spawn (``join``); ``batch``:
+    the launcher makes itself SCHED_BATCH before anything else (launch.c), the chain cannot
+    either: the spawner sets bwrap's policy right after the spawn (``batch_after``)."""
     userns = network.with_name("user") if network and network.parts[:2] == ("/", "proc") else None
     if launcher is not None:
         argv = [str(launcher)]
+        if batch:
+            argv += ["--sched", "batch"]
         for procs in cgroups:
             argv += ["--cgroup", procs]
         if network_fds is not None:
@@ -150,6 +164,14 @@ def prefix(
 
 def _number(value: int) -> str:
     return "unlimited" if value == resource.RLIM_INFINITY else str(value)
+
+
+def batch_after(pid: int) -> None:
+    """The chain's way to SCHED_BATCH: bwrap's policy set right after the spawn, so what it
+    forked before (microseconds) stays SCHED_OTHER; a best effort (a setuid bwrap refuses it,
+    and the policy is no limit anyway: docs/limits.md)."""
+    with contextlib.suppress(OSError):
+        os.sched_setscheduler(pid, os.SCHED_BATCH, os.sched_param(0))
 
 
 def join(cgroups: Sequence[str], pid: int) -> None:

@@ -46,6 +46,11 @@ SOURCE_COMMAND = f". {sandbox.COMMAND_FILE}"
 INTERPRETER_BY_SUFFIX = {".py": ["python3"], ".R": ["Rscript"], ".r": ["Rscript"], ".sh": ["bash"]}
 
 
+def execution_marker(execution_id: str) -> bytes:
+    """What the environment of a cold sandbox's init holds (``kill_and_wait``)."""
+    return f"SHELLYARD_EXECUTION_ID={execution_id}".encode()
+
+
 @dataclass
 class LiveExecution:
     """What this process knows about one execution it watches."""
@@ -81,7 +86,7 @@ class LiveExecution:
         """What the environment of the sandbox's init holds (``kill_and_wait``)."""
         if self.sandbox_id is not None:
             return f"SHELLYARD_SANDBOX_ID={self.sandbox_id}".encode()
-        return f"SHELLYARD_EXECUTION_ID={execution_id}".encode()
+        return execution_marker(execution_id)
 
     def group(self, execution_id: str) -> str:
         """The name of its cgroups below its workspace's (cgroups.py)."""
@@ -170,6 +175,8 @@ class Sandboxes:
     #: R2: a package tool's prefix, cache and scratch bound as writable overlays of their
     #: own (tool_mounts.py); None: the folders themselves
     tool_mounts: ToolMounts | None = None
+    #: Non-interactive sandboxes run SCHED_BATCH (SHELLYARD_SANDBOX_SCHED, launch.py)
+    batch: bool = field(default_factory=launch.configured_batch)
 
     def ids_of(self, workspace_id: str) -> tuple[int, int] | None:
         """The host uid and gid the workspace's commands run as (None: this user's)."""
@@ -202,14 +209,18 @@ class Sandboxes:
             },
         )
 
-    def spawn(
+    def prepare_cold(
         self,
         request: StartRequest,
         directory: Path,
         tree: Path,
         command: list[str],
         mount: Mount | None = None,
-    ) -> LiveExecution:
+    ) -> ColdSpawn:
+        """An execution's own sandbox (no warm one), all but the spawn: what touches the
+        runner's shared state (networks, cgroups, prefixes' holds) is done here, on the loop;
+        ``ColdSpawn.run`` then touches none of it (a worker thread's, supervise.py). The
+        caller ``close``s it, and ``abandon``s its ``pending`` if it never spawned."""
         command_fd = None
         if len(command) == 3 and command[:2] == ["bash", "-c"]:
             text = command[2].encode("utf-8", "surrogateescape")
@@ -219,18 +230,18 @@ class Sandboxes:
                 command_fd = os.open(directory / "command", os.O_RDONLY | os.O_CLOEXEC)
                 command = ["bash", "-c", SOURCE_COMMAND]
         channel = None
-        if request.interactive:  # E13: a FIFO, a terminal or pipe, a holder (terminal.py)
-            channel = terminal.open_channel(
-                directory, request.tty, request.tty_rows, request.tty_cols
-            )
-            if request.tty:
-                command = terminal.in_terminal(command)
-        env = self.base_env(request.workspace_id, request.cwd, mount)
-        env["SHELLYARD_EXECUTION_ID"] = request.execution_id
-        # R2: groups made ahead by the removal thread, so no mkdir waits on cgroup_mutex
-        # here on the event loop (docs/benchmarks.md §25); None: made in ``spawn``
-        group = None if self.cgroups is None else self.cgroups.take_ready(request.workspace_id)
         try:
+            if request.interactive:  # E13: a FIFO, a terminal or pipe, a holder (terminal.py)
+                channel = terminal.open_channel(
+                    directory, request.tty, request.tty_rows, request.tty_cols
+                )
+                if request.tty:
+                    command = terminal.in_terminal(command)
+            env = self.base_env(request.workspace_id, request.cwd, mount)
+            env["SHELLYARD_EXECUTION_ID"] = request.execution_id
+            # R2: groups made ahead by the removal thread, so no mkdir waits on cgroup_mutex
+            # here (docs/benchmarks.md §25); None: made in ``PendingSpawn.spawn``
+            group = None if self.cgroups is None else self.cgroups.take_ready(request.workspace_id)
             pending = self.prepare_bwrap(
                 group=group,
                 workspace_id=request.workspace_id,
@@ -244,32 +255,50 @@ class Sandboxes:
                 chdir=inside(request.cwd),
                 setenv=request.env,
                 command_fd=command_fd,
+                # E13: one someone types into keeps the kernel's default (docs/decisions.md)
+                batch=not request.interactive,
             )
-            if channel is not None:
-                pending.stdin = channel.stdin
-                if channel.stdout is not None:
-                    pending.terminal_out = channel.stdout
-            try:
-                started = pending.spawn()
-                if channel is not None:
-                    terminal.start_holder(directory, channel, started.popen.pid)
-            except BaseException:
-                self.abandon(pending)
-                raise
-            finally:
-                pending.close()
-        finally:
+        except BaseException:
             if command_fd is not None:
                 os.close(command_fd)
             if channel is not None:
                 channel.close()
+            raise
+        if channel is not None:
+            pending.stdin = channel.stdin
+            if channel.stdout is not None:
+                pending.terminal_out = channel.stdout
+        return ColdSpawn(request, directory, pending, channel, command_fd, group)
+
+    def spawned(self, cold: ColdSpawn, started: Started) -> LiveExecution:
+        """On the loop, after ``cold.run``: meta.json written (E11), the execution known."""
         return self.record(
-            request,
-            directory,
+            cold.request,
+            cold.directory,
             started,
-            interactive=channel.mode if channel else None,
-            cgroup=group,
+            interactive=cold.channel.mode if cold.channel else None,
+            cgroup=cold.group,
         )
+
+    def spawn(
+        self,
+        request: StartRequest,
+        directory: Path,
+        tree: Path,
+        command: list[str],
+        mount: Mount | None = None,
+    ) -> LiveExecution:
+        """The whole cold spawn on the caller's thread (``prepare_cold``, ``run``,
+        ``spawned``)."""
+        cold = self.prepare_cold(request, directory, tree, command, mount)
+        try:
+            started = cold.run()
+        except BaseException:
+            self.abandon(cold.pending)
+            raise
+        finally:
+            cold.close()
+        return self.spawned(cold, started)
 
     def prepare_bwrap(
         self,
@@ -289,15 +318,17 @@ class Sandboxes:
         group: str | None = None,
         ids: tuple[int, int] | None = None,
         logs: Sequence[int] | None = None,
+        batch: bool = True,
     ) -> PendingSpawn:
         """Everything of a spawn but the spawn itself (which touches no shared state, so a
-        warm sandbox's that makes its cgroups runs in a worker thread): its logs and status
+        warm sandbox's runs in a worker thread, warm_spawn.py): its logs and status
         opened in ``directory``, the network share and cgroups taken under ``sandbox_id``
         (an execution's id, or a warm sandbox's own, warm.py; the cgroups under ``group``
         when made ahead), the command line built. ``ids``: the workspace's uid and gid as
         this same spawn already asked them (``ids_of``, with its R2 checks of the tree and
         home; the warm pool's key), not asked again. ``logs``: the three of ``LOG_NAMES``
-        already open (a warm folder's, made in a worker thread), owned from here on."""
+        already open (a warm folder's, made in a worker thread), owned from here on.
+        ``batch``: SCHED_BATCH if the runner's sandboxes are (``Sandboxes.batch``)."""
         # R2: opened through the runner's detached copy of its root, so the sandbox's
         # /proc/self/fd/1 reads "/executions/ex_…/stdout", not the home's path (log_root.py)
         if logs is None:
@@ -347,6 +378,7 @@ class Sandboxes:
                 chdir=chdir,
                 setenv=setenv,
                 home=home,
+                batch=batch and self.batch,
             )
             pending.argv, args_fd = sandbox.options_by_fd(argv, self.bwrap)
             pending.owned.append(args_fd)
@@ -361,6 +393,7 @@ class Sandboxes:
             *extra_fds,
         )
         pending.join_after = bool(pending.joins) and self.launcher is None
+        pending.batch_after = batch and self.batch and self.launcher is None
         return pending
 
     def _prefix_binds(self, pending: PendingSpawn, mount: Mount | None) -> list[tuple[Path, Path]]:
@@ -376,6 +409,9 @@ class Sandboxes:
     def abandon(self, pending: PendingSpawn) -> None:
         """A spawn that did not happen lets go of what ``prepare_bwrap`` took."""
         if self.networks is not None and pending.network is not None:
+            # its descriptors, opened by the namespace file's path, keep that mount busy:
+            # the last release's umount failed (EBUSY) and left it for ever
+            pending.close_network()
             self.networks.release(pending.workspace_id, pending.sandbox_id)
         if self.cgroups is not None and pending.joins:
             self.cgroups.remove(pending.workspace_id, pending.group or pending.sandbox_id)
@@ -458,6 +494,8 @@ class PendingSpawn:
     groups: CgroupTree | None = None
     #: the chain's way into the cgroups (no launcher): written after the spawn
     join_after: bool = False
+    #: the chain's way to SCHED_BATCH (no launcher): set after the spawn (launch.py)
+    batch_after: bool = False
     #: E13: an interactive execution's stdin (its holder's pipe or the terminal) and the
     #: terminal it writes to (a tty's output is the terminal's, its holder logs it)
     stdin: int | None = None
@@ -483,7 +521,17 @@ class PendingSpawn:
             self.prefixes.attach(popen.pid)
         if self.join_after:
             launch.join(self.joins, popen.pid)
+        if self.batch_after:
+            launch.batch_after(popen.pid)
         return Started(popen, processes.start_time(popen.pid) or 0, started_at, self.network)
+
+    def close_network(self) -> None:
+        """Close its namespace descriptors now (the spawn is over or never happened)."""
+        for fd in self.network_fds or ():
+            if fd is not None and fd in self.owned:
+                self.owned.remove(fd)
+                os.close(fd)
+        self.network_fds = None
 
     def close(self) -> None:
         if self.prefixes is not None:  # never spawned: let go
@@ -491,6 +539,40 @@ class PendingSpawn:
         for fd in (self.out_fd, self.err_fd, *self.owned):
             with contextlib.suppress(OSError):
                 os.close(fd)
+
+
+@dataclass
+class ColdSpawn:
+    """An execution's own sandbox ready to spawn (``Sandboxes.prepare_cold``)."""
+
+    request: StartRequest
+    directory: Path
+    pending: PendingSpawn
+    #: E13: an interactive one's terminal or pipe, handed to its holder after the spawn
+    channel: terminal.Channel | None
+    #: a long command's file (``LONG_COMMAND_BYTES``), inherited by bwrap
+    command_fd: int | None
+    #: R2 tenants: its cgroups' name when they were made ahead (``take_ready``)
+    group: str | None
+
+    def run(self) -> Started:
+        """The spawn (and an interactive one's holder): no state of the runner is touched,
+        so it may run in a worker thread (supervise.py)."""
+        started = self.pending.spawn()
+        if self.channel is not None:
+            terminal.start_holder(self.directory, self.channel, started.popen.pid)
+        return started
+
+    def close(self) -> None:
+        """The descriptors the spawn handed over (bwrap has its copies by now)."""
+        try:
+            self.pending.close()
+        finally:
+            if self.command_fd is not None:
+                os.close(self.command_fd)
+                self.command_fd = None
+            if self.channel is not None:
+                self.channel.close()
 
 
 @dataclass(frozen=True)

@@ -38,6 +38,7 @@ from shellyard.runner.protocol import (
     RunnerExecution,
     SnapshotInfo,
     StartRequest,
+    untraced,
 )
 from shellyard.runner.sandbox import terminal
 from shellyard.runner.sandbox.bwrap import Mount
@@ -45,11 +46,14 @@ from shellyard.runner.sandbox.spawn import (
     RESULT_TEMPORARY,
     LiveExecution,
     Sandboxes,
+    Started,
     bwrap_error,
+    execution_marker,
     write_json_atomic,
 )
 from shellyard.runner.sandbox.warm import WarmPool
 from shellyard.runner.sandbox.warm import reap as reap_warm
+from shellyard.runner.sandbox.warm_spawn import end_execution_spawn, spawn_in_thread
 from shellyard.runner.snapshots import views
 from shellyard.runner.snapshots.budget import HashBudget, HashBudgetExceeded
 from shellyard.runner.snapshots.store import SnapshotStore
@@ -106,6 +110,8 @@ class Supervisor:
         self._commit = commit
         self._cancel_grace_s = cancel_grace_s
         self._live: dict[str, LiveExecution] = {}
+        #: execution id → done once its cold spawn in flight has started it or failed
+        self._spawning: dict[str, asyncio.Future[None]] = {}
         #: workspace id → the execution holding it
         self.busy_workspaces: dict[str, str] = {}
         #: environment id → running executions that mount it (a change waits for none, V5)
@@ -118,7 +124,7 @@ class Supervisor:
         #: the next sandbox of each recently used workspace, made ahead (warm.py)
         self.warm = WarmPool(executions.parent / "sandbox" / "warm", sandboxes, mounts)
 
-    def launch(
+    async def launch(
         self,
         request: StartRequest,
         tree: Path,
@@ -141,18 +147,7 @@ class Supervisor:
             except OSError as exc:
                 raise self._not_started(request.execution_id, directory, exc) from None
         if live is None:
-            directory.mkdir(mode=0o700)  # the service user's alone (filemodes.py)
-            if request.read_only:  # the committed view, never the live tree (W2)
-                link = directory / views.VIEW
-                tree = self.views.acquire(request.workspace_id, request.execution_id, link)
-            try:
-                live = self.sandboxes.spawn(request, directory, tree, command, mount)
-            except BaseException as exc:
-                if request.read_only:  # it never ran: it uses the view no longer
-                    self.views.release(directory / views.VIEW, request.execution_id)
-                if not isinstance(exc, OSError):
-                    raise
-                raise self._not_started(request.execution_id, directory, exc) from None
+            live, tree = await self._launch_cold(request, directory, tree, command, mount)
         self._live[request.execution_id] = live
         if not request.read_only:
             self.busy_workspaces[request.workspace_id] = request.execution_id
@@ -164,6 +159,87 @@ class Supervisor:
         )
         self.warm.prepare_after(request, tree, mount)
         return self._running(request.execution_id, live)
+
+    async def _launch_cold(
+        self,
+        request: StartRequest,
+        directory: Path,
+        tree: Path,
+        command: list[str],
+        mount: Mount | None,
+    ) -> tuple[LiveExecution, Path]:
+        """An execution's own sandbox, spawned in a worker thread when the loop has other
+        work (``_off_loop``), else on it; the tree it runs on (a reader's: its view, W2).
+
+        Whatever awaits meanwhile sees it as it will be once running: its workspace's
+        writer held (E1, E3: a second command, a warm sandbox's take, a file operation are
+        refused as busy), its environment in use (V5: a change waits for it), and a status,
+        wait, cancel or retried start of it waits for the spawn's end (``_spawning``)."""
+        directory.mkdir(mode=0o700)  # the service user's alone (filemodes.py)
+        execution_id, workspace_id = request.execution_id, request.workspace_id
+        writer = not request.read_only
+        if writer:
+            self.busy_workspaces[workspace_id] = execution_id
+        self._use_environment(request.environment_id, execution_id)
+        spawning = asyncio.get_running_loop().create_future()
+        self._spawning[execution_id] = spawning
+        viewing = False
+        try:
+            if request.read_only:  # the committed view, never the live tree (W2)
+                tree = self.views.acquire(workspace_id, execution_id, directory / views.VIEW)
+                viewing = True
+            live = await self._spawn_cold(request, directory, tree, command, mount)
+        except BaseException as exc:
+            if viewing:  # it never ran: it uses the view no longer
+                self.views.release(directory / views.VIEW, execution_id)
+            if writer and self.busy_workspaces.get(workspace_id) == execution_id:
+                del self.busy_workspaces[workspace_id]
+            self._forget_environment(request.environment_id, execution_id)
+            if isinstance(exc, OSError):
+                raise self._not_started(execution_id, directory, exc) from None
+            if isinstance(exc, asyncio.CancelledError):
+                # Cancelled in flight: what it spawned is gone (``end_execution_spawn``),
+                # nobody was told it ran; no folder a restart would take for a lost one.
+                shutil.rmtree(directory, ignore_errors=True)
+            raise
+        finally:
+            del self._spawning[execution_id]
+            spawning.set_result(None)
+        return live, tree
+
+    async def _spawn_cold(
+        self,
+        request: StartRequest,
+        directory: Path,
+        tree: Path,
+        command: list[str],
+        mount: Mount | None,
+    ) -> LiveExecution:
+        box = self.sandboxes
+        if not self._off_loop():
+            return box.spawn(request, directory, tree, command, mount)
+        cold = box.prepare_cold(request, directory, tree, command, mount)
+        marker = execution_marker(request.execution_id)
+
+        def undo(started: Started) -> None:  # in a worker thread: cancelled in flight
+            end_execution_spawn(started, directory / "status", marker)
+
+        try:
+            # The loop's thread blocked in vfork until bwrap had a CPU and exec'd: with 16
+            # agents the cold Popen was the loop's largest share (docs/benchmarks.md §62).
+            started = await spawn_in_thread(cold.run, undo)
+        except BaseException:
+            box.abandon(cold.pending)
+            raise
+        finally:
+            cold.close()
+        return box.spawned(cold, started)
+
+    def _off_loop(self) -> bool:
+        """Whether a cold spawn goes to a worker thread: when other executions run or start
+        here (their work waits on this loop meanwhile). A lone run's stays on the loop: nothing
+        else waits, and the hop's worth for it was not resolved (docs/benchmarks.md §62)."""
+        return bool(self._live) or len(self._spawning) > 1  # this one's is in it
 
     @staticmethod
     def _not_started(execution_id: str, directory: Path, exc: OSError) -> SpawnFailed:
@@ -202,8 +278,9 @@ class Supervisor:
         """Wake on the pidfd when bwrap exits; no thread and no poll loop per execution."""
         try:
             live.pidfd = os.pidfd_open(live.pid)
-        except ProcessLookupError:
-            self._spawn_task(self._finish(execution_id, live))
+        except OSError:  # gone (ESRCH), or no pidfd (EMFILE, ENOSYS): polled, never left
+            # unwatched, its workspace busy for ever (E1, E8)
+            self._spawn_task(self._finish(execution_id, live, polled=True))
             return
         loop = asyncio.get_running_loop()
 
@@ -221,9 +298,11 @@ class Supervisor:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _finish(self, execution_id: str, live: LiveExecution) -> None:
-        """E8: the main process is gone. Make sure nothing of the sandbox is left, commit the
-        workspace, then (and only then) write the final result."""
+    async def _finish(self, execution_id: str, live: LiveExecution, polled: bool = False) -> None:
+        """E8: the main process is gone (``polled``: once it is). Make sure nothing of the
+        sandbox is left, commit the workspace, then (and only then) write the final result."""
+        if polled:
+            await processes.gone(live.pid, live.start_time)
         returncode = live.popen.poll() if live.popen is not None else None
         if returncode is None:
             processes.reap_if_child(live.pid)
@@ -300,11 +379,7 @@ class Supervisor:
             live.cancel_task.cancel()
         if self.busy_workspaces.get(live.workspace_id) == execution_id:
             del self.busy_workspaces[live.workspace_id]
-        if live.environment_id is not None:
-            users = self.environment_users.get(live.environment_id, set())
-            users.discard(execution_id)
-            if not users:
-                self.environment_users.pop(live.environment_id, None)
+        self._forget_environment(live.environment_id, execution_id)
         if live.shared_network and self.sandboxes.networks is not None:
             self.sandboxes.networks.ended(live.workspace_id, execution_id)
             # R2: the last one takes it along, NETWORK_LINGER_S later, so the next
@@ -386,7 +461,21 @@ class Supervisor:
         """Whether this execution is still live here (its folder must stay)."""
         return execution_id in self._live
 
+    async def _spawned(self, execution_id: str) -> None:
+        """A cold spawn in flight (``_launch_cold``) waited for: answered before it, the
+        execution would read as unknown here (no record yet), a cancel would find nothing to
+        cancel and a retried start (E10) would report it lost while it starts."""
+        spawning = self._spawning.get(execution_id)
+        if spawning is not None:
+            await asyncio.shield(spawning)
+
+    async def spawned(self, execution_id: str) -> None:
+        """Once no cold spawn of ``execution_id`` is in flight (a retried start's wait,
+        ``LocalRunner.start``)."""
+        await self._spawned(execution_id)
+
     async def status(self, execution_id: str) -> RunnerExecution:
+        await self._spawned(execution_id)
         live = self._live.get(execution_id)
         if live is not None:
             return live.result or self._running(execution_id, live)
@@ -394,14 +483,11 @@ class Supervisor:
         result_file = self._executions / execution_id / "result.json"
         if result_file.exists():
             return RunnerExecution.model_validate_json(result_file.read_text())
-        return RunnerExecution(
-            execution_id=execution_id,
-            workspace_id="",
-            state=RunnerExecState.lost,
-            error="this runner holds no trace of the execution",
-        )
+        # a folder left without a record: a start cut before its bookkeeping (recover)
+        return untraced(execution_id, cut=(self._executions / execution_id).is_dir())
 
     async def wait(self, execution_id: str, timeout_s: float) -> RunnerExecution:
+        await self._spawned(execution_id)
         live = self._live.get(execution_id)
         if live is not None and live.result is None:
             with contextlib.suppress(TimeoutError):
@@ -414,7 +500,9 @@ class Supervisor:
     async def cancel(self, execution_id: str) -> RunnerExecution:
         """E7: SIGTERM the command's process group; after the grace period kill the whole
         pid namespace. The result turns final only after every process is gone and the
-        snapshot is committed (``_finish``)."""
+        snapshot is committed (``_finish``). One asked while its spawn is in flight is
+        cancelled once it has started (``_spawned``)."""
+        await self._spawned(execution_id)
         live = self._live.get(execution_id)
         if live is None or live.result is not None:
             return await self.status(execution_id)
@@ -456,6 +544,13 @@ class Supervisor:
     def _use_environment(self, environment_id: str | None, execution_id: str) -> None:
         if environment_id is not None:
             self.environment_users.setdefault(environment_id, set()).add(execution_id)
+
+    def _forget_environment(self, environment_id: str | None, execution_id: str) -> None:
+        if environment_id is not None:
+            users = self.environment_users.get(environment_id, set())
+            users.discard(execution_id)
+            if not users:
+                self.environment_users.pop(environment_id, None)
 
     def _log_path(self, execution_id: str, stream: LogStream) -> Path:
         check_id(execution_id, "execution id")

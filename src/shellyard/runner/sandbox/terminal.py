@@ -51,6 +51,8 @@ SIZE = "tty_size"
 HOLDER_PID = "holder.pid"
 #: Data bytes per FIFO frame: a frame is one write of at most PIPE_BUF bytes (atomic).
 FRAME_DATA = 4096 - 5
+#: The most bytes one write to a FIFO delivers whole (POSIX PIPE_BUF on Linux).
+PIPE_BUF = 4096
 #: How long a send waits for the holder to take input the program does not read yet.
 SEND_WAIT_S = 5.0
 #: The first look at a screen (after a restart) replays at most this much of the log's end.
@@ -128,13 +130,20 @@ def set_size(fd: int, rows: int, cols: int) -> None:
 
 
 def frames(data: bytes, eof: bool) -> list[bytes]:
-    """``data`` (and the end of input) as FIFO frames of at most PIPE_BUF bytes each."""
+    """``data`` (and the end of input) as FIFO writes of at most PIPE_BUF bytes each, each
+    write whole frames: the end of input rides in the last data's write when it fits. Written
+    apart, the holder could take the data, its program read it and exit, and the holder go
+    (it ends with its program) before the end of input was written."""
     parts = [
         b"D" + struct.pack(">I", len(piece)) + piece
         for piece in (data[i : i + FRAME_DATA] for i in range(0, len(data), FRAME_DATA))
     ]
     if eof:
-        parts.append(b"E" + struct.pack(">I", 0))
+        end = b"E" + struct.pack(">I", 0)
+        if parts and len(parts[-1]) + len(end) <= PIPE_BUF:
+            parts[-1] += end
+        else:
+            parts.append(end)
     return parts
 
 
@@ -167,9 +176,13 @@ async def send(directory: Path, execution_id: str, data: bytes, eof: bool) -> in
                         return _logged(directory, data[:accepted])
                     await asyncio.sleep(0.01)
                 except BrokenPipeError:
+                    if frame[:1] == b"E":
+                        # all the data was taken; the program ended, so its input is closed
+                        # already: what the end of input asks for is done
+                        return _logged(directory, data[:accepted])
                     raise Conflict(f"execution {execution_id} ended while input was sent") from None
             if frame[:1] == b"D":
-                accepted += len(frame) - 5
+                accepted += min(FRAME_DATA, len(data) - accepted)
     finally:
         os.close(fd)
     return _logged(directory, data[:accepted])

@@ -6,8 +6,8 @@ program keeps its terminal and its stdin).
     terminal_holder.py DIRECTORY tty|pipe PID FD FIFO_FD   (FD: the pty master or stdin's
                                                        write end; FIFO_FD: ``input``)
 
-It reads frames from the FIFO ``DIRECTORY/input`` (written by ``terminal.py``, each frame one
-``write`` of at most PIPE_BUF bytes, so writers never interleave):
+It reads frames from the FIFO ``DIRECTORY/input`` (written by ``terminal.py``, whole frames
+in each ``write`` of at most PIPE_BUF bytes, so writers never interleave):
 
     b"D" + length (4 bytes, big-endian) + data     bytes for the program's input
     b"E" + b"\\0\\0\\0\\0"                              end of input (the pipe is closed)

@@ -31,7 +31,6 @@ import os
 import secrets
 import shutil
 import signal
-import subprocess
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -55,6 +54,7 @@ from shellyard.runner.sandbox.spawn import (
     inside,
     write_json_once,
 )
+from shellyard.runner.sandbox.warm_spawn import group_reset, reap_popen, spawn_in_thread
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +63,12 @@ MAGIC = b"shellyard-warm-1"
 #: A spec up to this size is written at once whatever the waiter is doing (a pipe holds
 #: 64 KiB): the start never waits on the sandbox. A longer one starts cold.
 PIPE_ROOM = 60 << 10
-DEFAULT_COUNT = 8
+#: Places per runner. 8 served half of 16 agents' workspaces: the other half's commands found
+#: the pool full and started cold, and a bench's 16 workspaces swapped nothing in, so half
+#: the spawns stayed on the commands' path (docs/benchmarks.md §65). A place costs ~0.9 MiB
+#: (0.43 MiB of its three processes' PSS, ~0.2-0.4 MiB of kernel slab, stacks and page
+#: tables), so 16 hold ~14 MiB; ``memory_low`` empties the pool under pressure.
+DEFAULT_COUNT = 16
 DEFAULT_IDLE_S = 60.0
 #: The next warm sandbox is made once the command has run this long, or when it ends if that
 #: is sooner: made at the start, its making shared the event loop and the two cores with a
@@ -72,6 +77,10 @@ DEFAULT_AFTER_MS = 20.0
 #: Below this share of MemAvailable in MemTotal the host is short of memory: no warm
 #: sandbox is made and those waiting go (each holds a few MiB of kernel and bwrap memory).
 MEMORY_LOW_FRACTION = 0.10
+#: ``memory_low`` is asked at most this often (seconds): read at every making, /proc/meminfo
+#: (the kernel sums it on each read) was 1.5-4.6% of the event loop's thread with 16 agents
+#: (docs/benchmarks.md §65); pressure that comes on is still seen within this time.
+MEMORY_CHECK_S = 0.25
 #: With every place taken, a warm sandbox younger than this share of SHELLYARD_WARM_IDLE_S
 #: keeps its place (its workspace is in use: commands come seconds apart), one older makes
 #: room for the workspace whose command just started.
@@ -86,7 +95,9 @@ def configured_count() -> int:
     try:
         return DEFAULT_COUNT if value is None else max(0, int(value))
     except ValueError:
-        log.warning("SHELLYARD_WARM_SANDBOXES=%r is not a whole number; using %d", value, 8)
+        log.warning(
+            "SHELLYARD_WARM_SANDBOXES=%r is not a whole number; using %d", value, DEFAULT_COUNT
+        )
         return DEFAULT_COUNT
 
 
@@ -192,6 +203,8 @@ class WarmPool:
         #: workspaces whose warm sandbox is being made, and those tasks
         self._making: set[str] = set()
         self._tasks: set[asyncio.Task[None]] = set()
+        #: (when, what) ``memory_low`` last answered (MEMORY_CHECK_S)
+        self._memory: tuple[float, bool] = (-MEMORY_CHECK_S, False)
 
     # ------------------------------------------------------------------ key
 
@@ -340,7 +353,7 @@ class WarmPool:
         mount: Mount | None,
     ) -> None:
         try:
-            if memory_low():
+            if self._memory_low():
                 self.stats["memory"] += 1
                 self.discard_all("memory")
                 return
@@ -398,6 +411,8 @@ class WarmPool:
         assert box.waiter is not None
         sandbox_id = f"warm-{secrets.token_hex(8)}"
         directory = self.directory / sandbox_id
+        if box.cgroups is not None and await group_reset(box.cgroups, workspace_id):
+            self.stats["group_waited"] += 1
         logs: list[int] | None = await _in_thread(make_folder, box.logs, self.directory, directory)
         try:
             # After the hop, as close to the spawn as before: what it is made from now.
@@ -416,8 +431,8 @@ class WarmPool:
         try:
             env = box.base_env(workspace_id, None, mount)
             env["SHELLYARD_SANDBOX_ID"] = sandbox_id
-            # R2 tenants: the workspace's group made ahead (cgroups.py ``take_ready``), so
-            # the spawn makes none and runs on the loop; none ready: made in a worker thread
+            # R2 tenants: the workspace's group made ahead or used again (cgroups.py
+            # ``take_ready``), so the spawn makes none; none ready: made in its thread
             group = None if box.cgroups is None else box.cgroups.take_ready(workspace_id)
             handed, logs = logs, None  # prepare_bwrap closes them from here on
             pending = box.prepare_bwrap(
@@ -434,14 +449,11 @@ class WarmPool:
                 logs=handed,
             )
             try:
-                if pending.groups is None:
-                    # On the loop, as a cold spawn's is: bwrap's fork and exec alone; a worker
-                    # thread's hop cost ~37 µs of CPU a run (docs/benchmarks.md §36, "Thread
-                    # hops").
-                    started = pending.spawn()
-                else:  # R2 tenants: its cgroup mkdirs may wait on cgroup_mutex (§25)
-                    loop = asyncio.get_running_loop()
-                    started = await loop.run_in_executor(None, pending.spawn)
+                # In a worker thread: the loop's thread blocked in vfork until the child had
+                # a CPU and exec'd (0.45 ms p50, 5 ms p90 with 16 agents), CPython releasing
+                # the GIL meanwhile; and R2 tenants' cgroup mkdirs, when not made ahead, may
+                # wait on cgroup_mutex (docs/benchmarks.md §25, §58).
+                started = await spawn_in_thread(pending.spawn)
             except BaseException:
                 box.abandon(pending)
                 raise
@@ -467,6 +479,14 @@ class WarmPool:
         if box.networks is not None and started.network is not None:
             box.networks.ended(workspace_id, sandbox_id)  # a share, not a live execution
         return Warm(sandbox_id, key, directory, started, write_fd, environment_id, group)
+
+    def _memory_low(self) -> bool:
+        now = time.monotonic()
+        checked, low = self._memory
+        if now - checked >= MEMORY_CHECK_S:
+            low = memory_low()
+            self._memory = (now, low)
+        return low
 
     # ------------------------------------------------------------------ discard
 
@@ -525,9 +545,9 @@ class WarmPool:
         except RuntimeError:
             loop = None
         if loop is None or self._closed:
-            self._let_go(warm, _reap(popen))
+            self._let_go(warm, reap_popen(popen))
         else:
-            task = loop.run_in_executor(None, _reap, popen)
+            task = loop.run_in_executor(None, reap_popen, popen)
             task.add_done_callback(lambda done: self._let_go(warm, done.result()))
 
     def _let_go(self, warm: Warm, _gone: bool) -> None:
@@ -639,19 +659,6 @@ def _has_marker(pid: int, marker: bytes) -> bool:
         return marker in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
     except OSError:
         return False
-
-
-def _reap(popen: subprocess.Popen[bytes]) -> bool:
-    """The waiter ends on its pipe's end (at once once bwrap has set up); killed if not."""
-    try:
-        popen.wait(timeout=5)
-    except subprocess.TimeoutExpired:
-        processes.signal_group(popen.pid, signal.SIGKILL)
-        try:
-            popen.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            return False
-    return True
 
 
 def _spec(env: dict[str, str], cwd: str | None, command: list[str]) -> bytes:

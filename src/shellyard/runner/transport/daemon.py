@@ -11,7 +11,6 @@ in the one error envelope of ``shellyard.errors`` with its ``http_status``, so
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import os
 import secrets
@@ -30,7 +29,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from shellyard import settings_env
+from shellyard import loops, settings_env
 from shellyard.contract import rawjson
 from shellyard.errors import (
     InvalidInput,
@@ -379,7 +378,7 @@ def serve_runner(
         root, policy, token, sock, log_level=log_level, hidden=hidden, tls=tls
     )
     try:
-        asyncio.run(server.serve(sockets=[sock]))
+        loops.run(server.serve(sockets=[sock]))  # on uvloop by default (shellyard/loops.py)
     finally:
         sock.close()
 

@@ -577,10 +577,21 @@ def _classify(tail: str, verb: str) -> ManagerError:
     return ManagerError("failed", f"uv pip {verb} failed: {message}")
 
 
+#: How the runner's own lines in a tool's log begin (tools.py: a limit or the free-space
+#: reserve stopped the tool).
+RUNNER_MARK = "shellyard: "
+
+
 def _error_lines(tail: str) -> str:
-    """uv's ``error:`` paragraph (its causes included) without the preamble."""
+    """uv's ``error:`` paragraph (its causes included) without the preamble, after the
+    runner's own verdict when it stopped the tool: that line comes last in the log, and a
+    backend's long traceback cut it from the 2,000 characters kept (a build that filled the
+    volume then failed without saying so)."""
     lines = tail.strip().splitlines()
+    ours = [line[len(RUNNER_MARK) :].strip() for line in lines if line.startswith(RUNNER_MARK)]
+    lines = [line for line in lines if not line.startswith(RUNNER_MARK)]
+    verdict = "".join(f"{line}; " for line in ours)
     for i, line in enumerate(lines):
         if line.startswith("error:"):
-            return " ".join(part.strip() for part in lines[i:])[:2000]
-    return " ".join(line.strip() for line in lines[-8:])[:2000]
+            return (verdict + " ".join(part.strip() for part in lines[i:]))[:2000]
+    return (verdict + " ".join(line.strip() for line in lines[-8:]))[:2000]

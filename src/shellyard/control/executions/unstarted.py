@@ -1,0 +1,64 @@
+"""A start whose answer never came: the runner daemon went away (killed, its host or network
+down) while the control plane's ``start`` call was on it (E9–E11, R3).
+
+Whether the command runs is then not known, so the record is ``unknown`` at once and says
+why. Its watcher asks the runner about the same execution id (``wait``, never ``start``
+again: a command is never resubmitted, E9/E10) until the runner answers, then records what
+the runner says: running (or its end) when the start happened, ``failed`` "never started"
+when the runner holds no trace of it. The questions are spaced at most :data:`ASK_CAP_S`
+apart, not the 30 s of a running execution's backoff: until the answer, the writer of the
+workspace is held by a command that may not exist, and a foreground caller is waiting.
+"""
+
+from __future__ import annotations
+
+import time
+
+from shellyard.errors import RunnerUnavailable
+from shellyard.runner.protocol import NO_TRACE, RunnerExecState, RunnerExecution
+from shellyard.store import Store
+
+#: Most seconds between two questions about a start whose answer never came.
+ASK_CAP_S = 2.0
+
+#: The record's error when the runner, back, has no trace of the execution.
+NEVER_STARTED = (
+    "never started: the runner went away before it took the start (it holds no trace of "
+    "this execution); nothing ran, run it again"
+)
+
+
+def asking(exc: RunnerUnavailable) -> str:
+    """The record's error while the runner cannot be asked whether the start happened."""
+    return (
+        f"the start's answer never came, so whether it runs is not known ({exc.message}); "
+        "the runner is asked about this execution until it answers (it is never started twice)"
+    )
+
+
+def never_took(result: RunnerExecution) -> bool:
+    """The runner's answer for an id it holds no folder of, so the start never reached it (a
+    lost sandbox it did start keeps its workspace; a start it was cut in says ``START_CUT``,
+    which stays unknown)."""
+    return (
+        result.state == RunnerExecState.lost
+        and not result.workspace_id
+        and result.error == NO_TRACE
+    )
+
+
+async def confirmed(store: Store, execution_id: str, result: RunnerExecution) -> None:
+    """The runner answered for a start it did take: the record runs from when it started
+    (``was_unknown`` stays, the trace E9 asks for); its end, if any, is the caller's next
+    step."""
+    await store.update_execution(
+        execution_id,
+        from_states=("unknown",),
+        state="running",
+        started_at=result.started_at or time.time(),
+        error=None,
+        query_failures=0,
+    )
+
+
+__all__ = ["ASK_CAP_S", "NEVER_STARTED", "asking", "confirmed", "never_took"]
