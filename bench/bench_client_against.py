@@ -23,7 +23,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from common import PYTHON, make_home, remove_home, stop_server
+from common import PYTHON, make_home, remove_home, stop_server, write_result
 from shellyard.home import read_info
 from shellyard.sdk.client import AsyncClient
 
@@ -112,10 +112,7 @@ def main() -> None:
     args = parser.parse_args()
     this = Path(__file__).resolve().parent.parent / "src"
     result = measure({"this": this, "against": args.against}, args.batches)
-    text = json.dumps(result, indent=1)
-    print(text)
-    if args.out is not None:
-        args.out.write_text(text + "\n")
+    write_result(result, args.out)
 
 
 if __name__ == "__main__":

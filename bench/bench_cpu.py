@@ -23,13 +23,13 @@ batches of 10 runs, so both see the same load; reported side by side in ``detail
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import resource
 import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +52,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "suppo
 from replicas_fixture import fresh_database, replica_env, start_replicas, stop_all
 from runner_daemon_fixture import start_daemon
 
+from shellyard import loops
 from shellyard.home import read_info
 from shellyard.runner.protocol import SandboxPolicy
 from shellyard.sdk.client import AsyncClient
@@ -267,6 +268,25 @@ async def _alternate(sides: list[Any], runs: int) -> list[dict[str, float]]:
     return [{part: 1000 * value / done for part, value in side.items()} for side in used]
 
 
+Side = tuple[Callable[[], Awaitable[None]], Callable[[], dict[str, float]]]
+
+
+def server_side(client: AsyncClient, pid: int) -> Side:
+    """One side of ``_alternate``: a ``run("true")`` through ``client``, and the CPU of the
+    server ``pid`` (its own, its children's)."""
+
+    async def once() -> None:
+        result = await client.run("true")
+        if result.state != "completed":
+            raise RuntimeError(f"run of true ended {result.state}")
+
+    def cpu() -> dict[str, float]:
+        own, kids = cpu_split(pid)
+        return {"server_ms": own, "children_ms": kids}
+
+    return once, cpu
+
+
 async def sqlite_against(runs: int, src: Path) -> dict[str, Any]:
     homes = [make_home(), make_home()]
     try:
@@ -279,16 +299,7 @@ async def sqlite_against(runs: int, src: Path) -> dict[str, Any]:
             client = AsyncClient(info.url, info.token)
             clients.append(client)
 
-            async def once(client: AsyncClient = client) -> None:
-                result = await client.run("true")
-                if result.state != "completed":
-                    raise RuntimeError(f"run of true ended {result.state}")
-
-            def cpu(pid: int = pid) -> dict[str, float]:
-                own, kids = cpu_split(pid)
-                return {"server_ms": own, "children_ms": kids}
-
-            sides.append((once, cpu))
+            sides.append(server_side(client, pid))
         after, before = await _alternate(sides, runs)
         for client in clients:
             await client.aclose()
@@ -361,8 +372,8 @@ async def postgres_against(runs: int, src: Path) -> dict[str, Any]:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     runs = 100 if args.quick else 400
     minimal_before = minimal_cpu_ms(runs)
-    local = asyncio.run(sqlite_local(runs, args.profile))
-    remote = asyncio.run(postgres_daemon(runs // 2, args.profile))
+    local = loops.run(sqlite_local(runs, args.profile))
+    remote = loops.run(postgres_daemon(runs // 2, args.profile))
     against: dict[str, Any] = {}
     src: Path | None = getattr(args, "against", None)  # run_all.py passes none
     if src is not None:
@@ -370,8 +381,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             raise SystemExit(f"--against {src}: not a src folder (no shellyard/__init__.py in it)")
         against = {
             "src": str(src),
-            "sqlite_local": asyncio.run(sqlite_against(runs, src)),
-            "postgres_daemon": asyncio.run(postgres_against(runs // 2, src)),
+            "sqlite_local": loops.run(sqlite_against(runs, src)),
+            "postgres_daemon": loops.run(postgres_against(runs // 2, src)),
         }
     minimal = (minimal_before + minimal_cpu_ms(runs)) / 2
     baseline = "minimal bwrap spawn, children's CPU ms"

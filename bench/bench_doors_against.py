@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import statistics
 import subprocess
@@ -30,7 +29,7 @@ import httpx
 from mcp.client.session import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 
-from common import PYTHON, make_home, remove_home, stop_server
+from common import PYTHON, make_home, remove_home, stop_server, write_result
 from shellyard.home import read_info
 
 BATCH = 10
@@ -146,10 +145,7 @@ def main() -> None:
     args = parser.parse_args()
     this = Path(__file__).resolve().parent.parent / "src"
     result = asyncio.run(measure({"this": this, "against": args.against}, args.batches))
-    text = json.dumps(result, indent=1)
-    print(text)
-    if args.out is not None:
-        args.out.write_text(text + "\n")
+    write_result(result, args.out)
 
 
 if __name__ == "__main__":

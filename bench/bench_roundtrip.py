@@ -55,6 +55,7 @@ from common import (
     summarize_collapsed,
     summary_ms,
 )
+from shellyard import loops
 from shellyard.config import Settings
 from shellyard.contract.executions import RunShellRequest
 from shellyard.control.plane import ControlPlane, build
@@ -297,7 +298,7 @@ async def profile(
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    return asyncio.run(measure(args))
+    return loops.run(measure(args))  # the loop `shellyard serve` would run on
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ from common import (
     summarize_collapsed,
     summary_ms,
 )
+from shellyard import loops
 from shellyard.config import Settings
 from shellyard.contract.executions import RunShellRequest
 from shellyard.control.plane import ControlPlane, build
@@ -102,7 +103,12 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
 
         seq_a = bare_rate(bare, 1, bare_phase)
         par_a = bare_rate(bare, 2, bare_phase)
+        pool = warm_pool(plane)
+        before = dict(pool.stats) if pool is not None else {}
         done, other, elapsed, latencies = await product_rate(plane, agent_ids, duration)
+        # What the warm pool did meanwhile (ramp and drain included): starts that took a warm
+        # sandbox, makings, and those refused because every place was taken (then cold).
+        warm = {k: v - before.get(k, 0) for k, v in (pool.stats if pool else {}).items()}
         par_b = bare_rate(bare, 2, bare_phase)
         seq_b = bare_rate(bare, 1, bare_phase)
         if args.profile:
@@ -143,6 +149,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
             "not_completed": other,
             "agents": AGENTS,
             "per_call_latency_ms": summary_ms(latencies),
+            "warm_pool": {"places": getattr(pool, "count", None), **warm},
             "bare_bwrap": {
                 "sequential": {"before": seq_a, "after": seq_b, "rate": round(seq, 2)},
                 "parallel_2": {"before": par_a, "after": par_b, "rate": round(par, 2)},
@@ -150,6 +157,12 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         },
         "profiles": profiles,
     }
+
+
+def warm_pool(plane: ControlPlane) -> Any:
+    """The local runner's warm pool (runner/sandbox/warm.py), None where it has none."""
+    runs = getattr(plane.runners.get("local"), "_runs", None)
+    return getattr(runs, "warm", None)
 
 
 async def profile(folder: Path, plane: ControlPlane, agent_ids: list[str]) -> dict[str, Any]:
@@ -181,7 +194,7 @@ async def profile(folder: Path, plane: ControlPlane, agent_ids: list[str]) -> di
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    return asyncio.run(measure(args))
+    return loops.run(measure(args))  # the loop `shellyard serve` would run on
 
 
 if __name__ == "__main__":

@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import statistics
 import time
 from pathlib import Path
 from typing import Any
 
-from common import SEED_100_FILES, make_home, remove_home
+from common import SEED_100_FILES, make_home, remove_home, write_result
 from shellyard.config import Settings
 from shellyard.contract.executions import RunShellRequest
 from shellyard.control.plane import build
@@ -76,10 +75,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     result = asyncio.run(measure(args.calls, args.gap))
-    text = json.dumps(result, indent=1)
-    print(text)
-    if args.out:
-        args.out.write_text(text + "\n")
+    write_result(result, args.out)
 
 
 if __name__ == "__main__":

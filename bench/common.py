@@ -597,10 +597,20 @@ def cli(
     args = parser.parse_args()
     result = run(args)
     result.setdefault("name", name)
-    text = json.dumps(result, indent=2)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
+    # The event loop the product's servers (and the in-process planes of the benches that use
+    # shellyard.loops) run on in this run: SHELLYARD_LOOP, uvloop by default.
+    from shellyard import loops
+
+    result.setdefault("shellyard_loop", loops.chosen())
+    write_result(result, args.out, indent=2)
+
+
+def write_result(result: dict[str, Any], out: Path | None, indent: int = 1) -> None:
+    """``result`` as JSON on stdout, and into ``out`` when one is given."""
+    text = json.dumps(result, indent=indent)
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text + "\n")
     print(text)
 
 
