@@ -19,16 +19,21 @@ command's peak would start there). Such a group is removed and a fresh one made,
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from pathlib import Path
 
 from shellyard.runner.limits.cgroup_files import keyed, read, write
 
+log = logging.getLogger(__name__)
+
 #: What may stay charged to a group used again: its next command's peak may include this much
-#: of earlier commands' (kernel objects, page cache they read first; 0.2–0.4 MiB after a
-#: ``true`` in a sandbox, measured).
-LEFTOVER_BYTES = 1 << 20
+#: of earlier commands' (kernel objects, page cache they read first). Measured on v1 after a
+#: command in a sandbox, the page cache warm: 0.59–0.96 MiB, 0.29–0.48 MiB of it kernel
+#: objects; 1.07–1.29 MiB on a loaded machine or after a cache drop (2 MiB first reading
+#: Python's files): 1 MiB turned most groups away there (docs/limits.md "Groups used again").
+LEFTOVER_BYTES = 2 << 20
 #: How long the pool waits for an ended execution's last processes (the sandbox's init still
 #: exiting) before it gives the group up to removal, which ends them.
 SETTLE_S = 0.5
@@ -44,9 +49,18 @@ def settled(folder: Path, v2: bool) -> bool:
         if raw is None:  # never made, or gone
             return False
         empty = keyed(raw, "populated") == 0 if v2 else not raw.strip()
-        if empty or time.monotonic() > deadline:
-            return empty
+        if empty:
+            return True
+        if time.monotonic() > deadline:
+            log.info("not using %s again: processes still in it after %.1f s", folder, SETTLE_S)
+            return False
         time.sleep(0.001)
+
+
+def _not_again(folder: Path, reason: str) -> None:
+    """Why a group is removed instead of used again: told, since a workspace whose groups
+    never come back pays the fresh groups' cost on every command (docs/limits.md)."""
+    log.info("not using %s again: %s", folder, reason)
 
 
 def _number(path: Path) -> int | None:
@@ -60,11 +74,14 @@ def v1_reset(memory: Path, pids: Path, accounting: Path | None) -> bool:
     # Without the ``oom_kill`` line (a kernel before 4.13) the end is told by ``failcnt``,
     # which a limit's reclaim raises without a kill: such groups are never used again.
     if control is None or "oom_kill " not in control or keyed(control, "oom_kill"):
+        _not_again(memory, "an OOM kill in it (or no oom_kill count)")
         return False
     if keyed(read(pids / "pids.events"), "max"):
+        _not_again(memory, "a fork refused in it")
         return False
     usage = _number(memory / "memory.usage_in_bytes")
     if usage is None or usage > LEFTOVER_BYTES:
+        _not_again(memory, f"{usage} bytes still charged to it")
         return False
     write(memory / "memory.max_usage_in_bytes", "0")  # the peak starts again from usage
     if accounting is not None:
@@ -102,13 +119,16 @@ def v2_reset(folder: Path, controllers: tuple[str, ...]) -> tuple[int, int | Non
     cannot start clean (remove it)."""
     if "memory" in controllers:
         if keyed(read(folder / "memory.events"), "oom_kill"):
+            _not_again(folder, "an OOM kill in it")
             return None
         usage = _number(folder / "memory.current")
         if usage is None or usage > LEFTOVER_BYTES:
+            _not_again(folder, f"{usage} bytes still charged to it")
             return None
     if "pids" in controllers:
         local = read(folder / "pids.events.local")
         if keyed(local if local is not None else read(folder / "pids.events"), "max"):
+            _not_again(folder, "a fork refused in it")
             return None
     cpu = keyed(read(folder / "cpu.stat"), "usage_usec")
     if "memory" not in controllers:
