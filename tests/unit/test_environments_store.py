@@ -183,6 +183,26 @@ async def test_unclaim_and_unknown_holders(store: Store) -> None:
     assert (await records.claim_environment_change(str(change.id))).state == "running"
 
 
+async def test_a_start_whose_answer_never_came_holds_the_environment(store: Store) -> None:
+    """V5, E9 (unstarted.py): an execution unknown since its start call (the runner went away
+    with it: it may run, with the prefix mounted) holds the environment from that moment, not
+    from its watcher's first failed question; once the runner says it never started, not."""
+    records, env, create = await _environment(store)
+    await records.claim_environment_change(create.id)
+    await records.finish_environment_change(create.id, packages=[PKG])
+    execution = await _submit(store, env.id)
+    await records.gate_on_environment(str(execution.id), env.id)
+    await store.update_execution(str(execution.id), state="unknown", was_unknown=True)
+    unstarted = await store.get_execution(str(execution.id))
+    assert unstarted is not None and unstarted.started_at is None and not unstarted.finished_at
+    change = await records.add_environment_change(_install(env, ["x"]))
+    assert (await records.claim_environment_change(str(change.id))).waiting_for == [execution.id]
+    await store.update_execution(
+        str(execution.id), from_states=("unknown",), state="failed", finished_at=3.0
+    )
+    assert (await records.claim_environment_change(str(change.id))).state == "running"
+
+
 async def test_failed_create_fails_gated_executions(store: Store) -> None:
     records, env, create = await _environment(store)
     await records.claim_environment_change(create.id)

@@ -300,7 +300,8 @@ def _add_change(conn: Connection, change: dict[str, Any]) -> Row:
 def _holders(conn: Connection, environment_id: str) -> list[str]:
     """Executions that use the environment's current prefix: running ones; those whose
     outcome is unknown because the runner cannot be asked right now (their watcher keeps
-    asking, E9); and queued ones that already resolved their revision but have not started."""
+    asking, E9) or because their start's answer never came (it may run: unstarted.py); and
+    queued ones that already resolved their revision but have not started."""
     rows = conn.execute(
         sa.select(executions.c.id)
         .where(
@@ -310,7 +311,9 @@ def _holders(conn: Connection, environment_id: str) -> list[str]:
                 sa.and_(
                     executions.c.state == "unknown",
                     executions.c.finished_at.is_(None),
-                    executions.c.query_failures > 0,
+                    sa.or_(
+                        executions.c.query_failures > 0, executions.c.started_at.is_(None)
+                    ),
                 ),
                 sa.and_(
                     executions.c.state == "queued",
