@@ -311,9 +311,7 @@ def _holders(conn: Connection, environment_id: str) -> list[str]:
                 sa.and_(
                     executions.c.state == "unknown",
                     executions.c.finished_at.is_(None),
-                    sa.or_(
-                        executions.c.query_failures > 0, executions.c.started_at.is_(None)
-                    ),
+                    sa.or_(executions.c.query_failures > 0, executions.c.started_at.is_(None)),
                 ),
                 sa.and_(
                     executions.c.state == "queued",
