@@ -165,21 +165,19 @@ class _Refused(Exception):
     """Nothing listens at the address (the request was not sent)."""
 
 
-#: The SDK's bounds on a JSON answer (sdk/bounds.py's MAX_JSON_BYTES and MIN_RATE, spelled
-#: here: that module imports httpx, which this path never does), the head's 64 KiB on top.
-_MAX_ANSWER = (256 << 20) + (64 << 10)
-_MIN_RATE = 64 * 1024
+#: Room for the answer's head on top of the SDK's bound on its body.
+_HEAD_BYTES = 64 << 10
 
 
 def _exchange(host: str, port: int, request: bytes, timeout: float) -> tuple[int, bytes]:
     """Send ``request``, read the whole answer (the server closes: ``Connection: close``);
     (status, body). Errors are the SDK's: unreachable, or a broken answer; and its bounds
-    (sdk/bounds.py): at most :data:`_MAX_ANSWER` bytes, all within ``timeout`` plus a second
-    per 64 KiB received, however the answer is paced."""
+    (sdk/answer_clock.py, httpx-free): at most ``MAX_JSON_BYTES`` of body, all within
+    ``timeout`` plus a second per 64 KiB received, however the answer is paced."""
     import socket
-    import time
 
     from shellyard.errors import RunnerUnavailable, ShellyardError
+    from shellyard.sdk.answer_clock import MAX_JSON_BYTES, AnswerClock, too_large_message
     from shellyard.sdk.status import unreachable
 
     try:
@@ -189,37 +187,27 @@ def _exchange(host: str, port: int, request: bytes, timeout: float) -> tuple[int
     except OSError as exc:
         raise unreachable(exc) from exc
     chunks = []
-    size = 0
-    began = time.monotonic()
-    # the request went whole: the command may run (sdk/bounds.py ``advice``, spelled here)
-    late = RunnerUnavailable(
-        f"the control plane's answer did not complete within {timeout:g} s plus a second per "
-        "64 KiB received; the server may have acted on this POST already (a command may be "
-        "running): look before running it again (shellyard status lists the recent ones)"
-    )
+    # the request goes whole: a cut answer's advice is a POST's (the command may run)
+    clock = AnswerClock(timeout, method="POST")
     try:
         with sock:
             sock.sendall(request)
             while True:
-                left = began + timeout + size / _MIN_RATE - time.monotonic()
-                if left <= 0:
-                    raise late
-                sock.settimeout(min(timeout, left))
+                wait, by_clock = clock.bound(timeout)
+                if wait is None or wait <= 0:
+                    raise RunnerUnavailable(clock.message())
+                sock.settimeout(wait)
                 try:
                     chunk = sock.recv(1 << 16)
                 except TimeoutError:
-                    if left < 0.9 * timeout:  # cut by the whole answer's time, not silence
-                        raise late from None
+                    if by_clock:  # cut by the whole answer's time, not by silence
+                        raise RunnerUnavailable(clock.message()) from None
                     raise
                 if not chunk:
                     break
-                size += len(chunk)
-                if size > _MAX_ANSWER:
-                    raise ShellyardError(
-                        f"the control plane's answer passed {_MAX_ANSWER:,} bytes, the SDK's "
-                        "bound on a JSON answer; its connection was closed unread. Check the "
-                        "server's URL"
-                    )
+                clock.received += len(chunk)
+                if clock.received > MAX_JSON_BYTES + _HEAD_BYTES:
+                    raise ShellyardError(too_large_message(MAX_JSON_BYTES, "this command"))
                 chunks.append(chunk)
     except OSError as exc:
         raise unreachable(exc) from exc
