@@ -553,6 +553,47 @@ async def test_the_cli_fast_run_path_has_the_same_bounds(monkeypatch: pytest.Mon
             )
 
 
+@pytest.mark.parametrize(
+    ("body", "said"),
+    [
+        (b"<html>502 Bad Gateway</html>", "is not JSON"),
+        (b'{"unexpected": true}', "is not what the SDK expects (execution_id: Field required;"),
+    ],
+)
+async def test_an_answer_the_sdk_cannot_read_is_its_own_error(body: bytes, said: str) -> None:
+    """Bad input gets a clear error: a successful answer that is not JSON (a proxy's page,
+    another service at that URL) or not what was asked for (a server of another version)
+    is a ShellyardError naming it and what to check, on the lean, httpx and blocking paths
+    alike (before: pydantic's ValidationError, its "For further information visit ...")."""
+
+    async def odd(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % len(body) + body)
+        await writer.drain()
+        writer.close()
+
+    async with serving(odd) as (url, _):
+        errors: list[BaseException] = []
+        for use_lean in (True, False):
+            async with AsyncClient(url, "tok") as client:
+                if not use_lean:
+                    client._lean = None
+                with pytest.raises(ShellyardError) as caught:
+                    await client.status("ex_1")
+                errors.append(caught.value)
+
+        def blocking() -> BaseException:
+            with Client(url, "tok") as client, pytest.raises(ShellyardError) as caught:
+                client.status("ex_1")
+            return caught.value
+
+        errors.append(await asyncio.to_thread(blocking))
+    for error in errors:
+        assert type(error) is ShellyardError, error
+        assert said in str(error) and "Check the server's URL" in str(error), error
+        assert repr(body[:20])[2:-1] in str(error), error
+
+
 def test_https_and_odd_urls_keep_the_httpx_path() -> None:
     assert AsyncClient("https://127.0.0.1:1/", "tok")._lean is None
     assert AsyncClient("http://127.0.0.1:1/", "tok")._lean is not None

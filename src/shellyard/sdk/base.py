@@ -22,7 +22,7 @@ from typing import Any, Generic, ParamSpec, Self, TypeVar, overload
 import httpx
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
-from shellyard.errors import RunnerUnavailable, ShellyardError
+from shellyard.errors import RunnerUnavailable, ShellyardError, problems_text
 from shellyard.sdk.bounds import (
     CLOCK,
     MAX_JSON_BYTES,
@@ -133,17 +133,37 @@ def _failed(exc: httpx.TransportError, clock: AnswerClock | None) -> ShellyardEr
 def parse(adapter: TypeAdapter[T], raw: bytes) -> T:
     """``raw`` JSON as ``adapter``'s type; an answer naming a file that is not UTF-8 holds
     ``\\udcNN`` escapes pydantic's parser refuses (docs/files-and-transfers.md "Names that
-    are not UTF-8"): Python's ``json`` reads those, then the value is validated."""
+    are not UTF-8"): Python's ``json`` reads those, then the value is validated. An answer
+    that is neither (a proxy's page, another service at that URL, a server of another
+    version) is a ShellyardError that says so, never pydantic's own."""
     try:
-        return adapter.validate_json(raw)
-    except ValidationError as exc:
-        if not any(e["type"] == "json_invalid" for e in exc.errors()):
-            raise
         try:
-            value = json.loads(raw)
-        except ValueError:
-            raise exc from None
-        return adapter.validate_python(value)
+            return adapter.validate_json(raw)
+        except ValidationError as exc:
+            if not any(e["type"] == "json_invalid" for e in exc.errors()):
+                raise
+            try:
+                value = json.loads(raw)
+            except ValueError:
+                raise exc from None
+            return adapter.validate_python(value)
+    except ValidationError as exc:
+        raise not_understood(raw, exc) from None
+
+
+def not_understood(raw: bytes, exc: ValidationError) -> ShellyardError:
+    """The error for a successful answer the SDK cannot read as what it asked for."""
+    problems = exc.errors()
+    if any(e["type"] == "json_invalid" for e in problems):
+        what = "is not JSON"
+    else:  # the first few: a whole model's missing fields would fill the screen
+        more = f"; and {len(problems) - 3:,} more" if len(problems) > 3 else ""
+        what = f"is not what the SDK expects ({problems_text(problems[:3])}{more})"
+    return ShellyardError(
+        f"the control plane's answer {what}: {raw[:80]!r}. Check the server's URL (a proxy "
+        "or another service may answer there) and that this client and the server are the "
+        "same shellyard version"
+    )
 
 
 def headers(token: str, agent_id: str | None) -> dict[str, str]:
