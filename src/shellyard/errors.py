@@ -113,6 +113,14 @@ class RunnerUnavailable(ShellyardError):
     http_status = 503
 
 
+class AnswerLost(RunnerUnavailable):
+    """A request that may act twice (a POST: ``run_shell``) went whole, and its answer was cut
+    by the client's bound on its time (sdk/answer_clock.py): the server may have acted on it.
+    Look before sending it again; the CLI exits 124, the outcome unknown, not 75."""
+
+    code = "answer_lost"
+
+
 class RunnerOutdated(Conflict):
     """The runner speaks an older protocol that would drop an option of the request without a
     word (runner/protocol.py ``PROTOCOL_VERSION``): refused, nothing ran; upgrade the runner

@@ -29,10 +29,11 @@ from test_start_outage import _until, _yard
 
 from conftest import POSTGRES_URL, open_yard
 from shellyard.cli import entry
+from shellyard.cli.exits import exit_code_of
 from shellyard.config import Settings
 from shellyard.contract.executions import ExecutionState, RunShellRequest
 from shellyard.control.plane import build
-from shellyard.errors import RunnerUnavailable, ShellyardError
+from shellyard.errors import AnswerLost, RunnerUnavailable, ShellyardError
 from shellyard.runner.protocol import SandboxPolicy
 from shellyard.runner.transport.client import RemoteRunner
 from shellyard.sdk import sessions
@@ -386,7 +387,8 @@ async def test_a_post_cut_by_its_clock_does_not_advise_sending_it_again() -> Non
     sent whole, so a POST (``run_shell``: the command runs) may have taken effect; the error
     said "retry", and a caller following it (a new call, no idempotency key) ran the command
     twice. Now a POST's error says the server may have acted on it and how to look first, on
-    every path and on ``shellyard run``'s fast path; a GET's still says retry."""
+    every path and on ``shellyard run``'s fast path, and is ``AnswerLost``, exit code 124 (the
+    outcome unknown; it was 75, "try again later"); a GET's still says retry (75)."""
     body = json.dumps({"x": "y" * 150}).encode()
     head = f"HTTP/1.1 200 OK\r\ncontent-length: {len(body)}\r\n\r\n".encode()
 
@@ -405,7 +407,10 @@ async def test_a_post_cut_by_its_clock_does_not_advise_sending_it_again() -> Non
         with pytest.raises(RunnerUnavailable) as fast:
             await asyncio.to_thread(entry._exchange, "127.0.0.1", port, request, 0.5)
     for outcome in [*posts, fast.value]:
-        assert isinstance(outcome, RunnerUnavailable), outcome
+        assert isinstance(outcome, AnswerLost), outcome
         assert "may have acted on this POST" in str(outcome) and "retry" not in str(outcome)
+        # the CLI's exit code says "unknown" (as run's 124), not 75's "try again later"
+        assert exit_code_of(outcome) == 124, outcome
     for outcome in gets:
         assert isinstance(outcome, RunnerUnavailable) and "retry" in str(outcome), outcome
+        assert not isinstance(outcome, AnswerLost) and exit_code_of(outcome) == 75, outcome

@@ -176,7 +176,7 @@ def _exchange(host: str, port: int, request: bytes, timeout: float) -> tuple[int
     ``timeout`` plus a second per 64 KiB received, however the answer is paced."""
     import socket
 
-    from shellyard.errors import RunnerUnavailable, ShellyardError
+    from shellyard.errors import ShellyardError
     from shellyard.sdk.answer_clock import MAX_JSON_BYTES, AnswerClock, too_large_message
     from shellyard.sdk.status import unreachable
 
@@ -195,13 +195,13 @@ def _exchange(host: str, port: int, request: bytes, timeout: float) -> tuple[int
             while True:
                 wait, by_clock = clock.bound(timeout)
                 if wait is None or wait <= 0:
-                    raise RunnerUnavailable(clock.message())
+                    raise clock.late_error()
                 sock.settimeout(wait)
                 try:
                     chunk = sock.recv(1 << 16)
                 except TimeoutError:
                     if by_clock:  # cut by the whole answer's time, not by silence
-                        raise RunnerUnavailable(clock.message()) from None
+                        raise clock.late_error() from None
                     raise
                 if not chunk:
                     break

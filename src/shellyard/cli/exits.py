@@ -7,6 +7,7 @@ import re
 import sys
 
 from shellyard.errors import (
+    AnswerLost,
     LowOnSpace,
     RunnerUnavailable,
     ShellyardError,
@@ -26,7 +27,10 @@ EXIT_BY_STATE = {"cancelled": 130, "unknown": 124, "failed": 125}
 
 def exit_code_of(exc: ShellyardError) -> int:
     """75 when trying again later can work (a busy workspace, an unreachable runner, a runner
-    below its free-space reserve), else 2."""
+    below its free-space reserve); 124 when a request that may act twice went and its answer
+    was lost (the outcome is unknown: a retry could run a command twice); else 2."""
+    if isinstance(exc, AnswerLost):
+        return EXIT_BY_STATE["unknown"]
     retry = isinstance(exc, RunnerUnavailable | WorkspaceBusy | LowOnSpace | StoreFull)
     return EXIT_RETRY if retry else EXIT_REFUSED
 

@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 from contextvars import ContextVar
 
-from shellyard.errors import RunnerUnavailable
+from shellyard.errors import AnswerLost, RunnerUnavailable
 
 #: Most bytes of one JSON answer's body (``max_json_bytes`` of a client overrides it).
 MAX_JSON_BYTES = 256 << 20
@@ -63,11 +63,15 @@ class AnswerClock:
             return left, True
         return timeout, False
 
+    def late_error(self) -> RunnerUnavailable:
+        """The caller's error for an answer this clock cut: retryable as a timeout, unless
+        the request may act twice (then ``AnswerLost``: look first)."""
+        kind = RunnerUnavailable if self.method.upper() in RESENDABLE else AnswerLost
+        return kind(self.message())
+
     def error(self) -> RunnerUnavailable | None:
-        """The caller's error when a timeout came from this clock (retryable, as a timeout)."""
-        if not self.expired:
-            return None
-        return RunnerUnavailable(self.message())
+        """``late_error`` when a timeout came from this clock."""
+        return self.late_error() if self.expired else None
 
 
 #: Methods whose request, sent again, does what it did once (the rest may act twice).

@@ -125,7 +125,7 @@ def _failed(exc: httpx.TransportError, clock: AnswerClock | None) -> ShellyardEr
     if isinstance(exc, AnswerTooLarge):
         return too_large_error(exc)
     if isinstance(exc, AnswerTooSlow):
-        return RunnerUnavailable(str(exc))
+        return exc.clock.late_error()
     late = clock.error() if clock is not None else None
     return late if late is not None else _unreachable(exc)
 

@@ -43,6 +43,10 @@ class AnswerTooLarge(httpx.RemoteProtocolError):
 class AnswerTooSlow(httpx.ReadTimeout):
     """A JSON answer did not complete within its :class:`AnswerClock` (sdk/lean.py's)."""
 
+    def __init__(self, clock: AnswerClock) -> None:
+        super().__init__(clock.message())
+        self.clock = clock
+
 
 def too_large(limit: int, what: str) -> AnswerTooLarge:
     return AnswerTooLarge(too_large_message(limit, what))

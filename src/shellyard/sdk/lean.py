@@ -300,14 +300,14 @@ class _Connection(WaitingProtocol):
             timeout = bounded if bounded is not None else timeout
             if timeout <= 0:
                 clock.expired = True
-                raise AnswerTooSlow(clock.message())
+                raise AnswerTooSlow(clock)
         timer = self.loop.call_later(timeout, _expire, future)
         try:
             await future
         except TimeoutError:
             if cut and clock is not None:
                 clock.expired = True
-                raise AnswerTooSlow(clock.message()) from None
+                raise AnswerTooSlow(clock) from None
             raise late(f"no progress within {timeout} s") from None
         finally:
             timer.cancel()
