@@ -10,6 +10,7 @@ name them as ``/workspace/…`` sources.
 from __future__ import annotations
 
 import base64
+import errno
 import json
 import os
 from pathlib import Path
@@ -317,3 +318,29 @@ async def test_a_conda_install_runs_as_the_sandbox_uid_and_reads_no_root_only_ar
             except OSError:
                 continue
             assert CANARY.encode() not in data or path.name.endswith((".db", "-wal")), path
+
+
+@pytest.mark.parametrize("refusal", [errno.EMFILE, errno.ENOSYS])
+async def test_a_package_tool_the_kernel_gives_no_pidfd_of_is_still_waited_for(
+    yard: Yard, monkeypatch: pytest.MonkeyPatch, refusal: int
+) -> None:
+    """V1, E11: a package tool's end is woken on its pidfd; when ``pidfd_open`` is refused
+    (EMFILE at the descriptor limit, ENOSYS before Linux 5.3; injected, as in
+    test_attack_pass_49b) its end is polled: the change completes as it would, and the
+    environment runs commands (before: the OSError failed the change after its tool ran)."""
+
+    def refused(pid: int, flags: int = 0) -> int:
+        raise OSError(refusal, os.strerror(refusal))
+
+    agent = await _agent(yard)
+    monkeypatch.setattr(os, "pidfd_open", refused)
+    environment_id = await _create(yard, agent, f"nopidfd{refusal}")
+    result = await yard.plane.executions.run_shell(
+        RunShellRequest(
+            command="python -c 'import sys; print(sys.prefix)'",
+            environment_id=environment_id,
+            wait_ms=30_000,
+        ),
+        agent,
+    )
+    assert result.exit_code == 0 and result.stdout.strip(), result

@@ -4,6 +4,7 @@ Root needed (the overlays are a root runner's), skipped with the reason otherwis
 
 from __future__ import annotations
 
+import errno
 import os
 import subprocess
 import sys
@@ -246,3 +247,29 @@ def test_a_holder_past_descriptor_1024_is_seen_to_end(prefixes: PrefixMounts, pr
         for fd in filler:
             os.close(fd)
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+@pytest.mark.parametrize("refusal", [errno.EMFILE, errno.ENOSYS])
+def test_a_holder_the_kernel_gives_no_pidfd_of_still_holds(
+    prefixes: PrefixMounts, prefix: Path, monkeypatch: pytest.MonkeyPatch, refusal: int
+) -> None:
+    """E11: when ``pidfd_open`` is refused (EMFILE at the descriptor limit, ENOSYS before
+    Linux 5.3: injected here, as in test_attack_pass_49b), the spawn is not failed after its
+    sandbox started and the overlay is not left unheld under a running sandbox: the holder is
+    kept by its pid and start time, and the overlay goes once that process has exited.
+    (Before: ``attach`` raised the OSError out of a spawn that had happened.)"""
+
+    def refused(pid: int, flags: int = 0) -> int:
+        raise OSError(refusal, os.strerror(refusal))
+
+    binds, hold = prefixes.hold([(prefix, Path("/env"))])
+    ((point, _),) = binds
+    holder = sleeper()
+    monkeypatch.setattr(os, "pidfd_open", refused)
+    hold.attach(holder.pid)
+    hold.close()
+    assert prefixes.holds() == {point: 1}
+    assert prefixes.reap() == 0 and os.path.ismount(point)  # its holder runs
+    ended(holder)
+    assert prefixes.reap() == 1 and not point.exists()
+    assert prefixes.holds() == {}

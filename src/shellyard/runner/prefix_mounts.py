@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from shellyard.runner.own_mounts import LINGER_S, Reaper, mount_overlay, unmount_all
+from shellyard.runner.processes import is_same_process, start_time
 
 log = logging.getLogger(__name__)
 
@@ -62,28 +63,40 @@ class _Overlay:
     pending: int = 0
     #: pidfds of spawned sandboxes (each closes when its process has exited and been seen)
     holders: list[int] = field(default_factory=list)
+    #: (pid, start time) of spawned sandboxes the kernel gave no pidfd for (EMFILE, ENOSYS):
+    #: checked against /proc by ``reap``, never dropped unseen (the prefix stays mounted)
+    polled: list[tuple[int, int]] = field(default_factory=list)
     mounted: bool = False
     #: monotonic time nothing has held it since; None: held
     idle_since: float | None = None
 
     def attach(self, pid: int) -> None:
         """A spawned sandbox holds it until its process exits (seen by ``reap``)."""
+        started: int | None = None
         try:
             pidfd: int | None = os.pidfd_open(pid)
         except ProcessLookupError:  # gone already: its setup is over
             pidfd = None
+        except OSError:  # no pidfd (EMFILE at the descriptor limit, ENOSYS): held by its pid
+            pidfd, started = None, start_time(pid)
         with self.lock:
             self.pending -= 1
             if pidfd is not None:
                 self.holders.append(pidfd)
-            elif not self.pending and not self.holders:
+            elif started is not None:
+                self.polled.append((pid, started))
+            elif not self.held():
                 self.idle_since = time.monotonic()
+
+    def held(self) -> bool:
+        """Whether a spawn on its way or a sandbox holds it (the caller holds ``lock``)."""
+        return bool(self.pending or self.holders or self.polled)
 
     def release(self) -> None:
         """A hold whose spawn never happened."""
         with self.lock:
             self.pending -= 1
-            if not self.pending and not self.holders:
+            if not self.held():
                 self.idle_since = time.monotonic()
 
 
@@ -169,7 +182,9 @@ class PrefixMounts:
         """Mount point → pending holds plus live holders (for the tests)."""
         with self._table:
             items = list(self._overlays.items())
-        return {point: o.pending + len(o.holders) for point, o in items if o.mounted}
+        return {
+            point: o.pending + len(o.holders) + len(o.polled) for point, o in items if o.mounted
+        }
 
     def _overlay(self, point: Path) -> _Overlay:
         with self._table:
@@ -190,7 +205,8 @@ class PrefixMounts:
                 for pidfd in _exited(overlay.holders):
                     overlay.holders.remove(pidfd)
                     os.close(pidfd)
-                if overlay.pending or overlay.holders or not overlay.mounted:
+                overlay.polled = [h for h in overlay.polled if is_same_process(*h)]
+                if overlay.held() or not overlay.mounted:
                     continue
                 now = time.monotonic()
                 if overlay.idle_since is None:
@@ -220,6 +236,7 @@ class PrefixMounts:
                 for pidfd in overlay.holders:
                     os.close(pidfd)
                 overlay.holders.clear()
+                overlay.polled.clear()
                 if overlay.mounted:
                     self._remove(point)
                     overlay.mounted = False

@@ -385,13 +385,18 @@ class SandboxedTools:
         """Wake on the pidfd when the tool ends; kill it after the change's time limit, or
         when the volume falls below the free-space reserve (see the module's doc)."""
         deadline = time.monotonic() + self._timeout_s
+        loop = asyncio.get_running_loop()
+        ended = asyncio.Event()
+        poller: asyncio.Future[None] | None = None
         try:
             pidfd = os.pidfd_open(popen.pid)
         except ProcessLookupError:
             return popen.wait()
-        loop = asyncio.get_running_loop()
-        ended = asyncio.Event()
-        loop.add_reader(pidfd, ended.set)
+        except OSError:  # no pidfd (EMFILE at the descriptor limit, ENOSYS): polled
+            pidfd = -1
+            poller = asyncio.ensure_future(_poll_until_ended(popen, ended))
+        else:
+            loop.add_reader(pidfd, ended.set)
         why = f"killed after {self._timeout_s:.0f} s"
         short = None
         try:
@@ -404,8 +409,11 @@ class SandboxedTools:
                         why = f"killed: {short}"
                         break
         finally:
-            loop.remove_reader(pidfd)
-            os.close(pidfd)
+            if poller is not None:
+                poller.cancel()
+            else:
+                loop.remove_reader(pidfd)
+                os.close(pidfd)
         if popen.poll() is None:
             with open(self._log_path, "ab") as log:
                 log.write(f"\nshellyard: {why}\n".encode())
@@ -495,3 +503,10 @@ def fresh_private(scratch: Path, cache: Path, ids: tuple[int, int] | None) -> No
     for folder in (scratch, cache):
         folder.chmod(0o700)
         give_to_tools(folder, ids)
+
+
+async def _poll_until_ended(popen: subprocess.Popen[bytes], ended: asyncio.Event) -> None:
+    """``ended`` set once the tool has exited, asked every 50 ms (no pidfd to wake on)."""
+    while popen.poll() is None:
+        await asyncio.sleep(0.05)
+    ended.set()
