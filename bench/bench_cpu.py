@@ -23,13 +23,14 @@ batches of 10 runs, so both see the same load; reported side by side in ``detail
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import resource
 import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -287,27 +288,36 @@ def server_side(client: AsyncClient, pid: int) -> Side:
     return once, cpu
 
 
-async def sqlite_against(runs: int, src: Path) -> dict[str, Any]:
+@contextlib.asynccontextmanager
+async def servers_against(src: Path) -> AsyncIterator[list[tuple[Path, AsyncClient, int]]]:
+    """``--against``'s two sides: a ``shellyard serve`` of this tree, then one of ``src`` (its
+    PYTHONPATH), each on a fresh home with an SDK client: (home, client, server pid). The
+    clients are closed, the servers stopped and the homes removed on the way out."""
     homes = [make_home(), make_home()]
+    clients: list[AsyncClient] = []
     try:
-        sides = []
-        clients = []
+        servers = []
         for home, env in zip(homes, [None, {"PYTHONPATH": str(src)}], strict=True):
             pid = start_server(home, env)
             info = read_info(home)
             assert info is not None
             client = AsyncClient(info.url, info.token)
             clients.append(client)
-
-            sides.append(server_side(client, pid))
-        after, before = await _alternate(sides, runs)
+            servers.append((home, client, pid))
+        yield servers
+    finally:
         for client in clients:
             await client.aclose()
-        return {"runs": runs, "after": after, "before": before}
-    finally:
         for home in homes:
             stop_server(home)
             remove_home(home)
+
+
+async def sqlite_against(runs: int, src: Path) -> dict[str, Any]:
+    async with servers_against(src) as servers:
+        sides = [server_side(client, pid) for _, client, pid in servers]
+        after, before = await _alternate(sides, runs)
+    return {"runs": runs, "after": after, "before": before}
 
 
 async def postgres_against(runs: int, src: Path) -> dict[str, Any]:

@@ -10,34 +10,23 @@ this tree's ``src`` against another's, driven in alternating batches (bench_cpu.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 from pathlib import Path
 from typing import Any
 
-from bench_cpu import _alternate, server_side
+from bench_cpu import _alternate, server_side, servers_against
 from bench_server_instructions import _history
-from common import make_home, remove_home, start_server, stop_server
+from common import write_result
 from shellyard import loops
-from shellyard.home import read_info
-from shellyard.sdk.client import AsyncClient
 
 
 async def measure(src: Path, history: int, runs: int) -> dict[str, Any]:
-    homes = [make_home(), make_home()]
-    clients: list[AsyncClient] = []
-    try:
+    async with servers_against(src) as servers:
         sides = []
-        for home, env in zip(homes, [None, {"PYTHONPATH": str(src)}], strict=True):
-            pid = start_server(home, env)
-            info = read_info(home)
-            assert info is not None
-            client = AsyncClient(info.url, info.token)
-            clients.append(client)
+        for home, client, pid in servers:
             first = await client.run("true")
             if history:
                 _history(home, first.agent_id, first.workspace_id, history)
-
             sides.append(server_side(client, pid))
         load_before = os.getloadavg()
         after, before = await _alternate(sides, runs)
@@ -49,12 +38,6 @@ async def measure(src: Path, history: int, runs: int) -> dict[str, Any]:
             "load_before": load_before,
             "load_after": os.getloadavg(),
         }
-    finally:
-        for client in clients:
-            await client.aclose()
-        for home in homes:
-            stop_server(home)
-            remove_home(home)
 
 
 def main() -> None:
@@ -66,10 +49,7 @@ def main() -> None:
     args = parser.parse_args()
     result = {"name": "cpu_history", "against": str(args.against),
               **loops.run(measure(args.against, args.history, args.runs))}  # fmt: skip
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.out:
-        args.out.write_text(text + "\n")
+    write_result(result, args.out, indent=2)
 
 
 if __name__ == "__main__":

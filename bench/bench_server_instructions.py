@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common import PYTHON, make_home, remove_home
+from common import PYTHON, make_home, remove_home, write_result
 
 WARMUP = 20
 BENCH = Path(__file__).resolve().parent
@@ -214,10 +214,7 @@ def main() -> None:
         "mean_instructions_per_call": mean,
         "ratio_this_to_against": mean["this"] / mean["against"],
     }
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.out:
-        args.out.write_text(text + "\n")
+    write_result(result, args.out, indent=2)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from common import PYTHON
+from common import PYTHON, write_result
 
 CYCLE_SCRIPT = """
 import asyncio, sys, tempfile, time
@@ -121,10 +121,7 @@ def main() -> None:
     result = {"name": "store_instructions", "against": str(args.against),
               "cycles": args.cycles, "runs": runs, "mean_instructions_per_execution": mean,
               "ratio_this_to_against": mean["this"] / mean["against"]}  # fmt: skip
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.out:
-        args.out.write_text(text + "\n")
+    write_result(result, args.out, indent=2)
 
 
 if __name__ == "__main__":

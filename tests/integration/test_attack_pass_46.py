@@ -29,7 +29,7 @@ import pytest
 from proc_memory import peak_resident, resident
 from pydantic import TypeAdapter
 from raw_http import answers, received
-from served_server import Served, served_server
+from served_server import Served, served_server, upload
 
 from shellyard.api.connections import HEADER_TIMEOUT_S, MAX_HEAD_BYTES, MAX_PIPELINED
 
@@ -151,13 +151,7 @@ def test_a_chunked_upload_streams_through_the_framing_bound(served: Served) -> N
             yield b"z" * size
 
     expected = sum(len(piece) for piece in pieces())
-    put = httpx.put(
-        f"{served.url}/v1/files/content",
-        params={"path": "chunked.bin"},
-        content=pieces(),
-        headers=served.session,
-        timeout=120,
-    )
+    put = upload(served, "chunked.bin", pieces(), 120)
     assert put.status_code == 200, put.text
     assert put.json()["written"][0]["size"] == expected
 
@@ -376,13 +370,7 @@ def test_a_head_past_its_bound_is_refused_in_every_part(served: Served) -> None:
 def test_a_stalled_reader_of_a_big_download_holds_bounded_memory(served: Served) -> None:
     """Held: ten clients that ask for a 64 MiB file and never read their answer hold a few
     MiB of the server each (the socket's buffer and one chunk), not the file."""
-    put = httpx.put(
-        f"{served.url}/v1/files/content",
-        params={"path": "big.bin"},
-        content=os.urandom(MIB) * 64,
-        headers=served.session,
-        timeout=300,
-    )
+    put = upload(served, "big.bin", os.urandom(MIB) * 64, 300)
     assert put.status_code == 200, put.text
     auth = served.session["Authorization"].encode()
     before = resident(served.pid)

@@ -22,13 +22,22 @@ from typing import Any
 
 import httpx
 import pytest
+from local_runner import (
+    ended,
+    local_runner,
+    open_files,
+    process_tag,
+    runs_true,
+    tagger,
+    workspace_processes,
+)
 from proc_memory import peak_resident, reset_peak, resident
 
 from conftest import processes_of, stop_server
 from shellyard.errors import SpawnFailed
 from shellyard.home import read_info
 from shellyard.runner.local import LocalRunner
-from shellyard.runner.protocol import RunnerExecState, SandboxPolicy, StartRequest
+from shellyard.runner.protocol import SandboxPolicy, StartRequest
 from shellyard.runner.sandbox import terminal
 from shellyard.runner.sandbox.spawn import ColdSpawn, PendingSpawn
 from shellyard.sdk import lean
@@ -39,7 +48,8 @@ pytestmark = pytest.mark.timeout(300)
 
 MIB = 1 << 20
 #: other engineers' tests may run beside: every id names this process
-TAG = f"{os.getpid()}-{time.time_ns()}"
+TAG = process_tag()
+eid = tagger(TAG)
 WS = f"ws-atk48-{TAG}"
 #: another agent's workspace, whose running command sends a cold spawn to a worker thread
 OTHER = f"ws-atk48-other-{TAG}"
@@ -106,10 +116,6 @@ def _answering(*answers: bytes | Handler) -> Handler:
 
 async def _get(client: LeanHttp, timeout: float = 10.0) -> tuple[int, bytes]:
     return await client.call("GET", "/v1/x", None, None, timeout)
-
-
-def eid(name: str) -> str:
-    return f"{name}-{TAG}"
 
 
 def _fds() -> int:
@@ -431,14 +437,8 @@ async def test_many_failing_and_working_calls_at_once_leak_no_descriptor() -> No
 
 @pytest.fixture
 async def runner(tmp_path: Path) -> AsyncIterator[LocalRunner]:
-    local = LocalRunner(tmp_path / "runner", SandboxPolicy())
-    await local.startup()
-    try:
-        await local.ensure_workspace(WS)
-        await local.ensure_workspace(OTHER)
+    async with local_runner(tmp_path, WS, OTHER) as local:
         yield local
-    finally:
-        await local.aclose()
 
 
 @contextlib.asynccontextmanager
@@ -452,21 +452,6 @@ async def other_running(local: LocalRunner) -> AsyncIterator[None]:
     finally:
         await local.cancel(other)
         await ended(local, other)
-
-
-async def ended(local: LocalRunner, execution_id: str) -> Any:
-    record = await local.wait(execution_id, 60)
-    while record.state == RunnerExecState.running:
-        record = await local.wait(execution_id, 60)
-    return record
-
-
-def _open_files() -> list[str]:
-    names = []
-    for fd in os.listdir("/proc/self/fd"):
-        with contextlib.suppress(OSError):
-            names.append(os.readlink(f"/proc/self/fd/{fd}"))
-    return names
 
 
 #: Prefixes of the names of the threads a runner and its loop start when first needed
@@ -510,7 +495,7 @@ async def test_a_spawn_the_kernel_refuses_in_the_thread_frees_everything(
             assert time.monotonic() < deadline, "the other workspace's warm sandbox was not made"
             await asyncio.sleep(0.02)
         threads = set(threading.enumerate())
-        fds = len(_open_files())
+        fds = len(open_files())
         big = eid("e2big")
         (runner.workspace_path(WS) / "s.sh").write_text("true\n")
         request = StartRequest(
@@ -527,8 +512,8 @@ async def test_a_spawn_the_kernel_refuses_in_the_thread_frees_everything(
         assert "Argument list too long" in str(refused.value)
         assert threads_of_runs[-1] != threading.current_thread().name  # the worker's
         assert not (runner.root / "executions" / big).exists()
-        assert not [path for path in _open_files() if big in path]
-        assert len(_open_files()) <= fds
+        assert not [path for path in open_files() if big in path]
+        assert len(open_files()) <= fds
         assert WS not in runner._runs.busy_workspaces
         assert not any(big in users for users in runner._runs.environment_users.values())
         # No thread of its own: new ones since the baseline are only the loop's executor's
@@ -540,8 +525,7 @@ async def test_a_spawn_the_kernel_refuses_in_the_thread_frees_everything(
         workers = [t for t in threading.enumerate() if t.name.startswith("asyncio_")]
         assert len(workers) <= min(32, (os.cpu_count() or 1) + 4), workers
         after = eid("e2big-after")
-        await runner.start(StartRequest(execution_id=after, workspace_id=WS, command="true"))
-        assert (await ended(runner, after)).exit_code == 0
+        await runs_true(runner, after, WS)
 
 
 @pytest.mark.parametrize("beside", [False, True], ids=["on-the-loop", "in-a-thread"])
@@ -576,8 +560,7 @@ async def test_a_holder_that_cannot_start_leaves_no_sandbox_running(
         assert WS not in runner._runs.busy_workspaces
     monkeypatch.undo()
     after = eid(f"holder-after-{beside}")
-    await runner.start(StartRequest(execution_id=after, workspace_id=WS, command="true"))
-    assert (await ended(runner, after)).exit_code == 0
+    await runs_true(runner, after, WS)
 
 
 async def test_many_agents_cold_spawning_at_once_leak_no_descriptor_or_thread(
@@ -611,7 +594,7 @@ async def _many_agents(runner: LocalRunner) -> None:
         # warm sandboxes (warm.py) hold descriptors of their own: none is made from here on
         runner._runs.warm.close()
         await asyncio.sleep(0.2)
-        before = _open_files()
+        before = open_files()
         fds = len(before)
         threads = threading.active_count()
         for round_ in range(2):
@@ -625,10 +608,10 @@ async def _many_agents(runner: LocalRunner) -> None:
             records = await asyncio.gather(*(ended(runner, i) for i in ids))
             assert [r.exit_code for r in records] == [0] * len(ids)
         for _ in range(100):
-            if len(_open_files()) <= fds:
+            if len(open_files()) <= fds:
                 break
             await asyncio.sleep(0.05)
-        assert len(_open_files()) <= fds, sorted(set(_open_files()) - set(before))
+        assert len(open_files()) <= fds, sorted(set(open_files()) - set(before))
         assert threading.active_count() <= threads + min(32, (os.cpu_count() or 1) + 4)
 
 
@@ -696,17 +679,6 @@ async def test_readers_beside_a_writer_in_flight_and_a_reader_cancelled_in_fligh
         assert (await ended(runner, writer)).exit_code == 0
 
 
-def _workspace_processes(workspace_id: str) -> list[int]:
-    needle = f"SHELLYARD_WORKSPACE_ID={workspace_id}".encode()
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            with contextlib.suppress(OSError):
-                if needle in Path(f"/proc/{entry}/environ").read_bytes().split(b"\0"):
-                    found.append(int(entry))
-    return found
-
-
 async def test_sigterm_during_cold_spawns_in_threads_leaves_nothing_after_restart(
     served_home: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -762,9 +734,9 @@ async def test_sigterm_during_cold_spawns_in_threads_leaves_nothing_after_restar
     for agent, execution_id in besides:
         Client.for_home(home, agent_id=agent).cancel(execution_id)
     deadline = time.monotonic() + 15
-    while _workspace_processes(workspace) and time.monotonic() < deadline:
+    while workspace_processes(workspace) and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
-    assert not _workspace_processes(workspace), "processes of the workspace left"
+    assert not workspace_processes(workspace), "processes of the workspace left"
 
 
 def _holders_of(directory: Path) -> list[int]:
@@ -810,8 +782,7 @@ async def test_an_interactive_start_cancelled_in_its_thread_leaves_no_holder(
         assert not folder.exists()
         assert WS not in runner._runs.busy_workspaces
         after = eid(f"interactive-after-{tty}")
-        await runner.start(StartRequest(execution_id=after, workspace_id=WS, command="true"))
-        assert (await ended(runner, after)).exit_code == 0
+        await runs_true(runner, after, WS)
 
 
 async def test_a_start_retried_while_its_spawn_fails_in_the_thread_gets_the_failure(

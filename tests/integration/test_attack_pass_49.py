@@ -22,10 +22,11 @@ from typing import Any
 
 import httpx
 import pytest
+from daemon_outage import held_start, held_start_ran_once, outage_yard, until
 from proc_memory import peak_resident, reset_peak, resident
 from pydantic import TypeAdapter
 from runner_daemon_fixture import start_daemon
-from test_start_outage import _until, _yard
+from sdk_paths import chunked, on_every_path
 
 from conftest import POSTGRES_URL, open_yard
 from shellyard.cli import entry
@@ -74,34 +75,6 @@ async def serving(handle: Handler) -> AsyncIterator[str]:
         yield f"http://127.0.0.1:{listening.sockets[0].getsockname()[1]}"
 
 
-async def _on_every_path(url: str, request: Any) -> list[Any]:
-    """The outcome of ``request`` on the lean client, the async httpx path and the blocking
-    ``Client`` (in a thread): its answer or the exception raised."""
-    outcomes: list[Any] = []
-    for use_lean in (True, False):
-        async with AsyncClient(url, "tok") as client:
-            if not use_lean:
-                client._lean = None
-            try:
-                outcomes.append(await client._send(request))
-            except Exception as exc:
-                outcomes.append(exc)
-
-    def blocking() -> Any:
-        with Client(url, "tok") as client:
-            try:
-                return client._send(request)
-            except Exception as exc:
-                return exc
-
-    outcomes.append(await asyncio.to_thread(blocking))
-    return outcomes
-
-
-def _chunk(data: bytes) -> bytes:
-    return b"%x\r\n%s\r\n" % (len(data), data)
-
-
 async def test_framing_dripped_without_body_does_not_earn_the_answer_time() -> None:
     """Finding (fixed): the httpx paths (blocking ``Client``, the async client on https or a
     foreign loop) counted every byte off the wire as the answer's progress, the lean path
@@ -113,16 +86,16 @@ async def test_framing_dripped_without_body_does_not_earn_the_answer_time() -> N
     every path fails with the clock's message."""
 
     async def framing(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n" + _chunk(b'{"'))
+        writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n" + chunked(b'{"'))
         for _ in range(40):
             writer.write(b"1;x=" + b"e" * 16000 + b"\r\nz\r\n")
             await writer.drain()
             await asyncio.sleep(0.1)
-        writer.write(_chunk(b'":1}') + b"0\r\n\r\n")
+        writer.write(chunked(b'":1}') + b"0\r\n\r\n")
         await writer.drain()
 
     async with serving(framing) as url:
-        outcomes = await _on_every_path(url, call("GET", "/v1/x", ANY, timeout_s=0.5))
+        outcomes = await on_every_path(url, call("GET", "/v1/x", ANY, timeout_s=0.5))
     for outcome in outcomes:
         assert isinstance(outcome, RunnerUnavailable), outcome
         assert "did not complete within 0.5 s" in str(outcome)
@@ -139,16 +112,16 @@ async def test_empty_deflate_blocks_do_not_earn_the_answer_time() -> None:
         gzip = zlib.compressobj(wbits=31)
         start = gzip.compress(b'{"a": 1}') + gzip.flush(zlib.Z_SYNC_FLUSH)
         head = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\ncontent-encoding: gzip\r\n\r\n"
-        writer.write(head + _chunk(start))
+        writer.write(head + chunked(start))
         for _ in range(40):
-            writer.write(_chunk(EMPTY_BLOCK * 3200))
+            writer.write(chunked(EMPTY_BLOCK * 3200))
             await writer.drain()
             await asyncio.sleep(0.1)
-        writer.write(_chunk(gzip.flush()) + b"0\r\n\r\n")
+        writer.write(chunked(gzip.flush()) + b"0\r\n\r\n")
         await writer.drain()
 
     async with serving(empty_blocks) as url:
-        outcomes = await _on_every_path(url, call("GET", "/v1/x", ANY, timeout_s=0.5))
+        outcomes = await on_every_path(url, call("GET", "/v1/x", ANY, timeout_s=0.5))
     assert not isinstance(outcomes[0], dict), outcomes[0]
     for outcome in outcomes[1:]:
         assert isinstance(outcome, RunnerUnavailable), outcome
@@ -204,8 +177,8 @@ async def test_the_fast_run_path_fails_clearly_on_a_cut_or_bad_answer() -> None:
     SDK's "cut or not HTTP" error (RunnerUnavailable, shown as one line by ``say_error``),
     never a ValueError's traceback nor a truncated body handed to the JSON parser."""
     answers = [
-        b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n" + _chunk(b'{"a": 1') + b"5\r\nab",
-        b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n" + _chunk(b'{"a": 1}'),
+        b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n" + chunked(b'{"a": 1') + b"5\r\nab",
+        b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n" + chunked(b'{"a": 1}'),
         b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n",
         b'HTTP/1.1 200 OK\r\ncontent-length: 40\r\n\r\n{"a": 1}',
     ]
@@ -240,9 +213,9 @@ async def test_the_wake_stream_bounds_one_event(
 
     async def endless(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         head = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
-        writer.write(head + b"transfer-encoding: chunked\r\n\r\n" + _chunk(b"data: "))
+        writer.write(head + b"transfer-encoding: chunked\r\n\r\n" + chunked(b"data: "))
         for _ in range((48 << 20) // len(piece)):
-            writer.write(_chunk(piece))
+            writer.write(chunked(piece))
             await writer.drain()
         writer.write(b"0\r\n\r\n")
         await writer.drain()
@@ -279,7 +252,7 @@ async def test_a_start_timed_out_on_a_stopped_daemon_runs_once_and_reads_so(home
     (uvicorn accepts and reads in arrival order; ``LocalRunner.start`` makes the folder before
     its first await), so the watcher never reads "no trace" for a start still to come: the
     record is completed, the command ran once."""
-    plane, daemon, remote = await _yard(home)
+    plane, daemon, remote = await outage_yard(home)
     try:
         remote._slow = httpx.Timeout(1.5, connect=1.5)
         assert daemon.process is not None
@@ -292,7 +265,7 @@ async def test_a_start_timed_out_on_a_stopped_daemon_runs_once_and_reads_so(home
         await asyncio.sleep(3)  # the watcher asks twice meanwhile, unanswered
         os.kill(daemon.process.pid, signal.SIGCONT)
         done = {ExecutionState.completed, ExecutionState.failed}
-        view = await _until(plane, result.execution_id, done)
+        view = await until(plane, result.execution_id, done)
         assert view.state == ExecutionState.completed and view.was_unknown, view
         remote._slow = httpx.Timeout(60, connect=10)
         after = await plane.executions.run_shell(
@@ -309,14 +282,9 @@ async def test_a_plane_restarted_in_the_unknown_window_keeps_asking(home: Path) 
     closed while the record is unknown, the daemon comes back, and a new plane on the same
     home picks the record up from the store (unknown, no start time: the start still to be
     confirmed), asks the runner and records the real end once (exit 4, ran once)."""
-    plane, daemon, remote = await _yard(home)
+    plane, daemon, remote = await outage_yard(home)
     try:
-        remote.start_wait_s = 30.0
-        request = RunShellRequest(
-            command="echo run >> runs.txt; sleep 3; exit 4", runner_id="remote"
-        )
-        submit = asyncio.create_task(plane.executions.run_shell(request))
-        await asyncio.sleep(1.5)
+        submit = await held_start(plane, remote)
         daemon.kill()
         result = await submit
         assert result.state == ExecutionState.unknown
@@ -325,13 +293,7 @@ async def test_a_plane_restarted_in_the_unknown_window_keeps_asking(home: Path) 
     await daemon.restart()
     again, _, _ = await open_yard(home, "local")
     try:
-        done = {ExecutionState.completed, ExecutionState.failed}
-        view = await _until(again, result.execution_id, done)
-        assert view.state == ExecutionState.completed and view.exit_code == 4, view
-        after = await again.executions.run_shell(
-            RunShellRequest(command="cat runs.txt", runner_id="remote")
-        )
-        assert after.stdout == "run\n"
+        await held_start_ran_once(again, result.execution_id, again)
     finally:
         await again.aclose()
         await daemon.stop()
@@ -358,24 +320,13 @@ async def test_two_planes_on_postgresql_resolve_an_unknown_start_once(
         assert warm.state == ExecutionState.completed
         remote = a.runners.get("remote")
         assert isinstance(remote, RemoteRunner)
-        remote.start_wait_s = 30.0
-        request = RunShellRequest(
-            command="echo run >> runs.txt; sleep 3; exit 4", runner_id="remote"
-        )
-        submit = asyncio.create_task(a.executions.run_shell(request))
-        await asyncio.sleep(1.5)
+        submit = await held_start(a, remote)
         daemon.kill()
         result = await submit
         assert result.state == ExecutionState.unknown
         await asyncio.sleep(3)  # leases renewed and claimed meanwhile, the runner away
         await daemon.restart()
-        done = {ExecutionState.completed, ExecutionState.failed}
-        view = await _until(b, result.execution_id, done)
-        assert view.state == ExecutionState.completed and view.exit_code == 4, view
-        after = await a.executions.run_shell(
-            RunShellRequest(command="cat runs.txt", runner_id="remote")
-        )
-        assert after.stdout == "run\n"
+        await held_start_ran_once(b, result.execution_id, a)
     finally:
         for plane in planes:
             await plane.aclose()
@@ -400,8 +351,8 @@ async def test_a_post_cut_by_its_clock_does_not_advise_sending_it_again() -> Non
             await writer.drain()
 
     async with serving(dripping) as url:
-        posts = await _on_every_path(url, call("POST", "/v1/executions", ANY, timeout_s=0.5))
-        gets = await _on_every_path(url, call("GET", "/v1/x", ANY, timeout_s=0.5))
+        posts = await on_every_path(url, call("POST", "/v1/executions", ANY, timeout_s=0.5))
+        gets = await on_every_path(url, call("GET", "/v1/x", ANY, timeout_s=0.5))
         port = int(url.rsplit(":", 1)[1])
         request = b"POST /v1/executions HTTP/1.1\r\ncontent-length: 0\r\n\r\n"
         with pytest.raises(RunnerUnavailable) as fast:

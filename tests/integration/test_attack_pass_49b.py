@@ -17,39 +17,25 @@ from typing import Any
 
 import httpx
 import pytest
+from local_runner import ended, local_runner, process_tag, tagger
 from starlette.requests import ClientDisconnect
 
 from shellyard.control.plane import ControlPlane
 from shellyard.runner.local import LocalRunner
-from shellyard.runner.protocol import RunnerExecState, SandboxPolicy, StartRequest
+from shellyard.runner.protocol import RunnerExecState, StartRequest
 
 pytestmark = pytest.mark.timeout(300)
 
 #: other engineers' tests may run beside: every id names this process
-TAG = f"{os.getpid()}-{time.time_ns()}"
+TAG = process_tag()
+eid = tagger(TAG)
 WS = f"ws-atk49b-{TAG}"
-
-
-def eid(name: str) -> str:
-    return f"{name}-{TAG}"
 
 
 @pytest.fixture
 async def runner(tmp_path: Path) -> AsyncIterator[LocalRunner]:
-    local = LocalRunner(tmp_path / "runner", SandboxPolicy())
-    await local.startup()
-    try:
-        await local.ensure_workspace(WS)
+    async with local_runner(tmp_path, WS) as local:
         yield local
-    finally:
-        await local.aclose()
-
-
-async def ended(local: LocalRunner, execution_id: str) -> Any:
-    record = await local.wait(execution_id, 60)
-    while record.state == RunnerExecState.running:
-        record = await local.wait(execution_id, 60)
-    return record
 
 
 # ------------------------------------------------ the supervisor's watch (reported bug)
@@ -144,27 +130,14 @@ async def test_an_unknown_execution_is_still_reconciled_after_a_restart_on_sqlit
     (R3); without the row nobody watched it again: ``unknown`` for ever with its workspace's
     writer held, every later command of the agent refused as busy (E2, E3, E11). The plane
     is stopped cleanly here (a kill -9 leaves the same rows: none)."""
-    from runner_daemon_fixture import start_daemon
+    from daemon_outage import held_start, outage_yard
 
     from conftest import open_yard
     from shellyard.contract.executions import ExecutionState, RunShellRequest
-    from shellyard.runner.transport.client import RemoteRunner
 
-    plane, _, _ = await open_yard(home, "local")
-    daemon = await start_daemon(home / "daemon", SandboxPolicy(), subprocess=True)
+    plane, daemon, remote = await outage_yard(home)
     try:
-        await plane.runners.add_direct("remote", daemon.url, daemon.token)
-        remote = plane.runners.get("remote")
-        assert isinstance(remote, RemoteRunner)
-        warm = await plane.executions.run_shell(RunShellRequest(command="true", runner_id="remote"))
-        assert warm.state == ExecutionState.completed
-        remote.start_wait_s = 30.0  # the daemon holds the start's answer while it runs
-        submit = asyncio.create_task(
-            plane.executions.run_shell(
-                RunShellRequest(command="echo run >> runs.txt; sleep 3; exit 4", runner_id="remote")
-            )
-        )
-        await asyncio.sleep(1.5)
+        submit = await held_start(plane, remote)  # the daemon holds the start's answer
         daemon.kill()
         result = await submit
         assert result.state == ExecutionState.unknown

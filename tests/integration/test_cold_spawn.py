@@ -20,9 +20,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from local_runner import (
+    ended,
+    kill9_while_running,
+    local_runner,
+    open_files,
+    process_tag,
+    runs_true,
+    tagger,
+    workspace_processes,
+)
 from runner_daemon_fixture import start_daemon
 
-from conftest import kill_server, open_yard, processes_of
+from conftest import open_yard, processes_of
 from shellyard.contract.executions import (
     ExecutionCancelQuery,
     ExecutionState,
@@ -35,25 +45,17 @@ from shellyard.runner.sandbox.spawn import PendingSpawn
 from shellyard.sdk.client import Client
 
 #: other engineers' tests may run beside: every id names this process
-TAG = f"{os.getpid()}-{time.time_ns()}"
+TAG = process_tag()
+eid = tagger(TAG)
 WS = f"ws-cold-{TAG}"
 #: another agent's workspace, whose running command makes the loop one with other work
 OTHER = f"ws-other-{TAG}"
 
 
-def eid(name: str) -> str:
-    return f"{name}-{TAG}"
-
-
 @pytest.fixture
 async def runner(tmp_path: Path) -> AsyncIterator[LocalRunner]:
-    local = LocalRunner(tmp_path / "runner", SandboxPolicy())
-    await local.startup()
-    try:
-        await local.ensure_workspace(WS)
+    async with local_runner(tmp_path, WS) as local:
         yield local
-    finally:
-        await local.aclose()
 
 
 @pytest.fixture
@@ -100,26 +102,11 @@ def start(local: LocalRunner, execution_id: str, command: str) -> asyncio.Future
     return asyncio.ensure_future(local.start(request))
 
 
-async def ended(local: LocalRunner, execution_id: str) -> Any:
-    record = await local.wait(execution_id, 60)
-    while record.state == RunnerExecState.running:
-        record = await local.wait(execution_id, 60)
-    return record
-
-
 async def none_left(execution_id: str, timeout_s: float = 10.0) -> None:
     deadline = time.monotonic() + timeout_s
     while processes_of(execution_id) and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
     assert not processes_of(execution_id), f"processes of {execution_id} left"
-
-
-def open_files() -> list[str]:
-    names = []
-    for fd in os.listdir("/proc/self/fd"):
-        with contextlib.suppress(OSError):
-            names.append(os.readlink(f"/proc/self/fd/{fd}"))
-    return names
 
 
 async def test_a_lone_cold_spawn_stays_on_the_loop(
@@ -131,16 +118,14 @@ async def test_a_lone_cold_spawn_stays_on_the_loop(
     held = Held(monkeypatch, "none")
     held.release()
     lone, beside, other = eid("l1"), eid("l2"), eid("l-other")
-    await runner.start(StartRequest(execution_id=lone, workspace_id=WS, command="true"))
-    assert (await ended(runner, lone)).exit_code == 0
+    await runs_true(runner, lone, WS)
     assert held.threads[lone] == threading.current_thread().name
     await runner.ensure_workspace(OTHER)
     await runner.start(StartRequest(execution_id=other, workspace_id=OTHER, command="sleep 60"))
     third = f"ws-third-{TAG}"  # a workspace with no warm sandbox made for it yet
     await runner.ensure_workspace(third)
     try:
-        await runner.start(StartRequest(execution_id=beside, workspace_id=third, command="true"))
-        assert (await ended(runner, beside)).exit_code == 0
+        await runs_true(runner, beside, third)
     finally:
         await runner.cancel(other)
         await ended(runner, other)
@@ -181,8 +166,7 @@ async def test_a_second_command_and_a_cancel_during_a_slow_cold_spawn(
     assert record.state == RunnerExecState.finished and record.cancelled, record
     await none_left(first)
     after = eid("c3")
-    await runner.start(StartRequest(execution_id=after, workspace_id=WS, command="true"))
-    assert (await ended(runner, after)).exit_code == 0
+    await runs_true(runner, after, WS)
 
 
 async def test_a_start_cancelled_during_its_cold_spawn_leaves_nothing(
@@ -212,8 +196,7 @@ async def test_a_start_cancelled_during_its_cold_spawn_leaves_nothing(
     assert WS not in runner._runs.busy_workspaces
     assert not runner._runs.watches(first)
     after = eid("k2")
-    await runner.start(StartRequest(execution_id=after, workspace_id=WS, command="true"))
-    assert (await ended(runner, after)).exit_code == 0
+    await runs_true(runner, after, WS)
 
 
 @pytest.fixture
@@ -238,30 +221,7 @@ async def test_kill9_during_cold_spawns_leaves_nothing_after_restart(
     beside = other.run("sleep 120", background=True)
     workspace = ""
     for round_ in range(3):
-        client = Client.for_home(home)
-        first = client.run("true", wait_ms=30000)
-        assert first.exit_code == 0, first
-        workspace = first.workspace_id
-        stop = threading.Event()
-        ran = [0]
-
-        def loop(
-            client: Client = client, ran: list[int] = ran, stop: threading.Event = stop
-        ) -> None:
-            while not stop.is_set():
-                try:
-                    client.run("true", wait_ms=30000)
-                except Exception:
-                    return  # the service is gone
-                ran[0] += 1
-
-        worker = threading.Thread(target=loop)
-        worker.start()
-        await asyncio.sleep(0.4 + 0.13 * round_)
-        kill_server(home)
-        stop.set()
-        worker.join(60)
-        assert ran[0] > 0, "no command ran before the kill"
+        workspace = await kill9_while_running(home, round_)
     client = Client.for_home(home)  # restarted: recovery (E11) on the same home
     after = client.run("echo next", wait_ms=30000)
     assert after.exit_code == 0 and after.stdout == "next\n", after
@@ -273,17 +233,6 @@ async def test_kill9_during_cold_spawns_leaves_nothing_after_restart(
     survived = other.cancel(beside.execution_id, wait_s=30)
     assert survived.state == ExecutionState.cancelled, survived
     assert not processes_of(beside.execution_id)
-
-
-def workspace_processes(workspace_id: str) -> list[int]:
-    needle = f"SHELLYARD_WORKSPACE_ID={workspace_id}".encode()
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            with contextlib.suppress(OSError):
-                if needle in Path(f"/proc/{entry}/environ").read_bytes().split(b"\0"):
-                    found.append(int(entry))
-    return found
 
 
 #: Put on the runner daemon's PYTHONPATH: every cold spawn (an execution's own sandbox) is

@@ -9,49 +9,21 @@ command again) and records the truth: running (then its real end) when the start
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
 import time
 from pathlib import Path
 
 import pytest
-from runner_daemon_fixture import RunnerDaemon, start_daemon
+from daemon_outage import held_start, outage_yard, unread_start, until
+from runner_daemon_fixture import start_daemon
 
-from conftest import open_yard
 from shellyard.contract.executions import (
     ExecutionState,
-    ExecutionView,
     RunShellRequest,
 )
 from shellyard.control.executions import unstarted
-from shellyard.control.plane import ControlPlane
 from shellyard.runner.protocol import NO_TRACE, START_CUT, RunnerExecState, SandboxPolicy
-from shellyard.runner.transport.client import RemoteRunner
 
 pytestmark = pytest.mark.timeout(120)
-
-
-async def _until(
-    plane: ControlPlane, execution_id: str, done: set[ExecutionState]
-) -> ExecutionView:
-    """The record once its state is in ``done`` (polled; the test's timeout bounds it)."""
-    while True:
-        view = await plane.executions.status(execution_id)
-        if view.state in done:
-            return view
-        await asyncio.sleep(0.05)
-
-
-async def _yard(home: Path) -> tuple[ControlPlane, RunnerDaemon, RemoteRunner]:
-    plane, _, _ = await open_yard(home, "local")
-    daemon = await start_daemon(home / "daemon", SandboxPolicy(), subprocess=True)
-    await plane.runners.add_direct("remote", daemon.url, daemon.token)
-    remote = plane.runners.get("remote")
-    assert isinstance(remote, RemoteRunner)
-    # the agent's workspace exists on the runner: the outage hits the start call itself
-    warm = await plane.executions.run_shell(RunShellRequest(command="true", runner_id="remote"))
-    assert warm.state == ExecutionState.completed
-    return plane, daemon, remote
 
 
 async def test_daemon_killed_while_the_start_waits_then_back(home: Path) -> None:
@@ -59,16 +31,10 @@ async def test_daemon_killed_while_the_start_waits_then_back(home: Path) -> None
     ran) and the daemon dies before answering: the record is unknown at once, saying the start
     is being asked about; back, the runner's answer makes it running, then completed with
     its real exit code, once (E10: the command ran one time)."""
-    plane, daemon, remote = await _yard(home)
+    plane, daemon, remote = await outage_yard(home)
     try:
         # the daemon holds a foreground start's answer while the command runs: kill it then
-        remote.start_wait_s = 30.0
-        submit = asyncio.create_task(
-            plane.executions.run_shell(
-                RunShellRequest(command="echo run >> runs.txt; sleep 3; exit 4", runner_id="remote")
-            )
-        )
-        await asyncio.sleep(1.5)
+        submit = await held_start(plane, remote)
         assert not submit.done()
         daemon.kill()
         result = await submit
@@ -78,7 +44,7 @@ async def test_daemon_killed_while_the_start_waits_then_back(home: Path) -> None
         assert "start" in view.error and daemon.url in view.error, view.error
         await daemon.restart()
         began = time.monotonic()
-        view = await _until(
+        view = await until(
             plane, result.execution_id, {ExecutionState.completed, ExecutionState.failed}
         )
         assert view.state == ExecutionState.completed, view
@@ -98,16 +64,9 @@ async def test_daemon_gone_before_it_took_the_start(home: Path) -> None:
     killed -9: nothing ran. Back, the runner holds no trace of the execution: the record is
     ``failed`` saying it never started (not unknown for ever, not run late), the writer is
     free, and the command never ran."""
-    plane, daemon, _ = await _yard(home)
+    plane, daemon, _ = await outage_yard(home)
     try:
-        assert daemon.process is not None
-        os.kill(daemon.process.pid, signal.SIGSTOP)
-        submit = asyncio.create_task(
-            plane.executions.run_shell(
-                RunShellRequest(command="echo run >> runs.txt", runner_id="remote", background=True)
-            )
-        )
-        await asyncio.sleep(1.0)
+        submit = await unread_start(plane, daemon, "echo run >> runs.txt")
         assert not submit.done()
         daemon.kill()  # SIGKILL ends a stopped process too
         result = await submit
@@ -115,7 +74,7 @@ async def test_daemon_gone_before_it_took_the_start(home: Path) -> None:
         view = await plane.executions.status(result.execution_id)
         assert view.state == ExecutionState.unknown and "start" in (view.error or "")
         await daemon.restart()
-        view = await _until(
+        view = await until(
             plane, result.execution_id, {ExecutionState.completed, ExecutionState.failed}
         )
         assert view.state == ExecutionState.failed, view
@@ -136,16 +95,9 @@ async def test_a_plane_keeps_a_start_cut_in_its_bookkeeping_unknown(home: Path) 
     when it dies between making the folder and recording the sandbox): back, the runner says
     the start was cut, so the record ends ``unknown`` with that reason (never "running",
     never "never started"), and the writer is free."""
-    plane, daemon, _ = await _yard(home)
+    plane, daemon, _ = await outage_yard(home)
     try:
-        assert daemon.process is not None
-        os.kill(daemon.process.pid, signal.SIGSTOP)
-        submit = asyncio.create_task(
-            plane.executions.run_shell(
-                RunShellRequest(command="true", runner_id="remote", background=True)
-            )
-        )
-        await asyncio.sleep(1.0)
+        submit = await unread_start(plane, daemon, "true")
         daemon.kill()
         result = await submit
         (home / "daemon" / "executions" / result.execution_id).mkdir()

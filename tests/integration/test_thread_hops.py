@@ -46,6 +46,14 @@ async def finished(local: LocalRunner, execution_id: str, command: str) -> Any:
     return record
 
 
+async def warm_waiting(warm: Any, deadline: float, missing: str, every_s: float = 0.02) -> None:
+    """Until a warm sandbox of WS waits in the pool; past ``deadline`` (``time.monotonic``)
+    the test fails saying ``missing``."""
+    while WS not in warm.waiting():
+        assert time.monotonic() < deadline, missing
+        await asyncio.sleep(every_s)
+
+
 async def test_an_unchanged_workspace_s_commit_is_answered_on_the_loop(
     runner: LocalRunner, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -108,14 +116,11 @@ async def test_the_next_warm_sandbox_is_spawned_off_the_loop(
     await finished(runner, "e1", command)
     for index in range(2, 5):
         deadline = time.monotonic() + 10
-        while WS not in warm.waiting():
-            assert time.monotonic() < deadline, "no warm sandbox was made"
-            await asyncio.sleep(0.02)
+        await warm_waiting(warm, deadline, "no warm sandbox was made")
         spawned.clear()
         await finished(runner, f"e{index}", command)
-        while WS not in warm.waiting():  # the next one, made while this one ran
-            assert time.monotonic() < deadline, "no warm sandbox was made while it ran"
-            await asyncio.sleep(0.02)
+        # the next one, made while this one ran
+        await warm_waiting(warm, deadline, "no warm sandbox was made while it ran")
         assert len(spawned) == 1 and spawned[0] != loop_thread, spawned
         record = json.loads((runner.root / "executions" / f"e{index}" / "meta.json").read_text())
         assert record["sandbox_id"].startswith("warm-")  # it took a warm sandbox
@@ -149,14 +154,10 @@ async def test_the_loop_answers_while_a_warm_sandbox_is_spawned(
     await finished(runner, "e1", "sleep 0.5")  # cold
     for index in range(2, 4):
         deadline = time.monotonic() + 30
-        while WS not in warm.waiting():
-            assert time.monotonic() < deadline, "no warm sandbox was made"
-            await asyncio.sleep(0.02)
+        await warm_waiting(warm, deadline, "no warm sandbox was made")
         answered.clear()
         await finished(runner, f"e{index}", "sleep 0.5")  # takes it; the next one is made
-        while WS not in warm.waiting():
-            assert time.monotonic() < deadline, "no warm sandbox was made while it ran"
-            await asyncio.sleep(0.02)
+        await warm_waiting(warm, deadline, "no warm sandbox was made while it ran")
         assert answered == [True]
         meta = (runner.root / "executions" / f"e{index}" / "meta.json").read_text()
         record = json.loads(meta)
@@ -192,9 +193,7 @@ async def test_the_next_warm_sandbox_made_at_an_end_takes_that_end_s_group(
     await finished(runner, "e1", command)
     for index in range(2, 6):
         deadline = time.monotonic() + 10
-        while WS not in warm.waiting():
-            assert time.monotonic() < deadline, "no warm sandbox was made at the end"
-            await asyncio.sleep(0.005)
+        await warm_waiting(warm, deadline, "no warm sandbox was made at the end", every_s=0.005)
         await finished(runner, f"e{index}", command)
         record = json.loads((runner.root / "executions" / f"e{index}" / "meta.json").read_text())
         assert record["sandbox_id"].startswith("warm-"), record

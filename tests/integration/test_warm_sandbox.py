@@ -5,7 +5,6 @@ by the pool's counters and the execution's meta.json, not only that nothing brok
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import shutil
@@ -15,6 +14,7 @@ from typing import Any
 
 import pytest
 from env_fixtures import make_wheel
+from local_runner import kill9_while_running, open_files
 from runner_daemon_fixture import start_daemon
 
 from conftest import Yard, kill_server, open_yard
@@ -576,7 +576,7 @@ async def test_a_warm_spawn_cancelled_in_flight_leaves_no_process_and_no_descrip
         assert pool.waiting() == {}
         folders = list((runner.root / "sandbox" / "warm").glob("warm-*"))
         assert folders == [], folders
-        open_here = _open_files()
+        open_here = open_files()
         assert not [path for path in open_here if "/warm/warm-" in path], open_here
         deadline = time.monotonic() + 10
         while warm_processes(workspace) and time.monotonic() < deadline:
@@ -600,35 +600,10 @@ async def test_kill9_with_warm_spawns_in_flight_leaves_no_process(
     spawn is often in flight: a vforked child finishes its exec, but its waiter's pipe has
     no writer left and it runs nothing; no warm process is left even before a restart, and
     the restarted service runs commands in warm sandboxes again."""
-    import threading
-
     monkeypatch.setenv("SHELLYARD_WARM_AFTER_MS", "0")
     home = served_home
     for round_ in range(3):
-        client = Client.for_home(home)
-        first = client.run("true", wait_ms=30000)
-        assert first.exit_code == 0, first
-        workspace = first.workspace_id
-        stop = threading.Event()
-        ran = [0]
-
-        def loop(
-            client: Client = client, ran: list[int] = ran, stop: threading.Event = stop
-        ) -> None:
-            while not stop.is_set():
-                try:
-                    client.run("true", wait_ms=30000)
-                except Exception:
-                    return  # the service is gone
-                ran[0] += 1
-
-        worker = threading.Thread(target=loop)
-        worker.start()
-        await asyncio.sleep(0.4 + 0.13 * round_)
-        kill_server(home)
-        stop.set()
-        worker.join(60)
-        assert ran[0] > 0, "no command ran before the kill"
+        workspace = await kill9_while_running(home, round_)
         deadline = time.monotonic() + 15
         while warm_processes(workspace) and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
@@ -647,12 +622,3 @@ def folder_of_warm(home: Path, execution_id: str) -> bool:
     """Whether the execution took a warm sandbox (its meta.json names one)."""
     (found,) = home.glob(f"**/executions/{execution_id}/meta.json")
     return str(json.loads(found.read_text()).get("sandbox_id", "")).startswith("warm-")
-
-
-def _open_files() -> list[str]:
-    """What this process's descriptors name (one closed meanwhile by another thread: left out)."""
-    names = []
-    for fd in os.listdir("/proc/self/fd"):
-        with contextlib.suppress(OSError):
-            names.append(os.readlink(f"/proc/self/fd/{fd}"))
-    return names

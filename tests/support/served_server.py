@@ -7,7 +7,7 @@ import contextlib
 import os
 import signal
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -62,3 +62,17 @@ def served_server(env: Mapping[str, str] | None = None) -> Iterator[Served]:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+def upload(
+    served: Served, path: str, content: bytes | Iterable[bytes], timeout: float
+) -> httpx.Response:
+    """``PUT /v1/files/content`` of ``content`` (bytes, or an iterable streamed as it is
+    made: chunked) to ``path`` in the session's workspace, with the session's token."""
+    return httpx.put(
+        f"{served.url}/v1/files/content",
+        params={"path": path},
+        content=content,
+        headers=served.session,
+        timeout=timeout,
+    )

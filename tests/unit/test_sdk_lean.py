@@ -16,7 +16,9 @@ from typing import Any
 
 import pytest
 from proc_memory import peak_resident, reset_peak, resident
+from product_loops import run_each_on
 from pydantic import TypeAdapter
+from sdk_paths import chunked, on_every_path
 
 from shellyard.cli import entry
 from shellyard.errors import RunnerUnavailable, ShellyardError
@@ -216,6 +218,20 @@ async def test_a_chunked_answer_and_a_chunked_download() -> None:
     assert server.connections == 1
 
 
+def _long_answer(status: str, total: int, block: bytes) -> Handler:
+    """Answers one request with ``status`` and a body of ``total`` bytes (``block`` again and
+    again), written as fast as the client reads."""
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _request(reader)
+        writer.write(f"HTTP/1.1 {status}\r\ncontent-length: {total}\r\n\r\n".encode())
+        for _ in range(total // len(block)):
+            writer.write(block)
+            await writer.drain()
+
+    return handle
+
+
 async def test_a_large_download_streams_in_bounded_memory() -> None:
     """256 MiB with a Content-Length, read as it arrives: this process's peak resident size
     grows by a few MiB (the client's buffer is held to ``lean.HIGH_WATER``, the server
@@ -223,14 +239,10 @@ async def test_a_large_download_streams_in_bounded_memory() -> None:
     total = 256 << 20
     block = bytes(range(256)) * 4096  # 1 MiB
 
-    async def big(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await _request(reader)
-        writer.write(f"HTTP/1.1 200 OK\r\ncontent-length: {total}\r\n\r\n".encode())
-        for _ in range(total // len(block)):
-            writer.write(block)
-            await writer.drain()
-
-    async with serving(big) as (url, _), AsyncClient(url, "tok") as client:
+    async with (
+        serving(_long_answer("200 OK", total, block)) as (url, _),
+        AsyncClient(url, "tok") as client,
+    ):
         assert client._lean is not None
         reset_peak()
         base = resident()
@@ -251,14 +263,10 @@ async def test_an_error_answer_to_a_download_is_read_only_in_part() -> None:
     total = 512 << 20
     block = b"x" * (1 << 20)
 
-    async def huge_error(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await _request(reader)
-        writer.write(f"HTTP/1.1 404 Not Found\r\ncontent-length: {total}\r\n\r\n".encode())
-        for _ in range(total // len(block)):
-            writer.write(block)
-            await writer.drain()
-
-    async with serving(huge_error) as (url, _), AsyncClient(url, "tok") as client:
+    async with (
+        serving(_long_answer("404 Not Found", total, block)) as (url, _),
+        AsyncClient(url, "tok") as client,
+    ):
         reset_peak()
         base = resident()
         with pytest.raises(ShellyardError, match="HTTP 404"):
@@ -350,37 +358,6 @@ async def test_more_than_a_hundred_calls_in_flight_each_have_a_connection() -> N
         assert client._lean is not None and len(client._lean._idle) == lean.MAX_IDLE
 
 
-async def _on_every_path(url: str, request: Any, configure: Callable[[Any], None]) -> list[Any]:
-    """The outcome (the answer or the exception raised) of ``request`` on each of the SDK's
-    three ways to send a JSON call: the lean client, the async httpx path, the blocking
-    ``Client`` (in a thread). ``configure`` sets each client up (e.g. ``max_json_bytes``)."""
-    outcomes: list[Any] = []
-    for use_lean in (True, False):
-        async with AsyncClient(url, "tok") as client:
-            if not use_lean:
-                client._lean = None
-            configure(client)
-            try:
-                outcomes.append(await client._send(request))
-            except Exception as exc:
-                outcomes.append(exc)
-
-    def blocking() -> Any:
-        with Client(url, "tok") as client:
-            configure(client)
-            try:
-                return client._send(request)
-            except Exception as exc:
-                return exc
-
-    outcomes.append(await asyncio.to_thread(blocking))
-    return outcomes
-
-
-def _chunk(data: bytes) -> bytes:
-    return b"%x\r\n%s\r\n" % (len(data), data)
-
-
 async def test_a_json_answer_past_the_bound_fails_naming_it_on_every_path() -> None:
     """sdk/bounds.py: a JSON answer is read whole, so its size is bounded. A chunked answer
     of 64 MiB (no length to refuse at the head: an answer without end would do the same) to
@@ -394,11 +371,11 @@ async def test_a_json_answer_past_the_bound_fails_naming_it_on_every_path() -> N
         while True:
             await _request(reader)
             writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
-            writer.write(_chunk(b'{"x": "'))
+            writer.write(chunked(b'{"x": "'))
             for _ in range(total // len(block)):
-                writer.write(_chunk(block))
+                writer.write(chunked(block))
                 await writer.drain()
-            writer.write(_chunk(b'"}') + b"0\r\n\r\n")
+            writer.write(chunked(b'"}') + b"0\r\n\r\n")
             await writer.drain()
 
     def four_mib(client: Any) -> None:
@@ -407,7 +384,7 @@ async def test_a_json_answer_past_the_bound_fails_naming_it_on_every_path() -> N
     async with serving(endless) as (url, _):
         reset_peak()
         base = resident()
-        outcomes = await _on_every_path(url, call("GET", "/v1/files", ANY), four_mib)
+        outcomes = await on_every_path(url, call("GET", "/v1/files", ANY), four_mib)
         growth = peak_resident() - base
     for outcome in outcomes:
         assert isinstance(outcome, ShellyardError), outcome
@@ -427,7 +404,7 @@ async def test_a_json_answer_whose_length_passes_the_bound_is_refused_at_its_hea
             await writer.drain()
 
     async with serving(huge) as (url, _):
-        outcomes = await _on_every_path(url, call("GET", "/v1/x", ANY, timeout_s=30), _keep)
+        outcomes = await on_every_path(url, call("GET", "/v1/x", ANY, timeout_s=30), _keep)
     for outcome in outcomes:
         assert isinstance(outcome, ShellyardError), outcome
         assert f"passed {bounds.MAX_JSON_BYTES:,} bytes" in str(outcome)
@@ -464,7 +441,7 @@ async def test_a_dripped_json_answer_fails_at_its_whole_answer_deadline_on_every
     head = f"HTTP/1.1 200 OK\r\ncontent-length: {len(body)}\r\n\r\n".encode()
     request = call("GET", "/v1/x", ANY, timeout_s=0.5)
     async with serving(_dripping(head, body, 0.05)) as (url, _):
-        outcomes = await _on_every_path(url, request, _keep)
+        outcomes = await on_every_path(url, request, _keep)
     for outcome in outcomes:
         assert isinstance(outcome, RunnerUnavailable), outcome
         assert "did not complete within 0.5 s" in str(outcome), outcome
@@ -476,7 +453,7 @@ async def test_a_dripped_head_fails_at_the_whole_answer_deadline_too() -> None:
     head = b"HTTP/1.1 200 OK\r\nx-padding: " + b"p" * 150 + b"\r\ncontent-length: 2\r\n\r\n{}"
     request = call("GET", "/v1/x", ANY, timeout_s=0.5)
     async with serving(_dripping(b"", head, 0.05)) as (url, _):
-        outcomes = await _on_every_path(url, request, _keep)
+        outcomes = await on_every_path(url, request, _keep)
     for outcome in outcomes:
         assert isinstance(outcome, RunnerUnavailable), outcome
         assert "did not complete within 0.5 s" in str(outcome), outcome
@@ -604,17 +581,14 @@ def test_https_and_odd_urls_keep_the_httpx_path() -> None:
 def test_the_client_works_on_each_loop_the_product_runs(loop: str) -> None:
     """pytest runs the tests above on asyncio's loop; ``shellyard mcp`` runs on uvloop
     (shellyard/loops.py): the protocol tests again on each."""
-    import uvloop
-
-    factory = uvloop.new_event_loop if loop == "uvloop" else asyncio.new_event_loop
-    for test in (
-        test_calls_reuse_one_kept_connection_with_the_token_and_agent,
-        test_a_kept_connection_the_server_closed_is_replaced,
-        test_a_get_whose_kept_connection_broke_unanswered_is_sent_again,
-        test_a_post_whose_kept_connection_broke_unanswered_is_not_sent_again,
-        test_a_chunked_answer_and_a_chunked_download,
-        test_a_reset_mid_call_and_a_close_unanswered_give_the_same_errors_as_httpx,
-    ):
-        with asyncio.Runner(loop_factory=factory) as runner:
-            runner.run(test())
-            assert type(runner.get_loop()).__module__.startswith(loop)
+    run_each_on(
+        loop,
+        (
+            test_calls_reuse_one_kept_connection_with_the_token_and_agent,
+            test_a_kept_connection_the_server_closed_is_replaced,
+            test_a_get_whose_kept_connection_broke_unanswered_is_sent_again,
+            test_a_post_whose_kept_connection_broke_unanswered_is_not_sent_again,
+            test_a_chunked_answer_and_a_chunked_download,
+            test_a_reset_mid_call_and_a_close_unanswered_give_the_same_errors_as_httpx,
+        ),
+    )

@@ -15,6 +15,7 @@ import anyio
 import httpcore
 import httpx
 import pytest
+from product_loops import run_each_on
 
 from shellyard.sdk import native, wire
 
@@ -276,17 +277,14 @@ def test_the_sockets_work_on_each_loop_the_product_runs(loop: str, tmp_path: Any
     """The tests above run on pytest's asyncio loop; ``shellyard mcp`` runs the SDK on uvloop
     (shellyard/loops.py), whose transports are not instances of asyncio.Transport: each
     socket test again, on each loop."""
-    import uvloop
-
-    factory = uvloop.new_event_loop if loop == "uvloop" else asyncio.new_event_loop
-    for test in (
-        _keep_alive_calls,
-        test_a_read_past_its_timeout_is_a_read_timeout,
-        test_a_refused_connection_is_a_connect_error,
-        test_a_kept_connection_the_server_closed_is_not_reused,
-        test_a_slowly_read_download_is_held_back_by_the_socket,
-        lambda: test_https_goes_through_start_tls(tmp_path),
-    ):
-        with asyncio.Runner(loop_factory=factory) as runner:
-            runner.run(test())
-            assert type(runner.get_loop()).__module__.startswith(loop)
+    run_each_on(
+        loop,
+        (
+            _keep_alive_calls,
+            test_a_read_past_its_timeout_is_a_read_timeout,
+            test_a_refused_connection_is_a_connect_error,
+            test_a_kept_connection_the_server_closed_is_not_reused,
+            test_a_slowly_read_download_is_held_back_by_the_socket,
+            lambda: test_https_goes_through_start_tls(tmp_path),
+        ),
+    )

@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 
 import httpx
 import pytest
-from served_server import Served, served_server
+from served_server import Served, served_server, upload
 
 PROBE_BOUND_S = 2.0
 BODY_IDLE_S = 2.0
@@ -117,13 +117,7 @@ def test_a_body_that_keeps_coming_is_not_cut(served: Served) -> None:
             yield b"x" * 1000
             time.sleep(BODY_IDLE_S / 2)
 
-    answer = httpx.put(
-        f"{served.url}/v1/files/content",
-        params={"path": "steady.bin"},
-        content=body(),
-        headers=served.session,
-        timeout=60,
-    )
+    answer = upload(served, "steady.bin", body(), 60)
     assert answer.status_code == 200, answer.text
     assert "steady.bin" in files(served)
 
@@ -137,13 +131,7 @@ def test_a_file_upload_past_the_quota_answers_413(served: Served) -> None:
             for _ in range(64):
                 yield bytes(MIB)
 
-        return httpx.put(
-            f"{served.url}/v1/files/content",
-            params={"path": "big.bin"},
-            content=body(),
-            headers=served.session,
-            timeout=120,
-        )
+        return upload(served, "big.bin", body(), 120)
 
     answer, worst = during(served, attack)
     assert answer.status_code == 413, answer.text

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 from raw_http import answers, connect, received
-from served_server import Served, served_server
+from served_server import Served, served_server, upload
 
 from shellyard.api.connections import HEADER_TIMEOUT_S
 
@@ -101,13 +101,7 @@ def test_a_big_upload_at_full_speed_passes_the_body_bound(served: Served) -> Non
         for _ in range(32):
             yield b"y" * MIB
 
-    answer = httpx.put(
-        f"{served.url}/v1/files/content",
-        params={"path": "big.bin"},
-        content=body(),
-        headers=served.session,
-        timeout=120,
-    )
+    answer = upload(served, "big.bin", body(), 120)
     assert answer.status_code == 200, answer.text
     assert "big.bin" in listed(served)
 
