@@ -157,8 +157,41 @@ def _post(
     status, content = _exchange(where.hostname or "", where.port or 80, head.encode() + payload,
                                 timeout)  # fmt: skip
     raise_for(status, content)
-    answer: dict[str, Any] = json.loads(content)
-    return answer
+    return _answer(content)
+
+
+#: A final ``run_shell`` answer's fields this path reads, and the types each may have.
+_READ: dict[str, tuple[type, ...]] = {
+    "stdout": (str, type(None)),
+    "stderr": (str, type(None)),
+    "error": (str, type(None)),
+    "note": (str, type(None)),
+    "exit_code": (int, type(None)),
+}
+
+
+def _answer(content: bytes) -> dict[str, Any]:
+    """A ``run_shell`` answer as a dict whose fields this path reads have their types; else
+    the SDK's error for an answer it cannot read (a proxy's page, another service, another
+    version), never a traceback (docs/security.md "Attack pass (session 50)")."""
+    from shellyard.sdk.answer_clock import unreadable
+
+    try:
+        answer = json.loads(content)
+    except (ValueError, RecursionError):
+        raise unreadable(content, "is not JSON") from None
+    shaped = isinstance(answer, dict) and answer.get("state") in _STATES
+    if shaped:
+        for name, types in _READ.items():
+            value = answer.get(name)
+            shaped = shaped and isinstance(value, types) and not isinstance(value, bool)
+    if not shaped:
+        raise unreadable(content, "is not what the SDK expects (a run_shell answer)")
+    return dict(answer)
+
+
+#: ``run_shell``'s states (contract/executions.py ``ExecutionState``), without importing it.
+_STATES = ("queued", "running", "completed", "cancelled", "failed", "unknown")
 
 
 class _Refused(Exception):
@@ -257,13 +290,20 @@ def _unchunk(data: bytes) -> bytes:
 
 
 def _follow(home: Path | None, data: dict[str, Any], body: dict[str, Any]) -> int:
+    from pydantic import ValidationError
+
     from shellyard.cli.common import client_for
     from shellyard.cli.executions import finish_run, interrupted
     from shellyard.contract.executions import RunShellResult
+    from shellyard.sdk.base import not_understood
 
+    try:
+        result = RunShellResult.model_validate(data)
+    except ValidationError as exc:  # not final, and not the shape the SDK follows
+        raise not_understood(json.dumps(data).encode(), exc) from None
     with client_for(home) as client:
         try:
-            return int(finish_run(client, RunShellResult.model_validate(data)))
+            return int(finish_run(client, result))
         except KeyboardInterrupt:
             options = {k: v for k, v in body.items() if k not in ("command", "wait_ms")}
             return interrupted(client, body["command"], options, str(data["execution_id"]))

@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 from contextvars import ContextVar
 
-from shellyard.errors import AnswerLost, RunnerUnavailable
+from shellyard.errors import AnswerLost, RunnerUnavailable, ShellyardError
 
 #: Most bytes of one JSON answer's body (``max_json_bytes`` of a client overrides it).
 MAX_JSON_BYTES = 256 << 20
@@ -23,6 +23,17 @@ def too_large_message(limit: int, what: str) -> str:
         f"JSON answer (max_json_bytes; the largest legitimate one is about 60 MB); its "
         "connection was closed unread. Check the server's URL (a proxy or a man in the middle "
         "on http:// can send this), or raise max_json_bytes"
+    )
+
+
+def unreadable(raw: bytes, what: str) -> ShellyardError:
+    """The error for a successful answer the client cannot read as what it asked for
+    (``what``: "is not JSON", "is not what the SDK expects (...)"): its first 80 bytes as a
+    ``bytes`` repr, so a control code is shown escaped, never sent to a terminal."""
+    return ShellyardError(
+        f"the control plane's answer {what}: {raw[:80]!r}. Check the server's URL (a proxy "
+        "or another service may answer there) and that this client and the server are the "
+        "same shellyard version"
     )
 
 
@@ -109,4 +120,5 @@ __all__ = [
     "advice",
     "current_clock",
     "too_large_message",
+    "unreadable",
 ]

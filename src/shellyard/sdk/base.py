@@ -23,6 +23,7 @@ import httpx
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from shellyard.errors import RunnerUnavailable, ShellyardError, problems_text
+from shellyard.sdk.answer_clock import unreadable
 from shellyard.sdk.bounds import (
     CLOCK,
     MAX_JSON_BYTES,
@@ -159,11 +160,7 @@ def not_understood(raw: bytes, exc: ValidationError) -> ShellyardError:
     else:  # the first few: a whole model's missing fields would fill the screen
         more = f"; and {len(problems) - 3:,} more" if len(problems) > 3 else ""
         what = f"is not what the SDK expects ({problems_text(problems[:3])}{more})"
-    return ShellyardError(
-        f"the control plane's answer {what}: {raw[:80]!r}. Check the server's URL (a proxy "
-        "or another service may answer there) and that this client and the server are the "
-        "same shellyard version"
-    )
+    return unreadable(raw, what)
 
 
 def headers(token: str, agent_id: str | None) -> dict[str, str]:

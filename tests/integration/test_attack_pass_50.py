@@ -1,0 +1,118 @@
+"""Attack pass of session 50 (second engineer) on the fixes of session 50: the holders of an
+environment (store/environments.py ``_holders``, V5), the SDK's and ``shellyard run``'s reading
+of an answer (sdk/answer_clock.py, sdk/base.py ``parse``, cli/entry.py), the pidfd fallbacks
+(runner/prefix_mounts.py, runner/environments/tools.py) and the groups used again
+(runner/limits/recycle.py) (docs/security.md "Attack pass (session 50)").
+
+The hostile servers are real loopback sockets answering with the raw bytes each attack needs.
+Each test says whether it is a finding (fixed here) or a property that held."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import json
+import os
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import TypeAdapter
+
+from shellyard.cli import entry
+from shellyard.home import INFO_NAME, LOCK_NAME
+
+pytestmark = pytest.mark.timeout(120)
+
+ANY = TypeAdapter(dict[str, Any])
+Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+async def _request(reader: asyncio.StreamReader) -> None:
+    head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").lower()
+    length = 0
+    for line in head.split("\r\n"):
+        if line.startswith("content-length:"):
+            length = int(line.split(":", 1)[1])
+    await reader.readexactly(length)
+
+
+@contextlib.asynccontextmanager
+async def serving(handle: Handler) -> AsyncIterator[int]:
+    """A loopback server answering each request with ``handle``; its port."""
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            await _request(reader)
+            await handle(reader, writer)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    listening = await asyncio.start_server(serve, "127.0.0.1", 0)
+    async with listening:
+        yield int(listening.sockets[0].getsockname()[1])
+
+
+def _answering(body: bytes) -> Handler:
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = f"HTTP/1.1 200 OK\r\ncontent-length: {len(body)}\r\n\r\n".encode()
+        writer.write(head + body)
+        await writer.drain()
+
+    return answer
+
+
+@contextlib.contextmanager
+def served_home(home: Path, port: int) -> Any:
+    """A home whose server (the lock held, its info written) is the loopback one at ``port``:
+    what ``shellyard run``'s fast path reads before it posts."""
+    home.mkdir(parents=True, exist_ok=True)
+    info = {"pid": os.getpid(), "url": f"http://127.0.0.1:{port}", "token": "tok"}
+    (home / INFO_NAME).write_text(json.dumps(info))
+    fd = os.open(home / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"<html><body>502 Bad Gateway</body></html>",
+        b"[1, 2]",
+        b'"text"',
+        b"{}",
+        b'{"state": "running"}',
+        b'{"state": ["completed"]}',
+        b"\x1b]0;owned\x07\x1b[2J" + b"x" * 4096,
+        b'{"state": "completed", "stdout": 5}',
+        b'{"state": "completed", "exit_code": "0"}',
+        b"[" * 100_000,
+    ],
+)
+async def test_the_fast_run_path_names_an_answer_it_cannot_read(
+    body: bytes, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Finding (fixed): ``shellyard run``'s fast path (cli/entry.py) decoded a successful
+    answer with ``json.loads`` and read it as a dict: a proxy's HTML page ended in a
+    JSONDecodeError's traceback, a JSON list or string in an AttributeError's, ``{}`` in a
+    KeyError's, ``{"state": "running"}`` (not final: handed to the SDK to follow) in pydantic's
+    ValidationError, and ``{"state": [..]}`` in a TypeError's. Now each is the SDK's error for
+    an answer it cannot read (sdk/base.py ``not_understood``): one line on stderr naming the
+    first 80 bytes with their control codes escaped, exit code 2."""
+    async with serving(_answering(body)) as port:
+        with served_home(tmp_path / "home", port):
+            code = await asyncio.to_thread(
+                entry.quick_run, ["run", "--home", str(tmp_path / "home"), "--", "true"]
+            )
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert err.startswith("error (internal): the control plane's answer "), err
+    assert "Traceback" not in err and "\x1b" not in err and "\x07" not in err
+    assert len(err) < 1000, err  # the first 80 bytes, not the whole answer
