@@ -20,9 +20,13 @@ from typing import Any
 
 import pytest
 from pydantic import TypeAdapter
+from sdk_paths import on_every_path
 
 from shellyard.cli import entry
+from shellyard.cli.exits import exit_code_of
+from shellyard.errors import AnswerLost, RunnerUnavailable, ShellyardError
 from shellyard.home import INFO_NAME, LOCK_NAME
+from shellyard.sdk.base import call
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -116,3 +120,43 @@ async def test_the_fast_run_path_names_an_answer_it_cannot_read(
     assert err.startswith("error (internal): the control plane's answer "), err
     assert "Traceback" not in err and "\x1b" not in err and "\x07" not in err
     assert len(err) < 1000, err  # the first 80 bytes, not the whole answer
+
+
+async def test_a_post_whose_answer_never_began_is_an_answer_lost() -> None:
+    """Finding (fixed): a POST sent whole to a server that then said nothing for the whole
+    timeout (it may have started the command: a store that blocks, a server stopped after it
+    read the request) was "cannot reach the control plane ... retry", exit code 75, on
+    ``shellyard run``'s fast path; a script following 75 ran the command twice. The server
+    was reached and the request went whole: now it is ``AnswerLost`` (exit code 124) as an
+    answer cut later by the clock is; a connection refused is still 75's "cannot reach"."""
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await asyncio.sleep(5)
+
+    async with serving(silent) as port:
+        request = b"POST /v1/executions HTTP/1.1\r\ncontent-length: 0\r\n\r\n"
+        with pytest.raises(ShellyardError) as lost:
+            await asyncio.to_thread(entry._exchange, "127.0.0.1", port, request, 0.5)
+    assert isinstance(lost.value, AnswerLost), lost.value
+    assert "may have acted on this POST" in str(lost.value)
+    assert exit_code_of(lost.value) == 124
+
+
+async def test_a_post_whose_answer_never_began_is_an_answer_lost_on_every_sdk_path() -> None:
+    """Finding (fixed): the SDK's three paths (lean, async httpx, blocking) made the same
+    silence after a POST sent whole "cannot reach the control plane ... retry"
+    (RunnerUnavailable, 75); now ``AnswerLost`` there too. A GET's silence stays retryable."""
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await asyncio.sleep(5)
+
+    async with serving(silent) as port:
+        url = f"http://127.0.0.1:{port}"
+        posts = await on_every_path(url, call("POST", "/v1/executions", ANY, timeout_s=0.5))
+        gets = await on_every_path(url, call("GET", "/v1/x", ANY, timeout_s=0.5))
+    for outcome in posts:
+        assert isinstance(outcome, AnswerLost), outcome
+        assert exit_code_of(outcome) == 124, outcome
+    for outcome in gets:
+        assert isinstance(outcome, RunnerUnavailable), outcome
+        assert not isinstance(outcome, AnswerLost) and exit_code_of(outcome) == 75, outcome

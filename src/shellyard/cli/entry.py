@@ -226,16 +226,18 @@ def _exchange(host: str, port: int, request: bytes, timeout: float) -> tuple[int
         with sock:
             sock.sendall(request)
             while True:
-                wait, by_clock = clock.bound(timeout)
+                wait, _by_clock = clock.bound(timeout)
                 if wait is None or wait <= 0:
                     raise clock.late_error()
                 sock.settimeout(wait)
                 try:
                     chunk = sock.recv(1 << 16)
                 except TimeoutError:
-                    if by_clock:  # cut by the whole answer's time, not by silence
-                        raise clock.late_error() from None
-                    raise
+                    # Cut by the whole answer's time or by a server silent from the start:
+                    # either way the POST went whole and may have run (AnswerLost, exit 124),
+                    # never 75's "cannot reach ... retry" (docs/security.md "Attack pass
+                    # (session 50)").
+                    raise clock.late_error() from None
                 if not chunk:
                     break
                 clock.received += len(chunk)

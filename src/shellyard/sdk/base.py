@@ -22,14 +22,16 @@ from typing import Any, Generic, ParamSpec, Self, TypeVar, overload
 import httpx
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
-from shellyard.errors import RunnerUnavailable, ShellyardError, problems_text
+from shellyard.errors import AnswerLost, RunnerUnavailable, ShellyardError, problems_text
 from shellyard.sdk.answer_clock import unreadable
 from shellyard.sdk.bounds import (
     CLOCK,
     MAX_JSON_BYTES,
+    RESENDABLE,
     AnswerClock,
     AnswerTooLarge,
     AnswerTooSlow,
+    advice,
     too_large,
     too_large_error,
 )
@@ -120,13 +122,21 @@ async def aread_answer(response: httpx.Response, limit: int, what: str) -> bytes
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
-def _failed(exc: httpx.TransportError, clock: AnswerClock | None) -> ShellyardError:
+def _failed(
+    exc: httpx.TransportError, clock: AnswerClock | None, method: str = "GET"
+) -> ShellyardError:
     """A JSON call's transport failure as the caller's error: a bound's own message (the
     answer too large, or not complete in time), else the server cannot be reached."""
     if isinstance(exc, AnswerTooLarge):
         return too_large_error(exc)
     if isinstance(exc, AnswerTooSlow):
         return exc.clock.late_error()
+    method = clock.method if clock is not None else method
+    if isinstance(exc, httpx.ReadTimeout) and method.upper() not in RESENDABLE:
+        # A read waits only once the request went whole: silence from a server that took a
+        # POST may mean it acts on it (AnswerLost: look first), never "cannot reach ... retry"
+        # (docs/security.md "Attack pass (session 50)").
+        return AnswerLost(f"the control plane's answer did not come ({exc}); " + advice(method))
     late = clock.error() if clock is not None else None
     return late if late is not None else _unreachable(exc)
 
@@ -364,7 +374,7 @@ class AsyncSender:
                 request.timeout_s,
             )
         except httpx.TransportError as exc:
-            raise _failed(exc, None) from exc
+            raise _failed(exc, None, request.method) from exc
         raise_for(status, content)
         return parse(request.result, content)
 
