@@ -27,6 +27,7 @@ from shellyard.cli.exits import exit_code_of
 from shellyard.errors import AnswerLost, RunnerUnavailable, ShellyardError
 from shellyard.home import INFO_NAME, LOCK_NAME
 from shellyard.sdk.base import call
+from shellyard.sdk.client import AsyncClient, Client
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -160,3 +161,52 @@ async def test_a_post_whose_answer_never_began_is_an_answer_lost_on_every_sdk_pa
     for outcome in gets:
         assert isinstance(outcome, RunnerUnavailable), outcome
         assert not isinstance(outcome, AnswerLost) and exit_code_of(outcome) == 75, outcome
+
+
+@pytest.mark.parametrize("data", [b"<html>", b'{"seq": "x"}', b"[" * 100_000])
+async def test_a_wake_it_cannot_read_is_the_sdks_error(data: bytes) -> None:
+    """Finding (fixed): the wake stream's events were read with ``json.loads`` then
+    ``WakeView.model_validate``: an event that was not JSON gave a JSONDecodeError, one of
+    another shape pydantic's ValidationError (its documentation link, every missing field),
+    a deep nest a RecursionError, on the blocking and async clients. Now each is the SDK's
+    error for an answer it cannot read (sdk/base.py ``parse``), naming its first 80 bytes."""
+
+    async def one_wake(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        event = b"event: wake\ndata: " + data + b"\n\n"
+        head = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+        writer.write(head + f"content-length: {len(event)}\r\n\r\n".encode() + event)
+        await writer.drain()
+
+    async with serving(one_wake) as port:
+        url = f"http://127.0.0.1:{port}"
+
+        def blocking() -> Any:
+            with Client(url, "tok") as client:
+                try:
+                    return list(client.wake_stream("ses_1"))
+                except Exception as exc:
+                    return exc
+
+        outcomes = [await asyncio.to_thread(blocking)]
+        async with AsyncClient(url, "tok") as client:
+            try:
+                outcomes.append([w async for w in client.wake_stream("ses_1")])
+            except Exception as exc:
+                outcomes.append(exc)
+    for outcome in outcomes:
+        assert type(outcome) is ShellyardError, repr(outcome)
+        assert "the control plane's answer is not" in str(outcome), outcome
+        assert len(str(outcome)) < 1000, outcome
+
+
+async def test_a_deep_nest_is_an_answer_the_sdk_cannot_read_on_every_path() -> None:
+    """Finding (fixed): ``parse`` (sdk/base.py) fell back to Python's ``json`` for an answer
+    pydantic's parser called invalid JSON (for names that are not UTF-8), and ``json`` met
+    100,000 ``[`` with a RecursionError, raised as such on every SDK path. Now it is the
+    SDK's "is not JSON" error naming the first 80 bytes."""
+    async with serving(_answering(b"[" * 100_000)) as port:
+        url = f"http://127.0.0.1:{port}"
+        outcomes = await on_every_path(url, call("GET", "/v1/x", ANY))
+    for outcome in outcomes:
+        assert type(outcome) is ShellyardError, repr(outcome)
+        assert "the control plane's answer is not JSON" in str(outcome), outcome

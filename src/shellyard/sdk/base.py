@@ -155,7 +155,7 @@ def parse(adapter: TypeAdapter[T], raw: bytes) -> T:
                 raise
             try:
                 value = json.loads(raw)
-            except ValueError:
+            except (ValueError, RecursionError):  # a deep nest pydantic's parser refused too
                 raise exc from None
             return adapter.validate_python(value)
     except ValidationError as exc:

@@ -6,7 +6,6 @@ session or agent explicitly."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator, Iterable, Iterator
 from typing import Any
 
@@ -35,6 +34,7 @@ from shellyard.sdk.base import (
     call,
     error_abody,
     error_body,
+    parse,
     raise_for,
 )
 from shellyard.sdk.bounds import MAX_JSON_BYTES
@@ -258,7 +258,12 @@ def parse_sse(lines: Iterable[str]) -> Iterator[dict[str, str]]:
 def _wake(event: dict[str, str]) -> WakeView | None:
     if event.get("event") != "wake":
         return None
-    return WakeView.model_validate(json.loads(event["data"]))
+    # parse: an event that is not a wake (not JSON, another shape) is the SDK's one error for
+    # an answer it cannot read, never json's or pydantic's (docs/security.md, session 50)
+    return parse(_WAKE, event["data"].encode())
+
+
+_WAKE = TypeAdapter(WakeView)
 
 
 def _stream_args(session_id: str, after: int | None) -> dict[str, Any]:
