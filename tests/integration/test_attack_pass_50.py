@@ -210,3 +210,20 @@ async def test_a_deep_nest_is_an_answer_the_sdk_cannot_read_on_every_path() -> N
     for outcome in outcomes:
         assert type(outcome) is ShellyardError, repr(outcome)
         assert "the control plane's answer is not JSON" in str(outcome), outcome
+
+
+async def test_a_wrong_answer_names_its_problems_in_a_bounded_message() -> None:
+    """Finding (fixed): ``not_understood`` named pydantic's first three problems with their
+    locations, and a location holds the answer's own keys (a ``dict[str, str]`` field, as
+    ``env`` or a batch's ``errors``): an answer with a 1 MiB key made a 1 MiB error message
+    (on a terminal, a screenful per line of a log). Now the problems are cut to a few hundred
+    characters, as the answer's own bytes are to 80."""
+    key = "\x1b[2J" + "k" * (1 << 20)
+    body = json.dumps({key: 5}).encode()
+    async with serving(_answering(body)) as port:
+        url = f"http://127.0.0.1:{port}"
+        outcomes = await on_every_path(url, call("GET", "/v1/x", TypeAdapter(dict[str, str])))
+    for outcome in outcomes:
+        assert type(outcome) is ShellyardError, repr(outcome)
+        assert "is not what the SDK expects" in str(outcome), str(outcome)[:300]
+        assert len(str(outcome)) < 1000 and "\x1b" not in str(outcome), str(outcome)[:300]

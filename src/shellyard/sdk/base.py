@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 import functools
 import json
+import re
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Generic, ParamSpec, Self, TypeVar, overload
@@ -162,6 +163,12 @@ def parse(adapter: TypeAdapter[T], raw: bytes) -> T:
         raise not_understood(raw, exc) from None
 
 
+#: C0 controls but newline and tab, DEL and the C1 controls (cli/exits.py ``visible``'s).
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+#: Most characters of pydantic's problems named in ``not_understood``'s message.
+_PROBLEMS_CHARS = 300
+
+
 def not_understood(raw: bytes, exc: ValidationError) -> ShellyardError:
     """The error for a successful answer the SDK cannot read as what it asked for."""
     problems = exc.errors()
@@ -169,7 +176,11 @@ def not_understood(raw: bytes, exc: ValidationError) -> ShellyardError:
         what = "is not JSON"
     else:  # the first few: a whole model's missing fields would fill the screen
         more = f"; and {len(problems) - 3:,} more" if len(problems) > 3 else ""
-        what = f"is not what the SDK expects ({problems_text(problems[:3])}{more})"
+        # their locations hold the answer's own keys: cut, control codes shown as \xNN,
+        # as its bytes are (the message reaches terminals and logs)
+        said = _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", problems_text(problems[:3]))
+        said = said if len(said) <= _PROBLEMS_CHARS else said[:_PROBLEMS_CHARS] + "…"
+        what = f"is not what the SDK expects ({said}{more})"
     return unreadable(raw, what)
 
 
