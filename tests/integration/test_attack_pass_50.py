@@ -14,6 +14,8 @@ import contextlib
 import fcntl
 import json
 import os
+import resource
+import subprocess
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -26,6 +28,7 @@ from shellyard.cli import entry
 from shellyard.cli.exits import exit_code_of
 from shellyard.errors import AnswerLost, RunnerUnavailable, ShellyardError
 from shellyard.home import INFO_NAME, LOCK_NAME
+from shellyard.runner.prefix_mounts import PrefixMounts
 from shellyard.sdk.base import call
 from shellyard.sdk.client import AsyncClient, Client
 
@@ -227,3 +230,57 @@ async def test_a_wrong_answer_names_its_problems_in_a_bounded_message() -> None:
         assert type(outcome) is ShellyardError, repr(outcome)
         assert "is not what the SDK expects" in str(outcome), str(outcome)[:300]
         assert len(str(outcome)) < 1000 and "\x1b" not in str(outcome), str(outcome)[:300]
+
+
+@contextlib.contextmanager
+def descriptors_full() -> Any:
+    """This process's descriptor table full (a real EMFILE for every open, pidfd_open too)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    filler: list[int] = []
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(soft, 4096), hard))
+    try:
+        with contextlib.suppress(OSError):
+            while True:
+                filler.append(os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC))
+        yield
+    finally:
+        for fd in filler:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a prefix's own overlay is a root runner's")
+def test_a_holder_attached_with_the_descriptor_table_full_keeps_its_overlay(
+    tmp_path: Path,
+) -> None:
+    """Finding (fixed): with the runner's descriptor table full (the EMFILE that makes
+    ``pidfd_open`` fail, the case the fallback of 7cf20b1 is for) the fallback read the
+    holder's start time from /proc, which is one more open refused the same way:
+    ``start_time`` said "gone" (None), so the holder was dropped at ``attach``, and a holder
+    kept by pid was dropped by ``reap`` while the table stayed full; the overlay was then
+    unmounted under the running sandbox. Now only "no such process" means gone; a /proc
+    that cannot be read keeps the hold, and the overlay goes once its holder has exited."""
+    prefix = tmp_path / "environments" / "env1" / "prefix"
+    (prefix / "bin").mkdir(parents=True)
+    prefixes = PrefixMounts(tmp_path / "prefixes")
+    prefixes.linger_s = 0  # no reaper thread: the test reaps when it says so
+    prefixes.startup(True)
+    holder = subprocess.Popen(["sleep", "600"])
+    try:
+        ((point, _),), hold = prefixes.hold([(prefix, Path("/env"))])
+        with descriptors_full():
+            hold.attach(holder.pid)
+            hold.close()
+            still = prefixes.reap(), os.path.ismount(point)
+        assert still == (0, True), "unmounted under a running holder (attach)"
+        with descriptors_full():
+            still = prefixes.reap(), os.path.ismount(point)
+        assert still == (0, True), "unmounted under a running holder (reap)"
+        assert prefixes.reap() == 0 and os.path.ismount(point)
+        holder.kill()
+        holder.wait()
+        assert prefixes.reap() == 1 and not point.exists()
+    finally:
+        holder.kill()
+        holder.wait()
+        prefixes.close()

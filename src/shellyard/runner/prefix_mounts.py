@@ -46,7 +46,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from shellyard.runner.own_mounts import LINGER_S, Reaper, mount_overlay, unmount_all
-from shellyard.runner.processes import is_same_process, start_time
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +63,8 @@ class _Overlay:
     #: pidfds of spawned sandboxes (each closes when its process has exited and been seen)
     holders: list[int] = field(default_factory=list)
     #: (pid, start time) of spawned sandboxes the kernel gave no pidfd for (EMFILE, ENOSYS):
-    #: checked against /proc by ``reap``, never dropped unseen (the prefix stays mounted)
+    #: checked against /proc by ``reap``, never dropped unseen (the prefix stays mounted);
+    #: :data:`UNREAD` while /proc could not be read either (the same full descriptor table)
     polled: list[tuple[int, int]] = field(default_factory=list)
     mounted: bool = False
     #: monotonic time nothing has held it since; None: held
@@ -78,7 +78,7 @@ class _Overlay:
         except ProcessLookupError:  # gone already: its setup is over
             pidfd = None
         except OSError:  # no pidfd (EMFILE at the descriptor limit, ENOSYS): held by its pid
-            pidfd, started = None, start_time(pid)
+            pidfd, started = None, _start(pid)
         with self.lock:
             self.pending -= 1
             if pidfd is not None:
@@ -205,7 +205,7 @@ class PrefixMounts:
                 for pidfd in _exited(overlay.holders):
                     overlay.holders.remove(pidfd)
                     os.close(pidfd)
-                overlay.polled = [h for h in overlay.polled if is_same_process(*h)]
+                overlay.polled = _still_running(overlay.polled)
                 if overlay.held() or not overlay.mounted:
                     continue
                 now = time.monotonic()
@@ -287,3 +287,39 @@ def _identity(prefix: Path) -> str:
     own = os.stat(prefix)
     folder = os.stat(prefix.parent)
     return f"{own.st_dev}:{own.st_ino}:{own.st_ctime_ns}:{folder.st_ctime_ns}"
+
+
+#: A holder's start time not read yet: /proc refused it for another reason than "no such
+#: process" (EMFILE: the full descriptor table that refused its pidfd refuses the read too).
+UNREAD = -1
+
+
+def _start(pid: int) -> int | None:
+    """``pid``'s start time in clock ticks since boot; None only when it is gone (or a
+    zombie: exited); :data:`UNREAD` when /proc could not be read. processes.start_time says
+    None for any error, and an EMFILE read as "gone" unmounted a running sandbox's prefix
+    (docs/security.md "Attack pass (session 50)")."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_bytes()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    except OSError:
+        return UNREAD
+    # The command name may contain spaces and parentheses; fields resume after the last ')'.
+    fields = raw[raw.rindex(b")") + 2 :].split()
+    if fields[0] in (b"Z", b"X"):
+        return None
+    return int(fields[19])
+
+
+def _still_running(polled: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The holders kept by pid that still run: one whose start time differs ran at that pid
+    before (reused); one whose start could not be read stays (and takes the start read once
+    /proc answers: an unmount under a running sandbox is worse than a mount kept a while)."""
+    kept = []
+    for pid, started in polled:
+        now = _start(pid)
+        if now is None or (started != UNREAD and now not in (started, UNREAD)):
+            continue
+        kept.append((pid, started if now == UNREAD else now))
+    return kept
