@@ -28,7 +28,10 @@ from shellyard.cli import entry
 from shellyard.cli.exits import exit_code_of
 from shellyard.errors import AnswerLost, RunnerUnavailable, ShellyardError
 from shellyard.home import INFO_NAME, LOCK_NAME
+from shellyard.runner.environments.tools import SandboxedTools
 from shellyard.runner.prefix_mounts import PrefixMounts
+from shellyard.runner.protocol import SandboxPolicy
+from shellyard.runner.sandbox.spawn import Sandboxes
 from shellyard.sdk.base import call
 from shellyard.sdk.client import AsyncClient, Client
 
@@ -284,3 +287,46 @@ def test_a_holder_attached_with_the_descriptor_table_full_keeps_its_overlay(
         holder.kill()
         holder.wait()
         prefixes.close()
+
+
+async def test_a_polled_package_tool_is_killed_at_its_time_limit_with_the_table_full(
+    tmp_path: Path,
+) -> None:
+    """Finding (fixed): a package tool's end is polled when ``pidfd_open`` is refused (7cf20b1),
+    and the reason for that is most often EMFILE; at the time limit ``_wait`` first opened the
+    change's log to say why it kills, and that open, refused by the same full table, raised
+    before ``kill``: the tool was never killed at its time limit and ran on unwatched. Now it
+    is killed first, and the log's line is best effort. (The tool here is a real process;
+    only the Sandboxes' policy is read by ``_wait``, for the free-space reserve.)"""
+    prefix = tmp_path / "env" / "prefix"
+    for folder in (prefix, tmp_path / "cache", tmp_path / "scratch"):
+        folder.mkdir(parents=True)
+    box = Sandboxes(
+        policy=SandboxPolicy(), ids=None, bwrap="bwrap", view=None, seccomp=None,  # type: ignore[arg-type]
+        disable_userns=False,
+    )  # fmt: skip
+    log = tmp_path / "change.log"
+    log.write_bytes(b"")
+    tools = SandboxedTools(
+        sandboxes=box,
+        prefix=prefix,
+        cache=tmp_path / "cache",
+        scratch=tmp_path / "scratch",
+        log_path=log,
+        base_env={},
+        on_spawn=lambda *args: None,
+        timeout_s=0.5,
+    )
+    tool = subprocess.Popen(["sleep", "600"])
+    try:
+        with descriptors_full():
+            try:
+                outcome: Any = await asyncio.wait_for(tools._wait(tool, 0), 30)
+            except Exception as exc:
+                outcome = exc
+            running = tool.poll() is None
+        assert not running, f"the tool runs on past its time limit ({outcome!r})"
+        assert outcome == -9, repr(outcome)
+    finally:
+        tool.kill()
+        tool.wait()

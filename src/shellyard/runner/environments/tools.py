@@ -367,7 +367,11 @@ class SandboxedTools:
     def _filled_volume(self, start: int) -> str | None:
         """The reserve's message when a failed tool said ENOSPC: every place it may write
         (prefix, cache, scratch) is on the runner's volume, so the volume was full."""
-        if not any(mark in _tail(self._log_path, start) for mark in ENOSPC_MARKS):
+        try:
+            tail = _tail(self._log_path, start)
+        except OSError:  # unread (EMFILE): not known to have filled the volume
+            return None
+        if not any(mark in tail for mark in ENOSPC_MARKS):
             return None
         try:
             free, total = reserve.volume(self._prefix.parent)
@@ -415,9 +419,12 @@ class SandboxedTools:
                 loop.remove_reader(pidfd)
                 os.close(pidfd)
         if popen.poll() is None:
-            with open(self._log_path, "ab") as log:
-                log.write(f"\nshellyard: {why}\n".encode())
+            # Killed first: the log's open may be refused by the full descriptor table that
+            # refused the pidfd (EMFILE), and the tool must not run on past its limit for that
+            # (docs/security.md "Attack pass (session 50)"); its line is best effort.
             popen.kill()
+            with contextlib.suppress(OSError), open(self._log_path, "ab") as log:
+                log.write(f"\nshellyard: {why}\n".encode())
         code = await asyncio.to_thread(popen.wait)
         if short is None:
             # A writer faster than a check (a tmpfs takes GB/s) ends on ENOSPC first.
