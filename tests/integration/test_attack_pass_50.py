@@ -15,6 +15,8 @@ import fcntl
 import json
 import os
 import resource
+import socket
+import struct
 import subprocess
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -330,3 +332,29 @@ async def test_a_polled_package_tool_is_killed_at_its_time_limit_with_the_table_
     finally:
         tool.kill()
         tool.wait()
+
+
+@pytest.mark.parametrize("how", ["closed", "reset", "cut head"])
+async def test_a_post_whose_connection_broke_after_it_went_is_an_answer_lost(how: str) -> None:
+    """Finding (fixed): on ``shellyard run``'s fast path a POST sent whole whose connection
+    then ended without a whole answer (closed with no byte, reset, a head cut short: the
+    server killed after it read the request, which may have started the command: E11 keeps
+    it running) was "cannot reach ... retry" or "cut or not HTTP", RunnerUnavailable, exit
+    75; retrying ran the command twice. Now ``AnswerLost``, exit 124, as for a cut by the
+    clock (the fast path opens a fresh connection: the request was never a stale one's)."""
+
+    async def broken(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if how == "cut head":
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-le")
+            await writer.drain()
+        elif how == "reset":
+            sock = writer.get_extra_info("socket")
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        writer.close()
+
+    async with serving(broken) as port:
+        request = b"POST /v1/executions HTTP/1.1\r\ncontent-length: 0\r\n\r\n"
+        with pytest.raises(ShellyardError) as lost:
+            await asyncio.to_thread(entry._exchange, "127.0.0.1", port, request, 5)
+    assert isinstance(lost.value, AnswerLost), repr(lost.value)
+    assert exit_code_of(lost.value) == 124 and "may have acted" in str(lost.value)

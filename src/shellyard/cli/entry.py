@@ -209,8 +209,13 @@ def _exchange(host: str, port: int, request: bytes, timeout: float) -> tuple[int
     ``timeout`` plus a second per 64 KiB received, however the answer is paced."""
     import socket
 
-    from shellyard.errors import ShellyardError
-    from shellyard.sdk.answer_clock import MAX_JSON_BYTES, AnswerClock, too_large_message
+    from shellyard.errors import AnswerLost, ShellyardError
+    from shellyard.sdk.answer_clock import (
+        MAX_JSON_BYTES,
+        AnswerClock,
+        advice,
+        too_large_message,
+    )
     from shellyard.sdk.status import unreachable
 
     try:
@@ -222,9 +227,11 @@ def _exchange(host: str, port: int, request: bytes, timeout: float) -> tuple[int
     chunks = []
     # the request goes whole: a cut answer's advice is a POST's (the command may run)
     clock = AnswerClock(timeout, method="POST")
+    sent = False
     try:
         with sock:
             sock.sendall(request)
+            sent = True
             while True:
                 wait, _by_clock = clock.bound(timeout)
                 if wait is None or wait <= 0:
@@ -245,18 +252,28 @@ def _exchange(host: str, port: int, request: bytes, timeout: float) -> tuple[int
                     raise ShellyardError(too_large_message(MAX_JSON_BYTES, "this command"))
                 chunks.append(chunk)
     except OSError as exc:
+        if sent:  # the POST went whole on a fresh connection: the server may act on it
+            broke = f"the control plane's connection broke ({exc}); "
+            raise AnswerLost(broke + advice("POST")) from exc
         raise unreachable(exc) from exc
     return _parse_answer(b"".join(chunks))
 
 
 def _parse_answer(raw: bytes) -> tuple[int, bytes]:
-    from shellyard.errors import RunnerUnavailable
+    """(status, body) of a whole answer to the POST; an answer cut or not HTTP came after the
+    request went whole (the server may run the command: E11), so it is ``AnswerLost`` (exit
+    124, look first), never 75's retry (docs/security.md "Attack pass (session 50)")."""
+    from shellyard.errors import AnswerLost
+    from shellyard.sdk.answer_clock import advice
 
+    cut = AnswerLost(
+        f"the control plane's answer was cut or not HTTP: {raw[:80]!r}; " + advice("POST")
+    )
     head, separator, body = raw.partition(b"\r\n\r\n")
     lines = head.split(b"\r\n")
     parts = lines[0].split(b" ", 2)
     if not separator or len(parts) < 2 or not parts[1].isdigit():
-        raise RunnerUnavailable(f"the control plane's answer was cut or not HTTP: {raw[:80]!r}")
+        raise cut
     headers = {}
     for line in lines[1:]:
         name, _, value = line.partition(b":")
@@ -264,7 +281,6 @@ def _parse_answer(raw: bytes) -> tuple[int, bytes]:
     # An answer cut short (the server or the network closed mid-body) is the same error as a
     # head cut short, never a ValueError's traceback nor a truncated body parsed as JSON
     # (docs/security.md "Attack pass (session 49)").
-    cut = RunnerUnavailable(f"the control plane's answer was cut or not HTTP: {raw[:80]!r}")
     if headers.get(b"transfer-encoding") == b"chunked":
         try:
             body = _unchunk(body)
