@@ -9,6 +9,7 @@ by ``decode_error``; the code is looked up in ``ERRORS_BY_CODE``.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Mapping
 from typing import Any, ClassVar
 
@@ -262,3 +263,13 @@ def validation_message(exc: Exception | Iterable[Mapping[str, Any]]) -> str:
 def invalid_input(exc: Exception) -> InvalidInput:
     """The InvalidInput every door reports for a request that failed validation."""
     return InvalidInput(validation_message(exc))
+
+
+#: C0 controls but newline and tab, DEL and the C1 controls: what a terminal acts on.
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def visible(text: str) -> str:
+    """``text`` with each control character shown as ``\\xNN`` (a message that names an
+    agent's files or a server's answer reaches terminals and logs)."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)

@@ -16,8 +16,8 @@ import typer
 from shellyard.cli.exits import EXIT_BY_STATE as EXIT_BY_STATE
 from shellyard.cli.exits import exit_code_of as exit_code_of
 from shellyard.cli.exits import say_error
-from shellyard.cli.exits import visible as visible
 from shellyard.errors import InvalidInput, ShellyardError
+from shellyard.errors import visible as visible
 
 if TYPE_CHECKING:
     from pydantic import BaseModel

@@ -121,7 +121,7 @@ def say_note(text: str) -> None:
     control codes are shown as ``\\xNN``, never sent to the operator's terminal (docs/security.md
     "Attack pass (session 45)")."""
     if sys.stderr.isatty():
-        from shellyard.cli.exits import visible
+        from shellyard.errors import visible
 
         sys.stderr.write(f"shellyard: note: {visible(text)}\n")
 

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import re
 import sys
 
 from shellyard.errors import (
@@ -13,6 +12,7 @@ from shellyard.errors import (
     ShellyardError,
     StoreFull,
     WorkspaceBusy,
+    visible,
 )
 
 #: Exit codes every verb uses (``run`` passes the command's own code through instead of 0/1).
@@ -33,15 +33,6 @@ def exit_code_of(exc: ShellyardError) -> int:
         return EXIT_BY_STATE["unknown"]
     retry = isinstance(exc, RunnerUnavailable | WorkspaceBusy | LowOnSpace | StoreFull)
     return EXIT_RETRY if retry else EXIT_REFUSED
-
-
-#: C0 controls but newline and tab, DEL and the C1 controls: what a terminal acts on.
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
-
-
-def visible(text: str) -> str:
-    """``text`` with each control character shown as ``\\xNN``."""
-    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
 
 
 def say_error(exc: ShellyardError) -> int:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import copy
 import functools
 import json
-import re
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Generic, ParamSpec, Self, TypeVar, overload
@@ -23,7 +22,13 @@ from typing import Any, Generic, ParamSpec, Self, TypeVar, overload
 import httpx
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
-from shellyard.errors import AnswerLost, RunnerUnavailable, ShellyardError, problems_text
+from shellyard.errors import (
+    AnswerLost,
+    RunnerUnavailable,
+    ShellyardError,
+    problems_text,
+    visible,
+)
 from shellyard.sdk.answer_clock import unreadable
 from shellyard.sdk.bounds import (
     CLOCK,
@@ -163,8 +168,6 @@ def parse(adapter: TypeAdapter[T], raw: bytes) -> T:
         raise not_understood(raw, exc) from None
 
 
-#: C0 controls but newline and tab, DEL and the C1 controls (cli/exits.py ``visible``'s).
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 #: Most characters of pydantic's problems named in ``not_understood``'s message.
 _PROBLEMS_CHARS = 300
 
@@ -178,7 +181,7 @@ def not_understood(raw: bytes, exc: ValidationError) -> ShellyardError:
         more = f"; and {len(problems) - 3:,} more" if len(problems) > 3 else ""
         # their locations hold the answer's own keys: cut, control codes shown as \xNN,
         # as its bytes are (the message reaches terminals and logs)
-        said = _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", problems_text(problems[:3]))
+        said = visible(problems_text(problems[:3]))
         said = said if len(said) <= _PROBLEMS_CHARS else said[:_PROBLEMS_CHARS] + "…"
         what = f"is not what the SDK expects ({said}{more})"
     return unreadable(raw, what)
