@@ -165,7 +165,8 @@ ROOMS: dict[str, set[str]] = {
     # backup's and restore's walk of a tree someone may be changing (descriptors only)
     "runner.tree_walk": {"runner.workspace_paths"},
     "runner.own_mounts": set(),
-    "runner.prefix_mounts": {"runner.own_mounts"},  # its overlay mount, the linger
+    # its overlay mount, the linger; a holder kept by pid and start time without a pidfd
+    "runner.prefix_mounts": {"runner.own_mounts", "runner.processes"},
     "runner.tool_mounts": {"runner.own_mounts"},  # a package tool's writable overlays
     "runner.snapshots": {"runner.own_mounts", "runner.protocol", "runner.workspace_paths"},
     "runner.edits": {"runner.protocol", "runner.snapshots", "runner.workspace_paths"},
