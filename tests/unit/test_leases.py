@@ -113,3 +113,44 @@ async def test_a_lease_acquired_during_a_renewal_is_not_dropped(store: Store) ->
     await keeper.renew()
     assert lost == []
     assert sorted(keeper.subjects("delivery")) == ["dlv_new", "dlv_old"]
+
+
+async def test_a_transfer_made_final_releases_its_lease_in_the_same_transaction(
+    store: Store,
+) -> None:
+    """The transfer's end and its lease's end are one write: a wait woken by the end never
+    finds the lease still there (CI of stop 46 saw ``leases_of('transfer') == 1`` just after
+    ``completed``). Another holder's lease is left alone, and finishing a transfer that
+    was already final still lets go of the caller's lease."""
+    _session, agent = await store.default_owner()
+    await store.upsert_runner("local", "local", None, None)
+    workspace, _ = await store.workspace_for(str(agent.id), "local")
+    for transfer_id in ("tr_1", "tr_2"):
+        await store.create_transfer(
+            {
+                "id": transfer_id,
+                "agent_id": agent.id,
+                "source_workspace_id": workspace.id,
+                "target_workspace_id": workspace.id,
+                "target_folder": "in",
+                "paths": ["a"],
+                "options": {},
+                "files_total": 0,
+                "bytes_total": 0,
+                "state": "running",
+                "created_at": 1.0,
+            },
+            [],
+        )
+    assert await store.acquire_lease("transfer", "tr_1", "rep_a", None, 60)
+    assert await store.acquire_lease("transfer", "tr_2", "rep_b", None, 60)
+
+    final = await store.finish_transfer("tr_1", "completed", None, "not copied", "rep_a")
+    assert final is not None and final.state == "completed"
+    assert await store.lease_counts("rep_a") == {}
+    # Somebody else's lease stays: only the holder's own goes.
+    assert await store.finish_transfer("tr_2", "completed", None, "not copied", "rep_a")
+    assert await store.lease_counts("rep_b") == {"transfer": 1}
+    # Already final: nothing changes but rep_b's lease of it still goes.
+    assert await store.finish_transfer("tr_2", "failed", "x", "not copied", "rep_b") is None
+    assert await store.lease_counts("rep_b") == {}

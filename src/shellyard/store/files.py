@@ -13,6 +13,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from shellyard.store.db import Row, fetch_one
+from shellyard.store.leases import TRANSFER, delete_lease
 from shellyard.store.owners import Agent
 from shellyard.store.records import from_row, from_rows
 from shellyard.store.schema import (
@@ -229,13 +230,22 @@ class FileRecords(WorkspaceRecords):
         )
 
     async def finish_transfer(
-        self, transfer_id: str, state: str, error: str | None, pending_reason: str
+        self,
+        transfer_id: str,
+        state: str,
+        error: str | None,
+        pending_reason: str,
+        lease_holder: str | None = None,
     ) -> Transfer | None:
         """Make the transfer terminal (files never reached get ``skipped`` with
         ``pending_reason``) and release the target's writer; one transaction. None when it
-        was terminal already."""
+        was terminal already. ``lease_holder``: that replica's lease of the transfer goes in
+        the same transaction (also when it was terminal already), so nobody sees a finished
+        transfer still leased."""
         return _transfer(
-            await self.run(_finish_transfer, transfer_id, state, error, pending_reason)
+            await self.run(
+                _finish_transfer, transfer_id, state, error, pending_reason, lease_holder
+            )
         )
 
     # ------------------------------------------------------------------ artifacts
@@ -378,8 +388,15 @@ def _record_outcomes(
 
 
 def _finish_transfer(
-    conn: Connection, transfer_id: str, state: str, error: str | None, pending_reason: str
+    conn: Connection,
+    transfer_id: str,
+    state: str,
+    error: str | None,
+    pending_reason: str,
+    lease_holder: str | None,
 ) -> Row | None:
+    if lease_holder is not None:
+        delete_lease(conn, TRANSFER, transfer_id, lease_holder)
     row = fetch_one(conn, sa.select(transfers).where(transfers.c.id == transfer_id))
     if row is None or row["state"] in TERMINAL_TRANSFER_STATES:
         return None

@@ -583,11 +583,14 @@ class TransferService:
             if state == "cancelled"
             else f"not copied: the transfer stopped ({error})"
         )
-        final = await self.store.finish_transfer(transfer_id, state, error, reason)
+        # The lease goes in the transaction that makes it final: a wait woken by it (or a
+        # replica reading it) never finds a finished transfer still leased.
+        final = await self.store.finish_transfer(
+            transfer_id, state, error, reason, self.leases.letting_go(TRANSFER, transfer_id)
+        )
         self._cancel.pop(transfer_id, None)
         await self.access.writer_released(row.target_workspace_id)
         self._publish(transfer_id)
-        await self._release(transfer_id)
         if final is None:
             return
         if state != "cancelled":  # the owner asked for a cancel: it knows (N3's spirit)
