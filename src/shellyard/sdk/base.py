@@ -138,11 +138,18 @@ def _failed(
     if isinstance(exc, AnswerTooSlow):
         return exc.clock.late_error()
     method = clock.method if clock is not None else method
-    if isinstance(exc, httpx.ReadTimeout) and method.upper() not in RESENDABLE:
-        # A read waits only once the request went whole: silence from a server that took a
-        # POST may mean it acts on it (AnswerLost: look first), never "cannot reach ... retry"
-        # (docs/security.md "Attack pass (session 50)").
-        return AnswerLost(f"the control plane's answer did not come ({exc}); " + advice(method))
+    if method.upper() not in RESENDABLE:
+        # A read waits, and finds the connection broken or the answer not HTTP, only once
+        # the request went whole: a server that took a POST may act on it (AnswerLost: look
+        # first), never "cannot reach ... retry", which ran a command twice (docs/security.md
+        # "Attack pass (session 50)"); the CLI's fast path says the same (cli/entry.py).
+        if isinstance(exc, httpx.ReadTimeout):
+            return AnswerLost(f"the control plane's answer did not come ({exc}); " + advice(method))
+        if isinstance(exc, (httpx.ReadError, httpx.RemoteProtocolError)):
+            return AnswerLost(
+                f"the connection broke before the control plane's answer came whole ({exc}); "
+                + advice(method)
+            )
     late = clock.error() if clock is not None else None
     return late if late is not None else _unreachable(exc)
 
