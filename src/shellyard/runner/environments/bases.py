@@ -131,6 +131,36 @@ def current(name: str, root: Path | None = None) -> BaseRevision | None:
     )
 
 
+#: ``_in_use``'s last reading of each base folder: the stamp of its ``current`` file, the
+#: revision it named and that revision's prefix variables.
+_READ: dict[Path, tuple[tuple[int, int, int, int], BaseRevision, dict[str, str]]] = {}
+
+
+def _in_use(name: str) -> tuple[BaseRevision, dict[str, str]] | None:
+    """``current(name)`` and its prefix's variables, for a command's start: read again only
+    when the ``current`` file changed. A revision never changes in place and ``current`` is
+    replaced whole (a new inode) when it moves, so its stat stands for both; every start
+    read four files and two JSON records before (docs/benchmarks.md §67's profile). The
+    prefix itself is still looked at on every start (``mount``)."""
+    folder = bases_root() / name
+    try:
+        info = os.stat(folder / "current")
+    except OSError:
+        return None
+    stamp = (info.st_dev, info.st_ino, info.st_mtime_ns, info.st_size)
+    known = _READ.get(folder)
+    if known is not None and known[0] == stamp:
+        return known[1], dict(known[2])  # the caller's own: a Mount may be added to
+    base = current(name)
+    if base is None or not base.prefix.is_dir():
+        return None  # not kept: a prefix not there yet says nothing of the revision's files
+    variables = prefix_variables(base.prefix, base.seen)
+    # A move between the stat and the read leaves the newer revision under the older
+    # stamp: the next start's stat differs and reads it again.
+    _READ[folder] = (stamp, base, variables)
+    return base, dict(variables)
+
+
 def mount(name: str) -> tuple[BaseRevision, Mount] | None:
     """For an execution about to start: the base's revision, the prefix to bind read-only
     and its variables (V4), or None while the base is not prepared.
@@ -140,14 +170,14 @@ def mount(name: str) -> tuple[BaseRevision, Mount] | None:
     prefixes are bound read-only, each where its files say it is (``BaseRevision.seen``),
     python's ``bin`` first on PATH, R's library in ``R_LIBS``. The record names python-base
     and its revision."""
-    base = current(name)
-    if base is None or not base.prefix.is_dir():
+    found = _in_use(name)
+    if found is None or not found[0].prefix.is_dir():
         return None
-    variables = prefix_variables(base.prefix, base.seen)
-    companion = current(R_BASE) if name == PYTHON_BASE else None
-    if companion is None or not companion.prefix.is_dir():
+    base, variables = found
+    paired = _in_use(R_BASE) if name == PYTHON_BASE else None
+    if paired is None or not paired[0].prefix.is_dir():
         return base, Mount(base.prefix, variables, base.seen)
-    r_variables = prefix_variables(companion.prefix, companion.seen)
+    companion, r_variables = paired
     merged = {**r_variables, **variables, "PATH": f"{variables['PATH']}:{r_variables['PATH']}"}
     return base, Mount(base.prefix, merged, base.seen, ((companion.prefix, companion.seen),))
 
