@@ -61,8 +61,9 @@ def read(
     usage = Usage()
     if v2:
         folder = bases[""] / workspace_id / execution_id
-        cpu = _keyed(_read(folder / "cpu.stat"), "usage_usec") - cpu_base
-        usage.cpu_seconds = cpu / 1e6 if (folder / "cpu.stat").exists() else None
+        cpu_stat = _read(folder / "cpu.stat")  # None: no such group (nothing to count)
+        if cpu_stat is not None:
+            usage.cpu_seconds = (_keyed(cpu_stat, "usage_usec") - cpu_base) / 1e6
         if "memory" in controllers:
             if peak_fd is not None:  # used again: the peak since its reset (recycle.py)
                 usage.peak_memory_bytes = recycle.peak_through(peak_fd)
