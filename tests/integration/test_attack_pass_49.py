@@ -11,12 +11,10 @@ test says whether it is a finding (fixed here) or a property that held."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import signal
 import zlib
-from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +24,7 @@ from daemon_outage import held_start, held_start_ran_once, outage_yard, until
 from proc_memory import peak_resident, reset_peak, resident
 from pydantic import TypeAdapter
 from runner_daemon_fixture import start_daemon
-from sdk_paths import chunked, on_every_path
+from sdk_paths import chunked, on_every_path, port_of, serving
 
 from conftest import POSTGRES_URL, open_yard
 from shellyard.cli import entry
@@ -44,35 +42,8 @@ from shellyard.sdk.client import AsyncClient, Client
 pytestmark = pytest.mark.timeout(300)
 
 ANY = TypeAdapter(dict[str, Any])
-Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 #: an empty, not final, deflate stored block (what a sync flush ends with): decodes to nothing
 EMPTY_BLOCK = b"\x00\x00\x00\xff\xff"
-
-
-async def _request(reader: asyncio.StreamReader) -> None:
-    head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").lower()
-    length = 0
-    for line in head.split("\r\n"):
-        if line.startswith("content-length:"):
-            length = int(line.split(":", 1)[1])
-    await reader.readexactly(length)
-
-
-@contextlib.asynccontextmanager
-async def serving(handle: Handler) -> AsyncIterator[str]:
-    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            while True:
-                await _request(reader)
-                await handle(reader, writer)
-        except (asyncio.IncompleteReadError, ConnectionError):
-            pass
-        finally:
-            writer.close()
-
-    listening = await asyncio.start_server(serve, "127.0.0.1", 0)
-    async with listening:
-        yield f"http://127.0.0.1:{listening.sockets[0].getsockname()[1]}"
 
 
 async def test_framing_dripped_without_body_does_not_earn_the_answer_time() -> None:
@@ -190,7 +161,7 @@ async def test_the_fast_run_path_fails_clearly_on_a_cut_or_bad_answer() -> None:
             writer.close()
 
         async with serving(cut) as url:
-            port = int(url.rsplit(":", 1)[1])
+            port = port_of(url)
             request = b"POST / HTTP/1.1\r\ncontent-length: 0\r\n\r\n"
             with pytest.raises(RunnerUnavailable, match="cut or not HTTP"):
                 await asyncio.to_thread(entry._exchange, "127.0.0.1", port, request, 5)
@@ -353,7 +324,7 @@ async def test_a_post_cut_by_its_clock_does_not_advise_sending_it_again() -> Non
     async with serving(dripping) as url:
         posts = await on_every_path(url, call("POST", "/v1/executions", ANY, timeout_s=0.5))
         gets = await on_every_path(url, call("GET", "/v1/x", ANY, timeout_s=0.5))
-        port = int(url.rsplit(":", 1)[1])
+        port = port_of(url)
         request = b"POST /v1/executions HTTP/1.1\r\ncontent-length: 0\r\n\r\n"
         with pytest.raises(RunnerUnavailable) as fast:
             await asyncio.to_thread(entry._exchange, "127.0.0.1", port, request, 0.5)

@@ -18,13 +18,12 @@ import resource
 import socket
 import struct
 import subprocess
-from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 from pydantic import TypeAdapter
-from sdk_paths import on_every_path
+from sdk_paths import Handler, on_every_path, port_of, serving
 
 from shellyard.cli import entry
 from shellyard.cli.exits import exit_code_of
@@ -40,34 +39,6 @@ from shellyard.sdk.client import AsyncClient, Client
 pytestmark = pytest.mark.timeout(120)
 
 ANY = TypeAdapter(dict[str, Any])
-Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
-
-
-async def _request(reader: asyncio.StreamReader) -> None:
-    head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").lower()
-    length = 0
-    for line in head.split("\r\n"):
-        if line.startswith("content-length:"):
-            length = int(line.split(":", 1)[1])
-    await reader.readexactly(length)
-
-
-@contextlib.asynccontextmanager
-async def serving(handle: Handler) -> AsyncIterator[int]:
-    """A loopback server answering each request with ``handle``; its port."""
-
-    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            await _request(reader)
-            await handle(reader, writer)
-        except (asyncio.IncompleteReadError, ConnectionError):
-            pass
-        finally:
-            writer.close()
-
-    listening = await asyncio.start_server(serve, "127.0.0.1", 0)
-    async with listening:
-        yield int(listening.sockets[0].getsockname()[1])
 
 
 def _answering(body: bytes) -> Handler:
@@ -80,11 +51,11 @@ def _answering(body: bytes) -> Handler:
 
 
 @contextlib.contextmanager
-def served_home(home: Path, port: int) -> Any:
-    """A home whose server (the lock held, its info written) is the loopback one at ``port``:
+def served_home(home: Path, url: str) -> Any:
+    """A home whose server (the lock held, its info written) is the loopback one at ``url``:
     what ``shellyard run``'s fast path reads before it posts."""
     home.mkdir(parents=True, exist_ok=True)
-    info = {"pid": os.getpid(), "url": f"http://127.0.0.1:{port}", "token": "tok"}
+    info = {"pid": os.getpid(), "url": url, "token": "tok"}
     (home / INFO_NAME).write_text(json.dumps(info))
     fd = os.open(home / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
@@ -119,8 +90,8 @@ async def test_the_fast_run_path_names_an_answer_it_cannot_read(
     ValidationError, and ``{"state": [..]}`` in a TypeError's. Now each is the SDK's error for
     an answer it cannot read (sdk/base.py ``not_understood``): one line on stderr naming the
     first 80 bytes with their control codes escaped, exit code 2."""
-    async with serving(_answering(body)) as port:
-        with served_home(tmp_path / "home", port):
+    async with serving(_answering(body)) as url:
+        with served_home(tmp_path / "home", url):
             code = await asyncio.to_thread(
                 entry.quick_run, ["run", "--home", str(tmp_path / "home"), "--", "true"]
             )
@@ -142,10 +113,10 @@ async def test_a_post_whose_answer_never_began_is_an_answer_lost() -> None:
     async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await asyncio.sleep(5)
 
-    async with serving(silent) as port:
+    async with serving(silent) as url:
         request = b"POST /v1/executions HTTP/1.1\r\ncontent-length: 0\r\n\r\n"
         with pytest.raises(ShellyardError) as lost:
-            await asyncio.to_thread(entry._exchange, "127.0.0.1", port, request, 0.5)
+            await asyncio.to_thread(entry._exchange, "127.0.0.1", port_of(url), request, 0.5)
     assert isinstance(lost.value, AnswerLost), lost.value
     assert "may have acted on this POST" in str(lost.value)
     assert exit_code_of(lost.value) == 124
@@ -159,8 +130,7 @@ async def test_a_post_whose_answer_never_began_is_an_answer_lost_on_every_sdk_pa
     async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await asyncio.sleep(5)
 
-    async with serving(silent) as port:
-        url = f"http://127.0.0.1:{port}"
+    async with serving(silent) as url:
         posts = await on_every_path(url, call("POST", "/v1/executions", ANY, timeout_s=0.5))
         gets = await on_every_path(url, call("GET", "/v1/x", ANY, timeout_s=0.5))
     for outcome in posts:
@@ -185,8 +155,7 @@ async def test_a_wake_it_cannot_read_is_the_sdks_error(data: bytes) -> None:
         writer.write(head + f"content-length: {len(event)}\r\n\r\n".encode() + event)
         await writer.drain()
 
-    async with serving(one_wake) as port:
-        url = f"http://127.0.0.1:{port}"
+    async with serving(one_wake) as url:
 
         def blocking() -> Any:
             with Client(url, "tok") as client:
@@ -212,8 +181,7 @@ async def test_a_deep_nest_is_an_answer_the_sdk_cannot_read_on_every_path() -> N
     pydantic's parser called invalid JSON (for names that are not UTF-8), and ``json`` met
     100,000 ``[`` with a RecursionError, raised as such on every SDK path. Now it is the
     SDK's "is not JSON" error naming the first 80 bytes."""
-    async with serving(_answering(b"[" * 100_000)) as port:
-        url = f"http://127.0.0.1:{port}"
+    async with serving(_answering(b"[" * 100_000)) as url:
         outcomes = await on_every_path(url, call("GET", "/v1/x", ANY))
     for outcome in outcomes:
         assert type(outcome) is ShellyardError, repr(outcome)
@@ -228,8 +196,7 @@ async def test_a_wrong_answer_names_its_problems_in_a_bounded_message() -> None:
     characters, as the answer's own bytes are to 80."""
     key = "\x1b[2J" + "k" * (1 << 20)
     body = json.dumps({key: 5}).encode()
-    async with serving(_answering(body)) as port:
-        url = f"http://127.0.0.1:{port}"
+    async with serving(_answering(body)) as url:
         outcomes = await on_every_path(url, call("GET", "/v1/x", TypeAdapter(dict[str, str])))
     for outcome in outcomes:
         assert type(outcome) is ShellyardError, repr(outcome)
@@ -352,9 +319,9 @@ async def test_a_post_whose_connection_broke_after_it_went_is_an_answer_lost(how
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         writer.close()
 
-    async with serving(broken) as port:
+    async with serving(broken) as url:
         request = b"POST /v1/executions HTTP/1.1\r\ncontent-length: 0\r\n\r\n"
         with pytest.raises(ShellyardError) as lost:
-            await asyncio.to_thread(entry._exchange, "127.0.0.1", port, request, 5)
+            await asyncio.to_thread(entry._exchange, "127.0.0.1", port_of(url), request, 5)
     assert isinstance(lost.value, AnswerLost), repr(lost.value)
     assert exit_code_of(lost.value) == 124 and "may have acted" in str(lost.value)

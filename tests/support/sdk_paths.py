@@ -1,13 +1,59 @@
 """The SDK's three ways to send a JSON call, driven side by side against one loopback server,
-for the tests of its bounds on an answer (test_sdk_lean.py, the attack pass of session 49)."""
+and that server (crafted raw answers), for the tests of its bounds on an answer
+(test_sdk_lean.py, the attack passes of sessions 49 and 50)."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from shellyard.sdk.client import AsyncClient, Client
+
+#: answers one request on a connection: writes the raw bytes the attack needs
+Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+async def _request(reader: asyncio.StreamReader) -> bool:
+    """One request read whole; True: it asks the connection closed after its answer."""
+    head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").lower()
+    length, close = 0, False
+    for line in head.split("\r\n"):
+        if line.startswith("content-length:"):
+            length = int(line.split(":", 1)[1])
+        elif line.startswith("connection:"):
+            close = "close" in line
+    await reader.readexactly(length)
+    return close
+
+
+@contextlib.asynccontextmanager
+async def serving(handle: Handler) -> AsyncIterator[str]:
+    """A loopback server answering each request with ``handle``, its URL. A connection is
+    kept for the next request (the clients' pools reuse it) until either side closes it or
+    the request asks it closed (``Connection: close``: ``shellyard run``'s fast path reads
+    its answer to the connection's end)."""
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            close = False
+            while not close:
+                close = await _request(reader)
+                await handle(reader, writer)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    listening = await asyncio.start_server(serve, "127.0.0.1", 0)
+    async with listening:
+        yield f"http://127.0.0.1:{listening.sockets[0].getsockname()[1]}"
+
+
+def port_of(url: str) -> int:
+    """The port of a ``serving`` URL (``shellyard run``'s own socket takes host and port)."""
+    return int(url.rsplit(":", 1)[1])
 
 
 def _as_made(client: Any) -> None:
