@@ -46,6 +46,7 @@ from shellyard.runner.sandbox.spawn import (
     RESULT_TEMPORARY,
     LiveExecution,
     Sandboxes,
+    SpawnOrder,
     Started,
     bwrap_error,
     execution_marker,
@@ -132,6 +133,7 @@ class Supervisor:
         mount: Mount | None,
     ) -> RunnerExecution:
         directory = self._executions / request.execution_id
+        order = SpawnOrder(request, directory, tree, command, mount)
         live = None
         if not request.interactive and not request.read_only:
             # E13: an interactive one's stdin is its holder's, never a warm sandbox's pipe.
@@ -143,11 +145,11 @@ class Supervisor:
             if os.path.lexists(directory):  # one folder per execution, as mkdir refuses
                 raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), str(directory))
             try:
-                live = self.warm.take(request, directory, tree, command, mount)
+                live = self.warm.take(order)
             except OSError as exc:
                 raise self._not_started(request.execution_id, directory, exc) from None
         if live is None:
-            live, tree = await self._launch_cold(request, directory, tree, command, mount)
+            live, tree = await self._launch_cold(order)
         self._live[request.execution_id] = live
         if not request.read_only:
             self.busy_workspaces[request.workspace_id] = request.execution_id
@@ -160,14 +162,7 @@ class Supervisor:
         self.warm.prepare_after(request, tree, mount)
         return self._running(request.execution_id, live)
 
-    async def _launch_cold(
-        self,
-        request: StartRequest,
-        directory: Path,
-        tree: Path,
-        command: list[str],
-        mount: Mount | None,
-    ) -> tuple[LiveExecution, Path]:
+    async def _launch_cold(self, order: SpawnOrder) -> tuple[LiveExecution, Path]:
         """An execution's own sandbox, spawned in a worker thread when the loop has other
         work (``_off_loop``), else on it; the tree it runs on (a reader's: its view, W2).
 
@@ -175,6 +170,7 @@ class Supervisor:
         writer held (E1, E3: a second command, a warm sandbox's take, a file operation are
         refused as busy), its environment in use (V5: a change waits for it), and a status,
         wait, cancel or retried start of it waits for the spawn's end (``_spawning``)."""
+        request, directory, tree = order.request, order.directory, order.tree
         directory.mkdir(mode=0o700)  # the service user's alone (filemodes.py)
         execution_id, workspace_id = request.execution_id, request.workspace_id
         writer = not request.read_only
@@ -188,7 +184,8 @@ class Supervisor:
             if request.read_only:  # the committed view, never the live tree (W2)
                 tree = self.views.acquire(workspace_id, execution_id, directory / views.VIEW)
                 viewing = True
-            live = await self._spawn_cold(request, directory, tree, command, mount)
+                order = order._replace(tree=tree)
+            live = await self._spawn_cold(order)
         except BaseException as exc:
             if viewing:  # it never ran: it uses the view no longer
                 self.views.release(directory / views.VIEW, execution_id)
@@ -207,27 +204,23 @@ class Supervisor:
             spawning.set_result(None)
         return live, tree
 
-    async def _spawn_cold(
-        self,
-        request: StartRequest,
-        directory: Path,
-        tree: Path,
-        command: list[str],
-        mount: Mount | None,
-    ) -> LiveExecution:
+    async def _spawn_cold(self, order: SpawnOrder) -> LiveExecution:
+        """The spawn itself: in a worker thread (``_off_loop``), else on the loop's."""
         box = self.sandboxes
-        if not self._off_loop():
-            return box.spawn(request, directory, tree, command, mount)
-        cold = box.prepare_cold(request, directory, tree, command, mount)
-        marker = execution_marker(request.execution_id)
-
-        def undo(started: Started) -> None:  # in a worker thread: cancelled in flight
-            end_execution_spawn(started, directory / "status", marker)
-
+        off_loop = self._off_loop()
+        cold = box.prepare_cold(order)
         try:
-            # The loop's thread blocked in vfork until bwrap had a CPU and exec'd: with 16
-            # agents the cold Popen was the loop's largest share (docs/benchmarks.md §62).
-            started = await spawn_in_thread(cold.run, undo)
+            if off_loop:
+                # The loop's thread blocked in vfork until bwrap had a CPU and exec'd: with 16
+                # agents the cold Popen was the loop's largest share (docs/benchmarks.md §62).
+                marker = execution_marker(order.request.execution_id)
+
+                def undo(started: Started) -> None:  # in a worker thread: cancelled in flight
+                    end_execution_spawn(started, order.directory / "status", marker)
+
+                started = await spawn_in_thread(cold.run, undo)
+            else:
+                started = cold.run()
         except BaseException:
             box.abandon(cold.pending)
             raise

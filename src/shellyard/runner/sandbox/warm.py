@@ -50,6 +50,7 @@ from shellyard.runner.sandbox.spawn import (
     WARM_RECORD,
     LiveExecution,
     Sandboxes,
+    SpawnOrder,
     Started,
     inside,
     write_json_once,
@@ -231,25 +232,19 @@ class WarmPool:
 
     # ------------------------------------------------------------------ take
 
-    def take(
-        self,
-        request: StartRequest,
-        directory: Path,
-        tree: Path,
-        command: list[str],
-        mount: Mount | None,
-    ) -> LiveExecution | None:
-        """The workspace's warm sandbox running ``command`` as ``request``'s execution, its
-        folder become ``directory``; None: none fits (the caller spawns one cold)."""
+    def take(self, order: SpawnOrder) -> LiveExecution | None:
+        """The workspace's warm sandbox running ``order``'s command as its execution, its
+        folder become ``order.directory``; None: none fits (the caller spawns one cold)."""
+        request, directory, mount = order.request, order.directory, order.mount
         if request.read_only or not self._ready.get(request.workspace_id):
             return None
-        spec = _spec(self._sandboxes.command_env(request, mount), request.cwd, command)
+        spec = _spec(self._sandboxes.command_env(request, mount), request.cwd, order.command)
         if len(spec) > PIPE_ROOM:
             return None  # more than the pipe holds (a long text goes as a file): cold
         warm = self._ready.pop(request.workspace_id)
         if warm.timer is not None:
             warm.timer.cancel()
-        if warm.key != self._key(request.workspace_id, tree, mount):
+        if warm.key != self._key(request.workspace_id, order.tree, mount):
             self._discard(warm, "changed")
             return None
         if warm.started.popen.poll() is not None:
