@@ -22,7 +22,7 @@ from sdk_paths import chunked, on_every_path
 
 from shellyard.cli import entry
 from shellyard.errors import RunnerUnavailable, ShellyardError
-from shellyard.sdk import answer_clock, base, bounds, lean
+from shellyard.sdk import answer_clock, base, lean
 from shellyard.sdk.base import call
 from shellyard.sdk.client import AsyncClient, Client
 
@@ -318,7 +318,7 @@ async def test_a_reset_mid_call_and_a_close_unanswered_give_the_same_errors_as_h
     for handle, request in (
         (reset, call("GET", "/v1/executions/ex_1", ANY)),
         (unanswered, call("GET", "/v1/executions/ex_1", ANY)),
-        # a wait begun with the exchange is the read timeout's own (bounds.AnswerClock.bound)
+        # a wait begun with the exchange is the read timeout's own (answer_clock.AnswerClock.bound)
         # while the clock has 0.9 of it left: 0.2 s for connecting and sending on a loaded
         # machine (the 0.03 s of a 0.3 s timeout was passed once beside a CI run)
         (silent, call("GET", "/v1/x", ANY, timeout_s=2.0)),
@@ -417,7 +417,7 @@ async def test_a_json_answer_whose_length_passes_the_bound_is_refused_at_its_hea
         outcomes = await on_every_path(url, call("GET", "/v1/x", ANY, timeout_s=30), _keep)
     for outcome in outcomes:
         assert isinstance(outcome, ShellyardError), outcome
-        assert f"passed {bounds.MAX_JSON_BYTES:,} bytes" in str(outcome)
+        assert f"passed {answer_clock.MAX_JSON_BYTES:,} bytes" in str(outcome)
 
 
 def _keep(client: Any) -> None:

@@ -29,18 +29,15 @@ from shellyard.errors import (
     problems_text,
     visible,
 )
-from shellyard.sdk.answer_clock import unreadable
-from shellyard.sdk.bounds import (
+from shellyard.sdk.answer_clock import (
     CLOCK,
     MAX_JSON_BYTES,
     RESENDABLE,
     AnswerClock,
-    AnswerTooLarge,
-    AnswerTooSlow,
     advice,
-    too_large,
-    too_large_error,
+    unreadable,
 )
+from shellyard.sdk.bounds import AnswerTooLarge, AnswerTooSlow, too_large, too_large_error
 from shellyard.sdk.lean import LeanHttp
 from shellyard.sdk.native import running_loop
 from shellyard.sdk.status import raise_for, unreachable

@@ -5,13 +5,14 @@ A JSON answer is read whole before it is parsed, so without a bound a server (or
 middle on ``http://``) that streams an answer without end grows the client's memory without
 end; and a timeout per read lets an answer dripped a byte per (timeout − ε) last for ever.
 Both clients' every path (sdk/lean.py's, httpx's for the blocking ``Client`` and for
-``AsyncClient`` elsewhere) applies the two bounds here to JSON calls:
+``AsyncClient`` elsewhere) applies two bounds to JSON calls, kept in sdk/answer_clock.py
+(which needs no httpx: the CLI's fast path applies them too); here, httpx's errors for them:
 
-- :data:`MAX_JSON_BYTES` of body (decoded): the largest legitimate answer is ``run_shell``
-  at ``max_output_length`` 10,000,000 of control characters, each escaped in six bytes
-  (60 MB, measured: docs/benchmarks.md); a listing of 10,000 long paths is ~9 MB.
-- an :class:`AnswerClock`: the whole exchange (request, head, body) within the call's
-  ``timeout_s`` plus a second per :data:`MIN_RATE` bytes of body received (decoded; framing,
+- ``MAX_JSON_BYTES`` of body (decoded): the largest legitimate answer is ``run_shell`` at
+  ``max_output_length`` 10,000,000 of control characters, each escaped in six bytes (60 MB,
+  measured: docs/benchmarks.md); a listing of 10,000 long paths is ~9 MB.
+- an ``AnswerClock``: the whole exchange (request, head, body) within the call's
+  ``timeout_s`` plus a second per ``MIN_RATE`` bytes of body received (decoded; framing,
   head and empty compressed blocks earn nothing), the rule the server applies
   to a request's body (api/connections.py): an answer faster than 64 KiB/s is never cut.
 
@@ -24,16 +25,7 @@ from __future__ import annotations
 import httpx
 
 from shellyard.errors import ShellyardError
-from shellyard.sdk.answer_clock import (
-    CLOCK,
-    MAX_JSON_BYTES,
-    MIN_RATE,
-    RESENDABLE,
-    AnswerClock,
-    advice,
-    current_clock,
-    too_large_message,
-)
+from shellyard.sdk.answer_clock import AnswerClock, too_large_message
 
 
 class AnswerTooLarge(httpx.RemoteProtocolError):
@@ -55,18 +47,3 @@ def too_large(limit: int, what: str) -> AnswerTooLarge:
 def too_large_error(exc: AnswerTooLarge) -> ShellyardError:
     """What the caller gets: not retryable as such (the same answer would come again)."""
     return ShellyardError(str(exc))
-
-
-__all__ = [
-    "CLOCK",
-    "MAX_JSON_BYTES",
-    "MIN_RATE",
-    "RESENDABLE",
-    "AnswerClock",
-    "AnswerTooLarge",
-    "AnswerTooSlow",
-    "advice",
-    "current_clock",
-    "too_large",
-    "too_large_error",
-]

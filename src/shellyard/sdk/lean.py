@@ -55,13 +55,8 @@ from urllib.parse import quote, urlencode, urlsplit
 import httptools
 import httpx
 
-from shellyard.sdk.bounds import (
-    MAX_JSON_BYTES,
-    RESENDABLE,
-    AnswerClock,
-    AnswerTooSlow,
-    too_large,
-)
+from shellyard.sdk.answer_clock import MAX_JSON_BYTES, RESENDABLE, AnswerClock
+from shellyard.sdk.bounds import AnswerTooSlow, too_large
 from shellyard.sdk.native import WaitingProtocol
 
 #: Bytes of a download received and not yet taken past which the socket is not read.

@@ -26,6 +26,7 @@ from shellyard.contract.sessions import (
     WebhookView,
 )
 from shellyard.errors import ShellyardError
+from shellyard.sdk.answer_clock import MAX_JSON_BYTES
 from shellyard.sdk.base import (
     AsyncSender,
     Op,
@@ -37,7 +38,6 @@ from shellyard.sdk.base import (
     parse,
     raise_for,
 )
-from shellyard.sdk.bounds import MAX_JSON_BYTES
 
 _SESSION = TypeAdapter(SessionView)
 _SESSIONS = TypeAdapter(list[SessionView])

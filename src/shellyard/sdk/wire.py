@@ -21,7 +21,7 @@ from typing import Any
 import httpcore
 import httpx
 
-from shellyard.sdk.bounds import CLOCK, AnswerClock
+from shellyard.sdk.answer_clock import CLOCK, AnswerClock
 from shellyard.sdk.native import AsyncioBackend
 
 
