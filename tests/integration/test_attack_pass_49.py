@@ -24,7 +24,7 @@ from daemon_outage import held_start, held_start_ran_once, outage_yard, until
 from proc_memory import peak_resident, reset_peak, resident
 from pydantic import TypeAdapter
 from runner_daemon_fixture import start_daemon
-from sdk_paths import chunked, on_every_path, port_of, serving
+from sdk_paths import chunked, on_every_path, port_of, serving, wakes_on_both
 
 from conftest import POSTGRES_URL, open_yard
 from shellyard.cli import entry
@@ -195,20 +195,7 @@ async def test_the_wake_stream_bounds_one_event(
     async with serving(endless) as url:
         reset_peak()
         base = resident()
-
-        def blocking() -> Any:
-            with Client(url, "tok") as client:
-                try:
-                    return list(client.wake_stream("ses_1"))
-                except Exception as exc:
-                    return exc
-
-        outcomes = [await asyncio.to_thread(blocking)]
-        async with AsyncClient(url, "tok") as client:
-            try:
-                outcomes.append([w async for w in client.wake_stream("ses_1")])
-            except Exception as exc:
-                outcomes.append(exc)
+        outcomes = await wakes_on_both(url)
         growth = peak_resident() - base
     for outcome in outcomes:
         assert isinstance(outcome, ShellyardError), outcome

@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 from pydantic import TypeAdapter
-from sdk_paths import Handler, on_every_path, port_of, serving
+from sdk_paths import Handler, on_every_path, port_of, serving, wakes_on_both
 
 from shellyard.cli import entry
 from shellyard.cli.exits import exit_code_of
@@ -34,7 +34,6 @@ from shellyard.runner.prefix_mounts import PrefixMounts
 from shellyard.runner.protocol import SandboxPolicy
 from shellyard.runner.sandbox.spawn import Sandboxes
 from shellyard.sdk.base import call
-from shellyard.sdk.client import AsyncClient, Client
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -156,20 +155,7 @@ async def test_a_wake_it_cannot_read_is_the_sdks_error(data: bytes) -> None:
         await writer.drain()
 
     async with serving(one_wake) as url:
-
-        def blocking() -> Any:
-            with Client(url, "tok") as client:
-                try:
-                    return list(client.wake_stream("ses_1"))
-                except Exception as exc:
-                    return exc
-
-        outcomes = [await asyncio.to_thread(blocking)]
-        async with AsyncClient(url, "tok") as client:
-            try:
-                outcomes.append([w async for w in client.wake_stream("ses_1")])
-            except Exception as exc:
-                outcomes.append(exc)
+        outcomes = await wakes_on_both(url)
     for outcome in outcomes:
         assert type(outcome) is ShellyardError, repr(outcome)
         assert "the control plane's answer is not" in str(outcome), outcome

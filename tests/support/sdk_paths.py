@@ -89,6 +89,26 @@ async def on_every_path(
     return outcomes
 
 
+async def wakes_on_both(url: str) -> list[Any]:
+    """The outcome (the wakes read to the stream's end, or the exception raised) of
+    ``wake_stream`` on the blocking ``Client`` (in a thread) and on ``AsyncClient``."""
+
+    def blocking() -> Any:
+        with Client(url, "tok") as client:
+            try:
+                return list(client.wake_stream("ses_1"))
+            except Exception as exc:
+                return exc
+
+    outcomes = [await asyncio.to_thread(blocking)]
+    async with AsyncClient(url, "tok") as client:
+        try:
+            outcomes.append([w async for w in client.wake_stream("ses_1")])
+        except Exception as exc:
+            outcomes.append(exc)
+    return outcomes
+
+
 def chunked(data: bytes) -> bytes:
     """``data`` as one chunk of a chunked body."""
     return b"%x\r\n%s\r\n" % (len(data), data)
