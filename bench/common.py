@@ -124,10 +124,11 @@ def metric(
 
 
 class BareBwrap:
-    """The baseline: bwrap spawned exactly as the runner's ``Sandboxes.spawn`` spawns it (same
-    argv from ``sandbox.bwrap_argv``: prlimit, --unshare-all, --cap-drop ALL,
-    --disable-userns, the same allow-listed host view, the seccomp filter, a status fd;
-    stdout/stderr opened onto files; a new session; as the sandbox uid when we are root), but
+    """The baseline: bwrap spawned exactly as the runner's cold spawn spawns it
+    (``Sandboxes.prepare_cold``, ``ColdSpawn.run``: the same argv from ``sandbox.bwrap_argv``:
+    prlimit, --unshare-all, --cap-drop ALL, --disable-userns, the same allow-listed host
+    view, the seccomp filter, a status fd; stdout/stderr opened onto files; a new session; as
+    the sandbox uid when we are root), but
     with no control plane around it: spawn, then block in waitpid. ``seccomp`` False and
     ``network`` change one flag at a time, so their cost per spawn can be measured."""
 

@@ -107,10 +107,6 @@ def advice(method: str) -> str:
 CLOCK: ContextVar[AnswerClock | None] = ContextVar("shellyard_sdk_answer_clock", default=None)
 
 
-def current_clock() -> AnswerClock | None:
-    return CLOCK.get()
-
-
 __all__ = [
     "CLOCK",
     "MAX_JSON_BYTES",
@@ -118,7 +114,6 @@ __all__ = [
     "RESENDABLE",
     "AnswerClock",
     "advice",
-    "current_clock",
     "too_large_message",
     "unreadable",
 ]
