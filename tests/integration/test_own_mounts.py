@@ -35,6 +35,7 @@ def mounts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[OwnMount
     if not own.startup():
         pytest.skip("this kernel refuses an overlay here (an upper layer on overlayfs?)")
     yield own
+    own.close()  # its reaper ends: one was left per test before
     for folder in workspaces.iterdir():
         own.unmount(folder)
 
@@ -200,6 +201,42 @@ def test_an_overlay_lingers_after_its_last_hold_then_goes(mounts: OwnMounts) -> 
     mounts.let_go("ws")
     mounts.linger_s = 0.0
     assert mounts.reap() == 1 and mounted_over(tree) == 0
+
+
+def test_the_reaper_ends_at_close_and_what_it_had_left_goes_at_the_next_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """R2, E11 (docs/security.md "A mount of its own per workspace"): ``close`` ends the
+    ``own-mounts`` thread (nothing else would: one per closed owner piled up in a test
+    process). An overlay still lingering then is not unmounted by the reaper on its way
+    out: it is left to ``unmount_unheld``, which the runner's stop and its next start call
+    (a kill -9 skips the stop), so a new owner over the same folders unmounts it."""
+    monkeypatch.setenv("SHELLYARD_OWN_MOUNTS", "on")
+    before = {t for t in threading.enumerate() if t.name == "own-mounts"}
+    workspaces = tmp_path / "workspaces"
+    workspaces.mkdir()
+    tree = workspaces / "ws"
+    tree.mkdir()
+    first = OwnMounts(tmp_path / "overlays", (workspaces,))
+    if not first.startup():
+        pytest.skip("this kernel refuses an overlay here (an upper layer on overlayfs?)")
+    again = OwnMounts(tmp_path / "overlays", (workspaces,))
+    try:
+        assert {t for t in threading.enumerate() if t.name == "own-mounts"} - before
+        with first.held("ws"):
+            assert mounted_over(tree) == 1
+        first.close()  # within the linger (5 s): the reap was still to come
+        assert not {t for t in threading.enumerate() if t.name == "own-mounts"} - before
+        assert mounted_over(tree) == 1
+        assert again.startup()
+        again.unmount_unheld()  # the start's sweep (LocalRunner.startup)
+        assert mounted_over(tree) == 0
+        again.close()
+        assert not {t for t in threading.enumerate() if t.name == "own-mounts"} - before
+    finally:
+        first.close()
+        again.close()
+        first.unmount(tree)
 
 
 async def test_a_runner_mounts_a_workspace_only_while_it_is_in_use(

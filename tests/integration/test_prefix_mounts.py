@@ -203,6 +203,31 @@ def test_a_restart_after_kill_9_unmounts_what_was_left(tmp_path: Path, prefix: P
         again.close()
 
 
+def test_the_reaper_ends_at_close_and_close_unmounts_what_it_had_left(
+    tmp_path: Path, prefix: Path
+) -> None:
+    """V4, R2, E11 (docs/security.md "A prefix's own overlay"): ``close`` ends the
+    ``prefixes`` thread (nothing else would: one per closed owner would pile up in a test
+    process), and the overlay it was still to reap (its holder gone, within the linger) is
+    unmounted by ``close`` itself (detached: a sandbox bound to it keeps its copy)."""
+    before = {t for t in threading.enumerate() if t.name == "prefixes"}
+    own = PrefixMounts(tmp_path / "prefixes")
+    own.startup(True)  # the default linger (5 s): a reaper thread
+    try:
+        assert {t for t in threading.enumerate() if t.name == "prefixes"} - before
+        ((point, _),), hold = own.hold([(prefix, Path("/env"))])
+        holder = sleeper()
+        hold.attach(holder.pid)
+        hold.close()
+        ended(holder)
+        assert os.path.ismount(point)  # lingering: the reaper's, a linger from now
+        own.close()
+        assert not {t for t in threading.enumerate() if t.name == "prefixes"} - before
+        assert mounts_under(tmp_path) == [] and not point.exists()
+    finally:
+        own.close()
+
+
 def test_a_hold_that_meets_the_reaper_between_lookup_and_lock_mounts_anew(
     prefixes: PrefixMounts, prefix: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -12,6 +12,7 @@ import asyncio
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -378,6 +379,36 @@ def _run_in(joins: list[str], code: str, *args: str) -> None:
     """A process that joins the groups (as the launcher does), then runs ``code``."""
     join = "import sys\nfor f in sys.argv[1:5]: open(f, 'w').write('0')\n"
     subprocess.run([sys.executable, "-c", join + code, *joins, *args], check=False)
+
+
+def _named(name: str) -> set[threading.Thread]:
+    return {t for t in threading.enumerate() if t.name == name}
+
+
+@needs_cgroups
+def test_the_removal_thread_ends_with_its_tree_and_its_queued_removals_are_done(
+    tmp_path: Path,
+) -> None:
+    """R2, E11 (docs/limits.md "Groups go with their execution"): ``close`` ends the
+    ``cgroup-remove`` thread (one was left per closed runner: 11 in one pytest process of
+    test_cold_spawn.py and test_attack_pass_48.py); a removal queued just before ``close`` is
+    done by then, not left to the next start's sweep. A tree used after its close starts the
+    thread again, and its next ``close`` ends it again."""
+    before = _named("cgroup-remove")
+    tree = cgroups.CgroupTree.probe(
+        f"shellyard-test-reap-{tmp_path.name[-8:]}", cgroups.TenantLimits(256 << 20, 64), "v1"
+    )
+    assert tree is not None
+    try:
+        for round_ in range(2):
+            _run_in(tree.start("ws", f"e{round_}"), "pass")
+            tree.finish("ws", f"e{round_}")  # queued to the thread, no drain
+            assert _named("cgroup-remove") - before, "no removal thread ran"
+            tree.close(set())
+            assert not _named("cgroup-remove") - before, f"round {round_}: the thread outlives"
+            assert tree.groups() == [], (round_, tree.groups())
+    finally:
+        tree.close(set())
 
 
 @needs_cgroups

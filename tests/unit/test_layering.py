@@ -164,14 +164,21 @@ ROOMS: dict[str, set[str]] = {
     "runner.workspace_paths": set(),
     # backup's and restore's walk of a tree someone may be changing (descriptors only)
     "runner.tree_walk": {"runner.workspace_paths"},
-    "runner.own_mounts": set(),
+    # a background thread that ends with its owner (the removal and unmount threads)
+    "runner.reaper": set(),
+    "runner.own_mounts": {"runner.reaper"},
     # its overlay mount, the linger; a holder kept by pid and start time without a pidfd
-    "runner.prefix_mounts": {"runner.own_mounts", "runner.processes"},
+    "runner.prefix_mounts": {"runner.own_mounts", "runner.processes", "runner.reaper"},
     "runner.tool_mounts": {"runner.own_mounts"},  # a package tool's writable overlays
     "runner.snapshots": {"runner.own_mounts", "runner.protocol", "runner.workspace_paths"},
     "runner.edits": {"runner.protocol", "runner.snapshots", "runner.workspace_paths"},
     "runner.network": {"runner.processes"},
-    "runner.limits": {"runner.protocol", "runner.processes", "runner.workspace_paths"},
+    "runner.limits": {
+        "runner.protocol",
+        "runner.processes",
+        "runner.reaper",  # the cgroup tree's removal thread
+        "runner.workspace_paths",
+    },
     "runner.sandbox": {
         "runner.limits",
         "runner.network",

@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from shellyard import settings_env
+from shellyard.runner.reaper import Reaper, every
 
 log = logging.getLogger(__name__)
 
@@ -67,30 +68,6 @@ _AT_EMPTY_PATH = 0x1000
 #: unmount is left to a background thread, and a workspace used again within this time
 #: (an edit after its warm sandbox went) reuses its overlay.
 LINGER_S = 5.0
-
-
-class Reaper:
-    """A thread that calls ``reap`` (unmount what nothing held for the linger) every half
-    linger until ``stop``; an unmount that fails is tried again the next round (a hold
-    adopts the overlay meanwhile)."""
-
-    def __init__(self, name: str, reap: Callable[[], int], linger_s: Callable[[], float]) -> None:
-        self._reap = reap
-        self._linger_s = linger_s
-        self._stopped = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
-        self._thread.start()
-
-    def _loop(self) -> None:
-        while not self._stopped.wait(max(0.2, self._linger_s() / 2)):
-            try:
-                self._reap()
-            except OSError:
-                log.exception("%s could not unmount an idle overlay", self._thread.name)
-
-    def stop(self) -> None:
-        self._stopped.set()
-        self._thread.join()
 
 
 @dataclass
@@ -150,8 +127,9 @@ class OwnMounts:
                 exc,
             )
         probe.rmdir()
-        if self.enabled and self.linger_s > 0:
-            self._reaper = Reaper("own-mounts", self.reap, lambda: self.linger_s)
+        if self.enabled and self.linger_s > 0 and self._reaper is None:
+            # every half linger: an idle overlay goes between one and 1.5 lingers after
+            self._reaper = every("own-mounts", self.reap, lambda: max(0.2, self.linger_s / 2))
         return self.enabled
 
     # ------------------------------------------------------------------ holds
@@ -259,7 +237,11 @@ class OwnMounts:
                     self._unmount(Path(entry.path))
 
     def close(self) -> None:
-        """The reaper stops (``unmount_unheld`` takes what it would have)."""
+        """The reaper thread ends (runner/reaper.py). An overlay it was still to unmount
+        (idle, within its linger) is not unmounted here: ``unmount_unheld`` takes it, which
+        the runner's stop calls right after and its next start calls too (a kill -9 skips
+        the stop), so none is lost; ``close`` alone stays cheap and never unmounts under a
+        hold taken meanwhile."""
         if self._reaper is not None:
             self._reaper.stop()
             self._reaper = None

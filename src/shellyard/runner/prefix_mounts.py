@@ -45,7 +45,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from shellyard.runner.own_mounts import LINGER_S, Reaper, mount_overlay, unmount_all
+from shellyard.runner.own_mounts import LINGER_S, mount_overlay, unmount_all
+from shellyard.runner.reaper import Reaper, every
 
 log = logging.getLogger(__name__)
 
@@ -132,8 +133,8 @@ class PrefixMounts:
             else:
                 self._remove(point)
         self.enabled = True
-        if self.linger_s > 0:
-            self._reaper = Reaper("prefixes", self.reap, lambda: self.linger_s)
+        if self.linger_s > 0 and self._reaper is None:
+            self._reaper = every("prefixes", self.reap, lambda: max(0.2, self.linger_s / 2))
 
     def hold(self, binds: Binds) -> tuple[list[tuple[Path, Path]], Hold]:
         """``binds`` with each host folder replaced by its overlay's mount point, mounted now
@@ -221,9 +222,11 @@ class PrefixMounts:
         return done
 
     def close(self) -> None:
-        """The reaper stops and every overlay is unmounted from the host (detached: the
-        sandboxes bound to one keep their bind, E11). A spawn after this binds the prefix
-        itself: nothing would unmount an overlay mounted now."""
+        """The reaper thread ends (runner/reaper.py) and every overlay is unmounted from the
+        host, those it was still to reap included (detached: the sandboxes bound to one keep
+        their bind, E11); one left by a kill -9 is adopted by the next start and reaped a
+        linger later. A spawn after this binds the prefix itself: nothing would unmount an
+        overlay mounted now."""
         self.enabled = False
         if self._reaper is not None:
             self._reaper.stop()

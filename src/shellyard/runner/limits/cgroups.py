@@ -62,6 +62,7 @@ from shellyard.runner.limits.group_usage import Usage
 from shellyard.runner.limits.host_groups import V1_CONTROLLERS
 from shellyard.runner.limits.weight import RunnerWeight
 from shellyard.runner.protocol import SandboxPolicy
+from shellyard.runner.reaper import Reaper
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +82,14 @@ POOL_IDLE_S = 60.0
 #: The prefix of a group made ahead: never an execution's id (``check_id``), so a restart's
 #: sweep removes one left by a killed runner like any group of no live execution.
 READY_PREFIX = "ready-"
+
+
+class _Stop:
+    """The removal thread's wake-up at ``close`` (runner/reaper.py): queued behind the work
+    handed over before it, so that work is done before the thread ends."""
+
+
+_STOP = _Stop()
 
 
 @dataclass(frozen=True)
@@ -121,10 +130,14 @@ class CgroupTree:
     #: v1: whether ``memory.memsw.limit_in_bytes`` can be written (swap accounting).
     _memsw: bool = True
     #: groups of ended executions, removed by ``_reaper`` (off the execution's end)
-    _doomed: queue.Queue[Path | str | tuple[str, str] | None] = field(default_factory=queue.Queue)
+    _doomed: queue.Queue[Path | str | tuple[str, str] | _Stop | None] = field(
+        default_factory=queue.Queue
+    )
     #: those of ``_doomed`` not removed yet (a name made again waits for its removal first)
     _pending: set[Path] = field(default_factory=set)
-    _reaper: threading.Thread | None = None
+    #: the removal thread (``cgroup-remove``): started at the first hand-over, ended by
+    #: ``close`` (a closed runner left one behind before)
+    _reaper: Reaper = field(init=False)
     #: workspace → names of groups made ahead, empty, for its next cold spawn
     _ready: dict[str, list[str]] = field(default_factory=dict)
     #: workspace → groups made ahead or queued to be (at most READY_PER_WORKSPACE)
@@ -159,6 +172,7 @@ class CgroupTree:
     weight: RunnerWeight = field(init=False)
 
     def __post_init__(self) -> None:
+        self._reaper = Reaper("cgroup-remove", self._reap, lambda: self._doomed.put(_STOP))
         if self.mechanism == "v2":
             path = self.bases[""] / "cpu.weight" if "cpu" in self.controllers else None
             self.weight = RunnerWeight(path, CPU_WEIGHT_V2, MOST_WEIGHT_V2)
@@ -406,9 +420,7 @@ class CgroupTree:
 
     def _wake(self) -> None:
         self._doomed.put(None)
-        if self._reaper is None or not self._reaper.is_alive():
-            self._reaper = threading.Thread(target=self._reap, name="cgroup-remove", daemon=True)
-            self._reaper.start()
+        self._reaper.start()
 
     def _own_folders(self, workspace_id: str, name: str) -> list[Path]:
         """The group's folders of its own (not v1's workspace cpu group, which it joins)."""
@@ -448,9 +460,7 @@ class CgroupTree:
                 self._doomed.put(folder)
             if ahead:
                 self._doomed.put(workspace_id)
-        if self._reaper is None or not self._reaper.is_alive():
-            self._reaper = threading.Thread(target=self._reap, name="cgroup-remove", daemon=True)
-            self._reaper.start()
+        self._reaper.start()  # after the put: a thread on its way out stays for it
 
     def _forget(self, key: str) -> None:
         self._cpu_base.pop(key, None)
@@ -563,13 +573,18 @@ class CgroupTree:
                 _remove(folder, self.mechanism)
         return None if left is None else max(0.01, left + self.pool_idle_s - now)
 
-    def _reap(self) -> None:
+    def _reap(self, reaper: Reaper) -> None:
         wait: float | None = None
         while True:
             try:
                 item = self._doomed.get(timeout=wait)
             except queue.Empty:
                 wait = self._expire()
+                continue
+            if isinstance(item, _Stop):
+                self._doomed.task_done()
+                if reaper.leaving():  # else a hand-over after the stop keeps it going
+                    return
                 continue
             try:
                 if item is None:  # a group waits: time its idle removal (``_again_now``)
@@ -658,8 +673,14 @@ class CgroupTree:
 
     def close(self, live: set[str]) -> None:
         """The runner stops: groups of running executions stay (they keep running, E11);
-        the rest goes, and the runner's folders when nothing is left in them."""
+        the rest goes, and the runner's folders when nothing is left in them. Then the
+        removal thread ends (runner/reaper.py). Removals queued before are done, not left:
+        ``sweep`` waits for them (``drain``) and removes every group of no live execution,
+        and one handed over during the sweep is queued ahead of the thread's stop, so it
+        runs within ``STOP_WAIT_S``; past that (an ``rmdir`` stuck on the kernel) the group
+        stays on disk for the next start's ``sweep`` (E11), as after a kill -9."""
         self.sweep(live, keep_ours=False)
+        self._reaper.stop()
         for base in self.bases.values():
             with contextlib.suppress(OSError):
                 base.rmdir()
