@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
 import os
 import queue
+from collections.abc import Callable
 from pathlib import Path
 
 from shellyard import __version__, filemodes
@@ -259,26 +261,49 @@ class LocalRunner(TerminalDoor):  # E13: send_input, screen, resize
             self._relays.startup()
 
     async def aclose(self) -> None:
-        """Stop watching; the sandboxes themselves keep running (E11)."""
+        """Stop watching; the sandboxes themselves keep running (E11). Every step is taken
+        even when one before it failed (each ends threads, mounts or files of its own: one
+        raising left the rest open for the life of the process); the first failure is
+        raised once all were tried."""
         await self._runs.warm.drain()  # none left half made
         running = self._runs.live_ids()  # before close forgets them
-        self._runs.close()
-        if self._sandboxes.cgroups is not None:  # R2 tenants: none left but running ones
-            await asyncio.to_thread(self._sandboxes.cgroups.close, running)
-        await self._guard.aclose()  # limits (R2, docs/limits.md)
-        await self._environments.aclose()
-        if self._proxy is not None:
-            await self._proxy.close()
-            await asyncio.to_thread(self._mounts.unmount, self._sandbox_dir / "egress")
-        self._editor.close()
-        await asyncio.to_thread(self._snapshots.close)
-        self._sandboxes.view.close()
-        self._sandboxes.logs.close()
-        self._mounts.close()
-        await asyncio.to_thread(self._prefixes.close)  # detached: running sandboxes keep theirs
-        await asyncio.to_thread(self._tool_mounts.close)  # a tool's left by a cancelled change
-        # R2: what a sandbox that runs on holds stays mounted (E11), the rest goes
-        await asyncio.to_thread(self._mounts.unmount_unheld)
+        cgroups = self._sandboxes.cgroups
+        proxy = self._proxy
+
+        async def egress() -> None:
+            if proxy is not None:
+                await proxy.close()
+                await asyncio.to_thread(self._mounts.unmount, self._sandbox_dir / "egress")
+
+        steps: tuple[Callable[[], object], ...] = (
+            self._runs.close,
+            # R2 tenants: no group left but running ones'
+            lambda: asyncio.to_thread(cgroups.close, running) if cgroups is not None else None,
+            self._guard.aclose,  # limits (R2, docs/limits.md)
+            self._environments.aclose,
+            egress,
+            self._editor.close,
+            lambda: asyncio.to_thread(self._snapshots.close),
+            self._sandboxes.view.close,
+            self._sandboxes.logs.close,
+            self._mounts.close,
+            # detached: running sandboxes keep theirs
+            lambda: asyncio.to_thread(self._prefixes.close),
+            lambda: asyncio.to_thread(self._tool_mounts.close),  # a cancelled change's
+            # R2: what a sandbox that runs on holds stays mounted (E11), the rest goes
+            lambda: asyncio.to_thread(self._mounts.unmount_unheld),
+        )
+        first: Exception | None = None
+        for step in steps:
+            try:
+                done = step()
+                if inspect.isawaitable(done):
+                    await done
+            except Exception as exc:
+                log.exception("closing the runner: a step failed, the rest go on")
+                first = first or exc
+        if first is not None:
+            raise first
 
     async def info(self) -> RunnerInfo:
         return RunnerInfo(
