@@ -299,3 +299,45 @@ async def test_an_install_waits_for_a_start_the_daemon_never_took(door: Door, ho
     )
     assert after["stdout"].strip().endswith("none"), after  # never run late
     assert after["environment_revision"] == 2, after
+
+
+async def test_removing_the_runner_ends_an_unknown_start_and_lets_its_environment_go(
+    door: Door, home: Path
+) -> None:
+    """E9/V5, a runner removed while a start's answer is unknown (docs/runners.md "Health"):
+    nothing can ask it any more, so the removal ends the record, ``unknown`` (never a false
+    outcome) with the reason; that releases its hold on the environment. The runner added
+    again under its name answers "never started", which does not reopen the record, and an
+    install through REST runs at once (it waits for nothing)."""
+    environment_id, body = await _environment(door, home)
+    assert door.daemon.process is not None
+    os.kill(door.daemon.process.pid, signal.SIGSTOP)
+    submit = asyncio.create_task(
+        door.post(
+            "/v1/executions",
+            command="echo run >> runs.txt",
+            runner_id="remote",
+            environment_id=environment_id,
+            background=True,
+        )
+    )
+    await asyncio.sleep(1.0)
+    door.daemon.kill()
+    result = await submit
+    assert result["state"] == "unknown", result
+    execution_id = result["execution_id"]
+    removed = await door.post("/v1/runners/remove", runner_id="remote")
+    assert removed["runner_id"] == "remote", removed
+    view = await door.get(f"/v1/executions/{execution_id}")
+    assert view["state"] == "unknown" and view["finished_at"] is not None, view
+    assert "removed" in (view["error"] or ""), view
+    await door.daemon.restart()
+    await door.post(
+        "/v1/runners", runner_id="remote", address=door.outage.url, token=door.daemon.token
+    )
+    change = await door.post(f"/v1/environments/{environment_id}/install", **body)
+    done = await door.change_end(change["change_id"])
+    assert done["state"] == "succeeded" and done["revision"] == 2, done
+    assert done["waiting_for"] == [], done
+    again = await door.get(f"/v1/executions/{execution_id}")
+    assert again["state"] == "unknown" and again["error"] == view["error"], again
