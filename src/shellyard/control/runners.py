@@ -16,7 +16,7 @@ import ipaddress
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -85,6 +85,9 @@ class RunnerRegistry:
         #: Called after a runner was added or removed here: other replicas reload
         #: (docs/operations.md; a no-op with one replica).
         self.on_change = on_change
+        #: Called with a runner's id before ``remove`` forgets it: the execution service ends
+        #: the executions only that runner could settle (their unknown outcomes).
+        self.on_removing: list[Callable[[str], Awaitable[None]]] = []
 
     async def add_local(self, runner: Runner) -> None:
         await self._store.upsert_runner(LOCAL_RUNNER_ID, "local", None, None)
@@ -238,17 +241,17 @@ class RunnerRegistry:
         return secrets
 
     async def remove(self, runner_id: str) -> None:
-        """Forget a runner; refused while executions run (or wait to run) there."""
+        """Forget a runner; refused while executions run (or wait to run) there. Those whose
+        outcome is unknown and still asked about do not refuse it (a runner gone for good
+        could never be removed): ``on_removing`` ends them, unknown with the reason."""
         if runner_id == LOCAL_RUNNER_ID:
             raise InvalidInput("the local runner cannot be removed")
         self.get(runner_id)
-        running = await self._running(runner_id)
-        if running:
-            raise Conflict(
-                f"runner {runner_id!r} has {running} execution(s) running or queued; cancel "
-                "them or wait until they end, then remove it",
-                running_executions=running,
-            )
+        await self._refuse_while_running(runner_id)
+        for removing in self.on_removing:
+            await removing(runner_id)
+        # a start answered just before made one running: it refuses the removal
+        await self._refuse_while_running(runner_id)
         # The row stays (past executions reference it), without its secrets.
         await self._store.upsert_runner(runner_id, REMOVED, None, None)
         runner = self._runners.pop(runner_id)
@@ -256,6 +259,15 @@ class RunnerRegistry:
         self._health.pop(runner_id, None)
         await runner.aclose()
         self.on_change()
+
+    async def _refuse_while_running(self, runner_id: str) -> None:
+        running = await self._running(runner_id)
+        if running:
+            raise Conflict(
+                f"runner {runner_id!r} has {running} execution(s) running or queued; cancel "
+                "them or wait until they end, then remove it",
+                running_executions=running,
+            )
 
     async def load_registered(self) -> None:
         """Reconnect to every direct and ssh runner recorded in the store."""

@@ -196,6 +196,20 @@ class ExecutionRecords(Database):
         )
         return from_rows(Execution, rows)
 
+    async def unsettled_on_runner(self, runner_id: str) -> list[Execution]:
+        """The runner's executions whose outcome is unknown and still asked about (E9: a
+        final unknown has its end); only the runner can settle them."""
+        rows = await self.all(
+            sa.select(executions)
+            .where(
+                executions.c.runner_id == runner_id,
+                executions.c.state == "unknown",
+                executions.c.finished_at.is_(None),
+            )
+            .order_by(executions.c.seq)
+        )
+        return from_rows(Execution, rows)
+
     async def list_executions(
         self, agent_id: str | None = None, limit: int = 100
     ) -> list[Execution]:

@@ -104,6 +104,7 @@ class ExecutionService(OwnedReads):
         #: nobody hands on.
         self.leases = leases
         leases.register(LEASE_KIND, self.adopt, self.forget, dispatch=self.dispatch)
+        runners.on_removing.append(self.runner_removed)
         #: Called with an execution id whose waiters were woken here: the fan-out tells
         #: the other replicas' waiters too (a no-op with one replica).
         self.on_signal = on_signal
@@ -449,9 +450,38 @@ class ExecutionService(OwnedReads):
         if result.finished_at:
             self.on_timing("commit", max(0.0, time.time() - result.finished_at))
 
-    async def _end(self, row: Execution, state: ExecutionState, **values: Any) -> None:
+    async def runner_removed(self, runner_id: str) -> None:
+        """The runner is being removed (control/runners.py): its executions whose outcome is
+        unknown and still asked about (a start's answer that never came, a runner that could
+        not be asked) can never be asked again. Each ends ``unknown`` (E9: never a false
+        outcome) with the reason, which lets go of what it held: the workspace's writer and
+        its environment (V5 counts only unfinished ones). Their watchers here stop first, so
+        none records a late answer over the end; one answered just before (running now) is
+        left as it is, and the lease keeper's next round watches it on."""
+        for row in await self.store.unsettled_on_runner(runner_id):
+            task = self._watchers.pop(row.id, None)
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+            await self._end(
+                row,
+                ExecutionState.unknown,
+                error=unstarted.removed(runner_id, row.started_at is not None),
+                from_states=("unknown",),
+            )
+
+    async def _end(
+        self,
+        row: Execution,
+        state: ExecutionState,
+        *,
+        from_states: tuple[str, ...] = ("queued", "running", "unknown"),
+        **values: Any,
+    ) -> None:
         """Make the record terminal, post its notice, release the writer (one transaction),
-        then wake waiters and run the next queued writer."""
+        then wake waiters and run the next queued writer. ``from_states``: the states it
+        ends from (a record that left them meanwhile is left alone)."""
         execution_id = row.id
         values.setdefault("finished_at", time.time())
         exit_code = values.get("exit_code")
@@ -467,7 +497,7 @@ class ExecutionService(OwnedReads):
             {"state": state.value, **values},
             summary,
             notice_read=notice_read,
-            from_states=("queued", "running", "unknown"),
+            from_states=from_states,
             lease_holder=self.leases.letting_go(LEASE_KIND, execution_id),
             cancel_timers=self.cancel_timers_at_finish,
         )

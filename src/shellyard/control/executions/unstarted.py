@@ -36,6 +36,17 @@ def asking(exc: RunnerUnavailable) -> str:
     )
 
 
+def removed(runner_id: str, started: bool) -> str:
+    """The final error of an execution still unknown when its runner was removed: nothing can
+    ask about it any more (control/runners.py ``remove``)."""
+    what = "how the command ended" if started else "whether its start happened"
+    return (
+        f"runner {runner_id!r} was removed while {what} was not known; it can no longer be "
+        "asked, so the outcome stays unknown (a command that did start may still run on that "
+        "host)"
+    )
+
+
 def never_took(result: RunnerExecution) -> bool:
     """The runner's answer for an id it holds no folder of, so the start never reached it (a
     lost sandbox it did start keeps its workspace; a start it was cut in says ``START_CUT``,
@@ -61,4 +72,4 @@ async def confirmed(store: Store, execution_id: str, result: RunnerExecution) ->
     )
 
 
-__all__ = ["ASK_CAP_S", "NEVER_STARTED", "asking", "confirmed", "never_took"]
+__all__ = ["ASK_CAP_S", "NEVER_STARTED", "asking", "confirmed", "never_took", "removed"]
