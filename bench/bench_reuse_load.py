@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import contextlib
 import json
 import logging
 import os
@@ -31,6 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench_group_reuse import kernel_threads_cpu
 from bench_throughput import AGENTS, bare_rate, product_rate, warm_pool
 from bench_warm_places import clocks
 from common import BareBwrap, make_home, quantile, remove_home, write_result
@@ -87,9 +89,14 @@ def instrument(tree: cgroups.CgroupTree, counts: Counts) -> None:
     """Count in this process only: the tree's ``take_ready`` and recycle's v1 decision."""
     take = tree.take_ready
 
+    used: set[str] = set()  # a group made ahead is "ahead" at its first take only
+
     def take_ready(workspace_id: str) -> str | None:
         name = take(workspace_id)
-        kind = "none" if name is None else "ahead" if name.startswith("ready-") else "reused"
+        fresh = name is not None and name.startswith(cgroups.READY_PREFIX) and name not in used
+        kind = "none" if name is None else "ahead" if fresh else "reused"
+        if name is not None:
+            used.add(name)
         counts.spawns[kind] += 1
         if name is None:  # which spawn found none: a warm sandbox's making or a cold start
             counts.reasons["spawn found none: " + sys._getframe(1).f_code.co_name] += 1
@@ -130,17 +137,29 @@ def the_tree(plane: ControlPlane) -> cgroups.CgroupTree:
     return tree
 
 
+def removal_thread_cpu() -> float:
+    """CPU seconds so far of the cgroups' removal thread (``cgroup-remove``), 0 if none."""
+    for thread in threading.enumerate():
+        if thread.name == "cgroup-remove" and thread.native_id is not None:
+            with contextlib.suppress(OSError):
+                raw = Path(f"/proc/self/task/{thread.native_id}/schedstat").read_text()
+                return int(raw.split()[0]) / 1e9
+    return 0.0
+
+
 async def window(
     plane: ControlPlane, agents: list[str], counts: Counts, seconds: float
 ) -> dict[str, Any]:
     thread = threading.get_native_id()
     await product_rate(plane, agents, 0.4, ramp_s=0.2)  # the pool settles at this bound
     counts.clear()
-    before = clocks(thread)
+    remover = removal_thread_cpu()
+    kernel, before = kernel_threads_cpu(), clocks(thread)
     done, other, _wall, latencies = await product_rate(plane, agents, seconds, ramp_s=0.3)
     on_cpu, waiting, cpu, children, wall = (
         b - a for a, b in zip(before, clocks(thread), strict=True)
     )
+    kernel, remover = kernel_threads_cpu() - kernel, removal_thread_cpu() - remover
     count = max(1, done)
     latencies.sort()
     return {
@@ -151,6 +170,9 @@ async def window(
         "loop_runq_ms": round(1000 * waiting / count, 3),
         "process_cpu_ms": round(1000 * cpu / count, 3),
         "children_cpu_ms": round(1000 * children / count, 3),
+        "removal_thread_cpu_ms": round(1000 * remover / count, 3),
+        # kworker/rcu/ksoftirqd: a removed memory group's offlining, and the host's rest
+        "kernel_threads_cpu_ms": round(1000 * kernel / count, 3),
         "wall_s": round(wall, 2),
         **counts.summary(),
     }
@@ -209,7 +231,8 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
             field: round(statistics.mean(r[key][field] for r in rounds), 3)
             for field in (
                 "rate", "over_bare", "reused_share_of_spawns", "loop_cpu_ms", "loop_runq_ms",
-                "process_cpu_ms", "children_cpu_ms",
+                "process_cpu_ms", "children_cpu_ms", "removal_thread_cpu_ms",
+                "kernel_threads_cpu_ms",
             )
         }  # fmt: skip
         summary[key]["over_bare_range"] = [
