@@ -3,13 +3,14 @@ stay charged to them (recycle.py ``LEFTOVER_BYTES``), and the throughput beside 
 rate, all in one plane and one run (docs/benchmarks.md §69).
 
 Per round: half the bare bwrap phases (sequential, then 2 in parallel), a window of 16 agents
-with each bound (ABBA order over rounds; the bound is the module attribute the recycle reads
-at each decision, set in this process only), then the other half of the bare phases in the
-reverse order. Per window: completed executions per second (``bench_throughput``'s loop),
-the spawns that took a group used again, one made ahead, or none (made their own), every
-recycle decision with its reason (the INFO lines recycle.py logs) and what stayed charged
-(``memory.usage_in_bytes`` read just before the decision), and the loop thread's and the
-process's CPU per execution. The load average is recorded before and after every round.
+per side (``--sides``: ``LEFTOVER_BYTES`` in MiB and ``cgroups.READY_PER_WORKSPACE``, module
+attributes read at each decision, set in this process only; the sides' order reversed every
+other round), then the other half of the bare phases in the reverse order. Per window:
+completed executions per second (``bench_throughput``'s loop), the spawns that took a group
+used again, one made ahead, or none (made their own), every recycle decision with its reason
+(the INFO lines recycle.py logs) and what stayed charged (``memory.usage_in_bytes`` read just
+before the decision), the loop thread's, the process's and the removal thread's CPU per
+execution. The load average is recorded before and after every round.
 
     PYTHONPATH=src:bench .venv/bin/python bench/bench_reuse_load.py \
         [--sides 1:1 2:1 2:2] [--rounds 6] [--window 4] [--out PATH]
