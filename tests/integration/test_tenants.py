@@ -417,8 +417,9 @@ def test_an_ended_execution_s_groups_are_used_again_with_counters_reset(
 ) -> None:
     """R2 (docs/limits.md "Groups used again"): at an execution's end its groups wait for the
     workspace's next spawn, limits kept and counters reset (its CPU seconds and peak are the
-    next command's own); one at most waits per workspace (a second end's groups go); a
-    package tool's end (no ``ahead``) keeps none; ``close`` removes what waits."""
+    next command's own); at most ``READY_PER_WORKSPACE`` (two) wait per workspace (a third
+    end's groups go); a package tool's end (no ``ahead``) keeps none; ``close`` removes what
+    waits."""
     tree = cgroups.CgroupTree.probe(
         f"shellyard-test-again-{tmp_path.name[-8:]}", cgroups.TenantLimits(256 << 20, 64), "v1"
     )
@@ -432,11 +433,14 @@ def test_an_ended_execution_s_groups_are_used_again_with_counters_reset(
         assert used.cpu_seconds is not None and used.cpu_seconds >= 0.3, used
         assert used.peak_memory_bytes is not None and used.peak_memory_bytes > 40 << 20, used
         tree.start("ws", "e1b")
-        tree.finish("ws", "e1b", ahead=True)  # a second end: still one waits
+        tree.start("ws", "e1c")
+        tree.finish("ws", "e1b", ahead=True)  # a second end: two wait
+        tree.finish("ws", "e1c", ahead=True)  # a third: still two, its groups go
         tree.drain()
-        assert tree.take_ready("ws") == "e1"
+        assert {tree.take_ready("ws"), tree.take_ready("ws")} == {"e1", "e1b"}
         assert tree.take_ready("ws") is None
-        assert "e1b" not in {p.name for p in tree.groups()}
+        assert "e1c" not in {p.name for p in tree.groups()}
+        tree.remove("ws", "e1b")  # a spawn given up
         memory = tree.bases["memory"] / "ws" / "e1"
         assert int((memory / "memory.limit_in_bytes").read_text()) == 256 << 20
         clean = tree.usage("ws", "e1")
@@ -458,6 +462,48 @@ def test_an_ended_execution_s_groups_are_used_again_with_counters_reset(
         tree.finish("ws", "e2", ahead=True)
         tree.drain()
         assert {p.name for p in tree.groups()} == {"ws", "e2"}
+    finally:
+        tree.close(set())
+    assert tree.groups() == [], tree.groups()
+
+
+@needs_cgroups
+def test_a_cold_start_beside_the_warm_sandbox_leaves_both_groups_to_be_used_again(
+    tmp_path: Path,
+) -> None:
+    """R2 (docs/limits.md "Groups used again", docs/benchmarks.md §69): an agent's next call
+    that comes before its workspace's next warm sandbox is ready starts cold while that warm
+    sandbox holds the group that waited, so the workspace has two groups in use; at their
+    ends both wait, counters reset, for its next two spawns, instead of the second end's being
+    removed and the next cold start making its own (a third of the spawns under 16 agents)."""
+    tree = cgroups.CgroupTree.probe(
+        f"shellyard-test-two-{tmp_path.name[-8:]}", cgroups.TenantLimits(256 << 20, 64), "v1"
+    )
+    assert tree is not None
+    burn = "import time\nx = bytearray(30 << 20)\nt = time.process_time()\n"
+    burn += "while time.process_time() - t < 0.2: pass"
+    try:
+        _run_in(tree.start("ws", "e1"), "pass")
+        tree.finish("ws", "e1", ahead=True)
+        assert tree.take_ready("ws") == "e1"  # the next warm sandbox's making takes it
+        warm = tree.plan("ws", "e1")
+        assert tree.take_ready("ws") is None  # a cold start meanwhile makes its own
+        _run_in(tree.start("ws", "c2"), burn)
+        tree.finish("ws", "c2", ahead=True)
+        _run_in(warm, burn)  # the warm sandbox runs the command after
+        tree.finish("ws", "e1", ahead=True)
+        tree.drain()
+        taken = {tree.take_ready("ws"), tree.take_ready("ws")}
+        assert taken == {"c2", "e1"}, taken
+        assert tree.take_ready("ws") is None
+        assert {p.name for p in tree.groups()} == {"ws", "c2", "e1"}
+        for name in ("c2", "e1"):  # both start clean: the next commands' use is their own
+            clean = tree.usage("ws", name)
+            assert clean.cpu_seconds == 0.0, (name, clean)
+            assert clean.peak_memory_bytes is not None, (name, clean)
+            assert clean.peak_memory_bytes <= recycle.LEFTOVER_BYTES, (name, clean)
+            tree.remove("ws", name)
+        tree.drain()
     finally:
         tree.close(set())
     assert tree.groups() == [], tree.groups()

@@ -74,9 +74,13 @@ CPU_SHARES_V1 = 1024
 CFS_PERIOD_US = 100_000
 #: The kernel's largest weight: the runner's folder weighs one unit per workspace up to it.
 MOST_SHARES_V1, MOST_WEIGHT_V2 = 262_144, 10_000
-#: Empty groups made ahead (or used again, recycle.py) per workspace for its next spawn
-#: (``take_ready``).
-READY_PER_WORKSPACE = 1
+#: Empty groups made ahead (or used again, recycle.py) per workspace for its next spawns
+#: (``take_ready``). Two: an agent's call that comes before its next warm sandbox is ready
+#: starts cold while that sandbox holds the group that waited, so a busy workspace has two
+#: groups in use; with one slot the second end's groups were removed and the next cold start
+#: made its own (16 agents: 20–35 % of spawns, docs/benchmarks.md §69). An empty group waits at
+#: most ``pool_idle_s``.
+READY_PER_WORKSPACE = 2
 #: How long such a group waits unused before it is removed (as long as a warm sandbox does).
 POOL_IDLE_S = 60.0
 #: The prefix of a group made ahead: never an execution's id (``check_id``), so a restart's

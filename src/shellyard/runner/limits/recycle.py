@@ -33,6 +33,11 @@ log = logging.getLogger(__name__)
 #: command in a sandbox, the page cache warm: 0.59–0.96 MiB, 0.29–0.48 MiB of it kernel
 #: objects; 1.07–1.29 MiB on a loaded machine or after a cache drop (2 MiB first reading
 #: Python's files): 1 MiB turned most groups away there (docs/limits.md "Groups used again").
+#: It also creeps with a group's uses (kernel objects of earlier sandboxes; likely also the
+#: per-CPU charge batch a group keeps while no other group charges on that CPU): one agent's
+#: ``true``, 0.8 MiB on average over a group's first 100 uses, 1.6 MiB over its fifth hundred,
+#: so this bound is also how long a group lives: ~500 uses at 2 MiB; at 1 MiB 7 % of one
+#: agent's spawns got a fresh group, at 2 MiB 0.3 % (docs/benchmarks.md §69).
 LEFTOVER_BYTES = 2 << 20
 #: How long the pool waits for an ended execution's last processes (the sandbox's init still
 #: exiting) before it gives the group up to removal, which ends them.
