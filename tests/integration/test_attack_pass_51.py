@@ -19,10 +19,12 @@ import pytest
 from pydantic import TypeAdapter
 from sdk_paths import on_every_path
 
+from conftest import POSTGRES_URL
 from shellyard.cli import entry
 from shellyard.cli.exits import exit_code_of
 from shellyard.errors import AnswerLost, RunnerUnavailable, ShellyardError
 from shellyard.sdk.base import call
+from shellyard.store import Store
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -79,3 +81,104 @@ async def test_a_post_reset_before_it_went_whole_is_retryable_on_every_path() ->
         assert isinstance(outcome, RunnerUnavailable), (path, outcome)
         assert not isinstance(outcome, AnswerLost), (path, outcome)
         assert exit_code_of(outcome) == 75 and "retry" in str(outcome), (path, outcome)
+
+
+async def _transfer(store: Store, transfer_id: str) -> None:
+    """A running transfer of one pending file, in the store's default workspace."""
+    _session, agent = await store.default_owner()
+    await store.upsert_runner("local", "local", None, None)
+    workspace, _ = await store.workspace_for(str(agent.id), "local")
+    await store.create_transfer(
+        {
+            "id": transfer_id,
+            "agent_id": agent.id,
+            "source_workspace_id": workspace.id,
+            "target_workspace_id": workspace.id,
+            "target_folder": "in",
+            "paths": ["a"],
+            "options": {},
+            "files_total": 1,
+            "bytes_total": 1,
+            "state": "running",
+            "created_at": 1.0,
+        },
+        [
+            {
+                "idx": 0,
+                "source_path": "a",
+                "target_path": "in/a",
+                "kind": "file",
+                "size": 1,
+                "outcome": "pending",
+            }
+        ],
+    )
+
+
+async def _blocked_by(pid: int) -> int:
+    """Sessions waiting, directly or behind another waiter, for a lock the session ``pid``
+    holds (the second end waits for the first's locks on the transfer's files)."""
+    import psycopg
+
+    async with await psycopg.AsyncConnection.connect(POSTGRES_URL, autocommit=True) as conn:
+        cursor = await conn.execute(
+            "SELECT pid, pg_blocking_pids(pid) FROM pg_stat_activity "
+            "WHERE cardinality(pg_blocking_pids(pid)) > 0"
+        )
+        waits = {int(row[0]): set(row[1]) for row in await cursor.fetchall()}
+    behind, grew = {pid}, True
+    while grew:
+        more = {waiter for waiter, blockers in waits.items() if blockers & behind}
+        grew = not more <= behind
+        behind |= more
+    return len(behind) - 1
+
+
+async def test_a_transfer_finished_by_two_replicas_at_once_is_finished_once(
+    pg_schema: str,
+) -> None:
+    """Finding (fixed): ``finish_transfer`` (store/files.py) read the transfer, then updated
+    it unconditionally. Two replicas finishing it at once (the copying one, stalled past its
+    lease, ends its copy as ``completed`` while another, whose ``cancel`` took the expired
+    lease, ends it ``cancelled``: T3, control/files/transfers.py ``cancel``) both read it
+    running on PostgreSQL (READ COMMITTED): both "finished" it, the second's state over the
+    first's, and both posted their end (a ``completed`` notice for a cancelled transfer).
+    Here a third session holds the row's lock so that both are in flight together, as a
+    slower commit would. Now the row is read ``FOR UPDATE``: the second finds it final (None),
+    as a finished execution's is (``_updated``)."""
+    import psycopg
+
+    replica_a = await Store.open(POSTGRES_URL, schema_name=pg_schema)
+    replica_b = await Store.open(POSTGRES_URL, schema_name=pg_schema)
+    try:
+        await _transfer(replica_a, "tr_race")
+        locker = await psycopg.AsyncConnection.connect(POSTGRES_URL)
+        try:
+            await locker.execute(
+                f'SELECT id FROM "{pg_schema}".transfers WHERE id = %s FOR UPDATE',
+                ("tr_race",),
+            )
+            pid = locker.info.backend_pid
+            ends = asyncio.gather(
+                replica_a.finish_transfer("tr_race", "completed", None, "not copied"),
+                replica_b.finish_transfer("tr_race", "cancelled", None, "cancelled"),
+            )
+            waiting = 0
+            for _ in range(600):  # both in flight: each waits for the lock
+                waiting = await _blocked_by(pid)
+                if waiting >= 2:
+                    break
+                await asyncio.sleep(0.05)
+            assert waiting == 2, "the two ends never waited together"
+            await locker.commit()
+        finally:
+            await locker.close()
+        first, second = await ends
+        finals = [f for f in (first, second) if f is not None]
+        assert len(finals) == 1, [(f.state if f else None) for f in (first, second)]
+        row = await replica_a.get_transfer("tr_race")
+        assert row is not None and row.state == finals[0].state
+        assert row.files_skipped == 1, row
+    finally:
+        await replica_a.close()
+        await replica_b.close()
