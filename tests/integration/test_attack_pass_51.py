@@ -10,9 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import signal
 import socket
 import struct
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,6 +28,7 @@ from conftest import POSTGRES_URL
 from shellyard.cli import entry
 from shellyard.cli.exits import exit_code_of
 from shellyard.errors import AnswerLost, RunnerUnavailable, ShellyardError
+from shellyard.home import ensure_server, read_info
 from shellyard.sdk.base import call
 from shellyard.store import Store
 
@@ -182,3 +188,37 @@ async def test_a_transfer_finished_by_two_replicas_at_once_is_finished_once(
     finally:
         await replica_a.close()
         await replica_b.close()
+
+
+@pytest.mark.parametrize("path", ["fast", "sdk"])
+def test_a_run_whose_following_breaks_is_an_outcome_unknown(served_home: Path, path: str) -> None:
+    """Finding (fixed): ``shellyard run`` whose command outlives ``--wait-ms`` follows it with
+    GETs (cli/executions.py ``finish_run``, on the fast path and the SDK path alike). The
+    server killed then (kill -9, E11 keeps the command running) made the follow's GET
+    "cannot reach the control plane ... retry", exit 75: a script retrying on 75 ran the
+    command a second time, while the same kill before the POST's answer is exit 124 since
+    session 51. The command was started: now a break while following is ``AnswerLost``
+    (124), naming the execution to look at first."""
+    ensure_server(served_home)
+    info = read_info(served_home)
+    assert info is not None
+    # ``--cwd`` is not the fast path's: the typer verb posts through the SDK.
+    extra = [] if path == "fast" else ["--cwd", "."]
+    words = ["run", "--wait-ms", "200", *extra, "--", "sh", "-c", "echo started; sleep 6"]
+    cli = subprocess.Popen(
+        [sys.executable, "-m", "shellyard", *words],
+        env={**os.environ, "SHELLYARD_HOME": str(served_home)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        stdin=subprocess.DEVNULL,
+    )
+    try:
+        assert cli.stdout is not None
+        assert cli.stdout.readline() == "started\n"  # followed live: past the POST's answer
+        os.kill(info.pid, signal.SIGKILL)
+        _out, err = cli.communicate(timeout=60)
+    finally:
+        cli.kill()
+    assert cli.returncode == 124, err
+    assert "answer_lost" in err and "ex_" in err and "retry" not in err, err
