@@ -36,7 +36,8 @@ from shellyard.cli.common import (
     run_as,
 )
 from shellyard.cli.common import client_for as _client
-from shellyard.errors import InvalidInput, ShellyardError
+from shellyard.cli.exits import EXIT_RETRY, exit_code_of
+from shellyard.errors import AnswerLost, InvalidInput, ShellyardError
 
 if TYPE_CHECKING:
     from shellyard.contract.executions import ExecutionView, RunShellResult
@@ -194,7 +195,10 @@ def run(
         if on_terminal and not (background or as_json):
             # Attached from the first byte: keys typed (Ctrl-C too) go to the command.
             started = client.run(command, **{**options, "wait_ms": 0})
-            code = attach_to(client, _client(home, agent), started.execution_id)
+            try:
+                code = attach_to(client, _client(home, agent), started.execution_id)
+            except ShellyardError as exc:
+                raise _started(started.execution_id, exc) from exc
             raise typer.Exit(code)
         try:
             result = client.run(command, wait_ms=0 if follow else wait_ms, **options)
@@ -269,15 +273,34 @@ def finish_run(client: Client, result: RunShellResult) -> int:
         sys.stderr.write(result.stderr)
         final: ExecutionView = result
     else:
-        for text in client.follow(result.execution_id, "stdout"):
-            sys.stdout.write(text)
-            sys.stdout.flush()
-        for text in client.follow(result.execution_id, "stderr"):
-            sys.stderr.write(text)
-        final = client.wait(result.execution_id, 30)
+        try:
+            for text in client.follow(result.execution_id, "stdout"):
+                sys.stdout.write(text)
+                sys.stdout.flush()
+            for text in client.follow(result.execution_id, "stderr"):
+                sys.stderr.write(text)
+            final = client.wait(result.execution_id, 30)
+        except ShellyardError as exc:
+            raise _started(result.execution_id, exc) from exc
     if final.error:
         err.print(f"shellyard: {final.state.value}: {final.error}", highlight=False)
     return final.exit_code if final.exit_code is not None else EXIT_BY_STATE.get(final.state, 1)
+
+
+def _started(execution_id: str, exc: ShellyardError) -> ShellyardError:
+    """An error while following a started command: one whose advice is "retry" (exit 75:
+    the server went away, a GET's break) would run the command again if followed, so it is
+    ``AnswerLost`` (124, look first) naming the execution, as a POST's lost answer is
+    (docs/security.md "Attack pass (session 51)"); any other is left as it is."""
+    if exit_code_of(exc) != EXIT_RETRY:
+        return exc
+    # the break itself, without the error's own "retry" advice
+    why = str(exc.__cause__) if exc.__cause__ is not None else exc.message
+    return AnswerLost(
+        f"execution {execution_id} was started and following it broke ({why}); it "
+        f"may still be running: look with `shellyard status {execution_id}` before running "
+        "the command again"
+    )
 
 
 def status(

@@ -51,6 +51,9 @@ class AnswerClock:
         self.start = now()
         self.received = 0
         self.expired = False
+        #: A write of the request failed (sdk/wire.py): it never went whole, so nothing can
+        #: have acted on it. httpcore hides that failure and reports the read after it.
+        self.unsent = False
 
     def left(self) -> float:
         """Seconds left for the whole answer (≤ 0: none)."""

@@ -135,7 +135,11 @@ def _failed(
     if isinstance(exc, AnswerTooSlow):
         return exc.clock.late_error()
     method = clock.method if clock is not None else method
-    if method.upper() not in RESENDABLE:
+    # A request a write of which failed never went whole (httpcore reads after a failed
+    # write, so its error is a read's): "cannot reach ... retry", as on the lean path and
+    # the CLI's fast path (docs/security.md "Attack pass (session 51)").
+    unsent = clock is not None and clock.unsent
+    if method.upper() not in RESENDABLE and not unsent:
         # A read waits, and finds the connection broken or the answer not HTTP, only once
         # the request went whole: a server that took a POST may act on it (AnswerLost: look
         # first), never "cannot reach ... retry", which ran a command twice (docs/security.md

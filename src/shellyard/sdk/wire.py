@@ -13,7 +13,6 @@ to report, as httpcore does for a request whose server answered early.
 
 from __future__ import annotations
 
-import contextlib
 import ssl
 from collections.abc import Iterable
 from typing import Any
@@ -36,6 +35,16 @@ def _cut(timeout: float | None, late: type[Exception]) -> tuple[float | None, An
         clock.expired = True
         raise late(clock.message())
     return bounded, clock if cut else None
+
+
+def _unsent() -> None:
+    """A write of the request failed, so it never went whole: httpcore suppresses the error
+    and reads (a server may answer early), and the read's ReadError or "disconnected" must
+    not make a POST ``AnswerLost`` (sdk/base.py ``_failed``; docs/security.md "Attack pass
+    (session 51)")."""
+    clock = CLOCK.get()
+    if clock is not None:
+        clock.unsent = True
 
 
 def _late(clock: AnswerClock | None) -> None:
@@ -64,13 +73,18 @@ class _AsyncStream(httpcore.AsyncNetworkStream):
             except httpcore.WriteTimeout:
                 _late(clock)
                 raise
+            except httpcore.WriteError:
+                _unsent()
+                raise
 
     async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
         if self._held:
             data, self._held = self._held, b""
             # the read says what became of the connection (httpcore's own rule)
-            with contextlib.suppress(httpcore.WriteError):
+            try:
                 await self._inner.write(data, _cut(timeout, httpcore.WriteTimeout)[0])
+            except httpcore.WriteError:
+                _unsent()
         self._head_next = True
         bounded, clock = _cut(timeout, httpcore.ReadTimeout)
         try:
@@ -114,12 +128,17 @@ class _SyncStream(httpcore.NetworkStream):
             except httpcore.WriteTimeout:
                 _late(clock)
                 raise
+            except httpcore.WriteError:
+                _unsent()
+                raise
 
     def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
         if self._held:
             data, self._held = self._held, b""
-            with contextlib.suppress(httpcore.WriteError):
+            try:
                 self._inner.write(data, _cut(timeout, httpcore.WriteTimeout)[0])
+            except httpcore.WriteError:
+                _unsent()
         self._head_next = True
         bounded, clock = _cut(timeout, httpcore.ReadTimeout)
         try:

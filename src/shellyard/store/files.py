@@ -397,14 +397,22 @@ def _finish_transfer(
 ) -> Row | None:
     if lease_holder is not None:
         delete_lease(conn, TRANSFER, transfer_id, lease_holder)
-    row = fetch_one(conn, sa.select(transfers).where(transfers.c.id == transfer_id))
-    if row is None or row["state"] in TERMINAL_TRANSFER_STATES:
-        return None
+    # The files first, then the transfer's row locked while read (PostgreSQL; SQLite has one
+    # writer), in the order a batch's commit takes them (``_record_outcomes``: no deadlock).
+    # Read unlocked, two replicas ending it at once (a stalled copier, a cancel that took
+    # its expired lease) both found it active under READ COMMITTED and both ended it, the
+    # second's state and notice over the first's (docs/security.md "Attack pass (session
+    # 51)"); now the second waits and finds it final. A final transfer has no pending file:
+    # the first statement changes nothing then.
     left = conn.execute(
         transfer_files.update()
         .where(transfer_files.c.transfer_id == transfer_id, transfer_files.c.outcome == "pending")
         .values(outcome="skipped", reason=pending_reason)
     ).rowcount
+    locked = sa.select(transfers).where(transfers.c.id == transfer_id).with_for_update()
+    row = fetch_one(conn, locked)
+    if row is None or row["state"] in TERMINAL_TRANSFER_STATES:
+        return None
     conn.execute(
         transfers.update()
         .where(transfers.c.id == transfer_id)
