@@ -49,6 +49,8 @@ class Outage:
     server: asyncio.Server | None = None
     cut_off: bool = False
     held: list[asyncio.StreamWriter] = field(default_factory=list)
+    #: The request line of each question held since the cut (``POST /log_size HTTP/1.1``).
+    asked: list[bytes] = field(default_factory=list)
     live: set[asyncio.StreamWriter] = field(default_factory=set)
 
     @property
@@ -86,6 +88,7 @@ class Outage:
             if b"/start " in line:
                 writer.transport.abort()  # refused: a start is never held by the relay
             else:
+                self.asked.append(line)
                 self.held.append(writer)  # no answer, no close: the asker's timeout decides
             return
         try:
@@ -247,7 +250,6 @@ async def test_an_install_waits_for_a_start_whose_answer_never_came(door: Door, 
     assert not submit.done()
     door.outage.cut()
     door.daemon.kill()
-    # not the run's answer: it reads the logs from the held-up runner first (its timeout)
     execution_id = await door.unknown_on(environment_id)
     view = await _install_waits_until_resolved(door, environment_id, body, execution_id)
     result = await submit
@@ -341,3 +343,26 @@ async def test_removing_the_runner_ends_an_unknown_start_and_lets_its_environmen
     assert done["waiting_for"] == [], done
     again = await door.get(f"/v1/executions/{execution_id}")
     assert again["state"] == "unknown" and again["error"] == view["error"], again
+
+
+async def test_a_foreground_run_whose_start_never_answered_answers_without_its_runner(
+    door: Door,
+) -> None:
+    """E9/E11: a foreground ``run_shell`` whose start's answer never came answers ``unknown``
+    with the reason without asking the runner it just lost for the command's output: it did,
+    and that question was held for the runner client's whole request timeout (30 s) before
+    the caller, whose budget was 2 s, got its answer."""
+    warm = await door.post("/v1/executions", command="true", runner_id="remote", wait_ms=30_000)
+    assert warm["state"] == "completed", warm  # the workspace exists: the outage hits start
+    assert door.daemon.process is not None
+    os.kill(door.daemon.process.pid, signal.SIGSTOP)
+    submit = asyncio.create_task(
+        door.post("/v1/executions", command="echo hi", runner_id="remote", wait_ms=2000)
+    )
+    await asyncio.sleep(1.0)
+    assert not submit.done()
+    door.outage.cut()
+    door.daemon.kill()
+    result = await submit
+    assert result["state"] == "unknown" and "start" in (result["error"] or ""), result
+    assert not any(b"log" in line for line in door.outage.asked), door.outage.asked
