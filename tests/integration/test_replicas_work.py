@@ -179,6 +179,68 @@ async def test_a_transfer_whose_replica_dies_is_finished_by_another(home: Path, 
             await _teardown(setup)
 
 
+async def test_a_copier_whose_transfer_was_ended_elsewhere_stops_before_its_next_batch(
+    home: Path,
+) -> None:
+    """W1, T3 (docs/security.md "Attack pass (session 51)"): a replica copying a transfer that
+    another replica ended meanwhile (it stalled past its lease; the other took it over and
+    finished it, stood for here by the record made final in the database) stopped at nothing:
+    its batches kept reaching the target, whose writer the end had released, and kept counting
+    on a final record. Now the record read before each batch stops it: no file is copied
+    after the end, the counters stay as the end left them, and no lease is left."""
+    async with fresh_database() as url:
+        setup = await _setup(url, home)
+        a, _b = setup.replicas
+        try:
+            source, target, _sums = await _source_and_target(setup, 40, 256 * 1024)
+            started = await setup.post(
+                a,
+                "/v1/transfers",
+                source_workspace_id=source,
+                paths=["d"],
+                target_workspace_id=target,
+                target_folder="in",
+                batch_files=2,
+                max_bytes_per_s=1024 * 1024,
+            )
+            transfer_id = started["transfer_id"]
+
+            async def some_committed() -> bool:
+                view = await setup.get(a, f"/v1/transfers/{transfer_id}")
+                return int(view["files_copied"]) >= 4
+
+            await _until(some_committed, "A to commit a few batches")
+            # what the other replica's finish writes: the record final, the writer let go
+            query(
+                url,
+                "UPDATE transfers SET state = 'failed', error = 'ended elsewhere', "
+                "finished_at = extract(epoch from now()) WHERE id = %s RETURNING id",
+                transfer_id,
+            )
+            query(
+                url,
+                "UPDATE workspaces SET writer_kind = NULL, writer_id = NULL "
+                "WHERE writer_id = %s RETURNING id",
+                transfer_id,
+            )
+            ended = await setup.get(a, f"/v1/transfers/{transfer_id}")
+
+            async def no_lease() -> bool:
+                return setup.leases_of("transfer") == 0
+
+            await _until(no_lease, "A to stop copying and let its lease go", 30)
+            await asyncio.sleep(2.0)  # a copier going on would commit a batch a second
+            after = await setup.get(a, f"/v1/transfers/{transfer_id}")
+            assert after["state"] == "failed" and after["error"] == "ended elsewhere", after
+            # at most the batch in flight when the record changed was counted after it
+            assert after["files_copied"] <= ended["files_copied"] + 2, (ended, after)
+            assert after["files_copied"] < after["files_total"], after
+            listed = await setup.run(a, "ls in/d | wc -l", "r1")
+            assert int(listed["stdout"]) <= after["files_copied"] + 2, (listed, after)
+        finally:
+            await _teardown(setup)
+
+
 async def test_a_cancel_and_a_wait_on_another_replica_reach_the_copying_one(
     home: Path,
 ) -> None:

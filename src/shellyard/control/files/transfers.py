@@ -433,12 +433,15 @@ class TransferService:
                 await recording
 
     async def _cancel_recorded(self, transfer_id: str, cancel: asyncio.Event) -> bool:
-        """A cancel asked on another replica whose fan-out message was lost: the record says
-        so, read once per batch (only with replicas; one process sets ``cancel`` itself)."""
+        """A cancel asked on another replica whose fan-out message was lost, or the transfer
+        made final there (this replica stalled past its lease, another took it over and
+        ended it): the record says so, read once per batch (only with replicas; one process
+        sets ``cancel`` itself). A final one stops the copy before its next batch reaches
+        the target, whose writer its end released (W1); its finish here changes nothing."""
         if not self.leases.shared:
             return cancel.is_set()
         row = await self.store.get_transfer(transfer_id)
-        if row is not None and row.cancel_requested:
+        if row is not None and (row.cancel_requested or row.state in TERMINAL_TRANSFER_STATES):
             cancel.set()
         return cancel.is_set()
 
