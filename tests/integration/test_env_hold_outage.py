@@ -26,7 +26,7 @@ from typing import Any
 
 import httpx
 import pytest
-from env_fixtures import make_wheel
+from env_fixtures import host_prefix, make_slow_sdist, make_wheel
 from runner_daemon_fixture import RunnerDaemon, start_daemon
 
 from conftest import open_yard
@@ -366,3 +366,34 @@ async def test_a_foreground_run_whose_start_never_answered_answers_without_its_r
     result = await submit
     assert result["state"] == "unknown" and "start" in (result["error"] or ""), result
     assert not any(b"log" in line for line in door.outage.asked), door.outage.asked
+
+
+async def test_an_environment_change_on_a_removed_runner_ends_with_the_reason(
+    door: Door, home: Path
+) -> None:
+    """V8 (docs/runners.md "Health"): a runner removed while an install runs on it (a build
+    that hangs there). Nobody can answer about the change any more: it was asked about for
+    ever (a retry every 30 s), holding its environment and whatever queued behind it. Now it
+    ends ``failed`` with the reason and what to do, the environment at its revision."""
+    environment_id, _body = await _environment(door, home)
+    prefix = host_prefix(door.daemon.root, environment_id)
+    sdists = home / "sdists"
+    make_slow_sdist(sdists, "shellyard-hang", "1.0", prefix, "hang")
+    started = await door.post(
+        f"/v1/environments/{environment_id}/install",
+        manager="pip",
+        specs=["shellyard-hang==1.0"],
+        find_links=[str(sdists)],
+        index_url="none",
+        wait_ms=0,
+    )
+    while not (prefix / ".build-started").exists():  # the build runs on the runner
+        await asyncio.sleep(0.1)
+    removed = await door.post("/v1/runners/remove", runner_id="remote")
+    assert removed["runner_id"] == "remote", removed
+    done = await door.change_end(started["change_id"])
+    assert done["state"] == "failed", done
+    assert "runner remote was removed" in (done["error"] or ""), done
+    assert "runner add" in (done["error"] or ""), done
+    shown = await door.get(f"/v1/environments/{environment_id}")
+    assert shown["revision"] == 1, shown

@@ -423,6 +423,9 @@ class EnvironmentService:
         Returns the ended record, or None when the runner refused it for now (Conflict)."""
         change_id = change.id
         env = await self._required_env(change.environment_id)
+        if await self.runners.removed(env.runner_id):
+            return await self._runner_removed(change_id, env.runner_id)
+        await self.runners.load_registered()  # added on another replica: reached here too
         runner = self.runners.get(env.runner_id)
         request = _runner_request(change, env)
         sent = False
@@ -443,6 +446,8 @@ class EnvironmentService:
                     result = await runner.environment_change_wait(change_id, WAIT_SLICE_S)
                     quick = time.monotonic() - asked < WAIT_SLICE_S / 2
             except RunnerUnavailable as exc:
+                if await self.runners.removed(env.runner_id):
+                    return await self._runner_removed(change_id, env.runner_id)
                 failures += 1
                 await self.store.set_change_progress(
                     change_id, f"runner {env.runner_id} cannot be asked ({exc}); retrying"
@@ -476,6 +481,21 @@ class EnvironmentService:
                     await self.store.set_change_progress(change_id, _abandoned(env.runner_id))
                 quiet = min(QUIET_BACKOFF_MAX_S, max(QUIET_BACKOFF_MIN_S, quiet * 2))
                 await asyncio.sleep(quiet)
+
+    async def _runner_removed(self, change_id: str, runner_id: str) -> Change | None:
+        """The change's runner was removed while the change was on it: nobody will answer
+        about it, so it ends with the reason instead of being asked about for ever (it held
+        its environment, and the commands queued behind it, with it)."""
+        return await self.store.finish_environment_change(
+            change_id,
+            packages=None,
+            error=(
+                f"runner {runner_id} was removed while this change was on it, so whether it "
+                "ran there is not known; add the runner again (`shellyard runner add`) and "
+                "look at the environment, or make one on another runner"
+            ),
+            error_kind="failed",
+        )
 
     async def _record_end(self, change_id: str, result: EnvironmentChange) -> Change:
         if result.state == EnvChangeState.succeeded:

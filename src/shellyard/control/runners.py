@@ -307,6 +307,15 @@ class RunnerRegistry:
     def ids(self) -> list[str]:
         return sorted(self._runners)
 
+    async def removed(self, runner_id: str) -> bool:
+        """The runner is removed (or was never added) by the records, which every replica
+        shares: this one may not have heard yet of a runner another replica added."""
+        if runner_id == LOCAL_RUNNER_ID:
+            return False
+        rows = {row.id: row for row in await self._store.list_runners()}
+        row = rows.get(runner_id)
+        return row is None or row.kind == REMOVED
+
     # --- health ---
 
     def start_heartbeats(self) -> None:
