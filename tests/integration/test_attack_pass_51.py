@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 from pydantic import TypeAdapter
 from sdk_paths import on_every_path
+from store_records import running_transfer
 
 from conftest import POSTGRES_URL
 from shellyard.cli import entry
@@ -89,38 +90,6 @@ async def test_a_post_reset_before_it_went_whole_is_retryable_on_every_path() ->
         assert exit_code_of(outcome) == 75 and "retry" in str(outcome), (path, outcome)
 
 
-async def _transfer(store: Store, transfer_id: str) -> None:
-    """A running transfer of one pending file, in the store's default workspace."""
-    _session, agent = await store.default_owner()
-    await store.upsert_runner("local", "local", None, None)
-    workspace, _ = await store.workspace_for(str(agent.id), "local")
-    await store.create_transfer(
-        {
-            "id": transfer_id,
-            "agent_id": agent.id,
-            "source_workspace_id": workspace.id,
-            "target_workspace_id": workspace.id,
-            "target_folder": "in",
-            "paths": ["a"],
-            "options": {},
-            "files_total": 1,
-            "bytes_total": 1,
-            "state": "running",
-            "created_at": 1.0,
-        },
-        [
-            {
-                "idx": 0,
-                "source_path": "a",
-                "target_path": "in/a",
-                "kind": "file",
-                "size": 1,
-                "outcome": "pending",
-            }
-        ],
-    )
-
-
 async def _blocked_by(pid: int) -> int:
     """Sessions waiting, directly or behind another waiter, for a lock the session ``pid``
     holds (the second end waits for the first's locks on the transfer's files)."""
@@ -157,7 +126,7 @@ async def test_a_transfer_finished_by_two_replicas_at_once_is_finished_once(
     replica_a = await Store.open(POSTGRES_URL, schema_name=pg_schema)
     replica_b = await Store.open(POSTGRES_URL, schema_name=pg_schema)
     try:
-        await _transfer(replica_a, "tr_race")
+        await running_transfer(replica_a, "tr_race")
         locker = await psycopg.AsyncConnection.connect(POSTGRES_URL)
         try:
             await locker.execute(

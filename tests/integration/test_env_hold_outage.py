@@ -128,6 +128,22 @@ class Door:
         assert answer.status_code == 200, answer.text
         return dict(answer.json())
 
+    async def start_never_answered(self, *, cut: bool, **body: Any) -> dict[str, Any]:
+        """``run_shell`` of ``body`` on ``remote`` sent while the daemon is stopped (SIGSTOP:
+        the start waits unread), the daemon then killed -9 (``cut``: its network cut first):
+        the answer, ``unknown`` since the start's answer never came."""
+        assert self.daemon.process is not None
+        os.kill(self.daemon.process.pid, signal.SIGSTOP)
+        submit = asyncio.create_task(self.post("/v1/executions", runner_id="remote", **body))
+        await asyncio.sleep(1.0)
+        assert not submit.done()
+        if cut:
+            self.outage.cut()
+        self.daemon.kill()  # SIGKILL ends a stopped process too
+        result = await submit
+        assert result["state"] == "unknown", result
+        return result
+
     async def unknown_on(self, environment_id: str) -> str:
         """The id of the execution on the environment once its record says ``unknown``."""
         while True:
@@ -273,23 +289,9 @@ async def test_an_install_waits_for_a_start_the_daemon_never_took(door: Door, ho
     nothing ran, but the plane cannot know that until the runner answers, so the install
     waits; back, the runner holds no trace (failed, "never started") and the install runs."""
     environment_id, body = await _environment(door, home)
-    assert door.daemon.process is not None
-    os.kill(door.daemon.process.pid, signal.SIGSTOP)
-    submit = asyncio.create_task(
-        door.post(
-            "/v1/executions",
-            command="echo run >> runs.txt",
-            runner_id="remote",
-            environment_id=environment_id,
-            background=True,
-        )
+    result = await door.start_never_answered(
+        cut=True, command="echo run >> runs.txt", environment_id=environment_id, background=True
     )
-    await asyncio.sleep(1.0)
-    assert not submit.done()
-    door.outage.cut()
-    door.daemon.kill()  # SIGKILL ends a stopped process too
-    result = await submit
-    assert result["state"] == "unknown", result
     view = await _install_waits_until_resolved(door, environment_id, body, result["execution_id"])
     assert view["state"] == "failed" and "never started" in (view["error"] or ""), view
     after = await door.post(
@@ -312,21 +314,9 @@ async def test_removing_the_runner_ends_an_unknown_start_and_lets_its_environmen
     again under its name answers "never started", which does not reopen the record, and an
     install through REST runs at once (it waits for nothing)."""
     environment_id, body = await _environment(door, home)
-    assert door.daemon.process is not None
-    os.kill(door.daemon.process.pid, signal.SIGSTOP)
-    submit = asyncio.create_task(
-        door.post(
-            "/v1/executions",
-            command="echo run >> runs.txt",
-            runner_id="remote",
-            environment_id=environment_id,
-            background=True,
-        )
+    result = await door.start_never_answered(
+        cut=False, command="echo run >> runs.txt", environment_id=environment_id, background=True
     )
-    await asyncio.sleep(1.0)
-    door.daemon.kill()
-    result = await submit
-    assert result["state"] == "unknown", result
     execution_id = result["execution_id"]
     removed = await door.post("/v1/runners/remove", runner_id="remote")
     assert removed["runner_id"] == "remote", removed
@@ -354,17 +344,8 @@ async def test_a_foreground_run_whose_start_never_answered_answers_without_its_r
     the caller, whose budget was 2 s, got its answer."""
     warm = await door.post("/v1/executions", command="true", runner_id="remote", wait_ms=30_000)
     assert warm["state"] == "completed", warm  # the workspace exists: the outage hits start
-    assert door.daemon.process is not None
-    os.kill(door.daemon.process.pid, signal.SIGSTOP)
-    submit = asyncio.create_task(
-        door.post("/v1/executions", command="echo hi", runner_id="remote", wait_ms=2000)
-    )
-    await asyncio.sleep(1.0)
-    assert not submit.done()
-    door.outage.cut()
-    door.daemon.kill()
-    result = await submit
-    assert result["state"] == "unknown" and "start" in (result["error"] or ""), result
+    result = await door.start_never_answered(cut=True, command="echo hi", wait_ms=2000)
+    assert "start" in (result["error"] or ""), result
     assert not any(b"log" in line for line in door.outage.asked), door.outage.asked
 
 

@@ -75,6 +75,30 @@ class Setup:
         text = "".join(p.read_text(errors="replace") for p in replica.home.glob("serve-*.log"))
         return any("lease_takeover" in line and subject_id in line for line in text.splitlines())
 
+    async def slow_transfer(self, replica: Replica, source: str, target: str) -> str:
+        """A transfer of ``source``'s ``d/`` into ``target``'s ``in/`` through ``replica``, in
+        batches of 2 files at 1 MiB/s (a 40-file ``d/`` of 256 KiB files takes ~10 s)."""
+        started = await self.post(
+            replica,
+            "/v1/transfers",
+            source_workspace_id=source,
+            paths=["d"],
+            target_workspace_id=target,
+            target_folder="in",
+            batch_files=2,
+            max_bytes_per_s=1024 * 1024,
+        )
+        return str(started["transfer_id"])
+
+    async def until_copied(self, replica: Replica, transfer_id: str, files: int) -> None:
+        """Until the transfer counts ``files`` copied (a few batches committed)."""
+
+        async def copied() -> bool:
+            view = await self.get(replica, f"/v1/transfers/{transfer_id}")
+            return int(view["files_copied"]) >= files
+
+        await _until(copied, f"{files} files of {transfer_id} to be copied")
+
     def leases_of(self, kind: str) -> int:
         rows = query(self.url, "SELECT count(*) FROM leases WHERE kind = %s", kind)
         return int(rows[0][0])  # type: ignore[call-overload]
@@ -132,24 +156,9 @@ async def test_a_transfer_whose_replica_dies_is_finished_by_another(home: Path, 
         a, b = setup.replicas
         try:
             source, target, sums = await _source_and_target(setup, 40, 256 * 1024)
-            started = await setup.post(
-                a,
-                "/v1/transfers",
-                source_workspace_id=source,
-                paths=["d"],
-                target_workspace_id=target,
-                target_folder="in",
-                batch_files=2,
-                max_bytes_per_s=1024 * 1024,
-            )
-            transfer_id = started["transfer_id"]
+            transfer_id = await setup.slow_transfer(a, source, target)
             assert setup.leases_of("transfer") == 1
-
-            async def some_committed() -> bool:
-                view = await setup.get(a, f"/v1/transfers/{transfer_id}")
-                return int(view["files_copied"]) >= 6
-
-            await _until(some_committed, "A to commit a few batches")
+            await setup.until_copied(a, transfer_id, 6)
             a.kill()
             if lease == "missing":
                 gone = query(url, "DELETE FROM leases WHERE kind = 'transfer' RETURNING subject_id")
@@ -193,23 +202,8 @@ async def test_a_copier_whose_transfer_was_ended_elsewhere_stops_before_its_next
         a, _b = setup.replicas
         try:
             source, target, _sums = await _source_and_target(setup, 40, 256 * 1024)
-            started = await setup.post(
-                a,
-                "/v1/transfers",
-                source_workspace_id=source,
-                paths=["d"],
-                target_workspace_id=target,
-                target_folder="in",
-                batch_files=2,
-                max_bytes_per_s=1024 * 1024,
-            )
-            transfer_id = started["transfer_id"]
-
-            async def some_committed() -> bool:
-                view = await setup.get(a, f"/v1/transfers/{transfer_id}")
-                return int(view["files_copied"]) >= 4
-
-            await _until(some_committed, "A to commit a few batches")
+            transfer_id = await setup.slow_transfer(a, source, target)
+            await setup.until_copied(a, transfer_id, 4)
             # what the other replica's finish writes: the record final, the writer let go
             query(
                 url,
@@ -262,12 +256,7 @@ async def test_a_cancel_and_a_wait_on_another_replica_reach_the_copying_one(
                 max_bytes_per_s=512 * 1024,
             )
             transfer_id = started["transfer_id"]
-
-            async def one_committed() -> bool:
-                view = await setup.get(b, f"/v1/transfers/{transfer_id}")
-                return int(view["files_copied"]) >= 2
-
-            await _until(one_committed, "A to commit a batch")
+            await setup.until_copied(b, transfer_id, 2)  # A committed a batch
             view = await setup.post(b, f"/v1/transfers/{transfer_id}/cancel?wait_s=30")
             assert view["state"] == "cancelled", view
             assert 2 <= view["files_copied"] < view["files_total"], view

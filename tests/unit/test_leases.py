@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from store_records import running_transfer
 
 from conftest import POSTGRES_URL
 from shellyard.store import Store
@@ -122,26 +123,8 @@ async def test_a_transfer_made_final_releases_its_lease_in_the_same_transaction(
     finds the lease still there (CI of stop 46 saw ``leases_of('transfer') == 1`` just after
     ``completed``). Another holder's lease is left alone, and finishing a transfer that
     was already final still lets go of the caller's lease."""
-    _session, agent = await store.default_owner()
-    await store.upsert_runner("local", "local", None, None)
-    workspace, _ = await store.workspace_for(str(agent.id), "local")
     for transfer_id in ("tr_1", "tr_2"):
-        await store.create_transfer(
-            {
-                "id": transfer_id,
-                "agent_id": agent.id,
-                "source_workspace_id": workspace.id,
-                "target_workspace_id": workspace.id,
-                "target_folder": "in",
-                "paths": ["a"],
-                "options": {},
-                "files_total": 0,
-                "bytes_total": 0,
-                "state": "running",
-                "created_at": 1.0,
-            },
-            [],
-        )
+        await running_transfer(store, transfer_id)
     assert await store.acquire_lease("transfer", "tr_1", "rep_a", None, 60)
     assert await store.acquire_lease("transfer", "tr_2", "rep_b", None, 60)
 
