@@ -228,7 +228,7 @@ class LocalRunner(TerminalDoor):  # E13: send_input, screen, resize
         # R2 tenants: cgroups per execution inside one per workspace, or rlimits only
         box.cgroups = await asyncio.to_thread(cgroups.for_runner, self.root, self.policy)
         if box.cgroups is not None:  # groups used again wait as long as a warm sandbox
-            box.cgroups.pool_idle_s = warm.configured_idle_s()
+            box.cgroups.ready.pool_idle_s = warm.configured_idle_s()
         self._guard.cgroups = box.cgroups
         if self._uids is not None:
             self._guard.uids = f"one per workspace ({self._uids.first}-{self._uids.last})"
