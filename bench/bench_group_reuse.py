@@ -58,7 +58,7 @@ def children() -> float:
 def batch(tree: cgroups.CgroupTree, launcher: Path, per: int, tag: str) -> dict[str, float]:
     k0, t0, c0, w0 = kernel_threads_cpu(), time.process_time(), children(), time.perf_counter()
     for i in range(per):
-        name = tree.take_ready("ws")
+        name = tree.ready.take_ready("ws")
         if name is None:
             name = f"{tag}-{i}"
             tree.make("ws", name)

@@ -3,7 +3,7 @@ stay charged to them (recycle.py ``LEFTOVER_BYTES``), and the throughput beside 
 rate, all in one plane and one run (docs/benchmarks.md §69).
 
 Per round: half the bare bwrap phases (sequential, then 2 in parallel), a window of 16 agents
-per side (``--sides``: ``LEFTOVER_BYTES`` in MiB and ``cgroups.READY_PER_WORKSPACE``, module
+per side (``--sides``: ``LEFTOVER_BYTES`` in MiB and ``ready_groups.READY_PER_WORKSPACE``, module
 attributes read at each decision, set in this process only; the sides' order reversed every
 other round), then the other half of the bare phases in the reverse order. Per window:
 completed executions per second (``bench_throughput``'s loop), the spawns that took a group
@@ -41,7 +41,7 @@ from shellyard import loops
 from shellyard.config import Settings
 from shellyard.contract.executions import RunShellRequest
 from shellyard.control.plane import ControlPlane, build
-from shellyard.runner.limits import cgroups, recycle
+from shellyard.runner.limits import cgroups, ready_groups, recycle
 
 MIB = 1 << 20
 
@@ -87,14 +87,14 @@ class Counts(logging.Handler):
 
 
 def instrument(tree: cgroups.CgroupTree, counts: Counts) -> None:
-    """Count in this process only: the tree's ``take_ready`` and recycle's v1 decision."""
-    take = tree.take_ready
+    """Count in this process only: the pool's ``take_ready`` and recycle's v1 decision."""
+    take = tree.ready.take_ready
 
     used: set[str] = set()  # a group made ahead is "ahead" at its first take only
 
     def take_ready(workspace_id: str) -> str | None:
         name = take(workspace_id)
-        fresh = name is not None and name.startswith(cgroups.READY_PREFIX) and name not in used
+        fresh = name is not None and name.startswith(ready_groups.READY_PREFIX) and name not in used
         kind = "none" if name is None else "ahead" if fresh else "reused"
         if name is not None:
             used.add(name)
@@ -103,13 +103,13 @@ def instrument(tree: cgroups.CgroupTree, counts: Counts) -> None:
             counts.reasons["spawn found none: " + sys._getframe(1).f_code.co_name] += 1
         return name
 
-    tree.take_ready = take_ready  # type: ignore[method-assign]
+    tree.ready.take_ready = take_ready  # type: ignore[method-assign]
     remove = tree.remove
 
     def remove_(workspace_id: str, execution_id: str, *, ahead: bool = False) -> None:
         # An end's group not pooled at once: ``remove`` either queues its reset (a slot
         # free) or removes it because as many groups wait already (not logged by the product).
-        if ahead and tree._ahead.get(workspace_id, 0) >= cgroups.READY_PER_WORKSPACE:
+        if ahead and tree.ready.full(workspace_id):
             counts.reasons["removed at its end: a group waits already"] += 1
         remove(workspace_id, execution_id, ahead=ahead)
 
@@ -184,7 +184,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     plane = await build(Settings(home=home / "home"))
     bare = BareBwrap(bare_home)
     counts = Counts()
-    defaults = recycle.LEFTOVER_BYTES, cgroups.READY_PER_WORKSPACE
+    defaults = recycle.LEFTOVER_BYTES, ready_groups.READY_PER_WORKSPACE
     rounds: list[dict[str, Any]] = []
     sides = [tuple(float(x) for x in side.split(":")) for side in args.sides]
     try:
@@ -204,7 +204,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
             row: dict[str, Any] = {"round": number, "at": time.strftime("%H:%M:%S")}
             for bound_mib, ready in sides if number % 2 == 0 else sides[::-1]:
                 recycle.LEFTOVER_BYTES = int(bound_mib * MIB)
-                cgroups.READY_PER_WORKSPACE = int(ready)
+                ready_groups.READY_PER_WORKSPACE = int(ready)
                 taken = pool.stats["taken"] if pool is not None else 0
                 side = await window(plane, agents, counts, args.window)
                 side["warm_taken"] = (pool.stats["taken"] if pool is not None else 0) - taken
@@ -221,7 +221,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
             rounds.append(row)
             print(json.dumps(row), flush=True)
     finally:
-        recycle.LEFTOVER_BYTES, cgroups.READY_PER_WORKSPACE = defaults
+        recycle.LEFTOVER_BYTES, ready_groups.READY_PER_WORKSPACE = defaults
         await plane.aclose()
         remove_home(home)
         remove_home(bare_home)

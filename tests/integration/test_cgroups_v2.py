@@ -54,7 +54,7 @@ SCRIPT = textwrap.dedent(
         burn(tree.start("ws1", "e3"), 1.0)
         first = tree.finish("ws1", "e3", ahead=True)
         tree.drain()
-        reused = tree.take_ready("ws1")
+        reused = tree.ready.take_ready("ws1")
         reset_cpu = tree.usage("ws1", "e3").cpu_seconds
         burn(tree.plan("ws1", "e3"), 0.05)
         again = tree.finish("ws1", "e3", ahead=True)

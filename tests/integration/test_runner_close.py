@@ -1,7 +1,8 @@
-"""A runner's close takes every step even when one fails (runner/local.py ``aclose``; E11:
-the sandboxes keep running): a step that raised left the later ones undone, and with them
-the threads and mounts they end (the removal thread of the cgroups, the mounts' reapers)
-for the life of the process. The first failure still reaches the caller."""
+"""A runner's close takes every step even when one fails (runner/local.py ``aclose``, the
+steps taken by runner/closing.py; E11: the sandboxes keep running): a step that raised left
+the later ones undone, and with them the threads and mounts they end (the removal thread of
+the cgroups, the mounts' reapers) for the life of the process. The first failure still
+reaches the caller."""
 
 from __future__ import annotations
 

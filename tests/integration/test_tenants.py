@@ -29,7 +29,7 @@ from shellyard.contract.executions import (
     ExecutionWait,
     RunShellRequest,
 )
-from shellyard.runner.limits import cgroups, host_groups, recycle
+from shellyard.runner.limits import cgroups, host_groups, ready_groups, recycle
 from shellyard.runner.protocol import RunnerExecState, SandboxPolicy, StartRequest
 
 ROOT = os.geteuid() == 0
@@ -285,7 +285,7 @@ async def test_groups_go_with_their_execution(
 ) -> None:
     """R2: an execution's groups, used again by its workspace's next spawn, are removed once
     the workspace is idle (SHELLYARD_WARM_IDLE_S: local runner and daemon), by the runner's
-    removal thread (cgroups.py ``remove``, ``pool_idle_s``)."""
+    removal thread (cgroups.py ``remove``, ready_groups.py ``pool_idle_s``)."""
     monkeypatch.setenv("SHELLYARD_WARM_IDLE_S", "0.5")
     yard: Yard = await yard_factory(policy())
     done = await yard.run("true")
@@ -329,7 +329,7 @@ async def test_an_execution_s_use_is_read_on_the_loop_without_a_thread_hop(tmp_p
 
 async def until_made_ahead(root: Path, workspace_id: str) -> set[str]:
     """The names of the groups below the workspace's once none of its commands runs: those
-    waiting for its next spawn (an ended one's used again, or one made ahead, cgroups.py
+    waiting for its next spawn (an ended one's used again, or one made ahead, ready_groups.py
     ``take_ready``; a warm sandbox's)."""
     deadline = time.monotonic() + 10
     while True:
@@ -427,7 +427,7 @@ def test_an_ended_execution_s_groups_are_used_again_with_counters_reset(
     burn = "import time\nx = bytearray(40 << 20)\nt = time.process_time()\n"
     burn += "while time.process_time() - t < float(sys.argv[-1]): pass"
     try:
-        assert tree.take_ready("ws") is None
+        assert tree.ready.take_ready("ws") is None
         _run_in(tree.start("ws", "e1"), burn, "0.3")
         used = tree.finish("ws", "e1", ahead=True)
         assert used.cpu_seconds is not None and used.cpu_seconds >= 0.3, used
@@ -437,8 +437,8 @@ def test_an_ended_execution_s_groups_are_used_again_with_counters_reset(
         tree.finish("ws", "e1b", ahead=True)  # a second end: two wait
         tree.finish("ws", "e1c", ahead=True)  # a third: still two, its groups go
         tree.drain()
-        assert {tree.take_ready("ws"), tree.take_ready("ws")} == {"e1", "e1b"}
-        assert tree.take_ready("ws") is None
+        assert {tree.ready.take_ready("ws"), tree.ready.take_ready("ws")} == {"e1", "e1b"}
+        assert tree.ready.take_ready("ws") is None
         assert "e1c" not in {p.name for p in tree.groups()}
         tree.remove("ws", "e1b")  # a spawn given up
         memory = tree.bases["memory"] / "ws" / "e1"
@@ -452,12 +452,12 @@ def test_an_ended_execution_s_groups_are_used_again_with_counters_reset(
         assert again.cpu_seconds is not None and 0 < again.cpu_seconds < 0.3, again
         assert again.peak_memory_bytes is not None and again.peak_memory_bytes < 40 << 20, again
         tree.drain()
-        assert tree.take_ready("ws") == "e1"
+        assert tree.ready.take_ready("ws") == "e1"
         tree.start("ws", "tool1")
         tree.finish("ws", "e1")  # a tool's end and a spawn given up: none waits after
         tree.finish("ws", "tool1")
         tree.drain()
-        assert tree.take_ready("ws") is None
+        assert tree.ready.take_ready("ws") is None
         tree.start("ws", "e2")
         tree.finish("ws", "e2", ahead=True)
         tree.drain()
@@ -485,17 +485,17 @@ def test_a_cold_start_beside_the_warm_sandbox_leaves_both_groups_to_be_used_agai
     try:
         _run_in(tree.start("ws", "e1"), "pass")
         tree.finish("ws", "e1", ahead=True)
-        assert tree.take_ready("ws") == "e1"  # the next warm sandbox's making takes it
+        assert tree.ready.take_ready("ws") == "e1"  # the next warm sandbox's making takes it
         warm = tree.plan("ws", "e1")
-        assert tree.take_ready("ws") is None  # a cold start meanwhile makes its own
+        assert tree.ready.take_ready("ws") is None  # a cold start meanwhile makes its own
         _run_in(tree.start("ws", "c2"), burn)
         tree.finish("ws", "c2", ahead=True)
         _run_in(warm, burn)  # the warm sandbox runs the command after
         tree.finish("ws", "e1", ahead=True)
         tree.drain()
-        taken = {tree.take_ready("ws"), tree.take_ready("ws")}
+        taken = {tree.ready.take_ready("ws"), tree.ready.take_ready("ws")}
         assert taken == {"c2", "e1"}, taken
-        assert tree.take_ready("ws") is None
+        assert tree.ready.take_ready("ws") is None
         assert {p.name for p in tree.groups()} == {"ws", "c2", "e1"}
         for name in ("c2", "e1"):  # both start clean: the next commands' use is their own
             clean = tree.usage("ws", name)
@@ -535,7 +535,7 @@ def test_an_empty_group_is_reset_on_the_caller_s_thread(
         _run_in(tree.start("ws", "e1"), "pass")
         tree.finish("ws", "e1", ahead=True)
         assert threads == [threading.current_thread().name]
-        assert tree.take_ready("ws") == "e1"
+        assert tree.ready.take_ready("ws") == "e1"
         assert tree.usage("ws", "e1").cpu_seconds == 0.0
         tree.remove("ws", "e1")
         tree.drain()
@@ -577,8 +577,8 @@ def test_groups_that_cannot_start_clean_are_not_used_again(tmp_path: Path) -> No
             usage = tree.finish("ws", name, ahead=True)
             assert expected(usage), (name, usage)
             tree.drain()
-            ready = tree.take_ready("ws")
-            assert ready is not None and ready.startswith(cgroups.READY_PREFIX), (name, ready)
+            ready = tree.ready.take_ready("ws")
+            assert ready is not None and ready.startswith(ready_groups.READY_PREFIX), (name, ready)
             assert name not in {p.name for p in tree.groups()}, name
             fresh = tree.usage("ws", ready)
             assert not fresh.memory_killed and not fresh.processes_hit, fresh
@@ -589,8 +589,8 @@ def test_groups_that_cannot_start_clean_are_not_used_again(tmp_path: Path) -> No
         tree.adopt("old", "a1")
         tree.finish("old", "a1", ahead=True)
         tree.drain()
-        ready = tree.take_ready("old")
-        assert ready is not None and ready.startswith(cgroups.READY_PREFIX), ready
+        ready = tree.ready.take_ready("old")
+        assert ready is not None and ready.startswith(ready_groups.READY_PREFIX), ready
         tree.remove("old", ready)
     finally:
         tree.close(set())
@@ -605,7 +605,7 @@ def test_groups_waiting_unused_go_when_the_workspace_is_idle(tmp_path: Path) -> 
         f"shellyard-test-idle-{tmp_path.name[-8:]}", cgroups.TenantLimits(256 << 20, 64), "v1"
     )
     assert tree is not None
-    tree.pool_idle_s = 0.3
+    tree.ready.pool_idle_s = 0.3
     try:
         tree.start("ws", "e1")
         tree.finish("ws", "e1", ahead=True)
@@ -615,11 +615,11 @@ def test_groups_waiting_unused_go_when_the_workspace_is_idle(tmp_path: Path) -> 
         while "e1" in {p.name for p in tree.groups()}:
             assert time.monotonic() < deadline, tree.groups()
             time.sleep(0.05)
-        assert tree.take_ready("ws") is None
+        assert tree.ready.take_ready("ws") is None
         tree.start("ws", "e2")  # the workspace's next command makes its own
         tree.finish("ws", "e2", ahead=True)
         tree.drain()
-        assert tree.take_ready("ws") == "e2"
+        assert tree.ready.take_ready("ws") == "e2"
         tree.remove("ws", "e2")
     finally:
         tree.close(set())
@@ -639,19 +639,19 @@ def test_a_sweep_keeps_the_groups_this_runner_made_ahead(tmp_path: Path) -> None
     )
     assert tree is not None
     try:
-        tree.make("ws", cgroups.READY_PREFIX + "0" * 16)  # left by a killed runner
+        tree.make("ws", ready_groups.READY_PREFIX + "0" * 16)  # left by a killed runner
         tree.finish("ws", "e1", ahead=True)
         tree.finish("ws2", "e2", ahead=True)
         tree.drain()
-        taken = tree.take_ready("ws")  # a cold spawn in progress: not yet in ``live``
+        taken = tree.ready.take_ready("ws")  # a cold spawn in progress: not yet in ``live``
         assert taken is not None
         assert tree.sweep(set()) == []
         names = {p.name for p in tree.groups()}
         assert taken in names, names  # still there to be joined
-        assert cgroups.READY_PREFIX + "0" * 16 not in names, names
+        assert ready_groups.READY_PREFIX + "0" * 16 not in names, names
         # and the workspace's own groups, which the taken one joins (v1: its cpu group)
         assert all((base / "ws").is_dir() for base in tree.bases.values()), tree.bases
-        waiting = tree.take_ready("ws2")  # the one still waiting survived the sweep too
+        waiting = tree.ready.take_ready("ws2")  # the one still waiting survived the sweep too
         assert waiting is not None and waiting in names, names
         joins = tree.plan("ws", taken)
         subprocess.run(
@@ -702,7 +702,7 @@ async def test_kill9_of_the_runner_leaves_no_group_after_restart(
                 record = await runner.wait(execution_id, 60)
             assert record.state == RunnerExecState.finished and record.exit_code == 0, record
         assert record.cpu_seconds is not None  # e2's group was adopted and read at its end
-        deadline = time.monotonic() + 10  # removed once idle (cgroups.py ``pool_idle_s``)
+        deadline = time.monotonic() + 10  # removed once idle (ready_groups.py ``pool_idle_s``)
         while {"e1", "e2"} & {p.name for p in groups_below(root)}:
             assert time.monotonic() < deadline, groups_below(root)
             await asyncio.sleep(0.05)

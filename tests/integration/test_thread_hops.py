@@ -171,7 +171,7 @@ async def test_the_next_warm_sandbox_made_at_an_end_takes_that_end_s_group(
 ) -> None:
     """R2: a warm sandbox made right at a command's end (the command shorter than
     ``after_s``) waits for the group that end hands back to be reset by the removal thread
-    (cgroups.py ``when_ready``, at most ``GROUP_WAIT_S``) and takes it, rather than make a
+    (ready_groups.py ``when_ready``, at most ``GROUP_WAIT_S``) and takes it, rather than make a
     group of its own while the reset one waits unused (docs/benchmarks.md §55: on a loaded
     host the spawn raced that reset). The thread's reset is made 300 ms slow here (a loaded
     host's delay, the real reset after it); each command writes 4 MiB, so its group is not

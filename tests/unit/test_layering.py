@@ -203,7 +203,10 @@ ROOMS: dict[str, set[str]] = {
         "runner.tool_mounts",
         "runner.workspace_paths",  # a base's copies: descriptor flags and copy_fd
     },
+    # a runner's close, every step taken; the egress proxy's step
+    "runner.closing": {"runner.network"},
     "runner.local": {
+        "runner.closing",
         "runner.edits",
         "runner.environments",
         "runner.limits",

@@ -131,3 +131,23 @@ async def test_control_plane_on_postgresql(home: Path, pg_schema: str) -> None:
         assert second.state == ExecutionState.completed
         assert second.stdout == "a\nb\n"
         assert (await plane.executions.status(first.execution_id)).exit_code == 0
+
+
+async def test_get_runner_reads_the_one_row_asked_for(store: Store) -> None:
+    """A runner's record by its id, as the registry's ``removed`` reads it: a registered one,
+    a removed one (its row stays: past executions name it), and none for an id never added."""
+    await store.upsert_runner("local", "local", None, None)
+    await store.upsert_runner("far", "direct", "https://far:7070", "key")
+    await store.upsert_runner("gone", "direct", "https://gone:7070", "key")
+    await store.upsert_runner("gone", "removed", None, None)
+    far = await store.get_runner("far")
+    assert far is not None
+    assert (far.id, far.kind, far.address, far.token) == (
+        "far",
+        "direct",
+        "https://far:7070",
+        "key",
+    )
+    gone = await store.get_runner("gone")
+    assert gone is not None and (gone.kind, gone.address, gone.token) == ("removed", None, None)
+    assert await store.get_runner("never") is None

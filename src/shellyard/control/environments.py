@@ -423,9 +423,9 @@ class EnvironmentService:
         Returns the ended record, or None when the runner refused it for now (Conflict)."""
         change_id = change.id
         env = await self._required_env(change.environment_id)
-        if await self.runners.removed(env.runner_id):
+        # Removed? Else reached here too when added on another replica (one read of the records)
+        if not await self.runners.registered(env.runner_id):
             return await self._runner_removed(change_id, env.runner_id)
-        await self.runners.load_registered()  # added on another replica: reached here too
         runner = self.runners.get(env.runner_id)
         request = _runner_request(change, env)
         sent = False

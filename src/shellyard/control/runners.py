@@ -34,6 +34,7 @@ from shellyard.contract.runners import (
 from shellyard.errors import Conflict, InvalidInput, NotFound, ShellyardError, validation_message
 from shellyard.runner.protocol import Runner, RunnerInfo
 from shellyard.store import Store
+from shellyard.store.owners import RunnerRecord
 
 logger = logging.getLogger(__name__)
 
@@ -271,7 +272,22 @@ class RunnerRegistry:
 
     async def load_registered(self) -> None:
         """Reconnect to every direct and ssh runner recorded in the store."""
-        for row in await self._store.list_runners():
+        self._connect_recorded(await self._store.list_runners())
+
+    async def registered(self, runner_id: str) -> bool:
+        """Whether the runner is registered by the records (``removed`` is not), reconnecting
+        every recorded one as ``load_registered`` does when it is: one read of the records for
+        both (an environment change's start asks both)."""
+        rows = await self._store.list_runners()
+        if runner_id != LOCAL_RUNNER_ID:
+            row = next((row for row in rows if row.id == runner_id), None)
+            if row is None or row.kind == REMOVED:
+                return False
+        self._connect_recorded(rows)
+        return True
+
+    def _connect_recorded(self, rows: list[RunnerRecord]) -> None:
+        for row in rows:
             kind, runner_id = row.kind, row.id
             if kind in ("direct", "ssh") and runner_id not in self._runners:
                 secrets = _secrets(row.token)
@@ -312,8 +328,7 @@ class RunnerRegistry:
         shares: this one may not have heard yet of a runner another replica added."""
         if runner_id == LOCAL_RUNNER_ID:
             return False
-        rows = {row.id: row for row in await self._store.list_runners()}
-        row = rows.get(runner_id)
+        row = await self._store.get_runner(runner_id)
         return row is None or row.kind == REMOVED
 
     # --- health ---

@@ -18,15 +18,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
 import logging
 import os
 import queue
-from collections.abc import Callable
 from pathlib import Path
 
 from shellyard import __version__, filemodes
 from shellyard.errors import InvalidInput, NotFound, WorkspaceBusy
+from shellyard.runner import closing
 from shellyard.runner.edits.editor import Editor
 from shellyard.runner.edits.tarscan import TarLimits
 from shellyard.runner.edits.writers import Writers
@@ -229,7 +228,7 @@ class LocalRunner(TerminalDoor):  # E13: send_input, screen, resize
         # R2 tenants: cgroups per execution inside one per workspace, or rlimits only
         box.cgroups = await asyncio.to_thread(cgroups.for_runner, self.root, self.policy)
         if box.cgroups is not None:  # groups used again wait as long as a warm sandbox
-            box.cgroups.pool_idle_s = warm.configured_idle_s()
+            box.cgroups.ready.pool_idle_s = warm.configured_idle_s()
         self._guard.cgroups = box.cgroups
         if self._uids is not None:
             self._guard.uids = f"one per workspace ({self._uids.first}-{self._uids.last})"
@@ -262,26 +261,17 @@ class LocalRunner(TerminalDoor):  # E13: send_input, screen, resize
 
     async def aclose(self) -> None:
         """Stop watching; the sandboxes themselves keep running (E11). Every step is taken
-        even when one before it failed (each ends threads, mounts or files of its own: one
-        raising left the rest open for the life of the process); the first failure is
-        raised once all were tried."""
+        even when one before it failed (closing.py)."""
         await self._runs.warm.drain()  # none left half made
         running = self._runs.live_ids()  # before close forgets them
         cgroups = self._sandboxes.cgroups
-        proxy = self._proxy
-
-        async def egress() -> None:
-            if proxy is not None:
-                await proxy.close()
-                await asyncio.to_thread(self._mounts.unmount, self._sandbox_dir / "egress")
-
-        steps: tuple[Callable[[], object], ...] = (
+        steps: tuple[closing.Step, ...] = (
             self._runs.close,
             # R2 tenants: no group left but running ones'
             lambda: asyncio.to_thread(cgroups.close, running) if cgroups is not None else None,
             self._guard.aclose,  # limits (R2, docs/limits.md)
             self._environments.aclose,
-            egress,
+            closing.egress(self._proxy, self._mounts.unmount, self._sandbox_dir / "egress"),
             self._editor.close,
             lambda: asyncio.to_thread(self._snapshots.close),
             self._sandboxes.view.close,
@@ -293,17 +283,7 @@ class LocalRunner(TerminalDoor):  # E13: send_input, screen, resize
             # R2: what a sandbox that runs on holds stays mounted (E11), the rest goes
             lambda: asyncio.to_thread(self._mounts.unmount_unheld),
         )
-        first: Exception | None = None
-        for step in steps:
-            try:
-                done = step()
-                if inspect.isawaitable(done):
-                    await done
-            except Exception as exc:
-                log.exception("closing the runner: a step failed, the rest go on")
-                first = first or exc
-        if first is not None:
-            raise first
+        await closing.take_every(steps)
 
     async def info(self) -> RunnerInfo:
         return RunnerInfo(

@@ -85,6 +85,13 @@ class OwnerRecords(Database):
             RunnerRecord, await self.run(_upsert_runner, runner_id, kind, address, token)
         )
 
+    async def get_runner(self, runner_id: str) -> RunnerRecord | None:
+        """One runner's row (a removed one's too), by its primary key: not every row to find
+        it (control/runners.py ``removed``)."""
+        return maybe(
+            RunnerRecord, await self.one(sa.select(runners).where(runners.c.id == runner_id))
+        )
+
     async def list_runners(self) -> list[RunnerRecord]:
         return from_rows(
             RunnerRecord, await self.all(sa.select(runners).order_by(runners.c.created_at))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -104,7 +105,9 @@ class ExecutionService(OwnedReads):
         #: nobody hands on.
         self.leases = leases
         leases.register(LEASE_KIND, self.adopt, self.forget, dispatch=self.dispatch)
-        runners.on_removing.append(self.runner_removed)
+        runners.on_removing.append(
+            functools.partial(unstarted.runner_removed, store, self._watchers, self._end)
+        )
         #: Called with an execution id whose waiters were woken here: the fan-out tells
         #: the other replicas' waiters too (a no-op with one replica).
         self.on_signal = on_signal
@@ -449,27 +452,6 @@ class ExecutionService(OwnedReads):
         )
         if result.finished_at:
             self.on_timing("commit", max(0.0, time.time() - result.finished_at))
-
-    async def runner_removed(self, runner_id: str) -> None:
-        """The runner is being removed (control/runners.py): its executions whose outcome is
-        unknown and still asked about (a start's answer that never came, a runner that could
-        not be asked) can never be asked again. Each ends ``unknown`` (E9: never a false
-        outcome) with the reason, which lets go of what it held: the workspace's writer and
-        its environment (V5 counts only unfinished ones). Their watchers here stop first, so
-        none records a late answer over the end; one answered just before (running now) is
-        left as it is, and the lease keeper's next round watches it on."""
-        for row in await self.store.unsettled_on_runner(runner_id):
-            task = self._watchers.pop(row.id, None)
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await task
-            await self._end(
-                row,
-                ExecutionState.unknown,
-                error=unstarted.removed(runner_id, row.started_at is not None),
-                from_states=("unknown",),
-            )
 
     async def _end(
         self,

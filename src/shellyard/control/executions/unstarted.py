@@ -8,15 +8,22 @@ the runner says: running (or its end) when the start happened, ``failed`` "never
 when the runner holds no trace of it. The questions are spaced at most :data:`ASK_CAP_S`
 apart, not the 30 s of a running execution's backoff: until the answer, the writer of the
 workspace is held by a command that may not exist, and a foreground caller is waiting.
+A runner removed before it answered can never be asked again: :func:`runner_removed` ends
+those records ``unknown`` with the reason.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
+from typing import Protocol
 
+from shellyard.contract.executions import ExecutionState
 from shellyard.errors import RunnerUnavailable
 from shellyard.runner.protocol import NO_TRACE, RunnerExecState, RunnerExecution
 from shellyard.store import Store
+from shellyard.store.executions import Execution
 
 #: Most seconds between two questions about a start whose answer never came.
 ASK_CAP_S = 2.0
@@ -47,6 +54,43 @@ def removed(runner_id: str, started: bool) -> str:
     )
 
 
+class Ending(Protocol):
+    """The service's end of an execution: the record terminal, its writer released."""
+
+    async def __call__(
+        self,
+        row: Execution,
+        state: ExecutionState,
+        *,
+        error: str,
+        from_states: tuple[str, ...],
+    ) -> None: ...
+
+
+async def runner_removed(
+    store: Store, watchers: dict[str, asyncio.Task[None]], end: Ending, runner_id: str
+) -> None:
+    """The runner is being removed (control/runners.py): its executions whose outcome is
+    unknown and still asked about (a start's answer that never came, a runner that could
+    not be asked) can never be asked again. Each ends ``unknown`` (E9: never a false
+    outcome) with the reason, which lets go of what it held: the workspace's writer and
+    its environment (V5 counts only unfinished ones). Their watchers (the service's, by
+    execution id) stop first, so none records a late answer over the end; one answered just
+    before (running now) is left as it is, and the lease keeper's next round watches it on."""
+    for row in await store.unsettled_on_runner(runner_id):
+        task = watchers.pop(row.id, None)
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        await end(
+            row,
+            ExecutionState.unknown,
+            error=removed(runner_id, row.started_at is not None),
+            from_states=("unknown",),
+        )
+
+
 def never_took(result: RunnerExecution) -> bool:
     """The runner's answer for an id it holds no folder of, so the start never reached it (a
     lost sandbox it did start keeps its workspace; a start it was cut in says ``START_CUT``,
@@ -72,4 +116,13 @@ async def confirmed(store: Store, execution_id: str, result: RunnerExecution) ->
     )
 
 
-__all__ = ["ASK_CAP_S", "NEVER_STARTED", "asking", "confirmed", "never_took", "removed"]
+__all__ = [
+    "ASK_CAP_S",
+    "NEVER_STARTED",
+    "Ending",
+    "asking",
+    "confirmed",
+    "never_took",
+    "removed",
+    "runner_removed",
+]

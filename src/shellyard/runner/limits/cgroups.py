@@ -27,14 +27,15 @@ the event loop, every other) for ms at a time (p90 18 ms under load; docs/benchm
 then the sandbox's init has been killed and waited for (E8), so the groups are empty; the thread
 still ends anything left before it removes them. Likewise ``plan`` names the groups at once and
 ``make`` creates them where the caller chooses (a warm sandbox: its spawn's worker thread). A
-spawn takes a group waiting for its workspace (``take_ready``): when an execution ends, its
+spawn takes a group waiting for its workspace (ready_groups.py): when an execution ends, its
 groups go back, counters reset, once nothing of it is left in them (recycle.py; v1 groups
 already empty at once in ``finish``, others by the removal thread), or, when they cannot start
 clean, the thread removes them and makes one new (``READY_PER_WORKSPACE``), so neither
 ``mkdir``, ``rmdir`` nor limit writes, which wait on ``cgroup_mutex`` under load, are on the
 event loop, and most executions need none (docs/limits.md "Groups used again"). A group that
-waited ``pool_idle_s`` unused goes. ``sweep`` at start-up removes the groups of executions that
-are gone (after a kill -9 of the runner, E11).
+waited ``pool_idle_s`` unused goes (ready_groups.py counts and names the waiting groups).
+``sweep`` at start-up removes the groups of executions that are gone (after a kill -9 of the
+runner, E11).
 """
 
 from __future__ import annotations
@@ -46,8 +47,6 @@ import logging
 import os
 import queue
 import threading
-import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -60,6 +59,7 @@ from shellyard.runner.limits.cgroup_files import remove as _remove
 from shellyard.runner.limits.cgroup_files import write as _write
 from shellyard.runner.limits.group_usage import Usage
 from shellyard.runner.limits.host_groups import V1_CONTROLLERS
+from shellyard.runner.limits.ready_groups import READY_PREFIX, ReadyGroups
 from shellyard.runner.limits.weight import RunnerWeight
 from shellyard.runner.protocol import SandboxPolicy
 from shellyard.runner.reaper import Reaper
@@ -74,18 +74,6 @@ CPU_SHARES_V1 = 1024
 CFS_PERIOD_US = 100_000
 #: The kernel's largest weight: the runner's folder weighs one unit per workspace up to it.
 MOST_SHARES_V1, MOST_WEIGHT_V2 = 262_144, 10_000
-#: Empty groups made ahead (or used again, recycle.py) per workspace for its next spawns
-#: (``take_ready``). Two: an agent's call that comes before its next warm sandbox is ready
-#: starts cold while that sandbox holds the group that waited, so a busy workspace has two
-#: groups in use; with one slot the second end's groups were removed and the next cold start
-#: made its own (16 agents: 20–35 % of spawns, docs/benchmarks.md §69). An empty group waits at
-#: most ``pool_idle_s``.
-READY_PER_WORKSPACE = 2
-#: How long such a group waits unused before it is removed (as long as a warm sandbox does).
-POOL_IDLE_S = 60.0
-#: The prefix of a group made ahead: never an execution's id (``check_id``), so a restart's
-#: sweep removes one left by a killed runner like any group of no live execution.
-READY_PREFIX = "ready-"
 
 
 class _Stop:
@@ -142,20 +130,8 @@ class CgroupTree:
     #: the removal thread (``cgroup-remove``): started at the first hand-over, ended by
     #: ``close`` (a closed runner left one behind before)
     _reaper: Reaper = field(init=False)
-    #: workspace → names of groups made ahead, empty, for its next cold spawn
-    _ready: dict[str, list[str]] = field(default_factory=dict)
-    #: workspace → groups made ahead or queued to be (at most READY_PER_WORKSPACE)
-    _ahead: dict[str, int] = field(default_factory=dict)
-    #: names of groups made ahead by this process, from before their ``make`` until their
-    #: removal (waiting, taken or being spawned into): ``sweep`` keeps them, since its list of
-    #: live executions is read before these groups are made or joined
-    _ours: set[str] = field(default_factory=set)
-    _ready_lock: threading.Lock = field(default_factory=threading.Lock)
-    #: name of a group waiting in ``_ready`` → when it began to wait (``POOL_IDLE_S``)
-    _since: dict[str, float] = field(default_factory=dict)
-    #: workspace → callbacks for its group on the way (``when_ready``), called once each
-    _waiters: dict[str, list[Callable[[], None]]] = field(default_factory=dict)
-    pool_idle_s: float = POOL_IDLE_S
+    #: the groups waiting for each workspace's next spawn (``ready.take_ready``)
+    ready: ReadyGroups = field(default_factory=ReadyGroups)
     #: False: an ended execution's groups are always removed and fresh ones made ahead (the
     #: behaviour before recycle.py; bench/bench_group_reuse.py's baseline)
     reuse: bool = True
@@ -395,8 +371,8 @@ class CgroupTree:
         descriptor per group); a group not empty yet goes to the thread, which waits."""
         if self.mechanism != "v1" or not self.reuse or name in self._adopted:
             return False
-        with self._ready_lock:
-            if self._ahead.get(workspace_id, 0) >= READY_PER_WORKSPACE:
+        with self.ready.lock:
+            if self.ready.full(workspace_id):
                 return False
         pids = self.bases["pids"] / workspace_id / name
         if self._pending and pids in self._pending:
@@ -413,11 +389,11 @@ class CgroupTree:
         started = self._started.pop(name, None)
         if started is not None:
             self.weight.leave(started.workspace_id)
-        with self._ready_lock:
-            self._ahead[workspace_id] = self._ahead.get(workspace_id, 0) + 1
-            self._ours.add(name)
-            first = not self._since
-        self._pooled(workspace_id, name)
+        with self.ready.lock:
+            self.ready.ahead[workspace_id] = self.ready.ahead.get(workspace_id, 0) + 1
+            self.ready.ours.add(name)
+            first = not self.ready.since
+        self.ready.pooled(workspace_id, name)
         if first:  # the removal thread times the idle removal from now on
             self._wake()
         return True
@@ -439,22 +415,22 @@ class CgroupTree:
         ``ahead`` (an execution's end): unless one waits already, the thread instead puts
         them back in the workspace's pool once they are empty, counters reset (recycle.py),
         or, when they cannot start clean, removes them and makes a fresh one for the
-        workspace's next spawn (``take_ready``)."""
+        workspace's next spawn (ready_groups.py)."""
         started = self._started.pop(execution_id, None)
         if started is not None:
             self.weight.leave(started.workspace_id)
         self._forget(f"{workspace_id}/{execution_id}")
         adopted = execution_id in self._adopted
         self._adopted.discard(execution_id)
-        with self._ready_lock:
-            ahead = ahead and self._ahead.get(workspace_id, 0) < READY_PER_WORKSPACE
+        with self.ready.lock:
+            ahead = ahead and not self.ready.full(workspace_id)
             again = ahead and self.reuse and not adopted
             if ahead:
-                self._ahead[workspace_id] = self._ahead.get(workspace_id, 0) + 1
+                self.ready.ahead[workspace_id] = self.ready.ahead.get(workspace_id, 0) + 1
             if again:
-                self._ours.add(execution_id)  # a sweep meanwhile keeps it
+                self.ready.ours.add(execution_id)  # a sweep meanwhile keeps it
             else:
-                self._ours.discard(execution_id)
+                self.ready.ours.discard(execution_id)
         folders = self._own_folders(workspace_id, execution_id)
         self._pending.update(folders)
         if again:
@@ -472,56 +448,20 @@ class CgroupTree:
         if fd is not None:
             os.close(fd)
 
-    def take_ready(self, workspace_id: str) -> str | None:
-        """The name of an empty group waiting for this workspace (made ahead or used
-        again; then ``plan`` it and skip ``make``), or None: none is ready, the caller
-        makes its own."""
-        with self._ready_lock:
-            names = self._ready.get(workspace_id)
-            if not names:
-                return None
-            self._ahead[workspace_id] -= 1
-            name = names.pop()
-            self._since.pop(name, None)
-            return name
-
-    def when_ready(self, workspace_id: str, callback: Callable[[], None]) -> bool:
-        """``callback`` (on the removal thread) once the group counted for the workspace's
-        next spawn but not ready yet (an execution's that just ended, being reset) is ready
-        or given up; False, never called: none is on its way. The next warm sandbox made at
-        an end waits for it instead of making a group of its own (warm.py)."""
-        with self._ready_lock:
-            coming = self._ahead.get(workspace_id, 0) > len(self._ready.get(workspace_id, ()))
-            if coming:
-                self._waiters.setdefault(workspace_id, []).append(callback)
-        return coming
-
-    def _notify(self, workspace_id: str) -> None:
-        with self._ready_lock:
-            callbacks = self._waiters.pop(workspace_id, [])
-        for callback in callbacks:
-            callback()
-
-    def _pooled(self, workspace_id: str, name: str) -> None:
-        with self._ready_lock:
-            self._ready.setdefault(workspace_id, []).append(name)
-            self._since[name] = time.monotonic()
-        self._notify(workspace_id)
-
     def _make_ahead(self, workspace_id: str) -> None:
         name = READY_PREFIX + os.urandom(8).hex()
-        with self._ready_lock:
-            self._ours.add(name)
+        with self.ready.lock:
+            self.ready.ours.add(name)
         try:
             self.make(workspace_id, name)
         except OSError as exc:  # the workspace's next command makes its own
             log.warning("could not make a cgroup ahead for %s: %s", workspace_id, exc)
-            with self._ready_lock:
-                self._ahead[workspace_id] -= 1
-                self._ours.discard(name)
-            self._notify(workspace_id)
+            with self.ready.lock:
+                self.ready.ahead[workspace_id] -= 1
+                self.ready.ours.discard(name)
+            self.ready.notify(workspace_id)
             return
-        self._pooled(workspace_id, name)
+        self.ready.pooled(workspace_id, name)
 
     def _reset(self, workspace_id: str, name: str) -> bool:
         """Its counters back to zero once nothing is left in it (recycle.py); False: not
@@ -546,11 +486,11 @@ class CgroupTree:
                 log.info("not using the cgroup %s/%s again: %s", workspace_id, name, exc)
                 again = False
             if again:
-                self._pooled(workspace_id, name)
+                self.ready.pooled(workspace_id, name)
                 return
             self._forget(f"{workspace_id}/{name}")
-            with self._ready_lock:
-                self._ours.discard(name)
+            with self.ready.lock:
+                self.ready.ours.discard(name)
             for folder in folders:
                 _remove(folder, self.mechanism)
             self._make_ahead(workspace_id)  # in the slot ``remove`` counted
@@ -559,23 +499,12 @@ class CgroupTree:
 
     def _expire(self) -> float | None:
         """Remove the groups that waited ``pool_idle_s`` unused; seconds to the next."""
-        now = time.monotonic()
-        gone: list[tuple[str, str]] = []
-        with self._ready_lock:
-            for workspace_id, names in self._ready.items():
-                for name in list(names):
-                    if now - self._since.get(name, now) >= self.pool_idle_s:
-                        names.remove(name)
-                        self._since.pop(name, None)
-                        self._ahead[workspace_id] -= 1
-                        self._ours.discard(name)
-                        gone.append((workspace_id, name))
-            left = min(self._since.values(), default=None)
+        gone, wait = self.ready.expire()
         for workspace_id, name in gone:
             self._forget(f"{workspace_id}/{name}")
             for folder in self._own_folders(workspace_id, name):
                 _remove(folder, self.mechanism)
-        return None if left is None else max(0.01, left + self.pool_idle_s - now)
+        return wait
 
     def _reap(self, reaper: Reaper) -> None:
         wait: float | None = None
@@ -621,14 +550,9 @@ class CgroupTree:
         an execution that ends during a restart's sweep makes one, and the next cold spawn
         takes it and joins it and its workspace's while the sweep runs (E11)."""
         self.drain()
-        with self._ready_lock:
+        with self.ready.lock:
             if not keep_ours:
-                waiting = [w for ws in self._waiters.values() for w in ws]
-                self._waiters.clear()
-                self._ready.clear()
-                self._ahead.clear()
-                self._ours.clear()
-                self._since.clear()
+                waiting = self.ready.clear()
                 for key in list(self._peak_fds):
                     self._forget(key)
             else:
@@ -638,11 +562,11 @@ class CgroupTree:
 
         def kept(name: str) -> bool:
             # Read at each group, not once: a group made ahead after this sweep began is
-            # named in ``_ours`` before its mkdir.
+            # named in ``ready.ours`` before its mkdir.
             if name in live:
                 return True
-            with self._ready_lock:
-                if name in self._ours:
+            with self.ready.lock:
+                if name in self.ready.ours:
                     return True
             started = self._started.get(name)  # a package tool's, running (``start``)
             return started is not None and started.held

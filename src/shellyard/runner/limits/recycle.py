@@ -6,7 +6,7 @@ Removing an execution's groups and making new ones for the next cost each execut
 ``cgroup_mutex``; a memory group's removal also leaves the kernel work on its workqueues),
 measured the largest part of what tenants-on cost per run (docs/benchmarks.md §39). So an
 execution's groups, once nothing of it is left in them, go back to its workspace's pool
-(cgroups.py ``take_ready``) with their limits still written and their counters reset: v1
+(ready_groups.py ``take_ready``) with their limits still written and their counters reset: v1
 ``memory.max_usage_in_bytes`` and ``cpuacct.usage`` reset by a write of 0; v2 has neither,
 so ``memory.peak`` is reset through a descriptor kept open (per-descriptor reset, Linux 6.12)
 and the CPU is read as a delta of ``cpu.stat usage_usec``.

@@ -94,7 +94,7 @@ class LiveExecution:
     cancel_requested: bool = False
     #: A warm sandbox's own id (warm.py): its cgroups and its init's marker are named by it.
     sandbox_id: str | None = None
-    #: R2: the name of its cgroups when they were made ahead (cgroups.py ``take_ready``).
+    #: R2: the name of its cgroups when they were made ahead (ready_groups.py ``take_ready``).
     cgroup: str | None = None
     #: E13: its input's holder: "tty" (a terminal), "pipe" (stdin only), or None.
     interactive: str | None = None
@@ -252,7 +252,11 @@ class Sandboxes:
             env["SHELLYARD_EXECUTION_ID"] = request.execution_id
             # R2: groups made ahead by the removal thread, so no mkdir waits on cgroup_mutex
             # here (docs/benchmarks.md §25); None: made in ``PendingSpawn.spawn``
-            group = None if self.cgroups is None else self.cgroups.take_ready(request.workspace_id)
+            group = (
+                None
+                if self.cgroups is None
+                else self.cgroups.ready.take_ready(request.workspace_id)
+            )
             pending = self.prepare_bwrap(
                 group=group,
                 workspace_id=request.workspace_id,

@@ -171,7 +171,7 @@ class Warm:
     started: Started
     write_fd: int | None
     environment_id: str | None
-    #: R2 tenants: its cgroups' name when made ahead (cgroups.py ``take_ready``), else
+    #: R2 tenants: its cgroups' name when made ahead (ready_groups.py ``take_ready``), else
     #: they are named by ``sandbox_id``
     group: str | None = None
     made_at: float = field(default_factory=time.monotonic)
@@ -426,9 +426,9 @@ class WarmPool:
         try:
             env = box.base_env(workspace_id, None, mount)
             env["SHELLYARD_SANDBOX_ID"] = sandbox_id
-            # R2 tenants: the workspace's group made ahead or used again (cgroups.py
+            # R2 tenants: the workspace's group made ahead or used again (ready_groups.py
             # ``take_ready``), so the spawn makes none; none ready: made in its thread
-            group = None if box.cgroups is None else box.cgroups.take_ready(workspace_id)
+            group = None if box.cgroups is None else box.cgroups.ready.take_ready(workspace_id)
             handed, logs = logs, None  # prepare_bwrap closes them from here on
             pending = box.prepare_bwrap(
                 workspace_id=workspace_id,

@@ -19,7 +19,7 @@ from shellyard.runner import processes
 from shellyard.runner.limits.cgroups import CgroupTree
 from shellyard.runner.sandbox.spawn import Started
 
-#: How long a warm sandbox's making waits for its workspace's group being reset (cgroups.py
+#: How long a warm sandbox's making waits for its workspace's group being reset (ready_groups.py
 #: ``when_ready``): the reset waits up to ``recycle.SETTLE_S`` for the ended sandbox's last
 #: processes, then makes a fresh group instead.
 GROUP_WAIT_S = 1.0
@@ -44,7 +44,7 @@ async def group_reset(groups: CgroupTree, workspace_id: str) -> bool:
         with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
             loop.call_soon_threadsafe(wake)
 
-    if not groups.when_ready(workspace_id, done):
+    if not groups.ready.when_ready(workspace_id, done):
         return False
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(ready, GROUP_WAIT_S)
