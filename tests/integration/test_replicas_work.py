@@ -360,3 +360,38 @@ async def test_an_environment_change_whose_replica_dies_is_seen_through(home: Pa
             assert setup.leases_of("change") == 0
         finally:
             await _teardown(setup)
+
+
+async def test_a_cancel_while_the_copier_is_killed_mid_batch_ends_it_once(home: Path) -> None:
+    """W1, T3 (docs/security.md "Attack pass (session 52)", held): replica A copies a
+    transfer and is killed -9 mid-way (a batch on its way to the target); the owner cancels it
+    through replica B at once. B cannot take A's live lease, so it records the request; once
+    the lease expires B takes it over, reads the request and ends the transfer ``cancelled``.
+    The target's writer is free again (a command runs there), no lease is left, and what the
+    target holds stays as the end left it: the entries recorded copied, none appearing
+    after the end."""
+    async with fresh_database() as url:
+        setup = await _setup(url, home)
+        a, b = setup.replicas
+        try:
+            source, target, _sums = await _source_and_target(setup, 40, 256 * 1024)
+            transfer_id = await setup.slow_transfer(a, source, target)
+            await setup.until_copied(b, transfer_id, 4)
+            a.kill()
+            view = await setup.post(b, f"/v1/transfers/{transfer_id}/cancel?wait_s=30")
+            assert view["state"] == "cancelled", view
+            assert view["files_copied"] < view["files_total"], view
+            assert setup.leases_of("transfer") == 0
+            outcomes = await setup.get(
+                b, f"/v1/transfers/{transfer_id}/files", outcome="copied", limit=1000
+            )
+            copied = sorted(f["target_path"] for f in outcomes["files"] if f["kind"] == "file")
+            listed = await setup.run(b, "cd in/d && ls", "r1")  # the writer is free
+            assert sorted("in/d/" + name for name in listed["stdout"].split()) == copied
+            await asyncio.sleep(3)
+            again = await setup.run(b, "cd in/d && ls", "r1")
+            assert again["stdout"] == listed["stdout"], (listed, again)
+            final = await setup.get(b, f"/v1/transfers/{transfer_id}")
+            assert final["files_copied"] == view["files_copied"], (view, final)
+        finally:
+            await _teardown(setup)

@@ -85,6 +85,36 @@ async def test_terminal_record_is_never_rewritten(store: Store) -> None:
     assert final is not None and final.state == "completed" and final.exit_code == 0
 
 
+async def test_a_final_unknown_is_never_reopened(store: Store) -> None:
+    """E9 (docs/security.md "Attack pass (session 52)"): a final ``unknown`` (its runner
+    removed) shares its state with one still asked about; a late answer written from
+    ("running", "unknown") turned it ``running`` again, and a late end ended it twice."""
+    row, _ = await store.submit_execution(await _execution(store), queue=False)
+    assert await store.update_execution(str(row.id), state="unknown", was_unknown=True)
+    asked = await store.get_execution(str(row.id))
+    assert asked is not None and asked.finished_at is None
+    ended, _, _ = await store.finish_execution(
+        asked, {"state": "unknown", "error": "removed", "finished_at": 5.0}, "ended", False,
+        ("unknown",),
+    )  # fmt: skip
+    assert ended is not None and ended.finished_at == 5.0
+    running = {"state": "running", "error": None}
+    assert not await store.update_execution(
+        str(row.id), from_states=("running", "unknown"), **running
+    )
+    again, _, _ = await store.finish_execution(
+        asked, {"state": "completed", "exit_code": 0, "finished_at": 9.0}, "again", False,
+        ("queued", "running", "unknown"),
+    )  # fmt: skip
+    assert again is None
+    final = await store.get_execution(str(row.id))
+    assert final is not None and (final.state, final.error, final.finished_at) == (
+        "unknown",
+        "removed",
+        5.0,
+    )
+
+
 async def test_snapshot_head_only_moves_forward(store: Store) -> None:
     values = await _execution(store)
     workspace_id = str(values["workspace_id"])

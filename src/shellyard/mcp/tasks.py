@@ -15,8 +15,10 @@ declare the extension, or speaks an older protocol, gets today's result unchange
 ``tasks/get`` maps the record's state: queued and running are ``working`` with a status
 message; a finished execution is ``completed`` with run_shell's result (a non-zero exit code
 or a failed sandbox are tool outcomes, so still ``completed``); cancelled is ``cancelled``;
-``unknown`` (the runner could not confirm the outcome, E11) is ``working`` with a message
-saying so. ``failed`` is reserved for protocol errors and never produced from a record.
+``unknown`` while the runner is still asked about it (it could not confirm the outcome,
+E11) is ``working`` with a message saying so; a final ``unknown`` (its runner removed, its
+sandbox lost) is ``completed`` with run_shell's result, whose error says why. ``failed`` is
+reserved for protocol errors and never produced from a record.
 ``tasks/cancel`` is ``execution_cancel`` (or the transfer's cancel). The SDK's
 ``subscriptions/listen`` carries only its own event kinds (tools, prompts, resources), so
 there are no ``notifications/tasks`` pushes: clients poll at ``pollIntervalMs``.
@@ -217,7 +219,7 @@ class TasksExtension(Extension):
         if state is ExecutionState.running:
             since = time.time() - (view.started_at or view.created_at)
             return _task(task_id, "working", created, updated, f"running for {since:.0f} s")
-        if state is ExecutionState.unknown:
+        if state is ExecutionState.unknown and view.finished_at is None:
             return _task(
                 task_id,
                 "working",
@@ -228,9 +230,10 @@ class TasksExtension(Extension):
             )
         if state is ExecutionState.cancelled:
             return _task(task_id, "cancelled", created, updated, "cancelled")
-        # completed, whatever the exit code, and failed (the sandbox could not run it):
-        # both are run_shell results, so the task completed (SEP-2663: failed is for
-        # protocol errors only).
+        # completed, whatever the exit code, failed (the sandbox could not run it) and a
+        # final unknown (its runner removed or its sandbox lost: nobody asks any more, E9):
+        # all are run_shell results, whose state and error say which, so the task completed
+        # (SEP-2663: failed is for protocol errors only).
         result = await self.backend.run_result(task_id, DEFAULT_MAX_OUTPUT)
         wire = tool_result("run_shell", run_result(result))
         message = f"{state.value}, exit code {view.exit_code}"

@@ -240,11 +240,15 @@ _INSERT = (
     .returning(*executions.c)
 )
 _BY_ID = sa.select(executions).where(executions.c.id == sa.bindparam("b_id"))
+#: ``finished_at IS NULL``: a final ``unknown`` shares its state with one still asked about
+#: (E9), and a late answer about it (a watcher on another replica, a lease taken over after a
+#: runner's removal ended it) must not reopen it: its writer is let go, its end posted.
 _UPDATE = (
     executions.update()
     .where(
         executions.c.id == sa.bindparam("b_id"),
         executions.c.state.in_(sa.bindparam("b_from", expanding=True)),
+        executions.c.finished_at.is_(None),
     )
     .returning(*executions.c)
 )
@@ -261,7 +265,11 @@ def _update_of(count: int) -> sa.Update:
         ]
         stmt = _UPDATES[count] = (
             executions.update()
-            .where(executions.c.id == sa.bindparam("b_id"), executions.c.state.in_(states))
+            .where(
+                executions.c.id == sa.bindparam("b_id"),
+                executions.c.state.in_(states),
+                executions.c.finished_at.is_(None),
+            )
             .returning(*executions.c)
         )
     return stmt

@@ -13,6 +13,8 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import anyio
+import httpx
 import pytest
 from conda_channel import build_test_channel
 from mcp.client import Client
@@ -20,10 +22,12 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.shared.exceptions import MCPError
 from mcp_types import CallToolResult
+from runner_daemon_fixture import start_daemon
 from tasks_client import CreateTaskResult, TasksClient, task_cancel, task_get, wait_terminal
 
 from conftest import kill_server, make_home
 from shellyard.home import ServerInfo, ensure_server, is_served, read_info
+from shellyard.runner.protocol import SandboxPolicy
 
 MISSING_CAPABILITY = -32021
 INVALID_PARAMS = -32602
@@ -153,6 +157,50 @@ async def test_a_task_survives_kill9_and_restart_of_the_server(
         assert result.structured_content is not None
         assert result.structured_content["stdout"] == "survived\n"
         assert result.structured_content["exit_code"] == 0
+
+
+async def test_a_task_whose_runner_was_removed_while_unknown_completes(
+    served: tuple[Path, ServerInfo], tmp_path: Path
+) -> None:
+    """E9/E11 for tasks (docs/security.md "Attack pass (session 52)"): an execution whose
+    runner stopped answering is ``unknown`` and asked about, so its task is ``working``; once
+    the runner is removed it is final (nobody asks any more) and its task completes with
+    run_shell's result, which says so. It stayed ``working``, "shellyard keeps asking", for
+    ever: a client polling it never ended."""
+    _, info = served
+    daemon = await start_daemon(tmp_path / "daemon", SandboxPolicy(), subprocess=True)
+    rest = httpx.AsyncClient(
+        base_url=info.url, headers={"Authorization": f"Bearer {info.token}"}, timeout=60
+    )
+    try:
+        added = await rest.post(
+            "/v1/runners",
+            json={"runner_id": "remote", "address": daemon.url, "token": daemon.token},
+        )
+        assert added.status_code == 200, added.text
+        async with client(info, tasks=True) as session:
+            task = await start(session, command="sleep 60", runner_id="remote", wait_ms=100)
+            assert isinstance(task, CreateTaskResult)
+            daemon.kill()  # its sandbox runs on; nobody can ask about it
+            with anyio.fail_after(90):
+                while (await task_get(session.session, task.task_id))["status"] == "working":
+                    state = (await rest.get(f"/v1/executions/{task.task_id}")).json()["state"]
+                    if state == "unknown":
+                        break
+                    await anyio.sleep(0.2)
+            asked = await task_get(session.session, task.task_id)
+            assert asked["status"] == "working", asked  # unknown, still asked about
+            removed = await rest.post("/v1/runners/remove", json={"runner_id": "remote"})
+            assert removed.status_code == 200, removed.text
+            done = await wait_terminal(session.session, task.task_id, timeout_s=10)
+            assert done["status"] == "completed", done
+            result = CallToolResult.model_validate(done["result"])
+            assert result.structured_content is not None
+            assert result.structured_content["state"] == "unknown"
+            assert "was removed" in result.structured_content["error"]
+    finally:
+        await rest.aclose()
+        await daemon.stop()
 
 
 async def test_environment_changes_and_transfer_starts_become_tasks(

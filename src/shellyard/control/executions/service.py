@@ -132,7 +132,9 @@ class ExecutionService(OwnedReads):
         if row.runner_id not in self.runners.ids():  # registered on another replica
             await self.runners.load_registered()
         state = ExecutionState(row.state)
-        if state in (ExecutionState.running, ExecutionState.unknown):
+        # A final ``unknown`` (its runner removed, E9) keeps its end: the lease left by a
+        # replica that died watching it is no reason to ask the runner, added again, anew.
+        if row.finished_at is None and state in (ExecutionState.running, ExecutionState.unknown):
             self._watch(row)
             return
         await self.dispatch(row.workspace_id)
