@@ -224,6 +224,9 @@ class LocalRunner(TerminalDoor):  # E13: send_input, screen, resize
         )
         await asyncio.to_thread(box.seccomp.write)
         box.launcher = await asyncio.to_thread(launch.build, self._sandbox_dir / "bin")
+        if box.launcher is not None and os.geteuid() == 0:
+            # every busy workspace's overlays and network stay out of another's spawn
+            box.detach = sandbox.Detach.of(self.root)
         box.waiter = await asyncio.to_thread(launch.compile_c, self._sandbox_dir / "bin", WARM)
         # R2 tenants: cgroups per execution inside one per workspace, or rlimits only
         box.cgroups = await asyncio.to_thread(cgroups.for_runner, self.root, self.policy)

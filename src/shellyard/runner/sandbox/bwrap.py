@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import os
 import resource
 import shutil
@@ -352,6 +353,39 @@ def proxy_variables(mode: NetworkMode) -> dict[str, str]:
 COMMAND_FILE = "/run/shellyard/command"
 
 
+#: bwrap's options whose next argument is a host path it binds from.
+_BIND_SOURCES = frozenset(
+    ("--bind", "--ro-bind", "--dev-bind", "--bind-try", "--ro-bind-try", "--dev-bind-try")
+)
+
+
+@dataclass(frozen=True)
+class Detach:
+    """The runner's folder as the spawner names it (``given``) and as the mount table does
+    (``real``, links resolved): the launcher unmounts, in the sandbox's own mount namespace,
+    every mount below it that bwrap does not bind from (launch.c ``--detach``)."""
+
+    given: str
+    real: str
+
+    @classmethod
+    def of(cls, root: Path) -> Detach:
+        return cls(str(root), os.path.realpath(root))
+
+    def keeps(self, bwrap_options: Sequence[str]) -> list[str] | None:
+        """The sources bwrap binds from below the folder, as the table names them; None: more
+        than the launcher takes (then nothing is unmounted)."""
+        found: list[str] = []
+        # Pairs, not a parse: a --setenv text that reads "--bind" keeps one more mount here,
+        # which costs its table line and changes nothing of what bwrap binds.
+        for option, value in itertools.pairwise(bwrap_options):
+            if option in _BIND_SOURCES and (
+                value == self.given or value.startswith(self.given + "/")
+            ):
+                found.append(self.real + value[len(self.given) :])
+        return found if len(found) <= launch.MAX_KEEPS else None
+
+
 def bwrap_argv(
     *,
     bwrap: str,
@@ -377,6 +411,7 @@ def bwrap_argv(
     home: Path | None = None,
     network_fds: tuple[int | None, int] | None = None,
     batch: bool = False,
+    detach: Detach | None = None,
 ) -> list[str]:
     shared_network = shared_network or network is not None
     if policy.network == "egress" and not shared_network:
@@ -384,16 +419,7 @@ def bwrap_argv(
         # holder.py); a socat of the sandbox's own there would take 127.0.0.1:3128 while the
         # relay is away (a holder killed) and keep the next holder from listening (R2)
         command = egress_command(socat or find_socat(), command)
-    front = launch.prefix(
-        launcher,
-        network=network,
-        ids=ids,
-        limits=sandbox_limits(policy, bool(cgroups), uid_per_workspace),
-        cgroups=cgroups,
-        network_fds=network_fds,  # R2: ``network`` as checked descriptors (netns.py)
-        batch=batch,  # SCHED_BATCH from the launcher on (launch.c)
-    )
-    argv = [*front, bwrap, "--unshare-all"]
+    argv = [bwrap, "--unshare-all"]
     argv += ["--new-session", *hardening.argv(), *view.argv]
     argv += network_argv(policy.network, egress_socket)
     if shared_network:  # R2: bwrap runs inside the workspace's namespace (netns.py)
@@ -430,7 +456,18 @@ def bwrap_argv(
         "--",
         *command,
     ]
-    return argv
+    keeps = detach.keeps(argv[: argv.index("--")]) if detach and launcher else None
+    front = launch.prefix(
+        launcher,
+        network=network,
+        ids=ids,
+        limits=sandbox_limits(policy, bool(cgroups), uid_per_workspace),
+        cgroups=cgroups,
+        network_fds=network_fds,  # R2: ``network`` as checked descriptors (netns.py)
+        batch=batch,  # SCHED_BATCH from the launcher on (launch.c)
+        detach=None if keeps is None or detach is None else (detach.real, keeps),
+    )
+    return [*front, *argv]
 
 
 def options_by_fd(argv: list[str], bwrap: str) -> tuple[list[str], int]:

@@ -2,16 +2,24 @@
  * compiler): what `nsenter`, `setpriv` and `prlimit` did before bwrap, in one exec instead of
  * three (each exec of those costs ~0.7-1.5 ms per command; measured in docs/benchmarks.md).
  *
- *   shellyard-launch [--sched batch] [--cgroup PROCS]... [--userns PATH | --userns-fd FD]
- *                    [--netns PATH | --netns-fd FD] [--ids UID:GID]
- *                    [--rlimit RESOURCE:SOFT:HARD]... -- PROGRAM [ARG]...
+ *   shellyard-launch [--sched batch] [--cgroup PROCS]... [--detach ROOT [--keep PATH]...]
+ *                    [--userns PATH | --userns-fd FD] [--netns PATH | --netns-fd FD]
+ *                    [--ids UID:GID] [--rlimit RESOURCE:SOFT:HARD]... -- PROGRAM [ARG]...
  *
  * --sched batch: this process becomes SCHED_BATCH first, so bwrap and everything of the
  * sandbox inherit it from their first instruction (set by the parent after the spawn, what
  * bwrap forked meanwhile would not): a woken sandbox no longer preempts the control plane's
  * event loop (docs/decisions.md "Sandboxes scheduled SCHED_BATCH"; not a limit, a command
  * may set itself back). Then join each cgroup (write "0" into its cgroup.procs, still as the runner: runner/
- * cgroups.py made the groups), so nothing of the command runs outside them. Then, in this
+ * cgroups.py made the groups), so nothing of the command runs outside them.
+ * --detach ROOT (the runner's folder): when at least DETACH_FROM mounts lie below ROOT (the
+ * overlays and network namespaces of every busy workspace), this process takes a mount
+ * namespace of its own, a slave of the host's (nothing unmounted here reaches the host), and
+ * unmounts there every one of them that no --keep PATH lies in (the sandbox's own tree, home,
+ * view, prefixes: what bwrap binds from). bwrap copies the namespace it starts in and reads
+ * the whole mount table again at each of its ~20 binds: every busy workspace's mounts made
+ * every other's spawn dearer (docs/benchmarks.md §73). A step the kernel refuses leaves the
+ * table as it is (a dearer spawn, nothing else). Then, in this
  * order, as the chain did: enter the user namespace, then the network namespace
  * (nsenter --user --net; by an inherited descriptor the runner opened and checked, R2: a
  * path may name another namespace by then, a descriptor keeps the one checked alive, and it
@@ -24,15 +32,22 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
+#include <stdint.h>
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mount.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
 #define MAX_LIMITS 16
 #define MAX_CGROUPS 8
+#define MAX_KEEPS 64
+#define MAX_BELOW 65536
+/* Fewer mounts below ROOT cost a spawn less than its own namespace does (~0.5 ms of CPU:
+ * measured in docs/benchmarks.md §73). */
+#define DETACH_FROM 4
 
 static void fail(const char *what, const char *arg) {
     fprintf(stderr, "shellyard-launch: %s %s: %s\n", what, arg ? arg : "", strerror(errno));
@@ -78,13 +93,108 @@ static void enter_fd(int fd, int kind, const char *text) {
         fail("cannot close the namespace descriptor", text);
 }
 
+/* PATH is ROOT or below it (ROOT without a trailing slash). */
+static int at_or_below(const char *path, const char *root) {
+    size_t n = strlen(root);
+    return strncmp(path, root, n) == 0 && (path[n] == '/' || path[n] == '\0');
+}
+
+/* mountinfo's escapes (\040 for a space, \011, \012, \134) undone in place. */
+static void unescape(char *text) {
+    char *out = text;
+    for (char *in = text; *in; out++) {
+        if (in[0] == '\\' && in[1] >= '0' && in[1] <= '3' && in[2] >= '0' && in[2] <= '7' &&
+            in[3] >= '0' && in[3] <= '7') {
+            *out = (char)((in[1] - '0') * 64 + (in[2] - '0') * 8 + (in[3] - '0'));
+            in += 4;
+        } else {
+            *out = *in++;
+        }
+    }
+    *out = '\0';
+}
+
+/* The mount points strictly below ROOT that no keep lies at or below, in the table's order
+ * (a mount after the one it is on). Returns how many; their texts live in the returned
+ * buffer (NULL: none). */
+static char *mounts_below(const char *root, const char **keeps, int nkeeps, char **points,
+                          int *count) {
+    FILE *table = fopen("/proc/self/mountinfo", "re");
+    if (table == NULL)
+        fail("cannot read", "/proc/self/mountinfo");
+    size_t size = 0, used = 0;
+    char *buffer = NULL, *line = NULL;
+    size_t room = 0;
+    int n = 0;
+    while (getline(&line, &room, table) > 0) {
+        char *field = line;
+        for (int k = 0; k < 4 && field; k++) { /* the fifth field: the mount point */
+            field = strchr(field, ' ');
+            if (field)
+                field++;
+        }
+        char *end = field ? strchr(field, ' ') : NULL;
+        if (!end)
+            continue;
+        *end = '\0';
+        unescape(field);
+        if (!at_or_below(field, root) || strlen(field) == strlen(root))
+            continue;
+        int kept = 0;
+        for (int k = 0; k < nkeeps && !kept; k++)
+            kept = at_or_below(keeps[k], field);
+        if (kept || n == MAX_BELOW)
+            continue;
+        size_t length = strlen(field) + 1;
+        if (used + length > size) {
+            size = (used + length) * 2 + 4096;
+            char *grown = realloc(buffer, size);
+            if (grown == NULL)
+                fail("out of memory reading", "/proc/self/mountinfo");
+            buffer = grown;
+        }
+        memcpy(buffer + used, field, length);
+        points[n++] = (char *)(uintptr_t)used; /* an offset until the buffer stops moving */
+        used += length;
+    }
+    free(line);
+    fclose(table);
+    for (int k = 0; k < n; k++)
+        points[k] = buffer + (uintptr_t)points[k];
+    *count = n;
+    return buffer;
+}
+
+static void detach(const char *root, const char **keeps, int nkeeps) {
+    static char *points[MAX_BELOW];
+    int count = 0;
+    if (root[0] != '/' || strlen(root) < 2 || root[strlen(root) - 1] == '/')
+        usage("--detach wants an absolute path without a trailing slash");
+    for (int k = 0; k < nkeeps; k++)
+        if (!at_or_below(keeps[k], root))
+            usage("--keep wants a path at or below --detach's");
+    char *buffer = mounts_below(root, keeps, nkeeps, points, &count);
+    /* Only a cost is at stake: where the kernel refuses a step, bwrap starts from the table
+     * as it is. But nothing is unmounted unless this namespace is a slave of the host's. */
+    if (count >= DETACH_FROM && unshare(CLONE_NEWNS) == 0 &&
+        mount(NULL, "/", NULL, MS_REC | MS_SLAVE, NULL) == 0) {
+        /* deepest last in the table: undone from the end; one already gone with the mount it
+         * was on, or two stacked on one folder, fails, and stays (the sandbox's own are
+         * never among them) */
+        for (int k = count - 1; k >= 0; k--)
+            (void)umount2(points[k], MNT_DETACH);
+    }
+    free(buffer);
+}
+
 int main(int argc, char **argv) {
     const char *userns = NULL, *netns = NULL, *ids = NULL;
     const char *userns_fd = NULL, *netns_fd = NULL;
     int resources[MAX_LIMITS];
     struct rlimit limits[MAX_LIMITS];
     const char *cgroups[MAX_CGROUPS];
-    int nlimits = 0, ncgroups = 0, batch = 0, i = 1;
+    const char *detach_root = NULL, *keeps[MAX_KEEPS];
+    int nlimits = 0, ncgroups = 0, nkeeps = 0, batch = 0, i = 1;
     for (; i < argc; i++) {
         if (strcmp(argv[i], "--") == 0) {
             i++;
@@ -100,6 +210,12 @@ int main(int argc, char **argv) {
             if (ncgroups == MAX_CGROUPS)
                 usage("too many --cgroup");
             cgroups[ncgroups++] = argv[++i];
+        } else if (strcmp(argv[i], "--detach") == 0) {
+            detach_root = argv[++i];
+        } else if (strcmp(argv[i], "--keep") == 0) {
+            if (nkeeps == MAX_KEEPS)
+                usage("too many --keep");
+            keeps[nkeeps++] = argv[++i];
         } else if (strcmp(argv[i], "--userns") == 0) {
             userns = argv[++i];
         } else if (strcmp(argv[i], "--netns") == 0) {
@@ -147,6 +263,11 @@ int main(int argc, char **argv) {
             fail("cannot join the cgroup", cgroups[k]);
         close(fd);
     }
+    if (nkeeps && !detach_root)
+        usage("--keep without --detach");
+    /* before the user namespace: unmounting needs the host's root, inside one it could not */
+    if (detach_root)
+        detach(detach_root, keeps, nkeeps);
     if ((userns && userns_fd) || (netns && netns_fd))
         usage("a namespace by path or by descriptor, not both");
     if (userns)

@@ -26,6 +26,8 @@ from shellyard import settings_env
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("launch.c")
+#: launch.c's MAX_KEEPS: the paths ``--detach`` takes to keep.
+MAX_KEEPS = 64
 #: prlimit's option of each limit the sandbox sets.
 _PRLIMIT = {
     resource.RLIMIT_NPROC: "nproc",
@@ -102,6 +104,7 @@ def prefix(
     cgroups: Sequence[str] = (),
     network_fds: tuple[int | None, int] | None = None,
     batch: bool = False,
+    detach: tuple[str, Sequence[str]] | None = None,
 ) -> list[str]:
     """Put in front of bwrap's argv. ``network``: the workspace's namespace (a file mounted
     by a root runner, or a holder's ``/proc/PID/ns/net``, entered with its user namespace);
@@ -113,7 +116,10 @@ def prefix(
     of the execution's groups (cgroups.py), joined first. The chain cannot join them itself:
     the spawner writes bwrap's pid into them right after the spawn (``join``); ``batch``:
     the launcher makes itself SCHED_BATCH before anything else (launch.c), the chain cannot
-    either: the spawner sets bwrap's policy right after the spawn (``batch_after``)."""
+    either: the spawner sets bwrap's policy right after the spawn (``batch_after``);
+    ``detach``: the runner's folder and the paths below it bwrap binds from: the launcher
+    unmounts the rest of what is mounted there in a mount namespace of its own (launch.c);
+    the chain leaves them (a dearer spawn, nothing less safe)."""
     userns = network.with_name("user") if network and network.parts[:2] == ("/", "proc") else None
     if launcher is not None:
         argv = [str(launcher)]
@@ -121,6 +127,10 @@ def prefix(
             argv += ["--sched", "batch"]
         for procs in cgroups:
             argv += ["--cgroup", procs]
+        if detach is not None:
+            argv += ["--detach", detach[0]]
+            for path in detach[1]:
+                argv += ["--keep", path]
         if network_fds is not None:
             if network_fds[0] is not None:
                 argv += ["--userns-fd", str(network_fds[0])]

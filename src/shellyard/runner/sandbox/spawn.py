@@ -194,6 +194,10 @@ class Sandboxes:
     tool_mounts: ToolMounts | None = None
     #: Non-interactive sandboxes run SCHED_BATCH (SHELLYARD_SANDBOX_SCHED, launch.py)
     batch: bool = field(default_factory=launch.configured_batch)
+    #: The runner's folder, for the launcher to unmount what other workspaces mounted below
+    #: it before bwrap copies the table (launch.c ``--detach``, bwrap.py ``Detach``); None:
+    #: the chain, or a kernel that refused the probe.
+    detach: sandbox.Detach | None = None
 
     def ids_of(self, workspace_id: str) -> tuple[int, int] | None:
         """The host uid and gid the workspace's commands run as (None: this user's)."""
@@ -367,6 +371,7 @@ class Sandboxes:
                 network=pending.network,
                 network_fds=pending.network_fds,
                 launcher=self.launcher,
+                detach=self.detach,
                 command_fd=command_fd,
                 cgroups=pending.joins,
                 uid_per_workspace=self.workspace_ids is not None,

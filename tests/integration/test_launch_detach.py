@@ -1,0 +1,171 @@
+"""A sandbox's launcher takes other workspaces' mounts out of the table bwrap copies (R2
+tenants, launch.c ``--detach``; docs/benchmarks.md §73): every busy workspace keeps two
+overlays and a network namespace mounted below the runner's folder, bwrap copies the whole
+table and reads it at each of its binds, so each one made every other workspace's spawn
+dearer. Real overlays, a real launcher built with the host's compiler, a real runner with
+bubblewrap. Root needed (overlays and mount namespaces are a root runner's)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from local_runner import local_runner, process_tag, tagger, workspace_processes
+
+from shellyard.runner.protocol import StartRequest
+from shellyard.runner.sandbox import launch
+
+pytestmark = [
+    pytest.mark.timeout(180),
+    pytest.mark.skipif(os.geteuid() != 0, reason="mounts and mount namespaces are root's"),
+]
+
+eid = tagger(process_tag())
+
+
+def points(text: str, below: Path) -> set[str]:
+    """The mount points (mountinfo field 5) strictly below ``below``."""
+    root = str(below)
+    found = set()
+    for line in text.splitlines():
+        fields = line.split(" ")
+        if len(fields) > 4 and fields[4].startswith(root + "/"):
+            point = fields[4]
+            found.add(point)
+    return found
+
+
+def host_points(below: Path) -> set[str]:
+    return points(Path("/proc/self/mountinfo").read_text(), below)
+
+
+@pytest.fixture
+def mounted(tmp_path: Path) -> Iterator[tuple[Path, list[Path]]]:
+    """A runner-like folder with five overlays and a tmpfs (holding a socket-like file) below
+    it, unmounted afterwards."""
+    root = tmp_path / "runner"
+    overlays = [root / "workspaces" / f"ws_{i}" for i in range(5)]
+    made: list[Path] = []
+    try:
+        for i, folder in enumerate(overlays):
+            work, lower = root / "work" / str(i), tmp_path / "lower" / str(i)
+            for path in (folder, work, lower):
+                path.mkdir(parents=True)
+            options = f"lowerdir={lower},upperdir={folder},workdir={work}"
+            subprocess.run(["mount", "-t", "overlay", "overlay", "-o", options, str(folder)],
+                           check=True)  # fmt: skip
+            made.append(folder)
+        egress = root / "egress"
+        egress.mkdir()
+        subprocess.run(["mount", "-t", "tmpfs", "tmpfs", str(egress)], check=True)
+        made.append(egress)
+        (egress / "sock").write_text("")
+        (overlays[0] / "mine").write_text("through my overlay\n")
+        yield root, made
+    finally:
+        for folder in reversed(made):
+            subprocess.run(["umount", "-l", str(folder)], check=False)
+
+
+def test_the_launcher_leaves_bwrap_only_the_mounts_it_binds_and_the_host_all_of_them(
+    tmp_path: Path, mounted: tuple[Path, list[Path]]
+) -> None:
+    root, made = mounted
+    launcher = launch.build(tmp_path / "bin")
+    assert launcher is not None, "the host's C compiler built no launcher"
+    before = host_points(root)
+    assert before == {str(p) for p in made}
+    keep = made[0]
+    seen = subprocess.run(
+        [str(launcher), "--detach", str(root), "--keep", str(keep),
+         "--keep", str(made[-1] / "sock"), "--keep", str(root / "not-there"),
+         "--", "/bin/sh", "-c", f"cat /proc/self/mountinfo; cat {keep}/mine"],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    # bwrap would start from a table with the overlay it binds and the tmpfs its socket is
+    # on, none of the other four workspaces' overlays
+    assert points(seen, root) == {str(keep), str(made[-1])}
+    assert "through my overlay" in seen
+    # and nothing of that reached the host: every overlay is still mounted here
+    assert host_points(root) == before
+
+
+def test_with_few_mounts_below_the_launcher_keeps_its_callers_namespace(
+    tmp_path: Path, mounted: tuple[Path, list[Path]]
+) -> None:
+    """Under ``DETACH_FROM`` (4) mounts a namespace of its own costs more than it saves."""
+    root, made = mounted
+    for folder in made[2:]:
+        subprocess.run(["umount", "-l", str(folder)], check=True)
+    launcher = launch.build(tmp_path / "bin")
+    assert launcher is not None
+    seen = subprocess.run(
+        [str(launcher), "--detach", str(root), "--", "/bin/readlink", "/proc/self/ns/mnt"],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()  # fmt: skip
+    assert seen == os.readlink("/proc/self/ns/mnt")
+
+
+@pytest.mark.parametrize(
+    "arguments",
+    [["--detach", "relative"], ["--detach", "/tmp/x/"], ["--keep", "/tmp/x"],
+     ["--detach", "/tmp/x", "--keep", "/etc"]],
+)  # fmt: skip
+def test_the_launcher_refuses_a_detach_it_cannot_read(tmp_path: Path, arguments: list[str]) -> None:
+    launcher = launch.build(tmp_path / "bin")
+    assert launcher is not None
+    done = subprocess.run([str(launcher), *arguments, "--", "/bin/true"], capture_output=True,
+                          text=True, check=False)  # fmt: skip
+    assert done.returncode == 127 and "shellyard-launch:" in done.stderr
+
+
+async def test_a_busy_workspace_spawn_copies_none_of_the_other_workspaces_mounts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """R2 tenants: four workspaces run (their trees and homes mounted, each its network
+    namespace); a fifth one's sandbox was started from a table with its own mounts and none
+    of theirs (its bwrap monitor lives in the launcher's namespace: its mountinfo is the
+    table bwrap copied), while the host keeps every one of them for the runner."""
+    monkeypatch.setenv("SHELLYARD_OWN_MOUNTS", "on")
+    monkeypatch.setenv("SHELLYARD_WARM_SANDBOXES", "0")
+    workspaces = [eid(f"ws{i}") for i in range(5)]
+    async with local_runner(tmp_path, *workspaces) as local:
+        root = local.root
+        started = []
+        for workspace in [*workspaces[1:], workspaces[0]]:  # the others' mounts made first
+            execution = eid(f"ex-{workspace}")
+            await local.start(StartRequest(execution_id=execution, workspace_id=workspace,
+                                           command="sleep 60"))  # fmt: skip
+            started.append(execution)
+        try:
+            mine = local.workspace_path(workspaces[0])
+            others = [local.workspace_path(w) for w in workspaces[1:]]
+            host = host_points(root)
+            if str(mine) not in host:
+                pytest.skip("this kernel mounted no overlay per workspace (own mounts off)")
+            assert {str(p) for p in others} <= host
+            tables = []
+            for _ in range(100):  # the monitor is there once the sandbox started
+                for pid in workspace_processes(workspaces[0]):
+                    try:
+                        text = Path(f"/proc/{pid}/mountinfo").read_text()
+                    except OSError:
+                        continue
+                    if str(root) in text:  # the monitor's table, not the sandbox's own
+                        tables.append(text)
+                if tables:
+                    break
+                await asyncio.sleep(0.05)
+            assert tables, "no process of the workspace shows the table bwrap started from"
+            for text in tables:
+                below = points(text, root)
+                assert str(mine) in below, "the sandbox's own tree was taken away"
+                assert not below & {str(p) for p in others}, below
+            assert {str(p) for p in others} <= host_points(root), "the host lost a mount"
+        finally:
+            for execution in started:
+                await local.cancel(execution)
