@@ -20,6 +20,7 @@ from daemon_outage import held_start, outage_yard, unread_start, until
 from leftover_mounts import remove_home
 from runner_daemon_fixture import RunnerDaemon
 
+from conftest import open_yard
 from shellyard.contract.executions import ExecutionState, ExecutionView, RunShellRequest
 from shellyard.control.executions import unstarted
 from shellyard.control.plane import ControlPlane
@@ -86,6 +87,31 @@ async def test_a_start_that_ran_on_a_replaced_state_is_not_never_started(home: P
         assert space is not None and space.writer_id is None  # the writer was released
     finally:
         await plane.aclose()
+        await daemon.stop()
+
+
+async def test_a_plane_restarted_meanwhile_reads_the_state_from_the_record(home: Path) -> None:
+    """E9/E11: as the first test, but the plane is closed while the record is unknown and a
+    new plane on the same home comes up after the daemon is back on a new folder: it knows
+    only the new state (its heartbeats never saw the old one), the record names the old one
+    (the store keeps it), so the answer still reads "replaced", not "never started"."""
+    plane, daemon, remote = await outage_yard(home)
+    try:
+        submit = await held_start(plane, remote)
+        daemon.kill()
+        result = await submit
+        assert result.state == ExecutionState.unknown
+    finally:
+        await plane.aclose()
+    _point_at_new_root(daemon, home / "daemon-new")
+    await daemon.restart()
+    again, _, _ = await open_yard(home, "local")
+    try:
+        view = await _ended(again, result.execution_id)
+        assert view.state == ExecutionState.unknown, view
+        assert view.error == unstarted.STATE_REPLACED, view.error
+    finally:
+        await again.aclose()
         await daemon.stop()
 
 
