@@ -166,6 +166,7 @@ ROOMS: dict[str, set[str]] = {
     "runner.tree_walk": {"runner.workspace_paths"},
     # a background thread that ends with its owner (the removal and unmount threads)
     "runner.reaper": set(),
+    "runner.state_id": set(),  # the runner folder's state id (E9)
     "runner.own_mounts": {"runner.reaper"},
     # its overlay mount, the linger; a holder kept by pid and start time without a pidfd
     "runner.prefix_mounts": {"runner.own_mounts", "runner.processes", "runner.reaper"},
@@ -217,6 +218,7 @@ ROOMS: dict[str, set[str]] = {
         "runner.protocol",
         "runner.sandbox",
         "runner.snapshots",
+        "runner.state_id",
         "runner.tool_mounts",
     },
     "runner.transport": {"runner.limits", "runner.local", "runner.policy", "runner.protocol"},

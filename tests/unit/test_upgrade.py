@@ -23,7 +23,7 @@ from conftest import POSTGRES_URL
 from shellyard.store import Store, schema
 
 #: This release's own revision: everything else was a head of an older release.
-NEW_REVISIONS = {"0006_retention"}
+NEW_REVISIONS = {"0015_runner_state"}
 
 
 def _config() -> Config:
@@ -159,6 +159,14 @@ async def test_a_database_of_an_older_release_opens_with_its_data(
         await store.mark_logs_pruned(["ex_old2"])
         again = await store.get_execution("ex_old2")
         assert again is not None and again.logs_pruned_at is not None
+        # E9: an old record has no runner state id (it keeps the old reading of NO_TRACE);
+        # the new column takes one
+        assert row.runner_state is None
+        await store.update_execution(
+            "ex_old2", from_states=("completed",), runner_state="0123456789abcdef"
+        )
+        again = await store.get_execution("ex_old2")
+        assert again is not None and again.runner_state == "0123456789abcdef"
         versions = await store.all(
             sa.select(sa.column("version_num")).select_from(sa.table("alembic_version"))
         )

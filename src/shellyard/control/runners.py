@@ -323,6 +323,15 @@ class RunnerRegistry:
     def ids(self) -> list[str]:
         return sorted(self._runners)
 
+    def state_id(self, runner_id: str) -> str | None:
+        """The runner's state id (runner/state_id.py) as its last ``info`` answer said (when
+        added, then each heartbeat); None before one came or from a runner of before session
+        52. A start is sent to this state unless it was replaced since that answer: then the
+        record names an older state, and the runner's NO_TRACE reads "not known" (E9)."""
+        health = self._health.get(runner_id)
+        info = health.info if health is not None else None
+        return info.state_id if info is not None else None
+
     async def removed(self, runner_id: str) -> bool:
         """The runner is removed (or was never added) by the records, which every replica
         shares: this one may not have heard yet of a runner another replica added."""

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from shellyard import __version__, filemodes
 from shellyard.errors import InvalidInput, NotFound, WorkspaceBusy
-from shellyard.runner import closing
+from shellyard.runner import closing, state_id
 from shellyard.runner.edits.editor import Editor
 from shellyard.runner.edits.tarscan import TarLimits
 from shellyard.runner.edits.writers import Writers
@@ -181,6 +181,8 @@ class LocalRunner(TerminalDoor):  # E13: send_input, screen, resize
         filemodes.private_dir(self._homes)
         spare = filemodes.runner_spare(self.root)
         await asyncio.to_thread(filemodes.tighten_once, self.root, spare)
+        # before any answer: a NO_TRACE must say which state folder holds no trace (E9)
+        self._runs.state_id = await asyncio.to_thread(state_id.load_or_create, self.root)
         await self._prepare_sandboxes()
         await asyncio.to_thread(self._editor.startup)
         await self._environments.startup(self._sandboxes.bwrap)
@@ -296,6 +298,7 @@ class LocalRunner(TerminalDoor):  # E13: send_input, screen, resize
             network=self.policy.network,
             sandbox_uid=self._ids[0] if self._ids else os.geteuid(),
             limits=self._guard.limits_view(),  # limits (R2, docs/limits.md)
+            state_id=self._runs.state_id,
         )
 
     # ----------------------------------------------------------------- workspaces

@@ -143,14 +143,24 @@ class RunnerExecution(BaseModel):
     note: str | None = None
     #: E13: while it runs, whether it is blocked reading its input (None: cannot tell).
     awaiting_input: bool | None = None
+    #: On an answer for an id the runner holds no record of (``untraced``): the id of the
+    #: state folder that answered (runner/state_id.py), so the control plane can tell "this
+    #: state never took the start" from "the state the start went to was replaced" (E9).
+    #: None from runners before session 52.
+    state_id: str | None = None
 
 
-def untraced(execution_id: str, cut: bool) -> RunnerExecution:
+def untraced(execution_id: str, cut: bool, state_id: str | None = None) -> RunnerExecution:
     """``status``'s answer for an id with no record: ``cut``, a folder is left (a start the
-    runner stopped in), else it never took the start."""
+    runner stopped in), else it never took the start; ``state_id`` says which state holds no
+    record (runner/state_id.py)."""
     error = START_CUT if cut else NO_TRACE
     return RunnerExecution(
-        execution_id=execution_id, workspace_id="", state=RunnerExecState.lost, error=error
+        execution_id=execution_id,
+        workspace_id="",
+        state=RunnerExecState.lost,
+        error=error,
+        state_id=state_id,
     )
 
 
@@ -275,6 +285,9 @@ class RunnerInfo(BaseModel):
     sandbox_uid: int
     #: The effective limits and how each is enforced (docs/limits.md); None from old runners.
     limits: RunnerLimits | None = None
+    #: The id of the runner's state folder (runner/state_id.py): the control plane records it
+    #: with a start, to read a later ``NO_TRACE`` (E9). None from runners before session 52.
+    state_id: str | None = None
 
 
 @runtime_checkable

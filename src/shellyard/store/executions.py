@@ -74,6 +74,9 @@ class Execution:
     cpu_seconds: float | None
     #: E1 options: JSON text of timeout_ms, env, cwd, args (control/executions/options.py).
     run_options: str | None
+    #: E9: the runner's state id a start whose answer never came was sent to (revision
+    #: 0015_runner_state; control/executions/unstarted.py).
+    runner_state: str | None = None
     #: N6 folded into the finishing transaction: how many reminders it cancelled; None when
     #: the end did not ask (not a column).
     timers_cancelled: int | None = None

@@ -128,6 +128,9 @@ executions = Table(
     Column("cpu_seconds", Float, nullable=True),
     # E1 options (revision 0012_run_options): JSON of timeout_ms, env, cwd, args.
     Column("run_options", Text, nullable=True),
+    # E9 (revision 0015_runner_state): the runner's state id (runner/state_id.py) a start whose
+    # answer never came was sent to; its runner's NO_TRACE reads "never started" only from it.
+    Column("runner_state", String(64), nullable=True),
     UniqueConstraint("agent_id", "idempotency_key", name="uq_execution_idempotency"),
 )
 Index("ix_executions_state", executions.c.state)

@@ -277,6 +277,9 @@ class ExecutionService(OwnedReads):
                     error=f"environment {environment_id} could not be created; create another",
                 )
                 return await self._finalized(row)
+        # E9: the state this start goes to, read before it is sent (a heartbeat during the
+        # call may already see the state that replaced it: unstarted.py)
+        sent_to = self.runners.state_id(row.runner_id)
         spawn_began = time.monotonic()
         try:
             result = await runner.start(
@@ -296,7 +299,11 @@ class ExecutionService(OwnedReads):
             # The start's answer never came (the daemon died with it): unknown at once, and
             # watched, so the runner is asked about this id once back (unstarted.py).
             await self.store.update_execution(
-                execution_id, state="unknown", error=unstarted.asking(exc), was_unknown=True
+                execution_id,
+                state="unknown",
+                error=unstarted.asking(exc),
+                was_unknown=True,
+                runner_state=sent_to,
             )
             asked = await self._finalized(row)
             if asked.state == ExecutionState.unknown:
@@ -401,7 +408,11 @@ class ExecutionService(OwnedReads):
                 continue
             if unconfirmed:
                 if unstarted.never_took(result):
-                    await self._end(row, ExecutionState.failed, error=unstarted.NEVER_STARTED)
+                    # from another state than the one it was sent to: not known (E9, E10)
+                    if unstarted.replaced(row.runner_state, result):
+                        await self._end(row, ExecutionState.unknown, error=unstarted.STATE_REPLACED)
+                    else:
+                        await self._end(row, ExecutionState.failed, error=unstarted.NEVER_STARTED)
                     return
                 if result.state != RunnerExecState.lost:  # it ran: running from then on
                     await unstarted.confirmed(self.store, execution_id, result)

@@ -5,7 +5,9 @@ Whether the command runs is then not known, so the record is ``unknown`` at once
 why. Its watcher asks the runner about the same execution id (``wait``, never ``start``
 again: a command is never resubmitted, E9/E10) until the runner answers, then records what
 the runner says: running (or its end) when the start happened, ``failed`` "never started"
-when the runner holds no trace of it. The questions are spaced at most :data:`ASK_CAP_S`
+when the runner holds no trace of it, but ``unknown`` when the runner that holds no trace is
+not the state the start was sent to (its state folder was wiped or replaced since: the start
+may have run on the old one, runner/state_id.py). The questions are spaced at most :data:`ASK_CAP_S`
 apart, not the 30 s of a running execution's backoff: until the answer, the writer of the
 workspace is held by a command that may not exist, and a foreground caller is waiting.
 A runner removed before it answered can never be asked again: :func:`runner_removed` ends
@@ -33,6 +35,26 @@ NEVER_STARTED = (
     "never started: the runner went away before it took the start (it holds no trace of "
     "this execution); nothing ran, run it again"
 )
+
+
+#: The record's final error when the runner, back, has no trace of the execution but answers
+#: from another state than the one the start was sent to (E9: never "run it again", E10).
+STATE_REPLACED = (
+    "the runner's state was replaced since the start was sent (its state folder was wiped or "
+    "swapped: a new host, another --root, a restore), so it holds no trace of this execution; "
+    "whether the command ran (or still runs where the old state was) cannot be known. Look "
+    "at what it would have changed before running it again"
+)
+
+
+def replaced(sent_to: str | None, result: RunnerExecution) -> bool:
+    """Whether a ``never_took`` answer comes from another state than the one the start went
+    to (``sent_to``, the record's ``runner_state``). A record without one (made before
+    session 52, or while the plane had no ``info`` of the runner yet) keeps the reading of
+    before: "never started". An answer without a state id from a runner that had one at the
+    start is a runner of an older release on that host now: not the same state, as far as
+    anyone can tell."""
+    return sent_to is not None and result.state_id != sent_to
 
 
 def asking(exc: RunnerUnavailable) -> str:
@@ -119,10 +141,12 @@ async def confirmed(store: Store, execution_id: str, result: RunnerExecution) ->
 __all__ = [
     "ASK_CAP_S",
     "NEVER_STARTED",
+    "STATE_REPLACED",
     "Ending",
     "asking",
     "confirmed",
     "never_took",
     "removed",
+    "replaced",
     "runner_removed",
 ]

@@ -111,6 +111,9 @@ class Supervisor:
         self._commit = commit
         self._cancel_grace_s = cancel_grace_s
         self._live: dict[str, LiveExecution] = {}
+        #: The runner folder's state id (runner/state_id.py), set at start-up: said with each
+        #: ``NO_TRACE`` so the plane knows which state holds no trace (E9).
+        self.state_id: str | None = None
         #: execution id → done once its cold spawn in flight has started it or failed
         self._spawning: dict[str, asyncio.Future[None]] = {}
         #: workspace id → the execution holding it
@@ -477,7 +480,8 @@ class Supervisor:
         if result_file.exists():
             return RunnerExecution.model_validate_json(result_file.read_text())
         # a folder left without a record: a start cut before its bookkeeping (recover)
-        return untraced(execution_id, cut=(self._executions / execution_id).is_dir())
+        cut = (self._executions / execution_id).is_dir()
+        return untraced(execution_id, cut, self.state_id)
 
     async def wait(self, execution_id: str, timeout_s: float) -> RunnerExecution:
         await self._spawned(execution_id)
