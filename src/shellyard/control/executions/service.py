@@ -298,13 +298,7 @@ class ExecutionService(OwnedReads):
         except RunnerUnavailable as exc:
             # The start's answer never came (the daemon died with it): unknown at once, and
             # watched, so the runner is asked about this id once back (unstarted.py).
-            await self.store.update_execution(
-                execution_id,
-                state="unknown",
-                error=unstarted.asking(exc),
-                was_unknown=True,
-                runner_state=sent_to,
-            )
+            await unstarted.record_asking(self.store, execution_id, exc, sent_to)
             asked = await self._finalized(row)
             if asked.state == ExecutionState.unknown:
                 self._watch(asked)
@@ -407,12 +401,9 @@ class ExecutionService(OwnedReads):
                 await asyncio.sleep(min(cap, self.retry_base_s * 2 ** min(failures, 6)))
                 continue
             if unconfirmed:
-                if unstarted.never_took(result):
-                    # from another state than the one it was sent to: not known (E9, E10)
-                    if unstarted.replaced(row.runner_state, result):
-                        await self._end(row, ExecutionState.unknown, error=unstarted.STATE_REPLACED)
-                    else:
-                        await self._end(row, ExecutionState.failed, error=unstarted.NEVER_STARTED)
+                if unstarted.never_took(result):  # failed, or unknown from another state
+                    state, error = unstarted.untraced_end(row.runner_state, result)
+                    await self._end(row, state, error=error)
                     return
                 if result.state != RunnerExecState.lost:  # it ran: running from then on
                     await unstarted.confirmed(self.store, execution_id, result)

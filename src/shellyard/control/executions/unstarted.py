@@ -57,6 +57,28 @@ def replaced(sent_to: str | None, result: RunnerExecution) -> bool:
     return sent_to is not None and result.state_id != sent_to
 
 
+async def record_asking(
+    store: Store, execution_id: str, exc: RunnerUnavailable, sent_to: str | None
+) -> None:
+    """The record ``unknown`` at once, with the state the start was sent to (``replaced``)."""
+    await store.update_execution(
+        execution_id,
+        state="unknown",
+        error=asking(exc),
+        was_unknown=True,
+        runner_state=sent_to,
+    )
+
+
+def untraced_end(sent_to: str | None, result: RunnerExecution) -> tuple[ExecutionState, str]:
+    """How a record ends when its runner holds no trace of it (``never_took``): ``failed``
+    "never started", but ``unknown`` when the answer comes from another state than the one the
+    start was sent to (E9, E10: the start may have run on the state that went)."""
+    if replaced(sent_to, result):
+        return ExecutionState.unknown, STATE_REPLACED
+    return ExecutionState.failed, NEVER_STARTED
+
+
 def asking(exc: RunnerUnavailable) -> str:
     """The record's error while the runner cannot be asked whether the start happened."""
     return (
@@ -146,7 +168,9 @@ __all__ = [
     "asking",
     "confirmed",
     "never_took",
+    "record_asking",
     "removed",
     "replaced",
     "runner_removed",
+    "untraced_end",
 ]
