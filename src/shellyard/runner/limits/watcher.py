@@ -400,7 +400,8 @@ class Guard:
 
     def _tick(self) -> None:
         now = time.monotonic()
-        used = reserve.used_bytes(self.root)
+        volume = os.statvfs(self.root)  # one reading for the logs, both reserves and quotas
+        used = reserve.used_of(volume)
         limit = self.policy.log_limit_bytes
         logs_due = used - self._log_mark >= self._log_headroom or now - self._logs_at >= PERIODIC_S
         if limit > 0 and logs_due and not self._cutting:
@@ -415,9 +416,9 @@ class Guard:
             )
             future.add_done_callback(self._cut_done)
         if not self._disk_looking:
-            free, total = reserve.volume(self.root)
+            free, total = reserve.volume_of(volume)
             reserve_bytes = reserve.reserve_bytes(self.policy, total)
-            free_inodes, total_inodes = reserve.inodes(self.root)
+            free_inodes, total_inodes = reserve.inodes_of(volume)
             kept_inodes = reserve.inode_reserve(self.policy, total_inodes)
             if free_inodes < kept_inodes:
                 self._look_for_filler(free_inodes, kept_inodes, inodes=True)
