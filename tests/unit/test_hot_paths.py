@@ -6,16 +6,20 @@ reset through the same calls as on the kernel's)."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
 import pytest
 
 from shellyard.errors import InvalidInput, LowOnSpace
-from shellyard.runner import local
+from shellyard.runner import local, processes
 from shellyard.runner.limits import cgroups, group_usage, recycle, reserve, watcher
 from shellyard.runner.limits.cgroups import CgroupTree, TenantLimits
 from shellyard.runner.local import LocalRunner
+from shellyard.runner.network import netns
+from shellyard.runner.network.netns import WorkspaceNetworks
+from shellyard.runner.network.ports import Relays
 from shellyard.runner.own_mounts import OwnMounts
 from shellyard.runner.protocol import SandboxPolicy
 from shellyard.runner.snapshots import store as snapshot_store
@@ -180,3 +184,25 @@ def test_breach_record_read_by_text_path(tmp_path: Path) -> None:
     assert breach is not None and (breach["limit"], breach["reached"]) == ("quota", 9)
     (tmp_path / watcher.LIMIT_FILE).write_bytes(b"\xff{")
     assert watcher._read_breach(tmp_path) is None
+
+
+def test_forward_records_listed_in_name_order_and_none_without_a_folder(tmp_path: Path) -> None:
+    networks = WorkspaceNetworks(tmp_path / "netns")
+    relays = Relays(tmp_path / "relays", networks, None)
+    assert relays._records("ws_1") == []  # no folder: nothing was forwarded
+    folder = tmp_path / "relays" / "ws_1"
+    folder.mkdir(parents=True)
+    me = {"pid": os.getpid(), "start_time": processes.start_time(os.getpid())}
+    # "a-b.json" sorts before "a.json" by file name, after it by stem: the glob's order kept
+    for name, port in (("a.json", 1), ("a-b.json", 2), ("c.txt", 3)):
+        (folder / name).write_text(json.dumps({**me, "port": port}))
+    assert [r["port"] for r in relays._records("ws_1")] == [2, 1]
+
+
+def test_namespace_paths_kept_and_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    networks = WorkspaceNetworks(tmp_path / "netns")
+    assert networks.path("ws_1") == tmp_path / "netns" / "ws_1"
+    monkeypatch.setattr(netns, "_PATHS_KEPT", 2)
+    for n in range(10):
+        assert networks.path(f"ws_{n}") == tmp_path / "netns" / f"ws_{n}"
+    assert len(networks._paths) <= 2
