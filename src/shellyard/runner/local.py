@@ -84,6 +84,9 @@ from shellyard.runner.tool_mounts import ToolMounts
 
 log = logging.getLogger(__name__)
 
+#: How many workspaces' paths ``LocalRunner._paths_of`` keeps before it starts again.
+_PATHS_KEPT = 4096
+
 
 class LocalRunner(TerminalDoor):  # E13: send_input, screen, resize
     """The Runner protocol on this host. Call ``startup()`` before use, ``aclose()`` after."""
@@ -101,6 +104,11 @@ class LocalRunner(TerminalDoor):  # E13: send_input, screen, resize
         #: Each workspace's home, bound at /home/agent (docs/contract.md "The home").
         self._homes = self.root / "homes"
         self._executions = self.root / "executions"
+        #: workspace id → its tree's and its home's paths, joined once per checked id: the
+        #: loop's thread asked for them ~9 times per execution (docs/benchmarks.md §72). A
+        #: path is only a name (whether it exists is looked at where it matters, as before),
+        #: and the table is bounded (``_PATHS_KEPT``): ids that name no workspace fill it too.
+        self._paths: dict[str, tuple[Path, Path]] = {}
         self._sandbox_dir = self.root / "sandbox"
         #: R2: an overlay of its own per workspace, home and view (own_mounts.py)
         self._mounts = OwnMounts(self._sandbox_dir / "overlays", (self._workspaces, self._homes))
@@ -316,7 +324,7 @@ class LocalRunner(TerminalDoor):  # E13: send_input, screen, resize
             folder_access.make_reachable(self._workspaces, uid, group)
             folder_access.make_reachable(self._homes, uid, group)
             self._reached.add(uid)
-        for tree in (self.workspace_path(workspace_id), self._homes / workspace_id):
+        for tree in self._paths_of(workspace_id):
             with contextlib.suppress(FileNotFoundError):
                 info = tree.stat()
                 if info.st_uid != uid or info.st_gid != group:
@@ -327,8 +335,7 @@ class LocalRunner(TerminalDoor):  # E13: send_input, screen, resize
 
     def home_path(self, workspace_id: str) -> Path:
         """The workspace's home, owned like its tree, outside it (no snapshot holds it)."""
-        check_id(workspace_id, "workspace id")
-        home = self._homes / workspace_id
+        home = self._paths_of(workspace_id)[1]
         if not home.is_dir():
             home.mkdir(mode=0o700, exist_ok=True)
             self._give(home, workspace_id)
@@ -343,12 +350,24 @@ class LocalRunner(TerminalDoor):  # E13: send_input, screen, resize
 
     def _close_root(self, workspace_id: str) -> None:
         if self._ids is not None:  # docs/security.md "Tenants: attack pass"
-            tenants.close_root(self.workspace_path(workspace_id))
-            tenants.close_root(self._homes / workspace_id)
+            for tree in self._paths_of(workspace_id):
+                tenants.close_root(tree)
 
     def workspace_path(self, workspace_id: str) -> Path:
-        check_id(workspace_id, "workspace id")
-        return self._workspaces / workspace_id
+        return self._paths_of(workspace_id)[0]
+
+    def _paths_of(self, workspace_id: str) -> tuple[Path, Path]:
+        """The workspace's tree and home, its id checked (only checked ids are kept)."""
+        found = self._paths.get(workspace_id)
+        if found is None:
+            check_id(workspace_id, "workspace id")
+            if len(self._paths) >= _PATHS_KEPT:
+                self._paths.clear()
+            found = self._paths[workspace_id] = (
+                self._workspaces / workspace_id,
+                self._homes / workspace_id,
+            )
+        return found
 
     async def ensure_workspace(self, workspace_id: str) -> SnapshotInfo:
         tree = self.workspace_path(workspace_id)

@@ -98,6 +98,12 @@ class OwnMounts:
         #: ever used): a second lock for the same folder would reopen the race.
         self._table = threading.Lock()
         self._folders: dict[Path, _Folder] = {}
+        #: name → its folders with their states, looked up once per name: every execution
+        #: holds and lets go of its workspace two or three times, and joining each parent and
+        #: looking each state up under ``_table`` at each was the largest part of the loop
+        #: thread's path joins (docs/benchmarks.md §72). Kept as long as ``_folders`` (a path
+        #: is only a name: nothing on disk is cached, so a removed or renamed folder is seen).
+        self._named: dict[str, tuple[tuple[Path, _Folder], ...]] = {}
         self.linger_s = LINGER_S
         #: called with a folder just mounted (a new overlay: what was watched through the
         #: last one is not seen through it; the snapshot store's change hints)
@@ -144,20 +150,19 @@ class OwnMounts:
         runner left is adopted). A folder not made yet is counted, not mounted."""
         if not self.enabled:
             return
-        done: list[Path] = []
+        done = 0  # folders held so far
         try:
-            for folder in self.folders_of(name):
-                state = self._state(folder)
+            for folder, state in self._of(name):
                 with state.lock:
                     made = state.holds == 0 and folder.is_dir() and self._try_mount(folder)
                     if made and self.mounted is not None:
                         self.mounted(folder)
                     state.holds += 1
                     state.idle_since = None
-                done.append(folder)
+                done += 1
         except BaseException:
-            for folder in done:
-                self._let_go(folder)
+            for folder, state in self._of(name)[:done]:
+                self._let_go(folder, state)
             raise
 
     def _try_mount(self, folder: Path) -> bool:
@@ -174,8 +179,8 @@ class OwnMounts:
     def let_go(self, name: str) -> None:
         """One hold of ``hold(name)`` ends; the last one unmounts, ``linger_s`` later."""
         if self.enabled:
-            for folder in self.folders_of(name):
-                self._let_go(folder)
+            for folder, state in self._of(name):
+                self._let_go(folder, state)
 
     @contextmanager
     def held(self, name: str) -> Iterator[None]:
@@ -187,7 +192,13 @@ class OwnMounts:
 
     def holds(self, name: str) -> list[int]:
         """How many hold each folder of ``name`` (for the tests and the status page)."""
-        return [self._state(folder).holds for folder in self.folders_of(name)]
+        return [state.holds for _folder, state in self._of(name)]
+
+    def _of(self, name: str) -> tuple[tuple[Path, _Folder], ...]:
+        found = self._named.get(name)
+        if found is None:  # two threads here at once find the same states (``_state``)
+            found = self._named[name] = tuple((f, self._state(f)) for f in self.folders_of(name))
+        return found
 
     def _state(self, folder: Path) -> _Folder:
         with self._table:
@@ -196,8 +207,7 @@ class OwnMounts:
                 state = self._folders[folder] = _Folder()
             return state
 
-    def _let_go(self, folder: Path) -> None:
-        state = self._state(folder)
+    def _let_go(self, folder: Path, state: _Folder) -> None:
         with state.lock:
             if state.holds <= 0:
                 log.error("a hold on %s was let go twice", folder)

@@ -321,7 +321,18 @@ class Done:
 class _Prepared:
     """One statement compiled for one dialect and one set of parameter names."""
 
-    __slots__ = ("binders", "columns", "defaults", "fixed", "names", "needed", "readers", "sql")
+    __slots__ = (
+        "binders",
+        "columns",
+        "constants",
+        "defaults",
+        "fixed",
+        "names",
+        "needed",
+        "pairs",
+        "readers",
+        "sql",
+    )
 
     def __init__(self, stmt: ClauseElement, conn: Connection, keys: Sequence[str]) -> None:
         dialect = conn.dialect
@@ -346,6 +357,13 @@ class _Prepared:
         self.binders: tuple[Processor, ...] = tuple(
             compiled.binds[name].type.bind_processor(dialect) for name in self.names
         )
+        # Merged once, not per statement: ``arguments`` runs for every statement on the
+        # loop's thread (~7 per execution), and its three-way merge and two generators
+        # showed in the loop's profile (docs/benchmarks.md §72).
+        self.constants: dict[str, Any] = {**self.fixed, **self.defaults}
+        self.pairs: tuple[tuple[str, Processor], ...] = tuple(
+            zip(self.names, self.binders, strict=True)
+        )
         selected: list[Any] = list(
             stmt.selected_columns
             if isinstance(stmt, sa.Select)
@@ -360,10 +378,10 @@ class _Prepared:
         if not self.needed <= params.keys():
             missing = sorted(self.needed - params.keys())
             raise sa.exc.InvalidRequestError(f"a value is required for {missing} ({self.sql})")
-        values = {**self.fixed, **self.defaults, **params}
+        values = {**self.constants, **params}  # the caller's values win, as before
+        get = values.get
         return tuple(
-            value if binder is None else binder(value)
-            for binder, value in zip(self.binders, (values.get(n) for n in self.names), strict=True)
+            [get(name) if binder is None else binder(get(name)) for name, binder in self.pairs]
         )
 
     def row(self, raw: Sequence[Any]) -> dict[str, Any]:

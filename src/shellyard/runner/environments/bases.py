@@ -133,7 +133,7 @@ def current(name: str, root: Path | None = None) -> BaseRevision | None:
 
 #: ``_in_use``'s last reading of each base folder: the stamp of its ``current`` file, the
 #: revision it named and that revision's prefix variables.
-_READ: dict[Path, tuple[tuple[int, int, int, int], BaseRevision, dict[str, str]]] = {}
+_READ: dict[str, tuple[tuple[int, int, int, int], BaseRevision, dict[str, str]]] = {}
 
 
 def _in_use(name: str) -> tuple[BaseRevision, dict[str, str]] | None:
@@ -142,9 +142,9 @@ def _in_use(name: str) -> tuple[BaseRevision, dict[str, str]] | None:
     replaced whole (a new inode) when it moves, so its stat stands for both; every start
     read four files and two JSON records before (docs/benchmarks.md §67's profile). The
     prefix itself is still looked at on every start (``mount``)."""
-    folder = bases_root() / name
+    folder = f"{bases_root()}/{name}"  # text, not two Path joins per base per start (§72)
     try:
-        info = os.stat(folder / "current")
+        info = os.stat(f"{folder}/current")
     except OSError:
         return None
     stamp = (info.st_dev, info.st_ino, info.st_mtime_ns, info.st_size)

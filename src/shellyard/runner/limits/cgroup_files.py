@@ -15,13 +15,18 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
+#: A control file's path: a ``str`` where it is built per execution on the event loop's thread
+#: (an f-string of its group's folder costs a fraction of a ``Path`` join, docs/benchmarks.md
+#: §72), a ``Path`` elsewhere.
+StrPath = str | os.PathLike[str]
+
 #: How long ``finish`` waits for a group's last processes to go before it gives up on rmdir.
 REMOVE_WAIT_S = 2.0
 #: How long a busy group's processes are given to finish exiting before they are killed.
 EXITING_WAIT_S = 0.01
 
 
-def read(path: Path) -> str | None:
+def read(path: StrPath) -> str | None:
     # os.open/os.read, not Path.read_text: a control file is a few bytes, and the text
     # wrapper's set-up was half the cost of each read at the end of every execution.
     try:
@@ -47,7 +52,7 @@ def keyed(text: str | None, key: str) -> int:
     return 0
 
 
-def write(path: Path, value: str) -> None:
+def write(path: StrPath, value: str) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
     try:
         os.write(fd, value.encode())

@@ -297,15 +297,17 @@ class CgroupTree:
         """The execution known and its ``cgroup.procs`` files named, nothing made yet: the
         caller runs ``make`` before the launcher starts."""
         joins: list[str] = []
-        for name, folder in self._levels(workspace_id, execution_id).items():
+        # f-strings, not Path joins (two per hierarchy): plan runs on the event loop's thread
+        # for every execution, and the launcher wants strings (docs/benchmarks.md §72)
+        for name, base in self.bases.items():
             if name == "cpu" and "cpuacct" in self.bases:
                 # v1 with cpu and cpuacct apart: the weight and ceiling are the workspace's
                 # and the execution's CPU seconds are cpuacct's, so the execution joins the
                 # workspace's cpu group itself: no group (per-CPU run queues) made and
                 # removed per execution, one scheduling level less (docs/benchmarks.md §13).
-                joins.append(str(folder.parent / "cgroup.procs"))
+                joins.append(f"{base}/{workspace_id}/cgroup.procs")
             else:
-                joins.append(str(folder / "cgroup.procs"))
+                joins.append(f"{base}/{workspace_id}/{execution_id}/cgroup.procs")
         if self._started.get(execution_id) is None:
             self.weight.enter(workspace_id)
         self._started[execution_id] = _Started(workspace_id, held)
@@ -374,10 +376,10 @@ class CgroupTree:
         with self.ready.lock:
             if self.ready.full(workspace_id):
                 return False
-        pids = self.bases["pids"] / workspace_id / name
-        if self._pending and pids in self._pending:
+        pids = f"{self.bases['pids']}/{workspace_id}/{name}"  # not a Path join: on the loop
+        if self._pending and Path(pids) in self._pending:
             return False
-        procs = _read(pids / "cgroup.procs")
+        procs = _read(f"{pids}/cgroup.procs")
         if procs is None or procs.strip():  # gone, or its last processes still exiting
             return False
         try:

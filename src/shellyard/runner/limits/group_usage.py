@@ -2,6 +2,10 @@
 seconds, and whether the memory limit or the process limit ended it, read from either backend
 of cgroups.py. A group used again (recycle.py) counts from its reset: v2's CPU as a delta from
 ``cpu_base``, its peak through the descriptor ``peak_fd`` it was reset through.
+
+Read at every execution's end on the event loop's thread: the files are named by f-strings
+(``<base>/<workspace>/<execution>/<file>``; both ids are checked names, so the same path a
+``Path`` join gives) and not ``Path`` joins, half a dozen per end (docs/benchmarks.md §72).
 """
 
 from __future__ import annotations
@@ -38,13 +42,13 @@ def _pids_max_events(
     if v2:
         if "pids" not in controllers:
             return 0
-        folder = bases[""] / workspace_id / execution_id
-        local = _read(folder / "pids.events.local")
-        return _keyed(local if local is not None else _read(folder / "pids.events"), "max")
+        folder = f"{bases['']}/{workspace_id}/{execution_id}"
+        local = _read(f"{folder}/pids.events.local")
+        return _keyed(local if local is not None else _read(f"{folder}/pids.events"), "max")
     base = bases.get("pids")
     if base is None:
         return 0
-    return _keyed(_read(base / workspace_id / execution_id / "pids.events"), "max")
+    return _keyed(_read(f"{base}/{workspace_id}/{execution_id}/pids.events"), "max")
 
 
 def read(
@@ -60,31 +64,31 @@ def read(
     """Peak memory, CPU seconds and what ended it, read from the execution's groups."""
     usage = Usage()
     if v2:
-        folder = bases[""] / workspace_id / execution_id
-        cpu_stat = _read(folder / "cpu.stat")  # None: no such group (nothing to count)
+        folder = f"{bases['']}/{workspace_id}/{execution_id}"
+        cpu_stat = _read(f"{folder}/cpu.stat")  # None: no such group (nothing to count)
         if cpu_stat is not None:
             usage.cpu_seconds = (_keyed(cpu_stat, "usage_usec") - cpu_base) / 1e6
         if "memory" in controllers:
             if peak_fd is not None:  # used again: the peak since its reset (recycle.py)
                 usage.peak_memory_bytes = recycle.peak_through(peak_fd)
             else:
-                peak = _read(folder / "memory.peak")
+                peak = _read(f"{folder}/memory.peak")
                 usage.peak_memory_bytes = int(peak) if peak and peak.strip().isdigit() else None
-            usage.memory_killed = _keyed(_read(folder / "memory.events"), "oom_kill") > 0
+            usage.memory_killed = _keyed(_read(f"{folder}/memory.events"), "oom_kill") > 0
     else:
-        memory = bases["memory"] / workspace_id / execution_id
-        peak = _read(memory / "memory.max_usage_in_bytes")
+        memory = f"{bases['memory']}/{workspace_id}/{execution_id}"
+        peak = _read(f"{memory}/memory.max_usage_in_bytes")
         usage.peak_memory_bytes = int(peak) if peak and peak.strip().isdigit() else None
-        control = _read(memory / "memory.oom_control")
+        control = _read(f"{memory}/memory.oom_control")
         # oom_kill counts the kills (kernels ≥ 4.13); an older one only has failcnt.
         if control is not None and "oom_kill " in control:
             usage.memory_killed = _keyed(control, "oom_kill") > 0
         else:
-            failcnt = _read(memory / "memory.failcnt")
+            failcnt = _read(f"{memory}/memory.failcnt")
             usage.memory_killed = bool(failcnt and failcnt.strip() not in ("", "0"))
         accounting = bases.get("cpuacct", bases.get("cpu"))
         if accounting is not None:
-            raw = _read(accounting / workspace_id / execution_id / "cpuacct.usage")
+            raw = _read(f"{accounting}/{workspace_id}/{execution_id}/cpuacct.usage")
             if raw and raw.strip().isdigit():
                 usage.cpu_seconds = int(raw) / 1e9
     usage.processes_hit = _pids_max_events(v2, bases, controllers, workspace_id, execution_id) > 0

@@ -15,6 +15,10 @@ A group is used again only while its counters can start clean: not after an OOM 
 refused fork in it (those counts cannot be reset), nor while more than ``LEFTOVER_BYTES`` stay
 charged to it once its processes are gone (page cache of files the command wrote: the next
 command's peak would start there). Such a group is removed and a fresh one made, as before.
+
+A group's folder is a ``str`` or a ``Path``: on the event loop's thread (``v1_group_reset``,
+at every v1 execution's end) its files are named by f-strings, not ``Path`` joins
+(docs/benchmarks.md §72); the ids in them are checked names, so the paths are the same.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import os
 import time
 from pathlib import Path
 
-from shellyard.runner.limits.cgroup_files import keyed, read, write
+from shellyard.runner.limits.cgroup_files import StrPath, keyed, read, write
 
 log = logging.getLogger(__name__)
 
@@ -44,13 +48,13 @@ LEFTOVER_BYTES = 2 << 20
 SETTLE_S = 0.5
 
 
-def settled(folder: Path, v2: bool) -> bool:
+def settled(folder: StrPath, v2: bool) -> bool:
     """No live process left in the group (v1: its ``pids`` folder; v2: its one folder)."""
     deadline = time.monotonic() + SETTLE_S
     while True:
         # Not v1's pids.current: an exited process not yet reaped (the sandbox's init,
         # reparented) stays counted there, though it holds no memory and runs no more.
-        raw = read(folder / ("cgroup.events" if v2 else "cgroup.procs"))
+        raw = read(f"{folder}/{'cgroup.events' if v2 else 'cgroup.procs'}")
         if raw is None:  # never made, or gone
             return False
         empty = keyed(raw, "populated") == 0 if v2 else not raw.strip()
@@ -62,35 +66,35 @@ def settled(folder: Path, v2: bool) -> bool:
         time.sleep(0.001)
 
 
-def _not_again(folder: Path, reason: str) -> None:
+def _not_again(folder: StrPath, reason: str) -> None:
     """Why a group is removed instead of used again: told, since a workspace whose groups
     never come back pays the fresh groups' cost on every command (docs/limits.md)."""
     log.info("not using %s again: %s", folder, reason)
 
 
-def _number(path: Path) -> int | None:
+def _number(path: StrPath) -> int | None:
     raw = (read(path) or "").strip()
     return int(raw) if raw.isdigit() else None
 
 
-def v1_reset(memory: Path, pids: Path, accounting: Path | None) -> bool:
+def v1_reset(memory: StrPath, pids: StrPath, accounting: StrPath | None) -> bool:
     """Counters to zero; False: the group cannot start clean (remove it)."""
-    control = read(memory / "memory.oom_control")
+    control = read(f"{memory}/memory.oom_control")
     # Without the ``oom_kill`` line (a kernel before 4.13) the end is told by ``failcnt``,
     # which a limit's reclaim raises without a kill: such groups are never used again.
     if control is None or "oom_kill " not in control or keyed(control, "oom_kill"):
         _not_again(memory, "an OOM kill in it (or no oom_kill count)")
         return False
-    if keyed(read(pids / "pids.events"), "max"):
+    if keyed(read(f"{pids}/pids.events"), "max"):
         _not_again(memory, "a fork refused in it")
         return False
-    usage = _number(memory / "memory.usage_in_bytes")
+    usage = _number(f"{memory}/memory.usage_in_bytes")
     if usage is None or usage > LEFTOVER_BYTES:
         _not_again(memory, f"{usage} bytes still charged to it")
         return False
-    write(memory / "memory.max_usage_in_bytes", "0")  # the peak starts again from usage
+    write(f"{memory}/memory.max_usage_in_bytes", "0")  # the peak starts again from usage
     if accounting is not None:
-        write(accounting / "cpuacct.usage", "0")
+        write(f"{accounting}/cpuacct.usage", "0")
     return True
 
 
@@ -98,9 +102,9 @@ def v1_group_reset(bases: dict[str, Path], workspace_id: str, name: str) -> bool
     """``v1_reset`` of the group ``<workspace_id>/<name>`` in the v1 hierarchies ``bases``."""
     accounting = bases.get("cpuacct", bases.get("cpu"))
     return v1_reset(
-        bases["memory"] / workspace_id / name,
-        bases["pids"] / workspace_id / name,
-        None if accounting is None else accounting / workspace_id / name,
+        f"{bases['memory']}/{workspace_id}/{name}",
+        f"{bases['pids']}/{workspace_id}/{name}",
+        None if accounting is None else f"{accounting}/{workspace_id}/{name}",
     )
 
 
@@ -110,36 +114,36 @@ def reset(
     """The group's counters back to zero once nothing is left in it: v2, as ``v2_reset``;
     v1, ``(0, None)``; None: not used again."""
     if v2:
-        folder = bases[""] / workspace_id / name
+        folder = f"{bases['']}/{workspace_id}/{name}"
         if not settled(folder, v2=True):
             return None
         return v2_reset(folder, controllers)
-    if not settled(bases["pids"] / workspace_id / name, v2=False):
+    if not settled(f"{bases['pids']}/{workspace_id}/{name}", v2=False):
         return None
     return (0, None) if v1_group_reset(bases, workspace_id, name) else None
 
 
-def v2_reset(folder: Path, controllers: tuple[str, ...]) -> tuple[int, int | None] | None:
+def v2_reset(folder: StrPath, controllers: tuple[str, ...]) -> tuple[int, int | None] | None:
     """(CPU µs so far, a descriptor of ``memory.peak`` reset through it), or None: the group
     cannot start clean (remove it)."""
     if "memory" in controllers:
-        if keyed(read(folder / "memory.events"), "oom_kill"):
+        if keyed(read(f"{folder}/memory.events"), "oom_kill"):
             _not_again(folder, "an OOM kill in it")
             return None
-        usage = _number(folder / "memory.current")
+        usage = _number(f"{folder}/memory.current")
         if usage is None or usage > LEFTOVER_BYTES:
             _not_again(folder, f"{usage} bytes still charged to it")
             return None
     if "pids" in controllers:
-        local = read(folder / "pids.events.local")
-        if keyed(local if local is not None else read(folder / "pids.events"), "max"):
+        local = read(f"{folder}/pids.events.local")
+        if keyed(local if local is not None else read(f"{folder}/pids.events"), "max"):
             _not_again(folder, "a fork refused in it")
             return None
-    cpu = keyed(read(folder / "cpu.stat"), "usage_usec")
+    cpu = keyed(read(f"{folder}/cpu.stat"), "usage_usec")
     if "memory" not in controllers:
         return cpu, None
     try:
-        fd = os.open(folder / "memory.peak", os.O_RDWR | os.O_CLOEXEC)
+        fd = os.open(f"{folder}/memory.peak", os.O_RDWR | os.O_CLOEXEC)
     except OSError:
         return None
     try:

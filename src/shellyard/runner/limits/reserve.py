@@ -26,13 +26,21 @@ INODE_RESERVE_MAX_SHARE = 10
 
 def volume(root: Path) -> tuple[int, int]:
     """(free bytes an unprivileged writer can use, total bytes) of the volume of ``root``."""
-    st = os.statvfs(root)
+    return volume_of(os.statvfs(root))
+
+
+def volume_of(st: os.statvfs_result) -> tuple[int, int]:
+    """``volume`` from a ``statvfs`` already read: a check that wants bytes and inodes (or
+    the bytes in use too) reads the volume once, not once for each (docs/benchmarks.md §72)."""
     return st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize
 
 
 def used_bytes(root: Path) -> int:
     """Bytes in use on the volume (what every writer on it together has allocated)."""
-    st = os.statvfs(root)
+    return used_of(os.statvfs(root))
+
+
+def used_of(st: os.statvfs_result) -> int:
     return (st.f_blocks - st.f_bfree) * st.f_frsize
 
 
@@ -45,7 +53,10 @@ def reserve_bytes(policy: SandboxPolicy, total: int) -> int:
 def inodes(root: Path) -> tuple[int, int]:
     """(free inodes an unprivileged writer can use, total inodes) of the volume of ``root``;
     (0, 0) on a file system without a fixed inode table (btrfs, a tmpfs without a bound)."""
-    st = os.statvfs(root)
+    return inodes_of(os.statvfs(root))
+
+
+def inodes_of(st: os.statvfs_result) -> tuple[int, int]:
     return st.f_favail, st.f_files
 
 
@@ -63,7 +74,8 @@ def inode_reserve(policy: SandboxPolicy, total_inodes: int) -> int:
 def require_room(root: Path, policy: SandboxPolicy, what: str) -> None:
     """Raise LowOnSpace when the volume's free space, or its free inodes, are below the
     reserve."""
-    free_inodes, total_inodes = inodes(root)
+    st = os.statvfs(root)  # one reading for both reserves: every execution's start
+    free_inodes, total_inodes = inodes_of(st)
     kept = inode_reserve(policy, total_inodes)
     if free_inodes < kept:
         raise LowOnSpace(
@@ -73,7 +85,7 @@ def require_room(root: Path, policy: SandboxPolicy, what: str) -> None:
             free_inodes=free_inodes,
             reserve_inodes=kept,
         )
-    free, total = volume(root)
+    free, total = volume_of(st)
     reserve = reserve_bytes(policy, total)
     if free < reserve:
         raise LowOnSpace(

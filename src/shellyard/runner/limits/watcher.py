@@ -44,6 +44,7 @@ from typing import Any
 
 from shellyard.runner import processes
 from shellyard.runner.limits import logcap, quota, reserve
+from shellyard.runner.limits.cgroup_files import StrPath
 from shellyard.runner.limits.cgroups import CgroupTree
 from shellyard.runner.limits.group_usage import Usage
 from shellyard.runner.limits.settings import (
@@ -189,7 +190,7 @@ class Guard:
         w.marker = marker or f"SHELLYARD_EXECUTION_ID={execution_id}".encode()
         logs = _log_stats(directory)  # one stat a log, for all three uses below
         for stream in STREAMS:
-            w.cuts[stream] = _load_cut(directory / stream, logs[stream])
+            w.cuts[stream] = _load_cut(f"{directory}/{stream}", logs[stream])
         w.logs_at_start = sum(info.st_blocks * 512 for info in logs.values() if info)
         known = self._known.get(workspace_id)
         w.baseline = known  # the committed usage, also for the reserve (``_written``)
@@ -242,14 +243,14 @@ class Guard:
         ending = Ending()
         limit = self.policy.log_limit_bytes
         for stream in STREAMS:
-            path = directory / stream
+            path = f"{directory}/{stream}"  # a Path only for a log to cut (§72)
             # After a cut in flight on the cutter thread (the lock), from the record on disk.
             with self._cut_lock:
                 info = _stat(path)
                 cut = _load_cut(path, info)
-                if limit > 0 and info is not None:
+                if limit > 0 and info is not None and info.st_size > limit:  # else none to do
                     with contextlib.suppress(OSError):
-                        cut = logcap.trim(path, limit, info.st_size, cut)
+                        cut = logcap.trim(Path(path), limit, info.st_size, cut)
             if cut is not None:
                 ending.logs_cut[stream] = cut.dropped
                 ending.notes.append(
@@ -399,7 +400,8 @@ class Guard:
 
     def _tick(self) -> None:
         now = time.monotonic()
-        used = reserve.used_bytes(self.root)
+        volume = os.statvfs(self.root)  # one reading for the logs, both reserves and quotas
+        used = reserve.used_of(volume)
         limit = self.policy.log_limit_bytes
         logs_due = used - self._log_mark >= self._log_headroom or now - self._logs_at >= PERIODIC_S
         if limit > 0 and logs_due and not self._cutting:
@@ -414,9 +416,9 @@ class Guard:
             )
             future.add_done_callback(self._cut_done)
         if not self._disk_looking:
-            free, total = reserve.volume(self.root)
+            free, total = reserve.volume_of(volume)
             reserve_bytes = reserve.reserve_bytes(self.policy, total)
-            free_inodes, total_inodes = reserve.inodes(self.root)
+            free_inodes, total_inodes = reserve.inodes_of(volume)
             kept_inodes = reserve.inode_reserve(self.policy, total_inodes)
             if free_inodes < kept_inodes:
                 self._look_for_filler(free_inodes, kept_inodes, inodes=True)
@@ -658,8 +660,11 @@ def _measure(snapshot: SnapshotInfo) -> int:
 
 
 def _read_breach(directory: Path) -> dict[str, Any] | None:
+    # Opened by a str path, in bytes: it is absent at almost every execution's end, and
+    # ``Path.read_text``'s join and text wrapper were most of that miss's cost (§72).
     try:
-        data = json.loads((directory / LIMIT_FILE).read_text())
+        with open(f"{directory}/{LIMIT_FILE}", "rb") as file:
+            data = json.loads(file.read())
     except (OSError, ValueError):
         return None
     if not isinstance(data, dict) or data.get("limit") not in ("quota", "disk"):
@@ -668,24 +673,25 @@ def _read_breach(directory: Path) -> dict[str, Any] | None:
     return {"limit": data["limit"], **{key: int(data.get(key, 0)) for key in keys}}
 
 
-def _stat(path: Path) -> os.stat_result | None:
+def _stat(path: StrPath) -> os.stat_result | None:
     try:
-        return path.stat()
+        return os.stat(path)
     except OSError:
         return None
 
 
 def _log_stats(directory: Path) -> dict[str, os.stat_result | None]:
-    return {stream: _stat(directory / stream) for stream in STREAMS}
+    # f-strings, not Path joins: at every execution's start and end on the loop's thread
+    return {stream: _stat(f"{directory}/{stream}") for stream in STREAMS}
 
 
-def _load_cut(log: Path, info: os.stat_result | None) -> logcap.Cut | None:
+def _load_cut(log: StrPath, info: os.stat_result | None) -> logcap.Cut | None:
     """The log's cut in force. A cut needs bytes past its end (a log's size stays the bytes
     written, logcap.py): an empty log has none, and no ``.cut`` file is opened for it (two
     opens of an absent file at every start and every end, docs/benchmarks.md §36)."""
     if info is not None and info.st_size == 0:
         return None
-    return logcap.load_cut(log)
+    return logcap.load_cut(Path(log))
 
 
 def _logs_held(directory: Path) -> int:

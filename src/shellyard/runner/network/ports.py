@@ -284,10 +284,18 @@ class Relays:
         return None
 
     def _records(self, workspace_id: str) -> list[dict[str, Any]]:
-        folder = self.directory / workspace_id
+        # A listing of the folder, not ``Path.glob``: asked at every execution's end on the
+        # loop's thread (``close_forwards``), where the folder is most often missing or
+        # empty and the glob's machinery was most of the cost (docs/benchmarks.md §72).
+        # The same records in the same order: every entry named ``*.json``, by file name.
+        try:
+            with os.scandir(f"{self.directory}/{workspace_id}") as entries:
+                names = sorted(e.name for e in entries if e.name.endswith(".json"))
+        except OSError:  # no folder (nothing was forwarded), as the glob found none
+            return []
         found = []
-        for file in sorted(folder.glob("*.json")):
-            record = self._alive(workspace_id, file.stem)
+        for name in names:
+            record = self._alive(workspace_id, Path(name).stem)
             if record is not None:
                 found.append(record)
         return found

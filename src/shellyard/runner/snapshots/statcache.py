@@ -59,7 +59,7 @@ _LOG_MAX_SHARE = 0.25
 Sig = tuple[int, int, int, int]
 
 
-def file_sig(path: Path) -> Sig | None:
+def file_sig(path: str | os.PathLike[str]) -> Sig | None:
     try:
         st = os.stat(path)
     except FileNotFoundError:

@@ -74,6 +74,8 @@ from shellyard.runner.snapshots.trees import (
 log = logging.getLogger(__name__)
 
 _WORKSPACE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+#: How many workspaces' folders ``_wdir`` keeps before it starts again.
+_WDIRS_KEPT = 4096
 
 
 def locked_at_once(fd: int, operation: int) -> bool:
@@ -127,6 +129,10 @@ class SnapshotStore:
         self.trees = TreeCache()
         #: Workspaces known to hold no format 1 manifest (migrate.py), in this process.
         self._migrated: set[str] = set()
+        #: workspace id → its folder, checked and joined once (``_wdir`` runs a few times per
+        #: execution on the loop's thread, docs/benchmarks.md §72): only a name, whether it
+        #: exists is looked at where it matters; bounded, since unknown ids are checked too
+        self._wdirs: dict[str, Path] = {}
         #: Stats of the most recent commit in this store (any workspace).
         self.last_commit_stats: CommitStats | None = None
 
@@ -246,8 +252,9 @@ class SnapshotStore:
                 state = self._states.get(workspace_id)
             if state is None or state.racy is None or state.racy or state.linked:
                 return None
-            cache_sig = (file_sig(wdir / "statcache"), file_sig(wdir / "statcache.log"))
-            if state.head_sig != file_sig(wdir / "HEAD") or state.cache_sig != cache_sig:
+            # f-strings, not Path joins: this runs on the loop at every execution's end
+            cache_sig = (file_sig(f"{wdir}/statcache"), file_sig(f"{wdir}/statcache.log"))
+            if state.head_sig != file_sig(f"{wdir}/HEAD") or state.cache_sig != cache_sig:
                 return None  # another store instance committed: ``commit`` reloads it
             if not os.path.isdir(tree) or not self._tracker.unchanged(workspace_id, str(tree)):
                 return None
@@ -388,13 +395,19 @@ class SnapshotStore:
     # ------------------------------------------------------------------ workspace metadata
 
     def _wdir(self, workspace_id: str) -> Path:
+        found = self._wdirs.get(workspace_id) if isinstance(workspace_id, str) else None
+        if found is not None:
+            return found
         if not isinstance(workspace_id, str) or not _WORKSPACE_ID.fullmatch(workspace_id):
             raise InvalidInput(
                 f"workspace id {workspace_id!r} is not valid; use 1-128 letters, digits, "
                 f"'.', '_' or '-', starting with a letter or digit",
                 workspace_id=str(workspace_id),
             )
-        return self._workspaces / workspace_id
+        if len(self._wdirs) >= _WDIRS_KEPT:
+            self._wdirs.clear()
+        found = self._wdirs[workspace_id] = self._workspaces / workspace_id
+        return found
 
     def _existing_wdir(self, workspace_id: str) -> Path:
         wdir = self._wdir(workspace_id)
@@ -437,7 +450,7 @@ class SnapshotStore:
             return
         try:
             try:
-                fd = os.open(wdir / "lock", os.O_RDWR | O_CLOEXEC)
+                fd = os.open(f"{wdir}/lock", os.O_RDWR | O_CLOEXEC)  # on the loop: no join
             except FileNotFoundError:
                 yield False
                 return
