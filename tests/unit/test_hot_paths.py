@@ -13,16 +13,14 @@ from pathlib import Path
 import pytest
 
 from shellyard.errors import InvalidInput, LowOnSpace
-from shellyard.runner import local, processes
-from shellyard.runner.limits import cgroups, group_usage, recycle, reserve, watcher
+from shellyard.runner import processes
+from shellyard.runner.limits import group_usage, ready_groups, recycle, reserve, watcher
 from shellyard.runner.limits.cgroups import CgroupTree, TenantLimits
 from shellyard.runner.local import LocalRunner
-from shellyard.runner.network import netns
 from shellyard.runner.network.netns import WorkspaceNetworks
 from shellyard.runner.network.ports import Relays
 from shellyard.runner.own_mounts import OwnMounts
 from shellyard.runner.protocol import SandboxPolicy
-from shellyard.runner.snapshots import store as snapshot_store
 from shellyard.runner.snapshots.store import SnapshotStore
 
 V1 = ("memory", "pids", "cpu", "cpuacct")
@@ -103,11 +101,11 @@ def test_again_now_pools_an_empty_clean_group(tmp_path: Path) -> None:
     )
     tree.plan("ws_1", "ex_1")
     assert tree._again_now("ws_1", "ex_1")
-    assert tree.take_ready("ws_1") == "ex_1"
+    assert tree.ready.take_ready("ws_1") == "ex_1"
     # a process still in it: not pooled at once (the removal thread waits for it)
     (tmp_path / "pids/shellyard-x/ws_1/ex_1/cgroup.procs").write_text("123\n")
     assert not tree._again_now("ws_1", "ex_1")
-    assert cgroups.READY_PER_WORKSPACE >= 1
+    assert ready_groups.READY_PER_WORKSPACE >= 1
 
 
 def test_runner_paths_are_checked_at_every_ask_and_bounded(
@@ -128,10 +126,10 @@ def test_runner_paths_are_checked_at_every_ask_and_bounded(
             runner.workspace_path(bad)
         with pytest.raises(InvalidInput):
             runner.home_path(bad)
-    monkeypatch.setattr(local, "_PATHS_KEPT", 3)
+    runner._paths_of._bound = 3  # kept.py's table, made small
     for n in range(10):
         runner.workspace_path(f"ws_{n}")
-    assert len(runner._paths) <= 3
+    assert len(runner._paths_of) <= 3
     assert runner.workspace_path("ws_1") == root / "workspaces" / "ws_1"
 
 
@@ -144,7 +142,7 @@ def test_store_folders_are_checked_at_every_ask_and_bounded(
         for bad in (".x", "a/b", "", "x" * 129):
             with pytest.raises(InvalidInput):
                 snapshots._wdir(bad)
-        monkeypatch.setattr(snapshot_store, "_WDIRS_KEPT", 2)
+        snapshots._wdirs._bound = 2
         for n in range(10):
             snapshots._wdir(f"ws_{n}")
         assert len(snapshots._wdirs) <= 2
@@ -202,7 +200,7 @@ def test_forward_records_listed_in_name_order_and_none_without_a_folder(tmp_path
 def test_namespace_paths_kept_and_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     networks = WorkspaceNetworks(tmp_path / "netns")
     assert networks.path("ws_1") == tmp_path / "netns" / "ws_1"
-    monkeypatch.setattr(netns, "_PATHS_KEPT", 2)
+    networks._paths._bound = 2
     for n in range(10):
         assert networks.path(f"ws_{n}") == tmp_path / "netns" / f"ws_{n}"
     assert len(networks._paths) <= 2

@@ -167,13 +167,19 @@ ROOMS: dict[str, set[str]] = {
     # a background thread that ends with its owner (the removal and unmount threads)
     "runner.reaper": set(),
     "runner.state_id": set(),  # the runner folder's state id (E9)
+    "runner.kept": set(),  # a bounded memo of paths derived from ids
     "runner.own_mounts": {"runner.reaper"},
     # its overlay mount, the linger; a holder kept by pid and start time without a pidfd
     "runner.prefix_mounts": {"runner.own_mounts", "runner.processes", "runner.reaper"},
     "runner.tool_mounts": {"runner.own_mounts"},  # a package tool's writable overlays
-    "runner.snapshots": {"runner.own_mounts", "runner.protocol", "runner.workspace_paths"},
+    "runner.snapshots": {
+        "runner.kept",
+        "runner.own_mounts",
+        "runner.protocol",
+        "runner.workspace_paths",
+    },
     "runner.edits": {"runner.protocol", "runner.snapshots", "runner.workspace_paths"},
-    "runner.network": {"runner.processes"},
+    "runner.network": {"runner.kept", "runner.processes"},
     "runner.limits": {
         "runner.protocol",
         "runner.processes",
@@ -209,6 +215,7 @@ ROOMS: dict[str, set[str]] = {
     "runner.local": {
         "runner.closing",
         "runner.edits",
+        "runner.kept",
         "runner.environments",
         "runner.limits",
         "runner.network",

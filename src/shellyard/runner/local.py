@@ -25,7 +25,7 @@ from pathlib import Path
 
 from shellyard import __version__, filemodes
 from shellyard.errors import InvalidInput, NotFound, WorkspaceBusy
-from shellyard.runner import closing, state_id
+from shellyard.runner import closing, kept, state_id
 from shellyard.runner.edits.editor import Editor
 from shellyard.runner.edits.tarscan import TarLimits
 from shellyard.runner.edits.writers import Writers
@@ -84,8 +84,9 @@ from shellyard.runner.tool_mounts import ToolMounts
 
 log = logging.getLogger(__name__)
 
-#: How many workspaces' paths ``LocalRunner._paths_of`` keeps before it starts again.
-_PATHS_KEPT = 4096
+
+def workspace_id(value: str) -> None:
+    check_id(value, "workspace id")
 
 
 class LocalRunner(TerminalDoor):  # E13: send_input, screen, resize
@@ -104,11 +105,8 @@ class LocalRunner(TerminalDoor):  # E13: send_input, screen, resize
         #: Each workspace's home, bound at /home/agent (docs/contract.md "The home").
         self._homes = self.root / "homes"
         self._executions = self.root / "executions"
-        #: workspace id → its tree's and its home's paths, joined once per checked id: the
-        #: loop's thread asked for them ~9 times per execution (docs/benchmarks.md §72). A
-        #: path is only a name (whether it exists is looked at where it matters, as before),
-        #: and the table is bounded (``_PATHS_KEPT``): ids that name no workspace fill it too.
-        self._paths: dict[str, tuple[Path, Path]] = {}
+        #: a workspace's tree and home, its id checked (kept.py: asked ~9 times a run)
+        self._paths_of = kept.folders(workspace_id, self._workspaces, self._homes)
         self._sandbox_dir = self.root / "sandbox"
         #: R2: an overlay of its own per workspace, home and view (own_mounts.py)
         self._mounts = OwnMounts(self._sandbox_dir / "overlays", (self._workspaces, self._homes))
@@ -355,19 +353,6 @@ class LocalRunner(TerminalDoor):  # E13: send_input, screen, resize
 
     def workspace_path(self, workspace_id: str) -> Path:
         return self._paths_of(workspace_id)[0]
-
-    def _paths_of(self, workspace_id: str) -> tuple[Path, Path]:
-        """The workspace's tree and home, its id checked (only checked ids are kept)."""
-        found = self._paths.get(workspace_id)
-        if found is None:
-            check_id(workspace_id, "workspace id")
-            if len(self._paths) >= _PATHS_KEPT:
-                self._paths.clear()
-            found = self._paths[workspace_id] = (
-                self._workspaces / workspace_id,
-                self._homes / workspace_id,
-            )
-        return found
 
     async def ensure_workspace(self, workspace_id: str) -> SnapshotInfo:
         tree = self.workspace_path(workspace_id)

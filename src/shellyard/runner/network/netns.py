@@ -28,6 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from shellyard.errors import SandboxUnavailable
+from shellyard.runner.kept import Kept
 from shellyard.runner.network import holder
 
 log = logging.getLogger(__name__)
@@ -39,8 +40,6 @@ CLONE_NEWNET = 0x40000000
 CLONE_NEWUSER = 0x10000000
 #: ioctl(2) on a namespace descriptor: its kind, a CLONE_NEW* flag (Linux 4.11)
 NS_GET_NSTYPE = 0xB703
-#: How many workspaces' namespace paths ``WorkspaceNetworks.path`` keeps before it starts again.
-_PATHS_KEPT = 4096
 
 
 def _libc() -> ctypes.CDLL:
@@ -62,8 +61,8 @@ class WorkspaceNetworks:
         self.directory = directory
         #: workspace → its namespace file's path, joined once (``path`` is asked at every
         #: command's start on the loop's thread, docs/benchmarks.md §72): only a name, the
-        #: file itself is looked at each time (``_mounted``); bounded by ``_PATHS_KEPT``
-        self._paths: dict[str, Path] = {}
+        #: file itself is looked at each time (``_mounted``); bounded (kept.py)
+        self._paths: Kept[str, Path] = Kept(lambda workspace_id: directory / workspace_id)
         #: Not root: each namespace is held by a process (holder.py), which also runs
         #: the egress relay when ``egress_socket`` is given.
         self.held = os.geteuid() != 0
@@ -96,12 +95,7 @@ class WorkspaceNetworks:
         self.directory.mkdir(mode=0o700, exist_ok=True)
 
     def path(self, workspace_id: str) -> Path:
-        found = self._paths.get(workspace_id)
-        if found is None:
-            if len(self._paths) >= _PATHS_KEPT:
-                self._paths.clear()
-            found = self._paths[workspace_id] = self.directory / workspace_id
-        return found
+        return self._paths(workspace_id)
 
     def acquire(self, workspace_id: str, execution_id: str) -> Path:
         """The workspace's namespace file, made on first use (or again after a reboot)."""

@@ -36,6 +36,7 @@ from typing import BinaryIO
 from shellyard import filemodes
 from shellyard.errors import InvalidInput, NotFound
 from shellyard.paths import normalize_relative
+from shellyard.runner.kept import Kept
 from shellyard.runner.protocol import MAX_READ_CHUNK, FileChunk, PathEntry, SnapshotInfo
 from shellyard.runner.snapshots.blobs import ObjectStore
 from shellyard.runner.snapshots.budget import HashBudget, HashBudgetExceeded
@@ -74,8 +75,6 @@ from shellyard.runner.snapshots.trees import (
 log = logging.getLogger(__name__)
 
 _WORKSPACE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
-#: How many workspaces' folders ``_wdir`` keeps before it starts again.
-_WDIRS_KEPT = 4096
 
 
 def locked_at_once(fd: int, operation: int) -> bool:
@@ -132,7 +131,7 @@ class SnapshotStore:
         #: workspace id → its folder, checked and joined once (``_wdir`` runs a few times per
         #: execution on the loop's thread, docs/benchmarks.md §72): only a name, whether it
         #: exists is looked at where it matters; bounded, since unknown ids are checked too
-        self._wdirs: dict[str, Path] = {}
+        self._wdirs: Kept[str, Path] = Kept(self._checked_wdir)
         #: Stats of the most recent commit in this store (any workspace).
         self.last_commit_stats: CommitStats | None = None
 
@@ -395,19 +394,18 @@ class SnapshotStore:
     # ------------------------------------------------------------------ workspace metadata
 
     def _wdir(self, workspace_id: str) -> Path:
-        found = self._wdirs.get(workspace_id) if isinstance(workspace_id, str) else None
-        if found is not None:
-            return found
+        if not isinstance(workspace_id, str):  # unhashable for the table
+            self._checked_wdir(workspace_id)
+        return self._wdirs(workspace_id)
+
+    def _checked_wdir(self, workspace_id: str) -> Path:
         if not isinstance(workspace_id, str) or not _WORKSPACE_ID.fullmatch(workspace_id):
             raise InvalidInput(
                 f"workspace id {workspace_id!r} is not valid; use 1-128 letters, digits, "
                 f"'.', '_' or '-', starting with a letter or digit",
                 workspace_id=str(workspace_id),
             )
-        if len(self._wdirs) >= _WDIRS_KEPT:
-            self._wdirs.clear()
-        found = self._wdirs[workspace_id] = self._workspaces / workspace_id
-        return found
+        return self._workspaces / workspace_id
 
     def _existing_wdir(self, workspace_id: str) -> Path:
         wdir = self._wdir(workspace_id)
