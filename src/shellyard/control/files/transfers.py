@@ -14,13 +14,13 @@ batches (by count and by bytes). Per batch:
 3. ``apply_entries`` on the target: the batch is written into the live tree and committed, and
    per entry the runner answers ``copied``, ``unchanged``, ``skipped`` or ``failed`` + reason.
 
-Only then are the outcomes recorded, with the target snapshot that holds them (T3: a file
-counts once it is committed). A cancel or a failure stops between batches and keeps every
-committed batch. A runner that cannot be reached mid-batch (R3: its daemon killed, the SSH
-connection dropped, the route cut) makes the batch be tried again with backoff, as E9 retries
-a status query: every step is idempotent (objects already imported are not sent again, an
-entry already committed answers ``unchanged``), so a short drop costs only time. After
-``BATCH_ATTEMPTS`` consecutive failures the batch's files fail with the runner's error and the
+Only then are the outcomes recorded, with the target snapshot that holds them (T3: a file counts
+once it is committed). A cancel or a failure stops between batches and keeps every committed batch.
+A runner that cannot be reached mid-batch (R3: its daemon killed, the SSH connection dropped, the
+route cut) makes the batch be tried again with backoff, as E9 retries a status query: every step is
+idempotent (objects already imported are not sent again, an entry already committed answers
+``unchanged``), so a short drop costs only time. After ``BATCH_ATTEMPTS`` consecutive failures
+(transfer_batch.py, which copies one batch) the batch's files fail with the runner's error and the
 files not reached yet are ``skipped``; starting the same transfer again once the runner is back
 copies the rest. The final state is ``completed``, ``partial``, ``failed`` or ``cancelled``; a
 finished transfer posts a notice to its owner (N1). Transfers survive a restart of the control
@@ -39,7 +39,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from shellyard.contract.files import (
@@ -58,21 +58,17 @@ from shellyard.contract.files import (
 from shellyard.contract.snapshots import CONTENT_CHUNK
 from shellyard.control.executions.hooks import WatchLeases
 from shellyard.control.files.access import WorkspaceAccess
+from shellyard.control.files.transfer_batch import BatchCopier, Cancelled, Outcome
 from shellyard.control.files.transfer_plan import glob_text, is_glob, parse_request, plan
 from shellyard.control.runners import LOCAL_RUNNER_ID
 from shellyard.errors import (
     InvalidInput,
     NotFound,
-    RunnerUnavailable,
     ShellyardError,
 )
 from shellyard.paths import normalize_relative
 from shellyard.runner.protocol import (
     MAX_PAGE,
-    ApplyEntry,
-    ByteStream,
-    Runner,
-    pack_version_for,
 )
 from shellyard.store import Store
 from shellyard.store.db import new_id
@@ -100,15 +96,9 @@ def _file_view(row: TransferFile) -> TransferFileView:
 
 #: Pending rows read from the database at once (cut into batches in memory).
 _PAGE_ROWS = 5000
-#: Consecutive tries of one batch while a runner cannot be reached (E9's five failures).
-BATCH_ATTEMPTS = 5
 #: How often a wait for a transfer another replica copies reads its record again (besides
 #: being woken by the fan-out when it ends).
 _FOREIGN_POLL_S = 1.0
-
-
-class _Cancelled(Exception):
-    """Raised inside an object stream to stop it when the transfer is cancelled."""
 
 
 class TransferService:
@@ -131,12 +121,19 @@ class TransferService:
         self.access = access
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._cancel: dict[str, asyncio.Event] = {}
-        self._in_flight: dict[str, int] = {}
+        self.batches = BatchCopier()
         self._closing = False
-        #: First backoff between tries of a batch when a runner cannot be reached (doubles).
-        self.retry_base_s = 0.5
         #: transfer id → set when it ends (or a cancel arrives), for waits on this replica.
         self._changed: dict[str, asyncio.Event] = {}
+
+    @property
+    def retry_base_s(self) -> float:
+        """First backoff between tries of a batch when a runner cannot be reached (doubles)."""
+        return self.batches.retry_base_s
+
+    @retry_base_s.setter
+    def retry_base_s(self, value: float) -> None:
+        self.batches.retry_base_s = value
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -343,7 +340,7 @@ class TransferService:
             log.exception("transfer %s failed", transfer_id)
             await self._finish(row, None, f"{type(exc).__name__}: {exc}")
         finally:
-            self._in_flight.pop(transfer_id, None)
+            self.batches.in_flight.pop(transfer_id, None)
 
     async def _copy(self, row: Transfer, cancel: asyncio.Event) -> str | None:
         """Copy the pending files batch by batch; the error that stopped it, if any."""
@@ -384,7 +381,7 @@ class TransferService:
                 rows = rows[len(batch) :]
                 after = batch[-1].idx
                 work = asyncio.ensure_future(
-                    self._batch_tried(
+                    self.batches.tried(
                         transfer_id,
                         batch,
                         src_runner,
@@ -399,15 +396,13 @@ class TransferService:
                         previous, recording = recording, None
                         await previous
                     outcomes, snapshot, sent = await work
-                except _Cancelled:
+                except Cancelled:
                     return None
                 except ShellyardError as exc:
                     if cancel.is_set():
                         return None
                     reason = f"the batch could not be copied: {exc.message}"
-                    failed: list[tuple[int, str, str | None, int | None]] = [
-                        (r.idx, "failed", reason, None) for r in batch
-                    ]
+                    failed: list[Outcome] = [(r.idx, "failed", reason, None) for r in batch]
                     await self.store.record_outcomes(transfer_id, failed, None)
                     return exc.message
                 finally:
@@ -415,7 +410,7 @@ class TransferService:
                         work.cancel()
                         with contextlib.suppress(BaseException):
                             await work
-                    self._in_flight[transfer_id] = 0
+                    self.batches.in_flight[transfer_id] = 0
                 sizes = {r.idx: r.size for r in batch}
                 done = sum(sizes[i] for i, o, _r, _s in outcomes if o in ("copied", "unchanged"))
                 recording = asyncio.ensure_future(
@@ -444,131 +439,6 @@ class TransferService:
         if row is not None and (row.cancel_requested or row.state in TERMINAL_TRANSFER_STATES):
             cancel.set()
         return cancel.is_set()
-
-    async def _batch_tried(
-        self,
-        transfer_id: str,
-        rows: list[TransferFile],
-        src_runner: Runner,
-        src_ws: str,
-        dst_runner: Runner,
-        dst_ws: str,
-        cancel: asyncio.Event,
-    ) -> tuple[list[tuple[int, str, str | None, int | None]], dict[str, Any] | None, int]:
-        """``_batch``, tried again with backoff while a runner cannot be reached (R3)."""
-        attempt = 0
-        while True:
-            attempt += 1
-            try:
-                return await self._batch(
-                    transfer_id, rows, src_runner, src_ws, dst_runner, dst_ws, cancel
-                )
-            except RunnerUnavailable as exc:
-                if attempt == BATCH_ATTEMPTS or cancel.is_set():
-                    raise RunnerUnavailable(
-                        f"{exc.message} (tried {attempt} times); start the transfer again "
-                        "once the runner is back: what is committed counts as unchanged"
-                    ) from exc
-                log.warning(
-                    "transfer %s: batch try %d failed, trying again: %s",
-                    transfer_id,
-                    attempt,
-                    exc.message,
-                )
-                self._in_flight[transfer_id] = 0
-                with contextlib.suppress(TimeoutError):
-                    delay = min(30.0, self.retry_base_s * 2 ** (attempt - 1))
-                    await asyncio.wait_for(cancel.wait(), delay)
-                if cancel.is_set():
-                    raise _Cancelled from exc
-
-    async def _batch(
-        self,
-        transfer_id: str,
-        rows: list[TransferFile],
-        src_runner: Runner,
-        src_ws: str,
-        dst_runner: Runner,
-        dst_ws: str,
-        cancel: asyncio.Event,
-    ) -> tuple[list[tuple[int, str, str | None, int | None]], dict[str, Any] | None, int]:
-        """Copy one batch: (outcomes, the target snapshot as a dict, bytes sent between
-        runners)."""
-        shas = list(dict.fromkeys(r.sha256 for r in rows if r.kind == "file" and r.sha256))
-        lacking = await dst_runner.missing_objects(shas) if shas else []
-        bad: dict[str, str] = {}
-        sent = 0
-        if lacking:
-            # holes stay off the wire when the target reads pack version 2 (a source too
-            # old to write it sends version 1, which every target reads)
-            pack = await src_runner.export_objects(lacking, pack_version_for(dst_runner))
-            try:
-                results = await dst_runner.import_objects(self._watch(transfer_id, pack, cancel))
-            finally:
-                # A target that failed mid-stream leaves the source's stream open otherwise
-                # (its HTTP response, or the local store's reader thread).
-                close = getattr(pack, "aclose", None)
-                if close is not None:
-                    with contextlib.suppress(Exception):
-                        await close()
-            if cancel.is_set():
-                raise _Cancelled
-            # what crossed: the pack's bytes (``_watch`` counts them), not the files' sizes,
-            # which a sparse file's extents make far larger
-            sent = self._in_flight.get(transfer_id, 0)
-            got = {r.sha256: r for r in results}
-            for sha in lacking:
-                result = got.get(sha)
-                if result is None or not result.ok:
-                    bad[sha] = (result.error or "failed") if result else "it never arrived"
-        if cancel.is_set():
-            raise _Cancelled
-        entries = [
-            ApplyEntry.model_construct(  # rows we wrote from a validated plan
-                path=r.target_path,
-                kind=r.kind,
-                mode=r.mode,
-                size=r.size,
-                sha256=r.sha256,
-                target=r.link_target,
-            )
-            for r in rows
-            if not (r.kind == "file" and r.sha256 in bad)
-        ]
-        outcome_of: dict[str, tuple[str, str | None]] = {}
-        snapshot: dict[str, Any] | None = None
-        seq: int | None = None
-        if entries:
-            applied = await dst_runner.apply_entries(dst_ws, entries)
-            snapshot = applied.snapshot.model_dump()
-            seq = applied.snapshot.seq
-            outcome_of = {o.path: (o.outcome, o.reason) for o in applied.outcomes}
-        outcomes: list[tuple[int, str, str | None, int | None]] = []
-        for r in rows:
-            if r.kind == "file" and r.sha256 in bad:
-                why = f"could not copy its content from the source: {bad[r.sha256]}"
-                outcomes.append((r.idx, "failed", why, None))
-                continue
-            outcome, reason = outcome_of.get(
-                r.target_path, ("failed", "the target runner did not report it")
-            )
-            committed = outcome in ("copied", "unchanged")
-            outcomes.append((r.idx, outcome, reason, seq if committed else None))
-        return outcomes, snapshot, sent
-
-    async def _watch(
-        self, transfer_id: str, stream: ByteStream, cancel: asyncio.Event
-    ) -> AsyncIterator[bytes]:
-        """Count the bytes of an object stream (progress) and stop it on cancel."""
-        self._in_flight[transfer_id] = 0
-        async for chunk in stream:
-            if cancel.is_set():
-                close = getattr(stream, "aclose", None)
-                if close is not None:
-                    await close()
-                raise _Cancelled
-            self._in_flight[transfer_id] = self._in_flight.get(transfer_id, 0) + len(chunk)
-            yield chunk
 
     async def _finish(self, row: Transfer, forced: str | None, error: str | None) -> None:
         transfer_id = row.id
@@ -696,7 +566,7 @@ class TransferService:
             {
                 **values_of(row, _TRANSFER_VIEW_FIELDS),
                 "transfer_id": row.id,
-                "bytes_in_flight": self._in_flight.get(row.id, 0),
+                "bytes_in_flight": self.batches.in_flight.get(row.id, 0),
             }
         )
 
