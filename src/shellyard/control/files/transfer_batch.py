@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from shellyard.errors import RunnerUnavailable
@@ -26,6 +26,16 @@ Outcome = tuple[int, str, str | None, int | None]
 
 class Cancelled(Exception):
     """Raised inside an object stream to stop it when the transfer is cancelled."""
+
+
+class Fenced(Exception):
+    """The copy stops without finishing the transfer: the transfer was made final elsewhere,
+    or another replica holds its lease (this one stalled past it)."""
+
+
+#: Called right before a batch is applied to the target; raises ``Fenced`` when this copier
+#: may no longer publish into it.
+Fence = Callable[[], Awaitable[None]]
 
 
 class BatchCopier:
@@ -46,6 +56,7 @@ class BatchCopier:
         dst_runner: Runner,
         dst_ws: str,
         cancel: asyncio.Event,
+        fence: Fence,
     ) -> tuple[list[Outcome], dict[str, Any] | None, int]:
         """``copy``, tried again with backoff while a runner cannot be reached (R3)."""
         attempt = 0
@@ -53,7 +64,7 @@ class BatchCopier:
             attempt += 1
             try:
                 return await self.copy(
-                    transfer_id, rows, src_runner, src_ws, dst_runner, dst_ws, cancel
+                    transfer_id, rows, src_runner, src_ws, dst_runner, dst_ws, cancel, fence
                 )
             except RunnerUnavailable as exc:
                 if attempt == BATCH_ATTEMPTS or cancel.is_set():
@@ -83,6 +94,7 @@ class BatchCopier:
         dst_runner: Runner,
         dst_ws: str,
         cancel: asyncio.Event,
+        fence: Fence,
     ) -> tuple[list[Outcome], dict[str, Any] | None, int]:
         """Copy one batch: (outcomes, the target snapshot as a dict, bytes sent between
         runners)."""
@@ -131,6 +143,10 @@ class BatchCopier:
         snapshot: dict[str, Any] | None = None
         seq: int | None = None
         if entries:
+            # The last moment before the batch is published in the target (its apply commits
+            # a snapshot): a copier that stalled past its lease, or whose transfer ended
+            # elsewhere meanwhile, stops here (the import above can take minutes).
+            await fence()
             applied = await dst_runner.apply_entries(dst_ws, entries)
             snapshot = applied.snapshot.model_dump()
             seq = applied.snapshot.seq
@@ -163,4 +179,4 @@ class BatchCopier:
             yield chunk
 
 
-__all__ = ["BATCH_ATTEMPTS", "BatchCopier", "Cancelled", "Outcome"]
+__all__ = ["BATCH_ATTEMPTS", "BatchCopier", "Cancelled", "Fence", "Fenced", "Outcome"]

@@ -58,7 +58,7 @@ from shellyard.contract.files import (
 from shellyard.contract.snapshots import CONTENT_CHUNK
 from shellyard.control.executions.hooks import WatchLeases
 from shellyard.control.files.access import WorkspaceAccess
-from shellyard.control.files.transfer_batch import BatchCopier, Cancelled, Outcome
+from shellyard.control.files.transfer_batch import BatchCopier, Cancelled, Fenced, Outcome
 from shellyard.control.files.transfer_plan import glob_text, is_glob, parse_request, plan
 from shellyard.control.runners import LOCAL_RUNNER_ID
 from shellyard.errors import (
@@ -72,7 +72,14 @@ from shellyard.runner.protocol import (
 )
 from shellyard.store import Store
 from shellyard.store.db import new_id
-from shellyard.store.files import TERMINAL_TRANSFER_STATES, Transfer, TransferFile
+from shellyard.store.files import (
+    ENDED,
+    HELD,
+    LOST,
+    TERMINAL_TRANSFER_STATES,
+    Transfer,
+    TransferFile,
+)
 from shellyard.store.leases import TRANSFER
 from shellyard.store.records import field_names, values_of
 
@@ -96,6 +103,14 @@ def _file_view(row: TransferFile) -> TransferFileView:
 
 #: Pending rows read from the database at once (cut into batches in memory).
 _PAGE_ROWS = 5000
+#: Why a copier stopped at a fence (``_copy``).
+_FENCED = {
+    ENDED: "the transfer was made final elsewhere",
+    LOST: "another replica holds its lease (this one stalled past it)",
+}
+_FENCED_RECORD = "its batch's outcomes were not this replica's to record: " + " or ".join(
+    _FENCED.values()
+)
 #: How often a wait for a transfer another replica copies reads its record again (besides
 #: being woken by the fan-out when it ends).
 _FOREIGN_POLL_S = 1.0
@@ -332,6 +347,12 @@ class TransferService:
                 )
             error = await self._copy(row, cancel)
             await self._finish(row, "cancelled" if cancel.is_set() else None, error)
+        except Fenced as stop:
+            # Not this replica's to finish: the transfer's end (or its new holder) has it.
+            log.warning("transfer %s: stopped copying here: %s", transfer_id, stop)
+            self._cancel.pop(transfer_id, None)
+            await self._release(transfer_id)  # only a lease still ours (a record ended by hand)
+            self._wake_waiters(transfer_id)
         except asyncio.CancelledError:
             # The control plane is closing (the transfer resumes on the next start, or on
             # the replica that takes the lease over), or another replica took the lease.
@@ -360,7 +381,21 @@ class TransferService:
         after = -1
         rows: list[TransferFile] = []
         # a batch's outcomes are recorded while the runner copies the next batch
-        recording: asyncio.Future[Any] | None = None
+        recording: asyncio.Future[Transfer | None] | None = None
+        # Replicas: every batch is fenced by this replica's lease, right before it is applied
+        # to the target and again when its outcomes are recorded (docs/transfers.md).
+        holder = self.leases.replica_id if self.leases.shared else None
+
+        async def fence() -> None:
+            if holder is not None:
+                found = await self.store.hold_transfer(transfer_id, holder, self.leases.ttl_s)
+                if found != HELD:
+                    raise Fenced(_FENCED[found])
+
+        async def recorded(done: asyncio.Future[Transfer | None]) -> None:
+            if await done is None:
+                raise Fenced(_FENCED_RECORD)
+
         try:
             while not cancel.is_set():
                 if not rows:  # pending rows come a page at a time, several batches' worth
@@ -389,12 +424,13 @@ class TransferService:
                         dst_runner,
                         dst.id,
                         cancel,
+                        fence,
                     )
                 )
                 try:
                     if recording is not None:
                         previous, recording = recording, None
-                        await previous
+                        await recorded(previous)
                     outcomes, snapshot, sent = await work
                 except Cancelled:
                     return None
@@ -403,7 +439,11 @@ class TransferService:
                         return None
                     reason = f"the batch could not be copied: {exc.message}"
                     failed: list[Outcome] = [(r.idx, "failed", reason, None) for r in batch]
-                    await self.store.record_outcomes(transfer_id, failed, None)
+                    if (
+                        await self.store.record_outcomes(transfer_id, failed, None, holder=holder)
+                        is None
+                    ):
+                        raise Fenced(_FENCED_RECORD) from exc
                     return exc.message
                 finally:
                     if not work.done():
@@ -414,7 +454,9 @@ class TransferService:
                 sizes = {r.idx: r.size for r in batch}
                 done = sum(sizes[i] for i, o, _r, _s in outcomes if o in ("copied", "unchanged"))
                 recording = asyncio.ensure_future(
-                    self.store.record_outcomes(transfer_id, outcomes, snapshot, sent, done)
+                    self.store.record_outcomes(
+                        transfer_id, outcomes, snapshot, sent, done, holder=holder
+                    )
                 )
                 moved += size
                 if rate:
@@ -425,18 +467,20 @@ class TransferService:
             return None
         finally:
             if recording is not None:
-                await recording
+                await recorded(recording)
 
     async def _cancel_recorded(self, transfer_id: str, cancel: asyncio.Event) -> bool:
         """A cancel asked on another replica whose fan-out message was lost, or the transfer
         made final there (this replica stalled past its lease, another took it over and
         ended it): the record says so, read once per batch (only with replicas; one process
-        sets ``cancel`` itself). A final one stops the copy before its next batch reaches
-        the target, whose writer its end released (W1); its finish here changes nothing."""
+        sets ``cancel`` itself). A final one stops the copy (``Fenced``) before its next
+        batch reaches the target, whose writer its end released (W1)."""
         if not self.leases.shared:
             return cancel.is_set()
         row = await self.store.get_transfer(transfer_id)
-        if row is not None and (row.cancel_requested or row.state in TERMINAL_TRANSFER_STATES):
+        if row is None or row.state in TERMINAL_TRANSFER_STATES:
+            raise Fenced(_FENCED[ENDED])
+        if row.cancel_requested:
             cancel.set()
         return cancel.is_set()
 
