@@ -272,7 +272,7 @@ async def test_a_copier_whose_transfer_was_ended_elsewhere_stops_before_its_next
 async def test_a_batch_in_flight_when_another_replica_ends_the_transfer_never_lands(
     home: Path,
 ) -> None:
-    """W1, T3 (docs/transfers.md "Replicas: fenced batches"): replica A's batch is in flight
+    """W1, T3 (docs/files-and-transfers.md "fenced batches"): replica A's batch is in flight
     (runner r1, the target, stopped: the batch waits on its first call) when another replica
     takes the transfer over and ends it: stood in for by what that end writes in one
     transaction (the lease gone, the record final, the target's writer let go), just after
@@ -339,7 +339,7 @@ async def test_a_batch_in_flight_when_another_replica_ends_the_transfer_never_la
 async def test_a_copier_stalled_past_its_lease_publishes_nothing_after_the_takeover(
     home: Path,
 ) -> None:
-    """Two copiers (docs/transfers.md "Replicas: fenced batches"): replica A's process is
+    """Two copiers (docs/files-and-transfers.md "fenced batches"): replica A's process is
     stopped (SIGSTOP) with a batch in flight (runner r0, the source, stopped too), its lease
     expires and replica B takes the transfer over; r0 goes on, B copies, and A is let go on
     (SIGCONT) while B copies. The transfer completes through B with every file counted once

@@ -31,7 +31,10 @@ one replica holding its lease (``leases``, given when built by control/plane.py)
 dies leaves its lease to expire and another adopts the transfer, which resumes with its pending
 files exactly as after a restart. A cancel or a wait on another replica goes through the record: the
 cancel request is a column the holder reads between batches (and a fan-out message makes it stop
-mid-batch), a wait re-reads the record until it is terminal, woken by the fan-out."""
+mid-batch), a wait re-reads the record until it is terminal, woken by the fan-out. Each batch is
+fenced by the copier's lease (``store.hold_transfer`` before it is applied, ``record_outcomes``
+with the holder): a copier that stalled past its lease, or whose transfer another replica ended,
+stops without finishing it (``Fenced``)."""
 
 from __future__ import annotations
 
@@ -383,7 +386,8 @@ class TransferService:
         # a batch's outcomes are recorded while the runner copies the next batch
         recording: asyncio.Future[Transfer | None] | None = None
         # Replicas: every batch is fenced by this replica's lease, right before it is applied
-        # to the target and again when its outcomes are recorded (docs/transfers.md).
+        # to the target and again when its outcomes are recorded (docs/files-and-transfers.md,
+        # "Transfers across replicas: fenced batches").
         holder = self.leases.replica_id if self.leases.shared else None
 
         async def fence() -> None:
