@@ -10,6 +10,7 @@ asked on one replica reaches the transfer another replica copies."""
 from __future__ import annotations
 
 import asyncio
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -104,11 +105,11 @@ class Setup:
         return int(rows[0][0])  # type: ignore[call-overload]
 
 
-async def _setup(url: str, home: Path) -> Setup:
+async def _setup(url: str, home: Path, lease_ttl_s: str = LEASE_TTL_S) -> Setup:
     daemons = [
         await start_daemon(home / f"daemon{i}", SandboxPolicy(), subprocess=True) for i in range(2)
     ]
-    replicas = await start_replicas(url, 2, replica_env(SHELLYARD_LEASE_TTL_S=LEASE_TTL_S))
+    replicas = await start_replicas(url, 2, replica_env(SHELLYARD_LEASE_TTL_S=lease_ttl_s))
     setup = Setup(url, replicas, daemons)
     await register(replicas[0], daemons)
     await asyncio.sleep(0.3)  # the other replica heard of the runners
@@ -116,6 +117,9 @@ async def _setup(url: str, home: Path) -> Setup:
 
 
 async def _teardown(setup: Setup) -> None:
+    for process in [r.process for r in setup.replicas] + [d.process for d in setup.daemons]:
+        if process is not None and process.poll() is None:
+            process.send_signal(signal.SIGCONT)  # a test that failed while one was stopped
     stop_all(setup.replicas)
     for daemon in setup.daemons:
         await daemon.stop()
@@ -134,6 +138,36 @@ async def _source_and_target(setup: Setup, files: int, size: int) -> tuple[str, 
     target = await setup.run(a, "true", "r1")
     sums = await setup.run(a, "cat sums", "r0")
     return str(made["workspace_id"]), str(target["workspace_id"]), str(sums["stdout"])
+
+
+def _signal(process: Any, sig: signal.Signals) -> None:
+    """SIGSTOP (a stall: a replica's whole process, or a runner daemon that answers nothing)
+    or SIGCONT a replica's or a runner daemon's process."""
+    assert process is not None and process.poll() is None
+    process.send_signal(sig)
+
+
+def _lease(setup: Setup, transfer_id: str) -> tuple[str, float] | None:
+    rows = query(
+        setup.url,
+        "SELECT holder, expires_at FROM leases WHERE kind = 'transfer' AND subject_id = %s",
+        transfer_id,
+    )
+    return None if not rows else (str(rows[0][0]), float(rows[0][1]))  # type: ignore[arg-type]
+
+
+async def _just_renewed(setup: Setup, transfer_id: str) -> None:
+    """Until the holder of the transfer's lease has just renewed it: what follows happens
+    well before its next renewal (a third of the lease time), which would find a lease
+    taken from it and stop its copy on its own."""
+    first = _lease(setup, transfer_id)
+    assert first is not None
+
+    async def renewed() -> bool:
+        now = _lease(setup, transfer_id)
+        return now is not None and now[1] != first[1]
+
+    await _until(renewed, "the lease to be renewed", 30)
 
 
 async def _until(predicate: Any, what: str, timeout_s: float = 60) -> None:
@@ -231,6 +265,123 @@ async def test_a_copier_whose_transfer_was_ended_elsewhere_stops_before_its_next
             assert after["files_copied"] < after["files_total"], after
             listed = await setup.run(a, "ls in/d | wc -l", "r1")
             assert int(listed["stdout"]) <= after["files_copied"] + 2, (listed, after)
+        finally:
+            await _teardown(setup)
+
+
+async def test_a_batch_in_flight_when_another_replica_ends_the_transfer_never_lands(
+    home: Path,
+) -> None:
+    """W1, T3 (docs/files-and-transfers.md "fenced batches"): replica A's batch is in flight
+    (runner r1, the target, stopped: the batch waits on its first call) when another replica
+    takes the transfer over and ends it: stood in for by what that end writes in one
+    transaction (the lease gone, the record final, the target's writer let go), just after
+    A renewed its lease (a lease time of 15 s leaves A 5 s before its next renewal would find
+    the lease gone and stop the copy). r1 goes on: A's batch must not be applied to the
+    target, whose writer the end released, and what the target holds is what the final
+    record counts. Before the fence A applied it and counted it on the final record, over
+    the files the end had skipped (counters summing to more than the transfer's files)."""
+    async with fresh_database() as url:
+        setup = await _setup(url, home, lease_ttl_s="15")
+        a, b = setup.replicas
+        r1 = setup.daemons[1].process
+        try:
+            source, target, _sums = await _source_and_target(setup, 40, 256 * 1024)
+            transfer_id = await setup.slow_transfer(a, source, target)
+            await setup.until_copied(a, transfer_id, 4)
+            await _just_renewed(setup, transfer_id)
+            _signal(r1, signal.SIGSTOP)
+            await asyncio.sleep(1.0)  # A's next batch waits on r1 (its gap is 0.5 s)
+            query(url, "DELETE FROM leases WHERE subject_id = %s RETURNING holder", transfer_id)
+            query(
+                url,
+                "UPDATE transfer_files SET outcome = 'skipped', reason = 'ended elsewhere' "
+                "WHERE transfer_id = %s AND outcome = 'pending' RETURNING idx",
+                transfer_id,
+            )
+            query(
+                url,
+                "UPDATE transfers SET state = 'cancelled', finished_at = extract(epoch from "
+                "now()), files_skipped = files_total - files_copied - files_unchanged "
+                "WHERE id = %s RETURNING id",
+                transfer_id,
+            )
+            query(
+                url,
+                "UPDATE workspaces SET writer_kind = NULL, writer_id = NULL "
+                "WHERE writer_id = %s RETURNING id",
+                transfer_id,
+            )
+            ended = await setup.get(b, f"/v1/transfers/{transfer_id}")
+            _signal(r1, signal.SIGCONT)
+            # r1 answers again: a batch A went on with is applied within a second
+            await asyncio.sleep(3.0)
+            after = await setup.get(b, f"/v1/transfers/{transfer_id}")
+            assert after["state"] == "cancelled", after
+            counted = sum(after[f"files_{o}"] for o in ("copied", "unchanged", "skipped", "failed"))
+            assert counted == after["files_total"], after
+            # A's batch stopped at the fence before it was applied; one whose apply was on
+            # its way when r1 stopped lands (a runner cannot be fenced) and is counted
+            assert after["files_copied"] <= ended["files_copied"] + 2, (ended, after)
+            listed = await setup.run(b, "ls in/d | wc -l", "r1")
+            # the folder ``d`` is an entry too
+            assert int(listed["stdout"]) == after["files_copied"] - 1, (listed, after)
+            assert setup.leases_of("transfer") == 0
+            log = "".join(p.read_text(errors="replace") for p in a.home.glob("serve-*.log"))
+            # stopped at the fence (or, had its renewal come first, by the lease's loss)
+            assert f"transfer {transfer_id}: stopped copying here" in log or (
+                f"lease of transfer {transfer_id} was taken over" in log
+            )
+        finally:
+            await _teardown(setup)
+
+
+async def test_a_copier_stalled_past_its_lease_publishes_nothing_after_the_takeover(
+    home: Path,
+) -> None:
+    """Two copiers (docs/files-and-transfers.md "fenced batches"): replica A's process is
+    stopped (SIGSTOP) with a batch in flight (runner r0, the source, stopped too), its lease
+    expires and replica B takes the transfer over; r0 goes on, B copies, and A is let go on
+    (SIGCONT) while B copies. The transfer completes through B with every file counted once
+    (A's batch, applied or not, is never recorded: its copier no longer holds the lease),
+    the target holds exactly the source's bytes, and no lease is left."""
+    async with fresh_database() as url:
+        setup = await _setup(url, home)
+        a, b = setup.replicas
+        r0 = setup.daemons[0].process
+        try:
+            source, target, sums = await _source_and_target(setup, 40, 256 * 1024)
+            transfer_id = await setup.slow_transfer(a, source, target)
+            await setup.until_copied(a, transfer_id, 4)
+            _signal(r0, signal.SIGSTOP)
+            await asyncio.sleep(2.0)  # A's next batch waits on r0's export
+            _signal(a.process, signal.SIGSTOP)
+
+            async def taken() -> bool:
+                lease = _lease(setup, transfer_id)
+                return lease is not None and lease[0] == b.replica_id
+
+            await _until(taken, "B to take the lease over", 30)
+            _signal(r0, signal.SIGCONT)
+            await setup.until_copied(b, transfer_id, 10)  # B copies
+            _signal(a.process, signal.SIGCONT)
+
+            view = await setup.get(b, f"/v1/transfers/{transfer_id}")
+            deadline = time.monotonic() + 120
+            while view["state"] not in TERMINAL_TRANSFER:
+                assert time.monotonic() < deadline, f"the transfer never ended: {view}"
+                view = await setup.get(b, f"/v1/transfers/{transfer_id}/wait", timeout_s=10)
+            assert view["state"] == "completed", view
+            assert view["files_failed"] == 0 and view["files_skipped"] == 0, view
+            assert view["files_copied"] + view["files_unchanged"] == view["files_total"], view
+            assert setup.took_over(b, transfer_id)
+            copied = await setup.run(b, "cd in && sha256sum d/*", "r1")
+            assert copied["stdout"] == sums
+            await asyncio.sleep(1.0)  # A, let go on, had its moment
+            final = await setup.get(a, f"/v1/transfers/{transfer_id}")
+            counters = ("state", "files_copied", "files_unchanged", "batches", "target_seq")
+            assert {k: final[k] for k in counters} == {k: view[k] for k in counters}, final
+            assert setup.leases_of("transfer") == 0
         finally:
             await _teardown(setup)
 

@@ -137,3 +137,37 @@ async def test_a_transfer_made_final_releases_its_lease_in_the_same_transaction(
     # Already final: nothing changes but rep_b's lease of it still goes.
     assert await store.finish_transfer("tr_2", "failed", "x", "not copied", "rep_b") is None
     assert await store.lease_counts("rep_b") == {}
+
+
+async def test_a_transfers_batch_is_fenced_by_its_copiers_lease(store: Store) -> None:
+    """docs/files-and-transfers.md "Transfers across replicas: fenced batches": the fence
+    before a batch is applied holds while the copier's lease is its own and the transfer is
+    active (and pushes the lease forward); it reports ``lost`` once another replica holds
+    the lease and ``ended`` once the transfer is final. A batch recorded by a copier that
+    lost the lease changes nothing; one recorded after the end gives the files the end
+    skipped their outcome, so the counters still add up to the transfer's files and a
+    ``failed`` end with a file in the target reads ``partial``."""
+    from shellyard.store.files import ENDED, HELD, LOST
+
+    await running_transfer(store, "tr_1")
+    assert await store.acquire_lease("transfer", "tr_1", "rep_a", None, 0.01)
+    assert await store.hold_transfer("tr_1", "rep_a", 60) == HELD
+    assert not await store.acquire_lease("transfer", "tr_1", "rep_b", None, 60)  # pushed on
+
+    copied = [(0, "copied", None, 3)]
+    await store.release_lease("transfer", "tr_1", "rep_a")  # as if it expired, then taken
+    assert await store.acquire_lease("transfer", "tr_1", "rep_b", None, 60)
+    assert await store.hold_transfer("tr_1", "rep_a", 60) == LOST
+    assert await store.record_outcomes("tr_1", copied, None, 0, 1, holder="rep_a") is None
+    row = await store.get_transfer("tr_1")
+    assert row is not None and row.files_copied == 0 and row.batches == 0
+
+    final = await store.finish_transfer("tr_1", "failed", "x", "not copied", "rep_b")
+    assert final is not None and final.files_skipped == 1
+    assert await store.hold_transfer("tr_1", "rep_a", 60) == ENDED
+    assert await store.record_outcomes("tr_1", copied, None, 0, 1, holder="rep_a") is None
+    row = await store.get_transfer("tr_1")
+    assert row is not None and row.state == "partial", row
+    assert (row.files_copied, row.files_skipped, row.bytes_done) == (1, 0, 1), row
+    (entry,) = await store.transfer_files("tr_1", None, 0, 10)
+    assert (entry.outcome, entry.target_seq) == ("copied", 3)

@@ -20,6 +20,7 @@ from shellyard.store.schema import (
     agents,
     artifacts,
     executions,
+    leases,
     snapshots,
     transfer_files,
     transfers,
@@ -37,6 +38,9 @@ from shellyard.store.workspaces import (
 EntryKind = Literal["file", "dir", "symlink"]
 ACTIVE_TRANSFER_STATES = ("queued", "running")
 TERMINAL_TRANSFER_STATES = ("completed", "partial", "failed", "cancelled")
+#: What a copier's fence finds (``hold_transfer``): it holds the lease of the active transfer;
+#: the transfer is final; another replica holds its lease (or nobody does).
+HELD, ENDED, LOST = "held", "ended", "lost"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -221,13 +225,29 @@ class FileRecords(WorkspaceRecords):
         snapshot: dict[str, Any] | None,
         sent: int = 0,
         done_bytes: int = 0,
-    ) -> Transfer:
+        holder: str | None = None,
+    ) -> Transfer | None:
         """A batch is published: its files' outcomes (idx, outcome, reason, target seq), the
-        transfer's counters, and the target snapshot that holds them, in one transaction."""
-        return from_row(
-            Transfer,
-            await self.run(_record_outcomes, transfer_id, outcomes, snapshot, sent, done_bytes),
+        transfer's counters, and the target snapshot that holds them, in one transaction.
+
+        ``holder`` (replicas): fenced by the copier's lease, read locked in that transaction.
+        None when the copier no longer holds it: the outcomes are not this copier's to
+        record (the holder copies those files again and finds them ``unchanged``), or the
+        transfer is final (ended elsewhere while the batch was applied): then the files the
+        end had ``skipped`` that the batch committed get their outcome and the counters
+        follow (T3: a file committed in the target counts). The target snapshot is recorded
+        either way: it exists on the runner."""
+        return _transfer(
+            await self.run(
+                _record_outcomes, transfer_id, outcomes, snapshot, sent, done_bytes, holder
+            )
         )
+
+    async def hold_transfer(self, transfer_id: str, holder: str, ttl_s: float) -> str:
+        """The fence a copier passes right before it applies a batch to the target: ``HELD``
+        when the transfer is active and ``holder``'s lease of it is in place (pushed forward
+        here, so no replica claims it for ``ttl_s``), else ``ENDED`` or ``LOST``."""
+        return await self.run(_hold_transfer, transfer_id, holder, ttl_s)
 
     async def finish_transfer(
         self,
@@ -333,6 +353,98 @@ _COUNTER = {
 }
 
 
+def _fence(conn: Connection, transfer_id: str, holder: str) -> str:
+    """Whether ``holder`` still copies the transfer; its lease row locked first, the order a
+    finish takes it in (``_finish_transfer``), so a batch's record and an end on another
+    replica wait for each other instead of both going by what they read before."""
+    lease = conn.execute(
+        sa.select(leases.c.holder)
+        .where(leases.c.kind == TRANSFER, leases.c.subject_id == transfer_id)
+        .with_for_update()
+    ).scalar_one_or_none()
+    state = conn.execute(
+        sa.select(transfers.c.state).where(transfers.c.id == transfer_id)
+    ).scalar_one_or_none()
+    if state is None or state in TERMINAL_TRANSFER_STATES:
+        return ENDED
+    return HELD if lease == holder else LOST
+
+
+def _hold_transfer(conn: Connection, transfer_id: str, holder: str, ttl_s: float) -> str:
+    conn.execute(
+        leases.update()
+        .where(
+            leases.c.kind == TRANSFER,
+            leases.c.subject_id == transfer_id,
+            leases.c.holder == holder,
+        )
+        .values(expires_at=time.time() + ttl_s)
+    )
+    return _fence(conn, transfer_id, holder)
+
+
+def _record_target_snapshot(
+    conn: Connection, transfer_id: str, snapshot: dict[str, Any] | None
+) -> None:
+    if snapshot is not None and snapshot.get("new"):
+        record_snapshot(
+            conn,
+            snapshot["workspace_id"],
+            snapshot["seq"],
+            snapshot["root_hash"],
+            snapshot["files"],
+            snapshot["bytes"],
+            "transfer",
+            transfer_id,
+        )
+
+
+def _account_late(
+    conn: Connection,
+    transfer_id: str,
+    outcomes: list[tuple[int, str, str | None, int | None]],
+    seq: int | None,
+    sent: int,
+) -> None:
+    """A batch committed in the target after the transfer was made final: the files its end
+    marked ``skipped`` that the batch committed take their outcome, so the final record
+    says what the target holds (T3)."""
+    committed = {i: (o, r, s) for i, o, r, s in outcomes if o in ("copied", "unchanged")}
+    if not committed:
+        return
+    locked = sa.select(transfers).where(transfers.c.id == transfer_id).with_for_update()
+    row = fetch_one(conn, locked)
+    assert row is not None
+    skipped = conn.execute(
+        sa.select(transfer_files.c.idx, transfer_files.c.size, transfer_files.c.kind).where(
+            transfer_files.c.transfer_id == transfer_id,
+            transfer_files.c.idx.in_(list(committed)),
+            transfer_files.c.outcome == "skipped",
+        )
+    ).all()
+    if not skipped:
+        return
+    counts: dict[str, Any] = {"files_skipped": transfers.c.files_skipped - len(skipped)}
+    done = 0
+    for idx, size, kind in skipped:
+        outcome, reason, at = committed[int(idx)]
+        conn.execute(
+            transfer_files.update()
+            .where(transfer_files.c.transfer_id == transfer_id, transfer_files.c.idx == idx)
+            .values(outcome=outcome, reason=reason, target_seq=at)
+        )
+        column = _COUNTER[outcome]
+        counts[column] = counts.get(column, getattr(transfers.c, column)) + 1
+        done += int(size) if kind == "file" else 0
+    counts["bytes_done"] = transfers.c.bytes_done + done
+    counts["bytes_sent"] = transfers.c.bytes_sent + sent
+    if seq is not None:
+        counts["target_seq"] = max(int(row["target_seq"] or 0), seq)
+    if row["state"] == "failed":
+        counts["state"] = "partial"  # something is in the target now (_finish's rule)
+    conn.execute(transfers.update().where(transfers.c.id == transfer_id).values(**counts))
+
+
 def _record_outcomes(
     conn: Connection,
     transfer_id: str,
@@ -340,7 +452,16 @@ def _record_outcomes(
     snapshot: dict[str, Any] | None,
     sent: int,
     done_bytes: int,
-) -> Row:
+    holder: str | None,
+) -> Row | None:
+    if holder is not None:
+        fence = _fence(conn, transfer_id, holder)
+        if fence != HELD:
+            _record_target_snapshot(conn, transfer_id, snapshot)
+            if fence == ENDED:
+                seq = None if snapshot is None else int(snapshot["seq"])
+                _account_late(conn, transfer_id, outcomes, seq, sent)
+            return None
     # one UPDATE per distinct (outcome, reason, seq): a batch is mostly "copied" at one seq
     groups: dict[tuple[str, str | None, int | None], list[int]] = {}
     for i, o, r, s in outcomes:
@@ -370,17 +491,7 @@ def _record_outcomes(
             sa.select(transfers.c.target_seq).where(transfers.c.id == transfer_id)
         ).scalar_one_or_none()
         values["target_seq"] = max(int(current or 0), int(snapshot["seq"]))
-        if snapshot.get("new"):
-            record_snapshot(
-                conn,
-                snapshot["workspace_id"],
-                snapshot["seq"],
-                snapshot["root_hash"],
-                snapshot["files"],
-                snapshot["bytes"],
-                "transfer",
-                transfer_id,
-            )
+        _record_target_snapshot(conn, transfer_id, snapshot)
     conn.execute(transfers.update().where(transfers.c.id == transfer_id).values(**values))
     row = fetch_one(conn, sa.select(transfers).where(transfers.c.id == transfer_id))
     assert row is not None
@@ -436,6 +547,9 @@ def _create_artifact(conn: Connection, values: dict[str, Any]) -> Row:
 
 __all__ = [
     "ACTIVE_TRANSFER_STATES",
+    "ENDED",
+    "HELD",
+    "LOST",
     "TERMINAL_TRANSFER_STATES",
     "Artifact",
     "FileRecords",

@@ -32,6 +32,8 @@ class WatchLeases(LeaseHolder, Protocol):
 
     #: Whether other replicas may share the database (PostgreSQL; SQLite is one replica).
     shared: bool
+    #: This replica's id: the holder its lease rows name (a transfer's batches are fenced by it).
+    replica_id: str
 
     # Leases written in the work's own transactions (one transaction fewer each way):
     def terms(self, runner_id: str) -> LeaseTerms | None: ...

@@ -14,13 +14,13 @@ batches (by count and by bytes). Per batch:
 3. ``apply_entries`` on the target: the batch is written into the live tree and committed, and
    per entry the runner answers ``copied``, ``unchanged``, ``skipped`` or ``failed`` + reason.
 
-Only then are the outcomes recorded, with the target snapshot that holds them (T3: a file
-counts once it is committed). A cancel or a failure stops between batches and keeps every
-committed batch. A runner that cannot be reached mid-batch (R3: its daemon killed, the SSH
-connection dropped, the route cut) makes the batch be tried again with backoff, as E9 retries
-a status query: every step is idempotent (objects already imported are not sent again, an
-entry already committed answers ``unchanged``), so a short drop costs only time. After
-``BATCH_ATTEMPTS`` consecutive failures the batch's files fail with the runner's error and the
+Only then are the outcomes recorded, with the target snapshot that holds them (T3: a file counts
+once it is committed). A cancel or a failure stops between batches and keeps every committed batch.
+A runner that cannot be reached mid-batch (R3: its daemon killed, the SSH connection dropped, the
+route cut) makes the batch be tried again with backoff, as E9 retries a status query: every step is
+idempotent (objects already imported are not sent again, an entry already committed answers
+``unchanged``), so a short drop costs only time. After ``BATCH_ATTEMPTS`` consecutive failures
+(transfer_batch.py, which copies one batch) the batch's files fail with the runner's error and the
 files not reached yet are ``skipped``; starting the same transfer again once the runner is back
 copies the rest. The final state is ``completed``, ``partial``, ``failed`` or ``cancelled``; a
 finished transfer posts a notice to its owner (N1). Transfers survive a restart of the control
@@ -31,7 +31,10 @@ one replica holding its lease (``leases``, given when built by control/plane.py)
 dies leaves its lease to expire and another adopts the transfer, which resumes with its pending
 files exactly as after a restart. A cancel or a wait on another replica goes through the record: the
 cancel request is a column the holder reads between batches (and a fan-out message makes it stop
-mid-batch), a wait re-reads the record until it is terminal, woken by the fan-out."""
+mid-batch), a wait re-reads the record until it is terminal, woken by the fan-out. Each batch is
+fenced by the copier's lease (``store.hold_transfer`` before it is applied, ``record_outcomes``
+with the holder): a copier that stalled past its lease, or whose transfer another replica ended,
+stops without finishing it (``Fenced``)."""
 
 from __future__ import annotations
 
@@ -39,7 +42,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from shellyard.contract.files import (
@@ -58,25 +61,28 @@ from shellyard.contract.files import (
 from shellyard.contract.snapshots import CONTENT_CHUNK
 from shellyard.control.executions.hooks import WatchLeases
 from shellyard.control.files.access import WorkspaceAccess
+from shellyard.control.files.transfer_batch import BatchCopier, Cancelled, Fenced, Outcome
 from shellyard.control.files.transfer_plan import glob_text, is_glob, parse_request, plan
 from shellyard.control.runners import LOCAL_RUNNER_ID
 from shellyard.errors import (
     InvalidInput,
     NotFound,
-    RunnerUnavailable,
     ShellyardError,
 )
 from shellyard.paths import normalize_relative
 from shellyard.runner.protocol import (
     MAX_PAGE,
-    ApplyEntry,
-    ByteStream,
-    Runner,
-    pack_version_for,
 )
 from shellyard.store import Store
 from shellyard.store.db import new_id
-from shellyard.store.files import TERMINAL_TRANSFER_STATES, Transfer, TransferFile
+from shellyard.store.files import (
+    ENDED,
+    HELD,
+    LOST,
+    TERMINAL_TRANSFER_STATES,
+    Transfer,
+    TransferFile,
+)
 from shellyard.store.leases import TRANSFER
 from shellyard.store.records import field_names, values_of
 
@@ -100,15 +106,17 @@ def _file_view(row: TransferFile) -> TransferFileView:
 
 #: Pending rows read from the database at once (cut into batches in memory).
 _PAGE_ROWS = 5000
-#: Consecutive tries of one batch while a runner cannot be reached (E9's five failures).
-BATCH_ATTEMPTS = 5
+#: Why a copier stopped at a fence (``_copy``).
+_FENCED = {
+    ENDED: "the transfer was made final elsewhere",
+    LOST: "another replica holds its lease (this one stalled past it)",
+}
+_FENCED_RECORD = "its batch's outcomes were not this replica's to record: " + " or ".join(
+    _FENCED.values()
+)
 #: How often a wait for a transfer another replica copies reads its record again (besides
 #: being woken by the fan-out when it ends).
 _FOREIGN_POLL_S = 1.0
-
-
-class _Cancelled(Exception):
-    """Raised inside an object stream to stop it when the transfer is cancelled."""
 
 
 class TransferService:
@@ -131,12 +139,19 @@ class TransferService:
         self.access = access
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._cancel: dict[str, asyncio.Event] = {}
-        self._in_flight: dict[str, int] = {}
+        self.batches = BatchCopier()
         self._closing = False
-        #: First backoff between tries of a batch when a runner cannot be reached (doubles).
-        self.retry_base_s = 0.5
         #: transfer id → set when it ends (or a cancel arrives), for waits on this replica.
         self._changed: dict[str, asyncio.Event] = {}
+
+    @property
+    def retry_base_s(self) -> float:
+        """First backoff between tries of a batch when a runner cannot be reached (doubles)."""
+        return self.batches.retry_base_s
+
+    @retry_base_s.setter
+    def retry_base_s(self, value: float) -> None:
+        self.batches.retry_base_s = value
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -335,6 +350,12 @@ class TransferService:
                 )
             error = await self._copy(row, cancel)
             await self._finish(row, "cancelled" if cancel.is_set() else None, error)
+        except Fenced as stop:
+            # Not this replica's to finish: the transfer's end (or its new holder) has it.
+            log.warning("transfer %s: stopped copying here: %s", transfer_id, stop)
+            self._cancel.pop(transfer_id, None)
+            await self._release(transfer_id)  # only a lease still ours (a record ended by hand)
+            self._wake_waiters(transfer_id)
         except asyncio.CancelledError:
             # The control plane is closing (the transfer resumes on the next start, or on
             # the replica that takes the lease over), or another replica took the lease.
@@ -343,7 +364,7 @@ class TransferService:
             log.exception("transfer %s failed", transfer_id)
             await self._finish(row, None, f"{type(exc).__name__}: {exc}")
         finally:
-            self._in_flight.pop(transfer_id, None)
+            self.batches.in_flight.pop(transfer_id, None)
 
     async def _copy(self, row: Transfer, cancel: asyncio.Event) -> str | None:
         """Copy the pending files batch by batch; the error that stopped it, if any."""
@@ -363,7 +384,22 @@ class TransferService:
         after = -1
         rows: list[TransferFile] = []
         # a batch's outcomes are recorded while the runner copies the next batch
-        recording: asyncio.Future[Any] | None = None
+        recording: asyncio.Future[Transfer | None] | None = None
+        # Replicas: every batch is fenced by this replica's lease, right before it is applied
+        # to the target and again when its outcomes are recorded (docs/files-and-transfers.md,
+        # "Transfers across replicas: fenced batches").
+        holder = self.leases.replica_id if self.leases.shared else None
+
+        async def fence() -> None:
+            if holder is not None:
+                found = await self.store.hold_transfer(transfer_id, holder, self.leases.ttl_s)
+                if found != HELD:
+                    raise Fenced(_FENCED[found])
+
+        async def recorded(done: asyncio.Future[Transfer | None]) -> None:
+            if await done is None:
+                raise Fenced(_FENCED_RECORD)
+
         try:
             while not cancel.is_set():
                 if not rows:  # pending rows come a page at a time, several batches' worth
@@ -384,7 +420,7 @@ class TransferService:
                 rows = rows[len(batch) :]
                 after = batch[-1].idx
                 work = asyncio.ensure_future(
-                    self._batch_tried(
+                    self.batches.tried(
                         transfer_id,
                         batch,
                         src_runner,
@@ -392,34 +428,39 @@ class TransferService:
                         dst_runner,
                         dst.id,
                         cancel,
+                        fence,
                     )
                 )
                 try:
                     if recording is not None:
                         previous, recording = recording, None
-                        await previous
+                        await recorded(previous)
                     outcomes, snapshot, sent = await work
-                except _Cancelled:
+                except Cancelled:
                     return None
                 except ShellyardError as exc:
                     if cancel.is_set():
                         return None
                     reason = f"the batch could not be copied: {exc.message}"
-                    failed: list[tuple[int, str, str | None, int | None]] = [
-                        (r.idx, "failed", reason, None) for r in batch
-                    ]
-                    await self.store.record_outcomes(transfer_id, failed, None)
+                    failed: list[Outcome] = [(r.idx, "failed", reason, None) for r in batch]
+                    if (
+                        await self.store.record_outcomes(transfer_id, failed, None, holder=holder)
+                        is None
+                    ):
+                        raise Fenced(_FENCED_RECORD) from exc
                     return exc.message
                 finally:
                     if not work.done():
                         work.cancel()
                         with contextlib.suppress(BaseException):
                             await work
-                    self._in_flight[transfer_id] = 0
+                    self.batches.in_flight[transfer_id] = 0
                 sizes = {r.idx: r.size for r in batch}
                 done = sum(sizes[i] for i, o, _r, _s in outcomes if o in ("copied", "unchanged"))
                 recording = asyncio.ensure_future(
-                    self.store.record_outcomes(transfer_id, outcomes, snapshot, sent, done)
+                    self.store.record_outcomes(
+                        transfer_id, outcomes, snapshot, sent, done, holder=holder
+                    )
                 )
                 moved += size
                 if rate:
@@ -430,145 +471,22 @@ class TransferService:
             return None
         finally:
             if recording is not None:
-                await recording
+                await recorded(recording)
 
     async def _cancel_recorded(self, transfer_id: str, cancel: asyncio.Event) -> bool:
         """A cancel asked on another replica whose fan-out message was lost, or the transfer
         made final there (this replica stalled past its lease, another took it over and
         ended it): the record says so, read once per batch (only with replicas; one process
-        sets ``cancel`` itself). A final one stops the copy before its next batch reaches
-        the target, whose writer its end released (W1); its finish here changes nothing."""
+        sets ``cancel`` itself). A final one stops the copy (``Fenced``) before its next
+        batch reaches the target, whose writer its end released (W1)."""
         if not self.leases.shared:
             return cancel.is_set()
         row = await self.store.get_transfer(transfer_id)
-        if row is not None and (row.cancel_requested or row.state in TERMINAL_TRANSFER_STATES):
+        if row is None or row.state in TERMINAL_TRANSFER_STATES:
+            raise Fenced(_FENCED[ENDED])
+        if row.cancel_requested:
             cancel.set()
         return cancel.is_set()
-
-    async def _batch_tried(
-        self,
-        transfer_id: str,
-        rows: list[TransferFile],
-        src_runner: Runner,
-        src_ws: str,
-        dst_runner: Runner,
-        dst_ws: str,
-        cancel: asyncio.Event,
-    ) -> tuple[list[tuple[int, str, str | None, int | None]], dict[str, Any] | None, int]:
-        """``_batch``, tried again with backoff while a runner cannot be reached (R3)."""
-        attempt = 0
-        while True:
-            attempt += 1
-            try:
-                return await self._batch(
-                    transfer_id, rows, src_runner, src_ws, dst_runner, dst_ws, cancel
-                )
-            except RunnerUnavailable as exc:
-                if attempt == BATCH_ATTEMPTS or cancel.is_set():
-                    raise RunnerUnavailable(
-                        f"{exc.message} (tried {attempt} times); start the transfer again "
-                        "once the runner is back: what is committed counts as unchanged"
-                    ) from exc
-                log.warning(
-                    "transfer %s: batch try %d failed, trying again: %s",
-                    transfer_id,
-                    attempt,
-                    exc.message,
-                )
-                self._in_flight[transfer_id] = 0
-                with contextlib.suppress(TimeoutError):
-                    delay = min(30.0, self.retry_base_s * 2 ** (attempt - 1))
-                    await asyncio.wait_for(cancel.wait(), delay)
-                if cancel.is_set():
-                    raise _Cancelled from exc
-
-    async def _batch(
-        self,
-        transfer_id: str,
-        rows: list[TransferFile],
-        src_runner: Runner,
-        src_ws: str,
-        dst_runner: Runner,
-        dst_ws: str,
-        cancel: asyncio.Event,
-    ) -> tuple[list[tuple[int, str, str | None, int | None]], dict[str, Any] | None, int]:
-        """Copy one batch: (outcomes, the target snapshot as a dict, bytes sent between
-        runners)."""
-        shas = list(dict.fromkeys(r.sha256 for r in rows if r.kind == "file" and r.sha256))
-        lacking = await dst_runner.missing_objects(shas) if shas else []
-        bad: dict[str, str] = {}
-        sent = 0
-        if lacking:
-            # holes stay off the wire when the target reads pack version 2 (a source too
-            # old to write it sends version 1, which every target reads)
-            pack = await src_runner.export_objects(lacking, pack_version_for(dst_runner))
-            try:
-                results = await dst_runner.import_objects(self._watch(transfer_id, pack, cancel))
-            finally:
-                # A target that failed mid-stream leaves the source's stream open otherwise
-                # (its HTTP response, or the local store's reader thread).
-                close = getattr(pack, "aclose", None)
-                if close is not None:
-                    with contextlib.suppress(Exception):
-                        await close()
-            if cancel.is_set():
-                raise _Cancelled
-            # what crossed: the pack's bytes (``_watch`` counts them), not the files' sizes,
-            # which a sparse file's extents make far larger
-            sent = self._in_flight.get(transfer_id, 0)
-            got = {r.sha256: r for r in results}
-            for sha in lacking:
-                result = got.get(sha)
-                if result is None or not result.ok:
-                    bad[sha] = (result.error or "failed") if result else "it never arrived"
-        if cancel.is_set():
-            raise _Cancelled
-        entries = [
-            ApplyEntry.model_construct(  # rows we wrote from a validated plan
-                path=r.target_path,
-                kind=r.kind,
-                mode=r.mode,
-                size=r.size,
-                sha256=r.sha256,
-                target=r.link_target,
-            )
-            for r in rows
-            if not (r.kind == "file" and r.sha256 in bad)
-        ]
-        outcome_of: dict[str, tuple[str, str | None]] = {}
-        snapshot: dict[str, Any] | None = None
-        seq: int | None = None
-        if entries:
-            applied = await dst_runner.apply_entries(dst_ws, entries)
-            snapshot = applied.snapshot.model_dump()
-            seq = applied.snapshot.seq
-            outcome_of = {o.path: (o.outcome, o.reason) for o in applied.outcomes}
-        outcomes: list[tuple[int, str, str | None, int | None]] = []
-        for r in rows:
-            if r.kind == "file" and r.sha256 in bad:
-                why = f"could not copy its content from the source: {bad[r.sha256]}"
-                outcomes.append((r.idx, "failed", why, None))
-                continue
-            outcome, reason = outcome_of.get(
-                r.target_path, ("failed", "the target runner did not report it")
-            )
-            committed = outcome in ("copied", "unchanged")
-            outcomes.append((r.idx, outcome, reason, seq if committed else None))
-        return outcomes, snapshot, sent
-
-    async def _watch(
-        self, transfer_id: str, stream: ByteStream, cancel: asyncio.Event
-    ) -> AsyncIterator[bytes]:
-        """Count the bytes of an object stream (progress) and stop it on cancel."""
-        self._in_flight[transfer_id] = 0
-        async for chunk in stream:
-            if cancel.is_set():
-                close = getattr(stream, "aclose", None)
-                if close is not None:
-                    await close()
-                raise _Cancelled
-            self._in_flight[transfer_id] = self._in_flight.get(transfer_id, 0) + len(chunk)
-            yield chunk
 
     async def _finish(self, row: Transfer, forced: str | None, error: str | None) -> None:
         transfer_id = row.id
@@ -696,7 +614,7 @@ class TransferService:
             {
                 **values_of(row, _TRANSFER_VIEW_FIELDS),
                 "transfer_id": row.id,
-                "bytes_in_flight": self._in_flight.get(row.id, 0),
+                "bytes_in_flight": self.batches.in_flight.get(row.id, 0),
             }
         )
 
