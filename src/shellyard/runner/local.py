@@ -85,10 +85,6 @@ from shellyard.runner.tool_mounts import ToolMounts
 log = logging.getLogger(__name__)
 
 
-def workspace_id(value: str) -> None:
-    check_id(value, "workspace id")
-
-
 class LocalRunner(TerminalDoor):  # E13: send_input, screen, resize
     """The Runner protocol on this host. Call ``startup()`` before use, ``aclose()`` after."""
 
@@ -105,8 +101,9 @@ class LocalRunner(TerminalDoor):  # E13: send_input, screen, resize
         #: Each workspace's home, bound at /home/agent (docs/contract.md "The home").
         self._homes = self.root / "homes"
         self._executions = self.root / "executions"
-        #: a workspace's tree and home, its id checked (kept.py: asked ~9 times a run)
-        self._paths_of = kept.folders(workspace_id, self._workspaces, self._homes)
+        self._paths_of = kept.folders(  # tree and home, the id checked (~9 asks a run)
+            lambda ws: check_id(ws, "workspace id"), self._workspaces, self._homes
+        )
         self._sandbox_dir = self.root / "sandbox"
         #: R2: an overlay of its own per workspace, home and view (own_mounts.py)
         self._mounts = OwnMounts(self._sandbox_dir / "overlays", (self._workspaces, self._homes))
