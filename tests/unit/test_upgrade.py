@@ -162,9 +162,13 @@ async def test_a_database_of_an_older_release_opens_with_its_data(
         # E9: an old record has no runner state id (it keeps the old reading of NO_TRACE);
         # the new column takes one
         assert row.runner_state is None
-        await store.update_execution(
-            "ex_old2", from_states=("completed",), runner_state="0123456789abcdef"
+        # (written as a statement: the store itself never changes a finished record, E9)
+        update = (
+            sa.update(schema.executions)
+            .where(schema.executions.c.id == "ex_old2")
+            .values(runner_state="0123456789abcdef")
         )
+        await store.run(lambda conn: conn.execute(update))
         again = await store.get_execution("ex_old2")
         assert again is not None and again.runner_state == "0123456789abcdef"
         versions = await store.all(
