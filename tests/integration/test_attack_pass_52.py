@@ -42,17 +42,24 @@ def _points(text: str, below: str) -> set[str]:
     }
 
 
-@pytest.fixture
+@pytest.fixture(params=["plain", "linked"])
 async def busy(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
 ) -> AsyncIterator[tuple[LocalRunner, str]]:
     """A root runner with four other workspaces running (their trees and homes mounted: the
-    launcher detaches from 4 mounts below the runner's folder on) and a fifth, the agent's."""
+    launcher detaches from 4 mounts below the runner's folder on) and a fifth, the agent's;
+    the runner's folder named plainly, or through a link (bwrap binds from the link's
+    spelling, mountinfo shows the real one: the keeps are translated, bwrap.py ``Detach``)."""
+    base = tmp_path
+    if request.param == "linked":
+        (tmp_path / "real").mkdir()
+        base = tmp_path / "link"
+        base.symlink_to(tmp_path / "real")
     monkeypatch.setenv("SHELLYARD_OWN_MOUNTS", "on")
     monkeypatch.setenv("SHELLYARD_WARM_SANDBOXES", "0")
     others = [eid(f"other{i}") for i in range(4)]
     mine = eid("mine")
-    async with local_runner(tmp_path, *others, mine) as local:
+    async with local_runner(base, *others, mine) as local:
         started = []
         for workspace in others:
             execution = eid(f"ex-{workspace}")
@@ -60,8 +67,8 @@ async def busy(
                                            command="sleep 120"))  # fmt: skip
             started.append(execution)
         try:
-            root = str(local.root)
-            if str(local.workspace_path(others[0])) not in _points(
+            root = os.path.realpath(local.root)
+            if os.path.realpath(local.workspace_path(others[0])) not in _points(
                 Path("/proc/self/mountinfo").read_text(), root
             ):
                 pytest.skip("this kernel mounted no overlay per workspace (own mounts off)")
@@ -141,3 +148,34 @@ def test_on_a_shared_host_a_runner_folder_with_escapes_keeps_every_mount(tmp_pat
     assert _points(sandbox, escaped(root)) == {escaped(folders[0])}, sandbox
     assert "mine" in sandbox
     assert _points(host, escaped(root)) == {escaped(f) for f in folders}, host
+
+
+async def test_odd_names_links_and_a_read_view_change_nothing_of_what_is_kept(
+    busy: tuple[LocalRunner, str],
+) -> None:
+    """Held (R2): what the agent controls in its workspace (a file named like a mount point
+    of another workspace, with a space, a backslash and a newline; a link to another
+    workspace's folder; a ``cwd`` below them) changes nothing of the launcher's table: the
+    keeps are the runner's bind sources, matched as texts against mountinfo. The writer and
+    a read-only execution (its view, W2) see their own files, no host path, nothing of
+    another workspace."""
+    local, mine = busy
+    other = local.workspace_path(eid("other0"))
+    (other / "theirs").write_text("theirs\n")
+    odd = "odd dir\\x\nline"
+    await _run(
+        local,
+        mine,
+        f"mkdir -p {shlex.quote(odd)}/sub && echo mine > data && ln -s {shlex.quote(str(other))} "
+        f"link && ln -s {shlex.quote(str(other))} {shlex.quote(odd)}/l",
+    )
+    for read_only in (False, True):
+        seen = await _run(
+            local,
+            mine,
+            "cat /proc/self/mountinfo; cat /workspace/data; cat link/theirs 2>&1 || true",
+            cwd=f"{odd}/sub",
+            read_only=read_only,
+        )
+        _no_host_path(seen, local)
+        assert "mine\n" in seen and "theirs" not in seen.replace("link/theirs", ""), seen
