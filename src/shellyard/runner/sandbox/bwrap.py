@@ -456,7 +456,9 @@ def bwrap_argv(
         "--",
         *command,
     ]
-    keeps = detach.keeps(argv[: argv.index("--")]) if detach and launcher else None
+    # R2: up to the options' own end; an env value "--" cut the list before the workspace's
+    # bind, its overlay was unmounted and bwrap bound the plain folder (a host path shown)
+    keeps = detach.keeps(argv[: options_end(argv, 1)]) if detach and launcher else None
     front = launch.prefix(
         launcher,
         network=network,
@@ -470,13 +472,24 @@ def bwrap_argv(
     return [*front, *argv]
 
 
+def options_end(argv: Sequence[str], start: int) -> int:
+    """The index of the ``--`` that ends bwrap's options, which begin at ``start``. A
+    ``--setenv`` value is the caller's text (E1: ``--`` is a value like any other): its two
+    arguments are stepped over, never taken for the end. Every other option's arguments are
+    the runner's (absolute paths, numbers, fixed words), never ``--``."""
+    index = start
+    while argv[index] != "--":
+        index += 3 if argv[index] == "--setenv" else 1
+    return index
+
+
 def options_by_fd(argv: list[str], bwrap: str) -> tuple[list[str], int]:
     """``argv`` with bwrap's options moved into a memfd read by ``--args FD``, and that fd
     (inheritable only through ``pass_fds``; close it once spawned). A sandbox reads its pid
     1's command line (/proc/1/cmdline is bwrap's): it then shows ``bwrap --args N --`` and
     the command, not the host paths of the binds (docs/security.md "Host paths")."""
     start = argv.index(bwrap) + 1
-    end = argv.index("--", start)
+    end = options_end(argv, start)
     fd = os.memfd_create("shellyard-bwrap-args", os.MFD_CLOEXEC)
     try:
         # one encode of the joined options, not one per option (~100 a spawn)
