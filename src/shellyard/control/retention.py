@@ -285,7 +285,7 @@ TRACKED = (
     ("timers.watched", ("timers", "_watched")),
     ("transfers.tasks", ("transfers", "_tasks")),
     ("transfers.cancel", ("transfers", "_cancel")),
-    ("transfers.in_flight", ("transfers", "_in_flight")),
+    ("transfers.in_flight", ("transfers", "batches.in_flight")),
     ("environments.drivers", ("environments", "_drivers")),
     ("environments.wakeups", ("environments", "_wakeups")),
     ("environments.ended", ("environments", "_ended")),
@@ -303,9 +303,10 @@ def structure_sizes(plane: object, local_runner: object | None) -> dict[str, int
     and RSS (for the admin debug endpoint, the soak test and bench/bench_soak.py)."""
     sizes: dict[str, int] = {}
     for label, (service, attribute) in TRACKED:
-        owner = getattr(plane, service, None)
-        value = getattr(owner, attribute, None)
-        sizes[label] = len(value) if hasattr(value, "__len__") else -1  # type: ignore[arg-type]
+        value: object = getattr(plane, service, None)
+        for name in attribute.split("."):
+            value = getattr(value, name, None)
+        sizes[label] = len(value) if hasattr(value, "__len__") else -1
     for label, path in LOCAL_TRACKED:
         found: object = local_runner
         for attribute in path.split("."):
