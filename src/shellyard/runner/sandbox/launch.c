@@ -178,6 +178,12 @@ static void detach(const char *root, const char **keeps, int nkeeps) {
      * as it is. But nothing is unmounted unless this namespace is a slave of the host's. */
     if (count >= DETACH_FROM && unshare(CLONE_NEWNS) == 0 &&
         mount(NULL, "/", NULL, MS_REC | MS_SLAVE, NULL) == 0) {
+        /* The table again, now this namespace's own: the host's first read only counted. A
+         * workspace's mount made between that read and the unshare was copied here and
+         * missed by it; it stayed for the sandbox's life, holding another workspace's
+         * overlay or network namespace alive after the host let it go (session 53). */
+        free(buffer);
+        buffer = mounts_below(root, keeps, nkeeps, points, &count);
         /* deepest last in the table: undone from the end; one already gone with the mount it
          * was on, or two stacked on one folder, fails, and stays (the sandbox's own are
          * never among them) */
