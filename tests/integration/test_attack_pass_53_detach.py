@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 from leftover_mounts import remove_home
 from local_runner import ended, process_tag, tagger, workspace_processes
+from runner_daemon_fixture import start_daemon
 
 from conftest import kill_server, stop_server
 from shellyard.contract.executions import ExecutionState
@@ -375,4 +376,51 @@ def test_kill9_with_detached_sandboxes_then_adoption_leaks_nothing(
         assert str(home) not in seen.stdout and str(runner) not in seen.stdout, seen.stdout
     stop_server(home)
     left = _home_lines(home)
+    assert not left, left
+
+
+async def test_kill9_of_the_runner_daemon_with_detached_sandboxes_then_adoption(
+    tmp_path: Path, quiet: None, request: pytest.FixtureRequest
+) -> None:
+    """Held (E11, R3 under R2 tenants): a runner daemon (its own process, a root
+    ``LocalRunner``) is killed with SIGKILL while five workspaces each run a detached
+    sandbox that writes after the kill; the restarted daemon adopts them: each ends with exit
+    0 and its files are in its next commit, the agent's sandbox saw (after the restart)
+    nothing of another workspace and no host path, its launcher's table held none of the
+    others' mounts, and a clean stop leaves no mount of the runner's folder."""
+    root = tmp_path / "daemon"
+    request.addfinalizer(lambda: remove_home(root))
+    daemon = await start_daemon(root, SandboxPolicy(), subprocess=True)
+    try:
+        runner = daemon.runner
+        workspaces = [eid(f"d{i}") for i in range(5)]
+        script = (
+            "sleep 3; echo {n} > after.txt; echo h > ~/h.txt; "
+            "cat /proc/self/mountinfo > seen.txt; ls -a / /workspace > ls.txt"
+        )
+        for n, workspace in enumerate(workspaces):  # the last spawn sees four busy ones
+            await runner.ensure_workspace(workspace)
+            await runner.start(StartRequest(execution_id=eid(f"dx{n}"), workspace_id=workspace,
+                                            command=script.format(n=n)))  # fmt: skip
+        real = os.path.realpath(root)
+        below = _points(await _monitor_table(workspaces[-1], real), real)
+        assert not {p for p in below for w in workspaces[:-1] if p.endswith("/" + w)}, below
+        daemon.kill()
+        await daemon.restart()
+        for n, workspace in enumerate(workspaces):
+            record = await ended(runner, eid(f"dx{n}"))
+            assert record.exit_code == 0, record
+            await runner.commit(workspace)
+            files = {}
+            for name in ("after.txt", "seen.txt", "ls.txt"):
+                chunk = await runner.read_file(workspace, None, name, 0, 1 << 20)
+                files[name] = chunk.data.decode()
+            assert files["after.txt"] == f"{n}\n", files
+            seen = files["seen.txt"] + files["ls.txt"]
+            assert str(root) not in seen and real not in seen, seen
+            assert not [w for w in workspaces if w != workspace and w in seen], seen
+    finally:
+        await daemon.stop()
+    left = [line for line in Path("/proc/self/mountinfo").read_text().splitlines()
+            if str(root) in line or os.path.realpath(root) in line]  # fmt: skip
     assert not left, left
