@@ -15,11 +15,11 @@
  * --detach ROOT (the runner's folder): when at least DETACH_FROM mounts lie below ROOT (the
  * overlays and network namespaces of every busy workspace), this process takes a mount
  * namespace of its own, a slave of the host's (nothing unmounted here reaches the host), and
- * unmounts there every one of them that no --keep PATH lies in (the sandbox's own tree, home,
- * view, prefixes: what bwrap binds from). bwrap copies the namespace it starts in and reads
- * the whole mount table again at each of its ~20 binds: every busy workspace's mounts made
- * every other's spawn dearer (docs/benchmarks.md §73). A step the kernel refuses leaves the
- * table as it is (a dearer spawn, nothing else). Then, in this
+ * unmounts there every one of them, as its own table lists them, that no --keep PATH lies in
+ * (the sandbox's own tree, home, view, prefixes: what bwrap binds from). bwrap copies the
+ * namespace it starts in and reads the whole mount table again at each of its ~20 binds:
+ * every busy workspace's mounts made every other's spawn dearer (docs/benchmarks.md §73). A
+ * step the kernel refuses leaves the table as it is (a dearer spawn, nothing else). Then, in this
  * order, as the chain did: enter the user namespace, then the network namespace
  * (nsenter --user --net; by an inherited descriptor the runner opened and checked, R2: a
  * path may name another namespace by then, a descriptor keeps the one checked alive, and it
@@ -178,6 +178,12 @@ static void detach(const char *root, const char **keeps, int nkeeps) {
      * as it is. But nothing is unmounted unless this namespace is a slave of the host's. */
     if (count >= DETACH_FROM && unshare(CLONE_NEWNS) == 0 &&
         mount(NULL, "/", NULL, MS_REC | MS_SLAVE, NULL) == 0) {
+        /* The table again, now this namespace's own: the host's first read only counted. A
+         * workspace's mount made between that read and the unshare was copied here and
+         * missed by it; it stayed for the sandbox's life, holding another workspace's
+         * overlay or network namespace alive after the host let it go (session 53). */
+        free(buffer);
+        buffer = mounts_below(root, keeps, nkeeps, points, &count);
         /* deepest last in the table: undone from the end; one already gone with the mount it
          * was on, or two stacked on one folder, fails, and stays (the sandbox's own are
          * never among them) */
