@@ -20,7 +20,14 @@ from typing import Any
 
 import httpx
 import pytest
-from daemon_outage import held_start, held_start_ran_once, outage_yard, until
+from daemon_outage import (
+    closed_while_unknown,
+    held_start,
+    held_start_ran_once,
+    killed_on_it,
+    outage_yard,
+    until,
+)
 from proc_memory import peak_resident, reset_peak, resident
 from pydantic import TypeAdapter
 from runner_daemon_fixture import start_daemon
@@ -240,18 +247,11 @@ async def test_a_plane_restarted_in_the_unknown_window_keeps_asking(home: Path) 
     closed while the record is unknown, the daemon comes back, and a new plane on the same
     home picks the record up from the store (unknown, no start time: the start still to be
     confirmed), asks the runner and records the real end once (exit 4, ran once)."""
-    plane, daemon, remote = await outage_yard(home)
-    try:
-        submit = await held_start(plane, remote)
-        daemon.kill()
-        result = await submit
-        assert result.state == ExecutionState.unknown
-    finally:
-        await plane.aclose()
+    daemon, execution_id = await closed_while_unknown(home)
     await daemon.restart()
     again, _, _ = await open_yard(home, "local")
     try:
-        await held_start_ran_once(again, result.execution_id, again)
+        await held_start_ran_once(again, execution_id, again)
     finally:
         await again.aclose()
         await daemon.stop()
@@ -278,10 +278,7 @@ async def test_two_planes_on_postgresql_resolve_an_unknown_start_once(
         assert warm.state == ExecutionState.completed
         remote = a.runners.get("remote")
         assert isinstance(remote, RemoteRunner)
-        submit = await held_start(a, remote)
-        daemon.kill()
-        result = await submit
-        assert result.state == ExecutionState.unknown
+        result = await killed_on_it(daemon, await held_start(a, remote))
         await asyncio.sleep(3)  # leases renewed and claimed meanwhile, the runner away
         await daemon.restart()
         await held_start_ran_once(b, result.execution_id, a)

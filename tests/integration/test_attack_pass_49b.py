@@ -130,17 +130,15 @@ async def test_an_unknown_execution_is_still_reconciled_after_a_restart_on_sqlit
     (R3); without the row nobody watched it again: ``unknown`` for ever with its workspace's
     writer held, every later command of the agent refused as busy (E2, E3, E11). The plane
     is stopped cleanly here (a kill -9 leaves the same rows: none)."""
-    from daemon_outage import held_start, outage_yard
+    from daemon_outage import held_start, killed_on_it, outage_yard
 
     from conftest import open_yard
     from shellyard.contract.executions import ExecutionState, RunShellRequest
 
     plane, daemon, remote = await outage_yard(home)
     try:
-        submit = await held_start(plane, remote)  # the daemon holds the start's answer
-        daemon.kill()
-        result = await submit
-        assert result.state == ExecutionState.unknown
+        # the daemon holds the start's answer
+        result = await killed_on_it(daemon, await held_start(plane, remote))
         await plane.aclose()
         await daemon.restart()
         plane, _, _ = await open_yard(home, "local")

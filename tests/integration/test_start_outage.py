@@ -8,12 +8,11 @@ command again) and records the truth: running (then its real end) when the start
 
 from __future__ import annotations
 
-import asyncio
 import time
 from pathlib import Path
 
 import pytest
-from daemon_outage import held_start, outage_yard, unread_start, until
+from daemon_outage import ended, held_start, killed_on_it, outage_yard, unread_start, until
 from runner_daemon_fixture import start_daemon
 
 from shellyard.contract.executions import (
@@ -34,11 +33,7 @@ async def test_daemon_killed_while_the_start_waits_then_back(home: Path) -> None
     plane, daemon, remote = await outage_yard(home)
     try:
         # the daemon holds a foreground start's answer while the command runs: kill it then
-        submit = await held_start(plane, remote)
-        assert not submit.done()
-        daemon.kill()
-        result = await submit
-        assert result.state == ExecutionState.unknown
+        result = await killed_on_it(daemon, await held_start(plane, remote))
         view = await plane.executions.status(result.execution_id)
         assert view.state == ExecutionState.unknown and view.error
         assert "start" in view.error and daemon.url in view.error, view.error
@@ -67,10 +62,7 @@ async def test_daemon_gone_before_it_took_the_start(home: Path) -> None:
     plane, daemon, _ = await outage_yard(home)
     try:
         submit = await unread_start(plane, daemon, "echo run >> runs.txt")
-        assert not submit.done()
-        daemon.kill()  # SIGKILL ends a stopped process too
-        result = await submit
-        assert result.state == ExecutionState.unknown
+        result = await killed_on_it(daemon, submit)
         view = await plane.executions.status(result.execution_id)
         assert view.state == ExecutionState.unknown and "start" in (view.error or "")
         await daemon.restart()
@@ -97,17 +89,12 @@ async def test_a_plane_keeps_a_start_cut_in_its_bookkeeping_unknown(home: Path) 
     never "never started"), and the writer is free."""
     plane, daemon, _ = await outage_yard(home)
     try:
-        submit = await unread_start(plane, daemon, "true")
-        daemon.kill()
-        result = await submit
+        result = await killed_on_it(daemon, await unread_start(plane, daemon, "true"))
         (home / "daemon" / "executions" / result.execution_id).mkdir()
         await daemon.restart()
-        ended = await plane.executions.status(result.execution_id)
-        while ended.finished_at is None:  # unknown all along: its end is the runner's answer
-            await asyncio.sleep(0.05)
-            ended = await plane.executions.status(result.execution_id)
-        assert ended.state == ExecutionState.unknown and ended.error == START_CUT, ended
-        assert ended.started_at is None and ended.finished_at is not None
+        view = await ended(plane, result.execution_id)  # unknown all along until then
+        assert view.state == ExecutionState.unknown and view.error == START_CUT, view
+        assert view.started_at is None and view.finished_at is not None
         after = await plane.executions.run_shell(
             RunShellRequest(command="true", runner_id="remote")
         )

@@ -11,12 +11,19 @@ killed -9 while the start is on it (daemon_outage.py)."""
 
 from __future__ import annotations
 
-import asyncio
 import shutil
 from pathlib import Path
 
 import pytest
-from daemon_outage import held_start, outage_yard, unread_start, until
+from daemon_outage import (
+    closed_while_unknown,
+    ended,
+    held_start,
+    killed_on_it,
+    outage_yard,
+    unread_start,
+    until,
+)
 from leftover_mounts import remove_home
 from runner_daemon_fixture import RunnerDaemon
 
@@ -48,12 +55,11 @@ def _wipe(root: Path) -> None:
     (root / TOKEN_FILE_NAME).chmod(0o600)
 
 
-async def _ended(plane: ControlPlane, execution_id: str) -> ExecutionView:
-    """The record once it is final (an unknown one too: its end is the runner's answer)."""
-    view = await plane.executions.status(execution_id)
-    while view.finished_at is None:
-        await asyncio.sleep(0.05)
-        view = await plane.executions.status(execution_id)
+async def _ended_replaced(plane: ControlPlane, execution_id: str) -> ExecutionView:
+    """The record once it is final: ``unknown``, with the replaced state's reason."""
+    view = await ended(plane, execution_id)
+    assert view.state == ExecutionState.unknown, view
+    assert view.error == unstarted.STATE_REPLACED, view.error
     return view
 
 
@@ -67,11 +73,7 @@ async def test_a_start_that_ran_on_a_replaced_state_is_not_never_started(home: P
     try:
         before = (await daemon.runner.info()).state_id
         assert before is not None
-        submit = await held_start(plane, remote)
-        assert not submit.done()
-        daemon.kill()
-        result = await submit
-        assert result.state == ExecutionState.unknown
+        result = await killed_on_it(daemon, await held_start(plane, remote))
         record = await plane.store.get_execution(result.execution_id)
         assert record is not None and record.runner_state == before  # the state it went to
         assert (home / "daemon" / "executions" / result.execution_id).is_dir()  # it ran there
@@ -79,9 +81,7 @@ async def test_a_start_that_ran_on_a_replaced_state_is_not_never_started(home: P
         await daemon.restart()
         after = (await daemon.runner.info()).state_id
         assert after is not None and after != before
-        view = await _ended(plane, result.execution_id)
-        assert view.state == ExecutionState.unknown, view
-        assert view.error == unstarted.STATE_REPLACED, view.error
+        view = await _ended_replaced(plane, result.execution_id)
         assert "never started" not in (view.error or "") and view.was_unknown
         space = await plane.store.get_workspace(view.workspace_id)
         assert space is not None and space.writer_id is None  # the writer was released
@@ -95,21 +95,12 @@ async def test_a_plane_restarted_meanwhile_reads_the_state_from_the_record(home:
     new plane on the same home comes up after the daemon is back on a new folder: it knows
     only the new state (its heartbeats never saw the old one), the record names the old one
     (the store keeps it), so the answer still reads "replaced", not "never started"."""
-    plane, daemon, remote = await outage_yard(home)
-    try:
-        submit = await held_start(plane, remote)
-        daemon.kill()
-        result = await submit
-        assert result.state == ExecutionState.unknown
-    finally:
-        await plane.aclose()
+    daemon, execution_id = await closed_while_unknown(home)
     _point_at_new_root(daemon, home / "daemon-new")
     await daemon.restart()
     again, _, _ = await open_yard(home, "local")
     try:
-        view = await _ended(again, result.execution_id)
-        assert view.state == ExecutionState.unknown, view
-        assert view.error == unstarted.STATE_REPLACED, view.error
+        await _ended_replaced(again, execution_id)
     finally:
         await again.aclose()
         await daemon.stop()
@@ -123,14 +114,10 @@ async def test_an_unread_start_then_a_wiped_state_is_not_never_started(home: Pat
     plane, daemon, _ = await outage_yard(home)
     try:
         submit = await unread_start(plane, daemon, "echo run >> runs.txt")
-        daemon.kill()
-        result = await submit
-        assert result.state == ExecutionState.unknown
+        result = await killed_on_it(daemon, submit)
         _wipe(daemon.root)
         await daemon.restart()
-        view = await _ended(plane, result.execution_id)
-        assert view.state == ExecutionState.unknown, view
-        assert view.error == unstarted.STATE_REPLACED, view.error
+        await _ended_replaced(plane, result.execution_id)
     finally:
         await plane.aclose()
         await daemon.stop()
@@ -144,8 +131,7 @@ async def test_an_unread_start_on_the_same_state_is_still_never_started(home: Pa
     try:
         before = (await daemon.runner.info()).state_id
         submit = await unread_start(plane, daemon, "echo run >> runs.txt")
-        daemon.kill()
-        result = await submit
+        result = await killed_on_it(daemon, submit)
         await daemon.restart()
         assert (await daemon.runner.info()).state_id == before
         assert (daemon.root / state_id.STATE_FILE).read_text().strip() == before

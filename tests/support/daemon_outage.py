@@ -13,7 +13,12 @@ from typing import Any
 from runner_daemon_fixture import RunnerDaemon, start_daemon
 
 from conftest import open_yard
-from shellyard.contract.executions import ExecutionState, ExecutionView, RunShellRequest
+from shellyard.contract.executions import (
+    ExecutionState,
+    ExecutionView,
+    RunShellRequest,
+    RunShellResult,
+)
 from shellyard.control.plane import ControlPlane
 from shellyard.runner.protocol import SandboxPolicy
 from shellyard.runner.transport.client import RemoteRunner
@@ -26,6 +31,16 @@ async def until(plane: ControlPlane, execution_id: str, done: set[ExecutionState
         if view.state in done:
             return view
         await asyncio.sleep(0.05)
+
+
+async def ended(plane: ControlPlane, execution_id: str) -> ExecutionView:
+    """The record once it is final (an ``unknown`` one too: its end is the runner's answer);
+    polled, the test's timeout bounds it."""
+    view = await plane.executions.status(execution_id)
+    while view.finished_at is None:
+        await asyncio.sleep(0.05)
+        view = await plane.executions.status(execution_id)
+    return view
 
 
 async def outage_yard(home: Path) -> tuple[ControlPlane, RunnerDaemon, RemoteRunner]:
@@ -84,3 +99,25 @@ async def held_start_ran_once(
         RunShellRequest(command="cat runs.txt", runner_id="remote")
     )
     assert after.stdout == "run\n"
+
+
+async def killed_on_it(daemon: RunnerDaemon, submit: asyncio.Task[Any]) -> RunShellResult:
+    """The daemon killed -9 while the start ``submit`` (``held_start``, ``unread_start``) is
+    on it: the plane's answer, ``unknown`` at once (E11)."""
+    assert not submit.done()
+    daemon.kill()  # SIGKILL ends a stopped process too
+    result: RunShellResult = await submit
+    assert result.state == ExecutionState.unknown
+    return result
+
+
+async def closed_while_unknown(home: Path) -> tuple[RunnerDaemon, str]:
+    """A ``held_start`` on an ``outage_yard`` whose daemon is killed -9, and the plane closed
+    while the record is ``unknown`` (E11): the daemon, down, and the execution's id, for a
+    new plane on ``home`` to pick up."""
+    plane, daemon, remote = await outage_yard(home)
+    try:
+        result = await killed_on_it(daemon, await held_start(plane, remote))
+    finally:
+        await plane.aclose()
+    return daemon, result.execution_id

@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from shellyard.errors import RunnerUnavailable
@@ -38,6 +39,22 @@ class Fenced(Exception):
 Fence = Callable[[], Awaitable[None]]
 
 
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """One batch of a transfer and where it goes: built once by the transfer's copy loop and
+    handed whole to every try of it (``BatchCopier.tried``, ``copy``)."""
+
+    transfer_id: str
+    rows: tuple[TransferFile, ...]
+    src_runner: Runner
+    dst_runner: Runner
+    #: The target workspace (the source's objects are named by content, not by workspace).
+    dst_ws: str
+    #: Set when the transfer is cancelled: the tries, their backoff and the stream stop.
+    cancel: asyncio.Event
+    fence: Fence
+
+
 class BatchCopier:
     """Copies batches for the transfer service; holds what the service's views show of the
     batch in flight (``in_flight``: bytes of its object stream so far, by transfer id)."""
@@ -47,25 +64,14 @@ class BatchCopier:
         #: First backoff between tries of a batch when a runner cannot be reached (doubles).
         self.retry_base_s = 0.5
 
-    async def tried(
-        self,
-        transfer_id: str,
-        rows: list[TransferFile],
-        src_runner: Runner,
-        src_ws: str,
-        dst_runner: Runner,
-        dst_ws: str,
-        cancel: asyncio.Event,
-        fence: Fence,
-    ) -> tuple[list[Outcome], dict[str, Any] | None, int]:
+    async def tried(self, batch: Batch) -> tuple[list[Outcome], dict[str, Any] | None, int]:
         """``copy``, tried again with backoff while a runner cannot be reached (R3)."""
+        transfer_id, cancel = batch.transfer_id, batch.cancel
         attempt = 0
         while True:
             attempt += 1
             try:
-                return await self.copy(
-                    transfer_id, rows, src_runner, src_ws, dst_runner, dst_ws, cancel, fence
-                )
+                return await self.copy(batch)
             except RunnerUnavailable as exc:
                 if attempt == BATCH_ATTEMPTS or cancel.is_set():
                     raise RunnerUnavailable(
@@ -85,19 +91,11 @@ class BatchCopier:
                 if cancel.is_set():
                     raise Cancelled from exc
 
-    async def copy(
-        self,
-        transfer_id: str,
-        rows: list[TransferFile],
-        src_runner: Runner,
-        src_ws: str,
-        dst_runner: Runner,
-        dst_ws: str,
-        cancel: asyncio.Event,
-        fence: Fence,
-    ) -> tuple[list[Outcome], dict[str, Any] | None, int]:
+    async def copy(self, batch: Batch) -> tuple[list[Outcome], dict[str, Any] | None, int]:
         """Copy one batch: (outcomes, the target snapshot as a dict, bytes sent between
         runners)."""
+        transfer_id, rows, cancel = batch.transfer_id, batch.rows, batch.cancel
+        src_runner, dst_runner = batch.src_runner, batch.dst_runner
         shas = list(dict.fromkeys(r.sha256 for r in rows if r.kind == "file" and r.sha256))
         lacking = await dst_runner.missing_objects(shas) if shas else []
         bad: dict[str, str] = {}
@@ -146,8 +144,8 @@ class BatchCopier:
             # The last moment before the batch is published in the target (its apply commits
             # a snapshot): a copier that stalled past its lease, or whose transfer ended
             # elsewhere meanwhile, stops here (the import above can take minutes).
-            await fence()
-            applied = await dst_runner.apply_entries(dst_ws, entries)
+            await batch.fence()
+            applied = await dst_runner.apply_entries(batch.dst_ws, entries)
             snapshot = applied.snapshot.model_dump()
             seq = applied.snapshot.seq
             outcome_of = {o.path: (o.outcome, o.reason) for o in applied.outcomes}
@@ -179,4 +177,4 @@ class BatchCopier:
             yield chunk
 
 
-__all__ = ["BATCH_ATTEMPTS", "BatchCopier", "Cancelled", "Fence", "Fenced", "Outcome"]
+__all__ = ["BATCH_ATTEMPTS", "Batch", "BatchCopier", "Cancelled", "Fence", "Fenced", "Outcome"]

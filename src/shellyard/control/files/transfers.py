@@ -61,7 +61,7 @@ from shellyard.contract.files import (
 from shellyard.contract.snapshots import CONTENT_CHUNK
 from shellyard.control.executions.hooks import WatchLeases
 from shellyard.control.files.access import WorkspaceAccess
-from shellyard.control.files.transfer_batch import BatchCopier, Cancelled, Fenced, Outcome
+from shellyard.control.files.transfer_batch import Batch, BatchCopier, Cancelled, Fenced, Outcome
 from shellyard.control.files.transfer_plan import glob_text, is_glob, parse_request, plan
 from shellyard.control.runners import LOCAL_RUNNER_ID
 from shellyard.errors import (
@@ -421,14 +421,15 @@ class TransferService:
                 after = batch[-1].idx
                 work = asyncio.ensure_future(
                     self.batches.tried(
-                        transfer_id,
-                        batch,
-                        src_runner,
-                        src.id,
-                        dst_runner,
-                        dst.id,
-                        cancel,
-                        fence,
+                        Batch(
+                            transfer_id=transfer_id,
+                            rows=tuple(batch),
+                            src_runner=src_runner,
+                            dst_runner=dst_runner,
+                            dst_ws=dst.id,
+                            cancel=cancel,
+                            fence=fence,
+                        )
                     )
                 )
                 try:

@@ -13,12 +13,9 @@ import signal
 import time
 from pathlib import Path
 
-log = logging.getLogger(__name__)
+from shellyard.paths import StrPath
 
-#: A control file's path: a ``str`` where it is built per execution on the event loop's thread
-#: (an f-string of its group's folder costs a fraction of a ``Path`` join, docs/benchmarks.md
-#: §72), a ``Path`` elsewhere.
-StrPath = str | os.PathLike[str]
+log = logging.getLogger(__name__)
 
 #: How long ``finish`` waits for a group's last processes to go before it gives up on rmdir.
 REMOVE_WAIT_S = 2.0

@@ -28,7 +28,8 @@ import os
 import time
 from pathlib import Path
 
-from shellyard.runner.limits.cgroup_files import StrPath, keyed, read, write
+from shellyard.paths import StrPath
+from shellyard.runner.limits.cgroup_files import keyed, read, write
 
 log = logging.getLogger(__name__)
 

@@ -42,9 +42,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from shellyard.paths import StrPath
 from shellyard.runner import processes
 from shellyard.runner.limits import logcap, quota, reserve
-from shellyard.runner.limits.cgroup_files import StrPath
 from shellyard.runner.limits.cgroups import CgroupTree
 from shellyard.runner.limits.group_usage import Usage
 from shellyard.runner.limits.settings import (

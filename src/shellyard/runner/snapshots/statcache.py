@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from shellyard.paths import StrPath
 from shellyard.runner.protocol import SnapshotInfo
 from shellyard.runner.snapshots.format import (
     O_CLOEXEC,
@@ -59,7 +60,7 @@ _LOG_MAX_SHARE = 0.25
 Sig = tuple[int, int, int, int]
 
 
-def file_sig(path: str | os.PathLike[str]) -> Sig | None:
+def file_sig(path: StrPath) -> Sig | None:
     try:
         st = os.stat(path)
     except FileNotFoundError:
