@@ -569,10 +569,12 @@ class ExecutionService(OwnedReads):
             # N3: the caller sees the finished result now, so its notice is read (one that
             # ended while this caller waited was posted read already: ``_end``).
             await self.store.mark_notice_read("execution", execution_id)
-        if view.state == ExecutionState.unknown:
-            # Its runner did not answer (unstarted.py): reading its output would wait on that
-            # runner for a request's whole timeout (30 s), far past the caller's budget, for a
-            # log that may not exist. The record's error says how it is followed.
+        if view.state == ExecutionState.unknown and not (
+            unstarted.answered(row) and view.runner_id in self.runners.ids()
+        ):
+            # Its runner did not answer (unstarted.py ``answered``): reading its output would
+            # wait on that runner for a request's whole timeout (30 s), far past the caller's
+            # budget, for a log that may not exist. The record's error says how it is followed.
             return result
         runner = self.runners.get(view.runner_id)
         with contextlib.suppress(ShellyardError):

@@ -135,6 +135,22 @@ async def runner_removed(
         )
 
 
+def answered(row: Execution) -> bool:
+    """Whether a final ``unknown`` is the runner's own answer, so its log can be read at once:
+    the sandbox it started was lost (it ended without recording an exit code: E9's "the runner
+    lost the execution's state"). Not so for one the runner did not answer about (a start's
+    answer that never came, queries that kept failing: ``query_failures``, its runner removed
+    meanwhile): asking that runner for a log would wait out a request's whole timeout (30 s)
+    for a log that may not exist. ``started_at`` excludes a start never confirmed (a state
+    replaced, a start cut in its bookkeeping: no log to speak of)."""
+    return (
+        row.state == ExecutionState.unknown
+        and row.finished_at is not None
+        and row.started_at is not None
+        and row.query_failures == 0
+    )
+
+
 def never_took(result: RunnerExecution) -> bool:
     """The runner's answer for an id it holds no folder of, so the start never reached it (a
     lost sandbox it did start keeps its workspace; a start it was cut in says ``START_CUT``,
@@ -165,6 +181,7 @@ __all__ = [
     "NEVER_STARTED",
     "STATE_REPLACED",
     "Ending",
+    "answered",
     "asking",
     "confirmed",
     "never_took",

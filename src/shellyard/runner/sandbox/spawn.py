@@ -645,8 +645,13 @@ def environment_variables(mount: Mount | None) -> dict[str, str]:
     return variables
 
 
-def bwrap_error(directory: Path, returncode: int) -> str:
-    """bwrap exited without starting the command: its own message is on stderr."""
+def bwrap_error(directory: Path, returncode: int, started: bool = False) -> str | None:
+    """bwrap exited without starting the command: its own message is on stderr. None when
+    its monitor was killed by a signal once the sandbox was made (``started``: its status
+    names the namespace's init): bwrap's own failures exit 1, so the command may have run,
+    and how it ended was never recorded (E9: the runner lost it, not "could not start")."""
+    if returncode < 0 and started:
+        return None
     try:
         with (directory / "stderr").open("rb") as handle:
             message = handle.read(2000).decode("utf-8", "replace").strip()

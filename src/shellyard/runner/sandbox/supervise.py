@@ -325,7 +325,7 @@ class Supervisor:
         if not isinstance(exit_code, int):
             exit_code = None
             if returncode is not None and not cancelled:
-                error = bwrap_error(live.directory, returncode)
+                error = bwrap_error(live.directory, returncode, isinstance(init_pid, int))
         snapshot: SnapshotInfo | None = None
         refused: tuple[int, int] | None = None
         try:
