@@ -3,9 +3,10 @@ to the server after WARMUP runs, over RUNS runs driven through the SDK, then det
 
 Every thread of the server and every child it forks is followed (``-ff``, one file each); a
 child's calls count until its ``execve`` (what the server's fork does before the sandbox's
-program runs), the program's own (bwrap, the launcher, the shell) do not. strace slows each
-call, so which runs find their warm sandbox ready differs from a native run: the number of
-cold spawns is printed beside the counts.
+program runs, reported apart), the program's own (the launcher, bwrap, the shell, all they
+clone) do not. strace slows each call, so which runs find their warm sandbox ready differs
+from a native run (the number of spawns, ``execve`` of the server's children, is printed), and
+the calls that follow the wall clock (a watcher's tick, the loop's waits) are not per run.
 
     PYTHONPATH=src:bench .venv/bin/python bench/strace_run.py [--runs N] [--src SRC] [--out J]
 """
