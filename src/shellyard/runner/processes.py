@@ -120,7 +120,8 @@ async def kill_and_wait(pid: int, marker: bytes, timeout_s: float = 30.0) -> boo
                 signal.pidfd_send_signal(pidfd, signal.SIGKILL)
         # A timer of its own on the future, not ``asyncio.wait_for``: the same wait (a
         # cancel of the caller cancels it, the reader and the timer go either way) without
-        # wait_for's second future and callbacks at every execution's end (§74).
+        # wait_for's second future and callbacks at every execution's end
+        # (docs/benchmarks.md §74).
         loop = asyncio.get_running_loop()
         exited: asyncio.Future[bool] = loop.create_future()
 

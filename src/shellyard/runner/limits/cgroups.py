@@ -365,7 +365,8 @@ class CgroupTree:
         """The sandbox is gone: read its use; its groups go (``remove``), or, v1, when
         already empty and clean, wait at once for the workspace's next spawn (``ahead``).
         An empty group's use is read after it was seen empty, and its reset checks the same
-        reads (an OOM kill, a refused fork) instead of reading them again (§74)."""
+        reads (an OOM kill, a refused fork) instead of reading them again
+        (docs/benchmarks.md §74)."""
         seen: recycle.Seen = {}
         poolable = ahead and self._poolable(workspace_id, execution_id)
         usage = self.usage(workspace_id, execution_id, seen)
@@ -374,7 +375,8 @@ class CgroupTree:
         return usage
 
     def _again_now(self, workspace_id: str, name: str) -> bool:
-        """``_poolable``, then ``_pool``: the group reset and pooled at once."""
+        """``_poolable``, then ``_pool`` reading its checks itself (``finish`` without the
+        use's read): the group reset and pooled at once."""
         return self._poolable(workspace_id, name) and self._pool(workspace_id, name)
 
     def _poolable(self, workspace_id: str, name: str) -> bool:
