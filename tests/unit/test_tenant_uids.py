@@ -71,3 +71,31 @@ def test_the_bases_owner_is_never_a_workspaces_uid(tmp_path: Path) -> None:
     uids = tenants.UidMap(tmp_path / "uids.json", owner, owner + 1)
     given = {uids.uid(f"ws_{i}") for i in range(4)}  # the range is full after the first
     assert owner not in given and given == {owner + 1}
+
+
+@pytest.mark.parametrize("kind", ["tree", "home"])
+def test_give_and_close_gives_a_root_and_closes_it(tmp_path: Path, kind: str) -> None:
+    """R2 tenants: a root not the workspace uid's is given to it, entries and all, and left
+    0700; one already its own but opened (0755 from inside) is closed again, its entries'
+    modes untouched; a missing root is nothing to do."""
+    import os
+
+    if os.geteuid() != 0:
+        pytest.skip("changing owners needs root")
+    root = tmp_path / kind
+    (root / "sub").mkdir(parents=True)
+    (root / "sub" / "f").write_text("y")
+    os.chmod(root, 0o755)
+    assert tenants.give_and_close(root, 62999, 62998) == 2
+    assert (os.stat(root).st_uid, os.stat(root).st_gid) == (62999, 62998)
+    assert os.stat(root / "sub" / "f").st_uid == 62999
+    assert os.stat(root).st_mode & 0o7777 == 0o700
+    os.chmod(root, 0o777)
+    os.chmod(root / "sub", 0o777)
+    assert tenants.give_and_close(root, 62999, 62998) is None
+    assert os.stat(root).st_mode & 0o7777 == 0o700
+    assert os.stat(root / "sub").st_mode & 0o7777 == 0o777  # the agent's own choice
+    # another group (a sandbox group changed): given again
+    assert tenants.give_and_close(root, 62999, 62997) == 2
+    assert os.stat(root).st_gid == 62997
+    assert tenants.give_and_close(tmp_path / "absent", 62999, 62998) is None

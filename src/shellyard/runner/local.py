@@ -17,7 +17,6 @@ On disk, under ``root``::
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import queue
@@ -319,13 +318,10 @@ class LocalRunner(TerminalDoor):  # E13: send_input, screen, resize
             folder_access.make_reachable(self._workspaces, uid, group)
             folder_access.make_reachable(self._homes, uid, group)
             self._reached.add(uid)
-        for tree in self._paths_of(workspace_id):
-            with contextlib.suppress(FileNotFoundError):
-                info = tree.stat()
-                if info.st_uid != uid or info.st_gid != group:
-                    moved = tenants.chown_tree(tree, uid, group)
-                    log.info("gave %s (%d entries) to its uid %d", tree, moved, uid)
-        self._close_root(workspace_id)
+        for tree in self._paths_of(workspace_id):  # its owner and its mode, one lstat
+            moved = tenants.give_and_close(tree, uid, group)
+            if moved is not None:
+                log.info("gave %s (%d entries) to its uid %d", tree, moved, uid)
         return uid, group
 
     def home_path(self, workspace_id: str) -> Path:

@@ -12,10 +12,25 @@ from pathlib import Path
 from typing import Any
 
 
+def read_file(path: str | os.PathLike[str]) -> bytes:
+    """A small file's bytes by ``os.open``/``os.read``: no buffered file object, whose set-up
+    (an fstat, a TCGETS ioctl, an lseek and the wrapper's Python) cost more than the read of a
+    /proc file or bwrap's status at every execution's end (docs/benchmarks.md §74). Reads to
+    the end, as ``Path.read_bytes`` does (a /proc file may return less than it holds)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        chunks = [os.read(fd, 65536)]
+        while chunks[-1]:
+            chunks.append(os.read(fd, 65536))
+    finally:
+        os.close(fd)
+    return chunks[0] if len(chunks) == 2 else b"".join(chunks)
+
+
 def start_time(pid: int) -> int | None:
     """Start time in clock ticks since boot, or None if the pid is gone or a zombie."""
     try:
-        raw = Path(f"/proc/{pid}/stat").read_bytes()
+        raw = read_file(f"/proc/{pid}/stat")
     except OSError:
         return None
     # The command name may contain spaces and parentheses; fields resume after the last ')'.
@@ -51,7 +66,7 @@ def read_bwrap_status(path: Path) -> dict[str, Any]:
     """Merge the JSON documents bwrap wrote to --json-status-fd (one per line)."""
     merged: dict[str, Any] = {}
     try:
-        text = path.read_text()
+        text = read_file(path).decode(errors="replace")
     except OSError:
         return merged
     for line in text.splitlines():
@@ -92,7 +107,7 @@ async def kill_and_wait(pid: int, marker: bytes, timeout_s: float = 30.0) -> boo
         return await _kill_and_poll(pid, marker, timeout_s)
     try:
         try:
-            environ: bytes | None = Path(f"/proc/{pid}/environ").read_bytes()
+            environ: bytes | None = read_file(f"/proc/{pid}/environ")
         except OSError:
             # Exiting (its memory is gone, so no environment): an init leaving its namespace
             # is still killing and waiting for that namespace's processes, so wait for its
@@ -103,21 +118,24 @@ async def kill_and_wait(pid: int, marker: bytes, timeout_s: float = 30.0) -> boo
                 return True  # the pid now names another process
             with contextlib.suppress(ProcessLookupError):
                 signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+        # A timer of its own on the future, not ``asyncio.wait_for``: the same wait (a
+        # cancel of the caller cancels it, the reader and the timer go either way) without
+        # wait_for's second future and callbacks at every execution's end
+        # (docs/benchmarks.md §74).
         loop = asyncio.get_running_loop()
-        exited = loop.create_future()
+        exited: asyncio.Future[bool] = loop.create_future()
 
-        def on_exit() -> None:
+        def settle(gone: bool) -> None:
             if not exited.done():
-                exited.set_result(None)
+                exited.set_result(gone)
 
-        loop.add_reader(pidfd, on_exit)
+        loop.add_reader(pidfd, settle, True)
+        timer = loop.call_later(timeout_s, settle, False)
         try:
-            await asyncio.wait_for(exited, timeout_s)
-        except TimeoutError:
-            return False
+            return await exited
         finally:
+            timer.cancel()
             loop.remove_reader(pidfd)
-        return True
     finally:
         os.close(pidfd)
 
@@ -134,7 +152,7 @@ async def _kill_and_poll(pid: int, marker: bytes, timeout_s: float) -> bool:
     tells the process apart from a later one of the same pid."""
     started = start_time(pid)
     try:
-        environ = Path(f"/proc/{pid}/environ").read_bytes()
+        environ = read_file(f"/proc/{pid}/environ")
     except OSError:
         environ = None  # exiting (see kill_and_wait), or gone
     if started is None or (environ is not None and marker not in environ.split(b"\0")):

@@ -345,7 +345,9 @@ class CgroupTree:
             self.weight.enter(workspace_id)
             self._started[execution_id] = _Started(workspace_id)
 
-    def usage(self, workspace_id: str, execution_id: str) -> Usage:
+    def usage(
+        self, workspace_id: str, execution_id: str, seen: recycle.Seen | None = None
+    ) -> Usage:
         """Peak memory, CPU seconds and what ended it, read from the execution's groups."""
         key = f"{workspace_id}/{execution_id}"
         return group_usage.read(
@@ -356,21 +358,33 @@ class CgroupTree:
             execution_id,
             cpu_base=self._cpu_base.get(key, 0),
             peak_fd=self._peak_fds.get(key),
+            seen=seen,
         )
 
     def finish(self, workspace_id: str, execution_id: str, *, ahead: bool = False) -> Usage:
         """The sandbox is gone: read its use; its groups go (``remove``), or, v1, when
-        already empty and clean, wait at once for the workspace's next spawn (``ahead``)."""
-        usage = self.usage(workspace_id, execution_id)
-        if not (ahead and self._again_now(workspace_id, execution_id)):
+        already empty and clean, wait at once for the workspace's next spawn (``ahead``).
+        An empty group's use is read after it was seen empty, and its reset checks the same
+        reads (an OOM kill, a refused fork) instead of reading them again
+        (docs/benchmarks.md §74)."""
+        seen: recycle.Seen = {}
+        poolable = ahead and self._poolable(workspace_id, execution_id)
+        usage = self.usage(workspace_id, execution_id, seen)
+        if not (poolable and self._pool(workspace_id, execution_id, seen)):
             self.remove(workspace_id, execution_id, ahead=ahead)
         return usage
 
     def _again_now(self, workspace_id: str, name: str) -> bool:
-        """Reset and pooled here, on the caller's thread: a few reads and two writes (tens of
-        µs) instead of a wake-up of the removal thread, whose work then contends with the
-        event loop for the interpreter (docs/benchmarks.md §50). v1 only (v2 keeps a
-        descriptor per group); a group not empty yet goes to the thread, which waits."""
+        """``_poolable``, then ``_pool`` reading its checks itself (``finish`` without the
+        use's read): the group reset and pooled at once."""
+        return self._poolable(workspace_id, name) and self._pool(workspace_id, name)
+
+    def _poolable(self, workspace_id: str, name: str) -> bool:
+        """Whether the group may be reset and pooled here, on the caller's thread: a few reads
+        and two writes (tens of µs) instead of a wake-up of the removal thread, whose work
+        then contends with the event loop for the interpreter (docs/benchmarks.md §50). v1
+        only (v2 keeps a descriptor per group); a group not empty yet goes to the thread,
+        which waits."""
         if self.mechanism != "v1" or not self.reuse or name in self._adopted:
             return False
         with self.ready.lock:
@@ -380,10 +394,13 @@ class CgroupTree:
         if self._pending and Path(pids) in self._pending:
             return False
         procs = _read(f"{pids}/cgroup.procs")
-        if procs is None or procs.strip():  # gone, or its last processes still exiting
-            return False
+        return procs is not None and not procs.strip()  # else gone, or still exiting
+
+    def _pool(self, workspace_id: str, name: str, seen: recycle.Seen | None = None) -> bool:
+        """A ``_poolable`` group's counters reset (``seen``: what its end read of it since it
+        was empty) and the group put in its workspace's pool; False: it cannot start clean."""
         try:
-            clean = recycle.v1_group_reset(self.bases, workspace_id, name)
+            clean = recycle.v1_group_reset(self.bases, workspace_id, name, seen)
         except OSError:
             return False
         if not clean:

@@ -36,6 +36,7 @@ def _pids_max_events(
     controllers: tuple[str, ...],
     workspace_id: str,
     execution_id: str,
+    seen: recycle.Seen | None = None,
 ) -> int:
     """Forks refused at the process limit, counted where they were tried: v1's
     ``pids.events`` and v2's ``pids.events.local`` of the execution's group."""
@@ -48,7 +49,10 @@ def _pids_max_events(
     base = bases.get("pids")
     if base is None:
         return 0
-    return _keyed(_read(f"{base}/{workspace_id}/{execution_id}/pids.events"), "max")
+    events = _read(f"{base}/{workspace_id}/{execution_id}/pids.events")
+    if seen is not None:
+        seen["pids.events"] = events
+    return _keyed(events, "max")
 
 
 def read(
@@ -60,8 +64,11 @@ def read(
     *,
     cpu_base: int = 0,
     peak_fd: int | None = None,
+    seen: recycle.Seen | None = None,
 ) -> Usage:
-    """Peak memory, CPU seconds and what ended it, read from the execution's groups."""
+    """Peak memory, CPU seconds and what ended it, read from the execution's groups.
+    ``seen`` (v1): given the raw ``memory.oom_control`` and ``pids.events`` read, for the
+    reset that may follow (recycle.py ``v1_reset``) to check without reading them again."""
     usage = Usage()
     if v2:
         folder = f"{bases['']}/{workspace_id}/{execution_id}"
@@ -80,6 +87,8 @@ def read(
         peak = _read(f"{memory}/memory.max_usage_in_bytes")
         usage.peak_memory_bytes = int(peak) if peak and peak.strip().isdigit() else None
         control = _read(f"{memory}/memory.oom_control")
+        if seen is not None:
+            seen["memory.oom_control"] = control
         # oom_kill counts the kills (kernels ≥ 4.13); an older one only has failcnt.
         if control is not None and "oom_kill " in control:
             usage.memory_killed = _keyed(control, "oom_kill") > 0
@@ -91,5 +100,6 @@ def read(
             raw = _read(f"{accounting}/{workspace_id}/{execution_id}/cpuacct.usage")
             if raw and raw.strip().isdigit():
                 usage.cpu_seconds = int(raw) / 1e9
-    usage.processes_hit = _pids_max_events(v2, bases, controllers, workspace_id, execution_id) > 0
+    hit = _pids_max_events(v2, bases, controllers, workspace_id, execution_id, seen)
+    usage.processes_hit = hit > 0
     return usage

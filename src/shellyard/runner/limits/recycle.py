@@ -78,15 +78,30 @@ def _number(path: StrPath) -> int | None:
     return int(raw) if raw.isdigit() else None
 
 
-def v1_reset(memory: StrPath, pids: StrPath, accounting: StrPath | None) -> bool:
-    """Counters to zero; False: the group cannot start clean (remove it)."""
-    control = read(f"{memory}/memory.oom_control")
+#: What an end's read of a group's use already holds, by file name (group_usage.py ``read``'s
+#: ``seen``): the reset's checks take it instead of reading the same file again.
+Seen = dict[str, str | None]
+
+
+def _seen_or_read(seen: Seen | None, folder: StrPath, name: str) -> str | None:
+    if seen is not None and name in seen:
+        return seen[name]
+    return read(f"{folder}/{name}")
+
+
+def v1_reset(
+    memory: StrPath, pids: StrPath, accounting: StrPath | None, seen: Seen | None = None
+) -> bool:
+    """Counters to zero; False: the group cannot start clean (remove it). ``seen``: the
+    ``memory.oom_control`` and ``pids.events`` an end read once the group was empty
+    (cgroups.py ``finish``), taken instead of two more reads (docs/benchmarks.md §74)."""
+    control = _seen_or_read(seen, memory, "memory.oom_control")
     # Without the ``oom_kill`` line (a kernel before 4.13) the end is told by ``failcnt``,
     # which a limit's reclaim raises without a kill: such groups are never used again.
     if control is None or "oom_kill " not in control or keyed(control, "oom_kill"):
         _not_again(memory, "an OOM kill in it (or no oom_kill count)")
         return False
-    if keyed(read(f"{pids}/pids.events"), "max"):
+    if keyed(_seen_or_read(seen, pids, "pids.events"), "max"):
         _not_again(memory, "a fork refused in it")
         return False
     usage = _number(f"{memory}/memory.usage_in_bytes")
@@ -99,13 +114,16 @@ def v1_reset(memory: StrPath, pids: StrPath, accounting: StrPath | None) -> bool
     return True
 
 
-def v1_group_reset(bases: dict[str, Path], workspace_id: str, name: str) -> bool:
+def v1_group_reset(
+    bases: dict[str, Path], workspace_id: str, name: str, seen: Seen | None = None
+) -> bool:
     """``v1_reset`` of the group ``<workspace_id>/<name>`` in the v1 hierarchies ``bases``."""
     accounting = bases.get("cpuacct", bases.get("cpu"))
     return v1_reset(
         f"{bases['memory']}/{workspace_id}/{name}",
         f"{bases['pids']}/{workspace_id}/{name}",
         None if accounting is None else f"{accounting}/{workspace_id}/{name}",
+        seen,
     )
 
 

@@ -18,6 +18,7 @@ import json
 import logging
 import os
 import pwd
+import stat
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -194,3 +195,35 @@ def close_root(tree: Path) -> None:
     with contextlib.suppress(FileNotFoundError):
         if tree.lstat().st_mode & 0o7777 != 0o700:
             os.chmod(tree, 0o700, follow_symlinks=False)
+
+
+def give_and_close(tree: Path, uid: int, gid: int) -> int | None:
+    """R2 tenants, at every use of a workspace: its root (tree or home) given to ``uid`` and
+    ``gid`` (``chown_tree``) when it is not theirs, and closed to 0700 (``close_root``), both
+    from one ``lstat`` where a stat for the owner and an lstat for the mode were taken (two
+    roots, 1-2 uses per execution, docs/benchmarks.md §74). The runner makes each root a
+    folder, whose own owner and mode are what stat gives; a link there is looked at as before
+    (the owner through it, the mode of the link). The entries given, None: none or no root."""
+    try:
+        info = os.lstat(tree)
+    except FileNotFoundError:
+        return None
+    owner: os.stat_result | None = info
+    if stat.S_ISLNK(info.st_mode):
+        try:
+            owner = os.stat(tree)
+        except FileNotFoundError:
+            owner = None
+    if owner is not None and (owner.st_uid != uid or owner.st_gid != gid):
+        try:
+            moved = chown_tree(tree, uid, gid)
+        except FileNotFoundError:  # removed meanwhile: nothing to give or close
+            return None
+        close_root(tree)  # its mode read again after the walk
+        return moved
+    if stat.S_ISLNK(info.st_mode):
+        close_root(tree)
+    elif info.st_mode & 0o7777 != 0o700:
+        with contextlib.suppress(FileNotFoundError):
+            os.chmod(tree, 0o700, follow_symlinks=False)
+    return None
