@@ -1,17 +1,17 @@
 """``/mcp`` on the server, built during the server's start-up, before it is published.
 
-The mcp SDK, the in-process client and the tool server cost about 0.5 s of CPU and 25 MiB of
-resident memory (measured: importing ``mcp/http.py`` takes a fresh interpreter to 118 MiB,
-the REST server alone to 96 MiB). They were made on the first request to reach /mcp, which
-put that cost on the clock of a client's first message: the SDK's clients (``mode="auto"``,
-as the other SDKs') send ``server/discover`` first and give it 10 s, and past that fall back
-to the older ``initialize`` handshake, whose capabilities cannot carry ``extensions``. Such
-a session never has the tasks extension. On 2 shared cores the build took 1.4-3.3 s at a
-load of 8 and passed 10 s under heavier load: the tasks test then saw no tasks (a server
-stopped for 11 s during its first connect reproduces it). So ``start`` builds the endpoint
-in the app's start-up, before ``serve`` publishes the server (``server.json``, the ready
-fd): nothing a client sends ever waits for it. An app whose start-up did not run (tests
-that call it in-process) still builds it on its first request.
+The mcp SDK, the in-process client and the tool server cost about 0.5 s of CPU and 29 MiB
+of resident memory (a fresh ``shellyard serve``: 110 MiB without them, 139 MiB with). They
+were made on the first request to reach /mcp, which put that cost on the clock of a
+client's first message: the SDK's clients (``mode="auto"``, as the other SDKs') send
+``server/discover`` first and give it 10 s, then fall back to the older ``initialize``
+handshake, whose capabilities cannot carry ``extensions``: that session never has the tasks
+extension. On 2 shared cores the build took 1.4-3.3 s at a load of 8, more under heavier
+load; a server stopped for 11 s during its first connect gives the same downgrade. So
+``start`` builds the endpoint in the app's start-up, before ``serve`` publishes the server
+(``server.json``, the ready fd): no client's message waits for it (docs/decisions.md). An
+app whose start-up did not run (tests that call it in-process) builds it on its first
+request.
 
 The session manager's lifespan runs in a task of its own from then until the server stops,
 since the SDK's task group must be entered and left by the same task.
