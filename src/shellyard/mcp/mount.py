@@ -9,9 +9,9 @@ handshake, whose capabilities cannot carry ``extensions``: that session never ha
 extension. On 2 shared cores the build took 1.4-3.3 s at a load of 8, more under heavier
 load; a server stopped for 11 s during its first connect gives the same downgrade. So
 ``start`` builds the endpoint in the app's start-up, before ``serve`` publishes the server
-(``server.json``, the ready fd): no client's message waits for it (docs/decisions.md). An
-app whose start-up did not run (tests that call it in-process) builds it on its first
-request.
+(``server.json``, the ready fd), and its route comes first (``mount_mcp``): no client's
+message waits for either (docs/decisions.md). An app whose start-up did not run (tests
+that call it in-process) builds it on its first request.
 
 The session manager's lifespan runs in a task of its own from then until the server stops,
 since the SDK's task group must be entered and left by the same task.
@@ -84,7 +84,10 @@ class McpMount:
 
 def mount_mcp(app: FastAPI, path: str = MCP_PATH) -> McpMount:
     endpoint = McpMount(app, path)
-    app.router.routes.append(Route(path, endpoint=endpoint, methods=["GET", "POST", "DELETE"]))
+    # First, not last: FastAPI builds each included router's matching context on the first
+    # request that gets as far as that router, so /mcp behind every REST router paid ~0.4 s
+    # on its first request (py-spy), on the clock of that client's server/discover too.
+    app.router.routes.insert(0, Route(path, endpoint=endpoint, methods=["GET", "POST", "DELETE"]))
     return endpoint
 
 
