@@ -78,12 +78,16 @@ def create_app(
 ) -> FastAPI:
     """The REST API (and MCP over streamable HTTP at /mcp) over ``plane``. Every route but
     /health needs a bearer token (``auth_required=False``: the loopback-only --no-auth mode)."""
-    from shellyard.mcp.mount import LazyMcp, mount_mcp
+    from shellyard.mcp.mount import McpMount, mount_mcp
 
-    mcp_app: LazyMcp | None = None
+    mcp_app: McpMount | None = None
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        if mcp_app is not None:
+            # Before the hook that publishes the server: a client's first MCP message must
+            # not wait for the endpoint's build (mcp/mount.py says why).
+            await mcp_app.start()
         if lifespan_hooks:
             await lifespan_hooks[0]()
         try:
@@ -213,6 +217,7 @@ def create_app(
     mount_web(app)
     # MCP over streamable HTTP, the same tools as stdio, bound to each request's token.
     mcp_app = mount_mcp(app)
+    app.state.mcp = mcp_app  # whether it is built yet (tests/doors/mcp/test_mcp_capabilities.py)
     document_bodies(app)
     # body bounds and authentication before any body is read (docs/security.md)
     # and run_shell's JSON object bodies answered there once read (api/run_route.py)
