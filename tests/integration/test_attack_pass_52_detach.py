@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 from leftover_mounts import remove_home
 from local_runner import ended, local_runner, process_tag, tagger
+from mount_table import points_below
 
 from shellyard.runner.local import LocalRunner
 from shellyard.runner.protocol import StartRequest
@@ -32,15 +33,6 @@ pytestmark = [
 
 eid = tagger(process_tag())
 _count = itertools.count()
-
-
-def _points(text: str, below: str) -> set[str]:
-    """The mount points (mountinfo field 5) strictly below ``below``."""
-    return {
-        fields[4]
-        for fields in (line.split(" ") for line in text.splitlines())
-        if len(fields) > 4 and fields[4].startswith(below + "/")
-    }
 
 
 @pytest.fixture(params=["plain", "linked"])
@@ -72,7 +64,7 @@ async def busy(
             started.append(execution)
         try:
             root = os.path.realpath(local.root)
-            if os.path.realpath(local.workspace_path(others[0])) not in _points(
+            if os.path.realpath(local.workspace_path(others[0])) not in points_below(
                 Path("/proc/self/mountinfo").read_text(), root
             ):
                 pytest.skip("this kernel mounted no overlay per workspace (own mounts off)")
@@ -145,9 +137,9 @@ def test_on_a_shared_host_a_runner_folder_with_escapes_keeps_every_mount(tmp_pat
     def escaped(path: Path) -> str:
         return str(path).replace("\\", "\\134").replace(" ", "\\040")
 
-    assert _points(sandbox, escaped(root)) == {escaped(folders[0])}, sandbox
+    assert points_below(sandbox, escaped(root)) == {escaped(folders[0])}, sandbox
     assert "mine" in sandbox
-    assert _points(host, escaped(root)) == {escaped(f) for f in folders}, host
+    assert points_below(host, escaped(root)) == {escaped(f) for f in folders}, host
 
 
 async def test_odd_names_links_and_a_read_view_change_nothing_of_what_is_kept(

@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 from leftover_mounts import remove_home
 from local_runner import ended, process_tag, tagger, workspace_processes
+from mount_table import host_points_below, points_below
 from runner_daemon_fixture import start_daemon
 
 from conftest import kill_server, stop_server
@@ -43,19 +44,6 @@ pytestmark = [
 
 eid = tagger(process_tag())
 _count = itertools.count()
-
-
-def _points(text: str, below: str) -> set[str]:
-    """The mount points (mountinfo field 5) strictly below ``below``."""
-    return {
-        fields[4]
-        for fields in (line.split(" ") for line in text.splitlines())
-        if len(fields) > 4 and fields[4].startswith(below + "/")
-    }
-
-
-def _host_points(below: str) -> set[str]:
-    return _points(Path("/proc/self/mountinfo").read_text(), below)
 
 
 async def _monitor_table(workspace_id: str, root: str) -> str:
@@ -94,7 +82,7 @@ async def _busy(
                                            command=command))  # fmt: skip
             started.append(execution)
         root = os.path.realpath(local.root)
-        if os.path.realpath(local.workspace_path(others[0])) not in _host_points(root):
+        if os.path.realpath(local.workspace_path(others[0])) not in host_points_below(root):
             pytest.skip("this kernel mounted no overlay per workspace (own mounts off)")
         yield local, others, mine
     finally:
@@ -112,7 +100,7 @@ def quiet(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def _detached_from_the_others(table: str, local: LocalRunner, others: list[str], mine: str) -> None:
     root = os.path.realpath(local.root)
-    below = _points(table, root)
+    below = points_below(table, root)
     assert os.path.realpath(local.workspace_path(mine)) in below, below
     for other in others:
         assert not {p for p in below if p.endswith("/" + other)}, below
@@ -177,8 +165,8 @@ def test_a_mount_made_between_the_read_and_the_unshare_is_detached_too(tmp_path:
     done = subprocess.run(unshare, capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr
     sandbox, host = done.stdout.split("#host\n")
-    assert str(late) in _points(host, str(root)), "the shim mounted nothing: no race made"
-    assert _points(sandbox, str(root)) == {str(folders[0])}, sandbox
+    assert str(late) in points_below(host, str(root)), "the shim mounted nothing: no race made"
+    assert points_below(sandbox, str(root)) == {str(folders[0])}, sandbox
 
 
 def test_a_keep_list_at_the_runners_bound_is_one_the_launcher_takes(tmp_path: Path) -> None:
@@ -293,7 +281,7 @@ async def test_egress_under_the_detach_keeps_the_proxy_socket_and_no_other_netwo
     others_run = [_LISTENER.format(port=8765), *["sleep 120"] * 3]
     async with _busy(tmp_path, policy, others_run) as (local, others, mine):
         root = os.path.realpath(local.root)
-        assert any(p.endswith("/egress") for p in _host_points(root))
+        assert any(p.endswith("/egress") for p in host_points_below(root))
         curl = "curl -sS -m 10"
         execution = eid("egress")
         await local.start(StartRequest(execution_id=execution, workspace_id=mine, command=(
@@ -303,7 +291,7 @@ async def test_egress_under_the_detach_keeps_the_proxy_socket_and_no_other_netwo
         )))  # fmt: skip
         table = await _monitor_table(mine, root)
         _detached_from_the_others(table, local, others, mine)
-        below = _points(table, root)
+        below = points_below(table, root)
         assert {p for p in below if p.endswith("/egress")}, below
         assert not {p for p in below if "/netns/" in p}, below
         record = await ended(local, execution)
@@ -358,7 +346,7 @@ def test_kill9_with_detached_sandboxes_then_adoption_leaks_nothing(
     workspaces = [r.workspace_id for r in runs]
     assert len(set(workspaces)) == 5, workspaces
     table = asyncio.run(_monitor_table(workspaces[-1], str(runner)))
-    below = _points(table, str(runner))
+    below = points_below(table, str(runner))
     assert not {p for p in below for w in workspaces[:-1] if p.endswith("/" + w)}, below
     kill_server(home)
     client = Client.for_home(home)  # a new serve on the same home: the restart (E11)
@@ -403,7 +391,7 @@ async def test_kill9_of_the_runner_daemon_with_detached_sandboxes_then_adoption(
             await runner.start(StartRequest(execution_id=eid(f"dx{n}"), workspace_id=workspace,
                                             command=script.format(n=n)))  # fmt: skip
         real = os.path.realpath(root)
-        below = _points(await _monitor_table(workspaces[-1], real), real)
+        below = points_below(await _monitor_table(workspaces[-1], real), real)
         assert not {p for p in below for w in workspaces[:-1] if p.endswith("/" + w)}, below
         daemon.kill()
         await daemon.restart()

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from leftover_mounts import remove_home
 from local_runner import local_runner, process_tag, tagger, workspace_processes
+from mount_table import host_points_below, points_below
 
 from shellyard.runner.protocol import StartRequest
 from shellyard.runner.sandbox import launch
@@ -26,22 +27,6 @@ pytestmark = [
 ]
 
 eid = tagger(process_tag())
-
-
-def points(text: str, below: Path) -> set[str]:
-    """The mount points (mountinfo field 5) strictly below ``below``."""
-    root = str(below)
-    found = set()
-    for line in text.splitlines():
-        fields = line.split(" ")
-        if len(fields) > 4 and fields[4].startswith(root + "/"):
-            point = fields[4]
-            found.add(point)
-    return found
-
-
-def host_points(below: Path) -> set[str]:
-    return points(Path("/proc/self/mountinfo").read_text(), below)
 
 
 @pytest.fixture
@@ -78,7 +63,7 @@ def test_the_launcher_leaves_bwrap_only_the_mounts_it_binds_and_the_host_all_of_
     root, made = mounted
     launcher = launch.build(tmp_path / "bin")
     assert launcher is not None, "the host's C compiler built no launcher"
-    before = host_points(root)
+    before = host_points_below(root)
     assert before == {str(p) for p in made}
     keep = made[0]
     seen = subprocess.run(
@@ -89,10 +74,10 @@ def test_the_launcher_leaves_bwrap_only_the_mounts_it_binds_and_the_host_all_of_
     ).stdout  # fmt: skip
     # bwrap would start from a table with the overlay it binds and the tmpfs its socket is
     # on, none of the other four workspaces' overlays
-    assert points(seen, root) == {str(keep), str(made[-1])}
+    assert points_below(seen, root) == {str(keep), str(made[-1])}
     assert "through my overlay" in seen
     # and nothing of that reached the host: every overlay is still mounted here
-    assert host_points(root) == before
+    assert host_points_below(root) == before
 
 
 def test_with_few_mounts_below_the_launcher_keeps_its_callers_namespace(
@@ -148,7 +133,7 @@ async def test_a_busy_workspace_spawn_copies_none_of_the_other_workspaces_mounts
         try:
             mine = local.workspace_path(workspaces[0])
             others = [local.workspace_path(w) for w in workspaces[1:]]
-            host = host_points(root)
+            host = host_points_below(root)
             if str(mine) not in host:
                 pytest.skip("this kernel mounted no overlay per workspace (own mounts off)")
             assert {str(p) for p in others} <= host
@@ -168,10 +153,10 @@ async def test_a_busy_workspace_spawn_copies_none_of_the_other_workspaces_mounts
                 await asyncio.sleep(0.05)
             assert tables, "no process of the workspace shows the table bwrap started from"
             for text in tables:
-                below = points(text, root)
+                below = points_below(text, root)
                 assert str(mine) in below, "the sandbox's own tree was taken away"
                 assert not below & {str(p) for p in others}, below
-            assert {str(p) for p in others} <= host_points(root), "the host lost a mount"
+            assert {str(p) for p in others} <= host_points_below(root), "the host lost a mount"
         finally:
             for execution in started:
                 await local.cancel(execution)
