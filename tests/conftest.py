@@ -35,6 +35,7 @@ from shellyard.contract.executions import (
     RunShellResult,
 )
 from shellyard.control.plane import ControlPlane, build
+from shellyard.home import ServerInfo
 from shellyard.runner.protocol import SandboxPolicy
 from shellyard.store import Store
 
@@ -279,10 +280,26 @@ async def store(request: pytest.FixtureRequest, home: Path) -> AsyncIterator[Sto
 def served_home() -> Iterator[Path]:
     """A fresh home for tests that go through ``shellyard serve`` (started on demand by the
     CLI or ``Client.for_home``); that server is stopped afterwards."""
-    from shellyard.home import is_served, read_info
-
     home = make_home()
     yield home
+    stop_served(home)
+
+
+def serving() -> Iterator[tuple[Path, ServerInfo]]:
+    """A fresh home with its ``shellyard serve`` started, and stopped afterwards: the body of
+    a fixture (``yield from serving()``) at the scope each test module wants."""
+    from shellyard.home import ensure_server
+
+    home = make_home()
+    info = ensure_server(home)
+    yield home, info
+    stop_served(home)
+
+
+def stop_served(home: Path) -> None:
+    """Stop ``home``'s server if one serves it (SIGTERM: it shuts down as a user's would)."""
+    from shellyard.home import is_served, read_info
+
     info = read_info(home)
     if info is not None and is_served(home):
         os.kill(info.pid, signal.SIGTERM)

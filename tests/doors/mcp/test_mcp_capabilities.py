@@ -11,7 +11,6 @@ published (mcp/mount.py)."""
 from __future__ import annotations
 
 import os
-import signal
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,18 +24,13 @@ from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp_types.version import LATEST_MODERN_VERSION
 from tasks_client import TASKS, TasksClient
 
-from conftest import make_home
-from shellyard.home import ServerInfo, ensure_server, is_served, read_info
+from conftest import serving
+from shellyard.home import ServerInfo
 
 
 @pytest.fixture
 def served() -> Iterator[tuple[Path, ServerInfo]]:
-    home = make_home()
-    info = ensure_server(home)
-    yield home, info
-    now = read_info(home)
-    if now is not None and is_served(home):
-        os.kill(now.pid, signal.SIGTERM)
+    yield from serving()
 
 
 async def _advertised(client: Client) -> tuple[str, dict[str, Any]]:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import signal
 import sys
 from collections.abc import AsyncIterator, Iterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -21,8 +20,8 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.shared.exceptions import MCPError
 
-from conftest import make_home
-from shellyard.home import ServerInfo, ensure_server, is_served, read_info
+from conftest import serving
+from shellyard.home import ServerInfo
 
 CONTRACT_TOOLS = {
     "run_shell",
@@ -38,12 +37,7 @@ CONTRACT_TOOLS = {
 
 @pytest.fixture
 def served() -> Iterator[tuple[Path, ServerInfo]]:
-    home = make_home()
-    info = ensure_server(home)
-    yield home, info
-    info_now = read_info(home)
-    if info_now is not None and is_served(home):
-        os.kill(info_now.pid, signal.SIGTERM)
+    yield from serving()
 
 
 async def call(session: ClientSession, tool: str, **arguments: Any) -> dict[str, Any]:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import sys
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
@@ -24,8 +23,8 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp_types import Tool
 
-from conftest import make_home
-from shellyard.home import ServerInfo, ensure_server, is_served, read_info
+from conftest import serving
+from shellyard.home import ServerInfo
 from shellyard.mcp.toolsets import ALL_TOOLS, DEFAULT_TOOLS, TOOLSETS
 
 #: The seed's tools (shared/seeds): what the default toolset must hold.
@@ -48,12 +47,7 @@ DEFAULT_LISTING_BUDGET = 15_000
 
 @pytest.fixture(scope="module")
 def served() -> Iterator[tuple[Path, ServerInfo]]:
-    home = make_home()
-    info = ensure_server(home)
-    yield home, info
-    now = read_info(home)
-    if now is not None and is_served(home):
-        os.kill(now.pid, signal.SIGTERM)
+    yield from serving()
 
 
 @asynccontextmanager

@@ -6,8 +6,6 @@ tasks/cancel cancels it; the task id stays valid across a kill -9 and restart of
 
 from __future__ import annotations
 
-import os
-import signal
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -25,8 +23,8 @@ from mcp_types import CallToolResult
 from runner_daemon_fixture import start_daemon
 from tasks_client import CreateTaskResult, TasksClient, task_cancel, task_get, wait_terminal
 
-from conftest import kill_server, make_home
-from shellyard.home import ServerInfo, ensure_server, is_served, read_info
+from conftest import kill_server, serving
+from shellyard.home import ServerInfo, ensure_server
 from shellyard.runner.protocol import SandboxPolicy
 
 MISSING_CAPABILITY = -32021
@@ -35,12 +33,7 @@ INVALID_PARAMS = -32602
 
 @pytest.fixture
 def served() -> Iterator[tuple[Path, ServerInfo]]:
-    home = make_home()
-    info = ensure_server(home)
-    yield home, info
-    now = read_info(home)
-    if now is not None and is_served(home):
-        os.kill(now.pid, signal.SIGTERM)
+    yield from serving()
 
 
 @asynccontextmanager

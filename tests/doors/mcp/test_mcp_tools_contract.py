@@ -7,7 +7,6 @@ logs when run_shell's inline output was cut (E12) and a log resource that reads 
 from __future__ import annotations
 
 import os
-import signal
 import sys
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
@@ -22,8 +21,8 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp_types import CallToolResult, ResourceLink, TextResourceContents, Tool
 
-from conftest import make_home
-from shellyard.home import ServerInfo, ensure_server, is_served, read_info
+from conftest import serving
+from shellyard.home import ServerInfo
 
 READ_ONLY = {
     "execution_status",
@@ -62,12 +61,7 @@ OPEN_WORLD = {"environment_create", "environment_install"}
 
 @pytest.fixture
 def served() -> Iterator[tuple[Path, ServerInfo]]:
-    home = make_home()
-    info = ensure_server(home)
-    yield home, info
-    now = read_info(home)
-    if now is not None and is_served(home):
-        os.kill(now.pid, signal.SIGTERM)
+    yield from serving()
 
 
 @asynccontextmanager
