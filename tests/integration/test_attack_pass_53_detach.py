@@ -17,13 +17,12 @@ import itertools
 import os
 import shlex
 import shutil
-import socket
 import subprocess
-import threading
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
+from host_listener import host_listener
 from leftover_mounts import remove_home
 from local_runner import ended, process_tag, tagger, workspace_processes
 from mount_table import host_points_below, points_below
@@ -234,29 +233,8 @@ async def test_a_terminal_under_the_detach_takes_input_output_and_resize(
 @pytest.fixture
 def loopback_server() -> Iterator[int]:
     """An HTTP listener on this host's 127.0.0.1 (the operator's egress exception); its port."""
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen(8)
-    server.settimeout(0.2)
-    stop = threading.Event()
-
-    def serve() -> None:
-        while not stop.is_set():
-            try:
-                conn, _ = server.accept()
-            except OSError:
-                continue
-            with conn, contextlib.suppress(OSError):
-                conn.settimeout(2)
-                conn.recv(4096)
-                conn.sendall(b"HTTP/1.0 200 OK\r\nContent-Length: 16\r\n\r\nhello-from-host\n")
-
-    thread = threading.Thread(target=serve)
-    thread.start()
-    yield server.getsockname()[1]
-    stop.set()
-    thread.join()
-    server.close()
+    with host_listener(b"hello-from-host\n") as port:
+        yield port
 
 
 #: An HTTP listener on 127.0.0.1:PORT inside another workspace's own network namespace.

@@ -19,7 +19,6 @@ import os
 import shutil
 import signal
 import socket
-import threading
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -28,6 +27,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
+from host_listener import host_listener
 from runner_daemon_fixture import start_daemon
 
 from conftest import Yard, sy
@@ -256,32 +256,8 @@ async def test_host_network_has_no_forwards(yard_factory: Any) -> None:
 @pytest.fixture
 def host_server() -> Iterator[int]:
     """An HTTP listener on this host's 127.0.0.1 (the egress proxy's operator exception)."""
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen(8)
-    server.settimeout(0.2)
-    stop = threading.Event()
-
-    def serve() -> None:
-        while not stop.is_set():
-            try:
-                conn, _ = server.accept()
-            except OSError:
-                continue
-            with conn:
-                conn.settimeout(2)
-                try:
-                    conn.recv(4096)
-                    conn.sendall(b"HTTP/1.0 200 OK\r\nContent-Length: 10\r\n\r\nfrom-host\n")
-                except OSError:
-                    pass
-
-    thread = threading.Thread(target=serve)
-    thread.start()
-    yield server.getsockname()[1]
-    stop.set()
-    thread.join()
-    server.close()
+    with host_listener(b"from-host\n") as port:
+        yield port
 
 
 #: From inside a sandbox: the workspace's own server at localhost, retried while it starts.

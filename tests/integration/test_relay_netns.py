@@ -17,15 +17,14 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from host_listener import host_listener
 from test_ports import (
     PORT,
     _get,
@@ -76,32 +75,8 @@ def _unmount_ours(path: Path) -> None:
 def host_decoy() -> Iterator[None]:
     """An HTTP server on the host's 127.0.0.1:PORT: what a relay in the host's network
     would reach instead of the workspace's server."""
-    server = socket.socket()
-    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    server.bind(("127.0.0.1", PORT))
-    server.listen(8)
-    server.settimeout(0.2)
-    stop = threading.Event()
-
-    def serve() -> None:
-        while not stop.is_set():
-            try:
-                conn, _ = server.accept()
-            except OSError:
-                continue
-            with conn:
-                try:
-                    conn.recv(4096)
-                    conn.sendall(b"HTTP/1.0 200 OK\r\nContent-Length: 10\r\n\r\nfrom-host\n")
-                except OSError:
-                    pass
-
-    thread = threading.Thread(target=serve)
-    thread.start()
-    yield
-    stop.set()
-    thread.join()
-    server.close()
+    with host_listener(b"from-host\n", PORT):
+        yield
 
 
 async def test_a_forward_opened_after_the_namespace_file_was_swapped_reaches_the_workspace(
