@@ -70,12 +70,13 @@ async def _wait_for_log(yard: Yard, execution_id: str, text: str, timeout_s: flo
 
 SERVER = (
     "echo served-live > live.txt; echo listening; "
-    f"exec python3 -m http.server {PORT} --bind 127.0.0.1 --directory /workspace"
+    "exec python3 -m http.server {port} --bind 127.0.0.1 --directory /workspace"
 )
 
 
-async def _server(yard: Yard) -> RunShellResult:
-    server = await yard.run(SERVER, background=True)
+async def _server(yard: Yard, port: int = PORT) -> RunShellResult:
+    """The workspace's HTTP server on 127.0.0.1:``port`` of its own network, serving it."""
+    server = await yard.run(SERVER.format(port=port), background=True)
     await _wait_for_log(yard, server.execution_id, "listening")
     return server
 
@@ -336,7 +337,7 @@ async def test_kill9_keeps_server_reader_network_and_forward(
     client = Client.for_home(home)
     if daemon is not None:
         client.add_runner("remote", daemon.url, daemon.token)
-    server = client.run(SERVER, background=True, runner_id=runner_id)
+    server = client.run(SERVER.format(port=PORT), background=True, runner_id=runner_id)
     reader = client.run(
         "sleep 3; " + LOCAL.format(port=PORT, path="live.txt"),
         read_only=True,
@@ -377,7 +378,7 @@ async def test_kill9_keeps_server_reader_network_and_forward(
 def test_cli_port_open_list_close(served_home: Path) -> None:
     """Issue 17: ``shellyard port WS PORT`` prints the url the host opens; ``port list``
     and ``port close`` as documented; bad input says what to give."""
-    server = sy(served_home, "run", "--background", "--", SERVER).stdout.strip()
+    server = sy(served_home, "run", "--background", "--", SERVER.format(port=PORT)).stdout.strip()
     try:
         client = Client.for_home(served_home)
         workspace = client.status(server).workspace_id

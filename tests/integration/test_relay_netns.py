@@ -26,7 +26,6 @@ from typing import Any
 import pytest
 from host_listener import host_listener
 from test_ports import (
-    PORT,
     _get,
     _listening_addresses,
     _proc_hex,
@@ -71,6 +70,11 @@ def _unmount_ours(path: Path) -> None:
         subprocess.run(["umount", str(path)], check=True)
 
 
+#: This file's own port: its decoy listens on the host's 127.0.0.1 here while test_ports.py,
+#: on another worker, asserts its own port refused on the host.
+PORT = 8769
+
+
 @pytest.fixture
 def host_decoy() -> Iterator[None]:
     """An HTTP server on the host's 127.0.0.1:PORT: what a relay in the host's network
@@ -82,7 +86,7 @@ def host_decoy() -> Iterator[None]:
 async def test_a_forward_opened_after_the_namespace_file_was_swapped_reaches_the_workspace(
     yard: Yard, host_decoy: None
 ) -> None:
-    server = await _server(yard)
+    server = await _server(yard, PORT)
     workspace = server.workspace_id
     path = yard.runner._sandboxes.networks.path(workspace)
     _host_netns_over(path)
