@@ -1,4 +1,4 @@
-"""An execution's end reads each file once (docs/benchmarks.md §74): R2's v1 groups, seen
+"""An execution's end reads each file once (docs/benchmarks.md §75): R2's v1 groups, seen
 empty, are read for the record and their reset checks the same reads (an OOM kill or a refused
 fork still keeps a group from being used again); /proc files and bwrap's status are read whole
 by ``os.read``, to the end. Cgroup files here are plain files in a folder laid out as a v1

@@ -15,7 +15,7 @@ from typing import Any
 def read_file(path: str | os.PathLike[str]) -> bytes:
     """A small file's bytes by ``os.open``/``os.read``: no buffered file object, whose set-up
     (an fstat, a TCGETS ioctl, an lseek and the wrapper's Python) cost more than the read of a
-    /proc file or bwrap's status at every execution's end (docs/benchmarks.md §74). Reads to
+    /proc file or bwrap's status at every execution's end (docs/benchmarks.md §75). Reads to
     the end, as ``Path.read_bytes`` does (a /proc file may return less than it holds)."""
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
@@ -121,7 +121,7 @@ async def kill_and_wait(pid: int, marker: bytes, timeout_s: float = 30.0) -> boo
         # A timer of its own on the future, not ``asyncio.wait_for``: the same wait (a
         # cancel of the caller cancels it, the reader and the timer go either way) without
         # wait_for's second future and callbacks at every execution's end
-        # (docs/benchmarks.md §74).
+        # (docs/benchmarks.md §75).
         loop = asyncio.get_running_loop()
         exited: asyncio.Future[bool] = loop.create_future()
 

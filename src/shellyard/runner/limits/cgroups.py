@@ -366,7 +366,7 @@ class CgroupTree:
         already empty and clean, wait at once for the workspace's next spawn (``ahead``).
         An empty group's use is read after it was seen empty, and its reset checks the same
         reads (an OOM kill, a refused fork) instead of reading them again
-        (docs/benchmarks.md §74)."""
+        (docs/benchmarks.md §75)."""
         seen: recycle.Seen = {}
         poolable = ahead and self._poolable(workspace_id, execution_id)
         usage = self.usage(workspace_id, execution_id, seen)

@@ -94,7 +94,7 @@ def v1_reset(
 ) -> bool:
     """Counters to zero; False: the group cannot start clean (remove it). ``seen``: the
     ``memory.oom_control`` and ``pids.events`` an end read once the group was empty
-    (cgroups.py ``finish``), taken instead of two more reads (docs/benchmarks.md §74)."""
+    (cgroups.py ``finish``), taken instead of two more reads (docs/benchmarks.md §75)."""
     control = _seen_or_read(seen, memory, "memory.oom_control")
     # Without the ``oom_kill`` line (a kernel before 4.13) the end is told by ``failcnt``,
     # which a limit's reclaim raises without a kill: such groups are never used again.

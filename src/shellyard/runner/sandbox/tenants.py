@@ -201,7 +201,7 @@ def give_and_close(tree: Path, uid: int, gid: int) -> int | None:
     """R2 tenants, at every use of a workspace: its root (tree or home) given to ``uid`` and
     ``gid`` (``chown_tree``) when it is not theirs, and closed to 0700 (``close_root``), both
     from one ``lstat`` where a stat for the owner and an lstat for the mode were taken (two
-    roots, 1-2 uses per execution, docs/benchmarks.md §74). The runner makes each root a
+    roots, 1-2 uses per execution, docs/benchmarks.md §75). The runner makes each root a
     folder, whose own owner and mode are what stat gives; a link there is looked at as before
     (the owner through it, the mode of the link). The entries given, None: none or no root."""
     try:
