@@ -175,7 +175,7 @@ async def test_the_next_warm_sandbox_made_at_an_end_takes_that_end_s_group(
     group of its own while the reset one waits unused (docs/benchmarks.md §55: on a loaded
     host the spawn raced that reset). The thread's reset is made 300 ms slow here (a loaded
     host's delay, the real reset after it); each command writes 4 MiB, so its group is not
-    reset at once at its end but handed to that thread (cgroups.py ``_again_now``)."""
+    reset at once at its end but handed to that thread (cgroups.py ``_poolable``, ``_pool``)."""
     cgroups = runner._sandboxes.cgroups
     if cgroups is None:
         pytest.skip("no cgroups on this runner (R2 tenants off)")

@@ -100,11 +100,11 @@ def test_again_now_pools_an_empty_clean_group(tmp_path: Path) -> None:
         },
     )
     tree.plan("ws_1", "ex_1")
-    assert tree._again_now("ws_1", "ex_1")
+    assert tree._poolable("ws_1", "ex_1") and tree._pool("ws_1", "ex_1")
     assert tree.ready.take_ready("ws_1") == "ex_1"
     # a process still in it: not pooled at once (the removal thread waits for it)
     (tmp_path / "pids/shellyard-x/ws_1/ex_1/cgroup.procs").write_text("123\n")
-    assert not tree._again_now("ws_1", "ex_1")
+    assert not (tree._poolable("ws_1", "ex_1") and tree._pool("ws_1", "ex_1"))
     assert ready_groups.READY_PER_WORKSPACE >= 1
 
 

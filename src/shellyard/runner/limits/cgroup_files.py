@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from shellyard.paths import StrPath
+from shellyard.runner import processes
 
 log = logging.getLogger(__name__)
 
@@ -27,18 +28,9 @@ def read(path: StrPath) -> str | None:
     # os.open/os.read, not Path.read_text: a control file is a few bytes, and the text
     # wrapper's set-up was half the cost of each read at the end of every execution.
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        chunks = [os.read(fd, 65536)]
-        while chunks[-1]:  # to the end: a seq file may return less than it has
-            chunks.append(os.read(fd, 65536))
-        return b"".join(chunks).decode()
+        return processes.read_file(path).decode()
     except (OSError, UnicodeDecodeError):
         return None
-    finally:
-        os.close(fd)
 
 
 def keyed(text: str | None, key: str) -> int:

@@ -374,11 +374,6 @@ class CgroupTree:
             self.remove(workspace_id, execution_id, ahead=ahead)
         return usage
 
-    def _again_now(self, workspace_id: str, name: str) -> bool:
-        """``_poolable``, then ``_pool`` reading its checks itself (``finish`` without the
-        use's read): the group reset and pooled at once."""
-        return self._poolable(workspace_id, name) and self._pool(workspace_id, name)
-
     def _poolable(self, workspace_id: str, name: str) -> bool:
         """Whether the group may be reset and pooled here, on the caller's thread: a few reads
         and two writes (tens of µs) instead of a wake-up of the removal thread, whose work
@@ -539,7 +534,7 @@ class CgroupTree:
                     return
                 continue
             try:
-                if item is None:  # a group waits: time its idle removal (``_again_now``)
+                if item is None:  # a group waits: time its idle removal (``_pool``)
                     pass
                 elif isinstance(item, tuple):
                     self._recycle(*item)

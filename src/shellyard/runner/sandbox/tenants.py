@@ -186,14 +186,16 @@ def chown_tree(tree: Path, uid: int, gid: int) -> int:
     return count
 
 
-def close_root(tree: Path) -> None:
+def close_root(tree: Path, mode: int | None = None) -> None:
     """R2 tenants: a workspace's root is 0700 at every use and after every execution. Its uid
     may chmod /workspace from inside (it owns it); left 0755/0777, any other workspace's uid
     (they share the sandbox group, which may pass every folder above) could read it from the
     host. Inside the root, the agent's own modes (0664, 0777) stay its own choice: nothing above
     lets another uid reach them (docs/security.md "Tenants: attack pass (second engineer)")."""
     with contextlib.suppress(FileNotFoundError):
-        if tree.lstat().st_mode & 0o7777 != 0o700:
+        if mode is None:  # else the caller's lstat of it just now
+            mode = tree.lstat().st_mode
+        if mode & 0o7777 != 0o700:
             os.chmod(tree, 0o700, follow_symlinks=False)
 
 
@@ -221,9 +223,5 @@ def give_and_close(tree: Path, uid: int, gid: int) -> int | None:
             return None
         close_root(tree)  # its mode read again after the walk
         return moved
-    if stat.S_ISLNK(info.st_mode):
-        close_root(tree)
-    elif info.st_mode & 0o7777 != 0o700:
-        with contextlib.suppress(FileNotFoundError):
-            os.chmod(tree, 0o700, follow_symlinks=False)
+    close_root(tree, info.st_mode)
     return None
