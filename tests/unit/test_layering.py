@@ -167,6 +167,7 @@ ROOMS: dict[str, set[str]] = {
     # a background thread that ends with its owner (the removal and unmount threads)
     "runner.reaper": set(),
     "runner.state_id": set(),  # the runner folder's state id (E9)
+    "runner.volume": set(),  # the file system under the runner's folder (§76)
     "runner.kept": set(),  # a bounded memo of paths derived from ids
     "runner.own_mounts": {"runner.reaper"},
     # its overlay mount, the linger; a holder kept by pid and start time without a pidfd
@@ -226,6 +227,7 @@ ROOMS: dict[str, set[str]] = {
         "runner.sandbox",
         "runner.snapshots",
         "runner.state_id",
+        "runner.volume",
         "runner.tool_mounts",
     },
     "runner.transport": {"runner.limits", "runner.local", "runner.policy", "runner.protocol"},

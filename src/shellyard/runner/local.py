@@ -24,7 +24,7 @@ from pathlib import Path
 
 from shellyard import __version__, filemodes
 from shellyard.errors import InvalidInput, NotFound, WorkspaceBusy
-from shellyard.runner import closing, kept, state_id
+from shellyard.runner import closing, kept, state_id, volume
 from shellyard.runner.edits.editor import Editor
 from shellyard.runner.edits.tarscan import TarLimits
 from shellyard.runner.edits.writers import Writers
@@ -183,6 +183,9 @@ class LocalRunner(TerminalDoor):  # E13: send_input, screen, resize
         filemodes.private_dir(self._homes)
         spare = filemodes.runner_spare(self.root)
         await asyncio.to_thread(filemodes.tighten_once, self.root, spare)
+        slow_volume = await asyncio.to_thread(volume.warning, self.root)
+        if slow_volume is not None:
+            log.warning("%s", slow_volume)
         # before any answer: a NO_TRACE must say which state folder holds no trace (E9)
         self._runs.state_id = await asyncio.to_thread(state_id.load_or_create, self.root)
         await self._prepare_sandboxes()
