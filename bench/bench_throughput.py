@@ -5,7 +5,12 @@ beside the bare bwrap spawn rate measured in the same run, sequential and with 2
 (half of each before the product's phase and half after, so drift falls on both sides).
 Target: ≥ 40% of the better bare bwrap rate.
 
-    .venv/bin/python bench/bench_throughput.py [--quick] [--out PATH] [--profile DIR]
+    .venv/bin/python bench/bench_throughput.py [--quick] [--out PATH] [--profile DIR] [--dir D]
+
+``--dir``: where the homes are made (default /tmp). On ext4 without a journal every file an
+execution makes costs more for ~30-90 s after anything on the volume deleted files, the
+previous run's clean-up included, and the bare baseline makes none; the volume is recorded
+with the result (docs/benchmarks.md §76).
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import argparse
 import asyncio
 import threading
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +38,7 @@ from shellyard import loops
 from shellyard.config import Settings
 from shellyard.contract.executions import RunShellRequest
 from shellyard.control.plane import ControlPlane, build
+from shellyard.runner import volume
 
 COMMAND = "python bench/bench_throughput.py"
 AGENTS = 16
@@ -85,7 +92,7 @@ async def product_rate(
 async def measure(args: argparse.Namespace) -> dict[str, Any]:
     duration = 4.0 if args.quick else 10.0
     bare_phase = 1.0 if args.quick else 2.5  # per half, per mode
-    home, bare_home = make_home(), make_home()
+    home, bare_home = make_home(parent=args.dir), make_home(parent=args.dir)
     plane = await build(Settings(home=home / "home"))
     bare = BareBwrap(bare_home)
     profiles: dict[str, Any] = {}
@@ -150,6 +157,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
             "agents": AGENTS,
             "per_call_latency_ms": summary_ms(latencies),
             "warm_pool": {"places": getattr(pool, "count", None), **warm},
+            "volume": asdict(found) if (found := volume.of(home.parent)) else None,
             "bare_bwrap": {
                 "sequential": {"before": seq_a, "after": seq_b, "rate": round(seq, 2)},
                 "parallel_2": {"before": par_a, "after": par_b, "rate": round(par, 2)},
@@ -197,5 +205,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return loops.run(measure(args))  # the loop `shellyard serve` would run on
 
 
+def options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--dir", type=Path, help="where the homes are made (default /tmp)")
+
+
 if __name__ == "__main__":
-    cli("throughput", run, __doc__ or "")
+    cli("throughput", run, __doc__ or "", options)

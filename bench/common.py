@@ -41,9 +41,10 @@ SEED_100_FILES = 'for i in $(seq 1 100); do echo "small file $i" > "f$i.txt"; do
 # ----------------------------------------------------------------------------- homes
 
 
-def make_home(prefix: str = "shellyard-bench-") -> Path:
-    """A home the sandbox uid can traverse (a 0700 parent would lock it out)."""
-    path = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+def make_home(prefix: str = "shellyard-bench-", parent: Path | None = None) -> Path:
+    """A home the sandbox uid can traverse (a 0700 parent would lock it out), in ``parent``
+    (default /tmp: which volume it is on changes a run's cost, docs/benchmarks.md §76)."""
+    path = Path(tempfile.mkdtemp(prefix=prefix, dir=parent or "/tmp"))
     path.chmod(0o711)
     return path
 
