@@ -58,11 +58,13 @@ def of(path: StrPath) -> Volume | None:
 
 def _fstype(table: str, number: str) -> str | None:
     """The type of the mount whose device is ``number`` (major:minor, mountinfo field 3):
-    the first field after the optional fields' ``-`` separator."""
+    the first field after the `` - `` that ends the optional fields (as host_groups.mounts
+    reads it)."""
     for line in table.splitlines():
-        fields = line.split(" ")
-        if len(fields) > 2 and fields[2] == number and "-" in fields[6:]:
-            return fields[fields.index("-", 6) + 1]
+        left, _, right = line.partition(" - ")
+        fields = left.split()
+        if len(fields) > 2 and fields[2] == number and right:
+            return right.split()[0]
     return None
 
 
