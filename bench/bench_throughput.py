@@ -2,7 +2,8 @@
 one session, one loop per agent calling ``run_shell(true)`` on an in-process ControlPlane;
 the rate counts executions finishing inside a 10 s window after 1 s of ramp-up),
 beside the bare bwrap spawn rate measured in the same run, sequential and with 2 in parallel
-(half of each before the product's phase and half after, so drift falls on both sides).
+(half of each before the product's plane is built and half after it is closed, so drift falls
+on both sides and the bare side sees the host's mount table as it is without shellyard).
 Target: ≥ 40% of the better bare bwrap rate.
 
     .venv/bin/python bench/bench_throughput.py [--quick] [--out PATH] [--profile DIR] [--dir D]
@@ -89,39 +90,59 @@ async def product_rate(
     return completed, len(window) - completed, duration_s, [f[2] for f in window]
 
 
+def mounts() -> int:
+    """Lines of this process's mount table: every bwrap copies the whole table and reads it
+    again at each bind, so its size sets a bare spawn's cost (docs/benchmarks.md §73, §77)."""
+    with open("/proc/self/mountinfo", "rb") as handle:
+        return sum(1 for _ in handle)
+
+
 async def measure(args: argparse.Namespace) -> dict[str, Any]:
     duration = 4.0 if args.quick else 10.0
     bare_phase = 1.0 if args.quick else 2.5  # per half, per mode
     home, bare_home = make_home(parent=args.dir), make_home(parent=args.dir)
-    plane = await build(Settings(home=home / "home"))
     bare = BareBwrap(bare_home)
     profiles: dict[str, Any] = {}
+    table: dict[str, int] = {}
     try:
-        session, _main = await plane.store.default_owner()
-        agent_ids = [
-            str((await plane.store.create_agent(str(session.id))).id) for _ in range(AGENTS)
-        ]
-        # Warm up: every agent's workspace exists and has run once; bwrap's pages are hot.
-        await asyncio.gather(
-            *(plane.executions.run_shell(RunShellRequest(command="true"), a) for a in agent_ids)
-        )
-        await product_rate(plane, agent_ids, 0.5, ramp_s=0.5)
-        bare_rate(bare, 1, 0.5)
-
+        # The baseline is bwrap on a host without shellyard: measured before the plane is
+        # built and after it is closed. While the plane runs, its busy workspaces keep
+        # overlays and network namespaces mounted in the host's table, which every bwrap on
+        # the host copies; the product's own spawns detach them (launch.c --detach) and the
+        # bare argv does not, so a baseline taken then is the host's slowed bwrap, not the
+        # bare one (§77: 49 more mounts took it from 215 to 121 /s).
+        bare_rate(bare, 1, 0.5)  # bwrap's pages are hot
+        table["bare_before"] = mounts()
         seq_a = bare_rate(bare, 1, bare_phase)
         par_a = bare_rate(bare, 2, bare_phase)
-        pool = warm_pool(plane)
-        before = dict(pool.stats) if pool is not None else {}
-        done, other, elapsed, latencies = await product_rate(plane, agent_ids, duration)
-        # What the warm pool did meanwhile (ramp and drain included): starts that took a warm
-        # sandbox, makings, and those refused because every place was taken (then cold).
-        warm = {k: v - before.get(k, 0) for k, v in (pool.stats if pool else {}).items()}
+        plane = await build(Settings(home=home / "home"))
+        try:
+            session, _main = await plane.store.default_owner()
+            agent_ids = [
+                str((await plane.store.create_agent(str(session.id))).id) for _ in range(AGENTS)
+            ]
+            # Warm up: every agent's workspace exists and has run once.
+            request = RunShellRequest(command="true")
+            await asyncio.gather(*(plane.executions.run_shell(request, a) for a in agent_ids))
+            await product_rate(plane, agent_ids, 0.5, ramp_s=0.5)
+            pool = warm_pool(plane)
+            before = dict(pool.stats) if pool is not None else {}
+            table["product"] = mounts()
+            done, other, elapsed, latencies = await product_rate(plane, agent_ids, duration)
+            # What the warm pool did meanwhile (ramp and drain included): starts that took a
+            # warm sandbox, makings, and those refused because every place was taken (cold).
+            warm = {k: v - before.get(k, 0) for k, v in (pool.stats if pool else {}).items()}
+            # Information only: what any other bwrap on this host gets meanwhile.
+            table["bare_under_plane"] = mounts()
+            held = bare_rate(bare, 2, bare_phase)
+            if args.profile:
+                profiles = await profile(args.profile, plane, agent_ids)
+        finally:
+            await plane.aclose()
+        table["bare_after"] = mounts()
         par_b = bare_rate(bare, 2, bare_phase)
         seq_b = bare_rate(bare, 1, bare_phase)
-        if args.profile:
-            profiles = await profile(args.profile, plane, agent_ids)
     finally:
-        await plane.aclose()
         remove_home(home)
         remove_home(bare_home)
 
@@ -144,6 +165,11 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
             "throughput.bwrap_par", "bare bwrap … true, 2 in parallel, /s", par, "/s",
             target="— (baseline)", kind="info",
         ),
+        metric(
+            "throughput.bwrap_par_under_plane",
+            "bare bwrap … true, 2 in parallel, beside the plane's busy workspaces, /s",
+            held[0] / held[1], "/s", target="— (what other bwraps on the host get)", kind="info",
+        ),
     ]  # fmt: skip
     return {
         "name": "throughput",
@@ -158,7 +184,9 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
             "per_call_latency_ms": summary_ms(latencies),
             "warm_pool": {"places": getattr(pool, "count", None), **warm},
             "volume": asdict(found) if (found := volume.of(home.parent)) else None,
+            "mount_table": table,
             "bare_bwrap": {
+                "under_plane_parallel_2": held,
                 "sequential": {"before": seq_a, "after": seq_b, "rate": round(seq, 2)},
                 "parallel_2": {"before": par_a, "after": par_b, "rate": round(par, 2)},
             },
