@@ -40,8 +40,7 @@ from common import (
     PEER_MCP_SERVER,
     PYTHON,
     SEED_100_FILES,
-    BareBwrap,
-    MinimalBwrap,
+    CleanTable,
     PhaseTimer,
     PySpy,
     bare_true,
@@ -49,6 +48,7 @@ from common import (
     cli,
     make_home,
     metric,
+    mount_count,
     peer_server_venv,
     remove_home,
     stop_server,
@@ -120,9 +120,9 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     peer_folder.mkdir()
     for index in range(1, 101):
         (peer_folder / f"f{index}.txt").write_text(f"small file {index}\n")
+    # The baselines spawn from a mount table copied before any plane exists (§77).
+    clean = CleanTable(bare_home)
     plane = await build(Settings(home=api_home / "home"))
-    bare = BareBwrap(bare_home)
-    minimal = MinimalBwrap()
     params = StdioServerParameters(
         command=PYTHON,
         args=["-m", "shellyard", "mcp", "--home", str(mcp_home)],
@@ -156,8 +156,8 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
             rest = AsyncClient(info.url, info.token)
             runners: dict[str, Any] = {
                 "true": lambda: in_loop(bare_true),
-                "minimal": lambda: in_loop(minimal.run),
-                "bwrap": lambda: in_loop(bare.run),
+                "minimal": lambda: in_loop(clean.minimal),
+                "bwrap": lambda: in_loop(clean.bare),
                 "api": lambda: api_once(plane),
                 "mcp": lambda: mcp_once(session),
                 "rest": lambda: rest_once(rest),
@@ -176,7 +176,9 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
             if args.profile:
                 profiles = await profile(args.profile, plane, session, info.pid)
             await rest.aclose()
+            tables = {"baselines": clean.mounts(), "planes": mount_count()}
     finally:
+        clean.close()
         peer_log.close()
         await plane.aclose()
         stop_server(mcp_home)
@@ -242,6 +244,8 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
             "warmup_rounds": warmup,
             "latency_ms": stats,
             "share_30ms_over_median": stalls,
+            # Mount-table lines where the baselines spawn and where the planes' runners do.
+            "mount_table": tables,
         },
         "profiles": profiles,
     }

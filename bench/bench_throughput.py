@@ -31,6 +31,7 @@ from common import (
     cli,
     make_home,
     metric,
+    mount_count,
     remove_home,
     summarize_collapsed,
     summary_ms,
@@ -90,13 +91,6 @@ async def product_rate(
     return completed, len(window) - completed, duration_s, [f[2] for f in window]
 
 
-def mounts() -> int:
-    """Lines of this process's mount table: every bwrap copies the whole table and reads it
-    again at each bind, so its size sets a bare spawn's cost (docs/benchmarks.md §73, §77)."""
-    with open("/proc/self/mountinfo", "rb") as handle:
-        return sum(1 for _ in handle)
-
-
 async def measure(args: argparse.Namespace) -> dict[str, Any]:
     duration = 4.0 if args.quick else 10.0
     bare_phase = 1.0 if args.quick else 2.5  # per half, per mode
@@ -112,7 +106,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         # bare argv does not, so a baseline taken then is the host's slowed bwrap, not the
         # bare one (§77: 49 more mounts took it from 215 to 121 /s).
         bare_rate(bare, 1, 0.5)  # bwrap's pages are hot
-        table["bare_before"] = mounts()
+        table["bare_before"] = mount_count()
         seq_a = bare_rate(bare, 1, bare_phase)
         par_a = bare_rate(bare, 2, bare_phase)
         plane = await build(Settings(home=home / "home"))
@@ -127,19 +121,19 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
             await product_rate(plane, agent_ids, 0.5, ramp_s=0.5)
             pool = warm_pool(plane)
             before = dict(pool.stats) if pool is not None else {}
-            table["product"] = mounts()
+            table["product"] = mount_count()
             done, other, elapsed, latencies = await product_rate(plane, agent_ids, duration)
             # What the warm pool did meanwhile (ramp and drain included): starts that took a
             # warm sandbox, makings, and those refused because every place was taken (cold).
             warm = {k: v - before.get(k, 0) for k, v in (pool.stats if pool else {}).items()}
             # Information only: what any other bwrap on this host gets meanwhile.
-            table["bare_under_plane"] = mounts()
+            table["bare_under_plane"] = mount_count()
             held = bare_rate(bare, 2, bare_phase)
             if args.profile:
                 profiles = await profile(args.profile, plane, agent_ids)
         finally:
             await plane.aclose()
-        table["bare_after"] = mounts()
+        table["bare_after"] = mount_count()
         par_b = bare_rate(bare, 2, bare_phase)
         seq_b = bare_rate(bare, 1, bare_phase)
     finally:

@@ -285,6 +285,57 @@ class MinimalBwrap:
         raise RuntimeError(f"minimal bwrap exited {done.returncode}: {done.stderr!r}")
 
 
+def mount_count() -> int:
+    """Lines of this process's mount table: every bwrap copies the whole table and reads it
+    again at each bind, so its size sets a spawn's cost (docs/benchmarks.md §73, §77)."""
+    with open("/proc/self/mountinfo", "rb") as handle:
+        return sum(1 for _ in handle)
+
+
+class CleanTable:
+    """The baselines spawned from a process whose mount table is the host's as it was when
+    this was made (bench/clean_table.py): make it before any plane, and the minimal and
+    product-argv bwrap spawns pay for the host's mounts, not for the planes' workspaces."""
+
+    def __init__(self, bare_root: Path) -> None:
+        self.process = subprocess.Popen(
+            [PYTHON, str(Path(__file__).with_name("clean_table.py")), str(bare_root)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1,
+            env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                filter(None, [str(REPO / "src"), os.environ.get("PYTHONPATH")]))},
+        )  # fmt: skip
+        self._expect("ready")
+
+    def _ask(self, request: str) -> str:
+        assert self.process.stdin is not None and self.process.stdout is not None
+        self.process.stdin.write(request + "\n")
+        self.process.stdin.flush()
+        answer = self.process.stdout.readline().strip()
+        if not answer or answer.startswith("error"):
+            raise RuntimeError(f"the baselines' spawner, asked {request!r}: {answer or 'gone'}")
+        return answer
+
+    def _expect(self, word: str) -> None:
+        assert self.process.stdout is not None
+        line = self.process.stdout.readline().strip()
+        if line != word:
+            raise RuntimeError(f"the baselines' spawner did not start: {line or 'gone'}")
+
+    def minimal(self) -> float:
+        return float(self._ask("minimal"))
+
+    def bare(self, tag: str = "0") -> float:
+        return float(self._ask(f"bare {tag}"))
+
+    def mounts(self) -> int:
+        return int(self._ask("mounts"))
+
+    def close(self) -> None:
+        if self.process.stdin is not None:
+            self.process.stdin.close()
+        self.process.wait(timeout=30)
+
+
 # ----------------------------------------------------------------------------- peer MCP server
 
 #: The unsandboxed peer the round trip is judged against, pinned.

@@ -1,0 +1,82 @@
+"""What the launcher's detach (launch.c ``--detach``) costs a spawn, by how the mounts below
+the runner's folder are laid out: a forked child takes a private slave mount namespace as the
+launcher does and unmounts N tmpfs mounts one by one (``each``, today's detach), or one
+container mount they all lie below (``container``), or nothing (``none``: the namespace's
+copy alone). Machine CPU per spawn from /proc/stat (docs/benchmarks.md §77). Root only.
+
+    .venv/bin/python bench/detach_probe.py none|each|container N [--dir D]
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import os
+import tempfile
+import time
+
+_CLONE_NEWNS, _MS_REC, _MS_SLAVE, _MS_BIND, _MNT_DETACH = 0x20000, 0x4000, 1 << 19, 4096, 2
+libc = ctypes.CDLL("libc.so.6", use_errno=True)
+
+
+def mount(source: bytes | None, target: bytes, kind: bytes | None, flags: int,
+          data: bytes | None = None) -> None:  # fmt: skip
+    if libc.mount(source, target, kind, flags, data) != 0:
+        raise OSError(ctypes.get_errno(), f"mount {target!r}")
+
+
+def busy_ticks() -> int:
+    with open("/proc/stat") as handle:
+        fields = [int(x) for x in handle.readline().split()[1:]]
+    return sum(fields) - fields[3] - fields[4]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("mode", choices=("none", "each", "container"))
+    parser.add_argument("n", type=int)
+    parser.add_argument("--dir", default="/tmp")
+    parser.add_argument("--spawns", type=int, default=300)
+    args = parser.parse_args()
+    root = tempfile.mkdtemp(dir=args.dir)
+    container = os.path.join(root, "ws").encode()
+    os.mkdir(container)
+    if args.mode == "container":
+        mount(container, container, None, _MS_BIND)
+    points = []
+    for k in range(args.n):
+        point = os.path.join(container, b"w%d" % k)
+        os.mkdir(point)
+        mount(b"tmpfs", point, b"tmpfs", 0, b"size=64k")
+        points.append(point)
+    try:
+        ticks, start = busy_ticks(), time.perf_counter()
+        for _ in range(args.spawns):
+            pid = os.fork()
+            if pid == 0:
+                if libc.unshare(_CLONE_NEWNS) == 0 and (
+                    libc.mount(None, b"/", None, _MS_REC | _MS_SLAVE, None) == 0
+                ):
+                    if args.mode == "container":
+                        libc.umount2(container, _MNT_DETACH)
+                    elif args.mode == "each":
+                        for point in reversed(points):
+                            libc.umount2(point, _MNT_DETACH)
+                os._exit(0)
+            os.waitpid(pid, 0)
+        wall, cpu = time.perf_counter() - start, (busy_ticks() - ticks) / os.sysconf("SC_CLK_TCK")
+        print(f"{args.mode} N={args.n}: {wall / args.spawns * 1000:.2f} ms wall, "
+              f"{cpu / args.spawns * 1000:.2f} ms machine CPU per spawn")  # fmt: skip
+    finally:
+        for point in reversed(points):
+            libc.umount2(point, _MNT_DETACH)
+        if args.mode == "container":
+            libc.umount2(container, _MNT_DETACH)
+        for point in points:
+            os.rmdir(point)
+        os.rmdir(container)
+        os.rmdir(root)
+
+
+if __name__ == "__main__":
+    main()
