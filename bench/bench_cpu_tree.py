@@ -29,18 +29,13 @@ from pathlib import Path
 from typing import Any
 
 from bench_throughput import AGENTS, product_rate
-from common import BareBwrap, make_home, remove_home, write_result
+from common import BareBwrap, make_home, mount_count, remove_home, write_result
 from shellyard import loops
 from shellyard.config import Settings
 from shellyard.contract.executions import RunShellRequest
 from shellyard.control.plane import build
 
 FREQUENCY = 999  # samples per second of CPU: one sample ≈ 1.001 ms
-
-
-def mounts() -> int:
-    with open("/proc/self/mountinfo", "rb") as handle:
-        return sum(1 for _ in handle)
 
 
 class Sampled:
@@ -128,7 +123,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     plane = await build(Settings(home=home / "home"))
     bare = BareBwrap(bare_home)
     spawners = Spawners(bare)
-    base_mounts = mounts()
+    base_mounts = mount_count()
     rounds: list[dict[str, Any]] = []
     try:
         session, _main = await plane.store.default_owner()
@@ -138,22 +133,22 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         await product_rate(plane, agents, 0.5, ramp_s=0.5)
         for index in range(args.rounds):
             row: dict[str, Any] = {"load": os.getloadavg()[0]}
-            row["product_mounts"] = mounts()
+            row["product_mounts"] = mount_count()
             with Sampled(folder, f"product{index}") as sampled:
                 done, _other, seconds, _lat = await product_rate(
                     plane, agents, args.window, ramp_s=0.0
                 )
             row["product"] = {"rate": round(done / seconds, 2),
                               "ms": per_execution(sampled.by_program(), done)}  # fmt: skip
-            row["bare_held_mounts"] = mounts()
+            row["bare_held_mounts"] = mount_count()
             with Sampled(folder, f"held{index}") as sampled:
                 spawns, seconds = spawners.run(args.window)
             row["bare_held"] = {"rate": round(spawns / seconds, 2),
                                 "ms": per_execution(sampled.by_program(), spawns)}  # fmt: skip
             deadline = time.monotonic() + 20
-            while mounts() > base_mounts and time.monotonic() < deadline:
+            while mount_count() > base_mounts and time.monotonic() < deadline:
                 await asyncio.sleep(0.5)  # the plane lets its lingering mounts go
-            row["bare_mounts"] = mounts()
+            row["bare_mounts"] = mount_count()
             with Sampled(folder, f"bare{index}") as sampled:
                 spawns, seconds = spawners.run(args.window)
             row["bare"] = {"rate": round(spawns / seconds, 2),
