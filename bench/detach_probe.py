@@ -1,10 +1,11 @@
 """What the launcher's detach (launch.c ``--detach``) costs a spawn, by how the mounts below
 the runner's folder are laid out: a forked child takes a private slave mount namespace as the
 launcher does and unmounts N tmpfs mounts one by one (``each``, today's detach), or one
-container mount they all lie below (``container``), or nothing (``none``: the namespace's
-copy alone). Machine CPU per spawn from /proc/stat (docs/benchmarks.md §77). Root only.
+container mount they all lie below (``container``), or moves each into a tmpfs of its own
+and unmounts that once (``move``), or nothing (``none``: the namespace's copy alone).
+Machine CPU per spawn from /proc/stat (docs/benchmarks.md §77, §78). Root only.
 
-    .venv/bin/python bench/detach_probe.py none|each|container N [--dir D]
+    .venv/bin/python bench/detach_probe.py none|each|container|move N [--dir D]
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import tempfile
 import time
 
 _CLONE_NEWNS, _MS_REC, _MS_SLAVE, _MS_BIND, _MNT_DETACH = 0x20000, 0x4000, 1 << 19, 4096, 2
+_MS_MOVE = 8192
 libc = ctypes.CDLL("libc.so.6", use_errno=True)
 
 
@@ -33,7 +35,7 @@ def busy_ticks() -> int:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("mode", choices=("none", "each", "container"))
+    parser.add_argument("mode", choices=("none", "each", "container", "move"))
     parser.add_argument("n", type=int)
     parser.add_argument("--dir", default="/tmp")
     parser.add_argument("--spawns", type=int, default=300)
@@ -41,6 +43,8 @@ def main() -> None:
     root = tempfile.mkdtemp(dir=args.dir)
     container = os.path.join(root, "ws").encode()
     os.mkdir(container)
+    scratch = os.path.join(root, "scratch").encode()
+    os.mkdir(scratch)
     if args.mode == "container":
         mount(container, container, None, _MS_BIND)
     points = []
@@ -59,6 +63,13 @@ def main() -> None:
                 ):
                     if args.mode == "container":
                         libc.umount2(container, _MNT_DETACH)
+                    elif args.mode == "move":
+                        libc.mount(b"tmpfs", scratch, b"tmpfs", 0, b"size=16k")
+                        for k, point in enumerate(reversed(points)):
+                            place = os.path.join(scratch, b"%d" % k)
+                            os.mkdir(place)
+                            libc.mount(point, place, None, _MS_MOVE, None)
+                        libc.umount2(scratch, _MNT_DETACH)
                     elif args.mode == "each":
                         for point in reversed(points):
                             libc.umount2(point, _MNT_DETACH)
@@ -75,6 +86,7 @@ def main() -> None:
         for point in points:
             os.rmdir(point)
         os.rmdir(container)
+        os.rmdir(scratch)
         os.rmdir(root)
 
 

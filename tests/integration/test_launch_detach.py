@@ -80,26 +80,93 @@ def test_the_launcher_leaves_bwrap_only_the_mounts_it_binds_and_the_host_all_of_
     assert host_points_below(root) == before
 
 
-def test_with_few_mounts_below_the_launcher_keeps_its_callers_namespace(
+def test_with_few_mounts_unneeded_the_launcher_keeps_its_callers_namespace(
     tmp_path: Path, mounted: tuple[Path, list[Path]]
 ) -> None:
-    """Under ``DETACH_FROM`` (4) mounts a namespace of its own costs more than it saves."""
+    """Under ``DETACH_FROM`` (4) mounts bwrap needs none of, a namespace of its own costs
+    more than it saves: every host mount outside the runner's folder is kept here (a keep on
+    each), and two workspaces' overlays below it are not."""
     root, made = mounted
     for folder in made[2:]:
         subprocess.run(["umount", "-l", str(folder)], check=True)
     launcher = launch.build(tmp_path / "bin")
     assert launcher is not None
+    outside = sorted(_points(Path("/proc/self/mountinfo").read_text()) - host_points_below(root))
+    keeps = [arg for point in outside if point != "/" for arg in ("--keep", _spelled(point))]
     seen = subprocess.run(
-        [str(launcher), "--detach", str(root), "--", "/bin/readlink", "/proc/self/ns/mnt"],
+        [str(launcher), "--detach", str(root), *keeps, "--", "/bin/readlink",
+         "/proc/self/ns/mnt"],
         capture_output=True, text=True, check=True,
     ).stdout.strip()  # fmt: skip
     assert seen == os.readlink("/proc/self/ns/mnt")
 
 
+def _points(table: str) -> set[str]:
+    return {line.split(" ")[4] for line in table.splitlines() if len(line.split(" ")) > 4}
+
+
+def _spelled(point: str) -> str:
+    """A mount point as a path (mountinfo's octal escapes undone)."""
+    return point.encode().decode("unicode_escape")
+
+
+@pytest.fixture
+def host_mounts(tmp_path: Path) -> Iterator[Path]:
+    """Mounts outside a runner's folder, as a host has them: ``unused`` (a tmpfs with one on
+    it, like /sys/fs/cgroup), ``shown`` (a bind source with a tmpfs below it) and ``target``
+    (a tmpfs a keep names through the link ``link``). Unmounted afterwards."""
+    host = tmp_path / "host"
+    points = [host / "unused", host / "unused" / "inner", host / "shown", host / "shown" / "inner",
+              host / "target"]  # fmt: skip
+    made: list[Path] = []
+    try:
+        for point in points:
+            point.mkdir(parents=True)
+            subprocess.run(["mount", "-t", "tmpfs", "tmpfs", str(point)], check=True)
+            made.append(point)
+        (host / "shown" / "inner" / "file").write_text("below a bound folder\n")
+        (host / "target" / "file").write_text("through a link\n")
+        (host / "link").symlink_to(host / "target")
+        yield host
+    finally:
+        for point in reversed(made):
+            subprocess.run(["umount", "-l", str(point)], check=False)
+
+
+def test_the_launcher_leaves_out_the_host_mounts_bwrap_binds_nothing_from(
+    tmp_path: Path, mounted: tuple[Path, list[Path]], host_mounts: Path
+) -> None:
+    """Host mounts no bind source lies on or in (the cgroup hierarchies here) were copied into
+    every sandbox's table and formatted again at each of bwrap's binds (§78): left out, the
+    topmost of each with what is on it; kept: the root, /proc and /dev (bwrap's own), a
+    source's mount (through a link too) and what is mounted below a source (a recursive bind
+    shows it)."""
+    root, made = mounted
+    launcher = launch.build(tmp_path / "bin")
+    assert launcher is not None
+    host_before = _points(Path("/proc/self/mountinfo").read_text())
+    seen = subprocess.run(
+        [str(launcher), "--detach", str(root), "--keep", str(made[0]),
+         "--keep", str(host_mounts / "shown"), "--keep", str(host_mounts / "link" / "file"),
+         "--", "/bin/sh", "-c",
+         f"cat /proc/self/mountinfo; cat {host_mounts}/shown/inner/file {host_mounts}/link/file"],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    points = _points(seen)
+    assert not {str(host_mounts / "unused"), str(host_mounts / "unused" / "inner")} & points
+    assert {str(host_mounts / "shown"), str(host_mounts / "shown" / "inner"),
+            str(host_mounts / "target"), str(made[0]), "/", "/proc", "/dev"} <= points  # fmt: skip
+    assert "below a bound folder" in seen and "through a link" in seen
+    # no other workspace's overlay, and whatever else the host has that nothing binds from
+    assert not points_below(seen, root) - {str(made[0])}
+    # nothing of it reached the host
+    assert _points(Path("/proc/self/mountinfo").read_text()) == host_before
+
+
 @pytest.mark.parametrize(
     "arguments",
     [["--detach", "relative"], ["--detach", "/tmp/x/"], ["--keep", "/tmp/x"],
-     ["--detach", "/tmp/x", "--keep", "/etc"]],
+     ["--detach", "/tmp/x", "--keep", "etc"]],
 )  # fmt: skip
 def test_the_launcher_refuses_a_detach_it_cannot_read(tmp_path: Path, arguments: list[str]) -> None:
     launcher = launch.build(tmp_path / "bin")

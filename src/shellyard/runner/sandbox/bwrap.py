@@ -363,7 +363,8 @@ _BIND_SOURCES = frozenset(
 class Detach:
     """The runner's folder as the spawner names it (``given``) and as the mount table does
     (``real``, links resolved): the launcher unmounts, in the sandbox's own mount namespace,
-    every mount below it that bwrap does not bind from (launch.c ``--detach``)."""
+    every mount bwrap binds nothing from, below that folder (the other workspaces') and
+    elsewhere on the host (launch.c ``--detach``)."""
 
     given: str
     real: str
@@ -373,17 +374,17 @@ class Detach:
         return cls(str(root), os.path.realpath(root))
 
     def keeps(self, bwrap_options: Sequence[str]) -> list[str] | None:
-        """The sources bwrap binds from below the folder, as the table names them; None: more
-        than the launcher takes (then nothing is unmounted)."""
-        found: list[str] = []
+        """Every source bwrap binds from, those below the folder as the table names them
+        (the host's view as given: the launcher resolves its links); None: more than the
+        launcher takes (then nothing is unmounted)."""
+        found: dict[str, None] = {}  # once each, in order: the hidden files share one source
         # Pairs, not a parse: a --setenv text that reads "--bind" keeps one more mount here,
         # which costs its table line and changes nothing of what bwrap binds.
         for option, value in itertools.pairwise(bwrap_options):
-            if option in _BIND_SOURCES and (
-                value == self.given or value.startswith(self.given + "/")
-            ):
-                found.append(self.real + value[len(self.given) :])
-        return found if len(found) <= launch.MAX_KEEPS else None
+            if option in _BIND_SOURCES:
+                below = value == self.given or value.startswith(self.given + "/")
+                found[self.real + value[len(self.given) :] if below else value] = None
+        return list(found) if len(found) <= launch.MAX_KEEPS else None
 
 
 def bwrap_argv(

@@ -12,14 +12,19 @@
  * event loop (docs/decisions.md "Sandboxes scheduled SCHED_BATCH"; not a limit, a command
  * may set itself back). Then join each cgroup (write "0" into its cgroup.procs, still as the runner: runner/
  * cgroups.py made the groups), so nothing of the command runs outside them.
- * --detach ROOT (the runner's folder): when at least DETACH_FROM mounts lie below ROOT (the
- * overlays and network namespaces of every busy workspace), this process takes a mount
- * namespace of its own, a slave of the host's (nothing unmounted here reaches the host), and
- * unmounts there every one of them, as its own table lists them, that no --keep PATH lies in
- * (the sandbox's own tree, home, view, prefixes: what bwrap binds from). bwrap copies the
- * namespace it starts in and reads the whole mount table again at each of its ~20 binds:
- * every busy workspace's mounts made every other's spawn dearer (docs/benchmarks.md §73). A
- * step the kernel refuses leaves the table as it is (a dearer spawn, nothing else). Then, in this
+ * --detach ROOT (the runner's folder) --keep PATH...: the --keep paths are every host path
+ * bwrap binds from (the sandbox's own tree, home, view, prefixes below ROOT, named as the
+ * table names them; the host's view elsewhere, whose links this process resolves). When at
+ * least DETACH_FROM mounts are ones bwrap needs none of (the overlays and network namespaces
+ * of every other busy workspace below ROOT; host mounts such as the cgroup hierarchies that
+ * nothing bound lies on or in), this process takes a mount namespace of its own, a slave of
+ * the host's (nothing unmounted here reaches the host), and unmounts them there, as its own
+ * table lists them: every mount but the root, those a --keep PATH (or /proc, /dev) lies at or
+ * below, and those at or below one (a recursive bind shows them). bwrap copies the namespace
+ * it starts in and reads the whole mount table again at each of its ~20 binds: every busy
+ * workspace's mounts made every other's spawn dearer (docs/benchmarks.md §73), and each line
+ * of the host's it binds nothing from cost every spawn ~20 formattings of it (§78). A step the
+ * kernel refuses leaves the table as it is (a dearer spawn, nothing else). Then, in this
  * order, as the chain did: enter the user namespace, then the network namespace
  * (nsenter --user --net; by an inherited descriptor the runner opened and checked, R2: a
  * path may name another namespace by then, a descriptor keeps the one checked alive, and it
@@ -114,11 +119,32 @@ static void unescape(char *text) {
     *out = '\0';
 }
 
-/* The mount points strictly below ROOT that no keep lies at or below, in the table's order
- * (a mount after the one it is on). Returns how many; their texts live in the returned
- * buffer (NULL: none). */
-static char *mounts_below(const char *root, const char **keeps, int nkeeps, char **points,
-                          int *count) {
+/* PATH is TOP or below it; every path is below "/". */
+static int within(const char *path, const char *top) {
+    return strcmp(top, "/") == 0 || at_or_below(path, top);
+}
+
+/* The host's mounts bwrap itself reads from whatever its options: /proc (its proc_fd) and
+ * /dev (--dev binds the host's device nodes, and a terminal's from /dev/pts). */
+static const char *const IMPLICIT_KEEPS[] = {"/proc", "/dev"};
+
+/* A mount bwrap may need: the root; one a keep lies at or below (what it binds from is on
+ * it); one at or below a keep (a recursive bind shows it in the sandbox). */
+static int needed(const char *point, const char **keeps, int nkeeps) {
+    if (strcmp(point, "/") == 0)
+        return 1;
+    for (int k = 0; k < nkeeps; k++)
+        if (within(keeps[k], point) || within(point, keeps[k]))
+            return 1;
+    for (size_t k = 0; k < sizeof IMPLICIT_KEEPS / sizeof *IMPLICIT_KEEPS; k++)
+        if (within(IMPLICIT_KEEPS[k], point) || within(point, IMPLICIT_KEEPS[k]))
+            return 1;
+    return 0;
+}
+
+/* The mount points bwrap needs none of, in the table's order (a mount after the one it is
+ * on). Returns how many; their texts live in the returned buffer (NULL: none). */
+static char *mounts_unneeded(const char **keeps, int nkeeps, char **points, int *count) {
     FILE *table = fopen("/proc/self/mountinfo", "re");
     if (table == NULL)
         fail("cannot read", "/proc/self/mountinfo");
@@ -138,12 +164,7 @@ static char *mounts_below(const char *root, const char **keeps, int nkeeps, char
             continue;
         *end = '\0';
         unescape(field);
-        if (!at_or_below(field, root) || strlen(field) == strlen(root))
-            continue;
-        int kept = 0;
-        for (int k = 0; k < nkeeps && !kept; k++)
-            kept = at_or_below(keeps[k], field);
-        if (kept || n == MAX_BELOW)
+        if (needed(field, keeps, nkeeps) || n == MAX_BELOW)
             continue;
         size_t length = strlen(field) + 1;
         if (used + length > size) {
@@ -165,15 +186,30 @@ static char *mounts_below(const char *root, const char **keeps, int nkeeps, char
     return buffer;
 }
 
-static void detach(const char *root, const char **keeps, int nkeeps) {
+/* One of POINTS lies strictly above POINTS[I]: a detached unmount of that one takes this. */
+static int under_another(char **points, int count, int i) {
+    for (int k = 0; k < count; k++)
+        if (k != i && strcmp(points[k], points[i]) != 0 && within(points[i], points[k]))
+            return 1;
+    return 0;
+}
+
+static void detach(const char *root, const char **given, int nkeeps) {
     static char *points[MAX_BELOW];
+    static const char *keeps[MAX_KEEPS];
     int count = 0;
     if (root[0] != '/' || strlen(root) < 2 || root[strlen(root) - 1] == '/')
         usage("--detach wants an absolute path without a trailing slash");
-    for (int k = 0; k < nkeeps; k++)
-        if (!at_or_below(keeps[k], root))
-            usage("--keep wants a path at or below --detach's");
-    char *buffer = mounts_below(root, keeps, nkeeps, points, &count);
+    for (int k = 0; k < nkeeps; k++) {
+        if (given[k][0] != '/')
+            usage("--keep wants an absolute path");
+        /* Below ROOT the runner names it as the table does; elsewhere (the host's view, an
+         * operator's path) a link is resolved here, so the mount it lies on is the one kept:
+         * a path that does not exist (a --bind-try's) stays as given. */
+        char *real = at_or_below(given[k], root) ? NULL : realpath(given[k], NULL);
+        keeps[k] = real ? real : given[k];
+    }
+    char *buffer = mounts_unneeded(keeps, nkeeps, points, &count);
     /* Only a cost is at stake: where the kernel refuses a step, bwrap starts from the table
      * as it is. But nothing is unmounted unless this namespace is a slave of the host's. */
     if (count >= DETACH_FROM && unshare(CLONE_NEWNS) == 0 &&
@@ -183,12 +219,13 @@ static void detach(const char *root, const char **keeps, int nkeeps) {
          * missed by it; it stayed for the sandbox's life, holding another workspace's
          * overlay or network namespace alive after the host let it go (session 53). */
         free(buffer);
-        buffer = mounts_below(root, keeps, nkeeps, points, &count);
-        /* deepest last in the table: undone from the end; one already gone with the mount it
-         * was on, or two stacked on one folder, fails, and stays (the sandbox's own are
-         * never among them) */
+        buffer = mounts_unneeded(keeps, nkeeps, points, &count);
+        /* The topmost of each unneeded subtree only (a detached unmount takes what is on
+         * it: the host's eleven cgroup hierarchies go with /sys/fs/cgroup), from the end of
+         * the table; two stacked on one folder: the upper goes, the lower stays. */
         for (int k = count - 1; k >= 0; k--)
-            (void)umount2(points[k], MNT_DETACH);
+            if (!under_another(points, count, k))
+                (void)umount2(points[k], MNT_DETACH);
     }
     free(buffer);
 }
