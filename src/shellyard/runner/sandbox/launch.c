@@ -15,12 +15,13 @@
  * --detach ROOT (the runner's folder) --keep PATH...: the --keep paths are every host path
  * bwrap binds from (the sandbox's own tree, home, view, prefixes below ROOT, named as the
  * table names them; the host's view elsewhere, whose links this process resolves). When at
- * least DETACH_FROM mounts are ones bwrap needs none of (the overlays and network namespaces
- * of every other busy workspace below ROOT; host mounts such as the cgroup hierarchies that
- * nothing bound lies on or in), this process takes a mount namespace of its own, a slave of
- * the host's (nothing unmounted here reaches the host), and unmounts them there, as its own
- * table lists them: every mount but the root, those a --keep PATH (or /proc, /dev) lies at or
- * below, and those at or below one (a recursive bind shows them). bwrap copies the namespace
+ * least DETACH_FROM mounts below ROOT are ones bwrap needs none of (the overlays and network
+ * namespaces of other busy workspaces), this process takes a mount namespace of its own, a
+ * slave of the host's (nothing unmounted here reaches the host), and unmounts there, as its
+ * own table lists them, those and every host mount bwrap needs none of either (such as the
+ * cgroup hierarchies, that nothing bound lies on or in). Needed: the root, every mount a
+ * --keep PATH (or /proc, /dev) lies at or below, and every one at or below such a PATH (a
+ * recursive bind shows it). bwrap copies the namespace
  * it starts in and reads the whole mount table again at each of its ~20 binds: every busy
  * workspace's mounts made every other's spawn dearer (docs/benchmarks.md §73), and each line
  * of the host's it binds nothing from cost every spawn ~20 formattings of it (§78). A step the
@@ -210,9 +211,15 @@ static void detach(const char *root, const char **given, int nkeeps) {
         keeps[k] = real ? real : given[k];
     }
     char *buffer = mounts_unneeded(keeps, nkeeps, points, &count);
+    /* Other workspaces' mounts decide: the host's own (the same few dozen lines, mostly
+     * unmounted at once) saved less than the namespace and its unmounts cost a lone
+     * workspace's round trip (0.5-1 ms more at p50, docs/benchmarks.md §78). */
+    int others = 0;
+    for (int k = 0; k < count; k++)
+        others += at_or_below(points[k], root) && strcmp(points[k], root) != 0;
     /* Only a cost is at stake: where the kernel refuses a step, bwrap starts from the table
      * as it is. But nothing is unmounted unless this namespace is a slave of the host's. */
-    if (count >= DETACH_FROM && unshare(CLONE_NEWNS) == 0 &&
+    if (others >= DETACH_FROM && unshare(CLONE_NEWNS) == 0 &&
         mount(NULL, "/", NULL, MS_REC | MS_SLAVE, NULL) == 0) {
         /* The table again, now this namespace's own: the host's first read only counted. A
          * workspace's mount made between that read and the unshare was copied here and
