@@ -204,11 +204,7 @@ static void detach(const char *root, const char **given, int nkeeps) {
     for (int k = 0; k < nkeeps; k++) {
         if (given[k][0] != '/')
             usage("--keep wants an absolute path");
-        /* Below ROOT the runner names it as the table does; elsewhere (the host's view, an
-         * operator's path) a link is resolved here, so the mount it lies on is the one kept:
-         * a path that does not exist (a --bind-try's) stays as given. */
-        char *real = at_or_below(given[k], root) ? NULL : realpath(given[k], NULL);
-        keeps[k] = real ? real : given[k];
+        keeps[k] = given[k];
     }
     char *buffer = mounts_unneeded(keeps, nkeeps, points, &count);
     /* Other workspaces' mounts decide: the host's own (the same few dozen lines, mostly
@@ -217,10 +213,20 @@ static void detach(const char *root, const char **given, int nkeeps) {
     int others = 0;
     for (int k = 0; k < count; k++)
         others += at_or_below(points[k], root) && strcmp(points[k], root) != 0;
+    if (others < DETACH_FROM) {
+        free(buffer);
+        return;
+    }
+    /* Below ROOT the runner names a keep as the table does; elsewhere (the host's view, an
+     * operator's path) a link is resolved here, so the mount it lies on is the one kept: a
+     * path that does not exist (a --bind-try's) stays as given. */
+    for (int k = 0; k < nkeeps; k++) {
+        char *real = at_or_below(given[k], root) ? NULL : realpath(given[k], NULL);
+        keeps[k] = real ? real : given[k];
+    }
     /* Only a cost is at stake: where the kernel refuses a step, bwrap starts from the table
      * as it is. But nothing is unmounted unless this namespace is a slave of the host's. */
-    if (others >= DETACH_FROM && unshare(CLONE_NEWNS) == 0 &&
-        mount(NULL, "/", NULL, MS_REC | MS_SLAVE, NULL) == 0) {
+    if (unshare(CLONE_NEWNS) == 0 && mount(NULL, "/", NULL, MS_REC | MS_SLAVE, NULL) == 0) {
         /* The table again, now this namespace's own: the host's first read only counted. A
          * workspace's mount made between that read and the unshare was copied here and
          * missed by it; it stayed for the sandbox's life, holding another workspace's
