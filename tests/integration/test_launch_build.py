@@ -1,0 +1,76 @@
+"""The runner's C programs (the launcher, the warm waiter) are built with the host's compiler,
+linked statically where the host has a static libc: each exec then skips the dynamic
+loader's relocations (docs/benchmarks.md §79), and a host without one still gets a dynamic
+build rather than none."""
+
+from __future__ import annotations
+
+import shutil
+import struct
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from shellyard.runner.sandbox import launch
+from shellyard.runner.sandbox.warm import SOURCE as WARM
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("cc") is None and shutil.which("gcc") is None, reason="no C compiler here"
+)
+
+_PT_INTERP = 3
+
+
+def interpreter(binary: Path) -> bool:
+    """Whether an ELF64 little-endian executable names a dynamic loader (a PT_INTERP
+    program header)."""
+    data = binary.read_bytes()
+    assert data[:4] == b"\x7fELF" and data[4] == 2 and data[5] == 1, "not an ELF64 LE file"
+    (phoff,) = struct.unpack_from("<Q", data, 0x20)
+    phentsize, phnum = struct.unpack_from("<HH", data, 0x36)
+    return any(
+        struct.unpack_from("<I", data, phoff + k * phentsize)[0] == _PT_INTERP for k in range(phnum)
+    )
+
+
+def static_libc() -> bool:
+    return any(Path(p).is_file() for p in ("/usr/lib/x86_64-linux-gnu/libc.a",
+                                            "/usr/lib/aarch64-linux-gnu/libc.a",
+                                            "/usr/lib/libc.a", "/usr/lib64/libc.a"))  # fmt: skip
+
+
+@pytest.mark.skipif(not static_libc(), reason="no static libc (libc.a) on this host")
+@pytest.mark.parametrize("program", ["launcher", "waiter"])
+def test_the_c_programs_are_linked_statically_where_libc_a_exists(
+    tmp_path: Path, program: str
+) -> None:
+    built = (
+        launch.build(tmp_path / "bin")
+        if program == "launcher"
+        else launch.compile_c(tmp_path / "bin", WARM)
+    )
+    assert built is not None, "the host's compiler built nothing"
+    assert not interpreter(built), f"{built.name} still asks for a dynamic loader"
+
+
+def test_without_a_static_libc_the_build_falls_back_to_a_dynamic_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A compiler that refuses ``-static`` (as one without libc.a does) still gives a
+    launcher that runs."""
+    real = shutil.which("cc") or shutil.which("gcc")
+    assert real is not None
+    wrapper = tmp_path / "cc"
+    wrapper.write_text(
+        '#!/bin/sh\nfor a in "$@"; do [ "$a" = -static ] && { echo "no libc.a" >&2; exit 1; }; '
+        f'done\nexec {real} "$@"\n'
+    )
+    wrapper.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
+    built = launch.build(tmp_path / "bin")
+    assert built is not None
+    assert interpreter(built)
+    done = subprocess.run([str(built), "--", "/bin/echo", "ran"],
+                                        capture_output=True, text=True, check=True)  # fmt: skip
+    assert done.stdout == "ran\n"
