@@ -132,15 +132,14 @@ def test_the_launcher_leaves_out_the_host_mounts_bwrap_binds_nothing_from(
     """Host mounts no bind source lies on or in (the cgroup hierarchies here) were copied into
     every sandbox's table and formatted again at each of bwrap's binds (§78): left out, the
     topmost of each with what is on it; kept: the root, /proc and /dev (bwrap's own), a
-    source's mount (through a link too) and what is mounted below a source (a recursive bind
-    shows it)."""
+    source's mount and what is mounted below a source (a recursive bind shows it)."""
     root, made = mounted
     launcher = launch.build(tmp_path / "bin")
     assert launcher is not None
     host_before = _points(Path("/proc/self/mountinfo").read_text())
     seen = subprocess.run(
         [str(launcher), "--detach", str(root), "--keep", str(made[0]),
-         "--keep", str(host_mounts / "shown"), "--keep", str(host_mounts / "link" / "file"),
+         "--keep", str(host_mounts / "shown"), "--keep", str(host_mounts / "target" / "file"),
          "--", "/bin/sh", "-c",
          f"cat /proc/self/mountinfo; cat {host_mounts}/shown/inner/file {host_mounts}/link/file"],
         capture_output=True, text=True, check=True,
@@ -154,6 +153,27 @@ def test_the_launcher_leaves_out_the_host_mounts_bwrap_binds_nothing_from(
     assert not points_below(seen, root) - {str(made[0])}
     # nothing of it reached the host
     assert _points(Path("/proc/self/mountinfo").read_text()) == host_before
+
+
+def test_a_host_source_through_a_link_keeps_every_host_mount(
+    tmp_path: Path, mounted: tuple[Path, list[Path]], host_mounts: Path
+) -> None:
+    """bwrap looks a source up again, through every mount its links lie on: a keep through a
+    link leaves the host's mounts as they are (attack pass, session 55: the mount a link lay
+    on was unmounted and the sandbox read what it hid), while other workspaces' still go."""
+    root, made = mounted
+    launcher = launch.build(tmp_path / "bin")
+    assert launcher is not None
+    seen = subprocess.run(
+        [str(launcher), "--detach", str(root), "--keep", str(made[0]),
+         "--keep", str(host_mounts / "link" / "file"),
+         "--", "/bin/sh", "-c", f"cat /proc/self/mountinfo; cat {host_mounts}/link/file"],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    points = _points(seen)
+    assert {str(host_mounts / "unused"), str(host_mounts / "unused" / "inner")} <= points
+    assert "through a link" in seen
+    assert not points_below(seen, root) - {str(made[0])}
 
 
 @pytest.mark.parametrize(

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import itertools
 import os
 import resource
 import shutil
@@ -378,12 +377,23 @@ class Detach:
         (the host's view as given: the launcher resolves its links); None: more than the
         launcher takes (then nothing is unmounted)."""
         found: dict[str, None] = {}  # once each, in order: the hidden files share one source
-        # Pairs, not a parse: a --setenv text that reads "--bind" keeps one more mount here,
-        # which costs its table line and changes nothing of what bwrap binds.
-        for option, value in itertools.pairwise(bwrap_options):
-            if option in _BIND_SOURCES:
+        # A parse, as options_end's: a --setenv value is the caller's text, and one reading
+        # "--bind" made the next word of the argv a keep, which the launcher refused (the
+        # command never ran; attack pass, session 55). Every other option's arguments are
+        # the runner's, never a bind option's name.
+        index = 0
+        while index < len(bwrap_options):
+            option = bwrap_options[index]
+            if option == "--setenv":
+                index += 3
+                continue
+            if option in _BIND_SOURCES and index + 1 < len(bwrap_options):
+                value = bwrap_options[index + 1]
                 below = value == self.given or value.startswith(self.given + "/")
                 found[self.real + value[len(self.given) :] if below else value] = None
+                index += 3
+                continue
+            index += 1
         return list(found) if len(found) <= launch.MAX_KEEPS else None
 
 

@@ -14,7 +14,8 @@
  * cgroups.py made the groups), so nothing of the command runs outside them.
  * --detach ROOT (the runner's folder) --keep PATH...: the --keep paths are every host path
  * bwrap binds from (the sandbox's own tree, home, view, prefixes below ROOT, named as the
- * table names them; the host's view elsewhere, whose links this process resolves). When at
+ * table names them; the host's view elsewhere, as given: one through a link keeps every host
+ * mount, bwrap looking it up again through mounts this would unmount). When at
  * least DETACH_FROM mounts below ROOT are ones bwrap needs none of (the overlays and network
  * namespaces of other busy workspaces), this process takes a mount namespace of its own, a
  * slave of the host's (nothing unmounted here reaches the host), and unmounts there, as its
@@ -195,17 +196,14 @@ static int under_another(char **points, int count, int i) {
     return 0;
 }
 
-static void detach(const char *root, const char **given, int nkeeps) {
+static void detach(const char *root, const char **keeps, int nkeeps) {
     static char *points[MAX_BELOW];
-    static const char *keeps[MAX_KEEPS];
     int count = 0;
     if (root[0] != '/' || strlen(root) < 2 || root[strlen(root) - 1] == '/')
         usage("--detach wants an absolute path without a trailing slash");
-    for (int k = 0; k < nkeeps; k++) {
-        if (given[k][0] != '/')
+    for (int k = 0; k < nkeeps; k++)
+        if (keeps[k][0] != '/')
             usage("--keep wants an absolute path");
-        keeps[k] = given[k];
-    }
     char *buffer = mounts_unneeded(keeps, nkeeps, points, &count);
     /* Other workspaces' mounts decide: the host's own (the same few dozen lines, mostly
      * unmounted at once) saved less than the namespace and its unmounts cost a lone
@@ -217,12 +215,17 @@ static void detach(const char *root, const char **given, int nkeeps) {
         free(buffer);
         return;
     }
-    /* Below ROOT the runner names a keep as the table does; elsewhere (the host's view, an
-     * operator's path) a link is resolved here, so the mount it lies on is the one kept: a
-     * path that does not exist (a --bind-try's) stays as given. */
-    for (int k = 0; k < nkeeps; k++) {
-        char *real = at_or_below(given[k], root) ? NULL : realpath(given[k], NULL);
-        keeps[k] = real ? real : given[k];
+    /* Below ROOT the runner names a keep as the table does (its own folders and files,
+     * never a link). Elsewhere (the host's view, an operator's path) a path through a link
+     * leaves the host's mounts in place: bwrap looks it up again, through every mount the
+     * link and its target lie on, and one of them unmounted here showed the sandbox what
+     * that mount hides on the host (attack pass, session 55). A path that does not exist (a
+     * --bind-try's) stays as given: it holds no link to follow. */
+    int host_too = 1;
+    for (int k = 0; k < nkeeps && host_too; k++) {
+        char *real = at_or_below(keeps[k], root) ? NULL : realpath(keeps[k], NULL);
+        host_too = real == NULL || strcmp(real, keeps[k]) == 0;
+        free(real);
     }
     /* Only a cost is at stake: where the kernel refuses a step, bwrap starts from the table
      * as it is. But nothing is unmounted unless this namespace is a slave of the host's. */
@@ -233,11 +236,15 @@ static void detach(const char *root, const char **given, int nkeeps) {
          * overlay or network namespace alive after the host let it go (session 53). */
         free(buffer);
         buffer = mounts_unneeded(keeps, nkeeps, points, &count);
+        int taken = 0;
+        for (int k = 0; k < count; k++)
+            if (host_too || (at_or_below(points[k], root) && strcmp(points[k], root) != 0))
+                points[taken++] = points[k];
         /* The topmost of each unneeded subtree only (a detached unmount takes what is on
          * it: the host's eleven cgroup hierarchies go with /sys/fs/cgroup), from the end of
          * the table; two stacked on one folder: the upper goes, the lower stays. */
-        for (int k = count - 1; k >= 0; k--)
-            if (!under_another(points, count, k))
+        for (int k = taken - 1; k >= 0; k--)
+            if (!under_another(points, taken, k))
                 (void)umount2(points[k], MNT_DETACH);
     }
     free(buffer);
