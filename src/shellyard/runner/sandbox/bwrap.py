@@ -374,8 +374,8 @@ class Detach:
 
     def keeps(self, bwrap_options: Sequence[str]) -> list[str] | None:
         """Every source bwrap binds from, those below the folder as the table names them
-        (the host's view as given: the launcher resolves its links); None: more than the
-        launcher takes (then nothing is unmounted)."""
+        (the host's view as given: one through a link keeps every host mount, launch.c);
+        None: more than the launcher takes (then nothing is unmounted)."""
         found: dict[str, None] = {}  # once each, in order: the hidden files share one source
         # A parse, as options_end's: a --setenv value is the caller's text, and one reading
         # "--bind" made the next word of the argv a keep, which the launcher refused (the

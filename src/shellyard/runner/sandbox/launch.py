@@ -105,31 +105,6 @@ def compile_c(directory: Path, path: Path) -> Path | None:
     finally:
         tmp.unlink(missing_ok=True)
     return target
-    compiler = shutil.which("cc") or shutil.which("gcc")
-    if compiler is None:
-        log.info("no C compiler for %s (docs/operations.md)", path.name)
-        return None
-    directory.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(target.name + f".{os.getpid()}.tmp")
-    try:
-        done = subprocess.run(
-            [compiler, "-O2", "-o", str(tmp), str(path)],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
-        if done.returncode != 0:
-            log.warning("could not build %s: %s", path.name, done.stderr.strip()[-500:])
-            return None
-        tmp.chmod(0o755)
-        os.replace(tmp, target)
-    except (OSError, subprocess.SubprocessError) as exc:
-        log.warning("could not build %s: %s", path.name, exc)
-        return None
-    finally:
-        tmp.unlink(missing_ok=True)
-    return target
 
 
 def prefix(
@@ -154,8 +129,8 @@ def prefix(
     the spawner writes bwrap's pid into them right after the spawn (``join``); ``batch``:
     the launcher makes itself SCHED_BATCH before anything else (launch.c), the chain cannot
     either: the spawner sets bwrap's policy right after the spawn (``batch_after``);
-    ``detach``: the runner's folder and the paths below it bwrap binds from: the launcher
-    unmounts the rest of what is mounted there in a mount namespace of its own (launch.c);
+    ``detach``: the runner's folder and every path bwrap binds from: the launcher unmounts
+    the other mounts bwrap needs none of in a mount namespace of its own (launch.c);
     the chain leaves them (a dearer spawn, nothing less safe)."""
     userns = network.with_name("user") if network and network.parts[:2] == ("/", "proc") else None
     if launcher is not None:
