@@ -6,9 +6,9 @@ group deleted in the last ~30 seconds, looking each one's inode-table block up
 (``find_inode_bit`` → ``recently_deleted``): a new file then costs 30–600 µs of CPU instead of
 a few, and more the more files anything on the volume deleted lately (a retention pass, another
 program, a previous run's clean-up). With a journal ext4 makes no such check. Measured in
-docs/benchmarks.md §76 (16 agents: 0.66–0.81× the bare bwrap rate on this machine's
-journal-less root volume, 0.79–0.80× on a journaled ext4, 0.83–0.85× on tmpfs); what to do
-about it is in docs/operations.md ("The volume under the home")."""
+docs/benchmarks.md §76 (16 agents: 155 falling to 128 executions a second run after run on
+this machine's journal-less root volume, steady on a journaled ext4); what to do about it is
+in docs/operations.md ("The volume under the home")."""
 
 from __future__ import annotations
 
@@ -90,7 +90,7 @@ def warning(root: StrPath) -> str | None:
     return (
         f"the runner's folder {root} is on ext4 without a journal ({volume.device}): each new "
         "file an execution makes costs 30-600 us of CPU there, more after files were deleted "
-        "on the volume (16 agents ran at 0.66-0.81x the bare bwrap rate on such a volume "
-        "against 0.79-0.80x on ext4 with a journal); put SHELLYARD_HOME on a journaled file "
-        'system (docs/operations.md "The volume under the home")'
+        "on the volume (16 agents' rate fell by up to 17% run after run on such a volume, "
+        "steady on ext4 with a journal); put SHELLYARD_HOME on a journaled file system "
+        '(docs/operations.md "The volume under the home")'
     )
