@@ -85,9 +85,16 @@ async def _busy(
             pytest.skip("this kernel mounted no overlay per workspace (own mounts off)")
         yield local, others, mine
     finally:
-        for execution in started:
-            await local.cancel(execution)
-        await local.aclose()
+        try:
+            for execution in started:
+                await local.cancel(execution)
+            # A cancel ends its execution after the runner answers (E7) and a closed runner
+            # leaves running sandboxes for its next start (E11): closed at once, the
+            # listener's sandbox outlived every run of this suite.
+            for execution in started:
+                await ended(local, execution)
+        finally:
+            await local.aclose()
 
 
 @pytest.fixture
