@@ -23,7 +23,7 @@ import resource
 import shutil
 import stat
 import subprocess
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
@@ -377,23 +377,13 @@ class Detach:
         (the host's view as given: one through a link keeps every host mount, launch.c);
         None: more than the launcher takes (then nothing is unmounted)."""
         found: dict[str, None] = {}  # once each, in order: the hidden files share one source
-        # A parse, as options_end's: a --setenv value is the caller's text, and one reading
-        # "--bind" made the next word of the argv a keep, which the launcher refused (the
-        # command never ran; attack pass, session 55). Every other option's arguments are
-        # the runner's, never a bind option's name.
-        index = 0
-        while index < len(bwrap_options):
-            option = bwrap_options[index]
-            if option == "--setenv":
-                index += 3
-                continue
-            if option in _BIND_SOURCES and index + 1 < len(bwrap_options):
+        # option_words, as options_end: a --setenv value is the caller's text, and one
+        # reading "--bind" made the next word a keep the launcher refused (session 55).
+        for index in option_words(bwrap_options, 0):
+            if bwrap_options[index] in _BIND_SOURCES and index + 1 < len(bwrap_options):
                 value = bwrap_options[index + 1]
                 below = value == self.given or value.startswith(self.given + "/")
                 found[self.real + value[len(self.given) :] if below else value] = None
-                index += 3
-                continue
-            index += 1
         return list(found) if len(found) <= launch.MAX_KEEPS else None
 
 
@@ -488,10 +478,18 @@ def options_end(argv: Sequence[str], start: int) -> int:
     ``--setenv`` value is the caller's text (E1: ``--`` is a value like any other): its two
     arguments are stepped over, never taken for the end. Every other option's arguments are
     the runner's (absolute paths, numbers, fixed words), never ``--``."""
+    return next(index for index in option_words(argv, start) if argv[index] == "--")
+
+
+def option_words(argv: Sequence[str], start: int) -> Iterator[int]:
+    """The indexes of bwrap's words from ``start`` on that the runner wrote: each
+    ``--setenv``'s two arguments (the caller's text) are stepped over. ``options_end`` and
+    ``Detach.keeps`` read the argv through this one walk, so they cannot drift apart (a
+    ``--setenv`` value reading ``--bind`` once made a keep, attack pass session 55)."""
     index = start
-    while argv[index] != "--":
+    while index < len(argv):
+        yield index
         index += 3 if argv[index] == "--setenv" else 1
-    return index
 
 
 def options_by_fd(argv: list[str], bwrap: str) -> tuple[list[str], int]:
