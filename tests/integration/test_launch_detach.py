@@ -240,3 +240,114 @@ async def test_a_busy_workspace_spawn_copies_none_of_the_other_workspaces_mounts
         finally:
             for execution in started:
                 await local.cancel(execution)
+
+
+# --- the clean namespace (clean_namespace.py, launch.c --clean-fd; docs/benchmarks.md §80) --
+
+
+def _from_clean(launcher: Path, root: Path, fd: int, keeps: list[Path], script: str) -> str:
+    argv = [str(launcher), "--detach", str(root), "--clean-fd", str(fd)]
+    for keep in keeps:
+        argv += ["--keep", str(keep)]
+    return subprocess.run(
+        [*argv, "--", "/bin/sh", "-c", script],
+        capture_output=True, text=True, check=True, pass_fds=[fd],
+    ).stdout  # fmt: skip
+
+
+def test_a_spawn_from_the_clean_namespace_gets_copies_of_its_own_mounts_and_no_other(
+    tmp_path: Path, mounted: tuple[Path, list[Path]]
+) -> None:
+    """The namespace was made while five overlays and a tmpfs were mounted below the
+    folder: it holds none of them; the launcher brings the overlay it binds and the tmpfs
+    its socket lies on (the topmost mount on the keep's path), reads the file through the
+    overlay, leaves the host's table as it was, and the command inherits no descriptor of
+    the namespace (R2)."""
+    from shellyard.runner.sandbox.clean_namespace import CleanNamespace
+
+    root, made = mounted
+    launcher = launch.build(tmp_path / "bin")
+    assert launcher is not None, "the host's C compiler built no launcher"
+    before = host_points_below(root)
+    clean = CleanNamespace(launcher, os.path.realpath(root))
+    assert clean.start()
+    try:
+        fd = clean.descriptor()
+        assert fd is not None
+        try:
+            keep = made[0]
+            seen = _from_clean(
+                launcher, root, fd, [keep, made[-1] / "sock", root / "not-there"],
+                f"cat /proc/self/mountinfo; cat {keep}/mine; ls -l /proc/self/fd",
+            )  # fmt: skip
+        finally:
+            os.close(fd)
+        assert points_below(seen, root) == {str(keep), str(made[-1])}
+        assert "through my overlay" in seen
+        assert f" {fd} -> " not in seen  # the namespace's descriptor: closed before the exec
+        assert host_points_below(root) == before
+    finally:
+        clean.close()
+
+
+def test_a_host_mount_made_later_reaches_the_clean_namespace_at_its_refresh(
+    tmp_path: Path, mounted: tuple[Path, list[Path]]
+) -> None:
+    """Private, the clean namespace receives nothing the host mounts after it was made; the
+    runner's refresh (every REFRESH_S) sees the host's mounts outside the folder changed and
+    makes a new one: a mount an operator adds reaches the next spawn. No change, no new one;
+    the runner's own mounts below the folder are no change."""
+    from shellyard.runner.sandbox.clean_namespace import CleanNamespace
+
+    root, made = mounted
+    launcher = launch.build(tmp_path / "bin")
+    assert launcher is not None, "the host's C compiler built no launcher"
+    clean = CleanNamespace(launcher, os.path.realpath(root))
+    assert clean.start()
+    later, below = tmp_path / "later", root / "workspaces" / "ws_new"
+    later.mkdir()
+    below.mkdir()
+    try:
+        subprocess.run(["mount", "-t", "tmpfs", "tmpfs", str(below)], check=True)
+        assert not clean.refresh()  # a mount below the folder is the runner's own
+        subprocess.run(["mount", "-t", "tmpfs", "tmpfs", str(later)], check=True)
+        (later / "news").write_text("mounted after\n")
+        script = f"cat {later}/news 2>&1 || echo missing"
+
+        def run() -> str:
+            fd = clean.descriptor()
+            assert fd is not None
+            try:
+                return _from_clean(launcher, root, fd, [made[0], later], script)
+            finally:
+                os.close(fd)
+
+        assert "missing" in run()  # as the host was when the namespace was made
+        assert clean.refresh()
+        assert "mounted after" in run()
+        assert not clean.refresh()
+    finally:
+        clean.close()
+        for point in (later, below):
+            subprocess.run(["umount", "-l", str(point)], check=False)
+
+
+def test_a_descriptor_that_is_no_mount_namespace_detaches_the_old_way(
+    tmp_path: Path, mounted: tuple[Path, list[Path]]
+) -> None:
+    """The kernel refuses to enter what is not a mount namespace: nothing has changed by
+    then, the launcher unmounts the other mounts as before, and closes the descriptor."""
+    root, made = mounted
+    launcher = launch.build(tmp_path / "bin")
+    assert launcher is not None, "the host's C compiler built no launcher"
+    fd = os.open("/dev/null", os.O_RDONLY)
+    try:
+        seen = _from_clean(
+            launcher, root, fd, [made[0], made[-1] / "sock"],
+            f"cat /proc/self/mountinfo; cat {made[0]}/mine; ls -l /proc/self/fd",
+        )  # fmt: skip
+    finally:
+        os.close(fd)
+    assert points_below(seen, root) == {str(made[0]), str(made[-1])}
+    assert "through my overlay" in seen
+    assert f" {fd} -> " not in seen.split("through my overlay")[1]  # closed before the exec

@@ -224,6 +224,7 @@ ROOMS: dict[str, set[str]] = {
         "runner.prefix_mounts",
         "runner.processes",
         "runner.protocol",
+        "runner.reaper",  # the clean namespace's follower (sandbox/clean_namespace.py)
         "runner.sandbox",
         "runner.snapshots",
         "runner.state_id",

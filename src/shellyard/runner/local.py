@@ -67,9 +67,11 @@ from shellyard.runner.protocol import (
     StartRequest,
     coalesce,
 )
+from shellyard.runner.reaper import Reaper, every
 from shellyard.runner.sandbox import bwrap as sandbox
-from shellyard.runner.sandbox import folder_access, launch, tenants, warm
+from shellyard.runner.sandbox import clean_namespace, folder_access, launch, tenants, warm
 from shellyard.runner.sandbox.bwrap import Mount
+from shellyard.runner.sandbox.clean_namespace import CleanNamespace
 from shellyard.runner.sandbox.log_root import LogRoot
 from shellyard.runner.sandbox.seccomp import SeccompProfile
 from shellyard.runner.sandbox.spawn import Sandboxes, check_start, script_argv
@@ -82,6 +84,11 @@ from shellyard.runner.snapshots.store import SnapshotStore
 from shellyard.runner.tool_mounts import ToolMounts
 
 log = logging.getLogger(__name__)
+
+#: Folders this runner has mounted (two per busy workspace) from which a spawn starts from
+#: the clean namespace: fewer cost a spawn less than taking a namespace of its own does
+#: (docs/benchmarks.md §73, §80); the launcher's own count decides below it.
+BUSY_MOUNTS = 6
 
 
 class LocalRunner(TerminalDoor):  # E13: send_input, screen, resize
@@ -111,6 +118,10 @@ class LocalRunner(TerminalDoor):  # E13: send_input, screen, resize
         self._snapshots = SnapshotStore(self.root / "snapshots")
         # a tree newly mounted: the change hints' watches were added through the last overlay
         self._mounts.mounted = lambda folder: self._snapshots.forget_changes(folder.name)
+        #: the busy spawns' clean mount namespace (clean_namespace.py); None: not root, or
+        #: refused
+        self._clean: CleanNamespace | None = None
+        self._clean_follow: Reaper | None = None
         self._store_lock = StoreLock(self.root / "snapshots")
         self._ids = sandbox.sandbox_ids(self.policy)
         # R2 tenants: a uid per workspace (tenants.py) when root and a range is set
@@ -232,8 +243,19 @@ class LocalRunner(TerminalDoor):  # E13: send_input, screen, resize
         await asyncio.to_thread(box.seccomp.write)
         box.launcher = await asyncio.to_thread(launch.build, self._sandbox_dir / "bin")
         if box.launcher is not None and os.geteuid() == 0:
-            # every busy workspace's overlays and network stay out of another's spawn
-            box.detach = sandbox.Detach.of(self.root)
+            # every busy workspace's overlays and network stay out of another's spawn: a
+            # busy runner's spawns start from its clean namespace (clean_namespace.py)
+            self._close_clean()
+            clean = CleanNamespace(box.launcher, os.path.realpath(self.root))
+            if await asyncio.to_thread(clean.start):
+                self._clean = clean
+                self._clean_follow = every(
+                    "clean-namespace", clean.refresh, lambda: clean_namespace.REFRESH_S
+                )
+            mounts = self._mounts
+            box.detach = sandbox.Detach.of(
+                self.root, self._clean, lambda: mounts.mounted_count() >= BUSY_MOUNTS
+            )
         box.waiter = await asyncio.to_thread(launch.compile_c, self._sandbox_dir / "bin", WARM)
         # R2 tenants: cgroups per execution inside one per workspace, or rlimits only
         box.cgroups = await asyncio.to_thread(cgroups.for_runner, self.root, self.policy)
@@ -287,6 +309,7 @@ class LocalRunner(TerminalDoor):  # E13: send_input, screen, resize
             self._sandboxes.view.close,
             self._sandboxes.logs.close,
             self._mounts.close,
+            self._close_clean,
             # detached: running sandboxes keep theirs
             lambda: asyncio.to_thread(self._prefixes.close),
             lambda: asyncio.to_thread(self._tool_mounts.close),  # a cancelled change's
@@ -341,6 +364,14 @@ class LocalRunner(TerminalDoor):  # E13: send_input, screen, resize
             self._workspace_ids(workspace_id)
         elif self._ids is not None:
             os.chown(folder, *self._ids)
+
+    def _close_clean(self) -> None:
+        if self._clean_follow is not None:
+            self._clean_follow.stop()
+            self._clean_follow = None
+        if self._clean is not None:
+            self._clean.close()
+            self._clean = None
 
     def _close_root(self, workspace_id: str) -> None:
         if self._ids is not None:  # docs/security.md "Tenants: attack pass"

@@ -105,6 +105,9 @@ class OwnMounts:
         #: is only a name: nothing on disk is cached, so a removed or renamed folder is seen).
         self._named: dict[str, tuple[tuple[Path, _Folder], ...]] = {}
         self.linger_s = LINGER_S
+        #: the folders mounted now (under ``_table``): how busy the host's table is for the
+        #: launcher's choice of namespace (bwrap.py ``Detach.busy``)
+        self._mounted: set[Path] = set()
         #: called with a folder just mounted (a new overlay: what was watched through the
         #: last one is not seen through it; the snapshot store's change hints)
         self.mounted: Callable[[Path], None] | None = None
@@ -272,7 +275,13 @@ class OwnMounts:
             work_dir = self._work / _work_name(folder)
             work_dir.mkdir(mode=0o700, exist_ok=True)
             mount_overlay(folder, self._empty, work=work_dir)
+        with self._table:
+            self._mounted.add(folder)
         return True
+
+    def mounted_count(self) -> int:
+        """How many folders this runner has mounted now."""
+        return len(self._mounted)
 
     def tmpfs(self, folder: Path) -> Path:
         """``folder``, made, with a small file system of its own when this runner mounts (the
@@ -301,6 +310,8 @@ class OwnMounts:
 
     def _unmount(self, folder: Path) -> None:
         unmount_all(folder)  # mounted twice (two runners' starts racing): all
+        with self._table:
+            self._mounted.discard(folder)
         work_dir = self._work / _work_name(folder)
         if work_dir.is_dir():
             _remove_work(work_dir)

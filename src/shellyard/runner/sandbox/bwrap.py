@@ -23,16 +23,19 @@ import resource
 import shutil
 import stat
 import subprocess
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from shellyard.errors import SandboxUnavailable
 from shellyard.runner.limits.settings import cpu_limit
 from shellyard.runner.network.egress_proxy import SANDBOX_PORT, SANDBOX_SOCKET
 from shellyard.runner.policy import NetworkMode, SandboxPolicy
 from shellyard.runner.sandbox import launch
+
+if TYPE_CHECKING:
+    from shellyard.runner.sandbox.clean_namespace import CleanNamespace
 
 #: Used when the service runs as root and no uid is configured: a uid no system account uses,
 #: so RLIMIT_NPROC counts only sandbox processes and nothing else on the host owns its files.
@@ -363,14 +366,28 @@ class Detach:
     """The runner's folder as the spawner names it (``given``) and as the mount table does
     (``real``, links resolved): the launcher unmounts, in the sandbox's own mount namespace,
     every mount bwrap binds nothing from, below that folder (the other workspaces') and
-    elsewhere on the host (launch.c ``--detach``)."""
+    elsewhere on the host (launch.c ``--detach``). ``clean``: the runner's clean namespace,
+    which the launcher starts from instead while ``busy()`` says the runner's own mounts
+    would cost a spawn more than that (clean_namespace.py)."""
 
     given: str
     real: str
+    clean: CleanNamespace | None = None
+    busy: Callable[[], bool] = field(default=lambda: False, compare=False)
 
     @classmethod
-    def of(cls, root: Path) -> Detach:
-        return cls(str(root), os.path.realpath(root))
+    def of(
+        cls,
+        root: Path,
+        clean: CleanNamespace | None = None,
+        busy: Callable[[], bool] | None = None,
+    ) -> Detach:
+        return cls(str(root), os.path.realpath(root), clean, busy or (lambda: False))
+
+    def clean_descriptor(self) -> int | None:
+        """A descriptor of the clean namespace for one spawn (the spawn's to close), when
+        the runner is busy enough for it; None: the launcher decides the old way."""
+        return self.clean.descriptor() if self.clean is not None and self.busy() else None
 
     def keeps(self, bwrap_options: Sequence[str]) -> list[str] | None:
         """Every source bwrap binds from, those below the folder as the table names them
@@ -413,6 +430,7 @@ def bwrap_argv(
     network_fds: tuple[int | None, int] | None = None,
     batch: bool = False,
     detach: Detach | None = None,
+    clean_fd: int | None = None,
 ) -> list[str]:
     shared_network = shared_network or network is not None
     if policy.network == "egress" and not shared_network:
@@ -468,7 +486,7 @@ def bwrap_argv(
         cgroups=cgroups,
         network_fds=network_fds,  # R2: ``network`` as checked descriptors (netns.py)
         batch=batch,  # SCHED_BATCH from the launcher on (launch.c)
-        detach=None if keeps is None or detach is None else (detach.real, keeps),
+        detach=None if keeps is None or detach is None else (detach.real, keeps, clean_fd),
     )
     return [*front, *argv]
 

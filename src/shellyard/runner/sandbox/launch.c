@@ -45,7 +45,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mount.h>
+#include <limits.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #define MAX_LIMITS 16
@@ -196,7 +199,156 @@ static int under_another(char **points, int count, int i) {
     return 0;
 }
 
-static void detach(const char *root, const char **keeps, int nkeeps) {
+/* Below ROOT the runner names a keep as the table does (its own folders and files, never a
+ * link). Elsewhere (the host's view, an operator's path) a path through a link leaves the
+ * host's mounts in place: bwrap looks it up again, through every mount the link and its
+ * target lie on, and one of them unmounted here showed the sandbox what that mount hides on
+ * the host (attack pass, session 55). A path that does not exist (a --bind-try's) stays as
+ * given: it holds no link to follow. 1: the host's unneeded mounts may go too. */
+static int host_prunable(const char *root, const char **keeps, int nkeeps) {
+    int host_too = 1;
+    for (int k = 0; k < nkeeps && host_too; k++) {
+        char *real = at_or_below(keeps[k], root) ? NULL : realpath(keeps[k], NULL);
+        host_too = real == NULL || strcmp(real, keeps[k]) == 0;
+        free(real);
+    }
+    return host_too;
+}
+
+/* In this process's own namespace: unmount every mount bwrap needs none of below ROOT and,
+ * if HOST_TOO, elsewhere, as this namespace's table lists them. */
+static void unmount_unneeded(const char *root, const char **keeps, int nkeeps, int host_too) {
+    static char *points[MAX_BELOW];
+    int count = 0;
+    char *buffer = mounts_unneeded(keeps, nkeeps, points, &count);
+    int taken = 0;
+    for (int k = 0; k < count; k++)
+        if (host_too || (at_or_below(points[k], root) && strcmp(points[k], root) != 0))
+            points[taken++] = points[k];
+    /* The topmost of each unneeded subtree only (a detached unmount takes what is on it:
+     * the host's eleven cgroup hierarchies go with /sys/fs/cgroup), from the end of the
+     * table; two stacked on one folder: the upper goes, the lower stays. */
+    for (int k = taken - 1; k >= 0; k--)
+        if (!under_another(points, taken, k))
+            (void)umount2(points[k], MNT_DETACH);
+    free(buffer);
+}
+
+#ifndef OPEN_TREE_CLONE
+#define OPEN_TREE_CLONE 1
+#endif
+#ifndef OPEN_TREE_CLOEXEC
+#define OPEN_TREE_CLOEXEC O_CLOEXEC
+#endif
+#ifndef AT_RECURSIVE
+#define AT_RECURSIVE 0x8000
+#endif
+#ifndef MOVE_MOUNT_F_EMPTY_PATH
+#define MOVE_MOUNT_F_EMPTY_PATH 0x4
+#endif
+#ifndef SYS_open_tree
+#define SYS_open_tree 428
+#endif
+#ifndef SYS_move_mount
+#define SYS_move_mount 429
+#endif
+
+#ifndef STATX_MNT_ID
+#define STATX_MNT_ID 0x1000U
+#endif
+
+/* The mount a path lies on, by its id (0: refused; errno ENOENT: no such path). */
+static uint64_t mount_of(const char *path) {
+    struct statx found;
+    if (statx(AT_FDCWD, path, AT_SYMLINK_NOFOLLOW, STATX_MNT_ID, &found) != 0)
+        return 0;
+    if (!(found.stx_mask & STATX_MNT_ID)) {
+        errno = ENOSYS;
+        return 0;
+    }
+    return found.stx_mnt_id;
+}
+
+/* The topmost mount point on KEEP's path strictly below ROOT (whose mount is ROOT_MOUNT),
+ * into OUT: 1. 0: KEEP lies on ROOT's own mount (the clean namespace has it as it is) or
+ * does not exist (a --bind-try's: nor there). -1: refused. */
+static int topmost_mount(const char *root, uint64_t root_mount, const char *keep, char *out) {
+    size_t n = strlen(root), length = strlen(keep);
+    if (length <= n || length >= PATH_MAX)
+        return -1; /* ROOT itself: everything below it would have to come (never asked) */
+    memcpy(out, keep, length + 1);
+    for (size_t i = n + 1; i <= length; i++) {
+        if (out[i] != '/' && out[i] != '\0')
+            continue;
+        char saved = out[i];
+        out[i] = '\0';
+        uint64_t mount = mount_of(out);
+        if (mount == 0)
+            return errno == ENOENT ? 0 : -1;
+        if (mount != root_mount)
+            return 1;
+        out[i] = saved;
+    }
+    return 0;
+}
+
+/* --clean-fd: start from the runner's clean namespace (a private copy of the host's with
+ * nothing mounted below ROOT, runner/sandbox/clean_namespace.py) instead of copying the
+ * host's whole table and unmounting the other workspaces' mounts one by one: for each keep
+ * below ROOT, the topmost mount on its path below ROOT (its overlay, the egress socket's
+ * tmpfs) is copied here with everything mounted on and below it (OPEN_TREE_CLONE |
+ * AT_RECURSIVE: what bwrap's recursive bind shows), the clean namespace entered, a namespace
+ * of this process's own made from it, and the copies attached where they were. A keep on
+ * ROOT's own mount needs none: the clean namespace has that mount. Returns 0 done, -1
+ * nothing changed (the caller detaches the old way); once the clean namespace is entered,
+ * a failure exits 127 (bwrap would bind the folders without their mounts). */
+static int detach_clean(const char *root, const char **keeps, int nkeeps, int clean) {
+    static char points[MAX_KEEPS][PATH_MAX];
+    int copies[MAX_KEEPS], n = 0;
+    uint64_t root_mount = mount_of(root);
+    if (root_mount == 0)
+        return -1;
+    for (int k = 0; k < nkeeps; k++) {
+        if (!at_or_below(keeps[k], root))
+            continue;
+        int found = topmost_mount(root, root_mount, keeps[k], points[n]);
+        int again = 0;
+        for (int j = 0; j < n && found == 1; j++)
+            again |= strcmp(points[j], points[n]) == 0;
+        if (found == 0 || again)
+            continue;
+        int fd = found < 0 ? -1
+                           : (int)syscall(SYS_open_tree, AT_FDCWD, points[n],
+                                          OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_RECURSIVE);
+        if (fd < 0) {
+            for (int j = 0; j < n; j++)
+                close(copies[j]);
+            return -1;
+        }
+        copies[n++] = fd;
+    }
+    int host_too = host_prunable(root, keeps, nkeeps);
+    if (setns(clean, CLONE_NEWNS) != 0) {
+        for (int j = 0; j < n; j++)
+            close(copies[j]);
+        return -1;
+    }
+    if (close(clean) != 0)
+        fail("cannot close the clean namespace's descriptor", NULL);
+    if (unshare(CLONE_NEWNS) != 0)
+        fail("cannot take a mount namespace of its own", NULL);
+    for (int j = 0; j < n; j++) {
+        if (syscall(SYS_move_mount, copies[j], "", AT_FDCWD, points[j],
+                    MOVE_MOUNT_F_EMPTY_PATH) != 0)
+            fail("cannot attach the copy of", points[j]);
+        close(copies[j]);
+    }
+    if (host_too)
+        unmount_unneeded(root, keeps, nkeeps, 1);
+    return 0;
+}
+
+static void detach(const char *root, const char **keeps, int nkeeps, int clean) {
     static char *points[MAX_BELOW];
     int count = 0;
     if (root[0] != '/' || strlen(root) < 2 || root[strlen(root) - 1] == '/')
@@ -204,6 +356,12 @@ static void detach(const char *root, const char **keeps, int nkeeps) {
     for (int k = 0; k < nkeeps; k++)
         if (keeps[k][0] != '/')
             usage("--keep wants an absolute path");
+    if (clean >= 0) {
+        if (detach_clean(root, keeps, nkeeps, clean) == 0)
+            return;
+        if (close(clean) != 0) /* refused: the old way, nothing of the command inherits it */
+            fail("cannot close the clean namespace's descriptor", NULL);
+    }
     char *buffer = mounts_unneeded(keeps, nkeeps, points, &count);
     /* Other workspaces' mounts decide: the host's own (the same few dozen lines, mostly
      * unmounted at once) saved less than the namespace and its unmounts cost a lone
@@ -215,18 +373,7 @@ static void detach(const char *root, const char **keeps, int nkeeps) {
         free(buffer);
         return;
     }
-    /* Below ROOT the runner names a keep as the table does (its own folders and files,
-     * never a link). Elsewhere (the host's view, an operator's path) a path through a link
-     * leaves the host's mounts in place: bwrap looks it up again, through every mount the
-     * link and its target lie on, and one of them unmounted here showed the sandbox what
-     * that mount hides on the host (attack pass, session 55). A path that does not exist (a
-     * --bind-try's) stays as given: it holds no link to follow. */
-    int host_too = 1;
-    for (int k = 0; k < nkeeps && host_too; k++) {
-        char *real = at_or_below(keeps[k], root) ? NULL : realpath(keeps[k], NULL);
-        host_too = real == NULL || strcmp(real, keeps[k]) == 0;
-        free(real);
-    }
+    int host_too = host_prunable(root, keeps, nkeeps);
     /* Only a cost is at stake: where the kernel refuses a step, bwrap starts from the table
      * as it is. But nothing is unmounted unless this namespace is a slave of the host's. */
     if (unshare(CLONE_NEWNS) == 0 && mount(NULL, "/", NULL, MS_REC | MS_SLAVE, NULL) == 0) {
@@ -234,20 +381,31 @@ static void detach(const char *root, const char **keeps, int nkeeps) {
          * workspace's mount made between that read and the unshare was copied here and
          * missed by it; it stayed for the sandbox's life, holding another workspace's
          * overlay or network namespace alive after the host let it go (session 53). */
-        free(buffer);
-        buffer = mounts_unneeded(keeps, nkeeps, points, &count);
-        int taken = 0;
-        for (int k = 0; k < count; k++)
-            if (host_too || (at_or_below(points[k], root) && strcmp(points[k], root) != 0))
-                points[taken++] = points[k];
-        /* The topmost of each unneeded subtree only (a detached unmount takes what is on
-         * it: the host's eleven cgroup hierarchies go with /sys/fs/cgroup), from the end of
-         * the table; two stacked on one folder: the upper goes, the lower stays. */
-        for (int k = taken - 1; k >= 0; k--)
-            if (!under_another(points, taken, k))
-                (void)umount2(points[k], MNT_DETACH);
+        unmount_unneeded(root, keeps, nkeeps, host_too);
     }
     free(buffer);
+}
+
+/* --clean-namespace ROOT: the runner's clean namespace (runner/sandbox/clean_namespace.py):
+ * a private copy of this one with every mount below ROOT unmounted; "ready" on stdout once
+ * made, then this process waits for its stdin's end (the runner opens /proc/PID/ns/mnt
+ * meanwhile, and that descriptor keeps the namespace). Private: nothing done here or in a
+ * copy of it reaches the host, and none of the host's later mounts (the runner's next
+ * overlays) arrive here; the runner makes a new one when the host's other mounts change. */
+static int make_clean(const char *root) {
+    char byte;
+    if (root[0] != '/' || strlen(root) < 2 || root[strlen(root) - 1] == '/')
+        usage("--clean-namespace wants an absolute path without a trailing slash");
+    if (unshare(CLONE_NEWNS) != 0)
+        fail("cannot take a mount namespace of its own", NULL);
+    if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0)
+        fail("cannot make the namespace private", NULL);
+    unmount_unneeded(root, NULL, 0, 0);
+    if (write(1, "ready\n", 6) != 6)
+        fail("cannot say", "ready");
+    while (read(0, &byte, 1) > 0)
+        continue;
+    return 0;
 }
 
 int main(int argc, char **argv) {
@@ -257,7 +415,9 @@ int main(int argc, char **argv) {
     struct rlimit limits[MAX_LIMITS];
     const char *cgroups[MAX_CGROUPS];
     const char *detach_root = NULL, *keeps[MAX_KEEPS];
-    int nlimits = 0, ncgroups = 0, nkeeps = 0, batch = 0, i = 1;
+    int nlimits = 0, ncgroups = 0, nkeeps = 0, batch = 0, i = 1, clean = -1;
+    if (argc == 3 && strcmp(argv[1], "--clean-namespace") == 0)
+        return make_clean(argv[2]);
     for (; i < argc; i++) {
         if (strcmp(argv[i], "--") == 0) {
             i++;
@@ -275,6 +435,8 @@ int main(int argc, char **argv) {
             cgroups[ncgroups++] = argv[++i];
         } else if (strcmp(argv[i], "--detach") == 0) {
             detach_root = argv[++i];
+        } else if (strcmp(argv[i], "--clean-fd") == 0) {
+            clean = parse_fd(argv[++i]);
         } else if (strcmp(argv[i], "--keep") == 0) {
             if (nkeeps == MAX_KEEPS)
                 usage("too many --keep");
@@ -326,11 +488,11 @@ int main(int argc, char **argv) {
             fail("cannot join the cgroup", cgroups[k]);
         close(fd);
     }
-    if (nkeeps && !detach_root)
-        usage("--keep without --detach");
+    if ((nkeeps || clean >= 0) && !detach_root)
+        usage("--keep or --clean-fd without --detach");
     /* before the user namespace: unmounting needs the host's root, inside one it could not */
     if (detach_root)
-        detach(detach_root, keeps, nkeeps);
+        detach(detach_root, keeps, nkeeps, clean);
     if ((userns && userns_fd) || (netns && netns_fd))
         usage("a namespace by path or by descriptor, not both");
     if (userns)

@@ -116,7 +116,7 @@ def prefix(
     cgroups: Sequence[str] = (),
     network_fds: tuple[int | None, int] | None = None,
     batch: bool = False,
-    detach: tuple[str, Sequence[str]] | None = None,
+    detach: tuple[str, Sequence[str], int | None] | None = None,
 ) -> list[str]:
     """Put in front of bwrap's argv. ``network``: the workspace's namespace (a file mounted
     by a root runner, or a holder's ``/proc/PID/ns/net``, entered with its user namespace);
@@ -129,8 +129,10 @@ def prefix(
     the spawner writes bwrap's pid into them right after the spawn (``join``); ``batch``:
     the launcher makes itself SCHED_BATCH before anything else (launch.c), the chain cannot
     either: the spawner sets bwrap's policy right after the spawn (``batch_after``);
-    ``detach``: the runner's folder and every path bwrap binds from: the launcher unmounts
-    the other mounts bwrap needs none of in a mount namespace of its own (launch.c);
+    ``detach``: the runner's folder, every path bwrap binds from, and a descriptor of the
+    runner's clean namespace (inherited, or None): the launcher starts from that namespace
+    with copies of the mounts it binds from, or unmounts the other mounts bwrap needs none
+    of in a mount namespace of its own (launch.c);
     the chain leaves them (a dearer spawn, nothing less safe)."""
     userns = network.with_name("user") if network and network.parts[:2] == ("/", "proc") else None
     if launcher is not None:
@@ -141,6 +143,8 @@ def prefix(
             argv += ["--cgroup", procs]
         if detach is not None:
             argv += ["--detach", detach[0]]
+            if detach[2] is not None:
+                argv += ["--clean-fd", str(detach[2])]
             for path in detach[1]:
                 argv += ["--keep", path]
         if network_fds is not None:

@@ -351,6 +351,10 @@ class Sandboxes:
                 fds = networks.open(workspace_id, pending.network)
                 pending.owned += [fd for fd in fds if fd is not None]
                 pending.network_fds = fds
+            # the runner's clean namespace, when busy enough (clean_namespace.py)
+            clean_fd = None if self.detach is None else self.detach.clean_descriptor()
+            if clean_fd is not None:
+                pending.owned.append(clean_fd)
             if self.cgroups is not None:  # made by ``spawn`` (a warm one's: in its thread)
                 pending.group = group or sandbox_id
                 pending.joins = self.cgroups.plan(workspace_id, pending.group)
@@ -372,6 +376,7 @@ class Sandboxes:
                 network_fds=pending.network_fds,
                 launcher=self.launcher,
                 detach=self.detach,
+                clean_fd=clean_fd,
                 command_fd=command_fd,
                 cgroups=pending.joins,
                 uid_per_workspace=self.workspace_ids is not None,
