@@ -259,19 +259,24 @@ def test_a_spawn_from_the_clean_namespace_gets_copies_of_its_own_mounts_and_no_o
     tmp_path: Path, mounted: tuple[Path, list[Path]]
 ) -> None:
     """The namespace was made while five overlays and a tmpfs were mounted below the
-    folder: it holds none of them; the launcher brings the overlay it binds and the tmpfs
-    its socket lies on (the topmost mount on the keep's path), reads the file through the
-    overlay, leaves the host's table as it was, and the command inherits no descriptor of
-    the namespace (R2)."""
+    folder: it holds none of them, nor a host mount the runner's view binds nothing from;
+    the launcher brings the overlay it binds and the tmpfs its socket lies on (the topmost
+    mount on the keep's path), reads the file through the overlay, leaves the host's table
+    as it was, and the command inherits no descriptor of the namespace (R2). A spawn binding
+    a host path outside the view is not covered (it starts the old way)."""
     from shellyard.runner.sandbox.clean_namespace import CleanNamespace
 
     root, made = mounted
     launcher = launch.build(tmp_path / "bin")
     assert launcher is not None, "the host's C compiler built no launcher"
     before = host_points_below(root)
-    clean = CleanNamespace(launcher, os.path.realpath(root))
-    assert clean.start()
+    unbound = tmp_path / "unbound"  # a host mount the view binds nothing from
+    unbound.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "tmpfs", str(unbound)], check=True)
+    clean = CleanNamespace(launcher, os.path.realpath(root), ["/usr", "/etc"])
     try:
+        assert clean.start()
+        assert clean.covers(["/usr", str(made[0])]) and not clean.covers(["/usr", "/opt"])
         fd = clean.descriptor()
         assert fd is not None
         try:
@@ -285,9 +290,12 @@ def test_a_spawn_from_the_clean_namespace_gets_copies_of_its_own_mounts_and_no_o
         assert points_below(seen, root) == {str(keep), str(made[-1])}
         assert "through my overlay" in seen
         assert f" {fd} -> " not in seen  # the namespace's descriptor: closed before the exec
+        # left out once, when the namespace was made for the view's /usr and /etc
+        assert f" {unbound} " not in seen
         assert host_points_below(root) == before
     finally:
         clean.close()
+        subprocess.run(["umount", "-l", str(unbound)], check=False)
 
 
 def test_a_host_mount_made_later_reaches_the_clean_namespace_at_its_refresh(
@@ -302,9 +310,9 @@ def test_a_host_mount_made_later_reaches_the_clean_namespace_at_its_refresh(
     root, made = mounted
     launcher = launch.build(tmp_path / "bin")
     assert launcher is not None, "the host's C compiler built no launcher"
-    clean = CleanNamespace(launcher, os.path.realpath(root))
-    assert clean.start()
     later, below = tmp_path / "later", root / "workspaces" / "ws_new"
+    clean = CleanNamespace(launcher, os.path.realpath(root), [str(later)])  # in the view
+    assert clean.start()
     later.mkdir()
     below.mkdir()
     try:

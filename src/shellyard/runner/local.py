@@ -246,7 +246,10 @@ class LocalRunner(TerminalDoor):  # E13: send_input, screen, resize
             # every busy workspace's overlays and network stay out of another's spawn: a
             # busy runner's spawns start from its clean namespace (clean_namespace.py)
             self._close_clean()
-            clean = CleanNamespace(box.launcher, os.path.realpath(self.root))
+            real = os.path.realpath(self.root)
+            view = sandbox.Detach.of(self.root).keeps(box.view.argv) or []
+            host = [k for k in view if k != real and not k.startswith(real + "/")]
+            clean = CleanNamespace(box.launcher, real, host)
             if await asyncio.to_thread(clean.start):
                 self._clean = clean
                 self._clean_follow = every(

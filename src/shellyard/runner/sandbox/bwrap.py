@@ -384,6 +384,10 @@ class Detach:
     ) -> Detach:
         return cls(str(root), os.path.realpath(root), clean, busy or (lambda: False))
 
+    def covers(self, keeps: Sequence[str]) -> bool:
+        """Whether a spawn binding from ``keeps`` may start from the clean namespace."""
+        return self.clean is not None and self.clean.covers(keeps)
+
     def clean_descriptor(self) -> int | None:
         """A descriptor of the clean namespace for one spawn (the spawn's to close), when
         the runner is busy enough for it; None: the launcher decides the old way."""
@@ -486,7 +490,9 @@ def bwrap_argv(
         cgroups=cgroups,
         network_fds=network_fds,  # R2: ``network`` as checked descriptors (netns.py)
         batch=batch,  # SCHED_BATCH from the launcher on (launch.c)
-        detach=None if keeps is None or detach is None else (detach.real, keeps, clean_fd),
+        detach=None
+        if keeps is None or detach is None
+        else (detach.real, keeps, clean_fd if detach.covers(keeps) else None),
     )
     return [*front, *argv]
 

@@ -24,10 +24,14 @@ launcher closes its copy once entered; nothing of the command inherits it (R2).
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import logging
 import os
+import re
 import subprocess
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -44,35 +48,85 @@ def _escaped(path: str) -> str:
     return "".join(f"\\{ord(c):03o}" if c in " \t\n\\" else c for c in path)
 
 
-def host_signature(root: str) -> tuple[tuple[str, str], ...]:
-    """The ids and points of the mounts outside ``root`` (and ``root``'s own), in the table's
-    order: what a clean namespace copied of the host."""
+def _unescaped(text: str) -> str:
+    """A mountinfo field's octal escapes undone."""
+    return re.sub(r"\\([0-3][0-7]{2})", lambda m: chr(int(m.group(1), 8)), text)
+
+
+_libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+_AT_FDCWD = -100
+_AT_SYMLINK_NOFOLLOW, _AT_NO_AUTOMOUNT = 0x100, 0x800
+#: statx's mount id that is never reused (Linux 6.8); the plain one is handed out again
+_STATX_MNT_ID_UNIQUE = 0x4000
+_STATX_SIZE, _STX_MNT_ID_AT = 256, 0x90
+
+
+def unique_mount_id(point: str) -> int | None:
+    """The never-reused id of the mount at ``point`` (its topmost); None: the kernel gives
+    none, or the point cannot be looked at."""
+    buffer = ctypes.create_string_buffer(_STATX_SIZE)
+    flags = _AT_SYMLINK_NOFOLLOW | _AT_NO_AUTOMOUNT
+    if _libc.statx(_AT_FDCWD, os.fsencode(point), flags, _STATX_MNT_ID_UNIQUE, buffer) != 0:
+        return None
+    mask = int.from_bytes(buffer.raw[0:4], "little")
+    if not mask & _STATX_MNT_ID_UNIQUE:
+        return None
+    return int.from_bytes(buffer.raw[_STX_MNT_ID_AT : _STX_MNT_ID_AT + 8], "little")
+
+
+def host_signature(root: str) -> tuple[tuple[str, int | None], ...]:
+    """The mounts outside ``root`` (and ``root``'s own), in the table's order: each whole
+    line (flags, options, source: a remount changes it) with the never-reused id of the
+    mount at its point (the line's own id is handed out again: a file system unmounted and
+    another mounted at the same point printed the same line, attack pass session 56)."""
     below = _escaped(root) + "/"
     found = []
     with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as table:
         for line in table:
             fields = line.split(" ", 5)
             if len(fields) > 4 and not fields[4].startswith(below):
-                found.append((fields[0], fields[4]))
+                found.append((line, unique_mount_id(_unescaped(fields[4]))))
     return tuple(found)
 
 
 class CleanNamespace:
     """One runner's clean namespace, made by ``launcher`` for the folder ``root`` (a real
-    path, as the table names it)."""
+    path, as the table names it) and the host paths ``host_keeps`` (outside ``root``: the
+    bind sources of the runner's host view): the host's mounts none of them needs are left
+    out of it once, when it is made, not at each spawn (launch.c ``make_clean``)."""
 
-    def __init__(self, launcher: Path, root: str) -> None:
+    def __init__(self, launcher: Path, root: str, host_keeps: Sequence[str] = ()) -> None:
         self.launcher = launcher
         self.root = root
+        self.host_keeps = frozenset(host_keeps)
+        self._argv = [str(launcher), "--clean-namespace", root]
+        for keep in host_keeps:
+            self._argv += ["--keep", keep]
         self._lock = threading.Lock()
         #: the current namespace's descriptor and the host's mounts it was made from
         self._fd: int | None = None
-        self._made_from: tuple[tuple[str, str], ...] = ()
+        self._made_from: tuple[tuple[str, int | None], ...] = ()
+        #: whether the host's unbound mounts were left out of it (launch.c ``make_clean``)
+        self.pruned = False
 
     def start(self) -> bool:
-        """Made; False: the kernel or the launcher refused (the launcher then detaches the
-        old way). Its owner calls ``refresh`` every ``REFRESH_S`` (local.py)."""
+        """Made; False: the kernel or the launcher refused, or the kernel names no mount by
+        a never-reused id, without which a replaced host mount would go unseen (the launcher
+        then detaches the old way). Its owner calls ``refresh`` every ``REFRESH_S``
+        (local.py)."""
+        if unique_mount_id("/") is None:
+            log.info("no never-reused mount ids (Linux < 6.8): no clean mount namespace")
+            return False
         return self._renew()
+
+    def covers(self, keeps: Sequence[str]) -> bool:
+        """Whether a spawn binding from ``keeps`` may start here: the host's unbound mounts
+        were left out (``pruned``: otherwise every host mount would be held alive in the
+        sandbox's launcher namespace, a private copy, after the host let it go), and every
+        keep outside the folder is one this namespace was made for (another may lie on a
+        mount left out)."""
+        below = self.root + "/"
+        return self.pruned and all(k in self.host_keeps or k.startswith(below) for k in keeps)
 
     def descriptor(self) -> int | None:
         """A descriptor of the current namespace for one spawn, which owns it (pass_fds,
@@ -88,19 +142,22 @@ class CleanNamespace:
 
     def _renew(self) -> bool:
         made_from = host_signature(self.root)  # before the copy: a change after is seen next
-        fd = self._make()
-        if fd is None:
+        made = self._make()
+        if made is None:
             return False
+        fd, pruned = made
         with self._lock:
             old, self._fd, self._made_from = self._fd, fd, made_from
+            self.pruned = pruned
         if old is not None:
             os.close(old)
         return True
 
-    def _make(self) -> int | None:
+    def _make(self) -> tuple[int, bool] | None:
+        """A descriptor of a new one, and whether the host's unbound mounts were left out."""
         try:
             maker = subprocess.Popen(
-                [str(self.launcher), "--clean-namespace", self.root],
+                self._argv,
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
@@ -111,10 +168,12 @@ class CleanNamespace:
             return None
         assert maker.stdin is not None and maker.stdout is not None
         try:
-            if maker.stdout.readline() != b"ready\n":
+            said = maker.stdout.readline()
+            if said not in (b"ready pruned\n", b"ready whole\n"):
                 return None
             # The maker is this process's child and not reaped yet: its pid names it.
-            return os.open(f"/proc/{maker.pid}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
+            fd = os.open(f"/proc/{maker.pid}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
+            return fd, said == b"ready pruned\n"
         except OSError as exc:
             log.warning("no clean mount namespace (%s): spawns detach the old way", exc)
             return None

@@ -299,7 +299,9 @@ static int topmost_mount(const char *root, uint64_t root_mount, const char *keep
  * tmpfs) is copied here with everything mounted on and below it (OPEN_TREE_CLONE |
  * AT_RECURSIVE: what bwrap's recursive bind shows), the clean namespace entered, a namespace
  * of this process's own made from it, and the copies attached where they were. A keep on
- * ROOT's own mount needs none: the clean namespace has that mount. Returns 0 done, -1
+ * ROOT's own mount needs none: the clean namespace has that mount. The host's unbound mounts
+ * were left out when the namespace was made, for the runner's host view (the runner passes
+ * --clean-fd only to a spawn whose keeps outside ROOT are among that view's). Returns 0, -1
  * nothing changed (the caller detaches the old way); once the clean namespace is entered,
  * a failure exits 127 (bwrap would bind the folders without their mounts). */
 static int detach_clean(const char *root, const char **keeps, int nkeeps, int clean) {
@@ -327,7 +329,6 @@ static int detach_clean(const char *root, const char **keeps, int nkeeps, int cl
         }
         copies[n++] = fd;
     }
-    int host_too = host_prunable(root, keeps, nkeeps);
     if (setns(clean, CLONE_NEWNS) != 0) {
         for (int j = 0; j < n; j++)
             close(copies[j]);
@@ -343,8 +344,15 @@ static int detach_clean(const char *root, const char **keeps, int nkeeps, int cl
             fail("cannot attach the copy of", points[j]);
         close(copies[j]);
     }
-    if (host_too)
-        unmount_unneeded(root, keeps, nkeeps, 1);
+    /* A copy is a peer of the host's mount it was made from (OPEN_TREE_CLONE keeps the
+     * peer group): on a shared host, an unmount below it here would unmount the host's
+     * (attack pass, session 56). Slaves first, as the old way's namespace is. */
+    if (mount(NULL, "/", NULL, MS_REC | MS_SLAVE, NULL) != 0)
+        fail("cannot make the namespace a slave", NULL);
+    /* What a copy brought that bwrap needs none of: another workspace's mount lying on the
+     * same topmost mount (none in today's layout; the table here is the clean one's few
+     * lines and the copies'). */
+    unmount_unneeded(root, keeps, nkeeps, 0);
     return 0;
 }
 
@@ -386,22 +394,34 @@ static void detach(const char *root, const char **keeps, int nkeeps, int clean) 
     free(buffer);
 }
 
-/* --clean-namespace ROOT: the runner's clean namespace (runner/sandbox/clean_namespace.py):
- * a private copy of this one with every mount below ROOT unmounted; "ready" on stdout once
- * made, then this process waits for its stdin's end (the runner opens /proc/PID/ns/mnt
- * meanwhile, and that descriptor keeps the namespace). Private: nothing done here or in a
- * copy of it reaches the host, and none of the host's later mounts (the runner's next
- * overlays) arrive here; the runner makes a new one when the host's other mounts change. */
-static int make_clean(const char *root) {
+/* --clean-namespace ROOT [--keep PATH]...: the runner's clean namespace
+ * (runner/sandbox/clean_namespace.py): a private copy of this one with every mount below ROOT
+ * unmounted, and every host mount the PATHs (the runner's host view) need none of, by the
+ * rule of a spawn's detach; "ready pruned" (or "ready whole": no host mount could go) on
+ * stdout once made, then this process waits for its
+ * stdin's end (the runner opens /proc/PID/ns/mnt meanwhile, and that descriptor keeps the
+ * namespace). Private: nothing done here or in a copy of it reaches the host, and none of the
+ * host's later mounts (the runner's next overlays) arrive here; the runner makes a new one
+ * when the host's other mounts change. */
+static int make_clean(const char *root, const char **keeps, int nkeeps) {
     char byte;
     if (root[0] != '/' || strlen(root) < 2 || root[strlen(root) - 1] == '/')
         usage("--clean-namespace wants an absolute path without a trailing slash");
+    for (int k = 0; k < nkeeps; k++)
+        if (keeps[k][0] != '/' || at_or_below(keeps[k], root))
+            usage("--keep wants an absolute path outside ROOT");
+    int host_too = host_prunable(root, keeps, nkeeps);
     if (unshare(CLONE_NEWNS) != 0)
         fail("cannot take a mount namespace of its own", NULL);
     if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0)
         fail("cannot make the namespace private", NULL);
-    unmount_unneeded(root, NULL, 0, 0);
-    if (write(1, "ready\n", 6) != 6)
+    unmount_unneeded(root, keeps, nkeeps, host_too);
+    /* "whole": a PATH through a link kept every host mount; a private copy of them would
+     * hold each alive in every sandbox's launcher namespace after the host let it go (a
+     * slave received the unmount): the runner does not use this one (attack pass, session
+     * 56). */
+    const char *said = host_too ? "ready pruned\n" : "ready whole\n";
+    if (write(1, said, strlen(said)) != (ssize_t)strlen(said))
         fail("cannot say", "ready");
     while (read(0, &byte, 1) > 0)
         continue;
@@ -416,8 +436,18 @@ int main(int argc, char **argv) {
     const char *cgroups[MAX_CGROUPS];
     const char *detach_root = NULL, *keeps[MAX_KEEPS];
     int nlimits = 0, ncgroups = 0, nkeeps = 0, batch = 0, i = 1, clean = -1;
-    if (argc == 3 && strcmp(argv[1], "--clean-namespace") == 0)
-        return make_clean(argv[2]);
+    if (argc >= 3 && strcmp(argv[1], "--clean-namespace") == 0) {
+        const char *host[MAX_KEEPS];
+        int nhost = 0;
+        for (i = 3; i < argc; i += 2) {
+            if (strcmp(argv[i], "--keep") != 0 || i + 1 >= argc)
+                usage("--clean-namespace ROOT takes --keep PATH only");
+            if (nhost == MAX_KEEPS)
+                usage("too many --keep");
+            host[nhost++] = argv[i + 1];
+        }
+        return make_clean(argv[2], host, nhost);
+    }
     for (; i < argc; i++) {
         if (strcmp(argv[i], "--") == 0) {
             i++;
