@@ -34,6 +34,20 @@ Findings (each failed on d91f980, the first version; fixed, docs/security.md "At
 Each finding's test passed with the old way (checked by setting ``local.BUSY_MOUNTS`` out of
 reach, so no ``--clean-fd`` is passed).
 
+Second pass (each failed on 8ad1b46, which fixed F1-F4; fixed since):
+- G1 ``test_a_whole_namespace_descriptor_is_not_inherited_by_the_command``: a spawn the
+  namespace did not cover still took a descriptor of it, passed to a launcher not told
+  ``--clean-fd``: the command inherited it. Now one is made only for a spawn that passes it.
+- G2 ``test_a_host_path_swapped_for_a_link_binds_what_a_pruned_mount_hides``: the links
+  were checked once, when the namespace was made; a host path made a link later lay on a
+  mount left out: bwrap bound what it hides. Now the launcher checks them at each spawn.
+- G3 ``test_a_host_unmount_below_a_host_path_reaches_running_sandboxes`` (shared host): a
+  private namespace kept a revoked volume in running sandboxes. Now it is a slave, and none
+  is made where the runner's folder lies on a shared mount.
+- G4 ``test_a_host_path_above_the_folder_leaves_nothing_below_it_in_the_clean_namespace``: a
+  host path above the runner's folder kept every workspace's mounts in it. Now everything
+  below the folder goes first.
+
 Held (``test_held_...`` and by reading): a busy spawn's mountinfo names no path of the
 runner's folder and no other workspace, it inherits no descriptor of the clean namespace,
 cannot mount, nothing it does changes the host's table outside the folder, and no maker
@@ -79,6 +93,15 @@ PRELUDE = textwrap.dedent(
 
     def sh(*argv):
         subprocess.run(argv, check=True, capture_output=True)
+
+    def tmpfs_with(name, files, mode=0o644):  # a host path: a tmpfs at TMP/data with files
+        data = TMP / "data"
+        data.mkdir()
+        sh("mount", "-t", "tmpfs", name, str(data))
+        for file, text in files.items():
+            (data / file).write_text(text)
+            (data / file).chmod(mode)
+        return data
 
     def mount_id(point):
         for line in open("/proc/self/mountinfo"):
@@ -142,6 +165,15 @@ PRELUDE = textwrap.dedent(
 )
 
 
+#: ``ATTACK_OLD_WAY=1``: the same scenarios with no ``--clean-fd`` (``BUSY_MOUNTS`` out of
+#: reach): each finding's test passed then.
+OLD_WAY = (
+    "import shellyard.runner.local as _L; _L.BUSY_MOUNTS = 10**9\n"
+    if os.environ.get("ATTACK_OLD_WAY")
+    else ""
+)
+
+
 def _drive(tmp_path: Path, body: str, propagation: str = "private") -> dict:
     """Run ``body`` (an ``async def scenario()`` filling ``OUT``) in a mount namespace of its
     own whose / is ``propagation`` (``shared``: a systemd host's, simulated)."""
@@ -152,6 +184,7 @@ def _drive(tmp_path: Path, body: str, propagation: str = "private") -> dict:
             tests=str(HERE.parent),
             tmp=str(tmp_path),
         )
+        + OLD_WAY
         + textwrap.dedent(body)
         + textwrap.dedent(
             """
@@ -171,7 +204,10 @@ def _drive(tmp_path: Path, body: str, propagation: str = "private") -> dict:
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     assert lines, (done.returncode, done.stdout[-3000:], done.stderr[-3000:])
     out = json.loads(lines[-1][len("RESULT ") :])
-    assert out.get("clean"), ("no clean namespace made", out, done.stderr[-2000:])
+    if propagation == "shared":  # the folder's mount would pass the runner's overlays on
+        assert not out.get("clean"), ("a clean namespace on a shared mount", out)
+    else:
+        assert out.get("clean"), ("no clean namespace made", out, done.stderr[-2000:])
     return out
 
 
@@ -188,10 +224,7 @@ def test_a_replaced_host_mount_reaches_the_sandboxes(tmp_path: Path) -> None:
         tmp_path,
         """
         async def scenario():
-            data = TMP / "data"
-            data.mkdir()
-            sh("mount", "-t", "tmpfs", "old", str(data))
-            (data / "f").write_text("OLD-REVOKED\\n")
+            data = tmpfs_with("old", {"f": "OLD-REVOKED\\n"})
             policy = SandboxPolicy(host_paths=[str(data)])
             local, started = await busy_runner(policy)
             try:
@@ -304,7 +337,10 @@ base = Path({tmp!r})
 launcher = launch.build(base / "bin")
 root = base / "root"; tops = root / "views"; tops.mkdir(parents=True)
 def sh(*a): subprocess.run(a, check=True, capture_output=True)
-sh("mount", "-t", "tmpfs", "views", str(tops))  # a mount of its own below the runner's folder
+# The runner's folder on a private mount (else no clean namespace is made), a shared mount
+# of its own below it (an operator's volume) that the workspaces' mounts lie on.
+sh("mount", "--bind", str(root), str(root)); sh("mount", "--make-private", str(root))
+sh("mount", "-t", "tmpfs", "views", str(tops)); sh("mount", "--make-shared", str(tops))
 for name in ("mine", "w1", "w2", "w3", "w4", "w5"):  # one per workspace, on it
     (tops / name).mkdir(); sh("mount", "-t", "tmpfs", name, str(tops / name))
 clean = CleanNamespace(launcher, str(root)); assert clean.start()
@@ -315,7 +351,7 @@ os.close(fd); clean.close()
 points = [line.split()[4] for line in open("/proc/self/mountinfo")]
 left = sorted(p for p in points if p.startswith(str(tops) + "/"))
 print("RESULT", done.returncode, " ".join(p[len(str(tops)) + 1:] for p in left))
-subprocess.run(["umount", "-R", str(tops)], check=False)
+subprocess.run(["umount", "-R", str(root)], check=False)
 """
 
 
@@ -356,11 +392,7 @@ def test_a_remount_noexec_reaches_the_sandboxes(tmp_path: Path) -> None:
         tmp_path,
         """
         async def scenario():
-            data = TMP / "data"
-            data.mkdir()
-            sh("mount", "-t", "tmpfs", "tools", str(data))
-            (data / "tool").write_text("#!/bin/sh\\necho ran\\n")
-            (data / "tool").chmod(0o755)
+            data = tmpfs_with("tools", {"tool": "#!/bin/sh\\necho ran\\n"}, 0o755)
             local, started = await busy_runner(SandboxPolicy(host_paths=[str(data)]))
             try:
                 await asyncio.sleep(clean_namespace.REFRESH_S * 2.5)
@@ -386,7 +418,7 @@ def test_a_remount_noexec_reaches_the_sandboxes(tmp_path: Path) -> None:
 def test_held_a_busy_spawn_shows_nothing_of_the_clean_namespace_or_the_others(
     tmp_path: Path,
 ) -> None:
-    """Held (on a shared host): a spawn from the clean namespace (busy runner) lists no
+    """Held: a spawn from the clean namespace (busy runner) lists no
     host path of the runner's folder and no other workspace in its mountinfo, inherits no
     descriptor beyond 0-2 (and ``ls``'s own), cannot enter the launcher's or the runner's
     namespace (no such pid in its pid namespace), its files are its own; nothing it did
@@ -413,7 +445,6 @@ def test_held_a_busy_spawn_shows_nothing_of_the_clean_namespace_or_the_others(
             finally:
                 await close(local, started)
         """,
-        propagation="shared",
     )
     code, stdout, stderr = out["run"]
     assert code == 0, (stdout, stderr)
@@ -424,3 +455,144 @@ def test_held_a_busy_spawn_shows_nothing_of_the_clean_namespace_or_the_others(
     assert all(line[0].split()[-1] in ("0", "1", "2", "3") for line in fds), fds
     assert out["host_same"], out
     assert not out["makers"], out
+
+
+def test_a_whole_namespace_descriptor_is_not_inherited_by_the_command(tmp_path: Path) -> None:
+    """G1: host path through a link -> "ready whole" -> covers() False; the dup'd clean fd
+    is still in pass_fds, and the launcher (no --clean-fd) never closes it."""
+    out = _drive(
+        tmp_path,
+        """
+        async def scenario():
+            real = TMP / "tool-real"
+            real.mkdir()
+            link = TMP / "tool"
+            link.symlink_to(real)
+            local, started = await busy_runner(SandboxPolicy(host_paths=[str(link)]))
+            try:
+                OUT["pruned"] = local._clean.pruned if local._clean else None
+                OUT["run"] = await run(local, "mine", "ex-fds", "ls -l /proc/self/fd/")
+            finally:
+                await close(local, started)
+        """,
+    )
+    print("OUT", out)
+    code, stdout, stderr = out["run"]
+    assert code == 0, (stdout, stderr)
+    assert "mnt:[" not in stdout, ("the command inherited the clean namespace's descriptor", stdout)
+
+
+def test_a_host_path_swapped_for_a_link_binds_what_a_pruned_mount_hides(tmp_path: Path) -> None:
+    """G2: host path ``data`` is a folder when the namespace is made ("ready pruned"); the
+    operator moves the data to a volume mounted at ``vol`` and makes ``data`` a link to it.
+    No mount changed: no refresh; ``covers`` accepts (same keep string). In the clean
+    namespace ``vol`` was pruned (nothing of the view lay on it), so bwrap's lookup of the
+    link lands in the folder below the mount point: the sandbox reads what the volume
+    hides on the host, not the data."""
+    out = _drive(
+        tmp_path,
+        """
+        async def scenario():
+            data = TMP / "data"
+            data.mkdir()
+            (data / "f").write_text("OLD-FOLDER\\n")
+            vol = TMP / "vol"
+            (vol / "d").mkdir(parents=True)
+            (vol / "d" / "f").write_text("HIDDEN-UNDER-THE-MOUNT\\n")
+            sh("mount", "-t", "tmpfs", "vol", str(vol))
+            (vol / "d").mkdir()
+            (vol / "d" / "f").write_text("NEW-VOLUME\\n")
+            local, started = await busy_runner(SandboxPolicy(host_paths=[str(data)]))
+            try:
+                await asyncio.sleep(clean_namespace.REFRESH_S * 2.5)
+                OUT["pruned"] = local._clean.pruned if local._clean else None
+                data.rename(TMP / "data.old")
+                data.symlink_to(vol / "d")
+                await asyncio.sleep(clean_namespace.REFRESH_S * 3)
+                OUT["host"] = (data / "f").read_text()
+                OUT["busy_at_spawn"] = local._mounts.mounted_count()
+                OUT["run"] = await run(local, "mine", "ex-read", f"cat {data}/f")
+            finally:
+                await close(local, started)
+                subprocess.run(["umount", "-l", str(vol)], check=False)
+        """,
+    )
+    print("OUT", out)
+    code, stdout, _stderr = out["run"]
+    assert out["host"] == "NEW-VOLUME\n", out
+    assert "HIDDEN-UNDER-THE-MOUNT" not in stdout, ("bound what the pruned mount hides", out)
+    assert code == 0 and stdout == out["host"], out
+
+
+def test_a_host_unmount_below_a_host_path_reaches_running_sandboxes(tmp_path: Path) -> None:
+    """G3 (shared host): ``data`` is a host path with a volume mounted at ``data/sub``; a
+    long command runs; the operator unmounts ``data/sub`` (revokes it). From the slave
+    namespace of the old way (and of a runner that is not busy) the unmount reaches the
+    sandbox's recursive bind; from the private clean namespace it never does."""
+    out = _drive(
+        tmp_path,
+        """
+        async def scenario():
+            data = TMP / "data"
+            (data / "sub").mkdir(parents=True)
+            sh("mount", "-t", "tmpfs", "revoked", str(data / "sub"))
+            (data / "sub" / "f").write_text("REVOKED-SECRET\\n")
+            local, started = await busy_runner(SandboxPolicy(host_paths=[str(data)]))
+            try:
+                await asyncio.sleep(clean_namespace.REFRESH_S * 2.5)
+                OUT["pruned"] = local._clean.pruned if local._clean else None
+                f = f"{data}/sub/f"
+                command = (f"cat {f}; for i in $(seq 1 150); do "
+                           f"[ -e {f} ] || {{ echo GONE; exit 0; }}; sleep 0.1; done; "
+                           f"echo STILL; cat {f}")
+                await local.start(StartRequest(execution_id="ex-long", workspace_id="mine",
+                                               command=command))
+                await asyncio.sleep(3)
+                sh("umount", str(data / "sub"))
+                record = await ended(local, "ex-long")
+                for name in ("stdout", "stderr"):
+                    log = await local.read_log("ex-long", name, 0, 1 << 20)
+                    OUT[name] = log.data.decode()
+            finally:
+                await close(local, started)
+                subprocess.run(["umount", "-l", str(data / "sub")], check=False,
+                               capture_output=True)
+        """,
+        propagation="shared",
+    )
+    print("OUT", out)
+    assert out["stdout"].startswith("REVOKED-SECRET\n"), out  # the sandbox had it
+    assert "GONE" in out["stdout"], ("the host's unmount never reached the sandbox", out)
+
+
+def test_a_host_path_above_the_folder_leaves_nothing_below_it_in_the_clean_namespace(
+    tmp_path: Path,
+) -> None:
+    """G4: host path ``TMP`` (the runner's folder is ``TMP/runner``: an operator sharing
+    ``/srv`` with the runner in ``/srv/shellyard``; the view covers the folder with a
+    tmpfs). ``needed`` keeps every mount at or below a keep, so ``make_clean`` unmounts
+    nothing below the folder: the clean namespace holds private copies of every busy
+    workspace's overlays and network mounts of its making, and the refresh (which skips
+    the folder) never lets them go."""
+    out = _drive(
+        tmp_path,
+        """
+        async def scenario():
+            local, started = await busy_runner(SandboxPolicy(host_paths=[str(TMP)]))
+            try:
+                await asyncio.sleep(clean_namespace.REFRESH_S * 2.5)
+                root = os.path.realpath(local.root)
+                OUT["pruned"] = local._clean.pruned if local._clean else None
+                table = subprocess.run(
+                    ["nsenter", f"--mount=/proc/{os.getpid()}/fd/{local._clean._fd}",
+                     "cat", "/proc/self/mountinfo"],
+                    capture_output=True, text=True, check=True).stdout
+                OUT["below"] = [l.split(" ")[4] for l in table.splitlines()
+                                if l.split(" ")[4].startswith(root + "/")]
+            finally:
+                await close(local, started)
+        """,
+    )
+    print("OUT", out)
+    assert out["pruned"], out  # the namespace is used by busy spawns
+    assert out["below"] == [], ("mounts below the folder in the clean namespace", out["below"])

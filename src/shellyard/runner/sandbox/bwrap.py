@@ -384,14 +384,14 @@ class Detach:
     ) -> Detach:
         return cls(str(root), os.path.realpath(root), clean, busy or (lambda: False))
 
-    def covers(self, keeps: Sequence[str]) -> bool:
-        """Whether a spawn binding from ``keeps`` may start from the clean namespace."""
-        return self.clean is not None and self.clean.covers(keeps)
-
-    def clean_descriptor(self) -> int | None:
-        """A descriptor of the clean namespace for one spawn (the spawn's to close), when
-        the runner is busy enough for it; None: the launcher decides the old way."""
-        return self.clean.descriptor() if self.clean is not None and self.busy() else None
+    def clean_descriptor(self, keeps: Sequence[str]) -> int | None:
+        """A descriptor of the clean namespace for one spawn binding from ``keeps`` (the
+        spawn's to close), when the runner is busy enough and it covers them; None: the
+        launcher decides the old way."""
+        clean = self.clean
+        if clean is None or not self.busy() or not clean.covers(keeps):
+            return None
+        return clean.descriptor()
 
     def keeps(self, bwrap_options: Sequence[str]) -> list[str] | None:
         """Every source bwrap binds from, those below the folder as the table names them
@@ -434,7 +434,7 @@ def bwrap_argv(
     network_fds: tuple[int | None, int] | None = None,
     batch: bool = False,
     detach: Detach | None = None,
-    clean_fd: int | None = None,
+    clean_fd: Callable[[Sequence[str]], int | None] | None = None,
 ) -> list[str]:
     shared_network = shared_network or network is not None
     if policy.network == "egress" and not shared_network:
@@ -492,7 +492,7 @@ def bwrap_argv(
         batch=batch,  # SCHED_BATCH from the launcher on (launch.c)
         detach=None
         if keeps is None or detach is None
-        else (detach.real, keeps, clean_fd if detach.covers(keeps) else None),
+        else (detach.real, keeps, None if clean_fd is None else clean_fd(keeps)),
     )
     return [*front, *argv]
 

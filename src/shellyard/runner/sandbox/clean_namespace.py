@@ -1,5 +1,5 @@
-"""The runner's clean mount namespace: a private copy of the host's with nothing mounted below
-the runner's folder, from which a busy runner's spawns start (launch.c ``--clean-namespace``,
+"""The runner's clean mount namespace: a copy of the host's with nothing mounted below the
+runner's folder, from which a busy runner's spawns start (launch.c ``--clean-namespace``,
 ``--clean-fd``; docs/benchmarks.md §80).
 
 Every bwrap copies the mount table it starts in and formats it again at each of its binds,
@@ -9,13 +9,17 @@ workspaces' mounts one by one (~50 detached unmounts an execution with 16 busy w
 each waiting on an RCU grace period). From this namespace it instead copies only what its
 own binds need (``OPEN_TREE_CLONE``), enters it, takes a copy of its own and attaches them.
 
-Private, so none of the runner's later overlays arrive in it (a slave of a shared host
-would receive them all) and nothing done in a copy reaches the host. The host's other mounts
-are followed instead: every ``REFRESH_S`` a thread compares the host's mounts outside the
-runner's folder (their ids and points) with those this namespace was made from and makes a
-new one when they differ, so a mount an operator adds or removes reaches the sandboxes within
-that time (until then they see the host as it was, as one started a moment earlier does);
-its owner runs that thread (local.py).
+A slave of the host's, as the old way's namespace is: nothing done in it or in a copy
+reaches the host, and what the host unmounts later goes from it and from every sandbox's
+launcher namespace (a private copy held a revoked volume for the sandbox's life, attack pass
+session 56). Where the mount the runner's folder lies on is shared (a systemd host's), the
+runner's later overlays would arrive in it too and each spawn would unmount them again (the
+old way's cost and more): none is made there (``start``). Where it is private (a
+container's), nothing of the runner's arrives, and the host's other mounts are followed:
+every ``REFRESH_S`` a thread compares the host's mounts outside the runner's folder with
+those it was made from and makes a new one when they differ, so a mount an operator adds or
+replaces reaches new sandboxes within that time (until then they see the host as it was, as
+one started a moment earlier does); its owner runs that thread (local.py).
 
 Each spawn gets a descriptor of its own (``descriptor``, a ``dup`` it closes with its other
 descriptors): a refresh closes the runner's, never one a spawn is about to pass on. The
@@ -74,6 +78,21 @@ def unique_mount_id(point: str) -> int | None:
     return int.from_bytes(buffer.raw[_STX_MNT_ID_AT : _STX_MNT_ID_AT + 8], "little")
 
 
+def shared_below(root: str) -> bool:
+    """Whether the mount ``root`` lies on propagates its new mounts to other namespaces (its
+    line's optional fields hold ``shared:N``): a slave of it would receive every overlay the
+    runner mounts below ``root``."""
+    best, shared = "", False
+    with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as table:
+        for line in table:
+            left = line.partition(" - ")[0].split(" ")
+            point = _unescaped(left[4]) if len(left) > 4 else ""
+            inside = point == "/" or root == point or root.startswith(point + "/")
+            if inside and len(point) >= len(best):  # the last of stacked ones is on top
+                best, shared = point, any(f.startswith("shared:") for f in left[6:])
+    return shared
+
+
 def host_signature(root: str) -> tuple[tuple[str, int | None], ...]:
     """The mounts outside ``root`` (and ``root``'s own), in the table's order: each whole
     line (flags, options, source: a remount changes it) with the never-reused id of the
@@ -116,6 +135,9 @@ class CleanNamespace:
         (local.py)."""
         if unique_mount_id("/") is None:
             log.info("no never-reused mount ids (Linux < 6.8): no clean mount namespace")
+            return False
+        if shared_below(self.root):
+            log.info("the runner's folder lies on a shared mount: no clean mount namespace")
             return False
         return self._renew()
 

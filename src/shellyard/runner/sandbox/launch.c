@@ -292,8 +292,8 @@ static int topmost_mount(const char *root, uint64_t root_mount, const char *keep
     return 0;
 }
 
-/* --clean-fd: start from the runner's clean namespace (a private copy of the host's with
- * nothing mounted below ROOT, runner/sandbox/clean_namespace.py) instead of copying the
+/* --clean-fd: start from the runner's clean namespace (a copy of the host's, a slave of it,
+ * with nothing mounted below ROOT, runner/sandbox/clean_namespace.py) instead of copying the
  * host's whole table and unmounting the other workspaces' mounts one by one: for each keep
  * below ROOT, the topmost mount on its path below ROOT (its overlay, the egress socket's
  * tmpfs) is copied here with everything mounted on and below it (OPEN_TREE_CLONE |
@@ -329,7 +329,11 @@ static int detach_clean(const char *root, const char **keeps, int nkeeps, int cl
         }
         copies[n++] = fd;
     }
-    if (setns(clean, CLONE_NEWNS) != 0) {
+    /* The namespace left out the host's unbound mounts for the view as it was: a host path
+     * that has become a link since may lie on one of them (bwrap would follow it to what
+     * that mount hides on the host; attack pass, session 56): the old way, which keeps
+     * them. */
+    if (!host_prunable(root, keeps, nkeeps) || setns(clean, CLONE_NEWNS) != 0) {
         for (int j = 0; j < n; j++)
             close(copies[j]);
         return -1;
@@ -395,14 +399,18 @@ static void detach(const char *root, const char **keeps, int nkeeps, int clean) 
 }
 
 /* --clean-namespace ROOT [--keep PATH]...: the runner's clean namespace
- * (runner/sandbox/clean_namespace.py): a private copy of this one with every mount below ROOT
+ * (runner/sandbox/clean_namespace.py): a copy of this one with every mount below ROOT
  * unmounted, and every host mount the PATHs (the runner's host view) need none of, by the
  * rule of a spawn's detach; "ready pruned" (or "ready whole": no host mount could go) on
- * stdout once made, then this process waits for its
- * stdin's end (the runner opens /proc/PID/ns/mnt meanwhile, and that descriptor keeps the
- * namespace). Private: nothing done here or in a copy of it reaches the host, and none of the
- * host's later mounts (the runner's next overlays) arrive here; the runner makes a new one
- * when the host's other mounts change. */
+ * stdout once made, then this process waits for its stdin's end (the runner opens
+ * /proc/PID/ns/mnt meanwhile, and that descriptor keeps the namespace). A slave of the
+ * host's, as the old way's namespace is: nothing done here or in a copy reaches the host,
+ * and what the host unmounts later goes here and from every sandbox's launcher namespace
+ * too (a private copy held a revoked volume for the sandbox's life, attack pass session 56).
+ * On a host whose mounts are shared, the runner's later overlays arrive here as well, and
+ * each spawn unmounts them in its copy (the old way's cost); on one whose mounts are
+ * private, nothing arrives, and the runner makes a new one when the host's other mounts
+ * change. */
 static int make_clean(const char *root, const char **keeps, int nkeeps) {
     char byte;
     if (root[0] != '/' || strlen(root) < 2 || root[strlen(root) - 1] == '/')
@@ -413,13 +421,14 @@ static int make_clean(const char *root, const char **keeps, int nkeeps) {
     int host_too = host_prunable(root, keeps, nkeeps);
     if (unshare(CLONE_NEWNS) != 0)
         fail("cannot take a mount namespace of its own", NULL);
-    if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0)
-        fail("cannot make the namespace private", NULL);
+    if (mount(NULL, "/", NULL, MS_REC | MS_SLAVE, NULL) != 0)
+        fail("cannot make the namespace a slave", NULL);
+    /* Everything below ROOT first, whatever the PATHs: one above ROOT would keep every
+     * workspace's mounts here (attack pass, session 56). */
+    unmount_unneeded(root, NULL, 0, 0);
     unmount_unneeded(root, keeps, nkeeps, host_too);
-    /* "whole": a PATH through a link kept every host mount; a private copy of them would
-     * hold each alive in every sandbox's launcher namespace after the host let it go (a
-     * slave received the unmount): the runner does not use this one (attack pass, session
-     * 56). */
+    /* "whole": a PATH through a link kept every host mount, and each spawn's launcher,
+     * checking its links again, would detach the old way: the runner does not use it. */
     const char *said = host_too ? "ready pruned\n" : "ready whole\n";
     if (write(1, said, strlen(said)) != (ssize_t)strlen(said))
         fail("cannot say", "ready");

@@ -351,10 +351,6 @@ class Sandboxes:
                 fds = networks.open(workspace_id, pending.network)
                 pending.owned += [fd for fd in fds if fd is not None]
                 pending.network_fds = fds
-            # the runner's clean namespace, when busy enough (clean_namespace.py)
-            clean_fd = None if self.detach is None else self.detach.clean_descriptor()
-            if clean_fd is not None:
-                pending.owned.append(clean_fd)
             if self.cgroups is not None:  # made by ``spawn`` (a warm one's: in its thread)
                 pending.group = group or sandbox_id
                 pending.joins = self.cgroups.plan(workspace_id, pending.group)
@@ -376,7 +372,7 @@ class Sandboxes:
                 network_fds=pending.network_fds,
                 launcher=self.launcher,
                 detach=self.detach,
-                clean_fd=clean_fd,
+                clean_fd=lambda keeps: self._clean_descriptor(pending, keeps),
                 command_fd=command_fd,
                 cgroups=pending.joins,
                 uid_per_workspace=self.workspace_ids is not None,
@@ -400,6 +396,16 @@ class Sandboxes:
         pending.join_after = bool(pending.joins) and self.launcher is None
         pending.batch_after = batch and self.batch and self.launcher is None
         return pending
+
+    def _clean_descriptor(self, pending: PendingSpawn, keeps: Sequence[str]) -> int | None:
+        """The runner's clean namespace for this spawn binding from ``keeps``, when busy
+        enough and it covers them (clean_namespace.py): a descriptor ``pending`` owns. Made
+        only for a spawn that passes it on as ``--clean-fd``, which the launcher closes: one
+        inherited without it reached the command (attack pass, session 56)."""
+        fd = None if self.detach is None else self.detach.clean_descriptor(keeps)
+        if fd is not None:
+            pending.owned.append(fd)
+        return fd
 
     def _prefix_binds(self, pending: PendingSpawn, mount: Mount | None) -> list[tuple[Path, Path]]:
         """V4: the prefix (and a base's companion) to bind read-only where its files say it
