@@ -359,3 +359,50 @@ def test_a_descriptor_that_is_no_mount_namespace_detaches_the_old_way(
     assert points_below(seen, root) == {str(made[0]), str(made[-1])}
     assert "through my overlay" in seen
     assert f" {fd} -> " not in seen.split("through my overlay")[1]  # closed before the exec
+
+
+def test_a_runner_folder_on_a_mount_of_its_own_keeps_that_mount_in_the_clean_namespace(
+    tmp_path: Path,
+) -> None:
+    """The home on a volume of its own that no host path of the view lies on (a data disk):
+    the namespace, leaving out the host's mounts the view binds nothing from, keeps the
+    ones the runner's folder lies on, so a spawn's copies attach below it and a file on the
+    folder's own mount (no copy) is read as on the host. (Left out at first: every spawn
+    failed, "cannot attach the copy".)"""
+    from shellyard.runner.sandbox.clean_namespace import CleanNamespace
+
+    launcher = launch.build(tmp_path / "bin")
+    assert launcher is not None, "the host's C compiler built no launcher"
+    volume = tmp_path / "volume"
+    volume.mkdir()
+    mounted: list[Path] = []
+    try:
+        subprocess.run(["mount", "-t", "tmpfs", "tmpfs", str(volume)], check=True)
+        mounted.append(volume)
+        root = volume / "runner"
+        folders = [root / "workspaces" / f"ws_{i}" for i in range(4)]
+        for folder in folders:
+            folder.mkdir(parents=True)
+            subprocess.run(["mount", "-t", "tmpfs", "tmpfs", str(folder)], check=True)
+            mounted.append(folder)
+        (folders[0] / "mine").write_text("through my mount\n")
+        (root / "plain").write_text("on the folder's own mount\n")
+        clean = CleanNamespace(launcher, os.path.realpath(root), ["/usr", "/etc"])
+        try:
+            assert clean.start()
+            fd = clean.descriptor()
+            assert fd is not None
+            try:
+                seen = _from_clean(
+                    launcher, root, fd, [folders[0], root / "plain"],
+                    f"cat {folders[0]}/mine {root}/plain; cat /proc/self/mountinfo",
+                )  # fmt: skip
+            finally:
+                os.close(fd)
+        finally:
+            clean.close()
+        assert "through my mount" in seen and "on the folder's own mount" in seen
+        assert points_below(seen, root) == {str(folders[0])}
+    finally:
+        for point in reversed(mounted):
+            subprocess.run(["umount", "-l", str(point)], check=False)

@@ -424,9 +424,14 @@ static int make_clean(const char *root, const char **keeps, int nkeeps) {
     if (mount(NULL, "/", NULL, MS_REC | MS_SLAVE, NULL) != 0)
         fail("cannot make the namespace a slave", NULL);
     /* Everything below ROOT first, whatever the PATHs: one above ROOT would keep every
-     * workspace's mounts here (attack pass, session 56). */
+     * workspace's mounts here (attack pass, session 56). Then the host's, ROOT kept with the
+     * PATHs: the spawns' copies are attached below it, on the mounts it lies on. */
     unmount_unneeded(root, NULL, 0, 0);
-    unmount_unneeded(root, keeps, nkeeps, host_too);
+    const char *kept[MAX_KEEPS + 1];
+    for (int k = 0; k < nkeeps; k++)
+        kept[k] = keeps[k];
+    kept[nkeeps] = root;
+    unmount_unneeded(root, kept, nkeeps + 1, host_too);
     /* "whole": a PATH through a link kept every host mount, and each spawn's launcher,
      * checking its links again, would detach the old way: the runner does not use it. */
     const char *said = host_too ? "ready pruned\n" : "ready whole\n";
