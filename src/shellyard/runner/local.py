@@ -85,9 +85,9 @@ from shellyard.runner.tool_mounts import ToolMounts
 
 log = logging.getLogger(__name__)
 
-#: Folders this runner has mounted (two per busy workspace) from which a spawn starts from
-#: the clean namespace: fewer cost a spawn less than taking a namespace of its own does
-#: (docs/benchmarks.md §73, §80); the launcher's own count decides below it.
+#: How many folders this runner must have mounted (two per busy workspace) for a spawn to
+#: start from the clean namespace: fewer cost a spawn less than a namespace of its own does
+#: (docs/benchmarks.md §73, §80); below it the launcher decides by its own count.
 BUSY_MOUNTS = 6
 
 

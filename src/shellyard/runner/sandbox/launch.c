@@ -2,9 +2,11 @@
  * compiler): what `nsenter`, `setpriv` and `prlimit` did before bwrap, in one exec instead of
  * three (each exec of those costs ~0.7-1.5 ms per command; measured in docs/benchmarks.md).
  *
- *   shellyard-launch [--sched batch] [--cgroup PROCS]... [--detach ROOT [--keep PATH]...]
+ *   shellyard-launch [--sched batch] [--cgroup PROCS]...
+ *                    [--detach ROOT [--clean-fd FD] [--keep PATH]...]
  *                    [--userns PATH | --userns-fd FD] [--netns PATH | --netns-fd FD]
  *                    [--ids UID:GID] [--rlimit RESOURCE:SOFT:HARD]... -- PROGRAM [ARG]...
+ *   shellyard-launch --clean-namespace ROOT [--keep PATH]...
  *
  * --sched batch: this process becomes SCHED_BATCH first, so bwrap and everything of the
  * sandbox inherit it from their first instruction (set by the parent after the spawn, what
@@ -26,7 +28,10 @@
  * it starts in and reads the whole mount table again at each of its ~20 binds: every busy
  * workspace's mounts made every other's spawn dearer (docs/benchmarks.md §73), and each line
  * of the host's it binds nothing from cost every spawn ~20 formattings of it (§78). A step the
- * kernel refuses leaves the table as it is (a dearer spawn, nothing else). Then, in this
+ * kernel refuses leaves the table as it is (a dearer spawn, nothing else). With --clean-fd
+ * (a descriptor of the runner's clean namespace, made by --clean-namespace: a busy runner),
+ * it starts from that namespace instead, with copies of the mounts its binds lie on
+ * (detach_clean, below; docs/benchmarks.md §80). Then, in this
  * order, as the chain did: enter the user namespace, then the network namespace
  * (nsenter --user --net; by an inherited descriptor the runner opened and checked, R2: a
  * path may name another namespace by then, a descriptor keeps the one checked alive, and it
@@ -407,10 +412,9 @@ static void detach(const char *root, const char **keeps, int nkeeps, int clean) 
  * host's, as the old way's namespace is: nothing done here or in a copy reaches the host,
  * and what the host unmounts later goes here and from every sandbox's launcher namespace
  * too (a private copy held a revoked volume for the sandbox's life, attack pass session 56).
- * On a host whose mounts are shared, the runner's later overlays arrive here as well, and
- * each spawn unmounts them in its copy (the old way's cost); on one whose mounts are
- * private, nothing arrives, and the runner makes a new one when the host's other mounts
- * change. */
+ * The runner makes none where the mount ROOT lies on is shared (its later overlays would
+ * arrive here); where it is private nothing of the runner's arrives, and the runner makes a
+ * new one when the host's other mounts change. */
 static int make_clean(const char *root, const char **keeps, int nkeeps) {
     char byte;
     if (root[0] != '/' || strlen(root) < 2 || root[strlen(root) - 1] == '/')
