@@ -33,6 +33,8 @@ pytestmark = pytest.mark.timeout(300)
 MIB = 1 << 20
 #: Room left on the tablespace's volume before the product fills the rest.
 LEFT_FOR_THE_PRODUCT = 512 << 10
+#: The file that takes the volume's room; the fixture removes it whatever the test reached.
+FILLER = "filler"
 
 
 def _psql(sql: str, database: str = "test") -> None:
@@ -59,6 +61,10 @@ def full_database_url() -> Iterator[tuple[str, Path]]:
             try:
                 yield POSTGRES_URL.rsplit("/", 1)[0] + f"/{name}", volume
             finally:
+                # Room first, whatever the test reached: the server's dirty pages of a full
+                # tablespace fail every checkpoint, and DROP DATABASE asks for one, so a
+                # filler left behind broke every later database on this server.
+                (volume / FILLER).unlink(missing_ok=True)
                 _psql(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
         finally:
             _psql(f"DROP TABLESPACE IF EXISTS {name}")
@@ -78,7 +84,7 @@ async def pg_yard(full_database_url: tuple[str, Path]) -> AsyncIterator[Yard]:
 
 def _fill(volume: Path, leave: int) -> Path:
     """A file taking all but ``leave`` bytes of the volume."""
-    path = volume / "filler"
+    path = volume / FILLER
     st = os.statvfs(volume)
     size = max(0, st.f_bavail * st.f_frsize - leave)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
