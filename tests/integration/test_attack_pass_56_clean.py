@@ -31,8 +31,8 @@ Findings (each failed on d91f980, the first version; fixed, docs/security.md "At
   Fixed: the launcher's namespace is made a slave (``MS_REC | MS_SLAVE``) once the copies
   are attached, and what a copy brought that bwrap needs none of is then unmounted.
 
-Each finding's test passed with the old way (checked by setting ``local.BUSY_MOUNTS`` out of
-reach, so no ``--clean-fd`` is passed).
+Each finding's test passed with the old way (checked by setting
+``clean_namespace.BUSY_MOUNTS`` out of reach, so no ``--clean-fd`` is passed).
 
 Second pass (each failed on 8ad1b46, which fixed F1-F4; fixed since):
 - G1 ``test_a_whole_namespace_descriptor_is_not_inherited_by_the_command``: a spawn the
@@ -168,7 +168,7 @@ PRELUDE = textwrap.dedent(
 #: ``ATTACK_OLD_WAY=1``: the same scenarios with no ``--clean-fd`` (``BUSY_MOUNTS`` out of
 #: reach): each finding's test passed then.
 OLD_WAY = (
-    "import shellyard.runner.local as _L; _L.BUSY_MOUNTS = 10**9\n"
+    "import shellyard.runner.sandbox.clean_namespace as _C; _C.BUSY_MOUNTS = 10**9\n"
     if os.environ.get("ATTACK_OLD_WAY")
     else ""
 )

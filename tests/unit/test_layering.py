@@ -189,6 +189,7 @@ ROOMS: dict[str, set[str]] = {
     },
     "runner.sandbox": {
         "runner.limits",
+        "runner.reaper",  # the clean namespace's follower (sandbox/clean_namespace.py)
         "runner.network",
         "runner.own_mounts",
         "runner.policy",
@@ -224,7 +225,6 @@ ROOMS: dict[str, set[str]] = {
         "runner.prefix_mounts",
         "runner.processes",
         "runner.protocol",
-        "runner.reaper",  # the clean namespace's follower (sandbox/clean_namespace.py)
         "runner.sandbox",
         "runner.snapshots",
         "runner.state_id",

@@ -67,10 +67,8 @@ from shellyard.runner.protocol import (
     StartRequest,
     coalesce,
 )
-from shellyard.runner.reaper import Reaper, every
 from shellyard.runner.sandbox import bwrap as sandbox
 from shellyard.runner.sandbox import clean_namespace, folder_access, launch, tenants, warm
-from shellyard.runner.sandbox.bwrap import Mount
 from shellyard.runner.sandbox.clean_namespace import CleanNamespace
 from shellyard.runner.sandbox.log_root import LogRoot
 from shellyard.runner.sandbox.seccomp import SeccompProfile
@@ -84,11 +82,6 @@ from shellyard.runner.snapshots.store import SnapshotStore
 from shellyard.runner.tool_mounts import ToolMounts
 
 log = logging.getLogger(__name__)
-
-#: How many folders this runner must have mounted (two per busy workspace) for a spawn to
-#: start from the clean namespace: fewer cost a spawn less than a namespace of its own does
-#: (docs/benchmarks.md §73, §80); below it the launcher decides by its own count.
-BUSY_MOUNTS = 6
 
 
 class LocalRunner(TerminalDoor):  # E13: send_input, screen, resize
@@ -118,10 +111,8 @@ class LocalRunner(TerminalDoor):  # E13: send_input, screen, resize
         self._snapshots = SnapshotStore(self.root / "snapshots")
         # a tree newly mounted: the change hints' watches were added through the last overlay
         self._mounts.mounted = lambda folder: self._snapshots.forget_changes(folder.name)
-        #: the busy spawns' clean mount namespace (clean_namespace.py); None: not root, or
-        #: refused
+        #: the busy spawns' clean mount namespace; None: not root, or refused
         self._clean: CleanNamespace | None = None
-        self._clean_follow: Reaper | None = None
         self._store_lock = StoreLock(self.root / "snapshots")
         self._ids = sandbox.sandbox_ids(self.policy)
         # R2 tenants: a uid per workspace (tenants.py) when root and a range is set
@@ -246,18 +237,15 @@ class LocalRunner(TerminalDoor):  # E13: send_input, screen, resize
             # every busy workspace's overlays and network stay out of another's spawn: a
             # busy runner's spawns start from its clean namespace (clean_namespace.py)
             self._close_clean()
-            real = os.path.realpath(self.root)
             view = sandbox.Detach.of(self.root).keeps(box.view.argv) or []
-            host = [k for k in view if k != real and not k.startswith(real + "/")]
-            clean = CleanNamespace(box.launcher, real, host)
-            if await asyncio.to_thread(clean.start):
-                self._clean = clean
-                self._clean_follow = every(
-                    "clean-namespace", clean.refresh, lambda: clean_namespace.REFRESH_S
-                )
+            self._clean = await asyncio.to_thread(
+                clean_namespace.for_runner, box.launcher, self.root, view
+            )
             mounts = self._mounts
             box.detach = sandbox.Detach.of(
-                self.root, self._clean, lambda: mounts.mounted_count() >= BUSY_MOUNTS
+                self.root,
+                self._clean,
+                lambda: mounts.mounted_count() >= clean_namespace.BUSY_MOUNTS,
             )
         box.waiter = await asyncio.to_thread(launch.compile_c, self._sandbox_dir / "bin", WARM)
         # R2 tenants: cgroups per execution inside one per workspace, or rlimits only
@@ -265,12 +253,7 @@ class LocalRunner(TerminalDoor):  # E13: send_input, screen, resize
         if box.cgroups is not None:  # groups used again wait as long as a warm sandbox
             box.cgroups.ready.pool_idle_s = warm.configured_idle_s()
         self._guard.cgroups = box.cgroups
-        if self._uids is not None:
-            self._guard.uids = f"one per workspace ({self._uids.first}-{self._uids.last})"
-        elif self._ids is not None:
-            self._guard.uids = f"one uid for every workspace ({self._ids[0]})"
-        else:
-            self._guard.uids = f"this runner's own uid ({os.geteuid()}): not root"
+        self._guard.uids = tenants.described(self._uids, self._ids)
         if self._environments.sharing == "copies":
             how = "copies"
         elif self._ids is not None:
@@ -369,9 +352,6 @@ class LocalRunner(TerminalDoor):  # E13: send_input, screen, resize
             os.chown(folder, *self._ids)
 
     def _close_clean(self) -> None:
-        if self._clean_follow is not None:
-            self._clean_follow.stop()
-            self._clean_follow = None
         if self._clean is not None:
             self._clean.close()
             self._clean = None
@@ -649,7 +629,7 @@ class LocalRunner(TerminalDoor):  # E13: send_input, screen, resize
             )
             used: dict[str, object] = {}
             if request.environment_id is None:
-                used, mount = _default_base()
+                used, mount = bases.default_for_command()
             require_room(self.root, self.policy, "a new execution")  # limits (R2)
             started = await self._runs.launch(request, tree, command, mount)
         except BaseException:
@@ -718,16 +698,3 @@ class LocalRunner(TerminalDoor):  # E13: send_input, screen, resize
 
     async def environment_info(self, environment_id: str) -> EnvironmentInfo:
         return await self._environments.info(environment_id)
-
-
-def _default_base() -> tuple[dict[str, object], Mount | None]:
-    """The runner's default environment for a command without one (docs/environments.md): what the
-    result reports, and the mount; never a build (a first command does not wait)."""
-    name = bases.default_name()
-    if name is None:
-        return {}, None
-    found = bases.mount(name)
-    if found is None:
-        return {"note": bases.prepare_hint(name)}, None
-    base, mount = found
-    return {"base_environment": base.name, "base_revision": base.revision}, mount

@@ -95,6 +95,19 @@ def default_name() -> str | None:
     return name
 
 
+def default_for_command() -> tuple[dict[str, object], Mount | None]:
+    """The runner's default environment for a command without one (docs/environments.md):
+    what the result reports, and the mount; never a build (a first command does not wait)."""
+    name = default_name()
+    if name is None:
+        return {}, None
+    found = mount(name)
+    if found is None:
+        return {"note": prepare_hint(name)}, None
+    base, bound = found
+    return {"base_environment": base.name, "base_revision": base.revision}, bound
+
+
 def prepare_hint(name: str) -> str:
     return (
         f"no default environment: {name} is not prepared on this runner, so the command ran "

@@ -19,7 +19,7 @@ container's), nothing of the runner's arrives, and the host's other mounts are f
 every ``REFRESH_S`` a thread compares the host's mounts outside the runner's folder with
 those it was made from and makes a new one when they differ, so a mount an operator adds or
 replaces reaches new sandboxes within that time (until then they see the host as it was, as
-one started a moment earlier does); its owner runs that thread (local.py).
+one started a moment earlier does; ``follow``).
 
 Each spawn gets a descriptor of its own (``descriptor``, a ``dup`` it closes with its other
 descriptors): a refresh closes the runner's, never one a spawn is about to pass on. The
@@ -38,6 +38,8 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
+from shellyard.runner.reaper import Reaper, every
+
 log = logging.getLogger(__name__)
 
 #: How often the host's mounts outside the runner's folder are compared, in seconds (a read
@@ -45,6 +47,10 @@ log = logging.getLogger(__name__)
 REFRESH_S = 2.0
 #: How long the launcher may take to make one, in seconds.
 MAKE_TIMEOUT_S = 10.0
+#: How many folders a runner must have mounted (two per busy workspace) for a spawn to
+#: start from the clean namespace: fewer cost a spawn less than a namespace of its own does
+#: (docs/benchmarks.md §73, §80); below it the launcher decides by its own count.
+BUSY_MOUNTS = 6
 
 
 def _escaped(path: str) -> str:
@@ -127,12 +133,12 @@ class CleanNamespace:
         self._made_from: tuple[tuple[str, int | None], ...] = ()
         #: whether the host's unbound mounts were left out of it (launch.c ``make_clean``)
         self.pruned = False
+        self._follower: Reaper | None = None
 
     def start(self) -> bool:
         """Made; False: the kernel or the launcher refused, or the kernel names no mount by
         a never-reused id, without which a replaced host mount would go unseen (the launcher
-        then detaches the old way). Its owner calls ``refresh`` every ``REFRESH_S``
-        (local.py)."""
+        then detaches the old way). ``follow`` keeps it up to date."""
         if unique_mount_id("/") is None:
             log.info("no never-reused mount ids (Linux < 6.8): no clean mount namespace")
             return False
@@ -140,6 +146,11 @@ class CleanNamespace:
             log.info("the runner's folder lies on a shared mount: no clean mount namespace")
             return False
         return self._renew()
+
+    def follow(self) -> None:
+        """A thread that calls ``refresh`` every ``REFRESH_S`` until ``close``."""
+        if self._follower is None:
+            self._follower = every("clean-namespace", self.refresh, lambda: REFRESH_S)
 
     def covers(self, keeps: Sequence[str]) -> bool:
         """Whether a spawn binding from ``keeps`` may start here: the host's unbound mounts
@@ -212,7 +223,23 @@ class CleanNamespace:
                 )
 
     def close(self) -> None:
+        if self._follower is not None:
+            self._follower.stop()
+            self._follower = None
         with self._lock:
             fd, self._fd = self._fd, None
         if fd is not None:
             os.close(fd)
+
+
+def for_runner(launcher: Path, root: Path, view_keeps: Sequence[str]) -> CleanNamespace | None:
+    """A runner's clean namespace, made and followed, for its folder ``root`` and the bind
+    sources ``view_keeps`` of its host view (those outside the folder are the host keeps);
+    None where none can be made (``start``)."""
+    real = os.path.realpath(root)
+    host = [k for k in view_keeps if k != real and not k.startswith(real + "/")]
+    clean = CleanNamespace(launcher, real, host)
+    if not clean.start():
+        return None
+    clean.follow()
+    return clean

@@ -173,6 +173,15 @@ class UidMap:
             return dict(mapping)
 
 
+def described(uids: UidMap | None, ids: tuple[int, int] | None) -> str:
+    """Which uids a runner's sandboxes run as, for its limits' view (docs/limits.md)."""
+    if uids is not None:
+        return f"one per workspace ({uids.first}-{uids.last})"
+    if ids is not None:
+        return f"one uid for every workspace ({ids[0]})"
+    return f"this runner's own uid ({os.geteuid()}): not root"
+
+
 def chown_tree(tree: Path, uid: int, gid: int) -> int:
     """Give every entry of ``tree`` to ``uid`` (a workspace made before it had its own uid,
     or by another): links are changed themselves, never followed. Returns the count."""
