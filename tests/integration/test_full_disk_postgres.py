@@ -11,11 +11,13 @@ table. Contract: R2, E1, E7, E9 (a refused write is retryable)."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 import secrets
 import shutil
 import subprocess
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -95,6 +97,17 @@ def _fill(volume: Path, leave: int) -> Path:
     return path
 
 
+@contextlib.asynccontextmanager
+async def _phase(name: str, seconds: float, progress: Callable[[], str]) -> AsyncIterator[None]:
+    """A phase that must end within ``seconds`` (it takes ~10 s in all on this machine): a
+    hang fails naming the phase and how far it got, not as the whole test's timeout."""
+    try:
+        async with asyncio.timeout(seconds):
+            yield
+    except TimeoutError:
+        pytest.fail(f"{name} did not end within {seconds:.0f} s ({progress()})")
+
+
 async def test_a_full_postgres_volume_answers_507_keeps_every_record_and_recovers(
     pg_yard: Yard, full_database_url: tuple[str, Path]
 ) -> None:
@@ -105,11 +118,13 @@ async def test_a_full_postgres_volume_answers_507_keeps_every_record_and_recover
     filler = _fill(volume, LEFT_FOR_THE_PRODUCT)
 
     sessions: list[str] = []
+    filling = _phase("filling the volume", 90, lambda: f"{len(sessions)} sessions made")
     with pytest.raises(StoreFull) as caught:
-        for index in range(100_000):  # the product's own records take the last pages
-            sessions.append((await yard.plane.sessions.create()).session_id)
-            if index % 50 == 0:
-                await yard.run(f"echo {index}")
+        async with filling:
+            for index in range(100_000):  # the product's own records take the last pages
+                sessions.append((await yard.plane.sessions.create()).session_id)
+                if index % 50 == 0:
+                    await yard.run(f"echo {index}")
     refusal = caught.value
     assert refusal.http_status == 507 and refusal.code == "store_full"
     assert "volume is full" in refusal.message and "retry" in refusal.message
@@ -119,20 +134,21 @@ async def test_a_full_postgres_volume_answers_507_keeps_every_record_and_recover
     # and is refused with the same 507 once they do not; never a 500. A run whose end cannot
     # be recorded stays running (the runner keeps its outcome) until there is room again.
     ran, waiting, refused = 0, None, None
-    for index in range(2_000):
-        try:
-            during = await yard.run(f"echo during {index}", wait_ms=3000)
-        except StoreFull as exc:
-            refused = exc
-            break
-        ran += 1
-        if during.state != ExecutionState.completed:
-            assert not during.state.terminal, during
-            waiting = during.execution_id
-            with pytest.raises(WorkspaceBusy):  # its writer is still held, as it should be
-                await yard.run("echo busy")
-            break
-        assert during.stdout == f"during {index}\n", during
+    async with _phase("the runs on a full volume", 90, lambda: f"{ran} ran"):
+        for index in range(2_000):
+            try:
+                during = await yard.run(f"echo during {index}", wait_ms=3000)
+            except StoreFull as exc:
+                refused = exc
+                break
+            ran += 1
+            if during.state != ExecutionState.completed:
+                assert not during.state.terminal, during
+                waiting = during.execution_id
+                with pytest.raises(WorkspaceBusy):  # its writer is still held, as it should be
+                    await yard.run("echo busy")
+                break
+            assert during.stdout == f"during {index}\n", during
     assert refused is not None or waiting is not None, "the runs never met the full volume"
     assert refused is None or refused.http_status == 507
 
@@ -143,13 +159,14 @@ async def test_a_full_postgres_volume_answers_507_keeps_every_record_and_recover
     assert view.state == ExecutionState.completed and view.exit_code == 0
 
     filler.unlink()  # space comes back; no restart
-    again = await yard.plane.sessions.create()
-    assert again.session_id not in sessions
-    if waiting is not None:  # recorded now, with its real outcome, without a restart
-        ended = await yard.plane.executions.wait(waiting, ExecutionWait(timeout_s=60))
-        assert ended.state == ExecutionState.completed and ended.exit_code == 0, ended
-    after = await yard.run("echo after")  # the workspace's writer was not left held
-    assert after.state == ExecutionState.completed and after.stdout == "after\n"
+    async with _phase("the recovery", 90, lambda: f"waiting for {waiting}"):
+        again = await yard.plane.sessions.create()
+        assert again.session_id not in sessions
+        if waiting is not None:  # recorded now, with its real outcome, without a restart
+            ended = await yard.plane.executions.wait(waiting, ExecutionWait(timeout_s=60))
+            assert ended.state == ExecutionState.completed and ended.exit_code == 0, ended
+        after = await yard.run("echo after")  # the workspace's writer was not left held
+        assert after.state == ExecutionState.completed and after.stdout == "after\n"
     records = await yard.plane.executions.list(ExecutionList(limit=5_000))
     assert all(r.state.terminal for r in records), [r for r in records if not r.state.terminal]
     assert len(records) >= ran + 2
