@@ -1,7 +1,8 @@
-"""The runner's C programs (the launcher, the warm waiter) are built with the host's compiler,
-linked statically where the host has a static libc: each exec then skips the dynamic
-loader's relocations (docs/benchmarks.md §79), and a host without one still gets a dynamic
-build rather than none."""
+"""The runner's C programs (the launcher, the warm waiter) are built with the host's compiler:
+with musl's static libc where the host has musl-gcc (its start-up asks the CPU nothing,
+glibc's cpuid reads of the cache sizes trap to the hypervisor: docs/benchmarks.md §81), else
+linked statically with glibc where the host has libc.a (each exec skips the dynamic loader's
+relocations, §79), and a host without either still gets a dynamic build rather than none."""
 
 from __future__ import annotations
 
@@ -67,6 +68,9 @@ def test_without_a_static_libc_the_build_falls_back_to_a_dynamic_one(
         f'done\nexec {real} "$@"\n'
     )
     wrapper.chmod(0o755)
+    no_musl = tmp_path / "musl-gcc"  # nor musl's (a host without musl-tools)
+    no_musl.write_text('#!/bin/sh\necho "musl-gcc: not installed" >&2\nexit 1\n')
+    no_musl.chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
     built = launch.build(tmp_path / "bin")
     assert built is not None
@@ -74,3 +78,32 @@ def test_without_a_static_libc_the_build_falls_back_to_a_dynamic_one(
     done = subprocess.run([str(built), "--", "/bin/echo", "ran"],
                                         capture_output=True, text=True, check=True)  # fmt: skip
     assert done.stdout == "ran\n"
+
+
+@pytest.mark.skipif(shutil.which("musl-gcc") is None, reason="no musl-gcc (musl-tools) here")
+@pytest.mark.parametrize("program", ["launcher", "waiter"])
+def test_with_musl_the_c_programs_carry_no_glibc(tmp_path: Path, program: str) -> None:
+    """Built with musl where the host has it: nothing of glibc's start-up in the binary."""
+    built = (
+        launch.build(tmp_path / "bin")
+        if program == "launcher"
+        else launch.compile_c(tmp_path / "bin", WARM)
+    )
+    assert built is not None
+    assert not interpreter(built)
+    assert b"GLIBC_TUNABLES" not in built.read_bytes(), f"{built.name} is glibc's"
+
+
+@pytest.mark.skipif(shutil.which("musl-gcc") is None, reason="no musl-gcc (musl-tools) here")
+def test_the_musl_launcher_still_makes_the_sandbox_sched_batch(tmp_path: Path) -> None:
+    """musl's sched_setscheduler always fails by design: the launcher makes the system call
+    itself, and the program it runs is SCHED_BATCH (policy 3)."""
+    built = launch.build(tmp_path / "bin")
+    assert built is not None
+    done = subprocess.run(
+        [str(built), "--sched", "batch", "--", "/bin/sh", "-c", "grep '^policy' /proc/self/sched"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert done.stdout.split()[-1] == "3", done.stdout

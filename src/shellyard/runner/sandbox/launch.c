@@ -262,16 +262,29 @@ static void unmount_unneeded(const char *root, const char **keeps, int nkeeps, i
 #define STATX_MNT_ID 0x1000U
 #endif
 
-/* The mount a path lies on, by its id (0: refused; errno ENOENT: no such path). */
+#ifndef SYS_statx
+#define SYS_statx __NR_statx
+#endif
+/* struct statx's fixed layout (the kernel's ABI): stx_mask at 0, stx_mnt_id at 0x90. */
+#define STATX_BUFFER 256
+#define STX_MNT_ID_AT 0x90
+
+/* The mount a path lies on, by its id (0: refused; errno ENOENT: no such path). The system
+ * call itself: musl's libc (the launcher's where the host has it, launch.py) has no statx
+ * before 1.2.5. */
 static uint64_t mount_of(const char *path) {
-    struct statx found;
-    if (statx(AT_FDCWD, path, AT_SYMLINK_NOFOLLOW, STATX_MNT_ID, &found) != 0)
+    uint64_t found[STATX_BUFFER / sizeof(uint64_t)];
+    uint32_t mask;
+    uint64_t id;
+    if (syscall(SYS_statx, AT_FDCWD, path, AT_SYMLINK_NOFOLLOW, STATX_MNT_ID, found) != 0)
         return 0;
-    if (!(found.stx_mask & STATX_MNT_ID)) {
+    memcpy(&mask, found, sizeof mask);
+    if (!(mask & STATX_MNT_ID)) {
         errno = ENOSYS;
         return 0;
     }
-    return found.stx_mnt_id;
+    memcpy(&id, (const char *)found + STX_MNT_ID_AT, sizeof id);
+    return id;
 }
 
 /* The topmost mount point on KEEP's path strictly below ROOT (whose mount is ROOT_MOUNT),
@@ -524,8 +537,9 @@ int main(int argc, char **argv) {
     if (i >= argc || argv[i][0] != '/')
         usage("no program (an absolute path) after --");
     if (batch) {
+        /* the system call: musl's sched_setscheduler always fails (ENOSYS), by design */
         struct sched_param param = {.sched_priority = 0};
-        if (sched_setscheduler(0, SCHED_BATCH, &param) != 0)
+        if (syscall(SYS_sched_setscheduler, 0, SCHED_BATCH, &param) != 0)
             fail("cannot set the scheduling policy", "batch");
     }
     for (int k = 0; k < ncgroups; k++) {

@@ -61,30 +61,47 @@ def configured_batch() -> bool:
     return (settings_env.get("SHELLYARD_SANDBOX_SCHED") or "batch").lower() != "other"
 
 
-#: How the C programs are built, most wanted first: linked statically, each exec (one per
-#: command for the launcher, one per warm sandbox for the waiter) skips the dynamic loader's
-#: relocations: 0.15-0.3 ms of CPU a launch less (docs/benchmarks.md §79); a host without a
-#: static libc (libc.a) builds them dynamically. Part of a build's name, so a home's older
-#: build is not taken for this one.
-_BUILDS = (("-O2", "-static"), ("-O2",))
+#: How the C programs are built, most wanted first: with musl's static libc where the host
+#: has it (Debian's musl-tools): its start-up asks the CPU nothing, glibc's reads the cache
+#: sizes with cpuid, a trap to the hypervisor in a virtual machine, 0.4-0.6 ms of CPU an
+#: exec (one per command for the launcher, one per warm sandbox for the waiter;
+#: docs/benchmarks.md §81); else with the host's static glibc, which skips the dynamic
+#: loader's relocations (0.15-0.3 ms, §79); a host without libc.a builds them dynamically.
+_BUILDS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("musl-gcc", ("-O2", "-static")),
+    ("cc", ("-O2", "-static")),
+    ("cc", ("-O2",)),
+)
+
+
+def _compilers() -> list[tuple[str, tuple[str, ...]]]:
+    """``_BUILDS`` this host can try: (compiler's path, flags)."""
+    found: list[tuple[str, tuple[str, ...]]] = []
+    for name, flags in _BUILDS:
+        path = shutil.which(name) or (shutil.which("gcc") if name == "cc" else None)
+        if path is not None:
+            found.append((path, flags))
+    return found
 
 
 def compile_c(directory: Path, path: Path) -> Path | None:
     """``path`` (a C program of this package) built for this host into ``directory`` once;
     None where no compiler is found or the build fails (logged)."""
     source = path.read_bytes()
-    recipe = repr(_BUILDS).encode()
+    builds = _compilers()
+    # the builds this host can try are part of the name: one that gains musl builds anew
+    recipe = repr(builds).encode()
     target = directory / f"shellyard-{path.stem}-{hashlib.sha256(source + recipe).hexdigest()[:12]}"
     if target.is_file() and os.access(target, os.X_OK):
         return target
-    compiler = shutil.which("cc") or shutil.which("gcc")
-    if compiler is None:
+    if not builds:
         log.info("no C compiler for %s (docs/operations.md)", path.name)
         return None
     directory.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(target.name + f".{os.getpid()}.tmp")
+    failed = ""
     try:
-        for flags in _BUILDS:
+        for compiler, flags in builds:
             done = subprocess.run(
                 [compiler, *flags, "-o", str(tmp), str(path)],
                 capture_output=True,
@@ -94,8 +111,9 @@ def compile_c(directory: Path, path: Path) -> Path | None:
             )
             if done.returncode == 0:
                 break
+            failed = done.stderr.strip()[-500:]
         else:
-            log.warning("could not build %s: %s", path.name, done.stderr.strip()[-500:])
+            log.warning("could not build %s: %s", path.name, failed)
             return None
         tmp.chmod(0o755)
         os.replace(tmp, target)
