@@ -81,17 +81,36 @@ def test_without_a_static_libc_the_build_falls_back_to_a_dynamic_one(
 
 
 @pytest.mark.skipif(shutil.which("musl-gcc") is None, reason="no musl-gcc (musl-tools) here")
-@pytest.mark.parametrize("program", ["launcher", "waiter"])
-def test_with_musl_the_c_programs_carry_no_glibc(tmp_path: Path, program: str) -> None:
-    """Built with musl where the host has it: nothing of glibc's start-up in the binary."""
-    built = (
-        launch.build(tmp_path / "bin")
-        if program == "launcher"
-        else launch.compile_c(tmp_path / "bin", WARM)
-    )
+def test_with_musl_the_launcher_carries_no_glibc_and_the_waiter_does(tmp_path: Path) -> None:
+    """The launcher is built with musl where the host has it: nothing of glibc's start-up
+    in it. The waiter stays glibc's: musl's execvp runs no file without a shebang through
+    /bin/sh as bwrap's (glibc's) does for a cold start (E1, attack pass session 57)."""
+    launcher = launch.build(tmp_path / "bin")
+    waiter = launch.compile_c(tmp_path / "bin", WARM)
+    assert launcher is not None and waiter is not None
+    assert not interpreter(launcher)
+    assert b"GLIBC_TUNABLES" not in launcher.read_bytes(), f"{launcher.name} is glibc's"
+    assert b"GLIBC_TUNABLES" in waiter.read_bytes(), f"{waiter.name} is not glibc's"
+
+
+def test_musl_gcc_is_taken_only_beside_the_hosts_cc(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A musl-gcc on a later PATH entry than the host's cc does not win over cc (attack
+    pass, session 57: before, one anywhere on PATH was taken first)."""
+    real = shutil.which("cc") or shutil.which("gcc")
+    assert real is not None
+    ccdir, later = tmp_path / "ccdir", tmp_path / "later"
+    ccdir.mkdir()
+    later.mkdir()
+    (ccdir / "cc").symlink_to(real)
+    planted = later / "musl-gcc"
+    planted.write_text(f"#!/bin/sh\ntouch {tmp_path}/planted-ran\nexit 1\n")
+    planted.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{ccdir}:{later}:/usr/bin:/bin")  # as, ld: /usr/bin
+    built = launch.build(tmp_path / "bin")
     assert built is not None
-    assert not interpreter(built)
-    assert b"GLIBC_TUNABLES" not in built.read_bytes(), f"{built.name} is glibc's"
+    assert not (tmp_path / "planted-ran").exists(), "a musl-gcc off cc's folder ran"
 
 
 @pytest.mark.skipif(shutil.which("musl-gcc") is None, reason="no musl-gcc (musl-tools) here")

@@ -62,9 +62,10 @@ class SandboxPolicy(BaseModel):
     max_open_files: int = Field(default=4096, ge=64)
     max_file_size_bytes: int = Field(default=64 << 30, ge=1 << 20)
     max_memory_bytes: int | None = Field(default=None, ge=64 << 20)
-    #: uid/gid the sandbox runs as when the runner is root; None picks the default.
-    sandbox_uid: int | None = None
-    sandbox_gid: int | None = None
+    #: uid/gid the sandbox runs as when the runner is root; None picks the default. Never 0
+    #: nor past uid_t (the launcher cut a wider one down to 0, attack pass session 57).
+    sandbox_uid: int | None = Field(default=None, ge=1, le=4294967294)
+    sandbox_gid: int | None = Field(default=None, ge=1, le=4294967294)
     cancel_grace_s: float = Field(default=5.0, ge=0.0, le=300.0)
     # --- limits that keep one workspace from hurting the host (docs/limits.md) ---
     #: Bytes the live tree of one workspace may hold while a command runs; 0: no quota.

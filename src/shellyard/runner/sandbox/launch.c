@@ -213,8 +213,16 @@ static int under_another(char **points, int count, int i) {
 static int host_prunable(const char *root, const char **keeps, int nkeeps) {
     int host_too = 1;
     for (int k = 0; k < nkeeps && host_too; k++) {
-        char *real = at_or_below(keeps[k], root) ? NULL : realpath(keeps[k], NULL);
-        host_too = real == NULL || strcmp(real, keeps[k]) == 0;
+        if (at_or_below(keeps[k], root))
+            continue;
+        errno = 0;
+        char *real = realpath(keeps[k], NULL);
+        /* Only a path that is not there holds no link. Any other refusal (too many links,
+         * a name too long, no search permission) says nothing of where the kernel would
+         * go: musl's realpath gives up at 40 links where the kernel still follows (attack
+         * pass, session 57). */
+        host_too = real == NULL ? (errno == ENOENT || errno == ENOTDIR)
+                                : strcmp(real, keeps[k]) == 0;
         free(real);
     }
     return host_too;
@@ -526,6 +534,8 @@ int main(int argc, char **argv) {
             *hard++ = '\0';
             if (parse_number(spec, &resource) || parse_number(soft, &s) || parse_number(hard, &h))
                 usage("--rlimit wants numbers");
+            if (resource >= RLIM_NLIMITS)
+                usage("--rlimit wants a known RESOURCE");
             resources[nlimits] = (int)resource;
             limits[nlimits].rlim_cur = (rlim_t)s;
             limits[nlimits].rlim_max = (rlim_t)h;
@@ -566,15 +576,22 @@ int main(int argc, char **argv) {
     if (netns_fd)
         enter_fd(parse_fd(netns_fd), CLONE_NEWNET, netns_fd);
     if (ids) {
-        unsigned long uid, gid;
-        char *end = NULL;
+        unsigned long long uid, gid;
+        char *end = NULL, *second;
         errno = 0;
-        uid = strtoul(ids, &end, 10);
-        if (errno || end == ids || *end != ':')
+        /* digits only (strtoull takes "-1"), and within uid_t below (uid_t)-1: a wider
+         * number cut down to uid_t was 0, root (attack pass, session 57) */
+        if (ids[0] < '0' || ids[0] > '9')
             usage("--ids wants UID:GID");
-        gid = strtoul(end + 1, &end, 10);
+        uid = strtoull(ids, &end, 10);
+        if (errno || end == ids || *end != ':' || end[1] < '0' || end[1] > '9')
+            usage("--ids wants UID:GID");
+        second = end + 1;
+        gid = strtoull(second, &end, 10);
         if (errno || *end != '\0' || uid == 0 || gid == 0)
             usage("--ids wants UID:GID, neither 0");
+        if (uid >= (uid_t)-1 || gid >= (gid_t)-1)
+            usage("--ids wants UID:GID below 4294967295");
         if (setgroups(0, NULL) != 0)
             fail("cannot clear the supplementary groups", NULL);
         if (setresgid((gid_t)gid, (gid_t)gid, (gid_t)gid) != 0)

@@ -50,7 +50,7 @@ def build(directory: Path) -> Path | None:
     source's hash, so an upgrade builds the new one); None: use the chain."""
     if (settings_env.get("SHELLYARD_LAUNCHER") or "auto").lower() == "chain":
         return None
-    return compile_c(directory, SOURCE)
+    return compile_c(directory, SOURCE, musl=True)
 
 
 def configured_batch() -> bool:
@@ -61,34 +61,36 @@ def configured_batch() -> bool:
     return (settings_env.get("SHELLYARD_SANDBOX_SCHED") or "batch").lower() != "other"
 
 
-#: How the C programs are built, most wanted first: with musl's static libc where the host
-#: has it (Debian's musl-tools): its start-up asks the CPU nothing, glibc's reads the cache
-#: sizes with cpuid, a trap to the hypervisor in a virtual machine, 0.4-0.6 ms of CPU an
-#: exec (one per command for the launcher, one per warm sandbox for the waiter;
-#: docs/benchmarks.md §81); else with the host's static glibc, which skips the dynamic
-#: loader's relocations (0.15-0.3 ms, §79); a host without libc.a builds them dynamically.
-_BUILDS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("musl-gcc", ("-O2", "-static")),
-    ("cc", ("-O2", "-static")),
-    ("cc", ("-O2",)),
-)
+#: How the C programs are built, most wanted first: with the host's static glibc, which
+#: skips the dynamic loader's relocations at each exec (one per command for the launcher, one
+#: per warm sandbox for the waiter: 0.15-0.3 ms of CPU, docs/benchmarks.md §79); a host
+#: without libc.a builds them dynamically.
+_BUILDS: tuple[tuple[str, tuple[str, ...]], ...] = (("cc", ("-O2", "-static")), ("cc", ("-O2",)))
+#: The launcher's, first: with musl's static libc where the host has it (Debian's
+#: musl-tools): its start-up asks the CPU nothing, glibc's reads the cache sizes with cpuid,
+#: a trap to the hypervisor in a virtual machine, 0.4-0.6 ms of CPU a command (§81). Not the
+#: waiter's: it runs the command with execvp, whose musl has no /bin/sh fallback for a file
+#: without a shebang, as bwrap's glibc has (E1: warm and cold run a command alike).
+_MUSL = ("musl-gcc", ("-O2", "-static"))
 
 
-def _compilers() -> list[tuple[str, tuple[str, ...]]]:
-    """``_BUILDS`` this host can try: (compiler's path, flags)."""
-    found: list[tuple[str, tuple[str, ...]]] = []
-    for name, flags in _BUILDS:
-        path = shutil.which(name) or (shutil.which("gcc") if name == "cc" else None)
-        if path is not None:
-            found.append((path, flags))
-    return found
+def _compilers(musl: bool) -> list[tuple[str, tuple[str, ...]]]:
+    """The builds this host can try: (compiler's path, flags). musl's only beside the host's
+    cc, in its folder (another on a later PATH entry does not win over it)."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        return []
+    found = [(cc, flags) for _name, flags in _BUILDS]
+    beside = shutil.which(_MUSL[0], path=os.path.dirname(cc)) if musl else None
+    return [(beside, _MUSL[1]), *found] if beside is not None else found
 
 
-def compile_c(directory: Path, path: Path) -> Path | None:
-    """``path`` (a C program of this package) built for this host into ``directory`` once;
-    None where no compiler is found or the build fails (logged)."""
+def compile_c(directory: Path, path: Path, *, musl: bool = False) -> Path | None:
+    """``path`` (a C program of this package) built for this host into ``directory`` once,
+    with musl where ``musl`` and the host has it; None where no compiler is found or the
+    build fails (logged)."""
     source = path.read_bytes()
-    builds = _compilers()
+    builds = _compilers(musl)
     # the builds this host can try are part of the name: one that gains musl builds anew
     recipe = repr(builds).encode()
     target = directory / f"shellyard-{path.stem}-{hashlib.sha256(source + recipe).hexdigest()[:12]}"
