@@ -577,7 +577,7 @@ int main(int argc, char **argv) {
         enter_fd(parse_fd(netns_fd), CLONE_NEWNET, netns_fd);
     if (ids) {
         unsigned long long uid, gid;
-        char *end = NULL, *second;
+        char *end = NULL;
         errno = 0;
         /* digits only (strtoull takes "-1"), and within uid_t below (uid_t)-1: a wider
          * number cut down to uid_t was 0, root (attack pass, session 57) */
@@ -586,8 +586,7 @@ int main(int argc, char **argv) {
         uid = strtoull(ids, &end, 10);
         if (errno || end == ids || *end != ':' || end[1] < '0' || end[1] > '9')
             usage("--ids wants UID:GID");
-        second = end + 1;
-        gid = strtoull(second, &end, 10);
+        gid = strtoull(end + 1, &end, 10);
         if (errno || *end != '\0' || uid == 0 || gid == 0)
             usage("--ids wants UID:GID, neither 0");
         if (uid >= (uid_t)-1 || gid >= (gid_t)-1)

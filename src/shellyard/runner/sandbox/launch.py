@@ -65,13 +65,13 @@ def configured_batch() -> bool:
 #: skips the dynamic loader's relocations at each exec (one per command for the launcher, one
 #: per warm sandbox for the waiter: 0.15-0.3 ms of CPU, docs/benchmarks.md §79); a host
 #: without libc.a builds them dynamically.
-_BUILDS: tuple[tuple[str, tuple[str, ...]], ...] = (("cc", ("-O2", "-static")), ("cc", ("-O2",)))
+_BUILDS: tuple[tuple[str, ...], ...] = (("-O2", "-static"), ("-O2",))
 #: The launcher's, first: with musl's static libc where the host has it (Debian's
 #: musl-tools): its start-up asks the CPU nothing, glibc's reads the cache sizes with cpuid,
 #: a trap to the hypervisor in a virtual machine, 0.4-0.6 ms of CPU a command (§81). Not the
 #: waiter's: it runs the command with execvp, whose musl has no /bin/sh fallback for a file
 #: without a shebang, as bwrap's glibc has (E1: warm and cold run a command alike).
-_MUSL = ("musl-gcc", ("-O2", "-static"))
+_MUSL_BUILD = ("-O2", "-static")
 
 
 def _compilers(musl: bool) -> list[tuple[str, tuple[str, ...]]]:
@@ -80,9 +80,9 @@ def _compilers(musl: bool) -> list[tuple[str, tuple[str, ...]]]:
     cc = shutil.which("cc") or shutil.which("gcc")
     if cc is None:
         return []
-    found = [(cc, flags) for _name, flags in _BUILDS]
-    beside = shutil.which(_MUSL[0], path=os.path.dirname(cc)) if musl else None
-    return [(beside, _MUSL[1]), *found] if beside is not None else found
+    found = [(cc, flags) for flags in _BUILDS]
+    beside = shutil.which("musl-gcc", path=os.path.dirname(cc)) if musl else None
+    return [(beside, _MUSL_BUILD), *found] if beside is not None else found
 
 
 def compile_c(directory: Path, path: Path, *, musl: bool = False) -> Path | None:
